@@ -1,0 +1,238 @@
+"""Well-formedness checks, one per IR level.
+
+Builders check as they go; these checks re-derive everything from the nodes
+alone, so they also guard programs read from text, JSON or certificates.
+Errors show the offending node (and its operands) in the text form.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .errors import GraphError
+from .graph import (
+    BlockGraph,
+    Graph,
+    MuGraph,
+    Node,
+    Ref,
+    ThreadGraph,
+    live_nodes,
+    node_list,
+    output_refs,
+    tile_shape,
+)
+from .ops import OPS, LOOP_OPS, Level, TensorType, get_op
+
+
+def _where(nodes: Sequence[Node], i: int, msg: str) -> GraphError:
+    from .text import print_node
+
+    lines = [msg, f"  at      {print_node(nodes[i], i)}"]
+    for a, _ in nodes[i].args[:4]:
+        if 0 <= a < len(nodes) and a != i:
+            lines.append(f"  operand {print_node(nodes[a], a)}")
+    return GraphError("\n".join(lines))
+
+
+def _check_refs(nodes: Sequence[Node], i: int) -> list[TensorType]:
+    types = []
+    for a, k in nodes[i].args:
+        if not (isinstance(a, int) and 0 <= a < i):
+            raise _where(nodes, i, f"{nodes[i].op}: operand %{a} is not an earlier node (cycle or dangling reference)")
+        if not (isinstance(k, int) and 0 <= k < len(nodes[a].outs)):
+            raise _where(nodes, i, f"{nodes[i].op}: operand %{a}.{k}: node %{a} has {len(nodes[a].outs)} result(s)")
+        types.append(nodes[a].outs[k])
+    return types
+
+
+def _check_op(nodes: Sequence[Node], i: int, level: Level, in_types: list[TensorType]) -> None:
+    n = nodes[i]
+    if n.op not in OPS:
+        raise _where(nodes, i, f"unknown op {n.op!r}")
+    d = get_op(n.op)
+    if not d.levels & level:
+        raise _where(nodes, i, f"{n.op}: not allowed in a {level.name.lower()} graph")
+    keys = {k for k, _ in n.attrs}
+    if keys != set(d.attrs):
+        raise _where(nodes, i, f"{n.op}: attributes {sorted(keys)}; expected {sorted(d.attrs)}")
+    try:
+        out = d.infer(in_types, n.attr_dict)
+    except GraphError as e:
+        raise _where(nodes, i, str(e)) from None
+    for key in ("axis", "a", "b"):
+        v = n.attr(key)
+        if v is not None and v < 0:
+            raise _where(nodes, i, f"{n.op}: {key}={v}; stored axes are non-negative")
+    if n.outs != (out,):
+        raise _where(nodes, i, f"{n.op}: recorded result {', '.join(map(str, n.outs))}; the shape rule gives {out}")
+
+
+def _check_outputs(nodes: Sequence[Node], outputs: Sequence[Ref], what: str) -> None:
+    if not outputs:
+        raise GraphError(f"{what} has no outputs; expected at least one (call output())")
+    for a, k in outputs:
+        if not (isinstance(a, int) and 0 <= a < len(nodes) and 0 <= k < len(nodes[a].outs)):
+            raise GraphError(f"{what}: output %{a}.{k} is not a value of this graph")
+
+
+def check_program(g: Graph) -> None:
+    """Check a kernel graph or μGraph; raise GraphError showing the offending node."""
+    nodes = node_list(g)
+    outputs = output_refs(g)
+    names: set[str] = set()
+    allow_custom = isinstance(g, MuGraph)
+    for i, n in enumerate(nodes):
+        in_types = _check_refs(nodes, i)
+        if n.op == "input":
+            name = n.attr("name")
+            if n.args or [k for k, _ in n.attrs] != ["name"] or len(n.outs) != 1:
+                raise _where(nodes, i, "input: expected no operands, one attribute name and one result")
+            if not isinstance(name, str) or name in names:
+                raise _where(nodes, i, f"input: name {name!r} is not a fresh identifier")
+            names.add(name)
+        elif n.op == "custom":
+            if not allow_custom:
+                raise _where(nodes, i, "custom kernels are allowed in a MuGraph only")
+            bg = n.attr("block")
+            if not isinstance(bg, BlockGraph):
+                raise _where(nodes, i, "custom: attribute block is not a BlockGraph")
+            try:
+                outs = bg.result_types(in_types)
+            except GraphError as e:
+                raise _where(nodes, i, f"custom: {e}") from None
+            if outs != n.outs:
+                raise _where(nodes, i, f"custom: recorded results {n.outs}; the block graph gives {outs}")
+        else:
+            _check_op(nodes, i, Level.KERNEL, in_types)
+    _check_outputs(nodes, outputs, "graph")
+    live = live_nodes(nodes, outputs)
+    for i, n in enumerate(nodes):
+        if n.op == "input" and i not in live:
+            raise _where(nodes, i, f"input {n.attr('name')!r} is not used by any output")
+
+
+def thread_result_types(tg: ThreadGraph, in_types: Sequence[TensorType]) -> tuple[TensorType, ...]:
+    """Result types of ``tg`` applied to operands of ``in_types``; GraphError on mismatch."""
+    check_thread(tg)
+    args = [n for n in tg.nodes if n.op == "arg"]
+    if len(args) != len(in_types):
+        raise GraphError(f"fused: the thread graph takes {len(args)} operand(s), got {len(in_types)}")
+    for n, t in zip(args, in_types, strict=True):
+        if n.outs[0] != t:
+            raise GraphError(f"fused: thread operand {n.attr('index')} is {n.outs[0]}, got {t}")
+    return tuple(tg.type_of(r) for r in tg.outputs)
+
+
+def check_thread(tg: ThreadGraph) -> None:
+    """Check a thread graph: ``arg`` nodes numbered in order, then elementwise ops."""
+    nodes = tg.nodes
+    nargs = 0
+    for i, n in enumerate(nodes):
+        in_types = _check_refs(nodes, i)
+        if n.op == "arg":
+            if n.attr("index") != nargs or n.args or len(n.outs) != 1:
+                raise _where(nodes, i, f"arg: expected index {nargs}, no operands and one result")
+            nargs += 1
+        else:
+            _check_op(nodes, i, Level.THREAD, in_types)
+    _check_outputs(nodes, tg.outputs, "thread graph")
+
+
+def _tile_for(bg: BlockGraph, nodes: Sequence[Node], i: int) -> TensorType:
+    n = nodes[i]
+    keys = sorted(k for k, _ in n.attrs)
+    if keys != ["arg", "fmap", "imap", "shape"] or n.args or len(n.outs) != 1:
+        raise _where(nodes, i, "block input: expected attributes arg, fmap, imap, shape; no operands; one result")
+    shape = n.attr("shape")
+    if not isinstance(shape, tuple) or not all(isinstance(s, int) and s > 0 for s in shape):
+        raise _where(nodes, i, f"block input: shape {shape!r}; expected a tuple of positive ints")
+    try:
+        t = tile_shape(f"block input {n.attr('arg')}", shape, bg.grid, n.attr("imap"), n.attr("fmap"), bg.frange)
+    except GraphError as e:
+        raise _where(nodes, i, str(e)) from None
+    out = TensorType(t, n.outs[0].dtype)
+    if out != n.outs[0]:
+        raise _where(nodes, i, f"block input: recorded tile {n.outs[0]}; the maps give {out}")
+    return out
+
+
+def check_block(bg: BlockGraph, in_types: Sequence[TensorType] | None) -> None:
+    """Check a block graph (and, if given, that it fits operands of ``in_types``)."""
+    if not 1 <= len(bg.grid) <= 3 or not all(isinstance(g, int) and g >= 1 for g in bg.grid):
+        raise GraphError(f"block graph: grid {bg.grid!r}; expected 1 to 3 positive ints")
+    if not isinstance(bg.frange, int) or bg.frange < 1:
+        raise GraphError(f"block graph: frange {bg.frange!r}; expected a positive int")
+    nodes = bg.nodes
+    post: list[bool] = []
+    invariant: list[bool] = []
+    seen_args: set[int] = set()
+    for i, n in enumerate(nodes):
+        types = _check_refs(nodes, i)
+        arg_post = [post[a] for a, _ in n.args]
+        arg_inv = [invariant[a] for a, _ in n.args]
+        if n.op == "input":
+            _tile_for(bg, nodes, i)
+            arg = n.attr("arg")
+            if not isinstance(arg, int) or arg < 0:
+                raise _where(nodes, i, f"block input: arg {arg!r}; expected an operand index >= 0")
+            if arg in seen_args:
+                raise _where(nodes, i, f"block input: operand {arg} is read twice; expected one input node each")
+            seen_args.add(arg)
+            if in_types is not None:
+                if arg >= len(in_types):
+                    raise _where(nodes, i, f"block input: operand {arg}, but the kernel has {len(in_types)} operand(s)")
+                if in_types[arg].shape != n.attr("shape") or in_types[arg].dtype != n.outs[0].dtype:
+                    raise _where(
+                        nodes, i, f"block input: expects operand {arg} of shape {n.attr('shape')}, got {in_types[arg]}"
+                    )
+            post.append(False)
+            invariant.append(n.attr("fmap") is None)
+            continue
+        if n.op == "fused":
+            tg = n.attr("thread")
+            if not isinstance(tg, ThreadGraph):
+                raise _where(nodes, i, "fused: attribute thread is not a ThreadGraph")
+            try:
+                outs = thread_result_types(tg, types)
+            except GraphError as e:
+                raise _where(nodes, i, str(e)) from None
+            if outs != n.outs:
+                raise _where(nodes, i, f"fused: recorded results {n.outs}; the thread graph gives {outs}")
+        else:
+            _check_op(nodes, i, Level.BLOCK, types)
+        if n.op in LOOP_OPS:
+            if any(arg_post):
+                raise _where(nodes, i, f"{n.op}: its operand is computed after the loop; expected a loop-body value")
+            if n.op == "rescaled_sum" and nodes[n.args[1][0]].op != "running_max":
+                raise _where(nodes, i, "rescaled_sum: the second operand must be a running_max")
+        is_post = n.op in ("loop_sum", "loop_max", "rescaled_sum") or any(arg_post)
+        if is_post and bg.frange > 1:
+            for (a, _), p, inv in zip(n.args, arg_post, arg_inv, strict=True):
+                if n.op not in LOOP_OPS and not p and not inv:
+                    raise _where(
+                        nodes,
+                        i,
+                        f"{n.op}: mixes a post-loop value with %{a}, which changes every iteration; "
+                        "expected loop accumulators or loop-invariant values",
+                    )
+        post.append(is_post)
+        invariant.append(n.op not in LOOP_OPS and all(arg_inv))
+    if in_types is not None and seen_args != set(range(len(in_types))):
+        raise GraphError(
+            f"block graph reads operands {sorted(seen_args)}; the kernel has {len(in_types)} operand(s), "
+            "expected each read exactly once"
+        )
+    _check_outputs(nodes, bg.outputs, "block graph")
+    if len(bg.omaps) != len(bg.outputs):
+        raise GraphError(f"block graph: {len(bg.outputs)} outputs but {len(bg.omaps)} omaps")
+    for (a, k), om in zip(bg.outputs, bg.omaps, strict=True):
+        t = nodes[a].outs[k]
+        dims: Any = om.dims
+        if len(dims) != len(bg.grid) or len(set(dims)) != len(dims):
+            raise _where(nodes, a, f"output omap {dims}: expected one distinct output dim per grid axis {bg.grid}")
+        if not all(isinstance(d, int) and 0 <= d < t.rank for d in dims):
+            raise _where(nodes, a, f"output omap {dims}: dims must be within the tile's rank {t.rank}")
+        if bg.frange > 1 and not post[a] and not invariant[a]:
+            raise _where(nodes, a, "output: a loop-body value is not an accumulated result; use loop_sum/loop_max")

@@ -1,0 +1,46 @@
+"""Element types of tensors."""
+
+from __future__ import annotations
+
+import enum
+
+
+class DType(enum.Enum):
+    """A tensor element type. The float64 reference ignores it; codegen honours it."""
+
+    float16 = "f16"
+    bfloat16 = "bf16"
+    float32 = "f32"
+
+    @property
+    def short(self) -> str:
+        """The short name used in the text form (``f16``)."""
+        return self.value
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element."""
+        return 4 if self is DType.float32 else 2
+
+    @property
+    def torch_name(self) -> str:
+        """Name of the matching ``torch`` dtype attribute."""
+        return self.name
+
+    @classmethod
+    def parse(cls, text: str) -> DType:
+        """The dtype named ``text`` (``f16``, ``float16``, ...)."""
+        for d in cls:
+            if text in (d.value, d.name):
+                return d
+        from .errors import GraphError
+
+        raise GraphError(f"unknown dtype {text!r}; expected one of {[d.value for d in cls]}")
+
+    def __repr__(self) -> str:
+        return f"vm.{self.name}"
+
+
+float16 = DType.float16
+bfloat16 = DType.bfloat16
+float32 = DType.float32

@@ -1,0 +1,714 @@
+"""Programs at the three levels of the IR.
+
+* :class:`Graph` — a kernel graph: a DAG of tensor ops over device memory.
+* :class:`MuGraph` — a kernel graph whose nodes may be ``custom`` kernels, each
+  holding a :class:`BlockGraph`.
+* :class:`BlockGraph` — what one thread block computes: a grid, a for-loop,
+  per-input tiling maps, ops on tiles, loop accumulators, per-output maps.
+* :class:`ThreadGraph` — a fused chain of elementwise ops, held by a ``fused``
+  node of a block graph.
+
+All are lists of immutable :class:`Node` values in SSA form: a node's operands
+are :data:`Ref` pairs ``(node index, result index)`` pointing at earlier
+nodes, so a program is acyclic by construction and compares structurally.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .dtypes import DType
+from .errors import GraphError
+from .ops import BINARY_OPS, OPS, UNARY_OPS, Level, TensorType, check_axis, get_op
+
+Ref = tuple[int, int]  # (node index, result index)
+
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class Node:
+    """One operation: op name, operand refs, attributes (sorted pairs), result types."""
+
+    op: str
+    args: tuple[Ref, ...]
+    attrs: tuple[tuple[str, Any], ...]
+    outs: tuple[TensorType, ...]
+
+    def attr(self, key: str, default: Any = None) -> Any:
+        """The attribute ``key`` (or ``default``)."""
+        for k, v in self.attrs:
+            if k == key:
+                return v
+        return default
+
+    @property
+    def attr_dict(self) -> dict[str, Any]:
+        """Attributes as a dict."""
+        return dict(self.attrs)
+
+    @property
+    def type(self) -> TensorType:
+        """The single result type (GraphError for multi-result nodes)."""
+        if len(self.outs) != 1:
+            raise GraphError(f"{self.op} has {len(self.outs)} results; use outs[i]")
+        return self.outs[0]
+
+
+def make_attrs(d: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """Canonical (sorted) attribute tuple."""
+    return tuple(sorted(d.items()))
+
+
+@dataclass(frozen=True)
+class OutputMap:
+    """How a block graph's output tiles are placed in the kernel's output tensor.
+
+    ``dims[a]`` is the output dim that grid axis ``a`` walks: block ``i`` on that
+    axis writes the ``i``-th tile-sized slab of that dim. Every grid axis maps to
+    a distinct dim, so every block writes its own region (partial results of a
+    split reduction are placed side by side and combined by a later kernel).
+    """
+
+    dims: tuple[int, ...]
+
+
+def live_nodes(nodes: Sequence[Node], outputs: Iterable[Ref]) -> set[int]:
+    """Indices of ``nodes`` that some output depends on."""
+    seen: set[int] = set()
+    stack = [r[0] for r in outputs]
+    while stack:
+        i = stack.pop()
+        if i in seen:
+            continue
+        seen.add(i)
+        stack.extend(a for a, _ in nodes[i].args)
+    return seen
+
+
+class Program:
+    """Common read-only view of a program at any level."""
+
+    level: Level
+    nodes: Sequence[Node]
+    outputs: Sequence[Ref]
+
+    def type_of(self, ref: Ref) -> TensorType:
+        """Type of the value ``ref``."""
+        return self.nodes[ref[0]].outs[ref[1]]
+
+    def live(self) -> set[int]:
+        """Indices of nodes that some output depends on."""
+        return live_nodes(node_list(self), output_refs(self))
+
+    def __str__(self) -> str:
+        from .text import print_program
+
+        return print_program(self)
+
+
+# --------------------------------------------------------------------------- handles and builders
+
+
+class Tensor:
+    """A value of a program under construction: returned by builder methods."""
+
+    __slots__ = ("owner", "ref")
+
+    def __init__(self, owner: _Builder, ref: Ref) -> None:
+        self.owner = owner
+        self.ref = ref
+
+    @property
+    def node(self) -> Node:
+        """The node that produces this value."""
+        return self.owner._nodes[self.ref[0]]
+
+    @property
+    def type(self) -> TensorType:
+        """Shape and dtype."""
+        return self.node.outs[self.ref[1]]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Static shape."""
+        return self.type.shape
+
+    @property
+    def dtype(self) -> DType:
+        """Element type."""
+        return self.type.dtype
+
+    @property
+    def name(self) -> str | None:
+        """The input's name (kernel-level inputs), else None."""
+        n = self.node
+        return n.attr("name") if n.op == "input" else None
+
+    def __repr__(self) -> str:
+        n = self.node
+        label = f"{n.op} {self.name}" if self.name else n.op
+        return f"Tensor(%{self.ref[0]}{'' if self.ref[1] == 0 else '.' + str(self.ref[1])}: {self.type} = {label})"
+
+    def __add__(self, o: Tensor) -> Tensor:
+        return self.owner.add(self, o)
+
+    def __sub__(self, o: Tensor) -> Tensor:
+        return self.owner.sub(self, o)
+
+    def __mul__(self, o: Tensor) -> Tensor:
+        return self.owner.mul(self, o)
+
+    def __truediv__(self, o: Tensor) -> Tensor:
+        return self.owner.div(self, o)
+
+    def __matmul__(self, o: Tensor) -> Tensor:
+        return self.owner.matmul(self, o)
+
+    def __neg__(self) -> Tensor:
+        return self.owner.neg(self)
+
+
+class _Builder:
+    """Op-building methods shared by every level (each level allows a subset)."""
+
+    _level: Level
+    _nodes: list[Node]
+
+    # -- plumbing
+    def _ref(self, op: str, x: Any, pos: int) -> Ref:
+        if not isinstance(x, Tensor):
+            raise GraphError(f"{op}: operand {pos} is {type(x).__name__} {x!r}; expected a Tensor of this graph")
+        if x.owner is not self:
+            raise GraphError(f"{op}: operand {pos} {x!r} belongs to another graph; expected a Tensor of this graph")
+        return x.ref
+
+    def _add_node(self, node: Node) -> Node:
+        self._nodes.append(node)
+        return node
+
+    def _emit(self, op: str, args: Sequence[Any], attrs: dict[str, Any] | None = None) -> Tensor:
+        d = get_op(op)
+        if not d.levels & self._level:
+            raise GraphError(f"{op}: not allowed in a {self._level.name.lower()} graph")
+        refs = tuple(self._ref(op, a, i) for i, a in enumerate(args))
+        attrs = dict(attrs or {})
+        in_types = [self._nodes[r[0]].outs[r[1]] for r in refs]
+        if in_types:
+            for key in ("axis", "a", "b"):
+                if key in attrs and key in d.attrs:
+                    attrs[key] = check_axis(op, in_types[0], attrs[key], "axis" if key == "axis" else f"axis {key}")
+        out = d.infer(in_types, attrs)
+        self._add_node(Node(op, refs, make_attrs(attrs), (out,)))
+        return Tensor(self, (len(self._nodes) - 1, 0))
+
+    # -- ops
+    def matmul(self, a: Tensor, b: Tensor) -> Tensor:
+        """Batched matrix product ``a @ b``: (..., m, k) x (..., k, n); leading dims broadcast."""
+        return self._emit("matmul", [a, b])
+
+    def add(self, a: Tensor, b: Tensor) -> Tensor:
+        """``a + b`` with numpy broadcasting."""
+        return self._emit("add", [a, b])
+
+    def sub(self, a: Tensor, b: Tensor) -> Tensor:
+        """``a - b`` with numpy broadcasting."""
+        return self._emit("sub", [a, b])
+
+    def mul(self, a: Tensor, b: Tensor) -> Tensor:
+        """``a * b`` with numpy broadcasting."""
+        return self._emit("mul", [a, b])
+
+    def div(self, a: Tensor, b: Tensor) -> Tensor:
+        """``a / b`` with numpy broadcasting."""
+        return self._emit("div", [a, b])
+
+    def maximum(self, a: Tensor, b: Tensor) -> Tensor:
+        """Elementwise ``max(a, b)`` with numpy broadcasting."""
+        return self._emit("maximum", [a, b])
+
+    def exp(self, x: Tensor) -> Tensor:
+        """``e**x``."""
+        return self._emit("exp", [x])
+
+    def silu(self, x: Tensor) -> Tensor:
+        """``x * sigmoid(x)``."""
+        return self._emit("silu", [x])
+
+    def gelu(self, x: Tensor) -> Tensor:
+        """GELU with the tanh approximation."""
+        return self._emit("gelu", [x])
+
+    def relu(self, x: Tensor) -> Tensor:
+        """``max(x, 0)``."""
+        return self._emit("relu", [x])
+
+    def sqrt(self, x: Tensor) -> Tensor:
+        """Square root."""
+        return self._emit("sqrt", [x])
+
+    def rsqrt(self, x: Tensor) -> Tensor:
+        """``1 / sqrt(x)``."""
+        return self._emit("rsqrt", [x])
+
+    def square(self, x: Tensor) -> Tensor:
+        """``x * x``."""
+        return self._emit("square", [x])
+
+    def neg(self, x: Tensor) -> Tensor:
+        """``-x``."""
+        return self._emit("neg", [x])
+
+    def scale(self, x: Tensor, c: float) -> Tensor:
+        """``x * c`` for a Python constant ``c``."""
+        if isinstance(c, int) and not isinstance(c, bool):
+            c = float(c)
+        return self._emit("scale", [x], {"c": c})
+
+    def shift(self, x: Tensor, c: float) -> Tensor:
+        """``x + c`` for a Python constant ``c``."""
+        if isinstance(c, int) and not isinstance(c, bool):
+            c = float(c)
+        return self._emit("shift", [x], {"c": c})
+
+    def sum(self, x: Tensor, axis: int) -> Tensor:
+        """Sum along ``axis``, keeping it with size 1."""
+        return self._emit("sum", [x], {"axis": axis})
+
+    def mean(self, x: Tensor, axis: int) -> Tensor:
+        """Mean along ``axis``, keeping it with size 1."""
+        return self._emit("mean", [x], {"axis": axis})
+
+    def max(self, x: Tensor, axis: int) -> Tensor:
+        """Max along ``axis``, keeping it with size 1."""
+        return self._emit("max", [x], {"axis": axis})
+
+    def rms_norm(self, x: Tensor, weight: Tensor | None = None, axis: int = -1, eps: float = 1e-6) -> Tensor:
+        """``x / sqrt(mean(x**2, axis) + eps)``, times ``weight`` (shape ``(x.shape[axis],)``) if given."""
+        if isinstance(eps, int) and not isinstance(eps, bool):
+            eps = float(eps)
+        args = [x] if weight is None else [x, weight]
+        return self._emit("rms_norm", args, {"axis": axis, "eps": eps})
+
+    def concat(self, xs: Sequence[Tensor], axis: int) -> Tensor:
+        """Concatenate ``xs`` along ``axis``."""
+        if isinstance(xs, Tensor) or not isinstance(xs, Sequence) or not xs:
+            raise GraphError(f"concat: expected a non-empty list of Tensors, got {xs!r}")
+        return self._emit("concat", list(xs), {"axis": axis})
+
+    def transpose(self, x: Tensor, a: int, b: int) -> Tensor:
+        """Swap axes ``a`` and ``b``."""
+        return self._emit("transpose", [x], {"a": a, "b": b})
+
+
+def _check_shape(what: str, shape: Any) -> tuple[int, ...]:
+    if not isinstance(shape, (tuple, list)) or not all(
+        isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in shape
+    ):
+        raise GraphError(f"{what}: shape {shape!r}; expected a tuple of positive ints")
+    return tuple(shape)
+
+
+def _check_dtype(what: str, dtype: Any) -> DType:
+    if isinstance(dtype, DType):
+        return dtype
+    if isinstance(dtype, str):
+        return DType.parse(dtype)
+    raise GraphError(f"{what}: dtype {dtype!r}; expected vm.float16, vm.bfloat16 or vm.float32")
+
+
+class Graph(_Builder, Program):
+    """A kernel-level tensor program (see API.md). Build it with its methods."""
+
+    _allow_custom = False
+
+    def __init__(self) -> None:
+        self._nodes: list[Node] = []
+        self._outputs: list[Ref] = []
+        self._level = Level.KERNEL
+
+    @property
+    def level(self) -> Level:  # type: ignore[override]
+        return Level.KERNEL
+
+    @property
+    def nodes(self) -> Sequence[Node]:  # type: ignore[override]
+        """The nodes, in order (read-only view)."""
+        return tuple(self._nodes)
+
+    @property
+    def outputs_refs(self) -> tuple[Ref, ...]:
+        """The output refs, in order."""
+        return tuple(self._outputs)
+
+    def input(self, name: str, shape: Sequence[int], dtype: DType) -> Tensor:
+        """A named input of static ``shape`` and ``dtype``."""
+        if not isinstance(name, str) or not _NAME_RE.match(name):
+            raise GraphError(f"input: name {name!r}; expected an identifier")
+        if any(n.op == "input" and n.attr("name") == name for n in self._nodes):
+            raise GraphError(f"input: name {name!r} is already an input of this graph")
+        shape = _check_shape(f"input {name!r}", shape)
+        dt = _check_dtype(f"input {name!r}", dtype)
+        self._add_node(Node("input", (), (("name", name),), (TensorType(shape, dt),)))
+        return Tensor(self, (len(self._nodes) - 1, 0))
+
+    def output(self, *ts: Tensor) -> None:
+        """Mark ``ts`` as outputs (in order); may be called more than once."""
+        if not ts:
+            raise GraphError("output: expected at least one Tensor")
+        refs = [self._ref("output", t, i) for i, t in enumerate(ts)]
+        self._outputs.extend(refs)
+
+    @property
+    def inputs(self) -> list[Tensor]:
+        """The inputs, in order of creation."""
+        return [Tensor(self, (i, 0)) for i, n in enumerate(self._nodes) if n.op == "input"]
+
+    @property
+    def outputs(self) -> list[Tensor]:  # type: ignore[override]
+        """The outputs, in order."""
+        return [Tensor(self, r) for r in self._outputs]
+
+    def input_names(self) -> list[str]:
+        """Names of the inputs, in order."""
+        return [n.attr("name") for n in self._nodes if n.op == "input"]
+
+    @property
+    def num_kernels(self) -> int:
+        """Kernel launches an unfused execution makes: one per non-input node."""
+        return sum(1 for n in self._nodes if n.op != "input")
+
+    def check(self) -> None:
+        """Well-formedness check (raises GraphError showing the offending node)."""
+        from .check import check_program
+
+        check_program(self)
+
+    def copy(self) -> Graph:
+        """A new graph with the same nodes and outputs."""
+        return type(self)._from_parts(self._nodes, self._outputs)
+
+    @classmethod
+    def _from_parts(cls, nodes: Iterable[Node], outputs: Iterable[Ref]) -> Any:
+        g = cls()
+        g._nodes = list(nodes)
+        g._outputs = list(outputs)
+        return g
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Graph) or type(other) is not type(self):
+            return NotImplemented
+        return self._nodes == other._nodes and self._outputs == other._outputs
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, tuple(self._nodes), tuple(self._outputs)))
+
+    def __repr__(self) -> str:
+        return str(self)
+
+    # -- text and JSON
+    @classmethod
+    def parse(cls, text: str) -> Any:
+        """Read a program from its text form (``parse(str(g)) == g``)."""
+        from .text import parse_program
+
+        g = parse_program(text)
+        if cls is MuGraph and not isinstance(g, MuGraph):
+            return MuGraph._from_parts(g._nodes, g._outputs)
+        if cls is Graph and isinstance(g, MuGraph):
+            raise GraphError("Graph.parse: the text is a mugraph; use vm.MuGraph.parse")
+        return g
+
+    def to_json(self) -> str:
+        """JSON text of the program."""
+        from .serial import to_json
+
+        return to_json(self)
+
+    @classmethod
+    def from_json(cls, s: str) -> Any:
+        """Read a program from :meth:`to_json` text."""
+        from .serial import from_json
+
+        g = from_json(s)
+        if cls is MuGraph and not isinstance(g, MuGraph):
+            return MuGraph._from_parts(g._nodes, g._outputs)
+        return g
+
+    def to_dot(self) -> str:
+        """Graphviz ``dot`` source (block graphs as nested clusters)."""
+        from .dot import to_dot
+
+        return to_dot(self)
+
+
+# Program.outputs for kernel graphs means refs for internal walkers; make the walker API explicit.
+def output_refs(p: Program | Graph) -> tuple[Ref, ...]:
+    """Output refs of a program at any level."""
+    if isinstance(p, Graph):
+        return tuple(p._outputs)
+    return tuple(p.outputs)
+
+
+def node_list(p: Program | Graph) -> Sequence[Node]:
+    """Nodes of a program at any level."""
+    if isinstance(p, Graph):
+        return p._nodes
+    return p.nodes
+
+
+class MuGraph(Graph):
+    """A μGraph: a kernel graph whose nodes may be ``custom`` kernels holding block graphs."""
+
+    _allow_custom = True
+
+    def custom(self, block: BlockGraph, args: Sequence[Tensor]) -> tuple[Tensor, ...]:
+        """A kernel computing ``block`` on ``args``; returns one Tensor per block output."""
+        if not isinstance(block, BlockGraph):
+            raise GraphError(f"custom: expected a BlockGraph, got {type(block).__name__}")
+        refs = tuple(self._ref("custom", a, i) for i, a in enumerate(args))
+        in_types = [self._nodes[r[0]].outs[r[1]] for r in refs]
+        outs = block.result_types(in_types)
+        self._add_node(Node("custom", refs, (("block", block),), outs))
+        i = len(self._nodes) - 1
+        return tuple(Tensor(self, (i, k)) for k in range(len(outs)))
+
+    @property
+    def num_kernels(self) -> int:
+        """Kernel launches: one per custom kernel and per kernel-level op outside them."""
+        return sum(1 for n in self._nodes if n.op != "input")
+
+    @classmethod
+    def from_graph(cls, g: Graph) -> MuGraph:
+        """The μGraph with the same nodes as ``g`` (every op its own kernel)."""
+        return cls._from_parts(node_list(g), output_refs(g))
+
+
+# --------------------------------------------------------------------------- block and thread graphs
+
+
+def tile_shape(
+    what: str, shape: tuple[int, ...], grid: tuple[int, ...], imap: tuple[int | None, ...], fmap: int | None, frange: int
+) -> tuple[int, ...]:
+    """Shape of one block's per-iteration tile of a tensor of ``shape``; GraphError if the maps don't fit."""
+    if len(imap) != len(grid):
+        raise GraphError(f"{what}: imap {imap} has {len(imap)} entries; expected one per grid axis {grid}")
+    t = list(shape)
+    used: set[int] = set()
+    for a, d in enumerate(imap):
+        if d is None:
+            continue
+        if not isinstance(d, int) or not 0 <= d < len(shape):
+            raise GraphError(f"{what}: imap {imap} names dim {d!r} of a rank-{len(shape)} tensor {shape}")
+        if d in used:
+            raise GraphError(f"{what}: imap {imap} partitions dim {d} twice; expected distinct dims")
+        used.add(d)
+        if t[d] % grid[a]:
+            raise GraphError(
+                f"{what}: dim {d} of {shape} (size {t[d]}) does not divide into {grid[a]} blocks (grid axis {a})"
+            )
+        t[d] //= grid[a]
+    if fmap is not None:
+        if not isinstance(fmap, int) or not 0 <= fmap < len(shape):
+            raise GraphError(f"{what}: fmap {fmap!r} is not a dim of a rank-{len(shape)} tensor {shape}")
+        if t[fmap] % frange:
+            raise GraphError(
+                f"{what}: dim {fmap} of the block's slice {tuple(t)} (size {t[fmap]}) does not divide into the "
+                f"for-loop's {frange} iterations"
+            )
+        t[fmap] //= frange
+    return tuple(t)
+
+
+@dataclass(frozen=True)
+class BlockGraph:
+    """What one thread block computes, for every block of ``grid``.
+
+    Its ``input`` nodes carry ``arg`` (which operand of the custom kernel),
+    ``shape`` (that operand's full shape), ``imap`` (per grid axis: the dim it
+    partitions, or None for replicated) and ``fmap`` (the dim the for-loop walks,
+    or None: the same tile every iteration). Nodes that depend on a loop
+    accumulator (``loop_sum``, ``loop_max``, ``rescaled_sum``) run once after the
+    loop; the others run every iteration. ``omaps[i]`` places output ``i``.
+    """
+
+    grid: tuple[int, ...]
+    frange: int
+    nodes: tuple[Node, ...]
+    outputs: tuple[Ref, ...]
+    omaps: tuple[OutputMap, ...]
+
+    level = Level.BLOCK
+
+    def type_of(self, ref: Ref) -> TensorType:
+        """Type of the value ``ref``."""
+        return self.nodes[ref[0]].outs[ref[1]]
+
+    @property
+    def num_blocks(self) -> int:
+        """Number of thread blocks."""
+        return math.prod(self.grid)
+
+    def input_nodes(self) -> list[Node]:
+        """Input nodes in order of appearance."""
+        return [n for n in self.nodes if n.op == "input"]
+
+    @property
+    def num_args(self) -> int:
+        """Operands the custom kernel takes."""
+        return 1 + max((n.attr("arg") for n in self.input_nodes()), default=-1)
+
+    def post_loop(self) -> list[bool]:
+        """Per node: whether it runs after the for-loop (depends on an accumulator)."""
+        post: list[bool] = []
+        for n in self.nodes:
+            post.append(n.op in ("loop_sum", "loop_max", "rescaled_sum") or any(post[a] for a, _ in n.args))
+        return post
+
+    def result_types(self, in_types: Sequence[TensorType]) -> tuple[TensorType, ...]:
+        """Types of the kernel's outputs given its operands' types; GraphError on mismatch."""
+        from .check import check_block
+
+        check_block(self, in_types)
+        outs = []
+        for r, om in zip(self.outputs, self.omaps, strict=True):
+            t = self.type_of(r)
+            shape = list(t.shape)
+            for a, d in enumerate(om.dims):
+                shape[d] *= self.grid[a]
+            outs.append(TensorType(tuple(shape), t.dtype))
+        return tuple(outs)
+
+    def __str__(self) -> str:
+        from .text import print_block
+
+        return print_block(self)
+
+
+@dataclass(frozen=True)
+class ThreadGraph:
+    """A fused chain of elementwise ops; ``arg`` nodes (attr ``index``) are its operands."""
+
+    nodes: tuple[Node, ...]
+    outputs: tuple[Ref, ...]
+
+    level = Level.THREAD
+
+    def type_of(self, ref: Ref) -> TensorType:
+        """Type of the value ``ref``."""
+        return self.nodes[ref[0]].outs[ref[1]]
+
+    @property
+    def num_args(self) -> int:
+        """Number of operands."""
+        return sum(1 for n in self.nodes if n.op == "arg")
+
+    def __str__(self) -> str:
+        from .text import print_thread
+
+        return print_thread(self)
+
+
+class ThreadBuilder(_Builder):
+    """Builds a :class:`ThreadGraph`: ``arg`` operands and elementwise ops."""
+
+    def __init__(self) -> None:
+        self._nodes: list[Node] = []
+        self._outputs: list[Ref] = []
+        self._level = Level.THREAD
+
+    def arg(self, ttype: TensorType) -> Tensor:
+        """The next operand, of type ``ttype``."""
+        idx = sum(1 for n in self._nodes if n.op == "arg")
+        self._add_node(Node("arg", (), (("index", idx),), (ttype,)))
+        return Tensor(self, (len(self._nodes) - 1, 0))
+
+    def _emit(self, op: str, args: Sequence[Any], attrs: dict[str, Any] | None = None) -> Tensor:
+        if op not in UNARY_OPS and op not in BINARY_OPS:
+            raise GraphError(f"{op}: a thread graph holds elementwise ops only")
+        return super()._emit(op, args, attrs)
+
+    def output(self, *ts: Tensor) -> None:
+        """Mark results."""
+        self._outputs.extend(self._ref("output", t, i) for i, t in enumerate(ts))
+
+    def build(self) -> ThreadGraph:
+        """The finished, checked thread graph."""
+        from .check import check_thread
+
+        tg = ThreadGraph(tuple(self._nodes), tuple(self._outputs))
+        check_thread(tg)
+        return tg
+
+
+class BlockBuilder(_Builder):
+    """Builds a :class:`BlockGraph` for a ``grid`` and a for-loop of ``frange`` iterations."""
+
+    def __init__(self, grid: Sequence[int], frange: int = 1) -> None:
+        self.grid = tuple(grid)
+        if not 1 <= len(self.grid) <= 3 or not all(isinstance(g, int) and g >= 1 for g in self.grid):
+            raise GraphError(f"block graph: grid {grid!r}; expected 1 to 3 positive ints")
+        if not isinstance(frange, int) or frange < 1:
+            raise GraphError(f"block graph: frange {frange!r}; expected a positive int")
+        self.frange = frange
+        self._nodes: list[Node] = []
+        self._outputs: list[Ref] = []
+        self._omaps: list[OutputMap] = []
+        self._level = Level.BLOCK
+
+    def input(
+        self, arg: int, ttype: TensorType, imap: Sequence[int | None], fmap: int | None = None
+    ) -> Tensor:
+        """Tile of custom-kernel operand ``arg`` (full type ``ttype``) as mapped by ``imap``/``fmap``."""
+        imap_t = tuple(imap)
+        tshape = tile_shape(f"block input {arg}", ttype.shape, self.grid, imap_t, fmap, self.frange)
+        attrs = {"arg": arg, "shape": ttype.shape, "imap": imap_t, "fmap": fmap}
+        self._add_node(Node("input", (), make_attrs(attrs), (TensorType(tshape, ttype.dtype),)))
+        return Tensor(self, (len(self._nodes) - 1, 0))
+
+    def loop_sum(self, x: Tensor) -> Tensor:
+        """Sum of ``x`` over the for-loop's iterations (available after the loop)."""
+        return self._emit("loop_sum", [x])
+
+    def loop_max(self, x: Tensor) -> Tensor:
+        """Max of ``x`` over the for-loop's iterations (available after the loop)."""
+        return self._emit("loop_max", [x])
+
+    def running_max(self, x: Tensor) -> Tensor:
+        """In the loop body: max of ``x`` over this and all earlier iterations."""
+        return self._emit("running_max", [x])
+
+    def rescaled_sum(self, x: Tensor, m: Tensor) -> Tensor:
+        """Online-softmax accumulator: ``acc = acc * exp(m_prev - m) + x``; ``m`` a running_max."""
+        return self._emit("rescaled_sum", [x, m])
+
+    def fused(self, tg: ThreadGraph, args: Sequence[Tensor]) -> Tensor:
+        """Apply thread graph ``tg`` (one result) to ``args``."""
+        refs = tuple(self._ref("fused", a, i) for i, a in enumerate(args))
+        from .check import thread_result_types
+
+        outs = thread_result_types(tg, [self._nodes[r[0]].outs[r[1]] for r in refs])
+        self._add_node(Node("fused", refs, (("thread", tg),), outs))
+        return Tensor(self, (len(self._nodes) - 1, 0))
+
+    def output(self, x: Tensor, omap: Sequence[int]) -> None:
+        """Make ``x`` an output; ``omap[a]`` is the output dim that grid axis ``a`` walks."""
+        self._outputs.append(self._ref("output", x, 0))
+        self._omaps.append(OutputMap(tuple(omap)))
+
+    def build(self) -> BlockGraph:
+        """The finished, checked block graph."""
+        from .check import check_block
+
+        bg = BlockGraph(self.grid, self.frange, tuple(self._nodes), tuple(self._outputs), tuple(self._omaps))
+        check_block(bg, None)
+        return bg
+
+
+def is_kernel_op(op: str) -> bool:
+    """Whether ``op`` may appear at kernel level."""
+    return bool(OPS[op].levels & Level.KERNEL)

@@ -1,0 +1,296 @@
+"""One evaluator for every level and every semantic domain.
+
+:func:`run` walks a kernel graph or μGraph. Block graphs are executed
+literally — every grid block, every for-loop iteration, accumulators as
+written — but vectorised across the grid: a block-level value is an array
+``(*batch, *grid, *tile)`` where replicated grid axes have size 1.
+
+A :class:`Domain` supplies the meaning of each registry op on its values
+(numpy arrays whose trailing dims are the logical tensor; leading dims are
+batch). Data movement (tiling, placing output tiles) is the same for every
+domain and lives here, so the finite-field verifier and the float64 reference
+share the block-graph semantics exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from .errors import GraphError
+from .graph import BlockGraph, Graph, Node, OutputMap, Ref, ThreadGraph, node_list, output_refs
+from .ops import OPS, Prop, TensorType
+
+
+class Domain(Protocol):
+    """A semantic domain: the meaning of registry ops on its values."""
+
+    name: str
+
+    def apply(
+        self, op: str, args: list[Any], attrs: dict[str, Any], in_types: Sequence[TensorType], out_type: TensorType
+    ) -> Any:
+        """Result of ``op`` on ``args`` (see ``ir.ops`` for the calling convention)."""
+        ...
+
+
+class RegistryDomain:
+    """A domain whose op meanings are the registry's entries for ``name``."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def apply(
+        self, op: str, args: list[Any], attrs: dict[str, Any], in_types: Sequence[TensorType], out_type: TensorType
+    ) -> Any:
+        fn = OPS[op].domains.get(self.name)
+        if fn is None:
+            raise GraphError(f"op {op!r} has no meaning in the {self.name!r} domain")
+        return fn(args, attrs, in_types, [out_type])
+
+
+REF = RegistryDomain("ref")
+
+
+def align_ranks(args: list[np.ndarray], types: Sequence[TensorType]) -> list[np.ndarray]:
+    """Insert size-1 dims in front of each operand's logical dims so all have the largest rank."""
+    rank = max(t.rank for t in types)
+    out = []
+    for a, t in zip(args, types, strict=True):
+        if t.rank < rank:
+            lead = a.ndim - t.rank
+            a = a.reshape(a.shape[:lead] + (1,) * (rank - t.rank) + a.shape[lead:])
+        out.append(a)
+    return out
+
+
+def apply_op(
+    domain: Domain, op: str, args: list[Any], attrs: dict[str, Any], in_types: Sequence[TensorType], out: TensorType
+) -> Any:
+    """Apply a registry op in ``domain``, aligning operand ranks for broadcasting ops."""
+    if OPS[op].has(Prop.BROADCAST) and len({t.rank for t in in_types}) > 1:
+        args = align_ranks(args, in_types)
+        rank = max(t.rank for t in in_types)
+        in_types = [TensorType((1,) * (rank - t.rank) + t.shape, t.dtype) for t in in_types]
+    return domain.apply(op, args, attrs, in_types, out)
+
+
+# --------------------------------------------------------------------------- tiling
+
+
+def tile_input(
+    x: np.ndarray, shape: tuple[int, ...], grid: tuple[int, ...], imap: tuple[int | None, ...], fmap: int | None,
+    frange: int,
+) -> list[np.ndarray]:
+    """Per loop iteration, the tiles of ``x`` for every block: arrays ``(*batch, *grid', *tile)``.
+
+    ``grid'`` has the grid's size on the axes that partition ``x`` and 1 on
+    replicated axes.
+    """
+    lead = x.ndim - len(shape)
+    axis_of = {d: a for a, d in enumerate(imap) if d is not None}
+    new_shape: list[int] = list(x.shape[:lead])
+    grid_pos: dict[int, int] = {}
+    loop_pos = -1
+    tile_pos: list[int] = []
+    for j, n in enumerate(shape):
+        if j in axis_of:
+            a = axis_of[j]
+            grid_pos[a] = len(new_shape)
+            new_shape.append(grid[a])
+            n //= grid[a]
+        if j == fmap:
+            loop_pos = len(new_shape)
+            new_shape.append(frange)
+            n //= frange
+        tile_pos.append(len(new_shape))
+        new_shape.append(n)
+    y = x.reshape(new_shape)
+    perm = list(range(lead)) + [grid_pos[a] for a in sorted(grid_pos)]
+    if loop_pos >= 0:
+        perm.append(loop_pos)
+    perm += tile_pos
+    y = y.transpose(perm)
+    # insert size-1 axes for replicated grid axes, in grid order
+    for a in range(len(grid)):
+        if a not in grid_pos:
+            y = np.expand_dims(y, lead + a)
+    if loop_pos < 0:
+        return [y] * frange
+    lp = lead + len(grid)
+    return [np.take(y, i, axis=lp) for i in range(frange)]
+
+
+def place_output(v: np.ndarray, tile: tuple[int, ...], grid: tuple[int, ...], omap: OutputMap) -> np.ndarray:
+    """Assemble per-block tiles ``(*batch, *grid, *tile)`` into the kernel's output tensor."""
+    r = len(tile)
+    ng = len(grid)
+    lead = v.ndim - ng - r
+    v = np.broadcast_to(v, v.shape[:lead] + tuple(grid) + tuple(tile))
+    axis_for_dim = {d: a for a, d in enumerate(omap.dims)}
+    perm = list(range(lead))
+    shape = list(v.shape[:lead])
+    for j in range(r):
+        if j in axis_for_dim:
+            a = axis_for_dim[j]
+            perm.append(lead + a)
+            shape.append(grid[a] * tile[j])
+        else:
+            shape.append(tile[j])
+        perm.append(lead + ng + j)
+    return np.ascontiguousarray(v.transpose(perm)).reshape(shape)
+
+
+# --------------------------------------------------------------------------- walkers
+
+
+def _eval_node(nodes: Sequence[Node], i: int, env: dict[int, list[Any]], domain: Domain) -> None:
+    """Evaluate plain (registry or fused) node ``i`` into ``env``."""
+    n = nodes[i]
+    args = [env[a][k] for a, k in n.args]
+    in_types = [nodes[a].outs[k] for a, k in n.args]
+    if n.op == "fused":
+        env[i] = run_thread(n.attr("thread"), args, domain)
+    else:
+        env[i] = [apply_op(domain, n.op, args, n.attr_dict, in_types, n.outs[0])]
+
+
+def _run_nodes(nodes: Sequence[Node], env: dict[int, list[Any]], domain: Domain) -> None:
+    """Evaluate every node not yet in ``env``, in order."""
+    for i in range(len(nodes)):
+        if i not in env:
+            _eval_node(nodes, i, env, domain)
+
+
+def run_thread(tg: ThreadGraph, args: list[Any], domain: Domain) -> list[Any]:
+    """Evaluate a thread graph on operand values."""
+    env: dict[int, list[Any]] = {}
+    for i, n in enumerate(tg.nodes):
+        if n.op == "arg":
+            env[i] = [args[n.attr("index")]]
+    _run_nodes(tg.nodes, env, domain)
+    return [env[a][k] for a, k in tg.outputs]
+
+
+def _op1(domain: Domain, op: str, args: list[Any], t: TensorType, t2: TensorType | None = None) -> Any:
+    types = [t] if t2 is None else [t, t2]
+    return apply_op(domain, op, args, {}, types, t)
+
+
+def run_block(bg: BlockGraph, args: Sequence[Any], arg_types: Sequence[TensorType], domain: Domain) -> list[Any]:
+    """Evaluate a block graph literally on the kernel's operand values; returns its outputs."""
+    nodes = bg.nodes
+    post = bg.post_loop()
+    tiles: dict[int, list[Any]] = {}
+    for i, n in enumerate(nodes):
+        if n.op == "input":
+            k = n.attr("arg")
+            tiles[i] = tile_input(
+                args[k], arg_types[k].shape, bg.grid, n.attr("imap"), n.attr("fmap"), bg.frange
+            )
+    acc: dict[int, Any] = {}
+    run_max: dict[int, Any] = {}
+    body_env: dict[int, list[Any]] = {}
+    prev_m: dict[int, Any] = {}
+    for it in range(bg.frange):
+        body_env = {i: [t[it]] for i, t in tiles.items()}
+        for i, n in enumerate(nodes):
+            if post[i] or i in body_env:
+                continue
+            if n.op == "running_max":
+                (a, k), t = n.args[0], n.outs[0]
+                x = body_env[a][k]
+                prev_m[i] = run_max.get(i)
+                run_max[i] = x if it == 0 else _op1(domain, "maximum", [run_max[i], x], t, t)
+                body_env[i] = [run_max[i]]
+            else:
+                _eval_node(nodes, i, body_env, domain)
+        for i, n in enumerate(nodes):
+            if n.op not in ("loop_sum", "loop_max", "rescaled_sum"):
+                continue
+            (a, k), t = n.args[0], n.outs[0]
+            x = body_env[a][k]
+            if it == 0:
+                acc[i] = x
+            elif n.op == "loop_sum":
+                acc[i] = _op1(domain, "add", [acc[i], x], t, t)
+            elif n.op == "loop_max":
+                acc[i] = _op1(domain, "maximum", [acc[i], x], t, t)
+            else:  # rescaled_sum: acc * exp(m_prev - m) + x
+                mi = n.args[1][0]
+                mt = nodes[mi].outs[0]
+                d = _op1(domain, "sub", [prev_m[mi], run_max[mi]], mt, mt)
+                f = _op1(domain, "exp", [d], mt)
+                scaled = _op1(domain, "mul", [acc[i], f], t, mt)
+                acc[i] = _op1(domain, "add", [scaled, x], t, t)
+    env: dict[int, list[Any]] = {i: v for i, v in body_env.items() if not post[i]}
+    for i in acc:
+        env[i] = [acc[i]]
+    _run_nodes(nodes, env, domain)
+    outs = []
+    for (a, k), om in zip(bg.outputs, bg.omaps, strict=True):
+        outs.append(place_output(env[a][k], nodes[a].outs[k].shape, bg.grid, om))
+    return outs
+
+
+def run(g: Graph, inputs: Mapping[str, Any], domain: Domain = REF) -> list[Any]:
+    """Evaluate a kernel graph or μGraph in ``domain`` on input values keyed by name."""
+    nodes = node_list(g)
+    env: dict[int, list[Any]] = {}
+    for i, n in enumerate(nodes):
+        if n.op == "input":
+            env[i] = [inputs[n.attr("name")]]
+        elif n.op == "custom":
+            args = [env[a][k] for a, k in n.args]
+            types = [nodes[a].outs[k] for a, k in n.args]
+            env[i] = run_block(n.attr("block"), args, types, domain)
+        else:
+            _eval_node(nodes, i, env, domain)
+    return [env[a][k] for a, k in output_refs(g)]
+
+
+def as_float64(x: Any, what: str) -> np.ndarray:
+    """A numpy float64 copy of a numpy array or torch tensor."""
+    if hasattr(x, "detach") and hasattr(x, "cpu"):  # torch tensor, without importing torch
+        x = x.detach().cpu().double().numpy()
+    try:
+        return np.asarray(x, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise GraphError(f"input {what}: cannot read {type(x).__name__} as a float64 array") from None
+
+
+def check_inputs(g: Graph, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Inputs as float64 arrays keyed by name; GraphError for missing, extra or misshapen ones."""
+    if not isinstance(inputs, Mapping):
+        raise GraphError(f"inputs: expected a dict of name -> array, got {type(inputs).__name__}")
+    names = {t.name: t for t in g.inputs}
+    extra = sorted(set(inputs) - set(names))
+    if extra:
+        raise GraphError(f"inputs: unknown input(s) {extra}; the graph's inputs are {list(names)}")
+    out = {}
+    for name, t in names.items():
+        if name not in inputs:
+            raise GraphError(f"inputs: missing input {name!r} (expected shape {t.shape})")
+        a = as_float64(inputs[name], repr(name))
+        if a.shape != t.shape:
+            raise GraphError(f"inputs: {name!r} has shape {a.shape}; expected {t.shape}")
+        out[name] = a
+    return out
+
+
+def evaluate(g: Graph, inputs: Mapping[str, Any]) -> list[np.ndarray]:
+    """The float64 reference result of ``g`` (a Graph or MuGraph): one array per output."""
+    if not isinstance(g, Graph):
+        raise GraphError(f"evaluate: expected a vm.Graph or vm.MuGraph, got {type(g).__name__}")
+    g.check()
+    vals = check_inputs(g, inputs)
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        outs = run(g, vals, REF)
+    return [np.ascontiguousarray(np.asarray(o, dtype=np.float64)) for o in outs]
+
+
+def refs_of(g: Graph) -> tuple[Ref, ...]:
+    """Output refs (re-exported for walkers in other packages)."""
+    return output_refs(g)

@@ -1,0 +1,506 @@
+"""The op registry: every op is defined once here.
+
+Each :class:`OpDef` carries the op's properties (as data, so that rewriting and
+checking read the same facts), its shape rule, and its meaning in every
+semantic domain. The float64 reference meaning (domain ``"ref"``) is written
+in this file; the other domains (``"ff"`` finite field, ``"abstract"`` Z3
+expressions, ``"egglog"`` constructor, ``"triton"`` lowering) register their
+meaning with :func:`implements` from their own packages, and a test asserts
+that every op has every domain (or is on the reviewed exception list
+:data:`DOMAIN_EXCEPTIONS`).
+
+Conventions for domain implementations
+--------------------------------------
+A domain function is called as ``fn(args, attrs, in_types, out_types)``:
+
+* ``args`` are the operand values. A value is an array whose *trailing* dims
+  are the logical tensor (``in_types[i].shape``); any dims before them are
+  batch dims (grid blocks of a block graph, or a domain's own leading axes)
+  that the op must treat as a batch. For ops with the ``BROADCAST`` property
+  the evaluator has already aligned the operands' logical ranks (inserting
+  size-1 dims), so numpy broadcasting is correct.
+* ``attrs`` is a dict; axes in it are non-negative and relative to the
+  logical rank. Use :func:`neg_axis` to address them on batched arrays.
+* It returns one value (every registry op has one result except ``custom``,
+  which the evaluator handles).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .dtypes import DType
+from .errors import GraphError
+
+
+@dataclass(frozen=True)
+class TensorType:
+    """Static shape and dtype of a tensor (or a tile, at block level)."""
+
+    shape: tuple[int, ...]
+    dtype: DType
+
+    @property
+    def rank(self) -> int:
+        """Number of dims."""
+        return len(self.shape)
+
+    @property
+    def numel(self) -> int:
+        """Number of elements."""
+        return math.prod(self.shape)
+
+    def __str__(self) -> str:
+        return f"{self.dtype.short}[{','.join(map(str, self.shape))}]"
+
+
+class Prop(enum.Flag):
+    """Properties of ops, read by the rewriter, the checks and codegen."""
+
+    NONE = 0
+    ELEMENTWISE = enum.auto()  # result[i] depends on operand[i] only (with broadcasting)
+    UNARY = enum.auto()
+    BINARY = enum.auto()
+    COMMUTATIVE = enum.auto()
+    ASSOCIATIVE = enum.auto()
+    BROADCAST = enum.auto()  # operands broadcast like numpy (ranks are aligned first)
+    REDUCTION = enum.auto()  # reduces one axis, keeping it with size 1
+    LINEAR = enum.auto()  # linear in each operand
+    LOOP = enum.auto()  # for-loop construct of block graphs (stateful; the evaluator runs it)
+    STRUCTURAL = enum.auto()  # inputs, custom kernels, fused thread graphs: no tensor meaning
+
+
+class Level(enum.Flag):
+    """IR levels an op may appear at."""
+
+    KERNEL = enum.auto()
+    BLOCK = enum.auto()
+    THREAD = enum.auto()
+    ALL = KERNEL | BLOCK | THREAD
+
+
+ShapeRule = Callable[[Sequence[TensorType], dict[str, Any]], TensorType]
+DomainFn = Callable[..., Any]
+
+#: Semantic domains every op must have (unless listed in DOMAIN_EXCEPTIONS).
+DOMAINS: tuple[str, ...] = ("ref", "ff", "abstract", "egglog", "triton")
+
+
+@dataclass(frozen=True)
+class OpDef:
+    """One op: name, arity, attributes, properties, shape rule and domain meanings."""
+
+    name: str
+    arity: int | None  # None: variadic (at least ``min_args``)
+    attrs: tuple[str, ...]
+    props: Prop
+    levels: Level
+    shape_rule: ShapeRule | None
+    doc: str
+    min_args: int = 1
+    domains: dict[str, DomainFn] = field(default_factory=dict, compare=False, hash=False)
+
+    def has(self, prop: Prop) -> bool:
+        """Whether the op has property ``prop``."""
+        return bool(self.props & prop)
+
+    def infer(self, in_types: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
+        """Result type of the op on operands of ``in_types``; raises GraphError."""
+        n = len(in_types)
+        if self.arity is not None and n != self.arity:
+            raise GraphError(f"{self.name}: takes {self.arity} operand(s), got {n}")
+        if self.arity is None and n < self.min_args:
+            raise GraphError(f"{self.name}: takes at least {self.min_args} operand(s), got {n}")
+        if self.shape_rule is None:
+            raise GraphError(f"{self.name}: has no shape rule (structural op)")
+        return self.shape_rule(in_types, attrs)
+
+
+OPS: dict[str, OpDef] = {}
+
+#: (op, domain) pairs that are reviewed exceptions to "every op has every domain", with reasons.
+DOMAIN_EXCEPTIONS: dict[tuple[str, str], str] = {}
+
+
+def _register(op: OpDef) -> OpDef:
+    if op.name in OPS:
+        raise ValueError(f"op {op.name!r} registered twice")
+    OPS[op.name] = op
+    return op
+
+
+def get_op(name: str) -> OpDef:
+    """The registered op ``name``; GraphError naming the known ops otherwise."""
+    try:
+        return OPS[name]
+    except KeyError:
+        raise GraphError(f"unknown op {name!r}; known ops: {sorted(OPS)}") from None
+
+
+def implements(domain: str, *names: str) -> Callable[[DomainFn], DomainFn]:
+    """Decorator registering ``fn`` as the meaning of ops ``names`` in ``domain``."""
+    if domain not in DOMAINS:
+        raise ValueError(f"unknown domain {domain!r}; expected one of {DOMAINS}")
+
+    def deco(fn: DomainFn) -> DomainFn:
+        for n in names:
+            get_op(n).domains[domain] = fn
+        return fn
+
+    return deco
+
+
+def exempt(domain: str, name: str, reason: str) -> None:
+    """Record that op ``name`` has, on purpose, no meaning in ``domain``."""
+    DOMAIN_EXCEPTIONS[(name, domain)] = reason
+
+
+def missing_domains() -> list[tuple[str, str]]:
+    """(op, domain) pairs with neither a meaning nor a reviewed exception."""
+    return [
+        (op.name, d)
+        for op in OPS.values()
+        for d in DOMAINS
+        if d not in op.domains and (op.name, d) not in DOMAIN_EXCEPTIONS
+    ]
+
+
+# --------------------------------------------------------------------------- shape rules
+
+
+def _shapes(ts: Sequence[TensorType]) -> str:
+    return ", ".join(str(t) for t in ts)
+
+
+def _err(op: str, ts: Sequence[TensorType], expected: str) -> GraphError:
+    return GraphError(f"{op}: operands {_shapes(ts)}; expected {expected}")
+
+
+def _same_dtype(op: str, ts: Sequence[TensorType]) -> DType:
+    dts = {t.dtype for t in ts}
+    if len(dts) != 1:
+        raise _err(op, ts, "operands of one dtype (no implicit casts)")
+    return ts[0].dtype
+
+
+def broadcast_shapes(op: str, ts: Sequence[TensorType]) -> tuple[int, ...]:
+    """numpy broadcasting of the operands' shapes, or GraphError."""
+    rank = max(t.rank for t in ts)
+    out = []
+    for i in range(rank):
+        dims = {t.shape[i - rank + t.rank] for t in ts if i - rank + t.rank >= 0}
+        dims.discard(1)
+        if len(dims) > 1:
+            raise _err(op, ts, "shapes that broadcast (numpy rules: equal dims or 1)")
+        out.append(dims.pop() if dims else 1)
+    return tuple(out)
+
+
+def check_axis(op: str, t: TensorType, axis: Any, what: str = "axis") -> int:
+    """``axis`` normalised to 0..rank-1, or GraphError."""
+    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
+        raise GraphError(f"{op}: {what} must be an int, got {axis!r}")
+    a = int(axis)
+    if not -t.rank <= a < t.rank:
+        raise GraphError(f"{op}: operand {t} has no {what} {a}; expected -{t.rank} <= {what} < {t.rank}")
+    return a % t.rank
+
+
+def _unary_rule(name: str) -> ShapeRule:
+    def rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
+        return ts[0]
+
+    return rule
+
+
+def _binary_rule(name: str) -> ShapeRule:
+    def rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
+        dt = _same_dtype(name, ts)
+        return TensorType(broadcast_shapes(name, ts), dt)
+
+    return rule
+
+
+def _reduce_rule(name: str) -> ShapeRule:
+    def rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
+        (t,) = ts
+        if t.rank == 0:
+            raise _err(name, ts, "an operand of rank >= 1")
+        a = check_axis(name, t, attrs["axis"])
+        shape = list(t.shape)
+        shape[a] = 1
+        return TensorType(tuple(shape), t.dtype)
+
+    return rule
+
+
+def _matmul_rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
+    a, b = ts
+    if a.rank < 2 or b.rank < 2:
+        raise _err("matmul", ts, "operands of rank >= 2 (..., m, k) and (..., k, n)")
+    if a.shape[-1] != b.shape[-2]:
+        raise _err(
+            "matmul", ts, f"the contraction dims to match (a.shape[-1] = {a.shape[-1]}, b.shape[-2] = {b.shape[-2]})"
+        )
+    dt = _same_dtype("matmul", ts)
+    batch = broadcast_shapes("matmul", [TensorType(a.shape[:-2], dt), TensorType(b.shape[:-2], dt)])
+    return TensorType(batch + (a.shape[-2], b.shape[-1]), dt)
+
+
+def _scale_rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
+    c = attrs.get("c")
+    if not isinstance(c, (int, float)) or isinstance(c, bool) or not math.isfinite(c):
+        raise GraphError(f"scale/shift: the constant must be a finite Python number, got {c!r}")
+    return ts[0]
+
+
+def _rms_rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
+    x = ts[0]
+    if x.rank == 0:
+        raise _err("rms_norm", ts, "an operand of rank >= 1")
+    a = check_axis("rms_norm", x, attrs["axis"])
+    eps = attrs.get("eps")
+    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not (eps >= 0 and math.isfinite(eps)):
+        raise GraphError(f"rms_norm: eps must be a finite number >= 0, got {eps!r}")
+    if len(ts) == 2:
+        w = ts[1]
+        if w.shape != (x.shape[a],):
+            raise _err("rms_norm", ts, f"a weight of shape ({x.shape[a]},) (the size of axis {a})")
+        _same_dtype("rms_norm", ts)
+    return x
+
+
+def _concat_rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
+    r = ts[0].rank
+    if any(t.rank != r for t in ts) or r == 0:
+        raise _err("concat", ts, "operands of one rank >= 1")
+    a = check_axis("concat", ts[0], attrs["axis"])
+    for t in ts:
+        if t.shape[:a] + t.shape[a + 1 :] != ts[0].shape[:a] + ts[0].shape[a + 1 :]:
+            raise _err("concat", ts, f"equal sizes on every dim but the concat axis {a}")
+    dt = _same_dtype("concat", ts)
+    shape = list(ts[0].shape)
+    shape[a] = sum(t.shape[a] for t in ts)
+    return TensorType(tuple(shape), dt)
+
+
+def _transpose_rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
+    (t,) = ts
+    a = check_axis("transpose", t, attrs["a"], "axis a")
+    b = check_axis("transpose", t, attrs["b"], "axis b")
+    shape = list(t.shape)
+    shape[a], shape[b] = shape[b], shape[a]
+    return TensorType(tuple(shape), t.dtype)
+
+
+def _rescaled_rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
+    x, m = ts
+    broadcast_shapes("rescaled_sum", ts)
+    if broadcast_shapes("rescaled_sum", ts) != x.shape:
+        raise _err("rescaled_sum", ts, "a running max that broadcasts to the accumulated value")
+    return x
+
+
+# --------------------------------------------------------------------------- float64 reference
+
+
+def neg_axis(axis: int, rank: int) -> int:
+    """A non-negative logical ``axis`` of a rank-``rank`` tensor as a negative array axis."""
+    return axis - rank
+
+
+def _ref_unary(f: Callable[[np.ndarray], np.ndarray]) -> DomainFn:
+    def fn(args: list[np.ndarray], attrs: dict[str, Any], in_types: Any, out_types: Any) -> np.ndarray:
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+            return f(args[0])
+
+    return fn
+
+
+def _ref_binary(f: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> DomainFn:
+    def fn(args: list[np.ndarray], attrs: dict[str, Any], in_types: Any, out_types: Any) -> np.ndarray:
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+            return f(args[0], args[1])
+
+    return fn
+
+
+_GELU_C = math.sqrt(2.0 / math.pi)
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """GELU, tanh approximation (PyTorch's ``approximate="tanh"``)."""
+    return 0.5 * x * (1.0 + np.tanh(_GELU_C * (x + 0.044715 * x**3)))
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    """x * sigmoid(x), without overflow warnings."""
+    return x * (0.5 * (1.0 + np.tanh(0.5 * x)))
+
+
+def _ref_reduce(f: Callable[..., np.ndarray]) -> DomainFn:
+    def fn(args: list[np.ndarray], attrs: dict[str, Any], in_types: Any, out_types: Any) -> np.ndarray:
+        return f(args[0], axis=neg_axis(attrs["axis"], in_types[0].rank), keepdims=True)
+
+    return fn
+
+
+def _ref_rms(args: list[np.ndarray], attrs: dict[str, Any], in_types: Any, out_types: Any) -> np.ndarray:
+    x = args[0]
+    rank = in_types[0].rank
+    ax = neg_axis(attrs["axis"], rank)
+    y = x / np.sqrt(np.mean(x * x, axis=ax, keepdims=True) + attrs["eps"])
+    if len(args) == 2:
+        w = args[1]
+        # weight (..., n) -> (..., n, 1, ..., 1) so it lines up with the normalised axis
+        y = y * w.reshape(w.shape + (1,) * (-ax - 1))
+    return y
+
+
+def _ref_concat(args: list[np.ndarray], attrs: dict[str, Any], in_types: Any, out_types: Any) -> np.ndarray:
+    ax = neg_axis(attrs["axis"], in_types[0].rank)
+    batch = np.broadcast_shapes(*(a.shape[: a.ndim - in_types[0].rank] for a in args))
+    full = [np.broadcast_to(a, batch + a.shape[a.ndim - in_types[0].rank :]) for a in args]
+    return np.concatenate(full, axis=ax)
+
+
+def _ref_transpose(args: list[np.ndarray], attrs: dict[str, Any], in_types: Any, out_types: Any) -> np.ndarray:
+    r = in_types[0].rank
+    return np.swapaxes(args[0], neg_axis(attrs["a"], r), neg_axis(attrs["b"], r))
+
+
+def _def(
+    name: str,
+    arity: int | None,
+    props: Prop,
+    rule: ShapeRule | None,
+    ref: DomainFn | None,
+    doc: str,
+    attrs: tuple[str, ...] = (),
+    levels: Level = Level.ALL,
+    min_args: int = 1,
+) -> None:
+    op = _register(OpDef(name, arity, attrs, props, levels, rule, doc, min_args))
+    if ref is not None:
+        op.domains["ref"] = ref
+
+
+_EW = Prop.ELEMENTWISE
+_U = _EW | Prop.UNARY
+_B = _EW | Prop.BINARY | Prop.BROADCAST
+_KB = Level.KERNEL | Level.BLOCK
+
+for _name, _f, _doc in [
+    ("exp", np.exp, "e**x"),
+    ("silu", silu, "x * sigmoid(x)"),
+    ("gelu", gelu_tanh, "GELU, tanh approximation"),
+    ("relu", lambda x: np.maximum(x, 0.0), "max(x, 0)"),
+    ("sqrt", np.sqrt, "square root"),
+    ("rsqrt", lambda x: 1.0 / np.sqrt(x), "1 / sqrt(x)"),
+    ("square", np.square, "x * x"),
+    ("neg", np.negative, "-x"),
+]:
+    _def(_name, 1, _U | (Prop.LINEAR if _name == "neg" else Prop.NONE), _unary_rule(_name), _ref_unary(_f), _doc)
+
+_def(
+    "scale",
+    1,
+    _U | Prop.LINEAR,
+    _scale_rule,
+    lambda args, attrs, it, ot: args[0] * float(attrs["c"]),
+    "x * c for a Python constant c",
+    attrs=("c",),
+)
+_def(
+    "shift",
+    1,
+    _U,
+    _scale_rule,
+    lambda args, attrs, it, ot: args[0] + float(attrs["c"]),
+    "x + c for a Python constant c",
+    attrs=("c",),
+)
+
+for _name, _f, _p, _doc in [
+    ("add", np.add, Prop.COMMUTATIVE | Prop.ASSOCIATIVE | Prop.LINEAR, "a + b"),
+    ("sub", np.subtract, Prop.LINEAR, "a - b"),
+    ("mul", np.multiply, Prop.COMMUTATIVE | Prop.ASSOCIATIVE, "a * b"),
+    ("div", np.divide, Prop.NONE, "a / b"),
+    ("maximum", np.maximum, Prop.COMMUTATIVE | Prop.ASSOCIATIVE, "elementwise max(a, b)"),
+]:
+    _def(_name, 2, _B | _p, _binary_rule(_name), _ref_binary(_f), _doc)
+
+_def("sum", 1, Prop.REDUCTION | Prop.LINEAR, _reduce_rule("sum"), _ref_reduce(np.sum), "sum along axis", ("axis",), _KB)
+_def("mean", 1, Prop.REDUCTION | Prop.LINEAR, _reduce_rule("mean"), _ref_reduce(np.mean), "mean along axis", ("axis",), _KB)
+_def("max", 1, Prop.REDUCTION, _reduce_rule("max"), _ref_reduce(np.max), "max along axis", ("axis",), _KB)
+_def(
+    "matmul",
+    2,
+    Prop.BROADCAST | Prop.LINEAR,
+    _matmul_rule,
+    lambda args, attrs, it, ot: np.matmul(args[0], args[1]),
+    "(..., m, k) @ (..., k, n), leading dims broadcast",
+    levels=_KB,
+)
+_def(
+    "rms_norm",
+    None,
+    Prop.NONE,
+    _rms_rule,
+    _ref_rms,
+    "x / sqrt(mean(x**2, axis) + eps) [* weight]",
+    ("axis", "eps"),
+    _KB,
+)
+_def("concat", None, Prop.NONE, _concat_rule, _ref_concat, "concatenate along axis", ("axis",), _KB)
+_def("transpose", 1, Prop.NONE, _transpose_rule, _ref_transpose, "swap axes a and b", ("a", "b"), _KB)
+
+# Loop constructs of block graphs. Their meaning is the evaluator's (ir.interpret), written once
+# in terms of registry ops (add, maximum, sub, exp, mul), so every domain gets them for free.
+_def("loop_sum", 1, Prop.LOOP, _unary_rule("loop_sum"), None, "sum over for-loop iterations", levels=Level.BLOCK)
+_def("loop_max", 1, Prop.LOOP, _unary_rule("loop_max"), None, "max over for-loop iterations", levels=Level.BLOCK)
+_def(
+    "running_max",
+    1,
+    Prop.LOOP,
+    _unary_rule("running_max"),
+    None,
+    "max of this and all earlier iterations' values (in the loop body)",
+    levels=Level.BLOCK,
+)
+_def(
+    "rescaled_sum",
+    2,
+    Prop.LOOP | Prop.BROADCAST,
+    _rescaled_rule,
+    None,
+    "acc = acc * exp(m_prev - m) + x over iterations, m a running_max (online softmax)",
+    levels=Level.BLOCK,
+)
+
+# Structural ops: their meaning is the evaluator's.
+for _name, _doc, _lv in [
+    ("input", "a kernel input (kernel level) or a tile of a kernel input (block level)", _KB),
+    ("arg", "a thread graph's operand", Level.THREAD),
+    ("custom", "a kernel holding a block graph", Level.KERNEL),
+    ("fused", "a thread graph of fused elementwise ops", Level.BLOCK),
+]:
+    _def(_name, None, Prop.STRUCTURAL, None, None, _doc, levels=_lv, min_args=0)
+
+for _name in ("loop_sum", "loop_max", "running_max", "rescaled_sum", "input", "arg", "custom", "fused"):
+    for _d in DOMAINS:
+        if _d != "triton" and _d != "egglog":
+            exempt(_d, _name, "structural/loop op: the graph evaluator gives its meaning for every domain")
+
+STRUCTURAL_OPS = frozenset(n for n, o in OPS.items() if o.has(Prop.STRUCTURAL))
+LOOP_OPS = frozenset(n for n, o in OPS.items() if o.has(Prop.LOOP))
+ELEMENTWISE_OPS = frozenset(n for n, o in OPS.items() if o.has(Prop.ELEMENTWISE))
+UNARY_OPS = frozenset(n for n, o in OPS.items() if o.has(Prop.UNARY))
+BINARY_OPS = frozenset(n for n, o in OPS.items() if o.has(Prop.BINARY))
+REDUCTION_OPS = frozenset(n for n, o in OPS.items() if o.has(Prop.REDUCTION))

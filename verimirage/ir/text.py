@@ -1,0 +1,297 @@
+"""The text form of programs: printer and parser (``parse(print(g)) == g``).
+
+Example::
+
+    mugraph {
+      %0 = input {name='Q'} : f16[2,256,64]
+      ...
+      %3 = custom %0, %1, %2 {grid=(2, 4), frange=4} : f16[2,256,64] {
+        %0 = input {arg=0, fmap=None, imap=(0, 1), shape=(2, 256, 64)} : f16[1,64,64]
+        ...
+        output %9 {omap=(0, 1)}
+      }
+      return %3
+    }
+
+Node lines are ``%i = op operands {attrs} : result types``; operands are
+``%i`` (result 0) or ``%i.k``; attribute values are Python literals. Custom
+kernels and fused thread graphs open a nested region.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from typing import Any
+
+from .dtypes import DType
+from .errors import GraphError
+from .graph import (
+    BlockGraph,
+    Graph,
+    MuGraph,
+    Node,
+    OutputMap,
+    Ref,
+    ThreadGraph,
+    make_attrs,
+    node_list,
+    output_refs,
+)
+from .ops import TensorType
+
+
+def _ref(r: Ref, nodes: Any) -> str:
+    a, k = r
+    if k == 0 and (not nodes or a >= len(nodes) or len(nodes[a].outs) == 1):
+        return f"%{a}"
+    return f"%{a}.{k}"
+
+
+def _attrs(d: dict[str, Any]) -> str:
+    if not d:
+        return ""
+    return " {" + ", ".join(f"{k}={v!r}" for k, v in sorted(d.items())) + "}"
+
+
+def print_node(n: Node, i: int, nodes: Any = None, indent: str = "") -> str:
+    """One node as text (nested regions included)."""
+    args = ", ".join(_ref(r, nodes) for r in n.args)
+    head = f"{indent}%{i} = {n.op}" + (f" {args}" if args else "")
+    types = ", ".join(str(t) for t in n.outs)
+    if n.op == "custom":
+        bg: BlockGraph = n.attr("block")
+        return f"{head}{_attrs({'grid': bg.grid, 'frange': bg.frange})} : {types} {{\n" + _block_body(
+            bg, indent + "  "
+        ) + f"\n{indent}}}"
+    if n.op == "fused":
+        tg: ThreadGraph = n.attr("thread")
+        return f"{head} : {types} {{\n" + _thread_body(tg, indent + "  ") + f"\n{indent}}}"
+    return f"{head}{_attrs(n.attr_dict)} : {types}"
+
+
+def _nodes_text(nodes: Any, indent: str) -> list[str]:
+    return [print_node(n, i, nodes, indent) for i, n in enumerate(nodes)]
+
+
+def _block_body(bg: BlockGraph, indent: str) -> str:
+    lines = _nodes_text(bg.nodes, indent)
+    for r, om in zip(bg.outputs, bg.omaps, strict=True):
+        lines.append(f"{indent}output {_ref(r, bg.nodes)}{_attrs({'omap': om.dims})}")
+    return "\n".join(lines)
+
+
+def _thread_body(tg: ThreadGraph, indent: str) -> str:
+    lines = _nodes_text(tg.nodes, indent)
+    lines.append(f"{indent}return " + ", ".join(_ref(r, tg.nodes) for r in tg.outputs))
+    return "\n".join(lines)
+
+
+def print_program(p: Any) -> str:
+    """Text of a kernel graph, μGraph, block graph or thread graph."""
+    if isinstance(p, BlockGraph):
+        return print_block(p)
+    if isinstance(p, ThreadGraph):
+        return print_thread(p)
+    nodes = node_list(p)
+    kw = "mugraph" if isinstance(p, MuGraph) else "graph"
+    lines = [f"{kw} {{", *_nodes_text(nodes, "  ")]
+    lines.append("  return " + ", ".join(_ref(r, nodes) for r in output_refs(p)))
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def print_block(bg: BlockGraph) -> str:
+    """Text of a block graph on its own."""
+    return f"block{_attrs({'grid': bg.grid, 'frange': bg.frange})} {{\n{_block_body(bg, '  ')}\n}}"
+
+
+def print_thread(tg: ThreadGraph) -> str:
+    """Text of a thread graph on its own."""
+    return f"thread {{\n{_thread_body(tg, '  ')}\n}}"
+
+
+# --------------------------------------------------------------------------- parser
+
+_NODE_RE = re.compile(r"^%(\d+)\s*=\s*([A-Za-z_]\w*)(.*)$")
+_TYPE_RE = re.compile(r"^(\w+)\[([\d,\s]*)\]$")
+_REF_RE = re.compile(r"^%(\d+)(?:\.(\d+))?$")
+
+
+class _Lines:
+    def __init__(self, text: str) -> None:
+        self.lines = [(i + 1, ln.strip()) for i, ln in enumerate(text.splitlines())]
+        self.lines = [(i, ln) for i, ln in self.lines if ln and not ln.startswith("#")]
+        self.pos = 0
+
+    def next(self) -> tuple[int, str]:
+        if self.pos >= len(self.lines):
+            raise GraphError("parse: unexpected end of text (a region is not closed with '}')")
+        self.pos += 1
+        return self.lines[self.pos - 1]
+
+
+def _perr(lineno: int, line: str, msg: str) -> GraphError:
+    return GraphError(f"parse: line {lineno}: {msg}\n  {line}")
+
+
+def _parse_type(s: str, lineno: int, line: str) -> TensorType:
+    m = _TYPE_RE.match(s.strip())
+    if not m:
+        raise _perr(lineno, line, f"bad type {s.strip()!r}; expected like f16[2,64]")
+    dims = tuple(int(x) for x in m.group(2).replace(" ", "").split(",") if x)
+    return TensorType(dims, DType.parse(m.group(1)))
+
+
+def _parse_refs(s: str, lineno: int, line: str) -> tuple[Ref, ...]:
+    s = s.strip()
+    if not s:
+        return ()
+    out = []
+    for part in s.split(","):
+        m = _REF_RE.match(part.strip())
+        if not m:
+            raise _perr(lineno, line, f"bad operand {part.strip()!r}; expected %N or %N.K")
+        out.append((int(m.group(1)), int(m.group(2) or 0)))
+    return tuple(out)
+
+
+def _parse_attrs(s: str, lineno: int, line: str) -> dict[str, Any]:
+    try:
+        call = ast.parse(f"f({s})", mode="eval").body
+        assert isinstance(call, ast.Call) and not call.args
+        return {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords if kw.arg is not None}
+    except (SyntaxError, ValueError, AssertionError):
+        raise _perr(lineno, line, f"bad attributes {{{s}}}; expected key=literal pairs") from None
+
+
+def _split_head(rest: str) -> tuple[str, str]:
+    """Split 'operands {attrs}' into its two parts."""
+    rest = rest.strip()
+    if "{" in rest:
+        i = rest.index("{")
+        if not rest.endswith("}"):
+            raise GraphError(f"parse: unbalanced braces in {rest!r}")
+        return rest[:i].strip(), rest[i + 1 : -1]
+    return rest, ""
+
+
+def _parse_node_line(lines: _Lines, lineno: int, line: str, expect: int) -> Node:
+    m = _NODE_RE.match(line)
+    if not m:
+        raise _perr(lineno, line, "expected '%N = op operands {attrs} : types'")
+    idx, op, rest = int(m.group(1)), m.group(2), m.group(3)
+    if idx != expect:
+        raise _perr(lineno, line, f"node numbered %{idx}; expected %{expect} (nodes are numbered in order)")
+    opens = rest.rstrip().endswith("{") and op in ("custom", "fused")
+    if opens:
+        rest = rest.rstrip()[:-1]
+    head, sep, types_s = rest.rpartition(" : ")
+    if not sep:
+        raise _perr(lineno, line, "missing ' : ' and the result types")
+    types = tuple(_parse_type(t, lineno, line) for t in _split_types(types_s))
+    args_s, attrs_s = _split_head(head)
+    args = _parse_refs(args_s, lineno, line)
+    attrs = _parse_attrs(attrs_s, lineno, line) if attrs_s else {}
+    if op == "custom":
+        if not opens:
+            raise _perr(lineno, line, "custom: expected a block region '{' at the end of the line")
+        try:
+            grid, frange = tuple(attrs.pop("grid")), attrs.pop("frange")
+        except KeyError:
+            raise _perr(lineno, line, "custom: expected attributes grid and frange") from None
+        if attrs:
+            raise _perr(lineno, line, f"custom: unexpected attributes {sorted(attrs)}")
+        bg = _parse_block_body(lines, grid, frange)
+        return Node(op, args, (("block", bg),), types)
+    if op == "fused":
+        if not opens:
+            raise _perr(lineno, line, "fused: expected a thread region '{' at the end of the line")
+        tg = _parse_thread_body(lines)
+        return Node(op, args, (("thread", tg),), types)
+    return Node(op, args, make_attrs(attrs), types)
+
+
+def _split_types(s: str) -> list[str]:
+    out, depth, cur = [], 0, ""
+    for ch in s:
+        depth += ch == "["
+        depth -= ch == "]"
+        if ch == "," and depth == 0:
+            out.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    out.append(cur)
+    return [t for t in out if t.strip()]
+
+
+def _parse_block_body(lines: _Lines, grid: tuple[int, ...], frange: int) -> BlockGraph:
+    nodes: list[Node] = []
+    outs: list[Ref] = []
+    omaps: list[OutputMap] = []
+    while True:
+        lineno, line = lines.next()
+        if line == "}":
+            break
+        if line.startswith("output "):
+            refs_s, attrs_s = _split_head(line[len("output ") :])
+            (r,) = _parse_refs(refs_s, lineno, line) or (None,)
+            attrs = _parse_attrs(attrs_s, lineno, line)
+            if r is None or set(attrs) != {"omap"}:
+                raise _perr(lineno, line, "expected 'output %N {omap=(...)}'")
+            outs.append(r)
+            omaps.append(OutputMap(tuple(attrs["omap"])))
+            continue
+        nodes.append(_parse_node_line(lines, lineno, line, len(nodes)))
+    from .check import check_block
+
+    bg = BlockGraph(tuple(grid), frange, tuple(nodes), tuple(outs), tuple(omaps))
+    check_block(bg, None)
+    return bg
+
+
+def _parse_thread_body(lines: _Lines) -> ThreadGraph:
+    nodes: list[Node] = []
+    outs: tuple[Ref, ...] = ()
+    while True:
+        lineno, line = lines.next()
+        if line == "}":
+            break
+        if line.startswith("return"):
+            outs = _parse_refs(line[len("return") :], lineno, line)
+            continue
+        nodes.append(_parse_node_line(lines, lineno, line, len(nodes)))
+    from .check import check_thread
+
+    tg = ThreadGraph(tuple(nodes), outs)
+    check_thread(tg)
+    return tg
+
+
+def parse_program(text: str) -> Graph:
+    """Parse a ``graph { ... }`` or ``mugraph { ... }`` text; the result is checked."""
+    if not isinstance(text, str):
+        raise GraphError(f"parse: expected program text, got {type(text).__name__}")
+    lines = _Lines(text)
+    lineno, first = lines.next()
+    kw = first.split()[0] if first.split() else ""
+    if first not in ("graph {", "mugraph {"):
+        raise _perr(lineno, first, "expected 'graph {' or 'mugraph {'")
+    nodes: list[Node] = []
+    outs: tuple[Ref, ...] = ()
+    while True:
+        lineno, line = lines.next()
+        if line == "}":
+            break
+        if line.startswith("return"):
+            outs = _parse_refs(line[len("return") :], lineno, line)
+            continue
+        nodes.append(_parse_node_line(lines, lineno, line, len(nodes)))
+    if lines.pos != len(lines.lines):
+        ln, extra = lines.lines[lines.pos]
+        raise _perr(ln, extra, "text after the closing '}'")
+    cls = MuGraph if kw == "mugraph" else Graph
+    g = cls._from_parts(nodes, outs)
+    g.check()
+    return g
