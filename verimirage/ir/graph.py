@@ -684,6 +684,8 @@ class BlockBuilder(_Builder):
 
     def rescaled_sum(self, x: Tensor, m: Tensor) -> Tensor:
         """Online-softmax accumulator: ``acc = acc * exp(m_prev - m) + x``; ``m`` a running_max."""
+        if isinstance(m, Tensor) and m.owner is self and m.node.op != "running_max":
+            raise GraphError(f"rescaled_sum: the second operand must be a running_max, got {m.node.op}")
         return self._emit("rescaled_sum", [x, m])
 
     def fused(self, tg: ThreadGraph, args: Sequence[Tensor]) -> Tensor:
