@@ -78,12 +78,13 @@ def _bsh():  # type: ignore[no-untyped-def]
 @case("duplicate input name", "already an input")
 def _dup():  # type: ignore[no-untyped-def]
     g, _, _ = _g()
+    assert g
     g.input("a", (1,), vm.float16)
 
 
 @case("operand from another graph", "belongs to another graph")
 def _other():  # type: ignore[no-untyped-def]
-    g, a, _ = _g()
+    _, a, _ = _g()
     h = vm.Graph()
     h.exp(a)
 
@@ -128,7 +129,7 @@ def _unused():  # type: ignore[no-untyped-def]
 
 @case("no outputs", "no outputs")
 def _noout():  # type: ignore[no-untyped-def]
-    g, a, _ = _g()
+    g, _, _ = _g()
     g.check()
 
 

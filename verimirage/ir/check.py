@@ -23,7 +23,7 @@ from .graph import (
     output_refs,
     tile_shape,
 )
-from .ops import OPS, LOOP_OPS, Level, TensorType, get_op
+from .ops import LOOP_OPS, OPS, Level, TensorType, get_op
 
 
 def _where(nodes: Sequence[Node], i: int, msg: str) -> GraphError:

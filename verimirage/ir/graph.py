@@ -492,7 +492,12 @@ class MuGraph(Graph):
 
 
 def tile_shape(
-    what: str, shape: tuple[int, ...], grid: tuple[int, ...], imap: tuple[int | None, ...], fmap: int | None, frange: int
+    what: str,
+    shape: tuple[int, ...],
+    grid: tuple[int, ...],
+    imap: tuple[int | None, ...],
+    fmap: int | None,
+    frange: int,
 ) -> tuple[int, ...]:
     """Shape of one block's per-iteration tile of a tensor of ``shape``; GraphError if the maps don't fit."""
     if len(imap) != len(grid):

@@ -250,7 +250,7 @@ def _matmul_rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
         )
     dt = _same_dtype("matmul", ts)
     batch = broadcast_shapes("matmul", [TensorType(a.shape[:-2], dt), TensorType(b.shape[:-2], dt)])
-    return TensorType(batch + (a.shape[-2], b.shape[-1]), dt)
+    return TensorType((*batch, a.shape[-2], b.shape[-1]), dt)
 
 
 def _scale_rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
@@ -300,8 +300,7 @@ def _transpose_rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorTy
 
 
 def _rescaled_rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
-    x, m = ts
-    broadcast_shapes("rescaled_sum", ts)
+    x = ts[0]
     if broadcast_shapes("rescaled_sum", ts) != x.shape:
         raise _err("rescaled_sum", ts, "a running max that broadcasts to the accumulated value")
     return x
@@ -437,7 +436,16 @@ for _name, _f, _p, _doc in [
     _def(_name, 2, _B | _p, _binary_rule(_name), _ref_binary(_f), _doc)
 
 _def("sum", 1, Prop.REDUCTION | Prop.LINEAR, _reduce_rule("sum"), _ref_reduce(np.sum), "sum along axis", ("axis",), _KB)
-_def("mean", 1, Prop.REDUCTION | Prop.LINEAR, _reduce_rule("mean"), _ref_reduce(np.mean), "mean along axis", ("axis",), _KB)
+_def(
+    "mean",
+    1,
+    Prop.REDUCTION | Prop.LINEAR,
+    _reduce_rule("mean"),
+    _ref_reduce(np.mean),
+    "mean along axis",
+    ("axis",),
+    _KB,
+)
 _def("max", 1, Prop.REDUCTION, _reduce_rule("max"), _ref_reduce(np.max), "max along axis", ("axis",), _KB)
 _def(
     "matmul",

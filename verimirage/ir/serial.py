@@ -46,7 +46,9 @@ def _dec_value(v: Any) -> Any:
             )
         if "thread" in v:
             t = v["thread"]
-            return ThreadGraph(tuple(_dec_node(n) for n in t["nodes"]), tuple((int(a), int(k)) for a, k in t["outputs"]))
+            return ThreadGraph(
+                tuple(_dec_node(n) for n in t["nodes"]), tuple((int(a), int(k)) for a, k in t["outputs"])
+            )
         if "tuple" in v:
             return tuple(_dec_value(x) for x in v["tuple"])
         if "float" in v:
