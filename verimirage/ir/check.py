@@ -53,7 +53,7 @@ def _check_op(nodes: Sequence[Node], i: int, level: Level, in_types: list[Tensor
         raise _where(nodes, i, f"unknown op {n.op!r}")
     d = get_op(n.op)
     if not d.levels & level:
-        raise _where(nodes, i, f"{n.op}: not allowed in a {level.name.lower()} graph")
+        raise _where(nodes, i, f"{n.op}: not allowed in a {str(level.name).lower()} graph")
     keys = {k for k, _ in n.attrs}
     if keys != set(d.attrs):
         raise _where(nodes, i, f"{n.op}: attributes {sorted(keys)}; expected {sorted(d.attrs)}")

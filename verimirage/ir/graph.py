@@ -194,7 +194,7 @@ class _Builder:
     def _emit(self, op: str, args: Sequence[Any], attrs: dict[str, Any] | None = None) -> Tensor:
         d = get_op(op)
         if not d.levels & self._level:
-            raise GraphError(f"{op}: not allowed in a {self._level.name.lower()} graph")
+            raise GraphError(f"{op}: not allowed in a {str(self._level.name).lower()} graph")
         refs = tuple(self._ref(op, a, i) for i, a in enumerate(args))
         attrs = dict(attrs or {})
         in_types = [self._nodes[r[0]].outs[r[1]] for r in refs]

@@ -265,7 +265,7 @@ def check_inputs(g: Graph, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """Inputs as float64 arrays keyed by name; GraphError for missing, extra or misshapen ones."""
     if not isinstance(inputs, Mapping):
         raise GraphError(f"inputs: expected a dict of name -> array, got {type(inputs).__name__}")
-    names = {t.name: t for t in g.inputs}
+    names = {str(t.name): t for t in g.inputs}
     extra = sorted(set(inputs) - set(names))
     if extra:
         raise GraphError(f"inputs: unknown input(s) {extra}; the graph's inputs are {list(names)}")

@@ -395,7 +395,7 @@ _U = _EW | Prop.UNARY
 _B = _EW | Prop.BINARY | Prop.BROADCAST
 _KB = Level.KERNEL | Level.BLOCK
 
-for _name, _f, _doc in [
+_UNARY_REFS: list[tuple[str, Callable[[np.ndarray], np.ndarray], str]] = [
     ("exp", np.exp, "e**x"),
     ("silu", silu, "x * sigmoid(x)"),
     ("gelu", gelu_tanh, "GELU, tanh approximation"),
@@ -404,7 +404,8 @@ for _name, _f, _doc in [
     ("rsqrt", lambda x: 1.0 / np.sqrt(x), "1 / sqrt(x)"),
     ("square", np.square, "x * x"),
     ("neg", np.negative, "-x"),
-]:
+]
+for _name, _f, _doc in _UNARY_REFS:
     _def(_name, 1, _U | (Prop.LINEAR if _name == "neg" else Prop.NONE), _unary_rule(_name), _ref_unary(_f), _doc)
 
 _def(
