@@ -1,0 +1,466 @@
+"""Rewrite rules: a small pattern language compiled to egglog, and the public API for user rules.
+
+A :class:`Rule` is written once, as a left and a right :class:`Pat` over
+tensor variables (:class:`PVar`) and attribute variables (:class:`AVar`), with
+shape guards (:class:`SameRank`, :class:`DimIsOne`, :class:`RankIs`). From that
+one definition come
+
+* the egglog ``rewrite(...).to(..., guards)`` used by the search
+  (:meth:`Rule.egglog`), and
+* concrete instances — lhs and rhs as small kernel graphs over the shapes of
+  :class:`Instance` — for the soundness check
+  :func:`verimirage.smt.verify.verify_rule` (:meth:`Rule.instance_graphs`).
+
+Build patterns with the ``pat`` helper: ``pat.matmul(pat.div(E, S), V)``;
+attribute keywords as in the Graph API (``pat.sum(X, axis=AX)``).
+
+User rules are added through :func:`ruleset` / ``superoptimize(extra_rules=...)``;
+:func:`admit` refuses a rule the verifier cannot prove unless it is marked
+``trusted=True`` (and trusted rules are then named in every candidate and
+certificate that used them).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..ir.dtypes import float32
+from ..ir.errors import GraphError
+from ..ir.graph import Graph
+from ..ir.ops import TensorType
+from .lift import Term, term_to_graph
+
+log = logging.getLogger(__name__)
+
+_INT_ATTRS = ("axis", "a", "b")
+_FLOAT_ATTRS = ("c", "eps")
+
+
+class RuleError(ValueError):
+    """A rule is malformed, or was refused because it could not be proved sound."""
+
+
+# --------------------------------------------------------------------------- the pattern language
+
+
+@dataclass(frozen=True)
+class PVar:
+    """A tensor variable of a pattern."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class AVar:
+    """An attribute variable (an axis, or a constant) of a pattern."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class RankMinus:
+    """Attribute value ``rank(var) - k`` (e.g. the last axis of ``var``: ``RankMinus(X, 1)``)."""
+
+    var: PVar
+    k: int
+
+
+@dataclass(frozen=True)
+class RecipDim:
+    """Attribute value ``1 / dim(var, axis)`` (the factor turning a sum into a mean)."""
+
+    var: PVar
+    axis: AVar
+
+
+AttrVal = int | float | AVar | RankMinus | RecipDim
+
+
+@dataclass(frozen=True)
+class Pat:
+    """A pattern node: a registry op, its operands (patterns or variables), its attributes."""
+
+    op: str
+    args: tuple[Pat | PVar, ...]
+    attrs: tuple[tuple[str, AttrVal], ...] = ()
+
+    def __str__(self) -> str:
+        parts = [str(a) if isinstance(a, Pat) else a.name for a in self.args]
+        parts += [f"{k}={_attr_str(v)}" for k, v in self.attrs]
+        return f"{self.op}({', '.join(parts)})"
+
+
+def _attr_str(v: AttrVal) -> str:
+    if isinstance(v, AVar):
+        return v.name
+    if isinstance(v, RankMinus):
+        return f"rank({v.var.name})-{v.k}"
+    if isinstance(v, RecipDim):
+        return f"1/dim({v.var.name},{v.axis.name})"
+    return repr(v)
+
+
+class _PatBuilder:
+    """``pat.<op>(*operands, **attrs)`` builds a :class:`Pat` (``pat.concat([a, b], axis=...)`` too)."""
+
+    def __getattr__(self, op: str) -> Any:
+        if op.startswith("_"):
+            raise AttributeError(op)
+        from ..ir.ops import get_op
+
+        get_op(op)  # GraphError for unknown ops
+
+        def build(*args: Any, **attrs: AttrVal) -> Pat:
+            if op == "concat":
+                (xs,) = args
+                args = tuple(xs)
+            for a in args:
+                if not isinstance(a, (Pat, PVar)):
+                    raise RuleError(f"pat.{op}: operand {a!r}; expected a Pat or a PVar")
+            return Pat(op, tuple(args), tuple(sorted(attrs.items())))
+
+        return build
+
+
+pat = _PatBuilder()
+
+
+@dataclass(frozen=True)
+class SameRank:
+    """Guard: the variables have equal rank."""
+
+    vars: tuple[PVar, ...]
+
+
+@dataclass(frozen=True)
+class RankIs:
+    """Guard: ``rank(var) == n``."""
+
+    var: PVar
+    n: int
+
+
+@dataclass(frozen=True)
+class DimIsOne:
+    """Guard: ``dim(var, axis) == 1`` (``axis`` an int, an AVar, or ``RankMinus``)."""
+
+    var: PVar
+    axis: int | AVar | RankMinus
+
+
+Guard = SameRank | RankIs | DimIsOne
+
+
+@dataclass(frozen=True)
+class Instance:
+    """Concrete shapes (per tensor variable) and attribute values for a soundness instance."""
+
+    shapes: tuple[tuple[str, tuple[int, ...]], ...]
+    attrs: tuple[tuple[str, Any], ...] = ()
+
+    @staticmethod
+    def of(shapes: dict[str, tuple[int, ...]], **attrs: Any) -> Instance:
+        """Instance from a dict of shapes and attribute keywords."""
+        return Instance(tuple(sorted(shapes.items())), tuple(sorted(attrs.items())))
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A named, guarded rewrite ``lhs -> rhs`` with a one-line law and soundness instances."""
+
+    name: str
+    lhs: Pat
+    rhs: Pat
+    law: str
+    theory: str = "user"
+    guards: tuple[Guard, ...] = ()
+    instances: tuple[Instance, ...] = ()
+    trusted: bool = False
+    default: bool = True  # part of the default schedule
+
+    def __post_init__(self) -> None:
+        if not self.name or not isinstance(self.lhs, Pat) or not isinstance(self.rhs, Pat):
+            raise RuleError(f"rule {self.name!r}: expected a name and lhs/rhs patterns (pat.<op>(...))")
+        lv = _pvars(self.lhs)
+        missing = _pvars(self.rhs) - lv
+        if missing:
+            raise RuleError(f"rule {self.name!r}: rhs uses variables {sorted(v.name for v in missing)} not in lhs")
+        if not self.instances:
+            raise RuleError(f"rule {self.name!r}: give at least one Instance (shapes) for its soundness check")
+
+    # -- egglog
+    def egglog(self) -> Any:
+        """The egglog rewrite of this rule (with its guards as conditions)."""
+        from egglog import eq, f64, i64, rewrite, var
+
+        from . import lift as L
+
+        tv: dict[str, Any] = {}
+        av: dict[str, Any] = {}
+        facts: list[Any] = []
+        ranks: dict[str, Any] = {}
+
+        def tvar(v: PVar) -> Any:
+            if v.name not in tv:
+                tv[v.name] = var(v.name, L.TT)
+            return tv[v.name]
+
+        def rank_of(v: PVar) -> Any:
+            if v.name not in ranks:
+                ranks[v.name] = var(f"rank_{v.name}", i64)
+                facts.append(eq(ranks[v.name]).to(L.rank(tvar(v))))
+            return ranks[v.name]
+
+        def attr(key: str, val: AttrVal) -> Any:
+            is_int = key in _INT_ATTRS
+            if isinstance(val, AVar):
+                if val.name not in av:
+                    av[val.name] = var(val.name, i64 if is_int else f64)
+                return av[val.name]
+            if isinstance(val, RankMinus):
+                return rank_of(val.var) - val.k
+            if isinstance(val, RecipDim):
+                n = var(f"dim_{val.var.name}_{val.axis.name}", i64)
+                facts.append(eq(n).to(L.dim(tvar(val.var), attr("axis", val.axis))))
+                return f64(1.0) / f64.from_i64(n)
+            return i64(int(val)) if is_int else f64(float(val))
+
+        def build(p: Pat | PVar) -> Any:
+            if isinstance(p, PVar):
+                return tvar(p)
+            a = {k: attr(k, v) for k, v in p.attrs}
+            args = [build(x) for x in p.args]
+            op = p.op
+            if op in L.UNARY_CTORS:
+                return L.UNARY_CTORS[op](args[0])
+            if op in L.BINARY_CTORS:
+                return L.BINARY_CTORS[op](args[0], args[1])
+            if op in L.CONST_CTORS:
+                return L.CONST_CTORS[op](args[0], a["c"])
+            if op in L.REDUCE_CTORS:
+                return L.REDUCE_CTORS[op](args[0], a["axis"])
+            if op == "matmul":
+                return L.t_matmul(args[0], args[1])
+            if op == "rms_norm":
+                if len(args) == 2:
+                    return L.t_rms_norm_w(args[0], args[1], a["axis"], a["eps"])
+                return L.t_rms_norm(args[0], a["axis"], a["eps"])
+            if op == "concat":
+                return L.t_concat(L.egg_list(args), a["axis"])
+            if op == "transpose":
+                return L.t_transpose(args[0], a["a"], a["b"])
+            raise RuleError(f"rule {self.name!r}: op {op!r} has no egglog constructor")
+
+        lhs = build(self.lhs)
+        for g in self.guards:
+            if isinstance(g, SameRank):
+                r0 = rank_of(g.vars[0])
+                for v in g.vars[1:]:
+                    facts.append(eq(L.rank(tvar(v))).to(r0))
+            elif isinstance(g, RankIs):
+                facts.append(eq(L.rank(tvar(g.var))).to(i64(g.n)))
+            elif isinstance(g, DimIsOne):
+                facts.append(eq(L.dim(tvar(g.var), attr("axis", g.axis))).to(i64(1)))
+        rhs = build(self.rhs)
+        return rewrite(lhs).to(rhs, *facts)
+
+    # -- concrete instances
+    def instance_terms(self, inst: Instance) -> tuple[Term, Term, list[tuple[str, TensorType]]]:
+        """lhs and rhs as terms over inputs named after the variables, with the inputs' types."""
+        shapes = dict(inst.shapes)
+        avals = dict(inst.attrs)
+        for v in _pvars(self.lhs):
+            if v.name not in shapes:
+                raise RuleError(f"rule {self.name!r}: instance gives no shape for variable {v.name!r}")
+
+        def attr(val: AttrVal) -> Any:
+            if isinstance(val, AVar):
+                if val.name not in avals:
+                    raise RuleError(f"rule {self.name!r}: instance gives no value for attribute {val.name!r}")
+                return avals[val.name]
+            if isinstance(val, RankMinus):
+                return len(shapes[val.var.name]) - val.k
+            if isinstance(val, RecipDim):
+                return 1.0 / shapes[val.var.name][attr(val.axis)]
+            return val
+
+        def term(p: Pat | PVar) -> Term:
+            if isinstance(p, PVar):
+                return Term("input", (("name", p.name),), ())
+            attrs = tuple(sorted((k, attr(v)) for k, v in p.attrs))
+            return Term(p.op, attrs, tuple(term(a) for a in p.args))
+
+        for g in self.guards:
+            ok = True
+            if isinstance(g, SameRank):
+                ok = len({len(shapes[v.name]) for v in g.vars}) == 1
+            elif isinstance(g, RankIs):
+                ok = len(shapes[g.var.name]) == g.n
+            elif isinstance(g, DimIsOne):
+                ok = shapes[g.var.name][attr(g.axis)] == 1
+            if not ok:
+                raise RuleError(f"rule {self.name!r}: instance {inst} violates guard {g}")
+        names = sorted(v.name for v in _pvars(self.lhs))
+        inputs = [(n, TensorType(tuple(shapes[n]), float32)) for n in names]
+        return term(self.lhs), term(self.rhs), inputs
+
+    def instance_graphs(self) -> list[tuple[Graph, Graph]]:
+        """(lhs, rhs) kernel graphs for every instance (the input of ``verify_rule``)."""
+        out = []
+        for inst in self.instances:
+            lt, rt, inputs = self.instance_terms(inst)
+            try:
+                out.append((term_to_graph([lt], inputs), term_to_graph([rt], inputs)))
+            except GraphError as e:
+                raise RuleError(f"rule {self.name!r}: instance {inst} is ill-typed: {e}") from None
+        return out
+
+    def __str__(self) -> str:
+        guards = f" if {', '.join(map(str, self.guards))}" if self.guards else ""
+        return f"{self.name}: {self.lhs} -> {self.rhs}{guards}"
+
+
+def _pvars(p: Pat | PVar) -> set[PVar]:
+    if isinstance(p, PVar):
+        return {p}
+    out: set[PVar] = set()
+    for a in p.args:
+        out |= _pvars(a)
+    for _, v in p.attrs:
+        if isinstance(v, (RankMinus, RecipDim)):
+            out.add(v.var)
+    return out
+
+
+def match(p: Pat | PVar, t: Term, env: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """Match pattern ``p`` against term ``t`` (attribute expressions match anything); env or None."""
+    env = {} if env is None else env
+    if isinstance(p, PVar):
+        if p.name in env and env[p.name] != t:
+            return None
+        env[p.name] = t
+        return env
+    if p.op != t.op or len(p.args) != len(t.args):
+        return None
+    for k, v in p.attrs:
+        tv = t.attr(k)
+        if isinstance(v, AVar):
+            if env.get("@" + v.name, tv) != tv:
+                return None
+            env["@" + v.name] = tv
+        elif isinstance(v, (int, float)) and tv != v:
+            return None
+    for a, b in zip(p.args, t.args, strict=True):
+        if match(a, b, env) is None:
+            return None
+    return env
+
+
+def occurs(p: Pat, t: Term) -> bool:
+    """Whether pattern ``p`` matches some subterm of ``t``."""
+    return any(match(p, s) is not None for s in set(t.subterms()))
+
+
+# --------------------------------------------------------------------------- rulesets
+
+
+@dataclass(frozen=True)
+class Ruleset:
+    """A named group of rules (one theory, or a user's own)."""
+
+    name: str
+    rules: tuple[Rule, ...] = field(default=())
+
+    def names(self) -> list[str]:
+        """Names of its rules."""
+        return [r.name for r in self.rules]
+
+
+def ruleset(name: str, rules: Iterable[Rule]) -> Ruleset:
+    """A user ruleset: pass it to ``superoptimize(rulesets=..., extra_rules=...)``."""
+    rs = tuple(rules)
+    for r in rs:
+        if not isinstance(r, Rule):
+            raise RuleError(f"ruleset {name!r}: {r!r} is not a Rule")
+    return Ruleset(name, rs)
+
+
+def builtin_rulesets() -> dict[str, Ruleset]:
+    """The built-in theories: algebra, reduction, softmax, norm, concat."""
+    from .theories import algebra, concat, norm, reduction, softmax
+
+    return {
+        "algebra": Ruleset("algebra", tuple(algebra.RULES)),
+        "reduction": Ruleset("reduction", tuple(reduction.RULES)),
+        "softmax": Ruleset("softmax", tuple(softmax.RULES)),
+        "norm": Ruleset("norm", tuple(norm.RULES)),
+        "concat": Ruleset("concat", tuple(concat.RULES)),
+    }
+
+
+def all_builtin_rules() -> list[Rule]:
+    """Every built-in rule, theory by theory."""
+    return [r for rs in builtin_rulesets().values() for r in rs.rules]
+
+
+_ADMITTED: dict[Rule, Any] = {}
+
+
+def admit(rule: Rule, *, timeout_s: float = 10.0) -> Any:
+    """The soundness verdict of ``rule`` (via ``verify_rule``); RuleError if not proved and not trusted."""
+    if rule in _ADMITTED:
+        v = _ADMITTED[rule]
+    else:
+        from ..smt.verify import verify_rule
+
+        v = verify_rule(rule.name, rule.instance_graphs())
+        _ADMITTED[rule] = v
+    if not getattr(v, "proved", False) and not rule.trusted:
+        raise RuleError(
+            f"rule {rule.name!r} was refused: verify_rule could not prove it sound ({type(v).__name__}: "
+            f"{getattr(v, 'reason', '')}); fix it, or pass it with trusted=True to use it anyway"
+        )
+    return v
+
+
+def select_rules(
+    rulesets: Sequence[str | Ruleset] | None, disable: Sequence[str], extra: Sequence[Rule | Ruleset]
+) -> list[Rule]:
+    """Resolve ruleset names/objects, drop disabled rules, add extra rules (deduplicated by name)."""
+    builtin = builtin_rulesets()
+    chosen: list[Rule] = []
+    if rulesets is None:
+        chosen = [r for rs in builtin.values() for r in rs.rules if r.default]
+    else:
+        for rs in rulesets:
+            if isinstance(rs, str):
+                if rs not in builtin:
+                    raise RuleError(f"unknown ruleset {rs!r}; built-in rulesets are {sorted(builtin)}")
+                chosen += list(builtin[rs].rules)
+            elif isinstance(rs, Ruleset):
+                chosen += list(rs.rules)
+            else:
+                raise RuleError(f"rulesets: {rs!r}; expected a ruleset name or a Ruleset")
+    for e in extra:
+        if isinstance(e, Ruleset):
+            chosen += list(e.rules)
+        elif isinstance(e, Rule):
+            chosen.append(e)
+        else:
+            raise RuleError(f"extra_rules: {e!r}; expected a Rule or a Ruleset")
+    known = {r.name for r in chosen} | {r.name for r in all_builtin_rules()}
+    for d in disable:
+        if d not in known and d not in builtin:
+            raise RuleError(f"disable_rules: no rule or ruleset named {d!r}")
+    off = set(disable)
+    for name, rs in builtin.items():
+        if name in off:
+            off |= set(rs.names())
+    out: dict[str, Rule] = {}
+    for r in chosen:
+        if r.name not in off and r.name not in out:
+            out[r.name] = r
+    return list(out.values())

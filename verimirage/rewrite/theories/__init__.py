@@ -1,0 +1,1 @@
+"""Built-in rewrite theories, one module each: algebra, reduction, softmax, norm, concat."""

@@ -1,0 +1,26 @@
+"""Norms: rms_norm in terms of its parts; row scaling commutes with matmul (the RMSNorm + Linear design)."""
+
+from __future__ import annotations
+
+from ..rules import AVar, DimIsOne, Instance, RankMinus, Rule, SameRank, pat
+from ._common import AX, EPS, R, W, X
+
+EPS_I = 1e-6
+
+RULES = [
+    # rms_norm(x) -> x * rsqrt(mean(x^2) + eps)
+    Rule("rms-norm-expand", pat.rms_norm(X, axis=AX, eps=EPS),
+         pat.mul(X, pat.rsqrt(pat.shift(pat.mean(pat.square(X), axis=AX), c=EPS))),
+         "rms_norm(x) = x * rsqrt(mean_k(x^2) + eps)", "norm", (),
+         (Instance.of({"x": (3, 4)}, ax=1, eps=EPS_I), Instance.of({"x": (2, 3, 4)}, ax=1, eps=EPS_I))),
+    # rms_norm(x, w) -> rms_norm(x) * w   (last axis)
+    Rule("rms-norm-weight", pat.rms_norm(X, W, axis=RankMinus(X, 1), eps=EPS),
+         pat.mul(pat.rms_norm(X, axis=RankMinus(X, 1), eps=EPS), W),
+         "rms_norm(x, w) = rms_norm(x) * w along the last axis", "norm", (),
+         (Instance.of({"x": (3, 4), "w": (4,)}, eps=EPS_I),)),
+    # (x * r) @ w -> (x @ w) * r   if r is constant along the contracted dim
+    Rule("matmul-rowscale", pat.matmul(pat.mul(X, R), W), pat.mul(pat.matmul(X, W), R),
+         "(x r) W = (x W) r for row scalings r", "norm", (SameRank((X, R, W)), DimIsOne(R, RankMinus(X, 1))),
+         (Instance.of({"x": (3, 4), "r": (3, 1), "w": (4, 5)}),)),
+]
+_ = AVar

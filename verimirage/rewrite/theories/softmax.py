@@ -1,0 +1,33 @@
+"""exp / softmax: exp of sums and differences, deferred normalisation, shift invariance with max."""
+
+from __future__ import annotations
+
+from ..rules import DimIsOne, Instance, RankMinus, Rule, SameRank, pat
+from ._common import AX, A, B, E, S, V
+
+_E = pat.exp(A)
+_M = pat.max(A, axis=AX)
+_ES = pat.exp(pat.sub(A, _M))
+
+RULES = [
+    # exp(a + b) -> exp(a) * exp(b)
+    Rule("exp-add", pat.exp(pat.add(A, B)), pat.mul(pat.exp(A), pat.exp(B)), "exp(a + b) = exp(a) exp(b)",
+         "softmax", (SameRank((A, B)),), (Instance.of({"a": (3, 4), "b": (3, 1)}),)),
+    # exp(a - b) -> exp(a) / exp(b)
+    Rule("exp-sub", pat.exp(pat.sub(A, B)), pat.div(pat.exp(A), pat.exp(B)), "exp(a - b) = exp(a) / exp(b)",
+         "softmax", (SameRank((A, B)),), (Instance.of({"a": (3, 4), "b": (3, 1)}),)),
+    # (e / s) @ v -> (e @ v) / s   if s is constant along the contracted dim
+    Rule("defer-normalisation", pat.matmul(pat.div(E, S), V), pat.div(pat.matmul(E, V), S),
+         "(E / S) V = (E V) / S for row scalings S", "softmax",
+         (SameRank((E, S, V)), DimIsOne(S, RankMinus(E, 1))),
+         (Instance.of({"e": (3, 4), "s": (3, 1), "v": (4, 2)}), Instance.of({"e": (2, 3, 4), "s": (2, 3, 1),
+                                                                              "v": (2, 4, 2)}))),
+    # exp(a) / sum_k exp(a) -> exp(a - max_k a) / sum_k exp(a - max_k a)
+    Rule("softmax-stabilise", pat.div(_E, pat.sum(_E, axis=AX)), pat.div(_ES, pat.sum(_ES, axis=AX)),
+         "softmax is invariant under shifting by the row max (numerically safe form)", "softmax", (),
+         (Instance.of({"a": (3, 4)}, ax=1),), default=False),
+    # exp(a - max_k a) / sum_k exp(a - max_k a) -> exp(a) / sum_k exp(a)
+    Rule("softmax-shift-invariance", pat.div(_ES, pat.sum(_ES, axis=AX)), pat.div(_E, pat.sum(_E, axis=AX)),
+         "softmax(a - max a) = softmax(a) (drops the max: not numerically safe in fp16)", "softmax", (),
+         (Instance.of({"a": (3, 4)}, ax=1),), default=False),
+]
