@@ -427,14 +427,15 @@ _def(
     attrs=("c",),
 )
 
-for _name, _f, _p, _doc in [
+_BINARY_REFS: list[tuple[str, Any, Prop, str]] = [
     ("add", np.add, Prop.COMMUTATIVE | Prop.ASSOCIATIVE | Prop.LINEAR, "a + b"),
     ("sub", np.subtract, Prop.LINEAR, "a - b"),
     ("mul", np.multiply, Prop.COMMUTATIVE | Prop.ASSOCIATIVE, "a * b"),
     ("div", np.divide, Prop.NONE, "a / b"),
     ("maximum", np.maximum, Prop.COMMUTATIVE | Prop.ASSOCIATIVE, "elementwise max(a, b)"),
-]:
-    _def(_name, 2, _B | _p, _binary_rule(_name), _ref_binary(_f), _doc)
+]
+for _name, _fb, _p, _doc in _BINARY_REFS:
+    _def(_name, 2, _B | _p, _binary_rule(_name), _ref_binary(_fb), _doc)
 
 _def("sum", 1, Prop.REDUCTION | Prop.LINEAR, _reduce_rule("sum"), _ref_reduce(np.sum), "sum along axis", ("axis",), _KB)
 _def(
