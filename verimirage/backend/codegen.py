@@ -1,0 +1,699 @@
+"""Triton code generation: one ``@triton.jit`` kernel per block graph, plus a launcher.
+
+:func:`generate` lowers a μGraph to the source text of a Python module: every
+kernel-level op is first wrapped into a ``custom`` kernel (:mod:`.wrap`), then
+each block graph becomes a kernel and ``forward(*inputs)`` launches them in
+order. The source is written to a file and imported by the runtime (Triton's
+compiler needs the kernels' source on disk).
+
+How a block graph becomes a kernel
+----------------------------------
+* **Tiles in registers.** Every block-level value is an fp32 register tensor
+  whose shape is the value's tile shape with each dim *padded* to a power of
+  two (Triton's ranges must be powers of two); dims of ``tl.dot`` operands are
+  padded to at least ``dot_min_m`` rows and ``dot_min_nk`` columns/contraction
+  (the GPU compiler needs >= 16, and wgmma needs 64 rows per warp group).
+  Dims that must line up (operands of elementwise ops, matmul contraction
+  dims, loop accumulators, ...) are unified so they get one padded size.
+* **Padding contract.** Padded positions may hold anything. Loads mask them
+  (``other=0``), stores mask them, and every op that mixes elements along a
+  padded axis (sum/mean/max, rms_norm, the contraction of a matmul, concat)
+  first replaces them with its identity (``tl.where``). Masks are emitted only
+  where a dim is actually padded.
+* **Grid and tiles.** ``tl.program_id`` per grid axis; an input's tile offset on
+  a dim is ``pid * (dim / grid)`` for the grid axis of its imap plus
+  ``it * tile`` for the for-loop's fmap; strides are kernel arguments taken
+  from the tensors, so non-contiguous inputs work.
+* **For-loop.** Loop-invariant values are hoisted before the loop;
+  ``loop_sum``/``loop_max`` are fp32 accumulators; ``running_max`` keeps its
+  previous value so ``rescaled_sum`` can multiply by ``exp(m_prev - m)`` (online
+  softmax); ``loop_sum(matmul)`` accumulates inside ``tl.dot``. Values after the
+  loop (epilogues) run once. With a one-iteration loop everything is
+  straight-line code.
+* **Thread graphs** are inlined as elementwise expressions.
+* **Numerics.** Loads are upcast to fp32; ``tl.dot`` operands are cast to the
+  matmul's dtype (fp16/bf16 use the tensor cores with fp32 accumulation; fp32
+  uses ``fp32_precision``); stores cast to the output's dtype.
+
+The op-by-op expressions come from the registry's ``"triton"`` domain
+(:mod:`.lowering`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..ir.dtypes import DType
+from ..ir.errors import GraphError
+from ..ir.graph import BlockGraph, Graph, MuGraph, Node, ThreadGraph, live_nodes, node_list, output_refs
+from ..ir.ops import OPS, Prop, TensorType
+from . import lowering as _lowering  # noqa: F401  (registers the triton domain)
+from .wrap import to_kernels
+
+#: Version of the generator: part of every cache key (bump when generated code changes).
+CODEGEN_VERSION = "1"
+
+
+@dataclass(frozen=True)
+class TileOptions:
+    """Choices the IR leaves free that change the generated source (GPU autotuner parameters)."""
+
+    dot_min_m: int = 64  # rows of tl.dot operands padded to at least this (wgmma: 64 per warp group)
+    dot_min_nk: int = 16  # columns / contraction of tl.dot padded to at least this (GPU minimum 16)
+    fp32_precision: str = "ieee"  # tl.dot input_precision for fp32 operands: "ieee" or "tf32"
+
+    def __post_init__(self) -> None:
+        for k in ("dot_min_m", "dot_min_nk"):
+            v = getattr(self, k)
+            if not isinstance(v, int) or v < 16 or v & (v - 1):
+                raise ValueError(f"TileOptions.{k}={v!r}; expected a power of two >= 16")
+        if self.fp32_precision not in ("ieee", "tf32", "tf32x3"):
+            raise ValueError(f"TileOptions.fp32_precision={self.fp32_precision!r}; expected 'ieee', 'tf32' or 'tf32x3'")
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """One tile configuration: source-level tile options plus launch parameters."""
+
+    num_warps: int = 4
+    num_stages: int = 2
+    tiles: TileOptions = field(default_factory=TileOptions)
+
+    def __post_init__(self) -> None:
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"LaunchConfig.num_warps={self.num_warps!r}; expected 1, 2, 4, 8 or 16")
+        if not isinstance(self.num_stages, int) or self.num_stages < 1:
+            raise ValueError(f"LaunchConfig.num_stages={self.num_stages!r}; expected an int >= 1")
+
+    def key(self) -> str:
+        """A short stable text for cache keys and reports."""
+        t = self.tiles
+        return f"w{self.num_warps}s{self.num_stages}m{t.dot_min_m}n{t.dot_min_nk}{t.fp32_precision}"
+
+
+@dataclass(frozen=True)
+class KernelInfo:
+    """One generated kernel: its name, launch grid, argument signature and whether it uses tl.dot."""
+
+    name: str
+    node: int
+    grid: tuple[int, ...]
+    signature: dict[str, str]
+    uses_dot: bool
+
+
+@dataclass(frozen=True)
+class ModuleSource:
+    """The generated module: source text, kernel descriptions, the μGraph it came from."""
+
+    source: str
+    kernels: tuple[KernelInfo, ...]
+    mugraph: MuGraph
+    input_names: tuple[str, ...]
+    output_types: tuple[TensorType, ...]
+
+    @property
+    def digest(self) -> str:
+        """SHA-256 of the source (names the file and keys the caches)."""
+        return hashlib.sha256(self.source.encode()).hexdigest()
+
+
+_TL_DTYPE = {DType.float16: "tl.float16", DType.bfloat16: "tl.bfloat16", DType.float32: "tl.float32"}
+_PTR_SIG = {DType.float16: "*fp16", DType.bfloat16: "*bf16", DType.float32: "*fp32"}
+_TORCH_DTYPE = {DType.float16: "torch.float16", DType.bfloat16: "torch.bfloat16", DType.float32: "torch.float32"}
+_NEG_INF = 'float("-inf")'
+
+
+def _pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+def _lift(rank: int, axis: int) -> str:
+    """Indexing that puts a 1-d range on ``axis`` of a rank-``rank`` tensor."""
+    if rank == 1:
+        return ""
+    return "[" + ", ".join(":" if i == axis else "None" for i in range(rank)) + "]"
+
+
+def _shape_text(s: Sequence[int]) -> str:
+    return "(" + ", ".join(map(str, s)) + ("," if len(s) == 1 else "") + ")"
+
+
+class _UnionFind:
+    def __init__(self) -> None:
+        self.parent: dict[Any, Any] = {}
+
+    def find(self, k: Any) -> Any:
+        self.parent.setdefault(k, k)
+        while self.parent[k] != k:
+            self.parent[k] = self.parent[self.parent[k]]
+            k = self.parent[k]
+        return k
+
+    def union(self, a: Any, b: Any) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[ra] = rb
+
+
+class _KernelGen:
+    """Lowers one block graph to the text of one ``@triton.jit`` function."""
+
+    def __init__(self, bg: BlockGraph, arg_types: Sequence[TensorType], out_types: Sequence[TensorType], name: str,
+                 opts: TileOptions) -> None:
+        self.bg = bg
+        self.arg_types = list(arg_types)
+        self.out_types = list(out_types)
+        self.name = name
+        self.opts = opts
+        self.uf = _UnionFind()
+        self.size: dict[Any, int] = {}
+        self.dot_m: set[Any] = set()
+        self.dot_nk: set[Any] = set()
+        self.uses_dot = False
+        self.tmp = 0
+
+    # ------------------------------------------------------------------ dim classes and padding
+    def _keys(self, vid: Any, t: TensorType) -> list[Any]:
+        keys = []
+        for ax, n in enumerate(t.shape):
+            k = (vid, ax)
+            if n > 1:
+                self.size[k] = n
+                self.uf.find(k)
+            keys.append(k)
+        return keys
+
+    def _unify_bcast(self, outs: list[Any], out_t: TensorType, ins: list[tuple[list[Any], TensorType]]) -> None:
+        r = out_t.rank
+        for keys, t in ins:
+            lead = r - t.rank
+            for ax, n in enumerate(t.shape):
+                if n > 1:
+                    self.uf.union(keys[ax], outs[ax + lead])
+
+    def _unify_node(self, vid_of: Any, nodes: Sequence[Node], i: int) -> None:
+        n = nodes[i]
+        outs = [self._keys(vid_of(i, k), t) for k, t in enumerate(n.outs)]
+        ins = [(self._keys(vid_of(a, k), nodes[a].outs[k]), nodes[a].outs[k]) for a, k in n.args]
+        op = n.op
+        if op in ("input", "arg"):
+            return
+        if op == "fused":
+            tg: ThreadGraph = n.attr("thread")
+            tvid = lambda j, k, i=i: ("t", vid_of(i, 0), j, k)  # noqa: E731
+            for j, tn in enumerate(tg.nodes):
+                if tn.op == "arg":
+                    keys, t = ins[tn.attr("index")]
+                    tk = self._keys(tvid(j, 0), tn.outs[0])
+                    self._unify_bcast(tk, tn.outs[0], [(keys, t)])
+                else:
+                    self._unify_node(tvid, tg.nodes, j)
+            for k, (a, kk) in enumerate(tg.outputs):
+                tk = self._keys(tvid(a, kk), tg.nodes[a].outs[kk])
+                self._unify_bcast(outs[k], n.outs[k], [(tk, tg.nodes[a].outs[kk])])
+            return
+        out, ot = outs[0], n.outs[0]
+        d = OPS[op]
+        if d.has(Prop.ELEMENTWISE) or op in ("loop_sum", "loop_max", "running_max", "rescaled_sum"):
+            self._unify_bcast(out, ot, ins)
+        elif d.has(Prop.REDUCTION):
+            keys, t = ins[0]
+            for ax in range(t.rank):
+                if ax != n.attr("axis") and t.shape[ax] > 1:
+                    self.uf.union(keys[ax], out[ax])
+        elif op == "rms_norm":
+            self._unify_bcast(out, ot, ins[:1])
+            if len(ins) == 2 and ot.shape[n.attr("axis")] > 1:
+                self.uf.union(ins[1][0][0], out[n.attr("axis")])
+        elif op == "transpose":
+            keys, t = ins[0]
+            a, b = n.attr("a"), n.attr("b")
+            for ax in range(t.rank):
+                src = b if ax == a else a if ax == b else ax
+                if ot.shape[ax] > 1:
+                    self.uf.union(keys[src], out[ax])
+        elif op == "concat":
+            ax = n.attr("axis")
+            for keys, t in ins:
+                for j in range(t.rank):
+                    if j != ax and t.shape[j] > 1:
+                        self.uf.union(keys[j], out[j])
+        elif op == "matmul":
+            (ka, ta), (kb, tb) = ins
+            r = ot.rank
+            # batch dims broadcast
+            for keys, t in ins:
+                lead = r - t.rank
+                for j in range(t.rank - 2):
+                    if t.shape[j] > 1:
+                        self.uf.union(keys[j], out[j + lead])
+            m, kk, nn = ta.shape[-2], ta.shape[-1], tb.shape[-1]
+            if m > 1:
+                self.uf.union(ka[-2], out[-2])
+            if nn > 1:
+                self.uf.union(kb[-1], out[-1])
+            if kk > 1:
+                self.uf.union(ka[-1], kb[-2])
+            if m > 1 and kk > 1 and nn > 1:
+                self.dot_m.add(out[-2])
+                self.dot_nk.update((out[-1], ka[-1]))
+        else:  # pragma: no cover - every registry op is handled above
+            raise GraphError(f"codegen: op {op!r} has no lowering")
+
+    def _finish_classes(self) -> None:
+        cls: dict[Any, int] = {}
+        for k, n in self.size.items():
+            root = self.uf.find(k)
+            if cls.setdefault(root, n) != n:  # pragma: no cover - shape rules make this impossible
+                raise GraphError(f"codegen: inconsistent tile sizes {cls[root]} and {n} on one dim class")
+        pad = {root: _pow2(n) for root, n in cls.items()}
+        for k in self.dot_m:
+            r = self.uf.find(k)
+            pad[r] = max(pad[r], self.opts.dot_min_m)
+        for k in self.dot_nk:
+            r = self.uf.find(k)
+            pad[r] = max(pad[r], self.opts.dot_min_nk)
+        self.pad = pad
+
+    def padded(self, vid: Any, t: TensorType) -> tuple[int, ...]:
+        """Padded shape of value ``vid`` of logical type ``t``."""
+        return tuple(1 if n == 1 else self.pad[self.uf.find((vid, ax))] for ax, n in enumerate(t.shape))
+
+    # ------------------------------------------------------------------ emission helpers
+    def fresh(self, base: str = "t") -> str:
+        self.tmp += 1
+        return f"{base}{self.tmp}"
+
+    def _mask(self, rank: int, axis: int, n: int, p: int, lo: int = 0) -> str:
+        r = f"tl.arange(0, {p}){_lift(rank, axis)}"
+        return f"({r} < {n})" if lo == 0 else f"(({r} >= {lo}) & ({r} < {lo + n}))"
+
+    def sanitize(self, lines: list[str], x: str, t: TensorType, p: tuple[int, ...], axis: int, fill: str) -> str:
+        """``x`` with padded positions along ``axis`` replaced by ``fill`` (a new name) if that axis is padded."""
+        if p[axis] == t.shape[axis]:
+            return x
+        y = self.fresh("m")
+        lines.append(f"{y} = tl.where({self._mask(t.rank, axis, t.shape[axis], p[axis])}, {x}, {fill})")
+        return y
+
+    def load(self, i: int, p: tuple[int, ...], axis: int | None = None, start: int = 0) -> tuple[str, str | None]:
+        """Pointer and mask text of the tile of block input ``i`` (shifted by ``start`` along ``axis``)."""
+        n = self.bg.nodes[i]
+        k = n.attr("arg")
+        shape = n.attr("shape")
+        imap = n.attr("imap")
+        fmap = n.attr("fmap")
+        t = n.outs[0].shape
+        r = len(t)
+        terms, masks = [], []
+        for d in range(r):
+            off = []
+            for a, dd in enumerate(imap):
+                if dd == d and self.bg.grid[a] > 1:
+                    off.append(f"pid{a} * {shape[d] // self.bg.grid[a]}")
+            if fmap == d and self.bg.frange > 1:
+                off.append(f"it * {t[d]}")
+            if d == axis and start:
+                off.append(f"{-start}")
+            if p[d] == 1 and not off:
+                continue
+            idx = " + ".join([*off, f"tl.arange(0, {p[d]}){_lift(r, d)}"])
+            terms.append(f"({idx}) * a{k}_s{d}")
+            if d == axis and (start or p[d] != t[d]):
+                masks.append(self._mask(r, d, t[d], p[d], start))
+            elif p[d] != t[d]:
+                masks.append(self._mask(r, d, t[d], p[d]))
+        if not terms:
+            terms.append(f"tl.zeros({_shape_text(p)}, tl.int32)")
+        ptr = f"a{k}_ptr + " + " + ".join(terms)
+        return ptr, (" & ".join(masks) if masks else None)
+
+    def load_expr(self, i: int, p: tuple[int, ...], axis: int | None = None, start: int = 0) -> str:
+        ptr, mask = self.load(i, p, axis, start)
+        m = f", mask={mask}, other=0.0" if mask else ""
+        return f"tl.load({ptr}{m}).to(tl.float32)"
+
+    # ------------------------------------------------------------------ ops
+    def emit_matmul(self, lines: list[str], n: Node, a: str, b: str, ta: TensorType, tb: TensorType,
+                    pa: tuple[int, ...], pb: tuple[int, ...], po: tuple[int, ...], acc: str | None) -> str:
+        """Lines computing ``a @ b`` (plus ``acc`` if given); returns the result's name."""
+        r = len(po)
+        if len(pa) < r:
+            pa = (1,) * (r - len(pa)) + pa
+            a2 = self.fresh("a")
+            lines.append(f"{a2} = tl.reshape({a}, {_shape_text(pa)})")
+            a = a2
+            ta = TensorType((1,) * (r - ta.rank) + ta.shape, ta.dtype)
+        if len(pb) < r:
+            pb = (1,) * (r - len(pb)) + pb
+            b2 = self.fresh("b")
+            lines.append(f"{b2} = tl.reshape({b}, {_shape_text(pb)})")
+            b = b2
+            tb = TensorType((1,) * (r - tb.rank) + tb.shape, tb.dtype)
+        m, k, nn = ta.shape[-2], ta.shape[-1], tb.shape[-1]
+        out = self.fresh("d")
+        if k > 1:
+            a = self.sanitize(lines, a, ta, pa, r - 1, "0.0")
+            b = self.sanitize(lines, b, tb, pb, r - 2, "0.0")
+        if not (m > 1 and k > 1 and nn > 1):
+            # a degenerate product (a row, a column or an outer product): broadcast multiply and sum
+            lhs = f"{a}[{', '.join([':'] * r + ['None'])}]"
+            rhs = f"{b}[{', '.join([':'] * (r - 2) + ['None', ':', ':'])}]"
+            expr = f"tl.sum({lhs} * {rhs}, axis={r - 1})"
+            lines.append(f"{out} = {expr}" + (f" + {acc}" if acc else ""))
+            return out
+        self.uses_dot = True
+        dt = _TL_DTYPE[ta.dtype]
+        batch = po[:-2]
+        nb = math.prod(batch)
+        pm, pk, pn = pa[-2], pa[-1], pb[-1]
+        if nb == 1:
+            s_a, s_b, s_o = (pm, pk), (pk, pn), (pm, pn)
+        else:
+            s_a, s_b, s_o = (nb, pm, pk), (nb, pk, pn), (nb, pm, pn)
+
+        def shaped(x: str, have: tuple[int, ...], full: tuple[int, ...], want: tuple[int, ...]) -> str:
+            if have != full:
+                x = f"tl.broadcast_to({x}, {_shape_text(full)})"
+            if full != want:
+                x = f"tl.reshape({x}, {_shape_text(want)})"
+            return x
+
+        a_op = self.fresh("x")
+        b_op = self.fresh("y")
+        lines.append(f"{a_op} = {shaped(a, pa, (*batch, pm, pk), s_a)}.to({dt})")
+        lines.append(f"{b_op} = {shaped(b, pb, (*batch, pk, pn), s_b)}.to({dt})")
+        args = [a_op, b_op]
+        if acc is not None:
+            args.append(shaped(acc, po, po, s_o))
+        attrs = {"_precision": self.opts.fp32_precision}
+        expr = OPS["matmul"].domains["triton"](args, attrs, [ta, tb], [n.outs[0]])
+        if s_o != po:
+            expr = f"tl.reshape({expr}, {_shape_text(po)})"
+        lines.append(f"{out} = {expr}")
+        return out
+
+    def emit_op(self, lines: list[str], nodes: Sequence[Node], i: int, vid_of: Any, name: dict[Any, str]) -> None:
+        """Lines computing plain (non-loop, non-input) node ``i``; records its name(s)."""
+        n = nodes[i]
+        op = n.op
+        args = [name[vid_of(a, k)] for a, k in n.args]
+        in_types = [nodes[a].outs[k] for a, k in n.args]
+        pin = [self.padded(vid_of(a, k), nodes[a].outs[k]) for a, k in n.args]
+        ot = n.outs[0]
+        po = self.padded(vid_of(i, 0), ot)
+        v = f"v{i}" if not isinstance(vid_of(i, 0), tuple) or vid_of(i, 0)[0] != "t" else self.fresh("u")
+        attrs = n.attr_dict
+        if op == "fused":
+            tg: ThreadGraph = n.attr("thread")
+            vi = vid_of(i, 0)
+            tvid = lambda j, k, vi=vi: ("t", vi, j, k)  # noqa: E731
+            for j, tn in enumerate(tg.nodes):
+                if tn.op == "arg":
+                    name[tvid(j, 0)] = args[tn.attr("index")]
+                else:
+                    self.emit_op(lines, tg.nodes, j, tvid, name)
+            for k, (a, kk) in enumerate(tg.outputs):
+                name[vid_of(i, k)] = name[tvid(a, kk)]
+            return
+        if op == "matmul":
+            name[vid_of(i, 0)] = self.emit_matmul(lines, n, args[0], args[1], in_types[0], in_types[1], pin[0],
+                                                  pin[1], po, None)
+            return
+        if op in ("sum", "mean"):
+            args = [self.sanitize(lines, args[0], in_types[0], pin[0], attrs["axis"], "0.0")]
+        elif op == "max":
+            args = [self.sanitize(lines, args[0], in_types[0], pin[0], attrs["axis"], _NEG_INF)]
+        elif op == "rms_norm":
+            args[0] = self.sanitize(lines, args[0], in_types[0], pin[0], attrs["axis"], "0.0")
+        elif op == "concat":
+            attrs["_padded"] = (*pin, po)
+        fn = OPS[op].domains.get("triton")
+        if fn is None:  # pragma: no cover
+            raise GraphError(f"codegen: op {op!r} has no triton lowering")
+        lines.append(f"{v} = {fn(args, attrs, in_types, [ot])}")
+        name[vid_of(i, 0)] = v
+
+    # ------------------------------------------------------------------ the kernel
+    def generate(self) -> str:
+        bg = self.bg
+        nodes = bg.nodes
+        vid_of = lambda i, k: (i, k)  # noqa: E731
+        for i in range(len(nodes)):
+            self._unify_node(vid_of, nodes, i)
+        self._finish_classes()
+
+        live = live_nodes(nodes, bg.outputs)
+        post = bg.post_loop()
+        looped = bg.frange > 1
+        invariant: list[bool] = []
+        for n in nodes:
+            if n.op == "input":
+                invariant.append(n.attr("fmap") is None or not looped)
+            else:
+                invariant.append(n.op not in OPS or not OPS[n.op].has(Prop.LOOP))
+                invariant[-1] = invariant[-1] and all(invariant[a] for a, _ in n.args)
+        uses: dict[int, list[int]] = {}
+        for i, n in enumerate(nodes):
+            if i in live:
+                for a, _ in n.args:
+                    uses.setdefault(a, []).append(i)
+
+        # concats of block inputs are loaded directly; inputs used only by them are not loaded
+        direct_concat = {
+            i for i, n in enumerate(nodes)
+            if i in live and n.op == "concat" and all(nodes[a].op == "input" for a, _ in n.args)
+        }
+        skip = {
+            i for i, n in enumerate(nodes)
+            if n.op == "input" and uses.get(i) and all(u in direct_concat for u in uses[i])
+            and (i, 0) not in set(bg.outputs)
+        }
+        # loop_sum / rescaled_sum of a matmul used nowhere else accumulate inside tl.dot
+        dot_acc: dict[int, int] = {}
+        if looped:
+            for i, n in enumerate(nodes):
+                if i in live and n.op in ("loop_sum", "rescaled_sum"):
+                    a = n.args[0][0]
+                    if nodes[a].op == "matmul" and uses.get(a) == [i] and (a, 0) not in set(bg.outputs):
+                        dot_acc[a] = i
+
+        name: dict[Any, str] = {}
+        pre: list[str] = []
+        body: list[str] = []
+        postl: list[str] = []
+        alpha_needed = {n.args[1][0] for n in nodes if n.op == "rescaled_sum"}
+
+        for i, n in enumerate(nodes):
+            if i not in live or i in skip:
+                continue
+            ot = n.outs[0]
+            po = self.padded((i, 0), ot)
+            sect = pre if (invariant[i] or not looped) else postl if post[i] else body
+            if n.op == "input":
+                sect.append(f"v{i} = {self.load_expr(i, po)}")
+                name[(i, 0)] = f"v{i}"
+            elif i in direct_concat:
+                ax = n.attr("axis")
+                terms, start = [], 0
+                for a, _ in n.args:
+                    terms.append(self.load_expr(a, po, ax, start))
+                    start += nodes[a].outs[0].shape[ax]
+                sect.append(f"v{i} = " + " + ".join(terms))
+                name[(i, 0)] = f"v{i}"
+            elif n.op in OPS and OPS[n.op].has(Prop.LOOP):
+                x = name.get(n.args[0])
+                if not looped:
+                    if n.args[0][0] in dot_acc:  # pragma: no cover - dot_acc only when looped
+                        raise GraphError("codegen: internal error (dot accumulation without a loop)")
+                    name[(i, 0)] = x  # one iteration: every loop op is the identity
+                    continue
+                v = f"v{i}"
+                name[(i, 0)] = v
+                zero = f"tl.zeros({_shape_text(po)}, tl.float32)"
+                ninf = f"tl.full({_shape_text(po)}, {_NEG_INF}, tl.float32)"
+                fn = OPS[n.op].domains["triton"]
+                if n.op == "running_max":
+                    pre.append(f"{v} = {ninf}")
+                    body.append(f"{v}_prev = {v}")
+                    body.append(f"{v} = {fn([v, x], {}, [ot, ot], [ot])}")
+                    if i in alpha_needed:
+                        body.append(
+                            f"{v}_alpha = tl.where({v}_prev == {_NEG_INF}, 0.0, tl.exp({v}_prev - {v}))"
+                        )
+                elif n.op == "loop_max":
+                    pre.append(f"{v} = {ninf}")
+                    body.append(f"{v} = {fn([v, x], {}, [ot, ot], [ot])}")
+                else:
+                    pre.append(f"{v} = {zero}")
+                    acc_in = v if n.op == "loop_sum" else f"{v} * v{n.args[1][0]}_alpha"
+                    a = n.args[0][0]
+                    if a in dot_acc:
+                        mn = nodes[a]
+                        (xa, ka), (xb, kb) = mn.args
+                        res = self.emit_matmul(
+                            body, mn, name[(xa, ka)], name[(xb, kb)], nodes[xa].outs[ka], nodes[xb].outs[kb],
+                            self.padded((xa, ka), nodes[xa].outs[ka]), self.padded((xb, kb), nodes[xb].outs[kb]),
+                            self.padded((a, 0), mn.outs[0]), acc_in,
+                        )
+                        body.append(f"{v} = {res}")
+                    elif n.op == "loop_sum":
+                        body.append(f"{v} = {fn([v, x], {}, [ot, ot], [ot])}")
+                    else:
+                        body.append(f"{v} = {fn([v, x, f'v{n.args[1][0]}_alpha'], {}, [ot, ot], [ot])}")
+            elif i in dot_acc:
+                continue  # computed inside its accumulator's update
+            else:
+                self.emit_op(sect, nodes, i, vid_of, name)
+
+        stores: list[str] = []
+        for oi, ((a, k), om) in enumerate(zip(bg.outputs, bg.omaps, strict=True)):
+            t = nodes[a].outs[k]
+            p = self.padded((a, k), t)
+            r = t.rank
+            terms, masks = [], []
+            for d in range(r):
+                off = [f"pid{ax} * {t.shape[d]}" for ax, dd in enumerate(om.dims) if dd == d and bg.grid[ax] > 1]
+                if p[d] == 1 and not off:
+                    continue
+                idx = " + ".join([*off, f"tl.arange(0, {p[d]}){_lift(r, d)}"])
+                terms.append(f"({idx}) * o{oi}_s{d}")
+                if p[d] != t.shape[d]:
+                    masks.append(self._mask(r, d, t.shape[d], p[d]))
+            if not terms:
+                terms.append(f"tl.zeros({_shape_text(p)}, tl.int32)")
+            ptr = f"o{oi}_ptr + " + " + ".join(terms)
+            m = f", mask={' & '.join(masks)}" if masks else ""
+            stores.append(f"tl.store({ptr}, {name[(a, k)]}.to(o{oi}_ptr.dtype.element_ty){m})")
+
+        params = []
+        self.signature: dict[str, str] = {}
+        for k, t in enumerate(self.arg_types):
+            params.append(f"a{k}_ptr")
+            self.signature[f"a{k}_ptr"] = _PTR_SIG[t.dtype]
+            for d in range(t.rank):
+                params.append(f"a{k}_s{d}")
+                self.signature[f"a{k}_s{d}"] = "i32"
+        for k, t in enumerate(self.out_types):
+            params.append(f"o{k}_ptr")
+            self.signature[f"o{k}_ptr"] = _PTR_SIG[t.dtype]
+            for d in range(t.rank):
+                params.append(f"o{k}_s{d}")
+                self.signature[f"o{k}_s{d}"] = "i32"
+        self.launch_axes = _launch_axes(bg.grid)
+        out = ["@triton.jit", f"def {self.name}(" + ", ".join(params) + "):"]
+        summary = f"grid {bg.grid}, for-loop of {bg.frange}"
+        out.append(f'    """Block graph: {summary}."""')
+        for a, g in enumerate(bg.grid):
+            if g > 1:
+                out.append(f"    pid{a} = tl.program_id({self.launch_axes[a]})")
+        out += ["    " + s for s in pre]
+        if looped:
+            out.append(f"    for it in range(0, {bg.frange}):")
+            out += ["        " + s for s in body] or ["        pass"]
+        out += ["    " + s for s in postl]
+        out += ["    " + s for s in stores]
+        return "\n".join(out) + "\n"
+
+
+def _launch_axes(grid: tuple[int, ...]) -> list[int]:
+    """Which launch-grid axis each block-grid axis uses: the largest on axis 0 (axes 1, 2 allow <= 65535)."""
+    if all(g <= 65535 for g in grid[1:]):
+        return list(range(len(grid)))
+    order = sorted(range(len(grid)), key=lambda a: -grid[a])
+    if any(grid[a] > 65535 for a in order[1:]):
+        raise GraphError(f"codegen: grid {grid} has more than one axis above 65535 blocks; Triton cannot launch it")
+    axes = [0] * len(grid)
+    for pos, a in enumerate(order):
+        axes[a] = pos
+    return axes
+
+
+def _as_mugraph(g: Any) -> MuGraph:
+    if hasattr(g, "mugraph") and not isinstance(g, Graph):
+        g = g.mugraph
+    if not isinstance(g, Graph):
+        raise GraphError(f"backend: expected a vm.Graph, vm.MuGraph or Candidate, got {type(g).__name__}")
+    g.check()
+    return g if isinstance(g, MuGraph) else MuGraph.from_graph(g)
+
+
+def kernel_source(bg: BlockGraph, arg_types: Sequence[TensorType], name: str = "kernel",
+                  tiles: TileOptions | None = None) -> tuple[str, KernelInfo]:
+    """The ``@triton.jit`` source of one block graph applied to operands of ``arg_types``."""
+    outs = bg.result_types(arg_types)
+    kg = _KernelGen(bg, arg_types, outs, name, tiles or TileOptions())
+    src = kg.generate()
+    launch_grid = [1] * len(bg.grid)
+    for a, g in enumerate(bg.grid):
+        launch_grid[kg.launch_axes[a]] = g
+    return src, KernelInfo(name, -1, tuple(launch_grid), kg.signature, kg.uses_dot)
+
+
+def generate(program: Any, tiles: TileOptions | None = None) -> ModuleSource:
+    """The generated module for a Graph, MuGraph or Candidate (kernel-level ops wrapped first)."""
+    mg0 = _as_mugraph(program)
+    mg = to_kernels(mg0)
+    nodes = node_list(mg)
+    names = mg.input_names()
+    var: dict[tuple[int, int], str] = {}
+    kernels: list[KernelInfo] = []
+    ksrc: list[str] = []
+    body: list[str] = []
+    dev = names[0]
+    for i, n in enumerate(nodes):
+        if n.op == "input":
+            var[(i, 0)] = n.attr("name")
+            continue
+        bg: BlockGraph = n.attr("block")
+        arg_types = [nodes[a].outs[k] for a, k in n.args]
+        kname = f"k{i}"
+        src, info = kernel_source(bg, arg_types, kname, tiles)
+        info = KernelInfo(kname, i, info.grid, info.signature, info.uses_dot)
+        kernels.append(info)
+        ksrc.append(src)
+        outs = []
+        for k, t in enumerate(n.outs):
+            v = f"t{i}_{k}"
+            var[(i, k)] = v
+            outs.append(v)
+            tdt = _TORCH_DTYPE[t.dtype]
+            body.append(f"{v} = torch.empty({_shape_text(t.shape)}, device={dev}.device, dtype={tdt})")
+        call = []
+        for a, k in n.args:
+            x = var[(a, k)]
+            call.append(x)
+            call += [f"{x}.stride({d})" for d in range(nodes[a].outs[k].rank)]
+        for k, t in enumerate(n.outs):
+            call.append(outs[k])
+            call += [f"{outs[k]}.stride({d})" for d in range(t.rank)]
+        body.append(f"{kname}[{_shape_text(info.grid)}]({', '.join(call)}, **LAUNCH[{kname!r}])")
+    rets = [var[r] for r in output_refs(mg)]
+    header = [
+        f'"""Generated by verimirage (codegen {CODEGEN_VERSION}); do not edit.',
+        "",
+        "The μGraph it implements:",
+        "",
+        *("    " + line for line in str(mg0).splitlines()),
+        '"""',
+        "",
+        "import torch",
+        "import triton",
+        "import triton.language as tl",
+        "",
+        "",
+    ]
+    launch = ["# launch parameters per kernel (the runtime may override them)", "LAUNCH = {"]
+    launch += [f"    {k.name!r}: {{'num_warps': 4, 'num_stages': 2}}," for k in kernels]
+    launch.append("}")
+    fwd = [f"def forward({', '.join(names)}):", '    """Run the kernels in order; returns the outputs."""']
+    fwd += ["    " + line for line in body]
+    fwd.append(f"    return ({', '.join(rets)},)")
+    source = "\n".join(header) + "\n\n".join(ksrc) + "\n\n" + "\n".join(launch) + "\n\n\n" + "\n".join(fwd) + "\n"
+    out_types = tuple(mg.type_of(r) for r in output_refs(mg))
+    return ModuleSource(source, tuple(kernels), mg, tuple(names), out_types)

@@ -1,0 +1,175 @@
+"""The ``"triton"`` domain of the op registry: each op's lowering to a Triton expression.
+
+A triton-domain function is called like every domain function,
+``fn(args, attrs, in_types, out_types)``, but its values are *source text*:
+``args`` are Triton expressions (names of fp32 register tensors, already padded
+to power-of-two tile shapes) and the result is the expression text of the op's
+value. ``in_types``/``out_types`` are the *logical* types (a mean divides by the
+logical length). Codegen adds two private attributes where an op needs them:
+``_padded`` (a tuple: the operands' padded shapes, then the result's) and, for
+``matmul``, ``_precision`` (the ``tl.dot`` input precision for fp32 operands).
+
+Padding contract (see :mod:`verimirage.backend.codegen`): values may hold
+garbage in padded positions; codegen masks operands of ops that mix elements
+along a padded axis (reductions, ``rms_norm``, contractions) before calling
+these functions, so the functions here are plain algebra.
+
+Loop ops lower to their per-iteration update (operands: the accumulator, then
+the iteration's value; ``rescaled_sum`` also gets the rescale factor). The
+structural ops ``input``, ``arg``, ``custom`` and ``fused`` are data movement
+and kernel structure; codegen lowers them (loads/stores, launches, inline
+thread graphs) and they are recorded as reviewed exceptions.
+
+Importing this module needs neither torch nor triton.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..ir.ops import OPS, TensorType, exempt, implements
+
+_GELU_C = 0.7978845608028654  # sqrt(2 / pi)
+
+
+def _unary(template: str) -> Callable[..., str]:
+    def fn(args: Sequence[str], attrs: dict[str, Any], in_types: Any, out_types: Any) -> str:
+        return template.format(x=args[0], c=repr(float(attrs.get("c", 0.0))))
+
+    return fn
+
+
+def _binary(template: str) -> Callable[..., str]:
+    def fn(args: Sequence[str], attrs: dict[str, Any], in_types: Any, out_types: Any) -> str:
+        return template.format(a=args[0], b=args[1])
+
+    return fn
+
+
+for _name, _tpl in [
+    ("exp", "tl.exp({x})"),
+    ("silu", "({x} * tl.sigmoid({x}))"),
+    # tanh(u) = 2 sigmoid(2u) - 1, so 0.5 x (1 + tanh(u)) = x sigmoid(2u)
+    ("gelu", f"({{x}} * tl.sigmoid(2.0 * {_GELU_C!r} * ({{x}} + 0.044715 * {{x}} * {{x}} * {{x}})))"),
+    ("relu", "tl.maximum({x}, 0.0)"),
+    ("sqrt", "tl.sqrt({x})"),
+    ("rsqrt", "tl.rsqrt({x})"),
+    ("square", "({x} * {x})"),
+    ("neg", "(-{x})"),
+    ("scale", "({x} * {c})"),
+    ("shift", "({x} + {c})"),
+]:
+    implements("triton", _name)(_unary(_tpl))
+
+for _name, _tpl in [
+    ("add", "({a} + {b})"),
+    ("sub", "({a} - {b})"),
+    ("mul", "({a} * {b})"),
+    ("div", "({a} / {b})"),
+    ("maximum", "tl.maximum({a}, {b})"),
+]:
+    implements("triton", _name)(_binary(_tpl))
+
+
+@implements("triton", "sum")
+def _sum(args: Sequence[str], attrs: dict[str, Any], in_types: Any, out_types: Any) -> str:
+    return f"tl.sum({args[0]}, axis={attrs['axis']}, keep_dims=True)"
+
+
+@implements("triton", "mean")
+def _mean(args: Sequence[str], attrs: dict[str, Any], in_types: Sequence[TensorType], out_types: Any) -> str:
+    n = in_types[0].shape[attrs["axis"]]
+    return f"(tl.sum({args[0]}, axis={attrs['axis']}, keep_dims=True) * {1.0 / n!r})"
+
+
+@implements("triton", "max")
+def _max(args: Sequence[str], attrs: dict[str, Any], in_types: Any, out_types: Any) -> str:
+    return f"tl.max({args[0]}, axis={attrs['axis']}, keep_dims=True)"
+
+
+def _index_on_axis(rank: int, axis: int) -> str:
+    """Indexing text that lifts a 1-d tensor onto ``axis`` of a rank-``rank`` tensor."""
+    if rank == 1:
+        return ""
+    return "[" + ", ".join(":" if i == axis else "None" for i in range(rank)) + "]"
+
+
+@implements("triton", "rms_norm")
+def _rms_norm(args: Sequence[str], attrs: dict[str, Any], in_types: Sequence[TensorType], out_types: Any) -> str:
+    x = args[0]
+    ax = attrs["axis"]
+    n = in_types[0].shape[ax]
+    eps = float(attrs["eps"])
+    r = f"tl.rsqrt(tl.sum({x} * {x}, axis={ax}, keep_dims=True) * {1.0 / n!r} + {eps!r})"
+    if len(args) == 2:
+        return f"({x} * {r} * {args[1]}{_index_on_axis(in_types[0].rank, ax)})"
+    return f"({x} * {r})"
+
+
+@implements("triton", "matmul")
+def _matmul(args: Sequence[str], attrs: dict[str, Any], in_types: Sequence[TensorType], out_types: Any) -> str:
+    """``tl.dot`` of 2-d or 3-d operands already cast to the matmul's dtype (codegen reshapes around it)."""
+    prec = attrs.get("_precision")
+    extra = f", input_precision={prec!r}" if prec and in_types[0].dtype.short == "f32" else ""
+    acc = f", {args[2]}" if len(args) == 3 else ""
+    return f"tl.dot({args[0]}, {args[1]}{acc}{extra})"
+
+
+@implements("triton", "transpose")
+def _transpose(args: Sequence[str], attrs: dict[str, Any], in_types: Sequence[TensorType], out_types: Any) -> str:
+    perm = list(range(in_types[0].rank))
+    perm[attrs["a"]], perm[attrs["b"]] = perm[attrs["b"]], perm[attrs["a"]]
+    return f"tl.permute({args[0]}, {tuple(perm)})"
+
+
+@implements("triton", "concat")
+def _concat(args: Sequence[str], attrs: dict[str, Any], in_types: Sequence[TensorType], out_types: Any) -> str:
+    """Concatenation of register tiles by one-hot selection (codegen loads concats of inputs directly).
+
+    Needs ``_padded``; each operand is placed at its logical offset along the axis of the padded result.
+    """
+    padded = attrs["_padded"]
+    ax = attrs["axis"]
+    rank = in_types[0].rank
+    p_out = padded[-1][ax]
+    terms = []
+    start = 0
+    for x, t, p in zip(args, in_types, padded[:-1], strict=False):
+        pj = p[ax]
+        src = "[" + ", ".join([":"] * (ax + 1) + ["None"] + [":"] * (rank - ax - 1)) + "]"
+        lift = ", ".join(["None"] * ax + [":", "None"] + ["None"] * (rank - ax - 1))
+        lift_o = ", ".join(["None"] * ax + ["None", ":"] + ["None"] * (rank - ax - 1))
+        sel = (
+            f"((tl.arange(0, {pj})[{lift}] + {start} == tl.arange(0, {p_out})[{lift_o}]) & "
+            f"(tl.arange(0, {pj})[{lift}] < {t.shape[ax]}))"
+        )
+        terms.append(f"tl.sum(tl.where({sel}, {x}{src}, 0.0), axis={ax})")
+        start += t.shape[ax]
+    return "(" + " + ".join(terms) + ")"
+
+
+@implements("triton", "loop_sum")
+def _loop_sum(args: Sequence[str], attrs: dict[str, Any], in_types: Any, out_types: Any) -> str:
+    return f"({args[0]} + {args[1]})"
+
+
+@implements("triton", "loop_max", "running_max")
+def _loop_max(args: Sequence[str], attrs: dict[str, Any], in_types: Any, out_types: Any) -> str:
+    return f"tl.maximum({args[0]}, {args[1]})"
+
+
+@implements("triton", "rescaled_sum")
+def _rescaled_sum(args: Sequence[str], attrs: dict[str, Any], in_types: Any, out_types: Any) -> str:
+    """``acc * alpha + x`` with ``alpha = exp(m_prev - m)`` computed by codegen."""
+    return f"({args[0]} * {args[2]} + {args[1]})"
+
+
+for _name in ("input", "arg", "custom", "fused"):
+    if "triton" not in OPS[_name].domains:
+        exempt(
+            "triton",
+            _name,
+            "structural op: codegen lowers it as data movement or kernel structure "
+            "(tile loads/stores, kernel launches, inline thread graphs)",
+        )

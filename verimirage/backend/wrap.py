@@ -1,0 +1,186 @@
+"""Wrap kernel-level ops into ``custom`` kernels with a default block graph.
+
+After :func:`to_kernels` every non-input node of a μGraph is a ``custom``
+kernel, so codegen only ever lowers block graphs. The default block graphs are
+plain, literal tilings (they evaluate equal to the op; the tests check it with
+``vm.evaluate``):
+
+* elementwise ops and ``transpose``/``concat``: the grid walks the output's dims
+  (the last one in tiles of at most :data:`MAX_TILE` elements);
+* reductions: the grid walks the kept dims, the for-loop walks the reduced one
+  (``loop_sum``/``loop_max`` of per-tile partials; ``mean`` scales the sum);
+* ``matmul``: grid (one batch dim, row tiles, column tiles), for-loop over K
+  tiles accumulating with ``loop_sum``;
+* ``rms_norm``: the grid walks the other dims, the normalised dim stays whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..ir.errors import GraphError
+from ..ir.graph import BlockBuilder, BlockGraph, Graph, MuGraph, Node, Tensor, node_list, output_refs
+from ..ir.ops import OPS, Prop, TensorType
+
+#: Largest tile extent the default block graphs put on the grid-split last dim.
+MAX_TILE = 1024
+#: Matmul tile sizes of the default block graphs (largest divisors not above these).
+MM_TILE_M = 64
+MM_TILE_N = 64
+MM_TILE_K = 64
+
+
+def _divisor_at_most(n: int, cap: int) -> int:
+    """The largest divisor of ``n`` that is at most ``cap``, preferring powers of two."""
+    p = 1
+    while p * 2 <= cap and n % (p * 2) == 0:
+        p *= 2
+    best = max((c for c in range(1, min(n, cap) + 1) if n % c == 0), default=1)
+    # a power-of-two tile avoids masks; take it unless it is much smaller than the best divisor
+    return p if p * 2 > best else best
+
+
+def _plan(shape: tuple[int, ...], whole: set[int], max_axes: int = 3) -> list[tuple[int, int]]:
+    """Grid axes as (dim, blocks): last dim in tiles <= MAX_TILE, other dims one block per index."""
+    r = len(shape)
+    axes: list[tuple[int, int]] = []
+    for d in reversed(range(r)):
+        if d in whole or shape[d] == 1 or len(axes) == max_axes:
+            continue
+        if d == r - 1:
+            t = _divisor_at_most(shape[d], MAX_TILE)
+            if t < shape[d]:
+                axes.append((d, shape[d] // t))
+        else:
+            axes.append((d, shape[d]))
+    axes.sort(key=lambda a: -a[1])
+    if not axes:
+        axes = [(next((d for d in range(r) if d not in whole), 0), 1)]
+    return axes
+
+
+def _operand_imap(t: TensorType, out_rank: int, axes: Sequence[tuple[int, int]], dim_of=None) -> tuple[int | None, ...]:
+    """imap of an operand (right-aligned to the output like numpy broadcasting)."""
+    lead = out_rank - t.rank
+    imap: list[int | None] = []
+    for d, blocks in axes:
+        od = dim_of(d) if dim_of else d - lead
+        if od is None or od < 0 or od >= t.rank or (t.shape[od] == 1 and blocks > 1):
+            imap.append(None)
+        else:
+            imap.append(od)
+    return tuple(imap)
+
+
+def default_block(node: Node, in_types: Sequence[TensorType]) -> BlockGraph:
+    """The default block graph computing kernel-level ``node`` on operands of ``in_types``."""
+    op = node.op
+    attrs = node.attr_dict
+    out = node.outs[0]
+    d = OPS[op]
+    r = out.rank
+    if d.has(Prop.ELEMENTWISE):
+        axes = _plan(out.shape, set())
+        b = BlockBuilder([n for _, n in axes], 1)
+        xs = [b.input(i, t, _operand_imap(t, r, axes)) for i, t in enumerate(in_types)]
+        y = b._emit(op, xs, attrs)
+        b.output(y, [dd for dd, _ in axes])
+        return b.build()
+    if op in ("sum", "mean", "max"):
+        (t,) = in_types
+        ax = attrs["axis"]
+        axes = _plan(out.shape, {ax})
+        n = t.shape[ax]
+        frange = n // _divisor_at_most(n, MAX_TILE)
+        b = BlockBuilder([k for _, k in axes], frange)
+        x = b.input(0, t, _operand_imap(t, r, axes), ax if frange > 1 else None)
+        if op == "max":
+            y = b.max(x, ax)
+            y = b.loop_max(y) if frange > 1 else y
+        elif frange == 1:
+            y = b._emit(op, [x], {"axis": ax})
+        else:
+            y = b.loop_sum(b.sum(x, ax))
+            if op == "mean":
+                y = b.scale(y, 1.0 / n)
+        b.output(y, [dd for dd, _ in axes])
+        return b.build()
+    if op == "matmul":
+        ta, tb = in_types
+        m, n = out.shape[-2], out.shape[-1]
+        k = ta.shape[-1]
+        axes: list[tuple[int, int]] = []
+        batch = [(dd, out.shape[dd]) for dd in range(r - 2) if out.shape[dd] > 1]
+        if batch:
+            axes.append(max(batch, key=lambda a: a[1]))
+        tm, tn = _divisor_at_most(m, MM_TILE_M), _divisor_at_most(n, MM_TILE_N)
+        if m // tm > 1:
+            axes.append((r - 2, m // tm))
+        if n // tn > 1:
+            axes.append((r - 1, n // tn))
+        if not axes:
+            axes = [(r - 1, 1)]
+        frange = k // _divisor_at_most(k, MM_TILE_K)
+
+        def a_dim(od: int) -> int | None:
+            return None if od == r - 1 else od - (r - ta.rank)
+
+        def b_dim(od: int) -> int | None:
+            return None if od == r - 2 else od - (r - tb.rank)
+
+        bld = BlockBuilder([k_ for _, k_ in axes], frange)
+        fa = ta.rank - 1 if frange > 1 else None
+        fb = tb.rank - 2 if frange > 1 else None
+        xa = bld.input(0, ta, _operand_imap(ta, r, axes, a_dim), fa)
+        xb = bld.input(1, tb, _operand_imap(tb, r, axes, b_dim), fb)
+        y = bld.matmul(xa, xb)
+        y = bld.loop_sum(y) if frange > 1 else y
+        bld.output(y, [dd for dd, _ in axes])
+        return bld.build()
+    if op == "rms_norm":
+        ax = attrs["axis"]
+        axes = _plan(out.shape, {ax})
+        b = BlockBuilder([k for _, k in axes], 1)
+        x = b.input(0, in_types[0], _operand_imap(in_types[0], r, axes))
+        w = [b.input(1, in_types[1], (None,) * len(axes))] if len(in_types) == 2 else []
+        y = b._emit("rms_norm", [x, *w], attrs)
+        b.output(y, [dd for dd, _ in axes])
+        return b.build()
+    if op == "transpose":
+        a, bb = attrs["a"], attrs["b"]
+        axes = _plan(out.shape, set())
+        perm = {a: bb, bb: a}
+        b = BlockBuilder([k for _, k in axes], 1)
+        x = b.input(0, in_types[0], _operand_imap(in_types[0], r, axes, lambda od: perm.get(od, od)))
+        b.output(b.transpose(x, a, bb), [dd for dd, _ in axes])
+        return b.build()
+    if op == "concat":
+        ax = attrs["axis"]
+        axes = _plan(out.shape, {ax})
+        b = BlockBuilder([k for _, k in axes], 1)
+        xs = [b.input(i, t, _operand_imap(t, r, axes)) for i, t in enumerate(in_types)]
+        b.output(b.concat(xs, ax), [dd for dd, _ in axes])
+        return b.build()
+    raise GraphError(f"backend: no default block graph for kernel-level op {op!r}")
+
+
+def to_kernels(g: Graph) -> MuGraph:
+    """The μGraph equal to ``g`` in which every non-input node is a ``custom`` kernel."""
+    nodes = node_list(g)
+    mg = MuGraph()
+    vals: dict[int, tuple[Tensor, ...]] = {}
+    for i, n in enumerate(nodes):
+        if n.op == "input":
+            t = n.outs[0]
+            vals[i] = (mg.input(n.attr("name"), t.shape, t.dtype),)
+            continue
+        args = [vals[a][k] for a, k in n.args]
+        if n.op == "custom":
+            vals[i] = mg.custom(n.attr("block"), args)
+        else:
+            bg = default_block(n, [a.type for a in args])
+            vals[i] = mg.custom(bg, args)
+            if vals[i][0].type != n.outs[0]:  # pragma: no cover - a bug in default_block
+                raise GraphError(f"backend: default block graph of {n.op} gives {vals[i][0].type}; want {n.outs[0]}")
+    mg.output(*[vals[a][k] for a, k in output_refs(g)])
+    return mg
