@@ -1,0 +1,683 @@
+"""Partitioning: lowering kernel graphs into μGraphs (the multi-level part of the search).
+
+The lowering is an enumerating, named procedure outside egglog (every result is
+re-verified, so it need not be trusted):
+
+1. :func:`analyse` gives every tensor dim an *index label* (union-find over
+   dims that must be walked together: elementwise operands, a matmul's
+   contraction dims, broadcast batch dims). A label reduced by some op (sum,
+   max, matmul contraction) is a *reduction* label; a label that every output
+   carries and nothing reduces is *data-parallel*.
+2. A :class:`Config` chooses grid axes over data-parallel labels (``partition.grid``),
+   an optional for-loop over a reduction label (``partition.loop``) with
+   ``frange`` iterations, and optionally a split of that label across an extra
+   grid axis plus a combine kernel (``partition.split_kv``, FlashDecoding).
+3. :func:`build` emits the block graph(s): loop-body ops on tiles, ``loop_sum``
+   for sums and contractions over the loop label, ``running_max`` +
+   ``rescaled_sum`` when a max over the loop label is subtracted before ``exp``
+   (``partition.online_softmax``, FlashAttention), post-loop epilogues fused
+   into a thread graph (``fuse.epilogue``).
+
+Each applied step is named in the candidate's ``rules``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..ir.errors import GraphError
+from ..ir.graph import BlockBuilder, Graph, MuGraph, Tensor, ThreadBuilder, node_list, output_refs
+from ..ir.ops import ELEMENTWISE_OPS, TensorType
+from .lift import Term, graph_terms, term_to_graph
+
+log = logging.getLogger(__name__)
+
+
+class Infeasible(Exception):
+    """A partition choice that cannot be expressed (the message says why)."""
+
+
+# --------------------------------------------------------------------------- label analysis
+
+
+class _UF:
+    def __init__(self) -> None:
+        self.p: list[int] = []
+
+    def new(self) -> int:
+        self.p.append(len(self.p))
+        return len(self.p) - 1
+
+    def find(self, a: int) -> int:
+        while self.p[a] != a:
+            self.p[a] = self.p[self.p[a]]
+            a = self.p[a]
+        return a
+
+    def union(self, a: int, b: int) -> int:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.p[max(ra, rb)] = min(ra, rb)
+        return min(ra, rb)
+
+
+@dataclass
+class Analysis:
+    """Index labels of a kernel graph's values and what each node does to them."""
+
+    graph: Graph
+    labels: dict[int, tuple[int | None, ...]]
+    size: dict[int, int]
+    reduces: dict[int, int]  # node -> label it reduces (sum/max over it, matmul contraction)
+    whole: set[int]  # labels that must stay whole in a tile (rms_norm axis, concat axis)
+    mm_labels: set[int]  # labels that are matmul m/n/k dims (tiles of >= 16 or the full size)
+
+    def data_parallel(self) -> list[int]:
+        """Labels every output carries, that nothing reduces, that may be split (first-seen order)."""
+        nodes = node_list(self.graph)
+        outs = [set(self.labels[a]) for a, _ in output_refs(self.graph)]
+        reduced = set(self.reduces.values())
+        order: list[int] = []
+        for a, _ in output_refs(self.graph):
+            for lab in self.labels[a]:
+                if lab is not None and lab not in order:
+                    order.append(lab)
+        del nodes
+        return [
+            lab for lab in order
+            if all(lab in o for o in outs) and lab not in reduced and lab not in self.whole and self.size[lab] > 1
+        ]
+
+    def reduction_labels(self) -> list[int]:
+        """Labels some sum/max/matmul reduces and that may be walked by a loop."""
+        out: list[int] = []
+        for lab in self.reduces.values():
+            if lab not in out and lab not in self.whole and self.size[lab] > 1:
+                out.append(lab)
+        return out
+
+
+def analyse(g: Graph) -> Analysis:
+    """Index labels for every value of kernel graph ``g``."""
+    uf = _UF()
+    raw: dict[int, list[int | None]] = {}
+    size: dict[int, int] = {}
+    reduces: dict[int, int] = {}
+    whole: list[int] = []
+    mm: list[int] = []
+    nodes = node_list(g)
+
+    def fresh(n: int) -> int | None:
+        if n == 1:
+            return None
+        lab = uf.new()
+        size[lab] = n
+        return lab
+
+    def unify(a: int | None, b: int | None) -> int | None:
+        if a is None:
+            return b
+        if b is None:
+            return a
+        return uf.union(a, b)
+
+    for i, n in enumerate(nodes):
+        outt = n.outs[0]
+        args = [raw[a] for a, _ in n.args]
+        if n.op == "input":
+            raw[i] = [fresh(s) for s in outt.shape]
+        elif n.op in ELEMENTWISE_OPS:
+            r = outt.rank
+            res: list[int | None] = [None] * r
+            for lab in args:
+                off = r - len(lab)
+                for j, x in enumerate(lab):
+                    res[off + j] = unify(res[off + j], x)
+            raw[i] = res
+        elif n.op in ("sum", "mean", "max"):
+            ax = n.attr("axis")
+            res = list(args[0])
+            if res[ax] is not None:
+                reduces[i] = res[ax]  # type: ignore[assignment]
+            res[ax] = None
+            raw[i] = res
+        elif n.op == "matmul":
+            a, b = args
+            k = unify(a[-1], b[-2])
+            if k is not None:
+                reduces[i] = k
+                mm.append(k)
+            r = outt.rank
+            batch: list[int | None] = [None] * (r - 2)
+            for lab in (a[:-2], b[:-2]):
+                off = r - 2 - len(lab)
+                for j, x in enumerate(lab):
+                    batch[off + j] = unify(batch[off + j], x)
+            raw[i] = [*batch, a[-2], b[-1]]
+            mm += [x for x in (a[-2], b[-1]) if x is not None]
+        elif n.op == "rms_norm":
+            ax = n.attr("axis")
+            res = list(args[0])
+            if len(args) == 2:
+                res[ax] = unify(res[ax], args[1][0])
+            if res[ax] is not None:
+                whole.append(res[ax])  # type: ignore[arg-type]
+            raw[i] = res
+        elif n.op == "concat":
+            ax = n.attr("axis")
+            r = outt.rank
+            res = [None] * r
+            for lab in args:
+                for j, x in enumerate(lab):
+                    if j == ax:
+                        if x is not None:
+                            whole.append(x)
+                    else:
+                        res[j] = unify(res[j], x)
+            res[ax] = fresh(outt.shape[ax])
+            if res[ax] is not None:
+                whole.append(res[ax])  # type: ignore[arg-type]
+            raw[i] = res
+        elif n.op == "transpose":
+            res = list(args[0])
+            a, b = n.attr("a"), n.attr("b")
+            res[a], res[b] = res[b], res[a]
+            raw[i] = res
+        else:
+            raise GraphError(f"partition: cannot lower op {n.op!r}; expected a kernel-level tensor op")
+
+    def f(x: int | None) -> int | None:
+        return None if x is None else uf.find(x)
+
+    labels = {i: tuple(f(x) for x in v) for i, v in raw.items()}
+    sizes = {uf.find(k): v for k, v in size.items()}
+    return Analysis(
+        g,
+        labels,
+        sizes,
+        {i: uf.find(v) for i, v in reduces.items()},
+        {uf.find(x) for x in whole},
+        {uf.find(x) for x in mm},
+    )
+
+
+# --------------------------------------------------------------------------- configurations
+
+
+@dataclass(frozen=True)
+class Config:
+    """A partition choice: grid axes ``(label, parts)``, loop label and range, KV splits."""
+
+    grid: tuple[tuple[int, int], ...]
+    loop: int | None = None
+    frange: int = 1
+    splits: int = 1
+
+    def describe(self, an: Analysis) -> str:
+        """Human-readable summary."""
+        g = ", ".join(f"L{lab}/{p}" for lab, p in self.grid)
+        s = f"grid[{g}]"
+        if self.loop is not None:
+            s += f" loop L{self.loop} x{self.frange}"
+        if self.splits > 1:
+            s += f" split x{self.splits}"
+        return s
+
+
+@dataclass
+class Lowered:
+    """A μGraph built from a kernel graph by a named sequence of lowering steps."""
+
+    mugraph: MuGraph
+    steps: list[str] = field(default_factory=list)
+    config: Config | None = None
+
+
+def normalise(g: Graph) -> Graph:
+    """``g`` with every ``mean`` written as ``scale(sum, 1/n)`` (so loops only accumulate sums)."""
+    nodes = node_list(g)
+    if not any(n.op == "mean" for n in nodes):
+        return g
+    types = {}
+    memo: dict[int, Term] = {}
+    for i, n in enumerate(nodes):
+        args = tuple(memo[a] for a, _ in n.args)
+        if n.op == "mean":
+            ax = n.attr("axis")
+            cnt = nodes[n.args[0][0]].outs[n.args[0][1]].shape[ax]
+            memo[i] = Term("scale", (("c", 1.0 / cnt),), (Term("sum", (("axis", ax),), args),))
+        else:
+            memo[i] = Term(n.op, n.attrs, args)
+        types[i] = n.outs[0]
+    del types
+    inputs = [(t.name, t.type) for t in g.inputs if t.name is not None]
+    return term_to_graph([memo[a] for a, _ in output_refs(g)], inputs)
+
+
+def _pow2_divisors(n: int, lo: int = 1, hi: int | None = None) -> list[int]:
+    out = []
+    p = 1
+    while p <= n:
+        if n % p == 0 and p >= lo and (hi is None or p <= hi):
+            out.append(p)
+        p *= 2
+    return out
+
+
+def configs(
+    an: Analysis,
+    *,
+    grids: Sequence[int] | None = None,
+    franges: Sequence[int] | None = None,
+    max_splits: int = 32,
+    min_tile: int = 16,
+    max_blocks: int = 1 << 16,
+) -> list[Config]:
+    """Every partition choice within limits (deterministic order)."""
+    dp = an.data_parallel()
+    per_label: list[list[int]] = []
+    for lab in dp:
+        n = an.size[lab]
+        opts = [p for p in _pow2_divisors(n) if p == 1 or lab not in an.mm_labels or n // p >= min_tile]
+        if grids is not None:
+            opts = [p for p in opts if p == 1 or p in grids]
+        per_label.append(opts[-6:] if len(opts) > 6 else opts)
+        if 1 not in per_label[-1]:
+            per_label[-1].insert(0, 1)
+    grid_choices: list[tuple[tuple[int, int], ...]] = []
+    for parts in itertools.product(*per_label) if dp else [()]:
+        chosen = tuple((lab, p) for lab, p in zip(dp, parts, strict=True) if p > 1)
+        if len(chosen) > 3:
+            continue
+        if not chosen:
+            chosen = ((dp[0], 1),) if dp else ()
+        if not chosen:
+            continue
+        grid_choices.append(chosen)
+    fr_allowed = list(franges) if franges is not None else [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    out: list[Config] = []
+    for gc in grid_choices:
+        blocks = 1
+        for _, p in gc:
+            blocks *= p
+        if blocks > max_blocks:
+            continue
+        out.append(Config(gc))
+        for lab in an.reduction_labels():
+            n = an.size[lab]
+            for splits in [1, *[s for s in _pow2_divisors(n, 2, max_splits)]]:
+                if splits > 1 and (len(gc) >= 3 or blocks * splits > max_blocks):
+                    continue
+                per = n // splits
+                for f in _pow2_divisors(per, 2):
+                    if f not in fr_allowed:
+                        continue
+                    if lab in an.mm_labels and per // f < min_tile:
+                        continue
+                    out.append(Config(gc, lab, f, splits))
+                if splits > 1 and 1 in fr_allowed and (lab not in an.mm_labels or per >= min_tile):
+                    out.append(Config(gc, lab, 1, splits))
+    return out
+
+
+# --------------------------------------------------------------------------- building block graphs
+
+
+def _apply(b: Any, op: str, attrs: dict[str, Any], args: list[Tensor]) -> Tensor:
+    if op == "rms_norm":
+        return b.rms_norm(args[0], args[1] if len(args) > 1 else None, axis=attrs["axis"], eps=attrs["eps"])
+    if op == "concat":
+        return b.concat(args, axis=attrs["axis"])
+    if op in ("scale", "shift"):
+        return getattr(b, op)(args[0], attrs["c"])
+    return getattr(b, op)(*args, **attrs)
+
+
+class _Epilogue:
+    """Post-loop elementwise ops, collected lazily and emitted as one fused thread graph."""
+
+    def __init__(self, b: BlockBuilder) -> None:
+        self.b = b
+        self.fused = 0
+
+    def materialise(self, v: Any) -> Tensor:
+        if isinstance(v, Tensor):
+            return v
+        leaves: list[Tensor] = []
+        ops = 0
+
+        def walk(x: Any) -> None:
+            nonlocal ops
+            if isinstance(x, Tensor):
+                if all(x is not y for y in leaves):
+                    leaves.append(x)
+                return
+            ops += 1
+            for a in x[2]:
+                walk(a)
+
+        walk(v)
+        if ops == 1:
+            op, attrs, args = v
+            return _apply(self.b, op, attrs, [self.materialise(a) for a in args])
+        tb = ThreadBuilder()
+        targs = [tb.arg(t.type) for t in leaves]
+
+        def emit(x: Any) -> Tensor:
+            if isinstance(x, Tensor):
+                return targs[next(k for k, y in enumerate(leaves) if y is x)]
+            op, attrs, args = x
+            return _apply(tb, op, attrs, [emit(a) for a in args])
+
+        tb.output(emit(v))
+        self.fused += 1
+        return self.b.fused(tb.build(), leaves)
+
+
+def _imap(labels: tuple[int | None, ...], axes: Sequence[int]) -> tuple[int | None, ...]:
+    return tuple(next((d for d, x in enumerate(labels) if x == lab), None) for lab in axes)
+
+
+def build(an: Analysis, cfg: Config, *, fuse_epilogue: bool = True) -> Lowered:
+    """The μGraph of ``cfg`` (one kernel, or split-KV + combine); raises Infeasible."""
+    g = an.graph
+    nodes = node_list(g)
+    L = cfg.loop
+    split = cfg.splits > 1
+    axes = [lab for lab, _ in cfg.grid]
+    sizes = [p for _, p in cfg.grid]
+    if split:
+        assert L is not None
+        axes_k1 = [*axes, L]
+        sizes_k1 = [*sizes, cfg.splits]
+    else:
+        axes_k1, sizes_k1 = axes, sizes
+    try:
+        b = BlockBuilder(tuple(sizes_k1), cfg.frange)
+    except GraphError as e:
+        raise Infeasible(str(e)) from None
+    mg = MuGraph()
+    ins = [mg.input(t.name or "", t.shape, t.dtype) for t in g.inputs]
+    in_idx = [i for i, n in enumerate(nodes) if n.op == "input"]
+    val: dict[int, Any] = {}
+    kind: dict[int, str] = {}
+    rm_of: dict[int, int] = {}  # shifted/scaled/rescaled node -> its running-max node
+    acc: dict[int, tuple[str, int | None]] = {}  # accumulator node -> (sum|rescaled|max, rm node)
+    postmax: dict[int, Any] = {}
+    steps: set[str] = set()
+    epi = _Epilogue(b)
+
+    def has_L(i: int) -> bool:
+        return L is not None and L in an.labels[i]
+
+    try:
+        for k, i in enumerate(in_idx):
+            n = nodes[i]
+            fmap = an.labels[i].index(L) if has_L(i) else None
+            val[i] = b.input(k, n.outs[0], _imap(an.labels[i], axes_k1), fmap)
+            kind[i] = "body" if has_L(i) else "inv"
+    except GraphError as e:
+        raise Infeasible(str(e)) from None
+
+    def post_of_max(j: int) -> Any:
+        if j not in postmax:
+            postmax[j] = b.loop_max(val[j])
+            acc[j] = ("max", j)
+        return postmax[j]
+
+    def mat(v: Any) -> Tensor:
+        return epi.materialise(v)
+
+    try:
+        for i, n in enumerate(nodes):
+            if n.op == "input":
+                continue
+            attrs = n.attr_dict
+            arefs = [a for a, _ in n.args]
+            ks = [kind[a] for a in arefs]
+            red = an.reduces.get(i)
+            if red is not None and red in axes:
+                raise Infeasible(f"{n.op} reduces a grid-partitioned dim")
+            if L is not None and red == L:
+                if n.op == "max":
+                    if ks != ["body"]:
+                        raise Infeasible("max over the loop dim of a non-loop value")
+                    val[i] = b.running_max(b.max(mat(val[arefs[0]]), axis=attrs["axis"]))
+                    kind[i] = "rmax"
+                    continue
+                if n.op not in ("sum", "matmul"):
+                    raise Infeasible(f"{n.op} over the loop dim cannot be accumulated")
+                if any(k not in ("body", "scaled", "inv") for k in ks) or ks.count("scaled") > 1:
+                    raise Infeasible(f"{n.op} over the loop dim of post-loop values")
+                part = _apply(b, n.op, attrs, [mat(val[a]) for a in arefs])
+                if "scaled" in ks:
+                    rm = rm_of[arefs[ks.index("scaled")]]
+                    val[i] = b.rescaled_sum(part, val[rm])
+                    acc[i] = ("rescaled", rm)
+                    rm_of[i] = rm
+                    steps.add("partition.online_softmax")
+                else:
+                    val[i] = b.loop_sum(part)
+                    acc[i] = ("sum", None)
+                kind[i] = "post"
+                continue
+            if "rmax" in ks:
+                if n.op == "sub" and ks == ["body", "rmax"]:
+                    val[i] = b.sub(mat(val[arefs[0]]), val[arefs[1]])
+                    kind[i] = "shift"
+                    rm_of[i] = arefs[1]
+                    continue
+                ks = ["post" if k == "rmax" else k for k in ks]
+                args = [post_of_max(a) if kind[a] == "rmax" else val[a] for a in arefs]
+            else:
+                args = [val[a] for a in arefs]
+            if "shift" in ks:
+                if n.op != "exp":
+                    raise Infeasible(f"{n.op} of a max-shifted loop value (only exp is rescalable)")
+                val[i] = b.exp(mat(args[0]))
+                kind[i] = "scaled"
+                rm_of[i] = rm_of[arefs[0]]
+                continue
+            if "scaled" in ks:
+                si = ks.index("scaled")
+                others = [k for j, k in enumerate(ks) if j != si]
+                ok = all(k in ("body", "inv") for k in others) and (
+                    n.op in ("mul", "matmul", "scale", "neg") or (n.op == "div" and si == 0)
+                    or (n.op == "sum" and red != L)
+                )
+                if not ok:
+                    raise Infeasible(f"{n.op} of a rescaled loop value")
+                val[i] = _apply(b, n.op, attrs, [mat(a) for a in args])
+                kind[i] = "scaled"
+                rm_of[i] = rm_of[arefs[si]]
+                continue
+            if "post" in ks:
+                if any(k in ("body", "shift", "scaled") for k in ks):
+                    raise Infeasible(f"{n.op} mixes a post-loop value with a loop-varying value")
+                kind[i] = "post"
+                if split:
+                    val[i] = None  # emitted in the combine kernel
+                    continue
+                if fuse_epilogue and n.op in ELEMENTWISE_OPS:
+                    val[i] = (n.op, attrs, args)
+                else:
+                    val[i] = _apply(b, n.op, attrs, [mat(a) for a in args])
+                continue
+            kind[i] = "body" if "body" in ks else "inv"
+            val[i] = _apply(b, n.op, attrs, [mat(a) for a in args])
+    except GraphError as e:
+        raise Infeasible(str(e)) from None
+
+    outs = [a for a, _ in output_refs(g)]
+    for o in outs:
+        if kind[o] == "rmax":
+            post_of_max(o)
+            kind[o] = "post"
+        if kind[o] not in ("post", "inv") or (kind[o] == "inv" and L is not None and cfg.frange > 1 and split):
+            raise Infeasible(f"output %{o} is a loop-varying value, not an accumulated result")
+    if L is not None:
+        steps.add("partition.loop")
+    steps.add("partition.grid")
+
+    def omap_for(i: int, ax: Sequence[int]) -> tuple[int, ...]:
+        m = _imap(an.labels[i], ax)
+        if any(d is None for d in m):
+            raise Infeasible(f"value %{i} lacks a grid-partitioned dim; blocks would write the same tile")
+        return m  # type: ignore[return-value]
+
+    try:
+        if not split:
+            for o in outs:
+                t = postmax[o] if o in postmax and kind[o] == "post" and nodes[o].op == "max" else val[o]
+                b.output(mat(t), omap_for(o, axes))
+            bg = b.build()
+            res = mg.custom(bg, ins)
+            mg.output(*[res[k] for k in range(len(outs))])
+            if epi.fused:
+                steps.add("fuse.epilogue")
+            return Lowered(mg, sorted(steps), cfg)
+        return _build_split(an, cfg, b, mg, ins, val, kind, acc, postmax, outs, omap_for, fuse_epilogue, steps)
+    except GraphError as e:
+        raise Infeasible(str(e)) from None
+
+
+def _build_split(an: Analysis, cfg: Config, b: BlockBuilder, mg: MuGraph, ins: list[Tensor], val: dict[int, Any],
+                 kind: dict[int, str], acc: dict[int, tuple[str, int | None]], postmax: dict[int, Any],
+                 outs: list[int], omap_for: Any, fuse_epilogue: bool, steps: set[str]) -> Lowered:
+    """Kernel 1 writes the accumulators per KV split side by side; a combine kernel merges them."""
+    g = an.graph
+    nodes = node_list(g)
+    axes = [lab for lab, _ in cfg.grid]
+    L = cfg.loop
+    assert L is not None
+    # the accumulators the rest of the program needs
+    needed: list[int] = []
+    for i, n in enumerate(nodes):
+        if kind.get(i) == "post" and i not in acc:
+            for a, _ in n.args:
+                if kind[a] == "inv":
+                    raise Infeasible("split-KV: the combine step needs a loop-invariant value")
+                if a in acc and a not in needed:
+                    needed.append(a)
+                if kind[a] == "rmax" and a not in needed:
+                    post_of = postmax.get(a)
+                    if post_of is None:
+                        raise Infeasible("split-KV: max used without accumulation")
+                    needed.append(a)
+    for o in outs:
+        if (o in acc or kind[o] == "rmax") and o not in needed:
+            needed.append(o)
+        if kind[o] == "inv":
+            raise Infeasible("split-KV: an output does not depend on the split dim")
+    rms = sorted({acc[i][1] for i in needed if acc.get(i, ("", None))[0] == "rescaled"})  # type: ignore[type-var]
+    part_nodes: list[tuple[str, int]] = [("acc", i) for i in needed] + [("max", r) for r in rms if r not in needed]
+    placements: list[int] = []
+    for what, i in part_nodes:
+        labs = an.labels[i]
+        used = {d for d in _imap(labs, axes) if d is not None}
+        free = [d for d in range(len(labs)) if d not in used]
+        if not free:
+            raise Infeasible("split-KV: a partial result has no free dim to place the splits along")
+        pl = max(free)
+        placements.append(pl)
+        base = omap_for(i, axes)
+        if what == "max" or acc[i][0] == "max":
+            if i not in postmax:
+                postmax[i] = b.loop_max(val[i])
+            t = postmax[i]
+        else:
+            t = val[i]
+        b.output(t, (*base, pl))
+    parts = mg.custom(b.build(), ins)
+    # combine kernel
+    c = BlockBuilder(tuple(p for _, p in cfg.grid), cfg.splits)
+    cin: dict[tuple[str, int], Tensor] = {}
+    for k, ((what, i), pl) in enumerate(zip(part_nodes, placements, strict=True)):
+        cin[(what, i)] = c.input(k, parts[k].type, _imap(an.labels[i], axes), pl)
+    cval: dict[int, Any] = {}
+    crm: dict[int, Tensor] = {}
+
+    def max_part(r: int) -> Tensor:
+        return cin[("acc", r)] if ("acc", r) in cin else cin[("max", r)]
+
+    for what, i in part_nodes:
+        if what != "acc":
+            continue
+        kd = acc[i][0]
+        p = cin[("acc", i)]
+        if kd == "sum":
+            cval[i] = c.loop_sum(p)
+        elif kd == "max":
+            cval[i] = c.loop_max(p)
+        else:
+            r = acc[i][1]
+            assert r is not None
+            if r not in crm:
+                crm[r] = c.running_max(max_part(r))
+            w = c.exp(c.sub(max_part(r), crm[r]))
+            cval[i] = c.rescaled_sum(c.mul(p, w), crm[r])
+    epi = _Epilogue(c)
+    for i, n in enumerate(nodes):
+        if kind.get(i) != "post" or i in acc or i in cval:
+            continue
+        args = [cval[a] for a, _ in n.args]
+        if fuse_epilogue and n.op in ELEMENTWISE_OPS:
+            cval[i] = (n.op, n.attr_dict, args)
+        else:
+            cval[i] = _apply(c, n.op, n.attr_dict, [epi.materialise(a) for a in args])
+    for o in outs:
+        c.output(epi.materialise(cval[o]), omap_for(o, axes))
+    res = mg.custom(c.build(), list(parts))
+    mg.output(*[res[k] for k in range(len(outs))])
+    steps.add("partition.split_kv")
+    if epi.fused:
+        steps.add("fuse.epilogue")
+    return Lowered(mg, sorted(steps), cfg)
+
+
+def unfused(g: Graph) -> Lowered:
+    """Every kernel op its own kernel (the baseline)."""
+    return Lowered(MuGraph.from_graph(g), ["partition.unfused"], None)
+
+
+def lower_all(
+    g: Graph,
+    *,
+    grids: Sequence[int] | None = None,
+    franges: Sequence[int] | None = None,
+    max_splits: int = 32,
+) -> tuple[list[Lowered], dict[str, int]]:
+    """Every feasible lowering of ``g`` (plus the unfused baseline); and rejection counts by reason."""
+    g = normalise(g)
+    an = analyse(g)
+    out = [unfused(g)]
+    rejected: dict[str, int] = {}
+    bad_struct: dict[tuple[Any, ...], str] = {}
+    for cfg in configs(an, grids=grids, franges=franges, max_splits=max_splits):
+        skey = (tuple(lab for lab, _ in cfg.grid), cfg.loop, cfg.splits > 1)
+        if skey in bad_struct:
+            rejected[bad_struct[skey]] = rejected.get(bad_struct[skey], 0) + 1
+            continue
+        try:
+            out.append(build(an, cfg))
+        except Infeasible as e:
+            reason = str(e).split("\n")[0]
+            if "divide" not in reason and "imap" not in reason:
+                bad_struct[skey] = reason
+            rejected[reason] = rejected.get(reason, 0) + 1
+    return out, rejected
+
+
+def input_types(g: Graph) -> list[tuple[str, TensorType]]:
+    """(name, type) of ``g``'s inputs."""
+    return [(t.name, t.type) for t in g.inputs if t.name is not None]
+
+
+__all__ = [
+    "Analysis", "Config", "Infeasible", "Lowered", "analyse", "build", "configs", "graph_terms", "lower_all",
+    "normalise", "unfused",
+]
