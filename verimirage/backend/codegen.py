@@ -691,6 +691,9 @@ def generate(program: Any, tiles: TileOptions | None = None) -> ModuleSource:
     launch = ["# launch parameters per kernel (the runtime may override them)", "LAUNCH = {"]
     launch += [f"    {k.name!r}: {{'num_warps': 4, 'num_stages': 2}}," for k in kernels]
     launch.append("}")
+    launch += ["", "# argument types per kernel (ahead-of-time compilation, e.g. the sm_90 check)", "SIGNATURES = {"]
+    launch += [f"    {k.name!r}: {k.signature!r}," for k in kernels]
+    launch.append("}")
     fwd = [f"def forward({', '.join(names)}):", '    """Run the kernels in order; returns the outputs."""']
     fwd += ["    " + line for line in body]
     fwd.append(f"    return ({', '.join(rets)},)")

@@ -1,0 +1,79 @@
+"""Ahead-of-time compilation of generated kernels for a GPU target, without a GPU.
+
+The Triton interpreter accepts programs the GPU compiler rejects (``tl.dot``
+below 16, some layouts), so every generated kernel is also compiled for sm_90
+with ``triton.compile(ASTSource(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32))``.
+This runs in a *separate process* (:func:`compile_modules`), with the
+interpreter off: after interpreted kernels ran in a process, compiling there
+can fail spuriously. The report per kernel says whether the PTX uses ``wgmma``
+(Hopper tensor cores) or ``mma`` instructions.
+
+Run as ``python -m verimirage.backend.gpucompile MODULE.py ...``; prints JSON.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+def compile_modules(paths: Sequence[Path | str], *, arch: int = 90, timeout_s: float = 600.0) -> dict[str, Any]:
+    """Compile every kernel of the generated modules at ``paths`` for sm_``arch`` in a subprocess.
+
+    Returns ``{path: {kernel: {"ok", "wgmma", "mma", "error"}}}``.
+    """
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    cmd = [sys.executable, "-m", "verimirage.backend.gpucompile", "--arch", str(arch), *map(str, paths)]
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s, check=False)
+    if res.returncode != 0:
+        raise RuntimeError(f"sm_{arch} compile subprocess failed (rc {res.returncode}):\n{res.stderr[-4000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def _compile_one(path: str, arch: int) -> dict[str, Any]:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    spec = importlib.util.spec_from_file_location(f"vm_aot_{Path(path).stem}", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out: dict[str, Any] = {}
+    for name, sig in mod.SIGNATURES.items():
+        fn = getattr(mod, name)
+        opts = dict(mod.LAUNCH.get(name, {}))
+        try:
+            k = triton.compile(ASTSource(fn, dict(sig), {}), target=GPUTarget("cuda", arch, 32), options=opts)
+            ptx = k.asm["ptx"]
+            out[name] = {"ok": True, "wgmma": "wgmma" in ptx, "mma": "mma.sync" in ptx, "error": ""}
+        except Exception as e:  # report, do not stop: the caller asserts
+            out[name] = {"ok": False, "wgmma": False, "mma": False, "error": f"{type(e).__name__}: {e}"[-2000:]}
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry: compile the given modules and print a JSON report."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--arch", type=int, default=90)
+    p.add_argument("paths", nargs="+")
+    a = p.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET"):
+        raise SystemExit("unset TRITON_INTERPRET: the interpreter cannot compile for a GPU target")
+    report = {path: _compile_one(path, a.arch) for path in a.paths}
+    sys.stdout.write(json.dumps(report) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,190 @@
+"""GPU selection: time candidates x tile configurations and put the fastest first.
+
+:func:`select` compiles every candidate μGraph under every
+:class:`~verimirage.backend.codegen.LaunchConfig`, checks each against the
+float64 reference once per candidate, times it with
+``triton.testing.do_bench_cudagraph`` (median; falls back to ``do_bench`` when
+capture fails) and returns :class:`Timing` records, fastest first (failures
+last, with their reason). Results are cached on disk
+(:class:`~verimirage.backend.cache.DiskCache` ``"select"``) under a key of the
+graph text, every candidate's text, the input shapes/dtypes/strides, the
+configurations, the GPU's name and compute capability, and the
+verimirage/codegen/Triton/torch versions — a key of the graph alone would serve
+timings from another GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..ir.graph import Graph
+from .cache import DiskCache, key_of
+from .codegen import CODEGEN_VERSION, LaunchConfig, TileOptions
+
+log = logging.getLogger(__name__)
+
+#: The default configurations: launch parameters and dot padding (wgmma wants >= 64 rows).
+DEFAULT_CONFIGS: tuple[LaunchConfig, ...] = (
+    LaunchConfig(4, 2),
+    LaunchConfig(4, 3),
+    LaunchConfig(8, 3),
+    LaunchConfig(4, 4),
+    LaunchConfig(8, 2, TileOptions(dot_min_m=128)),
+)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One (candidate, configuration) measurement: median milliseconds, or the reason it failed."""
+
+    index: int  # position of the candidate in the list given to select()
+    candidate: Any
+    config: LaunchConfig
+    ms: float | None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether it compiled, matched the reference and was timed."""
+        return self.ms is not None and self.error is None
+
+
+def _mugraph_text(c: Any) -> str:
+    g = c.mugraph if hasattr(c, "mugraph") and not isinstance(c, Graph) else c
+    return str(g)
+
+
+def device_info() -> dict[str, Any]:
+    """Name and compute capability of the current CUDA device (RuntimeError without one)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("select: needs a CUDA GPU (timing kernels in the CPU interpreter is meaningless)")
+    i = torch.cuda.current_device()
+    return {"name": torch.cuda.get_device_name(i), "capability": list(torch.cuda.get_device_capability(i))}
+
+
+def versions() -> dict[str, str]:
+    """Versions that change what kernels are generated or how fast they run."""
+    import torch
+    import triton
+
+    from .. import __version__
+
+    return {"verimirage": __version__, "codegen": CODEGEN_VERSION, "triton": triton.__version__,
+            "torch": torch.__version__}
+
+
+def selection_key(graph: Graph, candidates: Sequence[Any], configs: Sequence[LaunchConfig],
+                  input_meta: Sequence[Mapping[str, Any]], device: Mapping[str, Any],
+                  vers: Mapping[str, str]) -> str:
+    """The cache key of one selection problem (see the module docstring for what it covers)."""
+    return key_of({
+        "graph": str(graph),
+        "candidates": [_mugraph_text(c) for c in candidates],
+        "configs": [c.key() for c in configs],
+        "inputs": list(input_meta),
+        "device": dict(device),
+        "versions": dict(vers),
+    })
+
+
+def _inputs(graph: Graph, seed: int) -> dict[str, Any]:
+    import torch
+
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    out = {}
+    for t in graph.inputs:
+        x = torch.randn(t.shape, generator=gen, dtype=torch.float32) * 0.5
+        out[t.name] = x.to(getattr(torch, t.type.dtype.torch_name)).cuda()
+    return out
+
+
+def _tolerance(dtype: str) -> float:
+    return {"f16": 2e-2, "bf16": 6e-2, "f32": 1e-3}[dtype]
+
+
+def select(
+    graph: Graph,
+    candidates: Sequence[Any],
+    *,
+    configs: Sequence[LaunchConfig] = DEFAULT_CONFIGS,
+    inputs: Mapping[str, Any] | None = None,
+    check: bool = True,
+    use_cuda_graph: bool = True,
+    rep_ms: int = 50,
+    cache: bool = True,
+    cache_root: Path | None = None,
+    seed: int = 0,
+) -> list[Timing]:
+    """Time every candidate under every config on the current GPU; fastest first.
+
+    ``candidates`` are Candidates, MuGraphs or Graphs computing ``graph``.
+    ``inputs`` (CUDA tensors by name) default to seeded random ones. With
+    ``check`` each candidate's output is compared with ``vm.evaluate`` (float64)
+    first; a mismatch or a compile error is a failed :class:`Timing`.
+    """
+    import numpy as np
+    import torch
+    import triton.testing
+
+    from ..ir.interpret import evaluate
+    from .runtime import compile as vm_compile
+
+    if not candidates:
+        raise ValueError("select: no candidates given")
+    if not configs:
+        raise ValueError("select: no configurations given")
+    dev = device_info()
+    xs = dict(inputs) if inputs is not None else _inputs(graph, seed)
+    meta = [{"name": t.name, "shape": list(t.shape), "dtype": t.type.dtype.short,
+             "stride": list(xs[t.name].stride())} for t in graph.inputs]
+    key = selection_key(graph, candidates, configs, meta, dev, versions())
+    store = DiskCache("select", cache_root) if cache else None
+    by_cfg = {c.key(): c for c in configs}
+    if store is not None:
+        hit = store.get(key)
+        if isinstance(hit, list) and all(isinstance(h, dict) and h.get("config") in by_cfg for h in hit):
+            log.info("select: cache hit %s", key[:12])
+            return [Timing(h["index"], candidates[h["index"]], by_cfg[h["config"]], h["ms"], h["error"]) for h in hit]
+
+    ref = evaluate(graph, {k: v.detach().cpu() for k, v in xs.items()}) if check else None
+    out: list[Timing] = []
+    for ci, cand in enumerate(candidates):
+        verified = False
+        for cfg in configs:
+            t0 = time.perf_counter()
+            try:
+                fn = vm_compile(cand, config=cfg)
+                res = fn(**xs)
+                torch.cuda.synchronize()
+                if ref is not None and not verified:
+                    res_t = res if isinstance(res, tuple) else (res,)
+                    for o, r in zip(res_t, ref, strict=True):
+                        got = o.detach().double().cpu().numpy()
+                        scale = max(float(np.abs(r).max()), 1e-30)
+                        err = float(np.abs(got - r).max()) / scale
+                        tol = _tolerance(graph.outputs[0].dtype.short) * max(1.0, math.sqrt(r.size) / 1e3)
+                        if not err <= tol:
+                            raise ValueError(f"output differs from the float64 reference: rel. error {err:.3g}")
+                    verified = True
+                bench = triton.testing.do_bench_cudagraph if use_cuda_graph else triton.testing.do_bench
+                try:
+                    ms = bench(lambda fn=fn: fn(**xs), rep=rep_ms, return_mode="median")
+                except Exception as e:  # capture can fail (e.g. allocator state): time without graphs
+                    log.info("select: CUDA-graph timing failed (%s); using do_bench", e)
+                    ms = triton.testing.do_bench(lambda fn=fn: fn(**xs), rep=rep_ms, return_mode="median")
+                out.append(Timing(ci, cand, cfg, float(ms)))
+            except Exception as e:
+                out.append(Timing(ci, cand, cfg, None, f"{type(e).__name__}: {e}"[:500]))
+            log.debug("select: candidate %d config %s took %.1fs", ci, cfg.key(), time.perf_counter() - t0)
+    out.sort(key=lambda t: (t.ms is None, t.ms if t.ms is not None else 0.0))
+    if store is not None:
+        store.put(key, [{"index": t.index, "config": t.config.key(), "ms": t.ms, "error": t.error} for t in out])
+    return out
