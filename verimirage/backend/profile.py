@@ -130,6 +130,11 @@ def select(
     ``check`` each candidate's output is compared with ``vm.evaluate`` (float64)
     first; a mismatch or a compile error is a failed :class:`Timing`.
     """
+    if not candidates:
+        raise ValueError("select: no candidates given")
+    if not configs:
+        raise ValueError("select: no configurations given")
+    dev = device_info()  # before importing triton.testing: on a CPU machine nothing of triton is loaded here
     import numpy as np
     import torch
     import triton.testing
@@ -137,11 +142,6 @@ def select(
     from ..ir.interpret import evaluate
     from .runtime import compile as vm_compile
 
-    if not candidates:
-        raise ValueError("select: no candidates given")
-    if not configs:
-        raise ValueError("select: no configurations given")
-    dev = device_info()
     xs = dict(inputs) if inputs is not None else _inputs(graph, seed)
     meta = [{"name": t.name, "shape": list(t.shape), "dtype": t.type.dtype.short,
              "stride": list(xs[t.name].stride())} for t in graph.inputs]

@@ -54,8 +54,29 @@ def ensure_mode() -> bool:
             log.info("no CUDA device: running Triton kernels in the interpreter (TRITON_INTERPRET=1)")
             os.environ["TRITON_INTERPRET"] = "1"
     if interpreting():
+        _check_triton_import_mode()
         _patch_interpreter_bf16_dot()
     return interpreting()
+
+
+def _check_triton_import_mode() -> None:
+    """Fail clearly if triton was imported before ``TRITON_INTERPRET=1`` was set.
+
+    Triton's own library functions (``tl.sum``, ``tl.sigmoid``, ...) are
+    ``@triton.jit`` functions made when ``triton.language`` is imported; made
+    without the interpreter flag they cannot run inside interpreted kernels.
+    """
+    if "triton.language.standard" not in sys.modules:
+        return
+    from triton.runtime.interpreter import InterpretedFunction
+
+    std = sys.modules["triton.language.standard"]
+    if not isinstance(getattr(std, "sum", None), InterpretedFunction):
+        raise RuntimeError(
+            "triton was imported before TRITON_INTERPRET=1 was set, so its library functions cannot run in the "
+            "interpreter this CPU-only machine needs; set TRITON_INTERPRET=1 in the environment (or call "
+            "verimirage.backend.runtime.ensure_mode() before importing triton)"
+        )
 
 
 _PATCHED = False

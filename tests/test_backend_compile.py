@@ -1,0 +1,99 @@
+"""Backend: every generated kernel compiles for sm_90; golden snapshots of the suite's kernels.
+
+The sm_90 compile runs in a separate process (verimirage.backend.gpucompile):
+the interpreter accepts programs the GPU compiler rejects, and compiling in a
+process that already ran interpreted kernels can fail spuriously. A matmul
+kernel whose PTX has ``wgmma`` used Hopper's tensor cores.
+
+Golden files: tests/golden/<program>.py hold the generated module of each
+suite program's expert design (small shapes, fp16). A change in codegen that
+changes a kernel fails here; if it is meant, regenerate with
+``VERIMIRAGE_UPDATE_GOLDEN=1 pytest tests/test_backend_compile.py`` and review the diff.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+import verimirage as vm
+from verimirage.backend.codegen import LaunchConfig, TileOptions, generate
+from verimirage.backend.gpucompile import compile_modules
+from verimirage.backend.runtime import ensure_mode, write_module
+from verimirage.benchmarks.designs import expert, small_design_kw
+
+ensure_mode()  # CPU-only machine: TRITON_INTERPRET=1 before anything imports triton
+
+GOLDEN = Path(__file__).parent / "golden"
+UPDATE = os.environ.get("VERIMIRAGE_UPDATE_GOLDEN") == "1"
+
+
+def _programs() -> list[tuple[str, object]]:
+    progs: list[tuple[str, object]] = []
+    for name in vm.benchmarks.names():
+        g = vm.benchmarks.get(name, small=True)
+        progs.append((f"{name}-expert", expert(name, g, **small_design_kw(name))))
+        progs.append((f"{name}-plain", g))
+    for name in ("gqa_stable", "gated_mlp"):
+        g = vm.benchmarks.get(name, small=True, dtype=vm.bfloat16)
+        progs.append((f"{name}-expert-bf16", expert(name, g, **small_design_kw(name))))
+    from test_backend import _block_mix  # ragged tiles, in-block concat/transpose
+
+    progs.append(("block-mix-f16", _block_mix(vm.float16)[1]))
+    g = vm.Graph()
+    x = g.input("X", (3, 40), vm.float16)
+    w = g.input("W", (40, 24), vm.float16)
+    r = g.input("R", (1, 40), vm.float16)
+    g.output(g.matmul(x, w), g.matmul(r, w), g.concat([x, r], axis=0), g.transpose(x, 0, 1))
+    progs.append(("ragged-f16", g))
+    return progs
+
+
+def test_every_kernel_compiles_for_sm90(tmp_path: Path) -> None:
+    paths: dict[str, tuple[Path, object]] = {}
+    for label, prog in _programs():
+        ms = generate(prog)
+        paths[label] = (write_module(ms, tmp_path), ms)
+    report = compile_modules([p for p, _ in paths.values()])
+    failures = []
+    n_dot = 0
+    for label, (path, ms) in paths.items():
+        rep = report[str(path)]
+        assert set(rep) == {k.name for k in ms.kernels}, label
+        for k in ms.kernels:
+            r = rep[k.name]
+            if not r["ok"]:
+                failures.append(f"{label}/{k.name}: {r['error']}")
+            elif k.uses_dot:
+                n_dot += 1
+                if not r["wgmma"]:
+                    failures.append(f"{label}/{k.name}: a tl.dot kernel without wgmma in its PTX")
+    assert not failures, "\n".join(failures)
+    assert n_dot >= 20
+
+
+def test_small_dot_padding_falls_back_to_mma(tmp_path: Path) -> None:
+    # with 16-row dot padding the compiler cannot use wgmma (64 rows per warp group) and emits mma.sync:
+    # the reason the default pads dot rows to 64
+    g = vm.benchmarks.get("gated_mlp", small=True)
+    ms = generate(expert("gated_mlp", g, **small_design_kw("gated_mlp")), LaunchConfig(
+        tiles=TileOptions(dot_min_m=16)).tiles)
+    path = write_module(ms, tmp_path)
+    (rep,) = compile_modules([path]).values()
+    (r,) = rep.values()
+    assert r["ok"] and r["mma"] and not r["wgmma"]
+
+
+@pytest.mark.parametrize("name", vm.benchmarks.names())
+def test_golden_source(name: str) -> None:
+    g = vm.benchmarks.get(name, small=True)
+    src = generate(expert(name, g, **small_design_kw(name))).source
+    path = GOLDEN / f"{name}.py"
+    if UPDATE or not path.exists():
+        if not UPDATE:
+            pytest.fail(f"golden file {path} is missing; create it with VERIMIRAGE_UPDATE_GOLDEN=1")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(src)
+    assert src == path.read_text(), f"generated source of {name} changed; see the module docstring"
