@@ -1,0 +1,88 @@
+"""Three-valued verdicts: :class:`Proved`, :class:`Refuted`, :class:`Unknown`.
+
+A verdict is an immutable value carrying its evidence: which checks ran, with
+what parameters, how long they took, and (for a proof) the stated bound on the
+probability that the finite-field test accepted a wrong pair. A timeout, a
+node limit or an unsupported construct is :class:`Unknown`, never
+:class:`Proved`. Nothing in verimirage returns a bare bool for equivalence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Check:
+    """The record of one check: its name, its outcome, parameters, seconds taken, details."""
+
+    name: str
+    outcome: str  # "proved" | "refuted" | "unknown"
+    params: tuple[tuple[str, Any], ...] = ()
+    seconds: float = 0.0
+    detail: str = ""
+
+    def param(self, key: str, default: Any = None) -> Any:
+        """The parameter ``key`` (or ``default``)."""
+        for k, v in self.params:
+            if k == key:
+                return v
+        return default
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Base class of verdicts. ``reason`` says why; ``evidence`` lists the checks that ran."""
+
+    reason: str
+    evidence: tuple[Check, ...] = field(default=())
+
+    @property
+    def proved(self) -> bool:
+        """True only for :class:`Proved`."""
+        return False
+
+    @property
+    def false_accept_bound(self) -> float | None:
+        """The stated bound on accepting a wrong pair (finite-field check), if one ran."""
+        for c in self.evidence:
+            b = c.param("false_accept_bound")
+            if b is not None:
+                return float(b)
+        return None
+
+    def caught_by(self) -> tuple[str, ...]:
+        """Names of the checks whose outcome was not ``proved``."""
+        return tuple(c.name for c in self.evidence if c.outcome != "proved")
+
+    def summary(self) -> str:
+        """One line per check."""
+        lines = [f"{type(self).__name__}: {self.reason}"]
+        for c in self.evidence:
+            lines.append(f"  {c.name}: {c.outcome} ({c.seconds:.3f}s) {c.detail}".rstrip())
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Proved(Verdict):
+    """Both checks proved the two programs equal."""
+
+    @property
+    def proved(self) -> bool:
+        return True
+
+
+@dataclass(frozen=True)
+class Refuted(Verdict):
+    """The programs differ. ``counterexample`` holds the inputs (and, when they differ, float64 outputs)."""
+
+    counterexample: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+
+@dataclass(frozen=True)
+class Unknown(Verdict):
+    """Neither proved nor refuted (timeout, unsupported construct, abstraction too weak, ...)."""
+
+
+__all__ = ["Check", "Proved", "Refuted", "Unknown", "Verdict"]
