@@ -217,7 +217,7 @@ class Config:
     frange: int = 1
     splits: int = 1
 
-    def describe(self, an: Analysis) -> str:
+    def describe(self) -> str:
         """Human-readable summary."""
         g = ", ".join(f"L{lab}/{p}" for lab, p in self.grid)
         s = f"grid[{g}]"

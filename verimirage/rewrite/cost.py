@@ -1,0 +1,203 @@
+"""Cost model for μGraphs: device-memory bytes, launches, tensor-core flops, shared memory, parallelism.
+
+The estimate is a roofline per kernel::
+
+    time = launch + max(bytes / bandwidth, tc_flops / tc_peak + other_flops / simt_peak) / utilisation
+
+where ``utilisation = blocks / (ceil(blocks / SMs) * SMs)`` (a grid that leaves
+SMs idle, or a last partial wave, is charged for it). A kernel whose blocks
+need more shared memory than the device has (227 KB on an H100) is
+infeasible. :func:`calibrate` fits the three coefficients to GPU timings.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ..ir.graph import BlockGraph, Graph, MuGraph, node_list
+from ..ir.ops import LOOP_OPS, TensorType
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """Device parameters the model uses (defaults: an H100 SXM)."""
+
+    name: str = "H100"
+    sms: int = 132
+    smem_per_block: int = 227 * 1024
+    bandwidth: float = 3.0e12  # bytes/s
+    tc_flops: float = 6.9e14  # tensor-core flop/s (fp16/bf16, measured)
+    simt_flops: float = 5.0e13  # other flop/s
+    launch_s: float = 3.0e-6
+    l2_bytes: int = 50 * 1024 * 1024  # tensors re-read by many blocks are served from L2 when they fit
+    l2_bandwidth: float = 1.0e13  # bytes/s for re-reads served by L2
+
+
+H100 = Hardware()
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Multipliers fitted to GPU timings: ``time = a*mem + b*compute + c*launches``."""
+
+    mem: float = 1.0
+    compute: float = 1.0
+    launch: float = 1.0
+
+
+@dataclass(frozen=True)
+class KernelCost:
+    """One kernel's estimate."""
+
+    bytes: int
+    tc_flops: int
+    other_flops: int
+    blocks: int
+    smem: int
+    mem_s: float
+    compute_s: float
+    time_s: float
+
+
+@dataclass(frozen=True, order=True)
+class Cost:
+    """A μGraph's estimate. Ordered by ``time_s`` (feasible first)."""
+
+    infeasible: bool
+    time_s: float
+    bytes: int = field(compare=False)
+    launches: int = field(compare=False)
+    tc_flops: int = field(compare=False)
+    other_flops: int = field(compare=False)
+    smem_max: int = field(compare=False)
+    min_blocks: int = field(compare=False)
+    reason: str = field(default="", compare=False)
+    kernels: tuple[KernelCost, ...] = field(default=(), compare=False, repr=False)
+
+    def __str__(self) -> str:
+        s = (
+            f"{self.time_s * 1e6:.1f} us est. ({self.launches} launch(es), {self.bytes / 1e6:.2f} MB, "
+            f"{self.tc_flops / 1e9:.2f} GFLOP tc, smem {self.smem_max / 1024:.0f} KB, >= {self.min_blocks} blocks)"
+        )
+        return s + (f" INFEASIBLE: {self.reason}" if self.infeasible else "")
+
+
+def _bytes(t: TensorType) -> int:
+    return t.numel * t.dtype.itemsize
+
+
+def _roofline(nbytes: int, tc: int, other: int, blocks: int, smem: int, hw: Hardware, cal: Calibration,
+              l2_bytes: int = 0) -> KernelCost:
+    waves = max(1, math.ceil(blocks / hw.sms))
+    util = blocks / (waves * hw.sms)
+    mem = (nbytes / hw.bandwidth + l2_bytes / hw.l2_bandwidth) * cal.mem
+    comp = (tc / hw.tc_flops + other / hw.simt_flops) * cal.compute
+    t = hw.launch_s * cal.launch + max(mem, comp) / max(util, 1e-9)
+    return KernelCost(nbytes, tc, other, blocks, smem, mem, comp, t)
+
+
+def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequence[TensorType],
+               hw: Hardware = H100, cal: Calibration = Calibration()) -> KernelCost:
+    """Estimate of one custom kernel."""
+    blocks = bg.num_blocks
+    post = bg.post_loop()
+    dram_in = 0
+    l2_in = 0
+    smem_in = 0
+    smem_acc = 0
+    smem_tmp = 0
+    tc = 0
+    other = 0
+    for i, n in enumerate(bg.nodes):
+        t = n.outs[0]
+        reps = 1 if post[i] else bg.frange
+        if n.op == "input":
+            tb = _bytes(t)
+            reads = tb * (bg.frange if n.attr("fmap") is not None else 1) * blocks
+            full = in_types[n.attr("arg")]
+            # a tensor small enough to stay in L2 costs one trip through device memory however often it is read
+            if _bytes(full) <= hw.l2_bytes // 4:
+                dram_in += min(reads, _bytes(full))
+                l2_in += max(0, reads - _bytes(full))
+            else:
+                dram_in += reads
+            smem_in += tb
+            continue
+        if n.op in LOOP_OPS:
+            smem_acc += t.numel * 4
+            other += t.numel * reps
+            continue
+        if n.op == "matmul":
+            a = bg.nodes[n.args[0][0]].outs[n.args[0][1]]
+            tc += 2 * t.numel * a.shape[-1] * reps
+            smem_tmp = max(smem_tmp, t.numel * 4)
+        else:
+            other += t.numel * reps
+            smem_tmp = max(smem_tmp, _bytes(t))
+    nbytes = dram_in + sum(_bytes(t) for t in out_types)
+    smem = smem_in + smem_acc + smem_tmp
+    return _roofline(nbytes, tc * blocks, other * blocks, blocks, smem, hw, cal, l2_in)
+
+
+def cost(g: Graph, hw: Hardware = H100, cal: Calibration = Calibration()) -> Cost:
+    """Estimate for a kernel graph or μGraph (an unfused kernel op is one full-parallel launch)."""
+    nodes = node_list(g)
+    ks: list[KernelCost] = []
+    reason = ""
+    for n in nodes:
+        if n.op == "input":
+            continue
+        in_types = [nodes[a].outs[k] for a, k in n.args]
+        if n.op == "custom":
+            kc = block_cost(n.attr("block"), in_types, n.outs, hw, cal)
+            if kc.smem > hw.smem_per_block and not reason:
+                reason = f"a block needs {kc.smem / 1024:.0f} KB of shared memory (> {hw.smem_per_block // 1024} KB)"
+        else:
+            out = n.outs[0]
+            nbytes = sum(_bytes(t) for t in in_types) + _bytes(out)
+            tc = 2 * out.numel * in_types[0].shape[-1] if n.op == "matmul" else 0
+            other = 0 if n.op == "matmul" else sum(t.numel for t in in_types)
+            kc = _roofline(nbytes, tc, other, max(hw.sms, out.numel // 4096), 0, hw, cal)
+        ks.append(kc)
+    return Cost(
+        infeasible=bool(reason),
+        time_s=sum(k.time_s for k in ks),
+        bytes=sum(k.bytes for k in ks),
+        launches=len(ks),
+        tc_flops=sum(k.tc_flops for k in ks),
+        other_flops=sum(k.other_flops for k in ks),
+        smem_max=max((k.smem for k in ks), default=0),
+        min_blocks=min((k.blocks for k in ks), default=0),
+        reason=reason,
+        kernels=tuple(ks),
+    )
+
+
+def calibrate(samples: Sequence[tuple[Graph, float]], hw: Hardware = H100) -> Calibration:
+    """Fit :class:`Calibration` to measured ``(mugraph, seconds)`` pairs (least squares, non-negative).
+
+    The hook the GPU profiler feeds: ``cost(g, cal=calibrate(timings))`` then ranks by calibrated time.
+    """
+    import numpy as np
+
+    if not samples:
+        return Calibration()
+    rows, ys = [], []
+    for g, secs in samples:
+        c = cost(g, hw)
+        mem = sum(k.mem_s / max(k.blocks / (max(1, math.ceil(k.blocks / hw.sms)) * hw.sms), 1e-9)
+                  for k in c.kernels)
+        comp = sum(k.compute_s / max(k.blocks / (max(1, math.ceil(k.blocks / hw.sms)) * hw.sms), 1e-9)
+                   for k in c.kernels)
+        rows.append([mem, comp, c.launches * hw.launch_s])
+        ys.append(secs)
+    a = np.asarray(rows)
+    y = np.asarray(ys)
+    coef, *_ = np.linalg.lstsq(a, y, rcond=None)
+    coef = np.clip(coef, 1e-3, None)
+    return Calibration(float(coef[0]), float(coef[1]), float(coef[2]))
+
+
+__all__ = ["H100", "Calibration", "Cost", "Hardware", "KernelCost", "block_cost", "calibrate", "cost", "MuGraph"]

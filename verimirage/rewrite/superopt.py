@@ -1,0 +1,427 @@
+"""``superoptimize``: lift, saturate, extract, partition, cost, verify, certify.
+
+Phases (each timed in the report):
+
+1. *saturate* — lift the kernel graph into egglog and run the selected rules
+   (built-in theories, user rules admitted by ``verify_rule``) under an
+   iteration limit, a node limit and a share of the time budget;
+2. *extract* — the k cheapest distinct terms of each output's e-class
+   (always including the original), turned back into kernel graphs;
+3. *lower* — every feasible partition of each graph into μGraphs
+   (:mod:`verimirage.rewrite.partition`), plus the unfused baseline;
+4. *cost* — rank by the cost model, dropping kernels that do not fit shared
+   memory (:mod:`verimirage.rewrite.cost`);
+5. *verify* — ``vm.verify`` each candidate against the input graph, best
+   first, until ``top_k`` are Proved; anything else is rejected with its reason;
+6. *certify* — a certificate per verified candidate; optionally *profile*
+   on a GPU to reorder.
+
+The result is deterministic for a given graph and options.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..ir.errors import GraphError
+from ..ir.graph import Graph, MuGraph, node_list
+from .cost import H100, Calibration, Cost, Hardware, cost
+from .lift import EClassTerms, Term, lift, term_to_graph
+from .partition import Lowered, lower_all
+from .rules import Rule, RuleError, Ruleset, admit, occurs, select_rules
+from .saturate import saturate
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Candidate:
+    """A verified μGraph with its cost, verdict, certificate and the rules that produced it."""
+
+    mugraph: MuGraph
+    cost: Cost
+    verdict: Any
+    certificate: Any
+    rules: tuple[str, ...]
+    graph: Graph | None = None  # the rewritten kernel graph it was lowered from
+    timing_ms: float | None = None  # GPU median time of its best launch config (profile=True)
+
+    @property
+    def num_kernels(self) -> int:
+        """Kernel launches of the μGraph."""
+        return self.mugraph.num_kernels
+
+    def __repr__(self) -> str:
+        return (f"Candidate({self.num_kernels} kernel(s), {self.cost}, {type(self.verdict).__name__}, "
+                f"rules={list(self.rules)})")
+
+
+@dataclass
+class SearchReport:
+    """Search statistics: time per phase, e-graph size, stop reason, rules fired, candidate counts."""
+
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+    egraph_iterations: int = 0
+    egraph_enodes: int = 0
+    egraph_eclasses: int = 0
+    egraph_stop_reason: str = ""
+    stop_reason: str = ""
+    rules_used: list[str] = field(default_factory=list)
+    rules_fired: dict[str, int] = field(default_factory=dict)
+    trusted_rules: list[str] = field(default_factory=list)
+    terms_extracted: int = 0
+    lowered: int = 0
+    pruned: dict[str, int] = field(default_factory=dict)
+    rejected: list[tuple[str, str]] = field(default_factory=list)  # (candidate summary, reason)
+    verified: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def total_seconds(self) -> float:
+        """Wall time of the whole search."""
+        return sum(self.phase_seconds.values())
+
+    def __str__(self) -> str:
+        lines = [f"search: {self.total_seconds:.2f}s, stop: {self.stop_reason}"]
+        lines.append("  phases: " + ", ".join(f"{k} {v:.2f}s" for k, v in self.phase_seconds.items()))
+        lines.append(f"  e-graph: {self.egraph_enodes} e-nodes, {self.egraph_eclasses} e-classes, "
+                     f"{self.egraph_iterations} iterations ({self.egraph_stop_reason})")
+        lines.append(f"  rules fired: {self.rules_fired}")
+        lines.append(f"  extracted {self.terms_extracted} term(s), lowered {self.lowered} μGraph(s), "
+                     f"verified {self.verified}, rejected {len(self.rejected)}")
+        for reason, n in sorted(self.pruned.items(), key=lambda p: -p[1])[:8]:
+            lines.append(f"  pruned {n}: {reason}")
+        for what, why in self.rejected[:8]:
+            lines.append(f"  rejected {what}: {why}")
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+@dataclass
+class SearchResult:
+    """The outcome: verified candidates best first, the best one, and the report."""
+
+    candidates: list[Candidate]
+    report: SearchReport
+
+    @property
+    def best(self) -> Candidate | None:
+        """The best verified candidate (None if nothing was verified)."""
+        return self.candidates[0] if self.candidates else None
+
+
+class _Progress:
+    """A rich progress display (when asked, or on a terminal), logging otherwise."""
+
+    def __init__(self, enabled: bool | None) -> None:
+        if enabled is None:
+            enabled = sys.stderr.isatty()
+        self.bar: Any = None
+        if enabled:
+            try:
+                from rich.progress import Progress
+
+                self.bar = Progress(transient=True)
+            except ImportError:  # pragma: no cover
+                self.bar = None
+        self.task: Any = None
+
+    def __enter__(self) -> _Progress:
+        if self.bar is not None:
+            self.bar.__enter__()
+            self.task = self.bar.add_task("superoptimize", total=6)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+
+    def phase(self, name: str) -> None:
+        log.info("superoptimize: %s", name)
+        if self.bar is not None:
+            self.bar.update(self.task, advance=1, description=name)
+
+
+def _default_verifier(timeout_s: float, seed: int) -> Callable[[Graph, Graph], Any]:
+    def run(a: Graph, b: Graph) -> Any:
+        from ..smt.verify import verify
+
+        return verify(a, b, seed=seed, timeout_s=timeout_s)
+
+    return run
+
+
+def _unknown(reason: str) -> Any:
+    try:
+        from ..smt.verdict import Unknown
+
+        return Unknown(reason)
+    except ImportError:  # pragma: no cover
+        return None
+
+
+def superoptimize(
+    graph: Graph,
+    *,
+    time_budget_s: float = 60.0,
+    node_limit: int = 4000,
+    iter_limit: int = 6,
+    rulesets: Sequence[str | Ruleset] | None = None,
+    disable_rules: Sequence[str] = (),
+    extra_rules: Sequence[Rule | Ruleset] = (),
+    grids: Sequence[int] | None = None,
+    franges: Sequence[int] | None = None,
+    max_splits: int = 32,
+    top_k: int = 3,
+    terms_per_class: int = 6,
+    max_terms: int = 12,
+    max_verify: int | None = None,
+    hardware: Hardware = H100,
+    calibration: Calibration | None = None,
+    profile: bool = False,
+    seed: int = 0,
+    progress: bool | None = None,
+    verify_timeout_s: float = 10.0,
+    verifier: Callable[[Graph, Graph], Any] | None = None,
+) -> SearchResult:
+    """Search for verified μGraphs equivalent to kernel graph ``graph``; best (by cost) first.
+
+    Options: ``time_budget_s`` for the whole search; ``node_limit`` / ``iter_limit`` for the e-graph;
+    ``rulesets`` (built-in theory names or :class:`Ruleset` objects; default: every default rule),
+    ``disable_rules`` (rule or theory names), ``extra_rules`` (user rules, each admitted by
+    ``verify_rule`` unless ``trusted=True``); ``grids`` (allowed per-axis block counts) and ``franges``
+    (allowed for-loop ranges), ``max_splits`` (split-KV); ``top_k`` verified candidates to return;
+    ``terms_per_class`` / ``max_terms`` for extraction; ``max_verify`` candidates to try verifying;
+    ``profile=True`` reorders by GPU timings (``verimirage.backend.profile.select``); ``progress``
+    shows a rich display (None: when stderr is a terminal); ``seed`` is passed to the verifier's random
+    trials; ``verifier`` replaces ``vm.verify`` (research use).
+    """
+    if not isinstance(graph, Graph) or any(n.op == "custom" for n in node_list(graph)):
+        raise GraphError("superoptimize: expected a kernel graph (vm.Graph) without custom kernels")
+    if top_k < 1:
+        raise ValueError(f"superoptimize: top_k={top_k}; expected >= 1")
+    graph.check()
+    t_start = time.perf_counter()
+    rep = SearchReport()
+    cal = calibration or Calibration()
+    check = verifier or _default_verifier(verify_timeout_s, seed)
+    max_verify = max_verify if max_verify is not None else 3 * top_k + 3
+
+    def tick(name: str, t0: float) -> float:
+        now = time.perf_counter()
+        rep.phase_seconds[name] = rep.phase_seconds.get(name, 0.0) + now - t0
+        return now
+
+    with _Progress(progress) as prog:
+        # ---- rules
+        t0 = time.perf_counter()
+        prog.phase("rules")
+        rules = select_rules(rulesets, disable_rules, extra_rules)
+        builtin_names = {r.name for r in _builtin()}
+        for r in rules:
+            if r.name not in builtin_names or r.trusted:
+                admit(r)
+                if r.trusted:
+                    rep.trusted_rules.append(r.name)
+        rep.rules_used = [r.name for r in rules]
+        t0 = tick("rules", t0)
+
+        # ---- saturate
+        prog.phase("saturate")
+        lifted = lift(graph)
+        stats, data = saturate(lifted, rules, iter_limit=iter_limit, node_limit=node_limit,
+                               time_budget_s=max(0.5, 0.25 * time_budget_s))
+        rep.egraph_iterations, rep.egraph_enodes = stats.iterations, stats.enodes
+        rep.egraph_eclasses, rep.egraph_stop_reason = stats.eclasses, stats.stop_reason
+        rep.rules_fired = dict(sorted(stats.fired.items()))
+        t0 = tick("saturate", t0)
+
+        # ---- extract
+        prog.phase("extract")
+        ex = EClassTerms(data, terms_per_class)
+        originals = lifted.terms
+        per_root = [_ordered(ex.terms_of(t), t) for t in originals]
+        graphs: list[tuple[Graph, tuple[str, ...]]] = []
+        seen: set[str] = set()
+        fired_trusted = [n for n in rep.trusted_rules if stats.fired.get(n)]
+        for terms in itertools.islice(itertools.product(*per_root), max_terms):
+            try:
+                g2 = term_to_graph(list(terms), lifted.inputs)
+            except GraphError as e:
+                rep.pruned[f"ill-typed term: {str(e).splitlines()[0]}"] = rep.pruned.get("ill-typed term", 0) + 1
+                continue
+            key = str(g2)
+            if key in seen:
+                continue
+            seen.add(key)
+            graphs.append((g2, _attribute(rules, terms, originals, fired_trusted)))
+        rep.terms_extracted = len(graphs)
+        t0 = tick("extract", t0)
+
+        # ---- lower + cost
+        prog.phase("lower")
+        pool: list[tuple[tuple[Any, ...], Lowered, Cost, tuple[str, ...], Graph]] = []
+        seen_mg: set[str] = set()
+        for g2, used in graphs:
+            lows, rejected = lower_all(g2, grids=grids, franges=franges, max_splits=max_splits)
+            for reason, n in rejected.items():
+                rep.pruned[reason] = rep.pruned.get(reason, 0) + n
+            for low in lows:
+                key = str(low.mugraph)
+                if key in seen_mg:
+                    continue
+                seen_mg.add(key)
+                c = cost(low.mugraph, hardware, cal)
+                if c.infeasible:
+                    rep.pruned[c.reason.split(" (")[0]] = rep.pruned.get(c.reason.split(" (")[0], 0) + 1
+                    continue
+                order = (c.time_s, low.mugraph.num_kernels, len(key), key)
+                pool.append((order, low, c, tuple(used) + tuple(low.steps), g2))
+            if time.perf_counter() - t_start > 0.8 * time_budget_s:
+                rep.notes.append("lowering stopped early: time budget")
+                break
+        pool.sort(key=lambda p: p[0])
+        rep.lowered = len(pool)
+        t0 = tick("lower", t0)
+
+        # ---- verify
+        prog.phase("verify")
+        cands: list[Candidate] = []
+        tried = 0
+        rep.stop_reason = "enough candidates verified"
+        for _, low, c, used, g2 in pool:
+            if len(cands) >= top_k:
+                break
+            if tried >= max_verify:
+                rep.stop_reason = f"verification attempt limit ({max_verify})"
+                break
+            if time.perf_counter() - t_start > time_budget_s and cands:
+                rep.stop_reason = "time budget"
+                break
+            tried += 1
+            what = f"{low.mugraph.num_kernels}-kernel {low.config.describe() if low.config else 'unfused'}"
+            try:
+                low.mugraph.check()
+                v = check(graph, low.mugraph)
+            except ImportError as e:
+                v = _unknown(f"verifier not available: {e}")
+            except GraphError as e:
+                v = _unknown(f"IR check failed: {str(e).splitlines()[0]}")
+            if getattr(v, "proved", False):
+                cands.append(Candidate(low.mugraph, c, v, None, used, g2))
+            else:
+                rep.rejected.append((what, f"{type(v).__name__}: {getattr(v, 'reason', v)}"))
+        if len(cands) < top_k and tried < max_verify and rep.stop_reason == "enough candidates verified":
+            rep.stop_reason = "search space exhausted"
+        rep.verified = len(cands)
+        t0 = tick("verify", t0)
+
+        # ---- certify
+        prog.phase("certify")
+        try:
+            from ..smt.certificate import make_certificate
+
+            for cand in cands:
+                cand.certificate = make_certificate(
+                    graph, cand.mugraph, cand.verdict, rules=cand.rules,
+                    trusted_rules=tuple(r for r in cand.rules if r in rep.trusted_rules),
+                )
+        except ImportError:
+            rep.notes.append("certificates not made: verimirage.smt.certificate is not available")
+        t0 = tick("certify", t0)
+
+        if profile and cands:
+            try:
+                from ..backend.profile import select
+
+                timings = select(graph, cands, seed=seed)
+                order: list[int] = []
+                for tm in timings:
+                    if tm.ok and tm.index not in order:
+                        order.append(tm.index)
+                        cands[tm.index].timing_ms = tm.ms
+                order += [i for i in range(len(cands)) if i not in order]
+                cands = [cands[i] for i in order]
+                rep.notes.append("reordered by GPU timings: " + ", ".join(
+                    f"#{i}: {cands[k].timing_ms}" for k, i in enumerate(order)))
+            except (ImportError, RuntimeError) as e:
+                rep.notes.append(f"profile=True but GPU profiling is unavailable: {e}")
+            t0 = tick("profile", t0)
+    log.info("%s", rep)
+    return SearchResult(cands, rep)
+
+
+def _builtin() -> list[Rule]:
+    from .rules import all_builtin_rules
+
+    return all_builtin_rules()
+
+
+def _ordered(terms: list[Term], original: Term) -> list[Term]:
+    """The original term first, then the rest in extraction order."""
+    return [original] + [t for t in terms if t != original]
+
+
+def _attribute(rules: Sequence[Rule], terms: Sequence[Term], originals: Sequence[Term],
+               fired_trusted: Sequence[str]) -> tuple[str, ...]:
+    """Rules whose right-hand side shows in the extracted terms but not in the input (a heuristic
+    attribution; trusted rules that fired are named for every rewritten term, conservatively)."""
+    if tuple(terms) == tuple(originals):
+        return ()
+    used = []
+    for r in rules:
+        if any(occurs(r.rhs, t) for t in terms) and not any(occurs(r.rhs, t) for t in originals):
+            used.append(r.name)
+    for n in fired_trusted:
+        if n not in used:
+            used.append(n)
+    return tuple(used)
+
+
+# --------------------------------------------------------------------------- ablation
+
+
+@dataclass
+class Ablation:
+    """What each rule contributed: best cost and kernel count with the rule disabled."""
+
+    baseline: SearchResult
+    without: dict[str, SearchResult]
+
+    def table(self) -> list[tuple[str, float, int, float, int]]:
+        """Rows ``(rule, time_without_us, kernels_without, time_with_us, kernels_with)``."""
+        base = self.baseline.best
+        rows = []
+        for name, res in self.without.items():
+            b = res.best
+            rows.append((
+                name,
+                b.cost.time_s * 1e6 if b else float("inf"), b.num_kernels if b else -1,
+                base.cost.time_s * 1e6 if base else float("inf"), base.num_kernels if base else -1,
+            ))
+        return rows
+
+    def __str__(self) -> str:
+        lines = ["rule: best without (us, kernels) -> with (us, kernels)"]
+        for name, tw, kw, t, k in self.table():
+            lines.append(f"  {name}: {tw:.1f} us, {kw} -> {t:.1f} us, {k}")
+        return "\n".join(lines)
+
+
+def ablate(graph: Graph, *, rules: Sequence[str] | None = None, **options: Any) -> Ablation:
+    """Run ``superoptimize`` once with all rules and once per rule disabled (default: the rules that
+    fired); report what each rule contributed to the best candidate."""
+    base = superoptimize(graph, **options)
+    names = list(rules) if rules is not None else sorted(base.report.rules_fired)
+    disabled = list(options.pop("disable_rules", ()))
+    out = {n: superoptimize(graph, disable_rules=[*disabled, n], **options) for n in names}
+    return Ablation(base, out)
+
+
+__all__ = ["Ablation", "Candidate", "RuleError", "SearchReport", "SearchResult", "ablate", "superoptimize"]
