@@ -170,7 +170,7 @@ def test_the_planted_error_is_far_outside_the_tolerance_and_correct_kernels_far_
         half = case["X"] @ case["W"] + (case["X"] @ case["A"]) @ case["B"]  # float16 intermediates: still correct
         good.append(error_ratio([half], ref, tols))
         bad.append(error_ratio([lora_planted(*case.values())], ref, tols))
-    assert max(good) < 0.3 and min(bad) > 1.3, (good, bad)
+    assert max(good) < 0.3 and min(bad) > 1.2, (good, bad)
 
 
 def test_tolerances_scale_with_dtype_and_reduction_length():

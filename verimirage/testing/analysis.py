@@ -79,6 +79,7 @@ class GraphFacts:
     batch: BatchDim | None
     reduction_length: int
     has_matmul: bool
+    depth: int = 1
     norm_inputs: dict[str, int] = field(default_factory=dict)  # input -> norm axis it reaches (tiny regime)
     large_inputs: tuple[str, ...] = ()  # inputs feeding the logits of a stable softmax (large regime)
 
@@ -127,6 +128,15 @@ def reduction_length(g: Graph) -> int:
             x = nodes[n.args[0][0]].outs[n.args[0][1]]
             k = max(k, x.shape[n.attr("axis")])
     return k
+
+
+def depth(g: Graph) -> int:
+    """Ops on the longest input-to-output path: rounding steps of an unfused implementation."""
+    nodes = node_list(g)
+    d: list[int] = []
+    for n in nodes:
+        d.append(0 if n.op == "input" else 1 + max((d[a] for a, _ in n.args), default=0))
+    return max((d[a] for a, _ in output_refs(g)), default=0)
 
 
 # --------------------------------------------------------------------------- softmax
@@ -408,6 +418,7 @@ def analyze(g: Graph) -> GraphFacts:
         scaling=tuple(_scaling(g)),
         batch=_batch(g),
         reduction_length=reduction_length(g),
+        depth=depth(g),
         has_matmul=any(n.op == "matmul" for n in nodes),
         norm_inputs=norm_inputs,
         large_inputs=tuple(large),
@@ -431,7 +442,7 @@ def describe(f: GraphFacts) -> list[str]:
                      + (" (a norm absorbs it)" if p.through_norm else ""))
     if f.batch is not None:
         lines.append(f"leading dim of {list(f.batch.inputs)} is a pure batch dim of size {f.batch.size}")
-    lines.append(f"longest reduction: {f.reduction_length}")
+    lines.append(f"longest reduction: {f.reduction_length}; longest op chain: {f.depth}")
     return lines
 
 

@@ -7,12 +7,14 @@ A kernel output ``out`` of dtype ``d`` passes against the float64 reference
 
     |out - ref| <= rtol * |ref| + atol * rms(ref) + floor
 
-with ``rtol = atol = u * (4 + sqrt(K))``: ``u`` the unit roundoff of the
+with ``rtol = atol = u * (4 + sqrt(K) + D)``: ``u`` the unit roundoff of the
 working precision (2**-11 for float16, 2**-8 for bfloat16, 2**-24 for float32,
 or 2**-11 for float32 graphs with a matmul when TF32 is allowed, as Triton's
-``tl.dot`` does by default on a GPU), and ``K`` the graph's longest reduction
+``tl.dot`` does by default on a GPU), ``K`` the graph's longest reduction
 (matmul contraction, reduced or normalised axis): rounding errors of a
-``K``-term sum grow like ``sqrt(K)``. ``rms(ref)`` is the output's
+``K``-term sum grow like ``sqrt(K)``, and ``D`` the longest chain of ops (an
+unfused kernel rounds every intermediate to the dtype; Triton's CPU
+interpreter truncates rather than rounds bfloat16). ``rms(ref)`` is the output's
 root-mean-square, so cancellation in a single element does not demand more
 than the precision can give; ``floor`` covers results in the subnormal range.
 These are a few ulps: a kernel that is 1% off fails.
@@ -48,6 +50,7 @@ class Tolerance:
     atol: float
     floor: float
     reduction_length: int = 1
+    depth: int = 1
 
     def allowed(self, ref: np.ndarray) -> np.ndarray:
         """Elementwise allowed |error| for reference values ``ref``."""
@@ -60,14 +63,15 @@ def tolerances(g: Graph, *, allow_tf32: bool = True) -> list[Tolerance]:
     """One :class:`Tolerance` per output of ``g`` (per-dtype, scaled by the longest reduction)."""
     facts = analyze(g)
     k = facts.reduction_length
+    depth = facts.depth
     out = []
     for t in g.outputs:
         d = t.dtype.short
         u = UNIT_ROUNDOFF[d]
         if d == "f32" and allow_tf32 and facts.has_matmul:
             u = TF32_ROUNDOFF
-        r = u * (4.0 + math.sqrt(k))
-        out.append(Tolerance(d, r, r, 4.0 * _FINFO[d][1], k))
+        r = u * (4.0 + math.sqrt(k) + depth)
+        out.append(Tolerance(d, r, r, 4.0 * _FINFO[d][1], k, depth))
     return out
 
 
@@ -128,7 +132,7 @@ def assert_close(
                 f"{tuple(int(x) for x in j)}: got {float(got[j]):.6g}, expected {float(r[j]):.6g}, "
                 f"|error| {err[j]:.3g} > allowed "
                 f"{allowed[j]:.3g} (rtol={tol.rtol * slack:.3g}, atol={tol.atol * slack:.3g} x rms, "
-                f"K={tol.reduction_length}); max |error| / allowed = {float(np.max(ratio)):.3g}"
+                f"K={tol.reduction_length}, D={tol.depth}); max |error| / allowed = {float(np.max(ratio)):.3g}"
             )
 
 
