@@ -295,16 +295,12 @@ def superoptimize(
         cands: list[Candidate] = []
         tried = 0
         rep.stop_reason = "enough candidates verified"
-        for _, low, c, used, g2 in pool:
-            if len(cands) >= top_k:
-                break
-            if tried >= max_verify:
-                rep.stop_reason = f"verification attempt limit ({max_verify})"
-                break
-            if time.perf_counter() - t_start > time_budget_s and cands:
-                rep.stop_reason = "time budget"
-                break
-            tried += 1
+        baseline = next((p for p in pool if p[3] == ("partition.unfused",) and str(p[4]) == str(graph)), None)
+        tried_keys: set[int] = set()
+
+        def attempt(entry: tuple[Any, ...]) -> None:
+            _, low, c, used, g2 = entry
+            tried_keys.add(id(entry))
             what = f"{low.mugraph.num_kernels}-kernel {low.config.describe() if low.config else 'unfused'}"
             try:
                 low.mugraph.check()
@@ -317,6 +313,21 @@ def superoptimize(
                 cands.append(Candidate(low.mugraph, c, v, None, used, g2))
             else:
                 rep.rejected.append((what, f"{type(v).__name__}: {getattr(v, 'reason', v)}"))
+
+        for entry in pool:
+            if len(cands) >= top_k:
+                break
+            if tried >= max_verify:
+                rep.stop_reason = f"verification attempt limit ({max_verify})"
+                break
+            if time.perf_counter() - t_start > time_budget_s and cands:
+                rep.stop_reason = "time budget"
+                break
+            tried += 1
+            attempt(entry)
+        if not cands and baseline is not None and id(baseline) not in tried_keys:
+            rep.notes.append("no candidate verified within the limits; tried the unfused baseline")
+            attempt(baseline)
         if len(cands) < top_k and tried < max_verify and rep.stop_reason == "enough candidates verified":
             rep.stop_reason = "search space exhausted"
         rep.verified = len(cands)
