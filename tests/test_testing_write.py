@@ -8,10 +8,6 @@ find by reference (by module name, or by this file's path when the name does not
 from __future__ import annotations
 
 import functools
-import os
-import subprocess
-import sys
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +16,7 @@ import torch
 
 import verimirage as vm
 from verimirage.testing import error_ratio, kernel_ref, load_kernel, make_inputs, tolerances, write_tests
+from verimirage.testing.runner import run_pytest as run_generated
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -65,28 +62,11 @@ def expert(name):
 
 
 def run_pytest(tmp_path: Path, *modules: Path) -> dict[str, str]:
-    """Run pytest on ``modules`` in a fresh process; outcome ('passed'/'failed'/'skipped') per 'module::test'."""
-    report = tmp_path / "report.xml"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST", "HYPOTHESIS"))}
-    env["PYTHONPATH"] = str(ROOT)  # not this tests/ dir: the kernels are found through their file path
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", "--rootdir",
-         str(tmp_path), *map(str, modules)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
-    )
-    assert report.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
-    out = {}
-    for case in ET.parse(report).getroot().iter("testcase"):
-        mod = case.get("classname", "").rsplit(".", 1)[-1]
-        status = "passed"
-        for child in case:
-            if child.tag in ("failure", "error"):
-                status = "failed"
-            elif child.tag == "skipped":
-                status = "skipped"
-        out[f"{mod}::{case.get('name')}"] = status
-    out["__output__"] = proc.stdout[-4000:]
-    return out
+    """Run pytest on ``modules`` in a fresh process; outcome per 'module::test'.
+
+    PYTHONPATH is the repository root only, not this tests/ dir: the kernels are found through this file's path.
+    """
+    return run_generated(modules, cwd=tmp_path, pythonpath=[ROOT])
 
 
 @pytest.fixture(scope="module")

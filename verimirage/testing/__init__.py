@@ -21,6 +21,7 @@ from __future__ import annotations
 from .analysis import BatchDim, GraphFacts, ScalingProperty, ShiftPlan, SoftmaxSite, analyze
 from .checks import Tolerance, assert_close, error_ratio, tolerances
 from .kernels import kernel_ref, load_kernel
+from .runner import run_pytest
 from .strategies import (
     GRAPH_OPS,
     LAYOUTS,
@@ -59,6 +60,7 @@ __all__ = [
     "kernel_ref",
     "load_kernel",
     "make_inputs",
+    "run_pytest",
     "tolerances",
     "torch_evaluate",
     "torch_kernel",
