@@ -140,7 +140,7 @@ def place_output(v: np.ndarray, tile: tuple[int, ...], grid: tuple[int, ...], om
         else:
             shape.append(tile[j])
         perm.append(lead + ng + j)
-    return np.ascontiguousarray(v.transpose(perm)).reshape(shape)
+    return v.transpose(perm).reshape(shape)  # (a copy for numpy arrays; lazy values of other domains keep their type)
 
 
 # --------------------------------------------------------------------------- walkers

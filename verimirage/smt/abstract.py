@@ -1,0 +1,478 @@
+"""The abstract-expression domain (``"abstract"``): every registry op on symbolic tensors.
+
+A value is a :class:`Sym`: a shape and a function from symbolic indices
+(:mod:`verimirage.smt.expr` affine index expressions) to the canonical
+expression of that element. :class:`Sym` supports the array operations the
+generic evaluator (:mod:`verimirage.ir.interpret`) uses for tiling —
+``reshape``, ``transpose``, ``np.take``, ``np.expand_dims``,
+``np.broadcast_to`` — lazily, so block graphs, grids and for-loops are
+evaluated by the *same* evaluator as every other domain, at full size, and a
+partitioned reduction shows up as sums over adjacent index ranges that the
+normaliser merges.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+from ..ir.errors import GraphError
+from ..ir.graph import Graph
+from ..ir.interpret import run
+from ..ir.ops import OPS, TensorType, implements, neg_axis
+from . import expr as E
+from .consts import const_fraction
+
+Idx = tuple  # tuple of Aff
+
+
+class Sym:
+    """A lazily indexed symbolic tensor."""
+
+    __slots__ = ("_fn", "_memo", "shape")
+
+    def __init__(self, shape: Sequence[int], fn: Callable[[Idx], E.Poly]) -> None:
+        self.shape = tuple(int(s) for s in shape)
+        self._fn = fn
+        self._memo: dict[Idx, E.Poly] = {}
+
+    @property
+    def ndim(self) -> int:
+        """Number of dims."""
+        return len(self.shape)
+
+    def at(self, idx: Idx) -> E.Poly:
+        """The canonical expression of element ``idx`` (size-1 dims read index 0)."""
+        if len(idx) != self.ndim:
+            raise E.AbstractionError(f"index of length {len(idx)} into a rank-{self.ndim} value")
+        idx = tuple(E.a_const(0) if n == 1 else i for i, n in zip(idx, self.shape, strict=True))
+        r = self._memo.get(idx)
+        if r is None:
+            r = self._fn(idx)
+            self._memo[idx] = r
+        return r
+
+    # -- the array protocol the evaluator uses
+    def reshape(self, *shape: Any) -> Sym:
+        """Row-major reshape (splits, merges, size-1 dims)."""
+        new = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
+        old = self.shape
+        if math.prod(new) != math.prod(old):
+            raise E.AbstractionError(f"reshape {old} -> {new}")
+        if new == old:
+            return self
+        groups = _reshape_groups(old, new)
+        src = self
+
+        def fn(idx: Idx) -> E.Poly:
+            oi: list = [E.a_const(0)] * len(old)
+            for odims, ndims in groups:
+                flat = E.a_const(0)
+                stride = 1
+                for j in reversed(ndims):
+                    flat = E.a_add(flat, idx[j], stride)
+                    stride *= new[j]
+                stride = 1
+                for d in reversed(odims):
+                    oi[d] = E.a_mod(E.a_floordiv(flat, stride), old[d])
+                    stride *= old[d]
+            return src.at(tuple(oi))
+
+        return Sym(new, fn)
+
+    def transpose(self, *perm: Any) -> Sym:
+        """Axes permuted: result axis j is axis ``perm[j]``."""
+        p = tuple(perm[0]) if len(perm) == 1 and isinstance(perm[0], (tuple, list)) else tuple(perm)
+        src = self
+
+        def fn(idx: Idx) -> E.Poly:
+            oi: list = [None] * len(p)
+            for j, a in enumerate(p):
+                oi[a] = idx[j]
+            return src.at(tuple(oi))
+
+        return Sym(tuple(self.shape[a] for a in p), fn)
+
+    def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        name = func.__name__
+        if name == "take":
+            return _take(*args, **kwargs)
+        if name == "expand_dims":
+            return _expand_dims(*args, **kwargs)
+        if name == "broadcast_to":
+            return _broadcast_to(*args, **kwargs)
+        raise E.AbstractionError(f"numpy function {name} is not supported on symbolic tensors")
+
+    def __repr__(self) -> str:
+        return f"Sym{self.shape}"
+
+
+def _reshape_groups(old: tuple[int, ...], new: tuple[int, ...]) -> list[tuple[list[int], list[int]]]:
+    o = [i for i, n in enumerate(old) if n != 1]
+    nn = [j for j, n in enumerate(new) if n != 1]
+    groups = []
+    i = j = 0
+    while i < len(o) or j < len(nn):
+        og, ng = [o[i]], [nn[j]]
+        po, pn = old[o[i]], new[nn[j]]
+        i += 1
+        j += 1
+        while po != pn:
+            if po < pn:
+                og.append(o[i])
+                po *= old[o[i]]
+                i += 1
+            else:
+                ng.append(nn[j])
+                pn *= new[nn[j]]
+                j += 1
+        groups.append((og, ng))
+    return groups
+
+
+def _take(a: Sym, i: Any, axis: int) -> Sym:
+    ax = axis % a.ndim
+    c = E.a_const(int(i))
+
+    def fn(idx: Idx) -> E.Poly:
+        return a.at(idx[:ax] + (c,) + idx[ax:])
+
+    return Sym(a.shape[:ax] + a.shape[ax + 1 :], fn)
+
+
+def _expand_dims(a: Sym, axis: int) -> Sym:
+    ax = axis % (a.ndim + 1)
+
+    def fn(idx: Idx) -> E.Poly:
+        return a.at(idx[:ax] + idx[ax + 1 :])
+
+    return Sym(a.shape[:ax] + (1,) + a.shape[ax:], fn)
+
+
+def _project(idx: Idx, shape: tuple[int, ...]) -> Idx:
+    """The index into an operand of ``shape`` broadcast to ``len(idx)`` dims."""
+    return idx[len(idx) - len(shape) :]
+
+
+def _broadcast_to(a: Sym, shape: Sequence[int], subok: bool = False) -> Sym:
+    shape = tuple(shape)
+    if shape == a.shape:
+        return a
+    return Sym(shape, lambda idx: a.at(_project(idx, a.shape)))
+
+
+def _bshape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(np.broadcast_shapes(*shapes))
+
+
+# --------------------------------------------------------------------------- reductions with range splitting
+
+
+def reduce_over(n: int, body: Callable[[str], E.Poly], combine: str, lo: int = 0) -> E.Poly:
+    """``sum`` or ``max`` over a fresh index in ``[lo, lo+n)`` of ``body(var)``, splitting the range
+    where a piecewise value (concat) needs it."""
+    d = E.der()
+    v = d.fresh(lo, lo + n)
+    try:
+        x = body(v)
+    except E.NeedSplit as e:
+        pts = E.split_points(e, v)
+        if pts is None or v not in E.a_vars(e.idx):
+            raise
+        cuts = [lo] + [p for p in pts if lo < p < lo + n] + [lo + n]
+        d.use("concat-split")
+        parts = [reduce_over(b - a, body, combine, a) for a, b in zip(cuts, cuts[1:], strict=False) if b > a]
+        out = parts[0]
+        for p in parts[1:]:
+            out = E.p_add(out, p) if combine == "sum" else E.p_maximum(out, p)
+        return out
+    return E.p_sum(v, x) if combine == "sum" else E.p_max_over(v, x)
+
+
+# --------------------------------------------------------------------------- op meanings
+
+
+def _ew1(f: Callable[[E.Poly], E.Poly]) -> Callable[..., Sym]:
+    def fn(args: list[Sym], attrs: dict[str, Any], in_types: Any, out_types: Any) -> Sym:
+        a = args[0]
+        return Sym(a.shape, lambda idx: f(a.at(idx)))
+
+    return fn
+
+
+def _ew2(f: Callable[[E.Poly, E.Poly], E.Poly]) -> Callable[..., Sym]:
+    def fn(args: list[Sym], attrs: dict[str, Any], in_types: Any, out_types: Any) -> Sym:
+        a, b = args
+        shape = _bshape(a.shape, b.shape)
+        return Sym(shape, lambda idx: f(a.at(_project(idx, a.shape)), b.at(_project(idx, b.shape))))
+
+    return fn
+
+
+def _law(name: str, v: E.Poly) -> E.Poly:
+    E.der().use(name)
+    return v
+
+
+implements("abstract", "add")(_ew2(E.p_add))
+implements("abstract", "sub")(_ew2(lambda x, y: E.p_add(x, y, -1)))
+implements("abstract", "mul")(_ew2(E.p_mul))
+implements("abstract", "div")(_ew2(E.p_div))
+implements("abstract", "maximum")(_ew2(E.p_maximum))
+implements("abstract", "exp")(_ew1(E.p_exp))
+implements("abstract", "neg")(_ew1(lambda x: E.p_scale(x, -1)))
+implements("abstract", "square")(_ew1(lambda x: E.p_mul(x, x)))
+implements("abstract", "sqrt")(_ew1(E.p_sqrt))
+implements("abstract", "rsqrt")(_ew1(lambda x: _law("rsqrt-def", E.p_atom(("sqrt", x), -1))))
+for _n in ("silu", "gelu", "relu"):
+    implements("abstract", _n)(_ew1(lambda x, _n=_n: E.p_fn(_n, x)))
+
+
+@implements("abstract", "scale")
+def _abs_scale(args: list[Sym], attrs: dict[str, Any], in_types: Any, out_types: Any) -> Sym:
+    c = const_fraction(attrs["c"])
+    return _ew1(lambda x: E.p_scale(x, c))(args, attrs, in_types, out_types)
+
+
+@implements("abstract", "shift")
+def _abs_shift(args: list[Sym], attrs: dict[str, Any], in_types: Any, out_types: Any) -> Sym:
+    c = const_fraction(attrs["c"])
+    return _ew1(lambda x: E.p_add(x, E.p_const(c)))(args, attrs, in_types, out_types)
+
+
+def _reduce(kind: str) -> Callable[..., Sym]:
+    def fn(args: list[Sym], attrs: dict[str, Any], in_types: Any, out_types: Any) -> Sym:
+        a = args[0]
+        pos = a.ndim + neg_axis(attrs["axis"], in_types[0].rank)
+        n = a.shape[pos]
+        shape = a.shape[:pos] + (1,) + a.shape[pos + 1 :]
+
+        def elem(idx: Idx) -> E.Poly:
+            body = lambda v: a.at(idx[:pos] + (E.a_var(v),) + idx[pos + 1 :])  # noqa: E731
+            r = reduce_over(n, body, "max" if kind == "max" else "sum")
+            if kind == "mean":
+                r = _law("mean-def", E.p_scale(r, Fraction(1, n)))
+            return r
+
+        return Sym(shape, elem)
+
+    return fn
+
+
+for _k in ("sum", "mean", "max"):
+    implements("abstract", _k)(_reduce(_k))
+
+
+@implements("abstract", "matmul")
+def _abs_matmul(args: list[Sym], attrs: dict[str, Any], in_types: Any, out_types: Any) -> Sym:
+    a, b = args
+    batch = _bshape(a.shape[:-2], b.shape[:-2])
+    shape = batch + (a.shape[-2], b.shape[-1])
+    k = a.shape[-1]
+
+    def elem(idx: Idx) -> E.Poly:
+        bi = idx[:-2]
+        ba = _project(bi, a.shape[:-2]) if a.ndim > 2 else ()
+        bb = _project(bi, b.shape[:-2]) if b.ndim > 2 else ()
+
+        def body(v: str) -> E.Poly:
+            r = E.a_var(v)
+            return E.p_mul(a.at(ba + (idx[-2], r)), b.at(bb + (r, idx[-1])))
+
+        return reduce_over(k, body, "sum")
+
+    return Sym(shape, elem)
+
+
+@implements("abstract", "rms_norm")
+def _abs_rms(args: list[Sym], attrs: dict[str, Any], in_types: Any, out_types: Any) -> Sym:
+    x = args[0]
+    w = args[1] if len(args) == 2 else None
+    rank = in_types[0].rank
+    pos = x.ndim + neg_axis(attrs["axis"], rank)
+    n = x.shape[pos]
+    eps = const_fraction(attrs["eps"])
+
+    def elem(idx: Idx) -> E.Poly:
+        E.der().use("rms-def")
+
+        def body(v: str) -> E.Poly:
+            y = x.at(idx[:pos] + (E.a_var(v),) + idx[pos + 1 :])
+            return E.p_mul(y, y)
+
+        ms = E.p_add(E.p_scale(reduce_over(n, body, "sum"), Fraction(1, n)), E.p_const(eps))
+        r = E.p_mul(x.at(idx), E.p_atom(("sqrt", ms), -1))
+        if w is not None:
+            lead = w.ndim - 1
+            widx = _project(idx[: len(idx) - rank], w.shape[:lead]) if lead else ()
+            r = E.p_mul(r, w.at(widx + (idx[pos],)))
+        return r
+
+    return Sym(x.shape, elem)
+
+
+@implements("abstract", "concat")
+def _abs_concat(args: list[Sym], attrs: dict[str, Any], in_types: Any, out_types: Any) -> Sym:
+    r = in_types[0].rank
+    lead = max(a.ndim - r for a in args)
+    batch = _bshape(*(a.shape[: a.ndim - r] for a in args))
+    ax = attrs["axis"]
+    pos = lead + ax
+    sizes = [t.shape[ax] for t in in_types]
+    shape = list(batch + tuple(in_types[0].shape))
+    shape[pos] = sum(sizes)
+    offs = [sum(sizes[:i]) for i in range(len(sizes))]
+
+    def elem(idx: Idx) -> E.Poly:
+        pieces = []
+        for a, o, n in zip(args, offs, sizes, strict=True):
+            def fn(i: E.Aff, a: Sym = a) -> E.Poly:
+                full = idx[:pos] + (i,) + idx[pos + 1 :]
+                return a.at(_project(full, a.shape))
+
+            pieces.append((o, o + n, fn))
+        return E.p_cat(idx[pos], pieces)
+
+    return Sym(tuple(shape), elem)
+
+
+@implements("abstract", "transpose")
+def _abs_transpose(args: list[Sym], attrs: dict[str, Any], in_types: Any, out_types: Any) -> Sym:
+    a = args[0]
+    r = in_types[0].rank
+    i, j = a.ndim + neg_axis(attrs["a"], r), a.ndim + neg_axis(attrs["b"], r)
+    perm = list(range(a.ndim))
+    perm[i], perm[j] = perm[j], perm[i]
+    return a.transpose(perm)
+
+
+class AbstractDomain:
+    """The abstract domain for :func:`verimirage.ir.interpret.run`."""
+
+    name = "abstract"
+
+    def apply(
+        self, op: str, args: list[Any], attrs: dict[str, Any], in_types: Sequence[TensorType], out_type: TensorType
+    ) -> Any:
+        fn = OPS[op].domains.get("abstract")
+        if fn is None:
+            raise GraphError(f"op {op!r} has no meaning in the 'abstract' domain")
+        return fn(args, attrs, in_types, [out_type])
+
+
+# --------------------------------------------------------------------------- derivation of outputs
+
+
+@dataclass(frozen=True)
+class Case:
+    """A box of output indices (per free variable, ``[lo, hi)``) on which expressions were derived."""
+
+    ranges: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
+class OutputExprs:
+    """Abstract expressions of one output on each case, plus the laws used."""
+
+    output: int
+    shape: tuple[int, ...]
+    cases: tuple[tuple[Case, E.Poly], ...]
+
+
+def out_var(k: int) -> str:
+    """The free variable naming output index ``k``."""
+    return f"_o{k}"
+
+
+def _outputs_sym(g: Graph) -> list[Sym]:
+    inputs = {}
+    for t in g.inputs:
+        name = str(t.name)
+        inputs[name] = Sym(t.shape, lambda idx, name=name: E.p_atom(("in", name, idx)))
+    return run(g, inputs, AbstractDomain())
+
+
+def derive_on(g: Graph, case: Case, d: E.Derivation) -> list[E.Poly]:
+    """Every output's expression at the symbolic index ``(_o0, _o1, ...)`` restricted to ``case``."""
+    tok = E.activate(d)
+    try:
+        for k, (lo, hi) in enumerate(case.ranges):
+            d.ranges[out_var(k)] = (lo, hi)
+        outs = _outputs_sym(g)
+        res = []
+        for o in outs:
+            idx = tuple(E.a_var(out_var(k)) for k in range(o.ndim))
+            res.append(o.at(idx))
+        return res
+    finally:
+        E.deactivate(tok)
+
+
+def refine_cases(g: Graph, shape: tuple[int, ...], case: Case, d: E.Derivation, k: int) -> list[Case] | None:
+    """None when output ``k`` of ``g`` derives on ``case``; else the case split in two or more."""
+    tok = E.activate(d)
+    try:
+        for j, (lo, hi) in enumerate(case.ranges):
+            d.ranges[out_var(j)] = (lo, hi)
+        o = _outputs_sym(g)[k]
+        try:
+            o.at(tuple(E.a_var(out_var(j)) for j in range(o.ndim)))
+            return None
+        except E.NeedSplit as e:
+            for j in range(len(case.ranges)):
+                v = out_var(j)
+                if v in E.a_vars(e.idx):
+                    pts = E.split_points(e, v)
+                    if pts is None:
+                        raise E.AbstractionError(f"cannot split output index {v} for {E.pretty(e.idx)}") from None
+                    lo, hi = case.ranges[j]
+                    cuts = [lo] + [p for p in pts if lo < p < hi] + [hi]
+                    out = []
+                    for a, b in zip(cuts, cuts[1:], strict=False):
+                        rs = list(case.ranges)
+                        rs[j] = (a, b)
+                        out.append(Case(tuple(rs)))
+                    return out
+            raise E.AbstractionError(f"piecewise value at {E.pretty(e.idx)} cannot be resolved") from None
+    finally:
+        E.deactivate(tok)
+
+
+def output_cases(gs: Sequence[Graph], k: int, shape: tuple[int, ...]) -> list[Case]:
+    """The coarsest boxes of output ``k``'s indices on which every graph of ``gs`` derives."""
+    todo = [Case(tuple((0, n) for n in shape))]
+    done: list[Case] = []
+    while todo:
+        c = todo.pop()
+        for g in gs:
+            split = refine_cases(g, shape, c, E.Derivation(), k)
+            if split is not None:
+                todo.extend(split)
+                break
+        else:
+            done.append(c)
+        if len(done) + len(todo) > 64:
+            raise E.AbstractionError("too many piecewise cases")
+    return sorted(done, key=lambda c: c.ranges)
+
+
+def derive(g: Graph, cases_per_output: Sequence[Sequence[Case]]) -> tuple[list[list[E.Poly]], set[str]]:
+    """Expressions of every output of ``g`` on the given cases, and the laws the normaliser used."""
+    laws: set[str] = set()
+    res: list[list[E.Poly]] = [[] for _ in cases_per_output]
+    ncase = max(len(c) for c in cases_per_output)
+    for ci in range(ncase):
+        # outputs sharing a case index share one derivation run
+        for k, cases in enumerate(cases_per_output):
+            if ci >= len(cases):
+                continue
+            d = E.Derivation()
+            outs = derive_on(g, cases[ci], d)
+            res[k].append(outs[k])
+            laws |= d.laws
+    return res, laws

@@ -1,0 +1,712 @@
+"""Canonical abstract expressions: index arithmetic and sum-of-products normal forms.
+
+Every value is built by *smart constructors* that keep it in a canonical form,
+so that two programs computing the same real function (up to the laws listed
+in :data:`verimirage.smt.axioms.AXIOMS`) produce identical terms. Each
+normalising step is one of those laws; the steps taken are logged (by law
+name) in the active :class:`Derivation`, and each law is checked on concrete
+random values in the tests.
+
+Terms are plain nested tuples (hashable, comparable by ``repr``):
+
+* index expressions (``Aff``): ``("A", const, ((iatom, coef), ...))`` with
+  ``iatom`` one of ``("v", name)``, ``("fd", aff, n)`` (floor division),
+  ``("md", aff, n)`` (modulo);
+* polynomials (``Poly``): ``("P", ((mono, coef), ...))``, coef a Fraction,
+  ``mono`` a sorted tuple of ``(atom, exponent)`` (exponent a Fraction; non-integer
+  only for ``exp`` atoms, where ``exp(m)**c = exp(c*m)``);
+* atoms: ``("in", name, (aff, ...))`` an input element; ``("exp", mono)``;
+  ``("sum", var, lo, hi, mono)`` a sum over ``var`` in ``[lo, hi)`` of a
+  monomial whose every factor depends on ``var``; ``("max", items)`` with items
+  ``("pt", poly)`` or ``("rng", var, lo, hi, poly)``; ``("sqrt", poly)``;
+  ``("inv", poly)`` (1/poly for a primitive poly of several terms);
+  ``("fn", name, poly)`` (silu, gelu, relu: uninterpreted);
+  ``("cat", aff, ((lo, hi, poly), ...))`` a piecewise value (concat).
+
+Bound variables are renamed ``r0, r1, ...`` by height (de Bruijn levels counted
+from the innermost binder), so alpha-equivalent terms are identical.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from fractions import Fraction
+from functools import lru_cache
+from typing import Any
+
+Aff = tuple
+Poly = tuple
+Mono = tuple
+Atom = tuple
+
+
+class AbstractionError(Exception):
+    """The abstraction cannot express or normalise something (the verdict becomes Unknown)."""
+
+
+# --------------------------------------------------------------------------- derivation context
+
+
+@dataclass
+class Derivation:
+    """Per-derivation state: variable ranges, the laws used, a node budget."""
+
+    ranges: dict[str, tuple[int, int]] = field(default_factory=dict)
+    laws: set[str] = field(default_factory=set)
+    budget: int = 2_000_000
+    counter: itertools.count = field(default_factory=itertools.count)
+
+    def fresh(self, lo: int, hi: int, prefix: str = "_v") -> str:
+        """A fresh variable ranging over ``[lo, hi)``."""
+        name = f"{prefix}{next(self.counter)}"
+        self.ranges[name] = (lo, hi)
+        return name
+
+    def use(self, law: str) -> None:
+        """Record that normalisation used ``law``."""
+        self.laws.add(law)
+        self.budget -= 1
+        if self.budget < 0:
+            raise AbstractionError("normalisation budget exhausted")
+
+
+_DER: contextvars.ContextVar[Derivation | None] = contextvars.ContextVar("verimirage_derivation", default=None)
+
+
+def der() -> Derivation:
+    """The active derivation."""
+    d = _DER.get()
+    if d is None:
+        raise AbstractionError("no active derivation")
+    return d
+
+
+def activate(d: Derivation) -> contextvars.Token:
+    """Make ``d`` the active derivation (returns a token for :func:`deactivate`)."""
+    return _DER.set(d)
+
+
+def deactivate(tok: contextvars.Token) -> None:
+    """Undo :func:`activate`."""
+    _DER.reset(tok)
+
+
+def _key(x: Any) -> str:
+    return repr(x)
+
+
+# --------------------------------------------------------------------------- index arithmetic
+
+
+def aff(const: int = 0, terms: dict | None = None) -> Aff:
+    """A canonical affine index expression."""
+    items = tuple(sorted(((a, c) for a, c in (terms or {}).items() if c != 0), key=lambda t: _key(t[0])))
+    return ("A", int(const), items)
+
+
+def a_var(name: str) -> Aff:
+    """The index variable ``name``."""
+    return aff(0, {("v", name): 1})
+
+
+def a_const(c: int) -> Aff:
+    """The constant index ``c``."""
+    return aff(int(c))
+
+
+def a_is_const(a: Aff) -> bool:
+    """Whether ``a`` is a constant."""
+    return not a[2]
+
+
+def a_add(x: Aff, y: Aff, k: int = 1) -> Aff:
+    """``x + k*y`` (with ``(e//t)*t + e%t -> e`` recombination)."""
+    terms: dict = dict(x[2])
+    for a, c in y[2]:
+        terms[a] = terms.get(a, 0) + k * c
+    return _recombine(x[1] + k * y[1], terms)
+
+
+def a_scale(x: Aff, k: int) -> Aff:
+    """``k * x``."""
+    return aff(x[1] * k, {a: c * k for a, c in x[2]})
+
+
+def _recombine(const: int, terms: dict) -> Aff:
+    changed = True
+    while changed:
+        changed = False
+        for a, c in list(terms.items()):
+            if a[0] == "md" and c != 0:
+                e, n = a[1], a[2]
+                fd = ("fd", e, n)
+                if terms.get(fd, 0) == c * n:
+                    terms[a] = 0
+                    terms[fd] = 0
+                    for b, cb in e[2]:
+                        terms[b] = terms.get(b, 0) + c * cb
+                    const += c * e[1]
+                    changed = True
+                    if _DER.get() is not None:
+                        der().use("index-divmod")
+                    break
+    return aff(const, terms)
+
+
+def interval(x: Aff) -> tuple[int, int]:
+    """Inclusive bounds ``(lo, hi)`` of ``x`` over the variables' ranges."""
+    lo = hi = x[1]
+    for a, c in x[2]:
+        alo, ahi = _iatom_interval(a)
+        if c >= 0:
+            lo += c * alo
+            hi += c * ahi
+        else:
+            lo += c * ahi
+            hi += c * alo
+    return lo, hi
+
+
+def _iatom_interval(a: tuple) -> tuple[int, int]:
+    if a[0] == "v":
+        r = der().ranges.get(a[1])
+        if r is None:
+            raise AbstractionError(f"index variable {a[1]} has no range")
+        return r[0], r[1] - 1
+    lo, hi = interval(a[1])
+    n = a[2]
+    if a[0] == "fd":
+        return lo // n, hi // n
+    if lo // n == hi // n:
+        return lo % n, hi % n
+    return 0, n - 1
+
+
+def _split(x: Aff, n: int) -> tuple[Aff, Aff]:
+    """``x = n*A + B`` with A the terms whose coefficient n divides (and const // n)."""
+    at: dict = {}
+    bt: dict = {}
+    for a, c in x[2]:
+        if c % n == 0:
+            at[a] = c // n
+        else:
+            bt[a] = c
+    return aff(x[1] // n, at), aff(x[1] % n, bt)
+
+
+def a_floordiv(x: Aff, n: int) -> Aff:
+    """``x // n`` simplified when the remainder part provably lies in ``[0, n)``."""
+    if n == 1:
+        return x
+    a, b = _split(x, n)
+    lo, hi = interval(b)
+    if 0 <= lo and hi < n:
+        return a
+    if lo // n == hi // n:
+        return a_add(a, a_const(lo // n))
+    return a_add(a, aff(0, {("fd", b, n): 1}))
+
+
+def a_mod(x: Aff, n: int) -> Aff:
+    """``x % n`` simplified when the remainder part provably lies in ``[0, n)``."""
+    if n == 1:
+        return a_const(0)
+    _, b = _split(x, n)
+    lo, hi = interval(b)
+    if lo // n == hi // n:
+        return a_add(b, a_const(-(lo // n) * n))
+    return aff(0, {("md", b, n): 1})
+
+
+def a_vars(x: Aff) -> frozenset[str]:
+    """Variables occurring in ``x``."""
+    out: set[str] = set()
+    for a, _ in x[2]:
+        if a[0] == "v":
+            out.add(a[1])
+        else:
+            out |= a_vars(a[1])
+    return frozenset(out)
+
+
+# --------------------------------------------------------------------------- free variables and substitution
+
+
+@lru_cache(maxsize=None)
+def free_vars(t: Any) -> frozenset[str]:
+    """Free index variables of any term."""
+    if not isinstance(t, tuple) or not t:
+        return frozenset()
+    tag = t[0]
+    if tag == "A":
+        return a_vars(t)
+    if tag in ("sum", "rng"):
+        return (free_vars(t[4]) | free_vars(t[2]) | free_vars(t[3])) - {t[1]}
+    out: frozenset[str] = frozenset()
+    for x in t[1:] if isinstance(tag, str) else t:
+        if isinstance(x, tuple):
+            out = out | free_vars(x)
+    return out
+
+
+def subst(t: Any, var: str, rep: Aff) -> Any:
+    """Substitute index variable ``var`` by ``rep`` everywhere in ``t`` (re-sorting canonical tuples)."""
+    if not isinstance(t, tuple) or not t or var not in free_vars(t):
+        return t
+    tag = t[0]
+    if tag == "A":
+        out = aff(t[1], {})
+        for a, c in t[2]:
+            if a[0] == "v":
+                term = rep if a[1] == var else a_var(a[1])
+            else:
+                inner = subst(a[1], var, rep)
+                term = aff(0, {(a[0], inner, a[2]): 1})
+            out = a_add(out, term, c)
+        return out
+    if tag == "P":
+        return ("P", tuple(sorted(((subst(m, var, rep), c) for m, c in t[1]), key=lambda x: _key(x[0]))))
+    if tag == "in":
+        return ("in", t[1], tuple(subst(a, var, rep) for a in t[2]))
+    if tag in ("sum", "rng"):
+        return (tag, t[1], subst(t[2], var, rep), subst(t[3], var, rep), subst(t[4], var, rep))
+    if tag == "cat":
+        return ("cat", subst(t[1], var, rep), tuple((lo, hi, subst(p, var, rep)) for lo, hi, p in t[2]))
+    if tag == "max":
+        return ("max", tuple(sorted((subst(i, var, rep) for i in t[1]), key=_key)))
+    if tag == "pt":
+        return ("pt", subst(t[1], var, rep))
+    if tag in ("exp", "sqrt", "inv"):
+        return (tag, subst(t[1], var, rep))
+    if tag == "fn":
+        return ("fn", t[1], subst(t[2], var, rep))
+    # a monomial: tuple of (atom, exp)
+    return tuple(sorted(((subst(a, var, rep), e) for a, e in t), key=lambda x: _key(x[0])))
+
+
+@lru_cache(maxsize=None)
+def height(t: Any) -> int:
+    """1 + the largest canonical bound-variable level in ``t`` (0 if none)."""
+    if not isinstance(t, tuple) or not t:
+        return 0
+    h = 0
+    if t[0] in ("sum", "rng") and isinstance(t[1], str) and t[1].startswith("r"):
+        h = int(t[1][1:]) + 1
+    for x in t[1:] if isinstance(t[0], str) else t:
+        if isinstance(x, tuple):
+            h = max(h, height(x))
+    return h
+
+
+def _bind(var: str, body: Any, lo: Aff, hi: Aff) -> tuple[str, Any]:
+    """Rename the bound ``var`` of ``body`` to its canonical level name."""
+    name = f"r{height(body)}"
+    return name, subst(body, var, a_var(name))
+
+
+# --------------------------------------------------------------------------- polynomials
+
+
+ONE_MONO: Mono = ()
+
+
+def mono_mul(a: Mono, b: Mono) -> Mono:
+    """Product of two monomials (exponents add)."""
+    d: dict = dict(a)
+    for at, e in b:
+        d[at] = d.get(at, 0) + e
+    return tuple(sorted(((at, Fraction(e)) for at, e in d.items() if e != 0), key=lambda x: _key(x[0])))
+
+
+def mono_pow(a: Mono, k: Fraction) -> Mono:
+    """``a ** k``."""
+    return tuple((at, e * k) for at, e in a if e * k != 0)
+
+
+def poly(terms: dict[Mono, Fraction]) -> Poly:
+    """The canonical polynomial with these terms (merging adjacent sum ranges)."""
+    items = {m: Fraction(c) for m, c in terms.items() if c != 0}
+    if sum(1 for m in items if _sum_factor(m) is not None) >= 2:
+        items = _merge_sums(items)
+    return ("P", tuple(sorted(items.items(), key=lambda x: _key(x[0]))))
+
+
+def p_const(c: Fraction | int) -> Poly:
+    """A constant."""
+    return poly({ONE_MONO: Fraction(c)})
+
+
+def p_atom(a: Atom, e: Fraction | int = 1) -> Poly:
+    """The polynomial ``a ** e``."""
+    return poly({((a, Fraction(e)),): Fraction(1)})
+
+
+def p_mono(m: Mono, c: Fraction | int = 1) -> Poly:
+    """The polynomial ``c * m``."""
+    return poly({m: Fraction(c)})
+
+
+def p_add(x: Poly, y: Poly, k: Fraction | int = 1) -> Poly:
+    """``x + k*y``."""
+    d: dict = dict(x[1])
+    for m, c in y[1]:
+        d[m] = d.get(m, 0) + k * c
+    return poly(d)
+
+
+def p_scale(x: Poly, k: Fraction | int) -> Poly:
+    """``k * x``."""
+    return poly({m: c * k for m, c in x[1]})
+
+
+def p_mul(x: Poly, y: Poly) -> Poly:
+    """``x * y`` (fully expanded)."""
+    d: dict = {}
+    for m1, c1 in x[1]:
+        for m2, c2 in y[1]:
+            m = mono_mul(m1, m2)
+            d[m] = d.get(m, 0) + c1 * c2
+    if len(x[1]) > 1 or len(y[1]) > 1:
+        der().use("distribute")
+    return poly(d)
+
+
+def p_is_const(x: Poly) -> Fraction | None:
+    """The constant value of ``x``, or None."""
+    if not x[1]:
+        return Fraction(0)
+    if len(x[1]) == 1 and x[1][0][0] == ONE_MONO:
+        return x[1][0][1]
+    return None
+
+
+def p_single(x: Poly) -> tuple[Mono, Fraction] | None:
+    """``(mono, coef)`` if ``x`` is a single term."""
+    if len(x[1]) == 1:
+        return x[1][0]
+    return None
+
+
+def _content(x: Poly) -> tuple[Fraction, Mono, Poly]:
+    """``x = c * m * P`` with ``m`` the common monomial factor and ``P`` primitive (leading coef 1)."""
+    monos = [m for m, _ in x[1]]
+    common: dict = dict(monos[0])
+    for m in monos[1:]:
+        md = dict(m)
+        for a in list(common):
+            if a not in md:
+                del common[a]
+            else:
+                common[a] = min(common[a], md[a]) if common[a] > 0 else max(common[a], md[a])
+                if (common[a] > 0) != (md[a] > 0) or common[a] == 0:
+                    del common[a]
+    cm = tuple(sorted(((a, e) for a, e in common.items()), key=lambda t: _key(t[0])))
+    inv_cm = mono_pow(cm, Fraction(-1))
+    lead = x[1][0][1]
+    rest = poly({mono_mul(m, inv_cm): c / lead for m, c in x[1]})
+    return lead, cm, rest
+
+
+def p_inv(x: Poly) -> Poly:
+    """``1 / x`` (x a monomial: negated exponents; else ``c**-1 m**-1 inv(P)``)."""
+    if not x[1]:
+        der().use("div-by-zero")
+        raise AbstractionError("division by the zero polynomial")
+    s = p_single(x)
+    if s is not None:
+        m, c = s
+        der().use("div-monomial")
+        return p_mono(mono_pow(m, Fraction(-1)), 1 / c)
+    c, m, rest = _content(x)
+    der().use("div-content")
+    return p_mono(mono_mul(mono_pow(m, Fraction(-1)), ((("inv", rest), Fraction(1)),)), 1 / c)
+
+
+def p_div(x: Poly, y: Poly) -> Poly:
+    """``x / y``."""
+    return p_mul(x, p_inv(y))
+
+
+def p_exp(x: Poly) -> Poly:
+    """``exp(x) = prod exp(m)**c`` over the terms ``c*m`` of ``x`` (exp of a constant c: ``exp(1)**c``)."""
+    m_out: Mono = ONE_MONO
+    for m, c in x[1]:
+        if len(m) == 1 and m[0][0][0] == "exp" and False:  # pragma: no cover - no laws for exp(exp)
+            pass
+        m_out = mono_mul(m_out, ((("exp", m), c),))
+    if len(x[1]) > 1:
+        der().use("exp-add")
+    return p_mono(m_out)
+
+
+def p_sqrt(x: Poly) -> Poly:
+    """``sqrt(x)`` as an atom."""
+    return p_atom(("sqrt", x))
+
+
+def p_fn(name: str, x: Poly) -> Poly:
+    """An uninterpreted unary function applied to ``x``."""
+    return p_atom(("fn", name, x))
+
+
+# --------------------------------------------------------------------------- sums
+
+
+def _sum_factor(m: Mono) -> tuple[int, Atom] | None:
+    """The single sum atom (exponent 1) of monomial ``m`` and its position, if exactly one."""
+    found = None
+    for i, (a, e) in enumerate(m):
+        if a[0] == "sum":
+            if e != 1 or found is not None:
+                return None
+            found = (i, a)
+    return found
+
+
+def _merge_sums(items: dict) -> dict:
+    """Merge terms ``c*m*sum_[a,b) f + c*m*sum_[b,c) f`` into ``c*m*sum_[a,c) f``."""
+    groups: dict = {}
+    for mono, c in items.items():
+        sf = _sum_factor(mono)
+        if sf is None:
+            continue
+        i, s = sf
+        rest = mono[:i] + mono[i + 1 :]
+        groups.setdefault((rest, c, s[1], s[4]), []).append((s[2], s[3], mono))
+    for (rest, c, var, body), rs in groups.items():
+        if len(rs) < 2:
+            continue
+        # sort by lower bound (constant bounds only) and merge adjacent runs
+        if not all(a_is_const(lo) and a_is_const(hi) for lo, hi, _ in rs):
+            continue
+        rs.sort(key=lambda r: r[0][1])
+        merged: list[list] = []
+        for lo, hi, mono in rs:
+            if merged and merged[-1][1] == lo:
+                merged[-1][1] = hi
+                merged[-1][2].append(mono)
+            else:
+                merged.append([lo, hi, [mono]])
+        for lo, hi, monos in merged:
+            if len(monos) < 2:
+                continue
+            der().use("sum-split-merge")
+            for mono in monos:
+                items[mono] -= c
+                if items[mono] == 0:
+                    del items[mono]
+            new = mono_mul(rest, ((("sum", var, lo, hi, body), Fraction(1)),))
+            items[new] = items.get(new, 0) + c
+    return items
+
+
+def _offsets(t: Any, var: str, acc: set, bad: list) -> None:
+    """Collect the affine offsets ``e - var`` of every index expression mentioning ``var``."""
+    if not isinstance(t, tuple) or not t or var not in free_vars(t):
+        return
+    if t[0] == "A":
+        coef = 0
+        for a, c in t[2]:
+            if a[0] == "v" and a[1] == var:
+                coef = c
+            elif a[0] != "v" and var in a_vars(a[1]):
+                bad.append(t)
+                return
+        if coef != 1:
+            bad.append(t)
+            return
+        acc.add(a_add(t, a_var(var), -1))
+        return
+    for x in t[1:] if isinstance(t[0], str) else t:
+        _offsets(x, var, acc, bad)
+
+
+def p_sum(var: str, x: Poly) -> Poly:
+    """``sum over var in its range of x`` in canonical form.
+
+    Terms are summed separately (sum-distribute); factors not depending on
+    ``var`` move out (sum-factor-out); a term not depending on ``var`` is
+    multiplied by the range's length (sum-const); the bound variable is shifted
+    so that index expressions read ``var + 0`` (sum-shift) and renamed
+    canonically.
+    """
+    d = der()
+    lo, hi = d.ranges[var]
+    out: dict = {}
+    if len(x[1]) > 1:
+        d.use("sum-distribute")
+    for m, c in x[1]:
+        indep = tuple((a, e) for a, e in m if var not in free_vars(a))
+        dep = tuple((a, e) for a, e in m if var in free_vars(a))
+        if not dep:
+            d.use("sum-const")
+            out[indep] = out.get(indep, 0) + c * (hi - lo)
+            continue
+        if indep:
+            d.use("sum-factor-out")
+        body: Any = dep
+        slo, shi = a_const(lo), a_const(hi)
+        offs: set = set()
+        bad: list = []
+        _offsets(body, var, offs, bad)
+        if not bad and offs:
+            off = sorted(offs, key=_key)[0]
+            if off != a_const(0) or lo != 0:
+                d.use("sum-shift")
+            rho = d.fresh(0, 1)
+            body = subst(body, var, a_add(a_var(rho), off, -1))
+            slo, shi = a_add(slo, off), a_add(shi, off)
+            var_b = rho
+        else:
+            var_b = var
+        name, body = _bind(var_b, body, slo, shi)
+        atom = ("sum", name, slo, shi, body)
+        mm = mono_mul(indep, ((atom, Fraction(1)),))
+        out[mm] = out.get(mm, 0) + c
+    return poly(out)
+
+
+# --------------------------------------------------------------------------- max
+
+
+def _max_items(x: Poly) -> tuple:
+    s = p_single(x)
+    if s is not None and s[1] == 1 and len(s[0]) == 1 and s[0][0][0][0] == "max" and s[0][0][1] == 1:
+        return s[0][0][0][1]
+    return (("pt", x),)
+
+
+def _mk_max(items: list) -> Poly:
+    uniq = {_key(i): i for i in items}
+    its = sorted(uniq.values(), key=_key)
+    # max is idempotent: union overlapping or adjacent ranges with equal bodies
+    changed = True
+    while changed:
+        changed = False
+        rngs = [i for i in its if i[0] == "rng" and a_is_const(i[2]) and a_is_const(i[3])]
+        for a in rngs:
+            for b in rngs:
+                if a is not b and a[1] == b[1] and a[4] == b[4] and a[2][1] <= b[2][1] <= a[3][1]:
+                    der().use("max-range-merge")
+                    hi = a[3] if a[3][1] >= b[3][1] else b[3]
+                    its = [i for i in its if i is not a and i is not b] + [("rng", a[1], a[2], hi, a[4])]
+                    its = sorted({_key(i): i for i in its}.values(), key=_key)
+                    changed = True
+                    break
+            if changed:
+                break
+    if len(its) == 1 and its[0][0] == "pt":
+        return its[0][1]
+    return p_atom(("max", tuple(its)))
+
+
+def p_maximum(x: Poly, y: Poly) -> Poly:
+    """``max(x, y)`` (flattened, idempotent, commutative)."""
+    der().use("max-flatten")
+    return _mk_max(list(_max_items(x)) + list(_max_items(y)))
+
+
+def p_max_over(var: str, x: Poly) -> Poly:
+    """``max over var in its range of x``."""
+    d = der()
+    lo, hi = d.ranges[var]
+    if var not in free_vars(x):
+        return x
+    body: Any = x
+    slo, shi = a_const(lo), a_const(hi)
+    offs: set = set()
+    bad: list = []
+    _offsets(body, var, offs, bad)
+    var_b = var
+    if not bad and offs:
+        off = sorted(offs, key=_key)[0]
+        rho = d.fresh(0, 1)
+        body = subst(body, var, a_add(a_var(rho), off, -1))
+        slo, shi = a_add(slo, off), a_add(shi, off)
+        var_b = rho
+    name, body = _bind(var_b, body, slo, shi)
+    # a max over a range of a max is flattened only when the body is not itself a max
+    return _mk_max([("rng", name, slo, shi, body)])
+
+
+# --------------------------------------------------------------------------- piecewise (concat)
+
+
+def p_cat(idx: Aff, pieces: list[tuple[int, int, Callable[[Aff], Poly]]]) -> Poly:
+    """Value of a concat at index ``idx``: the piece whose ``[lo, hi)`` holds it, if provable."""
+    lo, hi = interval(idx)
+    for plo, phi, fn in pieces:
+        if plo <= lo and hi < phi:
+            der().use("concat-select")
+            return fn(a_add(idx, a_const(-plo)))
+    cases = []
+    for plo, phi, fn in pieces:
+        if hi < plo or lo >= phi:
+            continue
+        cases.append((plo, phi, None))
+    # not resolvable here: record the split points; the caller splits the range
+    raise NeedSplit(idx, tuple(p for p, _, _ in pieces[1:]))
+
+
+class NeedSplit(Exception):
+    """A piecewise value needs its index variable's range split at ``points`` (offsets of idx)."""
+
+    def __init__(self, idx: Aff, points: tuple[int, ...]) -> None:
+        super().__init__(f"split {idx} at {points}")
+        self.idx = idx
+        self.points = points
+
+
+def split_points(e: NeedSplit, var: str) -> list[int] | None:
+    """Values of ``var`` at which the split index crosses a piece boundary (``idx = var + b``)."""
+    coef = dict(e.idx[2]).get(("v", var))
+    if coef not in (1, -1):
+        return None
+    rest = a_add(e.idx, a_var(var), -coef)
+    if not a_is_const(rest):
+        return None
+    b = rest[1]
+    return sorted({(p - b) * coef + (0 if coef == 1 else 1) for p in e.points})
+
+
+def key_of(t: Any) -> str:
+    """A canonical string key of a term."""
+    return _key(t)
+
+
+def pretty(t: Any) -> str:
+    """A readable rendering of a polynomial / atom / index expression."""
+    if not isinstance(t, tuple) or not t:
+        return str(t)
+    tag = t[0]
+    if tag == "A":
+        parts = [str(t[1])] if t[1] or not t[2] else []
+        for a, c in t[2]:
+            s = a[1] if a[0] == "v" else f"({pretty(a[1])}{'//' if a[0] == 'fd' else '%'}{a[2]})"
+            parts.append(s if c == 1 else f"{c}*{s}")
+        return "+".join(parts)
+    if tag == "P":
+        if not t[1]:
+            return "0"
+        out = []
+        for m, c in t[1]:
+            ms = "*".join(pretty(a) + ("" if e == 1 else f"^{e}") for a, e in m)
+            out.append(ms if c == 1 and ms else (str(c) if not ms else f"{c}*{ms}"))
+        return " + ".join(out)
+    if tag == "in":
+        return f"{t[1]}[{','.join(pretty(a) for a in t[2])}]"
+    if tag == "exp":
+        return "exp(" + ("*".join(pretty(a) + ("" if e == 1 else f"^{e}") for a, e in t[1]) or "1") + ")"
+    if tag in ("sum", "rng"):
+        body = pretty(t[4]) if t[0] == "rng" else "*".join(pretty(a) + ("" if e == 1 else f"^{e}") for a, e in t[4])
+        return f"{'Σ' if tag == 'sum' else 'max'}[{t[1]}∈{pretty(t[2])}..{pretty(t[3])}]({body})"
+    if tag == "max":
+        return "max(" + ", ".join(pretty(i[1]) if i[0] == "pt" else pretty(i) for i in t[1]) + ")"
+    if tag in ("sqrt", "inv"):
+        return f"{tag}({pretty(t[1])})"
+    if tag == "fn":
+        return f"{t[1]}({pretty(t[2])})"
+    return repr(t)
