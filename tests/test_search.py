@@ -282,7 +282,7 @@ def test_ablation_reports_what_a_rule_contributed() -> None:
     g = vm.benchmarks.get("gqa", batch=1)
     ab = ablate(g, rules=["defer-normalisation"], verifier=numeric_checker_full, top_k=1, progress=False)
     (row,) = ab.table()
-    name, t_without, k_without, t_with, k_with = row
+    name, t_without, _k_without, t_with, _k_with = row
     assert name == "defer-normalisation"
     assert t_with < t_without
     assert "defer-normalisation" in str(ab)

@@ -1,8 +1,37 @@
 """The search: egglog lifting, rulesets by theory, partitioning into μGraphs, cost model, superoptimize.
 
-Importing this package registers the ``"egglog"`` meaning of every kernel-level op.
+Importing this package registers the ``"egglog"`` meaning of every kernel-level op. Public names for
+research use: :class:`Rule`, :func:`ruleset`, ``pat``, :class:`PVar`, :class:`AVar`, :class:`Instance`,
+guards (:class:`SameRank`, :class:`RankIs`, :class:`DimIsOne`), :func:`ablate`.
 """
 
 from . import lift as lift  # registers the egglog domain
+from .rules import (
+    AVar,
+    DimIsOne,
+    Instance,
+    PVar,
+    RankIs,
+    RankMinus,
+    RecipDim,
+    Rule,
+    RuleError,
+    Ruleset,
+    SameRank,
+    builtin_rulesets,
+    pat,
+    ruleset,
+)
 
-__all__ = ["lift"]
+__all__ = [
+    "AVar", "DimIsOne", "Instance", "PVar", "RankIs", "RankMinus", "RecipDim", "Rule", "RuleError", "Ruleset",
+    "SameRank", "ablate", "builtin_rulesets", "lift", "pat", "ruleset",
+]
+
+
+def __getattr__(name: str):  # type: ignore[no-untyped-def]
+    if name == "ablate":
+        from .superopt import ablate
+
+        return ablate
+    raise AttributeError(f"module 'verimirage.rewrite' has no attribute {name!r}")

@@ -1,3 +1,4 @@
+# mypy: disable-error-code="empty-body"
 """Lifting kernel graphs into egglog, and reading terms back out.
 
 Every kernel-level registry op has an egglog constructor (its ``"egglog"``
@@ -240,10 +241,10 @@ def _shape_rules() -> None:
             rule(eq(t).to(f(a, b)), eq(r).to(rank(a)), eq(r).to(rank(b)), eq(d1).to(dim(a, i)),
                  eq(d2).to(dim(b, i))).then(set_(dim(t, i)).to(d1.max(d2))),
         ]
-    for f in REDUCE_CTORS.values():
+    for fr in REDUCE_CTORS.values():
         rules += [
-            rule(eq(t).to(f(x, ax)), eq(r).to(rank(x))).then(set_(rank(t)).to(r), set_(dim(t, ax)).to(i64(1))),
-            rule(eq(t).to(f(x, ax)), eq(d1).to(dim(x, i)), ne(i).to(ax)).then(set_(dim(t, i)).to(d1)),
+            rule(eq(t).to(fr(x, ax)), eq(r).to(rank(x))).then(set_(rank(t)).to(r), set_(dim(t, ax)).to(i64(1))),
+            rule(eq(t).to(fr(x, ax)), eq(d1).to(dim(x, i)), ne(i).to(ax)).then(set_(dim(t, i)).to(d1)),
         ]
     mm = t_matmul(a, b)
     rules += [

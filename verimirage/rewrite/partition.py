@@ -573,7 +573,7 @@ def _build_split(an: Analysis, cfg: Config, b: BlockBuilder, mg: MuGraph, ins: l
             needed.append(o)
         if kind[o] == "inv":
             raise Infeasible("split-KV: an output does not depend on the split dim")
-    rms = sorted({acc[i][1] for i in needed if acc.get(i, ("", None))[0] == "rescaled"})  # type: ignore[type-var]
+    rms = sorted({r for i in needed if acc[i][0] == "rescaled" and (r := acc[i][1]) is not None})
     part_nodes: list[tuple[str, int]] = [("acc", i) for i in needed] + [("max", r) for r in rms if r not in needed]
     placements: list[int] = []
     for what, i in part_nodes:

@@ -281,8 +281,8 @@ def superoptimize(
                 if c.infeasible:
                     rep.pruned[c.reason.split(" (")[0]] = rep.pruned.get(c.reason.split(" (")[0], 0) + 1
                     continue
-                order = (c.time_s, low.mugraph.num_kernels, len(key), key)
-                pool.append((order, low, c, tuple(used) + tuple(low.steps), g2))
+                rank_key = (c.time_s, low.mugraph.num_kernels, len(key), key)
+                pool.append((rank_key, low, c, tuple(used) + tuple(low.steps), g2))
             if time.perf_counter() - t_start > 0.8 * time_budget_s:
                 rep.notes.append("lowering stopped early: time budget")
                 break

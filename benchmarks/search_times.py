@@ -1,0 +1,66 @@
+"""Search time and kernel counts for every suite graph at batch 1 and 8 (CPU; no GPU needed).
+
+Usage: python benchmarks/search_times.py [--small] [--markdown] [--names gqa,lora]
+
+Each row runs ``vm.superoptimize`` (search + verification with ``vm.verify``) and reports the wall
+time, the best candidate's kernel count against the expert design's, its estimated time, the
+number of μGraphs lowered and the search phases. If the verifier is not installed, the script
+says so and falls back to a float64 spot check (clearly marked in the output).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import platform
+import statistics
+import time
+
+import numpy as np
+
+import verimirage as vm
+
+
+def _float64_check(a: vm.Graph, b: vm.Graph):  # type: ignore[no-untyped-def]
+    from verimirage.smt.verdict import Proved, Refuted
+
+    rng = np.random.default_rng(0)
+    ins = {t.name: rng.uniform(-1, 1, t.shape) for t in a.inputs}
+    ok = all(np.allclose(x, y, rtol=1e-6, atol=1e-6) for x, y in zip(vm.evaluate(a, ins), vm.evaluate(b, ins), strict=False))
+    return Proved("float64 spot check (NOT a proof)") if ok else Refuted("float64 outputs differ")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--small", action="store_true", help="the small (CPU-interpreter) variants")
+    ap.add_argument("--names", default=",".join(vm.benchmarks.names()))
+    ap.add_argument("--top-k", type=int, default=1)
+    args = ap.parse_args()
+    have_verify = importlib.util.find_spec("verimirage.smt.verify") is not None
+    verifier = None if have_verify else _float64_check
+    print(f"# search times ({'small' if args.small else 'full-size'} graphs, top_k={args.top_k})")
+    print(f"machine: {platform.processor() or platform.machine()}, python {platform.python_version()}; "
+          f"verification: {'vm.verify' if have_verify else 'float64 spot check (vm.verify not available)'}")
+    print()
+    print("| graph | batch | seconds | kernels (expert) | est. time | lowered | verified | phases (s) |")
+    print("|---|---|---|---|---|---|---|---|")
+    times = []
+    for name in args.names.split(","):
+        for batch in (1, 8):
+            g = vm.benchmarks.get(name, batch=batch, small=args.small)
+            t0 = time.perf_counter()
+            res = vm.superoptimize(g, top_k=args.top_k, progress=False, verifier=verifier)
+            dt = time.perf_counter() - t0
+            times.append(dt)
+            b = res.best
+            phases = " ".join(f"{k[:3]}={v:.2f}" for k, v in res.report.phase_seconds.items() if v >= 0.005)
+            kern = f"{b.num_kernels} ({vm.benchmarks.entry(name).expert_kernels})" if b else "none"
+            est = f"{b.cost.time_s * 1e6:.1f} us" if b else "-"
+            print(f"| {name} | {batch} | {dt:.2f} | {kern} | {est} | {res.report.lowered} | "
+                  f"{res.report.verified} | {phases} |")
+    print()
+    print(f"median {statistics.median(times):.2f} s, max {max(times):.2f} s over {len(times)} searches")
+
+
+if __name__ == "__main__":
+    main()
