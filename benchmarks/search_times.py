@@ -26,7 +26,8 @@ def _float64_check(a: vm.Graph, b: vm.Graph):  # type: ignore[no-untyped-def]
 
     rng = np.random.default_rng(0)
     ins = {t.name: rng.uniform(-1, 1, t.shape) for t in a.inputs}
-    ok = all(np.allclose(x, y, rtol=1e-6, atol=1e-6) for x, y in zip(vm.evaluate(a, ins), vm.evaluate(b, ins), strict=False))
+    pairs = zip(vm.evaluate(a, ins), vm.evaluate(b, ins), strict=True)
+    ok = all(np.allclose(x, y, rtol=1e-6, atol=1e-6) for x, y in pairs)
     return Proved("float64 spot check (NOT a proof)") if ok else Refuted("float64 outputs differ")
 
 
