@@ -4,7 +4,8 @@ Imports neither torch nor triton. Importing this package registers the
 ``ff`` and ``abstract`` meanings of every registry op.
 """
 
+from . import abstract as abstract
 from . import ff as ff
 from .verdict import Check, Proved, Refuted, Unknown, Verdict
 
-__all__ = ["Check", "Proved", "Refuted", "Unknown", "Verdict", "ff"]
+__all__ = ["Check", "Proved", "Refuted", "Unknown", "Verdict", "abstract", "ff"]

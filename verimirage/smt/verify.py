@@ -1,0 +1,155 @@
+"""``vm.verify``: are two programs the same function? Both checks must prove it.
+
+1. the finite-field test (:mod:`verimirage.smt.ff`): fresh random fields and
+   inputs per trial, stated false-accept bound; a mismatch is a refutation;
+2. the abstract-expression check (:mod:`verimirage.smt.abstract` +
+   :mod:`verimirage.smt.z3enc`): both programs' outputs normalised by laws that
+   are each tested, the remaining equality decided by Z3 per output and index box.
+
+``Proved`` needs both; a finite-field mismatch is ``Refuted`` (with the
+counterexample inputs and, when they differ, float64 outputs); anything else
+is ``Unknown`` with the reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..ir.errors import GraphError
+from ..ir.graph import Graph
+from ..ir.interpret import evaluate
+from . import abstract as A
+from . import expr as E
+from .ff import FFResult, ff_test
+from .verdict import Check, Proved, Refuted, Unknown, Verdict
+from .z3enc import Query, equivalence_query
+
+log = logging.getLogger(__name__)
+
+
+def _sig(g: Graph) -> list[tuple[str, tuple[int, ...]]]:
+    return [(str(t.name), t.shape) for t in g.inputs]
+
+
+def check_compatible(a: Any, b: Any) -> None:
+    """GraphError unless ``a`` and ``b`` are programs with the same inputs (names, shapes) and output shapes."""
+    for x, w in ((a, "first"), (b, "second")):
+        if not isinstance(x, Graph):
+            raise GraphError(f"verify: the {w} program is a {type(x).__name__}; expected a vm.Graph or vm.MuGraph")
+        x.check()
+    sa, sb = _sig(a), _sig(b)
+    if sorted(sa) != sorted(sb):
+        raise GraphError(f"verify: the programs' inputs differ: {sa} vs {sb}; expected the same names and shapes")
+    oa = [t.shape for t in a.outputs]
+    ob = [t.shape for t in b.outputs]
+    if oa != ob:
+        raise GraphError(f"verify: the programs' output shapes differ: {oa} vs {ob}; expected equal lists")
+
+
+@dataclass(frozen=True)
+class AbstractResult:
+    """Outcome of the abstract-expression check."""
+
+    outcome: str  # "proved" | "unknown"
+    reason: str
+    queries: tuple[Query, ...]
+    laws: tuple[str, ...]
+    cases: tuple[tuple[tuple[tuple[int, int], ...], ...], ...]
+    seconds: float
+
+
+def abstract_check(a: Graph, b: Graph, *, timeout_s: float = 10.0) -> AbstractResult:
+    """Derive both programs' abstract expressions and ask Z3 whether each output pair can differ."""
+    t0 = time.perf_counter()
+    try:
+        cases = [A.output_cases([a, b], k, t.shape) for k, t in enumerate(a.outputs)]
+        ea, la = A.derive(a, cases)
+        eb, lb = A.derive(b, cases)
+    except (E.AbstractionError, E.NeedSplit, RecursionError) as e:
+        return AbstractResult("unknown", f"abstraction: {e}", (), (), (), time.perf_counter() - t0)
+    queries: list[Query] = []
+    outcome, reason = "proved", "every output equal"
+    for k, (xs, ys) in enumerate(zip(ea, eb, strict=True)):
+        for ci, (x, y) in enumerate(zip(xs, ys, strict=True)):
+            left = timeout_s - (time.perf_counter() - t0)
+            if left <= 0:
+                return AbstractResult("unknown", "time limit reached", tuple(queries), tuple(sorted(la | lb)),
+                                      tuple(tuple(c.ranges for c in cs) for cs in cases), time.perf_counter() - t0)
+            q = equivalence_query(f"eq:out{k}:case{ci}", x, y, timeout_s=max(0.1, left))
+            queries.append(q)
+            if q.result != "unsat" and outcome == "proved":
+                outcome = "unknown"
+                reason = (f"output {k} case {ci}: z3 says {q.result} (the normal forms differ: "
+                          f"{E.pretty(x)[:200]} vs {E.pretty(y)[:200]})")
+    return AbstractResult(outcome, reason, tuple(queries), tuple(sorted(la | lb)),
+                          tuple(tuple(c.ranges for c in cs) for cs in cases), time.perf_counter() - t0)
+
+
+def _float_counterexample(a: Graph, b: Graph, seed: int) -> dict[str, Any]:
+    rng = np.random.default_rng(seed)
+    ins = {str(t.name): rng.standard_normal(t.shape) for t in a.inputs}
+    oa, ob = evaluate(a, ins), evaluate(b, ins)
+    diffs = []
+    for k, (x, y) in enumerate(zip(oa, ob, strict=True)):
+        if not np.allclose(x, y, rtol=1e-6, atol=1e-9, equal_nan=True):
+            i = int(np.argmax(np.abs(np.nan_to_num(x - y))))
+            idx = tuple(int(v) for v in np.unravel_index(i, x.shape))
+            diffs.append({"output": k, "index": idx, "a": float(x[idx]), "b": float(y[idx])})
+    return {"float_inputs": ins, "float_differences": diffs}
+
+
+def _ff_check(r: FFResult) -> Check:
+    outcome = {"equal": "proved", "differ": "refuted"}.get(r.outcome, "unknown")
+    params = (("p", r.p), ("q", r.q), ("g", r.g), ("seeds", r.seeds), ("trials", r.trials),
+              ("per_trial_bound", r.per_trial_bound), ("false_accept_bound", r.bound if outcome == "proved" else 1.0))
+    return Check("finite-field", outcome, params, r.seconds, r.reason)
+
+
+def _abs_check(r: AbstractResult) -> Check:
+    params = (("queries", tuple(q.name for q in r.queries)), ("laws", r.laws),
+              ("cores", tuple((q.name, q.core) for q in r.queries)), ("cases", r.cases))
+    return Check("abstract-z3", r.outcome, params, r.seconds, r.reason)
+
+
+def verify(a: Graph, b: Graph, *, trials: int | None = None, seed: int = 0, timeout_s: float = 10.0) -> Verdict:
+    """Are ``a`` and ``b`` (Graph or MuGraph, same inputs) the same function? See the module docstring."""
+    check_compatible(a, b)
+    ffr = ff_test(a, b, seed=seed, trials=trials)
+    ffc = _ff_check(ffr)
+    if ffr.outcome == "differ":
+        cex: dict[str, Any] = {"ff_inputs": ffr.inputs, "ff_field": {"p": ffr.p[-1], "q": ffr.q[-1], "g": ffr.g[-1],
+                               "seed": ffr.seeds[-1]}, "output": ffr.output, "index": ffr.index}
+        try:
+            cex.update(_float_counterexample(a, b, seed))
+        except Exception as e:  # the float evaluation is informative only
+            cex["float_error"] = str(e)
+        return Refuted(f"finite-field test: {ffr.reason}", (ffc,), cex)
+    absr = abstract_check(a, b, timeout_s=timeout_s)
+    abc = _abs_check(absr)
+    ev = (ffc, abc)
+    if ffr.outcome == "equal" and absr.outcome == "proved":
+        return Proved(f"finite-field ({ffr.trials} trials, bound {ffr.bound:.2g}) and abstract-z3 "
+                      f"({len(absr.queries)} queries) both prove equivalence", ev)
+    reasons = [f"{c.name}: {c.detail}" for c in ev if c.outcome != "proved"]
+    return Unknown("; ".join(reasons), ev)
+
+
+def verify_rule(name: str, instances: Sequence[tuple[Graph, Graph]], *, timeout_s: float = 10.0) -> Verdict:
+    """A rewrite rule is sound if every instance pair (lhs, rhs as small concrete graphs) is Proved."""
+    if not instances:
+        return Unknown(f"rule {name!r}: no instances given", ())
+    checks: list[Check] = []
+    for i, (lhs, rhs) in enumerate(instances):
+        v = verify(lhs, rhs, timeout_s=timeout_s)
+        checks.extend(Check(f"{name}[{i}]:{c.name}", c.outcome, c.params, c.seconds, c.detail) for c in v.evidence)
+        if not isinstance(v, Proved):
+            cls = Refuted if isinstance(v, Refuted) else Unknown
+            extra = {"counterexample": v.counterexample} if isinstance(v, Refuted) else {}
+            return cls(f"rule {name!r} instance {i}: {v.reason}", tuple(checks), **extra)  # type: ignore[arg-type]
+    return Proved(f"rule {name!r}: all {len(instances)} instance(s) proved", tuple(checks))
