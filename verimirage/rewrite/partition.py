@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -275,7 +276,9 @@ def configs(
     franges: Sequence[int] | None = None,
     max_splits: int = 32,
     min_tile: int = 16,
-    max_blocks: int = 1 << 16,
+    max_blocks: int = 1 << 14,
+    min_blocks: int = 16,
+    max_loop_tile: int = 256,
 ) -> list[Config]:
     """Every partition choice within limits (deterministic order)."""
     dp = an.data_parallel()
@@ -300,12 +303,13 @@ def configs(
         grid_choices.append(chosen)
     fr_allowed = list(franges) if franges is not None else [1, 2, 4, 8, 16, 32, 64, 128, 256]
     out: list[Config] = []
+    most = max((math.prod(p for _, p in gc) for gc in grid_choices), default=1)
     for gc in grid_choices:
-        blocks = 1
-        for _, p in gc:
-            blocks *= p
+        blocks = math.prod(p for _, p in gc)
         if blocks > max_blocks:
             continue
+        if blocks < min(min_blocks, most) and blocks > 1:
+            continue  # too few blocks to fill the device (a larger grid exists); 1 block kept as a baseline
         out.append(Config(gc))
         for lab in an.reduction_labels():
             n = an.size[lab]
@@ -316,7 +320,7 @@ def configs(
                 for f in _pow2_divisors(per, 2):
                     if f not in fr_allowed:
                         continue
-                    if lab in an.mm_labels and per // f < min_tile:
+                    if lab in an.mm_labels and not min_tile <= per // f <= max_loop_tile:
                         continue
                     out.append(Config(gc, lab, f, splits))
                 if splits > 1 and 1 in fr_allowed and (lab not in an.mm_labels or per >= min_tile):

@@ -267,26 +267,32 @@ def superoptimize(
         # ---- lower + cost
         prog.phase("lower")
         pool: list[tuple[tuple[Any, ...], Lowered, Cost, tuple[str, ...], Graph]] = []
-        seen_mg: set[str] = set()
-        for g2, used in graphs:
+        for gi, (g2, used) in enumerate(graphs):
             lows, rejected = lower_all(g2, grids=grids, franges=franges, max_splits=max_splits)
             for reason, n in rejected.items():
                 rep.pruned[reason] = rep.pruned.get(reason, 0) + n
-            for low in lows:
-                key = str(low.mugraph)
-                if key in seen_mg:
-                    continue
-                seen_mg.add(key)
+            for li, low in enumerate(lows):
                 c = cost(low.mugraph, hardware, cal)
                 if c.infeasible:
                     rep.pruned[c.reason.split(" (")[0]] = rep.pruned.get(c.reason.split(" (")[0], 0) + 1
                     continue
-                rank_key = (c.time_s, low.mugraph.num_kernels, len(key), key)
+                rank_key = (c.time_s, low.mugraph.num_kernels, gi, li)
                 pool.append((rank_key, low, c, tuple(used) + tuple(low.steps), g2))
             if time.perf_counter() - t_start > 0.8 * time_budget_s:
                 rep.notes.append("lowering stopped early: time budget")
                 break
         pool.sort(key=lambda p: p[0])
+        # identical μGraphs reached from different terms: keep the first (checked on the ranked head only)
+        uniq: list[Any] = []
+        seen_mg: set[str] = set()
+        for entry in pool:
+            if len(uniq) < 8 * (max_verify + top_k):
+                key = str(entry[1].mugraph)
+                if key in seen_mg:
+                    continue
+                seen_mg.add(key)
+            uniq.append(entry)
+        pool = uniq
         rep.lowered = len(pool)
         t0 = tick("lower", t0)
 
