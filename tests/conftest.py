@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import os
 
-import pytest
-from hypothesis import HealthCheck, settings
+# Triton's interpreter must be chosen before anything imports triton: do it first, for every test module.
+from verimirage.backend.runtime import ensure_mode
+
+ensure_mode()
+
+import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
 
 settings.register_profile(
     "ci", max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
