@@ -14,6 +14,7 @@ used. Every query is named, time-limited and dumpable as SMT-LIB2.
 from __future__ import annotations
 
 import math
+import re
 import time
 from dataclasses import dataclass
 from fractions import Fraction
@@ -91,7 +92,7 @@ def equivalence_query(name: str, pa: E.Poly, pb: E.Poly, timeout_s: float = 10.0
     for _, f in facts:
         plain.add(f)
     plain.add(goal)
-    smt2 = plain.to_smt2()
+    smt2 = canonical_smt2(plain.to_smt2())
     s = z3.Solver()
     s.set("timeout", int(timeout_s * 1000))
     for fname, f in facts:
@@ -101,6 +102,16 @@ def equivalence_query(name: str, pa: E.Poly, pb: E.Poly, timeout_s: float = 10.0
     result = _res(r)
     core = tuple(sorted(str(c) for c in s.unsat_core())) if r == z3.unsat else ()
     return Query(name, smt2, "unsat", result, core, time.perf_counter() - t0)
+
+
+def canonical_smt2(text: str) -> str:
+    """SMT-LIB2 text with z3's internal let-names (``?x123``) renumbered by first appearance."""
+    names: dict[str, str] = {}
+
+    def rename(m: re.Match) -> str:
+        return names.setdefault(m.group(0), f"?t{len(names)}")
+
+    return re.sub(r"\?x\d+", rename, text)
 
 
 def _res(r: Any) -> str:

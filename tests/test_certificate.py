@@ -1,0 +1,118 @@
+"""Certificates: expert designs certify and re-check; tampered copies are rejected (fail closed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import verimirage as vm
+from verimirage.benchmarks.designs import expert, small_design_kw
+from verimirage.smt.certificate import SCHEMA, Certificate, certify, check_certificate, register_rules, sha256
+
+NAMES = ["gqa", "gqa_stable", "rmsnorm_linear", "lora", "gated_mlp", "ntrans", "qknorm_gqa", "mqa"]
+
+
+def _cert(name: str, rules: tuple[str, ...] = ()) -> Certificate:
+    g = vm.benchmarks.get(name, small=True)
+    return certify(g, expert(name, g, **small_design_kw(name)), rules)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_expert_certificates_check(name: str, tmp_path: Path) -> None:
+    c = _cert(name)
+    p = tmp_path / "c.json"
+    c.save(p)
+    v = vm.check_certificate(p)
+    assert isinstance(v, vm.Proved), v.summary()
+    c2 = Certificate.load(p)
+    assert c2 == c and c2.schema == SCHEMA and c2.ff["false_accept_bound"] <= 2.0**-60
+    assert all(q["expected"] == "unsat" and "check-sat" in q["smt2"] for q in c2.queries)
+
+
+def _tamper(tmp_path: Path, edit) -> vm.Verdict:  # noqa: ANN001
+    c = _cert("gqa_stable")
+    d = json.loads(c.to_json())
+    edit(d)
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps(d))
+    return check_certificate(p)
+
+
+def _rehash(d: dict) -> None:
+    d["graph_sha256"] = sha256(d["graph_text"])
+    d["mugraph_sha256"] = sha256(d["mugraph_text"])
+
+
+def _shape(d: dict) -> None:
+    d["graph_text"] = d["graph_text"].replace("f16[2,32,16]", "f16[2,32,32]", 1)
+    _rehash(d)
+
+
+def _mu_line(d: dict) -> None:
+    lines = d["mugraph_text"].splitlines()
+    i = next(k for k, s in enumerate(lines) if " = exp " in s)
+    lines[i] = lines[i].replace(" = exp ", " = silu ")
+    d["mugraph_text"] = "\n".join(lines) + ("\n" if d["mugraph_text"].endswith("\n") else "")
+    _rehash(d)
+
+
+TAMPERS = {
+    "shape": _shape,
+    "shape-unhashed": lambda d: d.update(graph_text=d["graph_text"].replace("f16[2,32,16]", "f16[2,32,32]", 1)),
+    "mugraph-line": _mu_line,
+    "rule": lambda d: d.update(rules=["no-such-rule"]),
+    "seed": lambda d: d["ff"]["seeds"].__setitem__(0, d["ff"]["seeds"][0] + 1),
+    "hash": lambda d: d.update(graph_sha256="0" * 64),
+    "schema": lambda d: d.update(schema="verimirage-certificate/999"),
+    "smt2": lambda d: d["queries"][0].update(smt2=d["queries"][0]["smt2"].replace("(check-sat)", "(assert false)\n(check-sat)")),
+    "core": lambda d: d["queries"][0].update(core=["goal", "pos:7"]),
+    "bound": lambda d: d["ff"].update(false_accept_bound=1e-30),
+    "triton-hash": lambda d: d.update(triton_source_sha256="xyz"),
+    "extra-field": lambda d: d.update(note="hi"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(TAMPERS))
+def test_tampered_rejected(kind: str, tmp_path: Path) -> None:
+    v = _tamper(tmp_path, TAMPERS[kind])
+    assert isinstance(v, vm.Unknown) and "rejected" in v.reason, (kind, v.summary())
+
+
+def test_rules_known_or_trusted(tmp_path: Path) -> None:
+    p = tmp_path / "r.json"
+    _cert("lora", ("test-rule-known",)).save(p)
+    assert not check_certificate(p).proved
+    register_rules(["test-rule-known"])
+    assert check_certificate(p).proved
+    g = vm.benchmarks.get("lora", small=True)
+    mg = expert("lora", g, **small_design_kw("lora"))
+    c = vm.verify(g, mg)
+    from verimirage.smt.certificate import make_certificate
+
+    t = make_certificate(g, mg, c, rules=["user-rule"], trusted_rules=["user-rule"], triton_source_hash="a" * 64)
+    t.save(p)
+    v = check_certificate(p)
+    assert v.proved and "user-rule" in v.reason
+    assert not check_certificate(p, triton_source="other source").proved
+
+
+def test_only_proved_pairs_certify() -> None:
+    g = vm.benchmarks.get("gqa", small=True)
+    with pytest.raises(vm.GraphError):
+        certify(g, vm.benchmarks.get("gqa_stable", small=True).copy() if False else _wrong(g))
+
+
+def _wrong(g: vm.Graph) -> vm.Graph:
+    h = vm.Graph()
+    q, k, v = (h.input(t.name, t.shape, t.dtype) for t in g.inputs)
+    h.output(h.matmul(h.exp(h.matmul(q, k)), v))
+    return h
+
+
+def test_committed_proofs_check() -> None:
+    proofs = Path(__file__).resolve().parent.parent / "proofs"
+    for p in sorted(proofs.glob("*.json")) if proofs.exists() else []:
+        v = check_certificate(p)
+        assert v.proved, (p.name, v.summary())
