@@ -7,8 +7,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import verimirage as vm  # noqa: E402
-from corpus import CASES  # noqa: E402
+from corpus import CASES
+
+import verimirage as vm
 
 if __name__ == "__main__":
     for c in CASES:

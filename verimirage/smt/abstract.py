@@ -13,6 +13,7 @@ normaliser merges.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -140,7 +141,7 @@ def _take(a: Sym, i: Any, axis: int) -> Sym:
     c = E.a_const(int(i))
 
     def fn(idx: Idx) -> E.Poly:
-        return a.at(idx[:ax] + (c,) + idx[ax:])
+        return a.at((*idx[:ax], c, *idx[ax:]))
 
     return Sym(a.shape[:ax] + a.shape[ax + 1 :], fn)
 
@@ -151,7 +152,7 @@ def _expand_dims(a: Sym, axis: int) -> Sym:
     def fn(idx: Idx) -> E.Poly:
         return a.at(idx[:ax] + idx[ax + 1 :])
 
-    return Sym(a.shape[:ax] + (1,) + a.shape[ax:], fn)
+    return Sym((*a.shape[:ax], 1, *a.shape[ax:]), fn)
 
 
 def _project(idx: Idx, shape: tuple[int, ...]) -> Idx:
@@ -186,7 +187,7 @@ def reduce_over(n: int, body: Callable[[str], E.Poly], combine: str, lo: int = 0
             raise
         cuts = [lo] + [p for p in pts if lo < p < lo + n] + [lo + n]
         d.use("concat-split")
-        parts = [reduce_over(b - a, body, combine, a) for a, b in zip(cuts, cuts[1:], strict=False) if b > a]
+        parts = [reduce_over(b - a, body, combine, a) for a, b in itertools.pairwise(cuts) if b > a]
         out = parts[0]
         for p in parts[1:]:
             out = E.p_add(out, p) if combine == "sum" else E.p_maximum(out, p)
@@ -250,10 +251,10 @@ def _reduce(kind: str) -> Callable[..., Sym]:
         a = args[0]
         pos = a.ndim + neg_axis(attrs["axis"], in_types[0].rank)
         n = a.shape[pos]
-        shape = a.shape[:pos] + (1,) + a.shape[pos + 1 :]
+        shape = (*a.shape[:pos], 1, *a.shape[pos + 1:])
 
         def elem(idx: Idx) -> E.Poly:
-            body = lambda v: a.at(idx[:pos] + (E.a_var(v),) + idx[pos + 1 :])  # noqa: E731
+            body = lambda v: a.at((*idx[:pos], E.a_var(v), *idx[pos + 1:]))  # noqa: E731
             r = reduce_over(n, body, "max" if kind == "max" else "sum")
             if kind == "mean":
                 r = _law("mean-def", E.p_scale(r, Fraction(1, n)))
@@ -272,7 +273,7 @@ for _k in ("sum", "mean", "max"):
 def _abs_matmul(args: list[Sym], attrs: dict[str, Any], in_types: Any, out_types: Any) -> Sym:
     a, b = args
     batch = _bshape(a.shape[:-2], b.shape[:-2])
-    shape = batch + (a.shape[-2], b.shape[-1])
+    shape = (*batch, a.shape[-2], b.shape[-1])
     k = a.shape[-1]
 
     def elem(idx: Idx) -> E.Poly:
@@ -282,7 +283,7 @@ def _abs_matmul(args: list[Sym], attrs: dict[str, Any], in_types: Any, out_types
 
         def body(v: str) -> E.Poly:
             r = E.a_var(v)
-            return E.p_mul(a.at(ba + (idx[-2], r)), b.at(bb + (r, idx[-1])))
+            return E.p_mul(a.at((*ba, idx[-2], r)), b.at((*bb, r, idx[-1])))
 
         return reduce_over(k, body, "sum")
 
@@ -302,7 +303,7 @@ def _abs_rms(args: list[Sym], attrs: dict[str, Any], in_types: Any, out_types: A
         E.der().use("rms-def")
 
         def body(v: str) -> E.Poly:
-            y = x.at(idx[:pos] + (E.a_var(v),) + idx[pos + 1 :])
+            y = x.at((*idx[:pos], E.a_var(v), *idx[pos + 1:]))
             return E.p_mul(y, y)
 
         ms = E.p_add(E.p_scale(reduce_over(n, body, "sum"), Fraction(1, n)), E.p_const(eps))
@@ -310,7 +311,7 @@ def _abs_rms(args: list[Sym], attrs: dict[str, Any], in_types: Any, out_types: A
         if w is not None:
             lead = w.ndim - 1
             widx = _project(idx[: len(idx) - rank], w.shape[:lead]) if lead else ()
-            r = E.p_mul(r, w.at(widx + (idx[pos],)))
+            r = E.p_mul(r, w.at((*widx, idx[pos])))
         return r
 
     return Sym(x.shape, elem)
@@ -332,7 +333,7 @@ def _abs_concat(args: list[Sym], attrs: dict[str, Any], in_types: Any, out_types
         pieces = []
         for a, o, n in zip(args, offs, sizes, strict=True):
             def fn(i: E.Aff, a: Sym = a) -> E.Poly:
-                full = idx[:pos] + (i,) + idx[pos + 1 :]
+                full = (*idx[:pos], i, *idx[pos + 1:])
                 return a.at(_project(full, a.shape))
 
             pieces.append((o, o + n, fn))
@@ -433,7 +434,7 @@ def refine_cases(g: Graph, shape: tuple[int, ...], case: Case, d: E.Derivation, 
                     lo, hi = case.ranges[j]
                     cuts = [lo] + [p for p in pts if lo < p < hi] + [hi]
                     out = []
-                    for a, b in zip(cuts, cuts[1:], strict=False):
+                    for a, b in itertools.pairwise(cuts):
                         rs = list(case.ranges)
                         rs[j] = (a, b)
                         out.append(Case(tuple(rs)))

@@ -34,7 +34,7 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from fractions import Fraction
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 Aff = tuple
@@ -203,7 +203,7 @@ def a_floordiv(x: Aff, n: int) -> Aff:
         return x
     a, b = _split(x, n)
     lo, hi = interval(b)
-    if 0 <= lo and hi < n:
+    if lo >= 0 and hi < n:
         return a
     if lo // n == hi // n:
         return a_add(a, a_const(lo // n))
@@ -235,7 +235,7 @@ def a_vars(x: Aff) -> frozenset[str]:
 # --------------------------------------------------------------------------- free variables and substitution
 
 
-@lru_cache(maxsize=None)
+@cache
 def free_vars(t: Any) -> frozenset[str]:
     """Free index variables of any term."""
     if not isinstance(t, tuple) or not t:
@@ -287,7 +287,7 @@ def subst(t: Any, var: str, rep: Aff) -> Any:
     return tuple(sorted(((subst(a, var, rep), e) for a, e in t), key=lambda x: _key(x[0])))
 
 
-@lru_cache(maxsize=None)
+@cache
 def height(t: Any) -> int:
     """1 + the largest canonical bound-variable level in ``t`` (0 if none)."""
     if not isinstance(t, tuple) or not t:
@@ -434,8 +434,6 @@ def p_exp(x: Poly) -> Poly:
     """``exp(x) = prod exp(m)**c`` over the terms ``c*m`` of ``x`` (exp of a constant c: ``exp(1)**c``)."""
     m_out: Mono = ONE_MONO
     for m, c in x[1]:
-        if len(m) == 1 and m[0][0][0] == "exp" and False:  # pragma: no cover - no laws for exp(exp)
-            pass
         m_out = mono_mul(m_out, ((("exp", m), c),))
     if len(x[1]) > 1:
         der().use("exp-add")
@@ -642,11 +640,6 @@ def p_cat(idx: Aff, pieces: list[tuple[int, int, Callable[[Aff], Poly]]]) -> Pol
         if plo <= lo and hi < phi:
             der().use("concat-select")
             return fn(a_add(idx, a_const(-plo)))
-    cases = []
-    for plo, phi, fn in pieces:
-        if hi < plo or lo >= phi:
-            continue
-        cases.append((plo, phi, None))
     # not resolvable here: record the split points; the caller splits the range
     raise NeedSplit(idx, tuple(p for p, _, _ in pieces[1:]))
 

@@ -230,7 +230,7 @@ def _scale_by(x: np.ndarray, c: Fraction) -> np.ndarray:
 # --------------------------------------------------------------------------- op meanings
 
 
-def _binop(kind: str):  # noqa: ANN202
+def _binop(kind: str):
     def fn(args: list[np.ndarray], attrs: dict[str, Any], in_types: Any, out_types: Any) -> np.ndarray:
         f = current_field()
         a, b = args

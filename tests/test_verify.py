@@ -1,0 +1,180 @@
+"""vm.verify, the finite-field domain and the abstract check."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import verimirage as vm
+from verimirage.benchmarks.designs import expert
+from verimirage.ir.ops import OPS, Prop, missing_domains
+from verimirage.smt import ff as FF
+from verimirage.smt.verify import abstract_check, verify_rule
+
+sys.path.insert(0, str(Path(__file__).parent / "cases"))
+from corpus import CASES
+
+
+def _pair(shapes: dict, f, g):
+    out = []
+    for body in (f, g):
+        h = vm.Graph()
+        ins = [h.input(n, s, vm.float16) for n, s in shapes.items()]
+        r = body(h, *ins)
+        h.output(*(r if isinstance(r, tuple) else (r,)))
+        out.append(h)
+    return out
+
+
+def test_every_op_has_ff_and_abstract() -> None:
+    gaps = [(o, d) for o, d in missing_domains() if d in ("ff", "abstract")]
+    assert gaps == []
+    for n, o in OPS.items():
+        if not o.has(Prop.STRUCTURAL) and not o.has(Prop.LOOP):
+            assert "ff" in o.domains and "abstract" in o.domains, n
+
+
+def test_verify_rejects_mismatched_inputs() -> None:
+    a, _ = _pair({"X": (4, 4)}, lambda g, x: g.exp(x), lambda g, x: x)
+    b, _ = _pair({"Y": (4, 4)}, lambda g, x: g.exp(x), lambda g, x: x)
+    with pytest.raises(vm.GraphError, match="inputs differ"):
+        vm.verify(a, b)
+    c, _ = _pair({"X": (4, 8)}, lambda g, x: g.exp(x), lambda g, x: x)
+    with pytest.raises(vm.GraphError, match="inputs differ"):
+        vm.verify(a, c)
+    d, _ = _pair({"X": (4, 4)}, lambda g, x: g.sum(x, 0), lambda g, x: x)
+    with pytest.raises(vm.GraphError, match="output shapes"):
+        vm.verify(a, d)
+    with pytest.raises(vm.GraphError, match=r"expected a vm\.Graph"):
+        vm.verify(a, "not a graph")  # type: ignore[arg-type]
+
+
+def test_refuted_carries_counterexample() -> None:
+    a, b = _pair({"X": (4, 8), "W": (8, 4)}, lambda g, x, w: g.matmul(x, w),
+                 lambda g, x, w: g.scale(g.matmul(x, w), 1.001))
+    v = vm.verify(a, b)
+    assert isinstance(v, vm.Refuted) and not v.proved
+    cex = v.counterexample
+    assert set(cex["ff_inputs"]) == {"X", "W"} and cex["ff_inputs"]["X"].shape == (2, 4, 8)
+    assert cex["float_differences"] and cex["float_differences"][0]["output"] == 0
+    d = cex["float_differences"][0]
+    assert d["a"] != d["b"]
+
+
+def test_several_outputs_and_verdict_is_frozen() -> None:
+    a, b = _pair({"A": (4, 4), "B": (4, 4)}, lambda g, x, y: (g.add(x, y), g.sub(x, y)),
+                 lambda g, x, y: (g.add(y, x), g.add(x, g.neg(y))))
+    v = vm.verify(a, b)
+    assert isinstance(v, vm.Proved)
+    with pytest.raises(AttributeError):
+        v.reason = "x"  # type: ignore[misc]
+    a2, b2 = _pair({"A": (4, 4), "B": (4, 4)}, lambda g, x, y: (g.add(x, y), g.sub(x, y)),
+                   lambda g, x, y: (g.add(y, x), g.sub(y, x)))
+    r = vm.verify(a2, b2)
+    assert isinstance(r, vm.Refuted) and r.counterexample["output"] == 1
+
+
+def test_verify_rule_hook() -> None:
+    good = [_pair({"A": (4, 4), "B": (4, 4), "C": (4, 4)}, lambda g, a, b, c: g.mul(g.add(a, b), c),
+                  lambda g, a, b, c: g.add(g.mul(a, c), g.mul(b, c)))]
+    assert isinstance(verify_rule("distribute", good), vm.Proved)
+    bad = [_pair({"A": (4, 4), "B": (4, 4)}, lambda g, a, b: g.div(a, b), lambda g, a, b: g.div(b, a))]
+    v = verify_rule("div-comm", bad)
+    assert isinstance(v, vm.Refuted) and "div-comm" in v.reason
+    assert isinstance(verify_rule("empty", []), vm.Unknown)
+
+
+@pytest.mark.parametrize("name", vm.benchmarks.names())
+@pytest.mark.parametrize("batch", [1, 8])
+def test_full_size_designs_prove_abstractly(name: str, batch: int) -> None:
+    g = vm.benchmarks.get(name, batch=batch)
+    r = abstract_check(g, expert(name, g))
+    assert r.outcome == "proved", r.reason
+    assert r.seconds < 10
+
+
+def test_full_size_ff_lora() -> None:
+    g = vm.benchmarks.get("lora", batch=1)
+    r = FF.ff_test(g, expert("lora", g))
+    assert r.outcome == "equal" and r.bound <= 2.0**-60
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.expect != "proved"], ids=lambda c: c.name)
+def test_abstract_check_alone_never_proves_wrong_pairs(case) -> None:
+    if case.expect == "unknown":
+        return
+    assert abstract_check(case.a(), case.b()).outcome != "proved"
+
+
+# --------------------------------------------------------------------------- the finite-field domain
+
+
+def _field() -> FF.Field:
+    return FF.Field.from_seed(12345)
+
+
+def test_field_parameters() -> None:
+    f = _field()
+    assert (f.p - 1) % f.q == 0 and pow(f.g, f.q, f.p) == 1 and f.g != 1
+    t = f.exp_table()
+    assert t[0] == 1 and t[1] == f.g and t[5] == pow(f.g, 5, f.p)
+
+
+def _run1(shapes: dict, body, vals: dict, f: FF.Field) -> list[np.ndarray]:
+    h = vm.Graph()
+    ins = [h.input(n, s, vm.float16) for n, s in shapes.items()]
+    r = body(h, *ins)
+    h.output(*(r if isinstance(r, tuple) else (r,)))
+    return FF.run_ff(h, vals, f)
+
+
+def test_ff_exp_homomorphism_and_q_violation() -> None:
+    f = _field()
+    rng = np.random.default_rng(0)
+    a = np.stack([rng.integers(0, f.p, (3, 3)), rng.integers(0, f.q, (3, 3))])
+    b = np.stack([rng.integers(0, f.p, (3, 3)), rng.integers(0, f.q, (3, 3))])
+    sh = {"A": (3, 3), "B": (3, 3)}
+    (x,) = _run1(sh, lambda g, a, b: g.exp(g.add(a, b)), {"A": a, "B": b}, f)
+    (y,) = _run1(sh, lambda g, a, b: g.mul(g.exp(a), g.exp(b)), {"A": a, "B": b}, f)
+    assert np.array_equal(x[0], y[0]) and (x[1] == -1).all()
+    assert f.q_violations == 0
+    _run1(sh, lambda g, a, b: g.exp(g.exp(a)), {"A": a, "B": b}, f)
+    assert f.q_violations > 0
+
+
+def test_ff_max_total_order_and_division_by_zero() -> None:
+    f = _field()
+    rng = np.random.default_rng(1)
+    x = np.stack([rng.integers(0, 50, (4, 16)), rng.integers(0, f.q, (4, 16))])  # many p-ties
+    sh = {"X": (4, 16)}
+    (flat,) = _run1(sh, lambda g, x: g.max(x, 1), {"X": x}, f)
+    (m1,) = _run1({"X": (4, 16)}, lambda g, x: g.max(g.transpose(x, 0, 1), 0), {"X": x}, f)
+    assert np.array_equal(flat.reshape(2, 4), m1.reshape(2, 4))
+    z = np.zeros((2, 4, 16), dtype=np.int64)
+    (d,) = _run1({"X": (4, 16), "Y": (4, 16)}, lambda g, x, y: g.div(x, y), {"X": x, "Y": z}, f)
+    assert (d[0] == 0).all()  # documented: the inverse of 0 is 0
+
+
+def test_ff_matmul_exact() -> None:
+    f = _field()
+    rng = np.random.default_rng(2)
+    k = 9000  # more than one chunk
+    a = rng.integers(0, f.p, (2, k))
+    b = rng.integers(0, f.p, (k, 2))
+    got = FF._modmatmul(a, b, f.p)
+    want = [[sum(int(a[i, t]) * int(b[t, j]) for t in range(k)) % f.p for j in range(2)] for i in range(2)]
+    assert got.tolist() == want
+
+
+def test_ff_rsqrt_is_inverse_sqrt_and_constants_exact() -> None:
+    f = _field()
+    rng = np.random.default_rng(3)
+    x = np.stack([rng.integers(1, f.p, (4, 4)), rng.integers(1, f.q, (4, 4))])
+    (r,) = _run1({"X": (4, 4)}, lambda g, x: g.mul(g.rsqrt(x), g.sqrt(x)), {"X": x}, f)
+    assert (r[0] == 1).all()
+    (m,) = _run1({"X": (4, 3)}, lambda g, x: g.mean(x, 1), {"X": x[:, :, :3]}, f)
+    (s,) = _run1({"X": (4, 3)}, lambda g, x: g.scale(g.sum(x, 1), 1.0 / 3), {"X": x[:, :, :3]}, f)
+    assert np.array_equal(m, s)
