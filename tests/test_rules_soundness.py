@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import verimirage as vm
-from verimirage.rewrite.rules import Rule, all_builtin_rules, builtin_rulesets
+from verimirage.rewrite.rules import UNPROVED_BUILTINS, Rule, all_builtin_rules, builtin_rulesets
 
 RULES = all_builtin_rules()
 
@@ -39,10 +39,7 @@ def test_rule_compiles_to_egglog(rule: Rule) -> None:
 #: Reviewed exceptions: rules the verifier cannot prove yet, with the reason. They are off in the default
 #: schedule (``Rule.default=False``); the finite-field check must still accept them (never Refuted), and the
 #: xfail is strict so the entry must be removed once the verifier proves the rule.
-UNPROVED = {
-    "matmul-assoc": "the abstract normal form does not interchange nested sums (Fubini); finite field agrees",
-    "sum-matmul-last": "the abstract normal form does not interchange nested sums (Fubini); finite field agrees",
-}
+UNPROVED = UNPROVED_BUILTINS
 
 
 @pytest.mark.parametrize(

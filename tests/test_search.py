@@ -202,6 +202,11 @@ def test_small_search_candidates_are_equal_and_sorted(name: str) -> None:
     assert "e-graph" in str(r)
 
 
+def test_progress_display_runs() -> None:
+    res = superoptimize(vm.benchmarks.get("ntrans", small=True), verifier=numeric_checker, progress=True)
+    assert res.best is not None
+
+
 def test_search_is_deterministic() -> None:
     g = vm.benchmarks.get("gqa_stable", small=True)
     a = superoptimize(g, verifier=numeric_checker, progress=False)
@@ -269,13 +274,15 @@ def test_unprovable_user_rule_is_refused_unless_trusted() -> None:
     g.output(g.mul(g.exp(x), g.exp(y)))
     with pytest.raises(RuleError, match="refused"):
         superoptimize(g, extra_rules=[_bad_rule(False)], verifier=numeric_checker, progress=False)
-    res = superoptimize(g, extra_rules=[_bad_rule(True)], verifier=numeric_checker, progress=False)
+    res = superoptimize(g, extra_rules=[_bad_rule(True)], progress=False)
     assert "bad-exp-mul" in res.report.trusted_rules
     # the wrong rewrite never survives verification; candidates from rewritten terms name the trusted rule
     for c in res.candidates:
         assert _same(g, c.mugraph)
         if c.graph is not None and str(c.graph) != str(g):
             assert "bad-exp-mul" in c.rules
+        if "bad-exp-mul" in c.rules and c.certificate is not None:
+            assert "bad-exp-mul" in c.certificate.trusted_rules
 
 
 def test_ablation_reports_what_a_rule_contributed() -> None:
@@ -293,14 +300,17 @@ def test_ablation_reports_what_a_rule_contributed() -> None:
 
 @pytest.mark.skipif(not HAVE_VERIFY, reason="needs verimirage.smt.verify (verification workstream)")
 @pytest.mark.parametrize("name", NAMES)
-def test_superoptimize_verified_small(name: str) -> None:
+def test_superoptimize_verified_small(name: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
     g = vm.benchmarks.get(name, batch=1, small=True)
-    res = superoptimize(g, top_k=2, progress=False)
+    res = vm.superoptimize(g, top_k=2, progress=False)
     assert res.best is not None, str(res.report)
     limit = 2 if name in ATTENTION else 1
     assert res.best.num_kernels <= limit, str(res.report)
-    for c in res.candidates:
+    for k, c in enumerate(res.candidates):
         assert isinstance(c.verdict, vm.Proved)
         assert _same(g, c.mugraph, seed=3)
-        if importlib.util.find_spec("verimirage.smt.certificate") is not None:
-            assert c.certificate is not None
+        assert c.certificate is not None, str(res.report)
+        path = tmp_path / f"{name}_{k}.json"
+        c.certificate.save(path)
+        v = vm.check_certificate(path)
+        assert isinstance(v, vm.Proved), v.summary()

@@ -38,6 +38,14 @@ from .lift import Term, graph_terms, term_to_graph
 log = logging.getLogger(__name__)
 
 
+#: Names of the lowering steps (recorded in candidates' ``rules`` and accepted by the certificate checker:
+#: their output is always re-verified, and tests check every lowering against the float64 reference).
+STEPS = (
+    "partition.unfused", "partition.grid", "partition.loop", "partition.split_kv", "partition.online_softmax",
+    "fuse.epilogue",
+)
+
+
 class Infeasible(Exception):
     """A partition choice that cannot be expressed (the message says why)."""
 

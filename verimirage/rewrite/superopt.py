@@ -342,13 +342,21 @@ def superoptimize(
         # ---- certify
         prog.phase("certify")
         try:
-            from ..smt.certificate import make_certificate
+            from ..smt.certificate import make_certificate, register_rules
+            from .partition import STEPS
+            from .rules import UNPROVED_BUILTINS
 
-            for cand in cands:
-                cand.certificate = make_certificate(
-                    graph, cand.mugraph, cand.verdict, rules=cand.rules,
-                    trusted_rules=tuple(r for r in cand.rules if r in rep.trusted_rules),
-                )
+            proved_user = [r.name for r in rules if r.name not in builtin_names and not r.trusted]
+            register_rules([*STEPS, *(n for n in builtin_names if n not in UNPROVED_BUILTINS), *proved_user])
+            for k, cand in enumerate(cands):
+                unproved = [r for r in cand.rules if r in rep.trusted_rules or r in UNPROVED_BUILTINS]
+                try:
+                    cand.certificate = make_certificate(
+                        graph, cand.mugraph, cand.verdict, rules=[r for r in cand.rules if r not in unproved],
+                        trusted_rules=unproved, timeout_s=verify_timeout_s,
+                    )
+                except GraphError as e:
+                    rep.notes.append(f"candidate {k}: no certificate: {str(e).splitlines()[0]}")
         except ImportError:
             rep.notes.append("certificates not made: verimirage.smt.certificate is not available")
         t0 = tick("certify", t0)
