@@ -10,7 +10,7 @@ import pytest
 import verimirage as vm
 
 sys.path.insert(0, str(Path(__file__).parent / "cases"))
-from corpus import CASES  # noqa: E402
+from corpus import CASES
 
 
 def test_corpus_size() -> None:
@@ -21,7 +21,7 @@ def test_corpus_size() -> None:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_case(case) -> None:  # noqa: ANN001
+def test_case(case) -> None:
     v = vm.verify(case.a(), case.b())
     if case.expect == "proved":
         assert isinstance(v, vm.Proved), v.summary()
