@@ -7,12 +7,14 @@ A kernel output ``out`` of dtype ``d`` passes against the float64 reference
 
     |out - ref| <= rtol * |ref| + atol * rms(ref) + floor
 
-with ``rtol = atol = u * (4 + sqrt(K) + D)``: ``u`` the unit roundoff of the
+with ``rtol = atol = u * (4 + log2(K) + D)``: ``u`` the unit roundoff of the
 working precision (2**-11 for float16, 2**-8 for bfloat16, 2**-24 for float32,
 or 2**-11 for float32 graphs with a matmul when TF32 is allowed, as Triton's
 ``tl.dot`` does by default on a GPU), ``K`` the graph's longest reduction
-(matmul contraction, reduced or normalised axis): rounding errors of a
-``K``-term sum grow like ``sqrt(K)``, and ``D`` the longest chain of ops (an
+(matmul contraction, reduced or normalised axis): a pairwise or blocked
+``K``-term sum rounds ``log2(K)`` times along any path (and errors measured
+against ``rms(ref)`` do not grow like the worst-case ``K u``), and ``D`` the
+longest chain of ops (an
 unfused kernel rounds every intermediate to the dtype; Triton's CPU
 interpreter truncates rather than rounds bfloat16). ``rms(ref)`` is the output's
 root-mean-square, so cancellation in a single element does not demand more
@@ -70,7 +72,7 @@ def tolerances(g: Graph, *, allow_tf32: bool = True) -> list[Tolerance]:
         u = UNIT_ROUNDOFF[d]
         if d == "f32" and allow_tf32 and facts.has_matmul:
             u = TF32_ROUNDOFF
-        r = u * (4.0 + math.sqrt(k) + depth)
+        r = u * (4.0 + math.log2(k) + depth)
         out.append(Tolerance(d, r, r, 4.0 * _FINFO[d][1], k, depth))
     return out
 

@@ -155,7 +155,7 @@ GRAPH = vm.Graph.from_json({graph_json!r})
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 KERNEL_REF = {kernel_ref}
 
-# Per-output tolerances: |out - ref| <= rtol*|ref| + atol*rms(ref) + floor, rtol = atol = u*(4 + sqrt(K) + D).
+# Per-output tolerances: |out - ref| <= rtol*|ref| + atol*rms(ref) + floor, rtol = atol = u*(4 + log2(K) + D).
 TOLS = {tols}
 REGIMES = {regimes!r}
 NONCONTIGUOUS = {allow_nc!r}
