@@ -82,6 +82,7 @@ def generated(tmp_path_factory):
                                 shrink=False),
         "lora_expert": write_tests(small("lora"), d / "test_lora_expert.py", kernel=expert("lora"), seed=1,
                                    max_examples=5),
+        "lora_default": write_tests(small("lora"), d / "test_lora_default.py", seed=1, max_examples=5),
         "rms_expert": write_tests(small("rmsnorm_linear"), d / "test_rms_expert.py", kernel=expert("rmsnorm_linear"),
                                   seed=1, max_examples=5),
     }
@@ -134,6 +135,15 @@ def test_expert_designs_through_vm_compile_pass(generated):
         assert got.pop("test_kernel_is_verified") in ("passed", "skipped")  # skipped until vm.verify lands
         assert got and set(got.values()) == {"passed"}, (mod, results["__output__"])
     assert "test_scaling_X" in outcomes(results, "rms_expert")  # the norm absorbs a scaling of X
+
+
+def test_default_module_tests_the_best_verified_candidate(generated):
+    """kernel=None (API.md): the module compiles the best verified candidate and re-proves it."""
+    written, results = generated
+    got = outcomes(results, "lora_default")
+    assert got["test_kernel_is_verified"] == "passed", results["__output__"]
+    assert set(got.values()) == {"passed"}, results["__output__"]
+    assert written["lora_default"].kernel.startswith("vm.compile of the best verified candidate")
 
 
 # --------------------------------------------------------------------------- in-process checks
