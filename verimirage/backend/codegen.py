@@ -65,12 +65,17 @@ class TileOptions:
     dot_min_m: int = 64  # rows of tl.dot operands padded to at least this (wgmma: 64 per warp group)
     dot_min_nk: int = 16  # columns / contraction of tl.dot padded to at least this (GPU minimum 16)
     fp32_precision: str = "ieee"  # tl.dot input_precision for fp32 operands: "ieee" or "tf32"
+    #: for-loops without tl.dot of at most this many iterations are unrolled (tl.static_range), so all
+    #: their loads are in flight at once (Triton pipelines only loops that feed tl.dot); 0 disables
+    unroll_max: int = 16
 
     def __post_init__(self) -> None:
         for k in ("dot_min_m", "dot_min_nk"):
             v = getattr(self, k)
             if not isinstance(v, int) or v < 16 or v & (v - 1):
                 raise ValueError(f"TileOptions.{k}={v!r}; expected a power of two >= 16")
+        if not isinstance(self.unroll_max, int) or self.unroll_max < 0:
+            raise ValueError(f"TileOptions.unroll_max={self.unroll_max!r}; expected an int >= 0")
         if self.fp32_precision not in ("ieee", "tf32", "tf32x3"):
             raise ValueError(f"TileOptions.fp32_precision={self.fp32_precision!r}; expected 'ieee', 'tf32' or 'tf32x3'")
 
@@ -92,7 +97,8 @@ class LaunchConfig:
     def key(self) -> str:
         """A short stable text for cache keys and reports."""
         t = self.tiles
-        return f"w{self.num_warps}s{self.num_stages}m{t.dot_min_m}n{t.dot_min_nk}{t.fp32_precision}"
+        u = "" if t.unroll_max == 16 else f"u{t.unroll_max}"
+        return f"w{self.num_warps}s{self.num_stages}m{t.dot_min_m}n{t.dot_min_nk}{t.fp32_precision}{u}"
 
 
 @dataclass(frozen=True)
@@ -594,7 +600,9 @@ class _KernelGen:
                 out.append(f"    pid{a} = tl.program_id({self.launch_axes[a]})")
         out += ["    " + s for s in pre]
         if looped:
-            out.append(f"    for it in range(0, {bg.frange}):")
+            unroll = bg.frange <= self.opts.unroll_max and not any("tl.dot(" in b for b in body)
+            rng = "tl.static_range" if unroll else "range"
+            out.append(f"    for it in {rng}(0, {bg.frange}):")
             out += ["        " + s for s in body] or ["        pass"]
         out += ["    " + s for s in postl]
         out += ["    " + s for s in stores]

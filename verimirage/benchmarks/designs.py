@@ -63,8 +63,11 @@ def flash_attention(g: Graph, *, rows: int = 64, kv_tile: int = 64, stable: bool
 
 
 def split_kv_attention(g: Graph, *, splits: int = 16, rows: int = 64, kv_tile: int = 64, stable: bool = False,
-                       qknorm: bool = False, eps: float = 1e-6) -> MuGraph:
-    """Two kernels (FlashDecoding): per KV split, partial sums side by side; then a combine kernel."""
+                       qknorm: bool = False, eps: float = 1e-6, combine_rows: int | None = None) -> MuGraph:
+    """Two kernels (FlashDecoding): per KV split, partial sums side by side; then a combine kernel.
+
+    ``combine_rows`` (default ``rows``) is the combine kernel's row tile: fewer rows, more blocks.
+    """
     t = _inputs(g)
     qt, kt, vt = t["Q"], t["K"], t["V"]
     h, n, d = qt.shape
@@ -98,7 +101,8 @@ def split_kv_attention(g: Graph, *, splits: int = 16, rows: int = 64, kv_tile: i
     ins = [mg.input(name, tt.shape, tt.dtype) for name, tt in t.items()]
     parts = mg.custom(b.build(), ins)
     # combine: grid (heads, row blocks), for-loop over the splits
-    c = BlockBuilder((h, n // rows), splits)
+    crows = _div_pick(n, combine_rows or rows)
+    c = BlockBuilder((h, n // crows), splits)
     o_p = c.input(0, parts[0].type, (0, 1), 2)
     l_p = c.input(1, parts[1].type, (0, 1), 2)
     if stable:
@@ -134,6 +138,38 @@ def rmsnorm_linear(g: Graph, *, cols: int = 64, k_tile: int = 64, eps: float = 1
     mg = MuGraph()
     ins = [mg.input(name, tt.shape, tt.dtype) for name, tt in t.items()]
     (out,) = mg.custom(b.build(), ins)
+    mg.output(out)
+    return mg
+
+
+def rmsnorm_linear_splitk(g: Graph, *, cols: int = 64, k_tile: int = 128, splits: int = 2,
+                          combine_cols: int | None = None, eps: float = 1e-6) -> MuGraph:
+    """Two kernels (split-K): partial X W per K split side by side, then a combine kernel that sums the
+    partials and applies 1/rms (the sum of squares of X computed there, one K chunk per iteration)."""
+    t = _inputs(g)
+    xt, wt = t["X"], t["W"]
+    m, k = xt.shape
+    n = wt.shape[1]
+    cols = _div_pick(n, cols)
+    splits = _div_pick(k, splits)
+    per = k // splits
+    frange = per // _div_pick(per, k_tile)
+    b = BlockBuilder((n // cols, splits), frange)
+    x = b.input(0, xt, (None, 1), 1)
+    w = b.input(1, wt, (1, 0), 0)
+    b.output(b.loop_sum(b.matmul(x, w)), (1, 0))
+    mg = MuGraph()
+    ins = [mg.input(name, tt.shape, tt.dtype) for name, tt in t.items()]
+    (part,) = mg.custom(b.build(), ins)
+    ccols = _div_pick(n, combine_cols or cols)
+    c = BlockBuilder((n // ccols,), splits)
+    p = c.input(0, part.type, (1,), 0)
+    xc = c.input(1, xt, (None,), 1)
+    acc = c.loop_sum(p)
+    ss = c.loop_sum(c.sum(c.square(xc), axis=1))
+    r = c.rsqrt(c.shift(c.scale(ss, 1.0 / k), eps))
+    c.output(c.mul(acc, r), (1,))
+    (out,) = mg.custom(c.build(), [part, ins[0]])
     mg.output(out)
     return mg
 
@@ -182,6 +218,40 @@ def gated_mlp(g: Graph, *, cols: int = 64, k_tile: int = 64) -> MuGraph:
     mg = MuGraph()
     ins = [mg.input(name, tt.shape, tt.dtype) for name, tt in t.items()]
     (out,) = mg.custom(b.build(), ins)
+    mg.output(out)
+    return mg
+
+
+def gated_mlp_splitk(g: Graph, *, cols: int = 64, k_tile: int = 128, splits: int = 2,
+                     combine_cols: int | None = None) -> MuGraph:
+    """Two kernels (split-K): partial X W1 and X W2 per K split side by side, then a combine kernel that
+    sums the partials and applies silu(a) * b."""
+    t = _inputs(g)
+    xt, w1t, w2t = t["X"], t["W1"], t["W2"]
+    k = xt.shape[1]
+    n = w1t.shape[1]
+    cols = _div_pick(n, cols)
+    splits = _div_pick(k, splits)
+    per = k // splits
+    frange = per // _div_pick(per, k_tile)
+    b = BlockBuilder((n // cols, splits), frange)
+    x = b.input(0, xt, (None, 1), 1)
+    w1 = b.input(1, w1t, (1, 0), 0)
+    w2 = b.input(2, w2t, (1, 0), 0)
+    b.output(b.loop_sum(b.matmul(x, w1)), (1, 0))
+    b.output(b.loop_sum(b.matmul(x, w2)), (1, 0))
+    mg = MuGraph()
+    ins = [mg.input(name, tt.shape, tt.dtype) for name, tt in t.items()]
+    p1, p2 = mg.custom(b.build(), ins)
+    ccols = _div_pick(n, combine_cols or cols)
+    c = BlockBuilder((n // ccols,), splits)
+    a1 = c.loop_sum(c.input(0, p1.type, (1,), 0))
+    a2 = c.loop_sum(c.input(1, p2.type, (1,), 0))
+    tb = ThreadBuilder()
+    u, v = tb.arg(a1.type), tb.arg(a2.type)
+    tb.output(tb.mul(tb.silu(u), v))
+    c.output(c.fused(tb.build(), [a1, a2]), (1,))
+    (out,) = mg.custom(c.build(), [p1, p2])
     mg.output(out)
     return mg
 
