@@ -31,17 +31,29 @@ def _float64_check(a: vm.Graph, b: vm.Graph):  # type: ignore[no-untyped-def]
     return Proved("float64 spot check (NOT a proof)") if ok else Refuted("float64 outputs differ")
 
 
+def _ir_check_only(a: vm.Graph, b: vm.Graph):  # type: ignore[no-untyped-def]
+    from verimirage.smt.verdict import Proved
+
+    b.check()
+    return Proved("IR check only (--search-only): NOT verified")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--small", action="store_true", help="the small (CPU-interpreter) variants")
     ap.add_argument("--names", default=",".join(vm.benchmarks.names()))
     ap.add_argument("--top-k", type=int, default=1)
+    ap.add_argument("--search-only", action="store_true",
+                    help="skip vm.verify (IR checks only): measures the search alone, results NOT verified")
     args = ap.parse_args()
     have_verify = importlib.util.find_spec("verimirage.smt.verify") is not None
     verifier = None if have_verify else _float64_check
+    if args.search_only:
+        verifier = _ir_check_only
     print(f"# search times ({'small' if args.small else 'full-size'} graphs, top_k={args.top_k})")
     print(f"machine: {platform.processor() or platform.machine()}, python {platform.python_version()}; "
-          f"verification: {'vm.verify' if have_verify else 'float64 spot check (vm.verify not available)'}")
+          "verification: " + ("none (--search-only; IR checks only)" if args.search_only else
+                              "vm.verify" if have_verify else "float64 spot check (vm.verify not available)"))
     print()
     print("| graph | batch | seconds | kernels (expert) | est. time | lowered | verified | phases (s) |")
     print("|---|---|---|---|---|---|---|---|")
