@@ -216,7 +216,8 @@ def main() -> int:
         print(f"{k[0]:16} {k[1]:>2} {r['us']:7.1f} {min(base) if base else float('nan'):8.1f}  {r['design']} "
               f"{r['kw']} {r['cfg']}")
     bad = [r for r in rows if "error" in r or ("err" in r and r.get("skip") == "incorrect or failed")]
-    print(f"failed/incorrect: {len(bad)}; e.g. {[(b['case'], b['design'], b['kw'], b['cfg'], b.get('error', b.get('err'))) for b in bad[:4]]}")
+    eg = [(b["case"], b["design"], b["kw"], b["cfg"], b.get("error", b.get("err"))) for b in bad[:4]]
+    print(f"failed/incorrect: {len(bad)}; e.g. {eg}")
     print(f"total {time.perf_counter() - t_start:.0f}s")
     return 0
 

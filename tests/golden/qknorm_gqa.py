@@ -72,7 +72,7 @@ def k4(a0_ptr, a0_s0, a0_s1, a0_s2, a1_ptr, a1_s0, a1_s1, a1_s2, o0_ptr, o0_s0, 
     pid1 = tl.program_id(1)
     v2 = tl.zeros((1, 16, 16), tl.float32)
     v3 = tl.zeros((1, 16, 1), tl.float32)
-    for it in range(0, 2):
+    for it in tl.static_range(0, 2):
         v0 = tl.load(a0_ptr + (pid0 * 1 + tl.arange(0, 1)[:, None, None]) * a0_s0 + (pid1 * 16 + tl.arange(0, 16)[None, :, None]) * a0_s1 + (it * 16 + tl.arange(0, 16)[None, None, :]) * a0_s2).to(tl.float32)
         v1 = tl.load(a1_ptr + (pid0 * 1 + tl.arange(0, 1)[:, None, None]) * a1_s0 + (pid1 * 16 + tl.arange(0, 16)[None, :, None]) * a1_s1 + (it * 1 + tl.arange(0, 1)[None, None, :]) * a1_s2).to(tl.float32)
         v2 = (v2 + v0)

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,6 +87,8 @@ class LaunchConfig:
     num_warps: int = 4
     num_stages: int = 2
     tiles: TileOptions = field(default_factory=TileOptions)
+    #: ignore the fields above: every kernel gets :func:`verimirage.backend.tuning.recommend`'s config
+    tuned: bool = False
 
     def __post_init__(self) -> None:
         if self.num_warps not in (1, 2, 4, 8, 16):
@@ -96,6 +98,8 @@ class LaunchConfig:
 
     def key(self) -> str:
         """A short stable text for cache keys and reports."""
+        if self.tuned:
+            return "tuned"
         t = self.tiles
         u = "" if t.unroll_max == 16 else f"u{t.unroll_max}"
         return f"w{self.num_warps}s{self.num_stages}m{t.dot_min_m}n{t.dot_min_nk}{t.fp32_precision}{u}"
@@ -643,8 +647,12 @@ def kernel_source(bg: BlockGraph, arg_types: Sequence[TensorType], name: str = "
     return src, KernelInfo(name, -1, tuple(launch_grid), kg.signature, kg.uses_dot)
 
 
-def generate(program: Any, tiles: TileOptions | None = None) -> ModuleSource:
-    """The generated module for a Graph, MuGraph or Candidate (kernel-level ops wrapped first)."""
+def generate(program: Any, tiles: TileOptions | None = None,
+             tiles_for: Callable[[BlockGraph, Sequence[TensorType]], TileOptions] | None = None) -> ModuleSource:
+    """The generated module for a Graph, MuGraph or Candidate (kernel-level ops wrapped first).
+
+    ``tiles_for(block_graph, arg_types)``, if given, chooses each kernel's tile options (else ``tiles``).
+    """
     mg0 = _as_mugraph(program)
     mg = to_kernels(mg0)
     nodes = node_list(mg)
@@ -661,7 +669,7 @@ def generate(program: Any, tiles: TileOptions | None = None) -> ModuleSource:
         bg: BlockGraph = n.attr("block")
         arg_types = [nodes[a].outs[k] for a, k in n.args]
         kname = f"k{i}"
-        src, info = kernel_source(bg, arg_types, kname, tiles)
+        src, info = kernel_source(bg, arg_types, kname, tiles_for(bg, arg_types) if tiles_for else tiles)
         info = KernelInfo(kname, i, info.grid, info.signature, info.uses_dot)
         kernels.append(info)
         ksrc.append(src)

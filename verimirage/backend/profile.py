@@ -29,14 +29,25 @@ from .codegen import CODEGEN_VERSION, LaunchConfig, TileOptions
 
 log = logging.getLogger(__name__)
 
-#: The default configurations: launch parameters and dot padding (wgmma wants >= 64 rows).
+#: The default configurations: the measured per-kernel rules (``tuning.recommend``) first, then
+#: whole-program configs that won somewhere in the sweeps (benchmarks/perf/NOTES.md): dot rows padded to
+#: 16 (mma.sync; skinny matmuls) with 3 or 4 stages, and 64-row wgmma tiles with 3 stages.
 DEFAULT_CONFIGS: tuple[LaunchConfig, ...] = (
-    LaunchConfig(4, 2),
+    LaunchConfig(tuned=True),
+    LaunchConfig(4, 3, TileOptions(dot_min_m=16)),
+    LaunchConfig(4, 4, TileOptions(dot_min_m=16)),
     LaunchConfig(4, 3),
-    LaunchConfig(8, 3),
-    LaunchConfig(4, 4),
-    LaunchConfig(8, 2, TileOptions(dot_min_m=128)),
 )
+
+_CHOSEN: dict[str, LaunchConfig] = {}
+
+
+def chosen_config(program: Any) -> LaunchConfig | None:
+    """The config :func:`select` timed fastest for ``program`` (by μGraph text) in this process, if any."""
+    try:
+        return _CHOSEN.get(_mugraph_text(program))
+    except Exception:  # not a program: compile() reports that
+        return None
 
 
 @dataclass(frozen=True)
@@ -110,6 +121,15 @@ def _tolerance(dtype: str) -> float:
     return {"f16": 2e-2, "bf16": 6e-2, "f32": 1e-3}[dtype]
 
 
+def _remember(timings: Sequence[Timing]) -> None:
+    """Record each candidate's fastest config so a later ``compile(candidate)`` launches with it."""
+    best: dict[str, LaunchConfig] = {}
+    for t in timings:  # fastest first
+        if t.ok:
+            best.setdefault(_mugraph_text(t.candidate), t.config)
+    _CHOSEN.update(best)
+
+
 def select(
     graph: Graph,
     candidates: Sequence[Any],
@@ -152,7 +172,9 @@ def select(
         hit = store.get(key)
         if isinstance(hit, list) and all(isinstance(h, dict) and h.get("config") in by_cfg for h in hit):
             log.info("select: cache hit %s", key[:12])
-            return [Timing(h["index"], candidates[h["index"]], by_cfg[h["config"]], h["ms"], h["error"]) for h in hit]
+            res = [Timing(h["index"], candidates[h["index"]], by_cfg[h["config"]], h["ms"], h["error"]) for h in hit]
+            _remember(res)
+            return res
 
     ref = evaluate(graph, {k: v.detach().cpu() for k, v in xs.items()}) if check else None
     out: list[Timing] = []
@@ -185,6 +207,7 @@ def select(
                 out.append(Timing(ci, cand, cfg, None, f"{type(e).__name__}: {e}"[:500]))
             log.debug("select: candidate %d config %s took %.1fs", ci, cfg.key(), time.perf_counter() - t0)
     out.sort(key=lambda t: (t.ms is None, t.ms if t.ms is not None else 0.0))
+    _remember(out)
     if store is not None:
         store.put(key, [{"index": t.index, "config": t.config.key(), "ms": t.ms, "error": t.error} for t in out])
     return out

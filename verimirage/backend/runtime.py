@@ -30,6 +30,7 @@ from types import ModuleType
 from typing import Any
 
 from ..ir.errors import GraphError
+from ..ir.graph import node_list
 from ..ir.ops import TensorType
 from .cache import atomic_write, cache_dir
 from .codegen import LaunchConfig, ModuleSource, TileOptions, generate
@@ -219,6 +220,13 @@ class CompiledProgram:
         return f"<CompiledProgram {len(self.kernels)} kernel(s) from {self.path}>"
 
 
+def _chosen_config(program: Any) -> LaunchConfig | None:
+    """The configuration ``profile.select`` measured fastest for this program in this process, if any."""
+    from .profile import chosen_config
+
+    return chosen_config(program)
+
+
 def compile(
     program: Any,
     *,
@@ -229,15 +237,32 @@ def compile(
     """Compile a Candidate (its ``.mugraph``), MuGraph or Graph to a callable on torch tensors.
 
     ``config`` sets the tile options and launch parameters of every kernel
-    (``per_kernel`` overrides the launch parameters by kernel name);
+    (``per_kernel`` overrides the launch parameters by kernel name). Without
+    one, the configuration :func:`verimirage.backend.profile.select` found
+    fastest for this μGraph in this process is used if there is one, else each
+    kernel gets :func:`verimirage.backend.tuning.recommend`'s (measured rules);
+    ``LaunchConfig(tuned=True)`` asks for the latter explicitly.
     ``directory`` is where the generated module is written (default: the
     cache directory, see :mod:`.cache`).
     """
-    config = config or LaunchConfig()
-    if not isinstance(config, LaunchConfig):
+    if config is not None and not isinstance(config, LaunchConfig):
         raise TypeError(f"compile: config {config!r}; expected a LaunchConfig")
-    tiles: TileOptions = config.tiles
-    ms = generate(program, tiles)
+    if config is None:
+        config = _chosen_config(program)
+    if config is None or config.tuned:
+        from . import tuning
+
+        config = LaunchConfig(tuned=True)
+        ms = generate(program, tiles_for=lambda bg, at: tuning.recommend(bg, at).tiles)
+        nodes = node_list(ms.mugraph)
+        tuned: dict[str, LaunchConfig] = {}
+        for k in ms.kernels:
+            n = nodes[k.node]
+            tuned[k.name] = tuning.recommend(n.attr("block"), [nodes[a].outs[j] for a, j in n.args])
+        per_kernel = tuned | dict(per_kernel or {})
+    else:
+        tiles: TileOptions = config.tiles
+        ms = generate(program, tiles)
     path = write_module(ms, Path(directory) if directory is not None else None)
     try:
         mod = load_module(path)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..ir.errors import GraphError
-from ..ir.graph import BlockBuilder, Graph, MuGraph, Tensor, ThreadBuilder
+from ..ir.graph import BlockBuilder, Graph, MuGraph, ThreadBuilder
 from ..ir.ops import TensorType
 
 
@@ -33,7 +33,7 @@ def flash_attention(g: Graph, *, rows: int = 64, kv_tile: int = 64, stable: bool
     """One kernel: grid (heads, query-row blocks), for-loop over KV tiles, online softmax."""
     t = _inputs(g)
     qt, kt, vt = t["Q"], t["K"], t["V"]
-    h, n, d = qt.shape
+    h, n, _d = qt.shape
     kv = kt.shape[2]
     rows = _div_pick(n, rows)
     frange = kv // _div_pick(kv, kv_tile)
@@ -70,7 +70,7 @@ def split_kv_attention(g: Graph, *, splits: int = 16, rows: int = 64, kv_tile: i
     """
     t = _inputs(g)
     qt, kt, vt = t["Q"], t["K"], t["V"]
-    h, n, d = qt.shape
+    h, n, _d = qt.shape
     kv = kt.shape[2]
     splits = _div_pick(kv, splits)
     rows = _div_pick(n, rows)
@@ -124,7 +124,7 @@ def rmsnorm_linear(g: Graph, *, cols: int = 64, k_tile: int = 64, eps: float = 1
     """One kernel: X W on raw X, the sum of squares accumulated beside it, 1/rms as the epilogue."""
     t = _inputs(g)
     xt, wt = t["X"], t["W"]
-    m, k = xt.shape
+    _m, k = xt.shape
     n = wt.shape[1]
     cols = _div_pick(n, cols)
     frange = k // _div_pick(k, k_tile)
@@ -148,7 +148,7 @@ def rmsnorm_linear_splitk(g: Graph, *, cols: int = 64, k_tile: int = 128, splits
     partials and applies 1/rms (the sum of squares of X computed there, one K chunk per iteration)."""
     t = _inputs(g)
     xt, wt = t["X"], t["W"]
-    m, k = xt.shape
+    _m, k = xt.shape
     n = wt.shape[1]
     cols = _div_pick(n, cols)
     splits = _div_pick(k, splits)

@@ -1,0 +1,187 @@
+"""Measured tuning rules for Hopper GPUs (H100 / H200): launch configs per kernel, design parameters per shape.
+
+Two entry points, both pure functions of shapes (no GPU, no torch, no triton needed):
+
+* :func:`recommend` — given one block graph and its operand types, the :class:`LaunchConfig`
+  (warps, pipeline stages, ``tl.dot`` row padding, loop unrolling) to launch it with. The runtime uses it
+  for every kernel when ``compile`` gets no config; :func:`candidate_configs` lists a few neighbours
+  for the GPU profiler to sweep.
+* :func:`design_params` / :func:`skinny_matmul_plan` — for the search: which μGraph shapes are fast
+  (grid size, column tile, split-K, K tile, attention rows / splits / combine rows), best first.
+
+Where the numbers come from: ``benchmarks/perf/NOTES.md`` (sweeps with ``benchmarks/perf/sweep.py``,
+CUDA-graph medians, float64-checked). The rules, in short:
+
+1. Memory-bound skinny matmuls (rows M <= 16, K*N large): the weights must stream at full bandwidth,
+   which needs (a) enough blocks on every SM — a grid of ``0.9..1.0 x`` the SM count, or split-K until
+   the grid has ``>= 2.5 x`` the SM count; (b) ``tl.dot`` rows padded to 16 only (``mma.sync``),
+   not 64 (``wgmma``): padding wastes shared memory that deeper pipelines need; (c) K tiles of
+   128-256 and 3-4 pipeline stages (cp.async), under ~200 KB of shared memory.
+2. Attention (split-KV FlashDecoding): 4 warps, 3 stages, 64-row Q tiles, KV tiles of 128, 16 splits;
+   8 warps was 1.2-2x slower. The combine kernel needs many blocks (16-row tiles) and an unrolled
+   loop over the splits (Triton does not pipeline loops without ``tl.dot``).
+3. Kernels without a matmul (norms, combines): 4-8 warps, one stage, loops of <= 16 unrolled.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..ir.graph import BlockGraph, Graph
+from ..ir.ops import TensorType
+from .codegen import LaunchConfig, TileOptions, _KernelGen
+
+#: Streaming multiprocessors of an H100 SXM / H200 (132 each).
+NUM_SMS = 132
+#: Shared memory a pipelined kernel may use (bytes): the 227 KB limit less headroom.
+SMEM_BUDGET = 200 * 1024
+
+
+@dataclass(frozen=True)
+class KernelShape:
+    """What the tuning rules look at in one block graph."""
+
+    blocks: int  # grid size (product)
+    frange: int  # for-loop iterations
+    matmuls: int  # tl.dot products (all dims > 1)
+    dot_rows: int  # largest logical row count of a tl.dot result (0 without matmuls)
+    chained: bool  # a matmul consumes another matmul's result (attention: P @ V after Q @ K)
+    stage_bytes: int  # bytes of loop-varying input tiles per iteration, padded (rows to 16 for dots)
+    max_tile: int  # largest padded value in the kernel (elements)
+
+
+def kernel_shape(bg: BlockGraph, arg_types: Sequence[TensorType]) -> KernelShape:
+    """Measure ``bg`` (applied to operands of ``arg_types``) for the rules of :func:`recommend`."""
+    outs = bg.result_types(arg_types)
+    kg = _KernelGen(bg, arg_types, outs, "k", TileOptions(dot_min_m=16))
+    for i in range(len(bg.nodes)):
+        kg._unify_node(lambda a, k: (a, k), bg.nodes, i)
+    kg._finish_classes()
+    mm = [i for i, n in enumerate(bg.nodes) if n.op == "matmul" and min(
+        bg.nodes[n.args[0][0]].outs[n.args[0][1]].shape[-2:] + bg.nodes[n.args[1][0]].outs[n.args[1][1]].shape[-1:]
+    ) > 1]
+    rows = max((bg.nodes[i].outs[0].shape[-2] for i in mm), default=0)
+    mmset = set(mm)
+
+    def reaches_matmul(i: int, seen: set[int]) -> bool:
+        for a, _ in bg.nodes[i].args:
+            if a in seen:
+                continue
+            seen.add(a)
+            if a in mmset or reaches_matmul(a, seen):
+                return True
+        return False
+
+    chained = any(reaches_matmul(i, set()) for i in mm)
+    stage = 0
+    biggest = 0
+    for i, n in enumerate(bg.nodes):
+        p = kg.padded((i, 0), n.outs[0]) if n.outs else ()
+        biggest = max(biggest, math.prod(p) if p else 0)
+        if n.op == "input" and n.attr("fmap") is not None and bg.frange > 1:
+            stage += math.prod(p) * n.outs[0].dtype.itemsize
+    return KernelShape(math.prod(bg.grid), bg.frange, len(mm), rows, chained, stage, biggest)
+
+
+def recommend(bg: BlockGraph, arg_types: Sequence[TensorType]) -> LaunchConfig:
+    """The launch configuration the measurements favour for one kernel (see the module docstring)."""
+    s = kernel_shape(bg, arg_types)
+    if s.matmuls == 0:
+        warps = 8 if s.max_tile >= 4096 else 4
+        return LaunchConfig(warps, 1 if s.frange == 1 else 2, TileOptions(unroll_max=16))
+    min_m = 16 if s.dot_rows <= 16 else 64
+    if s.frange == 1:
+        return LaunchConfig(4, 2, TileOptions(dot_min_m=min_m))
+    if s.chained:  # attention-like: two dependent products per iteration; 3 stages, 4 warps measured best
+        return LaunchConfig(4, 3, TileOptions(dot_min_m=min_m))
+    per_stage = s.stage_bytes if min_m == 16 else s.stage_bytes * max(1, 64 // max(16, s.dot_rows))
+    stages = 4 if per_stage * 4 <= SMEM_BUDGET * 4 // 5 else 3 if per_stage * 3 <= SMEM_BUDGET else 2
+    return LaunchConfig(4, stages, TileOptions(dot_min_m=min_m))
+
+
+def candidate_configs(bg: BlockGraph, arg_types: Sequence[TensorType]) -> list[LaunchConfig]:
+    """:func:`recommend` first, then a few neighbours worth timing (for the profiler)."""
+    best = recommend(bg, arg_types)
+    out = [best]
+    for w, st in ((best.num_warps, best.num_stages + 1), (8, best.num_stages), (best.num_warps, 2)):
+        c = LaunchConfig(w, max(1, st), best.tiles)
+        if c not in out:
+            out.append(c)
+    return out
+
+
+def wave_efficiency(blocks: int, per_sm: int = 1, sms: int = NUM_SMS) -> float:
+    """Fraction of SM slots busy over the run when ``blocks`` equal blocks run ``per_sm`` at a time per SM."""
+    slots = sms * per_sm
+    return blocks / (math.ceil(blocks / slots) * slots)
+
+
+def skinny_matmul_plan(m: int, k: int, n: int, *, weights: int = 1, sms: int = NUM_SMS) -> dict[str, Any]:
+    """Design parameters for ``X (m, k) @ W (k, n)`` (``weights`` such matrices sharing X), M small.
+
+    Returns ``{"split_k": S, "cols": C, "k_tile": T, "blocks": B}``: a single kernel (S = 1) when
+    ``n / C`` fills the SMs in one wave at >= 90% for C in (32, 64); otherwise split-K with C = 64 and the
+    smallest S (a power of two) giving >= 2.5 x the SM count blocks, plus a combine kernel (C columns,
+    for-loop over the S partials).
+    """
+    for cols in (32, 64):
+        if n % cols == 0 and 0.9 * sms <= n // cols <= sms:
+            kt = 256 if weights == 1 and m <= 16 else 128
+            while k % kt:
+                kt //= 2
+            return {"split_k": 1, "cols": cols, "k_tile": kt, "blocks": n // cols}
+    cols = 64 if n % 64 == 0 else 32 if n % 32 == 0 else 16
+    s = 1
+    while (n // cols) * s < 2.5 * sms and k % (2 * s) == 0 and k // (2 * s) >= 256:
+        s *= 2
+    kt = 128
+    while (k // s) % kt:
+        kt //= 2
+    return {"split_k": s, "cols": cols, "k_tile": kt, "blocks": (n // cols) * s}
+
+
+def _attn_plan(h: int, n: int, kv: int) -> dict[str, Any]:
+    rows = 64 if n >= 64 else max(16, 1 << (n - 1).bit_length())
+    splits = 16
+    while splits > 1 and kv // splits < 128:
+        splits //= 2
+    return {"rows": rows, "splits": splits, "kv_tile": 128, "combine_rows": 16}
+
+
+def design_params(name: str, g: Graph) -> list[tuple[str, dict[str, Any]]]:
+    """Good design parameters for suite program ``name`` on graph ``g``, best first.
+
+    Each entry is ``(builder, kwargs)`` with ``builder`` a function name in
+    :mod:`verimirage.benchmarks.designs`. Measured on an H200 (H100-class SM count and shared memory);
+    the ranking is what the search should prefer for suite-like shapes.
+    """
+    t = {x.name: x.type for x in g.inputs if x.name is not None}
+    if name in ("gqa", "mha", "qknorm_gqa", "gqa_stable", "mha_stable", "mqa"):
+        q, k = t["Q"], t["K"]
+        p = _attn_plan(q.shape[0], q.shape[1], k.shape[2])
+        extra = {"qknorm": True} if name == "qknorm_gqa" else {}
+        if name.endswith("_stable"):
+            extra = {"stable": True}
+        return [("split_kv_attention", p | extra), ("split_kv_attention", p | {"splits": p["splits"] * 2} | extra)]
+    if name in ("gated_mlp", "rmsnorm_linear", "lora"):
+        x = t["X"]
+        w = t["W1"] if name == "gated_mlp" else t["W"]
+        m, kk = x.shape
+        nn = w.shape[1]
+        if name == "lora":
+            return [("lora", {"cols": 32, "k_tile": 256 if m <= 16 else 64}), ("lora", {"cols": 64, "k_tile": 256})]
+        plan = skinny_matmul_plan(m, kk, nn, weights=2 if name == "gated_mlp" else 1)
+        single = name  # the one-kernel builder has the program's name
+        if plan["split_k"] == 1:
+            out = [(single, {"cols": plan["cols"], "k_tile": plan["k_tile"]})]
+            out.append((f"{name}_splitk", {"cols": 64, "splits": 2, "k_tile": 128}))
+        else:
+            out = [(f"{name}_splitk", {"cols": plan["cols"], "splits": plan["split_k"], "k_tile": plan["k_tile"]})]
+            out.append((single, {"cols": 64, "k_tile": 128}))
+        return out
+    if name == "ntrans":
+        return [("ntrans", {"rows": 1})]
+    return []
