@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import os
+import tempfile
+
+# Caches (generated kernels, search results) go to a fresh directory per test session, never ~/.cache.
+os.environ.setdefault("VERIMIRAGE_CACHE_DIR", tempfile.mkdtemp(prefix="vm-test-cache-"))
 
 # Triton's interpreter must be chosen before anything imports triton: do it first, for every test module.
 from verimirage.backend.runtime import ensure_mode

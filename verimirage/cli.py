@@ -131,10 +131,10 @@ def cmd_optimize(a: argparse.Namespace) -> int:
 
 def _kernel_source(c: Any) -> str | None:
     try:
-        from verimirage.backend.codegen import generate_source
+        from verimirage.backend.codegen import generate
     except ImportError:
         return None
-    return str(generate_source(c.mugraph))
+    return str(generate(c.mugraph).source)
 
 
 def _short(cost: Any) -> str:

@@ -189,6 +189,8 @@ def superoptimize(
     progress: bool | None = None,
     verify_timeout_s: float = 10.0,
     verifier: Callable[[Graph, Graph], Any] | None = None,
+    cache: bool = True,
+    recheck_cache: bool = False,
 ) -> SearchResult:
     """Search for verified μGraphs equivalent to kernel graph ``graph``; best (by cost) first.
 
@@ -200,13 +202,70 @@ def superoptimize(
     ``terms_per_class`` / ``max_terms`` for extraction; ``max_verify`` candidates to try verifying;
     ``profile=True`` reorders by GPU timings (``verimirage.backend.profile.select``); ``progress``
     shows a rich display (None: when stderr is a terminal); ``seed`` is passed to the verifier's random
-    trials; ``verifier`` replaces ``vm.verify`` (research use).
+    trials; ``verifier`` replaces ``vm.verify`` (research use). ``cache``: serve a repeated search
+    from the on-disk cache (:mod:`verimirage.rewrite.search_cache`; not used with a custom
+    ``verifier`` or user rules); ``recheck_cache`` re-runs the certificate checker on a hit.
     """
     if not isinstance(graph, Graph) or any(n.op == "custom" for n in node_list(graph)):
         raise GraphError("superoptimize: expected a kernel graph (vm.Graph) without custom kernels")
     if top_k < 1:
         raise ValueError(f"superoptimize: top_k={top_k}; expected >= 1")
     graph.check()
+    key = None
+    if cache and verifier is None and not extra_rules:
+        from . import search_cache
+
+        key = search_cache.cache_key(graph, {
+            "time_budget_s": time_budget_s, "node_limit": node_limit, "iter_limit": iter_limit,
+            "rulesets": None if rulesets is None else [r if isinstance(r, str) else r.name for r in rulesets],
+            "disable_rules": sorted(disable_rules), "grids": None if grids is None else list(grids),
+            "franges": None if franges is None else list(franges), "max_splits": max_splits, "top_k": top_k,
+            "terms_per_class": terms_per_class, "max_terms": max_terms, "max_verify": max_verify,
+            "hardware": repr(hardware), "calibration": repr(calibration), "profile": profile, "seed": seed,
+            "verify_timeout_s": verify_timeout_s,
+        })
+        hit = search_cache.load(key, graph, recheck=recheck_cache)
+        if hit is not None:
+            log.info("superoptimize: served from the search cache (%d candidate(s))", len(hit.candidates))
+            return hit
+    result = _search(graph, time_budget_s=time_budget_s, node_limit=node_limit, iter_limit=iter_limit,
+                     rulesets=rulesets, disable_rules=disable_rules, extra_rules=extra_rules, grids=grids,
+                     franges=franges, max_splits=max_splits, top_k=top_k, terms_per_class=terms_per_class,
+                     max_terms=max_terms, max_verify=max_verify, hardware=hardware, calibration=calibration,
+                     profile=profile, seed=seed, progress=progress, verify_timeout_s=verify_timeout_s,
+                     verifier=verifier)
+    if key is not None and result.candidates:
+        from . import search_cache
+
+        search_cache.save(key, result)
+    return result
+
+
+def _search(
+    graph: Graph,
+    *,
+    time_budget_s: float,
+    node_limit: int,
+    iter_limit: int,
+    rulesets: Sequence[str | Ruleset] | None,
+    disable_rules: Sequence[str],
+    extra_rules: Sequence[Rule | Ruleset],
+    grids: Sequence[int] | None,
+    franges: Sequence[int] | None,
+    max_splits: int,
+    top_k: int,
+    terms_per_class: int,
+    max_terms: int,
+    max_verify: int | None,
+    hardware: Hardware,
+    calibration: Calibration | None,
+    profile: bool,
+    seed: int,
+    progress: bool | None,
+    verify_timeout_s: float,
+    verifier: Callable[[Graph, Graph], Any] | None,
+) -> SearchResult:
+    """The search itself (see :func:`superoptimize`)."""
     t_start = time.perf_counter()
     rep = SearchReport()
     cal = calibration or Calibration()
@@ -354,6 +413,7 @@ def superoptimize(
                     cand.certificate = make_certificate(
                         graph, cand.mugraph, cand.verdict, rules=[r for r in cand.rules if r not in unproved],
                         trusted_rules=unproved, timeout_s=verify_timeout_s,
+                        triton_source_hash=_triton_source_hash(cand.mugraph),
                     )
                 except GraphError as e:
                     rep.notes.append(f"candidate {k}: no certificate: {str(e).splitlines()[0]}")
@@ -380,6 +440,19 @@ def superoptimize(
             t0 = tick("profile", t0)
     log.info("%s", rep)
     return SearchResult(cands, rep)
+
+
+def _triton_source_hash(mg: MuGraph) -> str | None:
+    """SHA-256 of the Triton module the backend generates for ``mg`` (None without the backend)."""
+    try:
+        from ..backend.codegen import generate
+    except ImportError:
+        return None
+    try:
+        return generate(mg).digest
+    except Exception as e:  # codegen cannot express it: the certificate then vouches for no source
+        log.warning("no Triton source for a candidate: %s", e)
+        return None
 
 
 def _builtin() -> list[Rule]:
