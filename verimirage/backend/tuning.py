@@ -51,6 +51,8 @@ class KernelShape:
     chained: bool  # a matmul consumes another matmul's result (attention: P @ V after Q @ K)
     stage_bytes: int  # bytes of loop-varying input tiles per iteration, padded (rows to 16 for dots)
     max_tile: int  # largest padded value in the kernel (elements)
+    dot_cols: int = 0  # smallest logical column count of a tl.dot result
+    side_use: bool = False  # a loop-varying matmul operand also feeds a non-matmul op (rmsnorm_linear's X)
 
 
 def kernel_shape(bg: BlockGraph, arg_types: Sequence[TensorType]) -> KernelShape:
@@ -83,7 +85,16 @@ def kernel_shape(bg: BlockGraph, arg_types: Sequence[TensorType]) -> KernelShape
         biggest = max(biggest, math.prod(p) if p else 0)
         if n.op == "input" and n.attr("fmap") is not None and bg.frange > 1:
             stage += math.prod(p) * n.outs[0].dtype.itemsize
-    return KernelShape(math.prod(bg.grid), bg.frange, len(mm), rows, chained, stage, biggest)
+    users: dict[int, set[str]] = {}
+    for n in bg.nodes:
+        for a, _ in n.args:
+            users.setdefault(a, set()).add("mm" if n.op == "matmul" else "other")
+    side = any(
+        n.op == "input" and n.attr("fmap") is not None and users.get(i, set()) == {"mm", "other"}
+        for i, n in enumerate(bg.nodes)
+    )
+    cols = min((bg.nodes[i].outs[0].shape[-1] for i in mm), default=0)
+    return KernelShape(math.prod(bg.grid), bg.frange, len(mm), rows, chained, stage, biggest, cols, side)
 
 
 def recommend(bg: BlockGraph, arg_types: Sequence[TensorType]) -> LaunchConfig:
@@ -92,12 +103,18 @@ def recommend(bg: BlockGraph, arg_types: Sequence[TensorType]) -> LaunchConfig:
     if s.matmuls == 0:
         warps = 8 if s.max_tile >= 4096 else 4
         return LaunchConfig(warps, 1 if s.frange == 1 else 2, TileOptions(unroll_max=16))
-    min_m = 16 if s.dot_rows <= 16 else 64
+    # rows <= 16: pad dots to 16 (mma.sync), except when the streamed operand also feeds other ops in the
+    # loop (measured: rmsnorm_linear's X squared beside X @ W ran 31 us with 16, 22 us with 64-row wgmma)
+    # (with column tiles under 64 that 64-row config computed a WRONG result on Triton 3.6 — rel. error 1e-2,
+    # benchmarks/perf/NOTES.md — so there we keep 16 rows: slower, correct)
+    min_m = 16 if s.dot_rows <= 16 and not (s.side_use and s.dot_cols >= 64) else 64
     if s.frange == 1:
         return LaunchConfig(4, 2, TileOptions(dot_min_m=min_m))
     if s.chained:  # attention-like: two dependent products per iteration; 3 stages, 4 warps measured best
         return LaunchConfig(4, 3, TileOptions(dot_min_m=min_m))
     per_stage = s.stage_bytes if min_m == 16 else s.stage_bytes * max(1, 64 // max(16, s.dot_rows))
+    if s.side_use:
+        return LaunchConfig(4, 3 if min_m == 64 else 4, TileOptions(dot_min_m=min_m))
     stages = 4 if per_stage * 4 <= SMEM_BUDGET * 4 // 5 else 3 if per_stage * 3 <= SMEM_BUDGET else 2
     return LaunchConfig(4, stages, TileOptions(dot_min_m=min_m))
 

@@ -62,11 +62,12 @@ def flash_attention(g: Graph, *, rows: int = 64, kv_tile: int = 64, stable: bool
     return mg
 
 
-def split_kv_attention(g: Graph, *, splits: int = 16, rows: int = 64, kv_tile: int = 64, stable: bool = False,
-                       qknorm: bool = False, eps: float = 1e-6, combine_rows: int | None = None) -> MuGraph:
+def split_kv_attention(g: Graph, *, splits: int = 16, rows: int = 64, kv_tile: int = 128, stable: bool = False,
+                       qknorm: bool = False, eps: float = 1e-6, combine_rows: int | None = 16) -> MuGraph:
     """Two kernels (FlashDecoding): per KV split, partial sums side by side; then a combine kernel.
 
-    ``combine_rows`` (default ``rows``) is the combine kernel's row tile: fewer rows, more blocks.
+    ``combine_rows`` (``None``: ``rows``) is the combine kernel's row tile: fewer rows, more blocks.
+    Defaults are the fastest measured on Hopper (benchmarks/perf/NOTES.md).
     """
     t = _inputs(g)
     qt, kt, vt = t["Q"], t["K"], t["V"]
@@ -120,7 +121,7 @@ def split_kv_attention(g: Graph, *, splits: int = 16, rows: int = 64, kv_tile: i
     return mg
 
 
-def rmsnorm_linear(g: Graph, *, cols: int = 64, k_tile: int = 64, eps: float = 1e-6) -> MuGraph:
+def rmsnorm_linear(g: Graph, *, cols: int = 64, k_tile: int = 128, eps: float = 1e-6) -> MuGraph:
     """One kernel: X W on raw X, the sum of squares accumulated beside it, 1/rms as the epilogue."""
     t = _inputs(g)
     xt, wt = t["X"], t["W"]
@@ -174,7 +175,7 @@ def rmsnorm_linear_splitk(g: Graph, *, cols: int = 64, k_tile: int = 128, splits
     return mg
 
 
-def lora(g: Graph, *, cols: int = 64, k_tile: int = 64) -> MuGraph:
+def lora(g: Graph, *, cols: int = 32, k_tile: int = 64) -> MuGraph:
     """One kernel: X W and X A accumulated over K tiles, then (X A) B added as the epilogue."""
     t = _inputs(g)
     xt, wt, at, bt = t["X"], t["W"], t["A"], t["B"]
@@ -197,7 +198,7 @@ def lora(g: Graph, *, cols: int = 64, k_tile: int = 64) -> MuGraph:
     return mg
 
 
-def gated_mlp(g: Graph, *, cols: int = 64, k_tile: int = 64) -> MuGraph:
+def gated_mlp(g: Graph, *, cols: int = 32, k_tile: int = 128) -> MuGraph:
     """One kernel: both matmuls share X tiles; silu(a) * b as a fused thread-graph epilogue."""
     t = _inputs(g)
     xt, w1t, w2t = t["X"], t["W1"], t["W2"]

@@ -1,0 +1,90 @@
+"""Tuning rules (verimirage.backend.tuning): recommended configs per kernel shape, design parameters per
+suite shape, and the tuned default of compile() computing the right values in the interpreter."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import verimirage as vm
+from verimirage.backend import tuning
+from verimirage.backend.codegen import LaunchConfig
+from verimirage.backend.wrap import to_kernels
+from verimirage.benchmarks import designs
+from verimirage.ir.graph import node_list
+
+
+def _recs(mg: vm.MuGraph) -> list[LaunchConfig]:
+    nodes = node_list(to_kernels(mg))
+    return [tuning.recommend(n.attr("block"), [nodes[a].outs[k] for a, k in n.args])
+            for n in nodes if n.op == "custom"]
+
+
+def test_skinny_matmul_uses_16_row_dots_and_deep_pipeline() -> None:
+    g = vm.benchmarks.get("gated_mlp")
+    (c,) = _recs(designs.gated_mlp(g, cols=32, k_tile=128))
+    assert (c.num_warps, c.num_stages, c.tiles.dot_min_m) == (4, 4, 16)
+
+
+def test_rmsnorm_linear_side_use_keeps_wgmma_rows_unless_columns_are_narrow() -> None:
+    g = vm.benchmarks.get("rmsnorm_linear")
+    (c64,) = _recs(designs.rmsnorm_linear(g, cols=64))
+    (c32,) = _recs(designs.rmsnorm_linear(g, cols=32))
+    assert c64.tiles.dot_min_m == 64
+    assert c32.tiles.dot_min_m == 16  # 64 rows with 32 columns gave wrong results on Triton 3.6
+
+
+def test_attention_and_combine_configs() -> None:
+    g = vm.benchmarks.get("gqa")
+    att, comb = _recs(designs.split_kv_attention(g))
+    assert (att.num_warps, att.num_stages, att.tiles.dot_min_m) == (4, 3, 64)
+    assert comb.tiles.unroll_max >= 16  # the combine loop over 16 splits is unrolled
+
+
+def test_pipeline_stages_fit_shared_memory() -> None:
+    g = vm.benchmarks.get("gated_mlp", batch=8)
+    mg = designs.gated_mlp(g, cols=32, k_tile=256)
+    nodes = node_list(to_kernels(mg))
+    n = next(n for n in nodes if n.op == "custom")
+    shape = tuning.kernel_shape(n.attr("block"), [nodes[a].outs[k] for a, k in n.args])
+    (c,) = _recs(mg)
+    assert shape.stage_bytes * c.num_stages <= tuning.SMEM_BUDGET
+
+
+def test_skinny_matmul_plan_rules() -> None:
+    assert tuning.skinny_matmul_plan(8, 4096, 4096, weights=2)["split_k"] == 1  # 128 blocks fill 132 SMs
+    p = tuning.skinny_matmul_plan(2, 4096, 6144)
+    assert p["split_k"] > 1 and p["blocks"] >= 2.5 * tuning.NUM_SMS
+    assert 0.9 < tuning.wave_efficiency(128) <= 1.0 and tuning.wave_efficiency(192) < 0.75
+
+
+@pytest.mark.parametrize("name", ["gqa", "qknorm_gqa", "mqa", "rmsnorm_linear", "gated_mlp", "lora", "ntrans"])
+def test_design_params_build_valid_designs(name: str) -> None:
+    for batch in (1, 8):
+        g = vm.benchmarks.get(name, batch=batch)
+        params = tuning.design_params(name, g)
+        assert params
+        for builder, kw in params:
+            mg = getattr(designs, builder)(g, **kw)
+            mg.check()
+
+
+@pytest.mark.parametrize("builder,name,kw", [
+    ("gated_mlp_splitk", "gated_mlp", {"cols": 32, "k_tile": 16, "splits": 2, "combine_cols": 16}),
+    ("rmsnorm_linear_splitk", "rmsnorm_linear", {"cols": 32, "k_tile": 16, "splits": 2}),
+    ("split_kv_attention", "gqa", {"rows": 16, "kv_tile": 32, "splits": 2, "combine_rows": 8}),
+])
+def test_new_designs_equal_suite_graph_and_compile_tuned(builder: str, name: str, kw: dict) -> None:
+    import torch
+
+    g = vm.benchmarks.get(name, small=True)
+    mg = getattr(designs, builder)(g, **kw)
+    rng = np.random.default_rng(1)
+    ins = {t.name: rng.standard_normal(t.shape) * 0.3 for t in g.inputs}
+    ref = vm.evaluate(g, ins)
+    np.testing.assert_allclose(vm.evaluate(mg, ins)[0], ref[0], rtol=1e-9, atol=1e-12)
+    fn = vm.compile(mg)  # no config: tuned per kernel
+    assert fn.config.tuned and len(fn.launch) == 2
+    out = fn(**{k: torch.tensor(v, dtype=torch.float16) for k, v in ins.items()})
+    got = out.double().numpy()
+    assert np.abs(got - ref[0]).max() / np.abs(ref[0]).max() < 1e-2
