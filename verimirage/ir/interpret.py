@@ -120,6 +120,8 @@ def tile_input(
     if loop_pos < 0:
         return [y] * frange
     lp = lead + len(grid)
+    if isinstance(y, np.ndarray):  # basic indexing: a view (np.take would copy the whole strided array per step)
+        return [y[(slice(None),) * lp + (i,)] for i in range(frange)]
     return [np.take(y, i, axis=lp) for i in range(frange)]
 
 
