@@ -55,7 +55,7 @@ from . import lowering as _lowering  # noqa: F401  (registers the triton domain)
 from .wrap import to_kernels
 
 #: Version of the generator: part of every cache key (bump when generated code changes).
-CODEGEN_VERSION = "1"
+CODEGEN_VERSION = "2"
 
 
 @dataclass(frozen=True)
@@ -174,10 +174,14 @@ class _KernelGen:
     """Lowers one block graph to the text of one ``@triton.jit`` function."""
 
     def __init__(self, bg: BlockGraph, arg_types: Sequence[TensorType], out_types: Sequence[TensorType], name: str,
-                 opts: TileOptions) -> None:
+                 opts: TileOptions, arg_store: Sequence[DType] | None = None,
+                 out_store: Sequence[DType] | None = None) -> None:
         self.bg = bg
         self.arg_types = list(arg_types)
         self.out_types = list(out_types)
+        # element types in device memory (fp32 for partial results passed between kernels)
+        self.arg_store = list(arg_store) if arg_store is not None else [t.dtype for t in arg_types]
+        self.out_store = list(out_store) if out_store is not None else [t.dtype for t in out_types]
         self.name = name
         self.opts = opts
         self.uf = _UnionFind()
@@ -585,13 +589,13 @@ class _KernelGen:
         self.signature: dict[str, str] = {}
         for k, t in enumerate(self.arg_types):
             params.append(f"a{k}_ptr")
-            self.signature[f"a{k}_ptr"] = _PTR_SIG[t.dtype]
+            self.signature[f"a{k}_ptr"] = _PTR_SIG[self.arg_store[k]]
             for d in range(t.rank):
                 params.append(f"a{k}_s{d}")
                 self.signature[f"a{k}_s{d}"] = "i32"
         for k, t in enumerate(self.out_types):
             params.append(f"o{k}_ptr")
-            self.signature[f"o{k}_ptr"] = _PTR_SIG[t.dtype]
+            self.signature[f"o{k}_ptr"] = _PTR_SIG[self.out_store[k]]
             for d in range(t.rank):
                 params.append(f"o{k}_s{d}")
                 self.signature[f"o{k}_s{d}"] = "i32"
@@ -636,10 +640,15 @@ def _as_mugraph(g: Any) -> MuGraph:
 
 
 def kernel_source(bg: BlockGraph, arg_types: Sequence[TensorType], name: str = "kernel",
-                  tiles: TileOptions | None = None) -> tuple[str, KernelInfo]:
-    """The ``@triton.jit`` source of one block graph applied to operands of ``arg_types``."""
+                  tiles: TileOptions | None = None, arg_store: Sequence[DType] | None = None,
+                  out_store: Sequence[DType] | None = None) -> tuple[str, KernelInfo]:
+    """The ``@triton.jit`` source of one block graph applied to operands of ``arg_types``.
+
+    ``arg_store`` / ``out_store`` give the element types the operands and results have in device
+    memory when they differ from the IR's (fp32 storage of intermediate results).
+    """
     outs = bg.result_types(arg_types)
-    kg = _KernelGen(bg, arg_types, outs, name, tiles or TileOptions())
+    kg = _KernelGen(bg, arg_types, outs, name, tiles or TileOptions(), arg_store, out_store)
     src = kg.generate()
     launch_grid = [1] * len(bg.grid)
     for a, g in enumerate(bg.grid):
@@ -662,6 +671,17 @@ def generate(program: Any, tiles: TileOptions | None = None,
     ksrc: list[str] = []
     body: list[str] = []
     dev = names[0]
+    # Values passed from one kernel to another (partial sums, running maxima, ...) are kept in fp32
+    # in device memory, whatever the IR's dtype: the float64 semantics are the same, and fp16 partials
+    # lose precision (or overflow) between a split reduction and its combine kernel.
+    final = set(output_refs(mg))
+
+    def store_dtype(ref: tuple[int, int]) -> DType:
+        n0 = nodes[ref[0]]
+        if n0.op == "custom" and ref not in final:
+            return DType.float32
+        return n0.outs[ref[1]].dtype
+
     for i, n in enumerate(nodes):
         if n.op == "input":
             var[(i, 0)] = n.attr("name")
@@ -669,7 +689,8 @@ def generate(program: Any, tiles: TileOptions | None = None,
         bg: BlockGraph = n.attr("block")
         arg_types = [nodes[a].outs[k] for a, k in n.args]
         kname = f"k{i}"
-        src, info = kernel_source(bg, arg_types, kname, tiles_for(bg, arg_types) if tiles_for else tiles)
+        src, info = kernel_source(bg, arg_types, kname, tiles_for(bg, arg_types) if tiles_for else tiles,
+                                  [store_dtype(r) for r in n.args], [store_dtype((i, k)) for k in range(len(n.outs))])
         info = KernelInfo(kname, i, info.grid, info.signature, info.uses_dot)
         kernels.append(info)
         ksrc.append(src)
@@ -678,7 +699,7 @@ def generate(program: Any, tiles: TileOptions | None = None,
             v = f"t{i}_{k}"
             var[(i, k)] = v
             outs.append(v)
-            tdt = _TORCH_DTYPE[t.dtype]
+            tdt = _TORCH_DTYPE[store_dtype((i, k))]
             body.append(f"{v} = torch.empty({_shape_text(t.shape)}, device={dev}.device, dtype={tdt})")
         call = []
         for a, k in n.args:
