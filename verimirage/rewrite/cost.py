@@ -5,9 +5,19 @@ The estimate is a roofline per kernel::
     time = launch + max(bytes / bandwidth, tc_flops / tc_peak + other_flops / simt_peak) / utilisation
 
 where ``utilisation = blocks / (ceil(blocks / SMs) * SMs)`` (a grid that leaves
-SMs idle, or a last partial wave, is charged for it). A kernel whose blocks
-need more shared memory than the device has (227 KB on an H100) is
-infeasible. :func:`calibrate` fits the three coefficients to GPU timings.
+SMs idle, or a last partial wave, is charged for it). Three refinements come
+from H100/H200 measurements (benchmarks/perf/NOTES.md):
+
+* a block streams from device memory at most ``block_bandwidth``, so a
+  memory-bound kernel needs enough blocks in flight (skinny matmuls want
+  split-K; one block per SM does not reach the copy bandwidth);
+* tiles are padded to powers of two in the generated code: a kernel is
+  charged for the padded size of its largest padded tile;
+* the for-loop is software-pipelined: a kernel whose per-iteration tiles do
+  not fit ``stages`` times in shared memory is infeasible (227 KB on an
+  H100), and each loop iteration costs a little fixed time.
+
+:func:`calibrate` fits the three coefficients to GPU timings.
 """
 
 from __future__ import annotations
@@ -33,6 +43,10 @@ class Hardware:
     launch_s: float = 3.0e-6
     l2_bytes: int = 50 * 1024 * 1024  # tensors re-read by many blocks are served from L2 when they fit
     l2_bandwidth: float = 1.0e13  # bytes/s for re-reads served by L2
+    block_bandwidth: float = 3.0e10  # bytes/s one thread block streams (latency-bound)
+    resident_blocks: int = 4  # blocks of a kernel in flight per SM, at most
+    stages: int = 3  # software-pipeline depth the shared-memory check assumes
+    iteration_s: float = 1.0e-8  # fixed cost of one for-loop iteration
 
 
 H100 = Hardware()
@@ -88,13 +102,19 @@ def _bytes(t: TensorType) -> int:
     return t.numel * t.dtype.itemsize
 
 
+def _pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
 def _roofline(nbytes: int, tc: int, other: int, blocks: int, smem: int, hw: Hardware, cal: Calibration,
-              l2_bytes: int = 0) -> KernelCost:
+              l2_bytes: int = 0, pad: float = 1.0, iterations: int = 0) -> KernelCost:
     waves = max(1, math.ceil(blocks / hw.sms))
     util = blocks / (waves * hw.sms)
-    mem = (nbytes / hw.bandwidth + l2_bytes / hw.l2_bandwidth) * cal.mem
-    comp = (tc / hw.tc_flops + other / hw.simt_flops) * cal.compute
-    t = hw.launch_s * cal.launch + max(mem, comp) / max(util, 1e-9)
+    in_flight = min(blocks, hw.sms * hw.resident_blocks)
+    bw = min(hw.bandwidth, in_flight * hw.block_bandwidth / max(util, 1e-9))
+    mem = (pad * nbytes / bw + l2_bytes / hw.l2_bandwidth) * cal.mem
+    comp = pad * (tc / hw.tc_flops + other / hw.simt_flops) * cal.compute
+    t = hw.launch_s * cal.launch + max(mem, comp) / max(util, 1e-9) + iterations * waves * hw.iteration_s
     return KernelCost(nbytes, tc, other, blocks, smem, mem, comp, t)
 
 
@@ -110,6 +130,7 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
     smem_tmp = 0
     tc = 0
     other = 0
+    pad = 1.0
     for i, n in enumerate(bg.nodes):
         t = n.outs[0]
         reps = 1 if post[i] else bg.frange
@@ -124,6 +145,7 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
             else:
                 dram_in += reads
             smem_in += tb
+            pad = max(pad, math.prod(_pow2(d) for d in t.shape) / max(1, t.numel))
             continue
         if n.op in LOOP_OPS:
             smem_acc += t.numel * 4
@@ -137,12 +159,24 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
             other += t.numel * reps
             smem_tmp = max(smem_tmp, _bytes(t))
     nbytes = dram_in + sum(_bytes(t) for t in out_types)
-    smem = smem_in + smem_acc + smem_tmp
-    return _roofline(nbytes, tc * blocks, other * blocks, blocks, smem, hw, cal, l2_in)
+    # loop-walked tiles are multi-buffered by the software pipeline
+    smem = smem_in * (hw.stages if bg.frange > 1 else 1) + smem_acc + smem_tmp
+    return _roofline(nbytes, tc * blocks, other * blocks, blocks, smem, hw, cal, l2_in, pad, bg.frange)
 
 
 def cost(g: Graph, hw: Hardware = H100, cal: Calibration = Calibration()) -> Cost:
-    """Estimate for a kernel graph or μGraph (an unfused kernel op is one full-parallel launch)."""
+    """Estimate for a kernel graph or μGraph.
+
+    Kernel-level ops outside custom kernels are costed as the backend will run them: each wrapped in
+    its default block graph (:func:`verimirage.backend.wrap.to_kernels`, pure Python).
+    """
+    if any(n.op not in ("input", "custom") for n in node_list(g)):
+        try:
+            from ..backend.wrap import to_kernels
+
+            g = to_kernels(g if isinstance(g, MuGraph) else MuGraph.from_graph(g))
+        except Exception:  # no backend, or an op it cannot wrap: fall back to the flat estimate below
+            pass
     nodes = node_list(g)
     ks: list[KernelCost] = []
     reason = ""

@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 #: their output is always re-verified, and tests check every lowering against the float64 reference).
 STEPS = (
     "partition.unfused", "partition.grid", "partition.loop", "partition.split_kv", "partition.online_softmax",
-    "fuse.epilogue",
+    "partition.split_recompute", "partition.combine_grid", "fuse.epilogue",
 )
 
 
@@ -225,6 +225,7 @@ class Config:
     loop: int | None = None
     frange: int = 1
     splits: int = 1
+    combine_refine: int = 1  # the combine kernel splits its widest grid axis this many times finer
 
     def describe(self) -> str:
         """Human-readable summary."""
@@ -234,6 +235,8 @@ class Config:
             s += f" loop L{self.loop} x{self.frange}"
         if self.splits > 1:
             s += f" split x{self.splits}"
+        if self.combine_refine > 1:
+            s += f" combine finer x{self.combine_refine}"
         return s
 
 
@@ -331,9 +334,24 @@ def configs(
                     if lab in an.mm_labels and not min_tile <= per // f <= max_loop_tile:
                         continue
                     out.append(Config(gc, lab, f, splits))
+                    # a combine kernel with as few blocks as kernel 1 has row blocks starves the GPU:
+                    # offer one with a finer grid (measured: 16-row combine tiles, benchmarks/perf)
+                    if splits > 1 and gc and _refinable(an, gc, 4, min_tile):
+                        out.append(Config(gc, lab, f, splits, 4))
                 if splits > 1 and 1 in fr_allowed and (lab not in an.mm_labels or per >= min_tile):
                     out.append(Config(gc, lab, 1, splits))
     return out
+
+
+def _widest(an: Analysis, grid: tuple[tuple[int, int], ...]) -> int:
+    """Index in ``grid`` of the axis with the largest tile."""
+    return max(range(len(grid)), key=lambda k: (an.size[grid[k][0]] // grid[k][1], -k))
+
+
+def _refinable(an: Analysis, grid: tuple[tuple[int, int], ...], r: int, min_tile: int) -> bool:
+    lab, p = grid[_widest(an, grid)]
+    n = an.size[lab]
+    return n % (p * r) == 0 and n // (p * r) >= min_tile
 
 
 # --------------------------------------------------------------------------- building block graphs
@@ -585,6 +603,11 @@ def _build_split(an: Analysis, cfg: Config, b: BlockBuilder, mg: MuGraph, ins: l
             needed.append(o)
         if kind[o] == "inv":
             raise Infeasible("split-KV: an output does not depend on the split dim")
+    # a plain sum that does not depend on the grid-partitioned dims (e.g. the sum of squares of X in
+    # rmsnorm_linear, identical in every column block) cannot be placed as a per-block partial: the
+    # combine kernel recomputes it from the inputs, walking the same dim over the splits
+    recompute = [i for i in needed if acc[i][0] == "sum" and any(d is None for d in _imap(an.labels[i], axes))]
+    needed = [i for i in needed if i not in recompute]
     rms = sorted({r for i in needed if acc[i][0] == "rescaled" and (r := acc[i][1]) is not None})
     part_nodes: list[tuple[str, int]] = [("acc", i) for i in needed] + [("max", r) for r in rms if r not in needed]
     placements: list[int] = []
@@ -606,7 +629,11 @@ def _build_split(an: Analysis, cfg: Config, b: BlockBuilder, mg: MuGraph, ins: l
         b.output(t, (*base, pl))
     parts = mg.custom(b.build(), ins)
     # combine kernel
-    c = BlockBuilder(tuple(p for _, p in cfg.grid), cfg.splits)
+    cgrid = [p for _, p in cfg.grid]
+    if cfg.combine_refine > 1:
+        cgrid[_widest(an, cfg.grid)] *= cfg.combine_refine
+        steps.add("partition.combine_grid")
+    c = BlockBuilder(tuple(cgrid), cfg.splits)
     cin: dict[tuple[str, int], Tensor] = {}
     for k, ((what, i), pl) in enumerate(zip(part_nodes, placements, strict=True)):
         cin[(what, i)] = c.input(k, parts[k].type, _imap(an.labels[i], axes), pl)
@@ -615,6 +642,31 @@ def _build_split(an: Analysis, cfg: Config, b: BlockBuilder, mg: MuGraph, ins: l
 
     def max_part(r: int) -> Tensor:
         return cin[("acc", r)] if ("acc", r) in cin else cin[("max", r)]
+
+    extra_args: list[Tensor] = []
+    if recompute:
+        in_idx = [j for j, n in enumerate(nodes) if n.op == "input"]
+        rval: dict[int, Tensor] = {}
+
+        def replay(j: int) -> Tensor:
+            if j in rval:
+                return rval[j]
+            n = nodes[j]
+            if n.op == "input":
+                labs = an.labels[j]
+                fmap = labs.index(L) if L in labs else None
+                rval[j] = c.input(len(part_nodes) + len(extra_args), n.outs[0], _imap(labs, axes), fmap)
+                extra_args.append(ins[in_idx.index(j)])
+            elif kind.get(j) in ("body", "inv"):
+                rval[j] = _apply(c, n.op, n.attr_dict, [replay(a) for a, _ in n.args])
+            else:
+                raise Infeasible("split: a recomputed sum depends on a rescaled or post-loop value")
+            return rval[j]
+
+        for i in recompute:
+            n = nodes[i]
+            cval[i] = c.loop_sum(_apply(c, n.op, n.attr_dict, [replay(a) for a, _ in n.args]))
+        steps.add("partition.split_recompute")
 
     for what, i in part_nodes:
         if what != "acc":
@@ -643,7 +695,7 @@ def _build_split(an: Analysis, cfg: Config, b: BlockBuilder, mg: MuGraph, ins: l
             cval[i] = _apply(c, n.op, n.attr_dict, [epi.materialise(a) for a in args])
     for o in outs:
         c.output(epi.materialise(cval[o]), omap_for(o, axes))
-    res = mg.custom(c.build(), list(parts))
+    res = mg.custom(c.build(), [*parts, *extra_args])
     mg.output(*[res[k] for k in range(len(outs))])
     steps.add("partition.split_kv")
     if epi.fused:

@@ -178,7 +178,7 @@ def superoptimize(
     grids: Sequence[int] | None = None,
     franges: Sequence[int] | None = None,
     max_splits: int = 32,
-    top_k: int = 3,
+    top_k: int = 4,
     terms_per_class: int = 6,
     max_terms: int = 12,
     max_verify: int | None = None,
@@ -379,9 +379,15 @@ def _search(
             else:
                 rep.rejected.append((what, f"{type(v).__name__}: {getattr(v, 'reason', v)}"))
 
+        # diversity: one candidate per kernel structure (grids of its kernels); loop ranges and
+        # launch parameters are the GPU profiler's to sweep, not slots in the top-K
+        shapes_seen: set[tuple[Any, ...]] = set()
         for entry in pool:
             if len(cands) >= top_k:
                 break
+            shape_key = _structure(entry[1].mugraph)
+            if shape_key in shapes_seen:
+                continue
             if tried >= max_verify:
                 rep.stop_reason = f"verification attempt limit ({max_verify})"
                 break
@@ -389,7 +395,10 @@ def _search(
                 rep.stop_reason = "time budget"
                 break
             tried += 1
+            n_before = len(cands)
             attempt(entry)
+            if len(cands) > n_before:
+                shapes_seen.add(shape_key)
         if not cands and baseline is not None and id(baseline) not in tried_keys:
             rep.notes.append("no candidate verified within the limits; tried the unfused baseline")
             attempt(baseline)
@@ -440,6 +449,11 @@ def _search(
             t0 = tick("profile", t0)
     log.info("%s", rep)
     return SearchResult(cands, rep)
+
+
+def _structure(mg: MuGraph) -> tuple[Any, ...]:
+    """A μGraph's kernel structure: per kernel its op, or its grid (loop ranges left out)."""
+    return tuple(n.attr("block").grid if n.op == "custom" else n.op for n in node_list(mg) if n.op != "input")
 
 
 def _triton_source_hash(mg: MuGraph) -> str | None:
