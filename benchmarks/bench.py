@@ -87,11 +87,14 @@ def rel_err(out: Any, ref: Any) -> float:
     return worst
 
 
-def make_inputs(g: vm.Graph, seed: int) -> list[torch.Tensor]:
+def make_inputs(g: vm.Graph, name: str, seed: int) -> list[torch.Tensor]:
+    """Seeded random inputs (never zeros): 0.5 * randn, attention 0.3 * randn (the suite's plain softmax
+    has no max subtraction, and fp16 exp overflows beyond e^11)."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
+    scale = 0.3 if name in ATTN else 0.5
     out = []
     for t in g.inputs:
-        x = torch.randn(t.shape, generator=gen, device="cuda", dtype=torch.float32)
+        x = scale * torch.randn(t.shape, generator=gen, device="cuda", dtype=torch.float32)
         out.append(x.to(getattr(torch, t.dtype.torch_name)))
     return out
 
@@ -112,39 +115,57 @@ def sdpa_fn(name: str, g: vm.Graph, ins: list[torch.Tensor]) -> tuple[Any, list[
     return (lambda q, kt, v: F.scaled_dot_product_attention(q, kt, v, scale=1.0)), [q, kt, v]
 
 
-def verimirage_variant(g: vm.Graph, ins: list[torch.Tensor], ref: Any, top_k: int) -> dict[str, Any]:
-    """Search, then profile the top candidates on this GPU; the fastest correct one wins."""
+def load_candidates(g: vm.Graph, case: str, directory: Path | None) -> tuple[list[Any], float]:
+    """Verified candidates of ``g``: from ``directory`` (searched and verified on a CPU machine by
+    benchmarks/prepare_candidates.py) when given, else a search here. Returns them and the search time."""
+    if directory is not None:
+        doc = json.loads((directory / f"{case}.json").read_text())
+        if doc["graph"] != str(g):
+            raise ValueError(f"{case}: the candidate file was made for another graph")
+        return [vm.MuGraph.parse(c["mugraph"]) for c in doc["candidates"]], float(doc["search_s"])
     t0 = time.perf_counter()
-    res = vm.superoptimize(g, profile=True)
-    search_s = time.perf_counter() - t0
-    tried = []
+    res = vm.superoptimize(g)
+    return [c.mugraph for c in res.candidates], time.perf_counter() - t0
+
+
+def verimirage_variant(g: vm.Graph, case: str, ins: list[torch.Tensor], ref: Any, top_k: int,
+                       cand_dir: Path | None) -> dict[str, Any]:
+    """Profile the verified candidates (x launch configurations) on this GPU; the fastest correct one wins."""
+    from verimirage.backend.profile import select
+
+    cands, search_s = load_candidates(g, case, cand_dir)
+    cands = cands[:top_k]
+    named = {t.name: x for t, x in zip(g.inputs, ins, strict=True)}
+    timings = select(g, cands, inputs=named, cache=False)
+    tried = [{"rank": t.index, "kernels": cands[t.index].num_kernels, "config": str(t.config),
+              "ms": t.ms, "error": t.error} for t in timings]
     best: tuple[float, Any, Any] | None = None
-    for i, c in enumerate(res.candidates[:top_k]):
-        try:
-            fn = vm.compile(c)
-            err = rel_err(fn(*ins), ref)
-            t = bench(lambda fn=fn: fn(*ins), cudagraph=True)
-            tried.append({"rank": i, "kernels": c.mugraph.num_kernels, "us": t, "rel_err": err})
-            if err < 2e-2 and (best is None or t < best[0]):
-                best = (t, c, fn)
-        except Exception as e:  # record and go on: one bad candidate must not hide the others
-            tried.append({"rank": i, "error": f"{type(e).__name__}: {e}"[:300]})
-    out: dict[str, Any] = {"search_s": search_s, "candidates": tried, "num_candidates": len(res.candidates)}
+    seen: set[int] = set()
+    for t in timings:  # fastest first; re-time the winners the same way as the baselines
+        if not t.ok or t.index in seen or len(seen) >= 2:
+            continue
+        seen.add(t.index)
+        fn = vm.compile(cands[t.index])  # launches with the configuration select() found fastest
+        err = rel_err(fn(*ins), ref)
+        us = bench(lambda fn=fn: fn(*ins), cudagraph=True)
+        if err < 2e-2 and (best is None or us < best[0]):
+            best = (us, cands[t.index], fn)
+    out: dict[str, Any] = {"search_s": search_s, "candidates": tried, "num_candidates": len(cands)}
     if best is not None:
         t, c, fn = best
         out.update(
             verimirage_us=t,
             verimirage_plain_us=bench(lambda: fn(*ins), cudagraph=False),
             verimirage_err=rel_err(fn(*ins), ref),
-            verimirage_kernels=c.mugraph.num_kernels,
-            verimirage_mugraph=str(c.mugraph),
+            verimirage_kernels=c.num_kernels,
+            verimirage_mugraph=str(c),
         )
     return out
 
 
 def run_case(name: str, batch: int, ceil: dict[str, float], args: argparse.Namespace) -> dict[str, Any]:
     g = vm.benchmarks.get(name, batch=batch)
-    ins = make_inputs(g, seed=batch)
+    ins = make_inputs(g, name, seed=batch)
     f = torch_fn(g)
     ref = f(*[x.double() for x in ins])
     row: dict[str, Any] = {"case": f"{name}_bs{batch}", "name": name, "batch": batch}
@@ -167,7 +188,7 @@ def run_case(name: str, batch: int, ceil: dict[str, float], args: argparse.Names
         row["sdpa_err"] = rel_err(sf(*sins), ref)
         row["sdpa_us"] = bench(lambda: sf(*sins), cudagraph=True)
     try:
-        row.update(verimirage_variant(g, ins, ref, args.top_k))
+        row.update(verimirage_variant(g, row["case"], ins, ref, args.top_k, args.candidates))
     except Exception as e:
         row["verimirage_error"] = f"{type(e).__name__}: {e}"[:500]
         log.error("verimirage failed on %s: %s", row["case"], traceback.format_exc())
@@ -215,7 +236,9 @@ def main() -> int:
     ap.add_argument("--batches", nargs="*", type=int, default=[1, 8])
     ap.add_argument("--out", default=os.environ.get("OUT") or str(Path(__file__).parent / "results"))
     ap.add_argument("--no-inductor", action="store_true")
-    ap.add_argument("--top-k", type=int, default=4)
+    ap.add_argument("--top-k", type=int, default=6)
+    ap.add_argument("--candidates", type=Path, default=None,
+                    help="directory of candidate files from benchmarks/prepare_candidates.py (default: search here)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     if not torch.cuda.is_available():

@@ -1,0 +1,57 @@
+"""Search and verify every suite case here (a CPU machine); write the candidates for the GPU harness.
+
+    python benchmarks/prepare_candidates.py [--cases ...] [--batches 1 8] [--top-k 6] [--out benchmarks/candidates]
+
+One JSON file per case: the graph's text, the search time and the verified candidates (μGraph text, cost
+estimate, rules). ``benchmarks/bench.py --candidates DIR`` profiles them on the GPU and keeps the fastest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+import verimirage as vm
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", nargs="*", default=vm.benchmarks.names())
+    ap.add_argument("--batches", nargs="*", type=int, default=[1, 8])
+    ap.add_argument("--top-k", type=int, default=6)
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "candidates")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for b in args.batches:
+        for name in args.cases:
+            g = vm.benchmarks.get(name, batch=b)
+            t0 = time.perf_counter()
+            res = vm.superoptimize(g, top_k=args.top_k, cache=False)
+            dt = time.perf_counter() - t0
+            doc = {
+                "case": f"{name}_bs{b}",
+                "graph": str(g),
+                "search_s": dt,
+                "candidates": [
+                    {"mugraph": str(c.mugraph), "kernels": c.num_kernels, "cost_us": c.cost.time_s * 1e6,
+                     "rules": list(c.rules), "verdict": c.verdict.summary() if hasattr(c.verdict, "summary")
+                     else str(c.verdict)}
+                    for c in res.candidates
+                ],
+            }
+            (args.out / f"{name}_bs{b}.json").write_text(json.dumps(doc, indent=1))
+            rows.append((doc["case"], dt, [c.num_kernels for c in res.candidates]))
+            logging.info("%s: %.1f s, %d candidate(s) %s", doc["case"], dt, len(res.candidates), rows[-1][2])
+    for case, dt, ks in rows:
+        print(f"{case:24s} {dt:6.1f} s  kernels {ks}")
+    return 0 if all(ks for _, _, ks in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
