@@ -386,6 +386,9 @@ class _KernelGen:
         batch = po[:-2]
         nb = math.prod(batch)
         pm, pk, pn = pa[-2], pa[-1], pb[-1]
+        s_a: tuple[int, ...]
+        s_b: tuple[int, ...]
+        s_o: tuple[int, ...]
         if nb == 1:
             s_a, s_b, s_o = (pm, pk), (pk, pn), (pm, pn)
         else:
@@ -525,7 +528,7 @@ class _KernelGen:
                 if not looped:
                     if n.args[0][0] in dot_acc:  # pragma: no cover - dot_acc only when looped
                         raise GraphError("codegen: internal error (dot accumulation without a loop)")
-                    name[(i, 0)] = x  # one iteration: every loop op is the identity
+                    name[(i, 0)] = x  # type: ignore[assignment]  # one iteration: every loop op is the identity
                     continue
                 v = f"v{i}"
                 name[(i, 0)] = v

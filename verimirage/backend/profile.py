@@ -113,7 +113,7 @@ def _inputs(graph: Graph, seed: int) -> dict[str, Any]:
     out = {}
     for t in graph.inputs:
         x = torch.randn(t.shape, generator=gen, dtype=torch.float32) * 0.5
-        out[t.name] = x.to(getattr(torch, t.type.dtype.torch_name)).cuda()
+        out[str(t.name)] = x.to(getattr(torch, t.type.dtype.torch_name)).cuda()
     return out
 
 
@@ -164,7 +164,7 @@ def select(
 
     xs = dict(inputs) if inputs is not None else _inputs(graph, seed)
     meta = [{"name": t.name, "shape": list(t.shape), "dtype": t.type.dtype.short,
-             "stride": list(xs[t.name].stride())} for t in graph.inputs]
+             "stride": list(xs[str(t.name)].stride())} for t in graph.inputs]
     key = selection_key(graph, candidates, configs, meta, dev, versions())
     store = DiskCache("select", cache_root) if cache else None
     by_cfg = {c.key(): c for c in configs}

@@ -80,11 +80,11 @@ def default_block(node: Node, in_types: Sequence[TensorType]) -> BlockGraph:
     d = OPS[op]
     r = out.rank
     if d.has(Prop.ELEMENTWISE):
-        axes = _plan(out.shape, set())
-        b = BlockBuilder([n for _, n in axes], 1)
-        xs = [b.input(i, t, _operand_imap(t, r, axes)) for i, t in enumerate(in_types)]
+        ew_axes = _plan(out.shape, set())
+        b = BlockBuilder([n for _, n in ew_axes], 1)
+        xs = [b.input(i, t, _operand_imap(t, r, ew_axes)) for i, t in enumerate(in_types)]
         y = b._emit(op, xs, attrs)
-        b.output(y, [dd for dd, _ in axes])
+        b.output(y, [dd for dd, _ in ew_axes])
         return b.build()
     if op in ("sum", "mean", "max"):
         (t,) = in_types
@@ -109,7 +109,7 @@ def default_block(node: Node, in_types: Sequence[TensorType]) -> BlockGraph:
         ta, tb = in_types
         m, n = out.shape[-2], out.shape[-1]
         k = ta.shape[-1]
-        axes: list[tuple[int, int]] = []
+        axes = []
         batch = [(dd, out.shape[dd]) for dd in range(r - 2) if out.shape[dd] > 1]
         if batch:
             axes.append(max(batch, key=lambda a: a[1]))
