@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +27,7 @@ from ..ir.graph import Graph
 from ..ir.interpret import evaluate
 from . import abstract as A
 from . import expr as E
-from .ff import FFResult, ff_test
+from .ff import FFReference, FFResult, ff_test
 from .verdict import Check, Proved, Refuted, Unknown, Verdict
 from .z3enc import Query, equivalence_query
 
@@ -117,10 +118,73 @@ def _abs_check(r: AbstractResult) -> Check:
     return Check("abstract-z3", r.outcome, params, r.seconds, r.reason)
 
 
+class Verifier:
+    """Verify many candidates against one target program, reusing the target's work.
+
+    The finite-field trials are a fixed stream from ``seed``; the target's per-trial outputs are
+    computed once (:class:`verimirage.smt.ff.FFReference`) and every :meth:`check` evaluates only the
+    candidate. Verdicts are the same as ``verify(target, candidate, seed=seed, ...)``.
+
+    Example (a search)::
+
+        v = Verifier(graph)
+        for mg in candidates:
+            verdict = v.check(mg)
+    """
+
+    def __init__(self, target: Graph, *, seed: int = 0, trials: int | None = None, timeout_s: float = 10.0) -> None:
+        if not isinstance(target, Graph):
+            raise GraphError(f"Verifier: the target is a {type(target).__name__}; expected a vm.Graph or vm.MuGraph")
+        target.check()
+        self.target = target
+        self.seed = seed
+        self.trials = trials
+        self.timeout_s = timeout_s
+        self.reference = FFReference(target, seed=seed)
+
+    def check(self, candidate: Graph, *, timeout_s: float | None = None) -> Verdict:
+        """Is ``candidate`` the same function as the target? (See :func:`verify`.)"""
+        return _verify(self.target, candidate, self.reference, trials=self.trials, seed=self.seed,
+                       timeout_s=self.timeout_s if timeout_s is None else timeout_s)
+
+
+#: recent targets of :func:`verify` (canonical text, seed) -> Verifier, so a search that calls
+#: ``verify(graph, candidate)`` repeatedly evaluates ``graph`` once per trial
+_RECENT: OrderedDict[tuple[str, int, int | None], Verifier] = OrderedDict()
+_RECENT_MAX = 4
+
+
+def verifier_for(target: Graph, *, seed: int = 0, trials: int | None = None) -> Verifier:
+    """A (cached) :class:`Verifier` for ``target``: the same one for the same program text and seed."""
+    key = (str(target), seed, trials)
+    v = _RECENT.get(key)
+    if v is not None and str(v.target) != key[0]:  # the cached graph object was changed since
+        v = None
+    if v is None:
+        v = Verifier(target, seed=seed, trials=trials)
+        _RECENT[key] = v
+        while len(_RECENT) > _RECENT_MAX:
+            _RECENT.popitem(last=False)
+    else:
+        _RECENT.move_to_end(key)
+    return v
+
+
 def verify(a: Graph, b: Graph, *, trials: int | None = None, seed: int = 0, timeout_s: float = 10.0) -> Verdict:
-    """Are ``a`` and ``b`` (Graph or MuGraph, same inputs) the same function? See the module docstring."""
+    """Are ``a`` and ``b`` (Graph or MuGraph, same inputs) the same function? See the module docstring.
+
+    ``a`` is treated as the target: its finite-field trial outputs are cached (for the last few
+    targets), so verifying many candidates against one graph costs one evaluation per candidate and
+    trial. For explicit control use :class:`Verifier`.
+    """
     check_compatible(a, b)
-    ffr = ff_test(a, b, seed=seed, trials=trials)
+    return _verify(a, b, verifier_for(a, seed=seed, trials=trials).reference, trials=trials, seed=seed,
+                   timeout_s=timeout_s)
+
+
+def _verify(a: Graph, b: Graph, ref: FFReference, *, trials: int | None, seed: int, timeout_s: float) -> Verdict:
+    check_compatible(a, b)
+    ffr = ff_test(a, b, seed=seed, trials=trials, reference=ref)
     ffc = _ff_check(ffr)
     if ffr.outcome == "differ":
         cex: dict[str, Any] = {"ff_inputs": ffr.inputs, "ff_field": {"p": ffr.p[-1], "q": ffr.q[-1], "g": ffr.g[-1],
