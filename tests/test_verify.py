@@ -178,3 +178,84 @@ def test_ff_rsqrt_is_inverse_sqrt_and_constants_exact() -> None:
     (m,) = _run1({"X": (4, 3)}, lambda g, x: g.mean(x, 1), {"X": x[:, :, :3]}, f)
     (s,) = _run1({"X": (4, 3)}, lambda g, x: g.scale(g.sum(x, 1), 1.0 / 3), {"X": x[:, :, :3]}, f)
     assert np.array_equal(m, s)
+
+
+# --------------------------------------------------------------------------- speed-ups keep the verdicts
+
+
+def test_verifier_reuses_the_target_and_agrees_with_verify() -> None:
+    from verimirage.smt.verify import Verifier
+
+    names = {"lora-concat-fusion", "softmax-shift-invariance", "split-k-wrong-accumulator", "second-output-wrong"}
+    pairs = [c for c in CASES if c.name in names]
+    assert len(pairs) == 4
+    for c in pairs:
+        a, b = c.a(), c.b()
+        v = Verifier(a)
+        first = v.check(b)
+        n_cached = len(v.reference._outs)
+        assert n_cached >= 1
+        again = v.check(b)
+        assert len(v.reference._outs) == n_cached  # the target was not evaluated again
+        assert type(first) is type(again) is type(vm.verify(a, b))
+        assert type(v.check(a)) is vm.Proved
+
+
+def test_verify_cache_follows_graph_changes() -> None:
+    a, b = _pair({"X": (4, 4)}, lambda g, x: g.scale(x, 2.0), lambda g, x: g.add(x, x))
+    assert isinstance(vm.verify(a, b), vm.Proved)
+    c, d = _pair({"X": (4, 4)}, lambda g, x: g.scale(x, 3.0), lambda g, x: g.add(x, x))
+    assert isinstance(vm.verify(c, d), vm.Refuted)
+    assert isinstance(vm.verify(a, b), vm.Proved)
+
+
+def test_p_only_mode_without_exp_and_full_form_with_exp() -> None:
+    g = vm.benchmarks.get("gated_mlp", batch=1, small=True)
+    r = FF.ff_test(g, expert("gated_mlp", g, cols=32, k_tile=16))
+    assert r.outcome == "equal" and "p-only" in r.reason
+    h = vm.benchmarks.get("gqa", batch=1, small=True)
+    r2 = FF.ff_test(h, expert("gqa", h, rows=16, kv_tile=32, splits=2))
+    assert r2.outcome == "equal" and "p-only" not in r2.reason
+    assert not FF.uses_exp(g) and FF.uses_exp(h)
+
+
+def test_p_parts_do_not_depend_on_the_mode() -> None:
+    g = vm.benchmarks.get("lora", batch=1, small=True)
+    f = _field()
+    full = FF.trial_inputs(g, f, 7)
+    ponly = FF.trial_inputs(g, f, 7, q_part=False)
+    for k in full:
+        assert full[k].shape[0] == 2 and ponly[k].shape[0] == 1
+        assert np.array_equal(full[k][0], ponly[k][0])
+        assert (full[k][1] < f.q).all() and (full[k][0] < f.p).all() and (full[k] >= 0).all()
+
+
+def test_mixed_q_forms_in_concat_and_maximum() -> None:
+    f = _field()
+    rng = np.random.default_rng(4)
+    a = np.stack([rng.integers(0, f.p, (3, 4)), rng.integers(0, f.q, (3, 4))])
+    b = np.stack([rng.integers(0, f.p, (3, 4)), rng.integers(0, f.q, (3, 4))])
+    sh = {"A": (3, 4), "B": (3, 4)}
+    (c,) = _run1(sh, lambda g, x, y: g.concat([g.exp(x), y], 1), {"A": a, "B": b}, f)
+    assert c.shape == (2, 3, 8)
+    assert (c[1][:, :4] == -1).all() and np.array_equal(c[1][:, 4:], b[1])
+    assert np.array_equal(c[0][:, :4], f.exp_table()[a[1]])
+    (m,) = _run1(sh, lambda g, x, y: g.maximum(g.exp(x), y), {"A": a, "B": b}, f)
+    e = f.exp_table()[a[1]]
+    take_e = e > b[0]  # ties go to the value with a meaningful q-part
+    assert np.array_equal(m[0], np.where(take_e, e, b[0]))
+    assert np.array_equal(m[1], np.where(take_e, -1, b[1]))
+    # matmul with some meaningless q rows: those rows' q-parts are meaningless, the others exact
+    a2 = a.copy()
+    a2[1, 0, 1] = -1
+    (mm,) = _run1({"A": (3, 4), "B": (4, 3)}, lambda g, x, y: g.matmul(x, y), {"A": a2, "B": b.reshape(2, 4, 3)}, f)
+    assert (mm[1, 0] == -1).all()
+    want = (a2[1, 1:].astype(object) @ b.reshape(2, 4, 3)[1].astype(object)) % f.q
+    assert mm[1, 1:].tolist() == want.tolist()
+
+
+@pytest.mark.parametrize("name", ["gqa", "mqa", "qknorm_gqa", "gqa_stable", "rmsnorm_linear", "gated_mlp", "ntrans"])
+def test_full_size_ff_batch1(name: str) -> None:
+    g = vm.benchmarks.get(name, batch=1)
+    r = FF.ff_test(g, expert(name, g))
+    assert r.outcome == "equal" and r.bound <= 2.0**-60, r.reason
