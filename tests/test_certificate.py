@@ -118,3 +118,43 @@ def test_committed_proofs_check() -> None:
     for p in sorted(proofs.glob("*.json")) if proofs.exists() else []:
         v = check_certificate(p)
         assert v.proved, (p.name, v.summary())
+
+
+def test_known_rules_file_is_current() -> None:
+    rules = pytest.importorskip("verimirage.rewrite.rules")
+    partition = pytest.importorskip("verimirage.rewrite.partition")
+    from verimirage.smt.certificate import persisted_rules
+
+    want = {*partition.STEPS, *(r.name for r in rules.all_builtin_rules() if r.name not in rules.UNPROVED_BUILTINS)}
+    assert persisted_rules() == want, (
+        "verimirage/smt/known_rules.txt is stale; regenerate it with "
+        "verimirage.smt.certificate.write_known_rules(names)")
+
+
+def test_write_and_read_known_rules(tmp_path: Path) -> None:
+    from verimirage.smt.certificate import persisted_rules, write_known_rules
+
+    p = write_known_rules(["b-rule", "a.rule", "b-rule"], tmp_path / "k.txt")
+    assert persisted_rules(p) == {"a.rule", "b-rule"}
+    assert persisted_rules(tmp_path / "missing.txt") == frozenset()
+    with pytest.raises(ValueError, match="rule name"):
+        write_known_rules(["bad name"], tmp_path / "k2.txt")
+    with pytest.raises(ValueError, match="rule name"):
+        register_rules(["x y"])
+
+
+def test_persisted_rules_accepted_in_a_fresh_process(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from verimirage.smt.certificate import persisted_rules
+
+    name = sorted(persisted_rules())[0]
+    p = tmp_path / "c.json"
+    _cert("lora", (name,)).save(p)
+    code = ("import sys, verimirage as vm; v = vm.check_certificate(sys.argv[1]); "
+            "print(v.reason); sys.exit(0 if v.proved else 1)")
+    root = Path(__file__).resolve().parent.parent
+    r = subprocess.run([sys.executable, "-c", code, str(p)], capture_output=True, text=True, cwd=root,
+                       env={**__import__("os").environ, "PYTHONPATH": str(root)}, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
