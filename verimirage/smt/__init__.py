@@ -6,6 +6,7 @@ Imports neither torch nor triton. Importing this package registers the
 
 from . import abstract as abstract
 from . import ff as ff
+from . import prune as prune
 from .verdict import Check, Proved, Refuted, Unknown, Verdict
 
-__all__ = ["Check", "Proved", "Refuted", "Unknown", "Verdict", "abstract", "ff"]
+__all__ = ["Check", "Proved", "Refuted", "Unknown", "Verdict", "abstract", "ff", "prune"]
