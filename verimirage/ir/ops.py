@@ -458,10 +458,20 @@ def batched_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """
     if a.ndim <= 2 and b.ndim <= 2:
         return np.matmul(a, b)
-    nb = math.prod(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+    batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    nb = math.prod(batch)
     if nb == 1:
         return np.matmul(a, b)
-    return np.einsum("...ij,...jk->...ik", a, b, optimize=True)
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    if m * k * n < 1 << 21:
+        return np.einsum("...ij,...jk->...ik", a, b, optimize=True)
+    # large products: one BLAS call each
+    aa = np.broadcast_to(a, (*batch, m, k)).reshape(nb, m, k)
+    bb = np.broadcast_to(b, (*batch, k, n)).reshape(nb, k, n)
+    out = np.empty((nb, m, n), dtype=np.result_type(a, b))
+    for i in range(nb):
+        np.matmul(aa[i], bb[i], out=out[i])
+    return out.reshape((*batch, m, n))
 
 
 _def(

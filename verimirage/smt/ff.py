@@ -72,7 +72,7 @@ import numpy as np
 from ..ir.errors import GraphError
 from ..ir.graph import Graph, node_list, output_refs
 from ..ir.interpret import run
-from ..ir.ops import OPS, Prop, TensorType, implements, neg_axis
+from ..ir.ops import OPS, Prop, TensorType, batched_matmul, implements, neg_axis
 from .consts import const_fraction
 
 log = logging.getLogger(__name__)
@@ -454,9 +454,9 @@ def _matmul_mod(af: np.ndarray, bf: np.ndarray, mods: Sequence[int]) -> np.ndarr
     out: np.ndarray | None = None
     for s in range(0, k, _CHUNK):
         if k <= _CHUNK:
-            part = np.matmul(af, bf)
+            part = batched_matmul(af, bf)
         else:
-            part = np.matmul(af[..., s : s + _CHUNK], bf[..., s : s + _CHUNK, :])
+            part = batched_matmul(af[..., s : s + _CHUNK], bf[..., s : s + _CHUNK, :])
         pi = part.astype(np.int64)
         out = pi if out is None else out + pi
         if (s // _CHUNK) % 512 == 511:  # keep the int64 sum of chunk results below 2**63
