@@ -129,14 +129,14 @@ def load_candidates(g: vm.Graph, case: str, directory: Path | None) -> tuple[lis
 
 
 def verimirage_variant(g: vm.Graph, case: str, ins: list[torch.Tensor], ref: Any, top_k: int,
-                       cand_dir: Path | None) -> dict[str, Any]:
+                       cand_dir: Path | None, n_configs: int) -> dict[str, Any]:
     """Profile the verified candidates (x launch configurations) on this GPU; the fastest correct one wins."""
-    from verimirage.backend.profile import select
+    from verimirage.backend.profile import DEFAULT_CONFIGS, select
 
     cands, search_s = load_candidates(g, case, cand_dir)
     cands = cands[:top_k]
     named = {t.name: x for t, x in zip(g.inputs, ins, strict=True)}
-    timings = select(g, cands, inputs=named, cache=False)
+    timings = select(g, cands, inputs=named, cache=False, configs=DEFAULT_CONFIGS[:n_configs])
     tried = [{"rank": t.index, "kernels": cands[t.index].num_kernels, "config": str(t.config),
               "ms": t.ms, "error": t.error} for t in timings]
     best: tuple[float, Any, Any] | None = None
@@ -188,7 +188,7 @@ def run_case(name: str, batch: int, ceil: dict[str, float], args: argparse.Names
         row["sdpa_err"] = rel_err(sf(*sins), ref)
         row["sdpa_us"] = bench(lambda: sf(*sins), cudagraph=True)
     try:
-        row.update(verimirage_variant(g, row["case"], ins, ref, args.top_k, args.candidates))
+        row.update(verimirage_variant(g, row["case"], ins, ref, args.top_k, args.candidates, args.configs))
     except Exception as e:
         row["verimirage_error"] = f"{type(e).__name__}: {e}"[:500]
         log.error("verimirage failed on %s: %s", row["case"], traceback.format_exc())
@@ -237,6 +237,7 @@ def main() -> int:
     ap.add_argument("--out", default=os.environ.get("OUT") or str(Path(__file__).parent / "results"))
     ap.add_argument("--no-inductor", action="store_true")
     ap.add_argument("--top-k", type=int, default=6)
+    ap.add_argument("--configs", type=int, default=4, help="how many of profile.DEFAULT_CONFIGS to sweep")
     ap.add_argument("--candidates", type=Path, default=None,
                     help="directory of candidate files from benchmarks/prepare_candidates.py (default: search here)")
     args = ap.parse_args()

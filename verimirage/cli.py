@@ -186,7 +186,9 @@ def _load_mugraph(path: str) -> Any:
         d = json.loads(text)
     except json.JSONDecodeError as e:
         raise UsageError(f"{path}: neither a program text nor JSON ({e})") from None
-    if isinstance(d, dict) and "mugraph" in d:
+    if isinstance(d, dict) and "mugraph_text" in d:  # a certificate
+        return vm.MuGraph.parse(d["mugraph_text"])
+    if isinstance(d, dict) and "mugraph" in d:  # a candidate record
         m = d["mugraph"]
         return vm.MuGraph.parse(m["text"] if isinstance(m, dict) else m)
     return vm.MuGraph.from_json(text)
