@@ -320,6 +320,14 @@ def _search(
                 continue
             seen.add(key)
             graphs.append((g2, _attribute(rules, terms, originals, fired_trusted)))
+        if any(r.name == "softmax-stabilise" for r in rules):
+            from .stabilise import stabilise_softmax
+
+            for g2, used in list(graphs):
+                gs = stabilise_softmax(g2)
+                if gs is not None and str(gs) not in seen:
+                    seen.add(str(gs))
+                    graphs.append((gs, (*used, "softmax-stabilise")))
         rep.terms_extracted = len(graphs)
         t0 = tick("extract", t0)
 
@@ -382,11 +390,16 @@ def _search(
         # diversity: one candidate per kernel structure (grids of its kernels); loop ranges and
         # launch parameters are the GPU profiler's to sweep, not slots in the top-K
         shapes_seen: set[tuple[Any, ...]] = set()
+        # keep the last slot for a max-shifted (numerically safe) candidate when the pool has one
+        safe_in_pool = top_k > 1 and any(_max_shifted(p[1].mugraph) for p in pool)
         for entry in pool:
             if len(cands) >= top_k:
                 break
             shape_key = _structure(entry[1].mugraph)
             if shape_key in shapes_seen:
+                continue
+            if (safe_in_pool and len(cands) == top_k - 1 and not shape_key[-1]
+                    and not any(_max_shifted(c.mugraph) for c in cands)):
                 continue
             if tried >= max_verify:
                 rep.stop_reason = f"verification attempt limit ({max_verify})"
@@ -452,8 +465,19 @@ def _search(
 
 
 def _structure(mg: MuGraph) -> tuple[Any, ...]:
-    """A μGraph's kernel structure: per kernel its op, or its grid (loop ranges left out)."""
-    return tuple(n.attr("block").grid if n.op == "custom" else n.op for n in node_list(mg) if n.op != "input")
+    """A μGraph's kernel structure: per kernel its op, or its grid (loop ranges left out), and whether
+    it subtracts a running/row max before exp (the numerically safe form is kept beside the plain one)."""
+    grids = tuple(n.attr("block").grid if n.op == "custom" else n.op for n in node_list(mg) if n.op != "input")
+    return (*grids, _max_shifted(mg))
+
+
+def _max_shifted(mg: MuGraph) -> bool:
+    for n in node_list(mg):
+        if n.op in ("max", "running_max"):
+            return True
+        if n.op == "custom" and any(b.op in ("max", "running_max") for b in n.attr("block").nodes):
+            return True
+    return False
 
 
 def _triton_source_hash(mg: MuGraph) -> str | None:
