@@ -1,0 +1,32 @@
+"""Merge harness outputs (latest.json of several invocations on one machine) into one results file.
+
+    python benchmarks/merge_results.py OUT.json IN1.json [IN2.json ...]
+
+The device tool limits one command to 10 minutes, so the batch-1 and batch-8 sweeps run as two
+invocations of benchmarks/bench.py; this keeps each invocation's ceilings with its rows.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def main(argv: list[str]) -> int:
+    out, *ins = argv
+    docs = [json.loads(Path(p).read_text()) for p in ins]
+    merged = dict(docs[0])
+    merged["rows"] = [r for d in docs for r in d["rows"]]
+    merged["runs"] = [{k: d[k] for k in ("device", "date", "ceilings", "torch", "triton")} for d in docs]
+    Path(out).write_text(json.dumps(merged, indent=1))
+    from bench import table
+
+    print(table(merged))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
