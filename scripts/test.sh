@@ -6,5 +6,6 @@ bash scripts/setup.sh
 # shellcheck disable=SC1091
 . .venv/bin/activate
 export TRITON_INTERPRET=1
-python -m ruff check verimirage tests
+python -m ruff check verimirage tests benchmarks scripts examples
+python -m mypy -p verimirage.ir -p verimirage.rewrite -p verimirage.smt -p verimirage.backend
 python -m pytest -q -p no:cacheprovider "$@"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .ir import BlockBuilder, BlockGraph, Graph, GraphError, MuGraph, ThreadBuilder, ThreadGraph, TensorType
+from .ir import BlockBuilder, BlockGraph, Graph, GraphError, MuGraph, TensorType, ThreadBuilder, ThreadGraph
 from .ir.dtypes import DType, bfloat16, float16, float32
 from .ir.interpret import evaluate
 

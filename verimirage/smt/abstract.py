@@ -231,7 +231,7 @@ implements("abstract", "square")(_ew1(lambda x: E.p_mul(x, x)))
 implements("abstract", "sqrt")(_ew1(E.p_sqrt))
 implements("abstract", "rsqrt")(_ew1(lambda x: _law("rsqrt-def", E.p_atom(("sqrt", x), -1))))
 for _n in ("silu", "gelu", "relu"):
-    implements("abstract", _n)(_ew1(lambda x, _n=_n: E.p_fn(_n, x)))
+    implements("abstract", _n)(_ew1(lambda x, _n=_n: E.p_fn(_n, x)))  # type: ignore[misc]
 
 
 @implements("abstract", "scale")
@@ -337,7 +337,7 @@ def _abs_concat(args: list[Sym], attrs: dict[str, Any], in_types: Any, out_types
                 return a.at(_project(full, a.shape))
 
             pieces.append((o, o + n, fn))
-        return E.p_cat(idx[pos], pieces)
+        return E.p_cat(idx[pos], pieces)  # type: ignore[arg-type]
 
     return Sym(tuple(shape), elem)
 
@@ -394,7 +394,7 @@ def _outputs_sym(g: Graph) -> list[Sym]:
     inputs = {}
     for t in g.inputs:
         name = str(t.name)
-        inputs[name] = Sym(t.shape, lambda idx, name=name: E.p_atom(("in", name, idx)))
+        inputs[name] = Sym(t.shape, lambda idx, name=name: E.p_atom(("in", name, idx)))  # type: ignore[misc]
     return run(g, inputs, AbstractDomain())
 
 

@@ -7,13 +7,14 @@ names; the tests run :func:`check_law` for each on random float64 values.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 Checker = Callable[[np.random.Generator], bool]
 
 
-def _close(a: object, b: object) -> bool:
+def _close(a: Any, b: Any) -> bool:
     return bool(np.allclose(a, b, rtol=1e-9, atol=1e-9))
 
 
