@@ -47,11 +47,11 @@ def main(argv: list[str] | None = None) -> int:
     best = res.best
     print("\n== best μGraph")
     print(best.mugraph)
-    print(f"verdict: {best.verdict}")
+    print(f"verdict: {best.verdict.summary()}")
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "cert.json")
         best.certificate.save(path)
-        print(f"independent certificate check: {vm.check_certificate(path)}")
+        print(f"independent certificate check: {vm.check_certificate(path).summary()}")
     if args.full and not torch.cuda.is_available():
         return 0
     fn = vm.compile(best)
