@@ -223,6 +223,8 @@ def superoptimize(
             "terms_per_class": terms_per_class, "max_terms": max_terms, "max_verify": max_verify,
             "hardware": repr(hardware), "calibration": repr(calibration), "profile": profile, "seed": seed,
             "verify_timeout_s": verify_timeout_s,
+            # a profiled ordering belongs to one GPU (and its software): key it by them
+            "device": _device_key() if profile else None,
         })
         hit = search_cache.load(key, graph, recheck=recheck_cache)
         if hit is not None:
@@ -462,6 +464,19 @@ def _search(
             t0 = tick("profile", t0)
     log.info("%s", rep)
     return SearchResult(cands, rep)
+
+
+def _device_key() -> str | None:
+    """Name, capability and torch/triton versions of the current GPU (None without one)."""
+    try:
+        import torch
+        import triton
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    cap = torch.cuda.get_device_capability()
+    return f"{torch.cuda.get_device_name()} sm_{cap[0]}{cap[1]} torch {torch.__version__} triton {triton.__version__}"
 
 
 def _structure(mg: MuGraph) -> tuple[Any, ...]:
