@@ -24,7 +24,6 @@ import argparse
 import datetime
 import json
 import logging
-import math
 import os
 import statistics
 import sys
@@ -38,7 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from torch_eager import flops, min_bytes, torch_fn
+from torch_eager import flops, min_bytes, rel_err, torch_fn
 
 import verimirage as vm
 
@@ -73,18 +72,6 @@ def launch_overhead() -> float:
     """CUDA-graph time of one tiny kernel (a floor for any one-kernel program), microseconds."""
     z = torch.ones(32, device="cuda")
     return bench(lambda: z.add_(1.0), cudagraph=True)
-
-
-def rel_err(out: Any, ref: Any) -> float:
-    outs = out if isinstance(out, tuple) else (out,)
-    refs = ref if isinstance(ref, tuple) else (ref,)
-    worst = 0.0
-    for o, r in zip(outs, refs, strict=True):
-        o64 = o.double()
-        if not torch.isfinite(o64).all():
-            return math.inf
-        worst = max(worst, float(torch.linalg.norm(o64 - r) / torch.linalg.norm(r)))
-    return worst
 
 
 def make_inputs(g: vm.Graph, name: str, seed: int) -> list[torch.Tensor]:

@@ -9,6 +9,7 @@ called on float64 tensors.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +28,19 @@ def torch_fn(g: Graph) -> Callable[..., Any]:
         return res[0] if len(res) == 1 else tuple(res)
 
     return fn
+
+
+def rel_err(out: Any, ref: Any) -> float:
+    """Worst ||out - ref|| / ||ref|| over the outputs (tensor or tuple); inf if anything is not finite."""
+    outs = out if isinstance(out, tuple) else (out,)
+    refs = ref if isinstance(ref, tuple) else (ref,)
+    worst = 0.0
+    for o, r in zip(outs, refs, strict=True):
+        o64 = o.double()
+        if not torch.isfinite(o64).all():
+            return math.inf
+        worst = max(worst, float(torch.linalg.norm(o64 - r) / torch.linalg.norm(r)))
+    return worst
 
 
 def flops(g: Graph) -> float:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -170,26 +169,12 @@ def inputs(g: Any, seed: int, scale: float = 0.5) -> list[Any]:
             for t in g.inputs]
 
 
-def rel_err(out: Any, ref: Any) -> float:
-    import torch
-
-    outs = out if isinstance(out, tuple) else (out,)
-    refs = ref if isinstance(ref, tuple) else (ref,)
-    worst = 0.0
-    for o, r in zip(outs, refs, strict=True):
-        o64 = o.double()
-        if not torch.isfinite(o64).all():
-            return math.inf
-        worst = max(worst, float(torch.linalg.norm(o64 - r) / torch.linalg.norm(r)))
-    return worst
-
-
 def check(v: dict[str, Any]) -> dict[str, Any]:
     """Compile and check one variant (runs in a worker)."""
     t0 = time.perf_counter()
     try:
         import torch
-        from torch_eager import torch_fn
+        from torch_eager import rel_err, torch_fn
 
         import verimirage as vm
 

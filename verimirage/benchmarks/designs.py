@@ -12,12 +12,25 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..ir.errors import GraphError
-from ..ir.graph import BlockBuilder, Graph, MuGraph, ThreadBuilder
+from ..ir.graph import BlockBuilder, Graph, MuGraph, Tensor, ThreadBuilder
 from ..ir.ops import TensorType
 
 
 def _inputs(g: Graph) -> dict[str, TensorType]:
     return {t.name: t.type for t in g.inputs if t.name is not None}
+
+
+def _program(t: dict[str, TensorType]) -> tuple[MuGraph, list[Tensor]]:
+    """A μGraph with the suite graph's inputs (same names, order, types), and those inputs."""
+    mg = MuGraph()
+    return mg, [mg.input(name, tt.shape, tt.dtype) for name, tt in t.items()]
+
+
+def _one_kernel(t: dict[str, TensorType], b: BlockBuilder) -> MuGraph:
+    """The one-kernel μGraph running block graph ``b`` on every input; its outputs are the program's."""
+    mg, ins = _program(t)
+    mg.output(*mg.custom(b.build(), ins))
+    return mg
 
 
 def _div_pick(n: int, want: int) -> int:
@@ -55,11 +68,7 @@ def flash_attention(g: Graph, *, rows: int = 64, kv_tile: int = 64, stable: bool
         lsum = b.loop_sum(b.sum(p, axis=2))
         o = b.loop_sum(b.matmul(p, v))
     b.output(b.div(o, lsum), (0, 1))
-    mg = MuGraph()
-    ins = [mg.input(name, tt.shape, tt.dtype) for name, tt in t.items()]
-    (out,) = mg.custom(b.build(), ins)
-    mg.output(out)
-    return mg
+    return _one_kernel(t, b)
 
 
 def split_kv_attention(g: Graph, *, splits: int = 16, rows: int = 64, kv_tile: int = 128, stable: bool = False,
@@ -98,8 +107,7 @@ def split_kv_attention(g: Graph, *, splits: int = 16, rows: int = 64, kv_tile: i
         p = b.exp(s)
         b.output(b.loop_sum(b.matmul(p, v)), omap)
         b.output(b.loop_sum(b.sum(p, axis=2)), omap)
-    mg = MuGraph()
-    ins = [mg.input(name, tt.shape, tt.dtype) for name, tt in t.items()]
+    mg, ins = _program(t)
     parts = mg.custom(b.build(), ins)
     # combine: grid (heads, row blocks), for-loop over the splits
     crows = _div_pick(n, combine_rows or rows)
@@ -136,11 +144,7 @@ def rmsnorm_linear(g: Graph, *, cols: int = 64, k_tile: int = 128, eps: float = 
     ss = b.loop_sum(b.sum(b.square(x), axis=1))
     r = b.rsqrt(b.shift(b.scale(ss, 1.0 / k), eps))
     b.output(b.mul(acc, r), (1,))
-    mg = MuGraph()
-    ins = [mg.input(name, tt.shape, tt.dtype) for name, tt in t.items()]
-    (out,) = mg.custom(b.build(), ins)
-    mg.output(out)
-    return mg
+    return _one_kernel(t, b)
 
 
 def rmsnorm_linear_splitk(g: Graph, *, cols: int = 64, k_tile: int = 128, splits: int = 2,
@@ -159,8 +163,7 @@ def rmsnorm_linear_splitk(g: Graph, *, cols: int = 64, k_tile: int = 128, splits
     x = b.input(0, xt, (None, 1), 1)
     w = b.input(1, wt, (1, 0), 0)
     b.output(b.loop_sum(b.matmul(x, w)), (1, 0))
-    mg = MuGraph()
-    ins = [mg.input(name, tt.shape, tt.dtype) for name, tt in t.items()]
+    mg, ins = _program(t)
     (part,) = mg.custom(b.build(), ins)
     ccols = _div_pick(n, combine_cols or cols)
     c = BlockBuilder((n // ccols,), splits)
@@ -191,11 +194,7 @@ def lora(g: Graph, *, cols: int = 32, k_tile: int = 64) -> MuGraph:
     xw = b.loop_sum(b.matmul(x, w))
     xa = b.loop_sum(b.matmul(x, a))
     b.output(b.add(xw, b.matmul(xa, bb)), (1,))
-    mg = MuGraph()
-    ins = [mg.input(name, tt.shape, tt.dtype) for name, tt in t.items()]
-    (out,) = mg.custom(b.build(), ins)
-    mg.output(out)
-    return mg
+    return _one_kernel(t, b)
 
 
 def gated_mlp(g: Graph, *, cols: int = 32, k_tile: int = 128) -> MuGraph:
@@ -216,11 +215,7 @@ def gated_mlp(g: Graph, *, cols: int = 32, k_tile: int = 128) -> MuGraph:
     u, v = tb.arg(a1.type), tb.arg(a2.type)
     tb.output(tb.mul(tb.silu(u), v))
     b.output(b.fused(tb.build(), [a1, a2]), (1,))
-    mg = MuGraph()
-    ins = [mg.input(name, tt.shape, tt.dtype) for name, tt in t.items()]
-    (out,) = mg.custom(b.build(), ins)
-    mg.output(out)
-    return mg
+    return _one_kernel(t, b)
 
 
 def gated_mlp_splitk(g: Graph, *, cols: int = 64, k_tile: int = 128, splits: int = 2,
@@ -241,8 +236,7 @@ def gated_mlp_splitk(g: Graph, *, cols: int = 64, k_tile: int = 128, splits: int
     w2 = b.input(2, w2t, (1, 0), 0)
     b.output(b.loop_sum(b.matmul(x, w1)), (1, 0))
     b.output(b.loop_sum(b.matmul(x, w2)), (1, 0))
-    mg = MuGraph()
-    ins = [mg.input(name, tt.shape, tt.dtype) for name, tt in t.items()]
+    mg, ins = _program(t)
     p1, p2 = mg.custom(b.build(), ins)
     ccols = _div_pick(n, combine_cols or cols)
     c = BlockBuilder((n // ccols,), splits)
@@ -269,11 +263,7 @@ def ntrans(g: Graph, *, rows: int = 1, eps: float = 1e-6) -> MuGraph:
     al = b.input(2, at, (0,), None)
     b.output(b.add(b.rms_norm(h, axis=1, eps=eps), x), (0,))
     b.output(b.rms_norm(b.add(x, b.mul(al, x)), axis=1, eps=eps), (0,))
-    mg = MuGraph()
-    ins = [mg.input(name, tt.shape, tt.dtype) for name, tt in t.items()]
-    o1, o2 = mg.custom(b.build(), ins)
-    mg.output(o1, o2)
-    return mg
+    return _one_kernel(t, b)
 
 
 def _attn(kind: str, **fixed: bool) -> Callable[..., MuGraph]:
