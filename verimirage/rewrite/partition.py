@@ -319,13 +319,18 @@ def configs(
         blocks = math.prod(p for _, p in gc)
         if blocks > max_blocks:
             continue
-        if blocks < min(min_blocks, most) and blocks > 1:
-            continue  # too few blocks to fill the device (a larger grid exists); 1 block kept as a baseline
-        out.append(Config(gc))
+        # too few blocks to fill the device (a larger grid exists); 1 block kept as a baseline. A
+        # split reduction multiplies the blocks, so a coarse grid stays in play with splits
+        # (FlashDecoding's 64-row tiles x 16 KV splits: benchmarks/perf/NOTES.md)
+        few = blocks < min(min_blocks, most) and blocks > 1
+        if not few:
+            out.append(Config(gc))
         for lab in an.reduction_labels():
             n = an.size[lab]
             for splits in [1, *[s for s in _pow2_divisors(n, 2, max_splits)]]:
                 if splits > 1 and (len(gc) >= 3 or blocks * splits > max_blocks):
+                    continue
+                if (splits == 1 and few) or (splits > 1 and blocks * splits < min(min_blocks, most)):
                     continue
                 per = n // splits
                 for f in _pow2_divisors(per, 2):
