@@ -2,51 +2,60 @@
 
 Values
 ------
-A tensor's finite-field value is an int64 array with one extra *leading* axis
-of size 2 or 1. With size 2, ``v[0]`` holds residues mod ``p`` and ``v[1]``
-residues mod ``q``, where ``q`` is a prime dividing ``p - 1`` (we use safe
+A tensor's finite-field value (:class:`FV`) has two *parts*: residues mod ``p``
+and residues mod ``q``, where ``q`` is a prime dividing ``p - 1`` (we use safe
 primes ``p = 2q + 1``, ``2**20 <= p < 2**21``). The pair is the fingerprint of
-a real value under the ring maps to Z_p and Z_q. ``v[1] == -1`` marks a q-part
-that has no meaning (see exp). A leading axis of size **1** is the compact form
-of "no element has a meaningful q-part" (the same value as a size-2 array whose
-``v[1]`` is all -1); it is what ``exp`` returns, and it lets every op skip the
-q-part work that could never be used.
+a real value under the ring maps to Z_p and Z_q. A q-residue of ``-1`` marks a
+q-part that has no meaning (see exp); a value whose q-part is ``None`` has no
+meaningful q-part anywhere (what ``exp`` returns).
+
+Each part is computed **on demand** (:class:`Part`, a memoised thunk over the
+parts it reads). The test asks only for the p-parts of the outputs, so a part
+that cannot reach an output's p-part is never computed: the p-part of ``Q K^T``
+in attention (exp reads only the q-part), the q-part of ``V`` (it never reaches
+an exp), every q-part of a program without exp. Which part an op reads is part
+of its meaning below ("reads"); nothing else decides what is computed, so a
+part a result depends on is always computed (tests/test_verify.py checks
+programs where q-parts do reach an exp through every kind of op).
 
 Op meanings
 -----------
 * ``add, sub, mul, neg, square, scale, shift, matmul, sum, mean``: ring
-  operations in both parts; constants ``c`` are exact rationals
+  operations in both parts (each part reads the same part of the operands);
+  constants ``c`` are exact rationals
   (:func:`verimirage.smt.consts.const_fraction`) mapped into Z_p and Z_q.
 * ``div``: multiplication by the modular inverse; **division by zero is defined
   as multiplication by 0** (the inverse of 0 is taken to be 0), in each part.
 * ``exp(x) = g ** (x mod q) mod p`` with ``g`` of order ``q`` in Z_p*, so
   ``exp(a + b) = exp(a) * exp(b)`` holds exactly (a table of ``g**k`` for k in
-  [0, q), built once per field and cached). The result has no meaningful
-  q-part. If ``exp`` is applied to a value whose q-part has no meaning (e.g.
-  ``exp(exp(x))``), the field records a *q-violation* and the test can only
-  answer Unknown.
+  [0, q), built once per field and cached). Its p-part reads the q-part of
+  ``x``; the result has no meaningful q-part. If ``exp`` is applied to a value
+  whose q-part has no meaning (e.g. ``exp(exp(x))``), the field records a
+  *q-violation* and the test can only answer Unknown.
 * ``silu, gelu, relu, sqrt``: per-trial random functions (a keyed 64-bit mix)
-  of the p-residue of the argument, giving both parts of the result.
-  ``rsqrt(x)`` is the inverse of ``sqrt(x)`` (so ``rsqrt = 1/sqrt`` exactly).
-  ``rms_norm(x) = x * rsqrt(mean(x*x) + eps)`` with that ``rsqrt`` (times the weight).
+  of the p-residue of the argument, giving both parts of the result (both read
+  the p-part). ``rsqrt(x)`` is the inverse of ``sqrt(x)`` (so ``rsqrt =
+  1/sqrt`` exactly). ``rms_norm(x) = x * rsqrt(mean(x*x) + eps)`` with that
+  ``rsqrt`` (times the weight).
 * ``max``, ``maximum``: a genuine total order on values: lexicographic on
   (p-residue, q-part), a meaningless q-part counting as the smallest. It is
   associative, commutative and idempotent, so a tiled max equals the flat max,
   and programs that subtract *some* max before ``exp`` (stable softmax, online
   softmax) test equal to the unshifted ones, as they are in real arithmetic.
-* ``concat``, ``transpose``: data movement.
+  The p-part of the result is the max of the p-parts (reads p only); its
+  q-part reads both parts.
+* ``concat``, ``transpose``: data movement (each part separately).
 
-p-only mode
------------
-When neither program applies ``exp`` (nor ``rescaled_sum``, which does), no
-q-part can ever reach an exp, so the test runs in *p-only* mode: inputs get no
-q-part and every value is p-only. The p-part computation is unchanged, and the
-stated bound (which divides by the smaller prime q) still holds: it bounds the
-p-part polynomial identity test alone.
+The test compares the p-parts of the outputs. The stated bound (which divides
+by the smaller prime q) bounds the p-part polynomial identity test alone, so
+it holds whatever q-parts are computed. Inputs get independent uniform residues
+per (trial, input, part) from separate streams, so every part of every input
+has the same value whichever parts are computed and in which order.
 
 Matmuls are exact: residues in [0, p) are multiplied with float64 BLAS in
 chunks of at most 2048 along the contraction dim, so every partial sum is an
-integer below 2**53; the p- and q-parts go through one batched BLAS call.
+integer below 2**53. Grid axes that only one operand varies along (a block's
+replicated tile) are folded into the rows or columns of one product.
 
 Speed
 -----
@@ -57,11 +66,15 @@ trial; exp tables are cached per field. See ``verimirage/smt/PERF.md``.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
+import ctypes
+import glob
 import logging
 import math
+import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
@@ -72,7 +85,7 @@ import numpy as np
 from ..ir.errors import GraphError
 from ..ir.graph import Graph, node_list, output_refs
 from ..ir.interpret import run
-from ..ir.ops import OPS, Prop, TensorType, batched_matmul, implements, neg_axis
+from ..ir.ops import OPS, Prop, TensorType, implements, neg_axis
 from .consts import const_fraction
 
 log = logging.getLogger(__name__)
@@ -134,8 +147,7 @@ def _exp_table(p: int, q: int, g: int) -> np.ndarray:
 class Field:
     """One trial's field: primes ``p``, ``q`` (q | p-1), generator ``g`` of order ``q``, oracle key.
 
-    ``p_only``: values carry no q-part (see the module docstring); ``q_violations`` counts
-    elements where exp met a meaningless q-part.
+    ``q_violations`` counts elements where exp met a meaningless q-part.
     """
 
     p: int
@@ -143,13 +155,12 @@ class Field:
     g: int
     key: int
     q_violations: int = 0
-    p_only: bool = False
 
     @classmethod
-    def from_seed(cls, seed: int, *, p_only: bool = False) -> Field:
+    def from_seed(cls, seed: int) -> Field:
         """The field a trial seed determines (prime, generator and oracle key)."""
         p, q, g, key = _field_params(int(seed))
-        return cls(p, q, g, key, p_only=p_only)
+        return cls(p, q, g, key)
 
     def exp_table(self) -> np.ndarray:
         """``g**k mod p`` for k in [0, q) (cached per field)."""
@@ -196,7 +207,10 @@ def current_field() -> Field:
 
 
 class FFDomain:
-    """The finite-field domain for :func:`verimirage.ir.interpret.run` (one field per instance)."""
+    """The finite-field domain for :func:`verimirage.ir.interpret.run` (one field per instance).
+
+    Values are :class:`FV`; ops build the parts of their result lazily (see the module docstring).
+    """
 
     name = "ff"
 
@@ -216,34 +230,174 @@ class FFDomain:
             _FIELD.reset(tok)
 
 
-# --------------------------------------------------------------------------- helpers
+# --------------------------------------------------------------------------- lazy values
 
 
-def _has_q(x: np.ndarray) -> bool:
-    return x.shape[0] == 2
+class Part:
+    """One part (p- or q-residues) of a value: an int64 array computed on first :meth:`get`.
+
+    ``fn(*deps' arrays)`` computes it; afterwards the thunk and its operands are released, so an
+    intermediate array lives only until the last part that reads it is computed.
+    """
+
+    __slots__ = ("_deps", "_fn", "_val")
+
+    def __init__(self, fn: Callable[..., np.ndarray] | None, deps: tuple[Part, ...] = (),
+                 val: np.ndarray | None = None) -> None:
+        self._fn = fn
+        self._deps = deps
+        self._val = val
+
+    @classmethod
+    def of(cls, a: np.ndarray) -> Part:
+        """An already computed part."""
+        return cls(None, (), a)
+
+    @property
+    def ready(self) -> bool:
+        """Whether the array has been computed."""
+        return self._val is not None
+
+    def get(self) -> np.ndarray:
+        """The array (computing it and, first, every part it reads that is not computed yet)."""
+        v = self._val
+        if v is not None:
+            return v
+        stack: list[Part] = [self]
+        while stack:  # iterative post-order: long accumulator chains need no deep recursion
+            t = stack[-1]
+            if t._val is not None:
+                stack.pop()
+                continue
+            todo = [d for d in t._deps if d._val is None]
+            if todo:
+                stack.extend(todo)
+                continue
+            fn = t._fn
+            assert fn is not None
+            with np.errstate(over="ignore"):
+                t._val = fn(*[d._val for d in t._deps])
+            t._fn = None
+            t._deps = ()
+            stack.pop()
+        assert self._val is not None
+        return self._val
 
 
-def with_q(x: np.ndarray) -> np.ndarray:
-    """``x`` in the size-2 form (a p-only value gets the q-part -1 everywhere)."""
-    if x.shape[0] == 2:
-        return x
-    out = np.empty((2, *x.shape[1:]), dtype=np.int64)
-    out[0] = x[0]
-    out[1] = -1
+def _lazy(fn: Callable[..., np.ndarray], *deps: Part) -> Part:
+    return Part(fn, tuple(deps))
+
+
+def _view(part: Part, fn: Callable[[np.ndarray], np.ndarray]) -> Part:
+    """A data-movement view of ``part`` (done now when the part is computed: views are free)."""
+    if part.ready:
+        return Part.of(fn(part.get()))
+    return Part(fn, (part,))
+
+
+_SHAPE_PROBE = np.empty((), dtype=np.int8)
+
+
+class FV:
+    """A finite-field value: ``p`` and ``q`` parts (``q=None``: no meaningful q-part anywhere).
+
+    Every part's array has exactly ``shape``. ``qmarks``: the q-part may contain ``-1`` (meaningless
+    elements); when False it holds residues in [0, q) only. The evaluator moves data with the
+    array methods below, applied to each part.
+    """
+
+    __slots__ = ("p", "q", "qmarks", "shape")
+
+    def __init__(self, shape: Sequence[int], p: Part, q: Part | None, qmarks: bool = False) -> None:
+        self.shape = tuple(int(s) for s in shape)
+        self.p = p
+        self.q = q
+        self.qmarks = bool(qmarks and q is not None)
+
+    @property
+    def ndim(self) -> int:
+        """Number of dims."""
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+        return math.prod(self.shape)
+
+    def _map(self, shape: Sequence[int], fn: Callable[[np.ndarray], np.ndarray]) -> FV:
+        return FV(shape, _view(self.p, fn), None if self.q is None else _view(self.q, fn), self.qmarks)
+
+    def reshape(self, *shape: Any) -> FV:
+        """Row-major reshape of each part."""
+        new = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
+        new = np.broadcast_to(_SHAPE_PROBE, self.shape).reshape(new).shape
+        return self._map(new, lambda a: a.reshape(new))
+
+    def transpose(self, *perm: Any) -> FV:
+        """Axes permuted (each part)."""
+        p = tuple(perm[0]) if len(perm) == 1 and isinstance(perm[0], (tuple, list)) else tuple(perm)
+        return self._map(tuple(self.shape[a] for a in p), lambda a: a.transpose(p))
+
+    def __getitem__(self, idx: Any) -> FV:
+        shape = np.broadcast_to(_SHAPE_PROBE, self.shape)[idx].shape
+        return self._map(shape, lambda a: a[idx])
+
+    def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        name = func.__name__
+        if name == "take":
+            return _fv_take(*args, **kwargs)
+        if name == "expand_dims":
+            x, axis = args[0], kwargs.get("axis", args[1] if len(args) > 1 else None)
+            shape = np.expand_dims(np.broadcast_to(_SHAPE_PROBE, x.shape), axis).shape
+            return x._map(shape, lambda a: np.expand_dims(a, axis))
+        if name == "broadcast_to":
+            x, shape = args[0], tuple(kwargs.get("shape", args[1] if len(args) > 1 else None))
+            return x._map(shape, lambda a: np.broadcast_to(a, shape))
+        raise GraphError(f"numpy function {name} is not supported on finite-field values")
+
+    def __repr__(self) -> str:
+        return f"FV{self.shape}{'' if self.q is not None else ' p-only'}"
+
+
+def _fv_take(x: FV, indices: Any, axis: int | None = None) -> FV:
+    if axis is None or not isinstance(indices, (int, np.integer)):
+        raise GraphError("finite-field values support np.take of one index along an axis only")
+    ax = axis % x.ndim
+    idx = (slice(None),) * ax + (int(indices),)
+    return x[idx]
+
+
+def fv_of(a: np.ndarray) -> FV:
+    """A computed value from an array in the stacked form: ``a[0]`` p-residues, ``a[1]`` (if present)
+    q-residues with ``-1`` for meaningless ones."""
+    a = np.asarray(a, dtype=np.int64)
+    if a.shape[0] == 2:
+        return FV(a.shape[1:], Part.of(a[0]), Part.of(a[1]), bool((a[1] < 0).any()))
+    return FV(a.shape[1:], Part.of(a[0]), None)
+
+
+def stacked(x: FV) -> np.ndarray:
+    """``x`` as one array ``(2, *shape)``: p-residues and q-residues (``-1`` where meaningless)."""
+    out = np.empty((2, *x.shape), dtype=np.int64)
+    out[0] = x.p.get()
+    if x.q is None:
+        out[1] = -1
+    else:
+        out[1] = x.q.get()
     return out
 
 
-def _empty(parts: int, *shapes: tuple[int, ...]) -> np.ndarray:
-    return np.empty((parts, *np.broadcast_shapes(*shapes)), dtype=np.int64)
+# --------------------------------------------------------------------------- helpers on arrays
 
 
-def _mark_bad(out_q: np.ndarray, *qs: np.ndarray) -> None:
-    """Set ``out_q`` to -1 wherever any operand's q-part is meaningless (-1)."""
+def _mark(out_q: np.ndarray, *qs: np.ndarray) -> np.ndarray:
+    """Set ``out_q`` to -1 wherever any operand's q-part is meaningless (-1); returns ``out_q``."""
     bad = qs[0] < 0
     for x in qs[1:]:
         bad = bad | (x < 0)
     if bad.any():
         out_q[np.broadcast_to(bad, out_q.shape)] = -1
+    return out_q
 
 
 def _inv(x: np.ndarray, m: int) -> np.ndarray:
@@ -269,59 +423,43 @@ def _mix(x: np.ndarray, key: int, salt: int) -> np.ndarray:
     return z
 
 
-_SALT = {"silu": 1, "gelu": 2, "relu": 3, "sqrt": 4}
-
-
-def _oracle(name: str, x: np.ndarray) -> np.ndarray:
-    f = current_field()
-    z = _mix(x[0], f.key, _SALT[name])
-    out = np.empty((1 if f.p_only else 2, *x.shape[1:]), dtype=np.int64)
-    out[0] = z % np.uint64(f.p)
-    if not f.p_only:
-        out[1] = (z >> np.uint64(21)) % np.uint64(f.q)
-    return out
-
-
-def _scale_by(x: np.ndarray, c: Fraction) -> np.ndarray:
-    f = current_field()
-    cp, cq = f.const(c)
-    out = np.empty_like(x)
-    np.multiply(x[0], cp, out=out[0])
-    out[0] %= f.p
-    if _has_q(x):
-        np.multiply(x[1], cq, out=out[1])
-        out[1] %= f.q
-        _mark_bad(out[1], x[1])
-    return out
-
-
-# --------------------------------------------------------------------------- op meanings
-
-
-def _ring(kind: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    f = current_field()
-    parts = 2 if _has_q(a) and _has_q(b) else 1
-    out = _empty(parts, a.shape[1:], b.shape[1:])
-    if kind == "div":
-        np.multiply(a[0], _inv(b[0], f.p), out=out[0])
-    else:
-        _UFUNC[kind](a[0], b[0], out=out[0])
-    out[0] %= f.p
-    if parts == 2:
-        if kind == "div":
-            np.multiply(a[1], _inv(np.maximum(b[1], 0), f.q), out=out[1])
-        else:
-            _UFUNC[kind](a[1], b[1], out=out[1])
-        out[1] %= f.q
-        _mark_bad(out[1], a[1], b[1])
-    return out
-
-
 _UFUNC = {"add": np.add, "sub": np.subtract, "mul": np.multiply}
 
 
-def _binop(kind: str):
-    def fn(args: list[np.ndarray], attrs: dict[str, Any], in_types: Any, out_types: Any) -> np.ndarray:
+def _ring_arr(kind: str, x: np.ndarray, y: np.ndarray, m: int) -> np.ndarray:
+    """``x op y mod m`` of residue arrays (broadcasting)."""
+    if kind == "div":
+        r = np.multiply(x, _inv(y, m))
+    else:
+        r = _UFUNC[kind](x, y)
+    r %= m
+    return r
+
+
+def _ring_q(kind: str, x: np.ndarray, y: np.ndarray, q: int, marks: bool) -> np.ndarray:
+    """The q-part of ``x op y``; ``marks``: an operand may hold -1 (the result is -1 there)."""
+    if not marks:
+        return _ring_arr(kind, x, y, q)
+    r = _ring_arr(kind, x, np.maximum(y, 0) if kind == "div" else y, q)
+    return _mark(r, x, y)
+
+
+# --------------------------------------------------------------------------- op meanings (on FV)
+
+
+def _ring(kind: str, a: FV, b: FV) -> FV:
+    f = current_field()
+    shape = np.broadcast_shapes(a.shape, b.shape)
+    p = _lazy(lambda x, y, m=f.p: _ring_arr(kind, x, y, m), a.p, b.p)
+    if a.q is None or b.q is None:
+        return FV(shape, p, None)
+    marks = a.qmarks or b.qmarks
+    q = _lazy(lambda x, y, m=f.q: _ring_q(kind, x, y, m, marks), a.q, b.q)
+    return FV(shape, p, q, marks)
+
+
+def _binop(kind: str) -> Callable[..., FV]:
+    def fn(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
         return _ring(kind, args[0], args[1])
 
     return fn
@@ -331,206 +469,360 @@ for _k in ("add", "sub", "mul", "div"):
     implements("ff", _k)(_binop(_k))
 
 
+def _affine(x: FV, c: Fraction, kind: str) -> FV:
+    """``x * c`` (kind "mul") or ``x + c`` (kind "add") for a rational constant ``c``."""
+    f = current_field()
+    cp, cq = f.const(c)
+    uf = _UFUNC[kind]
+
+    def part(cm: int, m: int, marks: bool) -> Callable[[np.ndarray], np.ndarray]:
+        def fn(v: np.ndarray) -> np.ndarray:
+            r = uf(v, cm)
+            r %= m
+            return _mark(r, v) if marks else r
+
+        return fn
+
+    p = _lazy(part(cp, f.p, False), x.p)
+    q = None if x.q is None else _lazy(part(cq, f.q, x.qmarks), x.q)
+    return FV(x.shape, p, q, x.qmarks)
+
+
 @implements("ff", "maximum")
-def _ff_maximum(args: list[np.ndarray], attrs: dict[str, Any], in_types: Any, out_types: Any) -> np.ndarray:
+def _ff_maximum(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
     a, b = args
-    if not _has_q(a) and not _has_q(b):
-        return np.maximum(a, b)  # equal p-residues are equal values here
-    a, b = with_q(a), with_q(b)
-    # lexicographic order on (p-residue, q-part), an invalid q-part (-1) being the smallest
-    take_a = (a[0] > b[0]) | ((a[0] == b[0]) & (a[1] >= b[1]))
-    return np.where(take_a, a, b)
+    shape = np.broadcast_shapes(a.shape, b.shape)
+    p = _lazy(np.maximum, a.p, b.p)  # equal p-residues: either operand gives the same p-residue
+    if a.q is None and b.q is None:
+        return FV(shape, p, None)
+
+    a_has, b_has = a.q is not None, b.q is not None
+
+    # lexicographic order on (p-residue, q-part), a meaningless q-part (-1, or no q-part) being the smallest
+    def qpart(ap: np.ndarray, bp: np.ndarray, *qs: np.ndarray) -> np.ndarray:
+        it = iter(qs)
+        aq = next(it) if a_has else np.int64(-1)
+        bq = next(it) if b_has else np.int64(-1)
+        take_a = (ap > bp) | ((ap == bp) & (aq >= bq))
+        return np.where(take_a, aq, bq).astype(np.int64, copy=False)
+
+    deps = [a.p, b.p] + ([a.q] if a.q is not None else []) + ([b.q] if b.q is not None else [])
+    return FV(shape, p, _lazy(qpart, *deps), a.qmarks or b.qmarks or not (a_has and b_has))
 
 
 @implements("ff", "neg")
-def _ff_neg(args: list[np.ndarray], attrs: dict[str, Any], in_types: Any, out_types: Any) -> np.ndarray:
-    return _scale_by(args[0], Fraction(-1))
+def _ff_neg(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
+    return _affine(args[0], Fraction(-1), "mul")
 
 
 @implements("ff", "square")
-def _ff_square(args: list[np.ndarray], attrs: dict[str, Any], in_types: Any, out_types: Any) -> np.ndarray:
+def _ff_square(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
     return _ring("mul", args[0], args[0])
 
 
 @implements("ff", "scale")
-def _ff_scale(args: list[np.ndarray], attrs: dict[str, Any], in_types: Any, out_types: Any) -> np.ndarray:
-    return _scale_by(args[0], const_fraction(attrs["c"]))
-
-
-def _shift_by(x: np.ndarray, c: Fraction) -> np.ndarray:
-    f = current_field()
-    cp, cq = f.const(c)
-    out = np.empty_like(x)
-    np.add(x[0], cp, out=out[0])
-    out[0] %= f.p
-    if _has_q(x):
-        np.add(x[1], cq, out=out[1])
-        out[1] %= f.q
-        _mark_bad(out[1], x[1])
-    return out
+def _ff_scale(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
+    return _affine(args[0], const_fraction(attrs["c"]), "mul")
 
 
 @implements("ff", "shift")
-def _ff_shift(args: list[np.ndarray], attrs: dict[str, Any], in_types: Any, out_types: Any) -> np.ndarray:
-    return _shift_by(args[0], const_fraction(attrs["c"]))
+def _ff_shift(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
+    return _affine(args[0], const_fraction(attrs["c"]), "add")
+
+
+def _exp(x: FV) -> FV:
+    f = current_field()
+    shape = x.shape
+    if x.q is None:
+        def none() -> np.ndarray:
+            f.q_violations += math.prod(shape)
+            return np.ones(shape, dtype=np.int64)
+
+        return FV(shape, Part(none), None)
+    marks = x.qmarks
+
+    def fn(xq: np.ndarray) -> np.ndarray:
+        if marks:
+            bad = xq < 0
+            if bad.any():
+                f.q_violations += int(bad.sum())
+                xq = np.maximum(xq, 0)
+        return np.take(f.exp_table(), xq)
+
+    return FV(shape, _lazy(fn, x.q), None)
 
 
 @implements("ff", "exp")
-def _ff_exp(args: list[np.ndarray], attrs: dict[str, Any], in_types: Any, out_types: Any) -> np.ndarray:
+def _ff_exp(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
+    return _exp(args[0])
+
+
+_SALT = {"silu": 1, "gelu": 2, "relu": 3, "sqrt": 4}
+
+
+def _oracle(name: str, x: FV, inverse: bool = False) -> FV:
+    """A per-trial random function of ``x``'s p-residue giving both parts (``inverse``: their inverses)."""
     f = current_field()
-    x = args[0]
-    if not _has_q(x):
-        f.q_violations += int(x[0].size)
-        return np.ones((1, *x.shape[1:]), dtype=np.int64)
-    xq = x[1]
-    bad = xq < 0
-    if bad.any():
-        f.q_violations += int(bad.sum())
-        xq = np.maximum(xq, 0)
-    return f.exp_table()[xq][None]
+    z = _lazy(lambda v, k=f.key, s=_SALT[name]: _mix(v, k, s), x.p)
+
+    def part(shift: int, m: int) -> Callable[[np.ndarray], np.ndarray]:
+        def fn(zz: np.ndarray) -> np.ndarray:
+            r = ((zz >> np.uint64(shift)) % np.uint64(m)).astype(np.int64)
+            return _inv(r, m) if inverse else r
+
+        return fn
+
+    return FV(x.shape, _lazy(part(0, f.p), z), _lazy(part(21, f.q), z))
 
 
 for _u in ("silu", "gelu", "relu", "sqrt"):
     implements("ff", _u)(lambda args, attrs, it, ot, _n=_u: _oracle(_n, args[0]))
 
 
-def _rsqrt(x: np.ndarray) -> np.ndarray:
-    f = current_field()
-    s = _oracle("sqrt", x)
-    s[0] = _inv(s[0], f.p)
-    if _has_q(s):
-        s[1] = _inv(s[1], f.q)
-    return s
-
-
 @implements("ff", "rsqrt")
-def _ff_rsqrt(args: list[np.ndarray], attrs: dict[str, Any], in_types: Any, out_types: Any) -> np.ndarray:
-    return _rsqrt(args[0])
+def _ff_rsqrt(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
+    return _oracle("sqrt", args[0], inverse=True)
 
 
-def _reduce_sum(x: np.ndarray, ax: int) -> np.ndarray:
+def _reduce_sum(x: FV, ax: int) -> FV:
     f = current_field()
-    pv = x[0].sum(axis=ax, keepdims=True)
-    out = np.empty((x.shape[0], *pv.shape), dtype=np.int64)
-    np.remainder(pv, f.p, out=out[0])
-    if _has_q(x):
-        ok = (x[1] >= 0).all(axis=ax, keepdims=True)
-        if ok.all():
-            np.remainder(x[1].sum(axis=ax, keepdims=True), f.q, out=out[1])
-        else:
-            out[1] = np.where(ok, np.maximum(x[1], 0).sum(axis=ax, keepdims=True) % f.q, -1)
-    return out
+    shape = list(x.shape)
+    shape[ax] = 1
+
+    def pfn(v: np.ndarray) -> np.ndarray:
+        r = v.sum(axis=ax, keepdims=True)
+        r %= f.p
+        return r
+
+    def qfn(v: np.ndarray) -> np.ndarray:
+        if not x_marks:
+            r = v.sum(axis=ax, keepdims=True)
+            r %= f.q
+            return r
+        ok = (v >= 0).all(axis=ax, keepdims=True)
+        return np.where(ok, np.maximum(v, 0).sum(axis=ax, keepdims=True) % f.q, -1)
+
+    x_marks = x.qmarks
+    q = None if x.q is None else _lazy(qfn, x.q)
+    return FV(shape, _lazy(pfn, x.p), q, x.qmarks)
 
 
 @implements("ff", "sum")
-def _ff_sum(args: list[np.ndarray], attrs: dict[str, Any], in_types: Any, out_types: Any) -> np.ndarray:
+def _ff_sum(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
     return _reduce_sum(args[0], neg_axis(attrs["axis"], in_types[0].rank))
 
 
 @implements("ff", "mean")
-def _ff_mean(args: list[np.ndarray], attrs: dict[str, Any], in_types: Any, out_types: Any) -> np.ndarray:
+def _ff_mean(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
     ax = attrs["axis"]
     s = _reduce_sum(args[0], neg_axis(ax, in_types[0].rank))
-    return _scale_by(s, Fraction(1, in_types[0].shape[ax]))
+    return _affine(s, Fraction(1, in_types[0].shape[ax]), "mul")
 
 
 @implements("ff", "max")
-def _ff_max(args: list[np.ndarray], attrs: dict[str, Any], in_types: Any, out_types: Any) -> np.ndarray:
+def _ff_max(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
     f = current_field()
     x = args[0]
     ax = neg_axis(attrs["axis"], in_types[0].rank)
-    if not _has_q(x):
-        return x.max(axis=ax, keepdims=True)
-    # order: p-residue, then q-part (so the result does not depend on the order of the elements)
-    key = x[0] * (f.q + 1) + (x[1] + 1)
-    i = np.expand_dims(np.argmax(key, axis=ax), ax)
-    return np.stack([np.take_along_axis(x[0], i, ax), np.take_along_axis(x[1], i, ax)])
+    shape = list(x.shape)
+    shape[ax] = 1
+    p = _lazy(lambda v: v.max(axis=ax, keepdims=True), x.p)
+    if x.q is None:
+        return FV(shape, p, None)
+
+    def qfn(vp: np.ndarray, vq: np.ndarray) -> np.ndarray:
+        # order: p-residue, then q-part (so the result does not depend on the order of the elements)
+        key = vp * (f.q + 1) + (vq + 1)
+        i = np.expand_dims(np.argmax(key, axis=ax), ax)
+        return np.take_along_axis(vq, i, ax)
+
+    return FV(shape, p, _lazy(qfn, x.p, x.q), x.qmarks)
 
 
-def _matmul_mod(af: np.ndarray, bf: np.ndarray, mods: Sequence[int]) -> np.ndarray:
-    """Exact ``af @ bf`` reduced mod ``mods[i]`` along the leading axis; operands are float64 residues
-    in [0, max(mods)) with max(mods) <= 2**21, so each chunk's float64 sums are exact integers."""
-    k = af.shape[-1]
+# --------------------------------------------------------------------------- matmul
+
+
+def _find_openblas() -> Any:
+    try:
+        libs = glob.glob(os.path.join(os.path.dirname(np.__file__), os.pardir, "numpy.libs", "*openblas*"))
+        for path in libs:
+            lib = ctypes.CDLL(path)
+            for suffix in ("scipy_openblas_{}_num_threads64_", "openblas_{}_num_threads"):
+                get = getattr(lib, suffix.format("get"), None)
+                set_ = getattr(lib, suffix.format("set"), None)
+                if get is not None and set_ is not None:
+                    get.restype = ctypes.c_int
+                    set_.argtypes = [ctypes.c_int]
+                    return get, set_
+    except OSError:
+        pass
+    return None
+
+
+_BLAS: Any = None
+_BLAS_SEARCHED = False
+
+
+@contextlib.contextmanager
+def _one_blas_thread() -> Iterator[None]:
+    """Run numpy's OpenBLAS on one thread inside (on a small shared machine a threaded OpenBLAS spends
+    more time waking and waiting for its threads than it saves on the many mid-size products here)."""
+    global _BLAS, _BLAS_SEARCHED
+    if not _BLAS_SEARCHED:
+        _BLAS_SEARCHED = True
+        _BLAS = _find_openblas()
+    if _BLAS is None:
+        yield
+        return
+    get, set_ = _BLAS
+    n = get()
+    if n == 1:
+        yield
+        return
+    set_(1)
+    try:
+        yield
+    finally:
+        set_(n)
+
+
+def _as_float(a: np.ndarray, perm: Sequence[int], shape: tuple[int, ...]) -> np.ndarray:
+    """``a.transpose(perm)`` as a C-contiguous float64 array of ``shape`` (one copying pass)."""
+    t = a.transpose(perm)
+    out = np.empty(t.shape, dtype=np.float64)
+    np.copyto(out, t, casting="unsafe")
+    return out.reshape(shape)
+
+
+def _matmul_mod(a: np.ndarray, b: np.ndarray, m: int) -> np.ndarray:
+    """Exact ``a @ b mod m`` of residue arrays in [0, m), m <= 2**21, with broadcast batch dims.
+
+    Batch axes along which only ``a`` varies are folded into its rows, those along which only ``b``
+    varies into its columns; each remaining batch item is one float64 BLAS product per contraction
+    chunk of at most 2048 (exact: every partial sum is an integer below 2**53). The result is an
+    int64 array of the broadcast shape (possibly a transposed view).
+    """
+    nd = max(a.ndim, b.ndim)
+    a = a.reshape((1,) * (nd - a.ndim) + a.shape)
+    b = b.reshape((1,) * (nd - b.ndim) + b.shape)
+    nb = nd - 2
+    both = [t for t in range(nb) if a.shape[t] == b.shape[t] and a.shape[t] > 1]
+    a_only = [t for t in range(nb) if a.shape[t] > 1 and b.shape[t] == 1]
+    b_only = [t for t in range(nb) if b.shape[t] > 1 and a.shape[t] == 1]
+    bad = [t for t in range(nb) if a.shape[t] != b.shape[t] and a.shape[t] != 1 and b.shape[t] != 1]
+    if bad:
+        raise GraphError(f"ff matmul: batch dims {a.shape[:-2]} and {b.shape[:-2]} do not broadcast")
+    ones_a = [t for t in range(nb) if t not in both and t not in a_only]
+    ones_b = [t for t in range(nb) if t not in both and t not in b_only]
+    mm, kk = a.shape[-2:]
+    nn = b.shape[-1]
+    n_both = math.prod(a.shape[t] for t in both)
+    n_a = math.prod(a.shape[t] for t in a_only)
+    n_b = math.prod(b.shape[t] for t in b_only)
+    af = _as_float(a, [*both, *a_only, *ones_a, nb, nb + 1], (n_both, n_a * mm, kk))
+    bf = _as_float(b, [*both, *ones_b, nb, *b_only, nb + 1], (n_both, kk, n_b * nn))
     out: np.ndarray | None = None
-    for s in range(0, k, _CHUNK):
-        if k <= _CHUNK:
-            part = batched_matmul(af, bf)
-        else:
-            part = batched_matmul(af[..., s : s + _CHUNK], bf[..., s : s + _CHUNK, :])
-        pi = part.astype(np.int64)
-        out = pi if out is None else out + pi
-        if (s // _CHUNK) % 512 == 511:  # keep the int64 sum of chunk results below 2**63
-            for i, m in enumerate(mods):
-                out[i] %= m
+    with _one_blas_thread():
+        for s in range(0, kk, _CHUNK):
+            if kk <= _CHUNK:
+                part = np.matmul(af, bf)
+            else:
+                part = np.matmul(af[..., s : s + _CHUNK], bf[:, s : s + _CHUNK, :])
+            pi = part.astype(np.int64)
+            del part
+            out = pi if out is None else np.add(out, pi, out=out)
+            if (s // _CHUNK) % 512 == 511:  # keep the int64 sum of chunk results below 2**63
+                out %= m
     assert out is not None
-    for i, m in enumerate(mods):
-        out[i] %= m
-    return out
+    out %= m
+    # (both, a_only, M, b_only, N) -> batch axes in their order, then M, N
+    r = out.reshape([a.shape[t] for t in both] + [a.shape[t] for t in a_only] + [mm]
+                    + [b.shape[t] for t in b_only] + [nn])
+    order = both + a_only + b_only  # the batch axis each of r's leading axes stands for
+    pos = {t: i for i, t in enumerate(both + a_only)}
+    pos.update({t: len(both) + len(a_only) + 1 + i for i, t in enumerate(b_only)})
+    m_ax = len(both) + len(a_only)
+    n_ax = r.ndim - 1
+    perm = [pos[t] for t in sorted(order)] + [m_ax, n_ax]
+    r = r.transpose(perm)
+    full = (*tuple(max(a.shape[t], b.shape[t]) for t in range(nb)), mm, nn)
+    return r.reshape(full)
 
 
 def _modmatmul(a: np.ndarray, b: np.ndarray, m: int) -> np.ndarray:
     """Exact ``a @ b mod m`` of int residue arrays (m <= 2**21)."""
-    return _matmul_mod(np.asarray(a % m, dtype=np.float64)[None], np.asarray(b % m, dtype=np.float64)[None], (m,))[0]
+    return _matmul_mod(np.asarray(a % m, dtype=np.int64), np.asarray(b % m, dtype=np.int64), m)
 
 
-@implements("ff", "matmul")
-def _ff_matmul(args: list[np.ndarray], attrs: dict[str, Any], in_types: Any, out_types: Any) -> np.ndarray:
-    f = current_field()
-    a, b = args
-    if a.ndim != b.ndim:  # align batch dims after the leading (p, q) axis
-        r = max(a.ndim, b.ndim)
-        a = a.reshape(a.shape[:1] + (1,) * (r - a.ndim) + a.shape[1:])
-        b = b.reshape(b.shape[:1] + (1,) * (r - b.ndim) + b.shape[1:])
-    if not (_has_q(a) and _has_q(b)):
-        return _matmul_mod(a[:1].astype(np.float64), b[:1].astype(np.float64), (f.p,))
-    a_bad = a[1] < 0
-    b_bad = b[1] < 0
-    any_a, any_b = bool(a_bad.any()), bool(b_bad.any())
-    af = a.astype(np.float64)
-    bf = b.astype(np.float64)
-    if any_a:
-        np.maximum(af[1], 0, out=af[1])
-    if any_b:
-        np.maximum(bf[1], 0, out=bf[1])
-    out = _matmul_mod(af, bf, (f.p, f.q))
-    if any_a or any_b:
-        bad = a_bad.any(axis=-1)[..., :, None] | b_bad.any(axis=-2)[..., None, :]
-        out[1][np.broadcast_to(bad, out[1].shape)] = -1
+def _matmul_q(x: np.ndarray, y: np.ndarray, q: int, marks: bool) -> np.ndarray:
+    """The q-part of ``x @ y``: a row of ``x`` or column of ``y`` with a meaningless element gives
+    meaningless results."""
+    if not marks:
+        return _matmul_mod(x, y, q)
+    x_bad = x < 0
+    y_bad = y < 0
+    out = np.array(_matmul_mod(np.maximum(x, 0), np.maximum(y, 0), q))
+    bad = x_bad.any(axis=-1)[..., :, None] | y_bad.any(axis=-2)[..., None, :]
+    if bad.any():
+        out[np.broadcast_to(bad, out.shape)] = -1
     return out
 
 
+@implements("ff", "matmul")
+def _ff_matmul(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
+    f = current_field()
+    a, b = args
+    shape = (*np.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
+    p = _lazy(lambda x, y, m=f.p: _matmul_mod(x, y, m), a.p, b.p)
+    if a.q is None or b.q is None:
+        return FV(shape, p, None)
+    marks = a.qmarks or b.qmarks
+    return FV(shape, p, _lazy(lambda x, y, m=f.q: _matmul_q(x, y, m, marks), a.q, b.q), marks)
+
+
 @implements("ff", "rms_norm")
-def _ff_rms(args: list[np.ndarray], attrs: dict[str, Any], in_types: Any, out_types: Any) -> np.ndarray:
+def _ff_rms(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
     x = args[0]
     rank = in_types[0].rank
     ax = attrs["axis"]
-    sq = _ring("mul", x, x)
-    ms = _scale_by(_reduce_sum(sq, neg_axis(ax, rank)), Fraction(1, in_types[0].shape[ax]))
-    ms = _shift_by(ms, const_fraction(attrs["eps"]))
-    y = _ring("mul", x, _rsqrt(ms))
+    nax = neg_axis(ax, rank)
+    ms = _affine(_reduce_sum(_ring("mul", x, x), nax), Fraction(1, in_types[0].shape[ax]), "mul")
+    ms = _affine(ms, const_fraction(attrs["eps"]), "add")
+    y = _ring("mul", x, _oracle("sqrt", ms, inverse=True))
     if len(args) == 2:
         w = args[1]
-        nax = neg_axis(ax, rank)
-        w = w.reshape(w.shape + (1,) * (-nax - 1))
-        y = _ring("mul", y, w)
+        y = _ring("mul", y, w.reshape(w.shape + (1,) * (-nax - 1)))
     return y
 
 
 @implements("ff", "concat")
-def _ff_concat(args: list[np.ndarray], attrs: dict[str, Any], in_types: Any, out_types: Any) -> np.ndarray:
+def _ff_concat(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
     r = in_types[0].rank
     ax = neg_axis(attrs["axis"], r)
-    if any(_has_q(a) for a in args) and not all(_has_q(a) for a in args):
-        args = [with_q(a) for a in args]
     batch = np.broadcast_shapes(*(a.shape[: a.ndim - r] for a in args))
-    full = [np.broadcast_to(a, batch + a.shape[a.ndim - r :]) for a in args]
-    return np.concatenate(full, axis=ax)
+    shapes = [batch + a.shape[a.ndim - r :] for a in args]
+    out_shape = list(shapes[0])
+    out_shape[ax] = sum(s[ax] for s in shapes)
+
+    def cat(*vs: np.ndarray) -> np.ndarray:
+        return np.concatenate([np.broadcast_to(v, s) for v, s in zip(vs, shapes, strict=True)], axis=ax)
+
+    p = _lazy(cat, *(a.p for a in args))
+    if all(a.q is None for a in args):
+        return FV(out_shape, p, None)
+    qs = [a.q if a.q is not None else Part.of(np.broadcast_to(np.int64(-1), a.shape)) for a in args]
+    marks = any(a.qmarks or a.q is None for a in args)
+    return FV(out_shape, p, _lazy(cat, *qs), marks)
 
 
 @implements("ff", "transpose")
-def _ff_transpose(args: list[np.ndarray], attrs: dict[str, Any], in_types: Any, out_types: Any) -> np.ndarray:
+def _ff_transpose(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
     r = in_types[0].rank
-    return np.swapaxes(args[0], neg_axis(attrs["a"], r), neg_axis(attrs["b"], r))
+    x = args[0]
+    i, j = neg_axis(attrs["a"], r) % x.ndim, neg_axis(attrs["b"], r) % x.ndim
+    perm = list(range(x.ndim))
+    perm[i], perm[j] = perm[j], perm[i]
+    return x.transpose(perm)
 
 
 # --------------------------------------------------------------------------- the randomized test
@@ -614,22 +906,33 @@ def uses_exp(g: Graph) -> bool:
     return walk(node_list(g))
 
 
-def trial_inputs(g: Graph, fld: Field, seed: int, *, q_part: bool = True) -> dict[str, np.ndarray]:
-    """Fresh uniform random residues for every input of ``g``, from ``seed``.
+def _input_part(shape: tuple[int, ...], seed: int, index: int, part: int, m: int) -> Part:
+    def gen() -> np.ndarray:
+        return np.random.default_rng([seed, 0x5EED, part, index]).integers(0, m, size=shape, dtype=np.int64)
 
-    The p-parts come from one stream and the q-parts from another (inputs in name order), so the
-    p-parts are the same whether or not q-parts are made (``q_part=False``: p-only values).
+    return Part(gen)
+
+
+def input_values(g: Graph, fld: Field, seed: int) -> dict[str, FV]:
+    """Fresh uniform random residues for every input of ``g``, from ``seed``, as lazy values.
+
+    Each (input, part) has its own stream (inputs in name order), so a part has the same value
+    whether or not, and in whichever order, the other parts are made.
     """
-    rng_p = np.random.default_rng([seed, 0x5EED, 0])
-    rng_q = np.random.default_rng([seed, 0x5EED, 1])
     vals = {}
-    for t in sorted(g.inputs, key=lambda t: str(t.name)):
-        v = np.empty((2 if q_part else 1, *tuple(t.shape)), dtype=np.int64)
-        v[0] = rng_p.integers(0, fld.p, size=t.shape, dtype=np.int64)
-        if q_part:
-            v[1] = rng_q.integers(0, fld.q, size=t.shape, dtype=np.int64)
-        vals[str(t.name)] = v
+    for i, t in enumerate(sorted(g.inputs, key=lambda t: str(t.name))):
+        shape = tuple(t.shape)
+        vals[str(t.name)] = FV(shape, _input_part(shape, seed, i, 0, fld.p), _input_part(shape, seed, i, 1, fld.q))
     return vals
+
+
+def trial_inputs(g: Graph, fld: Field, seed: int, *, q_part: bool = True) -> dict[str, np.ndarray]:
+    """The inputs of :func:`input_values` as arrays ``(2, *shape)`` (p- and q-residues), or
+    ``(1, *shape)`` with ``q_part=False``; the p-parts are the same either way."""
+    out = {}
+    for k, v in input_values(g, fld, seed).items():
+        out[k] = stacked(v) if q_part else v.p.get()[None]
+    return out
 
 
 def trials_needed(per_trial: float, target_log2: float = 60.0, minimum: int = 2) -> int:
@@ -645,31 +948,27 @@ def default_seeds(seed: int, n: int) -> tuple[int, ...]:
 
 
 def _first_difference(x: np.ndarray, y: np.ndarray) -> tuple[int, ...] | None:
-    """Index (with the leading part axis) of the first element where values differ, or None.
-
-    p-residues are compared everywhere, q-parts where both are meaningful."""
-    x0, y0 = np.broadcast_arrays(x[0], y[0])
-    if not np.array_equal(x0, y0):
-        i = np.argwhere(x0 != y0)[0]
-        return (0, *tuple(int(v) for v in i))
-    if _has_q(x) and _has_q(y):
-        x1, y1 = np.broadcast_arrays(x[1], y[1])
-        diff = (x1 != y1) & (x1 >= 0) & (y1 >= 0)
-        if diff.any():
-            return (1, *tuple(int(v) for v in np.argwhere(diff)[0]))
-    return None
+    """Index of the first element where the p-residues ``x`` and ``y`` differ, or None."""
+    x0, y0 = np.broadcast_arrays(x, y)
+    if np.array_equal(x0, y0):
+        return None
+    return tuple(int(v) for v in np.argwhere(x0 != y0)[0])
 
 
-def _nbytes(g: Graph, parts: int) -> int:
-    return sum(8 * parts * math.prod(t.shape) for t in g.inputs)
+def _nbytes(g: Graph) -> int:
+    return sum(8 * 2 * math.prod(t.shape) for t in g.inputs)
+
+
+def _run_lazy(g: Graph, inputs: Mapping[str, FV], fld: Field) -> list[FV]:
+    return list(run(g, inputs, FFDomain(fld)))
 
 
 class FFReference:
     """A target program's finite-field evaluations, cached per trial seed, to test many candidates.
 
-    Each candidate costs one evaluation per trial: the target's outputs (and, when small, its inputs)
-    are computed once per seed and mode (p-only or not) and reused. Seeds are a fixed stream from
-    ``seed``, so every candidate is tested on the same trials.
+    Each candidate costs one evaluation per trial: the target's output p-parts (and, when small,
+    its inputs) are computed once per seed and reused. Seeds are a fixed stream from ``seed``, so
+    every candidate is tested on the same trials.
     """
 
     def __init__(self, target: Graph, *, seed: int = 0, target_log2: float = 60.0) -> None:
@@ -678,31 +977,27 @@ class FFReference:
         self.target_log2 = target_log2
         self.degree, self.opaque = degree_bound(target)
         self.uses_exp = uses_exp(target)
-        self._outs: dict[tuple[int, bool], tuple[list[np.ndarray], int]] = {}
-        self._inputs: dict[tuple[int, bool], dict[str, np.ndarray]] = {}
+        self._outs: dict[int, tuple[list[np.ndarray], int]] = {}
+        self._inputs: dict[int, dict[str, FV]] = {}
 
-    def inputs(self, s: int, fld: Field) -> dict[str, np.ndarray]:
-        """The trial inputs for seed ``s`` in ``fld``'s mode (cached when small)."""
-        key = (s, fld.p_only)
-        ins = self._inputs.get(key)
+    def inputs(self, s: int, fld: Field) -> dict[str, FV]:
+        """The trial inputs for seed ``s`` (lazy values; kept when small)."""
+        ins = self._inputs.get(s)
         if ins is None:
-            ins = trial_inputs(self.target, fld, s, q_part=not fld.p_only)
-            if _nbytes(self.target, 1 if fld.p_only else 2) <= INPUT_CACHE_BYTES:
-                self._inputs[key] = ins
+            ins = input_values(self.target, fld, s)
+            if _nbytes(self.target) <= INPUT_CACHE_BYTES:
+                self._inputs[s] = ins
         return ins
 
-    def outputs(self, s: int, p_only: bool, inputs: Mapping[str, np.ndarray] | None = None
-                ) -> tuple[list[np.ndarray], int]:
-        """The target's outputs for seed ``s`` and its q-violation count (cached). ``inputs``: this
-        trial's inputs when the caller already has them."""
-        key = (s, p_only)
-        r = self._outs.get(key)
+    def outputs(self, s: int, inputs: Mapping[str, FV] | None = None) -> tuple[list[np.ndarray], int]:
+        """The target's output p-parts for seed ``s`` and its q-violation count (cached). ``inputs``:
+        this trial's inputs when the caller already has them."""
+        r = self._outs.get(s)
         if r is None:
-            fld = Field.from_seed(s, p_only=p_only)
-            with np.errstate(over="ignore"):
-                outs = run(self.target, inputs if inputs is not None else self.inputs(s, fld), FFDomain(fld))
-            r = ([np.asarray(o) for o in outs], fld.q_violations)
-            self._outs[key] = r
+            fld = Field.from_seed(s)
+            outs = _run_lazy(self.target, inputs if inputs is not None else self.inputs(s, fld), fld)
+            r = ([o.p.get() for o in outs], fld.q_violations)
+            self._outs[s] = r
         return r
 
     def compare(self, cand: Graph, *, seeds: Sequence[int] | None = None, trials: int | None = None) -> FFResult:
@@ -725,25 +1020,23 @@ class FFReference:
         qs: list[int] = []
         gs: list[int] = []
         for ti, s in enumerate(seeds):
-            fld = Field.from_seed(s, p_only=p_only)
+            fld = Field.from_seed(s)
             ps.append(fld.p)
             qs.append(fld.q)
             gs.append(fld.g)
             ins = self.inputs(s, fld)
-            outs_a, viol_a = self.outputs(s, p_only, ins)
-            with np.errstate(over="ignore"):
-                outs_b = run(cand, ins, FFDomain(fld))
+            outs_a, viol_a = self.outputs(s, ins)
+            outs_b = _run_lazy(cand, ins, fld)
             common = dict(p=tuple(ps), q=tuple(qs), g=tuple(gs), seeds=seeds[: ti + 1], trials=ti + 1,
                           per_trial_bound=per)
             for k, (x, y) in enumerate(zip(outs_a, outs_b, strict=True)):
-                d = _first_difference(x, np.asarray(y))
-                if d is not None:
-                    idx = d[1:]
-                    full = trial_inputs(self.target, Field.from_seed(s), s)
-                    return FFResult("differ", f"output {k} differs at index {idx} in trial {ti} (p={fld.p}"
-                                    f"{', q-part' if d[0] else ''})", bound=1.0, seconds=time.perf_counter() - t0,
-                                    output=k, index=idx, inputs=full, field_trial=ti,
-                                    **common)  # type: ignore[arg-type]
+                idx = _first_difference(x, y.p.get())
+                if idx is not None:
+                    full = trial_inputs(self.target, fld, s)
+                    return FFResult("differ", f"output {k} differs at index {idx} in trial {ti} (p={fld.p})",
+                                    bound=1.0, seconds=time.perf_counter() - t0, output=k, index=idx,
+                                    inputs=full, field_trial=ti, **common)  # type: ignore[arg-type]
+            del outs_b
             viol = viol_a + fld.q_violations
             if viol:
                 return FFResult("unknown", f"a program applies exp to a value with no meaningful q-part "
@@ -780,7 +1073,8 @@ def ff_domain_ops() -> list[str]:
 
 
 def run_ff(g: Graph, inputs: Mapping[str, np.ndarray], fld: Field) -> list[np.ndarray]:
-    """Evaluate ``g`` in field ``fld`` on ff input values (arrays with the leading (p, q) axis);
-    outputs in the size-2 form (a meaningless q-part is -1)."""
-    with np.errstate(over="ignore"):
-        return [with_q(np.asarray(o)) for o in run(g, inputs, FFDomain(fld))]
+    """Evaluate ``g`` in field ``fld`` on input arrays in the stacked form (leading axis: p-residues,
+    then, if present, q-residues with -1 where meaningless); every part of every output is computed
+    and returned in the stacked form ``(2, *shape)`` (a meaningless q-part is -1)."""
+    outs = _run_lazy(g, {k: fv_of(v) for k, v in inputs.items()}, fld)
+    return [stacked(o) for o in outs]
