@@ -88,3 +88,25 @@ def test_new_designs_equal_suite_graph_and_compile_tuned(builder: str, name: str
     out = fn(**{k: torch.tensor(v, dtype=torch.float16) for k, v in ins.items()})
     got = out.double().numpy()
     assert np.abs(got - ref[0]).max() / np.abs(ref[0]).max() < 1e-2
+
+
+def test_rmsnorm_linear_side_use_pipelines_four_stages_when_they_fit() -> None:
+    # H100 run5 sweep: k_tile 128 with 64-row dots, 4 stages 21.0 us vs 3 stages 24.5 us
+    g = vm.benchmarks.get("rmsnorm_linear", batch=8)
+    (c,) = _recs(designs.rmsnorm_linear(g, cols=64, k_tile=128))
+    assert (c.num_warps, c.num_stages, c.tiles.dot_min_m) == (4, 4, 64)
+
+
+def test_profile_tolerance_rejects_the_observed_miscompile_and_accepts_correct_kernels() -> None:
+    from verimirage.backend.profile import TOLERANCE, rel_error
+
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal((64, 128))
+    fp16 = ref.astype(np.float16).astype(np.float64)  # one fp16 rounding: ~3e-4 relative
+    assert rel_error(fp16, ref) <= TOLERANCE["f16"] / 4
+    bad = ref + 5e-3 * np.linalg.norm(ref) / np.sqrt(ref.size) * rng.standard_normal(ref.shape)
+    assert rel_error(bad, ref) > TOLERANCE["f16"]  # rel. error ~5e-3, as the H100 miscompile gave
+    nan = fp16.copy()
+    nan[0, 0] = np.nan
+    assert rel_error(nan, ref) == float("inf")
+    assert TOLERANCE["f16"] < TOLERANCE["bf16"] and TOLERANCE["f32"] < TOLERANCE["f16"]

@@ -68,6 +68,9 @@ class TileOptions:
     #: for-loops without tl.dot of at most this many iterations are unrolled (tl.static_range), so all
     #: their loads are in flight at once (Triton pipelines only loops that feed tl.dot); 0 disables
     unroll_max: int = 16
+    #: loads of inputs no other block re-reads (every grid axis with several blocks indexes them) carry
+    #: ``eviction_policy="evict_first"``: streamed once, they need not displace re-read tiles in L2
+    evict_once: bool = False
 
     def __post_init__(self) -> None:
         for k in ("dot_min_m", "dot_min_nk"):
@@ -102,7 +105,8 @@ class LaunchConfig:
             return "tuned"
         t = self.tiles
         u = "" if t.unroll_max == 16 else f"u{t.unroll_max}"
-        return f"w{self.num_warps}s{self.num_stages}m{t.dot_min_m}n{t.dot_min_nk}{t.fp32_precision}{u}"
+        e = "e1" if t.evict_once else ""
+        return f"w{self.num_warps}s{self.num_stages}m{t.dot_min_m}n{t.dot_min_nk}{t.fp32_precision}{u}{e}"
 
 
 @dataclass(frozen=True)
@@ -350,7 +354,14 @@ class _KernelGen:
     def load_expr(self, i: int, p: tuple[int, ...], axis: int | None = None, start: int = 0) -> str:
         ptr, mask = self.load(i, p, axis, start)
         m = f", mask={mask}, other=0.0" if mask else ""
+        if self.opts.evict_once and self.read_once(i):
+            m += ', eviction_policy="evict_first"'
         return f"tl.load({ptr}{m}).to(tl.float32)"
+
+    def read_once(self, i: int) -> bool:
+        """Whether no two blocks read the same elements of block input ``i``."""
+        imap = self.bg.nodes[i].attr("imap")
+        return all(g == 1 or imap[a] is not None for a, g in enumerate(self.bg.grid))
 
     # ------------------------------------------------------------------ ops
     def emit_matmul(self, lines: list[str], n: Node, a: str, b: str, ta: TensorType, tb: TensorType,

@@ -117,8 +117,26 @@ def _inputs(graph: Graph, seed: int) -> dict[str, Any]:
     return out
 
 
+#: Largest relative Frobenius error ``|out - ref| / |ref|`` against the float64 reference accepted per
+#: output dtype. Correct kernels measure 2e-4 to 6e-4 in fp16 (1e-3 in bf16) on every suite case; a
+#: Triton 3.6 miscompile seen on an H100 (64-row wgmma beside a side use of the streamed operand) gave
+#: 3.5e-3 to 7.6e-3 and must be rejected (benchmarks/perf/NOTES.md).
+TOLERANCE = {"f16": 2e-3, "bf16": 1.2e-2, "f32": 1e-4}
+
+
 def _tolerance(dtype: str) -> float:
-    return {"f16": 2e-2, "bf16": 6e-2, "f32": 1e-3}[dtype]
+    return TOLERANCE[dtype]
+
+
+def rel_error(out: Any, ref: Any) -> float:
+    """Relative Frobenius error of ``out`` (a tensor or array) against the float64 array ``ref``."""
+    import numpy as np
+
+    got = out.detach().double().cpu().numpy() if hasattr(out, "detach") else np.asarray(out, dtype=np.float64)
+    r = np.asarray(ref, dtype=np.float64)
+    if not np.all(np.isfinite(got)):
+        return math.inf
+    return float(np.linalg.norm(got - r)) / max(float(np.linalg.norm(r)), 1e-30)
 
 
 def _remember(timings: Sequence[Timing]) -> None:
@@ -155,7 +173,6 @@ def select(
     if not configs:
         raise ValueError("select: no configurations given")
     dev = device_info()  # before importing triton.testing: on a CPU machine nothing of triton is loaded here
-    import numpy as np
     import torch
     import triton.testing
 
@@ -179,23 +196,22 @@ def select(
     ref = evaluate(graph, {k: v.detach().cpu() for k, v in xs.items()}) if check else None
     out: list[Timing] = []
     for ci, cand in enumerate(candidates):
-        verified = False
         for cfg in configs:
             t0 = time.perf_counter()
             try:
                 fn = vm_compile(cand, config=cfg)
                 res = fn(**xs)
                 torch.cuda.synchronize()
-                if ref is not None and not verified:
+                # every (candidate, config) is checked: the generated code differs per config, and so
+                # can the compiler's mistakes
+                if ref is not None:
                     res_t = res if isinstance(res, tuple) else (res,)
-                    for o, r in zip(res_t, ref, strict=True):
-                        got = o.detach().double().cpu().numpy()
-                        scale = max(float(np.abs(r).max()), 1e-30)
-                        err = float(np.abs(got - r).max()) / scale
-                        tol = _tolerance(graph.outputs[0].dtype.short) * max(1.0, math.sqrt(r.size) / 1e3)
+                    for o, r, t in zip(res_t, ref, graph.outputs, strict=True):
+                        err = rel_error(o, r)
+                        tol = _tolerance(t.dtype.short)
                         if not err <= tol:
-                            raise ValueError(f"output differs from the float64 reference: rel. error {err:.3g}")
-                    verified = True
+                            raise ValueError(f"output differs from the float64 reference: rel. error {err:.3g}"
+                                             f" > {tol:g} ({t.dtype.short})")
                 bench = triton.testing.do_bench_cudagraph if use_cuda_graph else triton.testing.do_bench
                 try:
                     ms = bench(lambda fn=fn: fn(**xs), rep=rep_ms, return_mode="median")

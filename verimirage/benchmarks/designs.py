@@ -148,9 +148,12 @@ def rmsnorm_linear(g: Graph, *, cols: int = 64, k_tile: int = 128, eps: float = 
 
 
 def rmsnorm_linear_splitk(g: Graph, *, cols: int = 64, k_tile: int = 128, splits: int = 2,
-                          combine_cols: int | None = None, eps: float = 1e-6) -> MuGraph:
+                          combine_cols: int | None = None, ss_partials: bool = False,
+                          eps: float = 1e-6) -> MuGraph:
     """Two kernels (split-K): partial X W per K split side by side, then a combine kernel that sums the
-    partials and applies 1/rms (the sum of squares of X computed there, one K chunk per iteration)."""
+    partials and applies 1/rms. The sum of squares of X is computed in the combine kernel, one K chunk
+    per iteration; or (``ss_partials``) accumulated beside X W in kernel 1, one partial per block, and
+    summed by the combine kernel (which then never reads X)."""
     t = _inputs(g)
     xt, wt = t["X"], t["W"]
     _m, k = xt.shape
@@ -163,17 +166,26 @@ def rmsnorm_linear_splitk(g: Graph, *, cols: int = 64, k_tile: int = 128, splits
     x = b.input(0, xt, (None, 1), 1)
     w = b.input(1, wt, (1, 0), 0)
     b.output(b.loop_sum(b.matmul(x, w)), (1, 0))
+    if ss_partials:
+        b.output(b.loop_sum(b.sum(b.square(x), axis=1)), (1, 0))
     mg, ins = _program(t)
-    (part,) = mg.custom(b.build(), ins)
+    parts = mg.custom(b.build(), ins)
     ccols = _div_pick(n, combine_cols or cols)
+    if ss_partials:
+        ccols = cols  # one sum-of-squares partial per kernel-1 column block
     c = BlockBuilder((n // ccols,), splits)
-    p = c.input(0, part.type, (1,), 0)
-    xc = c.input(1, xt, (None,), 1)
+    p = c.input(0, parts[0].type, (1,), 0)
     acc = c.loop_sum(p)
-    ss = c.loop_sum(c.sum(c.square(xc), axis=1))
+    if ss_partials:
+        ss = c.loop_sum(c.input(1, parts[1].type, (1,), 0))
+        operands = [parts[0], parts[1]]
+    else:
+        xc = c.input(1, xt, (None,), 1)
+        ss = c.loop_sum(c.sum(c.square(xc), axis=1))
+        operands = [parts[0], ins[0]]
     r = c.rsqrt(c.shift(c.scale(ss, 1.0 / k), eps))
     c.output(c.mul(acc, r), (1,))
-    (out,) = mg.custom(c.build(), [part, ins[0]])
+    (out,) = mg.custom(c.build(), operands)
     mg.output(out)
     return mg
 

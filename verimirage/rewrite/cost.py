@@ -13,6 +13,7 @@ from H100/H200 measurements (benchmarks/perf/NOTES.md):
   split-K; one block per SM does not reach the copy bandwidth);
 * tiles are padded to powers of two in the generated code: a kernel is
   charged for the padded size of its largest padded tile;
+* tiles whose rows are narrower than ``min_run`` bytes are charged for the wasted transactions;
 * the for-loop is software-pipelined: a kernel whose per-iteration tiles do
   not fit ``stages`` times in shared memory is infeasible (227 KB on an
   H100), and each loop iteration costs a little fixed time.
@@ -37,16 +38,22 @@ class Hardware:
     name: str = "H100"
     sms: int = 132
     smem_per_block: int = 227 * 1024
-    bandwidth: float = 3.0e12  # bytes/s
+    smem_per_sm: int = 228 * 1024
+    #: bytes/s a streaming kernel reaches (H100, measured: 75-80% of the 2.95 TB/s copy bandwidth)
+    bandwidth: float = 2.4e12
     tc_flops: float = 6.9e14  # tensor-core flop/s (fp16/bf16, measured)
     simt_flops: float = 5.0e13  # other flop/s
     launch_s: float = 3.0e-6
     l2_bytes: int = 50 * 1024 * 1024  # tensors re-read by many blocks are served from L2 when they fit
     l2_bandwidth: float = 1.0e13  # bytes/s for re-reads served by L2
-    block_bandwidth: float = 3.0e10  # bytes/s one thread block streams (latency-bound)
+    #: bytes/s one thread block streams (latency-bound; H100: rmsnorm_linear's 96-block kernel, 21 us)
+    block_bandwidth: float = 2.5e10
     resident_blocks: int = 4  # blocks of a kernel in flight per SM, at most
     stages: int = 3  # software-pipeline depth the shared-memory check assumes
     iteration_s: float = 1.0e-8  # fixed cost of one for-loop iteration
+    #: contiguous bytes per tile row below which loads are charged extra (measured: 16-column fp16 tiles
+    #: of rmsnorm_linear's W, 32-byte rows, ran 3.2x slower than 64-column ones; benchmarks/perf/NOTES.md)
+    min_run: int = 64
 
 
 H100 = Hardware()
@@ -108,13 +115,20 @@ def _pow2(n: int) -> int:
 
 def _roofline(nbytes: int, tc: int, other: int, blocks: int, smem: int, hw: Hardware, cal: Calibration,
               l2_bytes: int = 0, pad: float = 1.0, iterations: int = 0) -> KernelCost:
+    # compute: SMs left idle by the grid (or by a partial last wave) are lost
     waves = max(1, math.ceil(blocks / hw.sms))
     util = blocks / (waves * hw.sms)
-    in_flight = min(blocks, hw.sms * hw.resident_blocks)
-    bw = min(hw.bandwidth, in_flight * hw.block_bandwidth / max(util, 1e-9))
-    mem = (pad * nbytes / bw + l2_bytes / hw.l2_bandwidth) * cal.mem
-    comp = pad * (tc / hw.tc_flops + other / hw.simt_flops) * cal.compute
-    t = hw.launch_s * cal.launch + max(mem, comp) / max(util, 1e-9) + iterations * waves * hw.iteration_s
+    comp = pad * (tc / hw.tc_flops + other / hw.simt_flops) * cal.compute / max(util, 1e-9)
+    # memory: the blocks resident at once (shared memory limits them) stream in rounds; a round takes
+    # the longer of one block's latency-bound stream and the round's bytes at the device bandwidth
+    resident = max(1, min(hw.resident_blocks, hw.smem_per_sm // max(smem, 1)))
+    per_round = min(blocks, hw.sms * resident)
+    rounds = max(1, math.ceil(blocks / per_round))
+    per_block = pad * nbytes / max(blocks, 1)
+    streamed = per_block + pad * l2_bytes / max(blocks, 1)  # a block streams its L2 hits at the same rate
+    mem = (rounds * max(streamed / hw.block_bandwidth, per_block * per_round / hw.bandwidth)
+           + l2_bytes / hw.l2_bandwidth) * cal.mem
+    t = hw.launch_s * cal.launch + max(mem, comp) + iterations * rounds * hw.iteration_s
     return KernelCost(nbytes, tc, other, blocks, smem, mem, comp, t)
 
 
@@ -138,6 +152,10 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
             tb = _bytes(t)
             reads = tb * (bg.frange if n.attr("fmap") is not None else 1) * blocks
             full = in_types[n.attr("arg")]
+            run = t.shape[-1] * t.dtype.itemsize if t.shape and t.shape[-1] < full.shape[-1] else hw.min_run
+            if run < hw.min_run:
+                # rows of a tile narrower than min_run bytes waste most of each memory transaction
+                reads = int(reads * (hw.min_run / run) ** 1.7)
             # a tensor small enough to stay in L2 costs one trip through device memory however often it is read
             if _bytes(full) <= hw.l2_bytes // 4:
                 dram_in += min(reads, _bytes(full))
@@ -221,10 +239,8 @@ def calibrate(samples: Sequence[tuple[Graph, float]], hw: Hardware = H100) -> Ca
     rows, ys = [], []
     for g, secs in samples:
         c = cost(g, hw)
-        mem = sum(k.mem_s / max(k.blocks / (max(1, math.ceil(k.blocks / hw.sms)) * hw.sms), 1e-9)
-                  for k in c.kernels)
-        comp = sum(k.compute_s / max(k.blocks / (max(1, math.ceil(k.blocks / hw.sms)) * hw.sms), 1e-9)
-                   for k in c.kernels)
+        mem = sum(k.mem_s for k in c.kernels)
+        comp = sum(k.compute_s for k in c.kernels)
         rows.append([mem, comp, c.launches * hw.launch_s])
         ys.append(secs)
     a = np.asarray(rows)

@@ -280,6 +280,15 @@ def _pow2_divisors(n: int, lo: int = 1, hi: int | None = None) -> list[int]:
     return out
 
 
+def _grid_divisors(n: int) -> list[int]:
+    """Block counts for an axis of size ``n``: powers of two, and counts giving power-of-two tiles.
+
+    The second kind matters for sizes like 6144 = 3 x 2^11: 96 blocks of 64 columns need no padding,
+    where every power-of-two count leaves a padded tile (48, 96 or 192 columns).
+    """
+    return sorted(set(_pow2_divisors(n)) | {n // t for t in _pow2_divisors(n)})
+
+
 def configs(
     an: Analysis,
     *,
@@ -296,7 +305,7 @@ def configs(
     per_label: list[list[int]] = []
     for lab in dp:
         n = an.size[lab]
-        opts = [p for p in _pow2_divisors(n) if p == 1 or lab not in an.mm_labels or n // p >= min_tile]
+        opts = [p for p in _grid_divisors(n) if p == 1 or lab not in an.mm_labels or n // p >= min_tile]
         if grids is not None:
             opts = [p for p in opts if p == 1 or p in grids]
         per_label.append(opts[-6:] if len(opts) > 6 else opts)
