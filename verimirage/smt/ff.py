@@ -143,6 +143,14 @@ def _exp_table(p: int, q: int, g: int) -> np.ndarray:
     return t
 
 
+@lru_cache(maxsize=16)
+def _exp_table_f(p: int, q: int, g: int) -> np.ndarray:
+    """:func:`_exp_table` as float64 (exact: the entries are below 2**21)."""
+    t = _exp_table(p, q, g).astype(np.float64)
+    t.flags.writeable = False
+    return t
+
+
 @dataclass
 class Field:
     """One trial's field: primes ``p``, ``q`` (q | p-1), generator ``g`` of order ``q``, oracle key.
@@ -234,24 +242,38 @@ class FFDomain:
 
 
 class Part:
-    """One part (p- or q-residues) of a value: an int64 array computed on first :meth:`get`.
+    """One part (p- or q-residues) of a value: an array computed on first :meth:`get`.
 
     ``fn(*deps' arrays)`` computes it; afterwards the thunk and its operands are released, so an
-    intermediate array lives only until the last part that reads it is computed.
+    intermediate array lives only until the last part that reads it is computed. ``kind`` is the
+    array's dtype: ``"i"`` (int64) or ``"f"`` (float64); both hold the residues exactly (they are
+    below 2**21); ``"u"`` (uint64) is the oracles' raw random bits, read only by their two parts.
+    :func:`as_kind` gives the same part in the other kind (a cached twin: a data-movement view of a
+    part is the same view of its source's twin, so an input is converted once per trial, whatever
+    the tiles and programs that read it).
     """
 
-    __slots__ = ("_deps", "_fn", "_val")
+    __slots__ = ("_deps", "_fn", "_rowscale", "_src", "_twin", "_val", "kind")
 
     def __init__(self, fn: Callable[..., np.ndarray] | None, deps: tuple[Part, ...] = (),
-                 val: np.ndarray | None = None) -> None:
+                 val: np.ndarray | None = None, kind: str = "i") -> None:
         self._fn = fn
         self._deps = deps
         self._val = val
+        self.kind = kind
+        self._src: tuple[Part, Callable[[np.ndarray], np.ndarray]] | None = None
+        self._twin: Part | None = None
+        #: (base, scale, "mul" | "div"): this part is ``base op scale`` with ``scale`` constant along
+        #: the last axis (a row scaling), which a matmul may apply to its product instead
+        self._rowscale: tuple[Part, Part, str] | None = None
 
     @classmethod
     def of(cls, a: np.ndarray) -> Part:
         """An already computed part."""
-        return cls(None, (), a)
+        a = np.asarray(a)
+        if a.dtype == np.float64:
+            return cls(None, (), a, "f")
+        return cls(None, (), a.astype(np.int64, copy=False), "i")
 
     @property
     def ready(self) -> bool:
@@ -276,23 +298,58 @@ class Part:
             fn = t._fn
             assert fn is not None
             with np.errstate(over="ignore"):
-                t._val = fn(*[d._val for d in t._deps])
+                val = fn(*[d._val for d in t._deps])
+            if val.dtype != _DTYPE[t.kind]:
+                raise GraphError(f"ff: a part of kind {t.kind!r} computed a {val.dtype} array")
+            t._val = val
             t._fn = None
             t._deps = ()
+            t._rowscale = None
             stack.pop()
         assert self._val is not None
         return self._val
 
 
+_DTYPE = {"i": np.dtype(np.int64), "f": np.dtype(np.float64), "u": np.dtype(np.uint64)}
+
+
+def as_kind(part: Part, kind: str) -> Part:
+    """``part`` as an array of ``kind`` ("i": int64, "f": float64), computed at most once."""
+    if part.kind == kind:
+        return part
+    if part._twin is None:
+        if part._src is not None:
+            src, fn = part._src
+            part._twin = _view(as_kind(src, kind), fn)
+        else:
+            dt = np.float64 if kind == "f" else np.int64
+            part._twin = Part(lambda a: a.astype(dt), (part,), kind=kind)
+    return part._twin
+
+
 def _lazy(fn: Callable[..., np.ndarray], *deps: Part) -> Part:
-    return Part(fn, tuple(deps))
+    """An int64 part computed by ``fn`` from the int64 arrays of ``deps``."""
+    return Part(fn, tuple(as_kind(d, "i") for d in deps))
+
+
+def _lazy_f(fn: Callable[..., np.ndarray], *deps: Part) -> Part:
+    """An int64 part computed by ``fn`` from the float64 arrays of ``deps``."""
+    return Part(fn, tuple(as_kind(d, "f") for d in deps))
 
 
 def _view(part: Part, fn: Callable[[np.ndarray], np.ndarray]) -> Part:
-    """A data-movement view of ``part`` (done now when the part is computed: views are free)."""
+    """A data-movement view of ``part`` (same kind; done now when the part is computed)."""
     if part.ready:
-        return Part.of(fn(part.get()))
-    return Part(fn, (part,))
+        v = Part.of(fn(part.get()))
+    else:
+        v = Part(fn, (part,), kind=part.kind)
+    v._src = (part, fn)
+    return v
+
+
+def ints(part: Part) -> np.ndarray:
+    """The int64 array of ``part``."""
+    return as_kind(part, "i").get()
 
 
 _SHAPE_PROBE = np.empty((), dtype=np.int8)
@@ -379,11 +436,11 @@ def fv_of(a: np.ndarray) -> FV:
 def stacked(x: FV) -> np.ndarray:
     """``x`` as one array ``(2, *shape)``: p-residues and q-residues (``-1`` where meaningless)."""
     out = np.empty((2, *x.shape), dtype=np.int64)
-    out[0] = x.p.get()
+    out[0] = ints(x.p)
     if x.q is None:
         out[1] = -1
     else:
-        out[1] = x.q.get()
+        out[1] = ints(x.q)
     return out
 
 
@@ -413,6 +470,31 @@ def _inv(x: np.ndarray, m: int) -> np.ndarray:
     return r
 
 
+_MOD_CHUNK = 1 << 16
+
+
+def _modi(x: np.ndarray, m: int) -> np.ndarray:
+    """``x %= m`` in place for an int64 array ``x`` (any sign); returns ``x``.
+
+    Computed as ``x - (x // m) * m`` over cache-sized chunks: numpy's integer ``//`` by a scalar is
+    several times faster than its ``%`` (which is slowest on negative values)."""
+    if x.size < _MOD_CHUNK or not x.flags.writeable:
+        x %= m
+        return x
+    flat = x.ravel(order="K")
+    if not np.shares_memory(flat, x):
+        x %= m
+        return x
+    k = np.empty(min(_MOD_CHUNK, flat.size), dtype=np.int64)
+    for s in range(0, flat.size, _MOD_CHUNK):
+        xs = flat[s : s + _MOD_CHUNK]
+        ks = k[: xs.size]
+        np.floor_divide(xs, m, out=ks)
+        ks *= m
+        xs -= ks
+    return x
+
+
 def _mix(x: np.ndarray, key: int, salt: int) -> np.ndarray:
     """A keyed 64-bit mixing function (splitmix64 finaliser) of non-negative ints."""
     z = x.astype(np.uint64) + np.uint64((key ^ (salt * 0x9E3779B97F4A7C15)) & 0xFFFFFFFFFFFFFFFF)
@@ -432,8 +514,7 @@ def _ring_arr(kind: str, x: np.ndarray, y: np.ndarray, m: int) -> np.ndarray:
         r = np.multiply(x, _inv(y, m))
     else:
         r = _UFUNC[kind](x, y)
-    r %= m
-    return r
+    return _modi(r, m)
 
 
 def _ring_q(kind: str, x: np.ndarray, y: np.ndarray, q: int, marks: bool) -> np.ndarray:
@@ -451,6 +532,11 @@ def _ring(kind: str, a: FV, b: FV) -> FV:
     f = current_field()
     shape = np.broadcast_shapes(a.shape, b.shape)
     p = _lazy(lambda x, y, m=f.p: _ring_arr(kind, x, y, m), a.p, b.p)
+    if kind in ("mul", "div") and len(shape) >= 2:
+        if b.shape[-1] == 1 and a.shape == shape:
+            p._rowscale = (a.p, b.p, kind)
+        elif kind == "mul" and a.shape[-1] == 1 and b.shape == shape:
+            p._rowscale = (b.p, a.p, kind)
     if a.q is None or b.q is None:
         return FV(shape, p, None)
     marks = a.qmarks or b.qmarks
@@ -477,8 +563,7 @@ def _affine(x: FV, c: Fraction, kind: str) -> FV:
 
     def part(cm: int, m: int, marks: bool) -> Callable[[np.ndarray], np.ndarray]:
         def fn(v: np.ndarray) -> np.ndarray:
-            r = uf(v, cm)
-            r %= m
+            r = _modi(uf(v, cm), m)
             return _mark(r, v) if marks else r
 
         return fn
@@ -536,7 +621,7 @@ def _exp(x: FV) -> FV:
     if x.q is None:
         def none() -> np.ndarray:
             f.q_violations += math.prod(shape)
-            return np.ones(shape, dtype=np.int64)
+            return np.ones(shape, dtype=np.int64)  # (the test answers Unknown)
 
         return FV(shape, Part(none), None)
     marks = x.qmarks
@@ -547,9 +632,10 @@ def _exp(x: FV) -> FV:
             if bad.any():
                 f.q_violations += int(bad.sum())
                 xq = np.maximum(xq, 0)
-        return np.take(f.exp_table(), xq)
+        return np.take(_exp_table_f(f.p, f.q, f.g), xq)
 
-    return FV(shape, _lazy(fn, x.q), None)
+    # float64 residues: its readers are mostly a sum and a matmul (an int64 twin is made if needed)
+    return FV(shape, Part(fn, (as_kind(x.q, "i"),), kind="f"), None)
 
 
 @implements("ff", "exp")
@@ -563,7 +649,7 @@ _SALT = {"silu": 1, "gelu": 2, "relu": 3, "sqrt": 4}
 def _oracle(name: str, x: FV, inverse: bool = False) -> FV:
     """A per-trial random function of ``x``'s p-residue giving both parts (``inverse``: their inverses)."""
     f = current_field()
-    z = _lazy(lambda v, k=f.key, s=_SALT[name]: _mix(v, k, s), x.p)
+    z = Part(lambda v, k=f.key, s=_SALT[name]: _mix(v, k, s), (as_kind(x.p, "i"),), kind="u")  # raw bits
 
     def part(shift: int, m: int) -> Callable[[np.ndarray], np.ndarray]:
         def fn(zz: np.ndarray) -> np.ndarray:
@@ -572,7 +658,7 @@ def _oracle(name: str, x: FV, inverse: bool = False) -> FV:
 
         return fn
 
-    return FV(x.shape, _lazy(part(0, f.p), z), _lazy(part(21, f.q), z))
+    return FV(x.shape, Part(part(0, f.p), (z,)), Part(part(21, f.q), (z,)))
 
 
 for _u in ("silu", "gelu", "relu", "sqrt"):
@@ -584,27 +670,33 @@ def _ff_rsqrt(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: A
     return _oracle("sqrt", args[0], inverse=True)
 
 
+def _sum_mod(v: np.ndarray, ax: int, m: int) -> np.ndarray:
+    """``v.sum(axis=ax) mod m`` (keepdims) of int64 or float64 residues (exact: a float64 sum of
+    fewer than 2**32 residues below 2**21 is an integer below 2**53)."""
+    if v.dtype == np.float64 and v.shape[ax] < 1 << 32:
+        r = v.sum(axis=ax, keepdims=True).astype(np.int64)
+    else:
+        r = v.astype(np.int64, copy=False).sum(axis=ax, keepdims=True)
+    return _modi(r, m)
+
+
 def _reduce_sum(x: FV, ax: int) -> FV:
     f = current_field()
     shape = list(x.shape)
     shape[ax] = 1
 
-    def pfn(v: np.ndarray) -> np.ndarray:
-        r = v.sum(axis=ax, keepdims=True)
-        r %= f.p
-        return r
-
     def qfn(v: np.ndarray) -> np.ndarray:
-        if not x_marks:
-            r = v.sum(axis=ax, keepdims=True)
-            r %= f.q
-            return r
         ok = (v >= 0).all(axis=ax, keepdims=True)
         return np.where(ok, np.maximum(v, 0).sum(axis=ax, keepdims=True) % f.q, -1)
 
-    x_marks = x.qmarks
-    q = None if x.q is None else _lazy(qfn, x.q)
-    return FV(shape, _lazy(pfn, x.p), q, x.qmarks)
+    p = Part(lambda v, m=f.p: _sum_mod(v, ax, m), (x.p,))  # reads the part in whichever kind it is
+    if x.q is None:
+        q = None
+    elif x.qmarks:
+        q = _lazy(qfn, x.q)
+    else:
+        q = Part(lambda v, m=f.q: _sum_mod(v, ax, m), (x.q,))
+    return FV(shape, p, q, x.qmarks)
 
 
 @implements("ff", "sum")
@@ -687,8 +779,10 @@ def _one_blas_thread() -> Iterator[None]:
 
 
 def _as_float(a: np.ndarray, perm: Sequence[int], shape: tuple[int, ...]) -> np.ndarray:
-    """``a.transpose(perm)`` as a C-contiguous float64 array of ``shape`` (one copying pass)."""
+    """``a.transpose(perm)`` as a C-contiguous float64 array of ``shape`` (a view when it can be)."""
     t = a.transpose(perm)
+    if t.dtype == np.float64:
+        return np.ascontiguousarray(t).reshape(shape)
     out = np.empty(t.shape, dtype=np.float64)
     np.copyto(out, t, casting="unsafe")
     return out.reshape(shape)
@@ -732,9 +826,9 @@ def _matmul_mod(a: np.ndarray, b: np.ndarray, m: int) -> np.ndarray:
             del part
             out = pi if out is None else np.add(out, pi, out=out)
             if (s // _CHUNK) % 512 == 511:  # keep the int64 sum of chunk results below 2**63
-                out %= m
+                _modi(out, m)
     assert out is not None
-    out %= m
+    _modi(out, m)
     # (both, a_only, M, b_only, N) -> batch axes in their order, then M, N
     r = out.reshape([a.shape[t] for t in both] + [a.shape[t] for t in a_only] + [mm]
                     + [b.shape[t] for t in b_only] + [nn])
@@ -773,11 +867,22 @@ def _ff_matmul(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: 
     f = current_field()
     a, b = args
     shape = (*np.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
-    p = _lazy(lambda x, y, m=f.p: _matmul_mod(x, y, m), a.p, b.p)
+    rs = a.p._rowscale
+    if rs is not None and not a.p.ready:
+        # a = base op s with s constant along the contraction: (base op s) @ b == (base @ b) op s, exactly
+        base, sc, op = rs
+
+        def scaled(x: np.ndarray, y: np.ndarray, sv: np.ndarray, m: int = f.p) -> np.ndarray:
+            prod = _matmul_mod(x, y, m)
+            return _modi(np.multiply(prod, _inv(sv, m) if op == "div" else sv), m)
+
+        p = Part(scaled, (as_kind(base, "f"), as_kind(b.p, "f"), as_kind(sc, "i")))
+    else:
+        p = _lazy_f(lambda x, y, m=f.p: _matmul_mod(x, y, m), a.p, b.p)
     if a.q is None or b.q is None:
         return FV(shape, p, None)
     marks = a.qmarks or b.qmarks
-    return FV(shape, p, _lazy(lambda x, y, m=f.q: _matmul_q(x, y, m, marks), a.q, b.q), marks)
+    return FV(shape, p, _lazy_f(lambda x, y, m=f.q: _matmul_q(x, y, m, marks), a.q, b.q), marks)
 
 
 @implements("ff", "rms_norm")
@@ -906,11 +1011,21 @@ def uses_exp(g: Graph) -> bool:
     return walk(node_list(g))
 
 
+_GEN_CHUNK = 1 << 20
+
+
 def _input_part(shape: tuple[int, ...], seed: int, index: int, part: int, m: int) -> Part:
     def gen() -> np.ndarray:
-        return np.random.default_rng([seed, 0x5EED, part, index]).integers(0, m, size=shape, dtype=np.int64)
+        # float64 (inputs mostly feed matmuls, which read float64 residues), filled in chunks of int32 draws
+        rng = np.random.default_rng([seed, 0x5EED, part, index])
+        out = np.empty(shape, dtype=np.float64)
+        flat = out.reshape(-1)
+        for s in range(0, flat.size, _GEN_CHUNK):
+            n = min(_GEN_CHUNK, flat.size - s)
+            flat[s : s + n] = rng.integers(0, m, size=n, dtype=np.int32)
+        return out
 
-    return Part(gen)
+    return Part(gen, kind="f")
 
 
 def input_values(g: Graph, fld: Field, seed: int) -> dict[str, FV]:
@@ -931,7 +1046,7 @@ def trial_inputs(g: Graph, fld: Field, seed: int, *, q_part: bool = True) -> dic
     ``(1, *shape)`` with ``q_part=False``; the p-parts are the same either way."""
     out = {}
     for k, v in input_values(g, fld, seed).items():
-        out[k] = stacked(v) if q_part else v.p.get()[None]
+        out[k] = stacked(v) if q_part else ints(v.p)[None]
     return out
 
 
@@ -996,7 +1111,7 @@ class FFReference:
         if r is None:
             fld = Field.from_seed(s)
             outs = _run_lazy(self.target, inputs if inputs is not None else self.inputs(s, fld), fld)
-            r = ([o.p.get() for o in outs], fld.q_violations)
+            r = ([ints(o.p) for o in outs], fld.q_violations)
             self._outs[s] = r
         return r
 
@@ -1030,7 +1145,7 @@ class FFReference:
             common = dict(p=tuple(ps), q=tuple(qs), g=tuple(gs), seeds=seeds[: ti + 1], trials=ti + 1,
                           per_trial_bound=per)
             for k, (x, y) in enumerate(zip(outs_a, outs_b, strict=True)):
-                idx = _first_difference(x, y.p.get())
+                idx = _first_difference(x, ints(y.p))
                 if idx is not None:
                     full = trial_inputs(self.target, fld, s)
                     return FFResult("differ", f"output {k} differs at index {idx} in trial {ti} (p={fld.p})",
