@@ -314,6 +314,19 @@ class Term:
         return f"{self.op}({', '.join(parts)})"
 
 
+#: ops whose two operands commute (terms differing only in their operand order are one program)
+COMMUTATIVE = frozenset({"add", "mul", "maximum"})
+
+
+def commutation_key(t: Term) -> Term:
+    """``t`` with the operands of every commutative op in a canonical order (equal keys: the same program
+    up to operand order, lowered to μGraphs of the same cost)."""
+    args = tuple(commutation_key(a) for a in t.args)
+    if t.op in COMMUTATIVE:
+        args = tuple(sorted(args, key=str))
+    return Term(t.op, t.attrs, args)
+
+
 def graph_terms(g: Graph) -> list[Term]:
     """The terms of ``g``'s outputs (shared subgraphs become shared subterms)."""
     nodes = node_list(g)
@@ -577,6 +590,27 @@ class EClassTerms:
         if t.op == "transpose":
             return node("t_transpose", [*kids, prim("i64", int(a["a"])), prim("i64", int(a["b"]))])
         return node(f"t_{t.op}", kids)
+
+    def class_of(self, t: Term) -> str | None:
+        """:meth:`find_class`, memoised per term."""
+        if not hasattr(self, "_class_memo"):
+            self._class_memo: dict[Term, str | None] = {}
+        if t not in self._class_memo:
+            self._class_memo[t] = self.find_class(t)
+        return self._class_memo[t]
+
+    def consistent(self, terms: Sequence[Term]) -> bool:
+        """Whether ``terms`` compute every e-class one way: two different subterms in one e-class are the
+        same value computed twice by different means (shared work lost), never needed by a cheapest program."""
+        rep: dict[str, Term] = {}
+        for t in terms:
+            for s in t.subterms():
+                if s.op == "input":
+                    continue
+                c = self.class_of(s)
+                if c is not None and rep.setdefault(c, s) != s:
+                    return False
+        return True
 
     def terms_of(self, t: Term) -> list[Term]:
         """The k cheapest distinct terms equal (in the e-graph) to ``t``."""

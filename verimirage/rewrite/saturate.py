@@ -1,15 +1,18 @@
-"""Equality saturation: run the selected rules (with shape propagation) under limits."""
+"""Equality saturation: run the selected rules (with shape propagation) under limits; and which rules a
+rewritten term was derived with (:func:`attribute`)."""
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from egglog import ruleset
+from egglog import EGraph, eq, ruleset
 
-from .lift import Lifted, serialized, shapes
+from ..ir.graph import Graph
+from .lift import Lifted, Term, lift, serialized, shapes, term_to_egg
 from .rules import Rule
 
 log = logging.getLogger(__name__)
@@ -27,14 +30,13 @@ class SaturationStats:
     fired: dict[str, int] = field(default_factory=dict)
 
 
-def saturate(
-    lifted: Lifted, rules: list[Rule], *, iter_limit: int, node_limit: int, time_budget_s: float
-) -> tuple[SaturationStats, dict[str, Any]]:
-    """Run ``rules`` on ``lifted`` until saturation or a limit; returns stats and the serialised e-graph."""
-    t0 = time.perf_counter()
-    eg = lifted.egraph
-    stats = SaturationStats()
-    main = ruleset(name=f"search_{id(lifted)}")
+def _num_nodes(eg: EGraph) -> int:
+    """Rows of every egglog function (term constructors and the shape analysis), as the node limit counts."""
+    return sum(n for _, n in eg.all_function_sizes())
+
+
+def _main_ruleset(rules: Sequence[Rule], tag: str) -> tuple[Any, dict[str, str]]:
+    main = ruleset(name=tag)
     by_key: dict[str, str] = {}
     for r in rules:
         rw = r.egglog()
@@ -43,8 +45,18 @@ def saturate(
         decl = getattr(rw, "decl", None)
         if decl is not None:
             by_key[str(decl)] = r.name
+    return main, by_key
+
+
+def saturate(
+    lifted: Lifted, rules: list[Rule], *, iter_limit: int, node_limit: int, time_budget_s: float
+) -> tuple[SaturationStats, dict[str, Any]]:
+    """Run ``rules`` on ``lifted`` until saturation or a limit; returns stats and the serialised e-graph."""
+    t0 = time.perf_counter()
+    eg = lifted.egraph
+    stats = SaturationStats()
+    main, by_key = _main_ruleset(rules, f"search_{id(lifted)}")
     eg.run(shapes.saturate())
-    data = serialized(eg)
     for it in range(iter_limit):
         if time.perf_counter() - t0 > time_budget_s:
             stats.stop_reason = "time budget"
@@ -56,8 +68,7 @@ def saturate(
             name = by_key.get(str(key), str(key))
             if n:
                 stats.fired[name] = stats.fired.get(name, 0) + int(n)
-        data = serialized(eg)
-        n_nodes = sum(1 for k in data["nodes"] if "primitive" not in k)
+        n_nodes = _num_nodes(eg)
         stats.enodes = n_nodes
         if not getattr(rep, "updated", True):
             stats.stop_reason = "saturated"
@@ -67,8 +78,122 @@ def saturate(
             break
     else:
         stats.stop_reason = f"iteration limit ({iter_limit})"
+    data = serialized(eg)
     stats.enodes = sum(1 for k in data["nodes"] if "primitive" not in k)
     stats.eclasses = len(data.get("class_data", {}))
     stats.seconds = time.perf_counter() - t0
     log.info("e-graph: %d iterations, %s, %d e-nodes", stats.iterations, stats.stop_reason, stats.enodes)
     return stats, data
+
+
+# --------------------------------------------------------------------------- rule attribution
+
+
+@dataclass(frozen=True)
+class Attribution:
+    """The rules a rewritten term was derived with. ``exact``: ``rules`` is the rule set of a derivation
+    from the input term to it (each rule on it, none missing); otherwise (the derivation could not be
+    reproduced within the limits) every rule that fired, conservatively."""
+
+    rules: tuple[str, ...]
+    exact: bool
+
+
+class _Reach:
+    """Which targets lie in the input's e-classes when only some rules run (memoised per rule subset).
+
+    A fresh e-graph of ``graph`` is saturated with the subset for at most ``iterations`` rounds (and
+    ``node_limit`` nodes), stopping once every target is reached. A target is a tuple of terms, one per
+    output; it is reached when each term is in the e-class of its output (``check``: nothing is added).
+    """
+
+    def __init__(self, graph: Graph, rules: Sequence[Rule], targets: Sequence[Sequence[Term]], iterations: int,
+                 node_limit: int) -> None:
+        self.graph = graph
+        self.by_name = {r.name: r for r in rules}
+        self.targets = [tuple(t) for t in targets]
+        self.iterations = iterations
+        self.node_limit = node_limit
+        self.memo: dict[frozenset[str], frozenset[int]] = {}
+        self.runs = 0
+
+    def __call__(self, subset: frozenset[str]) -> frozenset[int]:
+        if subset not in self.memo:
+            self.memo[subset] = self._run(subset)
+        return self.memo[subset]
+
+    def _run(self, subset: frozenset[str]) -> frozenset[int]:
+        self.runs += 1
+        lifted = lift(self.graph)
+        eg = lifted.egraph
+        memo: dict[Term, Any] = {}
+        facts = [[eq(term_to_egg(t, memo)).to(root) for t, root in zip(tgt, lifted.roots, strict=True)]
+                 for tgt in self.targets]
+        reached: set[int] = set()
+
+        def check() -> None:
+            for k, fs in enumerate(facts):
+                if k not in reached and all(eg.check_bool(f) for f in fs):
+                    reached.add(k)
+
+        eg.run(shapes.saturate())
+        check()
+        rules = [r for n, r in self.by_name.items() if n in subset]
+        if rules:
+            main, _ = _main_ruleset(rules, f"attr_{id(lifted)}_{self.runs}")
+            for _ in range(self.iterations):
+                if len(reached) == len(facts):
+                    break
+                rep = eg.run(main)
+                eg.run(shapes.saturate())
+                check()
+                if not getattr(rep, "updated", True) or _num_nodes(eg) > self.node_limit:
+                    break
+        return frozenset(reached)
+
+
+def attribute(
+    graph: Graph, rules: Sequence[Rule], fired: Mapping[str, int], targets: Sequence[Sequence[Term]],
+    *, iterations: int, node_limit: int,
+) -> list[Attribution]:
+    """The rules on a derivation from ``graph``'s output terms to each target (a tuple of terms, one per
+    output), by replaying the saturation with rule subsets.
+
+    Only rules that fired can lie on a derivation. A rule is *necessary* for a target when the target is
+    not reached without it; when the necessary rules alone reach the target, they are exactly the rules
+    of every shortest-in-rules derivation. Otherwise (alternative derivations) rules are dropped one at
+    a time, in rule order, while the target stays reachable: what is left is the rule set of one
+    derivation, each rule on it needed. A target the full set does not reach again (limits) gets every
+    fired rule (``exact=False``).
+    """
+    from .lift import graph_terms
+
+    originals = tuple(graph_terms(graph))
+    cand = [r.name for r in rules if fired.get(r.name)]
+    order = {n: i for i, n in enumerate(r.name for r in rules)}
+    out: list[Attribution | None] = [Attribution((), True) if tuple(t) == originals else None for t in targets]
+    todo = [k for k, a in enumerate(out) if a is None]
+    if not todo:
+        return [a for a in out if a is not None]
+    reach = _Reach(graph, rules, [targets[k] for k in todo], iterations, node_limit)
+    full = frozenset(cand)
+    ok = reach(full)
+    necessary: dict[int, set[str]] = {i: set() for i in range(len(todo))}
+    for r in cand:
+        without = reach(full - {r})
+        for i in ok - without:
+            necessary[i].add(r)
+    for i, k in enumerate(todo):
+        if i not in ok:
+            out[k] = Attribution(tuple(cand), False)
+            continue
+        subset = frozenset(necessary[i])
+        if i not in reach(subset):
+            kept = set(full)
+            for r in cand:
+                if r not in necessary[i] and i in reach(frozenset(kept - {r})):
+                    kept.discard(r)
+            subset = frozenset(kept)
+        out[k] = Attribution(tuple(sorted(subset, key=order.__getitem__)), True)
+    log.info("rule attribution: %d target(s), %d saturation replay(s)", len(todo), reach.runs)
+    return [a for a in out if a is not None]
