@@ -10,11 +10,11 @@ import pytest
 import verimirage as vm
 from verimirage.ir.ops import missing_domains
 from verimirage.rewrite import cost as cost_mod
-from verimirage.rewrite.lift import EClassTerms, graph_terms, lift, term_to_graph
+from verimirage.rewrite.lift import EClassTerms, Term, commutation_key, graph_terms, lift, term_to_graph
 from verimirage.rewrite.partition import Config, Infeasible, analyse, build, lower_all
-from verimirage.rewrite.rules import Instance, PVar, Rule, RuleError, pat, select_rules
-from verimirage.rewrite.saturate import saturate
-from verimirage.rewrite.superopt import ablate, superoptimize
+from verimirage.rewrite.rules import Instance, PVar, Rule, RuleError, occurs, pat, select_rules
+from verimirage.rewrite.saturate import Attribution, attribute, saturate
+from verimirage.rewrite.superopt import ablate, superoptimize, verify_estimate_s
 from verimirage.smt.verdict import Proved, Refuted
 
 NAMES = vm.benchmarks.names()
@@ -293,6 +293,151 @@ def test_ablation_reports_what_a_rule_contributed() -> None:
     assert name == "defer-normalisation"
     assert t_with < t_without
     assert "defer-normalisation" in str(ab)
+
+
+# --------------------------------------------------------------------------- exact rule attribution
+
+
+def _saturated(name: str):  # type: ignore[no-untyped-def]
+    g = vm.benchmarks.get(name, batch=1)
+    rules = select_rules(None, [], [])
+    stats, _ = saturate(lift(g), rules, iter_limit=6, node_limit=4000, time_budget_s=30)
+    return g, rules, stats
+
+
+def _rule(rules, name):  # type: ignore[no-untyped-def]
+    return next(r for r in rules if r.name == name)
+
+
+def test_attribution_names_a_rule_whose_pattern_left_no_trace() -> None:
+    # the e-graph stabilises softmax (softmax-stabilise), then defers the normalisation: the stabilised
+    # softmax exp(a - max a) / sum exp(a - max a), the rule's right-hand side, no longer occurs in the term
+    g, rules, stats = _saturated("gqa")
+    (o,) = graph_terms(g)
+    a = o.args[0].args[0].args[0]  # matmul(Q, K)
+    es = Term("exp", (), (Term("sub", (), (a, Term("max", (("axis", 2),), (a,)))),))
+    target = Term("div", (), (Term("matmul", (), (es, o.args[1])), Term("sum", (("axis", 2),), (es,))))
+    (att,) = attribute(g, rules, stats.fired, [(target,)], iterations=stats.iterations, node_limit=4000)
+    assert att.exact and att.rules == ("defer-normalisation", "softmax-stabilise")
+    # the former heuristic (a rule's right-hand side shows in the term but not in the input) missed it
+    assert not occurs(_rule(rules, "softmax-stabilise").rhs, target)
+
+
+def test_attribution_does_not_name_a_rule_whose_pattern_merely_matches() -> None:
+    # (x W) * rsqrt(mean(x^2) + eps): rms-norm-expand, then matmul-rowscale. Its mul matches mul-comm's
+    # right-hand side and the input has no mul, so the former heuristic named mul-comm too
+    g, rules, stats = _saturated("rmsnorm_linear")
+    (o,) = graph_terms(g)
+    x, w = o.args[0].args[0], o.args[1]
+    inv = Term("rsqrt", (), (Term("shift", (("c", 1e-06),), (Term("mean", (("axis", 1),),
+                                                                       (Term("square", (), (x,)),)),)),))
+    target = Term("mul", (), (Term("matmul", (), (x, w)), inv))
+    (att,) = attribute(g, rules, stats.fired, [(target,)], iterations=stats.iterations, node_limit=4000)
+    assert att.exact and att.rules == ("rms-norm-expand", "matmul-rowscale")
+    assert occurs(_rule(rules, "mul-comm").rhs, target)  # what made the heuristic name it
+    # the input itself, and a term no rule reaches
+    assert attribute(g, rules, stats.fired, [(o,)], iterations=6, node_limit=4000)[0] == Attribution((), True)
+    bogus = Term("matmul", (), (Term("exp", (), (x,)), w))
+    assert attribute(g, rules, stats.fired, [(bogus,)], iterations=6, node_limit=4000)[0].exact is False
+
+
+@pytest.mark.parametrize("name", ["gqa", "rmsnorm_linear", "ntrans"])
+def test_candidates_name_the_rules_of_a_derivation(name: str) -> None:
+    g = vm.benchmarks.get(name, batch=1)
+    res = superoptimize(g, verifier=numeric_checker_full, top_k=4, progress=False, cache=False)
+    assert res.candidates and "attribute" in res.report.phase_seconds
+    rules = {r.name: r for r in select_rules(None, [], [])}
+    for c in res.candidates:
+        named = [rules[r] for r in c.rules if r in rules]
+        terms = tuple(graph_terms(c.graph))
+        # the named rules alone derive the candidate's term, and each of them is needed
+        (att,) = attribute(g, named, {r.name: 1 for r in named}, [terms], iterations=6, node_limit=4000)
+        assert att.exact and list(att.rules) == [r.name for r in named], (c.rules, att)
+        for r in named:
+            rest = [x for x in named if x is not r]
+            (a2,) = attribute(g, rest, {x.name: 1 for x in rest}, [terms], iterations=6, node_limit=4000)
+            assert not a2.exact, f"{r.name} is named but not needed"
+
+
+def test_the_stabilised_deferred_candidate_names_softmax_stabilise() -> None:
+    g = vm.benchmarks.get("gqa", batch=1)
+    res = superoptimize(g, verifier=numeric_checker_full, top_k=4, progress=False, cache=False)
+    stable = [c for c in res.candidates if any(n.op == "max" for n in c.graph.nodes)]
+    assert stable, str(res.report)
+    for c in stable:
+        assert "softmax-stabilise" in c.rules and "defer-normalisation" in c.rules, c.rules
+
+
+@pytest.mark.parametrize("name", ["gqa", "rmsnorm_linear"])
+def test_ablation_agrees_with_attribution(name: str) -> None:
+    g = vm.benchmarks.get(name, batch=1)
+    ab = ablate(g, verifier=numeric_checker_full, top_k=1, progress=False, cache=False)
+    rows = ab.contributions()
+    assert {r for r, _, _ in rows} == set(ab.baseline.report.rules_fired)
+    assert any(named for _, named, _ in rows)
+    for rule, named, changed in rows:
+        assert named == changed, f"{rule}: named by the best candidate {named}, ablation changes the best {changed}"
+    assert "*" in str(ab)
+
+
+# --------------------------------------------------------------------------- extraction filters, verifier use
+
+
+def test_extraction_drops_commuted_and_inconsistent_terms() -> None:
+    g = vm.benchmarks.get("qknorm_gqa", batch=1)
+    res = superoptimize(g, verifier=numeric_checker_full, top_k=2, progress=False, cache=False)
+    pruned = res.report.pruned
+    assert pruned.get("extracted term: one value computed two ways", 0) > 0
+    g2 = vm.benchmarks.get("ntrans", batch=1)
+    res2 = superoptimize(g2, verifier=numeric_checker_full, top_k=2, progress=False, cache=False)
+    assert res2.report.pruned.get("extracted term: a commuted duplicate", 0) > 0
+    for r in (res, res2):
+        assert r.best is not None
+
+
+def test_commutation_key() -> None:
+    x, y = Term("input", (("name", "x"),), ()), Term("input", (("name", "y"),), ())
+    assert commutation_key(Term("mul", (), (x, y))) == commutation_key(Term("mul", (), (y, x)))
+    assert commutation_key(Term("sub", (), (x, y))) != commutation_key(Term("sub", (), (y, x)))
+
+
+@pytest.mark.skipif(not HAVE_VERIFY, reason="needs verimirage.smt.verify (verification workstream)")
+def test_one_verifier_serves_every_candidate(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from verimirage.smt import verify as V
+
+    made: list[int] = []
+    checked: list[int] = []
+    init, check = V.Verifier.__init__, V.Verifier.check
+
+    def counting_init(self, *a, **k):  # type: ignore[no-untyped-def]
+        made.append(1)
+        init(self, *a, **k)
+
+    def counting_check(self, *a, **k):  # type: ignore[no-untyped-def]
+        checked.append(1)
+        return check(self, *a, **k)
+
+    monkeypatch.setattr(V.Verifier, "__init__", counting_init)
+    monkeypatch.setattr(V.Verifier, "check", counting_check)
+    g = vm.Graph()  # shapes no other test uses, so no Verifier of it is cached yet
+    x = g.input("x", (24, 48), vm.float32)
+    w = g.input("w", (48, 40), vm.float32)
+    g.output(g.matmul(g.rms_norm(x, axis=1), w))
+    res = superoptimize(g, top_k=3, progress=False, cache=False)
+    assert len(res.candidates) >= 2
+    assert len(made) == 1 and len(checked) == len(res.candidates) + len(res.report.rejected)
+
+
+def test_verification_budget_is_deterministic_and_honoured() -> None:
+    g = vm.benchmarks.get("gqa", batch=1, small=True)
+    full = superoptimize(g, verifier=numeric_checker, top_k=3, progress=False, cache=False)
+    assert len(full.candidates) == 3
+    cut = superoptimize(g, verifier=numeric_checker, top_k=3, verify_budget_s=0.0, progress=False, cache=False)
+    assert len(cut.candidates) == 1 and "verification budget" in cut.report.stop_reason
+    assert str(cut.best.mugraph) == str(full.best.mugraph)
+    big, small = vm.benchmarks.get("mha", batch=8), vm.benchmarks.get("mha", batch=1)
+    mb, ms = vm.benchmarks.expert("mha", big), vm.benchmarks.expert("mha", small)
+    assert verify_estimate_s(big, mb) > 4 * verify_estimate_s(small, ms) > 0
 
 
 # --------------------------------------------------------------------------- with the real verifier

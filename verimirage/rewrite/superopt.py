@@ -6,14 +6,21 @@ Phases (each timed in the report):
    (built-in theories, user rules admitted by ``verify_rule``) under an
    iteration limit, a node limit and a share of the time budget;
 2. *extract* — the k cheapest distinct terms of each output's e-class
-   (always including the original), turned back into kernel graphs;
+   (always including the original), turned back into kernel graphs; terms
+   that only commute operands of an earlier one, or compute one e-class two
+   different ways, are dropped (same programs, or never cheaper);
 3. *lower* — every feasible partition of each graph into μGraphs
    (:mod:`verimirage.rewrite.partition`), plus the unfused baseline;
 4. *cost* — rank by the cost model, dropping kernels that do not fit shared
    memory (:mod:`verimirage.rewrite.cost`);
-5. *verify* — ``vm.verify`` each candidate against the input graph, best
-   first, until ``top_k`` are Proved; anything else is rejected with its reason;
-6. *certify* — a certificate per verified candidate; optionally *profile*
+5. *verify* — ``vm.verify`` each candidate against the input graph (one
+   ``Verifier`` of the graph for all candidates), best first, until ``top_k``
+   are Proved; anything else is rejected with its reason;
+6. *attribute* — the rewrite rules each candidate was derived with: the rule
+   set of an actual derivation from the input term to its extracted term,
+   found by replaying the saturation with rule subsets
+   (:func:`verimirage.rewrite.saturate.attribute`);
+7. *certify* — a certificate per verified candidate; optionally *profile*
    on a GPU to reorder.
 
 The result is deterministic for a given graph and options.
@@ -23,6 +30,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -32,10 +40,10 @@ from typing import Any
 from ..ir.errors import GraphError
 from ..ir.graph import Graph, MuGraph, node_list
 from .cost import H100, Calibration, Cost, Hardware, cost
-from .lift import EClassTerms, Term, lift, term_to_graph
+from .lift import EClassTerms, Term, commutation_key, lift, term_to_graph
 from .partition import Lowered, lower_all
-from .rules import Rule, RuleError, Ruleset, admit, occurs, select_rules
-from .saturate import saturate
+from .rules import Rule, RuleError, Ruleset, admit, select_rules
+from .saturate import attribute, saturate
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +143,7 @@ class _Progress:
     def __enter__(self) -> _Progress:
         if self.bar is not None:
             self.bar.__enter__()
-            self.task = self.bar.add_task("superoptimize", total=6)
+            self.task = self.bar.add_task("superoptimize", total=7)
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -148,11 +156,20 @@ class _Progress:
             self.bar.update(self.task, advance=1, description=name)
 
 
-def _default_verifier(timeout_s: float, seed: int) -> Callable[[Graph, Graph], Any]:
-    def run(a: Graph, b: Graph) -> Any:
-        from ..smt.verify import verify
+def _default_verifier(graph: Graph, timeout_s: float, seed: int) -> Callable[[Graph, Graph], Any]:
+    """``vm.verify(graph, candidate)`` through one :class:`~verimirage.smt.verify.Verifier` of ``graph`` (the
+    cached one of ``verifier_for``), so the target's finite-field trials are evaluated once for all candidates
+    (and across repeated searches of the same graph, e.g. an ablation)."""
+    state: dict[str, Any] = {}
 
-        return verify(a, b, seed=seed, timeout_s=timeout_s)
+    def run(a: Graph, b: Graph) -> Any:
+        if "v" not in state:
+            from ..smt.verify import verifier_for
+
+            state["v"] = verifier_for(graph, seed=seed)
+        if a is not graph:
+            raise ValueError("superoptimize: the default verifier checks candidates against the searched graph")
+        return state["v"].check(b, timeout_s=timeout_s)
 
     return run
 
@@ -182,6 +199,7 @@ def superoptimize(
     terms_per_class: int = 6,
     max_terms: int = 12,
     max_verify: int | None = None,
+    verify_budget_s: float | None = None,
     hardware: Hardware = H100,
     calibration: Calibration | None = None,
     profile: bool = False,
@@ -200,6 +218,10 @@ def superoptimize(
     ``verify_rule`` unless ``trusted=True``); ``grids`` (allowed per-axis block counts) and ``franges``
     (allowed for-loop ranges), ``max_splits`` (split-KV); ``top_k`` verified candidates to return;
     ``terms_per_class`` / ``max_terms`` for extraction; ``max_verify`` candidates to try verifying;
+    ``verify_budget_s``: estimated verification time (:func:`verify_estimate_s`, a deterministic model of
+    ``vm.verify`` on a 2-core CPU) to spend on candidates after the first verified one (default
+    ``0.4 * time_budget_s``): large graphs return fewer than ``top_k`` candidates rather than blow the time
+    budget, and which ones does not depend on the machine's load;
     ``profile=True`` reorders by GPU timings (``verimirage.backend.profile.select``); ``progress``
     shows a rich display (None: when stderr is a terminal); ``seed`` is passed to the verifier's random
     trials; ``verifier`` replaces ``vm.verify`` (research use). ``cache``: serve a repeated search
@@ -221,7 +243,8 @@ def superoptimize(
             "disable_rules": sorted(disable_rules), "grids": None if grids is None else list(grids),
             "franges": None if franges is None else list(franges), "max_splits": max_splits, "top_k": top_k,
             "terms_per_class": terms_per_class, "max_terms": max_terms, "max_verify": max_verify,
-            "hardware": repr(hardware), "calibration": repr(calibration), "profile": profile, "seed": seed,
+            "verify_budget_s": verify_budget_s, "hardware": repr(hardware), "calibration": repr(calibration),
+            "profile": profile, "seed": seed,
             "verify_timeout_s": verify_timeout_s,
             # a profiled ordering belongs to one GPU (and its software): key it by them
             "device": _device_key() if profile else None,
@@ -233,9 +256,9 @@ def superoptimize(
     result = _search(graph, time_budget_s=time_budget_s, node_limit=node_limit, iter_limit=iter_limit,
                      rulesets=rulesets, disable_rules=disable_rules, extra_rules=extra_rules, grids=grids,
                      franges=franges, max_splits=max_splits, top_k=top_k, terms_per_class=terms_per_class,
-                     max_terms=max_terms, max_verify=max_verify, hardware=hardware, calibration=calibration,
-                     profile=profile, seed=seed, progress=progress, verify_timeout_s=verify_timeout_s,
-                     verifier=verifier)
+                     max_terms=max_terms, max_verify=max_verify, verify_budget_s=verify_budget_s, hardware=hardware,
+                     calibration=calibration, profile=profile, seed=seed, progress=progress,
+                     verify_timeout_s=verify_timeout_s, verifier=verifier)
     if key is not None and result.candidates:
         from . import search_cache
 
@@ -259,6 +282,7 @@ def _search(
     terms_per_class: int,
     max_terms: int,
     max_verify: int | None,
+    verify_budget_s: float | None,
     hardware: Hardware,
     calibration: Calibration | None,
     profile: bool,
@@ -271,8 +295,9 @@ def _search(
     t_start = time.perf_counter()
     rep = SearchReport()
     cal = calibration or Calibration()
-    check = verifier or _default_verifier(verify_timeout_s, seed)
+    check = verifier or _default_verifier(graph, verify_timeout_s, seed)
     max_verify = max_verify if max_verify is not None else 3 * top_k + 3
+    verify_budget = verify_budget_s if verify_budget_s is not None else 0.4 * time_budget_s
 
     def tick(name: str, t0: float) -> float:
         now = time.perf_counter()
@@ -306,47 +331,63 @@ def _search(
         # ---- extract
         prog.phase("extract")
         ex = EClassTerms(data, terms_per_class)
-        originals = lifted.terms
+        originals = tuple(lifted.terms)
         per_root = [_ordered(ex.terms_of(t), t) for t in originals]
-        graphs: list[tuple[Graph, tuple[str, ...]]] = []
+        # graphs to lower: (graph, the extracted terms it was built from, graph-level steps applied to them)
+        graphs: list[tuple[Graph, tuple[Term, ...], tuple[str, ...]]] = []
         seen: set[str] = set()
-        fired_trusted = [n for n in rep.trusted_rules if stats.fired.get(n)]
-        for terms in itertools.islice(itertools.product(*per_root), max_terms):
+        seen_comm: set[tuple[Term, ...]] = set()
+
+        def prune(reason: str) -> None:
+            rep.pruned[reason] = rep.pruned.get(reason, 0) + 1
+
+        for n_combo, terms in enumerate(itertools.product(*per_root)):
+            if len(graphs) >= max_terms or n_combo >= 8 * max_terms:
+                break
+            comm = tuple(commutation_key(t) for t in terms)
+            if terms != originals:
+                if comm in seen_comm:  # the same program up to operand order: same μGraphs, same costs
+                    prune("extracted term: a commuted duplicate")
+                    continue
+                if not ex.consistent(terms):  # an e-class computed two ways: never cheaper than one way
+                    prune("extracted term: one value computed two ways")
+                    continue
+            seen_comm.add(comm)
             try:
                 g2 = term_to_graph(list(terms), lifted.inputs)
             except GraphError as e:
-                rep.pruned[f"ill-typed term: {str(e).splitlines()[0]}"] = rep.pruned.get("ill-typed term", 0) + 1
+                prune(f"ill-typed term: {str(e).splitlines()[0]}")
                 continue
             key = str(g2)
             if key in seen:
                 continue
             seen.add(key)
-            graphs.append((g2, _attribute(rules, terms, originals, fired_trusted)))
+            graphs.append((g2, terms, ()))
         if any(r.name == "softmax-stabilise" for r in rules):
             from .stabilise import stabilise_softmax
 
-            for g2, used in list(graphs):
+            for g2, terms, steps in list(graphs):
                 gs = stabilise_softmax(g2)
                 if gs is not None and str(gs) not in seen:
                     seen.add(str(gs))
-                    graphs.append((gs, (*used, "softmax-stabilise")))
+                    graphs.append((gs, terms, (*steps, "softmax-stabilise")))
         rep.terms_extracted = len(graphs)
         t0 = tick("extract", t0)
 
         # ---- lower + cost
         prog.phase("lower")
-        pool: list[tuple[tuple[Any, ...], Lowered, Cost, tuple[str, ...], Graph]] = []
-        for gi, (g2, used) in enumerate(graphs):
+        # (rank key, lowering, cost, index of its graph in ``graphs``)
+        pool: list[tuple[tuple[Any, ...], Lowered, Cost, int]] = []
+        for gi, (g2, _, _) in enumerate(graphs):
             lows, rejected = lower_all(g2, grids=grids, franges=franges, max_splits=max_splits)
             for reason, n in rejected.items():
                 rep.pruned[reason] = rep.pruned.get(reason, 0) + n
             for li, low in enumerate(lows):
                 c = cost(low.mugraph, hardware, cal)
                 if c.infeasible:
-                    rep.pruned[c.reason.split(" (")[0]] = rep.pruned.get(c.reason.split(" (")[0], 0) + 1
+                    prune(c.reason.split(" (")[0])
                     continue
-                rank_key = (c.time_s, low.mugraph.num_kernels, gi, li)
-                pool.append((rank_key, low, c, tuple(used) + tuple(low.steps), g2))
+                pool.append(((c.time_s, low.mugraph.num_kernels, gi, li), low, c, gi))
             if time.perf_counter() - t_start > 0.8 * time_budget_s:
                 rep.notes.append("lowering stopped early: time budget")
                 break
@@ -370,11 +411,13 @@ def _search(
         cands: list[Candidate] = []
         tried = 0
         rep.stop_reason = "enough candidates verified"
-        baseline = next((p for p in pool if p[3] == ("partition.unfused",) and str(p[4]) == str(graph)), None)
+        baseline = next((p for p in pool if p[1].steps == ["partition.unfused"] and graphs[p[3]][1] == originals
+                         and not graphs[p[3]][2]), None)
         tried_keys: set[int] = set()
+        cand_source: list[int] = []  # per candidate, the index of its graph in ``graphs``
 
         def attempt(entry: tuple[Any, ...]) -> None:
-            _, low, c, used, g2 = entry
+            _, low, c, gi = entry
             tried_keys.add(id(entry))
             what = f"{low.mugraph.num_kernels}-kernel {low.config.describe() if low.config else 'unfused'}"
             try:
@@ -385,7 +428,8 @@ def _search(
             except GraphError as e:
                 v = _unknown(f"IR check failed: {str(e).splitlines()[0]}")
             if getattr(v, "proved", False):
-                cands.append(Candidate(low.mugraph, c, v, None, used, g2))
+                cands.append(Candidate(low.mugraph, c, v, None, tuple(low.steps), graphs[gi][0]))
+                cand_source.append(gi)
             else:
                 rep.rejected.append((what, f"{type(v).__name__}: {getattr(v, 'reason', v)}"))
 
@@ -394,6 +438,7 @@ def _search(
         shapes_seen: set[tuple[Any, ...]] = set()
         # keep the last slot for a max-shifted (numerically safe) candidate when the pool has one
         safe_in_pool = top_k > 1 and any(_max_shifted(p[1].mugraph) for p in pool)
+        est_spent = 0.0
         for entry in pool:
             if len(cands) >= top_k:
                 break
@@ -409,6 +454,13 @@ def _search(
             if time.perf_counter() - t_start > time_budget_s and cands:
                 rep.stop_reason = "time budget"
                 break
+            est = verify_estimate_s(graph, entry[1].mugraph, entry[2])
+            if cands and est_spent + est > verify_budget:
+                rep.stop_reason = (f"verification budget ({verify_budget:.0f} s estimated for candidates after the "
+                                   f"first; the next needs ~{est:.0f} s)")
+                break
+            if cands:
+                est_spent += est
             tried += 1
             n_before = len(cands)
             attempt(entry)
@@ -421,6 +473,22 @@ def _search(
             rep.stop_reason = "search space exhausted"
         rep.verified = len(cands)
         t0 = tick("verify", t0)
+
+        # ---- attribute: the rules on a derivation of each candidate's terms (replayed saturations)
+        if cands:
+            prog.phase("attribute")
+            sources = sorted(set(cand_source))
+            atts = attribute(graph, rules, stats.fired, [graphs[gi][1] for gi in sources],
+                             iterations=max(1, stats.iterations), node_limit=node_limit)
+            by_source = dict(zip(sources, atts, strict=True))
+            for cand, gi in zip(cands, cand_source, strict=True):
+                a = by_source[gi]
+                cand.rules = (*a.rules, *graphs[gi][2], *cand.rules)
+
+            if not all(a.exact for a in atts):
+                rep.notes.append("rule attribution: a derivation was not reproduced within the limits; "
+                                 "its candidates name every rule that fired (conservative)")
+            t0 = tick("attribute", t0)
 
         # ---- certify
         prog.phase("certify")
@@ -464,6 +532,38 @@ def _search(
             t0 = tick("profile", t0)
     log.info("%s", rep)
     return SearchResult(cands, rep)
+
+
+#: seconds per unit of :func:`verify_estimate_s`'s work, fitted to ``vm.verify`` of the suite's candidates at
+#: batch 1 and 8 on the 2-core development CPU (within ~2x either way; the real time varies with load)
+VERIFY_SECONDS_PER_UNIT = 9e-9
+
+
+def verify_estimate_s(graph: Graph, mugraph: MuGraph, c: Cost | None = None) -> float:
+    """A deterministic estimate of ``vm.verify(graph, mugraph)``'s time on a 2-core CPU.
+
+    The finite-field test dominates: per trial (5 assumed) it draws random residues for every input and
+    evaluates the candidate, mostly its matmuls; with ``exp`` anywhere values carry two residue parts.
+    Model: ``trials * parts * (input elements + tensor-core flops / 64) * VERIFY_SECONDS_PER_UNIT``.
+    """
+    c = c if c is not None else cost(mugraph)
+    n_in = sum(math.prod(t.shape) for t in graph.inputs)
+    parts = 2 if _uses_exp(graph) or _uses_exp(mugraph) else 1
+    return 5 * parts * (n_in + c.tc_flops / 64) * VERIFY_SECONDS_PER_UNIT
+
+
+def _uses_exp(g: Graph) -> bool:
+    def walk(nodes: Sequence[Any]) -> bool:
+        for n in nodes:
+            if n.op in ("exp", "rescaled_sum"):
+                return True
+            if n.op == "custom" and walk(n.attr("block").nodes):
+                return True
+            if n.op == "fused" and walk(n.attr("thread").nodes):
+                return True
+        return False
+
+    return walk(node_list(g))
 
 
 def _device_key() -> str | None:
@@ -519,22 +619,6 @@ def _ordered(terms: list[Term], original: Term) -> list[Term]:
     return [original] + [t for t in terms if t != original]
 
 
-def _attribute(rules: Sequence[Rule], terms: Sequence[Term], originals: Sequence[Term],
-               fired_trusted: Sequence[str]) -> tuple[str, ...]:
-    """Rules whose right-hand side shows in the extracted terms but not in the input (a heuristic
-    attribution; trusted rules that fired are named for every rewritten term, conservatively)."""
-    if tuple(terms) == tuple(originals):
-        return ()
-    used = []
-    for r in rules:
-        if any(occurs(r.rhs, t) for t in terms) and not any(occurs(r.rhs, t) for t in originals):
-            used.append(r.name)
-    for n in fired_trusted:
-        if n not in used:
-            used.append(n)
-    return tuple(used)
-
-
 # --------------------------------------------------------------------------- ablation
 
 
@@ -558,10 +642,26 @@ class Ablation:
             ))
         return rows
 
+    def contributions(self) -> list[tuple[str, bool, bool]]:
+        """Rows ``(rule, named, changed)``: whether the baseline's best candidate names the rule (it lies on
+        the derivation of the best term: exact attribution, :func:`~verimirage.rewrite.saturate.attribute`)
+        and whether disabling the rule changes the best μGraph. The two agree, except where the best term
+        also has a derivation without a named rule (then disabling that rule alone changes nothing)."""
+        base = self.baseline.best
+        rows = []
+        for name, res in self.without.items():
+            b = res.best
+            named = base is not None and name in base.rules
+            changed = (b is None) != (base is None) or (
+                b is not None and base is not None and str(b.mugraph) != str(base.mugraph))
+            rows.append((name, named, changed))
+        return rows
+
     def __str__(self) -> str:
-        lines = ["rule: best without (us, kernels) -> with (us, kernels)"]
+        named = {n for n, used, _ in self.contributions() if used}
+        lines = ["rule: best without (us, kernels) -> with (us, kernels)   [*: named by the best candidate]"]
         for name, tw, kw, t, k in self.table():
-            lines.append(f"  {name}: {tw:.1f} us, {kw} -> {t:.1f} us, {k}")
+            lines.append(f"  {name}{' *' if name in named else ''}: {tw:.1f} us, {kw} -> {t:.1f} us, {k}")
         return "\n".join(lines)
 
 
@@ -575,4 +675,5 @@ def ablate(graph: Graph, *, rules: Sequence[str] | None = None, **options: Any) 
     return Ablation(base, out)
 
 
-__all__ = ["Ablation", "Candidate", "RuleError", "SearchReport", "SearchResult", "ablate", "superoptimize"]
+__all__ = ["Ablation", "Candidate", "RuleError", "SearchReport", "SearchResult", "ablate", "superoptimize",
+           "verify_estimate_s"]
