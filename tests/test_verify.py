@@ -259,3 +259,71 @@ def test_full_size_ff_batch1(name: str) -> None:
     g = vm.benchmarks.get(name, batch=1)
     r = FF.ff_test(g, expert(name, g))
     assert r.outcome == "equal" and r.bound <= 2.0**-60, r.reason
+
+
+# --------------------------------------------------------------------------- nested sums (Fubini)
+
+_ABCD = {"A": (3, 4), "B": (4, 5), "C": (5, 2), "D": (2, 3)}
+
+
+@pytest.mark.parametrize("assoc", [
+    lambda g, a, b, c, d: g.matmul(a, g.matmul(b, g.matmul(c, d))),
+    lambda g, a, b, c, d: g.matmul(g.matmul(a, b), g.matmul(c, d)),
+    lambda g, a, b, c, d: g.matmul(g.matmul(a, g.matmul(b, c)), d),
+    lambda g, a, b, c, d: g.matmul(a, g.matmul(g.matmul(b, c), d)),
+])
+def test_matmul_chains_prove_in_any_association(assoc) -> None:
+    left, other = _pair(_ABCD, lambda g, a, b, c, d: g.matmul(g.matmul(g.matmul(a, b), c), d), assoc)
+    r = abstract_check(left, other)
+    assert r.outcome == "proved", r.reason
+    assert {"sum-interchange", "sum-factor-out"} <= set(r.laws)
+    assert any(q.name.endswith(":fubini") for q in r.queries)
+    assert isinstance(vm.verify(left, other), vm.Proved)
+
+
+def test_sum_of_products_interchanged_and_factors_pushed_in() -> None:
+    # sum_j (A @ B)[i, j] * w[j]  vs  sum_k A[i, k] * (B @ w)[k]
+    sh = {"A": (3, 4), "B": (4, 5), "W": (5, 1)}
+    a, b = _pair(sh, lambda g, x, y, w: g.matmul(g.matmul(x, y), w), lambda g, x, y, w: g.matmul(x, g.matmul(y, w)))
+    assert abstract_check(a, b).outcome == "proved"
+    c, d = _pair({"A": (3, 4), "B": (4, 5)}, lambda g, x, y: g.sum(g.matmul(x, y), 1),
+                 lambda g, x, y: g.matmul(x, g.sum(y, 1)))
+    assert abstract_check(c, d).outcome == "proved"
+
+
+def test_fubini_never_equates_different_sums() -> None:
+    # A B C vs A B^T-ish mistakes: the interchange must not make them equal
+    sh = {"A": (4, 4), "B": (4, 4), "C": (4, 4)}
+    wrong = [
+        lambda g, a, b, c: g.matmul(a, g.matmul(c, b)),
+        lambda g, a, b, c: g.matmul(g.matmul(a, g.transpose(b, 0, 1)), c),
+        lambda g, a, b, c: g.matmul(g.matmul(b, a), c),
+        lambda g, a, b, c: g.mul(g.matmul(a, b), g.matmul(b, c)),
+        lambda g, a, b, c: g.matmul(g.matmul(a, b), g.transpose(c, 0, 1)),
+    ]
+    for w in wrong:
+        x, y = _pair(sh, lambda g, a, b, c: g.matmul(g.matmul(a, b), c), w)
+        assert abstract_check(x, y).outcome != "proved"
+        assert isinstance(vm.verify(x, y), vm.Refuted)
+    # sums whose ranges differ are not swapped into equality either
+    s1, s2 = _pair({"X": (4, 6)}, lambda g, x: g.sum(g.sum(x, 0), 1), lambda g, x: g.scale(g.sum(g.sum(x, 1), 0), 2.0))
+    assert abstract_check(s1, s2).outcome != "proved"
+
+
+def test_canon_sums_is_stable_and_capture_free() -> None:
+    from verimirage.smt import expr as E
+
+    # sibling sums inside an exp inside a sum: flattening them raises their levels; the outer binder must
+    # be renamed above them (no capture)
+    sh = {"X": (3, 4), "Y": (4, 5)}
+    a, b = _pair(sh, lambda g, x, y: g.sum(g.exp(g.matmul(g.matmul(x, y), g.transpose(y, 0, 1))), 1),
+                 lambda g, x, y: g.sum(g.exp(g.matmul(x, g.matmul(y, g.transpose(y, 0, 1)))), 1))
+    r = abstract_check(a, b)
+    assert r.outcome == "proved", r.reason
+    from verimirage.smt import abstract as A
+
+    cases = [A.output_cases([a], 0, a.outputs[0].shape)]
+    (ea,), _ = A.derive(a, cases)
+    once, _ = E.canon_sums(ea[0])
+    twice, _ = E.canon_sums(once)
+    assert once == twice

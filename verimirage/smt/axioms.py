@@ -45,6 +45,14 @@ def _max_flatten(r: np.random.Generator) -> bool:
     return _close(max(max(a, b), c), max(a, max(c, b))) and _close(max(a, a), a)
 
 
+def _interchange(r: np.random.Generator) -> bool:
+    f = r.standard_normal((5, 7))
+    a = r.standard_normal(5)
+    outer_i = sum(a[i] * sum(f[i, j] for j in range(7)) for i in range(5))
+    outer_j = sum(sum(a[i] * f[i, j] for i in range(5)) for j in range(7))
+    return _close(outer_i, outer_j)
+
+
 AXIOMS: dict[str, tuple[str, Checker]] = {
     "index-divmod": ("(e // t) * t + e % t = e, and e // t = 0, e % t = e for e in [0, t)", _divmod),
     "distribute": ("(a + b) * c = a*c + b*c", lambda r: _close(*(lambda a, b, c: ((a + b) * c, a * c + b * c))(
@@ -63,6 +71,7 @@ AXIOMS: dict[str, tuple[str, Checker]] = {
         *(lambda a, f: ((a * f).sum(), a * f.sum()))(r.standard_normal(), r.standard_normal(9)))),
     "sum-shift": ("sum_{v in [0,n)} f(v + c) = sum_{k in [c, c+n)} f(k)", _sum_shift),
     "sum-split-merge": ("sum_[a,b) f + sum_[b,c) f = sum_[a,c) f", _split_merge),
+    "sum-interchange": ("sum_i sum_j f_ij = sum_j sum_i f_ij (ranges independent of i and j)", _interchange),
     "max-flatten": ("max(max(a, b), c) = max(a, b, c); max(a, a) = a", _max_flatten),
     "max-range-merge": ("max(max_[a,c) f, max_[b,d) f) = max_[a,d) f for a <= b <= c", _max_merge),
     "concat-select": ("concat(x, y)[i] = x[i] for i < len(x), y[i - len(x)] otherwise", lambda r: bool(

@@ -703,3 +703,145 @@ def pretty(t: Any) -> str:
     if tag == "fn":
         return f"{t[1]}({pretty(t[2])})"
     return repr(t)
+
+
+# --------------------------------------------------------------------------- nested sums (Fubini)
+
+_FLAT = itertools.count()
+
+#: chains of more nested sums than this keep their order (canonical order tries every permutation)
+MAX_INTERCHANGE = 5
+
+
+def canon_sums(p: Poly) -> tuple[Poly, set[str]]:
+    """``p`` with every chain of nested sums over independent (constant) ranges in one canonical form,
+    and the laws used.
+
+    A sum whose body holds sums over constant ranges (exponent 1) is flattened: every factor moves into
+    the innermost body (``a * sum_j f_j = sum_j a * f_j``, sum-factor-out read backwards) and the
+    bound variables are ordered canonically (``sum_i sum_j f = sum_j sum_i f``, sum-interchange): of
+    every nesting order, the one whose term sorts first. Two expressions equal up to these laws get
+    the same term. :func:`verimirage.smt.verify.abstract_check` uses it when the construction normal
+    forms differ.
+    """
+    d = Derivation()
+    tok = activate(d)
+    try:
+        return _canon_poly(p), d.laws
+    finally:
+        deactivate(tok)
+
+
+def _canon_poly(p: Poly) -> Poly:
+    out: dict = {}
+    for m, c in p[1]:
+        mm, k = _canon_mono(m)
+        out[mm] = out.get(mm, 0) + c * k
+    return poly(out)
+
+
+def _canon_mono(m: Mono) -> tuple[Mono, Fraction]:
+    out: Mono = ONE_MONO
+    coef = Fraction(1)
+    for a, e in m:
+        a2, extra, k = _canon_atom(a)
+        if extra is None:
+            out = mono_mul(out, ((a2, e),))
+            continue
+        # a re-normalised inv atom: inv(P) = k * extra * inv(P') (P' primitive)
+        if e.denominator != 1:
+            raise AbstractionError("a fractional power of an inverse")
+        out = mono_mul(out, mono_mul(mono_pow(extra, e), ((a2, e),)))
+        coef *= k ** int(e)
+    return out, coef
+
+
+def _canon_atom(a: Atom) -> tuple[Atom, Mono | None, Fraction]:
+    tag = a[0]
+    if tag == "in":
+        return a, None, Fraction(1)
+    if tag == "exp":
+        m, k = _canon_mono(a[1])
+        if k != 1:  # exp(k * m) as exp(m)**k is the construction form; keep it exact and simple
+            raise AbstractionError("a coefficient inside an exp atom")
+        return ("exp", m), None, Fraction(1)
+    if tag == "sqrt":
+        return ("sqrt", _canon_poly(a[1])), None, Fraction(1)
+    if tag == "inv":
+        q = _canon_poly(a[1])
+        if q == a[1]:
+            return a, None, Fraction(1)
+        if not q[1]:
+            raise AbstractionError("division by the zero polynomial")
+        c, cm, rest = _content(q)
+        return ("inv", rest), mono_pow(cm, Fraction(-1)), 1 / c
+    if tag == "fn":
+        return ("fn", a[1], _canon_poly(a[2])), None, Fraction(1)
+    if tag == "max":
+        items = []
+        for it in a[1]:
+            if it[0] == "pt":
+                items.append(("pt", _canon_poly(it[1])))
+            else:
+                fresh = _fresh_name()
+                q = _canon_poly(subst(it[4], it[1], a_var(fresh)))
+                name, q = _bind(fresh, q, it[2], it[3])
+                items.append(("rng", name, it[2], it[3], q))
+        return ("max", tuple(sorted(items, key=_key))), None, Fraction(1)
+    if tag == "cat":
+        return ("cat", a[1], tuple((lo, hi, _canon_poly(q)) for lo, hi, q in a[2])), None, Fraction(1)
+    if tag == "sum":
+        # the binder gets a fresh name first: canonicalising the body may raise the levels inside it
+        fresh = _fresh_name()
+        body, k = _canon_mono(subst(a[4], a[1], a_var(fresh)))
+        if k != 1:
+            raise AbstractionError("a coefficient inside a sum atom")
+        if a_is_const(a[2]) and a_is_const(a[3]) and any(_flat_sum(b, e) for b, e in body):
+            return _flatten_sum(fresh, a[2], a[3], body), None, Fraction(1)
+        name, body = _bind(fresh, body, a[2], a[3])
+        return ("sum", name, a[2], a[3], body), None, Fraction(1)
+    raise AbstractionError(f"unknown atom {tag!r}")
+
+
+def _flat_sum(a: Atom, e: Fraction) -> bool:
+    return a[0] == "sum" and e == 1 and a_is_const(a[2]) and a_is_const(a[3])
+
+
+def _fresh_name() -> str:
+    return f"_fz{next(_FLAT)}"
+
+
+def _flatten_sum(var: str, lo: Aff, hi: Aff, body: Mono) -> Atom:
+    """``sum_var body`` (constant range; ``var`` a unique name; ``body`` canonical with sums over
+    constant ranges among its factors) as one canonical chain of sums with every factor innermost."""
+    chain: list[tuple[str, Aff, Aff]] = [(var, lo, hi)]
+
+    def unwrap(b_body: Mono) -> Mono:
+        out: Mono = ONE_MONO
+        for b, e in b_body:
+            if _flat_sum(b, e):
+                # b's binder level is above every level inside its body: renaming it captures nothing
+                nv = _fresh_name()
+                chain.append((nv, b[2], b[3]))
+                out = mono_mul(out, unwrap(subst(b[4], b[1], a_var(nv))))
+            else:
+                out = mono_mul(out, ((b, e),))
+        return out
+
+    flat = unwrap(body)
+    d = der()
+    d.use("sum-factor-out")
+    d.use("sum-interchange")
+    orders = itertools.permutations(chain) if len(chain) <= MAX_INTERCHANGE else iter([tuple(chain)])
+    best: Atom | None = None
+    for order in orders:
+        cur = flat
+        at: Atom = ()
+        for v, vlo, vhi in reversed(order):
+            name, b = _bind(v, cur, vlo, vhi)
+            at = ("sum", name, vlo, vhi, b)
+            cur = ((at, Fraction(1)),)
+        if best is None or _key(at) < _key(best):
+            best = at
+    assert best is not None
+    return best

@@ -66,7 +66,14 @@ class AbstractResult:
 
 
 def abstract_check(a: Graph, b: Graph, *, timeout_s: float = 10.0) -> AbstractResult:
-    """Derive both programs' abstract expressions and ask Z3 whether each output pair can differ."""
+    """Derive both programs' abstract expressions and ask Z3 whether each output pair can differ.
+
+    When an output's normal forms differ, it is asked once more with nested sums over independent
+    ranges in their canonical order (:func:`verimirage.smt.expr.canon_sums`: Fubini and factors moved
+    into the innermost sum, laws ``sum-interchange`` and ``sum-factor-out``); that query, named
+    ``...:fubini``, is recorded instead when it proves the output (so proofs that never needed it
+    keep their queries).
+    """
     t0 = time.perf_counter()
     try:
         cases = [A.output_cases([a, b], k, t.shape) for k, t in enumerate(a.outputs)]
@@ -83,6 +90,19 @@ def abstract_check(a: Graph, b: Graph, *, timeout_s: float = 10.0) -> AbstractRe
                 return AbstractResult("unknown", "time limit reached", tuple(queries), tuple(sorted(la | lb)),
                                       tuple(tuple(c.ranges for c in cs) for cs in cases), time.perf_counter() - t0)
             q = equivalence_query(f"eq:out{k}:case{ci}", x, y, timeout_s=max(0.1, left))
+            if q.result != "unsat":
+                # the construction normal forms differ: try again with nested sums in their canonical
+                # (Fubini) form; this query replaces the first only when it proves the pair
+                try:
+                    (xc, lx), (yc, ly) = E.canon_sums(x), E.canon_sums(y)
+                except (E.AbstractionError, RecursionError):
+                    xc, yc, lx, ly = x, y, set(), set()
+                left = timeout_s - (time.perf_counter() - t0)
+                if (xc, yc) != (x, y) and left > 0:
+                    q2 = equivalence_query(f"eq:out{k}:case{ci}:fubini", xc, yc, timeout_s=max(0.1, left))
+                    if q2.result == "unsat":
+                        q = q2
+                        la |= lx | ly
             queries.append(q)
             if q.result != "unsat" and outcome == "proved":
                 outcome = "unknown"
