@@ -778,7 +778,7 @@ def _canon_atom(a: Atom) -> tuple[Atom, Mono | None, Fraction]:
     if tag == "fn":
         return ("fn", a[1], _canon_poly(a[2])), None, Fraction(1)
     if tag == "max":
-        items = []
+        items: list[tuple] = []
         for it in a[1]:
             if it[0] == "pt":
                 items.append(("pt", _canon_poly(it[1])))

@@ -853,10 +853,10 @@ def _matmul_q(x: np.ndarray, y: np.ndarray, q: int, marks: bool) -> np.ndarray:
     meaningless results."""
     if not marks:
         return _matmul_mod(x, y, q)
-    x_bad = x < 0
-    y_bad = y < 0
+    x_bad = np.asarray(x < 0)
+    y_bad = np.asarray(y < 0)
     out = np.array(_matmul_mod(np.maximum(x, 0), np.maximum(y, 0), q))
-    bad = x_bad.any(axis=-1)[..., :, None] | y_bad.any(axis=-2)[..., None, :]
+    bad = np.asarray(x_bad.any(axis=-1))[..., :, None] | np.asarray(y_bad.any(axis=-2))[..., None, :]
     if bad.any():
         out[np.broadcast_to(bad, out.shape)] = -1
     return out
