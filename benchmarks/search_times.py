@@ -1,17 +1,20 @@
 """Search time and kernel counts for every suite graph at batch 1 and 8 (CPU; no GPU needed).
 
-Usage: python benchmarks/search_times.py [--small] [--markdown] [--names gqa,lora]
+Usage: python benchmarks/search_times.py [--small] [--names gqa,lora] [--batches 1,8] [--top-k K]
 
-Each row runs ``vm.superoptimize`` (search + verification with ``vm.verify``) and reports the wall
-time, the best candidate's kernel count against the expert design's, its estimated time, the
-number of μGraphs lowered and the search phases. If the verifier is not installed, the script
-says so and falls back to a float64 spot check (clearly marked in the output).
+Each row runs ``vm.superoptimize`` (search + verification with ``vm.verify``; default options unless
+``--top-k`` is given; never served from the search cache) and reports the wall time, the best
+candidate's kernel count against the expert design's, its estimated time, the number of μGraphs
+lowered, how many candidates were verified (and why verification stopped) and the search phases.
+If the verifier is not installed, the script says so and falls back to a float64 spot check (clearly
+marked in the output). The load average before and after is printed: the timings are wall times.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import platform
 import statistics
 import time
@@ -42,7 +45,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--small", action="store_true", help="the small (CPU-interpreter) variants")
     ap.add_argument("--names", default=",".join(vm.benchmarks.names()))
-    ap.add_argument("--top-k", type=int, default=1)
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--top-k", type=int, default=None, help="default: superoptimize's default")
     ap.add_argument("--search-only", action="store_true",
                     help="skip vm.verify (IR checks only): measures the search alone, results NOT verified")
     args = ap.parse_args()
@@ -50,29 +54,34 @@ def main() -> None:
     verifier = None if have_verify else _float64_check
     if args.search_only:
         verifier = _ir_check_only
-    print(f"# search times ({'small' if args.small else 'full-size'} graphs, top_k={args.top_k})")
+    print(f"# search times ({'small' if args.small else 'full-size'} graphs, "
+          f"top_k={args.top_k if args.top_k is not None else 'default'})")
     print(f"machine: {platform.processor() or platform.machine()}, python {platform.python_version()}; "
           "verification: " + ("none (--search-only; IR checks only)" if args.search_only else
                               "vm.verify" if have_verify else "float64 spot check (vm.verify not available)"))
+    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} ({os.cpu_count()} cores)")
     print()
-    print("| graph | batch | seconds | kernels (expert) | est. time | lowered | verified | phases (s) |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| graph | batch | seconds | kernels (expert) | est. time | lowered | verified | stop | phases (s) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    opts = {} if args.top_k is None else {"top_k": args.top_k}
     times = []
     for name in args.names.split(","):
-        for batch in (1, 8):
+        for batch in (int(b) for b in args.batches.split(",")):
             g = vm.benchmarks.get(name, batch=batch, small=args.small)
             t0 = time.perf_counter()
-            res = vm.superoptimize(g, top_k=args.top_k, progress=False, verifier=verifier)
+            res = vm.superoptimize(g, progress=False, verifier=verifier, cache=False, **opts)
             dt = time.perf_counter() - t0
             times.append(dt)
             b = res.best
             phases = " ".join(f"{k[:3]}={v:.2f}" for k, v in res.report.phase_seconds.items() if v >= 0.005)
             kern = f"{b.num_kernels} ({vm.benchmarks.entry(name).expert_kernels})" if b else "none"
             est = f"{b.cost.time_s * 1e6:.1f} us" if b else "-"
+            stop = res.report.stop_reason.split(" (")[0]
             print(f"| {name} | {batch} | {dt:.2f} | {kern} | {est} | {res.report.lowered} | "
-                  f"{res.report.verified} | {phases} |")
+                  f"{res.report.verified} | {stop} | {phases} |", flush=True)
     print()
     print(f"median {statistics.median(times):.2f} s, max {max(times):.2f} s over {len(times)} searches")
+    print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":

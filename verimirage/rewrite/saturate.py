@@ -35,16 +35,27 @@ def _num_nodes(eg: EGraph) -> int:
     return sum(n for _, n in eg.all_function_sizes())
 
 
+#: rule -> (its egglog rewrite, the names egglog's run report may give it); compiling and printing a
+#: rewrite costs milliseconds, and a search (and each attribution replay) needs every rule
+_COMPILED: dict[Rule, tuple[Any, tuple[str, ...]]] = {}
+
+
+def _compiled(r: Rule) -> tuple[Any, tuple[str, ...]]:
+    if r not in _COMPILED:
+        rw = r.egglog()
+        decl = getattr(rw, "decl", None)
+        _COMPILED[r] = (rw, (str(rw), *((str(decl),) if decl is not None else ())))
+    return _COMPILED[r]
+
+
 def _main_ruleset(rules: Sequence[Rule], tag: str) -> tuple[Any, dict[str, str]]:
     main = ruleset(name=tag)
     by_key: dict[str, str] = {}
     for r in rules:
-        rw = r.egglog()
+        rw, keys = _compiled(r)
         main.register(rw)
-        by_key[str(rw)] = r.name
-        decl = getattr(rw, "decl", None)
-        if decl is not None:
-            by_key[str(decl)] = r.name
+        for k in keys:
+            by_key[k] = r.name
     return main, by_key
 
 
@@ -102,9 +113,10 @@ class Attribution:
 class _Reach:
     """Which targets lie in the input's e-classes when only some rules run (memoised per rule subset).
 
-    A fresh e-graph of ``graph`` is saturated with the subset for at most ``iterations`` rounds (and
-    ``node_limit`` nodes), stopping once every target is reached. A target is a tuple of terms, one per
-    output; it is reached when each term is in the e-class of its output (``check``: nothing is added).
+    The e-graph of ``graph`` (lifted once; each run works on a pushed copy) is saturated with the subset
+    for at most ``iterations`` rounds (and ``node_limit`` nodes), stopping once every target is reached.
+    A target is a tuple of terms, one per output; it is reached when each term is in the e-class of its
+    output (``check``: nothing is added).
     """
 
     def __init__(self, graph: Graph, rules: Sequence[Rule], targets: Sequence[Sequence[Term]], iterations: int,
@@ -115,7 +127,10 @@ class _Reach:
         self.iterations = iterations
         self.node_limit = node_limit
         self.memo: dict[frozenset[str], frozenset[int]] = {}
+        self.first: dict[int, int] = {}  # target -> the round it was first reached in (by the first run)
         self.runs = 0
+        self.lifted: Lifted | None = None
+        self.facts: list[list[Any]] = []
 
     def __call__(self, subset: frozenset[str]) -> frozenset[int]:
         if subset not in self.memo:
@@ -124,31 +139,37 @@ class _Reach:
 
     def _run(self, subset: frozenset[str]) -> frozenset[int]:
         self.runs += 1
-        lifted = lift(self.graph)
-        eg = lifted.egraph
-        memo: dict[Term, Any] = {}
-        facts = [[eq(term_to_egg(t, memo)).to(root) for t, root in zip(tgt, lifted.roots, strict=True)]
-                 for tgt in self.targets]
+        if self.lifted is None:  # one e-graph of the input, shapes set; each run works in a pushed copy
+            self.lifted = lift(self.graph)
+            self.lifted.egraph.run(shapes.saturate())
+            memo: dict[Term, Any] = {}
+            self.facts = [[eq(term_to_egg(t, memo)).to(root) for t, root in zip(tgt, self.lifted.roots, strict=True)]
+                          for tgt in self.targets]
+        eg, facts = self.lifted.egraph, self.facts
         reached: set[int] = set()
 
-        def check() -> None:
+        def check(rnd: int) -> None:
             for k, fs in enumerate(facts):
                 if k not in reached and all(eg.check_bool(f) for f in fs):
                     reached.add(k)
+                    self.first.setdefault(k, rnd)
 
-        eg.run(shapes.saturate())
-        check()
-        rules = [r for n, r in self.by_name.items() if n in subset]
-        if rules:
-            main, _ = _main_ruleset(rules, f"attr_{id(lifted)}_{self.runs}")
-            for _ in range(self.iterations):
-                if len(reached) == len(facts):
-                    break
-                rep = eg.run(main)
-                eg.run(shapes.saturate())
-                check()
-                if not getattr(rep, "updated", True) or _num_nodes(eg) > self.node_limit:
-                    break
+        eg.push()
+        try:
+            check(0)
+            rules = [r for n, r in self.by_name.items() if n in subset]
+            if rules:
+                main, _ = _main_ruleset(rules, f"attr_{id(self)}_{self.runs}")
+                for rnd in range(1, self.iterations + 1):
+                    if len(reached) == len(facts):
+                        break
+                    rep = eg.run(main)
+                    eg.run(shapes.saturate())
+                    check(rnd)
+                    if not getattr(rep, "updated", True) or _num_nodes(eg) > self.node_limit:
+                        break
+        finally:
+            eg.pop()
         return frozenset(reached)
 
 
@@ -178,6 +199,10 @@ def attribute(
     reach = _Reach(graph, rules, [targets[k] for k in todo], iterations, node_limit)
     full = frozenset(cand)
     ok = reach(full)
+    # fewer rules never reach a term sooner (each round's e-graph is a part of the full run's): replays stop
+    # one round after the round the full set reached every target in
+    if ok:
+        reach.iterations = min(reach.iterations, 1 + max(reach.first[i] for i in ok))
     necessary: dict[int, set[str]] = {i: set() for i in range(len(todo))}
     for r in cand:
         without = reach(full - {r})

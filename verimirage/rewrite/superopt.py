@@ -534,9 +534,10 @@ def _search(
     return SearchResult(cands, rep)
 
 
-#: seconds per unit of :func:`verify_estimate_s`'s work, fitted to ``vm.verify`` of the suite's candidates at
-#: batch 1 and 8 on the 2-core development CPU (within ~2x either way; the real time varies with load)
-VERIFY_SECONDS_PER_UNIT = 9e-9
+#: seconds per unit of :func:`verify_estimate_s`'s work: the upper range of ``vm.verify`` times of the suite's
+#: candidates at batch 1 and 8 on the 2-core development CPU (finite-field code of commit bb69639; observed
+#: 0.2x-1.4x of the estimate, lower on an idle machine). A faster verifier makes it conservative, never wrong.
+VERIFY_SECONDS_PER_UNIT = 6e-9
 
 
 def verify_estimate_s(graph: Graph, mugraph: MuGraph, c: Cost | None = None) -> float:
