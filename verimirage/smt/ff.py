@@ -495,6 +495,25 @@ def _modi(x: np.ndarray, m: int) -> np.ndarray:
     return x
 
 
+def _f2i_mod(c: np.ndarray, m: int) -> np.ndarray:
+    """The int64 residues mod ``m`` of a C-contiguous float64 array ``c`` of integers below 2**53 in
+    absolute value, written over ``c``'s own memory (``c`` is consumed), in cache-sized chunks."""
+    if c.size < _MOD_CHUNK or not (c.flags.c_contiguous and c.flags.writeable):
+        return _modi(c.astype(np.int64), m)
+    src = c.reshape(-1)
+    dst = src.view(np.int64)
+    t = np.empty(min(_MOD_CHUNK, src.size), dtype=np.int64)
+    k = np.empty_like(t)
+    for s in range(0, src.size, _MOD_CHUNK):
+        n = min(_MOD_CHUNK, src.size - s)
+        ts, ks = t[:n], k[:n]
+        np.copyto(ts, src[s : s + n], casting="unsafe")  # exact: integers below 2**53
+        np.floor_divide(ts, m, out=ks)
+        ks *= m
+        np.subtract(ts, ks, out=dst[s : s + n])
+    return dst.reshape(c.shape)
+
+
 def _mix(x: np.ndarray, key: int, salt: int) -> np.ndarray:
     """A keyed 64-bit mixing function (splitmix64 finaliser) of non-negative ints."""
     z = x.astype(np.uint64) + np.uint64((key ^ (salt * 0x9E3779B97F4A7C15)) & 0xFFFFFFFFFFFFFFFF)
@@ -817,18 +836,18 @@ def _matmul_mod(a: np.ndarray, b: np.ndarray, m: int) -> np.ndarray:
     bf = _as_float(b, [*both, *ones_b, nb, *b_only, nb + 1], (n_both, kk, n_b * nn))
     out: np.ndarray | None = None
     with _one_blas_thread():
-        for s in range(0, kk, _CHUNK):
-            if kk <= _CHUNK:
-                part = np.matmul(af, bf)
-            else:
+        if kk <= _CHUNK:
+            out = _f2i_mod(np.matmul(af, bf), m)
+        else:
+            for s in range(0, kk, _CHUNK):
                 part = np.matmul(af[..., s : s + _CHUNK], bf[:, s : s + _CHUNK, :])
-            pi = part.astype(np.int64)
-            del part
-            out = pi if out is None else np.add(out, pi, out=out)
-            if (s // _CHUNK) % 512 == 511:  # keep the int64 sum of chunk results below 2**63
-                _modi(out, m)
-    assert out is not None
-    _modi(out, m)
+                pi = part.astype(np.int64)
+                del part
+                out = pi if out is None else np.add(out, pi, out=out)
+                if (s // _CHUNK) % 512 == 511:  # keep the int64 sum of chunk results below 2**63
+                    _modi(out, m)
+            assert out is not None
+            _modi(out, m)
     # (both, a_only, M, b_only, N) -> batch axes in their order, then M, N
     r = out.reshape([a.shape[t] for t in both] + [a.shape[t] for t in a_only] + [mm]
                     + [b.shape[t] for t in b_only] + [nn])
