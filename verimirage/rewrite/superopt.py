@@ -220,7 +220,7 @@ def superoptimize(
     ``terms_per_class`` / ``max_terms`` for extraction; ``max_verify`` candidates to try verifying;
     ``verify_budget_s``: estimated verification time (:func:`verify_estimate_s`, a deterministic model of
     ``vm.verify`` on a 2-core CPU) to spend on candidates after the first verified one (default
-    ``0.4 * time_budget_s``): large graphs return fewer than ``top_k`` candidates rather than blow the time
+    ``0.5 * time_budget_s``): large graphs return fewer than ``top_k`` candidates rather than blow the time
     budget, and which ones does not depend on the machine's load;
     ``profile=True`` reorders by GPU timings (``verimirage.backend.profile.select``); ``progress``
     shows a rich display (None: when stderr is a terminal); ``seed`` is passed to the verifier's random
@@ -297,7 +297,7 @@ def _search(
     cal = calibration or Calibration()
     check = verifier or _default_verifier(graph, verify_timeout_s, seed)
     max_verify = max_verify if max_verify is not None else 3 * top_k + 3
-    verify_budget = verify_budget_s if verify_budget_s is not None else 0.4 * time_budget_s
+    verify_budget = verify_budget_s if verify_budget_s is not None else 0.5 * time_budget_s
 
     def tick(name: str, t0: float) -> float:
         now = time.perf_counter()
