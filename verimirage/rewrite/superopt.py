@@ -549,22 +549,10 @@ def verify_estimate_s(graph: Graph, mugraph: MuGraph, c: Cost | None = None) -> 
     """
     c = c if c is not None else cost(mugraph)
     n_in = sum(math.prod(t.shape) for t in graph.inputs)
-    parts = 2 if _uses_exp(graph) or _uses_exp(mugraph) else 1
+    from ..smt.ff import uses_exp
+
+    parts = 2 if uses_exp(graph) or uses_exp(mugraph) else 1
     return 5 * parts * (n_in + c.tc_flops / 64) * VERIFY_SECONDS_PER_UNIT
-
-
-def _uses_exp(g: Graph) -> bool:
-    def walk(nodes: Sequence[Any]) -> bool:
-        for n in nodes:
-            if n.op in ("exp", "rescaled_sum"):
-                return True
-            if n.op == "custom" and walk(n.attr("block").nodes):
-                return True
-            if n.op == "fused" and walk(n.attr("thread").nodes):
-                return True
-        return False
-
-    return walk(node_list(g))
 
 
 def _device_key() -> str | None:
