@@ -193,10 +193,12 @@ def test_verifier_reuses_the_target_and_agrees_with_verify() -> None:
         a, b = c.a(), c.b()
         v = Verifier(a)
         first = v.check(b)
-        n_cached = len(v.reference._outs)
-        assert n_cached >= 1
+        cached = dict(v.reference._outs)
+        assert len(cached) >= 1
         again = v.check(b)
-        assert len(v.reference._outs) == n_cached  # the target was not evaluated again
+        # the target was not evaluated again for the trials it already ran (a trial that was running
+        # beside a refuting one in another thread may or may not have been started the first time)
+        assert all(v.reference._outs[s] is r for s, r in cached.items())
         assert type(first) is type(again) is type(vm.verify(a, b))
         assert type(v.check(a)) is vm.Proved
 

@@ -66,9 +66,11 @@ trial; exp tables are cached per field. See ``verimirage/smt/PERF.md``.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import contextvars
 import ctypes
+import dataclasses
 import glob
 import logging
 import math
@@ -1097,6 +1099,59 @@ def _run_lazy(g: Graph, inputs: Mapping[str, FV], fld: Field) -> list[FV]:
     return list(run(g, inputs, FFDomain(fld)))
 
 
+#: environment variable: the most threads the finite-field test runs trials on (default: usable cores, at most 4)
+THREADS_ENV = "VERIMIRAGE_FF_THREADS"
+#: the trials of one test in flight at once hold at most about this many bytes of input values
+PARALLEL_BYTES = 6 << 30
+
+
+def ff_workers(trials: int, nbytes: int) -> int:
+    """How many trials to evaluate at once: usable cores (or ``$VERIMIRAGE_FF_THREADS``), at most
+    ``trials``, and few enough that the trials' input values (``nbytes`` each) stay under
+    :data:`PARALLEL_BYTES` together."""
+    env = os.environ.get(THREADS_ENV, "").strip()
+    if env:
+        try:
+            n = int(env)
+        except ValueError:
+            raise GraphError(f"{THREADS_ENV}={env!r}: expected a positive integer") from None
+        if n < 1:
+            raise GraphError(f"{THREADS_ENV}={env!r}: expected a positive integer")
+    else:
+        try:
+            n = min(4, len(os.sched_getaffinity(0)))
+        except AttributeError:  # not Linux
+            n = min(4, os.cpu_count() or 1)
+    return max(1, min(n, trials, PARALLEL_BYTES // max(1, nbytes)))
+
+
+def _run_trials(trial: Callable[[int], FFResult | None], n: int, workers: int) -> FFResult | None:
+    """Run ``trial(0) .. trial(n - 1)`` (``workers`` at a time) and return the first (lowest-index)
+    non-None result, or None. No trial starts after an earlier one returned a result (those already
+    running finish); the answer does not depend on ``workers`` (trials are independent and deterministic)."""
+    with _one_blas_thread():  # once for all threads: per-call set/restore would race between them
+        if workers <= 1:
+            for ti in range(n):
+                r = trial(ti)
+                if r is not None:
+                    return r
+            return None
+        ctx = contextvars.copy_context()
+        with concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="vm-ff") as pool:
+            # a window of ``workers`` trials in flight, collected in order: trial ti + workers starts
+            # only once trial ti is known to have passed
+            futs = {ti: pool.submit(ctx.copy().run, trial, ti) for ti in range(min(workers, n))}
+            for ti in range(n):
+                r = futs.pop(ti).result()
+                if r is not None:
+                    for f in futs.values():
+                        f.cancel()
+                    return r
+                if ti + workers < n:
+                    futs[ti + workers] = pool.submit(ctx.copy().run, trial, ti + workers)
+        return None
+
+
 class FFReference:
     """A target program's finite-field evaluations, cached per trial seed, to test many candidates.
 
@@ -1150,18 +1205,17 @@ class FFReference:
             seeds = default_seeds(self.seed, max(n, 1))
         seeds = tuple(int(s) for s in seeds)
         p_only = not (self.uses_exp or uses_exp(cand))
-        ps: list[int] = []
-        qs: list[int] = []
-        gs: list[int] = []
-        for ti, s in enumerate(seeds):
+        ps = tuple(Field.from_seed(s).p for s in seeds)
+        qs = tuple(Field.from_seed(s).q for s in seeds)
+        gs = tuple(Field.from_seed(s).g for s in seeds)
+
+        def trial(ti: int) -> FFResult | None:
+            s = seeds[ti]
             fld = Field.from_seed(s)
-            ps.append(fld.p)
-            qs.append(fld.q)
-            gs.append(fld.g)
             ins = self.inputs(s, fld)
             outs_a, viol_a = self.outputs(s, ins)
             outs_b = _run_lazy(cand, ins, fld)
-            common = dict(p=tuple(ps), q=tuple(qs), g=tuple(gs), seeds=seeds[: ti + 1], trials=ti + 1,
+            common = dict(p=ps[: ti + 1], q=qs[: ti + 1], g=gs[: ti + 1], seeds=seeds[: ti + 1], trials=ti + 1,
                           per_trial_bound=per)
             for k, (x, y) in enumerate(zip(outs_a, outs_b, strict=True)):
                 idx = _first_difference(x, ints(y.p))
@@ -1176,12 +1230,17 @@ class FFReference:
                 return FFResult("unknown", f"a program applies exp to a value with no meaningful q-part "
                                 f"({viol} elements in trial {ti}): the exp algebra cannot be tested",
                                 bound=1.0, seconds=time.perf_counter() - t0, **common)  # type: ignore[arg-type]
+            return None
+
+        stop = _run_trials(trial, len(seeds), ff_workers(len(seeds), _nbytes(self.target)))
+        if stop is not None:
+            return dataclasses.replace(stop, seconds=time.perf_counter() - t0)
         bound = per ** len(seeds)
         outcome = "equal" if per < 1 else "unknown"
         reason = (f"{len(seeds)} trial(s) equal{' (p-only: no exp)' if p_only else ''}; "
                   f"false-accept bound {bound:.3g}" if outcome == "equal"
                   else "degree too high for a meaningful bound")
-        return FFResult(outcome, reason, tuple(ps), tuple(qs), tuple(gs), seeds, len(seeds), per, bound,
+        return FFResult(outcome, reason, ps, qs, gs, seeds, len(seeds), per, bound,
                         time.perf_counter() - t0)
 
 

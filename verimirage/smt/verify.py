@@ -13,7 +13,10 @@ is ``Unknown`` with the reason.
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextvars
 import logging
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -65,8 +68,11 @@ class AbstractResult:
     seconds: float
 
 
-def abstract_check(a: Graph, b: Graph, *, timeout_s: float = 10.0) -> AbstractResult:
+def abstract_check(a: Graph, b: Graph, *, timeout_s: float = 10.0,
+                   cancel: threading.Event | None = None) -> AbstractResult:
     """Derive both programs' abstract expressions and ask Z3 whether each output pair can differ.
+
+    ``cancel``: when set (checked between queries), stop and return ``unknown`` ("cancelled").
 
     When an output's normal forms differ, it is asked once more with nested sums over independent
     ranges in their canonical order (:func:`verimirage.smt.expr.canon_sums`: Fubini and factors moved
@@ -86,8 +92,10 @@ def abstract_check(a: Graph, b: Graph, *, timeout_s: float = 10.0) -> AbstractRe
     for k, (xs, ys) in enumerate(zip(ea, eb, strict=True)):
         for ci, (x, y) in enumerate(zip(xs, ys, strict=True)):
             left = timeout_s - (time.perf_counter() - t0)
-            if left <= 0:
-                return AbstractResult("unknown", "time limit reached", tuple(queries), tuple(sorted(la | lb)),
+            stopped = cancel is not None and cancel.is_set()
+            if left <= 0 or stopped:
+                why = "cancelled" if stopped else "time limit reached"
+                return AbstractResult("unknown", why, tuple(queries), tuple(sorted(la | lb)),
                                       tuple(tuple(c.ranges for c in cs) for cs in cases), time.perf_counter() - t0)
             q = equivalence_query(f"eq:out{k}:case{ci}", x, y, timeout_s=max(0.1, left))
             if q.result != "unsat":
@@ -204,7 +212,19 @@ def verify(a: Graph, b: Graph, *, trials: int | None = None, seed: int = 0, time
 
 def _verify(a: Graph, b: Graph, ref: FFReference, *, trials: int | None, seed: int, timeout_s: float) -> Verdict:
     check_compatible(a, b)
-    ffr = ff_test(a, b, seed=seed, trials=trials, reference=ref)
+    # the abstract check (Python and Z3, one thread) runs beside the finite-field trials (numpy, which
+    # releases the GIL); it is always joined before returning, so Z3 is never used by two checks at once
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="vm-z3") as pool:
+        cancel = threading.Event()
+        abs_future = pool.submit(contextvars.copy_context().run, abstract_check, a, b, timeout_s=timeout_s,
+                                 cancel=cancel)
+        ffr: FFResult | None = None
+        try:
+            ffr = ff_test(a, b, seed=seed, trials=trials, reference=ref)
+        finally:
+            if ffr is None or ffr.outcome == "differ":
+                cancel.set()  # an error or a refutation does not need the abstract check
+        absr = abs_future.result()
     ffc = _ff_check(ffr)
     if ffr.outcome == "differ":
         cex: dict[str, Any] = {"ff_inputs": ffr.inputs, "ff_field": {"p": ffr.p[-1], "q": ffr.q[-1], "g": ffr.g[-1],
@@ -214,7 +234,6 @@ def _verify(a: Graph, b: Graph, ref: FFReference, *, trials: int | None, seed: i
         except Exception as e:  # the float evaluation is informative only
             cex["float_error"] = str(e)
         return Refuted(f"finite-field test: {ffr.reason}", (ffc,), cex)
-    absr = abstract_check(a, b, timeout_s=timeout_s)
     abc = _abs_check(absr)
     ev = (ffc, abc)
     if ffr.outcome == "equal" and absr.outcome == "proved":
