@@ -459,3 +459,32 @@ def test_superoptimize_verified_small(name: str, tmp_path) -> None:  # type: ign
         c.certificate.save(path)
         v = vm.check_certificate(path)
         assert isinstance(v, vm.Proved), v.summary()
+
+
+# --------------------------------------------------------------------------- loop-range variants
+
+
+def test_variants_add_verified_siblings_of_the_kept_structures() -> None:
+    from verimirage.rewrite.superopt import _structure
+
+    g = vm.benchmarks.get("rmsnorm_linear", batch=1)
+    base = superoptimize(g, verifier=numeric_checker_full, top_k=2, progress=False, cache=False)
+    res = superoptimize(g, verifier=numeric_checker_full, top_k=2, variants=2, progress=False, cache=False)
+    head = [str(c.mugraph) for c in res.candidates[:2]]
+    assert head == [str(c.mugraph) for c in base.candidates]  # the distinct structures are unchanged
+    extra = res.candidates[2:]
+    assert extra, str(res.report)
+    structs = [_structure(c.mugraph) for c in res.candidates[:2]]
+    assert len(set(structs)) == 2
+    seen = {str(c.mugraph) for c in res.candidates}
+    assert len(seen) == len(res.candidates)  # no candidate twice
+    for s in structs:
+        assert sum(_structure(c.mugraph) == s for c in extra) <= 2
+    for c in extra:
+        assert _structure(c.mugraph) in structs
+        assert _same(g, c.mugraph)
+    # siblings of the best structure come first
+    assert _structure(extra[0].mugraph) == structs[0]
+    assert any("variants:" in n for n in res.report.notes)
+    with pytest.raises(ValueError, match="variants"):
+        superoptimize(g, variants=-1)

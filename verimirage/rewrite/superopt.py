@@ -196,6 +196,7 @@ def superoptimize(
     franges: Sequence[int] | None = None,
     max_splits: int = 32,
     top_k: int = 4,
+    variants: int = 0,
     terms_per_class: int = 6,
     max_terms: int = 12,
     max_verify: int | None = None,
@@ -216,7 +217,11 @@ def superoptimize(
     ``rulesets`` (built-in theory names or :class:`Ruleset` objects; default: every default rule),
     ``disable_rules`` (rule or theory names), ``extra_rules`` (user rules, each admitted by
     ``verify_rule`` unless ``trusted=True``); ``grids`` (allowed per-axis block counts) and ``franges``
-    (allowed for-loop ranges), ``max_splits`` (split-KV); ``top_k`` verified candidates to return;
+    (allowed for-loop ranges), ``max_splits`` (split-KV); ``top_k`` verified candidates to return, each
+    a different kernel structure (the grids of its kernels); ``variants``: besides those, up to this many
+    more verified candidates per returned structure that share its grids and differ in loop ranges or
+    block graphs, next best by cost (for a GPU profiler to choose among: the cost model ranks such
+    siblings least reliably); they follow the ``top_k`` in ``candidates``, best structure's first;
     ``terms_per_class`` / ``max_terms`` for extraction; ``max_verify`` candidates to try verifying;
     ``verify_budget_s``: estimated verification time (:func:`verify_estimate_s`, a deterministic model of
     ``vm.verify`` on a 2-core CPU) to spend on candidates after the first verified one (default
@@ -232,6 +237,8 @@ def superoptimize(
         raise GraphError("superoptimize: expected a kernel graph (vm.Graph) without custom kernels")
     if top_k < 1:
         raise ValueError(f"superoptimize: top_k={top_k}; expected >= 1")
+    if variants < 0:
+        raise ValueError(f"superoptimize: variants={variants}; expected >= 0")
     graph.check()
     key = None
     if cache and verifier is None and not extra_rules:
@@ -242,6 +249,7 @@ def superoptimize(
             "rulesets": None if rulesets is None else [r if isinstance(r, str) else r.name for r in rulesets],
             "disable_rules": sorted(disable_rules), "grids": None if grids is None else list(grids),
             "franges": None if franges is None else list(franges), "max_splits": max_splits, "top_k": top_k,
+            "variants": variants,
             "terms_per_class": terms_per_class, "max_terms": max_terms, "max_verify": max_verify,
             "verify_budget_s": verify_budget_s, "hardware": repr(hardware), "calibration": repr(calibration),
             "profile": profile, "seed": seed,
@@ -255,7 +263,8 @@ def superoptimize(
             return hit
     result = _search(graph, time_budget_s=time_budget_s, node_limit=node_limit, iter_limit=iter_limit,
                      rulesets=rulesets, disable_rules=disable_rules, extra_rules=extra_rules, grids=grids,
-                     franges=franges, max_splits=max_splits, top_k=top_k, terms_per_class=terms_per_class,
+                     franges=franges, max_splits=max_splits, top_k=top_k, variants=variants,
+                     terms_per_class=terms_per_class,
                      max_terms=max_terms, max_verify=max_verify, verify_budget_s=verify_budget_s, hardware=hardware,
                      calibration=calibration, profile=profile, seed=seed, progress=progress,
                      verify_timeout_s=verify_timeout_s, verifier=verifier)
@@ -279,6 +288,7 @@ def _search(
     franges: Sequence[int] | None,
     max_splits: int,
     top_k: int,
+    variants: int,
     terms_per_class: int,
     max_terms: int,
     max_verify: int | None,
@@ -439,6 +449,22 @@ def _search(
         # keep the last slot for a max-shifted (numerically safe) candidate when the pool has one
         safe_in_pool = top_k > 1 and any(_max_shifted(p[1].mugraph) for p in pool)
         est_spent = 0.0
+
+        def within_budget(entry: tuple[Any, ...]) -> bool:
+            """Whether the time and verification budgets allow verifying ``entry`` (sets the stop reason)."""
+            nonlocal est_spent
+            if time.perf_counter() - t_start > time_budget_s and cands:
+                rep.stop_reason = "time budget"
+                return False
+            est = verify_estimate_s(graph, entry[1].mugraph, entry[2])
+            if cands and est_spent + est > verify_budget:
+                rep.stop_reason = (f"verification budget ({verify_budget:.0f} s estimated for candidates after the "
+                                   f"first; the next needs ~{est:.0f} s)")
+                return False
+            if cands:
+                est_spent += est
+            return True
+
         for entry in pool:
             if len(cands) >= top_k:
                 break
@@ -451,26 +477,36 @@ def _search(
             if tried >= max_verify:
                 rep.stop_reason = f"verification attempt limit ({max_verify})"
                 break
-            if time.perf_counter() - t_start > time_budget_s and cands:
-                rep.stop_reason = "time budget"
+            if not within_budget(entry):
                 break
-            est = verify_estimate_s(graph, entry[1].mugraph, entry[2])
-            if cands and est_spent + est > verify_budget:
-                rep.stop_reason = (f"verification budget ({verify_budget:.0f} s estimated for candidates after the "
-                                   f"first; the next needs ~{est:.0f} s)")
-                break
-            if cands:
-                est_spent += est
             tried += 1
             n_before = len(cands)
             attempt(entry)
             if len(cands) > n_before:
                 shapes_seen.add(shape_key)
+        if len(cands) < top_k and tried < max_verify and rep.stop_reason == "enough candidates verified":
+            rep.stop_reason = "search space exhausted"
+        # siblings of the kept structures (same grids; other loop ranges or block graphs), best structure first
+        if variants and cands and rep.stop_reason in ("enough candidates verified", "search space exhausted"):
+            n_distinct, n_var = len(cands), 0
+            for k in range(n_distinct):
+                struct = _structure(cands[k].mugraph)
+                sibs = [e for e in pool if id(e) not in tried_keys and _structure(e[1].mugraph) == struct]
+                got = 0
+                for entry in sibs[: 2 * variants]:  # a sibling that fails verification costs a slot's worth
+                    if got >= variants or not within_budget(entry):
+                        break
+                    n_before = len(cands)
+                    attempt(entry)
+                    got += len(cands) - n_before
+                n_var += got
+                if rep.stop_reason not in ("enough candidates verified", "search space exhausted"):
+                    break
+            rep.notes.append(f"variants: {n_var} loop-range/block-graph sibling(s) of the {n_distinct} "
+                             "structure(s) verified")
         if not cands and baseline is not None and id(baseline) not in tried_keys:
             rep.notes.append("no candidate verified within the limits; tried the unfused baseline")
             attempt(baseline)
-        if len(cands) < top_k and tried < max_verify and rep.stop_reason == "enough candidates verified":
-            rep.stop_reason = "search space exhausted"
         rep.verified = len(cands)
         t0 = tick("verify", t0)
 
