@@ -108,6 +108,29 @@ def test_second_search_is_served_from_the_cache(tmp_path: Path, monkeypatch: pyt
     assert vm.superoptimize(g, top_k=1).report.stop_reason != "served from the search cache"
 
 
+def test_code_digest_is_part_of_the_cache_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A change to verimirage's search code (cost model, partitioner, rules) must not be served stale results."""
+    digest = search_cache.code_digest()
+    assert len(digest) == 64 and digest == search_cache.code_digest()
+    g = vm.Graph()
+    x = g.input("x", (16, 32), vm.float16)
+    w = g.input("w", (32, 16), vm.float16)
+    g.output(g.relu(g.matmul(x, w)))
+    k1 = search_cache.cache_key(g, {"top_k": 1})
+    monkeypatch.setattr(search_cache, "code_digest", lambda: "0" * 64)
+    assert search_cache.cache_key(g, {"top_k": 1}) != k1
+    monkeypatch.undo()
+
+    monkeypatch.setenv("VERIMIRAGE_CACHE_DIR", str(tmp_path))
+    first = vm.superoptimize(g, top_k=1)
+    assert first.report.stop_reason != "served from the search cache"
+    assert vm.superoptimize(g, top_k=1).report.stop_reason == "served from the search cache"
+    monkeypatch.setattr(search_cache, "code_digest", lambda: "0" * 64)  # "the code changed"
+    again = vm.superoptimize(g, top_k=1)
+    assert again.report.stop_reason != "served from the search cache"
+    assert len(_entry_files(tmp_path)) == 2
+
+
 def _entry_files(root: Path) -> list[Path]:
     return sorted((root / "search").glob("*.json"))
 

@@ -4,8 +4,11 @@ Entries live under ``$VERIMIRAGE_CACHE_DIR/search`` (default
 ``~/.cache/verimirage/search``), one JSON file per key, written atomically
 (:mod:`verimirage.backend.cache`, which imports neither torch nor triton).
 The key covers the graph's canonical text (so shapes and dtypes), every
-search option that changes the result, and the versions of verimirage, z3,
-egglog and triton. An entry holds, per candidate, the μGraph text, cost,
+search option that changes the result, the versions of verimirage, z3,
+egglog and triton, and a digest of verimirage's own code that decides a
+search result (:func:`code_digest`: the ``.py`` files of ``ir``, ``rewrite``
+and ``smt``), so a change to the cost model, the partitioner or a rule is a
+miss even when the version number stays the same. An entry holds, per candidate, the μGraph text, cost,
 rules and certificate, plus a SHA-256 of all of it.
 
 On read an entry is checked before anything is served: the checksum, that
@@ -19,9 +22,11 @@ runs again.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
+from pathlib import Path
 from typing import Any
 
 from ..ir.errors import GraphError
@@ -38,12 +43,40 @@ def _store() -> Any:
     return DiskCache("search")
 
 
+#: Subpackages of verimirage whose code decides what a search returns (lifting, rules, saturation,
+#: extraction, cost model, partitioner, verifier, certificates, and the IR they all share).
+CODE_PACKAGES = ("ir", "rewrite", "smt")
+
+
+@functools.lru_cache(maxsize=1)
+def _code_digest() -> str:
+    root = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    files = sorted(
+        (p.relative_to(root).as_posix(), p) for pkg in CODE_PACKAGES for p in (root / pkg).rglob("*.py")
+    )
+    for rel, p in files:
+        data = p.read_bytes()
+        h.update(f"{rel}\0{len(data)}\0".encode())
+        h.update(data)
+    return h.hexdigest()
+
+
+def code_digest() -> str:
+    """SHA-256 of the ``.py`` sources of :data:`CODE_PACKAGES` (relative path and bytes, sorted by path).
+
+    Computed once per process; part of every :func:`cache_key`.
+    """
+    return _code_digest()
+
+
 def cache_key(graph: Graph, options: dict[str, Any]) -> str:
     """The cache key of a search of ``graph`` with ``options`` (JSON-able values)."""
     from ..backend.cache import key_of
     from ..smt.certificate import tool_versions
 
-    return key_of({"format": FORMAT, "graph": str(graph), "options": options, "versions": tool_versions()})
+    return key_of({"format": FORMAT, "graph": str(graph), "options": options, "versions": tool_versions(),
+                   "code": code_digest()})
 
 
 def _checksum(cands: list[dict[str, Any]]) -> str:
