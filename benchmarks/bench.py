@@ -224,7 +224,8 @@ def main() -> int:
     ap.add_argument("--batches", nargs="*", type=int, default=[1, 8])
     ap.add_argument("--out", default=os.environ.get("OUT") or str(Path(__file__).parent / "results"))
     ap.add_argument("--no-inductor", action="store_true")
-    ap.add_argument("--top-k", type=int, default=6)
+    ap.add_argument("--top-k", type=int, default=12,
+                    help="candidates to profile, in file order (distinct structures first, then their variants)")
     ap.add_argument("--configs", type=int, default=4, help="how many of profile.DEFAULT_CONFIGS to sweep")
     ap.add_argument("--candidates", type=Path, default=None,
                     help="directory of candidate files from benchmarks/prepare_candidates.py (default: search here)")

@@ -1,9 +1,11 @@
 """Search and verify every suite case here (a CPU machine); write the candidates for the GPU harness.
 
-    python benchmarks/prepare_candidates.py [--cases ...] [--batches 1 8] [--top-k 6] [--out benchmarks/candidates]
+    python benchmarks/prepare_candidates.py [--cases ...] [--batches 1 8] [--top-k 6] [--variants 1]
+                                            [--out benchmarks/candidates]
 
 One JSON file per case: the graph's text, the search time and the verified candidates (μGraph text, cost
-estimate, rules). ``benchmarks/bench.py --candidates DIR`` profiles them on the GPU and keeps the fastest.
+estimate, rules): the ``top_k`` distinct kernel structures first, then up to ``variants`` verified
+loop-range siblings of each (``vm.superoptimize(variants=...)``). ``benchmarks/bench.py --candidates DIR`` profiles them on the GPU and keeps the fastest.
 """
 
 from __future__ import annotations
@@ -23,6 +25,11 @@ def main() -> int:
     ap.add_argument("--cases", nargs="*", default=vm.benchmarks.names())
     ap.add_argument("--batches", nargs="*", type=int, default=[1, 8])
     ap.add_argument("--top-k", type=int, default=6)
+    ap.add_argument("--variants", type=int, default=1, help="loop-range siblings per structure (superoptimize)")
+    ap.add_argument("--time-budget-s", type=float, default=240.0, help="superoptimize's time budget")
+    ap.add_argument("--verify-budget-s", type=float, default=120.0,
+                    help="superoptimize's estimated verification budget (its default, half the time budget, "
+                    "keeps batch-8 attention to ~3 candidates)")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "candidates")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
@@ -32,12 +39,17 @@ def main() -> int:
         for name in args.cases:
             g = vm.benchmarks.get(name, batch=b)
             t0 = time.perf_counter()
-            res = vm.superoptimize(g, top_k=args.top_k, cache=False)
+            res = vm.superoptimize(g, top_k=args.top_k, variants=args.variants, time_budget_s=args.time_budget_s,
+                                  verify_budget_s=args.verify_budget_s, cache=False)
             dt = time.perf_counter() - t0
             doc = {
                 "case": f"{name}_bs{b}",
                 "graph": str(g),
                 "search_s": dt,
+                "top_k": args.top_k,
+                "variants": args.variants,
+                "time_budget_s": args.time_budget_s,
+                "verify_budget_s": args.verify_budget_s,
                 "candidates": [
                     {"mugraph": str(c.mugraph), "kernels": c.num_kernels, "cost_us": c.cost.time_s * 1e6,
                      "rules": list(c.rules), "verdict": c.verdict.summary() if hasattr(c.verdict, "summary")
