@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..ir.graph import BlockGraph, Graph, MuGraph, node_list
 from ..ir.ops import LOOP_OPS, TensorType
@@ -188,26 +189,38 @@ def cost(g: Graph, hw: Hardware = H100, cal: Calibration = Calibration()) -> Cos
     """Estimate for a kernel graph or μGraph.
 
     Kernel-level ops outside custom kernels are costed as the backend will run them: each wrapped in
-    its default block graph (:func:`verimirage.backend.wrap.to_kernels`, pure Python).
+    its default block graph (:func:`verimirage.backend.wrap.default_block`, pure Python). Only custom
+    kernels (the search's block graphs) can be infeasible for shared memory: a wrapped kernel-level op is
+    how the backend runs that op whatever the size (its tiles live in registers; e.g. qknorm_gqa's
+    ``rms_norm`` of K over axis 1, a 64 x 1024 tile modelled at 256 KB, compiles for sm_90 with 8 KB of
+    shared memory), so the unfused baseline is always a candidate.
     """
-    if any(n.op not in ("input", "custom") for n in node_list(g)):
-        try:
-            from ..backend.wrap import to_kernels
-
-            g = to_kernels(g if isinstance(g, MuGraph) else MuGraph.from_graph(g))
-        except Exception:  # no backend, or an op it cannot wrap: fall back to the flat estimate below
-            pass
     nodes = node_list(g)
+
+    def arg_types(n: Any) -> list[TensorType]:
+        return [nodes[a].outs[k] for a, k in n.args]
+
+    wrapped: dict[int, BlockGraph] = {}
+    if any(n.op not in ("input", "custom") for n in nodes):
+        try:
+            from ..backend.wrap import default_block
+
+            wrapped = {i: default_block(n, arg_types(n)) for i, n in enumerate(nodes)
+                       if n.op not in ("input", "custom")}
+        except Exception:  # no backend, or an op it cannot wrap: fall back to the flat estimate below
+            wrapped = {}
     ks: list[KernelCost] = []
     reason = ""
-    for n in nodes:
+    for i, n in enumerate(nodes):
         if n.op == "input":
             continue
-        in_types = [nodes[a].outs[k] for a, k in n.args]
+        in_types = arg_types(n)
         if n.op == "custom":
             kc = block_cost(n.attr("block"), in_types, n.outs, hw, cal)
             if kc.smem > hw.smem_per_block and not reason:
                 reason = f"a block needs {kc.smem / 1024:.0f} KB of shared memory (> {hw.smem_per_block // 1024} KB)"
+        elif i in wrapped:
+            kc = block_cost(wrapped[i], in_types, n.outs, hw, cal)
         else:
             out = n.outs[0]
             nbytes = sum(_bytes(t) for t in in_types) + _bytes(out)
