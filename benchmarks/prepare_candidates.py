@@ -5,7 +5,8 @@
 
 One JSON file per case: the graph's text, the search time and the verified candidates (μGraph text, cost
 estimate, rules): the ``top_k`` distinct kernel structures first, then up to ``variants`` verified
-loop-range siblings of each (``vm.superoptimize(variants=...)``). ``benchmarks/bench.py --candidates DIR`` profiles them on the GPU and keeps the fastest.
+loop-range siblings of each (``vm.superoptimize(variants=...)``).
+``benchmarks/bench.py --candidates DIR`` profiles them on the GPU and keeps the fastest.
 """
 
 from __future__ import annotations
