@@ -91,3 +91,69 @@ def test_verify_refutes_with_the_abstract_check_cancelled(monkeypatch: pytest.Mo
     assert isinstance(v, vm.Refuted)
     assert [c.name for c in v.evidence] == ["finite-field"]
     assert isinstance(vm.verify(*_attention(False)), vm.Proved)
+
+
+class _Finalised:
+    """Cyclic garbage that records the thread that finalised it (egglog e-graphs must be dropped on
+    the thread that made them; a worker thread's collection leaks them with an unraisable error)."""
+
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+        self.me = self
+
+    def __del__(self) -> None:
+        self.log.append(threading.current_thread().name)
+
+
+def test_verify_runs_its_threads_with_collection_held_off_after_collecting_on_the_caller(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import gc
+
+    from verimirage.smt import verify as verify_mod
+
+    seen: list[tuple[str, bool, list[str]]] = []
+    log: list[str] = []
+    real_abs, real_trials = verify_mod.abstract_check, ff._run_trials
+
+    def abs_spy(*a, **k):  # type: ignore[no-untyped-def]
+        seen.append(("abstract", gc.isenabled(), list(log)))
+        return real_abs(*a, **k)
+
+    def trials_spy(trial, n, workers):  # type: ignore[no-untyped-def]
+        def spied(ti: int):  # type: ignore[no-untyped-def]
+            seen.append(("trial", gc.isenabled(), list(log)))
+            return trial(ti)
+
+        return real_trials(spied, n, max(2, workers))
+
+    monkeypatch.setattr(verify_mod, "abstract_check", abs_spy)
+    monkeypatch.setattr(ff, "_run_trials", trials_spy)
+    g = vm.benchmarks.get("lora", batch=1, small=True)
+    gc.collect()
+    _Finalised(log)  # unreachable at once, freed only by a collection
+    assert log == []
+    assert isinstance(verify_mod.verify(g, g), vm.Proved)
+    caller = threading.current_thread().name
+    assert {kind for kind, _, _ in seen} == {"abstract", "trial"}
+    for kind, enabled, freed in seen:  # worker threads never collect; the garbage went first, on the caller
+        assert not enabled, kind
+        assert freed == [caller], kind
+    assert gc.isenabled()
+
+
+def test_collect_here_nests_and_leaves_a_disabled_gc_alone() -> None:
+    import gc
+
+    with ff.collect_here():
+        assert not gc.isenabled()
+        with ff.collect_here():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with ff.collect_here():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

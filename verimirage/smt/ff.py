@@ -71,6 +71,7 @@ import contextlib
 import contextvars
 import ctypes
 import dataclasses
+import gc
 import glob
 import logging
 import math
@@ -1125,11 +1126,28 @@ def ff_workers(trials: int, nbytes: int) -> int:
     return max(1, min(n, trials, PARALLEL_BYTES // max(1, nbytes)))
 
 
+@contextlib.contextmanager
+def collect_here() -> Iterator[None]:
+    """Collect cyclic garbage on the calling thread, then hold automatic collection off until the block
+    ends (worker threads started inside it then never run a collection). Objects that must be freed on
+    the thread that made them (egglog's e-graphs, left in cycles by a search) are otherwise dropped by
+    whichever worker thread happens to trigger a collection, which egglog refuses (and leaks them)."""
+    if not gc.isenabled():  # nested, or the caller manages collection itself
+        yield
+        return
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
 def _run_trials(trial: Callable[[int], FFResult | None], n: int, workers: int) -> FFResult | None:
     """Run ``trial(0) .. trial(n - 1)`` (``workers`` at a time) and return the first (lowest-index)
     non-None result, or None. No trial starts after an earlier one returned a result (those already
     running finish); the answer does not depend on ``workers`` (trials are independent and deterministic)."""
-    with _one_blas_thread():  # once for all threads: per-call set/restore would race between them
+    with _one_blas_thread(), collect_here():  # once for all threads: per-call set/restore would race
         if workers <= 1:
             for ti in range(n):
                 r = trial(ti)

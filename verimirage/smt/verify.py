@@ -30,7 +30,7 @@ from ..ir.graph import Graph
 from ..ir.interpret import evaluate
 from . import abstract as A
 from . import expr as E
-from .ff import FFReference, FFResult, ff_test
+from .ff import FFReference, FFResult, collect_here, ff_test
 from .verdict import Check, Proved, Refuted, Unknown, Verdict
 from .z3enc import Query, equivalence_query
 
@@ -214,7 +214,7 @@ def _verify(a: Graph, b: Graph, ref: FFReference, *, trials: int | None, seed: i
     check_compatible(a, b)
     # the abstract check (Python and Z3, one thread) runs beside the finite-field trials (numpy, which
     # releases the GIL); it is always joined before returning, so Z3 is never used by two checks at once
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="vm-z3") as pool:
+    with collect_here(), concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="vm-z3") as pool:
         cancel = threading.Event()
         abs_future = pool.submit(contextvars.copy_context().run, abstract_check, a, b, timeout_s=timeout_s,
                                  cancel=cancel)
