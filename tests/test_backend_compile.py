@@ -97,3 +97,32 @@ def test_golden_source(name: str) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(src)
     assert src == path.read_text(), f"generated source of {name} changed; see the module docstring"
+
+
+CODEGEN_CASES = Path(__file__).parent / "cases" / "codegen"
+
+
+def _case(path: Path) -> vm.MuGraph:
+    text = "\n".join(line for line in path.read_text().splitlines() if not line.startswith("#"))
+    return vm.MuGraph.parse(text)
+
+
+def test_full_size_attention_kernels_compile_specialised_and_pipeline(tmp_path: Path) -> None:
+    # Kernels the search produced at full size, compiled as the GPU's JIT specialises them (contiguous,
+    # 16-aligned: the pipeliner then makes asynchronous copies). *_layout_crash: a load squeezed to rank 2
+    # beside a reshaped operand of the same tl.dot failed Triton 3.6's TritonGPURemoveLayoutConversions;
+    # one_head_per_block_unpipelined: rank-3 loads reshaped before tl.dot were never turned into cp.async.
+    cases = sorted(CODEGEN_CASES.glob("*.mugraph"))
+    assert len(cases) >= 4
+    paths: dict[str, Path] = {}
+    for case in cases:
+        for label, tiles in (("rank2", TileOptions(dot_min_m=16)), ("batch1", TileOptions(dot_min_m=16,
+                                                                                          dot_batch1=True))):
+            paths[f"{case.stem}/{label}"] = write_module(generate(_case(case), tiles), tmp_path)
+    report = compile_modules(list(paths.values()))
+    failures = [f"{label}/{k}: {r['error']}" for label, p in paths.items() for k, r in report[str(p)].items()
+                if not r["ok"]]
+    assert not failures, "\n".join(failures)
+    for label in ("rank2", "batch1"):
+        (r,) = report[str(paths[f"one_head_per_block_unpipelined/{label}"])].values()
+        assert r["cp_async"] > 0, label

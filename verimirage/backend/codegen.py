@@ -55,7 +55,7 @@ from . import lowering as _lowering  # noqa: F401  (registers the triton domain)
 from .wrap import to_kernels
 
 #: Version of the generator: part of every cache key (bump when generated code changes).
-CODEGEN_VERSION = "2"
+CODEGEN_VERSION = "3"
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,11 @@ class TileOptions:
     #: loads of inputs no other block re-reads (every grid axis with several blocks indexes them) carry
     #: ``eviction_policy="evict_first"``: streamed once, they need not displace re-read tiles in L2
     evict_once: bool = False
+    #: products of rank-3 tiles with one batch element are emitted as batch-1 ``tl.dot`` on the rank-3
+    #: values (no ``tl.reshape`` around the dot, so Triton's pipeliner turns both operands' loads into
+    #: asynchronous copies; batched dots use mma.sync, never wgmma). Off: such products are rank-2 dots,
+    #: block inputs feeding only them are loaded squeezed to rank 2 where that keeps the dot reshape-free
+    dot_batch1: bool = False
 
     def __post_init__(self) -> None:
         for k in ("dot_min_m", "dot_min_nk"):
@@ -106,7 +111,8 @@ class LaunchConfig:
         t = self.tiles
         u = "" if t.unroll_max == 16 else f"u{t.unroll_max}"
         e = "e1" if t.evict_once else ""
-        return f"w{self.num_warps}s{self.num_stages}m{t.dot_min_m}n{t.dot_min_nk}{t.fp32_precision}{u}{e}"
+        b = "b1" if t.dot_batch1 else ""
+        return f"w{self.num_warps}s{self.num_stages}m{t.dot_min_m}n{t.dot_min_nk}{t.fp32_precision}{u}{e}{b}"
 
 
 @dataclass(frozen=True)
@@ -194,6 +200,8 @@ class _KernelGen:
         self.dot_nk: set[Any] = set()
         self.uses_dot = False
         self.tmp = 0
+        #: names of block inputs loaded without their size-1 dims -> the rank-2 shape they have
+        self.squeezed: dict[str, tuple[int, ...]] = {}
 
     # ------------------------------------------------------------------ dim classes and padding
     def _keys(self, vid: Any, t: TensorType) -> list[Any]:
@@ -319,8 +327,12 @@ class _KernelGen:
         lines.append(f"{y} = tl.where({self._mask(t.rank, axis, t.shape[axis], p[axis])}, {x}, {fill})")
         return y
 
-    def load(self, i: int, p: tuple[int, ...], axis: int | None = None, start: int = 0) -> tuple[str, str | None]:
-        """Pointer and mask text of the tile of block input ``i`` (shifted by ``start`` along ``axis``)."""
+    def load(self, i: int, p: tuple[int, ...], axis: int | None = None, start: int = 0,
+             squeeze: bool = False) -> tuple[str, str | None]:
+        """Pointer and mask text of the tile of block input ``i`` (shifted by ``start`` along ``axis``).
+
+        With ``squeeze`` the tile's size-1 dims are dropped (their offsets become scalar terms): the
+        pointer tensor has only the dims of size > 1."""
         n = self.bg.nodes[i]
         k = n.attr("arg")
         shape = n.attr("shape")
@@ -328,6 +340,8 @@ class _KernelGen:
         fmap = n.attr("fmap")
         t = n.outs[0].shape
         r = len(t)
+        kept = [d for d in range(r) if not (squeeze and p[d] == 1)]
+        rr = len(kept)
         terms, masks = [], []
         for d in range(r):
             off = []
@@ -340,19 +354,24 @@ class _KernelGen:
                 off.append(f"{-start}")
             if p[d] == 1 and not off:
                 continue
-            idx = " + ".join([*off, f"tl.arange(0, {p[d]}){_lift(r, d)}"])
+            if d not in kept:  # a size-1 dim of a squeezed tile: a scalar offset
+                terms.append(f"({' + '.join(off)}) * a{k}_s{d}")
+                continue
+            j = kept.index(d)
+            idx = " + ".join([*off, f"tl.arange(0, {p[d]}){_lift(rr, j)}"])
             terms.append(f"({idx}) * a{k}_s{d}")
             if d == axis and (start or p[d] != t[d]):
-                masks.append(self._mask(r, d, t[d], p[d], start))
+                masks.append(self._mask(rr, j, t[d], p[d], start))
             elif p[d] != t[d]:
-                masks.append(self._mask(r, d, t[d], p[d]))
+                masks.append(self._mask(rr, j, t[d], p[d]))
         if not terms:
-            terms.append(f"tl.zeros({_shape_text(p)}, tl.int32)")
+            terms.append(f"tl.zeros({_shape_text([p[d] for d in kept])}, tl.int32)")
         ptr = f"a{k}_ptr + " + " + ".join(terms)
         return ptr, (" & ".join(masks) if masks else None)
 
-    def load_expr(self, i: int, p: tuple[int, ...], axis: int | None = None, start: int = 0) -> str:
-        ptr, mask = self.load(i, p, axis, start)
+    def load_expr(self, i: int, p: tuple[int, ...], axis: int | None = None, start: int = 0,
+                  squeeze: bool = False) -> str:
+        ptr, mask = self.load(i, p, axis, start, squeeze)
         m = f", mask={mask}, other=0.0" if mask else ""
         if self.opts.evict_once and self.read_once(i):
             m += ', eviction_policy="evict_first"'
@@ -368,13 +387,15 @@ class _KernelGen:
                     pa: tuple[int, ...], pb: tuple[int, ...], po: tuple[int, ...], acc: str | None) -> str:
         """Lines computing ``a @ b`` (plus ``acc`` if given); returns the result's name."""
         r = len(po)
-        if len(pa) < r:
+        # operands loaded squeezed (see dot_operand_inputs) already have the rank-2 shape tl.dot takes
+        a_sq, b_sq = a in self.squeezed, b in self.squeezed
+        if len(pa) < r and not a_sq:
             pa = (1,) * (r - len(pa)) + pa
             a2 = self.fresh("a")
             lines.append(f"{a2} = tl.reshape({a}, {_shape_text(pa)})")
             a = a2
             ta = TensorType((1,) * (r - ta.rank) + ta.shape, ta.dtype)
-        if len(pb) < r:
+        if len(pb) < r and not b_sq:
             pb = (1,) * (r - len(pb)) + pb
             b2 = self.fresh("b")
             lines.append(f"{b2} = tl.reshape({b}, {_shape_text(pb)})")
@@ -382,10 +403,12 @@ class _KernelGen:
             tb = TensorType((1,) * (r - tb.rank) + tb.shape, tb.dtype)
         m, k, nn = ta.shape[-2], ta.shape[-1], tb.shape[-1]
         out = self.fresh("d")
-        if k > 1:
-            a = self.sanitize(lines, a, ta, pa, r - 1, "0.0")
-            b = self.sanitize(lines, b, tb, pb, r - 2, "0.0")
+        if k > 1:  # (a squeezed operand is a fresh load: its padding is already 0)
+            a = a if a_sq else self.sanitize(lines, a, ta, pa, r - 1, "0.0")
+            b = b if b_sq else self.sanitize(lines, b, tb, pb, r - 2, "0.0")
         if not (m > 1 and k > 1 and nn > 1):
+            if a_sq or b_sq:  # pragma: no cover - dot_operand_inputs only squeezes operands of tl.dot
+                raise GraphError("codegen: internal error (squeezed operand of a degenerate product)")
             # a degenerate product (a row, a column or an outer product): broadcast multiply and sum
             lhs = f"{a}[{', '.join([':'] * r + ['None'])}]"
             rhs = f"{b}[{', '.join([':'] * (r - 2) + ['None', ':', ':'])}]"
@@ -400,12 +423,16 @@ class _KernelGen:
         s_a: tuple[int, ...]
         s_b: tuple[int, ...]
         s_o: tuple[int, ...]
-        if nb == 1:
+        if nb == 1 and not (self.opts.dot_batch1 and r == 3):
             s_a, s_b, s_o = (pm, pk), (pk, pn), (pm, pn)
         else:
             s_a, s_b, s_o = (nb, pm, pk), (nb, pk, pn), (nb, pm, pn)
 
         def shaped(x: str, have: tuple[int, ...], full: tuple[int, ...], want: tuple[int, ...]) -> str:
+            if x in self.squeezed:
+                if self.squeezed[x] != want:  # pragma: no cover - guarded by dot_operand_inputs
+                    raise GraphError(f"codegen: internal error (squeezed {x} is {self.squeezed[x]}, not {want})")
+                return x
             if have != full:
                 x = f"tl.broadcast_to({x}, {_shape_text(full)})"
             if full != want:
@@ -467,6 +494,51 @@ class _KernelGen:
         lines.append(f"{v} = {fn(args, attrs, in_types, [ot])}")
         name[vid_of(i, 0)] = v
 
+    def dot_operand_inputs(self, live: set[int], uses: dict[int, list[int]]) -> set[int]:
+        """Block inputs loaded straight into their rank-2 ``tl.dot`` shape.
+
+        An input whose every use is as an operand of a matmul lowered to one unbatched ``tl.dot``
+        (every batch dim of the product is 1) is loaded without its size-1 dims. Loading it with them
+        and reshaping before the dot gives the same values, but Triton's software pipeliner does not
+        follow a load through ``tl.reshape``: the load is then not turned into an asynchronous copy into
+        shared memory, and the loop streams with plain loads (measured: no ``cp.async`` in the PTX)."""
+        nodes = self.bg.nodes
+        outs = {a for a, _ in self.bg.outputs}
+        found = set()
+        for i, n in enumerate(nodes):
+            if n.op != "input" or i not in live or i in outs or not uses.get(i):
+                continue
+            ok = True
+            for u in uses[i]:
+                m = nodes[u]
+                if m.op != "matmul":
+                    ok = False
+                    break
+                ta, tb = (nodes[a].outs[k] for a, k in m.args)
+                po = self.padded((u, 0), m.outs[0])
+                p_in = self.padded((i, 0), n.outs[0])
+                if not (ta.shape[-2] > 1 and ta.shape[-1] > 1 and tb.shape[-1] > 1):
+                    ok = False  # a degenerate product (broadcast multiply): keeps the full rank
+                elif math.prod(po[:-2]) != 1 or any(x != 1 for x in p_in[:-2]):
+                    ok = False  # a batched tl.dot takes rank-3 operands
+            if ok:
+                found.add(i)
+        # Both operands of each such tl.dot must be rank-2 without a reshape: a squeezed load beside an
+        # operand reshaped from a rank-3 value breaks Triton 3.6's layout pass (TritonGPURemoveLayoutConversions
+        # fails on e.g. the online-softmax P @ V with P reshaped and V squeezed), so such an input keeps its rank.
+        changed = True
+        while changed:
+            changed = False
+            for i in sorted(found):
+                for u in uses[i]:
+                    m = nodes[u]
+                    others = [a for a, _ in m.args if a != i]
+                    if any(a not in found and nodes[a].outs[0].rank > 2 for a in others):
+                        found.discard(i)
+                        changed = True
+                        break
+        return found
+
     # ------------------------------------------------------------------ the kernel
     def generate(self) -> str:
         bg = self.bg
@@ -511,6 +583,7 @@ class _KernelGen:
                     if nodes[a].op == "matmul" and uses.get(a) == [i] and (a, 0) not in set(bg.outputs):
                         dot_acc[a] = i
 
+        squeeze = set() if self.opts.dot_batch1 else self.dot_operand_inputs(live, uses)
         name: dict[Any, str] = {}
         pre: list[str] = []
         body: list[str] = []
@@ -524,8 +597,11 @@ class _KernelGen:
             po = self.padded((i, 0), ot)
             sect = pre if (invariant[i] or not looped) else postl if post[i] else body
             if n.op == "input":
-                sect.append(f"v{i} = {self.load_expr(i, po)}")
+                sq = i in squeeze
+                sect.append(f"v{i} = {self.load_expr(i, po, squeeze=sq)}")
                 name[(i, 0)] = f"v{i}"
+                if sq:
+                    self.squeezed[f"v{i}"] = tuple(po[-2:])
             elif i in direct_concat:
                 ax = n.attr("axis")
                 terms, start = [], 0

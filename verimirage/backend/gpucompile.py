@@ -26,7 +26,9 @@ from typing import Any
 def compile_modules(paths: Sequence[Path | str], *, arch: int = 90, timeout_s: float = 600.0) -> dict[str, Any]:
     """Compile every kernel of the generated modules at ``paths`` for sm_``arch`` in a subprocess.
 
-    Returns ``{path: {kernel: {"ok", "wgmma", "mma", "error"}}}``.
+    Each kernel is compiled twice: unspecialised, and specialised as Triton's JIT does for contiguous,
+    16-aligned tensors (:func:`specialize`). Returns ``{path: {kernel: {"ok", "wgmma", "mma", "cp_async",
+    "error"}}}`` (``ok``: both compiled; ``cp_async``: asynchronous copies in the specialised PTX).
     """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     cmd = [sys.executable, "-m", "verimirage.backend.gpucompile", "--arch", str(arch), *map(str, paths)]
@@ -36,6 +38,26 @@ def compile_modules(paths: Sequence[Path | str], *, arch: int = 90, timeout_s: f
     if res.returncode != 0:
         raise RuntimeError(f"sm_{arch} compile subprocess failed (rc {res.returncode}):\n{res.stderr[-4000:]}")
     return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def specialize(signature: dict[str, str]) -> tuple[dict[str, str], dict[str, int], dict[tuple[int, ...], Any]]:
+    """The signature, constexprs and attributes Triton's JIT gives a kernel launched on contiguous tensors
+    whose sizes are multiples of 16: each tensor's last stride is the constant 1, pointers and the other
+    strides are divisible by 16. (Only then does the pipeliner turn loads into ``cp.async`` copies, and some
+    layout passes run only then: a kernel must compile this way as well as unspecialised.)"""
+    last: dict[str, int] = {}
+    for a in signature:
+        if "_s" in a:
+            base, d = a.rsplit("_s", 1)
+            last[base] = max(last.get(base, -1), int(d))
+    sig, consts, attrs = dict(signature), {}, {}
+    for i, (a, t) in enumerate(signature.items()):
+        if "_s" in a and int(a.rsplit("_s", 1)[1]) == last[a.rsplit("_s", 1)[0]]:
+            sig[a] = "constexpr"
+            consts[a] = 1
+        elif t.startswith("*") or t == "i32":
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    return sig, consts, attrs
 
 
 def _compile_one(path: str, arch: int) -> dict[str, Any]:
@@ -51,12 +73,18 @@ def _compile_one(path: str, arch: int) -> dict[str, Any]:
     for name, sig in mod.SIGNATURES.items():
         fn = getattr(mod, name)
         opts = dict(mod.LAUNCH.get(name, {}))
-        try:
-            k = triton.compile(ASTSource(fn, dict(sig), {}), target=GPUTarget("cuda", arch, 32), options=opts)
-            ptx = k.asm["ptx"]
-            out[name] = {"ok": True, "wgmma": "wgmma" in ptx, "mma": "mma.sync" in ptx, "error": ""}
-        except Exception as e:  # report, do not stop: the caller asserts
-            out[name] = {"ok": False, "wgmma": False, "mma": False, "error": f"{type(e).__name__}: {e}"[-2000:]}
+        rep: dict[str, Any] = {"ok": True, "wgmma": False, "mma": False, "cp_async": 0, "error": ""}
+        for label, src in (("plain", ASTSource(fn, dict(sig), {})), ("specialised", ASTSource(fn, *specialize(sig)))):
+            try:
+                ptx = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=opts).asm["ptx"]
+            except Exception as e:  # report, do not stop: the caller asserts
+                rep.update(ok=False, error=rep["error"] + f"[{label}] {type(e).__name__}: {e}"[-2000:])
+                continue
+            rep["wgmma"] |= "wgmma" in ptx
+            rep["mma"] |= "mma.sync" in ptx
+            if label == "specialised":
+                rep["cp_async"] = ptx.count("cp.async.cg") + ptx.count("cp.async.ca")
+        out[name] = rep
     return out
 
 

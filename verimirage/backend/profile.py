@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 DEFAULT_CONFIGS: tuple[LaunchConfig, ...] = (
     LaunchConfig(tuned=True),
     LaunchConfig(4, 3, TileOptions(dot_min_m=16)),
+    LaunchConfig(4, 3, TileOptions(dot_min_m=16, dot_batch1=True)),
     LaunchConfig(4, 4, TileOptions(dot_min_m=16)),
     LaunchConfig(4, 3),
 )
