@@ -50,7 +50,9 @@ def specialize(signature: dict[str, str]) -> tuple[dict[str, str], dict[str, int
         if "_s" in a:
             base, d = a.rsplit("_s", 1)
             last[base] = max(last.get(base, -1), int(d))
-    sig, consts, attrs = dict(signature), {}, {}
+    sig: dict[str, str] = dict(signature)
+    consts: dict[str, int] = {}
+    attrs: dict[tuple[int, ...], Any] = {}
     for i, (a, t) in enumerate(signature.items()):
         if "_s" in a and int(a.rsplit("_s", 1)[1]) == last[a.rsplit("_s", 1)[0]]:
             sig[a] = "constexpr"
