@@ -158,3 +158,26 @@ def test_persisted_rules_accepted_in_a_fresh_process(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-c", code, str(p)], capture_output=True, text=True, cwd=root,
                        env={**__import__("os").environ, "PYTHONPATH": str(root)}, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_certificate_reuses_the_verified_abstract_check(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # a search verifies a pair, then certifies it: the certificate takes the queries of that verification
+    # instead of asking Z3 again, and they are the queries a fresh check records
+    from verimirage.smt import certificate as C
+    from verimirage.smt import verify as V
+
+    g = vm.benchmarks.get("gqa_stable", small=True)
+    m = expert("gqa_stable", g, **small_design_kw("gqa_stable"))
+    fresh = C.make_certificate(g, m, vm.verify(g, m))
+    calls: list[int] = []
+    real = V.abstract_check
+    monkeypatch.setattr(C, "abstract_check", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    v = vm.verify(g, m)
+    assert isinstance(v, vm.Proved)
+    cert = C.make_certificate(g, m, v)
+    assert calls == []
+    assert cert.queries == fresh.queries and cert.laws == fresh.laws
+    cert.save(tmp_path / "c.json")
+    assert isinstance(vm.check_certificate(tmp_path / "c.json"), vm.Proved)
+    V._PROVED_ABSTRACT.clear()  # forgotten (or never verified here): the check runs again
+    assert C.make_certificate(g, m, v).queries == fresh.queries and calls == [1]

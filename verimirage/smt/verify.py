@@ -237,10 +237,31 @@ def _verify(a: Graph, b: Graph, ref: FFReference, *, trials: int | None, seed: i
     abc = _abs_check(absr)
     ev = (ffc, abc)
     if ffr.outcome == "equal" and absr.outcome == "proved":
+        _remember_proved(a, b, absr)
         return Proved(f"finite-field ({ffr.trials} trials, bound {ffr.bound:.2g}) and abstract-z3 "
                       f"({len(absr.queries)} queries) both prove equivalence", ev)
     reasons = [f"{c.name}: {c.detail}" for c in ev if c.outcome != "proved"]
     return Unknown("; ".join(reasons), ev)
+
+
+#: abstract checks of recently Proved pairs, by program texts (a certificate records their queries)
+_PROVED_ABSTRACT: OrderedDict[tuple[str, str], AbstractResult] = OrderedDict()
+_PROVED_ABSTRACT_MAX = 16
+
+
+def _remember_proved(a: Graph, b: Graph, r: AbstractResult) -> None:
+    key = (str(a), str(b))
+    _PROVED_ABSTRACT[key] = r
+    _PROVED_ABSTRACT.move_to_end(key)
+    while len(_PROVED_ABSTRACT) > _PROVED_ABSTRACT_MAX:
+        _PROVED_ABSTRACT.popitem(last=False)
+
+
+def proved_abstract(a: Graph, b: Graph) -> AbstractResult | None:
+    """The abstract check of a pair that :func:`verify` (or a :class:`Verifier`) proved recently in this
+    process, if it is still remembered: the certificate of the pair records its queries without asking
+    Z3 again. (The certificate checker re-runs every recorded query itself.)"""
+    return _PROVED_ABSTRACT.get((str(a), str(b)))
 
 
 def verify_rule(name: str, instances: Sequence[tuple[Graph, Graph]], *, timeout_s: float = 10.0) -> Verdict:
