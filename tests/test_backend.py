@@ -62,10 +62,12 @@ def inputs_for(g: vm.Graph, seed: int = 0, scale: float = 0.3) -> dict[str, torc
     return {t.name: (scale * torch.randn(t.shape, generator=gen)).to(TORCH[t.dtype]) for t in g.inputs}
 
 
-def check(prog: object, g: vm.Graph, ins: dict[str, torch.Tensor], length: int | None = None) -> float:
-    """Run ``prog`` compiled on ``ins``, compare with vm.evaluate(g); return the relative error."""
+def check(prog: object, g: vm.Graph, ins: dict[str, torch.Tensor], length: int | None = None,
+          config: object = None) -> float:
+    """Run ``prog`` compiled (with ``config``, if given) on ``ins``, compare with vm.evaluate(g); return the
+    relative error."""
     ref = vm.evaluate(g, ins)
-    fn = vm.compile(prog)
+    fn = vm.compile(prog, config=config)  # type: ignore[arg-type]
     out = fn(**ins)
     outs = out if isinstance(out, tuple) else (out,)
     assert len(outs) == len(ref)
@@ -265,14 +267,10 @@ def test_batch1_dots_match_reference(name: str) -> None:
     g = vm.benchmarks.get(name, small=True, dtype=_suite_dtype(name))
     mg = expert(name, g, **small_design_kw(name))
     cfg = LaunchConfig(4, 3, TileOptions(dot_min_m=16, dot_batch1=True))
-    src = generate(mg, cfg.tiles).source
-    assert "tl.reshape" not in src.split("def k")[1].split("for it in")[1].split("tl.store")[0] or name == "qknorm_gqa"
-    ins = inputs_for(g, seed=5)
-    ref = vm.evaluate(g, ins)
-    out = vm.compile(mg, config=cfg)(**ins)
-    got = (out if isinstance(out, tuple) else (out,))[0].double().numpy()
-    err = float(np.abs(got - ref[0]).max() / np.abs(ref[0]).max())
-    assert err <= tol(g.inputs[0].dtype, reduction_length(g)), err
+    if name != "qknorm_gqa":  # (its normalised Q and K tiles are reshaped by the norm's own lowering)
+        first_loop = generate(mg, cfg.tiles).source.split("for it in")[1].split("tl.store")[0]
+        assert "tl.reshape" not in first_loop
+    check(mg, g, inputs_for(g, seed=5), config=cfg)
 
 
 def test_dot_operand_loads_are_squeezed_only_beside_rank2_operands() -> None:

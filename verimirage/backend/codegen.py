@@ -508,6 +508,8 @@ class _KernelGen:
         for i, n in enumerate(nodes):
             if n.op != "input" or i not in live or i in outs or not uses.get(i):
                 continue
+            if any(x != 1 for x in self.padded((i, 0), n.outs[0])[:-2]):
+                continue  # a batched tl.dot takes rank-3 operands
             ok = True
             for u in uses[i]:
                 m = nodes[u]
@@ -515,12 +517,10 @@ class _KernelGen:
                     ok = False
                     break
                 ta, tb = (nodes[a].outs[k] for a, k in m.args)
-                po = self.padded((u, 0), m.outs[0])
-                p_in = self.padded((i, 0), n.outs[0])
-                if not (ta.shape[-2] > 1 and ta.shape[-1] > 1 and tb.shape[-1] > 1):
-                    ok = False  # a degenerate product (broadcast multiply): keeps the full rank
-                elif math.prod(po[:-2]) != 1 or any(x != 1 for x in p_in[:-2]):
-                    ok = False  # a batched tl.dot takes rank-3 operands
+                degenerate = not (ta.shape[-2] > 1 and ta.shape[-1] > 1 and tb.shape[-1] > 1)  # broadcast multiply
+                if degenerate or math.prod(self.padded((u, 0), m.outs[0])[:-2]) != 1:
+                    ok = False
+                    break
             if ok:
                 found.add(i)
         # Both operands of each such tl.dot must be rank-2 without a reshape: a squeezed load beside an
