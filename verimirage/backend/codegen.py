@@ -50,12 +50,12 @@ from typing import Any
 from ..ir.dtypes import DType
 from ..ir.errors import GraphError
 from ..ir.graph import BlockGraph, Graph, MuGraph, Node, ThreadGraph, live_nodes, node_list, output_refs
-from ..ir.ops import OPS, Prop, TensorType
+from ..ir.ops import OPS, Prop, TensorType, neg_axis
 from . import lowering as _lowering  # noqa: F401  (registers the triton domain)
 from .wrap import to_kernels
 
 #: Version of the generator: part of every cache key (bump when generated code changes).
-CODEGEN_VERSION = "3"
+CODEGEN_VERSION = "4"
 
 
 @dataclass(frozen=True)
@@ -202,6 +202,8 @@ class _KernelGen:
         self.tmp = 0
         #: names of block inputs loaded without their size-1 dims -> the rank-2 shape they have
         self.squeezed: dict[str, tuple[int, ...]] = {}
+        #: matmuls of concats computed piecewise (see split_concat_matmuls), set by generate()
+        self.split_mm: dict[int, list[tuple[Any, Any]]] = {}
 
     # ------------------------------------------------------------------ dim classes and padding
     def _keys(self, vid: Any, t: TensorType) -> list[Any]:
@@ -453,10 +455,27 @@ class _KernelGen:
         lines.append(f"{out} = {expr}")
         return out
 
+    def emit_matmul_node(self, lines: list[str], nodes: Sequence[Node], i: int, vid_of: Any, name: dict[Any, str],
+                         acc: str | None) -> str:
+        """Lines computing matmul node ``i`` (plus ``acc``); a split matmul of concats (see
+        :meth:`split_concat_matmuls`) is the sum of its pieces' products, chained through the accumulator."""
+        n = nodes[i]
+        po = self.padded(vid_of(i, 0), n.outs[0])
+        pairs = self.split_mm.get(i) if vid_of(i, 0) == (i, 0) else None
+        for ra, rb in pairs if pairs is not None else [tuple(n.args)]:
+            ta, tb = nodes[ra[0]].outs[ra[1]], nodes[rb[0]].outs[rb[1]]
+            acc = self.emit_matmul(lines, n, name[vid_of(*ra)], name[vid_of(*rb)], ta, tb,
+                                   self.padded(vid_of(*ra), ta), self.padded(vid_of(*rb), tb), po, acc)
+        assert acc is not None
+        return acc
+
     def emit_op(self, lines: list[str], nodes: Sequence[Node], i: int, vid_of: Any, name: dict[Any, str]) -> None:
         """Lines computing plain (non-loop, non-input) node ``i``; records its name(s)."""
         n = nodes[i]
         op = n.op
+        if op == "matmul":
+            name[vid_of(i, 0)] = self.emit_matmul_node(lines, nodes, i, vid_of, name, None)
+            return
         args = [name[vid_of(a, k)] for a, k in n.args]
         in_types = [nodes[a].outs[k] for a, k in n.args]
         pin = [self.padded(vid_of(a, k), nodes[a].outs[k]) for a, k in n.args]
@@ -476,10 +495,6 @@ class _KernelGen:
             for k, (a, kk) in enumerate(tg.outputs):
                 name[vid_of(i, k)] = name[tvid(a, kk)]
             return
-        if op == "matmul":
-            name[vid_of(i, 0)] = self.emit_matmul(lines, n, args[0], args[1], in_types[0], in_types[1], pin[0],
-                                                  pin[1], po, None)
-            return
         if op in ("sum", "mean"):
             args = [self.sanitize(lines, args[0], in_types[0], pin[0], attrs["axis"], "0.0")]
         elif op == "max":
@@ -493,6 +508,37 @@ class _KernelGen:
             raise GraphError(f"codegen: op {op!r} has no triton lowering")
         lines.append(f"{v} = {fn(args, attrs, in_types, [ot])}")
         name[vid_of(i, 0)] = v
+
+    def split_concat_matmuls(self, live: set[int], uses: dict[int, list[int]]) -> dict[int, list[tuple[Any, Any]]]:
+        """Matmuls of two concats split at the same points, lowered as a sum of products of the pieces.
+
+        ``concat(a1, .., an, axis=-1) @ concat(b1, .., bn, axis=-2)`` is ``a1 @ b1 + .. + an @ bn`` (block
+        matrix product; each piece's product accumulates in fp32 inside ``tl.dot``), so neither concat is
+        materialised. Both concats must be used only by that matmul and not be block outputs. (LoRA's
+        concat fusion, ``[X | X A] @ [W ; B]``, is the case the search produces; a concat of computed tiles
+        otherwise needs the one-hot lowering, quadratic in the tile.) Returns ``{matmul: [(ref_a, ref_b),
+        ..]}``."""
+        nodes = self.bg.nodes
+        outs = {a for a, _ in self.bg.outputs}
+        found: dict[int, list[tuple[Any, Any]]] = {}
+        for i, n in enumerate(nodes):
+            if n.op != "matmul" or i not in live:
+                continue
+            (xa, _), (xb, _) = n.args
+            ca, cb = nodes[xa], nodes[xb]
+            if ca.op != "concat" or cb.op != "concat" or xa == xb or xa in outs or xb in outs:
+                continue
+            if uses.get(xa) != [i] or uses.get(xb) != [i]:
+                continue
+            ra, rb = ca.outs[0].rank, cb.outs[0].rank
+            if neg_axis(ca.attr("axis"), ra) != -1 or neg_axis(cb.attr("axis"), rb) != -2:
+                continue
+            sa = [nodes[a].outs[k].shape[-1] for a, k in ca.args]
+            sb = [nodes[b].outs[k].shape[-2] for b, k in cb.args]
+            if sa != sb:
+                continue
+            found[i] = list(zip(ca.args, cb.args, strict=True))
+        return found
 
     def dot_operand_inputs(self, live: set[int], uses: dict[int, list[int]]) -> set[int]:
         """Block inputs loaded straight into their rank-2 ``tl.dot`` shape.
@@ -546,9 +592,28 @@ class _KernelGen:
         vid_of = lambda i, k: (i, k)  # noqa: E731
         for i in range(len(nodes)):
             self._unify_node(vid_of, nodes, i)
+        live = live_nodes(nodes, bg.outputs)
+        uses: dict[int, list[int]] = {}
+        for i, n in enumerate(nodes):
+            if i in live:
+                for a, _ in n.args:
+                    uses.setdefault(a, []).append(i)
+        split_mm = self.split_concat_matmuls(live, uses)
+        for i, pairs in split_mm.items():  # each piece product is a tl.dot of its own: line up its dims
+            out = self._keys(vid_of(i, 0), nodes[i].outs[0])
+            for ra, rb in pairs:
+                ta, tb = nodes[ra[0]].outs[ra[1]], nodes[rb[0]].outs[rb[1]]
+                ka, kb = self._keys(vid_of(*ra), ta), self._keys(vid_of(*rb), tb)
+                m, kk, nn = ta.shape[-2], ta.shape[-1], tb.shape[-1]
+                if kk > 1:
+                    self.uf.union(ka[-1], kb[-2])
+                if m > 1 and kk > 1 and nn > 1:
+                    self.dot_m.add(out[-2])
+                    self.dot_nk.update((out[-1], ka[-1]))
+        split_cat = {x for i in split_mm for x, _ in nodes[i].args}
+        self.split_mm = split_mm
         self._finish_classes()
 
-        live = live_nodes(nodes, bg.outputs)
         post = bg.post_loop()
         looped = bg.frange > 1
         invariant: list[bool] = []
@@ -558,16 +623,11 @@ class _KernelGen:
             else:
                 invariant.append(n.op not in OPS or not OPS[n.op].has(Prop.LOOP))
                 invariant[-1] = invariant[-1] and all(invariant[a] for a, _ in n.args)
-        uses: dict[int, list[int]] = {}
-        for i, n in enumerate(nodes):
-            if i in live:
-                for a, _ in n.args:
-                    uses.setdefault(a, []).append(i)
 
         # concats of block inputs are loaded directly; inputs used only by them are not loaded
         direct_concat = {
             i for i, n in enumerate(nodes)
-            if i in live and n.op == "concat" and all(nodes[a].op == "input" for a, _ in n.args)
+            if i in live and i not in split_cat and n.op == "concat" and all(nodes[a].op == "input" for a, _ in n.args)
         }
         skip = {
             i for i, n in enumerate(nodes)
@@ -591,7 +651,7 @@ class _KernelGen:
         alpha_needed = {n.args[1][0] for n in nodes if n.op == "rescaled_sum"}
 
         for i, n in enumerate(nodes):
-            if i not in live or i in skip:
+            if i not in live or i in skip or i in split_cat:  # split concats: their matmul reads the pieces
                 continue
             ot = n.outs[0]
             po = self.padded((i, 0), ot)
@@ -638,13 +698,7 @@ class _KernelGen:
                     acc_in = v if n.op == "loop_sum" else f"{v} * v{n.args[1][0]}_alpha"
                     a = n.args[0][0]
                     if a in dot_acc:
-                        mn = nodes[a]
-                        (xa, ka), (xb, kb) = mn.args
-                        res = self.emit_matmul(
-                            body, mn, name[(xa, ka)], name[(xb, kb)], nodes[xa].outs[ka], nodes[xb].outs[kb],
-                            self.padded((xa, ka), nodes[xa].outs[ka]), self.padded((xb, kb), nodes[xb].outs[kb]),
-                            self.padded((a, 0), mn.outs[0]), acc_in,
-                        )
+                        res = self.emit_matmul_node(body, nodes, a, vid_of, name, acc_in)
                         body.append(f"{v} = {res}")
                     elif n.op == "loop_sum":
                         body.append(f"{v} = {fn([v, x], {}, [ot, ot], [ot])}")

@@ -25,11 +25,15 @@ Importing this module needs neither torch nor triton.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..ir.errors import GraphError
 from ..ir.ops import OPS, TensorType, exempt, implements
 
+#: the most elements one Triton tensor may have (``triton.language`` refuses larger blocks)
+TRITON_MAX_NUMEL = 1 << 20
 _GELU_C = 0.7978845608028654  # sqrt(2 / pi)
 
 
@@ -133,6 +137,14 @@ def _concat(args: Sequence[str], attrs: dict[str, Any], in_types: Sequence[Tenso
     ax = attrs["axis"]
     rank = in_types[0].rank
     p_out = padded[-1][ax]
+    for p in padded[:-1]:
+        numel = math.prod(p) * p_out
+        if numel > TRITON_MAX_NUMEL:
+            raise GraphError(
+                f"codegen: concat of computed tiles {[tuple(q) for q in padded[:-1]]} along axis {ax} needs a "
+                f"one-hot selection of {numel} elements, above Triton's limit of {TRITON_MAX_NUMEL} per tensor; "
+                "only concats of block inputs (loaded directly) and concats feeding one matmul split at the same "
+                "points (a sum of products) have other lowerings")
     terms = []
     start = 0
     for x, t, p in zip(args, in_types, padded[:-1], strict=False):
