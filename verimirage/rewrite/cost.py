@@ -13,10 +13,12 @@ from H100/H200 measurements (benchmarks/perf/NOTES.md):
   split-K; one block per SM does not reach the copy bandwidth);
 * tiles are padded to powers of two in the generated code: a kernel is
   charged for the padded size of its largest padded tile;
-* tiles whose rows are narrower than ``min_run`` bytes are charged for the wasted transactions;
+* tiles whose rows are narrower than ``min_run`` bytes are charged for the wasted transactions, and
+  tiles the for-loop walks along their contiguous dim in runs shorter than ``walk_run`` bytes a little;
 * the for-loop is software-pipelined: a kernel whose per-iteration tiles do
-  not fit ``stages`` times in shared memory is infeasible (227 KB on an
-  H100), and each loop iteration costs a little fixed time.
+  not fit ``stages - 1`` times in shared memory (as Triton buffers them) is
+  infeasible (227 KB on an H100), and each loop iteration costs a little
+  fixed time.
 
 :func:`calibrate` fits the three coefficients to GPU timings.
 """
@@ -56,6 +58,11 @@ class Hardware:
     #: contiguous bytes per tile row below which loads are charged extra (measured: 16-column fp16 tiles
     #: of rmsnorm_linear's W, 32-byte rows, ran 3.2x slower than 64-column ones; benchmarks/perf/NOTES.md)
     min_run: int = 64
+    #: a tile the for-loop walks along its contiguous last dim (attention's K stored d x kv) pays
+    #: ``(walk_run / run) ** walk_exponent`` below this run (H100, mha b8, 2 heads per block: KV tiles of 64
+    #: keys, 128-byte runs, 94.8 us; 128 keys 91.4 us; benchmarks/perf/NOTES.md session 3)
+    walk_run: int = 256
+    walk_exponent: float = 0.1
 
 
 H100 = Hardware()
@@ -143,6 +150,7 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
     dram_in = 0
     l2_in = 0
     smem_in = 0
+    smem_walk = 0
     smem_acc = 0
     smem_tmp = 0
     tc = 0
@@ -159,13 +167,20 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
             if run < hw.min_run:
                 # rows of a tile narrower than min_run bytes waste most of each memory transaction
                 reads = int(reads * (hw.min_run / run) ** 1.7)
+            if n.attr("fmap") == t.rank - 1 and run < hw.walk_run:
+                # the loop walks along contiguous memory a short run per iteration: each DRAM page is
+                # opened once per iteration instead of once
+                reads = int(reads * (hw.walk_run / run) ** hw.walk_exponent)
             # a tensor small enough to stay in L2 costs one trip through device memory however often it is read
             if _bytes(full) <= hw.l2_bytes // 4:
                 dram_in += min(reads, _bytes(full))
                 l2_in += max(0, reads - _bytes(full))
             else:
                 dram_in += reads
-            smem_in += tb
+            if n.attr("fmap") is not None and bg.frange > 1:
+                smem_walk += tb
+            else:
+                smem_in += tb
             pad = max(pad, math.prod(_pow2(d) for d in t.shape) / max(1, t.numel))
             continue
         if n.op in LOOP_OPS:
@@ -180,8 +195,10 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
             other += t.numel * reps
             smem_tmp = max(smem_tmp, _bytes(t))
     nbytes = dram_in + sum(_bytes(t) for t in out_types)
-    # loop-walked tiles are multi-buffered by the software pipeline
-    smem = smem_in * (hw.stages if bg.frange > 1 else 1) + smem_acc + smem_tmp
+    # loop-walked tiles are multi-buffered by the software pipeline: Triton 3.6 keeps stages - 1 copies in
+    # shared memory (H100: 2 heads x KV tiles of 256 keys at 3 stages asked for 266,240 B = 2 x 128 KB of K and
+    # V tiles + the Q tile); loop-invariant tiles are loaded once
+    smem = smem_in + smem_walk * max(1, hw.stages - 1) + smem_acc + smem_tmp
     return _roofline(nbytes, tc * blocks, other * blocks, blocks, smem, hw, cal, l2_in, pad, bg.frange)
 
 
