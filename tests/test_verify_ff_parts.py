@@ -206,3 +206,17 @@ def test_dead_parts_are_not_computed(monkeypatch) -> None:
     r = FF.ff_test(g, expert("gqa", g, rows=16, kv_tile=32, splits=2), seeds=[11])
     assert r.outcome == "equal"
     assert (2, 1) not in made and (0, 0) not in made and (1, 0) not in made
+
+
+def test_exp_gather_matches_take_in_every_layout() -> None:
+    from verimirage.smt.ff import _exp_gather, _exp_table, _exp_table_f32
+
+    fld = FF.Field.from_seed(7)
+    t64, t32 = _exp_table(fld.p, fld.q, fld.g), _exp_table_f32(fld.p, fld.q, fld.g)
+    assert np.array_equal(t32.astype(np.int64), t64)  # float32 holds every entry exactly (< 2**21)
+    rng = np.random.default_rng(3)
+    big = rng.integers(0, fld.q, size=(6, 70, 130))  # > one chunk
+    for idx in (big, big.transpose(2, 0, 1), big[:, ::3, 5:], big[:1, :2, :3], np.zeros((0, 4), np.int64)):
+        got = _exp_gather(t32, idx)
+        assert got.dtype == np.float64 and got.shape == idx.shape
+        assert np.array_equal(got, t64[idx].astype(np.float64))
