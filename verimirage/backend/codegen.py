@@ -52,6 +52,7 @@ from ..ir.errors import GraphError
 from ..ir.graph import BlockGraph, Graph, MuGraph, Node, ThreadGraph, live_nodes, node_list, output_refs
 from ..ir.ops import OPS, Prop, TensorType, neg_axis
 from . import lowering as _lowering  # noqa: F401  (registers the triton domain)
+from .lowering import TRITON_MAX_NUMEL
 from .wrap import to_kernels
 
 #: Version of the generator: part of every cache key (bump when generated code changes).
@@ -412,6 +413,11 @@ class _KernelGen:
             if a_sq or b_sq:  # pragma: no cover - dot_operand_inputs only squeezes operands of tl.dot
                 raise GraphError("codegen: internal error (squeezed operand of a degenerate product)")
             # a degenerate product (a row, a column or an outer product): broadcast multiply and sum
+            numel = math.prod(max(x, y) for x, y in zip(pa[:-2], pb[:-2], strict=True)) * pa[-2] * pa[-1] * pb[-1]
+            if numel > TRITON_MAX_NUMEL:
+                raise GraphError(f"codegen: the degenerate product {ta.shape} @ {tb.shape} (no tl.dot: a dim is 1) "
+                                 f"needs a broadcast temporary of {numel} elements, above Triton's limit of "
+                                 f"{TRITON_MAX_NUMEL} per tensor")
             lhs = f"{a}[{', '.join([':'] * r + ['None'])}]"
             rhs = f"{b}[{', '.join([':'] * (r - 2) + ['None', ':', ':'])}]"
             expr = f"tl.sum({lhs} * {rhs}, axis={r - 1})"
