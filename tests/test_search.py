@@ -513,3 +513,20 @@ def test_variants_add_verified_siblings_of_the_kept_structures() -> None:
     assert any("variants:" in n for n in res.report.notes)
     with pytest.raises(ValueError, match="variants"):
         superoptimize(g, variants=-1)
+
+
+def test_cost_model_shared_memory_and_contiguous_walks_match_the_h100() -> None:
+    # mha b8 designs measured on the H100 (benchmarks/perf/NOTES.md, session 3): Triton keeps stages - 1 copies of
+    # loop-walked tiles, so 2 heads x 128-key tiles fit (it ran: 91.4 us, the fastest) and 2 x 256 do not (the GPU
+    # asked 266,240 B); K is stored (d, kv), so 64-key tiles walk it in 128-byte runs and ran slower (94.8 us)
+    import json
+    from pathlib import Path
+
+    doc = json.loads((Path(__file__).resolve().parents[1] / "benchmarks/perf/cands/mha_tiles_bs8.json").read_text())
+    est = {(c["heads_per_block"], c["kv_tile"]): cost_mod.cost(vm.MuGraph.parse(c["mugraph"])) for c in doc["mha_bs8"]}
+    assert not est[(2, 128)].infeasible and est[(2, 128)].smem_max < 200 * 1024
+    assert est[(2, 256)].infeasible
+    assert est[(2, 128)].time_s < est[(2, 64)].time_s
+    assert est[(1, 128)].time_s < est[(1, 64)].time_s
+    best = min((c for c in est.values() if not c.infeasible), key=lambda c: c.time_s)
+    assert best.time_s == est[(2, 128)].time_s
