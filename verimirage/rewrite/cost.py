@@ -14,7 +14,8 @@ from H100/H200 measurements (benchmarks/perf/NOTES.md):
 * tiles are padded to powers of two in the generated code: a kernel is
   charged for the padded size of its largest padded tile;
 * tiles whose rows are narrower than ``min_run`` bytes are charged for the wasted transactions, and
-  tiles the for-loop walks along their contiguous dim in runs shorter than ``walk_run`` bytes a little;
+  tiles of device-memory streams the for-loop walks along their contiguous dim in runs shorter than
+  ``walk_run`` bytes a little;
 * the for-loop is software-pipelined: a kernel whose per-iteration tiles do
   not fit ``stages - 1`` times in shared memory (as Triton buffers them) is
   infeasible (227 KB on an H100), and each loop iteration costs a little
@@ -58,9 +59,10 @@ class Hardware:
     #: contiguous bytes per tile row below which loads are charged extra (measured: 16-column fp16 tiles
     #: of rmsnorm_linear's W, 32-byte rows, ran 3.2x slower than 64-column ones; benchmarks/perf/NOTES.md)
     min_run: int = 64
-    #: a tile the for-loop walks along its contiguous last dim (attention's K stored d x kv) pays
-    #: ``(walk_run / run) ** walk_exponent`` below this run (H100, mha b8, 2 heads per block: KV tiles of 64
-    #: keys, 128-byte runs, 94.8 us; 128 keys 91.4 us; benchmarks/perf/NOTES.md session 3)
+    #: a tile of a tensor streamed from device memory that the for-loop walks along its contiguous last dim
+    #: (attention's K stored d x kv) pays ``(walk_run / run) ** walk_exponent`` for runs of min_run up to this
+    #: (H100, mha b8, 2 heads per block: KV tiles of 64 keys, 128-byte runs, 94.8 us; 128 keys 91.4 us;
+    #: benchmarks/perf/NOTES.md session 3)
     walk_run: int = 256
     walk_exponent: float = 0.1
 
@@ -167,15 +169,16 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
             if run < hw.min_run:
                 # rows of a tile narrower than min_run bytes waste most of each memory transaction
                 reads = int(reads * (hw.min_run / run) ** 1.7)
-            if n.attr("fmap") == t.rank - 1 and run < hw.walk_run:
-                # the loop walks along contiguous memory a short run per iteration: each DRAM page is
-                # opened once per iteration instead of once
-                reads = int(reads * (hw.walk_run / run) ** hw.walk_exponent)
             # a tensor small enough to stay in L2 costs one trip through device memory however often it is read
             if _bytes(full) <= hw.l2_bytes // 4:
                 dram_in += min(reads, _bytes(full))
                 l2_in += max(0, reads - _bytes(full))
             else:
+                if n.attr("fmap") == t.rank - 1 and hw.min_run <= run < hw.walk_run:
+                    # streamed from device memory, the loop walking along contiguous memory a short run per
+                    # iteration: each DRAM page is opened once per iteration instead of once (not charged for
+                    # L2-resident tensors: the small attention cases' split-KV designs ran as fast as before)
+                    reads = int(reads * (hw.walk_run / run) ** hw.walk_exponent)
                 dram_in += reads
             if n.attr("fmap") is not None and bg.frange > 1:
                 smem_walk += tb
