@@ -273,26 +273,31 @@ class _KernelGen:
                     if j != ax and t.shape[j] > 1:
                         self.uf.union(keys[j], out[j])
         elif op == "matmul":
-            (ka, ta), (kb, tb) = ins
-            r = ot.rank
-            # batch dims broadcast
-            for keys, t in ins:
-                lead = r - t.rank
-                for j in range(t.rank - 2):
-                    if t.shape[j] > 1:
-                        self.uf.union(keys[j], out[j + lead])
-            m, kk, nn = ta.shape[-2], ta.shape[-1], tb.shape[-1]
-            if m > 1:
-                self.uf.union(ka[-2], out[-2])
-            if nn > 1:
-                self.uf.union(kb[-1], out[-1])
-            if kk > 1:
-                self.uf.union(ka[-1], kb[-2])
-            if m > 1 and kk > 1 and nn > 1:
-                self.dot_m.add(out[-2])
-                self.dot_nk.update((out[-1], ka[-1]))
+            self._unify_matmul(ins[0], ins[1], out, ot)
         else:  # pragma: no cover - every registry op is handled above
             raise GraphError(f"codegen: op {op!r} has no lowering")
+
+    def _unify_matmul(self, a: tuple[list[Any], TensorType], b: tuple[list[Any], TensorType], out: list[Any],
+                      ot: TensorType) -> None:
+        """Line up the dims of a product ``a @ b`` (keys and types of the operands) with its result ``out``."""
+        (ka, ta), (kb, tb) = a, b
+        r = ot.rank
+        # batch dims broadcast
+        for keys, t in (a, b):
+            lead = r - t.rank
+            for j in range(t.rank - 2):
+                if t.shape[j] > 1:
+                    self.uf.union(keys[j], out[j + lead])
+        m, kk, nn = ta.shape[-2], ta.shape[-1], tb.shape[-1]
+        if m > 1:
+            self.uf.union(ka[-2], out[-2])
+        if nn > 1:
+            self.uf.union(kb[-1], out[-1])
+        if kk > 1:
+            self.uf.union(ka[-1], kb[-2])
+        if m > 1 and kk > 1 and nn > 1:
+            self.dot_m.add(out[-2])
+            self.dot_nk.update((out[-1], ka[-1]))
 
     def _finish_classes(self) -> None:
         cls: dict[Any, int] = {}
@@ -606,16 +611,11 @@ class _KernelGen:
                     uses.setdefault(a, []).append(i)
         split_mm = self.split_concat_matmuls(live, uses)
         for i, pairs in split_mm.items():  # each piece product is a tl.dot of its own: line up its dims
-            out = self._keys(vid_of(i, 0), nodes[i].outs[0])
+            ot = nodes[i].outs[0]
+            out = self._keys(vid_of(i, 0), ot)
             for ra, rb in pairs:
                 ta, tb = nodes[ra[0]].outs[ra[1]], nodes[rb[0]].outs[rb[1]]
-                ka, kb = self._keys(vid_of(*ra), ta), self._keys(vid_of(*rb), tb)
-                m, kk, nn = ta.shape[-2], ta.shape[-1], tb.shape[-1]
-                if kk > 1:
-                    self.uf.union(ka[-1], kb[-2])
-                if m > 1 and kk > 1 and nn > 1:
-                    self.dot_m.add(out[-2])
-                    self.dot_nk.update((out[-1], ka[-1]))
+                self._unify_matmul((self._keys(vid_of(*ra), ta), ta), (self._keys(vid_of(*rb), tb), tb), out, ot)
         split_cat = {x for i in split_mm for x, _ in nodes[i].args}
         self.split_mm = split_mm
         self._finish_classes()
