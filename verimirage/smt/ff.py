@@ -168,7 +168,7 @@ def _exp_gather(table: np.ndarray, idx: np.ndarray) -> np.ndarray:
     out = np.empty_like(idx, dtype=np.float64)  # same stride order as idx
     src = idx.ravel(order="K")
     dst = out.ravel(order="K")
-    if idx.size < _GATHER_CHUNK or not (np.shares_memory(src, idx) and np.shares_memory(dst, out)):
+    if idx.size < _GATHER_CHUNK or not (np.may_share_memory(src, idx) and np.may_share_memory(dst, out)):
         np.copyto(out, np.take(table, idx), casting="safe")
         return out
     buf = np.empty(_GATHER_CHUNK, dtype=np.float32)
