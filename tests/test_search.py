@@ -515,6 +515,23 @@ def test_variants_add_verified_siblings_of_the_kept_structures() -> None:
         superoptimize(g, variants=-1)
 
 
+def test_a_sibling_offers_another_loop_range_the_pipeliner_can_fill() -> None:
+    # lora_bs8 on the H100 (benchmarks/perf/results/run9_lora_probe.json): the one-shot 256-deep tile the model
+    # ranks first ran 3.37 us, the same tile walked in 4 steps of 64 with 3 stages 3.12 us. The pool lists the
+    # concat-fusion block graph (same loop range) first; the sibling slot must go to a loop of >= 4 steps.
+    from verimirage.rewrite.superopt import _loop_ranges, _structure
+
+    g = vm.benchmarks.get("lora", batch=8)
+    res = superoptimize(g, verifier=numeric_checker_full, top_k=2, variants=1, progress=False, cache=False)
+    head, extra = res.candidates[:2], res.candidates[2:]
+    assert len(extra) == 2, str(res.report)
+    for sib, kept in zip(extra, head, strict=True):
+        assert _structure(sib.mugraph) == _structure(kept.mugraph)
+        assert _loop_ranges(sib.mugraph) != _loop_ranges(kept.mugraph)
+        assert all(r == 1 or r >= 4 for r in _loop_ranges(sib.mugraph)), _loop_ranges(sib.mugraph)
+        assert _same(g, sib.mugraph)
+
+
 def test_cost_model_shared_memory_and_contiguous_walks_match_the_h100() -> None:
     # mha b8 designs measured on the H100 (benchmarks/perf/NOTES.md, session 3): Triton keeps stages - 1 copies of
     # loop-walked tiles, so 2 heads x 128-key tiles fit (it ran: 91.4 us, the fastest) and 2 x 256 do not (the GPU

@@ -1,6 +1,6 @@
 """A focused GPU experiment: given verified candidates of a few cases, time each under a list of launch configs.
 
-    python benchmarks/perf/focus.py --out DIR [--rep-ms 50]
+    python benchmarks/perf/focus.py --out DIR [--rep-ms 50] [--cases lora_bs1 lora_bs8]
 
 Cases and candidates (μGraph texts; each is re-verified nowhere here: they come from files written on the CPU
 machine after ``vm.verify`` proved them, and ``profile.select`` checks every (candidate, config) against the
@@ -47,6 +47,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--rep-ms", type=int, default=50)
+    ap.add_argument("--cases", nargs="*", default=None, help="only these cases (default: all four)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     import torch
@@ -67,6 +68,8 @@ def main() -> int:
     for b in (1, 8):
         d = json.loads((ROOT / f"benchmarks/candidates/lora_bs{b}.json").read_text())
         plan.append((f"lora_bs{b}", "lora", b, [c["mugraph"] for c in d["candidates"]]))
+    if args.cases:
+        plan = [p for p in plan if p[0] in args.cases]
     for case, name, batch, texts in plan:
         t0 = time.perf_counter()
         g = vm.benchmarks.get(name, batch=batch)

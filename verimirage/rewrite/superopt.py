@@ -492,6 +492,15 @@ def _search(
             for k in range(n_distinct):
                 struct = _structure(cands[k].mugraph)
                 sibs = [e for e in pool if id(e) not in tried_keys and _structure(e[1].mugraph) == struct]
+                # another loop range first (a stable sort keeps the cost order within each group): at
+                # equal estimates the pool lists block-graph siblings (e.g. LoRA's concat fusion) before
+                # a K loop, yet the loop is what the GPU ran fastest on lora_bs8 (pipelined 64-deep tiles,
+                # 3.12 vs 3.37 us for the one-shot tile; benchmarks/perf/results/run9_lora_probe.json)
+                # Loops of 2-3 iterations go after those of 4+ (a 3-stage software pipeline has no steady
+                # state in 2 iterations)
+                have = _loop_ranges(cands[k].mugraph)
+                sibs.sort(key=lambda e, have=have: (_loop_ranges(e[1].mugraph) == have,
+                                                    any(1 < r < 4 for r in _loop_ranges(e[1].mugraph))))
                 got = 0
                 for entry in sibs[: 2 * variants]:  # a sibling that fails verification costs a slot's worth
                     if got >= variants or not within_budget(entry):
@@ -609,6 +618,11 @@ def _structure(mg: MuGraph) -> tuple[Any, ...]:
     it subtracts a running/row max before exp (the numerically safe form is kept beside the plain one)."""
     grids = tuple(n.attr("block").grid if n.op == "custom" else n.op for n in node_list(mg) if n.op != "input")
     return (*grids, _max_shifted(mg))
+
+
+def _loop_ranges(mg: MuGraph) -> tuple[int, ...]:
+    """The for-loop range of each custom kernel of ``mg``, in order."""
+    return tuple(n.attr("block").frange for n in node_list(mg) if n.op == "custom")
 
 
 def _max_shifted(mg: MuGraph) -> bool:
