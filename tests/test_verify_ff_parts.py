@@ -189,19 +189,26 @@ def test_dead_parts_are_not_computed(monkeypatch) -> None:
         p._fn = gen
         return p
 
-    def matmul_mod(a, b, m):
+    def matmul_mod(a, b, m, epi=None):
         mods.append(m)
-        return orig_mm(a, b, m)
+        return orig_mm(a, b, m, epi=epi)
 
     monkeypatch.setattr(FF, "_input_part", input_part)
     monkeypatch.setattr(FF, "_matmul_mod", matmul_mod)
     g = vm.benchmarks.get("gqa", batch=1, small=True)
     fld = FF.Field.from_seed(11)
-    ref = FF.FFReference(g)
+    ref = FF.FFReference(g, project=False)
     ref.outputs(11, ref.inputs(11, fld))
     # inputs in name order: K, Q, V; part 0 = p, 1 = q
     assert sorted(made) == [(0, 1), (1, 1), (2, 0)]  # K and Q: q-parts only; V: p-part only
     assert sorted(mods) == sorted([fld.q, fld.p])  # Q K^T mod q only, P V mod p only
+    # compared through a projection, P V is never formed: P (V r) is a matrix-vector product
+    made.clear()
+    mods.clear()
+    ref = FF.FFReference(g)
+    ref.outputs(11, ref.inputs(11, fld))
+    assert sorted(made) == [(0, 1), (1, 1), (2, 0)]
+    assert mods == [fld.q]
     made.clear()
     r = FF.ff_test(g, expert("gqa", g, rows=16, kv_tile=32, splits=2), seeds=[11])
     assert r.outcome == "equal"
@@ -220,3 +227,29 @@ def test_exp_gather_matches_take_in_every_layout() -> None:
         got = _exp_gather(t32, idx)
         assert got.dtype == np.float64 and got.shape == idx.shape
         assert np.array_equal(got, t64[idx].astype(np.float64))
+
+
+def test_blocked_matmul_and_fused_exp_are_exact() -> None:
+    """Products of >= 2**18 elements are reduced in cache-sized row blocks, and exp of a product's q-part
+    looks its blocks up directly: both against int64 numpy (exact here) and the table gather."""
+    f = FF.Field.from_seed(5)
+    rng = np.random.default_rng(2)
+    a = rng.integers(0, f.q, (2, 300, 24))
+    b = rng.integers(0, f.q, (2, 24, 1000))
+    assert 2 * 300 * 1000 >= FF._BLOCK_ELEMS
+    want = (a @ b) % f.q
+    got = FF._matmul_mod(a.astype(np.float64), b.astype(np.float64), f.q)
+    assert got.dtype == np.int64 and np.array_equal(got, want)
+    # through the ff domain: exp(matmul) (fused) == the table at the product's residues
+    tok = FF._FIELD.set(f)
+    try:
+        fa = FF.FV(a.shape, FF.Part.of(a), FF.Part.of(a))
+        fb = FF.FV(b.shape, FF.Part.of(b), FF.Part.of(b))
+        s = FF._ff_matmul([fa, fb], {}, None, None)
+        e = FF._exp(s)
+        assert not s.q.ready  # the q-part is not formed by the fused exp
+        got_e = FF.ints(e.p)
+        assert not s.q.ready
+    finally:
+        FF._FIELD.reset(tok)
+    assert np.array_equal(got_e, FF._exp_table(f.p, f.q, f.g)[want])

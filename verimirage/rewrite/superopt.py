@@ -499,8 +499,12 @@ def _search(
                 # Loops of 2-3 iterations go after those of 4+ (a 3-stage software pipeline has no steady
                 # state in 2 iterations)
                 have = _loop_ranges(cands[k].mugraph)
-                sibs.sort(key=lambda e, have=have: (_loop_ranges(e[1].mugraph) == have,
-                                                    any(1 < r < 4 for r in _loop_ranges(e[1].mugraph))))
+
+                def sib_key(e: tuple[Any, ...], have: tuple[int, ...] = have) -> tuple[bool, bool]:
+                    ranges = _loop_ranges(e[1].mugraph)
+                    return ranges == have, any(1 < r < 4 for r in ranges)
+
+                sibs.sort(key=sib_key)
                 got = 0
                 for entry in sibs[: 2 * variants]:  # a sibling that fails verification costs a slot's worth
                     if got >= variants or not within_budget(entry):

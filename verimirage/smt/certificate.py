@@ -33,7 +33,7 @@ from ..ir.errors import GraphError
 from ..ir.graph import Graph, MuGraph
 from .ff import ff_test
 from .verdict import Check, Proved, Unknown, Verdict
-from .verify import abstract_check, check_compatible, proved_abstract, verify
+from .verify import PROJECTION, abstract_check, check_compatible, proved_abstract, verify
 from .z3enc import check_smt2
 
 log = logging.getLogger(__name__)
@@ -191,6 +191,8 @@ def make_certificate(
     queries, laws, cases = _queries_of(graph, mugraph, timeout_s)
     ff = {k: list(ffc.param(k)) if isinstance(ffc.param(k), tuple) else ffc.param(k)
           for k in ("p", "q", "g", "seeds", "trials", "per_trial_bound", "false_accept_bound")}
+    if ffc.param("projection") not in (None, "none"):
+        ff["projection"] = ffc.param("projection")
     return Certificate(gt, sha256(gt), mt, sha256(mt), list(rules), list(trusted_rules), queries, laws, cases, ff,
                        triton_source_hash, tool_versions(), verdict.reason)
 
@@ -262,7 +264,12 @@ def check_certificate(path: str | Path, *, triton_source: str | None = None, tim
     ff = cert.ff
     try:
         seeds = [int(s) for s in ff["seeds"]]
-        r = ff_test(g, mg, seeds=seeds)
+        # a certificate without a projection record (written before projections) compares every element
+        proj = ff.get("projection")
+        if proj is not None and proj != PROJECTION:
+            return _reject(f"finite-field record: unknown projection {proj!r}; expected {PROJECTION!r} or none",
+                           checks)
+        r = ff_test(g, mg, seeds=seeds, project=proj is not None)
     except (KeyError, TypeError, ValueError) as e:
         return _reject(f"finite-field record: {e}", checks)
     if r.outcome != "equal":

@@ -133,10 +133,15 @@ def _float_counterexample(a: Graph, b: Graph, seed: int) -> dict[str, Any]:
     return {"float_inputs": ins, "float_differences": diffs}
 
 
+#: how the finite-field test compares outputs when it projects them (:func:`verimirage.smt.ff.observe`)
+PROJECTION = "sum(O*U*r) mod p, U over O.shape[:-1], r over the last axis"
+
+
 def _ff_check(r: FFResult) -> Check:
     outcome = {"equal": "proved", "differ": "refuted"}.get(r.outcome, "unknown")
     params = (("p", r.p), ("q", r.q), ("g", r.g), ("seeds", r.seeds), ("trials", r.trials),
-              ("per_trial_bound", r.per_trial_bound), ("false_accept_bound", r.bound if outcome == "proved" else 1.0))
+              ("per_trial_bound", r.per_trial_bound), ("false_accept_bound", r.bound if outcome == "proved" else 1.0),
+              ("projection", PROJECTION if r.projected else "none"))
     return Check("finite-field", outcome, params, r.seconds, r.reason)
 
 
