@@ -156,3 +156,24 @@ def test_certificates_record_the_projection(tmp_path) -> None:
     d.ff.pop("projection")
     d.save(path)
     assert "bound" in check_certificate(path).reason
+
+
+@pytest.mark.parametrize("name", ["gqa", "gqa_stable", "mha_stable", "lora", "rmsnorm_linear", "gated_mlp"])
+def test_suite_pairs_never_form_their_last_product(name, monkeypatch) -> None:
+    # every matmul a projection reaches is pushed through or contracted as U . (a @ (b @ V)); a product
+    # computed in full would show as a contracted part built by a matmul. The online-softmax combine's 16
+    # rescaled steps must merge into one term (they once reached kernel 1 as 16 separate, full-size terms).
+    formed: list[tuple[int, ...]] = []
+    orig = FP._contract
+
+    def contract(part, shape, term, m):
+        if part._lin is not None and part._lin[0] == "matmul":
+            formed.append(shape)
+        return orig(part, shape, term, m)
+
+    monkeypatch.setattr(FP, "_contract", contract)
+    g = vm.benchmarks.get(name, batch=1, small=True)
+    m = vm.benchmarks.expert(name, g)
+    r = FF.ff_test(g, m, trials=1)
+    assert r.outcome == "equal"
+    assert formed == []

@@ -82,9 +82,20 @@ def _same(a: np.ndarray, b: np.ndarray) -> bool:
     return a is b or (a.shape == b.shape and np.array_equal(a, b))
 
 
+def _canon(term: Term, m: int) -> Term:
+    """``term`` with its factors constant along the last axis multiplied into one (first), the others kept
+    apart, so terms that differ only in a row scaling (e.g. the steps of a rescaled sum) merge. (Factors that
+    vary along the last axis stay apart: one may be constant along the rows and another not, and only the
+    first kind lets a matmul push the term on.)"""
+    if len(term) <= 1 or not term[0].ndim:
+        return term
+    rows = _prod([f for f in term if f.shape[-1] == 1], m)
+    return ([] if rows is None else [rows]) + [f for f in term if f.shape[-1] != 1]
+
+
 def _merge(terms: list[Term], m: int) -> list[Term]:
     """Terms equal in all factors but one (same shapes there) summed into one, repeatedly; factors compressed."""
-    terms = [[_compress(f) for f in t] for t in terms]
+    terms = [[_compress(f) for f in _canon(t, m)] for t in terms]
     changed = True
     while changed and len(terms) > 1:
         changed = False
@@ -211,8 +222,10 @@ def _ungetitem(term: Term, shape: tuple[int, ...], src: tuple[int, ...], idx: An
         lifted.append(np.expand_dims(f, tuple(pos)) if pos else f)
     if all(k == "full" for k in kinds):
         return lifted
-    # embed the smallest factor (zeros outside idx); the others only need the right sizes
-    e = min(range(len(term)), key=lambda i: term[i].size)
+    # embed one factor (zeros outside idx; the others only need the right sizes): one constant along the last
+    # axis if there is one (the loop steps of a rescaled sum then differ in that factor alone and merge), else
+    # the smallest
+    e = min(range(len(term)), key=lambda i: (term[i].ndim > 0 and term[i].shape[-1] != 1, term[i].size))
     out: Term = []
     for i, (f, g) in enumerate(zip(term, lifted, strict=True)):
         if i == e:
