@@ -177,3 +177,21 @@ def test_suite_pairs_never_form_their_last_product(name, monkeypatch) -> None:
     r = FF.ff_test(g, m, trials=1)
     assert r.outcome == "equal"
     assert formed == []
+
+
+@pytest.mark.parametrize("name", ["lora_bs1", "gqa_bs1"])
+def test_certificates_from_before_projections_still_check(name, tmp_path) -> None:
+    # proofs/ as committed before projections (no "projection" record): re-checked element by element
+    from verimirage.smt.certificate import Certificate, check_certificate
+    from verimirage.smt.verify import PROJECTION
+
+    src = Path(__file__).parent / "cases" / "certificates" / f"{name}_elementwise.json"
+    cert = Certificate.load(src)
+    assert "projection" not in cert.ff
+    v = check_certificate(src)
+    assert v.proved, v.summary()
+    # claiming a projection for them does not pass: the projected test states another bound
+    cert.ff["projection"] = PROJECTION
+    path = tmp_path / "c.json"
+    cert.save(path)
+    assert "bound" in check_certificate(path).reason

@@ -46,7 +46,11 @@ Op meanings
   q-part reads both parts.
 * ``concat``, ``transpose``: data movement (each part separately).
 
-The test compares the p-parts of the outputs. The stated bound (which divides
+The test compares the p-parts of the outputs, by default through a random
+bilinear projection ``sum(O * U * r) mod p`` per output (:func:`observe`,
+:mod:`verimirage.smt.ffproj`: the projection is pushed back through the ops
+linear in one operand, so e.g. attention's ``P V`` is never formed), which
+adds ``2 / p`` to the per-trial bound. The stated bound (which divides
 by the smaller prime q) bounds the p-part polynomial identity test alone, so
 it holds whatever q-parts are computed. Inputs get independent uniform residues
 per (trial, input, part) from separate streams, so every part of every input
