@@ -4,8 +4,9 @@ A certificate is versioned JSON holding the canonical text (and sha256) of the
 input graph and of the μGraph, the rewrite rules the search applied, trusted
 (unproved) user rules by name, the Z3 queries as SMT-LIB2 with expected result
 and unsat core, the laws the normaliser used, the finite-field record (p, q, g,
-seeds, trials, bound, and whether outputs were compared through projections), optionally the sha256 of the generated Triton source it
-vouches for, and tool versions.
+seeds, trials, bound, and whether outputs were compared through projections),
+optionally the sha256 of the generated Triton source it vouches for, and tool
+versions.
 
 :func:`check_certificate` uses only ``verimirage.ir`` and ``verimirage.smt``:
 it re-parses both programs, checks the hashes, re-derives the abstract
