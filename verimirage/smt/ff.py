@@ -291,7 +291,7 @@ class Part:
     the tiles and programs that read it).
     """
 
-    __slots__ = ("_deps", "_fn", "_lin", "_rowscale", "_src", "_twin", "_val", "kind")
+    __slots__ = ("_deps", "_fn", "_lin", "_src", "_twin", "_val", "kind")
 
     def __init__(self, fn: Callable[..., np.ndarray] | None, deps: tuple[Part, ...] = (),
                  val: np.ndarray | None = None, kind: str = "i") -> None:
@@ -301,9 +301,6 @@ class Part:
         self.kind = kind
         self._src: tuple[Part, Callable[[np.ndarray], np.ndarray]] | None = None
         self._twin: Part | None = None
-        #: (base, scale, "mul" | "div"): this part is ``base op scale`` with ``scale`` constant along
-        #: the last axis (a row scaling), which a matmul may apply to its product instead
-        self._rowscale: tuple[Part, Part, str] | None = None
         #: how this (p-)part is built from other parts when that is linear in one of them (a view, a ring
         #: op, a sum, a matmul, ...): what :mod:`verimirage.smt.ffproj` pushes a projection through
         self._lin: tuple[Any, ...] | None = None
@@ -345,7 +342,6 @@ class Part:
             t._val = val
             t._fn = None
             t._deps = ()
-            t._rowscale = None
             t._lin = None
             stack.pop()
         assert self._val is not None
@@ -599,11 +595,6 @@ def _ring(kind: str, a: FV, b: FV) -> FV:
     shape = np.broadcast_shapes(a.shape, b.shape)
     p = _lazy(lambda x, y, m=f.p: _ring_arr(kind, x, y, m), a.p, b.p)
     p._lin = ("ring", kind, a.p, a.shape, b.p, b.shape)
-    if kind in ("mul", "div") and len(shape) >= 2:
-        if b.shape[-1] == 1 and a.shape == shape:
-            p._rowscale = (a.p, b.p, kind)
-        elif kind == "mul" and a.shape[-1] == 1 and b.shape == shape:
-            p._rowscale = (b.p, a.p, kind)
     if a.q is None or b.q is None:
         return FV(shape, p, None)
     marks = a.qmarks or b.qmarks
@@ -985,12 +976,26 @@ def _matmul_q(x: np.ndarray, y: np.ndarray, q: int, marks: bool) -> np.ndarray:
     return out
 
 
+def _row_scaling(part: Part, shape: tuple[int, ...]) -> tuple[Part, Part, str] | None:
+    """``(base, scale, "mul" | "div")`` when ``part`` (of ``shape``) is ``base op scale`` with ``scale``
+    constant along the last axis (a row scaling, which a matmul may apply to its product instead)."""
+    lin = part._lin
+    if lin is None or lin[0] != "ring" or lin[1] not in ("mul", "div") or len(shape) < 2:
+        return None
+    _, kind, x, xs, y, ys = lin
+    if ys[-1] == 1 and xs == shape:
+        return x, y, kind
+    if kind == "mul" and xs[-1] == 1 and ys == shape:
+        return y, x, kind
+    return None
+
+
 @implements("ff", "matmul")
 def _ff_matmul(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
     f = current_field()
     a, b = args
     shape = (*np.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
-    rs = a.p._rowscale
+    rs = _row_scaling(a.p, a.shape)
     if rs is not None and not a.p.ready:
         # a = base op s with s constant along the contraction: (base op s) @ b == (base @ b) op s, exactly
         base, sc, op = rs

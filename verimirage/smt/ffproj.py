@@ -216,10 +216,8 @@ def _ungetitem(term: Term, shape: tuple[int, ...], src: tuple[int, ...], idx: An
         else:
             return None
     # every factor in src layout (an int axis inserted with size 1)
-    lifted: list[np.ndarray] = []
-    for f in term:
-        pos = [d for d, k in enumerate(kinds) if k == "int"]
-        lifted.append(np.expand_dims(f, tuple(pos)) if pos else f)
+    pos = tuple(d for d, k in enumerate(kinds) if k == "int")
+    lifted = [np.expand_dims(f, pos) if pos else f for f in term]
     if all(k == "full" for k in kinds):
         return lifted
     # embed one factor (zeros outside idx; the others only need the right sizes): one constant along the last
@@ -384,17 +382,26 @@ def _push(part: Part, shape: tuple[int, ...], term: Term, m: int) -> list[tuple[
     return None
 
 
-def _push_matmul(shape: tuple[int, ...], term: Term, a: Part, a_s: tuple[int, ...], b: Part,
-                 b_s: tuple[int, ...], m: int) -> list[tuple[Part, tuple[int, ...], Term]] | None:
+def _split_rows_cols(term: Term, shape: tuple[int, ...], m: int) -> tuple[Term, np.ndarray] | None:
+    """A term on a matrix product split as ``U * V``: its factors constant along the last axis, and the
+    product of the others as ``V`` (constant along the rows, of full width), or None if one varies along both."""
     us = [f for f in term if f.shape[-1] == 1]
     vs = [f for f in term if f.shape[-1] != 1]
     if any(f.shape[-2] != 1 for f in vs):
-        return None  # a factor varying along both matrix axes: compute the product
-    nb = len(shape) - 2
+        return None
     v = _prod(vs, m)
     if v is None:
         v = np.ones((1,) * len(shape), dtype=np.int64)
-    v = np.broadcast_to(v, (*v.shape[:-1], shape[-1]))  # a matvec does not broadcast its contracted dim
+    return us, np.broadcast_to(v, (*v.shape[:-1], shape[-1]))  # a matvec does not broadcast its contracted dim
+
+
+def _push_matmul(shape: tuple[int, ...], term: Term, a: Part, a_s: tuple[int, ...], b: Part,
+                 b_s: tuple[int, ...], m: int) -> list[tuple[Part, tuple[int, ...], Term]] | None:
+    split = _split_rows_cols(term, shape, m)
+    if split is None:
+        return None  # a factor varying along both matrix axes: compute the product
+    us, v = split
+    nb = len(shape) - 2
     v_row = v.reshape(v.shape[:-2] + v.shape[-1:])  # (..., N)
     if _worth(a) or not _worth(b):
         if not _worth(a):
@@ -422,14 +429,10 @@ def _push_matmul(shape: tuple[int, ...], term: Term, a: Part, a_s: tuple[int, ..
 def _leaf_matmul(lin: tuple[Any, ...], shape: tuple[int, ...], term: Term, m: int) -> int | None:
     """``sum((a @ b) * term)`` as ``U . (a @ (b @ V))`` without forming ``a @ b``, or None."""
     _, a, _a_s, b, _b_s = lin
-    us = [f for f in term if f.shape[-1] == 1]
-    vs = [f for f in term if f.shape[-1] != 1]
-    if any(f.shape[-2] != 1 for f in vs):
+    split = _split_rows_cols(term, shape, m)
+    if split is None:
         return None
-    v = _prod(vs, m)
-    if v is None:
-        v = np.ones((1,) * len(shape), dtype=np.int64)
-    v = np.broadcast_to(v, (*v.shape[:-1], shape[-1]))  # a matvec does not broadcast its contracted dim
+    us, v = split
     t = _matvec_mod(_value(b, "f"), v.reshape(v.shape[:-2] + v.shape[-1:]), m)  # (..., K)
     y = _matvec_mod(_value(a, "f"), t, m)[..., None]  # (..., M, 1)
     u = _prod(us, m)
