@@ -93,6 +93,7 @@ from ..ir.errors import GraphError
 from ..ir.graph import Graph, node_list, output_refs
 from ..ir.interpret import run
 from ..ir.ops import OPS, Prop, TensorType, implements, neg_axis
+from . import ffshare
 from .consts import const_fraction
 
 log = logging.getLogger(__name__)
@@ -699,7 +700,8 @@ def _exp(x: FV) -> FV:
             # ran 2.86 s instead of 1.83 s on the gqa b8 pair (one thread), though faster in isolation
             _gather_into(table, idx.reshape(-1), dst.reshape(-1))
 
-        fused = Part(lambda av, bv: _matmul_mod(av, bv, f.q, epi=(epi, np.float64)),
+        tag = ("exp", f.p, f.q, f.g)
+        fused = Part(lambda av, bv: _matmul_mod(av, bv, f.q, epi=(epi, np.float64, tag)),
                      (as_kind(lin[1], "f"), as_kind(lin[3], "f")), kind="f")
         return FV(shape, fused, None)
 
@@ -893,15 +895,21 @@ def _f2i_into(tb: np.ndarray, m: int, dst: np.ndarray) -> None:
 
 
 def _matmul_mod(a: np.ndarray, b: np.ndarray, m: int,
-                epi: tuple[Callable[[np.ndarray, np.ndarray], None], Any] | None = None) -> np.ndarray:
+                epi: tuple[Callable[[np.ndarray, np.ndarray], None], Any, tuple[Any, ...]] | None = None
+                ) -> np.ndarray:
     """Exact ``a @ b mod m`` of residue arrays in [0, m), m <= 2**21, with broadcast batch dims.
 
     Batch axes along which only ``a`` varies are folded into its rows, those along which only ``b``
     varies into its columns; each remaining batch item is one float64 BLAS product per contraction
     chunk of at most 2048 (exact: every partial sum is an integer below 2**53). The result is an
-    int64 array of the broadcast shape (possibly a transposed view). ``epi``: ``(fn, dtype)``: instead,
+    int64 array of the broadcast shape (possibly a transposed view). ``epi``: ``(fn, dtype, tag)``: instead,
     ``fn(block, dst)`` writes the result of each float64 block of the product (integers below 2**53, not
-    reduced) into ``dst`` of the result, an array of ``dtype`` (a contraction of at most 2048 only).
+    reduced) into ``dst`` of the result, an array of ``dtype`` (a contraction of at most 2048 only);
+    ``tag`` names what ``fn`` computes (with every parameter it depends on).
+
+    Big products (computed in row blocks) are shared between the programs of a trial
+    (:mod:`verimirage.smt.ffshare`): inside :func:`~verimirage.smt.ffshare.storing` they are kept
+    (read-only), inside :func:`~verimirage.smt.ffshare.finding` they are first looked up.
     """
     nd = max(a.ndim, b.ndim)
     a = a.reshape((1,) * (nd - a.ndim) + a.shape)
@@ -926,11 +934,20 @@ def _matmul_mod(a: np.ndarray, b: np.ndarray, m: int,
     big = n_both * n_a * mm * n_b * nn >= _BLOCK_ELEMS and n_a * mm * n_b * nn >= _BLOCK_ELEMS // 4
     if epi is not None and kk > _CHUNK:
         raise GraphError(f"ff matmul: a block epilogue needs a contraction of at most {_CHUNK}, got {kk}")
+    # (both, a_only, M, b_only, N): the batch axes in their order, then M, N
+    r_shape = ([a.shape[t] for t in both] + [a.shape[t] for t in a_only] + [mm]
+               + [b.shape[t] for t in b_only] + [nn])
+    r: np.ndarray | None = None
     with _one_blas_thread():
         if kk <= _CHUNK and (big or epi is not None):
-            fn, dt = epi if epi is not None else ((lambda tb, dst: _f2i_into(tb, m, dst)), np.int64)
-            out = np.empty((n_both, n_a * mm, n_b * nn), dtype=dt)
-            _blocked_matmul(af, bf, out, fn)
+            fn, dt, tag = epi if epi is not None else ((lambda tb, dst: _f2i_into(tb, m, dst)), np.int64, ("mod", m))
+            # the same dot products, computed by another program of this trial (checked operand by operand)
+            r = ffshare.find(tag, af, bf, ([a.shape[t] for t in both], [a.shape[t] for t in a_only] + [mm],
+                                           [b.shape[t] for t in b_only] + [nn]))
+            if r is None:
+                out = np.empty((n_both, n_a * mm, n_b * nn), dtype=dt)
+                _blocked_matmul(af, bf, out, fn)
+                ffshare.store(tag, af, bf, out)
         elif kk <= _CHUNK:
             out = _f2i_mod(np.matmul(af, bf), m)
         else:
@@ -943,9 +960,9 @@ def _matmul_mod(a: np.ndarray, b: np.ndarray, m: int,
                     _modi(out, m)
             assert out is not None
             _modi(out, m)
-    # (both, a_only, M, b_only, N) -> batch axes in their order, then M, N
-    r = out.reshape([a.shape[t] for t in both] + [a.shape[t] for t in a_only] + [mm]
-                    + [b.shape[t] for t in b_only] + [nn])
+    if r is None:
+        assert out is not None
+        r = out.reshape(r_shape)
     order = both + a_only + b_only  # the batch axis each of r's leading axes stands for
     pos = {t: i for i, t in enumerate(both + a_only)}
     pos.update({t: len(both) + len(a_only) + 1 + i for i, t in enumerate(b_only)})
@@ -1332,6 +1349,8 @@ class FFReference:
         self.uses_exp = uses_exp(target)
         self._outs: dict[int, tuple[list[np.ndarray], int]] = {}
         self._inputs: dict[int, dict[str, FV]] = {}
+        #: the target's big products per seed, which candidates reuse (:mod:`verimirage.smt.ffshare`)
+        self.shared = ffshare.Store()
 
     def inputs(self, s: int, fld: Field) -> dict[str, FV]:
         """The trial inputs for seed ``s`` (lazy values; kept when small)."""
@@ -1348,8 +1367,9 @@ class FFReference:
         r = self._outs.get(s)
         if r is None:
             fld = Field.from_seed(s)
-            outs = _run_lazy(self.target, inputs if inputs is not None else self.inputs(s, fld), fld)
-            r = ([observe(o, s, k, fld, self.project) for k, o in enumerate(outs)], fld.q_violations)
+            with ffshare.storing(self.shared.entries(s)):
+                outs = _run_lazy(self.target, inputs if inputs is not None else self.inputs(s, fld), fld)
+                r = ([observe(o, s, k, fld, self.project) for k, o in enumerate(outs)], fld.q_violations)
             self._outs[s] = r
         return r
 
@@ -1383,6 +1403,11 @@ class FFReference:
             fld = Field.from_seed(s)
             ins = self.inputs(s, fld)
             outs_a, viol_a = self.outputs(s, ins)
+            with ffshare.finding(self.shared.entries(s)):
+                return candidate_trial(ti, s, fld, ins, outs_a, viol_a)
+
+        def candidate_trial(ti: int, s: int, fld: Field, ins: dict[str, FV], outs_a: list[np.ndarray],
+                            viol_a: int) -> FFResult | None:
             outs_b = _run_lazy(cand, ins, fld)
             common = dict(p=ps[: ti + 1], q=qs[: ti + 1], g=gs[: ti + 1], seeds=seeds[: ti + 1], trials=ti + 1,
                           per_trial_bound=per, projected=self.project)

@@ -1,0 +1,184 @@
+"""Products shared between the programs of a finite-field trial (verimirage/smt/ffshare.py).
+
+* A stored product is reused only for operands that are, row by row and column by column, equal to the
+  stored ones: tiles that are slices come back as strided views, permuted ones as gathered copies, and
+  both equal the product computed from scratch; a tampered operand (a fingerprint collision included)
+  is not matched.
+* On every corpus pair, with products computed blockwise (so that even the small shapes go through the
+  shared path), the test's outcome, output, index and trial are the same with sharing on and off, and
+  suite design pairs do reuse the target's products.
+* The budget bounds what is kept, and a bad budget setting is reported.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import verimirage as vm
+from verimirage.smt import ff as FF
+from verimirage.smt import ffshare as S
+
+sys.path.insert(0, str(Path(__file__).parent / "cases"))
+from corpus import CASES
+
+M = 1_000_003  # a prime below 2**21
+
+
+@pytest.fixture(autouse=True)
+def any_size(monkeypatch):
+    """Share products however small (the default skips products not much bigger than their operands)."""
+    monkeypatch.setattr(S, "MIN_GAIN", 0)
+
+
+def _prod(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (np.matmul(a.astype(object), b.astype(object)) % M).astype(np.int64)
+
+
+def _entry(rng: np.random.Generator, n: int = 3, r: int = 8, k: int = 5, c: int = 12) -> S.Entry:
+    a = rng.integers(0, M, (n, r, k)).astype(np.float64)
+    b = rng.integers(0, M, (n, k, c)).astype(np.float64)
+    out = _prod(a, b)
+    out.flags.writeable = False
+    return S.Entry(("mod", M), a, b, out)
+
+
+def _find(e: S.Entry, a: np.ndarray, b: np.ndarray, layout: S.Layout) -> np.ndarray | None:
+    with S.finding([e]):
+        return S.find(("mod", M), a, b, layout)
+
+
+def test_slices_come_back_as_views_equal_to_the_product() -> None:
+    e = _entry(np.random.default_rng(0))
+    # the candidate's tiles: batch items 0, 2; rows 1, 3, 5, 7; columns (2 blocks of 3) 3..5, 9..11
+    bt = [0, 2]
+    rows = [1, 3, 5, 7]
+    cols = [3, 4, 5, 9, 10, 11]
+    a = np.ascontiguousarray(e.a[bt][:, rows])
+    b = np.ascontiguousarray(e.b[bt][:, :, cols])
+    got = _find(e, a, b, ([2], [4], [2, 3]))
+    assert got is not None
+    assert np.shares_memory(got, e.out) and not got.flags.writeable  # a view of the stored product
+    assert np.array_equal(got.reshape(2, 4, 6), _prod(a, b))
+
+
+def test_permuted_tiles_come_back_as_gathered_copies() -> None:
+    rng = np.random.default_rng(1)
+    e = _entry(rng)
+    rows = rng.permutation(8)[:5]
+    cols = rng.permutation(12)
+    bt = [2, 1]  # (a descending batch order is not made a view either)
+    a = np.ascontiguousarray(e.a[bt][:, rows])
+    b = np.ascontiguousarray(e.b[bt][:, :, cols])
+    got = _find(e, a, b, ([2], [5], [12]))
+    assert got is not None and not np.shares_memory(got, e.out)
+    assert np.array_equal(got.reshape(2, 5, 12), _prod(a, b))
+
+
+def test_operands_not_in_the_stored_product_are_not_matched() -> None:
+    rng = np.random.default_rng(2)
+    e = _entry(rng)
+    a = np.ascontiguousarray(e.a[[0]])
+    b = np.ascontiguousarray(e.b[[0]])
+    assert _find(e, a, b, ([1], [8], [12])) is not None
+    # one changed element of a row
+    a2 = a.copy()
+    a2[0, 3, 1] = (a2[0, 3, 1] + 1) % M
+    assert _find(e, a2, b, ([1], [8], [12])) is None
+    # a column of another batch item: the rows and the columns must come from the same stored item
+    b2 = b.copy()
+    b2[0, :, 4] = e.b[1, :, 4]
+    assert _find(e, a, b2, ([1], [8], [12])) is None
+    # a row whose fingerprint collides with the stored one: found by the fingerprints, refused by the check
+    w = S._weights(5)
+    a3 = a.copy()
+    a3[0, 2, 0] += w[1]
+    a3[0, 2, 1] -= w[0]
+    assert S._row_keys(a3)[0, 2] == S._row_keys(a)[0, 2] and not np.array_equal(a3, a)
+    assert _find(e, a3, b, ([1], [8], [12])) is None
+    # another tag, another contraction length
+    with S.finding([e]):
+        assert S.find(("exp", M, 1, 2), a, b, ([1], [8], [12])) is None
+        assert S.find(("mod", M), a[..., :4], b[:, :4], ([1], [8], [12])) is None
+
+
+def test_stored_products_are_read_only_and_within_the_budget(monkeypatch) -> None:
+    rng = np.random.default_rng(3)
+    e = _entry(rng)
+    monkeypatch.setattr(S, "_BUDGET", S._Budget())  # (none of the other tests' entries)
+    monkeypatch.setenv(S.BUDGET_ENV, str(2 * e.nbytes + 10))
+    held = S.held_bytes()
+    assert held == 0
+    kept: list[S.Entry] = []
+    for _ in range(3):
+        f = _entry(rng)
+        out = np.array(f.out)
+        with S.storing(kept):
+            S.store(f.tag, f.a, f.b, out)
+        assert not out.flags.writeable
+    assert len(kept) == 2  # the oldest was dropped
+    assert S.held_bytes() - held <= 2 * e.nbytes + 10
+    monkeypatch.setenv(S.BUDGET_ENV, "0")
+    more: list[S.Entry] = []
+    with S.storing(more):
+        S.store(e.tag, e.a, e.b, np.array(e.out))
+    assert more == []
+    S._BUDGET.drop(kept)
+    assert S.held_bytes() == held
+
+
+def test_thin_products_are_not_worth_sharing(monkeypatch) -> None:
+    monkeypatch.setattr(S, "MIN_GAIN", 0.5)
+    # 16 rows of a 64 x 4096 operand (multi-head attention's Q K^T per head): reading the operand to find the
+    # product costs about what computing it does
+    assert not S.worth_sharing(np.zeros((2, 16, 64)), np.zeros((2, 64, 4096)))
+    assert S.worth_sharing(np.zeros((2, 256, 64)), np.zeros((2, 64, 4096)))
+
+
+def test_a_bad_budget_setting_is_reported(monkeypatch) -> None:
+    monkeypatch.setenv(S.BUDGET_ENV, "lots")
+    with pytest.raises(ValueError, match=r"VERIMIRAGE_FF_SHARE_BYTES.*whole number"):
+        S.budget()
+    monkeypatch.setenv(S.BUDGET_ENV, "-1")
+    with pytest.raises(ValueError, match=">= 0"):
+        S.budget()
+
+
+@pytest.fixture
+def blockwise(monkeypatch):
+    """Every product of more than a few elements computed in row blocks (and so shared)."""
+    monkeypatch.setattr(FF, "_BLOCK_ELEMS", 16)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_sharing_does_not_change_any_verdict(case, blockwise, monkeypatch) -> None:
+    a, b = case.a(), case.b()
+    shared = FF.ff_test(a, b)
+    monkeypatch.setenv(S.BUDGET_ENV, "0")
+    alone = FF.ff_test(a, b)
+    assert shared.outcome == alone.outcome, (case.name, shared.reason, alone.reason)
+    assert (shared.output, shared.index, shared.field_trial) == (alone.output, alone.index, alone.field_trial)
+
+
+@pytest.mark.parametrize("name", ["gqa", "mqa", "qknorm_gqa", "gqa_stable"])
+def test_attention_designs_reuse_the_targets_products(name, blockwise) -> None:
+    g = vm.benchmarks.get(name, batch=1, small=True)
+    m = vm.benchmarks.expert(name, g)
+    before = dict(S.STATS)
+    r = FF.ff_test(g, m)
+    assert r.outcome == "equal"
+    assert S.STATS["found"] - before["found"] >= r.trials  # at least one product per trial reused
+
+
+@pytest.mark.parametrize("name", ["dropped-rescale", "stable-combine-without-weights"])
+def test_a_wrong_design_is_still_refuted_when_its_products_are_shared(name, blockwise) -> None:
+    # the online-softmax kernel without its rescale, the split-KV combine without its weights: their Q K^T
+    # tiles are the target's (and are reused), what they do with them is wrong
+    case = next(c for c in CASES if c.name == name)
+    before = dict(S.STATS)
+    r = FF.ff_test(case.a(), case.b())
+    assert r.outcome == "differ"
+    assert S.STATS["found"] > before["found"]

@@ -1,0 +1,372 @@
+"""Products one program computed, reused by another in the same finite-field trial.
+
+A candidate's tiles often compute the same dot products as the target: a split-KV attention kernel
+multiplies the rows of ``Q`` by the columns of ``K^T`` that the target's ``Q K^T`` multiplies, only
+grouped into other tiles. Within one trial both programs read the same inputs, so the candidate can
+take those entries from the target's product instead of recomputing them (and the exp of them, when
+the product was computed with exp fused in: see ``_matmul_mod``'s epilogue).
+
+Nothing about the programs' structure is assumed. A product is the array
+``out[b, i, j] = epi(A[b, i, :] . B[b, :, j])`` of its folded operands ``A`` (batch, rows, K) and
+``B`` (batch, K, cols), ``epi`` elementwise (a reduction mod m, or that and an exp lookup) and named by
+a *tag*. A candidate product with the same tag reuses a stored one when each of its batch items ``c``
+has a stored batch item ``t`` such that every candidate row of ``A[c]`` **is equal to** a row of the
+stored ``A[t]`` and every candidate column of ``B[c]`` to a column of the stored ``B[t]``. Rows and
+columns are paired through exact integer fingerprints (dot products with fixed small weights, exact in
+float64), and then the pairing is **checked element by element**; any failure, a fingerprint collision
+included, means "not found" and the candidate computes its product itself. Equal operands give equal
+dot products, so the reused entries are exactly what the candidate would have computed.
+
+The reused entries come back as a strided read-only view of the stored array when the pairing is
+affine along each axis of the candidate's tile layout (the usual case: tiles are slices), or else as a
+gathered copy. Stored arrays are read-only.
+
+Memory: a store keeps the products of the target of an :class:`~verimirage.smt.ff.FFReference`, per
+trial, within one process-wide budget (``$VERIMIRAGE_FF_SHARE_BYTES``, default 2 GiB; 0 turns sharing
+off), counting the operands an entry keeps alive. The least recently used entries are dropped first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import itertools
+import math
+import os
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Hashable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+#: environment variable: bytes of shared products kept process-wide (default :data:`DEFAULT_BUDGET`)
+BUDGET_ENV = "VERIMIRAGE_FF_SHARE_BYTES"
+DEFAULT_BUDGET = 2 << 30
+#: fingerprint weights are below 2**_W_BITS: with residues below 2**21 and K <= 2048 a fingerprint is an
+#: integer below 2**44, exact in float64, and a batch index fits above it in an int64 key
+_W_BITS = 12
+_FP_BITS = 44
+#: a product is shared only when it has at least this many times as many elements as its operands: finding
+#: it reads the operands about three times (fingerprints, the exact comparison; ~1 ns an element here), while
+#: computing it costs ~6-10 ns an element of the product (K = 64, the reduction, an exp lookup). A thin
+#: product (a few rows of a big operand, as in multi-head attention at batch 8) is not worth it
+MIN_GAIN = 0.5
+
+
+def worth_sharing(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether the product of folded operands ``a`` (n, R, K) and ``b`` (n, K, C) is big enough, next to
+    its operands, to be worth storing and looking up."""
+    n, r, _ = a.shape
+    return n * r * b.shape[-1] >= MIN_GAIN * (a.size + b.size)
+
+
+def budget() -> int:
+    """Bytes of shared products kept process-wide (``$VERIMIRAGE_FF_SHARE_BYTES``; 0: no sharing)."""
+    raw = os.environ.get(BUDGET_ENV)
+    if raw is None or raw.strip() == "":
+        return DEFAULT_BUDGET
+    try:
+        v = int(raw)
+    except ValueError:
+        raise ValueError(f"${BUDGET_ENV} must be a whole number of bytes, got {raw!r}") from None
+    if v < 0:
+        raise ValueError(f"${BUDGET_ENV} must be >= 0, got {v}")
+    return v
+
+
+_WEIGHTS: dict[int, np.ndarray] = {}
+
+
+def _weights(k: int) -> np.ndarray:
+    w = _WEIGHTS.get(k)
+    if w is None:
+        w = np.random.default_rng([0x5AA4E, k]).integers(1, 1 << _W_BITS, size=k).astype(np.float64)
+        w.flags.writeable = False
+        _WEIGHTS[k] = w
+    return w
+
+
+def _row_keys(a: np.ndarray) -> np.ndarray:
+    """Exact fingerprints of the rows of ``a`` (n, R, K) as int64 (n, R)."""
+    return np.matmul(a, _weights(a.shape[-1])).astype(np.int64)
+
+
+def _col_keys(b: np.ndarray) -> np.ndarray:
+    """Exact fingerprints of the columns of ``b`` (n, K, C) as int64 (n, C)."""
+    return np.matmul(_weights(b.shape[-2]), b).astype(np.int64)
+
+
+def _lookup(sorted_keys: np.ndarray, order: np.ndarray, keys: np.ndarray) -> np.ndarray | None:
+    """Positions (in the unsorted array) of ``keys``, or None if one is missing."""
+    if sorted_keys.size == 0:
+        return None
+    pos = np.searchsorted(sorted_keys, keys)
+    np.minimum(pos, sorted_keys.size - 1, out=pos)
+    if not np.array_equal(sorted_keys[pos], keys):
+        return None
+    return order[pos]
+
+
+@dataclass(eq=False)
+class Entry:
+    """A stored product: its tag, folded operands and (read-only) result ``out`` (n, R, C)."""
+
+    tag: Hashable
+    a: np.ndarray
+    b: np.ndarray
+    out: np.ndarray
+    _rows: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
+    _cols: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held (the operands may be views of inputs; counted anyway)."""
+        return int(self.a.nbytes + self.b.nbytes + self.out.nbytes)
+
+    def rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """Sorted row fingerprints (global row index b * R + i) and their order."""
+        if self._rows is None:
+            k = _row_keys(self.a).reshape(-1)
+            o = np.argsort(k, kind="stable")
+            self._rows = (k[o], o)
+        return self._rows
+
+    def cols(self) -> tuple[np.ndarray, np.ndarray]:
+        """Sorted (batch, column fingerprint) keys (global column index b * C + j) and their order."""
+        if self._cols is None:
+            n = self.b.shape[0]
+            k = (_col_keys(self.b) + (np.arange(n, dtype=np.int64)[:, None] << _FP_BITS)).reshape(-1)
+            o = np.argsort(k, kind="stable")
+            self._cols = (k[o], o)
+        return self._cols
+
+    def match(self, a: np.ndarray, b: np.ndarray, layout: Layout) -> np.ndarray | None:
+        """This product's entries for the folded operands ``a`` (n, R, K) and ``b`` (n, K, C) of a
+        product laid out as ``layout`` (see :func:`find`), or None. Found when, for every c, i, j,
+        ``a[c, i] == self.a[bt[c], ri[c, i]]`` and ``b[c, :, j] == self.b[bt[c], :, ci[c, j]]`` for some
+        ``bt, ri, ci``: these are guessed from fingerprints, then checked exactly."""
+        n_t, r_t, k = self.a.shape
+        c_t = self.b.shape[-1]
+        n, r, kk = a.shape
+        if kk != k or b.shape[:2] != (n, k) or n_t >= 1 << (63 - _FP_BITS):
+            return None
+        rows = _lookup(*self.rows(), _row_keys(a).reshape(-1))
+        if rows is None:
+            return None
+        rows = rows.reshape(n, r)
+        bt = rows[:, 0] // r_t
+        if not np.array_equal(rows // r_t, np.broadcast_to(bt[:, None], rows.shape)):
+            return None
+        cols = _lookup(*self.cols(), (_col_keys(b) + (bt[:, None] << _FP_BITS)).reshape(-1))
+        if cols is None:
+            return None
+        ri = rows % r_t
+        ci = cols.reshape(n, -1) % c_t
+        batch_dims, row_dims, col_dims = layout
+        ks = np.arange(k, dtype=np.int64)
+        # the pairing is only a guess until the operands are compared element by element
+        a_t = _take(self.a, bt * (r_t * k), batch_dims, [(ri * k, row_dims), (ks, [k])])
+        if not np.array_equal(a_t, a.reshape(a_t.shape)):
+            return None
+        b_t = _take(self.b, bt * (k * c_t), batch_dims, [(ks * c_t, [k]), (ci, col_dims)])
+        if not np.array_equal(b_t, b.reshape(b_t.shape)):
+            return None
+        return _take(self.out, bt * (r_t * c_t), batch_dims, [(ri * c_t, row_dims), (ci, col_dims)])
+
+
+#: how a product's axes factor: (batch dims, row dims, column dims), each product equal to the folded size
+Layout = tuple[Sequence[int], Sequence[int], Sequence[int]]
+
+
+def _affine(v: np.ndarray, dims: Sequence[int]) -> tuple[int, list[int]] | None:
+    """``(v0, strides)`` when ``v`` (flat, length prod(dims)) is ``v0 + sum(x_k * strides[k])`` over
+    the multi-index ``x`` of ``dims`` (C order), else None."""
+    dims = [int(d) for d in dims]
+    t = v.reshape(dims)
+    v0 = int(t.reshape(-1)[0]) if t.size else 0
+    strides = []
+    expect = np.full(t.shape, v0, dtype=np.int64)
+    for ax, d in enumerate(dims):
+        if d == 1:
+            strides.append(0)
+            continue
+        idx = [0] * len(dims)
+        idx[ax] = 1
+        st = int(t[tuple(idx)]) - v0
+        strides.append(st)
+        shape = [1] * len(dims)
+        shape[ax] = d
+        expect = expect + np.arange(d, dtype=np.int64).reshape(shape) * st
+    if not np.array_equal(t, expect):
+        return None
+    return v0, strides
+
+
+def _take(src: np.ndarray, base: np.ndarray, batch_dims: Sequence[int],
+          axes: Sequence[tuple[np.ndarray, Sequence[int]]]) -> np.ndarray:
+    """The elements ``src.flat[base[c] + sum_a offs_a[c, x_a]]`` (``offs_a`` is (n, L_a) or (L_a,)) as an
+    array of shape ``(*batch_dims, *dims_0, *dims_1, ...)``: a read-only strided view of ``src`` when
+    the offsets are affine along each of those dims (per-c offsets equal up to a per-c shift), else a
+    gathered copy. Every offset must be a valid flat index of ``src``."""
+    flat = src.reshape(-1)
+    n = base.shape[0]
+    shape = [*batch_dims] + [d for _, dims in axes for d in dims]
+    starts = base.copy()
+    rel = []
+    for offs, _ in axes:
+        o2 = offs.reshape(1, -1) if offs.ndim == 1 else offs
+        starts += o2[:, 0]
+        rel.append(o2 - o2[:, :1])
+    if all(r.shape[0] == 1 or np.array_equal(r, np.broadcast_to(r[:1], r.shape)) for r in rel):
+        parts = [_affine(starts, batch_dims)] + [_affine(r[0], dims) for r, (_, dims) in zip(rel, axes, strict=True)]
+        if all(p is not None for p in parts):
+            v0 = parts[0][0] if parts[0] is not None else 0  # (the other parts start at 0)
+            strides = list(itertools.chain.from_iterable(p[1] for p in parts if p is not None))
+            if min(strides, default=0) >= 0:  # (negative strides would need the view to start elsewhere)
+                item = flat.itemsize
+                return np.lib.stride_tricks.as_strided(flat[v0:], shape=shape,
+                                                       strides=[s * item for s in strides], writeable=False)
+    idx = base.reshape([n] + [1] * len(axes))
+    for i, (offs, _) in enumerate(axes):
+        o2 = offs.reshape(1, -1) if offs.ndim == 1 else offs
+        idx = idx + o2.reshape([o2.shape[0]] + [o2.shape[1] if j == i else 1 for j in range(len(axes))])
+    return np.take(flat, idx).reshape(shape)
+
+
+class _Budget:
+    """The process-wide byte budget of stored entries (oldest dropped first)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.used = 0
+        #: id -> (entry, the list holding it)
+        self.lru: OrderedDict[int, tuple[Entry, list[Entry]]] = OrderedDict()
+
+    def add(self, entry: Entry, owner: list[Entry]) -> bool:
+        cap = budget()
+        n = entry.nbytes
+        if n > cap:
+            return False
+        with self.lock:
+            while self.used + n > cap and self.lru:
+                _, (old, lst) = self.lru.popitem(last=False)
+                self.used -= old.nbytes
+                with contextlib.suppress(ValueError):
+                    lst.remove(old)
+            owner.append(entry)
+            self.lru[id(entry)] = (entry, owner)
+            self.used += n
+        return True
+
+    def touch(self, entry: Entry) -> None:
+        with self.lock:
+            if id(entry) in self.lru:
+                self.lru.move_to_end(id(entry))
+
+    def drop(self, entries: list[Entry]) -> None:
+        with self.lock:
+            for e in list(entries):
+                if self.lru.pop(id(e), None) is not None:
+                    self.used -= e.nbytes
+            entries.clear()
+
+    def drop_all(self, by_seed: dict[int, list[Entry]]) -> None:
+        for lst in by_seed.values():
+            self.drop(lst)
+        by_seed.clear()
+
+
+_BUDGET = _Budget()
+#: how many products were stored, found (reused) and looked up in vain, process-wide (for tests and tuning)
+STATS = {"stored": 0, "found": 0, "missed": 0}
+_STATS_LOCK = threading.Lock()
+
+
+def _count(key: str) -> None:
+    with _STATS_LOCK:
+        STATS[key] += 1
+
+
+def held_bytes() -> int:
+    """Bytes of stored products held now (process-wide)."""
+    return _BUDGET.used
+
+
+class Store:
+    """The products of one program per trial seed (those big enough to be worth keeping)."""
+
+    def __init__(self) -> None:
+        self._by_seed: dict[int, list[Entry]] = {}
+        weakref.finalize(self, _BUDGET.drop_all, self._by_seed)
+
+    def entries(self, seed: int) -> list[Entry]:
+        """The (live) list of entries of ``seed``."""
+        return self._by_seed.setdefault(seed, [])
+
+    def clear(self) -> None:
+        """Drop every entry."""
+        _BUDGET.drop_all(self._by_seed)
+
+
+@dataclass(frozen=True)
+class _Scope:
+    store: list[Entry] | None
+    find: Sequence[Entry]
+
+
+_SCOPE: contextvars.ContextVar[_Scope | None] = contextvars.ContextVar("verimirage_ff_share", default=None)
+
+
+@contextlib.contextmanager
+def storing(entries: list[Entry]) -> Iterator[None]:
+    """Inside: big products are stored in ``entries`` (within the budget); none are looked up."""
+    tok = _SCOPE.set(_Scope(entries, ()))
+    try:
+        yield
+    finally:
+        _SCOPE.reset(tok)
+
+
+@contextlib.contextmanager
+def finding(entries: Sequence[Entry]) -> Iterator[None]:
+    """Inside: big products are first looked up in ``entries``; none are stored."""
+    tok = _SCOPE.set(_Scope(None, tuple(entries)))
+    try:
+        yield
+    finally:
+        _SCOPE.reset(tok)
+
+
+def find(tag: Hashable, a: np.ndarray, b: np.ndarray, layout: Layout) -> np.ndarray | None:
+    """The product of folded operands ``a`` (n, R, K) and ``b`` (n, K, C) under ``tag``, from an entry of
+    the current :func:`finding` scope, shaped ``(*batch_dims, *row_dims, *col_dims)`` for ``layout =
+    (batch_dims, row_dims, col_dims)`` (how its batch, row and column axes factor into tile axes), or
+    None. A strided read-only view of the entry when the pairing is affine along those dims (tiles that
+    are slices), else a gathered copy."""
+    scope = _SCOPE.get()
+    if scope is None or not scope.find or not worth_sharing(a, b):
+        return None
+    for e in reversed(scope.find):
+        if e.tag == tag:
+            r = e.match(a, b, layout)
+            if r is not None:
+                _BUDGET.touch(e)
+                _count("found")
+                return r
+    _count("missed")
+    return None
+
+
+def store(tag: Hashable, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    """Keep ``out`` (made read-only) as the product of ``a`` and ``b`` under ``tag`` when the current
+    scope is :func:`storing` and the budget allows."""
+    scope = _SCOPE.get()
+    if scope is None or scope.store is None:
+        return
+    if math.prod(out.shape) == 0 or not worth_sharing(a, b):
+        return
+    out.flags.writeable = False
+    if _BUDGET.add(Entry(tag, a, b, out), scope.store):
+        _count("stored")
