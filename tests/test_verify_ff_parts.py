@@ -253,3 +253,22 @@ def test_blocked_matmul_and_fused_exp_are_exact() -> None:
     finally:
         FF._FIELD.reset(tok)
     assert np.array_equal(got_e, FF._exp_table(f.p, f.q, f.g)[want])
+
+
+@pytest.mark.parametrize("ax", [0, 1, 2, -1, -3])
+def test_max_q_part_is_the_lexicographic_max(ax) -> None:
+    # the q-part of the max in the order (p-residue, q-part), -1 (meaningless) smallest: against the key
+    # formula it replaced, on residues drawn from a tiny range so that ties at the max are everywhere
+    rng = np.random.default_rng(ax % 3)
+    vp = rng.integers(0, 4, (5, 6, 7))
+    vq = rng.integers(-1, 9, (5, 6, 7))
+    key = vp * 100 + (vq + 1)
+    want = np.take_along_axis(vq, np.expand_dims(np.argmax(key, axis=ax), ax), ax)
+    got = FF._max_q(vp, vq, ax)
+    assert np.array_equal(got, want)
+    assert (np.count_nonzero(vp == vp.max(axis=ax, keepdims=True), axis=ax) > 1).any()  # ties were tested
+    # a broadcast p-part (constant along the axis: every element ties)
+    vp1 = vp[:1] if ax % 3 != 0 else vp[:, :1]
+    bp = np.broadcast_to(vp1, vp.shape)
+    want = np.take_along_axis(vq, np.expand_dims(np.argmax(bp * 100 + (vq + 1), axis=ax), ax), ax)
+    assert np.array_equal(FF._max_q(vp1, vq, ax), want)

@@ -793,7 +793,6 @@ def _ff_mean(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: An
 
 @implements("ff", "max")
 def _ff_max(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
-    f = current_field()
     x = args[0]
     ax = neg_axis(attrs["axis"], in_types[0].rank)
     shape = list(x.shape)
@@ -801,14 +800,26 @@ def _ff_max(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any
     p = _lazy(lambda v: v.max(axis=ax, keepdims=True), x.p)
     if x.q is None:
         return FV(shape, p, None)
+    return FV(shape, p, _lazy(lambda vp, vq: _max_q(vp, vq, ax), x.p, x.q), x.qmarks)
 
-    def qfn(vp: np.ndarray, vq: np.ndarray) -> np.ndarray:
-        # order: p-residue, then q-part (so the result does not depend on the order of the elements)
-        key = vp * (f.q + 1) + (vq + 1)
-        i = np.expand_dims(np.argmax(key, axis=ax), ax)
-        return np.take_along_axis(vq, i, ax)
 
-    return FV(shape, p, _lazy(qfn, x.p, x.q), x.qmarks)
+def _max_q(vp: np.ndarray, vq: np.ndarray, ax: int) -> np.ndarray:
+    """The q-part of the max along ``ax`` (keepdims) of the values with p-residues ``vp`` and q-parts ``vq``
+    (``-1``: meaningless), in the order (p-residue, then q-part), so the result does not depend on the
+    order of the elements: the q-part at the largest p-residue, or where that p-residue occurs more than
+    once along ``ax``, the largest q-part among those elements."""
+    vp, vq = np.broadcast_arrays(vp, vq)
+    ax %= vp.ndim
+    i = np.expand_dims(np.argmax(vp, axis=ax), ax)
+    top = np.take_along_axis(vp, i, ax)
+    out = np.take_along_axis(vq, i, ax)
+    ties = np.count_nonzero(vp == top, axis=ax, keepdims=True) > 1
+    if ties.any():
+        where = np.nonzero(ties)
+        rows = tuple(w for d, w in enumerate(where) if d != ax)
+        sub_p, sub_q = np.moveaxis(vp, ax, -1)[rows], np.moveaxis(vq, ax, -1)[rows]
+        out[where] = np.where(sub_p == top[where][:, None], sub_q, -2).max(axis=-1)
+    return out
 
 
 # --------------------------------------------------------------------------- matmul

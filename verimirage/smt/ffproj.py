@@ -73,7 +73,9 @@ def _compress(f: np.ndarray) -> np.ndarray:
     for ax in range(f.ndim):
         if f.shape[ax] > 1:
             first = np.take(f, [0], axis=ax)
-            if np.array_equal(np.broadcast_to(first, f.shape), f):
+            # (the second slice first: most axes differ there, and the full comparison reads all of f)
+            if np.array_equal(first, np.take(f, [1], axis=ax)) and \
+                    np.array_equal(np.broadcast_to(first, f.shape), f):
                 f = first
     return f
 
