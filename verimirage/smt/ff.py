@@ -65,7 +65,11 @@ Speed
 -----
 For a search, :class:`FFReference` evaluates the *target* once per trial (seed)
 and keeps its outputs, so each candidate costs one program evaluation per
-trial; exp tables are cached per field. See ``verimirage/smt/PERF.md``.
+trial; exp tables are cached per field. The target's big products (exp fused
+or not) are kept too, and a candidate product whose operand rows and columns
+are, element for element, rows and columns of a kept one is taken from it
+instead of recomputed (:mod:`verimirage.smt.ffshare`). See
+``verimirage/smt/PERF.md``.
 """
 
 from __future__ import annotations
