@@ -182,3 +182,22 @@ def test_a_wrong_design_is_still_refuted_when_its_products_are_shared(name, bloc
     r = FF.ff_test(case.a(), case.b())
     assert r.outcome == "differ"
     assert S.STATS["found"] > before["found"]
+
+
+def test_a_reference_keeps_the_targets_products_for_later_candidates(blockwise) -> None:
+    g = vm.benchmarks.get("gqa", batch=1, small=True)
+    m = vm.benchmarks.expert("gqa", g)
+    ref = FF.FFReference(g)
+    ref.compare(m)
+    kept = sum(len(ref.shared.entries(s)) for s in FF.default_seeds(0, 4))
+    assert kept >= 4  # the target's Q K^T (exp fused) of every trial
+    before = dict(S.STATS)
+    r = ref.compare(m)  # the target is not evaluated again: the candidate reads the kept products
+    assert r.outcome == "equal"
+    assert S.STATS["stored"] == before["stored"] and S.STATS["found"] - before["found"] >= r.trials
+    # a one-off test drops each trial's products when the trial is done
+    one_off = FF.FFReference(g, keep_shared=False)
+    assert one_off.compare(m).outcome == "equal"
+    assert all(not one_off.shared.entries(s) for s in FF.default_seeds(0, 4))
+    ref.shared.clear()
+    assert all(not ref.shared.entries(s) for s in FF.default_seeds(0, 4))

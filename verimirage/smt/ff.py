@@ -1352,11 +1352,17 @@ class FFReference:
     Each candidate costs one evaluation per trial: the target's compared values (and, when small,
     its inputs) are computed once per seed and reused. Seeds are a fixed stream from ``seed``, so
     every candidate is tested on the same trials. ``project``: compare random bilinear projections
-    of the outputs (:func:`observe`; the default) instead of every element.
+    of the outputs (:func:`observe`; the default) instead of every element. ``keep_shared``: keep the
+    target's big products for the candidates of later :meth:`compare` calls (within the process-wide budget of
+    :mod:`verimirage.smt.ffshare`); a one-off comparison drops each trial's when the trial is done, so that
+    the next trial's arrays reuse their memory.
     """
 
-    def __init__(self, target: Graph, *, seed: int = 0, target_log2: float = 60.0, project: bool = True) -> None:
+    def __init__(self, target: Graph, *, seed: int = 0, target_log2: float = 60.0, project: bool = True,
+                 keep_shared: bool = True) -> None:
         self.target = target
+        #: keep the target's big products for later candidates (False: drop a trial's once its candidate is done)
+        self.keep_shared = keep_shared
         self.seed = seed
         self.target_log2 = target_log2
         self.project = project
@@ -1419,7 +1425,10 @@ class FFReference:
             ins = self.inputs(s, fld)
             outs_a, viol_a = self.outputs(s, ins)
             with ffshare.finding(self.shared.entries(s)):
-                return candidate_trial(ti, s, fld, ins, outs_a, viol_a)
+                r = candidate_trial(ti, s, fld, ins, outs_a, viol_a)
+            if not self.keep_shared:
+                self.shared.drop(s)  # (no later candidate will read them; later trials reuse the memory)
+            return r
 
         def candidate_trial(ti: int, s: int, fld: Field, ins: dict[str, FV], outs_a: list[np.ndarray],
                             viol_a: int) -> FFResult | None:
@@ -1473,7 +1482,7 @@ def ff_test(
     """
     if reference is None or reference.seed != seed or reference.target_log2 != target_log2 or (
             reference.project != project) or (reference.target is not a and str(reference.target) != str(a)):
-        reference = FFReference(a, seed=seed, target_log2=target_log2, project=project)
+        reference = FFReference(a, seed=seed, target_log2=target_log2, project=project, keep_shared=False)
     return reference.compare(b, seeds=seeds, trials=trials)
 
 

@@ -305,6 +305,12 @@ class Store:
         """The (live) list of entries of ``seed``."""
         return self._by_seed.setdefault(seed, [])
 
+    def drop(self, seed: int) -> None:
+        """Drop the entries of ``seed``."""
+        lst = self._by_seed.get(seed)
+        if lst is not None:
+            _BUDGET.drop(lst)
+
     def clear(self) -> None:
         """Drop every entry."""
         _BUDGET.drop_all(self._by_seed)
