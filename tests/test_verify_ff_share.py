@@ -140,11 +140,13 @@ def test_thin_products_are_not_worth_sharing(monkeypatch) -> None:
 
 def test_a_bad_budget_setting_is_reported(monkeypatch) -> None:
     monkeypatch.setenv(S.BUDGET_ENV, "lots")
-    with pytest.raises(ValueError, match=r"VERIMIRAGE_FF_SHARE_BYTES.*whole number"):
+    with pytest.raises(ValueError, match=r"VERIMIRAGE_FF_SHARE_BYTES='lots': expected a whole number >= 0"):
         S.budget()
     monkeypatch.setenv(S.BUDGET_ENV, "-1")
     with pytest.raises(ValueError, match=">= 0"):
         S.budget()
+    monkeypatch.setenv(S.BUDGET_ENV, " ")
+    assert S.budget() == S.DEFAULT_BUDGET
 
 
 @pytest.fixture

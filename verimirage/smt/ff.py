@@ -1255,15 +1255,8 @@ def ff_workers(trials: int, nbytes: int) -> int:
     """How many trials to evaluate at once: usable cores (or ``$VERIMIRAGE_FF_THREADS``), at most
     ``trials``, and few enough that the trials' input values (``nbytes`` each) stay under
     :data:`PARALLEL_BYTES` together."""
-    env = os.environ.get(THREADS_ENV, "").strip()
-    if env:
-        try:
-            n = int(env)
-        except ValueError:
-            raise GraphError(f"{THREADS_ENV}={env!r}: expected a positive integer") from None
-        if n < 1:
-            raise GraphError(f"{THREADS_ENV}={env!r}: expected a positive integer")
-    else:
+    n = ffshare.env_int(THREADS_ENV, 0, 1, GraphError)
+    if not n:
         try:
             n = min(4, len(os.sched_getaffinity(0)))
         except AttributeError:  # not Linux

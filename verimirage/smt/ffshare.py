@@ -62,18 +62,24 @@ def worth_sharing(a: np.ndarray, b: np.ndarray) -> bool:
     return n * r * b.shape[-1] >= MIN_GAIN * (a.size + b.size)
 
 
-def budget() -> int:
-    """Bytes of shared products kept process-wide (``$VERIMIRAGE_FF_SHARE_BYTES``; 0: no sharing)."""
-    raw = os.environ.get(BUDGET_ENV)
-    if raw is None or raw.strip() == "":
-        return DEFAULT_BUDGET
+def env_int(name: str, default: int, minimum: int, error: type[ValueError] = ValueError) -> int:
+    """The whole number in environment variable ``name`` (``default`` when unset or blank); ``error``
+    naming the variable and what was expected when it is not a whole number >= ``minimum``."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
     try:
         v = int(raw)
     except ValueError:
-        raise ValueError(f"${BUDGET_ENV} must be a whole number of bytes, got {raw!r}") from None
-    if v < 0:
-        raise ValueError(f"${BUDGET_ENV} must be >= 0, got {v}")
+        v = minimum - 1
+    if v < minimum:
+        raise error(f"${name}={raw!r}: expected a whole number >= {minimum}")
     return v
+
+
+def budget() -> int:
+    """Bytes of shared products kept process-wide (``$VERIMIRAGE_FF_SHARE_BYTES``; 0: no sharing)."""
+    return env_int(BUDGET_ENV, DEFAULT_BUDGET, 0)
 
 
 _WEIGHTS: dict[int, np.ndarray] = {}
