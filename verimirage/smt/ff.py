@@ -366,8 +366,15 @@ def as_kind(part: Part, kind: str) -> Part:
             part._twin = _view(as_kind(src, kind), fn)
         else:
             dt = np.float64 if kind == "f" else np.int64
-            part._twin = Part(lambda a: a.astype(dt), (part,), kind=kind)
+            part._twin = Part(lambda a: _frozen(a.astype(dt)), (part,), kind=kind)
     return part._twin
+
+
+def _frozen(x: np.ndarray) -> np.ndarray:
+    """``x``, made read-only. Inputs and their twins are: products of views of them may be shared by the
+    memory they read (:mod:`verimirage.smt.ffshare`), which needs that memory never to change."""
+    x.flags.writeable = False
+    return x
 
 
 def _lazy(fn: Callable[..., np.ndarray], *deps: Part) -> Part:
@@ -943,8 +950,6 @@ def _matmul_mod(a: np.ndarray, b: np.ndarray, m: int,
     n_both = math.prod(a.shape[t] for t in both)
     n_a = math.prod(a.shape[t] for t in a_only)
     n_b = math.prod(b.shape[t] for t in b_only)
-    af = _as_float(a, [*both, *a_only, *ones_a, nb, nb + 1], (n_both, n_a * mm, kk))
-    bf = _as_float(b, [*both, *ones_b, nb, *b_only, nb + 1], (n_both, kk, n_b * nn))
     out: np.ndarray | None = None
     big = n_both * n_a * mm * n_b * nn >= _BLOCK_ELEMS and n_a * mm * n_b * nn >= _BLOCK_ELEMS // 4
     if epi is not None and kk > _CHUNK:
@@ -952,13 +957,21 @@ def _matmul_mod(a: np.ndarray, b: np.ndarray, m: int,
     # (both, a_only, M, b_only, N): the batch axes in their order, then M, N
     r_shape = ([a.shape[t] for t in both] + [a.shape[t] for t in a_only] + [mm]
                + [b.shape[t] for t in b_only] + [nn])
-    r: np.ndarray | None = None
+    layout = ([a.shape[t] for t in both], [a.shape[t] for t in a_only] + [mm], [b.shape[t] for t in b_only] + [nn])
+    blocked = kk <= _CHUNK and (big or epi is not None)
+    fn, dt, tag = epi if epi is not None else ((lambda tb, dst: _f2i_into(tb, m, dst)), np.int64, ("mod", m))
+    # the same dot products, computed by another program of this trial: first by where the operands lie (views
+    # of the same read-only inputs), before they are folded or copied
+    r = ffshare.find_aliased(tag, a.transpose([*both, *a_only, *ones_a, nb, nb + 1]),
+                             b.transpose([*both, *ones_b, *b_only, nb + 1, nb]), layout) if blocked else None
+    if r is not None:
+        return _unfold(r, a.shape, b.shape, both, a_only, b_only, nb, mm, nn)
+    af = _as_float(a, [*both, *a_only, *ones_a, nb, nb + 1], (n_both, n_a * mm, kk))
+    bf = _as_float(b, [*both, *ones_b, nb, *b_only, nb + 1], (n_both, kk, n_b * nn))
     with _one_blas_thread():
-        if kk <= _CHUNK and (big or epi is not None):
-            fn, dt, tag = epi if epi is not None else ((lambda tb, dst: _f2i_into(tb, m, dst)), np.int64, ("mod", m))
-            # the same dot products, computed by another program of this trial (checked operand by operand)
-            r = ffshare.find(tag, af, bf, ([a.shape[t] for t in both], [a.shape[t] for t in a_only] + [mm],
-                                           [b.shape[t] for t in b_only] + [nn]))
+        if blocked:
+            # then by value (checked operand by operand)
+            r = ffshare.find(tag, af, bf, layout)
             if r is None:
                 out = np.empty((n_both, n_a * mm, n_b * nn), dtype=dt)
                 _blocked_matmul(af, bf, out, fn)
@@ -978,6 +991,12 @@ def _matmul_mod(a: np.ndarray, b: np.ndarray, m: int,
     if r is None:
         assert out is not None
         r = out.reshape(r_shape)
+    return _unfold(r, a.shape, b.shape, both, a_only, b_only, nb, mm, nn)
+
+
+def _unfold(r: np.ndarray, a_shape: tuple[int, ...], b_shape: tuple[int, ...], both: list[int], a_only: list[int],
+            b_only: list[int], nb: int, mm: int, nn: int) -> np.ndarray:
+    """A product laid out (both, a_only, M, b_only, N) as the broadcast shape (batch axes in order, M, N)."""
     order = both + a_only + b_only  # the batch axis each of r's leading axes stands for
     pos = {t: i for i, t in enumerate(both + a_only)}
     pos.update({t: len(both) + len(a_only) + 1 + i for i, t in enumerate(b_only)})
@@ -985,7 +1004,7 @@ def _matmul_mod(a: np.ndarray, b: np.ndarray, m: int,
     n_ax = r.ndim - 1
     perm = [pos[t] for t in sorted(order)] + [m_ax, n_ax]
     r = r.transpose(perm)
-    full = (*tuple(max(a.shape[t], b.shape[t]) for t in range(nb)), mm, nn)
+    full = (*tuple(max(a_shape[t], b_shape[t]) for t in range(nb)), mm, nn)
     return r.reshape(full)
 
 
@@ -1190,7 +1209,7 @@ def _input_part(shape: tuple[int, ...], seed: int, index: int, part: int, m: int
         for s in range(0, flat.size, _GEN_CHUNK):
             n = min(_GEN_CHUNK, flat.size - s)
             flat[s : s + n] = rng.integers(0, m, size=n, dtype=np.int32)
-        return out
+        return _frozen(out)
 
     return Part(gen, kind="f")
 
@@ -1421,6 +1440,10 @@ class FFReference:
                 r = candidate_trial(ti, s, fld, ins, outs_a, viol_a)
             if not self.keep_shared:
                 self.shared.drop(s)  # (no later candidate will read them; later trials reuse the memory)
+            elif s not in self._inputs:
+                # later candidates get new input arrays, so they find these products by value only: keep those
+                # worth it (a thin product, found by address only, would just hold its inputs' memory)
+                self.shared.prune(s, lambda e: ffshare.worth_sharing(e.a, e.b))
             return r
 
         def candidate_trial(ti: int, s: int, fld: Field, ins: dict[str, FV], outs_a: list[np.ndarray],

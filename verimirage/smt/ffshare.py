@@ -36,7 +36,7 @@ import os
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -115,6 +115,36 @@ def _lookup(sorted_keys: np.ndarray, order: np.ndarray, keys: np.ndarray) -> np.
     return order[pos]
 
 
+def _owner(x: np.ndarray) -> np.ndarray | None:
+    """The array that owns ``x``'s memory, or None (memory not owned by a numpy array)."""
+    while isinstance(x.base, np.ndarray):
+        x = x.base
+    return x if x.flags.owndata else None
+
+
+def _home(x: np.ndarray) -> tuple[np.ndarray, int] | None:
+    """``(owner, byte offset)`` of a C-contiguous view ``x`` of a **read-only** array (inputs are, see
+    ``ff._frozen``): memory that cannot change, so equal addresses mean equal values. None otherwise."""
+    o = _owner(x)
+    if o is None or o.flags.writeable or not x.flags.c_contiguous or x.dtype != o.dtype:
+        return None
+    return o, _addr(x) - _addr(o)
+
+
+def _addr(x: np.ndarray) -> int:
+    return int(x.__array_interface__["data"][0])
+
+
+def _offsets(x: np.ndarray) -> np.ndarray:
+    """Byte offsets from ``x``'s first element of every element along all axes but the last, (C order)."""
+    off = np.zeros(x.shape[:-1], dtype=np.int64)
+    for ax, (d, st) in enumerate(zip(x.shape[:-1], x.strides[:-1], strict=True)):
+        shape = [1] * (x.ndim - 1)
+        shape[ax] = d
+        off = off + np.arange(d, dtype=np.int64).reshape(shape) * st
+    return off.reshape(-1)
+
+
 @dataclass(eq=False)
 class Entry:
     """A stored product: its tag, folded operands and (read-only) result ``out`` (n, R, C)."""
@@ -125,6 +155,13 @@ class Entry:
     out: np.ndarray
     _rows: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
     _cols: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
+    #: where ``a`` and ``b`` lie in read-only memory (:func:`_home`), for :meth:`match_aliased`
+    a_home: tuple[np.ndarray, int] | None = field(default=None, repr=False)
+    b_home: tuple[np.ndarray, int] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.a_home = _home(self.a)
+        self.b_home = _home(self.b)
 
     @property
     def nbytes(self) -> int:
@@ -178,6 +215,45 @@ class Entry:
             return None
         b_t = _take(self.b, bt * (k * c_t), batch_dims, [(ks * c_t, [k]), (ci, col_dims)])
         if not np.array_equal(b_t, b.reshape(b_t.shape)):
+            return None
+        return _take(self.out, bt * (r_t * c_t), batch_dims, [(ri * c_t, row_dims), (ci, col_dims)])
+
+
+    def match_aliased(self, rows: np.ndarray, cols: np.ndarray, layout: Layout) -> np.ndarray | None:
+        """This product's entries for a product whose operands are views of the same read-only memory as
+        this one's: ``rows`` (..., K) holds the left operand's rows and ``cols`` (..., K) the right
+        operand's columns (all axes but the last in the folded order, see :func:`find_aliased`). Found
+        when every row (column) lies exactly where one of this product's does, in the same batch item:
+        then it *is* that row (column), so no value is compared. None otherwise."""
+        assert self.a_home is not None and self.b_home is not None
+        n_t, r_t, k = self.a.shape
+        c_t = self.b.shape[-1]
+        batch_dims, row_dims, col_dims = layout
+        n = math.prod(batch_dims)
+        if rows.shape[-1] != k or cols.shape[-1] != k or n_t >= 1 << 40:
+            return None
+        if rows.strides[-1] != self.a.strides[2] or cols.strides[-1] != self.b.strides[1]:
+            return None
+        # rows: offset d = bt * s0 + r * s1 in this product's left operand (C-contiguous), 0 <= r < r_t
+        s0, s1 = self.a.strides[:2]
+        d = (_addr(rows) - _addr(self.a_home[0]) - self.a_home[1]) + _offsets(rows)
+        bt_r, rem = np.divmod(d, s0)
+        ri, bad = np.divmod(rem, s1)
+        if bad.any() or (d < 0).any() or (bt_r >= n_t).any() or (ri >= r_t).any():
+            return None
+        bt_r, ri = bt_r.reshape(n, -1), ri.reshape(n, -1)
+        bt = bt_r[:, 0]
+        if not np.array_equal(bt_r, np.broadcast_to(bt[:, None], bt_r.shape)):
+            return None
+        # columns: offset d = bt * t0 + c * t2 in the right operand (K, C) per item, 0 <= c < c_t
+        t0, _, t2 = self.b.strides
+        d = (_addr(cols) - _addr(self.b_home[0]) - self.b_home[1]) + _offsets(cols)
+        bt_c, rem = np.divmod(d, t0)
+        ci, bad = np.divmod(rem, t2)
+        if bad.any() or (d < 0).any() or (ci >= c_t).any():
+            return None
+        bt_c, ci = bt_c.reshape(n, -1), ci.reshape(n, -1)
+        if not np.array_equal(bt_c, np.broadcast_to(bt[:, None], bt_c.shape)):
             return None
         return _take(self.out, bt * (r_t * c_t), batch_dims, [(ri * c_t, row_dims), (ci, col_dims)])
 
@@ -271,12 +347,17 @@ class _Budget:
             if id(entry) in self.lru:
                 self.lru.move_to_end(id(entry))
 
-    def drop(self, entries: list[Entry]) -> None:
+    def drop(self, entries: list[Entry], owner: list[Entry] | None = None) -> None:
+        """Drop ``entries`` from the budget and from ``owner`` (default: ``entries`` itself, emptied)."""
         with self.lock:
             for e in list(entries):
                 if self.lru.pop(id(e), None) is not None:
                     self.used -= e.nbytes
-            entries.clear()
+                if owner is not None:
+                    with contextlib.suppress(ValueError):
+                        owner.remove(e)
+            if owner is None:
+                entries.clear()
 
     def drop_all(self, by_seed: dict[int, list[Entry]]) -> None:
         for lst in by_seed.values():
@@ -285,8 +366,9 @@ class _Budget:
 
 
 _BUDGET = _Budget()
-#: how many products were stored, found (reused) and looked up in vain, process-wide (for tests and tuning)
-STATS = {"stored": 0, "found": 0, "missed": 0}
+#: how many products were stored, found by value or by address (reused) and looked up in vain, process-wide
+#: (for tests and tuning)
+STATS = {"stored": 0, "found": 0, "aliased": 0, "missed": 0}
 _STATS_LOCK = threading.Lock()
 
 
@@ -316,6 +398,12 @@ class Store:
         lst = self._by_seed.get(seed)
         if lst is not None:
             _BUDGET.drop(lst)
+
+    def prune(self, seed: int, keep: Callable[[Entry], bool]) -> None:
+        """Drop the entries of ``seed`` for which ``keep`` is false."""
+        lst = self._by_seed.get(seed)
+        if lst is not None:
+            _BUDGET.drop([e for e in list(lst) if not keep(e)], lst)
 
     def clear(self) -> None:
         """Drop every entry."""
@@ -371,14 +459,40 @@ def find(tag: Hashable, a: np.ndarray, b: np.ndarray, layout: Layout) -> np.ndar
     return None
 
 
+def find_aliased(tag: Hashable, rows: np.ndarray, cols: np.ndarray, layout: Layout) -> np.ndarray | None:
+    """Like :func:`find`, before the operands are folded (or copied): ``rows`` is the left operand with its
+    axes ordered (batch, row axes, K) and ``cols`` the right one ordered (batch, column axes, K), as views.
+    Found only when both are views of the same read-only arrays as a stored product's operands and every
+    row and column lies where one of that product's does (see :meth:`Entry.match_aliased`); this reads no
+    operand value, so it is tried first, and for products of any size."""
+    scope = _SCOPE.get()
+    if scope is None or not scope.find:
+        return None
+    oa, ob = _owner(rows), _owner(cols)
+    if oa is None or ob is None or oa.flags.writeable or ob.flags.writeable:
+        return None
+    for e in reversed(scope.find):
+        if e.tag == tag and e.a_home is not None and e.b_home is not None and e.a_home[0] is oa \
+                and e.b_home[0] is ob:
+            r = e.match_aliased(rows, cols, layout)
+            if r is not None:
+                _BUDGET.touch(e)
+                _count("aliased")
+                return r
+    return None
+
+
 def store(tag: Hashable, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     """Keep ``out`` (made read-only) as the product of ``a`` and ``b`` under ``tag`` when the current
     scope is :func:`storing` and the budget allows."""
     scope = _SCOPE.get()
     if scope is None or scope.store is None:
         return
-    if math.prod(out.shape) == 0 or not worth_sharing(a, b):
+    if math.prod(out.shape) == 0:
         return
+    e = Entry(tag, a, b, out)
+    if not worth_sharing(a, b) and (e.a_home is None or e.b_home is None):
+        return  # (found by address, a product is worth keeping whatever its shape)
     out.flags.writeable = False
-    if _BUDGET.add(Entry(tag, a, b, out), scope.store):
+    if _BUDGET.add(e, scope.store):
         _count("stored")
