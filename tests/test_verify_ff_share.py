@@ -193,6 +193,20 @@ def test_thin_products_are_not_worth_sharing(monkeypatch) -> None:
     assert S.worth_sharing(np.zeros((2, 256, 64)), np.zeros((2, 64, 4096)))
 
 
+def test_entries_count_their_inputs_once_they_outlive_the_trial(monkeypatch) -> None:
+    monkeypatch.setattr(S, "_BUDGET", S._Budget())
+    e, x, y = _frozen_entry(np.random.default_rng(6))
+    store = S.Store()
+    with S.storing(store.entries(7)):
+        S.store(e.tag, e.a, e.b, np.array(e.out))
+    (kept,) = store.entries(7)
+    assert S.held_bytes() == kept.out.nbytes  # the inputs are alive anyway while the trial runs
+    store.prune(7, lambda _: True)
+    assert S.held_bytes() == kept.out.nbytes + x.nbytes + y.nbytes
+    store.prune(7, lambda _: False)
+    assert S.held_bytes() == 0 and store.entries(7) == []
+
+
 def test_a_bad_budget_setting_is_reported(monkeypatch) -> None:
     monkeypatch.setenv(S.BUDGET_ENV, "lots")
     with pytest.raises(ValueError, match=r"VERIMIRAGE_FF_SHARE_BYTES='lots': expected a whole number >= 0"):

@@ -23,7 +23,8 @@ gathered copy. Stored arrays are read-only.
 
 Memory: a store keeps the products of the target of an :class:`~verimirage.smt.ff.FFReference`, per
 trial, within one process-wide budget (``$VERIMIRAGE_FF_SHARE_BYTES``, default 2 GiB; 0 turns sharing
-off), counting the operands an entry keeps alive. The least recently used entries are dropped first.
+off), counting the products, copied operands, and once the trial that made an entry is over, the inputs its
+operands are views of. The least recently used entries are dropped first.
 """
 
 from __future__ import annotations
@@ -163,10 +164,19 @@ class Entry:
         self.a_home = _home(self.a)
         self.b_home = _home(self.b)
 
+    #: whether the operands that are views of inputs count against the budget: not while the trial that made
+    #: the entry runs (its inputs are alive anyway), yes once the entry outlives it (see :meth:`Store.prune`)
+    pinning: bool = field(default=False, repr=False)
+
     @property
     def nbytes(self) -> int:
-        """Bytes held (the operands may be views of inputs; counted anyway)."""
-        return int(self.a.nbytes + self.b.nbytes + self.out.nbytes)
+        """Bytes this entry accounts for: the product, copied operands, and (when :attr:`pinning`) the
+        inputs its operands are views of."""
+        n = self.out.nbytes
+        for x, home in ((self.a, self.a_home), (self.b, self.b_home)):
+            if home is None or self.pinning:
+                n += x.nbytes
+        return int(n)
 
     def rows(self) -> tuple[np.ndarray, np.ndarray]:
         """Sorted row fingerprints (global row index b * R + i) and their order."""
@@ -323,24 +333,47 @@ class _Budget:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.used = 0
-        #: id -> (entry, the list holding it)
-        self.lru: OrderedDict[int, tuple[Entry, list[Entry]]] = OrderedDict()
+        #: id -> (entry, the list holding it, the bytes it was counted for)
+        self.lru: OrderedDict[int, tuple[Entry, list[Entry], int]] = OrderedDict()
 
     def add(self, entry: Entry, owner: list[Entry]) -> bool:
+        """Count ``entry`` (dropping the least recently used others as needed) and append it to ``owner``;
+        False (nothing done) when it alone exceeds the budget."""
         cap = budget()
         n = entry.nbytes
         if n > cap:
             return False
         with self.lock:
-            while self.used + n > cap and self.lru:
-                _, (old, lst) = self.lru.popitem(last=False)
-                self.used -= old.nbytes
-                with contextlib.suppress(ValueError):
-                    lst.remove(old)
+            self._evict(cap - n)
             owner.append(entry)
-            self.lru[id(entry)] = (entry, owner)
+            self.lru[id(entry)] = (entry, owner, n)
             self.used += n
         return True
+
+    def _evict(self, room: int) -> None:
+        while self.used > room and self.lru:
+            _, (old, lst, n) = self.lru.popitem(last=False)
+            self.used -= n
+            with contextlib.suppress(ValueError):
+                lst.remove(old)
+
+    def recount(self, entry: Entry) -> None:
+        """Count ``entry`` again at its current :attr:`Entry.nbytes` (dropping it, or older ones, if over)."""
+        cap = budget()
+        with self.lock:
+            item = self.lru.pop(id(entry), None)
+            if item is None:
+                return
+            _, owner, n = item
+            self.used -= n
+            n = entry.nbytes
+            if n > cap:
+                with contextlib.suppress(ValueError):
+                    owner.remove(entry)
+                return
+            self._evict(cap - n)
+            self.lru[id(entry)] = (entry, owner, n)
+            self.used += n
 
     def touch(self, entry: Entry) -> None:
         with self.lock:
@@ -351,8 +384,9 @@ class _Budget:
         """Drop ``entries`` from the budget and from ``owner`` (default: ``entries`` itself, emptied)."""
         with self.lock:
             for e in list(entries):
-                if self.lru.pop(id(e), None) is not None:
-                    self.used -= e.nbytes
+                item = self.lru.pop(id(e), None)
+                if item is not None:
+                    self.used -= item[2]
                 if owner is not None:
                     with contextlib.suppress(ValueError):
                         owner.remove(e)
@@ -400,10 +434,15 @@ class Store:
             _BUDGET.drop(lst)
 
     def prune(self, seed: int, keep: Callable[[Entry], bool]) -> None:
-        """Drop the entries of ``seed`` for which ``keep`` is false."""
+        """Once the trial of ``seed`` is done: drop its entries for which ``keep`` is false, and count the
+        inputs the others are views of (they now keep those alive)."""
         lst = self._by_seed.get(seed)
         if lst is not None:
             _BUDGET.drop([e for e in list(lst) if not keep(e)], lst)
+            for e in list(lst):
+                if not e.pinning:
+                    e.pinning = True
+                    _BUDGET.recount(e)
 
     def clear(self) -> None:
         """Drop every entry."""
