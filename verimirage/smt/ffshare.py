@@ -485,7 +485,7 @@ def find(tag: Hashable, a: np.ndarray, b: np.ndarray, layout: Layout) -> np.ndar
     None. A strided read-only view of the entry when the pairing is affine along those dims (tiles that
     are slices), else a gathered copy."""
     scope = _SCOPE.get()
-    if scope is None or not scope.find or not worth_sharing(a, b):
+    if scope is None or not scope.find or a.size == 0 or b.size == 0 or not worth_sharing(a, b):
         return None
     for e in reversed(scope.find):
         if e.tag == tag:
@@ -505,7 +505,7 @@ def find_aliased(tag: Hashable, rows: np.ndarray, cols: np.ndarray, layout: Layo
     row and column lies where one of that product's does (see :meth:`Entry.match_aliased`); this reads no
     operand value, so it is tried first, and for products of any size."""
     scope = _SCOPE.get()
-    if scope is None or not scope.find:
+    if scope is None or not scope.find or rows.size == 0 or cols.size == 0:
         return None
     oa, ob = _owner(rows), _owner(cols)
     if oa is None or ob is None or oa.flags.writeable or ob.flags.writeable:
