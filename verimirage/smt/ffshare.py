@@ -11,11 +11,18 @@ Nothing about the programs' structure is assumed. A product is the array
 ``B`` (batch, K, cols), ``epi`` elementwise (a reduction mod m, or that and an exp lookup) and named by
 a *tag*. A candidate product with the same tag reuses a stored one when each of its batch items ``c``
 has a stored batch item ``t`` such that every candidate row of ``A[c]`` **is equal to** a row of the
-stored ``A[t]`` and every candidate column of ``B[c]`` to a column of the stored ``B[t]``. Rows and
-columns are paired through exact integer fingerprints (dot products with fixed small weights, exact in
-float64), and then the pairing is **checked element by element**; any failure, a fingerprint collision
-included, means "not found" and the candidate computes its product itself. Equal operands give equal
-dot products, so the reused entries are exactly what the candidate would have computed.
+stored ``A[t]`` and every candidate column of ``B[c]`` to a column of the stored ``B[t]``: equal
+operands give equal dot products, so the reused entries are exactly what the candidate would have
+computed. That equality is established one of two ways, and any failure means "not found" (the
+candidate computes its product itself):
+
+* **by address** (:func:`find_aliased`, tried first, before the candidate's operands are folded or
+  copied): both operands are views of the same read-only arrays as the stored operands (inputs and
+  their twins are read-only, so that memory never changes) and every row and column starts where one of
+  the stored ones does, with the same stride along K. Then they are the same memory; no value is read.
+* **by value** (:func:`find`): rows and columns are paired through exact integer fingerprints (dot
+  products with fixed small weights, exact in float64), and the pairing is then **compared element by
+  element**, so a fingerprint collision is not a match.
 
 The reused entries come back as a strided read-only view of the stored array when the pairing is
 affine along each axis of the candidate's tile layout (the usual case: tiles are slices), or else as a
@@ -49,8 +56,8 @@ DEFAULT_BUDGET = 2 << 30
 #: integer below 2**44, exact in float64, and a batch index fits above it in an int64 key
 _W_BITS = 12
 _FP_BITS = 44
-#: a product is shared only when it has at least this many times as many elements as its operands: finding
-#: it reads the operands about three times (fingerprints, the exact comparison; ~1 ns an element here), while
+#: a product is shared by value only when it has at least this many times as many elements as its operands:
+#: finding it reads the operands about three times (fingerprints, the exact comparison; ~1 ns an element here), while
 #: computing it costs ~6-10 ns an element of the product (K = 64, the reduction, an exp lookup). A thin
 #: product (a few rows of a big operand, as in multi-head attention at batch 8) is not worth it
 MIN_GAIN = 0.5
