@@ -285,3 +285,23 @@ def test_a_reference_keeps_the_targets_products_for_later_candidates(blockwise) 
     assert all(not one_off.shared.entries(s) for s in FF.default_seeds(0, 4))
     ref.shared.clear()
     assert all(not ref.shared.entries(s) for s in FF.default_seeds(0, 4))
+
+
+def test_sharing_does_not_change_the_verdict_on_any_rule_instance(blockwise, monkeypatch) -> None:
+    # many small programs over every op (and their rewrites), each pair tested with and without sharing;
+    # compared element by element, so that their products are formed (a projection would skip most)
+    from verimirage.rewrite.rules import all_builtin_rules
+
+    monkeypatch.setattr(FF, "_BLOCK_ELEMS", 4)  # (the instances' products have 6 to 15 elements)
+    n = 0
+    before = dict(S.STATS)
+    for rule in all_builtin_rules():
+        for lhs, rhs in rule.instance_graphs():
+            monkeypatch.delenv(S.BUDGET_ENV, raising=False)
+            shared = FF.ff_test(lhs, rhs, trials=2, project=False)
+            monkeypatch.setenv(S.BUDGET_ENV, "0")
+            alone = FF.ff_test(lhs, rhs, trials=2, project=False)
+            assert (shared.outcome, shared.index) == (alone.outcome, alone.index), rule.name
+            n += 1
+    assert n >= 28
+    assert _reused(before) > 0  # (the rules with products on both sides did share them)
