@@ -7,5 +7,5 @@ bash scripts/setup.sh
 . .venv/bin/activate
 export TRITON_INTERPRET=1
 python -m ruff check verimirage tests benchmarks scripts examples
-python -m mypy -p verimirage.ir -p verimirage.rewrite -p verimirage.smt -p verimirage.backend
+python -m mypy -p verimirage
 python -m pytest -q -p no:cacheprovider "$@"

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import operator
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 import torch.fx as fx
@@ -71,7 +71,7 @@ def _is_tensor(n: Any) -> bool:
     return m is not None and getattr(m, "dtype", None) in _DTYPES
 
 
-def _is_number(x: Any) -> bool:
+def _is_number(x: Any) -> TypeGuard[int | float]:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 

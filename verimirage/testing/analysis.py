@@ -250,7 +250,7 @@ def _degree(n: Node, args: list[_Deg]) -> _Deg:
     if any(k is None for k in degs):
         return (True, None)
     if op in ("mul", "matmul"):
-        return (True, sum(degs, Fraction(0)))  # type: ignore[arg-type]
+        return (True, sum((k for k in degs if k is not None), Fraction(0)))
     if op == "div":
         return (True, degs[0] - degs[1])  # type: ignore[operator]
     (k,) = degs[:1]

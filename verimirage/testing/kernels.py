@@ -101,19 +101,19 @@ def kernel_ref(kernel: Any) -> KernelRef:
             f"write_tests: kernel is {type(kernel).__name__}; expected a callable on torch tensors, a vm.MuGraph, "
             "a Candidate, or 'module:function'"
         )
-    modname = getattr(kernel, "__module__", None)
-    qual = getattr(kernel, "__qualname__", None)
-    if modname and qual and "<" not in qual:
-        mod = sys.modules.get(modname)
+    modname: str | None = getattr(kernel, "__module__", None)
+    qname: str | None = getattr(kernel, "__qualname__", None)
+    if modname and qname and "<" not in qname:
+        loaded = sys.modules.get(modname)
         try:
-            same = mod is not None and _resolve(mod, qual) is kernel
+            same = loaded is not None and _resolve(loaded, qname) is kernel
         except AttributeError:
             same = False
         if same:
-            return {"kind": "import", "target": f"{modname}:{qual}", "file": _module_file(modname)}
-    if isinstance(kernel, types.FunctionType) and qual and "<" in qual:
+            return {"kind": "import", "target": f"{modname}:{qname}", "file": _module_file(modname)}
+    if isinstance(kernel, types.FunctionType) and qname and "<" in qname:
         raise GraphError(
-            f"write_tests: kernel {qual!r} is a lambda or closure, which a new process cannot find; define it at "
+            f"write_tests: kernel {qname!r} is a lambda or closure, which a new process cannot find; define it at "
             "module level or pass 'module:function'"
         )
     try:
@@ -136,7 +136,7 @@ def _mentioned(data: bytes) -> set[str]:
     strings: list[str] = []
     for op, arg, _ in pickletools.genops(data):
         if op.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE"):
-            strings.append(arg)
+            strings.append(str(arg))
         elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
             names.add(strings[-2].split(".")[0])
         elif op.name == "GLOBAL":

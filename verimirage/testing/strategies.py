@@ -214,7 +214,7 @@ def inputs(
     def draw(data: Any) -> Inputs:
         regime = data(st.sampled_from(regs))
         seed = data(st.integers(0, 2**32 - 1))
-        layouts = {n: data(st.sampled_from(_layouts_for(s, allow_noncontiguous))) for n, s in specs}
+        layouts = {str(n): data(st.sampled_from(_layouts_for(s, allow_noncontiguous))) for n, s in specs}
         return make_inputs(graph, regime, seed, layouts, device=device, facts=facts)
 
     return draw()
