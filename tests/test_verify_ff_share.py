@@ -118,6 +118,10 @@ def test_address_matching_refuses_what_does_not_line_up() -> None:
     # a shorter contraction, and rows and columns from different batch items
     assert _find_aliased(e, x[:1, :, :4], cols[..., :4], ([1], [8], [12])) is None
     assert _find_aliased(e, x[:1], np.moveaxis(y[1:2], 1, -1), ([1], [8], [12])) is None
+    # K walked backwards or every other element, and the same memory read as another dtype
+    assert _find_aliased(e, x[:1, :, ::-1], cols[..., ::-1], ([1], [8], [12])) is None
+    assert _find_aliased(e, x[:1, :, ::2], cols[..., ::2], ([1], [8], [12])) is None
+    assert _find_aliased(e, x[:1].view(np.int64), cols.view(np.int64), ([1], [8], [12])) is None
     # equal values in writeable memory: no address proof (found by value instead)
     xw, yw = x.copy(), y.copy()
     assert _find_aliased(e, xw[:1], np.moveaxis(yw[:1], 1, -1), ([1], [8], [12])) is None

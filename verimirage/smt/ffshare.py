@@ -249,6 +249,8 @@ class Entry:
         n = math.prod(batch_dims)
         if rows.shape[-1] != k or cols.shape[-1] != k or n_t >= 1 << 40:
             return None
+        if rows.dtype != self.a.dtype or cols.dtype != self.b.dtype:  # (a reinterpretation of the same memory)
+            return None
         if rows.strides[-1] != self.a.strides[2] or cols.strides[-1] != self.b.strides[1]:
             return None
         # rows: offset d = bt * s0 + r * s1 in this product's left operand (C-contiguous), 0 <= r < r_t
