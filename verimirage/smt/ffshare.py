@@ -249,12 +249,15 @@ class Entry:
         n = math.prod(batch_dims)
         if rows.shape[-1] != k or cols.shape[-1] != k or n_t >= 1 << 40:
             return None
-        if rows.dtype != self.a.dtype or cols.dtype != self.b.dtype:  # (a reinterpretation of the same memory)
+        if rows.dtype != self.a.dtype or cols.dtype != self.b.dtype or self.a.itemsize != self.b.itemsize:
+            return None  # (a reinterpretation of the same memory is not the same values)
+        # (the strides of C-contiguous operands, from their shapes: numpy may give size-1 axes any stride)
+        item = self.a.itemsize
+        s1, t1 = k * item, c_t * item
+        s0, t0 = r_t * s1, k * t1
+        if k > 1 and (rows.strides[-1] != item or cols.strides[-1] != t1):
             return None
-        if rows.strides[-1] != self.a.strides[2] or cols.strides[-1] != self.b.strides[1]:
-            return None
-        # rows: offset d = bt * s0 + r * s1 in this product's left operand (C-contiguous), 0 <= r < r_t
-        s0, s1 = self.a.strides[:2]
+        # rows: offset d = bt * s0 + r * s1 in this product's left operand, 0 <= r < r_t
         d = (_addr(rows) - _addr(self.a_home[0]) - self.a_home[1]) + _offsets(rows)
         bt_r, rem = np.divmod(d, s0)
         ri, bad = np.divmod(rem, s1)
@@ -264,11 +267,10 @@ class Entry:
         bt = bt_r[:, 0]
         if not np.array_equal(bt_r, np.broadcast_to(bt[:, None], bt_r.shape)):
             return None
-        # columns: offset d = bt * t0 + c * t2 in the right operand (K, C) per item, 0 <= c < c_t
-        t0, _, t2 = self.b.strides
+        # columns: offset d = bt * t0 + c * item in the right operand (K, C) per item, 0 <= c < c_t
         d = (_addr(cols) - _addr(self.b_home[0]) - self.b_home[1]) + _offsets(cols)
         bt_c, rem = np.divmod(d, t0)
-        ci, bad = np.divmod(rem, t2)
+        ci, bad = np.divmod(rem, item)
         if bad.any() or (d < 0).any() or (ci >= c_t).any():
             return None
         bt_c, ci = bt_c.reshape(n, -1), ci.reshape(n, -1)
