@@ -32,3 +32,16 @@ def test_case(case) -> None:
     else:
         assert not isinstance(v, vm.Proved), v.summary()
         assert v.caught_by(), v.summary()
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_expressions_found_while_splitting_cases_are_the_ones_derive_makes(case) -> None:
+    # abstract_check reuses what output_cases derived; it must be exactly what derive computes afresh
+    from verimirage.smt import abstract as A
+
+    a, b = case.a(), case.b()
+    derived: A.Derived = {}
+    cases = [A.output_cases([a, b], k, t.shape, derived) for k, t in enumerate(a.outputs)]
+    fresh = (A.derive(a, cases), A.derive(b, cases))
+    assert derived  # (every final case was derived on the way)
+    assert (A.derive(a, cases, derived), A.derive(b, cases, derived)) == fresh

@@ -414,15 +414,23 @@ def derive_on(g: Graph, case: Case, d: E.Derivation) -> list[E.Poly]:
         E.deactivate(tok)
 
 
-def refine_cases(g: Graph, shape: tuple[int, ...], case: Case, d: E.Derivation, k: int) -> list[Case] | None:
-    """None when output ``k`` of ``g`` derives on ``case``; else the case split in two or more."""
+#: output ``k`` of a graph derived on a case: (graph id, k, case ranges) -> (expression, laws used)
+Derived = dict[tuple[int, int, tuple[tuple[int, int], ...]], tuple[E.Poly, frozenset[str]]]
+
+
+def refine_cases(g: Graph, shape: tuple[int, ...], case: Case, d: E.Derivation, k: int,
+                 derived: Derived | None = None) -> list[Case] | None:
+    """None when output ``k`` of ``g`` derives on ``case`` (recorded in ``derived``, so that :func:`derive`
+    need not derive it again); else the case split in two or more."""
     tok = E.activate(d)
     try:
         for j, (lo, hi) in enumerate(case.ranges):
             d.ranges[out_var(j)] = (lo, hi)
         o = _outputs_sym(g)[k]
         try:
-            o.at(tuple(E.a_var(out_var(j)) for j in range(o.ndim)))
+            e = o.at(tuple(E.a_var(out_var(j)) for j in range(o.ndim)))
+            if derived is not None:
+                derived[(id(g), k, case.ranges)] = (e, frozenset(d.laws))
             return None
         except E.NeedSplit as e:
             for j in range(len(case.ranges)):
@@ -444,14 +452,15 @@ def refine_cases(g: Graph, shape: tuple[int, ...], case: Case, d: E.Derivation, 
         E.deactivate(tok)
 
 
-def output_cases(gs: Sequence[Graph], k: int, shape: tuple[int, ...]) -> list[Case]:
-    """The coarsest boxes of output ``k``'s indices on which every graph of ``gs`` derives."""
+def output_cases(gs: Sequence[Graph], k: int, shape: tuple[int, ...], derived: Derived | None = None) -> list[Case]:
+    """The coarsest boxes of output ``k``'s indices on which every graph of ``gs`` derives (the expressions
+    found on the way are recorded in ``derived``, see :func:`derive`)."""
     todo = [Case(tuple((0, n) for n in shape))]
     done: list[Case] = []
     while todo:
         c = todo.pop()
         for g in gs:
-            split = refine_cases(g, shape, c, E.Derivation(), k)
+            split = refine_cases(g, shape, c, E.Derivation(), k, derived)
             if split is not None:
                 todo.extend(split)
                 break
@@ -462,8 +471,11 @@ def output_cases(gs: Sequence[Graph], k: int, shape: tuple[int, ...]) -> list[Ca
     return sorted(done, key=lambda c: c.ranges)
 
 
-def derive(g: Graph, cases_per_output: Sequence[Sequence[Case]]) -> tuple[list[list[E.Poly]], set[str]]:
-    """Expressions of every output of ``g`` on the given cases, and the laws the normaliser used."""
+def derive(g: Graph, cases_per_output: Sequence[Sequence[Case]],
+           derived: Derived | None = None) -> tuple[list[list[E.Poly]], set[str]]:
+    """Expressions of every output of ``g`` on the given cases, and the laws the normaliser used. An
+    expression :func:`output_cases` already derived (same graph object, output and case, recorded in
+    ``derived``) is taken from there: the derivation is deterministic."""
     laws: set[str] = set()
     res: list[list[E.Poly]] = [[] for _ in cases_per_output]
     ncase = max(len(c) for c in cases_per_output)
@@ -471,6 +483,11 @@ def derive(g: Graph, cases_per_output: Sequence[Sequence[Case]]) -> tuple[list[l
         # outputs sharing a case index share one derivation run
         for k, cases in enumerate(cases_per_output):
             if ci >= len(cases):
+                continue
+            hit = derived.get((id(g), k, cases[ci].ranges)) if derived is not None else None
+            if hit is not None:
+                res[k].append(hit[0])
+                laws |= hit[1]
                 continue
             d = E.Derivation()
             outs = derive_on(g, cases[ci], d)

@@ -82,9 +82,10 @@ def abstract_check(a: Graph, b: Graph, *, timeout_s: float = 10.0,
     """
     t0 = time.perf_counter()
     try:
-        cases = [A.output_cases([a, b], k, t.shape) for k, t in enumerate(a.outputs)]
-        ea, la = A.derive(a, cases)
-        eb, lb = A.derive(b, cases)
+        derived: A.Derived = {}
+        cases = [A.output_cases([a, b], k, t.shape, derived) for k, t in enumerate(a.outputs)]
+        ea, la = A.derive(a, cases, derived)
+        eb, lb = A.derive(b, cases, derived)
     except (E.AbstractionError, E.NeedSplit, RecursionError) as e:
         return AbstractResult("unknown", f"abstraction: {e}", (), (), (), time.perf_counter() - t0)
     queries: list[Query] = []
