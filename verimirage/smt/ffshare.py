@@ -143,14 +143,25 @@ def _addr(x: np.ndarray) -> int:
     return int(x.__array_interface__["data"][0])
 
 
-def _offsets(x: np.ndarray) -> np.ndarray:
-    """Byte offsets from ``x``'s first element of every element along all axes but the last, (C order)."""
-    off = np.zeros(x.shape[:-1], dtype=np.int64)
-    for ax, (d, st) in enumerate(zip(x.shape[:-1], x.strides[:-1], strict=True)):
-        shape = [1] * (x.ndim - 1)
+def _lattice(dims: Sequence[int], strides: Sequence[int]) -> np.ndarray:
+    """``sum(x_k * strides[k])`` at every multi-index ``x`` of ``dims``, as an int64 array of shape ``dims``."""
+    out = np.zeros(tuple(dims), dtype=np.int64)
+    for ax, (d, st) in enumerate(zip(dims, strides, strict=True)):
+        shape = [1] * len(dims)
         shape[ax] = d
-        off = off + np.arange(d, dtype=np.int64).reshape(shape) * st
-    return off.reshape(-1)
+        out = out + np.arange(d, dtype=np.int64).reshape(shape) * st
+    return out
+
+
+def _offsets(x: np.ndarray) -> np.ndarray:
+    """Byte offsets from ``x``'s first element of every element along all axes but the last (flat, C order)."""
+    return _lattice(x.shape[:-1], x.strides[:-1]).reshape(-1)
+
+
+def _one_per_row(x: np.ndarray) -> np.ndarray | None:
+    """``x[:, 0]`` when every row of ``x`` (2-D) holds one value throughout, else None."""
+    first = x[:, 0]
+    return first if np.array_equal(x, np.broadcast_to(first[:, None], x.shape)) else None
 
 
 @dataclass(eq=False)
@@ -161,19 +172,18 @@ class Entry:
     a: np.ndarray
     b: np.ndarray
     out: np.ndarray
-    _rows: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
-    _cols: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
+    _rows: tuple[np.ndarray, np.ndarray] | None = field(default=None, init=False, repr=False)
+    _cols: tuple[np.ndarray, np.ndarray] | None = field(default=None, init=False, repr=False)
     #: where ``a`` and ``b`` lie in read-only memory (:func:`_home`), for :meth:`match_aliased`
-    a_home: tuple[np.ndarray, int] | None = field(default=None, repr=False)
-    b_home: tuple[np.ndarray, int] | None = field(default=None, repr=False)
+    a_home: tuple[np.ndarray, int] | None = field(init=False, repr=False)
+    b_home: tuple[np.ndarray, int] | None = field(init=False, repr=False)
+    #: whether the operands that are views of inputs count against the budget: not while the trial that made
+    #: the entry runs (its inputs are alive anyway), yes once the entry outlives it (see :meth:`Store.prune`)
+    pinning: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.a_home = _home(self.a)
         self.b_home = _home(self.b)
-
-    #: whether the operands that are views of inputs count against the budget: not while the trial that made
-    #: the entry runs (its inputs are alive anyway), yes once the entry outlives it (see :meth:`Store.prune`)
-    pinning: bool = field(default=False, repr=False)
 
     @property
     def nbytes(self) -> int:
@@ -216,8 +226,8 @@ class Entry:
         if rows is None:
             return None
         rows = rows.reshape(n, r)
-        bt = rows[:, 0] // r_t
-        if not np.array_equal(rows // r_t, np.broadcast_to(bt[:, None], rows.shape)):
+        bt = _one_per_row(rows // r_t)
+        if bt is None:
             return None
         cols = _lookup(*self.cols(), (_col_keys(b) + (bt[:, None] << _FP_BITS)).reshape(-1))
         if cols is None:
@@ -233,8 +243,13 @@ class Entry:
         b_t = _take(self.b, bt * (k * c_t), batch_dims, [(ks * c_t, [k]), (ci, col_dims)])
         if not np.array_equal(b_t, b.reshape(b_t.shape)):
             return None
-        return _take(self.out, bt * (r_t * c_t), batch_dims, [(ri * c_t, row_dims), (ci, col_dims)])
+        return self._entries(bt, ri, ci, layout)
 
+    def _entries(self, bt: np.ndarray, ri: np.ndarray, ci: np.ndarray, layout: Layout) -> np.ndarray:
+        """``out[bt[c], ri[c, i], ci[c, j]]`` shaped ``(*batch_dims, *row_dims, *col_dims)`` (see :func:`_take`)."""
+        _, r_t, c_t = self.out.shape
+        batch_dims, row_dims, col_dims = layout
+        return _take(self.out, bt * (r_t * c_t), batch_dims, [(ri * c_t, row_dims), (ci, col_dims)])
 
     def match_aliased(self, rows: np.ndarray, cols: np.ndarray, layout: Layout) -> np.ndarray | None:
         """This product's entries for a product whose operands are views of the same read-only memory as
@@ -245,8 +260,7 @@ class Entry:
         assert self.a_home is not None and self.b_home is not None
         n_t, r_t, k = self.a.shape
         c_t = self.b.shape[-1]
-        batch_dims, row_dims, col_dims = layout
-        n = math.prod(batch_dims)
+        n = math.prod(layout[0])
         if rows.shape[-1] != k or cols.shape[-1] != k or n_t >= 1 << 40:
             return None
         if rows.dtype != self.a.dtype or cols.dtype != self.b.dtype or self.a.itemsize != self.b.itemsize:
@@ -263,20 +277,19 @@ class Entry:
         ri, bad = np.divmod(rem, s1)
         if bad.any() or (d < 0).any() or (bt_r >= n_t).any() or (ri >= r_t).any():
             return None
-        bt_r, ri = bt_r.reshape(n, -1), ri.reshape(n, -1)
-        bt = bt_r[:, 0]
-        if not np.array_equal(bt_r, np.broadcast_to(bt[:, None], bt_r.shape)):
+        bt = _one_per_row(bt_r.reshape(n, -1))
+        if bt is None:
             return None
+        ri = ri.reshape(n, -1)
         # columns: offset d = bt * t0 + c * item in the right operand (K, C) per item, 0 <= c < c_t
         d = (_addr(cols) - _addr(self.b_home[0]) - self.b_home[1]) + _offsets(cols)
         bt_c, rem = np.divmod(d, t0)
         ci, bad = np.divmod(rem, item)
         if bad.any() or (d < 0).any() or (ci >= c_t).any():
             return None
-        bt_c, ci = bt_c.reshape(n, -1), ci.reshape(n, -1)
-        if not np.array_equal(bt_c, np.broadcast_to(bt[:, None], bt_c.shape)):
+        if not np.array_equal(bt_c.reshape(n, -1), np.broadcast_to(bt[:, None], (n, ci.size // n))):
             return None
-        return _take(self.out, bt * (r_t * c_t), batch_dims, [(ri * c_t, row_dims), (ci, col_dims)])
+        return self._entries(bt, ri, ci.reshape(n, -1), layout)
 
 
 #: how a product's axes factor: (batch dims, row dims, column dims), each product equal to the folded size
@@ -290,19 +303,11 @@ def _affine(v: np.ndarray, dims: Sequence[int]) -> tuple[int, list[int]] | None:
     t = v.reshape(dims)
     v0 = int(t.reshape(-1)[0]) if t.size else 0
     strides = []
-    expect = np.full(t.shape, v0, dtype=np.int64)
     for ax, d in enumerate(dims):
-        if d == 1:
-            strides.append(0)
-            continue
         idx = [0] * len(dims)
-        idx[ax] = 1
-        st = int(t[tuple(idx)]) - v0
-        strides.append(st)
-        shape = [1] * len(dims)
-        shape[ax] = d
-        expect = expect + np.arange(d, dtype=np.int64).reshape(shape) * st
-    if not np.array_equal(t, expect):
+        idx[ax] = min(1, d - 1)
+        strides.append(int(t[tuple(idx)]) - v0 if d > 1 else 0)
+    if not np.array_equal(t, v0 + _lattice(dims, strides)):
         return None
     return v0, strides
 
@@ -316,12 +321,9 @@ def _take(src: np.ndarray, base: np.ndarray, batch_dims: Sequence[int],
     flat = src.reshape(-1)
     n = base.shape[0]
     shape = [*batch_dims] + [d for _, dims in axes for d in dims]
-    starts = base.copy()
-    rel = []
-    for offs, _ in axes:
-        o2 = offs.reshape(1, -1) if offs.ndim == 1 else offs
-        starts += o2[:, 0]
-        rel.append(o2 - o2[:, :1])
+    offs2 = [o.reshape(1, -1) if o.ndim == 1 else o for o, _ in axes]  # (n or 1, L_a)
+    starts = base + sum(o[:, 0] for o in offs2)
+    rel = [o - o[:, :1] for o in offs2]
     if all(r.shape[0] == 1 or np.array_equal(r, np.broadcast_to(r[:1], r.shape)) for r in rel):
         parts = [_affine(starts, batch_dims)] + [_affine(r[0], dims) for r, (_, dims) in zip(rel, axes, strict=True)]
         if all(p is not None for p in parts):
@@ -332,9 +334,8 @@ def _take(src: np.ndarray, base: np.ndarray, batch_dims: Sequence[int],
                 return np.lib.stride_tricks.as_strided(flat[v0:], shape=shape,
                                                        strides=[s * item for s in strides], writeable=False)
     idx = base.reshape([n] + [1] * len(axes))
-    for i, (offs, _) in enumerate(axes):
-        o2 = offs.reshape(1, -1) if offs.ndim == 1 else offs
-        idx = idx + o2.reshape([o2.shape[0]] + [o2.shape[1] if j == i else 1 for j in range(len(axes))])
+    for i, o in enumerate(offs2):
+        idx = idx + o.reshape([o.shape[0]] + [o.shape[1] if j == i else 1 for j in range(len(axes))])
     return np.take(flat, idx).reshape(shape)
 
 
@@ -440,9 +441,7 @@ class Store:
 
     def drop(self, seed: int) -> None:
         """Drop the entries of ``seed``."""
-        lst = self._by_seed.get(seed)
-        if lst is not None:
-            _BUDGET.drop(lst)
+        self.prune(seed, lambda _: False)
 
     def prune(self, seed: int, keep: Callable[[Entry], bool]) -> None:
         """Once the trial of ``seed`` is done: drop its entries for which ``keep`` is false, and count the
