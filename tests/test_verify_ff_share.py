@@ -291,6 +291,64 @@ def test_a_reference_keeps_the_targets_products_for_later_candidates(blockwise) 
     assert all(not ref.shared.entries(s) for s in FF.default_seeds(0, 4))
 
 
+def _input_arrays(ins: dict[str, FF.FV]) -> list[np.ndarray]:
+    return [part._val for v in ins.values() for part in (v.p, v.q) if part is not None and part._val is not None]
+
+
+def test_a_reference_holds_big_inputs_within_the_budget(blockwise, monkeypatch) -> None:
+    # inputs above the small-input cache are held in the sharing budget after a trial: a later candidate reads
+    # the same arrays (no inputs drawn again) and so finds the target's products by address
+    monkeypatch.setattr(S, "_BUDGET", S._Budget())
+    monkeypatch.setattr(FF, "INPUT_CACHE_BYTES", 0)
+    g = vm.benchmarks.get("gqa", batch=1, small=True)
+    m = vm.benchmarks.expert("gqa", g)
+    ref = FF.FFReference(g)
+    first = ref.compare(m)
+    seeds = first.seeds
+    held = [ref.shared.held_inputs(s) for s in seeds]
+    assert all(h is not None for h in held)
+    assert S.held_bytes() >= sum(FF.held_bytes(h) for h in held) > 0
+    arrays = [_input_arrays(h) for h in held]
+    before = dict(S.STATS)
+    again = ref.compare(m)
+    assert again.outcome == "equal" and again.seeds == seeds
+    assert S.STATS["aliased"] - before["aliased"] >= len(seeds) and S.STATS["found"] == before["found"]
+    for s, old in zip(seeds, arrays, strict=True):
+        new = _input_arrays(ref.inputs(s, FF.Field.from_seed(s)))
+        assert [id(x) for x in new[: len(old)]] == [id(x) for x in old]  # the very same arrays
+    ref.shared.clear()
+    assert S.held_bytes() == 0 and all(ref.shared.held_inputs(s) is None for s in seeds)
+
+
+def test_inputs_are_held_only_when_every_trials_fit_in_half_the_budget(blockwise, monkeypatch) -> None:
+    monkeypatch.setattr(S, "_BUDGET", S._Budget())
+    monkeypatch.setattr(FF, "INPUT_CACHE_BYTES", 0)
+    g = vm.benchmarks.get("gqa", batch=1, small=True)
+    m = vm.benchmarks.expert("gqa", g)
+    probe = FF.FFReference(g)
+    r = probe.compare(m)
+    one = FF.held_bytes(probe.shared.held_inputs(r.seeds[0]))
+    probe.shared.clear()
+    # just too small for all trials' inputs: none held, later candidates draw them again (equal values)
+    monkeypatch.setenv(S.BUDGET_ENV, str(2 * one * r.trials - 1))
+    ref = FF.FFReference(g)
+    assert ref.compare(m).outcome == "equal"
+    assert all(ref.shared.held_inputs(s) is None for s in r.seeds)
+    fld = FF.Field.from_seed(r.seeds[0])
+    x, y = ref.inputs(r.seeds[0], fld), ref.inputs(r.seeds[0], fld)
+    assert x is not y and np.array_equal(FF.ints(x["Q"].p), FF.ints(y["Q"].p))
+    # held inputs are dropped least recently used first, like products
+    monkeypatch.delenv(S.BUDGET_ENV)
+    ref = FF.FFReference(g)
+    assert ref.compare(m).outcome == "equal"
+    assert all(ref.shared.held_inputs(s) is not None for s in r.seeds)
+    monkeypatch.setenv(S.BUDGET_ENV, str(one))
+    assert S._BUDGET.add(S.Held(None, 1), [])
+    assert S.held_bytes() <= one
+    assert all(ref.shared.held_inputs(s) is None for s in r.seeds)
+    assert ref.compare(m).outcome == "equal"  # (drawn again)
+
+
 def test_sharing_does_not_change_the_verdict_on_any_rule_instance(blockwise, monkeypatch) -> None:
     # many small programs over every op (and their rewrites), each pair tested with and without sharing;
     # compared element by element, so that their products are formed (a projection would skip most)

@@ -65,7 +65,8 @@ Speed
 -----
 For a search, :class:`FFReference` evaluates the *target* once per trial (seed)
 and keeps its outputs, so each candidate costs one program evaluation per
-trial; exp tables are cached per field. The target's big products (exp fused
+trial; exp tables are cached per field. Trial inputs are kept too: always when
+small, else within the sharing budget when every trial's fit in half of it. The target's big products (exp fused
 or not) are kept too, and a candidate product whose operand rows and columns
 are, element for element, rows and columns of a kept one is taken from it
 instead of recomputed (:mod:`verimirage.smt.ffshare`). See
@@ -1256,6 +1257,18 @@ def _first_difference(x: np.ndarray, y: np.ndarray) -> tuple[int, ...] | None:
     return tuple(int(v) for v in np.argwhere(x0 != y0)[0])
 
 
+def held_bytes(values: Mapping[str, FV]) -> int:
+    """Bytes of the arrays computed so far for the parts of ``values`` (and their int/float twins)."""
+    n = 0
+    for v in values.values():
+        for part in (v.p, v.q):
+            while part is not None:
+                if part._val is not None:
+                    n += part._val.nbytes
+                part = part._twin
+    return n
+
+
 def _nbytes(g: Graph) -> int:
     return sum(8 * 2 * math.prod(t.shape) for t in g.inputs)
 
@@ -1386,13 +1399,25 @@ class FFReference:
         self.shared = ffshare.Store()
 
     def inputs(self, s: int, fld: Field) -> dict[str, FV]:
-        """The trial inputs for seed ``s`` (lazy values; kept when small)."""
+        """The trial inputs for seed ``s`` (lazy values; kept when small, or held by :meth:`hold_inputs`)."""
         ins = self._inputs.get(s)
+        if ins is None:
+            ins = self.shared.held_inputs(s)
         if ins is None:
             ins = input_values(self.target, fld, s)
             if _nbytes(self.target) <= INPUT_CACHE_BYTES:
                 self._inputs[s] = ins
         return ins
+
+    def hold_inputs(self, s: int, ins: dict[str, FV], trials: int) -> bool:
+        """After a trial of seed ``s``: keep its inputs ``ins`` (those computed) for later candidates, within the
+        budget of :mod:`verimirage.smt.ffshare`, when ``trials`` trials' worth of them take at most half of
+        it (more would evict each other, and the products, before a later candidate reads them). Whether
+        they are kept."""
+        if s in self._inputs:
+            return True
+        n = held_bytes(ins)
+        return n * trials <= ffshare.budget() // 2 and self.shared.hold_inputs(s, ins, n)
 
     def outputs(self, s: int, inputs: Mapping[str, FV] | None = None) -> tuple[list[np.ndarray], int]:
         """The target's compared values (:func:`observe`) for seed ``s`` and its q-violation count
@@ -1440,10 +1465,12 @@ class FFReference:
                 r = candidate_trial(ti, s, fld, ins, outs_a, viol_a)
             if not self.keep_shared:
                 self.shared.drop(s)  # (no later candidate will read them; later trials reuse the memory)
-            elif s not in self._inputs:
+            elif not self.hold_inputs(s, ins, len(seeds)):
                 # later candidates get new input arrays, so they find these products by value only: keep those
                 # worth it (a thin product, found by address only, would just hold its inputs' memory)
                 self.shared.prune(s, lambda e: ffshare.worth_sharing(e.a, e.b))
+            else:
+                self.shared.prune(s, lambda e: True)  # (count the inputs they are views of)
             return r
 
         def candidate_trial(ti: int, s: int, fld: Field, ins: dict[str, FV], outs_a: list[np.ndarray],

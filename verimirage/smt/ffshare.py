@@ -31,7 +31,9 @@ gathered copy. Stored arrays are read-only.
 Memory: a store keeps the products of the target of an :class:`~verimirage.smt.ff.FFReference`, per
 trial, within one process-wide budget (``$VERIMIRAGE_FF_SHARE_BYTES``, default 2 GiB; 0 turns sharing
 off), counting the products, copied operands, and once the trial that made an entry is over, the inputs its
-operands are views of. The least recently used entries are dropped first.
+operands are views of. The same budget holds the trials' input values a reference keeps for later
+candidates (:meth:`Store.hold_inputs`), so that those read the same arrays and find products by address.
+The least recently used entries are dropped first.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -86,7 +89,7 @@ def env_int(name: str, default: int, minimum: int, error: type[ValueError] = Val
 
 
 def budget() -> int:
-    """Bytes of shared products kept process-wide (``$VERIMIRAGE_FF_SHARE_BYTES``; 0: no sharing)."""
+    """Bytes of shared products and held inputs kept process-wide (``$VERIMIRAGE_FF_SHARE_BYTES``; 0: none)."""
     return env_int(BUDGET_ENV, DEFAULT_BUDGET, 0)
 
 
@@ -339,16 +342,24 @@ def _take(src: np.ndarray, base: np.ndarray, batch_dims: Sequence[int],
     return np.take(flat, idx).reshape(shape)
 
 
+@dataclass(eq=False)
+class Held:
+    """A trial's input values kept for later candidates, counted against the budget like a product."""
+
+    value: Any
+    nbytes: int
+
+
 class _Budget:
-    """The process-wide byte budget of stored entries (oldest dropped first)."""
+    """The process-wide byte budget of stored entries and held inputs (least recently used dropped first)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.used = 0
         #: id -> (entry, the list holding it, the bytes it was counted for)
-        self.lru: OrderedDict[int, tuple[Entry, list[Entry], int]] = OrderedDict()
+        self.lru: OrderedDict[int, tuple[Entry | Held, list[Any], int]] = OrderedDict()
 
-    def add(self, entry: Entry, owner: list[Entry]) -> bool:
+    def add(self, entry: Entry | Held, owner: list[Any]) -> bool:
         """Count ``entry`` (dropping the least recently used others as needed) and append it to ``owner``;
         False (nothing done) when it alone exceeds the budget."""
         cap = budget()
@@ -387,12 +398,12 @@ class _Budget:
             self.lru[id(entry)] = (entry, owner, n)
             self.used += n
 
-    def touch(self, entry: Entry) -> None:
+    def touch(self, entry: Entry | Held) -> None:
         with self.lock:
             if id(entry) in self.lru:
                 self.lru.move_to_end(id(entry))
 
-    def drop(self, entries: list[Entry], owner: list[Entry] | None = None) -> None:
+    def drop(self, entries: Sequence[Entry | Held], owner: list[Any] | None = None) -> None:
         """Drop ``entries`` from the budget and from ``owner`` (default: ``entries`` itself, emptied)."""
         with self.lock:
             for e in list(entries):
@@ -402,10 +413,10 @@ class _Budget:
                 if owner is not None:
                     with contextlib.suppress(ValueError):
                         owner.remove(e)
-            if owner is None:
+            if owner is None and isinstance(entries, list):
                 entries.clear()
 
-    def drop_all(self, by_seed: dict[int, list[Entry]]) -> None:
+    def drop_all(self, by_seed: dict[int, list[Entry]] | dict[int, list[Held]]) -> None:
         for lst in by_seed.values():
             self.drop(lst)
         by_seed.clear()
@@ -424,16 +435,19 @@ def _count(key: str) -> None:
 
 
 def held_bytes() -> int:
-    """Bytes of stored products held now (process-wide)."""
+    """Bytes of stored products and held inputs counted now (process-wide)."""
     return _BUDGET.used
 
 
 class Store:
-    """The products of one program per trial seed (those big enough to be worth keeping)."""
+    """The products of one program per trial seed (those big enough to be worth keeping), and the trials'
+    input values when they are kept within the budget (:meth:`hold_inputs`)."""
 
     def __init__(self) -> None:
         self._by_seed: dict[int, list[Entry]] = {}
+        self._inputs: dict[int, list[Held]] = {}
         weakref.finalize(self, _BUDGET.drop_all, self._by_seed)
+        weakref.finalize(self, _BUDGET.drop_all, self._inputs)
 
     def entries(self, seed: int) -> list[Entry]:
         """The (live) list of entries of ``seed``."""
@@ -455,8 +469,27 @@ class Store:
                     _BUDGET.recount(e)
 
     def clear(self) -> None:
-        """Drop every entry."""
+        """Drop every entry and held input."""
         _BUDGET.drop_all(self._by_seed)
+        _BUDGET.drop_all(self._inputs)
+
+    def hold_inputs(self, seed: int, value: Any, nbytes: int) -> bool:
+        """Keep ``value`` (the input values of trial ``seed``, ``nbytes`` of memory) within the budget, so
+        that later candidates read the same arrays (and find products by address); False when it does not
+        fit. Like products, held inputs are dropped least recently used first."""
+        lst = self._inputs.setdefault(seed, [])
+        if lst:
+            return True
+        return _BUDGET.add(Held(value, nbytes), lst)
+
+    def held_inputs(self, seed: int) -> Any | None:
+        """The input values held for ``seed`` (:meth:`hold_inputs`), or None."""
+        held = list(self._inputs.get(seed, ()))  # (a copy: another thread may drop it meanwhile)
+        if not held:
+            return None
+        h = held[0]
+        _BUDGET.touch(h)
+        return h.value
 
 
 @dataclass(frozen=True)
