@@ -219,7 +219,23 @@ def test_a_bad_budget_setting_is_reported(monkeypatch) -> None:
     with pytest.raises(ValueError, match=">= 0"):
         S.budget()
     monkeypatch.setenv(S.BUDGET_ENV, " ")
-    assert S.budget() == S.DEFAULT_BUDGET
+    assert S.budget() == S.default_budget() >= S.MIN_DEFAULT_BUDGET
+
+    def memory(pages: int):  # type: ignore[no-untyped-def]
+        return lambda name: {"SC_PHYS_PAGES": pages, "SC_PAGE_SIZE": 4096}[name]
+
+    monkeypatch.setattr(S.os, "sysconf", memory(1 << 23))  # 32 GiB of memory: an eighth
+    assert S.default_budget() == 4 << 30
+    monkeypatch.setattr(S.os, "sysconf", memory(1 << 25))  # 128 GiB (the H100 machine)
+    assert S.default_budget() == 16 << 30
+    monkeypatch.setattr(S.os, "sysconf", memory(1 << 20))  # 4 GiB: the floor
+    assert S.default_budget() == S.MIN_DEFAULT_BUDGET
+
+    def unknown(name: str) -> int:
+        raise OSError(name)
+
+    monkeypatch.setattr(S.os, "sysconf", unknown)
+    assert S.default_budget() == S.MIN_DEFAULT_BUDGET
 
 
 @pytest.fixture

@@ -29,11 +29,11 @@ affine along each axis of the candidate's tile layout (the usual case: tiles are
 gathered copy. Stored arrays are read-only.
 
 Memory: a store keeps the products of the target of an :class:`~verimirage.smt.ff.FFReference`, per
-trial, within one process-wide budget (``$VERIMIRAGE_FF_SHARE_BYTES``, default 2 GiB; 0 turns sharing
-off), counting the products, copied operands, and once the trial that made an entry is over, the inputs its
-operands are views of. The same budget holds the trials' input values a reference keeps for later
-candidates (:meth:`Store.hold_inputs`), so that those read the same arrays and find products by address.
-The least recently used entries are dropped first.
+trial, within one process-wide budget (``$VERIMIRAGE_FF_SHARE_BYTES``, default an eighth of the memory, at
+least 2 GiB; 0 turns sharing off), counting the products, copied operands, and once the trial that made an
+entry is over, the inputs its operands are views of. The same budget holds the trials' input values a
+reference keeps for later candidates (:meth:`Store.hold_inputs`), so that those read the same arrays and
+find products by address. The least recently used entries are dropped first.
 """
 
 from __future__ import annotations
@@ -52,9 +52,11 @@ from typing import Any
 
 import numpy as np
 
-#: environment variable: bytes of shared products kept process-wide (default :data:`DEFAULT_BUDGET`)
+#: environment variable: bytes of shared products and held inputs kept process-wide (default:
+#: :func:`default_budget`)
 BUDGET_ENV = "VERIMIRAGE_FF_SHARE_BYTES"
-DEFAULT_BUDGET = 2 << 30
+#: the default budget is an eighth of the machine's memory, and at least this
+MIN_DEFAULT_BUDGET = 2 << 30
 #: fingerprint weights are below 2**_W_BITS: with residues below 2**21 and K <= 2048 a fingerprint is an
 #: integer below 2**44, exact in float64, and a batch index fits above it in an int64 key
 _W_BITS = 12
@@ -88,9 +90,21 @@ def env_int(name: str, default: int, minimum: int, error: type[ValueError] = Val
     return v
 
 
+def default_budget() -> int:
+    """An eighth of the machine's physical memory, at least :data:`MIN_DEFAULT_BUDGET` (2 GiB; also when the
+    memory size is unknown). A machine with room holds more trials' inputs (multi-head attention's are ~1 GB
+    a trial at batch 8) for a search's later candidates."""
+    try:
+        phys = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):  # not POSIX
+        phys = 0
+    return max(MIN_DEFAULT_BUDGET, phys // 8)
+
+
 def budget() -> int:
-    """Bytes of shared products and held inputs kept process-wide (``$VERIMIRAGE_FF_SHARE_BYTES``; 0: none)."""
-    return env_int(BUDGET_ENV, DEFAULT_BUDGET, 0)
+    """Bytes of shared products and held inputs kept process-wide (``$VERIMIRAGE_FF_SHARE_BYTES``, default
+    :func:`default_budget`; 0: none)."""
+    return env_int(BUDGET_ENV, default_budget(), 0)
 
 
 _WEIGHTS: dict[int, np.ndarray] = {}
