@@ -311,13 +311,19 @@ def _input_arrays(ins: dict[str, FF.FV]) -> list[np.ndarray]:
     return [part._val for v in ins.values() for part in (v.p, v.q) if part is not None and part._val is not None]
 
 
-def test_a_reference_holds_big_inputs_within_the_budget(blockwise, monkeypatch) -> None:
-    # inputs above the small-input cache are held in the sharing budget after a trial: a later candidate reads
-    # the same arrays (no inputs drawn again) and so finds the target's products by address
+@pytest.fixture
+def big_inputs(blockwise, monkeypatch) -> tuple[vm.Graph, vm.Graph]:
+    """A gqa pair whose inputs count as too big for the small-input cache, with a budget of its own."""
     monkeypatch.setattr(S, "_BUDGET", S._Budget())
     monkeypatch.setattr(FF, "INPUT_CACHE_BYTES", 0)
     g = vm.benchmarks.get("gqa", batch=1, small=True)
-    m = vm.benchmarks.expert("gqa", g)
+    return g, vm.benchmarks.expert("gqa", g)
+
+
+def test_a_reference_holds_big_inputs_within_the_budget(big_inputs) -> None:
+    # inputs above the small-input cache are held in the sharing budget after a trial: a later candidate reads
+    # the same arrays (no inputs drawn again) and so finds the target's products by address
+    g, m = big_inputs
     ref = FF.FFReference(g)
     first = ref.compare(m)
     seeds = first.seeds
@@ -336,11 +342,8 @@ def test_a_reference_holds_big_inputs_within_the_budget(blockwise, monkeypatch) 
     assert S.held_bytes() == 0 and all(ref.shared.held_inputs(s) is None for s in seeds)
 
 
-def test_inputs_are_held_only_when_every_trials_fit_in_half_the_budget(blockwise, monkeypatch) -> None:
-    monkeypatch.setattr(S, "_BUDGET", S._Budget())
-    monkeypatch.setattr(FF, "INPUT_CACHE_BYTES", 0)
-    g = vm.benchmarks.get("gqa", batch=1, small=True)
-    m = vm.benchmarks.expert("gqa", g)
+def test_inputs_are_held_only_when_every_trials_fit_in_half_the_budget(big_inputs, monkeypatch) -> None:
+    g, m = big_inputs
     probe = FF.FFReference(g)
     r = probe.compare(m)
     one = FF.held_bytes(probe.shared.held_inputs(r.seeds[0]))
