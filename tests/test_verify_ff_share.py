@@ -338,6 +338,10 @@ def test_a_reference_holds_big_inputs_within_the_budget(big_inputs) -> None:
     for s, old in zip(seeds, arrays, strict=True):
         new = _input_arrays(ref.inputs(s, FF.Field.from_seed(s)))
         assert [id(x) for x in new[: len(old)]] == [id(x) for x in old]  # the very same arrays
+    # held again with more of them computed, they are counted again (not twice)
+    used = S.held_bytes()
+    assert ref.shared.hold_inputs(seeds[0], held[0], FF.held_bytes(held[0]) + 1000)
+    assert S.held_bytes() == used + 1000
     ref.shared.clear()
     assert S.held_bytes() == 0 and all(ref.shared.held_inputs(s) is None for s in seeds)
 

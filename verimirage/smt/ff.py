@@ -66,10 +66,10 @@ Speed
 For a search, :class:`FFReference` evaluates the *target* once per trial (seed)
 and keeps its outputs, so each candidate costs one program evaluation per
 trial; exp tables are cached per field. Trial inputs are kept too: always when
-small, else within the sharing budget when every trial's fit in half of it. The target's big products (exp fused
-or not) are kept too, and a candidate product whose operand rows and columns
-are, element for element, rows and columns of a kept one is taken from it
-instead of recomputed (:mod:`verimirage.smt.ffshare`). See
+small, else within the sharing budget when every trial's fit in half of it. The
+target's big products (exp fused or not) are kept too, and a candidate product
+whose operand rows and columns are, element for element, rows and columns of a
+kept one is taken from it instead of recomputed (:mod:`verimirage.smt.ffshare`). See
 ``verimirage/smt/PERF.md``.
 """
 

@@ -394,7 +394,7 @@ class _Budget:
             with contextlib.suppress(ValueError):
                 lst.remove(old)
 
-    def recount(self, entry: Entry) -> None:
+    def recount(self, entry: Entry | Held) -> None:
         """Count ``entry`` again at its current :attr:`Entry.nbytes` (dropping it, or older ones, if over)."""
         cap = budget()
         with self.lock:
@@ -417,7 +417,7 @@ class _Budget:
             if id(entry) in self.lru:
                 self.lru.move_to_end(id(entry))
 
-    def drop(self, entries: Sequence[Entry | Held], owner: list[Any] | None = None) -> None:
+    def drop(self, entries: list[Any], owner: list[Any] | None = None) -> None:
         """Drop ``entries`` from the budget and from ``owner`` (default: ``entries`` itself, emptied)."""
         with self.lock:
             for e in list(entries):
@@ -427,7 +427,7 @@ class _Budget:
                 if owner is not None:
                     with contextlib.suppress(ValueError):
                         owner.remove(e)
-            if owner is None and isinstance(entries, list):
+            if owner is None:
                 entries.clear()
 
     def drop_all(self, by_seed: dict[int, list[Entry]] | dict[int, list[Held]]) -> None:
@@ -490,10 +490,15 @@ class Store:
     def hold_inputs(self, seed: int, value: Any, nbytes: int) -> bool:
         """Keep ``value`` (the input values of trial ``seed``, ``nbytes`` of memory) within the budget, so
         that later candidates read the same arrays (and find products by address); False when it does not
-        fit. Like products, held inputs are dropped least recently used first."""
+        fit. Held again (a later candidate may have computed more of them), they are counted again. Like
+        products, held inputs are dropped least recently used first."""
         lst = self._inputs.setdefault(seed, [])
-        if lst:
-            return True
+        for h in list(lst):
+            if h.value is value:
+                if h.nbytes != nbytes:
+                    h.nbytes = nbytes
+                    _BUDGET.recount(h)
+                return bool(lst)
         return _BUDGET.add(Held(value, nbytes), lst)
 
     def held_inputs(self, seed: int) -> Any | None:
