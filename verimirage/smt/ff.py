@@ -98,7 +98,7 @@ from ..ir.errors import GraphError
 from ..ir.graph import Graph, node_list, output_refs
 from ..ir.interpret import run
 from ..ir.ops import OPS, Prop, TensorType, implements, neg_axis
-from . import ffshare
+from . import ffgpu, ffshare
 from .consts import const_fraction
 
 log = logging.getLogger(__name__)
@@ -975,24 +975,33 @@ def _matmul_mod(a: np.ndarray, b: np.ndarray, m: int,
             r = ffshare.find(tag, af, bf, layout)
             if r is None:
                 out = np.empty((n_both, n_a * mm, n_b * nn), dtype=dt)
-                _blocked_matmul(af, bf, out, fn)
+                if not ffgpu.product(af, bf, out, tag, _CHUNK):  # (a GPU, when the machine has one)
+                    _blocked_matmul(af, bf, out, fn)
                 ffshare.store(tag, af, bf, out)
         elif kk <= _CHUNK:
             out = _f2i_mod(np.matmul(af, bf), m)
         else:
-            for s in range(0, kk, _CHUNK):
-                part = np.matmul(af[..., s : s + _CHUNK], bf[:, s : s + _CHUNK, :])
-                pi = part.astype(np.int64)
-                del part
-                out = pi if out is None else np.add(out, pi, out=out)
-                if (s // _CHUNK) % 512 == 511:  # keep the int64 sum of chunk results below 2**63
-                    _modi(out, m)
-            assert out is not None
-            _modi(out, m)
+            out = np.empty((n_both, n_a * mm, n_b * nn), dtype=np.int64)  # (not touched unless a GPU fills it)
+            if not ffgpu.product(af, bf, out, ("mod", m), _CHUNK):
+                out = _chunked_matmul_mod(af, bf, m)
     if r is None:
         assert out is not None
         r = out.reshape(r_shape)
     return _unfold(r, a.shape, b.shape, both, a_only, b_only, nb, mm, nn)
+
+
+def _chunked_matmul_mod(af: np.ndarray, bf: np.ndarray, m: int) -> np.ndarray:
+    """``af @ bf mod m`` (int64) of ``(n, M, K)`` and ``(n, K, N)`` float64 residues, one float64 product per
+    contraction chunk of :data:`_CHUNK` (exact), summed in int64."""
+    out: np.ndarray | None = None
+    kk = af.shape[-1]
+    for s in range(0, kk, _CHUNK):
+        pi = np.matmul(af[..., s : s + _CHUNK], bf[:, s : s + _CHUNK, :]).astype(np.int64)
+        out = pi if out is None else np.add(out, pi, out=out)
+        if (s // _CHUNK) % 512 == 511:  # keep the int64 sum of chunk results below 2**63
+            _modi(out, m)
+    assert out is not None
+    return _modi(out, m)
 
 
 def _unfold(r: np.ndarray, a_shape: tuple[int, ...], b_shape: tuple[int, ...], both: list[int], a_only: list[int],
@@ -1179,6 +1188,8 @@ class FFResult:
     field_trial: int | None = None
     #: whether the outputs were compared through random bilinear projections (:mod:`verimirage.smt.ffproj`)
     projected: bool = False
+    #: where the big products ran (:func:`verimirage.smt.ffgpu.describe`)
+    device: str = "cpu"
 
 
 
@@ -1452,6 +1463,7 @@ class FFReference:
             seeds = default_seeds(self.seed, max(n, 1))
         seeds = tuple(int(s) for s in seeds)
         p_only = not (self.uses_exp or uses_exp(cand))
+        where = ffgpu.describe()
         ps = tuple(Field.from_seed(s).p for s in seeds)
         qs = tuple(Field.from_seed(s).q for s in seeds)
         gs = tuple(Field.from_seed(s).g for s in seeds)
@@ -1477,7 +1489,7 @@ class FFReference:
                             viol_a: int) -> FFResult | None:
             outs_b = _run_lazy(cand, ins, fld)
             common = dict(p=ps[: ti + 1], q=qs[: ti + 1], g=gs[: ti + 1], seeds=seeds[: ti + 1], trials=ti + 1,
-                          per_trial_bound=per, projected=self.project)
+                          per_trial_bound=per, projected=self.project, device=where)
             for k, (x, y) in enumerate(zip(outs_a, outs_b, strict=True)):
                 idx = _first_difference(x, observe(y, s, k, fld, self.project))
                 if idx is not None and self.project and y.shape:
@@ -1508,7 +1520,7 @@ class FFReference:
                   f"false-accept bound {bound:.3g}" if outcome == "equal"
                   else "degree too high for a meaningful bound")
         return FFResult(outcome, reason, ps, qs, gs, seeds, len(seeds), per, bound,
-                        time.perf_counter() - t0, projected=self.project)
+                        time.perf_counter() - t0, projected=self.project, device=where)
 
 
 def ff_test(

@@ -142,7 +142,7 @@ def _ff_check(r: FFResult) -> Check:
     outcome = {"equal": "proved", "differ": "refuted"}.get(r.outcome, "unknown")
     params = (("p", r.p), ("q", r.q), ("g", r.g), ("seeds", r.seeds), ("trials", r.trials),
               ("per_trial_bound", r.per_trial_bound), ("false_accept_bound", r.bound if outcome == "proved" else 1.0),
-              ("projection", PROJECTION if r.projected else "none"))
+              ("projection", PROJECTION if r.projected else "none"), ("products_on", r.device))
     return Check("finite-field", outcome, params, r.seconds, r.reason)
 
 

@@ -1,0 +1,178 @@
+"""Big finite-field products on a GPU (verimirage/smt/ffgpu.py).
+
+* The device path gives every element the CPU path gives: plain products mod m (one contraction chunk and
+  several, near the 2**53 limit of exact float64 sums), exp-fused products, in batch-item and row-block
+  steps, from read-only operands. On a CPU-only machine it runs through torch on the CPU
+  (``torch-cpu``); the ``gpu`` tests run it on CUDA.
+* Small products, other epilogues and the ``cpu`` setting stay on numpy, and leave ``out`` alone.
+* Every corpus pair gets the same outcome, output, index and trial with products on the device path, and
+  the verdict's evidence says where the products ran.
+* A bad setting, or a GPU asked for on a machine without one, is reported naming the variable.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import verimirage as vm
+from verimirage.ir.errors import GraphError
+from verimirage.smt import ff as FF
+from verimirage.smt import ffgpu as G
+
+sys.path.insert(0, str(Path(__file__).parent / "cases"))
+from corpus import CASES
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(autouse=True)
+def fresh_setting(monkeypatch):
+    """Each test resolves ``$VERIMIRAGE_FF_DEVICE`` afresh (and leaves no resolution behind)."""
+    monkeypatch.setattr(G, "_resolved", {})
+
+
+@pytest.fixture
+def on_device(monkeypatch):
+    """Products of every size on the device path: CUDA when present, else torch on the CPU."""
+    monkeypatch.setenv(G.DEVICE_ENV, "cuda" if torch.cuda.is_available() else "torch-cpu")
+    monkeypatch.setattr(G, "MIN_MACS", 0)
+
+
+def _operands(rng: np.random.Generator, m: int, n: int, rows: int, kk: int, cols: int):
+    af = rng.integers(0, m, (n, rows, kk)).astype(np.float64)
+    bf = rng.integers(0, m, (n, kk, cols)).astype(np.float64)
+    af[..., 0] = m - 1  # the largest residues, so the chunk sums come near 2**53
+    bf[:, 0] = m - 1
+    af.flags.writeable = False
+    bf.flags.writeable = False
+    return af, bf
+
+
+def _exact(af: np.ndarray, bf: np.ndarray, m: int) -> np.ndarray:
+    return (np.matmul(af.astype(np.int64).astype(object), bf.astype(np.int64).astype(object)) % m).astype(np.int64)
+
+
+@pytest.mark.parametrize("shape,slab", [
+    ((3, 20, 64, 30), 1 << 20),   # all batch items in one step
+    ((3, 20, 64, 30), 700),       # one batch item a step
+    ((2, 20, 64, 30), 70),        # row blocks of one item
+    ((2, 9, 4500, 7), 1 << 20),   # three contraction chunks, summed in int64
+])
+def test_products_mod_m_equal_the_exact_ones(on_device, monkeypatch, shape, slab) -> None:
+    monkeypatch.setattr(G, "SLAB_ELEMS", slab)
+    m = FF.Field.from_seed(7).p
+    n, rows, kk, cols = shape
+    af, bf = _operands(np.random.default_rng(1), m, n, rows, kk, cols)
+    out = np.full((n, rows, cols), -5, dtype=np.int64)
+    assert G.product(af, bf, out, ("mod", m), FF._CHUNK)
+    assert np.array_equal(out, _exact(af, bf, m))
+    assert np.array_equal(out, FF._chunked_matmul_mod(af, bf, m))  # (the CPU path agrees too)
+
+
+@pytest.mark.parametrize("slab", [1 << 20, 50])
+def test_exp_fused_products_equal_the_cpu_epilogue(on_device, monkeypatch, slab) -> None:
+    monkeypatch.setattr(G, "SLAB_ELEMS", slab)
+    fld = FF.Field.from_seed(11)
+    af, bf = _operands(np.random.default_rng(2), fld.q, 2, 12, 64, 40)
+    out = np.zeros((2, 12, 40))
+    assert G.product(af, bf, out, ("exp", fld.p, fld.q, fld.g), FF._CHUNK)
+    expected = FF._exp_table(fld.p, fld.q, fld.g)[_exact(af, bf, fld.q)]
+    assert np.array_equal(out, expected)
+    cpu = np.zeros_like(out)
+    table = FF._exp_table_f32(fld.p, fld.q, fld.g)
+
+    def epi(tb: np.ndarray, dst: np.ndarray) -> None:
+        idx = np.empty(tb.shape, dtype=np.int64)
+        FF._f2i_into(tb, fld.q, idx)
+        FF._gather_into(table, idx.reshape(-1), dst.reshape(-1))
+
+    FF._blocked_matmul(af, bf, cpu, epi)
+    assert np.array_equal(out, cpu)
+
+
+def test_a_fused_exp_over_a_long_contraction_is_refused(on_device) -> None:
+    fld = FF.Field.from_seed(11)
+    af, bf = _operands(np.random.default_rng(3), fld.q, 1, 2, FF._CHUNK + 1, 2)
+    with pytest.raises(GraphError, match="contraction of at most 2048"):
+        G.product(af, bf, np.zeros((1, 2, 2)), ("exp", fld.p, fld.q, fld.g), FF._CHUNK)
+
+
+def test_what_stays_on_the_cpu(monkeypatch) -> None:
+    af, bf = _operands(np.random.default_rng(4), 101, 1, 4, 8, 4)
+    out = np.full((1, 4, 4), -5, dtype=np.int64)
+    monkeypatch.setenv(G.DEVICE_ENV, "torch-cpu")
+    assert not G.product(af, bf, out, ("mod", 101), FF._CHUNK)  # small (below MIN_MACS)
+    monkeypatch.setattr(G, "MIN_MACS", 0)
+    assert not G.product(af, bf, out, ("other", 101), FF._CHUNK)  # an epilogue it does not know
+    monkeypatch.setenv(G.DEVICE_ENV, "cpu")
+    assert G.device() is None and G.describe() == "cpu"
+    assert not G.product(af, bf, out, ("mod", 101), FF._CHUNK)
+    assert (out == -5).all()
+
+
+def test_auto_uses_the_cpu_without_an_nvidia_driver(monkeypatch) -> None:
+    monkeypatch.delenv(G.DEVICE_ENV, raising=False)
+    monkeypatch.setattr(G.os.path, "exists", lambda path: False)
+    assert G.setting() == "auto" and G.device() is None
+
+
+@pytest.mark.parametrize("value,message", [
+    ("gpu", "expected auto, cpu, cuda, cuda:N or torch-cpu"),
+    ("cuda:x", "VERIMIRAGE_FF_DEVICE"),
+])
+def test_a_bad_setting_is_reported(monkeypatch, value, message) -> None:
+    monkeypatch.setenv(G.DEVICE_ENV, value)
+    if value.startswith("cuda") and not torch.cuda.is_available():
+        message = "sees no CUDA GPU"
+    with pytest.raises(GraphError, match=message):
+        G.device()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_a_gpu_asked_for_without_one_is_reported(monkeypatch) -> None:
+    monkeypatch.setenv(G.DEVICE_ENV, "cuda")
+    with pytest.raises(GraphError, match=r"VERIMIRAGE_FF_DEVICE='cuda', but torch sees no CUDA GPU"):
+        vm.verify(*_gqa_pair())
+
+
+def _gqa_pair() -> tuple[vm.Graph, vm.Graph]:
+    g = vm.benchmarks.get("gqa", batch=1, small=True)
+    return g, vm.benchmarks.expert("gqa", g)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_the_device_changes_no_outcome(case, monkeypatch) -> None:
+    a, b = case.a(), case.b()
+    monkeypatch.setattr(FF, "_BLOCK_ELEMS", 16)  # (every product of more than a few elements blocked)
+    on_cpu = FF.ff_test(a, b)
+    monkeypatch.setenv(G.DEVICE_ENV, "cuda" if torch.cuda.is_available() else "torch-cpu")
+    monkeypatch.setattr(G, "MIN_MACS", 0)
+    moved = FF.ff_test(a, b)
+    assert on_cpu.device == "cpu" and moved.device != "cpu"
+    assert moved.outcome == on_cpu.outcome, (case.name, moved.reason, on_cpu.reason)
+    assert (moved.output, moved.index, moved.field_trial) == (on_cpu.output, on_cpu.index, on_cpu.field_trial)
+
+
+def test_the_evidence_says_where_the_products_ran(on_device) -> None:
+    v = vm.verify(*_gqa_pair())
+    assert isinstance(v, vm.Proved)
+    where = next(c for c in v.evidence if c.name == "finite-field").param("products_on")
+    assert where == G.describe() and where != "cpu"
+
+
+@pytest.mark.gpu
+def test_a_batch8_attention_product_on_the_gpu_equals_the_cpu(monkeypatch) -> None:
+    # the gqa b8 target's Q K^T with exp fused, at full size (16 x 256 x 4096, contraction 64)
+    monkeypatch.setenv(G.DEVICE_ENV, "cuda")
+    fld = FF.Field.from_seed(3)
+    af, bf = _operands(np.random.default_rng(5), fld.q, 16, 256, 64, 4096)
+    tag = ("exp", fld.p, fld.q, fld.g)
+    out = np.empty((16, 256, 4096))
+    assert G.product(af, bf, out, tag, FF._CHUNK)
+    monkeypatch.setenv(G.DEVICE_ENV, "cpu")
+    idx = FF._chunked_matmul_mod(af, bf, fld.q)
+    assert np.array_equal(out, FF._exp_table(fld.p, fld.q, fld.g)[idx])

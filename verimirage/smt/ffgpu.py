@@ -1,0 +1,185 @@
+"""Big finite-field products on a GPU, when the machine has one (``$VERIMIRAGE_FF_DEVICE``).
+
+The finite-field test's largest cost is the products of residue arrays (attention's ``Q K^T`` of a batch-8
+pair is 1.07 G multiply-adds a trial), and, for ``exp`` of a product, reducing each result mod q and looking
+it up in the exp table. On a machine with an NVIDIA GPU these run there, through torch, and the results are
+copied back into the same host arrays the CPU path fills, so nothing else changes: later ops, the sharing
+of products between programs (:mod:`verimirage.smt.ffshare`) and the verdict are the same.
+
+Exactness is argued as on the CPU: the operands are integer residues held in float64, the contraction is
+split into chunks of at most ``ff._CHUNK`` (2048) so that every partial sum of products is an integer below
+2**53, and float64 arithmetic is exact on such integers whatever the order of summation or use of fused
+multiply-adds (so cuBLAS's choice of algorithm cannot change a result); the conversion to int64, the sums of
+chunk results, the reduction mod m and the exp-table lookup are integer operations. A test on the GPU
+machine compares every element with the CPU path (``tests/test_verify_ff_gpu.py``).
+
+``$VERIMIRAGE_FF_DEVICE``:
+
+* ``auto`` (the default): a CUDA GPU when the NVIDIA driver is loaded and torch sees one, else the CPU
+  (torch is not imported on a machine without the driver);
+* ``cpu``: numpy on the CPU only;
+* ``cuda`` or ``cuda:N``: that GPU (an error when there is none);
+* ``torch-cpu``: the GPU code path run by torch on the CPU (for testing it on a machine without a GPU; slower
+  than numpy).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+import warnings
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from ..ir.errors import GraphError
+
+log = logging.getLogger(__name__)
+
+DEVICE_ENV = "VERIMIRAGE_FF_DEVICE"
+#: a product of fewer multiply-adds stays on the CPU (moving it would cost more than computing it)
+MIN_MACS = 1 << 24
+#: result elements computed per step on the device (bounds the device memory a trial's product takes)
+SLAB_ELEMS = 1 << 24
+#: sums of this many chunk results are reduced mod m (each is < 2**53: 512 of them stay below 2**62)
+_REDUCE_EVERY = 512
+
+_lock = threading.Lock()
+_resolved: dict[str, Any] = {}
+
+# torch warns when it views a read-only array (trial inputs are frozen); the views made here are only read
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning,
+                        module=__name__.replace(".", r"\."))
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+def setting() -> str:
+    """``$VERIMIRAGE_FF_DEVICE``, normalised (``auto`` when unset or blank)."""
+    return os.environ.get(DEVICE_ENV, "").strip().lower() or "auto"
+
+
+def device() -> Any | None:
+    """The torch device the big products run on, or None for numpy on the CPU (resolved once per setting;
+    GraphError for a setting that names a device this machine does not have)."""
+    s = setting()
+    if s == "cpu":
+        return None
+    with _lock:
+        new = s not in _resolved
+        if new:
+            _resolved[s] = _resolve(s)
+        dev = _resolved[s]
+    if new and dev is not None:
+        log.info("finite-field products of at least %d multiply-adds run on %s", MIN_MACS, describe())
+    return dev
+
+
+def _resolve(s: str) -> Any | None:
+    if s == "auto":
+        if not os.path.exists("/proc/driver/nvidia/version"):
+            return None
+        try:
+            torch = _torch()
+        except ImportError:
+            return None
+        return torch.device("cuda") if torch.cuda.is_available() else None
+    if s == "torch-cpu" or s == "cuda" or s.startswith("cuda:"):
+        try:
+            torch = _torch()
+        except ImportError as e:
+            raise GraphError(f"${DEVICE_ENV}={s!r} needs torch, which cannot be imported ({e})") from e
+        if s == "torch-cpu":
+            return torch.device("cpu")
+        if not torch.cuda.is_available():
+            raise GraphError(f"${DEVICE_ENV}={s!r}, but torch sees no CUDA GPU on this machine; "
+                             "expected auto or cpu here")
+        try:
+            dev = torch.device(s)
+        except RuntimeError as e:
+            raise GraphError(f"${DEVICE_ENV}={s!r}: not a device name ({e}); expected cuda or cuda:N") from e
+        n = torch.cuda.device_count()
+        if dev.index is not None and not 0 <= dev.index < n:
+            raise GraphError(f"${DEVICE_ENV}={s!r}: this machine has {n} CUDA GPU(s) (cuda:0 to cuda:{n - 1})")
+        return dev
+    raise GraphError(f"${DEVICE_ENV}={s!r}: expected auto, cpu, cuda, cuda:N or torch-cpu")
+
+
+def describe() -> str:
+    """Where big products run, for a verdict's evidence: ``cpu`` or e.g. ``cuda:0 (NVIDIA H100 80GB HBM3)``."""
+    dev = device()
+    if dev is None:
+        return "cpu"
+    if dev.type != "cuda":
+        return f"torch-{dev.type}"
+    torch = _torch()
+    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    return f"cuda:{idx} ({torch.cuda.get_device_name(idx)})"
+
+
+@lru_cache(maxsize=16)
+def _device_table(dev: Any, p: int, q: int, g: int) -> Any:
+    from .ff import _exp_table
+
+    return _tensor(_exp_table(p, q, g).astype(np.float64)).to(dev)
+
+
+def _tensor(a: np.ndarray) -> Any:
+    """A torch view of host array ``a`` (read-only arrays too: the view is only read)."""
+    return _torch().from_numpy(a)
+
+
+def product(af: np.ndarray, bf: np.ndarray, out: np.ndarray, tag: tuple[Any, ...], chunk: int) -> bool:
+    """Fill ``out`` (``(n, M, N)``) with ``af @ bf`` (``(n, M, K)`` and ``(n, K, N)`` float64 residues) reduced
+    as ``tag`` says, on the device: ``("mod", m)``: int64 residues mod m; ``("exp", p, q, g)``: float64
+    ``g ** (x mod q) mod p``. ``chunk``: the longest contraction whose float64 partial sums are exact.
+    False (``out`` untouched) when there is no device, the product is small or the tag is another."""
+    n, rows, kk = af.shape
+    cols = bf.shape[-1]
+    if tag[0] not in ("mod", "exp") or n * rows * cols * kk < MIN_MACS:
+        return False
+    dev = device()
+    if dev is None:
+        return False
+    if tag[0] == "exp" and kk > chunk:
+        raise GraphError(f"ff matmul: a fused exp needs a contraction of at most {chunk}, got {kk}")
+    torch = _torch()
+    m = int(tag[1]) if tag[0] == "mod" else int(tag[2])
+    table = _device_table(dev, *(int(t) for t in tag[1:])) if tag[0] == "exp" else None
+    b_dev = _tensor(bf).to(dev)
+    # steps: several batch items at once when one is small, else row blocks of one item
+    per_item = rows * cols
+    items = max(1, min(n, SLAB_ELEMS // max(per_item, 1)))
+    row_step = rows if items > 1 or per_item <= SLAB_ELEMS else max(1, SLAB_ELEMS // max(cols, 1))
+    for i0 in range(0, n, items):
+        i1 = min(n, i0 + items)
+        for r0 in range(0, rows, row_step):
+            r1 = min(rows, r0 + row_step)
+            a_dev = _tensor(af[i0:i1, r0:r1]).to(dev)
+            acc = None
+            for c, s in enumerate(range(0, kk, chunk)):
+                part = torch.bmm(a_dev[:, :, s : s + chunk], b_dev[i0:i1, s : s + chunk]).to(torch.int64)
+                acc = part if acc is None else acc.add_(part)
+                if c % _REDUCE_EVERY == _REDUCE_EVERY - 1:
+                    acc.remainder_(m)
+            assert acc is not None
+            acc.remainder_(m)
+            res = acc if table is None else table[acc]
+            _tensor(out[i0:i1, r0:r1]).copy_(res)
+    return True
+
+
+def slab_count(n: int, rows: int, cols: int) -> int:
+    """How many device steps :func:`product` takes for an ``(n, rows, cols)`` result (for tests)."""
+    per_item = rows * cols
+    items = max(1, min(n, SLAB_ELEMS // max(per_item, 1)))
+    if items > 1 or per_item <= SLAB_ELEMS:
+        return math.ceil(n / items)
+    return n * math.ceil(rows / max(1, SLAB_ELEMS // max(cols, 1)))
