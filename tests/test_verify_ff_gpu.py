@@ -114,10 +114,17 @@ def test_what_stays_on_the_cpu(monkeypatch) -> None:
     assert (out == -5).all()
 
 
-def test_auto_uses_the_cpu_without_an_nvidia_driver(monkeypatch) -> None:
+def test_auto_uses_a_gpu_only_once_cuda_is_started(monkeypatch) -> None:
     monkeypatch.delenv(G.DEVICE_ENV, raising=False)
-    monkeypatch.setattr(G.os.path, "exists", lambda path: False)
-    assert G.setting() == "auto" and G.device() is None
+    assert G.setting() == "auto"
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    assert G.device() is None and G.describe() == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)  # (as after a search profiled kernels)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert G.device() == torch.device("cuda", 0)
+    monkeypatch.delitem(sys.modules, "torch")  # torch not loaded: CUDA not started, and not imported for this
+    assert G.device() is None
+    assert "torch" not in sys.modules
 
 
 @pytest.mark.parametrize("value,message", [
@@ -148,6 +155,7 @@ def _gqa_pair() -> tuple[vm.Graph, vm.Graph]:
 def test_the_device_changes_no_outcome(case, monkeypatch) -> None:
     a, b = case.a(), case.b()
     monkeypatch.setattr(FF, "_BLOCK_ELEMS", 16)  # (every product of more than a few elements blocked)
+    monkeypatch.setenv(G.DEVICE_ENV, "cpu")
     on_cpu = FF.ff_test(a, b)
     monkeypatch.setenv(G.DEVICE_ENV, "cuda" if torch.cuda.is_available() else "torch-cpu")
     monkeypatch.setattr(G, "MIN_MACS", 0)

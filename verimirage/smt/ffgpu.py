@@ -15,8 +15,9 @@ machine compares every element with the CPU path (``tests/test_verify_ff_gpu.py`
 
 ``$VERIMIRAGE_FF_DEVICE``:
 
-* ``auto`` (the default): a CUDA GPU when the NVIDIA driver is loaded and torch sees one, else the CPU
-  (torch is not imported on a machine without the driver);
+* ``auto`` (the default): the current CUDA GPU when this process has already started CUDA through torch (a
+  search that profiles kernels has), else the CPU. Starting CUDA costs seconds (3.6 s on the H100 machine),
+  more than the GPU saves on a pair (gqa at batch 8: 0.1-0.15 s), so a one-off ``vm.verify`` does not start it;
 * ``cpu``: numpy on the CPU only;
 * ``cuda`` or ``cuda:N``: that GPU (an error when there is none);
 * ``torch-cpu``: the GPU code path run by torch on the CPU (for testing it on a machine without a GPU; slower
@@ -28,6 +29,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
 import threading
 import warnings
 from functools import lru_cache
@@ -49,6 +51,7 @@ _REDUCE_EVERY = 512
 
 _lock = threading.Lock()
 _resolved: dict[str, Any] = {}
+_announced: set[Any] = set()
 
 # torch warns when it views a read-only array (trial inputs are frozen); the views made here are only read
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning,
@@ -67,30 +70,29 @@ def setting() -> str:
 
 
 def device() -> Any | None:
-    """The torch device the big products run on, or None for numpy on the CPU (resolved once per setting;
-    GraphError for a setting that names a device this machine does not have)."""
+    """The torch device the big products run on, or None for numpy on the CPU (GraphError for a setting that
+    names a device this machine does not have)."""
     s = setting()
     if s == "cpu":
         return None
-    with _lock:
-        new = s not in _resolved
-        if new:
-            _resolved[s] = _resolve(s)
-        dev = _resolved[s]
-    if new and dev is not None:
-        log.info("finite-field products of at least %d multiply-adds run on %s", MIN_MACS, describe())
+    if s == "auto":
+        torch = sys.modules.get("torch")  # (not imported here: if torch is not loaded, CUDA is not started)
+        if torch is None or not torch.cuda.is_initialized():
+            return None
+        dev = torch.device("cuda", torch.cuda.current_device())
+    else:
+        with _lock:
+            if s not in _resolved:
+                _resolved[s] = _resolve(s)
+            dev = _resolved[s]
+    if dev not in _announced:
+        _announced.add(dev)
+        log.info("finite-field products of at least %d multiply-adds run on %s", MIN_MACS, dev)
     return dev
 
 
-def _resolve(s: str) -> Any | None:
-    if s == "auto":
-        if not os.path.exists("/proc/driver/nvidia/version"):
-            return None
-        try:
-            torch = _torch()
-        except ImportError:
-            return None
-        return torch.device("cuda") if torch.cuda.is_available() else None
+def _resolve(s: str) -> Any:
+    """The torch device an explicit setting names."""
     if s == "torch-cpu" or s == "cuda" or s.startswith("cuda:"):
         try:
             torch = _torch()
@@ -103,7 +105,7 @@ def _resolve(s: str) -> Any | None:
                              "expected auto or cpu here")
         try:
             dev = torch.device(s)
-        except RuntimeError as e:
+        except (RuntimeError, ValueError) as e:
             raise GraphError(f"${DEVICE_ENV}={s!r}: not a device name ({e}); expected cuda or cuda:N") from e
         n = torch.cuda.device_count()
         if dev.index is not None and not 0 <= dev.index < n:

@@ -41,7 +41,8 @@ def main(argv: list[str]) -> None:
         ff = dict(v.evidence[0].params)
         print(f"{n:15s} b{batch} cold {min(cold)[0]:6.2f}s (cpu {min(c for _, c in cold):6.2f}) "
               f"warm {min(warm)[0]:6.2f}s (cpu {min(c for _, c in warm):6.2f}) "
-              f"trials {ff['trials']} bound {ff['false_accept_bound']:.3g}", flush=True)
+              f"trials {ff['trials']} bound {ff['false_accept_bound']:.3g} products on {ff.get('products_on', 'cpu')}",
+              flush=True)
 
 
 if __name__ == "__main__":
