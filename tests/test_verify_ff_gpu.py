@@ -67,8 +67,8 @@ def test_products_mod_m_equal_the_exact_ones(on_device, monkeypatch, shape, slab
     m = FF.Field.from_seed(7).p
     n, rows, kk, cols = shape
     af, bf = _operands(np.random.default_rng(1), m, n, rows, kk, cols)
-    out = np.full((n, rows, cols), -5, dtype=np.int64)
-    assert G.product(af, bf, out, ("mod", m), FF._CHUNK)
+    out = G.product(af, bf, ("mod", m), FF._CHUNK)
+    assert out is not None and out.dtype == np.int64
     assert np.array_equal(out, _exact(af, bf, m))
     assert np.array_equal(out, FF._chunked_matmul_mod(af, bf, m))  # (the CPU path agrees too)
 
@@ -78,8 +78,8 @@ def test_exp_fused_products_equal_the_cpu_epilogue(on_device, monkeypatch, slab)
     monkeypatch.setattr(G, "SLAB_ELEMS", slab)
     fld = FF.Field.from_seed(11)
     af, bf = _operands(np.random.default_rng(2), fld.q, 2, 12, 64, 40)
-    out = np.zeros((2, 12, 40))
-    assert G.product(af, bf, out, ("exp", fld.p, fld.q, fld.g), FF._CHUNK)
+    out = G.product(af, bf, ("exp", fld.p, fld.q, fld.g), FF._CHUNK)
+    assert out is not None and out.dtype == np.float64
     expected = FF._exp_table(fld.p, fld.q, fld.g)[_exact(af, bf, fld.q)]
     assert np.array_equal(out, expected)
     cpu = np.zeros_like(out)
@@ -98,20 +98,19 @@ def test_a_fused_exp_over_a_long_contraction_is_refused(on_device) -> None:
     fld = FF.Field.from_seed(11)
     af, bf = _operands(np.random.default_rng(3), fld.q, 1, 2, FF._CHUNK + 1, 2)
     with pytest.raises(GraphError, match="contraction of at most 2048"):
-        G.product(af, bf, np.zeros((1, 2, 2)), ("exp", fld.p, fld.q, fld.g), FF._CHUNK)
+        G.product(af, bf, ("exp", fld.p, fld.q, fld.g), FF._CHUNK)
 
 
 def test_what_stays_on_the_cpu(monkeypatch) -> None:
     af, bf = _operands(np.random.default_rng(4), 101, 1, 4, 8, 4)
-    out = np.full((1, 4, 4), -5, dtype=np.int64)
     monkeypatch.setenv(G.DEVICE_ENV, "torch-cpu")
-    assert not G.product(af, bf, out, ("mod", 101), FF._CHUNK)  # small (below MIN_MACS)
+    assert G.product(af, bf, ("mod", 101), FF._CHUNK) is None  # small (below MIN_MACS)
     monkeypatch.setattr(G, "MIN_MACS", 0)
-    assert not G.product(af, bf, out, ("other", 101), FF._CHUNK)  # an epilogue it does not know
+    assert G.product(af, bf, ("other", 101), FF._CHUNK) is None  # an epilogue it does not know
+    assert G.product(af, bf, ("mod", 101), FF._CHUNK) is not None
     monkeypatch.setenv(G.DEVICE_ENV, "cpu")
     assert G.device() is None and G.describe() == "cpu"
-    assert not G.product(af, bf, out, ("mod", 101), FF._CHUNK)
-    assert (out == -5).all()
+    assert G.product(af, bf, ("mod", 101), FF._CHUNK) is None
 
 
 def test_auto_uses_a_gpu_only_once_cuda_is_started(monkeypatch) -> None:
@@ -179,8 +178,28 @@ def test_a_batch8_attention_product_on_the_gpu_equals_the_cpu(monkeypatch) -> No
     fld = FF.Field.from_seed(3)
     af, bf = _operands(np.random.default_rng(5), fld.q, 16, 256, 64, 4096)
     tag = ("exp", fld.p, fld.q, fld.g)
-    out = np.empty((16, 256, 4096))
-    assert G.product(af, bf, out, tag, FF._CHUNK)
+    out = G.product(af, bf, tag, FF._CHUNK)
+    assert out is not None
     monkeypatch.setenv(G.DEVICE_ENV, "cpu")
     idx = FF._chunked_matmul_mod(af, bf, fld.q)
     assert np.array_equal(out, FF._exp_table(fld.p, fld.q, fld.g)[idx])
+
+
+@pytest.mark.gpu
+def test_results_are_page_locked_within_the_cap(monkeypatch) -> None:
+    monkeypatch.setenv(G.DEVICE_ENV, "cuda")
+    monkeypatch.setattr(G, "MIN_MACS", 0)
+    fld = FF.Field.from_seed(3)
+    af, bf = _operands(np.random.default_rng(6), fld.p, 2, 64, 64, 256)
+    before = G.pinned_bytes()
+    x = G.product(af, bf, ("mod", fld.p), FF._CHUNK)
+    assert x is not None and G.pinned_bytes() == before + x.nbytes
+    view = x[1, 3:7].T  # a view keeps the memory (and its count) alive
+    del x
+    assert G.pinned_bytes() == before + 2 * 64 * 256 * 8
+    assert np.array_equal(view, _exact(af, bf, fld.p)[1, 3:7].T)
+    del view
+    assert G.pinned_bytes() == before
+    monkeypatch.setattr(G, "PINNED_BYTES", before + 1000)  # over the cap: ordinary memory, the same values
+    y = G.product(af, bf, ("mod", fld.p), FF._CHUNK)
+    assert G.pinned_bytes() == before and np.array_equal(y, _exact(af, bf, fld.p))

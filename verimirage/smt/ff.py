@@ -974,15 +974,16 @@ def _matmul_mod(a: np.ndarray, b: np.ndarray, m: int,
             # then by value (checked operand by operand)
             r = ffshare.find(tag, af, bf, layout)
             if r is None:
-                out = np.empty((n_both, n_a * mm, n_b * nn), dtype=dt)
-                if not ffgpu.product(af, bf, out, tag, _CHUNK):  # (a GPU, when the machine has one)
+                out = ffgpu.product(af, bf, tag, _CHUNK)  # (on a GPU, when there is one)
+                if out is None:
+                    out = np.empty((n_both, n_a * mm, n_b * nn), dtype=dt)
                     _blocked_matmul(af, bf, out, fn)
                 ffshare.store(tag, af, bf, out)
         elif kk <= _CHUNK:
             out = _f2i_mod(np.matmul(af, bf), m)
         else:
-            out = np.empty((n_both, n_a * mm, n_b * nn), dtype=np.int64)  # (not touched unless a GPU fills it)
-            if not ffgpu.product(af, bf, out, ("mod", m), _CHUNK):
+            out = ffgpu.product(af, bf, ("mod", m), _CHUNK)
+            if out is None:
                 out = _chunked_matmul_mod(af, bf, m)
     if r is None:
         assert out is not None
