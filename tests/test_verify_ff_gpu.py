@@ -126,6 +126,31 @@ def test_auto_uses_a_gpu_only_once_cuda_is_started(monkeypatch) -> None:
     assert "torch" not in sys.modules
 
 
+def test_a_profiling_search_starts_cuda_in_the_background(monkeypatch) -> None:
+    monkeypatch.delenv(G.DEVICE_ENV, raising=False)
+    started = []
+    monkeypatch.setattr(torch.cuda, "init", lambda: started.append(True))
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert G.start_cuda_in_background() is None  # no GPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv(G.DEVICE_ENV, "cpu")
+    assert G.start_cuda_in_background() is None  # products kept on the CPU
+    monkeypatch.setenv(G.DEVICE_ENV, "auto")
+    t = G.start_cuda_in_background()
+    assert t is not None
+    t.join(10)
+    assert started == [True]
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(G, "start_cuda_in_background", lambda: calls.append(True))
+    g = vm.benchmarks.get("lora", batch=1, small=True)
+    vm.superoptimize(g, time_budget_s=5, profile=False, cache=False, progress=False)
+    assert calls == []
+    vm.superoptimize(g, time_budget_s=5, profile=True, cache=False, progress=False)
+    assert calls == [True]
+
+
 @pytest.mark.parametrize("value,message", [
     ("gpu", "expected auto, cpu, cuda, cuda:N or torch-cpu"),
     ("cuda:x", "VERIMIRAGE_FF_DEVICE"),

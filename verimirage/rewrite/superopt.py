@@ -306,6 +306,10 @@ def _search(
     rep = SearchReport()
     cal = calibration or Calibration()
     check = verifier or _default_verifier(graph, verify_timeout_s, seed)
+    if profile:
+        from ..smt import ffgpu
+
+        ffgpu.start_cuda_in_background()  # (profiling needs CUDA; started now, verification can use the GPU)
     max_verify = max_verify if max_verify is not None else 3 * top_k + 3
     verify_budget = verify_budget_s if verify_budget_s is not None else 0.5 * time_budget_s
 

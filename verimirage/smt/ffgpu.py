@@ -113,10 +113,37 @@ def _resolve(s: str) -> Any:
         except (RuntimeError, ValueError) as e:
             raise GraphError(f"${DEVICE_ENV}={s!r}: not a device name ({e}); expected cuda or cuda:N") from e
         n = torch.cuda.device_count()
-        if dev.index is not None and not 0 <= dev.index < n:
+        if dev.index is None:
+            return torch.device("cuda", torch.cuda.current_device())
+        if not 0 <= dev.index < n:
             raise GraphError(f"${DEVICE_ENV}={s!r}: this machine has {n} CUDA GPU(s) (cuda:0 to cuda:{n - 1})")
         return dev
     raise GraphError(f"${DEVICE_ENV}={s!r}: expected auto, cpu, cuda, cuda:N or torch-cpu")
+
+
+def start_cuda_in_background() -> threading.Thread | None:
+    """Start CUDA through torch on a daemon thread, when ``$VERIMIRAGE_FF_DEVICE`` is ``auto`` and torch sees a
+    GPU; the thread, or None when nothing is started. A search that will profile its kernels on the GPU starts
+    CUDA anyway: started while the search rewrites and lowers, it lets the verification phase that follows
+    put its products on the GPU (``auto`` uses a GPU only once CUDA is started)."""
+    if setting() != "auto":
+        return None
+    try:
+        torch = _torch()
+    except ImportError:
+        return None
+    if torch.cuda.is_initialized() or not torch.cuda.is_available():
+        return None
+    t = threading.Thread(target=_start_cuda, args=(torch,), name="vm-cuda-start", daemon=True)
+    t.start()
+    return t
+
+
+def _start_cuda(torch: Any) -> None:
+    try:
+        torch.cuda.init()
+    except Exception as e:  # (the products stay on the CPU; profiling will report its own error)
+        log.warning("could not start CUDA for the finite-field products: %s", e)
 
 
 def describe() -> str:
@@ -163,6 +190,8 @@ def product(af: np.ndarray, bf: np.ndarray, tag: tuple[Any, ...], chunk: int) ->
     m = int(tag[1]) if tag[0] == "mod" else int(tag[2])
     table = _device_table(dev, *(int(t) for t in tag[1:])) if tag[0] == "exp" else None
     out, host = host_empty((n, rows, cols), np.float64 if table is not None else np.int64, dev)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)  # (a trial's worker thread: its CUDA context, before cuBLAS looks for one)
     b_dev = _tensor(bf).to(dev)
     # steps: several batch items at once when one is small, else row blocks of one item
     per_item = rows * cols
