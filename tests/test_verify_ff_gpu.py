@@ -126,7 +126,7 @@ def test_auto_uses_a_gpu_only_once_cuda_is_started(monkeypatch) -> None:
     assert "torch" not in sys.modules
 
 
-def test_a_profiling_search_starts_cuda_in_the_background(monkeypatch) -> None:
+def test_cuda_is_started_in_the_background_only_where_the_gpu_would_be_used(monkeypatch) -> None:
     monkeypatch.delenv(G.DEVICE_ENV, raising=False)
     started = []
     monkeypatch.setattr(torch.cuda, "init", lambda: started.append(True))
@@ -141,8 +141,12 @@ def test_a_profiling_search_starts_cuda_in_the_background(monkeypatch) -> None:
     assert t is not None
     t.join(10)
     assert started == [True]
+
+
+def test_only_a_profiling_search_starts_cuda(monkeypatch) -> None:
+    pytest.importorskip("egglog")
     calls = []
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # (no profiling either)
     monkeypatch.setattr(G, "start_cuda_in_background", lambda: calls.append(True))
     g = vm.benchmarks.get("lora", batch=1, small=True)
     vm.superoptimize(g, time_budget_s=5, profile=False, cache=False, progress=False)
