@@ -6,9 +6,7 @@
 set -u
 names=${1:-gqa,mqa}
 batch=${2:-8}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=/tmp/site:$PWD || exit
-export PYTHONUNBUFFERED=1
+source benchmarks/device_env.sh
 unset VERIMIRAGE_FF_DEVICE
 python3 -m pytest -q -p no:cacheprovider tests/test_verify_ff_gpu.py 2>&1 | tail -4 | tee "$OUT/tests.txt"
 python3 -W always -c "

@@ -5,9 +5,7 @@
 set -u
 names=${1:-gqa,mqa,qknorm_gqa,gqa_stable,mha,mha_stable,gated_mlp,rmsnorm_linear,lora}
 batch=${2:-8}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=/tmp/site:$PWD || exit
-export PYTHONUNBUFFERED=1
+source benchmarks/device_env.sh
 (nproc; lscpu | grep -i "model name"; python3 -c "import numpy; print('numpy', numpy.__version__)") > "$OUT/host.txt" 2>&1
 cat "$OUT/host.txt"
 echo "== default threads (usable cores; <= 4 trials at once, the cores left split each trial's big products)"
