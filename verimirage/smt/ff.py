@@ -69,7 +69,9 @@ trial; exp tables are cached per field. Trial inputs are kept too: always when
 small, else within the sharing budget when every trial's fit in half of it. The
 target's big products (exp fused or not) are kept too, and a candidate product
 whose operand rows and columns are, element for element, rows and columns of a
-kept one is taken from it instead of recomputed (:mod:`verimirage.smt.ffshare`). See
+kept one is taken from it instead of recomputed (:mod:`verimirage.smt.ffshare`). In a
+process that has started CUDA, big products (exp fused or not) run on the GPU
+and come back into host arrays (:mod:`verimirage.smt.ffgpu`). See
 ``verimirage/smt/PERF.md``.
 """
 
