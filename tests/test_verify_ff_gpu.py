@@ -113,6 +113,22 @@ def test_what_stays_on_the_cpu(monkeypatch) -> None:
     assert G.product(af, bf, ("mod", 101), FF._CHUNK) is None
 
 
+def test_a_failing_device_leaves_the_products_to_the_cpu(on_device, monkeypatch, caplog) -> None:
+    def fail(*a, **k):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 128.00 MiB")
+
+    monkeypatch.setattr(torch, "bmm", fail)
+    monkeypatch.setattr(G, "_warned", set())
+    g, m = _gqa_pair()
+    with caplog.at_level("WARNING", logger=G.__name__):
+        r = FF.ff_test(g, m)
+    assert r.outcome == "equal"
+    warnings = [rec.getMessage() for rec in caplog.records if rec.name == G.__name__]
+    assert len(warnings) == 1 and "out of memory" in warnings[0] and "on the CPU" in warnings[0]
+    af, bf = _operands(np.random.default_rng(7), 101, 1, 4, 8, 4)
+    assert G.product(af, bf, ("mod", 101), FF._CHUNK) is None
+
+
 def test_auto_uses_a_gpu_only_once_cuda_is_started(monkeypatch) -> None:
     monkeypatch.delenv(G.DEVICE_ENV, raising=False)
     assert G.setting() == "auto"

@@ -57,6 +57,7 @@ _lock = threading.Lock()
 _resolved: dict[str, Any] = {}
 _announced: set[Any] = set()
 _pinned = 0
+_warned: set[str] = set()  # devices whose failure was logged
 
 # torch warns when it views a read-only array (trial inputs are frozen); the views made here are only read
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning,
@@ -174,7 +175,8 @@ def product(af: np.ndarray, bf: np.ndarray, tag: tuple[Any, ...], chunk: int) ->
     """``af @ bf`` (``(n, M, K)`` and ``(n, K, N)`` float64 residues) reduced as ``tag`` says, computed on the
     device, as a new host array ``(n, M, N)``: ``("mod", m)``: int64 residues mod m; ``("exp", p, q, g)``:
     float64 ``g ** (x mod q) mod p``. ``chunk``: the longest contraction whose float64 partial sums are exact.
-    None when there is no device, the product is small or the tag is another.
+    None when there is no device, the product is small, the tag is another, or the device fails (out of memory,
+    say: logged once per device; the CPU path then computes the same values).
 
     The result lives in page-locked host memory while :data:`PINNED_BYTES` allows (see :func:`host_empty`)."""
     n, rows, kk = af.shape
@@ -186,12 +188,25 @@ def product(af: np.ndarray, bf: np.ndarray, tag: tuple[Any, ...], chunk: int) ->
         return None
     if tag[0] == "exp" and kk > chunk:
         raise GraphError(f"ff matmul: a fused exp needs a contraction of at most {chunk}, got {kk}")
+    try:
+        return _product_on(dev, af, bf, tag, chunk)
+    except RuntimeError as e:  # (out of device memory, a busy or failing GPU: the CPU computes the same values)
+        if str(dev) not in _warned:
+            _warned.add(str(dev))
+            log.warning("finite-field products on %s failed (%s); computing them on the CPU", dev,
+                        str(e).splitlines()[0] if str(e) else type(e).__name__)
+        return None
+
+
+def _product_on(dev: Any, af: np.ndarray, bf: np.ndarray, tag: tuple[Any, ...], chunk: int) -> np.ndarray:
+    n, rows, kk = af.shape
+    cols = bf.shape[-1]
     torch = _torch()
     m = int(tag[1]) if tag[0] == "mod" else int(tag[2])
-    table = _device_table(dev, *(int(t) for t in tag[1:])) if tag[0] == "exp" else None
-    out, host = host_empty((n, rows, cols), np.float64 if table is not None else np.int64, dev)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)  # (a trial's worker thread: its CUDA context, before cuBLAS looks for one)
+    table = _device_table(dev, *(int(t) for t in tag[1:])) if tag[0] == "exp" else None
+    out, host = host_empty((n, rows, cols), np.float64 if table is not None else np.int64, dev)
     b_dev = _tensor(bf).to(dev)
     # steps: several batch items at once when one is small, else row blocks of one item
     per_item = rows * cols
