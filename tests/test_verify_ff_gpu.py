@@ -129,6 +129,22 @@ def test_a_failing_device_leaves_the_products_to_the_cpu(on_device, monkeypatch,
     assert G.product(af, bf, ("mod", 101), FF._CHUNK) is None
 
 
+@pytest.mark.parametrize("kind", ["mod", "exp"])
+def test_a_device_that_rounds_is_caught_by_the_spot_check(on_device, monkeypatch, caplog, kind) -> None:
+    exact_bmm = torch.bmm
+    monkeypatch.setattr(torch, "bmm", lambda a, b: exact_bmm(a, b) + 1.0)  # (as if every sum were rounded up)
+    monkeypatch.setattr(G, "_warned", set())
+    fld = FF.Field.from_seed(9)
+    m = fld.p if kind == "mod" else fld.q
+    af, bf = _operands(np.random.default_rng(8), m, 2, 30, 64, 50)
+    tag = ("mod", m) if kind == "mod" else ("exp", fld.p, fld.q, fld.g)
+    with caplog.at_level("WARNING", logger=G.__name__):
+        assert G.product(af, bf, tag, FF._CHUNK) is None
+    assert "differs from its exact value" in caplog.text
+    monkeypatch.setattr(torch, "bmm", exact_bmm)
+    assert G.product(af, bf, tag, FF._CHUNK) is not None
+
+
 def test_auto_uses_a_gpu_only_once_cuda_is_started(monkeypatch) -> None:
     monkeypatch.delenv(G.DEVICE_ENV, raising=False)
     assert G.setting() == "auto"

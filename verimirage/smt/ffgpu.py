@@ -3,21 +3,24 @@
 The finite-field test's largest cost is the products of residue arrays (attention's ``Q K^T`` of a batch-8
 pair is 1.07 G multiply-adds a trial), and, for ``exp`` of a product, reducing each result mod q and looking
 it up in the exp table. On a machine with an NVIDIA GPU these run there, through torch, and the results are
-copied back into the same host arrays the CPU path fills, so nothing else changes: later ops, the sharing
-of products between programs (:mod:`verimirage.smt.ffshare`) and the verdict are the same.
+copied back into host arrays of the same layout as the CPU path's, so nothing else changes: later ops, the
+sharing of products between programs (:mod:`verimirage.smt.ffshare`) and the verdict are the same.
 
 Exactness is argued as on the CPU: the operands are integer residues held in float64, the contraction is
 split into chunks of at most ``ff._CHUNK`` (2048) so that every partial sum of products is an integer below
 2**53, and float64 arithmetic is exact on such integers whatever the order of summation or use of fused
 multiply-adds (so cuBLAS's choice of algorithm cannot change a result); the conversion to int64, the sums of
 chunk results, the reduction mod m and the exp-table lookup are integer operations. A test on the GPU
-machine compares every element with the CPU path (``tests/test_verify_ff_gpu.py``).
+machine compares every element with the CPU path (``tests/test_verify_ff_gpu.py``), and every product is
+spot-checked where it is made: :data:`SPOT_CHECKS` random elements recomputed exactly on the CPU (a device
+that rounded, e.g. through an emulated float64 mode, would differ there; the products then go to the CPU).
 
 ``$VERIMIRAGE_FF_DEVICE``:
 
 * ``auto`` (the default): the current CUDA GPU when this process has already started CUDA through torch (a
-  search that profiles kernels has), else the CPU. Starting CUDA costs seconds (3.6 s on the H100 machine),
-  more than the GPU saves on a pair (gqa at batch 8: 0.1-0.15 s), so a one-off ``vm.verify`` does not start it;
+  search with ``profile=True`` starts it in the background), else the CPU. Starting CUDA costs seconds (3.6 s on
+  the H100 machine), more than the GPU saves on a pair (gqa at batch 8: ~0.4 s cold), so a one-off
+  ``vm.verify`` does not start it;
 * ``cpu``: numpy on the CPU only;
 * ``cuda`` or ``cuda:N``: that GPU (an error when there is none);
 * ``torch-cpu``: the GPU code path run by torch on the CPU (for testing it on a machine without a GPU; slower
@@ -49,6 +52,8 @@ MIN_MACS = 1 << 24
 SLAB_ELEMS = 1 << 24
 #: sums of this many chunk results are reduced mod m (each is < 2**53: 512 of them stay below 2**62)
 _REDUCE_EVERY = 512
+#: elements of every device product recomputed exactly on the CPU
+SPOT_CHECKS = 64
 #: page-locked result arrays alive at once, at most (torch keeps freed blocks for reuse, so this also bounds
 #: the page-locked memory the process holds, up to its rounding of block sizes)
 PINNED_BYTES = 4 << 30
@@ -226,7 +231,27 @@ def _product_on(dev: Any, af: np.ndarray, bf: np.ndarray, tag: tuple[Any, ...], 
             assert acc is not None
             acc.remainder_(m)
             host[i0:i1, r0:r1].copy_(acc if table is None else table[acc])
+    _spot_check(af, bf, out, tag, m)
     return out
+
+
+def _spot_check(af: np.ndarray, bf: np.ndarray, out: np.ndarray, tag: tuple[Any, ...], m: int) -> None:
+    """RuntimeError unless :data:`SPOT_CHECKS` random elements of ``out`` equal their exact values."""
+    n, rows = af.shape[:2]
+    rng = np.random.default_rng()
+    i, r, c = (rng.integers(0, d, SPOT_CHECKS) for d in (n, rows, bf.shape[-1]))
+    a = af[i, r, :].astype(np.int64) % m
+    b = bf[i, :, c].astype(np.int64) % m
+    exact = (a * b % m).sum(axis=-1) % m  # (products < 2**42, each reduced before the sum)
+    if tag[0] == "exp":
+        from .ff import _exp_table
+
+        exact = _exp_table(*(int(t) for t in tag[1:]))[exact]
+    got = out[i, r, c]
+    if not np.array_equal(got, exact):
+        k = int(np.argmax(got != exact))
+        raise RuntimeError(f"a product element differs from its exact value: {tag[0]} at ({i[k]}, {r[k]}, {c[k]}): "
+                           f"{got[k]} instead of {exact[k]}")
 
 
 def host_empty(shape: tuple[int, ...], dtype: Any, dev: Any) -> tuple[np.ndarray, Any]:
