@@ -1466,7 +1466,7 @@ class FFReference:
             seeds = default_seeds(self.seed, max(n, 1))
         seeds = tuple(int(s) for s in seeds)
         p_only = not (self.uses_exp or uses_exp(cand))
-        where = ffgpu.describe()
+        where, failed = ffgpu.describe(), ffgpu.failures()
         ps = tuple(Field.from_seed(s).p for s in seeds)
         qs = tuple(Field.from_seed(s).q for s in seeds)
         gs = tuple(Field.from_seed(s).g for s in seeds)
@@ -1515,8 +1515,10 @@ class FFReference:
             return None
 
         stop = _run_trials(trial, len(seeds), ff_workers(len(seeds), _nbytes(self.target)))
+        if ffgpu.failures() > failed:
+            where += " (some products on the CPU: the device failed)"
         if stop is not None:
-            return dataclasses.replace(stop, seconds=time.perf_counter() - t0)
+            return dataclasses.replace(stop, seconds=time.perf_counter() - t0, device=where)
         bound = per ** len(seeds)
         outcome = "equal" if per < 1 else "unknown"
         reason = (f"{len(seeds)} trial(s) equal{' (p-only: no exp)' if p_only else ''}; "

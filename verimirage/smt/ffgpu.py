@@ -63,6 +63,7 @@ _resolved: dict[str, Any] = {}
 _announced: set[Any] = set()
 _pinned = 0
 _warned: set[str] = set()  # devices whose failure was logged
+_failures = 0
 
 # torch warns when it views a read-only array (trial inputs are frozen); the views made here are only read
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning,
@@ -196,11 +197,19 @@ def product(af: np.ndarray, bf: np.ndarray, tag: tuple[Any, ...], chunk: int) ->
     try:
         return _product_on(dev, af, bf, tag, chunk)
     except RuntimeError as e:  # (out of device memory, a busy or failing GPU: the CPU computes the same values)
+        global _failures
+        with _lock:
+            _failures += 1
         if str(dev) not in _warned:
             _warned.add(str(dev))
             log.warning("finite-field products on %s failed (%s); computing them on the CPU", dev,
                         str(e).splitlines()[0] if str(e) else type(e).__name__)
         return None
+
+
+def failures() -> int:
+    """How many products the device failed (and the CPU computed instead) in this process."""
+    return _failures
 
 
 def _product_on(dev: Any, af: np.ndarray, bf: np.ndarray, tag: tuple[Any, ...], chunk: int) -> np.ndarray:
