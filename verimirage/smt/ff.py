@@ -704,17 +704,8 @@ def _exp(x: FV) -> FV:
     if not marks and lin is not None and lin[0] == "matmul" and not x.q.ready:
         # exp of a product's q-part: each row block of the float64 product is reduced mod q and looked up
         # while in cache (the product's int64 q-part is never formed; if another op reads it, it is made then)
-        table = _exp_table_f32(f.p, f.q, f.g)
-
-        def epi(tb: np.ndarray, dst: np.ndarray, q: int = f.q) -> None:
-            idx = np.empty(tb.shape, dtype=np.int64)
-            _f2i_into(tb, q, idx)
-            assert dst.flags.c_contiguous  # (a row block of the fresh product array: reshape is a view)
-            # through a float32 table and a small buffer: a float64 table gathered straight into the result
-            # ran 2.86 s instead of 1.83 s on the gqa b8 pair (one thread), though faster in isolation
-            _gather_into(table, idx.reshape(-1), dst.reshape(-1))
-
         tag = ("exp", f.p, f.q, f.g)
+        epi = exp_epilogue(f.p, f.q, f.g)
         fused = Part(lambda av, bv: _matmul_mod(av, bv, f.q, epi=(epi, np.float64, tag)),
                      (as_kind(lin[1], "f"), as_kind(lin[3], "f")), kind="f")
         return FV(shape, fused, None)
@@ -911,6 +902,22 @@ def _blocked_matmul(af: np.ndarray, bf: np.ndarray, out: np.ndarray,
             tb = buf[: r1 - r0]
             np.matmul(af[i, r0:r1], bf[i], out=tb)
             epi(tb, out[i, r0:r1])
+
+
+def exp_epilogue(p: int, q: int, g: int) -> Callable[[np.ndarray, np.ndarray], None]:
+    """The block epilogue of an exp-fused product (for :func:`_blocked_matmul`): ``dst = g ** (tb mod q) mod p``
+    for a float64 block ``tb`` of the product and a C-contiguous float64 ``dst``."""
+    table = _exp_table_f32(p, q, g)
+
+    def epi(tb: np.ndarray, dst: np.ndarray) -> None:
+        idx = np.empty(tb.shape, dtype=np.int64)
+        _f2i_into(tb, q, idx)
+        assert dst.flags.c_contiguous  # (a row block of the fresh product array: reshape is a view)
+        # through a float32 table and a small buffer: a float64 table gathered straight into the result
+        # ran 2.86 s instead of 1.83 s on the gqa b8 pair (one thread), though faster in isolation
+        _gather_into(table, idx.reshape(-1), dst.reshape(-1))
+
+    return epi
 
 
 def _f2i_into(tb: np.ndarray, m: int, dst: np.ndarray) -> None:

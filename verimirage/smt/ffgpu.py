@@ -160,9 +160,7 @@ def describe() -> str:
         return "cpu"
     if dev.type != "cuda":
         return f"torch-{dev.type}"
-    torch = _torch()
-    idx = dev.index if dev.index is not None else torch.cuda.current_device()
-    return f"cuda:{idx} ({torch.cuda.get_device_name(idx)})"
+    return f"cuda:{dev.index} ({_torch().cuda.get_device_name(dev.index)})"  # (device() gives an index)
 
 
 @lru_cache(maxsize=16)
@@ -297,12 +295,3 @@ def _unpin(nbytes: int) -> None:
 def pinned_bytes() -> int:
     """Bytes of page-locked result arrays alive now."""
     return _pinned
-
-
-def slab_count(n: int, rows: int, cols: int) -> int:
-    """How many device steps :func:`product` takes for an ``(n, rows, cols)`` result (for tests)."""
-    per_item = rows * cols
-    items = max(1, min(n, SLAB_ELEMS // max(per_item, 1)))
-    if items > 1 or per_item <= SLAB_ELEMS:
-        return math.ceil(n / items)
-    return n * math.ceil(rows / max(1, SLAB_ELEMS // max(cols, 1)))
