@@ -65,10 +65,6 @@ _pinned = 0
 _warned: set[str] = set()  # devices whose failure was logged
 _failures = 0
 
-# torch warns when it views a read-only array (trial inputs are frozen); the views made here are only read
-warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning,
-                        module=__name__.replace(".", r"\."))
-
 
 def _torch() -> Any:
     import torch
@@ -98,7 +94,13 @@ def device() -> Any | None:
                 _resolved[s] = _resolve(s)
             dev = _resolved[s]
     if dev not in _announced:
-        _announced.add(dev)
+        with _lock:
+            if not _announced:
+                # torch warns when it views a read-only array (trial inputs are frozen); the views made here are
+                # only read (installed on first use, not at import)
+                warnings.filterwarnings("ignore", message="The given NumPy array is not writable",
+                                        category=UserWarning, module=__name__.replace(".", r"\."))
+            _announced.add(dev)
         log.info("finite-field products of at least %d multiply-adds run on %s", MIN_MACS, dev)
     return dev
 
