@@ -1,17 +1,22 @@
 """The main job: superoptimize a suite program end to end and show what was found.
 
-    python examples/quickstart.py [NAME] [--batch N] [--full]
+    python examples/quickstart.py [NAME] [--batch N] [--full] [-v]
 
 Builds the program (small shapes by default, so that the kernels can run in
 Triton's CPU interpreter), searches for verified μGraphs, prints the
 candidates, checks the best one's certificate, compiles it to Triton and
 compares its output with the float64 reference.
+
+Output: the program, the search report, the candidates and the result on
+stdout; a progress bar on stderr while the search runs (when stderr is a
+terminal); warnings only, unless ``-v`` (verimirage's INFO log) or
+``VERIMIRAGE_LOG`` asks for more. Only the ``verimirage`` logger is
+configured, never the root logger (egglog's own log stays quiet).
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 import tempfile
@@ -25,8 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("name", nargs="?", default="gqa_stable")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--full", action="store_true", help="full-size shapes (search only; no CPU kernel run)")
+    ap.add_argument("-v", "--verbose", action="count", default=0, help="verimirage's log at INFO (-vv: egglog's too)")
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from verimirage.logs import configure
+
+    configure(args.verbose)  # the verimirage logger only (a handler on stderr), never the root logger
 
     import torch
 
@@ -38,13 +46,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"== {args.name} (batch {args.batch}, {'full' if args.full else 'small'} shapes)")
     print(g)
     t0 = time.perf_counter()
-    res = vm.superoptimize(g)
+    res = vm.superoptimize(g)  # a progress bar on stderr when it is a terminal
     dt = time.perf_counter() - t0
     print(f"\n== search: {dt:.1f} s, {len(res.candidates)} verified candidate(s)")
     print(res.report)
     for i, c in enumerate(res.candidates[:5]):
-        print(f"  #{i}: kernels={c.mugraph.num_kernels} cost={c.cost} verdict={type(c.verdict).__name__}")
+        print(f"  #{i}: {c.mugraph.num_kernels} kernel(s), {type(c.verdict).__name__}, cost {c.cost}")
     best = res.best
+    if best is None:
+        print("nothing verified", file=sys.stderr)
+        return 1
     print("\n== best μGraph")
     print(best.mugraph)
     print(f"verdict: {best.verdict.summary()}")

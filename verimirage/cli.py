@@ -1,13 +1,20 @@
 """The ``verimirage`` command line.
 
-    verimirage optimize NAME_OR_FILE [--batch N] [--small] [--out DIR] [--json]
+    verimirage [-v] optimize NAME_OR_FILE [--batch N] [--small] [--out DIR] [--json] [--no-cache]
     verimirage check-cert PATH [--json]
     verimirage show PATH [--svg OUT] [--dot OUT]
+    verimirage cache info|clear [--json]
     verimirage bench [...]                      (on a GPU machine)
 
 Exit codes: 0 success; 1 nothing verified / a check failed; 2 bad usage or
 input (unknown suite name, unreadable file, malformed graph or certificate);
 3 a certificate was rejected.
+
+Start-up is cheap: torch and triton are imported only by the commands that run
+kernels (``optimize --out`` writes generated kernels, ``bench``); ``check-cert``,
+``show`` and ``cache`` never import them. Every file a command writes is named
+on stdout. ``-v`` logs verimirage's progress at INFO, ``-vv`` also egglog's;
+``VERIMIRAGE_LOG`` (see :mod:`verimirage.logs`) sets levels per logger.
 """
 
 from __future__ import annotations
@@ -16,7 +23,6 @@ import argparse
 import importlib.util
 import json
 import logging
-import os
 import sys
 import time
 from pathlib import Path
@@ -78,22 +84,33 @@ def _console() -> Any:
     return Console(stderr=True)
 
 
+def _backend_mode() -> None:
+    """Before anything imports triton: choose Triton's interpreter on a machine without CUDA (imports torch)."""
+    from verimirage.backend.runtime import ensure_mode
+
+    ensure_mode()
+
+
 def cmd_optimize(a: argparse.Namespace) -> int:
     import verimirage as vm
 
+    if a.out:
+        _backend_mode()  # the generated kernels' source is written too
     g = load_graph(a.target, a.batch, a.small)
     t0 = time.perf_counter()
-    res = vm.superoptimize(g, progress=not a.json and sys.stderr.isatty())
+    res = vm.superoptimize(g, progress=not a.json and sys.stderr.isatty(), cache=not a.no_cache)
     elapsed = time.perf_counter() - t0
     name = Path(a.target).stem if a.target.endswith(".py") else a.target
     tag = f"{name}_bs{a.batch}{'_small' if a.small else ''}"
     out = Path(a.out) if a.out else None
     rows = []
+    written: list[str] = []
     for i, c in enumerate(res.candidates):
         row: dict[str, Any] = {
             "rank": i,
             "kernels": c.mugraph.num_kernels,
             "cost": _jsonable(c.cost),
+            "cost_summary": str(c.cost),
             "verdict": type(c.verdict).__name__,
             "rules": list(c.rules),
         }
@@ -102,31 +119,56 @@ def cmd_optimize(a: argparse.Namespace) -> int:
             cert = out / f"{tag}_c{i}.json"
             c.certificate.save(str(cert))
             row["certificate"] = str(cert)
+            written.append(str(cert))
             src = _kernel_source(c)
             if src is not None:
                 kp = out / f"{tag}_c{i}_kernels.py"
                 kp.write_text(src)
                 row["kernels_source"] = str(kp)
+                written.append(str(kp))
         rows.append(row)
+    rep = res.report
     if a.json:
         print(json.dumps({"target": a.target, "batch": a.batch, "small": a.small, "search_s": round(elapsed, 3),
-                          "candidates": rows, "report": _jsonable(res.report)}, indent=2))
+                          "from_cache": rep.from_cache or None, "candidates": rows, "written": written,
+                          "report": _jsonable(rep)}, indent=2))
     else:
         from rich.console import Console
         from rich.table import Table
 
         con = Console()
         t = Table(title=f"{a.target} (batch {a.batch}{', small' if a.small else ''}): {len(rows)} verified "
-                        f"candidate(s) in {elapsed:.1f} s")
-        for col in ("#", "kernels", "cost", "verdict", "rules"):
+                        f"candidate(s) in {elapsed:.1f} s{' (from the search cache)' if rep.from_cache else ''}")
+        for col in ("#", "kernels", "estimated cost", "verdict", "rules"):
             t.add_column(col)
-        for r in rows:
-            t.add_row(str(r["rank"]), str(r["kernels"]), _short(r["cost"]), r["verdict"], ", ".join(r["rules"])[:60])
+        for c, r in zip(res.candidates, rows, strict=True):
+            t.add_row(str(r["rank"]), str(r["kernels"]), cost_summary(c.cost), r["verdict"], ", ".join(r["rules"]))
         con.print(t)
-        if res.candidates:
+        con.print(str(rep), markup=False, highlight=False)
+        if res.best is not None:
             con.print("best μGraph:")
             con.print(str(res.best.mugraph), markup=False, highlight=False)
+        for w in written:
+            print(f"wrote {w}")
     return EXIT_OK if res.candidates else EXIT_FAIL
+
+
+def cost_summary(cost: Any) -> str:
+    """A short readable line of a cost estimate: time, launches, bytes through device memory, flops."""
+    try:
+        s = (f"{cost.time_s * 1e6:.2f} µs est., {cost.launches} launch{'es' if cost.launches != 1 else ''}, "
+             f"{_size(cost.bytes)} moved, {cost.tc_flops / 1e9:.3g} GFLOP on tensor cores")
+    except (AttributeError, TypeError):
+        return str(cost)
+    return s + (f" (INFEASIBLE: {cost.reason})" if getattr(cost, "infeasible", False) else "")
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"  # pragma: no cover
 
 
 def _kernel_source(c: Any) -> str | None:
@@ -135,12 +177,6 @@ def _kernel_source(c: Any) -> str | None:
     except ImportError:
         return None
     return str(generate(c.mugraph).source)
-
-
-def _short(cost: Any) -> str:
-    if isinstance(cost, dict):
-        return " ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in cost.items())[:60]
-    return str(cost)[:60]
 
 
 def _jsonable(x: Any) -> Any:
@@ -160,17 +196,41 @@ def _jsonable(x: Any) -> Any:
 
 
 def cmd_check_cert(a: argparse.Namespace) -> int:
-    import verimirage as vm
+    from verimirage.smt.certificate import check_certificate
 
     if not Path(a.path).is_file():
         raise UsageError(f"no such certificate file: {a.path}")
-    v = vm.check_certificate(a.path)
-    ok = isinstance(v, vm.Proved)
+    t0 = time.perf_counter()
+    v = check_certificate(a.path)
+    elapsed = time.perf_counter() - t0
+    ok = bool(v.proved)
     if a.json:
-        print(json.dumps({"path": a.path, "verdict": type(v).__name__, "reason": getattr(v, "reason", "")}))
+        print(json.dumps({"path": a.path, "verdict": type(v).__name__, "reason": v.reason, "seconds": round(elapsed, 3),
+                          "checks": [{"name": c.name, "outcome": c.outcome, "seconds": round(c.seconds, 3),
+                                      "params": _jsonable(dict(c.params)), "detail": c.detail} for c in v.evidence]},
+                         indent=2))
     else:
-        print(f"{a.path}: {v}")
+        print(verdict_summary(v, a.path, elapsed))
     return EXIT_OK if ok else EXIT_REJECTED
+
+
+def verdict_summary(v: Any, path: str, seconds: float) -> str:
+    """A readable multi-line summary of a certificate check: the verdict, then one line per check."""
+    word = {"Proved": "ACCEPTED", "Unknown": "REJECTED", "Refuted": "REJECTED"}.get(type(v).__name__, "?")
+    lines = [f"{path}: {word} ({type(v).__name__}) in {seconds:.2f} s", f"  {v.reason}"]
+    for c in v.evidence:
+        extra = []
+        for k, val in c.params:
+            if k == "false_accept_bound":
+                extra.append(f"false-accept bound {float(val):.2e}")
+            elif k in ("rules", "queries", "laws") and val:
+                extra.append(f"{k}: {', '.join(map(str, val))}")
+            elif k == "seeds":
+                extra.append(f"{len(val)} seeded trial(s)")
+        lines.append(f"  {c.outcome:>7}  {c.name} ({c.seconds:.2f} s){': ' + '; '.join(extra) if extra else ''}")
+        if c.detail:
+            lines.append(f"           {c.detail}")
+    return "\n".join(lines)
 
 
 def _load_mugraph(path: str) -> Any:
@@ -201,14 +261,65 @@ def cmd_show(a: argparse.Namespace) -> int:
     mg = _load_mugraph(a.path)
     if a.svg:
         Path(a.svg).write_text(render_svg(mg))
+        print(f"wrote {a.svg}")
     if a.dot:
         Path(a.dot).write_text(to_dot(mg))
+        print(f"wrote {a.dot}")
     if not a.svg and not a.dot:
         print(mg)
     return EXIT_OK
 
 
+#: The cache's parts (subdirectories of the cache directory) and what each holds.
+CACHE_PARTS = {"search": "search results (superoptimize)", "kernels": "generated Triton modules",
+               "select": "GPU launch-configuration selections"}
+
+
+def _cache_parts(only: str | None) -> list[tuple[str, Path, list[Path]]]:
+    from verimirage.backend.cache import cache_dir
+
+    root = cache_dir()
+    out = []
+    for part in CACHE_PARTS if only in (None, "all") else [only]:
+        d = root / part
+        files = sorted(p for p in d.rglob("*") if p.is_file()) if d.is_dir() else []
+        out.append((part, d, files))
+    return out
+
+
+def cmd_cache(a: argparse.Namespace) -> int:
+    from verimirage.backend.cache import cache_dir
+
+    parts = _cache_parts(getattr(a, "only", None))
+    if a.action == "info":
+        rows: list[dict[str, Any]] = [{"part": part, "path": str(d), "what": CACHE_PARTS[part], "entries": len(files),
+                 "bytes": sum(f.stat().st_size for f in files)} for part, d, files in parts]
+        if a.json:
+            print(json.dumps({"cache_dir": str(cache_dir()), "parts": rows}, indent=2))
+        else:
+            print(f"cache directory: {cache_dir()} (set VERIMIRAGE_CACHE_DIR to move it)")
+            for r in rows:
+                print(f"  {r['part']:<8} {r['entries']:>6} file(s) {_size(r['bytes']):>10}  {r['what']}  ({r['path']})")
+        return EXIT_OK
+    removed: list[dict[str, Any]] = []
+    for part, d, files in parts:
+        n = 0
+        size = 0
+        for f in files:
+            size += f.stat().st_size
+            f.unlink()
+            n += 1
+        removed.append({"part": part, "path": str(d), "removed": n, "bytes": size})
+    if a.json:
+        print(json.dumps({"cache_dir": str(cache_dir()), "cleared": removed}, indent=2))
+    else:
+        for r in removed:
+            print(f"removed {r['removed']} file(s) ({_size(r['bytes'])}) from {r['path']}")
+    return EXIT_OK
+
+
 def cmd_bench(a: argparse.Namespace) -> int:
+    _backend_mode()
     root = Path(__file__).resolve().parent.parent / "benchmarks" / "bench.py"
     if not root.is_file():
         raise UsageError("the benchmark harness (benchmarks/bench.py) is part of the source checkout, not the wheel")
@@ -219,27 +330,48 @@ def cmd_bench(a: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _suite_names() -> list[str]:
+    from verimirage.benchmarks import names
+
+    return list(names())
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for docs and tests)."""
     p = argparse.ArgumentParser(prog="verimirage", description="A verified superoptimizer for tensor programs.")
-    p.add_argument("-v", "--verbose", action="store_true", help="log progress at INFO level")
-    sub = p.add_subparsers(dest="cmd", required=True)
-    o = sub.add_parser("optimize", help="search for verified μGraphs of a suite program or a Python file")
-    o.add_argument("target", help="suite name or a .py file defining a graph")
-    o.add_argument("--batch", type=int, default=1)
+    p.add_argument("-v", "--verbose", action="count", default=0,
+                   help="log progress: -v verimirage at INFO, -vv also egglog (or set VERIMIRAGE_LOG)")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    suite = _suite_names()
+    o = sub.add_parser(
+        "optimize", help="search for verified μGraphs of a suite program or a Python file",
+        description="Search for verified μGraphs equivalent to a program and print them, best first, with the "
+                    f"search report. Suite programs: {', '.join(suite)}.")
+    o.add_argument("target", metavar="NAME_OR_FILE",
+                   help=f"a suite program ({', '.join(suite)}) or a .py file defining a vm.Graph")
+    o.add_argument("--batch", type=int, default=1, help="batch size of a suite program (default 1)")
     o.add_argument("--small", action="store_true", help="the small (CPU-interpreter) shapes of a suite program")
-    o.add_argument("--out", help="directory for certificates and generated kernels")
+    o.add_argument("--out", metavar="DIR", help="write each candidate's certificate and generated kernels here")
+    o.add_argument("--no-cache", action="store_true", help="search even if the search cache holds a result")
     o.add_argument("--json", action="store_true", help="machine-readable output")
     o.set_defaults(fn=cmd_optimize)
-    c = sub.add_parser("check-cert", help="independently re-check a certificate")
-    c.add_argument("path")
-    c.add_argument("--json", action="store_true")
+    c = sub.add_parser("check-cert", help="independently re-check a certificate",
+                       description="Re-check a saved certificate in this process (hashes, rules, Z3 queries, "
+                                   "finite-field trials). Exit 0 if accepted, 3 if rejected.")
+    c.add_argument("path", metavar="CERTIFICATE")
+    c.add_argument("--json", action="store_true", help="machine-readable output")
     c.set_defaults(fn=cmd_check_cert)
     s = sub.add_parser("show", help="print or draw a μGraph (from a certificate, text or JSON file)")
-    s.add_argument("path")
-    s.add_argument("--svg", help="write an SVG drawing (block graphs as nested clusters)")
-    s.add_argument("--dot", help="write graphviz dot source")
+    s.add_argument("path", metavar="FILE")
+    s.add_argument("--svg", metavar="OUT", help="write an SVG drawing (block graphs as nested clusters)")
+    s.add_argument("--dot", metavar="OUT", help="write graphviz dot source")
     s.set_defaults(fn=cmd_show)
+    k = sub.add_parser("cache", help="show or clear the on-disk cache (search results, kernels, GPU selections)",
+                       description="The cache directory is $VERIMIRAGE_CACHE_DIR, else ~/.cache/verimirage.")
+    k.add_argument("action", choices=["info", "clear"])
+    k.add_argument("--only", choices=[*CACHE_PARTS, "all"], default="all", help="one part of the cache")
+    k.add_argument("--json", action="store_true", help="machine-readable output")
+    k.set_defaults(fn=cmd_cache)
     b = sub.add_parser("bench", help="run the GPU benchmark harness (needs a CUDA GPU)")
     b.add_argument("rest", nargs=argparse.REMAINDER)
     b.set_defaults(fn=cmd_bench)
@@ -248,15 +380,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``verimirage`` command."""
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
-    try:
-        import torch
+    from verimirage.logs import configure
 
-        if not torch.cuda.is_available():
-            os.environ.setdefault("TRITON_INTERPRET", "1")
-    except ImportError:
-        pass
+    args = build_parser().parse_args(argv)
+    try:
+        configure(args.verbose)
+    except ValueError as e:  # a malformed VERIMIRAGE_LOG
+        print(f"verimirage: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
     from verimirage.ir.errors import GraphError
 
     try:

@@ -77,8 +77,12 @@ def _check_outputs(nodes: Sequence[Node], outputs: Sequence[Ref], what: str) -> 
             raise GraphError(f"{what}: output %{a}.{k} is not a value of this graph")
 
 
-def check_program(g: Graph) -> None:
-    """Check a kernel graph or μGraph; raise GraphError showing the offending node."""
+def check_program(g: Graph, *, unused_inputs: bool = False) -> None:
+    """Check a kernel graph or μGraph; raise GraphError showing the offending node.
+
+    An input no output depends on is an error (a program to optimize or run should not take it) unless
+    ``unused_inputs`` (e.g. for ``vm.verify``, where it is just a constant function of that input).
+    """
     nodes = node_list(g)
     outputs = output_refs(g)
     names: set[str] = set()
@@ -107,6 +111,8 @@ def check_program(g: Graph) -> None:
         else:
             _check_op(nodes, i, Level.KERNEL, in_types)
     _check_outputs(nodes, outputs, "graph")
+    if unused_inputs:
+        return
     live = live_nodes(nodes, outputs)
     for i, n in enumerate(nodes):
         if n.op == "input" and i not in live:

@@ -382,11 +382,14 @@ class Graph(_Builder, Program):
         """Kernel launches an unfused execution makes: one per non-input node."""
         return sum(1 for n in self._nodes if n.op != "input")
 
-    def check(self) -> None:
-        """Well-formedness check (raises GraphError showing the offending node)."""
+    def check(self, *, unused_inputs: bool = False) -> None:
+        """Well-formedness check (raises GraphError showing the offending node).
+
+        An input that no output uses is an error unless ``unused_inputs=True``.
+        """
         from .check import check_program
 
-        check_program(self)
+        check_program(self, unused_inputs=unused_inputs)
 
     def copy(self) -> Graph:
         """A new graph with the same nodes and outputs."""

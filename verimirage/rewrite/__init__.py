@@ -5,8 +5,12 @@ research use: :class:`Rule`, :func:`ruleset`, ``pat``, :class:`PVar`, :class:`AV
 guards (:class:`SameRank`, :class:`RankIs`, :class:`DimIsOne`), :func:`ablate`.
 """
 
-from . import lift as lift  # registers the egglog domain
-from .rules import (
+from ..logs import quiet_egglog
+
+quiet_egglog()  # egglog logs every command at INFO: quiet unless the user asked (VERIMIRAGE_LOG)
+
+from . import lift as lift  # noqa: E402  (registers the egglog domain)
+from .rules import (  # noqa: E402
     AVar,
     DimIsOne,
     Instance,

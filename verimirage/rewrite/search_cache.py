@@ -70,6 +70,11 @@ def code_digest() -> str:
     return _code_digest()
 
 
+def entry_path(key: str) -> Path:
+    """The file that holds (or would hold) the entry of ``key``."""
+    return Path(_store().path(key))
+
+
 def cache_key(graph: Graph, options: dict[str, Any]) -> str:
     """The cache key of a search of ``graph`` with ``options`` (JSON-able values)."""
     from ..backend.cache import key_of

@@ -89,6 +89,7 @@ class SearchReport:
     rejected: list[tuple[str, str]] = field(default_factory=list)  # (candidate summary, reason)
     verified: int = 0
     notes: list[str] = field(default_factory=list)
+    from_cache: str = ""  # the search-cache entry this result was served from ("" = a search ran)
 
     @property
     def total_seconds(self) -> float:
@@ -96,7 +97,11 @@ class SearchReport:
         return sum(self.phase_seconds.values())
 
     def __str__(self) -> str:
-        lines = [f"search: {self.total_seconds:.2f}s, stop: {self.stop_reason}"]
+        lines = []
+        if self.from_cache:
+            lines.append(f"from the search cache: {self.from_cache} (no search ran; superoptimize(..., cache=False) "
+                         "or `verimirage cache clear` searches again)")
+        lines.append(f"search: {self.total_seconds:.2f}s, stop: {self.stop_reason}")
         lines.append("  phases: " + ", ".join(f"{k} {v:.2f}s" for k, v in self.phase_seconds.items()))
         lines.append(f"  e-graph: {self.egraph_enodes} e-nodes, {self.egraph_eclasses} e-classes, "
                      f"{self.egraph_iterations} iterations ({self.egraph_stop_reason})")
@@ -259,6 +264,7 @@ def superoptimize(
         })
         hit = search_cache.load(key, graph, recheck=recheck_cache)
         if hit is not None:
+            hit.report.from_cache = str(search_cache.entry_path(key))
             log.info("superoptimize: served from the search cache (%d candidate(s))", len(hit.candidates))
             return hit
     result = _search(graph, time_budget_s=time_budget_s, node_limit=node_limit, iter_limit=iter_limit,

@@ -204,7 +204,12 @@ def _reject(why: str, checks: list[Check]) -> Unknown:
 
 
 def check_certificate(path: str | Path, *, triton_source: str | None = None, timeout_s: float = 10.0) -> Verdict:
-    """Independently re-check a saved certificate; Proved, or Unknown naming the first mismatch."""
+    """Independently re-check a saved certificate; Proved, or Unknown naming the first mismatch.
+
+    A path that names no file raises FileNotFoundError (a typo is not a rejected certificate).
+    """
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"check_certificate: no certificate file at {str(path)!r}")
     t0 = time.perf_counter()
     checks: list[Check] = []
     try:
