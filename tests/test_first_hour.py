@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,19 @@ from verimirage.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 GQA_CERT = ROOT / "proofs" / "gqa_bs1.json"
+
+
+@pytest.fixture(autouse=True)
+def _restore_loggers() -> Iterator[None]:
+    """``main()`` configures the verimirage and egglog loggers (as the CLI does): undo it for later tests."""
+    saved = {n: (lg.level, list(lg.handlers), lg.propagate)
+             for n in ("verimirage", "egglog") for lg in [logging.getLogger(n)]}
+    yield
+    for n, (level, handlers, propagate) in saved.items():
+        lg = logging.getLogger(n)
+        lg.setLevel(level)
+        lg.handlers[:] = handlers
+        lg.propagate = propagate
 
 
 def _py(code: str, env: dict[str, str] | None = None, timeout: int = 300) -> subprocess.CompletedProcess[str]:
@@ -132,8 +147,6 @@ def test_library_never_configures_the_root_logger_and_egglog_is_quiet() -> None:
 
 
 def test_logs_configure_touches_only_named_loggers() -> None:
-    import logging
-
     from verimirage import logs
 
     assert logs.env_levels("info,egglog=debug") == {"verimirage": logging.INFO, "egglog": logging.DEBUG}
@@ -142,17 +155,11 @@ def test_logs_configure_touches_only_named_loggers() -> None:
     root = logging.getLogger()
     before = (root.level, list(root.handlers))
     vml = logging.getLogger("verimirage")
-    saved = (vml.level, list(vml.handlers), vml.propagate)
-    try:
-        logs.configure(1)
-        assert vml.level == logging.INFO and any(h.get_name() == "verimirage.logs" for h in vml.handlers)
-        logs.configure(1)  # again: one handler, not two
-        assert sum(h.get_name() == "verimirage.logs" for h in vml.handlers) == 1
-        assert (root.level, list(root.handlers)) == before
-    finally:
-        vml.setLevel(saved[0])
-        vml.handlers[:] = saved[1]
-        vml.propagate = saved[2]
+    logs.configure(1)
+    assert vml.level == logging.INFO and any(h.get_name() == "verimirage.logs" for h in vml.handlers)
+    logs.configure(1)  # again: one handler, not two
+    assert sum(h.get_name() == "verimirage.logs" for h in vml.handlers) == 1
+    assert (root.level, list(root.handlers)) == before
 
 
 def _two(use_y: bool) -> vm.Graph:
