@@ -11,10 +11,19 @@ graph text, every candidate's text, the input shapes/dtypes/strides, the
 configurations, the GPU's name and compute capability, and the
 verimirage/codegen/Triton/torch versions — a key of the graph alone would serve
 timings from another GPU.
+
+A cache hit is not trusted (:func:`cached_timings`): every record must name,
+by the SHA-256 of its μGraph text, one of the candidates given to this call
+(which the caller has just verified), with a known configuration, a finite
+positive time or a failure, and every (candidate, configuration) pair exactly
+once; and each candidate's fastest configuration is run once more against the
+float64 reference before it is used. A record that fails any of this is
+reported, the entry removed and the selection measured again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import time
@@ -149,6 +158,74 @@ def _remember(timings: Sequence[Timing]) -> None:
     _CHOSEN.update(best)
 
 
+def _text_sha(c: Any) -> str:
+    return hashlib.sha256(_mugraph_text(c).encode()).hexdigest()
+
+
+_RECORD_KEYS = frozenset({"index", "mugraph_sha256", "config", "ms", "error"})
+
+
+def timing_records(timings: Sequence[Timing]) -> list[dict[str, Any]]:
+    """The JSON records the selection cache stores for ``timings`` (fastest first)."""
+    return [{"index": t.index, "mugraph_sha256": _text_sha(t.candidate), "config": t.config.key(), "ms": t.ms,
+             "error": t.error} for t in timings]
+
+
+def cached_timings(records: Any, candidates: Sequence[Any], configs: Sequence[LaunchConfig]) -> list[Timing]:
+    """Timings rebuilt from stored ``records``; ValueError unless they fit this very selection problem.
+
+    Each record must name one of ``candidates`` (its index, and the SHA-256 of that candidate's μGraph
+    text), one of ``configs``, and either a finite positive time or a failure reason; every (candidate,
+    config) pair appears exactly once, fastest first and failures last. Nothing here shows that a time was
+    really measured or that an output matched the reference: :func:`select` re-runs the chosen kernels.
+    """
+    if not isinstance(records, list):
+        raise ValueError(f"selection records: a {type(records).__name__}; expected a list")
+    by_cfg = {c.key(): c for c in configs}
+    shas = [_text_sha(c) for c in candidates]
+    out: list[Timing] = []
+    seen: set[tuple[int, str]] = set()
+    for r in records:
+        if not isinstance(r, dict) or set(r) != _RECORD_KEYS:
+            raise ValueError(f"selection record {r!r:.120}: expected the keys {sorted(_RECORD_KEYS)}")
+        i, cfg, ms, err = r["index"], r["config"], r["ms"], r["error"]
+        if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < len(candidates):
+            raise ValueError(f"selection record: candidate index {i!r}; expected 0..{len(candidates) - 1}")
+        if r["mugraph_sha256"] != shas[i]:
+            raise ValueError(f"selection record: candidate {i} is not the μGraph the record names (by sha256)")
+        if not isinstance(cfg, str) or cfg not in by_cfg:
+            raise ValueError(f"selection record: unknown configuration {cfg!r}")
+        if (i, cfg) in seen:
+            raise ValueError(f"selection record: candidate {i} with configuration {cfg} twice")
+        seen.add((i, cfg))
+        if ms is None:
+            if not isinstance(err, str) or not err:
+                raise ValueError("selection record: neither a time nor a failure reason")
+        elif isinstance(ms, bool) or not isinstance(ms, (int, float)) or not (math.isfinite(ms) and ms > 0):
+            raise ValueError(f"selection record: time {ms!r}; expected a finite positive number of ms")
+        elif err is not None:
+            raise ValueError("selection record: both a time and a failure reason")
+        out.append(Timing(i, candidates[i], by_cfg[cfg], None if ms is None else float(ms), err))
+    if len(seen) != len(candidates) * len(configs):
+        raise ValueError(f"selection records: {len(seen)} (candidate, configuration) pairs; expected "
+                         f"{len(candidates) * len(configs)}")
+    order = [(t.ms is None, t.ms if t.ms is not None else 0.0) for t in out]
+    if order != sorted(order):
+        raise ValueError("selection records are not fastest first")
+    return out
+
+
+def _check_output(res: Any, ref: Sequence[Any], graph: Graph) -> None:
+    """ValueError unless ``res`` matches the float64 reference ``ref`` within :data:`TOLERANCE`."""
+    res_t = res if isinstance(res, tuple) else (res,)
+    for o, r, t in zip(res_t, ref, graph.outputs, strict=True):
+        err = rel_error(o, r)
+        tol = _tolerance(t.dtype.short)
+        if not err <= tol:
+            raise ValueError(f"output differs from the float64 reference: rel. error {err:.3g} > {tol:g}"
+                             f" ({t.dtype.short})")
+
+
 def select(
     graph: Graph,
     candidates: Sequence[Any],
@@ -185,16 +262,30 @@ def select(
              "stride": list(xs[str(t.name)].stride())} for t in graph.inputs]
     key = selection_key(graph, candidates, configs, meta, dev, versions())
     store = DiskCache("select", cache_root) if cache else None
-    by_cfg = {c.key(): c for c in configs}
+    ref = evaluate(graph, {k: v.detach().cpu() for k, v in xs.items()}) if check else None
     if store is not None:
         hit = store.get(key)
-        if isinstance(hit, list) and all(isinstance(h, dict) and h.get("config") in by_cfg for h in hit):
-            log.info("select: cache hit %s", key[:12])
-            res = [Timing(h["index"], candidates[h["index"]], by_cfg[h["config"]], h["ms"], h["error"]) for h in hit]
-            _remember(res)
-            return res
+        if hit is not None:
+            try:
+                res = cached_timings(hit, candidates, configs)
+                if ref is not None:  # the kernels about to be used are run against the reference again
+                    rechecked: set[int] = set()
+                    for t in res:
+                        if t.ok and t.index not in rechecked:
+                            rechecked.add(t.index)
+                            fn = vm_compile(t.candidate, config=t.config)
+                            out_t = fn(**xs)
+                            torch.cuda.synchronize()
+                            _check_output(out_t, ref, graph)
+            except Exception as e:  # a bad entry is measured again, never used
+                log.warning("select: cache entry %s rejected and removed (%s: %s); measuring again", key[:16],
+                            type(e).__name__, str(e)[:300])
+                store.path(key).unlink(missing_ok=True)
+            else:
+                log.info("select: cache hit %s", key[:12])
+                _remember(res)
+                return res
 
-    ref = evaluate(graph, {k: v.detach().cpu() for k, v in xs.items()}) if check else None
     out: list[Timing] = []
     for ci, cand in enumerate(candidates):
         for cfg in configs:
@@ -206,13 +297,7 @@ def select(
                 # every (candidate, config) is checked: the generated code differs per config, and so
                 # can the compiler's mistakes
                 if ref is not None:
-                    res_t = res if isinstance(res, tuple) else (res,)
-                    for o, r, t in zip(res_t, ref, graph.outputs, strict=True):
-                        err = rel_error(o, r)
-                        tol = _tolerance(t.dtype.short)
-                        if not err <= tol:
-                            raise ValueError(f"output differs from the float64 reference: rel. error {err:.3g}"
-                                             f" > {tol:g} ({t.dtype.short})")
+                    _check_output(res, ref, graph)
                 bench = triton.testing.do_bench_cudagraph if use_cuda_graph else triton.testing.do_bench
                 try:
                     ms = bench(lambda fn=fn: fn(**xs), rep=rep_ms, return_mode="median")
@@ -226,5 +311,5 @@ def select(
     out.sort(key=lambda t: (t.ms is None, t.ms if t.ms is not None else 0.0))
     _remember(out)
     if store is not None:
-        store.put(key, [{"index": t.index, "config": t.config.key(), "ms": t.ms, "error": t.error} for t in out])
+        store.put(key, timing_records(out))
     return out

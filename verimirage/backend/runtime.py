@@ -2,8 +2,9 @@
 
 ``compile(candidate_or_mugraph_or_graph)`` generates the Triton module
 (:mod:`.codegen`), writes it to ``<cache dir>/kernels/vm_<sha256>.py``
-(Triton's compiler reads kernel source from files, so exec'd source is not
-enough) and imports it. The result is a :class:`CompiledProgram`, callable on
+(Triton's JIT reads kernel source through ``inspect``) and executes the text it
+just generated and hashed as a module, never the file or a bytecode cache
+(:func:`load_module`). The result is a :class:`CompiledProgram`, callable on
 torch tensors positionally in the graph's input order or by input name.
 
 GPU or interpreter
@@ -19,7 +20,9 @@ is unset. Set ``TRITON_INTERPRET=1`` yourself to force the interpreter.
 
 from __future__ import annotations
 
-import importlib.util
+import builtins
+import hashlib
+import linecache
 import logging
 import os
 import sys
@@ -115,28 +118,58 @@ def _patch_interpreter_bf16_dot() -> None:
 
 
 def write_module(ms: ModuleSource, directory: Path | None = None) -> Path:
-    """Write the generated source to ``<dir>/vm_<digest>.py`` (atomically; skipped if present)."""
+    """Write the generated source to ``<dir>/vm_<digest>.py`` (atomically, unless it already holds that text).
+
+    The file exists for Triton (its JIT reads kernel source through ``inspect``) and for tracebacks; what
+    runs is never read back from it: :func:`load_module` executes the generated text itself.
+    """
     d = Path(directory) if directory is not None else cache_dir() / "kernels"
     path = d / f"vm_{ms.digest[:24]}.py"
-    if not path.exists() or path.read_text() != ms.source:
+    try:
+        same = path.read_bytes() == ms.source.encode()
+    except OSError:
+        same = False
+    if not same:
         atomic_write(path, ms.source)
     return path
 
 
-def load_module(path: Path) -> ModuleType:
-    """Import a generated module from ``path`` (once per process and interpreter mode)."""
+def load_module(path: Path, source: str | None = None) -> ModuleType:
+    """Execute generated kernel ``source`` as a fresh module whose file is ``path`` (once per text and mode).
+
+    Nothing is imported from disk: no bytecode cache (``__pycache__``) is read or written, and the text run
+    is ``source`` (the generated text, just hashed), never the file's content. The file must hold exactly
+    that text (it is rewritten if not, e.g. after tampering); the text is also put in ``linecache`` under
+    the file's name, so Triton's JIT, which reads kernel source through ``inspect``, sees the same text
+    even if the file changes afterwards. ``source=None`` (old callers) reads the file once and runs that
+    text, still never its bytecode.
+    """
     ensure_mode()
-    key = f"{path}:{interpreting()}"
+    path = Path(path)
+    if source is None:
+        source = path.read_text()
+    digest = hashlib.sha256(source.encode()).hexdigest()
+    key = f"{digest}:{interpreting()}"
     with _LOCK:
         mod = _MODULES.get(key)
         if mod is None:
+            try:
+                on_disk = path.read_bytes()
+            except OSError:
+                on_disk = None
+            if on_disk != source.encode():
+                if on_disk is not None:
+                    log.warning("generated module %s differs from the generated text; rewriting it", path)
+                atomic_write(path, source)
+            filename = str(path.resolve())
+            # mtime None: linecache never re-reads (or drops) this entry from the file
+            linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+            code = builtins.compile(source, filename, "exec", dont_inherit=True)
             modname = f"verimirage_kernels.{path.stem}{'_interp' if interpreting() else ''}"
-            spec = importlib.util.spec_from_file_location(modname, path)
-            if spec is None or spec.loader is None:  # pragma: no cover
-                raise ImportError(f"cannot import generated module {path}")
-            mod = importlib.util.module_from_spec(spec)
-            sys.modules[modname] = mod
-            spec.loader.exec_module(mod)
+            mod = ModuleType(modname)
+            mod.__file__ = filename
+            sys.modules[modname] = mod  # Triton resolves a kernel's globals through its module
+            exec(code, mod.__dict__)
             _MODULES[key] = mod
     return mod
 
@@ -265,7 +298,7 @@ def compile(
         ms = generate(program, tiles)
     path = write_module(ms, Path(directory) if directory is not None else None)
     try:
-        mod = load_module(path)
+        mod = load_module(path, ms.source)
     except Exception as e:
         raise GraphError(f"compile: the generated module {path} does not import: {e}") from e
     log.debug("compiled %d kernel(s) into %s", len(ms.kernels), path)

@@ -11,12 +11,23 @@ and ``smt``), so a change to the cost model, the partitioner or a rule is a
 miss even when the version number stays the same. An entry holds, per candidate, the μGraph text, cost,
 rules and certificate, plus a SHA-256 of all of it.
 
-On read an entry is checked before anything is served: the checksum, that
-each μGraph parses and passes the IR checks, and that each certificate names
-this very graph and μGraph (by their SHA-256). ``recheck=True`` also re-runs
-the independent certificate checker on every candidate. A corrupt,
-truncated or mismatching entry is discarded with a warning and the search
-runs again.
+Nothing read from an entry is trusted. On read, before anything is served:
+the checksum; that each μGraph parses, passes the IR checks and is in
+canonical text form; that each certificate's programs are exactly the
+requesting graph and that μGraph (by text, not by a stored hash); and the
+independent certificate checker (:func:`verimirage.smt.certificate.check_certificate`,
+re-deriving everything from the two programs) re-checks the certificate of
+every candidate that is served. The checksum is unkeyed, so it only catches
+accidents; the re-check is what stops a tampered entry. A corrupt, truncated,
+mismatching or tampered entry is reported (a warning naming the entry and
+why), removed, and the search runs again; it is never served and never an
+exception to the caller.
+
+Which candidates are re-checked and served (:func:`load`'s ``recheck``):
+``"all"`` re-checks and serves every cached candidate; ``"best"`` (the default
+of ``vm.superoptimize``) re-checks the best one only and serves it alone, since
+a certificate re-check of a full-size candidate costs about as much as the
+verification part of a search (measured in ``benchmarks/results/search_cache_recheck.md``).
 """
 
 from __future__ import annotations
@@ -29,7 +40,6 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from ..ir.errors import GraphError
 from ..ir.graph import Graph, MuGraph
 
 log = logging.getLogger(__name__)
@@ -108,22 +118,45 @@ def save(key: str, result: Any) -> None:
                        "report": str(result.report)})
 
 
-def load(key: str, graph: Graph, *, recheck: bool = False) -> Any | None:
-    """The cached SearchResult for ``key``, or None (miss, or a bad entry discarded with a warning)."""
+def load(key: str, graph: Graph, *, recheck: str = "all") -> Any | None:
+    """The cached SearchResult for ``key``, or None (a miss, or a bad entry reported, removed and ignored).
+
+    ``recheck``: ``"all"`` (re-check every candidate's certificate and serve them all) or ``"best"``
+    (re-check and serve the best candidate only). Every served candidate's certificate has just re-checked
+    against ``graph`` and names exactly the served μGraph.
+    """
+    if recheck not in ("all", "best"):
+        raise ValueError(f"search cache: recheck={recheck!r}; expected 'all' or 'best'")
     store = _store()
     entry = store.get(key)
     if entry is None:
         return None
     try:
         return _rebuild(entry, graph, recheck)
-    except (GraphError, ValueError, KeyError, TypeError) as e:
-        log.warning("search cache entry %s rejected (%s); searching again", key[:12], str(e).splitlines()[0])
-        store.path(key).unlink(missing_ok=True)
+    except Exception as e:  # anything wrong with an entry is a miss, never the caller's exception
+        log.warning("search cache entry %s rejected and removed (%s: %s); searching again", key[:16],
+                    type(e).__name__, (str(e).splitlines() or [""])[0][:300])
+        try:
+            store.path(key).unlink(missing_ok=True)
+        except OSError as e2:  # pragma: no cover - a read-only cache directory
+            log.warning("search cache entry %s could not be removed (%s)", key[:16], e2)
         return None
 
 
-def _rebuild(entry: Any, graph: Graph, recheck: bool) -> Any:
-    from ..smt.certificate import Certificate, check_certificate, sha256
+def _recheck(cert: Any) -> Any:
+    """The independent checker's verdict on ``cert`` (written to a private temporary file first)."""
+    import tempfile
+
+    from ..smt.certificate import check_certificate
+
+    with tempfile.TemporaryDirectory(prefix="vm-recheck-") as tmp:
+        p = Path(tmp) / "certificate.json"
+        cert.save(p)
+        return check_certificate(p)
+
+
+def _rebuild(entry: Any, graph: Graph, recheck: str) -> Any:
+    from ..smt.certificate import Certificate
     from ..smt.verdict import Check, Proved
     from .cost import Cost, KernelCost
     from .superopt import Candidate, SearchReport, SearchResult
@@ -131,34 +164,46 @@ def _rebuild(entry: Any, graph: Graph, recheck: bool) -> Any:
     if not isinstance(entry, dict) or entry.get("format") != FORMAT:
         raise ValueError("not a search-cache entry of this format")
     cands_d = entry["candidates"]
+    if not isinstance(cands_d, list) or not cands_d:
+        raise ValueError("no candidates")
     if _checksum(cands_d) != entry["sha256"]:
         raise ValueError("checksum mismatch")
-    gsha = sha256(str(graph))
-    out = []
-    for d in cands_d:
+    gtext = str(graph)
+    parsed = []
+    for i, d in enumerate(cands_d):
         mg = MuGraph.parse(d["mugraph"])
+        mtext = str(mg)
+        if mtext != d["mugraph"]:
+            raise ValueError(f"candidate {i}: the μGraph text is not canonical")
         cert = Certificate.from_json(d["certificate"])
-        if cert.graph_sha256 != gsha or cert.mugraph_sha256 != sha256(str(mg)):
-            raise ValueError("a certificate does not name this graph and μGraph")
-        checks: tuple[Check, ...] = (Check("search-cache", "proved", (("checksum", entry["sha256"]),)),)
-        if recheck:
-            import tempfile
-            from pathlib import Path
-
-            with tempfile.TemporaryDirectory() as tmp:
-                p = Path(tmp) / "c.json"
-                cert.save(p)
-                v = check_certificate(p)
-            if not v.proved:
-                raise ValueError(f"certificate re-check: {v.reason}")
-            checks = checks + tuple(v.evidence)
+        if cert.graph_text != gtext:
+            raise ValueError(f"candidate {i}: the certificate is not about the requested graph")
+        if cert.mugraph_text != mtext:
+            raise ValueError(f"candidate {i}: the certificate does not name the cached μGraph")
+        rules = d["rules"]
+        if not isinstance(rules, list) or not all(isinstance(r, str) for r in rules):
+            raise ValueError(f"candidate {i}: rules must be a list of names")
+        parsed.append((d, mg, cert))
+    served = parsed if recheck == "all" else parsed[:1]
+    out = []
+    for i, (d, mg, cert) in enumerate(served):
+        v = _recheck(cert)
+        if not isinstance(v, Proved):
+            raise ValueError(f"candidate {i}: the certificate does not re-check ({v.reason})")
+        checks: tuple[Check, ...] = (Check("search-cache", "proved", (("entry_sha256", entry["sha256"]),)),
+                                     *tuple(v.evidence))
         cd = dict(d["cost"])
         cd["kernels"] = tuple(KernelCost(**k) for k in cd.get("kernels", ()))
         cost = Cost(**cd)
-        verdict = Proved(f"served from the search cache (certified: {d['verdict_reason']})", checks)
+        verdict = Proved(f"served from the search cache, certificate re-checked ({v.reason}); "
+                         f"the search said: {d['verdict_reason']}", checks)
         g2 = Graph.parse(d["graph"]) if d.get("graph") else None
         out.append(Candidate(mg, cost, verdict, cert, tuple(d["rules"]), g2))
     rep = SearchReport(stop_reason="served from the search cache")
     rep.verified = len(out)
-    rep.notes.append("cache hit; the original search said:\n" + str(entry.get("report", "")))
+    if len(out) < len(parsed):
+        rep.notes.append(f"{len(parsed) - len(out)} more cached candidate(s) not served: only the best one was "
+                         "re-checked (superoptimize(..., recheck_cache=True) re-checks and serves all)")
+    rep.notes.append("cache hit, every served certificate re-checked; the original search said:\n"
+                     + str(entry.get("report", "")))
     return SearchResult(out, rep)

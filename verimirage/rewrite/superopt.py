@@ -236,7 +236,10 @@ def superoptimize(
     shows a rich display (None: when stderr is a terminal); ``seed`` is passed to the verifier's random
     trials; ``verifier`` replaces ``vm.verify`` (research use). ``cache``: serve a repeated search
     from the on-disk cache (:mod:`verimirage.rewrite.search_cache`; not used with a custom
-    ``verifier`` or user rules); ``recheck_cache`` re-runs the certificate checker on a hit.
+    ``verifier`` or user rules). Nothing from the cache is trusted: on a hit the independent certificate
+    checker re-checks the best candidate against ``graph`` and only it is served (a full-size re-check costs
+    seconds per candidate); ``recheck_cache=True`` re-checks every cached candidate and serves them all. A
+    candidate that does not re-check makes the entry a miss: it is reported, removed and searched again.
     """
     if not isinstance(graph, Graph) or any(n.op == "custom" for n in node_list(graph)):
         raise GraphError("superoptimize: expected a kernel graph (vm.Graph) without custom kernels")
@@ -262,7 +265,7 @@ def superoptimize(
             # a profiled ordering belongs to one GPU (and its software): key it by them
             "device": _device_key() if profile else None,
         })
-        hit = search_cache.load(key, graph, recheck=recheck_cache)
+        hit = search_cache.load(key, graph, recheck="all" if recheck_cache else "best")
         if hit is not None:
             hit.report.from_cache = str(search_cache.entry_path(key))
             log.info("superoptimize: served from the search cache (%d candidate(s))", len(hit.candidates))
