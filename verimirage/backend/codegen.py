@@ -127,6 +127,26 @@ class KernelInfo:
     uses_dot: bool
 
 
+#: A value a kernel reads or writes: ``("in", i)`` the program's i-th input, ``("buf", j)`` the j-th
+#: buffer the launcher allocates (see :class:`LaunchStep`).
+ValueRef = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class LaunchStep:
+    """One kernel launch of ``forward``, as data: what the runtime's lean launcher replays.
+
+    ``args`` are the operands in the kernel's argument order (each followed by its strides, as in the
+    generated call), ``outs`` the buffers it writes: ``(buffer index, shape, dtype)`` with ``dtype`` a torch
+    dtype name (``"float16"``); buffers are contiguous and numbered in allocation order over the program.
+    """
+
+    kernel: str
+    grid: tuple[int, ...]
+    args: tuple[tuple[ValueRef, int], ...]  # (value, rank)
+    outs: tuple[tuple[int, tuple[int, ...], str], ...]
+
+
 @dataclass(frozen=True)
 class ModuleSource:
     """The generated module: source text, kernel descriptions, the μGraph it came from."""
@@ -136,6 +156,9 @@ class ModuleSource:
     mugraph: MuGraph
     input_names: tuple[str, ...]
     output_types: tuple[TensorType, ...]
+    #: ``forward``'s launches in order and the values it returns (the runtime's lean launch path)
+    steps: tuple[LaunchStep, ...] = ()
+    returns: tuple[ValueRef, ...] = ()
 
     @property
     def digest(self) -> str:
@@ -817,6 +840,8 @@ def generate(program: Any, tiles: TileOptions | None = None,
     nodes = node_list(mg)
     names = mg.input_names()
     var: dict[tuple[int, int], str] = {}
+    ref_of: dict[tuple[int, int], ValueRef] = {}
+    steps: list[LaunchStep] = []
     kernels: list[KernelInfo] = []
     ksrc: list[str] = []
     body: list[str] = []
@@ -835,6 +860,7 @@ def generate(program: Any, tiles: TileOptions | None = None,
     for i, n in enumerate(nodes):
         if n.op == "input":
             var[(i, 0)] = n.attr("name")
+            ref_of[(i, 0)] = ("in", names.index(n.attr("name")))
             continue
         bg: BlockGraph = n.attr("block")
         arg_types = [nodes[a].outs[k] for a, k in n.args]
@@ -845,12 +871,17 @@ def generate(program: Any, tiles: TileOptions | None = None,
         kernels.append(info)
         ksrc.append(src)
         outs = []
+        bufs = []
         for k, t in enumerate(n.outs):
             v = f"t{i}_{k}"
             var[(i, k)] = v
             outs.append(v)
             tdt = _TORCH_DTYPE[store_dtype((i, k))]
             body.append(f"{v} = torch.empty({_shape_text(t.shape)}, device={dev}.device, dtype={tdt})")
+            ref_of[(i, k)] = ("buf", sum(len(st.outs) for st in steps) + k)
+            bufs.append((ref_of[(i, k)][1], tuple(t.shape), tdt.removeprefix("torch.")))
+        steps.append(LaunchStep(kname, info.grid, tuple((ref_of[r], nodes[r[0]].outs[r[1]].rank) for r in n.args),
+                                tuple(bufs)))
         call = []
         for a, k in n.args:
             x = var[(a, k)]
@@ -886,4 +917,5 @@ def generate(program: Any, tiles: TileOptions | None = None,
     fwd.append(f"    return ({', '.join(rets)},)")
     source = "\n".join(header) + "\n\n".join(ksrc) + "\n\n" + "\n".join(launch) + "\n\n\n" + "\n".join(fwd) + "\n"
     out_types = tuple(mg.type_of(r) for r in output_refs(mg))
-    return ModuleSource(source, tuple(kernels), mg, tuple(names), out_types)
+    return ModuleSource(source, tuple(kernels), mg, tuple(names), out_types, tuple(steps),
+                        tuple(ref_of[r] for r in output_refs(mg)))

@@ -24,10 +24,11 @@ import builtins
 import hashlib
 import linecache
 import logging
+import math
 import os
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -40,6 +41,7 @@ from .codegen import LaunchConfig, ModuleSource, TileOptions, generate
 
 log = logging.getLogger(__name__)
 
+_builtin_compile = builtins.compile  # this module's ``compile`` is verimirage's
 _LOCK = threading.Lock()
 _MODULES: dict[str, ModuleType] = {}
 
@@ -180,21 +182,209 @@ def _torch_dtype(t: TensorType) -> Any:
     return getattr(torch, t.dtype.torch_name)
 
 
+#: Returned by a lean runner when the inputs are not the ones its plan was made for (the checked path then
+#: runs: it raises the clear error, or makes or finds the plan for these inputs).
+_MISS = object()
+
+#: Byte alignment of the buffers the lean launcher carves out of one workspace allocation.
+_WS_ALIGN = 256
+
+
+class _LeanPlan:
+    """One input signature's launches, resolved once: the lean path of :class:`CompiledProgram` on a GPU.
+
+    Made on the first call with inputs of a given signature (shapes, dtypes, strides, 16-byte alignment of
+    the data pointers, device): that call launches each kernel through ``JITFunction.run``, which compiles
+    or finds the Triton kernel specialised for exactly these arguments and returns it (a
+    ``triton.compiler.CompiledKernel``). Every launch's grid, launch parameters and integer arguments are then
+    fixed; only data pointers change. ``run`` is a small function generated from that (see :meth:`_source`):
+    it checks the signature (returning :data:`_MISS` on any difference, so the checked path runs), allocates
+    the program's outputs and one workspace for its intermediate values, and calls each kernel's Triton
+    launcher directly, with no argument specialisation, cache-key hashing or launch hooks on the way.
+    """
+
+    def __init__(self, prog: CompiledProgram, xs: Sequence[Any]) -> None:
+        import torch
+        from triton import knobs
+
+        self.device = xs[0].device
+        get_device = _device_getter()
+        dev_index = get_device()
+        bufs: dict[int, Any] = {}
+
+        def value(ref: tuple[str, int]) -> Any:
+            return xs[ref[1]] if ref[0] == "in" else bufs[ref[1]]
+
+        buf_meta: dict[int, tuple[tuple[int, ...], Any]] = {}
+        launches: list[tuple[Any, tuple[int, int, int], list[Any]]] = []
+        for st in prog.steps:
+            jit = getattr(prog.module, st.kernel)
+            for bi, shape, dt in st.outs:
+                bufs[bi] = torch.empty(shape, device=self.device, dtype=getattr(torch, dt))
+                buf_meta[bi] = (shape, getattr(torch, dt))
+            call: list[Any] = []
+            for ref, rank in (*st.args, *((("buf", bi), len(shape)) for bi, shape, _ in st.outs)):
+                t = value(ref)
+                call.append(t)
+                call += [t.stride(d) for d in range(rank)]
+            kern = jit.run(*call, grid=st.grid, warmup=False, **prog.launch[st.kernel])
+            if hasattr(kern, "result"):  # pragma: no cover - only under Triton's async compile mode
+                kern = kern.result()
+            g = (*st.grid, 1, 1)
+            launches.append((kern, (g[0], g[1], g[2]), call))
+        #: what this first call computed (returned to the caller that made the plan)
+        self.first_outputs = tuple(value(r) for r in prog.returns)
+        returned = {r[1] for r in prog.returns if r[0] == "buf"}
+        ws_off: dict[int, int] = {}
+        ws = 0
+        for bi, (shape, dt) in buf_meta.items():
+            if bi not in returned:
+                ws_off[bi] = ws
+                nbytes = math.prod(shape) * dt.itemsize
+                ws += -(-nbytes // _WS_ALIGN) * _WS_ALIGN
+        self.signature = [(tuple(x.shape), x.dtype, tuple(x.stride()), x.data_ptr() % 16 == 0) for x in xs]
+        src, env = self._source(prog, launches, buf_meta, ws_off, ws, returned)
+        env.update(MISS=_MISS, empty=torch.empty, uint8=torch.uint8, DEVICE=self.device, DEV=dev_index,
+                   get_device=get_device, get_stream=_stream_getter(),
+                   HOOK_IN=knobs.runtime.launch_enter_hook, HOOK_OUT=knobs.runtime.launch_exit_hook)
+        ns: dict[str, Any] = {}
+        exec(_builtin_compile(src, f"<verimirage lean launcher {prog.path.stem}>", "exec"), env, ns)
+        self.source = src
+        self.run: Callable[..., Any] = ns["run"]
+
+    def _source(self, prog: CompiledProgram, launches: Sequence[tuple[Any, tuple[int, int, int], list[Any]]],
+                buf_meta: Mapping[int, tuple[tuple[int, ...], Any]], ws_off: Mapping[int, int], ws: int,
+                returned: set[int]) -> tuple[str, dict[str, Any]]:
+        """The text of ``run(*xs)`` and the constants it refers to."""
+        raw_alloc = _raw_allocator()
+        n = len(prog.input_names)
+        env: dict[str, Any] = {}
+        xs = [f"x{i}" for i in range(n)]
+        lines = ["def run(*xs):", f"    if len(xs) != {n} or HOOK_IN.calls or HOOK_OUT.calls or get_device() != DEV:",
+                 "        return MISS", f"    {', '.join(xs)}{',' if n == 1 else ''} = xs", "    try:"]
+        lines += [f"        p{i} = x{i}.data_ptr()" for i in range(n)]
+        conds = []
+        for i, (shape, dt, stride, aligned) in enumerate(self.signature):
+            env[f"D{i}"] = dt
+            conds.append(f"x{i}.shape != {shape!r} or x{i}.dtype is not D{i} or x{i}.get_device() != DEV or "
+                         f"x{i}.stride() != {stride!r} or (p{i} & 15 {'!=' if aligned else '=='} 0)")
+        lines += ["        if (" + "\n                or ".join(conds) + "):", "            return MISS",
+                  "    except Exception:", "        return MISS", "    stream = get_stream(DEV)"]
+        ptr: dict[tuple[str, int], str] = {("in", i): f"p{i}" for i in range(n)}
+        for bi, (shape, dt) in buf_meta.items():
+            if bi in returned:
+                env[f"T{bi}"] = dt
+                lines.append(f"    b{bi} = empty({shape!r}, dtype=T{bi}, device=DEVICE)")
+                lines.append(f"    q{bi} = b{bi}.data_ptr()")
+                ptr[("buf", bi)] = f"q{bi}"
+            else:
+                ptr[("buf", bi)] = f"(w + {ws_off[bi]})"
+        launch_lines: list[str] = []
+        for k, (st, (kern, grid, call)) in enumerate(zip(prog.steps, launches, strict=True)):
+            launcher = kern.run
+            fixed = [f"F{k}", f"M{k}"]
+            env[f"F{k}"], env[f"M{k}"] = kern.function, kern.packed_metadata
+            args: list[str] = []
+            refs = [*(r for r, _ in st.args), *(("buf", bi) for bi, _, _ in st.outs)]
+            ri = 0
+            for a in call:
+                if isinstance(a, int):
+                    args.append(repr(a))
+                else:
+                    args.append(ptr[refs[ri]])
+                    ri += 1
+            direct = (getattr(launcher, "global_scratch_size", 1) == 0 and getattr(launcher, "profile_scratch_size", 1)
+                      == 0 and hasattr(launcher, "launch"))
+            if direct:  # the compiled C launcher itself: no scratch buffers to allocate
+                env[f"L{k}"] = launcher.launch
+                head = (f"L{k}({grid[0]}, {grid[1]}, {grid[2]}, stream, {fixed[0]}, "
+                        f"{bool(launcher.launch_cooperative_grid)}, {bool(launcher.launch_pdl)}, None, None, "
+                        f"{fixed[1]}, None, None, None")
+            else:
+                env[f"L{k}"] = launcher
+                head = f"L{k}({grid[0]}, {grid[1]}, {grid[2]}, stream, {fixed[0]}, {fixed[1]}, None, None, None"
+            launch_lines.append(f"    {head}, {', '.join(args)})")
+        if ws and raw_alloc is not None:
+            # the workspace straight from PyTorch's caching allocator (no tensor): stream-ordered like a
+            # tensor's memory, returned to the allocator after the launches are queued
+            env["ws_alloc"], env["ws_free"] = raw_alloc
+            lines.append(f"    w = ws_alloc({ws}, stream)")
+            lines.append("    try:")
+            lines += ["    " + line for line in launch_lines]
+            lines += ["    finally:", "        ws_free(w)"]
+        else:
+            if ws:
+                lines.append(f"    wt = empty({ws}, dtype=uint8, device=DEVICE)")
+                lines.append("    w = wt.data_ptr()")
+            lines += launch_lines
+        rets = [f"x{r[1]}" if r[0] == "in" else f"b{r[1]}" for r in prog.returns]
+        lines.append(f"    return ({', '.join(rets)},)")
+        return "\n".join(lines) + "\n", env
+
+
+def _raw_allocator() -> tuple[Callable[[int, int], int], Callable[[int], None]] | None:
+    """PyTorch's caching allocator without a tensor: ``(alloc(nbytes, stream) -> pointer, free(pointer))``."""
+    import torch
+
+    alloc = getattr(torch._C, "_cuda_cudaCachingAllocator_raw_alloc", None)
+    free = getattr(torch._C, "_cuda_cudaCachingAllocator_raw_delete", None)
+    return None if alloc is None or free is None else (alloc, free)
+
+
+def _copy_each(dst: Sequence[Any], src: Sequence[Any]) -> None:
+    for d, s in zip(dst, src, strict=True):
+        d.copy_(s)
+
+
+def _device_getter() -> Callable[[], int]:
+    """The index of the current CUDA device, as a cheap callable (the lean path checks it on every call)."""
+    import torch
+
+    return getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)  # type: ignore[no-any-return]
+
+
+def _stream_getter() -> Callable[[int], int]:
+    """Triton's own way to read the current CUDA stream (a raw handle) of a device."""
+    from triton.runtime import driver
+
+    return driver.active.get_current_stream  # type: ignore[no-any-return]
+
+
 class CompiledProgram:
     """A μGraph compiled to Triton kernels: call it on torch tensors.
 
     ``fn(*tensors)`` in the graph's input order, or ``fn(**{name: tensor})``;
     returns one tensor, or a tuple for several outputs. Shapes and dtypes must
     be the graph's exactly; strides are free.
+
+    **Launch cost.** On a GPU, a call with positional inputs whose signature
+    (shapes, dtypes, strides, 16-byte alignment, device) was seen before takes
+    the *lean path*: a generated function checks that signature and launches
+    the already compiled kernels through Triton's C launcher, with one
+    allocation per output and one workspace for intermediate values
+    (:class:`_LeanPlan`). Any difference falls back to the checked path,
+    which raises the clear error for wrong inputs, or compiles and remembers a
+    plan for the new signature. In Triton's interpreter every call takes the
+    checked path and the generated ``forward``.
+
+    **CUDA graphs.** ``compile(..., cuda_graph=True)`` returns a program that
+    captures its launches into one CUDA graph on the first call and replays it
+    afterwards (static shapes): inputs are copied into the graph's static input
+    buffers (``static_inputs``; a tensor that *is* the static buffer is not
+    copied), and the outputs returned are the graph's static output buffers,
+    **overwritten by the next call** (clone them to keep them), as with
+    PyTorch's ``torch.cuda.graphs.make_graphed_callables`` / cudagraph trees.
     """
 
     def __init__(self, ms: ModuleSource, path: Path, module: ModuleType, config: LaunchConfig,
-                 per_kernel: Mapping[str, LaunchConfig] | None = None) -> None:
+                 per_kernel: Mapping[str, LaunchConfig] | None = None, cuda_graph: bool = False) -> None:
         self.source = ms.source
         self.path = path
         self.module = module
         self.mugraph = ms.mugraph
         self.kernels = ms.kernels
+        self.steps = ms.steps
+        self.returns = ms.returns
         self.input_names = ms.input_names
         self.input_types = tuple(t.type for t in ms.mugraph.inputs)
         self.output_types = ms.output_types
@@ -204,6 +394,17 @@ class CompiledProgram:
             c = (per_kernel or {}).get(k.name, config)
             self.launch[k.name] = {"num_warps": c.num_warps, "num_stages": c.num_stages}
         self._forward = module.forward
+        self._dtypes = tuple(_torch_dtype(t) for t in self.input_types)
+        #: whether calls may take the lean path (off in the interpreter, or after a plan failed to build)
+        self.lean = not interpreting() and bool(self.steps)
+        self._plans: dict[tuple[Any, ...], _LeanPlan] = {}
+        self._fast: Callable[..., Any] | None = None
+        self.cuda_graph = cuda_graph
+        self._graph: Any = None
+        #: the CUDA graph's input buffers (``cuda_graph=True``, after the first call), in input order
+        self.static_inputs: tuple[Any, ...] = ()
+        self._static_outputs: tuple[Any, ...] = ()
+        self._foreach_copy: Callable[[Sequence[Any], Sequence[Any]], Any] = _copy_each
 
     def _bind(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list[Any]:
         names = self.input_names
@@ -223,14 +424,14 @@ class CompiledProgram:
 
         out = []
         device = None
-        for n, t in zip(names, self.input_types, strict=True):
+        for n, t, dt in zip(names, self.input_types, self._dtypes, strict=True):
             x = vals[n]
             if not isinstance(x, torch.Tensor):
                 raise TypeError(f"input {n!r}: expected a torch.Tensor, got {type(x).__name__}")
             if tuple(x.shape) != t.shape:
                 raise ValueError(f"input {n!r}: shape {tuple(x.shape)}; expected {t.shape}")
-            if x.dtype != _torch_dtype(t):
-                raise TypeError(f"input {n!r}: dtype {x.dtype}; expected {_torch_dtype(t)} (no implicit casts)")
+            if x.dtype != dt:
+                raise TypeError(f"input {n!r}: dtype {x.dtype}; expected {dt} (no implicit casts)")
             if device is None:
                 device = x.device
             elif x.device != device:
@@ -244,13 +445,116 @@ class CompiledProgram:
         return out
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.cuda_graph:
+            return self._call_graph(args, kwargs)
+        fast = self._fast
+        if fast is not None and not kwargs:
+            outs = fast(*args)
+            if outs is not _MISS:
+                return outs[0] if len(outs) == 1 else outs
         xs = self._bind(args, kwargs)
-        self.module.LAUNCH.update({k: dict(v) for k, v in self.launch.items()})
-        outs = self._forward(*xs)
+        outs = self._launch(xs)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
+    def _launch(self, xs: list[Any]) -> tuple[Any, ...]:
+        """Run the kernels on checked inputs: through a lean plan where possible, else ``forward``."""
+        if self.lean and not self._hooks_set():
+            cur = _device_getter()()
+            key = (cur, *((tuple(x.shape), x.dtype, x.get_device(), tuple(x.stride()), x.data_ptr() % 16 == 0)
+                          for x in xs))
+            plan = self._plans.get(key)
+            if plan is not None:
+                outs = plan.run(*xs)
+                if outs is not _MISS:
+                    self._fast = plan.run
+                    return tuple(outs)
+            elif xs and xs[0].get_device() == cur:
+                try:
+                    plan = _LeanPlan(self, xs)
+                except Exception as e:  # an unexpected Triton internals change: keep working, without the lean path
+                    log.warning("compiled program %s: no lean launch path (%s: %s); using the generated forward",
+                                self.path.name, type(e).__name__, e)
+                    self.lean = False
+                else:
+                    self._plans[key] = plan
+                    self._fast = plan.run
+                    outs = plan.first_outputs
+                    plan.first_outputs = ()
+                    return tuple(outs)
+        self.module.LAUNCH.update({k: dict(v) for k, v in self.launch.items()})
+        return tuple(self._forward(*xs))
+
+    @staticmethod
+    def _hooks_set() -> bool:
+        """Whether Triton launch hooks (e.g. its profiler's) are installed: then every launch goes through Triton."""
+        from triton import knobs
+
+        return bool(knobs.runtime.launch_enter_hook.calls or knobs.runtime.launch_exit_hook.calls)
+
+    def _call_graph(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+        """``cuda_graph=True``: copy the inputs into the static buffers and replay the captured graph."""
+        statics = self.static_inputs
+        if statics and not kwargs and len(args) == len(statics):
+            ok = True
+            for x, s, dt in zip(args, statics, self._dtypes, strict=True):
+                try:
+                    if x.shape != s.shape or x.dtype is not dt or x.device != s.device:
+                        ok = False
+                        break
+                except AttributeError:
+                    ok = False
+                    break
+            if ok:
+                self._copy_in(args)
+                self._graph.replay()
+                outs = self._static_outputs
+                return outs[0] if len(outs) == 1 else outs
+        xs = self._bind(args, kwargs)
+        if self._graph is None:
+            self._capture(xs)
+        elif xs[0].device != statics[0].device:
+            raise ValueError(f"inputs are on {xs[0].device}, but this program's CUDA graph was captured on "
+                             f"{statics[0].device}")
+        self._copy_in(xs)
+        self._graph.replay()
+        outs = self._static_outputs
+        return outs[0] if len(outs) == 1 else outs
+
+    def _copy_in(self, xs: Sequence[Any]) -> None:
+        """Copy the inputs that are not the static buffers themselves into them (one foreach copy for several)."""
+        dst, src = [], []
+        for x, s in zip(xs, self.static_inputs, strict=True):
+            if x is not s:
+                dst.append(s)
+                src.append(x)
+        if len(dst) == 1:
+            dst[0].copy_(src[0])
+        elif dst:
+            self._foreach_copy(dst, src)
+
+    def _capture(self, xs: list[Any]) -> None:
+        """Capture the launches on static copies of ``xs`` into one CUDA graph (first call of ``cuda_graph=True``)."""
+        import torch
+
+        if interpreting():
+            raise ValueError("cuda_graph=True needs a CUDA device; kernels run in Triton's interpreter here")
+        statics = tuple(torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in xs)
+        for s, x in zip(statics, xs, strict=True):
+            s.copy_(x)
+        side = torch.cuda.Stream(device=xs[0].device)
+        side.wait_stream(torch.cuda.current_stream(xs[0].device))
+        with torch.cuda.stream(side):  # compile and make the plan outside the capture
+            self._launch(list(statics))
+        torch.cuda.current_stream(xs[0].device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outs = self._launch(list(statics))
+        self._graph, self.static_inputs, self._static_outputs = graph, statics, tuple(outs)
+        self._foreach_copy = getattr(torch, "_foreach_copy_", None) or _copy_each
+
     def __repr__(self) -> str:
-        return f"<CompiledProgram {len(self.kernels)} kernel(s) from {self.path}>"
+        graph = ", CUDA graph" if self.cuda_graph else ""
+        return f"<CompiledProgram {len(self.kernels)} kernel(s){graph} from {self.path}>"
 
 
 def _chosen_config(program: Any) -> LaunchConfig | None:
@@ -266,6 +570,7 @@ def compile(
     config: LaunchConfig | None = None,
     per_kernel: Mapping[str, LaunchConfig] | None = None,
     directory: Path | str | None = None,
+    cuda_graph: bool = False,
 ) -> CompiledProgram:
     """Compile a Candidate (its ``.mugraph``), MuGraph or Graph to a callable on torch tensors.
 
@@ -276,8 +581,13 @@ def compile(
     kernel gets :func:`verimirage.backend.tuning.recommend`'s (measured rules);
     ``LaunchConfig(tuned=True)`` asks for the latter explicitly.
     ``directory`` is where the generated module is written (default: the
-    cache directory, see :mod:`.cache`).
+    cache directory, see :mod:`.cache`). ``cuda_graph=True`` captures the
+    program's launches into a CUDA graph on the first call and replays it
+    afterwards; the outputs it returns are overwritten by the next call (see
+    :class:`CompiledProgram`). It needs a CUDA device.
     """
+    if not isinstance(cuda_graph, bool):
+        raise TypeError(f"compile: cuda_graph={cuda_graph!r}; expected True or False")
     if config is not None and not isinstance(config, LaunchConfig):
         raise TypeError(f"compile: config {config!r}; expected a LaunchConfig")
     if config is None:
@@ -302,4 +612,6 @@ def compile(
     except Exception as e:
         raise GraphError(f"compile: the generated module {path} does not import: {e}") from e
     log.debug("compiled %d kernel(s) into %s", len(ms.kernels), path)
-    return CompiledProgram(ms, path, mod, config, per_kernel)
+    if cuda_graph and interpreting():
+        raise ValueError("compile: cuda_graph=True needs a CUDA device; kernels run in Triton's interpreter here")
+    return CompiledProgram(ms, path, mod, config, per_kernel, cuda_graph=cuda_graph)

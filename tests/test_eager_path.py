@@ -1,0 +1,224 @@
+"""The lean launch path and the CUDA-graph option of compiled programs (issue 28).
+
+On the CPU the kernels run in Triton's interpreter, where calls take the checked path; the lean path's
+plan (which kernel, grid, integer arguments and pointers each launch gets) is checked here against the
+generated ``forward`` with Triton's launcher replaced by a recorder. On a GPU (``@pytest.mark.gpu``) the
+lean path and ``cuda_graph=True`` run for real against ``forward`` and the float64 reference.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import verimirage as vm
+from verimirage.backend import runtime
+from verimirage.backend.runtime import CompiledProgram, ensure_mode
+from verimirage.benchmarks.designs import expert, small_design_kw
+
+ensure_mode()
+
+TORCH = {vm.float16: torch.float16, vm.bfloat16: torch.bfloat16, vm.float32: torch.float32}
+
+
+def inputs_for(g: vm.Graph, seed: int = 0, device: str = "cpu") -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return [(0.3 * torch.randn(t.shape, generator=gen)).to(TORCH[t.dtype]).to(device) for t in g.inputs]
+
+
+def program(name: str) -> tuple[vm.Graph, CompiledProgram]:
+    g = vm.benchmarks.get(name, small=True)
+    return g, vm.compile(expert(name, g, **small_design_kw(name)))
+
+
+class _Recorder:
+    """Stands in for Triton on a CPU: ``JITFunction.run`` and the compiled launcher record their launches."""
+
+    def __init__(self, prog: CompiledProgram, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.launches: list[tuple[str, str, tuple[int, int, int], list[Any]]] = []
+        rec = self
+
+        class Launcher:
+            global_scratch_size = 0
+            profile_scratch_size = 0
+            launch_cooperative_grid = False
+            launch_pdl = False
+
+            def launch(self, gx: int, gy: int, gz: int, stream: int, function: str, coop: bool, pdl: bool,
+                       gs: Any, ps: Any, meta: Any, lm: Any, eh: Any, xh: Any, *args: Any) -> None:
+                assert (stream, coop, pdl, gs, ps, lm, eh, xh) == (0, False, False, None, None, None, None, None)
+                rec.launches.append(("lean", function, (gx, gy, gz), list(args)))
+
+        class Kernel:
+            def __init__(self, name: str) -> None:
+                self.function, self.packed_metadata, self.run = name, (4, 1, 0), Launcher()
+
+        for k in prog.kernels:
+            def run(*args: Any, grid: tuple[int, ...], warmup: bool, _name: str = k.name, **kw: Any) -> Kernel:
+                assert not warmup and kw == prog.launch[_name]
+                g3 = (*grid, 1, 1)
+                ptrs = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
+                rec.launches.append(("jit", _name, (g3[0], g3[1], g3[2]), ptrs))
+                return Kernel(_name)
+
+            monkeypatch.setattr(getattr(prog.module, k.name), "run", run)
+        monkeypatch.setattr(runtime, "_device_getter", lambda: (lambda: -1))  # CPU tensors: get_device() == -1
+        monkeypatch.setattr(runtime, "_stream_getter", lambda: (lambda dev: 0))
+        self.held: dict[int, torch.Tensor] = {}  # the workspace "allocator": CPU buffers by address
+
+        def alloc(nbytes: int, stream: int) -> int:
+            assert stream == 0
+            t = torch.empty(nbytes, dtype=torch.uint8)
+            self.held[t.data_ptr()] = t
+            return t.data_ptr()
+
+        monkeypatch.setattr(runtime, "_raw_allocator", lambda: (alloc, lambda ptr: self.held.pop(ptr)))
+        prog.lean = True
+
+
+@pytest.mark.parametrize("name", ["gqa", "ntrans"])
+def test_lean_plan_replays_the_generated_launches(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    g, prog = program(name)
+    rec = _Recorder(prog, monkeypatch)
+    xs = inputs_for(g)
+    first = prog(*xs)  # makes the plan through JITFunction.run
+    second = prog(*xs)  # the lean runner
+    assert prog._fast is not None and len(prog._plans) == 1
+    jit = [r for r in rec.launches if r[0] == "jit"]
+    lean = [r for r in rec.launches if r[0] == "lean"]
+    assert len(jit) == len(lean) == len(prog.kernels) >= 1
+    firsts = first if isinstance(first, tuple) else (first,)
+    seconds = second if isinstance(second, tuple) else (second,)
+    assert [tuple(o.shape) for o in firsts] == [tuple(o.shape) for o in seconds]
+    assert [o.dtype for o in firsts] == [o.dtype for o in seconds]
+    # same kernels, grids and integer arguments; pointers map one to one (inputs to themselves, the
+    # returned outputs to the returned outputs, intermediates to distinct workspace addresses)
+    mapping: dict[int, int] = {x.data_ptr(): x.data_ptr() for x in xs}
+    mapping.update({a.data_ptr(): b.data_ptr() for a, b in zip(firsts, seconds, strict=True)})
+    for (_, k1, g1, a1), (_, k2, g2, a2) in zip(jit, lean, strict=True):
+        assert k1 == k2 and g1 == g2 and len(a1) == len(a2)
+        step = next(s for s in prog.steps if s.kernel == k1)
+        positions: list[int] = []
+        i = 0
+        for _, rank in (*step.args, *((None, len(shape)) for _, shape, _ in step.outs)):
+            positions.append(i)
+            i += 1 + rank
+        for j, (x, y) in enumerate(zip(a1, a2, strict=True)):
+            if j in positions:
+                assert mapping.setdefault(x, y) == y, f"{k1}: pointer argument {j} maps inconsistently"
+            else:
+                assert x == y, f"{k1}: integer argument {j} differs"
+    assert len(set(mapping.values())) == len(mapping)
+    assert not rec.held  # every workspace given back
+    # the integer arguments are the strides of what forward passes
+    for (_, kname, _, a1) in jit:
+        step = next(s for s in prog.steps if s.kernel == kname)
+        assert len(a1) == sum(1 + r for _, r in step.args) + sum(1 + len(sh) for _, sh, _ in step.outs)
+
+
+def test_lean_path_rejects_wrong_inputs_with_the_same_messages(monkeypatch: pytest.MonkeyPatch) -> None:
+    g, prog = program("ntrans")
+    _Recorder(prog, monkeypatch)
+    xs = inputs_for(g)
+    prog(*xs)
+    assert prog._fast is not None
+    X, H, alpha = xs
+    with pytest.raises(ValueError, match=r"'X': shape \(8, 32\); expected \(8, 64\)"):
+        prog(X[:, :32], H, alpha)
+    with pytest.raises(TypeError, match=r"'H': dtype torch.float32; expected torch.float16"):
+        prog(X, H.float(), alpha)
+    with pytest.raises(TypeError, match=r"expected a torch\.Tensor"):
+        prog(X.numpy(), H, alpha)
+    with pytest.raises(TypeError, match=r"missing input\(s\) \['alpha'\]"):
+        prog(X, H)
+    with pytest.raises(TypeError, match=r"takes 3 input\(s\)"):
+        prog(X, H, alpha, alpha)
+    # (the device check needs a GPU: here the recorder's device index is the CPU's; see the gpu test below)
+    # other strides or a misaligned data pointer are another specialisation: a second plan, not an error
+    n = len(prog._plans)
+    prog(X.t().contiguous().t(), H, alpha)
+    assert len(prog._plans) == n + 1
+    buf = torch.empty(X.numel() + 1, dtype=X.dtype)[1:].view(X.shape)
+    buf.copy_(X)
+    prog(buf, H, alpha)
+    assert len(prog._plans) == n + 2
+
+
+def test_interpreter_calls_take_the_checked_path() -> None:
+    g, prog = program("gqa")
+    assert not prog.lean  # the interpreter: the generated forward, every call
+    xs = inputs_for(g)
+    out = prog(*xs)
+    ref = vm.evaluate(g, dict(zip(g.input_names(), xs, strict=True)))[0]
+    np.testing.assert_allclose(out.double().numpy(), ref, atol=2e-2 * np.abs(ref).max())
+    assert prog._fast is None and not prog._plans
+
+
+def test_cuda_graph_option_is_checked() -> None:
+    g = vm.benchmarks.get("lora", small=True)
+    mg = expert("lora", g, **small_design_kw("lora"))
+    with pytest.raises(TypeError, match="cuda_graph='yes'; expected True or False"):
+        vm.compile(mg, cuda_graph="yes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="cuda_graph=True needs a CUDA device"):
+        vm.compile(mg, cuda_graph=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["gqa", "ntrans", "rmsnorm_linear"])
+def test_lean_path_on_the_gpu(name: str) -> None:
+    g, prog = program(name)
+    old = vm.compile(prog.mugraph)
+    old.lean = False
+    xs = inputs_for(g, device="cuda")
+    ref = vm.evaluate(g, dict(zip(g.input_names(), [x.cpu() for x in xs], strict=True)))
+    for _ in range(3):
+        out, want = prog(*xs), old(*xs)
+        outs = out if isinstance(out, tuple) else (out,)
+        wants = want if isinstance(want, tuple) else (want,)
+        for o, w, r in zip(outs, wants, ref, strict=True):
+            assert torch.equal(o, w)
+            np.testing.assert_allclose(o.double().cpu().numpy(), r, atol=2e-2 * max(np.abs(r).max(), 1e-3))
+    assert prog._fast is not None and len(prog._plans) == 1
+    # wrong inputs: the same messages as the checked path
+    names = g.input_names()
+    bad_dtype = [xs[0].float(), *xs[1:]]
+    with pytest.raises(TypeError, match=rf"'{names[0]}': dtype torch.float32; expected torch.float16"):
+        prog(*bad_dtype)
+    bad_shape = [xs[0][..., :1], *xs[1:]]
+    with pytest.raises(ValueError, match=rf"'{names[0]}': shape"):
+        prog(*bad_shape)
+    with pytest.raises(ValueError, match=rf"'{names[0]}': on cpu, but earlier inputs are on cuda:0|"
+                                         rf"'{names[1]}': on cuda:0, but earlier inputs are on cpu"):
+        prog(xs[0].cpu(), *xs[1:])
+    with pytest.raises(ValueError, match="compiled Triton kernels need CUDA tensors"):
+        prog(*[x.cpu() for x in xs])
+    # another layout and a misaligned pointer: new specialisations, same results
+    x0 = torch.empty(xs[0].numel() + 1, dtype=xs[0].dtype, device="cuda")[1:].view(xs[0].shape)
+    x0.copy_(xs[0])
+    again = prog(x0, *xs[1:])
+    for o, w in zip(again if isinstance(again, tuple) else (again,), outs, strict=True):
+        torch.testing.assert_close(o, w)
+    assert len(prog._plans) == 2
+
+
+@pytest.mark.gpu
+def test_cuda_graph_program_on_the_gpu() -> None:
+    g = vm.benchmarks.get("gqa", small=True)
+    mg = expert("gqa", g, **small_design_kw("gqa"))
+    plain, graphed = vm.compile(mg), vm.compile(mg, cuda_graph=True)
+    xs = inputs_for(g, device="cuda")
+    a = graphed(*xs)
+    torch.testing.assert_close(a, plain(*xs), rtol=0, atol=0)
+    ys = inputs_for(g, seed=1, device="cuda")
+    b = graphed(*ys)
+    assert b is a  # the static output buffer: overwritten by every call
+    torch.testing.assert_close(b, plain(*ys), rtol=0, atol=0)
+    # inputs that are the static buffers are not copied
+    for s, y in zip(graphed.static_inputs, xs, strict=True):
+        s.copy_(y)
+    torch.testing.assert_close(graphed(*graphed.static_inputs), plain(*xs), rtol=0, atol=0)
+    with pytest.raises(TypeError, match=r"dtype torch.float32; expected torch.float16"):
+        graphed(xs[0].float(), *xs[1:])
