@@ -1,11 +1,29 @@
 #!/usr/bin/env bash
-# Set up (scripts/setup.sh) and run the whole test suite on a CPU-only machine.
+# Set up (scripts/setup.sh), then ruff, mypy and the tests on a CPU-only machine.
+#
+#   bash scripts/test.sh            the default (fast) tier: every test not marked slow
+#   bash scripts/test.sh --slow     only the tests marked @pytest.mark.slow (no lint)
+#   bash scripts/test.sh --all      both tiers in one run (what CI runs, via .ci/run)
+#
+# Any further arguments go to pytest (e.g. bash scripts/test.sh -k certificate).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+tier=fast
+case "${1:-}" in
+  --fast) tier=fast; shift ;;
+  --slow) tier=slow; shift ;;
+  --all) tier=all; shift ;;
+esac
 bash scripts/setup.sh
 # shellcheck disable=SC1091
 . .venv/bin/activate
 export TRITON_INTERPRET=1
-python -m ruff check verimirage tests benchmarks scripts examples
-python -m mypy -p verimirage
-python -m pytest -q -p no:cacheprovider "$@"
+if [ "$tier" != slow ]; then
+  python -m ruff check verimirage tests benchmarks scripts examples
+  python -m mypy -p verimirage
+fi
+case "$tier" in
+  fast) python -m pytest -q -p no:cacheprovider -m "not slow" "$@" ;;
+  slow) python -m pytest -q -p no:cacheprovider -m slow "$@" ;;
+  all) python -m pytest -q -p no:cacheprovider "$@" ;;
+esac
