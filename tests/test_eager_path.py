@@ -222,3 +222,31 @@ def test_cuda_graph_program_on_the_gpu() -> None:
     torch.testing.assert_close(graphed(*graphed.static_inputs), plain(*xs), rtol=0, atol=0)
     with pytest.raises(TypeError, match=r"dtype torch.float32; expected torch.float16"):
         graphed(xs[0].float(), *xs[1:])
+
+
+@pytest.mark.slow
+def test_torch_compile_reduce_overhead_mode() -> None:
+    """``mode="reduce-overhead"`` reaches the backend; without a GPU the partitions run without graphs."""
+
+    class GatedMLP(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            gen = torch.Generator().manual_seed(0)
+            self.w1 = torch.nn.Parameter(torch.randn(32, 32, generator=gen) / 6)
+            self.w2 = torch.nn.Parameter(torch.randn(32, 32, generator=gen) / 6)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.silu(x @ self.w1) * (x @ self.w2)
+
+    m = GatedMLP()
+    x = torch.randn(16, 32, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = m(x)
+        torch._dynamo.reset()
+        got = torch.compile(m, backend="verimirage", mode="reduce-overhead")(x)
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-4)
+        torch._dynamo.reset()
+        with pytest.raises(Exception, match="mode='fastest'; expected one of"):
+            from verimirage.integrations.dynamo import verimirage_backend
+
+            verimirage_backend(torch.fx.symbolic_trace(m), [x], mode="fastest")

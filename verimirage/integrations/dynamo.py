@@ -181,7 +181,7 @@ def fx_to_graph(gm: fx.GraphModule) -> tuple[Graph, list[str]]:
     return g, names
 
 
-def _compile_partition(sub: fx.GraphModule) -> Callable[..., Any]:
+def _compile_partition(sub: fx.GraphModule, cuda_graph: bool = False) -> Callable[..., Any]:
     import verimirage as vm
 
     g, _ = fx_to_graph(sub)
@@ -189,13 +189,15 @@ def _compile_partition(sub: fx.GraphModule) -> Callable[..., Any]:
     if not res.candidates:
         log.warning("verimirage: no verified candidate for a partition; it stays with PyTorch")
         return sub
-    fn = vm.compile(res.best)
+    fn = vm.compile(res.best, cuda_graph=cuda_graph)
     single = len(g.outputs) == 1
     out_node = next(n for n in sub.graph.nodes if n.op == "output")
     as_tuple = isinstance(out_node.args[0], (list, tuple))
 
     def run(*args: Any) -> Any:
         out = fn(*args)
+        if cuda_graph:  # the graph's static outputs are overwritten by the next replay: hand out copies
+            out = tuple(o.clone() for o in out) if isinstance(out, tuple) else out.clone()
         if single and as_tuple:
             return (out,)
         return out
@@ -203,8 +205,28 @@ def _compile_partition(sub: fx.GraphModule) -> Callable[..., Any]:
     return run
 
 
-def verimirage_backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
-    """TorchDynamo backend: superoptimize the supported subgraphs of ``gm``; the rest runs in PyTorch."""
+#: torch.compile modes this backend accepts; those with CUDA graphs replay each partition as one graph
+_MODES = {None: False, "default": False, "reduce-overhead": True, "max-autotune": True,
+          "max-autotune-no-cudagraphs": False}
+
+
+def verimirage_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, mode: str | None = None,
+                       options: Any = None) -> Callable[..., Any]:
+    """TorchDynamo backend: superoptimize the supported subgraphs of ``gm``; the rest runs in PyTorch.
+
+    ``torch.compile(..., backend="verimirage", mode="reduce-overhead")`` (or ``"max-autotune"``) compiles
+    each partition with ``vm.compile(..., cuda_graph=True)``: its kernels are replayed as one CUDA graph
+    (inputs copied into the graph's static buffers), and its outputs are copied out of the graph's buffers
+    so that nothing the model returns is overwritten by a later call. Without a GPU (Triton's interpreter)
+    the partitions run without graphs.
+    """
+    if mode not in _MODES:
+        raise ValueError(f"verimirage backend: mode={mode!r}; expected one of {sorted(m for m in _MODES if m)}")
+    if options:
+        raise ValueError(f"verimirage backend: takes no options; got {options!r}")
+    from ..backend.runtime import ensure_mode
+
+    graphs = _MODES[mode] and not ensure_mode()
     fake = any(type(x).__name__ == "FakeTensor" for x in example_inputs)
     if not fake:
         ShapeProp(gm).propagate(*example_inputs)
@@ -223,7 +245,7 @@ def verimirage_backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Cal
         if n.op == "call_module" and n.target.startswith("fused_"):
             sub = getattr(fused, n.target)
             try:
-                setattr(fused, n.target, _Wrapped(_compile_partition(sub)))
+                setattr(fused, n.target, _Wrapped(_compile_partition(sub, cuda_graph=graphs)))
             except GraphError as e:
                 log.warning("verimirage: partition %s stays with PyTorch: %s", n.target, e)
     fused.recompile()
