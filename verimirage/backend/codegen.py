@@ -172,6 +172,13 @@ _TORCH_DTYPE = {DType.float16: "torch.float16", DType.bfloat16: "torch.bfloat16"
 _NEG_INF = 'float("-inf")'
 
 
+def _fill_text(v: float) -> str:
+    """Source text of a padding value (``0.0``, ``float("-inf")``, ...)."""
+    if math.isinf(v):
+        return _NEG_INF if v < 0 else 'float("inf")'
+    return repr(float(v))
+
+
 def _pow2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
@@ -269,58 +276,35 @@ class _KernelGen:
                 tk = self._keys(tvid(a, kk), tg.nodes[a].outs[kk])
                 self._unify_bcast(outs[k], n.outs[k], [(tk, tg.nodes[a].outs[kk])])
             return
-        out, ot = outs[0], n.outs[0]
-        d = OPS[op]
-        if d.has(Prop.ELEMENTWISE) or op in ("loop_sum", "loop_max", "running_max", "rescaled_sum"):
-            self._unify_bcast(out, ot, ins)
-        elif d.has(Prop.REDUCTION):
-            keys, t = ins[0]
-            for ax in range(t.rank):
-                if ax != n.attr("axis") and t.shape[ax] > 1:
-                    self.uf.union(keys[ax], out[ax])
-        elif op == "rms_norm":
-            self._unify_bcast(out, ot, ins[:1])
-            if len(ins) == 2 and ot.shape[n.attr("axis")] > 1:
-                self.uf.union(ins[1][0][0], out[n.attr("axis")])
-        elif op == "transpose":
-            keys, t = ins[0]
-            a, b = n.attr("a"), n.attr("b")
-            for ax in range(t.rank):
-                src = b if ax == a else a if ax == b else ax
-                if ot.shape[ax] > 1:
-                    self.uf.union(keys[src], out[ax])
-        elif op == "concat":
-            ax = n.attr("axis")
-            for keys, t in ins:
-                for j in range(t.rank):
-                    if j != ax and t.shape[j] > 1:
-                        self.uf.union(keys[j], out[j])
-        elif op == "matmul":
-            self._unify_matmul(ins[0], ins[1], out, ot)
-        else:  # pragma: no cover - every registry op is handled above
-            raise GraphError(f"codegen: op {op!r} has no lowering")
+        self._unify_with(OPS[op], ins, n.attr_dict, outs[0], n.outs[0])
 
-    def _unify_matmul(self, a: tuple[list[Any], TensorType], b: tuple[list[Any], TensorType], out: list[Any],
-                      ot: TensorType) -> None:
-        """Line up the dims of a product ``a @ b`` (keys and types of the operands) with its result ``out``."""
-        (ka, ta), (kb, tb) = a, b
-        r = ot.rank
-        # batch dims broadcast
-        for keys, t in (a, b):
-            lead = r - t.rank
-            for j in range(t.rank - 2):
-                if t.shape[j] > 1:
-                    self.uf.union(keys[j], out[j + lead])
-        m, kk, nn = ta.shape[-2], ta.shape[-1], tb.shape[-1]
-        if m > 1:
-            self.uf.union(ka[-2], out[-2])
-        if nn > 1:
-            self.uf.union(kb[-1], out[-1])
-        if kk > 1:
-            self.uf.union(ka[-1], kb[-2])
-        if m > 1 and kk > 1 and nn > 1:
-            self.dot_m.add(out[-2])
-            self.dot_nk.update((out[-1], ka[-1]))
+    def _unify_with(self, d: Any, ins: list[tuple[list[Any], TensorType]], attrs: dict[str, Any], out: list[Any],
+                    ot: TensorType) -> None:
+        """Union the dim keys the op's index rule lines up (one rule, shared with the partitioner)."""
+        im = d.index_map([t for _, t in ins], attrs, ot)
+        for a, j, o in im.links:
+            if ins[a][1].shape[j] > 1:
+                self.uf.union(ins[a][0][j], out[o])
+        for grp in im.reduced:
+            ks = [ins[a][0][j] for a, j in grp if ins[a][1].shape[j] > 1]
+            for k in ks[1:]:
+                self.uf.union(ks[0], k)
+        if im.matrix is not None:
+            self._dot_facts(ins, im, out, ot)
+
+    def _dot_facts(self, ins: list[tuple[list[Any], TensorType]], im: Any, out: list[Any], ot: TensorType) -> None:
+        """Record the tl.dot dims of a matrix product (rows, and columns + contraction: padded to >= 16)."""
+        m_ax, n_ax = im.matrix
+        (a0, j0) = im.reduced[0][0]
+        kk = ins[a0][1].shape[j0]
+        if ot.shape[m_ax] > 1 and kk > 1 and ot.shape[n_ax] > 1:
+            self.dot_m.add(out[m_ax])
+            self.dot_nk.update((out[n_ax], ins[a0][0][j0]))
+
+    def _unify_matmul(self, op: str, a: tuple[list[Any], TensorType], b: tuple[list[Any], TensorType],
+                      out: list[Any], ot: TensorType) -> None:
+        """Line up the dims of a product ``op(a, b)`` (keys and types of the operands) with its result ``out``."""
+        self._unify_with(OPS[op], [a, b], {}, out, ot)
 
     def _finish_classes(self) -> None:
         cls: dict[Any, int] = {}
@@ -507,7 +491,7 @@ class _KernelGen:
         """Lines computing plain (non-loop, non-input) node ``i``; records its name(s)."""
         n = nodes[i]
         op = n.op
-        if op == "matmul":
+        if OPS[op].has(Prop.CONTRACTION):
             name[vid_of(i, 0)] = self.emit_matmul_node(lines, nodes, i, vid_of, name, None)
             return
         args = [name[vid_of(a, k)] for a, k in n.args]
@@ -529,13 +513,11 @@ class _KernelGen:
             for k, (a, kk) in enumerate(tg.outputs):
                 name[vid_of(i, k)] = name[tvid(a, kk)]
             return
-        if op in ("sum", "mean"):
-            args = [self.sanitize(lines, args[0], in_types[0], pin[0], attrs["axis"], "0.0")]
-        elif op == "max":
-            args = [self.sanitize(lines, args[0], in_types[0], pin[0], attrs["axis"], _NEG_INF)]
-        elif op == "rms_norm":
-            args[0] = self.sanitize(lines, args[0], in_types[0], pin[0], attrs["axis"], "0.0")
-        elif op == "concat":
+        d = OPS[op]
+        fill = d.reduce.identity if d.reduce is not None else d.pad
+        if fill is not None:  # the op mixes elements along its axis: padded positions hold its identity
+            args[0] = self.sanitize(lines, args[0], in_types[0], pin[0], attrs["axis"], _fill_text(fill))
+        if "_padded" in d.hooks.get("triton_needs", ()):
             attrs["_padded"] = (*pin, po)
         fn = OPS[op].domains.get("triton")
         if fn is None:  # pragma: no cover
@@ -556,11 +538,12 @@ class _KernelGen:
         outs = {a for a, _ in self.bg.outputs}
         found: dict[int, list[tuple[Any, Any]]] = {}
         for i, n in enumerate(nodes):
-            if n.op != "matmul" or i not in live:
+            if not OPS[n.op].has(Prop.CONTRACTION) or i not in live:
                 continue
             (xa, _), (xb, _) = n.args
             ca, cb = nodes[xa], nodes[xb]
-            if ca.op != "concat" or cb.op != "concat" or xa == xb or xa in outs or xb in outs:
+            cats = OPS[ca.op].has(Prop.CONCAT) and OPS[cb.op].has(Prop.CONCAT)
+            if not cats or xa == xb or xa in outs or xb in outs:
                 continue
             if uses.get(xa) != [i] or uses.get(xb) != [i]:
                 continue
@@ -593,7 +576,7 @@ class _KernelGen:
             ok = True
             for u in uses[i]:
                 m = nodes[u]
-                if m.op != "matmul":
+                if not OPS[m.op].has(Prop.CONTRACTION):
                     ok = False
                     break
                 ta, tb = (nodes[a].outs[k] for a, k in m.args)
@@ -638,7 +621,8 @@ class _KernelGen:
             out = self._keys(vid_of(i, 0), ot)
             for ra, rb in pairs:
                 ta, tb = nodes[ra[0]].outs[ra[1]], nodes[rb[0]].outs[rb[1]]
-                self._unify_matmul((self._keys(vid_of(*ra), ta), ta), (self._keys(vid_of(*rb), tb), tb), out, ot)
+                self._unify_matmul(nodes[i].op, (self._keys(vid_of(*ra), ta), ta), (self._keys(vid_of(*rb), tb), tb),
+                                   out, ot)
         split_cat = {x for i in split_mm for x, _ in nodes[i].args}
         self.split_mm = split_mm
         self._finish_classes()
@@ -656,7 +640,8 @@ class _KernelGen:
         # concats of block inputs are loaded directly; inputs used only by them are not loaded
         direct_concat = {
             i for i, n in enumerate(nodes)
-            if i in live and i not in split_cat and n.op == "concat" and all(nodes[a].op == "input" for a, _ in n.args)
+            if i in live and i not in split_cat and OPS[n.op].has(Prop.CONCAT)
+            and all(nodes[a].op == "input" for a, _ in n.args)
         }
         skip = {
             i for i, n in enumerate(nodes)
@@ -669,7 +654,7 @@ class _KernelGen:
             for i, n in enumerate(nodes):
                 if i in live and n.op in ("loop_sum", "rescaled_sum"):
                     a = n.args[0][0]
-                    if nodes[a].op == "matmul" and uses.get(a) == [i] and (a, 0) not in set(bg.outputs):
+                    if OPS[nodes[a].op].has(Prop.CONTRACTION) and uses.get(a) == [i] and (a, 0) not in set(bg.outputs):
                         dot_acc[a] = i
 
         squeeze = set() if self.opts.dot_batch1 else self.dot_operand_inputs(live, uses)

@@ -83,85 +83,125 @@ def default_block(node: Node, in_types: Sequence[TensorType]) -> BlockGraph:
         ew_axes = _plan(out.shape, set())
         b = BlockBuilder([n for _, n in ew_axes], 1)
         xs = [b.input(i, t, _operand_imap(t, r, ew_axes)) for i, t in enumerate(in_types)]
-        y = b._emit(op, xs, attrs)
+        y = b.apply(op, xs, attrs)
         b.output(y, [dd for dd, _ in ew_axes])
         return b.build()
-    if op in ("sum", "mean", "max"):
-        (t,) = in_types
-        ax = attrs["axis"]
-        axes = _plan(out.shape, {ax})
-        n = t.shape[ax]
-        frange = n // _divisor_at_most(n, MAX_TILE)
-        b = BlockBuilder([k for _, k in axes], frange)
-        x = b.input(0, t, _operand_imap(t, r, axes), ax if frange > 1 else None)
-        if op == "max":
-            y = b.max(x, ax)
-            y = b.loop_max(y) if frange > 1 else y
-        elif frange == 1:
-            y = b._emit(op, [x], {"axis": ax})
-        else:
-            y = b.loop_sum(b.sum(x, ax))
-            if op == "mean":
-                y = b.scale(y, 1.0 / n)
-        b.output(y, [dd for dd, _ in axes])
-        return b.build()
-    if op == "matmul":
-        ta, tb = in_types
-        m, n = out.shape[-2], out.shape[-1]
-        k = ta.shape[-1]
-        axes = []
-        batch = [(dd, out.shape[dd]) for dd in range(r - 2) if out.shape[dd] > 1]
-        if batch:
-            axes.append(max(batch, key=lambda a: a[1]))
-        tm, tn = _divisor_at_most(m, MM_TILE_M), _divisor_at_most(n, MM_TILE_N)
-        if m // tm > 1:
-            axes.append((r - 2, m // tm))
-        if n // tn > 1:
-            axes.append((r - 1, n // tn))
-        if not axes:
-            axes = [(r - 1, 1)]
-        frange = k // _divisor_at_most(k, MM_TILE_K)
+    if d.reduce is not None:
+        return _reduction_block(node, in_types)
+    block = d.hooks.get("block")
+    if block is None:
+        raise GraphError(f"backend: no default block graph for kernel-level op {op!r}")
+    return block(node, in_types)  # type: ignore[no-any-return]
 
-        def a_dim(od: int) -> int | None:
-            return None if od == r - 1 else od - (r - ta.rank)
 
-        def b_dim(od: int) -> int | None:
-            return None if od == r - 2 else od - (r - tb.rank)
+def _reduction_block(node: Node, in_types: Sequence[TensorType]) -> BlockGraph:
+    """A reduction: tiles along the axis combined by the op's loop op (one tile if it has none)."""
+    d = OPS[node.op]
+    rd = d.reduce
+    assert rd is not None
+    attrs = node.attr_dict
+    out = node.outs[0]
+    r = out.rank
+    (t,) = in_types
+    ax = attrs["axis"]
+    axes = _plan(out.shape, {ax})
+    n = t.shape[ax]
+    frange = n // _divisor_at_most(n, MAX_TILE) if rd.loop is not None else 1
+    b = BlockBuilder([k for _, k in axes], frange)
+    x = b.input(0, t, _operand_imap(t, r, axes), ax if frange > 1 else None)
+    if frange == 1:
+        y = b.apply(node.op, [x], {"axis": ax})
+    else:
+        # partial results of the plain reduction (a mean's division comes after the loop)
+        y = b.apply(rd.loop, [b.apply(_plain(node.op), [x], {"axis": ax})])  # type: ignore[arg-type]
+        if rd.mean:
+            y = b.scale(y, 1.0 / n)
+    b.output(y, [dd for dd, _ in axes])
+    return b.build()
 
-        bld = BlockBuilder([k_ for _, k_ in axes], frange)
-        fa = ta.rank - 1 if frange > 1 else None
-        fb = tb.rank - 2 if frange > 1 else None
-        xa = bld.input(0, ta, _operand_imap(ta, r, axes, a_dim), fa)
-        xb = bld.input(1, tb, _operand_imap(tb, r, axes, b_dim), fb)
-        y = bld.matmul(xa, xb)
-        y = bld.loop_sum(y) if frange > 1 else y
-        bld.output(y, [dd for dd, _ in axes])
-        return bld.build()
-    if op == "rms_norm":
-        ax = attrs["axis"]
-        axes = _plan(out.shape, {ax})
-        b = BlockBuilder([k for _, k in axes], 1)
-        x = b.input(0, in_types[0], _operand_imap(in_types[0], r, axes))
-        w = [b.input(1, in_types[1], (None,) * len(axes))] if len(in_types) == 2 else []
-        y = b._emit("rms_norm", [x, *w], attrs)
-        b.output(y, [dd for dd, _ in axes])
-        return b.build()
-    if op == "transpose":
-        a, bb = attrs["a"], attrs["b"]
-        axes = _plan(out.shape, set())
-        perm = {a: bb, bb: a}
-        b = BlockBuilder([k for _, k in axes], 1)
-        x = b.input(0, in_types[0], _operand_imap(in_types[0], r, axes, lambda od: perm.get(od, od)))
-        b.output(b.transpose(x, a, bb), [dd for dd, _ in axes])
-        return b.build()
-    if op == "concat":
-        ax = attrs["axis"]
-        axes = _plan(out.shape, {ax})
-        b = BlockBuilder([k for _, k in axes], 1)
-        xs = [b.input(i, t, _operand_imap(t, r, axes)) for i, t in enumerate(in_types)]
-        b.output(b.concat(xs, ax), [dd for dd, _ in axes])
-        return b.build()
-    raise GraphError(f"backend: no default block graph for kernel-level op {op!r}")
+
+def _plain(op: str) -> str:
+    """The reduction computing a mean's partial sums (a reduction with the same combine, no division)."""
+    rd = OPS[op].reduce
+    assert rd is not None
+    if not rd.mean:
+        return op
+    for name, o in OPS.items():
+        if o.reduce is not None and o.reduce.combine == rd.combine and o.reduce.loop == rd.loop and not o.reduce.mean:
+            return name
+    raise GraphError(f"backend: no plain reduction for {op!r}")
+
+
+def _matmul_block(node: Node, in_types: Sequence[TensorType]) -> BlockGraph:
+    out = node.outs[0]
+    r = out.rank
+    ta, tb = in_types
+    m, n = out.shape[-2], out.shape[-1]
+    k = ta.shape[-1]
+    axes = []
+    batch = [(dd, out.shape[dd]) for dd in range(r - 2) if out.shape[dd] > 1]
+    if batch:
+        axes.append(max(batch, key=lambda a: a[1]))
+    tm, tn = _divisor_at_most(m, MM_TILE_M), _divisor_at_most(n, MM_TILE_N)
+    if m // tm > 1:
+        axes.append((r - 2, m // tm))
+    if n // tn > 1:
+        axes.append((r - 1, n // tn))
+    if not axes:
+        axes = [(r - 1, 1)]
+    frange = k // _divisor_at_most(k, MM_TILE_K)
+
+    def a_dim(od: int) -> int | None:
+        return None if od == r - 1 else od - (r - ta.rank)
+
+    def b_dim(od: int) -> int | None:
+        return None if od == r - 2 else od - (r - tb.rank)
+
+    bld = BlockBuilder([k_ for _, k_ in axes], frange)
+    fa = ta.rank - 1 if frange > 1 else None
+    fb = tb.rank - 2 if frange > 1 else None
+    xa = bld.input(0, ta, _operand_imap(ta, r, axes, a_dim), fa)
+    xb = bld.input(1, tb, _operand_imap(tb, r, axes, b_dim), fb)
+    y = bld.apply(node.op, [xa, xb])
+    y = bld.loop_sum(y) if frange > 1 else y
+    bld.output(y, [dd for dd, _ in axes])
+    return bld.build()
+
+
+def _axis_block(node: Node, in_types: Sequence[TensorType]) -> BlockGraph:
+    """Ops that keep ``axis`` whole in a tile (rms_norm, concat): the other dims are partitioned."""
+    attrs = node.attr_dict
+    out = node.outs[0]
+    r = out.rank
+    ax = attrs["axis"]
+    axes = _plan(out.shape, {ax})
+    b = BlockBuilder([k for _, k in axes], 1)
+    im = OPS[node.op].index_map(in_types, attrs, out)
+    xs = []
+    for i, t in enumerate(in_types):
+        dims = {o: j for a, j, o in im.links if a == i}
+        xs.append(b.input(i, t, _operand_imap(t, r, axes, lambda od, dims=dims: dims.get(od))))
+    b.output(b.apply(node.op, xs, attrs), [dd for dd, _ in axes])
+    return b.build()
+
+
+def _transpose_block(node: Node, in_types: Sequence[TensorType]) -> BlockGraph:
+    attrs = node.attr_dict
+    out = node.outs[0]
+    r = out.rank
+    a, bb = attrs["a"], attrs["b"]
+    axes = _plan(out.shape, set())
+    perm = {a: bb, bb: a}
+    b = BlockBuilder([k for _, k in axes], 1)
+    x = b.input(0, in_types[0], _operand_imap(in_types[0], r, axes, lambda od: perm.get(od, od)))
+    b.output(b.apply(node.op, [x], attrs), [dd for dd, _ in axes])
+    return b.build()
+
+
+OPS["matmul"].hooks["block"] = _matmul_block
+OPS["rms_norm"].hooks["block"] = _axis_block
+OPS["concat"].hooks["block"] = _axis_block
+OPS["transpose"].hooks["block"] = _transpose_block
 
 
 def to_kernels(g: Graph) -> MuGraph:

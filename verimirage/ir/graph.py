@@ -23,7 +23,7 @@ from typing import Any
 
 from .dtypes import DType
 from .errors import GraphError
-from .ops import BINARY_OPS, OPS, UNARY_OPS, Level, TensorType, check_axis, get_op
+from .ops import OPS, Level, Prop, TensorType, check_axis, get_op
 
 Ref = tuple[int, int]  # (node index, result index)
 
@@ -197,14 +197,31 @@ class _Builder:
             raise GraphError(f"{op}: not allowed in a {str(self._level.name).lower()} graph")
         refs = tuple(self._ref(op, a, i) for i, a in enumerate(args))
         attrs = dict(attrs or {})
+        unknown = sorted(set(attrs) - set(d.attrs))
+        if unknown:
+            raise GraphError(f"{op}: unknown attribute(s) {unknown}; expected {list(d.attrs)}")
         in_types = [self._nodes[r[0]].outs[r[1]] for r in refs]
-        if in_types:
-            for key in ("axis", "a", "b"):
-                if key in attrs and key in d.attrs:
-                    attrs[key] = check_axis(op, in_types[0], attrs[key], "axis" if key == "axis" else f"axis {key}")
+        for key in list(attrs):
+            kind = d.attr_kind(key)
+            if kind == "axis" and in_types:
+                attrs[key] = check_axis(op, in_types[0], attrs[key], "axis" if key == "axis" else f"axis {key}")
+            elif kind == "float" and isinstance(attrs[key], int) and not isinstance(attrs[key], bool):
+                attrs[key] = float(attrs[key])
+            elif kind in ("ints", "axes") and isinstance(attrs[key], (list, tuple)):
+                vals = attrs[key]
+                if not all(isinstance(v, int) and not isinstance(v, bool) for v in vals):
+                    raise GraphError(f"{op}: attribute {key}={vals!r}; expected a tuple of ints")
+                if kind == "axes" and in_types:
+                    vals = [check_axis(op, in_types[0], v) for v in vals]
+                attrs[key] = tuple(int(v) for v in vals)
         out = d.infer(in_types, attrs)
         self._add_node(Node(op, refs, make_attrs(attrs), (out,)))
         return Tensor(self, (len(self._nodes) - 1, 0))
+
+    def apply(self, op: str, args: Sequence[Any], attrs: dict[str, Any] | None = None) -> Tensor:
+        """Apply registry op ``op`` to ``args`` with attributes ``attrs`` (every op, including ones
+        declared outside this package; the named methods below are shorthands)."""
+        return self._emit(op, args, attrs)
 
     # -- ops
     def matmul(self, a: Tensor, b: Tensor) -> Tensor:
@@ -636,7 +653,7 @@ class ThreadBuilder(_Builder):
         return Tensor(self, (len(self._nodes) - 1, 0))
 
     def _emit(self, op: str, args: Sequence[Any], attrs: dict[str, Any] | None = None) -> Tensor:
-        if op not in UNARY_OPS and op not in BINARY_OPS:
+        if not get_op(op).has(Prop.ELEMENTWISE):
             raise GraphError(f"{op}: a thread graph holds elementwise ops only")
         return super()._emit(op, args, attrs)
 

@@ -31,6 +31,7 @@ import enum
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -74,6 +75,10 @@ class Prop(enum.Flag):
     LINEAR = enum.auto()  # linear in each operand
     LOOP = enum.auto()  # for-loop construct of block graphs (stateful; the evaluator runs it)
     STRUCTURAL = enum.auto()  # inputs, custom kernels, fused thread graphs: no tensor meaning
+    CONTRACTION = enum.auto()  # a matrix product (tl.dot): accumulates over a for-loop like a sum
+    EXPONENTIAL = enum.auto()  # f(a + b) = f(a) * f(b): a shift of the argument becomes a scaling
+    DIFFERENCE = enum.auto()  # a - b: subtracting a (running) max makes a max-shifted value
+    CONCAT = enum.auto()  # joins its operands along ``axis`` (block matrices; loaded piecewise by codegen)
 
 
 class Level(enum.Flag):
@@ -88,8 +93,68 @@ class Level(enum.Flag):
 ShapeRule = Callable[[Sequence[TensorType], dict[str, Any]], TensorType]
 DomainFn = Callable[..., Any]
 
-#: Semantic domains every op must have (unless listed in DOMAIN_EXCEPTIONS).
-DOMAINS: tuple[str, ...] = ("ref", "ff", "abstract", "egglog", "triton")
+#: Semantic domains every op must have (unless listed in DOMAIN_EXCEPTIONS). ``"torch"`` is the op's
+#: meaning written with torch's own functions (:mod:`verimirage.testing.torch_ref`), a second reference.
+DOMAINS: tuple[str, ...] = ("ref", "ff", "abstract", "egglog", "triton", "torch")
+
+
+@dataclass(frozen=True)
+class IndexMap:
+    """How an op's operand dims line up with its result dims (an einsum-like signature of one node).
+
+    * ``links``: ``(operand, operand dim, result dim)``: the operand dim is walked together with the
+      result dim (a size-1 operand dim broadcasts);
+    * ``reduced``: groups of operand dims walked together and reduced away (a reduction's axis, a
+      matmul's contraction dims);
+    * ``whole_in`` / ``whole_out``: operand / result dims that must stay whole in one tile (a
+      normalised axis, a concat or slice axis); a result dim no link reaches is a fresh index;
+    * ``matrix``: the result dims ``(m, n)`` of a matrix product (its contraction is ``reduced[0]``).
+
+    Every client that lines dims up (partitioning, codegen's tile shapes, the batch-dim analysis)
+    reads this one rule.
+    """
+
+    links: tuple[tuple[int, int, int], ...] = ()
+    reduced: tuple[tuple[tuple[int, int], ...], ...] = ()
+    whole_in: tuple[tuple[int, int], ...] = ()
+    whole_out: tuple[int, ...] = ()
+    matrix: tuple[int, int] | None = None
+
+    def linked(self) -> set[int]:
+        """Result dims some operand dim reaches."""
+        return {o for _, _, o in self.links}
+
+
+IndexRule = Callable[[Sequence[TensorType], dict[str, Any], TensorType], IndexMap]
+
+
+@dataclass(frozen=True)
+class Reduce:
+    """What a reduction does: ``combine`` (the binary op merging partial results), the block-level loop
+    op accumulating it over for-loop iterations (None: the axis is reduced in one tile), the value
+    padded positions must hold (the combine's identity), and whether the result is divided by the
+    axis length (mean)."""
+
+    combine: str
+    loop: str | None
+    identity: float
+    mean: bool = False
+
+
+@dataclass(frozen=True)
+class Degree:
+    """Finite-field degree facts of one node: the degree of its result as a rational function of the
+    inputs, how many opaque (keyed random function) applications it makes, and the largest degree of
+    an argument of those applications."""
+
+    result: int
+    opaque: int = 0
+    inner: int = 0
+
+
+DegreeRule = Callable[[list[int], dict[str, Any]], Degree]
+#: homogeneity degree of the result from the operands' (None: not homogeneous)
+HomogRule = Callable[[list[Any], dict[str, Any]], Any]
 
 
 @dataclass(frozen=True)
@@ -105,10 +170,50 @@ class OpDef:
     doc: str
     min_args: int = 1
     domains: dict[str, DomainFn] = field(default_factory=dict, compare=False, hash=False)
+    #: kind of each attribute (``"int"``, ``"float"``, ``"axis"``, ``"ints"``, ``"axes"``, ``"dtype"``): how
+    #: builders normalise it and how egglog holds it; attributes not named here are floats
+    attr_kinds: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
+    #: which operand dims line up with which result dims (None: structural ops)
+    index: IndexRule | None = field(default=None, compare=False, hash=False)
+    #: reductions: how partial results combine (see :class:`Reduce`)
+    reduce: Reduce | None = field(default=None, compare=False, hash=False)
+    #: ops mixing elements along ``attrs["axis"]`` that are not reductions (rms_norm): the value padded
+    #: positions of operand 0 must hold along that axis
+    pad: float | None = field(default=None, compare=False, hash=False)
+    #: finite-field degree rule (see :class:`Degree`)
+    degree: DegreeRule | None = field(default=None, compare=False, hash=False)
+    #: homogeneity rule (positive scaling of the inputs), None: homogeneous only if constant
+    homog: HomogRule | None = field(default=None, compare=False, hash=False)
+    #: the non-polynomial "family" of the op for pruning partial programs (None: polynomial or data movement)
+    family: str | None = None
+    #: e-graph shape propagation: "same" (the operand's shape), "broadcast", "reduce", or "custom" (the
+    #: egglog package writes its own rules) or None (only lifted terms have shapes)
+    egg_shape: str | None = None
+    #: operands in which the op is homogeneous of degree 1 (f(.., c*x, ..) = c * f(.., x, ..)): a value
+    #: rescaled by the online softmax stays rescaled through them
+    scales_with: tuple[int, ...] = ()
+    #: per-package facts that are not meanings (e.g. ``"block"``: the backend's default block graph)
+    hooks: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def has(self, prop: Prop) -> bool:
         """Whether the op has property ``prop``."""
         return bool(self.props & prop)
+
+    def index_map(self, in_types: Sequence[TensorType], attrs: dict[str, Any], out: TensorType) -> IndexMap:
+        """The op's :class:`IndexMap` on operands of ``in_types``; GraphError for ops without one."""
+        if self.index is None:
+            raise GraphError(f"{self.name}: has no index rule (structural op); expected a tensor op")
+        return self.index(in_types, attrs, out)
+
+    def attr_kind(self, key: str) -> str:
+        """The kind of attribute ``key`` (see :attr:`attr_kinds`)."""
+        return self.attr_kinds.get(key, "float")
+
+    def degree_of(self, args: list[int], attrs: dict[str, Any]) -> Degree:
+        """Finite-field degree facts on operands of degrees ``args`` (default: opaque unary)."""
+        if self.degree is None:
+            return Degree(1, 1, max(args, default=1))
+        return self.degree(args, attrs)
 
     def infer(self, in_types: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
         """Result type of the op on operands of ``in_types``; raises GraphError."""
@@ -374,6 +479,102 @@ def _ref_transpose(args: list[np.ndarray], attrs: dict[str, Any], in_types: Any,
     return np.swapaxes(args[0], neg_axis(attrs["a"], r), neg_axis(attrs["b"], r))
 
 
+# --------------------------------------------------------------------------- index rules
+
+
+def index_broadcast(ts: Sequence[TensorType], attrs: dict[str, Any], out: TensorType) -> IndexMap:
+    """Elementwise ops: every operand dim (right-aligned, numpy broadcasting) walks with the result dim."""
+    r = out.rank
+    return IndexMap(links=tuple((i, j, j + r - t.rank) for i, t in enumerate(ts) for j in range(t.rank)))
+
+
+def index_reduce(ts: Sequence[TensorType], attrs: dict[str, Any], out: TensorType) -> IndexMap:
+    """Reductions along ``axis`` (kept with size 1)."""
+    ax = attrs["axis"]
+    return IndexMap(links=tuple((0, j, j) for j in range(ts[0].rank) if j != ax), reduced=(((0, ax),),))
+
+
+def _index_matmul(ts: Sequence[TensorType], attrs: dict[str, Any], out: TensorType) -> IndexMap:
+    a, b = ts
+    r = out.rank
+    links = [(0, j, j + r - a.rank) for j in range(a.rank - 2)] + [(1, j, j + r - b.rank) for j in range(b.rank - 2)]
+    links += [(0, a.rank - 2, r - 2), (1, b.rank - 1, r - 1)]
+    return IndexMap(links=tuple(links), reduced=(((0, a.rank - 1), (1, b.rank - 2)),), matrix=(r - 2, r - 1))
+
+
+def _index_rms(ts: Sequence[TensorType], attrs: dict[str, Any], out: TensorType) -> IndexMap:
+    ax = attrs["axis"]
+    links = [(0, j, j) for j in range(ts[0].rank)] + ([(1, 0, ax)] if len(ts) == 2 else [])
+    return IndexMap(links=tuple(links), whole_out=(ax,))
+
+
+def _index_concat(ts: Sequence[TensorType], attrs: dict[str, Any], out: TensorType) -> IndexMap:
+    ax = attrs["axis"]
+    links = tuple((i, j, j) for i, t in enumerate(ts) for j in range(t.rank) if j != ax)
+    return IndexMap(links=links, whole_in=tuple((i, ax) for i in range(len(ts))), whole_out=(ax,))
+
+
+def _index_transpose(ts: Sequence[TensorType], attrs: dict[str, Any], out: TensorType) -> IndexMap:
+    a, b = attrs["a"], attrs["b"]
+    return IndexMap(links=tuple((0, b if j == a else a if j == b else j, j) for j in range(out.rank)))
+
+
+# --------------------------------------------------------------------------- degree and homogeneity rules
+
+
+def _deg_max(a: list[int], attrs: dict[str, Any]) -> Degree:
+    return Degree(max(a) if a else 1)
+
+
+def _deg_sum(a: list[int], attrs: dict[str, Any]) -> Degree:
+    return Degree(sum(a))
+
+
+def _deg_opaque(a: list[int], attrs: dict[str, Any]) -> Degree:
+    """A keyed random function of its argument: a fresh variable of degree 1."""
+    return Degree(1, 1, max(a, default=1))
+
+
+def _h_add(args: list[Any], attrs: dict[str, Any]) -> Any:
+    """add-like ops: homogeneous of the common degree of the operands that depend on the input."""
+    dep = [k for d, k in args if d]
+    if len(dep) != len(args) and any(k != 0 for k in dep):
+        return None  # x + c is not homogeneous unless x has degree 0
+    return dep[0] if all(k == dep[0] for k in dep) and dep[0] is not None else None
+
+
+def _h_first(args: list[Any], attrs: dict[str, Any]) -> Any:
+    """Positively homogeneous of degree 1 in the first operand (neg, scale, relu, reductions, layouts)."""
+    return args[0][1]
+
+
+def _h_mul(args: list[Any], attrs: dict[str, Any]) -> Any:
+    ks = [k for _, k in args]
+    return None if any(k is None for k in ks) else sum(ks, Fraction(0))
+
+
+def _h_div(args: list[Any], attrs: dict[str, Any]) -> Any:
+    ks = [k for _, k in args]
+    return None if any(k is None for k in ks) else ks[0] - ks[1]
+
+
+def _h_times(c: Fraction) -> HomogRule:
+    def rule(args: list[Any], attrs: dict[str, Any]) -> Any:
+        k = args[0][1]
+        return None if k is None else c * k
+
+    return rule
+
+
+def _h_rms(args: list[Any], attrs: dict[str, Any]) -> Any:
+    if args[0][1] is None or (len(args) == 2 and args[1][1] is None):
+        return None
+    return args[1][1] if len(args) == 2 and args[1][0] else Fraction(0)
+
+
+# --------------------------------------------------------------------------- registration
+
+
 def _def(
     name: str,
     arity: int | None,
@@ -384,31 +585,69 @@ def _def(
     attrs: tuple[str, ...] = (),
     levels: Level = Level.ALL,
     min_args: int = 1,
-) -> None:
-    op = _register(OpDef(name, arity, attrs, props, levels, rule, doc, min_args))
+    **facts: Any,
+) -> OpDef:
+    op = _register(OpDef(name, arity, attrs, props, levels, rule, doc, min_args, **facts))
     if ref is not None:
         op.domains["ref"] = ref
+    return op
+
+
+def define_op(
+    name: str,
+    arity: int | None,
+    props: Prop,
+    shape_rule: ShapeRule | None,
+    ref: DomainFn | None,
+    doc: str,
+    *,
+    attrs: tuple[str, ...] = (),
+    levels: Level = Level.ALL,
+    min_args: int = 1,
+    **facts: Any,
+) -> OpDef:
+    """Register a new op (the one place an op is declared); ``facts`` are :class:`OpDef` fields.
+
+    Elementwise ops get the broadcasting index rule and e-graph shape rule unless given others.
+    """
+    if props & Prop.ELEMENTWISE:
+        facts.setdefault("index", index_broadcast)
+        facts.setdefault("egg_shape", "same" if props & Prop.UNARY else "broadcast")
+    return _def(name, arity, props, shape_rule, ref, doc, attrs, levels, min_args, **facts)
 
 
 _EW = Prop.ELEMENTWISE
 _U = _EW | Prop.UNARY
 _B = _EW | Prop.BINARY | Prop.BROADCAST
 _KB = Level.KERNEL | Level.BLOCK
+_FLOAT_C = {"c": "float"}
 
-_UNARY_REFS: list[tuple[str, Callable[[np.ndarray], np.ndarray], str]] = [
-    ("exp", np.exp, "e**x"),
-    ("silu", silu, "x * sigmoid(x)"),
-    ("gelu", gelu_tanh, "GELU, tanh approximation"),
-    ("relu", lambda x: np.maximum(x, 0.0), "max(x, 0)"),
-    ("sqrt", np.sqrt, "square root"),
-    ("rsqrt", lambda x: 1.0 / np.sqrt(x), "1 / sqrt(x)"),
-    ("square", np.square, "x * x"),
-    ("neg", np.negative, "-x"),
-]
-for _name, _f, _doc in _UNARY_REFS:
-    _def(_name, 1, _U | (Prop.LINEAR if _name == "neg" else Prop.NONE), _unary_rule(_name), _ref_unary(_f), _doc)
 
-_def(
+def _unary(name: str, f: Callable[[np.ndarray], np.ndarray], doc: str, **facts: Any) -> OpDef:
+    return define_op(name, 1, _U | facts.pop("props", Prop.NONE), unary_rule(name), _ref_unary(f), doc, **facts)
+
+
+def unary_rule(name: str) -> ShapeRule:
+    """The shape rule of unary elementwise ops (the operand's type)."""
+    return _unary_rule(name)
+
+
+def binary_rule(name: str) -> ShapeRule:
+    """The shape rule of broadcasting binary ops (one dtype, numpy broadcasting)."""
+    return _binary_rule(name)
+
+
+_unary("exp", np.exp, "e**x", props=Prop.EXPONENTIAL, family="exp", degree=_deg_opaque)
+_unary("silu", silu, "x * sigmoid(x)", family="silu", degree=_deg_opaque)
+_unary("gelu", gelu_tanh, "GELU, tanh approximation", family="gelu", degree=_deg_opaque)
+_unary("relu", lambda x: np.maximum(x, 0.0), "max(x, 0)", family="relu", degree=_deg_opaque, homog=_h_first)
+_unary("sqrt", np.sqrt, "square root", family="sqrt", degree=_deg_opaque, homog=_h_times(Fraction(1, 2)))
+_unary("rsqrt", lambda x: 1.0 / np.sqrt(x), "1 / sqrt(x)", family="sqrt", degree=_deg_opaque,
+       homog=_h_times(Fraction(-1, 2)))
+_unary("square", np.square, "x * x", degree=lambda a, at: Degree(2 * a[0]), homog=_h_times(Fraction(2)))
+_unary("neg", np.negative, "-x", props=Prop.LINEAR, degree=_deg_max, homog=_h_first, scales_with=(0,))
+
+define_op(
     "scale",
     1,
     _U | Prop.LINEAR,
@@ -416,8 +655,12 @@ _def(
     lambda args, attrs, it, ot: args[0] * float(attrs["c"]),
     "x * c for a Python constant c",
     attrs=("c",),
+    attr_kinds=_FLOAT_C,
+    degree=_deg_max,
+    homog=_h_first,
+    scales_with=(0,),
 )
-_def(
+define_op(
     "shift",
     1,
     _U,
@@ -425,30 +668,36 @@ _def(
     lambda args, attrs, it, ot: args[0] + float(attrs["c"]),
     "x + c for a Python constant c",
     attrs=("c",),
+    attr_kinds=_FLOAT_C,
+    degree=_deg_max,
 )
 
-_BINARY_REFS: list[tuple[str, Any, Prop, str]] = [
-    ("add", np.add, Prop.COMMUTATIVE | Prop.ASSOCIATIVE | Prop.LINEAR, "a + b"),
-    ("sub", np.subtract, Prop.LINEAR, "a - b"),
-    ("mul", np.multiply, Prop.COMMUTATIVE | Prop.ASSOCIATIVE, "a * b"),
-    ("div", np.divide, Prop.NONE, "a / b"),
-    ("maximum", np.maximum, Prop.COMMUTATIVE | Prop.ASSOCIATIVE, "elementwise max(a, b)"),
+_BINARY_REFS: list[tuple[str, Any, Prop, str, DegreeRule, HomogRule, str | None, tuple[int, ...]]] = [
+    ("add", np.add, Prop.COMMUTATIVE | Prop.ASSOCIATIVE | Prop.LINEAR, "a + b", _deg_max, _h_add, None, ()),
+    ("sub", np.subtract, Prop.LINEAR | Prop.DIFFERENCE, "a - b", _deg_max, _h_add, None, ()),
+    ("mul", np.multiply, Prop.COMMUTATIVE | Prop.ASSOCIATIVE, "a * b", _deg_sum, _h_mul, None, (0, 1)),
+    ("div", np.divide, Prop.NONE, "a / b", _deg_sum, _h_div, None, (0,)),
+    ("maximum", np.maximum, Prop.COMMUTATIVE | Prop.ASSOCIATIVE, "elementwise max(a, b)", _deg_max, _h_add, "max",
+     ()),
 ]
-for _name, _fb, _p, _doc in _BINARY_REFS:
-    _def(_name, 2, _B | _p, _binary_rule(_name), _ref_binary(_fb), _doc)
+for _name, _fb, _p, _doc, _dg, _hg, _fam, _sw in _BINARY_REFS:
+    define_op(_name, 2, _B | _p, _binary_rule(_name), _ref_binary(_fb), _doc, degree=_dg, homog=_hg, family=_fam,
+              scales_with=_sw)
 
-_def("sum", 1, Prop.REDUCTION | Prop.LINEAR, _reduce_rule("sum"), _ref_reduce(np.sum), "sum along axis", ("axis",), _KB)
-_def(
-    "mean",
-    1,
-    Prop.REDUCTION | Prop.LINEAR,
-    _reduce_rule("mean"),
-    _ref_reduce(np.mean),
-    "mean along axis",
-    ("axis",),
-    _KB,
-)
-_def("max", 1, Prop.REDUCTION, _reduce_rule("max"), _ref_reduce(np.max), "max along axis", ("axis",), _KB)
+_AXIS = {"axis": "axis"}
+
+
+def _reduction(name: str, f: Callable[..., np.ndarray], doc: str, red: Reduce, **facts: Any) -> OpDef:
+    return _def(name, 1, Prop.REDUCTION | facts.pop("props", Prop.NONE), _reduce_rule(name), _ref_reduce(f), doc,
+                ("axis",), _KB, attr_kinds=_AXIS, index=index_reduce, reduce=red, degree=_deg_max, homog=_h_first,
+                egg_shape="reduce", **facts)
+
+
+_reduction("sum", np.sum, "sum along axis", Reduce("add", "loop_sum", 0.0), props=Prop.LINEAR, scales_with=(0,))
+_reduction("mean", np.mean, "mean along axis", Reduce("add", "loop_sum", 0.0, mean=True), props=Prop.LINEAR)
+_reduction("max", np.max, "max along axis", Reduce("maximum", "loop_max", -math.inf), family="max")
+
+
 def batched_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """``a @ b`` with broadcast batch dims; stacks of small products avoid BLAS.
 
@@ -477,11 +726,16 @@ def batched_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 _def(
     "matmul",
     2,
-    Prop.BROADCAST | Prop.LINEAR,
+    Prop.BROADCAST | Prop.LINEAR | Prop.CONTRACTION,
     _matmul_rule,
     lambda args, attrs, it, ot: batched_matmul(args[0], args[1]),
     "(..., m, k) @ (..., k, n), leading dims broadcast",
     levels=_KB,
+    index=_index_matmul,
+    scales_with=(0, 1),
+    degree=_deg_sum,
+    homog=_h_mul,
+    egg_shape="custom",
 )
 _def(
     "rms_norm",
@@ -492,14 +746,28 @@ _def(
     "x / sqrt(mean(x**2, axis) + eps) [* weight]",
     ("axis", "eps"),
     _KB,
+    attr_kinds={"axis": "axis", "eps": "float"},
+    index=_index_rms,
+    pad=0.0,
+    degree=lambda a, at: Degree(sum(a) + 2 * a[0] + 1, 1, 0),
+    homog=_h_rms,
+    family="sqrt",
+    egg_shape="same",
 )
-_def("concat", None, Prop.NONE, _concat_rule, _ref_concat, "concatenate along axis", ("axis",), _KB)
-_def("transpose", 1, Prop.NONE, _transpose_rule, _ref_transpose, "swap axes a and b", ("a", "b"), _KB)
+_def("concat", None, Prop.CONCAT, _concat_rule, _ref_concat, "concatenate along axis", ("axis",), _KB,
+     attr_kinds=_AXIS, index=_index_concat, degree=_deg_max, homog=_h_add, egg_shape="custom",
+     hooks={"triton_needs": ("_padded",)})
+_def("transpose", 1, Prop.NONE, _transpose_rule, _ref_transpose, "swap axes a and b", ("a", "b"), _KB,
+     attr_kinds={"a": "axis", "b": "axis"}, index=_index_transpose, degree=_deg_max, homog=_h_first,
+     egg_shape="custom")
 
 # Loop constructs of block graphs. Their meaning is the evaluator's (ir.interpret), written once
 # in terms of registry ops (add, maximum, sub, exp, mul), so every domain gets them for free.
-_def("loop_sum", 1, Prop.LOOP, _unary_rule("loop_sum"), None, "sum over for-loop iterations", levels=Level.BLOCK)
-_def("loop_max", 1, Prop.LOOP, _unary_rule("loop_max"), None, "max over for-loop iterations", levels=Level.BLOCK)
+_LOOP: dict[str, Any] = {"index": index_broadcast, "degree": _deg_max}
+_def("loop_sum", 1, Prop.LOOP, _unary_rule("loop_sum"), None, "sum over for-loop iterations", levels=Level.BLOCK,
+     **_LOOP)
+_def("loop_max", 1, Prop.LOOP, _unary_rule("loop_max"), None, "max over for-loop iterations", levels=Level.BLOCK,
+     family="max", **_LOOP)
 _def(
     "running_max",
     1,
@@ -508,6 +776,8 @@ _def(
     None,
     "max of this and all earlier iterations' values (in the loop body)",
     levels=Level.BLOCK,
+    family="max",
+    **_LOOP,
 )
 _def(
     "rescaled_sum",
@@ -517,7 +787,12 @@ _def(
     None,
     "acc = acc * exp(m_prev - m) + x over iterations, m a running_max (online softmax)",
     levels=Level.BLOCK,
+    index=index_broadcast,
+    degree=lambda a, at: Degree(sum(a) + 1),
+    family="exp",
+    hooks={"family_arg": 1},
 )
+OPS["rms_norm"].hooks["family_arg"] = 0
 
 # Structural ops: their meaning is the evaluator's.
 for _name, _doc, _lv in [
@@ -529,9 +804,18 @@ for _name, _doc, _lv in [
     _def(_name, None, Prop.STRUCTURAL, None, None, _doc, levels=_lv, min_args=0)
 
 for _name in ("loop_sum", "loop_max", "running_max", "rescaled_sum", "input", "arg", "custom", "fused"):
-    for _d in ("ref", "ff", "abstract"):
+    for _d in ("ref", "ff", "abstract", "torch"):
         exempt(_d, _name, "structural/loop op: the graph evaluator gives its meaning for every domain")
     exempt("egglog", _name, "the e-graph holds kernel-level terms; block structure is made by the lowering")
+
+#: the family of ops applying ``exp`` (the finite field's exp needs q-parts; see :mod:`verimirage.smt.ff`)
+FAMILY_EXP = "exp"
+
+#: which families of a target program may account for an atom of each family in a partial program
+#: (:mod:`verimirage.smt.prune`); a family not listed is accounted for by itself only
+FAMILY_COVERS: dict[str, tuple[str, ...]] = {
+    "max": ("max", "exp", "relu"),
+}
 
 STRUCTURAL_OPS = frozenset(n for n, o in OPS.items() if o.has(Prop.STRUCTURAL))
 LOOP_OPS = frozenset(n for n, o in OPS.items() if o.has(Prop.LOOP))

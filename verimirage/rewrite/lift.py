@@ -20,6 +20,7 @@ serialised e-graph are used.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Sequence
@@ -29,6 +30,7 @@ from typing import Any
 from egglog import (
     EGraph,
     Expr,
+    String,
     StringLike,
     eq,
     f64,
@@ -45,7 +47,7 @@ from egglog import (
 
 from ..ir.errors import GraphError
 from ..ir.graph import Graph, Tensor, node_list, output_refs
-from ..ir.ops import TensorType, implements
+from ..ir.ops import OPS, OpDef, Prop, TensorType, get_op, implements
 
 log = logging.getLogger(__name__)
 
@@ -68,61 +70,6 @@ def tl_cons(x: TT, rest: TL) -> TL: ...
 def t_input(name: StringLike) -> TT: ...
 
 
-# unary
-@function
-def t_exp(x: TT) -> TT: ...
-@function
-def t_silu(x: TT) -> TT: ...
-@function
-def t_gelu(x: TT) -> TT: ...
-@function
-def t_relu(x: TT) -> TT: ...
-@function
-def t_sqrt(x: TT) -> TT: ...
-@function
-def t_rsqrt(x: TT) -> TT: ...
-@function
-def t_square(x: TT) -> TT: ...
-@function
-def t_neg(x: TT) -> TT: ...
-@function
-def t_scale(x: TT, c: f64Like) -> TT: ...
-@function
-def t_shift(x: TT, c: f64Like) -> TT: ...
-
-
-# binary (numpy broadcasting)
-@function
-def t_add(a: TT, b: TT) -> TT: ...
-@function
-def t_sub(a: TT, b: TT) -> TT: ...
-@function
-def t_mul(a: TT, b: TT) -> TT: ...
-@function
-def t_div(a: TT, b: TT) -> TT: ...
-@function
-def t_maximum(a: TT, b: TT) -> TT: ...
-
-
-# reductions, matmul, structure
-@function
-def t_sum(x: TT, axis: i64Like) -> TT: ...
-@function
-def t_mean(x: TT, axis: i64Like) -> TT: ...
-@function
-def t_max(x: TT, axis: i64Like) -> TT: ...
-@function
-def t_matmul(a: TT, b: TT) -> TT: ...
-@function
-def t_rms_norm(x: TT, axis: i64Like, eps: f64Like) -> TT: ...
-@function
-def t_rms_norm_w(x: TT, w: TT, axis: i64Like, eps: f64Like) -> TT: ...
-@function
-def t_concat(xs: TL, axis: i64Like) -> TT: ...
-@function
-def t_transpose(x: TT, a: i64Like, b: i64Like) -> TT: ...
-
-
 # the shape analysis (no merge: an unsound merge aborts)
 @function
 def rank(x: TT) -> i64: ...
@@ -130,20 +77,107 @@ def rank(x: TT) -> i64: ...
 def dim(x: TT, i: i64Like) -> i64: ...
 
 
-UNARY_CTORS = {
-    "exp": t_exp, "silu": t_silu, "gelu": t_gelu, "relu": t_relu, "sqrt": t_sqrt, "rsqrt": t_rsqrt,
-    "square": t_square, "neg": t_neg,
-}
-BINARY_CTORS = {"add": t_add, "sub": t_sub, "mul": t_mul, "div": t_div, "maximum": t_maximum}
-CONST_CTORS = {"scale": t_scale, "shift": t_shift}
-REDUCE_CTORS = {"sum": t_sum, "mean": t_mean, "max": t_max}
+# --------------------------------------------------------------------------- constructors (from the registry)
 
-#: egglog function name -> registry op name (names as they appear in the serialised e-graph)
-_FN_TO_OP: dict[str, str] = {f"t_{k}": k for k in (*UNARY_CTORS, *BINARY_CTORS, *CONST_CTORS, *REDUCE_CTORS)}
-_FN_TO_OP.update(
-    {"t_matmul": "matmul", "t_rms_norm": "rms_norm", "t_rms_norm_w": "rms_norm", "t_concat": "concat",
-     "t_transpose": "transpose", "t_input": "input"}
-)
+#: egglog type of each attribute kind (:attr:`verimirage.ir.ops.OpDef.attr_kinds`)
+_EGG_KIND = {"axis": "i64Like", "int": "i64Like", "float": "f64Like", "ints": "StringLike", "axes": "StringLike",
+             "dtype": "StringLike"}
+
+
+@dataclass(frozen=True)
+class Ctor:
+    """One egglog constructor of a registry op: its function, the op, and how many tensor operands it takes
+    (None: one cons list of operands, for variadic ops)."""
+
+    fn: Any
+    op: str
+    nargs: int | None
+    name: str
+
+
+_CTORS: dict[tuple[str, int | None], Ctor] = {}
+#: egglog function name -> constructor (names as they appear in the serialised e-graph)
+_BY_NAME: dict[str, Ctor] = {"t_input": Ctor(t_input, "input", 0, "t_input")}
+
+
+def _egg_names(d: OpDef) -> dict[int | None, str]:
+    names = d.hooks.get("egg_names")
+    if names is not None:
+        return dict(names)
+    return {d.arity: f"t_{d.name}"}
+
+
+def ctor(op: str, nargs: int | None = None) -> Ctor:
+    """The egglog constructor of ``op`` on ``nargs`` tensor operands, declared on first use from the
+    registry entry (operand count, attributes and their kinds); its shape rules are added to
+    :data:`shapes` at the same time."""
+    d = get_op(op)
+    names = _egg_names(d)
+    key = nargs if nargs in names else (None if None in names else d.arity)
+    if (op, key) in _CTORS:
+        return _CTORS[(op, key)]
+    if key not in names:
+        raise GraphError(f"lift: op {op!r} has no egglog constructor on {nargs} operand(s)")
+    fname = names[key]
+    params = [f"x{i}: TT" for i in range(key)] if key is not None else ["xs: TL"]
+    params += [f"{a}: {_EGG_KIND[d.attr_kind(a)]}" for a in d.attrs]
+    ns: dict[str, Any] = {"TT": TT, "TL": TL, "i64Like": i64Like, "f64Like": f64Like, "StringLike": StringLike}
+    if not fname.isidentifier():
+        raise GraphError(f"lift: op name {op!r} is not an identifier; expected one for its egglog constructor")
+    exec(f"def {fname}({', '.join(params)}) -> TT: ...", ns)  # a declaration from registry data
+    c = Ctor(function(ns[fname]), op, key, fname)
+    _CTORS[(op, key)] = c
+    _BY_NAME[fname] = c
+    _generic_shape_rules(d, c)
+    return c
+
+
+def egg_attr(d: OpDef, key: str, v: Any) -> Any:
+    """Attribute value ``v`` of op ``d`` as an egglog value (egglog expressions pass through)."""
+    if isinstance(v, Expr):
+        return v
+    kind = d.attr_kind(key)
+    if kind in ("axis", "int"):
+        return i64(int(v))
+    if kind == "float":
+        return f64(float(v))
+    if kind in ("ints", "axes"):
+        return String(",".join(str(int(x)) for x in v))
+    return String(str(v))
+
+
+def _py_attr(d: OpDef, key: str, v: Any) -> Any:
+    kind = d.attr_kind(key)
+    if kind in ("axis", "int"):
+        return int(v)
+    if kind == "float":
+        return float(v)
+    if kind in ("ints", "axes"):
+        return tuple(int(x) for x in str(v).split(",") if x != "")
+    if kind == "dtype":
+        from ..ir.dtypes import DType
+
+        return DType.parse(str(v))
+    return v
+
+
+def egg_apply(op: str, args: Sequence[Any], attrs: dict[str, Any]) -> TT:
+    """``op`` applied to egglog operands ``args`` with attributes ``attrs`` (Python or egglog values)."""
+    d = get_op(op)
+    c = ctor(op, len(args))
+    operands = [egg_list(args)] if c.nargs is None else list(args)
+    return c.fn(*operands, *[egg_attr(d, k, attrs[k]) for k in d.attrs])
+
+
+def egg_meaning(args: list[TT], attrs: dict[str, Any], in_types: Any, out_types: Any, *, op: str) -> TT:
+    """The generic ``"egglog"`` domain meaning (register with ``functools.partial(egg_meaning, op=name)``)."""
+    return egg_apply(op, args, attrs)
+
+
+def register_egglog(*names: str) -> None:
+    """Give ops ``names`` the generic egglog meaning (constructors declared from their registry entries)."""
+    for n in names:
+        implements("egglog", n)(functools.partial(egg_meaning, op=n))
 
 
 # --------------------------------------------------------------------------- egglog domain meanings
@@ -157,96 +191,64 @@ def egg_list(xs: Sequence[TT]) -> TL:
     return out
 
 
-def _mk_unary(name: str) -> Any:
-    def fn(args: list[TT], attrs: dict[str, Any], in_types: Any, out_types: Any) -> TT:
-        return UNARY_CTORS[name](args[0])
-
-    return fn
-
-
-def _mk_binary(name: str) -> Any:
-    def fn(args: list[TT], attrs: dict[str, Any], in_types: Any, out_types: Any) -> TT:
-        return BINARY_CTORS[name](args[0], args[1])
-
-    return fn
-
-
-def _mk_const(name: str) -> Any:
-    def fn(args: list[TT], attrs: dict[str, Any], in_types: Any, out_types: Any) -> TT:
-        return CONST_CTORS[name](args[0], f64(float(attrs["c"])))
-
-    return fn
-
-
-def _mk_reduce(name: str) -> Any:
-    def fn(args: list[TT], attrs: dict[str, Any], in_types: Any, out_types: Any) -> TT:
-        return REDUCE_CTORS[name](args[0], i64(int(attrs["axis"])))
-
-    return fn
-
-
-for _n in UNARY_CTORS:
-    implements("egglog", _n)(_mk_unary(_n))
-for _n in BINARY_CTORS:
-    implements("egglog", _n)(_mk_binary(_n))
-for _n in CONST_CTORS:
-    implements("egglog", _n)(_mk_const(_n))
-for _n in REDUCE_CTORS:
-    implements("egglog", _n)(_mk_reduce(_n))
-
-
-@implements("egglog", "matmul")
-def _egg_matmul(args: list[TT], attrs: dict[str, Any], in_types: Any, out_types: Any) -> TT:
-    return t_matmul(args[0], args[1])
-
-
-@implements("egglog", "rms_norm")
-def _egg_rms(args: list[TT], attrs: dict[str, Any], in_types: Any, out_types: Any) -> TT:
-    ax, eps = i64(int(attrs["axis"])), f64(float(attrs["eps"]))
-    if len(args) == 2:
-        return t_rms_norm_w(args[0], args[1], ax, eps)
-    return t_rms_norm(args[0], ax, eps)
-
-
-@implements("egglog", "concat")
-def _egg_concat(args: list[TT], attrs: dict[str, Any], in_types: Any, out_types: Any) -> TT:
-    return t_concat(egg_list(args), i64(int(attrs["axis"])))
-
-
-@implements("egglog", "transpose")
-def _egg_transpose(args: list[TT], attrs: dict[str, Any], in_types: Any, out_types: Any) -> TT:
-    return t_transpose(args[0], i64(int(attrs["a"])), i64(int(attrs["b"])))
-
-
 # --------------------------------------------------------------------------- shape propagation rules
 
 shapes = ruleset(name="shapes")
 
 
-def _shape_rules() -> None:
-    t, x, a, b, w = (var(n, TT) for n in ("t", "x", "a", "b", "w"))
-    r, _r2, i, d1, d2, ax, ax2 = (var(n, i64) for n in ("r", "r2", "i", "d1", "d2", "ax", "ax2"))
-    c = var("c", f64)
-    unary_terms = [f(x) for f in UNARY_CTORS.values()] + [f(x, c) for f in CONST_CTORS.values()]
-    unary_terms += [t_rms_norm(x, ax, c), t_rms_norm_w(x, w, ax, c)]
+def _generic_shape_rules(d: OpDef, c: Ctor) -> None:
+    """Shape rules of ``c`` from the registry's ``egg_shape`` kind (custom kinds are written below)."""
+    kind = d.egg_shape
+    if kind not in ("same", "broadcast", "reduce"):
+        return
+    t, x, a, b = (var(n, TT) for n in ("t", "x", "a", "b"))
+    r, i, d1, d2 = (var(n, i64) for n in ("r", "i", "d1", "d2"))
+    avars = [var(f"at_{k}", _attr_type(d, k)) for k in d.attrs]
     rules = []
-    for term in unary_terms:
+    if kind == "same":
+        ops = [x] + ([var("w", TT)] if c.nargs == 2 else []) if c.nargs is not None else None
+        if ops is None:
+            return
+        term = c.fn(*ops, *avars)
         rules += [
             rule(eq(t).to(term), eq(r).to(rank(x))).then(set_(rank(t)).to(r)),
             rule(eq(t).to(term), eq(d1).to(dim(x, i))).then(set_(dim(t, i)).to(d1)),
         ]
-    for f in BINARY_CTORS.values():
+    elif kind == "broadcast":
+        if c.nargs is None or c.nargs < 2:
+            return
+        xs = [a, b] + [var(f"o{k}", TT) for k in range(2, c.nargs)]
+        ds = [d1, d2] + [var(f"e{k}", i64) for k in range(2, c.nargs)]
+        term = c.fn(*xs, *avars)
+        same_rank = [eq(r).to(rank(v)) for v in xs]
+        top = ds[0]
+        for e in ds[1:]:
+            top = top.max(e)
         rules += [
-            rule(eq(t).to(f(a, b)), eq(r).to(rank(a)), eq(r).to(rank(b))).then(set_(rank(t)).to(r)),
-            rule(eq(t).to(f(a, b)), eq(r).to(rank(a)), eq(r).to(rank(b)), eq(d1).to(dim(a, i)),
-                 eq(d2).to(dim(b, i))).then(set_(dim(t, i)).to(d1.max(d2))),
+            rule(eq(t).to(term), *same_rank).then(set_(rank(t)).to(r)),
+            rule(eq(t).to(term), *same_rank, *[eq(e).to(dim(v, i)) for e, v in zip(ds, xs, strict=True)]).then(
+                set_(dim(t, i)).to(top)),
         ]
-    for fr in REDUCE_CTORS.values():
+    else:  # reduce: the axis attribute keeps size 1
+        ax = avars[list(d.attrs).index("axis")]
+        term = c.fn(x, *avars)
         rules += [
-            rule(eq(t).to(fr(x, ax)), eq(r).to(rank(x))).then(set_(rank(t)).to(r), set_(dim(t, ax)).to(i64(1))),
-            rule(eq(t).to(fr(x, ax)), eq(d1).to(dim(x, i)), ne(i).to(ax)).then(set_(dim(t, i)).to(d1)),
+            rule(eq(t).to(term), eq(r).to(rank(x))).then(set_(rank(t)).to(r), set_(dim(t, ax)).to(i64(1))),
+            rule(eq(t).to(term), eq(d1).to(dim(x, i)), ne(i).to(ax)).then(set_(dim(t, i)).to(d1)),
         ]
-    mm = t_matmul(a, b)
+    shapes.register(*rules)
+
+
+def _attr_type(d: OpDef, key: str) -> Any:
+    kind = d.attr_kind(key)
+    return i64 if kind in ("axis", "int") else f64 if kind == "float" else String
+
+
+def _custom_shape_rules() -> None:
+    t, x, a, b = (var(n, TT) for n in ("t", "x", "a", "b"))
+    r, i, d1, d2, ax, ax2 = (var(n, i64) for n in ("r", "i", "d1", "d2", "ax", "ax2"))
+    rules = []
+    mm = egg_apply("matmul", [a, b], {})
     rules += [
         rule(eq(t).to(mm), eq(r).to(rank(a)), eq(r).to(rank(b))).then(set_(rank(t)).to(r)),
         rule(eq(t).to(mm), eq(r).to(rank(a)), eq(r).to(rank(b)), eq(d1).to(dim(a, r - 2))).then(
@@ -258,13 +260,13 @@ def _shape_rules() -> None:
         rule(eq(t).to(mm), eq(r).to(rank(a)), eq(r).to(rank(b)), eq(d1).to(dim(a, i)), eq(d2).to(dim(b, i)),
              i < r - 2).then(set_(dim(t, i)).to(d1.max(d2))),
     ]
-    cat = t_concat(tl_cons(a, tl_cons(b, tl_nil())), ax)
+    cat = egg_apply("concat", [a, b], {"axis": ax})
     rules += [
         rule(eq(t).to(cat), eq(r).to(rank(a))).then(set_(rank(t)).to(r)),
         rule(eq(t).to(cat), eq(d1).to(dim(a, ax)), eq(d2).to(dim(b, ax))).then(set_(dim(t, ax)).to(d1 + d2)),
         rule(eq(t).to(cat), eq(d1).to(dim(a, i)), ne(i).to(ax)).then(set_(dim(t, i)).to(d1)),
     ]
-    tr = t_transpose(x, ax, ax2)
+    tr = egg_apply("transpose", [x], {"a": ax, "b": ax2})
     rules += [
         rule(eq(t).to(tr), eq(r).to(rank(x))).then(set_(rank(t)).to(r)),
         rule(eq(t).to(tr), eq(d1).to(dim(x, ax)), eq(d2).to(dim(x, ax2))).then(
@@ -275,7 +277,13 @@ def _shape_rules() -> None:
     shapes.register(*rules)
 
 
-_shape_rules()
+get_op("rms_norm").hooks["egg_names"] = {1: "t_rms_norm", 2: "t_rms_norm_w"}
+register_egglog(*(n for n, o in OPS.items() if not o.has(Prop.STRUCTURAL) and not o.has(Prop.LOOP)))
+for _n, _o in list(OPS.items()):
+    if not _o.has(Prop.STRUCTURAL) and not _o.has(Prop.LOOP):
+        for _k in _egg_names(_o):
+            ctor(_n, _k)
+_custom_shape_rules()
 
 
 # --------------------------------------------------------------------------- terms (Python side)
@@ -314,15 +322,11 @@ class Term:
         return f"{self.op}({', '.join(parts)})"
 
 
-#: ops whose two operands commute (terms differing only in their operand order are one program)
-COMMUTATIVE = frozenset({"add", "mul", "maximum"})
-
-
 def commutation_key(t: Term) -> Term:
     """``t`` with the operands of every commutative op in a canonical order (equal keys: the same program
     up to operand order, lowered to μGraphs of the same cost)."""
     args = tuple(commutation_key(a) for a in t.args)
-    if t.op in COMMUTATIVE:
+    if t.op != "input" and get_op(t.op).has(Prop.COMMUTATIVE):
         args = tuple(sorted(args, key=str))
     return Term(t.op, t.attrs, args)
 
@@ -351,7 +355,10 @@ def term_to_egg(t: Term, memo: dict[Term, TT] | None = None) -> TT:
         e = t_input(str(t.attr("name")))
     else:
         args = [term_to_egg(a, memo) for a in t.args]
-        e = get_op(t.op).domains["egglog"](args, dict(t.attrs), None, None)
+        fn = get_op(t.op).domains.get("egglog")
+        if fn is None:
+            raise GraphError(f"lift: op {t.op!r} has no egglog meaning")
+        e = fn(args, dict(t.attrs), None, None)
     memo[t] = e
     return e
 
@@ -374,16 +381,7 @@ def term_to_graph(terms: Sequence[Term], inputs: Sequence[tuple[str, TensorType]
                 raise GraphError(f"term_to_graph: unknown input {name!r}")
             env[t] = ins[name]
             return env[t]
-        args = [build(a) for a in t.args]
-        a = dict(t.attrs)
-        if t.op == "rms_norm":
-            out = g.rms_norm(args[0], args[1] if len(args) > 1 else None, axis=a["axis"], eps=a["eps"])
-        elif t.op == "concat":
-            out = g.concat(args, axis=a["axis"])
-        elif t.op in ("scale", "shift"):
-            out = getattr(g, t.op)(args[0], a["c"])
-        else:
-            out = getattr(g, t.op)(*args, **a)
+        out = g.apply(t.op, [build(a) for a in t.args], dict(t.attrs))
         env[t] = out
         return out
 
@@ -449,6 +447,20 @@ def serialized(eg: EGraph) -> dict[str, Any]:
     return json.loads(s.to_json())
 
 
+_PRIM_TYPE = {"axis": "i64", "int": "i64", "float": "f64", "ints": "String", "axes": "String", "dtype": "String"}
+
+
+def _prim_value(d: OpDef, key: str, v: Any) -> Any:
+    kind = d.attr_kind(key)
+    if kind in ("axis", "int"):
+        return int(v)
+    if kind == "float":
+        return float(v)
+    if kind in ("ints", "axes"):
+        return ",".join(str(int(x)) for x in v)
+    return str(v)
+
+
 def _fn_name(op: str) -> str:
     return op.split(".")[-1]
 
@@ -482,7 +494,7 @@ class EClassTerms:
                 self.prim[n["eclass"]] = _prim(op)
                 continue
             name = _fn_name(op)
-            if name in _FN_TO_OP or name in ("tl_nil", "tl_cons"):
+            if name in _BY_NAME or name in ("tl_nil", "tl_cons"):
                 self.enodes.setdefault(n["eclass"], []).append((name, [self.node_class[c] for c in ch]))
         self.num_enodes = sum(len(v) for v in self.enodes.values())
         self.best: dict[str, list[tuple[int, Any]]] = {}
@@ -513,24 +525,14 @@ class EClassTerms:
             return ()
         if name == "tl_cons":
             return (vs[0], *vs[1])
-        op = _FN_TO_OP[name]
-        if op == "input":
+        c = _BY_NAME[name]
+        if c.op == "input":
             return Term("input", (("name", vs[0]),), ())
-        if op in ("exp", "silu", "gelu", "relu", "sqrt", "rsqrt", "square", "neg", "matmul") or op in BINARY_CTORS:
-            return Term(op, (), tuple(vs))
-        if op in CONST_CTORS:
-            return Term(op, (("c", float(vs[1])),), (vs[0],))
-        if op in REDUCE_CTORS:
-            return Term(op, (("axis", int(vs[1])),), (vs[0],))
-        if op == "rms_norm":
-            if name == "t_rms_norm":
-                return Term(op, (("axis", int(vs[1])), ("eps", float(vs[2]))), (vs[0],))
-            return Term(op, (("axis", int(vs[2])), ("eps", float(vs[3]))), (vs[0], vs[1]))
-        if op == "concat":
-            return Term(op, (("axis", int(vs[1])),), tuple(vs[0]))
-        if op == "transpose":
-            return Term(op, (("a", int(vs[1])), ("b", int(vs[2]))), (vs[0],))
-        raise AssertionError(name)
+        d = get_op(c.op)
+        k = 1 if c.nargs is None else c.nargs
+        operands = tuple(vs[0]) if c.nargs is None else tuple(vs[:k])
+        attrs = tuple(sorted((a, _py_attr(d, a, v)) for a, v in zip(d.attrs, vs[k:], strict=True)))
+        return Term(c.op, attrs, operands)
 
     def _solve(self) -> None:
         for _ in range(50):
@@ -575,21 +577,13 @@ class EClassTerms:
                 c = node("tl_cons", [self._lookup(x), c])
             return c
         a = dict(t.attrs)
-        kids = [self._lookup(x) for x in t.args]
         if t.op == "input":
             return node("t_input", [prim("String", a["name"])])
-        if t.op in CONST_CTORS:
-            return node(f"t_{t.op}", [*kids, prim("f64", float(a["c"]))])
-        if t.op in REDUCE_CTORS:
-            return node(f"t_{t.op}", [*kids, prim("i64", int(a["axis"]))])
-        if t.op == "rms_norm":
-            extra = [prim("i64", int(a["axis"])), prim("f64", float(a["eps"]))]
-            return node("t_rms_norm" if len(kids) == 1 else "t_rms_norm_w", [*kids, *extra])
-        if t.op == "concat":
-            return node("t_concat", [self._lookup(t.args), prim("i64", int(a["axis"]))])
-        if t.op == "transpose":
-            return node("t_transpose", [*kids, prim("i64", int(a["a"])), prim("i64", int(a["b"]))])
-        return node(f"t_{t.op}", kids)
+        d = get_op(t.op)
+        cons = ctor(t.op, len(t.args))
+        kids = [self._lookup(t.args)] if cons.nargs is None else [self._lookup(x) for x in t.args]
+        extra = [prim(_PRIM_TYPE[d.attr_kind(k)], _prim_value(d, k, a[k])) for k in d.attrs]
+        return node(cons.name, [*kids, *extra])
 
     def class_of(self, t: Term) -> str | None:
         """:meth:`find_class`, memoised per term."""

@@ -32,7 +32,7 @@ from typing import Any
 
 from ..ir.errors import GraphError
 from ..ir.graph import BlockBuilder, Graph, MuGraph, Tensor, ThreadBuilder, node_list, output_refs
-from ..ir.ops import ELEMENTWISE_OPS, TensorType
+from ..ir.ops import Prop, TensorType, get_op
 from .lift import Term, graph_terms, term_to_graph
 
 log = logging.getLogger(__name__)
@@ -139,65 +139,35 @@ def analyse(g: Graph) -> Analysis:
         args = [raw[a] for a, _ in n.args]
         if n.op == "input":
             raw[i] = [fresh(s) for s in outt.shape]
-        elif n.op in ELEMENTWISE_OPS:
-            r = outt.rank
-            res: list[int | None] = [None] * r
-            for lab in args:
-                off = r - len(lab)
-                for j, x in enumerate(lab):
-                    res[off + j] = unify(res[off + j], x)
-            raw[i] = res
-        elif n.op in ("sum", "mean", "max"):
-            ax = n.attr("axis")
-            res = list(args[0])
-            if res[ax] is not None:
-                reduces[i] = res[ax]  # type: ignore[assignment]
-            res[ax] = None
-            raw[i] = res
-        elif n.op == "matmul":
-            a, b = args
-            k = unify(a[-1], b[-2])
-            if k is not None:
-                reduces[i] = k
-                mm.append(k)
-            r = outt.rank
-            batch: list[int | None] = [None] * (r - 2)
-            for lab in (a[:-2], b[:-2]):
-                off = r - 2 - len(lab)
-                for j, x in enumerate(lab):
-                    batch[off + j] = unify(batch[off + j], x)
-            raw[i] = [*batch, a[-2], b[-1]]
-            mm += [x for x in (a[-2], b[-1]) if x is not None]
-        elif n.op == "rms_norm":
-            ax = n.attr("axis")
-            res = list(args[0])
-            if len(args) == 2:
-                res[ax] = unify(res[ax], args[1][0])
-            if res[ax] is not None:
-                whole.append(res[ax])  # type: ignore[arg-type]
-            raw[i] = res
-        elif n.op == "concat":
-            ax = n.attr("axis")
-            r = outt.rank
-            res = [None] * r
-            for lab in args:
-                for j, x in enumerate(lab):
-                    if j == ax:
-                        if x is not None:
-                            whole.append(x)
-                    else:
-                        res[j] = unify(res[j], x)
-            res[ax] = fresh(outt.shape[ax])
-            if res[ax] is not None:
-                whole.append(res[ax])  # type: ignore[arg-type]
-            raw[i] = res
-        elif n.op == "transpose":
-            res = list(args[0])
-            a, b = n.attr("a"), n.attr("b")
-            res[a], res[b] = res[b], res[a]
-            raw[i] = res
-        else:
+            continue
+        d = get_op(n.op)
+        if d.index is None or d.has(Prop.LOOP):
             raise GraphError(f"partition: cannot lower op {n.op!r}; expected a kernel-level tensor op")
+        im = d.index_map([nodes[a].outs[k] for a, k in n.args], n.attr_dict, outt)
+        res: list[int | None] = [None] * outt.rank
+        for a, j, o in im.links:
+            res[o] = unify(res[o], args[a][j])
+        for grp in im.reduced:
+            lab: int | None = None
+            for a, j in grp:
+                lab = unify(lab, args[a][j])
+            if lab is not None:
+                reduces[i] = lab
+                if im.matrix is not None:
+                    mm.append(lab)
+        for a, j in im.whole_in:
+            if args[a][j] is not None:
+                whole.append(args[a][j])  # type: ignore[arg-type]
+        linked = im.linked()
+        for o in range(outt.rank):
+            if o not in linked:
+                res[o] = fresh(outt.shape[o])
+        for o in im.whole_out:
+            if res[o] is not None:
+                whole.append(res[o])  # type: ignore[arg-type]
+        if im.matrix is not None:
+            mm += [res[o] for o in im.matrix if res[o] is not None]  # type: ignore[misc]
+        raw[i] = res
 
     def f(x: int | None) -> int | None:
         return None if x is None else uf.find(x)
@@ -252,13 +222,17 @@ class Lowered:
 def normalise(g: Graph) -> Graph:
     """``g`` with every ``mean`` written as ``scale(sum, 1/n)`` (so loops only accumulate sums)."""
     nodes = node_list(g)
-    if not any(n.op == "mean" for n in nodes):
+    def is_mean(n: Any) -> bool:
+        rd = get_op(n.op).reduce
+        return rd is not None and rd.mean
+
+    if not any(is_mean(n) for n in nodes):
         return g
     types = {}
     memo: dict[int, Term] = {}
     for i, n in enumerate(nodes):
         args = tuple(memo[a] for a, _ in n.args)
-        if n.op == "mean":
+        if is_mean(n):
             ax = n.attr("axis")
             cnt = nodes[n.args[0][0]].outs[n.args[0][1]].shape[ax]
             memo[i] = Term("scale", (("c", 1.0 / cnt),), (Term("sum", (("axis", ax),), args),))
@@ -372,13 +346,7 @@ def _refinable(an: Analysis, grid: tuple[tuple[int, int], ...], r: int, min_tile
 
 
 def _apply(b: Any, op: str, attrs: dict[str, Any], args: list[Tensor]) -> Tensor:
-    if op == "rms_norm":
-        return b.rms_norm(args[0], args[1] if len(args) > 1 else None, axis=attrs["axis"], eps=attrs["eps"])
-    if op == "concat":
-        return b.concat(args, axis=attrs["axis"])
-    if op in ("scale", "shift"):
-        return getattr(b, op)(args[0], attrs["c"])
-    return getattr(b, op)(*args, **attrs)
+    return b.apply(op, args, attrs)
 
 
 class _Epilogue:
@@ -486,14 +454,16 @@ def build(an: Analysis, cfg: Config, *, fuse_epilogue: bool = True) -> Lowered:
             red = an.reduces.get(i)
             if red is not None and red in axes:
                 raise Infeasible(f"{n.op} reduces a grid-partitioned dim")
+            d = get_op(n.op)
             if L is not None and red == L:
-                if n.op == "max":
+                if d.reduce is not None and d.reduce.loop == "loop_max":
                     if ks != ["body"]:
                         raise Infeasible("max over the loop dim of a non-loop value")
                     val[i] = b.running_max(b.max(mat(val[arefs[0]]), axis=attrs["axis"]))
                     kind[i] = "rmax"
                     continue
-                if n.op not in ("sum", "matmul"):
+                if not (d.has(Prop.CONTRACTION) or (d.reduce is not None and d.reduce.loop == "loop_sum"
+                                                     and not d.reduce.mean)):
                     raise Infeasible(f"{n.op} over the loop dim cannot be accumulated")
                 if any(k not in ("body", "scaled", "inv") for k in ks) or ks.count("scaled") > 1:
                     raise Infeasible(f"{n.op} over the loop dim of post-loop values")
@@ -510,7 +480,7 @@ def build(an: Analysis, cfg: Config, *, fuse_epilogue: bool = True) -> Lowered:
                 kind[i] = "post"
                 continue
             if "rmax" in ks:
-                if n.op == "sub" and ks == ["body", "rmax"]:
+                if d.has(Prop.DIFFERENCE) and ks == ["body", "rmax"]:
                     val[i] = b.sub(mat(val[arefs[0]]), val[arefs[1]])
                     kind[i] = "shift"
                     rm_of[i] = arefs[1]
@@ -520,19 +490,17 @@ def build(an: Analysis, cfg: Config, *, fuse_epilogue: bool = True) -> Lowered:
             else:
                 args = [val[a] for a in arefs]
             if "shift" in ks:
-                if n.op != "exp":
+                if not d.has(Prop.EXPONENTIAL):
                     raise Infeasible(f"{n.op} of a max-shifted loop value (only exp is rescalable)")
-                val[i] = b.exp(mat(args[0]))
+                val[i] = _apply(b, n.op, attrs, [mat(args[0])])
                 kind[i] = "scaled"
                 rm_of[i] = rm_of[arefs[0]]
                 continue
             if "scaled" in ks:
                 si = ks.index("scaled")
                 others = [k for j, k in enumerate(ks) if j != si]
-                ok = all(k in ("body", "inv") for k in others) and (
-                    n.op in ("mul", "matmul", "scale", "neg") or (n.op == "div" and si == 0)
-                    or (n.op == "sum" and red != L)
-                )
+                ok = all(k in ("body", "inv") for k in others) and si in d.scales_with and (
+                    d.reduce is None or red != L)
                 if not ok:
                     raise Infeasible(f"{n.op} of a rescaled loop value")
                 val[i] = _apply(b, n.op, attrs, [mat(a) for a in args])
@@ -546,7 +514,7 @@ def build(an: Analysis, cfg: Config, *, fuse_epilogue: bool = True) -> Lowered:
                 if split:
                     val[i] = None  # emitted in the combine kernel
                     continue
-                if fuse_epilogue and n.op in ELEMENTWISE_OPS:
+                if fuse_epilogue and get_op(n.op).has(Prop.ELEMENTWISE):
                     val[i] = (n.op, attrs, args)
                 else:
                     val[i] = _apply(b, n.op, attrs, [mat(a) for a in args])
@@ -576,7 +544,9 @@ def build(an: Analysis, cfg: Config, *, fuse_epilogue: bool = True) -> Lowered:
     try:
         if not split:
             for o in outs:
-                t = postmax[o] if o in postmax and kind[o] == "post" and nodes[o].op == "max" else val[o]
+                rd = get_op(nodes[o].op).reduce if nodes[o].op != "input" else None
+                t = postmax[o] if o in postmax and kind[o] == "post" and rd is not None and rd.loop == "loop_max" \
+                    else val[o]
                 b.output(mat(t), omap_for(o, axes))
             bg = b.build()
             res = mg.custom(bg, ins)
@@ -703,7 +673,7 @@ def _build_split(an: Analysis, cfg: Config, b: BlockBuilder, mg: MuGraph, ins: l
         if kind.get(i) != "post" or i in acc or i in cval:
             continue
         args = [cval[a] for a, _ in n.args]
-        if fuse_epilogue and n.op in ELEMENTWISE_OPS:
+        if fuse_epilogue and get_op(n.op).has(Prop.ELEMENTWISE):
             cval[i] = (n.op, n.attr_dict, args)
         else:
             cval[i] = _apply(c, n.op, n.attr_dict, [epi.materialise(a) for a in args])

@@ -233,26 +233,10 @@ class Rule:
                 return tvar(p)
             a = {k: attr(k, v) for k, v in p.attrs}
             args = [build(x) for x in p.args]
-            op = p.op
-            if op in L.UNARY_CTORS:
-                return L.UNARY_CTORS[op](args[0])
-            if op in L.BINARY_CTORS:
-                return L.BINARY_CTORS[op](args[0], args[1])
-            if op in L.CONST_CTORS:
-                return L.CONST_CTORS[op](args[0], a["c"])
-            if op in L.REDUCE_CTORS:
-                return L.REDUCE_CTORS[op](args[0], a["axis"])
-            if op == "matmul":
-                return L.t_matmul(args[0], args[1])
-            if op == "rms_norm":
-                if len(args) == 2:
-                    return L.t_rms_norm_w(args[0], args[1], a["axis"], a["eps"])
-                return L.t_rms_norm(args[0], a["axis"], a["eps"])
-            if op == "concat":
-                return L.t_concat(L.egg_list(args), a["axis"])
-            if op == "transpose":
-                return L.t_transpose(args[0], a["a"], a["b"])
-            raise RuleError(f"rule {self.name!r}: op {op!r} has no egglog constructor")
+            try:
+                return L.egg_apply(p.op, args, a)
+            except (GraphError, KeyError) as e:
+                raise RuleError(f"rule {self.name!r}: op {p.op!r} has no egglog constructor ({e})") from None
 
         lhs = build(self.lhs)
         for g in self.guards:

@@ -99,7 +99,7 @@ import numpy as np
 from ..ir.errors import GraphError
 from ..ir.graph import Graph, node_list, output_refs
 from ..ir.interpret import run
-from ..ir.ops import OPS, Prop, TensorType, implements, neg_axis
+from ..ir.ops import FAMILY_EXP, OPS, Prop, TensorType, implements, neg_axis
 from . import ffgpu, ffshare
 from .consts import const_fraction
 
@@ -1157,19 +1157,11 @@ def degree_bound(g: Graph) -> tuple[int, int]:
             if n.op == "fused":
                 d.append(max(walk(n.attr("thread").nodes, a) or [1]))
                 continue
-            if n.op in ("exp", "silu", "gelu", "relu", "sqrt", "rsqrt"):
-                deg_opaque[1] += 1
-                deg_opaque[0] = max(deg_opaque[0], a[0])
-                d.append(1)
-            elif n.op in ("mul", "div", "matmul", "rescaled_sum"):
-                d.append(sum(a) + (1 if n.op == "rescaled_sum" else 0))
-            elif n.op == "square":
-                d.append(2 * a[0])
-            elif n.op == "rms_norm":
-                deg_opaque[1] += 1
-                d.append(sum(a) + 2 * a[0] + 1)
-            else:
-                d.append(max(a) if a else 1)
+            dg = OPS[n.op].degree_of(a, n.attr_dict)
+            deg_opaque[1] += dg.opaque
+            if dg.opaque:
+                deg_opaque[0] = max(deg_opaque[0], dg.inner)
+            d.append(dg.result)
         return d
 
     nodes = node_list(g)
@@ -1208,7 +1200,7 @@ def uses_exp(g: Graph) -> bool:
 
     def walk(nodes: Sequence[Any]) -> bool:
         for n in nodes:
-            if n.op in ("exp", "rescaled_sum"):
+            if n.op in OPS and OPS[n.op].family == FAMILY_EXP:
                 return True
             if n.op == "custom" and walk(n.attr("block").nodes):
                 return True

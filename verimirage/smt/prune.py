@@ -47,17 +47,18 @@ from typing import Any
 
 from ..ir.errors import GraphError
 from ..ir.graph import BlockGraph, Graph, Node, Tensor, ThreadGraph, node_list
+from ..ir.ops import FAMILY_COVERS, OPS
 
 log = logging.getLogger(__name__)
 
 Deps = frozenset[str] | None  # input names a value depends on; None: unknown (never pruned)
 Atom = tuple[str, Deps]
 
-_FAMILY = {"exp": "exp", "silu": "silu", "gelu": "gelu", "relu": "relu", "sqrt": "sqrt", "rsqrt": "sqrt",
-           "max": "max", "maximum": "max", "loop_max": "max", "running_max": "max"}
-#: which target families cover a partial program's atom of each family
-_COVERED_BY = {"exp": ("exp",), "max": ("max", "exp", "relu"), "sqrt": ("sqrt",), "silu": ("silu",),
-               "gelu": ("gelu",), "relu": ("relu",)}
+
+
+def _covered_by(family: str) -> tuple[str, ...]:
+    """Which target families cover a partial program's atom of ``family`` (the registry's FAMILY_COVERS)."""
+    return FAMILY_COVERS.get(family, (family,))
 
 
 def _union(ds: Sequence[Deps]) -> Deps:
@@ -100,12 +101,11 @@ class _Analysis:
             else:
                 u = _union(a)
                 d = [u] * len(n.outs)
-                if n.op in _FAMILY:
-                    own.add((_FAMILY[n.op], u))
-                elif n.op == "rescaled_sum":  # acc * exp(m_prev - m) + x, m the running max (2nd operand)
-                    own.add(("exp", a[1]))
-                elif n.op == "rms_norm":  # x * rsqrt(mean(x * x) + eps) (* weight)
-                    own.add(("sqrt", a[0]))
+                od = OPS[n.op]
+                if od.family is not None:
+                    # rescaled_sum: acc * exp(m_prev - m) + x (the 2nd operand's family); rms_norm: x * rsqrt(..)
+                    k = od.hooks.get("family_arg")
+                    own.add((od.family, u if k is None else a[k]))
             self.deps.append(d)
             self.atoms.append(frozenset(own))
 
@@ -154,11 +154,11 @@ def _covered(atom: Atom, target: frozenset[Atom], inputs: frozenset[str]) -> boo
         return False
     cover: set[str] = set()
     for tf, td in target:
-        if tf in _COVERED_BY[fam]:
+        if tf in _covered_by(fam):
             if td is None:
                 return True
             cover |= td
-    return any(tf in _COVERED_BY[fam] for tf, _ in target) and d <= cover
+    return any(tf in _covered_by(fam) for tf, _ in target) and d <= cover
 
 
 @lru_cache(maxsize=4096)

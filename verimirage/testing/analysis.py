@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from ..ir.graph import Graph, Node, Ref, node_list, output_refs
+from ..ir.ops import OPS
 
 # --------------------------------------------------------------------------- result types
 
@@ -121,12 +122,17 @@ def reduction_length(g: Graph) -> int:
     nodes = node_list(g)
     k = 1
     for n in nodes:
-        if n.op == "matmul":
-            a = nodes[n.args[0][0]].outs[n.args[0][1]]
-            k = max(k, a.shape[-1])
-        elif n.op in ("sum", "mean", "max", "rms_norm"):
-            x = nodes[n.args[0][0]].outs[n.args[0][1]]
-            k = max(k, x.shape[n.attr("axis")])
+        if n.op == "input":
+            continue
+        in_types = [nodes[a].outs[i] for a, i in n.args]
+        d = OPS[n.op]
+        if d.index is None:
+            continue
+        im = d.index_map(in_types, n.attr_dict, n.outs[0])
+        for grp in im.reduced:  # reduced axes and contractions
+            k = max(k, *(in_types[a].shape[j] for a, j in grp))
+        if d.pad is not None:  # mixes elements along its axis (rms_norm's mean of squares)
+            k = max(k, in_types[0].shape[n.attr("axis")])
     return k
 
 
@@ -240,35 +246,12 @@ _INDEP: _Deg = (False, Fraction(0))
 def _degree(n: Node, args: list[_Deg]) -> _Deg:
     if not any(d for d, _ in args):
         return _INDEP
-    degs = [k for _, k in args]
-    op = n.op
-    if op in ("add", "sub", "maximum", "concat"):
+    rule = OPS[n.op].homog
+    if rule is None:  # not homogeneous, unless every operand that depends on the input is scale-invariant
         dep = [k for d, k in args if d]
-        if len(dep) != len(args) and any(k != 0 for k in dep):
-            return (True, None)  # x + c is not homogeneous unless x has degree 0
-        return (True, dep[0]) if all(k == dep[0] for k in dep) and dep[0] is not None else (True, None)
-    if any(k is None for k in degs):
-        return (True, None)
-    if op in ("mul", "matmul"):
-        return (True, sum((k for k in degs if k is not None), Fraction(0)))
-    if op == "div":
-        return (True, degs[0] - degs[1])  # type: ignore[operator]
-    (k,) = degs[:1]
-    assert k is not None
-    if op in ("neg", "scale", "transpose", "sum", "mean", "max", "relu"):
-        return (True, k)
-    if op == "square":
-        return (True, 2 * k)
-    if op == "sqrt":
-        return (True, k / 2)
-    if op == "rsqrt":
-        return (True, -k / 2)
-    if op == "rms_norm":
-        w = args[1][1] if len(args) == 2 and args[1][0] else Fraction(0)
-        return (True, w)
-    if op in ("exp", "silu", "gelu", "shift"):
-        return (True, Fraction(0)) if k == 0 else (True, None)
-    return (True, None)
+        return (True, Fraction(0)) if all(k == 0 for k in dep) else (True, None)
+    k = rule(args, n.attr_dict)
+    return (True, None if k is None else Fraction(k))
 
 
 def _scaling(g: Graph) -> list[ScalingProperty]:
@@ -312,63 +295,26 @@ def _batch_axis(n: Node, nodes: Sequence[Node], ax: dict[int, int | None]) -> in
     if all(a is None for a in arg_ax):
         return None
     in_types = [nodes[a].outs[k] for a, k in n.args]
-    op = n.op
-    if op in ("exp", "silu", "gelu", "relu", "sqrt", "rsqrt", "square", "neg", "scale", "shift"):
-        return arg_ax[0]
-    if op in ("add", "sub", "mul", "div", "maximum"):
-        rank = n.outs[0].rank
-        pos = {a + rank - t.rank for a, t in zip(arg_ax, in_types, strict=True) if a is not None}
-        if len(pos) != 1:
+    out = n.outs[0]
+    im = OPS[n.op].index_map(in_types, n.attr_dict, out)
+    # the result dim each operand's batch axis walks with (a reduced or unlinked axis has none)
+    pos: set[int] = set()
+    for a, x in enumerate(arg_ax):
+        if x is None:
+            continue
+        dests = [o for i, j, o in im.links if i == a and j == x]
+        if len(dests) != 1:
             raise _NoBatch
-        p = pos.pop()
-        for a, t in zip(arg_ax, in_types, strict=True):
-            q = p - (rank - t.rank)
-            if a is None and q >= 0 and t.shape[q] != 1:
-                raise _NoBatch
-        return p
-    if op in ("sum", "mean", "max"):
-        if arg_ax[0] == n.attr("axis"):
+        pos.add(dests[0])
+    if len(pos) != 1:
+        raise _NoBatch
+    p = pos.pop()
+    if p in im.whole_out:
+        raise _NoBatch
+    for a, x in enumerate(arg_ax):  # operands without the batch axis must not vary along it
+        if x is None and any(i == a and o == p and in_types[a].shape[j] != 1 for i, j, o in im.links):
             raise _NoBatch
-        return arg_ax[0]
-    if op == "rms_norm":
-        if arg_ax[0] is None or arg_ax[0] == n.attr("axis") or (len(arg_ax) == 2 and arg_ax[1] is not None):
-            raise _NoBatch
-        return arg_ax[0]
-    if op == "concat":
-        if len(set(arg_ax)) != 1 or arg_ax[0] == n.attr("axis"):
-            raise _NoBatch
-        return arg_ax[0]
-    if op == "transpose":
-        a, b, x = n.attr("a"), n.attr("b"), arg_ax[0]
-        return b if x == a else a if x == b else x
-    if op == "matmul":
-        (ta, tb), rank = in_types, n.outs[0].rank
-        xa, xb = arg_ax
-        found: list[tuple[str, int]] = []
-        if xa is not None:
-            if xa < ta.rank - 2:
-                found.append(("batch", xa + rank - ta.rank))
-            elif xa == ta.rank - 2:  # rows of a: row i of the result depends on row i of a only
-                found.append(("row", rank - 2))
-            else:
-                raise _NoBatch  # the contraction dim
-        if xb is not None:
-            if xb < tb.rank - 2:
-                found.append(("batch", xb + rank - tb.rank))
-            elif xb == tb.rank - 1:  # columns of b
-                found.append(("col", rank - 1))
-            else:
-                raise _NoBatch
-        if len({p for _, p in found}) != 1:
-            raise _NoBatch
-        kind, p = found[0]
-        if kind == "batch":
-            for x, t in ((xa, ta), (xb, tb)):
-                q = p - (rank - t.rank)
-                if x is None and 0 <= q < t.rank - 2 and t.shape[q] != 1:
-                    raise _NoBatch
-        return p
-    raise _NoBatch
+    return p
 
 
 def _batch(g: Graph) -> BatchDim | None:

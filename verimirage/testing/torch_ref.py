@@ -10,61 +10,75 @@ random graphs checks the registry's reference semantics; with a low-precision
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..ir.errors import GraphError
 from ..ir.graph import Graph, node_list, output_refs
+from ..ir.ops import get_op, implements
 
 
-def _op(torch: Any, op: str, a: list[Any], attrs: dict[str, Any]) -> Any:
-    F = torch.nn.functional
-    if op == "matmul":
-        return torch.matmul(a[0], a[1])
-    if op in ("add", "sub", "mul", "div", "maximum"):
-        return {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "maximum": torch.maximum}[op](
-            a[0], a[1]
-        )
-    if op == "exp":
-        return torch.exp(a[0])
-    if op == "silu":
-        return F.silu(a[0])
-    if op == "gelu":
-        return F.gelu(a[0], approximate="tanh")
-    if op == "relu":
-        return torch.relu(a[0])
-    if op == "sqrt":
-        return torch.sqrt(a[0])
-    if op == "rsqrt":
-        return torch.rsqrt(a[0])
-    if op == "square":
-        return torch.square(a[0])
-    if op == "neg":
-        return torch.neg(a[0])
-    if op == "scale":
-        return a[0] * attrs["c"]
-    if op == "shift":
-        return a[0] + attrs["c"]
-    if op == "sum":
-        return torch.sum(a[0], dim=attrs["axis"], keepdim=True)
-    if op == "mean":
-        return torch.mean(a[0], dim=attrs["axis"], keepdim=True)
-    if op == "max":
-        return torch.amax(a[0], dim=attrs["axis"], keepdim=True)
-    if op == "rms_norm":
-        x = a[0]
-        ax = attrs["axis"]
-        y = x * torch.rsqrt(torch.mean(x * x, dim=ax, keepdim=True) + attrs["eps"])
-        if len(a) == 2:
-            shape = [1] * x.dim()
-            shape[ax] = x.shape[ax]
-            y = y * a[1].reshape(shape)
-        return y
-    if op == "concat":
-        return torch.cat(a, dim=attrs["axis"])
-    if op == "transpose":
-        return torch.transpose(a[0], attrs["a"], attrs["b"])
-    raise GraphError(f"torch_evaluate: op {op!r} is not a kernel-graph op (custom kernels are not supported)")
+def _t() -> Any:
+    import torch
+
+    return torch
+
+
+def _torch_unary(f: Callable[[Any, Any], Any]) -> Callable[..., Any]:
+    def fn(a: list[Any], attrs: dict[str, Any], in_types: Any, out_types: Any) -> Any:
+        return f(_t(), a[0])
+
+    return fn
+
+
+def _torch_binary(name: str) -> Callable[..., Any]:
+    def fn(a: list[Any], attrs: dict[str, Any], in_types: Any, out_types: Any) -> Any:
+        return getattr(_t(), name)(a[0], a[1])
+
+    return fn
+
+
+for _name, _f in [
+    ("exp", lambda t, x: t.exp(x)),
+    ("silu", lambda t, x: t.nn.functional.silu(x)),
+    ("gelu", lambda t, x: t.nn.functional.gelu(x, approximate="tanh")),
+    ("relu", lambda t, x: t.relu(x)),
+    ("sqrt", lambda t, x: t.sqrt(x)),
+    ("rsqrt", lambda t, x: t.rsqrt(x)),
+    ("square", lambda t, x: t.square(x)),
+    ("neg", lambda t, x: t.neg(x)),
+]:
+    implements("torch", _name)(_torch_unary(_f))
+for _name in ("add", "sub", "mul", "div", "maximum"):
+    implements("torch", _name)(_torch_binary(_name))
+implements("torch", "scale")(lambda a, attrs, it, ot: a[0] * attrs["c"])
+implements("torch", "shift")(lambda a, attrs, it, ot: a[0] + attrs["c"])
+implements("torch", "sum")(lambda a, attrs, it, ot: _t().sum(a[0], dim=attrs["axis"], keepdim=True))
+implements("torch", "mean")(lambda a, attrs, it, ot: _t().mean(a[0], dim=attrs["axis"], keepdim=True))
+implements("torch", "max")(lambda a, attrs, it, ot: _t().amax(a[0], dim=attrs["axis"], keepdim=True))
+implements("torch", "matmul")(lambda a, attrs, it, ot: _t().matmul(a[0], a[1]))
+implements("torch", "concat")(lambda a, attrs, it, ot: _t().cat(a, dim=attrs["axis"]))
+implements("torch", "transpose")(lambda a, attrs, it, ot: _t().transpose(a[0], attrs["a"], attrs["b"]))
+
+
+@implements("torch", "rms_norm")
+def _rms_norm(a: list[Any], attrs: dict[str, Any], in_types: Any, out_types: Any) -> Any:
+    torch = _t()
+    x = a[0]
+    ax = attrs["axis"]
+    y = x * torch.rsqrt(torch.mean(x * x, dim=ax, keepdim=True) + attrs["eps"])
+    if len(a) == 2:
+        shape = [1] * x.dim()
+        shape[ax] = x.shape[ax]
+        y = y * a[1].reshape(shape)
+    return y
+
+
+def _op(op: str, a: list[Any], attrs: dict[str, Any], in_types: list[Any], out_type: Any) -> Any:
+    fn = get_op(op).domains.get("torch")
+    if fn is None:
+        raise GraphError(f"torch_evaluate: op {op!r} is not a kernel-graph op (custom kernels are not supported)")
+    return fn(a, attrs, in_types, [out_type])
 
 
 def torch_evaluate(g: Graph, inputs: Mapping[str, Any], *, compute_dtype: Any = None) -> list[Any]:
@@ -84,7 +98,8 @@ def torch_evaluate(g: Graph, inputs: Mapping[str, Any], *, compute_dtype: Any = 
                 raise GraphError(f"torch_evaluate: missing input {name!r}")
             env[i] = torch.as_tensor(inputs[name]).to(cd)
         else:
-            env[i] = _op(torch, n.op, [env[a] for a, _ in n.args], n.attr_dict)
+            in_types = [nodes[a].outs[k] for a, k in n.args]
+            env[i] = _op(n.op, [env[a] for a, _ in n.args], n.attr_dict, in_types, n.outs[0])
     return [env[a] for a, _ in output_refs(g)]
 
 
