@@ -76,6 +76,51 @@ for _name, _tpl in [
     implements("triton", _name)(_binary(_tpl))
 
 
+for _name, _tpl in [
+    ("log", "tl.log({x})"),
+    ("tanh", "(2.0 * tl.sigmoid(2.0 * {x}) - 1.0)"),  # tanh(u) = 2 sigmoid(2u) - 1
+    ("sigmoid", "tl.sigmoid({x})"),
+    ("erf", "tl.erf({x})"),
+    ("softplus", "(tl.maximum({x}, 0.0) + tl.log(1.0 + tl.exp(-tl.abs({x}))))"),
+    ("abs", "tl.abs({x})"),
+    ("reciprocal", "(1.0 / {x})"),
+]:
+    implements("triton", _name)(_unary(_tpl))
+implements("triton", "minimum")(_binary("tl.minimum({a}, {b})"))
+
+
+@implements("triton", "clamp")
+def _clamp(args: Sequence[str], attrs: dict[str, Any], in_types: Any, out_types: Any) -> str:
+    return f"tl.minimum(tl.maximum({args[0]}, {float(attrs['lo'])!r}), {float(attrs['hi'])!r})"
+
+
+@implements("triton", "leaky_relu")
+def _leaky_relu(args: Sequence[str], attrs: dict[str, Any], in_types: Any, out_types: Any) -> str:
+    return f"tl.where({args[0]} >= 0.0, {args[0]}, {args[0]} * {float(attrs['slope'])!r})"
+
+
+@implements("triton", "pow")
+def _pow(args: Sequence[str], attrs: dict[str, Any], in_types: Any, out_types: Any) -> str:
+    """Small integer exponents as products, 0.5 as sqrt, others through exp(c log x) (x > 0)."""
+    x, c = args[0], float(attrs["c"])
+    if c.is_integer() and abs(c) <= 8:
+        k = int(abs(c))
+        if k == 0:
+            return f"tl.where({x} == {x}, 1.0, 1.0)"
+        prod = " * ".join([x] * k)
+        return f"(1.0 / ({prod}))" if c < 0 else f"({prod})"
+    if c == 0.5:
+        return f"tl.sqrt({x})"
+    if c == -0.5:
+        return f"tl.rsqrt({x})"
+    return f"tl.exp({c!r} * tl.log({x}))"
+
+
+@implements("triton", "min")
+def _min(args: Sequence[str], attrs: dict[str, Any], in_types: Any, out_types: Any) -> str:
+    return f"tl.min({args[0]}, axis={attrs['axis']}, keep_dims=True)"
+
+
 @implements("triton", "sum")
 def _sum(args: Sequence[str], attrs: dict[str, Any], in_types: Any, out_types: Any) -> str:
     return f"tl.sum({args[0]}, axis={attrs['axis']}, keep_dims=True)"

@@ -321,6 +321,54 @@ class _Builder:
         """Swap axes ``a`` and ``b``."""
         return self._emit("transpose", [x], {"a": a, "b": b})
 
+    def minimum(self, a: Tensor, b: Tensor) -> Tensor:
+        """Elementwise ``min(a, b)`` with numpy broadcasting."""
+        return self._emit("minimum", [a, b])
+
+    def log(self, x: Tensor) -> Tensor:
+        """Natural logarithm (defined for ``x > 0``)."""
+        return self._emit("log", [x])
+
+    def tanh(self, x: Tensor) -> Tensor:
+        """Hyperbolic tangent."""
+        return self._emit("tanh", [x])
+
+    def sigmoid(self, x: Tensor) -> Tensor:
+        """``1 / (1 + e**-x)``."""
+        return self._emit("sigmoid", [x])
+
+    def erf(self, x: Tensor) -> Tensor:
+        """The error function (exact GELU: ``0.5 * x * (1 + erf(x / sqrt(2)))``)."""
+        return self._emit("erf", [x])
+
+    def softplus(self, x: Tensor) -> Tensor:
+        """``log(1 + e**x)``."""
+        return self._emit("softplus", [x])
+
+    def abs(self, x: Tensor) -> Tensor:
+        """``|x|``."""
+        return self._emit("abs", [x])
+
+    def reciprocal(self, x: Tensor) -> Tensor:
+        """``1 / x``."""
+        return self._emit("reciprocal", [x])
+
+    def pow(self, x: Tensor, c: float) -> Tensor:
+        """``x ** c`` for a Python constant ``c``."""
+        return self._emit("pow", [x], {"c": c})
+
+    def clamp(self, x: Tensor, lo: float, hi: float) -> Tensor:
+        """``min(max(x, lo), hi)`` (hardtanh: ``clamp(x, -1, 1)``, relu6: ``clamp(x, 0, 6)``)."""
+        return self._emit("clamp", [x], {"lo": lo, "hi": hi})
+
+    def leaky_relu(self, x: Tensor, slope: float = 0.01) -> Tensor:
+        """``x`` where ``x >= 0``, else ``slope * x``."""
+        return self._emit("leaky_relu", [x], {"slope": slope})
+
+    def min(self, x: Tensor, axis: int) -> Tensor:
+        """Min along ``axis``, keeping it with size 1."""
+        return self._emit("min", [x], {"axis": axis})
+
 
 def _check_shape(what: str, shape: Any) -> tuple[int, ...]:
     if not isinstance(shape, (tuple, list)) or not all(

@@ -79,6 +79,7 @@ class Prop(enum.Flag):
     EXPONENTIAL = enum.auto()  # f(a + b) = f(a) * f(b): a shift of the argument becomes a scaling
     DIFFERENCE = enum.auto()  # a - b: subtracting a (running) max makes a max-shifted value
     CONCAT = enum.auto()  # joins its operands along ``axis`` (block matrices; loaded piecewise by codegen)
+    NORMALISES = enum.auto()  # divides by a data-dependent size (the result may not scale with the input)
 
 
 class Level(enum.Flag):
@@ -676,7 +677,7 @@ _BINARY_REFS: list[tuple[str, Any, Prop, str, DegreeRule, HomogRule, str | None,
     ("add", np.add, Prop.COMMUTATIVE | Prop.ASSOCIATIVE | Prop.LINEAR, "a + b", _deg_max, _h_add, None, ()),
     ("sub", np.subtract, Prop.LINEAR | Prop.DIFFERENCE, "a - b", _deg_max, _h_add, None, ()),
     ("mul", np.multiply, Prop.COMMUTATIVE | Prop.ASSOCIATIVE, "a * b", _deg_sum, _h_mul, None, (0, 1)),
-    ("div", np.divide, Prop.NONE, "a / b", _deg_sum, _h_div, None, (0,)),
+    ("div", np.divide, Prop.NORMALISES, "a / b", _deg_sum, _h_div, None, (0,)),
     ("maximum", np.maximum, Prop.COMMUTATIVE | Prop.ASSOCIATIVE, "elementwise max(a, b)", _deg_max, _h_add, "max",
      ()),
 ]
@@ -740,7 +741,7 @@ _def(
 _def(
     "rms_norm",
     None,
-    Prop.NONE,
+    Prop.NORMALISES,
     _rms_rule,
     _ref_rms,
     "x / sqrt(mean(x**2, axis) + eps) [* weight]",
@@ -760,6 +761,79 @@ _def("concat", None, Prop.CONCAT, _concat_rule, _ref_concat, "concatenate along 
 _def("transpose", 1, Prop.NONE, _transpose_rule, _ref_transpose, "swap axes a and b", ("a", "b"), _KB,
      attr_kinds={"a": "axis", "b": "axis"}, index=_index_transpose, degree=_deg_max, homog=_h_first,
      egg_shape="custom")
+
+# ---- ops real models use (issue 21): transcendental unaries are opaque in the finite field
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    """1 / (1 + e**-x), without overflow warnings."""
+    return 0.5 * (1.0 + np.tanh(0.5 * x))
+
+
+_ERF = np.frompyfunc(math.erf, 1, 1)
+
+
+def erf(x: np.ndarray) -> np.ndarray:
+    """The error function, elementwise (float64)."""
+    return np.asarray(_ERF(np.asarray(x, dtype=np.float64)), dtype=np.float64)
+
+
+def softplus(x: np.ndarray) -> np.ndarray:
+    """log(1 + e**x), stable for large |x| (torch's threshold of 20 changes it by < 1e-8)."""
+    return np.logaddexp(0.0, x)
+
+
+def _finite_attr(op: str, key: str, v: Any) -> float:
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+        raise GraphError(f"{op}: {key} must be a finite Python number, got {v!r}")
+    return float(v)
+
+
+def _attr_rule(op: str, *keys: str) -> ShapeRule:
+    def rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
+        vals = [_finite_attr(op, k, attrs.get(k)) for k in keys]
+        if op == "clamp" and vals[0] > vals[1]:
+            raise GraphError(f"clamp: lo={vals[0]} > hi={vals[1]}; expected lo <= hi")
+        return ts[0]
+
+    return rule
+
+
+def _deg_pow(a: list[int], attrs: dict[str, Any]) -> Degree:
+    c = attrs["c"]
+    if float(c).is_integer() and abs(c) <= POW_EXACT_MAX:
+        return Degree(max(1, int(abs(c))) * a[0])
+    return _deg_opaque(a, attrs)
+
+
+#: integer exponents up to this size are exact powers in the finite field (larger: opaque)
+POW_EXACT_MAX = 8
+
+_TRANSCENDENTAL: list[tuple[str, Callable[[np.ndarray], np.ndarray], str, str, HomogRule | None]] = [
+    ("log", np.log, "natural logarithm (partial: x > 0)", "log", None),
+    ("tanh", np.tanh, "hyperbolic tangent", "tanh", None),
+    ("sigmoid", sigmoid, "1 / (1 + e**-x)", "sigmoid", None),
+    ("erf", erf, "the error function (exact GELU is 0.5 x (1 + erf(x / sqrt 2)))", "erf", None),
+    ("softplus", softplus, "log(1 + e**x)", "softplus", None),
+    ("abs", np.abs, "|x|", "abs", _h_first),
+]
+for _name, _f, _doc, _fam, _hgo in _TRANSCENDENTAL:
+    _unary(_name, _f, _doc, family=_fam, degree=_deg_opaque, homog=_hgo)
+_unary("reciprocal", lambda x: 1.0 / x, "1 / x", degree=_deg_max, homog=_h_times(Fraction(-1)))
+define_op("pow", 1, _U, _attr_rule("pow", "c"), lambda args, attrs, it, ot: np.power(args[0], float(attrs["c"])),
+          "x ** c for a Python constant c", attrs=("c",), attr_kinds=_FLOAT_C, degree=_deg_pow,
+          homog=lambda args, attrs: None if args[0][1] is None else Fraction(attrs["c"]) * args[0][1])
+define_op("clamp", 1, _U, _attr_rule("clamp", "lo", "hi"),
+          lambda args, attrs, it, ot: np.clip(args[0], float(attrs["lo"]), float(attrs["hi"])),
+          "min(max(x, lo), hi) (hardtanh: lo=-1, hi=1; relu6: lo=0, hi=6)", attrs=("hi", "lo"),
+          attr_kinds={"lo": "float", "hi": "float"}, family="clamp", degree=_deg_opaque)
+define_op("leaky_relu", 1, _U, _attr_rule("leaky_relu", "slope"),
+          lambda args, attrs, it, ot: np.where(args[0] >= 0, args[0], args[0] * float(attrs["slope"])),
+          "x if x >= 0 else slope * x", attrs=("slope",), attr_kinds={"slope": "float"}, family="leaky_relu",
+          degree=_deg_opaque, homog=_h_first)
+define_op("minimum", 2, _B | Prop.COMMUTATIVE | Prop.ASSOCIATIVE, _binary_rule("minimum"), _ref_binary(np.minimum),
+          "elementwise min(a, b)", degree=_deg_max, homog=_h_add, family="max")
+_reduction("min", np.min, "min along axis", Reduce("minimum", None, math.inf), family="max")
 
 # Loop constructs of block graphs. Their meaning is the evaluator's (ir.interpret), written once
 # in terms of registry ops (add, maximum, sub, exp, mul), so every domain gets them for free.
@@ -814,7 +888,11 @@ FAMILY_EXP = "exp"
 #: which families of a target program may account for an atom of each family in a partial program
 #: (:mod:`verimirage.smt.prune`); a family not listed is accounted for by itself only
 FAMILY_COVERS: dict[str, tuple[str, ...]] = {
-    "max": ("max", "exp", "relu"),
+    "max": ("max", "exp", "relu", "clamp", "leaky_relu", "abs"),
+    "sigmoid": ("sigmoid", "silu", "tanh", "gelu", "exp"),
+    "tanh": ("tanh", "sigmoid", "silu", "gelu", "exp"),
+    "softplus": ("softplus", "log", "exp"),
+    "log": ("log", "softplus"),
 }
 
 STRUCTURAL_OPS = frozenset(n for n, o in OPS.items() if o.has(Prop.STRUCTURAL))

@@ -109,12 +109,12 @@ class _PatBuilder:
     def __getattr__(self, op: str) -> Any:
         if op.startswith("_"):
             raise AttributeError(op)
-        from ..ir.ops import get_op
+        from ..ir.ops import Prop, get_op
 
         get_op(op)  # GraphError for unknown ops
 
         def build(*args: Any, **attrs: AttrVal) -> Pat:
-            if op == "concat":
+            if get_op(op).has(Prop.CONCAT):  # pat.concat([a, b], axis=...) takes a list, like the Graph API
                 (xs,) = args
                 args = tuple(xs)
             for a in args:

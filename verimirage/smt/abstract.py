@@ -25,7 +25,7 @@ import numpy as np
 from ..ir.errors import GraphError
 from ..ir.graph import Graph
 from ..ir.interpret import run
-from ..ir.ops import OPS, TensorType, implements, neg_axis
+from ..ir.ops import OPS, POW_EXACT_MAX, TensorType, implements, neg_axis
 from . import expr as E
 from .consts import const_fraction
 
@@ -230,8 +230,44 @@ implements("abstract", "neg")(_ew1(lambda x: E.p_scale(x, -1)))
 implements("abstract", "square")(_ew1(lambda x: E.p_mul(x, x)))
 implements("abstract", "sqrt")(_ew1(E.p_sqrt))
 implements("abstract", "rsqrt")(_ew1(lambda x: _law("rsqrt-def", E.p_atom(("sqrt", x), -1))))
-for _n in ("silu", "gelu", "relu"):
-    implements("abstract", _n)(_ew1(lambda x, _n=_n: E.p_fn(_n, x)))  # type: ignore[misc]
+
+
+def uninterpreted(op: str) -> Callable[..., Sym]:
+    """The ``"abstract"`` meaning of a unary op as an uninterpreted function (keyed by the op and its
+    attributes): equal arguments give equal results, nothing else is assumed."""
+
+    def fn(args: list[Sym], attrs: dict[str, Any], in_types: Any, out_types: Any) -> Sym:
+        key = op if not attrs else f"{op}({', '.join(f'{k}={attrs[k]!r}' for k in sorted(attrs))})"
+        return _ew1(lambda x: E.p_fn(key, x))(args, attrs, in_types, out_types)
+
+    return fn
+
+
+for _n in ("silu", "gelu", "relu", "log", "tanh", "sigmoid", "erf", "softplus", "abs", "clamp", "leaky_relu"):
+    implements("abstract", _n)(uninterpreted(_n))
+implements("abstract", "reciprocal")(_ew1(lambda x: E.p_div(E.p_const(1), x)))
+implements("abstract", "minimum")(_ew2(lambda x, y: E.p_scale(E.p_maximum(E.p_scale(x, -1), E.p_scale(y, -1)), -1)))
+
+
+@implements("abstract", "pow")
+def _abs_pow(args: list[Sym], attrs: dict[str, Any], in_types: Any, out_types: Any) -> Sym:
+    """Integer exponents (up to POW_EXACT_MAX): products; x**±0.5: sqrt and its inverse; else uninterpreted."""
+    c = float(attrs["c"])
+    if c.is_integer() and abs(c) <= POW_EXACT_MAX:
+        k = int(abs(c))
+
+        def power(x: E.Poly) -> E.Poly:
+            y = E.p_const(1)
+            for _ in range(k):
+                y = E.p_mul(y, x)
+            return E.p_div(E.p_const(1), y) if c < 0 else y
+
+        return _ew1(power)(args, attrs, in_types, out_types)
+    if c == 0.5:
+        return _ew1(E.p_sqrt)(args, attrs, in_types, out_types)
+    if c == -0.5:
+        return _ew1(lambda x: _law("rsqrt-def", E.p_atom(("sqrt", x), -1)))(args, attrs, in_types, out_types)
+    return uninterpreted("pow")(args, attrs, in_types, out_types)
 
 
 @implements("abstract", "scale")
@@ -267,6 +303,14 @@ def _reduce(kind: str) -> Callable[..., Sym]:
 
 for _k in ("sum", "mean", "max"):
     implements("abstract", _k)(_reduce(_k))
+
+
+@implements("abstract", "min")
+def _abs_min(args: list[Sym], attrs: dict[str, Any], in_types: Any, out_types: Any) -> Sym:
+    """min_k x = -max_k(-x)."""
+    neg = _ew1(lambda x: E.p_scale(x, -1))
+    return neg([_reduce("max")([neg(args, attrs, in_types, out_types)], attrs, in_types, out_types)], attrs,
+               in_types, out_types)
 
 
 @implements("abstract", "matmul")

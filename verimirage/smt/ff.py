@@ -88,6 +88,7 @@ import logging
 import math
 import os
 import time
+import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -99,7 +100,7 @@ import numpy as np
 from ..ir.errors import GraphError
 from ..ir.graph import Graph, node_list, output_refs
 from ..ir.interpret import run
-from ..ir.ops import FAMILY_EXP, OPS, Prop, TensorType, implements, neg_axis
+from ..ir.ops import FAMILY_EXP, OPS, POW_EXACT_MAX, Prop, TensorType, implements, neg_axis
 from . import ffgpu, ffshare
 from .consts import const_fraction
 
@@ -730,10 +731,38 @@ def _ff_exp(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any
 _SALT = {"silu": 1, "gelu": 2, "relu": 3, "sqrt": 4}
 
 
+def _salt(name: str) -> int:
+    """The oracle salt of function ``name``: fixed for the first four, else a stable hash of the name
+    (which includes the op's attributes, so ``leaky_relu(0.1)`` and ``leaky_relu(0.2)`` differ)."""
+    if name in _SALT:
+        return _SALT[name]
+    return 16 + zlib.crc32(name.encode())
+
+
+def opaque_key(op: str, attrs: dict[str, Any]) -> str:
+    """The name of the random function standing for ``op`` with ``attrs`` (shared by both programs)."""
+    if not attrs:
+        return op
+    return f"{op}({', '.join(f'{k}={attrs[k]!r}' for k in sorted(attrs))})"
+
+
+def opaque(op: str) -> Callable[..., FV]:
+    """The ``"ff"`` meaning of a unary op with no exact algebraic image (tanh, erf, log, ...): a fixed
+    random function of its argument, drawn per trial (keyed by the field's key) and shared by both
+    programs, so agreement holds for *every* function in its place. :func:`degree_bound` counts each
+    application as opaque (a fresh variable) through the op's registry degree rule."""
+
+    def fn(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
+        return _oracle(opaque_key(op, attrs), args[0])
+
+    return fn
+
+
 def _oracle(name: str, x: FV, inverse: bool = False) -> FV:
     """A per-trial random function of ``x``'s p-residue giving both parts (``inverse``: their inverses)."""
     f = current_field()
-    z = Part(lambda v, k=f.key, s=_SALT[name]: _mix(v, k, s), (as_kind(x.p, "i"),), kind="u")  # raw bits
+    salt = _salt(name)
+    z = Part(lambda v, k=f.key, s=salt: _mix(v, k, s), (as_kind(x.p, "i"),), kind="u")  # raw bits
 
     def part(shift: int, m: int) -> Callable[[np.ndarray], np.ndarray]:
         def fn(zz: np.ndarray) -> np.ndarray:
@@ -752,6 +781,73 @@ for _u in ("silu", "gelu", "relu", "sqrt"):
 @implements("ff", "rsqrt")
 def _ff_rsqrt(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
     return _oracle("sqrt", args[0], inverse=True)
+
+
+for _u in ("log", "tanh", "sigmoid", "erf", "softplus", "abs", "clamp", "leaky_relu"):
+    implements("ff", _u)(opaque(_u))
+
+
+def _ones_like(x: FV) -> FV:
+    return _affine(_affine(x, Fraction(0), "mul"), Fraction(1), "add")
+
+
+def _reciprocal(x: FV) -> FV:
+    return _ring("div", _ones_like(x), x)
+
+
+@implements("ff", "reciprocal")
+def _ff_reciprocal(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
+    return _reciprocal(args[0])
+
+
+@implements("ff", "pow")
+def _ff_pow(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
+    """Integer exponents up to POW_EXACT_MAX: exact products (negative: of the inverse); x**0.5 and
+    x**-0.5 are sqrt and rsqrt's random function; other exponents: a random function keyed by ``c``."""
+    x = args[0]
+    c = float(attrs["c"])
+    if c.is_integer() and abs(c) <= POW_EXACT_MAX:
+        k = int(abs(c))
+        if k == 0:
+            return _ones_like(x)
+        y = x
+        for _ in range(k - 1):
+            y = _ring("mul", y, x)
+        return _reciprocal(y) if c < 0 else y
+    if c in (0.5, -0.5):
+        return _oracle("sqrt", x, inverse=c < 0)
+    return _oracle(opaque_key("pow", attrs), x)
+
+
+@implements("ff", "minimum")
+def _ff_minimum(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
+    """The smaller operand in the order ``maximum`` uses: ``a + b - maximum(a, b)`` (exactly the operand
+    ``maximum`` did not pick, in both parts)."""
+    a, b = args
+    return _ring("sub", _ring("add", a, b), _ff_maximum(args, attrs, in_types, out_types))
+
+
+@implements("ff", "min")
+def _ff_min(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
+    """The min along the axis in the order of ``max`` (p-residue, then q-part; a meaningless q-part the
+    smallest), so a tiled min equals the flat one and ``minimum`` of partial mins."""
+    x = args[0]
+    ax = neg_axis(attrs["axis"], in_types[0].rank)
+    shape = list(x.shape)
+    shape[ax] = 1
+    p = _lazy(lambda v: v.min(axis=ax, keepdims=True), x.p)
+    if x.q is None:
+        return FV(shape, p, None)
+    return FV(shape, p, _lazy(lambda vp, vq: _min_q(vp, vq, ax), x.p, x.q), x.qmarks)
+
+
+def _min_q(vp: np.ndarray, vq: np.ndarray, ax: int) -> np.ndarray:
+    """The q-part of the min along ``ax``: the smallest q-part among the elements of smallest p-residue."""
+    vp, vq = np.broadcast_arrays(vp, vq)
+    ax %= vp.ndim
+    low = vp.min(axis=ax, keepdims=True)
+    big = np.iinfo(np.int64).max
+    return np.where(vp == low, vq, big).min(axis=ax, keepdims=True)
 
 
 def _sum_mod(v: np.ndarray, ax: int, m: int) -> np.ndarray:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from ..ir.graph import Graph, Node, Ref, node_list, output_refs
-from ..ir.ops import OPS
+from ..ir.ops import OPS, Prop
 
 # --------------------------------------------------------------------------- result types
 
@@ -258,8 +258,8 @@ def _scaling(g: Graph) -> list[ScalingProperty]:
     nodes = node_list(g)
     names = _input_names(nodes)
     outs = output_refs(g)
-    norm_nodes = [i for i, n in enumerate(nodes) if n.op in ("rms_norm", "div")]
-    has_eps = [i for i, n in enumerate(nodes) if n.op == "rms_norm" and n.attr("eps") > 0]
+    norm_nodes = [i for i, n in enumerate(nodes) if OPS[n.op].has(Prop.NORMALISES)]
+    has_eps = [i for i in norm_nodes if (nodes[i].attr("eps") or 0) > 0]
     props = []
     for ii, name in names.items():
         deg: list[_Deg] = []
@@ -354,7 +354,7 @@ def analyze(g: Graph) -> GraphFacts:
     sites = _softmax_sites(g)
     norm_inputs: dict[str, int] = {}
     for n in nodes:
-        if n.op == "rms_norm":
+        if OPS[n.op].has(Prop.NORMALISES) and "axis" in OPS[n.op].attrs:  # normalises along an axis
             for j in _ancestors(nodes, n.args[0][0]):
                 if j in names and nodes[j].outs[0].rank == n.outs[0].rank:
                     norm_inputs.setdefault(names[j], n.attr("axis"))
@@ -365,7 +365,7 @@ def analyze(g: Graph) -> GraphFacts:
         batch=_batch(g),
         reduction_length=reduction_length(g),
         depth=depth(g),
-        has_matmul=any(n.op == "matmul" for n in nodes),
+        has_matmul=any(OPS[n.op].has(Prop.CONTRACTION) for n in nodes),
         norm_inputs=norm_inputs,
         large_inputs=tuple(large),
     )

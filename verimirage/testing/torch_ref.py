@@ -49,7 +49,21 @@ for _name, _f in [
     ("neg", lambda t, x: t.neg(x)),
 ]:
     implements("torch", _name)(_torch_unary(_f))
-for _name in ("add", "sub", "mul", "div", "maximum"):
+for _name, _f in [
+    ("log", lambda t, x: t.log(x)),
+    ("tanh", lambda t, x: t.tanh(x)),
+    ("sigmoid", lambda t, x: t.sigmoid(x)),
+    ("erf", lambda t, x: t.erf(x)),
+    ("softplus", lambda t, x: t.nn.functional.softplus(x)),
+    ("abs", lambda t, x: t.abs(x)),
+    ("reciprocal", lambda t, x: t.reciprocal(x)),
+]:
+    implements("torch", _name)(_torch_unary(_f))
+implements("torch", "pow")(lambda a, attrs, it, ot: _t().pow(a[0], attrs["c"]))
+implements("torch", "clamp")(lambda a, attrs, it, ot: _t().clamp(a[0], attrs["lo"], attrs["hi"]))
+implements("torch", "leaky_relu")(lambda a, attrs, it, ot: _t().nn.functional.leaky_relu(a[0], attrs["slope"]))
+implements("torch", "min")(lambda a, attrs, it, ot: _t().amin(a[0], dim=attrs["axis"], keepdim=True))
+for _name in ("add", "sub", "mul", "div", "maximum", "minimum"):
     implements("torch", _name)(_torch_binary(_name))
 implements("torch", "scale")(lambda a, attrs, it, ot: a[0] * attrs["c"])
 implements("torch", "shift")(lambda a, attrs, it, ot: a[0] + attrs["c"])
