@@ -51,6 +51,7 @@ def _programs() -> list[tuple[str, object]]:
     return progs
 
 
+@pytest.mark.slow  # the sm_90 compiles take minutes with a cold Triton cache (a fresh clone, CI)
 def test_every_kernel_compiles_for_sm90(tmp_path: Path) -> None:
     paths: dict[str, tuple[Path, object]] = {}
     for label, prog in _programs():
@@ -74,6 +75,7 @@ def test_every_kernel_compiles_for_sm90(tmp_path: Path) -> None:
     assert n_dot >= 20
 
 
+@pytest.mark.slow  # the sm_90 compiles take minutes with a cold Triton cache (a fresh clone, CI)
 def test_small_dot_padding_falls_back_to_mma(tmp_path: Path) -> None:
     # with 16-row dot padding the compiler cannot use wgmma (64 rows per warp group) and emits mma.sync:
     # the reason the default pads dot rows to 64
@@ -107,6 +109,7 @@ def _case(path: Path) -> vm.MuGraph:
     return vm.MuGraph.parse(text)
 
 
+@pytest.mark.slow  # the sm_90 compiles take minutes with a cold Triton cache (a fresh clone, CI)
 def test_full_size_attention_kernels_compile_specialised_and_pipeline(tmp_path: Path) -> None:
     # Kernels the search produced at full size, compiled as the GPU's JIT specialises them (contiguous,
     # 16-aligned: the pipeliner then makes asynchronous copies). *_layout_crash: a load squeezed to rank 2
