@@ -45,8 +45,14 @@ class Verdict:
 
     @property
     def false_accept_bound(self) -> float | None:
-        """The stated bound on accepting a wrong pair (finite-field check), if one ran."""
+        """The probability bound on accepting a wrong pair that the finite-field check states, if it ran
+        and states one (None where its record says it states none: programs with max / oracle ops, or
+        element-wise applications too many for the field; its ``false_accept_bound`` parameter is then
+        the per-node model's figure only)."""
         for c in self.evidence:
+            if any(k == "stated_bound" for k, _ in c.params):
+                b = c.param("stated_bound")
+                return None if b is None else float(b)
             b = c.param("false_accept_bound")
             if b is not None:
                 return float(b)

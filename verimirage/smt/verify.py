@@ -6,9 +6,14 @@
    :mod:`verimirage.smt.z3enc`): both programs' outputs normalised by laws that
    are each tested, the remaining equality decided by Z3 per output and index box.
 
-``Proved`` needs both; a finite-field mismatch is ``Refuted`` (with the
-counterexample inputs and, when they differ, float64 outputs); anything else
-is ``Unknown`` with the reason.
+``Proved`` needs both, the same input and output dtypes (a cast is an explicit
+op), and a finite-field bound no larger than
+:data:`~verimirage.smt.ff.MAX_ACCEPTABLE_BOUND`. A finite-field mismatch is
+``Refuted`` only with float inputs on which the programs differ in float64
+(:func:`float_witness`; replayable with ``vm.evaluate``), else ``Unknown``;
+anything else is ``Unknown`` with the reason. The finite-field record states a
+probability only where it is one (``stated_bound``; see
+:func:`verimirage.smt.ff.stated_bound`).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from ..ir.graph import Graph
 from ..ir.interpret import evaluate
 from . import abstract as A
 from . import expr as E
-from .ff import FFReference, FFResult, collect_here, ff_test
+from .ff import MAX_ACCEPTABLE_BOUND, FFReference, FFResult, collect_here, ff_test
 from .verdict import Check, Proved, Refuted, Unknown, Verdict
 from .z3enc import Query, equivalence_query
 
@@ -121,17 +126,62 @@ def abstract_check(a: Graph, b: Graph, *, timeout_s: float = 10.0,
                           tuple(tuple(c.ranges for c in cs) for cs in cases), time.perf_counter() - t0)
 
 
-def _float_counterexample(a: Graph, b: Graph, seed: int) -> dict[str, Any]:
-    rng = np.random.default_rng(seed)
-    ins = {str(t.name): rng.standard_normal(t.shape) for t in a.inputs}
-    oa, ob = evaluate(a, ins), evaluate(b, ins)
+#: float64 outputs differ beyond this (relative to the output's magnitude) for a float witness
+WITNESS_RTOL = 1e-6
+
+
+def _float_inputs(a: Graph, seed: int) -> list[tuple[str, dict[str, np.ndarray]]]:
+    """Candidate float inputs for a witness: random normal, positive, wide and integer-valued sets."""
+    rng = np.random.default_rng([seed, 0xF10A7])
+    shapes = [(str(t.name), tuple(t.shape)) for t in a.inputs]
+    sets: list[tuple[str, dict[str, np.ndarray]]] = []
+    for kind in ("normal", "normal", "positive", "wide", "small-int", "normal-x10"):
+        ins = {}
+        for n, s in shapes:
+            if kind == "normal":
+                ins[n] = rng.standard_normal(s)
+            elif kind == "positive":
+                ins[n] = rng.uniform(0.25, 4.0, s)
+            elif kind == "wide":
+                ins[n] = rng.uniform(-3.0, 3.0, s)
+            elif kind == "small-int":
+                ins[n] = rng.integers(-3, 4, s).astype(np.float64)
+            else:
+                ins[n] = 10.0 * rng.standard_normal(s)
+        sets.append((kind, ins))
+    return sets
+
+
+def _differences(oa: Sequence[np.ndarray], ob: Sequence[np.ndarray]) -> list[dict[str, Any]]:
+    """Per differing output, the element where float64 outputs ``oa`` and ``ob`` differ most beyond
+    :data:`WITNESS_RTOL` (relative to the larger output's magnitude), or where exactly one is finite."""
     diffs = []
     for k, (x, y) in enumerate(zip(oa, ob, strict=True)):
-        if not np.allclose(x, y, rtol=1e-6, atol=1e-9, equal_nan=True):
-            i = int(np.argmax(np.abs(np.nan_to_num(x - y))))
+        fx, fy = np.isfinite(x), np.isfinite(y)
+        both = fx & fy
+        scale = max(float(np.max(np.abs(x[both]), initial=0.0)), float(np.max(np.abs(y[both]), initial=0.0)), 1e-300)
+        gap = np.where(both, np.abs(x - y), 0.0)
+        bad = (both & (gap > WITNESS_RTOL * scale + 1e-12)) | (fx != fy)
+        if bad.any():
+            i = int(np.argmax(np.where(bad, np.where(both, gap, np.inf), -1.0)))
             idx = tuple(int(v) for v in np.unravel_index(i, x.shape))
             diffs.append({"output": k, "index": idx, "a": float(x[idx]), "b": float(y[idx])})
-    return {"float_inputs": ins, "float_differences": diffs}
+    return diffs
+
+
+def float_witness(a: Graph, b: Graph, seed: int = 0, *, budget_s: float = 5.0) -> dict[str, Any] | None:
+    """Float inputs on which ``a`` and ``b`` differ in float64 beyond tolerance, found by a small search
+    (random normal, positive, wide, integer-valued and scaled sets); None if none is found. The result
+    (``float_inputs``, ``float_differences``, ``float_kind``) is replayable: ``vm.evaluate`` both
+    programs on ``float_inputs`` and compare."""
+    t0 = time.perf_counter()
+    for kind, ins in _float_inputs(a, seed):
+        if time.perf_counter() - t0 > budget_s:
+            break
+        diffs = _differences(evaluate(a, ins), evaluate(b, ins))
+        if diffs:
+            return {"float_inputs": ins, "float_differences": diffs, "float_kind": kind}
+    return None
 
 
 #: how the finite-field test compares outputs when it projects them (:func:`verimirage.smt.ff.observe`)
@@ -140,10 +190,27 @@ PROJECTION = "sum(O*U*r) mod p, U over O.shape[:-1], r over the last axis"
 
 def _ff_check(r: FFResult) -> Check:
     outcome = {"equal": "proved", "differ": "refuted"}.get(r.outcome, "unknown")
+    # ``false_accept_bound`` is the per-node model's figure (what the trial count and the certificate record
+    # use); ``stated_bound`` is the probability the test states (None: none, ``bound_note`` says why)
     params = (("p", r.p), ("q", r.q), ("g", r.g), ("seeds", r.seeds), ("trials", r.trials),
               ("per_trial_bound", r.per_trial_bound), ("false_accept_bound", r.bound if outcome == "proved" else 1.0),
+              ("stated_bound", r.stated_bound if outcome == "proved" else None), ("bound_note", r.bound_note),
               ("projection", PROJECTION if r.projected else "none"), ("products_on", r.device))
     return Check("finite-field", outcome, params, r.seconds, r.reason)
+
+
+def _dtype_mismatch(a: Graph, b: Graph) -> str | None:
+    """Why the two programs' input or output dtypes differ (None: they match)."""
+    da = {str(t.name): t.dtype for t in a.inputs}
+    for t in b.inputs:
+        if da.get(str(t.name)) != t.dtype:
+            return (f"input {t.name!r} is {da.get(str(t.name))!r} in the first program and {t.dtype!r} in the "
+                    "second; the programs must take the same dtypes (a cast is an explicit op)")
+    for k, (x, y) in enumerate(zip(a.outputs, b.outputs, strict=True)):
+        if x.dtype != y.dtype:
+            return (f"output {k} is {x.dtype!r} in the first program and {y.dtype!r} in the second; the programs "
+                    "must return the same dtypes (a cast is an explicit op)")
+    return None
 
 
 def _abs_check(r: AbstractResult) -> Check:
@@ -218,6 +285,9 @@ def verify(a: Graph, b: Graph, *, trials: int | None = None, seed: int = 0, time
 
 def _verify(a: Graph, b: Graph, ref: FFReference, *, trials: int | None, seed: int, timeout_s: float) -> Verdict:
     check_compatible(a, b)
+    why = _dtype_mismatch(a, b)
+    if why is not None:
+        return Unknown(f"dtypes differ: {why}", (Check("dtypes", "unknown", (), 0.0, why),))
     # the abstract check (Python and Z3, one thread) runs beside the finite-field trials (numpy, which
     # releases the GIL); it is always joined before returning, so Z3 is never used by two checks at once
     with collect_here(), concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="vm-z3") as pool:
@@ -233,21 +303,52 @@ def _verify(a: Graph, b: Graph, ref: FFReference, *, trials: int | None, seed: i
         absr = abs_future.result()
     ffc = _ff_check(ffr)
     if ffr.outcome == "differ":
-        cex: dict[str, Any] = {"ff_inputs": ffr.inputs, "ff_field": {"p": ffr.p[-1], "q": ffr.q[-1], "g": ffr.g[-1],
-                               "seed": ffr.seeds[-1]}, "output": ffr.output, "index": ffr.index}
-        try:
-            cex.update(_float_counterexample(a, b, seed))
-        except Exception as e:  # the float evaluation is informative only
-            cex["float_error"] = str(e)
-        return Refuted(f"finite-field test: {ffr.reason}", (ffc,), cex)
+        return _refuted_or_unknown(a, b, ffr, ffc, seed)
     abc = _abs_check(absr)
     ev = (ffc, abc)
     if ffr.outcome == "equal" and absr.outcome == "proved":
+        if ffr.bound > MAX_ACCEPTABLE_BOUND:
+            return Unknown(f"finite-field: {ffr.trials} trial(s) give bound {ffr.bound:.3g}, above the acceptable "
+                           f"{MAX_ACCEPTABLE_BOUND:.3g}: run more trials (trials=None chooses enough)", ev)
         _remember_proved(a, b, absr)
-        return Proved(f"finite-field ({ffr.trials} trials, bound {ffr.bound:.2g}) and abstract-z3 "
+        stated = (f"false-accept bound {ffr.stated_bound:.2g}" if ffr.stated_bound is not None
+                  else f"per-node model bound {ffr.bound:.2g}, no probability stated")
+        return Proved(f"finite-field ({ffr.trials} trials, {stated}) and abstract-z3 "
                       f"({len(absr.queries)} queries) both prove equivalence", ev)
     reasons = [f"{c.name}: {c.detail}" for c in ev if c.outcome != "proved"]
+    if any(q.result == "sat" for q in absr.queries):
+        # z3 found the normal forms different (the field test may be blind to it, e.g. ``max(x, 1)`` is
+        # ``x`` on residues): a float witness makes it a refutation
+        try:
+            w = float_witness(a, b, seed)
+        except Exception:  # (an evaluation error leaves it Unknown)
+            w = None
+        if w is not None:
+            d = w["float_differences"][0]
+            return Refuted(f"{'; '.join(reasons)}; float64 witness ({w['float_kind']} inputs): output {d['output']} "
+                           f"at {d['index']} is {d['a']:.6g} vs {d['b']:.6g}", ev, dict(w))
     return Unknown("; ".join(reasons), ev)
+
+
+def _refuted_or_unknown(a: Graph, b: Graph, ffr: FFResult, ffc: Check, seed: int) -> Verdict:
+    """A finite-field mismatch: ``Refuted`` with replayable float inputs on which the programs differ in
+    float64 (:func:`float_witness`), else ``Unknown`` (the field's model of max / relu / sqrt can tell
+    apart programs equal over the reals)."""
+    cex: dict[str, Any] = {"ff_inputs": ffr.inputs, "ff_field": {"p": ffr.p[-1], "q": ffr.q[-1], "g": ffr.g[-1],
+                           "seed": ffr.seeds[-1]}, "output": ffr.output, "index": ffr.index}
+    try:
+        w = float_witness(a, b, seed)
+    except Exception as e:  # (an evaluation error leaves the mismatch unconfirmed)
+        w, cex["float_error"] = None, str(e)
+    if w is not None:
+        cex.update(w)
+        d = w["float_differences"][0]
+        return Refuted(f"finite-field test: {ffr.reason}; float64 witness ({w['float_kind']} inputs): output "
+                       f"{d['output']} at {d['index']} is {d['a']:.6g} vs {d['b']:.6g}", (ffc,), cex)
+    unk = Check(ffc.name, "unknown", ffc.params, ffc.seconds, ffc.detail)
+    return Unknown(f"finite-field test: {ffr.reason}, but no float inputs were found on which the programs "
+                   "differ in float64 (the field's order / oracle model may separate programs equal over the "
+                   "reals)", (unk,))
 
 
 #: abstract checks of recently Proved pairs, by program texts (a certificate records their queries)
