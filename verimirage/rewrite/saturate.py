@@ -59,21 +59,37 @@ def _main_ruleset(rules: Sequence[Rule], tag: str) -> tuple[Any, dict[str, str]]
     return main, by_key
 
 
+class SaturationPanic(RuntimeError):
+    """egglog panicked while running the rules (e.g. ``Illegal merge``: a rule merged values of different
+    shapes); the e-graph is not usable. :func:`verimirage.rewrite.superopt.superoptimize` catches it and runs
+    again without the user rules (then without any), reporting why."""
+
+
+def _run(eg: EGraph, what: Any) -> Any:
+    try:
+        return eg.run(what)
+    except Exception as e:  # egglog reports a panic as EggSmolError ("Panic: Illegal merge ...")
+        if type(e).__name__ == "EggSmolError" or "panic" in str(e).lower():
+            raise SaturationPanic(str(e).splitlines()[0][:300]) from None
+        raise
+
+
 def saturate(
     lifted: Lifted, rules: list[Rule], *, iter_limit: int, node_limit: int, time_budget_s: float
 ) -> tuple[SaturationStats, dict[str, Any]]:
-    """Run ``rules`` on ``lifted`` until saturation or a limit; returns stats and the serialised e-graph."""
+    """Run ``rules`` on ``lifted`` until saturation or a limit; returns stats and the serialised e-graph.
+    :class:`SaturationPanic` if egglog panics."""
     t0 = time.perf_counter()
     eg = lifted.egraph
     stats = SaturationStats()
     main, by_key = _main_ruleset(rules, f"search_{id(lifted)}")
-    eg.run(shapes.saturate())
+    _run(eg, shapes.saturate())
     for it in range(iter_limit):
         if time.perf_counter() - t0 > time_budget_s:
             stats.stop_reason = "time budget"
             break
-        rep = eg.run(main)
-        eg.run(shapes.saturate())
+        rep = _run(eg, main)
+        _run(eg, shapes.saturate())
         stats.iterations = it + 1
         for key, n in getattr(rep, "num_matches_per_rule", {}).items():
             name = by_key.get(str(key), str(key))
@@ -163,8 +179,12 @@ class _Reach:
                 for rnd in range(1, self.iterations + 1):
                     if len(reached) == len(facts):
                         break
-                    rep = eg.run(main)
-                    eg.run(shapes.saturate())
+                    try:
+                        rep = _run(eg, main)
+                        _run(eg, shapes.saturate())
+                    except SaturationPanic as e:
+                        log.warning("rule attribution: egglog panicked replaying %s: %s", sorted(subset), e)
+                        break
                     check(rnd)
                     if not getattr(rep, "updated", True) or _num_nodes(eg) > self.node_limit:
                         break

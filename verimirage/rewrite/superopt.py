@@ -43,7 +43,7 @@ from .cost import H100, Calibration, Cost, Hardware, cost
 from .lift import EClassTerms, Term, commutation_key, lift, term_to_graph
 from .partition import Lowered, lower_all
 from .rules import Rule, RuleError, Ruleset, admit, select_rules
-from .saturate import attribute, saturate
+from .saturate import SaturationPanic, attribute, saturate
 
 log = logging.getLogger(__name__)
 
@@ -344,8 +344,30 @@ def _search(
         # ---- saturate
         prog.phase("saturate")
         lifted = lift(graph)
-        stats, data = saturate(lifted, rules, iter_limit=iter_limit, node_limit=node_limit,
-                               time_budget_s=max(0.5, 0.25 * time_budget_s))
+        try:
+            stats, data = saturate(lifted, rules, iter_limit=iter_limit, node_limit=node_limit,
+                                   time_budget_s=max(0.5, 0.25 * time_budget_s))
+        except SaturationPanic as e:
+            # the e-graph is unusable: again without the user rules, then without any rule (never a crash)
+            user = [r.name for r in rules if r.name not in builtin_names]
+            kept = [r for r in rules if r.name in builtin_names] if user else []
+            rep.notes.append(f"egglog panicked ({e}); saturated again without the rules "
+                             f"{user if user else [r.name for r in rules]}")
+            for name in (user or [r.name for r in rules]):
+                rep.rejected.append((f"rule {name}", f"skipped: egglog panicked with it in the rule set ({e})"))
+            rules = kept
+            rep.rules_used = [r.name for r in rules]
+            try:
+                lifted = lift(graph)
+                stats, data = saturate(lifted, rules, iter_limit=iter_limit, node_limit=node_limit,
+                                       time_budget_s=max(0.5, 0.25 * time_budget_s))
+            except SaturationPanic as e2:
+                rep.notes.append(f"egglog panicked again ({e2}); no rewrite rules used")
+                rules = []
+                rep.rules_used = []
+                lifted = lift(graph)
+                stats, data = saturate(lifted, rules, iter_limit=iter_limit, node_limit=node_limit,
+                                       time_budget_s=max(0.5, 0.25 * time_budget_s))
         rep.egraph_iterations, rep.egraph_enodes = stats.iterations, stats.enodes
         rep.egraph_eclasses, rep.egraph_stop_reason = stats.eclasses, stats.stop_reason
         rep.rules_fired = dict(sorted(stats.fired.items()))

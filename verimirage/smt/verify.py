@@ -372,12 +372,23 @@ def proved_abstract(a: Graph, b: Graph) -> AbstractResult | None:
 
 
 def verify_rule(name: str, instances: Sequence[tuple[Graph, Graph]], *, timeout_s: float = 10.0) -> Verdict:
-    """A rewrite rule is sound if every instance pair (lhs, rhs as small concrete graphs) is Proved."""
+    """A rewrite rule is sound if every instance pair (lhs, rhs as small concrete graphs) is Proved.
+
+    Pass :meth:`verimirage.rewrite.rules.Rule.instance_graphs`, which adds generic instances to the author's
+    (a rule is not proved on size-1 dims, coincident dims or identity constants only); a list of instances
+    that are all degenerate (every input dim 1) is Unknown here, and a pair of programs that cannot be
+    compared (output shapes differ) is Unknown with the reason."""
     if not instances:
         return Unknown(f"rule {name!r}: no instances given", ())
     checks: list[Check] = []
+    if all(all(d <= 1 for t in lhs.inputs for d in t.shape) for lhs, _ in instances):
+        return Unknown(f"rule {name!r}: every instance is degenerate (every input dim is 1); give instances "
+                       "with dims > 1 (Rule.instance_graphs adds generic ones)", ())
     for i, (lhs, rhs) in enumerate(instances):
-        v = verify(lhs, rhs, timeout_s=timeout_s)
+        try:
+            v = verify(lhs, rhs, timeout_s=timeout_s)
+        except GraphError as e:
+            return Unknown(f"rule {name!r} instance {i}: {str(e).splitlines()[0]}", tuple(checks))
         checks.extend(Check(f"{name}[{i}]:{c.name}", c.outcome, c.params, c.seconds, c.detail) for c in v.evidence)
         if not isinstance(v, Proved):
             cls = Refuted if isinstance(v, Refuted) else Unknown
