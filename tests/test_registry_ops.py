@@ -331,3 +331,65 @@ def test_index_rules_line_up_dims() -> None:
     assert im.reduced == (((0, 2), (1, 0)),) and im.matrix == (1, 2)
     im = OPS["concat"].index_map([TensorType((2, 3), f)] * 2, {"axis": 1}, TensorType((2, 6), f))
     assert im.whole_out == (1,) and 1 not in im.linked()
+
+
+def _masked(g: vm.Graph) -> None:
+    m = g.input("m", (8, 8), vm.bool)
+    s = g.input("s", (8, 8), vm.float32)
+    z = g.input("z", (1, 1), vm.float32)
+    g.output(g.where(m, s, g.scale(z, -1e4)))
+
+
+def test_where_with_a_bool_mask_compiles_and_verifies() -> None:
+    torch = pytest.importorskip("torch")
+    g = vm.Graph()
+    _masked(g)
+    rng = np.random.default_rng(7)
+    mask = np.tril(np.ones((8, 8))) > 0
+    s, z = rng.standard_normal((8, 8)), np.ones((1, 1))
+    ref = vm.evaluate(g, {"m": mask, "s": s, "z": z})[0]
+    np.testing.assert_allclose(ref, np.where(mask, s, -1e4))
+    out = vm.compile(g)(torch.tensor(mask), torch.tensor(s, dtype=torch.float32), torch.tensor(z, dtype=torch.float32))
+    np.testing.assert_allclose(out.double().numpy(), ref, rtol=1e-6)
+    # where(m, a, b) = where(not m, b, a) is not expressible; but m*a + (1-m)*b is the same function
+    h = vm.Graph()
+    m, s2, z2 = h.input("m", (8, 8), vm.bool), h.input("s", (8, 8), vm.float32), h.input("z", (1, 1), vm.float32)
+    b = h.scale(z2, -1e4)
+    h.output(h.add(h.where(m, h.sub(s2, b), h.scale(s2, 0.0)), b))
+    assert isinstance(vm.verify(g, h), vm.Proved)
+    k = vm.Graph()
+    m3, s3, z3 = k.input("m", (8, 8), vm.bool), k.input("s", (8, 8), vm.float32), k.input("z", (1, 1), vm.float32)
+    k.output(k.where(m3, k.scale(z3, -1e4), s3))  # branches swapped
+    assert not isinstance(vm.verify(g, k), vm.Proved)
+
+
+def test_masks_and_floats_do_not_mix() -> None:
+    g = vm.Graph()
+    m = g.input("m", (4,), vm.bool)
+    x = g.input("x", (4,), vm.float32)
+    with pytest.raises(vm.GraphError, match=r"vm\.bool"):
+        g.add(m, x)
+    with pytest.raises(vm.GraphError, match="mask"):
+        g.where(x, x, x)
+    with pytest.raises(vm.GraphError, match=r"cast: to vm\.bool"):
+        g.cast(x, vm.bool)
+
+
+def test_cast_rounds_in_the_kernel_and_is_the_value_for_the_verifier() -> None:
+    torch = pytest.importorskip("torch")
+    g = vm.Graph()
+    x = g.input("x", (4, 16), vm.float32)
+    g.output(g.cast(g.exp(x), vm.float16))
+    assert g.outputs[0].dtype is vm.float16
+    v = np.random.default_rng(8).uniform(-2, 2, (4, 16))
+    out = vm.compile(g)(torch.tensor(v, dtype=torch.float32))
+    assert out.dtype == torch.float16
+    np.testing.assert_allclose(out.double().numpy(), np.exp(v), rtol=2e-3)
+    h = vm.Graph()
+    y = h.input("x", (4, 16), vm.float32)
+    h.output(h.cast(h.exp(h.cast(y, vm.bfloat16)), vm.float16))  # the verifier compares real values
+    assert isinstance(vm.verify(g, h), vm.Proved)
+    k = vm.Graph()
+    w = k.input("x", (4, 16), vm.float32)
+    k.output(k.cast(k.exp(k.scale(w, 2.0)), vm.float16))
+    assert not isinstance(vm.verify(g, k), vm.Proved)

@@ -12,6 +12,7 @@ from typing import Any
 
 from .ir import BlockBuilder, BlockGraph, Graph, GraphError, MuGraph, TensorType, ThreadBuilder, ThreadGraph
 from .ir.dtypes import DType, bfloat16, float16, float32
+from .ir.dtypes import bool_ as bool
 from .ir.interpret import evaluate
 
 __version__ = "0.1.0"
@@ -44,6 +45,7 @@ __all__ = [
     "ThreadBuilder",
     "ThreadGraph",
     "bfloat16",
+    "bool",
     "evaluate",
     "float16",
     "float32",

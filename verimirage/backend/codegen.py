@@ -166,9 +166,11 @@ class ModuleSource:
         return hashlib.sha256(self.source.encode()).hexdigest()
 
 
-_TL_DTYPE = {DType.float16: "tl.float16", DType.bfloat16: "tl.bfloat16", DType.float32: "tl.float32"}
-_PTR_SIG = {DType.float16: "*fp16", DType.bfloat16: "*bf16", DType.float32: "*fp32"}
-_TORCH_DTYPE = {DType.float16: "torch.float16", DType.bfloat16: "torch.bfloat16", DType.float32: "torch.float32"}
+_TL_DTYPE = {DType.float16: "tl.float16", DType.bfloat16: "tl.bfloat16", DType.float32: "tl.float32",
+             DType.bool: "tl.int1"}
+_PTR_SIG = {DType.float16: "*fp16", DType.bfloat16: "*bf16", DType.float32: "*fp32", DType.bool: "*i1"}
+_TORCH_DTYPE = {DType.float16: "torch.float16", DType.bfloat16: "torch.bfloat16", DType.float32: "torch.float32",
+                DType.bool: "torch.bool"}
 _NEG_INF = 'float("-inf")'
 
 

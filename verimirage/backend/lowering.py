@@ -89,6 +89,20 @@ for _name, _tpl in [
 implements("triton", "minimum")(_binary("tl.minimum({a}, {b})"))
 
 
+@implements("triton", "where")
+def _where(args: Sequence[str], attrs: dict[str, Any], in_types: Any, out_types: Any) -> str:
+    return f"tl.where({args[0]} != 0.0, {args[1]}, {args[2]})"
+
+
+_TL_CAST = {"f16": "tl.float16", "bf16": "tl.bfloat16", "f32": "tl.float32"}
+
+
+@implements("triton", "cast")
+def _cast(args: Sequence[str], attrs: dict[str, Any], in_types: Any, out_types: Any) -> str:
+    """Round the fp32 register value to the target dtype (codegen computes in fp32 again after it)."""
+    return f"{args[0]}.to({_TL_CAST[str(attrs['dtype'])]}).to(tl.float32)"
+
+
 @implements("triton", "clamp")
 def _clamp(args: Sequence[str], attrs: dict[str, Any], in_types: Any, out_types: Any) -> str:
     return f"tl.minimum(tl.maximum({args[0]}, {float(attrs['lo'])!r}), {float(attrs['hi'])!r})"

@@ -3,7 +3,7 @@
 Imports neither torch nor triton.
 """
 
-from .dtypes import DType, bfloat16, float16, float32
+from .dtypes import DType, bfloat16, bool_, float16, float32
 from .errors import GraphError
 from .graph import (
     BlockBuilder,
@@ -41,6 +41,7 @@ __all__ = [
     "ThreadBuilder",
     "ThreadGraph",
     "bfloat16",
+    "bool_",
     "evaluate",
     "float16",
     "float32",

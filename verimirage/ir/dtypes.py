@@ -11,6 +11,7 @@ class DType(enum.Enum):
     float16 = "f16"
     bfloat16 = "bf16"
     float32 = "f32"
+    bool = "b8"  # masks (``where``); the reference reads them as 0.0 / 1.0
 
     @property
     def short(self) -> str:
@@ -20,7 +21,7 @@ class DType(enum.Enum):
     @property
     def itemsize(self) -> int:
         """Bytes per element."""
-        return 4 if self is DType.float32 else 2
+        return {"f32": 4, "b8": 1}.get(self.value, 2)
 
     @property
     def torch_name(self) -> str:
@@ -44,3 +45,4 @@ class DType(enum.Enum):
 float16 = DType.float16
 bfloat16 = DType.bfloat16
 float32 = DType.float32
+bool_ = DType.bool

@@ -365,6 +365,15 @@ class _Builder:
         """``x`` where ``x >= 0``, else ``slope * x``."""
         return self._emit("leaky_relu", [x], {"slope": slope})
 
+    def where(self, mask: Tensor, a: Tensor, b: Tensor) -> Tensor:
+        """``a`` where ``mask`` (a vm.bool tensor) is true, else ``b``; the three broadcast like numpy."""
+        return self._emit("where", [mask, a, b])
+
+    def cast(self, x: Tensor, dtype: Any) -> Tensor:
+        """``x`` rounded to ``dtype`` (vm.float16, vm.bfloat16 or vm.float32)."""
+        dt = _check_dtype("cast", dtype)
+        return self._emit("cast", [x], {"dtype": dt.short})
+
     def min(self, x: Tensor, axis: int) -> Tensor:
         """Min along ``axis``, keeping it with size 1."""
         return self._emit("min", [x], {"axis": axis})
@@ -383,7 +392,7 @@ def _check_dtype(what: str, dtype: Any) -> DType:
         return dtype
     if isinstance(dtype, str):
         return DType.parse(dtype)
-    raise GraphError(f"{what}: dtype {dtype!r}; expected vm.float16, vm.bfloat16 or vm.float32")
+    raise GraphError(f"{what}: dtype {dtype!r}; expected vm.float16, vm.bfloat16, vm.float32 or vm.bool")
 
 
 class Graph(_Builder, Program):

@@ -225,6 +225,11 @@ class OpDef:
             raise GraphError(f"{self.name}: takes at least {self.min_args} operand(s), got {n}")
         if self.shape_rule is None:
             raise GraphError(f"{self.name}: has no shape rule (structural op)")
+        masks = self.hooks.get("mask_args", ())
+        for i, t in enumerate(in_types):
+            if (t.dtype is DType.bool) != (i in masks):
+                want = "a vm.bool mask" if i in masks else "a floating-point tensor (vm.bool is for where's mask)"
+                raise GraphError(f"{self.name}: operand {i} is {t}; expected {want}")
         return self.shape_rule(in_types, attrs)
 
 
@@ -625,7 +630,8 @@ _FLOAT_C = {"c": "float"}
 
 
 def _unary(name: str, f: Callable[[np.ndarray], np.ndarray], doc: str, **facts: Any) -> OpDef:
-    return define_op(name, 1, _U | facts.pop("props", Prop.NONE), unary_rule(name), _ref_unary(f), doc, **facts)
+    rule = facts.pop("shape_rule_override", None) or unary_rule(name)
+    return define_op(name, 1, _U | facts.pop("props", Prop.NONE), rule, _ref_unary(f), doc, **facts)
 
 
 def unary_rule(name: str) -> ShapeRule:
@@ -834,6 +840,36 @@ define_op("leaky_relu", 1, _U, _attr_rule("leaky_relu", "slope"),
 define_op("minimum", 2, _B | Prop.COMMUTATIVE | Prop.ASSOCIATIVE, _binary_rule("minimum"), _ref_binary(np.minimum),
           "elementwise min(a, b)", degree=_deg_max, homog=_h_add, family="max")
 _reduction("min", np.min, "min along axis", Reduce("minimum", None, math.inf), family="max")
+
+
+
+def _where_rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
+    dt = _same_dtype("where", ts[1:])
+    return TensorType(broadcast_shapes("where", ts), dt)
+
+
+def _h_where(args: list[Any], attrs: dict[str, Any]) -> Any:
+    if args[0][0]:
+        return None
+    return _h_add([a for a in args[1:] if a[0]] or args[1:2], attrs)
+
+
+define_op("where", 3, _EW | Prop.BROADCAST, _where_rule,
+          lambda args, attrs, it, ot: np.where(args[0] != 0, args[1], args[2]),
+          "a where mask else b (mask: a vm.bool tensor; m * a + (1 - m) * b for m in {0, 1})",
+          degree=lambda a, at: Degree(max(a[0] + a[1], a[0] + a[2])), homog=_h_where,
+          hooks={"mask_args": (0,)})
+
+
+def _cast_rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
+    dt = DType.parse(str(attrs.get("dtype")))
+    if dt is DType.bool:
+        raise GraphError("cast: to vm.bool; expected vm.float16, vm.bfloat16 or vm.float32")
+    return TensorType(ts[0].shape, dt)
+
+
+_unary("cast", lambda x: x, "x rounded to dtype (the real-valued meaning is x)", attrs=("dtype",),
+       attr_kinds={"dtype": "dtype"}, degree=_deg_max, homog=_h_first, shape_rule_override=_cast_rule)
 
 # Loop constructs of block graphs. Their meaning is the evaluator's (ir.interpret), written once
 # in terms of registry ops (add, maximum, sub, exp, mul), so every domain gets them for free.

@@ -245,6 +245,23 @@ def uninterpreted(op: str) -> Callable[..., Sym]:
 
 for _n in ("silu", "gelu", "relu", "log", "tanh", "sigmoid", "erf", "softplus", "abs", "clamp", "leaky_relu"):
     implements("abstract", _n)(uninterpreted(_n))
+implements("abstract", "cast")(lambda args, attrs, it, ot: args[0])
+
+
+@implements("abstract", "where")
+def _abs_where(args: list[Sym], attrs: dict[str, Any], in_types: Any, out_types: Any) -> Sym:
+    """``m * a + (1 - m) * b`` (exact for masks in {0, 1})."""
+    m, a, b = args
+    shape = _bshape(_bshape(m.shape, a.shape), b.shape)
+
+    def elem(idx: Idx) -> E.Poly:
+        mv = m.at(_project(idx, m.shape))
+        one_minus = E.p_add(E.p_const(1), E.p_scale(mv, -1))
+        return E.p_add(E.p_mul(mv, a.at(_project(idx, a.shape))), E.p_mul(one_minus, b.at(_project(idx, b.shape))))
+
+    return Sym(shape, elem)
+
+
 implements("abstract", "reciprocal")(_ew1(lambda x: E.p_div(E.p_const(1), x)))
 implements("abstract", "minimum")(_ew2(lambda x, y: E.p_scale(E.p_maximum(E.p_scale(x, -1), E.p_scale(y, -1)), -1)))
 

@@ -850,6 +850,18 @@ def _min_q(vp: np.ndarray, vq: np.ndarray, ax: int) -> np.ndarray:
     return np.where(vp == low, vq, big).min(axis=ax, keepdims=True)
 
 
+@implements("ff", "where")
+def _ff_where(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
+    """``m * a + (1 - m) * b``: exact on masks m in {0, 1} (the only values a vm.bool input takes), so two
+    programs equal as polynomials in m are equal for every mask."""
+    m, a, b = args
+    one_minus = _affine(_affine(m, Fraction(-1), "mul"), Fraction(1), "add")
+    return _ring("add", _ring("mul", m, a), _ring("mul", one_minus, b))
+
+
+implements("ff", "cast")(lambda args, attrs, it, ot: args[0])  # real-valued meaning: the value itself
+
+
 def _sum_mod(v: np.ndarray, ax: int, m: int) -> np.ndarray:
     """``v.sum(axis=ax) mod m`` (keepdims) of int64 or float64 residues (exact: a float64 sum of
     fewer than 2**32 residues below 2**21 is an integer below 2**53)."""

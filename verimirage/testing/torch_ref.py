@@ -62,6 +62,16 @@ for _name, _f in [
 implements("torch", "pow")(lambda a, attrs, it, ot: _t().pow(a[0], attrs["c"]))
 implements("torch", "clamp")(lambda a, attrs, it, ot: _t().clamp(a[0], attrs["lo"], attrs["hi"]))
 implements("torch", "leaky_relu")(lambda a, attrs, it, ot: _t().nn.functional.leaky_relu(a[0], attrs["slope"]))
+implements("torch", "where")(lambda a, attrs, it, ot: _t().where(a[0] != 0, a[1], a[2]))
+
+
+@implements("torch", "cast")
+def _cast(a: list[Any], attrs: dict[str, Any], in_types: Any, out_types: Any) -> Any:
+    from ..ir.dtypes import DType
+
+    return a[0].to(getattr(_t(), DType.parse(str(attrs["dtype"])).torch_name)).to(a[0].dtype)
+
+
 implements("torch", "min")(lambda a, attrs, it, ot: _t().amin(a[0], dim=attrs["axis"], keepdim=True))
 for _name in ("add", "sub", "mul", "div", "maximum", "minimum"):
     implements("torch", _name)(_torch_binary(_name))
