@@ -1,0 +1,392 @@
+"""The reference finite-field evaluator: what the certificate checker runs.
+
+Short and plain on purpose. The fast engine (:mod:`verimirage.smt.ff`: shared products, projections,
+GPU products, fused exp, threads) is an accelerator for the search; it is tested against this module
+value for value (tests/test_ffref.py). Nothing here is shared with it.
+
+A value is one int64 array ``v`` of shape ``(2, *batch, *shape)``: ``v[0]`` holds the residues mod
+``p``, ``v[1]`` the residues mod ``q``, or ``-1`` where the q-part has no meaning. The leading axis is
+one more batch axis to the graph evaluator (:func:`verimirage.ir.interpret.run`), which does all data
+movement (tiles, grids, for-loops, placing outputs) exactly as for float64.
+
+Meanings (those documented in :mod:`verimirage.smt.ff`):
+
+* the field of a trial seed: ``p = 2q + 1`` a safe prime in ``[2**20, 2**21)``, ``g = h**2 mod p != 1``
+  (so ``g`` has order ``q``), a 62-bit oracle key;
+* ``add, sub, mul, neg, square, scale, shift, sum, mean, matmul``: the ring operations mod p and mod q;
+  constants are exact rationals; ``div`` multiplies by the inverse, the inverse of 0 being 0;
+* ``exp(x) = g ** (q-part of x) mod p``, with no meaningful q-part; exp of a meaningless q-part is a
+  *violation* (counted; the trial then answers unknown);
+* ``silu, gelu, relu, sqrt``: a keyed random function (splitmix64) of the p-residue gives both parts;
+  ``rsqrt`` is the inverse of ``sqrt``'s; ``rms_norm(x) = x * rsqrt(mean(x*x) + eps) [* w]``;
+* ``max, maximum``: the largest (p-residue, q-part) pair, a meaningless q-part being the smallest;
+* ``concat, transpose``: data movement;
+* a q-result is meaningless where an operand's is (for matmul: anywhere in the row or column read).
+
+Exactness: residues are below ``2**21``, so an elementwise product is below ``2**42`` and a reduction of n
+residues stays below ``2**63`` for any n an array can have (int64); matmuls are exact float64 products of a
+split operand (:func:`_matmul`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from functools import cache
+from typing import Any
+
+import numpy as np
+
+from ..ir.errors import GraphError
+from ..ir.graph import Graph, node_list, output_refs
+from ..ir.interpret import run
+from ..ir.ops import TensorType, neg_axis
+from .consts import const_fraction
+
+P_MIN, P_MAX = 1 << 20, 1 << 21
+#: the contraction chunk of :func:`_matmul` (2**20 products below 2**32 sum below 2**52)
+CHUNK = 1 << 20
+_QBITS = 21  # (p, q+1) packed as p << 21 | (q + 1) orders pairs lexicographically (q + 1 <= 2**20)
+
+
+# --------------------------------------------------------------------------- fields
+
+
+@cache
+def safe_primes() -> tuple[int, ...]:
+    """The safe primes ``p = 2q + 1`` (q prime) with ``2**20 <= p < 2**21``, ascending."""
+    is_prime = np.ones(P_MAX, dtype=bool)
+    is_prime[:2] = False
+    for i in range(2, math.isqrt(P_MAX) + 1):
+        if is_prime[i]:
+            is_prime[i * i :: i] = False
+    return tuple(p for p in range(P_MIN + 1, P_MAX, 2) if is_prime[p] and is_prime[(p - 1) // 2])
+
+
+@dataclass(frozen=True)
+class Field:
+    """One trial's field: primes ``p = 2q + 1``, ``g`` of order ``q`` mod p, oracle ``key``."""
+
+    p: int
+    q: int
+    g: int
+    key: int
+
+
+def field_of(seed: int) -> Field:
+    """The field a trial seed (an int in ``[0, 2**62)``) determines."""
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 1 << 62:
+        raise GraphError(f"ffref: trial seed {seed!r}; expected an int in [0, 2**62)")
+    rng = np.random.default_rng(seed)
+    ps = safe_primes()
+    p = ps[int(rng.integers(len(ps)))]
+    q = (p - 1) // 2
+    while True:
+        g = pow(int(rng.integers(2, p - 1)), 2, p)
+        if g != 1:
+            break
+    return Field(p, q, g, int(rng.integers(1, 1 << 62)))
+
+
+def residue(c: Fraction, m: int) -> int:
+    """The residue of the rational ``c`` mod the prime ``m`` (a denominator divisible by ``m``: 0)."""
+    d = c.denominator % m
+    return c.numerator * pow(d, -1, m) % m if d else 0
+
+
+# --------------------------------------------------------------------------- array helpers
+
+
+def _stack(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    return np.stack(np.broadcast_arrays(p, q)).astype(np.int64)
+
+
+def _power(base: np.ndarray | int, e: np.ndarray | int, m: int) -> np.ndarray:
+    """``base ** e mod m`` elementwise (square and multiply; ``e >= 0``)."""
+    r = np.ones(np.broadcast_shapes(np.shape(base), np.shape(e)), dtype=np.int64)
+    b = np.asarray(base, dtype=np.int64) % m
+    e = np.asarray(e, dtype=np.int64).copy()
+    while np.any(e > 0):
+        r = np.where(e & 1, r * b % m, r)
+        b = b * b % m
+        e >>= 1
+    return r
+
+
+def _inv(x: np.ndarray, m: int) -> np.ndarray:
+    """The inverse mod the prime ``m`` elementwise (``x ** (m - 2)``: the inverse of 0 is 0)."""
+    return _power(x, m - 2, m)
+
+
+def _qmark(q: np.ndarray, *operands: np.ndarray) -> np.ndarray:
+    """``q``, meaningless (-1) wherever an operand's q-part is."""
+    bad = np.zeros((), dtype=bool)
+    for o in operands:
+        bad = bad | (o < 0)
+    return np.where(bad, -1, q)
+
+
+def _matmul(x: np.ndarray, y: np.ndarray, m: int) -> np.ndarray:
+    """Exact ``x @ y mod m`` of residues below ``2**21`` (int64, batch dims broadcast).
+
+    Float64 products of integers are exact while every partial sum stays below ``2**53``. The smaller
+    operand ``s`` is split into ``s_hi * 2**11 + s_lo`` (``s_lo < 2**11``, ``s_hi < 2**10``), so each product
+    of residues is below ``2**32`` and a contraction chunk of ``2**20`` of them sums below ``2**52``."""
+    split_x = x.size <= y.size
+    small, big = (x, y) if split_x else (y, x)
+    halves = [(small >> 11).astype(np.float64), (small & ((1 << 11) - 1)).astype(np.float64)]
+    bigf = big.astype(np.float64)
+    out = np.zeros((), dtype=np.int64)
+    for s in range(0, max(x.shape[-1], 1), CHUNK):
+        c = slice(s, s + CHUNK)
+        hi, lo = ((np.matmul(h[..., c], bigf[..., c, :]) if split_x else np.matmul(bigf[..., c], h[..., c, :]))
+                  .astype(np.int64) % m for h in halves)
+        out = (out + (hi << 11) + lo) % m
+    return out
+
+
+def _mix(x: np.ndarray, key: int, salt: int) -> np.ndarray:
+    """A keyed 64-bit mix (splitmix64's finaliser) of non-negative ints."""
+    z = x.astype(np.uint64) + np.uint64((key ^ (salt * 0x9E3779B97F4A7C15)) & 0xFFFFFFFFFFFFFFFF)
+    with np.errstate(over="ignore"):
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+# --------------------------------------------------------------------------- op meanings
+
+
+class RefFF:
+    """The reference finite-field domain of one trial for :func:`verimirage.ir.interpret.run`."""
+
+    name = "ffref"
+
+    def __init__(self, fld: Field) -> None:
+        self.field = fld
+        #: elements where exp met a meaningless q-part
+        self.violations = 0
+
+    def apply(self, op: str, args: list[Any], attrs: dict[str, Any], in_types: Sequence[TensorType],
+              out_type: TensorType) -> np.ndarray:
+        """Result of ``op`` (GraphError for an op with no meaning here: the checker fails closed)."""
+        fn = MEANINGS.get(op)
+        if fn is None:
+            raise GraphError(f"ffref: op {op!r} has no reference finite-field meaning")
+        return fn(self, [np.asarray(a, dtype=np.int64) for a in args], attrs, in_types)
+
+    def ring(self, kind: str, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """``x kind y`` for kind add, sub, mul, div."""
+        f = self.field
+        yp, yq = y[0], y[1]
+        if kind == "div":
+            kind, yp, yq = "mul", _inv(yp, f.p), _inv(np.maximum(yq, 0), f.q)
+        op = {"add": np.add, "sub": np.subtract, "mul": np.multiply}[kind]
+        return _stack(op(x[0], yp) % f.p, _qmark(op(x[1], yq) % f.q, x[1], y[1]))
+
+    def const(self, kind: str, x: np.ndarray, c: Fraction) -> np.ndarray:
+        """``x * c`` (kind mul) or ``x + c`` (kind add) for a rational constant ``c``."""
+        f = self.field
+        op = np.multiply if kind == "mul" else np.add
+        return _stack(op(x[0], residue(c, f.p)) % f.p, _qmark(op(x[1], residue(c, f.q)) % f.q, x[1]))
+
+    def exp(self, x: np.ndarray) -> np.ndarray:
+        """``g ** (q-part of x) mod p``; no meaningful q-part."""
+        bad = x[1] < 0
+        self.violations += int(bad.sum())
+        p = _power(self.field.g, np.maximum(x[1], 0), self.field.p)
+        return _stack(p, np.full_like(p, -1))
+
+    def oracle(self, name: str, x: np.ndarray, inverse: bool = False) -> np.ndarray:
+        """The per-trial random function ``name`` of the p-residue (``inverse``: its inverses)."""
+        f = self.field
+        z = _mix(x[0], f.key, _SALT[name])
+        p = (z % np.uint64(f.p)).astype(np.int64)
+        q = ((z >> np.uint64(21)) % np.uint64(f.q)).astype(np.int64)
+        return _stack(_inv(p, f.p), _inv(q, f.q)) if inverse else _stack(p, q)
+
+    def sum(self, x: np.ndarray, ax: int) -> np.ndarray:
+        """Sum along array axis ``ax`` (negative), kept with size 1."""
+        # exact: a sum of n residues below 2**21 is below 2**63 for any n an array can have (< 2**42)
+        q = np.where((x[1] < 0).any(axis=ax, keepdims=True), -1, x[1].sum(axis=ax, keepdims=True) % self.field.q)
+        return _stack(x[0].sum(axis=ax, keepdims=True) % self.field.p, q)
+
+    def matmul(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """``x @ y`` in both parts."""
+        f = self.field
+        q = _matmul(np.maximum(x[1], 0), np.maximum(y[1], 0), f.q)
+        bad = (x[1] < 0).any(axis=-1)[..., :, None] | (y[1] < 0).any(axis=-2)[..., None, :]
+        return _stack(_matmul(x[0], y[0], f.p), np.where(bad, -1, q))
+
+
+def _key(x: np.ndarray) -> np.ndarray:
+    """(p-residue, q-part) packed so that integer order is their lexicographic order."""
+    return (x[0] << _QBITS) | (x[1] + 1)
+
+
+def _unkey(k: np.ndarray) -> np.ndarray:
+    return _stack(k >> _QBITS, (k & ((1 << _QBITS) - 1)) - 1)
+
+
+_SALT = {"silu": 1, "gelu": 2, "relu": 3, "sqrt": 4}
+
+Meaning = Callable[[RefFF, list[np.ndarray], dict[str, Any], Sequence[TensorType]], np.ndarray]
+
+
+def _axis(attrs: dict[str, Any], in_types: Sequence[TensorType], name: str = "axis") -> int:
+    return neg_axis(attrs[name], in_types[0].rank)
+
+
+def _rms_norm(d: RefFF, args: list[np.ndarray], attrs: dict[str, Any], it: Sequence[TensorType]) -> np.ndarray:
+    x = args[0]
+    ax = _axis(attrs, it)
+    ms = d.const("mul", d.sum(d.ring("mul", x, x), ax), Fraction(1, it[0].shape[attrs["axis"]]))
+    y = d.ring("mul", x, d.oracle("sqrt", d.const("add", ms, const_fraction(attrs["eps"])), inverse=True))
+    if len(args) == 2:
+        w = args[1]
+        y = d.ring("mul", y, w.reshape(w.shape + (1,) * (-ax - 1)))
+    return y
+
+
+def _concat(d: RefFF, args: list[np.ndarray], attrs: dict[str, Any], it: Sequence[TensorType]) -> np.ndarray:
+    r = it[0].rank
+    batch = np.broadcast_shapes(*(a.shape[: a.ndim - r] for a in args))
+    return np.concatenate([np.broadcast_to(a, batch + a.shape[a.ndim - r :]) for a in args], axis=_axis(attrs, it))
+
+
+MEANINGS: dict[str, Meaning] = {
+    "add": lambda d, a, at, it: d.ring("add", a[0], a[1]),
+    "sub": lambda d, a, at, it: d.ring("sub", a[0], a[1]),
+    "mul": lambda d, a, at, it: d.ring("mul", a[0], a[1]),
+    "div": lambda d, a, at, it: d.ring("div", a[0], a[1]),
+    "square": lambda d, a, at, it: d.ring("mul", a[0], a[0]),
+    "neg": lambda d, a, at, it: d.const("mul", a[0], Fraction(-1)),
+    "scale": lambda d, a, at, it: d.const("mul", a[0], const_fraction(at["c"])),
+    "shift": lambda d, a, at, it: d.const("add", a[0], const_fraction(at["c"])),
+    "exp": lambda d, a, at, it: d.exp(a[0]),
+    "silu": lambda d, a, at, it: d.oracle("silu", a[0]),
+    "gelu": lambda d, a, at, it: d.oracle("gelu", a[0]),
+    "relu": lambda d, a, at, it: d.oracle("relu", a[0]),
+    "sqrt": lambda d, a, at, it: d.oracle("sqrt", a[0]),
+    "rsqrt": lambda d, a, at, it: d.oracle("sqrt", a[0], inverse=True),
+    "maximum": lambda d, a, at, it: _unkey(np.maximum(_key(a[0]), _key(a[1]))),
+    "max": lambda d, a, at, it: _unkey(_key(a[0]).max(axis=_axis(at, it), keepdims=True)),
+    "sum": lambda d, a, at, it: d.sum(a[0], _axis(at, it)),
+    "mean": lambda d, a, at, it: d.const("mul", d.sum(a[0], _axis(at, it)),
+                                         Fraction(1, it[0].shape[at["axis"]])),
+    "matmul": lambda d, a, at, it: d.matmul(a[0], a[1]),
+    "rms_norm": _rms_norm,
+    "concat": _concat,
+    "transpose": lambda d, a, at, it: np.swapaxes(a[0], _axis(at, it, "a"), _axis(at, it, "b")),
+}
+
+
+# --------------------------------------------------------------------------- the trials
+
+
+def trial_inputs(g: Graph, fld: Field, seed: int) -> dict[str, np.ndarray]:
+    """Uniform random residues for every input of ``g``: input ``i`` (in name order), part ``k`` (0: mod p,
+    1: mod q) from its own stream ``[seed, 0x5EED, k, i]``."""
+    out = {}
+    for i, t in enumerate(sorted(g.inputs, key=lambda t: str(t.name))):
+        parts = [np.random.default_rng([seed, 0x5EED, k, i]).integers(0, m, size=t.shape, dtype=np.int32)
+                 for k, m in ((0, fld.p), (1, fld.q))]
+        out[str(t.name)] = np.stack(parts).astype(np.int64)
+    return out
+
+
+def evaluate(g: Graph, inputs: dict[str, np.ndarray], fld: Field) -> tuple[list[np.ndarray], int]:
+    """Every output of ``g`` (arrays ``(2, *shape)``) in ``fld`` on ``inputs``, and the violation count."""
+    d = RefFF(fld)
+    outs = run(g, inputs, d)
+    return [np.broadcast_to(np.asarray(o), (2, *g.outputs[k].shape)) for k, o in enumerate(outs)], d.violations
+
+
+def degree_bound(g: Graph) -> tuple[int, int]:
+    """``(degree, opaque)``: a degree bound of the outputs as rational functions, each exp / nonlinear
+    unary result counted as a fresh variable, and the number of such nodes (the fast engine's model)."""
+    opaque = [0, 0]  # (largest degree under an opaque op, number of opaque nodes)
+
+    def walk(nodes: Sequence[Any], in_deg: list[int]) -> list[int]:
+        d: list[int] = []
+        for n in nodes:
+            a = [d[i] for i, _ in n.args]
+            if n.op in ("input", "arg"):
+                idx = n.attr("arg") if n.op == "input" and n.attr("arg") is not None else n.attr("index")
+                d.append(in_deg[idx] if idx is not None and idx < len(in_deg) else 1)
+            elif n.op == "custom":
+                d.append(max(walk(n.attr("block").nodes, a) or [1]))
+            elif n.op == "fused":
+                d.append(max(walk(n.attr("thread").nodes, a) or [1]))
+            elif n.op in ("exp", "silu", "gelu", "relu", "sqrt", "rsqrt"):
+                opaque[1] += 1
+                opaque[0] = max(opaque[0], a[0])
+                d.append(1)
+            elif n.op in ("mul", "div", "matmul", "rescaled_sum"):
+                d.append(sum(a) + (n.op == "rescaled_sum"))
+            elif n.op == "square":
+                d.append(2 * a[0])
+            elif n.op == "rms_norm":
+                opaque[1] += 1
+                d.append(sum(a) + 2 * a[0] + 1)
+            else:
+                d.append(max(a) if a else 1)
+        return d
+
+    ds = walk(node_list(g), [])
+    return max(max((ds[i] for i, _ in output_refs(g)), default=1), opaque[0]), opaque[1]
+
+
+def per_trial_bound(a: Graph, b: Graph) -> float:
+    """The chance that one trial finds two different programs equal: ``(2 * degree + opaque + 1) / q``
+    for the smallest ``q`` (at most 1)."""
+    (da, oa), (db, ob) = degree_bound(a), degree_bound(b)
+    q_min = (safe_primes()[0] - 1) // 2
+    return min(1.0, (2 * max(da, db) + oa + ob + 1) / q_min)
+
+
+def trials_needed(per_trial: float, target_log2: float = 60.0, minimum: int = 2) -> int:
+    """Independent trials so that ``per_trial ** n <= 2**-target_log2`` (0 when ``per_trial >= 1``)."""
+    if per_trial >= 1:
+        return 0
+    return max(minimum, math.ceil(target_log2 / -math.log2(per_trial)))
+
+
+@dataclass(frozen=True)
+class RefResult:
+    """Outcome of :func:`ref_test`: ``"equal"``, ``"differ"`` (``output``, ``index``, ``trial``) or ``"unknown"``."""
+
+    outcome: str
+    reason: str
+    seeds: tuple[int, ...]
+    per_trial_bound: float
+    bound: float
+    output: int | None = None
+    index: tuple[int, ...] | None = None
+    trial: int | None = None
+
+
+def ref_test(a: Graph, b: Graph, seeds: Sequence[int]) -> RefResult:
+    """Evaluate ``a`` and ``b`` in the field of each seed on the same random inputs and compare every
+    element of every output's p-part. ``bound``: ``per_trial_bound ** len(seeds)`` when all are equal."""
+    seeds = tuple(seeds)
+    per = per_trial_bound(a, b)
+    for ti, s in enumerate(seeds):
+        fld = field_of(s)
+        ins = trial_inputs(a, fld, s)
+        (oa, va), (ob, vb) = evaluate(a, ins, fld), evaluate(b, ins, fld)
+        for k, (x, y) in enumerate(zip(oa, ob, strict=True)):
+            if not np.array_equal(x[0], y[0]):
+                idx = tuple(int(v) for v in np.argwhere(x[0] != y[0])[0])
+                return RefResult("differ", f"output {k} differs at index {idx} in trial {ti} (p={fld.p})",
+                                 seeds[: ti + 1], per, 1.0, k, idx, ti)
+        if va + vb:
+            return RefResult("unknown", f"a program applies exp to a value with no meaningful q-part "
+                             f"({va + vb} elements in trial {ti})", seeds[: ti + 1], per, 1.0, trial=ti)
+    if per >= 1 or not seeds:
+        return RefResult("unknown", "degree too high for a meaningful bound" if seeds else "no trials", seeds,
+                         per, 1.0)
+    bound = per ** len(seeds)
+    return RefResult("equal", f"{len(seeds)} trial(s) equal; false-accept bound {bound:.3g}", seeds, per, bound)
