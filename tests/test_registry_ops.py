@@ -116,6 +116,9 @@ ALLOWED = {
     ("smt/ff.py", "_affine"): "the finite field's affine-operation kind tags",
     ("smt/ff.py", "_row_scaling"): "the finite field's linear-structure tags",
     ("smt/ff.py", "_ff_matmul"): "the finite field's linear-structure tags",
+    ("smt/ff.py", "degree_info"): "the sound rational-degree analysis (N / D per value) names ops; to move onto "
+                                  "registry rules",
+    ("smt/ff.py", "_exact_degree"): "N / D degrees of cast, where, reciprocal, pow, minimum, min for degree_info",
     ("integrations/dynamo.py", "*"): "maps ATen op names onto registry ops (capture owns it)",
     ("smt/ffproj.py", "*"): "dispatches on the finite field's linear-structure tags, not on op names",
     ("smt/ffgpu.py", "*"): "dispatches on product epilogue tags",
@@ -393,3 +396,18 @@ def test_cast_rounds_in_the_kernel_and_is_the_value_for_the_verifier() -> None:
     w = k.input("x", (4, 16), vm.float32)
     k.output(k.cast(k.exp(k.scale(w, 2.0)), vm.float16))
     assert not isinstance(vm.verify(g, k), vm.Proved)
+
+
+def test_degree_info_counts_exact_new_ops_and_flags_oracles() -> None:
+    from verimirage.smt.ff import degree_info
+
+    g = vm.Graph()
+    x = g.input("x", (4, 8), vm.float32)
+    g.output(g.pow(g.cast(g.pow(x, 5.0), vm.float16), 2.0))  # x**10: an exact polynomial, not an atom
+    info = degree_info(g)
+    assert info.degree >= 10 and info.opaque == 0 and info.order_oracle == ()
+    h = vm.Graph()
+    y = h.input("x", (4, 8), vm.float32)
+    h.output(h.tanh(h.minimum(y, h.reciprocal(y))))
+    info = degree_info(h)
+    assert set(info.order_oracle) == {"minimum", "tanh"} and info.opaque == 1
