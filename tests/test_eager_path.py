@@ -87,6 +87,11 @@ def test_lean_plan_replays_the_generated_launches(name: str, monkeypatch: pytest
     first = prog(*xs)  # makes the plan through JITFunction.run
     second = prog(*xs)  # the lean runner
     assert prog._fast is not None and len(prog._plans) == 1
+    by_name = prog(**dict(zip(prog.input_names, xs, strict=True)))  # by name: the lean runner too
+    assert len(prog._plans) == 1 and [r[0] for r in rec.launches].count("lean") == 2 * len(prog.kernels)
+    assert [tuple(o.shape) for o in (by_name if isinstance(by_name, tuple) else (by_name,))] == [
+        tuple(o.shape) for o in (second if isinstance(second, tuple) else (second,))]
+    rec.launches = [r for r in rec.launches[: 2 * len(prog.kernels)]]
     jit = [r for r in rec.launches if r[0] == "jit"]
     lean = [r for r in rec.launches if r[0] == "lean"]
     assert len(jit) == len(lean) == len(prog.kernels) >= 1
@@ -136,6 +141,10 @@ def test_lean_path_rejects_wrong_inputs_with_the_same_messages(monkeypatch: pyte
         prog(X, H)
     with pytest.raises(TypeError, match=r"takes 3 input\(s\)"):
         prog(X, H, alpha, alpha)
+    with pytest.raises(TypeError, match="unknown input 'Y'"):
+        prog(X=X, H=H, Y=alpha)
+    with pytest.raises(ValueError, match=r"'X': shape \(8, 32\); expected \(8, 64\)"):
+        prog(X=X[:, :32], H=H, alpha=alpha)
     # (the device check needs a GPU: here the recorder's device index is the CPU's; see the gpu test below)
     # other strides or a misaligned data pointer are another specialisation: a second plan, not an error
     n = len(prog._plans)

@@ -452,10 +452,18 @@ class CompiledProgram:
         if self.cuda_graph:
             return self._call_graph(args, kwargs)
         fast = self._fast
-        if fast is not None and not kwargs:
-            outs = fast(*args)
-            if outs is not _MISS:
-                return outs[0] if len(outs) == 1 else outs
+        if fast is not None:
+            pos: tuple[Any, ...] | None = args
+            if kwargs:  # every input by name: the same call positionally (else the checked path says what is off)
+                try:
+                    pos = tuple(kwargs[n] for n in self.input_names) if not args and len(kwargs) == len(
+                        self.input_names) else None
+                except KeyError:
+                    pos = None
+            if pos is not None:
+                outs = fast(*pos)
+                if outs is not _MISS:
+                    return outs[0] if len(outs) == 1 else outs
         xs = self._bind(args, kwargs)
         outs = self._launch(xs)
         return outs[0] if len(outs) == 1 else tuple(outs)
