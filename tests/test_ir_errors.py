@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable
 
 import numpy as np
@@ -114,7 +116,7 @@ def _cc():  # type: ignore[no-untyped-def]
     g.concat([a, b], axis=0)
 
 
-@case("scale by non-number", "finite Python number")
+@case("scale by non-number", "not a finite float32 number")
 def _sc():  # type: ignore[no-untyped-def]
     g, a, _ = _g()
     g.scale(a, float("nan"))
@@ -247,3 +249,186 @@ def test_check_error_shows_node_in_text_form() -> None:
         vm.Graph.parse("graph {\n  %0 = input {name='x'} : f16[2,3]\n  %1 = sum %0 {axis=1} : f16[2,3]\n  return %1\n}")
     assert "%1 = sum %0 {axis=1} : f16[2,3]" in str(ei.value)
     assert "%0 = input {name='x'}" in str(ei.value)
+
+
+# --------------------------------------------------------------------------- issue 24, finding 6: malformed input
+# Every malformed program is a GraphError naming what was wrong, from the builder, Graph.parse,
+# Graph.from_json and block-graph text alike; sizes are bounded before anything is allocated.
+
+
+def _exp_graph(shape: tuple[int, ...] = (4,)) -> vm.Graph:
+    g = vm.Graph()
+    g.output(g.exp(g.input("x", shape, vm.float32)))
+    return g
+
+
+def _json_with_shape(shape: list[int]) -> str:
+    d = json.loads(_exp_graph().to_json())
+    for n in d["nodes"]:
+        n["outs"][0]["shape"] = shape
+    return json.dumps(d)
+
+
+def _text_with_shape(shape: str) -> str:
+    return str(_exp_graph()).replace("[4]", f"[{shape}]")
+
+
+def test_negative_dim_in_json_is_graph_error() -> None:
+    with pytest.raises(vm.GraphError, match=r"shape \(-4,\); expected a tuple of positive ints"):
+        vm.Graph.from_json(_json_with_shape([-4]))
+
+
+@pytest.mark.parametrize("source", ["builder", "text", "json"])
+def test_zero_size_input_is_graph_error(source: str) -> None:
+    with pytest.raises(vm.GraphError, match="positive ints"):
+        if source == "builder":
+            _exp_graph((4, 0))
+        elif source == "text":
+            vm.Graph.parse(_text_with_shape("4,0"))
+        else:
+            vm.Graph.from_json(_json_with_shape([4, 0]))
+
+
+@pytest.mark.parametrize("source", ["builder", "text", "json"])
+def test_rank0_input_is_graph_error(source: str) -> None:
+    with pytest.raises(vm.GraphError, match=r"rank-0 tensors are not supported"):
+        if source == "builder":
+            _exp_graph(())
+        elif source == "text":
+            vm.Graph.parse(_text_with_shape(""))
+        else:
+            vm.Graph.from_json(_json_with_shape([]))
+
+
+@pytest.mark.parametrize("c", [10**400, -(10**400), float("inf"), float("nan"), 1e39, 1e-300])
+def test_overflowing_constant_is_graph_error(c: object) -> None:
+    g = vm.Graph()
+    x = g.input("x", (4,), vm.float32)
+    with pytest.raises(vm.GraphError, match="float32"):
+        g.scale(x, c)  # type: ignore[arg-type]
+    with pytest.raises(vm.GraphError, match="float32"):
+        g.shift(x, c)  # type: ignore[arg-type]
+    with pytest.raises(vm.GraphError, match=r"float32|negative"):
+        g.rms_norm(x, eps=c)  # type: ignore[arg-type]
+
+
+def test_representable_constants_still_build() -> None:
+    g = vm.Graph()
+    x = g.input("x", (4,), vm.float32)
+    y = g.shift(g.scale(x, 3), -1e9)
+    g.output(g.scale(y, 0.0))
+    assert vm.Graph.parse(str(g)) == g
+
+
+@pytest.mark.parametrize("literal", ["1e400", "10**400", "1" + "0" * 400, "1e-320"])
+def test_overflowing_constant_in_text_and_json_is_graph_error(literal: str) -> None:
+    g = vm.Graph()
+    g.output(g.scale(g.input("x", (4,), vm.float32), 2.0))
+    with pytest.raises(vm.GraphError):
+        vm.Graph.parse(str(g).replace("c=2.0", f"c={literal}"))
+    d = json.loads(g.to_json())
+    d["nodes"][1]["attrs"]["c"] = {"float": literal} if "*" not in literal else literal
+    with pytest.raises(vm.GraphError):
+        vm.Graph.from_json(json.dumps(d))
+    d["nodes"][1]["attrs"]["c"] = 10**400  # a JSON integer
+    with pytest.raises(vm.GraphError, match="float32"):
+        vm.Graph.from_json(json.dumps(d))
+
+
+def _mugraph_text() -> str:
+    return str(vm.benchmarks.expert("ntrans", vm.benchmarks.get("ntrans", small=True)))
+
+
+@pytest.mark.parametrize("grid", ["None", "'x'", "(0,)", "(1, 2, 3, 4)", "(True,)", "2"])
+def test_grid_none_in_text_is_graph_error(grid: str) -> None:
+    text = _mugraph_text()
+    assert "grid=(" in text
+    bad = re.sub(r"grid=\([^)]*\)", f"grid={grid}", text, count=1)
+    with pytest.raises(vm.GraphError, match="grid"):
+        vm.MuGraph.parse(bad)
+
+
+@pytest.mark.parametrize("frange", ["None", "0", "1.5", "'a'"])
+def test_bad_frange_in_text_is_graph_error(frange: str) -> None:
+    bad = re.sub(r"frange=\d+", f"frange={frange}", _mugraph_text(), count=1)
+    with pytest.raises(vm.GraphError, match="frange"):
+        vm.MuGraph.parse(bad)
+
+
+@pytest.mark.parametrize("mutate", ["omap-none", "imap-str", "shape-neg", "block-shape-huge", "nodes-not-list",
+                                    "attrs-list", "dtype", "outputs"])
+def test_malformed_mugraph_json_is_graph_error(mutate: str) -> None:
+    mg = vm.benchmarks.expert("ntrans", vm.benchmarks.get("ntrans", small=True))
+    d = json.loads(mg.to_json())
+    custom = next(n for n in d["nodes"] if n["op"] == "custom")
+    block = custom["attrs"]["block"]["block"]
+    binput = next(n for n in block["nodes"] if n["op"] == "input")
+    if mutate == "omap-none":
+        block["omaps"] = [None]
+    elif mutate == "imap-str":
+        binput["attrs"]["imap"] = {"tuple": ["a"]}
+    elif mutate == "shape-neg":
+        binput["attrs"]["shape"] = {"tuple": [-1, 2]}
+    elif mutate == "block-shape-huge":
+        binput["attrs"]["shape"] = {"tuple": [2**40, 2**10]}
+    elif mutate == "nodes-not-list":
+        block["nodes"] = 5
+    elif mutate == "attrs-list":
+        custom["attrs"] = []
+    elif mutate == "dtype":
+        d["nodes"][0]["outs"][0]["dtype"] = "f64"
+    else:
+        d["outputs"] = [[99, 0]]
+    with pytest.raises(vm.GraphError):
+        vm.MuGraph.from_json(json.dumps(d))
+
+
+def test_huge_input_is_graph_error_before_allocating() -> None:
+    """(2**40,) once made verify try to allocate 8 TiB; now every entry point refuses it up front."""
+    with pytest.raises(vm.GraphError, match=r"at most 17179869184 \(2\*\*34\)"):
+        _exp_graph((2**40,))
+    with pytest.raises(vm.GraphError, match="2\\*\\*34"):
+        vm.Graph.from_json(_json_with_shape([2**40]))
+    with pytest.raises(vm.GraphError, match="2\\*\\*34"):
+        vm.Graph.parse(_text_with_shape(str(2**40)))
+    # broadcasting two legal operands to an oversized result
+    g = vm.Graph()
+    a = g.input("a", (2**20, 1), vm.float16)
+    b = g.input("b", (1, 2**20), vm.float16)
+    with pytest.raises(vm.GraphError, match="add: result"):
+        g.add(a, b)
+
+
+def test_tensor_too_big_to_evaluate_is_graph_error() -> None:
+    """Legal for the IR (< 2**34 elements) but beyond what the evaluator/verifier hold: refused first."""
+    g = _exp_graph((2**31,))
+    with pytest.raises(vm.GraphError, match=r"evaluate: .*2\*\*30"):
+        vm.evaluate(g, {"x": np.zeros(1, dtype=np.float32)})
+    with pytest.raises(vm.GraphError, match=r"verify: .*2\*\*30"):
+        vm.verify(g, g)
+    with pytest.raises(vm.GraphError, match=r"superoptimize: .*2\*\*30"):
+        vm.superoptimize(g, cache=False)
+
+
+def test_block_graph_blocks_count_toward_the_evaluation_bound() -> None:
+    from verimirage.ir.limits import MAX_EVAL_ELEMENTS, check_evaluable
+
+    assert MAX_EVAL_ELEMENTS == 2**30
+    mg = vm.MuGraph()
+    xin = mg.input("x", (1024, 8), vm.float16)
+    b2 = BlockBuilder((1024,), 1)
+    t = b2.input(0, TensorType((1024, 8), vm.float16), (None,), None)  # every block reads all of x
+    b2.output(b2.exp(b2.exp(t)), (0,))
+    (out,) = mg.custom(b2.build(), [xin])
+    mg.output(out)
+    check_evaluable(mg, "evaluate")  # 1024 blocks x 8192 elements = 2**23: fine
+    b3 = BlockBuilder((256, 256), 1)
+    t3 = b3.input(0, TensorType((1024, 32), vm.float16), (None, None), None)  # every block reads all of x
+    b3.output(b3.sum(b3.exp(t3), axis=0), (0, 1))
+    mg3 = vm.MuGraph()
+    x3 = mg3.input("x", (1024, 32), vm.float16)
+    (o3,) = mg3.custom(b3.build(), [x3])  # result (256, 8192): small; the exp tiles of all blocks: 2**31
+    mg3.output(o3)
+    assert o3.shape == (256, 8192)
+    with pytest.raises(vm.GraphError, match=r"x 65536 block\(s\)"):
+        check_evaluable(mg3, "evaluate")

@@ -94,7 +94,8 @@ def programs(draw: st.DrawFn) -> tuple[vm.Graph, dict[str, np.ndarray], list[Any
             ax = draw(st.integers(0, r - 1))
             vals.append((g.concat([x, g.exp(x)], axis=ax), torch.cat([tx, tx.exp()], ax)))
         elif kind == "scale":
-            c = draw(st.floats(-3, 3, allow_nan=False))
+            # constants are float32-representable: 0 or 1.2e-38 <= |c| <= 3.4e38 (verimirage.ir.limits)
+            c = draw(st.floats(-3, 3, allow_nan=False).filter(lambda c: c == 0 or abs(c) >= 1e-30))
             vals.append((g.scale(x, c), tx * c))
     # outputs: the last value plus every input not otherwise used, so the graph is well formed
     g.output(vals[-1][0])

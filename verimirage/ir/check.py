@@ -23,6 +23,7 @@ from .graph import (
     output_refs,
     tile_shape,
 )
+from .limits import check_shape
 from .ops import LOOP_OPS, OPS, Level, TensorType, get_op
 
 
@@ -61,6 +62,10 @@ def _check_op(nodes: Sequence[Node], i: int, level: Level, in_types: list[Tensor
         out = d.infer(in_types, n.attr_dict)
     except GraphError as e:
         raise _where(nodes, i, str(e)) from None
+    try:
+        check_shape(f"{n.op}: result", out.shape)
+    except GraphError as e:
+        raise _where(nodes, i, str(e)) from None
     for key in ("axis", "a", "b"):
         v = n.attr(key)
         if v is not None and v < 0:
@@ -89,6 +94,13 @@ def check_program(g: Graph, *, unused_inputs: bool = False) -> None:
     allow_custom = isinstance(g, MuGraph)
     for i, n in enumerate(nodes):
         in_types = _check_refs(nodes, i)
+        for t in n.outs:
+            if not isinstance(t, TensorType):
+                raise _where(nodes, i, f"{n.op}: result type {t!r}; expected a TensorType")
+            try:
+                check_shape(f"{n.op}: result", t.shape)
+            except GraphError as e:
+                raise _where(nodes, i, str(e)) from None
         if n.op == "input":
             name = n.attr("name")
             if n.args or [k for k, _ in n.attrs] != ["name"] or len(n.outs) != 1:
@@ -152,8 +164,12 @@ def _tile_for(bg: BlockGraph, nodes: Sequence[Node], i: int) -> TensorType:
     if keys != ["arg", "fmap", "imap", "shape"] or n.args or len(n.outs) != 1:
         raise _where(nodes, i, "block input: expected attributes arg, fmap, imap, shape; no operands; one result")
     shape = n.attr("shape")
-    if not isinstance(shape, tuple) or not all(isinstance(s, int) and s > 0 for s in shape):
-        raise _where(nodes, i, f"block input: shape {shape!r}; expected a tuple of positive ints")
+    try:
+        if not isinstance(shape, tuple):
+            raise GraphError(f"block input: shape {shape!r}; expected a tuple of positive ints")
+        check_shape("block input", shape)
+    except GraphError as e:
+        raise _where(nodes, i, str(e)) from None
     try:
         t = tile_shape(f"block input {n.attr('arg')}", shape, bg.grid, n.attr("imap"), n.attr("fmap"), bg.frange)
     except GraphError as e:

@@ -23,6 +23,7 @@ from typing import Any
 
 from .dtypes import DType
 from .errors import GraphError
+from .limits import check_constant, check_shape
 from .ops import OPS, Level, Prop, TensorType, check_axis, get_op
 
 Ref = tuple[int, int]  # (node index, result index)
@@ -205,8 +206,8 @@ class _Builder:
             kind = d.attr_kind(key)
             if kind == "axis" and in_types:
                 attrs[key] = check_axis(op, in_types[0], attrs[key], "axis" if key == "axis" else f"axis {key}")
-            elif kind == "float" and isinstance(attrs[key], int) and not isinstance(attrs[key], bool):
-                attrs[key] = float(attrs[key])
+            elif kind == "float":  # finite and float32-representable (verimirage.ir.limits), as a float
+                attrs[key] = check_constant(f"{op}: {key}", attrs[key])
             elif kind in ("ints", "axes") and isinstance(attrs[key], (list, tuple)):
                 vals = attrs[key]
                 if not all(isinstance(v, int) and not isinstance(v, bool) for v in vals):
@@ -215,6 +216,7 @@ class _Builder:
                     vals = [check_axis(op, in_types[0], v) for v in vals]
                 attrs[key] = tuple(int(v) for v in vals)
         out = d.infer(in_types, attrs)
+        check_shape(f"{op}: result", out.shape)
         self._add_node(Node(op, refs, make_attrs(attrs), (out,)))
         return Tensor(self, (len(self._nodes) - 1, 0))
 
@@ -282,15 +284,11 @@ class _Builder:
 
     def scale(self, x: Tensor, c: float) -> Tensor:
         """``x * c`` for a Python constant ``c``."""
-        if isinstance(c, int) and not isinstance(c, bool):
-            c = float(c)
-        return self._emit("scale", [x], {"c": c})
+        return self._emit("scale", [x], {"c": _const("scale", c)})
 
     def shift(self, x: Tensor, c: float) -> Tensor:
         """``x + c`` for a Python constant ``c``."""
-        if isinstance(c, int) and not isinstance(c, bool):
-            c = float(c)
-        return self._emit("shift", [x], {"c": c})
+        return self._emit("shift", [x], {"c": _const("shift", c)})
 
     def sum(self, x: Tensor, axis: int) -> Tensor:
         """Sum along ``axis``, keeping it with size 1."""
@@ -307,7 +305,7 @@ class _Builder:
     def rms_norm(self, x: Tensor, weight: Tensor | None = None, axis: int = -1, eps: float = 1e-6) -> Tensor:
         """``x / sqrt(mean(x**2, axis) + eps)``, times ``weight`` (shape ``(x.shape[axis],)``) if given."""
         if isinstance(eps, int) and not isinstance(eps, bool):
-            eps = float(eps)
+            eps = check_constant("rms_norm: eps", eps, nonnegative=True)
         args = [x] if weight is None else [x, weight]
         return self._emit("rms_norm", args, {"axis": axis, "eps": eps})
 
@@ -380,11 +378,12 @@ class _Builder:
 
 
 def _check_shape(what: str, shape: Any) -> tuple[int, ...]:
-    if not isinstance(shape, (tuple, list)) or not all(
-        isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in shape
-    ):
-        raise GraphError(f"{what}: shape {shape!r}; expected a tuple of positive ints")
-    return tuple(shape)
+    return check_shape(what, shape)
+
+
+def _const(op: str, c: Any) -> float:
+    """A builder's constant: ints become floats; GraphError unless finite and float32-representable."""
+    return check_constant(f"{op}: c", c)
 
 
 def _check_dtype(what: str, dtype: Any) -> DType:
@@ -550,6 +549,8 @@ class MuGraph(Graph):
         refs = tuple(self._ref("custom", a, i) for i, a in enumerate(args))
         in_types = [self._nodes[r[0]].outs[r[1]] for r in refs]
         outs = block.result_types(in_types)
+        for t in outs:
+            check_shape("custom: result", t.shape)
         self._add_node(Node("custom", refs, (("block", block),), outs))
         i = len(self._nodes) - 1
         return tuple(Tensor(self, (i, k)) for k in range(len(outs)))
@@ -746,6 +747,9 @@ class BlockBuilder(_Builder):
         self, arg: int, ttype: TensorType, imap: Sequence[int | None], fmap: int | None = None
     ) -> Tensor:
         """Tile of custom-kernel operand ``arg`` (full type ``ttype``) as mapped by ``imap``/``fmap``."""
+        if not isinstance(ttype, TensorType):
+            raise GraphError(f"block input {arg}: type {ttype!r}; expected a TensorType")
+        check_shape(f"block input {arg}", ttype.shape)
         imap_t = tuple(imap)
         tshape = tile_shape(f"block input {arg}", ttype.shape, self.grid, imap_t, fmap, self.frange)
         attrs = {"arg": arg, "shape": ttype.shape, "imap": imap_t, "fmap": fmap}

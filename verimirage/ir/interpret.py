@@ -21,6 +21,7 @@ import numpy as np
 
 from .errors import GraphError
 from .graph import BlockGraph, Graph, Node, OutputMap, Ref, ThreadGraph, node_list, output_refs
+from .limits import check_evaluable
 from .ops import OPS, Prop, TensorType
 
 
@@ -287,6 +288,7 @@ def evaluate(g: Graph, inputs: Mapping[str, Any]) -> list[np.ndarray]:
     if not isinstance(g, Graph):
         raise GraphError(f"evaluate: expected a vm.Graph or vm.MuGraph, got {type(g).__name__}")
     g.check()
+    check_evaluable(g, "evaluate")  # before anything is allocated
     vals = check_inputs(g, inputs)
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
         outs = run(g, vals, REF)

@@ -38,6 +38,7 @@ import numpy as np
 
 from .dtypes import DType
 from .errors import GraphError
+from .limits import check_constant
 
 
 @dataclass(frozen=True)
@@ -365,9 +366,7 @@ def _matmul_rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
 
 
 def _scale_rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
-    c = attrs.get("c")
-    if not isinstance(c, (int, float)) or isinstance(c, bool) or not math.isfinite(c):
-        raise GraphError(f"scale/shift: the constant must be a finite Python number, got {c!r}")
+    check_constant("scale/shift", attrs.get("c"))
     return ts[0]
 
 
@@ -376,9 +375,7 @@ def _rms_rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
     if x.rank == 0:
         raise _err("rms_norm", ts, "an operand of rank >= 1")
     a = check_axis("rms_norm", x, attrs["axis"])
-    eps = attrs.get("eps")
-    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not (eps >= 0 and math.isfinite(eps)):
-        raise GraphError(f"rms_norm: eps must be a finite number >= 0, got {eps!r}")
+    check_constant("rms_norm: eps", attrs.get("eps"), nonnegative=True)
     if len(ts) == 2:
         w = ts[1]
         if w.shape != (x.shape[a],):
@@ -790,9 +787,7 @@ def softplus(x: np.ndarray) -> np.ndarray:
 
 
 def _finite_attr(op: str, key: str, v: Any) -> float:
-    if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
-        raise GraphError(f"{op}: {key} must be a finite Python number, got {v!r}")
-    return float(v)
+    return check_constant(f"{op}: {key}", v)  # finite and float32-representable (verimirage.ir.limits)
 
 
 def _attr_rule(op: str, *keys: str) -> ShapeRule:

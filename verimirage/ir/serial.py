@@ -98,11 +98,18 @@ def from_dict(d: Any) -> Graph:
     try:
         nodes = [_dec_node(n) for n in d["nodes"]]
         outs = [(int(a), int(k)) for a, k in d["outputs"]]
-    except (KeyError, TypeError, ValueError) as e:
-        raise GraphError(f"from_json: malformed program ({type(e).__name__}: {e})") from None
+    except GraphError:
+        raise
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError, RecursionError) as e:
+        raise GraphError(f"from_json: malformed program ({type(e).__name__}: {str(e)[:200]})") from None
     cls = MuGraph if d.get("kind") == "mugraph" else Graph
     g = cls._from_parts(nodes, outs)
-    g.check()
+    try:
+        g.check()
+    except GraphError:
+        raise
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError, RecursionError) as e:
+        raise GraphError(f"from_json: malformed program ({type(e).__name__}: {str(e)[:200]})") from None
     return g
 
 

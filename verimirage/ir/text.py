@@ -197,9 +197,15 @@ def _parse_node_line(lines: _Lines, lineno: int, line: str, expect: int) -> Node
         if not opens:
             raise _perr(lineno, line, "custom: expected a block region '{' at the end of the line")
         try:
-            grid, frange = tuple(attrs.pop("grid")), attrs.pop("frange")
+            grid, frange = attrs.pop("grid"), attrs.pop("frange")
         except KeyError:
             raise _perr(lineno, line, "custom: expected attributes grid and frange") from None
+        if not isinstance(grid, tuple) or not 1 <= len(grid) <= 3 or not all(
+            isinstance(g, int) and not isinstance(g, bool) and g >= 1 for g in grid
+        ):
+            raise _perr(lineno, line, f"custom: grid={grid!r:.60}; expected a tuple of 1 to 3 positive ints")
+        if not isinstance(frange, int) or isinstance(frange, bool) or frange < 1:
+            raise _perr(lineno, line, f"custom: frange={frange!r:.60}; expected a positive int")
         if attrs:
             raise _perr(lineno, line, f"custom: unexpected attributes {sorted(attrs)}")
         bg = _parse_block_body(lines, grid, frange)
@@ -238,7 +244,7 @@ def _parse_block_body(lines: _Lines, grid: tuple[int, ...], frange: int) -> Bloc
             refs_s, attrs_s = _split_head(line[len("output ") :])
             (r,) = _parse_refs(refs_s, lineno, line) or (None,)
             attrs = _parse_attrs(attrs_s, lineno, line)
-            if r is None or set(attrs) != {"omap"}:
+            if r is None or set(attrs) != {"omap"} or not isinstance(attrs["omap"], tuple):
                 raise _perr(lineno, line, "expected 'output %N {omap=(...)}'")
             outs.append(r)
             omaps.append(OutputMap(tuple(attrs["omap"])))
@@ -270,9 +276,22 @@ def _parse_thread_body(lines: _Lines) -> ThreadGraph:
 
 
 def parse_program(text: str) -> Graph:
-    """Parse a ``graph { ... }`` or ``mugraph { ... }`` text; the result is checked."""
+    """Parse a ``graph { ... }`` or ``mugraph { ... }`` text; the result is checked.
+
+    Any malformed text is a :class:`GraphError`: those raised on purpose name the line; anything else
+    that goes wrong on malformed text (a wrong attribute type, say) is reported as a GraphError too.
+    """
     if not isinstance(text, str):
         raise GraphError(f"parse: expected program text, got {type(text).__name__}")
+    try:
+        return _parse_program(text)
+    except GraphError:
+        raise
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError, RecursionError) as e:
+        raise GraphError(f"parse: malformed program ({type(e).__name__}: {str(e)[:200]})") from None
+
+
+def _parse_program(text: str) -> Graph:
     lines = _Lines(text)
     lineno, first = lines.next()
     kw = first.split()[0] if first.split() else ""

@@ -39,6 +39,7 @@ from typing import Any
 
 from ..ir.errors import GraphError
 from ..ir.graph import Graph, MuGraph, node_list
+from ..ir.limits import check_evaluable
 from .cost import H100, Calibration, Cost, Hardware, cost
 from .lift import EClassTerms, Term, commutation_key, lift, term_to_graph
 from .partition import Lowered, lower_all
@@ -248,6 +249,7 @@ def superoptimize(
     if variants < 0:
         raise ValueError(f"superoptimize: variants={variants}; expected >= 0")
     graph.check()
+    check_evaluable(graph, "superoptimize")  # the verifier evaluates it: sizes bounded before allocating
     key = None
     if cache and verifier is None and not extra_rules:
         from . import search_cache

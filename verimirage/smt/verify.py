@@ -33,6 +33,7 @@ import numpy as np
 from ..ir.errors import GraphError
 from ..ir.graph import Graph
 from ..ir.interpret import evaluate
+from ..ir.limits import check_evaluable
 from . import abstract as A
 from . import expr as E
 from .ff import MAX_ACCEPTABLE_BOUND, FFReference, FFResult, collect_here, ff_test
@@ -52,6 +53,7 @@ def check_compatible(a: Any, b: Any) -> None:
         if not isinstance(x, Graph):
             raise GraphError(f"verify: the {w} program is a {type(x).__name__}; expected a vm.Graph or vm.MuGraph")
         x.check(unused_inputs=True)  # an input a program ignores is fine: it is constant in that input
+        check_evaluable(x, "verify")  # sizes bounded before anything is allocated
     sa, sb = _sig(a), _sig(b)
     if sorted(sa) != sorted(sb):
         raise GraphError(f"verify: the programs' inputs differ: {sa} vs {sb}; expected the same names and shapes")
@@ -237,6 +239,7 @@ class Verifier:
         if not isinstance(target, Graph):
             raise GraphError(f"Verifier: the target is a {type(target).__name__}; expected a vm.Graph or vm.MuGraph")
         target.check(unused_inputs=True)
+        check_evaluable(target, "verify")
         self.target = target
         self.seed = seed
         self.trials = trials
