@@ -229,3 +229,61 @@ def test_tampered_selection_cache_not_used() -> None:
         with pytest.raises(ValueError):
             cached_timings(recs, cands, configs)
             pytest.fail(f"tampered record accepted: {why}")
+
+
+def test_tampered_selection_cache_rechecked_against_the_reference(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The whole ``select`` hit path on the CPU (interpreted kernels, a fake GPU clock).
+
+    A wrong candidate fails the reference check when measured; its record, edited into the fastest
+    success (well-formed, so only the re-run can tell), is caught on the next hit: the entry is
+    removed, the selection measured again, and the wrong candidate fails again.
+    """
+    import torch
+    import triton.testing
+
+    from verimirage.backend import profile
+    from verimirage.backend.cache import DiskCache
+
+    monkeypatch.setattr(profile, "device_info", lambda: {"name": "fake", "capability": [9, 0]})
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    clock = iter(range(1, 10**6))
+
+    def bench(fn: Any, rep: int = 0, return_mode: str = "") -> float:
+        fn()
+        return float(next(clock))
+
+    monkeypatch.setattr(triton.testing, "do_bench_cudagraph", bench)
+    monkeypatch.setattr(triton.testing, "do_bench", bench)
+    g = _small_graph()
+    good = vm.MuGraph.from_graph(g)
+    w = vm.Graph()
+    x = w.input("x", (16, 32), vm.float16)
+    wt = w.input("w", (32, 16), vm.float16)
+    b = w.input("b", (1, 16), vm.float16)
+    w.output(w.sub(w.matmul(x, wt), b))  # not the same function
+    wrong = vm.MuGraph.from_graph(w)
+    gen = torch.Generator().manual_seed(0)
+    xs = {t.name: (torch.randn(t.shape, generator=gen) * 0.5).to(torch.float16) for t in g.inputs}
+    configs = profile.DEFAULT_CONFIGS[:1]
+    first = profile.select(g, [good, wrong], configs=configs, inputs=xs, cache_root=tmp_path)
+    assert [t.ok for t in first] == [True, False] and first[0].candidate is good
+    (p,) = (tmp_path / "select").glob("*.json")
+    d = json.loads(p.read_text())
+    recs = d["value"]
+    assert all(r["mugraph_sha256"] for r in recs)
+    recs[1].update(ms=0.001, error=None)
+    d["value"] = [recs[1], recs[0]]  # the wrong kernel, "fastest"
+    p.write_text(json.dumps(d))
+    assert profile.cached_timings(DiskCache("select", tmp_path).get(p.stem), [good, wrong], configs)
+    with caplog.at_level(logging.WARNING, logger="verimirage.backend.profile"):
+        again = profile.select(g, [good, wrong], configs=configs, inputs=xs, cache_root=tmp_path)
+    assert "rejected" in caplog.text and "float64 reference" in caplog.text
+    assert [t.ok for t in again] == [True, False] and again[0].candidate is good
+    # the re-measured entry is well-formed and served next time (after the same re-check)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="verimirage.backend.profile"):
+        third = profile.select(g, [good, wrong], configs=configs, inputs=xs, cache_root=tmp_path)
+    assert "rejected" not in caplog.text
+    assert [(t.index, t.ok) for t in third] == [(t.index, t.ok) for t in again]
