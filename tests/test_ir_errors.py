@@ -310,6 +310,9 @@ def test_overflowing_constant_is_graph_error(c: object) -> None:
         g.shift(x, c)  # type: ignore[arg-type]
     with pytest.raises(vm.GraphError, match=r"float32|negative"):
         g.rms_norm(x, eps=c)  # type: ignore[arg-type]
+    for op, attrs in (("pow", {"c": c}), ("leaky_relu", {"slope": c}), ("clamp", {"lo": c, "hi": 1.0})):
+        with pytest.raises(vm.GraphError, match="float32"):
+            g.apply(op, [x], attrs)
 
 
 def test_representable_constants_still_build() -> None:
