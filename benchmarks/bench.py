@@ -54,6 +54,24 @@ def bench(fn: Any, cudagraph: bool) -> float:
     return 1e3 * float(do_bench(fn, warmup=25, rep=200, return_mode="median"))
 
 
+def loop(fn: Any, n: int = 200) -> tuple[float, float]:
+    """Host µs per call and wall µs per call (to the final synchronisation) of ``n`` back-to-back calls, best
+    of 5: the plain path's cost in a Python loop (the larger of host and device time), warm caches."""
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    best_h, best_w = float("inf"), float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        best_h, best_w = min(best_h, (t1 - t0) / n * 1e6), min(best_w, (t2 - t0) / n * 1e6)
+    return best_h, best_w
+
+
 def ceilings() -> dict[str, float]:
     """Measured device copy bandwidth (bytes/s) and bf16 matmul rate (flop/s)."""
     n = 1 << 28
@@ -147,6 +165,9 @@ def verimirage_variant(g: vm.Graph, case: str, ins: list[torch.Tensor], ref: Any
             verimirage_kernels=c.num_kernels,
             verimirage_mugraph=str(c),
         )
+        # the plain (lean) path in a loop: host time per call, and the host time a loop exposes per launch
+        out["verimirage_host_us"], out["verimirage_loop_us"] = loop(lambda: fn(*ins))
+        out["verimirage_host_per_launch_us"] = (out["verimirage_loop_us"] - t) / c.num_kernels
     return out
 
 
@@ -162,6 +183,7 @@ def run_case(name: str, batch: int, ceil: dict[str, float], args: argparse.Names
     row["eager_err"] = rel_err(f(*ins), ref)
     row["eager_us"] = bench(lambda: f(*ins), cudagraph=True)
     row["eager_plain_us"] = bench(lambda: f(*ins), cudagraph=False)
+    row["eager_host_us"], row["eager_loop_us"] = loop(lambda: f(*ins))
     if not args.no_inductor:
         try:
             torch._dynamo.reset()  # a fresh compile per case (else dynamo's recompile limit falls back to eager)
@@ -169,6 +191,7 @@ def run_case(name: str, batch: int, ceil: dict[str, float], args: argparse.Names
             row["inductor_err"] = rel_err(cf(*ins), ref)
             row["inductor_us"] = bench(lambda: cf(*ins), cudagraph=True)
             row["inductor_plain_us"] = bench(lambda: cf(*ins), cudagraph=False)
+            row["inductor_host_us"], row["inductor_loop_us"] = loop(lambda: cf(*ins))
         except Exception as e:
             row["inductor_error"] = f"{type(e).__name__}: {e}"[:300]
     if name in ATTN:
@@ -245,7 +268,8 @@ def main() -> int:
         "torch": torch.__version__,
         "triton": triton.__version__,
         "verimirage": vm.__version__,
-        "timing": "CUDA-graph replay median (do_bench_cudagraph) in the *_us fields; *_plain_us: do_bench median",
+        "timing": "CUDA-graph replay median (do_bench_cudagraph) in the *_us fields; *_plain_us: do_bench median; "
+                  "*_loop_us / *_host_us: wall / host µs per call of 200 back-to-back calls (best of 5)",
         "ceilings": ceilings(),
         "rows": [],
     }

@@ -42,7 +42,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench import make_inputs
+from bench import loop, make_inputs
 from torch_eager import rel_err, torch_fn
 
 import verimirage as vm
@@ -71,23 +71,6 @@ def selected(row: dict[str, Any]) -> tuple[Any, Any]:
     tried = sorted((t for t in row["candidates"] if t["error"] is None and t["rank"] in ranks), key=lambda t: t["ms"])
     cfg = by_str.get(tried[0]["config"]) if tried else None
     return mg, cfg
-
-
-def loop(fn: Any, n: int = 200) -> tuple[float, float]:
-    """Host µs per call and wall µs per call (to the final synchronisation) of ``n`` back-to-back calls."""
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    best_h, best_w = float("inf"), float("inf")
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        t2 = time.perf_counter()
-        best_h, best_w = min(best_h, (t1 - t0) / n * 1e6), min(best_w, (t2 - t0) / n * 1e6)
-    return best_h, best_w
 
 
 def measure(prefix: str, fn: Any, row: dict[str, Any], graph: bool = False) -> None:
