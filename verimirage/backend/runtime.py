@@ -136,20 +136,19 @@ def write_module(ms: ModuleSource, directory: Path | None = None) -> Path:
     return path
 
 
-def load_module(path: Path, source: str | None = None) -> ModuleType:
+def load_module(path: Path, source: str) -> ModuleType:
     """Execute generated kernel ``source`` as a fresh module whose file is ``path`` (once per text and mode).
 
     Nothing is imported from disk: no bytecode cache (``__pycache__``) is read or written, and the text run
     is ``source`` (the generated text, just hashed), never the file's content. The file must hold exactly
     that text (it is rewritten if not, e.g. after tampering); the text is also put in ``linecache`` under
     the file's name, so Triton's JIT, which reads kernel source through ``inspect``, sees the same text
-    even if the file changes afterwards. ``source=None`` (old callers) reads the file once and runs that
-    text, still never its bytecode.
+    even if the file changes afterwards.
     """
     ensure_mode()
     path = Path(path)
-    if source is None:
-        source = path.read_text()
+    if not isinstance(source, str):
+        raise TypeError(f"load_module: source is a {type(source).__name__}; expected the generated text")
     digest = hashlib.sha256(source.encode()).hexdigest()
     key = f"{digest}:{interpreting()}"
     with _LOCK:
