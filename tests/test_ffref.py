@@ -171,3 +171,24 @@ def test_exp_of_exp_is_unknown_in_both() -> None:
     assert _same_verdict(prog(True), prog(True)) == "unknown"
     r = R.ref_test(prog(False), prog(False), SEEDS)
     assert r.outcome == "equal" and r.bound == r.per_trial_bound ** len(SEEDS)
+
+
+def _new_ops_program(mu: bool) -> vm.Graph:
+    g = vm.MuGraph() if mu else vm.Graph()
+    x = g.input("x", (4, 8), vm.float32)
+    y = g.input("y", (4, 8), vm.float32)
+    m = g.input("m", (4, 8), vm.bool)
+    outs = [g.log(x), g.tanh(x), g.apply("sigmoid", [x]), g.apply("erf", [x]), g.apply("softplus", [x]),
+            g.apply("abs", [x]), g.clamp(x, -1.0, 2.0), g.leaky_relu(x, 0.2), g.leaky_relu(x, 0.1),
+            g.reciprocal(y), g.minimum(x, y), g.min(x, 1), g.where(m, x, y), g.cast(x, vm.float16)]
+    outs += [g.pow(x, c) for c in (0.0, 1.0, 3.0, -2.0, 0.5, -0.5, 1.5)]
+    g.output(*outs)
+    return g
+
+
+def test_every_op_of_the_registry_same_values() -> None:
+    g = _new_ops_program(False)
+    for s in SEEDS:
+        _same_values(g, s)
+        _same_values(to_kernels(g), s)
+    assert _same_verdict(g, to_kernels(g)) == "equal"

@@ -31,6 +31,7 @@ split operand (:func:`_matmul`).
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -42,7 +43,7 @@ import numpy as np
 from ..ir.errors import GraphError
 from ..ir.graph import Graph, node_list, output_refs
 from ..ir.interpret import run
-from ..ir.ops import TensorType, neg_axis
+from ..ir.ops import OPS, POW_EXACT_MAX, TensorType, neg_axis
 from .consts import const_fraction
 
 P_MIN, P_MAX = 1 << 20, 1 << 21
@@ -202,10 +203,27 @@ class RefFF:
     def oracle(self, name: str, x: np.ndarray, inverse: bool = False) -> np.ndarray:
         """The per-trial random function ``name`` of the p-residue (``inverse``: its inverses)."""
         f = self.field
-        z = _mix(x[0], f.key, _SALT[name])
+        z = _mix(x[0], f.key, _SALT[name] if name in _SALT else 16 + zlib.crc32(name.encode()))
         p = (z % np.uint64(f.p)).astype(np.int64)
         q = ((z >> np.uint64(21)) % np.uint64(f.q)).astype(np.int64)
         return _stack(_inv(p, f.p), _inv(q, f.q)) if inverse else _stack(p, q)
+
+    def ones_like(self, x: np.ndarray) -> np.ndarray:
+        """``x * 0 + 1`` (meaningless q-parts stay so)."""
+        return self.const("add", self.const("mul", x, Fraction(0)), Fraction(1))
+
+    def pow(self, x: np.ndarray, attrs: dict[str, Any]) -> np.ndarray:
+        """``x ** c``: exact products for integer ``|c| <= POW_EXACT_MAX`` (negative: the reciprocal), sqrt's
+        random function (or its inverse) for ``c = +-0.5``, else a random function keyed by ``c``."""
+        c = float(attrs["c"])
+        if c.is_integer() and abs(c) <= POW_EXACT_MAX:
+            y = self.ones_like(x) if c == 0 else x
+            for _ in range(int(abs(c)) - 1):
+                y = self.ring("mul", y, x)
+            return self.ring("div", self.ones_like(y), y) if c < 0 else y
+        if c in (0.5, -0.5):
+            return self.oracle("sqrt", x, inverse=c < 0)
+        return self.oracle(opaque_key("pow", attrs), x)
 
     def sum(self, x: np.ndarray, ax: int) -> np.ndarray:
         """Sum along array axis ``ax`` (negative), kept with size 1."""
@@ -231,6 +249,12 @@ def _unkey(k: np.ndarray) -> np.ndarray:
 
 
 _SALT = {"silu": 1, "gelu": 2, "relu": 3, "sqrt": 4}
+
+
+def opaque_key(op: str, attrs: dict[str, Any]) -> str:
+    """The name of the random function standing for ``op`` with ``attrs`` (its salt: :data:`_SALT`, else
+    ``16 + crc32(name)``)."""
+    return f"{op}({', '.join(f'{k}={attrs[k]!r}' for k in sorted(attrs))})" if attrs else op
 
 Meaning = Callable[[RefFF, list[np.ndarray], dict[str, Any], Sequence[TensorType]], np.ndarray]
 
@@ -280,7 +304,18 @@ MEANINGS: dict[str, Meaning] = {
     "rms_norm": _rms_norm,
     "concat": _concat,
     "transpose": lambda d, a, at, it: np.swapaxes(a[0], _axis(at, it, "a"), _axis(at, it, "b")),
+    "reciprocal": lambda d, a, at, it: d.ring("div", d.ones_like(a[0]), a[0]),
+    "pow": lambda d, a, at, it: d.pow(a[0], at),
+    "minimum": lambda d, a, at, it: d.ring("sub", d.ring("add", a[0], a[1]),
+                                           _unkey(np.maximum(_key(a[0]), _key(a[1])))),
+    "min": lambda d, a, at, it: _unkey(_key(a[0]).min(axis=_axis(at, it), keepdims=True)),
+    # m * a + (1 - m) * b: exact on masks m in {0, 1}
+    "where": lambda d, a, at, it: d.ring("add", d.ring("mul", a[0], a[1]), d.ring(
+        "mul", d.const("add", d.const("mul", a[0], Fraction(-1)), Fraction(1)), a[2])),
+    "cast": lambda d, a, at, it: a[0],
 }
+for _op in ("log", "tanh", "sigmoid", "erf", "softplus", "abs", "clamp", "leaky_relu"):  # no exact image
+    MEANINGS[_op] = lambda d, a, at, it, _op=_op: d.oracle(opaque_key(_op, at), a[0])  # type: ignore[misc]
 
 
 # --------------------------------------------------------------------------- the trials
@@ -305,9 +340,10 @@ def evaluate(g: Graph, inputs: dict[str, np.ndarray], fld: Field) -> tuple[list[
 
 
 def degree_bound(g: Graph) -> tuple[int, int]:
-    """``(degree, opaque)``: a degree bound of the outputs as rational functions, each exp / nonlinear
-    unary result counted as a fresh variable, and the number of such nodes (the fast engine's model)."""
-    opaque = [0, 0]  # (largest degree under an opaque op, number of opaque nodes)
+    """``(degree, opaque)`` of the per-node model: a degree bound of the outputs as rational functions, each
+    exp / opaque result a fresh variable (the larger of the registry's degree rules and
+    :func:`quotient_degree`), and the number of opaque applications the registry counts."""
+    opaque = [0, 0]  # (largest degree under an opaque op, opaque applications)
 
     def walk(nodes: Sequence[Any], in_deg: list[int]) -> list[int]:
         d: list[int] = []
@@ -320,23 +356,137 @@ def degree_bound(g: Graph) -> tuple[int, int]:
                 d.append(max(walk(n.attr("block").nodes, a) or [1]))
             elif n.op == "fused":
                 d.append(max(walk(n.attr("thread").nodes, a) or [1]))
-            elif n.op in ("exp", "silu", "gelu", "relu", "sqrt", "rsqrt"):
-                opaque[1] += 1
-                opaque[0] = max(opaque[0], a[0])
-                d.append(1)
-            elif n.op in ("mul", "div", "matmul", "rescaled_sum"):
-                d.append(sum(a) + (n.op == "rescaled_sum"))
-            elif n.op == "square":
-                d.append(2 * a[0])
-            elif n.op == "rms_norm":
-                opaque[1] += 1
-                d.append(sum(a) + 2 * a[0] + 1)
             else:
-                d.append(max(a) if a else 1)
+                dg = OPS[n.op].degree_of(a, n.attr_dict)
+                opaque[1] += dg.opaque
+                if dg.opaque:
+                    opaque[0] = max(opaque[0], dg.inner)
+                d.append(dg.result)
         return d
 
     ds = walk(node_list(g), [])
-    return max(max((ds[i] for i, _ in output_refs(g)), default=1), opaque[0]), opaque[1]
+    node_model = max(max((ds[i] for i, _ in output_refs(g)), default=1), opaque[0])
+    return max(node_model, quotient_degree(g)), opaque[1]
+
+
+def quotient_degree(g: Graph) -> int:
+    """A degree bound of ``g``'s outputs (and of every exp / oracle argument) sound for sums of quotients: each
+    value is ``N / D`` with ``deg N <= n``, ``deg D <= d`` and the axes along which ``D`` may differ; a reduction
+    of ``m`` elements along such an axis gives ``n + (m - 1) d`` over ``m d``. (The fast engine's
+    ``degree_info``, whose degree tests/test_ffref.py checks is the same.)"""
+    opaque = [0, 0, 0]  # max argument degree of an atom, atom nodes, element-wise applications
+    V = tuple[int, int, frozenset[int]]  # (n, d, axes where the denominator may vary)
+
+    def deg(v: V) -> int:
+        return max(v[0], v[1])
+
+    def align(v: V, shape: Sequence[int], out_rank: int) -> frozenset[int]:
+        off = out_rank - len(shape)
+        return frozenset(a + off for a in v[2] if shape[a] != 1)
+
+    def allaxes(v: V, rank: int) -> V:
+        return (v[0], v[1], frozenset(range(rank)) if v[1] else frozenset())
+
+    def reduce(v: V, ax: int, m: int) -> V:
+        n, d, vary = v
+        if d and ax in vary:
+            n, d = n + (m - 1) * d, m * d
+        return (n, d, frozenset(vary - {ax}))
+
+    def walk(nodes: Sequence[Any], in_vals: list[V], reps: int, frange: int, post: list[bool] | None) -> list[V]:
+        vals: list[V] = []
+        for i, n in enumerate(nodes):
+            a = [vals[j] for j, _ in n.args]
+            shapes = [nodes[j].outs[k].shape for j, k in n.args]
+            out = n.outs[0].shape if n.outs else ()
+            rank = len(out)
+            times = reps * (frange if post is not None and not post[i] else 1)
+            elems = math.prod(out) * times
+            if n.op in ("input", "arg"):
+                idx = n.attr("arg") if n.op == "input" and n.attr("arg") is not None else n.attr("index")
+                v = in_vals[idx] if idx is not None and idx < len(in_vals) else (1, 0, frozenset())
+                vals.append(allaxes(v, rank) if n.op == "input" and post is not None else v)
+                continue
+            if n.op == "custom":
+                blk = n.attr("block")
+                outs = walk(blk.nodes, a, reps * blk.num_blocks, blk.frange, blk.post_loop())
+                vals.append(allaxes(max(outs, key=deg) if outs else (1, 0, frozenset()), rank))
+                continue
+            if n.op == "fused":
+                outs = walk(n.attr("thread").nodes, a, times, 1, None)
+                vals.append(allaxes(max(outs, key=deg) if outs else (1, 0, frozenset()), rank))
+                continue
+            if n.op in ("mul", "div"):
+                x, y = a
+                vx, vy = align(x, shapes[0], rank), align(y, shapes[1], rank)
+                if n.op == "mul":
+                    vals.append((x[0] + y[0], x[1] + y[1], vx | vy))
+                else:  # x / y = (Nx Dy) / (Dx Ny); each element's divisor may vanish in the field
+                    ny = frozenset(ax + rank - len(shapes[1]) for ax, s in enumerate(shapes[1]) if s != 1)
+                    vals.append((x[0] + y[1], x[1] + y[0], vx | vy | (ny if y[0] else frozenset())))
+                    opaque[2] += elems * max(1, deg(y))
+            elif n.op in ("add", "sub", "maximum"):
+                x, y = a
+                vx, vy = align(x, shapes[0], rank), align(y, shapes[1], rank)
+                vals.append((max(x[0] + y[1], y[0] + x[1]), x[1] + y[1], vx | vy))
+            elif n.op == "square":
+                vals.append((2 * a[0][0], 2 * a[0][1], a[0][2]))
+            elif n.op in ("neg", "scale", "running_max"):
+                vals.append(a[0])
+            elif n.op == "shift":
+                vals.append((deg(a[0]), a[0][1], a[0][2]))
+            elif n.op == "transpose":
+                i0, i1 = n.attr("a") % rank, n.attr("b") % rank
+                sw = {i0: i1, i1: i0}
+                vals.append((a[0][0], a[0][1], frozenset(sw.get(x, x) for x in a[0][2])))
+            elif n.op in ("sum", "mean", "max"):
+                ax = n.attr("axis") % len(shapes[0])
+                v = a[0] if n.op == "max" else reduce(a[0], ax, shapes[0][ax])
+                vals.append((v[0], v[1], frozenset(v[2] - {ax})))
+            elif n.op == "matmul":
+                x, y = a
+                ra, rb = len(shapes[0]), len(shapes[1])
+                kx, ky = ra - 1, rb - 2
+                vary = frozenset(ax + rank - ra for ax in x[2] if ax < ra - 2 and shapes[0][ax] != 1)
+                vary |= frozenset(ax + rank - rb for ax in y[2] if ax < rb - 2 and shapes[1][ax] != 1)
+                vary |= ({rank - 2} if ra - 2 in x[2] else set()) | ({rank - 1} if rb - 1 in y[2] else set())
+                pv: V = (x[0] + y[0], x[1] + y[1], frozenset({0}) if (kx in x[2] or ky in y[2]) else frozenset())
+                r = reduce(pv, 0, shapes[0][-1])
+                vals.append((r[0], r[1], frozenset(vary)))
+            elif n.op == "concat":
+                nd = max(x[0] for x in a), max(x[1] for x in a)
+                vary = frozenset().union(*(x[2] for x in a))
+                ax = n.attr("axis") % rank
+                vals.append((nd[0], nd[1], vary | ({ax} if nd[1] else frozenset())))
+            elif n.op in ("loop_sum", "rescaled_sum"):
+                x = a[0]
+                n_, d_ = (x[0] + (frange - 1) * x[1], frange * x[1]) if x[1] else (x[0], 0)
+                if n.op == "rescaled_sum":  # acc * exp(m_prev - m) + x: one more atom factor
+                    n_ += 1 + a[1][0]
+                    opaque[1] += 1
+                    opaque[2] += elems * frange
+                vals.append((n_, d_, frozenset(range(rank)) if d_ else frozenset()))
+            elif n.op == "loop_max":
+                vals.append(allaxes(a[0], rank))
+            elif n.op == "rms_norm":
+                # x * rsqrt(mean(x*x) + eps) [* w]: the rsqrt an atom
+                opaque[0] = max(opaque[0], 2 * deg(a[0]))
+                opaque[1] += 1
+                opaque[2] += (elems // max(1, shapes[0][n.attr("axis") % rank])) * max(1, 2 * deg(a[0]))
+                vary = frozenset().union(*(align(x, s, rank) for x, s in zip(a, shapes, strict=True)))
+                vals.append((sum(x[0] for x in a) + 1, sum(x[1] for x in a), vary))
+            else:  # exp, the oracles, and any op not known here: a fresh atom per node
+                arg = max((deg(x) for x in a), default=1)
+                opaque[0] = max(opaque[0], arg)
+                opaque[1] += 1
+                opaque[2] += elems * max(1, arg)
+                vals.append((1, 0, frozenset()))
+        return vals
+
+    nodes = node_list(g)
+    vals = walk(nodes, [], 1, 1, None)
+    out = max((deg(vals[i]) for i, _ in output_refs(g)), default=1)
+    return max(out, opaque[0], 1)
 
 
 def per_trial_bound(a: Graph, b: Graph) -> float:
