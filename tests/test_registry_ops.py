@@ -119,6 +119,9 @@ ALLOWED = {
     ("smt/ff.py", "degree_info"): "the sound rational-degree analysis (N / D per value) names ops; to move onto "
                                   "registry rules",
     ("smt/ff.py", "_exact_degree"): "N / D degrees of cast, where, reciprocal, pow, minimum, min for degree_info",
+    ("smt/ffref.py", "RefFF"): "the reference finite field's ring-operation kind tags",
+    ("smt/ffref.py", "quotient_degree"): "the checker's copy of degree_info (tests/test_ffref.py keeps them equal)",
+    ("smt/ffref.py", "_exact_degree"): "the checker's copy of ff._exact_degree",
     ("integrations/dynamo.py", "*"): "maps ATen op names onto registry ops (capture owns it)",
     ("smt/ffproj.py", "*"): "dispatches on the finite field's linear-structure tags, not on op names",
     ("smt/ffgpu.py", "*"): "dispatches on product epilogue tags",

@@ -369,11 +369,50 @@ def degree_bound(g: Graph) -> tuple[int, int]:
     return max(node_model, quotient_degree(g)), opaque[1]
 
 
+def _exact_degree(op: str, attrs: dict[str, Any], a: list[Any], shapes: list[Any], rank: int,
+                  align: Callable[..., frozenset[int]]) -> tuple[Any, int] | None:
+    """``(N, D, varying axes)`` of the ops added for real models whose field meaning is exact (cast, where,
+    reciprocal, integer powers, minimum/min as the order's other operand), and the divisor degree each
+    element divides by (0: none); None for every other op (handled by :func:`degree_info` itself)."""
+    def deg(v: Any) -> int:
+        return int(max(v[0], v[1]))
+
+    if op == "cast":
+        return a[0], 0
+    if op == "where":  # m a + (1 - m) b over the common denominator Da Db
+        m, x, y = a
+        vary = frozenset().union(*(align(v, s, rank) for v, s in zip(a, shapes, strict=True)))
+        return (deg(m) + max(x[0] + y[1], y[0] + x[1]), x[1] + y[1] + m[1], vary), 0
+    if op == "minimum":  # a + b - maximum(a, b): add-like, as maximum
+        x, y = a
+        vx, vy = align(x, shapes[0], rank), align(y, shapes[1], rank)
+        return (max(x[0] + y[1], y[0] + x[1]), x[1] + y[1], vx | vy), 0
+    if op == "min":
+        ax = attrs["axis"] % len(shapes[0])
+        return (a[0][0], a[0][1], frozenset(a[0][2] - {ax})), 0
+    if op == "reciprocal":  # Dx / Nx: every element divides by its numerator
+        x = a[0]
+        nx = frozenset(ax for ax, sz in enumerate(shapes[0]) if sz != 1)
+        return (x[1], x[0], x[2] | (nx if x[0] else frozenset())), max(1, deg(x))
+    if op == "pow":
+        c = float(attrs["c"])
+        if not (c.is_integer() and abs(c) <= POW_EXACT_MAX):
+            return None  # an oracle (or sqrt's): an atom
+        k, x = int(abs(c)), a[0]
+        if k == 0:
+            return (0, 0, frozenset()), 0
+        if c > 0:
+            return (k * x[0], k * x[1], x[2]), 0
+        nx = frozenset(ax for ax, sz in enumerate(shapes[0]) if sz != 1)
+        return (k * x[1], k * x[0], x[2] | (nx if x[0] else frozenset())), k * max(1, deg(x))
+    return None
+
+
 def quotient_degree(g: Graph) -> int:
     """A degree bound of ``g``'s outputs (and of every exp / oracle argument) sound for sums of quotients: each
     value is ``N / D`` with ``deg N <= n``, ``deg D <= d`` and the axes along which ``D`` may differ; a reduction
-    of ``m`` elements along such an axis gives ``n + (m - 1) d`` over ``m d``. (The fast engine's
-    ``degree_info``, whose degree tests/test_ffref.py checks is the same.)"""
+    of ``m`` elements along such an axis gives ``n + (m - 1) d`` over ``m d``. (A copy of the degree of the fast
+    engine's ``degree_info``; tests/test_ffref.py checks they agree.)"""
     opaque = [0, 0, 0]  # max argument degree of an atom, atom nodes, element-wise applications
     V = tuple[int, int, frozenset[int]]  # (n, d, axes where the denominator may vary)
 
@@ -415,6 +454,12 @@ def quotient_degree(g: Graph) -> int:
             if n.op == "fused":
                 outs = walk(n.attr("thread").nodes, a, times, 1, None)
                 vals.append(allaxes(max(outs, key=deg) if outs else (1, 0, frozenset()), rank))
+                continue
+            exact = _exact_degree(n.op, n.attr_dict, a, shapes, rank, align)
+            if exact is not None:  # registry ops with an exact polynomial / rational meaning
+                v, divided = exact
+                vals.append(v)
+                opaque[2] += elems * divided
                 continue
             if n.op in ("mul", "div"):
                 x, y = a
