@@ -75,7 +75,7 @@ def test_tampered_search_cache_entry_not_served(
     assert any(ch.name == "finite-field" for ch in third.best.verdict.evidence)
 
 
-@pytest.mark.parametrize("damage", ["other-graph", "not-json", "bad-cost"])
+@pytest.mark.parametrize("damage", ["other-graph", "not-json", "bad-cost", "edited-cost"])
 def test_corrupt_search_cache_entry_is_a_miss_not_an_exception(
     damage: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -92,8 +92,10 @@ def test_corrupt_search_cache_entry_is_a_miss_not_an_exception(
         c0["certificate"] = json.dumps(cert)
     elif damage == "not-json":
         c0["certificate"] = "{"
-    else:
+    elif damage == "bad-cost":
         c0["cost"] = {"nonsense": 1}
+    else:  # a cost edited (to reorder candidates) is not the cost model's
+        c0["cost"]["bytes"] = 1
     d["value"]["sha256"] = search_cache._checksum(d["value"]["candidates"])
     p.write_text(json.dumps(d))
     with caplog.at_level(logging.WARNING, logger="verimirage.rewrite.search_cache"):

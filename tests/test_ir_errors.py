@@ -435,3 +435,22 @@ def test_block_graph_blocks_count_toward_the_evaluation_bound() -> None:
     assert o3.shape == (256, 8192)
     with pytest.raises(vm.GraphError, match=r"x 65536 block\(s\)"):
         check_evaluable(mg3, "evaluate")
+
+
+@pytest.mark.parametrize("shape", [(-4,), (0,), ()])
+def test_bad_shapes_rejected_at_every_entry_point(shape: tuple[int, ...]) -> None:
+    """A program that bypassed the builder and the readers is still refused by evaluate/verify/superoptimize."""
+    from verimirage.ir.graph import Node
+    from verimirage.ir.ops import TensorType as TT
+
+    t = TT(shape, vm.float32)
+    g = vm.Graph._from_parts([Node("input", (), (("name", "x"),), (t,)), Node("exp", ((0, 0),), (), (t,))],
+                             [(1, 0)])
+    with pytest.raises(vm.GraphError, match="shape"):
+        vm.evaluate(g, {"x": np.zeros(4, dtype=np.float32)})
+    with pytest.raises(vm.GraphError, match="shape"):
+        vm.verify(g, g)
+    with pytest.raises(vm.GraphError, match="shape"):
+        vm.superoptimize(g, cache=False)
+    with pytest.raises(vm.GraphError, match="shape"):
+        vm.MuGraph.from_graph(g).check()

@@ -14,7 +14,8 @@ rules and certificate, plus a SHA-256 of all of it.
 Nothing read from an entry is trusted. On read, before anything is served:
 the checksum; that each μGraph parses, passes the IR checks and is in
 canonical text form; that each certificate's programs are exactly the
-requesting graph and that μGraph (by text, not by a stored hash); and the
+requesting graph and that μGraph (by text, not by a stored hash); that each
+served candidate's cost is what the search's cost model gives; and the
 independent certificate checker (:func:`verimirage.smt.certificate.check_certificate`,
 re-deriving everything from the two programs) re-checks the certificate of
 every candidate that is served. The checksum is unkeyed, so it only catches
@@ -37,6 +38,7 @@ import functools
 import hashlib
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -118,12 +120,14 @@ def save(key: str, result: Any) -> None:
                        "report": str(result.report)})
 
 
-def load(key: str, graph: Graph, *, recheck: str = "all") -> Any | None:
+def load(key: str, graph: Graph, *, recheck: str = "all", cost_of: Callable[[MuGraph], Any] | None = None
+         ) -> Any | None:
     """The cached SearchResult for ``key``, or None (a miss, or a bad entry reported, removed and ignored).
 
     ``recheck``: ``"all"`` (re-check every candidate's certificate and serve them all) or ``"best"``
     (re-check and serve the best candidate only). Every served candidate's certificate has just re-checked
-    against ``graph`` and names exactly the served μGraph.
+    against ``graph`` and names exactly the served μGraph. ``cost_of`` (the search's cost model): each served
+    candidate's stored cost must be what it gives (a cost edited to reorder candidates is a bad entry).
     """
     if recheck not in ("all", "best"):
         raise ValueError(f"search cache: recheck={recheck!r}; expected 'all' or 'best'")
@@ -132,7 +136,7 @@ def load(key: str, graph: Graph, *, recheck: str = "all") -> Any | None:
     if entry is None:
         return None
     try:
-        return _rebuild(entry, graph, recheck)
+        return _rebuild(entry, graph, recheck, cost_of)
     except Exception as e:  # anything wrong with an entry is a miss, never the caller's exception
         log.warning("search cache entry %s rejected and removed (%s: %s); searching again", key[:16],
                     type(e).__name__, (str(e).splitlines() or [""])[0][:300])
@@ -155,7 +159,7 @@ def _recheck(cert: Any) -> Any:
         return check_certificate(p)
 
 
-def _rebuild(entry: Any, graph: Graph, recheck: str) -> Any:
+def _rebuild(entry: Any, graph: Graph, recheck: str, cost_of: Callable[[MuGraph], Any] | None = None) -> Any:
     from ..smt.certificate import Certificate
     from ..smt.verdict import Check, Proved
     from .cost import Cost, KernelCost
@@ -187,14 +191,16 @@ def _rebuild(entry: Any, graph: Graph, recheck: str) -> Any:
     served = parsed if recheck == "all" else parsed[:1]
     out = []
     for i, (d, mg, cert) in enumerate(served):
+        cd = dict(d["cost"])
+        cd["kernels"] = tuple(KernelCost(**k) for k in cd.get("kernels", ()))
+        cost = Cost(**cd)
+        if cost_of is not None and dataclasses.asdict(cost_of(mg)) != dataclasses.asdict(cost):
+            raise ValueError(f"candidate {i}: the stored cost is not the cost model's")
         v = _recheck(cert)
         if not isinstance(v, Proved):
             raise ValueError(f"candidate {i}: the certificate does not re-check ({v.reason})")
         checks: tuple[Check, ...] = (Check("search-cache", "proved", (("entry_sha256", entry["sha256"]),)),
                                      *tuple(v.evidence))
-        cd = dict(d["cost"])
-        cd["kernels"] = tuple(KernelCost(**k) for k in cd.get("kernels", ()))
-        cost = Cost(**cd)
         verdict = Proved(f"served from the search cache, certificate re-checked ({v.reason}); "
                          f"the search said: {d['verdict_reason']}", checks)
         g2 = Graph.parse(d["graph"]) if d.get("graph") else None

@@ -267,7 +267,8 @@ def superoptimize(
             # a profiled ordering belongs to one GPU (and its software): key it by them
             "device": _device_key() if profile else None,
         })
-        hit = search_cache.load(key, graph, recheck="all" if recheck_cache else "best")
+        hit = search_cache.load(key, graph, recheck="all" if recheck_cache else "best",
+                                cost_of=lambda mg: cost(mg, hardware, calibration or Calibration()))
         if hit is not None:
             hit.report.from_cache = str(search_cache.entry_path(key))
             log.info("superoptimize: served from the search cache (%d candidate(s))", len(hit.candidates))
