@@ -220,6 +220,55 @@ def _concat(args: Sequence[str], attrs: dict[str, Any], in_types: Sequence[Tenso
     return "(" + " + ".join(terms) + ")"
 
 
+@implements("triton", "permute")
+def _permute(args: Sequence[str], attrs: dict[str, Any], in_types: Sequence[TensorType], out_types: Any) -> str:
+    return f"tl.permute({args[0]}, {tuple(attrs['dims'])})"
+
+
+@implements("triton", "broadcast_to")
+def _broadcast_to(args: Sequence[str], attrs: dict[str, Any], in_types: Sequence[TensorType], out_types: Any) -> str:
+    """New leading dims by a reshape, then ``tl.broadcast_to`` the padded result shape (needs ``_padded``)."""
+    p_in, p_out = tuple(attrs["_padded"][0]), tuple(attrs["_padded"][-1])
+    x = args[0]
+    if len(p_out) > len(p_in):
+        x = f"tl.reshape({x}, {(1,) * (len(p_out) - len(p_in)) + p_in})"
+    return f"tl.broadcast_to({x}, {p_out})"
+
+
+@implements("triton", "reshape")
+def _reshape(args: Sequence[str], attrs: dict[str, Any], in_types: Sequence[TensorType], out_types: Any) -> str:
+    """``tl.reshape`` of the padded tile: exact when every merged or split group of dims is unpadded (size-1
+    dims and kept dims carry their padding along); otherwise a clear GraphError."""
+    from ..ir.ops import reshape_groups
+
+    p_in, p_out = tuple(attrs["_padded"][0]), tuple(attrs["_padded"][-1])
+    old, new = in_types[0].shape, out_types[0].shape
+    for og, ng in reshape_groups(old, new):
+        if (len(og) > 1 or len(ng) > 1) and ([p_in[d] for d in og] != [old[d] for d in og]
+                                             or [p_out[d] for d in ng] != [new[d] for d in ng]):
+            raise GraphError(f"codegen: reshape {old} -> {new} merges or splits dims whose tiles are padded "
+                             f"({p_in} -> {p_out}); expected power-of-two sizes on merged or split dims")
+    return f"tl.reshape({args[0]}, {p_out})"
+
+
+@implements("triton", "slice")
+def _slice(args: Sequence[str], attrs: dict[str, Any], in_types: Sequence[TensorType], out_types: Any) -> str:
+    """Elements ``start + i`` along the axis, by one-hot selection (Triton tiles have no slicing)."""
+    padded = attrs["_padded"]
+    ax, start = attrs["axis"], int(attrs["start"])
+    rank = in_types[0].rank
+    p_in, p_out = padded[0][ax], padded[-1][ax]
+    numel = math.prod(padded[0]) * p_out
+    if numel > TRITON_MAX_NUMEL:
+        raise GraphError(f"codegen: slice of a tile {tuple(padded[0])} along axis {ax} needs a one-hot selection "
+                         f"of {numel} elements, above Triton's limit of {TRITON_MAX_NUMEL} per tensor")
+    src = "[" + ", ".join([":"] * (ax + 1) + ["None"] + [":"] * (rank - ax - 1)) + "]"
+    lift = ", ".join(["None"] * ax + [":", "None"] + ["None"] * (rank - ax - 1))
+    lift_o = ", ".join(["None"] * ax + ["None", ":"] + ["None"] * (rank - ax - 1))
+    sel = f"(tl.arange(0, {p_in})[{lift}] == tl.arange(0, {p_out})[{lift_o}] + {start})"
+    return f"tl.sum(tl.where({sel}, {args[0]}{src}, 0.0), axis={ax})"
+
+
 @implements("triton", "loop_sum")
 def _loop_sum(args: Sequence[str], attrs: dict[str, Any], in_types: Any, out_types: Any) -> str:
     return f"({args[0]} + {args[1]})"

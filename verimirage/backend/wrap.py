@@ -169,19 +169,20 @@ def _matmul_block(node: Node, in_types: Sequence[TensorType]) -> BlockGraph:
 
 
 def _axis_block(node: Node, in_types: Sequence[TensorType]) -> BlockGraph:
-    """Ops that keep ``axis`` whole in a tile (rms_norm, concat): the other dims are partitioned."""
+    """Ops that keep some dims whole in a tile (rms_norm and concat's axis, a reshape's merged dims, a
+    slice's axis): the grid walks the result dims the operands' dims line up with."""
     attrs = node.attr_dict
     out = node.outs[0]
     r = out.rank
-    ax = attrs["axis"]
-    axes = _plan(out.shape, {ax})
+    im0 = OPS[node.op].index_map(in_types, attrs, out)
+    axes = _plan(out.shape, set(im0.whole_out) | (set(range(r)) - im0.linked()))
     b = BlockBuilder([k for _, k in axes], 1)
     im = OPS[node.op].index_map(in_types, attrs, out)
     xs = []
     for i, t in enumerate(in_types):
         dims = {o: j for a, j, o in im.links if a == i}
         xs.append(b.input(i, t, _operand_imap(t, r, axes, lambda od, dims=dims: dims.get(od))))
-    b.output(b.apply(node.op, xs, attrs), [dd for dd, _ in axes])
+    b.output(b.apply(node.op, xs, OPS[node.op].block_attrs(attrs, in_types)), [dd for dd, _ in axes])
     return b.build()
 
 
@@ -202,6 +203,8 @@ OPS["matmul"].hooks["block"] = _matmul_block
 OPS["rms_norm"].hooks["block"] = _axis_block
 OPS["concat"].hooks["block"] = _axis_block
 OPS["transpose"].hooks["block"] = _transpose_block
+for _name in ("permute", "reshape", "broadcast_to", "slice"):
+    OPS[_name].hooks["block"] = _axis_block
 
 
 def to_kernels(g: Graph) -> MuGraph:

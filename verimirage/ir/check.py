@@ -56,7 +56,8 @@ def _check_op(nodes: Sequence[Node], i: int, level: Level, in_types: list[Tensor
     if not d.levels & level:
         raise _where(nodes, i, f"{n.op}: not allowed in a {str(level.name).lower()} graph")
     keys = {k for k, _ in n.attrs}
-    if keys != set(d.attrs):
+    optional = set(d.hooks.get("block_only", ())) if level != Level.KERNEL else set()
+    if not set(d.egg_attrs()) <= keys <= set(d.egg_attrs()) | optional:
         raise _where(nodes, i, f"{n.op}: attributes {sorted(keys)}; expected {sorted(d.attrs)}")
     try:
         out = d.infer(in_types, n.attr_dict)

@@ -372,6 +372,27 @@ class _Builder:
         dt = _check_dtype("cast", dtype)
         return self._emit("cast", [x], {"dtype": dt.short})
 
+    def permute(self, x: Tensor, dims: Sequence[int]) -> Tensor:
+        """Reorder dims: result dim ``j`` is operand dim ``dims[j]`` (negative dims count from the end)."""
+        if isinstance(dims, (tuple, list)) and isinstance(x, Tensor):
+            dims = [check_axis("permute", x.type, d, "dim") for d in dims]
+        return self._emit("permute", [x], {"dims": dims})
+
+    def reshape(self, x: Tensor, shape: Sequence[int]) -> Tensor:
+        """Row-major reshape (a view); one dim may be ``-1`` (inferred)."""
+        if isinstance(shape, (tuple, list)) and isinstance(x, Tensor) and list(shape).count(-1) == 1:
+            known = math.prod(s for s in shape if s != -1)
+            shape = [x.type.numel // known if s == -1 and known > 0 else s for s in shape]
+        return self._emit("reshape", [x], {"shape": shape})
+
+    def broadcast_to(self, x: Tensor, shape: Sequence[int]) -> Tensor:
+        """``x`` broadcast to ``shape`` (numpy rules; torch's ``expand``)."""
+        return self._emit("broadcast_to", [x], {"shape": shape})
+
+    def slice(self, x: Tensor, axis: int, start: int, stop: int) -> Tensor:
+        """Elements ``start .. stop-1`` along ``axis`` (torch's ``narrow``)."""
+        return self._emit("slice", [x], {"axis": axis, "start": start, "stop": stop})
+
     def min(self, x: Tensor, axis: int) -> Tensor:
         """Min along ``axis``, keeping it with size 1."""
         return self._emit("min", [x], {"axis": axis})

@@ -207,6 +207,17 @@ class OpDef:
             raise GraphError(f"{self.name}: has no index rule (structural op); expected a tensor op")
         return self.index(in_types, attrs, out)
 
+    def block_attrs(self, attrs: dict[str, Any], full_in_types: Sequence[TensorType]) -> dict[str, Any]:
+        """The attributes of this op inside a block graph whose operands are tiles of ``full_in_types``."""
+        out = dict(attrs)
+        if "src" in self.hooks.get("block_only", ()):
+            out["src"] = tuple(full_in_types[0].shape)
+        return out
+
+    def egg_attrs(self) -> tuple[str, ...]:
+        """The attributes an e-graph term carries (kernel level: block-only ones left out)."""
+        return tuple(a for a in self.attrs if a not in self.hooks.get("block_only", ()))
+
     def attr_kind(self, key: str) -> str:
         """The kind of attribute ``key`` (see :attr:`attr_kinds`)."""
         return self.attr_kinds.get(key, "float")
@@ -590,6 +601,7 @@ def _def(
     min_args: int = 1,
     **facts: Any,
 ) -> OpDef:
+    levels = facts.pop("levels", levels)
     op = _register(OpDef(name, arity, attrs, props, levels, rule, doc, min_args, **facts))
     if ref is not None:
         op.domains["ref"] = ref
@@ -865,6 +877,179 @@ def _cast_rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
 
 _unary("cast", lambda x: x, "x rounded to dtype (the real-valued meaning is x)", attrs=("dtype",),
        attr_kinds={"dtype": "dtype"}, degree=_deg_max, homog=_h_first, shape_rule_override=_cast_rule)
+
+# ---- layout ops (kernel and block level): data movement, one meaning for every array domain
+
+
+def _ints(op: str, key: str, v: Any) -> tuple[int, ...]:
+    if not isinstance(v, (tuple, list)) or not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+                                                   for x in v):
+        raise GraphError(f"{op}: {key}={v!r}; expected a tuple of ints")
+    return tuple(int(x) for x in v)
+
+
+def _permute_rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
+    (t,) = ts
+    dims = _ints("permute", "dims", attrs.get("dims"))
+    if sorted(dims) != list(range(t.rank)):
+        raise _err("permute", ts, f"dims to be a permutation of 0..{t.rank - 1}, got {dims}")
+    return TensorType(tuple(t.shape[d] for d in dims), t.dtype)
+
+
+def _tile_shape(op: str, t: TensorType, attrs: dict[str, Any], full: tuple[int, ...]) -> tuple[int, ...]:
+    """At block level (``src``: the kernel operand's full shape), the result tile: kept dims take the
+    operand tile's size, every other dim is whole (the index rule keeps them out of the grid)."""
+    src = _ints(op, "src", attrs["src"])
+    if len(src) != t.rank:
+        raise GraphError(f"{op}: block-level src {src} does not match the operand tile {t}")
+    out = list(full)
+    for _a, j, o in OPS[op].index_map([TensorType(src, t.dtype)], attrs, TensorType(full, t.dtype)).links:
+        if src[j] != 1:
+            out[o] = t.shape[j]
+    return tuple(out)
+
+
+def _reshape_rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
+    (t,) = ts
+    shape = _ints("reshape", "shape", attrs.get("shape"))
+    n = math.prod(_ints("reshape", "src", attrs["src"])) if "src" in attrs else t.numel
+    if any(s <= 0 for s in shape) or math.prod(shape) != n:
+        raise _err("reshape", ts, f"a shape of positive dims with {n} elements, got {shape}")
+    if "src" in attrs:
+        shape = _tile_shape("reshape", t, attrs, shape)
+    return TensorType(shape, t.dtype)
+
+
+def _broadcast_rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
+    (t,) = ts
+    shape = _ints("broadcast_to", "shape", attrs.get("shape"))
+    src = _ints("broadcast_to", "src", attrs["src"]) if "src" in attrs else t.shape
+    lead = len(shape) - len(src)
+    if lead < 0 or any(s != shape[j + lead] and s != 1 for j, s in enumerate(src)) or min(shape, default=1) <= 0:
+        raise _err("broadcast_to", ts, f"a shape {shape} the operand broadcasts to (numpy rules)")
+    if "src" in attrs:
+        shape = _tile_shape("broadcast_to", t, attrs, shape)
+    return TensorType(shape, t.dtype)
+
+
+def _index_broadcast_to(ts: Sequence[TensorType], attrs: dict[str, Any], out: TensorType) -> IndexMap:
+    """Operand dims line up right-aligned; the dims it is broadcast along stay whole in a tile."""
+    src = tuple(attrs["src"]) if "src" in attrs else ts[0].shape
+    lead = out.rank - len(src)
+    links = tuple((0, j, j + lead) for j in range(len(src)) if src[j] != 1 or out.shape[j + lead] == 1)
+    linked = {o for _, _, o in links}
+    return IndexMap(links=links, whole_out=tuple(o for o in range(out.rank) if o not in linked))
+
+
+def _slice_rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
+    (t,) = ts
+    if t.rank == 0:
+        raise _err("slice", ts, "an operand of rank >= 1")
+    ax = check_axis("slice", t, attrs["axis"])
+    start, stop = attrs.get("start"), attrs.get("stop")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (start, stop)) or \
+            not 0 <= start < stop <= t.shape[ax]:  # type: ignore[operator]
+        raise _err("slice", ts, f"0 <= start < stop <= {t.shape[ax]} on axis {ax}, got start={start}, stop={stop}")
+    shape = list(t.shape)
+    shape[ax] = stop - start  # type: ignore[operator]
+    return TensorType(tuple(shape), t.dtype)
+
+
+def _lead(x: Any, t: TensorType) -> int:
+    return len(x.shape) - t.rank
+
+
+def _layout_permute(args: list[Any], attrs: dict[str, Any], it: Any, ot: Any) -> Any:
+    x = args[0]
+    lead = _lead(x, it[0])
+    return x.transpose(list(range(lead)) + [lead + d for d in attrs["dims"]])
+
+
+def _layout_reshape(args: list[Any], attrs: dict[str, Any], it: Any, ot: Any) -> Any:
+    x = args[0]
+    return x.reshape(tuple(x.shape[: _lead(x, it[0])]) + tuple(ot[0].shape))
+
+
+def _layout_broadcast(args: list[Any], attrs: dict[str, Any], it: Any, ot: Any) -> Any:
+    x = args[0]
+    lead = _lead(x, it[0])
+    shape = tuple(ot[0].shape)
+    y = x.reshape(tuple(x.shape[:lead]) + (1,) * (len(shape) - it[0].rank) + tuple(x.shape[lead:]))
+    return np.broadcast_to(y, tuple(y.shape[:lead]) + shape)
+
+
+def _layout_slice(args: list[Any], attrs: dict[str, Any], it: Any, ot: Any) -> Any:
+    x = args[0]
+    pos = _lead(x, it[0]) + attrs["axis"]
+    return x[(slice(None),) * pos + (slice(attrs["start"], attrs["stop"]),)]
+
+
+def reshape_groups(old: tuple[int, ...], new: tuple[int, ...]) -> list[tuple[list[int], list[int]]]:
+    """Row-major reshape ``old -> new`` as groups of dims (size-1 dims left out) whose sizes multiply
+    to the same number."""
+    o = [i for i, n in enumerate(old) if n != 1]
+    nn = [j for j, n in enumerate(new) if n != 1]
+    groups = []
+    i = j = 0
+    while i < len(o) or j < len(nn):
+        og, ng = [o[i]], [nn[j]]
+        po, pn = old[o[i]], new[nn[j]]
+        i += 1
+        j += 1
+        while po != pn:
+            if po < pn:
+                og.append(o[i])
+                po *= old[o[i]]
+                i += 1
+            else:
+                ng.append(nn[j])
+                pn *= new[nn[j]]
+                j += 1
+        groups.append((og, ng))
+    return groups
+
+
+def _index_permute(ts: Sequence[TensorType], attrs: dict[str, Any], out: TensorType) -> IndexMap:
+    return IndexMap(links=tuple((0, d, j) for j, d in enumerate(attrs["dims"])))
+
+
+def _index_reshape(ts: Sequence[TensorType], attrs: dict[str, Any], out: TensorType) -> IndexMap:
+    """Dims a reshape keeps (one old dim is one new dim) walk together; merged or split dims stay whole."""
+    links, whole_in, whole_out = [], [], []
+    src = tuple(attrs["src"]) if "src" in attrs else ts[0].shape
+    for og, ng in reshape_groups(src, tuple(attrs["shape"])):
+        if len(og) == 1 and len(ng) == 1:
+            links.append((0, og[0], ng[0]))
+        else:
+            whole_in += [(0, d) for d in og]
+            whole_out += ng
+    return IndexMap(links=tuple(links), whole_in=tuple(whole_in), whole_out=tuple(whole_out))
+
+
+def _index_slice(ts: Sequence[TensorType], attrs: dict[str, Any], out: TensorType) -> IndexMap:
+    ax = attrs["axis"]
+    return IndexMap(links=tuple((0, j, j) for j in range(out.rank) if j != ax), whole_in=((0, ax),),
+                    whole_out=(ax,))
+
+
+_LAYOUT: dict[str, Any] = {"degree": _deg_max, "homog": _h_first, "levels": _KB}
+_def("permute", 1, Prop.NONE, _permute_rule, _layout_permute, "reorder dims: result dim j is operand dim dims[j]",
+     ("dims",), attr_kinds={"dims": "ints"}, index=_index_permute, **_LAYOUT)
+# at block level a reshape / broadcast_to also records ``src``, the kernel operand's full shape, so that
+# its shape attribute (the full result) and the tile it makes can both be read (see _tile_shape)
+_BLOCK_SRC = {"triton_needs": ("_padded",), "block_only": ("src",)}
+_def("reshape", 1, Prop.NONE, _reshape_rule, _layout_reshape, "row-major reshape (view)", ("shape", "src"),
+     attr_kinds={"shape": "ints", "src": "ints"}, index=_index_reshape, hooks=dict(_BLOCK_SRC), **_LAYOUT)
+_def("broadcast_to", 1, Prop.NONE, _broadcast_rule, _layout_broadcast, "numpy broadcast to shape (expand)",
+     ("shape", "src"), attr_kinds={"shape": "ints", "src": "ints"}, index=_index_broadcast_to,
+     hooks=dict(_BLOCK_SRC), **_LAYOUT)
+_def("slice", 1, Prop.NONE, _slice_rule, _layout_slice, "elements start..stop-1 along axis (narrow)",
+     ("axis", "start", "stop"), attr_kinds={"axis": "axis", "start": "int", "stop": "int"}, index=_index_slice,
+     hooks={"triton_needs": ("_padded",)}, **_LAYOUT)
+for _name in ("permute", "reshape", "broadcast_to"):
+    OPS[_name].domains["ff"] = OPS[_name].domains["ref"]  # data movement: the same on every array value
+    OPS[_name].domains["abstract"] = OPS[_name].domains["ref"]
+OPS["slice"].domains["ff"] = _layout_slice
 
 # Loop constructs of block graphs. Their meaning is the evaluator's (ir.interpret), written once
 # in terms of registry ops (add, maximum, sub, exp, mul), so every domain gets them for free.

@@ -120,7 +120,7 @@ def ctor(op: str, nargs: int | None = None) -> Ctor:
         raise GraphError(f"lift: op {op!r} has no egglog constructor on {nargs} operand(s)")
     fname = names[key]
     params = [f"x{i}: TT" for i in range(key)] if key is not None else ["xs: TL"]
-    params += [f"{a}: {_EGG_KIND[d.attr_kind(a)]}" for a in d.attrs]
+    params += [f"{a}: {_EGG_KIND[d.attr_kind(a)]}" for a in d.egg_attrs()]
     ns: dict[str, Any] = {"TT": TT, "TL": TL, "i64Like": i64Like, "f64Like": f64Like, "StringLike": StringLike}
     if not fname.isidentifier():
         raise GraphError(f"lift: op name {op!r} is not an identifier; expected one for its egglog constructor")
@@ -166,7 +166,7 @@ def egg_apply(op: str, args: Sequence[Any], attrs: dict[str, Any]) -> TT:
     d = get_op(op)
     c = ctor(op, len(args))
     operands = [egg_list(args)] if c.nargs is None else list(args)
-    return c.fn(*operands, *[egg_attr(d, k, attrs[k]) for k in d.attrs])
+    return c.fn(*operands, *[egg_attr(d, k, attrs[k]) for k in d.egg_attrs()])
 
 
 def egg_meaning(args: list[TT], attrs: dict[str, Any], in_types: Any, out_types: Any, *, op: str) -> TT:
@@ -203,7 +203,7 @@ def _generic_shape_rules(d: OpDef, c: Ctor) -> None:
         return
     t, x, a, b = (var(n, TT) for n in ("t", "x", "a", "b"))
     r, i, d1, d2 = (var(n, i64) for n in ("r", "i", "d1", "d2"))
-    avars = [var(f"at_{k}", _attr_type(d, k)) for k in d.attrs]
+    avars = [var(f"at_{k}", _attr_type(d, k)) for k in d.egg_attrs()]
     rules = []
     if kind == "same":
         ops = [x] + ([var("w", TT)] if c.nargs == 2 else []) if c.nargs is not None else None
@@ -230,7 +230,7 @@ def _generic_shape_rules(d: OpDef, c: Ctor) -> None:
                 set_(dim(t, i)).to(top)),
         ]
     else:  # reduce: the axis attribute keeps size 1
-        ax = avars[list(d.attrs).index("axis")]
+        ax = avars[list(d.egg_attrs()).index("axis")]
         term = c.fn(x, *avars)
         rules += [
             rule(eq(t).to(term), eq(r).to(rank(x))).then(set_(rank(t)).to(r), set_(dim(t, ax)).to(i64(1))),
@@ -531,7 +531,7 @@ class EClassTerms:
         d = get_op(c.op)
         k = 1 if c.nargs is None else c.nargs
         operands = tuple(vs[0]) if c.nargs is None else tuple(vs[:k])
-        attrs = tuple(sorted((a, _py_attr(d, a, v)) for a, v in zip(d.attrs, vs[k:], strict=True)))
+        attrs = tuple(sorted((a, _py_attr(d, a, v)) for a, v in zip(d.egg_attrs(), vs[k:], strict=True)))
         return Term(c.op, attrs, operands)
 
     def _solve(self) -> None:
@@ -582,7 +582,7 @@ class EClassTerms:
         d = get_op(t.op)
         cons = ctor(t.op, len(t.args))
         kids = [self._lookup(t.args)] if cons.nargs is None else [self._lookup(x) for x in t.args]
-        extra = [prim(_PRIM_TYPE[d.attr_kind(k)], _prim_value(d, k, a[k])) for k in d.attrs]
+        extra = [prim(_PRIM_TYPE[d.attr_kind(k)], _prim_value(d, k, a[k])) for k in d.egg_attrs()]
         return node(cons.name, [*kids, *extra])
 
     def class_of(self, t: Term) -> str | None:

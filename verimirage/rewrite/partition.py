@@ -345,8 +345,10 @@ def _refinable(an: Analysis, grid: tuple[tuple[int, int], ...], r: int, min_tile
 # --------------------------------------------------------------------------- building block graphs
 
 
-def _apply(b: Any, op: str, attrs: dict[str, Any], args: list[Tensor]) -> Tensor:
-    return b.apply(op, args, attrs)
+def _apply(b: Any, op: str, attrs: dict[str, Any], args: list[Tensor],
+           full: Sequence[TensorType] | None = None) -> Tensor:
+    """``op`` on tiles ``args``; ``full``: the kernel operands' types (block-level attributes need them)."""
+    return b.apply(op, args, get_op(op).block_attrs(attrs, full) if full is not None else attrs)
 
 
 class _Epilogue:
@@ -444,6 +446,9 @@ def build(an: Analysis, cfg: Config, *, fuse_epilogue: bool = True) -> Lowered:
     def mat(v: Any) -> Tensor:
         return epi.materialise(v)
 
+    def full_in(n: Any) -> list[TensorType]:
+        return [nodes[a].outs[k] for a, k in n.args]
+
     try:
         for i, n in enumerate(nodes):
             if n.op == "input":
@@ -467,7 +472,7 @@ def build(an: Analysis, cfg: Config, *, fuse_epilogue: bool = True) -> Lowered:
                     raise Infeasible(f"{n.op} over the loop dim cannot be accumulated")
                 if any(k not in ("body", "scaled", "inv") for k in ks) or ks.count("scaled") > 1:
                     raise Infeasible(f"{n.op} over the loop dim of post-loop values")
-                part = _apply(b, n.op, attrs, [mat(val[a]) for a in arefs])
+                part = _apply(b, n.op, attrs, [mat(val[a]) for a in arefs], full_in(n))
                 if "scaled" in ks:
                     rm = rm_of[arefs[ks.index("scaled")]]
                     val[i] = b.rescaled_sum(part, val[rm])
@@ -492,7 +497,7 @@ def build(an: Analysis, cfg: Config, *, fuse_epilogue: bool = True) -> Lowered:
             if "shift" in ks:
                 if not d.has(Prop.EXPONENTIAL):
                     raise Infeasible(f"{n.op} of a max-shifted loop value (only exp is rescalable)")
-                val[i] = _apply(b, n.op, attrs, [mat(args[0])])
+                val[i] = _apply(b, n.op, attrs, [mat(args[0])], full_in(n))
                 kind[i] = "scaled"
                 rm_of[i] = rm_of[arefs[0]]
                 continue
@@ -503,7 +508,7 @@ def build(an: Analysis, cfg: Config, *, fuse_epilogue: bool = True) -> Lowered:
                     d.reduce is None or red != L)
                 if not ok:
                     raise Infeasible(f"{n.op} of a rescaled loop value")
-                val[i] = _apply(b, n.op, attrs, [mat(a) for a in args])
+                val[i] = _apply(b, n.op, attrs, [mat(a) for a in args], full_in(n))
                 kind[i] = "scaled"
                 rm_of[i] = rm_of[arefs[si]]
                 continue
@@ -517,10 +522,10 @@ def build(an: Analysis, cfg: Config, *, fuse_epilogue: bool = True) -> Lowered:
                 if fuse_epilogue and get_op(n.op).has(Prop.ELEMENTWISE):
                     val[i] = (n.op, attrs, args)
                 else:
-                    val[i] = _apply(b, n.op, attrs, [mat(a) for a in args])
+                    val[i] = _apply(b, n.op, attrs, [mat(a) for a in args], full_in(n))
                 continue
             kind[i] = "body" if "body" in ks else "inv"
-            val[i] = _apply(b, n.op, attrs, [mat(a) for a in args])
+            val[i] = _apply(b, n.op, attrs, [mat(a) for a in args], full_in(n))
     except GraphError as e:
         raise Infeasible(str(e)) from None
 
@@ -642,14 +647,16 @@ def _build_split(an: Analysis, cfg: Config, b: BlockBuilder, mg: MuGraph, ins: l
                 rval[j] = c.input(len(part_nodes) + len(extra_args), n.outs[0], _imap(labs, axes), fmap)
                 extra_args.append(ins[in_idx.index(j)])
             elif kind.get(j) in ("body", "inv"):
-                rval[j] = _apply(c, n.op, n.attr_dict, [replay(a) for a, _ in n.args])
+                rval[j] = _apply(c, n.op, n.attr_dict, [replay(a) for a, _ in n.args],
+                                 [nodes[a].outs[k] for a, k in n.args])
             else:
                 raise Infeasible("split: a recomputed sum depends on a rescaled or post-loop value")
             return rval[j]
 
         for i in recompute:
             n = nodes[i]
-            cval[i] = c.loop_sum(_apply(c, n.op, n.attr_dict, [replay(a) for a, _ in n.args]))
+            cval[i] = c.loop_sum(_apply(c, n.op, n.attr_dict, [replay(a) for a, _ in n.args],
+                                        [nodes[a].outs[k] for a, k in n.args]))
         steps.add("partition.split_recompute")
 
     for what, i in part_nodes:
@@ -676,7 +683,8 @@ def _build_split(an: Analysis, cfg: Config, b: BlockBuilder, mg: MuGraph, ins: l
         if fuse_epilogue and get_op(n.op).has(Prop.ELEMENTWISE):
             cval[i] = (n.op, n.attr_dict, args)
         else:
-            cval[i] = _apply(c, n.op, n.attr_dict, [epi.materialise(a) for a in args])
+            cval[i] = _apply(c, n.op, n.attr_dict, [epi.materialise(a) for a in args],
+                             [nodes[a].outs[k] for a, k in n.args])
     for o in outs:
         c.output(epi.materialise(cval[o]), omap_for(o, axes))
     res = mg.custom(c.build(), [*parts, *extra_args])

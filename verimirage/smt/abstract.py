@@ -245,6 +245,19 @@ def uninterpreted(op: str) -> Callable[..., Sym]:
 
 for _n in ("silu", "gelu", "relu", "log", "tanh", "sigmoid", "erf", "softplus", "abs", "clamp", "leaky_relu"):
     implements("abstract", _n)(uninterpreted(_n))
+@implements("abstract", "slice")
+def _abs_slice(args: list[Sym], attrs: dict[str, Any], in_types: Any, out_types: Any) -> Sym:
+    """Element i along the axis is element start + i of the operand."""
+    a = args[0]
+    pos = a.ndim + neg_axis(attrs["axis"], in_types[0].rank)
+    start, stop = int(attrs["start"]), int(attrs["stop"])
+
+    def fn(idx: Idx) -> E.Poly:
+        return a.at((*idx[:pos], E.a_add(E.a_const(start), idx[pos], 1), *idx[pos + 1:]))
+
+    return Sym((*a.shape[:pos], stop - start, *a.shape[pos + 1:]), fn)
+
+
 implements("abstract", "cast")(lambda args, attrs, it, ot: args[0])
 
 

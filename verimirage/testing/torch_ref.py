@@ -72,6 +72,11 @@ def _cast(a: list[Any], attrs: dict[str, Any], in_types: Any, out_types: Any) ->
     return a[0].to(getattr(_t(), DType.parse(str(attrs["dtype"])).torch_name)).to(a[0].dtype)
 
 
+implements("torch", "permute")(lambda a, attrs, it, ot: a[0].permute(*attrs["dims"]))
+implements("torch", "reshape")(lambda a, attrs, it, ot: a[0].reshape(attrs["shape"]))
+implements("torch", "broadcast_to")(lambda a, attrs, it, ot: a[0].broadcast_to(attrs["shape"]))
+implements("torch", "slice")(lambda a, attrs, it, ot: a[0].narrow(attrs["axis"], attrs["start"],
+                                                                    attrs["stop"] - attrs["start"]))
 implements("torch", "min")(lambda a, attrs, it, ot: _t().amin(a[0], dim=attrs["axis"], keepdim=True))
 for _name in ("add", "sub", "mul", "div", "maximum", "minimum"):
     implements("torch", _name)(_torch_binary(_name))
