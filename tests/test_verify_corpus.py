@@ -42,10 +42,14 @@ def test_case(case) -> None:
 def test_expressions_found_while_splitting_cases_are_the_ones_derive_makes(case) -> None:
     # abstract_check reuses what output_cases derived; it must be exactly what derive computes afresh
     from verimirage.smt import abstract as A
+    from verimirage.smt.limits import deep_call
 
-    a, b = case.a(), case.b()
-    derived: A.Derived = {}
-    cases = [A.output_cases([a, b], k, t.shape, derived) for k, t in enumerate(a.outputs)]
-    fresh = (A.derive(a, cases), A.derive(b, cases))
-    assert derived  # (every final case was derived on the way)
-    assert (A.derive(a, cases, derived), A.derive(b, cases, derived)) == fresh
+    def check() -> None:  # (in a deep-stack thread, as the verifier runs it: some cases are deep programs)
+        a, b = case.a(), case.b()
+        derived: A.Derived = {}
+        cases = [A.output_cases([a, b], k, t.shape, derived) for k, t in enumerate(a.outputs)]
+        fresh = (A.derive(a, cases), A.derive(b, cases))
+        assert derived  # (every final case was derived on the way)
+        assert (A.derive(a, cases, derived), A.derive(b, cases, derived)) == fresh
+
+    deep_call(check)

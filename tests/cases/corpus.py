@@ -53,8 +53,11 @@ def kg(shapes: dict[str, tuple[int, ...]], body: Callable[..., object], mu: bool
     return build
 
 
-def attn(g: vm.Graph, q: object, k: object, v: object, axis: int = 2, stable: bool = False) -> object:
+def attn(g: vm.Graph, q: object, k: object, v: object, axis: int = 2, stable: bool = False,
+         scale: float | None = None) -> object:
     a = g.matmul(q, k)
+    if scale is not None:
+        a = g.scale(a, scale)
     if stable:
         a = g.sub(a, g.max(a, axis=axis))
     e = g.exp(a)
@@ -90,8 +93,9 @@ def split_k(acc: str = "sum", parts: int = 2, k_fmap: bool = True) -> Callable[[
     return build
 
 
-def flash(stable: bool = True, rescale: bool = True, kv_fmap: bool = True) -> Callable[[], vm.Graph]:
-    """Online-softmax attention in one kernel (optionally with planted mistakes)."""
+def flash(stable: bool = True, rescale: bool = True, kv_fmap: bool = True,
+          scale: float | None = None) -> Callable[[], vm.Graph]:
+    """Online-softmax attention in one kernel (optionally with planted mistakes; scores times ``scale``)."""
 
     def build() -> vm.Graph:
         mg = vm.MuGraph()
@@ -101,6 +105,8 @@ def flash(stable: bool = True, rescale: bool = True, kv_fmap: bool = True) -> Ca
         kt = b.input(1, k.type, (0, None), 2 if kv_fmap else None)
         vt = b.input(2, v.type, (0, None), 1 if kv_fmap else None)
         s = b.matmul(qt, kt)
+        if scale is not None:
+            s = b.scale(s, scale)
         if stable:
             m = b.running_max(b.max(s, axis=2))
             p = b.exp(b.sub(s, m))
@@ -180,6 +186,46 @@ def stable_combine_without_weights() -> vm.Graph:
     return mg
 
 
+def chain(n: int) -> Callable[[], vm.Graph]:
+    """``n`` alternating neg / shift ops on one input (a deep program)."""
+    return kg(XO, lambda g, x: _chain(g, x, n))
+
+
+def _chain(g: vm.Graph, x: object, n: int) -> object:
+    for i in range(n):
+        x = g.shift(x, 1.0) if i % 2 else g.neg(x)
+    return x
+
+
+def nested_square(n: int) -> Callable[[], vm.Graph]:
+    def body(g: vm.Graph, x: object) -> object:
+        for _ in range(n):
+            x = g.square(x)
+        return x
+
+    return kg(AO, body)
+
+
+def split_k_kernel_sum(acc: str = "sum") -> Callable[[], vm.Graph]:
+    """matmul(X, W) as two partial products over K blocks stacked on a new axis, summed by a kernel-level op."""
+
+    def build() -> vm.Graph:
+        mg = vm.MuGraph()
+        x = mg.input("X", (1, 8, 32), F)
+        w = mg.input("W", (1, 32, 16), F)
+        b = vm.BlockBuilder((2,), 1)
+        xt = b.input(0, x.type, (2,), None)
+        wt = b.input(1, w.type, (1,), None)
+        b.output(b.matmul(xt, wt), (0,))
+        (part,) = mg.custom(b.build(), [x, w])
+        mg.output(mg.sum(part, axis=0) if acc == "sum" else mg.max(part, axis=0))
+        return mg
+
+    return build
+
+
+XW3 = {"X": (1, 8, 32), "W": (1, 32, 16)}
+INV_SQRT_96 = 1 / 96**0.5
 CASES: list[Case] = []
 
 # --- expert designs (designs.py) against their suite graphs: Proved
@@ -288,4 +334,23 @@ CASES += [
     # exp of an exp: the finite-field test cannot test the q-part, so even identical programs are Unknown
     Case("exp-of-exp-is-unknown", kg(AO, lambda g, a: g.exp(g.exp(a))), kg(AO, lambda g, a: g.exp(g.exp(a))),
          "unknown"),
+    # --- issue 27: constants, deep programs, kernel-level split-K sums
+    Case("constant_inv_sqrt_96_softmax", kg(QKV, lambda g, q, k, v: attn(g, q, k, v, scale=INV_SQRT_96)),
+         kg(QKV, lambda g, q, k, v: attn(g, q, k, v, scale=INV_SQRT_96)), "proved",
+         "exp(c*m) with c an exact 53-bit binary fraction: one Z3 variable, no power loop"),
+    Case("constant_inv_sqrt_96_online_softmax", kg(QKV, lambda g, q, k, v: attn(g, q, k, v, scale=INV_SQRT_96)),
+         flash(scale=INV_SQRT_96), "proved"),
+    Case("constant_inv_sqrt_96_wrong_scale", kg(QKV, lambda g, q, k, v: attn(g, q, k, v, scale=INV_SQRT_96)),
+         flash(scale=1 / 95**0.5), "not-proved"),
+    Case("constant_near_one_exp", kg(AO, lambda g, a: g.exp(g.scale(a, 1.0000001))),
+         kg(AO, lambda g, a: g.exp(g.scale(a, 1.0000001))), "proved"),
+    Case("constant_ln2_exp_of_sum", kg(SQ, lambda g, a, b: g.exp(g.scale(g.add(a, b), 0.6931471805599453))),
+         kg(SQ, lambda g, a, b: g.mul(g.exp(g.scale(a, 0.6931471805599453)), g.exp(g.scale(b, 0.6931471805599453)))),
+         "proved"),
+    # 2**40 is past any degree bound of the finite-field test: Unknown, quickly, not out of memory
+    Case("nested_square_40", nested_square(40), nested_square(40), "unknown"),
+    Case("chain_2000_nodes", chain(2000), chain(2000), "proved"),
+    Case("splitk_kernel_sum", kg(XW3, lambda g, x, w: g.matmul(x, w)), split_k_kernel_sum(), "proved"),
+    Case("splitk_kernel_sum_wrong_accumulator", kg(XW3, lambda g, x, w: g.matmul(x, w)), split_k_kernel_sum("max"),
+         "not-proved"),
 ]

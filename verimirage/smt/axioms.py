@@ -35,6 +35,12 @@ def _split_merge(r: np.random.Generator) -> bool:
     return _close(f[0:12].sum() + f[12:30].sum(), f[0:30].sum())
 
 
+def _block_merge(r: np.random.Generator) -> bool:
+    f = r.standard_normal(40)
+    a, s, n = 3, 6, 5
+    return _close(sum(sum(f[k] for k in range(a + s * v, a + s * v + s)) for v in range(n)), f[a : a + s * n].sum())
+
+
 def _max_merge(r: np.random.Generator) -> bool:
     f = r.standard_normal(30)
     return _close(max(f[0:12].max(), f[8:30].max()), f[0:30].max())
@@ -71,6 +77,8 @@ AXIOMS: dict[str, tuple[str, Checker]] = {
         *(lambda a, f: ((a * f).sum(), a * f.sum()))(r.standard_normal(), r.standard_normal(9)))),
     "sum-shift": ("sum_{v in [0,n)} f(v + c) = sum_{k in [c, c+n)} f(k)", _sum_shift),
     "sum-split-merge": ("sum_[a,b) f + sum_[b,c) f = sum_[a,c) f", _split_merge),
+    "sum-block-merge": ("sum_{v in [0,n)} sum_{k in [a+s*v, a+s*v+s)} f(k) = sum_{k in [a, a+s*n)} f(k)",
+                        _block_merge),
     "sum-interchange": ("sum_i sum_j f_ij = sum_j sum_i f_ij (ranges independent of i and j)", _interchange),
     "max-flatten": ("max(max(a, b), c) = max(a, b, c); max(a, a) = a", _max_flatten),
     "max-range-merge": ("max(max_[a,c) f, max_[b,d) f) = max_[a,d) f for a <= b <= c", _max_merge),

@@ -37,6 +37,8 @@ from fractions import Fraction
 from functools import cache
 from typing import Any
 
+from . import limits
+
 Aff = tuple
 Poly = tuple
 Mono = tuple
@@ -45,6 +47,10 @@ Atom = tuple
 
 class AbstractionError(Exception):
     """The abstraction cannot express or normalise something (the verdict becomes Unknown)."""
+
+
+class ResourceLimit(AbstractionError):
+    """A term or constant grew past a cap of :mod:`verimirage.smt.limits` (the verdict becomes Unknown)."""
 
 
 # --------------------------------------------------------------------------- derivation context
@@ -68,9 +74,13 @@ class Derivation:
     def use(self, law: str) -> None:
         """Record that normalisation used ``law``."""
         self.laws.add(law)
-        self.budget -= 1
+        self.charge(1)
+
+    def charge(self, n: int) -> None:
+        """Spend ``n`` of the node budget (:class:`ResourceLimit` when it runs out)."""
+        self.budget -= n
         if self.budget < 0:
-            raise AbstractionError("normalisation budget exhausted")
+            raise ResourceLimit("normalisation budget exhausted")
 
 
 _DER: contextvars.ContextVar[Derivation | None] = contextvars.ContextVar("verimirage_derivation", default=None)
@@ -329,6 +339,9 @@ def mono_pow(a: Mono, k: Fraction) -> Mono:
 def poly(terms: dict[Mono, Fraction]) -> Poly:
     """The canonical polynomial with these terms (merging adjacent sum ranges)."""
     items = {m: Fraction(c) for m, c in terms.items() if c != 0}
+    for c in items.values():
+        if c.denominator.bit_length() > limits.MAX_CONST_BITS or c.numerator.bit_length() > limits.MAX_CONST_BITS:
+            raise ResourceLimit(f"a coefficient grew past {limits.MAX_CONST_BITS} bits")
     if sum(1 for m in items if _sum_factor(m) is not None) >= 2:
         items = _merge_sums(items)
     return ("P", tuple(sorted(items.items(), key=lambda x: _key(x[0]))))
@@ -363,7 +376,13 @@ def p_scale(x: Poly, k: Fraction | int) -> Poly:
 
 
 def p_mul(x: Poly, y: Poly) -> Poly:
-    """``x * y`` (fully expanded)."""
+    """``x * y`` (fully expanded; past :data:`verimirage.smt.limits.MAX_PRODUCT_TERMS` term pairs a
+    :class:`ResourceLimit`)."""
+    n = len(x[1]) * len(y[1])
+    if n > limits.MAX_PRODUCT_TERMS:
+        raise ResourceLimit(f"a product of {len(x[1])} by {len(y[1])} terms (cap {limits.MAX_PRODUCT_TERMS} pairs)")
+    if n > 64 and _DER.get() is not None:
+        der().charge(n // 8)
     d: dict = {}
     for m1, c1 in x[1]:
         for m2, c2 in y[1]:
@@ -522,6 +541,23 @@ def _offsets(t: Any, var: str, acc: set, bad: list) -> None:
         _offsets(x, var, acc, bad)
 
 
+def _block_merge(var: str, lo: int, hi: int, dep: Mono) -> Atom | None:
+    """``sum_{var in [lo,hi)} sum_{r in [a + s*var, a + s*var + s)} f(r)`` (``f`` free of ``var``) as the
+    one sum ``sum_{r in [a + s*lo, a + s*hi)} f(r)``: the blocks of a split reduction laid end to end
+    (a split-K whose partial results are summed by a kernel-level ``sum``). None if ``dep`` is not such
+    a single inner sum."""
+    if len(dep) != 1 or dep[0][1] != 1 or dep[0][0][0] != "sum":
+        return None
+    _, name, ilo, ihi, body = dep[0][0]
+    s = dict(ilo[2]).get(("v", var), 0)
+    if s < 1 or a_add(ihi, ilo, -1) != a_const(s) or var in free_vars(body):
+        return None
+    rest = a_add(ilo, a_var(var), -s)
+    if var in a_vars(rest):
+        return None
+    return ("sum", name, a_add(rest, a_const(s * lo)), a_add(rest, a_const(s * hi)), body)
+
+
 def p_sum(var: str, x: Poly) -> Poly:
     """``sum over var in its range of x`` in canonical form.
 
@@ -545,6 +581,12 @@ def p_sum(var: str, x: Poly) -> Poly:
             continue
         if indep:
             d.use("sum-factor-out")
+        merged = _block_merge(var, lo, hi, dep)
+        if merged is not None:
+            d.use("sum-block-merge")
+            mm = mono_mul(indep, ((merged, Fraction(1)),))
+            out[mm] = out.get(mm, 0) + c
+            continue
         body: Any = dep
         slo, shi = a_const(lo), a_const(hi)
         offs: set = set()

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import z3
 
 from ..ir.errors import GraphError
 from ..ir.graph import Graph
@@ -36,6 +37,7 @@ from ..ir.interpret import evaluate
 from ..ir.limits import check_evaluable
 from . import abstract as A
 from . import expr as E
+from . import limits
 from .ff import MAX_ACCEPTABLE_BOUND, FFReference, FFResult, collect_here, ff_test
 from .verdict import Check, Proved, Refuted, Unknown, Verdict
 from .z3enc import Query, equivalence_query
@@ -86,14 +88,22 @@ def abstract_check(a: Graph, b: Graph, *, timeout_s: float = 10.0,
     into the innermost sum, laws ``sum-interchange`` and ``sum-factor-out``); that query, named
     ``...:fubini``, is recorded instead when it proves the output (so proofs that never needed it
     keep their queries).
+
+    It runs in a thread with a deep stack (:func:`verimirage.smt.limits.deep_call`), so programs of a
+    few thousand nodes derive; a term, constant or query past a cap of :mod:`verimirage.smt.limits`
+    (or Z3 out of memory) is ``unknown`` with the reason.
     """
+    return limits.deep_call(_abstract_check, a, b, timeout_s=timeout_s, cancel=cancel)
+
+
+def _abstract_check(a: Graph, b: Graph, *, timeout_s: float, cancel: threading.Event | None) -> AbstractResult:
     t0 = time.perf_counter()
     try:
         derived: A.Derived = {}
         cases = [A.output_cases([a, b], k, t.shape, derived) for k, t in enumerate(a.outputs)]
         ea, la = A.derive(a, cases, derived)
         eb, lb = A.derive(b, cases, derived)
-    except (E.AbstractionError, E.NeedSplit, RecursionError) as e:
+    except (E.AbstractionError, E.NeedSplit, RecursionError, MemoryError) as e:
         return AbstractResult("unknown", f"abstraction: {e}", (), (), (), time.perf_counter() - t0)
     queries: list[Query] = []
     outcome, reason = "proved", "every output equal"
@@ -105,7 +115,12 @@ def abstract_check(a: Graph, b: Graph, *, timeout_s: float = 10.0,
                 why = "cancelled" if stopped else "time limit reached"
                 return AbstractResult("unknown", why, tuple(queries), tuple(sorted(la | lb)),
                                       tuple(tuple(c.ranges for c in cs) for cs in cases), time.perf_counter() - t0)
-            q = equivalence_query(f"eq:out{k}:case{ci}", x, y, timeout_s=max(0.1, left))
+            try:
+                q = equivalence_query(f"eq:out{k}:case{ci}", x, y, timeout_s=max(0.1, left))
+            except (E.AbstractionError, z3.Z3Exception, MemoryError) as e:
+                return AbstractResult("unknown", f"output {k} case {ci}: {type(e).__name__}: {e}", tuple(queries),
+                                      tuple(sorted(la | lb)), tuple(tuple(c.ranges for c in cs) for cs in cases),
+                                      time.perf_counter() - t0)
             if q.result != "unsat":
                 # the construction normal forms differ: try again with nested sums in their canonical
                 # (Fubini) form; this query replaces the first only when it proves the pair
@@ -115,7 +130,10 @@ def abstract_check(a: Graph, b: Graph, *, timeout_s: float = 10.0,
                     xc, yc, lx, ly = x, y, set(), set()
                 left = timeout_s - (time.perf_counter() - t0)
                 if (xc, yc) != (x, y) and left > 0:
-                    q2 = equivalence_query(f"eq:out{k}:case{ci}:fubini", xc, yc, timeout_s=max(0.1, left))
+                    try:
+                        q2 = equivalence_query(f"eq:out{k}:case{ci}:fubini", xc, yc, timeout_s=max(0.1, left))
+                    except (E.AbstractionError, z3.Z3Exception, MemoryError):
+                        q2 = q
                     if q2.result == "unsat":
                         q = q2
                         la |= lx | ly

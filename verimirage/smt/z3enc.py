@@ -6,7 +6,10 @@ sqrt, inv, uninterpreted functions) become real variables, numbered in
 canonical order, so re-deriving the expressions reproduces the query text
 exactly. A negative power of an atom uses an inverse variable with the named
 fact ``inv:<n>`` (``x * x_inv = 1``); an exp or sqrt atom gets the named fact
-``pos:<n>`` (``x > 0``). The query is unsat exactly when the two expressions
+``pos:<n>`` (``x > 0``). Powers are taken of the gcd of an atom's exponents and
+never past :data:`verimirage.smt.limits.MAX_POWER` copies (see
+:func:`_encode_atoms`), so a constant such as ``1/sqrt(96)`` in ``exp(c*m)``
+costs one variable, not a power loop. The query is unsat exactly when the two expressions
 are the same rational function of the atoms; its unsat core names the facts it
 used. Every query is named, time-limited and dumpable as SMT-LIB2.
 """
@@ -23,6 +26,17 @@ from typing import Any
 import z3
 
 from . import expr as E
+from . import limits
+
+_CAPS_SET = False
+
+
+def _z3_caps() -> None:
+    """Z3's memory cap (:data:`verimirage.smt.limits.Z3_MEMORY_MB`), set once per process."""
+    global _CAPS_SET
+    if not _CAPS_SET:
+        z3.set_param("memory_max_size", limits.Z3_MEMORY_MB)
+        _CAPS_SET = True
 
 
 @dataclass(frozen=True)
@@ -53,37 +67,92 @@ def _lcm_den(es: set[Fraction]) -> int:
     return out
 
 
+def _gcd(es: set[Fraction]) -> Fraction:
+    """The largest rational ``g > 0`` of which every exponent in ``es`` is an integer multiple."""
+    num, den = 0, 1
+    for e in es:
+        num = math.gcd(num, e.numerator)
+        den = den * e.denominator // math.gcd(den, e.denominator)
+    return Fraction(num, den)
+
+
+def _encode_atoms(order: list[str], atoms: dict[str, tuple[Any, set[Fraction]]]) -> tuple[
+        dict[str, Any], list[tuple[str, z3.BoolRef]]]:
+    """Per atom key, a function from an exponent to its Z3 term; and the named facts.
+
+    An atom whose exponents are the integer multiples ``k_i * g`` of ``g = 1/lcm(denominators)``, or
+    else of their gcd ``g``, with every
+    ``|k_i| <= MAX_POWER`` is one variable ``x = atom**g`` (and ``x_inv`` with the fact ``inv:<n>``,
+    ``x * x_inv = 1``, if some ``k_i < 0``); ``atom**e`` is a product of ``|e/g|`` copies. Otherwise
+    (``exp(c * m)`` next to ``exp(m)`` with ``c`` an exact binary fraction; ``x**(2**40)``) every
+    exponent ``|e|`` is its own variable (and inverse): a polynomial identity in independent variables
+    holds for every value they stand for, so this proves less but never more. ``exp`` and ``sqrt``
+    atoms get ``pos:<n>`` facts (``x > 0``) on their variables.
+    """
+    enc: dict[str, Any] = {}
+    facts: list[tuple[str, z3.BoolRef]] = []
+    for n, k in enumerate(order):
+        a, es = atoms[k]
+        g = Fraction(1, _lcm_den(es))
+        if max(abs(e / g) for e in es) > limits.MAX_POWER:
+            g = _gcd(es)
+        pos = a[0] in ("exp", "sqrt")
+        if max(abs(e / g) for e in es) <= limits.MAX_POWER:
+            x = z3.Real(f"x{n}")
+            xi = None
+            if any(e < 0 for e in es):
+                xi = z3.Real(f"x{n}_inv")
+                facts.append((f"inv:{n}", x * xi == 1))
+            if pos:
+                facts.append((f"pos:{n}", x > 0))
+
+            def power(e: Fraction, x: Any = x, xi: Any = xi, g: Fraction = g) -> Any:
+                k = int(e / g)
+                base = x if k > 0 else xi
+                t = base
+                for _ in range(abs(k) - 1):
+                    t = t * base
+                return t
+
+            enc[k] = power
+            continue
+        vs: dict[Fraction, tuple[Any, Any]] = {}
+        for j, m in enumerate(sorted({abs(e) for e in es})):
+            x = z3.Real(f"x{n}_p{j}")
+            xi = None
+            if -m in es:
+                xi = z3.Real(f"x{n}_p{j}_inv")
+                facts.append((f"inv:{n}:{j}", x * xi == 1))
+            if pos:
+                facts.append((f"pos:{n}:{j}", x > 0))
+            vs[m] = (x, xi)
+        enc[k] = lambda e, vs=vs: vs[abs(e)][0] if e > 0 else vs[abs(e)][1]
+    return enc, facts
+
+
 def equivalence_query(name: str, pa: E.Poly, pb: E.Poly, timeout_s: float = 10.0) -> Query:
-    """Ask Z3 whether ``pa != pb`` is satisfiable (expected: unsat)."""
+    """Ask Z3 whether ``pa != pb`` is satisfiable (expected: unsat).
+
+    :class:`verimirage.smt.expr.ResourceLimit` when the query would have more than
+    :data:`verimirage.smt.limits.MAX_QUERY_TERMS` monomial factors.
+    """
     t0 = time.perf_counter()
+    _z3_caps()
+    size = sum(len(m) + 1 for m, _ in pa[1]) + sum(len(m) + 1 for m, _ in pb[1])
+    if size > limits.MAX_QUERY_TERMS:
+        raise E.ResourceLimit(f"query {name}: {size} monomial factors (cap {limits.MAX_QUERY_TERMS})")
     atoms: dict[str, tuple[Any, set[Fraction]]] = {}
     _atoms(pa, atoms)
     _atoms(pb, atoms)
     order = sorted(atoms)
-    xs: dict[str, z3.ArithRef] = {}
-    xis: dict[str, z3.ArithRef] = {}
-    scale: dict[str, int] = {}
-    facts: list[tuple[str, z3.BoolRef]] = []
-    for n, k in enumerate(order):
-        a, es = atoms[k]
-        scale[k] = _lcm_den(es)
-        xs[k] = z3.Real(f"x{n}")
-        if any(e < 0 for e in es):
-            xis[k] = z3.Real(f"x{n}_inv")
-            facts.append((f"inv:{n}", xs[k] * xis[k] == 1))
-        if a[0] in ("exp", "sqrt"):
-            facts.append((f"pos:{n}", xs[k] > 0))
+    enc, facts = _encode_atoms(order, atoms)
 
     def term(p: E.Poly) -> z3.ArithRef:
         total: Any = z3.RealVal(0)
         for m, c in p[1]:
             t: Any = z3.RealVal(f"{c.numerator}/{c.denominator}")
             for a, e in m:
-                k = E.key_of(a)
-                power = int(e * scale[k])
-                base = xs[k] if power > 0 else xis[k]
-                for _ in range(abs(power)):
-                    t = t * base
+                t = t * enc[E.key_of(a)](Fraction(e))
             total = total + t
         return total
 
