@@ -11,6 +11,7 @@ from zero, so fixed tolerances are meaningful. Inputs come from the ``normal`` r
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -51,6 +52,7 @@ def test_superoptimized_candidates_equal_the_graph_and_the_best_kernel_matches(g
     check_reference(fn, g, case, tolerances(g))
 
 
+@pytest.mark.slow  # runs every drawn graph's kernels in the Triton interpreter
 @FUZZ
 @given(g=GRAPHS, data=st.data())
 def test_compiled_graph_matches_the_reference(g, data):

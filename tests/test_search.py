@@ -366,7 +366,7 @@ def test_attribution_does_not_name_a_rule_whose_pattern_merely_matches() -> None
     assert attribute(g, rules, stats.fired, [(bogus,)], iterations=6, node_limit=4000)[0].exact is False
 
 
-@pytest.mark.parametrize("name", ["gqa", "rmsnorm_linear", "ntrans"])
+@pytest.mark.parametrize("name", [pytest.param("gqa", marks=pytest.mark.slow), "rmsnorm_linear", "ntrans"])
 def test_candidates_name_the_rules_of_a_derivation(name: str) -> None:
     g = vm.benchmarks.get(name, batch=1)
     res = superoptimize(g, verifier=numeric_checker_full, top_k=4, progress=False, cache=False)
@@ -393,7 +393,7 @@ def test_the_stabilised_deferred_candidate_names_softmax_stabilise() -> None:
         assert "softmax-stabilise" in c.rules and "defer-normalisation" in c.rules, c.rules
 
 
-@pytest.mark.parametrize("name", ["gqa", "rmsnorm_linear"])
+@pytest.mark.parametrize("name", [pytest.param("gqa", marks=pytest.mark.slow), "rmsnorm_linear"])
 def test_ablation_agrees_with_attribution(name: str) -> None:
     g = vm.benchmarks.get(name, batch=1)
     ab = ablate(g, verifier=numeric_checker_full, top_k=1, progress=False, cache=False)

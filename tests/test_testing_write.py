@@ -94,6 +94,7 @@ def outcomes(results, module):
     return {k.split("::")[1]: v for k, v in results.items() if k.startswith(f"test_{module}::")}
 
 
+@pytest.mark.slow  # these share the `generated` fixture: one pytest subprocess of ~40 s CPU
 def test_lora_module_passes_for_a_correct_kernel(generated):
     _, results = generated
     got = outcomes(results, "lora_ok")
@@ -101,6 +102,7 @@ def test_lora_module_passes_for_a_correct_kernel(generated):
     assert set(got.values()) == {"passed"}, results["__output__"]
 
 
+@pytest.mark.slow
 def test_lora_module_fails_for_the_planted_kernel_and_pins_the_failure(generated):
     written, results = generated
     got = outcomes(results, "lora_bad")
@@ -113,6 +115,7 @@ def test_lora_module_fails_for_the_planted_kernel_and_pins_the_failure(generated
     assert "@example(case=strategies.decode_inputs(PINNED[0]" in text
 
 
+@pytest.mark.slow
 def test_attention_module_passes_for_a_correct_kernel(generated):
     written, results = generated
     got = outcomes(results, "attn_ok")
@@ -122,12 +125,14 @@ def test_attention_module_passes_for_a_correct_kernel(generated):
     assert "REGIMES = ('normal', 'large', 'mixed')" in written["attn_ok"].path.read_text()
 
 
+@pytest.mark.slow
 def test_attention_module_fails_for_a_numerically_unsafe_kernel(generated):
     _, results = generated
     got = outcomes(results, "attn_bad")
     assert got["test_matches_reference"] == "failed", results["__output__"]
 
 
+@pytest.mark.slow
 def test_expert_designs_through_vm_compile_pass(generated):
     _, results = generated
     for mod in ("lora_expert", "rms_expert"):
@@ -137,6 +142,7 @@ def test_expert_designs_through_vm_compile_pass(generated):
     assert "test_scaling_X" in outcomes(results, "rms_expert")  # the norm absorbs a scaling of X
 
 
+@pytest.mark.slow
 def test_default_module_tests_the_best_verified_candidate(generated):
     """kernel=None (API.md): the module compiles the best verified candidate and re-proves it."""
     written, results = generated
