@@ -139,9 +139,11 @@ class _Progress:
         self.bar: Any = None
         if enabled:
             try:
+                from rich.console import Console
                 from rich.progress import Progress
 
-                self.bar = Progress(transient=True)
+                # on stderr (the stream whose terminal enabled it), so stdout stays the report
+                self.bar = Progress(console=Console(stderr=True), transient=True)
             except ImportError:  # pragma: no cover
                 self.bar = None
         self.task: Any = None
