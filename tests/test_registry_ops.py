@@ -324,7 +324,7 @@ def test_bad_attributes_are_graph_errors() -> None:
     x = g.input("x", (2, 8), vm.float32)
     with pytest.raises(vm.GraphError, match="clamp: lo"):
         g.clamp(x, 2.0, 1.0)
-    with pytest.raises(vm.GraphError, match="pow: c must be a finite"):
+    with pytest.raises(vm.GraphError, match="pow: c"):
         g.pow(x, math.inf)
     with pytest.raises(vm.GraphError, match="unknown attribute"):
         g.apply("exp", [x], {"axis": 0})

@@ -16,7 +16,7 @@ def test_rules_are_named_unique_and_documented() -> None:
     assert len(names) == len(set(names))
     for r in RULES:
         assert r.law and r.theory in builtin_rulesets(), r.name
-    assert set(builtin_rulesets()) == {"algebra", "reduction", "softmax", "norm", "concat"}
+    assert set(builtin_rulesets()) == {"algebra", "reduction", "softmax", "norm", "concat", "activations"}
 
 
 @pytest.mark.parametrize("rule", RULES, ids=lambda r: r.name)

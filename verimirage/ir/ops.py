@@ -832,6 +832,8 @@ _TRANSCENDENTAL: list[tuple[str, Callable[[np.ndarray], np.ndarray], str, str, H
 ]
 for _name, _f, _doc, _fam, _hgo in _TRANSCENDENTAL:
     _unary(_name, _f, _doc, family=_fam, degree=_deg_opaque, homog=_hgo)
+for _name in ("sigmoid", "tanh"):  # exact through exp in the verifier's domains: 1 / (1 + exp(-x))
+    OPS[_name].hooks["uses_exp"] = True
 _unary("reciprocal", lambda x: 1.0 / x, "1 / x", degree=_deg_max, homog=_h_times(Fraction(-1)))
 define_op("pow", 1, _U, _attr_rule("pow", "c"), lambda args, attrs, it, ot: np.power(args[0], float(attrs["c"])),
           "x ** c for a Python constant c", attrs=("c",), attr_kinds=_FLOAT_C, degree=_deg_pow,

@@ -450,8 +450,8 @@ def ruleset(name: str, rules: Iterable[Rule]) -> Ruleset:
 
 
 def builtin_rulesets() -> dict[str, Ruleset]:
-    """The built-in theories: algebra, reduction, softmax, norm, concat."""
-    from .theories import algebra, concat, norm, reduction, softmax
+    """The built-in theories: algebra, reduction, softmax, norm, concat, activations."""
+    from .theories import activations, algebra, concat, norm, reduction, softmax
 
     return {
         "algebra": Ruleset("algebra", tuple(algebra.RULES)),
@@ -459,6 +459,7 @@ def builtin_rulesets() -> dict[str, Ruleset]:
         "softmax": Ruleset("softmax", tuple(softmax.RULES)),
         "norm": Ruleset("norm", tuple(norm.RULES)),
         "concat": Ruleset("concat", tuple(concat.RULES)),
+        "activations": Ruleset("activations", tuple(activations.RULES)),
     }
 
 

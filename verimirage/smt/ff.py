@@ -783,8 +783,26 @@ def _ff_rsqrt(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: A
     return _oracle("sqrt", args[0], inverse=True)
 
 
-for _u in ("log", "tanh", "sigmoid", "erf", "softplus", "abs", "clamp", "leaky_relu"):
+for _u in ("log", "erf", "softplus", "abs", "clamp", "leaky_relu"):
     implements("ff", _u)(opaque(_u))
+
+
+def _sigmoid(x: FV) -> FV:
+    """1 / (1 + exp(-x)): exact, since exp is (1 + exp(-x) is never 0: exp's values have odd order q)."""
+    e = _exp(_affine(x, Fraction(-1), "mul"))
+    return _reciprocal(_affine(e, Fraction(1), "add"))
+
+
+@implements("ff", "sigmoid")
+def _ff_sigmoid(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
+    return _sigmoid(args[0])
+
+
+@implements("ff", "tanh")
+def _ff_tanh(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
+    """2 sigmoid(2x) - 1 (exact through exp)."""
+    s = _sigmoid(_affine(args[0], Fraction(2), "mul"))
+    return _affine(_affine(s, Fraction(2), "mul"), Fraction(-1), "add")
 
 
 def _ones_like(x: FV) -> FV:
@@ -1525,7 +1543,7 @@ def uses_exp(g: Graph) -> bool:
 
     def walk(nodes: Sequence[Any]) -> bool:
         for n in nodes:
-            if n.op in OPS and OPS[n.op].family == FAMILY_EXP:
+            if n.op in OPS and (OPS[n.op].family == FAMILY_EXP or OPS[n.op].hooks.get("uses_exp")):
                 return True
             if n.op == "custom" and walk(n.attr("block").nodes):
                 return True
