@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import Callable
@@ -454,3 +455,69 @@ def test_bad_shapes_rejected_at_every_entry_point(shape: tuple[int, ...]) -> Non
         vm.superoptimize(g, cache=False)
     with pytest.raises(vm.GraphError, match="shape"):
         vm.MuGraph.from_graph(g).check()
+
+
+def test_deeply_nested_text_and_json_are_graph_errors() -> None:
+    with pytest.raises(vm.GraphError, match="from_json"):
+        vm.Graph.from_json("[" * 100000 + "]" * 100000)
+    with pytest.raises(vm.GraphError, match="bad attributes"):
+        vm.Graph.parse("graph {\n  %0 = input {name='x'} : f32[4]\n  %1 = scale %0 {c=" + "-" * 100000
+                       + "1.0} : f32[4]\n  return %1\n}")
+    with pytest.raises(vm.GraphError, match="bad attributes"):
+        vm.Graph.parse("graph {\n  %0 = input {name=" + "(" * 5000 + "'x'" + ")" * 5000 + "} : f32[4]\n  return %0\n}")
+
+
+_JUNK = [None, -1, 0, 1, "x", 1e400, [], {}, 2**70, True, 1.5, [1], [-3, 2], {"tuple": [None]}, {"float": "nan"},
+         {"float": "1e999"}, {"tuple": [-1]}, {"block": {}}, "f16", [[0, 0]], {"tuple": []}]
+_TOKENS = ["None", "-1", "0", "()", "(0,)", "1e400", "'x'", "%99", "f16[]", "f16[0]", "{", "}", "10**40", "[1,2]",
+           "(None,)", "grid=None", "frange=0", "omap=None", "(2**40,)", "True"]
+
+
+def _leaf_paths(o: object, path: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+    out = [path] if path else []
+    if isinstance(o, dict):
+        for k, v in o.items():
+            out += _leaf_paths(v, (*path, k))
+    elif isinstance(o, list):
+        for i, v in enumerate(o):
+            out += _leaf_paths(v, (*path, i))
+    return out
+
+
+def test_mutated_programs_raise_only_graph_error() -> None:
+    """Seeded fuzz: random edits of program text and JSON, and random builder calls, never leak another error."""
+    import random
+
+    from verimirage.ir.ops import OPS, Level
+
+    rng = random.Random(0)
+    progs: list[vm.Graph] = [vm.benchmarks.get("gated_mlp", small=True), vm.benchmarks.get("lora", small=True)]
+    progs.append(vm.benchmarks.expert("ntrans", vm.benchmarks.get("ntrans", small=True)))
+    for _ in range(300):
+        p = rng.choice(progs)
+        cls = vm.MuGraph if isinstance(p, vm.MuGraph) else vm.Graph
+        try:
+            if rng.random() < 0.5:
+                d = json.loads(p.to_json())
+                *where, last = rng.choice(_leaf_paths(d))
+                o: object = d
+                for k in where:
+                    o = o[k]  # type: ignore[index]
+                o[last] = rng.choice(_JUNK)  # type: ignore[index]
+                cls.from_json(json.dumps(d))
+            else:
+                toks = str(p).split(" ")
+                toks[rng.randrange(len(toks))] = rng.choice(_TOKENS)
+                cls.parse(" ".join(toks))
+        except vm.GraphError:
+            pass
+    vals = [None, -1, 0, 2, "x", 1e400, 10**400, (), (0,), (2**40,), True, float("nan"), (1, None), 2**70, object()]
+    ops = [o for o in OPS.values() if o.levels & Level.KERNEL and o.name not in ("input", "custom")]
+    for _ in range(300):
+        g = vm.Graph()
+        xs = [g.input("a", (4, 8), vm.float16), g.input("b", (8, 4), vm.float16), g.input("c", (1, 8), vm.float16)]
+        op = rng.choice(ops)
+        n = op.arity if op.arity is not None else rng.randint(0, 3)
+        args = [rng.choice([*xs, None]) for _ in range(n)]
+        with contextlib.suppress(vm.GraphError):
+            g.apply(op.name, args, {k: rng.choice(vals) for k in op.attrs})

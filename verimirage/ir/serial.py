@@ -117,6 +117,6 @@ def from_json(s: str) -> Graph:
     """Read a program from JSON text."""
     try:
         d = json.loads(s)
-    except (TypeError, json.JSONDecodeError) as e:
-        raise GraphError(f"from_json: not JSON ({e})") from None
+    except (TypeError, json.JSONDecodeError, RecursionError) as e:
+        raise GraphError(f"from_json: not JSON, or nested too deeply ({str(e)[:200]})") from None
     return from_dict(d)

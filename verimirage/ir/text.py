@@ -161,8 +161,8 @@ def _parse_attrs(s: str, lineno: int, line: str) -> dict[str, Any]:
         call = ast.parse(f"f({s})", mode="eval").body
         assert isinstance(call, ast.Call) and not call.args
         return {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords if kw.arg is not None}
-    except (SyntaxError, ValueError, AssertionError):
-        raise _perr(lineno, line, f"bad attributes {{{s}}}; expected key=literal pairs") from None
+    except (SyntaxError, ValueError, AssertionError, RecursionError, MemoryError):  # (Python's parser stack)
+        raise _perr(lineno, line, f"bad attributes {{{s[:200]}}}; expected key=literal pairs") from None
 
 
 def _split_head(rest: str) -> tuple[str, str]:
