@@ -521,3 +521,9 @@ def test_mutated_programs_raise_only_graph_error() -> None:
         args = [rng.choice([*xs, None]) for _ in range(n)]
         with contextlib.suppress(vm.GraphError):
             g.apply(op.name, args, {k: rng.choice(vals) for k in op.attrs})
+
+
+def test_complex_input_to_evaluate_is_graph_error() -> None:
+    g = _exp_graph()
+    with pytest.raises(vm.GraphError, match="complex"):
+        vm.evaluate(g, {"x": np.zeros(4, dtype=complex)})

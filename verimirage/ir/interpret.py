@@ -256,6 +256,8 @@ def run(g: Graph, inputs: Mapping[str, Any], domain: Domain = REF) -> list[Any]:
 
 def as_float64(x: Any, what: str) -> np.ndarray:
     """A numpy float64 copy of a numpy array or torch tensor."""
+    if (hasattr(x, "is_complex") and callable(x.is_complex) and x.is_complex()) or np.iscomplexobj(x):
+        raise GraphError(f"input {what}: complex values; expected real numbers (nothing is dropped silently)")
     if hasattr(x, "detach") and hasattr(x, "cpu"):  # torch tensor, without importing torch
         x = x.detach().cpu().double().numpy()
     try:
