@@ -219,7 +219,9 @@ def test_small_search_candidates_are_equal_and_sorted(name: str) -> None:
     costs = [c.cost.time_s for c in res.candidates]
     assert costs == sorted(costs)
     for c in res.candidates:
-        assert isinstance(c.verdict, Proved)
+        # a custom verifier's acceptance is labelled, never a Proved (no certificate)
+        assert c.verified_by == "custom verifier" and not isinstance(c.verdict, Proved) and c.certificate is None
+        assert "custom verifier" in c.verdict.reason and "accepted by custom verifier" in repr(c)
         assert _same(g, c.mugraph, seed=7)
     r = res.report
     assert r.egraph_enodes > 0 and r.lowered >= len(res.candidates) and r.stop_reason

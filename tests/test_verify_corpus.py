@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import verimirage as vm
@@ -33,6 +34,13 @@ def test_case(case) -> None:
         assert {c.name for c in v.evidence} == {"finite-field", "abstract-z3"}
     elif case.expect == "unknown":
         assert isinstance(v, vm.Unknown), v.summary()
+    elif case.expect == "refuted":
+        # a refutation carries float inputs that replay the difference (issue 26 item 4)
+        assert isinstance(v, vm.Refuted), v.summary()
+        a, b = case.a(), case.b()
+        ins = v.counterexample["float_inputs"]
+        assert any(not np.allclose(x, y, rtol=1e-6, atol=1e-9)
+                   for x, y in zip(vm.evaluate(a, ins), vm.evaluate(b, ins), strict=True))
     else:
         assert not isinstance(v, vm.Proved), v.summary()
         assert v.caught_by(), v.summary()

@@ -2,7 +2,9 @@
 
 Each :class:`Case` names two builders (no arguments -> a Graph or MuGraph) and
 the expected outcome: ``"proved"`` (must be Proved), ``"not-proved"`` (must be
-Refuted or Unknown, never Proved), or ``"unknown"`` (must be Unknown).
+Refuted or Unknown, never Proved), ``"unknown"`` (must be Unknown), or
+``"refuted"`` (must be Refuted with float inputs on which ``vm.evaluate`` of
+the two programs differs).
 Builders are small, declarative and use the public API only.
 """
 
@@ -51,6 +53,24 @@ def kg(shapes: dict[str, tuple[int, ...]], body: Callable[..., object], mu: bool
         return g
 
     return build
+
+
+def kg_dtype(shapes: dict[str, tuple[int, ...]], body: Callable[..., object],
+             dtype: vm.DType) -> Callable[[], vm.Graph]:
+    """:func:`kg` with inputs of ``dtype``."""
+
+    def build() -> vm.Graph:
+        g = vm.Graph()
+        ins = [g.input(n, s, dtype) for n, s in shapes.items()]
+        g.output(body(g, *ins))
+        return g
+
+    return build
+
+
+def _const(g: vm.Graph, x: object, c: float) -> object:
+    """A tensor of ``x``'s shape filled with ``c``."""
+    return g.shift(g.scale(x, 0.0), c)
 
 
 def attn(g: vm.Graph, q: object, k: object, v: object, axis: int = 2, stable: bool = False,
@@ -353,4 +373,22 @@ CASES += [
     Case("splitk_kernel_sum", kg(XW3, lambda g, x, w: g.matmul(x, w)), split_k_kernel_sum(), "proved"),
     Case("splitk_kernel_sum_wrong_accumulator", kg(XW3, lambda g, x, w: g.matmul(x, w)), split_k_kernel_sum("max"),
          "not-proved"),
+    # issue 27 finding 4: equal over the reals, told apart only by the field's order / oracle model: Unknown
+    Case("finding4-relu-vs-maximum-x-minus-x", kg(AO, lambda g, a: g.relu(a)),
+         kg(AO, lambda g, a: g.maximum(a, g.sub(a, a))), "unknown"),
+    Case("finding4-sqrt-of-square-vs-abs", kg(AO, lambda g, a: g.sqrt(g.mul(a, a))),
+         kg(AO, lambda g, a: g.add(g.relu(a), g.relu(g.neg(a)))), "unknown"),
+    # ... and pairs that do differ: Refuted with float inputs that replay the difference
+    Case("finding4-exp-max1-vs-max-exp-refuted", kg(AO, lambda g, a: g.exp(g.maximum(a, _const(g, a, 1.0)))),
+         kg(AO, lambda g, a: g.maximum(g.exp(a), _const(g, a, 1.0))), "refuted"),
+    # finding 5: max(x, 0) = x on residues (the field says equal); z3 and a float witness refute it
+    Case("finding5-maximum-x-zero-vs-x-refuted", kg(SQ, lambda g, a, b: g.maximum(a, g.sub(b, b))),
+         kg(SQ, lambda g, a, b: g.add(a, g.sub(b, b))), "refuted"),
+    # finding 7: dtypes are part of the contract (a cast is an explicit op)
+    Case("finding7-f16-vs-bf16-inputs", kg(AO, lambda g, a: g.exp(a)), kg_dtype(AO, lambda g, a: g.exp(a), vm.bfloat16),
+         "unknown"),
+    # finding 3: exp(a - max a) and exp(a) / exp(max a) are equal over the reals (Proved); the search's
+    # floating-point check, not vm.verify, rejects the second (tests/test_honest_verdicts.py)
+    Case("finding3-unshifted-equal-over-the-reals", kg(AO, lambda g, a: g.exp(g.sub(a, g.max(a, 1)))),
+         kg(AO, lambda g, a: g.div(g.exp(a), g.exp(g.max(a, 1)))), "proved"),
 ]

@@ -60,6 +60,10 @@ class Candidate:
     rules: tuple[str, ...]
     graph: Graph | None = None  # the rewritten kernel graph it was lowered from
     timing_ms: float | None = None  # GPU median time of its best launch config (profile=True)
+    #: who accepted it: ``"vm.verify"`` (the default verifier: ``verdict`` is its Proved, with a certificate),
+    #: or ``"custom verifier"`` (``superoptimize(verifier=...)``: ``verdict`` is an Unknown that says so, never
+    #: a Proved, and there is no certificate)
+    verified_by: str = "vm.verify"
 
     @property
     def num_kernels(self) -> int:
@@ -67,8 +71,8 @@ class Candidate:
         return self.mugraph.num_kernels
 
     def __repr__(self) -> str:
-        return (f"Candidate({self.num_kernels} kernel(s), {self.cost}, {type(self.verdict).__name__}, "
-                f"rules={list(self.rules)})")
+        what = type(self.verdict).__name__ if self.verified_by == "vm.verify" else f"accepted by {self.verified_by}"
+        return f"Candidate({self.num_kernels} kernel(s), {self.cost}, {what}, rules={list(self.rules)})"
 
 
 @dataclass
@@ -182,11 +186,11 @@ def _default_verifier(graph: Graph, timeout_s: float, seed: int) -> Callable[[Gr
     return run
 
 
-def _unknown(reason: str) -> Any:
+def _unknown(reason: str, evidence: Any = ()) -> Any:
     try:
         from ..smt.verdict import Unknown
 
-        return Unknown(reason)
+        return Unknown(reason, tuple(evidence) if isinstance(evidence, (tuple, list)) else ())
     except ImportError:  # pragma: no cover
         return None
 
@@ -402,6 +406,9 @@ def _search(
                 if not ex.consistent(terms):  # an e-class computed two ways: never cheaper than one way
                     prune("extracted term: one value computed two ways")
                     continue
+                if _removes_max_shift(originals, terms):  # (exp-sub may not remove a max shift)
+                    prune("extracted term: exp of a max the source subtracts (the max shift removed)")
+                    continue
             seen_comm.add(comm)
             try:
                 g2 = term_to_graph(list(terms), lifted.inputs)
@@ -465,6 +472,15 @@ def _search(
                          and not graphs[p[3]][2]), None)
         tried_keys: set[int] = set()
         cand_source: list[int] = []  # per candidate, the index of its graph in ``graphs``
+        safety: list[Any] = []
+
+        def fp_check(mg: MuGraph) -> str | None:
+            """Why ``mg`` is not finite where the graph is in its dtype (:mod:`.fpsafe`), or None."""
+            if not safety:
+                from .fpsafe import SafetyChecker
+
+                safety.append(SafetyChecker(graph, seed))
+            return safety[0].check(mg)
 
         def attempt(entry: tuple[Any, ...]) -> None:
             _, low, c, gi = entry
@@ -477,8 +493,15 @@ def _search(
                 v = _unknown(f"verifier not available: {e}")
             except GraphError as e:
                 v = _unknown(f"IR check failed: {str(e).splitlines()[0]}")
-            if getattr(v, "proved", False):
-                cands.append(Candidate(low.mugraph, c, v, None, tuple(low.steps), graphs[gi][0]))
+            unsafe = fp_check(low.mugraph) if getattr(v, "proved", False) else None
+            if unsafe is not None:
+                rep.rejected.append((what, f"{type(v).__name__} but {unsafe}"))
+            elif getattr(v, "proved", False):
+                by = "vm.verify" if verifier is None else "custom verifier"
+                if verifier is not None:
+                    v = _unknown(f"accepted by a custom verifier, not proved by vm.verify (no certificate): "
+                                 f"{getattr(v, 'reason', v)}", getattr(v, "evidence", ()))
+                cands.append(Candidate(low.mugraph, c, v, None, tuple(low.steps), graphs[gi][0], verified_by=by))
                 cand_source.append(gi)
             else:
                 rep.rejected.append((what, f"{type(v).__name__}: {getattr(v, 'reason', v)}"))
@@ -588,7 +611,12 @@ def _search(
 
             proved_user = [r.name for r in rules if r.name not in builtin_names and not r.trusted]
             register_rules([*STEPS, *(n for n in builtin_names if n not in UNPROVED_BUILTINS), *proved_user])
+            if verifier is not None and cands:
+                rep.notes.append("candidates were accepted by a custom verifier: not Proved by vm.verify, no "
+                                 "certificates (Candidate.verified_by)")
             for k, cand in enumerate(cands):
+                if cand.verified_by != "vm.verify":
+                    continue
                 unproved = [r for r in cand.rules if r in rep.trusted_rules or r in UNPROVED_BUILTINS]
                 try:
                     cand.certificate = make_certificate(
@@ -669,13 +697,68 @@ def _loop_ranges(mg: MuGraph) -> tuple[int, ...]:
     return tuple(n.attr("block").frange for n in node_list(mg) if n.op == "custom")
 
 
-def _max_shifted(mg: MuGraph) -> bool:
-    for n in node_list(mg):
-        if n.op in ("max", "running_max"):
-            return True
-        if n.op == "custom" and any(b.op in ("max", "running_max") for b in n.attr("block").nodes):
-            return True
-    return False
+_MAX_LIKE = ("max", "running_max", "loop_max")
+
+
+def _max_shifted(mg: Graph) -> bool:
+    """Whether ``mg`` applies ``exp`` and every ``exp`` (at any level) is of ``x - m`` with ``m`` a max of
+    that same ``x`` (``max``, ``running_max``, ``loop_max`` of it, or ``maximum`` with such a max): the
+    numerically safe form. A max elsewhere in the program does not count (``exp(a) / exp(max a)`` is not
+    shifted). ``rescaled_sum`` (``exp(m_prev - m)`` of a running max) is shifted by construction."""
+    found: list[bool] = []  # one entry per exp: shifted or not
+    Val = tuple[Sequence[Any], int, Any]  # (the nodes of a scope, index, the scope's outer resolver)
+
+    def resolve(v: Val) -> Val:
+        """Through a thread graph's ``arg`` to the block value it stands for."""
+        nodes, i, outer = v
+        while nodes[i].op == "arg" and outer is not None:
+            nodes, i, outer = outer(nodes[i].attr("index"))
+        return nodes, i, outer
+
+    def same(u: Val, w: Val) -> bool:
+        return u[0] is w[0] and u[1] == w[1]
+
+    def is_max_of(m: Val, x: Val, depth: int = 0) -> bool:
+        nodes, i, outer = resolve(m)
+        n = nodes[i]
+        if depth > 8:
+            return False
+        if n.op in _MAX_LIKE:
+            a = resolve((nodes, n.args[0][0], outer))
+            return same(a, x) or is_max_of(a, x, depth + 1)
+        if n.op == "maximum":
+            return any(is_max_of((nodes, r, outer), x, depth + 1) for r, _ in n.args)
+        return False
+
+    def walk(nodes: Sequence[Any], outer: Any) -> None:
+        for n in nodes:
+            if n.op == "custom":
+                walk(n.attr("block").nodes, None)
+            elif n.op == "fused":
+                refs = [r for r, _ in n.args]
+                walk(n.attr("thread").nodes, lambda k, refs=refs, nodes=nodes, outer=outer: (nodes, refs[k], outer))
+            elif n.op == "rescaled_sum":
+                found.append(True)
+            elif n.op == "exp":
+                an, ai, ao = resolve((nodes, n.args[0][0], outer))
+                a = an[ai]
+                found.append(a.op == "sub" and is_max_of((an, a.args[1][0], ao), resolve((an, a.args[0][0], ao))))
+
+    walk(node_list(mg), None)
+    return bool(found) and all(found)
+
+
+def _removes_max_shift(originals: Sequence[Term], terms: Sequence[Term]) -> bool:
+    """Whether ``terms`` apply ``exp`` to a max the original terms only subtracted before an ``exp``
+    (``exp-sub`` on ``exp(a - max a)`` gives ``exp(a) / exp(max a)``: exact over the reals, overflows)."""
+    def shifted_maxes(ts: Sequence[Term]) -> set[Term]:
+        return {s.args[0].args[1] for t in ts for s in t.subterms()
+                if s.op == "exp" and s.args and s.args[0].op == "sub" and s.args[0].args[1].op == "max"}
+
+    def exp_of_max(ts: Sequence[Term]) -> set[Term]:
+        return {s.args[0] for t in ts for s in t.subterms() if s.op == "exp" and s.args and s.args[0].op == "max"}
+
+    return bool(shifted_maxes(originals) & (exp_of_max(terms) - exp_of_max(originals)))
 
 
 def _triton_source_hash(mg: MuGraph) -> str | None:

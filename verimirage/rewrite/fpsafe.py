@@ -1,0 +1,193 @@
+"""Floating-point safety of a candidate: finite wherever the source is, evaluated in its own dtype.
+
+``vm.verify`` proves two programs equal over the reals; it says nothing about overflow. A rewrite
+that is exact over the reals can overflow where the source does not: ``exp(a - max a)`` rewritten to
+``exp(a) / exp(max a)`` is ``inf / inf`` on logits near 100 in fp32. :func:`fp_safety` evaluates the
+source and the candidate with every node's result rounded to its dtype (fp16 and fp32 by numpy's
+casts, bf16 by rounding the fp32 bits to nearest even), on adversarial inputs (wide uniform values of
+both signs at growing scales, up to values near the dtype's largest, large-norm normal values and
+all-positive ones), and reports the first input set on which the candidate has a non-finite element
+where the source's is finite. The search (:func:`verimirage.rewrite.superopt.superoptimize`) rejects
+such a candidate with that reason.
+
+Rounding follows the generated code (:mod:`verimirage.backend.codegen`): every kernel-level op's result
+(a kernel's store) and every kernel output in the candidate's dtype, values inside a kernel in fp32, a
+matmul's operands in their dtype. Only input sets on which no intermediate value of the source
+overflows constrain the candidate (an overflowed intermediate can leave a finite but meaningless output,
+e.g. 0 from a softmax whose denominator overflowed).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..ir.dtypes import DType
+from ..ir.graph import Graph, node_list, output_refs
+from ..ir.interpret import REF, apply_op, run_block
+from ..ir.ops import TensorType
+
+log = logging.getLogger(__name__)
+
+#: the largest finite value of each dtype
+DTYPE_MAX = {DType.float16: 65504.0, DType.bfloat16: 3.3895313892515355e38, DType.float32: 3.4028234663852886e38}
+
+
+def round_to(x: Any, dtype: DType) -> np.ndarray:
+    """``x`` (float64) rounded to ``dtype`` and back to float64 (overflow gives inf, as the dtype does)."""
+    a = np.asarray(x, dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        if dtype is DType.float16:
+            return a.astype(np.float16).astype(np.float64)
+        f = a.astype(np.float32)
+        if dtype is DType.float32:
+            return f.astype(np.float64)
+        # bfloat16: round the fp32 bits to nearest even on the upper 16 bits (NaN kept as NaN)
+        u = np.ascontiguousarray(f).view(np.uint32).astype(np.uint64)
+        r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+        out = r.astype(np.uint32).view(np.float32).astype(np.float64)
+        return np.where(np.isnan(f), np.nan, out)
+
+
+class RoundingDomain:
+    """The float64 reference with every op's result rounded: at kernel level to the result's dtype (each
+    kernel-level op is a kernel that stores its result), inside kernels to fp32 (the generated kernels
+    compute in fp32), with a matmul's operands rounded to their dtype first (``tl.dot`` takes them so).
+    ``nonfinite``: whether any result so far had a non-finite element."""
+
+    name = "ref"
+
+    def __init__(self, kernel_level: bool) -> None:
+        self.kernel_level = kernel_level
+        self.nonfinite = False
+
+    def apply(self, op: str, args: list[Any], attrs: dict[str, Any], in_types: Sequence[TensorType],
+              out_type: TensorType) -> Any:
+        with np.errstate(all="ignore"):
+            if op == "matmul" and not self.kernel_level:
+                args = [round_to(a, t.dtype) for a, t in zip(args, in_types, strict=True)]
+            r = round_to(REF.apply(op, args, attrs, in_types, out_type),
+                         out_type.dtype if self.kernel_level else DType.float32)
+        if not self.nonfinite and not np.isfinite(r).all():
+            self.nonfinite = True
+        return r
+
+
+def evaluate_in_dtype(g: Graph, inputs: Mapping[str, np.ndarray]) -> tuple[list[np.ndarray], bool]:
+    """``g`` evaluated as the generated kernels compute (:class:`RoundingDomain`): inputs and kernel results
+    rounded to their dtypes, values inside a kernel to fp32. Returns the outputs (float64 arrays) and
+    whether any intermediate value had a non-finite element."""
+    kern, blk = RoundingDomain(True), RoundingDomain(False)
+    nodes = node_list(g)
+    env: dict[int, list[Any]] = {}
+    with np.errstate(all="ignore"):
+        for i, n in enumerate(nodes):
+            if n.op == "input":
+                t = n.outs[0]
+                env[i] = [round_to(inputs[str(n.attr("name"))], t.dtype)]
+            elif n.op == "custom":
+                args = [env[a][k] for a, k in n.args]
+                types = [nodes[a].outs[k] for a, k in n.args]
+                outs = run_block(n.attr("block"), args, types, blk)
+                env[i] = [round_to(o, t.dtype) for o, t in zip(outs, n.outs, strict=True)]
+                kern.nonfinite = kern.nonfinite or not all(np.isfinite(o).all() for o in env[i])
+            else:
+                args = [env[a][k] for a, k in n.args]
+                types = [nodes[a].outs[k] for a, k in n.args]
+                env[i] = [apply_op(kern, n.op, args, n.attr_dict, types, n.outs[0])]
+        outs = [np.asarray(env[a][k], dtype=np.float64) for a, k in output_refs(g)]
+    return outs, kern.nonfinite or blk.nonfinite
+
+
+#: (description, kind, scale): scale is a magnitude, or a fraction of the dtype's largest value ("near-max")
+INPUT_SETS: tuple[tuple[str, str, float], ...] = (
+    ("uniform +-3", "uniform", 3.0),
+    ("uniform +-10", "uniform", 10.0),
+    ("uniform +-30", "uniform", 30.0),
+    ("uniform +-100", "uniform", 100.0),
+    ("positive 1..30", "positive", 30.0),
+    ("normal x100 (large norms)", "normal", 100.0),
+    ("uniform +-1e3", "uniform", 1e3),
+    ("uniform +-1e4", "uniform", 1e4),
+    ("near the dtype's max", "near-max", 0.5),
+)
+
+#: graphs whose inputs have more elements than this are checked on the first few sets only (the float
+#: evaluation of a full-size program costs seconds); the choice depends on the program only
+LARGE_INPUT_ELEMENTS = 1 << 20
+
+
+def adversarial_inputs(g: Graph, seed: int = 0) -> list[tuple[str, dict[str, np.ndarray]]]:
+    """The input sets of :data:`INPUT_SETS` for ``g``'s inputs (each clipped to its dtype's range)."""
+    n_in = sum(math.prod(t.shape) for t in g.inputs)
+    sets = INPUT_SETS if n_in <= LARGE_INPUT_ELEMENTS else INPUT_SETS[:4]
+    out = []
+    for i, (what, kind, s) in enumerate(sets):
+        rng = np.random.default_rng([seed, 0xF9, i])
+        ins = {}
+        for t in sorted(g.inputs, key=lambda t: str(t.name)):
+            top = DTYPE_MAX[t.dtype]
+            shape = tuple(t.shape)
+            if kind == "uniform":
+                v = rng.uniform(-s, s, shape)
+            elif kind == "positive":
+                v = rng.uniform(1.0, s, shape)
+            elif kind == "normal":
+                v = s * rng.standard_normal(shape)
+            else:
+                v = rng.uniform(0.25 * s * top, s * top, shape) * rng.choice([-1.0, 1.0], shape)
+            ins[str(t.name)] = np.clip(v, -top, top)
+        out.append((what, ins))
+    return out
+
+
+class SafetyChecker:
+    """Checks candidates against one source program; the source's evaluations are made once."""
+
+    def __init__(self, source: Graph, seed: int = 0) -> None:
+        self.source = source
+        self.sets = adversarial_inputs(source, seed)
+        self._src: dict[int, tuple[list[np.ndarray], bool]] = {}
+
+    def source_outputs(self, i: int) -> tuple[list[np.ndarray], bool]:
+        """The source's outputs on input set ``i`` and whether any of its intermediate values overflowed
+        (cached)."""
+        if i not in self._src:
+            self._src[i] = evaluate_in_dtype(self.source, self.sets[i][1])
+        return self._src[i]
+
+    def check(self, candidate: Graph) -> str | None:
+        """None if ``candidate`` is finite wherever the source is, on every input set on which no value of
+        the source overflows (where it does, the source's finite outputs are not its values: an overflowed
+        softmax denominator gives 0); else why not."""
+        for i, (what, ins) in enumerate(self.sets):
+            src, src_overflowed = self.source_outputs(i)
+            if src_overflowed:
+                continue
+            try:
+                cand, _ = evaluate_in_dtype(candidate, ins)
+            except Exception as e:  # (a program the float evaluator cannot run is not safe to call safe)
+                return f"floating point: the candidate cannot be evaluated in its dtype: {e}"
+            for k, (x, y) in enumerate(zip(src, cand, strict=True)):
+                bad = np.isfinite(x) & ~np.isfinite(y)
+                if bad.any():
+                    idx = tuple(int(v) for v in np.argwhere(bad)[0])
+                    dt = candidate.outputs[k].dtype.short
+                    return (f"floating point: on {what} inputs, evaluated in {dt}, the candidate has {int(bad.sum())}"
+                            f"/{bad.size} non-finite values where the source is finite (output {k}, e.g. index "
+                            f"{idx}: source {x[idx]:.4g}, candidate {y[idx]})")
+        return None
+
+
+def fp_safety(source: Graph, candidate: Graph, seed: int = 0) -> str | None:
+    """None if ``candidate``, evaluated in its own dtype, is finite wherever ``source`` is on the
+    adversarial inputs (:func:`adversarial_inputs`); else the reason (see the module docstring)."""
+    return SafetyChecker(source, seed).check(candidate)
+
+
+__all__ = ["DTYPE_MAX", "INPUT_SETS", "RoundingDomain", "SafetyChecker", "adversarial_inputs", "evaluate_in_dtype",
+           "fp_safety", "round_to"]
