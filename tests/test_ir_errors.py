@@ -412,6 +412,8 @@ def test_tensor_too_big_to_evaluate_is_graph_error() -> None:
         vm.verify(g, g)
     with pytest.raises(vm.GraphError, match=r"superoptimize: .*2\*\*30"):
         vm.superoptimize(g, cache=False)
+    with pytest.raises(vm.GraphError, match=r"testing.inputs: .*2\*\*30"):
+        vm.testing.inputs(g)
 
 
 def test_block_graph_blocks_count_toward_the_evaluation_bound() -> None:

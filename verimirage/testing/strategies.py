@@ -42,6 +42,7 @@ from hypothesis import strategies as st
 from ..ir.dtypes import DType, float32
 from ..ir.errors import GraphError
 from ..ir.graph import Graph, Tensor, node_list, output_refs
+from ..ir.limits import check_evaluable
 from .analysis import GraphFacts, analyze
 
 REGIMES: tuple[str, ...] = ("normal", "large", "tiny", "mixed")
@@ -203,6 +204,7 @@ def inputs(
     """
     if not isinstance(graph, Graph):
         raise GraphError(f"testing.inputs: expected a vm.Graph, got {type(graph).__name__}")
+    check_evaluable(graph, "testing.inputs")  # every example is checked against the float64 reference
     facts = analyze(graph)
     regs = tuple(regimes) if regimes is not None else applicable_regimes(graph, facts)
     bad = [r for r in regs if r not in REGIMES]
