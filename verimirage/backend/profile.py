@@ -16,8 +16,8 @@ A cache hit is not trusted (:func:`cached_timings`): every record must name,
 by the SHA-256 of its μGraph text, one of the candidates given to this call
 (which the caller has just verified), with a known configuration, a finite
 positive time or a failure, and every (candidate, configuration) pair exactly
-once; and each candidate's fastest configuration is run once more against the
-float64 reference before it is used. A record that fails any of this is
+once; and (with ``check=True``, the default) each candidate's fastest
+configuration is run once more against the float64 reference before it is used. A record that fails any of this is
 reported, the entry removed and the selection measured again.
 """
 
