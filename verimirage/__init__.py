@@ -30,6 +30,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "Candidate": ("verimirage.rewrite.superopt", "Candidate"),
     "SearchResult": ("verimirage.rewrite.superopt", "SearchResult"),
     "compile": ("verimirage.backend.runtime", "compile"),
+    "explain": ("verimirage.integrations.dynamo", "explain"),
     "benchmarks": ("verimirage.benchmarks", ""),
     "testing": ("verimirage.testing", ""),
 }

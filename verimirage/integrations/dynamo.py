@@ -1,208 +1,90 @@
-"""``torch.compile(model, backend="verimirage")``.
+"""``torch.compile(model, backend="verimirage")`` and ``vm.explain``.
 
-The backend receives an FX graph from TorchDynamo, finds the maximal
-subgraphs made of ops the registry knows (matmul, elementwise ops, keepdim
-reductions, rms_norm, concat, transpose, scaling by constants), turns each
-into a ``vm.Graph``, superoptimizes it and replaces it with the compiled,
-verified kernels. Everything else stays with PyTorch: an unsupported op is a
-graph break, never an error. Registered under the entry point group
-``torch_dynamo_backends`` (name ``verimirage``) and also on import of this
-module.
+Dynamo's graph goes through AOTAutograd, which traces it to ATen ops and
+hands over the forward and backward graphs (or one inference graph) of
+core ATen ops. On each, :func:`verimirage.integrations.capture.transform`
+replaces the regions the registry can express by verified kernels; the rest
+goes to the fallback backend: Inductor when the inputs are on a GPU, eager
+PyTorch on a CPU (option ``fallback``). Nothing raises on a model: what
+cannot be taken is recorded with its reason in a :class:`Report`, logged at
+INFO level when the backend compiles and returned by :func:`explain`.
+
+Options (:class:`CaptureOptions`) come from ``torch.compile(model,
+backend="verimirage", options={...})`` or from :func:`backend`. The backend is
+registered under the entry point group ``torch_dynamo_backends`` (name
+``verimirage``) and also on import of this module.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import operator
-from collections.abc import Callable, Sequence
-from typing import Any, TypeGuard
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.fx as fx
-from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
-from torch.fx.passes.operator_support import OperatorSupportBase
-from torch.fx.passes.shape_prop import ShapeProp
 
-from ..ir.dtypes import DType
-from ..ir.errors import GraphError
-from ..ir.graph import Graph, Tensor
+from .capture import CaptureOptions, transform
+from .report import Report
 
 log = logging.getLogger(__name__)
 
-F = torch.nn.functional
+_KEEP: list[Any] = []
 
-_DTYPES = {torch.float16: DType.float16, torch.bfloat16: DType.bfloat16, torch.float32: DType.float32}
-
-_UNARY: dict[Any, str] = {
-    torch.exp: "exp",
-    F.silu: "silu",
-    torch.relu: "relu",
-    F.relu: "relu",
-    torch.sqrt: "sqrt",
-    torch.rsqrt: "rsqrt",
-    torch.square: "square",
-    torch.neg: "neg",
-    operator.neg: "neg",
-}
-_BINARY: dict[Any, str] = {
-    torch.matmul: "matmul",
-    operator.matmul: "matmul",
-    torch.add: "add",
-    operator.add: "add",
-    torch.sub: "sub",
-    operator.sub: "sub",
-    torch.mul: "mul",
-    operator.mul: "mul",
-    torch.div: "div",
-    operator.truediv: "div",
-}
-_METHODS_UNARY = {"exp": "exp", "sqrt": "sqrt", "rsqrt": "rsqrt", "relu": "relu", "neg": "neg", "square": "square"}
-_METHODS_BINARY = {"matmul": "matmul", "add": "add", "sub": "sub", "mul": "mul", "div": "div"}
-_REDUCE_FN = {torch.sum: "sum", torch.mean: "mean", torch.amax: "max"}
-_REDUCE_METHOD = {"sum": "sum", "mean": "mean", "amax": "max"}
+#: Reports of the most recent compilations by the plain ``backend="verimirage"`` (newest last, at most 16).
+REPORTS: list[Report] = []
 
 
-def _meta(n: Any) -> Any:
-    return n.meta.get("tensor_meta") if isinstance(n, fx.Node) else None
+def _decompositions() -> dict[Any, Any]:
+    """ATen ops decomposed before the capture sees them (backward ops the op table writes as simpler ops)."""
+    from torch._decomp import get_decompositions
+
+    aten = torch.ops.aten
+    return get_decompositions([aten.native_layer_norm_backward])
 
 
-def _is_tensor(n: Any) -> bool:
-    m = _meta(n)
-    return m is not None and getattr(m, "dtype", None) in _DTYPES
+def _fallback(opts: CaptureOptions, example_inputs: Sequence[Any]) -> str:
+    if opts.fallback != "auto":
+        return opts.fallback
+    cuda = any(isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in example_inputs)
+    return "inductor" if cuda else "eager"
 
 
-def _is_number(x: Any) -> TypeGuard[int | float]:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
+def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], *, options: CaptureOptions | Mapping[str, Any]
+                  | None = None, report: Report | None = None) -> Callable[..., Any]:
+    """The backend: compile Dynamo's FX graph ``gm`` through AOTAutograd, the capture and the fallback."""
+    opts = CaptureOptions.of(options)
+    rep = report if report is not None else Report()
+    if report is None:
+        REPORTS.append(rep)
+        del REPORTS[:-16]
+    if _fallback(opts, example_inputs) == "inductor":
+        from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
+        def inner(g: fx.GraphModule, ex: Sequence[Any], **kw: Any) -> Any:
+            kind = "backward" if kw.get("is_backward") else ("inference" if kw.get("is_inference") else "forward")
+            runners = transform(g, opts, rep, kind)
+            out = compile_fx_inner(g, ex, **kw)
+            _KEEP.extend(runners)  # the compiled code may not hold the graph module that holds them
+            return out
 
-def _reduce_args(n: fx.Node) -> tuple[Any, int] | None:
-    """(input, axis) of a keepdim reduction over one axis, else None."""
-    args, kw = list(n.args), dict(n.kwargs)
-    x = args[0] if args else kw.get("input")
-    dim = args[1] if len(args) > 1 else kw.get("dim")
-    keep = args[2] if len(args) > 2 else kw.get("keepdim", False)
-    if isinstance(dim, (list, tuple)) and len(dim) == 1:
-        dim = dim[0]
-    if not isinstance(dim, int) or keep is not True or kw.get("dtype") is not None:
-        return None
-    return x, dim
+        compiled: Callable[..., Any] = compile_fx(gm, example_inputs, inner_compile=inner)  # type: ignore[assignment]
+        return compiled
 
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
 
-def _classify(n: fx.Node) -> tuple[str, list[Any], dict[str, Any]] | None:
-    """The registry op an FX node computes, with its operands and attributes; None if unsupported."""
-    if n.op not in ("call_function", "call_method") or not _is_tensor(n):
-        return None
-    t, args, kw = n.target, list(n.args), dict(n.kwargs)
-    if n.op == "call_method":
-        if t in _METHODS_UNARY and len(args) == 1 and not kw:
-            return _METHODS_UNARY[t], args, {}
-        if t in _METHODS_BINARY and len(args) == 2 and not kw:
-            return _binary(_METHODS_BINARY[t], args)
-        if t in _REDUCE_METHOD:
-            r = _reduce_args(n)
-            return (_REDUCE_METHOD[t], [r[0]], {"axis": r[1]}) if r else None
-        if t == "transpose" and len(args) == 3 and not kw:
-            return "transpose", [args[0]], {"a": args[1], "b": args[2]}
-        return None
-    if t in _UNARY and len(args) == 1 and not kw:
-        return _UNARY[t], args, {}
-    if t is F.gelu and len(args) == 1 and kw == {"approximate": "tanh"}:
-        return "gelu", args, {}
-    if t in _BINARY and len(args) == 2 and not kw:
-        return _binary(_BINARY[t], args)
-    if t in _REDUCE_FN:
-        r = _reduce_args(n)
-        return (_REDUCE_FN[t], [r[0]], {"axis": r[1]}) if r else None
-    if t is torch.transpose and len(args) == 3 and not kw:
-        return "transpose", [args[0]], {"a": args[1], "b": args[2]}
-    if t is torch.cat:
-        xs = args[0] if args else kw.get("tensors")
-        dim = args[1] if len(args) > 1 else kw.get("dim", 0)
-        if isinstance(xs, (list, tuple)) and all(_is_tensor(x) for x in xs) and isinstance(dim, int):
-            return "concat", list(xs), {"axis": dim}
-    if t is F.rms_norm:
-        x, shape = args[0], args[1] if len(args) > 1 else kw.get("normalized_shape")
-        w = args[2] if len(args) > 2 else kw.get("weight")
-        eps = args[3] if len(args) > 3 else kw.get("eps")
-        if isinstance(shape, (list, tuple)) and len(shape) == 1 and _is_number(eps):
-            return "rms_norm", [x] if w is None else [x, w], {"axis": -1, "eps": float(eps)}
-    return None
+    def compiler(kind: str) -> Callable[..., Any]:
+        def comp(g: fx.GraphModule, ex: Sequence[Any]) -> Any:
+            transform(g, opts, rep, kind)
+            return make_boxed_func(g.forward)
 
+        return comp
 
-def _binary(op: str, args: list[Any]) -> tuple[str, list[Any], dict[str, Any]] | None:
-    a, b = args
-    if _is_tensor(a) and _is_tensor(b):
-        return op, [a, b], {}
-    # tensor (op) Python number -> scale / shift
-    if op in ("mul", "div", "add", "sub") and _is_tensor(a) and _is_number(b) and (op != "div" or b != 0):
-        c = float(b)
-        # x / c becomes x * fl(1/c): equal in real arithmetic, within an ulp in floating point
-        kind, const = {"mul": ("scale", c), "div": ("scale", 1.0 / c), "add": ("shift", c), "sub": ("shift", -c)}[op]
-        return kind, [a], {"c": const}
-    if op in ("mul", "add") and _is_number(a) and _is_tensor(b):
-        return ("scale" if op == "mul" else "shift"), [b], {"c": float(a)}
-    return None
-
-
-class _Support(OperatorSupportBase):
-    def is_node_supported(self, submodules: Any, node: fx.Node) -> bool:
-        return _classify(node) is not None
-
-
-def fx_to_graph(gm: fx.GraphModule) -> tuple[Graph, list[str]]:
-    """A ``vm.Graph`` computing ``gm`` (a partition made of supported ops), and its input names in order."""
-    g = Graph()
-    env: dict[fx.Node, Tensor] = {}
-    names: list[str] = []
-    for n in gm.graph.nodes:
-        if n.op == "placeholder":
-            m = _meta(n)
-            if m is None or m.dtype not in _DTYPES:
-                raise GraphError(f"input {n.name}: dtype {getattr(m, 'dtype', None)} is not supported")
-            name = f"in{len(names)}"
-            env[n] = g.input(name, tuple(int(s) for s in m.shape), _DTYPES[m.dtype])
-            names.append(name)
-        elif n.op in ("call_function", "call_method"):
-            c = _classify(n)
-            if c is None:
-                raise GraphError(f"unsupported FX node {n.format_node()}")
-            op, operands, attrs = c
-            xs = [env[x] for x in operands]
-            if op == "concat":
-                env[n] = g.concat(xs, **attrs)
-            elif op == "rms_norm":
-                env[n] = g.rms_norm(xs[0], xs[1] if len(xs) > 1 else None, **attrs)
-            else:
-                env[n] = getattr(g, op)(*xs, **attrs)
-        elif n.op == "output":
-            outs = n.args[0]
-            outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
-            g.output(*[env[o] for o in outs])
-    return g, names
-
-
-def _compile_partition(sub: fx.GraphModule, cuda_graph: bool = False) -> Callable[..., Any]:
-    import verimirage as vm
-
-    g, _ = fx_to_graph(sub)
-    res = vm.superoptimize(g)
-    if not res.candidates:
-        log.warning("verimirage: no verified candidate for a partition; it stays with PyTorch")
-        return sub
-    fn = vm.compile(res.best, cuda_graph=cuda_graph)
-    single = len(g.outputs) == 1
-    out_node = next(n for n in sub.graph.nodes if n.op == "output")
-    as_tuple = isinstance(out_node.args[0], (list, tuple))
-
-    def run(*args: Any) -> Any:
-        out = fn(*args)
-        if cuda_graph:  # the graph's static outputs are overwritten by the next replay: hand out copies
-            out = tuple(o.clone() for o in out) if isinstance(out, tuple) else out.clone()
-        if single and as_tuple:
-            return (out,)
-        return out
-
-    return run
+    aot = aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
+                       inference_compiler=compiler("inference"), decompositions=_decompositions())
+    return aot(gm, example_inputs)
 
 
 #: torch.compile modes this backend accepts; those with CUDA graphs replay each partition as one graph
@@ -211,54 +93,53 @@ _MODES = {None: False, "default": False, "reduce-overhead": True, "max-autotune"
 
 
 def verimirage_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, mode: str | None = None,
-                       options: Any = None) -> Callable[..., Any]:
-    """TorchDynamo backend: superoptimize the supported subgraphs of ``gm``; the rest runs in PyTorch.
+                       options: CaptureOptions | Mapping[str, Any] | None = None) -> Callable[..., Any]:
+    """TorchDynamo backend ``"verimirage"`` (``torch.compile(model, backend="verimirage", options={...})``).
 
-    ``torch.compile(..., backend="verimirage", mode="reduce-overhead")`` (or ``"max-autotune"``) compiles
-    each partition with ``vm.compile(..., cuda_graph=True)``: its kernels are replayed as one CUDA graph
-    (inputs copied into the graph's static buffers), and its outputs are copied out of the graph's buffers
-    so that nothing the model returns is overwritten by a later call. Without a GPU (Triton's interpreter)
-    the partitions run without graphs.
+    ``mode="reduce-overhead"`` (or ``"max-autotune"``) compiles each partition with
+    ``vm.compile(..., cuda_graph=True)``: its kernels are replayed as one CUDA graph and its outputs are
+    copied out of the graph's buffers, so nothing the model returns is overwritten by a later call.
+    Without a GPU (Triton's interpreter) the partitions run without graphs.
     """
     if mode not in _MODES:
         raise ValueError(f"verimirage backend: mode={mode!r}; expected one of {sorted(m for m in _MODES if m)}")
-    if options:
-        raise ValueError(f"verimirage backend: takes no options; got {options!r}")
-    from ..backend.runtime import ensure_mode
+    opts = CaptureOptions.of(options)
+    if _MODES[mode] and not opts.cuda_graph:
+        from ..backend.runtime import ensure_mode
 
-    graphs = _MODES[mode] and not ensure_mode()
-    fake = any(type(x).__name__ == "FakeTensor" for x in example_inputs)
-    if not fake:
-        ShapeProp(gm).propagate(*example_inputs)
-    else:  # pragma: no cover - dynamo normally hands real example inputs to backends
-        for n in gm.graph.nodes:
-            ev = n.meta.get("example_value")
-            if isinstance(ev, torch.Tensor):
-                from torch.fx.passes.shape_prop import _extract_tensor_metadata
-
-                n.meta["tensor_meta"] = _extract_tensor_metadata(ev)
-    parts = CapabilityBasedPartitioner(gm, _Support(), allows_single_node_partition=True).propose_partitions()
-    if not parts:
-        return gm.forward
-    fused = CapabilityBasedPartitioner(gm, _Support()).fuse_partitions(parts)
-    for n in list(fused.graph.nodes):
-        if n.op == "call_module" and n.target.startswith("fused_"):
-            sub = getattr(fused, n.target)
-            try:
-                setattr(fused, n.target, _Wrapped(_compile_partition(sub, cuda_graph=graphs)))
-            except GraphError as e:
-                log.warning("verimirage: partition %s stays with PyTorch: %s", n.target, e)
-    fused.recompile()
-    return fused.forward
+        if not ensure_mode():
+            opts = dataclasses.replace(opts, cuda_graph=True)
+    return compile_graph(gm, example_inputs, options=opts)
 
 
-class _Wrapped(torch.nn.Module):
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        super().__init__()
-        self.fn = fn
+def backend(*, report: Report | None = None, **options: Any) -> Callable[..., Any]:
+    """A backend with these :class:`CaptureOptions` (e.g. ``torch.compile(m, backend=backend(fallback="eager"))``)."""
+    opts = CaptureOptions.of(options)
 
-    def forward(self, *args: Any) -> Any:
-        return self.fn(*args)
+    def be(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        return compile_graph(gm, example_inputs, options=opts, report=report)
+
+    return be
+
+
+def explain(model: Any, *example_inputs: Any, backward: bool | None = None, **options: Any) -> Report:
+    """Compile ``model`` with the verimirage backend, run it on ``example_inputs``, and report what was taken.
+
+    ``backward``: also run a backward pass (default: when grad is enabled and an output requires grad),
+    so the backward graph is captured too. ``options``: :class:`CaptureOptions`. Returns a
+    :class:`Report` (``.coverage``, ``.partitions``, ``.left``; ``print(report)`` for a table).
+    """
+    rep = Report()
+    compiled = torch.compile(model, backend=backend(report=rep, **options))
+    out = compiled(*example_inputs)
+    outs = [o for o in (out if isinstance(out, (list, tuple)) else [out]) if isinstance(o, torch.Tensor)]
+    grads = [o for o in outs if o.requires_grad]
+    if backward is None:
+        backward = torch.is_grad_enabled() and bool(grads)
+    if backward and grads:
+        torch.autograd.backward([o.sum() for o in grads])
+    log.info("verimirage explain: %s", rep.summary())
+    return rep
 
 
 def register() -> None:
@@ -270,3 +151,6 @@ def register() -> None:
 
 
 register()
+
+__all__ = ["REPORTS", "CaptureOptions", "Report", "backend", "compile_graph", "explain", "register",
+           "verimirage_backend"]

@@ -1,0 +1,208 @@
+"""Issue 20: ATen-level capture through AOTAutograd, fallback, training, vm.explain, the module corpus."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+F = torch.nn.functional
+
+import verimirage as vm  # noqa: E402
+from verimirage.benchmarks import modules as corpus  # noqa: E402
+from verimirage.integrations import capture  # noqa: E402
+from verimirage.integrations.dynamo import backend  # noqa: E402
+from verimirage.integrations.report import Report  # noqa: E402
+
+# small searches; the search cache (a fresh directory per test session) serves repeated partitions
+OPTS: dict[str, Any] = {"time_budget_s": 8.0, "fallback": "eager"}
+TOL = {torch.float32: 2e-4}
+
+
+def _run(model: Any, xs: list[Any], *, train: bool, rep: Report | None = None) -> tuple[Any, list[Any], Report]:
+    """Outputs (and gradients of params and float inputs) of the compiled model."""
+    rep = rep if rep is not None else Report()
+    torch._dynamo.reset()
+    cm = torch.compile(model, backend=backend(report=rep, **OPTS))
+    if not train:
+        with torch.no_grad():
+            return cm(*xs), [], rep
+    xs = [x.detach().requires_grad_() if x.is_floating_point() else x for x in xs]
+    out = cm(*xs)
+    assert out.requires_grad, "the compiled model's output lost its autograd history"
+    (out.float() * _weights(out)).sum().backward()
+    grads = [p.grad for p in model.parameters()] + [x.grad for x in xs if x.is_floating_point()]
+    return out, grads, rep
+
+
+def _weights(out: Any) -> Any:
+    g = torch.Generator().manual_seed(7)
+    return torch.rand(out.shape, generator=g, dtype=torch.float64).to(out.dtype)
+
+
+def _reference(model: Any, xs: list[Any], *, train: bool) -> tuple[Any, list[Any]]:
+    ref = copy.deepcopy(model).double()
+    xr = [x.detach().double() if x.is_floating_point() else x for x in xs]
+    if not train:
+        with torch.no_grad():
+            return ref(*xr), []
+    xr = [x.requires_grad_() if x.is_floating_point() else x for x in xr]
+    out = ref(*xr)
+    (out * _weights(out).double()).sum().backward()
+    return out, [p.grad for p in ref.parameters()] + [x.grad for x in xr if x.is_floating_point()]
+
+
+def _close(got: Any, want: Any, what: str) -> None:
+    w = want.detach().double().numpy()
+    scale = max(1.0, float(np.abs(w).max()))
+    np.testing.assert_allclose(got.detach().double().numpy(), w, rtol=TOL[torch.float32],
+                               atol=TOL[torch.float32] * scale, err_msg=what)
+
+
+def check_module(name: str, *, train: bool) -> Report:
+    """Forward (and backward) of corpus module ``name`` through the backend match the float64 reference."""
+    model, xs = corpus.get(name)
+    want, wgrads = _reference(model, xs, train=train)
+    got, grads, rep = _run(model, xs, train=train)
+    _close(got, want, f"{name}: output")
+    for i, (g, w) in enumerate(zip(grads, wgrads, strict=True)):
+        assert (g is None) == (w is None), f"{name}: gradient {i} missing on one side"
+        if g is not None:
+            _close(g, w, f"{name}: gradient {i}")
+    for r in rep.left:
+        assert rep.reason_of(r), f"{name}: {r.op} left behind without a reason"
+    logging.getLogger(__name__).info("%s (%s): %s", name, "train" if train else "inference", rep.summary())
+    return rep
+
+
+# --------------------------------------------------------------------------- fast tests
+
+
+def test_linear_relu_linear_is_one_verified_partition() -> None:
+    rep = check_module("mlp_relu", train=False)
+    assert rep.coverage == 1.0
+    taken = [p for p in rep.partitions if p.taken]
+    assert len(taken) == 1 and taken[0].kernels
+    assert {"addmm", "relu"} <= set(taken[0].ops)
+
+
+def test_training_through_the_backend_matches_float64_gradients() -> None:
+    rep = check_module("swiglu", train=True)
+    assert rep.graphs == ["forward", "backward"]
+    assert any(p.taken and p.kind == "backward" for p in rep.partitions)
+    assert rep.coverage > 0.5
+
+
+def test_explain_reports_every_op_left_behind_with_a_reason() -> None:
+    model, xs = corpus.get("cross_entropy")
+    with torch.no_grad():
+        rep = vm.explain(model, *xs, **OPTS)
+    assert rep.partitions and any(p.taken for p in rep.partitions)
+    left = {r.op: rep.reason_of(r) for r in rep.left}
+    assert "nll_loss_forward" in left and "registry" in left["nll_loss_forward"]
+    assert 0 < rep.coverage < 1
+    d = rep.to_dict()
+    assert d["coverage"] == rep.coverage and d["left"] and all(x["reason"] for x in d["left"])
+    text = str(rep)
+    assert "nll_loss_forward" in text and "taken" in text
+
+
+def test_backend_logs_the_summary_at_info(caplog: pytest.LogCaptureFixture) -> None:
+    model, xs = corpus.get("mlp_relu")
+    torch._dynamo.reset()
+    with caplog.at_level(logging.INFO, logger="verimirage.integrations.capture"), torch.no_grad():
+        torch.compile(model, backend="verimirage", options=OPTS)(*xs)
+    assert "compute ops in verimirage kernels" in caplog.text
+
+
+def test_a_partition_that_fails_at_its_first_call_falls_back_for_good(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = {"n": 0}
+    real = capture.PartitionRunner.kernels
+
+    def failing(self: Any, xs: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] > 1:  # the compile-time check passes; the first real call fails like a launch would
+            raise RuntimeError("OutOfResources: out of resource: shared memory, Required: 393216")
+        return real(self, xs)
+
+    monkeypatch.setattr(capture.PartitionRunner, "kernels", failing)
+    model, xs = corpus.get("mlp_relu")
+    want, _ = _reference(model, xs, train=False)
+    got, _, rep = _run(model, xs, train=False)
+    _close(got, want, "fallback output")
+    (p,) = rep.partitions
+    assert not p.taken and "OutOfResources" in (p.reason or "")
+    assert rep.coverage == 0.0
+    # for good: a second call does not try the kernels again
+    n = calls["n"]
+    with torch.no_grad():
+        torch.compile(model, backend=backend(**OPTS))
+    torch._dynamo.reset()
+    assert calls["n"] == n
+
+
+def test_a_partition_whose_search_fails_stays_with_the_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
+    import verimirage.rewrite.superopt as so
+
+    def boom(*a: Any, **k: Any) -> Any:
+        raise RuntimeError("egglog panicked")
+
+    monkeypatch.setattr(so, "superoptimize", boom)
+    monkeypatch.setattr(vm, "superoptimize", boom, raising=False)
+    model, xs = corpus.get("mlp_relu")
+    want, _ = _reference(model, xs, train=False)
+    got, _, rep = _run(model, xs, train=False)
+    _close(got, want, "output")
+    assert rep.partitions and not any(p.taken for p in rep.partitions)
+    assert all("search failed" in (p.reason or "") for p in rep.partitions)
+
+
+def test_non_contiguous_inputs_give_the_right_answer() -> None:
+    class M(nn.Module):
+        def forward(self, a: Any, b: Any) -> Any:
+            return torch.relu(a @ b) + 1.0
+
+    g = torch.Generator().manual_seed(3)
+    base = torch.randn(12, 8, generator=g)
+    a = base[::2]  # a sliced view (6, 8), row stride 16
+    b = torch.randn(5, 8, generator=g).t()  # a transposed weight as nn.Linear stores it, (8, 5)
+    assert not a.is_contiguous() and not b.is_contiguous()
+    want = torch.relu(a.double() @ b.double()) + 1.0
+    got, _, rep = _run(M(), [a, b], train=False)
+    _close(got, want, "strided inputs")
+    assert rep.coverage == 1.0
+
+
+def test_options_are_checked() -> None:
+    with pytest.raises(ValueError, match="fallback"):
+        backend(fallback="tvm")
+    with pytest.raises(ValueError, match="unknown option"):
+        capture.CaptureOptions.of({"budget": 3})
+
+
+def test_corpus_has_25_idiomatic_modules() -> None:
+    assert len(corpus.names()) >= 25
+    for name in corpus.names():
+        m, xs = corpus.get(name)
+        out = m(*xs)
+        assert torch.isfinite(out).all(), name
+
+
+# --------------------------------------------------------------------------- the corpus (slow)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", corpus.names())
+def test_corpus_forward_matches_eager(name: str) -> None:
+    check_module(name, train=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", corpus.names())
+def test_corpus_training_matches_eager(name: str) -> None:
+    check_module(name, train=True)

@@ -1,0 +1,841 @@
+"""Lifting core ATen ops into ``vm.Graph`` ops (the capture's op table).
+
+Each ATen op (by its overload packet name, e.g. ``"addmm"``) has a handler
+that emits the registry ops computing it. Registry ops that may not exist yet
+(``tanh``, ``sigmoid``, ``erf``, ``log``, ``reshape``, ``where``, ``cast``,
+...) are looked up by name in :data:`verimirage.ir.ops.OPS` when a handler
+runs, so ops added to the registry are picked up without changes here. A
+handler that cannot express a node raises :class:`Unsupported` with a
+:class:`Reason`; the capture then leaves that node to the fallback.
+
+Views and layout
+----------------
+The IR has no views. A lifted value is an :class:`LV`: a graph tensor plus the
+ATen shape it stands for. A reshape-like op (``view``, ``_unsafe_view``,
+``unsqueeze``, a reduction without ``keepdim``...) changes only the ATen shape
+(the data is the same row-major sequence); ``expand`` marks the value as
+broadcasting to its ATen shape. Consumers that can read the value as it is
+(elementwise ops whose broadcasting lines up, matmuls whose batch dims were
+flattened, reductions over the trailing dims) use it directly; others need the
+registry's ``reshape`` / ``broadcast_to`` ops, and without them the node is a
+partition boundary (reason ``layout``).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..ir.dtypes import DType
+from ..ir.errors import GraphError
+from ..ir.graph import Graph, Tensor
+from ..ir.ops import OPS
+
+
+class Reason(enum.Enum):
+    """Why an ATen op or a partition is left to the fallback."""
+
+    NOT_IN_REGISTRY = "op not in the registry"
+    LAYOUT = "layout"
+    DYNAMIC_SHAPE = "dynamic shape"
+    DTYPE = "dtype"
+    NO_CANDIDATE = "no verified candidate"
+    SEARCH_FAILED = "search failed"
+    COMPILE_FAILED = "compile or launch failed"
+    NUMERIC = "numeric check failed"
+    SLOWER = "slower than the fallback"
+    NO_COMPUTE = "no compute (views only)"
+    RANDOM = "random op"
+    NOT_TENSOR = "not a tensor op"
+
+
+class Unsupported(GraphError):
+    """A node the capture cannot lift, with the :class:`Reason`.
+
+    ``blame``: the fx node that made the value unusable (a view the IR cannot express), if not the
+    node being lifted; the capture then leaves that node, not the consumer, to the fallback.
+    """
+
+    def __init__(self, reason: Reason, message: str, blame: Any = None) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.blame = blame
+
+
+@dataclass(frozen=True)
+class LV:
+    """A lifted value: graph tensor ``t`` standing for an ATen tensor of ``shape``.
+
+    ``t.shape == shape``, or the same elements in row-major order under another
+    shape (a pending reshape), or (``bcast``) ``t`` broadcasts to ``shape``.
+    """
+
+    t: Tensor
+    shape: tuple[int, ...]
+    bcast: bool = False
+    src: Any = None  # the fx node that made it differ from ``t`` (a view), for blame
+
+    @property
+    def exact(self) -> bool:
+        """Whether the graph tensor has exactly the ATen shape."""
+        return tuple(self.t.shape) == self.shape and not self.bcast
+
+
+def strip1(s: Sequence[int]) -> tuple[int, ...]:
+    """``s`` without its leading size-1 dims."""
+    s = tuple(s)
+    i = 0
+    while i < len(s) and s[i] == 1:
+        i += 1
+    return s[i:]
+
+
+def common_tail(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common suffix of two shapes."""
+    n = 0
+    while n < min(len(a), len(b)) and a[len(a) - 1 - n] == b[len(b) - 1 - n]:
+        n += 1
+    return n
+
+
+def broadcasts_to(s: Sequence[int], target: Sequence[int]) -> bool:
+    """Whether shape ``s`` broadcasts to ``target`` (numpy rules, right-aligned)."""
+    s, target = strip1(s), tuple(target)
+    if len(s) > len(target):
+        return False
+    return all(d in (1, target[len(target) - len(s) + i]) for i, d in enumerate(s))
+
+
+def has_op(name: str) -> bool:
+    """Whether the registry has op ``name`` (and the graph builder can emit it)."""
+    return name in OPS
+
+
+def emit(g: Graph, name: str, *args: Any, **attrs: Any) -> Tensor:
+    """Emit registry op ``name``: the builder method when there is one, else the generic path."""
+    if name not in OPS:
+        raise Unsupported(Reason.NOT_IN_REGISTRY, f"the registry has no op {name!r}")
+    m = getattr(g, name, None)
+    if m is not None and callable(m):
+        return m(*args, **attrs)
+    apply = getattr(g, "apply", None)
+    if apply is not None:
+        return apply(name, list(args), **attrs)
+    return g._emit(name, list(args), attrs)
+
+
+_DTYPES: dict[str, DType] = {"float16": DType.float16, "bfloat16": DType.bfloat16, "float32": DType.float32}
+
+
+def vm_dtype(torch_dtype: Any) -> DType:
+    """The registry dtype of a torch dtype, or Unsupported."""
+    name = str(torch_dtype).replace("torch.", "")
+    if name == "bool" and hasattr(DType, "bool"):
+        return DType["bool"]
+    if name not in _DTYPES:
+        raise Unsupported(Reason.DTYPE, f"dtype {name} is not in the registry (float16, bfloat16, float32)")
+    return _DTYPES[name]
+
+
+class Ctx:
+    """State of one lifting: the graph being built and helpers the handlers share."""
+
+    def __init__(self, g: Graph) -> None:
+        self.g = g
+        self.consts: list[tuple[str, Any]] = []  # (input name, torch tensor) made while lifting (e.g. masks)
+        self.node: Any = None  # the fx node being lifted
+
+    # -- shapes
+    def exact(self, v: LV) -> Tensor:
+        """A tensor of exactly the ATen shape (a reshape / broadcast_to op if needed)."""
+        if v.exact:
+            return v.t
+        t = v.t
+        if v.bcast:
+            if has_op("broadcast_to"):
+                if len(t.shape) < len(v.shape) and has_op("reshape"):
+                    t = emit(self.g, "reshape", t, (1,) * (len(v.shape) - len(t.shape)) + tuple(t.shape))
+                return emit(self.g, "broadcast_to", t, v.shape)
+            raise Unsupported(Reason.LAYOUT, f"an expanded value {tuple(t.shape)} -> {v.shape} needs broadcast_to",
+                              v.src)
+        if has_op("reshape"):
+            return emit(self.g, "reshape", t, v.shape)
+        raise Unsupported(Reason.LAYOUT, f"a reshape {tuple(t.shape)} -> {v.shape} needs the registry's reshape op",
+                          v.src)
+
+    def axes(self, v: LV, dims: Sequence[int]) -> tuple[Tensor, list[int]]:
+        """The graph tensor and graph axes for ATen ``dims`` of ``v`` (no data movement when possible)."""
+        r = len(v.shape)
+        dims = [d % r if r else 0 for d in dims]
+        if not v.bcast and not v.exact:
+            n = common_tail(v.shape, v.t.shape)
+            if all(d >= r - n for d in dims):
+                off = len(v.t.shape) - r
+                return v.t, [d + off for d in dims]
+        return self.exact(v), dims
+
+    def ew(self, out_shape: Sequence[int], vals: Sequence[LV], build: Callable[[list[Tensor]], Tensor]) -> LV:
+        """An elementwise op over ``vals`` (ATen result shape ``out_shape``), reading pending reshapes as they are."""
+        R = tuple(out_shape)
+        full = [v for v in vals if v.shape == R and not v.bcast]
+        W = R
+        for v in full:
+            if not v.exact:
+                W = tuple(v.t.shape)
+                break
+        ts: list[Tensor] = []
+        if W == R:
+            for v in vals:
+                if v.exact or (not v.bcast and strip1(v.t.shape) == strip1(v.shape)) or (
+                    v.bcast and broadcasts_to(v.t.shape, v.shape)
+                ):
+                    ts.append(v.t)
+                else:
+                    ts.append(self.exact(v))
+        else:
+            L = common_tail(R, W)
+            for v in vals:
+                if v.shape == R and not v.bcast:
+                    if tuple(v.t.shape) != W:
+                        blame = next((u.src for u in full if not u.exact and u.src is not None), None)
+                        raise Unsupported(Reason.LAYOUT, f"operands viewed as {R} from different shapes", blame)
+                    ts.append(v.t)
+                elif (not v.bcast and strip1(v.t.shape) == strip1(v.shape) and len(strip1(v.shape)) <= L) or (
+                    v.bcast and len(strip1(v.t.shape)) <= L and broadcasts_to(v.t.shape, R)
+                ):
+                    ts.append(v.t)
+                else:
+                    raise Unsupported(Reason.LAYOUT, f"an operand of shape {v.shape} does not line up with {R}", v.src)
+        out = build(ts)
+        src = next((v.src for v in vals if not v.exact), None)
+        return LV(out, R, bcast=math.prod(out.shape) != math.prod(R), src=src)
+
+
+# --------------------------------------------------------------------------- handlers
+#
+# A handler is ``fn(ctx, args, kwargs, out) -> LV | tuple[LV, ...]``: ``args`` are the node's
+# arguments with tensors replaced by LVs, ``out`` the ATen result's (shape, dtype) (a list for
+# multi-output ops).
+
+Handler = Callable[..., Any]
+HANDLERS: dict[str, Handler] = {}
+
+
+def handles(*names: str) -> Callable[[Handler], Handler]:
+    """Register a handler for the ATen ops ``names`` (overload packet names)."""
+
+    def deco(fn: Handler) -> Handler:
+        for n in names:
+            HANDLERS[n] = fn
+        return fn
+
+    return deco
+
+
+def _num(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _shape(out: Any) -> tuple[int, ...]:
+    return tuple(out[0])
+
+
+#: ATen op -> registry unary op (looked up when used).
+UNARY: dict[str, str] = {
+    "relu": "relu",
+    "exp": "exp",
+    "sqrt": "sqrt",
+    "rsqrt": "rsqrt",
+    "neg": "neg",
+    "silu": "silu",
+    "sigmoid": "sigmoid",
+    "tanh": "tanh",
+    "log": "log",
+    "erf": "erf",
+    "abs": "abs",
+    "reciprocal": "reciprocal",
+    "softplus": "softplus",
+    "square": "square",
+}
+
+
+def _unary(name: str) -> Handler:
+    op = UNARY[name]
+
+    def fn(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+        if name == "softplus" and (args[1:] not in ([], [1], [1, 20]) or kwargs):
+            raise Unsupported(Reason.NOT_IN_REGISTRY, "softplus with beta/threshold other than 1/20")
+        return ctx.ew(_shape(out), [args[0]], lambda ts: emit(ctx.g, op, ts[0]))
+
+    return fn
+
+
+for _n in UNARY:
+    HANDLERS[_n] = _unary(_n)
+
+
+@handles("gelu")
+def _gelu(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    approx = kwargs.get("approximate", args[1] if len(args) > 1 else "none")
+    g = ctx.g
+    if approx == "tanh":
+        return ctx.ew(_shape(out), [args[0]], lambda ts: emit(g, "gelu", ts[0]))
+
+    def exact(ts: list[Tensor]) -> Tensor:  # 0.5 x (1 + erf(x / sqrt 2))
+        x = ts[0]
+        e = emit(g, "erf", emit(g, "scale", x, c=math.sqrt(0.5)))
+        return emit(g, "mul", emit(g, "scale", x, c=0.5), emit(g, "shift", e, c=1.0))
+
+    return ctx.ew(_shape(out), [args[0]], exact)
+
+
+@handles("pow")
+def _pow(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    x, c = args[0], args[1]
+    if not isinstance(x, LV) or not _num(c):
+        raise Unsupported(Reason.NOT_IN_REGISTRY, "pow with a tensor exponent")
+    g, c = ctx.g, float(c)
+    table: dict[float, Callable[[Tensor], Tensor]] = {
+        1.0: lambda t: t,
+        2.0: lambda t: emit(g, "square", t),
+        3.0: lambda t: emit(g, "mul", emit(g, "square", t), t),
+        4.0: lambda t: emit(g, "square", emit(g, "square", t)),
+        0.5: lambda t: emit(g, "sqrt", t),
+        -0.5: lambda t: emit(g, "rsqrt", t),
+        -1.0: lambda t: emit(g, "reciprocal", t),
+        -2.0: lambda t: emit(g, "reciprocal", emit(g, "square", t)),
+    }
+    f = table.get(c)
+    if f is None:
+        return ctx.ew(_shape(out), [x], lambda ts: emit(g, "pow", ts[0], c=c))
+    return ctx.ew(_shape(out), [x], lambda ts: f(ts[0]))
+
+
+def _binary(op: str) -> Handler:
+    def fn(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+        a, b = args[0], args[1]
+        alpha = kwargs.get("alpha", args[2] if len(args) > 2 else 1)
+        if kwargs.get("rounding_mode") is not None:
+            raise Unsupported(Reason.NOT_IN_REGISTRY, f"{op} with rounding_mode")
+        g = ctx.g
+        if op in ("add", "sub") and alpha != 1:
+            if not (isinstance(b, LV) and _num(alpha)):
+                raise Unsupported(Reason.NOT_IN_REGISTRY, f"{op} with alpha={alpha!r}")
+            b = ctx.ew(b.shape, [b], lambda ts: emit(g, "scale", ts[0], c=float(alpha)))
+        if isinstance(a, LV) and isinstance(b, LV):
+            return ctx.ew(_shape(out), [a, b], lambda ts: emit(g, op, ts[0], ts[1]))
+        if isinstance(a, LV) and _num(b):
+            c = float(b)
+            if op == "add":
+                return ctx.ew(_shape(out), [a], lambda ts: emit(g, "shift", ts[0], c=c))
+            if op == "sub":
+                return ctx.ew(_shape(out), [a], lambda ts: emit(g, "shift", ts[0], c=-c))
+            if op == "mul":
+                return ctx.ew(_shape(out), [a], lambda ts: emit(g, "scale", ts[0], c=c))
+            if op == "div" and c != 0:
+                # x / c becomes x * fl(1/c): equal in real arithmetic, within an ulp in floating point
+                return ctx.ew(_shape(out), [a], lambda ts: emit(g, "scale", ts[0], c=1.0 / c))
+            if op == "rsub":
+                return ctx.ew(_shape(out), [a], lambda ts: emit(g, "shift", emit(g, "neg", ts[0]), c=c))
+        if _num(a) and isinstance(b, LV) and op in ("add", "mul"):
+            return _binary(op)(ctx, [b, a], {}, out)
+        raise Unsupported(Reason.NOT_IN_REGISTRY, f"{op} of {type(a).__name__} and {type(b).__name__}")
+
+    return fn
+
+
+for _n in ("add", "sub", "mul", "div", "rsub"):
+    HANDLERS[_n] = _binary(_n)
+
+
+def _named_binary(op: str) -> Handler:
+    def fn(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+        a, b = args[0], args[1]
+        if not (isinstance(a, LV) and isinstance(b, LV)):
+            raise Unsupported(Reason.NOT_IN_REGISTRY, f"{op} with a scalar operand")
+        return ctx.ew(_shape(out), [a, b], lambda ts: emit(ctx.g, op, ts[0], ts[1]))
+
+    return fn
+
+
+HANDLERS["maximum"] = _named_binary("maximum")
+HANDLERS["minimum"] = _named_binary("minimum")
+
+
+@handles("leaky_relu")
+def _leaky(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    slope = float(args[1]) if len(args) > 1 else float(kwargs.get("negative_slope", 0.01))
+    g = ctx.g
+    if has_op("leaky_relu"):
+        return ctx.ew(_shape(out), [args[0]], lambda ts: emit(g, "leaky_relu", ts[0], slope))
+    if not 0.0 <= slope <= 1.0:
+        raise Unsupported(Reason.NOT_IN_REGISTRY, f"leaky_relu with slope {slope} outside [0, 1]")
+    # for 0 <= s <= 1: leaky_relu(x) = max(x, s x)
+    return ctx.ew(_shape(out), [args[0]], lambda ts: emit(g, "maximum", ts[0], emit(g, "scale", ts[0], c=slope)))
+
+
+@handles("clamp", "hardtanh")
+def _clamp(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    lo = args[1] if len(args) > 1 else kwargs.get("min", kwargs.get("min_val"))
+    hi = args[2] if len(args) > 2 else kwargs.get("max", kwargs.get("max_val"))
+    if not (lo is None or _num(lo)) or not (hi is None or _num(hi)):
+        raise Unsupported(Reason.NOT_IN_REGISTRY, "clamp with tensor bounds")
+    return ctx.ew(
+        _shape(out), [args[0]], lambda ts: emit(ctx.g, "clamp", ts[0], None if lo is None else float(lo),
+                                                 None if hi is None else float(hi))
+    )
+
+
+# -- identity and layout
+
+
+@handles("clone", "detach", "alias", "contiguous", "lift_fresh_copy")
+def _ident(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    v = args[0]
+    assert isinstance(v, LV)
+    return v
+
+
+@handles("_to_copy", "convert_element_type", "to")
+def _to_copy(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    v = args[0]
+    want = vm_dtype(out[1])
+    if v.t.dtype == want:
+        return v
+    return ctx.ew(_shape(out), [v], lambda ts: emit(ctx.g, "cast", ts[0], want))
+
+
+@handles("view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "flatten", "unflatten", "view_as", "_reshape_alias")
+def _view(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    v = args[0]
+    shape = _shape(out)
+    if v.bcast:
+        if strip1(shape) == strip1(v.shape):
+            return LV(v.t, shape, bcast=True, src=v.src)
+        return LV(ctx.exact(v), shape, src=ctx.node)
+    return LV(v.t, shape, src=ctx.node if tuple(v.t.shape) != shape else None)
+
+
+@handles("expand")
+def _expand(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    v = args[0]
+    shape = _shape(out)
+    if shape == v.shape:
+        return v
+    if not v.bcast and strip1(v.t.shape) != strip1(v.shape):
+        t = ctx.exact(v)
+    else:
+        t = v.t
+    return LV(t, shape, bcast=True, src=ctx.node)
+
+
+@handles("t")
+def _t(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    v = args[0]
+    if len(v.shape) < 2:
+        return v
+    return LV(emit(ctx.g, "transpose", ctx.exact(v), 0, 1), _shape(out))
+
+
+@handles("transpose")
+def _transpose(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    v, a, b = args[0], int(args[1]), int(args[2])
+    r = len(v.shape)
+    if r == 0 or a % r == b % r:
+        return v
+    t, (ga, gb) = ctx.axes(v, [a, b])
+    return LV(emit(ctx.g, "transpose", t, ga, gb), _shape(out))
+
+
+@handles("permute")
+def _permute(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    v, dims = args[0], [int(d) % max(len(args[0].shape), 1) for d in args[1]]
+    t = ctx.exact(v)
+    if dims == sorted(dims):
+        return v
+    if has_op("permute"):
+        return LV(emit(ctx.g, "permute", t, tuple(dims)), _shape(out))
+    # a permutation as a sequence of swaps
+    cur = list(range(len(dims)))
+    for i, d in enumerate(dims):
+        j = cur.index(d)
+        if j != i:
+            t = emit(ctx.g, "transpose", t, i, j)
+            cur[i], cur[j] = cur[j], cur[i]
+    return LV(t, _shape(out))
+
+
+@handles("cat", "concat")
+def _cat(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    xs = args[0]
+    dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+    if not isinstance(xs, (list, tuple)) or not all(isinstance(x, LV) for x in xs):
+        raise Unsupported(Reason.NOT_IN_REGISTRY, "cat of non-tensors")
+    r = len(xs[0].shape)
+    return LV(emit(ctx.g, "concat", [ctx.exact(x) for x in xs], int(dim) % r), _shape(out))
+
+
+@handles("slice")
+def _slice(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    v = args[0]
+    dim = int(args[1]) if len(args) > 1 else 0
+    start = args[2] if len(args) > 2 else None
+    end = args[3] if len(args) > 3 else None
+    step = args[4] if len(args) > 4 else 1
+    if step != 1:
+        raise Unsupported(Reason.LAYOUT, "a strided slice")
+    n = v.shape[dim]
+    s = 0 if start is None else max(0, min(n, int(start) + n if int(start) < 0 else int(start)))
+    e = n if end is None else max(0, min(n, int(end) + n if int(end) < 0 else int(end)))
+    if s == 0 and e == n:
+        return v
+    return LV(emit(ctx.g, "slice", ctx.exact(v), dim % len(v.shape), s, e), _shape(out))
+
+
+@handles("split", "split_with_sizes")
+def _split(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> tuple[LV, ...]:
+    v = args[0]
+    dim = int(args[2]) if len(args) > 2 else int(kwargs.get("dim", 0))
+    dim %= len(v.shape)
+    res, start = [], 0
+    for shape, _dt in out:
+        stop = start + shape[dim]
+        res.append(_slice(ctx, [v, dim, start, stop], {}, [shape]))
+        start = stop
+    return tuple(res)
+
+
+# -- matmuls
+
+
+def _mm(ctx: Ctx, a: LV, b: LV, out: Any) -> LV:
+    tb = ctx.exact(b)
+    if not a.bcast and not a.exact and len(a.shape) == 2 and a.t.shape[-1] == a.shape[-1]:
+        ta = a.t  # a flattened batch: (..., k) read as (m, k)
+    else:
+        ta = ctx.exact(a)
+    r = emit(ctx.g, "matmul", ta, tb)
+    return LV(r, _shape(out), src=a.src if tuple(r.shape) != _shape(out) else None)
+
+
+@handles("mm", "bmm", "matmul")
+def _matmul(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    return _mm(ctx, args[0], args[1], out)
+
+
+@handles("addmm", "baddbmm")
+def _addmm(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    bias, a, b = args[0], args[1], args[2]
+    beta = kwargs.get("beta", 1)
+    alpha = kwargs.get("alpha", 1)
+    g = ctx.g
+    p = _mm(ctx, a, b, out)
+    if alpha != 1:
+        p = ctx.ew(p.shape, [p], lambda ts: emit(g, "scale", ts[0], c=float(alpha)))
+    if beta == 0:
+        return p
+    if beta != 1:
+        bias = ctx.ew(bias.shape, [bias], lambda ts: emit(g, "scale", ts[0], c=float(beta)))
+    return ctx.ew(_shape(out), [p, bias], lambda ts: emit(g, "add", ts[0], ts[1]))
+
+
+@handles("linear")
+def _linear(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    x, w = args[0], args[1]
+    bias = args[2] if len(args) > 2 else kwargs.get("bias")
+    g = ctx.g
+    wt = emit(g, "transpose", ctx.exact(w), 0, 1)
+    y = LV(emit(g, "matmul", ctx.exact(x), wt), _shape(out))
+    if bias is None:
+        return y
+    return ctx.ew(_shape(out), [y, bias], lambda ts: emit(g, "add", ts[0], ts[1]))
+
+
+# -- reductions
+
+
+def _dims(args: list[Any], kwargs: dict[str, Any], rank: int) -> tuple[list[int], bool]:
+    dims = args[1] if len(args) > 1 else kwargs.get("dim")
+    keep = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        dims = list(range(rank))
+    if isinstance(dims, int):
+        dims = [dims]
+    return sorted({int(d) % max(rank, 1) for d in dims}), bool(keep)
+
+
+def _reduce(op: str) -> Handler:
+    def fn(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+        v = args[0]
+        if kwargs.get("dtype") is not None and vm_dtype(kwargs["dtype"]) != v.t.dtype:
+            raise Unsupported(Reason.DTYPE, f"{op} with an accumulation dtype")
+        if len(v.shape) == 0:
+            return v
+        dims, _keep = _dims(args, kwargs, len(v.shape))
+        t, gdims = ctx.axes(v, dims)
+        for d in gdims:
+            t = emit(ctx.g, op, t, d)
+        return LV(t, _shape(out), src=ctx.node if tuple(t.shape) != _shape(out) else None)
+
+    return fn
+
+
+HANDLERS["sum"] = _reduce("sum")
+HANDLERS["mean"] = _reduce("mean")
+HANDLERS["amax"] = _reduce("max")
+HANDLERS["amin"] = _reduce("min")
+
+
+# -- normalisation, softmax
+
+
+def _softmax_t(g: Graph, t: Tensor, axis: int) -> Tensor:
+    e = emit(g, "exp", emit(g, "sub", t, emit(g, "max", t, axis)))
+    return emit(g, "div", e, emit(g, "sum", e, axis))
+
+
+@handles("_softmax", "softmax")
+def _softmax(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    v, dim = args[0], int(args[1])
+    if len(args) > 2 and args[2] is True:
+        raise Unsupported(Reason.DTYPE, "softmax with half_to_float")
+    t, (ax,) = ctx.axes(v, [dim])
+    return LV(_softmax_t(ctx.g, t, ax), _shape(out))
+
+
+@handles("_log_softmax", "log_softmax")
+def _log_softmax(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    v, dim = args[0], int(args[1])
+    t, (ax,) = ctx.axes(v, [dim])
+    g = ctx.g
+    s = emit(g, "sub", t, emit(g, "max", t, ax))
+    r = emit(g, "sub", s, emit(g, "log", emit(g, "sum", emit(g, "exp", s), ax)))
+    return LV(r, _shape(out))
+
+
+@handles("_softmax_backward_data")
+def _softmax_bw(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    gr, y, dim = args[0], args[1], int(args[2])
+    g = ctx.g
+    tg, ty = ctx.exact(gr), ctx.exact(y)
+    ax = dim % len(y.shape)
+    # y * (g - sum(g * y))
+    return LV(emit(g, "mul", ty, emit(g, "sub", tg, emit(g, "sum", emit(g, "mul", tg, ty), ax))), _shape(out))
+
+
+@handles("_log_softmax_backward_data")
+def _log_softmax_bw(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    gr, y, dim = args[0], args[1], int(args[2])
+    g = ctx.g
+    tg, ty = ctx.exact(gr), ctx.exact(y)
+    ax = dim % len(y.shape)
+    # g - exp(y) * sum(g)
+    return LV(emit(g, "sub", tg, emit(g, "mul", emit(g, "exp", ty), emit(g, "sum", tg, ax))), _shape(out))
+
+
+@handles("native_layer_norm")
+def _layer_norm(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> tuple[LV, LV, LV]:
+    x, shape, w, b, eps = args[0], args[1], args[2], args[3], args[4]
+    if len(shape) != 1:
+        raise Unsupported(Reason.LAYOUT, "layer norm over several dims")
+    g = ctx.g
+    t = ctx.exact(x)
+    ax = len(x.shape) - 1
+    mean = emit(g, "mean", t, ax)
+    d = emit(g, "sub", t, mean)
+    rstd = emit(g, "rsqrt", emit(g, "shift", emit(g, "mean", emit(g, "square", d), ax), c=float(eps)))
+    y = emit(g, "mul", d, rstd)
+    if isinstance(w, LV):
+        y = emit(g, "mul", y, ctx.exact(w))
+    if isinstance(b, LV):
+        y = emit(g, "add", y, ctx.exact(b))
+    return LV(y, tuple(out[0][0])), LV(mean, tuple(out[1][0])), LV(rstd, tuple(out[2][0]))
+
+
+@handles("rms_norm", "_fused_rms_norm")
+def _rms(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> Any:
+    x, shape = args[0], args[1]
+    w = args[2] if len(args) > 2 else kwargs.get("weight")
+    eps = args[3] if len(args) > 3 else kwargs.get("eps")
+    if len(shape) != 1 or not isinstance(eps, (int, float)):
+        raise Unsupported(Reason.NOT_IN_REGISTRY, "rms_norm over several dims or with the default eps")
+    y = ctx.g.rms_norm(ctx.exact(x), ctx.exact(w) if isinstance(w, LV) else None, axis=-1, eps=float(eps))
+    if isinstance(out, list) and len(out) > 1:
+        raise Unsupported(Reason.NOT_IN_REGISTRY, "rms_norm's saved statistics")
+    return LV(y, _shape(out))
+
+
+@handles("sigmoid_backward")
+def _sigmoid_bw(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    g = ctx.g  # grad * y * (1 - y)
+    return ctx.ew(_shape(out), [args[0], args[1]], lambda ts: emit(
+        g, "mul", ts[0], emit(g, "mul", ts[1], emit(g, "shift", emit(g, "neg", ts[1]), c=1.0))))
+
+
+@handles("tanh_backward")
+def _tanh_bw(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    g = ctx.g  # grad * (1 - y^2)
+    return ctx.ew(_shape(out), [args[0], args[1]], lambda ts: emit(
+        g, "mul", ts[0], emit(g, "shift", emit(g, "neg", emit(g, "square", ts[1])), c=1.0)))
+
+
+@handles("silu_backward")
+def _silu_bw(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    g = ctx.g  # grad * s * (1 + x (1 - s)), s = sigmoid(x)
+
+    def f(ts: list[Tensor]) -> Tensor:
+        gr, x = ts
+        s = emit(g, "sigmoid", x)
+        return emit(g, "mul", gr, emit(g, "mul", s, emit(g, "shift", emit(
+            g, "mul", x, emit(g, "shift", emit(g, "neg", s), c=1.0)), c=1.0)))
+
+    return ctx.ew(_shape(out), [args[0], args[1]], f)
+
+
+_GELU_C = math.sqrt(2.0 / math.pi)
+
+
+@handles("gelu_backward")
+def _gelu_bw(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    approx = kwargs.get("approximate", args[2] if len(args) > 2 else "none")
+    g = ctx.g
+
+    def tanh_f(ts: list[Tensor]) -> Tensor:
+        gr, x = ts
+        x2 = emit(g, "square", x)
+        u = emit(g, "scale", emit(g, "mul", x, emit(g, "shift", emit(g, "scale", x2, c=0.044715), c=1.0)), c=_GELU_C)
+        th = emit(g, "tanh", u)
+        du = emit(g, "scale", emit(g, "shift", emit(g, "scale", x2, c=3 * 0.044715), c=1.0), c=_GELU_C)
+        left = emit(g, "scale", emit(g, "shift", th, c=1.0), c=0.5)
+        sech2 = emit(g, "shift", emit(g, "neg", emit(g, "square", th)), c=1.0)
+        right = emit(g, "mul", emit(g, "scale", x, c=0.5), emit(g, "mul", sech2, du))
+        return emit(g, "mul", gr, emit(g, "add", left, right))
+
+    def erf_f(ts: list[Tensor]) -> Tensor:
+        gr, x = ts
+        cdf = emit(g, "scale", emit(g, "shift", emit(g, "erf", emit(g, "scale", x, c=math.sqrt(0.5))), c=1.0), c=0.5)
+        pdf = emit(g, "scale", emit(g, "exp", emit(g, "scale", emit(g, "square", x), c=-0.5)),
+                   c=1 / math.sqrt(2 * math.pi))
+        return emit(g, "mul", gr, emit(g, "add", cdf, emit(g, "mul", x, pdf)))
+
+    return ctx.ew(_shape(out), [args[0], args[1]], tanh_f if approx == "tanh" else erf_f)
+
+
+@handles("where")
+def _where(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    m, a, b = args[0], args[1], args[2]
+    if not all(isinstance(v, LV) for v in (m, a, b)):
+        raise Unsupported(Reason.NOT_IN_REGISTRY, "where with a scalar branch")
+    return LV(emit(ctx.g, "where", ctx.exact(m), ctx.exact(a), ctx.exact(b)), _shape(out))
+
+
+_SDPA = (
+    "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention",
+    "scaled_dot_product_attention",
+)
+
+#: SDPA ops: positions of (attn_mask, dropout_p, is_causal) and the scale keyword, by op name.
+SDPA_ARGS: dict[str, tuple[int | None, int | None, int | None]] = {
+    "_scaled_dot_product_flash_attention_for_cpu": (None, 3, 4),
+    "_scaled_dot_product_flash_attention": (None, 3, 4),
+    "_scaled_dot_product_efficient_attention": (3, 5, 6),
+    "_scaled_dot_product_cudnn_attention": (3, 5, 6),
+    "scaled_dot_product_attention": (3, 4, 5),
+}
+
+
+def sdpa_handler(name: str) -> Handler:
+    """Attention as matmul / softmax / matmul with its scale, mask and causal flag."""
+    mpos, dpos, cpos = SDPA_ARGS[name]
+
+    def fn(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> Any:
+        import torch
+
+        q, k, v = args[0], args[1], args[2]
+
+        def arg(pos: int | None, key: str, default: Any) -> Any:
+            if key in kwargs:
+                return kwargs[key]
+            return args[pos] if pos is not None and pos < len(args) else default
+
+        mask = arg(mpos, "attn_mask", None)
+        if name == "_scaled_dot_product_flash_attention_for_cpu":
+            mask = kwargs.get("attn_mask")
+        p = arg(dpos, "dropout_p", 0.0)
+        causal = bool(arg(cpos, "is_causal", False))
+        scale = kwargs.get("scale")
+        if p:
+            raise Unsupported(Reason.RANDOM, "attention with dropout")
+        if kwargs.get("enable_gqa"):
+            raise Unsupported(Reason.LAYOUT, "attention with enable_gqa")
+        if len(q.shape) < 2 or q.shape[-1] != k.shape[-1] or q.shape[:-2] != k.shape[:-2]:
+            raise Unsupported(Reason.LAYOUT, "attention with broadcast heads")
+        g = ctx.g
+        tq, tk, tv = ctx.exact(q), ctx.exact(k), ctx.exact(v)
+        s = emit(g, "matmul", tq, emit(g, "transpose", tk, len(k.shape) - 2, len(k.shape) - 1))
+        c = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+        s = emit(g, "scale", s, c=c)
+        L, S = q.shape[-2], k.shape[-2]
+        dt = q.t.dtype
+        if causal:
+            tdt = getattr(torch, dt.torch_name)
+            big = torch.finfo(tdt).min
+            cm = torch.zeros(L, S, dtype=tdt).masked_fill(~torch.ones(L, S, dtype=torch.bool).tril(), big)
+            name_c = f"const{len(ctx.consts)}"
+            ctx.consts.append((name_c, cm))
+            s = emit(g, "add", s, g.input(name_c, (L, S), dt))
+        if isinstance(mask, LV):
+            if mask.t.dtype != dt:
+                raise Unsupported(Reason.DTYPE, "attention with a boolean mask (needs where)")
+            s = emit(g, "add", s, ctx.exact(mask))
+        o = emit(g, "matmul", _softmax_t(g, s, len(q.shape) - 1), tv)
+        res = LV(o, tuple(out[0][0]))
+        return (res, *(None for _ in out[1:]))
+
+    return fn
+
+
+for _n in _SDPA:
+    HANDLERS[_n] = sdpa_handler(_n)
+
+
+#: ATen ops that only change how data is viewed (counted apart from compute ops in coverage).
+VIEW_OPS = frozenset(
+    {
+        "view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "flatten", "unflatten", "view_as",
+        "_reshape_alias", "expand", "t", "transpose", "permute", "detach", "alias", "slice", "select",
+        "split", "split_with_sizes", "as_strided", "contiguous", "lift_fresh_copy", "getitem", "clone",
+        "_to_copy_noop",
+    }
+)
+
+
+@handles("var_mean", "var")
+def _var_mean(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> Any:
+    v = args[0]
+    dims, _keep = _dims(args, kwargs, len(v.shape))
+    corr = kwargs.get("correction", 1)
+    if kwargs.get("unbiased") is False:
+        corr = 0
+    t, gdims = ctx.axes(v, dims)
+    g = ctx.g
+    mean = t
+    for d in gdims:
+        mean = emit(g, "mean", mean, d)
+    sq = emit(g, "square", emit(g, "sub", t, mean))
+    for d in gdims:
+        sq = emit(g, "mean", sq, d)
+    n = math.prod(v.shape[d] for d in dims)
+    if corr:
+        if n - corr <= 0:
+            raise Unsupported(Reason.NOT_IN_REGISTRY, "variance of fewer elements than the correction")
+        sq = emit(g, "scale", sq, c=n / (n - float(corr)))
+    if isinstance(out, list) and len(out) == 2:
+        return LV(sq, tuple(out[0][0])), LV(mean, tuple(out[1][0]))
+    return LV(sq, _shape(out))

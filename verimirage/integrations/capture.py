@@ -1,0 +1,624 @@
+"""ATen-level capture: lift registry-expressible regions of an ATen graph into verified kernels.
+
+:func:`transform` takes one ATen graph (a forward, backward or inference
+graph from AOTAutograd), finds the nodes the op table
+(:mod:`verimirage.integrations.aten`) can lift, groups them into partitions
+(:class:`~torch.fx.passes.infra.partitioner.CapabilityBasedPartitioner`),
+lifts each partition into a ``vm.Graph``, superoptimizes and compiles it,
+checks the kernels once on random inputs against the partition's ATen ops,
+and replaces the partition by one call to the custom op ``verimirage::run``.
+Everything else stays in the graph for the fallback backend. Nothing here
+raises on a model: a node or partition that cannot be taken is left in place
+and recorded in the :class:`~verimirage.integrations.report.Report` with its
+reason; a partition whose kernels fail at their first real call falls back to
+its ATen ops for good (recorded too).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import operator
+import time
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch.fx.passes.operator_support import OperatorSupportBase
+
+from ..ir.errors import GraphError
+from ..ir.graph import Graph
+from .aten import HANDLERS, LV, VIEW_OPS, Ctx, Reason, Unsupported, vm_dtype
+from .report import OpRecord, PartitionReport, Report
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CaptureOptions:
+    """Options of the ``verimirage`` torch.compile backend and of :func:`verimirage.explain`.
+
+    ``fallback``: ``"auto"`` (Inductor when the inputs are on a GPU, else eager), ``"inductor"`` or
+    ``"eager"``. ``time_budget_s``: search time per partition. ``search``: further keyword options of
+    :func:`verimirage.superoptimize`. ``check``: run each partition's kernels once on random inputs
+    against its ATen ops before taking it. ``profile``: on a GPU, time the kernels against the
+    partition's ATen ops and keep the faster. ``min_compute_ops``: smaller partitions stay with the
+    fallback. ``cuda_graph``: replay each partition's kernels as one CUDA graph (outputs copied out).
+    """
+
+    fallback: str = "auto"
+    time_budget_s: float = 30.0
+    search: Mapping[str, Any] = field(default_factory=dict)
+    check: bool = True
+    profile: bool = False
+    min_compute_ops: int = 1
+    cuda_graph: bool = False
+
+    def __post_init__(self) -> None:
+        if self.fallback not in ("auto", "inductor", "eager"):
+            raise ValueError(f"fallback={self.fallback!r}; expected 'auto', 'inductor' or 'eager'")
+        if not self.time_budget_s > 0:
+            raise ValueError(f"time_budget_s={self.time_budget_s!r}; expected > 0")
+
+    @classmethod
+    def of(cls, options: CaptureOptions | Mapping[str, Any] | None) -> CaptureOptions:
+        """Options from an instance, a dict (``torch.compile(..., options={...})``) or None."""
+        if options is None:
+            return cls()
+        if isinstance(options, CaptureOptions):
+            return options
+        known = set(cls.__dataclass_fields__)
+        given = dict(options.items())
+        bad = sorted(set(given) - known)
+        if bad:
+            raise ValueError(f"verimirage backend: unknown option(s) {bad}; expected some of {sorted(known)}")
+        return cls(**given)
+
+
+# --------------------------------------------------------------------------- node facts
+
+
+def op_name(n: fx.Node) -> str:
+    """The ATen op name of a node (overload packet name: ``addmm``, ``_softmax``...)."""
+    t = n.target
+    if t is operator.getitem:
+        return "getitem"
+    name = getattr(t, "__name__", str(t))
+    packet = getattr(t, "_overloadpacket", None)
+    if packet is not None:
+        name = getattr(packet, "__name__", name)
+    return str(name).split(".")[0]
+
+
+def _vals(n: fx.Node) -> list[Any]:
+    v = n.meta.get("val")
+    return list(v) if isinstance(v, (list, tuple)) else [v]
+
+
+def is_tensor_op(n: fx.Node) -> bool:
+    """A call producing at least one tensor (what coverage counts)."""
+    return n.op == "call_function" and any(isinstance(v, torch.Tensor) for v in _vals(n))
+
+
+def is_compute(n: fx.Node) -> bool:
+    """A tensor op that computes (not a view, alias or tuple access)."""
+    return is_tensor_op(n) and op_name(n) not in VIEW_OPS
+
+
+def _static_shape(t: torch.Tensor) -> tuple[int, ...]:
+    shape = []
+    for s in t.shape:
+        if not isinstance(s, int):
+            raise Unsupported(Reason.DYNAMIC_SHAPE, f"dynamic shape {tuple(t.shape)}")
+        shape.append(s)
+    return tuple(shape)
+
+
+def _out_meta(n: fx.Node) -> Any:
+    v = n.meta.get("val")
+    if isinstance(v, torch.Tensor):
+        return (_static_shape(v), v.dtype)
+    if isinstance(v, (list, tuple)):
+        return [(_static_shape(x), x.dtype) if isinstance(x, torch.Tensor) else None for x in v]
+    raise Unsupported(Reason.NOT_TENSOR, f"{n.name} has no tensor result")
+
+
+# --------------------------------------------------------------------------- lifting
+
+
+class LiftError(Exception):
+    """Lifting failed at ``node``."""
+
+    def __init__(self, node: fx.Node, reason: Reason, message: str) -> None:
+        super().__init__(message)
+        self.node, self.reason, self.message = node, reason, message
+
+
+@dataclass
+class Lifted:
+    """A partition as a ``vm.Graph``: its inputs (fx nodes), outputs, and how graph outputs map back."""
+
+    graph: Graph
+    nodes: list[fx.Node]
+    inputs: list[fx.Node]
+    outputs: list[fx.Node]
+    #: per partition output: ("out", index into graph outputs) or ("in", index into inputs), ATen shape, bcast
+    out_map: list[tuple[str, int, tuple[int, ...], bool]]
+    out_meta: list[tuple[tuple[int, ...], torch.dtype, tuple[int, ...]]]
+    consts: list[tuple[str, torch.Tensor]]
+
+
+def lift(nodes: Sequence[fx.Node]) -> Lifted:
+    """Lift ``nodes`` (a partition, in graph order) into a ``vm.Graph``; LiftError names the node that failed."""
+    g = Graph()
+    ctx = Ctx(g)
+    env: dict[fx.Node, Any] = {}
+    inputs: list[fx.Node] = []
+    inside = set(nodes)
+    input_ref: dict[Any, int] = {}
+
+    def val(a: Any, user: fx.Node) -> Any:
+        if isinstance(a, fx.Node):
+            if a in env:
+                return env[a]
+            v = a.meta.get("val")
+            if not isinstance(v, torch.Tensor):
+                raise LiftError(user, Reason.NOT_TENSOR, f"operand {a.name} is not a tensor")
+            try:
+                shape, dt = _static_shape(v), vm_dtype(v.dtype)
+            except Unsupported as e:
+                raise LiftError(user, e.reason, f"operand {a.name}: {e}") from None
+            t = g.input(f"in{len(inputs)}", shape, dt)
+            input_ref[t.ref] = len(inputs)
+            inputs.append(a)
+            env[a] = LV(t, shape)
+            return env[a]
+        if isinstance(a, (list, tuple)):
+            return type(a)(val(x, user) for x in a)
+        if isinstance(a, (torch.SymInt, torch.SymFloat)):
+            raise LiftError(user, Reason.DYNAMIC_SHAPE, f"symbolic value {a}")
+        return a
+
+    for n in nodes:
+        try:
+            if n.target is operator.getitem:
+                srcn, idx = n.args[0], n.args[1]
+                src = val(srcn, n)
+                r = src[idx] if isinstance(src, (list, tuple)) and isinstance(idx, int) else None
+                if not isinstance(r, LV):
+                    what = op_name(srcn) if isinstance(srcn, fx.Node) else str(srcn)
+                    raise Unsupported(Reason.LAYOUT, f"result {idx} of {what} is not lifted (saved statistics)")
+                env[n] = r
+                continue
+            name = op_name(n)
+            h = HANDLERS.get(name)
+            if h is None or n.op != "call_function":
+                raise Unsupported(Reason.NOT_IN_REGISTRY, f"no lifting for aten.{name}")
+            out = _out_meta(n)
+            args = [val(a, n) for a in n.args]
+            kwargs = {k: val(a, n) for k, a in n.kwargs.items()}
+            if any(isinstance(a, LV) for a in kwargs.values()) and name not in ("where",) and not name.startswith(
+                "_scaled_dot"
+            ) and name != "scaled_dot_product_attention":
+                raise Unsupported(Reason.NOT_IN_REGISTRY, f"aten.{name} with tensor keyword arguments")
+            if kwargs.get("device") is not None or kwargs.get("layout") is not None:
+                vdev = n.args[0].meta.get("val") if isinstance(n.args[0], fx.Node) else None
+                if not isinstance(vdev, torch.Tensor) or torch.device(kwargs.get("device") or vdev.device) != \
+                        vdev.device:
+                    raise Unsupported(Reason.LAYOUT, f"aten.{name} moves data to another device")
+            ctx.node = n
+            res = h(ctx, args, kwargs, out)
+            _check_result(name, res, out)
+            env[n] = res
+        except LiftError:
+            raise
+        except Unsupported as e:
+            blame = e.blame if e.blame in inside else n
+            raise LiftError(blame, e.reason, str(e)) from None
+        except GraphError as e:
+            raise LiftError(n, Reason.LAYOUT if "shape" in str(e) else Reason.NOT_IN_REGISTRY, str(e)) from None
+        except Exception as e:  # a handler bug must not break the model: the node stays with the fallback
+            log.debug("lifting %s failed", n.format_node(), exc_info=True)
+            raise LiftError(n, Reason.NOT_IN_REGISTRY, f"{type(e).__name__}: {e}") from None
+    outputs = [n for n in nodes if any(u not in inside for u in n.users)]
+    out_map: list[tuple[str, int, tuple[int, ...], bool]] = []
+    out_meta: list[tuple[tuple[int, ...], torch.dtype, tuple[int, ...]]] = []
+    gouts: list[Any] = []
+    seen: dict[Any, int] = {}
+    for n in outputs:
+        v = env[n]
+        if not isinstance(v, LV):
+            raise LiftError(n, Reason.LAYOUT, f"{n.name}: its results are used outside, but not all are lifted")
+        mv = n.meta["val"]
+        out_meta.append((tuple(int(s) for s in mv.shape), mv.dtype, tuple(int(s) for s in mv.stride())))
+        if v.t.ref in input_ref:
+            out_map.append(("in", input_ref[v.t.ref], v.shape, v.bcast))
+            continue
+        if v.t.ref not in seen:
+            seen[v.t.ref] = len(gouts)
+            gouts.append(v.t)
+        out_map.append(("out", seen[v.t.ref], v.shape, v.bcast))
+    if not gouts:
+        raise LiftError(nodes[-1], Reason.NO_COMPUTE, "the partition computes nothing")
+    g.output(*gouts)
+    live = g.live()
+    for a, i in input_ref.items():
+        if a[0] not in live:
+            # an input only views leave the partition with: those views stay outside
+            user = next(u for u in nodes if inputs[i] in u.all_input_nodes)
+            raise LiftError(user, Reason.NO_COMPUTE, f"{user.name} only passes a view of an input through")
+    return Lifted(g, list(nodes), inputs, outputs, out_map, out_meta, ctx.consts)
+
+
+def _check_result(name: str, res: Any, out: Any) -> None:
+    pairs = zip(res, out, strict=False) if isinstance(out, list) else [(res, out)]
+    for r, o in pairs:
+        if r is None or o is None:
+            continue
+        if not isinstance(r, LV):
+            raise Unsupported(Reason.NOT_IN_REGISTRY, f"aten.{name}: no lifted result")
+        shape, dt = o
+        if r.shape != tuple(shape):
+            raise Unsupported(Reason.LAYOUT, f"aten.{name}: lifted shape {r.shape}, ATen has {tuple(shape)}")
+        if r.t.dtype != vm_dtype(dt):
+            raise Unsupported(Reason.DTYPE, f"aten.{name}: lifted dtype {r.t.dtype}, ATen has {dt}")
+        if not r.bcast and math.prod(r.t.shape) != math.prod(shape):
+            raise Unsupported(Reason.LAYOUT, f"aten.{name}: lifted {tuple(r.t.shape)} for {tuple(shape)}")
+
+
+# --------------------------------------------------------------------------- running partitions
+
+
+#: pid -> runner; the graph module that calls a runner holds it (so it lives as long as the compiled graph)
+_RUNNERS: weakref.WeakValueDictionary[int, PartitionRunner] = weakref.WeakValueDictionary()
+_NEXT_PID = [0]
+_OP: Any = None
+
+
+def _custom_op() -> Any:
+    """The custom op ``verimirage::run(pid, xs) -> list[Tensor]`` (defined once per process)."""
+    global _OP
+    if _OP is not None:
+        return _OP
+    if hasattr(torch.ops, "verimirage") and hasattr(torch.ops.verimirage, "run"):
+        _OP = torch.ops.verimirage.run.default
+        return _OP
+
+    @torch.library.custom_op("verimirage::run", mutates_args=())
+    def run(pid: int, xs: list[torch.Tensor]) -> list[torch.Tensor]:
+        return _RUNNERS[pid](xs)
+
+    @run.register_fake  # type: ignore[misc]
+    def _fake(pid: int, xs: list[torch.Tensor]) -> list[torch.Tensor]:
+        dev = xs[0].device if xs else torch.device("cpu")
+        return [torch.empty_strided(s, st, dtype=d, device=dev) for s, d, st in _RUNNERS[pid].lifted.out_meta]
+
+    _OP = torch.ops.verimirage.run.default
+    return _OP
+
+
+class PartitionRunner:
+    """Runs one taken partition: its kernels, or its ATen ops for good once the kernels failed."""
+
+    def __init__(self, lifted: Lifted, program: Any, eager: fx.GraphModule, record: PartitionReport) -> None:
+        self.lifted, self.program, self.eager, self.record = lifted, program, eager, record
+        self.failed = False
+        self.consts: dict[str, torch.Tensor] = {}
+        self.cuda_graph = bool(getattr(program, "cuda_graph", False))
+
+    def _consts(self, device: torch.device) -> list[torch.Tensor]:
+        out = []
+        for name, c in self.lifted.consts:
+            key = f"{name}@{device}"
+            if key not in self.consts:
+                self.consts[key] = c.to(device)
+            out.append(self.consts[key])
+        return out
+
+    def kernels(self, xs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The partition's outputs from the verified kernels (raises on a launch failure)."""
+        dev = xs[0].device if xs else torch.device("cpu")
+        named = {f"in{i}": x for i, x in enumerate(xs)}
+        named.update(zip((n for n, _ in self.lifted.consts), self._consts(dev), strict=True))
+        res = self.program(**named)
+        outs = res if isinstance(res, tuple) else (res,)
+        got = []
+        used: set[int] = set()
+        for (kind, i, shape, bcast), (_, _, stride) in zip(self.lifted.out_map, self.lifted.out_meta, strict=True):
+            y = outs[i] if kind == "out" else xs[i]
+            if bcast:
+                y = y.reshape(tuple(y.shape)[len(y.shape) - len(_strip(y.shape)):]).expand(shape)
+            y = y.reshape(shape)
+            # custom op results may alias neither inputs nor each other (nor a CUDA graph's buffers)
+            if kind == "in" or bcast or i in used or self.cuda_graph:
+                y = y.contiguous().clone()
+            elif kind == "out":
+                used.add(i)
+            if y.numel() > 1 and tuple(y.stride()) != stride:
+                # the ATen graph may view the result relying on the strides the original op gave it
+                y = torch.empty_strided(shape, stride, dtype=y.dtype, device=y.device).copy_(y)
+            got.append(y)
+        return got
+
+    def __call__(self, xs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        if not self.failed:
+            try:
+                return self.kernels(xs)
+            except Exception as e:
+                self.failed = True
+                self.record.taken = False
+                self.record.reason = f"{Reason.COMPILE_FAILED.value}: {type(e).__name__}: {e}"
+                log.warning("verimirage: partition %s failed at its first call (%s: %s); it runs on its ATen ops "
+                            "from now on", self.record.name, type(e).__name__, str(e)[:300])
+        out = self.eager(*xs)
+        return [o.clone() if any(o is x for x in xs) else o for o in out]
+
+
+def _strip(s: Sequence[int]) -> tuple[int, ...]:
+    s = tuple(s)
+    i = 0
+    while i < len(s) and s[i] == 1:
+        i += 1
+    return s[i:]
+
+
+def eager_module(gm: fx.GraphModule, lifted: Lifted) -> fx.GraphModule:
+    """The partition's ATen ops as a GraphModule (inputs and outputs in the lifted order)."""
+    g = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for i, n in enumerate(lifted.inputs):
+        p = g.placeholder(f"in{i}")
+        p.meta = dict(n.meta)
+        env[n] = p
+    for n in lifted.nodes:
+        env[n] = g.node_copy(n, lambda a: env[a])
+    g.output(tuple(env[n] for n in lifted.outputs))
+    return fx.GraphModule(gm, g)
+
+
+def _example(n: fx.Node, gen: torch.Generator, device: torch.device) -> torch.Tensor:
+    """A random tensor with the node's shape, dtype and strides (views in the partition rely on them)."""
+    v = n.meta["val"]
+    shape = tuple(int(s) for s in v.shape)
+    stride = tuple(int(s) for s in v.stride())
+    size = 1 + sum((d - 1) * st for d, st in zip(shape, stride, strict=True) if d > 0)
+    if v.dtype == torch.bool:
+        buf = torch.rand(size, generator=gen) > 0.5
+    else:
+        # in [0.5, 1.5): no NaN from sqrt / log / rsqrt of the ops the partition may hold
+        buf = (torch.rand(size, generator=gen, dtype=torch.float32) + 0.5).to(v.dtype)
+    return torch.as_strided(buf.to(device), shape, stride)
+
+
+_TOL = {torch.float32: 2e-3, torch.float16: 2e-2, torch.bfloat16: 6e-2}
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    a64, b64 = a.detach().double().cpu(), b.detach().double().cpu()
+    fin = torch.isfinite(b64)
+    if not torch.equal(torch.isfinite(a64), fin):
+        return False
+    if not bool(fin.any()):
+        return True
+    scale = float(b64[fin].abs().max()) + 1e-6
+    tol = _TOL.get(b.dtype, 2e-3)
+    return float((a64[fin] - b64[fin]).abs().max()) <= tol * scale
+
+
+def _time(fn: Any, xs: list[torch.Tensor]) -> float:
+    from triton.testing import do_bench
+
+    return float(do_bench(lambda: fn(xs), warmup=5, rep=20)) * 1e3
+
+
+def compile_partition(gm: fx.GraphModule, lifted: Lifted, opts: CaptureOptions, record: PartitionReport,
+                      device: torch.device) -> PartitionRunner | None:
+    """Search, compile and check one partition; None (with the reason in ``record``) when it is not taken."""
+    import verimirage as vm
+
+    t0 = time.perf_counter()
+    try:
+        res = vm.superoptimize(lifted.graph, time_budget_s=opts.time_budget_s, **dict(opts.search))
+    except Exception as e:
+        record.reason = f"{Reason.SEARCH_FAILED.value}: {type(e).__name__}: {e}"
+        log.warning("verimirage: search failed for %s: %s", record.name, e)
+        return None
+    record.search_s = time.perf_counter() - t0
+    if not res.candidates:
+        record.reason = f"{Reason.NO_CANDIDATE.value} ({res.report.stop_reason})"
+        return None
+    best = res.best
+    cost = getattr(best, "cost", None)
+    record.estimated_us = None if cost is None else cost.time_s * 1e6
+    try:
+        prog = vm.compile(best, cuda_graph=True) if opts.cuda_graph else vm.compile(best)
+    except Exception as e:
+        record.reason = f"{Reason.COMPILE_FAILED.value}: {type(e).__name__}: {e}"
+        return None
+    record.kernels = [k.name for k in prog.kernels]
+    eager = eager_module(gm, lifted)
+    runner = PartitionRunner(lifted, prog, eager, record)
+    if not (opts.check or opts.profile):
+        return runner
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily(), torch.no_grad():
+        gen = torch.Generator().manual_seed(0)
+        xs = [_example(n, gen, device) for n in lifted.inputs]
+        try:
+            got = runner.kernels(xs)
+        except Exception as e:
+            record.reason = f"{Reason.COMPILE_FAILED.value}: {type(e).__name__}: {str(e)[:300]}"
+            log.warning("verimirage: %s: the kernels fail (%s); the partition stays with the fallback", record.name, e)
+            return None
+        want = eager(*xs)
+        for i, (a, b) in enumerate(zip(got, want, strict=True)):
+            if tuple(a.shape) != tuple(b.shape) or a.dtype != b.dtype or not _close(a, b):
+                record.reason = f"{Reason.NUMERIC.value}: output {i} differs from the ATen ops on random inputs"
+                log.warning("verimirage: %s: %s; the partition stays with the fallback", record.name, record.reason)
+                return None
+        if opts.profile and device.type == "cuda":
+            try:
+                record.measured_us = _time(runner.kernels, xs)
+                record.fallback_us = _time(lambda a: eager(*a), xs)
+            except Exception as e:  # pragma: no cover - GPU only
+                log.warning("verimirage: timing %s failed: %s", record.name, e)
+            if record.measured_us is not None and record.fallback_us is not None and \
+                    record.measured_us > record.fallback_us:
+                record.reason = (f"{Reason.SLOWER.value}: {record.measured_us:.1f} us vs "
+                                 f"{record.fallback_us:.1f} us on ATen ops")
+                return None
+    return runner
+
+
+# --------------------------------------------------------------------------- the graph pass
+
+
+class _Support(OperatorSupportBase):
+    def __init__(self, ok: set[fx.Node]) -> None:
+        self.ok = ok
+
+    def is_node_supported(self, submodules: Any, node: fx.Node) -> bool:
+        return node in self.ok
+
+
+def _isolated(n: fx.Node) -> tuple[Reason, str] | None:
+    """None if ``n`` lifts on its own, else why not."""
+    if n.op != "call_function":
+        return Reason.NOT_TENSOR, "not a call"
+    if n.target is operator.getitem:
+        return None
+    getitems = [u for u in n.users if u.target is operator.getitem]
+    try:
+        _probe([n, *getitems])
+    except LiftError as e:
+        return e.reason, e.message
+    return None
+
+
+def _probe(nodes: list[fx.Node]) -> None:
+    try:
+        lift(nodes)
+    except LiftError as e:
+        if e.reason is Reason.NO_COMPUTE:
+            return  # a view on its own computes nothing, but may be lifted inside a partition
+        raise
+
+
+def transform(gm: fx.GraphModule, opts: CaptureOptions, report: Report, kind: str) -> list[PartitionRunner]:
+    """Replace the partitions of ATen graph ``gm`` that verimirage takes by verified kernels (in place).
+
+    Returns the runners of the taken partitions (``gm`` holds them too).
+    """
+    from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+    from torch.fx.passes.tools_common import legalize_graph
+
+    gidx = report.new_graph(kind)
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+    why: dict[fx.Node, tuple[Reason, str]] = {}
+    ok: set[fx.Node] = set()
+    for n in nodes:
+        r = _isolated(n)
+        if r is None:
+            ok.add(n)
+        else:
+            why[n] = r
+    # getitem of an unsupported node is unsupported
+    for n in nodes:
+        if n.target is operator.getitem and isinstance(n.args[0], fx.Node) and n.args[0] not in ok:
+            ok.discard(n)
+            why[n] = why.get(n.args[0], (Reason.NOT_IN_REGISTRY, "its source is not lifted"))
+    device = _device(gm)
+    lifted_parts: list[Lifted] = []
+    for _ in range(len(nodes) + 1):
+        parts = CapabilityBasedPartitioner(gm, _Support(ok), allows_single_node_partition=True).propose_partitions()
+        lifted_parts = []
+        failed = False
+        order = {n: i for i, n in enumerate(gm.graph.nodes)}
+        for p in parts:
+            pn = sorted(p.nodes, key=lambda n: order[n])
+            if not any(is_compute(n) for n in pn):
+                for n in pn:
+                    why[n] = (Reason.NO_COMPUTE, "a view between ops that are not taken")
+                continue
+            try:
+                lifted_parts.append(lift(pn))
+            except LiftError as e:
+                ok.discard(e.node)
+                why[e.node] = (e.reason, e.message)
+                for u in list(e.node.users):
+                    if u.target is operator.getitem and u in ok:
+                        ok.discard(u)
+                        why[u] = (e.reason, e.message)
+                failed = True
+                break
+        if not failed:
+            break
+    op = None
+    taken = 0
+    runners: list[PartitionRunner] = []
+    in_part: dict[fx.Node, int] = {}
+    for lp in lifted_parts:
+        ncomp = sum(is_compute(n) for n in lp.nodes)
+        rec = report.new_partition(gidx, [op_name(n) for n in lp.nodes if is_tensor_op(n)])
+        for n in lp.nodes:
+            in_part[n] = rec.index
+        if ncomp < opts.min_compute_ops:
+            rec.reason = f"{Reason.NO_COMPUTE.value}: {ncomp} compute op(s) < min_compute_ops"
+            continue
+        runner = compile_partition(gm, lp, opts, rec, device)
+        if runner is None:
+            continue
+        rec.taken = True
+        taken += 1
+        runners.append(runner)
+        op = op or _custom_op()
+        pid = _NEXT_PID[0]
+        _NEXT_PID[0] += 1
+        _RUNNERS[pid] = runner
+        setattr(gm, f"_verimirage_partition_{pid}", runner)
+        _splice(gm, lp, op, pid)
+    for n in nodes:
+        if not is_tensor_op(n) or n.target is operator.getitem:
+            continue
+        part = in_part.get(n)
+        r = why.get(n)
+        report.ops.append(OpRecord(gidx, op_name(n), n.name, is_compute(n), part,
+                                   None if r is None else r[0].value, None if r is None else r[1]))
+    if taken:
+        legalize_graph(gm)
+        gm.graph.lint()
+        gm.recompile()
+    log.info("verimirage: %s graph: %s", kind, report.summary(gidx))
+    return runners
+
+
+def _device(gm: fx.GraphModule) -> torch.device:
+    for n in gm.graph.nodes:
+        v = n.meta.get("val")
+        if isinstance(v, torch.Tensor):
+            return v.device
+    return torch.device("cpu")
+
+
+def _splice(gm: fx.GraphModule, lp: Lifted, op: Any, pid: int) -> None:
+    g = gm.graph
+    inside = set(lp.nodes)
+    last = lp.nodes[-1]
+    with g.inserting_after(last):
+        call = g.call_function(op, (pid, list(lp.inputs)))
+    call.meta["val"] = [n.meta.get("val") for n in lp.outputs]
+    prev = call
+    for i, o in enumerate(lp.outputs):
+        with g.inserting_after(prev):
+            gi = g.call_function(operator.getitem, (call, i))
+        gi.meta = {"val": o.meta.get("val")}
+        if "tensor_meta" in o.meta:
+            gi.meta["tensor_meta"] = o.meta["tensor_meta"]
+        o.replace_all_uses_with(gi, delete_user_cb=lambda u: u not in inside)
+        prev = gi
+    for n in reversed(lp.nodes):
+        g.erase_node(n)
