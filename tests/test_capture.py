@@ -91,6 +91,7 @@ def test_linear_relu_linear_is_one_verified_partition() -> None:
     assert {"addmm", "relu"} <= set(taken[0].ops)
 
 
+@pytest.mark.slow
 def test_training_through_the_backend_matches_float64_gradients() -> None:
     rep = check_module("swiglu", train=True)
     assert rep.graphs == ["forward", "backward"]

@@ -123,7 +123,7 @@ def emit(g: Graph, name: str, *args: Any, **attrs: Any) -> Tensor:
         return m(*args, **attrs)
     apply = getattr(g, "apply", None)
     if apply is not None:
-        return apply(name, list(args), **attrs)
+        return apply(name, list(args), attrs)
     return g._emit(name, list(args), attrs)
 
 
@@ -147,6 +147,11 @@ class Ctx:
         self.g = g
         self.consts: list[tuple[str, Any]] = []  # (input name, torch tensor) made while lifting (e.g. masks)
         self.node: Any = None  # the fx node being lifted
+        self.strict = False  # no registry layout ops (reshape, broadcast_to, permute, slice): views are boundaries
+
+    def layout(self, name: str) -> bool:
+        """Whether registry layout op ``name`` may be emitted."""
+        return has_op(name) and not self.strict
 
     # -- shapes
     def exact(self, v: LV) -> Tensor:
@@ -155,13 +160,13 @@ class Ctx:
             return v.t
         t = v.t
         if v.bcast:
-            if has_op("broadcast_to"):
-                if len(t.shape) < len(v.shape) and has_op("reshape"):
+            if self.layout("broadcast_to") and (len(t.shape) == len(v.shape) or self.layout("reshape")):
+                if len(t.shape) < len(v.shape):
                     t = emit(self.g, "reshape", t, (1,) * (len(v.shape) - len(t.shape)) + tuple(t.shape))
                 return emit(self.g, "broadcast_to", t, v.shape)
             raise Unsupported(Reason.LAYOUT, f"an expanded value {tuple(t.shape)} -> {v.shape} needs broadcast_to",
                               v.src)
-        if has_op("reshape"):
+        if self.layout("reshape"):
             return emit(self.g, "reshape", t, v.shape)
         raise Unsupported(Reason.LAYOUT, f"a reshape {tuple(t.shape)} -> {v.shape} needs the registry's reshape op",
                           v.src)
@@ -456,7 +461,7 @@ def _permute(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
     t = ctx.exact(v)
     if dims == sorted(dims):
         return v
-    if has_op("permute"):
+    if ctx.layout("permute"):
         return LV(emit(ctx.g, "permute", t, tuple(dims)), _shape(out))
     # a permutation as a sequence of swaps
     cur = list(range(len(dims)))
@@ -492,6 +497,8 @@ def _slice(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
     e = n if end is None else max(0, min(n, int(end) + n if int(end) < 0 else int(end)))
     if s == 0 and e == n:
         return v
+    if not ctx.layout("slice"):
+        raise Unsupported(Reason.LAYOUT, "a slice (the registry's slice op is not available here)")
     return LV(emit(ctx.g, "slice", ctx.exact(v), dim % len(v.shape), s, e), _shape(out))
 
 
@@ -784,9 +791,12 @@ def sdpa_handler(name: str) -> Handler:
         L, S = q.shape[-2], k.shape[-2]
         dt = q.t.dtype
         if causal:
+            from torch._subclasses.fake_tensor import unset_fake_temporarily
+
             tdt = getattr(torch, dt.torch_name)
-            big = torch.finfo(tdt).min
-            cm = torch.zeros(L, S, dtype=tdt).masked_fill(~torch.ones(L, S, dtype=torch.bool).tril(), big)
+            big = torch.finfo(tdt).min  # finite: a fully masked tile of an online softmax stays NaN-free
+            with unset_fake_temporarily():  # a real constant, made while the compiler traces with fake tensors
+                cm = torch.zeros(L, S, dtype=tdt).masked_fill(~torch.ones(L, S, dtype=torch.bool).tril(), big)
             name_c = f"const{len(ctx.consts)}"
             ctx.consts.append((name_c, cm))
             s = emit(g, "add", s, g.input(name_c, (L, S), dt))

@@ -151,10 +151,14 @@ class Lifted:
     consts: list[tuple[str, torch.Tensor]]
 
 
-def lift(nodes: Sequence[fx.Node]) -> Lifted:
-    """Lift ``nodes`` (a partition, in graph order) into a ``vm.Graph``; LiftError names the node that failed."""
+def lift(nodes: Sequence[fx.Node], *, strict: bool = False) -> Lifted:
+    """Lift ``nodes`` (a partition, in graph order) into a ``vm.Graph``; LiftError names the node that failed.
+
+    ``strict``: no registry layout ops (views the kernels cannot express become boundaries).
+    """
     g = Graph()
     ctx = Ctx(g)
+    ctx.strict = strict
     env: dict[fx.Node, Any] = {}
     inputs: list[fx.Node] = []
     inside = set(nodes)
@@ -513,7 +517,6 @@ def transform(gm: fx.GraphModule, opts: CaptureOptions, report: Report, kind: st
 
     Returns the runners of the taken partitions (``gm`` holds them too).
     """
-    from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
     from torch.fx.passes.tools_common import legalize_graph
 
     gidx = report.new_graph(kind)
@@ -532,55 +535,44 @@ def transform(gm: fx.GraphModule, opts: CaptureOptions, report: Report, kind: st
             ok.discard(n)
             why[n] = why.get(n.args[0], (Reason.NOT_IN_REGISTRY, "its source is not lifted"))
     device = _device(gm)
-    lifted_parts: list[Lifted] = []
-    for _ in range(len(nodes) + 1):
-        parts = CapabilityBasedPartitioner(gm, _Support(ok), allows_single_node_partition=True).propose_partitions()
-        lifted_parts = []
-        failed = False
-        order = {n: i for i, n in enumerate(gm.graph.nodes)}
-        for p in parts:
-            pn = sorted(p.nodes, key=lambda n: order[n])
-            if not any(is_compute(n) for n in pn):
-                for n in pn:
-                    why[n] = (Reason.NO_COMPUTE, "a view between ops that are not taken")
-                continue
-            try:
-                lifted_parts.append(lift(pn))
-            except LiftError as e:
-                ok.discard(e.node)
-                why[e.node] = (e.reason, e.message)
-                for u in list(e.node.users):
-                    if u.target is operator.getitem and u in ok:
-                        ok.discard(u)
-                        why[u] = (e.reason, e.message)
-                failed = True
-                break
-        if not failed:
-            break
     op = None
     taken = 0
     runners: list[PartitionRunner] = []
     in_part: dict[fx.Node, int] = {}
-    for lp in lifted_parts:
-        ncomp = sum(is_compute(n) for n in lp.nodes)
-        rec = report.new_partition(gidx, [op_name(n) for n in lp.nodes if is_tensor_op(n)])
-        for n in lp.nodes:
-            in_part[n] = rec.index
-        if ncomp < opts.min_compute_ops:
-            rec.reason = f"{Reason.NO_COMPUTE.value}: {ncomp} compute op(s) < min_compute_ops"
-            continue
-        runner = compile_partition(gm, lp, opts, rec, device)
-        if runner is None:
-            continue
-        rec.taken = True
-        taken += 1
-        runners.append(runner)
-        op = op or _custom_op()
-        pid = _NEXT_PID[0]
-        _NEXT_PID[0] += 1
-        _RUNNERS[pid] = runner
-        setattr(gm, f"_verimirage_partition_{pid}", runner)
-        _splice(gm, lp, op, pid)
+    strict: set[fx.Node] = set()
+    for rnd in range(3):
+        retry = False
+        for lp in _propose(gm, ok, why, strict):
+            ncomp = sum(is_compute(n) for n in lp.nodes)
+            rec = report.new_partition(gidx, [op_name(n) for n in lp.nodes if is_tensor_op(n)])
+            runner = None
+            if ncomp < opts.min_compute_ops:
+                rec.reason = f"{Reason.NO_COMPUTE.value}: {ncomp} compute op(s) < min_compute_ops"
+            else:
+                runner = compile_partition(gm, lp, opts, rec, device)
+            if runner is None and rnd < 2 and _layout_failure(lp, rec):
+                # the kernels could not express a view: again with views as partition boundaries
+                log.info("verimirage: %s: %s; splitting it at its views", rec.name, rec.reason)
+                strict |= set(lp.nodes)
+                retry = True
+                continue
+            idx = report.add_partition(rec)
+            for n in lp.nodes:
+                in_part[n] = idx
+                ok.discard(n)
+            if runner is None:
+                continue
+            rec.taken = True
+            taken += 1
+            runners.append(runner)
+            op = op or _custom_op()
+            pid = _NEXT_PID[0]
+            _NEXT_PID[0] += 1
+            _RUNNERS[pid] = runner
+            setattr(gm, f"_verimirage_partition_{pid}", runner)
+            _splice(gm, lp, op, pid)
+        if not retry:
+            break
     for n in nodes:
         if not is_tensor_op(n) or n.target is operator.getitem:
             continue
@@ -594,6 +586,48 @@ def transform(gm: fx.GraphModule, opts: CaptureOptions, report: Report, kind: st
         gm.recompile()
     log.info("verimirage: %s graph: %s", kind, report.summary(gidx))
     return runners
+
+
+_LAYOUT_OPS = frozenset({"reshape", "broadcast_to", "permute", "slice"})
+
+
+def _layout_failure(lp: Lifted, rec: PartitionReport) -> bool:
+    """Whether a partition with registry layout ops failed to compile, launch or check."""
+    failed = (rec.reason or "").startswith((Reason.COMPILE_FAILED.value, Reason.NUMERIC.value))
+    return failed and any(n.op in _LAYOUT_OPS for n in lp.graph.nodes)
+
+
+def _propose(gm: fx.GraphModule, ok: set[fx.Node], why: dict[fx.Node, tuple[Reason, str]],
+             strict: set[fx.Node]) -> list[Lifted]:
+    """Partitions of the supported nodes ``ok``, each lifted (nodes that fail to lift leave ``ok``)."""
+    from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+    for _ in range(len(nodes) + 1):
+        parts = CapabilityBasedPartitioner(gm, _Support(ok), allows_single_node_partition=True).propose_partitions()
+        lifted: list[Lifted] = []
+        order = {n: i for i, n in enumerate(gm.graph.nodes)}
+        failed = False
+        for p in parts:
+            pn = sorted(p.nodes, key=lambda n: order[n])
+            if not any(is_compute(n) for n in pn):
+                for n in pn:
+                    why[n] = (Reason.NO_COMPUTE, "a view between ops that are not taken")
+                continue
+            try:
+                lifted.append(lift(pn, strict=bool(strict.intersection(pn))))
+            except LiftError as e:
+                ok.discard(e.node)
+                why[e.node] = (e.reason, e.message)
+                for u in list(e.node.users):
+                    if u.target is operator.getitem and u in ok:
+                        ok.discard(u)
+                        why[u] = (e.reason, e.message)
+                failed = True
+                break
+        if not failed:
+            return lifted
+    return []
 
 
 def _device(gm: fx.GraphModule) -> torch.device:

@@ -63,10 +63,14 @@ class Report:
         return len(self.graphs) - 1
 
     def new_partition(self, graph: int, ops: list[str]) -> PartitionReport:
-        """Register a partition of graph ``graph``."""
-        p = PartitionReport(graph, len(self.partitions), self.graphs[graph], ops)
+        """A partition record of graph ``graph`` (not yet registered: see :meth:`add_partition`)."""
+        return PartitionReport(graph, len(self.partitions), self.graphs[graph], ops)
+
+    def add_partition(self, p: PartitionReport) -> int:
+        """Register partition record ``p``; its index."""
+        p.index = len(self.partitions)
         self.partitions.append(p)
-        return p
+        return p.index
 
     # -- reading
     def _taken(self, r: OpRecord) -> bool:
