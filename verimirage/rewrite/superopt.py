@@ -107,12 +107,15 @@ class SearchReport:
             lines.append(f"from the search cache: {self.from_cache} (no search ran; superoptimize(..., cache=False) "
                          "or `verimirage cache clear` searches again)")
         lines.append(f"search: {self.total_seconds:.2f}s, stop: {self.stop_reason}")
-        lines.append("  phases: " + ", ".join(f"{k} {v:.2f}s" for k, v in self.phase_seconds.items()))
-        lines.append(f"  e-graph: {self.egraph_enodes} e-nodes, {self.egraph_eclasses} e-classes, "
-                     f"{self.egraph_iterations} iterations ({self.egraph_stop_reason})")
-        lines.append(f"  rules fired: {self.rules_fired}")
-        lines.append(f"  extracted {self.terms_extracted} term(s), lowered {self.lowered} μGraph(s), "
-                     f"verified {self.verified}, rejected {len(self.rejected)}")
+        if not self.from_cache:  # a served result ran no phases: its notes hold the original search's report
+            lines.append("  phases: " + ", ".join(f"{k} {v:.2f}s" for k, v in self.phase_seconds.items()))
+            lines.append(f"  e-graph: {self.egraph_enodes} e-nodes, {self.egraph_eclasses} e-classes, "
+                         f"{self.egraph_iterations} iterations ({self.egraph_stop_reason})")
+            lines.append(f"  rules fired: {self.rules_fired}")
+            lines.append(f"  extracted {self.terms_extracted} term(s), lowered {self.lowered} μGraph(s), "
+                         f"verified {self.verified}, rejected {len(self.rejected)}")
+        else:
+            lines.append(f"  served {self.verified} verified candidate(s)")
         for reason, n in sorted(self.pruned.items(), key=lambda p: -p[1])[:8]:
             lines.append(f"  pruned {n}: {reason}")
         for what, why in self.rejected[:8]:
