@@ -244,6 +244,21 @@ def split_k_kernel_sum(acc: str = "sum") -> Callable[[], vm.Graph]:
     return build
 
 
+def masked(body: Callable[..., object], other: Callable[..., object] | None = None,
+           outside: Callable[..., object] | None = None) -> Callable[[], vm.Graph]:
+    """``where(M, body(A, B), other(A, B) or 0) [+ outside(A, B)]`` with a boolean mask input M."""
+
+    def build() -> vm.Graph:
+        g = vm.Graph()
+        m = g.input("M", (8, 8), vm.bool)
+        a, b = g.input("A", (8, 8), F), g.input("B", (8, 8), F)
+        out = g.where(m, body(g, a, b), other(g, a, b) if other else g.sub(b, b))
+        g.output(g.add(outside(g, a, b), out) if outside else out)
+        return g
+
+    return build
+
+
 XW3 = {"X": (1, 8, 32), "W": (1, 32, 16)}
 INV_SQRT_96 = 1 / 96**0.5
 CASES: list[Case] = []
@@ -391,4 +406,48 @@ CASES += [
     # floating-point check, not vm.verify, rejects the second (tests/test_honest_verdicts.py)
     Case("finding3-unshifted-equal-over-the-reals", kg(AO, lambda g, a: g.exp(g.sub(a, g.max(a, 1)))),
          kg(AO, lambda g, a: g.div(g.exp(a), g.exp(g.max(a, 1)))), "proved"),
+    # --- issue 27 item 1: refinement. The candidate (b) must be defined wherever the source (a) is; it may be
+    # more defined (partial source, total candidate: Proved), never less (total source, partial candidate: Unknown)
+    Case("definedness_sqrt_rsqrt_cancel", kg(SQ, lambda g, a, b: g.add(g.shift(b, 1.0), g.sub(a, a))),
+         kg(SQ, lambda g, a, b: g.add(b, g.mul(g.sqrt(a), g.rsqrt(a)))), "unknown", "NaN for A < 0"),
+    Case("definedness_sqrt_rsqrt_cancel_source_partial", kg(SQ, lambda g, a, b: g.add(b, g.mul(g.sqrt(a), g.rsqrt(a)))),
+         kg(SQ, lambda g, a, b: g.add(g.shift(b, 1.0), g.sub(a, a))), "proved", "more defined is fine"),
+    Case("definedness_x_div_x", kg(SQ, lambda g, a, b: g.add(g.shift(b, 1.0), g.sub(a, a))),
+         kg(SQ, lambda g, a, b: g.add(b, g.div(a, a))), "unknown", "undefined at A = 0"),
+    Case("definedness_x_div_x_source_partial", kg(SQ, lambda g, a, b: g.add(b, g.div(a, a))),
+         kg(SQ, lambda g, a, b: g.add(g.shift(b, 1.0), g.sub(a, a))), "proved"),
+    Case("definedness_xy_div_y", kg(SQ, lambda g, a, b: g.add(a, g.sub(b, b))),
+         kg(SQ, lambda g, a, b: g.div(g.mul(a, b), b)), "unknown", "undefined at B = 0"),
+    Case("definedness_xy_div_y_source_partial", kg(SQ, lambda g, a, b: g.div(g.mul(a, b), b)),
+         kg(SQ, lambda g, a, b: g.add(a, g.sub(b, b))), "proved"),
+    Case("definedness_log_cancel", kg(SQ, lambda g, a, b: g.add(b, g.sub(a, a))),
+         kg(SQ, lambda g, a, b: g.add(b, g.sub(g.log(a), g.log(a)))), "unknown", "log needs A > 0"),
+    Case("definedness_same_divisor", kg(SQ, lambda g, a, b: g.div(b, g.add(a, b))),
+         kg(SQ, lambda g, a, b: g.mul(b, g.reciprocal(g.add(b, a)))), "proved", "the source divides by A + B too"),
+    Case("definedness_scaled_divisor", kg(SQ, lambda g, a, b: g.div(b, a)),
+         kg(SQ, lambda g, a, b: g.scale(g.div(b, g.scale(a, 2.0)), 2.0)), "proved", "2A != 0 iff A != 0"),
+    Case("definedness_rsqrt_from_sqrt_division", kg(SQ, lambda g, a, b: g.div(b, g.sqrt(a))),
+         kg(SQ, lambda g, a, b: g.mul(b, g.rsqrt(a))), "proved", "A >= 0 and sqrt(A) != 0 give A > 0"),
+    Case("definedness_rsqrt_where_sqrt_was", kg(SQ, lambda g, a, b: g.mul(b, g.sqrt(a))),
+         kg(SQ, lambda g, a, b: g.mul(b, g.mul(g.rsqrt(a), a))), "not-proved", "A = 0"),
+    Case("definedness_division_by_softmax_sum", kg(QKV, lambda g, q, k, v: g.matmul(g.exp(g.matmul(q, k)), v)),
+         kg(QKV, lambda g, q, k, v: g.mul(g.div(g.matmul(g.exp(g.matmul(q, k)), v), g.sum(g.exp(g.matmul(q, k)), 2)),
+                                          g.sum(g.exp(g.matmul(q, k)), 2))), "proved", "a sum of exps is > 0"),
+    Case("definedness_rms_eps0_same", kg(XW, lambda g, x, w: g.matmul(g.rms_norm(x, eps=0.0), w)),
+         kg(XW, lambda g, x, w: g.mul(g.matmul(x, w), g.rsqrt(g.mean(g.square(x), 1)))), "proved",
+         "eps = 0: mean(x**2) > 0 is a condition of the source too"),
+    Case("definedness_rms_of_sum_eps", kg({"X": (8, 32), "R": (8, 32)},
+                                          lambda g, x, r: g.rms_norm(g.add(x, r), eps=_EPS)),
+         kg({"X": (8, 32), "R": (8, 32)}, lambda g, x, r: g.mul(
+             g.add(x, r), g.rsqrt(g.shift(g.mean(g.square(g.add(x, r)), 1), _EPS)))), "proved",
+         "mean((x + r)**2) + eps > 0 though (x + r)**2 is expanded"),
+    Case("definedness_rms_eps0_candidate", kg(XO, lambda g, x: g.rms_norm(x, eps=_EPS)),
+         kg(XO, lambda g, x: g.rms_norm(x, eps=0.0)), "not-proved"),
+    Case("definedness_where_guarded_division", masked(lambda g, a, b: g.div(b, a)),
+         masked(lambda g, a, b: g.mul(b, g.reciprocal(a))), "unknown", "the source divides by A only where M holds"),
+    Case("definedness_where_candidate_branch", masked(lambda g, a, b: b, other=lambda g, a, b: b,
+                                                       outside=lambda g, a, b: g.div(b, a)),
+         masked(lambda g, a, b: g.add(g.div(b, a), b), other=lambda g, a, b: g.add(g.mul(b, g.reciprocal(a)), b)),
+         "proved",
+         "the candidate's branch divides by A, as the source does everywhere"),
 ]

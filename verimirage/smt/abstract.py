@@ -25,7 +25,8 @@ import numpy as np
 from ..ir.errors import GraphError
 from ..ir.graph import Graph
 from ..ir.interpret import run
-from ..ir.ops import OPS, POW_EXACT_MAX, TensorType, implements, neg_axis
+from ..ir.ops import OPS, POW_EXACT_MAX, Prop, TensorType, implements, neg_axis
+from . import defined as D
 from . import expr as E
 from .consts import const_fraction
 
@@ -191,8 +192,11 @@ def reduce_over(n: int, body: Callable[[str], E.Poly], combine: str, lo: int = 0
         out = parts[0]
         for p in parts[1:]:
             out = E.p_add(out, p) if combine == "sum" else E.p_maximum(out, p)
+        D.provenance(out, D.s_add if combine == "sum" else D.s_max, parts)
         return out
-    return E.p_sum(v, x) if combine == "sum" else E.p_max_over(v, x)
+    out = E.p_sum(v, x) if combine == "sum" else E.p_max_over(v, x)
+    D.provenance(out, D.s_reduce, [x])
+    return out
 
 
 # --------------------------------------------------------------------------- op meanings
@@ -278,7 +282,13 @@ def _abs_where(args: list[Sym], attrs: dict[str, Any], in_types: Any, out_types:
     def elem(idx: Idx) -> E.Poly:
         mv = m.at(_project(idx, m.shape))
         one_minus = E.p_add(E.p_const(1), E.p_scale(mv, -1))
-        return E.p_add(E.p_mul(mv, a.at(_project(idx, a.shape))), E.p_mul(one_minus, b.at(_project(idx, b.shape))))
+        d = E.der()
+        d.guard += 1  # (a condition inside a branch is no requirement of the program where the other is taken)
+        try:
+            av, bv = a.at(_project(idx, a.shape)), b.at(_project(idx, b.shape))
+        finally:
+            d.guard -= 1
+        return E.p_add(E.p_mul(mv, av), E.p_mul(one_minus, bv))
 
     return Sym(shape, elem)
 
@@ -331,7 +341,9 @@ def _reduce(kind: str) -> Callable[..., Sym]:
             body = lambda v: a.at((*idx[:pos], E.a_var(v), *idx[pos + 1:]))  # noqa: E731
             r = reduce_over(n, body, "max" if kind == "max" else "sum")
             if kind == "mean":
-                r = _law("mean-def", E.p_scale(r, Fraction(1, n)))
+                m = _law("mean-def", E.p_scale(r, Fraction(1, n)))
+                D.provenance(m, D.s_same, [r])
+                r = m
             return r
 
         return Sym(shape, elem)
@@ -365,7 +377,10 @@ def _abs_matmul(args: list[Sym], attrs: dict[str, Any], in_types: Any, out_types
 
         def body(v: str) -> E.Poly:
             r = E.a_var(v)
-            return E.p_mul(a.at((*ba, idx[-2], r)), b.at((*bb, r, idx[-1])))
+            x, y = a.at((*ba, idx[-2], r)), b.at((*bb, r, idx[-1]))
+            xy = E.p_mul(x, y)
+            D.provenance(xy, D.s_mul, [x, y])
+            return xy
 
         return reduce_over(k, body, "sum")
 
@@ -386,9 +401,16 @@ def _abs_rms(args: list[Sym], attrs: dict[str, Any], in_types: Any, out_types: A
 
         def body(v: str) -> E.Poly:
             y = x.at((*idx[:pos], E.a_var(v), *idx[pos + 1:]))
-            return E.p_mul(y, y)
+            yy = E.p_mul(y, y)
+            D.provenance(yy, D.s_square, [y])
+            return yy
 
-        ms = E.p_add(E.p_scale(reduce_over(n, body, "sum"), Fraction(1, n)), E.p_const(eps))
+        ss = reduce_over(n, body, "sum")
+        mean = E.p_scale(ss, Fraction(1, n))
+        D.provenance(mean, D.s_same, [ss])
+        ms = E.p_add(mean, E.p_const(eps))
+        D.provenance(ms, D.s_add, [mean, E.p_const(eps)])
+        D.record("gt0", ms, "rms_norm")
         r = E.p_mul(x.at(idx), E.p_atom(("sqrt", ms), -1))
         if w is not None:
             lead = w.ndim - 1
@@ -445,7 +467,33 @@ class AbstractDomain:
         fn = OPS[op].domains.get("abstract")
         if fn is None:
             raise GraphError(f"op {op!r} has no meaning in the 'abstract' domain")
-        return fn(args, attrs, in_types, [out_type])
+        r = D.RULES.get(op)
+        if r is None:
+            raise E.AbstractionError(f"op {op!r} has no definedness rule (verimirage.smt.defined)")
+        res = fn(args, attrs, in_types, [out_type])
+        if r.conds is not None or r.sign is not None:
+            _instrument(op, r, res, args, attrs)
+        return res
+
+
+def _instrument(op: str, r: D.Rule, res: Any, args: list[Any], attrs: dict[str, Any]) -> None:
+    """Make each element of the elementwise ``op``'s result ``res`` record its definedness conditions and
+    provenance (:func:`verimirage.smt.defined.note`) when it is first derived."""
+    if not isinstance(res, Sym) or any(res is a for a in args):
+        if r.conds is not None:
+            raise E.AbstractionError(f"op {op!r}: a partial op's result must be a new symbolic value")
+        return
+    if not OPS[op].has(Prop.ELEMENTWISE):
+        raise E.AbstractionError(f"op {op!r}: definedness rules apply to elementwise ops only")
+    inner = res._fn
+
+    def fn(idx: Idx) -> E.Poly:
+        v = inner(idx)
+        xs = [a.at(_project(idx, a.shape)) if isinstance(a, Sym) else a for a in args]
+        D.note(op, r, attrs, xs, v)
+        return v
+
+    res._fn = fn
 
 
 # --------------------------------------------------------------------------- derivation of outputs
@@ -480,15 +528,19 @@ def _outputs_sym(g: Graph) -> list[Sym]:
     return run(g, inputs, AbstractDomain())
 
 
-def derive_on(g: Graph, case: Case, d: E.Derivation) -> list[E.Poly]:
-    """Every output's expression at the symbolic index ``(_o0, _o1, ...)`` restricted to ``case``."""
+def derive_on(g: Graph, case: Case, d: E.Derivation, only: int | None = None) -> list[E.Poly | None]:
+    """Every output's expression at the symbolic index ``(_o0, _o1, ...)`` restricted to ``case`` (with
+    ``only``: that output's alone, the others None; ``d`` then records that output's definedness alone)."""
     tok = E.activate(d)
     try:
         for k, (lo, hi) in enumerate(case.ranges):
             d.ranges[out_var(k)] = (lo, hi)
         outs = _outputs_sym(g)
-        res = []
-        for o in outs:
+        res: list[E.Poly | None] = []
+        for j, o in enumerate(outs):
+            if only is not None and j != only:
+                res.append(None)
+                continue
             idx = tuple(E.a_var(out_var(k)) for k in range(o.ndim))
             res.append(o.at(idx))
         return res
@@ -496,8 +548,9 @@ def derive_on(g: Graph, case: Case, d: E.Derivation) -> list[E.Poly]:
         E.deactivate(tok)
 
 
-#: output ``k`` of a graph derived on a case: (graph id, k, case ranges) -> (expression, laws used)
-Derived = dict[tuple[int, int, tuple[tuple[int, int], ...]], tuple[E.Poly, frozenset[str]]]
+#: output ``k`` of a graph derived on a case: (graph id, k, case ranges) -> (expression, laws used, what the
+#: derivation recorded for definedness)
+Derived = dict[tuple[int, int, tuple[tuple[int, int], ...]], tuple[E.Poly, frozenset[str], D.Defs]]
 
 
 def refine_cases(g: Graph, shape: tuple[int, ...], case: Case, d: E.Derivation, k: int,
@@ -512,7 +565,7 @@ def refine_cases(g: Graph, shape: tuple[int, ...], case: Case, d: E.Derivation, 
         try:
             e = o.at(tuple(E.a_var(out_var(j)) for j in range(o.ndim)))
             if derived is not None:
-                derived[(id(g), k, case.ranges)] = (e, frozenset(d.laws))
+                derived[(id(g), k, case.ranges)] = (e, frozenset(d.laws), D.defs_of(d))
             return None
         except E.NeedSplit as e:
             for j in range(len(case.ranges)):
@@ -553,16 +606,17 @@ def output_cases(gs: Sequence[Graph], k: int, shape: tuple[int, ...], derived: D
     return sorted(done, key=lambda c: c.ranges)
 
 
-def derive(g: Graph, cases_per_output: Sequence[Sequence[Case]],
-           derived: Derived | None = None) -> tuple[list[list[E.Poly]], set[str]]:
+def derive(g: Graph, cases_per_output: Sequence[Sequence[Case]], derived: Derived | None = None,
+           defs: list[list[D.Defs]] | None = None) -> tuple[list[list[E.Poly]], set[str]]:
     """Expressions of every output of ``g`` on the given cases, and the laws the normaliser used. An
     expression :func:`output_cases` already derived (same graph object, output and case, recorded in
-    ``derived``) is taken from there: the derivation is deterministic."""
+    ``derived``) is taken from there: the derivation is deterministic. ``defs``, when given, receives per
+    output and case what its derivation recorded for definedness (:mod:`verimirage.smt.defined`)."""
     laws: set[str] = set()
     res: list[list[E.Poly]] = [[] for _ in cases_per_output]
+    out_defs: list[list[D.Defs]] = [[] for _ in cases_per_output]
     ncase = max(len(c) for c in cases_per_output)
     for ci in range(ncase):
-        # outputs sharing a case index share one derivation run
         for k, cases in enumerate(cases_per_output):
             if ci >= len(cases):
                 continue
@@ -570,9 +624,14 @@ def derive(g: Graph, cases_per_output: Sequence[Sequence[Case]],
             if hit is not None:
                 res[k].append(hit[0])
                 laws |= hit[1]
+                out_defs[k].append(hit[2])
                 continue
             d = E.Derivation()
-            outs = derive_on(g, cases[ci], d)
-            res[k].append(outs[k])
+            e = derive_on(g, cases[ci], d, only=k)[k]
+            assert e is not None
+            res[k].append(e)
             laws |= d.laws
+            out_defs[k].append(D.defs_of(d))
+    if defs is not None:
+        defs[:] = out_defs
     return res, laws

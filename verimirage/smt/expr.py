@@ -58,12 +58,17 @@ class ResourceLimit(AbstractionError):
 
 @dataclass
 class Derivation:
-    """Per-derivation state: variable ranges, the laws used, a node budget."""
+    """Per-derivation state: variable ranges, the laws used, a node budget, definedness records."""
 
     ranges: dict[str, tuple[int, int]] = field(default_factory=dict)
     laws: set[str] = field(default_factory=set)
     budget: int = 2_000_000
     counter: itertools.count = field(default_factory=itertools.count)
+    #: definedness conditions recorded (:mod:`verimirage.smt.defined`), provenance of expressions, and
+    #: how many ``where`` branches are being derived (conditions inside them are guarded)
+    conds: list = field(default_factory=list)
+    prov: dict = field(default_factory=dict)
+    guard: int = 0
 
     def fresh(self, lo: int, hi: int, prefix: str = "_v") -> str:
         """A fresh variable ranging over ``[lo, hi)``."""

@@ -36,6 +36,7 @@ from ..ir.graph import Graph
 from ..ir.interpret import evaluate
 from ..ir.limits import check_evaluable
 from . import abstract as A
+from . import defined as D
 from . import expr as E
 from . import limits
 from .ff import MAX_ACCEPTABLE_BOUND, FFReference, FFResult, collect_here, ff_test
@@ -101,10 +102,16 @@ def _abstract_check(a: Graph, b: Graph, *, timeout_s: float, cancel: threading.E
     try:
         derived: A.Derived = {}
         cases = [A.output_cases([a, b], k, t.shape, derived) for k, t in enumerate(a.outputs)]
-        ea, la = A.derive(a, cases, derived)
-        eb, lb = A.derive(b, cases, derived)
+        da: list[list[D.Defs]] = []
+        db: list[list[D.Defs]] = []
+        ea, la = A.derive(a, cases, derived, da)
+        eb, lb = A.derive(b, cases, derived, db)
+        undefined = D.refines_outputs(da, db)
     except (E.AbstractionError, E.NeedSplit, RecursionError, MemoryError) as e:
         return AbstractResult("unknown", f"abstraction: {e}", (), (), (), time.perf_counter() - t0)
+    if undefined is not None:
+        return AbstractResult("unknown", undefined, (), tuple(sorted(la | lb)),
+                              tuple(tuple(c.ranges for c in cs) for cs in cases), time.perf_counter() - t0)
     queries: list[Query] = []
     outcome, reason = "proved", "every output equal"
     for k, (xs, ys) in enumerate(zip(ea, eb, strict=True)):
