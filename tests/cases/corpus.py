@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import verimirage as vm
 from verimirage.benchmarks import designs as D
+from verimirage.benchmarks import models as M
 
 F = vm.float16
 
@@ -450,4 +451,71 @@ CASES += [
          masked(lambda g, a, b: g.add(g.div(b, a), b), other=lambda g, a, b: g.add(g.mul(b, g.reciprocal(a)), b)),
          "proved",
          "the candidate's branch divides by A, as the source does everywhere"),
+]
+
+
+# --- issue 21: planted bugs in the ops real models use (small models-section programs)
+def _model(body: Callable[..., object], shapes: dict[str, tuple[int, ...]], mask: str | None = None,
+           ) -> Callable[[], vm.Graph]:
+    def build() -> vm.Graph:
+        g = vm.Graph()
+        ins = [g.input(n, s, vm.bool if n == mask else F) for n, s in shapes.items()]
+        out = body(g, *ins)
+        g.output(*(out if isinstance(out, tuple) else (out,)))
+        return g
+
+    return build
+
+
+def _lse_forgot_max(g: vm.Graph, x: object) -> object:
+    m = g.max(x, axis=1)
+    return g.log(g.sum(g.exp(g.sub(x, m)), axis=1))  # the max is subtracted but never added back
+
+
+def _shifted_mask(g: vm.Graph, m: object) -> object:
+    n = m.type.shape[2]
+    return g.concat([g.slice(m, 2, 1, n), g.slice(m, 2, 0, 1)], axis=2)  # every row's mask one column late
+
+
+_ROT = {"Q": (2, 8, 16), "COS": (8, 16), "SIN": (8, 16)}
+_CAUSAL = {"Q": (2, 16, 16), "K": (2, 16, 16), "V": (2, 16, 16), "M": (1, 16, 16)}
+_LOGITS = {"X": (4, 32)}
+
+CASES += [
+    Case("rotary_same_program", _model(lambda g, q, c, s: M.rotary(g, q, c, s), _ROT),
+         _model(lambda g, q, c, s: M.rotary(g, g.scale(g.scale(q, 2.0), 0.5), c, s), _ROT), "proved"),
+    Case("rotary_wrong_sign", _model(lambda g, q, c, s: M.rotary(g, q, c, s), _ROT),
+         _model(lambda g, q, c, s: M.rotary(g, q, c, s, sign=1.0), _ROT), "not-proved",
+         "rotate_half(x) = concat(x2, x1) instead of concat(-x2, x1)"),
+    Case("rotary_halves_swapped", _model(lambda g, q, c, s: M.rotary(g, q, c, s), _ROT),
+         _model(lambda g, q, c, s: M.rotary(g, q, s, c), _ROT), "not-proved", "cos and sin exchanged"),
+    Case("logsumexp_max_not_added_back", _model(lambda g, x: M.logsumexp(g, x, 1), _LOGITS),
+         _model(_lse_forgot_max, _LOGITS), "not-proved"),
+    Case("log_softmax_same_program", _model(lambda g, x: M.log_softmax(g, x, 1), _LOGITS),
+         _model(lambda g, x: g.sub(x, M.logsumexp(g, x, 1)), _LOGITS), "proved"),
+    Case("log_softmax_sign_flipped", _model(lambda g, x: M.log_softmax(g, x, 1), _LOGITS),
+         _model(lambda g, x: g.sub(M.logsumexp(g, x, 1), x), _LOGITS), "not-proved"),
+    Case("softcap_tanh_vs_sigmoid", _model(lambda g, q, k, v, m: M.masked_attention(g, q, k, v, m, cap=50.0),
+                                           _CAUSAL, "M"),
+         _model(lambda g, q, k, v, m: M.masked_attention(g, q, k, v, m, cap=50.0, act="sigmoid"), _CAUSAL, "M"),
+         "not-proved", "sigmoid where tanh was meant"),
+    Case("causal_mask_same_program", _model(lambda g, q, k, v, m: M.masked_attention(g, q, k, v, m), _CAUSAL, "M"),
+         _model(lambda g, q, k, v, m: M.masked_attention(g, g.scale(g.scale(q, 0.5), 2.0), k, v, m), _CAUSAL, "M"),
+         "proved"),
+    Case("causal_mask_off_by_one", _model(lambda g, q, k, v, m: M.masked_attention(g, q, k, v, m), _CAUSAL, "M"),
+         _model(lambda g, q, k, v, m: M.masked_attention(g, q, k, v, _shifted_mask(g, m)), _CAUSAL, "M"),
+         "not-proved"),
+    Case("causal_mask_branches_swapped",
+         _model(lambda g, q, k, v, m: g.where(m, g.matmul(q, k), v), _CAUSAL, "M"),
+         _model(lambda g, q, k, v, m: g.where(m, v, g.matmul(q, k)), _CAUSAL, "M"), "not-proved"),
+    Case("gelu_exact_vs_tanh_approximation", _model(lambda g, x: M.gelu_exact(g, x), _LOGITS),
+         _model(lambda g, x: g.gelu(x), _LOGITS), "not-proved", "erf GELU and tanh GELU differ (by < 1e-3)"),
+    Case("layernorm_missing_centring",
+         _model(lambda g, x, w, b: M.layer_norm(g, x, w, b), {"X": (4, 32), "G": (32,), "B": (32,)}),
+         _model(lambda g, x, w, b: g.add(g.mul(g.mul(x, g.rsqrt(g.shift(g.mean(g.square(x), 1), 1e-5))), w), b),
+                {"X": (4, 32), "G": (32,), "B": (32,)}), "not-proved", "RMSNorm where LayerNorm was meant"),
+    Case("sigmoid_is_one_over_one_plus_exp", _model(lambda g, x: g.sigmoid(x), _LOGITS),
+         _model(lambda g, x: g.reciprocal(g.shift(g.exp(g.neg(x)), 1.0)), _LOGITS), "proved"),
+    Case("clamp_bounds_swapped_roles", _model(lambda g, x: g.clamp(x, 0.0, 6.0), _LOGITS),
+         _model(lambda g, x: g.clamp(x, -1.0, 1.0), _LOGITS), "not-proved", "relu6 vs hardtanh"),
 ]

@@ -239,6 +239,8 @@ class OpDef:
             raise GraphError(f"{self.name}: has no shape rule (structural op)")
         masks = self.hooks.get("mask_args", ())
         for i, t in enumerate(in_types):
+            if self.hooks.get("any_dtype") and all(u.dtype == in_types[0].dtype for u in in_types):
+                break  # data movement: masks may be sliced, joined, permuted, reshaped, broadcast
             if (t.dtype is DType.bool) != (i in masks):
                 want = "a vm.bool mask" if i in masks else "a floating-point tensor (vm.bool is for where's mask)"
                 raise GraphError(f"{self.name}: operand {i} is {t}; expected {want}")
@@ -832,8 +834,7 @@ _TRANSCENDENTAL: list[tuple[str, Callable[[np.ndarray], np.ndarray], str, str, H
 ]
 for _name, _f, _doc, _fam, _hgo in _TRANSCENDENTAL:
     _unary(_name, _f, _doc, family=_fam, degree=_deg_opaque, homog=_hgo)
-for _name in ("sigmoid", "tanh"):  # exact through exp in the verifier's domains: 1 / (1 + exp(-x))
-    OPS[_name].hooks["uses_exp"] = True
+OPS["sigmoid"].hooks["uses_exp"] = True  # exact through exp in the verifier's domains: 1 / (1 + exp(-x))
 _unary("reciprocal", lambda x: 1.0 / x, "1 / x", degree=_deg_max, homog=_h_times(Fraction(-1)))
 define_op("pow", 1, _U, _attr_rule("pow", "c"), lambda args, attrs, it, ot: np.power(args[0], float(attrs["c"])),
           "x ** c for a Python constant c", attrs=("c",), attr_kinds=_FLOAT_C, degree=_deg_pow,
@@ -1052,6 +1053,8 @@ for _name in ("permute", "reshape", "broadcast_to"):
     OPS[_name].domains["ff"] = OPS[_name].domains["ref"]  # data movement: the same on every array value
     OPS[_name].domains["abstract"] = OPS[_name].domains["ref"]
 OPS["slice"].domains["ff"] = _layout_slice
+for _name in ("permute", "reshape", "broadcast_to", "slice", "concat", "transpose"):
+    OPS[_name].hooks["any_dtype"] = True
 
 # Loop constructs of block graphs. Their meaning is the evaluator's (ir.interpret), written once
 # in terms of registry ops (add, maximum, sub, exp, mul), so every domain gets them for free.

@@ -247,7 +247,7 @@ def uninterpreted(op: str) -> Callable[..., Sym]:
     return fn
 
 
-for _n in ("silu", "gelu", "relu", "log", "erf", "softplus", "abs", "clamp", "leaky_relu"):
+for _n in ("silu", "gelu", "relu", "log", "tanh", "erf", "softplus", "abs", "clamp", "leaky_relu"):
     implements("abstract", _n)(uninterpreted(_n))
 
 
@@ -256,7 +256,6 @@ def _sigmoid(x: E.Poly) -> E.Poly:
 
 
 implements("abstract", "sigmoid")(_ew1(_sigmoid))
-implements("abstract", "tanh")(_ew1(lambda x: E.p_add(E.p_scale(_sigmoid(E.p_scale(x, 2)), 2), E.p_const(-1))))
 @implements("abstract", "slice")
 def _abs_slice(args: list[Sym], attrs: dict[str, Any], in_types: Any, out_types: Any) -> Sym:
     """Element i along the axis is element start + i of the operand."""

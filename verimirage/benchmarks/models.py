@@ -1,0 +1,206 @@
+"""The "models" section: pieces of real models written with the ops they use (issue 21).
+
+Not the Mirage suite (``suite.py``): these programs exercise log, tanh, erf, masks and layout ops.
+Each entry builds a full-size graph and a ``small`` one for the CPU interpreter. The helpers below
+(:func:`logsumexp`, :func:`rotary`, ...) take the choices a program could get wrong as arguments, so
+the mutation corpus (tests/cases/corpus.py) plants its bugs through them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..ir.dtypes import DType, bool_, float16
+from ..ir.errors import GraphError
+from ..ir.graph import Graph, Tensor
+
+INV_SQRT2 = 1.0 / math.sqrt(2.0)
+#: the value masked-out attention logits take (exp of it is 0 in fp16 and fp32)
+MASKED = -30000.0
+
+
+def logsumexp(g: Graph, x: Tensor, axis: int, *, stable: bool = True) -> Tensor:
+    """``log(sum(exp(x), axis))`` (kept dim); ``stable``: the max-shifted form ``m + log(sum(exp(x - m)))``."""
+    if not stable:
+        return g.log(g.sum(g.exp(x), axis=axis))
+    m = g.max(x, axis=axis)
+    return g.add(m, g.log(g.sum(g.exp(g.sub(x, m)), axis=axis)))
+
+
+def log_softmax(g: Graph, x: Tensor, axis: int, *, stable: bool = True) -> Tensor:
+    """``x - logsumexp(x)``."""
+    return g.sub(x, logsumexp(g, x, axis, stable=stable))
+
+
+def cross_entropy(g: Graph, logits: Tensor, onehot: Tensor, *, stable: bool = True) -> Tensor:
+    """Mean over rows of ``-sum(onehot * log_softmax(logits))`` (shape (1, 1))."""
+    nll = g.sum(g.mul(onehot, g.neg(log_softmax(g, logits, 1, stable=stable))), axis=1)
+    return g.mean(nll, axis=0)
+
+
+def masked_attention(g: Graph, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, *, cap: float | None = None,
+                     act: str = "tanh") -> Tensor:
+    """softmax(where(mask, Q K, MASKED)) V over the last axis, row-max stabilised; ``cap``: tanh soft-capping
+    ``cap * act(s / cap)`` of the logits first (``act`` is the op used: tanh)."""
+    s = g.matmul(q, k)
+    if cap is not None:
+        s = g.scale(g.apply(act, [g.scale(s, 1.0 / cap)]), cap)
+    s = g.where(mask, s, g.shift(g.scale(s, 0.0), MASKED))
+    s = g.sub(s, g.max(s, axis=2))
+    e = g.exp(s)
+    return g.matmul(g.div(e, g.sum(e, axis=2)), v)
+
+
+def rotary(g: Graph, x: Tensor, cos: Tensor, sin: Tensor, *, sign: float = -1.0) -> Tensor:
+    """Rotary embedding of ``x`` (..., D): ``x * cos + rotate_half(x) * sin`` with ``rotate_half(x) =
+    concat(sign * x2, x1)`` (``sign = -1`` is the real one)."""
+    d = x.type.shape[-1]
+    ax = x.type.rank - 1
+    x1, x2 = g.slice(x, ax, 0, d // 2), g.slice(x, ax, d // 2, d)
+    rot = g.concat([g.scale(x2, sign) if sign != -1.0 else g.neg(x2), x1], axis=ax)
+    return g.add(g.mul(x, cos), g.mul(rot, sin))
+
+
+def layer_norm(g: Graph, x: Tensor, gamma: Tensor, beta: Tensor, eps: float = 1e-5) -> Tensor:
+    """LayerNorm over the last axis: ``(x - mean) * rsqrt(var + eps) * gamma + beta``."""
+    ax = x.type.rank - 1
+    xc = g.sub(x, g.mean(x, axis=ax))
+    var = g.mean(g.square(xc), axis=ax)
+    return g.add(g.mul(g.mul(xc, g.rsqrt(g.shift(var, eps))), gamma), beta)
+
+
+def gelu_exact(g: Graph, x: Tensor) -> Tensor:
+    """``0.5 x (1 + erf(x / sqrt 2))`` (torch's default GELU)."""
+    return g.mul(g.scale(x, 0.5), g.shift(g.erf(g.scale(x, INV_SQRT2)), 1.0))
+
+
+# --------------------------------------------------------------------------- the programs
+
+
+def _lse(small: bool, dt: DType) -> Graph:
+    b, v = (4, 64) if small else (16, 32000)
+    g = Graph()
+    x = g.input("X", (b, v), dt)
+    g.output(logsumexp(g, x, 1))
+    return g
+
+
+def _log_softmax(small: bool, dt: DType) -> Graph:
+    b, v = (4, 64) if small else (16, 32000)
+    g = Graph()
+    x = g.input("X", (b, v), dt)
+    g.output(log_softmax(g, x, 1))
+    return g
+
+
+def _cross_entropy(small: bool, dt: DType) -> Graph:
+    b, v = (4, 64) if small else (16, 32000)
+    g = Graph()
+    x = g.input("X", (b, v), dt)
+    t = g.input("T", (b, v), dt)  # one-hot targets
+    g.output(cross_entropy(g, x, t))
+    return g
+
+
+def _attn_inputs(g: Graph, small: bool, dt: DType) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    h, n, d = (2, 16, 16) if small else (16, 1024, 64)
+    q = g.input("Q", (h, n, d), dt)
+    k = g.input("K", (h, d, n), dt)
+    v = g.input("V", (h, n, d), dt)
+    m = g.input("M", (1, n, n), bool_)  # the causal mask (lower triangle true)
+    return q, k, v, m
+
+
+def _causal(small: bool, dt: DType) -> Graph:
+    g = Graph()
+    g.output(masked_attention(g, *_attn_inputs(g, small, dt)))
+    return g
+
+
+def _softcap(small: bool, dt: DType) -> Graph:
+    g = Graph()
+    g.output(masked_attention(g, *_attn_inputs(g, small, dt), cap=50.0))
+    return g
+
+
+def _rotary(small: bool, dt: DType) -> Graph:
+    h, n, d = (2, 16, 16) if small else (16, 1024, 64)
+    g = Graph()
+    q = g.input("Q", (h, n, d), dt)
+    k = g.input("K", (h, n, d), dt)
+    v = g.input("V", (h, n, d), dt)
+    cos = g.input("COS", (n, d), dt)
+    sin = g.input("SIN", (n, d), dt)
+    qr, kr = rotary(g, q, cos, sin), rotary(g, k, cos, sin)
+    s = g.matmul(qr, g.transpose(kr, 1, 2))
+    s = g.sub(s, g.max(s, axis=2))
+    e = g.exp(s)
+    g.output(g.matmul(g.div(e, g.sum(e, axis=2)), v))
+    return g
+
+
+def _layernorm_linear(small: bool, dt: DType) -> Graph:
+    m, k, n = (16, 64, 32) if small else (16, 4096, 4096)
+    g = Graph()
+    x = g.input("X", (m, k), dt)
+    gamma, beta = g.input("G", (k,), dt), g.input("B", (k,), dt)
+    w = g.input("W", (k, n), dt)
+    g.output(g.matmul(layer_norm(g, x, gamma, beta), w))
+    return g
+
+
+def _gelu_mlp(small: bool, dt: DType) -> Graph:
+    m, k, h = (16, 32, 64) if small else (16, 4096, 16384)
+    g = Graph()
+    x = g.input("X", (m, k), dt)
+    w1, w2 = g.input("W1", (k, h), dt), g.input("W2", (h, k), dt)
+    g.output(g.matmul(gelu_exact(g, g.matmul(x, w1)), w2))
+    return g
+
+
+def _geglu(small: bool, dt: DType) -> Graph:
+    m, k, h = (16, 32, 64) if small else (16, 4096, 11008)
+    g = Graph()
+    x = g.input("X", (m, k), dt)
+    w1, w2 = g.input("W1", (k, h), dt), g.input("W2", (k, h), dt)
+    g.output(g.mul(gelu_exact(g, g.matmul(x, w1)), g.matmul(x, w2)))
+    return g
+
+
+@dataclass(frozen=True)
+class Model:
+    """One models-section program."""
+
+    name: str
+    build: Callable[[bool, DType], Graph]
+    source: str
+
+
+_MODELS = [
+    Model("logsumexp", _lse, "logsumexp over a 32k vocabulary, max-shifted"),
+    Model("log_softmax", _log_softmax, "log-softmax over a 32k vocabulary"),
+    Model("cross_entropy", _cross_entropy, "cross-entropy with one-hot targets, mean over rows"),
+    Model("causal_attention", _causal, "attention with a causal mask (where on a vm.bool mask)"),
+    Model("softcap_attention", _softcap, "causal attention with tanh soft-capping of the logits (cap 50)"),
+    Model("rotary_attention", _rotary, "rotary embedding of Q and K (slice, negate, concat, cos/sin) then attention"),
+    Model("layernorm_linear", _layernorm_linear, "LayerNorm (centred variance, gamma, beta) then a Linear"),
+    Model("gelu_mlp", _gelu_mlp, "MLP with exact (erf) GELU"),
+    Model("geglu", _geglu, "GeGLU: gelu(X W1) * (X W2)"),
+]
+MODELS: dict[str, Model] = {m.name: m for m in _MODELS}
+
+
+def model_names() -> list[str]:
+    """Names of the models-section programs."""
+    return list(MODELS)
+
+
+def get_model(name: str, small: bool = False, dtype: DType = float16) -> Graph:
+    """The models-section program ``name`` (full size, or ``small`` for the CPU interpreter)."""
+    if name not in MODELS:
+        raise GraphError(f"benchmarks: unknown model {name!r}; expected one of {model_names()}")
+    g = MODELS[name].build(small, dtype)
+    g.check()
+    return g
