@@ -256,13 +256,18 @@ def run(g: Graph, inputs: Mapping[str, Any], domain: Domain = REF) -> list[Any]:
 
 def as_float64(x: Any, what: str) -> np.ndarray:
     """A numpy float64 copy of a numpy array or torch tensor."""
-    if (hasattr(x, "is_complex") and callable(x.is_complex) and x.is_complex()) or np.iscomplexobj(x):
-        raise GraphError(f"input {what}: complex values; expected real numbers (nothing is dropped silently)")
+    complex_msg = f"input {what}: complex values; expected real numbers (nothing is dropped silently)"
     if hasattr(x, "detach") and hasattr(x, "cpu"):  # torch tensor, without importing torch
+        if x.is_complex():
+            raise GraphError(complex_msg)
         x = x.detach().cpu().double().numpy()
     try:
+        if np.iscomplexobj(x):
+            raise GraphError(complex_msg)
         return np.asarray(x, dtype=np.float64)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, AttributeError) as e:
+        if isinstance(e, GraphError):
+            raise
         raise GraphError(f"input {what}: cannot read {type(x).__name__} as a float64 array") from None
 
 
