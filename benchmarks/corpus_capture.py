@@ -81,6 +81,40 @@ def run_one(name: str, *, train: bool, budget: float, device: str, small: bool, 
     return res
 
 
+def time_one(name: str, *, budget: float, profile: bool) -> dict[str, Any]:
+    """GPU forward timings (``triton.testing.do_bench``, µs): eager, torch.compile default, verimirage backend."""
+    from triton.testing import do_bench
+
+    model, xs = corpus.get(name, small=False, dtype=torch.float16, device="cuda")
+    res: dict[str, Any] = {"name": name}
+    with torch.no_grad():
+        want = model(*xs)
+        res["eager_us"] = do_bench(lambda: model(*xs)) * 1e3
+        torch._dynamo.reset()
+        cm = torch.compile(model)
+        cm(*xs)
+        res["compile_us"] = do_bench(lambda: cm(*xs)) * 1e3
+        torch._dynamo.reset()
+        rep = Report()
+        vm_m = torch.compile(model, backend=backend(report=rep, time_budget_s=budget, profile=profile))
+        got = vm_m(*xs)
+        res["verimirage_us"] = do_bench(lambda: vm_m(*xs)) * 1e3
+        res["out_err"] = _rel(got, want)
+        res["coverage"] = rep.coverage
+        res["partitions"] = [{"ops": p.ops, "taken": p.taken, "reason": p.reason, "measured_us": p.measured_us,
+                              "fallback_us": p.fallback_us} for p in rep.partitions]
+    return res
+
+
+def _no_search() -> None:
+    """Replace the search by the lifted graph itself (each op its own kernel): for machines without egglog."""
+    import types
+
+    import verimirage as vm
+
+    vm.__dict__["superoptimize"] = lambda g, **kw: types.SimpleNamespace(candidates=[g], best=g)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("names", nargs="?", default="all")
@@ -88,11 +122,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=float, default=10.0)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--gpu", action="store_true")
+    ap.add_argument("--time", action="store_true", help="GPU forward timings (fp16, large shapes)")
+    ap.add_argument("--profile", action="store_true", help="keep a partition only where it beats its ATen ops")
+    ap.add_argument("--no-search", action="store_true", help="each lifted op its own kernel (no egglog needed)")
     args = ap.parse_args(argv)
+    if args.no_search:
+        _no_search()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     names = corpus.names() if args.names == "all" else args.names.split(",")
     device = "cuda" if args.gpu else "cpu"
     results = []
+    if args.time:
+        for name in names:
+            try:
+                r = time_one(name, budget=args.budget, profile=args.profile)
+            except Exception as e:
+                log.exception("%s failed", name)
+                r = {"name": name, "error": f"{type(e).__name__}: {e}"}
+            results.append(r)
+            print(json.dumps(r), flush=True)
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=1))
+        return 0
     for name in names:
         r = run_one(name, train=args.train, budget=args.budget, device=device, small=not args.gpu,
                     dtype=torch.float32)

@@ -515,7 +515,8 @@ def _probe(nodes: list[fx.Node]) -> None:
 def transform(gm: fx.GraphModule, opts: CaptureOptions, report: Report, kind: str) -> list[PartitionRunner]:
     """Replace the partitions of ATen graph ``gm`` that verimirage takes by verified kernels (in place).
 
-    Returns the runners of the taken partitions (``gm`` holds them too).
+    Returns the runners of the taken partitions: the caller keeps them alive as long as the compiled code
+    (the custom op finds them in a weak table).
     """
     from torch.fx.passes.tools_common import legalize_graph
 
@@ -569,7 +570,6 @@ def transform(gm: fx.GraphModule, opts: CaptureOptions, report: Report, kind: st
             pid = _NEXT_PID[0]
             _NEXT_PID[0] += 1
             _RUNNERS[pid] = runner
-            setattr(gm, f"_verimirage_partition_{pid}", runner)
             _splice(gm, lp, op, pid)
         if not retry:
             break

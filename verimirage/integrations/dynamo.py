@@ -77,8 +77,10 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], *, options:
 
     def compiler(kind: str) -> Callable[..., Any]:
         def comp(g: fx.GraphModule, ex: Sequence[Any]) -> Any:
-            transform(g, opts, rep, kind)
-            return make_boxed_func(g.forward)
+            runners = transform(g, opts, rep, kind)
+            fn = make_boxed_func(g.forward)
+            fn._verimirage_runners = runners  # alive as long as the compiled function
+            return fn
 
         return comp
 
