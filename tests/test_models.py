@@ -8,7 +8,7 @@ import pytest
 import verimirage as vm
 from verimirage.benchmarks import get_model, model_names
 
-FAST = {"gelu_mlp", "geglu"}
+FAST = {"gelu_mlp", "geglu", "batchnorm_relu"}
 
 
 def _inputs(g: vm.Graph, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -16,6 +16,8 @@ def _inputs(g: vm.Graph, rng: np.random.Generator) -> dict[str, np.ndarray]:
     for t in g.inputs:
         if t.dtype is vm.bool:
             out[t.name] = np.broadcast_to(np.tril(np.ones(t.shape[-2:], dtype=bool)), t.shape).copy()
+        elif t.name == "VAR":  # running variances
+            out[t.name] = rng.uniform(0.5, 2.0, t.shape)
         elif t.name == "T":  # one-hot targets
             out[t.name] = np.eye(t.shape[1])[rng.integers(0, t.shape[1], t.shape[0])]
         else:
@@ -25,7 +27,8 @@ def _inputs(g: vm.Graph, rng: np.random.Generator) -> dict[str, np.ndarray]:
 
 def test_models_are_listed_with_small_and_full_sizes() -> None:
     assert set(model_names()) >= {"logsumexp", "log_softmax", "cross_entropy", "causal_attention",
-                                  "softcap_attention", "rotary_attention", "layernorm_linear", "gelu_mlp", "geglu"}
+                                  "softcap_attention", "rotary_attention", "layernorm_linear", "gelu_mlp", "geglu",
+                                  "group_norm", "batchnorm_relu", "activations"}
     for n in model_names():
         small, full = get_model(n, small=True), get_model(n)
         assert str(small) != str(full) and len(small.nodes) == len(full.nodes)
@@ -70,6 +73,27 @@ def test_the_reference_meanings_of_the_models() -> None:
     q, k, v = (torch.tensor(ins[n]) for n in "QKV")
     want = F.scaled_dot_product_attention(q, k.transpose(1, 2), v, is_causal=True, scale=1.0).numpy()
     np.testing.assert_allclose(vm.evaluate(g, ins)[0], want, rtol=1e-9, atol=1e-12)
+
+
+def test_norms_and_activations_match_torch() -> None:
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    rng = np.random.default_rng(2)
+    g = get_model("group_norm", small=True)
+    ins = _inputs(g, rng)
+    x = torch.tensor(ins["X"])
+    want = F.group_norm(x, 8, torch.tensor(ins["G"][:, 0]), torch.tensor(ins["B"][:, 0]), eps=1e-5).numpy()
+    np.testing.assert_allclose(vm.evaluate(g, ins)[0], want, rtol=1e-9, atol=1e-12)
+    g = get_model("batchnorm_relu", small=True)
+    ins = _inputs(g, rng)
+    t = {k: torch.tensor(v[:, 0]) if k != "X" else torch.tensor(v) for k, v in ins.items()}
+    want = F.relu(F.batch_norm(t["X"], t["MEAN"], t["VAR"], t["G"], t["B"], training=False, eps=1e-5)).numpy()
+    np.testing.assert_allclose(vm.evaluate(g, ins)[0], want, rtol=1e-9, atol=1e-12)
+    g = get_model("activations", small=True)
+    ins = _inputs(g, rng)
+    h = torch.tensor(ins["X"]) @ torch.tensor(ins["W"])
+    for got, want in zip(vm.evaluate(g, ins), (F.mish(h), F.hardswish(h), F.silu(h)), strict=True):
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-9, atol=1e-12)
 
 
 def test_plain_and_max_shifted_logsumexp_are_never_refuted() -> None:

@@ -496,3 +496,17 @@ def test_layout_errors_name_what_was_expected() -> None:
     with pytest.raises(vm.GraphError, match="start < stop"):
         g.slice(x, 1, 2, 2)
     assert g.reshape(x, (-1,)).type.shape == (6,)
+
+
+def test_keepdim_false_reductions_are_a_reshape_after_the_keepdim_one() -> None:
+    g = vm.Graph()
+    x = g.input("x", (3, 4, 5), vm.float32)
+    outs = [g.sum(x, 1, keepdim=False), g.mean(x, -1, keepdim=False), g.max(x, 0, keepdim=False),
+            g.min(x, 2, keepdim=False)]
+    assert [o.type.shape for o in outs] == [(3, 5), (3, 4), (4, 5), (3, 4)]
+    assert outs[0].node.op == "reshape"
+    g.output(*outs)
+    v = np.random.default_rng(10).standard_normal((3, 4, 5))
+    r = vm.evaluate(g, {"x": v})
+    for got, want in zip(r, [v.sum(1), v.mean(-1), v.max(0), v.min(2)], strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-12)

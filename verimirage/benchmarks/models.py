@@ -76,7 +76,63 @@ def gelu_exact(g: Graph, x: Tensor) -> Tensor:
     return g.mul(g.scale(x, 0.5), g.shift(g.erf(g.scale(x, INV_SQRT2)), 1.0))
 
 
+def group_norm(g: Graph, x: Tensor, groups: int, gamma: Tensor, beta: Tensor, eps: float = 1e-5) -> Tensor:
+    """GroupNorm of ``x`` (N, C, L): mean and centred variance per group of C / groups channels (a reshape to
+    (N, groups, C / groups * L) and back), then a per-channel scale and shift (gamma, beta: (C, 1))."""
+    n, c, ln = x.type.shape
+    y = g.reshape(x, (n, groups, c // groups * ln))
+    yc = g.sub(y, g.mean(y, axis=2))
+    y = g.mul(yc, g.rsqrt(g.shift(g.mean(g.square(yc), axis=2), eps)))
+    return g.add(g.mul(g.reshape(y, (n, c, ln)), gamma), beta)
+
+
+def batch_norm_inference(g: Graph, x: Tensor, mean: Tensor, var: Tensor, gamma: Tensor, beta: Tensor,
+                         eps: float = 1e-5) -> Tensor:
+    """BatchNorm in inference: per-channel ``(x - mean) * rsqrt(var + eps) * gamma + beta``."""
+    return g.add(g.mul(g.mul(g.sub(x, mean), g.rsqrt(g.shift(var, eps))), gamma), beta)
+
+
+def mish(g: Graph, x: Tensor) -> Tensor:
+    """``x * tanh(softplus(x))``."""
+    return g.mul(x, g.tanh(g.softplus(x)))
+
+
+def hardswish(g: Graph, x: Tensor) -> Tensor:
+    """``x * relu6(x + 3) / 6``."""
+    return g.mul(x, g.scale(g.clamp(g.shift(x, 3.0), 0.0, 6.0), 1.0 / 6.0))
+
+
 # --------------------------------------------------------------------------- the programs
+
+
+def _group_norm(small: bool, dt: DType) -> Graph:
+    n, c, ln, groups = (2, 32, 16, 8) if small else (16, 512, 1024, 32)
+    g = Graph()
+    x = g.input("X", (n, c, ln), dt)
+    gamma, beta = g.input("G", (c, 1), dt), g.input("B", (c, 1), dt)
+    g.output(group_norm(g, x, groups, gamma, beta))
+    return g
+
+
+def _batch_norm(small: bool, dt: DType) -> Graph:
+    n, c, hw = (2, 16, 64) if small else (32, 256, 3136)
+    g = Graph()
+    x = g.input("X", (n, c, hw), dt)
+    mean, var = g.input("MEAN", (c, 1), dt), g.input("VAR", (c, 1), dt)
+    gamma, beta = g.input("G", (c, 1), dt), g.input("B", (c, 1), dt)
+    g.output(g.relu(batch_norm_inference(g, x, mean, var, gamma, beta)))
+    return g
+
+
+def _activations(small: bool, dt: DType) -> Graph:
+    m, k, n = (16, 32, 32) if small else (16, 4096, 4096)
+    g = Graph()
+    x = g.input("X", (m, k), dt)
+    w = g.input("W", (k, n), dt)
+    h = g.matmul(x, w)
+    g.output(mish(g, h), hardswish(g, h), g.mul(h, g.sigmoid(h)))
+    return g
+
 
 
 def _lse(small: bool, dt: DType) -> Graph:
@@ -188,6 +244,9 @@ _MODELS = [
     Model("layernorm_linear", _layernorm_linear, "LayerNorm (centred variance, gamma, beta) then a Linear"),
     Model("gelu_mlp", _gelu_mlp, "MLP with exact (erf) GELU"),
     Model("geglu", _geglu, "GeGLU: gelu(X W1) * (X W2)"),
+    Model("group_norm", _group_norm, "GroupNorm: reshape to groups, mean and centred variance, per-channel affine"),
+    Model("batchnorm_relu", _batch_norm, "BatchNorm in inference (per-channel scale and shift) then ReLU"),
+    Model("activations", _activations, "a Linear then mish, hardswish and x * sigmoid(x) (SiLU written out)"),
 ]
 MODELS: dict[str, Model] = {m.name: m for m in _MODELS}
 

@@ -290,17 +290,17 @@ class _Builder:
         """``x + c`` for a Python constant ``c``."""
         return self._emit("shift", [x], {"c": _const("shift", c)})
 
-    def sum(self, x: Tensor, axis: int) -> Tensor:
-        """Sum along ``axis``, keeping it with size 1."""
-        return self._emit("sum", [x], {"axis": axis})
+    def sum(self, x: Tensor, axis: int, keepdim: bool = True) -> Tensor:
+        """Sum along ``axis``, keeping it with size 1 (``keepdim=False``: then reshaped without it)."""
+        return self._drop(self._emit("sum", [x], {"axis": axis}), axis, keepdim)
 
-    def mean(self, x: Tensor, axis: int) -> Tensor:
-        """Mean along ``axis``, keeping it with size 1."""
-        return self._emit("mean", [x], {"axis": axis})
+    def mean(self, x: Tensor, axis: int, keepdim: bool = True) -> Tensor:
+        """Mean along ``axis``, keeping it with size 1 (``keepdim=False``: then reshaped without it)."""
+        return self._drop(self._emit("mean", [x], {"axis": axis}), axis, keepdim)
 
-    def max(self, x: Tensor, axis: int) -> Tensor:
-        """Max along ``axis``, keeping it with size 1."""
-        return self._emit("max", [x], {"axis": axis})
+    def max(self, x: Tensor, axis: int, keepdim: bool = True) -> Tensor:
+        """Max along ``axis``, keeping it with size 1 (``keepdim=False``: then reshaped without it)."""
+        return self._drop(self._emit("max", [x], {"axis": axis}), axis, keepdim)
 
     def rms_norm(self, x: Tensor, weight: Tensor | None = None, axis: int = -1, eps: float = 1e-6) -> Tensor:
         """``x / sqrt(mean(x**2, axis) + eps)``, times ``weight`` (shape ``(x.shape[axis],)``) if given."""
@@ -393,9 +393,18 @@ class _Builder:
         """Elements ``start .. stop-1`` along ``axis`` (torch's ``narrow``)."""
         return self._emit("slice", [x], {"axis": axis, "start": start, "stop": stop})
 
-    def min(self, x: Tensor, axis: int) -> Tensor:
-        """Min along ``axis``, keeping it with size 1."""
-        return self._emit("min", [x], {"axis": axis})
+    def min(self, x: Tensor, axis: int, keepdim: bool = True) -> Tensor:
+        """Min along ``axis``, keeping it with size 1 (``keepdim=False``: then reshaped without it)."""
+        return self._drop(self._emit("min", [x], {"axis": axis}), axis, keepdim)
+
+    def _drop(self, y: Tensor, axis: int, keepdim: bool) -> Tensor:
+        """``y`` without its (size-1) dim ``axis`` unless ``keepdim``: a keepdim=False reduction is a
+        reshape after the keepdim one."""
+        if keepdim:
+            return y
+        shape = list(y.type.shape)
+        del shape[check_axis("reduce", y.type, axis)]
+        return self._emit("reshape", [y], {"shape": tuple(shape)})
 
 
 def _check_shape(what: str, shape: Any) -> tuple[int, ...]:

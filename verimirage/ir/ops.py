@@ -1110,6 +1110,7 @@ FAMILY_EXP = "exp"
 #: (:mod:`verimirage.smt.prune`); a family not listed is accounted for by itself only
 FAMILY_COVERS: dict[str, tuple[str, ...]] = {
     "max": ("max", "exp", "relu", "clamp", "leaky_relu", "abs"),
+    "exp": ("exp", "sigmoid"),  # sigmoid-def writes sigmoid with an exp
     "sigmoid": ("sigmoid", "silu", "tanh", "gelu", "exp"),
     "tanh": ("tanh", "sigmoid", "silu", "gelu", "exp"),
     "softplus": ("softplus", "log", "exp"),
