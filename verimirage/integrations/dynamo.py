@@ -62,14 +62,22 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], *, options:
     if _fallback(opts, example_inputs) == "inductor":
         from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
+        import torch._functorch.config as functorch_config
+        import torch._inductor.config as inductor_config
+
         def inner(g: fx.GraphModule, ex: Sequence[Any], **kw: Any) -> Any:
             kind = "backward" if kw.get("is_backward") else ("inference" if kw.get("is_inference") else "forward")
             runners = transform(g, opts, rep, kind)
-            out = compile_fx_inner(g, ex, **kw)
+            with inductor_config.patch(fx_graph_cache=False):
+                out = compile_fx_inner(g, ex, **kw)
             _KEEP.extend(runners)  # the compiled code may not hold the graph module that holds them
             return out
 
-        compiled: Callable[..., Any] = compile_fx(gm, example_inputs, inner_compile=inner)  # type: ignore[assignment]
+        # Inductor's caches are keyed by the graph, not by the inner compiler: a graph Inductor compiled
+        # before would be served without the capture ever seeing it
+        with functorch_config.patch(enable_autograd_cache=False), inductor_config.patch(fx_graph_cache=False):
+            compiled: Callable[..., Any] = compile_fx(  # type: ignore[assignment]
+                gm, example_inputs, inner_compile=inner, config_patches={"fx_graph_cache": False})
         return compiled
 
     from functorch.compile import make_boxed_func
