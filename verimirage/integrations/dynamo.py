@@ -60,10 +60,9 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], *, options:
         REPORTS.append(rep)
         del REPORTS[:-16]
     if _fallback(opts, example_inputs) == "inductor":
-        from torch._inductor.compile_fx import compile_fx, compile_fx_inner
-
         import torch._functorch.config as functorch_config
         import torch._inductor.config as inductor_config
+        from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
         def inner(g: fx.GraphModule, ex: Sequence[Any], **kw: Any) -> Any:
             kind = "backward" if kw.get("is_backward") else ("inference" if kw.get("is_inference") else "forward")
