@@ -510,3 +510,27 @@ def test_keepdim_false_reductions_are_a_reshape_after_the_keepdim_one() -> None:
     r = vm.evaluate(g, {"x": v})
     for got, want in zip(r, [v.sum(1), v.mean(-1), v.max(0), v.min(2)], strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+def test_layout_ops_and_sigmoid_same_values_in_the_reference_evaluator() -> None:
+    """The certificate checker's reference evaluator (smt/ffref) gives the layout ops and the exact sigmoid
+    the values the fast engine does, at kernel level and inside default block graphs."""
+    from verimirage.backend.wrap import to_kernels
+    from verimirage.smt import ff as FF
+    from verimirage.smt import ffref as R
+
+    g = vm.Graph()
+    x = g.input("x", (4, 8), vm.float32)
+    y = g.input("y", (1, 8), vm.float32)
+    m = g.input("m", (4, 8), vm.bool)
+    outs = [g.permute(x, (1, 0)), g.reshape(x, (2, 2, 8)), g.broadcast_to(y, (3, 4, 8)), g.slice(x, 1, 2, 7),
+            g.sigmoid(x), g.where(g.slice(m, 0, 1, 3), g.slice(x, 0, 0, 2), g.exp(g.slice(x, 0, 2, 4)))]
+    g.output(*outs)
+    for prog in (g, to_kernels(g)):
+        for seed in (1, 2):
+            f, fast = R.field_of(seed), FF.Field.from_seed(seed)
+            ins = R.trial_inputs(prog, f, seed)
+            outs_r, _ = R.evaluate(prog, ins, f)
+            outs_f = FF.run_ff(prog, FF.trial_inputs(prog, fast, seed), fast)
+            for a, b in zip(outs_r, outs_f, strict=True):
+                assert np.array_equal(a, b)

@@ -43,7 +43,7 @@ import numpy as np
 from ..ir.errors import GraphError
 from ..ir.graph import Graph, node_list, output_refs
 from ..ir.interpret import run
-from ..ir.ops import OPS, POW_EXACT_MAX, TensorType, neg_axis
+from ..ir.ops import OPS, POW_EXACT_MAX, TensorType, get_op, neg_axis
 from .consts import const_fraction
 
 P_MIN, P_MAX = 1 << 20, 1 << 21
@@ -314,8 +314,40 @@ MEANINGS: dict[str, Meaning] = {
         "mul", d.const("add", d.const("mul", a[0], Fraction(-1)), Fraction(1)), a[2])),
     "cast": lambda d, a, at, it: a[0],
 }
-for _op in ("log", "tanh", "sigmoid", "erf", "softplus", "abs", "clamp", "leaky_relu"):  # no exact image
+for _op in ("log", "tanh", "erf", "softplus", "abs", "clamp", "leaky_relu"):  # no exact image
     MEANINGS[_op] = lambda d, a, at, it, _op=_op: d.oracle(opaque_key(_op, at), a[0])  # type: ignore[misc]
+# sigmoid(x) = 1 / (1 + exp(-x)) exactly (1 + exp(-x) is never 0: exp's values have odd order q)
+MEANINGS["sigmoid"] = lambda d, a, at, it: _recip(d, d.const("add", d.exp(d.const("mul", a[0], Fraction(-1))),
+                                                                  Fraction(1)))
+
+
+def _recip(d: RefFF, x: np.ndarray) -> np.ndarray:
+    return d.ring("div", d.ones_like(x), x)
+
+
+def _lead(x: np.ndarray, it: Sequence[TensorType]) -> int:
+    return x.ndim - it[0].rank
+
+
+def _out_shape(op: str, at: dict[str, Any], it: Sequence[TensorType]) -> tuple[int, ...]:
+    """The result (tile) shape of a layout op: the IR's shape rule (block level reads ``src``)."""
+    return get_op(op).infer(it, at).shape
+
+
+def _broadcast(d: RefFF, a: list[np.ndarray], at: dict[str, Any], it: Sequence[TensorType]) -> np.ndarray:
+    x, lead = a[0], _lead(a[0], it)
+    out = _out_shape("broadcast_to", at, it)
+    y = x.reshape(x.shape[:lead] + (1,) * (len(out) - it[0].rank) + x.shape[lead:])
+    return np.broadcast_to(y, y.shape[:lead] + out)
+
+
+# layout ops: data movement of each part
+MEANINGS["permute"] = lambda d, a, at, it: a[0].transpose(
+    [*range(_lead(a[0], it)), *(_lead(a[0], it) + k for k in at["dims"])])
+MEANINGS["reshape"] = lambda d, a, at, it: a[0].reshape(a[0].shape[: _lead(a[0], it)] + _out_shape("reshape", at, it))
+MEANINGS["broadcast_to"] = _broadcast
+MEANINGS["slice"] = lambda d, a, at, it: a[0][(slice(None),) * (_lead(a[0], it) + at["axis"])
+                                               + (slice(at["start"], at["stop"]),)]
 
 
 # --------------------------------------------------------------------------- the trials
