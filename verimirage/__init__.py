@@ -33,6 +33,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "explain": ("verimirage.integrations.dynamo", "explain"),
     "benchmarks": ("verimirage.benchmarks", ""),
     "testing": ("verimirage.testing", ""),
+    "rules": ("verimirage.rules", ""),
 }
 
 __all__ = [

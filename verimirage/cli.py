@@ -330,6 +330,46 @@ def cmd_bench(a: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_sweep(a: argparse.Namespace) -> int:
+    """Run a rule ablation / sweep over suite programs; write the table (and plots) to --out."""
+    import verimirage as vm
+
+    programs = list(a.programs) or _suite_names()
+    unknown = [p for p in programs if p not in _suite_names()]
+    if unknown:
+        raise UsageError(f"sweep: unknown suite program(s) {unknown}; expected some of {_suite_names()}")
+    variants: dict[str, Any] = {}
+    if a.disable:
+        variants["all"] = {}
+        for name in a.disable:
+            variants[f"-{name}"] = {"disable_rules": [name]}
+    if a.synthesized:
+        rs = vm.rules.synthesize(depth=a.depth, seed=a.seed, time_budget_s=a.synth_budget, ray=a.ray,
+                                 address=a.address, progress=None if not a.json else False)
+        others = [n for n in vm.rules.builtin_rulesets() if n != "algebra"]
+        variants.setdefault("all", {})
+        variants["synthesized"] = {"rulesets": [rs, *others]}
+        log.info("sweep: synthesized %d rule(s)", len(rs.rules))
+    if not variants or a.leave_one_theory_out:
+        variants = {**vm.rules.leave_one_theory_out(), **variants}
+    options: dict[str, Any] = {}
+    if a.time_budget is not None:
+        options["time_budget_s"] = a.time_budget
+    table = vm.rules.sweep(programs, variants, {"default": options}, small=not a.full, batch=a.batch, seed=a.seed,
+                           ray=a.ray, address=a.address, out_dir=a.out, plots=not a.no_plots,
+                           progress=None if not a.json else False)
+    files = [str(f) for f in sorted(Path(a.out).iterdir())]
+    if a.json:
+        print(json.dumps({"rows": [r.__dict__ for r in table.rows], "wall_s": table.wall_s, "files": files},
+                         indent=2, default=str))
+    else:
+        print(table)
+        print(f"{len(table.rows)} search(es) in {table.wall_s:.1f}s{' on Ray' if a.ray else ''}")
+        for f in files:
+            print(f"wrote {f}")
+    return EXIT_OK
+
+
 def _suite_names() -> list[str]:
     from verimirage.benchmarks import names
 
@@ -375,6 +415,33 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="run the GPU benchmark harness (needs a CUDA GPU)")
     b.add_argument("rest", nargs=argparse.REMAINDER)
     b.set_defaults(fn=cmd_bench)
+    w = sub.add_parser(
+        "sweep", help="rule ablations and sweeps over suite programs (CSV table and plots; --ray to scale out)",
+        description="Search every suite program named (default: all) with each rule variant and write a table "
+                    "(best cost estimate, kernels, search time, rules fired) and plots. Default variants: every "
+                    "default rule, then each built-in theory left out.")
+    w.add_argument("programs", nargs="*", metavar="PROGRAM", help="suite programs (default: all)")
+    w.add_argument("--disable", action="append", default=[], metavar="NAME",
+                   help="a variant with this rule or theory disabled (repeatable; 'all' is added as the baseline)")
+    w.add_argument("--leave-one-theory-out", action="store_true",
+                   help="also the built-in ablation (the default when no other variant is asked for)")
+    w.add_argument("--synthesized", action="store_true",
+                   help="synthesize rules (vm.rules.synthesize) and add the variant that uses them in place of "
+                        "the built-in algebra theory")
+    w.add_argument("--depth", type=int, default=2, help="term depth of --synthesized (default 2)")
+    w.add_argument("--synth-budget", type=float, default=600.0, metavar="S",
+                   help="time budget of --synthesized in seconds (default 600)")
+    w.add_argument("--full", action="store_true", help="full-size programs (default: the small shapes)")
+    w.add_argument("--batch", type=int, default=1, help="batch size of the programs (default 1)")
+    w.add_argument("--time-budget", type=float, default=None, metavar="S", help="time budget of each search")
+    w.add_argument("--seed", type=int, default=0, help="seed of every search (and of --synthesized)")
+    w.add_argument("--out", metavar="DIR", default="sweep-out", help="output directory (default sweep-out)")
+    w.add_argument("--no-plots", action="store_true", help="write the table only")
+    w.add_argument("--ray", action="store_true", help="run the searches as Ray tasks (pip install 'verimirage[ray]')")
+    w.add_argument("--address", metavar="ADDR", default=None,
+                   help="with --ray: join this Ray cluster (default: start Ray on this machine)")
+    w.add_argument("--json", action="store_true", help="machine-readable output")
+    w.set_defaults(fn=cmd_sweep)
     return p
 
 

@@ -1,0 +1,45 @@
+"""Rule research: ``vm.rules.synthesize`` (Ruler-style rule synthesis), ``vm.rules.sweep`` (ablations and
+sweeps, on Ray when asked), and the rule language (``Rule``, ``pat``, ``ruleset``, guards) re-exported.
+
+See API.md ("Rule research") and docs/cli/sweep.md.
+"""
+
+from __future__ import annotations
+
+from .rewrite.rules import (
+    AVar,
+    DimIsOne,
+    Instance,
+    PVar,
+    RankIs,
+    RankMinus,
+    RecipDim,
+    Rule,
+    RuleError,
+    Ruleset,
+    SameRank,
+    all_builtin_rules,
+    builtin_rulesets,
+    pat,
+    ruleset,
+)
+from .rewrite.sweep import SweepRow, SweepTable, leave_one_theory_out, sweep
+from .rewrite.synth import (
+    DEFAULT_OPS,
+    DEFAULT_SHAPES,
+    FieldSpec,
+    SynthesisReport,
+    SynthesizedRuleset,
+    derives,
+    in_scope,
+    minimize,
+    rediscovered,
+    synthesize,
+)
+
+__all__ = [
+    "AVar", "DEFAULT_OPS", "DEFAULT_SHAPES", "DimIsOne", "FieldSpec", "Instance", "PVar", "RankIs", "RankMinus",
+    "RecipDim", "Rule", "RuleError", "Ruleset", "SameRank", "SweepRow", "SweepTable", "SynthesisReport",
+    "SynthesizedRuleset", "all_builtin_rules", "builtin_rulesets", "derives", "in_scope", "leave_one_theory_out",
+    "minimize", "pat", "rediscovered", "ruleset", "sweep", "synthesize",
+]
