@@ -478,8 +478,10 @@ def to_rule(pr: Proposal, name: str, ev_for: Callable[[dict[str, tuple[int, ...]
         if general:
             lp, rp = _pat(pr.lhs, rank, anchor, _AX), _pat(pr.rhs, rank, anchor, _AX)
             assert isinstance(lp, Pat) and isinstance(rp, Pat)
-            lhs, rhs = (_replace_const(lp, next(iter(consts)), _K), _replace_const(rp, next(iter(consts)), _K)) \
-                if "k" in attrs else (lp, rp)
+            if "k" in attrs:
+                lp, rp = _replace_const(lp, next(iter(consts)), _K), _replace_const(rp, next(iter(consts)), _K)
+            assert isinstance(lp, Pat) and isinstance(rp, Pat)
+            lhs, rhs = lp, rp
             instances = [Instance.of(env, ax=a, **attrs) for a in range(rank)]
             instances += [Instance.of(batched, ax=a, **attrs) for a in range(rank + 1)]
     try:
