@@ -3,13 +3,26 @@
 from __future__ import annotations
 
 import json
+import math
+import time
 from pathlib import Path
 
 import pytest
 
 import verimirage as vm
 from verimirage.benchmarks.designs import expert, small_design_kw
-from verimirage.smt.certificate import SCHEMA, Certificate, certify, check_certificate, register_rules, sha256
+from verimirage.smt.certificate import (
+    SCHEMA,
+    Certificate,
+    CertificateError,
+    certify,
+    check_certificate,
+    derive_seeds,
+    ff_record,
+    register_rules,
+    sha256,
+    triton_digest,
+)
 
 NAMES = ["gqa", "gqa_stable", "rmsnorm_linear", "lora", "gated_mlp", "ntrans", "qknorm_gqa", "mqa"]
 
@@ -24,7 +37,7 @@ def test_expert_certificates_check(name: str, tmp_path: Path) -> None:
     c = _cert(name)
     p = tmp_path / "c.json"
     c.save(p)
-    v = vm.check_certificate(p)
+    v = vm.check_certificate(p, isolate=False)
     assert isinstance(v, vm.Proved), v.summary()
     c2 = Certificate.load(p)
     assert c2 == c and c2.schema == SCHEMA and c2.ff["false_accept_bound"] <= 2.0**-60
@@ -37,7 +50,7 @@ def _tamper(tmp_path: Path, edit) -> vm.Verdict:
     edit(d)
     p = tmp_path / "t.json"
     p.write_text(json.dumps(d))
-    return check_certificate(p)
+    return check_certificate(p, isolate=False)
 
 
 def _rehash(d: dict) -> None:
@@ -64,6 +77,10 @@ TAMPERS = {
     "mugraph-line": _mu_line,
     "rule": lambda d: d.update(rules=["no-such-rule"]),
     "seed": lambda d: d["ff"]["seeds"].__setitem__(0, d["ff"]["seeds"][0] + 1),
+    "repeated-seeds": lambda d: d["ff"].update(seeds=[d["ff"]["seeds"][0]] * d["ff"]["trials"]),
+    "fewer-trials": lambda d: d["ff"].update(trials=1, seeds=d["ff"]["seeds"][:1]),
+    "ff-method": lambda d: d["ff"].update(method="projected"),
+    "per-trial-bound": lambda d: d["ff"].update(per_trial_bound=d["ff"]["per_trial_bound"] / 2),
     "hash": lambda d: d.update(graph_sha256="0" * 64),
     "schema": lambda d: d.update(schema="verimirage-certificate/999"),
     "smt2": lambda d: d["queries"][0].update(
@@ -87,17 +104,18 @@ def test_rules_known_or_trusted(tmp_path: Path) -> None:
     _cert("lora", ("test-rule-known",)).save(p)
     assert not check_certificate(p).proved
     register_rules(["test-rule-known"])
-    assert check_certificate(p).proved
+    assert check_certificate(p).proved  # (the rules registered here are passed to the checker process)
     g = vm.benchmarks.get("lora", small=True)
     mg = expert("lora", g, **small_design_kw("lora"))
     c = vm.verify(g, mg)
     from verimirage.smt.certificate import make_certificate
 
-    t = make_certificate(g, mg, c, rules=["user-rule"], trusted_rules=["user-rule"], triton_source_hash="a" * 64)
+    t = make_certificate(g, mg, c, rules=["user-rule"], trusted_rules=["user-rule"],
+                         triton_source_hash=triton_digest(mg))
     t.save(p)
-    v = check_certificate(p)
-    assert v.proved and "user-rule" in v.reason
-    assert not check_certificate(p, triton_source="other source").proved
+    v = check_certificate(p, isolate=False)
+    assert v.proved and "user-rule" in v.reason and "triton-hash" in [e.name for e in v.evidence]
+    assert not check_certificate(p, triton_source="other source", isolate=False).proved
 
 
 def test_only_proved_pairs_certify() -> None:
@@ -186,13 +204,262 @@ def test_certificate_reuses_the_verified_abstract_check(monkeypatch: pytest.Monk
     fresh = C.make_certificate(g, m, vm.verify(g, m))
     calls: list[int] = []
     real = V.abstract_check
-    monkeypatch.setattr(C, "abstract_check", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    monkeypatch.setattr(V, "abstract_check", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
     v = vm.verify(g, m)
     assert isinstance(v, vm.Proved)
+    calls.clear()  # (the verification itself ran one)
     cert = C.make_certificate(g, m, v)
     assert calls == []
     assert cert.queries == fresh.queries and cert.laws == fresh.laws
     cert.save(tmp_path / "c.json")
-    assert isinstance(vm.check_certificate(tmp_path / "c.json"), vm.Proved)
+    assert isinstance(vm.check_certificate(tmp_path / "c.json", isolate=False), vm.Proved)
     V._PROVED_ABSTRACT.clear()  # forgotten (or never verified here): the check runs again
     assert C.make_certificate(g, m, v).queries == fresh.queries and calls == [1]
+
+
+# --------------------------------------------------------------------------- the checker is a second opinion (issue 24)
+
+
+def test_missing_or_corrupt_certificate_raises(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"nothing\.json"):
+        check_certificate(tmp_path / "nothing.json")
+    for text in ("{not json", "[1, 2]", ""):
+        p = tmp_path / "bad.json"
+        p.write_text(text)
+        with pytest.raises(CertificateError, match=r"bad\.json"):
+            check_certificate(p)
+    with pytest.raises(CertificateError, match="expected a Certificate or a path"):
+        check_certificate(42)  # type: ignore[arg-type]
+
+
+def test_check_accepts_a_certificate_object_and_a_str_path(tmp_path: Path) -> None:
+    c = _cert("lora")
+    assert check_certificate(c, isolate=False).proved
+    c.save(tmp_path / "c.json")
+    assert check_certificate(str(tmp_path / "c.json")).proved  # (in the capped checker process)
+
+
+def test_seeds_are_derived_from_the_content_and_distinct() -> None:
+    c = _cert("lora")
+    n = c.ff["trials"]
+    assert c.ff["seeds"] == list(derive_seeds(c.graph_text, c.mugraph_text, n))
+    assert len(set(c.ff["seeds"])) == n
+    assert c.ff == ff_record(vm.Graph.parse(c.graph_text), vm.MuGraph.parse(c.mugraph_text))
+    assert c.ff["false_accept_bound"] == c.ff["per_trial_bound"] ** n <= 2.0**-60
+    assert not set(_cert("gqa").ff["seeds"]) & set(c.ff["seeds"])
+    assert derive_seeds("a", "b", 3) != derive_seeds("a", "c", 3) and len(set(derive_seeds("a", "b", 40))) == 40
+
+
+def test_repeated_seeds_rejected(tmp_path: Path) -> None:
+    # one seed repeated claimed the bound of n trials with the evidence of one
+    v = _tamper(tmp_path, TAMPERS["repeated-seeds"])
+    assert isinstance(v, vm.Unknown) and "seeds" in v.reason, v.summary()
+
+
+def test_non_derived_seeds_rejected(tmp_path: Path) -> None:
+    # the verifier's fixed public seeds, their fields recorded consistently: not derived from the content
+    from verimirage.smt import ffref
+    from verimirage.smt.ff import default_seeds
+
+    def edit(d: dict) -> None:
+        seeds = list(default_seeds(0, d["ff"]["trials"]))
+        fields = [ffref.field_of(s) for s in seeds]
+        d["ff"].update(seeds=seeds, p=[f.p for f in fields], q=[f.q for f in fields], g=[f.g for f in fields])
+
+    v = _tamper(tmp_path, edit)
+    assert isinstance(v, vm.Unknown) and "seeds" in v.reason, v.summary()
+
+
+def test_wrong_triton_hash_rejected(tmp_path: Path) -> None:
+    from verimirage.smt.certificate import make_certificate
+
+    g = vm.benchmarks.get("lora", small=True)
+    mg = expert("lora", g, **small_design_kw("lora"))
+    v = vm.verify(g, mg)
+    right = triton_digest(mg)
+    for h in (right, "0" * 64, sha256("some other module")):
+        c = make_certificate(g, mg, v, triton_source_hash=h)
+        r = check_certificate(c, isolate=False)
+        assert r.proved == (h == right), r.summary()
+        if h != right:
+            assert "Triton" in r.reason
+    # without regenerating, the hash is not confirmed but the equivalence still is
+    assert check_certificate(make_certificate(g, mg, v, triton_source_hash="0" * 64), isolate=False,
+                             triton=False).proved
+
+
+def test_triton_digest_is_the_module_compile_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    from verimirage.backend import runtime
+
+    class Made(Exception):
+        pass
+
+    def capture(ms, directory=None):
+        raise Made(ms.digest)
+
+    monkeypatch.setattr(runtime, "write_module", capture)
+    for name in ("lora", "rmsnorm_linear", "gqa"):
+        g = vm.benchmarks.get(name, small=True)
+        mg = expert(name, g, **small_design_kw(name))
+        with pytest.raises(Made) as e:
+            vm.compile(mg)
+        assert str(e.value) == triton_digest(mg), name
+
+
+def test_committed_proofs_record_the_module_that_runs() -> None:
+    # lora_bs1 and rmsnorm_linear_bs8 once recorded the default-tile module, which vm.compile does not run
+    from verimirage.backend.codegen import generate
+
+    differs = []
+    for p in PROOF_FILES:
+        c = Certificate.load(p)
+        mg = vm.MuGraph.parse(c.mugraph_text)
+        assert c.triton_source_sha256 == triton_digest(mg), p.name
+        differs += [p.stem] if generate(mg).digest != c.triton_source_sha256 else []
+    assert {"lora_bs1", "rmsnorm_linear_bs8"} <= set(differs)
+
+
+def test_checker_ignores_verifier_cache() -> None:
+    # the process that verified a pair: a (simulated) verifier bug caches the right pair's abstract check for a
+    # wrong μGraph; the certificate made from it must be rejected, as the checker derives everything itself
+    from verimirage.smt import verify as V
+    from verimirage.smt.certificate import make_certificate
+
+    g = vm.benchmarks.get("gqa", small=True)
+    m = expert("gqa", g, **small_design_kw("gqa"))
+    v = vm.verify(g, m)
+    r = V.proved_abstract(g, m)
+    assert isinstance(v, vm.Proved) and r is not None
+    wrong = vm.MuGraph.parse(str(_wrong(g)).replace("graph {", "mugraph {", 1))
+    V._PROVED_ABSTRACT[(str(g), str(wrong))] = r
+    try:
+        cert = make_certificate(g, wrong, v)
+        assert cert.queries == [{"name": q.name, "smt2": q.smt2, "expected": q.expected, "core": list(q.core)}
+                                for q in r.queries]
+        out = check_certificate(cert, isolate=False)
+        assert isinstance(out, vm.Unknown) and "quer" in out.reason, out.summary()
+    finally:
+        V._PROVED_ABSTRACT.pop((str(g), str(wrong)), None)
+
+
+def _softmax_scaled(mu: bool) -> vm.Graph:
+    g = vm.MuGraph() if mu else vm.Graph()
+    s = g.input("S", (4, 96), vm.float32)
+    x = g.scale(s, 1 / math.sqrt(96))
+    e = g.exp(g.sub(x, g.max(x, 1)))
+    g.output(g.div(e, g.sum(e, 1)))
+    return g
+
+
+@pytest.mark.slow
+def test_crafted_certificate_does_not_crash_checker(tmp_path: Path) -> None:
+    # 1 KB: a scaled softmax (constant 1/sqrt(96)) against a copy, with a made-up query; re-deriving its
+    # query once made check-cert run 21 s and die with Z3Exception: out of memory
+    gt, mt = str(_softmax_scaled(False)), str(_softmax_scaled(True))
+    q = [{"name": "eq:out0:case0", "smt2": "(check-sat)", "expected": "unsat", "core": ["goal"]}]
+    c = Certificate(gt, sha256(gt), mt, sha256(mt), [], [], q, [], [[[[0, 4], [0, 1]]]], {})
+    p = tmp_path / "crafted.json"
+    c.save(p)
+    assert len(p.read_bytes()) < 2000
+    t0 = time.perf_counter()
+    v = check_certificate(p, memory_mb=1536, wall_s=40)
+    assert isinstance(v, vm.Unknown) and "rejected" in v.reason, v.summary()
+    assert time.perf_counter() - t0 < 90
+
+
+def test_memory_blowup_is_a_rejection(tmp_path: Path) -> None:
+    # a legal certificate whose finite-field trial needs ~4 GiB: under a 1.5 GiB cap, a rejection, not a crash
+    from verimirage.smt.certificate import make_certificate
+
+    def prog(mu: bool) -> vm.Graph:
+        g = vm.MuGraph() if mu else vm.Graph()
+        x = g.input("X", (16384, 16384), vm.float32)
+        g.output(g.neg(x))
+        return g
+
+    c = make_certificate(prog(False), prog(True), vm.Proved("(for the test)"))
+    v = check_certificate(c, memory_mb=1536, wall_s=120, triton=False)
+    assert isinstance(v, vm.Unknown) and "MemoryError" in v.reason, v.summary()
+
+
+def test_time_limit_is_a_rejection() -> None:
+    v = check_certificate(_cert("lora"), wall_s=0.5)
+    assert isinstance(v, vm.Unknown) and "time limit" in v.reason
+
+
+def test_checker_process_cannot_import_the_verifier() -> None:
+    import subprocess
+    import sys
+
+    from verimirage.smt import certificate as C
+
+    root = Path(__file__).resolve().parent.parent
+    for mod in ("verimirage.smt.ff", "verimirage.smt.verify", "verimirage.smt.ffshare", "verimirage.rewrite.superopt",
+                "torch"):
+        code = C._CHILD.format(refused=C.REFUSED).replace(
+            "from verimirage.smt.certificate import _child_main\n_child_main()", f"import {mod}")
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=120)
+        assert r.returncode != 0 and "does not use" in r.stderr, (mod, r.stderr[-300:])
+
+
+_BLOCKED_RUN = """
+import json, sys
+BLOCK = ("verimirage.smt.ff", "verimirage.smt.ffshare", "verimirage.smt.ffproj", "verimirage.smt.ffgpu",
+         "verimirage.smt.verify", "verimirage.smt.prune", "verimirage.rewrite", "verimirage.backend", "torch")
+
+class Refuse:
+    def find_spec(self, name, path=None, target=None):
+        if any(name == b or name.startswith(b + ".") for b in BLOCK):
+            raise ImportError("blocked for the test: " + name)
+        return None
+
+sys.meta_path.insert(0, Refuse())
+from verimirage.smt.certificate import check_certificate
+good = check_certificate(sys.argv[1], isolate=False, triton=False)
+bad = check_certificate(sys.argv[2], isolate=False, triton=False)
+files = sorted(m.__file__ for n, m in sys.modules.items()
+               if n.startswith("verimirage") and getattr(m, "__file__", None))
+print(json.dumps({"good": good.proved, "why": good.reason, "bad": bad.proved, "bad_why": bad.reason,
+                  "loaded": [n for n in sys.modules if any(n == b or n.startswith(b + ".") for b in BLOCK)],
+                  "files": files}))
+"""
+
+
+def _blocked_check(tmp_path: Path, proof: str = "lora_bs1") -> dict:
+    import subprocess
+    import sys
+
+    src = PROOFS / f"{proof}.json"
+    d = json.loads(src.read_text())
+    d["ff"]["seeds"][0] += 1
+    bad = tmp_path / "tampered.json"
+    bad.write_text(json.dumps(d))
+    root = Path(__file__).resolve().parent.parent
+    r = subprocess.run([sys.executable, "-c", _BLOCKED_RUN, str(src), str(bad)], capture_output=True, text=True,
+                       cwd=root, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_checker_runs_with_the_fast_modules_unimportable(tmp_path: Path) -> None:
+    out = _blocked_check(tmp_path)
+    assert out["good"], out["why"]
+    assert not out["bad"] and "rejected" in out["bad_why"]
+    assert out["loaded"] == []
+
+
+#: the trusted path (what the checker imports within verimirage), non-blank lines; the polynomial normaliser
+#: (smt/expr.py) is counted apart. README.md ("Trust") states these figures.
+TRUSTED_BUDGET, NORMALISER = 4200, "verimirage/smt/expr.py"
+
+
+def test_trusted_path_line_count(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parent.parent
+    files = [Path(f).resolve().relative_to(root).as_posix() for f in _blocked_check(tmp_path)["files"]]
+    assert NORMALISER in files and "verimirage/smt/ffref.py" in files and "verimirage/smt/z3enc.py" in files
+    count = {f: sum(1 for ln in (root / f).read_text().splitlines() if ln.strip()) for f in files}
+    trusted = sum(n for f, n in count.items() if f != NORMALISER)
+    detail = ", ".join(f"{f} {n}" for f, n in sorted(count.items()))
+    assert trusted <= TRUSTED_BUDGET, f"the trusted path grew to {trusted} lines (budget {TRUSTED_BUDGET}): {detail}"
+    readme = (root / "README.md").read_text()
+    assert f"{TRUSTED_BUDGET:,} lines" in readme, "README.md must state the trusted path's line budget"

@@ -34,7 +34,8 @@ def test_every_tensor_op_has_shape_rule_and_reference() -> None:
 
 def test_every_op_has_every_domain() -> None:
     # the domains live in their own packages; importing them registers their meanings
-    for mod in ("verimirage.smt", "verimirage.rewrite", "verimirage.backend", "verimirage.testing"):
+    for mod in ("verimirage.smt", "verimirage.smt.ff", "verimirage.rewrite", "verimirage.backend",
+                "verimirage.testing"):
         importlib.import_module(mod)
     assert missing_domains() == [], f"ops without a meaning (domains {DOMAINS}): {missing_domains()}"
 

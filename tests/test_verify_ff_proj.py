@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -135,27 +136,28 @@ def test_suite_attention_pair_projects_the_last_product() -> None:
     assert r.bound <= 2.0**-60
 
 
-def test_certificates_record_the_projection(tmp_path) -> None:
-    from verimirage.smt.certificate import Certificate, check_certificate, make_certificate
-    from verimirage.smt.verify import PROJECTION
+def test_certificates_record_the_reference_method(tmp_path) -> None:
+    # a certificate's trials are the reference evaluator's, every element compared (no projection): the checker
+    # recomputes the record and rejects any other method or a projection claim
+    from verimirage.smt.certificate import FF_METHOD, Certificate, check_certificate, make_certificate
 
     g = vm.benchmarks.get("lora", batch=1, small=True)
     m = vm.benchmarks.expert("lora", g)
     v = vm.verify(g, m)
     assert isinstance(v, vm.Proved)
     cert = make_certificate(g, m, v)
-    assert cert.ff["projection"] == PROJECTION
+    assert cert.ff["method"] == FF_METHOD and "projection" not in cert.ff
     path = tmp_path / "c.json"
     cert.save(path)
-    assert check_certificate(path).proved
-    # the element-wise record of the same seeds has another bound: it must not pass for the projected one
+    assert check_certificate(path, isolate=False).proved
     d = Certificate.load(path)
-    d.ff["projection"] = "something else"
+    d.ff["method"] = "something else"
     d.save(path)
-    assert "unknown projection" in check_certificate(path).reason
-    d.ff.pop("projection")
+    assert "finite-field record" in check_certificate(path, isolate=False).reason
+    d.ff["method"] = FF_METHOD
+    d.ff["projection"] = "sum(O*U*r) mod p"
     d.save(path)
-    assert "bound" in check_certificate(path).reason
+    assert "finite-field record" in check_certificate(path, isolate=False).reason
 
 
 @pytest.mark.parametrize("name", ["gqa", "gqa_stable", "mha_stable", "lora", "rmsnorm_linear", "gated_mlp"])
@@ -180,18 +182,13 @@ def test_suite_pairs_never_form_their_last_product(name, monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("name", ["lora_bs1", "gqa_bs1"])
-def test_certificates_from_before_projections_still_check(name, tmp_path) -> None:
-    # proofs/ as committed before projections (no "projection" record): re-checked element by element
+def test_certificates_of_schema_1_are_rejected(name) -> None:
+    # proofs/ as committed before projections (schema 1: fixed public seeds): an unknown version now
     from verimirage.smt.certificate import Certificate, check_certificate
-    from verimirage.smt.verify import PROJECTION
 
     src = Path(__file__).parent / "cases" / "certificates" / f"{name}_elementwise.json"
-    cert = Certificate.load(src)
-    assert "projection" not in cert.ff
-    v = check_certificate(src)
-    assert v.proved, v.summary()
-    # claiming a projection for them does not pass: the projected test states another bound
-    cert.ff["projection"] = PROJECTION
-    path = tmp_path / "c.json"
-    cert.save(path)
-    assert "bound" in check_certificate(path).reason
+    assert json.loads(src.read_text())["schema"] == "verimirage-certificate/1"
+    with pytest.raises(ValueError, match="unknown schema"):
+        Certificate.load(src)
+    v = check_certificate(src, isolate=False)
+    assert not v.proved and "unknown schema" in v.reason

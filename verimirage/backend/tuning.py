@@ -32,7 +32,7 @@ from typing import Any
 
 from ..ir.graph import BlockGraph, Graph
 from ..ir.ops import TensorType
-from .codegen import LaunchConfig, TileOptions, _KernelGen
+from .codegen import LaunchConfig, ModuleSource, TileOptions, _KernelGen, generate
 
 #: Streaming multiprocessors of an H100 SXM / H200 (132 each).
 NUM_SMS = 132
@@ -121,6 +121,12 @@ def recommend(bg: BlockGraph, arg_types: Sequence[TensorType]) -> LaunchConfig:
         return LaunchConfig(4, 4 if fits4 else 3, TileOptions(dot_min_m=min_m))
     stages = 4 if per_stage * 4 <= SMEM_BUDGET * 4 // 5 else 3 if per_stage * 3 <= SMEM_BUDGET else 2
     return LaunchConfig(4, stages, TileOptions(dot_min_m=min_m))
+
+
+def tuned_module(program: Any) -> ModuleSource:
+    """The module ``vm.compile(program)`` generates by default (no profiled selection in the process): each
+    kernel with :func:`recommend`'s tile options. Its ``digest`` is what a certificate vouches for."""
+    return generate(program, tiles_for=lambda bg, at: recommend(bg, at).tiles)
 
 
 def candidate_configs(bg: BlockGraph, arg_types: Sequence[TensorType]) -> list[LaunchConfig]:

@@ -156,7 +156,9 @@ def _recheck(cert: Any) -> Any:
     with tempfile.TemporaryDirectory(prefix="vm-recheck-") as tmp:
         p = Path(tmp) / "certificate.json"
         cert.save(p)
-        return check_certificate(p)
+        # in this process (a child process's start-up would cost more than a small search): the checker reads
+        # no verifier state, so only the memory and time caps of the default are given up
+        return check_certificate(p, isolate=False)
 
 
 def _rebuild(entry: Any, graph: Graph, recheck: str, cost_of: Callable[[MuGraph], Any] | None = None) -> Any:

@@ -765,13 +765,14 @@ def _removes_max_shift(originals: Sequence[Term], terms: Sequence[Term]) -> bool
 
 
 def _triton_source_hash(mg: MuGraph) -> str | None:
-    """SHA-256 of the Triton module the backend generates for ``mg`` (None without the backend)."""
+    """SHA-256 of the Triton module ``vm.compile`` runs for ``mg`` by default (tuned tiles; None without the
+    backend)."""
     try:
-        from ..backend.codegen import generate
+        from ..backend.tuning import tuned_module
     except ImportError:
         return None
     try:
-        return generate(mg).digest
+        return tuned_module(mg).digest
     except Exception as e:  # codegen cannot express it: the certificate then vouches for no source
         log.warning("no Triton source for a candidate: %s", e)
         return None

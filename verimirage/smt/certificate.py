@@ -1,20 +1,24 @@
 """Equivalence certificates: emit, save, load, and re-check independently.
 
-A certificate is versioned JSON holding the canonical text (and sha256) of the
-input graph and of the μGraph, the rewrite rules the search applied, trusted
-(unproved) user rules by name, the Z3 queries as SMT-LIB2 with expected result
-and unsat core, the laws the normaliser used, the finite-field record (p, q, g,
-seeds, trials, bound, and whether outputs were compared through projections),
-optionally the sha256 of the generated Triton source it vouches for, and tool
-versions.
+A certificate (schema :data:`SCHEMA`) is versioned JSON holding the canonical text (and sha256) of the
+input graph and of the μGraph, the rewrite rules the search applied, trusted (unproved) user rules by
+name, the Z3 queries as SMT-LIB2 with expected result and unsat core, the laws the normaliser used,
+the finite-field record (:func:`ff_record`: trial count, seeds derived from the certificate's content,
+the fields they give, the per-trial and false-accept bounds), optionally the sha256 of the Triton module
+that ``vm.compile`` runs by default for the μGraph, and tool versions.
 
-:func:`check_certificate` uses only ``verimirage.ir`` and ``verimirage.smt``:
-it re-parses both programs, checks the hashes, re-derives the abstract
-expressions and the Z3 queries (their text must equal the stored text), re-runs
-Z3 on the stored text *and* on its own derivation, re-runs the finite-field
-trials from the stored seeds, and rejects unknown schema versions, unknown rule
-names and any mismatch. It fails closed: anything it cannot confirm is
-``Unknown("certificate rejected: ...")``.
+:func:`check_certificate` is the independent second opinion. It runs in a child process under a memory
+and a time cap (any blow-up is a rejection, never a crash), in which the verifier's modules (the fast
+finite-field engine, ``verify``, the search, the backend) cannot be imported: it uses only the IR, the
+abstract-expression derivation with its Z3 encoding, and the reference finite-field evaluator
+(:mod:`verimirage.smt.ffref`). It re-parses both programs, checks the hashes, re-derives the abstract
+expressions and the Z3 queries (their text must equal the stored text) and has Z3 prove each, recomputes
+the finite-field record from the two programs (the seeds are a hash of the content, so they cannot be
+chosen, repeated or reused) and runs those trials, comparing every output element. Then (in the calling
+process) it regenerates the Triton module from the μGraph and compares its hash. It rejects unknown
+schema versions, unknown rule names and any mismatch, and fails closed: anything it cannot confirm is
+``Unknown("certificate rejected: ...")``. A missing file raises FileNotFoundError, one that cannot be read
+as a JSON object :class:`CertificateError`.
 """
 
 from __future__ import annotations
@@ -22,7 +26,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import re
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -32,14 +39,32 @@ from typing import Any
 
 from ..ir.errors import GraphError
 from ..ir.graph import Graph, MuGraph
-from .ff import ff_test
+from . import abstract as A
+from . import expr as E
+from . import ffref
 from .verdict import Check, Proved, Unknown, Verdict
-from .verify import PROJECTION, abstract_check, check_compatible, proved_abstract, verify
-from .z3enc import check_smt2
+from .z3enc import equivalence_query
 
 log = logging.getLogger(__name__)
 
-SCHEMA = "verimirage-certificate/1"
+SCHEMA = "verimirage-certificate/2"
+
+#: how the checker runs the finite-field trials (part of what the seeds are derived from)
+FF_METHOD = "verimirage.smt.ffref: every output element compared; seeds from sha256 of the content"
+#: the most finite-field trials a certificate may ask for
+MAX_TRIALS = 64
+#: environment variables: the checker process's address-space cap (MiB) and wall-clock limit (s)
+MEMORY_ENV, SECONDS_ENV = "VERIMIRAGE_CHECK_MEMORY_MB", "VERIMIRAGE_CHECK_SECONDS"
+DEFAULT_MEMORY_MB, DEFAULT_SECONDS = 6144, 900.0
+#: modules the checker process refuses to import (the verifier's fast paths, the search, the backend)
+REFUSED = ("verimirage.smt.ff", "verimirage.smt.ffshare", "verimirage.smt.ffproj", "verimirage.smt.ffgpu",
+           "verimirage.smt.verify", "verimirage.smt.prune", "verimirage.smt.perf", "verimirage.rewrite",
+           "verimirage.backend", "verimirage.pipeline", "verimirage.testing", "torch", "triton", "egglog")
+
+
+class CertificateError(GraphError):
+    """A certificate that cannot be read at all: an unreadable file, text that is not a JSON object."""
+
 
 #: Rule names registered in this process with :func:`register_rules` (e.g. a user's rules that
 #: ``verify_rule`` proved in this session). The checker accepts these and :data:`KNOWN_RULES_FILE`'s.
@@ -168,7 +193,47 @@ class Certificate:
         return cls.from_json(Path(path).read_text())
 
 
-def _queries_of(graph: Graph, mugraph: Graph, timeout_s: float) -> tuple[list[dict[str, Any]], list[str], list[Any]]:
+# --------------------------------------------------------------------------- the finite-field record
+
+
+def derive_seeds(graph_text: str, mugraph_text: str, trials: int) -> tuple[int, ...]:
+    """A certificate's finite-field trial seeds: ``trials`` distinct ints in ``[0, 2**62)`` from the sha256 of
+    the schema, the trial method, both programs' canonical text and the trial count."""
+    base = sha256(json.dumps([SCHEMA, FF_METHOD, graph_text, mugraph_text, trials]))
+    seeds: list[int] = []
+    i = 0
+    while len(seeds) < trials:
+        s = int(sha256(f"{base}:{i}"), 16) >> 194  # the top 62 bits
+        i += 1
+        if s not in seeds:
+            seeds.append(s)
+    return tuple(seeds)
+
+
+def ff_record(graph: Graph, mugraph: Graph) -> dict[str, Any]:
+    """The finite-field record of the pair's certificate (a function of the two programs only): enough
+    trials of the reference evaluator for a false-accept bound of at most ``2**-60``, their seeds
+    (:func:`derive_seeds`) and fields, and the bounds. GraphError when no bound is meaningful."""
+    per = ffref.per_trial_bound(graph, mugraph)
+    n = ffref.trials_needed(per)
+    if not 1 <= n <= MAX_TRIALS:
+        raise GraphError(f"certificate: the per-trial bound {per:.3g} needs {n} trials; expected 1..{MAX_TRIALS}")
+    seeds = derive_seeds(str(graph), str(mugraph), n)
+    fields = [ffref.field_of(s) for s in seeds]
+    return {"method": FF_METHOD, "trials": n, "seeds": list(seeds), "p": [f.p for f in fields],
+            "q": [f.q for f in fields], "g": [f.g for f in fields], "per_trial_bound": per,
+            "false_accept_bound": per**n}
+
+
+# --------------------------------------------------------------------------- making certificates
+
+
+def _verified_queries(graph: Graph, mugraph: Graph,
+                      timeout_s: float) -> tuple[list[dict[str, Any]], list[str], list[Any]]:
+    """The abstract check's queries, laws and cases (the verifier's, from its cache when it just proved the
+    pair: what a certificate claims, which the checker re-derives itself)."""
+    from .verify import abstract_check, proved_abstract
+
     r = proved_abstract(graph, mugraph) or abstract_check(graph, mugraph, timeout_s=timeout_s)
     if r.outcome != "proved":
         raise GraphError(f"certificate: the abstract check does not prove the pair: {r.reason}")
@@ -180,122 +245,293 @@ def make_certificate(
     graph: Graph, mugraph: Graph, verdict: Verdict, rules: Sequence[str] = (), trusted_rules: Sequence[str] = (),
     triton_source_hash: str | None = None, *, timeout_s: float = 10.0,
 ) -> Certificate:
-    """The certificate of a Proved pair (GraphError for any other verdict)."""
+    """The certificate of a Proved pair (GraphError for any other verdict).
+
+    ``triton_source_hash``: the sha256 of the Triton module that runs for ``mugraph`` by default
+    (:func:`triton_digest`); the checker regenerates it and compares."""
     if not isinstance(verdict, Proved):
         raise GraphError(f"certificate: only a Proved pair gets a certificate; got {type(verdict).__name__}")
-    ffc = next((c for c in verdict.evidence if c.name == "finite-field"), None)
-    if ffc is None:
-        raise GraphError("certificate: the verdict carries no finite-field record")
     if triton_source_hash is not None and not re.fullmatch(r"[0-9a-f]{64}", triton_source_hash):
         raise GraphError(f"certificate: triton_source_hash {triton_source_hash!r}; expected 64 hex digits (sha256)")
     gt, mt = str(graph), str(mugraph)
-    queries, laws, cases = _queries_of(graph, mugraph, timeout_s)
-    ff = {k: list(ffc.param(k)) if isinstance(ffc.param(k), tuple) else ffc.param(k)
-          for k in ("p", "q", "g", "seeds", "trials", "per_trial_bound", "false_accept_bound")}
-    if ffc.param("projection") not in (None, "none"):
-        ff["projection"] = ffc.param("projection")
-    return Certificate(gt, sha256(gt), mt, sha256(mt), list(rules), list(trusted_rules), queries, laws, cases, ff,
-                       triton_source_hash, tool_versions(), verdict.reason)
+    queries, laws, cases = _verified_queries(graph, mugraph, timeout_s)
+    return Certificate(gt, sha256(gt), mt, sha256(mt), list(rules), list(trusted_rules), queries, laws, cases,
+                       ff_record(graph, mugraph), triton_source_hash, tool_versions(), verdict.reason)
 
 
-def _reject(why: str, checks: list[Check]) -> Unknown:
+def triton_digest(mugraph: Graph | str) -> str:
+    """The sha256 of the Triton module ``vm.compile`` generates for ``mugraph`` by default (each kernel with
+    :func:`verimirage.backend.tuning.recommend`'s tiles). Imports the code generator, not torch or triton."""
+    from ..backend.tuning import tuned_module
+
+    return tuned_module(MuGraph.parse(mugraph) if isinstance(mugraph, str) else mugraph).digest
+
+
+# --------------------------------------------------------------------------- checking
+
+
+class _Reject(Exception):
+    """A mismatch: the certificate is rejected with this reason."""
+
+
+def _programs(cert: Certificate) -> tuple[Graph, Graph]:
+    """Both programs, parsed from canonical text matching its hash, with the same inputs and outputs."""
+    if sha256(cert.graph_text) != cert.graph_sha256:
+        raise _Reject("graph text does not match its sha256")
+    if sha256(cert.mugraph_text) != cert.mugraph_sha256:
+        raise _Reject("mugraph text does not match its sha256")
+    try:
+        g, mg = Graph.parse(cert.graph_text), MuGraph.parse(cert.mugraph_text)
+        g.check()
+        mg.check()
+    except GraphError as e:
+        raise _Reject(f"programs: {e}") from None
+    if str(g) != cert.graph_text or str(mg) != cert.mugraph_text:
+        raise _Reject("program text is not canonical (print(parse(text)) != text)")
+    ins = [sorted((str(t.name), t.shape, str(t.dtype)) for t in x.inputs) for x in (g, mg)]
+    outs = [[(t.shape, str(t.dtype)) for t in x.outputs] for x in (g, mg)]
+    if ins[0] != ins[1] or outs[0] != outs[1]:
+        raise _Reject(f"the programs' inputs {ins} or outputs {outs} differ (names, shapes, dtypes)")
+    return g, mg
+
+
+def _check_rules(cert: Certificate, known: frozenset[str]) -> None:
+    if not all(isinstance(r, str) for r in list(cert.rules) + list(cert.trusted_rules)):
+        raise _Reject("rule names must be strings")
+    unknown = sorted(set(cert.rules) - known - set(cert.trusted_rules))
+    if unknown:
+        raise _Reject(f"unknown rules {unknown} (neither known nor declared trusted)")
+    h = cert.triton_source_sha256
+    if h is not None and not (isinstance(h, str) and re.fullmatch(r"[0-9a-f]{64}", h)):
+        raise _Reject("triton_source_sha256 is not a sha256 hex digest")
+
+
+def _check_abstract(g: Graph, mg: Graph, cert: Certificate, timeout_s: float) -> tuple[str, ...]:
+    """Re-derive both programs' abstract expressions per output and case, build each stored query from them
+    (``...:fubini``: from their nested sums in canonical order) and have Z3 prove it; the names of the queries."""
+    derived: A.Derived = {}
+    cases = [A.output_cases([g, mg], k, t.shape, derived) for k, t in enumerate(g.outputs)]
+    ea, la = A.derive(g, cases, derived)
+    eb, lb = A.derive(mg, cases, derived)
+    laws = set(la | lb)
+    want = [(k, ci) for k, xs in enumerate(ea) for ci in range(len(xs))]
+    stored = cert.queries
+    if not isinstance(stored, list) or len(stored) != len(want):
+        raise _Reject(f"{len(stored)} stored queries; the re-derivation has {len(want)} outputs and cases")
+    names = []
+    for (k, ci), st in zip(want, stored, strict=True):
+        if not isinstance(st, dict) or sorted(st) != ["core", "expected", "name", "smt2"]:
+            raise _Reject(f"query {st!r:.80}: expected the fields core, expected, name, smt2")
+        name = f"eq:out{k}:case{ci}"
+        x, y = ea[k][ci], eb[k][ci]
+        if st["name"] == name + ":fubini":
+            (x, lx), (y, ly) = E.canon_sums(x), E.canon_sums(y)
+            laws |= lx | ly
+            name = st["name"]
+        elif st["name"] != name:
+            raise _Reject(f"query {st['name']!r}: expected {name!r} (or {name + ':fubini'!r})")
+        q = equivalence_query(name, x, y, timeout_s=timeout_s)
+        if st["expected"] != "unsat" or st["smt2"] != q.smt2:
+            raise _Reject(f"query {name!r} differs from the re-derived query")
+        if q.result != "unsat":
+            raise _Reject(f"query {name!r}: z3 says {q.result}, not unsat")
+        if not isinstance(st["core"], list) or sorted(map(str, st["core"])) != sorted(q.core):
+            raise _Reject(f"query {name!r}: unsat core differs")
+        names.append(name)
+    if not isinstance(cert.laws, list) or sorted(map(str, cert.laws)) != sorted(laws):
+        raise _Reject("laws differ from the re-derivation")
+    if cert.cases != json.loads(json.dumps([[c.ranges for c in cs] for cs in cases])):
+        raise _Reject("cases differ from the re-derivation")
+    return tuple(names)
+
+
+def _check_ff(g: Graph, mg: Graph, cert: Certificate) -> ffref.RefResult:
+    """Recompute the finite-field record from the programs (it must equal the stored one) and run its trials."""
+    want = ff_record(g, mg)
+    if cert.ff != want:
+        bad = sorted(k for k in set(want) | set(cert.ff if isinstance(cert.ff, dict) else {})
+                     if not isinstance(cert.ff, dict) or cert.ff.get(k) != want.get(k))
+        raise _Reject(f"finite-field record: {bad} differ from the checker's (seeds and bound come from the "
+                      f"content; the bound needs {want['trials']} trials of method {FF_METHOD!r})")
+    r = ffref.ref_test(g, mg, want["seeds"])
+    if r.outcome != "equal":
+        raise _Reject(f"finite-field re-run: {r.reason}")
+    return r
+
+
+def _check(text: str, known: frozenset[str], timeout_s: float, checks: list[Check]) -> Verdict:
+    t0 = time.perf_counter()
+    try:
+        cert = Certificate.from_json(text)
+    except (ValueError, TypeError) as e:
+        raise _Reject(str(e)) from None
+    g, mg = _programs(cert)
+    _check_rules(cert, known)
+    checks.append(Check("hashes-and-rules", "proved", (("rules", tuple(cert.rules)),
+                                                       ("trusted_rules", tuple(cert.trusted_rules))),
+                        time.perf_counter() - t0))
+    t1 = time.perf_counter()
+    names = _check_abstract(g, mg, cert, timeout_s)
+    checks.append(Check("abstract-z3", "proved", (("queries", names), ("laws", tuple(cert.laws))),
+                        time.perf_counter() - t1))
+    t2 = time.perf_counter()
+    r = _check_ff(g, mg, cert)
+    checks.append(Check("finite-field", "proved", (("seeds", r.seeds), ("trials", len(r.seeds)),
+                                                   ("per_trial_bound", r.per_trial_bound),
+                                                   ("false_accept_bound", r.bound), ("method", FF_METHOD)),
+                        time.perf_counter() - t2))
+    trusted = f"; trusts unproved rules {cert.trusted_rules}" if cert.trusted_rules else ""
+    return Proved(f"certificate checked: hashes, {len(names)} z3 queries, {len(r.seeds)} finite-field trials "
+                  f"(reference evaluator, per-node model bound {r.bound:.2g}){trusted}", tuple(checks))
+
+
+def _reject(why: str, checks: Sequence[Check] = ()) -> Unknown:
     log.info("certificate rejected: %s", why)
     return Unknown(f"certificate rejected: {why}", tuple(checks))
 
 
-def check_certificate(path: str | Path, *, triton_source: str | None = None, timeout_s: float = 10.0) -> Verdict:
-    """Independently re-check a saved certificate; Proved, or Unknown naming the first mismatch.
-
-    A path that names no file raises FileNotFoundError (a typo is not a rejected certificate).
-    """
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"check_certificate: no certificate file at {str(path)!r}")
-    t0 = time.perf_counter()
+def check_text(text: str, known: Iterable[str] | None = None, timeout_s: float = 10.0) -> Verdict:
+    """Check a certificate's JSON text in this process (what the checker process runs); ``known``: the rule
+    names accepted (default :func:`known_rules`). Fails closed: any error is a rejection."""
     checks: list[Check] = []
     try:
-        cert = Certificate.load(path)
-    except (OSError, ValueError, TypeError) as e:
+        return _check(text, frozenset(known_rules() if known is None else known), timeout_s, checks)
+    except _Reject as e:
         return _reject(str(e), checks)
-    # hashes and programs
-    if sha256(cert.graph_text) != cert.graph_sha256:
-        return _reject("graph text does not match its sha256", checks)
-    if sha256(cert.mugraph_text) != cert.mugraph_sha256:
-        return _reject("mugraph text does not match its sha256", checks)
+    except Exception as e:  # anything unforeseen (a blow-up, a bug) rejects; never a crash, never Proved
+        return _reject(f"the check failed: {type(e).__name__}: {str(e)[:300]}", checks)
+
+
+def _text_of(cert: Certificate | str | Path) -> str:
+    if isinstance(cert, Certificate):
+        return cert.to_json()
+    if not isinstance(cert, (str, Path)):
+        raise CertificateError(f"certificate: {type(cert).__name__}; expected a Certificate or a path")
+    if not Path(cert).is_file():  # a typo is not a rejected certificate
+        raise FileNotFoundError(f"check_certificate: no certificate file at {str(cert)!r}")
     try:
-        g = Graph.parse(cert.graph_text)
-        mg = MuGraph.parse(cert.mugraph_text)
-        check_compatible(g, mg)
-    except GraphError as e:
-        return _reject(f"programs: {e}", checks)
-    if str(g) != cert.graph_text or str(mg) != cert.mugraph_text:
-        return _reject("program text is not canonical (print(parse(text)) != text)", checks)
-    # rules
-    if not all(isinstance(r, str) for r in list(cert.rules) + list(cert.trusted_rules)):
-        return _reject("rule names must be strings", checks)
-    unknown = sorted(set(cert.rules) - known_rules() - set(cert.trusted_rules))
-    if unknown:
-        return _reject(f"unknown rules {unknown} (neither known nor declared trusted)", checks)
-    if cert.triton_source_sha256 is not None:
-        if not isinstance(cert.triton_source_sha256, str) or not re.fullmatch(r"[0-9a-f]{64}",
-                                                                              cert.triton_source_sha256):
-            return _reject("triton_source_sha256 is not a sha256 hex digest", checks)
-        if triton_source is not None and sha256(triton_source) != cert.triton_source_sha256:
-            return _reject("the Triton source does not match the certificate's hash", checks)
-    checks.append(Check("hashes-and-rules", "proved", (("rules", tuple(cert.rules)),
-                                                       ("trusted_rules", tuple(cert.trusted_rules))),
-                        time.perf_counter() - t0))
-    # abstract expressions and z3, from our own derivation and from the stored text
-    t1 = time.perf_counter()
+        text = Path(cert).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise CertificateError(f"certificate {str(cert)!r}: cannot read it ({e})") from None
     try:
-        queries, laws, cases = _queries_of(g, mg, timeout_s)
-    except GraphError as e:
-        return _reject(str(e), checks)
-    if len(queries) != len(cert.queries):
-        return _reject(f"{len(cert.queries)} stored queries; the re-derivation gives {len(queries)}", checks)
-    for mine, stored in zip(queries, cert.queries, strict=True):
-        if not isinstance(stored, dict) or stored.get("expected") != "unsat":
-            return _reject(f"query {stored!r:.80}: expected result must be 'unsat'", checks)
-        if mine["name"] != stored.get("name") or mine["smt2"] != stored.get("smt2"):
-            return _reject(f"query {stored.get('name')!r} differs from the re-derived query", checks)
-        if check_smt2(str(stored["smt2"]), timeout_s) != "unsat":
-            return _reject(f"query {stored['name']!r}: the stored SMT-LIB2 is not unsat", checks)
-        if sorted(mine["core"]) != sorted(stored.get("core", [])):
-            return _reject(f"query {stored['name']!r}: unsat core differs", checks)
-    if sorted(laws) != sorted(cert.laws) or cases != cert.cases:
-        return _reject("laws or cases differ from the re-derivation", checks)
-    checks.append(Check("abstract-z3", "proved", (("queries", tuple(q["name"] for q in queries)),
-                                                  ("laws", tuple(laws))), time.perf_counter() - t1))
-    # finite field from the stored seeds
-    t2 = time.perf_counter()
-    ff = cert.ff
+        d = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise CertificateError(f"certificate {str(cert)!r}: not JSON ({e})") from None
+    if not isinstance(d, dict):
+        raise CertificateError(f"certificate {str(cert)!r}: expected a JSON object, got {type(d).__name__}")
+    return text
+
+
+_CHILD = """
+import sys
+class _Refuse:
+    def find_spec(self, name, path=None, target=None):
+        if any(name == r or name.startswith(r + ".") for r in {refused!r}):
+            raise ImportError("the certificate checker does not use " + name)
+        return None
+sys.meta_path.insert(0, _Refuse())
+from verimirage.smt.certificate import _child_main
+_child_main()
+"""
+
+
+def _child_main() -> None:
+    """The checker process: read the request from stdin, cap memory, check, write the verdict as JSON."""
+    import resource
+
+    req = json.loads(sys.stdin.read())
+    mb = int(req["memory_mb"])
+    if mb > 0:
+        resource.setrlimit(resource.RLIMIT_AS, (mb << 20, mb << 20))
+    v = check_text(req["certificate"], req["known_rules"], float(req["timeout_s"]))
+    ev = [[c.name, c.outcome, [[k, list(x) if isinstance(x, tuple) else x] for k, x in c.params], c.seconds,
+           c.detail] for c in v.evidence]
+    sys.stdout.write("\n" + json.dumps({"proved": v.proved, "reason": v.reason, "evidence": ev}) + "\n")
+
+
+def _limit(value: float | None, env: str, default: float) -> float:
+    if value is not None:
+        return float(value)
+    raw = os.environ.get(env, "")
     try:
-        seeds = [int(s) for s in ff["seeds"]]
-        # a certificate without a projection record (written before projections) compares every element
-        proj = ff.get("projection")
-        if proj is not None and proj != PROJECTION:
-            return _reject(f"finite-field record: unknown projection {proj!r}; expected {PROJECTION!r} or none",
-                           checks)
-        r = ff_test(g, mg, seeds=seeds, project=proj is not None)
-    except (KeyError, TypeError, ValueError) as e:
-        return _reject(f"finite-field record: {e}", checks)
-    if r.outcome != "equal":
-        return _reject(f"finite-field re-run: {r.reason}", checks)
-    if [list(r.p), list(r.q), list(r.g), r.trials] != [ff.get("p"), ff.get("q"), ff.get("g"), ff.get("trials")]:
-        return _reject("finite-field record (p, q, g, trials) does not match the stored seeds", checks)
-    if not isinstance(ff.get("false_accept_bound"), float) or abs(r.bound - ff["false_accept_bound"]) > 1e-12 * max(
-        r.bound, 1e-300
-    ) or r.bound > 2.0**-60:
-        return _reject(f"finite-field bound {ff.get('false_accept_bound')!r} does not match {r.bound!r}", checks)
-    checks.append(Check("finite-field", "proved", (("seeds", tuple(seeds)), ("false_accept_bound", r.bound)),
-                        time.perf_counter() - t2))
-    trusted = f"; trusts unproved rules {cert.trusted_rules}" if cert.trusted_rules else ""
-    return Proved(f"certificate checked: hashes, {len(queries)} z3 queries, {r.trials} finite-field trials{trusted}",
-                  tuple(checks))
+        return float(raw) if raw else default
+    except ValueError:
+        raise GraphError(f"${env}={raw!r}; expected a number") from None
+
+
+def _isolated(text: str, known: frozenset[str], timeout_s: float, memory_mb: float, wall_s: float) -> Verdict:
+    """:func:`check_text` in a child process capped at ``memory_mb`` MiB and ``wall_s`` seconds."""
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])}
+    req = json.dumps({"certificate": text, "known_rules": sorted(known), "timeout_s": timeout_s,
+                      "memory_mb": int(memory_mb)})
+    try:
+        r = subprocess.run([sys.executable, "-c", _CHILD.format(refused=REFUSED)], input=req, capture_output=True,
+                           text=True, timeout=wall_s, env=env, cwd=root)
+    except subprocess.TimeoutExpired:
+        return _reject(f"the check ran past its time limit ({wall_s:g} s, ${SECONDS_ENV})")
+    try:
+        out = json.loads(r.stdout.rstrip().rsplit("\n", 1)[-1])
+    except (json.JSONDecodeError, IndexError):
+        why = (r.stderr.strip().splitlines() or ["no output"])[-1][:300]
+        return _reject(f"the checker process failed (exit {r.returncode}, memory cap {memory_mb:g} MiB, "
+                       f"${MEMORY_ENV}): {why}")
+    ev = tuple(Check(n, o, tuple((k, tuple(x) if isinstance(x, list) else x) for k, x in ps), s, d)
+               for n, o, ps, s, d in out["evidence"])
+    return (Proved if out["proved"] else Unknown)(out["reason"], ev)
+
+
+def check_certificate(
+    cert: Certificate | str | Path, *, triton_source: str | None = None, timeout_s: float = 10.0,
+    memory_mb: float | None = None, wall_s: float | None = None, isolate: bool = True, triton: bool = True,
+) -> Verdict:
+    """Independently re-check a certificate (a :class:`Certificate` or the path of its JSON file); Proved,
+    or Unknown naming the first mismatch (see the module docstring).
+
+    ``isolate`` (the default): in a child process that cannot import the verifier's modules, capped at
+    ``memory_mb`` MiB of address space (default ``$VERIMIRAGE_CHECK_MEMORY_MB`` or 6144) and ``wall_s``
+    seconds (default ``$VERIMIRAGE_CHECK_SECONDS`` or 900); a blow-up is a rejection. ``timeout_s``: per Z3
+    query. ``triton`` (the default): when the certificate records a Triton hash, regenerate the module from
+    the μGraph and compare (imports the code generator); ``triton_source``: a source that must match it too.
+    Raises FileNotFoundError for a path that names no file and :class:`CertificateError` for an unreadable
+    file or text that is not a JSON object.
+    """
+    text = _text_of(cert)
+    known = known_rules()
+    if isolate:
+        v = _isolated(text, known, timeout_s, _limit(memory_mb, MEMORY_ENV, DEFAULT_MEMORY_MB),
+                      _limit(wall_s, SECONDS_ENV, DEFAULT_SECONDS))
+    else:
+        v = check_text(text, known, timeout_s)
+    if not v.proved:
+        return v
+    h = json.loads(text).get("triton_source_sha256")
+    if h is None:
+        if triton_source is not None:
+            return _reject("a Triton source was given but the certificate records no hash", v.evidence)
+        return v
+    if triton_source is not None and sha256(triton_source) != h:
+        return _reject("the Triton source does not match the certificate's hash", v.evidence)
+    if triton:
+        t0 = time.perf_counter()
+        try:
+            digest = triton_digest(json.loads(text)["mugraph_text"])
+        except Exception as e:  # the generator cannot express it (or is absent): the hash is not confirmed
+            return _reject(f"the Triton module cannot be regenerated ({type(e).__name__}: {e})", v.evidence)
+        if digest != h:
+            return _reject(f"the Triton module generated from the μGraph has sha256 {digest[:16]}..., not the "
+                           f"certificate's {h[:16]}...", v.evidence)
+        v = Proved(v.reason + "; Triton module hash regenerated",
+                   (*v.evidence, Check("triton-hash", "proved", (("sha256", h),), time.perf_counter() - t0)))
+    return v
 
 
 def certify(graph: Graph, mugraph: Graph, rules: Sequence[str] = (), trusted_rules: Sequence[str] = (),
             triton_source_hash: str | None = None) -> Certificate:
     """Verify the pair and return its certificate (GraphError if it is not Proved)."""
+    from .verify import verify
+
     v = verify(graph, mugraph)
     return make_certificate(graph, mugraph, v, rules, trusted_rules, triton_source_hash)
 
@@ -305,7 +541,8 @@ def regenerate_proofs(
     names: Sequence[str] | None = None, batches: Sequence[int] = (1, 8),
 ) -> list[Path]:
     """Write ``<name>_bs<batch>.json`` for every suite program: ``make_candidate(name, batch)`` returns
-    ``(graph, mugraph, rules)`` (e.g. from ``vm.superoptimize(...).best``)."""
+    ``(graph, mugraph, rules)`` (e.g. from ``vm.superoptimize(...).best``). Each records the hash of the
+    Triton module that runs by default (:func:`triton_digest`)."""
     from ..benchmarks import suite
 
     out = []
@@ -314,7 +551,7 @@ def regenerate_proofs(
     for name in names or suite.names():
         for b in batches:
             g, mg, rules = make_candidate(name, b)
-            cert = certify(g, mg, rules)
+            cert = certify(g, mg, rules, triton_source_hash=triton_digest(mg))
             p = d / f"{name}_bs{b}.json"
             cert.save(p)
             out.append(p)
