@@ -183,7 +183,10 @@ def _new_ops_program(mu: bool) -> vm.Graph:
     m = g.input("m", (4, 8), vm.bool)
     outs = [g.log(x), g.tanh(x), g.apply("sigmoid", [x]), g.apply("erf", [x]), g.apply("softplus", [x]),
             g.apply("abs", [x]), g.clamp(x, -1.0, 2.0), g.leaky_relu(x, 0.2), g.leaky_relu(x, 0.1),
-            g.reciprocal(y), g.minimum(x, y), g.min(x, 1), g.where(m, x, y), g.cast(x, vm.float16)]
+            g.reciprocal(y), g.minimum(x, y), g.min(x, 1), g.where(m, x, y), g.cast(x, vm.float16),
+            g.apply("permute", [x], {"dims": (1, 0)}), g.apply("reshape", [x], {"shape": (8, 4)}),
+            g.apply("slice", [x], {"axis": 1, "start": 2, "stop": 5}),
+            g.apply("broadcast_to", [g.sum(x, 1)], {"shape": (3, 4, 8)})]
     outs += [g.pow(x, c) for c in (0.0, 1.0, 3.0, -2.0, 0.5, -0.5, 1.5)]
     g.output(*outs)
     return g

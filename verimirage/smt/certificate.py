@@ -40,8 +40,9 @@ from typing import Any
 from ..ir.errors import GraphError
 from ..ir.graph import Graph, MuGraph
 from . import abstract as A
+from . import defined as D
 from . import expr as E
-from . import ffref
+from . import ffref, limits
 from .verdict import Check, Proved, Unknown, Verdict
 from .z3enc import equivalence_query
 
@@ -307,12 +308,18 @@ def _check_rules(cert: Certificate, known: frozenset[str]) -> None:
 
 
 def _check_abstract(g: Graph, mg: Graph, cert: Certificate, timeout_s: float) -> tuple[str, ...]:
-    """Re-derive both programs' abstract expressions per output and case, build each stored query from them
-    (``...:fubini``: from their nested sums in canonical order) and have Z3 prove it; the names of the queries."""
+    """Re-derive both programs' abstract expressions per output and case (the μGraph must refine the graph:
+    defined wherever it is), build each stored query from them (``...:fubini``: from their nested sums in
+    canonical order) and have Z3 prove it; the names of the queries."""
     derived: A.Derived = {}
     cases = [A.output_cases([g, mg], k, t.shape, derived) for k, t in enumerate(g.outputs)]
-    ea, la = A.derive(g, cases, derived)
-    eb, lb = A.derive(mg, cases, derived)
+    da: list[list[D.Defs]] = []
+    db: list[list[D.Defs]] = []
+    ea, la = A.derive(g, cases, derived, da)
+    eb, lb = A.derive(mg, cases, derived, db)
+    undefined = D.refines_outputs(da, db)  # the μGraph must be defined wherever the graph is
+    if undefined is not None:
+        raise _Reject(f"definedness: {undefined}")
     laws = set(la | lb)
     want = [(k, ci) for k, xs in enumerate(ea) for ci in range(len(xs))]
     stored = cert.queries
@@ -371,7 +378,7 @@ def _check(text: str, known: frozenset[str], timeout_s: float, checks: list[Chec
                                                        ("trusted_rules", tuple(cert.trusted_rules))),
                         time.perf_counter() - t0))
     t1 = time.perf_counter()
-    names = _check_abstract(g, mg, cert, timeout_s)
+    names = limits.deep_call(_check_abstract, g, mg, cert, timeout_s)
     checks.append(Check("abstract-z3", "proved", (("queries", names), ("laws", tuple(cert.laws))),
                         time.perf_counter() - t1))
     t2 = time.perf_counter()
