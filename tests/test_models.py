@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -37,13 +39,15 @@ def test_models_are_listed_with_small_and_full_sizes() -> None:
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in FAST else pytest.mark.slow) for n in model_names()])
-def test_model_is_superoptimized_verified_compiled_and_correct(name: str) -> None:
+def test_model_is_superoptimized_verified_compiled_and_correct(name: str, tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     g = get_model(name, small=True, dtype=vm.float32)
     res = vm.superoptimize(g, time_budget_s=60, max_verify=2, cache=False)
     assert res.candidates, res.report
     best = res.best
     assert isinstance(best.verdict, vm.Proved)
+    best.certificate.save(tmp_path / "c.json")  # the independent checker re-checks it
+    assert isinstance(vm.check_certificate(tmp_path / "c.json"), vm.Proved)
     ins = _inputs(g, np.random.default_rng(0))
     want = vm.evaluate(g, ins)
     out = vm.compile(best)(*[torch.tensor(ins[t.name]).to(getattr(torch, t.dtype.torch_name)) for t in g.inputs])

@@ -130,6 +130,9 @@ def adversarial_inputs(g: Graph, seed: int = 0) -> list[tuple[str, dict[str, np.
         rng = np.random.default_rng([seed, 0xF9, i])
         ins = {}
         for t in sorted(g.inputs, key=lambda t: str(t.name)):
+            if t.dtype is DType.bool:  # a mask (where): random 0 / 1 in every set
+                ins[str(t.name)] = rng.integers(0, 2, tuple(t.shape)).astype(np.float64)
+                continue
             top = DTYPE_MAX[t.dtype]
             shape = tuple(t.shape)
             if kind == "uniform":
