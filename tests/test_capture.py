@@ -207,3 +207,19 @@ def test_corpus_forward_matches_eager(name: str) -> None:
 @pytest.mark.parametrize("name", corpus.names())
 def test_corpus_training_matches_eager(name: str) -> None:
     check_module(name, train=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("name", ["swiglu", "layernorm_linear", "sdpa_causal"])
+def test_half_precision_models_match_the_float64_reference(name: str, dtype: str) -> None:
+    dt = getattr(torch, dtype)
+    model, xs = corpus.get(name, dtype=dt)
+    want, _ = _reference(model, xs, train=False)
+    got, _, rep = _run(model, xs, train=False)
+    assert got.dtype == dt
+    tol = {"float16": 2e-3, "bfloat16": 2e-2}[dtype]
+    w = want.double()
+    err = float((got.double() - w).abs().max() / w.abs().max())
+    assert err < tol, f"{name} {dtype}: relative error {err:.2e} >= {tol}"
+    assert rep.coverage > 0.5, rep.summary()

@@ -377,8 +377,15 @@ def eager_module(gm: fx.GraphModule, lifted: Lifted) -> fx.GraphModule:
         p = g.placeholder(f"in{i}")
         p.meta = dict(n.meta)
         env[n] = p
+    prims_cast = getattr(getattr(torch.ops, "prims", None), "convert_element_type", None)
     for n in lifted.nodes:
-        env[n] = g.node_copy(n, lambda a: env[a])
+        c = g.node_copy(n, lambda a: env[a])
+        if prims_cast is not None and c.target is getattr(prims_cast, "default", None):
+            # prims run their Python reference in eager mode (hundreds of µs); the ATen cast is one kernel
+            src, dt = c.args[0], c.args[1] if len(c.args) > 1 else c.kwargs.get("dtype")
+            c.target = torch.ops.aten._to_copy.default
+            c.args, c.kwargs = (src,), {"dtype": dt}
+        env[n] = c
     g.output(tuple(env[n] for n in lifted.outputs))
     return fx.GraphModule(gm, g)
 
