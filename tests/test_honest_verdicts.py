@@ -236,3 +236,15 @@ def test_finding3_search_never_returns_the_unshifted_candidate(monkeypatch: pyte
     res = vm.superoptimize(g, cache=False, progress=False)
     assert all("exp-sub" not in c.rules for c in res.candidates)
     assert any("floating point" in why for _, why in res.report.rejected), str(res.report)
+
+
+def test_finding4_no_float_witness_where_only_the_source_is_undefined() -> None:
+    # sqrt(x)^2 is x wherever it is defined; the second program is more defined (a refinement), not different
+    a = g1(lambda g, x: g.mul(g.sqrt(x), g.sqrt(x)))
+    b = g1(lambda g, x: g.neg(g.neg(x)))
+    assert not isinstance(vm.verify(a, b), vm.Refuted)
+    # the other way round the candidate is NaN where the source is defined: a real difference
+    v = vm.verify(b, a)
+    assert not isinstance(v, vm.Proved)
+    if isinstance(v, vm.Refuted):
+        assert replay_differs(b, a, v) or any(np.isnan(d["b"]) for d in v.counterexample["float_differences"])
