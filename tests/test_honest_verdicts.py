@@ -248,3 +248,15 @@ def test_finding4_no_float_witness_where_only_the_source_is_undefined() -> None:
     assert not isinstance(v, vm.Proved)
     if isinstance(v, vm.Refuted):
         assert replay_differs(b, a, v) or any(np.isnan(d["b"]) for d in v.counterexample["float_differences"])
+
+
+def test_finding3_large_programs_get_the_structural_check() -> None:
+    from verimirage.rewrite.fpsafe import SafetyChecker
+
+    src = vm.benchmarks.get("gqa_stable")  # full size: too large to evaluate on every input set here
+    sc = SafetyChecker(src)
+    assert not sc.numeric
+    assert sc.check(vm.benchmarks.expert("gqa_stable", src)) is None
+    plain = vm.benchmarks.get("gqa")  # the same program without the max shift
+    why = sc.check(plain)
+    assert why is not None and "max" in why

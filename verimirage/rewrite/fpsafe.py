@@ -116,17 +116,15 @@ INPUT_SETS: tuple[tuple[str, str, float], ...] = (
     ("near the dtype's max", "near-max", 0.5),
 )
 
-#: graphs whose inputs have more elements than this are checked on the first few sets only (the float
-#: evaluation of a full-size program costs seconds); the choice depends on the program only
+#: programs whose inputs have more elements than this get the structural check only (see
+#: :data:`NUMERIC_FLOPS_LIMIT`; the choice depends on the program only, never on timing)
 LARGE_INPUT_ELEMENTS = 1 << 20
 
 
 def adversarial_inputs(g: Graph, seed: int = 0) -> list[tuple[str, dict[str, np.ndarray]]]:
     """The input sets of :data:`INPUT_SETS` for ``g``'s inputs (each clipped to its dtype's range)."""
-    n_in = sum(math.prod(t.shape) for t in g.inputs)
-    sets = INPUT_SETS if n_in <= LARGE_INPUT_ELEMENTS else INPUT_SETS[:4]
     out = []
-    for i, (what, kind, s) in enumerate(sets):
+    for i, (what, kind, s) in enumerate(INPUT_SETS):
         rng = np.random.default_rng([seed, 0xF9, i])
         ins = {}
         for t in sorted(g.inputs, key=lambda t: str(t.name)):
@@ -148,13 +146,55 @@ def adversarial_inputs(g: Graph, seed: int = 0) -> list[tuple[str, dict[str, np.
     return out
 
 
-class SafetyChecker:
-    """Checks candidates against one source program; the source's evaluations are made once."""
+#: programs whose float evaluation costs more than this many matmul flops (or whose inputs have more than
+#: :data:`LARGE_INPUT_ELEMENTS` elements) get the structural check only: a full-size attention evaluation
+#: takes 2-15 s of CPU per input set on a 2-core machine, several times its verification; the suite's small
+#: programs (at most 5.3e5 flops) are checked numerically
+NUMERIC_FLOPS_LIMIT = 1e7
 
-    def __init__(self, source: Graph, seed: int = 0) -> None:
+
+def matmul_flops(g: Graph) -> float:
+    """Multiply-add flops of ``g``'s kernel-level matmuls (``2 * |out| * k``)."""
+    total = 0.0
+    nodes = node_list(g)
+    for n in nodes:
+        if n.op == "matmul":
+            a = nodes[n.args[0][0]].outs[n.args[0][1]]
+            total += 2.0 * math.prod(n.outs[0].shape) * a.shape[-1]
+    return total
+
+
+def numeric_check_affordable(g: Graph) -> bool:
+    """Whether :class:`SafetyChecker` evaluates ``g`` numerically (else: the structural check only)."""
+    return (sum(math.prod(t.shape) for t in g.inputs) <= LARGE_INPUT_ELEMENTS
+            and matmul_flops(g) <= NUMERIC_FLOPS_LIMIT)
+
+
+class SafetyChecker:
+    """Checks candidates against one source program; the source's evaluations are made once.
+
+    ``numeric`` (default: :func:`numeric_check_affordable`): evaluate on the adversarial inputs; otherwise
+    only the structural check: where the source subtracts the max before every ``exp``, the candidate must
+    too (:func:`verimirage.rewrite.superopt._max_shifted`).
+    """
+
+    def __init__(self, source: Graph, seed: int = 0, numeric: bool | None = None) -> None:
         self.source = source
-        self.sets = adversarial_inputs(source, seed)
+        self.numeric = numeric_check_affordable(source) if numeric is None else numeric
+        self.sets = adversarial_inputs(source, seed) if self.numeric else []
         self._src: dict[int, tuple[list[np.ndarray], bool]] = {}
+        self._src_shifted: bool | None = None
+
+    def structural(self, candidate: Graph) -> str | None:
+        """Why ``candidate`` fails the structural check (the source max-shifts every exp, it does not)."""
+        from .superopt import _max_shifted
+
+        if self._src_shifted is None:
+            self._src_shifted = _max_shifted(self.source)
+        if self._src_shifted and not _max_shifted(candidate):
+            return ("floating point: the source subtracts the max before every exp and the candidate does not "
+                    "(exp overflows where the source stays finite)")
+        return None
 
     def source_outputs(self, i: int) -> tuple[list[np.ndarray], bool]:
         """The source's outputs on input set ``i`` and whether any of its intermediate values overflowed
@@ -166,7 +206,11 @@ class SafetyChecker:
     def check(self, candidate: Graph) -> str | None:
         """None if ``candidate`` is finite wherever the source is, on every input set on which no value of
         the source overflows (where it does, the source's finite outputs are not its values: an overflowed
-        softmax denominator gives 0); else why not."""
+        softmax denominator gives 0); else why not. The structural check runs first (and alone when the
+        program is too large to evaluate, ``numeric`` False)."""
+        why = self.structural(candidate)
+        if why is not None or not self.numeric:
+            return why
         for i, (what, ins) in enumerate(self.sets):
             src, src_overflowed = self.source_outputs(i)
             if src_overflowed:
@@ -193,4 +237,4 @@ def fp_safety(source: Graph, candidate: Graph, seed: int = 0) -> str | None:
 
 
 __all__ = ["DTYPE_MAX", "INPUT_SETS", "RoundingDomain", "SafetyChecker", "adversarial_inputs", "evaluate_in_dtype",
-           "fp_safety", "round_to"]
+           "fp_safety", "matmul_flops", "numeric_check_affordable", "round_to"]

@@ -483,6 +483,10 @@ def _search(
                 from .fpsafe import SafetyChecker
 
                 safety.append(SafetyChecker(graph, seed))
+                if not safety[0].numeric:
+                    rep.notes.append("floating-point check: structural only (the program is too large to evaluate "
+                                     "on adversarial inputs here): a candidate must max-shift every exp the source "
+                                     "does")
             return safety[0].check(mg)
 
         def attempt(entry: tuple[Any, ...]) -> None:
