@@ -194,12 +194,14 @@ def _unshifted(dtype: vm.DType = F32):  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize("dtype", [vm.float32, vm.float16, vm.bfloat16], ids=lambda d: d.short)
 def test_finding3_fp_safety_rejects_the_unshifted_form(dtype: vm.DType) -> None:
-    from verimirage.rewrite.fpsafe import fp_safety
+    from verimirage.rewrite.fpsafe import SafetyChecker, fp_safety
 
     src, bad = _softmax_numerator(dtype), _unshifted(dtype)
     assert isinstance(vm.verify(src, bad), vm.Proved)  # equal over the reals
     why = fp_safety(src, bad)
-    assert why is not None and "non-finite" in why
+    assert why is not None and "max" in why  # the structural check
+    why = SafetyChecker(src).numeric_check(bad)  # and the evaluation in the dtype, on its own
+    assert why is not None and "non-finite" in why and dtype.short in why
     assert fp_safety(src, src) is None
 
 

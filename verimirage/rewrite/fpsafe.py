@@ -211,6 +211,10 @@ class SafetyChecker:
         why = self.structural(candidate)
         if why is not None or not self.numeric:
             return why
+        return self.numeric_check(candidate)
+
+    def numeric_check(self, candidate: Graph) -> str | None:
+        """The numeric part of :meth:`check` alone (every input set; None where ``numeric`` is False)."""
         for i, (what, ins) in enumerate(self.sets):
             src, src_overflowed = self.source_outputs(i)
             if src_overflowed:
