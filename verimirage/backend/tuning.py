@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..ir.graph import BlockGraph, Graph
-from ..ir.ops import TensorType
+from ..ir.ops import OPS, Prop, TensorType
 from .codegen import LaunchConfig, ModuleSource, TileOptions, _KernelGen, generate
 
 #: Streaming multiprocessors of an H100 SXM / H200 (132 each).
@@ -62,7 +62,7 @@ def kernel_shape(bg: BlockGraph, arg_types: Sequence[TensorType]) -> KernelShape
     for i in range(len(bg.nodes)):
         kg._unify_node(lambda a, k: (a, k), bg.nodes, i)
     kg._finish_classes()
-    mm = [i for i, n in enumerate(bg.nodes) if n.op == "matmul" and min(
+    mm = [i for i, n in enumerate(bg.nodes) if OPS[n.op].has(Prop.CONTRACTION) and min(
         bg.nodes[n.args[0][0]].outs[n.args[0][1]].shape[-2:] + bg.nodes[n.args[1][0]].outs[n.args[1][1]].shape[-1:]
     ) > 1]
     rows = max((bg.nodes[i].outs[0].shape[-2] for i in mm), default=0)
@@ -88,7 +88,7 @@ def kernel_shape(bg: BlockGraph, arg_types: Sequence[TensorType]) -> KernelShape
     users: dict[int, set[str]] = {}
     for n in bg.nodes:
         for a, _ in n.args:
-            users.setdefault(a, set()).add("mm" if n.op == "matmul" else "other")
+            users.setdefault(a, set()).add("mm" if OPS[n.op].has(Prop.CONTRACTION) else "other")
     side = any(
         n.op == "input" and n.attr("fmap") is not None and users.get(i, set()) == {"mm", "other"}
         for i, n in enumerate(bg.nodes)

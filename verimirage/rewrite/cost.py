@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..ir.graph import BlockGraph, Graph, MuGraph, node_list
-from ..ir.ops import LOOP_OPS, TensorType
+from ..ir.ops import LOOP_OPS, OPS, Prop, TensorType
 
 
 @dataclass(frozen=True)
@@ -190,7 +190,7 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
             smem_acc += t.numel * 4
             other += t.numel * reps
             continue
-        if n.op == "matmul":
+        if OPS[n.op].has(Prop.CONTRACTION):
             a = bg.nodes[n.args[0][0]].outs[n.args[0][1]]
             tc += 2 * t.numel * a.shape[-1] * reps
             smem_tmp = max(smem_tmp, t.numel * 4)
@@ -244,8 +244,9 @@ def cost(g: Graph, hw: Hardware = H100, cal: Calibration = Calibration()) -> Cos
         else:
             out = n.outs[0]
             nbytes = sum(_bytes(t) for t in in_types) + _bytes(out)
-            tc = 2 * out.numel * in_types[0].shape[-1] if n.op == "matmul" else 0
-            other = 0 if n.op == "matmul" else sum(t.numel for t in in_types)
+            mm = OPS[n.op].has(Prop.CONTRACTION)
+            tc = 2 * out.numel * in_types[0].shape[-1] if mm else 0
+            other = 0 if mm else sum(t.numel for t in in_types)
             kc = _roofline(nbytes, tc, other, max(hw.sms, out.numel // 4096), 0, hw, cal)
         ks.append(kc)
     return Cost(
