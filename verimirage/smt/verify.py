@@ -90,6 +90,10 @@ def abstract_check(a: Graph, b: Graph, *, timeout_s: float = 10.0,
     ``...:fubini``, is recorded instead when it proves the output (so proofs that never needed it
     keep their queries).
 
+    Before any query, the candidate ``b`` must be defined wherever the source ``a`` is (every partial op
+    of ``b`` inside its domain where ``a``'s are: :func:`verimirage.smt.defined.refines_outputs`); if not,
+    ``unknown`` naming the op and its condition.
+
     It runs in a thread with a deep stack (:func:`verimirage.smt.limits.deep_call`), so programs of a
     few thousand nodes derive; a term, constant or query past a cap of :mod:`verimirage.smt.limits`
     (or Z3 out of memory) is ``unknown`` with the reason.
