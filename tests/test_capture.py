@@ -223,3 +223,19 @@ def test_half_precision_models_match_the_float64_reference(name: str, dtype: str
     err = float((got.double() - w).abs().max() / w.abs().max())
     assert err < tol, f"{name} {dtype}: relative error {err:.2e} >= {tol}"
     assert rep.coverage > 0.5, rep.summary()
+
+
+@pytest.mark.slow
+def test_inductor_fallback_does_not_serve_a_graph_inductor_cached_before() -> None:
+    """Regression (found on the H200): Inductor's autograd/graph caches are keyed by the graph, so a model
+    compiled by plain ``torch.compile`` first was served from the cache and never reached the capture."""
+    model, xs = corpus.get("mlp_relu")
+    want, _ = _reference(model, xs, train=False)
+    with torch.no_grad():
+        torch._dynamo.reset()
+        torch.compile(model)(*xs)
+        torch._dynamo.reset()
+        rep = Report()
+        got = torch.compile(model, backend=backend(report=rep, time_budget_s=8.0, fallback="inductor"))(*xs)
+    _close(got, want, "inductor fallback output")
+    assert rep.graphs and any(p.taken for p in rep.partitions), rep.summary()
