@@ -115,3 +115,17 @@ def test_a_long_for_loop_derives() -> None:
     mg.output(out)
     v = vm.verify(g, mg, timeout_s=60)
     assert isinstance(v, vm.Proved), v.summary()
+
+
+def test_deep_call_runs_in_place_when_no_big_stack_is_available(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    real = threading.stack_size
+
+    def refuse(size: int = 0) -> int:
+        if size == limits.STACK_BYTES:
+            raise ValueError("size not valid")
+        return real(size)
+
+    monkeypatch.setattr(threading, "stack_size", refuse)
+    assert limits.deep_call(lambda x: x + 1, 41) == 42

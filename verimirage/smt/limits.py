@@ -18,17 +18,19 @@ blow-up while terms are built into :class:`verimirage.smt.expr.ResourceLimit`
 from __future__ import annotations
 
 import contextvars
+import logging
 import sys
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 #: the recursion limit while :func:`deep_call` runs (Python frames)
 MAX_DEPTH = 60_000
 #: the stack of the thread :func:`deep_call` starts (bytes; only what is touched is committed)
-STACK_BYTES = 1 << 30
+STACK_BYTES = 1 << 29
 #: a product of polynomials with more term pairs than this is not expanded
 MAX_PRODUCT_TERMS = 200_000
 #: a coefficient (numerator or denominator) longer than this many bits is not kept
@@ -65,15 +67,22 @@ def deep_call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
             sys.setrecursionlimit(max(_saved_limit, MAX_DEPTH))
         _deep_running += 1
     try:
+        started = False
         with _STACK_LOCK:
             old = threading.stack_size()
-            threading.stack_size(STACK_BYTES)
             try:
+                threading.stack_size(STACK_BYTES)
                 t = threading.Thread(target=target, name="vm-deep", daemon=True)
                 t.start()
+                started = True
+            except (RuntimeError, ValueError, MemoryError) as e:  # no such stack here: run in this thread
+                log.warning("deep_call: no %d-byte thread stack (%s); running on the current stack", STACK_BYTES, e)
             finally:
                 threading.stack_size(old)
-        t.join()
+        if started:
+            t.join()
+        else:
+            target()
     finally:
         with _DEPTH_LOCK:
             _deep_running -= 1
