@@ -37,7 +37,7 @@ def test_never_prunes_a_sub_result_of_an_expert_design(name: str, small: bool, b
 
 def test_expert_rewrites_of_the_corpus_are_never_pruned() -> None:
     for c in CASES:
-        if c.expect == "proved":
+        if c.expect == "proved" and not c.cancels:
             a, b = c.a(), c.b()
             assert may_be_subexpression(b, a), (c.name, explain(b, a))
             assert may_be_subexpression(a, b), (c.name, explain(a, b))

@@ -29,6 +29,9 @@ class Case:
     b: Callable[[], vm.Graph]
     expect: str
     note: str = ""
+    #: an opaque function of one program cancels out (x * x**-1): no search rewrite does that, so the
+    #: pruning query (smt/prune.py) need not keep such pairs
+    cancels: bool = False
 
 
 def suite(name: str, batch: int = 1) -> Callable[[], vm.Graph]:
@@ -412,7 +415,7 @@ CASES += [
     Case("definedness_sqrt_rsqrt_cancel", kg(SQ, lambda g, a, b: g.add(g.shift(b, 1.0), g.sub(a, a))),
          kg(SQ, lambda g, a, b: g.add(b, g.mul(g.sqrt(a), g.rsqrt(a)))), "unknown", "NaN for A < 0"),
     Case("definedness_sqrt_rsqrt_cancel_source_partial", kg(SQ, lambda g, a, b: g.add(b, g.mul(g.sqrt(a), g.rsqrt(a)))),
-         kg(SQ, lambda g, a, b: g.add(g.shift(b, 1.0), g.sub(a, a))), "proved", "more defined is fine"),
+         kg(SQ, lambda g, a, b: g.add(g.shift(b, 1.0), g.sub(a, a))), "proved", "more defined is fine", cancels=True),
     Case("definedness_x_div_x", kg(SQ, lambda g, a, b: g.add(g.shift(b, 1.0), g.sub(a, a))),
          kg(SQ, lambda g, a, b: g.add(b, g.div(a, a))), "unknown", "undefined at A = 0"),
     Case("definedness_x_div_x_source_partial", kg(SQ, lambda g, a, b: g.add(b, g.div(a, a))),
