@@ -166,3 +166,13 @@ def test_cli_sweep_rejects_an_unknown_program(capsys) -> None:  # type: ignore[n
 
     assert main(["sweep", "no_such_program"]) == 2
     assert "unknown suite program" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _RAY, reason="ray is not installed (pip install 'verimirage[ray]')")
+def test_synthesis_on_ray_gives_the_serial_ruleset() -> None:
+    kw = {"ops": ["add", "mul", "neg"], "depth": 1, "shapes": [_ENV], "seed": 2, "progress": False}
+    serial = synthesize(**kw)  # type: ignore[arg-type]
+    on_ray = synthesize(**kw, ray=True)  # type: ignore[arg-type]
+    assert [str(r) for r in serial.rules] == [str(r) for r in on_ray.rules]
+    assert serial.report.proved == on_ray.report.proved

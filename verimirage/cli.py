@@ -346,9 +346,8 @@ def cmd_sweep(a: argparse.Namespace) -> int:
     if a.synthesized:
         rs = vm.rules.synthesize(depth=a.depth, seed=a.seed, time_budget_s=a.synth_budget, ray=a.ray,
                                  address=a.address, progress=None if not a.json else False)
-        others = [n for n in vm.rules.builtin_rulesets() if n != "algebra"]
         variants.setdefault("all", {})
-        variants["synthesized"] = {"rulesets": [rs, *others]}
+        variants["synthesized"] = {"disable_rules": ["algebra"], "extra_rules": [rs]}  # in place of algebra
         log.info("sweep: synthesized %d rule(s)", len(rs.rules))
     if not variants or a.leave_one_theory_out:
         variants = {**vm.rules.leave_one_theory_out(), **variants}

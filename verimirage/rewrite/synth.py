@@ -639,7 +639,15 @@ def _ray(address: str | None) -> Any:
     except ImportError:
         raise RuleError("ray=True needs Ray: pip install 'verimirage[ray]'") from None
     if not r.is_initialized():
-        r.init(address=address, logging_level=logging.WARNING, include_dashboard=False)
+        kw: dict[str, Any] = {}
+        if address is None:  # local workers import this copy of verimirage (not another installed one)
+            import os
+            from pathlib import Path
+
+            root = str(Path(__file__).resolve().parents[2])
+            kw["runtime_env"] = {"env_vars": {"PYTHONPATH": os.pathsep.join(
+                p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}}
+        r.init(address=address, logging_level=logging.WARNING, include_dashboard=False, **kw)
     return r
 
 
