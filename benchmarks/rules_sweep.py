@@ -2,7 +2,7 @@
 rules in those ops it rediscovers, then sweep the suite with the synthesized ruleset in place of the built-in
 ``algebra`` theory, serially and on Ray (local), and compare the tables.
 
-    python benchmarks/rules_sweep.py [--depth 2] [--no-ray] [--out benchmarks/results/rules_sweep]
+    python benchmarks/rules_sweep.py [--depth 2] [--full] [--no-ray] [--out benchmarks/results/rules_sweep]
 
 Writes ``synthesis.txt`` (report, rules, rediscovery), ``sweep.csv`` (serial), ``sweep_ray.csv`` and
 ``summary.json`` (wall times, which programs reach the baseline's best cost, which rules the synthesized set
@@ -31,6 +31,7 @@ def main() -> None:
     p.add_argument("--depth", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-ray", action="store_true")
+    p.add_argument("--full", action="store_true", help="full-size programs (default: the small shapes)")
     p.add_argument("--out", default="benchmarks/results/rules_sweep")
     a = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -38,7 +39,7 @@ def main() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    summary: dict[str, object] = {"cores": os.cpu_count(), "depth": a.depth, "seed": a.seed}
+    summary: dict[str, object] = {"cores": os.cpu_count(), "depth": a.depth, "seed": a.seed, "full": a.full}
 
     t0 = time.perf_counter()
     rs = vm.rules.synthesize(ops=DEFAULT_OPS, depth=a.depth, seed=a.seed, progress=False)
@@ -56,7 +57,7 @@ def main() -> None:
     variants = {"builtin": {}, "synthesized": {"disable_rules": ["algebra"], "extra_rules": [rs]}}
     programs = vm.benchmarks.names()
     t0 = time.perf_counter()
-    serial = vm.rules.sweep(programs, variants, seed=a.seed, progress=False)
+    serial = vm.rules.sweep(programs, variants, seed=a.seed, small=not a.full, progress=False)
     summary["sweep_serial_s"] = round(time.perf_counter() - t0, 1)
     serial.write_csv(out / "sweep.csv")
     same, worse = [], []
@@ -70,7 +71,7 @@ def main() -> None:
                "builtin_rules": serial.best(prog, "builtin").rules_best} for prog in worse}
     if not a.no_ray and importlib.util.find_spec("ray") is not None:
         t0 = time.perf_counter()
-        on_ray = vm.rules.sweep(programs, variants, seed=a.seed, ray=True, progress=False)
+        on_ray = vm.rules.sweep(programs, variants, seed=a.seed, small=not a.full, ray=True, progress=False)
         summary["sweep_ray_s"] = round(time.perf_counter() - t0, 1)
         on_ray.write_csv(out / "sweep_ray.csv")
         summary["ray_table_identical"] = serial.same_results(on_ray)
