@@ -29,7 +29,7 @@ import numpy as np
 from ..ir.dtypes import DType
 from ..ir.graph import Graph, node_list, output_refs
 from ..ir.interpret import REF, apply_op, run_block
-from ..ir.ops import TensorType
+from ..ir.ops import OPS, Prop, TensorType
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ def matmul_flops(g: Graph) -> float:
     total = 0.0
     nodes = node_list(g)
     for n in nodes:
-        if n.op == "matmul":
+        if OPS[n.op].has(Prop.CONTRACTION):
             a = nodes[n.args[0][0]].outs[n.args[0][1]]
             total += 2.0 * math.prod(n.outs[0].shape) * a.shape[-1]
     return total
