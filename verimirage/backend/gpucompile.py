@@ -28,7 +28,8 @@ def compile_modules(paths: Sequence[Path | str], *, arch: int = 90, timeout_s: f
 
     Each kernel is compiled twice: unspecialised, and specialised as Triton's JIT does for contiguous,
     16-aligned tensors (:func:`specialize`). Returns ``{path: {kernel: {"ok", "wgmma", "mma", "cp_async",
-    "error"}}}`` (``ok``: both compiled; ``cp_async``: asynchronous copies in the specialised PTX).
+    "shared", "error"}}}`` (``ok``: both compiled; ``cp_async``: asynchronous copies in the specialised PTX;
+    ``shared``: the larger shared-memory size in bytes Triton allocated for the two compiles).
     """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     cmd = [sys.executable, "-m", "verimirage.backend.gpucompile", "--arch", str(arch), *map(str, paths)]
@@ -75,15 +76,17 @@ def _compile_one(path: str, arch: int) -> dict[str, Any]:
     for name, sig in mod.SIGNATURES.items():
         fn = getattr(mod, name)
         opts = dict(mod.LAUNCH.get(name, {}))
-        rep: dict[str, Any] = {"ok": True, "wgmma": False, "mma": False, "cp_async": 0, "error": ""}
+        rep: dict[str, Any] = {"ok": True, "wgmma": False, "mma": False, "cp_async": 0, "shared": 0, "error": ""}
         for label, src in (("plain", ASTSource(fn, dict(sig), {})), ("specialised", ASTSource(fn, *specialize(sig)))):
             try:
-                ptx = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=opts).asm["ptx"]
+                ck = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=opts)
+                ptx = ck.asm["ptx"]
             except Exception as e:  # report, do not stop: the caller asserts
                 rep.update(ok=False, error=rep["error"] + f"[{label}] {type(e).__name__}: {e}"[-2000:])
                 continue
             rep["wgmma"] |= "wgmma" in ptx
             rep["mma"] |= "mma.sync" in ptx
+            rep["shared"] = max(rep["shared"], int(ck.metadata.shared))
             if label == "specialised":
                 rep["cp_async"] = ptx.count("cp.async.cg") + ptx.count("cp.async.ca")
         out[name] = rep

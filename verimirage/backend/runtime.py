@@ -37,7 +37,7 @@ from ..ir.errors import GraphError
 from ..ir.graph import node_list
 from ..ir.ops import TensorType
 from .cache import atomic_write, cache_dir
-from .codegen import LaunchConfig, ModuleSource, TileOptions, generate
+from .codegen import LaunchConfig, ModuleSource, generate
 
 log = logging.getLogger(__name__)
 
@@ -575,6 +575,27 @@ def _chosen_config(program: Any) -> LaunchConfig | None:
     return chosen_config(program)
 
 
+def _fit_kernels(ms: ModuleSource, config: LaunchConfig) -> dict[str, tuple[Any, list[Any], LaunchConfig]]:
+    """Kernels of ``ms`` whose shared memory under ``config`` exceeds the target's limit, with the nearest
+    configuration that fits (:func:`verimirage.backend.resources.fit`); a kernel no configuration fits is
+    left to Triton, which reports it."""
+    from .resources import ResourceError, fit
+
+    nodes = node_list(ms.mugraph)
+    out: dict[str, tuple[Any, list[Any], LaunchConfig]] = {}
+    for k in ms.kernels:
+        n = nodes[k.node]
+        at = [nodes[a].outs[j] for a, j in n.args]
+        try:
+            c = fit(n.attr("block"), at, config)
+        except ResourceError as e:
+            log.warning("compile: kernel %s: %s", k.name, e)
+            continue
+        if c != config:
+            out[k.name] = (n, at, c)
+    return out
+
+
 def compile(
     program: Any,
     *,
@@ -590,7 +611,9 @@ def compile(
     one, the configuration :func:`verimirage.backend.profile.select` found
     fastest for this μGraph in this process is used if there is one, else each
     kernel gets :func:`verimirage.backend.tuning.recommend`'s (measured rules);
-    ``LaunchConfig(tuned=True)`` asks for the latter explicitly.
+    ``LaunchConfig(tuned=True)`` asks for the latter explicitly. A kernel that would need more shared
+    memory than the GPU allows under ``config`` gets fewer pipeline stages, then 16-row ``tl.dot`` padding
+    (:func:`verimirage.backend.resources.fit`; logged), instead of failing at launch.
     ``directory`` is where the generated module is written (default: the
     cache directory, see :mod:`.cache`). ``cuda_graph=True`` captures the
     program's launches into a CUDA graph on the first call and replays it
@@ -615,8 +638,12 @@ def compile(
             tuned[k.name] = tuning.recommend(n.attr("block"), [nodes[a].outs[j] for a, j in n.args])
         per_kernel = tuned | dict(per_kernel or {})
     else:
-        tiles: TileOptions = config.tiles
-        ms = generate(program, tiles)
+        ms = generate(program, config.tiles)
+        fitted = _fit_kernels(ms, config)
+        if fitted:  # some kernels need less shared memory than config gives them: regenerate those
+            fixed = {(str(n.attr("block")), tuple(nodes_t)): c for n, nodes_t, c in fitted.values()}
+            ms = generate(program, tiles_for=lambda bg, at: fixed.get((str(bg), tuple(at)), config).tiles)
+            per_kernel = {k: c for k, (_, _, c) in fitted.items()} | dict(per_kernel or {})
     path = write_module(ms, Path(directory) if directory is not None else None)
     try:
         mod = load_module(path, ms.source)

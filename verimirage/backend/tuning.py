@@ -25,14 +25,17 @@ CUDA-graph medians, float64-checked). The rules, in short:
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..ir.graph import BlockGraph, Graph
 from ..ir.ops import OPS, Prop, TensorType
 from .codegen import LaunchConfig, ModuleSource, TileOptions, _KernelGen, generate
+
+log = logging.getLogger(__name__)
 
 #: Streaming multiprocessors of an H100 SXM / H200 (132 each).
 NUM_SMS = 132
@@ -98,7 +101,24 @@ def kernel_shape(bg: BlockGraph, arg_types: Sequence[TensorType]) -> KernelShape
 
 
 def recommend(bg: BlockGraph, arg_types: Sequence[TensorType]) -> LaunchConfig:
-    """The launch configuration the measurements favour for one kernel (see the module docstring)."""
+    """The launch configuration the measurements favour for one kernel (see the module docstring).
+
+    Never above the target's shared memory (:func:`verimirage.backend.resources.fit`: fewer stages, then
+    16-row dot padding). A kernel whose tiles cannot fit under any configuration gets the smallest one
+    (one stage, 16-row padding); the cost model ranks such candidates infeasible.
+    """
+    from .resources import ResourceError, fit
+
+    c = _measured(bg, arg_types)
+    try:
+        return fit(bg, arg_types, c)
+    except ResourceError as e:
+        log.warning("tuning.recommend: %s", e)
+        return LaunchConfig(c.num_warps, 1, replace(c.tiles, dot_min_m=16))
+
+
+def _measured(bg: BlockGraph, arg_types: Sequence[TensorType]) -> LaunchConfig:
+    """The measured rules of :func:`recommend`, before the shared-memory fit."""
     s = kernel_shape(bg, arg_types)
     if s.matmuls == 0:
         warps = 8 if s.max_tile >= 4096 else 4

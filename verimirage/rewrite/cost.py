@@ -19,7 +19,8 @@ from H100/H200 measurements (benchmarks/perf/NOTES.md):
 * the for-loop is software-pipelined: a kernel whose per-iteration tiles do
   not fit ``stages - 1`` times in shared memory (as Triton buffers them) is
   infeasible (227 KB on an H100), and each loop iteration costs a little
-  fixed time.
+  fixed time. So is a kernel the backend cannot launch within that limit under any configuration
+  (:func:`verimirage.backend.resources.min_smem`: one stage, 16-row ``tl.dot`` padding).
 
 :func:`calibrate` fits the three coefficients to GPU timings.
 """
@@ -205,6 +206,17 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
     return _roofline(nbytes, tc * blocks, other * blocks, blocks, smem, hw, cal, l2_in, pad, bg.frange)
 
 
+def _backend_min_smem(bg: BlockGraph, in_types: Sequence[TensorType]) -> int:
+    """The least shared memory the backend can launch ``bg`` with (:func:`verimirage.backend.resources.min_smem`);
+    0 when the backend cannot say (then only this module's own estimate decides feasibility)."""
+    try:
+        from ..backend.resources import min_smem
+
+        return min_smem(bg, in_types)
+    except Exception:  # codegen cannot lower it: the lowering reports that, not the cost model
+        return 0
+
+
 def cost(g: Graph, hw: Hardware = H100, cal: Calibration = Calibration()) -> Cost:
     """Estimate for a kernel graph or μGraph.
 
@@ -239,6 +251,11 @@ def cost(g: Graph, hw: Hardware = H100, cal: Calibration = Calibration()) -> Cos
             kc = block_cost(n.attr("block"), in_types, n.outs, hw, cal)
             if kc.smem > hw.smem_per_block and not reason:
                 reason = f"a block needs {kc.smem / 1024:.0f} KB of shared memory (> {hw.smem_per_block // 1024} KB)"
+            if not reason:
+                least = _backend_min_smem(n.attr("block"), in_types)
+                if least > hw.smem_per_block:
+                    reason = (f"a kernel's tiles need {least} B of shared memory under every launch configuration "
+                              f"(> {hw.smem_per_block} B per block)")
         elif i in wrapped:
             kc = block_cost(wrapped[i], in_types, n.outs, hw, cal)
         else:

@@ -1,0 +1,147 @@
+"""Kernels fit the hardware: shared-memory estimate, the fit of launch configurations, the cost model's limit.
+
+The estimate (:func:`verimirage.backend.resources.smem_estimate`) is checked against what Triton 3.6
+allocates for sm_90 (``metadata.shared`` of ``triton.compile`` in a subprocess, no GPU needed) in the slow
+test; the fast tests check every stored full-size suite candidate under every default configuration.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+import verimirage as vm
+from verimirage.backend import tuning
+from verimirage.backend.codegen import LaunchConfig, TileOptions, generate
+from verimirage.backend.profile import DEFAULT_CONFIGS
+from verimirage.backend.resources import SM90, ResourceError, fit, min_smem, smem_estimate
+from verimirage.backend.runtime import ensure_mode
+from verimirage.benchmarks.designs import expert
+from verimirage.ir.graph import node_list
+from verimirage.rewrite.cost import cost
+
+ensure_mode()
+
+CANDIDATES = Path(__file__).resolve().parents[1] / "benchmarks" / "candidates"
+
+
+def _kernels(m: vm.MuGraph) -> list[tuple[int, object, list[vm.TensorType]]]:
+    nodes = node_list(m)
+    return [(i, n.attr("block"), [nodes[a].outs[j] for a, j in n.args]) for i, n in enumerate(nodes)
+            if n.op == "custom"]
+
+
+def _concrete(cfg: LaunchConfig, bg: object, at: list[vm.TensorType]) -> LaunchConfig:
+    return tuning.recommend(bg, at) if cfg.tuned else cfg  # type: ignore[arg-type]
+
+
+def test_sm90_table() -> None:
+    assert SM90.smem_per_block == 232448  # Triton's "Hardware limit" on an H100 / H200
+    assert SM90.regs_per_sm == 65536
+
+
+def test_every_stored_candidate_fits_under_every_default_config() -> None:
+    files = sorted(CANDIDATES.glob("*.json"))
+    assert len(files) == 20
+    n = 0
+    for f in files:
+        for c in json.loads(f.read_text())["candidates"]:
+            for _, bg, at in _kernels(vm.MuGraph.parse(c["mugraph"])):
+                for cfg in DEFAULT_CONFIGS:
+                    used = _concrete(cfg, bg, at)
+                    if not cfg.tuned:  # what compile() launches: the config, or its fit
+                        used = fit(bg, at, used)  # type: ignore[arg-type]
+                    assert smem_estimate(bg, at, used) <= SM90.smem_per_block, (f.name, used.key())  # type: ignore[arg-type]
+                    n += 1
+    assert n > 1000
+
+
+def _big_gated_mlp(k_tile: int) -> tuple[vm.MuGraph, object, list[vm.TensorType]]:
+    g = vm.benchmarks.get("gated_mlp")  # full size: X 8x4096, W1/W2 4096x4096
+    m = expert("gated_mlp", g, cols=64, k_tile=k_tile)
+    (_, bg, at), *_ = sorted(_kernels(m), key=lambda k: -smem_estimate(k[1], k[2], LaunchConfig(4, 4)))  # type: ignore[arg-type]
+    return m, bg, at
+
+
+def test_fit_shrinks_stages_then_padding() -> None:
+    _, bg, at = _big_gated_mlp(512)
+    big = LaunchConfig(4, 4, TileOptions(dot_min_m=64))
+    assert smem_estimate(bg, at, big) > SM90.smem_per_block  # type: ignore[arg-type]
+    c = fit(bg, at, big)  # type: ignore[arg-type]
+    assert smem_estimate(bg, at, c) <= SM90.smem_per_block  # type: ignore[arg-type]
+    assert c.num_warps == big.num_warps and c != big
+    # stages go first: the padding is kept while fewer stages fit
+    assert c.tiles.dot_min_m == 64 and c.num_stages < 4
+    # the measured rules never hand out a configuration above the limit
+    r = tuning.recommend(bg, at)  # type: ignore[arg-type]
+    assert smem_estimate(bg, at, r) <= SM90.smem_per_block  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="tuned"):
+        fit(bg, at, LaunchConfig(tuned=True))  # type: ignore[arg-type]
+
+
+def test_compile_repairs_an_oversized_config(tmp_path: Path) -> None:
+    # compile() with a config some kernel cannot launch under gives that kernel fewer stages (it would
+    # otherwise fail at launch with Triton's OutOfResources); the others keep the config
+    m, bg, at = _big_gated_mlp(512)
+    big = LaunchConfig(4, 4, TileOptions(dot_min_m=64))
+    fn = vm.compile(m, config=big, directory=tmp_path)
+    want = fit(bg, at, big)  # type: ignore[arg-type]
+    assert any(v == {"num_warps": want.num_warps, "num_stages": want.num_stages} for v in fn.launch.values())
+    assert all(v["num_stages"] <= 4 for v in fn.launch.values())
+
+
+def test_tiles_too_large_for_any_config_are_infeasible_for_the_cost_model() -> None:
+    g = vm.benchmarks.get("gated_mlp")
+    assert not cost(expert("gated_mlp", g, cols=64, k_tile=128)).infeasible
+    # blocks holding 1024 x 1024 fp16 weight tiles as tl.dot operands: 2 MiB each, whatever the stages
+    m = expert("gated_mlp", g, cols=1024, k_tile=1024)
+    (_, bg, at), *_ = sorted(_kernels(m), key=lambda k: -min_smem(k[1], k[2]))  # type: ignore[arg-type]
+    assert min_smem(bg, at) > SM90.smem_per_block  # type: ignore[arg-type]
+    with pytest.raises(ResourceError, match="too large"):
+        fit(bg, at, LaunchConfig(4, 3))  # type: ignore[arg-type]
+    assert cost(m).infeasible
+    # recommend still answers (the smallest configuration), so a user's compile reaches Triton's own error
+    r = tuning.recommend(bg, at)  # type: ignore[arg-type]
+    assert r.num_stages == 1 and r.tiles.dot_min_m == 16
+
+
+def _write(ms: object, cfg: LaunchConfig, path: Path) -> Path:
+    src = re.sub(r"\{'num_warps': 4, 'num_stages': 2\}",
+                 f"{{'num_warps': {cfg.num_warps}, 'num_stages': {cfg.num_stages}}}", ms.source)  # type: ignore[attr-defined]
+    path.write_text(src)
+    return path
+
+
+@pytest.mark.slow  # sm_90 compiles in a subprocess: about half a minute per kernel on a loaded 2-core machine
+def test_estimate_bounds_triton_sm90_allocation(tmp_path: Path) -> None:
+    from verimirage.backend.gpucompile import compile_modules
+
+    # the largest kernels of the stored suite candidates (by estimate) and the oversized gated_mlp repaired
+    rows = []
+    for f in sorted(CANDIDATES.glob("*.json")):
+        for ci, c in enumerate(json.loads(f.read_text())["candidates"]):
+            m = vm.MuGraph.parse(c["mugraph"])
+            for i, bg, at in _kernels(m):
+                for cfg in DEFAULT_CONFIGS[1:]:
+                    rows.append((smem_estimate(bg, at, cfg), f.stem, ci, i, cfg))  # type: ignore[arg-type]
+    rows.sort(key=lambda r: -r[0])
+    picked, seen = [], set()
+    for r in rows:
+        if (r[1].split("_bs")[0], r[4]) not in seen:  # one per program and configuration
+            seen.add((r[1].split("_bs")[0], r[4]))
+            picked.append(r)
+    picked = picked[:4]
+    paths = {}
+    for k, (est, stem, ci, i, cfg) in enumerate(picked):
+        m = vm.MuGraph.parse(json.loads((CANDIDATES / f"{stem}.json").read_text())["candidates"][ci]["mugraph"])
+        ms = generate(m, cfg.tiles)
+        (name,) = [kk.name for kk in ms.kernels if kk.node == i]
+        paths[k] = (_write(ms, cfg, tmp_path / f"k{k}.py"), name, est)
+    report = compile_modules([p for p, _, _ in paths.values()])
+    for k, (p, name, est) in paths.items():
+        r = report[str(p)][name]
+        assert r["ok"], r["error"]
+        assert 0 < r["shared"] <= est <= SM90.smem_per_block, (picked[k], r["shared"])

@@ -1,0 +1,154 @@
+"""Hardware limits of the target GPU and the shared memory a generated kernel asks for.
+
+Triton refuses to launch a kernel whose shared memory exceeds the device's opt-in limit per block
+(``OutOfResources: shared memory, Required: 270336, Hardware limit: 232448`` on an H100). The tile sizes
+of a kernel are fixed by its block graph; what the backend chooses is the launch configuration: pipeline
+stages (Triton keeps ``num_stages - 1`` copies of every tile a pipelined loop loads) and the row padding
+of ``tl.dot`` operands (``TileOptions.dot_min_m``: 64 for wgmma, 16 for mma.sync). :func:`smem_estimate`
+is an upper bound of what Triton 3.6 allocates (checked against ``triton.compile(...).metadata.shared``
+for sm_90 in ``tests/test_resources.py``) and :func:`fit` shrinks a configuration until the estimate is
+within :attr:`Target.smem_per_block`: stages first, then the row padding.
+
+Pure Python: no GPU, no torch, no triton needed.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from ..ir.graph import BlockGraph, live_nodes
+from ..ir.ops import LOOP_OPS, TensorType
+from .codegen import LaunchConfig, TileOptions, _KernelGen
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Target:
+    """Per-block resource limits of one GPU architecture."""
+
+    name: str
+    arch: int  # compute capability as an int (90 = sm_90)
+    #: shared memory one block may opt in to (bytes): what Triton checks at launch
+    smem_per_block: int
+    smem_per_sm: int
+    regs_per_sm: int  # 32-bit registers per SM
+    regs_per_thread: int  # the most one thread may use
+    sms: int
+
+
+#: NVIDIA H100 / H200 (sm_90): 227 KB of shared memory per block (232,448 bytes), 64 K registers per SM.
+SM90 = Target("H100/H200 (sm_90)", 90, 232448, 233472, 65536, 255, 132)
+
+
+class ResourceError(ValueError):
+    """A kernel does not fit the target's shared memory under any configuration the backend can choose."""
+
+
+def _dot_nodes(bg: BlockGraph, live: set[int]) -> list[int]:
+    out = []
+    for i, n in enumerate(bg.nodes):
+        if i not in live or n.op != "matmul":
+            continue
+        a = bg.nodes[n.args[0][0]].outs[n.args[0][1]]
+        b = bg.nodes[n.args[1][0]].outs[n.args[1][1]]
+        if a.shape[-2] > 1 and a.shape[-1] > 1 and b.shape[-1] > 1:  # codegen emits tl.dot (else a broadcast sum)
+            out.append(i)
+    return out
+
+
+def smem_estimate(bg: BlockGraph, arg_types: Sequence[TensorType], config: LaunchConfig) -> int:
+    """Bytes of shared memory the kernel of ``bg`` (on operands ``arg_types``) needs under ``config``.
+
+    An upper bound of Triton 3.6's allocation on sm_90, summed from:
+
+    * tiles a for-loop with a ``tl.dot`` loads each iteration (the pipeliner buffers every load of such a
+      loop): padded tile bytes x ``max(1, num_stages - 1)``;
+    * ``tl.dot`` operands otherwise (loop-invariant loads, computed values): their padded bytes once, in the
+      operand dtype (wgmma reads operands from shared memory; mma.sync converts layouts through it), all
+      counted as live at once (Triton reuses the memory of dead operands, so this is often far above).
+
+    Layout-conversion and reduction scratch is not counted: Triton places it in memory the operands or
+    pipeline buffers free (measured on the suite's kernels, see the test).
+
+    ``config.tuned`` is not resolved here: pass the concrete configuration (``tuning.recommend``'s).
+    """
+    kg = _KernelGen(bg, arg_types, bg.result_types(arg_types), "k", config.tiles)
+    for i in range(len(bg.nodes)):
+        kg._unify_node(lambda a, k: (a, k), bg.nodes, i)
+    kg._finish_classes()
+    live = live_nodes(bg.nodes, bg.outputs)
+    dots = _dot_nodes(bg, live)
+    looped = bg.frange > 1
+    varying: list[bool] = []
+    for n in bg.nodes:
+        if n.op == "input":
+            varying.append(looped and n.attr("fmap") is not None)
+        else:
+            varying.append(n.op in LOOP_OPS or any(varying[a] for a, _ in n.args))
+    pipelined = looped and bool(dots) and config.num_stages > 1
+    buffers = max(1, config.num_stages - 1)
+
+    def nbytes(i: int, k: int = 0, itemsize: int | None = None) -> int:
+        t = bg.nodes[i].outs[k]
+        return math.prod(kg.padded((i, k), t)) * (itemsize or t.dtype.itemsize)
+
+    total = 0
+    counted: set[int] = set()
+    if pipelined:
+        for i, n in enumerate(bg.nodes):
+            if i in live and n.op == "input" and varying[i]:
+                total += nbytes(i) * buffers
+                counted.add(i)
+    for i in dots:
+        n = bg.nodes[i]
+        itemsize = bg.nodes[n.args[0][0]].outs[n.args[0][1]].dtype.itemsize
+        batch = math.prod(kg.padded((i, 0), n.outs[0])[:-2])
+        for a, k in n.args[:2]:
+            if a in counted:
+                continue
+            counted.add(a)
+            shape = kg.padded((a, k), bg.nodes[a].outs[k])
+            total += batch // max(1, math.prod(shape[:-2])) * math.prod(shape) * itemsize
+    return total
+
+
+def fit(bg: BlockGraph, arg_types: Sequence[TensorType], config: LaunchConfig,
+        target: Target = SM90) -> LaunchConfig:
+    """``config``, or the nearest configuration whose :func:`smem_estimate` is within ``target``'s limit.
+
+    Shrinks the pipeline stages first (down to 1: no software pipelining), then pads ``tl.dot`` rows to 16
+    instead of 64 (mma.sync instead of wgmma). Raises :class:`ResourceError` when even that does not fit:
+    the block graph's tiles themselves are too large (the cost model ranks such candidates infeasible).
+    """
+    if config.tuned:
+        raise ValueError("resources.fit: resolve a tuned configuration first (tuning.recommend)")
+    limit = target.smem_per_block
+    c = config
+    need = smem_estimate(bg, arg_types, c)
+    if need <= limit:
+        return c
+    tries: list[LaunchConfig] = [replace(c, num_stages=s) for s in range(c.num_stages - 1, 0, -1)]
+    if c.tiles.dot_min_m > 16:
+        small = replace(c.tiles, dot_min_m=16)
+        tries += [replace(c, num_stages=s, tiles=small) for s in range(c.num_stages, 0, -1)]
+    for t in tries:
+        n = smem_estimate(bg, arg_types, t)
+        if n <= limit:
+            log.info("resources: kernel needs %d B of shared memory under %s (limit %d on %s); using %s (%d B)",
+                     need, c.key(), limit, target.name, t.key(), n)
+            return t
+    least = min_smem(bg, arg_types)
+    raise ResourceError(f"a kernel of grid {bg.grid} needs at least {least} bytes of shared memory (one stage, "
+                        f"16-row dot padding); {target.name} allows {limit} per block: its tiles are too large")
+
+
+def min_smem(bg: BlockGraph, arg_types: Sequence[TensorType]) -> int:
+    """The least :func:`smem_estimate` over the configurations :func:`fit` may choose."""
+    return smem_estimate(bg, arg_types, LaunchConfig(4, 1, TileOptions(dot_min_m=16)))
+
+
+__all__ = ["SM90", "ResourceError", "Target", "fit", "min_smem", "smem_estimate"]
