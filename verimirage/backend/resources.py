@@ -146,8 +146,32 @@ def fit(bg: BlockGraph, arg_types: Sequence[TensorType], config: LaunchConfig,
                         f"16-row dot padding); {target.name} allows {limit} per block: its tiles are too large")
 
 
-def min_smem(bg: BlockGraph, arg_types: Sequence[TensorType]) -> int:
-    """The least :func:`smem_estimate` over the configurations :func:`fit` may choose."""
+def _quick_bound(bg: BlockGraph) -> int:
+    """A cheap upper bound of :func:`min_smem` (no dim unification): every input and ``tl.dot`` operand once,
+    each dim padded to a power of two (at least 16 for the last two), operands broadcast to the dot's batch."""
+    def padded(t: TensorType) -> int:
+        r = t.rank
+        return math.prod(1 if n == 1 else max(16 if ax >= r - 2 else 1, 1 << (n - 1).bit_length())
+                         for ax, n in enumerate(t.shape))
+
+    total = sum(padded(n.outs[0]) * n.outs[0].dtype.itemsize for n in bg.nodes if n.op == "input")
+    for n in bg.nodes:
+        if n.op == "matmul":
+            out = n.outs[0]
+            batch = math.prod(1 << (d - 1).bit_length() for d in out.shape[:-2])
+            for a, k in n.args[:2]:
+                t = bg.nodes[a].outs[k]
+                total += batch * padded(TensorType(t.shape[-2:], t.dtype)) * t.dtype.itemsize
+    return total
+
+
+def min_smem(bg: BlockGraph, arg_types: Sequence[TensorType], limit: int | None = None) -> int:
+    """The least :func:`smem_estimate` over the configurations :func:`fit` may choose. With ``limit``, a
+    cheap bound is returned instead when that bound is within ``limit`` (the cost model's question)."""
+    if limit is not None:
+        quick = _quick_bound(bg)
+        if quick <= limit:
+            return quick
     return smem_estimate(bg, arg_types, LaunchConfig(4, 1, TileOptions(dot_min_m=16)))
 
 

@@ -206,13 +206,13 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
     return _roofline(nbytes, tc * blocks, other * blocks, blocks, smem, hw, cal, l2_in, pad, bg.frange)
 
 
-def _backend_min_smem(bg: BlockGraph, in_types: Sequence[TensorType]) -> int:
+def _backend_min_smem(bg: BlockGraph, in_types: Sequence[TensorType], limit: int) -> int:
     """The least shared memory the backend can launch ``bg`` with (:func:`verimirage.backend.resources.min_smem`);
     0 when the backend cannot say (then only this module's own estimate decides feasibility)."""
     try:
         from ..backend.resources import min_smem
 
-        return min_smem(bg, in_types)
+        return min_smem(bg, in_types, limit)
     except Exception:  # codegen cannot lower it: the lowering reports that, not the cost model
         return 0
 
@@ -252,7 +252,7 @@ def cost(g: Graph, hw: Hardware = H100, cal: Calibration = Calibration()) -> Cos
             if kc.smem > hw.smem_per_block and not reason:
                 reason = f"a block needs {kc.smem / 1024:.0f} KB of shared memory (> {hw.smem_per_block // 1024} KB)"
             if not reason:
-                least = _backend_min_smem(n.attr("block"), in_types)
+                least = _backend_min_smem(n.attr("block"), in_types, hw.smem_per_block)
                 if least > hw.smem_per_block:
                     reason = (f"a kernel's tiles need {least} B of shared memory under every launch configuration "
                               f"(> {hw.smem_per_block} B per block)")

@@ -165,6 +165,7 @@ def _rebuild(entry: Any, graph: Graph, recheck: str, cost_of: Callable[[MuGraph]
     from ..smt.certificate import Certificate
     from ..smt.verdict import Check, Proved
     from .cost import Cost, KernelCost
+    from .options import StopReason
     from .superopt import Candidate, SearchReport, SearchResult
 
     if not isinstance(entry, dict) or entry.get("format") != FORMAT:
@@ -207,7 +208,8 @@ def _rebuild(entry: Any, graph: Graph, recheck: str, cost_of: Callable[[MuGraph]
                          f"the search said: {d['verdict_reason']}", checks)
         g2 = Graph.parse(d["graph"]) if d.get("graph") else None
         out.append(Candidate(mg, cost, verdict, cert, tuple(d["rules"]), g2))
-    rep = SearchReport(stop_reason="served from the search cache")
+    rep = SearchReport()
+    rep.stop(StopReason.CACHED)
     rep.verified = len(out)
     if len(out) < len(parsed):
         rep.notes.append(f"{len(parsed) - len(out)} more cached candidate(s) not served: only the best one was "

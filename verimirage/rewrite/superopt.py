@@ -28,6 +28,7 @@ The result is deterministic for a given graph and options.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import math
@@ -40,10 +41,11 @@ from typing import Any
 from ..ir.errors import GraphError
 from ..ir.graph import Graph, MuGraph, node_list
 from ..ir.limits import check_evaluable
-from .cost import H100, Calibration, Cost, Hardware, cost
+from .cost import Calibration, Cost, cost
 from .lift import EClassTerms, Term, commutation_key, lift, term_to_graph
+from .options import SearchOptions, StopReason
 from .partition import Lowered, lower_all
-from .rules import Rule, RuleError, Ruleset, admit, select_rules
+from .rules import Rule, RuleError, admit, select_rules
 from .saturate import SaturationPanic, attribute, saturate
 
 log = logging.getLogger(__name__)
@@ -95,6 +97,14 @@ class SearchReport:
     verified: int = 0
     notes: list[str] = field(default_factory=list)
     from_cache: str = ""  # the search-cache entry this result was served from ("" = a search ran)
+    #: why verification stopped (``stop_reason`` is its text, with the detail)
+    stopped: StopReason | None = None
+    options: str = ""  # the search's options that differ from the defaults (``str(SearchOptions)``)
+
+    def stop(self, why: StopReason, detail: str = "") -> None:
+        """Record why the search stopped: ``stopped`` and its text ``stop_reason`` (``detail`` in parentheses)."""
+        self.stopped = why
+        self.stop_reason = f"{why.value} ({detail})" if detail else why.value
 
     @property
     def total_seconds(self) -> float:
@@ -107,6 +117,8 @@ class SearchReport:
             lines.append(f"from the search cache: {self.from_cache} (no search ran; superoptimize(..., cache=False) "
                          "or `verimirage cache clear` searches again)")
         lines.append(f"search: {self.total_seconds:.2f}s, stop: {self.stop_reason}")
+        if self.options:
+            lines.append(f"  options: {self.options}")
         if not self.from_cache:  # a served result ran no phases: its notes hold the original search's report
             lines.append("  phases: " + ", ".join(f"{k} {v:.2f}s" for k, v in self.phase_seconds.items()))
             lines.append(f"  e-graph: {self.egraph_enodes} e-nodes, {self.egraph_eclasses} e-classes, "
@@ -198,34 +210,7 @@ def _unknown(reason: str, evidence: Any = ()) -> Any:
         return None
 
 
-def superoptimize(
-    graph: Graph,
-    *,
-    time_budget_s: float = 60.0,
-    node_limit: int = 4000,
-    iter_limit: int = 6,
-    rulesets: Sequence[str | Ruleset] | None = None,
-    disable_rules: Sequence[str] = (),
-    extra_rules: Sequence[Rule | Ruleset] = (),
-    grids: Sequence[int] | None = None,
-    franges: Sequence[int] | None = None,
-    max_splits: int = 32,
-    top_k: int = 4,
-    variants: int = 0,
-    terms_per_class: int = 6,
-    max_terms: int = 12,
-    max_verify: int | None = None,
-    verify_budget_s: float | None = None,
-    hardware: Hardware = H100,
-    calibration: Calibration | None = None,
-    profile: bool = False,
-    seed: int = 0,
-    progress: bool | None = None,
-    verify_timeout_s: float = 10.0,
-    verifier: Callable[[Graph, Graph], Any] | None = None,
-    cache: bool = True,
-    recheck_cache: bool = False,
-) -> SearchResult:
+def superoptimize(graph: Graph, *, options: SearchOptions | None = None, **overrides: Any) -> SearchResult:
     """Search for verified μGraphs equivalent to kernel graph ``graph``; best (by cost) first.
 
     Options: ``time_budget_s`` for the whole search; ``node_limit`` / ``iter_limit`` for the e-graph;
@@ -250,45 +235,30 @@ def superoptimize(
     checker re-checks the best candidate against ``graph`` and only it is served (a full-size re-check costs
     seconds per candidate); ``recheck_cache=True`` re-checks every cached candidate and serves them all. A
     candidate that does not re-check makes the entry a miss: it is reported, removed and searched again.
+
+    The keywords are the fields of :class:`~verimirage.rewrite.options.SearchOptions` (validated once, a
+    TypeError for an unknown one); ``options=SearchOptions(...)`` passes them as one value (keywords given
+    beside it override its fields). The report prints the options that differ from the defaults.
     """
+    opts = SearchOptions.make(options, overrides)
     if not isinstance(graph, Graph) or any(n.op == "custom" for n in node_list(graph)):
         raise GraphError("superoptimize: expected a kernel graph (vm.Graph) without custom kernels")
-    if top_k < 1:
-        raise ValueError(f"superoptimize: top_k={top_k}; expected >= 1")
-    if variants < 0:
-        raise ValueError(f"superoptimize: variants={variants}; expected >= 0")
     graph.check()
     check_evaluable(graph, "superoptimize")  # the verifier evaluates it: sizes bounded before allocating
     key = None
-    if cache and verifier is None and not extra_rules:
+    if opts.cacheable:
         from . import search_cache
 
-        key = search_cache.cache_key(graph, {
-            "time_budget_s": time_budget_s, "node_limit": node_limit, "iter_limit": iter_limit,
-            "rulesets": None if rulesets is None else [r if isinstance(r, str) else r.name for r in rulesets],
-            "disable_rules": sorted(disable_rules), "grids": None if grids is None else list(grids),
-            "franges": None if franges is None else list(franges), "max_splits": max_splits, "top_k": top_k,
-            "variants": variants,
-            "terms_per_class": terms_per_class, "max_terms": max_terms, "max_verify": max_verify,
-            "verify_budget_s": verify_budget_s, "hardware": repr(hardware), "calibration": repr(calibration),
-            "profile": profile, "seed": seed,
-            "verify_timeout_s": verify_timeout_s,
-            # a profiled ordering belongs to one GPU (and its software): key it by them
-            "device": _device_key() if profile else None,
-        })
-        hit = search_cache.load(key, graph, recheck="all" if recheck_cache else "best",
-                                cost_of=lambda mg: cost(mg, hardware, calibration or Calibration()))
+        # a profiled ordering belongs to one GPU (and its software): key it by them
+        key = search_cache.cache_key(graph, opts.cache_fields(_device_key() if opts.profile else None))
+        hit = search_cache.load(key, graph, recheck="all" if opts.recheck_cache else "best",
+                                cost_of=lambda mg: cost(mg, opts.hardware, opts.calibration or Calibration()))
         if hit is not None:
             hit.report.from_cache = str(search_cache.entry_path(key))
+            hit.report.options = str(opts)
             log.info("superoptimize: served from the search cache (%d candidate(s))", len(hit.candidates))
             return hit
-    result = _search(graph, time_budget_s=time_budget_s, node_limit=node_limit, iter_limit=iter_limit,
-                     rulesets=rulesets, disable_rules=disable_rules, extra_rules=extra_rules, grids=grids,
-                     franges=franges, max_splits=max_splits, top_k=top_k, variants=variants,
-                     terms_per_class=terms_per_class,
-                     max_terms=max_terms, max_verify=max_verify, verify_budget_s=verify_budget_s, hardware=hardware,
-                     calibration=calibration, profile=profile, seed=seed, progress=progress,
-                     verify_timeout_s=verify_timeout_s, verifier=verifier)
+    result = _search(graph, opts)
     if key is not None and result.candidates:
         from . import search_cache
 
@@ -296,43 +266,24 @@ def superoptimize(
     return result
 
 
-def _search(
-    graph: Graph,
-    *,
-    time_budget_s: float,
-    node_limit: int,
-    iter_limit: int,
-    rulesets: Sequence[str | Ruleset] | None,
-    disable_rules: Sequence[str],
-    extra_rules: Sequence[Rule | Ruleset],
-    grids: Sequence[int] | None,
-    franges: Sequence[int] | None,
-    max_splits: int,
-    top_k: int,
-    variants: int,
-    terms_per_class: int,
-    max_terms: int,
-    max_verify: int | None,
-    verify_budget_s: float | None,
-    hardware: Hardware,
-    calibration: Calibration | None,
-    profile: bool,
-    seed: int,
-    progress: bool | None,
-    verify_timeout_s: float,
-    verifier: Callable[[Graph, Graph], Any] | None,
-) -> SearchResult:
+def _search(graph: Graph, opts: SearchOptions) -> SearchResult:
     """The search itself (see :func:`superoptimize`)."""
+    time_budget_s, node_limit, iter_limit = opts.time_budget_s, opts.node_limit, opts.iter_limit
+    grids, franges, max_splits, top_k, variants = opts.grids, opts.franges, opts.max_splits, opts.top_k, opts.variants
+    terms_per_class, max_terms, hardware, calibration = opts.terms_per_class, opts.max_terms, opts.hardware, \
+        opts.calibration
+    profile, seed, progress, verify_timeout_s, verifier = opts.profile, opts.seed, opts.progress, \
+        opts.verify_timeout_s, opts.verifier
     t_start = time.perf_counter()
-    rep = SearchReport()
+    rep = SearchReport(options=str(opts))
     cal = calibration or Calibration()
     check = verifier or _default_verifier(graph, verify_timeout_s, seed)
     if profile:
         from ..smt import ffgpu
 
         ffgpu.start_cuda_in_background()  # (profiling needs CUDA; started now, verification can use the GPU)
-    max_verify = max_verify if max_verify is not None else 3 * top_k + 3
-    verify_budget = verify_budget_s if verify_budget_s is not None else 0.5 * time_budget_s
+    max_verify = opts.attempts
+    verify_budget = opts.verify_budget
 
     def tick(name: str, t0: float) -> float:
         now = time.perf_counter()
@@ -343,7 +294,7 @@ def _search(
         # ---- rules
         t0 = time.perf_counter()
         prog.phase("rules")
-        rules = select_rules(rulesets, disable_rules, extra_rules)
+        rules = select_rules(opts.rulesets, opts.disable_rules, opts.extra_rules)
         builtin_names = {r.name for r in _builtin()}
         for r in rules:
             if r.name not in builtin_names or r.trusted:
@@ -470,7 +421,7 @@ def _search(
         prog.phase("verify")
         cands: list[Candidate] = []
         tried = 0
-        rep.stop_reason = "enough candidates verified"
+        rep.stop(StopReason.ENOUGH)
         baseline = next((p for p in pool if p[1].steps == ["partition.unfused"] and graphs[p[3]][1] == originals
                          and not graphs[p[3]][2]), None)
         tried_keys: set[int] = set()
@@ -524,12 +475,12 @@ def _search(
             """Whether the time and verification budgets allow verifying ``entry`` (sets the stop reason)."""
             nonlocal est_spent
             if time.perf_counter() - t_start > time_budget_s and cands:
-                rep.stop_reason = "time budget"
+                rep.stop(StopReason.TIME_BUDGET)
                 return False
             est = verify_estimate_s(graph, entry[1].mugraph, entry[2])
             if cands and est_spent + est > verify_budget:
-                rep.stop_reason = (f"verification budget ({verify_budget:.0f} s estimated for candidates after the "
-                                   f"first; the next needs ~{est:.0f} s)")
+                rep.stop(StopReason.VERIFY_BUDGET, f"{verify_budget:.0f} s estimated for candidates after the "
+                         f"first; the next needs ~{est:.0f} s")
                 return False
             if cands:
                 est_spent += est
@@ -545,7 +496,7 @@ def _search(
                     and not any(_max_shifted(c.mugraph) for c in cands)):
                 continue
             if tried >= max_verify:
-                rep.stop_reason = f"verification attempt limit ({max_verify})"
+                rep.stop(StopReason.ATTEMPT_LIMIT, str(max_verify))
                 break
             if not within_budget(entry):
                 break
@@ -554,10 +505,10 @@ def _search(
             attempt(entry)
             if len(cands) > n_before:
                 shapes_seen.add(shape_key)
-        if len(cands) < top_k and tried < max_verify and rep.stop_reason == "enough candidates verified":
-            rep.stop_reason = "search space exhausted"
+        if len(cands) < top_k and tried < max_verify and rep.stopped is StopReason.ENOUGH:
+            rep.stop(StopReason.EXHAUSTED)
         # siblings of the kept structures (same grids; other loop ranges or block graphs), best structure first
-        if variants and cands and rep.stop_reason in ("enough candidates verified", "search space exhausted"):
+        if variants and cands and rep.stopped in (StopReason.ENOUGH, StopReason.EXHAUSTED):
             n_distinct, n_var = len(cands), 0
             for k in range(n_distinct):
                 struct = _structure(cands[k].mugraph)
@@ -583,7 +534,7 @@ def _search(
                     attempt(entry)
                     got += len(cands) - n_before
                 n_var += got
-                if rep.stop_reason not in ("enough candidates verified", "search space exhausted"):
+                if rep.stopped not in (StopReason.ENOUGH, StopReason.EXHAUSTED):
                     break
             rep.notes.append(f"variants: {n_var} loop-range/block-graph sibling(s) of the {n_distinct} "
                              "structure(s) verified")
@@ -839,15 +790,17 @@ class Ablation:
         return "\n".join(lines)
 
 
-def ablate(graph: Graph, *, rules: Sequence[str] | None = None, **options: Any) -> Ablation:
+def ablate(graph: Graph, *, rules: Sequence[str] | None = None, options: SearchOptions | None = None,
+           **overrides: Any) -> Ablation:
     """Run ``superoptimize`` once with all rules and once per rule disabled (default: the rules that
-    fired); report what each rule contributed to the best candidate."""
-    base = superoptimize(graph, **options)
+    fired); report what each rule contributed to the best candidate. Options as for ``superoptimize``."""
+    opts = SearchOptions.make(options, overrides)
+    base = superoptimize(graph, options=opts)
     names = list(rules) if rules is not None else sorted(base.report.rules_fired)
-    disabled = list(options.pop("disable_rules", ()))
-    out = {n: superoptimize(graph, disable_rules=[*disabled, n], **options) for n in names}
+    out = {n: superoptimize(graph, options=dataclasses.replace(opts, disable_rules=(*opts.disable_rules, n)))
+           for n in names}
     return Ablation(base, out)
 
 
-__all__ = ["Ablation", "Candidate", "RuleError", "SearchReport", "SearchResult", "ablate", "superoptimize",
-           "verify_estimate_s"]
+__all__ = ["Ablation", "Candidate", "RuleError", "SearchOptions", "SearchReport", "SearchResult", "StopReason",
+           "ablate", "superoptimize", "verify_estimate_s"]
