@@ -176,3 +176,29 @@ def test_synthesis_on_ray_gives_the_serial_ruleset() -> None:
     on_ray = synthesize(**kw, ray=True)  # type: ignore[arg-type]
     assert [str(r) for r in serial.rules] == [str(r) for r in on_ray.rules]
     assert serial.report.proved == on_ray.report.proved
+
+
+def test_synthesis_handles_transpose_and_concat_and_never_admits_a_rule_twice() -> None:
+    rs = synthesize(ops=["concat", "neg"], depth=2, shapes=[_ENV], seed=0, max_proofs=12, progress=False)
+    texts = [(str(r.lhs), str(r.rhs), r.guards) for r in rs.rules]
+    assert len(set(texts)) == len(texts)
+    # concat(-a, -b) = -concat(a, b) along any axis
+    assert any(str(r.lhs).startswith("concat(neg(a), neg(b)") and "axis=ax" in str(r.lhs) for r in rs.rules), texts
+    rt = synthesize(ops=["add", "transpose"], depth=1, shapes=[{"a": (3, 3), "b": (3, 3)}], seed=0, progress=False)
+    assert rt.report.proved and not rt.report.refuted
+
+
+def test_sweep_table_writers(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from verimirage.rewrite.sweep import SweepRow, SweepTable
+
+    rows = [SweepRow("p", v, "default", c, 1, 2, 0.5, "r:1", "r") for v, c in (("all", 3.0), ("-x", 4.5))]
+    t = SweepTable(rows)
+    files = t.write(tmp_path)
+    assert files[0] == tmp_path / "sweep.csv" and "p,-x,default,4.5,1,2,0.5,r:1,r," in files[0].read_text()
+    have_mpl = importlib.util.find_spec("matplotlib") is not None
+    have_pa = importlib.util.find_spec("pyarrow") is not None
+    assert ((tmp_path / "best_cost.png").is_file(), (tmp_path / "rule_impact.png").is_file()) == (have_mpl, have_mpl)
+    assert (tmp_path / "sweep.parquet").is_file() == have_pa
+    assert t.best("p", "-x").best_cost_us == 4.5
+    with pytest.raises(vm.GraphError, match="no row"):
+        t.best("p", "nope")

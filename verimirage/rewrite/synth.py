@@ -723,6 +723,7 @@ def synthesize(
 
         t0 = time.perf_counter()
         admitted: list[Rule] = []
+        made: set[tuple[Any, ...]] = set()
         todo = list(proposals)
         attempts = 0
         n_rule = 0
@@ -751,9 +752,10 @@ def synthesize(
                 n_rule += 1
                 if isinstance(r, str):
                     rep.skipped.append((f"{pr.lhs} -> {pr.rhs}", r))
-                else:
+                elif (r.lhs, r.rhs, r.guards) not in made:  # (proposals differing in one axis generalise alike)
+                    made.add((r.lhs, r.rhs, r.guards))
                     rules.append(r)
-            # one equal rule per batch is enough (renamings already merged); proofs are independent jobs
+            # the proofs of a batch are independent jobs
             verdicts = pmap(_prove, [(r, timeout_s) for r in rules], ray=ray, address=address)
             attempts += len(take)
             for r, (kind, why) in zip(rules, verdicts, strict=True):
