@@ -202,3 +202,15 @@ def test_sweep_table_writers(tmp_path) -> None:  # type: ignore[no-untyped-def]
     assert t.best("p", "-x").best_cost_us == 4.5
     with pytest.raises(vm.GraphError, match="no row"):
         t.best("p", "nope")
+
+
+@pytest.mark.slow
+def test_a_synthesized_ruleset_drives_superoptimize() -> None:
+    # mul-add-factor rediscovered from {add, mul} at depth 2 (two variables): the search uses it in place of algebra
+    rs = synthesize(ops=["add", "mul"], depth=2, shapes=[{"a": (3, 4), "b": (3, 4), "c": (3, 4)}], seed=0,
+                    max_proofs=24, progress=False)
+    g = _tiny_programs()[0][1]
+    res = vm.superoptimize(g, rulesets=[rs], cache=False, time_budget_s=30)
+    assert res.best is not None
+    fired = set(res.report.rules_fired)
+    assert fired and fired <= {r.name for r in rs.rules}, fired
