@@ -266,347 +266,408 @@ def superoptimize(graph: Graph, *, options: SearchOptions | None = None, **overr
     return result
 
 
+@dataclass
+class _Run:
+    """The state one search passes from phase to phase (see :func:`_search`)."""
+
+    graph: Graph
+    opts: SearchOptions
+    rep: SearchReport
+    check: Callable[[Graph, Graph], Any]
+    cal: Calibration
+    t_start: float
+    rules: list[Rule] = field(default_factory=list)
+    builtin_names: set[str] = field(default_factory=set)
+    lifted: Any = None
+    stats: Any = None
+    data: Any = None
+    originals: tuple[Term, ...] = ()
+    # graphs to lower: (graph, the extracted terms it was built from, graph-level steps applied to them)
+    graphs: list[tuple[Graph, tuple[Term, ...], tuple[str, ...]]] = field(default_factory=list)
+    # (rank key, lowering, cost, index of its graph in ``graphs``), best first
+    pool: list[tuple[tuple[Any, ...], Lowered, Cost, int]] = field(default_factory=list)
+    cands: list[Candidate] = field(default_factory=list)
+    cand_source: list[int] = field(default_factory=list)  # per candidate, the index of its graph in ``graphs``
+
+    def prune(self, reason: str) -> None:
+        """Count a candidate dropped for ``reason``."""
+        self.rep.pruned[reason] = self.rep.pruned.get(reason, 0) + 1
+
+
 def _search(graph: Graph, opts: SearchOptions) -> SearchResult:
-    """The search itself (see :func:`superoptimize`)."""
-    time_budget_s, node_limit, iter_limit = opts.time_budget_s, opts.node_limit, opts.iter_limit
-    grids, franges, max_splits, top_k, variants = opts.grids, opts.franges, opts.max_splits, opts.top_k, opts.variants
-    terms_per_class, max_terms, hardware, calibration = opts.terms_per_class, opts.max_terms, opts.hardware, \
-        opts.calibration
-    profile, seed, progress, verify_timeout_s, verifier = opts.profile, opts.seed, opts.progress, \
-        opts.verify_timeout_s, opts.verifier
-    t_start = time.perf_counter()
+    """The search itself (see :func:`superoptimize`): the phases of :data:`_PHASES` in order, each timed."""
     rep = SearchReport(options=str(opts))
-    cal = calibration or Calibration()
-    check = verifier or _default_verifier(graph, verify_timeout_s, seed)
-    if profile:
+    run = _Run(graph, opts, rep, opts.verifier or _default_verifier(graph, opts.verify_timeout_s, opts.seed),
+               opts.calibration or Calibration(), time.perf_counter())
+    if opts.profile:
         from ..smt import ffgpu
 
         ffgpu.start_cuda_in_background()  # (profiling needs CUDA; started now, verification can use the GPU)
-    max_verify = opts.attempts
-    verify_budget = opts.verify_budget
+    with _Progress(opts.progress) as prog:
+        for name, phase, wanted in _PHASES:
+            if not wanted(run):
+                continue
+            prog.phase(name)
+            t0 = time.perf_counter()
+            phase(run)
+            rep.phase_seconds[name] = rep.phase_seconds.get(name, 0.0) + time.perf_counter() - t0
+    log.info("%s", rep)
+    return SearchResult(run.cands, rep)
 
-    def tick(name: str, t0: float) -> float:
-        now = time.perf_counter()
-        rep.phase_seconds[name] = rep.phase_seconds.get(name, 0.0) + now - t0
-        return now
 
-    with _Progress(progress) as prog:
-        # ---- rules
-        t0 = time.perf_counter()
-        prog.phase("rules")
-        rules = select_rules(opts.rulesets, opts.disable_rules, opts.extra_rules)
-        builtin_names = {r.name for r in _builtin()}
-        for r in rules:
-            if r.name not in builtin_names or r.trusted:
-                admit(r)
-                if r.trusted:
-                    rep.trusted_rules.append(r.name)
+def _rules_phase(run: _Run) -> None:
+    """Select the rules; admit user rules (``verify_rule``) and note the trusted ones."""
+    opts, rep = run.opts, run.rep
+    rules = select_rules(opts.rulesets, opts.disable_rules, opts.extra_rules)
+    builtin_names = {r.name for r in _builtin()}
+    for r in rules:
+        if r.name not in builtin_names or r.trusted:
+            admit(r)
+            if r.trusted:
+                rep.trusted_rules.append(r.name)
+    rep.rules_used = [r.name for r in rules]
+
+    run.rules, run.builtin_names = rules, builtin_names
+
+
+def _saturate_phase(run: _Run) -> None:
+    """Lift the graph and saturate its e-graph; an egglog panic saturates again with fewer rules."""
+    graph, rep, rules, builtin_names = run.graph, run.rep, run.rules, run.builtin_names
+    iter_limit, node_limit, time_budget_s = run.opts.iter_limit, run.opts.node_limit, run.opts.time_budget_s
+    lifted = lift(graph)
+    try:
+        stats, data = saturate(lifted, rules, iter_limit=iter_limit, node_limit=node_limit,
+                               time_budget_s=max(0.5, 0.25 * time_budget_s))
+    except SaturationPanic as e:
+        # the e-graph is unusable: again without the user rules, then without any rule (never a crash)
+        user = [r.name for r in rules if r.name not in builtin_names]
+        kept = [r for r in rules if r.name in builtin_names] if user else []
+        rep.notes.append(f"egglog panicked ({e}); saturated again without the rules "
+                         f"{user if user else [r.name for r in rules]}")
+        for name in (user or [r.name for r in rules]):
+            rep.rejected.append((f"rule {name}", f"skipped: egglog panicked with it in the rule set ({e})"))
+        rules = kept
         rep.rules_used = [r.name for r in rules]
-        t0 = tick("rules", t0)
-
-        # ---- saturate
-        prog.phase("saturate")
-        lifted = lift(graph)
         try:
+            lifted = lift(graph)
             stats, data = saturate(lifted, rules, iter_limit=iter_limit, node_limit=node_limit,
                                    time_budget_s=max(0.5, 0.25 * time_budget_s))
-        except SaturationPanic as e:
-            # the e-graph is unusable: again without the user rules, then without any rule (never a crash)
-            user = [r.name for r in rules if r.name not in builtin_names]
-            kept = [r for r in rules if r.name in builtin_names] if user else []
-            rep.notes.append(f"egglog panicked ({e}); saturated again without the rules "
-                             f"{user if user else [r.name for r in rules]}")
-            for name in (user or [r.name for r in rules]):
-                rep.rejected.append((f"rule {name}", f"skipped: egglog panicked with it in the rule set ({e})"))
-            rules = kept
-            rep.rules_used = [r.name for r in rules]
-            try:
-                lifted = lift(graph)
-                stats, data = saturate(lifted, rules, iter_limit=iter_limit, node_limit=node_limit,
-                                       time_budget_s=max(0.5, 0.25 * time_budget_s))
-            except SaturationPanic as e2:
-                rep.notes.append(f"egglog panicked again ({e2}); no rewrite rules used")
-                rules = []
-                rep.rules_used = []
-                lifted = lift(graph)
-                stats, data = saturate(lifted, rules, iter_limit=iter_limit, node_limit=node_limit,
-                                       time_budget_s=max(0.5, 0.25 * time_budget_s))
-        rep.egraph_iterations, rep.egraph_enodes = stats.iterations, stats.enodes
-        rep.egraph_eclasses, rep.egraph_stop_reason = stats.eclasses, stats.stop_reason
-        rep.rules_fired = dict(sorted(stats.fired.items()))
-        t0 = tick("saturate", t0)
+        except SaturationPanic as e2:
+            rep.notes.append(f"egglog panicked again ({e2}); no rewrite rules used")
+            rules = []
+            rep.rules_used = []
+            lifted = lift(graph)
+            stats, data = saturate(lifted, rules, iter_limit=iter_limit, node_limit=node_limit,
+                                   time_budget_s=max(0.5, 0.25 * time_budget_s))
+    rep.egraph_iterations, rep.egraph_enodes = stats.iterations, stats.enodes
+    rep.egraph_eclasses, rep.egraph_stop_reason = stats.eclasses, stats.stop_reason
+    rep.rules_fired = dict(sorted(stats.fired.items()))
+    run.rules, run.lifted, run.stats, run.data = rules, lifted, stats, data
 
-        # ---- extract
-        prog.phase("extract")
-        ex = EClassTerms(data, terms_per_class)
-        originals = tuple(lifted.terms)
-        per_root = [_ordered(ex.terms_of(t), t) for t in originals]
-        # graphs to lower: (graph, the extracted terms it was built from, graph-level steps applied to them)
-        graphs: list[tuple[Graph, tuple[Term, ...], tuple[str, ...]]] = []
-        seen: set[str] = set()
-        seen_comm: set[tuple[Term, ...]] = set()
 
-        def prune(reason: str) -> None:
-            rep.pruned[reason] = rep.pruned.get(reason, 0) + 1
-
-        for n_combo, terms in enumerate(itertools.product(*per_root)):
-            if len(graphs) >= max_terms or n_combo >= 8 * max_terms:
-                break
-            comm = tuple(commutation_key(t) for t in terms)
-            if terms != originals:
-                if comm in seen_comm:  # the same program up to operand order: same μGraphs, same costs
-                    prune("extracted term: a commuted duplicate")
-                    continue
-                if not ex.consistent(terms):  # an e-class computed two ways: never cheaper than one way
-                    prune("extracted term: one value computed two ways")
-                    continue
-                if _removes_max_shift(originals, terms):  # (exp-sub may not remove a max shift)
-                    prune("extracted term: exp of a max the source subtracts (the max shift removed)")
-                    continue
-            seen_comm.add(comm)
-            try:
-                g2 = term_to_graph(list(terms), lifted.inputs)
-            except GraphError as e:
-                prune(f"ill-typed term: {str(e).splitlines()[0]}")
+def _extract_phase(run: _Run) -> None:
+    """The cheapest distinct terms of each output's e-class, back as kernel graphs (duplicates pruned)."""
+    rep, rules, lifted, data, prune = run.rep, run.rules, run.lifted, run.data, run.prune
+    terms_per_class, max_terms = run.opts.terms_per_class, run.opts.max_terms
+    ex = EClassTerms(data, terms_per_class)
+    originals = tuple(lifted.terms)
+    per_root = [_ordered(ex.terms_of(t), t) for t in originals]
+    # graphs to lower: (graph, the extracted terms it was built from, graph-level steps applied to them)
+    graphs: list[tuple[Graph, tuple[Term, ...], tuple[str, ...]]] = []
+    seen: set[str] = set()
+    seen_comm: set[tuple[Term, ...]] = set()
+    for n_combo, terms in enumerate(itertools.product(*per_root)):
+        if len(graphs) >= max_terms or n_combo >= 8 * max_terms:
+            break
+        comm = tuple(commutation_key(t) for t in terms)
+        if terms != originals:
+            if comm in seen_comm:  # the same program up to operand order: same μGraphs, same costs
+                prune("extracted term: a commuted duplicate")
                 continue
-            key = str(g2)
-            if key in seen:
+            if not ex.consistent(terms):  # an e-class computed two ways: never cheaper than one way
+                prune("extracted term: one value computed two ways")
                 continue
-            seen.add(key)
-            graphs.append((g2, terms, ()))
-        if any(r.name == "softmax-stabilise" for r in rules):
-            from .stabilise import stabilise_softmax
-
-            for g2, terms, steps in list(graphs):
-                gs = stabilise_softmax(g2)
-                if gs is not None and str(gs) not in seen:
-                    seen.add(str(gs))
-                    graphs.append((gs, terms, (*steps, "softmax-stabilise")))
-        rep.terms_extracted = len(graphs)
-        t0 = tick("extract", t0)
-
-        # ---- lower + cost
-        prog.phase("lower")
-        # (rank key, lowering, cost, index of its graph in ``graphs``)
-        pool: list[tuple[tuple[Any, ...], Lowered, Cost, int]] = []
-        for gi, (g2, _, _) in enumerate(graphs):
-            lows, rejected = lower_all(g2, grids=grids, franges=franges, max_splits=max_splits)
-            for reason, n in rejected.items():
-                rep.pruned[reason] = rep.pruned.get(reason, 0) + n
-            for li, low in enumerate(lows):
-                c = cost(low.mugraph, hardware, cal)
-                if c.infeasible:
-                    prune(c.reason.split(" (")[0])
-                    continue
-                pool.append(((c.time_s, low.mugraph.num_kernels, gi, li), low, c, gi))
-            if time.perf_counter() - t_start > 0.8 * time_budget_s:
-                rep.notes.append("lowering stopped early: time budget")
-                break
-        pool.sort(key=lambda p: p[0])
-        # identical μGraphs reached from different terms: keep the first (checked on the ranked head only)
-        uniq: list[Any] = []
-        seen_mg: set[str] = set()
-        for entry in pool:
-            if len(uniq) < 8 * (max_verify + top_k):
-                key = str(entry[1].mugraph)
-                if key in seen_mg:
-                    continue
-                seen_mg.add(key)
-            uniq.append(entry)
-        pool = uniq
-        rep.lowered = len(pool)
-        t0 = tick("lower", t0)
-
-        # ---- verify
-        prog.phase("verify")
-        cands: list[Candidate] = []
-        tried = 0
-        rep.stop(StopReason.ENOUGH)
-        baseline = next((p for p in pool if p[1].steps == ["partition.unfused"] and graphs[p[3]][1] == originals
-                         and not graphs[p[3]][2]), None)
-        tried_keys: set[int] = set()
-        cand_source: list[int] = []  # per candidate, the index of its graph in ``graphs``
-        safety: list[Any] = []
-
-        def fp_check(mg: MuGraph) -> str | None:
-            """Why ``mg`` is not finite where the graph is in its dtype (:mod:`.fpsafe`), or None."""
-            if not safety:
-                from .fpsafe import SafetyChecker
-
-                safety.append(SafetyChecker(graph, seed))
-                if not safety[0].numeric:
-                    rep.notes.append("floating-point check: structural only (the program is too large to evaluate "
-                                     "on adversarial inputs here): a candidate must max-shift every exp the source "
-                                     "does")
-            return safety[0].check(mg)
-
-        def attempt(entry: tuple[Any, ...]) -> None:
-            _, low, c, gi = entry
-            tried_keys.add(id(entry))
-            what = f"{low.mugraph.num_kernels}-kernel {low.config.describe() if low.config else 'unfused'}"
-            try:
-                low.mugraph.check()
-                v = check(graph, low.mugraph)
-            except ImportError as e:
-                v = _unknown(f"verifier not available: {e}")
-            except GraphError as e:
-                v = _unknown(f"IR check failed: {str(e).splitlines()[0]}")
-            unsafe = fp_check(low.mugraph) if getattr(v, "proved", False) else None
-            if unsafe is not None:
-                rep.rejected.append((what, f"{type(v).__name__} but {unsafe}"))
-            elif getattr(v, "proved", False):
-                by = "vm.verify" if verifier is None else "custom verifier"
-                if verifier is not None:
-                    v = _unknown(f"accepted by a custom verifier, not proved by vm.verify (no certificate): "
-                                 f"{getattr(v, 'reason', v)}", getattr(v, "evidence", ()))
-                cands.append(Candidate(low.mugraph, c, v, None, tuple(low.steps), graphs[gi][0], verified_by=by))
-                cand_source.append(gi)
-            else:
-                rep.rejected.append((what, f"{type(v).__name__}: {getattr(v, 'reason', v)}"))
-
-        # diversity: one candidate per kernel structure (grids of its kernels); loop ranges and
-        # launch parameters are the GPU profiler's to sweep, not slots in the top-K
-        shapes_seen: set[tuple[Any, ...]] = set()
-        # keep the last slot for a max-shifted (numerically safe) candidate when the pool has one
-        safe_in_pool = top_k > 1 and any(_max_shifted(p[1].mugraph) for p in pool)
-        est_spent = 0.0
-
-        def within_budget(entry: tuple[Any, ...]) -> bool:
-            """Whether the time and verification budgets allow verifying ``entry`` (sets the stop reason)."""
-            nonlocal est_spent
-            if time.perf_counter() - t_start > time_budget_s and cands:
-                rep.stop(StopReason.TIME_BUDGET)
-                return False
-            est = verify_estimate_s(graph, entry[1].mugraph, entry[2])
-            if cands and est_spent + est > verify_budget:
-                rep.stop(StopReason.VERIFY_BUDGET, f"{verify_budget:.0f} s estimated for candidates after the "
-                         f"first; the next needs ~{est:.0f} s")
-                return False
-            if cands:
-                est_spent += est
-            return True
-
-        for entry in pool:
-            if len(cands) >= top_k:
-                break
-            shape_key = _structure(entry[1].mugraph)
-            if shape_key in shapes_seen:
+            if _removes_max_shift(originals, terms):  # (exp-sub may not remove a max shift)
+                prune("extracted term: exp of a max the source subtracts (the max shift removed)")
                 continue
-            if (safe_in_pool and len(cands) == top_k - 1 and not shape_key[-1]
-                    and not any(_max_shifted(c.mugraph) for c in cands)):
-                continue
-            if tried >= max_verify:
-                rep.stop(StopReason.ATTEMPT_LIMIT, str(max_verify))
-                break
-            if not within_budget(entry):
-                break
-            tried += 1
-            n_before = len(cands)
-            attempt(entry)
-            if len(cands) > n_before:
-                shapes_seen.add(shape_key)
-        if len(cands) < top_k and tried < max_verify and rep.stopped is StopReason.ENOUGH:
-            rep.stop(StopReason.EXHAUSTED)
-        # siblings of the kept structures (same grids; other loop ranges or block graphs), best structure first
-        if variants and cands and rep.stopped in (StopReason.ENOUGH, StopReason.EXHAUSTED):
-            n_distinct, n_var = len(cands), 0
-            for k in range(n_distinct):
-                struct = _structure(cands[k].mugraph)
-                sibs = [e for e in pool if id(e) not in tried_keys and _structure(e[1].mugraph) == struct]
-                # another loop range first (a stable sort keeps the cost order within each group): at
-                # equal estimates the pool lists block-graph siblings (e.g. LoRA's concat fusion) before
-                # a K loop, yet the loop is what the GPU ran fastest on lora_bs8 (pipelined 64-deep tiles,
-                # 3.12 vs 3.37 us for the one-shot tile; benchmarks/perf/results/run9_lora_probe.json)
-                # Loops of 2-3 iterations go after those of 4+ (a 3-stage software pipeline has no steady
-                # state in 2 iterations)
-                have = _loop_ranges(cands[k].mugraph)
-
-                def sib_key(e: tuple[Any, ...], have: tuple[int, ...] = have) -> tuple[bool, bool]:
-                    ranges = _loop_ranges(e[1].mugraph)
-                    return ranges == have, any(1 < r < 4 for r in ranges)
-
-                sibs.sort(key=sib_key)
-                got = 0
-                for entry in sibs[: 2 * variants]:  # a sibling that fails verification costs a slot's worth
-                    if got >= variants or not within_budget(entry):
-                        break
-                    n_before = len(cands)
-                    attempt(entry)
-                    got += len(cands) - n_before
-                n_var += got
-                if rep.stopped not in (StopReason.ENOUGH, StopReason.EXHAUSTED):
-                    break
-            rep.notes.append(f"variants: {n_var} loop-range/block-graph sibling(s) of the {n_distinct} "
-                             "structure(s) verified")
-        if not cands and baseline is not None and id(baseline) not in tried_keys:
-            rep.notes.append("no candidate verified within the limits; tried the unfused baseline")
-            attempt(baseline)
-        rep.verified = len(cands)
-        t0 = tick("verify", t0)
-
-        # ---- attribute: the rules on a derivation of each candidate's terms (replayed saturations)
-        if cands:
-            prog.phase("attribute")
-            sources = sorted(set(cand_source))
-            atts = attribute(graph, rules, stats.fired, [graphs[gi][1] for gi in sources],
-                             iterations=max(1, stats.iterations), node_limit=node_limit)
-            by_source = dict(zip(sources, atts, strict=True))
-            for cand, gi in zip(cands, cand_source, strict=True):
-                a = by_source[gi]
-                cand.rules = (*a.rules, *graphs[gi][2], *cand.rules)
-
-            if not all(a.exact for a in atts):
-                rep.notes.append("rule attribution: a derivation was not reproduced within the limits; "
-                                 "its candidates name every rule that fired (conservative)")
-            t0 = tick("attribute", t0)
-
-        # ---- certify
-        prog.phase("certify")
+        seen_comm.add(comm)
         try:
-            from ..smt.certificate import make_certificate, register_rules
-            from .partition import STEPS
-            from .rules import UNPROVED_BUILTINS
+            g2 = term_to_graph(list(terms), lifted.inputs)
+        except GraphError as e:
+            prune(f"ill-typed term: {str(e).splitlines()[0]}")
+            continue
+        key = str(g2)
+        if key in seen:
+            continue
+        seen.add(key)
+        graphs.append((g2, terms, ()))
+    if any(r.name == "softmax-stabilise" for r in rules):
+        from .stabilise import stabilise_softmax
 
-            proved_user = [r.name for r in rules if r.name not in builtin_names and not r.trusted]
-            register_rules([*STEPS, *(n for n in builtin_names if n not in UNPROVED_BUILTINS), *proved_user])
-            if verifier is not None and cands:
-                rep.notes.append("candidates were accepted by a custom verifier: not Proved by vm.verify, no "
-                                 "certificates (Candidate.verified_by)")
-            for k, cand in enumerate(cands):
-                if cand.verified_by != "vm.verify":
-                    continue
-                unproved = [r for r in cand.rules if r in rep.trusted_rules or r in UNPROVED_BUILTINS]
-                try:
-                    cand.certificate = make_certificate(
-                        graph, cand.mugraph, cand.verdict, rules=[r for r in cand.rules if r not in unproved],
-                        trusted_rules=unproved, timeout_s=verify_timeout_s,
-                        triton_source_hash=_triton_source_hash(cand.mugraph),
-                    )
-                except GraphError as e:
-                    rep.notes.append(f"candidate {k}: no certificate: {str(e).splitlines()[0]}")
-        except ImportError:
-            rep.notes.append("certificates not made: verimirage.smt.certificate is not available")
-        t0 = tick("certify", t0)
+        for g2, terms, steps in list(graphs):
+            gs = stabilise_softmax(g2)
+            if gs is not None and str(gs) not in seen:
+                seen.add(str(gs))
+                graphs.append((gs, terms, (*steps, "softmax-stabilise")))
+    rep.terms_extracted = len(graphs)
 
-        if profile and cands:
+    run.originals, run.graphs = originals, graphs
+
+
+def _lower_phase(run: _Run) -> None:
+    """Every feasible partition of each extracted graph into μGraphs, ranked by the cost model."""
+    rep, graphs, prune, cal, t_start = run.rep, run.graphs, run.prune, run.cal, run.t_start
+    o = run.opts
+    grids, franges, max_splits, hardware, time_budget_s, top_k = (o.grids, o.franges, o.max_splits, o.hardware,
+                                                                  o.time_budget_s, o.top_k)
+    max_verify = o.attempts
+    # (rank key, lowering, cost, index of its graph in ``graphs``)
+    pool: list[tuple[tuple[Any, ...], Lowered, Cost, int]] = []
+    for gi, (g2, _, _) in enumerate(graphs):
+        lows, rejected = lower_all(g2, grids=grids, franges=franges, max_splits=max_splits)
+        for reason, n in rejected.items():
+            rep.pruned[reason] = rep.pruned.get(reason, 0) + n
+        for li, low in enumerate(lows):
+            c = cost(low.mugraph, hardware, cal)
+            if c.infeasible:
+                prune(c.reason.split(" (")[0])
+                continue
+            pool.append(((c.time_s, low.mugraph.num_kernels, gi, li), low, c, gi))
+        if time.perf_counter() - t_start > 0.8 * time_budget_s:
+            rep.notes.append("lowering stopped early: time budget")
+            break
+    pool.sort(key=lambda p: p[0])
+    # identical μGraphs reached from different terms: keep the first (checked on the ranked head only)
+    uniq: list[Any] = []
+    seen_mg: set[str] = set()
+    for entry in pool:
+        if len(uniq) < 8 * (max_verify + top_k):
+            key = str(entry[1].mugraph)
+            if key in seen_mg:
+                continue
+            seen_mg.add(key)
+        uniq.append(entry)
+    pool = uniq
+    rep.lowered = len(pool)
+
+    run.pool = pool
+
+
+def _verify_phase(run: _Run) -> None:
+    """Verify candidates best first, one per kernel structure, until ``top_k`` (then the variants) or a limit."""
+    graph, rep, pool, graphs, originals, check, t_start = (run.graph, run.rep, run.pool, run.graphs, run.originals,
+                                                           run.check, run.t_start)
+    o = run.opts
+    seed, verifier, top_k, variants, time_budget_s = o.seed, o.verifier, o.top_k, o.variants, o.time_budget_s
+    max_verify, verify_budget = o.attempts, o.verify_budget
+    cands: list[Candidate] = []
+    tried = 0
+    rep.stop(StopReason.ENOUGH)
+    baseline = next((p for p in pool if p[1].steps == ["partition.unfused"] and graphs[p[3]][1] == originals
+                     and not graphs[p[3]][2]), None)
+    tried_keys: set[int] = set()
+    cand_source: list[int] = []  # per candidate, the index of its graph in ``graphs``
+    safety: list[Any] = []
+
+    def fp_check(mg: MuGraph) -> str | None:
+        """Why ``mg`` is not finite where the graph is in its dtype (:mod:`.fpsafe`), or None."""
+        if not safety:
+            from .fpsafe import SafetyChecker
+
+            safety.append(SafetyChecker(graph, seed))
+            if not safety[0].numeric:
+                rep.notes.append("floating-point check: structural only (the program is too large to evaluate "
+                                 "on adversarial inputs here): a candidate must max-shift every exp the source "
+                                 "does")
+        return safety[0].check(mg)
+
+    def attempt(entry: tuple[Any, ...]) -> None:
+        _, low, c, gi = entry
+        tried_keys.add(id(entry))
+        what = f"{low.mugraph.num_kernels}-kernel {low.config.describe() if low.config else 'unfused'}"
+        try:
+            low.mugraph.check()
+            v = check(graph, low.mugraph)
+        except ImportError as e:
+            v = _unknown(f"verifier not available: {e}")
+        except GraphError as e:
+            v = _unknown(f"IR check failed: {str(e).splitlines()[0]}")
+        unsafe = fp_check(low.mugraph) if getattr(v, "proved", False) else None
+        if unsafe is not None:
+            rep.rejected.append((what, f"{type(v).__name__} but {unsafe}"))
+        elif getattr(v, "proved", False):
+            by = "vm.verify" if verifier is None else "custom verifier"
+            if verifier is not None:
+                v = _unknown(f"accepted by a custom verifier, not proved by vm.verify (no certificate): "
+                             f"{getattr(v, 'reason', v)}", getattr(v, "evidence", ()))
+            cands.append(Candidate(low.mugraph, c, v, None, tuple(low.steps), graphs[gi][0], verified_by=by))
+            cand_source.append(gi)
+        else:
+            rep.rejected.append((what, f"{type(v).__name__}: {getattr(v, 'reason', v)}"))
+
+    # diversity: one candidate per kernel structure (grids of its kernels); loop ranges and
+    # launch parameters are the GPU profiler's to sweep, not slots in the top-K
+    shapes_seen: set[tuple[Any, ...]] = set()
+    # keep the last slot for a max-shifted (numerically safe) candidate when the pool has one
+    safe_in_pool = top_k > 1 and any(_max_shifted(p[1].mugraph) for p in pool)
+    est_spent = 0.0
+
+    def within_budget(entry: tuple[Any, ...]) -> bool:
+        """Whether the time and verification budgets allow verifying ``entry`` (sets the stop reason)."""
+        nonlocal est_spent
+        if time.perf_counter() - t_start > time_budget_s and cands:
+            rep.stop(StopReason.TIME_BUDGET)
+            return False
+        est = verify_estimate_s(graph, entry[1].mugraph, entry[2])
+        if cands and est_spent + est > verify_budget:
+            rep.stop(StopReason.VERIFY_BUDGET, f"{verify_budget:.0f} s estimated for candidates after the "
+                     f"first; the next needs ~{est:.0f} s")
+            return False
+        if cands:
+            est_spent += est
+        return True
+
+    for entry in pool:
+        if len(cands) >= top_k:
+            break
+        shape_key = _structure(entry[1].mugraph)
+        if shape_key in shapes_seen:
+            continue
+        if (safe_in_pool and len(cands) == top_k - 1 and not shape_key[-1]
+                and not any(_max_shifted(c.mugraph) for c in cands)):
+            continue
+        if tried >= max_verify:
+            rep.stop(StopReason.ATTEMPT_LIMIT, str(max_verify))
+            break
+        if not within_budget(entry):
+            break
+        tried += 1
+        n_before = len(cands)
+        attempt(entry)
+        if len(cands) > n_before:
+            shapes_seen.add(shape_key)
+    if len(cands) < top_k and tried < max_verify and rep.stopped is StopReason.ENOUGH:
+        rep.stop(StopReason.EXHAUSTED)
+    # siblings of the kept structures (same grids; other loop ranges or block graphs), best structure first
+    if variants and cands and rep.stopped in (StopReason.ENOUGH, StopReason.EXHAUSTED):
+        n_distinct, n_var = len(cands), 0
+        for k in range(n_distinct):
+            struct = _structure(cands[k].mugraph)
+            sibs = [e for e in pool if id(e) not in tried_keys and _structure(e[1].mugraph) == struct]
+            # another loop range first (a stable sort keeps the cost order within each group): at
+            # equal estimates the pool lists block-graph siblings (e.g. LoRA's concat fusion) before
+            # a K loop, yet the loop is what the GPU ran fastest on lora_bs8 (pipelined 64-deep tiles,
+            # 3.12 vs 3.37 us for the one-shot tile; benchmarks/perf/results/run9_lora_probe.json)
+            # Loops of 2-3 iterations go after those of 4+ (a 3-stage software pipeline has no steady
+            # state in 2 iterations)
+            have = _loop_ranges(cands[k].mugraph)
+
+            def sib_key(e: tuple[Any, ...], have: tuple[int, ...] = have) -> tuple[bool, bool]:
+                ranges = _loop_ranges(e[1].mugraph)
+                return ranges == have, any(1 < r < 4 for r in ranges)
+
+            sibs.sort(key=sib_key)
+            got = 0
+            for entry in sibs[: 2 * variants]:  # a sibling that fails verification costs a slot's worth
+                if got >= variants or not within_budget(entry):
+                    break
+                n_before = len(cands)
+                attempt(entry)
+                got += len(cands) - n_before
+            n_var += got
+            if rep.stopped not in (StopReason.ENOUGH, StopReason.EXHAUSTED):
+                break
+        rep.notes.append(f"variants: {n_var} loop-range/block-graph sibling(s) of the {n_distinct} "
+                         "structure(s) verified")
+    if not cands and baseline is not None and id(baseline) not in tried_keys:
+        rep.notes.append("no candidate verified within the limits; tried the unfused baseline")
+        attempt(baseline)
+    rep.verified = len(cands)
+
+    run.cands, run.cand_source = cands, cand_source
+
+
+def _attribute_phase(run: _Run) -> None:
+    """The rules on a derivation of each candidate's terms (replayed saturations)."""
+    graph, rep, rules, stats, graphs = run.graph, run.rep, run.rules, run.stats, run.graphs
+    cands, cand_source, node_limit = run.cands, run.cand_source, run.opts.node_limit
+    sources = sorted(set(cand_source))
+    atts = attribute(graph, rules, stats.fired, [graphs[gi][1] for gi in sources],
+                     iterations=max(1, stats.iterations), node_limit=node_limit)
+    by_source = dict(zip(sources, atts, strict=True))
+    for cand, gi in zip(cands, cand_source, strict=True):
+        a = by_source[gi]
+        cand.rules = (*a.rules, *graphs[gi][2], *cand.rules)
+
+    if not all(a.exact for a in atts):
+        rep.notes.append("rule attribution: a derivation was not reproduced within the limits; "
+                         "its candidates name every rule that fired (conservative)")
+
+
+
+def _certify_phase(run: _Run) -> None:
+    """A certificate per candidate ``vm.verify`` proved."""
+    graph, rep, rules, builtin_names, cands = run.graph, run.rep, run.rules, run.builtin_names, run.cands
+    verifier, verify_timeout_s = run.opts.verifier, run.opts.verify_timeout_s
+    try:
+        from ..smt.certificate import make_certificate, register_rules
+        from .partition import STEPS
+        from .rules import UNPROVED_BUILTINS
+
+        proved_user = [r.name for r in rules if r.name not in builtin_names and not r.trusted]
+        register_rules([*STEPS, *(n for n in builtin_names if n not in UNPROVED_BUILTINS), *proved_user])
+        if verifier is not None and cands:
+            rep.notes.append("candidates were accepted by a custom verifier: not Proved by vm.verify, no "
+                             "certificates (Candidate.verified_by)")
+        for k, cand in enumerate(cands):
+            if cand.verified_by != "vm.verify":
+                continue
+            unproved = [r for r in cand.rules if r in rep.trusted_rules or r in UNPROVED_BUILTINS]
             try:
-                from ..backend.profile import select
+                cand.certificate = make_certificate(
+                    graph, cand.mugraph, cand.verdict, rules=[r for r in cand.rules if r not in unproved],
+                    trusted_rules=unproved, timeout_s=verify_timeout_s,
+                    triton_source_hash=_triton_source_hash(cand.mugraph),
+                )
+            except GraphError as e:
+                rep.notes.append(f"candidate {k}: no certificate: {str(e).splitlines()[0]}")
+    except ImportError:
+        rep.notes.append("certificates not made: verimirage.smt.certificate is not available")
 
-                timings = select(graph, cands, seed=seed)
-                order: list[int] = []
-                for tm in timings:
-                    if tm.ok and tm.index not in order:
-                        order.append(tm.index)
-                        cands[tm.index].timing_ms = tm.ms
-                order += [i for i in range(len(cands)) if i not in order]
-                cands = [cands[i] for i in order]
-                rep.notes.append("reordered by GPU timings: " + ", ".join(
-                    f"#{i}: {cands[k].timing_ms}" for k, i in enumerate(order)))
-            except (ImportError, RuntimeError) as e:
-                rep.notes.append(f"profile=True but GPU profiling is unavailable: {e}")
-            t0 = tick("profile", t0)
-    log.info("%s", rep)
-    return SearchResult(cands, rep)
+
+
+def _profile_phase(run: _Run) -> None:
+    """Reorder the candidates by GPU timings (``profile=True``)."""
+    graph, rep, cands, seed = run.graph, run.rep, run.cands, run.opts.seed
+    try:
+        from ..backend.profile import select
+
+        timings = select(graph, cands, seed=seed)
+        order: list[int] = []
+        for tm in timings:
+            if tm.ok and tm.index not in order:
+                order.append(tm.index)
+                cands[tm.index].timing_ms = tm.ms
+        order += [i for i in range(len(cands)) if i not in order]
+        cands = [cands[i] for i in order]
+        rep.notes.append("reordered by GPU timings: " + ", ".join(
+            f"#{i}: {cands[k].timing_ms}" for k, i in enumerate(order)))
+    except (ImportError, RuntimeError) as e:
+        rep.notes.append(f"profile=True but GPU profiling is unavailable: {e}")
+    run.cands = cands
+
+
+#: The phases of a search in order: (name in the report, function, whether it runs).
+_PHASES: tuple[tuple[str, Callable[[_Run], None], Callable[[_Run], bool]], ...] = (
+    ("rules", _rules_phase, lambda run: True),
+    ("saturate", _saturate_phase, lambda run: True),
+    ("extract", _extract_phase, lambda run: True),
+    ("lower", _lower_phase, lambda run: True),
+    ("verify", _verify_phase, lambda run: True),
+    ("attribute", _attribute_phase, lambda run: bool(run.cands)),
+    ("certify", _certify_phase, lambda run: True),
+    ("profile", _profile_phase, lambda run: run.opts.profile and bool(run.cands)),
+)
 
 
 #: seconds per unit of :func:`verify_estimate_s`'s work: the upper range of ``vm.verify`` times of the suite's
