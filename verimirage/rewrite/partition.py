@@ -23,6 +23,7 @@ Each applied step is named in the candidate's ``rules``.
 
 from __future__ import annotations
 
+import enum
 import itertools
 import logging
 import math
@@ -44,6 +45,33 @@ STEPS = (
     "partition.unfused", "partition.grid", "partition.loop", "partition.split_kv", "partition.online_softmax",
     "partition.split_recompute", "partition.combine_grid", "fuse.epilogue",
 )
+
+
+class Place(enum.StrEnum):
+    """Where a value of the partitioned program lives relative to the kernel's for-loop."""
+
+    BODY = "body"  # varies with the loop: computed in the loop body
+    INV = "inv"  # loop-invariant
+    RMAX = "rmax"  # a running max over the loop dim
+    POST = "post"  # available after the loop (an accumulated result, or computed from those)
+    SHIFT = "shift"  # a loop value minus its running max
+    SCALED = "scaled"  # exp of a shifted value (or scaled with it): rescaled when the max grows
+
+
+class AccKind(enum.StrEnum):
+    """How an accumulator combines the loop iterations (and split-KV partials)."""
+
+    SUM = "sum"
+    RESCALED = "rescaled"  # online softmax: rescaled by exp(old max - new max)
+    MAX = "max"
+
+
+@dataclass(frozen=True)
+class Acc:
+    """One accumulator: its kind and, for a rescaled sum or a max, the running-max node it follows."""
+
+    kind: AccKind
+    rm: int | None = None
 
 
 class Infeasible(Exception):
@@ -418,9 +446,9 @@ def build(an: Analysis, cfg: Config, *, fuse_epilogue: bool = True) -> Lowered:
     ins = [mg.input(t.name or "", t.shape, t.dtype) for t in g.inputs]
     in_idx = [i for i, n in enumerate(nodes) if n.op == "input"]
     val: dict[int, Any] = {}
-    kind: dict[int, str] = {}
+    kind: dict[int, Place] = {}
     rm_of: dict[int, int] = {}  # shifted/scaled/rescaled node -> its running-max node
-    acc: dict[int, tuple[str, int | None]] = {}  # accumulator node -> (sum|rescaled|max, rm node)
+    acc: dict[int, Acc] = {}  # accumulator node -> how it accumulates (and its running max)
     postmax: dict[int, Any] = {}
     steps: set[str] = set()
     epi = _Epilogue(b)
@@ -433,14 +461,14 @@ def build(an: Analysis, cfg: Config, *, fuse_epilogue: bool = True) -> Lowered:
             n = nodes[i]
             fmap = an.labels[i].index(L) if has_L(i) else None
             val[i] = b.input(k, n.outs[0], _imap(an.labels[i], axes_k1), fmap)
-            kind[i] = "body" if has_L(i) else "inv"
+            kind[i] = Place.BODY if has_L(i) else Place.INV
     except GraphError as e:
         raise Infeasible(str(e)) from None
 
     def post_of_max(j: int) -> Any:
         if j not in postmax:
             postmax[j] = b.loop_max(val[j])
-            acc[j] = ("max", j)
+            acc[j] = Acc(AccKind.MAX, j)
         return postmax[j]
 
     def mat(v: Any) -> Tensor:
@@ -462,60 +490,60 @@ def build(an: Analysis, cfg: Config, *, fuse_epilogue: bool = True) -> Lowered:
             d = get_op(n.op)
             if L is not None and red == L:
                 if d.reduce is not None and d.reduce.loop == "loop_max":
-                    if ks != ["body"]:
+                    if ks != [Place.BODY]:
                         raise Infeasible("max over the loop dim of a non-loop value")
                     val[i] = b.running_max(b.max(mat(val[arefs[0]]), axis=attrs["axis"]))
-                    kind[i] = "rmax"
+                    kind[i] = Place.RMAX
                     continue
                 if not (d.has(Prop.CONTRACTION) or (d.reduce is not None and d.reduce.loop == "loop_sum"
                                                      and not d.reduce.mean)):
                     raise Infeasible(f"{n.op} over the loop dim cannot be accumulated")
-                if any(k not in ("body", "scaled", "inv") for k in ks) or ks.count("scaled") > 1:
+                if any(k not in (Place.BODY, Place.SCALED, Place.INV) for k in ks) or ks.count(Place.SCALED) > 1:
                     raise Infeasible(f"{n.op} over the loop dim of post-loop values")
                 part = _apply(b, n.op, attrs, [mat(val[a]) for a in arefs], full_in(n))
-                if "scaled" in ks:
-                    rm = rm_of[arefs[ks.index("scaled")]]
+                if Place.SCALED in ks:
+                    rm = rm_of[arefs[ks.index(Place.SCALED)]]
                     val[i] = b.rescaled_sum(part, val[rm])
-                    acc[i] = ("rescaled", rm)
+                    acc[i] = Acc(AccKind.RESCALED, rm)
                     rm_of[i] = rm
                     steps.add("partition.online_softmax")
                 else:
                     val[i] = b.loop_sum(part)
-                    acc[i] = ("sum", None)
-                kind[i] = "post"
+                    acc[i] = Acc(AccKind.SUM)
+                kind[i] = Place.POST
                 continue
-            if "rmax" in ks:
-                if d.has(Prop.DIFFERENCE) and ks == ["body", "rmax"]:
+            if Place.RMAX in ks:
+                if d.has(Prop.DIFFERENCE) and ks == [Place.BODY, Place.RMAX]:
                     val[i] = b.sub(mat(val[arefs[0]]), val[arefs[1]])
-                    kind[i] = "shift"
+                    kind[i] = Place.SHIFT
                     rm_of[i] = arefs[1]
                     continue
-                ks = ["post" if k == "rmax" else k for k in ks]
-                args = [post_of_max(a) if kind[a] == "rmax" else val[a] for a in arefs]
+                ks = [Place.POST if k == Place.RMAX else k for k in ks]
+                args = [post_of_max(a) if kind[a] == Place.RMAX else val[a] for a in arefs]
             else:
                 args = [val[a] for a in arefs]
-            if "shift" in ks:
+            if Place.SHIFT in ks:
                 if not d.has(Prop.EXPONENTIAL):
                     raise Infeasible(f"{n.op} of a max-shifted loop value (only exp is rescalable)")
                 val[i] = _apply(b, n.op, attrs, [mat(args[0])], full_in(n))
-                kind[i] = "scaled"
+                kind[i] = Place.SCALED
                 rm_of[i] = rm_of[arefs[0]]
                 continue
-            if "scaled" in ks:
-                si = ks.index("scaled")
+            if Place.SCALED in ks:
+                si = ks.index(Place.SCALED)
                 others = [k for j, k in enumerate(ks) if j != si]
-                ok = all(k in ("body", "inv") for k in others) and si in d.scales_with and (
+                ok = all(k in (Place.BODY, Place.INV) for k in others) and si in d.scales_with and (
                     d.reduce is None or red != L)
                 if not ok:
                     raise Infeasible(f"{n.op} of a rescaled loop value")
                 val[i] = _apply(b, n.op, attrs, [mat(a) for a in args], full_in(n))
-                kind[i] = "scaled"
+                kind[i] = Place.SCALED
                 rm_of[i] = rm_of[arefs[si]]
                 continue
-            if "post" in ks:
-                if any(k in ("body", "shift", "scaled") for k in ks):
+            if Place.POST in ks:
+                if any(k in (Place.BODY, Place.SHIFT, Place.SCALED) for k in ks):
                     raise Infeasible(f"{n.op} mixes a post-loop value with a loop-varying value")
-                kind[i] = "post"
+                kind[i] = Place.POST
                 if split:
                     val[i] = None  # emitted in the combine kernel
                     continue
@@ -524,17 +552,18 @@ def build(an: Analysis, cfg: Config, *, fuse_epilogue: bool = True) -> Lowered:
                 else:
                     val[i] = _apply(b, n.op, attrs, [mat(a) for a in args], full_in(n))
                 continue
-            kind[i] = "body" if "body" in ks else "inv"
+            kind[i] = Place.BODY if Place.BODY in ks else Place.INV
             val[i] = _apply(b, n.op, attrs, [mat(a) for a in args], full_in(n))
     except GraphError as e:
         raise Infeasible(str(e)) from None
 
     outs = [a for a, _ in output_refs(g)]
     for o in outs:
-        if kind[o] == "rmax":
+        if kind[o] == Place.RMAX:
             post_of_max(o)
-            kind[o] = "post"
-        if kind[o] not in ("post", "inv") or (kind[o] == "inv" and L is not None and cfg.frange > 1 and split):
+            kind[o] = Place.POST
+        if kind[o] not in (Place.POST, Place.INV) or (
+                kind[o] == Place.INV and L is not None and cfg.frange > 1 and split):
             raise Infeasible(f"output %{o} is a loop-varying value, not an accumulated result")
     if L is not None:
         steps.add("partition.loop")
@@ -550,7 +579,7 @@ def build(an: Analysis, cfg: Config, *, fuse_epilogue: bool = True) -> Lowered:
         if not split:
             for o in outs:
                 rd = get_op(nodes[o].op).reduce if nodes[o].op != "input" else None
-                t = postmax[o] if o in postmax and kind[o] == "post" and rd is not None and rd.loop == "loop_max" \
+                t = postmax[o] if o in postmax and kind[o] == Place.POST and rd is not None and rd.loop == "loop_max" \
                     else val[o]
                 b.output(mat(t), omap_for(o, axes))
             bg = b.build()
@@ -565,7 +594,7 @@ def build(an: Analysis, cfg: Config, *, fuse_epilogue: bool = True) -> Lowered:
 
 
 def _build_split(an: Analysis, cfg: Config, b: BlockBuilder, mg: MuGraph, ins: list[Tensor], val: dict[int, Any],
-                 kind: dict[int, str], acc: dict[int, tuple[str, int | None]], postmax: dict[int, Any],
+                 kind: dict[int, Place], acc: dict[int, Acc], postmax: dict[int, Any],
                  outs: list[int], omap_for: Any, fuse_epilogue: bool, steps: set[str]) -> Lowered:
     """Kernel 1 writes the accumulators per KV split side by side; a combine kernel merges them."""
     g = an.graph
@@ -576,28 +605,28 @@ def _build_split(an: Analysis, cfg: Config, b: BlockBuilder, mg: MuGraph, ins: l
     # the accumulators the rest of the program needs
     needed: list[int] = []
     for i, n in enumerate(nodes):
-        if kind.get(i) == "post" and i not in acc:
+        if kind.get(i) == Place.POST and i not in acc:
             for a, _ in n.args:
-                if kind[a] == "inv":
+                if kind[a] == Place.INV:
                     raise Infeasible("split-KV: the combine step needs a loop-invariant value")
                 if a in acc and a not in needed:
                     needed.append(a)
-                if kind[a] == "rmax" and a not in needed:
+                if kind[a] == Place.RMAX and a not in needed:
                     post_of = postmax.get(a)
                     if post_of is None:
                         raise Infeasible("split-KV: max used without accumulation")
                     needed.append(a)
     for o in outs:
-        if (o in acc or kind[o] == "rmax") and o not in needed:
+        if (o in acc or kind[o] == Place.RMAX) and o not in needed:
             needed.append(o)
-        if kind[o] == "inv":
+        if kind[o] == Place.INV:
             raise Infeasible("split-KV: an output does not depend on the split dim")
     # a plain sum that does not depend on the grid-partitioned dims (e.g. the sum of squares of X in
     # rmsnorm_linear, identical in every column block) cannot be placed as a per-block partial: the
     # combine kernel recomputes it from the inputs, walking the same dim over the splits
-    recompute = [i for i in needed if acc[i][0] == "sum" and any(d is None for d in _imap(an.labels[i], axes))]
+    recompute = [i for i in needed if acc[i].kind is AccKind.SUM and any(d is None for d in _imap(an.labels[i], axes))]
     needed = [i for i in needed if i not in recompute]
-    rms = sorted({r for i in needed if acc[i][0] == "rescaled" and (r := acc[i][1]) is not None})
+    rms = sorted({r for i in needed if acc[i].kind is AccKind.RESCALED and (r := acc[i].rm) is not None})
     part_nodes: list[tuple[str, int]] = [("acc", i) for i in needed] + [("max", r) for r in rms if r not in needed]
     placements: list[int] = []
     for what, i in part_nodes:
@@ -609,7 +638,7 @@ def _build_split(an: Analysis, cfg: Config, b: BlockBuilder, mg: MuGraph, ins: l
         pl = max(free)
         placements.append(pl)
         base = omap_for(i, axes)
-        if what == "max" or acc[i][0] == "max":
+        if what == "max" or acc[i].kind is AccKind.MAX:
             if i not in postmax:
                 postmax[i] = b.loop_max(val[i])
             t = postmax[i]
@@ -646,7 +675,7 @@ def _build_split(an: Analysis, cfg: Config, b: BlockBuilder, mg: MuGraph, ins: l
                 fmap = labs.index(L) if L in labs else None
                 rval[j] = c.input(len(part_nodes) + len(extra_args), n.outs[0], _imap(labs, axes), fmap)
                 extra_args.append(ins[in_idx.index(j)])
-            elif kind.get(j) in ("body", "inv"):
+            elif kind.get(j) in (Place.BODY, Place.INV):
                 rval[j] = _apply(c, n.op, n.attr_dict, [replay(a) for a, _ in n.args],
                                  [nodes[a].outs[k] for a, k in n.args])
             else:
@@ -662,14 +691,14 @@ def _build_split(an: Analysis, cfg: Config, b: BlockBuilder, mg: MuGraph, ins: l
     for what, i in part_nodes:
         if what != "acc":
             continue
-        kd = acc[i][0]
+        kd = acc[i].kind
         p = cin[("acc", i)]
-        if kd == "sum":
+        if kd is AccKind.SUM:
             cval[i] = c.loop_sum(p)
-        elif kd == "max":
+        elif kd is AccKind.MAX:
             cval[i] = c.loop_max(p)
         else:
-            r = acc[i][1]
+            r = acc[i].rm
             assert r is not None
             if r not in crm:
                 crm[r] = c.running_max(max_part(r))
@@ -677,7 +706,7 @@ def _build_split(an: Analysis, cfg: Config, b: BlockBuilder, mg: MuGraph, ins: l
             cval[i] = c.rescaled_sum(c.mul(p, w), crm[r])
     epi = _Epilogue(c)
     for i, n in enumerate(nodes):
-        if kind.get(i) != "post" or i in acc or i in cval:
+        if kind.get(i) != Place.POST or i in acc or i in cval:
             continue
         args = [cval[a] for a, _ in n.args]
         if fuse_epilogue and get_op(n.op).has(Prop.ELEMENTWISE):
