@@ -21,6 +21,9 @@ from verimirage.benchmarks.designs import expert, small_design_kw
 ensure_mode()  # CPU-only machine: TRITON_INTERPRET=1 before anything imports triton
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+#: Where kernels run: the GPU when there is one (compiled kernels reject CPU tensors there), else the CPU
+#: (the interpreter).
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.fixture(autouse=True)
@@ -157,7 +160,7 @@ def test_torch_library_op_opcheck_and_compile() -> None:
     assert register(mg, "test_gated_mlp_small") is op
     with pytest.raises(ValueError, match="already registered"):
         register(g, "test_gated_mlp_small")
-    xs = tuple(torch.randn(t.shape).half() * 0.5 for t in g.inputs)
+    xs = tuple(torch.randn(t.shape, device=DEV).half() * 0.5 for t in g.inputs)
     res = torch.library.opcheck(op.default, xs)
     assert all(v == "SUCCESS" for v in res.values()), res
 
@@ -174,7 +177,7 @@ def test_torch_library_multi_output() -> None:
 
     g = vm.benchmarks.get("ntrans", small=True)
     op = register(expert("ntrans", g), "test_ntrans_small")
-    xs = tuple(torch.randn(t.shape).half() for t in g.inputs)
+    xs = tuple(torch.randn(t.shape, device=DEV).half() for t in g.inputs)
     res = torch.library.opcheck(op.default, xs)
     assert all(v == "SUCCESS" for v in res.values()), res
     a, b = op(*xs)
