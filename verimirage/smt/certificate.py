@@ -56,7 +56,7 @@ FF_METHOD = "verimirage.smt.ffref: every output element compared; seeds from sha
 MAX_TRIALS = 64
 #: environment variables: the checker process's address-space cap (MiB) and wall-clock limit (s)
 MEMORY_ENV, SECONDS_ENV = "VERIMIRAGE_CHECK_MEMORY_MB", "VERIMIRAGE_CHECK_SECONDS"
-DEFAULT_MEMORY_MB, DEFAULT_SECONDS = 6144, 900.0
+DEFAULT_MEMORY_MB, DEFAULT_SECONDS = 8192, 1800.0
 #: modules the checker process refuses to import (the verifier's fast paths, the search, the backend)
 REFUSED = ("verimirage.smt.ff", "verimirage.smt.ffshare", "verimirage.smt.ffproj", "verimirage.smt.ffgpu",
            "verimirage.smt.verify", "verimirage.smt.prune", "verimirage.smt.perf", "verimirage.rewrite",
@@ -497,8 +497,8 @@ def check_certificate(
     or Unknown naming the first mismatch (see the module docstring).
 
     ``isolate`` (the default): in a child process that cannot import the verifier's modules, capped at
-    ``memory_mb`` MiB of address space (default ``$VERIMIRAGE_CHECK_MEMORY_MB`` or 6144) and ``wall_s``
-    seconds (default ``$VERIMIRAGE_CHECK_SECONDS`` or 900); a blow-up is a rejection. ``timeout_s``: per Z3
+    ``memory_mb`` MiB of address space (default ``$VERIMIRAGE_CHECK_MEMORY_MB`` or 8192) and ``wall_s``
+    seconds (default ``$VERIMIRAGE_CHECK_SECONDS`` or 1800); a blow-up is a rejection. ``timeout_s``: per Z3
     query. ``triton`` (the default): when the certificate records a Triton hash, regenerate the module from
     the μGraph and compare (imports the code generator); ``triton_source``: a source that must match it too.
     Raises FileNotFoundError for a path that names no file and :class:`CertificateError` for an unreadable

@@ -35,7 +35,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any
 
 import numpy as np
@@ -89,6 +89,14 @@ def field_of(seed: int) -> Field:
         if g != 1:
             break
     return Field(p, q, g, int(rng.integers(1, 1 << 62)))
+
+
+@lru_cache(maxsize=2)
+def _exp_table(f: Field) -> np.ndarray:
+    """``g ** k mod p`` for every ``k`` in ``[0, q)`` (read-only)."""
+    t = _power(f.g, np.arange(f.q, dtype=np.int64), f.p)
+    t.flags.writeable = False
+    return t
 
 
 def residue(c: Fraction, m: int) -> int:
@@ -197,7 +205,7 @@ class RefFF:
         """``g ** (q-part of x) mod p``; no meaningful q-part."""
         bad = x[1] < 0
         self.violations += int(bad.sum())
-        p = _power(self.field.g, np.maximum(x[1], 0), self.field.p)
+        p = _exp_table(self.field)[np.maximum(x[1], 0)]
         return _stack(p, np.full_like(p, -1))
 
     def oracle(self, name: str, x: np.ndarray, inverse: bool = False) -> np.ndarray:
