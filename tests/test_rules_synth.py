@@ -214,3 +214,23 @@ def test_a_synthesized_ruleset_drives_superoptimize() -> None:
     assert res.best is not None
     fired = set(res.report.rules_fired)
     assert fired and fired <= {r.name for r in rs.rules}, fired
+
+
+@pytest.mark.slow
+def test_cli_sweep_synthesized_variant(tmp_path, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from verimirage.cli import main
+
+    calls = []
+
+    def tiny(**kw):  # type: ignore[no-untyped-def]
+        calls.append(kw)
+        return synthesize(ops=["add", "mul"], depth=1, shapes=[_ENV], seed=kw["seed"], progress=False)
+
+    monkeypatch.setattr(vm.rules, "synthesize", tiny)
+    rc = main(["sweep", "lora", "--synthesized", "--seed", "2", "--out", str(tmp_path), "--no-plots", "--json"])
+    assert rc == 0 and calls and calls[0]["seed"] == 2 and calls[0]["depth"] == 2
+    import json
+
+    doc = json.loads(capsys.readouterr().out)
+    assert [r["variant"] for r in doc["rows"]] == ["all", "synthesized"]
+    assert all(r["kernels"] >= 1 for r in doc["rows"])
