@@ -239,3 +239,15 @@ def test_inductor_fallback_does_not_serve_a_graph_inductor_cached_before() -> No
         got = torch.compile(model, backend=backend(report=rep, time_budget_s=8.0, fallback="inductor"))(*xs)
     _close(got, want, "inductor fallback output")
     assert rep.graphs and any(p.taken for p in rep.partitions), rep.summary()
+
+
+def test_a_failure_of_the_capture_itself_leaves_the_whole_graph_to_the_fallback(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*a: Any, **k: Any) -> None:
+        raise AssertionError("a bug in the graph surgery")
+
+    monkeypatch.setattr(capture, "_splice", broken)
+    model, xs = corpus.get("mlp_relu")
+    want, _ = _reference(model, xs, train=False)
+    got, _, _ = _run(model, xs, train=False)
+    _close(got, want, "output after a failed capture")

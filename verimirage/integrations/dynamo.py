@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from .capture import CaptureOptions, transform
+from .capture import CaptureOptions, PartitionRunner, transform
 from .report import Report
 
 log = logging.getLogger(__name__)
@@ -42,6 +42,21 @@ def _decompositions() -> dict[Any, Any]:
 
     aten = torch.ops.aten
     return get_decompositions([aten.native_layer_norm_backward])
+
+
+def _capture(gm: fx.GraphModule, opts: CaptureOptions, rep: Report, kind: str) -> list[PartitionRunner]:
+    """:func:`transform`, and on any failure of the capture itself the graph as it was (never an error)."""
+    import copy
+
+    orig = copy.deepcopy(gm.graph)
+    try:
+        return transform(gm, opts, rep, kind)
+    except Exception as e:
+        log.warning("verimirage: the capture of a %s graph failed (%s: %s); the whole graph goes to the fallback",
+                    kind, type(e).__name__, e, exc_info=log.isEnabledFor(logging.DEBUG))
+        gm.graph = orig
+        gm.recompile()
+        return []
 
 
 def _fallback(opts: CaptureOptions, example_inputs: Sequence[Any]) -> str:
@@ -66,7 +81,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], *, options:
 
         def inner(g: fx.GraphModule, ex: Sequence[Any], **kw: Any) -> Any:
             kind = "backward" if kw.get("is_backward") else ("inference" if kw.get("is_inference") else "forward")
-            runners = transform(g, opts, rep, kind)
+            runners = _capture(g, opts, rep, kind)
             with inductor_config.patch(fx_graph_cache=False):
                 out = compile_fx_inner(g, ex, **kw)
             _KEEP.extend(runners)  # the compiled code may not hold the graph module that holds them
@@ -84,7 +99,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], *, options:
 
     def compiler(kind: str) -> Callable[..., Any]:
         def comp(g: fx.GraphModule, ex: Sequence[Any]) -> Any:
-            runners = transform(g, opts, rep, kind)
+            runners = _capture(g, opts, rep, kind)
             fn = make_boxed_func(g.forward)
             fn._verimirage_runners = runners  # alive as long as the compiled function
             return fn
