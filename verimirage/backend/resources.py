@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from ..ir.graph import BlockGraph, live_nodes
-from ..ir.ops import LOOP_OPS, TensorType
+from ..ir.ops import LOOP_OPS, OPS, Prop, TensorType
 from .codegen import LaunchConfig, TileOptions, _KernelGen
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ class ResourceError(ValueError):
 def _dot_nodes(bg: BlockGraph, live: set[int]) -> list[int]:
     out = []
     for i, n in enumerate(bg.nodes):
-        if i not in live or n.op != "matmul":
+        if i not in live or not OPS[n.op].has(Prop.CONTRACTION):
             continue
         a = bg.nodes[n.args[0][0]].outs[n.args[0][1]]
         b = bg.nodes[n.args[1][0]].outs[n.args[1][1]]
@@ -156,7 +156,7 @@ def _quick_bound(bg: BlockGraph) -> int:
 
     total = sum(padded(n.outs[0]) * n.outs[0].dtype.itemsize for n in bg.nodes if n.op == "input")
     for n in bg.nodes:
-        if n.op == "matmul":
+        if OPS[n.op].has(Prop.CONTRACTION):
             out = n.outs[0]
             batch = math.prod(1 << (d - 1).bit_length() for d in out.shape[:-2])
             for a, k in n.args[:2]:
