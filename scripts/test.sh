@@ -4,6 +4,9 @@
 #   bash scripts/test.sh            the default (fast) tier: every test not marked slow
 #   bash scripts/test.sh --slow     only the tests marked @pytest.mark.slow (no lint)
 #   bash scripts/test.sh --all      both tiers in one run (what CI runs, via .ci/run)
+#   bash scripts/test.sh --heavy    only the tests marked @pytest.mark.heavy (minutes each on 2 cores: the
+#                                   batch-8 attention certificates' reference re-check, whole-block capture
+#                                   modules); no other tier runs them
 #
 # Any further arguments go to pytest (e.g. bash scripts/test.sh -k certificate).
 set -euo pipefail
@@ -13,17 +16,19 @@ case "${1:-}" in
   --fast) tier=fast; shift ;;
   --slow) tier=slow; shift ;;
   --all) tier=all; shift ;;
+  --heavy) tier=heavy; shift ;;
 esac
 bash scripts/setup.sh
 # shellcheck disable=SC1091
 . .venv/bin/activate
 export TRITON_INTERPRET=1
-if [ "$tier" != slow ]; then
+if [ "$tier" = fast ] || [ "$tier" = all ]; then
   python -m ruff check verimirage tests benchmarks scripts examples
   python -m mypy -p verimirage
 fi
 case "$tier" in
-  fast) python -m pytest -q -p no:cacheprovider -m "not slow" "$@" ;;
-  slow) python -m pytest -q -p no:cacheprovider -m slow "$@" ;;
-  all) python -m pytest -q -p no:cacheprovider "$@" ;;
+  fast) python -m pytest -q -p no:cacheprovider -m "not slow and not heavy" "$@" ;;
+  slow) python -m pytest -q -p no:cacheprovider -m "slow and not heavy" "$@" ;;
+  all) python -m pytest -q -p no:cacheprovider -m "not heavy" "$@" ;;
+  heavy) python -m pytest -q -p no:cacheprovider -m heavy "$@" ;;
 esac
