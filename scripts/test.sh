@@ -5,8 +5,7 @@
 #   bash scripts/test.sh --slow     only the tests marked @pytest.mark.slow (no lint)
 #   bash scripts/test.sh --all      both tiers in one run (what CI runs, via .ci/run)
 #   bash scripts/test.sh --heavy    only the tests marked @pytest.mark.heavy (minutes each on 2 cores: the
-#                                   batch-8 attention certificates' reference re-check, whole-block capture
-#                                   modules); no other tier runs them
+#                                   whole-block capture modules); no other tier runs them
 #
 # Any further arguments go to pytest (e.g. bash scripts/test.sh -k certificate).
 set -euo pipefail

@@ -135,17 +135,12 @@ PROOFS = Path(__file__).resolve().parent.parent / "proofs"
 PROOF_FILES = sorted(PROOFS.glob("*.json")) if PROOFS.is_dir() else []
 #: proofs re-checked in the default (fast) test run; every other one runs in the slow tier (CI runs both)
 FAST_PROOFS = {"gqa_bs1", "lora_bs1"}
-#: proofs whose reference re-check takes minutes on the 2-core machine (the checker's reference evaluator forms
-#: every product of batch-8 attention exactly: 170-420 s each under load): the heavy tier
-#: (``bash scripts/test.sh --heavy``), outside CI's time budget until the reference evaluator is faster
-HEAVY_PROOFS = {f"{n}_bs8" for n in ("gqa", "mqa", "mha", "gqa_stable", "mha_stable", "qknorm_gqa")}
 
 
 def _proof_param(p: Path) -> object:
     if p.stem in FAST_PROOFS:
         return p
-    return pytest.param(p, marks=[pytest.mark.slow, pytest.mark.heavy] if p.stem in HEAVY_PROOFS else
-                        pytest.mark.slow)
+    return pytest.param(p, marks=pytest.mark.slow)
 
 
 def test_committed_proofs_are_all_there() -> None:
