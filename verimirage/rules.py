@@ -1,7 +1,7 @@
 """Rule research: ``vm.rules.synthesize`` (Ruler-style rule synthesis), ``vm.rules.sweep`` (ablations and
 sweeps, on Ray when asked), and the rule language (``Rule``, ``pat``, ``ruleset``, guards) re-exported.
 
-See API.md ("Rule research") and docs/cli/sweep.md.
+See docs/api.md (`vm.rules`) and docs/cli/sweep.md.
 """
 
 from __future__ import annotations

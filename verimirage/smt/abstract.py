@@ -25,7 +25,7 @@ import numpy as np
 from ..ir.errors import GraphError
 from ..ir.graph import Graph
 from ..ir.interpret import run
-from ..ir.ops import OPS, POW_EXACT_MAX, Prop, TensorType, implements, neg_axis
+from ..ir.ops import OPS, POW_EXACT_MAX, Prop, TensorType, implements, neg_axis, reshape_groups
 from . import defined as D
 from . import expr as E
 from .consts import const_fraction
@@ -68,7 +68,7 @@ class Sym:
             raise E.AbstractionError(f"reshape {old} -> {new}")
         if new == old:
             return self
-        groups = _reshape_groups(old, new)
+        groups = reshape_groups(old, new)
         src = self
 
         def fn(idx: Idx) -> E.Poly:
@@ -112,29 +112,6 @@ class Sym:
 
     def __repr__(self) -> str:
         return f"Sym{self.shape}"
-
-
-def _reshape_groups(old: tuple[int, ...], new: tuple[int, ...]) -> list[tuple[list[int], list[int]]]:
-    o = [i for i, n in enumerate(old) if n != 1]
-    nn = [j for j, n in enumerate(new) if n != 1]
-    groups = []
-    i = j = 0
-    while i < len(o) or j < len(nn):
-        og, ng = [o[i]], [nn[j]]
-        po, pn = old[o[i]], new[nn[j]]
-        i += 1
-        j += 1
-        while po != pn:
-            if po < pn:
-                og.append(o[i])
-                po *= old[o[i]]
-                i += 1
-            else:
-                ng.append(nn[j])
-                pn *= new[nn[j]]
-                j += 1
-        groups.append((og, ng))
-    return groups
 
 
 def _take(a: Sym, i: Any, axis: int) -> Sym:
