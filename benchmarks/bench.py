@@ -1,6 +1,7 @@
 """GPU benchmark harness: verimirage against PyTorch eager, torch.compile and SDPA.
 
     python benchmarks/bench.py [--cases gqa lora ...] [--batches 1 8] [--out DIR] [--no-inductor]
+    python benchmarks/bench.py --set models --candidates benchmarks/candidates_models [--cases ...]
 
 For every suite case and batch, on one GPU in one run: verimirage's selected
 kernel (search here, candidates profiled on the GPU, fastest kept), PyTorch
@@ -15,7 +16,15 @@ max(bytes / bandwidth, flops / peak).
 
 Writes ``latest.json`` and ``BENCHMARKS_table.md`` into ``--out`` (default
 benchmarks/results); results are written after every case so a run cut short
-keeps what it measured.
+keeps what it measured. ``--set models`` runs the models set (issue 22:
+``vm.benchmarks.get_model``, one size each, case = the program's name) into
+``models.json`` / ``models_table.md``, and adds per row the default
+(unprofiled) first candidate's time (``default_us``: candidate 0, the measured
+per-kernel rules) and every candidate's cost estimate next to its best measured
+time, and per document the Spearman rank correlation between the two
+(``spearman``: pooled over all candidates, and the mean within programs).
+``--prewarm N`` compiles every (candidate, configuration) in N worker processes
+first (Triton's disk cache), so the timing loop does not wait on compiles.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import argparse
 import datetime
 import json
 import logging
+import math
 import os
 import statistics
 import sys
@@ -94,14 +104,110 @@ def launch_overhead() -> float:
 
 def make_inputs(g: vm.Graph, name: str, seed: int) -> list[torch.Tensor]:
     """Seeded random inputs (never zeros): 0.5 * randn, attention 0.3 * randn (the suite's plain softmax
-    has no max subtraction, and fp16 exp overflows beyond e^11)."""
+    has no max subtraction, and fp16 exp overflows beyond e^11). The models set's special inputs: a bool
+    input is the causal mask (lower triangle), ``VAR`` running variances in [0.5, 2], ``T`` one-hot rows."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     scale = 0.3 if name in ATTN else 0.5
     out = []
     for t in g.inputs:
+        if t.dtype is vm.bool:
+            out.append(torch.ones(t.shape[-2:], device="cuda").tril().bool().expand(t.shape).contiguous())
+            continue
         x = scale * torch.randn(t.shape, generator=gen, device="cuda", dtype=torch.float32)
+        if t.name == "VAR":
+            x = 0.5 + torch.rand(t.shape, generator=gen, device="cuda")
+        elif t.name == "T":
+            idx = torch.randint(0, t.shape[1], (t.shape[0],), generator=gen, device="cuda")
+            x = torch.nn.functional.one_hot(idx, t.shape[1]).float()
         out.append(x.to(getattr(torch, t.dtype.torch_name)))
     return out
+
+
+#: models-set programs with a PyTorch fused-attention (SDPA) equivalent
+MODEL_SDPA = {"causal_attention", "decode_gqa", "bias_attention", "rotary_attention"}
+
+
+def model_sdpa_fn(name: str, g: vm.Graph, ins: list[torch.Tensor]) -> tuple[Any, list[torch.Tensor]]:
+    """SDPA for the models set's attention programs (scale 1 as written; K made (heads, kv, d) contiguous
+    outside the timing; the rotary embedding as eager ops before SDPA)."""
+    F = torch.nn.functional
+    named = {t.name: x for t, x in zip(g.inputs, ins, strict=True)}
+    q, v = named["Q"].unsqueeze(0), named["V"].unsqueeze(0)
+    if name == "rotary_attention":
+        cos, sin = named["COS"], named["SIN"]
+        k = named["K"].unsqueeze(0)
+
+        def rot(x: torch.Tensor) -> torch.Tensor:
+            x1, x2 = x.chunk(2, dim=-1)
+            return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+        return (lambda q, k, v: F.scaled_dot_product_attention(rot(q), rot(k), v, scale=1.0)[0]), [q, k, v]
+    kt = named["K"].transpose(-1, -2).contiguous().unsqueeze(0)
+    if name == "causal_attention":
+        return (lambda q, kt, v: F.scaled_dot_product_attention(q, kt, v, is_causal=True, scale=1.0)[0]), [q, kt, v]
+    if name == "bias_attention":
+        b = named["BIAS"].unsqueeze(0)
+        return (lambda q, kt, v, b: F.scaled_dot_product_attention(q, kt, v, attn_mask=b, scale=1.0)[0]), \
+            [q, kt, v, b]
+    return (lambda q, kt, v: F.scaled_dot_product_attention(q, kt, v, scale=1.0)[0]), [q, kt, v]
+
+
+def spearman(xs: list[float], ys: list[float]) -> float | None:
+    """Spearman's rank correlation (average ranks for ties); None for fewer than 3 pairs or a constant side."""
+    if len(xs) < 3:
+        return None
+
+    def ranks(v: list[float]) -> list[float]:
+        order = sorted(range(len(v)), key=lambda i: v[i])
+        r = [0.0] * len(v)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2.0
+            i = j + 1
+        return r
+
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = statistics.fmean(rx), statistics.fmean(ry)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
+    sxx = sum((a - mx) ** 2 for a in rx)
+    syy = sum((b - my) ** 2 for b in ry)
+    if sxx == 0 or syy == 0:
+        return None
+    return sxy / math.sqrt(sxx * syy)
+
+
+def _prewarm_worker(job: tuple[str, str, int, list[str], list[int]]) -> int:
+    """Compile and run once each (candidate, configuration) of one case (fills Triton's disk cache)."""
+    from verimirage.backend.profile import DEFAULT_CONFIGS
+
+    gtext, name, seed, cands, cfgs = job
+    g = vm.Graph.parse(gtext)
+    ins = make_inputs(g, name, seed)
+    named = {t.name: x for t, x in zip(g.inputs, ins, strict=True)}
+    n = 0
+    for c in cands:
+        for i in cfgs:
+            try:
+                vm.compile(vm.MuGraph.parse(c), config=DEFAULT_CONFIGS[i])(**named)
+                torch.cuda.synchronize()
+                n += 1
+            except Exception:  # the timing loop reports it
+                pass
+    return n
+
+
+def prewarm(jobs: list[tuple[str, str, int, list[str], list[int]]], workers: int) -> None:
+    """Run :func:`_prewarm_worker` over ``jobs`` (one per candidate) in ``workers`` spawned processes."""
+    import multiprocessing as mp
+
+    t0 = time.perf_counter()
+    with mp.get_context("spawn").Pool(workers) as pool:
+        done = sum(pool.map(_prewarm_worker, jobs, chunksize=1))
+    log.info("prewarm: %d kernels compiled in %.1f s by %d workers", done, time.perf_counter() - t0, workers)
 
 
 def sdpa_fn(name: str, g: vm.Graph, ins: list[torch.Tensor]) -> tuple[Any, list[torch.Tensor]]:
@@ -120,26 +226,29 @@ def sdpa_fn(name: str, g: vm.Graph, ins: list[torch.Tensor]) -> tuple[Any, list[
     return (lambda q, kt, v: F.scaled_dot_product_attention(q, kt, v, scale=1.0)[0]), [q, kt, v]
 
 
-def load_candidates(g: vm.Graph, case: str, directory: Path | None) -> tuple[list[Any], float]:
+def load_candidates(g: vm.Graph, case: str, directory: Path | None) -> tuple[list[Any], float, list[float]]:
     """Verified candidates of ``g``: from ``directory`` (searched and verified on a CPU machine by
-    benchmarks/prepare_candidates.py) when given, else a search here. Returns them and the search time."""
+    benchmarks/prepare_candidates.py) when given, else a search here. Returns them, the search time and
+    each one's cost estimate (µs)."""
     if directory is not None:
         doc = json.loads((directory / f"{case}.json").read_text())
         if doc["graph"] != str(g):
             raise ValueError(f"{case}: the candidate file was made for another graph")
-        return [vm.MuGraph.parse(c["mugraph"]) for c in doc["candidates"]], float(doc["search_s"])
+        return ([vm.MuGraph.parse(c["mugraph"]) for c in doc["candidates"]], float(doc["search_s"]),
+                [float(c["cost_us"]) for c in doc["candidates"]])
     t0 = time.perf_counter()
     res = vm.superoptimize(g)
-    return [c.mugraph for c in res.candidates], time.perf_counter() - t0
+    return ([c.mugraph for c in res.candidates], time.perf_counter() - t0,
+            [c.cost.time_s * 1e6 for c in res.candidates])
 
 
 def verimirage_variant(g: vm.Graph, case: str, ins: list[torch.Tensor], ref: Any, top_k: int,
-                       cand_dir: Path | None, n_configs: int) -> dict[str, Any]:
+                       cand_dir: Path | None, n_configs: int, quick: bool = False) -> dict[str, Any]:
     """Profile the verified candidates (x launch configurations) on this GPU; the fastest correct one wins."""
     from verimirage.backend.profile import DEFAULT_CONFIGS, select
 
-    cands, search_s = load_candidates(g, case, cand_dir)
-    cands = cands[:top_k]
+    cands, search_s, costs = load_candidates(g, case, cand_dir)
+    cands, costs = cands[:top_k], costs[:top_k]
     named = {t.name: x for t, x in zip(g.inputs, ins, strict=True)}
     timings = select(g, cands, inputs=named, cache=False, configs=DEFAULT_CONFIGS[:n_configs])
     tried = [{"rank": t.index, "kernels": cands[t.index].num_kernels, "config": str(t.config),
@@ -156,6 +265,23 @@ def verimirage_variant(g: vm.Graph, case: str, ins: list[torch.Tensor], ref: Any
         if err < 2e-2 and (best is None or us < best[0]):
             best = (us, cands[t.index], fn)
     out: dict[str, Any] = {"search_s": search_s, "candidates": tried, "num_candidates": len(cands)}
+    # every candidate's estimate next to its fastest measured configuration (the cost model's calibration)
+    best_ms: dict[int, float] = {}
+    for t in timings:
+        if t.ok and t.ms is not None:
+            best_ms[t.index] = min(best_ms.get(t.index, math.inf), t.ms)
+    out["cost_vs_measured"] = [{"rank": i, "kernels": c.num_kernels, "cost_us": costs[i],
+                                "measured_us": 1e3 * best_ms[i] if i in best_ms else None}
+                               for i, c in enumerate(cands)]
+    out["spearman"] = spearman([r["cost_us"] for r in out["cost_vs_measured"] if r["measured_us"] is not None],
+                               [r["measured_us"] for r in out["cost_vs_measured"] if r["measured_us"] is not None])
+    try:  # what vm.superoptimize's default returns, compiled without profiling: candidate 0, measured rules
+        dfn = vm.compile(cands[0], config=DEFAULT_CONFIGS[0])
+        out["default_err"] = rel_err(dfn(*ins), ref)
+        out["default_us"] = bench(lambda: dfn(*ins), cudagraph=True)
+        out["default_kernels"] = cands[0].num_kernels
+    except Exception as e:
+        out["default_error"] = f"{type(e).__name__}: {e}"[:300]
     if best is not None:
         t, c, fn = best
         out.update(
@@ -165,41 +291,55 @@ def verimirage_variant(g: vm.Graph, case: str, ins: list[torch.Tensor], ref: Any
             verimirage_kernels=c.num_kernels,
             verimirage_mugraph=str(c),
         )
-        # the plain (lean) path in a loop: host time per call, and the host time a loop exposes per launch
-        out["verimirage_host_us"], out["verimirage_loop_us"] = loop(lambda: fn(*ins))
-        out["verimirage_host_per_launch_us"] = (out["verimirage_loop_us"] - t) / c.num_kernels
+        if not quick:  # the plain (lean) path in a loop: host time per call, and what a loop exposes per launch
+            out["verimirage_host_us"], out["verimirage_loop_us"] = loop(lambda: fn(*ins))
+            out["verimirage_host_per_launch_us"] = (out["verimirage_loop_us"] - t) / c.num_kernels
     return out
 
 
+def case_graph(name: str, batch: int, models: bool) -> tuple[vm.Graph, str]:
+    """The program and its case name (models: one size, named as the program)."""
+    if models:
+        return vm.benchmarks.get_model(name), name
+    return vm.benchmarks.get(name, batch=batch), f"{name}_bs{batch}"
+
+
 def run_case(name: str, batch: int, ceil: dict[str, float], args: argparse.Namespace) -> dict[str, Any]:
-    g = vm.benchmarks.get(name, batch=batch)
+    models = args.set == "models"
+    g, case = case_graph(name, batch, models)
     ins = make_inputs(g, name, seed=batch)
     f = torch_fn(g)
     ref = f(*[x.double() for x in ins])
-    row: dict[str, Any] = {"case": f"{name}_bs{batch}", "name": name, "batch": batch}
+    row: dict[str, Any] = {"case": case, "name": name, "batch": batch}
     fl, by = flops(g), min_bytes(g)
     row["flops"], row["bytes"] = fl, by
     row["floor_us"] = 1e6 * max(by / ceil["copy_bytes_per_s"], fl / ceil["bf16_flops_per_s"])
     row["eager_err"] = rel_err(f(*ins), ref)
     row["eager_us"] = bench(lambda: f(*ins), cudagraph=True)
-    row["eager_plain_us"] = bench(lambda: f(*ins), cudagraph=False)
-    row["eager_host_us"], row["eager_loop_us"] = loop(lambda: f(*ins))
+    if not models:
+        row["eager_plain_us"] = bench(lambda: f(*ins), cudagraph=False)
+        row["eager_host_us"], row["eager_loop_us"] = loop(lambda: f(*ins))
     if not args.no_inductor:
         try:
+            t_ind = time.perf_counter()
             torch._dynamo.reset()  # a fresh compile per case (else dynamo's recompile limit falls back to eager)
             cf = torch.compile(f, mode="max-autotune-no-cudagraphs")
             row["inductor_err"] = rel_err(cf(*ins), ref)
             row["inductor_us"] = bench(lambda: cf(*ins), cudagraph=True)
-            row["inductor_plain_us"] = bench(lambda: cf(*ins), cudagraph=False)
-            row["inductor_host_us"], row["inductor_loop_us"] = loop(lambda: cf(*ins))
+            if not models:
+                row["inductor_plain_us"] = bench(lambda: cf(*ins), cudagraph=False)
+                row["inductor_host_us"], row["inductor_loop_us"] = loop(lambda: cf(*ins))
+            row["inductor_compile_s"] = time.perf_counter() - t_ind
         except Exception as e:
             row["inductor_error"] = f"{type(e).__name__}: {e}"[:300]
-    if name in ATTN:
-        sf, sins = sdpa_fn(name, g, ins)
+    if (name in ATTN and not models) or (models and name in MODEL_SDPA):
+        sf, sins = model_sdpa_fn(name, g, ins) if models else sdpa_fn(name, g, ins)
         row["sdpa_err"] = rel_err(sf(*sins), ref)
-        row["sdpa_us"] = bench(lambda: sf(*sins), cudagraph=True)
+        if row["sdpa_err"] < 2e-2:
+            row["sdpa_us"] = bench(lambda: sf(*sins), cudagraph=True)
     try:
-        row.update(verimirage_variant(g, row["case"], ins, ref, args.top_k, args.candidates, args.configs))
+        row.update(verimirage_variant(g, row["case"], ins, ref, args.top_k, args.candidates, args.configs,
+                                      quick=models))
     except Exception as e:
         row["verimirage_error"] = f"{type(e).__name__}: {e}"[:500]
         log.error("verimirage failed on %s: %s", row["case"], traceback.format_exc())
@@ -209,6 +349,26 @@ def run_case(name: str, batch: int, ceil: dict[str, float], args: argparse.Names
         row["speedup_vs_best"] = row["best_baseline_us"] / row["verimirage_us"]
         row["floor_fraction"] = max(row["floor_us"], ceil["launch_us"]) / row["verimirage_us"]
     return row
+
+
+def _fmt(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def spearman_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Spearman rank correlation of the cost estimate and the measured time: pooled over every candidate of
+    every row, and within each row (the ranking the default ``vm.superoptimize`` relies on)."""
+    xs, ys, within = [], [], []
+    for r in rows:
+        pairs = [(c["cost_us"], c["measured_us"]) for c in r.get("cost_vs_measured", [])
+                 if c.get("measured_us") is not None]
+        xs += [p[0] for p in pairs]
+        ys += [p[1] for p in pairs]
+        if r.get("spearman") is not None:
+            within.append(r["spearman"])
+    return {"pooled": spearman(xs, ys), "pairs": len(xs), "programs": len(rows),
+            "within_mean": statistics.fmean(within) if within else None,
+            "within_median": statistics.median(within) if within else None, "programs_ranked": len(within)}
 
 
 def table(doc: dict[str, Any]) -> str:
@@ -226,24 +386,44 @@ def table(doc: dict[str, Any]) -> str:
         v = r.get(k)
         return f"{v:.1f}" if isinstance(v, float) else ("-" if v is None else str(v))
 
+    models = doc.get("set") == "models"
+    if models:
+        lines[-2] += " default µs | floor fraction |"
+        lines[-1] += "---|---|"
     for r in doc["rows"]:
         sp = r.get("speedup_vs_best")
+        extra = ""
+        if models:
+            ff = r.get("floor_fraction")
+            extra = f" {f(r, 'default_us')} | {'-' if ff is None else f'{100 * ff:.0f}%'} |"
         lines.append(
             f"| {r['case']} | {f(r, 'floor_us')} | {f(r, 'verimirage_us')} | {r.get('verimirage_kernels', '-')} | "
             f"{f(r, 'eager_us')} | {f(r, 'inductor_us')} | {f(r, 'sdpa_us')} | "
-            f"{'-' if sp is None else f'{sp:.2f}x'} |"
+            f"{'-' if sp is None else f'{sp:.2f}x'} |" + extra
         )
     sps = [r["speedup_vs_best"] for r in doc["rows"] if "speedup_vs_best" in r]
     if sps:
         lines.append("")
         lines.append(f"Geomean speedup over the best baseline: {statistics.geometric_mean(sps):.2f}x "
                      f"over {len(sps)} case(s); at least as fast on {sum(s >= 1.0 for s in sps)}/{len(sps)}.")
+    sp = doc.get("spearman")
+    if sp:
+        lines.append("")
+        lines.append(
+            f"Cost estimate vs measured time (each candidate's fastest configuration): Spearman "
+            f"{_fmt(sp.get('pooled'))} pooled over {sp.get('pairs')} candidates of {sp.get('programs')} programs; "
+            f"within programs mean {_fmt(sp.get('within_mean'))} (median {_fmt(sp.get('within_median'))}) "
+            f"over {sp.get('programs_ranked')} programs with 3+ candidates.")
     return "\n".join(lines) + "\n"
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cases", nargs="*", default=vm.benchmarks.names())
+    ap.add_argument("--set", choices=["suite", "models"], default="suite",
+                    help="the Mirage suite (latest.json) or the models set of issue 22 (models.json)")
+    ap.add_argument("--cases", nargs="*", default=None)
+    ap.add_argument("--prewarm", type=int, default=0,
+                    help="compile every (candidate, configuration) in this many worker processes first")
     ap.add_argument("--batches", nargs="*", type=int, default=[1, 8])
     ap.add_argument("--out", default=os.environ.get("OUT") or str(Path(__file__).parent / "results"))
     ap.add_argument("--no-inductor", action="store_true")
@@ -259,6 +439,11 @@ def main() -> int:
         return 2
     import triton
 
+    models = args.set == "models"
+    if args.cases is None:
+        args.cases = vm.benchmarks.model_names() if models else vm.benchmarks.names()
+    batches = [1] if models else args.batches
+    stem = "models" if models else "latest"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     doc: dict[str, Any] = {
@@ -271,20 +456,36 @@ def main() -> int:
         "timing": "CUDA-graph replay median (do_bench_cudagraph) in the *_us fields; *_plain_us: do_bench median; "
                   "*_loop_us / *_host_us: wall / host µs per call of 200 back-to-back calls (best of 5)",
         "ceilings": ceilings(),
+        "set": args.set,
         "rows": [],
     }
-    for batch in args.batches:
+    if args.prewarm and args.candidates is not None:
+        jobs = []
+        for batch in batches:
+            for name in args.cases:
+                g, case = case_graph(name, batch, models)
+                try:
+                    cands = json.loads((args.candidates / f"{case}.json").read_text())["candidates"][:args.top_k]
+                except OSError:
+                    continue
+                jobs += [(str(g), name, batch, [c["mugraph"]], list(range(args.configs))) for c in cands]
+        jobs.sort(key=lambda j: -len(j[3][0]))  # the biggest kernels first
+        prewarm(jobs, args.prewarm)
+    for batch in batches:
         for name in args.cases:
             t0 = time.perf_counter()
             try:
                 row = run_case(name, batch, doc["ceilings"], args)
             except Exception as e:
-                row = {"case": f"{name}_bs{batch}", "error": f"{type(e).__name__}: {e}"[:500]}
+                row = {"case": name if models else f"{name}_bs{batch}", "error": f"{type(e).__name__}: {e}"[:500]}
+                log.error("%s failed: %s", row["case"], traceback.format_exc())
             row["wall_s"] = time.perf_counter() - t0
             doc["rows"].append(row)
             log.info("%s", {k: v for k, v in row.items() if k not in ("verimirage_mugraph", "candidates")})
-            (out / "latest.json").write_text(json.dumps(doc, indent=1))
-            (out / "BENCHMARKS_table.md").write_text(table(doc))
+            if models:
+                doc["spearman"] = spearman_summary(doc["rows"])
+            (out / f"{stem}.json").write_text(json.dumps(doc, indent=1))
+            (out / ("models_table.md" if models else "BENCHMARKS_table.md")).write_text(table(doc))
     print(table(doc))
     return 0
 

@@ -2,6 +2,7 @@
 
     python benchmarks/prepare_candidates.py [--cases ...] [--batches 1 8] [--top-k 6] [--variants 1]
                                             [--out benchmarks/candidates]
+    python benchmarks/prepare_candidates.py --set models [--cases ...]   # the models set (issue 22)
 
 One JSON file per case: the graph's text, the search time and the verified candidates (μGraph text, cost
 estimate, rules): the ``top_k`` distinct kernel structures first, then up to ``variants`` verified
@@ -23,7 +24,9 @@ import verimirage as vm
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cases", nargs="*", default=vm.benchmarks.names())
+    ap.add_argument("--set", choices=["suite", "models"], default="suite",
+                    help="the Mirage suite (batches 1 and 8) or the models set (one size each; case = its name)")
+    ap.add_argument("--cases", nargs="*", default=None)
     ap.add_argument("--batches", nargs="*", type=int, default=[1, 8])
     ap.add_argument("--top-k", type=int, default=6)
     ap.add_argument("--variants", type=int, default=1, help="loop-range siblings per structure (superoptimize)")
@@ -31,24 +34,33 @@ def main() -> int:
     ap.add_argument("--verify-budget-s", type=float, default=120.0,
                     help="superoptimize's estimated verification budget (its default, half the time budget, "
                     "keeps batch-8 attention to ~3 candidates)")
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "candidates")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="default benchmarks/candidates (suite) or benchmarks/candidates_models (models)")
     args = ap.parse_args()
+    models = args.set == "models"
+    if args.cases is None:
+        args.cases = vm.benchmarks.model_names() if models else vm.benchmarks.names()
+    if args.out is None:
+        args.out = Path(__file__).resolve().parent / ("candidates_models" if models else "candidates")
+    batches = [1] if models else args.batches
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for b in args.batches:
+    for b in batches:
         for name in args.cases:
-            g = vm.benchmarks.get(name, batch=b)
+            g = vm.benchmarks.get_model(name) if models else vm.benchmarks.get(name, batch=b)
+            case = name if models else f"{name}_bs{b}"
             t0 = time.perf_counter()
             res = vm.superoptimize(g, top_k=args.top_k, variants=args.variants, time_budget_s=args.time_budget_s,
                                   verify_budget_s=args.verify_budget_s, cache=False)
             dt = time.perf_counter() - t0
             doc = {
-                "case": f"{name}_bs{b}",
+                "case": case,
                 "graph": str(g),
                 "search_s": dt,
                 "top_k": args.top_k,
                 "variants": args.variants,
+                "report": str(res.report),
                 "time_budget_s": args.time_budget_s,
                 "verify_budget_s": args.verify_budget_s,
                 "candidates": [
@@ -58,7 +70,7 @@ def main() -> int:
                     for c in res.candidates
                 ],
             }
-            (args.out / f"{name}_bs{b}.json").write_text(json.dumps(doc, indent=1))
+            (args.out / f"{case}.json").write_text(json.dumps(doc, indent=1))
             rows.append((doc["case"], dt, [c.num_kernels for c in res.candidates]))
             logging.info("%s: %.1f s, %d candidate(s) %s", doc["case"], dt, len(res.candidates), rows[-1][2])
     for case, dt, ks in rows:

@@ -30,7 +30,8 @@ def _inputs(g: vm.Graph, rng: np.random.Generator) -> dict[str, np.ndarray]:
 def test_models_are_listed_with_small_and_full_sizes() -> None:
     assert set(model_names()) >= {"logsumexp", "log_softmax", "cross_entropy", "causal_attention",
                                   "softcap_attention", "rotary_attention", "layernorm_linear", "gelu_mlp", "geglu",
-                                  "group_norm", "batchnorm_relu", "activations"}
+                                  "group_norm", "batchnorm_relu", "activations", "swiglu_ffn", "residual_rmsnorm",
+                                  "qkv_bias", "decode_gqa", "bias_attention", "lora_scaled"}
     for n in model_names():
         small, full = get_model(n, small=True), get_model(n)
         assert str(small) != str(full) and len(small.nodes) == len(full.nodes)
@@ -110,3 +111,36 @@ def test_plain_and_max_shifted_logsumexp_are_never_refuted() -> None:
     a.output(logsumexp(a, xa, 1))
     b.output(logsumexp(b, xb, 1, stable=False))
     assert not isinstance(vm.verify(a, b), vm.Refuted)
+
+
+def test_the_reference_meanings_of_the_llm_programs() -> None:
+    """The models set of issue 22 computes what the layers it is named after compute (torch, float64)."""
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    rng = np.random.default_rng(2)
+
+    def run(name: str) -> tuple[dict[str, object], np.ndarray | tuple[np.ndarray, ...]]:
+        g = get_model(name, small=True)
+        ins = _inputs(g, rng)
+        out = vm.evaluate(g, ins)
+        return {k: torch.tensor(v) for k, v in ins.items()}, (out[0] if len(out) == 1 else tuple(out))
+
+    t, got = run("swiglu_ffn")
+    want = (F.silu(t["X"] @ t["W1"]) * (t["X"] @ t["W3"])) @ t["W2"]
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-10, atol=1e-12)
+    t, got = run("residual_rmsnorm")
+    h = t["X"] + t["R"]
+    want_y = F.rms_norm(h, (h.shape[-1],), t["W"], eps=1e-6)
+    np.testing.assert_allclose(got[0], h.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(got[1], want_y.numpy(), rtol=1e-10, atol=1e-12)
+    t, got = run("qkv_bias")
+    np.testing.assert_allclose(got, F.linear(t["X"], t["W"].T, t["BIAS"]).numpy(), rtol=1e-10, atol=1e-12)
+    t, got = run("decode_gqa")
+    want = F.scaled_dot_product_attention(t["Q"], t["K"].transpose(1, 2), t["V"], scale=1.0)
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-9, atol=1e-12)
+    t, got = run("bias_attention")
+    want = F.scaled_dot_product_attention(t["Q"], t["K"].transpose(1, 2), t["V"], attn_mask=t["BIAS"], scale=1.0)
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-9, atol=1e-12)
+    t, got = run("lora_scaled")
+    want = t["X"] @ t["W"] + 2.0 * (t["X"] @ t["A"]) @ t["B"]
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-10, atol=1e-12)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from ..ir.dtypes import DType, bool_, float16
 from ..ir.errors import GraphError
 from ..ir.graph import Graph, Tensor
+from .suite import attention
 
 INV_SQRT2 = 1.0 / math.sqrt(2.0)
 #: the value masked-out attention logits take (exp of it is 0 in fp16 and fp32)
@@ -225,6 +226,74 @@ def _geglu(small: bool, dt: DType) -> Graph:
     return g
 
 
+def _swiglu_ffn(small: bool, dt: DType) -> Graph:
+    # Llama-3-8B / Mistral-7B: hidden 4096, intermediate 14336 (3.5x), 16 decode tokens
+    m, k, h = (16, 32, 64) if small else (16, 4096, 14336)
+    g = Graph()
+    x = g.input("X", (m, k), dt)
+    w1, w3, w2 = g.input("W1", (k, h), dt), g.input("W3", (k, h), dt), g.input("W2", (h, k), dt)
+    g.output(g.matmul(g.mul(g.silu(g.matmul(x, w1)), g.matmul(x, w3)), w2))
+    return g
+
+
+def _residual_rmsnorm(small: bool, dt: DType) -> Graph:
+    # the pre-norm residual stream of a prefill of 2048 tokens (Llama-3-8B hidden 4096): h = x + r, rmsnorm(h) * w
+    m, d = (16, 64) if small else (2048, 4096)
+    g = Graph()
+    x, r = g.input("X", (m, d), dt), g.input("R", (m, d), dt)
+    w = g.input("W", (d,), dt)
+    h = g.add(x, r)
+    g.output(h, g.rms_norm(h, w, eps=1e-6))
+    return g
+
+
+def _qkv_bias(small: bool, dt: DType) -> Graph:
+    # Qwen2-7B: hidden 3584, 28 query heads and 4 KV heads of 128 -> 3584 + 2 * 512 = 4608 outputs, with bias
+    m, k, n = (16, 64, 96) if small else (16, 3584, 4608)
+    g = Graph()
+    x = g.input("X", (m, k), dt)
+    w, b = g.input("W", (k, n), dt), g.input("BIAS", (n,), dt)
+    g.output(g.add(g.matmul(x, w), b))
+    return g
+
+
+def _decode_gqa(small: bool, dt: DType) -> Graph:
+    # Llama-3-8B decode: 8 KV heads, 4 query heads each, head dim 128, a 16k KV cache; max-shifted softmax
+    h, n, d, kv = (2, 4, 16, 128) if small else (8, 4, 128, 16384)
+    g = Graph()
+    q = g.input("Q", (h, n, d), dt)
+    k = g.input("K", (h, d, kv), dt)
+    v = g.input("V", (h, kv, d), dt)
+    g.output(attention(g, q, k, v, stable=True))
+    return g
+
+
+def _bias_attention(small: bool, dt: DType) -> Graph:
+    # prefill with an additive bias on the logits (ALiBi / T5 relative position), 16 heads, 1024 tokens, dim 64
+    h, n, d = (2, 16, 16) if small else (16, 1024, 64)
+    g = Graph()
+    q = g.input("Q", (h, n, d), dt)
+    k = g.input("K", (h, d, n), dt)
+    v = g.input("V", (h, n, d), dt)
+    bias = g.input("BIAS", (h, n, n), dt)
+    s = g.add(g.matmul(q, k), bias)
+    s = g.sub(s, g.max(s, axis=2))
+    e = g.exp(s)
+    g.output(g.matmul(g.div(e, g.sum(e, axis=2)), v))
+    return g
+
+
+def _lora_scaled(small: bool, dt: DType) -> Graph:
+    # a LoRA adapter of rank 16 on a 4096x4096 projection, scaled by alpha / r = 2, 16 decode tokens
+    m, k, n, r = (16, 32, 64, 16) if small else (16, 4096, 4096, 16)
+    g = Graph()
+    x = g.input("X", (m, k), dt)
+    w = g.input("W", (k, n), dt)
+    a, b = g.input("A", (k, r), dt), g.input("B", (r, n), dt)
+    g.output(g.add(g.matmul(x, w), g.scale(g.matmul(g.matmul(x, a), b), 2.0)))
+    return g
+
+
 @dataclass(frozen=True)
 class Model:
     """One models-section program."""
@@ -247,6 +316,13 @@ _MODELS = [
     Model("group_norm", _group_norm, "GroupNorm: reshape to groups, mean and centred variance, per-channel affine"),
     Model("batchnorm_relu", _batch_norm, "BatchNorm in inference (per-channel scale and shift) then ReLU"),
     Model("activations", _activations, "a Linear then mish, hardswish and x * sigmoid(x) (SiLU written out)"),
+    Model("swiglu_ffn", _swiglu_ffn, "SwiGLU FFN with the down projection, (silu(X W1) * X W3) W2, 16x4096, 14336"),
+    Model("residual_rmsnorm", _residual_rmsnorm,
+          "fused residual add + RMSNorm with weight, both outputs (the stream and the normed), 2048x4096"),
+    Model("qkv_bias", _qkv_bias, "QKV projection with bias (Qwen2-7B GQA: 3584 -> 4608), 16 tokens"),
+    Model("decode_gqa", _decode_gqa, "GQA decode over a 16k KV cache: 8 KV heads x 4 queries, head dim 128"),
+    Model("bias_attention", _bias_attention, "prefill attention with an additive bias on the logits (ALiBi-like)"),
+    Model("lora_scaled", _lora_scaled, "LoRA of rank 16 with scale alpha / r = 2 on a 4096x4096 projection"),
 ]
 MODELS: dict[str, Model] = {m.name: m for m in _MODELS}
 

@@ -26,7 +26,8 @@ class Entry:
     expert_kernels: int
 
 
-def _attention(g: Graph, q: Tensor, k: Tensor, v: Tensor, stable: bool) -> Tensor:
+def attention(g: Graph, q: Tensor, k: Tensor, v: Tensor, stable: bool) -> Tensor:
+    """softmax(Q K) V over the last axis (``stable``: the row max subtracted before exp)."""
     a = g.matmul(q, k)
     if stable:
         a = g.sub(a, g.max(a, axis=2))
@@ -47,7 +48,7 @@ def _attn_builder(heads: int, rows: int, small_heads: int, small_rows: int, stab
         if qknorm:
             q = g.rms_norm(q, axis=2)
             k = g.rms_norm(k, axis=1)
-        g.output(_attention(g, q, k, v, stable))
+        g.output(attention(g, q, k, v, stable))
         return g
 
     return build
