@@ -400,7 +400,7 @@ def test_checker_process_cannot_import_the_verifier() -> None:
     from verimirage.smt import certificate as C
 
     root = Path(__file__).resolve().parent.parent
-    for mod in ("verimirage.smt.ff", "verimirage.smt.verify", "verimirage.smt.ffshare", "verimirage.rewrite.superopt",
+    for mod in ("verimirage.smt.ff", "verimirage.smt.verify", "verimirage.smt.ff.share", "verimirage.rewrite.superopt",
                 "torch"):
         code = C._CHILD.format(refused=C.REFUSED).replace(
             "from verimirage.smt.certificate import _child_main\n_child_main()", f"import {mod}")
@@ -410,7 +410,7 @@ def test_checker_process_cannot_import_the_verifier() -> None:
 
 _BLOCKED_RUN = """
 import json, sys
-BLOCK = ("verimirage.smt.ff", "verimirage.smt.ffshare", "verimirage.smt.ffproj", "verimirage.smt.ffgpu",
+BLOCK = ("verimirage.smt.ff", "verimirage.smt.ff.share", "verimirage.smt.ff.proj", "verimirage.smt.ff.gpu",
          "verimirage.smt.verify", "verimirage.smt.prune", "verimirage.rewrite", "verimirage.backend", "torch")
 
 class Refuse:

@@ -10,7 +10,9 @@ import pytest
 import verimirage as vm
 from verimirage.ir.errors import GraphError
 from verimirage.smt import ff
-from verimirage.smt.ff import FFResult, _run_trials, ff_test, ff_workers
+from verimirage.smt.ff import FFResult, ff_test, ff_workers
+from verimirage.smt.ff import trials as FFtrials
+from verimirage.smt.ff.trials import _run_trials
 
 
 def _res(ti: int) -> FFResult:
@@ -111,7 +113,7 @@ def test_verify_runs_its_threads_with_automatic_collection_held_off(monkeypatch:
     from verimirage.smt import verify as verify_mod
 
     seen: list[tuple[str, bool, str]] = []
-    real_abs, real_trials = verify_mod.abstract_check, ff._run_trials
+    real_abs, real_trials = verify_mod.abstract_check, FFtrials._run_trials
 
     def abs_spy(*a, **k):  # type: ignore[no-untyped-def]
         seen.append(("abstract", gc.isenabled(), threading.current_thread().name))
@@ -125,7 +127,7 @@ def test_verify_runs_its_threads_with_automatic_collection_held_off(monkeypatch:
         return real_trials(spied, n, max(2, workers))
 
     monkeypatch.setattr(verify_mod, "abstract_check", abs_spy)
-    monkeypatch.setattr(ff, "_run_trials", trials_spy)
+    monkeypatch.setattr(FFtrials, "_run_trials", trials_spy)
     g = vm.benchmarks.get("lora", batch=1, small=True)
     log: list[str] = []
     gc.collect()

@@ -1,4 +1,4 @@
-"""Big finite-field products on a GPU (verimirage/smt/ffgpu.py).
+"""Big finite-field products on a GPU (verimirage/smt/ff/gpu.py).
 
 * The device path gives every element the CPU path gives: plain products mod m (one contraction chunk and
   several, near the 2**53 limit of exact float64 sums), exp-fused products, in batch-item and row-block
@@ -21,7 +21,9 @@ import pytest
 import verimirage as vm
 from verimirage.ir.errors import GraphError
 from verimirage.smt import ff as FF
-from verimirage.smt import ffgpu as G
+from verimirage.smt.ff import field as FFfield
+from verimirage.smt.ff import gpu as G
+from verimirage.smt.ff import products as FFprod
 
 sys.path.insert(0, str(Path(__file__).parent / "cases"))
 from corpus import CASES
@@ -67,10 +69,10 @@ def test_products_mod_m_equal_the_exact_ones(on_device, monkeypatch, shape, slab
     m = FF.Field.from_seed(7).p
     n, rows, kk, cols = shape
     af, bf = _operands(np.random.default_rng(1), m, n, rows, kk, cols)
-    out = G.product(af, bf, ("mod", m), FF._CHUNK)
+    out = G.product(af, bf, ("mod", m), FFprod._CHUNK)
     assert out is not None and out.dtype == np.int64
     assert np.array_equal(out, _exact(af, bf, m))
-    assert np.array_equal(out, FF._chunked_matmul_mod(af, bf, m))  # (the CPU path agrees too)
+    assert np.array_equal(out, FFprod._chunked_matmul_mod(af, bf, m))  # (the CPU path agrees too)
 
 
 @pytest.mark.parametrize("slab", [1 << 20, 50])
@@ -78,32 +80,32 @@ def test_exp_fused_products_equal_the_cpu_epilogue(on_device, monkeypatch, slab)
     monkeypatch.setattr(G, "SLAB_ELEMS", slab)
     fld = FF.Field.from_seed(11)
     af, bf = _operands(np.random.default_rng(2), fld.q, 2, 12, 64, 40)
-    out = G.product(af, bf, ("exp", fld.p, fld.q, fld.g), FF._CHUNK)
+    out = G.product(af, bf, ("exp", fld.p, fld.q, fld.g), FFprod._CHUNK)
     assert out is not None and out.dtype == np.float64
-    expected = FF._exp_table(fld.p, fld.q, fld.g)[_exact(af, bf, fld.q)]
+    expected = FFfield._exp_table(fld.p, fld.q, fld.g)[_exact(af, bf, fld.q)]
     assert np.array_equal(out, expected)
     cpu = np.zeros_like(out)
-    FF._blocked_matmul(af, bf, cpu, FF.exp_epilogue(fld.p, fld.q, fld.g))
+    FFprod._blocked_matmul(af, bf, cpu, FF.exp_epilogue(fld.p, fld.q, fld.g))
     assert np.array_equal(out, cpu)
 
 
 def test_a_fused_exp_over_a_long_contraction_is_refused(on_device) -> None:
     fld = FF.Field.from_seed(11)
-    af, bf = _operands(np.random.default_rng(3), fld.q, 1, 2, FF._CHUNK + 1, 2)
+    af, bf = _operands(np.random.default_rng(3), fld.q, 1, 2, FFprod._CHUNK + 1, 2)
     with pytest.raises(GraphError, match="contraction of at most 2048"):
-        G.product(af, bf, ("exp", fld.p, fld.q, fld.g), FF._CHUNK)
+        G.product(af, bf, ("exp", fld.p, fld.q, fld.g), FFprod._CHUNK)
 
 
 def test_what_stays_on_the_cpu(monkeypatch) -> None:
     af, bf = _operands(np.random.default_rng(4), 101, 1, 4, 8, 4)
     monkeypatch.setenv(G.DEVICE_ENV, "torch-cpu")
-    assert G.product(af, bf, ("mod", 101), FF._CHUNK) is None  # small (below MIN_MACS)
+    assert G.product(af, bf, ("mod", 101), FFprod._CHUNK) is None  # small (below MIN_MACS)
     monkeypatch.setattr(G, "MIN_MACS", 0)
-    assert G.product(af, bf, ("other", 101), FF._CHUNK) is None  # an epilogue it does not know
-    assert G.product(af, bf, ("mod", 101), FF._CHUNK) is not None
+    assert G.product(af, bf, ("other", 101), FFprod._CHUNK) is None  # an epilogue it does not know
+    assert G.product(af, bf, ("mod", 101), FFprod._CHUNK) is not None
     monkeypatch.setenv(G.DEVICE_ENV, "cpu")
     assert G.device() is None and G.describe() == "cpu"
-    assert G.product(af, bf, ("mod", 101), FF._CHUNK) is None
+    assert G.product(af, bf, ("mod", 101), FFprod._CHUNK) is None
 
 
 def test_a_failing_device_leaves_the_products_to_the_cpu(on_device, monkeypatch, caplog) -> None:
@@ -119,7 +121,7 @@ def test_a_failing_device_leaves_the_products_to_the_cpu(on_device, monkeypatch,
     warnings = [rec.getMessage() for rec in caplog.records if rec.name == G.__name__]
     assert len(warnings) == 1 and "out of memory" in warnings[0] and "on the CPU" in warnings[0]
     af, bf = _operands(np.random.default_rng(7), 101, 1, 4, 8, 4)
-    assert G.product(af, bf, ("mod", 101), FF._CHUNK) is None
+    assert G.product(af, bf, ("mod", 101), FFprod._CHUNK) is None
 
 
 @pytest.mark.parametrize("kind", ["mod", "exp"])
@@ -132,10 +134,10 @@ def test_a_device_that_rounds_is_caught_by_the_spot_check(on_device, monkeypatch
     af, bf = _operands(np.random.default_rng(8), m, 2, 30, 64, 50)
     tag = ("mod", m) if kind == "mod" else ("exp", fld.p, fld.q, fld.g)
     with caplog.at_level("WARNING", logger=G.__name__):
-        assert G.product(af, bf, tag, FF._CHUNK) is None
+        assert G.product(af, bf, tag, FFprod._CHUNK) is None
     assert "differs from its exact value" in caplog.text
     monkeypatch.setattr(torch, "bmm", exact_bmm)
-    assert G.product(af, bf, tag, FF._CHUNK) is not None
+    assert G.product(af, bf, tag, FFprod._CHUNK) is not None
 
 
 def test_auto_uses_a_gpu_only_once_cuda_is_started(monkeypatch) -> None:
@@ -207,7 +209,7 @@ def _gqa_pair() -> tuple[vm.Graph, vm.Graph]:
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_the_device_changes_no_outcome(case, monkeypatch) -> None:
     a, b = case.a(), case.b()
-    monkeypatch.setattr(FF, "_BLOCK_ELEMS", 16)  # (every product of more than a few elements blocked)
+    monkeypatch.setattr(FFprod, "_BLOCK_ELEMS", 16)  # (every product of more than a few elements blocked)
     monkeypatch.setenv(G.DEVICE_ENV, "cpu")
     on_cpu = FF.ff_test(a, b)
     monkeypatch.setenv(G.DEVICE_ENV, "cuda" if torch.cuda.is_available() else "torch-cpu")
@@ -232,11 +234,11 @@ def test_a_batch8_attention_product_on_the_gpu_equals_the_cpu(monkeypatch) -> No
     fld = FF.Field.from_seed(3)
     af, bf = _operands(np.random.default_rng(5), fld.q, 16, 256, 64, 4096)
     tag = ("exp", fld.p, fld.q, fld.g)
-    out = G.product(af, bf, tag, FF._CHUNK)
+    out = G.product(af, bf, tag, FFprod._CHUNK)
     assert out is not None
     monkeypatch.setenv(G.DEVICE_ENV, "cpu")
-    idx = FF._chunked_matmul_mod(af, bf, fld.q)
-    assert np.array_equal(out, FF._exp_table(fld.p, fld.q, fld.g)[idx])
+    idx = FFprod._chunked_matmul_mod(af, bf, fld.q)
+    assert np.array_equal(out, FFfield._exp_table(fld.p, fld.q, fld.g)[idx])
 
 
 @pytest.mark.gpu
@@ -246,7 +248,7 @@ def test_results_are_page_locked_within_the_cap(monkeypatch) -> None:
     fld = FF.Field.from_seed(3)
     af, bf = _operands(np.random.default_rng(6), fld.p, 2, 64, 64, 256)
     before = G.pinned_bytes()
-    x = G.product(af, bf, ("mod", fld.p), FF._CHUNK)
+    x = G.product(af, bf, ("mod", fld.p), FFprod._CHUNK)
     assert x is not None and G.pinned_bytes() == before + x.nbytes
     view = x[1, 3:7].T  # a view keeps the memory (and its count) alive
     del x
@@ -255,5 +257,5 @@ def test_results_are_page_locked_within_the_cap(monkeypatch) -> None:
     del view
     assert G.pinned_bytes() == before
     monkeypatch.setattr(G, "PINNED_BYTES", before + 1000)  # over the cap: ordinary memory, the same values
-    y = G.product(af, bf, ("mod", fld.p), FF._CHUNK)
+    y = G.product(af, bf, ("mod", fld.p), FFprod._CHUNK)
     assert G.pinned_bytes() == before and np.array_equal(y, _exact(af, bf, fld.p))

@@ -19,6 +19,10 @@ import pytest
 import verimirage as vm
 from verimirage.benchmarks.designs import expert
 from verimirage.smt import ff as FF
+from verimirage.smt.ff import field as FFfield
+from verimirage.smt.ff import meanings as FFmean
+from verimirage.smt.ff import products as FFprod
+from verimirage.smt.ff import trials as FFtrials
 
 sys.path.insert(0, str(Path(__file__).parent / "cases"))
 from corpus import CASES
@@ -149,10 +153,10 @@ def test_folded_matmul_is_exact(sa, sb) -> None:
     rng = np.random.default_rng(0)
     a = rng.integers(0, f.p, sa)
     b = rng.integers(0, f.p, sb)
-    got = FF._matmul_mod(a, b, f.p)
+    got = FFprod._matmul_mod(a, b, f.p)
     want = _naive(a, b, f.p)
     assert got.shape == want.shape and got.tolist() == want.tolist()
-    got_f = FF._matmul_mod(a.astype(np.float64), np.swapaxes(np.swapaxes(b, -1, -2).copy(), -1, -2), f.p)
+    got_f = FFprod._matmul_mod(a.astype(np.float64), np.swapaxes(np.swapaxes(b, -1, -2).copy(), -1, -2), f.p)
     assert got_f.tolist() == want.tolist()
 
 
@@ -176,7 +180,7 @@ def test_row_scaled_matmul_with_zero_divisors() -> None:
 def test_dead_parts_are_not_computed(monkeypatch) -> None:
     made: list[tuple[int, int]] = []
     mods: list[int] = []
-    orig_input, orig_mm = FF._input_part, FF._matmul_mod
+    orig_input, orig_mm = FFtrials._input_part, FFprod._matmul_mod
 
     def input_part(shape, seed, index, part, m):
         p = orig_input(shape, seed, index, part, m)
@@ -193,8 +197,8 @@ def test_dead_parts_are_not_computed(monkeypatch) -> None:
         mods.append(m)
         return orig_mm(a, b, m, epi=epi)
 
-    monkeypatch.setattr(FF, "_input_part", input_part)
-    monkeypatch.setattr(FF, "_matmul_mod", matmul_mod)
+    monkeypatch.setattr(FFtrials, "_input_part", input_part)
+    monkeypatch.setattr(FFmean, "_matmul_mod", matmul_mod)
     g = vm.benchmarks.get("gqa", batch=1, small=True)
     fld = FF.Field.from_seed(11)
     ref = FF.FFReference(g, project=False)
@@ -216,7 +220,7 @@ def test_dead_parts_are_not_computed(monkeypatch) -> None:
 
 
 def test_exp_gather_matches_take_in_every_layout() -> None:
-    from verimirage.smt.ff import _exp_gather, _exp_table, _exp_table_f32
+    from verimirage.smt.ff.field import _exp_gather, _exp_table, _exp_table_f32
 
     fld = FF.Field.from_seed(7)
     t64, t32 = _exp_table(fld.p, fld.q, fld.g), _exp_table_f32(fld.p, fld.q, fld.g)
@@ -236,23 +240,23 @@ def test_blocked_matmul_and_fused_exp_are_exact() -> None:
     rng = np.random.default_rng(2)
     a = rng.integers(0, f.q, (2, 300, 24))
     b = rng.integers(0, f.q, (2, 24, 1000))
-    assert FF._BLOCK_ELEMS <= 2 * 300 * 1000
+    assert FFprod._BLOCK_ELEMS <= 2 * 300 * 1000
     want = (a @ b) % f.q
-    got = FF._matmul_mod(a.astype(np.float64), b.astype(np.float64), f.q)
+    got = FFprod._matmul_mod(a.astype(np.float64), b.astype(np.float64), f.q)
     assert got.dtype == np.int64 and np.array_equal(got, want)
     # through the ff domain: exp(matmul) (fused) == the table at the product's residues
-    tok = FF._FIELD.set(f)
+    tok = FFfield._FIELD.set(f)
     try:
         fa = FF.FV(a.shape, FF.Part.of(a), FF.Part.of(a))
         fb = FF.FV(b.shape, FF.Part.of(b), FF.Part.of(b))
-        s = FF._ff_matmul([fa, fb], {}, None, None)
-        e = FF._exp(s)
+        s = FFmean._ff_matmul([fa, fb], {}, None, None)
+        e = FFmean._exp(s)
         assert not s.q.ready  # the q-part is not formed by the fused exp
         got_e = FF.ints(e.p)
         assert not s.q.ready
     finally:
-        FF._FIELD.reset(tok)
-    assert np.array_equal(got_e, FF._exp_table(f.p, f.q, f.g)[want])
+        FFfield._FIELD.reset(tok)
+    assert np.array_equal(got_e, FFfield._exp_table(f.p, f.q, f.g)[want])
 
 
 @pytest.mark.parametrize("ax", [0, 1, 2, -1, -3])
@@ -264,11 +268,11 @@ def test_max_q_part_is_the_lexicographic_max(ax) -> None:
     vq = rng.integers(-1, 9, (5, 6, 7))
     key = vp * 100 + (vq + 1)
     want = np.take_along_axis(vq, np.expand_dims(np.argmax(key, axis=ax), ax), ax)
-    got = FF._max_q(vp, vq, ax)
+    got = FFmean._max_q(vp, vq, ax)
     assert np.array_equal(got, want)
     assert (np.count_nonzero(vp == vp.max(axis=ax, keepdims=True), axis=ax) > 1).any()  # ties were tested
     # a broadcast p-part (constant along the axis: every element ties)
     vp1 = vp[:1] if ax % 3 != 0 else vp[:, :1]
     bp = np.broadcast_to(vp1, vp.shape)
     want = np.take_along_axis(vq, np.expand_dims(np.argmax(bp * 100 + (vq + 1), axis=ax), ax), ax)
-    assert np.array_equal(FF._max_q(vp1, vq, ax), want)
+    assert np.array_equal(FFmean._max_q(vp1, vq, ax), want)

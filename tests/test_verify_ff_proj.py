@@ -1,4 +1,4 @@
-"""The finite-field test's projected comparison (verimirage/smt/ffproj.py).
+"""The finite-field test's projected comparison (verimirage/smt/ff/proj.py).
 
 * On every corpus program, the pushed projection equals ``sum(O * U * r) mod p`` of the fully computed
   outputs (the rules are identities, whatever they push through);
@@ -19,7 +19,8 @@ import pytest
 
 import verimirage as vm
 from verimirage.smt import ff as FF
-from verimirage.smt import ffproj as FP
+from verimirage.smt.ff import proj as FP
+from verimirage.smt.ff import trials as FFtrials
 
 sys.path.insert(0, str(Path(__file__).parent / "cases"))
 from corpus import CASES
@@ -40,8 +41,8 @@ def test_projection_equals_the_contracted_outputs(case) -> None:
 
 def _check_program(prog: vm.Graph, what: str) -> None:
     fld = FF.Field.from_seed(99)
-    full = [FF.ints(o.p) for o in FF._run_lazy(prog, FF.input_values(prog, fld, 5), FF.Field.from_seed(99))]
-    outs = FF._run_lazy(prog, FF.input_values(prog, fld, 5), FF.Field.from_seed(99))
+    full = [FF.ints(o.p) for o in FFtrials._run_lazy(prog, FF.input_values(prog, fld, 5), FF.Field.from_seed(99))]
+    outs = FFtrials._run_lazy(prog, FF.input_values(prog, fld, 5), FF.Field.from_seed(99))
     for k, (o, x) in enumerate(zip(outs, full, strict=True)):
         if o.shape:
             fs = FF.projection_factors(o.shape, 7, k, fld.p)

@@ -1,4 +1,4 @@
-"""Products shared between the programs of a finite-field trial (verimirage/smt/ffshare.py).
+"""Products shared between the programs of a finite-field trial (verimirage/smt/ff/share.py).
 
 * A stored product is reused only for operands that are, row by row and column by column, equal to the
   stored ones: tiles that are slices come back as strided views, permuted ones as gathered copies, and
@@ -20,7 +20,9 @@ import pytest
 
 import verimirage as vm
 from verimirage.smt import ff as FF
-from verimirage.smt import ffshare as S
+from verimirage.smt.ff import products as FFprod
+from verimirage.smt.ff import share as S
+from verimirage.smt.ff import trials as FFtrials
 
 sys.path.insert(0, str(Path(__file__).parent / "cases"))
 from corpus import CASES
@@ -241,7 +243,7 @@ def test_a_bad_budget_setting_is_reported(monkeypatch) -> None:
 @pytest.fixture
 def blockwise(monkeypatch):
     """Every product of more than a few elements computed in row blocks (and so shared)."""
-    monkeypatch.setattr(FF, "_BLOCK_ELEMS", 16)
+    monkeypatch.setattr(FFprod, "_BLOCK_ELEMS", 16)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
@@ -315,7 +317,7 @@ def _input_arrays(ins: dict[str, FF.FV]) -> list[np.ndarray]:
 def big_inputs(blockwise, monkeypatch) -> tuple[vm.Graph, vm.Graph]:
     """A gqa pair whose inputs count as too big for the small-input cache, with a budget of its own."""
     monkeypatch.setattr(S, "_BUDGET", S._Budget())
-    monkeypatch.setattr(FF, "INPUT_CACHE_BYTES", 0)
+    monkeypatch.setattr(FFtrials, "INPUT_CACHE_BYTES", 0)
     g = vm.benchmarks.get("gqa", batch=1, small=True)
     return g, vm.benchmarks.expert("gqa", g)
 
@@ -377,7 +379,7 @@ def test_sharing_does_not_change_the_verdict_on_any_rule_instance(blockwise, mon
     # compared element by element, so that their products are formed (a projection would skip most)
     from verimirage.rewrite.rules import all_builtin_rules
 
-    monkeypatch.setattr(FF, "_BLOCK_ELEMS", 4)  # (the instances' products have 6 to 15 elements)
+    monkeypatch.setattr(FFprod, "_BLOCK_ELEMS", 4)  # (the instances' products have 6 to 15 elements)
     n = 0
     before = dict(S.STATS)
     for rule in all_builtin_rules():

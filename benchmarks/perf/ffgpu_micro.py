@@ -1,4 +1,4 @@
-"""Where the time of one GPU finite-field product goes (verimirage/smt/ffgpu.py), on a CUDA machine.
+"""Where the time of one GPU finite-field product goes (verimirage/smt/ff/gpu.py), on a CUDA machine.
 
 ``python benchmarks/perf/ffgpu_micro.py``: gqa at batch 8's ``exp(Q K^T)`` product (16 x 256 x 4096 results,
 contraction 64): the whole :func:`ffgpu.product` (its result page-locked, as a trial's, and in ordinary
@@ -18,7 +18,8 @@ import numpy as np
 import torch
 
 from verimirage.smt import ff as FF
-from verimirage.smt import ffgpu as G
+from verimirage.smt.ff import gpu as G
+from verimirage.smt.ff import products as FFprod
 
 
 def _ms(fn: Callable[[], object], reps: int = 7) -> float:
@@ -57,15 +58,15 @@ def main() -> None:
     cpu_epi = FF.exp_epilogue(fld.p, fld.q, fld.g)
     pinned = torch.empty(shape, dtype=torch.float64, pin_memory=True)
     rows = {
-        "product(), page-locked result": lambda: G.product(af, bf, tag, FF._CHUNK),
-        "product(), ordinary memory": lambda: _unpinned(lambda: G.product(af, bf, tag, FF._CHUNK)),
+        "product(), page-locked result": lambda: G.product(af, bf, tag, FFprod._CHUNK),
+        "product(), ordinary memory": lambda: _unpinned(lambda: G.product(af, bf, tag, FFprod._CHUNK)),
         "upload K (34 MB)": lambda: torch.from_numpy(bf).to(dev),
         "bmm + mod + exp lookup on the GPU": lambda: table[torch.bmm(a_d, b_d).to(torch.int64).remainder_(fld.q)],
         "download 134 MB into a fresh array": lambda: torch.from_numpy(np.empty(shape)).copy_(res),
         "download into touched memory": lambda: torch.from_numpy(touched).copy_(res),
         "download into page-locked memory": lambda: pinned.copy_(res),
         "page-locked -> fresh array (CPU copy)": lambda: np.copyto(np.empty(shape), pinned.numpy()),
-        "the CPU path (numpy)": lambda: FF._blocked_matmul(af, bf, np.empty(shape), cpu_epi),
+        "the CPU path (numpy)": lambda: FFprod._blocked_matmul(af, bf, np.empty(shape), cpu_epi),
     }
     print(f"device {torch.cuda.get_device_name()}; gqa b8 exp(Q K^T): median of 7, ms")
     for name, fn in rows.items():

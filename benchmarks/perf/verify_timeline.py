@@ -16,6 +16,7 @@ from typing import Any
 import verimirage as vm
 from verimirage.smt import ff
 from verimirage.smt import verify as V
+from verimirage.smt.ff import products as FFprod
 
 EVENTS: list[tuple[str, str, float, float]] = []
 T0 = [0.0]
@@ -41,7 +42,7 @@ def main(argv: list[str]) -> None:
     vm.verify(g, m)
     ff.FFReference.outputs = _timed("target", ff.FFReference.outputs)  # type: ignore[method-assign]
     ff.observe = _timed("observe", ff.observe)
-    ff._blocked_matmul = _timed("blocked", ff._blocked_matmul)
+    FFprod._blocked_matmul = _timed("blocked", FFprod._blocked_matmul)
     ff.FFReference.inputs = _timed("inputs", ff.FFReference.inputs)  # type: ignore[method-assign]
     V._RECENT.clear()
     gc.collect()

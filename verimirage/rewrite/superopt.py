@@ -300,7 +300,7 @@ def _search(graph: Graph, opts: SearchOptions) -> SearchResult:
     run = _Run(graph, opts, rep, opts.verifier or _default_verifier(graph, opts.verify_timeout_s, opts.seed),
                opts.calibration or Calibration(), time.perf_counter())
     if opts.profile:
-        from ..smt import ffgpu
+        from ..smt.ff import gpu as ffgpu
 
         ffgpu.start_cuda_in_background()  # (profiling needs CUDA; started now, verification can use the GPU)
     with _Progress(opts.progress) as prog:

@@ -58,9 +58,9 @@ MAX_TRIALS = 64
 MEMORY_ENV, SECONDS_ENV = "VERIMIRAGE_CHECK_MEMORY_MB", "VERIMIRAGE_CHECK_SECONDS"
 DEFAULT_MEMORY_MB, DEFAULT_SECONDS = 8192, 1800.0
 #: modules the checker process refuses to import (the verifier's fast paths, the search, the backend)
-REFUSED = ("verimirage.smt.ff", "verimirage.smt.ffshare", "verimirage.smt.ffproj", "verimirage.smt.ffgpu",
-           "verimirage.smt.verify", "verimirage.smt.prune", "verimirage.smt.perf", "verimirage.rewrite",
-           "verimirage.backend", "verimirage.pipeline", "verimirage.testing", "torch", "triton", "egglog")
+REFUSED = ("verimirage.smt.ff", "verimirage.smt.verify", "verimirage.smt.prune", "verimirage.smt.perf",
+           "verimirage.rewrite", "verimirage.backend", "verimirage.pipeline", "verimirage.testing", "torch", "triton",
+           "egglog")
 
 
 class CertificateError(GraphError):

@@ -38,7 +38,9 @@ from typing import Any
 
 import numpy as np
 
-from .ff import _CHUNK, Part, _inv, _modi, _sum_mod, as_kind, ints
+from .arith import _inv, _modi, _sum_mod
+from .products import _CHUNK
+from .values import Part, as_kind, ints
 
 Term = list[np.ndarray]
 

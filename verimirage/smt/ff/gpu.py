@@ -4,10 +4,10 @@ The finite-field test's largest cost is the products of residue arrays (attentio
 pair is 1.07 G multiply-adds a trial), and, for ``exp`` of a product, reducing each result mod q and looking
 it up in the exp table. On a machine with an NVIDIA GPU these run there, through torch, and the results are
 copied back into host arrays of the same layout as the CPU path's, so nothing else changes: later ops, the
-sharing of products between programs (:mod:`verimirage.smt.ffshare`) and the verdict are the same.
+sharing of products between programs (:mod:`verimirage.smt.ff.share`) and the verdict are the same.
 
 Exactness is argued as on the CPU: the operands are integer residues held in float64, the contraction is
-split into chunks of at most ``ff._CHUNK`` (2048) so that every partial sum of products is an integer below
+split into chunks of at most ``products._CHUNK`` (2048) so that every partial sum of products is an integer below
 2**53, and float64 arithmetic is exact on such integers whatever the order of summation or use of fused
 multiply-adds (so cuBLAS's choice of algorithm cannot change a result); the conversion to int64, the sums of
 chunk results, the reduction mod m and the exp-table lookup are integer operations. A test on the GPU
@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from ..ir.errors import GraphError
+from ...ir.errors import GraphError
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +167,7 @@ def describe() -> str:
 
 @lru_cache(maxsize=16)
 def _device_table(dev: Any, p: int, q: int, g: int) -> Any:
-    from .ff import _exp_table
+    from .field import _exp_table
 
     return _tensor(_exp_table(p, q, g).astype(np.float64)).to(dev)
 
@@ -253,7 +253,7 @@ def _spot_check(af: np.ndarray, bf: np.ndarray, out: np.ndarray, tag: tuple[Any,
     b = bf[i, :, c].astype(np.int64) % m
     exact = (a * b % m).sum(axis=-1) % m  # (products < 2**42, each reduced before the sum)
     if tag[0] == "exp":
-        from .ff import _exp_table
+        from .field import _exp_table
 
         exact = _exp_table(*(int(t) for t in tag[1:]))[exact]
     got = out[i, r, c]

@@ -1,0 +1,486 @@
+"""The ``"ff"`` meaning of every registry op on lazy values (registered on import), and :class:`FFDomain`.
+
+What each op means is documented in :mod:`verimirage.smt.ff`; the reference evaluator
+:mod:`verimirage.smt.ffref` implements the same meanings plainly and tests/test_ffref.py holds the two equal.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Callable, Sequence
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+from ...ir.errors import GraphError
+from ...ir.ops import OPS, POW_EXACT_MAX, TensorType, implements, neg_axis
+from ..consts import const_fraction
+from .arith import _UFUNC, _inv, _mark, _mix, _modi, _ring_arr, _ring_q, _sum_mod
+from .field import _FIELD, Field, _exp_gather, _exp_table_f32, current_field
+from .products import _CHUNK, _matmul_mod, exp_epilogue
+from .values import FV, Part, _lazy, _lazy_f, as_kind
+
+
+class FFDomain:
+    """The finite-field domain for :func:`verimirage.ir.interpret.run` (one field per instance).
+
+    Values are :class:`FV`; ops build the parts of their result lazily (see the module docstring).
+    """
+
+    name = "ff"
+
+    def __init__(self, fld: Field) -> None:
+        self.field = fld
+
+    def apply(
+        self, op: str, args: list[Any], attrs: dict[str, Any], in_types: Sequence[TensorType], out_type: TensorType
+    ) -> Any:
+        fn = OPS[op].domains.get("ff")
+        if fn is None:
+            raise GraphError(f"op {op!r} has no meaning in the 'ff' domain")
+        tok = _FIELD.set(self.field)
+        try:
+            return fn(args, attrs, in_types, [out_type])
+        finally:
+            _FIELD.reset(tok)
+
+
+
+# --------------------------------------------------------------------------- op meanings (on FV)
+
+
+def _ring(kind: str, a: FV, b: FV) -> FV:
+    f = current_field()
+    shape = np.broadcast_shapes(a.shape, b.shape)
+    p = _lazy(lambda x, y, m=f.p: _ring_arr(kind, x, y, m), a.p, b.p)
+    p._lin = ("ring", kind, a.p, a.shape, b.p, b.shape)
+    if a.q is None or b.q is None:
+        return FV(shape, p, None)
+    marks = a.qmarks or b.qmarks
+    q = _lazy(lambda x, y, m=f.q: _ring_q(kind, x, y, m, marks), a.q, b.q)
+    return FV(shape, p, q, marks)
+
+
+def _binop(kind: str) -> Callable[..., FV]:
+    def fn(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
+        return _ring(kind, args[0], args[1])
+
+    return fn
+
+
+for _k in ("add", "sub", "mul", "div"):
+    implements("ff", _k)(_binop(_k))
+
+
+def _affine(x: FV, c: Fraction, kind: str) -> FV:
+    """``x * c`` (kind "mul") or ``x + c`` (kind "add") for a rational constant ``c``."""
+    f = current_field()
+    cp, cq = f.const(c)
+    uf = _UFUNC[kind]
+
+    def part(cm: int, m: int, marks: bool) -> Callable[[np.ndarray], np.ndarray]:
+        def fn(v: np.ndarray) -> np.ndarray:
+            r = _modi(uf(v, cm), m)
+            return _mark(r, v) if marks else r
+
+        return fn
+
+    p = _lazy(part(cp, f.p, False), x.p)
+    if kind == "mul":
+        p._lin = ("scale", x.p, cp)
+    q = None if x.q is None else _lazy(part(cq, f.q, x.qmarks), x.q)
+    return FV(x.shape, p, q, x.qmarks)
+
+
+@implements("ff", "maximum")
+def _ff_maximum(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
+    a, b = args
+    shape = np.broadcast_shapes(a.shape, b.shape)
+    p = _lazy(np.maximum, a.p, b.p)  # equal p-residues: either operand gives the same p-residue
+    if a.q is None and b.q is None:
+        return FV(shape, p, None)
+
+    a_has, b_has = a.q is not None, b.q is not None
+
+    # lexicographic order on (p-residue, q-part), a meaningless q-part (-1, or no q-part) being the smallest
+    def qpart(ap: np.ndarray, bp: np.ndarray, *qs: np.ndarray) -> np.ndarray:
+        it = iter(qs)
+        aq = next(it) if a_has else np.int64(-1)
+        bq = next(it) if b_has else np.int64(-1)
+        take_a = (ap > bp) | ((ap == bp) & (aq >= bq))
+        return np.where(take_a, aq, bq).astype(np.int64, copy=False)
+
+    deps = [a.p, b.p] + ([a.q] if a.q is not None else []) + ([b.q] if b.q is not None else [])
+    return FV(shape, p, _lazy(qpart, *deps), a.qmarks or b.qmarks or not (a_has and b_has))
+
+
+@implements("ff", "neg")
+def _ff_neg(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
+    return _affine(args[0], Fraction(-1), "mul")
+
+
+@implements("ff", "square")
+def _ff_square(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
+    return _ring("mul", args[0], args[0])
+
+
+@implements("ff", "scale")
+def _ff_scale(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
+    return _affine(args[0], const_fraction(attrs["c"]), "mul")
+
+
+@implements("ff", "shift")
+def _ff_shift(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
+    return _affine(args[0], const_fraction(attrs["c"]), "add")
+
+
+def _exp(x: FV) -> FV:
+    f = current_field()
+    shape = x.shape
+    if x.q is None:
+        def none() -> np.ndarray:
+            f.q_violations += math.prod(shape)
+            return np.ones(shape, dtype=np.int64)  # (the test answers Unknown)
+
+        return FV(shape, Part(none), None)
+    marks = x.qmarks
+    lin = x.q._lin
+    if not marks and lin is not None and lin[0] == "matmul" and not x.q.ready:
+        # exp of a product's q-part: each row block of the float64 product is reduced mod q and looked up
+        # while in cache (the product's int64 q-part is never formed; if another op reads it, it is made then)
+        tag = ("exp", f.p, f.q, f.g)
+        epi = exp_epilogue(f.p, f.q, f.g)
+        fused = Part(lambda av, bv: _matmul_mod(av, bv, f.q, epi=(epi, np.float64, tag)),
+                     (as_kind(lin[1], "f"), as_kind(lin[3], "f")), kind="f")
+        return FV(shape, fused, None)
+
+    def fn(xq: np.ndarray) -> np.ndarray:
+        if marks:
+            bad = xq < 0
+            if bad.any():
+                f.q_violations += int(bad.sum())
+                xq = np.maximum(xq, 0)
+        return _exp_gather(_exp_table_f32(f.p, f.q, f.g), xq)
+
+    # float64 residues: its readers are mostly a sum and a matmul (an int64 twin is made if needed)
+    return FV(shape, Part(fn, (as_kind(x.q, "i"),), kind="f"), None)
+
+
+@implements("ff", "exp")
+def _ff_exp(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
+    return _exp(args[0])
+
+
+_SALT = {"silu": 1, "gelu": 2, "relu": 3, "sqrt": 4}
+
+
+def _salt(name: str) -> int:
+    """The oracle salt of function ``name``: fixed for the first four, else a stable hash of the name
+    (which includes the op's attributes, so ``leaky_relu(0.1)`` and ``leaky_relu(0.2)`` differ)."""
+    if name in _SALT:
+        return _SALT[name]
+    return 16 + zlib.crc32(name.encode())
+
+
+def opaque_key(op: str, attrs: dict[str, Any]) -> str:
+    """The name of the random function standing for ``op`` with ``attrs`` (shared by both programs)."""
+    if not attrs:
+        return op
+    return f"{op}({', '.join(f'{k}={attrs[k]!r}' for k in sorted(attrs))})"
+
+
+def opaque(op: str) -> Callable[..., FV]:
+    """The ``"ff"`` meaning of a unary op with no exact algebraic image (tanh, erf, log, ...): a fixed
+    random function of its argument, drawn per trial (keyed by the field's key) and shared by both
+    programs, so agreement holds for *every* function in its place. :func:`degree_bound` counts each
+    application as opaque (a fresh variable) through the op's registry degree rule."""
+
+    def fn(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
+        return _oracle(opaque_key(op, attrs), args[0])
+
+    return fn
+
+
+def _oracle(name: str, x: FV, inverse: bool = False) -> FV:
+    """A per-trial random function of ``x``'s p-residue giving both parts (``inverse``: their inverses)."""
+    f = current_field()
+    salt = _salt(name)
+    z = Part(lambda v, k=f.key, s=salt: _mix(v, k, s), (as_kind(x.p, "i"),), kind="u")  # raw bits
+
+    def part(shift: int, m: int) -> Callable[[np.ndarray], np.ndarray]:
+        def fn(zz: np.ndarray) -> np.ndarray:
+            r = ((zz >> np.uint64(shift)) % np.uint64(m)).astype(np.int64)
+            return _inv(r, m) if inverse else r
+
+        return fn
+
+    return FV(x.shape, Part(part(0, f.p), (z,)), Part(part(21, f.q), (z,)))
+
+
+for _u in ("silu", "gelu", "relu", "sqrt"):
+    implements("ff", _u)(lambda args, attrs, it, ot, _n=_u: _oracle(_n, args[0]))
+
+
+@implements("ff", "rsqrt")
+def _ff_rsqrt(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
+    return _oracle("sqrt", args[0], inverse=True)
+
+
+# tanh stays a random function: an exact tanh (through exp) would have no q-part, and soft-capped logits
+# feed an exp (Gemma's attention), which needs one
+for _u in ("log", "tanh", "erf", "softplus", "abs", "clamp", "leaky_relu"):
+    implements("ff", _u)(opaque(_u))
+
+
+def _sigmoid(x: FV) -> FV:
+    """1 / (1 + exp(-x)): exact, since exp is (1 + exp(-x) is never 0: exp's values have odd order q)."""
+    e = _exp(_affine(x, Fraction(-1), "mul"))
+    return _reciprocal(_affine(e, Fraction(1), "add"))
+
+
+@implements("ff", "sigmoid")
+def _ff_sigmoid(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
+    return _sigmoid(args[0])
+
+
+def _ones_like(x: FV) -> FV:
+    return _affine(_affine(x, Fraction(0), "mul"), Fraction(1), "add")
+
+
+def _reciprocal(x: FV) -> FV:
+    return _ring("div", _ones_like(x), x)
+
+
+@implements("ff", "reciprocal")
+def _ff_reciprocal(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
+    return _reciprocal(args[0])
+
+
+@implements("ff", "pow")
+def _ff_pow(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
+    """Integer exponents up to POW_EXACT_MAX: exact products (negative: of the inverse); x**0.5 and
+    x**-0.5 are sqrt and rsqrt's random function; other exponents: a random function keyed by ``c``."""
+    x = args[0]
+    c = float(attrs["c"])
+    if c.is_integer() and abs(c) <= POW_EXACT_MAX:
+        k = int(abs(c))
+        if k == 0:
+            return _ones_like(x)
+        y = x
+        for _ in range(k - 1):
+            y = _ring("mul", y, x)
+        return _reciprocal(y) if c < 0 else y
+    if c in (0.5, -0.5):
+        return _oracle("sqrt", x, inverse=c < 0)
+    return _oracle(opaque_key("pow", attrs), x)
+
+
+@implements("ff", "minimum")
+def _ff_minimum(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
+    """The smaller operand in the order ``maximum`` uses: ``a + b - maximum(a, b)`` (exactly the operand
+    ``maximum`` did not pick, in both parts)."""
+    a, b = args
+    return _ring("sub", _ring("add", a, b), _ff_maximum(args, attrs, in_types, out_types))
+
+
+@implements("ff", "min")
+def _ff_min(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
+    """The min along the axis in the order of ``max`` (p-residue, then q-part; a meaningless q-part the
+    smallest), so a tiled min equals the flat one and ``minimum`` of partial mins."""
+    x = args[0]
+    ax = neg_axis(attrs["axis"], in_types[0].rank)
+    shape = list(x.shape)
+    shape[ax] = 1
+    p = _lazy(lambda v: v.min(axis=ax, keepdims=True), x.p)
+    if x.q is None:
+        return FV(shape, p, None)
+    return FV(shape, p, _lazy(lambda vp, vq: _min_q(vp, vq, ax), x.p, x.q), x.qmarks)
+
+
+def _min_q(vp: np.ndarray, vq: np.ndarray, ax: int) -> np.ndarray:
+    """The q-part of the min along ``ax``: the smallest q-part among the elements of smallest p-residue."""
+    vp, vq = np.broadcast_arrays(vp, vq)
+    ax %= vp.ndim
+    low = vp.min(axis=ax, keepdims=True)
+    big = np.iinfo(np.int64).max
+    return np.where(vp == low, vq, big).min(axis=ax, keepdims=True)
+
+
+@implements("ff", "where")
+def _ff_where(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
+    """``m * a + (1 - m) * b``: exact on masks m in {0, 1} (the only values a vm.bool input takes), so two
+    programs equal as polynomials in m are equal for every mask."""
+    m, a, b = args
+    one_minus = _affine(_affine(m, Fraction(-1), "mul"), Fraction(1), "add")
+    return _ring("add", _ring("mul", m, a), _ring("mul", one_minus, b))
+
+
+implements("ff", "cast")(lambda args, attrs, it, ot: args[0])  # real-valued meaning: the value itself
+
+
+
+
+def _reduce_sum(x: FV, ax: int) -> FV:
+    f = current_field()
+    shape = list(x.shape)
+    shape[ax] = 1
+
+    def qfn(v: np.ndarray) -> np.ndarray:
+        ok = (v >= 0).all(axis=ax, keepdims=True)
+        return np.where(ok, np.maximum(v, 0).sum(axis=ax, keepdims=True) % f.q, -1)
+
+    p = Part(lambda v, m=f.p: _sum_mod(v, ax, m), (x.p,))  # reads the part in whichever kind it is
+    p._lin = ("sum", x.p, x.shape, ax)
+    if x.q is None:
+        q = None
+    elif x.qmarks:
+        q = _lazy(qfn, x.q)
+    else:
+        q = Part(lambda v, m=f.q: _sum_mod(v, ax, m), (x.q,))
+    return FV(shape, p, q, x.qmarks)
+
+
+@implements("ff", "sum")
+def _ff_sum(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
+    return _reduce_sum(args[0], neg_axis(attrs["axis"], in_types[0].rank))
+
+
+@implements("ff", "mean")
+def _ff_mean(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
+    ax = attrs["axis"]
+    s = _reduce_sum(args[0], neg_axis(ax, in_types[0].rank))
+    return _affine(s, Fraction(1, in_types[0].shape[ax]), "mul")
+
+
+@implements("ff", "max")
+def _ff_max(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
+    x = args[0]
+    ax = neg_axis(attrs["axis"], in_types[0].rank)
+    shape = list(x.shape)
+    shape[ax] = 1
+    p = _lazy(lambda v: v.max(axis=ax, keepdims=True), x.p)
+    if x.q is None:
+        return FV(shape, p, None)
+    return FV(shape, p, _lazy(lambda vp, vq: _max_q(vp, vq, ax), x.p, x.q), x.qmarks)
+
+
+def _max_q(vp: np.ndarray, vq: np.ndarray, ax: int) -> np.ndarray:
+    """The q-part of the max along ``ax`` (keepdims) of the values with p-residues ``vp`` and q-parts ``vq``
+    (``-1``: meaningless), in the order (p-residue, then q-part), so the result does not depend on the
+    order of the elements: the q-part at the largest p-residue, or where that p-residue occurs more than
+    once along ``ax``, the largest q-part among those elements."""
+    vp, vq = np.broadcast_arrays(vp, vq)
+    ax %= vp.ndim
+    i = np.expand_dims(np.argmax(vp, axis=ax), ax)
+    top = np.take_along_axis(vp, i, ax)
+    out = np.take_along_axis(vq, i, ax)
+    ties = np.count_nonzero(vp == top, axis=ax, keepdims=True) > 1
+    if ties.any():
+        where = np.nonzero(ties)
+        rows = tuple(w for d, w in enumerate(where) if d != ax)
+        sub_p, sub_q = np.moveaxis(vp, ax, -1)[rows], np.moveaxis(vq, ax, -1)[rows]
+        out[where] = np.where(sub_p == top[where][:, None], sub_q, -2).max(axis=-1)
+    return out
+
+
+def _matmul_q(x: np.ndarray, y: np.ndarray, q: int, marks: bool) -> np.ndarray:
+    """The q-part of ``x @ y``: a row of ``x`` or column of ``y`` with a meaningless element gives
+    meaningless results."""
+    if not marks:
+        return _matmul_mod(x, y, q)
+    x_bad = np.asarray(x < 0)
+    y_bad = np.asarray(y < 0)
+    out = np.array(_matmul_mod(np.maximum(x, 0), np.maximum(y, 0), q))
+    bad = np.asarray(x_bad.any(axis=-1))[..., :, None] | np.asarray(y_bad.any(axis=-2))[..., None, :]
+    if bad.any():
+        out[np.broadcast_to(bad, out.shape)] = -1
+    return out
+
+
+def _row_scaling(part: Part, shape: tuple[int, ...]) -> tuple[Part, Part, str] | None:
+    """``(base, scale, "mul" | "div")`` when ``part`` (of ``shape``) is ``base op scale`` with ``scale``
+    constant along the last axis (a row scaling, which a matmul may apply to its product instead)."""
+    lin = part._lin
+    if lin is None or lin[0] != "ring" or lin[1] not in ("mul", "div") or len(shape) < 2:
+        return None
+    _, kind, x, xs, y, ys = lin
+    if ys[-1] == 1 and xs == shape:
+        return x, y, kind
+    if kind == "mul" and xs[-1] == 1 and ys == shape:
+        return y, x, kind
+    return None
+
+
+@implements("ff", "matmul")
+def _ff_matmul(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
+    f = current_field()
+    a, b = args
+    shape = (*np.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
+    rs = _row_scaling(a.p, a.shape)
+    if rs is not None and not a.p.ready:
+        # a = base op s with s constant along the contraction: (base op s) @ b == (base @ b) op s, exactly
+        base, sc, op = rs
+
+        def scaled(x: np.ndarray, y: np.ndarray, sv: np.ndarray, m: int = f.p) -> np.ndarray:
+            prod = _matmul_mod(x, y, m)
+            return _modi(np.multiply(prod, _inv(sv, m) if op == "div" else sv), m)
+
+        p = Part(scaled, (as_kind(base, "f"), as_kind(b.p, "f"), as_kind(sc, "i")))
+    else:
+        p = _lazy_f(lambda x, y, m=f.p: _matmul_mod(x, y, m), a.p, b.p)
+    p._lin = ("matmul", a.p, a.shape, b.p, b.shape)
+    if a.q is None or b.q is None:
+        return FV(shape, p, None)
+    marks = a.qmarks or b.qmarks
+    qp = _lazy_f(lambda x, y, m=f.q: _matmul_q(x, y, m, marks), a.q, b.q)
+    if a.shape[-1] <= _CHUNK:
+        qp._lin = ("matmul", a.q, a.shape, b.q, b.shape)  # read by a fused exp (see _exp)
+    return FV(shape, p, qp, marks)
+
+
+@implements("ff", "rms_norm")
+def _ff_rms(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
+    x = args[0]
+    rank = in_types[0].rank
+    ax = attrs["axis"]
+    nax = neg_axis(ax, rank)
+    ms = _affine(_reduce_sum(_ring("mul", x, x), nax), Fraction(1, in_types[0].shape[ax]), "mul")
+    ms = _affine(ms, const_fraction(attrs["eps"]), "add")
+    y = _ring("mul", x, _oracle("sqrt", ms, inverse=True))
+    if len(args) == 2:
+        w = args[1]
+        y = _ring("mul", y, w.reshape(w.shape + (1,) * (-nax - 1)))
+    return y
+
+
+@implements("ff", "concat")
+def _ff_concat(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
+    r = in_types[0].rank
+    ax = neg_axis(attrs["axis"], r)
+    batch = np.broadcast_shapes(*(a.shape[: a.ndim - r] for a in args))
+    shapes = [batch + a.shape[a.ndim - r :] for a in args]
+    out_shape = list(shapes[0])
+    out_shape[ax] = sum(s[ax] for s in shapes)
+
+    def cat(*vs: np.ndarray) -> np.ndarray:
+        return np.concatenate([np.broadcast_to(v, s) for v, s in zip(vs, shapes, strict=True)], axis=ax)
+
+    p = _lazy(cat, *(a.p for a in args))
+    p._lin = ("concat", tuple(a.p for a in args), tuple(a.shape for a in args), ax % len(out_shape))
+    if all(a.q is None for a in args):
+        return FV(out_shape, p, None)
+    qs = [a.q if a.q is not None else Part.of(np.broadcast_to(np.int64(-1), a.shape)) for a in args]
+    marks = any(a.qmarks or a.q is None for a in args)
+    return FV(out_shape, p, _lazy(cat, *qs), marks)
+
+
+@implements("ff", "transpose")
+def _ff_transpose(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
+    r = in_types[0].rank
+    x = args[0]
+    i, j = neg_axis(attrs["a"], r) % x.ndim, neg_axis(attrs["b"], r) % x.ndim
+    perm = list(range(x.ndim))
+    perm[i], perm[j] = perm[j], perm[i]
+    return x.transpose(perm)

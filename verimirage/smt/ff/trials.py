@@ -1,0 +1,405 @@
+"""The trial driver of the fast finite-field test: trial inputs, :class:`FFReference` (a target's
+evaluations kept for many candidates), :func:`ff_test`, trial threads and projections.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import contextvars
+import dataclasses
+import gc
+import math
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...ir.errors import GraphError
+from ...ir.graph import Graph
+from ...ir.interpret import run
+from ...ir.ops import OPS, Prop
+from . import gpu as ffgpu
+from . import share as ffshare
+from .degree import degree_bound, degree_info, projection_bound, stated_bound, trials_needed, uses_exp
+from .field import Field, safe_primes
+from .meanings import FFDomain
+from .products import _one_blas_thread
+from .values import FV, Part, _frozen, fv_of, ints, stacked
+
+#: per trial, the target's inputs are kept by :class:`FFReference` when they take at most this many bytes
+INPUT_CACHE_BYTES = 24 << 20
+
+
+
+@dataclass(frozen=True)
+class FFResult:
+    """Outcome of the finite-field test."""
+
+    outcome: str  # "equal" | "differ" | "unknown"
+    reason: str
+    p: tuple[int, ...]
+    q: tuple[int, ...]
+    g: tuple[int, ...]
+    seeds: tuple[int, ...]
+    trials: int
+    per_trial_bound: float
+    bound: float
+    seconds: float
+    output: int | None = None
+    index: tuple[int, ...] | None = None
+    inputs: dict[str, np.ndarray] | None = None
+    field_trial: int | None = None
+    #: whether the outputs were compared through random bilinear projections (:mod:`verimirage.smt.ff.proj`)
+    projected: bool = False
+    #: where the big products ran (:func:`verimirage.smt.ff.gpu.describe`)
+    device: str = "cpu"
+    #: the false-accept probability this test states (None: it states none; ``bound`` is then the per-node
+    #: model's figure only): element-wise applications counted, and only for programs without order or
+    #: oracle ops (:func:`stated_bound`)
+    stated_bound: float | None = None
+    #: why no probability is stated, or how the stated one was made
+    bound_note: str = ""
+
+
+
+_GEN_CHUNK = 1 << 20
+
+
+def _input_part(shape: tuple[int, ...], seed: int, index: int, part: int, m: int) -> Part:
+    def gen() -> np.ndarray:
+        # float64 (inputs mostly feed matmuls, which read float64 residues), filled in chunks of int32 draws
+        rng = np.random.default_rng([seed, 0x5EED, part, index])
+        out = np.empty(shape, dtype=np.float64)
+        flat = out.reshape(-1)
+        for s in range(0, flat.size, _GEN_CHUNK):
+            n = min(_GEN_CHUNK, flat.size - s)
+            flat[s : s + n] = rng.integers(0, m, size=n, dtype=np.int32)
+        return _frozen(out)
+
+    return Part(gen, kind="f")
+
+
+def input_values(g: Graph, fld: Field, seed: int) -> dict[str, FV]:
+    """Fresh uniform random residues for every input of ``g``, from ``seed``, as lazy values.
+
+    Each (input, part) has its own stream (inputs in name order), so a part has the same value
+    whether or not, and in whichever order, the other parts are made.
+    """
+    vals = {}
+    for i, t in enumerate(sorted(g.inputs, key=lambda t: str(t.name))):
+        shape = tuple(t.shape)
+        vals[str(t.name)] = FV(shape, _input_part(shape, seed, i, 0, fld.p), _input_part(shape, seed, i, 1, fld.q))
+    return vals
+
+
+def trial_inputs(g: Graph, fld: Field, seed: int, *, q_part: bool = True) -> dict[str, np.ndarray]:
+    """The inputs of :func:`input_values` as arrays ``(2, *shape)`` (p- and q-residues), or
+    ``(1, *shape)`` with ``q_part=False``; the p-parts are the same either way."""
+    out = {}
+    for k, v in input_values(g, fld, seed).items():
+        out[k] = stacked(v) if q_part else ints(v.p)[None]
+    return out
+
+
+
+def default_seeds(seed: int, n: int) -> tuple[int, ...]:
+    """The first ``n`` trial seeds derived from ``seed`` (a prefix of one fixed stream)."""
+    return tuple(int(s) for s in np.random.default_rng([seed, 0xF1E1D]).integers(0, 1 << 62, size=n))
+
+
+def _first_difference(x: np.ndarray, y: np.ndarray) -> tuple[int, ...] | None:
+    """Index of the first element where the p-residues ``x`` and ``y`` differ, or None."""
+    x0, y0 = np.broadcast_arrays(x, y)
+    if np.array_equal(x0, y0):
+        return None
+    return tuple(int(v) for v in np.argwhere(x0 != y0)[0])
+
+
+def held_bytes(values: Mapping[str, FV]) -> int:
+    """Bytes of the arrays computed so far for the parts of ``values`` (and their int/float twins)."""
+    n = 0
+    for v in values.values():
+        for part in (v.p, v.q):
+            while part is not None:
+                if part._val is not None:
+                    n += part._val.nbytes
+                part = part._twin
+    return n
+
+
+def _nbytes(g: Graph) -> int:
+    return sum(8 * 2 * math.prod(t.shape) for t in g.inputs)
+
+
+def _run_lazy(g: Graph, inputs: Mapping[str, FV], fld: Field) -> list[FV]:
+    return list(run(g, inputs, FFDomain(fld)))
+
+
+#: environment variable: the most threads the finite-field test runs trials on (default: usable cores, at most 4)
+THREADS_ENV = "VERIMIRAGE_FF_THREADS"
+#: the trials of one test in flight at once hold at most about this many bytes of input values
+PARALLEL_BYTES = 6 << 30
+
+
+def ff_workers(trials: int, nbytes: int) -> int:
+    """How many trials to evaluate at once: usable cores (or ``$VERIMIRAGE_FF_THREADS``), at most
+    ``trials``, and few enough that the trials' input values (``nbytes`` each) stay under
+    :data:`PARALLEL_BYTES` together."""
+    n = ffshare.env_int(THREADS_ENV, 0, 1, GraphError)
+    if not n:
+        try:
+            n = min(4, len(os.sched_getaffinity(0)))
+        except AttributeError:  # not Linux
+            n = min(4, os.cpu_count() or 1)
+    return max(1, min(n, trials, PARALLEL_BYTES // max(1, nbytes)))
+
+
+@contextlib.contextmanager
+def collect_here() -> Iterator[None]:
+    """Hold automatic garbage collection off until the block ends, so that worker threads started inside
+    it never run a collection; cyclic garbage waits for the next collection on whichever thread allocates
+    after the block (normally the caller's). Objects that must be freed on the thread that made them
+    (egglog's e-graphs, left in cycles by a search) are otherwise dropped by a worker thread that happens
+    to trigger a collection, which egglog refuses (and leaks them). No collection is forced here: a full
+    one costs ~0.2 s in a process with torch, Z3 and egglog loaded, more than a small verification."""
+    if not gc.isenabled():  # nested, or the caller manages collection itself
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def _run_trials(trial: Callable[[int], FFResult | None], n: int, workers: int) -> FFResult | None:
+    """Run ``trial(0) .. trial(n - 1)`` (``workers`` at a time) and return the first (lowest-index)
+    non-None result, or None. No trial starts after an earlier one returned a result (those already
+    running finish); the answer does not depend on ``workers`` (trials are independent and deterministic)."""
+    with _one_blas_thread(), collect_here():  # once for all threads: per-call set/restore would race
+        if workers <= 1:
+            for ti in range(n):
+                r = trial(ti)
+                if r is not None:
+                    return r
+            return None
+        ctx = contextvars.copy_context()
+        with concurrent.futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="vm-ff") as pool:
+            # a window of ``workers`` trials in flight, collected in order: trial ti + workers starts
+            # only once trial ti is known to have passed
+            futs = {ti: pool.submit(ctx.copy().run, trial, ti) for ti in range(min(workers, n))}
+            for ti in range(n):
+                r = futs.pop(ti).result()
+                if r is not None:
+                    for f in futs.values():
+                        f.cancel()
+                    return r
+                if ti + workers < n:
+                    futs[ti + workers] = pool.submit(ctx.copy().run, trial, ti + workers)
+        return None
+
+
+#: per (trial, output): the stream of a projection's random factors (:func:`observe`)
+_PROJ_SALT = 0x9B0F
+
+
+def projection_factors(shape: tuple[int, ...], seed: int, k: int, m: int) -> list[np.ndarray]:
+    """The random factors ``U`` (over ``shape[:-1]``) and ``r`` (over the last axis) of output ``k``'s
+    projection in the trial of ``seed``: residues uniform in [0, m), each of rank ``len(shape)``."""
+    rng = np.random.default_rng([seed, _PROJ_SALT, k])
+    r = rng.integers(0, m, size=(1,) * (len(shape) - 1) + shape[-1:], dtype=np.int64)
+    if len(shape) < 2:
+        return [r]
+    return [rng.integers(0, m, size=(*shape[:-1], 1), dtype=np.int64), r]
+
+
+def observe(out: FV, seed: int, k: int, fld: Field, project: bool) -> np.ndarray:
+    """What the test compares of output ``k``: its p-residues, or (``project``, rank >= 1) the residue
+    ``sum(O * U * r) mod p`` of :func:`projection_factors`, pushed through ``O``'s linear operations."""
+    if not project or not out.shape:
+        return ints(out.p)
+    from .proj import project as _project
+
+    return np.array([_project(out.p, out.shape, projection_factors(out.shape, seed, k, fld.p), fld.p)],
+                    dtype=np.int64)
+
+
+
+class FFReference:
+    """A target program's finite-field evaluations, cached per trial seed, to test many candidates.
+
+    Each candidate costs one evaluation per trial: the target's compared values (and, when small,
+    its inputs) are computed once per seed and reused. Seeds are a fixed stream from ``seed``, so
+    every candidate is tested on the same trials. ``project``: compare random bilinear projections
+    of the outputs (:func:`observe`; the default) instead of every element. ``keep_shared``: keep the
+    target's big products for the candidates of later :meth:`compare` calls (within the process-wide budget of
+    :mod:`verimirage.smt.ff.share`); a one-off comparison drops each trial's when the trial is done, so that
+    the next trial's arrays reuse their memory.
+    """
+
+    def __init__(self, target: Graph, *, seed: int = 0, target_log2: float = 60.0, project: bool = True,
+                 keep_shared: bool = True) -> None:
+        self.target = target
+        #: keep the target's big products for later candidates (False: drop a trial's once its candidate is done)
+        self.keep_shared = keep_shared
+        self.seed = seed
+        self.target_log2 = target_log2
+        self.project = project
+        self.degree, self.opaque = degree_bound(target)
+        self.info = degree_info(target)
+        self.uses_exp = uses_exp(target)
+        self._outs: dict[int, tuple[list[np.ndarray], int]] = {}
+        self._inputs: dict[int, dict[str, FV]] = {}
+        #: the target's big products per seed, which candidates reuse (:mod:`verimirage.smt.ff.share`)
+        self.shared = ffshare.Store()
+
+    def inputs(self, s: int, fld: Field) -> dict[str, FV]:
+        """The trial inputs for seed ``s`` (lazy values; kept when small, or held by :meth:`hold_inputs`)."""
+        ins = self._inputs.get(s)
+        if ins is None:
+            ins = self.shared.held_inputs(s)
+        if ins is None:
+            ins = input_values(self.target, fld, s)
+            if _nbytes(self.target) <= INPUT_CACHE_BYTES:
+                self._inputs[s] = ins
+        return ins
+
+    def hold_inputs(self, s: int, ins: dict[str, FV], trials: int) -> bool:
+        """After a trial of seed ``s``: keep its inputs ``ins`` (those computed) for later candidates, within the
+        budget of :mod:`verimirage.smt.ff.share`, when ``trials`` trials' worth of them take at most half of
+        it (more would evict each other, and the products, before a later candidate reads them). Whether
+        they are kept."""
+        if s in self._inputs:
+            return True
+        n = held_bytes(ins)
+        return n * trials <= ffshare.budget() // 2 and self.shared.hold_inputs(s, ins, n)
+
+    def outputs(self, s: int, inputs: Mapping[str, FV] | None = None) -> tuple[list[np.ndarray], int]:
+        """The target's compared values (:func:`observe`) for seed ``s`` and its q-violation count
+        (cached). ``inputs``: this trial's inputs when the caller already has them."""
+        r = self._outs.get(s)
+        if r is None:
+            fld = Field.from_seed(s)
+            with ffshare.storing(self.shared.entries(s)):
+                outs = _run_lazy(self.target, inputs if inputs is not None else self.inputs(s, fld), fld)
+                r = ([observe(o, s, k, fld, self.project) for k, o in enumerate(outs)], fld.q_violations)
+            self._outs[s] = r
+        return r
+
+    def full_outputs(self, s: int, inputs: Mapping[str, FV]) -> list[np.ndarray]:
+        """The target's output p-parts for seed ``s``, every element (not cached)."""
+        fld = Field.from_seed(s)
+        return [ints(o.p) for o in _run_lazy(self.target, inputs, fld)]
+
+    def compare(self, cand: Graph, *, seeds: Sequence[int] | None = None, trials: int | None = None) -> FFResult:
+        """Evaluate ``cand`` on the target's trials and compare every output (see :func:`ff_test`)."""
+        return self._compare(cand, seeds, trials)
+
+    def _compare(self, cand: Graph, seeds: Sequence[int] | None, trials: int | None) -> FFResult:
+        t0 = time.perf_counter()
+        db, ob = degree_bound(cand)
+        deg = max(self.degree, db)
+        opaque = self.opaque + ob
+        q_min = int(safe_primes()[0] - 1) // 2
+        per = min(1.0, (2 * deg + opaque + 1) / q_min + (projection_bound() if self.project else 0.0))
+        if seeds is None:
+            n = trials if trials is not None else trials_needed(per, self.target_log2)
+            seeds = default_seeds(self.seed, max(n, 1))
+        seeds = tuple(int(s) for s in seeds)
+        p_only = not (self.uses_exp or uses_exp(cand))
+        where, failed = ffgpu.describe(), ffgpu.failures()
+        ps = tuple(Field.from_seed(s).p for s in seeds)
+        qs = tuple(Field.from_seed(s).q for s in seeds)
+        gs = tuple(Field.from_seed(s).g for s in seeds)
+
+        def trial(ti: int) -> FFResult | None:
+            s = seeds[ti]
+            fld = Field.from_seed(s)
+            ins = self.inputs(s, fld)
+            outs_a, viol_a = self.outputs(s, ins)
+            with ffshare.finding(self.shared.entries(s)):
+                r = candidate_trial(ti, s, fld, ins, outs_a, viol_a)
+            if not self.keep_shared:
+                self.shared.drop(s)  # (no later candidate will read them; later trials reuse the memory)
+            elif not self.hold_inputs(s, ins, len(seeds)):
+                # later candidates get new input arrays, so they find these products by value only: keep those
+                # worth it (a thin product, found by address only, would just hold its inputs' memory)
+                self.shared.prune(s, lambda e: ffshare.worth_sharing(e.a, e.b))
+            else:
+                self.shared.prune(s, lambda e: True)  # (count the inputs they are views of)
+            return r
+
+        def candidate_trial(ti: int, s: int, fld: Field, ins: dict[str, FV], outs_a: list[np.ndarray],
+                            viol_a: int) -> FFResult | None:
+            outs_b = _run_lazy(cand, ins, fld)
+            common = dict(p=ps[: ti + 1], q=qs[: ti + 1], g=gs[: ti + 1], seeds=seeds[: ti + 1], trials=ti + 1,
+                          per_trial_bound=per, projected=self.project, device=where)
+            for k, (x, y) in enumerate(zip(outs_a, outs_b, strict=True)):
+                idx = _first_difference(x, observe(y, s, k, fld, self.project))
+                if idx is not None and self.project and y.shape:
+                    # the projections differ: the outputs differ somewhere; find where, every element computed
+                    idx = _first_difference(self.full_outputs(s, ins)[k], ints(y.p))
+                    if idx is None:
+                        raise RuntimeError(f"ff: the projections of output {k} differ in trial {ti} but the "
+                                           "outputs are equal (a bug in verimirage.smt.ff.proj)")
+                if idx is not None:
+                    full = trial_inputs(self.target, fld, s)
+                    return FFResult("differ", f"output {k} differs at index {idx} in trial {ti} (p={fld.p})",
+                                    bound=1.0, seconds=time.perf_counter() - t0, output=k, index=idx,
+                                    inputs=full, field_trial=ti, **common)  # type: ignore[arg-type]
+            del outs_b
+            viol = viol_a + fld.q_violations
+            if viol:
+                return FFResult("unknown", f"a program applies exp to a value with no meaningful q-part "
+                                f"({viol} elements in trial {ti}): the exp algebra cannot be tested",
+                                bound=1.0, seconds=time.perf_counter() - t0, **common)  # type: ignore[arg-type]
+            return None
+
+        stop = _run_trials(trial, len(seeds), ff_workers(len(seeds), _nbytes(self.target)))
+        if ffgpu.failures() > failed:
+            where += " (some products on the CPU: the device failed)"
+        if stop is not None:
+            return dataclasses.replace(stop, seconds=time.perf_counter() - t0, device=where)
+        bound = per ** len(seeds)
+        outcome = "equal" if per < 1 else "unknown"
+        stated, note = stated_bound((self.info, degree_info(cand)), len(seeds), self.project)
+        reason = (f"{len(seeds)} trial(s) equal{' (p-only: no exp)' if p_only else ''}; per-node model "
+                  f"bound {bound:.3g}; " + (f"false-accept bound {stated:.3g}" if stated is not None else note)
+                  if outcome == "equal" else "degree too high for a meaningful bound")
+        return FFResult(outcome, reason, ps, qs, gs, seeds, len(seeds), per, bound,
+                        time.perf_counter() - t0, projected=self.project, device=where,
+                        stated_bound=stated if outcome == "equal" else None, bound_note=note)
+
+
+def ff_test(
+    a: Graph, b: Graph, *, seeds: Sequence[int] | None = None, seed: int = 0, trials: int | None = None,
+    target_log2: float = 60.0, reference: FFReference | None = None, project: bool = True,
+) -> FFResult:
+    """Evaluate ``a`` and ``b`` in fresh random fields on fresh random inputs; compare every output.
+
+    The stated bound (per trial ``(2 * degree + opaque + 1) / q``, independent trials multiplied)
+    models exp and the nonlinear unary ops as fresh random values (the model of Mirage's analysis).
+    ``project`` (the default): each output is compared through a random bilinear projection
+    (:func:`observe`), which adds ``2 / p`` per trial; otherwise element by element.
+    ``reference``: an :class:`FFReference` of ``a`` (same seed) whose cached outputs are reused.
+    """
+    if reference is None or reference.seed != seed or reference.target_log2 != target_log2 or (
+            reference.project != project) or (reference.target is not a and str(reference.target) != str(a)):
+        reference = FFReference(a, seed=seed, target_log2=target_log2, project=project, keep_shared=False)
+    return reference.compare(b, seeds=seeds, trials=trials)
+
+
+def ff_domain_ops() -> list[str]:
+    """Registry ops with an ff meaning (for tests)."""
+    return sorted(n for n, o in OPS.items() if "ff" in o.domains and not o.has(Prop.STRUCTURAL))
+
+
+def run_ff(g: Graph, inputs: Mapping[str, np.ndarray], fld: Field) -> list[np.ndarray]:
+    """Evaluate ``g`` in field ``fld`` on input arrays in the stacked form (leading axis: p-residues,
+    then, if present, q-residues with -1 where meaningless); every part of every output is computed
+    and returned in the stacked form ``(2, *shape)`` (a meaningless q-part is -1)."""
+    outs = _run_lazy(g, {k: fv_of(v) for k, v in inputs.items()}, fld)
+    return [stacked(o) for o in outs]
