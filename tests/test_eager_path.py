@@ -49,7 +49,8 @@ class _Recorder:
 
             def launch(self, gx: int, gy: int, gz: int, stream: int, function: str, coop: bool, pdl: bool,
                        gs: Any, ps: Any, meta: Any, lm: Any, eh: Any, xh: Any, *args: Any) -> None:
-                assert (stream, coop, pdl, gs, ps, lm, eh, xh) == (0, False, False, None, None, None, None, None)
+                assert (stream, coop, pdl, gs, ps, lm, eh, xh) == (rec.stream, False, False, None, None, None, None,
+                                                                   None)
                 rec.launches.append(("lean", function, (gx, gy, gz), list(args)))
 
         class Kernel:
@@ -66,13 +67,18 @@ class _Recorder:
 
             monkeypatch.setattr(getattr(prog.module, k.name), "run", run)
         monkeypatch.setattr(runtime, "_device_getter", lambda: (lambda: -1))  # CPU tensors: get_device() == -1
-        monkeypatch.setattr(runtime, "_stream_getter", lambda: (lambda dev: 0))
+        self.stream = 0  # the "current stream" handle the lean path reads
+        self.capturing = False  # whether that stream "is capturing a CUDA graph"
+        monkeypatch.setattr(runtime, "_stream_getter", lambda: (lambda dev: rec.stream))
+        monkeypatch.setattr(runtime, "_capture_checker", lambda: (lambda: rec.capturing))
         self.held: dict[int, torch.Tensor] = {}  # the workspace "allocator": CPU buffers by address
+        self.allocs = 0
 
         def alloc(nbytes: int, stream: int) -> int:
-            assert stream == 0
+            assert stream == rec.stream
             t = torch.empty(nbytes, dtype=torch.uint8)
             self.held[t.data_ptr()] = t
+            self.allocs += 1
             return t.data_ptr()
 
         monkeypatch.setattr(runtime, "_raw_allocator", lambda: (alloc, lambda ptr: self.held.pop(ptr)))
@@ -164,6 +170,94 @@ def test_lean_path_rejects_wrong_inputs_with_the_same_messages(monkeypatch: pyte
 
 
 @cpu_only
+def test_lean_path_writes_into_out_tensors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``out=``: the kernels write into the caller's tensors when they fit the plan (no allocation), else the
+    checked path computes fresh outputs and copies them over; wrong out tensors get clear errors."""
+    g, prog = program("gqa")
+    rec = _Recorder(prog, monkeypatch)
+    xs = inputs_for(g)
+    first = prog(*xs)
+    assert prog._fast_out is not None
+    out = torch.empty_like(first)
+    v = out._version
+    rec.launches.clear()
+    assert prog(*xs, out=out) is out
+    assert out._version > v  # the write is visible to autograd's version check, as an in-place op's
+    last = rec.launches[-1]
+    assert last[0] == "lean" and out.data_ptr() in last[3]  # the last kernel writes the output into out
+    # by name too; a one-element tuple is accepted too (through the checked path)
+    rec.launches.clear()
+    assert prog(out=out, **dict(zip(prog.input_names, xs, strict=True))) is out
+    assert out.data_ptr() in rec.launches[-1][3]
+    assert prog(*xs, out=(out,))[0] is out
+    # out tensors the plan cannot write directly (another layout, misaligned, overlapping an input): the checked
+    # path computes into a fresh output and copies it into out
+    for bad in (torch.empty(first.shape[::-1], dtype=first.dtype).permute(2, 1, 0),
+                torch.empty(first.numel() + 1, dtype=first.dtype)[1:].view(first.shape)):
+        rec.launches.clear()
+        assert prog(*xs, out=bad) is bad
+        assert [r[0] for r in rec.launches] == ["lean"] * len(prog.kernels)
+        assert bad.data_ptr() not in rec.launches[-1][3]
+    # wrong out tensors: clear errors
+    with pytest.raises(ValueError, match=r"out\[0\]: shape \(2, 32, 8\); expected \(2, 32, 16\)"):
+        prog(*xs, out=out[..., :8])
+    with pytest.raises(TypeError, match=r"out\[0\]: dtype torch.float32; expected torch.float16"):
+        prog(*xs, out=out.float())
+    with pytest.raises(TypeError, match=r"out: 2 tensor\(s\); this program has 1 output\(s\)"):
+        prog(*xs, out=(out, out))
+    with pytest.raises(TypeError, match=r"out: expected a torch.Tensor or a tuple of 1; got ndarray"):
+        prog(*xs, out=out.numpy())
+    with pytest.raises(ValueError, match=r"'Q': shape"):  # the inputs are still checked first
+        prog(xs[0][..., :8], *xs[1:], out=out)
+
+
+@cpu_only
+def test_lean_path_keeps_one_workspace_per_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A program with intermediate values: its workspace is kept for the first stream, allocated afresh (and
+    given back) on another stream or while a CUDA graph is being captured."""
+    g, prog = program("gqa")
+    rec = _Recorder(prog, monkeypatch)
+    xs = inputs_for(g)
+    prog(*xs)  # the plan
+    plan = next(iter(prog._plans.values()))
+    assert "ws_alloc" in plan.source
+    prog(*xs)  # keeps a workspace for stream 0
+    kept = plan.kept_workspace[1]
+    assert plan.kept_workspace[0] == 0 and kept
+    rec.launches.clear()
+    prog(*xs)
+    prog(*xs, out=torch.empty_like(prog(*xs)))
+    assert rec.allocs == 0 and all(kept in r[3] for r in rec.launches if r[1] == prog.kernels[0].name)
+    rec.stream = 7  # another stream: a fresh workspace from the allocator each call, given back
+    rec.launches.clear()
+    prog(*xs)
+    assert rec.allocs == 1 and not rec.held and kept not in rec.launches[0][3]
+    rec.stream, rec.capturing = 0, True  # capturing on the kept stream: not the kept buffer either
+    rec.launches.clear()
+    prog(*xs)
+    assert rec.allocs == 2 and not rec.held and kept not in rec.launches[0][3]
+
+
+@cpu_only
+def test_interpreter_calls_write_out_tensors() -> None:
+    """``out=`` on the checked path (the interpreter), a two-output program: the results land in the caller's
+    tensors; overlapping out tensors are refused."""
+    g, prog = program("ntrans")
+    xs = inputs_for(g)
+    want = prog(*xs)
+    assert isinstance(want, tuple) and len(want) == 2
+    out = [torch.full_like(w, float("nan")) for w in want]
+    assert prog(*xs, out=out) is out
+    for o, w in zip(out, want, strict=True):
+        torch.testing.assert_close(o, w, rtol=0, atol=0)
+    buf = torch.empty(want[0].numel() + 64, dtype=want[0].dtype)
+    with pytest.raises(ValueError, match=r"out\[0\] and out\[1\] overlap in memory"):
+        prog(*xs, out=(buf[: want[0].numel()].view(want[0].shape), buf[64:].view(want[1].shape)))
+    with pytest.raises(TypeError, match=r"out\[1\]: expected a torch.Tensor, got int"):
+        prog(*xs, out=(out[0], 3))
+
+
+@cpu_only
 def test_interpreter_calls_take_the_checked_path() -> None:
     g, prog = program("gqa")
     assert not prog.lean  # the interpreter: the generated forward, every call
@@ -200,6 +294,16 @@ def test_lean_path_on_the_gpu(name: str) -> None:
             assert torch.equal(o, w)
             np.testing.assert_allclose(o.double().cpu().numpy(), r, atol=2e-2 * max(np.abs(r).max(), 1e-3))
     assert prog._fast is not None and len(prog._plans) == 1
+    # out=: into the caller's tensors (the fast path), and into misaligned ones (computed, then copied)
+    bufs = [torch.full_like(o, float("nan")) for o in outs]
+    odd = [torch.empty(o.numel() + 1, dtype=o.dtype, device="cuda")[1:].view(o.shape) for o in outs]
+    for b in (bufs, odd):
+        arg = b[0] if len(b) == 1 else tuple(b)
+        assert prog(*xs, out=arg) is arg
+        for o, w in zip(b, outs, strict=True):
+            assert torch.equal(o, w)
+    with pytest.raises(ValueError, match=r"out\[0\]: on cpu, but the inputs are on cuda:0"):
+        prog(*xs, out=outs[0].cpu() if len(outs) == 1 else tuple(o.cpu() for o in outs))
     # wrong inputs: the same messages as the checked path
     names = g.input_names()
     bad_dtype = [xs[0].float(), *xs[1:]]

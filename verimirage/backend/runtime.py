@@ -196,10 +196,22 @@ class _LeanPlan:
     the data pointers, device): that call launches each kernel through ``JITFunction.run``, which compiles
     or finds the Triton kernel specialised for exactly these arguments and returns it (a
     ``triton.compiler.CompiledKernel``). Every launch's grid, launch parameters and integer arguments are then
-    fixed; only data pointers change. ``run`` is a small function generated from that (see :meth:`_source`):
-    it checks the signature (returning :data:`_MISS` on any difference, so the checked path runs), allocates
-    the program's outputs and one workspace for its intermediate values, and calls each kernel's Triton
-    launcher directly, with no argument specialisation, cache-key hashing or launch hooks on the way.
+    fixed; only data pointers change. Two small functions are generated from that (see :meth:`_source`):
+
+    * ``run(*xs)`` checks the signature (returning :data:`_MISS` on any difference, so the checked path runs),
+      allocates the program's outputs, takes the workspace for its intermediate values and calls each kernel's
+      Triton launcher directly, with no argument specialisation, cache-key hashing or launch hooks on the way;
+      it returns what the program returns (one tensor, or a tuple);
+    * ``run_out(out, *xs)`` does the same into caller-provided output tensors (``out=``): no allocation. It also
+      checks that each ``out`` tensor has the program's output shape, dtype, device, contiguous layout and a
+      16-byte aligned pointer, and overlaps no input and no other output (else :data:`_MISS`: the checked path
+      computes into fresh outputs and copies them over). ``None`` where a program output is an input itself
+      or one buffer is returned twice (the checked path serves those).
+
+    The workspace is one allocation: a buffer kept for the stream that first called (reused by later calls
+    on that stream, which run after the earlier calls' kernels) and a fresh allocation from PyTorch's caching
+    allocator, given back after the launches are queued, on any other stream or while a CUDA graph is being
+    captured (a captured graph must not share the kept buffer with later calls).
     """
 
     def __init__(self, prog: CompiledProgram, xs: Sequence[Any]) -> None:
@@ -242,50 +254,52 @@ class _LeanPlan:
                 nbytes = math.prod(shape) * dt.itemsize
                 ws += -(-nbytes // _WS_ALIGN) * _WS_ALIGN
         self.signature = [(tuple(x.shape), x.dtype, tuple(x.stride()), x.data_ptr() % 16 == 0) for x in xs]
+        #: the workspace kept for one stream: [stream handle or None, pointer, the tensor holding it]
+        self.kept_workspace: list[Any] = [None, 0, None]
         src, env = self._source(prog, launches, buf_meta, ws_off, ws, returned)
         env.update(MISS=_MISS, empty=torch.empty, uint8=torch.uint8, DEVICE=self.device, DEV=dev_index,
-                   get_device=get_device, get_stream=_stream_getter(),
+                   get_device=get_device, get_stream=_stream_getter(), capturing=_capture_checker(),
+                   bump=_version_bumper(), WS=self.kept_workspace,
                    HOOK_IN=knobs.runtime.launch_enter_hook, HOOK_OUT=knobs.runtime.launch_exit_hook)
         ns: dict[str, Any] = {}
-        exec(_builtin_compile(src, f"<verimirage lean launcher {prog.path.stem}>", "exec"), env, ns)
         self.source = src
+        exec(_builtin_compile(src, f"<verimirage lean launcher {prog.path.stem}>", "exec"), env, ns)
         self.run: Callable[..., Any] = ns["run"]
+        self.run_out: Callable[..., Any] | None = ns.get("run_out")
 
     def _source(self, prog: CompiledProgram, launches: Sequence[tuple[Any, tuple[int, int, int], list[Any]]],
                 buf_meta: Mapping[int, tuple[tuple[int, ...], Any]], ws_off: Mapping[int, int], ws: int,
                 returned: set[int]) -> tuple[str, dict[str, Any]]:
-        """The text of ``run(*xs)`` and the constants it refers to."""
+        """The text of ``run(*xs)`` and ``run_out(out, *xs)`` and the constants they refer to."""
         import torch
 
         raw_alloc = _raw_allocator()
         n = len(prog.input_names)
         env: dict[str, Any] = {}
         xs = [f"x{i}" for i in range(n)]
-        lines = ["def run(*xs):", f"    if len(xs) != {n} or HOOK_IN.calls or HOOK_OUT.calls or get_device() != DEV:",
-                 "        return MISS", f"    {', '.join(xs)}{',' if n == 1 else ''} = xs", "    try:"]
-        lines += [f"        p{i} = x{i}.data_ptr()" for i in range(n)]
-        conds = []
-        for i, (shape, dt, stride, aligned) in enumerate(self.signature):
-            env[f"D{i}"] = dt
-            conds.append(f"x{i}.shape != {shape!r} or x{i}.dtype is not D{i} or x{i}.get_device() != DEV or "
-                         f"x{i}.stride() != {stride!r} or (p{i} & 15 {'!=' if aligned else '=='} 0)")
-        lines += ["        if (" + "\n                or ".join(conds) + "):", "            return MISS",
-                  "    except Exception:", "        return MISS", "    stream = get_stream(DEV)"]
+        single = len(prog.returns) == 1
+        rets = [f"x{r[1]}" if r[0] == "in" else f"b{r[1]}" for r in prog.returns]
+        ret_line = f"    return {rets[0]}" if single else f"    return ({', '.join(rets)},)"
+
+        def head(name: str, lead: str) -> list[str]:
+            # the signature check of the inputs: any difference (or an exception: not a tensor, ...) is a miss
+            lines = [f"def {name}({lead}*xs):",
+                     f"    if len(xs) != {n} or HOOK_IN.calls or HOOK_OUT.calls or get_device() != DEV:",
+                     "        return MISS", "    try:", f"        {', '.join(xs)}{',' if n == 1 else ''} = xs"]
+            lines += [f"        p{i} = x{i}.data_ptr()" for i in range(n)]
+            conds = []
+            for i, (shape, dt, stride, aligned) in enumerate(self.signature):
+                env[f"D{i}"] = dt
+                conds.append(f"x{i}.shape != {shape!r} or x{i}.dtype is not D{i} or x{i}.get_device() != DEV or "
+                             f"x{i}.stride() != {stride!r} or (p{i} & 15 {'!=' if aligned else '=='} 0)")
+            return [*lines, "        if (" + "\n                or ".join(conds) + "):", "            return MISS"]
+
         ptr: dict[tuple[str, int], str] = {("in", i): f"p{i}" for i in range(n)}
-        for bi, (shape, dt) in buf_meta.items():
-            if bi in returned:
-                # new_empty on a kept empty tensor of the right dtype and device: the same allocation as
-                # torch.empty with fewer arguments to parse (measured ~1.5 µs less per output on an H200 host)
-                env[f"T{bi}"] = torch.empty(0, dtype=dt, device=self.device)
-                lines.append(f"    b{bi} = T{bi}.new_empty({shape!r})")
-                lines.append(f"    q{bi} = b{bi}.data_ptr()")
-                ptr[("buf", bi)] = f"q{bi}"
-            else:
-                ptr[("buf", bi)] = f"(w + {ws_off[bi]})"
+        for bi in buf_meta:
+            ptr[("buf", bi)] = f"q{bi}" if bi in returned else f"(w + {ws_off[bi]})"
         launch_lines: list[str] = []
         for k, (st, (kern, grid, call)) in enumerate(zip(prog.steps, launches, strict=True)):
             launcher = kern.run
-            fixed = [f"F{k}", f"M{k}"]
             env[f"F{k}"], env[f"M{k}"] = kern.function, kern.packed_metadata
             args: list[str] = []
             refs = [*(r for r, _ in st.args), *(("buf", bi) for bi, _, _ in st.outs)]
@@ -300,29 +314,108 @@ class _LeanPlan:
                       == 0 and hasattr(launcher, "launch"))
             if direct:  # the compiled C launcher itself: no scratch buffers to allocate
                 env[f"L{k}"] = launcher.launch
-                head = (f"L{k}({grid[0]}, {grid[1]}, {grid[2]}, stream, {fixed[0]}, "
-                        f"{bool(launcher.launch_cooperative_grid)}, {bool(launcher.launch_pdl)}, None, None, "
-                        f"{fixed[1]}, None, None, None")
+                call_head = (f"L{k}({grid[0]}, {grid[1]}, {grid[2]}, stream, F{k}, "
+                             f"{bool(launcher.launch_cooperative_grid)}, {bool(launcher.launch_pdl)}, None, None, "
+                             f"M{k}, None, None, None")
             else:
                 env[f"L{k}"] = launcher
-                head = f"L{k}({grid[0]}, {grid[1]}, {grid[2]}, stream, {fixed[0]}, {fixed[1]}, None, None, None"
-            launch_lines.append(f"    {head}, {', '.join(args)})")
+                call_head = f"L{k}({grid[0]}, {grid[1]}, {grid[2]}, stream, F{k}, M{k}, None, None, None"
+            launch_lines.append(f"    {call_head}, {', '.join(args)})")
+        body: list[str] = []
         if ws and raw_alloc is not None:
-            # the workspace straight from PyTorch's caching allocator (no tensor): stream-ordered like a
-            # tensor's memory, returned to the allocator after the launches are queued
+            # the workspace: the buffer kept for this stream, else one straight from PyTorch's caching allocator
+            # (no tensor: stream-ordered like a tensor's memory, returned after the launches are queued)
             env["ws_alloc"], env["ws_free"] = raw_alloc
-            lines.append(f"    w = ws_alloc({ws}, stream)")
-            lines.append("    try:")
-            lines += ["    " + line for line in launch_lines]
-            lines += ["    finally:", "        ws_free(w)"]
+            body += ["    if stream == WS[0] and not capturing():", "        w = WS[1]",
+                     *("    " + line for line in launch_lines),
+                     "    elif WS[0] is None and not capturing():",
+                     f"        wt = empty({ws}, dtype=uint8, device=DEVICE)",
+                     "        w = wt.data_ptr()", *("    " + line for line in launch_lines),
+                     "        WS[:] = (stream, w, wt)",
+                     "    else:", f"        w = ws_alloc({ws}, stream)", "        try:",
+                     *("        " + line for line in launch_lines), "        finally:", "            ws_free(w)"]
         else:
             if ws:
-                lines.append(f"    wt = empty({ws}, dtype=uint8, device=DEVICE)")
-                lines.append("    w = wt.data_ptr()")
-            lines += launch_lines
-        rets = [f"x{r[1]}" if r[0] == "in" else f"b{r[1]}" for r in prog.returns]
-        lines.append(f"    return ({', '.join(rets)},)")
+                body += [f"    wt = empty({ws}, dtype=uint8, device=DEVICE)", "    w = wt.data_ptr()"]
+            body += launch_lines
+        # run: fresh outputs (new_empty on a kept empty tensor of the right dtype and device: the same allocation
+        # as torch.empty with fewer arguments to parse, measured ~1.5 µs less per output on an H200 host)
+        lines = head("run", "")
+        lines += ["    except Exception:", "        return MISS", "    stream = get_stream(DEV)"]
+        for bi, (shape, dt) in buf_meta.items():
+            if bi in returned:
+                env[f"T{bi}"] = torch.empty(0, dtype=dt, device=self.device)
+                lines += [f"    b{bi} = T{bi}.new_empty({shape!r})", f"    q{bi} = b{bi}.data_ptr()"]
+        lines += [*body, ret_line]
+        # run_out: into the caller's tensors, checked; only where every output is its own buffer
+        out_bufs = [r[1] for r in prog.returns if r[0] == "buf"]
+        if len(out_bufs) == len(prog.returns) and len(set(out_bufs)) == len(out_bufs):
+            lines += ["", *head("run_out", "out, ")]
+            outs = [f"b{bi}" for bi in out_bufs]
+            lines.append(f"        {outs[0]} = out" if single else f"        {', '.join(outs)}, = out")
+            spans = {}
+            for i, (shape, dt, stride, _) in enumerate(self.signature):
+                spans[f"p{i}"] = 0 if 0 in shape else dt.itemsize * (1 + sum((s - 1) * t for s, t in
+                                                                              zip(shape, stride, strict=True)))
+            conds = []
+            for bi in out_bufs:
+                shape, dt = buf_meta[bi]
+                env[f"D_b{bi}"] = dt
+                lines.append(f"        q{bi} = b{bi}.data_ptr()")
+                conds.append(f"b{bi}.shape != {shape!r} or b{bi}.dtype is not D_b{bi} or b{bi}.get_device() != DEV "
+                             f"or b{bi}.stride() != {_contiguous_strides(shape)!r} or (q{bi} & 15 != 0)")
+                size = math.prod(shape) * dt.itemsize
+                for p, span in spans.items():  # no overlap with an input or an earlier output
+                    if size and span:
+                        conds.append(f"({p} < q{bi} + {size} and q{bi} < {p} + {span})")
+                spans[f"q{bi}"] = size
+            lines += ["        if (" + "\n                or ".join(conds) + "):", "            return MISS",
+                      "    except Exception:", "        return MISS", "    stream = get_stream(DEV)", *body]
+            lines.append(f"    bump(({', '.join(outs)},))")
+            lines.append("    return out")
         return "\n".join(lines) + "\n", env
+
+
+def _byte_span(t: Any) -> tuple[int, int]:
+    """The bytes ``[start, end)`` a tensor's elements occupy (empty for a tensor without elements)."""
+    if t.numel() == 0:
+        return (0, 0)
+    start = t.data_ptr()
+    last = sum((s - 1) * st for s, st in zip(t.shape, t.stride(), strict=True))
+    return (start, start + (last + 1) * t.element_size())
+
+
+def _contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    """The strides of a row-major contiguous tensor of ``shape`` (PyTorch's, size-1 dimensions included)."""
+    strides: list[int] = []
+    acc = 1
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= max(s, 1)
+    return tuple(reversed(strides))
+
+
+def _capture_checker() -> Callable[[], bool]:
+    """Whether the current CUDA stream is capturing a graph, as a cheap callable."""
+    import torch
+
+    return getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)  # type: ignore[no-any-return]
+
+
+def _version_bumper() -> Callable[[tuple[Any, ...]], Any]:
+    """``bump(tensors)``: bump the tensors' version counters, as an in-place PyTorch op does (so autograd sees
+    the lean path's writes into ``out`` tensors); PyTorch's C function where it takes a tuple, else its wrapper."""
+    import torch
+    from torch.autograd.graph import increment_version
+
+    bump: Callable[[tuple[Any, ...]], Any] | None = getattr(torch._C, "_increment_version", None)
+    try:
+        if bump is None:
+            raise TypeError("no torch._C._increment_version")
+        bump((torch.empty(0),))
+    except Exception:  # pragma: no cover - a torch whose C function takes one tensor
+        return increment_version
+    return bump
 
 
 def _raw_allocator() -> tuple[Callable[[int, int], int], Callable[[int], None]] | None:
@@ -370,6 +463,15 @@ class CompiledProgram:
     plan for the new signature. In Triton's interpreter every call takes the
     checked path and the generated ``forward``.
 
+    **Output tensors.** ``fn(*tensors, out=t)`` (``out=(t1, t2, ...)`` for
+    several outputs) writes the results into the caller's tensors and returns
+    ``out``, as PyTorch's ``out=`` arguments do: no allocation per call. They
+    must have the outputs' shapes and dtypes and the inputs' device (else the
+    clear error); the lean path writes into them directly when they are
+    contiguous, 16-byte aligned and overlap no input and no other output,
+    otherwise the results are computed into fresh tensors and copied over.
+    (If the graph has an input named ``out``, ``out=`` is that input.)
+
     **CUDA graphs.** ``compile(..., cuda_graph=True)`` returns a program that
     captures its launches into one CUDA graph on the first call and replays it
     afterwards (static shapes): inputs are copied into the graph's static input
@@ -402,6 +504,7 @@ class CompiledProgram:
         self.lean = not interpreting() and bool(self.steps)
         self._plans: dict[tuple[Any, ...], _LeanPlan] = {}
         self._fast: Callable[..., Any] | None = None
+        self._fast_out: Callable[..., Any] | None = None
         self.cuda_graph = cuda_graph
         self._graph: Any = None
         #: the CUDA graph's input buffers (``cuda_graph=True``, after the first call), in input order
@@ -448,24 +551,82 @@ class CompiledProgram:
         return out
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.cuda_graph:
-            return self._call_graph(args, kwargs)
         fast = self._fast
-        if fast is not None:
-            pos: tuple[Any, ...] | None = args
-            if kwargs:  # every input by name: the same call positionally (else the checked path says what is off)
-                try:
-                    pos = tuple(kwargs[n] for n in self.input_names) if not args and len(kwargs) == len(
-                        self.input_names) else None
-                except KeyError:
-                    pos = None
-            if pos is not None:
-                outs = fast(*pos)
-                if outs is not _MISS:
-                    return outs[0] if len(outs) == 1 else outs
-        xs = self._bind(args, kwargs)
-        outs = self._launch(xs)
+        if not kwargs and fast is not None:
+            res = fast(*args)
+            if res is not _MISS:
+                return res
+        elif kwargs:
+            return self._call_kw(args, kwargs)
+        if self.cuda_graph:
+            return self._call_graph(args, {})
+        return self._result(self._launch(self._bind(args, {})))
+
+    def _result(self, outs: Sequence[Any]) -> Any:
         return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def _call_kw(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A call with keywords: inputs by name and/or ``out=`` (caller-provided output tensors)."""
+        names = self.input_names
+        out = kwargs.pop("out", None) if "out" not in names else None
+        pos: tuple[Any, ...] | None = args
+        if kwargs:  # every input by name: the same call positionally (else the checked path says what is off)
+            try:
+                pos = tuple(kwargs[n] for n in names) if not args and len(kwargs) == len(names) else None
+            except KeyError:
+                pos = None
+        if out is None:
+            if pos is not None and self._fast is not None:
+                res = self._fast(*pos)
+                if res is not _MISS:
+                    return res
+            if self.cuda_graph:
+                return self._call_graph(args, kwargs)
+            return self._result(self._launch(self._bind(args, kwargs)))
+        fast_out = self._fast_out
+        if pos is not None and fast_out is not None:
+            res = fast_out(out, *pos)
+            if res is not _MISS:
+                return res
+        # the checked path: clear errors for wrong inputs or out tensors; else compute and copy into out
+        xs = self._bind(args, kwargs)
+        outs = self._check_out(out, xs)
+        res = self._call_graph(args, kwargs) if self.cuda_graph else self._result(self._launch(xs))
+        for o, r in zip(outs, res if isinstance(res, tuple) else (res,), strict=True):
+            o.copy_(r)
+        return out
+
+    def _check_out(self, out: Any, xs: Sequence[Any]) -> tuple[Any, ...]:
+        """The ``out=`` tensors as a tuple, checked against the program's outputs (raises the clear error)."""
+        import torch
+
+        n = len(self.output_types)
+        if isinstance(out, torch.Tensor):
+            outs: tuple[Any, ...] = (out,)
+        elif isinstance(out, (tuple, list)):
+            outs = tuple(out)
+        else:
+            raise TypeError(f"out: expected a torch.Tensor or a tuple of {n}; got {type(out).__name__}")
+        if len(outs) != n:
+            raise TypeError(f"out: {len(outs)} tensor(s); this program has {n} output(s)")
+        device = xs[0].device if xs else None
+        spans = []
+        for i, (o, t) in enumerate(zip(outs, self.output_types, strict=True)):
+            if not isinstance(o, torch.Tensor):
+                raise TypeError(f"out[{i}]: expected a torch.Tensor, got {type(o).__name__}")
+            if tuple(o.shape) != t.shape:
+                raise ValueError(f"out[{i}]: shape {tuple(o.shape)}; expected {t.shape}")
+            if o.dtype != _torch_dtype(t):
+                raise TypeError(f"out[{i}]: dtype {o.dtype}; expected {_torch_dtype(t)} (no implicit casts)")
+            if device is not None and o.device != device:
+                raise ValueError(f"out[{i}]: on {o.device}, but the inputs are on {device}")
+            spans.append(_byte_span(o))
+        for i, (a0, a1) in enumerate(spans):
+            for j in range(i):
+                b0, b1 = spans[j]
+                if a0 < b1 and b0 < a1:
+                    raise ValueError(f"out[{j}] and out[{i}] overlap in memory; give each output its own tensor")
+        return outs
 
     def _launch(self, xs: list[Any]) -> tuple[Any, ...]:
         """Run the kernels on checked inputs: through a lean plan where possible, else ``forward``."""
@@ -475,10 +636,10 @@ class CompiledProgram:
                           for x in xs))
             plan = self._plans.get(key)
             if plan is not None:
-                outs = plan.run(*xs)
-                if outs is not _MISS:
-                    self._fast = plan.run
-                    return tuple(outs)
+                res = plan.run(*xs)
+                if res is not _MISS:
+                    self._remember(plan)
+                    return (res,) if len(self.returns) == 1 else tuple(res)
             elif xs and xs[0].get_device() == cur:
                 try:
                     plan = _LeanPlan(self, xs)
@@ -488,12 +649,17 @@ class CompiledProgram:
                     self.lean = False
                 else:
                     self._plans[key] = plan
-                    self._fast = plan.run
+                    self._remember(plan)
                     outs = plan.first_outputs
                     plan.first_outputs = ()
                     return tuple(outs)
         self.module.LAUNCH.update({k: dict(v) for k, v in self.launch.items()})
         return tuple(self._forward(*xs))
+
+    def _remember(self, plan: _LeanPlan) -> None:
+        """Make ``plan`` the one plain calls try first (not for ``cuda_graph=True``: its calls replay the graph)."""
+        if not self.cuda_graph:
+            self._fast, self._fast_out = plan.run, plan.run_out
 
     @staticmethod
     def _hooks_set() -> bool:
