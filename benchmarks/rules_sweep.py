@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 import verimirage as vm
+from verimirage.pipeline.synth import DEFAULT_OPS, in_scope, rediscovered
 from verimirage.rewrite.rules import all_builtin_rules
-from verimirage.rewrite.synth import DEFAULT_OPS, in_scope, rediscovered
 
 log = logging.getLogger("rules_sweep")
 
@@ -35,7 +35,7 @@ def main() -> None:
     p.add_argument("--out", default="benchmarks/results/rules_sweep")
     a = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    for name in ("verimirage.rewrite.saturate", "verimirage.rewrite.superopt", "verimirage.smt"):
+    for name in ("verimirage.rewrite.saturate", "verimirage.pipeline.superopt", "verimirage.smt"):
         logging.getLogger(name).setLevel(logging.WARNING)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

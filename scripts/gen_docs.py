@@ -130,7 +130,7 @@ def _entry(lines: list[str], title: str, obj: Any, *, level: int = 3) -> None:
 def api_page() -> str:
     """The text of docs/api.md."""
     import verimirage as vm
-    from verimirage.rewrite.superopt import SearchReport
+    from verimirage.pipeline.superopt import SearchReport
 
     lines = [HEADER.format(src="the docstrings of the public names"), "# API reference\n",
              "The public names of `import verimirage as vm` (`vm.__all__`), with their signatures and "

@@ -148,7 +148,7 @@ def test_a_partition_that_fails_at_its_first_call_falls_back_for_good(monkeypatc
 
 
 def test_a_partition_whose_search_fails_stays_with_the_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
-    import verimirage.rewrite.superopt as so
+    import verimirage.pipeline.superopt as so
 
     def boom(*a: Any, **k: Any) -> Any:
         raise RuntimeError("egglog panicked")

@@ -400,7 +400,7 @@ def test_checker_process_cannot_import_the_verifier() -> None:
     from verimirage.smt import certificate as C
 
     root = Path(__file__).resolve().parent.parent
-    for mod in ("verimirage.smt.ff", "verimirage.smt.verify", "verimirage.smt.ff.share", "verimirage.rewrite.superopt",
+    for mod in ("verimirage.smt.ff", "verimirage.smt.verify", "verimirage.smt.ff.share", "verimirage.pipeline.superopt",
                 "torch"):
         code = C._CHILD.format(refused=C.REFUSED).replace(
             "from verimirage.smt.certificate import _child_main\n_child_main()", f"import {mod}")

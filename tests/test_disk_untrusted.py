@@ -23,7 +23,7 @@ import pytest
 import verimirage as vm
 from verimirage.backend import runtime
 from verimirage.backend.runtime import ensure_mode
-from verimirage.rewrite import search_cache
+from verimirage.pipeline import search_cache
 from verimirage.smt.certificate import sha256
 
 ensure_mode()  # CPU-only machine: TRITON_INTERPRET=1 before anything imports triton
@@ -63,7 +63,7 @@ def test_tampered_search_cache_entry_not_served(
     c0["certificate"] = json.dumps(cert, indent=1, sort_keys=True)
     d["value"]["sha256"] = search_cache._checksum(d["value"]["candidates"])
     p.write_text(json.dumps(d))
-    with caplog.at_level(logging.WARNING, logger="verimirage.rewrite.search_cache"):
+    with caplog.at_level(logging.WARNING, logger="verimirage.pipeline.search_cache"):
         again = vm.superoptimize(g, top_k=1)  # default options
     assert again.report.stop_reason != "served from the search cache"
     assert str(again.best.mugraph) == good
@@ -98,7 +98,7 @@ def test_corrupt_search_cache_entry_is_a_miss_not_an_exception(
         c0["cost"]["bytes"] = 1
     d["value"]["sha256"] = search_cache._checksum(d["value"]["candidates"])
     p.write_text(json.dumps(d))
-    with caplog.at_level(logging.WARNING, logger="verimirage.rewrite.search_cache"):
+    with caplog.at_level(logging.WARNING, logger="verimirage.pipeline.search_cache"):
         again = vm.superoptimize(g, top_k=1)
     assert again.report.stop_reason != "served from the search cache"
     assert str(again.best.mugraph) == str(first.best.mugraph)

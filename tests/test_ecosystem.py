@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import verimirage as vm
-from verimirage.rewrite import search_cache
+from verimirage.pipeline import search_cache
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import verimirage as vm
-from verimirage.rewrite.rules import AVar, Instance, PVar, Rule, RuleError, admit, pat
+from verimirage.pipeline.admit import admit
+from verimirage.rewrite.rules import AVar, Instance, PVar, Rule, RuleError, pat
 from verimirage.smt import ff as FF
 
 F32 = vm.float32
@@ -194,7 +195,7 @@ def _unshifted(dtype: vm.DType = F32):  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize("dtype", [vm.float32, vm.float16, vm.bfloat16], ids=lambda d: d.short)
 def test_finding3_fp_safety_rejects_the_unshifted_form(dtype: vm.DType) -> None:
-    from verimirage.rewrite.fpsafe import SafetyChecker, fp_safety
+    from verimirage.pipeline.fpsafe import SafetyChecker, fp_safety
 
     src, bad = _softmax_numerator(dtype), _unshifted(dtype)
     assert isinstance(vm.verify(src, bad), vm.Proved)  # equal over the reals
@@ -206,7 +207,7 @@ def test_finding3_fp_safety_rejects_the_unshifted_form(dtype: vm.DType) -> None:
 
 
 def test_finding3_bf16_rounding_is_round_to_nearest_even() -> None:
-    from verimirage.rewrite.fpsafe import round_to
+    from verimirage.pipeline.fpsafe import round_to
 
     x = np.array([1.0, 1.0 + 2.0**-8, 1.0 + 3 * 2.0**-8, 3.5e38, -2.0, np.nan])
     r = round_to(x, vm.bfloat16)
@@ -215,7 +216,7 @@ def test_finding3_bf16_rounding_is_round_to_nearest_even() -> None:
 
 
 def test_finding3_max_shifted_checks_the_subtraction() -> None:
-    from verimirage.rewrite.superopt import _max_shifted
+    from verimirage.pipeline.superopt import _max_shifted
 
     assert _max_shifted(_softmax_numerator())
     assert not _max_shifted(_unshifted())  # a max somewhere is not a shift
@@ -227,7 +228,7 @@ def test_finding3_max_shifted_checks_the_subtraction() -> None:
 
 def test_finding3_search_never_returns_the_unshifted_candidate(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("egglog")
-    from verimirage.rewrite import superopt
+    from verimirage.pipeline import superopt
 
     g = _softmax_numerator()
     res = vm.superoptimize(g, cache=False, progress=False)
@@ -253,7 +254,7 @@ def test_finding4_no_float_witness_where_only_the_source_is_undefined() -> None:
 
 
 def test_finding3_large_programs_get_the_structural_check() -> None:
-    from verimirage.rewrite.fpsafe import SafetyChecker
+    from verimirage.pipeline.fpsafe import SafetyChecker
 
     src = vm.benchmarks.get("gqa_stable")  # full size: too large to evaluate on every input set here
     sc = SafetyChecker(src)

@@ -138,14 +138,14 @@ ALLOWED = {
     ("smt/ffref.py", "_exact_degree"): "the checker's copy of ff._exact_degree",
     ("integrations/aten.py", "*"): "maps ATen op names onto registry ops (capture owns it)",
     ("integrations/capture.py", "*"): "maps ATen op names onto registry ops (capture owns it)",
-    ("rewrite/fpsafe.py", "RoundingDomain.apply"): "rounds a matmul's operands like tl.dot (the float safety check)",
+    ("pipeline/fpsafe.py", "RoundingDomain.apply"): "rounds a matmul's operands like tl.dot (the float safety check)",
     ("smt/ff/proj.py", "*"): "dispatches on the finite field's linear-structure tags, not on op names",
     ("smt/abstract.py", "Sym.__array_function__"): "numpy function names (take, broadcast_to), not op names",
-    ("rewrite/superopt.py", "_max_shifted"): "recognises exp(x - max x) patterns (the stable-softmax label)",
-    ("rewrite/superopt.py", "_removes_max_shift"): "recognises exp(x - max x) patterns (the stable-softmax label)",
+    ("pipeline/superopt.py", "_max_shifted"): "recognises exp(x - max x) patterns (the stable-softmax label)",
+    ("pipeline/superopt.py", "_removes_max_shift"): "recognises exp(x - max x) patterns (the stable-softmax label)",
     ("smt/abstract.py", "_reduce"): "the abstract domain's reduction kinds (sum, mean, max) in its registrations",
-    ("rewrite/synth.py", "_variants"): "rule synthesis enumerates transpose's axis pair",
-    ("rewrite/synth.py", "_pat"): "rule synthesis generalises transpose's axis pair",
+    ("pipeline/synth.py", "_variants"): "rule synthesis enumerates transpose's axis pair",
+    ("pipeline/synth.py", "_pat"): "rule synthesis generalises transpose's axis pair",
 }
 _STRUCT = {n for n, o in OPS.items() if o.has(Prop.STRUCTURAL) or o.has(Prop.LOOP)}
 

@@ -8,8 +8,7 @@ import time
 import pytest
 
 import verimirage as vm
-from verimirage.rewrite.rules import all_builtin_rules, builtin_rulesets
-from verimirage.rewrite.synth import (
+from verimirage.pipeline.synth import (
     DEFAULT_OPS,
     FieldSpec,
     _prove,
@@ -17,6 +16,7 @@ from verimirage.rewrite.synth import (
     rediscovered,
     synthesize,
 )
+from verimirage.rewrite.rules import all_builtin_rules, builtin_rulesets
 
 _ENV = {"a": (3, 4), "b": (3, 4)}
 _RAY = importlib.util.find_spec("ray") is not None
@@ -189,7 +189,7 @@ def test_synthesis_handles_transpose_and_concat_and_never_admits_a_rule_twice() 
 
 
 def test_sweep_table_writers(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from verimirage.rewrite.sweep import SweepRow, SweepTable
+    from verimirage.pipeline.sweep import SweepRow, SweepTable
 
     rows = [SweepRow("p", v, "default", c, 1, 2, 0.5, "r:1", "r") for v, c in (("all", 3.0), ("-x", 4.5))]
     t = SweepTable(rows)

@@ -9,12 +9,12 @@ import pytest
 
 import verimirage as vm
 from verimirage.ir.ops import missing_domains
+from verimirage.pipeline.superopt import ablate, superoptimize, verify_estimate_s
 from verimirage.rewrite import cost as cost_mod
 from verimirage.rewrite.lift import EClassTerms, Term, commutation_key, graph_terms, lift, term_to_graph
 from verimirage.rewrite.partition import Config, Infeasible, analyse, build, lower_all
 from verimirage.rewrite.rules import Instance, PVar, Rule, RuleError, occurs, pat, select_rules
 from verimirage.rewrite.saturate import Attribution, attribute, saturate
-from verimirage.rewrite.superopt import ablate, superoptimize, verify_estimate_s
 from verimirage.smt.verdict import Proved, Refuted
 
 NAMES = vm.benchmarks.names()
@@ -492,7 +492,7 @@ def test_superoptimize_verified_small(name: str, tmp_path) -> None:  # type: ign
 
 
 def test_variants_add_verified_siblings_of_the_kept_structures() -> None:
-    from verimirage.rewrite.superopt import _structure
+    from verimirage.pipeline.superopt import _structure
 
     g = vm.benchmarks.get("rmsnorm_linear", batch=1)
     base = superoptimize(g, verifier=numeric_checker_full, top_k=2, progress=False, cache=False)
@@ -521,7 +521,7 @@ def test_a_sibling_offers_another_loop_range_the_pipeliner_can_fill() -> None:
     # lora_bs8 on the H100 (benchmarks/perf/results/run9_lora_probe.json): the one-shot 256-deep tile the model
     # ranks first ran 3.37 us, the same tile walked in 4 steps of 64 with 3 stages 3.12 us. The pool lists the
     # concat-fusion block graph (same loop range) first; the sibling slot must go to a loop of >= 4 steps.
-    from verimirage.rewrite.superopt import _loop_ranges, _structure
+    from verimirage.pipeline.superopt import _loop_ranges, _structure
 
     g = vm.benchmarks.get("lora", batch=8)
     res = superoptimize(g, verifier=numeric_checker_full, top_k=2, variants=1, progress=False, cache=False)

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import verimirage as vm
-from verimirage.rewrite import search_cache
-from verimirage.rewrite.options import SearchOptions, StopReason
-from verimirage.rewrite.superopt import superoptimize
+from verimirage.pipeline import search_cache
+from verimirage.pipeline.options import SearchOptions, StopReason
+from verimirage.pipeline.superopt import superoptimize
 from verimirage.smt.verdict import Proved, Refuted
 
 

@@ -6,6 +6,19 @@ See docs/api.md (`vm.rules`) and docs/cli/sweep.md.
 
 from __future__ import annotations
 
+from .pipeline.sweep import SweepRow, SweepTable, leave_one_theory_out, sweep
+from .pipeline.synth import (
+    DEFAULT_OPS,
+    DEFAULT_SHAPES,
+    FieldSpec,
+    SynthesisReport,
+    SynthesizedRuleset,
+    derives,
+    in_scope,
+    minimize,
+    rediscovered,
+    synthesize,
+)
 from .rewrite.rules import (
     AVar,
     DimIsOne,
@@ -22,19 +35,6 @@ from .rewrite.rules import (
     builtin_rulesets,
     pat,
     ruleset,
-)
-from .rewrite.sweep import SweepRow, SweepTable, leave_one_theory_out, sweep
-from .rewrite.synth import (
-    DEFAULT_OPS,
-    DEFAULT_SHAPES,
-    FieldSpec,
-    SynthesisReport,
-    SynthesizedRuleset,
-    derives,
-    in_scope,
-    minimize,
-    rediscovered,
-    synthesize,
 )
 
 __all__ = [

@@ -35,7 +35,7 @@ __all__ = [
 
 def __getattr__(name: str):  # type: ignore[no-untyped-def]
     if name == "ablate":
-        from .superopt import ablate
+        from ..pipeline.superopt import ablate
 
         return ablate
     raise AttributeError(f"module 'verimirage.rewrite' has no attribute {name!r}")

@@ -15,7 +15,7 @@ Build patterns with the ``pat`` helper: ``pat.matmul(pat.div(E, S), V)``;
 attribute keywords as in the Graph API (``pat.sum(X, axis=AX)``).
 
 User rules are added through :func:`ruleset` / ``superoptimize(extra_rules=...)``;
-:func:`admit` refuses a rule the verifier cannot prove unless it is marked
+:func:`verimirage.pipeline.admit.admit` refuses a rule the verifier cannot prove unless it is marked
 ``trusted=True`` (and trusted rules are then named in every candidate and
 certificate that used them).
 """
@@ -473,30 +473,6 @@ def all_builtin_rules() -> list[Rule]:
 #: tests/test_rules_soundness.py). None now: matmul-assoc and sum-matmul-last prove since the abstract check
 #: interchanges nested sums (smt/expr.canon_sums).
 UNPROVED_BUILTINS: dict[str, str] = {}
-
-_ADMITTED: dict[Rule, Any] = {}
-
-
-def admit(rule: Rule, *, timeout_s: float = 10.0) -> Any:
-    """The soundness verdict of ``rule`` (via ``verify_rule``); RuleError if not proved and not trusted."""
-    if rule in _ADMITTED:
-        v = _ADMITTED[rule]
-    else:
-        from ..smt.verdict import Unknown
-        from ..smt.verify import verify_rule
-
-        try:
-            v = verify_rule(rule.name, rule.instance_graphs())
-        except RuleError as e:
-            v = Unknown(str(e))
-        _ADMITTED[rule] = v
-    if not getattr(v, "proved", False) and not rule.trusted:
-        raise RuleError(
-            f"rule {rule.name!r} was refused: verify_rule could not prove it sound ({type(v).__name__}: "
-            f"{getattr(v, 'reason', '')}); fix it, or pass it with trusted=True to use it anyway"
-        )
-    return v
-
 
 def select_rules(
     rulesets: Sequence[str | Ruleset] | None, disable: Sequence[str], extra: Sequence[Rule | Ruleset]

@@ -61,7 +61,7 @@ def _main_ruleset(rules: Sequence[Rule], tag: str) -> tuple[Any, dict[str, str]]
 
 class SaturationPanic(RuntimeError):
     """egglog panicked while running the rules (e.g. ``Illegal merge``: a rule merged values of different
-    shapes); the e-graph is not usable. :func:`verimirage.rewrite.superopt.superoptimize` catches it and runs
+    shapes); the e-graph is not usable. :func:`verimirage.pipeline.superopt.superoptimize` catches it and runs
     again without the user rules (then without any), reporting why."""
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from ..ir.errors import GraphError
 from ..ir.graph import Graph
-from .rules import RuleError, Ruleset, builtin_rulesets
+from ..rewrite.rules import RuleError, Ruleset, builtin_rulesets
 
 log = logging.getLogger(__name__)
 

@@ -40,8 +40,8 @@ import numpy as np
 from ..ir.dtypes import float32
 from ..ir.errors import GraphError
 from ..ir.ops import Prop, TensorType, get_op
-from .lift import Term, term_to_graph
-from .rules import AVar, DimIsOne, Instance, Pat, PVar, RankMinus, Rule, RuleError, Ruleset, SameRank
+from ..rewrite.lift import Term, term_to_graph
+from ..rewrite.rules import AVar, DimIsOne, Instance, Pat, PVar, RankMinus, Rule, RuleError, Ruleset, SameRank
 
 log = logging.getLogger(__name__)
 
@@ -533,8 +533,8 @@ def derives(rules: Sequence[Rule], pairs: Iterable[tuple[Term, Term, Sequence[tu
     """
     from egglog import eq
 
-    from .lift import lift
-    from .saturate import SaturationPanic, _main_ruleset, _num_nodes, _run, shapes
+    from ..rewrite.lift import lift
+    from ..rewrite.saturate import SaturationPanic, _main_ruleset, _num_nodes, _run, shapes
 
     pairs = list(pairs)
     out = [False] * len(pairs)

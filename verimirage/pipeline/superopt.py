@@ -41,12 +41,13 @@ from typing import Any
 from ..ir.errors import GraphError
 from ..ir.graph import Graph, MuGraph, node_list
 from ..ir.limits import check_evaluable
-from .cost import Calibration, Cost, cost
-from .lift import EClassTerms, Term, commutation_key, lift, term_to_graph
+from ..rewrite.cost import Calibration, Cost, cost
+from ..rewrite.lift import EClassTerms, Term, commutation_key, lift, term_to_graph
+from ..rewrite.partition import Lowered, lower_all
+from ..rewrite.rules import Rule, RuleError, select_rules
+from ..rewrite.saturate import SaturationPanic, attribute, saturate
+from .admit import admit
 from .options import SearchOptions, StopReason
-from .partition import Lowered, lower_all
-from .rules import Rule, RuleError, admit, select_rules
-from .saturate import SaturationPanic, attribute, saturate
 
 log = logging.getLogger(__name__)
 
@@ -230,13 +231,13 @@ def superoptimize(graph: Graph, *, options: SearchOptions | None = None, **overr
     ``profile=True`` reorders by GPU timings (``verimirage.backend.profile.select``); ``progress``
     shows a rich display (None: when stderr is a terminal); ``seed`` is passed to the verifier's random
     trials; ``verifier`` replaces ``vm.verify`` (research use). ``cache``: serve a repeated search
-    from the on-disk cache (:mod:`verimirage.rewrite.search_cache`; not used with a custom
+    from the on-disk cache (:mod:`verimirage.pipeline.search_cache`; not used with a custom
     ``verifier`` or user rules). Nothing from the cache is trusted: on a hit the independent certificate
     checker re-checks the best candidate against ``graph`` and only it is served (a full-size re-check costs
     seconds per candidate); ``recheck_cache=True`` re-checks every cached candidate and serves them all. A
     candidate that does not re-check makes the entry a miss: it is reported, removed and searched again.
 
-    The keywords are the fields of :class:`~verimirage.rewrite.options.SearchOptions` (validated once, a
+    The keywords are the fields of :class:`~verimirage.pipeline.options.SearchOptions` (validated once, a
     TypeError for an unknown one); ``options=SearchOptions(...)`` passes them as one value (keywords given
     beside it override its fields). The report prints the options that differ from the defaults.
     """
@@ -402,7 +403,7 @@ def _extract_phase(run: _Run) -> None:
         seen.add(key)
         graphs.append((g2, terms, ()))
     if any(r.name == "softmax-stabilise" for r in rules):
-        from .stabilise import stabilise_softmax
+        from ..rewrite.stabilise import stabilise_softmax
 
         for g2, terms, steps in list(graphs):
             gs = stabilise_softmax(g2)
@@ -610,9 +611,9 @@ def _certify_phase(run: _Run) -> None:
     graph, rep, rules, builtin_names, cands = run.graph, run.rep, run.rules, run.builtin_names, run.cands
     verifier, verify_timeout_s = run.opts.verifier, run.opts.verify_timeout_s
     try:
+        from ..rewrite.partition import STEPS
+        from ..rewrite.rules import UNPROVED_BUILTINS
         from ..smt.certificate import make_certificate, register_rules
-        from .partition import STEPS
-        from .rules import UNPROVED_BUILTINS
 
         proved_user = [r.name for r in rules if r.name not in builtin_names and not r.trusted]
         register_rules([*STEPS, *(n for n in builtin_names if n not in UNPROVED_BUILTINS), *proved_user])
@@ -795,7 +796,7 @@ def _triton_source_hash(mg: MuGraph) -> str | None:
 
 
 def _builtin() -> list[Rule]:
-    from .rules import all_builtin_rules
+    from ..rewrite.rules import all_builtin_rules
 
     return all_builtin_rules()
 

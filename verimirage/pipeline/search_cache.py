@@ -162,9 +162,9 @@ def _recheck(cert: Any) -> Any:
 
 
 def _rebuild(entry: Any, graph: Graph, recheck: str, cost_of: Callable[[MuGraph], Any] | None = None) -> Any:
+    from ..rewrite.cost import Cost, KernelCost
     from ..smt.certificate import Certificate
     from ..smt.verdict import Check, Proved
-    from .cost import Cost, KernelCost
     from .options import StopReason
     from .superopt import Candidate, SearchReport, SearchResult
 

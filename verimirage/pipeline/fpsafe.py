@@ -7,7 +7,7 @@ source and the candidate with every node's result rounded to its dtype (fp16 and
 casts, bf16 by rounding the fp32 bits to nearest even), on adversarial inputs (wide uniform values of
 both signs at growing scales, up to values near the dtype's largest, large-norm normal values and
 all-positive ones), and reports the first input set on which the candidate has a non-finite element
-where the source's is finite. The search (:func:`verimirage.rewrite.superopt.superoptimize`) rejects
+where the source's is finite. The search (:func:`verimirage.pipeline.superopt.superoptimize`) rejects
 such a candidate with that reason.
 
 Rounding follows the generated code (:mod:`verimirage.backend.codegen`): every kernel-level op's result
@@ -175,7 +175,7 @@ class SafetyChecker:
 
     ``numeric`` (default: :func:`numeric_check_affordable`): evaluate on the adversarial inputs; otherwise
     only the structural check: where the source subtracts the max before every ``exp``, the candidate must
-    too (:func:`verimirage.rewrite.superopt._max_shifted`).
+    too (:func:`verimirage.pipeline.superopt._max_shifted`).
     """
 
     def __init__(self, source: Graph, seed: int = 0, numeric: bool | None = None) -> None:

@@ -13,8 +13,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from .cost import H100, Calibration, Hardware
-from .rules import Rule, Ruleset
+from ..rewrite.cost import H100, Calibration, Hardware
+from ..rewrite.rules import Rule, Ruleset
 
 
 class StopReason(enum.StrEnum):
