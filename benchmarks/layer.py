@@ -1,0 +1,406 @@
+"""The decoder-layer benchmark (issue 23): search + verify here, then time the layer on a GPU.
+
+    python benchmarks/layer.py prepare [--cases ...] [--small] [--out DIR] [--time-budget-s S] [--cert DIR]
+    python benchmarks/layer.py check   [--cases ...] [--candidates DIR]      # CPU: interpreter vs float64
+    python benchmarks/layer.py gpu     [--cases ...] [--candidates DIR] [--out DIR] [--no-inductor]
+
+``prepare`` (a CPU machine) superoptimizes each case's kernel graph
+(:func:`verimirage.benchmarks.get_layer`), verifies it, and writes the verified candidates (μGraph text,
+kernels, cost estimate, rules) to ``DIR/<case>.json`` (``<case>_small.json`` for the scaled-down
+layer), like benchmarks/prepare_candidates.py; ``--cert`` saves the best candidate's certificate.
+``check`` runs the written candidates of the scaled-down layer in Triton's interpreter against the
+float64 reference. ``gpu`` loads the candidates of the full-size layer, compiles the best ones with
+``cuda_graph=True`` (the whole layer one CUDA graph), checks them against float64 (the PyTorch module in
+float64 on the GPU), and times, all as CUDA-graph replays (medians): verimirage; ``torch.compile
+(mode="max-autotune")`` of the same ``nn.Module`` (:mod:`verimirage.benchmarks.layer_module`, CUDA
+graphs on); eager (captured into a graph by ``do_bench_cudagraph``); and the floor (the weights and the
+KV cache once through memory at the measured copy bandwidth). Per case it reports the launches (kernels
+per layer, counted by the profiler for the baselines), the bytes moved (verimirage: the cost model's
+count) against the weights' size, what the CUDA graph still pays for (the replay's time against the
+sum of its kernels' times) and each time against the floor. Rows go to ``--out``/layer.json (default
+benchmarks/results), written after every case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import json
+import logging
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import verimirage as vm
+from verimirage.benchmarks.layer import dims, get_layer, layer_cases
+
+log = logging.getLogger("layer")
+HERE = Path(__file__).resolve().parent
+DEFAULT_CANDIDATES = HERE / "candidates" / "layer"
+
+
+def _file(directory: Path, case: str, small: bool) -> Path:
+    return directory / f"{case}{'_small' if small else ''}.json"
+
+
+def _verdict(v: Any) -> str:
+    return str(v.summary()) if hasattr(v, "summary") else str(v)
+
+
+# --------------------------------------------------------------------------- prepare (CPU)
+
+
+def prepare(case: str, small: bool, out: Path, *, time_budget_s: float, top_k: int,
+            cert_dir: Path | None) -> dict[str, Any]:
+    """Search + verify ``case``; write its candidate file (and the best's certificate); return the summary."""
+    g = get_layer(case, small)
+    t0 = time.perf_counter()
+    res = vm.superoptimize(g, top_k=top_k, time_budget_s=time_budget_s, cache=False)
+    dt = time.perf_counter() - t0
+    doc: dict[str, Any] = {
+        "case": case,
+        "small": small,
+        "graph": str(g),
+        "search_s": dt,
+        "time_budget_s": time_budget_s,
+        "report": str(res.report),
+        "candidates": [
+            {"mugraph": str(c.mugraph), "kernels": c.num_kernels, "cost_us": c.cost.time_s * 1e6,
+             "bytes": c.cost.bytes, "rules": list(c.rules), "verdict": _verdict(c.verdict)}
+            for c in res.candidates
+        ],
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    _file(out, case, small).write_text(json.dumps(doc, indent=1))
+    if cert_dir is not None and res.candidates:
+        cert_dir.mkdir(parents=True, exist_ok=True)
+        path = cert_dir / f"layer_{case}{'_small' if small else ''}.json"
+        res.best.certificate.save(str(path))
+        doc["certificate"] = str(path)
+    log.info("%s%s: %.1f s, %d candidate(s), kernels %s", case, " (small)" if small else "", dt,
+             len(res.candidates), [c.num_kernels for c in res.candidates])
+    return doc
+
+
+def load(directory: Path, case: str, small: bool) -> tuple[vm.Graph, list[Any], dict[str, Any]]:
+    """The graph of ``case`` and the verified candidates written for it (ValueError if made for another graph)."""
+    g = get_layer(case, small)
+    doc = json.loads(_file(directory, case, small).read_text())
+    if doc["graph"] != str(g):
+        raise ValueError(f"{case}: the candidate file {_file(directory, case, small)} was made for another graph")
+    return g, [vm.MuGraph.parse(c["mugraph"]) for c in doc["candidates"]], doc
+
+
+# --------------------------------------------------------------------------- check (CPU interpreter)
+
+
+def check(case: str, directory: Path, *, seed: int = 0, max_candidates: int = 1) -> list[dict[str, Any]]:
+    """Run the scaled-down case's candidates in Triton's interpreter against the float64 reference
+    (``vm.evaluate`` of the graph on the same inputs); returns one row per candidate."""
+    import numpy as np
+    import torch
+
+    from verimirage.benchmarks.layer_module import make_case
+
+    g, cands, _ = load(directory, case, small=True)
+    c = make_case(case, small=True, dtype=torch.float16, seed=seed)
+    ins = c["graph_inputs"]
+    ref = vm.evaluate(g, {k: v.double().numpy() if v.is_floating_point() else v.numpy() for k, v in ins.items()})
+    rows = []
+    for i, mg in enumerate(cands[:max_candidates]):
+        fn = vm.compile(mg)
+        outs = fn(*[ins[t.name] for t in g.inputs])
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        errs = [float(np.linalg.norm(o.double().numpy() - r) / np.linalg.norm(r))
+                for o, r in zip(outs, ref, strict=True)]
+        rows.append({"case": case, "rank": i, "kernels": mg.num_kernels, "rel_err": max(errs)})
+    return rows
+
+
+# --------------------------------------------------------------------------- gpu
+
+
+def _bench(fn: Any, cudagraph: bool) -> float:
+    """Median µs of ``fn``: ``do_bench_cudagraph`` (captures ``fn``'s launches into a graph) or ``do_bench``
+    (for ``fn`` that already replays a CUDA graph); on a CPU (the harness's dry run) the median of 3 calls."""
+    import torch
+    from triton.testing import do_bench, do_bench_cudagraph
+
+    if not torch.cuda.is_available():
+        ts = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            fn()
+            ts.append((time.perf_counter() - t0) * 1e6)
+        return sorted(ts)[1]
+
+    if cudagraph:
+        return 1e3 * float(do_bench_cudagraph(fn, rep=300, return_mode="median"))
+    return 1e3 * float(do_bench(fn, warmup=50, rep=300, return_mode="median"))
+
+
+def ceilings() -> dict[str, float]:
+    """Measured device copy bandwidth (bytes read + written per second) and fp16 matmul rate."""
+    import torch
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    n = 1 << (30 if dev == "cuda" else 24)
+    a = torch.empty(n, dtype=torch.uint8, device=dev).random_(0, 255)
+    b = torch.empty_like(a)
+    bw = 2 * n / (_bench(lambda: b.copy_(a), cudagraph=False) * 1e-6)
+    m = 8192 if dev == "cuda" else 256
+    dt = torch.float16 if dev == "cuda" else torch.float32
+    x = torch.randn(m, m, device=dev, dtype=dt)
+    y = torch.randn(m, m, device=dev, dtype=dt)
+    tm = _bench(lambda: x @ y, cudagraph=False) * 1e-6
+    return {"copy_bytes_per_s": bw, "fp16_flops_per_s": 2 * m**3 / tm}
+
+
+def _kernels(fn: Any) -> tuple[int | None, float | None]:
+    """Kernels one call of ``fn`` launches and the sum of their device times (µs), by the profiler (None when
+    it records no kernel, e.g. inside a replayed graph on some CUPTI versions)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    if not torch.cuda.is_available():
+        return None, None
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    evs = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+           and not e.name.startswith(("Memcpy", "Memset", "cudaGraph"))]
+    if not evs:
+        return None, None
+    return len(evs), sum(e.device_time for e in evs)
+
+
+def _rel(out: Any, ref: Any) -> float:
+    from torch_eager import rel_err
+
+    return float(rel_err(out, ref))
+
+
+def gpu_case(case: str, directory: Path, ceil: dict[str, float], *, inductor: bool, top_k: int,
+             small: bool = False, per_op: bool = True) -> dict[str, Any]:
+    """Time one case on the GPU (see the module docstring). Without a GPU (``small``, the harness's dry run):
+    the same steps on the CPU, kernels in Triton's interpreter, no CUDA graphs, no profiler counts."""
+    import torch
+
+    from verimirage.benchmarks.layer_module import DecodeLayer, make_case
+
+    cuda = torch.cuda.is_available()
+    c = make_case(case, small=small, dtype=torch.float16 if cuda else torch.float32, device="cuda" if cuda else "cpu",
+                  seed=0)
+    m, xs, g, gins = c["module"], c["inputs"], c["graph"], c["graph_inputs"]
+    if not cuda:  # the graph's kernels take fp16 inputs: the module runs in float32 on the CPU
+        gins = {k: v.half() if v.is_floating_point() else v for k, v in gins.items()}
+    d = dims(small)
+    with torch.no_grad():
+        m64 = copy.deepcopy(m).double()
+        ref = m64(*[x.double() for x in xs])
+        ref_new = None
+        if isinstance(m64, DecodeLayer):  # the new key and value the step wrote into the cache's last slot
+            ref_new = tuple(cc[:, :, d.kv_len].reshape(-1, 1, d.head) for cc in (m64.k_cache, m64.v_cache))
+        del m64
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    wbytes = 2 * d.weight_elems()
+    kv = sum(t.numel() * t.element_size() for n, t in gins.items() if n in ("KC", "VC"))
+    from torch_eager import flops
+
+    fl = flops(g)
+    row: dict[str, Any] = {"case": case, "weights_bytes": wbytes, "kv_bytes": kv, "flops": fl}
+    row["floor_bytes_us"] = 1e6 * (wbytes + kv) / ceil["copy_bytes_per_s"]
+    row["floor_us"] = max(row["floor_bytes_us"], 1e6 * fl / ceil["fp16_flops_per_s"])
+    with torch.no_grad():
+        # eager, captured into a graph
+        row["eager_err"] = _rel(m(*xs), ref)
+        row["eager_us"] = _bench(lambda: m(*xs), cudagraph=True)
+        row["eager_launches"], row["eager_kernel_sum_us"] = _kernels(lambda: m(*xs))
+        if inductor:
+            try:
+                torch._dynamo.reset()
+                t0 = time.perf_counter()
+                cm = torch.compile(m, mode="max-autotune")
+                for _ in range(3):
+                    cm(*xs)
+                row["inductor_compile_s"] = time.perf_counter() - t0
+                row["inductor_err"] = _rel(cm(*xs).clone(), ref)
+                row["inductor_us"] = _bench(lambda: cm(*xs), cudagraph=False)
+                row["inductor_launches"], row["inductor_kernel_sum_us"] = _kernels(lambda: cm(*xs))
+            except Exception as e:
+                row["inductor_error"] = f"{type(e).__name__}: {e}"[:400]
+                log.error("inductor failed on %s: %s", case, traceback.format_exc())
+    ordered = [gins[t.name] for t in g.inputs]
+    # no search: one kernel per op of the graph (its own lowering), the whole layer in one CUDA graph -- what
+    # one graph alone gives, and the launches the fused μGraph saves
+    try:
+        if not per_op:
+            raise RuntimeError("not asked for (--no-per-op)")
+        po = vm.MuGraph.from_graph(g)
+        pfn = vm.compile(po, cuda_graph=cuda)
+        outs = pfn(*ordered)
+        row["per_op_err"] = _rel((outs if isinstance(outs, tuple) else (outs,))[0].clone(), ref)
+        row["per_op_us"] = _bench(lambda: pfn(*(pfn.static_inputs or ordered)), cudagraph=False)
+        row["per_op_launches"] = po.num_kernels
+    except Exception as e:
+        row["per_op_error"] = f"{type(e).__name__}: {e}"[:300]
+    # verimirage: the verified candidates, each the whole layer in one CUDA graph
+    try:
+        _, cands, doc = load(directory, case, small=small)
+        row["search_s"] = doc["search_s"]
+        row["num_candidates"] = len(cands)
+        if not cands:
+            raise ValueError("the search returned no verified candidate for the full-size layer")
+        best: tuple[float, int, Any] | None = None
+        tried = []
+        for i, mg in enumerate(cands[:top_k]):
+            try:
+                fn = vm.compile(mg, cuda_graph=cuda)
+                outs = fn(*ordered)
+                outs = outs if isinstance(outs, tuple) else (outs,)
+                err = _rel(outs[0].clone(), ref)
+                if ref_new is not None:
+                    err = max(err, _rel(tuple(o.clone() for o in outs[1:]), ref_new))
+                us = _bench(lambda fn=fn: fn(*(fn.static_inputs or ordered)), cudagraph=False)
+                tried.append({"rank": i, "kernels": mg.num_kernels, "us": us, "err": err})
+                if err < 2e-2 and (best is None or us < best[0]):
+                    best = (us, i, fn)
+            except Exception as e:
+                tried.append({"rank": i, "kernels": mg.num_kernels, "error": f"{type(e).__name__}: {e}"[:300]})
+        row["candidates"] = tried
+        if best is not None:
+            us, i, fn = best
+            mg = cands[i]
+            row.update(verimirage_us=us, verimirage_err=next(t["err"] for t in tried if t["rank"] == i),
+                       launches=mg.num_kernels, verimirage_rank=i,
+                       verimirage_bytes=doc["candidates"][i].get("bytes"))
+            plain = vm.compile(mg)
+            _, ksum = _kernels(lambda: plain(*ordered))
+            row["verimirage_kernel_sum_us"] = ksum
+            if ksum is not None:  # what the one graph still pays for beyond its kernels: launch gaps, tails
+                row["graph_overhead_us"] = us - ksum
+    except Exception as e:
+        row["verimirage_error"] = f"{type(e).__name__}: {e}"[:500]
+        log.error("verimirage failed on %s: %s", case, traceback.format_exc())
+    for k in ("verimirage", "inductor", "eager"):
+        if f"{k}_us" in row:
+            row[f"{k}_floor_fraction"] = row["floor_us"] / row[f"{k}_us"]
+    if "verimirage_us" in row and "inductor_us" in row:
+        row["speedup_vs_inductor"] = row["inductor_us"] / row["verimirage_us"]
+    if "verimirage_us" in row:
+        row["speedup_vs_eager"] = row["eager_us"] / row["verimirage_us"]
+    if row.get("verimirage_bytes"):
+        row["bytes_over_weights"] = row["verimirage_bytes"] / wbytes
+    return row
+
+
+def table(doc: dict[str, Any]) -> str:
+    """The BENCHMARKS.md table of a layer.json document."""
+    c = doc["ceilings"]
+    lines = [
+        f"Device: {doc['device']} · date {doc['date']} · torch {doc['torch']} · triton {doc['triton']} · "
+        f"copy {c['copy_bytes_per_s'] / 1e12:.2f} TB/s, fp16 matmul {c['fp16_flops_per_s'] / 1e12:.0f} TFLOP/s",
+        "",
+        "| case | floor µs | verimirage µs (launches) | one kernel per op µs (launches) | torch.compile µs "
+        "(launches) | eager µs (launches) | vs torch.compile | floor / verimirage | bytes / weights |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def f(r: dict[str, Any], k: str, fmt: str = "{:.1f}") -> str:
+        v = r.get(k)
+        return fmt.format(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else "-"
+
+    for r in doc["rows"]:
+        lines.append(
+            f"| {r['case']} | {f(r, 'floor_us')} | {f(r, 'verimirage_us')} ({f(r, 'launches', '{}')}) | "
+            f"{f(r, 'per_op_us')} ({f(r, 'per_op_launches', '{}')}) | "
+            f"{f(r, 'inductor_us')} ({f(r, 'inductor_launches', '{}')}) | {f(r, 'eager_us')} "
+            f"({f(r, 'eager_launches', '{}')}) | {f(r, 'speedup_vs_inductor', '{:.2f}x')} | "
+            f"{f(r, 'verimirage_floor_fraction', '{:.0%}')} | {f(r, 'bytes_over_weights', '{:.2f}')} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def gpu_main(args: argparse.Namespace) -> int:
+    import torch
+    import triton
+
+    if not torch.cuda.is_available() and not args.small:
+        print("layer.py gpu: needs a CUDA GPU (or --small: a dry run on the CPU, kernels interpreted)", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    doc: dict[str, Any] = {
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (dry run, interpreter)",
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "timing": "medians of CUDA-graph replays: verimirage (compile(cuda_graph=True), do_bench of the replay), "
+                  "torch.compile mode=max-autotune (cudagraph trees, do_bench), eager (do_bench_cudagraph)",
+        "floor": "floor_bytes_us: (weights + KV cache) bytes / measured copy bandwidth; floor_us: max of it and "
+                 "flops / measured fp16 matmul rate",
+        "ceilings": ceilings(),
+        "rows": [],
+    }
+    for case in args.cases:
+        t0 = time.perf_counter()
+        try:
+            row = gpu_case(case, args.candidates, doc["ceilings"], inductor=not args.no_inductor, top_k=args.top_k,
+                           small=args.small, per_op=not args.no_per_op)
+        except Exception as e:
+            row = {"case": case, "error": f"{type(e).__name__}: {e}"[:500]}
+            log.error("%s failed: %s", case, traceback.format_exc())
+        row["wall_s"] = time.perf_counter() - t0
+        doc["rows"].append(row)
+        log.info("%s", {k: v for k, v in row.items() if k != "candidates"})
+        (out / "layer.json").write_text(json.dumps(doc, indent=1))
+        (out / "layer_table.md").write_text(table(doc))
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    print(table(doc))
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("mode", choices=["prepare", "check", "gpu"])
+    ap.add_argument("--cases", nargs="*", default=None)
+    ap.add_argument("--small", action="store_true",
+                    help="the scaled-down layer (check always uses it; gpu --small on a CPU is a dry run)")
+    ap.add_argument("--candidates", type=Path, default=DEFAULT_CANDIDATES)
+    ap.add_argument("--out", type=Path, default=None, help="prepare: candidate dir; gpu: results dir")
+    ap.add_argument("--time-budget-s", type=float, default=300.0)
+    ap.add_argument("--top-k", type=int, default=3)
+    ap.add_argument("--cert", type=Path, default=None, help="prepare: save the best candidate's certificate here")
+    ap.add_argument("--no-inductor", action="store_true")
+    ap.add_argument("--no-per-op", action="store_true", help="gpu: skip the one-kernel-per-op program")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    small = args.small or args.mode == "check"
+    args.cases = args.cases or layer_cases(small)
+    if args.mode == "prepare":
+        docs = [prepare(c, small, args.out or args.candidates, time_budget_s=args.time_budget_s, top_k=args.top_k,
+                        cert_dir=args.cert) for c in args.cases]
+        for d in docs:
+            print(f"{d['case']:16s} {d['search_s']:7.1f} s  kernels {[c['kernels'] for c in d['candidates']]}")
+        return 0 if all(d["candidates"] for d in docs) else 1
+    if args.mode == "check":
+        rows = [r for c in args.cases for r in check(c, args.candidates)]
+        for r in rows:
+            print(f"{r['case']:16s} rank {r['rank']} kernels {r['kernels']:3d} rel err {r['rel_err']:.2e}")
+        return 0 if rows and all(r["rel_err"] < 2e-2 for r in rows) else 1
+    args.out = args.out or HERE / "results"
+    return gpu_main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

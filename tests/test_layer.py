@@ -1,0 +1,102 @@
+"""The decoder layer (issue 23): programs, the PyTorch module, the harness, the scaled-down kernels."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import verimirage as vm
+from verimirage.benchmarks.layer import FULL, SMALL, causal_mask, get_layer, layer_cases
+
+ROOT = Path(__file__).resolve().parent.parent
+CANDIDATES = ROOT / "benchmarks" / "candidates" / "layer"
+
+
+def test_layer_cases_build_full_and_small() -> None:
+    assert layer_cases() == ["decode_bs1", "decode_bs8", "decode_bs32", "prefill_512"]
+    assert layer_cases(small=True)[-1] == "prefill_16"
+    for small in (False, True):
+        d = SMALL if small else FULL
+        for case in layer_cases(small):
+            g = get_layer(case, small=small)
+            rows = g.inputs[0].shape[0]
+            assert g.outputs[0].shape == (rows, d.hidden)
+            names = {t.name for t in g.inputs}
+            assert {"X", "G1", "WQ", "WK", "WV", "WO", "G2", "WG", "WU", "WD", "COS", "SIN"} <= names
+            assert ({"KC", "VC"} <= names) == case.startswith("decode")
+    g = get_layer("decode_bs8")
+    kc = next(t for t in g.inputs if t.name == "KC")
+    assert kc.shape == (8 * 8, 4096, 128)  # batch * kv_heads, kv_len, head
+    wg = next(t for t in g.inputs if t.name == "WG")
+    assert wg.shape == (4096, 14336)
+
+
+@pytest.mark.parametrize("bad", ["decode_8", "prefill_bs512", "decode_bs0", "encode_bs1", "decode"])
+def test_layer_unknown_case_is_a_clear_error(bad: str) -> None:
+    with pytest.raises(vm.GraphError, match="decode_bs<N>"):
+        get_layer(bad, small=True)
+
+
+def test_causal_mask_stacks_the_group() -> None:
+    m = np.array(causal_mask(2, 3))
+    assert m.shape == (6, 3)
+    assert (m[:3] == m[3:]).all() and (m[:3] == np.tril(np.ones((3, 3), bool))).all()
+
+
+@pytest.mark.parametrize("case", layer_cases(small=True))
+def test_layer_graph_is_the_module_in_float64(case: str) -> None:
+    # the kernel graph (two-part softmax over the cache and the new token) and the PyTorch module (new token
+    # written into a static cache, SDPA over it) are the same function, outputs and cache writes
+    torch = pytest.importorskip("torch")
+    from verimirage.benchmarks.layer_module import DecodeLayer, make_case
+
+    c = make_case(case, small=True, dtype=torch.float64, seed=3)
+    m = c["module"]
+    with torch.no_grad():
+        out = m(*c["inputs"]).numpy()
+    ref = vm.evaluate(c["graph"], {k: v.numpy() for k, v in c["graph_inputs"].items()})
+    assert np.abs(out - ref[0]).max() <= 1e-12 * np.abs(ref[0]).max()
+    if isinstance(m, DecodeLayer):
+        d = m.d
+        for cache, new in ((m.k_cache, ref[1]), (m.v_cache, ref[2])):
+            got = cache[:, :, d.kv_len].reshape(-1, 1, d.head).numpy()
+            assert np.abs(got - new).max() <= 1e-12 * np.abs(new).max()
+
+
+def test_layer_graph_catches_a_wrong_cache_model() -> None:
+    # the reference is sharp: dropping the new token from the softmax (attention over the cache alone) differs
+    torch = pytest.importorskip("torch")
+    from verimirage.benchmarks.layer_module import make_case
+
+    c = make_case("decode_bs1", small=True, dtype=torch.float64, seed=3)
+    m, (x, cos, sin) = c["module"], c["inputs"]
+    with torch.no_grad():
+        good = m(x, cos, sin)
+        d = m.d
+        q, _, _ = m._qkv(x, cos, sin)
+        o = torch.nn.functional.scaled_dot_product_attention(q.unsqueeze(2), m.k_cache[:, :, : d.kv_len],
+                                                             m.v_cache[:, :, : d.kv_len], enable_gqa=True)
+        wrong = m._tail(x, o.reshape(1, d.heads * d.head))
+    ref = vm.evaluate(c["graph"], {k: v.numpy() for k, v in c["graph_inputs"].items()})[0]
+    assert np.abs(good.numpy() - ref).max() < 1e-12
+    assert np.abs(wrong.numpy() - ref).max() > 1e-3
+
+
+def test_layer_harness_dry_run_writes_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the GPU mode's steps on the CPU (scaled down, no inductor, no candidates): the baselines and the floor
+    # are measured and a missing candidate file is reported in the row, not raised
+    pytest.importorskip("torch")
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import layer as harness  # type: ignore[import-not-found]
+
+    row = harness.gpu_case("decode_bs1", tmp_path, {"copy_bytes_per_s": 1e11, "fp16_flops_per_s": 1e12},
+                           inductor=False, per_op=False, top_k=1, small=True)
+    assert row["eager_err"] < 1e-5 and row["floor_bytes_us"] > 0
+    assert "verimirage_error" in row and "FileNotFoundError" in row["verimirage_error"]
+    doc = {"device": "cpu", "date": "-", "torch": "-", "triton": "-",
+           "ceilings": {"copy_bytes_per_s": 1e11, "fp16_flops_per_s": 1e12}, "rows": [row]}
+    assert "| decode_bs1 |" in harness.table(json.loads(json.dumps(doc)))
