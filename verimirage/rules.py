@@ -30,6 +30,7 @@ from .rewrite.rules import (
     Rule,
     RuleError,
     Ruleset,
+    SameDim,
     SameRank,
     all_builtin_rules,
     builtin_rulesets,
@@ -39,7 +40,7 @@ from .rewrite.rules import (
 
 __all__ = [
     "AVar", "DEFAULT_OPS", "DEFAULT_SHAPES", "DimIsOne", "FieldSpec", "Instance", "PVar", "RankIs", "RankMinus",
-    "RecipDim", "Rule", "RuleError", "Ruleset", "SameRank", "SweepRow", "SweepTable", "SynthesisReport",
+    "RecipDim", "Rule", "RuleError", "Ruleset", "SameDim", "SameRank", "SweepRow", "SweepTable", "SynthesisReport",
     "SynthesizedRuleset", "all_builtin_rules", "builtin_rulesets", "derives", "in_scope", "leave_one_theory_out",
     "minimize", "pat", "rediscovered", "ruleset", "sweep", "synthesize",
 ]

@@ -1035,7 +1035,7 @@ def _index_slice(ts: Sequence[TensorType], attrs: dict[str, Any], out: TensorTyp
                     whole_out=(ax,))
 
 
-_LAYOUT: dict[str, Any] = {"degree": _deg_max, "homog": _h_first, "levels": _KB}
+_LAYOUT: dict[str, Any] = {"degree": _deg_max, "homog": _h_first, "levels": _KB, "egg_shape": "custom"}
 _def("permute", 1, Prop.NONE, _permute_rule, _layout_permute, "reorder dims: result dim j is operand dim dims[j]",
      ("dims",), attr_kinds={"dims": "ints"}, index=_index_permute, **_LAYOUT)
 # at block level a reshape / broadcast_to also records ``src``, the kernel operand's full shape, so that

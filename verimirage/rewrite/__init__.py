@@ -2,7 +2,7 @@
 
 Importing this package registers the ``"egglog"`` meaning of every kernel-level op. Public names for
 research use: :class:`Rule`, :func:`ruleset`, ``pat``, :class:`PVar`, :class:`AVar`, :class:`Instance`,
-guards (:class:`SameRank`, :class:`RankIs`, :class:`DimIsOne`), :func:`ablate`.
+guards (:class:`SameRank`, :class:`RankIs`, :class:`DimIsOne`, :class:`SameDim`), :func:`ablate`.
 """
 
 from ..logs import quiet_egglog
@@ -21,6 +21,7 @@ from .rules import (  # noqa: E402
     Rule,
     RuleError,
     Ruleset,
+    SameDim,
     SameRank,
     builtin_rulesets,
     pat,
@@ -29,7 +30,7 @@ from .rules import (  # noqa: E402
 
 __all__ = [
     "AVar", "DimIsOne", "Instance", "PVar", "RankIs", "RankMinus", "RecipDim", "Rule", "RuleError", "Ruleset",
-    "SameRank", "ablate", "builtin_rulesets", "lift", "pat", "ruleset",
+    "SameDim", "SameRank", "ablate", "builtin_rulesets", "lift", "pat", "ruleset",
 ]
 
 

@@ -77,6 +77,15 @@ def rank(x: TT) -> i64: ...
 def dim(x: TT, i: i64Like) -> i64: ...
 
 
+# the tuple-of-ints attributes of layout ops (permute's dims, reshape's shape, ...) are egglog strings
+# ("2,3,4"); their length and entries are facts set for every such string a lifted term carries
+# (:func:`set_shapes`), which the layout ops' shape rules read
+@function
+def ints_len(s: StringLike) -> i64: ...
+@function
+def ints_at(s: StringLike, i: i64Like) -> i64: ...
+
+
 # --------------------------------------------------------------------------- constructors (from the registry)
 
 #: egglog type of each attribute kind (:attr:`verimirage.ir.ops.OpDef.attr_kinds`)
@@ -142,7 +151,7 @@ def egg_attr(d: OpDef, key: str, v: Any) -> Any:
     if kind == "float":
         return f64(float(v))
     if kind in ("ints", "axes"):
-        return String(",".join(str(int(x)) for x in v))
+        return ints_string(v)
     return String(str(v))
 
 
@@ -274,7 +283,37 @@ def _custom_shape_rules() -> None:
         ),
         rule(eq(t).to(tr), eq(d1).to(dim(x, i)), ne(i).to(ax), ne(i).to(ax2)).then(set_(dim(t, i)).to(d1)),
     ]
+    rules += _layout_shape_rules()
     shapes.register(*rules)
+
+
+def _layout_shape_rules() -> list[Any]:
+    """Shape rules of the layout ops, so that terms a rule builds through a layout op get shapes too.
+
+    ``permute(x, dims)``: the rank of ``x``, dim ``j`` is ``dim(x, dims[j])``; ``reshape(x, shape)`` and
+    ``broadcast_to(x, shape)``: the rank and dims of ``shape``; ``slice(x, axis, start, stop)``: ``x``'s
+    shape with ``stop - start`` along ``axis``. Tuple attributes are read through :func:`ints_len` and
+    :func:`ints_at`."""
+    t, x = var("t", TT), var("x", TT)
+    r, j, k, d1, ax, lo, hi = (var(n, i64) for n in ("r", "j", "k", "d1", "ax", "lo", "hi"))
+    s = var("s", String)
+    pm = egg_apply("permute", [x], {"dims": s})
+    rules = [
+        rule(eq(t).to(pm), eq(r).to(rank(x))).then(set_(rank(t)).to(r)),
+        rule(eq(t).to(pm), eq(k).to(ints_at(s, j)), eq(d1).to(dim(x, k))).then(set_(dim(t, j)).to(d1)),
+    ]
+    for op in ("reshape", "broadcast_to"):
+        term = egg_apply(op, [x], {"shape": s})
+        rules += [
+            rule(eq(t).to(term), eq(r).to(ints_len(s))).then(set_(rank(t)).to(r)),
+            rule(eq(t).to(term), eq(d1).to(ints_at(s, j))).then(set_(dim(t, j)).to(d1)),
+        ]
+    sl = egg_apply("slice", [x], {"axis": ax, "start": lo, "stop": hi})
+    rules += [
+        rule(eq(t).to(sl), eq(r).to(rank(x))).then(set_(rank(t)).to(r), set_(dim(t, ax)).to(hi - lo)),
+        rule(eq(t).to(sl), eq(d1).to(dim(x, j)), ne(j).to(ax)).then(set_(dim(t, j)).to(d1)),
+    ]
+    return rules
 
 
 get_op("rms_norm").hooks["egg_names"] = {1: "t_rms_norm", 2: "t_rms_norm_w"}
@@ -403,15 +442,28 @@ class Lifted:
 
 
 def set_shapes(eg: EGraph, terms: Sequence[Term], types: dict[Term, TensorType]) -> None:
-    """Record ``rank``/``dim`` facts for every term in ``types``."""
+    """Record ``rank``/``dim`` facts for every term in ``types``, and the length and entries of every
+    tuple-of-ints attribute the terms carry (:func:`ints_len`, :func:`ints_at`)."""
     memo: dict[Term, TT] = {}
     acts = []
+    tuples: set[tuple[int, ...]] = set()
     for t, tt in types.items():
         e = term_to_egg(t, memo)
         acts.append(set_(rank(e)).to(i64(tt.rank)))
         for j, s in enumerate(tt.shape):
             acts.append(set_(dim(e, i64(j))).to(i64(s)))
+        if t.op != "input":
+            d = get_op(t.op)
+            tuples |= {tuple(v) for k, v in t.attrs if k in d.egg_attrs() and d.attr_kind(k) in ("ints", "axes")}
+    for tup in sorted(tuples):
+        acts.append(set_(ints_len(ints_string(tup))).to(i64(len(tup))))
+        acts += [set_(ints_at(ints_string(tup), i64(j))).to(i64(v)) for j, v in enumerate(tup)]
     eg.register(*acts)
+
+
+def ints_string(v: Sequence[int]) -> String:
+    """A tuple-of-ints attribute as the egglog string terms carry (``(2, 3) -> "2,3"``)."""
+    return String(",".join(str(int(x)) for x in v))
 
 
 def lift(g: Graph) -> Lifted:

@@ -2,7 +2,7 @@
 
 A :class:`Rule` is written once, as a left and a right :class:`Pat` over
 tensor variables (:class:`PVar`) and attribute variables (:class:`AVar`), with
-shape guards (:class:`SameRank`, :class:`DimIsOne`, :class:`RankIs`). From that
+shape guards (:class:`SameRank`, :class:`DimIsOne`, :class:`SameDim`, :class:`RankIs`). From that
 one definition come
 
 * the egglog ``rewrite(...).to(..., guards)`` used by the search
@@ -36,7 +36,6 @@ from .lift import Term, term_to_graph
 log = logging.getLogger(__name__)
 
 _INT_ATTRS = ("axis", "a", "b")
-_FLOAT_ATTRS = ("c", "eps")
 
 
 class RuleError(ValueError):
@@ -151,7 +150,17 @@ class DimIsOne:
     axis: int | AVar | RankMinus
 
 
-Guard = SameRank | RankIs | DimIsOne
+@dataclass(frozen=True)
+class SameDim:
+    """Guard: the variables have the same size along ``axis`` (an int, an AVar, or ``RankMinus``), e.g. the
+    reduced dim of two summands (``sum_k a + sum_k b`` is ``sum_k (a + b)`` only if neither broadcasts
+    along ``k``)."""
+
+    vars: tuple[PVar, ...]
+    axis: int | AVar | RankMinus
+
+
+Guard = SameRank | RankIs | DimIsOne | SameDim
 
 
 @dataclass(frozen=True)
@@ -194,8 +203,9 @@ class Rule:
     # -- egglog
     def egglog(self) -> Any:
         """The egglog rewrite of this rule (with its guards as conditions)."""
-        from egglog import eq, f64, i64, rewrite, var
+        from egglog import String, eq, f64, i64, rewrite, var
 
+        from ..ir.ops import get_op
         from . import lift as L
 
         tv: dict[str, Any] = {}
@@ -214,11 +224,12 @@ class Rule:
                 facts.append(eq(ranks[v.name]).to(L.rank(tvar(v))))
             return ranks[v.name]
 
-        def attr(key: str, val: AttrVal) -> Any:
-            is_int = key in _INT_ATTRS
+        def attr(key: str, val: AttrVal, op: str | None = None) -> Any:
+            kind = get_op(op).attr_kind(key) if op is not None else ("axis" if key in _INT_ATTRS else "float")
+            is_int = kind in ("axis", "int")
             if isinstance(val, AVar):
-                if val.name not in av:
-                    av[val.name] = var(val.name, i64 if is_int else f64)
+                if val.name not in av:  # typed by the attribute's kind (a tuple of ints is an egglog String)
+                    av[val.name] = var(val.name, i64 if is_int else f64 if kind == "float" else String)
                 return av[val.name]
             if isinstance(val, RankMinus):
                 return rank_of(val.var) - val.k
@@ -231,7 +242,7 @@ class Rule:
         def build(p: Pat | PVar) -> Any:
             if isinstance(p, PVar):
                 return tvar(p)
-            a = {k: attr(k, v) for k, v in p.attrs}
+            a = {k: attr(k, v, p.op) for k, v in p.attrs}
             args = [build(x) for x in p.args]
             try:
                 return L.egg_apply(p.op, args, a)
@@ -248,6 +259,10 @@ class Rule:
                 facts.append(eq(L.rank(tvar(g.var))).to(i64(g.n)))
             elif isinstance(g, DimIsOne):
                 facts.append(eq(L.dim(tvar(g.var), attr("axis", g.axis))).to(i64(1)))
+            elif isinstance(g, SameDim):
+                d0 = L.dim(tvar(g.vars[0]), attr("axis", g.axis))
+                for v in g.vars[1:]:
+                    facts.append(eq(L.dim(tvar(v), attr("axis", g.axis))).to(d0))
         rhs = build(self.rhs)
         return rewrite(lhs).to(rhs, *facts)
 
@@ -285,6 +300,8 @@ class Rule:
                 ok = len(shapes[g.var.name]) == g.n
             elif isinstance(g, DimIsOne):
                 ok = shapes[g.var.name][attr(g.axis)] == 1
+            elif isinstance(g, SameDim):
+                ok = len({shapes[v.name][attr(g.axis)] for v in g.vars}) == 1
             if not ok:
                 raise RuleError(f"rule {self.name!r}: instance {inst} violates guard {g}")
         names = sorted(v.name for v in _pvars(self.lhs))
@@ -296,10 +313,11 @@ class Rule:
 
         ``generic`` (the default): also every instance of :meth:`generic_instances`, so that a rule is
         never proved on a degenerate instance only (a size-1 dim, two dims equal by coincidence, an
-        identity constant). RuleError if on a generic instance, where the lhs matches, the rhs is well-typed
-        with another shape (the rule is unsound there; the e-graph would merge values of different shapes). A
-        generic instance whose rhs is ill-typed is left out: the rewrite makes an ill-typed term there, which
-        the search drops.
+        identity constant, a dim that could broadcast). RuleError if on a generic instance, where the lhs
+        matches, the rhs is ill-typed or well-typed with another shape: the e-graph would hold an ill-typed
+        term whose propagated shape need not be the lhs's (egglog panics with "Illegal merge" when the two
+        differ), or merge values of different shapes. A guard (:class:`SameDim`, :class:`DimIsOne`, ...)
+        keeps the rule off those shapes.
         """
         out = []
         for inst in self.instances:
@@ -315,10 +333,9 @@ class Rule:
                 try:
                     rg = term_to_graph([rt], inputs)
                 except GraphError as e:
-                    # the rewrite makes an ill-typed term there, which no extracted program can contain (the
-                    # search drops ill-typed terms); a well-typed rhs of another shape is refused below
-                    log.debug("rule %s: rhs ill-typed on %s (%s): %s", self.name, inst, why, e)
-                    continue
+                    raise RuleError(f"rule {self.name!r}: on {inst} ({why}) the lhs matches and the rhs is "
+                                    f"ill-typed ({str(e).splitlines()[0]}); add a guard (SameDim, DimIsOne, "
+                                    "...) that keeps the rule off those shapes") from None
                 if [t.shape for t in lg.outputs] != [t.shape for t in rg.outputs]:
                     raise RuleError(f"rule {self.name!r}: on {inst} ({why}) the lhs has shape {lg.outputs[0].shape} "
                                     f"and the rhs {rg.outputs[0].shape}; the rule is unsound for those shapes")
@@ -329,9 +346,10 @@ class Rule:
         """Instances beside the author's on which the rule fires too, each with what it generalises.
 
         For every author instance: each dim that is 1 or equal to another dim is changed, one at a time, to
-        a fresh size; each float attribute that is 0, 1 or -1 to a generic constant. A change is kept when
-        the lhs stays well-typed and the guards still hold (the e-graph would apply the rule there), so a
-        dim forced by typing or by a guard (a broadcast, a contracted dim, ``DimIsOne``) stays as it is.
+        a fresh size; each dim above 1 to 1 (an operand that broadcasts there); each float attribute that
+        is 0, 1 or -1 to a generic constant. A change is kept when the lhs stays well-typed and the guards
+        still hold (the e-graph would apply the rule there), so a dim forced by typing or by a guard (a
+        contracted dim, ``DimIsOne``, ``SameDim``) stays as it is.
         """
         out: list[tuple[Instance, str]] = []
         seen = set(self.instances)
@@ -346,6 +364,11 @@ class Rule:
             variants: list[tuple[Instance, str]] = []
             for name, shape in sorted(shapes.items()):
                 for ax, d in enumerate(shape):
+                    if d != 1:  # an operand that broadcasts along this dim
+                        new = dict(shapes)
+                        new[name] = tuple(1 if i == ax else x for i, x in enumerate(shape))
+                        variants.append((Instance(tuple(sorted(new.items())), inst.attrs),
+                                         f"dim {ax} of {name!r} is {d}, could be 1"))
                     if d != 1 and dims.count(d) < 2:
                         continue
                     new = dict(shapes)
@@ -390,7 +413,10 @@ def _float_avars(p: Pat | PVar) -> set[str]:
     """Names of the attribute variables ``p`` uses as float constants (``c``, ``eps``)."""
     if isinstance(p, PVar):
         return set()
-    out = {v.name for k, v in p.attrs if k in _FLOAT_ATTRS and isinstance(v, AVar)}
+    from ..ir.ops import get_op
+
+    d = get_op(p.op)
+    out = {v.name for k, v in p.attrs if d.attr_kind(k) == "float" and isinstance(v, AVar)}
     for a in p.args:
         out |= _float_avars(a)
     return out

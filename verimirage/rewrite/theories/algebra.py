@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..rules import Instance, Rule, SameRank, pat
+from ..rules import Instance, RankMinus, Rule, SameDim, SameRank, pat
 from ._common import A, B, C, K
 
 _I2 = Instance.of({"a": (3, 4), "b": (3, 4), "c": (3, 4)})
@@ -38,9 +38,9 @@ RULES = [
     # the 3rd/4th candidates get cheaper). A chain of n matmuls would also get every bracketing.
     Rule("matmul-assoc", pat.matmul(pat.matmul(A, B), C), pat.matmul(A, pat.matmul(B, C)),
          "(a @ b) @ c = a @ (b @ c)", "algebra", (_SR3,), (_MM, _MMB), default=False),
-    # a @ (b + c) -> a @ b + a @ c
+    # a @ (b + c) -> a @ b + a @ c   if neither b nor c broadcasts along the contracted dim
     Rule("matmul-add-distrib", pat.matmul(A, pat.add(B, C)), pat.add(pat.matmul(A, B), pat.matmul(A, C)),
-         "a @ (b + c) = a@b + a@c", "algebra", (_SR3,), (_MM2,)),
+         "a @ (b + c) = a@b + a@c", "algebra", (_SR3, SameDim((B, C), RankMinus(A, 2))), (_MM2,)),
     # a @ b + a @ c -> a @ (b + c)
     Rule("matmul-add-factor", pat.add(pat.matmul(A, B), pat.matmul(A, C)), pat.matmul(A, pat.add(B, C)),
          "a@b + a@c = a @ (b + c)", "algebra", (_SR3,), (_MM2,)),

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from ..rules import DimIsOne, Instance, RankMinus, RecipDim, Rule, SameRank, pat
+from ..rules import DimIsOne, Instance, RankMinus, RecipDim, Rule, SameDim, SameRank, pat
 from ._common import AX, A, B, X
 
 _I = (Instance.of({"a": (3, 4), "b": (3, 4)}, ax=1), Instance.of({"a": (2, 3, 4), "b": (2, 3, 4)}, ax=0))
 
 RULES = [
-    # sum_k(a + b) -> sum_k a + sum_k b
+    # sum_k(a + b) -> sum_k a + sum_k b   if neither broadcasts along k (else n*a on one side, a on the other)
     Rule("sum-add-split", pat.sum(pat.add(A, B), axis=AX), pat.add(pat.sum(A, axis=AX), pat.sum(B, axis=AX)),
-         "sum_k(a + b) = sum_k a + sum_k b", "reduction", (SameRank((A, B)),), _I),
-    # sum_k a + sum_k b -> sum_k(a + b)
+         "sum_k(a + b) = sum_k a + sum_k b", "reduction", (SameRank((A, B)), SameDim((A, B), AX)), _I),
+    # sum_k a + sum_k b -> sum_k(a + b)   if neither broadcasts along k
     Rule("sum-add-merge", pat.add(pat.sum(A, axis=AX), pat.sum(B, axis=AX)), pat.sum(pat.add(A, B), axis=AX),
-         "sum_k a + sum_k b = sum_k(a + b)", "reduction", (SameRank((A, B)),), _I),
+         "sum_k a + sum_k b = sum_k(a + b)", "reduction", (SameRank((A, B)), SameDim((A, B), AX)), _I),
     # sum_k(a * b) -> (sum_k a) * b   if b does not depend on k
     Rule("sum-factor-out", pat.sum(pat.mul(A, B), axis=AX), pat.mul(pat.sum(A, axis=AX), B),
          "sum_k(a * b) = (sum_k a) * b when b is independent of k", "reduction",
