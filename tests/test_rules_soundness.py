@@ -84,7 +84,8 @@ def test_sum_add_split_merge_unsound_when_a_summand_broadcasts_along_the_axis(na
     1 along k (a broadcast) the left side counts a n times, the right side once. Generic instances now set
     each dim to 1 too, so the unguarded rule is refused (verify_rule refutes the split; the merge's rhs is
     also ill-typed where the two sizes differ); the SameDim guard keeps it off."""
-    from verimirage.rewrite.rules import RuleError, admit
+    from verimirage.pipeline.admit import admit
+    from verimirage.rewrite.rules import RuleError
     from verimirage.smt.verify import verify_rule
 
     bad = _unguarded(name)
