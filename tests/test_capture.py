@@ -260,3 +260,100 @@ def test_a_failure_of_the_capture_itself_leaves_the_whole_graph_to_the_fallback(
     want, _ = _reference(model, xs, train=False)
     got, _, _ = _run(model, xs, train=False)
     _close(got, want, "output after a failed capture")
+
+
+# --------------------------------------------------------------------------- never slower than the fallback
+
+
+def _times(monkeypatch: pytest.MonkeyPatch, values: list[float]) -> list[Any]:
+    """Replace the capture's timer by ``values`` in order (the functions timed are recorded)."""
+    timed: list[Any] = []
+    it = iter(values)
+
+    def fake(fn: Any, xs: Any, device: Any) -> float:
+        fn(list(xs))  # still runs what it times
+        timed.append(fn)
+        return next(it)
+
+    monkeypatch.setattr(capture, "time_us", fake)
+    return timed
+
+
+def test_profile_leaves_a_partition_slower_than_the_fallback_to_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    _times(monkeypatch, [9.0, 4.0])  # kernels, then the fallback's code for the partition
+    model, xs = corpus.get("mlp_relu")
+    want, _ = _reference(model, xs, train=False)
+    rep = Report()
+    OPTS["profile"] = True
+    try:
+        got, _, rep = _run(model, xs, train=False, rep=rep)
+    finally:
+        del OPTS["profile"]
+    _close(got, want, "output")
+    (p,) = rep.partitions
+    assert not p.taken and p.measured_us == 9.0 and p.fallback_us == 4.0
+    assert (p.reason or "").startswith("slower than the fallback: 9.0 us vs 4.0 us")
+    assert rep.coverage == 0.0
+
+
+def test_a_captured_graph_slower_than_the_fallback_goes_back_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the partition beats its ATen ops (1 < 2), but the captured graph loses to the plain graph (5 > 3)
+    _times(monkeypatch, [1.0, 2.0, 5.0, 3.0])
+    calls = {"n": 0}
+    real = capture.PartitionRunner.kernels
+
+    def counted(self: Any, xs: Any) -> Any:
+        calls["n"] += 1
+        return real(self, xs)
+
+    monkeypatch.setattr(capture.PartitionRunner, "kernels", counted)
+    model, xs = corpus.get("mlp_relu")
+    want, _ = _reference(model, xs, train=False)
+    OPTS["profile"] = True
+    try:
+        torch._dynamo.reset()
+        rep = Report()
+        cm = torch.compile(model, backend=backend(report=rep, **OPTS))
+        with torch.no_grad():
+            got = cm(*xs)
+            n = calls["n"]
+            again = cm(*xs)
+    finally:
+        del OPTS["profile"]
+    _close(got, want, "output")
+    _close(again, want, "second output")
+    assert calls["n"] == n, "the kernels ran although the graph went back to the fallback"
+    (p,) = rep.partitions
+    assert not p.taken and "the captured graph ran 5.0 us" in (p.reason or "")
+    assert rep.graph_times == [{"graph": 0, "kind": "inference", "captured_us": 5.0, "fallback_us": 3.0}]
+    assert rep.notes and "slower than the fallback" in rep.notes[0]
+    assert rep.to_dict()["notes"] == rep.notes
+
+
+@pytest.mark.slow
+def test_profile_compares_with_inductors_code_and_survives_an_inductor_failure(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the Inductor fallback the partition is timed against Inductor's code for it (compiled in a
+    tracing context of its own), and Inductor failing on the captured graph gives the plain graph back."""
+    import torch._inductor.compile_fx as cfx
+
+    real = cfx.compile_fx_inner
+
+    def picky(g: Any, ex: Any, **kw: Any) -> Any:
+        if any("verimirage" in str(n.target) for n in g.graph.nodes):
+            raise RuntimeError("OutOfResources: out of resource: shared memory")
+        return real(g, ex, **kw)
+
+    monkeypatch.setattr(cfx, "compile_fx_inner", picky)
+    timed = _times(monkeypatch, [1.0, 2.0])
+    model, xs = corpus.get("mlp_relu")
+    want, _ = _reference(model, xs, train=False)
+    torch._dynamo.reset()
+    rep = Report()
+    with torch.no_grad():
+        got = torch.compile(model, backend=backend(report=rep, time_budget_s=8.0, fallback="inductor",
+                                                   profile=True))(*xs)
+    _close(got, want, "output")
+    assert len(timed) == 2 and timed[1].__qualname__.endswith("partition_fallback.<locals>.<lambda>")
+    (p,) = rep.partitions
+    assert not p.taken and "OutOfResources" in (p.reason or "") and rep.notes

@@ -44,8 +44,12 @@ class CaptureOptions:
     ``fallback``: ``"auto"`` (Inductor when the inputs are on a GPU, else eager), ``"inductor"`` or
     ``"eager"``. ``time_budget_s``: search time per partition. ``search``: further keyword options of
     :func:`verimirage.superoptimize`. ``check``: run each partition's kernels once on random inputs
-    against its ATen ops before taking it. ``profile``: on a GPU, time the kernels against the
-    partition's ATen ops and keep the faster. ``min_compute_ops``: smaller partitions stay with the
+    against its ATen ops before taking it. ``profile``: time each partition's kernels against what the
+    fallback runs for it (Inductor's code for the partition when the fallback is Inductor, its ATen ops
+    when eager) and keep the faster; then time each whole captured graph against the graph compiled by
+    the fallback alone and keep the faster (so the backend is never slower than the fallback on the
+    example inputs' shapes). Timed on the GPU with ``triton.testing.do_bench``; on a CPU with a wall
+    clock (where Triton's interpreter always loses). ``min_compute_ops``: smaller partitions stay with the
     fallback. ``cuda_graph``: replay each partition's kernels as one CUDA graph (outputs copied out).
     """
 
@@ -392,15 +396,24 @@ def eager_module(gm: fx.GraphModule, lifted: Lifted) -> fx.GraphModule:
 
 def _example(n: fx.Node, gen: torch.Generator, device: torch.device) -> torch.Tensor:
     """A random tensor with the node's shape, dtype and strides (views in the partition rely on them)."""
-    v = n.meta["val"]
-    shape = tuple(int(s) for s in v.shape)
+    return example_like(n.meta["val"], gen, device)
+
+
+def example_like(v: torch.Tensor, gen: torch.Generator, device: torch.device) -> torch.Tensor:
+    """A random real tensor with ``v``'s shape, dtype and strides (``v`` may be a fake tensor).
+
+    Floats in [0.5, 1.5) (no NaN from sqrt / log / rsqrt), booleans at random, integers 0 (a valid
+    index into anything, so no device-side assert). Raises ``Unsupported`` for a symbolic shape.
+    """
+    shape = _static_shape(v)
     stride = tuple(int(s) for s in v.stride())
     size = 1 + sum((d - 1) * st for d, st in zip(shape, stride, strict=True) if d > 0)
     if v.dtype == torch.bool:
         buf = torch.rand(size, generator=gen) > 0.5
-    else:
-        # in [0.5, 1.5): no NaN from sqrt / log / rsqrt of the ops the partition may hold
+    elif v.is_floating_point():
         buf = (torch.rand(size, generator=gen, dtype=torch.float32) + 0.5).to(v.dtype)
+    else:
+        buf = torch.zeros(size, dtype=v.dtype)
     return torch.as_strided(buf.to(device), shape, stride)
 
 
@@ -419,15 +432,33 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
     return float((a64[fin] - b64[fin]).abs().max()) <= tol * scale
 
 
-def _time(fn: Any, xs: list[torch.Tensor]) -> float:
-    from triton.testing import do_bench
+def time_us(fn: Any, xs: Sequence[Any], device: torch.device) -> float:
+    """Median time of ``fn(xs)`` in µs: ``triton.testing.do_bench`` on a GPU, a wall clock on a CPU."""
+    if device.type == "cuda":
+        from triton.testing import do_bench
 
-    return float(do_bench(lambda: fn(xs), warmup=5, rep=20)) * 1e3
+        return float(do_bench(lambda: fn(list(xs)), warmup=5, rep=20, return_mode="median")) * 1e3
+    fn(list(xs))
+    ts = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        fn(list(xs))
+        ts.append(time.perf_counter() - t0)
+    return sorted(ts)[1] * 1e6
+
+
+#: ``fallback_for(eager_module, example_inputs)``: the fallback's code for a partition, callable on a list of
+#: tensors (Inductor's compiled partition, say); None or a failure: the partition's ATen ops, run eagerly
+FallbackFor = Any
 
 
 def compile_partition(gm: fx.GraphModule, lifted: Lifted, opts: CaptureOptions, record: PartitionReport,
-                      device: torch.device) -> PartitionRunner | None:
-    """Search, compile and check one partition; None (with the reason in ``record``) when it is not taken."""
+                      device: torch.device, fallback_for: FallbackFor = None) -> PartitionRunner | None:
+    """Search, compile and check one partition; None (with the reason in ``record``) when it is not taken.
+
+    With ``opts.profile`` the kernels are timed against the fallback's code for the partition
+    (``fallback_for``, see :data:`FallbackFor`) and the partition is left to the fallback when slower.
+    """
     import verimirage as vm
 
     t0 = time.perf_counter()
@@ -471,16 +502,28 @@ def compile_partition(gm: fx.GraphModule, lifted: Lifted, opts: CaptureOptions, 
                 record.reason = f"{Reason.NUMERIC.value}: output {i} differs from the ATen ops on random inputs"
                 log.warning("verimirage: %s: %s; the partition stays with the fallback", record.name, record.reason)
                 return None
-        if opts.profile and device.type == "cuda":
+        if opts.profile:
+            what, fb = "its ATen ops", None
+            if fallback_for is not None:
+                try:
+                    fb = fallback_for(eager, xs)
+                    what = "the fallback's code for it"
+                except Exception as e:
+                    log.warning("verimirage: %s: the fallback could not compile the partition alone (%s: %s); "
+                                "timing against its ATen ops", record.name, type(e).__name__, str(e)[:200])
+            if fb is None:
+                fb = lambda a: eager(*a)  # noqa: E731
             try:
-                record.measured_us = _time(runner.kernels, xs)
-                record.fallback_us = _time(lambda a: eager(*a), xs)
-            except Exception as e:  # pragma: no cover - GPU only
-                log.warning("verimirage: timing %s failed: %s", record.name, e)
-            if record.measured_us is not None and record.fallback_us is not None and \
-                    record.measured_us > record.fallback_us:
+                record.measured_us = time_us(runner.kernels, xs, device)
+                record.fallback_us = time_us(fb, xs, device)
+            except Exception as e:
+                record.reason = f"{Reason.COMPILE_FAILED.value}: timing failed: {type(e).__name__}: {str(e)[:200]}"
+                log.warning("verimirage: timing %s failed: %s; the partition stays with the fallback", record.name, e)
+                return None
+            if record.measured_us > record.fallback_us:
                 record.reason = (f"{Reason.SLOWER.value}: {record.measured_us:.1f} us vs "
-                                 f"{record.fallback_us:.1f} us on ATen ops")
+                                 f"{record.fallback_us:.1f} us for {what}")
+                log.info("verimirage: %s: %s", record.name, record.reason)
                 return None
     return runner
 
@@ -519,8 +562,11 @@ def _probe(nodes: list[fx.Node]) -> None:
         raise
 
 
-def transform(gm: fx.GraphModule, opts: CaptureOptions, report: Report, kind: str) -> list[PartitionRunner]:
+def transform(gm: fx.GraphModule, opts: CaptureOptions, report: Report, kind: str,
+              fallback_for: FallbackFor = None) -> list[PartitionRunner]:
     """Replace the partitions of ATen graph ``gm`` that verimirage takes by verified kernels (in place).
+
+    ``fallback_for``: what the fallback would run for a partition, for ``opts.profile`` (:data:`FallbackFor`).
 
     Returns the runners of the taken partitions: the caller keeps them alive as long as the compiled code
     (the custom op finds them in a weak table).
@@ -557,7 +603,7 @@ def transform(gm: fx.GraphModule, opts: CaptureOptions, report: Report, kind: st
             if ncomp < opts.min_compute_ops:
                 rec.reason = f"{Reason.NO_COMPUTE.value}: {ncomp} compute op(s) < min_compute_ops"
             else:
-                runner = compile_partition(gm, lp, opts, rec, device)
+                runner = compile_partition(gm, lp, opts, rec, device, fallback_for)
             if runner is None and rnd < 2 and _layout_failure(lp, rec):
                 # the kernels could not express a view: again with views as partition boundaries
                 log.info("verimirage: %s: %s; splitting it at its views", rec.name, rec.reason)

@@ -44,19 +44,94 @@ def _decompositions() -> dict[Any, Any]:
     return get_decompositions([aten.native_layer_norm_backward])
 
 
-def _capture(gm: fx.GraphModule, opts: CaptureOptions, rep: Report, kind: str) -> list[PartitionRunner]:
+def _capture(gm: fx.GraphModule, opts: CaptureOptions, rep: Report, kind: str,
+             fallback_for: Any = None) -> list[PartitionRunner]:
     """:func:`transform`, and on any failure of the capture itself the graph as it was (never an error)."""
     import copy
 
     orig = copy.deepcopy(gm.graph)
     try:
-        return transform(gm, opts, rep, kind)
+        return transform(gm, opts, rep, kind, fallback_for)
     except Exception as e:
         log.warning("verimirage: the capture of a %s graph failed (%s: %s); the whole graph goes to the fallback",
                     kind, type(e).__name__, e, exc_info=log.isEnabledFor(logging.DEBUG))
         gm.graph = orig
         gm.recompile()
         return []
+
+
+def _drop(rep: Report, gidx: int, reason: str) -> None:
+    """Mark every taken partition of graph ``gidx`` as left to the fallback, with ``reason``."""
+    for p in rep.partitions:
+        if p.graph == gidx and p.taken:
+            p.taken, p.reason = False, reason
+    rep.notes.append(f"{rep.graphs[gidx]}{gidx}: {reason}")
+    log.warning("verimirage: %s graph %d: %s", rep.graphs[gidx], gidx, reason)
+
+
+def _inputs_like(ex: Sequence[Any]) -> list[Any] | None:
+    """Random real inputs like the example inputs ``ex`` (fake or real); None if one is symbolic."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    from .capture import example_like
+
+    gen = torch.Generator().manual_seed(1)
+    out: list[Any] = []
+    with unset_fake_temporarily():
+        for x in ex:
+            if isinstance(x, torch.Tensor):
+                try:
+                    out.append(example_like(x, gen, x.device))
+                except Exception:
+                    return None
+            elif isinstance(x, (int, float, bool)) and not isinstance(x, (torch.SymInt, torch.SymFloat)):
+                out.append(x)
+            else:
+                return None
+    return out
+
+
+def _faster(captured: Callable[[list[Any]], Any], plain: Callable[[], Callable[[list[Any]], Any]],
+            ex: Sequence[Any], rep: Report, gidx: int) -> Callable[[list[Any]], Any]:
+    """The captured graph's code, or the fallback's code for the whole graph (``plain()``) when that is faster.
+
+    Both are called boxed (on a list of inputs) and timed on random inputs like ``ex``; a failure of the
+    captured code here is a failure of the capture (the fallback's code is returned, with the reason).
+    """
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    from .capture import time_us
+
+    xs = _inputs_like(ex)
+    if xs is None:
+        return captured
+    dev = next((x.device for x in xs if isinstance(x, torch.Tensor)), torch.device("cpu"))
+    try:
+        fb = plain()
+    except Exception as e:  # nothing to compare with: keep the checked partitions
+        log.warning("verimirage: the fallback alone failed to compile a %s graph (%s)", rep.graphs[gidx], e)
+        return captured
+    with unset_fake_temporarily(), torch.no_grad():
+        try:
+            t_vm = time_us(captured, xs, dev)
+        except Exception as e:
+            _drop(rep, gidx, f"compile or launch failed: the captured graph failed on random inputs "
+                             f"({type(e).__name__}: {str(e)[:200]})")
+            return fb
+        t_fb = time_us(fb, xs, dev)
+    rep.graph_times.append({"graph": gidx, "kind": rep.graphs[gidx], "captured_us": t_vm, "fallback_us": t_fb})
+    if t_vm > t_fb:
+        _drop(rep, gidx, f"slower than the fallback: the captured graph ran {t_vm:.1f} us, the fallback's "
+                         f"code for the whole graph {t_fb:.1f} us")
+        return fb
+    return captured
+
+
+def _boxed(f: Callable[..., Any]) -> Callable[[list[Any]], Any]:
+    def run(args: list[Any]) -> Any:
+        return f(*args)
+
+    return run
 
 
 def _fallback(opts: CaptureOptions, example_inputs: Sequence[Any]) -> str:
@@ -79,12 +154,42 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], *, options:
         import torch._inductor.config as inductor_config
         from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
+        def partition_fallback(egm: fx.GraphModule, xs: Sequence[Any]) -> Callable[[list[Any]], Any]:
+            # what Inductor would run for the partition: its code for the partition's ATen ops alone,
+            # compiled like the graph around it (on fake tensors of the compilation's fake mode)
+            from torch._guards import TracingContext, detect_fake_mode, tracing
+
+            mode = detect_fake_mode()
+            fakes = [mode.from_tensor(x, static_shapes=True) if mode is not None else x for x in xs]
+            # a tracing context of its own: the graph's context collects the graph's output strides
+            with tracing(TracingContext(mode)), inductor_config.patch(fx_graph_cache=False):
+                code = compile_fx_inner(egm, fakes)
+            return lambda a: code(list(a))
+
         def inner(g: fx.GraphModule, ex: Sequence[Any], **kw: Any) -> Any:
+            import copy
+
             kind = "backward" if kw.get("is_backward") else ("inference" if kw.get("is_inference") else "forward")
-            runners = _capture(g, opts, rep, kind)
-            with inductor_config.patch(fx_graph_cache=False):
-                out = compile_fx_inner(g, ex, **kw)
+            orig = copy.deepcopy(g)
+            gidx = len(rep.graphs)
+            runners = _capture(g, opts, rep, kind, partition_fallback if opts.profile else None)
+
+            def plain() -> Any:
+                with inductor_config.patch(fx_graph_cache=False):
+                    return compile_fx_inner(orig, ex, **kw)
+
+            if not runners:
+                return plain()
+            try:
+                with inductor_config.patch(fx_graph_cache=False):
+                    out: Any = compile_fx_inner(g, ex, **kw)
+            except Exception as e:  # never an error: the graph as it was goes to Inductor
+                _drop(rep, gidx, f"compile or launch failed: Inductor could not compile the captured graph "
+                                 f"({type(e).__name__}: {str(e)[:200]})")
+                return plain()
             _KEEP.extend(runners)  # the compiled code may not hold the graph module that holds them
+            if opts.profile:
+                out = _faster(out, plain, ex, rep, gidx)
             return out
 
         # Inductor's caches are keyed by the graph, not by the inner compiler: a graph Inductor compiled
@@ -99,8 +204,15 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], *, options:
 
     def compiler(kind: str) -> Callable[..., Any]:
         def comp(g: fx.GraphModule, ex: Sequence[Any]) -> Any:
+            import copy
+
+            orig = copy.deepcopy(g) if opts.profile else g
+            gidx = len(rep.graphs)
             runners = _capture(g, opts, rep, kind)
-            fn = make_boxed_func(g.forward)
+            run = _boxed(g.forward)
+            if runners and opts.profile:
+                run = _faster(run, lambda: _boxed(orig.forward), ex, rep, gidx)
+            fn = make_boxed_func(lambda *a: run(list(a)))
             fn._verimirage_runners = runners  # alive as long as the compiled function
             return fn
 

@@ -55,6 +55,10 @@ class Report:
     graphs: list[str] = field(default_factory=list)
     partitions: list[PartitionReport] = field(default_factory=list)
     ops: list[OpRecord] = field(default_factory=list)
+    #: graph-level decisions (a captured graph given back to the fallback whole, and why)
+    notes: list[str] = field(default_factory=list)
+    #: with ``profile``: per captured graph, its time and the fallback's time for the whole graph (µs)
+    graph_times: list[dict[str, Any]] = field(default_factory=list)
 
     # -- building
     def new_graph(self, kind: str) -> int:
@@ -127,6 +131,8 @@ class Report:
             "graphs": list(self.graphs),
             "partitions": [asdict(p) | {"name": p.name} for p in self.partitions],
             "left": [asdict(r) | {"reason": self.reason_of(r)} for r in self.left],
+            "notes": list(self.notes),
+            "graph_times": [dict(t) for t in self.graph_times],
         }
 
     def table(self) -> Any:
@@ -154,4 +160,6 @@ class Report:
 
         con = Console(width=160, record=True, file=io.StringIO())
         con.print(self.table())
+        for n in self.notes:
+            con.print(n)
         return con.export_text()
