@@ -1,6 +1,7 @@
 """GPU measurement of the eager path (issue 28): host cost of a verimirage call against PyTorch's.
 
     python benchmarks/eager_path.py [--cases gqa_bs8 ...] [--out DIR] [--budget-s 330]
+    python benchmarks/eager_path.py --merge RUN.json [--results benchmarks/results/latest.json]
 
 For every suite case of ``benchmarks/results/latest.json`` (the harness's last run) it compiles the μGraph
 that run selected, with the launch configuration it selected (the candidates were searched and verified
@@ -11,6 +12,7 @@ on a CPU machine; no search here), checks it against the float64 reference, and 
   the ordinary call, which takes the lean launch path; ``vm_forward_plain_us``: the same call through the
   generated ``forward`` and ``JITFunction.run`` (the path before the lean one); ``vm_cg_plain_us``: the
   ``compile(..., cuda_graph=True)`` program (input copies plus one replay);
+* ``vm_out_*``: the same call with caller-provided output tensors (``out=``: no allocation per call);
 * ``*_host_us``: host seconds per call of 200 back-to-back calls (no synchronisation inside the loop, so
   the host runs ahead of the GPU), and ``*_loop_us``: the same loop's wall time per call up to the final
   synchronisation (what a Python loop of calls costs: the larger of host and device time);
@@ -101,12 +103,20 @@ def run_case(src: dict[str, Any], args: argparse.Namespace, t_start: float) -> d
                                       zip(outs, out_cg if isinstance(out_cg, tuple) else (out_cg,), strict=True))
     row["lean_plans"] = len(fn._plans)
     measure("vm", lambda: fn(*ins), row, graph=True)
+    obuf = tuple(torch.empty_like(o) for o in outs)
+    oarg = obuf[0] if len(obuf) == 1 else obuf
+    fn(*ins, out=oarg)
+    row["out_equals_forward"] = all(torch.equal(a, b) for a, b in zip(obuf, outs, strict=True))
+    measure("vm_out", lambda: fn(*ins, out=oarg), row)
     measure("vm_forward", lambda: old(*ins), row)
     measure("vm_cg", lambda: cg(*ins), row)
     measure("vm_cg_static", lambda: cg(*cg.static_inputs), row)
     k = row["kernels"]
     row["host_per_launch_us"] = (row["vm_plain_us"] - row["vm_graph_us"]) / k
     row["host_direct_per_launch_us"] = row["vm_host_us"] / k
+    row["out_host_per_launch_us"] = row["vm_out_host_us"] / k
+    row["exposed_per_launch_us"] = (row["vm_loop_us"] - row["vm_graph_us"]) / k
+    row["out_exposed_per_launch_us"] = (row["vm_out_loop_us"] - row["vm_graph_us"]) / k
     row["forward_host_per_launch_us"] = (row["vm_forward_plain_us"] - row["vm_graph_us"]) / k
     row["eager_err"] = rel_err(f(*ins), ref)
     measure("eager", lambda: f(*ins), row)
@@ -143,6 +153,51 @@ def host_us(fn: Any, n: int = 2000) -> float:
     return best
 
 
+_TINY = r"""
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <dlfcn.h>
+#include <stdint.h>
+typedef int (*launch_t)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*, void**,
+                        void**);
+static launch_t cu_launch = NULL;
+/* launch(function, gx, gy, gz, block_x, shared_bytes, stream, *pointer_args): cuLaunchKernel, GIL held */
+static PyObject* launch(PyObject* self, PyObject* const* args, Py_ssize_t n) {
+  uint64_t v[48];
+  void* params[48];
+  if (n < 7 || n > 44) { PyErr_SetString(PyExc_TypeError, "launch: 7 to 44 arguments"); return NULL; }
+  if (!cu_launch) {
+    void* h = dlopen("libcuda.so.1", RTLD_LAZY);
+    cu_launch = h ? (launch_t)dlsym(h, "cuLaunchKernel") : NULL;
+    if (!cu_launch) { PyErr_SetString(PyExc_RuntimeError, "no cuLaunchKernel"); return NULL; }
+  }
+  for (Py_ssize_t i = 0; i < n; i++) v[i] = PyLong_AsUnsignedLongLong(args[i]);
+  if (PyErr_Occurred()) return NULL;
+  Py_ssize_t k = 0;
+  for (Py_ssize_t i = 7; i < n; i++) params[k++] = &v[i];
+  uint64_t scratch = 0;
+  params[k++] = &scratch;  /* Triton's global and profile scratch pointers */
+  params[k++] = &scratch;
+  int r = cu_launch((void*)v[0], (unsigned)v[1], (unsigned)v[2], (unsigned)v[3], (unsigned)v[4], 1, 1,
+                    (unsigned)v[5], (void*)v[6], params, NULL);
+  if (r) { PyErr_Format(PyExc_RuntimeError, "cuLaunchKernel: error %d", r); return NULL; }
+  Py_RETURN_NONE;
+}
+static PyMethodDef methods[] = {{"launch", (PyCFunction)(void (*)(void))launch, METH_FASTCALL, "launch"},
+                                {NULL, NULL, 0, NULL}};
+static struct PyModuleDef mod = {PyModuleDef_HEAD_INIT, "vm_tiny_launch", NULL, -1, methods};
+PyMODINIT_FUNC PyInit_vm_tiny_launch(void) { return PyModule_Create(&mod); }
+"""
+
+
+def tiny_launcher() -> Any:
+    """A minimal C launcher (``cuLaunchKernel`` with the GIL held, arguments as integers): the floor a launch
+    from Python could reach, measured against Triton's own launcher in ``micro``."""
+    from triton.runtime.build import compile_module_from_src
+
+    return compile_module_from_src(_TINY, "vm_tiny_launch", libraries=["dl"])
+
+
 def micro() -> dict[str, float]:
     """Host cost of the pieces of a call on this machine: Python, an allocation, an ATen op, a Triton launch."""
     import triton
@@ -177,6 +232,25 @@ def micro() -> dict[str, float]:
         "foreach_copy_3_us": host_us(lambda: torch._foreach_copy_([x, x, x], [y, y, y])),
         "copy_us": host_us(lambda: x.copy_(y)),
     }
+    z = torch.empty_like(x)
+    out["aten_add_out_us"] = host_us(lambda: torch.add(x, y, out=z))
+    capturing = torch._C._cuda_isCurrentStreamCapturing
+    out["capture_check_us"] = host_us(capturing)
+    bump = torch._C._increment_version
+    out["version_bump_us"] = host_us(lambda: bump((x,)))
+    try:  # the floor of a launch from Python: a minimal C launcher (experiment; not used by verimirage)
+        tiny = tiny_launcher()
+        tl_launch, bx, shmem = tiny.launch, 32 * meta[0], meta[2]
+        s = get_stream(dev)
+        tl_launch(fun, 1, 1, 1, bx, shmem, s, ptr)
+        torch.cuda.synchronize()
+        before = x.clone()
+        tl_launch(fun, 1, 1, 1, bx, shmem, s, ptr)
+        torch.cuda.synchronize()
+        out["tiny_launcher_ok"] = float(torch.equal(x[:16], before[:16] + 1))
+        out["tiny_launcher_us"] = host_us(lambda: tl_launch(fun, 1, 1, 1, bx, shmem, get_stream(dev), ptr))
+    except Exception as e:
+        log.warning("tiny launcher: %s: %s", type(e).__name__, e)
     alloc = getattr(torch._C, "_cuda_cudaCachingAllocator_raw_alloc", None)
     free = getattr(torch._C, "_cuda_cudaCachingAllocator_raw_delete", None)
     if alloc is not None and free is not None:
@@ -193,24 +267,55 @@ def table(doc: dict[str, Any]) -> str:
     lines = [
         f"Device: {doc['device']} · date {doc['date']} · torch {doc['torch']} · triton {doc['triton']}",
         "",
-        "| case | k | vm graph | vm plain | (plain-graph)/k | vm loop | (loop-graph)/k | vm host/call | "
-        "before: host/call | cuda_graph=True loop (copy / static) | eager plain | torch.compile plain | "
-        "eager loop | torch.compile loop | reduce-overhead loop |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| case | k | vm graph | vm plain | (plain-graph)/k | vm host/call | host/k | out= host/call | out= host/k | "
+        "(loop-graph)/k | before: host/call | cuda_graph=True loop (copy / static) | eager plain | "
+        "torch.compile plain | eager loop | torch.compile loop | reduce-overhead loop |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in doc["rows"]:
-        k = r.get("kernels")
-        lg = (r["vm_loop_us"] - r["vm_graph_us"]) / k if k and "vm_loop_us" in r else None
         lines.append(
-            f"| {r['case']} | {k or '-'} | {f(r, 'vm_graph_us')} | {f(r, 'vm_plain_us')} | "
-            f"{f(r, 'host_per_launch_us')} | {f(r, 'vm_loop_us')} | {'-' if lg is None else f'{lg:.1f}'} | "
-            f"{f(r, 'vm_host_us')} | {f(r, 'vm_forward_host_us')} | {f(r, 'vm_cg_loop_us')} / "
-            f"{f(r, 'vm_cg_static_loop_us')} | {f(r, 'eager_plain_us')} | {f(r, 'inductor_plain_us')} | "
-            f"{f(r, 'eager_loop_us')} | {f(r, 'inductor_loop_us')} | {f(r, 'inductor_ro_loop_us')} |"
+            f"| {r['case']} | {r.get('kernels') or '-'} | {f(r, 'vm_graph_us')} | {f(r, 'vm_plain_us')} | "
+            f"{f(r, 'host_per_launch_us')} | {f(r, 'vm_host_us')} | {f(r, 'host_direct_per_launch_us')} | "
+            f"{f(r, 'vm_out_host_us')} | {f(r, 'out_host_per_launch_us')} | {f(r, 'exposed_per_launch_us')} | "
+            f"{f(r, 'vm_forward_host_us')} | {f(r, 'vm_cg_loop_us')} / {f(r, 'vm_cg_static_loop_us')} | "
+            f"{f(r, 'eager_plain_us')} | {f(r, 'inductor_plain_us')} | {f(r, 'eager_loop_us')} | "
+            f"{f(r, 'inductor_loop_us')} | {f(r, 'inductor_ro_loop_us')} |"
         )
     if "micro" in doc:
         lines += ["", "Host µs per call of the pieces: " + ", ".join(f"{k} {v:.2f}" for k, v in doc["micro"].items())]
     return "\n".join(lines) + "\n"
+
+
+#: the eager-path fields merged into each row of the harness's results (``--merge``)
+MERGED = ("kernels", "vm_graph_us", "vm_plain_us", "vm_host_us", "vm_loop_us", "vm_out_plain_us", "vm_out_host_us",
+          "vm_out_loop_us", "vm_forward_host_us", "vm_cg_loop_us", "vm_cg_static_loop_us", "host_per_launch_us",
+          "host_direct_per_launch_us", "out_host_per_launch_us", "exposed_per_launch_us",
+          "out_exposed_per_launch_us", "eager_plain_us", "eager_host_us", "eager_loop_us", "inductor_plain_us",
+          "inductor_host_us", "inductor_loop_us", "inductor_ro_loop_us", "vm_err", "lean_equals_forward",
+          "out_equals_forward", "graph_equals_forward")
+
+
+def merge(run: dict[str, Any], results: Path, source: str) -> int:
+    """Write one eager-path run's plain and graph fields into the harness's results (``latest.json``): per row
+    under ``eager_path`` (the run's own figures, from its device), and the run's device and date at the top."""
+    doc = json.loads(results.read_text())
+    by_case = {r["case"]: r for r in run["rows"] if "error" not in r}
+    n = 0
+    for row in doc["rows"]:
+        r = by_case.get(row["case"])
+        if r is None:
+            row.pop("eager_path", None)
+            continue
+        row["eager_path"] = {k: r[k] for k in MERGED if k in r}
+        n += 1
+    doc["eager_path"] = {k: run[k] for k in ("device", "capability", "date", "torch", "triton", "selected_from")
+                         if k in run} | {"source": source, "micro": run.get("micro", {}), "cases": n,
+                                         "fields": "per row under eager_path: benchmarks/eager_path.py's fields "
+                                                   "(µs; *_graph_us: CUDA-graph replay, *_plain_us: do_bench, "
+                                                   "*_host_us / *_loop_us: host / wall time per call of a loop "
+                                                   "of calls, vm_out_*: with out= tensors)"}
+    results.write_text(json.dumps(doc, indent=1) + "\n")
+    return n
 
 
 def main() -> int:
@@ -220,8 +325,14 @@ def main() -> int:
     ap.add_argument("--out", default=os.environ.get("OUT") or str(HERE / "results"))
     ap.add_argument("--no-inductor", action="store_true")
     ap.add_argument("--budget-s", type=float, default=330.0, help="no new torch.compile after this many seconds")
+    ap.add_argument("--merge", type=Path, default=None, metavar="RUN_JSON",
+                    help="no measurement: write RUN_JSON's fields into --results (rows' eager_path) and exit")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    if args.merge is not None:
+        n = merge(json.loads(args.merge.read_text()), args.results, str(args.merge.name))
+        log.info("merged %d case(s) of %s into %s", n, args.merge, args.results)
+        return 0
     if not torch.cuda.is_available():
         print("eager_path: needs a CUDA GPU", file=sys.stderr)
         return 2
