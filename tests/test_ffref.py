@@ -77,6 +77,16 @@ def test_constants_are_exact_residues() -> None:
             assert r * c.denominator % f.p == c.numerator % f.p
 
 
+def test_exp_table_is_powers_of_g() -> None:
+    for s in (0, 5):
+        f = R.field_of(s)
+        t = R._exp_table(f)
+        assert t.shape == (f.q,) and not t.flags.writeable
+        for k in (0, 1, 2, 1023, 1024, 1025, f.q // 2, f.q - 1):
+            assert int(t[k]) == pow(f.g, k, f.p)
+        assert np.array_equal(t, FFfield._exp_table(f.p, f.q, f.g))
+
+
 def test_matmul_is_exact_at_the_largest_residues() -> None:
     rng = np.random.default_rng(0)
     m = R.safe_primes()[-1]

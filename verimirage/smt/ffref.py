@@ -24,13 +24,15 @@ Meanings (those documented in :mod:`verimirage.smt.ff`):
 * a q-result is meaningless where an operand's is (for matmul: anywhere in the row or column read).
 
 Exactness: residues are below ``2**21``, so an elementwise product is below ``2**42`` and a reduction of n
-residues stays below ``2**63`` for any n an array can have (int64); matmuls are exact float64 products of a
-split operand (:func:`_matmul`).
+residues stays below ``2**63`` for any n an array can have (int64); matmuls are exact float64 products in
+contraction chunks of ``2**11`` (:func:`_matmul`).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import math
+import os
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -47,8 +49,8 @@ from ..ir.ops import OPS, POW_EXACT_MAX, TensorType, get_op, neg_axis
 from .consts import const_fraction
 
 P_MIN, P_MAX = 1 << 20, 1 << 21
-#: the contraction chunk of :func:`_matmul` (2**20 products below 2**32 sum below 2**52)
-CHUNK = 1 << 20
+#: the contraction chunk of :func:`_matmul` (2**11 products below 2**42 sum below 2**53)
+CHUNK = 1 << 11
 _QBITS = 21  # (p, q+1) packed as p << 21 | (q + 1) orders pairs lexicographically (q + 1 <= 2**20)
 
 
@@ -63,7 +65,8 @@ def safe_primes() -> tuple[int, ...]:
     for i in range(2, math.isqrt(P_MAX) + 1):
         if is_prime[i]:
             is_prime[i * i :: i] = False
-    return tuple(p for p in range(P_MIN + 1, P_MAX, 2) if is_prime[p] and is_prime[(p - 1) // 2])
+    p = np.arange(P_MIN + 1, P_MAX, 2)
+    return tuple(int(x) for x in p[is_prime[p] & is_prime[(p - 1) // 2]])
 
 
 @dataclass(frozen=True)
@@ -93,8 +96,12 @@ def field_of(seed: int) -> Field:
 
 @lru_cache(maxsize=2)
 def _exp_table(f: Field) -> np.ndarray:
-    """``g ** k mod p`` for every ``k`` in ``[0, q)`` (read-only)."""
-    t = _power(f.g, np.arange(f.q, dtype=np.int64), f.p)
+    """``g ** k mod p`` for every ``k`` in ``[0, q)`` (read-only): ``g ** (i * B + j) = (g ** B) ** i * g ** j``
+    for ``j < B = 2**10``."""
+    b = 1 << 10
+    low = _power(f.g, np.arange(b, dtype=np.int64), f.p)
+    high = _power(pow(f.g, b, f.p), np.arange(-(-f.q // b), dtype=np.int64), f.p)
+    t = (high[:, None] * low[None, :] % f.p).reshape(-1)[: f.q]
     t.flags.writeable = False
     return t
 
@@ -108,8 +115,11 @@ def residue(c: Fraction, m: int) -> int:
 # --------------------------------------------------------------------------- array helpers
 
 
-def _stack(p: np.ndarray, q: np.ndarray) -> np.ndarray:
-    return np.stack(np.broadcast_arrays(p, q)).astype(np.int64)
+def _stack(p: np.ndarray, q: np.ndarray | int) -> np.ndarray:
+    """The value ``(2, *shape)`` of p-part ``p`` and q-part ``q`` (broadcast together)."""
+    out = np.empty((2, *np.broadcast_shapes(p.shape, np.shape(q))), dtype=np.int64)
+    out[0], out[1] = p, q
+    return out
 
 
 def _power(base: np.ndarray | int, e: np.ndarray | int, m: int) -> np.ndarray:
@@ -129,6 +139,11 @@ def _inv(x: np.ndarray, m: int) -> np.ndarray:
     return _power(x, m - 2, m)
 
 
+def _meaningless(x: np.ndarray) -> bool:
+    """Whether the q-part of value ``x`` is meaningless (-1) in every element."""
+    return bool((x[1] < 0).all())
+
+
 def _qmark(q: np.ndarray, *operands: np.ndarray) -> np.ndarray:
     """``q``, meaningless (-1) wherever an operand's q-part is."""
     bad = np.zeros((), dtype=bool)
@@ -140,19 +155,15 @@ def _qmark(q: np.ndarray, *operands: np.ndarray) -> np.ndarray:
 def _matmul(x: np.ndarray, y: np.ndarray, m: int) -> np.ndarray:
     """Exact ``x @ y mod m`` of residues below ``2**21`` (int64, batch dims broadcast).
 
-    Float64 products of integers are exact while every partial sum stays below ``2**53``. The smaller
-    operand ``s`` is split into ``s_hi * 2**11 + s_lo`` (``s_lo < 2**11``, ``s_hi < 2**10``), so each product
-    of residues is below ``2**32`` and a contraction chunk of ``2**20`` of them sums below ``2**52``."""
-    split_x = x.size <= y.size
-    small, big = (x, y) if split_x else (y, x)
-    halves = [(small >> 11).astype(np.float64), (small & ((1 << 11) - 1)).astype(np.float64)]
-    bigf = big.astype(np.float64)
-    out = np.zeros((), dtype=np.int64)
+    Float64 products of integers are exact while every partial sum stays below ``2**53``: each product of
+    residues is below ``2**42``, so a contraction chunk of :data:`CHUNK` (``2**11``) of them sums below
+    ``2**53``."""
+    out: np.ndarray | None = None
     for s in range(0, max(x.shape[-1], 1), CHUNK):
         c = slice(s, s + CHUNK)
-        hi, lo = ((np.matmul(h[..., c], bigf[..., c, :]) if split_x else np.matmul(bigf[..., c], h[..., c, :]))
-                  .astype(np.int64) % m for h in halves)
-        out = (out + (hi << 11) + lo) % m
+        r = np.matmul(x[..., c].astype(np.float64), y[..., c, :].astype(np.float64)).astype(np.int64) % m
+        out = r if out is None else (out + r) % m
+    assert out is not None
     return out
 
 
@@ -193,20 +204,22 @@ class RefFF:
         if kind == "div":
             kind, yp, yq = "mul", _inv(yp, f.p), _inv(np.maximum(yq, 0), f.q)
         op = {"add": np.add, "sub": np.subtract, "mul": np.multiply}[kind]
+        if _meaningless(x) or _meaningless(y):  # (then so is every element of the result's q-part)
+            return _stack(op(x[0], yp) % f.p, -1)
         return _stack(op(x[0], yp) % f.p, _qmark(op(x[1], yq) % f.q, x[1], y[1]))
 
     def const(self, kind: str, x: np.ndarray, c: Fraction) -> np.ndarray:
         """``x * c`` (kind mul) or ``x + c`` (kind add) for a rational constant ``c``."""
         f = self.field
         op = np.multiply if kind == "mul" else np.add
-        return _stack(op(x[0], residue(c, f.p)) % f.p, _qmark(op(x[1], residue(c, f.q)) % f.q, x[1]))
+        q = -1 if _meaningless(x) else _qmark(op(x[1], residue(c, f.q)) % f.q, x[1])
+        return _stack(op(x[0], residue(c, f.p)) % f.p, q)
 
     def exp(self, x: np.ndarray) -> np.ndarray:
         """``g ** (q-part of x) mod p``; no meaningful q-part."""
         bad = x[1] < 0
         self.violations += int(bad.sum())
-        p = _exp_table(self.field)[np.maximum(x[1], 0)]
-        return _stack(p, np.full_like(p, -1))
+        return _stack(_exp_table(self.field)[np.maximum(x[1], 0)], -1)
 
     def oracle(self, name: str, x: np.ndarray, inverse: bool = False) -> np.ndarray:
         """The per-trial random function ``name`` of the p-residue (``inverse``: its inverses)."""
@@ -236,15 +249,16 @@ class RefFF:
     def sum(self, x: np.ndarray, ax: int) -> np.ndarray:
         """Sum along array axis ``ax`` (negative), kept with size 1."""
         # exact: a sum of n residues below 2**21 is below 2**63 for any n an array can have (< 2**42)
-        q = np.where((x[1] < 0).any(axis=ax, keepdims=True), -1, x[1].sum(axis=ax, keepdims=True) % self.field.q)
+        bad = (x[1] < 0).any(axis=ax, keepdims=True)
+        q = -1 if bad.all() else np.where(bad, -1, x[1].sum(axis=ax, keepdims=True) % self.field.q)
         return _stack(x[0].sum(axis=ax, keepdims=True) % self.field.p, q)
 
     def matmul(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         """``x @ y`` in both parts."""
         f = self.field
-        q = _matmul(np.maximum(x[1], 0), np.maximum(y[1], 0), f.q)
         bad = (x[1] < 0).any(axis=-1)[..., :, None] | (y[1] < 0).any(axis=-2)[..., None, :]
-        return _stack(_matmul(x[0], y[0], f.p), np.where(bad, -1, q))
+        q = -1 if bad.all() else np.where(bad, -1, _matmul(np.maximum(x[1], 0), np.maximum(y[1], 0), f.q))
+        return _stack(_matmul(x[0], y[0], f.p), q)
 
 
 def _key(x: np.ndarray) -> np.ndarray:
@@ -603,12 +617,23 @@ class RefResult:
     trial: int | None = None
 
 
+def _workers(inputs_bytes: int, trials: int) -> int:
+    """Trials evaluated at once: two when the machine has two cores and a trial's inputs are small (each trial
+    holds its own arrays), else one."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(2, cores, trials, 1 + (inputs_bytes <= 64 << 20)))
+
+
 def ref_test(a: Graph, b: Graph, seeds: Sequence[int]) -> RefResult:
     """Evaluate ``a`` and ``b`` in the field of each seed on the same random inputs and compare every
-    element of every output's p-part. ``bound``: ``per_trial_bound ** len(seeds)`` when all are equal."""
+    element of every output's p-part. ``bound``: ``per_trial_bound ** len(seeds)`` when all are equal.
+    Trials are independent (each has its own field, inputs and domain); two may run at once on threads, and
+    the answer is the lowest-numbered trial's that is not equal, whatever the order they finish in."""
     seeds = tuple(seeds)
     per = per_trial_bound(a, b)
-    for ti, s in enumerate(seeds):
+
+    def trial(ti: int) -> RefResult | None:
+        s = seeds[ti]
         fld = field_of(s)
         ins = trial_inputs(a, fld, s)
         (oa, va), (ob, vb) = evaluate(a, ins, fld), evaluate(b, ins, fld)
@@ -620,6 +645,13 @@ def ref_test(a: Graph, b: Graph, seeds: Sequence[int]) -> RefResult:
         if va + vb:
             return RefResult("unknown", f"a program applies exp to a value with no meaningful q-part "
                              f"({va + vb} elements in trial {ti})", seeds[: ti + 1], per, 1.0, trial=ti)
+        return None
+
+    nbytes = sum(16 * math.prod(t.shape) for t in a.inputs)
+    with concurrent.futures.ThreadPoolExecutor(_workers(nbytes, len(seeds))) as pool:
+        for r in pool.map(trial, range(len(seeds))):
+            if r is not None:
+                return r
     if per >= 1 or not seeds:
         return RefResult("unknown", "degree too high for a meaningful bound" if seeds else "no trials", seeds,
                          per, 1.0)
