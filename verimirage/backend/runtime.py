@@ -785,6 +785,13 @@ def compile(
     program's launches into a CUDA graph on the first call and replays it
     afterwards; the outputs it returns are overwritten by the next call (see
     :class:`CompiledProgram`). It needs a CUDA device.
+
+    The program is called as ``fn(*tensors)`` or ``fn(**{name: tensor})``;
+    ``fn(*tensors, out=t)`` (a tuple for several outputs) writes the results
+    into the caller's tensors instead of allocating them. On a GPU, repeated
+    calls with inputs of the same shapes, dtypes, strides and device take a
+    lean launch path (a cached signature check, then Triton's C launchers);
+    wrong inputs still get the clear errors.
     """
     if not isinstance(cuda_graph, bool):
         raise TypeError(f"compile: cuda_graph={cuda_graph!r}; expected True or False")
