@@ -318,10 +318,10 @@ def configs(
         chosen = tuple((lab, p) for lab, p in zip(dp, parts, strict=True) if p > 1)
         if len(chosen) > 3:
             continue
-        if not chosen:
-            chosen = ((dp[0], 1),) if dp else ()
-        if not chosen:
-            continue
+        if not chosen and dp:
+            chosen = ((dp[0], 1),)
+        # no data-parallel label (every output dim is reduced, e.g. a mean loss): one block, or the blocks
+        # of a split reduction with its combine kernel
         grid_choices.append(chosen)
     fr_allowed = list(franges) if franges is not None else [1, 2, 4, 8, 16, 32, 64, 128, 256]
     out: list[Config] = []
@@ -420,6 +420,11 @@ class _Epilogue:
         return self.b.fused(tb.build(), leaves)
 
 
+#: the label of the one size-1 grid axis of a config without grid axes (a kernel whose outputs have no
+#: data-parallel dim, such as a mean loss: one block, or the blocks of a split reduction); no value has it
+UNIT = -1
+
+
 def _imap(labels: tuple[int | None, ...], axes: Sequence[int]) -> tuple[int | None, ...]:
     return tuple(next((d for d, x in enumerate(labels) if x == lab), None) for lab in axes)
 
@@ -430,8 +435,8 @@ def build(an: Analysis, cfg: Config, *, fuse_epilogue: bool = True) -> Lowered:
     nodes = node_list(g)
     L = cfg.loop
     split = cfg.splits > 1
-    axes = [lab for lab, _ in cfg.grid]
-    sizes = [p for _, p in cfg.grid]
+    axes = [lab for lab, _ in cfg.grid] or [UNIT]
+    sizes = [p for _, p in cfg.grid] or [1]
     if split:
         assert L is not None
         axes_k1 = [*axes, L]
@@ -571,6 +576,12 @@ def build(an: Analysis, cfg: Config, *, fuse_epilogue: bool = True) -> Lowered:
 
     def omap_for(i: int, ax: Sequence[int]) -> tuple[int, ...]:
         m = _imap(an.labels[i], ax)
+        if UNIT in ax:  # the size-1 axis walks the first dim no other axis walks (its tile is the whole dim)
+            r = len(an.labels[i])  # (a split places its partials along the last free dim: leave it)
+            free = [d for d in range(r) if d not in m and not (split and r > 1 and d == r - 1)]
+            if not free:
+                raise Infeasible(f"value %{i} has no dim for the size-1 grid axis")
+            m = tuple(free[0] if lab == UNIT else d for lab, d in zip(ax, m, strict=True))
         if any(d is None for d in m):
             raise Infeasible(f"value %{i} lacks a grid-partitioned dim; blocks would write the same tile")
         return m  # type: ignore[return-value]
@@ -599,7 +610,7 @@ def _build_split(an: Analysis, cfg: Config, b: BlockBuilder, mg: MuGraph, ins: l
     """Kernel 1 writes the accumulators per KV split side by side; a combine kernel merges them."""
     g = an.graph
     nodes = node_list(g)
-    axes = [lab for lab, _ in cfg.grid]
+    axes = [lab for lab, _ in cfg.grid] or [UNIT]
     L = cfg.loop
     assert L is not None
     # the accumulators the rest of the program needs
@@ -624,7 +635,8 @@ def _build_split(an: Analysis, cfg: Config, b: BlockBuilder, mg: MuGraph, ins: l
     # a plain sum that does not depend on the grid-partitioned dims (e.g. the sum of squares of X in
     # rmsnorm_linear, identical in every column block) cannot be placed as a per-block partial: the
     # combine kernel recomputes it from the inputs, walking the same dim over the splits
-    recompute = [i for i in needed if acc[i].kind is AccKind.SUM and any(d is None for d in _imap(an.labels[i], axes))]
+    recompute = [i for i in needed if acc[i].kind is AccKind.SUM and any(
+        d is None for lab, d in zip(axes, _imap(an.labels[i], axes), strict=True) if lab != UNIT)]
     needed = [i for i in needed if i not in recompute]
     rms = sorted({r for i in needed if acc[i].kind is AccKind.RESCALED and (r := acc[i].rm) is not None})
     part_nodes: list[tuple[str, int]] = [("acc", i) for i in needed] + [("max", r) for r in rms if r not in needed]
@@ -647,7 +659,7 @@ def _build_split(an: Analysis, cfg: Config, b: BlockBuilder, mg: MuGraph, ins: l
         b.output(t, (*base, pl))
     parts = mg.custom(b.build(), ins)
     # combine kernel
-    cgrid = [p for _, p in cfg.grid]
+    cgrid = [p for _, p in cfg.grid] or [1]
     if cfg.combine_refine > 1:
         cgrid[_widest(an, cfg.grid)] *= cfg.combine_refine
         steps.add("partition.combine_grid")
