@@ -1,9 +1,10 @@
 """GPU measurement of the eager path (issue 28): host cost of a verimirage call against PyTorch's.
 
-    python benchmarks/eager_path.py [--cases gqa_bs8 ...] [--out DIR] [--budget-s 330]
+    python benchmarks/eager_path.py [--cases gqa_bs8 ...] [--out DIR] [--budget-s 330] [--set models]
     python benchmarks/eager_path.py --merge RUN.json [--results benchmarks/results/latest.json]
 
-For every suite case of ``benchmarks/results/latest.json`` (the harness's last run) it compiles the μGraph
+For every suite case of ``benchmarks/results/latest.json`` (the harness's last run; ``--set models``: every
+models-set case of ``models.json``, candidates from ``candidates_models/``) it compiles the μGraph
 that run selected, with the launch configuration it selected (the candidates were searched and verified
 on a CPU machine; no search here), checks it against the float64 reference, and times on one GPU:
 
@@ -63,11 +64,11 @@ def bench(fn: Any, cudagraph: bool) -> float:
     return 1e3 * float(do_bench(fn, warmup=20, rep=100, return_mode="median"))
 
 
-def selected(row: dict[str, Any]) -> tuple[Any, Any]:
+def selected(row: dict[str, Any], candidates: Path | None = None) -> tuple[Any, Any]:
     """The μGraph and launch configuration the harness run selected for ``row``'s case."""
     text = row["verimirage_mugraph"]
     mg = vm.MuGraph.parse(text)
-    doc = json.loads((HERE / "candidates" / f"{row['case']}.json").read_text())
+    doc = json.loads(((candidates or HERE / "candidates") / f"{row['case']}.json").read_text())
     ranks = [i for i, c in enumerate(doc["candidates"]) if str(vm.MuGraph.parse(c["mugraph"])) == str(mg)]
     by_str = {str(c): c for c in DEFAULT_CONFIGS}
     tried = sorted((t for t in row["candidates"] if t["error"] is None and t["rank"] in ranks), key=lambda t: t["ms"])
@@ -83,12 +84,12 @@ def measure(prefix: str, fn: Any, row: dict[str, Any], graph: bool = False) -> N
 
 
 def run_case(src: dict[str, Any], args: argparse.Namespace, t_start: float) -> dict[str, Any]:
-    name, batch = src["name"], src["batch"]
-    g = vm.benchmarks.get(name, batch=batch)
+    name, batch = src["name"], src.get("batch") or 1
+    g = vm.benchmarks.get_model(name) if args.set == "models" else vm.benchmarks.get(name, batch=batch)
     ins = make_inputs(g, name, seed=batch)
     f = torch_fn(g)
     ref = f(*[x.double() for x in ins])
-    mg, cfg = selected(src)
+    mg, cfg = selected(src, args.candidates)
     row: dict[str, Any] = {"case": src["case"], "kernels": mg.num_kernels, "config": None if cfg is None else cfg.key()}
     fn = vm.compile(mg, config=cfg)
     old = vm.compile(mg, config=cfg)
@@ -321,13 +322,21 @@ def merge(run: dict[str, Any], results: Path, source: str) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", nargs="*", default=None, help="case names (e.g. gqa_bs8); default: all of latest.json")
-    ap.add_argument("--results", type=Path, default=HERE / "results" / "latest.json")
+    ap.add_argument("--set", choices=["suite", "models"], default="suite",
+                    help="the suite (latest.json, candidates/) or the models set (models.json, candidates_models/)")
+    ap.add_argument("--results", type=Path, default=None, help="the harness results the programs are taken from "
+                    "(default: results/latest.json, or results/models.json with --set models)")
+    ap.add_argument("--candidates", type=Path, default=None, help="their candidate files (default: candidates/, "
+                    "or candidates_models/ with --set models)")
     ap.add_argument("--out", default=os.environ.get("OUT") or str(HERE / "results"))
     ap.add_argument("--no-inductor", action="store_true")
     ap.add_argument("--budget-s", type=float, default=330.0, help="no new torch.compile after this many seconds")
     ap.add_argument("--merge", type=Path, default=None, metavar="RUN_JSON",
                     help="no measurement: write RUN_JSON's fields into --results (rows' eager_path) and exit")
     args = ap.parse_args()
+    models = args.set == "models"
+    args.results = args.results or HERE / "results" / ("models.json" if models else "latest.json")
+    args.candidates = args.candidates or HERE / ("candidates_models" if models else "candidates")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     if args.merge is not None:
         n = merge(json.loads(args.merge.read_text()), args.results, str(args.merge.name))
