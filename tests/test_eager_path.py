@@ -198,6 +198,12 @@ def test_lean_path_writes_into_out_tensors(monkeypatch: pytest.MonkeyPatch) -> N
         assert prog(*xs, out=bad) is bad
         assert [r[0] for r in rec.launches] == ["lean"] * len(prog.kernels)
         assert bad.data_ptr() not in rec.launches[-1][3]
+    # an out tensor that requires grad: PyTorch's rule for in-place writes (refused, except under no_grad)
+    leaf = torch.empty_like(first).requires_grad_()
+    with pytest.raises(RuntimeError, match="requires grad"):
+        prog(*xs, out=leaf)
+    with torch.no_grad():
+        assert prog(*xs, out=leaf) is leaf
     # wrong out tensors: clear errors
     with pytest.raises(ValueError, match=r"out\[0\]: shape \(2, 32, 8\); expected \(2, 32, 16\)"):
         prog(*xs, out=out[..., :8])

@@ -204,9 +204,11 @@ class _LeanPlan:
       it returns what the program returns (one tensor, or a tuple);
     * ``run_out(out, *xs)`` does the same into caller-provided output tensors (``out=``): no allocation. It also
       checks that each ``out`` tensor has the program's output shape, dtype, device, contiguous layout and a
-      16-byte aligned pointer, and overlaps no input and no other output (else :data:`_MISS`: the checked path
-      computes into fresh outputs and copies them over). ``None`` where a program output is an input itself
-      or one buffer is returned twice (the checked path serves those).
+      16-byte aligned pointer, overlaps no input and no other output and does not require grad (else
+      :data:`_MISS`: the checked path computes into fresh outputs and copies them over, where PyTorch's
+      ``copy_`` refuses a leaf that requires grad outside ``torch.no_grad()``, as any in-place op does).
+      ``None`` where a program output is an input itself or one buffer is returned twice (the checked path
+      serves those).
 
     The workspace is one allocation: a buffer kept for the stream that first called (reused by later calls
     on that stream, which run after the earlier calls' kernels) and a fresh allocation from PyTorch's caching
@@ -363,7 +365,8 @@ class _LeanPlan:
                 env[f"D_b{bi}"] = dt
                 lines.append(f"        q{bi} = b{bi}.data_ptr()")
                 conds.append(f"b{bi}.shape != {shape!r} or b{bi}.dtype is not D_b{bi} or b{bi}.get_device() != DEV "
-                             f"or b{bi}.stride() != {_contiguous_strides(shape)!r} or (q{bi} & 15 != 0)")
+                             f"or b{bi}.stride() != {_contiguous_strides(shape)!r} or (q{bi} & 15 != 0) "
+                             f"or b{bi}.requires_grad")
                 size = math.prod(shape) * dt.itemsize
                 for p, span in spans.items():  # no overlap with an input or an earlier output
                     if size and span:
