@@ -9,4 +9,4 @@ PY=${PYTHON:-python3}
 # shellcheck disable=SC1091
 . .venv/bin/activate
 python -m pip install -q torch==2.13.0
-python -m pip install -q -e '.[dev]'
+python -m pip install -q -e '.[dev,test]'

@@ -234,3 +234,43 @@ def test_cli_sweep_synthesized_variant(tmp_path, capsys, monkeypatch) -> None:  
     doc = json.loads(capsys.readouterr().out)
     assert [r["variant"] for r in doc["rows"]] == ["all", "synthesized"]
     assert all(r["kernels"] >= 1 for r in doc["rows"])
+
+
+# --------------------------------------------------------------------------- the process-pool path (no Ray needed)
+
+
+@pytest.mark.slow
+def test_synthesis_and_sweep_in_a_process_pool_give_the_serial_results() -> None:
+    kw = {"ops": ["add", "mul", "neg"], "depth": 1, "shapes": [_ENV], "seed": 2, "progress": False}
+    serial = synthesize(**kw)  # type: ignore[arg-type]
+    pooled = synthesize(**kw, processes=2)  # type: ignore[arg-type]
+    assert [str(r) for r in serial.rules] == [str(r) for r in pooled.rules]
+    assert serial.report.proved == pooled.report.proved and serial.report.proved
+    variants = {"all": {}, "-algebra": "algebra"}
+    t_serial = vm.rules.sweep(_tiny_programs(), variants, progress=False)
+    t_pool = vm.rules.sweep(_tiny_programs(), variants, processes=2, progress=False)
+    assert t_serial.same_results(t_pool), (str(t_serial), str(t_pool))
+
+
+def test_jobs_run_in_order_and_reject_ambiguous_choices() -> None:
+    from verimirage.rewrite.synth import Jobs, pmap
+
+    assert pmap(divmod, [(7, 2), (9, 4)]) == [(3, 1), (2, 1)]
+    assert Jobs(processes=0).processes >= 1 and not Jobs().parallel and Jobs(processes=3).parallel
+    with pytest.raises(vm.rules.RuleError, match="choose one"):
+        Jobs(ray=True, processes=4)
+    with pytest.raises(vm.rules.RuleError, match="expected None"):
+        Jobs(processes=-1)
+    with pytest.raises(vm.rules.RuleError, match="Ray cluster"):
+        Jobs(address="10.0.0.1:6379")
+
+
+def test_cli_sweep_rejects_processes_with_ray_and_a_lone_address(capsys) -> None:  # type: ignore[no-untyped-def]
+    from verimirage.cli import main
+
+    assert main(["sweep", "lora", "--ray", "--processes", "4"]) == 2
+    assert "does not go with --ray" in capsys.readouterr().err
+    assert main(["sweep", "lora", "--processes", "-2"]) == 2
+    assert "expected >= 0" in capsys.readouterr().err
+    assert main(["sweep", "lora", "--address", "10.0.0.1:6379"]) == 2
+    assert "goes with --ray" in capsys.readouterr().err

@@ -338,6 +338,11 @@ def cmd_sweep(a: argparse.Namespace) -> int:
     unknown = [p for p in programs if p not in _suite_names()]
     if unknown:
         raise UsageError(f"sweep: unknown suite program(s) {unknown}; expected some of {_suite_names()}")
+    if a.processes is not None and (a.ray or a.processes < 0):
+        raise UsageError("sweep: --processes N (N >= 0; 0: every core) runs the searches in a pool of processes; "
+                         "it does not go with --ray" if a.ray else f"sweep: --processes {a.processes}; expected >= 0")
+    if a.address is not None and not a.ray:
+        raise UsageError("sweep: --address is a Ray cluster's; it goes with --ray")
     variants: dict[str, Any] = {}
     if a.disable:
         variants["all"] = {}
@@ -345,7 +350,7 @@ def cmd_sweep(a: argparse.Namespace) -> int:
             variants[f"-{name}"] = {"disable_rules": [name]}
     if a.synthesized:
         rs = vm.rules.synthesize(depth=a.depth, seed=a.seed, time_budget_s=a.synth_budget, ray=a.ray,
-                                 address=a.address, progress=None if not a.json else False)
+                                 address=a.address, processes=a.processes, progress=None if not a.json else False)
         variants.setdefault("all", {})
         variants["synthesized"] = {"disable_rules": ["algebra"], "extra_rules": [rs]}  # in place of algebra
         log.info("sweep: synthesized %d rule(s)", len(rs.rules))
@@ -355,7 +360,7 @@ def cmd_sweep(a: argparse.Namespace) -> int:
     if a.time_budget is not None:
         options["time_budget_s"] = a.time_budget
     table = vm.rules.sweep(programs, variants, {"default": options}, small=not a.full, batch=a.batch, seed=a.seed,
-                           ray=a.ray, address=a.address, out_dir=a.out, plots=not a.no_plots,
+                           ray=a.ray, address=a.address, processes=a.processes, out_dir=a.out, plots=not a.no_plots,
                            progress=None if not a.json else False)
     files = [str(f) for f in sorted(Path(a.out).iterdir())]
     if a.json:
@@ -363,7 +368,12 @@ def cmd_sweep(a: argparse.Namespace) -> int:
                          indent=2, default=str))
     else:
         print(table)
-        print(f"{len(table.rows)} search(es) in {table.wall_s:.1f}s{' on Ray' if a.ray else ''}")
+        where = ""
+        if a.ray:
+            where = " on Ray"
+        elif a.processes is not None:
+            where = f" in a pool of {a.processes} processes" if a.processes else " in a pool of one process per core"
+        print(f"{len(table.rows)} search(es) in {table.wall_s:.1f}s{where}")
         for f in files:
             print(f"wrote {f}")
     return EXIT_OK
@@ -439,6 +449,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--ray", action="store_true", help="run the searches as Ray tasks (pip install 'verimirage[ray]')")
     w.add_argument("--address", metavar="ADDR", default=None,
                    help="with --ray: join this Ray cluster (default: start Ray on this machine)")
+    w.add_argument("--processes", type=int, default=None, metavar="N",
+                   help="run the searches (and the synthesis's proofs) in a pool of N worker processes, 0: one per "
+                        "core (a many-core machine without Ray; default: one after another in this process)")
     w.add_argument("--json", action="store_true", help="machine-readable output")
     w.set_defaults(fn=cmd_sweep)
     return p

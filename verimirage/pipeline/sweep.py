@@ -245,6 +245,7 @@ def sweep(
     seed: int = 0,
     ray: bool = False,
     address: str | None = None,
+    processes: int | None = None,
     out_dir: str | Path | None = None,
     plots: bool = True,
     progress: bool | None = None,
@@ -257,10 +258,11 @@ def sweep(
     or theory name (disabled), or a dict of ``superoptimize`` keywords. ``options``: search-option dicts
     (a mapping label -> dict, or a list labelled ``opt0``, ...; default one ``{}`` labelled ``default``);
     every search uses ``seed`` and no search cache. ``ray=True`` runs the searches as Ray tasks
-    (``ray.init()`` locally, or ``address`` of a cluster); the rows come back in grid order either way.
+    (``ray.init()`` locally, or ``address`` of a cluster); ``processes=N`` in a pool of N worker processes
+    (0: one per core; for a many-core machine without Ray); the rows come back in grid order either way.
     ``out_dir``: write the table (:meth:`SweepTable.write`) there.
     """
-    from .synth import _Progress, pmap
+    from .synth import Jobs, _Progress
 
     t0 = time.perf_counter()
     vmap: dict[str, dict[str, Any]] = {}
@@ -282,14 +284,16 @@ def sweep(
         bad = {"rulesets", "disable_rules", "cache", "progress", "seed"} & set(o)
         if bad:
             raise RuleError(f"sweep: options {sorted(bad)} are set by the sweep itself; put rule choices in variants")
+    runner = Jobs(ray=ray, address=address, processes=processes)
     progs = [_program(p, small, batch) for p in programs]
     jobs = [(name, g, label, kw, olabel, {**o, "seed": seed})
             for name, g in progs for label, kw in vmap.items() for olabel, o in omap.items()]
     with _Progress(progress, "sweep") as prog:
         prog.update(f"{len(jobs)} searches ({len(progs)} programs x {len(vmap)} variants x {len(omap)} options)"
-                    + (" on Ray" if ray else ""))
-        if ray:
-            rows = pmap(_run_one, jobs, ray=True, address=address)
+                    + (" on Ray" if ray else f" in {runner.processes} processes" if runner.parallel else ""))
+        if runner.parallel:
+            with runner:
+                rows = runner.map(_run_one, jobs)
         else:
             rows = []
             for k, j in enumerate(jobs):

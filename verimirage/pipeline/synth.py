@@ -22,7 +22,7 @@ equalities, prove each with ``verify_rule``, keep a small set that derives the r
    on each of its instances) is dropped.
 
 Deterministic for a given ``seed`` (fields, inputs, orders); the proof jobs of a batch may run on Ray
-(``ray=True``), with the same result.
+(``ray=True``) or in a pool of worker processes (``processes=``), with the same result.
 """
 
 from __future__ import annotations
@@ -623,14 +623,84 @@ class _Progress:
             self.bar.update(self.task, description=f"{self.what}: {msg}", completed=completed, total=total)
 
 
-def pmap(fn: Callable[..., Any], args: Sequence[tuple[Any, ...]], *, ray: bool = False,
-         address: str | None = None) -> list[Any]:
-    """``[fn(*a) for a in args]``, serially or as Ray tasks (results in the order of ``args``)."""
-    if not ray:
+class Jobs:
+    """Where independent jobs run: in this process (the default), in a pool of ``processes`` worker processes
+    (the standard library's :class:`~concurrent.futures.ProcessPoolExecutor`, started with ``spawn``; for a
+    many-core machine without Ray), or as Ray tasks (``ray=True``; ``address`` joins a cluster).
+
+    A context manager: the pool starts on entry and stops on exit, so a run of many small batches (the
+    synthesis's proofs) pays the workers' start-up once. ``processes=0`` means one per usable core. Results
+    come back in the order of the jobs whichever way they ran; each worker runs the finite-field test on one
+    thread unless ``$VERIMIRAGE_FF_THREADS`` says otherwise (the pool is the parallelism).
+    """
+
+    def __init__(self, *, ray: bool = False, address: str | None = None, processes: int | None = None) -> None:
+        if processes is not None and processes < 0:
+            raise RuleError(f"processes={processes}; expected None (this process), 0 (every core) or a count >= 1")
+        if ray and processes not in (None, 1):
+            raise RuleError("ray=True and processes= both given; choose one way to run the jobs")
+        if address is not None and not ray:
+            raise RuleError(f"address={address!r} without ray=True; the address is a Ray cluster's")
+        self.ray, self.address = ray, address
+        self.processes = _usable_cores() if processes == 0 else processes
+        self._pool: Any = None
+
+    @property
+    def parallel(self) -> bool:
+        """Whether jobs run outside this process."""
+        return self.ray or (self.processes or 1) > 1
+
+    def __enter__(self) -> Jobs:
+        if not self.ray and (self.processes or 1) > 1:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            ctx = multiprocessing.get_context("spawn")
+            self._pool = ProcessPoolExecutor(max_workers=self.processes, mp_context=ctx, initializer=_worker_init)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    def map(self, fn: Callable[..., Any], args: Sequence[tuple[Any, ...]]) -> list[Any]:
+        """``[fn(*a) for a in args]``, run this object's way (``fn`` a module-level function when parallel)."""
+        if self.ray:
+            r = _ray(self.address)
+            remote = r.remote(fn)
+            return list(r.get([remote.remote(*a) for a in args]))
+        if self._pool is not None:
+            futures = [self._pool.submit(fn, *a) for a in args]
+            return [f.result() for f in futures]
+        if (self.processes or 1) > 1:  # used outside a with-block: a pool for this call only
+            with self:
+                return self.map(fn, args)
         return [fn(*a) for a in args]
-    r = _ray(address)
-    remote = r.remote(fn)
-    return list(r.get([remote.remote(*a) for a in args]))
+
+
+def _usable_cores() -> int:
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _worker_init() -> None:
+    """Start-up of a pool worker: one finite-field thread (the pool is the parallelism)."""
+    import os
+
+    os.environ.setdefault("VERIMIRAGE_FF_THREADS", "1")
+
+
+def pmap(fn: Callable[..., Any], args: Sequence[tuple[Any, ...]], *, ray: bool = False,
+         address: str | None = None, processes: int | None = None) -> list[Any]:
+    """``[fn(*a) for a in args]``, serially, in ``processes`` worker processes, or as Ray tasks (results in the
+    order of ``args``; see :class:`Jobs`)."""
+    with Jobs(ray=ray, address=address, processes=processes) as jobs:
+        return jobs.map(fn, args)
 
 
 def _ray(address: str | None) -> Any:
@@ -674,6 +744,7 @@ def synthesize(
     progress: bool | None = None,
     ray: bool = False,
     address: str | None = None,
+    processes: int | None = None,
 ) -> SynthesizedRuleset:
     """Synthesize a ruleset over ``ops`` (see the module docstring); every rule in it is Proved.
 
@@ -683,7 +754,8 @@ def synthesize(
     ``max_terms`` per environment; ``max_proofs``: stop after this many proof attempts (``time_budget_s``:
     after this many seconds; the minimization still runs); proposals are
     proved in batches of ``batch`` (each batch's proofs are independent: Ray jobs with ``ray=True``,
-    ``address`` to join a cluster); ``filter_steps`` / ``minimize_steps``: egglog rounds of the
+    ``address`` to join a cluster, or jobs of a pool of ``processes`` worker processes, 0 for every core:
+    see :class:`Jobs`; the result is the same); ``filter_steps`` / ``minimize_steps``: egglog rounds of the
     derivability checks; ``timeout_s`` per proof. The result's ``report`` lists every refused proposal.
     """
     t_all = time.perf_counter()
@@ -701,6 +773,7 @@ def synthesize(
     fspecs = list(fields) if fields is not None else _fields(seed, num_fields)
     rep = SynthesisReport()
     evs: dict[tuple[Any, ...], _Evaluator] = {}
+    runner = Jobs(ray=ray, address=address, processes=processes)
 
     def ev_for(env: dict[str, tuple[int, ...]]) -> _Evaluator:
         k = tuple(sorted(env.items()))
@@ -708,7 +781,7 @@ def synthesize(
             evs[k] = _Evaluator(env, fspecs, seed)
         return evs[k]
 
-    with _Progress(progress, "synthesize") as prog:
+    with _Progress(progress, "synthesize") as prog, runner:
         t0 = time.perf_counter()
         proposals: list[Proposal] = []
         for i, env in enumerate(envs):
@@ -756,7 +829,7 @@ def synthesize(
                     made.add((r.lhs, r.rhs, r.guards))
                     rules.append(r)
             # the proofs of a batch are independent jobs
-            verdicts = pmap(_prove, [(r, timeout_s) for r in rules], ray=ray, address=address)
+            verdicts = runner.map(_prove, [(r, timeout_s) for r in rules])
             attempts += len(take)
             for r, (kind, why) in zip(rules, verdicts, strict=True):
                 if kind == "Proved":
@@ -842,5 +915,5 @@ def rediscovered(rs: Ruleset, targets: Sequence[Rule], *, steps: int = 4) -> dic
     return {t.name: rule_derived(list(rs.rules), t, steps=steps) for t in targets}
 
 
-__all__ = ["DEFAULT_OPS", "DEFAULT_SHAPES", "FieldSpec", "Proposal", "SynthesisReport", "SynthesizedRuleset",
+__all__ = ["DEFAULT_OPS", "DEFAULT_SHAPES", "FieldSpec", "Jobs", "Proposal", "SynthesisReport", "SynthesizedRuleset",
            "derives", "in_scope", "minimize", "pmap", "rediscovered", "rule_derived", "synthesize"]
