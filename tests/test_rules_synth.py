@@ -253,7 +253,7 @@ def test_synthesis_and_sweep_in_a_process_pool_give_the_serial_results() -> None
 
 
 def test_jobs_run_in_order_and_reject_ambiguous_choices() -> None:
-    from verimirage.rewrite.synth import Jobs, pmap
+    from verimirage.pipeline.synth import Jobs, pmap
 
     assert pmap(divmod, [(7, 2), (9, 4)]) == [(3, 1), (2, 1)]
     assert Jobs(processes=0).processes >= 1 and not Jobs().parallel and Jobs(processes=3).parallel
