@@ -16,7 +16,7 @@ from verimirage.smt.ff.trials import _run_trials
 
 
 def _res(ti: int) -> FFResult:
-    return FFResult("differ", f"trial {ti}", (), (), (), (), ti + 1, 0.5, 1.0, 0.0, field_trial=ti)
+    return FFResult("refuted", f"trial {ti}", (), (), (), (), ti + 1, 0.5, 1.0, 0.0, field_trial=ti)
 
 
 @pytest.mark.parametrize("workers", [1, 2, 3])
@@ -83,7 +83,7 @@ def test_ff_result_is_the_same_on_one_or_several_threads(monkeypatch: pytest.Mon
         r = ff_test(a, b, seed=7)
         results.append((r.outcome, r.seeds, r.p, r.q, r.g, r.trials, r.bound, r.output, r.index, r.field_trial))
     assert results[0] == results[1]
-    assert results[0][0] == ("differ" if wrong else "equal")
+    assert results[0][0] == ("refuted" if wrong else "proved")
 
 
 def test_verify_refutes_with_the_abstract_check_cancelled(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -81,7 +81,7 @@ def test_finding5_max_evidence_is_not_a_probability() -> None:
     a = g1(lambda g, x, y: g.maximum(x, g.sub(y, y)), shapes)
     b = g1(lambda g, x, y: g.add(x, g.sub(y, y)), shapes)
     r = FF.ff_test(a, b)
-    assert r.outcome == "equal"  # residues are >= 0: max(x, 0) = x in every field
+    assert r.outcome == "proved"  # residues are >= 0: max(x, 0) = x in every field
     assert r.stated_bound is None and r.bound_note.startswith("no probability stated")
     v = vm.verify(a, b)
     assert isinstance(v, vm.Refuted) and replay_differs(a, b, v)  # z3 says sat and a float witness exists

@@ -100,7 +100,7 @@ def test_full_size_designs_prove_abstractly(name: str, batch: int) -> None:
 def test_full_size_ff_lora() -> None:
     g = vm.benchmarks.get("lora", batch=1)
     r = FF.ff_test(g, expert("lora", g))
-    assert r.outcome == "equal" and r.bound <= 2.0**-60
+    assert r.outcome == "proved" and r.bound <= 2.0**-60
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.expect != "proved"], ids=lambda c: c.name)
@@ -215,10 +215,10 @@ def test_verify_cache_follows_graph_changes() -> None:
 def test_p_only_mode_without_exp_and_full_form_with_exp() -> None:
     g = vm.benchmarks.get("gated_mlp", batch=1, small=True)
     r = FF.ff_test(g, expert("gated_mlp", g, cols=32, k_tile=16))
-    assert r.outcome == "equal" and "p-only" in r.reason
+    assert r.outcome == "proved" and "p-only" in r.reason
     h = vm.benchmarks.get("gqa", batch=1, small=True)
     r2 = FF.ff_test(h, expert("gqa", h, rows=16, kv_tile=32, splits=2))
-    assert r2.outcome == "equal" and "p-only" not in r2.reason
+    assert r2.outcome == "proved" and "p-only" not in r2.reason
     assert not FF.uses_exp(g) and FF.uses_exp(h)
 
 
@@ -261,7 +261,7 @@ def test_mixed_q_forms_in_concat_and_maximum() -> None:
 def test_full_size_ff_batch1(name: str) -> None:
     g = vm.benchmarks.get(name, batch=1)
     r = FF.ff_test(g, expert(name, g))
-    assert r.outcome == "equal" and r.bound <= 2.0**-60, r.reason
+    assert r.outcome == "proved" and r.bound <= 2.0**-60, r.reason
 
 
 # --------------------------------------------------------------------------- nested sums (Fubini)
@@ -330,3 +330,18 @@ def test_canon_sums_is_stable_and_capture_free() -> None:
     once, _ = E.canon_sums(ea[0])
     twice, _ = E.canon_sums(once)
     assert once == twice
+
+
+def test_one_outcome_vocabulary_across_the_verifier() -> None:
+    from verimirage.smt import ffref as R
+    from verimirage.smt.verdict import Check, Outcome
+
+    g = vm.benchmarks.get("lora", batch=1, small=True)
+    v = vm.verify(g, g)
+    assert v.outcome is Outcome.PROVED and all(isinstance(c.outcome, Outcome) for c in v.evidence)
+    assert FF.ff_test(g, g, trials=2).outcome is Outcome.PROVED
+    assert R.ref_test(g, g, (1, 2)).outcome is Outcome.PROVED
+    assert vm.Unknown("x").outcome is Outcome.UNKNOWN and vm.Refuted("x").outcome is Outcome.REFUTED
+    assert Check("c", "proved").outcome is Outcome.PROVED and Outcome.PROVED == "proved"
+    with pytest.raises(ValueError):
+        Check("c", "equal")  # the fast engine's old word is not an outcome

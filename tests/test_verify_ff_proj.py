@@ -123,9 +123,9 @@ def test_projected_and_elementwise_tests_agree(case) -> None:
     r0 = FF.ff_test(a, b, project=False)
     assert r1.outcome == r0.outcome, (case.name, r1.reason, r0.reason)
     assert r1.projected and not r0.projected
-    if r1.outcome == "differ":
+    if r1.outcome == "refuted":
         assert (r1.output, r1.index, r1.field_trial) == (r0.output, r0.index, r0.field_trial)
-    if r1.outcome == "equal":
+    if r1.outcome == "proved":
         assert r1.per_trial_bound == pytest.approx(r0.per_trial_bound + FF.projection_bound())
 
 
@@ -133,7 +133,7 @@ def test_suite_attention_pair_projects_the_last_product() -> None:
     g = vm.benchmarks.get("gqa", batch=1, small=True)
     m = vm.benchmarks.expert("gqa", g)
     r = FF.ff_test(g, m)
-    assert r.outcome == "equal" and r.projected
+    assert r.outcome == "proved" and r.projected
     assert r.bound <= 2.0**-60
 
 
@@ -178,7 +178,7 @@ def test_suite_pairs_never_form_their_last_product(name, monkeypatch) -> None:
     g = vm.benchmarks.get(name, batch=1, small=True)
     m = vm.benchmarks.expert(name, g)
     r = FF.ff_test(g, m, trials=1)
-    assert r.outcome == "equal"
+    assert r.outcome == "proved"
     assert formed == []
 
 

@@ -262,7 +262,7 @@ def test_attention_designs_reuse_the_targets_products(name, blockwise) -> None:
     m = vm.benchmarks.expert(name, g)
     before = dict(S.STATS)
     r = FF.ff_test(g, m)
-    assert r.outcome == "equal"
+    assert r.outcome == "proved"
     assert _reused(before) >= r.trials  # at least one product per trial reused
 
 
@@ -275,7 +275,7 @@ def test_products_are_found_by_value_when_not_by_address(blockwise, monkeypatch)
     g = vm.benchmarks.get("gqa", batch=1, small=True)
     before = dict(S.STATS)
     r = FF.ff_test(g, vm.benchmarks.expert("gqa", g))
-    assert r.outcome == "equal"
+    assert r.outcome == "proved"
     assert S.STATS["found"] - before["found"] >= r.trials
 
 
@@ -286,7 +286,7 @@ def test_a_wrong_design_is_still_refuted_when_its_products_are_shared(name, bloc
     case = next(c for c in CASES if c.name == name)
     before = dict(S.STATS)
     r = FF.ff_test(case.a(), case.b())
-    assert r.outcome == "differ"
+    assert r.outcome == "refuted"
     assert _reused(before) > 0
 
 
@@ -299,11 +299,11 @@ def test_a_reference_keeps_the_targets_products_for_later_candidates(blockwise) 
     assert kept >= 4  # the target's Q K^T (exp fused) of every trial
     before = dict(S.STATS)
     r = ref.compare(m)  # the target is not evaluated again: the candidate reads the kept products
-    assert r.outcome == "equal"
+    assert r.outcome == "proved"
     assert S.STATS["stored"] == before["stored"] and _reused(before) >= r.trials
     # a one-off test drops each trial's products when the trial is done
     one_off = FF.FFReference(g, keep_shared=False)
-    assert one_off.compare(m).outcome == "equal"
+    assert one_off.compare(m).outcome == "proved"
     assert all(not one_off.shared.entries(s) for s in FF.default_seeds(0, 4))
     ref.shared.clear()
     assert all(not ref.shared.entries(s) for s in FF.default_seeds(0, 4))
@@ -335,7 +335,7 @@ def test_a_reference_holds_big_inputs_within_the_budget(big_inputs) -> None:
     arrays = [_input_arrays(h) for h in held]
     before = dict(S.STATS)
     again = ref.compare(m)
-    assert again.outcome == "equal" and again.seeds == seeds
+    assert again.outcome == "proved" and again.seeds == seeds
     assert S.STATS["aliased"] - before["aliased"] >= len(seeds) and S.STATS["found"] == before["found"]
     for s, old in zip(seeds, arrays, strict=True):
         new = _input_arrays(ref.inputs(s, FF.Field.from_seed(s)))
@@ -357,7 +357,7 @@ def test_inputs_are_held_only_when_every_trials_fit_in_half_the_budget(big_input
     # just too small for all trials' inputs: none held, later candidates draw them again (equal values)
     monkeypatch.setenv(S.BUDGET_ENV, str(2 * one * r.trials - 1))
     ref = FF.FFReference(g)
-    assert ref.compare(m).outcome == "equal"
+    assert ref.compare(m).outcome == "proved"
     assert all(ref.shared.held_inputs(s) is None for s in r.seeds)
     fld = FF.Field.from_seed(r.seeds[0])
     x, y = ref.inputs(r.seeds[0], fld), ref.inputs(r.seeds[0], fld)
@@ -365,13 +365,13 @@ def test_inputs_are_held_only_when_every_trials_fit_in_half_the_budget(big_input
     # held inputs are dropped least recently used first, like products
     monkeypatch.delenv(S.BUDGET_ENV)
     ref = FF.FFReference(g)
-    assert ref.compare(m).outcome == "equal"
+    assert ref.compare(m).outcome == "proved"
     assert all(ref.shared.held_inputs(s) is not None for s in r.seeds)
     monkeypatch.setenv(S.BUDGET_ENV, str(one))
     assert S._BUDGET.add(S.Held(None, 1), [])
     assert S.held_bytes() <= one
     assert all(ref.shared.held_inputs(s) is None for s in r.seeds)
-    assert ref.compare(m).outcome == "equal"  # (drawn again)
+    assert ref.compare(m).outcome == "proved"  # (drawn again)
 
 
 def test_sharing_does_not_change_the_verdict_on_any_rule_instance(blockwise, monkeypatch) -> None:

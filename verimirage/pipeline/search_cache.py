@@ -164,7 +164,7 @@ def _recheck(cert: Any) -> Any:
 def _rebuild(entry: Any, graph: Graph, recheck: str, cost_of: Callable[[MuGraph], Any] | None = None) -> Any:
     from ..rewrite.cost import Cost, KernelCost
     from ..smt.certificate import Certificate
-    from ..smt.verdict import Check, Proved
+    from ..smt.verdict import Check, Outcome, Proved
     from .options import StopReason
     from .superopt import Candidate, SearchReport, SearchResult
 
@@ -202,7 +202,7 @@ def _rebuild(entry: Any, graph: Graph, recheck: str, cost_of: Callable[[MuGraph]
         v = _recheck(cert)
         if not isinstance(v, Proved):
             raise ValueError(f"candidate {i}: the certificate does not re-check ({v.reason})")
-        checks: tuple[Check, ...] = (Check("search-cache", "proved", (("entry_sha256", entry["sha256"]),)),
+        checks: tuple[Check, ...] = (Check("search-cache", Outcome.PROVED, (("entry_sha256", entry["sha256"]),)),
                                      *tuple(v.evidence))
         verdict = Proved(f"served from the search cache, certificate re-checked ({v.reason}); "
                          f"the search said: {d['verdict_reason']}", checks)

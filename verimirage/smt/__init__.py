@@ -13,9 +13,9 @@ import importlib
 from typing import Any
 
 from . import abstract as abstract
-from .verdict import Check, Proved, Refuted, Unknown, Verdict
+from .verdict import Check, Outcome, Proved, Refuted, Unknown, Verdict
 
-__all__ = ["Check", "Proved", "Refuted", "Unknown", "Verdict", "abstract", "ff", "prune"]
+__all__ = ["Check", "Outcome", "Proved", "Refuted", "Unknown", "Verdict", "abstract", "ff", "prune"]
 
 
 def __getattr__(name: str) -> Any:

@@ -44,7 +44,7 @@ from . import abstract as A
 from . import defined as D
 from . import expr as E
 from . import ffref, limits
-from .verdict import Check, Proved, Unknown, Verdict
+from .verdict import Check, Outcome, Proved, Unknown, Verdict
 
 log = logging.getLogger(__name__)
 
@@ -236,7 +236,7 @@ def _verified_queries(graph: Graph, mugraph: Graph,
     from .verify import abstract_check, proved_abstract
 
     r = proved_abstract(graph, mugraph) or abstract_check(graph, mugraph, timeout_s=timeout_s)
-    if r.outcome != "proved":
+    if r.outcome != Outcome.PROVED:
         raise GraphError(f"certificate: the abstract check does not prove the pair: {r.reason}")
     qs = [{"name": q.name, "smt2": q.smt2, "expected": q.expected, "core": list(q.core)} for q in r.queries]
     return qs, list(r.laws), json.loads(json.dumps(r.cases))
@@ -363,7 +363,7 @@ def _check_ff(g: Graph, mg: Graph, cert: Certificate) -> ffref.RefResult:
         raise _Reject(f"finite-field record: {bad} differ from the checker's (seeds and bound come from the "
                       f"content; the bound needs {want['trials']} trials of method {FF_METHOD!r})")
     r = ffref.ref_test(g, mg, want["seeds"])
-    if r.outcome != "equal":
+    if r.outcome != Outcome.PROVED:
         raise _Reject(f"finite-field re-run: {r.reason}")
     return r
 
@@ -376,16 +376,16 @@ def _check(text: str, known: frozenset[str], timeout_s: float, checks: list[Chec
         raise _Reject(str(e)) from None
     g, mg = _programs(cert)
     _check_rules(cert, known)
-    checks.append(Check("hashes-and-rules", "proved", (("rules", tuple(cert.rules)),
+    checks.append(Check("hashes-and-rules", Outcome.PROVED, (("rules", tuple(cert.rules)),
                                                        ("trusted_rules", tuple(cert.trusted_rules))),
                         time.perf_counter() - t0))
     t1 = time.perf_counter()
     names = limits.deep_call(_check_abstract, g, mg, cert, timeout_s)
-    checks.append(Check("abstract-z3", "proved", (("queries", names), ("laws", tuple(cert.laws))),
+    checks.append(Check("abstract-z3", Outcome.PROVED, (("queries", names), ("laws", tuple(cert.laws))),
                         time.perf_counter() - t1))
     t2 = time.perf_counter()
     r = _check_ff(g, mg, cert)
-    checks.append(Check("finite-field", "proved", (("seeds", r.seeds), ("trials", len(r.seeds)),
+    checks.append(Check("finite-field", Outcome.PROVED, (("seeds", r.seeds), ("trials", len(r.seeds)),
                                                    ("per_trial_bound", r.per_trial_bound),
                                                    ("false_accept_bound", r.bound), ("method", FF_METHOD)),
                         time.perf_counter() - t2))
@@ -563,7 +563,7 @@ def check_certificate(
             return _reject(f"the Triton module generated from the μGraph has sha256 {made[:16]}..., not the "
                            f"certificate's {h[:16]}...", v.evidence)
         v = Proved(v.reason + "; Triton module hash regenerated",
-                   (*v.evidence, Check("triton-hash", "proved", (("sha256", h),), seconds)))
+                   (*v.evidence, Check("triton-hash", Outcome.PROVED, (("sha256", h),), seconds)))
     return v
 
 

@@ -47,6 +47,7 @@ from ..ir.graph import Graph, node_list, output_refs
 from ..ir.interpret import run
 from ..ir.ops import OPS, POW_EXACT_MAX, TensorType, get_op, neg_axis
 from .consts import const_fraction
+from .verdict import Outcome
 
 P_MIN, P_MAX = 1 << 20, 1 << 21
 #: the contraction chunk of :func:`_matmul` (2**11 products below 2**42 sum below 2**53)
@@ -605,9 +606,10 @@ def trials_needed(per_trial: float, target_log2: float = 60.0, minimum: int = 2)
 
 @dataclass(frozen=True)
 class RefResult:
-    """Outcome of :func:`ref_test`: ``"equal"``, ``"differ"`` (``output``, ``index``, ``trial``) or ``"unknown"``."""
+    """What :func:`ref_test` found: ``PROVED`` (equal on every trial), ``REFUTED`` (``output``, ``index``, ``trial``)
+    or ``UNKNOWN``."""
 
-    outcome: str
+    outcome: Outcome
     reason: str
     seeds: tuple[int, ...]
     per_trial_bound: float
@@ -640,10 +642,10 @@ def ref_test(a: Graph, b: Graph, seeds: Sequence[int]) -> RefResult:
         for k, (x, y) in enumerate(zip(oa, ob, strict=True)):
             if not np.array_equal(x[0], y[0]):
                 idx = tuple(int(v) for v in np.argwhere(x[0] != y[0])[0])
-                return RefResult("differ", f"output {k} differs at index {idx} in trial {ti} (p={fld.p})",
+                return RefResult(Outcome.REFUTED, f"output {k} differs at index {idx} in trial {ti} (p={fld.p})",
                                  seeds[: ti + 1], per, 1.0, k, idx, ti)
         if va + vb:
-            return RefResult("unknown", f"a program applies exp to a value with no meaningful q-part "
+            return RefResult(Outcome.UNKNOWN, f"a program applies exp to a value with no meaningful q-part "
                              f"({va + vb} elements in trial {ti})", seeds[: ti + 1], per, 1.0, trial=ti)
         return None
 
@@ -653,7 +655,7 @@ def ref_test(a: Graph, b: Graph, seeds: Sequence[int]) -> RefResult:
             if r is not None:
                 return r
     if per >= 1 or not seeds:
-        return RefResult("unknown", "degree too high for a meaningful bound" if seeds else "no trials", seeds,
+        return RefResult(Outcome.UNKNOWN, "degree too high for a meaningful bound" if seeds else "no trials", seeds,
                          per, 1.0)
     bound = per ** len(seeds)
-    return RefResult("equal", f"{len(seeds)} trial(s) equal; false-accept bound {bound:.3g}", seeds, per, bound)
+    return RefResult(Outcome.PROVED, f"{len(seeds)} trial(s) equal; false-accept bound {bound:.3g}", seeds, per, bound)

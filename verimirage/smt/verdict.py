@@ -1,16 +1,33 @@
-"""Three-valued verdicts: :class:`Proved`, :class:`Refuted`, :class:`Unknown`.
+"""Three-valued verdicts: :class:`Proved`, :class:`Refuted`, :class:`Unknown`, and their :class:`Outcome`.
 
 A verdict is an immutable value carrying its evidence: which checks ran, with
 what parameters, how long they took, and (for a proof) the stated bound on the
 probability that the finite-field test accepted a wrong pair. A timeout, a
 node limit or an unsupported construct is :class:`Unknown`, never
 :class:`Proved`. Nothing in verimirage returns a bare bool for equivalence.
+
+One vocabulary: every check of ``verimirage.smt`` (the abstract check, the fast
+finite-field test, the reference evaluator's trials, the certificate checker's
+steps, a search-cache re-check) reports an :class:`Outcome`, and a verdict's
+:attr:`Verdict.outcome` is the same three values. (Z3's own answers, ``unsat`` /
+``sat`` / ``unknown``, are the solver's and stay its strings.)
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Any
+
+
+class Outcome(enum.StrEnum):
+    """What a check, or a verdict, found: the pair is equal (``PROVED``; for a randomized test, equal on every
+    trial), differs (``REFUTED``, with a witness), or neither could be shown (``UNKNOWN``, with the reason).
+    A str enum: ``Outcome.PROVED == "proved"`` and it is written to JSON as ``"proved"``."""
+
+    PROVED = "proved"
+    REFUTED = "refuted"
+    UNKNOWN = "unknown"
 
 
 @dataclass(frozen=True)
@@ -18,10 +35,13 @@ class Check:
     """The record of one check: its name, its outcome, parameters, seconds taken, details."""
 
     name: str
-    outcome: str  # "proved" | "refuted" | "unknown"
+    outcome: Outcome
     params: tuple[tuple[str, Any], ...] = ()
     seconds: float = 0.0
     detail: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "outcome", Outcome(self.outcome))  # (ValueError for any other word)
 
     def param(self, key: str, default: Any = None) -> Any:
         """The parameter ``key`` (or ``default``)."""
@@ -44,6 +64,11 @@ class Verdict:
         return False
 
     @property
+    def outcome(self) -> Outcome:
+        """The verdict as an :class:`Outcome`."""
+        return Outcome.PROVED if self.proved else Outcome.REFUTED if isinstance(self, Refuted) else Outcome.UNKNOWN
+
+    @property
     def false_accept_bound(self) -> float | None:
         """The probability bound on accepting a wrong pair that the finite-field check states, if it ran
         and states one (None where its record says it states none: programs with max / oracle ops, or
@@ -60,7 +85,7 @@ class Verdict:
 
     def caught_by(self) -> tuple[str, ...]:
         """Names of the checks whose outcome was not ``proved``."""
-        return tuple(c.name for c in self.evidence if c.outcome != "proved")
+        return tuple(c.name for c in self.evidence if c.outcome != Outcome.PROVED)
 
     def summary(self) -> str:
         """One line per check."""
@@ -91,4 +116,4 @@ class Unknown(Verdict):
     """Neither proved nor refuted (timeout, unsupported construct, abstraction too weak, ...)."""
 
 
-__all__ = ["Check", "Proved", "Refuted", "Unknown", "Verdict"]
+__all__ = ["Check", "Outcome", "Proved", "Refuted", "Unknown", "Verdict"]

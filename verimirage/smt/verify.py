@@ -40,7 +40,7 @@ from . import defined as D
 from . import expr as E
 from . import limits
 from .ff import MAX_ACCEPTABLE_BOUND, FFReference, FFResult, collect_here, ff_test
-from .verdict import Check, Proved, Refuted, Unknown, Verdict
+from .verdict import Check, Outcome, Proved, Refuted, Unknown, Verdict
 from .z3enc import Query, equivalence_query
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ def check_compatible(a: Any, b: Any) -> None:
 class AbstractResult:
     """Outcome of the abstract-expression check."""
 
-    outcome: str  # "proved" | "unknown"
+    outcome: Outcome  # PROVED or UNKNOWN (the abstraction never refutes)
     reason: str
     queries: tuple[Query, ...]
     laws: tuple[str, ...]
@@ -112,24 +112,24 @@ def _abstract_check(a: Graph, b: Graph, *, timeout_s: float, cancel: threading.E
         eb, lb = A.derive(b, cases, derived, db)
         undefined = D.refines_outputs(da, db)
     except (E.AbstractionError, E.NeedSplit, RecursionError, MemoryError) as e:
-        return AbstractResult("unknown", f"abstraction: {e}", (), (), (), time.perf_counter() - t0)
+        return AbstractResult(Outcome.UNKNOWN, f"abstraction: {e}", (), (), (), time.perf_counter() - t0)
     if undefined is not None:
-        return AbstractResult("unknown", undefined, (), tuple(sorted(la | lb)),
+        return AbstractResult(Outcome.UNKNOWN, undefined, (), tuple(sorted(la | lb)),
                               tuple(tuple(c.ranges for c in cs) for cs in cases), time.perf_counter() - t0)
     queries: list[Query] = []
-    outcome, reason = "proved", "every output equal"
+    outcome, reason = Outcome.PROVED, "every output equal"
     for k, (xs, ys) in enumerate(zip(ea, eb, strict=True)):
         for ci, (x, y) in enumerate(zip(xs, ys, strict=True)):
             left = timeout_s - (time.perf_counter() - t0)
             stopped = cancel is not None and cancel.is_set()
             if left <= 0 or stopped:
                 why = "cancelled" if stopped else "time limit reached"
-                return AbstractResult("unknown", why, tuple(queries), tuple(sorted(la | lb)),
+                return AbstractResult(Outcome.UNKNOWN, why, tuple(queries), tuple(sorted(la | lb)),
                                       tuple(tuple(c.ranges for c in cs) for cs in cases), time.perf_counter() - t0)
             try:
                 q = equivalence_query(f"eq:out{k}:case{ci}", x, y, timeout_s=max(0.1, left))
             except (E.AbstractionError, z3.Z3Exception, MemoryError) as e:
-                return AbstractResult("unknown", f"output {k} case {ci}: {type(e).__name__}: {e}", tuple(queries),
+                return AbstractResult(Outcome.UNKNOWN, f"output {k} case {ci}: {type(e).__name__}: {e}", tuple(queries),
                                       tuple(sorted(la | lb)), tuple(tuple(c.ranges for c in cs) for cs in cases),
                                       time.perf_counter() - t0)
             if q.result != "unsat":
@@ -149,8 +149,8 @@ def _abstract_check(a: Graph, b: Graph, *, timeout_s: float, cancel: threading.E
                         q = q2
                         la |= lx | ly
             queries.append(q)
-            if q.result != "unsat" and outcome == "proved":
-                outcome = "unknown"
+            if q.result != "unsat" and outcome == Outcome.PROVED:
+                outcome = Outcome.UNKNOWN
                 reason = (f"output {k} case {ci}: z3 says {q.result} (the normal forms differ: "
                           f"{E.pretty(x)[:200]} vs {E.pretty(y)[:200]})")
     return AbstractResult(outcome, reason, tuple(queries), tuple(sorted(la | lb)),
@@ -221,14 +221,14 @@ PROJECTION = "sum(O*U*r) mod p, U over O.shape[:-1], r over the last axis"
 
 
 def _ff_check(r: FFResult) -> Check:
-    outcome = {"equal": "proved", "differ": "refuted"}.get(r.outcome, "unknown")
+    equal = r.outcome == Outcome.PROVED
     # ``false_accept_bound`` is the per-node model's figure (what the trial count and the certificate record
     # use); ``stated_bound`` is the probability the test states (None: none, ``bound_note`` says why)
     params = (("p", r.p), ("q", r.q), ("g", r.g), ("seeds", r.seeds), ("trials", r.trials),
-              ("per_trial_bound", r.per_trial_bound), ("false_accept_bound", r.bound if outcome == "proved" else 1.0),
-              ("stated_bound", r.stated_bound if outcome == "proved" else None), ("bound_note", r.bound_note),
+              ("per_trial_bound", r.per_trial_bound), ("false_accept_bound", r.bound if equal else 1.0),
+              ("stated_bound", r.stated_bound if equal else None), ("bound_note", r.bound_note),
               ("projection", PROJECTION if r.projected else "none"), ("products_on", r.device))
-    return Check("finite-field", outcome, params, r.seconds, r.reason)
+    return Check("finite-field", r.outcome, params, r.seconds, r.reason)
 
 
 def _dtype_mismatch(a: Graph, b: Graph) -> str | None:
@@ -320,7 +320,7 @@ def _verify(a: Graph, b: Graph, ref: FFReference, *, trials: int | None, seed: i
     check_compatible(a, b)
     why = _dtype_mismatch(a, b)
     if why is not None:
-        return Unknown(f"dtypes differ: {why}", (Check("dtypes", "unknown", (), 0.0, why),))
+        return Unknown(f"dtypes differ: {why}", (Check("dtypes", Outcome.UNKNOWN, (), 0.0, why),))
     # the abstract check (Python and Z3, one thread) runs beside the finite-field trials (numpy, which
     # releases the GIL); it is always joined before returning, so Z3 is never used by two checks at once
     with collect_here(), concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="vm-z3") as pool:
@@ -331,15 +331,15 @@ def _verify(a: Graph, b: Graph, ref: FFReference, *, trials: int | None, seed: i
         try:
             ffr = ff_test(a, b, seed=seed, trials=trials, reference=ref)
         finally:
-            if ffr is None or ffr.outcome == "differ":
+            if ffr is None or ffr.outcome == Outcome.REFUTED:
                 cancel.set()  # an error or a refutation does not need the abstract check
         absr = abs_future.result()
     ffc = _ff_check(ffr)
-    if ffr.outcome == "differ":
+    if ffr.outcome == Outcome.REFUTED:
         return _refuted_or_unknown(a, b, ffr, ffc, seed)
     abc = _abs_check(absr)
     ev = (ffc, abc)
-    if ffr.outcome == "equal" and absr.outcome == "proved":
+    if ffr.outcome == Outcome.PROVED and absr.outcome == Outcome.PROVED:
         if ffr.bound > MAX_ACCEPTABLE_BOUND:
             return Unknown(f"finite-field: {ffr.trials} trial(s) give bound {ffr.bound:.3g}, above the acceptable "
                            f"{MAX_ACCEPTABLE_BOUND:.3g}: run more trials (trials=None chooses enough)", ev)
@@ -348,7 +348,7 @@ def _verify(a: Graph, b: Graph, ref: FFReference, *, trials: int | None, seed: i
                   else f"per-node model bound {ffr.bound:.2g}, no probability stated")
         return Proved(f"finite-field ({ffr.trials} trials, {stated}) and abstract-z3 "
                       f"({len(absr.queries)} queries) both prove equivalence", ev)
-    reasons = [f"{c.name}: {c.detail}" for c in ev if c.outcome != "proved"]
+    reasons = [f"{c.name}: {c.detail}" for c in ev if c.outcome != Outcome.PROVED]
     if any(q.result == "sat" for q in absr.queries):
         # z3 found the normal forms different (the field test may be blind to it, e.g. ``max(x, 1)`` is
         # ``x`` on residues): a float witness makes it a refutation
@@ -378,7 +378,7 @@ def _refuted_or_unknown(a: Graph, b: Graph, ffr: FFResult, ffc: Check, seed: int
         d = w["float_differences"][0]
         return Refuted(f"finite-field test: {ffr.reason}; float64 witness ({w['float_kind']} inputs): output "
                        f"{d['output']} at {d['index']} is {d['a']:.6g} vs {d['b']:.6g}", (ffc,), cex)
-    unk = Check(ffc.name, "unknown", ffc.params, ffc.seconds, ffc.detail)
+    unk = Check(ffc.name, Outcome.UNKNOWN, ffc.params, ffc.seconds, ffc.detail)
     return Unknown(f"finite-field test: {ffr.reason}, but no float inputs were found on which the programs "
                    "differ in float64 (the field's order / oracle model may separate programs equal over the "
                    "reals)", (unk,))

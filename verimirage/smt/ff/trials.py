@@ -21,6 +21,7 @@ from ...ir.errors import GraphError
 from ...ir.graph import Graph
 from ...ir.interpret import run
 from ...ir.ops import OPS, Prop
+from ..verdict import Outcome
 from . import gpu as ffgpu
 from . import share as ffshare
 from .degree import degree_bound, degree_info, projection_bound, stated_bound, trials_needed, uses_exp
@@ -38,7 +39,7 @@ INPUT_CACHE_BYTES = 24 << 20
 class FFResult:
     """Outcome of the finite-field test."""
 
-    outcome: str  # "equal" | "differ" | "unknown"
+    outcome: Outcome  # PROVED: equal on every trial; REFUTED: a trial differs (``output``, ``index``); else UNKNOWN
     reason: str
     p: tuple[int, ...]
     q: tuple[int, ...]
@@ -347,13 +348,13 @@ class FFReference:
                                            "outputs are equal (a bug in verimirage.smt.ff.proj)")
                 if idx is not None:
                     full = trial_inputs(self.target, fld, s)
-                    return FFResult("differ", f"output {k} differs at index {idx} in trial {ti} (p={fld.p})",
+                    return FFResult(Outcome.REFUTED, f"output {k} differs at index {idx} in trial {ti} (p={fld.p})",
                                     bound=1.0, seconds=time.perf_counter() - t0, output=k, index=idx,
                                     inputs=full, field_trial=ti, **common)  # type: ignore[arg-type]
             del outs_b
             viol = viol_a + fld.q_violations
             if viol:
-                return FFResult("unknown", f"a program applies exp to a value with no meaningful q-part "
+                return FFResult(Outcome.UNKNOWN, f"a program applies exp to a value with no meaningful q-part "
                                 f"({viol} elements in trial {ti}): the exp algebra cannot be tested",
                                 bound=1.0, seconds=time.perf_counter() - t0, **common)  # type: ignore[arg-type]
             return None
@@ -364,14 +365,14 @@ class FFReference:
         if stop is not None:
             return dataclasses.replace(stop, seconds=time.perf_counter() - t0, device=where)
         bound = per ** len(seeds)
-        outcome = "equal" if per < 1 else "unknown"
+        outcome = Outcome.PROVED if per < 1 else Outcome.UNKNOWN
         stated, note = stated_bound((self.info, degree_info(cand)), len(seeds), self.project)
         reason = (f"{len(seeds)} trial(s) equal{' (p-only: no exp)' if p_only else ''}; per-node model "
                   f"bound {bound:.3g}; " + (f"false-accept bound {stated:.3g}" if stated is not None else note)
-                  if outcome == "equal" else "degree too high for a meaningful bound")
+                  if outcome == Outcome.PROVED else "degree too high for a meaningful bound")
         return FFResult(outcome, reason, ps, qs, gs, seeds, len(seeds), per, bound,
                         time.perf_counter() - t0, projected=self.project, device=where,
-                        stated_bound=stated if outcome == "equal" else None, bound_note=note)
+                        stated_bound=stated if outcome == Outcome.PROVED else None, bound_note=note)
 
 
 def ff_test(
