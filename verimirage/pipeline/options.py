@@ -26,6 +26,12 @@ class StopReason(enum.StrEnum):
     VERIFY_BUDGET = "verification budget"
     ATTEMPT_LIMIT = "verification attempt limit"
     CACHED = "served from the search cache"
+    REGIONS = "split into regions"
+
+
+#: ``SearchOptions.split``: ``"auto"`` (split a program too big for one search, see :mod:`.regions`),
+#: ``"never"`` (one search of the whole program, whatever its size), ``"always"`` (regions only)
+SPLIT_MODES = ("auto", "never", "always")
 
 
 def _ints(name: str, v: Any, lo: int) -> tuple[int, ...] | None:
@@ -67,6 +73,9 @@ class SearchOptions:
     verifier: Callable[[Any, Any], Any] | None = field(default=None, compare=False)
     cache: bool = True
     recheck_cache: bool = False
+    split: str = "auto"
+    region_ops: int = 12
+    whole_ops: int = 24
 
     def __post_init__(self) -> None:
         def put(name: str, v: Any) -> None:
@@ -83,7 +92,8 @@ class SearchOptions:
                 raise ValueError(f"SearchOptions.verify_budget_s={v!r}; expected a number >= 0 or None")
             put("verify_budget_s", float(v))
         for name, lo in (("node_limit", 1), ("iter_limit", 0), ("max_splits", 1), ("top_k", 1), ("variants", 0),
-                         ("terms_per_class", 1), ("max_terms", 1), ("seed", -(2**63))):
+                         ("terms_per_class", 1), ("max_terms", 1), ("seed", -(2**63)), ("region_ops", 1),
+                         ("whole_ops", 1)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ValueError(f"SearchOptions.{name}={v!r}; expected an int >= {lo}")
@@ -93,6 +103,8 @@ class SearchOptions:
         for name in ("profile", "cache", "recheck_cache"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"SearchOptions.{name}={getattr(self, name)!r}; expected True or False")
+        if self.split not in SPLIT_MODES:
+            raise ValueError(f"SearchOptions.split={self.split!r}; expected one of {list(SPLIT_MODES)}")
         if self.progress is not None and not isinstance(self.progress, bool):
             raise TypeError(f"SearchOptions.progress={self.progress!r}; expected True, False or None")
         if not isinstance(self.hardware, Hardware):
@@ -161,6 +173,7 @@ class SearchOptions:
             "calibration": repr(self.calibration), "profile": self.profile, "seed": self.seed,
             "verify_timeout_s": self.verify_timeout_s,
             "device": device if self.profile else None,
+            "split": self.split, "region_ops": self.region_ops, "whole_ops": self.whole_ops,
         }
 
     def changed(self) -> dict[str, Any]:

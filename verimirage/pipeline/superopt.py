@@ -101,6 +101,10 @@ class SearchReport:
     #: why verification stopped (``stop_reason`` is its text, with the detail)
     stopped: StopReason | None = None
     options: str = ""  # the search's options that differ from the defaults (``str(SearchOptions)``)
+    #: how a split program was searched (:mod:`verimirage.pipeline.regions`), region by region, in order
+    #: (empty: the program was searched whole)
+    regions: list[Any] = field(default_factory=list)
+    split: str = ""  # a one-line summary of the split ("" when the program was searched whole)
 
     def stop(self, why: StopReason, detail: str = "") -> None:
         """Record why the search stopped: ``stopped`` and its text ``stop_reason`` (``detail`` in parentheses)."""
@@ -125,8 +129,13 @@ class SearchReport:
             lines.append(f"  e-graph: {self.egraph_enodes} e-nodes, {self.egraph_eclasses} e-classes, "
                          f"{self.egraph_iterations} iterations ({self.egraph_stop_reason})")
             lines.append(f"  rules fired: {self.rules_fired}")
-            lines.append(f"  extracted {self.terms_extracted} term(s), lowered {self.lowered} μGraph(s), "
-                         f"verified {self.verified}, rejected {len(self.rejected)}")
+            if self.split:
+                lines.append(f"  split: {self.split}")
+                lines += [f"    region {k}: {r}" for k, r in enumerate(self.regions)]
+                lines.append(f"  verified {self.verified} against the whole program, rejected {len(self.rejected)}")
+            else:
+                lines.append(f"  extracted {self.terms_extracted} term(s), lowered {self.lowered} μGraph(s), "
+                             f"verified {self.verified}, rejected {len(self.rejected)}")
         else:
             lines.append(f"  served {self.verified} verified candidate(s)")
         for reason, n in sorted(self.pruned.items(), key=lambda p: -p[1])[:8]:
@@ -237,6 +246,15 @@ def superoptimize(graph: Graph, *, options: SearchOptions | None = None, **overr
     seconds per candidate); ``recheck_cache=True`` re-checks every cached candidate and serves them all. A
     candidate that does not re-check makes the entry a miss: it is reported, removed and searched again.
 
+    A program too big for one search is searched by regions (:mod:`verimirage.pipeline.regions`): cut before
+    every matmul and after ``region_ops`` ops, each region searched, neighbours merged where one search of
+    both costs less (at most ``region_ops`` ops), the regions' μGraphs composed and the composition verified
+    and certified against the whole program; the report lists the regions (``SearchReport.regions``,
+    ``split``). ``split="auto"`` (default) searches a program with one matmul whole, one of more than
+    ``whole_ops`` ops by regions, and one in between whole and, when that fused less than one kernel per
+    region to start with, by regions too (the cheaper wins); ``"never"``/``"always"`` force one way. With
+    regions, ``time_budget_s`` applies to each region's search, and boundary merges stop once it has passed.
+
     The keywords are the fields of :class:`~verimirage.pipeline.options.SearchOptions` (validated once, a
     TypeError for an unknown one); ``options=SearchOptions(...)`` passes them as one value (keywords given
     beside it override its fields). The report prints the options that differ from the defaults.
@@ -259,7 +277,7 @@ def superoptimize(graph: Graph, *, options: SearchOptions | None = None, **overr
             hit.report.options = str(opts)
             log.info("superoptimize: served from the search cache (%d candidate(s))", len(hit.candidates))
             return hit
-    result = _search(graph, opts)
+    result = _search_program(graph, opts)
     if key is not None and result.candidates:
         from . import search_cache
 
@@ -289,17 +307,19 @@ class _Run:
     pool: list[tuple[tuple[Any, ...], Lowered, Cost, int]] = field(default_factory=list)
     cands: list[Candidate] = field(default_factory=list)
     cand_source: list[int] = field(default_factory=list)  # per candidate, the index of its graph in ``graphs``
+    certify: bool = True  # whether the certify phase runs
 
     def prune(self, reason: str) -> None:
         """Count a candidate dropped for ``reason``."""
         self.rep.pruned[reason] = self.rep.pruned.get(reason, 0) + 1
 
 
-def _search(graph: Graph, opts: SearchOptions) -> SearchResult:
-    """The search itself (see :func:`superoptimize`): the phases of :data:`_PHASES` in order, each timed."""
+def _search(graph: Graph, opts: SearchOptions, *, certify: bool = True) -> SearchResult:
+    """The search itself (see :func:`superoptimize`): the phases of :data:`_PHASES` in order, each timed.
+    ``certify=False`` skips the certificates (a region's search: its program's composition is certified)."""
     rep = SearchReport(options=str(opts))
     run = _Run(graph, opts, rep, opts.verifier or _default_verifier(graph, opts.verify_timeout_s, opts.seed),
-               opts.calibration or Calibration(), time.perf_counter())
+               opts.calibration or Calibration(), time.perf_counter(), certify=certify)
     if opts.profile:
         from ..smt.ff import gpu as ffgpu
 
@@ -314,6 +334,168 @@ def _search(graph: Graph, opts: SearchOptions) -> SearchResult:
             rep.phase_seconds[name] = rep.phase_seconds.get(name, 0.0) + time.perf_counter() - t0
     log.info("%s", rep)
     return SearchResult(run.cands, rep)
+
+
+def _num_ops(graph: Graph) -> int:
+    return sum(1 for n in node_list(graph) if n.op != "input")
+
+
+def _search_program(graph: Graph, opts: SearchOptions) -> SearchResult:
+    """One search of the whole program, or a search by regions (:mod:`.regions`), as ``opts.split`` says.
+
+    ``"auto"``: a program that starts as one region (at most one matmul and ``region_ops`` ops) is searched
+    whole; one of more than ``whole_ops`` ops by regions only; in between, whole first, and by regions too
+    when the whole search's best candidate has more kernels than the program has regions to start with (it
+    fused less than its parts would on their own): then the candidates of both, cheapest first."""
+    from .regions import initial_chunks
+
+    n_chunks = len(initial_chunks(graph, opts.region_ops))
+    if opts.split == "never" or (opts.split == "auto" and n_chunks < 2):
+        return _search(graph, opts)
+    if opts.split == "always" or _num_ops(graph) > opts.whole_ops:
+        return _split_search(graph, opts)
+    whole = _search(graph, opts)
+    if whole.best is not None and whole.best.num_kernels <= n_chunks:
+        return whole
+    split = _split_search(graph, opts)
+    rep = split.report
+    rep.phase_seconds = {"whole": whole.report.total_seconds, **rep.phase_seconds}
+    best = whole.best
+    rep.notes.insert(0, "the whole program was searched first: "
+                     + (f"its best has {best.num_kernels} kernel(s) ({best.cost.time_s * 1e6:.1f} us est.), more "
+                        f"than its {n_chunks} region(s) to start with, so it was searched by regions too"
+                        if best is not None else "nothing verified, so it was searched by regions too")
+                     + f" (whole search: {whole.report.stop_reason})")
+    cands = sorted([*split.candidates, *whole.candidates], key=lambda c: (c.cost.time_s, c.num_kernels))
+    rep.verified = len(cands)
+    rep.rejected = [*rep.rejected, *whole.report.rejected]
+    return SearchResult(cands, rep)
+
+
+#: the least time (s) the whole-program check of a split program may take for its Z3 queries: the abstract
+#: expressions of a whole layer take tens of seconds to derive before any query runs
+WHOLE_VERIFY_TIMEOUT_S = 300.0
+
+
+def _split_search(graph: Graph, opts: SearchOptions) -> SearchResult:
+    """Search ``graph`` by regions (:mod:`.regions`): split, search each region, merge neighbours where one
+    search of both costs less, compose the regions' μGraphs, and verify the composition against the whole
+    program (the glue included); its certificate is the whole program's."""
+    from .regions import compose, split_search
+
+    rep = SearchReport(options=str(opts))
+    t_start = time.perf_counter()
+    run = _Run(graph, opts, rep, opts.verifier or _default_verifier(graph, opts.verify_timeout_s, opts.seed),
+               opts.calibration or Calibration(), t_start)
+    cal = run.cal
+
+    def timed(name: str, t0: float) -> None:
+        rep.phase_seconds[name] = rep.phase_seconds.get(name, 0.0) + time.perf_counter() - t0
+
+    with _Progress(opts.progress) as prog:
+        prog.phase("rules")
+        t0 = time.perf_counter()
+        _rules_phase(run)
+        timed("rules", t0)
+
+        region_opts = dataclasses.replace(opts, top_k=1, variants=0, progress=False, profile=False, cache=False,
+                                          split="never")
+        region_results: list[SearchResult] = []
+
+        def search_region(rg: Graph) -> tuple[MuGraph, float, str, tuple[str, ...]]:
+            res = _search(rg, region_opts, certify=False)
+            region_results.append(res)
+            if res.best is not None:
+                return res.best.mugraph, res.best.cost.time_s, "searched", res.best.rules
+            mg = MuGraph.from_graph(rg)
+            return mg, cost(mg, opts.hardware, cal).time_s, "unfused (no verified candidate)", ("partition.unfused",)
+
+        prog.phase("regions")
+        t0 = time.perf_counter()
+        out = split_search(graph, opts.region_ops, search_region, deadline=t_start + opts.time_budget_s)
+        timed("regions", t0)
+        rep.regions = list(out.reports)
+        rep.rules_fired = {}
+        for res in region_results:
+            for r, n in res.report.rules_fired.items():
+                rep.rules_fired[r] = rep.rules_fired.get(r, 0) + n
+        rep.egraph_enodes = max((r.report.egraph_enodes for r in region_results), default=0)
+        rep.egraph_eclasses = max((r.report.egraph_eclasses for r in region_results), default=0)
+        rep.egraph_iterations = max((r.report.egraph_iterations for r in region_results), default=0)
+        rep.egraph_stop_reason = "per region (the largest region's e-graph)"
+        rep.lowered = sum(r.report.lowered for r in region_results)
+        rep.terms_extracted = sum(r.report.terms_extracted for r in region_results)
+        kernels = sum(r.kernels for r in out.reports)
+        rep.split = (f"{len(out.regions)} region(s), {kernels} kernel(s) in all; {out.searches} region search(es) "
+                     f"({out.reused} answered by an identical region), {out.merges_kept} of {out.merges_tried} "
+                     f"boundary merge(s) kept; at most {opts.region_ops} ops a region")
+
+        prog.phase("compose")
+        t0 = time.perf_counter()
+        composed = compose(graph, out.regions, out.mugraphs)
+        rules: list[str] = []
+        for rr in out.reports:
+            rules += [x for x in rr.rules if x not in rules]
+        timed("compose", t0)
+
+        prog.phase("verify")
+        t0 = time.perf_counter()
+        cands: list[Candidate] = []
+        tried: list[tuple[MuGraph, tuple[str, ...], str]] = [(composed, tuple(rules), "composed")]
+        if composed.num_kernels < _num_ops(graph):
+            tried.append((MuGraph.from_graph(graph), ("partition.unfused",), "unfused"))
+        for mg, mg_rules, what in tried:
+            v = _check_whole(graph, mg, opts)
+            unsafe = None
+            if getattr(v, "proved", False):
+                from .fpsafe import SafetyChecker
+
+                unsafe = SafetyChecker(graph, opts.seed).check(mg)
+            desc = f"{mg.num_kernels}-kernel {what} μGraph"
+            if unsafe is not None:
+                rep.rejected.append((desc, f"{type(v).__name__} but {unsafe}"))
+            elif getattr(v, "proved", False):
+                by = "vm.verify" if opts.verifier is None else "custom verifier"
+                if opts.verifier is not None:
+                    v = _unknown(f"accepted by a custom verifier, not proved by vm.verify (no certificate): "
+                                 f"{getattr(v, 'reason', v)}", getattr(v, "evidence", ()))
+                cands.append(Candidate(mg, cost(mg, opts.hardware, cal), v, None, mg_rules, graph, verified_by=by))
+                break
+            else:
+                rep.rejected.append((desc, f"{type(v).__name__}: {getattr(v, 'reason', v)}"))
+        rep.verified = len(cands)
+        if cands and cands[0].mugraph is composed:
+            rep.stop(StopReason.REGIONS, f"{len(out.regions)} region(s); the composition verified against the "
+                     "whole program")
+        else:
+            rep.stop(StopReason.REGIONS, f"{len(out.regions)} region(s); the composition did not verify against "
+                     "the whole program" + ("; the unfused program did" if cands else ""))
+        timed("verify", t0)
+        run.cands = cands
+
+        prog.phase("certify")
+        t0 = time.perf_counter()
+        _certify_phase(run)
+        timed("certify", t0)
+    log.info("%s", rep)
+    return SearchResult(run.cands, rep)
+
+
+def _check_whole(graph: Graph, mg: MuGraph, opts: SearchOptions) -> Any:
+    """``vm.verify(graph, mg)`` for a whole split program (a longer limit for its Z3 queries), or the custom
+    verifier's answer."""
+    try:
+        mg.check()
+        if opts.verifier is not None:
+            return opts.verifier(graph, mg)
+        from ..smt.verify import verifier_for
+
+        return verifier_for(graph, seed=opts.seed).check(mg, timeout_s=max(opts.verify_timeout_s,
+                                                                           WHOLE_VERIFY_TIMEOUT_S))
+    except ImportError as e:
+        return _unknown(f"verifier not available: {e}")
+    except GraphError as e:
+        return _unknown(f"IR check failed: {str(e).splitlines()[0]}")
 
 
 def _rules_phase(run: _Run) -> None:
@@ -666,7 +848,7 @@ _PHASES: tuple[tuple[str, Callable[[_Run], None], Callable[[_Run], bool]], ...] 
     ("lower", _lower_phase, lambda run: True),
     ("verify", _verify_phase, lambda run: True),
     ("attribute", _attribute_phase, lambda run: bool(run.cands)),
-    ("certify", _certify_phase, lambda run: True),
+    ("certify", _certify_phase, lambda run: run.certify),
     ("profile", _profile_phase, lambda run: run.opts.profile and bool(run.cands)),
 )
 

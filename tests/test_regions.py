@@ -1,0 +1,114 @@
+"""Region splitting (issue 22 "no size cliff", issue 23 "search that scales to a layer"): a long program is
+split into regions, each searched, neighbours merged where that pays, the regions' μGraphs composed and the
+composition verified against the whole program (the glue included), with the whole program's certificate."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import verimirage as vm
+from verimirage.ir.graph import MuGraph, Node, node_list
+from verimirage.pipeline.options import SearchOptions, StopReason
+from verimirage.pipeline.regions import compose, initial_chunks, region_of
+from verimirage.pipeline.superopt import SearchOptions as SO2
+from verimirage.pipeline.superopt import _check_whole
+
+
+def relu_chain(layers: int, m: int = 16, d: int = 32) -> vm.Graph:
+    """``relu(... relu(x @ W0) ... @ W{layers-1})``."""
+    g = vm.Graph()
+    h = g.input("x", (m, d), vm.float16)
+    ws = [g.input(f"w{i}", (d, d), vm.float16) for i in range(layers)]
+    for w in ws:
+        h = g.relu(g.matmul(h, w))
+    g.output(h)
+    return g
+
+
+def _inputs(g: vm.Graph, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {str(t.name): rng.standard_normal(t.shape) for t in g.inputs}
+
+
+def test_chunks_cut_before_every_matmul_and_after_region_ops() -> None:
+    g = relu_chain(3)
+    chunks = initial_chunks(g, 12)
+    assert [[node_list(g)[i].op for i in c] for c in chunks] == [["matmul", "relu"]] * 3
+    assert [len(c) for c in initial_chunks(g, 1)] == [1] * 6
+
+
+def test_compose_of_unfused_regions_is_the_program() -> None:
+    g = relu_chain(3)
+    regions = [region_of(g, c) for c in initial_chunks(g, 12)]
+    # the second region reads the first's output and its own weight, under canonical names r0, r1
+    assert [t.name for t in regions[1].graph.inputs] == ["r0", "r1"]
+    assert regions[1].inputs[0] == regions[0].outputs[0]
+    mg = compose(g, regions, [MuGraph.from_graph(r.graph) for r in regions])
+    ins = _inputs(g)
+    np.testing.assert_allclose(vm.evaluate(mg, ins)[0], vm.evaluate(g, ins)[0], rtol=1e-12)
+    assert mg.num_kernels == 6 and sorted(mg.input_names()) == sorted(g.input_names())
+
+
+def test_miswired_glue_is_not_proved() -> None:
+    # each region proved on its own is not enough: a composition whose glue is wrong (the second region's
+    # activation and weight swapped: W1 @ h instead of h @ W1, same shapes) must fail the whole-program check
+    g = relu_chain(2, m=32, d=32)
+    regions = [region_of(g, c) for c in initial_chunks(g, 12)]
+    mgs = [MuGraph.from_graph(r.graph) for r in regions]
+    nodes = list(node_list(mgs[1]))
+    swap = {"r0": "r1", "r1": "r0"}
+    nodes = [Node("input", (), (("name", swap[n.attr("name")]),), n.outs) if n.op == "input" else n for n in nodes]
+    bad = MuGraph._from_parts(nodes, list(mgs[1].outputs_refs))
+    good = compose(g, regions, mgs)
+    wrong = compose(g, regions, [mgs[0], bad])
+    assert isinstance(_check_whole(g, good, SearchOptions()), vm.Proved)
+    assert not isinstance(_check_whole(g, wrong, SearchOptions()), vm.Proved)
+
+
+@pytest.mark.parametrize("layers", [5, 8])
+def test_relu_chain_gets_at_most_one_kernel_per_layer(layers: int) -> None:
+    g = relu_chain(layers)
+    res = vm.superoptimize(g, cache=False, split="always")
+    best = res.best
+    assert best is not None and isinstance(best.verdict, vm.Proved)
+    assert best.num_kernels <= layers
+    # every relu fused into a kernel: no kernel-level relu or matmul left
+    assert all(n.op in ("input", "custom") for n in node_list(best.mugraph))
+    rep = res.report
+    assert rep.stopped is StopReason.REGIONS and rep.split and rep.regions
+    assert sum(r.kernels for r in rep.regions) == best.num_kernels
+    assert sum(len(r.ops) for r in rep.regions) == 2 * layers
+    assert "region 0:" in str(rep)
+    # the certificate is the whole program's and re-checks
+    cert = best.certificate
+    assert cert is not None and cert.graph_text == str(g) and cert.mugraph_text == str(best.mugraph)
+    ins = _inputs(g)
+    np.testing.assert_allclose(vm.evaluate(best.mugraph, ins)[0], vm.evaluate(g, ins)[0], rtol=1e-9, atol=1e-9)
+
+
+def test_auto_splits_only_where_the_whole_search_fuses_less_than_its_parts() -> None:
+    # one matmul: one region to start with, searched whole as before
+    g1 = relu_chain(1)
+    assert vm.superoptimize(g1, cache=False).report.split == ""
+    # split="never" keeps the whole-program search
+    g5 = relu_chain(5)
+    res = vm.superoptimize(g5, cache=False, split="never")
+    assert res.report.split == "" and res.report.stopped is not StopReason.REGIONS
+
+
+def test_certificate_of_a_split_program_rechecks(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    g = relu_chain(5)
+    best = vm.superoptimize(g, cache=False, split="always").best
+    assert best is not None and best.certificate is not None
+    p = tmp_path / "cert.json"
+    best.certificate.save(p)
+    assert isinstance(vm.check_certificate(p), vm.Proved)
+
+
+def test_split_options_are_validated() -> None:
+    with pytest.raises(ValueError, match="split"):
+        SO2(split="sometimes")
+    with pytest.raises(ValueError, match="region_ops"):
+        SearchOptions(region_ops=0)
+    assert "split='always'" in str(SearchOptions(split="always"))

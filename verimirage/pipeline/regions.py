@@ -1,0 +1,217 @@
+"""Region splitting: a program of any length gets at least the fusions its parts get on their own.
+
+One search lowers a whole kernel graph into a single fused kernel (or a kernel plus a combine kernel) or
+leaves it unfused; a long program (a chain of layers, a decoder layer) has no single-kernel form, and its
+search returns one kernel per op. Here the program is cut into *regions* small enough for one search:
+
+1. **split** — the live ops in program order, cut before every matmul (the op a fusion is built around;
+   the ops between two matmuls are its prologue/epilogue) and after :attr:`SearchOptions.region_ops` ops;
+   every region is a contiguous run of a topological order, so the regions form a DAG;
+2. **search** — each region as a kernel graph of its own (inputs: the program's inputs it reads and the
+   values earlier regions produce, renamed canonically so identical regions are searched once; outputs:
+   the values later regions or the program's outputs read), with the existing phases (rules, saturate,
+   extract, lower, verify, attribute), its best verified candidate kept;
+3. **reconsider the boundaries** — walking the regions in order, two neighbours are searched as one region
+   (at most ``region_ops`` ops) and merged when that one search's best costs less than the two apart: an
+   elementwise epilogue or a norm prologue lands in its neighbour's kernel this way, and so do whole
+   layers when fusing them pays;
+4. **compose** — the regions' μGraphs spliced into one μGraph over the program's inputs (the glue: each
+   region's inputs wired to the values they stand for), which the caller then verifies against the
+   *whole* program (the composition of proved regions is proved only with its glue; the certificate is
+   the whole program's).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from ..ir.graph import Graph, MuGraph, Node, Ref, live_nodes, node_list, output_refs
+
+log = logging.getLogger(__name__)
+
+#: ops a region starts at (a fusion is built around them; what follows up to the next one is their epilogue)
+ANCHORS = frozenset({"matmul"})
+
+
+@dataclass(frozen=True)
+class Region:
+    """One region of a program: its nodes (indices into the program), and the region as a kernel graph.
+
+    ``graph`` has inputs ``r0, r1, ...`` (canonical names, in order of first use) standing for the values
+    ``inputs`` of the program (refs); its outputs are the program's values ``outputs`` (refs), in order."""
+
+    nodes: tuple[int, ...]
+    graph: Graph
+    inputs: tuple[Ref, ...]
+    outputs: tuple[Ref, ...]
+
+    @property
+    def ops(self) -> list[str]:
+        """The region's ops, in order."""
+        return [n.op for n in node_list(self.graph) if n.op != "input"]
+
+
+@dataclass
+class RegionReport:
+    """How one region of a split program was searched (``SearchReport.regions``)."""
+
+    nodes: tuple[int, ...]  # the program's node indices it covers
+    ops: list[str]
+    kernels: int  # kernel launches of its chosen μGraph
+    cost_us: float  # the cost model's estimate of its chosen μGraph
+    how: str  # "searched" | "unfused (no verified candidate)" | ... and "merged" when boundaries moved
+    rules: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        span = f"%{self.nodes[0]}..%{self.nodes[-1]}" if len(self.nodes) > 1 else f"%{self.nodes[0]}"
+        ops = ", ".join(self.ops) if len(self.ops) <= 12 else ", ".join(self.ops[:12]) + f", ... ({len(self.ops)})"
+        return f"{span} [{ops}] -> {self.kernels} kernel(s), {self.cost_us:.1f} us est. ({self.how})"
+
+
+@dataclass
+class SplitOutcome:
+    """The regions chosen, each with its μGraph, cost and how it was found; and search statistics."""
+
+    regions: list[Region]
+    mugraphs: list[MuGraph]
+    reports: list[RegionReport]
+    searches: int = 0  # region searches run (identical regions are searched once)
+    reused: int = 0  # region searches answered from an identical region searched before
+    merges_tried: int = 0
+    merges_kept: int = 0
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+def initial_chunks(graph: Graph, region_ops: int) -> list[list[int]]:
+    """The program's live non-input nodes in order, cut before every anchor op and after ``region_ops`` ops."""
+    nodes = node_list(graph)
+    live = live_nodes(nodes, output_refs(graph))
+    chunks: list[list[int]] = []
+    cur: list[int] = []
+    for i, n in enumerate(nodes):
+        if n.op == "input" or i not in live:
+            continue
+        if cur and (n.op in ANCHORS or len(cur) >= region_ops):
+            chunks.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        chunks.append(cur)
+    return chunks
+
+
+def region_of(graph: Graph, members: Sequence[int]) -> Region:
+    """The region of ``graph`` made of the nodes ``members`` (sorted, non-input), as a kernel graph."""
+    nodes = node_list(graph)
+    mem = sorted(members)
+    inside = set(mem)
+    # values the rest of the program reads from the region, and the program's outputs it makes
+    used_outside: set[Ref] = {r for r in output_refs(graph) if r[0] in inside}
+    for j, n in enumerate(nodes):
+        if j not in inside:
+            used_outside.update(a for a in n.args if a[0] in inside)
+    new_nodes: list[Node] = []
+    ins: list[Ref] = []
+    where: dict[Ref, Ref] = {}  # program ref -> region ref
+    for i in mem:
+        n = nodes[i]
+        for a in n.args:
+            if a[0] not in inside and a not in where:
+                where[a] = (len(new_nodes), 0)
+                new_nodes.append(Node("input", (), (("name", f"r{len(ins)}"),), (nodes[a[0]].outs[a[1]],)))
+                ins.append(a)
+        where.update({(i, k): (len(new_nodes), k) for k in range(len(n.outs))})
+        new_nodes.append(Node(n.op, tuple(where[a] for a in n.args), n.attrs, n.outs))
+    outs = tuple(sorted(used_outside))
+    g = Graph._from_parts(new_nodes, [where[r] for r in outs])
+    return Region(tuple(mem), g, tuple(ins), outs)
+
+
+def compose(graph: Graph, regions: Sequence[Region], mugraphs: Sequence[MuGraph]) -> MuGraph:
+    """One μGraph for ``graph``: its inputs, then each region's μGraph with the region's inputs wired to the
+    values they stand for (the glue); its outputs are ``graph``'s outputs. Checked (``MuGraph.check``)."""
+    src = node_list(graph)
+    out_nodes: list[Node] = []
+    value: dict[Ref, Ref] = {}  # program ref -> composed ref
+    for i, n in enumerate(src):
+        if n.op == "input":
+            value[(i, 0)] = (len(out_nodes), 0)
+            out_nodes.append(n)
+    for reg, mg in zip(regions, mugraphs, strict=True):
+        names = {f"r{k}": ref for k, ref in enumerate(reg.inputs)}
+        wired: dict[int, Ref] = {}  # the region μGraph's input nodes -> the composed values they stand for
+        placed: dict[int, int] = {}  # its other nodes -> their index in the composed μGraph
+
+        def at(a: Ref, wired: dict[int, Ref] = wired, placed: dict[int, int] = placed) -> Ref:
+            return wired[a[0]] if a[0] in wired else (placed[a[0]], a[1])
+
+        for j, n in enumerate(node_list(mg)):
+            if n.op == "input":
+                wired[j] = value[names[n.attr("name")]]
+                continue
+            placed[j] = len(out_nodes)
+            out_nodes.append(Node(n.op, tuple(at(a) for a in n.args), n.attrs, n.outs))
+        for k, r in enumerate(output_refs(mg)):
+            value[reg.outputs[k]] = at(r)
+    composed = MuGraph._from_parts(out_nodes, [value[r] for r in output_refs(graph)])
+    composed.check(unused_inputs=True)
+    return composed
+
+
+def split_search(graph: Graph, region_ops: int, search: Callable[[Graph], tuple[MuGraph, float, str,
+                                                                                tuple[str, ...]]],
+                 *, deadline: float | None = None) -> SplitOutcome:
+    """Split ``graph`` into regions, search each (``search(region_graph)`` -> (μGraph, estimated seconds,
+    how, rules)), merge neighbours whose joint search costs less, and return the regions with their μGraphs.
+
+    Identical regions (the same program text under canonical input names) are searched once. ``deadline``
+    (``time.perf_counter()`` value): past it, no more merges are tried."""
+    t0 = time.perf_counter()
+    memo: dict[str, tuple[MuGraph, float, str, tuple[str, ...]]] = {}
+    out = SplitOutcome([], [], [])
+
+    def searched(reg: Region) -> tuple[MuGraph, float, str, tuple[str, ...]]:
+        key = str(reg.graph)
+        if key in memo:
+            out.reused += 1
+            return memo[key]
+        out.searches += 1
+        memo[key] = search(reg.graph)
+        return memo[key]
+
+    chunks = initial_chunks(graph, region_ops)
+    if not chunks:
+        return out
+    cur = region_of(graph, chunks[0])
+    cur_res = searched(cur)
+    cur_merged = False
+    done: list[tuple[Region, tuple[MuGraph, float, str, tuple[str, ...]], bool]] = []
+    for ch in chunks[1:]:
+        nxt = region_of(graph, ch)
+        nxt_res = searched(nxt)
+        if len(cur.nodes) + len(nxt.nodes) <= region_ops and (deadline is None or time.perf_counter() < deadline):
+            both = region_of(graph, [*cur.nodes, *nxt.nodes])
+            out.merges_tried += 1
+            both_res = searched(both)
+            if both_res[1] < cur_res[1] + nxt_res[1] - 1e-12:
+                out.merges_kept += 1
+                cur, cur_res, cur_merged = both, both_res, True
+                continue
+        done.append((cur, cur_res, cur_merged))
+        cur, cur_res, cur_merged = nxt, nxt_res, False
+    done.append((cur, cur_res, cur_merged))
+    for reg, (mg, est, how, rules), merged in done:
+        out.regions.append(reg)
+        out.mugraphs.append(mg)
+        out.reports.append(RegionReport(reg.nodes, reg.ops, mg.num_kernels, est * 1e6,
+                                        f"{how}, merged across a boundary" if merged else how, rules))
+    out.seconds = time.perf_counter() - t0
+    return out
+
+
+__all__ = ["ANCHORS", "Region", "RegionReport", "SplitOutcome", "compose", "initial_chunks", "region_of",
+           "split_search"]
