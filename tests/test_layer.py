@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 from pathlib import Path
@@ -100,3 +101,19 @@ def test_layer_harness_dry_run_writes_rows(tmp_path: Path, monkeypatch: pytest.M
     doc = {"device": "cpu", "date": "-", "torch": "-", "triton": "-",
            "ceilings": {"copy_bytes_per_s": 1e11, "fp16_flops_per_s": 1e12}, "rows": [row]}
     assert "| decode_bs1 |" in harness.table(json.loads(json.dumps(doc)))
+
+
+@pytest.mark.slow
+def test_layer_module_through_the_backend_matches_float64() -> None:
+    # the nn.Module through torch.compile(backend="verimirage") on the CPU (kernels interpreted, eager fallback
+    # for what the capture leaves): ~2 min on the 2-core machine
+    torch = pytest.importorskip("torch")
+    from verimirage.benchmarks.layer_module import make_case
+
+    c = make_case("decode_bs1", small=True, dtype=torch.float32, seed=5)
+    m, xs = c["module"], c["inputs"]
+    with torch.no_grad():
+        ref = copy.deepcopy(m).double()(*[x.double() for x in xs])
+        torch._dynamo.reset()
+        out = torch.compile(m, backend="verimirage", options={"time_budget_s": 10.0})(*xs)
+    assert float((out.double() - ref).norm() / ref.norm()) < 1e-5
