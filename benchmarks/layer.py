@@ -56,12 +56,17 @@ def _verdict(v: Any) -> str:
 # --------------------------------------------------------------------------- prepare (CPU)
 
 
-def prepare(case: str, small: bool, out: Path, *, time_budget_s: float, top_k: int,
-            cert_dir: Path | None) -> dict[str, Any]:
-    """Search + verify ``case``; write its candidate file (and the best's certificate); return the summary."""
+def prepare(case: str, small: bool, out: Path, *, time_budget_s: float, top_k: int, cert_dir: Path | None,
+            verify_timeout_s: float = 300.0, max_verify: int | None = None) -> dict[str, Any]:
+    """Search + verify ``case``; write its candidate file (and the best's certificate); return the summary.
+
+    ``verify_timeout_s``: the verifier's Z3 time limit per candidate (a whole layer's abstract check takes
+    ~40 s scaled down and ~130 s at full size on the 2-core machine: superoptimize's default 10 s leaves it
+    Unknown)."""
     g = get_layer(case, small)
     t0 = time.perf_counter()
-    res = vm.superoptimize(g, top_k=top_k, time_budget_s=time_budget_s, cache=False)
+    res = vm.superoptimize(g, top_k=top_k, time_budget_s=time_budget_s, cache=False,
+                           verify_timeout_s=verify_timeout_s, max_verify=max_verify)
     dt = time.perf_counter() - t0
     doc: dict[str, Any] = {
         "case": case,
@@ -69,6 +74,7 @@ def prepare(case: str, small: bool, out: Path, *, time_budget_s: float, top_k: i
         "graph": str(g),
         "search_s": dt,
         "time_budget_s": time_budget_s,
+        "verify_timeout_s": verify_timeout_s,
         "report": str(res.report),
         "candidates": [
             {"mugraph": str(c.mugraph), "kernels": c.num_kernels, "cost_us": c.cost.time_s * 1e6,
@@ -251,6 +257,9 @@ def gpu_case(case: str, directory: Path, ceil: dict[str, float], *, inductor: bo
         row["per_op_err"] = _rel((outs if isinstance(outs, tuple) else (outs,))[0].clone(), ref)
         row["per_op_us"] = _bench(lambda: pfn(*(pfn.static_inputs or ordered)), cudagraph=False)
         row["per_op_launches"] = po.num_kernels
+        from verimirage.rewrite.cost import cost
+
+        row["per_op_bytes"] = cost(po).bytes
     except Exception as e:
         row["per_op_error"] = f"{type(e).__name__}: {e}"[:300]
     # verimirage: the verified candidates, each the whole layer in one CUDA graph
@@ -380,6 +389,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=None, help="prepare: candidate dir; gpu: results dir")
     ap.add_argument("--time-budget-s", type=float, default=300.0)
     ap.add_argument("--top-k", type=int, default=3)
+    ap.add_argument("--verify-timeout-s", type=float, default=300.0, help="prepare: the verifier's Z3 time limit")
+    ap.add_argument("--max-verify", type=int, default=None, help="prepare: candidates to try verifying")
     ap.add_argument("--cert", type=Path, default=None, help="prepare: save the best candidate's certificate here")
     ap.add_argument("--no-inductor", action="store_true")
     ap.add_argument("--no-per-op", action="store_true", help="gpu: skip the one-kernel-per-op program")
@@ -389,7 +400,8 @@ def main() -> int:
     args.cases = args.cases or layer_cases(small)
     if args.mode == "prepare":
         docs = [prepare(c, small, args.out or args.candidates, time_budget_s=args.time_budget_s, top_k=args.top_k,
-                        cert_dir=args.cert) for c in args.cases]
+                        cert_dir=args.cert, verify_timeout_s=args.verify_timeout_s, max_verify=args.max_verify)
+                for c in args.cases]
         for d in docs:
             print(f"{d['case']:16s} {d['search_s']:7.1f} s  kernels {[c['kernels'] for c in d['candidates']]}")
         return 0 if all(d["candidates"] for d in docs) else 1

@@ -117,3 +117,31 @@ def test_layer_module_through_the_backend_matches_float64() -> None:
         torch._dynamo.reset()
         out = torch.compile(m, backend="verimirage", options={"time_budget_s": 10.0})(*xs)
     assert float((out.double() - ref).norm() / ref.norm()) < 1e-5
+
+
+def _harness():  # type: ignore[no-untyped-def]
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import layer as harness  # type: ignore[import-not-found]
+
+    return harness
+
+
+@pytest.mark.slow
+def test_layer_verified_kernels_run_in_the_interpreter() -> None:
+    # the committed verified candidate of the scaled-down decode layer (benchmarks/layer.py prepare --small):
+    # its Triton kernels, run in the interpreter, match the float64 reference (fp16 kernels: 2e-2 relative)
+    pytest.importorskip("torch")
+    path = CANDIDATES / "decode_bs1_small.json"
+    assert path.is_file(), f"{path} is missing: python benchmarks/layer.py prepare --small --cases decode_bs1"
+    rows = _harness().check("decode_bs1", CANDIDATES)
+    assert rows and all(r["rel_err"] < 2e-2 for r in rows), rows
+
+
+def test_layer_candidate_file_is_verified_and_for_this_graph() -> None:
+    # the committed candidate is for today's graph (load raises otherwise) and its certificate is in proofs/
+    from verimirage.smt.certificate import Certificate
+
+    g, cands, doc = _harness().load(CANDIDATES, "decode_bs1", small=True)
+    assert cands and all(c["verdict"].startswith("Proved") for c in doc["candidates"])
+    cert = Certificate.load(ROOT / "proofs" / "layer_decode_bs1_small.json")
+    assert cert.graph_text == str(g) and cert.mugraph_text == str(cands[0])
