@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import logging
 import sys
@@ -115,6 +116,223 @@ def _no_search() -> None:
     vm.__dict__["superoptimize"] = lambda g, **kw: types.SimpleNamespace(candidates=[g], best=g)
 
 
+def _serve_plan(path: Path, stats: dict[str, int]) -> None:
+    """Serve searches from a plan (``--make-plan`` on a CPU: lifted graph text -> best verified μGraph text).
+
+    For a machine without egglog: a partition whose lifted graph is in the plan gets the μGraph the CPU
+    search found and verified for exactly that graph (matched by its full text: ops, shapes, dtypes); any
+    other partition gets the lifted graph itself (each op its own kernel). Nothing is re-verified here.
+    """
+    import types
+
+    import verimirage as vm
+    from verimirage.ir.graph import MuGraph
+
+    plan = json.loads(path.read_text())
+
+    def serve(g: Any, **kw: Any) -> Any:
+        text = plan.get(str(g))
+        if text is None:
+            stats["miss"] = stats.get("miss", 0) + 1
+            return types.SimpleNamespace(candidates=[g], best=g)
+        stats["hit"] = stats.get("hit", 0) + 1
+        mg = MuGraph.parse(text)
+        return types.SimpleNamespace(candidates=[mg], best=mg)
+
+    vm.__dict__["superoptimize"] = serve
+
+
+class _Stop(Exception):
+    """Raised by the plan maker's inner compiler once the graph is captured (nothing is compiled or run)."""
+
+
+def make_plan(names: list[str], dims: Any, dtype: torch.dtype, budget: float, path: Path) -> None:
+    """Search (on this CPU) every partition the Inductor path lifts from the modules' inference graphs.
+
+    The graphs are what ``backend="verimirage"`` with the Inductor fallback sees (Inductor's decompositions),
+    traced on CPU tensors of the GPU run's shapes and dtype; each partition's best verified μGraph is
+    written to ``path`` (JSON: lifted graph text -> μGraph text), merged with what is there.
+    """
+    from torch._inductor.compile_fx import compile_fx
+
+    import verimirage as vm
+    from verimirage.integrations.capture import CaptureOptions, transform
+
+    real = vm.superoptimize
+    plan: dict[str, str] = json.loads(path.read_text()) if path.exists() else {}
+
+    def search(g: Any, **kw: Any) -> Any:
+        import types
+
+        key = str(g)
+        if key not in plan:
+            t0 = time.perf_counter()
+            r = real(g, **kw)
+            log.warning("searched a partition in %.0f s: %d candidate(s)", time.perf_counter() - t0,
+                        len(r.candidates))
+            if r.candidates:
+                plan[key] = str(r.best.mugraph)
+                path.write_text(json.dumps(plan, indent=1))
+        return types.SimpleNamespace(candidates=[], best=None, report=types.SimpleNamespace(stop_reason="plan"))
+
+    vm.__dict__["superoptimize"] = search
+    opts = CaptureOptions(time_budget_s=budget, check=False)
+    torch._dynamo.config.suppress_errors = False
+    for name in names:
+        torch._dynamo.reset()
+        model, xs = corpus.get(name, dims=dims, dtype=dtype)
+        rep = Report()
+
+        def inner(g: Any, ex: Any, rep: Report = rep, **kw: Any) -> Any:
+            transform(g, opts, rep, "inference")
+            raise _Stop()
+
+        try:
+            with torch.no_grad():
+                torch.compile(model, backend=lambda gm, ex: compile_fx(gm, ex, inner_compile=inner))(*xs)
+        except Exception as e:
+            if "_Stop" not in f"{type(e).__name__} {e!r}":
+                log.exception("%s: plan failed", name)
+        print(f"{name}: {len(rep.partitions)} partition(s); plan now {len(plan)} entries", flush=True)
+    vm.__dict__["superoptimize"] = real
+
+
+def _graph_time(fn: Any) -> float:
+    """µs per call of ``fn`` replayed as a CUDA graph (``triton.testing.do_bench_cudagraph``, median)."""
+    from triton.testing import do_bench_cudagraph
+
+    return float(do_bench_cudagraph(fn, rep=50, return_mode="median")) * 1e3
+
+
+def _bench_time(fn: Any, grads: list[Any] | None = None) -> float:
+    """µs per call of ``fn`` launched from Python (``triton.testing.do_bench``, median): what a user sees."""
+    from triton.testing import do_bench
+
+    return float(do_bench(fn, warmup=10, rep=50, grad_to_none=grads, return_mode="median")) * 1e3
+
+
+def gpu_one(name: str, *, train: bool, dims: Any, dtype: torch.dtype, budget: float, plan_stats: dict[str, int]
+            ) -> dict[str, Any]:
+    """One module on the GPU: eager, ``torch.compile`` default and ``backend="verimirage"`` (Inductor fallback,
+    profile on), forward (no grad) or a training step (forward + backward of ``out.float().sum()``).
+
+    Times: ``*_us`` launched from Python (``do_bench``), ``*_graph_us`` replayed as a CUDA graph (forward only);
+    ``*_err``: max |y - float64 reference| / max |reference| over the output (and, training, every gradient).
+    """
+    model, xs = corpus.get(name, dims=dims, dtype=dtype, device="cuda")
+    params = list(model.parameters())
+    ref = copy.deepcopy(model).double()
+    res: dict[str, Any] = {"name": name, "train": train, "dtype": str(dtype).replace("torch.", ""),
+                           "dims": dataclasses.asdict(dims)}
+    xr = [x.double() if x.is_floating_point() else x for x in xs]
+    if train:
+        xr = [x.requires_grad_() if x.is_floating_point() else x for x in xr]
+        out = ref(*xr)
+        out.sum().backward()
+        want = [out.detach()] + [p.grad for p in ref.parameters()]
+    else:
+        with torch.no_grad():
+            want = [ref(*xr)]
+    del ref
+    rep = Report()
+    hits0 = dict(plan_stats)
+    variants = {
+        "eager": lambda: model,
+        "compile": lambda: torch.compile(model),
+        "verimirage": lambda: torch.compile(model, backend=backend(report=rep, time_budget_s=budget,
+                                                                   fallback="inductor", profile=True)),
+    }
+    for v, make in variants.items():
+        torch._dynamo.reset()
+        t0 = time.perf_counter()
+        try:
+            f = make()
+            for p in params:
+                p.grad = None
+            if train:
+                xg = [x.detach().requires_grad_() if x.is_floating_point() else x for x in xs]
+
+                def step(f: Any = f, xg: list[Any] = xg) -> None:
+                    f(*xg).float().sum().backward()
+
+                out = f(*xg)
+                res[f"{v}_requires_grad"] = bool(out.requires_grad)
+                out.float().sum().backward()
+                got = [out.detach()] + [p.grad for p in params]
+                torch.cuda.synchronize()
+                res[f"{v}_compile_s"] = time.perf_counter() - t0
+                res[f"{v}_err"] = max(_rel(a, b) for a, b in zip(got, want, strict=True) if b is not None)
+                res[f"{v}_us"] = _bench_time(step, params)
+            else:
+                with torch.no_grad():
+                    got = [f(*xs)]
+                    torch.cuda.synchronize()
+                    res[f"{v}_compile_s"] = time.perf_counter() - t0
+                    res[f"{v}_err"] = _rel(got[0], want[0])
+                    res[f"{v}_us"] = _bench_time(lambda f=f: f(*xs))
+                    try:
+                        res[f"{v}_graph_us"] = _graph_time(lambda f=f: f(*xs))
+                    except Exception as e:
+                        res[f"{v}_graph_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        except Exception as e:  # recorded, not raised: one module must not stop the run
+            log.exception("%s %s failed", name, v)
+            res[f"{v}_error"] = f"{type(e).__name__}: {str(e)[:500]}"
+        log.warning("%s %s %s: %s", name, "train" if train else "forward", v,
+                    {k: x for k, x in res.items() if k.startswith(v)})
+    taken, total = rep.counts
+    res.update(coverage=rep.coverage, taken=taken, total=total, notes=rep.notes, graph_times=rep.graph_times,
+               plan_hits=plan_stats.get("hit", 0) - hits0.get("hit", 0),
+               plan_misses=plan_stats.get("miss", 0) - hits0.get("miss", 0),
+               partitions=[{"name": p.name, "ops": p.ops, "taken": p.taken, "reason": p.reason,
+                            "kernels": len(p.kernels), "measured_us": p.measured_us, "fallback_us": p.fallback_us}
+                           for p in rep.partitions])
+    return res
+
+
+def gpu_run(names: list[str], train_names: list[str], *, dims: Any, dtype: torch.dtype, budget: float,
+            out: Path, plan: Path | None, deadline_s: float) -> None:
+    """The GPU table: forward for ``names``, training steps for ``train_names`` (first), one JSON line each.
+
+    A watchdog (``faulthandler.dump_traceback_later``, every 30 s of one module) writes every thread's stack
+    to ``out/faulthandler.txt``, so a module that hangs shows where. Stops starting modules after ``deadline_s``.
+    """
+    import faulthandler
+
+    out.mkdir(parents=True, exist_ok=True)
+    stats: dict[str, int] = {}
+    if plan is not None:
+        _serve_plan(plan, stats)
+    else:
+        _no_search()
+    dev = torch.cuda.get_device_name()
+    meta = {"device": dev, "date": time.strftime("%Y-%m-%d", time.gmtime()), "torch": torch.__version__}
+    import triton
+
+    meta["triton"] = triton.__version__
+    (out / "meta.json").write_text(json.dumps(meta))
+    t_start = time.perf_counter()
+    with open(out / "faulthandler.txt", "w") as trace, open(out / "gpu.jsonl", "a") as sink:
+        jobs = [(n, True) for n in train_names] + [(n, False) for n in names]
+        for name, train in jobs:
+            if time.perf_counter() - t_start > deadline_s:
+                log.warning("deadline: %s (%s) not run", name, "train" if train else "forward")
+                continue
+            trace.write(f"=== {name} {'train' if train else 'forward'} at {time.perf_counter() - t_start:.0f} s\n")
+            trace.flush()
+            faulthandler.dump_traceback_later(30, repeat=True, file=trace)
+            try:
+                r = gpu_one(name, train=train, dims=dims, dtype=dtype, budget=budget, plan_stats=stats)
+            except Exception as e:
+                log.exception("%s failed", name)
+                r = {"name": name, "train": train, "error": f"{type(e).__name__}: {e}"}
+            finally:
+                faulthandler.cancel_dump_traceback_later()
+            r.update(meta)
+            r["elapsed_s"] = time.perf_counter() - t_start
+            sink.write(json.dumps(r) + "\n")
+            sink.flush()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("names", nargs="?", default="all")
@@ -125,7 +343,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time", action="store_true", help="GPU forward timings (fp16, large shapes)")
     ap.add_argument("--profile", action="store_true", help="keep a partition only where it beats its ATen ops")
     ap.add_argument("--no-search", action="store_true", help="each lifted op its own kernel (no egglog needed)")
+    ap.add_argument("--make-plan", type=Path, help="search the Inductor path's partitions here (CPU), into a plan")
+    ap.add_argument("--plan", type=Path, help="serve searches from a plan made by --make-plan (no egglog needed)")
+    ap.add_argument("--gpu-run", type=Path, help="the GPU table into this folder (see gpu_run)")
+    ap.add_argument("--train-names", default="", help="with --gpu-run: modules to time a training step of")
+    ap.add_argument("--dims", choices=("small", "medium", "large"), default="medium")
+    ap.add_argument("--deadline", type=float, default=170.0)
     args = ap.parse_args(argv)
+    dims = {"small": corpus.SMALL, "medium": corpus.MEDIUM, "large": corpus.LARGE}[args.dims]
+    if args.make_plan or args.gpu_run:
+        logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        names = corpus.names() if args.names == "all" else [n for n in args.names.split(",") if n]
+        if args.make_plan:
+            make_plan(names, dims, torch.float16, args.budget, args.make_plan)
+        else:
+            train = [n for n in args.train_names.split(",") if n]
+            gpu_run(names, train, dims=dims, dtype=torch.float16, budget=args.budget, out=args.gpu_run,
+                    plan=args.plan, deadline_s=args.deadline)
+        return 0
     if args.no_search:
         _no_search()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

@@ -113,6 +113,11 @@ def _leaky_relu(args: Sequence[str], attrs: dict[str, Any], in_types: Any, out_t
     return f"tl.where({args[0]} >= 0.0, {args[0]}, {args[0]} * {float(attrs['slope'])!r})"
 
 
+@implements("triton", "step")
+def _step(args: Sequence[str], attrs: dict[str, Any], in_types: Any, out_types: Any) -> str:
+    return f"tl.where({args[0]} > {float(attrs['c'])!r}, 1.0, 0.0)"
+
+
 @implements("triton", "pow")
 def _pow(args: Sequence[str], attrs: dict[str, Any], in_types: Any, out_types: Any) -> str:
     """Small integer exponents as products, 0.5 as sqrt, others through exp(c log x) (x > 0)."""

@@ -45,6 +45,8 @@ class Dims:
 
 SMALL = Dims(batch=2, seq=4, hidden=16, heads=2, kv_heads=1, ffn=32, vocab=24)
 LARGE = Dims(batch=8, seq=512, hidden=1024, heads=16, kv_heads=4, ffn=2816, vocab=8192)
+#: between the two: small enough for a CPU search of its partitions, large enough to time on a GPU
+MEDIUM = Dims(batch=4, seq=128, hidden=512, heads=8, kv_heads=2, ffn=1408, vocab=4096)
 
 
 # --------------------------------------------------------------------------- building blocks
@@ -413,11 +415,14 @@ def names() -> list[str]:
 
 
 def get(name: str, *, dtype: torch.dtype = torch.float32, small: bool = True, seed: int = 0,
-        device: str | torch.device = "cpu") -> tuple[nn.Module, list[torch.Tensor]]:
-    """Build corpus entry ``name``: ``(module, example_inputs)`` in ``dtype`` (integer inputs keep theirs)."""
+        device: str | torch.device = "cpu", dims: Dims | None = None) -> tuple[nn.Module, list[torch.Tensor]]:
+    """Build corpus entry ``name``: ``(module, example_inputs)`` in ``dtype`` (integer inputs keep theirs).
+
+    Sizes: ``dims`` if given, else :data:`SMALL` (``small=True``) or :data:`LARGE`.
+    """
     if name not in CORPUS:
         raise KeyError(f"unknown corpus module {name!r}; known: {names()}")
-    d = SMALL if small else LARGE
+    d = dims if dims is not None else SMALL if small else LARGE
     torch.manual_seed(seed)
     model, inputs = CORPUS[name].build(d)
     gen = torch.Generator().manual_seed(seed + 1)
@@ -427,4 +432,4 @@ def get(name: str, *, dtype: torch.dtype = torch.float32, small: bool = True, se
     return model, xs
 
 
-__all__ = ["CORPUS", "LARGE", "SMALL", "Dims", "Entry", "get", "names"]
+__all__ = ["CORPUS", "LARGE", "MEDIUM", "SMALL", "Dims", "Entry", "get", "names"]

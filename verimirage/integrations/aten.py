@@ -849,3 +849,132 @@ def _var_mean(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> An
     if isinstance(out, list) and len(out) == 2:
         return LV(sq, tuple(out[0][0])), LV(mean, tuple(out[1][0]))
     return LV(sq, _shape(out))
+
+
+# -- gradient masks, constants, max with indices (issue 20's op gaps)
+
+
+@handles("threshold_backward")
+def _threshold_bw(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    gr, x, c = args[0], args[1], args[2]
+    if not (isinstance(gr, LV) and isinstance(x, LV) and _num(c)):
+        raise Unsupported(Reason.NOT_IN_REGISTRY, "threshold_backward with a tensor threshold")
+    g = ctx.g  # grad where x > c else 0
+    return ctx.ew(_shape(out), [gr, x], lambda ts: emit(g, "mul", ts[0], emit(g, "step", ts[1], c=float(c))))
+
+
+@handles("leaky_relu_backward")
+def _leaky_bw(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    gr, x, slope = args[0], args[1], args[2]
+    if not (isinstance(gr, LV) and isinstance(x, LV) and _num(slope)):
+        raise Unsupported(Reason.NOT_IN_REGISTRY, "leaky_relu_backward with a tensor slope")
+    s = float(slope)
+    if args[3:4] == [True] and s < 0:
+        raise Unsupported(Reason.NOT_IN_REGISTRY, "leaky_relu_backward on the result with a negative slope")
+    g = ctx.g  # grad * (1 where x > 0 else slope) = grad * (slope + (1 - slope) step(x))
+
+    def f(ts: list[Tensor]) -> Tensor:
+        return emit(g, "mul", ts[0], emit(g, "shift", emit(g, "scale", emit(g, "step", ts[1], c=0.0), c=1.0 - s),
+                                          c=s))
+
+    return ctx.ew(_shape(out), [gr, x], f)
+
+
+def _constant(ctx: Ctx, shape: Sequence[int], torch_dtype: Any, value: float) -> LV:
+    """A constant tensor (an input of the partition made here, like attention's causal mask)."""
+    import torch
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    dt = vm_dtype(torch_dtype)
+    if not math.isfinite(value):
+        raise Unsupported(Reason.NOT_IN_REGISTRY, f"a constant {value} (not finite)")
+    shape = tuple(int(s) for s in shape)
+    with unset_fake_temporarily():
+        c = torch.full(shape or (1,), float(value), dtype=torch_dtype)
+    name = f"const{len(ctx.consts)}"
+    ctx.consts.append((name, c))
+    return LV(ctx.g.input(name, shape or (1,), dt), shape)
+
+
+#: ops that make a constant tensor (their ``device`` keyword is where it lives, not a move)
+CREATION_OPS = frozenset({"new_zeros", "new_ones", "new_full", "full", "zeros", "ones"})
+
+
+@handles(*CREATION_OPS)
+def _full(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    name = op_of(ctx)
+    value = {"new_zeros": 0.0, "zeros": 0.0, "new_ones": 1.0, "ones": 1.0}.get(name)
+    if value is None:
+        v = args[2] if name == "new_full" else args[1]
+        if not _num(v):
+            raise Unsupported(Reason.NOT_IN_REGISTRY, f"{name} with a fill value {v!r}")
+        value = float(v)
+    shape, dt = out
+    return _constant(ctx, shape, dt, value)
+
+
+def op_of(ctx: Ctx) -> str:
+    """The overload packet name of the node being lifted."""
+    t = ctx.node.target
+    packet = getattr(t, "_overloadpacket", None)
+    return str(getattr(packet, "__name__", getattr(t, "__name__", t))).split(".")[0]
+
+
+@handles("slice_backward")
+def _slice_bw(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    gr, _sizes, dim, start, end, step = args[:6]
+    if step != 1:
+        raise Unsupported(Reason.LAYOUT, "slice_backward of a strided slice")
+    shape, dt = out
+    r = len(shape)
+    dim = int(dim) % r
+    n = shape[dim]
+    s = max(0, min(n, int(start) + n if int(start) < 0 else int(start)))
+    e = max(s, min(n, int(end) + n if int(end) < 0 else int(end)))
+    parts = []
+    for lo, hi in ((0, s), (e, n)):
+        if hi > lo:
+            ps = list(shape)
+            ps[dim] = hi - lo
+            parts.append((lo, _constant(ctx, ps, dt, 0.0)))
+    if e > s:
+        parts.append((s, gr))
+    parts.sort(key=lambda p: p[0])
+    if len(parts) == 1:
+        return parts[0][1]
+    return LV(emit(ctx.g, "concat", [ctx.exact(p) for _, p in parts], dim), tuple(shape))
+
+
+_max_red = _reduce("max")
+_min_red = _reduce("min")
+
+
+@handles("max", "min")
+def _max(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> Any:
+    name = op_of(ctx)
+    if len(args) > 1 and isinstance(args[1], LV):  # max.other: elementwise
+        return _named_binary("maximum" if name == "max" else "minimum")(ctx, args, kwargs, out)
+    red = _max_red if name == "max" else _min_red
+    if isinstance(out, list):  # max.dim: (values, indices); the indices (an argmax) are not in the registry
+        return red(ctx, args, kwargs, out[0]), None
+    return red(ctx, args, kwargs, out)
+
+
+def _not_expressible(reason: Reason, why: str) -> Handler:
+    def fn(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> Any:
+        raise Unsupported(reason, f"aten.{op_of(ctx)}: {why}")
+
+    fn.refuses = True  # type: ignore[attr-defined]
+    return fn
+
+
+for _n in ("nll_loss_forward", "nll_loss_backward", "nll_loss", "nll_loss_nd", "gather", "scatter", "scatter_add",
+           "index_select", "embedding", "embedding_dense_backward"):
+    HANDLERS[_n] = _not_expressible(Reason.NOT_IN_REGISTRY, "reads or writes at integer indices (a gather or "
+                                    "scatter); the registry has no indexing op")
+for _n in ("le", "lt", "ge", "gt", "eq", "ne"):
+    HANDLERS[_n] = _not_expressible(Reason.NOT_IN_REGISTRY, "a comparison as a tensor of booleans; the registry "
+                                    "makes masks only as step (0/1 floats), which where does not take")
+HANDLERS["_safe_softmax"] = _not_expressible(
+    Reason.NOT_IN_REGISTRY, "softmax that gives 0 on rows masked entirely to -inf; the registry has no test for -inf")
+HANDLERS["argmax"] = HANDLERS["argmin"] = _not_expressible(Reason.NOT_IN_REGISTRY, "an index result (argmax)")

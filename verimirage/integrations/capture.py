@@ -31,7 +31,7 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 
 from ..ir.errors import GraphError
 from ..ir.graph import Graph
-from .aten import HANDLERS, LV, VIEW_OPS, Ctx, Reason, Unsupported, vm_dtype
+from .aten import CREATION_OPS, HANDLERS, LV, VIEW_OPS, Ctx, Reason, Unsupported, vm_dtype
 from .report import OpRecord, PartitionReport, Report
 
 log = logging.getLogger(__name__)
@@ -196,6 +196,8 @@ def lift(nodes: Sequence[fx.Node], *, strict: bool = False) -> Lifted:
                 srcn, idx = n.args[0], n.args[1]
                 src = val(srcn, n)
                 r = src[idx] if isinstance(src, (list, tuple)) and isinstance(idx, int) else None
+                if r is None and isinstance(src, (list, tuple)) and not n.users:
+                    continue  # an unused result the lifting did not make (max.dim's indices)
                 if not isinstance(r, LV):
                     what = op_name(srcn) if isinstance(srcn, fx.Node) else str(srcn)
                     raise Unsupported(Reason.LAYOUT, f"result {idx} of {what} is not lifted (saved statistics)")
@@ -205,6 +207,9 @@ def lift(nodes: Sequence[fx.Node], *, strict: bool = False) -> Lifted:
             h = HANDLERS.get(name)
             if h is None or n.op != "call_function":
                 raise Unsupported(Reason.NOT_IN_REGISTRY, f"no lifting for aten.{name}")
+            ctx.node = n
+            if getattr(h, "refuses", False):  # an op the registry cannot express: say why before anything else
+                h(ctx, [], {}, None)
             out = _out_meta(n)
             args = [val(a, n) for a in n.args]
             kwargs = {k: val(a, n) for k, a in n.kwargs.items()}
@@ -212,7 +217,7 @@ def lift(nodes: Sequence[fx.Node], *, strict: bool = False) -> Lifted:
                 "_scaled_dot"
             ) and name != "scaled_dot_product_attention":
                 raise Unsupported(Reason.NOT_IN_REGISTRY, f"aten.{name} with tensor keyword arguments")
-            if kwargs.get("device") is not None or kwargs.get("layout") is not None:
+            if (kwargs.get("device") is not None or kwargs.get("layout") is not None) and name not in CREATION_OPS:
                 vdev = n.args[0].meta.get("val") if isinstance(n.args[0], fx.Node) else None
                 if not isinstance(vdev, torch.Tensor) or torch.device(kwargs.get("device") or vdev.device) != \
                         vdev.device:

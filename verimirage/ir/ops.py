@@ -847,6 +847,10 @@ define_op("leaky_relu", 1, _U, _attr_rule("leaky_relu", "slope"),
           lambda args, attrs, it, ot: np.where(args[0] >= 0, args[0], args[0] * float(attrs["slope"])),
           "x if x >= 0 else slope * x", attrs=("slope",), attr_kinds={"slope": "float"}, family="leaky_relu",
           degree=_deg_opaque, homog=_h_first)
+define_op("step", 1, _U, _attr_rule("step", "c"),
+          lambda args, attrs, it, ot: (args[0] > float(attrs["c"])).astype(args[0].dtype),
+          "1 where x > c else 0 (the mask of ReLU's and LeakyReLU's gradients: threshold_backward)", attrs=("c",),
+          attr_kinds=_FLOAT_C, family="step", degree=_deg_opaque)
 define_op("minimum", 2, _B | Prop.COMMUTATIVE | Prop.ASSOCIATIVE, _binary_rule("minimum"), _ref_binary(np.minimum),
           "elementwise min(a, b)", degree=_deg_max, homog=_h_add, family="max")
 _reduction("min", np.min, "min along axis", Reduce("minimum", None, math.inf), family="max")

@@ -224,7 +224,7 @@ def uninterpreted(op: str) -> Callable[..., Sym]:
     return fn
 
 
-for _n in ("silu", "gelu", "relu", "log", "tanh", "erf", "softplus", "abs", "clamp", "leaky_relu"):
+for _n in ("silu", "gelu", "relu", "log", "tanh", "erf", "softplus", "abs", "clamp", "leaky_relu", "step"):
     implements("abstract", _n)(uninterpreted(_n))
 
 

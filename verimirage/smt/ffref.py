@@ -337,7 +337,7 @@ MEANINGS: dict[str, Meaning] = {
         "mul", d.const("add", d.const("mul", a[0], Fraction(-1)), Fraction(1)), a[2])),
     "cast": lambda d, a, at, it: a[0],
 }
-for _op in ("log", "tanh", "erf", "softplus", "abs", "clamp", "leaky_relu"):  # no exact image
+for _op in ("log", "tanh", "erf", "softplus", "abs", "clamp", "leaky_relu", "step"):  # no exact image
     MEANINGS[_op] = lambda d, a, at, it, _op=_op: d.oracle(opaque_key(_op, at), a[0])  # type: ignore[misc]
 # sigmoid(x) = 1 / (1 + exp(-x)) exactly (1 + exp(-x) is never 0: exp's values have odd order q)
 MEANINGS["sigmoid"] = lambda d, a, at, it: _recip(d, d.const("add", d.exp(d.const("mul", a[0], Fraction(-1))),

@@ -230,7 +230,7 @@ def _ff_rsqrt(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: A
 
 # tanh stays a random function: an exact tanh (through exp) would have no q-part, and soft-capped logits
 # feed an exp (Gemma's attention), which needs one
-for _u in ("log", "tanh", "erf", "softplus", "abs", "clamp", "leaky_relu"):
+for _u in ("log", "tanh", "erf", "softplus", "abs", "clamp", "leaky_relu", "step"):
     implements("ff", _u)(opaque(_u))
 
 
