@@ -90,7 +90,7 @@ def entry_path(key: str) -> Path:
 def cache_key(graph: Graph, options: dict[str, Any]) -> str:
     """The cache key of a search of ``graph`` with ``options`` (JSON-able values)."""
     from ..backend.cache import key_of
-    from ..smt.certificate import tool_versions
+    from ..smt.certify import tool_versions
 
     return key_of({"format": FORMAT, "graph": str(graph), "options": options, "versions": tool_versions(),
                    "code": code_digest()})

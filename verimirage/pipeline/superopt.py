@@ -795,7 +795,8 @@ def _certify_phase(run: _Run) -> None:
     try:
         from ..rewrite.partition import STEPS
         from ..rewrite.rules import UNPROVED_BUILTINS
-        from ..smt.certificate import make_certificate, register_rules
+        from ..smt.certificate import register_rules
+        from ..smt.certify import make_certificate
 
         proved_user = [r.name for r in rules if r.name not in builtin_names and not r.trusted]
         register_rules([*STEPS, *(n for n in builtin_names if n not in UNPROVED_BUILTINS), *proved_user])
