@@ -101,46 +101,13 @@ def test_norms_and_activations_match_torch() -> None:
         np.testing.assert_allclose(got, want.numpy(), rtol=1e-9, atol=1e-12)
 
 
-def test_plain_and_max_shifted_logsumexp_are_never_refuted() -> None:
-    """log is a random function in the finite field, so log(S exp(-m)) + m = log(S) is beyond the field
-    model (the verifier answers Unknown); it must never call the true identity Refuted."""
+def test_plain_and_max_shifted_logsumexp_are_proved_equal() -> None:
+    """log's q-part in the field is exp's exact inverse (and the abstract check takes exp factors out of a
+    log), so the max-shifted logsumexp is proved equal to the plain one (tests/test_verify_log.py has more)."""
     from verimirage.benchmarks.models import logsumexp
 
     a, b = vm.Graph(), vm.Graph()
     xa, xb = a.input("X", (4, 16), vm.float32), b.input("X", (4, 16), vm.float32)
     a.output(logsumexp(a, xa, 1))
     b.output(logsumexp(b, xb, 1, stable=False))
-    assert not isinstance(vm.verify(a, b), vm.Refuted)
-
-
-def test_the_reference_meanings_of_the_llm_programs() -> None:
-    """The models set of issue 22 computes what the layers it is named after compute (torch, float64)."""
-    torch = pytest.importorskip("torch")
-    F = torch.nn.functional
-    rng = np.random.default_rng(2)
-
-    def run(name: str) -> tuple[dict[str, object], np.ndarray | tuple[np.ndarray, ...]]:
-        g = get_model(name, small=True)
-        ins = _inputs(g, rng)
-        out = vm.evaluate(g, ins)
-        return {k: torch.tensor(v) for k, v in ins.items()}, (out[0] if len(out) == 1 else tuple(out))
-
-    t, got = run("swiglu_ffn")
-    want = (F.silu(t["X"] @ t["W1"]) * (t["X"] @ t["W3"])) @ t["W2"]
-    np.testing.assert_allclose(got, want.numpy(), rtol=1e-10, atol=1e-12)
-    t, got = run("residual_rmsnorm")
-    h = t["X"] + t["R"]
-    want_y = F.rms_norm(h, (h.shape[-1],), t["W"], eps=1e-6)
-    np.testing.assert_allclose(got[0], h.numpy(), rtol=1e-12)
-    np.testing.assert_allclose(got[1], want_y.numpy(), rtol=1e-10, atol=1e-12)
-    t, got = run("qkv_bias")
-    np.testing.assert_allclose(got, F.linear(t["X"], t["W"].T, t["BIAS"]).numpy(), rtol=1e-10, atol=1e-12)
-    t, got = run("decode_gqa")
-    want = F.scaled_dot_product_attention(t["Q"], t["K"].transpose(1, 2), t["V"], scale=1.0)
-    np.testing.assert_allclose(got, want.numpy(), rtol=1e-9, atol=1e-12)
-    t, got = run("bias_attention")
-    want = F.scaled_dot_product_attention(t["Q"], t["K"].transpose(1, 2), t["V"], attn_mask=t["BIAS"], scale=1.0)
-    np.testing.assert_allclose(got, want.numpy(), rtol=1e-9, atol=1e-12)
-    t, got = run("lora_scaled")
-    want = t["X"] @ t["W"] + 2.0 * (t["X"] @ t["A"]) @ t["B"]
-    np.testing.assert_allclose(got, want.numpy(), rtol=1e-10, atol=1e-12)
+    assert isinstance(vm.verify(a, b), vm.Proved)

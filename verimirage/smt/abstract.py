@@ -224,8 +224,10 @@ def uninterpreted(op: str) -> Callable[..., Sym]:
     return fn
 
 
-for _n in ("silu", "gelu", "relu", "log", "tanh", "erf", "softplus", "abs", "clamp", "leaky_relu", "step"):
+for _n in ("silu", "gelu", "relu", "tanh", "erf", "softplus", "abs", "clamp", "leaky_relu", "step"):
     implements("abstract", _n)(uninterpreted(_n))
+# log: uninterpreted, after its argument's exp factors are taken out (law log-exp)
+implements("abstract", "log")(_ew1(E.p_log))
 
 
 def _sigmoid(x: E.Poly) -> E.Poly:

@@ -69,6 +69,10 @@ AXIOMS: dict[str, tuple[str, Checker]] = {
         *(lambda a, c, m, p: (a / (c * m * p), a * (1 / c) * (1 / m) * (1 / p)))(*r.uniform(0.5, 2, 4)))),
     "exp-add": ("exp(a + c*b) = exp(a) * exp(b)**c", lambda r: _close(
         *(lambda a, b, c: (np.exp(a + c * b), np.exp(a) * np.exp(b) ** c))(*r.standard_normal(3)))),
+    "log-exp": ("log(exp(u) * y) = u + log(y) (both sides defined where y > 0); log(exp(u)) = u",
+                lambda r: _close(*(lambda u, y: (np.log(np.exp(u) * y), u + np.log(y)))(
+                    r.standard_normal(), r.uniform(0.1, 5))) and _close(*(lambda u: (np.log(np.exp(u)), u))(
+                    r.standard_normal()))),
     "sum-distribute": ("sum_i (f_i + g_i) = sum_i f_i + sum_i g_i", lambda r: _close(
         *(lambda f, g: ((f + g).sum(), f.sum() + g.sum()))(r.standard_normal(9), r.standard_normal(9)))),
     "sum-const": ("sum_{i in [lo,hi)} c = (hi - lo) * c", lambda r: _close(

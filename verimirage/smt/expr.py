@@ -20,7 +20,7 @@ Terms are plain nested tuples (hashable, comparable by ``repr``):
   monomial whose every factor depends on ``var``; ``("max", items)`` with items
   ``("pt", poly)`` or ``("rng", var, lo, hi, poly)``; ``("sqrt", poly)``;
   ``("inv", poly)`` (1/poly for a primitive poly of several terms);
-  ``("fn", name, poly)`` (silu, gelu, relu: uninterpreted);
+  ``("fn", name, poly)`` (silu, gelu, relu, log of what has no exp factor: uninterpreted);
   ``("cat", aff, ((lo, hi, poly), ...))`` a piecewise value (concat).
 
 Bound variables are renamed ``r0, r1, ...`` by height (de Bruijn levels counted
@@ -462,6 +462,32 @@ def p_exp(x: Poly) -> Poly:
     if len(x[1]) > 1:
         der().use("exp-add")
     return p_mono(m_out)
+
+
+def p_log(x: Poly) -> Poly:
+    """``log(x)`` with the exp factors of ``x`` taken out: ``log(exp(u) * y) = u + log(y)`` (law ``log-exp``;
+    both sides are defined exactly where ``y > 0``, as ``exp(u) > 0``), so ``log(exp(u)) = u``. The exp
+    factors are those of a single term, or the common monomial factor of several (``x = c * m * P``); what
+    is left is the atom ``("fn", "log", y)``, the uninterpreted log."""
+    if len(x[1]) == 1:
+        mono, c = x[1][0]
+        rest_of = lambda keep: p_mono(keep, c)  # noqa: E731
+    elif x[1]:
+        c, mono, prim = _content(x)
+        rest_of = lambda keep: p_mul(p_mono(keep, c), prim)  # noqa: E731
+    else:
+        return p_fn("log", x)
+    exps = [(a, e) for a, e in mono if a[0] == "exp"]
+    if not exps:
+        return p_fn("log", x)
+    der().use("log-exp")
+    u = poly({})
+    for a, e in exps:
+        u = p_add(u, p_mono(a[1], e))
+    rest = rest_of(tuple((a, e) for a, e in mono if a[0] != "exp"))
+    if p_is_const(rest) == 1:
+        return u
+    return p_add(u, p_fn("log", rest))
 
 
 def p_sqrt(x: Poly) -> Poly:

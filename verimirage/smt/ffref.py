@@ -19,6 +19,9 @@ Meanings (those documented in :mod:`verimirage.smt.ff`):
   *violation* (counted; the trial then answers unknown);
 * ``silu, gelu, relu, sqrt``: a keyed random function (splitmix64) of the p-residue gives both parts;
   ``rsqrt`` is the inverse of ``sqrt``'s; ``rms_norm(x) = x * rsqrt(mean(x*x) + eps) [* w]``;
+* ``log``: the p-part is a keyed random function of the p-residue (as for ``tanh``); the q-part is the
+  discrete log: ``k`` for a p-residue ``+-g**k``, meaningless for 0 (:func:`_log_table`); a program in
+  which an exp reads a log's value is not tested (:func:`exp_after_log`: ``exp(log y)`` is ``+-y`` there);
 * ``max, maximum``: the largest (p-residue, q-part) pair, a meaningless q-part being the smallest;
 * ``concat, transpose``: data movement;
 * a q-result is meaningless where an operand's is (for matmul: anywhere in the row or column read).
@@ -105,6 +108,48 @@ def _exp_table(f: Field) -> np.ndarray:
     t = (high[:, None] * low[None, :] % f.p).reshape(-1)[: f.q]
     t.flags.writeable = False
     return t
+
+
+@lru_cache(maxsize=2)
+def _log_table(f: Field) -> np.ndarray:
+    """The q-part of ``log`` for every p-residue: ``k`` at ``g**k`` and at ``-g**k`` (every nonzero residue is
+    one of these: -1 is no power of g, whose order q is odd), ``-1`` (meaningless) at 0."""
+    e = _exp_table(f)
+    t = np.empty(f.p, dtype=np.int64)
+    t[e] = np.arange(f.q, dtype=np.int64)
+    t[f.p - e] = np.arange(f.q, dtype=np.int64)
+    t[0] = -1
+    t.flags.writeable = False
+    return t
+
+
+#: ops whose meaning reads an operand's q-part through exp (at kernel, block or thread level)
+_EXP_READERS = frozenset({"exp", "sigmoid", "rescaled_sum"})
+
+
+def _inner_ops(n: Any) -> set[str]:
+    """The ops of the programs a node holds (a custom kernel's block graph, a fused thread graph), nested."""
+    out: set[str] = set()
+    for _, v in n.attrs:
+        if hasattr(v, "nodes") and not isinstance(v, (str, bytes)):
+            for m in node_list(v):
+                out.add(m.op)
+                out |= _inner_ops(m)
+    return out
+
+
+def exp_after_log(g: Graph) -> bool:
+    """Whether an exp in ``g`` may read a value computed from a log (a custom kernel counts as reading all
+    of its operands with every op it holds). There ``log``'s discrete-log q-part makes ``exp(log y)`` equal
+    ``y`` or ``-y`` by the residue's sign class, not ``y``: such programs are not tested (unknown)."""
+    tainted: list[bool] = []
+    for n in node_list(g):
+        ops = {n.op} | _inner_ops(n)
+        t_in = any(tainted[a] for a, _ in n.args)
+        if ops & _EXP_READERS and (t_in or ("log" in ops and n.op != "log")):
+            return True
+        tainted.append(t_in or "log" in ops)
+    return False
 
 
 def residue(c: Fraction, m: int) -> int:
@@ -337,8 +382,10 @@ MEANINGS: dict[str, Meaning] = {
         "mul", d.const("add", d.const("mul", a[0], Fraction(-1)), Fraction(1)), a[2])),
     "cast": lambda d, a, at, it: a[0],
 }
-for _op in ("log", "tanh", "erf", "softplus", "abs", "clamp", "leaky_relu", "step"):  # no exact image
+for _op in ("tanh", "erf", "softplus", "abs", "clamp", "leaky_relu", "step"):  # no exact image
     MEANINGS[_op] = lambda d, a, at, it, _op=_op: d.oracle(opaque_key(_op, at), a[0])  # type: ignore[misc]
+# log: a random function in the p-part, the discrete log (exp's inverse) in the q-part
+MEANINGS["log"] = lambda d, a, at, it: _stack(d.oracle("log", a[0])[0], _log_table(d.field)[a[0][0]])
 # sigmoid(x) = 1 / (1 + exp(-x)) exactly (1 + exp(-x) is never 0: exp's values have odd order q)
 MEANINGS["sigmoid"] = lambda d, a, at, it: _recip(d, d.const("add", d.exp(d.const("mul", a[0], Fraction(-1))),
                                                                   Fraction(1)))
@@ -626,13 +673,29 @@ def _workers(inputs_bytes: int, trials: int) -> int:
     return max(1, min(2, cores, trials, 1 + (inputs_bytes <= 64 << 20)))
 
 
-def ref_test(a: Graph, b: Graph, seeds: Sequence[int]) -> RefResult:
+def uses_log(g: Graph) -> bool:
+    """Whether ``g`` (at any level) applies log."""
+    return any(n.op == "log" or "log" in _inner_ops(n) for n in node_list(g))
+
+
+def ref_test(a: Graph, b: Graph, seeds: Sequence[int], *, part: str = "p") -> RefResult:
     """Evaluate ``a`` and ``b`` in the field of each seed on the same random inputs and compare every
-    element of every output's p-part. ``bound``: ``per_trial_bound ** len(seeds)`` when all are equal.
-    Trials are independent (each has its own field, inputs and domain); two may run at once on threads, and
-    the answer is the lowest-numbered trial's that is not equal, whatever the order they finish in."""
+    element of every output's p-part (``part="q"``: q-part, see below). ``bound``: ``per_trial_bound **
+    len(seeds)`` when all are equal. Trials are independent (each has its own field, inputs and domain); two
+    may run at once on threads, and the answer is the lowest-numbered trial's that is not equal, whatever the
+    order they finish in.
+
+    ``part="q"`` (the q-world comparison, for programs with log): compares the q-parts, where log is exp's
+    exact inverse, and answers unknown where an output's q-part is meaningless. Comparing ``P.q`` is comparing
+    ``exp(P)`` (``g`` has order q), and exp is injective on the reals, so it tests ``P = Q`` as the p-part
+    comparison does. A program where an exp reads a log's value (:func:`exp_after_log`) is unknown in
+    either mode."""
     seeds = tuple(seeds)
     per = per_trial_bound(a, b)
+    if exp_after_log(a) or exp_after_log(b):
+        return RefResult(Outcome.UNKNOWN, "an exp reads a value computed by log (exp(log y) is +-y in the field's "
+                         "model of log): not tested", seeds, per, 1.0)
+    pi = {"p": 0, "q": 1}[part]
 
     def trial(ti: int) -> RefResult | None:
         s = seeds[ti]
@@ -640,8 +703,11 @@ def ref_test(a: Graph, b: Graph, seeds: Sequence[int]) -> RefResult:
         ins = trial_inputs(a, fld, s)
         (oa, va), (ob, vb) = evaluate(a, ins, fld), evaluate(b, ins, fld)
         for k, (x, y) in enumerate(zip(oa, ob, strict=True)):
-            if not np.array_equal(x[0], y[0]):
-                idx = tuple(int(v) for v in np.argwhere(x[0] != y[0])[0])
+            if pi == 1 and ((x[1] < 0).any() or (y[1] < 0).any()):
+                return RefResult(Outcome.UNKNOWN, f"output {k} has no meaningful q-part in trial {ti}: the q-world "
+                                 "comparison cannot test it", seeds[: ti + 1], per, 1.0, trial=ti)
+            if not np.array_equal(x[pi], y[pi]):
+                idx = tuple(int(v) for v in np.argwhere(x[pi] != y[pi])[0])
                 return RefResult(Outcome.REFUTED, f"output {k} differs at index {idx} in trial {ti} (p={fld.p})",
                                  seeds[: ti + 1], per, 1.0, k, idx, ti)
         if va + vb:
@@ -658,4 +724,7 @@ def ref_test(a: Graph, b: Graph, seeds: Sequence[int]) -> RefResult:
         return RefResult(Outcome.UNKNOWN, "degree too high for a meaningful bound" if seeds else "no trials", seeds,
                          per, 1.0)
     bound = per ** len(seeds)
+    if pi == 1:
+        return RefResult(Outcome.PROVED, f"{len(seeds)} trial(s) equal in the q-world (log as exp's inverse); per-node "
+                         f"model bound {bound:.3g}, no probability stated", seeds, per, bound)
     return RefResult(Outcome.PROVED, f"{len(seeds)} trial(s) equal; false-accept bound {bound:.3g}", seeds, per, bound)

@@ -39,7 +39,7 @@ from . import abstract as A
 from . import defined as D
 from . import expr as E
 from . import limits
-from .ff import MAX_ACCEPTABLE_BOUND, FFReference, FFResult, collect_here, ff_test
+from .ff import MAX_ACCEPTABLE_BOUND, FFReference, FFResult, collect_here, ff_test, ff_test_p_or_q
 from .verdict import Check, Outcome, Proved, Refuted, Unknown, Verdict
 from .z3enc import Query, equivalence_query
 
@@ -330,6 +330,7 @@ def _verify(a: Graph, b: Graph, ref: FFReference, *, trials: int | None, seed: i
         ffr: FFResult | None = None
         try:
             ffr = ff_test(a, b, seed=seed, trials=trials, reference=ref)
+            ffr = ff_test_p_or_q(a, b, ffr, seed=seed)  # programs with log: their q-parts, where log is exact
         finally:
             if ffr is None or ffr.outcome == Outcome.REFUTED:
                 cancel.set()  # an error or a refutation does not need the abstract check

@@ -37,6 +37,22 @@ Op meanings
   the p-part). ``rsqrt(x)`` is the inverse of ``sqrt(x)`` (so ``rsqrt =
   1/sqrt`` exactly). ``rms_norm(x) = x * rsqrt(mean(x*x) + eps)`` with that
   ``rsqrt`` (times the weight).
+* ``log``: the p-part is a per-trial random function of the argument's
+  p-residue (like tanh); the q-part is the *discrete log* of that residue:
+  ``k`` for ``+-g**k``, meaningless (-1) for 0. It is the homomorphism
+  (Z_p*, *) -> (Z_q, +) inverse to exp, so ``log(exp(u) * y) = u + log(y)``
+  holds exactly on q-parts. Programs equal only through log's laws (the
+  max-shifted logsumexp and the plain one) differ in their p-parts and are
+  compared on their q-parts instead (:func:`ff_test_q`: ``P.q = Q.q`` is
+  ``exp(P) = exp(Q)``, and exp is injective on the reals). The discrete log
+  forgets the sign (-1 has discrete log 0): ``log(-y) = log(y)`` and
+  ``exp(log y) = +-y`` in this model, neither a law of the reals. So a
+  program in which an exp reads a log's value is not tested (unknown,
+  :func:`verimirage.smt.ffref.exp_after_log`), and a candidate that takes log
+  of a value the target does not is rejected by the abstract check's
+  definedness (:mod:`verimirage.smt.defined`). No probability is stated for
+  the q-world comparison (the discrete log has no polynomial degree): it is
+  evidence, and the abstract check proves such pairs by its ``log-exp`` law.
 * ``max``, ``maximum``: a genuine total order on values: lexicographic on
   (p-residue, q-part), a meaningless q-part counting as the smallest. It is
   associative, commutative and idempotent, so a tiled max equals the flat max,
@@ -117,6 +133,8 @@ from .trials import (
     default_seeds,
     ff_domain_ops,
     ff_test,
+    ff_test_p_or_q,
+    ff_test_q,
     ff_workers,
     held_bytes,
     input_values,
@@ -131,7 +149,8 @@ __all__ = [
     "FV", "INPUT_CACHE_BYTES", "MAX_ACCEPTABLE_BOUND", "ORDER_ORACLE_OPS", "PARALLEL_BYTES", "P_MAX", "THREADS_ENV",
     "DegreeInfo", "FFDomain", "FFReference", "FFResult", "Field", "Part", "as_kind", "collect_here",
     "current_field", "default_seeds", "degree_bound", "degree_info", "exp_epilogue", "ff_domain_ops", "ff_test",
-    "ff_workers", "fv_of", "held_bytes", "input_values", "ints", "observe", "opaque", "opaque_key",
+    "ff_test_p_or_q", "ff_test_q", "ff_workers", "fv_of", "held_bytes", "input_values", "ints", "observe",
+    "opaque", "opaque_key",
     "projection_bound", "projection_factors", "run_ff", "safe_primes", "stacked", "stated_bound", "trial_inputs",
     "trials_needed", "uses_exp",
 ]

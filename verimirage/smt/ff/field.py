@@ -64,6 +64,23 @@ def _exp_table(p: int, q: int, g: int) -> np.ndarray:
     return t
 
 
+@lru_cache(maxsize=4)
+def _log_table(p: int, q: int, g: int) -> np.ndarray:
+    """The discrete log of every residue mod p, as the q-part of ``log`` (read-only; cached per field):
+    ``L[g**k] = L[-g**k] = k`` for k in [0, q), ``L[0] = -1`` (meaningless). Z_p* is ``<g>`` times
+    ``{1, -1}`` (-1 is no power of g: g has odd order q), so ``L`` is the homomorphism (Z_p*, *) -> (Z_q, +)
+    with ``L(g**k) = k``: ``log(a * b) = log a + log b`` and ``log(exp x) = x`` hold exactly; it forgets
+    the sign, so ``exp(log y)`` is ``y`` or ``-y`` (see :mod:`verimirage.smt.ff`)."""
+    e = _exp_table(p, q, g)
+    t = np.empty(p, dtype=np.int64)
+    k = np.arange(q, dtype=np.int64)
+    t[e] = k
+    t[p - e] = k
+    t[0] = -1
+    t.flags.writeable = False
+    return t
+
+
 @lru_cache(maxsize=16)
 def _exp_table_f32(p: int, q: int, g: int) -> np.ndarray:
     """:func:`_exp_table` as float32 (exact: the entries are below 2**21 < 2**24), half the cache footprint
@@ -125,6 +142,10 @@ class Field:
     def exp_table(self) -> np.ndarray:
         """``g**k mod p`` for k in [0, q) (cached per field)."""
         return _exp_table(self.p, self.q, self.g)
+
+    def log_table(self) -> np.ndarray:
+        """The discrete log mod q of every residue mod p (:func:`_log_table`; cached per field)."""
+        return _log_table(self.p, self.q, self.g)
 
     def const(self, c: Fraction) -> tuple[int, int]:
         """The residues of rational ``c`` mod p and mod q (denominator 0 mod a prime: residue 0)."""

@@ -230,8 +230,21 @@ def _ff_rsqrt(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: A
 
 # tanh stays a random function: an exact tanh (through exp) would have no q-part, and soft-capped logits
 # feed an exp (Gemma's attention), which needs one
-for _u in ("log", "tanh", "erf", "softplus", "abs", "clamp", "leaky_relu", "step"):
+for _u in ("tanh", "erf", "softplus", "abs", "clamp", "leaky_relu", "step"):
     implements("ff", _u)(opaque(_u))
+
+
+@implements("ff", "log")
+def _ff_log(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
+    """``log``: the p-part is a random function of the argument's p-residue (as for tanh); the q-part is
+    the discrete log of that residue (:func:`verimirage.smt.ff.field._log_table`, -1 for 0), the exact
+    inverse of exp's ``g ** (q-part)``: ``log(exp(u) * y) = u + log(y)`` holds on q-parts, which the
+    q-world comparison reads (:func:`verimirage.smt.ff.trials.ff_test_q`). Its reads: p of the argument."""
+    x = args[0]
+    f = current_field()
+    table = f.log_table()
+    q = Part(lambda v: table[v], (as_kind(x.p, "i"),))
+    return FV(x.shape, _oracle("log", x).p, q, qmarks=True)
 
 
 def _sigmoid(x: FV) -> FV:

@@ -252,6 +252,10 @@ class FFReference:
         self.degree, self.opaque = degree_bound(target)
         self.info = degree_info(target)
         self.uses_exp = uses_exp(target)
+        from ..ffref import exp_after_log
+
+        #: an exp reads a log's value: not tested (see ff_test_q)
+        self.exp_after_log = exp_after_log(target)
         self._outs: dict[int, tuple[list[np.ndarray], int]] = {}
         self._inputs: dict[int, dict[str, FV]] = {}
         #: the target's big products per seed, which candidates reuse (:mod:`verimirage.smt.ff.share`)
@@ -311,6 +315,12 @@ class FFReference:
             seeds = default_seeds(self.seed, max(n, 1))
         seeds = tuple(int(s) for s in seeds)
         p_only = not (self.uses_exp or uses_exp(cand))
+        from ..ffref import exp_after_log
+
+        if self.exp_after_log or exp_after_log(cand):
+            return FFResult(Outcome.UNKNOWN, "an exp reads a value computed by log (exp(log y) is +-y in the field's "
+                            "model of log): not tested", (), (), (), seeds, 0, per, 1.0,
+                            time.perf_counter() - t0)
         where, failed = ffgpu.describe(), ffgpu.failures()
         ps = tuple(Field.from_seed(s).p for s in seeds)
         qs = tuple(Field.from_seed(s).q for s in seeds)
@@ -391,6 +401,80 @@ def ff_test(
             reference.project != project) or (reference.target is not a and str(reference.target) != str(a)):
         reference = FFReference(a, seed=seed, target_log2=target_log2, project=project, keep_shared=False)
     return reference.compare(b, seeds=seeds, trials=trials)
+
+
+def ff_test_q(a: Graph, b: Graph, seeds: Sequence[int] | None = None, *, seed: int = 0,
+              target_log2: float = 60.0) -> FFResult:
+    """The q-world comparison of programs that apply log: every element of every output's q-part, in the
+    fields of ``seeds`` on the trial inputs of :func:`ff_test`.
+
+    log's q-part is the discrete log of its argument's p-residue, the exact inverse of exp (``log(exp(u) * y)
+    = u + log(y)`` holds there), while its p-part is a random function, blind to those laws; so programs equal
+    only through log's laws (logsumexp and its max-shifted form) differ in their p-parts and agree here.
+    Comparing ``P.q`` is comparing ``exp(P)`` (``g`` has order q) and exp is injective on the reals, so this
+    tests ``P = Q`` as the p-part comparison does. It answers unknown where an output has no meaningful q-part
+    (an exp's value) or an exp reads a log's value (:func:`verimirage.smt.ffref.exp_after_log`: ``exp(log y)``
+    is ``+-y`` in this model). The discrete log has no polynomial degree: no probability is stated (like
+    max's order on residues, the test is evidence); the abstract check proves such pairs by its own laws
+    (``log-exp``), and both must agree for Proved. log of a negative argument equals log of its absolute
+    value here (-1 has discrete log 0): the definedness check of the abstract side rejects a candidate that
+    takes log where the target does not."""
+    from ..ffref import exp_after_log
+
+    t0 = time.perf_counter()
+    db, ob = degree_bound(a)
+    db2, ob2 = degree_bound(b)
+    q_min = int(safe_primes()[0] - 1) // 2
+    per = min(1.0, (2 * max(db, db2) + ob + ob2 + 1) / q_min)
+    if seeds is None:
+        seeds = default_seeds(seed, max(trials_needed(per, target_log2), 1))
+    seeds = tuple(int(s) for s in seeds)
+    fields = [Field.from_seed(s) for s in seeds]
+    common = dict(p=tuple(f.p for f in fields), q=tuple(f.q for f in fields), g=tuple(f.g for f in fields),
+                  seeds=seeds, trials=len(seeds), per_trial_bound=1.0, projected=False)
+    if exp_after_log(a) or exp_after_log(b):
+        return FFResult(Outcome.UNKNOWN, "q-world: an exp reads a value computed by log (exp(log y) is +-y in the "
+                        "field's model): not tested", bound=1.0, seconds=time.perf_counter() - t0,
+                        **common)  # type: ignore[arg-type]
+    for ti, (s, fld) in enumerate(zip(seeds, fields, strict=True)):
+        ins = input_values(a, fld, s)
+        outs_a = _run_lazy(a, ins, fld)
+        outs_b = _run_lazy(b, ins, fld)
+        for k, (x, y) in enumerate(zip(outs_a, outs_b, strict=True)):
+            if x.q is None or y.q is None:
+                return FFResult(Outcome.UNKNOWN, f"q-world: output {k} has no meaningful q-part (an exp's value)",
+                                bound=1.0, seconds=time.perf_counter() - t0, **common)  # type: ignore[arg-type]
+            xq, yq = ints(x.q), ints(y.q)
+            if (xq < 0).any() or (yq < 0).any():
+                return FFResult(Outcome.UNKNOWN, f"q-world: output {k} has meaningless q-residues in trial {ti}",
+                                bound=1.0, seconds=time.perf_counter() - t0, **common)  # type: ignore[arg-type]
+            idx = _first_difference(xq, yq)
+            if idx is not None:
+                return FFResult(Outcome.REFUTED, f"q-world: output {k} differs at index {idx} in trial {ti} "
+                                f"(q={fld.q})", bound=1.0, seconds=time.perf_counter() - t0, output=k, index=idx,
+                                inputs=trial_inputs(a, fld, s), field_trial=ti, **common)  # type: ignore[arg-type]
+        if fld.q_violations:
+            return FFResult(Outcome.UNKNOWN, f"q-world: exp of a meaningless q-part ({fld.q_violations} elements in "
+                            f"trial {ti})", bound=1.0, seconds=time.perf_counter() - t0,
+                            **common)  # type: ignore[arg-type]
+    bound = per ** len(seeds)
+    common["per_trial_bound"] = per
+    return FFResult(Outcome.PROVED if per < 1 else Outcome.UNKNOWN,
+                    f"{len(seeds)} trial(s) equal in the q-world (log as exp's inverse); per-node model bound "
+                    f"{bound:.3g}", bound=bound, seconds=time.perf_counter() - t0, stated_bound=None,
+                    bound_note="no probability stated: log is modelled by a discrete log (the field test is "
+                    "evidence there, not a bound)", **common)  # type: ignore[arg-type]
+
+
+def ff_test_p_or_q(a: Graph, b: Graph, r: FFResult, *, seed: int = 0) -> FFResult:
+    """``r`` (the p-part test of ``a`` and ``b``), or, when it found a difference and a program applies log,
+    the q-world test (:func:`ff_test_q`) on the same trials if that finds them equal."""
+    from ..ffref import uses_log
+
+    if r.outcome != Outcome.REFUTED or not (uses_log(a) or uses_log(b)):
+        return r
+    rq = ff_test_q(a, b, seed=seed)
+    return rq if rq.outcome == Outcome.PROVED else r
 
 
 def ff_domain_ops() -> list[str]:
