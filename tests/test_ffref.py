@@ -36,6 +36,9 @@ def _same_values(prog: vm.Graph, seed: int) -> None:
     assert sorted(ins) == sorted(fins) and all(np.array_equal(ins[k], fins[k]) for k in ins)
     outs, viol = R.evaluate(prog, ins, f)
     fouts = FF.run_ff(prog, fins, fast)
+    if not R.reads_q_parts(prog):  # the checker's trials without q-parts: the same p-parts
+        bare, bare_viol = R.evaluate(prog, R.trial_inputs(prog, f, seed, q_parts=False), f, q_parts=False)
+        assert bare_viol == 0 and all(np.array_equal(x[0], y[0]) for x, y in zip(outs, bare, strict=True))
     for k, (x, y) in enumerate(zip(outs, fouts, strict=True)):
         assert np.array_equal(x[0], y[0]), f"output {k}: p-parts differ"
         assert np.array_equal(x[1], y[1]), f"output {k}: q-parts differ"
@@ -209,3 +212,27 @@ def test_every_op_of_the_registry_same_values() -> None:
         _same_values(g, s)
         _same_values(to_kernels(g), s)
     assert _same_verdict(g, to_kernels(g)) == "proved"
+
+
+def test_trials_without_q_parts_fall_back_on_an_exp(monkeypatch: pytest.MonkeyPatch) -> None:
+    # an exp evaluated without q-parts is never answered: it raises, and the trial runs again with them
+    d = R.RefFF(R.field_of(1), q_parts=False)
+    with pytest.raises(R.NeedsQParts):
+        d.exp(np.zeros((2, 3), dtype=np.int64))
+    g = vm.benchmarks.get("gqa", batch=1, small=True)
+    mg = to_kernels(g)
+    assert R.reads_q_parts(g) and R.reads_q_parts(mg)
+    want = R.ref_test(g, mg, SEEDS)
+    monkeypatch.setattr(R, "reads_q_parts", lambda g: False)  # a wrong guess costs time, never the answer
+    got = R.ref_test(g, mg, SEEDS)
+    assert got == want and got.outcome == "proved"
+    h = vm.Graph()  # a wrong pair that differs only through an exp: still refuted
+    x = {str(t.name): h.input(str(t.name), t.shape, t.dtype) for t in g.inputs}
+    h.output(h.matmul(h.exp(h.matmul(x["Q"], h.scale(x["K"], 2.0))), x["V"]))
+    assert R.ref_test(g, h, SEEDS[:1]).outcome == "refuted"
+
+
+def test_exp_free_pairs_skip_q_parts() -> None:
+    g = vm.benchmarks.get("gated_mlp", batch=1, small=True)
+    assert not R.reads_q_parts(g) and not R.reads_q_parts(to_kernels(g))
+    assert R.ref_test(g, to_kernels(g), SEEDS).outcome == "proved"

@@ -48,7 +48,7 @@ import numpy as np
 from ..ir.errors import GraphError
 from ..ir.graph import Graph, node_list, output_refs
 from ..ir.interpret import run
-from ..ir.ops import OPS, POW_EXACT_MAX, TensorType, get_op, neg_axis
+from ..ir.ops import FAMILY_EXP, OPS, POW_EXACT_MAX, TensorType, get_op, neg_axis
 from .consts import const_fraction
 from .verdict import Outcome
 
@@ -225,15 +225,27 @@ def _mix(x: np.ndarray, key: int, salt: int) -> np.ndarray:
 # --------------------------------------------------------------------------- op meanings
 
 
+class NeedsQParts(Exception):
+    """An evaluation without q-parts met an op whose p-part reads one (exp): evaluate again with them."""
+
+
 class RefFF:
     """The reference finite-field domain of one trial for :func:`verimirage.ir.interpret.run`."""
 
     name = "ffref"
 
-    def __init__(self, fld: Field) -> None:
+    def __init__(self, fld: Field, q_parts: bool = True) -> None:
         self.field = fld
+        #: False: every q-part is left meaningless (-1), for programs in which no p-part reads one (no exp:
+        #: every other meaning computes a p-part from p-parts only); an exp then raises :class:`NeedsQParts`
+        self.q_parts = q_parts
         #: elements where exp met a meaningless q-part
         self.violations = 0
+
+    def _no_q(self, x: np.ndarray) -> bool:
+        """Whether the q-part of a result read from ``x`` is meaningless everywhere (as is every q-part when
+        :attr:`q_parts` is False)."""
+        return not self.q_parts or _meaningless(x)
 
     def apply(self, op: str, args: list[Any], attrs: dict[str, Any], in_types: Sequence[TensorType],
               out_type: TensorType) -> np.ndarray:
@@ -250,19 +262,25 @@ class RefFF:
         if kind == "div":
             kind, yp, yq = "mul", _inv(yp, f.p), _inv(np.maximum(yq, 0), f.q)
         op = {"add": np.add, "sub": np.subtract, "mul": np.multiply}[kind]
-        if _meaningless(x) or _meaningless(y):  # (then so is every element of the result's q-part)
-            return _stack(op(x[0], yp) % f.p, -1)
-        return _stack(op(x[0], yp) % f.p, _qmark(op(x[1], yq) % f.q, x[1], y[1]))
+        out = np.empty((2, *np.broadcast_shapes(x[0].shape, yp.shape)), dtype=np.int64)
+        np.remainder(op(x[0], yp, out=out[0]), f.p, out=out[0])
+        if self._no_q(x) or self._no_q(y):  # (then so is every element of the result's q-part)
+            out[1] = -1
+        else:
+            out[1] = _qmark(op(x[1], yq) % f.q, x[1], y[1])
+        return out
 
     def const(self, kind: str, x: np.ndarray, c: Fraction) -> np.ndarray:
         """``x * c`` (kind mul) or ``x + c`` (kind add) for a rational constant ``c``."""
         f = self.field
         op = np.multiply if kind == "mul" else np.add
-        q = -1 if _meaningless(x) else _qmark(op(x[1], residue(c, f.q)) % f.q, x[1])
+        q = -1 if self._no_q(x) else _qmark(op(x[1], residue(c, f.q)) % f.q, x[1])
         return _stack(op(x[0], residue(c, f.p)) % f.p, q)
 
     def exp(self, x: np.ndarray) -> np.ndarray:
         """``g ** (q-part of x) mod p``; no meaningful q-part."""
+        if not self.q_parts:
+            raise NeedsQParts("exp reads a q-part")
         bad = x[1] < 0
         self.violations += int(bad.sum())
         return _stack(_exp_table(self.field)[np.maximum(x[1], 0)], -1)
@@ -272,6 +290,8 @@ class RefFF:
         f = self.field
         z = _mix(x[0], f.key, _SALT[name] if name in _SALT else 16 + zlib.crc32(name.encode()))
         p = (z % np.uint64(f.p)).astype(np.int64)
+        if not self.q_parts:
+            return _stack(_inv(p, f.p) if inverse else p, -1)
         q = ((z >> np.uint64(21)) % np.uint64(f.q)).astype(np.int64)
         return _stack(_inv(p, f.p), _inv(q, f.q)) if inverse else _stack(p, q)
 
@@ -295,13 +315,15 @@ class RefFF:
     def sum(self, x: np.ndarray, ax: int) -> np.ndarray:
         """Sum along array axis ``ax`` (negative), kept with size 1."""
         # exact: a sum of n residues below 2**21 is below 2**63 for any n an array can have (< 2**42)
-        bad = (x[1] < 0).any(axis=ax, keepdims=True)
-        q = -1 if bad.all() else np.where(bad, -1, x[1].sum(axis=ax, keepdims=True) % self.field.q)
+        bad = True if not self.q_parts else (x[1] < 0).any(axis=ax, keepdims=True)
+        q = -1 if np.all(bad) else np.where(bad, -1, x[1].sum(axis=ax, keepdims=True) % self.field.q)
         return _stack(x[0].sum(axis=ax, keepdims=True) % self.field.p, q)
 
     def matmul(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         """``x @ y`` in both parts."""
         f = self.field
+        if not self.q_parts:
+            return _stack(_matmul(x[0], y[0], f.p), -1)
         bad = (x[1] < 0).any(axis=-1)[..., :, None] | (y[1] < 0).any(axis=-2)[..., None, :]
         q = -1 if bad.all() else np.where(bad, -1, _matmul(np.maximum(x[1], 0), np.maximum(y[1], 0), f.q))
         return _stack(_matmul(x[0], y[0], f.p), q)
@@ -423,20 +445,24 @@ MEANINGS["slice"] = lambda d, a, at, it: a[0][(slice(None),) * (_lead(a[0], it) 
 # --------------------------------------------------------------------------- the trials
 
 
-def trial_inputs(g: Graph, fld: Field, seed: int) -> dict[str, np.ndarray]:
+def trial_inputs(g: Graph, fld: Field, seed: int, q_parts: bool = True) -> dict[str, np.ndarray]:
     """Uniform random residues for every input of ``g``: input ``i`` (in name order), part ``k`` (0: mod p,
-    1: mod q) from its own stream ``[seed, 0x5EED, k, i]``."""
+    1: mod q) from its own stream ``[seed, 0x5EED, k, i]`` (``q_parts=False``: q-parts meaningless, -1)."""
     out = {}
     for i, t in enumerate(sorted(g.inputs, key=lambda t: str(t.name))):
-        parts = [np.random.default_rng([seed, 0x5EED, k, i]).integers(0, m, size=t.shape, dtype=np.int32)
-                 for k, m in ((0, fld.p), (1, fld.q))]
-        out[str(t.name)] = np.stack(parts).astype(np.int64)
+        v = np.empty((2, *t.shape), dtype=np.int64)
+        v[0] = np.random.default_rng([seed, 0x5EED, 0, i]).integers(0, fld.p, size=t.shape, dtype=np.int32)
+        v[1] = np.random.default_rng([seed, 0x5EED, 1, i]).integers(0, fld.q, size=t.shape, dtype=np.int32) \
+            if q_parts else -1
+        out[str(t.name)] = v
     return out
 
 
-def evaluate(g: Graph, inputs: dict[str, np.ndarray], fld: Field) -> tuple[list[np.ndarray], int]:
-    """Every output of ``g`` (arrays ``(2, *shape)``) in ``fld`` on ``inputs``, and the violation count."""
-    d = RefFF(fld)
+def evaluate(g: Graph, inputs: dict[str, np.ndarray], fld: Field,
+             q_parts: bool = True) -> tuple[list[np.ndarray], int]:
+    """Every output of ``g`` (arrays ``(2, *shape)``) in ``fld`` on ``inputs``, and the violation count
+    (``q_parts=False``: see :class:`RefFF`)."""
+    d = RefFF(fld, q_parts)
     outs = run(g, inputs, d)
     return [np.broadcast_to(np.asarray(o), (2, *g.outputs[k].shape)) for k, o in enumerate(outs)], d.violations
 
@@ -666,6 +692,22 @@ class RefResult:
     trial: int | None = None
 
 
+def reads_q_parts(g: Graph) -> bool:
+    """Whether a p-part of ``g`` may read a q-part: whether ``g`` applies exp anywhere (an exp-family op, or one
+    whose registry entry says it uses exp, at any level)."""
+
+    def walk(nodes: Sequence[Any]) -> bool:
+        for n in nodes:
+            o = OPS.get(n.op)
+            if o is not None and (o.family == FAMILY_EXP or o.hooks.get("uses_exp")):
+                return True
+            if (n.op == "custom" and walk(n.attr("block").nodes)) or (n.op == "fused" and walk(n.attr("thread").nodes)):
+                return True
+        return False
+
+    return walk(node_list(g))
+
+
 def _workers(inputs_bytes: int, trials: int) -> int:
     """Trials evaluated at once: two when the machine has two cores and a trial's inputs are small (each trial
     holds its own arrays), else one."""
@@ -697,11 +739,17 @@ def ref_test(a: Graph, b: Graph, seeds: Sequence[int], *, part: str = "p") -> Re
                          "model of log): not tested", seeds, per, 1.0)
     pi = {"p": 0, "q": 1}[part]
 
+    q_parts = reads_q_parts(a) or reads_q_parts(b)
+
     def trial(ti: int) -> RefResult | None:
         s = seeds[ti]
         fld = field_of(s)
-        ins = trial_inputs(a, fld, s)
-        (oa, va), (ob, vb) = evaluate(a, ins, fld), evaluate(b, ins, fld)
+        try:  # the p-parts compared do not depend on q-parts unless an exp reads them
+            ins = trial_inputs(a, fld, s, q_parts)
+            (oa, va), (ob, vb) = evaluate(a, ins, fld, q_parts), evaluate(b, ins, fld, q_parts)
+        except NeedsQParts:  # (an exp that reads_q_parts did not see: never answered without q-parts)
+            ins = trial_inputs(a, fld, s)
+            (oa, va), (ob, vb) = evaluate(a, ins, fld), evaluate(b, ins, fld)
         for k, (x, y) in enumerate(zip(oa, ob, strict=True)):
             if pi == 1 and ((x[1] < 0).any() or (y[1] < 0).any()):
                 return RefResult(Outcome.UNKNOWN, f"output {k} has no meaningful q-part in trial {ti}: the q-world "
