@@ -5,7 +5,10 @@ The estimate is a roofline per kernel::
     time = launch + max(bytes / bandwidth, tc_flops / tc_peak + other_flops / simt_peak) / utilisation
 
 where ``utilisation = blocks / (ceil(blocks / SMs) * SMs)`` (a grid that leaves
-SMs idle, or a last partial wave, is charged for it). Three refinements come
+SMs idle, or a last partial wave, is charged for it), times the occupancy
+``min(1, blocks in flight per SM / overlap_blocks)`` (blocks per SM are
+limited by the grid and by shared memory; one block alone cannot overlap its
+loads with another's arithmetic). Three refinements come
 from H100/H200 measurements (benchmarks/perf/NOTES.md):
 
 * a block streams from device memory at most ``block_bandwidth``, so a
@@ -66,6 +69,11 @@ class Hardware:
     #: benchmarks/perf/NOTES.md session 3)
     walk_run: int = 256
     walk_exponent: float = 0.1
+    #: blocks in flight per SM a compute-bound kernel needs to overlap one block's loads with another's
+    #: arithmetic; a kernel with fewer (too few blocks for the SMs, or too much shared memory per block) runs
+    #: its compute that much slower (H100, causal attention 16x1024x64: 128 blocks of 128 query rows, one per
+    #: SM, 54.9 us; 256 blocks of 64 rows, two per SM, 25.6 us; benchmarks/results/models_run1.json)
+    overlap_blocks: int = 2
 
 
 H100 = Hardware()
@@ -127,13 +135,15 @@ def _pow2(n: int) -> int:
 
 def _roofline(nbytes: int, tc: int, other: int, blocks: int, smem: int, hw: Hardware, cal: Calibration,
               l2_bytes: int = 0, pad: float = 1.0, iterations: int = 0) -> KernelCost:
-    # compute: SMs left idle by the grid (or by a partial last wave) are lost
+    # compute: SMs left idle by the grid (or by a partial last wave) are lost, and so is the overlap of
+    # loads and arithmetic when shared memory leaves room for fewer than ``overlap_blocks`` blocks per SM
+    resident = max(1, min(hw.resident_blocks, hw.smem_per_sm // max(smem, 1)))
     waves = max(1, math.ceil(blocks / hw.sms))
     util = blocks / (waves * hw.sms)
-    comp = pad * (tc / hw.tc_flops + other / hw.simt_flops) * cal.compute / max(util, 1e-9)
+    occupancy = min(1.0, min(resident, math.ceil(blocks / hw.sms)) / max(1, hw.overlap_blocks))
+    comp = pad * (tc / hw.tc_flops + other / hw.simt_flops) * cal.compute / max(util * occupancy, 1e-9)
     # memory: the blocks resident at once (shared memory limits them) stream in rounds; a round takes
     # the longer of one block's latency-bound stream and the round's bytes at the device bandwidth
-    resident = max(1, min(hw.resident_blocks, hw.smem_per_sm // max(smem, 1)))
     per_round = min(blocks, hw.sms * resident)
     rounds = max(1, math.ceil(blocks / per_round))
     per_block = pad * nbytes / max(blocks, 1)

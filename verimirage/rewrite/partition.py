@@ -17,6 +17,10 @@ re-verified, so it need not be trusted):
    ``rescaled_sum`` when a max over the loop label is subtracted before ``exp``
    (``partition.online_softmax``, FlashAttention), post-loop epilogues fused
    into a thread graph (``fuse.epilogue``).
+4. :func:`cut_lowerings` materialises a computed operand of a contraction (``partition.cut``): the
+   program that computes it and the rest (reading it as an input) are lowered on their own and joined,
+   so a chain ``up -> act -> down`` becomes two kernels with no recomputation where one kernel would
+   recompute the up-projection in every block of the down-projection (or cannot fit at all).
 
 Each applied step is named in the candidate's ``rules``.
 """
@@ -43,7 +47,7 @@ log = logging.getLogger(__name__)
 #: their output is always re-verified, and tests check every lowering against the float64 reference).
 STEPS = (
     "partition.unfused", "partition.grid", "partition.loop", "partition.split_kv", "partition.online_softmax",
-    "partition.split_recompute", "partition.combine_grid", "fuse.epilogue",
+    "partition.split_recompute", "partition.combine_grid", "fuse.epilogue", "partition.cut",
 )
 
 
@@ -324,6 +328,7 @@ def configs(
         # of a split reduction with its combine kernel
         grid_choices.append(chosen)
     fr_allowed = list(franges) if franges is not None else [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    fr_max = max(fr_allowed)
     out: list[Config] = []
     most = max((math.prod(p for _, p in gc) for gc in grid_choices), default=1)
     for gc in grid_choices:
@@ -344,8 +349,10 @@ def configs(
                 if (splits == 1 and few) or (splits > 1 and blocks * splits < min(min_blocks, most)):
                     continue
                 per = n // splits
-                for f in _pow2_divisors(per, 2):
-                    if f not in fr_allowed:
+                # powers of two, and (for sizes like 3584 = 7 x 2^9) ranges giving power-of-two tiles: a
+                # 224-wide tile is padded to 256 in the generated code (qkv_bias, H100: 13.5 us)
+                for f in [d for d in _grid_divisors(per) if d >= 2]:
+                    if f not in fr_allowed and (franges is not None or f > fr_max or f & (f - 1) == 0):
                         continue
                     if lab in an.mm_labels and not min_tile <= per // f <= max_loop_tile:
                         continue
@@ -741,14 +748,135 @@ def unfused(g: Graph) -> Lowered:
     return Lowered(MuGraph.from_graph(g), ["partition.unfused"], None)
 
 
+#: lowerings of each side of a cut that are joined (the cheapest by the cost model), and cuts tried per program
+CUT_KEEP = 3
+CUT_MAX = 4
+
+
+def _term_inputs(t: Term, acc: dict[str, None]) -> None:
+    if t.op == "input":
+        acc[t.attr("name")] = None
+    for a in t.args:
+        _term_inputs(a, acc)
+
+
+def cut_points(g: Graph) -> list[int]:
+    """Nodes of ``g`` worth materialising: computed (not input) operands of a contraction, smaller than the
+    largest input (an attention matrix, larger than Q, K and V, is never worth a round trip through device
+    memory), that are not themselves a program output; at most
+    :data:`CUT_MAX`, the producers nearest the outputs first."""
+    nodes = node_list(g)
+    outs = {a for a, _ in output_refs(g)}
+    budget = max((t.type.numel for t in g.inputs), default=0)
+    pts: list[int] = []
+    for n in nodes:
+        if not get_op(n.op).has(Prop.CONTRACTION):
+            continue
+        for a, k in n.args:
+            src = nodes[a]
+            if src.op == "input" or a in outs or a in pts or src.outs[k].numel >= budget:
+                continue
+            pts.append(a)
+    return sorted(pts, reverse=True)[:CUT_MAX]
+
+
+def _split_at(g: Graph, v: int, name: str) -> tuple[Graph, Graph] | None:
+    """(the program computing node ``v``; ``g`` reading ``v`` as input ``name``), inputs in ``g``'s order."""
+    nodes = node_list(g)
+    memo: dict[int, Term] = {}
+    for i, n in enumerate(nodes):
+        memo[i] = Term(n.op, n.attrs, tuple(memo[a] for a, _ in n.args))
+    cut_t = memo[v]
+    hole = Term("input", (("name", name),), ())
+    rest: dict[int, Term] = {}
+    for i, n in enumerate(nodes):
+        rest[i] = hole if i == v else Term(n.op, n.attrs, tuple(rest[a] for a, _ in n.args))
+    types = {t.name: t.type for t in g.inputs if t.name is not None}
+    types[name] = nodes[v].outs[0]
+    outs = [rest[a] for a, _ in output_refs(g)]
+    used1: dict[str, None] = {}
+    _term_inputs(cut_t, used1)
+    used2: dict[str, None] = {}
+    for t in outs:
+        _term_inputs(t, used2)
+    if name not in used2:
+        return None
+    order = [*[t.name for t in g.inputs if t.name is not None], name]
+    try:
+        g1 = term_to_graph([cut_t], [(n, types[n]) for n in order if n in used1])
+        g2 = term_to_graph(outs, [(n, types[n]) for n in order if n in used2])
+    except GraphError:
+        return None
+    return g1, g2
+
+
+def join(g: Graph, parts: Sequence[tuple[MuGraph, str | None]]) -> MuGraph:
+    """One μGraph running ``parts`` in order: each part's inputs are ``g``'s inputs or earlier parts'
+    results (a part given with a name is read under that name by the later parts: its single output);
+    the last part's outputs are the result."""
+    from ..ir.graph import Node
+
+    nodes: list[Node] = []
+    env: dict[str, tuple[int, int]] = {}
+    for t in g.inputs:
+        n = t.node
+        nodes.append(n)
+        env[str(t.name)] = (len(nodes) - 1, 0)
+    last: list[tuple[int, int]] = []
+    for mg, name in parts:
+        remap: dict[tuple[int, int], tuple[int, int]] = {}
+        for i, n in enumerate(node_list(mg)):
+            if n.op == "input":
+                remap[(i, 0)] = env[n.attr("name")]
+                continue
+            nodes.append(Node(n.op, tuple(remap[a] for a in n.args), n.attrs, n.outs))
+            for k in range(len(n.outs)):
+                remap[(i, k)] = (len(nodes) - 1, k)
+        last = [remap[r] for r in output_refs(mg)]
+        if name is not None:
+            env[name] = last[0]
+    return MuGraph._from_parts(nodes, last)
+
+
+def cut_lowerings(g: Graph, *, grids: Sequence[int] | None = None, franges: Sequence[int] | None = None,
+                  max_splits: int = 32, keep: int = CUT_KEEP, rank: Any = None) -> list[Lowered]:
+    """Lowerings of ``g`` with one contraction operand materialised (``partition.cut``): for each of
+    :func:`cut_points`, the ``keep`` cheapest lowerings (by ``rank``, a μGraph -> sortable key; default:
+    the cost model's estimate for an H100) of the part computing it joined with the ``keep`` cheapest of the rest. Each side is
+    lowered without further cuts; a pair of two unfused sides (the unfused baseline again) is skipped."""
+    if rank is None:
+        from .cost import cost as rank
+    out: list[Lowered] = []
+    for v in cut_points(g):
+        name = f"cut_{v}"
+        split = _split_at(g, v, name)
+        if split is None:
+            continue
+        sides = []
+        for part in split:
+            lows, _ = lower_all(part, grids=grids, franges=franges, max_splits=max_splits, cuts=False)
+            scored = sorted(((rank(lo.mugraph), i) for i, lo in enumerate(lows)), key=lambda p: p[0])
+            sides.append([lows[i] for _, i in scored[:keep]])
+        for a, b in itertools.product(*sides):
+            if a.steps == ["partition.unfused"] and b.steps == ["partition.unfused"]:
+                continue
+            mg = join(g, [(a.mugraph, name), (b.mugraph, None)])
+            steps = ["partition.cut", *dict.fromkeys([*a.steps, *b.steps])]
+            out.append(Lowered(mg, steps, b.config or a.config))
+    return out
+
+
 def lower_all(
     g: Graph,
     *,
     grids: Sequence[int] | None = None,
     franges: Sequence[int] | None = None,
     max_splits: int = 32,
+    cuts: bool = True,
+    rank: Any = None,
 ) -> tuple[list[Lowered], dict[str, int]]:
-    """Every feasible lowering of ``g`` (plus the unfused baseline); and rejection counts by reason."""
+    """Every feasible lowering of ``g`` (plus the unfused baseline, and with ``cuts`` those of
+    :func:`cut_lowerings`, ranked by ``rank``); and rejection counts by reason."""
     g = normalise(g)
     an = analyse(g)
     out = [unfused(g)]
@@ -766,6 +894,8 @@ def lower_all(
             if "divide" not in reason and "imap" not in reason:
                 bad_struct[skey] = reason
             rejected[reason] = rejected.get(reason, 0) + 1
+    if cuts:
+        out += cut_lowerings(g, grids=grids, franges=franges, max_splits=max_splits, rank=rank)
     return out, rejected
 
 
@@ -775,6 +905,6 @@ def input_types(g: Graph) -> list[tuple[str, TensorType]]:
 
 
 __all__ = [
-    "Analysis", "Config", "Infeasible", "Lowered", "analyse", "build", "configs", "graph_terms", "lower_all",
-    "normalise", "unfused",
+    "Analysis", "Config", "Infeasible", "Lowered", "analyse", "build", "configs", "cut_lowerings", "cut_points",
+    "graph_terms", "join", "lower_all", "normalise", "unfused",
 ]
