@@ -842,8 +842,9 @@ def cut_lowerings(g: Graph, *, grids: Sequence[int] | None = None, franges: Sequ
                   max_splits: int = 32, keep: int = CUT_KEEP, rank: Any = None) -> list[Lowered]:
     """Lowerings of ``g`` with one contraction operand materialised (``partition.cut``): for each of
     :func:`cut_points`, the ``keep`` cheapest lowerings (by ``rank``, a μGraph -> sortable key; default:
-    the cost model's estimate for an H100) of the part computing it joined with the ``keep`` cheapest of the rest. Each side is
-    lowered without further cuts; a pair of two unfused sides (the unfused baseline again) is skipped."""
+    the cost model's estimate for an H100) of the part computing it joined with the ``keep`` cheapest of the
+    rest. Each side is lowered without further cuts; a pair of two unfused sides (the unfused baseline again)
+    is skipped."""
     if rank is None:
         from .cost import cost as rank
     out: list[Lowered] = []
