@@ -236,3 +236,15 @@ def test_exp_free_pairs_skip_q_parts() -> None:
     g = vm.benchmarks.get("gated_mlp", batch=1, small=True)
     assert not R.reads_q_parts(g) and not R.reads_q_parts(to_kernels(g))
     assert R.ref_test(g, to_kernels(g), SEEDS).outcome == "proved"
+
+
+def test_q_world_comparison_keeps_q_parts_without_exp() -> None:
+    # regression (trials without q-parts met the q-world comparison of log programs): log(x*y) = log x + log y
+    # has no exp, yet its q-world comparison reads every q-part; it must stay Proved there, not Unknown
+    g, h = vm.Graph(), vm.Graph()
+    for prog in (g, h):
+        x, y = prog.input("x", (4, 8), vm.float32), prog.input("y", (4, 8), vm.float32)
+        prog.output(prog.log(prog.mul(x, y)) if prog is g else prog.add(prog.log(x), prog.log(y)))
+    assert not R.reads_q_parts(g) and not R.reads_q_parts(h)
+    assert R.ref_test(g, h, SEEDS).outcome == "refuted"  # log's p-part is a random function
+    assert R.ref_test(g, h, SEEDS, part="q").outcome == "proved"
