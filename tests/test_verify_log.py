@@ -125,3 +125,14 @@ def test_the_discrete_log_is_a_homomorphism_inverse_to_exp(seed: int) -> None:
     ref = ffref.field_of(seed)
     assert (ref.p, ref.q, ref.g) == (f.p, f.q, f.g)
     assert np.array_equal(ffref._log_table(ref), t)  # the reference evaluator's table is the same
+
+
+@pytest.mark.slow
+def test_search_finds_the_max_shifted_logsumexp_of_the_plain_one() -> None:
+    pytest.importorskip("egglog")
+    g = vm.Graph()
+    g.output(logsumexp(g, g.input("X", (4, 64), vm.float32), 1, stable=False))
+    res = vm.superoptimize(g, time_budget_s=60, max_verify=3, cache=False)
+    shifted = [c for c in res.candidates if "logsumexp-stabilise" in c.rules]
+    assert shifted and all(isinstance(c.verdict, vm.Proved) for c in shifted)
+    assert any(n.op == "max" for c in shifted for n in c.graph.nodes)

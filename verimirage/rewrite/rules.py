@@ -51,6 +51,9 @@ class PVar:
 
     name: str
 
+    def __str__(self) -> str:
+        return self.name
+
 
 @dataclass(frozen=True)
 class AVar:
@@ -182,7 +185,7 @@ class Rule:
 
     name: str
     lhs: Pat
-    rhs: Pat
+    rhs: Pat | PVar  # a variable: the lhs simplifies to one of its operands (``log(exp(a)) -> a``)
     law: str
     theory: str = "user"
     guards: tuple[Guard, ...] = ()
@@ -191,8 +194,9 @@ class Rule:
     default: bool = True  # part of the default schedule
 
     def __post_init__(self) -> None:
-        if not self.name or not isinstance(self.lhs, Pat) or not isinstance(self.rhs, Pat):
-            raise RuleError(f"rule {self.name!r}: expected a name and lhs/rhs patterns (pat.<op>(...))")
+        if not self.name or not isinstance(self.lhs, Pat) or not isinstance(self.rhs, (Pat, PVar)):
+            raise RuleError(f"rule {self.name!r}: expected a name, an lhs pattern (pat.<op>(...)) and an rhs "
+                            "pattern or variable")
         lv = _pvars(self.lhs)
         missing = _pvars(self.rhs) - lv
         if missing:

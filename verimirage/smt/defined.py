@@ -27,7 +27,8 @@ The check (:func:`refines`)
 ---------------------------
 Each condition of the candidate is normalised into *claims* (``c * m * P != 0``
 becomes ``a != 0`` for each atom ``a`` of ``m`` and ``P != 0``; a positive
-constant factor is dropped from ``> 0``, ``>= 0``) and each claim must be
+constant factor is dropped from ``> 0``, ``>= 0``; an exp factor from any
+claim) and each claim must be
 
 1. proved by signs: structurally (``exp(..) > 0``, even powers ``>= 0``,
    sums and maxes of positives, ``sqrt``, positive constants) or through the
@@ -376,7 +377,13 @@ class Signs:
 
 
 def _claims(kind: str, p: E.Poly) -> list[tuple[str, E.Poly]] | None:
-    """``p kind 0`` as simpler claims (None: false, e.g. ``0 != 0``; [] : true)."""
+    """``p kind 0`` as simpler claims (None: false, e.g. ``0 != 0``; [] : true). An exp factor common to every
+    term is dropped first (``exp(u) * y kind 0`` iff ``y kind 0``: exp is positive)."""
+    if p[1]:
+        _, m0, _ = E._content(p)
+        ex = tuple((a, e) for a, e in m0 if a[0] == "exp")
+        if ex:
+            p = E.p_mul(p, E.p_mono(E.mono_pow(ex, Fraction(-1))))
     c0 = E.p_is_const(p)
     if c0 is not None:
         ok = {"gt0": c0 > 0, "ge0": c0 >= 0, "ne0": c0 != 0}[kind]

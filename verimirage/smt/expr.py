@@ -479,6 +479,9 @@ def p_log(x: Poly) -> Poly:
         return p_fn("log", x)
     exps = [(a, e) for a, e in mono if a[0] == "exp"]
     if not exps:
+        if p_is_const(x) == 1:  # log(1) = log(exp(0)) = 0
+            der().use("log-exp")
+            return poly({})
         return p_fn("log", x)
     der().use("log-exp")
     u = poly({})

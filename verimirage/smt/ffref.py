@@ -127,29 +127,37 @@ def _log_table(f: Field) -> np.ndarray:
 _EXP_READERS = frozenset({"exp", "sigmoid", "rescaled_sum"})
 
 
-def _inner_ops(n: Any) -> set[str]:
-    """The ops of the programs a node holds (a custom kernel's block graph, a fused thread graph), nested."""
-    out: set[str] = set()
-    for _, v in n.attrs:
-        if hasattr(v, "nodes") and not isinstance(v, (str, bytes)):
-            for m in node_list(v):
-                out.add(m.op)
-                out |= _inner_ops(m)
-    return out
+def _subs(n: Any) -> list[Any]:
+    """The programs node ``n`` holds (a custom kernel's block graph, a fused thread graph)."""
+    return [v for _, v in n.attrs if hasattr(v, "nodes") and not isinstance(v, (str, bytes))]
+
+
+def _log_flow(g: Any, taint_in: Sequence[bool]) -> tuple[bool, list[bool]]:
+    """Whether an exp of ``g`` reads a value computed from a log, and which nodes' values are (``taint_in``:
+    those of ``g``'s operands, by a block input's ``arg`` or a thread input's ``index``)."""
+    tainted: list[bool] = []
+    for n in node_list(g):
+        t = any(tainted[a] for a, _ in n.args)
+        if n.op in ("input", "arg") and not n.args:
+            k = n.attr("arg" if n.op == "input" else "index")
+            t = isinstance(k, int) and k < len(taint_in) and taint_in[k]
+        for sub in _subs(n):
+            bad, ts = _log_flow(sub, [tainted[a] for a, _ in n.args])
+            if bad:
+                return True, tainted
+            t = t or any(ts)
+        if n.op in _EXP_READERS and t:
+            return True, tainted
+        tainted.append(t or n.op == "log")
+    return False, tainted
 
 
 def exp_after_log(g: Graph) -> bool:
-    """Whether an exp in ``g`` may read a value computed from a log (a custom kernel counts as reading all
-    of its operands with every op it holds). There ``log``'s discrete-log q-part makes ``exp(log y)`` equal
-    ``y`` or ``-y`` by the residue's sign class, not ``y``: such programs are not tested (unknown)."""
-    tainted: list[bool] = []
-    for n in node_list(g):
-        ops = {n.op} | _inner_ops(n)
-        t_in = any(tainted[a] for a, _ in n.args)
-        if ops & _EXP_READERS and (t_in or ("log" in ops and n.op != "log")):
-            return True
-        tainted.append(t_in or "log" in ops)
-    return False
+    """Whether an exp in ``g`` (at any level) reads a value computed from a log (a custom kernel's or fused
+    node's results count as computed from a log when any of its values is). There ``log``'s discrete-log
+    q-part makes ``exp(log y)`` equal ``y`` or ``-y`` by the residue's sign class, not ``y``: such programs
+    are not tested (unknown)."""
+    return _log_flow(g, ())[0]
 
 
 def residue(c: Fraction, m: int) -> int:
@@ -707,7 +715,7 @@ def _workers(inputs_bytes: int, trials: int) -> int:
 
 def uses_log(g: Graph) -> bool:
     """Whether ``g`` (at any level) applies log."""
-    return any(n.op == "log" or "log" in _inner_ops(n) for n in node_list(g))
+    return any(n.op == "log" or any(uses_log(sub) for sub in _subs(n)) for n in node_list(g))
 
 
 def ref_test(a: Graph, b: Graph, seeds: Sequence[int], *, part: str = "p") -> RefResult:
@@ -762,7 +770,5 @@ def ref_test(a: Graph, b: Graph, seeds: Sequence[int], *, part: str = "p") -> Re
         return RefResult(Outcome.UNKNOWN, "degree too high for a meaningful bound" if seeds else "no trials", seeds,
                          per, 1.0)
     bound = per ** len(seeds)
-    if pi == 1:
-        return RefResult(Outcome.PROVED, f"{len(seeds)} trial(s) equal in the q-world (log as exp's inverse); per-node "
-                         f"model bound {bound:.3g}, no probability stated", seeds, per, bound)
-    return RefResult(Outcome.PROVED, f"{len(seeds)} trial(s) equal; false-accept bound {bound:.3g}", seeds, per, bound)
+    how = " in the q-world (log as exp's inverse); per-node model bound" if pi else "; false-accept bound"
+    return RefResult(Outcome.PROVED, f"{len(seeds)} trial(s) equal{how} {bound:.3g}", seeds, per, bound)

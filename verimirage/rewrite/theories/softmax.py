@@ -1,4 +1,11 @@
-"""exp / softmax: exp of sums and differences, deferred normalisation, shift invariance with max."""
+"""exp / softmax / log: exp of sums and differences, deferred normalisation, shift invariance with max, log as
+exp's inverse and the max-shifted logsumexp.
+
+The log rules are proved by ``verify_rule`` through the abstract check's ``log-exp`` law and the finite field's
+discrete log (log's q-part; see :mod:`verimirage.smt.ff`). Laws of log that need a side condition on values
+(``log(a * b) = log a + log b`` for positive a, b; ``exp(log x) = x`` for x > 0) are not rules: guards are
+about shapes, and where the condition fails the two sides differ in definedness (the verifier answers
+Unknown for them, never Proved)."""
 
 from __future__ import annotations
 
@@ -8,6 +15,9 @@ from ._common import AX, A, B, E, S, V
 _E = pat.exp(A)
 _M = pat.max(A, axis=AX)
 _ES = pat.exp(pat.sub(A, _M))
+
+_LSE = pat.log(pat.sum(_E, axis=AX))
+_LSE_SHIFTED = pat.add(_M, pat.log(pat.sum(_ES, axis=AX)))
 
 RULES = [
     # exp(a + b) -> exp(a) * exp(b)
@@ -29,5 +39,18 @@ RULES = [
     # exp(a - max_k a) / sum_k exp(a - max_k a) -> exp(a) / sum_k exp(a)
     Rule("softmax-shift-invariance", pat.div(_ES, pat.sum(_ES, axis=AX)), pat.div(_E, pat.sum(_E, axis=AX)),
          "softmax(a - max a) = softmax(a) (drops the max: not numerically safe in fp16)", "softmax", (),
+         (Instance.of({"a": (3, 4)}, ax=1),), default=False),
+    # log(exp(a)) -> a
+    Rule("log-exp", pat.log(_E), A, "log(exp(a)) = a", "softmax", (), (Instance.of({"a": (3, 4)}),)),
+    # log(exp(a) * b) -> a + log(b)   (both sides defined exactly where b > 0)
+    Rule("log-exp-mul", pat.log(pat.mul(_E, B)), pat.add(A, pat.log(B)), "log(exp(a) b) = a + log(b)", "softmax",
+         (SameRank((A, B)),), (Instance.of({"a": (3, 4), "b": (3, 4)}), Instance.of({"a": (3, 1), "b": (3, 4)}))),
+    # log(sum_k exp(a)) -> max_k a + log(sum_k exp(a - max_k a))
+    Rule("logsumexp-stabilise", _LSE, _LSE_SHIFTED,
+         "logsumexp is max + logsumexp of the max-shifted values (numerically safe form)", "softmax", (),
+         (Instance.of({"a": (3, 4)}, ax=1), Instance.of({"a": (2, 3, 4)}, ax=2))),
+    # max_k a + log(sum_k exp(a - max_k a)) -> log(sum_k exp(a))
+    Rule("logsumexp-unshift", _LSE_SHIFTED, _LSE,
+         "the max-shifted logsumexp is the plain one (drops the max: overflows in fp16)", "softmax", (),
          (Instance.of({"a": (3, 4)}, ax=1),), default=False),
 ]
