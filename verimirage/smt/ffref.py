@@ -703,7 +703,7 @@ class RefResult:
 def reads_q_parts(g: Graph) -> bool:
     """Whether a p-part of ``g`` may read a q-part: whether ``g`` holds an op of :data:`_EXP_READERS` anywhere
     (a guess that saves time only: an exp met without q-parts raises :class:`NeedsQParts`)."""
-    return any(({n.op} | _inner_ops(n)) & _EXP_READERS for n in node_list(g))
+    return any(n.op in _EXP_READERS or any(reads_q_parts(sub) for sub in _subs(n)) for n in node_list(g))
 
 
 def _workers(inputs_bytes: int, trials: int) -> int:
