@@ -7,14 +7,14 @@
 set -u
 out=${1:?output folder}
 plan=benchmarks/results/capture/plan_medium_fp16.json
-fwd=${FWD:-swiglu,mlp_gelu_tanh,rmsnorm_linear,sdpa_causal,softmax_head,layernorm_linear,mlp_relu,mlp_silu}
-train=${TRAIN:-mlp_relu,swiglu}
+fwd=${FWD:-swiglu,mlp_gelu_tanh,mlp_gelu,rmsnorm_linear,llama_rmsnorm_linear,layernorm_linear,softmax_head,sdpa_causal,mlp_relu,mlp_silu,geglu}
+train=${TRAIN:-mlp_relu,layernorm_linear,mlp_leaky_relu,swiglu}
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$out/gpu.txt" 2>&1
 timeout "${FWD_S:-100}" python benchmarks/corpus_capture.py "$fwd" --gpu-run "$out/forward" --plan "$plan" \
-  --dims medium --deadline "${FWD_DEADLINE:-70}" > "$out/forward.log" 2>&1
+  --dims medium --deadline "${FWD_DEADLINE:-75}" > "$out/forward.log" 2>&1
 echo "exit $?" >> "$out/forward.log"
-timeout "${TRAIN_S:-75}" python benchmarks/corpus_capture.py "" --train-names "$train" --gpu-run "$out/train" \
-  --plan "$plan" --dims medium --deadline "${TRAIN_DEADLINE:-40}" > "$out/train.log" 2>&1
+timeout "${TRAIN_S:-90}" python benchmarks/corpus_capture.py "" --train-names "$train" --gpu-run "$out/train" \
+  --plan "$plan" --dims medium --deadline "${TRAIN_DEADLINE:-50}" > "$out/train.log" 2>&1
 echo "exit $?" >> "$out/train.log"
-tail -5 "$out/forward.log" "$out/train.log"
+tail -n 5 "$out/forward.log" "$out/train.log"

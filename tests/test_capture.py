@@ -357,3 +357,35 @@ def test_profile_compares_with_inductors_code_and_survives_an_inductor_failure(
     assert len(timed) == 2 and timed[1].__qualname__.endswith("partition_fallback.<locals>.<lambda>")
     (p,) = rep.partitions
     assert not p.taken and "OutOfResources" in (p.reason or "") and rep.notes
+
+
+@pytest.mark.slow
+def test_inductor_path_gives_a_slower_captured_graph_back_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found on the H200: the second Inductor compilation of a graph (the plain one, to compare with) failed on
+    the tracing context's output strides, so the comparison never happened; and the partition's Inductor code
+    failed to compile from ATen casts. Both now work: the partition is timed against Inductor's code for it,
+    then the captured graph against Inductor's code for the whole graph, which wins here."""
+    timed = _times(monkeypatch, [1.0, 2.0, 5.0, 3.0])
+    calls = {"n": 0}
+    real = capture.PartitionRunner.kernels
+
+    def counted(self: Any, xs: Any) -> Any:
+        calls["n"] += 1
+        return real(self, xs)
+
+    monkeypatch.setattr(capture.PartitionRunner, "kernels", counted)
+    model, xs = corpus.get("layernorm_linear")
+    want, _ = _reference(model, xs, train=False)
+    torch._dynamo.reset()
+    rep = Report()
+    cm = torch.compile(model, backend=backend(report=rep, time_budget_s=8.0, fallback="inductor", profile=True))
+    with torch.no_grad():
+        got = cm(*xs)
+        n = calls["n"]
+        again = cm(*xs)
+    _close(got, want, "output")
+    _close(again, want, "second output")
+    assert len(timed) == 4 and timed[1].__qualname__.endswith("partition_fallback.<locals>.<lambda>")
+    assert calls["n"] == n
+    assert rep.graph_times and rep.graph_times[0]["captured_us"] == 5.0
+    assert rep.partitions and not any(p.taken for p in rep.partitions) and rep.notes

@@ -107,3 +107,15 @@ def test_verifier_proves_a_step_mask_equal_to_itself_only() -> None:
     assert isinstance(vm.verify(_masked(0.0), _masked(0.0)), vm.Proved)
     assert not isinstance(vm.verify(_masked(0.0), _masked(0.5)), vm.Proved)
     assert not isinstance(vm.verify(_masked(0.0), _masked(0.0, mask=False)), vm.Proved)
+
+
+def test_mixed_dtype_elementwise_ops_promote_like_aten() -> None:
+    """An fp16 weight times an fp32 activation (Inductor's decomposed fp16 LayerNorm) is an fp32 product."""
+    w, x = _x(6).half(), _x(4, 6, seed=1)
+    gm = make_fx(lambda x, w: x * w + w, tracing_mode="fake")(x, w)
+    lifted = capture.lift([n for n in gm.graph.nodes if n.op == "call_function"])
+    assert "cast" in {n.op for n in lifted.graph.nodes}
+    order = [p.name for p in gm.graph.nodes if p.op == "placeholder"]
+    named = {f"in{i}": (x, w)[order.index(p.name)].double().numpy() for i, p in enumerate(lifted.inputs)}
+    (got,) = vm.evaluate(lifted.graph, named)
+    np.testing.assert_allclose(got, (x.double() * w.double() + w.double()).numpy(), rtol=1e-12)

@@ -148,6 +148,7 @@ class Ctx:
         self.consts: list[tuple[str, Any]] = []  # (input name, torch tensor) made while lifting (e.g. masks)
         self.node: Any = None  # the fx node being lifted
         self.strict = False  # no registry layout ops (reshape, broadcast_to, permute, slice): views are boundaries
+        self.out_dtype: DType | None = None  # the dtype of the node's (first) result, when it is a float
 
     def layout(self, name: str) -> bool:
         """Whether registry layout op ``name`` may be emitted."""
@@ -214,6 +215,10 @@ class Ctx:
                     ts.append(v.t)
                 else:
                     raise Unsupported(Reason.LAYOUT, f"an operand of shape {v.shape} does not line up with {R}", v.src)
+        if len({t.dtype for t in ts}) > 1 and self.out_dtype in {t.dtype for t in ts}:
+            # ATen's type promotion (an fp16 weight times an fp32 activation is fp32): the narrower operands
+            # are cast to the result's dtype first, exactly as ATen computes it
+            ts = [t if t.dtype == self.out_dtype else emit(self.g, "cast", t, self.out_dtype) for t in ts]
         out = build(ts)
         src = next((v.src for v in vals if not v.exact), None)
         return LV(out, R, bcast=math.prod(out.shape) != math.prod(R), src=src)

@@ -16,6 +16,7 @@ its ATen ops for good (recorded too).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import operator
@@ -223,6 +224,11 @@ def lift(nodes: Sequence[fx.Node], *, strict: bool = False) -> Lifted:
                         vdev.device:
                     raise Unsupported(Reason.LAYOUT, f"aten.{name} moves data to another device")
             ctx.node = n
+            first = out[0] if isinstance(out, list) else out
+            ctx.out_dtype = None
+            if first is not None and first[1].is_floating_point:
+                with contextlib.suppress(Unsupported):
+                    ctx.out_dtype = vm_dtype(first[1])
             res = h(ctx, args, kwargs, out)
             _check_result(name, res, out)
             env[n] = res
@@ -378,8 +384,11 @@ def _strip(s: Sequence[int]) -> tuple[int, ...]:
     return s[i:]
 
 
-def eager_module(gm: fx.GraphModule, lifted: Lifted) -> fx.GraphModule:
-    """The partition's ATen ops as a GraphModule (inputs and outputs in the lifted order)."""
+def eager_module(gm: fx.GraphModule, lifted: Lifted, *, aten_casts: bool = True) -> fx.GraphModule:
+    """The partition's ATen ops as a GraphModule (inputs and outputs in the lifted order).
+
+    ``aten_casts``: prims casts become ``aten._to_copy`` (to run eagerly); False keeps the nodes as they are
+    (for a compiler that decomposes ``_to_copy`` into the prims cast itself, such as Inductor)."""
     g = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     for i, n in enumerate(lifted.inputs):
@@ -389,7 +398,7 @@ def eager_module(gm: fx.GraphModule, lifted: Lifted) -> fx.GraphModule:
     prims_cast = getattr(getattr(torch.ops, "prims", None), "convert_element_type", None)
     for n in lifted.nodes:
         c = g.node_copy(n, lambda a: env[a])
-        if prims_cast is not None and c.target is getattr(prims_cast, "default", None):
+        if aten_casts and prims_cast is not None and c.target is getattr(prims_cast, "default", None):
             # prims run their Python reference in eager mode (hundreds of µs); the ATen cast is one kernel
             src, dt = c.args[0], c.args[1] if len(c.args) > 1 else c.kwargs.get("dtype")
             c.target = torch.ops.aten._to_copy.default
@@ -511,7 +520,7 @@ def compile_partition(gm: fx.GraphModule, lifted: Lifted, opts: CaptureOptions, 
             what, fb = "its ATen ops", None
             if fallback_for is not None:
                 try:
-                    fb = fallback_for(eager, xs)
+                    fb = fallback_for(eager_module(gm, lifted, aten_casts=False), xs)
                     what = "the fallback's code for it"
                 except Exception as e:
                     log.warning("verimirage: %s: the fallback could not compile the partition alone (%s: %s); "

@@ -178,6 +178,28 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], *, options:
                 with inductor_config.patch(fx_graph_cache=False):
                     return compile_fx_inner(orig, ex, **kw)
 
+            plain_strides: list[Any] = []
+
+            def plain_again() -> Any:
+                # a second compilation of this graph: the tracing context keeps the output strides of the code
+                # AOTAutograd will run, so they are set aside and put back unless the plain code is chosen
+                from torch._guards import TracingContext
+
+                tc = TracingContext.try_get()
+                strides = getattr(tc, "output_strides", None)
+                if strides is None:
+                    return plain()
+                kept = list(strides)
+                strides.clear()
+                try:
+                    code = plain()
+                except BaseException:
+                    strides[:] = kept
+                    raise
+                plain_strides.extend(strides)
+                strides[:] = kept
+                return code
+
             if not runners:
                 return plain()
             try:
@@ -186,10 +208,22 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], *, options:
             except Exception as e:  # never an error: the graph as it was goes to Inductor
                 _drop(rep, gidx, f"compile or launch failed: Inductor could not compile the captured graph "
                                  f"({type(e).__name__}: {str(e)[:200]})")
+                from torch._guards import TracingContext
+
+                tc = TracingContext.try_get()
+                if tc is not None and tc.output_strides:
+                    tc.output_strides.clear()  # anything the failed compilation left
                 return plain()
             _KEEP.extend(runners)  # the compiled code may not hold the graph module that holds them
             if opts.profile:
-                out = _faster(out, plain, ex, rep, gidx)
+                chosen = _faster(out, plain_again, ex, rep, gidx)
+                if chosen is not out and plain_strides:  # the plain code runs: its output strides
+                    from torch._guards import TracingContext
+
+                    tc = TracingContext.try_get()
+                    if tc is not None and tc.output_strides is not None:
+                        tc.output_strides[:] = plain_strides
+                out = chosen
             return out
 
         # Inductor's caches are keyed by the graph, not by the inner compiler: a graph Inductor compiled
