@@ -136,3 +136,19 @@ def test_search_finds_the_max_shifted_logsumexp_of_the_plain_one() -> None:
     shifted = [c for c in res.candidates if "logsumexp-stabilise" in c.rules]
     assert shifted and all(isinstance(c.verdict, vm.Proved) for c in shifted)
     assert any(n.op == "max" for c in shifted for n in c.graph.nodes)
+
+
+def test_exp_after_log_follows_values_through_kernels() -> None:
+    """A one-kernel log(sum(exp(x))) is tested (its exp reads no log); a kernel computing exp(log(x)) is not."""
+    from verimirage.rewrite.partition import analyse, build, configs
+
+    def kernels(f: Callable[..., vm.Tensor]) -> list[vm.MuGraph]:
+        g = _g(f)
+        an = analyse(g)
+        return [build(an, c).mugraph for c in configs(an)[:3]]
+
+    lse = kernels(lambda g, x: g.log(g.sum(g.exp(x), axis=1)))
+    assert lse and all(m.num_kernels == 1 and not ffref.exp_after_log(m) for m in lse)
+    bad = kernels(lambda g, x: g.exp(g.log(x)))
+    assert bad and all(ffref.exp_after_log(m) for m in bad)
+    assert ffref.uses_log(lse[0]) and not ffref.uses_log(_g(lambda g, x: g.exp(x)))
