@@ -50,6 +50,14 @@ RULES = [
     # (-a) @ b -> -(a @ b)
     Rule("matmul-neg-pull", pat.matmul(pat.neg(A), B), pat.neg(pat.matmul(A, B)), "(-a) @ b = -(a @ b)",
          "algebra", (_SR2,), (Instance.of({"a": (3, 4), "b": (4, 5)}),)),
+    # -(a - b) -> b - a
+    # Off by default, like mul-sub-distrib: with it and sum-sub-split the e-graph holds cross-entropy's
+    # loop-friendly form sum(t x) - lse sum(t), which tree-size extraction does not reach yet (issue 21)
+    Rule("neg-sub", pat.neg(pat.sub(A, B)), pat.sub(B, A), "-(a - b) = b - a", "algebra", (_SR2,), (_I2, _BC),
+         default=False),
+    # a * (b - c) -> a * b - a * c
+    Rule("mul-sub-distrib", pat.mul(A, pat.sub(B, C)), pat.sub(pat.mul(A, B), pat.mul(A, C)),
+         "a * (b - c) = a*b - a*c", "algebra", (_SR3,), (_I2, _BC), default=False),
     # (a / b) * c -> (a * c) / b
     Rule("div-mul-swap", pat.mul(pat.div(A, B), C), pat.div(pat.mul(A, C), B), "(a / b) * c = (a * c) / b",
          "algebra", (_SR3,), (_I2, _BC)),

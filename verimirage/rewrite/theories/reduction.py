@@ -14,6 +14,10 @@ RULES = [
     # sum_k a + sum_k b -> sum_k(a + b)   if neither broadcasts along k
     Rule("sum-add-merge", pat.add(pat.sum(A, axis=AX), pat.sum(B, axis=AX)), pat.sum(pat.add(A, B), axis=AX),
          "sum_k a + sum_k b = sum_k(a + b)", "reduction", (SameRank((A, B)), SameDim((A, B), AX)), _I),
+    # sum_k(a - b) -> sum_k a - sum_k b   if neither broadcasts along k (off by default: see neg-sub)
+    Rule("sum-sub-split", pat.sum(pat.sub(A, B), axis=AX), pat.sub(pat.sum(A, axis=AX), pat.sum(B, axis=AX)),
+         "sum_k(a - b) = sum_k a - sum_k b", "reduction", (SameRank((A, B)), SameDim((A, B), AX)), _I,
+         default=False),
     # sum_k(a * b) -> (sum_k a) * b   if b does not depend on k
     Rule("sum-factor-out", pat.sum(pat.mul(A, B), axis=AX), pat.mul(pat.sum(A, axis=AX), B),
          "sum_k(a * b) = (sum_k a) * b when b is independent of k", "reduction",
