@@ -2,7 +2,8 @@
 
 Short and plain on purpose. The fast engine (:mod:`verimirage.smt.ff`: shared products, projections,
 GPU products, fused exp, threads) is an accelerator for the search; it is tested against this module
-value for value (tests/test_ffref.py). Nothing here is shared with it.
+value for value (tests/test_ffref.py). Nothing of it is used here; it reads its degree analysis from here
+(:func:`quotient_info`, :func:`degree_bound`: one analysis, the checker's).
 
 A value is one int64 array ``v`` of shape ``(2, *batch, *shape)``: ``v[0]`` holds the residues mod
 ``p``, ``v[1]`` the residues mod ``q``, or ``-1`` where the q-part has no meaning. The leading axis is
@@ -545,10 +546,17 @@ def _exact_degree(op: str, attrs: dict[str, Any], a: list[Any], shapes: list[Any
 
 
 def quotient_degree(g: Graph) -> int:
-    """A degree bound of ``g``'s outputs (and of every exp / oracle argument) sound for sums of quotients: each
-    value is ``N / D`` with ``deg N <= n``, ``deg D <= d`` and the axes along which ``D`` may differ; a reduction
-    of ``m`` elements along such an axis gives ``n + (m - 1) d`` over ``m d``. (A copy of the degree of the fast
-    engine's ``degree_info``; tests/test_ffref.py checks they agree.)"""
+    """The degree of :func:`quotient_info`."""
+    return quotient_info(g)[0]
+
+
+def quotient_info(g: Graph) -> tuple[int, int, int]:
+    """``(degree, atoms, applications)``: a degree bound of ``g``'s outputs (and of every exp / oracle argument)
+    sound for sums of quotients: each value is ``N / D`` with ``deg N <= n``, ``deg D <= d`` and the axes along
+    which ``D`` may differ; a reduction of ``m`` elements along such an axis gives ``n + (m - 1) d`` over ``m d``;
+    values out of a kernel's blocks or a loop's iterations vary along every axis. ``atoms``: exp / oracle
+    nodes; ``applications``: their element-wise applications plus element-wise divisions weighted by their
+    divisor's degree (what the fast engine's stated bound counts: its ``degree_info`` is this)."""
     opaque = [0, 0, 0]  # max argument degree of an atom, atom nodes, element-wise applications
     V = tuple[int, int, frozenset[int]]  # (n, d, axes where the denominator may vary)
 
@@ -667,7 +675,7 @@ def quotient_degree(g: Graph) -> int:
     nodes = node_list(g)
     vals = walk(nodes, [], 1, 1, None)
     out = max((deg(vals[i]) for i, _ in output_refs(g)), default=1)
-    return max(out, opaque[0], 1)
+    return max(out, opaque[0], 1), opaque[1], opaque[2]
 
 
 def per_trial_bound(a: Graph, b: Graph) -> float:
