@@ -483,6 +483,7 @@ def compile_partition(gm: fx.GraphModule, lifted: Lifted, opts: CaptureOptions, 
         log.warning("verimirage: search failed for %s: %s", record.name, e)
         return None
     record.search_s = time.perf_counter() - t0
+    record.split, record.regions = res.report.split, [str(r) for r in res.report.regions]
     if not res.candidates:
         record.reason = f"{Reason.NO_CANDIDATE.value} ({res.report.stop_reason})"
         return None

@@ -22,6 +22,10 @@ class PartitionReport:
     measured_us: float | None = None
     fallback_us: float | None = None
     search_s: float | None = None
+    #: how the search split the partition into regions (``SearchReport.split`` and one line per region;
+    #: empty when it was searched whole)
+    split: str = ""
+    regions: list[str] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -144,7 +148,8 @@ class Report:
         for col in ("where", "ops", "taken", "kernels", "est. us", "meas. us", "reason"):
             t.add_column(col)
         for p in self.partitions:
-            t.add_row(p.name, " ".join(p.ops), "yes" if p.taken else "no", str(len(p.kernels)),
+            kernels = str(len(p.kernels)) + (f" ({len(p.regions)} regions)" if p.regions else "")
+            t.add_row(p.name, " ".join(p.ops), "yes" if p.taken else "no", kernels,
                       "" if p.estimated_us is None else f"{p.estimated_us:.1f}",
                       "" if p.measured_us is None else f"{p.measured_us:.1f}", p.reason or "")
         for r in self.ops:

@@ -398,17 +398,22 @@ def _split_search(graph: Graph, opts: SearchOptions) -> SearchResult:
         _rules_phase(run)
         timed("rules", t0)
 
-        region_opts = dataclasses.replace(opts, top_k=1, variants=0, progress=False, profile=False, cache=False,
+        region_opts = dataclasses.replace(opts, top_k=2, variants=0, progress=False, profile=False, cache=False,
                                           split="never")
         region_results: list[SearchResult] = []
 
         def search_region(rg: Graph) -> tuple[MuGraph, float, str, tuple[str, ...]]:
             res = _search(rg, region_opts, certify=False)
             region_results.append(res)
-            if res.best is not None:
-                return res.best.mugraph, res.best.cost.time_s, "searched", res.best.rules
+            why = ""
+            for k, c in enumerate(res.candidates):  # the best the code generator can express
+                why = _inexpressible(c.mugraph)
+                if not why:
+                    return c.mugraph, c.cost.time_s, "searched" if k == 0 else "searched (next best)", c.rules
+                rep.notes.append(f"a region's {c.num_kernels}-kernel candidate left out: {why}")
             mg = MuGraph.from_graph(rg)
-            return mg, cost(mg, opts.hardware, cal).time_s, "unfused (no verified candidate)", ("partition.unfused",)
+            return mg, cost(mg, opts.hardware, cal).time_s, "unfused (no verified candidate)" if not why else \
+                "unfused (no candidate codegen expresses)", ("partition.unfused",)
 
         prog.phase("regions")
         t0 = time.perf_counter()
@@ -479,6 +484,19 @@ def _split_search(graph: Graph, opts: SearchOptions) -> SearchResult:
         timed("certify", t0)
     log.info("%s", rep)
     return SearchResult(run.cands, rep)
+
+
+def _inexpressible(mg: MuGraph) -> str:
+    """Why the code generator cannot emit ``mg`` ("" when it can, or when the backend is not installed)."""
+    try:
+        from ..backend.tuning import tuned_module
+    except ImportError:
+        return ""
+    try:
+        tuned_module(mg)
+    except Exception as e:  # codegen cannot express it: the region keeps another candidate
+        return (str(e).splitlines() or [type(e).__name__])[0][:200]
+    return ""
 
 
 def _check_whole(graph: Graph, mg: MuGraph, opts: SearchOptions) -> Any:
