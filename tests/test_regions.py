@@ -112,3 +112,47 @@ def test_split_options_are_validated() -> None:
     with pytest.raises(ValueError, match="region_ops"):
         SearchOptions(region_ops=0)
     assert "split='always'" in str(SearchOptions(split="always"))
+
+
+@pytest.mark.slow
+def test_scaled_down_decode_layer_by_regions() -> None:
+    # the scaled-down LLaMA decode layer (51 ops): searched by regions, the composition verified against the
+    # whole layer, far fewer kernels than ops, and the same function in float64
+    g = vm.benchmarks.get_layer("decode_bs1", small=True)
+    res = vm.superoptimize(g, cache=False)
+    best = res.best
+    assert best is not None and isinstance(best.verdict, vm.Proved) and best.certificate is not None
+    assert res.report.stopped is StopReason.REGIONS and len(res.report.regions) >= 2
+    n_ops = sum(1 for n in node_list(g) if n.op != "input")
+    assert best.num_kernels <= n_ops // 4
+    ins = _inputs(g)
+    for a, b in zip(vm.evaluate(best.mugraph, ins), vm.evaluate(g, ins), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-9)
+
+
+def test_a_composition_that_fails_is_searched_again_with_regions_verified(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # the regions' candidates are first checked only through the composition's whole-program check; when
+    # that fails (here: the first composition is made wrong on purpose), the regions are searched again with
+    # every candidate verified, and what is returned is still proved against the whole program
+    from verimirage.pipeline import regions as R
+
+    real = R.compose
+    calls: list[int] = []
+
+    def compose_once_wrong(graph, regs, mgs):  # type: ignore[no-untyped-def]
+        mg = real(graph, regs, mgs)
+        calls.append(1)
+        if len(calls) == 1:  # the identity of x: same shape as the output, a different function
+            x = next(i for i, n in enumerate(node_list(mg)) if n.op == "input" and n.attr("name") == "x")
+            return MuGraph._from_parts(node_list(mg), [(x, 0)])
+        return mg
+
+    monkeypatch.setattr(R, "compose", compose_once_wrong)
+    g = relu_chain(5, m=32)
+    res = vm.superoptimize(g, cache=False, split="always")
+    assert len(calls) == 2
+    best = res.best
+    assert best is not None and isinstance(best.verdict, vm.Proved) and best.num_kernels <= 5
+    assert any("searched again" in n for n in res.report.notes)
+    assert res.report.rejected and "composed" in res.report.rejected[0][0]
+    assert "verified on their own" in res.report.split

@@ -377,10 +377,24 @@ def _search_program(graph: Graph, opts: SearchOptions) -> SearchResult:
 WHOLE_VERIFY_TIMEOUT_S = 300.0
 
 
+class _Deferred:
+    """A region search's stand-in verdict: the candidate is kept for the composition, whose check against the
+    whole program decides (it is never a candidate's verdict: the region's μGraph is not returned alone)."""
+
+    proved = True
+    reason = "deferred to the check of the composition against the whole program"
+
+
 def _split_search(graph: Graph, opts: SearchOptions) -> SearchResult:
     """Search ``graph`` by regions (:mod:`.regions`): split, search each region, merge neighbours where one
     search of both costs less, compose the regions' μGraphs, and verify the composition against the whole
-    program (the glue included); its certificate is the whole program's."""
+    program (the glue included); its certificate is the whole program's.
+
+    The regions' candidates are first kept unverified (only what the code generator expresses): the check of
+    the composition against the whole program is the proof, and it covers every region at once (a region's
+    own check would cost as much again, at full size most of the time). If the composition does not verify,
+    the regions are searched again with each candidate verified on its own, and that composition is checked;
+    then the unfused program."""
     from .regions import compose, split_search
 
     rep = SearchReport(options=str(opts))
@@ -392,33 +406,89 @@ def _split_search(graph: Graph, opts: SearchOptions) -> SearchResult:
     def timed(name: str, t0: float) -> None:
         rep.phase_seconds[name] = rep.phase_seconds.get(name, 0.0) + time.perf_counter() - t0
 
+    def searched_regions(verified: bool) -> tuple[Any, list[SearchResult]]:
+        """Split and search; ``verified``: each region's candidates verified on their own (else deferred)."""
+        def expressible(rg: Graph, mg: Graph) -> Any:
+            why = _inexpressible(mg) if isinstance(mg, MuGraph) else ""
+            return _unknown(f"the code generator cannot express it: {why}") if why else _Deferred()
+
+        region_opts = dataclasses.replace(opts, top_k=1 if not verified else 2, variants=0, progress=False,
+                                          profile=False, cache=False, split="never",
+                                          verifier=None if verified else expressible)
+        results: list[SearchResult] = []
+
+        def search_region(rg: Graph) -> tuple[MuGraph, float, str, tuple[str, ...]]:
+            res = _search(rg, region_opts, certify=False)
+            results.append(res)
+            why = ""
+            for k, c in enumerate(res.candidates):  # the best the code generator can express
+                why = _inexpressible(c.mugraph) if verified else ""
+                if not why:
+                    return c.mugraph, c.cost.time_s, "searched" if k == 0 else "searched (next best)", c.rules
+                rep.notes.append(f"a region's {c.num_kernels}-kernel candidate left out: {why}")
+            mg = MuGraph.from_graph(rg)
+            return mg, cost(mg, opts.hardware, cal).time_s, "unfused (no candidate)", ("partition.unfused",)
+
+        return split_search(graph, opts.region_ops, search_region, deadline=t_start + opts.time_budget_s), results
+
+    def composed_of(out: Any) -> tuple[MuGraph, tuple[str, ...]]:
+        rules: list[str] = []
+        for rr in out.reports:
+            rules += [x for x in rr.rules if x not in rules]
+        return compose(graph, out.regions, out.mugraphs), tuple(rules)
+
+    def check(mg: MuGraph, mg_rules: tuple[str, ...], what: str) -> Candidate | None:
+        v = _check_whole(graph, mg, opts)
+        unsafe = None
+        if getattr(v, "proved", False):
+            from .fpsafe import SafetyChecker
+
+            unsafe = SafetyChecker(graph, opts.seed).check(mg)
+        desc = f"{mg.num_kernels}-kernel {what} μGraph"
+        if unsafe is not None:
+            rep.rejected.append((desc, f"{type(v).__name__} but {unsafe}"))
+        elif getattr(v, "proved", False):
+            by = "vm.verify" if opts.verifier is None else "custom verifier"
+            if opts.verifier is not None:
+                v = _unknown(f"accepted by a custom verifier, not proved by vm.verify (no certificate): "
+                             f"{getattr(v, 'reason', v)}", getattr(v, "evidence", ()))
+            return Candidate(mg, cost(mg, opts.hardware, cal), v, None, mg_rules, graph, verified_by=by)
+        else:
+            rep.rejected.append((desc, f"{type(v).__name__}: {getattr(v, 'reason', v)}"))
+        return None
+
     with _Progress(opts.progress) as prog:
         prog.phase("rules")
         t0 = time.perf_counter()
         _rules_phase(run)
         timed("rules", t0)
 
-        region_opts = dataclasses.replace(opts, top_k=2, variants=0, progress=False, profile=False, cache=False,
-                                          split="never")
-        region_results: list[SearchResult] = []
-
-        def search_region(rg: Graph) -> tuple[MuGraph, float, str, tuple[str, ...]]:
-            res = _search(rg, region_opts, certify=False)
-            region_results.append(res)
-            why = ""
-            for k, c in enumerate(res.candidates):  # the best the code generator can express
-                why = _inexpressible(c.mugraph)
-                if not why:
-                    return c.mugraph, c.cost.time_s, "searched" if k == 0 else "searched (next best)", c.rules
-                rep.notes.append(f"a region's {c.num_kernels}-kernel candidate left out: {why}")
-            mg = MuGraph.from_graph(rg)
-            return mg, cost(mg, opts.hardware, cal).time_s, "unfused (no verified candidate)" if not why else \
-                "unfused (no candidate codegen expresses)", ("partition.unfused",)
-
         prog.phase("regions")
         t0 = time.perf_counter()
-        out = split_search(graph, opts.region_ops, search_region, deadline=t_start + opts.time_budget_s)
+        out, region_results = searched_regions(verified=False)
         timed("regions", t0)
+        prog.phase("compose")
+        t0 = time.perf_counter()
+        composed, rules = composed_of(out)
+        timed("compose", t0)
+        prog.phase("verify")
+        t0 = time.perf_counter()
+        cand = check(composed, rules, "composed")
+        timed("verify", t0)
+        how = "region candidates checked once, in the composition's check against the whole program"
+        if cand is None:
+            rep.notes.append("the composition did not verify against the whole program: the regions were searched "
+                             "again, each candidate verified on its own")
+            t0 = time.perf_counter()
+            out, region_results = searched_regions(verified=True)
+            composed, rules = composed_of(out)
+            timed("regions", t0)
+            t0 = time.perf_counter()
+            cand = check(composed, rules, "composed (regions verified)")
+            if cand is None and composed.num_kernels < _num_ops(graph):
+                cand = check(MuGraph.from_graph(graph), ("partition.unfused",), "unfused")
+            timed("verify", t0)
+            how = "region candidates verified on their own after the first composition failed"
         rep.regions = list(out.reports)
         rep.rules_fired = {}
         for res in region_results:
@@ -433,41 +503,8 @@ def _split_search(graph: Graph, opts: SearchOptions) -> SearchResult:
         kernels = sum(r.kernels for r in out.reports)
         rep.split = (f"{len(out.regions)} region(s), {kernels} kernel(s) in all; {out.searches} region search(es) "
                      f"({out.reused} answered by an identical region), {out.merges_kept} of {out.merges_tried} "
-                     f"boundary merge(s) kept; at most {opts.region_ops} ops a region")
-
-        prog.phase("compose")
-        t0 = time.perf_counter()
-        composed = compose(graph, out.regions, out.mugraphs)
-        rules: list[str] = []
-        for rr in out.reports:
-            rules += [x for x in rr.rules if x not in rules]
-        timed("compose", t0)
-
-        prog.phase("verify")
-        t0 = time.perf_counter()
-        cands: list[Candidate] = []
-        tried: list[tuple[MuGraph, tuple[str, ...], str]] = [(composed, tuple(rules), "composed")]
-        if composed.num_kernels < _num_ops(graph):
-            tried.append((MuGraph.from_graph(graph), ("partition.unfused",), "unfused"))
-        for mg, mg_rules, what in tried:
-            v = _check_whole(graph, mg, opts)
-            unsafe = None
-            if getattr(v, "proved", False):
-                from .fpsafe import SafetyChecker
-
-                unsafe = SafetyChecker(graph, opts.seed).check(mg)
-            desc = f"{mg.num_kernels}-kernel {what} μGraph"
-            if unsafe is not None:
-                rep.rejected.append((desc, f"{type(v).__name__} but {unsafe}"))
-            elif getattr(v, "proved", False):
-                by = "vm.verify" if opts.verifier is None else "custom verifier"
-                if opts.verifier is not None:
-                    v = _unknown(f"accepted by a custom verifier, not proved by vm.verify (no certificate): "
-                                 f"{getattr(v, 'reason', v)}", getattr(v, "evidence", ()))
-                cands.append(Candidate(mg, cost(mg, opts.hardware, cal), v, None, mg_rules, graph, verified_by=by))
-                break
-            else:
-                rep.rejected.append((desc, f"{type(v).__name__}: {getattr(v, 'reason', v)}"))
+                     f"boundary merge(s) kept; at most {opts.region_ops} ops a region; {how}")
+        cands = [cand] if cand is not None else []
         rep.verified = len(cands)
         if cands and cands[0].mugraph is composed:
             rep.stop(StopReason.REGIONS, f"{len(out.regions)} region(s); the composition verified against the "
@@ -475,7 +512,6 @@ def _split_search(graph: Graph, opts: SearchOptions) -> SearchResult:
         else:
             rep.stop(StopReason.REGIONS, f"{len(out.regions)} region(s); the composition did not verify against "
                      "the whole program" + ("; the unfused program did" if cands else ""))
-        timed("verify", t0)
         run.cands = cands
 
         prog.phase("certify")
