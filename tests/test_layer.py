@@ -145,3 +145,17 @@ def test_layer_candidate_file_is_verified_and_for_this_graph() -> None:
     assert cands and all(c["verdict"].startswith("Proved") for c in doc["candidates"])
     cert = Certificate.load(ROOT / "proofs" / "layer_decode_bs1_small.json")
     assert cert.graph_text == str(g) and cert.mugraph_text == str(cands[0])
+
+
+def test_decode_gqa_forms_are_the_same_function() -> None:
+    # "broadcast" (the default: one product per query head, the KV head a broadcast batch dim; its kernels
+    # lower) and "rows" (the group stacked as rows; its in-kernel reshape of padded dot rows does not lower yet)
+    from verimirage.benchmarks.layer import decode_layer
+
+    a, b = decode_layer(2, small=True), decode_layer(2, small=True, gqa="rows")
+    rng = np.random.default_rng(0)
+    ins = {t.name: rng.standard_normal(t.shape) for t in a.inputs}
+    for x, y in zip(vm.evaluate(a, ins), vm.evaluate(b, ins), strict=True):
+        assert np.abs(x - y).max() <= 1e-12 * np.abs(y).max()
+    with pytest.raises(vm.GraphError, match="gqa"):
+        decode_layer(1, small=True, gqa="expand")

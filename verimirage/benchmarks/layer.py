@@ -22,6 +22,11 @@ static cache buffer of ``kv_len + 1`` slots before attention over all of them, t
 input ``M`` of shape (1, group * tokens, tokens) (row ``i * tokens + t`` keeps columns ``<= t``: the
 ``group`` query heads that share a KV head are stacked along the rows).
 
+**Grouped-query attention (decode)** is written with one product per query head, the KV head a broadcast
+batch dim (q (batch * kv_heads, group, 1, head) against K (batch * kv_heads, 1, head, kv_len)); the other
+form, the group's query heads stacked as the rows of one product (``gqa="rows"``), is the same function,
+but its kernels reshape padded dot rows, which the Triton lowering rejects.
+
 Rotary tables ``COS``/``SIN`` are inputs, (rows, 1, head) with one row per token (its position);
 the attention scale ``1/sqrt(head)`` is applied to q.
 """
@@ -114,13 +119,17 @@ def _tail(g: Graph, d: LayerDims, w: dict[str, Tensor], attn: Tensor) -> Tensor:
     return g.add(x1, g.matmul(f, w["WD"]))
 
 
-def decode_layer(batch: int, small: bool = False, dtype: DType = float16) -> Graph:
+def decode_layer(batch: int, small: bool = False, dtype: DType = float16, *, gqa: str = "broadcast") -> Graph:
     """One decode step of the layer for ``batch`` sequences over a KV cache of ``kv_len`` past positions.
 
     Inputs: the layer's weights (``W*``: (in, out)), ``X`` (batch, hidden), ``COS``/``SIN``, the cache
     ``KC``/``VC`` (batch * kv_heads, kv_len, head). Outputs: the layer's output (batch, hidden), and the
-    new key (rotated) and value (batch * kv_heads, 1, head) to write into the cache.
+    new key (rotated) and value (batch * kv_heads, 1, head) to write into the cache. ``gqa``: how the
+    query heads sharing a KV head meet it: ``"rows"`` (stacked as the rows of one product) or
+    ``"broadcast"`` (one product per query head, the KV head broadcast over the group).
     """
+    if gqa not in ("rows", "broadcast"):
+        raise GraphError(f"decode_layer: gqa={gqa!r}; expected 'rows' or 'broadcast'")
     d = dims(small)
     g = Graph()
     w = _attention_block_inputs(g, d, batch, dtype)
@@ -128,14 +137,23 @@ def decode_layer(batch: int, small: bool = False, dtype: DType = float16) -> Gra
     vc = g.input("VC", (batch * d.kv_heads, d.kv_len, d.head), dtype)
     q, k, v = _qkv(g, d, w, batch)
     bk = batch * d.kv_heads
-    qg = g.reshape(q, (bk, d.group, d.head))  # query head kv * group + i uses KV head kv
     kn = g.reshape(k, (bk, 1, d.head))
     vn = g.reshape(v, (bk, 1, d.head))
-    s1 = g.matmul(qg, g.transpose(kc, 1, 2))  # (bk, group, kv_len): the cached positions
-    s2 = g.matmul(qg, g.transpose(kn, 1, 2))  # (bk, group, 1): the new position
-    m = g.maximum(g.max(s1, axis=2), s2)
+    if gqa == "rows":  # the group's query heads as the rows of one product with their KV head
+        qg = g.reshape(q, (bk, d.group, d.head))  # query head kv * group + i uses KV head kv
+        kct, knt, vcb, vnb = g.transpose(kc, 1, 2), g.transpose(kn, 1, 2), vc, vn
+    else:  # "broadcast": one row per query head, the KV head broadcast over the group (a batch dim)
+        qg = g.reshape(q, (bk, d.group, 1, d.head))
+        kct = g.reshape(g.transpose(kc, 1, 2), (bk, 1, d.head, d.kv_len))
+        knt = g.reshape(g.transpose(kn, 1, 2), (bk, 1, d.head, 1))
+        vcb = g.reshape(vc, (bk, 1, d.kv_len, d.head))
+        vnb = g.reshape(vn, (bk, 1, 1, d.head))
+    ax = qg.type.rank - 1
+    s1 = g.matmul(qg, kct)  # (..., kv_len): the cached positions
+    s2 = g.matmul(qg, knt)  # (..., 1): the new position
+    m = g.maximum(g.max(s1, axis=ax), s2)
     e1, e2 = g.exp(g.sub(s1, m)), g.exp(g.sub(s2, m))
-    o = g.div(g.add(g.matmul(e1, vc), g.mul(e2, vn)), g.add(g.sum(e1, axis=2), e2))
+    o = g.div(g.add(g.matmul(e1, vcb), g.mul(e2, vnb)), g.add(g.sum(e1, axis=ax), e2))
     out = _tail(g, d, w, g.reshape(o, (batch, d.heads * d.head)))
     g.output(out, kn, vn)
     return g
