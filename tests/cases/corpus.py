@@ -521,4 +521,22 @@ CASES += [
          _model(lambda g, x: g.reciprocal(g.shift(g.exp(g.neg(x)), 1.0)), _LOGITS), "proved"),
     Case("clamp_bounds_swapped_roles", _model(lambda g, x: g.clamp(x, 0.0, 6.0), _LOGITS),
          _model(lambda g, x: g.clamp(x, -1.0, 1.0), _LOGITS), "not-proved", "relu6 vs hardtanh"),
+    # log as exp's inverse (the field's q-part, the abstract law log-exp): the true identities prove, the
+    # near misses do not
+    Case("logsumexp_stable_is_plain", _model(lambda g, x: M.logsumexp(g, x, 1), _LOGITS),
+         _model(lambda g, x: M.logsumexp(g, x, 1, stable=False), _LOGITS), "proved"),
+    Case("cross_entropy_stable_is_plain", _model(lambda g, x, t: M.cross_entropy(g, x, t), {**_LOGITS, "T": (4, 32)}),
+         _model(lambda g, x, t: M.cross_entropy(g, x, t, stable=False), {**_LOGITS, "T": (4, 32)}), "proved"),
+    Case("logsumexp_max_added_twice", _model(lambda g, x: M.logsumexp(g, x, 1), _LOGITS),
+         _model(lambda g, x: g.add(g.max(x, axis=1), M.logsumexp(g, x, 1)), _LOGITS), "not-proved"),
+    Case("logsumexp_of_the_other_axis_max", _model(lambda g, x: M.logsumexp(g, x, 1), _LOGITS),
+         _model(lambda g, x: g.add(g.max(g.max(x, axis=0), axis=1), g.log(g.sum(g.exp(
+             g.sub(x, g.max(x, axis=0))), axis=1))), _LOGITS), "not-proved",
+         "the column max subtracted inside, the overall max added back: not a row constant"),
+    Case("log_of_sum_as_sum_of_logs", _model(lambda g, x: g.log(g.sum(g.exp(x), axis=1)), _LOGITS),
+         _model(lambda g, x: g.sum(x, axis=1), _LOGITS), "not-proved", "log(sum exp x) = sum x is false"),
+    Case("log_product_split_needs_positive_factors",
+         _model(lambda g, a, b: g.log(g.mul(a, b)), {"A": (4, 32), "B": (4, 32)}),
+         _model(lambda g, a, b: g.add(g.log(a), g.log(b)), {"A": (4, 32), "B": (4, 32)}), "not-proved",
+         "true only where both factors are positive: the candidate is less defined"),
 ]
