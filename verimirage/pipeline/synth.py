@@ -259,27 +259,57 @@ def enumerate_classes(
     rank = len(next(iter(env.values())))
     arities = {op: _arity(op) for op in ops}
     for level in range(1, depth + 1):
-        kids = sorted(reps.values(), key=cost_key)
-        new: list[Term] = []
-        for op in ops:
-            vs = _variants(op, rank, constants)
-            if arities[op] == 1:
-                for x in kids:
-                    if _height(x) == level - 1:
-                        new += [Term(op, tuple(sorted(a.items())), (x,)) for a in vs]
-            else:
-                comm = get_op(op).has(Prop.COMMUTATIVE) and level > 1  # (level 1 shows commutativity)
-                for x in kids:
-                    for y in kids:
-                        if max(_height(x), _height(y)) == level - 1 and not (comm and cost_key(y) < cost_key(x)):
-                            new += [Term(op, tuple(sorted(a.items())), (x, y)) for a in vs]
-        if count + len(new) > max_terms:
+        keyed = sorted((cost_key(t), _height(t), t) for t in reps.values())
+        keys = [k for k, _, _ in keyed]
+        heights = [h for _, h, _ in keyed]
+        kids = [t for _, _, t in keyed]
+        size = _level_size(ops, arities, heights, keys, level, rank, constants)
+        if count + size > max_terms:  # counted before any term is built (a level can hold millions)
             log.warning("synthesize: depth %d would enumerate %d more terms (max_terms=%d): stopping at depth %d",
-                        level, len(new), max_terms, level - 1)
+                        level, size, max_terms, level - 1)
             break
-        for t in new:
-            add(t)
+        for op in ops:
+            vs = [tuple(sorted(a.items())) for a in _variants(op, rank, constants)]
+            top = [i for i, h in enumerate(heights) if h == level - 1]
+            if arities[op] == 1:
+                for i in top:
+                    for a in vs:
+                        add(Term(op, a, (kids[i],)))
+                continue
+            comm = get_op(op).has(Prop.COMMUTATIVE) and level > 1  # (level 1 shows commutativity)
+            for i, x in enumerate(kids):
+                for j, y in enumerate(kids):
+                    if max(heights[i], heights[j]) == level - 1 and not (comm and keys[j] < keys[i]):
+                        for a in vs:
+                            add(Term(op, a, (x, y)))
     return classes, count
+
+
+def _level_size(ops: Sequence[str], arities: dict[str, int], heights: list[int], keys: list[Any], level: int,
+                rank: int, constants: Sequence[float]) -> int:
+    """How many terms level ``level`` of :func:`enumerate_classes` builds, counted without building them
+    (``keys`` sorted; a commutative op pairs ``x`` only with ``y`` whose key is not below ``x``'s)."""
+    import bisect
+
+    n = len(keys)
+    top = [i for i, h in enumerate(heights) if h == level - 1]
+    low = n - len(top)  # (heights never exceed level - 1)
+    total = 0
+    for op in ops:
+        nv = len(_variants(op, rank, constants))
+        if arities[op] == 1:
+            total += nv * len(top)
+        elif not (get_op(op).has(Prop.COMMUTATIVE) and level > 1):
+            total += nv * (n * n - low * low)  # pairs with at least one child of height level - 1
+        else:
+            # pairs (i, j) with key j >= key i and at least one of the two at height level - 1
+            top_keys = sorted(keys[i] for i in top)
+            for i in range(n):
+                if heights[i] == level - 1:
+                    total += nv * (n - bisect.bisect_left(keys, keys[i]))
+                else:
+                    total += nv * (len(top_keys) - bisect.bisect_left(top_keys, keys[i]))
+    return total
 
 
 # --------------------------------------------------------------------------- proposals -> rules
