@@ -333,6 +333,50 @@ def gpu_run(names: list[str], train_names: list[str], *, dims: Any, dtype: torch
             sink.flush()
 
 
+def gpu_table(folder: Path) -> str:
+    """Markdown tables of a ``--gpu-run`` folder (``forward.jsonl`` and ``train.jsonl``): µs, and the ratios."""
+
+    def f(x: Any) -> str:
+        return "" if x is None else f"{x:.1f}"
+
+    lines = []
+    meta = json.loads((folder / "meta.json").read_text())
+    lines.append(f"{meta['device']}, {meta['date']}, torch {meta['torch']}, triton {meta['triton']}; fp16, "
+                 f"dims {corpus.MEDIUM}")
+    fwd = [json.loads(x) for x in (folder / "forward.jsonl").read_text().splitlines() if x.strip()]
+    lines += ["", "Forward (no grad), µs: CUDA-graph replay (`do_bench_cudagraph`, median) and launched from Python "
+              "(`do_bench`, median)", "",
+              "| module | eager graph | compile graph | verimirage graph | vm / compile | eager | compile | "
+              "verimirage | partitions taken | plan hits | why not taken |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in fwd:
+        parts = r.get("partitions", [])
+        why = "; ".join(sorted({(p["reason"] or "").split(":")[0] for p in parts if not p["taken"]}))
+        ratio = (r["verimirage_graph_us"] / r["compile_graph_us"]) if r.get("verimirage_graph_us") and \
+            r.get("compile_graph_us") else None
+        lines.append(f"| {r['name']} | {f(r.get('eager_graph_us'))} | {f(r.get('compile_graph_us'))} | "
+                     f"{f(r.get('verimirage_graph_us'))} | {'' if ratio is None else f'{ratio:.2f}'} | "
+                     f"{f(r.get('eager_us'))} | {f(r.get('compile_us'))} | {f(r.get('verimirage_us'))} | "
+                     f"{sum(p['taken'] for p in parts)}/{len(parts)} | {r.get('plan_hits', 0)}/"
+                     f"{r.get('plan_hits', 0) + r.get('plan_misses', 0)} | {why} |")
+    tr = folder / "train.jsonl"
+    if tr.exists():
+        rows = [json.loads(x) for x in tr.read_text().splitlines() if x.strip()]
+        lines += ["", "Training step (forward + backward of `out.float().sum()`), µs launched from Python "
+                  "(`do_bench`, median, grads set to None each step); err = max relative error of output and "
+                  "gradients against float64", "",
+                  "| module | eager | compile | verimirage | err (vm) | requires_grad | compile s (vm) | "
+                  "partitions taken | why not taken |", "|---|---:|---:|---:|---:|---|---:|---:|---|"]
+        for r in rows:
+            parts = r.get("partitions", [])
+            why = "; ".join(sorted({(p["reason"] or "").split(":")[0] for p in parts if not p["taken"]}))
+            lines.append(f"| {r['name']} | {f(r.get('eager_us'))} | {f(r.get('compile_us'))} | "
+                         f"{f(r.get('verimirage_us'))} | {r.get('verimirage_err', float('nan')):.1e} | "
+                         f"{r.get('verimirage_requires_grad')} | {f(r.get('verimirage_compile_s'))} | "
+                         f"{sum(p['taken'] for p in parts)}/{len(parts)} | {why} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("names", nargs="?", default="all")
@@ -349,7 +393,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--train-names", default="", help="with --gpu-run: modules to time a training step of")
     ap.add_argument("--dims", choices=("small", "medium", "large"), default="medium")
     ap.add_argument("--deadline", type=float, default=170.0)
+    ap.add_argument("--table", type=Path, help="print the markdown tables of a --gpu-run folder")
     args = ap.parse_args(argv)
+    if args.table:
+        sys.stdout.write(gpu_table(args.table))
+        return 0
     dims = {"small": corpus.SMALL, "medium": corpus.MEDIUM, "large": corpus.LARGE}[args.dims]
     if args.make_plan or args.gpu_run:
         logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
