@@ -377,6 +377,41 @@ def gpu_table(folder: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def cpu_table(path: Path) -> str:
+    """The markdown table of a CPU results file (``--json``): per module, coverage and errors; totals; reasons."""
+    from collections import Counter
+
+    rows = json.loads(path.read_text())
+    by = {(r["name"], r["train"]): r for r in rows}
+    lines = ["| module | inference ops taken | out err | training ops taken | out err | grad err | "
+             "left behind (training) |", "|---|---|---|---|---|---|---|"]
+    for name in corpus.names():
+        i, t = by.get((name, False)), by.get((name, True))
+        if i is None and t is None:
+            continue
+
+        def cov(r: dict[str, Any] | None) -> str:
+            return "" if r is None else f"{r['taken']}/{r['total']}"
+
+        def err(r: dict[str, Any] | None, k: str) -> str:
+            return "" if r is None or k not in r else f"{r[k]:.1e}"
+
+        left = "" if t is None else ", ".join(sorted({f"{x['graph'][:3]} {x['op']}" for x in t["left"]}))
+        lines.append(f"| {name} | {cov(i)} | {err(i, 'out_err')} | {cov(t)} | {err(t, 'out_err')} | "
+                     f"{err(t, 'grad_err')} | {left} |")
+    lines.append("")
+    for train, label in ((False, "inf"), (True, "train")):
+        rs = [r for r in rows if r["train"] == train]
+        tk, tt = sum(r["taken"] for r in rs), sum(r["total"] for r in rs)
+        lines += [f"**{label}**: {tk}/{tt} = {100 * tk / max(tt, 1):.1f}% of ATen compute ops in verimirage kernels",
+                  ""]
+    why = Counter(f"`{x['op']}`: {(x['reason'] or '').split(' (')[0].split(':')[0]}" for r in rows for x in r["left"])
+    lines.append("Ops left behind (training and inference runs), by reason:")
+    lines.append("")
+    lines += [f"- {k} (x{v})" for k, v in why.most_common()]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("names", nargs="?", default="all")
@@ -394,7 +429,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dims", choices=("small", "medium", "large"), default="medium")
     ap.add_argument("--deadline", type=float, default=170.0)
     ap.add_argument("--table", type=Path, help="print the markdown tables of a --gpu-run folder")
+    ap.add_argument("--cpu-table", type=Path, help="print the markdown table of a CPU --json results file")
     args = ap.parse_args(argv)
+    if args.cpu_table:
+        sys.stdout.write(cpu_table(args.cpu_table))
+        return 0
     if args.table:
         sys.stdout.write(gpu_table(args.table))
         return 0

@@ -119,3 +119,17 @@ def test_mixed_dtype_elementwise_ops_promote_like_aten() -> None:
     named = {f"in{i}": (x, w)[order.index(p.name)].double().numpy() for i, p in enumerate(lifted.inputs)}
     (got,) = vm.evaluate(lifted.graph, named)
     np.testing.assert_allclose(got, (x.double() * w.double() + w.double()).numpy(), rtol=1e-12)
+
+
+def test_a_constant_the_partition_passes_through_is_never_handed_out() -> None:
+    """A custom op's results must not alias state: the runner's cached constant is copied, every call."""
+    from verimirage.integrations.report import PartitionReport
+
+    x = _x(4, 6)
+    gm = make_fx(lambda x: (x * 2.0, x.new_zeros((4, 6))), tracing_mode="fake")(x)
+    lifted = capture.lift([n for n in gm.graph.nodes if n.op == "call_function"])
+    runner = capture.PartitionRunner(lifted, vm.compile(lifted.graph), gm, PartitionReport(0, 0, "inference", []))
+    a, b = runner.kernels([x]), runner.kernels([x])
+    held = {c.data_ptr() for c in runner.consts.values()}
+    assert torch.equal(a[1], torch.zeros(4, 6)) and torch.equal(a[0], x * 2.0)
+    assert a[1].data_ptr() not in held and b[1].data_ptr() not in held and a[1].data_ptr() != b[1].data_ptr()

@@ -341,7 +341,9 @@ class PartitionRunner:
         """The partition's outputs from the verified kernels (raises on a launch failure)."""
         dev = xs[0].device if xs else torch.device("cpu")
         named = {f"in{i}": x for i, x in enumerate(xs)}
-        named.update(zip((n for n, _ in self.lifted.consts), self._consts(dev), strict=True))
+        consts = self._consts(dev)
+        named.update(zip((n for n, _ in self.lifted.consts), consts, strict=True))
+        held = {c.data_ptr() for c in consts}
         res = self.program(**named)
         outs = res if isinstance(res, tuple) else (res,)
         got = []
@@ -352,7 +354,8 @@ class PartitionRunner:
                 y = y.reshape(tuple(y.shape)[len(y.shape) - len(_strip(y.shape)):]).expand(shape)
             y = y.reshape(shape)
             # custom op results may alias neither inputs nor each other (nor a CUDA graph's buffers)
-            if kind == "in" or bcast or i in used or self.cuda_graph:
+            if kind == "in" or bcast or i in used or self.cuda_graph or y.data_ptr() in held:
+                # (a constant the partition passes through is the runner's own tensor: never handed out)
                 y = y.contiguous().clone()
             elif kind == "out":
                 used.add(i)
@@ -619,6 +622,18 @@ def transform(gm: fx.GraphModule, opts: CaptureOptions, report: Report, kind: st
                 rec.reason = f"{Reason.NO_COMPUTE.value}: {ncomp} compute op(s) < min_compute_ops"
             else:
                 runner = compile_partition(gm, lp, opts, rec, device, fallback_for)
+            extra = [n for n in lp.nodes if op_name(n) in SPLIT_ON_FAILURE]
+            if runner is None and rnd < 2 and extra and ncomp > len(extra) and \
+                    (rec.reason or "").startswith(Reason.NO_CANDIDATE.value):
+                # the gradient padding ops joined two partitions that verified apart: apart again
+                log.info("verimirage: %s: %s; again without its %s", rec.name, rec.reason,
+                         sorted({op_name(n) for n in extra}))
+                for n in extra:
+                    ok.discard(n)
+                    why[n] = (Reason.NO_CANDIDATE, f"left out of partition {rec.name}, which had no verified "
+                                                   f"candidate with it ({rec.reason})")
+                retry = True
+                continue
             if runner is None and rnd < 2 and _layout_failure(lp, rec):
                 # the kernels could not express a view: again with views as partition boundaries
                 log.info("verimirage: %s: %s; splitting it at its views", rec.name, rec.reason)
@@ -657,6 +672,10 @@ def transform(gm: fx.GraphModule, opts: CaptureOptions, report: Report, kind: st
 
 
 _LAYOUT_OPS = frozenset({"reshape", "broadcast_to", "permute", "slice"})
+
+#: ATen ops that pad or make constants (gradients of slices): a partition that has no verified candidate with
+#: them is tried again without them (they tend to join partitions that verify apart)
+SPLIT_ON_FAILURE = frozenset({"slice_backward", "new_zeros", "new_full", "full", "zeros"})
 
 
 def _layout_failure(lp: Lifted, rec: PartitionReport) -> bool:
