@@ -469,3 +469,19 @@ def test_trusted_path_line_count(tmp_path: Path) -> None:
     assert trusted <= TRUSTED_BUDGET, f"the trusted path grew to {trusted} lines (budget {TRUSTED_BUDGET}): {detail}"
     readme = (root / "README.md").read_text()
     assert f"{TRUSTED_BUDGET:,} lines" in readme, "README.md must state the trusted path's line budget"
+
+
+def test_check_cert_leaves_z3_and_the_checking_to_the_child() -> None:
+    # start-up of `verimirage check-cert` (issue 26): the calling process spawns the capped checker and regenerates
+    # the Triton hash meanwhile; it never loads z3, the fast finite-field engine or the verifier itself
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    code = ("import sys\nfrom verimirage.cli import main\n"
+            f"assert main(['check-cert', {str(PROOFS / 'lora_bs1.json')!r}]) == 0\n"
+            "print('LOADED', sorted(m for m in ('z3', 'verimirage.smt.z3enc', 'verimirage.smt.ff', "
+            "'verimirage.smt.verify', 'torch') if m in sys.modules))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "LOADED []" in r.stdout, r.stdout
