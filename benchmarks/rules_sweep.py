@@ -70,6 +70,27 @@ def _same_best(table: Any, programs: list[str], summary: dict[str, Any], key: st
                "builtin_rules": table.best(prog, "builtin").rules_best} for prog in worse}
 
 
+def _extra(a: argparse.Namespace, summary: dict[str, Any], out: Path, save: Any) -> None:
+    """The ``--extra-synth`` runs: synthesis over other op sets or depths, with their rediscovery counts."""
+    for spec in a.extra_synth:
+        ops_text, _, depth_text = spec.partition(":")
+        ops = [o for o in ops_text.split(",") if o]
+        depth = int(depth_text or a.depth)
+        t0 = time.perf_counter()
+        ex = vm.rules.synthesize(ops=ops, depth=depth, seed=a.seed, progress=False, time_budget_s=a.synth_budget,
+                                 processes=a.processes, max_terms=a.max_terms)
+        wall = round(time.perf_counter() - t0, 1)
+        label = f"synth_{'-'.join(ops)}_d{depth}"
+        sub = [r for r in all_builtin_rules() if in_scope(r, ops)]
+        hit = rediscovered(ex, sub) if sub else {}
+        summary[label] = {"wall_s": wall, "phases_s": {k: round(v, 1) for k, v in ex.report.seconds.items()},
+                          "terms": ex.report.terms, "proposed": ex.report.proposed, "proved": len(ex.report.proved),
+                          "refuted": len(ex.report.refuted), "unknown": len(ex.report.unknown),
+                          "untried": ex.report.untried, "rules": len(ex.rules), "rediscovered": hit}
+        (out / f"{label}.txt").write_text(str(ex.report) + "\n\nrules:\n" + "\n".join(str(r) for r in ex.rules) + "\n")
+        save()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--depth", type=int, default=2)
@@ -89,6 +110,11 @@ def main() -> None:
     p.add_argument("--synth-budget", type=float, default=None, metavar="S",
                    help="time budget of each synthesis's proofs in seconds (default: none)")
     p.add_argument("--programs", nargs="*", default=None, help="suite programs (default: all ten)")
+    p.add_argument("--max-terms", type=int, default=20000,
+                   help="terms per shape environment of each synthesis (default 20000: depth 3 over the eight ops "
+                        "would need millions, so such a run stops at depth 2; a warning says so)")
+    p.add_argument("--only-extra", action="store_true",
+                   help="only the --extra-synth runs (no main synthesis, no sweep)")
     p.add_argument("--out", default="benchmarks/results/rules_sweep")
     a = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -105,9 +131,13 @@ def main() -> None:
     def save() -> None:
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 
+    if a.only_extra:
+        _extra(a, summary, out, save)
+        print(json.dumps(summary, indent=2))
+        return
     t0 = time.perf_counter()
     rs = vm.rules.synthesize(ops=DEFAULT_OPS, depth=a.depth, seed=a.seed, progress=False,
-                             time_budget_s=a.synth_budget, processes=a.processes)
+                             time_budget_s=a.synth_budget, processes=a.processes, max_terms=a.max_terms)
     summary["synthesis_s"] = round(time.perf_counter() - t0, 1)
     summary["synthesis_phases_s"] = {k: round(v, 1) for k, v in rs.report.seconds.items()}
     targets = [r for r in all_builtin_rules() if in_scope(r, DEFAULT_OPS)]
@@ -137,23 +167,7 @@ def main() -> None:
         _same_best(pooled, programs, summary, "pool")
         save()
     # depth-3 (or other) syntheses: after the headline sweep, before the longer sweeps
-    for spec in a.extra_synth:
-        ops_text, _, depth_text = spec.partition(":")
-        ops = [o for o in ops_text.split(",") if o]
-        depth = int(depth_text or a.depth)
-        t0 = time.perf_counter()
-        ex = vm.rules.synthesize(ops=ops, depth=depth, seed=a.seed, progress=False, time_budget_s=a.synth_budget,
-                                 processes=a.processes)
-        wall = round(time.perf_counter() - t0, 1)
-        label = f"synth_{'-'.join(ops)}_d{depth}"
-        sub = [r for r in all_builtin_rules() if in_scope(r, ops)]
-        hit = rediscovered(ex, sub) if sub else {}
-        summary[label] = {"wall_s": wall, "phases_s": {k: round(v, 1) for k, v in ex.report.seconds.items()},
-                          "terms": ex.report.terms, "proposed": ex.report.proposed, "proved": len(ex.report.proved),
-                          "refuted": len(ex.report.refuted), "unknown": len(ex.report.unknown),
-                          "untried": ex.report.untried, "rules": len(ex.rules), "rediscovered": hit}
-        (out / f"{label}.txt").write_text(str(ex.report) + "\n\nrules:\n" + "\n".join(str(r) for r in ex.rules) + "\n")
-        save()
+    _extra(a, summary, out, save)
     if a.processes is not None:
         if a.loto:
             t0 = time.perf_counter()
