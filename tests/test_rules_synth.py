@@ -274,3 +274,14 @@ def test_cli_sweep_rejects_processes_with_ray_and_a_lone_address(capsys) -> None
     assert "expected >= 0" in capsys.readouterr().err
     assert main(["sweep", "lora", "--address", "10.0.0.1:6379"]) == 2
     assert "goes with --ray" in capsys.readouterr().err
+
+
+def test_synthesized_reduction_rules_get_the_same_dim_guard_they_need() -> None:
+    # found on the H200 run (2026-11-26): sum(a, ax) + sum(b, ax) -> sum(a + b, ax) was proposed without a guard,
+    # refused (rhs ill-typed where a and b differ along ax), and sum-add-split/merge were no longer rediscovered
+    rs = synthesize(ops=["add", "sum"], depth=2, shapes=[{"a": (3, 4), "b": (3, 4)}], seed=0, progress=False)
+    assert not rs.report.unknown, rs.report.unknown
+    guarded = [r for r in rs.rules if any(isinstance(g, vm.rules.SameDim) for g in r.guards)]
+    assert guarded and all(r.instance_graphs() for r in guarded)
+    found = rediscovered(rs, _by_name("sum-add-split", "sum-add-merge"))
+    assert all(found.values()), found

@@ -27,6 +27,7 @@ Deterministic for a given ``seed`` (fields, inputs, orders); the proof jobs of a
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import sys
@@ -41,7 +42,19 @@ from ..ir.dtypes import float32
 from ..ir.errors import GraphError
 from ..ir.ops import Prop, TensorType, get_op
 from ..rewrite.lift import Term, term_to_graph
-from ..rewrite.rules import AVar, DimIsOne, Instance, Pat, PVar, RankMinus, Rule, RuleError, Ruleset, SameRank
+from ..rewrite.rules import (
+    AVar,
+    DimIsOne,
+    Instance,
+    Pat,
+    PVar,
+    RankMinus,
+    Rule,
+    RuleError,
+    Ruleset,
+    SameDim,
+    SameRank,
+)
 
 log = logging.getLogger(__name__)
 
@@ -516,6 +529,7 @@ def to_rule(pr: Proposal, name: str, ev_for: Callable[[dict[str, tuple[int, ...]
             instances += [Instance.of(batched, ax=a, **attrs) for a in range(rank + 1)]
     try:
         rule = Rule(name, lhs, rhs, f"{pr.lhs} = {pr.rhs}", "synthesized", tuple(guards), tuple(instances))
+        rule = _same_dim_guards(rule, anchor)
     except RuleError as e:
         return str(e)
     # shape safety beyond the instances: every combination of variable dims set to 1 (broadcasting); where
@@ -539,6 +553,66 @@ def to_rule(pr: Proposal, name: str, ev_for: Callable[[dict[str, tuple[int, ...]
         if lg.outputs[0].shape != rg.outputs[0].shape:
             return f"sides differ in shape on {dict(inst.shapes)}"
     return rule
+
+
+def _same_dim_guards(rule: Rule, anchor: PVar) -> Rule:
+    """``rule`` with :class:`SameDim` guards where its rhs needs them.
+
+    A proposal is found on one environment, where dims of different variables may be equal; the rule then
+    also fires where they differ (its generic instances), and there the rhs can be ill-typed, e.g.
+    ``sum(a, ax) + sum(b, ax) -> sum(a + b, ax)`` when ``a`` and ``b`` differ along ``ax``. For each generic
+    instance with an ill-typed rhs that changed a dim equal to another variable's dim on the same axis, the
+    variables sharing it get a ``SameDim`` guard on that axis (counted from the end, as the rule's axes are);
+    any other failure is left to the prover, which refuses the rule with the reason.
+    """
+    for _ in range(8):
+        bad = None
+        for inst, _why in rule.generic_instances():
+            _, rt, inputs = rule.instance_terms(inst)
+            try:
+                term_to_graph([rt], inputs)
+            except GraphError:
+                bad = inst
+                break
+        if bad is None:
+            return rule
+        shapes = dict(bad.shapes)
+        base = next((dict(i.shapes) for i in rule.instances if i.attrs == bad.attrs and _one_dim_apart(i, shapes)),
+                    None)
+        if base is None:
+            return rule
+        (v, ax), = [(v, ax) for v, sh in base.items() for ax, d in enumerate(sh) if shapes[v][ax] != d]
+        d = base[v][ax]
+        group = tuple(PVar(w) for w in sorted(base) if base[w][ax] == d)
+        if d == 1 or shapes[v][ax] == 1 or len(group) < 2:
+            return rule  # (a broadcasting operand, or a dim equal to another axis's: no SameDim says it)
+        # the reduced axis of an axis attribute (``sum(a, ax) + sum(b, ax)``): the guard names the attribute, so
+        # it holds at every rank; another axis counts from the end, as the rule's axes do
+        avars = {a.name for a in _axis_avars(rule.lhs)}
+        named = [k for k, val in bad.attrs if k in avars and val == ax]
+        guard = SameDim(group, AVar(named[0]) if named else RankMinus(anchor, len(base[v]) - ax))
+        if guard in rule.guards:
+            return rule
+        rule = dataclasses.replace(rule, guards=(*rule.guards, guard))
+    return rule
+
+
+def _axis_avars(p: Pat | PVar) -> set[AVar]:
+    """The attribute variables of a pattern."""
+    if isinstance(p, PVar):
+        return set()
+    out = {v for _, v in p.attrs if isinstance(v, AVar)}
+    for a in p.args:
+        out |= _axis_avars(a)
+    return out
+
+
+def _one_dim_apart(inst: Instance, shapes: dict[str, tuple[int, ...]]) -> bool:
+    """Whether ``shapes`` differ from ``inst``'s in exactly one dim (same variables, same ranks)."""
+    mine = dict(inst.shapes)
+    if set(mine) != set(shapes) or any(len(mine[v]) != len(shapes[v]) for v in mine):
+        return False
+    return sum(x != y for v in mine for x, y in zip(mine[v], shapes[v], strict=True)) == 1
 
 
 def _prove(rule: Rule, timeout_s: float) -> tuple[str, str]:
