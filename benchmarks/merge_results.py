@@ -3,7 +3,10 @@
     python benchmarks/merge_results.py OUT.json IN1.json [IN2.json ...]
 
 The device tool limits one command to 10 minutes, so the batch-1 and batch-8 sweeps run as two
-invocations of benchmarks/bench.py; this keeps each invocation's ceilings with its rows.
+invocations of benchmarks/bench.py; this keeps each invocation's ceilings with its rows. A case measured
+by several inputs keeps the row of the last one (a rerun after a change replaces the earlier row, in its
+place); every row records the run it came from (``run``: index into ``runs``). For the models set the
+Spearman summary is recomputed over the merged rows.
 """
 
 from __future__ import annotations
@@ -19,10 +22,17 @@ def main(argv: list[str]) -> int:
     out, *ins = argv
     docs = [json.loads(Path(p).read_text()) for p in ins]
     merged = dict(docs[0])
-    merged["rows"] = [r for d in docs for r in d["rows"]]
+    rows: dict[str, dict] = {}
+    for i, d in enumerate(docs):
+        for r in d["rows"]:
+            rows[r["case"]] = {**r, "run": i}
+    merged["rows"] = list(rows.values())
     merged["runs"] = [{k: d[k] for k in ("device", "date", "ceilings", "torch", "triton")} for d in docs]
+    from bench import spearman_summary, table
+
+    if merged.get("set") == "models":
+        merged["spearman"] = spearman_summary(merged["rows"])
     Path(out).write_text(json.dumps(merged, indent=1))
-    from bench import table
 
     print(table(merged))
     return 0
