@@ -31,3 +31,46 @@ def test_floor_inputs() -> None:
     g = vm.benchmarks.get("gated_mlp", batch=1)
     assert flops(g) == 2 * 2 * 8 * 4096 * 4096
     assert min_bytes(g) == 2 * (8 * 4096 + 2 * 4096 * 4096 + 8 * 4096)
+
+
+@pytest.mark.parametrize("name", vm.benchmarks.model_names())
+def test_eager_baseline_matches_reference_on_the_models_set(name: str) -> None:
+    g = vm.benchmarks.get_model(name, small=True)
+    gen = torch.Generator().manual_seed(2)
+    ins = [(torch.rand(t.shape, generator=gen) > 0.5).double() if t.dtype is vm.bool
+           else torch.randn(t.shape, generator=gen, dtype=torch.float64).abs() + 0.5 if t.name == "VAR"
+           else torch.randn(t.shape, generator=gen, dtype=torch.float64) for t in g.inputs]
+    got = torch_fn(g)(*ins)
+    got = got if isinstance(got, tuple) else (got,)
+    want = vm.evaluate(g, {t.name: x.numpy() for t, x in zip(g.inputs, ins, strict=True)})
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a.numpy(), b, rtol=1e-9, atol=1e-11)
+
+
+def test_spearman_and_the_merged_models_summary(tmp_path: Path) -> None:
+    import json
+
+    import bench
+    import merge_results
+
+    assert bench.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert bench.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert bench.spearman([1, 1, 2], [1, 2, 3]) == pytest.approx(0.8660254)  # ties take the average rank
+    assert bench.spearman([1, 2], [1, 2]) is None and bench.spearman([1, 1, 1], [1, 2, 3]) is None
+
+    def doc(rows: list[dict]) -> dict:
+        return {"device": "d", "date": "x", "torch": "t", "triton": "t", "set": "models", "rows": rows,
+                "ceilings": {"copy_bytes_per_s": 3e12, "bf16_flops_per_s": 7e14, "launch_us": 1.2}}
+
+    def row(case: str, meas: list[float]) -> dict:
+        cvm = [{"rank": i, "kernels": 1, "cost_us": float(i + 1), "measured_us": m} for i, m in enumerate(meas)]
+        return {"case": case, "cost_vs_measured": cvm, "spearman": bench.spearman([1.0, 2.0, 3.0], meas),
+                "floor_us": 1.0, "verimirage_us": 2.0, "speedup_vs_best": 1.0, "floor_fraction": 0.5}
+
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(doc([row("p", [3.0, 2.0, 1.0]), row("q", [1.0, 2.0, 3.0])])))
+    b.write_text(json.dumps(doc([row("p", [1.0, 2.0, 3.0])])))  # p re-measured: its row replaces run 1's
+    merge_results.main([str(tmp_path / "m.json"), str(a), str(b)])
+    m = json.loads((tmp_path / "m.json").read_text())
+    assert [(r["case"], r["run"]) for r in m["rows"]] == [("p", 1), ("q", 0)]
+    assert m["spearman"]["within_mean"] == pytest.approx(1.0) and m["spearman"]["pairs"] == 6
