@@ -253,7 +253,8 @@ def superoptimize(graph: Graph, *, options: SearchOptions | None = None, **overr
     ``split``). ``split="auto"`` (default) searches a program with one matmul whole, one of more than
     ``whole_ops`` ops by regions, and one in between whole and, when that fused less than one kernel per
     region to start with, by regions too (the cheaper wins); ``"never"``/``"always"`` force one way. With
-    regions, ``time_budget_s`` applies to each region's search, and boundary merges stop once it has passed.
+    regions, ``time_budget_s`` applies to each region's search (every boundary is reconsidered once, whatever
+    the time: the regions do not depend on the machine's load).
 
     The keywords are the fields of :class:`~verimirage.pipeline.options.SearchOptions` (validated once, a
     TypeError for an unknown one); ``options=SearchOptions(...)`` passes them as one value (keywords given
@@ -412,9 +413,12 @@ def _split_search(graph: Graph, opts: SearchOptions) -> SearchResult:
             why = _inexpressible(mg) if isinstance(mg, MuGraph) else ""
             return _unknown(f"the code generator cannot express it: {why}") if why else _Deferred()
 
+        # deferred checks cost only the code generator: more attempts, so a region whose cheapest lowerings
+        # codegen cannot express still gets a fused one
         region_opts = dataclasses.replace(opts, top_k=1 if not verified else 2, variants=0, progress=False,
                                           profile=False, cache=False, split="never",
-                                          verifier=None if verified else expressible)
+                                          verifier=None if verified else expressible,
+                                          max_verify=opts.max_verify if verified else max(16, opts.attempts))
         results: list[SearchResult] = []
 
         def search_region(rg: Graph) -> tuple[MuGraph, float, str, tuple[str, ...]]:
@@ -429,7 +433,7 @@ def _split_search(graph: Graph, opts: SearchOptions) -> SearchResult:
             mg = MuGraph.from_graph(rg)
             return mg, cost(mg, opts.hardware, cal).time_s, "unfused (no candidate)", ("partition.unfused",)
 
-        return split_search(graph, opts.region_ops, search_region, deadline=t_start + opts.time_budget_s), results
+        return split_search(graph, opts.region_ops, search_region), results
 
     def composed_of(out: Any) -> tuple[MuGraph, tuple[str, ...]]:
         rules: list[str] = []
