@@ -109,8 +109,22 @@ def deactivate(tok: contextvars.Token) -> None:
     _DER.reset(tok)
 
 
+#: ``repr`` of recently keyed values by identity (the value kept alive beside it, so an id is never reused
+#: while its entry stands): the canonical sorts key the same monomials and atoms over and over, and ``repr``
+#: of a nested term is linear in its size
+_KEYS: dict[int, tuple[Any, str]] = {}
+_KEYS_MAX = 200_000
+
+
 def _key(x: Any) -> str:
-    return repr(x)
+    e = _KEYS.get(id(x))
+    if e is not None and e[0] is x:
+        return e[1]
+    k = repr(x)
+    if len(_KEYS) >= _KEYS_MAX:
+        _KEYS.clear()
+    _KEYS[id(x)] = (x, k)
+    return k
 
 
 # --------------------------------------------------------------------------- index arithmetic
