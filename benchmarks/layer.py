@@ -83,7 +83,9 @@ def prepare(case: str, small: bool, out: Path, *, time_budget_s: float, top_k: i
         ],
     }
     out.mkdir(parents=True, exist_ok=True)
-    _file(out, case, small).write_text(json.dumps(doc, indent=1))
+    tmp = _file(out, case, small).with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=1))
+    tmp.replace(_file(out, case, small))  # whole, for a GPU run waiting on it (gpu --wait-s)
     if cert_dir is not None and res.candidates:
         cert_dir.mkdir(parents=True, exist_ok=True)
         path = cert_dir / f"layer_{case}{'_small' if small else ''}.json"
@@ -195,7 +197,7 @@ def _rel(out: Any, ref: Any) -> float:
 
 
 def gpu_case(case: str, directory: Path, ceil: dict[str, float], *, inductor: bool, top_k: int,
-             small: bool = False, per_op: bool = True) -> dict[str, Any]:
+             small: bool = False, per_op: bool = True, wait_until: float = 0.0) -> dict[str, Any]:
     """Time one case on the GPU (see the module docstring). Without a GPU (``small``, the harness's dry run):
     the same steps on the CPU, kernels in Triton's interpreter, no CUDA graphs, no profiler counts."""
     import torch
@@ -264,6 +266,8 @@ def gpu_case(case: str, directory: Path, ceil: dict[str, float], *, inductor: bo
         row["per_op_error"] = f"{type(e).__name__}: {e}"[:300]
     # verimirage: the verified candidates, each the whole layer in one CUDA graph
     try:
+        while wait_until and time.time() < wait_until and not _file(directory, case, small).is_file():
+            time.sleep(5)  # a search running beside this run (prepare in the background) writes it
         _, cands, doc = load(directory, case, small=small)
         row["search_s"] = doc["search_s"]
         row["num_candidates"] = len(cands)
@@ -364,7 +368,8 @@ def gpu_main(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         try:
             row = gpu_case(case, args.candidates, doc["ceilings"], inductor=not args.no_inductor, top_k=args.top_k,
-                           small=args.small, per_op=not args.no_per_op)
+                           small=args.small, per_op=not args.no_per_op,
+                           wait_until=time.time() + args.wait_s if args.wait_s else 0.0)
         except Exception as e:
             row = {"case": case, "error": f"{type(e).__name__}: {e}"[:500]}
             log.error("%s failed: %s", case, traceback.format_exc())
@@ -394,6 +399,9 @@ def main() -> int:
     ap.add_argument("--cert", type=Path, default=None, help="prepare: save the best candidate's certificate here")
     ap.add_argument("--no-inductor", action="store_true")
     ap.add_argument("--no-per-op", action="store_true", help="gpu: skip the one-kernel-per-op program")
+    ap.add_argument("--wait-s", type=float, default=0.0,
+                    help="gpu: wait up to this long (from the case's start) for a candidate file a search beside "
+                    "this run is still writing")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     small = args.small or args.mode == "check"
