@@ -14,8 +14,8 @@ from fractions import Fraction
 import pytest
 
 import verimirage as vm
+from verimirage.smt import budget, limits
 from verimirage.smt import expr as E
-from verimirage.smt import limits
 from verimirage.smt.consts import const_fraction
 from verimirage.smt.z3enc import equivalence_query
 
@@ -129,3 +129,49 @@ def test_deep_call_runs_in_place_when_no_big_stack_is_available(monkeypatch: pyt
 
     monkeypatch.setattr(threading, "stack_size", refuse)
     assert limits.deep_call(lambda x: x + 1, 41) == 42
+
+
+def _layer_like_pair() -> tuple[vm.Graph, vm.Graph]:
+    """A small attention program against itself: enough term construction for many checkpoints."""
+    from verimirage.benchmarks.designs import small_design_kw
+
+    g = vm.benchmarks.get("gqa", batch=1, small=True)
+    return g, vm.benchmarks.expert("gqa", g, **small_design_kw("gqa"))
+
+
+def test_full_size_layer_derivation_hung_past_its_time_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression (the full-size decoder layer, 2026-11-26): the abstract derivation could not be
+    interrupted (only the Z3 queries had a time limit), so the check of a composed layer ran 13+ minutes.
+    It now has a budget (budget.derive_budget_s) checked in term construction: past it, Unknown naming it."""
+    a, b = _layer_like_pair()
+    assert isinstance(vm.verify(a, b), vm.Proved)  # within the default budget
+    monkeypatch.setattr(budget, "DERIVE_MIN_S", 0.0)
+    monkeypatch.setattr(budget, "DERIVE_TIME_FACTOR", 0.0)
+    t = time.perf_counter()
+    v = vm.verify(a, b, seed=1)  # another seed: nothing remembered from the first check
+    assert isinstance(v, vm.Unknown), v
+    assert "time budget" in v.reason
+    assert time.perf_counter() - t < 30
+
+
+def test_derivation_budget_honours_cancel_and_is_reset() -> None:
+    import threading
+
+    ev = threading.Event()
+    token = budget.set_budget(1e6, ev)
+    try:
+        for _ in range(2048):
+            budget.checkpoint()  # neither past the deadline nor cancelled
+        ev.set()
+        with pytest.raises(budget.DerivationStopped, match="cancelled"):
+            for _ in range(2048):
+                budget.checkpoint()
+    finally:
+        budget.reset_budget(token)
+    for _ in range(4096):
+        budget.checkpoint()  # no budget: only counts
+    assert budget.derive_budget_s(10.0) == max(budget.DERIVE_MIN_S, 20.0)
+    assert budget.derive_budget_s(300.0) == max(budget.DERIVE_MIN_S, 600.0)
+    from verimirage.smt import expr
+
+    assert expr.checkpoint is budget.checkpoint  # installed once the verifier is imported

@@ -53,6 +53,9 @@ class ResourceLimit(AbstractionError):
     """A term or constant grew past a cap of :mod:`verimirage.smt.limits` (the verdict becomes Unknown)."""
 
 
+#: called in term construction and substitution; :mod:`verimirage.smt.budget` installs the search's time budget
+checkpoint: Callable[[], None] = lambda: None  # noqa: E731
+
 # --------------------------------------------------------------------------- derivation context
 
 
@@ -283,6 +286,7 @@ def free_vars(t: Any) -> frozenset[str]:
 
 def subst(t: Any, var: str, rep: Aff) -> Any:
     """Substitute index variable ``var`` by ``rep`` everywhere in ``t`` (re-sorting canonical tuples)."""
+    checkpoint()
     if not isinstance(t, tuple) or not t or var not in free_vars(t):
         return t
     tag = t[0]
@@ -357,6 +361,7 @@ def mono_pow(a: Mono, k: Fraction) -> Mono:
 
 def poly(terms: dict[Mono, Fraction]) -> Poly:
     """The canonical polynomial with these terms (merging adjacent sum ranges)."""
+    checkpoint()
     items = {m: Fraction(c) for m, c in terms.items() if c != 0}
     for c in items.values():
         if c.denominator.bit_length() > limits.MAX_CONST_BITS or c.numerator.bit_length() > limits.MAX_CONST_BITS:

@@ -36,6 +36,7 @@ from ..ir.graph import Graph
 from ..ir.interpret import evaluate
 from ..ir.limits import check_evaluable
 from . import abstract as A
+from . import budget as B
 from . import defined as D
 from . import expr as E
 from . import limits
@@ -102,6 +103,24 @@ def abstract_check(a: Graph, b: Graph, *, timeout_s: float = 10.0,
 
 
 def _abstract_check(a: Graph, b: Graph, *, timeout_s: float, cancel: threading.Event | None) -> AbstractResult:
+    """:func:`_abstract_check_within` under a derivation budget (:func:`verimirage.smt.budget.derive_budget_s`):
+    the derivation is pure Python and only its checkpoints can stop it, so without one a program whose terms
+    blow up slowly (a full-size decoder layer) held the caller for many minutes. Past the budget, or once
+    ``cancel`` is set, the check is ``unknown`` with the reason."""
+    t0 = time.perf_counter()
+    budget = B.derive_budget_s(timeout_s)
+    token = B.set_budget(budget, cancel)
+    try:
+        return _abstract_check_within(a, b, timeout_s=timeout_s, cancel=cancel)
+    except B.DerivationStopped as e:
+        why = "cancelled" if str(e) == "cancelled" else f"{e} ({budget:.0f} s for a query limit of {timeout_s:g} s)"
+        return AbstractResult(Outcome.UNKNOWN, f"abstraction: {why}", (), (), (), time.perf_counter() - t0)
+    finally:
+        B.reset_budget(token)
+
+
+def _abstract_check_within(a: Graph, b: Graph, *, timeout_s: float,
+                           cancel: threading.Event | None) -> AbstractResult:
     t0 = time.perf_counter()
     try:
         derived: A.Derived = {}
