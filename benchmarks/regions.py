@@ -24,17 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import verimirage as vm
-
-
-def relu_chain(layers: int, m: int = 16, d: int = 256) -> vm.Graph:
-    """``relu(... relu(x @ W0) ... @ W{layers-1})``, fp16."""
-    g = vm.Graph()
-    h = g.input("x", (m, d), vm.float16)
-    ws = [g.input(f"w{i}", (d, d), vm.float16) for i in range(layers)]
-    for w in ws:
-        h = g.relu(g.matmul(h, w))
-    g.output(h)
-    return g
+from verimirage.benchmarks.models import relu_chain
 
 
 def program(case: str, small: bool) -> vm.Graph:

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import verimirage as vm
+from verimirage.benchmarks import models
 from verimirage.ir.graph import MuGraph, Node, node_list
 from verimirage.pipeline.options import SearchOptions, StopReason
 from verimirage.pipeline.regions import compose, initial_chunks, region_of
@@ -16,14 +17,8 @@ from verimirage.pipeline.superopt import _check_whole
 
 
 def relu_chain(layers: int, m: int = 16, d: int = 32) -> vm.Graph:
-    """``relu(... relu(x @ W0) ... @ W{layers-1})``."""
-    g = vm.Graph()
-    h = g.input("x", (m, d), vm.float16)
-    ws = [g.input(f"w{i}", (d, d), vm.float16) for i in range(layers)]
-    for w in ws:
-        h = g.relu(g.matmul(h, w))
-    g.output(h)
-    return g
+    """The models' relu chain at test size."""
+    return models.relu_chain(layers, m=m, d=d)
 
 
 def _inputs(g: vm.Graph, seed: int = 0) -> dict[str, np.ndarray]:

@@ -294,6 +294,16 @@ def _lora_scaled(small: bool, dt: DType) -> Graph:
     return g
 
 
+def relu_chain(layers: int, m: int = 16, d: int = 256, dtype: DType = float16) -> Graph:
+    """``relu(... relu(x @ W0) ... @ W{layers-1})``: the program-length probe of the region search."""
+    g = Graph()
+    h = g.input("x", (m, d), dtype)
+    for w in [g.input(f"w{i}", (d, d), dtype) for i in range(layers)]:
+        h = g.relu(g.matmul(h, w))
+    g.output(h)
+    return g
+
+
 @dataclass(frozen=True)
 class Model:
     """One models-section program."""

@@ -32,7 +32,6 @@ import dataclasses
 import itertools
 import logging
 import math
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -48,6 +47,7 @@ from ..rewrite.rules import Rule, RuleError, select_rules
 from ..rewrite.saturate import SaturationPanic, attribute, saturate
 from .admit import admit
 from .options import SearchOptions, StopReason
+from .progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -157,40 +157,6 @@ class SearchResult:
     def best(self) -> Candidate | None:
         """The best verified candidate (None if nothing was verified)."""
         return self.candidates[0] if self.candidates else None
-
-
-class _Progress:
-    """A rich progress display (when asked, or on a terminal), logging otherwise."""
-
-    def __init__(self, enabled: bool | None) -> None:
-        if enabled is None:
-            enabled = sys.stderr.isatty()
-        self.bar: Any = None
-        if enabled:
-            try:
-                from rich.console import Console
-                from rich.progress import Progress
-
-                # on stderr (the stream whose terminal enabled it), so stdout stays the report
-                self.bar = Progress(console=Console(stderr=True), transient=True)
-            except ImportError:  # pragma: no cover
-                self.bar = None
-        self.task: Any = None
-
-    def __enter__(self) -> _Progress:
-        if self.bar is not None:
-            self.bar.__enter__()
-            self.task = self.bar.add_task("superoptimize", total=7)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.bar is not None:
-            self.bar.__exit__(*exc)
-
-    def phase(self, name: str) -> None:
-        log.info("superoptimize: %s", name)
-        if self.bar is not None:
-            self.bar.update(self.task, advance=1, description=name)
 
 
 def _default_verifier(graph: Graph, timeout_s: float, seed: int) -> Callable[[Graph, Graph], Any]:
@@ -325,7 +291,7 @@ def _search(graph: Graph, opts: SearchOptions, *, certify: bool = True) -> Searc
         from ..smt.ff import gpu as ffgpu
 
         ffgpu.start_cuda_in_background()  # (profiling needs CUDA; started now, verification can use the GPU)
-    with _Progress(opts.progress) as prog:
+    with Progress(opts.progress, "superoptimize", total=7) as prog:
         for name, phase, wanted in _PHASES:
             if not wanted(run):
                 continue
@@ -461,7 +427,7 @@ def _split_search(graph: Graph, opts: SearchOptions) -> SearchResult:
             rep.rejected.append((desc, f"{type(v).__name__}: {getattr(v, 'reason', v)}"))
         return None
 
-    with _Progress(opts.progress) as prog:
+    with Progress(opts.progress, "superoptimize", total=7) as prog:
         prog.phase("rules")
         t0 = time.perf_counter()
         _rules_phase(run)

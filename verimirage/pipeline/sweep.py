@@ -262,7 +262,8 @@ def sweep(
     (0: one per core; for a many-core machine without Ray); the rows come back in grid order either way.
     ``out_dir``: write the table (:meth:`SweepTable.write`) there.
     """
-    from .synth import Jobs, _Progress
+    from .progress import Progress
+    from .synth import Jobs
 
     t0 = time.perf_counter()
     vmap: dict[str, dict[str, Any]] = {}
@@ -288,7 +289,7 @@ def sweep(
     progs = [_program(p, small, batch) for p in programs]
     jobs = [(name, g, label, kw, olabel, {**o, "seed": seed})
             for name, g in progs for label, kw in vmap.items() for olabel, o in omap.items()]
-    with _Progress(progress, "sweep") as prog:
+    with Progress(progress, "sweep") as prog:
         prog.update(f"{len(jobs)} searches ({len(progs)} programs x {len(vmap)} variants x {len(omap)} options)"
                     + (" on Ray" if ray else f" in {runner.processes} processes" if runner.parallel else ""))
         if runner.parallel:

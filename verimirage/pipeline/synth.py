@@ -30,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
-import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -55,6 +54,7 @@ from ..rewrite.rules import (
     SameDim,
     SameRank,
 )
+from .progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -698,35 +698,6 @@ def rule_derived(rules: Sequence[Rule], rule: Rule, *, steps: int = 4) -> bool:
 # --------------------------------------------------------------------------- progress / parallel map
 
 
-class _Progress:
-    def __init__(self, enabled: bool | None, what: str) -> None:
-        self.bar: Any = None
-        self.what = what
-        if enabled if enabled is not None else sys.stderr.isatty():
-            try:
-                from rich.progress import Progress
-
-                self.bar = Progress(transient=True)
-            except ImportError:  # pragma: no cover
-                self.bar = None
-        self.task: Any = None
-
-    def __enter__(self) -> _Progress:
-        if self.bar is not None:
-            self.bar.__enter__()
-            self.task = self.bar.add_task(self.what, total=None)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.bar is not None:
-            self.bar.__exit__(*exc)
-
-    def update(self, msg: str, completed: int | None = None, total: int | None = None) -> None:
-        log.info("%s: %s", self.what, msg)
-        if self.bar is not None:
-            self.bar.update(self.task, description=f"{self.what}: {msg}", completed=completed, total=total)
-
-
 class Jobs:
     """Where independent jobs run: in this process (the default), in a pool of ``processes`` worker processes
     (the standard library's :class:`~concurrent.futures.ProcessPoolExecutor`, started with ``spawn``; for a
@@ -885,7 +856,7 @@ def synthesize(
             evs[k] = _Evaluator(env, fspecs, seed)
         return evs[k]
 
-    with _Progress(progress, "synthesize") as prog, runner:
+    with Progress(progress, "synthesize") as prog, runner:
         t0 = time.perf_counter()
         proposals: list[Proposal] = []
         for i, env in enumerate(envs):
