@@ -296,9 +296,8 @@ def test_profile_leaves_a_partition_slower_than_the_fallback_to_it(monkeypatch: 
     assert rep.coverage == 0.0
 
 
-def test_a_captured_graph_slower_than_the_fallback_goes_back_whole(monkeypatch: pytest.MonkeyPatch) -> None:
-    # the partition beats its ATen ops (1 < 2), but the captured graph loses to the plain graph (5 > 3)
-    _times(monkeypatch, [1.0, 2.0, 5.0, 3.0])
+def _count_kernel_calls(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Count the calls of every partition's kernels (``calls["n"]``)."""
     calls = {"n": 0}
     real = capture.PartitionRunner.kernels
 
@@ -307,6 +306,13 @@ def test_a_captured_graph_slower_than_the_fallback_goes_back_whole(monkeypatch: 
         return real(self, xs)
 
     monkeypatch.setattr(capture.PartitionRunner, "kernels", counted)
+    return calls
+
+
+def test_a_captured_graph_slower_than_the_fallback_goes_back_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the partition beats its ATen ops (1 < 2), but the captured graph loses to the plain graph (5 > 3)
+    _times(monkeypatch, [1.0, 2.0, 5.0, 3.0])
+    calls = _count_kernel_calls(monkeypatch)
     model, xs = corpus.get("mlp_relu")
     want, _ = _reference(model, xs, train=False)
     OPTS["profile"] = True
@@ -366,14 +372,7 @@ def test_inductor_path_gives_a_slower_captured_graph_back_whole(monkeypatch: pyt
     failed to compile from ATen casts. Both now work: the partition is timed against Inductor's code for it,
     then the captured graph against Inductor's code for the whole graph, which wins here."""
     timed = _times(monkeypatch, [1.0, 2.0, 5.0, 3.0])
-    calls = {"n": 0}
-    real = capture.PartitionRunner.kernels
-
-    def counted(self: Any, xs: Any) -> Any:
-        calls["n"] += 1
-        return real(self, xs)
-
-    monkeypatch.setattr(capture.PartitionRunner, "kernels", counted)
+    calls = _count_kernel_calls(monkeypatch)
     model, xs = corpus.get("layernorm_linear")
     want, _ = _reference(model, xs, train=False)
     torch._dynamo.reset()

@@ -426,13 +426,18 @@ def _pat(t: Term, rank: int, anchor: PVar, axis_var: AVar | None = None) -> Pat 
     return Pat(t.op, tuple(_pat(a, rank, anchor, axis_var) for a in t.args), tuple(sorted(attrs)))
 
 
-def _axis_attrs(t: Term) -> set[int]:
-    out: set[int] = set()
+def _attrs_of_kind(t: Term, kind: str) -> set[Any]:
+    """The values of every ``kind`` attribute (the registry's attribute kinds: "axis", "float") in ``t``."""
+    out: set[Any] = set()
     for s in t.subterms():
         if s.op != "input":
             d = get_op(s.op)
-            out |= {int(v) for k, v in s.attrs if d.attr_kind(k) == "axis"}
+            out |= {v for k, v in s.attrs if d.attr_kind(k) == kind}
     return out
+
+
+def _axis_attrs(t: Term) -> set[int]:
+    return {int(v) for v in _attrs_of_kind(t, "axis")}
 
 
 def _subst_axis(t: Term, new: int) -> Term:
@@ -447,12 +452,7 @@ _AX = AVar("ax")
 
 
 def _const_attrs(t: Term) -> set[float]:
-    out: set[float] = set()
-    for s in t.subterms():
-        if s.op != "input":
-            d = get_op(s.op)
-            out |= {float(v) for k, v in s.attrs if d.attr_kind(k) == "float"}
-    return out
+    return {float(v) for v in _attrs_of_kind(t, "float")}
 
 
 def _replace_const(p: Pat | PVar, c: float, new: Any) -> Pat | PVar:
