@@ -302,14 +302,7 @@ def _ff_minimum(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types:
 def _ff_min(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
     """The min along the axis in the order of ``max`` (p-residue, then q-part; a meaningless q-part the
     smallest), so a tiled min equals the flat one and ``minimum`` of partial mins."""
-    x = args[0]
-    ax = neg_axis(attrs["axis"], in_types[0].rank)
-    shape = list(x.shape)
-    shape[ax] = 1
-    p = _lazy(lambda v: v.min(axis=ax, keepdims=True), x.p)
-    if x.q is None:
-        return FV(shape, p, None)
-    return FV(shape, p, _lazy(lambda vp, vq: _min_q(vp, vq, ax), x.p, x.q), x.qmarks)
+    return _order_reduce(args[0], neg_axis(attrs["axis"], in_types[0].rank), np.min, _min_q)
 
 
 def _min_q(vp: np.ndarray, vq: np.ndarray, ax: int) -> np.ndarray:
@@ -331,8 +324,6 @@ def _ff_where(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: A
 
 
 implements("ff", "cast")(lambda args, attrs, it, ot: args[0])  # real-valued meaning: the value itself
-
-
 
 
 def _reduce_sum(x: FV, ax: int) -> FV:
@@ -369,14 +360,19 @@ def _ff_mean(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: An
 
 @implements("ff", "max")
 def _ff_max(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
-    x = args[0]
-    ax = neg_axis(attrs["axis"], in_types[0].rank)
+    return _order_reduce(args[0], neg_axis(attrs["axis"], in_types[0].rank), np.max, _max_q)
+
+
+def _order_reduce(x: FV, ax: int, reduce_p: Callable[..., np.ndarray],
+                  reduce_q: Callable[[np.ndarray, np.ndarray, int], np.ndarray]) -> FV:
+    """max or min along ``ax`` (keepdims) in the order on (p-residue, q-part): ``reduce_p`` of the p-parts,
+    ``reduce_q`` picks the q-part among the elements of that p-residue."""
     shape = list(x.shape)
     shape[ax] = 1
-    p = _lazy(lambda v: v.max(axis=ax, keepdims=True), x.p)
+    p = _lazy(lambda v: reduce_p(v, axis=ax, keepdims=True), x.p)
     if x.q is None:
         return FV(shape, p, None)
-    return FV(shape, p, _lazy(lambda vp, vq: _max_q(vp, vq, ax), x.p, x.q), x.qmarks)
+    return FV(shape, p, _lazy(lambda vp, vq: reduce_q(vp, vq, ax), x.p, x.q), x.qmarks)
 
 
 def _max_q(vp: np.ndarray, vq: np.ndarray, ax: int) -> np.ndarray:
