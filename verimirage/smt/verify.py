@@ -204,25 +204,25 @@ def _float_inputs(a: Graph, seed: int) -> list[tuple[str, dict[str, np.ndarray]]
 
 def _differences(oa: Sequence[np.ndarray], ob: Sequence[np.ndarray]) -> list[dict[str, Any]]:
     """Per differing output, the element where float64 outputs ``oa`` and ``ob`` differ most beyond
-    :data:`WITNESS_RTOL` (relative to the larger output's magnitude), or where ``oa`` (the source) is finite
-    and ``ob`` is not (where the source is not finite the second may be anything: a refinement)."""
+    :data:`WITNESS_RTOL` (relative to the larger finite magnitude). Only elements finite in both count: NaN or
+    an infinity on either side (e.g. log of a negative input) is undefinedness, not a difference."""
     diffs = []
     for k, (x, y) in enumerate(zip(oa, ob, strict=True)):
-        fx, fy = np.isfinite(x), np.isfinite(y)
-        both = fx & fy
-        scale = max(float(np.max(np.abs(x[both]), initial=0.0)), float(np.max(np.abs(y[both]), initial=0.0)), 1e-300)
-        gap = np.where(both, np.abs(x - y), 0.0)
-        bad = (both & (gap > WITNESS_RTOL * scale + 1e-12)) | (fx & ~fy)
+        both = np.isfinite(x) & np.isfinite(y)
+        xs, ys = np.where(both, x, 0.0), np.where(both, y, 0.0)
+        scale = max(float(np.max(np.abs(xs), initial=0.0)), float(np.max(np.abs(ys), initial=0.0)), 1e-300)
+        gap = np.abs(xs - ys)
+        bad = both & (gap > WITNESS_RTOL * scale + 1e-12)
         if bad.any():
-            i = int(np.argmax(np.where(bad, np.where(both, gap, np.inf), -1.0)))
-            idx = tuple(int(v) for v in np.unravel_index(i, x.shape))
+            idx = tuple(int(v) for v in np.unravel_index(int(np.argmax(np.where(bad, gap, -1.0))), x.shape))
             diffs.append({"output": k, "index": idx, "a": float(x[idx]), "b": float(y[idx])})
     return diffs
 
 
 def float_witness(a: Graph, b: Graph, seed: int = 0, *, budget_s: float = 5.0) -> dict[str, Any] | None:
-    """Float inputs on which ``a`` and ``b`` differ in float64 beyond tolerance, found by a small search
-    (random normal, positive, wide, integer-valued and scaled sets); None if none is found. The result
+    """Float inputs on which ``a`` and ``b`` differ in float64 beyond tolerance, both finite, found by a small
+    search (random normal, positive, wide, integer-valued and scaled sets; a set where they differ only by NaN or
+    an infinity is passed over); None if none is found. The result
     (``float_inputs``, ``float_differences``, ``float_kind``) is replayable: ``vm.evaluate`` both
     programs on ``float_inputs`` and compare."""
     t0 = time.perf_counter()
@@ -400,8 +400,8 @@ def _refuted_or_unknown(a: Graph, b: Graph, ffr: FFResult, ffc: Check, seed: int
                        f"{d['output']} at {d['index']} is {d['a']:.6g} vs {d['b']:.6g}", (ffc,), cex)
     unk = Check(ffc.name, Outcome.UNKNOWN, ffc.params, ffc.seconds, ffc.detail)
     return Unknown(f"finite-field test: {ffr.reason}, but no float inputs were found on which the programs "
-                   "differ in float64 (the field's order / oracle model may separate programs equal over the "
-                   "reals)", (unk,))
+                   "differ in float64, both finite (the field's order / oracle model may separate programs equal "
+                   "over the reals; NaN or an infinity on either side is undefinedness, not a difference)", (unk,))
 
 
 #: abstract checks of recently Proved pairs, by program texts (a certificate records their queries)
