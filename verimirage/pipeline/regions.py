@@ -16,42 +16,26 @@ search returns one kernel per op. Here the program is cut into *regions* small e
    elementwise epilogue or a norm prologue lands in its neighbour's kernel this way, and so do whole
    layers when fusing them pays;
 4. **compose** — the regions' μGraphs spliced into one μGraph over the program's inputs (the glue: each
-   region's inputs wired to the values they stand for), which the caller then verifies against the
-   *whole* program (the composition of proved regions is proved only with its glue; the certificate is
-   the whole program's).
+   region's inputs wired to the values they stand for; :mod:`verimirage.smt.glue`). Each region's μGraph is
+   proved against its region on its own, and the composition is proved by congruence: the regions partition
+   the program and the μGraph is exactly their splice, which the composed certificate's checker re-derives
+   (:mod:`verimirage.smt.certificate`).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..ir.graph import Graph, MuGraph, Node, Ref, live_nodes, node_list, output_refs
+from ..ir.graph import Graph, MuGraph, live_nodes, node_list, output_refs
+from ..smt.glue import Region, compose, region_of
 
 log = logging.getLogger(__name__)
 
 #: ops a region starts at (a fusion is built around them; what follows up to the next one is their epilogue)
 ANCHORS = frozenset({"matmul"})
-
-
-@dataclass(frozen=True)
-class Region:
-    """One region of a program: its nodes (indices into the program), and the region as a kernel graph.
-
-    ``graph`` has inputs ``r0, r1, ...`` (canonical names, in order of first use) standing for the values
-    ``inputs`` of the program (refs); its outputs are the program's values ``outputs`` (refs), in order."""
-
-    nodes: tuple[int, ...]
-    graph: Graph
-    inputs: tuple[Ref, ...]
-    outputs: tuple[Ref, ...]
-
-    @property
-    def ops(self) -> list[str]:
-        """The region's ops, in order."""
-        return [n.op for n in node_list(self.graph) if n.op != "input"]
 
 
 @dataclass
@@ -102,64 +86,6 @@ def initial_chunks(graph: Graph, region_ops: int) -> list[list[int]]:
     if cur:
         chunks.append(cur)
     return chunks
-
-
-def region_of(graph: Graph, members: Sequence[int]) -> Region:
-    """The region of ``graph`` made of the nodes ``members`` (sorted, non-input), as a kernel graph."""
-    nodes = node_list(graph)
-    mem = sorted(members)
-    inside = set(mem)
-    # values the rest of the program reads from the region, and the program's outputs it makes
-    used_outside: set[Ref] = {r for r in output_refs(graph) if r[0] in inside}
-    for j, n in enumerate(nodes):
-        if j not in inside:
-            used_outside.update(a for a in n.args if a[0] in inside)
-    new_nodes: list[Node] = []
-    ins: list[Ref] = []
-    where: dict[Ref, Ref] = {}  # program ref -> region ref
-    for i in mem:
-        n = nodes[i]
-        for a in n.args:
-            if a[0] not in inside and a not in where:
-                where[a] = (len(new_nodes), 0)
-                new_nodes.append(Node("input", (), (("name", f"r{len(ins)}"),), (nodes[a[0]].outs[a[1]],)))
-                ins.append(a)
-        where.update({(i, k): (len(new_nodes), k) for k in range(len(n.outs))})
-        new_nodes.append(Node(n.op, tuple(where[a] for a in n.args), n.attrs, n.outs))
-    outs = tuple(sorted(used_outside))
-    g = Graph._from_parts(new_nodes, [where[r] for r in outs])
-    return Region(tuple(mem), g, tuple(ins), outs)
-
-
-def compose(graph: Graph, regions: Sequence[Region], mugraphs: Sequence[MuGraph]) -> MuGraph:
-    """One μGraph for ``graph``: its inputs, then each region's μGraph with the region's inputs wired to the
-    values they stand for (the glue); its outputs are ``graph``'s outputs. Checked (``MuGraph.check``)."""
-    src = node_list(graph)
-    out_nodes: list[Node] = []
-    value: dict[Ref, Ref] = {}  # program ref -> composed ref
-    for i, n in enumerate(src):
-        if n.op == "input":
-            value[(i, 0)] = (len(out_nodes), 0)
-            out_nodes.append(n)
-    for reg, mg in zip(regions, mugraphs, strict=True):
-        names = {f"r{k}": ref for k, ref in enumerate(reg.inputs)}
-        wired: dict[int, Ref] = {}  # the region μGraph's input nodes -> the composed values they stand for
-        placed: dict[int, int] = {}  # its other nodes -> their index in the composed μGraph
-
-        def at(a: Ref, wired: dict[int, Ref] = wired, placed: dict[int, int] = placed) -> Ref:
-            return wired[a[0]] if a[0] in wired else (placed[a[0]], a[1])
-
-        for j, n in enumerate(node_list(mg)):
-            if n.op == "input":
-                wired[j] = value[names[n.attr("name")]]
-                continue
-            placed[j] = len(out_nodes)
-            out_nodes.append(Node(n.op, tuple(at(a) for a in n.args), n.attrs, n.outs))
-        for k, r in enumerate(output_refs(mg)):
-            value[reg.outputs[k]] = at(r)
-    composed = MuGraph._from_parts(out_nodes, [value[r] for r in output_refs(graph)])
-    composed.check(unused_inputs=True)
-    return composed
 
 
 def split_search(graph: Graph, region_ops: int, search: Callable[[Graph], tuple[MuGraph, float, str,

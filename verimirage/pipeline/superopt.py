@@ -354,15 +354,16 @@ class _Deferred:
 
 def _split_search(graph: Graph, opts: SearchOptions) -> SearchResult:
     """Search ``graph`` by regions (:mod:`.regions`): split, search each region, merge neighbours where one
-    search of both costs less, compose the regions' μGraphs, and verify the composition against the whole
-    program (the glue included); its certificate is the whole program's.
+    search of both costs less, prove each region's μGraph against its region, and compose them; the
+    composition is proved by congruence (:mod:`verimirage.smt.glue`), its certificate is the regions'
+    certificates with the glue (:class:`verimirage.smt.certificate.ComposedCertificate`).
 
-    The regions' candidates are first kept unverified (only what the code generator expresses): the check of
-    the composition against the whole program is the proof, and it covers every region at once (a region's
-    own check would cost as much again, at full size most of the time). If the composition does not verify,
-    the regions are searched again with each candidate verified on its own, and that composition is checked;
-    then the unfused program."""
-    from .regions import compose, split_search
+    The regions' candidates are chosen unverified (only what the code generator expresses), then the chosen
+    one of each region is verified against the region (identical regions once); a region whose candidate
+    does not verify is searched again with its candidates verified, and left unfused if none is. Where cheap
+    (:data:`WHOLE_FF_MAX_MACS`), the finite-field test of the composition against the whole program runs
+    too, as extra evidence (a difference there rejects the composition)."""
+    from .regions import RegionReport, compose, split_search
 
     rep = SearchReport(options=str(opts))
     t_start = time.perf_counter()
@@ -373,59 +374,62 @@ def _split_search(graph: Graph, opts: SearchOptions) -> SearchResult:
     def timed(name: str, t0: float) -> None:
         rep.phase_seconds[name] = rep.phase_seconds.get(name, 0.0) + time.perf_counter() - t0
 
-    def searched_regions(verified: bool) -> tuple[Any, list[SearchResult]]:
-        """Split and search; ``verified``: each region's candidates verified on their own (else deferred)."""
+    def region_opts(verified: bool) -> SearchOptions:
         def expressible(rg: Graph, mg: Graph) -> Any:
             why = _inexpressible(mg) if isinstance(mg, MuGraph) else ""
             return _unknown(f"the code generator cannot express it: {why}") if why else _Deferred()
 
         # deferred checks cost only the code generator: more attempts, so a region whose cheapest lowerings
         # codegen cannot express still gets a fused one
-        region_opts = dataclasses.replace(opts, top_k=1 if not verified else 2, variants=0, progress=False,
-                                          profile=False, cache=False, split="never",
-                                          verifier=None if verified else expressible,
-                                          max_verify=opts.max_verify if verified else max(16, opts.attempts))
-        results: list[SearchResult] = []
+        return dataclasses.replace(opts, top_k=1 if not verified else 2, variants=0, progress=False,
+                                   profile=False, cache=False, split="never",
+                                   verifier=opts.verifier if verified else expressible,
+                                   max_verify=opts.max_verify if verified else max(16, opts.attempts))
 
-        def search_region(rg: Graph) -> tuple[MuGraph, float, str, tuple[str, ...]]:
-            res = _search(rg, region_opts, certify=False)
-            results.append(res)
-            why = ""
-            for k, c in enumerate(res.candidates):  # the best the code generator can express
-                why = _inexpressible(c.mugraph) if verified else ""
-                if not why:
-                    return c.mugraph, c.cost.time_s, "searched" if k == 0 else "searched (next best)", c.rules
-                rep.notes.append(f"a region's {c.num_kernels}-kernel candidate left out: {why}")
-            mg = MuGraph.from_graph(rg)
-            return mg, cost(mg, opts.hardware, cal).time_s, "unfused (no candidate)", ("partition.unfused",)
+    results: list[SearchResult] = []
 
-        return split_search(graph, opts.region_ops, search_region), results
+    def search_region(rg: Graph) -> tuple[MuGraph, float, str, tuple[str, ...]]:
+        res = _search(rg, region_opts(False), certify=False)
+        results.append(res)
+        for k, c in enumerate(res.candidates):
+            return c.mugraph, c.cost.time_s, "searched" if k == 0 else "searched (next best)", c.rules
+        mg = MuGraph.from_graph(rg)
+        return mg, cost(mg, opts.hardware, cal).time_s, "unfused (no candidate)", ("partition.unfused",)
 
-    def composed_of(out: Any) -> tuple[MuGraph, tuple[str, ...]]:
-        rules: list[str] = []
-        for rr in out.reports:
-            rules += [x for x in rr.rules if x not in rules]
-        return compose(graph, out.regions, out.mugraphs), tuple(rules)
+    proofs: dict[tuple[str, str], Any] = {}  # (region text, μGraph text) -> verdict
+    certs: dict[tuple[str, str], Any] = {}  # -> its certificate (made at once: the verifier's queries are cached)
 
-    def check(mg: MuGraph, mg_rules: tuple[str, ...], what: str) -> Candidate | None:
-        v = _check_whole(graph, mg, opts)
-        unsafe = None
-        if getattr(v, "proved", False):
-            from .fpsafe import SafetyChecker
+    def proved(rg: Graph, mg: MuGraph, rules: tuple[str, ...]) -> Any:
+        key = (str(rg), str(mg))
+        if key not in proofs:
+            proofs[key] = _check_region(rg, mg, opts)
+            if getattr(proofs[key], "proved", False) and opts.verifier is None:
+                certs[key] = _region_certificate(run, rg, mg, proofs[key], rules)
+        return proofs[key]
 
-            unsafe = SafetyChecker(graph, opts.seed).check(mg)
-        desc = f"{mg.num_kernels}-kernel {what} μGraph"
-        if unsafe is not None:
-            rep.rejected.append((desc, f"{type(v).__name__} but {unsafe}"))
-        elif getattr(v, "proved", False):
-            by = "vm.verify" if opts.verifier is None else "custom verifier"
-            if opts.verifier is not None:
-                v = _unknown(f"accepted by a custom verifier, not proved by vm.verify (no certificate): "
-                             f"{getattr(v, 'reason', v)}", getattr(v, "evidence", ()))
-            return Candidate(mg, cost(mg, opts.hardware, cal), v, None, mg_rules, graph, verified_by=by)
-        else:
-            rep.rejected.append((desc, f"{type(v).__name__}: {getattr(v, 'reason', v)}"))
-        return None
+    def prove_regions(out: Any) -> list[tuple[Any, tuple[str, ...]]]:
+        """Each region's μGraph proved against its region (else searched again verified, else unfused): the
+        verdicts and rules, in region order; GraphError when a region is not proved even unfused."""
+        got = []
+        for k, (reg, rr) in enumerate(zip(out.regions, out.reports, strict=True)):
+            v, rules = proved(reg.graph, out.mugraphs[k], rr.rules), rr.rules
+            if not getattr(v, "proved", False):
+                rep.rejected.append((f"region {k}'s {out.mugraphs[k].num_kernels}-kernel μGraph",
+                                     f"{type(v).__name__}: {getattr(v, 'reason', v)}"))
+                res = _search(reg.graph, region_opts(True), certify=False)
+                results.append(res)
+                pick = [c for c in res.candidates if getattr(c.verdict, "proved", False)
+                        and not _inexpressible(c.mugraph)]
+                mg, rules, how = ((pick[0].mugraph, pick[0].rules, "searched again, candidates verified") if pick
+                                  else (MuGraph.from_graph(reg.graph), ("partition.unfused",), "unfused"))
+                v = proved(reg.graph, mg, rules)
+                if not getattr(v, "proved", False):
+                    raise GraphError(f"region {k} is not proved even {how}: {getattr(v, 'reason', v)}")
+                out.mugraphs[k] = mg
+                out.reports[k] = RegionReport(rr.nodes, rr.ops, mg.num_kernels, cost(mg, opts.hardware, cal).time_s
+                                              * 1e6, f"{rr.how}; its candidate did not verify: {how}", rules)
+            got.append((v, rules))
+        return got
 
     with Progress(opts.progress, "superoptimize", total=7) as prog:
         prog.phase("rules")
@@ -435,61 +439,152 @@ def _split_search(graph: Graph, opts: SearchOptions) -> SearchResult:
 
         prog.phase("regions")
         t0 = time.perf_counter()
-        out, region_results = searched_regions(verified=False)
+        out = split_search(graph, opts.region_ops, search_region)
         timed("regions", t0)
-        prog.phase("compose")
-        t0 = time.perf_counter()
-        composed, rules = composed_of(out)
-        timed("compose", t0)
         prog.phase("verify")
         t0 = time.perf_counter()
-        cand = check(composed, rules, "composed")
+        cands: list[Candidate] = []
+        try:
+            verdicts = prove_regions(out)
+            composed = compose(graph, out.regions, out.mugraphs)
+            rules: list[str] = []
+            for _, rr in verdicts:
+                rules += [x for x in rr if x not in rules]
+            v = _composed_verdict(graph, composed, [vd for vd, _ in verdicts], opts)
+            if getattr(v, "proved", False):
+                unsafe = _fp_unsafe(graph, composed, opts)
+                if unsafe is None:
+                    cands = [Candidate(composed, cost(composed, opts.hardware, cal), v, None, tuple(rules), graph,
+                                       verified_by="vm.verify" if opts.verifier is None else "custom verifier")]
+                else:
+                    rep.rejected.append((f"{composed.num_kernels}-kernel composed μGraph", f"Proved but {unsafe}"))
+            else:
+                rep.rejected.append((f"{composed.num_kernels}-kernel composed μGraph",
+                                     f"{type(v).__name__}: {getattr(v, 'reason', v)}"))
+        except GraphError as e:
+            rep.rejected.append(("composed μGraph", str(e).splitlines()[0]))
         timed("verify", t0)
-        how = "region candidates checked once, in the composition's check against the whole program"
-        if cand is None:
-            rep.notes.append("the composition did not verify against the whole program: the regions were searched "
-                             "again, each candidate verified on its own")
-            t0 = time.perf_counter()
-            out, region_results = searched_regions(verified=True)
-            composed, rules = composed_of(out)
-            timed("regions", t0)
-            t0 = time.perf_counter()
-            cand = check(composed, rules, "composed (regions verified)")
-            if cand is None and composed.num_kernels < _num_ops(graph):
-                cand = check(MuGraph.from_graph(graph), ("partition.unfused",), "unfused")
-            timed("verify", t0)
-            how = "region candidates verified on their own after the first composition failed"
         rep.regions = list(out.reports)
         rep.rules_fired = {}
-        for res in region_results:
+        for res in results:
             for r, n in res.report.rules_fired.items():
                 rep.rules_fired[r] = rep.rules_fired.get(r, 0) + n
-        rep.egraph_enodes = max((r.report.egraph_enodes for r in region_results), default=0)
-        rep.egraph_eclasses = max((r.report.egraph_eclasses for r in region_results), default=0)
-        rep.egraph_iterations = max((r.report.egraph_iterations for r in region_results), default=0)
+        rep.egraph_enodes = max((r.report.egraph_enodes for r in results), default=0)
+        rep.egraph_eclasses = max((r.report.egraph_eclasses for r in results), default=0)
+        rep.egraph_iterations = max((r.report.egraph_iterations for r in results), default=0)
         rep.egraph_stop_reason = "per region (the largest region's e-graph)"
-        rep.lowered = sum(r.report.lowered for r in region_results)
-        rep.terms_extracted = sum(r.report.terms_extracted for r in region_results)
+        rep.lowered = sum(r.report.lowered for r in results)
+        rep.terms_extracted = sum(r.report.terms_extracted for r in results)
         kernels = sum(r.kernels for r in out.reports)
         rep.split = (f"{len(out.regions)} region(s), {kernels} kernel(s) in all; {out.searches} region search(es) "
                      f"({out.reused} answered by an identical region), {out.merges_kept} of {out.merges_tried} "
-                     f"boundary merge(s) kept; at most {opts.region_ops} ops a region; {how}")
-        cands = [cand] if cand is not None else []
+                     f"boundary merge(s) kept; at most {opts.region_ops} ops a region; each region's μGraph "
+                     f"verified against its region ({len(proofs)} distinct check(s)), the composition by its glue")
+        if opts.verifier is not None and cands:
+            cands[0].verdict = _unknown("accepted by a custom verifier, not proved by vm.verify (no certificate): "
+                                        f"{getattr(cands[0].verdict, 'reason', '')}")
         rep.verified = len(cands)
-        if cands and cands[0].mugraph is composed:
-            rep.stop(StopReason.REGIONS, f"{len(out.regions)} region(s); the composition verified against the "
-                     "whole program")
-        else:
-            rep.stop(StopReason.REGIONS, f"{len(out.regions)} region(s); the composition did not verify against "
-                     "the whole program" + ("; the unfused program did" if cands else ""))
+        rep.stop(StopReason.REGIONS, f"{len(out.regions)} region(s); the composition "
+                 + ("proved region by region, its glue checked" if cands else "was not proved"))
         run.cands = cands
 
         prog.phase("certify")
         t0 = time.perf_counter()
-        _certify_phase(run)
+        if cands and opts.verifier is None:
+            _certify_composed(run, out, certs)
         timed("certify", t0)
     log.info("%s", rep)
     return SearchResult(run.cands, rep)
+
+
+#: the whole-program finite-field test of a composition runs when the program's products have at most this
+#: many multiply-adds (extra evidence beside the regions' proofs; a full-size layer's takes ~15 s, skipped)
+WHOLE_FF_MAX_MACS = 1 << 26
+
+
+def _check_region(rg: Graph, mg: MuGraph, opts: SearchOptions) -> Any:
+    """``vm.verify(region, mg)`` (a longer Z3 limit: a full-size region's queries are large), or the custom
+    verifier's answer."""
+    try:
+        mg.check()
+        if opts.verifier is not None:
+            return opts.verifier(rg, mg)
+        from ..smt.verify import verifier_for
+
+        return verifier_for(rg, seed=opts.seed).check(mg, timeout_s=max(opts.verify_timeout_s, 60.0))
+    except ImportError as e:
+        return _unknown(f"verifier not available: {e}")
+    except GraphError as e:
+        return _unknown(f"IR check failed: {str(e).splitlines()[0]}")
+
+
+def _macs(graph: Graph) -> int:
+    """Multiply-adds of the program's products (a proxy for the cost of evaluating it)."""
+    total = 0
+    for n in node_list(graph):
+        if n.op == "matmul":
+            k = node_list(graph)[n.args[0][0]].outs[n.args[0][1]].shape[-1]
+            total += math.prod(n.outs[0].shape) * k
+    return total
+
+
+def _composed_verdict(graph: Graph, composed: MuGraph, verdicts: Sequence[Any], opts: SearchOptions) -> Any:
+    """The composition's verdict: Proved from its regions' Proved verdicts (congruence: the μGraph is their
+    splice by the program's own wiring), with the whole-program finite-field test where cheap; Refuted-free:
+    a difference there is an Unknown naming it (the regions' proofs and the whole-program test disagree)."""
+    from ..smt.verdict import Check, Outcome, Proved
+
+    evidence = [Check(f"region {k}", Outcome.PROVED, (("reason", getattr(v, "reason", "")),))
+                for k, v in enumerate(verdicts)]
+    extra = ""
+    if opts.verifier is None and _macs(graph) <= WHOLE_FF_MAX_MACS:
+        from ..smt.verify import _ff_check, ff_test, ff_test_p_or_q
+
+        r = ff_test_p_or_q(graph, composed, ff_test(graph, composed, seed=opts.seed), seed=opts.seed)
+        if r.outcome != Outcome.PROVED:
+            log.error("the composition of proved regions differs from the whole program: %s", r.reason)
+            return _unknown(f"the regions are proved but the whole-program finite-field test says: {r.reason}",
+                            [*evidence, _ff_check(r)])
+        evidence.append(_ff_check(r))
+        extra = f"; whole-program finite-field test ({r.trials} trials) agrees"
+    return Proved(f"by regions: {len(verdicts)} region μGraph(s) each proved against its region, the "
+                  f"composition by its glue (congruence){extra}", tuple(evidence))
+
+
+def _fp_unsafe(graph: Graph, mg: MuGraph, opts: SearchOptions) -> Any:
+    from .fpsafe import SafetyChecker
+
+    return SafetyChecker(graph, opts.seed).check(mg)
+
+
+def _region_certificate(run: _Run, rg: Graph, mg: MuGraph, verdict: Any, rules: tuple[str, ...]) -> Any:
+    """The certificate of a region's proved μGraph (None, with a note, when none can be made)."""
+    try:
+        from ..smt.certify import make_certificate
+
+        unproved_all = _register_known_rules(run)
+        unproved = [r for r in rules if r in run.rep.trusted_rules or r in unproved_all]
+        return make_certificate(rg, mg, verdict, rules=[r for r in rules if r not in unproved],
+                                trusted_rules=unproved, timeout_s=max(run.opts.verify_timeout_s, 60.0))
+    except (GraphError, ImportError) as e:
+        run.rep.notes.append(f"a region: no certificate: {str(e).splitlines()[0]}")
+        return None
+
+
+def _certify_composed(run: _Run, out: Any, certs: dict[tuple[str, str], Any]) -> None:
+    """The composed candidate's certificate: its regions' certificates (identical ones once) and the glue."""
+    cand = run.cands[0]
+    subs: list[Any] = [certs.get((str(reg.graph), str(mg))) for reg, mg in zip(out.regions, out.mugraphs, strict=True)]
+    if any(c is None for c in subs):
+        run.rep.notes.append("composed candidate: no certificate (a region has none)")
+        return
+    try:
+        from ..smt.certify import make_composed_certificate
+
+        cand.certificate = make_composed_certificate(run.graph, out.regions, subs, str(cand.verdict.reason),
+                                                     _triton_source_hash(cand.mugraph))
+    except GraphError as e:
+        run.rep.notes.append(f"composed candidate: no certificate: {str(e).splitlines()[0]}")
 
 
 def _inexpressible(mg: MuGraph) -> str:
@@ -812,18 +907,27 @@ def _attribute_phase(run: _Run) -> None:
 
 
 
+def _register_known_rules(run: _Run) -> frozenset[str]:
+    """Declare the search's lowering steps, its proved built-in rules and the proved user rules as known to the
+    certificate checker; the built-in rules that are not proved."""
+    from ..rewrite.partition import STEPS
+    from ..rewrite.rules import UNPROVED_BUILTINS
+    from ..smt.certificate import register_rules
+
+    proved_user = [r.name for r in run.rules if r.name not in run.builtin_names and not r.trusted]
+    register_rules([*STEPS, *(n for n in run.builtin_names if n not in UNPROVED_BUILTINS), *proved_user])
+    return frozenset(UNPROVED_BUILTINS)
+
+
 def _certify_phase(run: _Run) -> None:
     """A certificate per candidate ``vm.verify`` proved."""
-    graph, rep, rules, builtin_names, cands = run.graph, run.rep, run.rules, run.builtin_names, run.cands
+    graph, rep, cands = run.graph, run.rep, run.cands
     verifier, verify_timeout_s = run.opts.verifier, run.opts.verify_timeout_s
     try:
-        from ..rewrite.partition import STEPS
         from ..rewrite.rules import UNPROVED_BUILTINS
-        from ..smt.certificate import register_rules
         from ..smt.certify import make_certificate
 
-        proved_user = [r.name for r in rules if r.name not in builtin_names and not r.trusted]
-        register_rules([*STEPS, *(n for n in builtin_names if n not in UNPROVED_BUILTINS), *proved_user])
+        _register_known_rules(run)
         if verifier is not None and cands:
             rep.notes.append("candidates were accepted by a custom verifier: not Proved by vm.verify, no "
                              "certificates (Candidate.verified_by)")

@@ -42,12 +42,14 @@ from ..ir.graph import Graph, MuGraph
 from . import abstract as A
 from . import defined as D
 from . import expr as E
-from . import ffref, limits
+from . import ffref, glue, limits
 from .verdict import Check, Outcome, Proved, Unknown, Verdict
 
 log = logging.getLogger(__name__)
 
 SCHEMA = "verimirage-certificate/2"
+#: the schema of a certificate by regions (:class:`ComposedCertificate`)
+COMPOSED_SCHEMA = "verimirage-composed-certificate/1"
 
 #: how the checker runs the finite-field trials (part of what the seeds are derived from)
 FF_METHOD = "verimirage.smt.ffref: every output element compared; seeds from sha256 of the content"
@@ -116,8 +118,44 @@ def sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+class _Doc:
+    """JSON reading and writing shared by the two kinds of certificate (a dataclass with a ``schema`` field)."""
+
+    def to_json(self) -> str:
+        """The JSON text."""
+        return json.dumps(asdict(self), indent=1, sort_keys=True)  # type: ignore[call-overload]
+
+    def save(self, path: str | Path) -> None:
+        """Write the certificate to ``path`` (JSON)."""
+        Path(path).write_text(self.to_json())
+
+    @classmethod
+    def from_json(cls, text: str) -> Any:
+        """Read a certificate of this kind from JSON text; ValueError naming what is wrong."""
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"certificate: not JSON ({e})") from None
+        if not isinstance(d, dict):
+            raise ValueError("certificate: expected a JSON object")
+        fields = cls.__dataclass_fields__  # type: ignore[attr-defined]
+        if d.get("schema") != fields["schema"].default:
+            raise ValueError(f"certificate: unknown schema {d.get('schema')!r}; expected {fields['schema'].default!r}")
+        extra = sorted(set(d) - set(fields))
+        missing = sorted(n for n in fields if n not in d and n not in ("triton_source_sha256", "versions", "reason",
+                                                                       "schema"))
+        if extra or missing:
+            raise ValueError(f"certificate: unknown fields {extra}, missing fields {missing}")
+        return cls(**d)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Any:
+        """Read a certificate file."""
+        return cls.from_json(Path(path).read_text())
+
+
 @dataclass
-class Certificate:
+class Certificate(_Doc):
     """A saved equivalence proof of ``graph`` ≡ ``mugraph`` (see the module docstring)."""
 
     graph_text: str
@@ -135,37 +173,25 @@ class Certificate:
     reason: str = ""
     schema: str = SCHEMA
 
-    def to_json(self) -> str:
-        """The JSON text."""
-        return json.dumps(asdict(self), indent=1, sort_keys=True)
 
-    def save(self, path: str | Path) -> None:
-        """Write the certificate to ``path`` (JSON)."""
-        Path(path).write_text(self.to_json())
 
-    @classmethod
-    def from_json(cls, text: str) -> Certificate:
-        """Read a certificate from JSON text; ValueError naming what is wrong."""
-        try:
-            d = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"certificate: not JSON ({e})") from None
-        if not isinstance(d, dict):
-            raise ValueError("certificate: expected a JSON object")
-        if d.get("schema") != SCHEMA:
-            raise ValueError(f"certificate: unknown schema {d.get('schema')!r}; expected {SCHEMA!r}")
-        names = set(cls.__dataclass_fields__)
-        extra = sorted(set(d) - names)
-        missing = sorted(n for n in names if n not in d and cls.__dataclass_fields__[n].default is not None
-                         and n not in ("triton_source_sha256", "versions", "reason", "schema"))
-        if extra or missing:
-            raise ValueError(f"certificate: unknown fields {extra}, missing fields {missing}")
-        return cls(**d)
+@dataclass
+class ComposedCertificate(_Doc):
+    """A proof of ``graph`` ≡ ``mugraph`` by regions (:mod:`.glue`): ``certificates`` are :class:`Certificate`
+    dicts, each of a region's graph ≡ its μGraph; ``regions`` the glue, in splice order: each region's
+    ``nodes`` (indices into the program), the ``inputs`` and ``outputs`` it reads and makes (refs
+    ``[node, output]``), and the index of its ``certificate``. The μGraph is the regions' μGraphs spliced."""
 
-    @classmethod
-    def load(cls, path: str | Path) -> Certificate:
-        """Read a certificate file."""
-        return cls.from_json(Path(path).read_text())
+    graph_text: str
+    graph_sha256: str
+    mugraph_text: str
+    mugraph_sha256: str
+    regions: list[dict[str, Any]]
+    certificates: list[dict[str, Any]]
+    triton_source_sha256: str | None = None
+    versions: dict[str, str] = field(default_factory=dict)
+    reason: str = ""
+    schema: str = COMPOSED_SCHEMA
 
 
 # --------------------------------------------------------------------------- the finite-field record
@@ -207,7 +233,7 @@ class _Reject(Exception):
     """A mismatch: the certificate is rejected with this reason."""
 
 
-def _programs(cert: Certificate) -> tuple[Graph, Graph]:
+def _programs(cert: Certificate | ComposedCertificate) -> tuple[Graph, Graph]:
     """Both programs, parsed from canonical text matching its hash, with the same inputs and outputs."""
     if sha256(cert.graph_text) != cert.graph_sha256:
         raise _Reject("graph text does not match its sha256")
@@ -304,8 +330,73 @@ def _check_ff(g: Graph, mg: Graph, cert: Certificate) -> ffref.RefResult:
     return r
 
 
+def _check_composed(text: str, known: frozenset[str], timeout_s: float, checks: list[Check]) -> Verdict:
+    """A certificate by regions: the regions partition the program's live ops, each region's recorded wiring
+    is the one re-derived from the program, each sub-certificate checks and is about its region's graph, and
+    the μGraph is the regions' μGraphs spliced in order (so it is the program's function, by congruence)."""
+    t0 = time.perf_counter()
+    try:
+        cc = ComposedCertificate.from_json(text)
+    except (ValueError, TypeError) as e:
+        raise _Reject(str(e)) from None
+    g, _ = _programs(cc)
+    regs, subs = cc.regions, cc.certificates
+    if not (isinstance(regs, list) and regs and isinstance(subs, list)
+            and all(isinstance(r, dict) and sorted(r) == ["certificate", "inputs", "nodes", "outputs"] for r in regs)):
+        raise _Reject("regions: expected a non-empty list of {nodes, inputs, outputs, certificate}")
+    flat = [i for r in regs for i in (r["nodes"] if isinstance(r["nodes"], list) and r["nodes"] else [None])]
+    if not all(type(i) is int for i in flat) or len(flat) != len(set(flat)) or set(flat) != glue.live_ops(g):
+        raise _Reject("the regions' nodes do not partition the program's live ops")
+    cis = [r["certificate"] for r in regs]
+    if not all(type(c) is int for c in cis) or set(cis) != set(range(len(subs))):
+        raise _Reject(f"each of the {len(subs)} sub-certificates must be some region's (indices 0..{len(subs) - 1})")
+    done: dict[int, tuple[Certificate, Verdict]] = {}
+    regions, mugraphs = [], []
+    for k, r in enumerate(regs):
+        reg, ci = glue.region_of(g, r["nodes"]), r["certificate"]
+        if r["inputs"] != [list(x) for x in reg.inputs] or r["outputs"] != [list(x) for x in reg.outputs]:
+            raise _Reject(f"region {k}: its wiring (inputs, outputs) is not the one its nodes have in the program")
+        if ci not in done:
+            if not isinstance(subs[ci], dict) or subs[ci].get("schema") != SCHEMA:
+                raise _Reject(f"sub-certificate {ci}: expected a {SCHEMA!r} certificate")
+            t1, sub_checks = time.perf_counter(), []  # type: ignore[var-annotated]
+            try:
+                v = _check(json.dumps(subs[ci]), known, timeout_s, sub_checks)
+            except _Reject as e:
+                raise _Reject(f"sub-certificate {ci}: {e}") from None
+            done[ci] = (Certificate.from_json(json.dumps(subs[ci])), v)
+            checks.append(Check(f"sub-certificate {ci}", Outcome.PROVED, (("reason", v.reason),),
+                                time.perf_counter() - t1))
+        sub = done[ci][0]
+        if sub.graph_text != str(reg.graph):
+            raise _Reject(f"region {k}: sub-certificate {ci} is about another program than the region's graph")
+        if sub.triton_source_sha256 is not None:
+            raise _Reject(f"sub-certificate {ci}: records a Triton hash (a region's module is not what runs)")
+        regions.append(reg)
+        mugraphs.append(MuGraph.parse(sub.mugraph_text))
+    try:
+        composed = str(glue.compose(g, regions, mugraphs))
+    except (KeyError, GraphError) as e:
+        raise _Reject(f"the regions' μGraphs cannot be spliced in this order ({type(e).__name__}: {e})") from None
+    if composed != cc.mugraph_text:
+        raise _Reject("the μGraph is not the regions' μGraphs spliced by the glue")
+    trusted = sorted({t for c, _ in done.values() for t in c.trusted_rules})
+    checks.append(Check("glue", Outcome.PROVED, (("regions", len(regs)), ("live_ops", len(flat))),
+                        time.perf_counter() - t0))
+    return Proved(f"composed certificate checked: {len(regs)} regions partition the {len(flat)} live ops, their "
+                  f"wiring re-derived, the μGraph is their splice; {len(subs)} sub-certificates checked (union "
+                  f"false-accept bound {sum(c.ff['false_accept_bound'] for c, _ in done.values()):.2g})"
+                  + (f"; trusts unproved rules {trusted}" if trusted else ""), tuple(checks))
+
+
 def _check(text: str, known: frozenset[str], timeout_s: float, checks: list[Check]) -> Verdict:
     t0 = time.perf_counter()
+    try:
+        composed = json.loads(text).get("schema") == COMPOSED_SCHEMA
+    except (ValueError, AttributeError):
+        composed = False  # (the reader below says what is wrong)
+    if composed:
+        return _check_composed(text, known, timeout_s, checks)
     try:
         cert = Certificate.from_json(text)
     except (ValueError, TypeError) as e:
@@ -347,8 +438,8 @@ def check_text(text: str, known: Iterable[str] | None = None, timeout_s: float =
         return _reject(f"the check failed: {type(e).__name__}: {str(e)[:300]}", checks)
 
 
-def _text_of(cert: Certificate | str | Path) -> str:
-    if isinstance(cert, Certificate):
+def _text_of(cert: Certificate | ComposedCertificate | str | Path) -> str:
+    if isinstance(cert, (Certificate, ComposedCertificate)):
         return cert.to_json()
     if not isinstance(cert, (str, Path)):
         raise CertificateError(f"certificate: {type(cert).__name__}; expected a Certificate or a path")
@@ -448,7 +539,7 @@ def _isolated(text: str, known: frozenset[str], timeout_s: float, memory_mb: flo
 
 
 def check_certificate(
-    cert: Certificate | str | Path, *, triton_source: str | None = None, timeout_s: float = 10.0,
+    cert: Certificate | ComposedCertificate | str | Path, *, triton_source: str | None = None, timeout_s: float = 10.0,
     memory_mb: float | None = None, wall_s: float | None = None, isolate: bool = True, triton: bool = True,
 ) -> Verdict:
     """Independently re-check a certificate (a :class:`Certificate` or the path of its JSON file); Proved,

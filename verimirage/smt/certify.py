@@ -14,7 +14,8 @@ from typing import Any
 
 from ..ir.errors import GraphError
 from ..ir.graph import Graph, MuGraph
-from .certificate import KNOWN_RULES_FILE, Certificate, _check_names, ff_record, sha256
+from .certificate import KNOWN_RULES_FILE, Certificate, ComposedCertificate, _check_names, ff_record, sha256
+from .glue import Region, compose
 from .verdict import Outcome, Proved, Verdict
 
 
@@ -72,6 +73,28 @@ def make_certificate(
     queries, laws, cases = _verified_queries(graph, mugraph, timeout_s)
     return Certificate(gt, sha256(gt), mt, sha256(mt), list(rules), list(trusted_rules), queries, laws, cases,
                        ff_record(graph, mugraph), triton_source_hash, tool_versions(), verdict.reason)
+
+
+def make_composed_certificate(
+    graph: Graph, regions: Sequence[Region], certificates: Sequence[Certificate], reason: str = "",
+    triton_source_hash: str | None = None,
+) -> ComposedCertificate:
+    """The certificate of ``graph`` ≡ the splice of its regions' μGraphs (:func:`verimirage.smt.glue.compose`):
+    ``certificates[k]`` is region ``k``'s (its graph ≡ its μGraph, no Triton hash); identical ones are stored
+    once. GraphError when a certificate is not about its region."""
+    subs: list[str] = []
+    glue_map = []
+    for k, (reg, c) in enumerate(zip(regions, certificates, strict=True)):
+        if c.graph_text != str(reg.graph) or c.triton_source_sha256 is not None:
+            raise GraphError(f"composed certificate: certificate {k} is not region {k}'s (or records a Triton hash)")
+        text = c.to_json()
+        if text not in subs:
+            subs.append(text)
+        glue_map.append({"nodes": list(reg.nodes), "inputs": [list(r) for r in reg.inputs],
+                         "outputs": [list(r) for r in reg.outputs], "certificate": subs.index(text)})
+    mt, gt = str(compose(graph, regions, [MuGraph.parse(c.mugraph_text) for c in certificates])), str(graph)
+    return ComposedCertificate(gt, sha256(gt), mt, sha256(mt), glue_map, [json.loads(t) for t in subs],
+                               triton_source_hash, tool_versions(), reason)
 
 
 def triton_digest(mugraph: Graph | str) -> str:

@@ -1,0 +1,105 @@
+"""The glue of a program split into regions (trusted: the certificate checker re-derives it).
+
+A *region* is a set of a program's nodes, taken out as a kernel graph of its own (:func:`region_of`): its
+inputs ``r0, r1, ...`` stand for the values it reads from outside (the program's inputs, other regions'
+values), in order of first use; its outputs are its values that the rest of the program or the program's
+outputs read, in ref order. :func:`compose` splices one μGraph per region back into one μGraph over the
+program's inputs, each region's input wired to the value it stands for.
+
+Why a composition of proved regions is proved (congruence): composing the regions' *own* graphs gives the
+program itself (each node the same op on the same values), so when the regions partition the program's live
+nodes, each region's μGraph is proved equal to (and defined wherever) its region's graph, and the μGraph is
+exactly that splice, the μGraph computes the program's function. :func:`live_ops` is the set the regions
+must partition.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..ir.graph import Graph, MuGraph, Node, Ref, live_nodes, node_list, output_refs
+
+
+@dataclass(frozen=True)
+class Region:
+    """One region of a program: its nodes (indices into the program), and the region as a kernel graph.
+
+    ``graph`` has inputs ``r0, r1, ...`` standing for the program's values ``inputs`` (refs); its outputs are
+    the program's values ``outputs`` (refs), in order."""
+
+    nodes: tuple[int, ...]
+    graph: Graph
+    inputs: tuple[Ref, ...]
+    outputs: tuple[Ref, ...]
+
+    @property
+    def ops(self) -> list[str]:
+        """The region's ops, in order."""
+        return [n.op for n in node_list(self.graph) if n.op != "input"]
+
+
+def live_ops(graph: Graph) -> set[int]:
+    """The program's live non-input nodes (what its regions must partition)."""
+    nodes = node_list(graph)
+    return {i for i in live_nodes(nodes, output_refs(graph)) if nodes[i].op != "input"}
+
+
+def region_of(graph: Graph, members: Sequence[int]) -> Region:
+    """The region of ``graph`` made of the nodes ``members`` (non-input), as a kernel graph."""
+    nodes = node_list(graph)
+    mem = sorted(members)
+    inside = set(mem)
+    used_outside: set[Ref] = {r for r in output_refs(graph) if r[0] in inside}
+    for j, n in enumerate(nodes):
+        if j not in inside:
+            used_outside.update(a for a in n.args if a[0] in inside)
+    new_nodes: list[Node] = []
+    ins: list[Ref] = []
+    where: dict[Ref, Ref] = {}  # program ref -> region ref
+    for i in mem:
+        n = nodes[i]
+        for a in n.args:
+            if a[0] not in inside and a not in where:
+                where[a] = (len(new_nodes), 0)
+                new_nodes.append(Node("input", (), (("name", f"r{len(ins)}"),), (nodes[a[0]].outs[a[1]],)))
+                ins.append(a)
+        where.update({(i, k): (len(new_nodes), k) for k in range(len(n.outs))})
+        new_nodes.append(Node(n.op, tuple(where[a] for a in n.args), n.attrs, n.outs))
+    outs = tuple(sorted(used_outside))
+    return Region(tuple(mem), Graph._from_parts(new_nodes, [where[r] for r in outs]), tuple(ins), outs)
+
+
+def compose(graph: Graph, regions: Sequence[Region], mugraphs: Sequence[MuGraph]) -> MuGraph:
+    """One μGraph for ``graph``: its inputs, then each region's μGraph (in order) with the region's inputs
+    wired to the values they stand for; its outputs are ``graph``'s. KeyError when a region reads a value no
+    earlier region made; GraphError when the result is not a well-formed μGraph."""
+    src = node_list(graph)
+    out_nodes: list[Node] = []
+    value: dict[Ref, Ref] = {}  # program ref -> composed ref
+    for i, n in enumerate(src):
+        if n.op == "input":
+            value[(i, 0)] = (len(out_nodes), 0)
+            out_nodes.append(n)
+    for reg, mg in zip(regions, mugraphs, strict=True):
+        names = {f"r{k}": ref for k, ref in enumerate(reg.inputs)}
+        wired: dict[int, Ref] = {}  # the region μGraph's input nodes -> the composed values they stand for
+        placed: dict[int, int] = {}  # its other nodes -> their index in the composed μGraph
+
+        def at(a: Ref, wired: dict[int, Ref] = wired, placed: dict[int, int] = placed) -> Ref:
+            return wired[a[0]] if a[0] in wired else (placed[a[0]], a[1])
+
+        for j, n in enumerate(node_list(mg)):
+            if n.op == "input":
+                wired[j] = value[names[n.attr("name")]]
+            else:
+                placed[j] = len(out_nodes)
+                out_nodes.append(Node(n.op, tuple(at(a) for a in n.args), n.attrs, n.outs))
+        for k, r in enumerate(output_refs(mg)):
+            value[reg.outputs[k]] = at(r)
+    composed = MuGraph._from_parts(out_nodes, [value[r] for r in output_refs(graph)])
+    composed.check(unused_inputs=True)
+    return composed
+
+
+__all__ = ["Region", "compose", "live_ops", "region_of"]
