@@ -133,7 +133,8 @@ def split_search(graph: Graph, region_ops: int, search: Callable[[Graph], tuple[
     for reg, (mg, est, how, rules), merged in done:
         out.regions.append(reg)
         out.mugraphs.append(mg)
-        out.reports.append(RegionReport(reg.nodes, reg.ops, mg.num_kernels, est * 1e6,
+        ops = [n.op for n in node_list(reg.graph) if n.op != "input"]
+        out.reports.append(RegionReport(reg.nodes, ops, mg.num_kernels, est * 1e6,
                                         f"{how}, merged across a boundary" if merged else how, rules))
     out.seconds = time.perf_counter() - t0
     return out

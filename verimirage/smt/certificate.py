@@ -177,10 +177,9 @@ class Certificate(_Doc):
 
 @dataclass
 class ComposedCertificate(_Doc):
-    """A proof of ``graph`` ≡ ``mugraph`` by regions (:mod:`.glue`): ``certificates`` are :class:`Certificate`
-    dicts, each of a region's graph ≡ its μGraph; ``regions`` the glue, in splice order: each region's
-    ``nodes`` (indices into the program), the ``inputs`` and ``outputs`` it reads and makes (refs
-    ``[node, output]``), and the index of its ``certificate``. The μGraph is the regions' μGraphs spliced."""
+    """``graph`` ≡ ``mugraph`` by regions (:mod:`.glue`): ``certificates`` (:class:`Certificate` dicts) of region
+    graph ≡ region μGraph; ``regions``, in splice order, each region's ``nodes``, the ``inputs``/``outputs`` it
+    reads/makes (refs) and its ``certificate``'s index. The μGraph is the regions' μGraphs spliced."""
 
     graph_text: str
     graph_sha256: str

@@ -1,16 +1,11 @@
 """The glue of a program split into regions (trusted: the certificate checker re-derives it).
 
-A *region* is a set of a program's nodes, taken out as a kernel graph of its own (:func:`region_of`): its
-inputs ``r0, r1, ...`` stand for the values it reads from outside (the program's inputs, other regions'
-values), in order of first use; its outputs are its values that the rest of the program or the program's
-outputs read, in ref order. :func:`compose` splices one μGraph per region back into one μGraph over the
-program's inputs, each region's input wired to the value it stands for.
-
-Why a composition of proved regions is proved (congruence): composing the regions' *own* graphs gives the
-program itself (each node the same op on the same values), so when the regions partition the program's live
-nodes, each region's μGraph is proved equal to (and defined wherever) its region's graph, and the μGraph is
-exactly that splice, the μGraph computes the program's function. :func:`live_ops` is the set the regions
-must partition.
+:func:`region_of` takes a set of a program's nodes out as a kernel graph: inputs ``r0, r1, ...`` for the
+values it reads from outside (in order of first use), outputs its values read outside (in ref order).
+:func:`compose` splices one μGraph per region into one over the program's inputs. Composing the regions' own
+graphs gives the program back (each node the same op on the same values); so when the regions partition the
+live ops (:func:`live_ops`) and each region's μGraph is proved equal to (and defined wherever) its region's
+graph, their splice computes the program's function (congruence).
 """
 
 from __future__ import annotations
@@ -23,20 +18,13 @@ from ..ir.graph import Graph, MuGraph, Node, Ref, live_nodes, node_list, output_
 
 @dataclass(frozen=True)
 class Region:
-    """One region of a program: its nodes (indices into the program), and the region as a kernel graph.
-
-    ``graph`` has inputs ``r0, r1, ...`` standing for the program's values ``inputs`` (refs); its outputs are
-    the program's values ``outputs`` (refs), in order."""
+    """A region: its nodes (indices into the program), its kernel graph, the program's values (refs) its
+    inputs ``r0, r1, ...`` stand for and that its outputs are."""
 
     nodes: tuple[int, ...]
     graph: Graph
     inputs: tuple[Ref, ...]
     outputs: tuple[Ref, ...]
-
-    @property
-    def ops(self) -> list[str]:
-        """The region's ops, in order."""
-        return [n.op for n in node_list(self.graph) if n.op != "input"]
 
 
 def live_ops(graph: Graph) -> set[int]:
@@ -71,9 +59,8 @@ def region_of(graph: Graph, members: Sequence[int]) -> Region:
 
 
 def compose(graph: Graph, regions: Sequence[Region], mugraphs: Sequence[MuGraph]) -> MuGraph:
-    """One μGraph for ``graph``: its inputs, then each region's μGraph (in order) with the region's inputs
-    wired to the values they stand for; its outputs are ``graph``'s. KeyError when a region reads a value no
-    earlier region made; GraphError when the result is not a well-formed μGraph."""
+    """One μGraph for ``graph``: its inputs, then each region's μGraph, its inputs wired to the values they stand
+    for (KeyError: a value no earlier region made); GraphError when it is not a well-formed μGraph."""
     src = node_list(graph)
     out_nodes: list[Node] = []
     value: dict[Ref, Ref] = {}  # program ref -> composed ref
