@@ -173,7 +173,8 @@ def make_plan(names: list[str], dims: Any, dtype: torch.dtype, budget: float, pa
             if r.candidates:
                 plan[key] = str(r.best.mugraph)
                 path.write_text(json.dumps(plan, indent=1))
-        return types.SimpleNamespace(candidates=[], best=None, report=types.SimpleNamespace(stop_reason="plan"))
+        return types.SimpleNamespace(candidates=[], best=None,
+                                     report=types.SimpleNamespace(stop_reason="plan", split=False, regions=[]))
 
     vm.__dict__["superoptimize"] = search
     opts = CaptureOptions(time_budget_s=budget, check=False)

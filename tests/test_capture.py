@@ -388,3 +388,89 @@ def test_inductor_path_gives_a_slower_captured_graph_back_whole(monkeypatch: pyt
     assert calls["n"] == n
     assert rep.graph_times and rep.graph_times[0]["captured_us"] == 5.0
     assert rep.partitions and not any(p.taken for p in rep.partitions) and rep.notes
+
+
+# --------------------------------------------------------------------------- partition shape: matmul chains
+
+
+def _aten_nodes(fn: Any, *xs: Any) -> list[Any]:
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    gm = make_fx(fn)(*xs)
+    for n in gm.graph.nodes:  # make_fx leaves the values as real tensors; the capture reads only shapes
+        assert n.op != "call_function" or "val" in n.meta
+    return [n for n in gm.graph.nodes if n.op == "call_function"]
+
+
+def _parts_ops(parts: list[list[Any]]) -> list[list[str]]:
+    return [[capture.op_name(n) for n in p if capture.is_compute(n)] for p in parts]
+
+
+def test_an_mlp_is_cut_between_its_projections_when_the_hidden_width_exceeds_the_chain_limit() -> None:
+    x, w1, w2 = torch.randn(8, 16), torch.randn(32, 16), torch.randn(16, 32)
+
+    def mlp(x: Any, w1: Any, w2: Any) -> Any:
+        return torch.relu(x @ w1.t()) @ w2.t()
+
+    nodes = _aten_nodes(mlp, x, w1, w2)
+    assert capture.split_chains(nodes, None) == [nodes]
+    assert _parts_ops(capture.split_chains(nodes, 64)) == [["mm", "relu", "mm"]]  # K = 16, N = 16: one kernel
+    parts = capture.split_chains(nodes, 8)  # the up projection's K (16) is over 8: cut before the down one
+    assert _parts_ops(parts) == [["mm", "relu"], ["mm"]]
+    assert sorted(parts[0] + parts[1], key=nodes.index) == nodes
+    # w2's transpose went with the down projection: the first part's only output is the activation
+    (t2,) = [n for n in nodes if n.args and n.args[0] is not None and getattr(n.args[0], "name", "") == "w2_1"]
+    assert t2 in parts[1]
+
+
+def test_attention_stays_whole_under_the_chain_limit_and_is_cut_from_its_projections() -> None:
+    x, wq, wk, wv = torch.randn(2, 6, 16), torch.randn(16, 16), torch.randn(16, 16), torch.randn(16, 16)
+
+    def attn(x: Any, wq: Any, wk: Any, wv: Any) -> Any:
+        q, k, v = (torch.matmul(x, w).view(2, 6, 4, 4).transpose(1, 2) for w in (wq, wk, wv))
+        p = torch.softmax(q @ k.transpose(-1, -2) * 0.5, dim=-1)
+        return (p @ v).transpose(1, 2).reshape(2, 6, 16)
+
+    nodes = _aten_nodes(attn, x, wq, wk, wv)
+    parts = capture.split_chains(nodes, 8)  # projections: K = 16 > 8; attention: K = N = 4 (head dim) <= 8
+    ops = _parts_ops(parts)
+    assert len(parts) == 2, ops
+    assert sum(op in ("mm", "bmm") for op in ops[0]) == 3  # q, k and v projections
+    assert ops[1].count("bmm") == 2 and ("exp" in ops[1] or "_softmax" in ops[1])
+    assert sorted((n for p in parts for n in p), key=nodes.index) == nodes
+
+
+def test_chain_limit_option_is_checked() -> None:
+    with pytest.raises(ValueError, match="chain_limit"):
+        capture.CaptureOptions(chain_limit=0)
+    with pytest.raises(ValueError, match="compile_workers"):
+        capture.CaptureOptions(compile_workers=0)
+    assert capture.CaptureOptions.of({"chain_limit": None, "inductor": {"max_autotune": True}}).chain_limit is None
+
+
+def test_the_check_accepts_fp16_kernels_as_accurate_as_the_aten_ops_against_float64() -> None:
+    # softmax_head on the GPU: fp16 logits of ~500 (inputs in [0.5, 1.5)), where rounding decides the softmax
+    g = torch.Generator().manual_seed(0)
+    x = (torch.rand(4, 64, generator=g) + 0.5).half()
+    w = (torch.rand(64, 16, generator=g) + 0.5).half()
+
+    def head(x: Any, w: Any) -> Any:
+        return torch.softmax((x @ w).float(), dim=-1).half()
+
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    gm = make_fx(head)(x, w)
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+    lifted = capture.lift(nodes)
+    (ref,) = capture.reference64(gm, lifted, [x, w]) or [None]
+    assert ref is not None and ref.dtype == torch.float64
+    want = torch.softmax(x.double() @ w.double(), dim=-1)
+    assert float((ref - want).abs().max()) < 1e-12  # every cast made float64: the float64 value itself
+    aten = head(x, w)
+    assert capture.as_accurate(aten, aten, ref)
+    assert capture.as_accurate(want.half(), aten, ref)  # closer to float64 than the ATen ops: accepted
+    bad = aten.flip(-1)  # a wrong answer (rows reversed) is not
+    assert not capture.as_accurate(bad, aten, ref)
+    nan = aten.clone()
+    nan[0, 0] = float("nan")
+    assert not capture.as_accurate(nan, aten, ref)

@@ -230,7 +230,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], *, options:
         # before would be served without the capture ever seeing it
         with functorch_config.patch(enable_autograd_cache=False), inductor_config.patch(fx_graph_cache=False):
             compiled: Callable[..., Any] = compile_fx(  # type: ignore[assignment]
-                gm, example_inputs, inner_compile=inner, config_patches={"fx_graph_cache": False})
+                gm, example_inputs, inner_compile=inner, config_patches={**opts.inductor, "fx_graph_cache": False})
         return compiled
 
     from functorch.compile import make_boxed_func
@@ -266,6 +266,8 @@ def verimirage_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, mod
                        options: CaptureOptions | Mapping[str, Any] | None = None) -> Callable[..., Any]:
     """TorchDynamo backend ``"verimirage"`` (``torch.compile(model, backend="verimirage", options={...})``).
 
+    ``mode="max-autotune"`` (with or without CUDA graphs) also gives the Inductor fallback
+    ``max_autotune=True``, so partitions are compared with (and fall back to) max-autotune's code.
     ``mode="reduce-overhead"`` (or ``"max-autotune"``) compiles each partition with
     ``vm.compile(..., cuda_graph=True)``: its kernels are replayed as one CUDA graph and its outputs are
     copied out of the graph's buffers, so nothing the model returns is overwritten by a later call.
@@ -274,6 +276,8 @@ def verimirage_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], *, mod
     if mode not in _MODES:
         raise ValueError(f"verimirage backend: mode={mode!r}; expected one of {sorted(m for m in _MODES if m)}")
     opts = CaptureOptions.of(options)
+    if mode in ("max-autotune", "max-autotune-no-cudagraphs") and "max_autotune" not in opts.inductor:
+        opts = dataclasses.replace(opts, inductor={**opts.inductor, "max_autotune": True})
     if _MODES[mode] and not opts.cuda_graph:
         from ..backend.runtime import ensure_mode
 
