@@ -11,11 +11,15 @@ plain, literal tilings (they evaluate equal to the op; the tests check it with
   (``loop_sum``/``loop_max`` of per-tile partials; ``mean`` scales the sum);
 * ``matmul``: grid (one batch dim, row tiles, column tiles), for-loop over K
   tiles accumulating with ``loop_sum``;
-* ``rms_norm``: the grid walks the other dims, the normalised dim stays whole.
+* ``rms_norm``: the grid walks the other dims, the normalised dim stays whole;
+* ``reshape``: the grid walks the kept dims and splits each merged or split group of dims along its
+  leading dim (a leading split of a row-major group is the same contiguous chunk on both sides), so no
+  block copies a whole group (GroupNorm's ``(16, 512, 1024) -> (16, 32, 16384)`` in 512 blocks, not 16).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from ..ir.errors import GraphError
@@ -186,6 +190,59 @@ def _axis_block(node: Node, in_types: Sequence[TensorType]) -> BlockGraph:
     return b.build()
 
 
+def _group_blocks(a: int, b: int, rest: int) -> int:
+    """Blocks splitting a reshape group whose leading dims are ``a`` (operand) and ``b`` (result) and whose
+    other dims hold ``rest`` elements: the fewest (a divisor of both leading dims) giving tiles of at most
+    :data:`MAX_TILE` x 16 elements, powers of two when both leading dims are."""
+    g = math.gcd(a, b)
+    pow2 = a & (a - 1) == 0 and b & (b - 1) == 0
+    divs = [d for d in range(1, g + 1) if g % d == 0 and (not pow2 or d & (d - 1) == 0)]
+    return next((d for d in divs if a * rest // d <= MAX_TILE * 16), divs[-1])
+
+
+def _reshape_block(node: Node, in_types: Sequence[TensorType]) -> BlockGraph:
+    """A reshape: kept dims walked as by :func:`_axis_block`; each merged or split group of dims is split
+    along its leading operand and result dims into the same number of blocks (each block reshapes one
+    contiguous chunk of the group), instead of one block copying whole groups."""
+    from ..ir.ops import reshape_groups
+
+    (t,) = in_types
+    out = node.outs[0]
+    src, new = t.shape, out.shape
+    groups = reshape_groups(src, new)
+    if all(len(og) == 1 and len(ng) == 1 for og, ng in groups):
+        return _axis_block(node, in_types)
+    src2, new2 = list(src), list(new)
+    cand: list[tuple[int, int, int, bool]] = []  # (result dim, blocks, operand dim, splits a group)
+    for og, ng in groups:
+        if len(og) == 1 and len(ng) == 1:
+            o, i = ng[0], og[0]
+            if o == len(new) - 1:
+                tile = _divisor_at_most(new[o], MAX_TILE)
+                if tile < new[o]:
+                    cand.append((o, new[o] // tile, i, False))
+            else:
+                cand.append((o, new[o], i, False))
+            continue
+        rest = math.prod(src[d] for d in og[1:])
+        k = _group_blocks(src[og[0]], new[ng[0]], rest)
+        if k > 1:
+            cand.append((ng[0], k, og[0], True))
+    cand.sort(key=lambda c: -c[1])
+    axes = cand[:3]
+    if not any(grp for *_, grp in axes):
+        return _axis_block(node, in_types)
+    # the block-level reshape's "full" shapes with each split group's leading dims divided by its blocks:
+    # the tile rule then gives the chunk's shapes (kept dims take the operand tile's size)
+    for o, k, i, grp in axes:
+        if grp:
+            src2[i], new2[o] = src[i] // k, new[o] // k
+    b = BlockBuilder([k for _, k, _, _ in axes], 1)
+    x = b.input(0, t, [i for _, _, i, _ in axes])
+    b.output(b.apply("reshape", [x], {"shape": tuple(new2), "src": tuple(src2)}), [o for o, _, _, _ in axes])
+    return b.build()
+
+
 def _transpose_block(node: Node, in_types: Sequence[TensorType]) -> BlockGraph:
     attrs = node.attr_dict
     out = node.outs[0]
@@ -203,8 +260,9 @@ OPS["matmul"].hooks["block"] = _matmul_block
 OPS["rms_norm"].hooks["block"] = _axis_block
 OPS["concat"].hooks["block"] = _axis_block
 OPS["transpose"].hooks["block"] = _transpose_block
-for _name in ("permute", "reshape", "broadcast_to", "slice"):
+for _name in ("permute", "broadcast_to", "slice"):
     OPS[_name].hooks["block"] = _axis_block
+OPS["reshape"].hooks["block"] = _reshape_block
 
 
 def to_kernels(g: Graph) -> MuGraph:
