@@ -116,6 +116,9 @@ class Analysis:
     reduces: dict[int, int]  # node -> label it reduces (sum/max over it, matmul contraction)
     whole: set[int]  # labels that must stay whole in a tile (rms_norm axis, concat axis)
     mm_labels: set[int]  # labels that are matmul m/n/k dims (tiles of >= 16 or the full size)
+    #: inputs of ``graph`` that read another input's tensor (name -> that input's name): one kernel
+    #: operand used in two roles (see :func:`split_input_uses`), loaded once per role
+    alias: dict[str, str] = field(default_factory=dict)
 
     def data_parallel(self) -> list[int]:
         """Labels every output carries, that nothing reduces, that may be split (first-seen order)."""
@@ -214,6 +217,94 @@ def analyse(g: Graph) -> Analysis:
         {uf.find(x) for x in whole},
         {uf.find(x) for x in mm},
     )
+
+
+def _conflated(an: Analysis) -> bool:
+    """Whether some label a contraction reduces is also kept by an output: two roles of one index merged
+    (by an input used in two roles, e.g. rotary's cos table applied to the query rows and to the key rows).
+    A sum or max reduced and broadcast back (softmax, a norm) is no conflict: only contractions count."""
+    nodes = node_list(an.graph)
+    kept = {lab for a, _ in output_refs(an.graph) for lab in an.labels[a] if lab is not None}
+    return any(lab in kept for i, lab in an.reduces.items() if get_op(nodes[i].op).has(Prop.CONTRACTION))
+
+
+def split_input_uses(g: Graph) -> Analysis:
+    """The analysis of ``g``; where two roles of an index are merged through a shared input
+    (:func:`_conflated`), that of ``g`` with each distinct role of such an input read through an alias
+    input of its own (``Analysis.alias``; the uses whose labels agree share one).
+
+    Rotary attention applies the cos/sin tables (N, D) to Q's rows and to K's rows: one label for both
+    made the key dim (reduced by softmax @ V) the query dim too, and every fused lowering was wrong (the
+    verifier rejected them all on their output shapes)."""
+    an = analyse(g)
+    if not _conflated(an):
+        return an
+    nodes = node_list(g)
+    outs = output_refs(g)
+    uses: dict[int, list[tuple[int, int]]] = {}
+    for i, n in enumerate(nodes):
+        for p, (a, _) in enumerate(n.args):
+            if nodes[a].op == "input":
+                uses.setdefault(a, []).append((i, p))
+    shared = {a for a, us in uses.items() if len(us) > 1}
+    if not shared:
+        return an
+    taken = {str(t.name) for t in g.inputs}
+
+    def fresh_name(base: str) -> str:
+        k = 1
+        while f"{base}__use{k}" in taken:
+            k += 1
+        taken.add(f"{base}__use{k}")
+        return f"{base}__use{k}"
+
+    def rebuild(name_of: dict[tuple[int, int], str]) -> tuple[Graph, dict[str, str]]:
+        g2 = Graph()
+        env: dict[str, Tensor] = {}
+        alias: dict[str, str] = {}
+        for n in nodes:
+            if n.op == "input":
+                env[n.attr("name")] = g2.input(n.attr("name"), n.outs[0].shape, n.outs[0].dtype)
+        for (i, p), nm in name_of.items():
+            a = nodes[i].args[p][0]
+            orig = nodes[a].attr("name")
+            if nm != orig and nm not in env:
+                env[nm] = g2.input(nm, nodes[a].outs[0].shape, nodes[a].outs[0].dtype)
+                alias[nm] = orig
+        val: dict[int, Tensor] = {}
+        for i, n in enumerate(nodes):
+            if n.op == "input":
+                val[i] = env[n.attr("name")]
+                continue
+            args = [env[name_of[(i, p)]] if (i, p) in name_of else val[a] for p, (a, _) in enumerate(n.args)]
+            val[i] = g2.apply(n.op, args, dict(n.attrs))
+        g2.output(*[val[a] for a, _ in outs])
+        return g2, alias
+
+    every = {(i, p): (fresh_name(nodes[a].attr("name")) if k else nodes[a].attr("name"))
+             for a in shared for k, (i, p) in enumerate(uses[a])}
+    g_all, _ = rebuild(every)
+    if _conflated(analyse(g_all)):
+        return an  # not (only) through shared inputs
+    # merge the uses back greedily: a use joins the first group of its input it does not conflate with
+    name_of = dict(every)
+    for a in shared:
+        groups: list[str] = []
+        for i, p in uses[a]:
+            for nm in groups:
+                trial = {**name_of, (i, p): nm}
+                if not _conflated(analyse(rebuild(trial)[0])):
+                    name_of = trial
+                    break
+            else:
+                groups.append(name_of[(i, p)])
+    g2, alias = rebuild(name_of)
+    if not alias:
+        return an
+    an2 = analyse(g2)
+    an2.alias = alias
+    log.debug("partition: inputs read in two roles, loaded once per role: %s", alias)
+    return an2
 
 
 # --------------------------------------------------------------------------- configurations
@@ -455,7 +546,13 @@ def build(an: Analysis, cfg: Config, *, fuse_epilogue: bool = True) -> Lowered:
     except GraphError as e:
         raise Infeasible(str(e)) from None
     mg = MuGraph()
-    ins = [mg.input(t.name or "", t.shape, t.dtype) for t in g.inputs]
+    by_name: dict[str, Tensor] = {}
+    ins = []
+    for t in g.inputs:  # an alias input (after every input it reads) is that input's tensor again
+        nm = an.alias.get(str(t.name), str(t.name))
+        if nm not in by_name:
+            by_name[nm] = mg.input(nm, t.shape, t.dtype)
+        ins.append(by_name[nm])
     in_idx = [i for i, n in enumerate(nodes) if n.op == "input"]
     val: dict[int, Any] = {}
     kind: dict[int, Place] = {}
@@ -879,7 +976,7 @@ def lower_all(
     """Every feasible lowering of ``g`` (plus the unfused baseline, and with ``cuts`` those of
     :func:`cut_lowerings`, ranked by ``rank``); and rejection counts by reason."""
     g = normalise(g)
-    an = analyse(g)
+    an = split_input_uses(g)
     out = [unfused(g)]
     rejected: dict[str, int] = {}
     bad_struct: dict[tuple[Any, ...], str] = {}
@@ -907,5 +1004,5 @@ def input_types(g: Graph) -> list[tuple[str, TensorType]]:
 
 __all__ = [
     "Analysis", "Config", "Infeasible", "Lowered", "analyse", "build", "configs", "cut_lowerings", "cut_points",
-    "graph_terms", "join", "lower_all", "normalise", "unfused",
+    "graph_terms", "join", "lower_all", "normalise", "split_input_uses", "unfused",
 ]

@@ -366,7 +366,7 @@ def poly(terms: dict[Mono, Fraction]) -> Poly:
     for c in items.values():
         if c.denominator.bit_length() > limits.MAX_CONST_BITS or c.numerator.bit_length() > limits.MAX_CONST_BITS:
             raise ResourceLimit(f"a coefficient grew past {limits.MAX_CONST_BITS} bits")
-    if sum(1 for m in items if _sum_factor(m) is not None) >= 2:
+    if sum(1 for m in items if _sum_factors(m)) >= 2:
         items = _merge_sums(items)
     return ("P", tuple(sorted(items.items(), key=lambda x: _key(x[0]))))
 
@@ -525,52 +525,51 @@ def p_fn(name: str, x: Poly) -> Poly:
 # --------------------------------------------------------------------------- sums
 
 
-def _sum_factor(m: Mono) -> tuple[int, Atom] | None:
-    """The single sum atom (exponent 1) of monomial ``m`` and its position, if exactly one."""
-    found = None
-    for i, (a, e) in enumerate(m):
-        if a[0] == "sum":
-            if e != 1 or found is not None:
-                return None
-            found = (i, a)
-    return found
+def _sum_factors(m: Mono) -> list[tuple[int, Atom]]:
+    """The sum atoms (exponent 1) of monomial ``m`` and their positions."""
+    return [(i, a) for i, (a, e) in enumerate(m) if a[0] == "sum" and e == 1]
 
 
 def _merge_sums(items: dict) -> dict:
-    """Merge terms ``c*m*sum_[a,b) f + c*m*sum_[b,c) f`` into ``c*m*sum_[a,c) f``."""
-    groups: dict = {}
-    for mono, c in items.items():
-        sf = _sum_factor(mono)
-        if sf is None:
-            continue
-        i, s = sf
-        rest = mono[:i] + mono[i + 1 :]
-        groups.setdefault((rest, c, s[1], s[4]), []).append((s[2], s[3], mono))
-    for (rest, c, var, body), rs in groups.items():
-        if len(rs) < 2:
-            continue
-        # sort by lower bound (constant bounds only) and merge adjacent runs
-        if not all(a_is_const(lo) and a_is_const(hi) for lo, hi, _ in rs):
-            continue
-        rs.sort(key=lambda r: r[0][1])
-        merged: list[list] = []
-        for lo, hi, mono in rs:
-            if merged and merged[-1][1] == lo:
-                merged[-1][1] = hi
-                merged[-1][2].append(mono)
-            else:
-                merged.append([lo, hi, [mono]])
-        for lo, hi, monos in merged:
-            if len(monos) < 2:
+    """Merge terms ``c*m*sum_[a,b) f + c*m*sum_[b,c) f`` into ``c*m*sum_[a,c) f`` (``m`` may hold other sums:
+    LayerNorm's mean times a K-tiled column sum is ``sum_k(X) * sum_[0,t)(G W) + sum_[t,2t)(G W) * sum_k(X)``
+    in the canonical factor order; each sum factor of a monomial is tried)."""
+    while True:
+        groups: dict = {}
+        for mono, c in items.items():
+            for i, s in _sum_factors(mono):
+                rest = mono[:i] + mono[i + 1 :]
+                groups.setdefault((rest, c, s[1], s[4]), []).append((s[2], s[3], mono))
+        used: set = set()
+        changed = False
+        for (rest, c, var, body), rs in groups.items():
+            if len(rs) < 2 or any(mono in used for _, _, mono in rs):
                 continue
-            der().use("sum-split-merge")
-            for mono in monos:
-                items[mono] -= c
-                if items[mono] == 0:
-                    del items[mono]
-            new = mono_mul(rest, ((("sum", var, lo, hi, body), Fraction(1)),))
-            items[new] = items.get(new, 0) + c
-    return items
+            # sort by lower bound (constant bounds only) and merge adjacent runs
+            if not all(a_is_const(lo) and a_is_const(hi) for lo, hi, _ in rs):
+                continue
+            rs.sort(key=lambda r: r[0][1])
+            merged: list[list] = []
+            for lo, hi, mono in rs:
+                if merged and merged[-1][1] == lo:
+                    merged[-1][1] = hi
+                    merged[-1][2].append(mono)
+                else:
+                    merged.append([lo, hi, [mono]])
+            for lo, hi, monos in merged:
+                if len(monos) < 2:
+                    continue
+                der().use("sum-split-merge")
+                for mono in monos:
+                    used.add(mono)
+                    items[mono] -= c
+                    if items[mono] == 0:
+                        del items[mono]
+                new = mono_mul(rest, ((("sum", var, lo, hi, body), Fraction(1)),))
+                items[new] = items.get(new, 0) + c
+                changed = True
+        if not changed:
+            return items
 
 
 def _offsets(t: Any, var: str, acc: set, bad: list) -> None:
