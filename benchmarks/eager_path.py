@@ -6,25 +6,29 @@
 For every suite case of ``benchmarks/results/latest.json`` (the harness's last run; ``--set models``: every
 models-set case of ``models.json``, candidates from ``candidates_models/``) it compiles the μGraph
 that run selected, with the launch configuration it selected (the candidates were searched and verified
-on a CPU machine; no search here), checks it against the float64 reference, and times on one GPU:
+on a CPU machine; no search here), checks it against the float64 reference, and times on one GPU.
 
-* ``vm_graph_us``: CUDA-graph replay of the program (``do_bench_cudagraph``, median) — device time;
-* ``vm_plain_us``: ``do_bench`` (median; L2 cleared before each call, as the harness's ``*_plain_us``) of
-  the ordinary call, which takes the lean launch path; ``vm_forward_plain_us``: the same call through the
-  generated ``forward`` and ``JITFunction.run`` (the path before the lean one); ``vm_cg_plain_us``: the
-  ``compile(..., cuda_graph=True)`` program (input copies plus one replay);
-* ``vm_out_*``: the same call with caller-provided output tensors (``out=``: no allocation per call);
-* ``*_host_us``: host seconds per call of 200 back-to-back calls (no synchronisation inside the loop, so
-  the host runs ahead of the GPU), and ``*_loop_us``: the same loop's wall time per call up to the final
-  synchronisation (what a Python loop of calls costs: the larger of host and device time);
-* the same for PyTorch eager (the program op by op) and ``torch.compile`` (default mode: the plain-path
-  host cost of a compiled callable; it is the harness's ``max-autotune-no-cudagraphs`` minus autotuning)
-  and ``torch.compile(mode="reduce-overhead")`` (its CUDA graphs).
+Device time, from CUDA-graph replays: ``vm_graph_us`` (``do_bench_cudagraph``: the same inputs replayed
+back to back, so a warm L2) and ``vm_graph_cold_us`` (``do_bench`` of one call's graph: the L2 cleared before
+each replay, as for the plain timings).
 
-Per-kernel host overhead, as the issue defines it: ``(vm_plain_us - vm_graph_us) / kernels`` (but
-``do_bench`` clears the L2 before each call and the GPU's memset hides up to ~100 µs of host time, so this
-mixes cold-cache time in and leaves host time out); the host time a loop of calls exposes:
-``(vm_loop_us - vm_graph_us) / kernels``; and the host time itself: ``vm_host_us / kernels``.
+Plain calls (the lean launch path): ``vm_plain_us`` (``do_bench``: L2 cleared before each call, the harness's
+``*_plain_us``; the GPU's 256 MB clearing memset runs while the host prepares the call, so host time up to that
+memset's is hidden) and ``vm_plain_warm_us`` (CUDA events around each of 200 back-to-back calls, nothing
+cleared: warm L2 like the graph's; host time shows where the GPU waits for the launch).
+
+**Host overhead** (the issue's "per-kernel host overhead"): ``vm_host_us``, the host time of one call measured
+directly: the GPU is put to sleep (``torch.cuda._sleep``) for longer than a batch of calls takes, each call is
+timed by the CPU clock (no synchronisation inside; the launches just queue), median of 300 calls
+(``host_busy``). ``host_per_launch_us = vm_host_us / kernels``; ``out_host_per_launch_us`` the same with
+``out=`` tensors. The issue's formula ``(plain - graph) / kernels`` is reported like for like in both cache
+states (``cold_plain_minus_graph_per_launch_us``: do_bench against the cold graph; ``warm_plain_minus_graph``:
+back-to-back events against ``do_bench_cudagraph``) and as the earlier runs computed it
+(``mixed_plain_minus_graph_per_launch_us``: cold plain minus warm graph, which counts the L2 clearing's cost as
+host overhead). Also: ``vm_launch_only_us`` (the lean path's one C launcher call alone), ``vm_before_host_us``
+(the lean path as of run 5: Triton's launcher per kernel, the Python signature check), ``vm_forward_host_us``
+(the generated ``forward`` through ``JITFunction.run``), and PyTorch eager (op by op) and ``torch.compile``
+(default mode) by the same measures. Outputs are checked against the float64 reference and between paths.
 Writes ``eager_path.json`` and ``eager_path.md`` into ``--out`` after every case.
 """
 
@@ -37,6 +41,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,12 +61,87 @@ HERE = Path(__file__).resolve().parent
 
 
 def bench(fn: Any, cudagraph: bool) -> float:
-    """Median µs of ``fn``: ``do_bench`` (L2 cleared before each call) or ``do_bench_cudagraph``."""
+    """Median µs of ``fn``: ``do_bench`` (L2 cleared before each call) or ``do_bench_cudagraph`` (warm L2)."""
     from triton.testing import do_bench, do_bench_cudagraph
 
     if cudagraph:
-        return 1e3 * float(do_bench_cudagraph(fn, rep=100, return_mode="median"))
-    return 1e3 * float(do_bench(fn, warmup=20, rep=100, return_mode="median"))
+        return 1e3 * float(do_bench_cudagraph(fn, rep=60, return_mode="median"))
+    return 1e3 * float(do_bench(fn, warmup=10, rep=60, return_mode="median"))
+
+
+def bench_warm(fn: Any, n: int = 200) -> float:
+    """Median µs between CUDA events recorded around each of ``n`` back-to-back calls, no L2 clearing (the cache
+    state of a CUDA-graph replay): device time where the GPU is the bottleneck, host time plus device time where
+    the host is (the GPU then waits for each launch)."""
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+    for a, b in ev:
+        a.record()
+        fn()
+        b.record()
+    torch.cuda.synchronize()
+    ts = sorted(a.elapsed_time(b) for a, b in ev)
+    return 1e3 * ts[n // 2]
+
+
+def graph_of(fn: Any) -> Any:
+    """A CUDA graph of one call of ``fn`` (captured on a side stream after warm-up calls)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    torch.cuda.synchronize()
+    return g
+
+
+_SLEEP = {"cycles_per_us": 0.0}
+
+
+def host_busy(fn: Any, n: int = 20, batches: int = 15) -> tuple[float, bool]:
+    """Host µs of one call of ``fn`` with the GPU kept busy: each batch queues a GPU sleep long enough to outlast
+    ``n`` calls, then times each call with the CPU clock (``perf_counter_ns`` around the Python call; no
+    synchronisation inside). The launches only queue (the GPU is asleep), so this is the host's own cost, free of
+    device time and cache state. Returns the median over all calls and whether every batch's sleep outlasted its
+    calls (the GPU busy throughout)."""
+    if not _SLEEP["cycles_per_us"]:
+        torch.cuda._sleep(1_000_000)
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        torch.cuda._sleep(10_000_000)
+        b.record()
+        torch.cuda.synchronize()
+        _SLEEP["cycles_per_us"] = 10_000_000 / (1e3 * a.elapsed_time(b))
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    est = (time.perf_counter() - t0) / n * 1e6
+    torch.cuda.synchronize()
+    cycles = int(_SLEEP["cycles_per_us"] * (3 * n * est + 2000))
+    pc = time.perf_counter_ns
+    samples: list[int] = []
+    busy = True
+    for _ in range(batches):
+        torch.cuda._sleep(cycles)
+        done = torch.cuda.Event()
+        done.record()
+        for _ in range(n):
+            t = pc()
+            fn()
+            samples.append(pc() - t)
+        busy = busy and not done.query()
+        torch.cuda.synchronize()
+    samples.sort()
+    return samples[len(samples) // 2] / 1e3, busy
 
 
 def selected(row: dict[str, Any], candidates: Path | None = None) -> tuple[Any, Any]:
@@ -76,11 +156,34 @@ def selected(row: dict[str, Any], candidates: Path | None = None) -> tuple[Any, 
     return mg, cfg
 
 
-def measure(prefix: str, fn: Any, row: dict[str, Any], graph: bool = False) -> None:
-    row[f"{prefix}_plain_us"] = bench(fn, cudagraph=False)
-    row[f"{prefix}_host_us"], row[f"{prefix}_loop_us"] = loop(fn)
-    if graph:
-        row[f"{prefix}_graph_us"] = bench(fn, cudagraph=True)
+
+def measure(prefix: str, fn: Any, row: dict[str, Any], plain: bool = True, warm: bool = False,
+            loop_too: bool = True) -> None:
+    """The plain-call fields of ``fn`` under ``prefix``: host time with the GPU busy (``_host_us``), ``do_bench``
+    (``_plain_us``, cold L2), back-to-back events (``_plain_warm_us``, warm L2) and a loop's wall time."""
+    row[f"{prefix}_host_us"], row[f"{prefix}_host_busy_ok"] = host_busy(fn)
+    if plain:
+        row[f"{prefix}_plain_us"] = bench(fn, cudagraph=False)
+    if warm:
+        row[f"{prefix}_plain_warm_us"] = bench_warm(fn)
+    if loop_too:
+        row[f"{prefix}_loop_host_us"], row[f"{prefix}_loop_us"] = loop(fn)
+
+
+def _lean_variant(mg: Any, cfg: Any, ins: Sequence[Any], env: dict[str, str]) -> Any:
+    """The program compiled again, its lean plan made under environment ``env`` (e.g. Triton's launchers)."""
+    prog = vm.compile(mg, config=cfg)
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        prog(*ins)
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return prog
 
 
 def run_case(src: dict[str, Any], args: argparse.Namespace, t_start: float) -> dict[str, Any]:
@@ -90,35 +193,60 @@ def run_case(src: dict[str, Any], args: argparse.Namespace, t_start: float) -> d
     f = torch_fn(g)
     ref = f(*[x.double() for x in ins])
     mg, cfg = selected(src, args.candidates)
-    row: dict[str, Any] = {"case": src["case"], "kernels": mg.num_kernels, "config": None if cfg is None else cfg.key()}
+    k = mg.num_kernels
+    row: dict[str, Any] = {"case": src["case"], "kernels": k, "config": None if cfg is None else cfg.key()}
     fn = vm.compile(mg, config=cfg)
     old = vm.compile(mg, config=cfg)
     old.lean = False  # the generated forward through JITFunction.run: the path before the lean one
-    cg = vm.compile(mg, config=cfg, cuda_graph=True)
-    out, out_old, out_cg = fn(*ins), old(*ins), cg(*ins)
+    before = _lean_variant(mg, cfg, ins, {"VERIMIRAGE_LAUNCHER": "triton", "VERIMIRAGE_TENSOR_GUARD": "0"})
+    out, out_old, out_before = fn(*ins), old(*ins), before(*ins)
     row["vm_err"] = rel_err(out, ref)
     outs = out if isinstance(out, tuple) else (out,)
-    row["lean_equals_forward"] = all(torch.equal(a, b) for a, b in
-                                     zip(outs, out_old if isinstance(out_old, tuple) else (out_old,), strict=True))
-    row["graph_equals_forward"] = all(torch.equal(a, b) for a, b in
-                                      zip(outs, out_cg if isinstance(out_cg, tuple) else (out_cg,), strict=True))
+
+    def same_as_out(other: Any) -> bool:
+        return all(torch.equal(x, y) for x, y in zip(outs, other if isinstance(other, tuple) else (other,),
+                                                      strict=True))
+
+    row["lean_equals_forward"] = same_as_out(out_old)
+    row["c_launcher_equals_triton_launcher"] = same_as_out(out_before)
+    plan = next(iter(fn._plans.values()))
+    row["launcher"], row["tensor_guard"] = plan.launcher, plan.guard is not None
     row["lean_plans"] = len(fn._plans)
-    measure("vm", lambda: fn(*ins), row, graph=True)
+    # device time: CUDA-graph replays, warm L2 (do_bench_cudagraph) and cold L2 (do_bench of one call's graph)
+    row["vm_graph_us"] = bench(lambda: fn(*ins), cudagraph=True)
+    graph = graph_of(lambda: fn(*ins))
+    row["vm_graph_cold_us"] = bench(graph.replay, cudagraph=False)
+    del graph
+    measure("vm", lambda: fn(*ins), row, warm=True)
     obuf = tuple(torch.empty_like(o) for o in outs)
     oarg = obuf[0] if len(obuf) == 1 else obuf
     fn(*ins, out=oarg)
     row["out_equals_forward"] = all(torch.equal(a, b) for a, b in zip(obuf, outs, strict=True))
-    measure("vm_out", lambda: fn(*ins, out=oarg), row)
-    measure("vm_forward", lambda: old(*ins), row)
-    measure("vm_cg", lambda: cg(*ins), row)
-    measure("vm_cg_static", lambda: cg(*cg.static_inputs), row)
-    k = row["kernels"]
-    row["host_per_launch_us"] = (row["vm_plain_us"] - row["vm_graph_us"]) / k
-    row["host_direct_per_launch_us"] = row["vm_host_us"] / k
+    measure("vm_out", lambda: fn(*ins, out=oarg), row, warm=True, loop_too=False)
+    if plan.c_plan is not None and plan.run_out is not None:  # the launch alone: the one C call, these pointers
+        from triton.runtime import driver
+
+        from verimirage.backend import launch
+
+        by_buf = {r[1]: o for r, o in zip(fn.returns, obuf, strict=True)}
+        ptrs = [x.data_ptr() for x in ins] + [by_buf[bi].data_ptr() for bi in plan.returned_bufs]
+        if plan.kept_workspace[0] is not None:
+            ptrs.append(plan.kept_workspace[1])
+        go, pl, stream_of, dev = launch.module().launch, plan.c_plan, driver.active.get_current_stream, \
+            torch.cuda.current_device()
+        try:
+            row["vm_launch_only_us"], _ = host_busy(lambda: go(pl, stream_of(dev), *ptrs))
+        except Exception as e:
+            log.warning("%s: launch-only timing: %s: %s", src["case"], type(e).__name__, e)
+    row["vm_before_host_us"], _ = host_busy(lambda: before(*ins))
+    row["vm_before_out_host_us"], _ = host_busy(lambda: before(*ins, out=oarg))
+    row["vm_forward_host_us"], _ = host_busy(lambda: old(*ins))
+    row["host_per_launch_us"] = row["vm_host_us"] / k
     row["out_host_per_launch_us"] = row["vm_out_host_us"] / k
+    row["cold_plain_minus_graph_per_launch_us"] = (row["vm_plain_us"] - row["vm_graph_cold_us"]) / k
+    row["warm_plain_minus_graph_per_launch_us"] = (row["vm_plain_warm_us"] - row["vm_graph_us"]) / k
+    row["mixed_plain_minus_graph_per_launch_us"] = (row["vm_plain_us"] - row["vm_graph_us"]) / k
     row["exposed_per_launch_us"] = (row["vm_loop_us"] - row["vm_graph_us"]) / k
-    row["out_exposed_per_launch_us"] = (row["vm_out_loop_us"] - row["vm_graph_us"]) / k
-    row["forward_host_per_launch_us"] = (row["vm_forward_plain_us"] - row["vm_graph_us"]) / k
     row["eager_err"] = rel_err(f(*ins), ref)
     measure("eager", lambda: f(*ins), row)
     if not args.no_inductor and time.perf_counter() - t_start < args.budget_s:
@@ -127,11 +255,6 @@ def run_case(src: dict[str, Any], args: argparse.Namespace, t_start: float) -> d
             cf = torch.compile(f)
             row["inductor_err"] = rel_err(cf(*ins), ref)
             measure("inductor", lambda: cf(*ins), row)
-            torch._dynamo.reset()
-            cr = torch.compile(f, mode="reduce-overhead")
-            for _ in range(3):
-                cr(*ins)
-            measure("inductor_ro", lambda: cr(*ins), row)
         except Exception as e:
             row["inductor_error"] = f"{type(e).__name__}: {e}"[:300]
     elif not args.no_inductor:
@@ -139,124 +262,59 @@ def run_case(src: dict[str, Any], args: argparse.Namespace, t_start: float) -> d
     return row
 
 
-def host_us(fn: Any, n: int = 2000) -> float:
-    """Best-of-5 host µs per call of ``fn`` (no synchronisation inside)."""
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / n * 1e6)
-        torch.cuda.synchronize()
-    return best
-
-
-_TINY = r"""
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <dlfcn.h>
-#include <stdint.h>
-typedef int (*launch_t)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*, void**,
-                        void**);
-static launch_t cu_launch = NULL;
-/* launch(function, gx, gy, gz, block_x, shared_bytes, stream, *pointer_args): cuLaunchKernel, GIL held */
-static PyObject* launch(PyObject* self, PyObject* const* args, Py_ssize_t n) {
-  uint64_t v[48];
-  void* params[48];
-  if (n < 7 || n > 44) { PyErr_SetString(PyExc_TypeError, "launch: 7 to 44 arguments"); return NULL; }
-  if (!cu_launch) {
-    void* h = dlopen("libcuda.so.1", RTLD_LAZY);
-    cu_launch = h ? (launch_t)dlsym(h, "cuLaunchKernel") : NULL;
-    if (!cu_launch) { PyErr_SetString(PyExc_RuntimeError, "no cuLaunchKernel"); return NULL; }
-  }
-  for (Py_ssize_t i = 0; i < n; i++) v[i] = PyLong_AsUnsignedLongLong(args[i]);
-  if (PyErr_Occurred()) return NULL;
-  Py_ssize_t k = 0;
-  for (Py_ssize_t i = 7; i < n; i++) params[k++] = &v[i];
-  uint64_t scratch = 0;
-  params[k++] = &scratch;  /* Triton's global and profile scratch pointers */
-  params[k++] = &scratch;
-  int r = cu_launch((void*)v[0], (unsigned)v[1], (unsigned)v[2], (unsigned)v[3], (unsigned)v[4], 1, 1,
-                    (unsigned)v[5], (void*)v[6], params, NULL);
-  if (r) { PyErr_Format(PyExc_RuntimeError, "cuLaunchKernel: error %d", r); return NULL; }
-  Py_RETURN_NONE;
-}
-static PyMethodDef methods[] = {{"launch", (PyCFunction)(void (*)(void))launch, METH_FASTCALL, "launch"},
-                                {NULL, NULL, 0, NULL}};
-static struct PyModuleDef mod = {PyModuleDef_HEAD_INIT, "vm_tiny_launch", NULL, -1, methods};
-PyMODINIT_FUNC PyInit_vm_tiny_launch(void) { return PyModule_Create(&mod); }
-"""
-
-
-def tiny_launcher() -> Any:
-    """A minimal C launcher (``cuLaunchKernel`` with the GIL held, arguments as integers): the floor a launch
-    from Python could reach, measured against Triton's own launcher in ``micro``."""
-    from triton.runtime.build import compile_module_from_src
-
-    return compile_module_from_src(_TINY, "vm_tiny_launch", libraries=["dl"])
-
-
 def micro() -> dict[str, float]:
-    """Host cost of the pieces of a call on this machine: Python, an allocation, an ATen op, a Triton launch."""
+    """Host µs of the pieces of a call on this machine (``host_busy``: GPU asleep, median of per-call CPU times):
+    Python, an allocation, the signature check, an ATen op, a Triton launch, the C launcher of the lean path."""
     import triton
     import triton.language as tl
-    from triton import knobs
+    from torch._C._dynamo.guards import TensorGuards
     from triton.runtime import driver
+
+    from verimirage.backend import launch as vml
 
     @triton.jit
     def _touch(p):
         tl.store(p + tl.arange(0, 16), tl.load(p + tl.arange(0, 16)) + 1)
 
-    x = torch.zeros(1024, dtype=torch.float16, device="cuda")
-    y = torch.zeros(1024, dtype=torch.float16, device="cuda")
+    x = torch.randn(1024, device="cuda").half()
+    y = torch.randn(1024, device="cuda").half()
     k = _touch[(1,)](x)
     run = k.run
-    launch, fun, meta = run.launch, k.function, k.packed_metadata
+    tri, fun, meta = run.launch, k.function, k.packed_metadata
     get_stream, dev = driver.active.get_current_stream, torch.cuda.current_device()
     ptr = x.data_ptr()
     shape, stride, dt = x.shape, x.stride(), x.dtype
-    out = {
-        "python_noop_us": host_us(lambda: None),
-        "torch_empty_us": host_us(lambda: torch.empty((2, 32, 16), dtype=torch.float16, device=x.device)),
-        "new_empty_us": host_us(lambda: x.new_empty((2, 32, 16))),
-        "check_one_input_us": host_us(lambda: (x.data_ptr() & 15 != 0 or x.shape != shape or x.dtype is not dt
-                                               or x.get_device() != dev or x.stride() != stride)),
-        "stream_and_device_us": host_us(lambda: (torch._C._cuda_getDevice(), get_stream(dev))),
-        "aten_add_us": host_us(lambda: torch.add(x, y)),
-        "aten_add_inplace_us": host_us(lambda: x.add_(1.0)),
-        "triton_jit_launch_us": host_us(lambda: _touch[(1,)](x)),
-        "triton_launcher_us": host_us(lambda: launch(1, 1, 1, get_stream(dev), fun, False, False, None, None, meta,
-                                                      None, None, None, ptr)),
-        "foreach_copy_3_us": host_us(lambda: torch._foreach_copy_([x, x, x], [y, y, y])),
-        "copy_us": host_us(lambda: x.copy_(y)),
-    }
+    guard = TensorGuards(x, dynamic_dims_sizes=[list(x.shape)], dynamic_dims_strides=[list(x.stride())]).check
     z = torch.empty_like(x)
-    out["aten_add_out_us"] = host_us(lambda: torch.add(x, y, out=z))
-    capturing = torch._C._cuda_isCurrentStreamCapturing
-    out["capture_check_us"] = host_us(capturing)
-    bump = torch._C._increment_version
-    out["version_bump_us"] = host_us(lambda: bump((x,)))
-    try:  # the floor of a launch from Python: a minimal C launcher (experiment; not used by verimirage)
-        tiny = tiny_launcher()
-        tl_launch, bx, shmem = tiny.launch, 32 * meta[0], meta[2]
-        s = get_stream(dev)
-        tl_launch(fun, 1, 1, 1, bx, shmem, s, ptr)
-        torch.cuda.synchronize()
+    pieces: dict[str, Any] = {
+        "python_noop_us": lambda: None,
+        "torch_empty_us": lambda: torch.empty((2, 32, 16), dtype=torch.float16, device=x.device),
+        "new_empty_us": lambda: x.new_empty((2, 32, 16)),
+        "check_one_input_us": lambda: (x.data_ptr() & 15 != 0 or x.shape != shape or x.dtype is not dt
+                                       or x.get_device() != dev or x.stride() != stride),
+        "guard_one_input_us": lambda: (x.data_ptr() & 15 or not guard(x)),
+        "stream_and_device_us": lambda: (torch._C._cuda_getDevice(), get_stream(dev)),
+        "capture_check_us": torch._C._cuda_isCurrentStreamCapturing,
+        "aten_add_us": lambda: torch.add(x, y),
+        "aten_add_out_us": lambda: torch.add(x, y, out=z),
+        "triton_jit_launch_us": lambda: _touch[(1,)](x),
+        "triton_launcher_us": lambda: tri(1, 1, 1, get_stream(dev), fun, False, False, None, None, meta, None, None,
+                                          None, ptr),
+    }
+    try:
+        entry = vml.kernel_entry(k, [x], (1, 1, 1), [(0, 0)])
+        plan = vml.make_plan(dev, 1, [entry])
+        go = vml.module().launch
         before = x.clone()
-        tl_launch(fun, 1, 1, 1, bx, shmem, s, ptr)
+        go(plan, get_stream(dev), ptr)
         torch.cuda.synchronize()
-        out["tiny_launcher_ok"] = float(torch.equal(x[:16], before[:16] + 1))
-        out["tiny_launcher_us"] = host_us(lambda: tl_launch(fun, 1, 1, 1, bx, shmem, get_stream(dev), ptr))
+        pieces["c_launcher_ok"] = float(torch.equal(x[:16], before[:16] + 1))
+        pieces["c_launcher_us"] = lambda: go(plan, get_stream(dev), ptr)
     except Exception as e:
-        log.warning("tiny launcher: %s: %s", type(e).__name__, e)
-    alloc = getattr(torch._C, "_cuda_cudaCachingAllocator_raw_alloc", None)
-    free = getattr(torch._C, "_cuda_cudaCachingAllocator_raw_delete", None)
-    if alloc is not None and free is not None:
-        out["raw_alloc_free_us"] = host_us(lambda: free(alloc(8704, get_stream(dev))))
-    del knobs
+        log.warning("C launcher: %s: %s", type(e).__name__, e)
+    out: dict[str, float] = {}
+    for name, fn in pieces.items():
+        out[name] = fn if isinstance(fn, float) else host_busy(fn)[0]
     return out
 
 
@@ -265,35 +323,42 @@ def table(doc: dict[str, Any]) -> str:
         v = r.get(key)
         return f"{v:.1f}" if isinstance(v, float) else "-"
 
+    cols = [("k", "kernels"), ("graph", "vm_graph_us"), ("graph cold", "vm_graph_cold_us"),
+            ("plain", "vm_plain_us"), ("plain warm", "vm_plain_warm_us"), ("host/call", "vm_host_us"),
+            ("**host/k**", "host_per_launch_us"), ("out= host/k", "out_host_per_launch_us"),
+            ("launch only", "vm_launch_only_us"), ("before: host/call", "vm_before_host_us"),
+            ("forward: host/call", "vm_forward_host_us"),
+            ("(plain-graph cold)/k", "cold_plain_minus_graph_per_launch_us"),
+            ("(plain warm-graph)/k", "warm_plain_minus_graph_per_launch_us"),
+            ("(plain-graph)/k mixed", "mixed_plain_minus_graph_per_launch_us"),
+            ("eager plain", "eager_plain_us"), ("torch.compile plain", "inductor_plain_us"),
+            ("eager host", "eager_host_us"), ("torch.compile host", "inductor_host_us")]
     lines = [
         f"Device: {doc['device']} · date {doc['date']} · torch {doc['torch']} · triton {doc['triton']}",
         "",
-        "| case | k | vm graph | vm plain | (plain-graph)/k | vm host/call | host/k | out= host/call | out= host/k | "
-        "(loop-graph)/k | before: host/call | cuda_graph=True loop (copy / static) | eager plain | "
-        "torch.compile plain | eager loop | torch.compile loop | reduce-overhead loop |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| case | " + " | ".join(c for c, _ in cols) + " |",
+        "|---|" + "---|" * len(cols),
     ]
     for r in doc["rows"]:
-        lines.append(
-            f"| {r['case']} | {r.get('kernels') or '-'} | {f(r, 'vm_graph_us')} | {f(r, 'vm_plain_us')} | "
-            f"{f(r, 'host_per_launch_us')} | {f(r, 'vm_host_us')} | {f(r, 'host_direct_per_launch_us')} | "
-            f"{f(r, 'vm_out_host_us')} | {f(r, 'out_host_per_launch_us')} | {f(r, 'exposed_per_launch_us')} | "
-            f"{f(r, 'vm_forward_host_us')} | {f(r, 'vm_cg_loop_us')} / {f(r, 'vm_cg_static_loop_us')} | "
-            f"{f(r, 'eager_plain_us')} | {f(r, 'inductor_plain_us')} | {f(r, 'eager_loop_us')} | "
-            f"{f(r, 'inductor_loop_us')} | {f(r, 'inductor_ro_loop_us')} |"
-        )
+        if "error" in r:
+            lines.append(f"| {r['case']} | error: {r['error'][:120]} |")
+            continue
+        lines.append(f"| {r['case']} | " + " | ".join(str(r.get(key, "-")) if key == "kernels" else f(r, key)
+                                                      for _, key in cols) + " |")
     if "micro" in doc:
         lines += ["", "Host µs per call of the pieces: " + ", ".join(f"{k} {v:.2f}" for k, v in doc["micro"].items())]
     return "\n".join(lines) + "\n"
 
 
 #: the eager-path fields merged into each row of the harness's results (``--merge``)
-MERGED = ("kernels", "vm_graph_us", "vm_plain_us", "vm_host_us", "vm_loop_us", "vm_out_plain_us", "vm_out_host_us",
-          "vm_out_loop_us", "vm_forward_host_us", "vm_cg_loop_us", "vm_cg_static_loop_us", "host_per_launch_us",
-          "host_direct_per_launch_us", "out_host_per_launch_us", "exposed_per_launch_us",
-          "out_exposed_per_launch_us", "eager_plain_us", "eager_host_us", "eager_loop_us", "inductor_plain_us",
-          "inductor_host_us", "inductor_loop_us", "inductor_ro_loop_us", "vm_err", "lean_equals_forward",
-          "out_equals_forward", "graph_equals_forward")
+MERGED = ("kernels", "launcher", "tensor_guard", "vm_graph_us", "vm_graph_cold_us", "vm_plain_us",
+          "vm_plain_warm_us", "vm_host_us", "vm_host_busy_ok", "vm_loop_us", "vm_loop_host_us", "vm_out_plain_us",
+          "vm_out_plain_warm_us", "vm_out_host_us", "vm_launch_only_us", "vm_before_host_us",
+          "vm_before_out_host_us", "vm_forward_host_us", "host_per_launch_us", "out_host_per_launch_us",
+          "cold_plain_minus_graph_per_launch_us", "warm_plain_minus_graph_per_launch_us",
+          "mixed_plain_minus_graph_per_launch_us", "exposed_per_launch_us", "eager_plain_us", "eager_host_us",
+          "eager_loop_us", "inductor_plain_us", "inductor_host_us", "inductor_loop_us", "vm_err", "eager_err",
+          "inductor_err", "lean_equals_forward", "c_launcher_equals_triton_launcher", "out_equals_forward")
 
 
 def merge(run: dict[str, Any], results: Path, source: str) -> int:

@@ -136,6 +136,95 @@ def test_lean_plan_replays_the_generated_launches(name: str, monkeypatch: pytest
         assert len(a1) == sum(1 + r for _, r in step.args) + sum(1 + len(sh) for _, sh, _ in step.outs)
 
 
+def _c_launcher_recorder(prog: CompiledProgram, rec: _Recorder, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Let the lean plan take the program-wide C launcher (:mod:`verimirage.backend.launch`) on the CPU: the fake
+    kernels get Triton's signature (an integer 1 specialised away as a constexpr) and a function handle, the plan
+    is made by the real C extension (without the driver's layout check) and each call records, per kernel, the
+    parameter values the C side would pass to ``cuLaunchKernel``."""
+    from types import SimpleNamespace
+
+    from verimirage.backend import launch
+
+    real = launch.module()
+    if real is None:
+        pytest.skip("no C compiler for the launcher here")
+    names = [k.name for k in prog.kernels]
+    entries: list[Any] = []
+    for k in prog.kernels:
+        orig = getattr(prog.module, k.name).run
+
+        def run(*args: Any, _orig: Any = orig, _name: str = k.name, **kw: Any) -> Any:
+            kern = _orig(*args, **kw)
+            sig = prog.module.SIGNATURES[_name]
+            kern.src = SimpleNamespace(signature={n: "constexpr" if isinstance(a, int) and a == 1 else t
+                                                  for (n, t), a in zip(sig.items(), args, strict=True)})
+            kern.metadata = SimpleNamespace(num_ctas=1)
+            kern.function = 1000 + names.index(_name)
+            return kern
+
+        monkeypatch.setattr(getattr(prog.module, k.name), "run", run)
+    calls: list[Any] = []
+
+    def make(device: int, nsrc: int, ents: list[Any], check: bool) -> Any:
+        entries[:] = ents
+        return real.make(device, nsrc, ents, False)
+
+    def record(plan: Any, stream: int, *ptrs: int) -> None:
+        assert stream == rec.stream
+        for e, params in zip(entries, real.params(plan, stream, *ptrs), strict=True):
+            rec.launches.append(("lean", names[e[0] - 1000], e[1:4], params[:-2]))
+            assert params[-2:] == [0, 0]  # no scratch buffers
+        calls.append(ptrs)
+
+    monkeypatch.setattr(launch, "module", lambda: SimpleNamespace(make=make, launch=record, params=real.params))
+    return calls
+
+
+@cpu_only
+@pytest.mark.parametrize("name", ["gqa", "ntrans"])
+def test_c_launcher_passes_what_triton_would(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The program-wide C launcher: one C call per program call, and each kernel gets the parameters Triton's
+    launch would pass (pointers remapped to this call's buffers, the integers not specialised away)."""
+    g, prog = program(name)
+    rec = _Recorder(prog, monkeypatch)
+    calls = _c_launcher_recorder(prog, rec, monkeypatch)
+    xs = inputs_for(g)
+    first = prog(*xs)
+    plan = next(iter(prog._plans.values()))
+    assert plan.launcher == "c" and "LAUNCH(PLAN" in plan.source and "L0(" not in plan.source
+    second = prog(*xs)
+    assert len(calls) == 1
+    jit = [r for r in rec.launches if r[0] == "jit"]
+    lean = [r for r in rec.launches if r[0] == "lean"]
+    assert len(jit) == len(lean) == len(prog.kernels)
+    firsts = first if isinstance(first, tuple) else (first,)
+    seconds = second if isinstance(second, tuple) else (second,)
+    mapping: dict[int, int] = {x.data_ptr(): x.data_ptr() for x in xs}
+    mapping.update({a.data_ptr(): b.data_ptr() for a, b in zip(firsts, seconds, strict=True)})
+    for (_, k1, g1, a1), (_, k2, g2, a2) in zip(jit, lean, strict=True):
+        assert k1 == k2 and g1 == tuple(g2)
+        step = next(s for s in prog.steps if s.kernel == k1)
+        positions: list[int] = []
+        i = 0
+        for _, rank in (*step.args, *((None, len(shape)) for _, shape, _ in step.outs)):
+            positions.append(i)
+            i += 1 + rank
+        want = [a for j, a in enumerate(a1) if j in positions or a != 1]  # Triton drops the 1s (constexpr)
+        ptr_at = [j for j, a in enumerate(a1) if j in positions or a != 1]
+        assert len(want) == len(a2)
+        for j, x, y in zip(ptr_at, want, a2, strict=True):
+            if j in positions:
+                assert mapping.setdefault(x, y) == y, f"{k1}: pointer argument {j} maps inconsistently"
+            else:
+                assert x == y, f"{k1}: integer argument {j} differs"
+    assert len(set(mapping.values())) == len(mapping)
+    # out=: the same single C call, writing into the caller's tensors
+    out = tuple(torch.empty_like(o) for o in firsts)
+    rec.launches.clear()
+    assert prog(*xs, out=out if len(out) > 1 else out[0]) is not None and len(calls) == 2
+    assert out[-1].data_ptr() in rec.launches[-1][3]
+
+
 @cpu_only
 def test_lean_path_rejects_wrong_inputs_with_the_same_messages(monkeypatch: pytest.MonkeyPatch) -> None:
     g, prog = program("ntrans")
@@ -300,6 +389,17 @@ def test_lean_path_on_the_gpu(name: str) -> None:
             assert torch.equal(o, w)
             np.testing.assert_allclose(o.double().cpu().numpy(), r, atol=2e-2 * max(np.abs(r).max(), 1e-3))
     assert prog._fast is not None and len(prog._plans) == 1
+    plan = next(iter(prog._plans.values()))
+    assert plan.launcher == "c" and plan.guard is not None  # one C launch call, the C signature check
+    # from another thread (no CUDA context current there until the launcher makes the device's primary one so)
+    import threading
+
+    got: list[Any] = []
+    t = threading.Thread(target=lambda: got.append(prog(*xs)))
+    t.start()
+    t.join()
+    for o, w in zip(got[0] if isinstance(got[0], tuple) else (got[0],), outs, strict=True):
+        assert torch.equal(o, w)
     # out=: into the caller's tensors (the fast path), and into misaligned ones (computed, then copied)
     bufs = [torch.full_like(o, float("nan")) for o in outs]
     odd = [torch.empty(o.numel() + 1, dtype=o.dtype, device="cuda")[1:].view(o.shape) for o in outs]

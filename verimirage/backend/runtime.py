@@ -258,6 +258,16 @@ class _LeanPlan:
         self.signature = [(tuple(x.shape), x.dtype, tuple(x.stride()), x.data_ptr() % 16 == 0) for x in xs]
         #: the workspace kept for one stream: [stream handle or None, pointer, the tensor holding it]
         self.kept_workspace: list[Any] = [None, 0, None]
+        #: the pointers a launch takes, in order: the inputs', the returned buffers', the workspace's
+        self.returned_bufs = [bi for bi in buf_meta if bi in returned]
+        self.c_plan = self._c_plan(prog, launches, dev_index, ws_off, bool(ws))
+        #: which launcher the plan calls: "c" (one C call for every kernel, :mod:`.launch`) or "triton"
+        self.launcher = "c" if self.c_plan is not None else "triton"
+        #: the inputs' signature as one C check (PyTorch's tensor guard: type, dispatch keys, dtype, device,
+        #: sizes, strides, requires_grad), else None; when it fails, the Python check decides
+        self.guard = _tensor_guard(xs)
+        #: the same for ``out=`` tensors (the program's outputs: contiguous, not requiring grad)
+        self.out_guard = _tensor_guard([t.detach() for t in self.first_outputs])
         src, env = self._source(prog, launches, buf_meta, ws_off, ws, returned)
         env.update(MISS=_MISS, empty=torch.empty, uint8=torch.uint8, DEVICE=self.device, DEV=dev_index,
                    get_device=get_device, get_stream=_stream_getter(), capturing=_capture_checker(),
@@ -268,6 +278,31 @@ class _LeanPlan:
         exec(_builtin_compile(src, f"<verimirage lean launcher {prog.path.stem}>", "exec"), env, ns)
         self.run: Callable[..., Any] = ns["run"]
         self.run_out: Callable[..., Any] | None = ns.get("run_out")
+
+    def _c_plan(self, prog: CompiledProgram, launches: Sequence[tuple[Any, tuple[int, int, int], list[Any]]],
+                dev_index: int, ws_off: Mapping[int, int], has_ws: bool) -> Any:
+        """The program-wide C launcher's plan for these launches (:mod:`.launch`), or None (Triton's launchers)."""
+        if os.environ.get("VERIMIRAGE_LAUNCHER", "c").lower() == "triton":
+            return None
+        from . import launch
+
+        n = len(prog.input_names)
+        src: dict[tuple[str, int], tuple[int, int]] = {("in", i): (i, 0) for i in range(n)}
+        for j, bi in enumerate(self.returned_bufs):
+            src[("buf", bi)] = (n + j, 0)
+        w = n + len(self.returned_bufs)
+        for bi, off in ws_off.items():
+            src[("buf", bi)] = (w, off)
+        try:
+            entries = []
+            for st, (kern, grid, call) in zip(prog.steps, launches, strict=True):
+                refs = iter([*(r for r, _ in st.args), *(("buf", bi) for bi, _, _ in st.outs)])
+                sources = [None if isinstance(a, int) else src[next(refs)] for a in call]
+                entries.append(launch.kernel_entry(kern, call, grid, sources))
+            return launch.make_plan(dev_index, w + int(has_ws), entries)
+        except Exception as e:  # a kernel this launcher does not serve, or no C compiler: Triton's launchers
+            log.info("compiled program %s: Triton's launchers (%s: %s)", prog.path.name, type(e).__name__, e)
+            return None
 
     def _source(self, prog: CompiledProgram, launches: Sequence[tuple[Any, tuple[int, int, int], list[Any]]],
                 buf_meta: Mapping[int, tuple[tuple[int, ...], Any]], ws_off: Mapping[int, int], ws: int,
@@ -290,17 +325,36 @@ class _LeanPlan:
                      "        return MISS", "    try:", f"        {', '.join(xs)}{',' if n == 1 else ''} = xs"]
             lines += [f"        p{i} = x{i}.data_ptr()" for i in range(n)]
             conds = []
-            for i, (shape, dt, stride, aligned) in enumerate(self.signature):
+            for i, (shape, dt, stride, _) in enumerate(self.signature):
                 env[f"D{i}"] = dt
                 conds.append(f"x{i}.shape != {shape!r} or x{i}.dtype is not D{i} or x{i}.get_device() != DEV or "
-                             f"x{i}.stride() != {stride!r} or (p{i} & 15 {'!=' if aligned else '=='} 0)")
-            return [*lines, "        if (" + "\n                or ".join(conds) + "):", "            return MISS"]
+                             f"x{i}.stride() != {stride!r}")
+            # 16-byte alignment as specialised: one test for the aligned pointers, one per unaligned one
+            on = [f"p{i}" for i, s in enumerate(self.signature) if s[3]]
+            align = ([f"({' | '.join(on)}) & 15"] if on else []) + [
+                f"p{i} & 15 == 0" for i, s in enumerate(self.signature) if not s[3]]
+            check = "(" + "\n                or ".join(conds) + ")"
+            if self.guard is not None:  # the C guard first; the Python check only where it says no
+                env["GUARD"] = self.guard
+                check = f"(not GUARD({', '.join(xs)}) and {check})"
+            lines += [f"        if {check}:", "            return MISS"]
+            if align:
+                lines += [f"        if {' or '.join(align)}:", "            return MISS"]
+            return lines
 
         ptr: dict[tuple[str, int], str] = {("in", i): f"p{i}" for i in range(n)}
         for bi in buf_meta:
             ptr[("buf", bi)] = f"q{bi}" if bi in returned else f"(w + {ws_off[bi]})"
         launch_lines: list[str] = []
+        if self.c_plan is not None:  # every kernel in one C call: the pointers, the rest is in the plan
+            from . import launch
+
+            env["LAUNCH"], env["PLAN"] = launch.module().launch, self.c_plan
+            srcs = [f"p{i}" for i in range(n)] + [f"q{bi}" for bi in self.returned_bufs] + (["w"] if ws else [])
+            launch_lines.append(f"    LAUNCH(PLAN, stream, {', '.join(srcs)})")
         for k, (st, (kern, grid, call)) in enumerate(zip(prog.steps, launches, strict=True)):
+            if self.c_plan is not None:
+                break
             launcher = kern.run
             env[f"F{k}"], env[f"M{k}"] = kern.function, kern.packed_metadata
             args: list[str] = []
@@ -359,20 +413,25 @@ class _LeanPlan:
             for i, (shape, dt, stride, _) in enumerate(self.signature):
                 spans[f"p{i}"] = 0 if 0 in shape else dt.itemsize * (1 + sum((s - 1) * t for s, t in
                                                                               zip(shape, stride, strict=True)))
-            conds = []
+            conds, places = [], []
             for bi in out_bufs:
                 shape, dt = buf_meta[bi]
                 env[f"D_b{bi}"] = dt
                 lines.append(f"        q{bi} = b{bi}.data_ptr()")
                 conds.append(f"b{bi}.shape != {shape!r} or b{bi}.dtype is not D_b{bi} or b{bi}.get_device() != DEV "
-                             f"or b{bi}.stride() != {_contiguous_strides(shape)!r} or (q{bi} & 15 != 0) "
-                             f"or b{bi}.requires_grad")
+                             f"or b{bi}.stride() != {_contiguous_strides(shape)!r} or b{bi}.requires_grad")
+                places.append(f"(q{bi} & 15 != 0)")
                 size = math.prod(shape) * dt.itemsize
                 for p, span in spans.items():  # no overlap with an input or an earlier output
                     if size and span:
-                        conds.append(f"({p} < q{bi} + {size} and q{bi} < {p} + {span})")
+                        places.append(f"({p} < q{bi} + {size} and q{bi} < {p} + {span})")
                 spans[f"q{bi}"] = size
-            lines += ["        if (" + "\n                or ".join(conds) + "):", "            return MISS",
+            check = "(" + "\n                or ".join(conds) + ")"
+            if self.out_guard is not None:  # contiguous, this shape, dtype and device, no grad: one C check
+                env["OGUARD"] = self.out_guard
+                check = f"(not OGUARD({', '.join(outs)}) and {check})"
+            lines += [f"        if {check}:", "            return MISS",
+                      "        if (" + "\n                or ".join(places) + "):", "            return MISS",
                       "    except Exception:", "        return MISS", "    stream = get_stream(DEV)", *body]
             lines.append(f"    bump(({', '.join(outs)},))")
             lines.append("    return out")
@@ -433,6 +492,27 @@ def _raw_allocator() -> tuple[Callable[[int, int], int], Callable[[int], None]] 
 def _copy_each(dst: Sequence[Any], src: Sequence[Any]) -> None:
     for d, s in zip(dst, src, strict=True):
         d.copy_(s)
+
+
+def _tensor_guard(xs: Sequence[Any]) -> Callable[..., bool] | None:
+    """``check(*tensors)``: whether tensors match ``xs`` in Python type, dispatch keys, dtype, device, sizes,
+    strides and requires_grad, in one C call (PyTorch's own tensor guard, the one ``torch.compile`` checks its
+    inputs with), or None where this PyTorch has none (the lean path then checks in Python alone)."""
+    if os.environ.get("VERIMIRAGE_TENSOR_GUARD", "1") == "0":
+        return None
+    try:
+        from torch._C._dynamo.guards import TensorGuards
+
+        # one list of sizes (strides) per tensor, every entry an int: all of them checked (None: not checked)
+        sizes: Any = [list(x.shape) for x in xs]
+        strides: Any = [list(x.stride()) for x in xs]
+        guard = TensorGuards(*xs, dynamic_dims_sizes=sizes, dynamic_dims_strides=strides)
+        if guard.check(*xs) is not True:
+            return None
+    except Exception as e:  # another PyTorch's signature: the Python check alone
+        log.debug("no tensor guard (%s: %s)", type(e).__name__, e)
+        return None
+    return guard.check  # type: ignore[no-any-return]
 
 
 def _device_getter() -> Callable[[], int]:
@@ -508,6 +588,7 @@ class CompiledProgram:
         self._plans: dict[tuple[Any, ...], _LeanPlan] = {}
         self._fast: Callable[..., Any] | None = None
         self._fast_out: Callable[..., Any] | None = None
+        self._out_kw = "out" not in self.input_names  # whether out= names output tensors (not an input)
         self.cuda_graph = cuda_graph
         self._graph: Any = None
         #: the CUDA graph's input buffers (``cuda_graph=True``, after the first call), in input order
@@ -554,12 +635,18 @@ class CompiledProgram:
         return out
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        fast = self._fast
-        if not kwargs and fast is not None:
-            res = fast(*args)
-            if res is not _MISS:
-                return res
-        elif kwargs:
+        if not kwargs:
+            fast = self._fast
+            if fast is not None:
+                res = fast(*args)
+                if res is not _MISS:
+                    return res
+        else:
+            fast_out = self._fast_out
+            if fast_out is not None and len(kwargs) == 1 and self._out_kw and "out" in kwargs:
+                res = fast_out(kwargs["out"], *args)  # positional inputs, out=: straight to the lean runner
+                if res is not _MISS:
+                    return res
             return self._call_kw(args, kwargs)
         if self.cuda_graph:
             return self._call_graph(args, {})
