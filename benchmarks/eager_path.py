@@ -209,7 +209,9 @@ def run_case(src: dict[str, Any], args: argparse.Namespace, t_start: float) -> d
 
     row["lean_equals_forward"] = same_as_out(out_old)
     row["c_launcher_equals_triton_launcher"] = same_as_out(out_before)
-    plan = next(iter(fn._plans.values()))
+    plan = next(iter(fn._plans.values()), None)
+    if plan is None:
+        raise RuntimeError("no lean plan was made for this program")
     row["launcher"], row["tensor_guard"] = plan.launcher, plan.guard is not None
     row["lean_plans"] = len(fn._plans)
     # device time: CUDA-graph replays, warm L2 (do_bench_cudagraph) and cold L2 (do_bench of one call's graph)
@@ -290,6 +292,7 @@ def micro() -> dict[str, float]:
         "python_noop_us": lambda: None,
         "torch_empty_us": lambda: torch.empty((2, 32, 16), dtype=torch.float16, device=x.device),
         "new_empty_us": lambda: x.new_empty((2, 32, 16)),
+        "empty_like_us": lambda: torch.empty_like(x),
         "check_one_input_us": lambda: (x.data_ptr() & 15 != 0 or x.shape != shape or x.dtype is not dt
                                        or x.get_device() != dev or x.stride() != stride),
         "guard_one_input_us": lambda: (x.data_ptr() & 15 or not guard(x)),
