@@ -41,6 +41,12 @@ def _block_merge(r: np.random.Generator) -> bool:
     return _close(sum(sum(f[k] for k in range(a + s * v, a + s * v + s)) for v in range(n)), f[a : a + s * n].sum())
 
 
+def _fold(r: np.random.Generator) -> bool:
+    f = r.standard_normal((12, 5))
+    a, b = 3, 9
+    return _close(sum(f[k, 2] * f[k].sum() for k in range(a, b)), sum(f[v, 2] * f[v].sum() for v in range(a, b)))
+
+
 def _max_merge(r: np.random.Generator) -> bool:
     f = r.standard_normal(30)
     return _close(max(f[0:12].max(), f[8:30].max()), f[0:30].max())
@@ -83,6 +89,7 @@ AXIOMS: dict[str, tuple[str, Checker]] = {
     "sum-split-merge": ("sum_[a,b) f + sum_[b,c) f = sum_[a,c) f", _split_merge),
     "sum-block-merge": ("sum_{v in [0,n)} sum_{k in [a+s*v, a+s*v+s)} f(k) = sum_{k in [a, a+s*n)} f(k)",
                         _block_merge),
+    "sum-fold": ("f(a) + f(a+1) + ... + f(b-1) = sum_[a,b) f (terms equal but for one constant index)", _fold),
     "sum-interchange": ("sum_i sum_j f_ij = sum_j sum_i f_ij (ranges independent of i and j)", _interchange),
     "max-flatten": ("max(max(a, b), c) = max(a, b, c); max(a, a) = a", _max_flatten),
     "max-range-merge": ("max(max_[a,c) f, max_[b,d) f) = max_[a,d) f for a <= b <= c", _max_merge),

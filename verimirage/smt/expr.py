@@ -821,9 +821,94 @@ def canon_sums(p: Poly) -> tuple[Poly, set[str]]:
     d = Derivation()
     tok = activate(d)
     try:
-        return _canon_poly(p), d.laws
+        return _canon_poly(_fold_runs(p)), d.laws
     finally:
         deactivate(tok)
+
+
+#: the placeholder a constant index is replaced by when terms are compared for :func:`_fold_runs`
+_FOLD_VAR = ("A", 0, ((("v", "_fold"), 1),))
+
+
+def _in_consts(t: Any, acc: set[int]) -> None:
+    """Constant indices of the input elements read in ``t``."""
+    if not isinstance(t, tuple) or not t or t[0] == "A":
+        return
+    if t[0] == "in":
+        acc.update(a[1] for a in t[2] if a_is_const(a))
+        return
+    for x in t[1:] if isinstance(t[0], str) else t:
+        _in_consts(x, acc)
+
+
+def _sub_const(t: Any, c: int, rep: Aff) -> Any:
+    """``t`` with every input element index equal to the constant ``c`` replaced by ``rep`` (other index
+    expressions, such as sum bounds, kept; canonical tuples re-sorted)."""
+    if not isinstance(t, tuple) or not t:
+        return t
+    tag = t[0]
+    if tag == "A":
+        return t
+    if tag == "P":
+        return ("P", tuple(sorted(((_sub_const(m, c, rep), k) for m, k in t[1]), key=lambda x: _key(x[0]))))
+    if tag == "in":
+        return ("in", t[1], tuple(rep if a_is_const(a) and a[1] == c else a for a in t[2]))
+    if tag in ("sum", "rng"):
+        return (tag, t[1], t[2], t[3], _sub_const(t[4], c, rep))
+    if tag == "cat":
+        return ("cat", t[1], tuple((lo, hi, _sub_const(q, c, rep)) for lo, hi, q in t[2]))
+    if tag == "max":
+        return ("max", tuple(sorted((_sub_const(i, c, rep) for i in t[1]), key=_key)))
+    if tag == "pt":
+        return ("pt", _sub_const(t[1], c, rep))
+    if tag in ("exp", "sqrt", "inv"):
+        return (tag, _sub_const(t[1], c, rep))
+    if tag == "fn":
+        return ("fn", t[1], _sub_const(t[2], c, rep))
+    return tuple(sorted(((_sub_const(a, c, rep), e) for a, e in t), key=lambda x: _key(x[0])))
+
+
+def _fold_runs(p: Poly) -> Poly:
+    """Terms ``k * f(a) + k * f(a+1) + ... + k * f(b-1)`` (equal but for one constant index, every one of its
+    occurrences in input elements) as ``k * sum_[a,b) f`` (law sum-fold). A split reduction whose every split
+    is one row (cross-entropy's mean over 16 rows in 16 blocks) derives as such a run of terms; the source,
+    as a sum over the rows."""
+    d = der()
+    items = dict(p[1])
+    changed = True
+    while changed:
+        changed = False
+        groups: dict = {}
+        for m, coef in items.items():
+            cs: set[int] = set()
+            _in_consts(m, cs)
+            for c in cs:
+                groups.setdefault((_sub_const(m, c, _FOLD_VAR), coef), {}).setdefault(c, m)
+        used: set = set()
+        for (_, coef), by_c in groups.items():
+            ks = sorted(by_c)
+            runs: list[list[int]] = []
+            for c in ks:
+                if runs and runs[-1][-1] == c - 1:
+                    runs[-1].append(c)
+                else:
+                    runs.append([c])
+            for run in runs:
+                monos = [by_c[c] for c in run]
+                if len(run) < 2 or any(m in used or items.get(m) != coef for m in monos):
+                    continue
+                v = d.fresh(run[0], run[-1] + 1)
+                folded = p_sum(v, p_mono(_sub_const(monos[0], run[0], a_var(v))))
+                d.use("sum-fold")
+                for m in monos:
+                    used.add(m)
+                    del items[m]
+                for m2, c2 in folded[1]:
+                    items[m2] = items.get(m2, 0) + coef * c2
+                    used.add(m2)
+                changed = True
+        items = {m: c for m, c in items.items() if c != 0}
+    return poly(items)
 
 
 def _canon_poly(p: Poly) -> Poly:
