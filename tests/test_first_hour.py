@@ -59,6 +59,29 @@ def test_check_cert_and_show_never_import_torch_or_triton(tmp_path: Path) -> Non
     assert svg.read_text().lstrip().startswith("<svg") or "<svg" in svg.read_text()[:400]
 
 
+def test_check_cert_starts_the_checker_before_numpy() -> None:
+    # start-up of `verimirage check-cert` (issue 26): `import verimirage` loads no numpy, and the checker process is
+    # started before this process imports numpy and the checker's modules, so the two import side by side
+    r = _py(
+        "import sys\nimport verimirage\nprint('NUMPY_ON_IMPORT', 'numpy' in sys.modules)\n"
+        "from verimirage import checkproc\nseen = []\nstart = checkproc.prestart\n"
+        "checkproc.prestart = lambda: (seen.append('numpy' in sys.modules), start())[1]\n"
+        "from verimirage.cli import main\n"
+        f"assert main(['check-cert', {str(GQA_CERT)!r}]) == 0\n"
+        "print('NUMPY_AT_PRESTART', seen, 'SPARE', checkproc._spare)\n"
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "NUMPY_ON_IMPORT False" in r.stdout and "NUMPY_AT_PRESTART [False] SPARE []" in r.stdout, r.stdout
+
+
+def test_unused_prestarted_checker_ends_at_exit() -> None:
+    r = _py("from verimirage import checkproc\ncheckproc.prestart()\nprint('PID', checkproc._spare[0][0].pid)\n",
+            timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    pid = int(r.stdout.split("PID")[1])
+    assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
+
+
 def test_check_cert_summary_is_readable_and_json_is_complete(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check-cert", str(GQA_CERT)]) == 0
     out = capsys.readouterr().out.splitlines()

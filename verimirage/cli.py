@@ -196,11 +196,14 @@ def _jsonable(x: Any) -> Any:
 
 
 def cmd_check_cert(a: argparse.Namespace) -> int:
-    from verimirage.smt.certificate import check_certificate
-
     if not Path(a.path).is_file():
         raise UsageError(f"no such certificate file: {a.path}")
     t0 = time.perf_counter()
+    from verimirage import checkproc
+
+    checkproc.prestart()  # the checker process imports its modules while this one imports numpy and the rest
+    from verimirage.smt.certificate import check_certificate
+
     v = check_certificate(a.path)
     elapsed = time.perf_counter() - t0
     ok = bool(v.proved)
@@ -385,19 +388,34 @@ def _suite_names() -> list[str]:
     return list(names())
 
 
+#: stands for the suite's names in help texts, filled in when the help is printed (the suite imports numpy, which
+#: ``check-cert`` must not wait for before it starts its checker process)
+_SUITE = "{SUITE}"
+
+
+class _Parser(argparse.ArgumentParser):
+    """A subcommand's parser: its help text names the suite's programs where it says :data:`_SUITE`."""
+
+    def format_help(self) -> str:
+        names = ", ".join(_suite_names())
+        self.description = (self.description or "").replace(_SUITE, names)
+        for action in self._actions:
+            action.help = action.help.replace(_SUITE, names) if action.help else action.help
+        return super().format_help()
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for docs and tests)."""
     p = argparse.ArgumentParser(prog="verimirage", description="A verified superoptimizer for tensor programs.")
     p.add_argument("-v", "--verbose", action="count", default=0,
                    help="log progress: -v verimirage at INFO, -vv also egglog (or set VERIMIRAGE_LOG)")
-    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
-    suite = _suite_names()
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND", parser_class=_Parser)
     o = sub.add_parser(
         "optimize", help="search for verified μGraphs of a suite program or a Python file",
         description="Search for verified μGraphs equivalent to a program and print them, best first, with the "
-                    f"search report. Suite programs: {', '.join(suite)}.")
+                    f"search report. Suite programs: {_SUITE}.")
     o.add_argument("target", metavar="NAME_OR_FILE",
-                   help=f"a suite program ({', '.join(suite)}) or a .py file defining a vm.Graph")
+                   help=f"a suite program ({_SUITE}) or a .py file defining a vm.Graph")
     o.add_argument("--batch", type=int, default=1, help="batch size of a suite program (default 1)")
     o.add_argument("--small", action="store_true", help="the small (CPU-interpreter) shapes of a suite program")
     o.add_argument("--out", metavar="DIR", help="write each candidate's certificate and generated kernels here")
@@ -467,11 +485,13 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:  # a malformed VERIMIRAGE_LOG
         print(f"verimirage: error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    from verimirage.ir.errors import GraphError
-
     try:
         return int(args.fn(args))
-    except (UsageError, GraphError) as e:
+    except Exception as e:
+        from verimirage.ir.errors import GraphError  # (imported here: the IR imports numpy, see cmd_check_cert)
+
+        if not isinstance(e, (UsageError, GraphError)):
+            raise
         print(f"verimirage: error: {e}", file=sys.stderr)
         return EXIT_USAGE
 

@@ -30,7 +30,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -58,10 +57,6 @@ MAX_TRIALS = 64
 #: environment variables: the checker process's address-space cap (MiB) and wall-clock limit (s)
 MEMORY_ENV, SECONDS_ENV = "VERIMIRAGE_CHECK_MEMORY_MB", "VERIMIRAGE_CHECK_SECONDS"
 DEFAULT_MEMORY_MB, DEFAULT_SECONDS = 8192, 1800.0
-#: modules the checker process refuses to import (the verifier's fast paths, the search, the backend)
-REFUSED = ("verimirage.smt.ff", "verimirage.smt.verify", "verimirage.smt.prune", "verimirage.smt.perf",
-           "verimirage.rewrite", "verimirage.backend", "verimirage.pipeline", "verimirage.testing", "torch", "triton",
-           "egglog")
 
 
 class CertificateError(GraphError):
@@ -457,19 +452,6 @@ def _text_of(cert: Certificate | ComposedCertificate | str | Path) -> str:
     return text
 
 
-_CHILD = """
-import sys
-class _Refuse:
-    def find_spec(self, name, path=None, target=None):
-        if any(name == r or name.startswith(r + ".") for r in {refused!r}):
-            raise ImportError("the certificate checker does not use " + name)
-        return None
-sys.meta_path.insert(0, _Refuse())
-from verimirage.smt.certificate import _child_main
-_child_main()
-"""
-
-
 def _child_main() -> None:
     """The checker process: read the request from stdin, cap memory, check, write the verdict as JSON."""
     import resource
@@ -494,38 +476,28 @@ def _limit(value: float | None, env: str, default: float) -> float:
         raise GraphError(f"${env}={raw!r}; expected a number") from None
 
 
-#: glibc malloc settings of the checker process (unless set already): big arrays from the heap, kept for reuse,
-#: instead of a fresh mapping (and its page faults) per array (the gqa_bs1 check: 3.1 -> 0.8 s of system time)
-_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(1 << 32),
-           "MALLOC_TOP_PAD_": str(1 << 28)}
-
-
 def _isolated(text: str, known: frozenset[str], timeout_s: float, memory_mb: float, wall_s: float,
               meanwhile: Callable[[], None] = lambda: None) -> Verdict:
-    """:func:`check_text` in a child process capped at ``memory_mb`` MiB and ``wall_s`` seconds; ``meanwhile``
-    runs in this process while the child checks."""
-    root = str(Path(__file__).resolve().parents[2])
-    env = {**_MALLOC, **os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])}
+    """:func:`check_text` in a checker process (:mod:`verimirage.checkproc`) capped at ``memory_mb`` MiB and
+    ``wall_s`` seconds; ``meanwhile`` runs in this process while the child checks."""
+    from .. import checkproc
+
     req = json.dumps({"certificate": text, "known_rules": sorted(known), "timeout_s": timeout_s,
                       "memory_mb": int(memory_mb)})
     t0 = time.monotonic()
-    with tempfile.TemporaryFile("w+") as f_in:  # (a file, so the child reads it while this process works)
-        f_in.write(req)
-        f_in.seek(0)
-        proc = subprocess.Popen([sys.executable, "-c", _CHILD.format(refused=REFUSED)], stdin=f_in,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=root)
-        try:
-            meanwhile()
-            stdout, stderr = proc.communicate(timeout=max(0.0, wall_s - (time.monotonic() - t0)))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-            return _reject(f"the check ran past its time limit ({wall_s:g} s, ${SECONDS_ENV})")
-        except BaseException:
-            proc.kill()
-            proc.communicate()
-            raise
+    proc, stdin = checkproc.take()
+    checkproc.send(stdin, req)
+    try:
+        meanwhile()
+        stdout, stderr = proc.communicate(timeout=max(0.0, wall_s - (time.monotonic() - t0)))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        return _reject(f"the check ran past its time limit ({wall_s:g} s, ${SECONDS_ENV})")
+    except BaseException:
+        proc.kill()
+        proc.communicate()
+        raise
     try:
         out = json.loads(stdout.rstrip().rsplit("\n", 1)[-1])
     except (json.JSONDecodeError, IndexError):
@@ -601,6 +573,10 @@ _MAKER = ("certify", "make_certificate", "regenerate_proofs", "tool_versions", "
 
 
 def __getattr__(name: str) -> Any:
+    if name in ("REFUSED", "_CHILD"):  # (the checker process's settings live in verimirage.checkproc)
+        from .. import checkproc
+
+        return getattr(checkproc, name)
     if name in _MAKER:
         from . import certify
 
