@@ -226,6 +226,26 @@ def test_c_launcher_passes_what_triton_would(name: str, monkeypatch: pytest.Monk
 
 
 @cpu_only
+@pytest.mark.parametrize("template_bytes", [0, 1 << 18])
+def test_lean_outputs_are_fresh_tensors(template_bytes: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each plain call returns new output tensors: from ``empty_like`` of a kept template (small outputs) or
+    ``new_empty`` (outputs over the template size), never a buffer an earlier call returned."""
+    monkeypatch.setattr(runtime, "_TEMPLATE_BYTES", template_bytes)
+    g, prog = program("ntrans")
+    _Recorder(prog, monkeypatch)
+    xs = inputs_for(g)
+    held = [prog(*xs) for _ in range(3)]
+    plan = next(iter(prog._plans.values()))
+    assert ("empty_like(T" in plan.source) == (template_bytes > 0)
+    assert ("new_empty(" in plan.source) == (template_bytes == 0)
+    ptrs = [o.data_ptr() for outs in held for o in outs]
+    assert len(set(ptrs)) == len(ptrs)
+    for outs in held:
+        for o, t in zip(outs, prog.output_types, strict=True):
+            assert tuple(o.shape) == t.shape and o.is_contiguous()
+
+
+@cpu_only
 def test_lean_path_rejects_wrong_inputs_with_the_same_messages(monkeypatch: pytest.MonkeyPatch) -> None:
     g, prog = program("ntrans")
     _Recorder(prog, monkeypatch)
