@@ -1,7 +1,7 @@
 """GPU measurement of the eager path (issue 28): host cost of a verimirage call against PyTorch's.
 
     python benchmarks/eager_path.py [--cases gqa_bs8 ...] [--out DIR] [--budget-s 330] [--set models]
-    python benchmarks/eager_path.py --merge RUN.json [--results benchmarks/results/latest.json]
+    python benchmarks/eager_path.py --merge RUN.json [--results benchmarks/results/latest.json] [--key K --note N]
 
 For every suite case of ``benchmarks/results/latest.json`` (the harness's last run; ``--set models``: every
 models-set case of ``models.json``, candidates from ``candidates_models/``) it compiles the μGraph
@@ -364,27 +364,36 @@ MERGED = ("kernels", "launcher", "tensor_guard", "vm_graph_us", "vm_graph_cold_u
           "inductor_err", "lean_equals_forward", "c_launcher_equals_triton_launcher", "out_equals_forward")
 
 
-def merge(run: dict[str, Any], results: Path, source: str) -> int:
+def merge(run: dict[str, Any], results: Path, source: str, key: str = "eager_path", note: str = "") -> int:
     """Write one eager-path run's plain and graph fields into the harness's results (``latest.json``): per row
-    under ``eager_path`` (the run's own figures, from its device), and the run's device and date at the top."""
+    under ``key`` (the run's own figures, from its device), and the run's device, date and pieces at the top
+    under the same key (``note``: what the run was, e.g. which code)."""
     doc = json.loads(results.read_text())
     by_case = {r["case"]: r for r in run["rows"] if "error" not in r}
     n = 0
     for row in doc["rows"]:
         r = by_case.get(row["case"])
         if r is None:
-            row.pop("eager_path", None)
+            row.pop(key, None)
             continue
-        row["eager_path"] = {k: r[k] for k in MERGED if k in r}
+        row[key] = {k: r[k] for k in MERGED if k in r}
         n += 1
-    doc["eager_path"] = {k: run[k] for k in ("device", "capability", "date", "torch", "triton", "selected_from")
-                         if k in run} | {"source": source, "micro": run.get("micro", {}), "cases": n,
-                                         "fields": "per row under eager_path: benchmarks/eager_path.py's fields "
-                                                   "(µs; *_graph_us: CUDA-graph replay, *_plain_us: do_bench, "
-                                                   "*_host_us / *_loop_us: host / wall time per call of a loop "
-                                                   "of calls, vm_out_*: with out= tensors)"}
+    doc[key] = {k: run[k] for k in ("device", "capability", "date", "torch", "triton", "selected_from")
+                if k in run} | {"source": source, "note": note, "micro": run.get("micro", {}), "cases": n,
+                                "fields": FIELDS}
     results.write_text(json.dumps(doc, indent=1) + "\n")
     return n
+
+
+FIELDS = ("per row: benchmarks/eager_path.py's fields, µs. vm_graph_us: CUDA-graph replay, warm L2 "
+          "(do_bench_cudagraph); vm_graph_cold_us: one call's graph under do_bench (L2 cleared); vm_plain_us: "
+          "do_bench of the plain call (L2 cleared; host hidden behind the clearing memset); vm_plain_warm_us: "
+          "events around back-to-back calls (warm L2); vm_host_us: host time of one call, measured by the CPU "
+          "clock with the GPU asleep (median) = the host overhead; host_per_launch_us = vm_host_us / kernels; "
+          "vm_out_*: with out= tensors; cold_/warm_plain_minus_graph_per_launch_us: the issue's (plain - graph)/k "
+          "in one cache state; mixed_: cold plain minus warm graph (the earlier runs' figure); vm_launch_only_us: "
+          "the C launcher call alone; vm_before_host_us: the lean path with Triton's launchers and the Python "
+          "check (run 5's code); eager_*, inductor_*: PyTorch eager and torch.compile by the same measures")
 
 
 def main() -> int:
@@ -399,6 +408,8 @@ def main() -> int:
     ap.add_argument("--out", default=os.environ.get("OUT") or str(HERE / "results"))
     ap.add_argument("--no-inductor", action="store_true")
     ap.add_argument("--budget-s", type=float, default=330.0, help="no new torch.compile after this many seconds")
+    ap.add_argument("--key", default="eager_path", help="with --merge: the row key the fields go under")
+    ap.add_argument("--note", default="", help="with --merge: what the run was (kept with its device and date)")
     ap.add_argument("--merge", type=Path, default=None, metavar="RUN_JSON",
                     help="no measurement: write RUN_JSON's fields into --results (rows' eager_path) and exit")
     args = ap.parse_args()
@@ -407,7 +418,7 @@ def main() -> int:
     args.candidates = args.candidates or HERE / ("candidates_models" if models else "candidates")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     if args.merge is not None:
-        n = merge(json.loads(args.merge.read_text()), args.results, str(args.merge.name))
+        n = merge(json.loads(args.merge.read_text()), args.results, str(args.merge), args.key, args.note)
         log.info("merged %d case(s) of %s into %s", n, args.merge, args.results)
         return 0
     if not torch.cuda.is_available():

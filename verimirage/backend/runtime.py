@@ -198,10 +198,13 @@ class _LeanPlan:
     ``triton.compiler.CompiledKernel``). Every launch's grid, launch parameters and integer arguments are then
     fixed; only data pointers change. Two small functions are generated from that (see :meth:`_source`):
 
-    * ``run(*xs)`` checks the signature (returning :data:`_MISS` on any difference, so the checked path runs),
-      allocates the program's outputs, takes the workspace for its intermediate values and calls each kernel's
-      Triton launcher directly, with no argument specialisation, cache-key hashing or launch hooks on the way;
-      it returns what the program returns (one tensor, or a tuple);
+    * ``run(*xs)`` checks the signature (PyTorch's C tensor guard, else the same check in Python; returning
+      :data:`_MISS` on any difference, so the checked path runs), allocates the program's outputs, takes the
+      workspace for its intermediate values and launches every kernel in one call of the program-wide C
+      launcher (:mod:`.launch`: parameters packed here, pointers filled per call), or, where that launcher
+      does not serve a kernel, calls each kernel's Triton launcher directly; no argument specialisation,
+      cache-key hashing or launch hooks on the way. It returns what the program returns (one tensor, or a
+      tuple);
     * ``run_out(out, *xs)`` does the same into caller-provided output tensors (``out=``): no allocation. It also
       checks that each ``out`` tensor has the program's output shape, dtype, device, contiguous layout and a
       16-byte aligned pointer, overlaps no input and no other output and does not require grad (else
@@ -564,9 +567,10 @@ class CompiledProgram:
 
     **Launch cost.** On a GPU, a call with positional inputs whose signature
     (shapes, dtypes, strides, 16-byte alignment, device) was seen before takes
-    the *lean path*: a generated function checks that signature and launches
-    the already compiled kernels through Triton's C launcher, with one
-    allocation per output and one workspace for intermediate values
+    the *lean path*: a generated function checks that signature (one C call)
+    and launches the already compiled kernels (one C call for all of them,
+    :mod:`verimirage.backend.launch`), with one allocation per output and one
+    workspace for intermediate values
     (:class:`_LeanPlan`). Any difference falls back to the checked path,
     which raises the clear error for wrong inputs, or compiles and remembers a
     plan for the new signature. In Triton's interpreter every call takes the
@@ -906,7 +910,7 @@ def compile(
     ``fn(*tensors, out=t)`` (a tuple for several outputs) writes the results
     into the caller's tensors instead of allocating them. On a GPU, repeated
     calls with inputs of the same shapes, dtypes, strides and device take a
-    lean launch path (a cached signature check, then Triton's C launchers);
+    lean launch path (a cached signature check, then one C call that launches every kernel);
     wrong inputs still get the clear errors.
     """
     if not isinstance(cuda_graph, bool):
