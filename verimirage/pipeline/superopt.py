@@ -734,7 +734,9 @@ def _lower_phase(run: _Run) -> None:
             if c.infeasible:
                 prune(c.reason.split(" (")[0])
                 continue
-            pool.append(((c.time_s, low.mugraph.num_kernels, gi, li), low, c, gi))
+            # equal estimates (memory-bound kernels moving the same bytes) go to fewer flops: a rewrite that
+            # simplifies without moving fewer bytes (x*y + x*z -> x*(y+z)) is otherwise never tried
+            pool.append(((c.time_s, low.mugraph.num_kernels, c.tc_flops + c.other_flops, gi, li), low, c, gi))
         if time.perf_counter() - t_start > 0.8 * time_budget_s:
             rep.notes.append("lowering stopped early: time budget")
             break
