@@ -9,7 +9,9 @@ here is the Python around the launches: the signature check, output allocation, 
 Per call it records the **count** of Python function calls and C function calls (``sys.setprofile``
 events; deterministic, unlike times on a shared machine) and the best-of-N wall time (indicative only), for:
 
-* ``call``: ``prog(*xs)`` (fresh outputs), and ``call_out``: ``prog(*xs, out=outs)`` (caller's outputs);
+* ``call``: ``prog(*xs)`` (fresh outputs), and ``call_out``: ``prog(*xs, out=outs)`` (caller's outputs), through
+  the program-wide C launcher (its plan made by the real extension, its launch call the C no-op);
+* ``call_triton_launchers``: ``prog(*xs)`` with Triton's launcher called per kernel (``VERIMIRAGE_LAUNCHER=triton``);
 * ``checked``: the same call through the checked path (``_bind`` + the generated ``forward``, launches
   recorded by the mocked ``JITFunction.run``) — what every call paid before the lean path;
 * the pieces: one ``torch.empty``-class allocation (``new_empty``) and one ``torch.add`` on these CPU tensors.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import timeit
 from pathlib import Path
@@ -47,12 +50,33 @@ class _Launcher:
 
 class _Kernel:
     function, packed_metadata, run = 0, (4, 1, 0), _Launcher()
+    src: Any = None
+    metadata: Any = None
 
 
 def _mock(prog: Any) -> None:
-    """Replace Triton's launches (and the CUDA-only pieces the lean path reads) by no-ops on CPU tensors."""
+    """Replace Triton's launches (and the CUDA-only pieces the lean path reads) by no-ops on CPU tensors. The
+    program-wide C launcher's plan is the real one (made without the driver's layout check); its launch call is
+    the C no-op too."""
+    from types import SimpleNamespace
+
+    from verimirage.backend import launch
+
     for k in prog.kernels:
-        getattr(prog.module, k.name).run = lambda *a, grid, warmup, **kw: _Kernel()
+        sig = prog.module.SIGNATURES[k.name]
+
+        def run(*a: Any, grid: Any, warmup: bool, _sig: dict[str, str] = sig, **kw: Any) -> Any:
+            kern = _Kernel()
+            kern.src = SimpleNamespace(signature={n: "constexpr" if isinstance(v, int) and v == 1 else t
+                                                  for (n, t), v in zip(_sig.items(), a, strict=True)})
+            kern.metadata = SimpleNamespace(num_ctas=1)
+            return kern
+
+        getattr(prog.module, k.name).run = run
+    real = launch.module()
+    if real is not None:
+        launch.module = lambda: SimpleNamespace(  # type: ignore[assignment]
+            make=lambda dev, n, entries, check: real.make(dev, n, entries, False), launch="".format)
     held: dict[int, torch.Tensor] = {}
 
     def alloc(n: int, stream: int) -> int:
@@ -103,7 +127,17 @@ def measure(name: str) -> dict[str, Any]:
     out = outs[0] if len(outs) == 1 else outs
     row: dict[str, Any] = {"name": name, "inputs": len(xs), "kernels": len(prog.kernels)}
     prog(*xs)
+    row["launcher"] = next(iter(prog._plans.values())).launcher
     row["call"] = count(lambda: prog(*xs)) | {"us": best_us(lambda: prog(*xs))}
+    os.environ["VERIMIRAGE_LAUNCHER"] = "triton"  # the same lean path with Triton's launcher per kernel
+    try:
+        tri = vm.compile(prog.mugraph)
+        _mock(tri)
+        tri(*xs)
+        tri(*xs)
+    finally:
+        del os.environ["VERIMIRAGE_LAUNCHER"]
+    row["call_triton_launchers"] = count(lambda: tri(*xs)) | {"us": best_us(lambda: tri(*xs))}
     try:
         prog(*xs, out=out)
         row["call_out"] = count(lambda: prog(*xs, out=out)) | {"us": best_us(lambda: prog(*xs, out=out))}
@@ -129,7 +163,7 @@ def main() -> int:
     rows = [measure(n) for n in args.names]
     for r in rows:
         parts = [f"{r['name']}: {r['inputs']} inputs, {r['kernels']} kernel(s)"]
-        for k in ("call", "call_out", "checked"):
+        for k in ("call", "call_out", "call_triton_launchers", "checked"):
             if k in r:
                 parts.append(f"{k} {r[k]['py_calls']} py + {r[k]['c_calls']} C calls, {r[k]['us']:.2f} µs")
         parts.append(f"new_empty {r['new_empty_us']:.2f} µs, torch.add {r['torch_add_us']:.2f} µs")
