@@ -32,6 +32,7 @@ def test_entry_drops_specialised_integers_and_fills_pointer_slots() -> None:
     fn, gx, gy, gz, block, shared, values, slots, sizes = entry
     assert (fn, gx, gy, gz, block, shared) == (77, 3, 2, 1, 128, 2048)
     assert sizes == [8, 4, 8, 8, 8, 8]  # pointer, i32, pointer, i64, then Triton's two scratch pointers
+    assert values == [0, 64, 0, (-5) & 0xFFFFFFFFFFFFFFFF, 0, 0]  # pointer slots hold 0 until a call fills them
     assert slots == [(0, 0, 0), (2, 2, 256)]
     plan = launch.make_plan(0, 3, [entry], check=False)
     got = launch.module().params(plan, 0, 1000, 2000, 3000)
