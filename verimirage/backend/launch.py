@@ -17,6 +17,9 @@ no scratch buffers, integer and pointer parameters.
 
 The extension is compiled once per machine with Triton's own helper (the C compiler Triton needs for its
 launchers) and cached by Triton; nothing is linked at build time (``libcuda.so.1`` is opened at run time).
+``VERIMIRAGE_LAUNCHER=triton`` in the environment (read when a plan is made) keeps Triton's launchers, and
+``VERIMIRAGE_TENSOR_GUARD=0`` the lean path's Python signature check alone (for comparison, or should either
+misbehave on another PyTorch or Triton).
 """
 
 from __future__ import annotations

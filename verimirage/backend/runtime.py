@@ -213,6 +213,10 @@ class _LeanPlan:
       ``None`` where a program output is an input itself or one buffer is returned twice (the checked path
       serves those).
 
+    Outputs of at most ``_TEMPLATE_BYTES`` (256 KiB) are allocated by ``torch.empty_like`` of a template of
+    their shape that the plan keeps (one such buffer per small output, held as long as the program); larger ones
+    by ``new_empty``.
+
     The workspace is one allocation: a buffer kept for the stream that first called (reused by later calls
     on that stream, which run after the earlier calls' kernels) and a fresh allocation from PyTorch's caching
     allocator, given back after the launches are queued, on any other stream or while a CUDA graph is being
