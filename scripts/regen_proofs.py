@@ -1,8 +1,11 @@
 """Regenerate proofs/: the certificate of the best verified candidate of every suite graph (batch 1 and 8).
 
     python scripts/regen_proofs.py [--names gqa lora ...] [--batches 1 8] [--out proofs]
+    python scripts/regen_proofs.py --recertify proofs/gated_mlp_bs1.json ... [--timeout-s 300]
 
-Each file is re-checked with the independent checker before it is kept.
+Each file is re-checked with the independent checker before it is kept. ``--recertify`` re-makes the given
+certificates for the same program pair (their own graph and candidate texts, rules, Triton hash) after a
+change of the verifier's meanings (an op's exact meaning changes the recorded queries), without a search.
 """
 
 from __future__ import annotations
@@ -21,8 +24,12 @@ def main() -> int:
     ap.add_argument("--names", nargs="*", default=vm.benchmarks.names())
     ap.add_argument("--batches", nargs="*", type=int, default=[1, 8])
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "proofs"))
+    ap.add_argument("--recertify", nargs="*", default=None, help="certificate files to re-make in place")
+    ap.add_argument("--timeout-s", type=float, default=300.0, help="--recertify: the verifier's Z3 time limit")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    if args.recertify is not None:
+        return recertify([Path(p) for p in args.recertify], args.timeout_s)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     failed = 0
@@ -42,6 +49,30 @@ def main() -> int:
             failed += not ok
             logging.info("%s bs%d: %d kernel(s), %.1f s, re-check %s", name, b, res.best.mugraph.num_kernels,
                          time.perf_counter() - t0, type(v).__name__)
+    return 1 if failed else 0
+
+
+def recertify(paths: list[Path], timeout_s: float) -> int:
+    """Re-make each certificate in ``paths`` for its own pair; 1 if any is not Proved or fails its re-check."""
+    from verimirage.smt.certificate import Certificate
+    from verimirage.smt.certify import make_certificate
+
+    failed = 0
+    for path in paths:
+        t0 = time.perf_counter()
+        old = Certificate.load(path)
+        g, mg = vm.Graph.parse(old.graph_text), vm.MuGraph.parse(old.mugraph_text)
+        v = vm.verify(g, mg, timeout_s=timeout_s)
+        if not isinstance(v, vm.Proved):
+            logging.error("%s: %s", path, v.reason)
+            failed += 1
+            continue
+        cert = make_certificate(g, mg, v, old.rules, old.trusted_rules, old.triton_source_sha256,
+                                timeout_s=timeout_s)
+        cert.save(str(path))
+        ok = isinstance(vm.check_certificate(str(path)), vm.Proved)
+        failed += not ok
+        logging.info("%s: %.1f s, re-check %s", path, time.perf_counter() - t0, "Proved" if ok else "FAILED")
     return 1 if failed else 0
 
 

@@ -834,7 +834,8 @@ _TRANSCENDENTAL: list[tuple[str, Callable[[np.ndarray], np.ndarray], str, str, H
 ]
 for _name, _f, _doc, _fam, _hgo in _TRANSCENDENTAL:
     _unary(_name, _f, _doc, family=_fam, degree=_deg_opaque, homog=_hgo)
-OPS["sigmoid"].hooks["uses_exp"] = True  # exact through exp in the verifier's domains: 1 / (1 + exp(-x))
+for _name in ("sigmoid", "tanh", "silu"):  # exact through exp in the verifier's domains: 1 / (1 + exp(-x))
+    OPS[_name].hooks["uses_exp"] = True
 _unary("reciprocal", lambda x: 1.0 / x, "1 / x", degree=_deg_max, homog=_h_times(Fraction(-1)))
 define_op("pow", 1, _U, _attr_rule("pow", "c"), lambda args, attrs, it, ot: np.power(args[0], float(attrs["c"])),
           "x ** c for a Python constant c", attrs=("c",), attr_kinds=_FLOAT_C, degree=_deg_pow,
@@ -1114,7 +1115,7 @@ FAMILY_EXP = "exp"
 #: (:mod:`verimirage.smt.prune`); a family not listed is accounted for by itself only
 FAMILY_COVERS: dict[str, tuple[str, ...]] = {
     "max": ("max", "exp", "relu", "clamp", "leaky_relu", "abs"),
-    "exp": ("exp", "sigmoid"),  # sigmoid-def writes sigmoid with an exp
+    "exp": ("exp", "sigmoid", "tanh", "silu"),  # sigmoid-def writes sigmoid with an exp
     "sigmoid": ("sigmoid", "silu", "tanh", "gelu", "exp"),
     "tanh": ("tanh", "sigmoid", "silu", "gelu", "exp"),
     "softplus": ("softplus", "log", "exp"),

@@ -2,7 +2,8 @@
 
 A :class:`Rule` is written once, as a left and a right :class:`Pat` over
 tensor variables (:class:`PVar`) and attribute variables (:class:`AVar`), with
-shape guards (:class:`SameRank`, :class:`DimIsOne`, :class:`SameDim`, :class:`RankIs`). From that
+shape guards (:class:`SameRank`, :class:`DimIsOne`, :class:`SameDim`, :class:`RankIs`) and value guards
+(:class:`Positive`: a variable's value is > 0 by the e-graph's sign facts). From that
 one definition come
 
 * the egglog ``rewrite(...).to(..., guards)`` used by the search
@@ -163,7 +164,21 @@ class SameDim:
     axis: int | AVar | RankMinus
 
 
-Guard = SameRank | RankIs | DimIsOne | SameDim
+@dataclass(frozen=True)
+class Positive:
+    """Value guard: every element of ``var`` is > 0, by the e-graph's sign facts
+    (:mod:`verimirage.rewrite.signs`: exp, a sum of exps, a square plus a positive constant, ...), which are
+    the verifier's definedness facts (:mod:`verimirage.smt.defined`), so a candidate the rule makes is defined
+    where the source is.
+
+    The soundness instances put ``exp(v)`` (``v`` a fresh input of the variable's shape) in the variable's
+    place: every positive real is ``exp`` of a real, so proving the rule there proves it for every positive
+    value, and for no other (``log(a * b) = log a + log b`` is not proved without the guard)."""
+
+    var: PVar
+
+
+Guard = SameRank | RankIs | DimIsOne | SameDim | Positive
 
 
 @dataclass(frozen=True)
@@ -267,6 +282,10 @@ class Rule:
                 d0 = L.dim(tvar(g.vars[0]), attr("axis", g.axis))
                 for v in g.vars[1:]:
                     facts.append(eq(L.dim(tvar(v), attr("axis", g.axis))).to(d0))
+            elif isinstance(g, Positive):
+                from .signs import t_pos
+
+                facts.append(t_pos(tvar(g.var)))
         rhs = build(self.rhs)
         return rewrite(lhs).to(rhs, *facts)
 
@@ -290,9 +309,12 @@ class Rule:
                 return 1.0 / shapes[val.var.name][attr(val.axis)]
             return val
 
+        positive = {g.var.name for g in self.guards if isinstance(g, Positive)}
+
         def term(p: Pat | PVar) -> Term:
             if isinstance(p, PVar):
-                return Term("input", (("name", p.name),), ())
+                leaf = Term("input", (("name", p.name),), ())
+                return Term("exp", (), (leaf,)) if p.name in positive else leaf  # every positive value
             attrs = tuple(sorted((k, attr(v)) for k, v in p.attrs))
             return Term(p.op, attrs, tuple(term(a) for a in p.args))
 
@@ -306,6 +328,8 @@ class Rule:
                 ok = shapes[g.var.name][attr(g.axis)] == 1
             elif isinstance(g, SameDim):
                 ok = len({shapes[v.name][attr(g.axis)] for v in g.vars}) == 1
+            elif isinstance(g, Positive) and g.var not in _pvars(self.lhs):
+                raise RuleError(f"rule {self.name!r}: guard {g} names a variable the lhs does not have")
             if not ok:
                 raise RuleError(f"rule {self.name!r}: instance {inst} violates guard {g}")
         names = sorted(v.name for v in _pvars(self.lhs))
@@ -395,6 +419,11 @@ class Rule:
                 seen.add(v)
                 out.append((v, what))
         return out
+
+    @property
+    def value_guarded(self) -> bool:
+        """Whether a guard of the rule is about values (:class:`Positive`): the search then derives sign facts."""
+        return any(isinstance(g, Positive) for g in self.guards)
 
     def __str__(self) -> str:
         guards = f" if {', '.join(map(str, self.guards))}" if self.guards else ""

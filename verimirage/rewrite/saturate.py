@@ -56,6 +56,10 @@ def _main_ruleset(rules: Sequence[Rule], tag: str) -> tuple[Any, dict[str, str]]
         main.register(rw)
         for k in keys:
             by_key[k] = r.name
+    if any(r.value_guarded for r in rules):  # the sign facts the value guards read
+        from .signs import sign_rules
+
+        main.register(*sign_rules())
     return main, by_key
 
 
@@ -93,6 +97,8 @@ def saturate(
         stats.iterations = it + 1
         for key, n in getattr(rep, "num_matches_per_rule", {}).items():
             name = by_key.get(str(key), str(key))
+            if name not in by_key.values() and ("t_pos" in name or "t_nonneg" in name):
+                continue  # a sign rule (an analysis, not a rewrite)
             if n:
                 stats.fired[name] = stats.fired.get(name, 0) + int(n)
         n_nodes = _num_nodes(eg)

@@ -224,7 +224,7 @@ def uninterpreted(op: str) -> Callable[..., Sym]:
     return fn
 
 
-for _n in ("silu", "gelu", "relu", "tanh", "erf", "softplus", "abs", "clamp", "leaky_relu", "step"):
+for _n in ("gelu", "relu", "erf", "softplus", "abs", "clamp", "leaky_relu", "step"):
     implements("abstract", _n)(uninterpreted(_n))
 # log: uninterpreted, after its argument's exp factors are taken out (law log-exp)
 implements("abstract", "log")(_ew1(E.p_log))
@@ -235,6 +235,9 @@ def _sigmoid(x: E.Poly) -> E.Poly:
 
 
 implements("abstract", "sigmoid")(_ew1(_sigmoid))
+# tanh(x) = 2 sigmoid(2x) - 1, silu(x) = x sigmoid(x): exact, as in the finite field's p-part
+implements("abstract", "tanh")(_ew1(lambda x: E.p_add(E.p_scale(_sigmoid(E.p_scale(x, 2)), 2), E.p_const(-1))))
+implements("abstract", "silu")(_ew1(lambda x: E.p_mul(x, _sigmoid(x))))
 @implements("abstract", "slice")
 def _abs_slice(args: list[Sym], attrs: dict[str, Any], in_types: Any, out_types: Any) -> Sym:
     """Element i along the axis is element start + i of the operand."""

@@ -79,6 +79,10 @@ AXIOMS: dict[str, tuple[str, Checker]] = {
                 lambda r: _close(*(lambda u, y: (np.log(np.exp(u) * y), u + np.log(y)))(
                     r.standard_normal(), r.uniform(0.1, 5))) and _close(*(lambda u: (np.log(np.exp(u)), u))(
                     r.standard_normal()))),
+    "log-mul": ("log(a**e * y) = e log(a) + log(y), log(1 / P) = -log(P) (for log |.|; log on positive values)",
+                lambda r: _close(*(lambda a, e, y: (np.log(np.abs(a**e * y)), e * np.log(np.abs(a)) + np.log(np.abs(y))))(
+                    r.uniform(-3, 3), float(r.integers(-3, 4)), r.uniform(-3, 3))) and _close(
+                    *(lambda p: (np.log(1 / p), -np.log(p)))(r.uniform(0.1, 5)))),
     "sum-distribute": ("sum_i (f_i + g_i) = sum_i f_i + sum_i g_i", lambda r: _close(
         *(lambda f, g: ((f + g).sum(), f.sum() + g.sum()))(r.standard_normal(9), r.standard_normal(9)))),
     "sum-const": ("sum_{i in [lo,hi)} c = (hi - lo) * c", lambda r: _close(

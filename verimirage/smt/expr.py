@@ -484,32 +484,41 @@ def p_exp(x: Poly) -> Poly:
 
 
 def p_log(x: Poly) -> Poly:
-    """``log(x)`` with the exp factors of ``x`` taken out: ``log(exp(u) * y) = u + log(y)`` (law ``log-exp``;
-    both sides are defined exactly where ``y > 0``, as ``exp(u) > 0``), so ``log(exp(u)) = u``. The exp
-    factors are those of a single term, or the common monomial factor of several (``x = c * m * P``); what
-    is left is the atom ``("fn", "log", y)``, the uninterpreted log."""
+    """``log(x)`` with the factors of ``x`` taken out: ``log(exp(u) * y) = u + log(y)`` (law ``log-exp``;
+    both sides are defined exactly where ``y > 0``, as ``exp(u) > 0``), so ``log(exp(u)) = u``; and
+    ``log(a**e * y) = e log(a) + log(y)`` for the other atoms ``a`` (law ``log-mul``; ``log(inv(P)) =
+    -log(P)``). The factors are those of a single term, or the common monomial factor of several
+    (``x = c * m * P``); what is left is the atom ``("fn", "log", y)``, the uninterpreted log.
+
+    ``log-mul`` holds for ``log |.|`` everywhere (``log|a b| = log|a| + log|b|``), and on positive values
+    ``log |.|`` is log; it is no law of log where a factor is negative: there the split form is less
+    defined, which the definedness check (:mod:`verimirage.smt.defined`) refuses unless the signs of the
+    factors are known."""
     if len(x[1]) == 1:
         mono, c = x[1][0]
-        rest_of = lambda keep: p_mono(keep, c)  # noqa: E731
+        rest = p_const(c)
     elif x[1]:
         c, mono, prim = _content(x)
-        rest_of = lambda keep: p_mul(p_mono(keep, c), prim)  # noqa: E731
+        rest = p_scale(prim, c)
     else:
         return p_fn("log", x)
-    exps = [(a, e) for a, e in mono if a[0] == "exp"]
-    if not exps:
+    if not mono:
         if p_is_const(x) == 1:  # log(1) = log(exp(0)) = 0
             der().use("log-exp")
             return poly({})
         return p_fn("log", x)
-    der().use("log-exp")
+    others = [(a, e) for a, e in mono if a[0] != "exp"]
+    if len(others) == 1 and others[0][1] == 1 and others[0][0][0] != "inv" and len(mono) == 1:
+        return p_fn("log", x)  # log of one atom (times a constant): nothing to take out
     u = poly({})
-    for a, e in exps:
-        u = p_add(u, p_mono(a[1], e))
-    rest = rest_of(tuple((a, e) for a, e in mono if a[0] != "exp"))
-    if p_is_const(rest) == 1:
-        return u
-    return p_add(u, p_fn("log", rest))
+    for a, e in mono:
+        if a[0] == "exp":
+            der().use("log-exp")
+            u = p_add(u, p_mono(a[1], e))
+        else:
+            der().use("log-mul")
+            u = p_add(u, p_scale(p_scale(p_log(a[1]), -1) if a[0] == "inv" else p_fn("log", p_atom(a)), e))
+    return u if p_is_const(rest) == 1 else p_add(u, p_fn("log", rest))
 
 
 def p_sqrt(x: Poly) -> Poly:

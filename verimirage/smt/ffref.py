@@ -18,8 +18,11 @@ Meanings (those documented in :mod:`verimirage.smt.ff`):
   constants are exact rationals; ``div`` multiplies by the inverse, the inverse of 0 being 0;
 * ``exp(x) = g ** (q-part of x) mod p``, with no meaningful q-part; exp of a meaningless q-part is a
   *violation* (counted; the trial then answers unknown);
-* ``silu, gelu, relu, sqrt``: a keyed random function (splitmix64) of the p-residue gives both parts;
+* ``gelu, relu, sqrt``: a keyed random function (splitmix64) of the p-residue gives both parts;
   ``rsqrt`` is the inverse of ``sqrt``'s; ``rms_norm(x) = x * rsqrt(mean(x*x) + eps) [* w]``;
+* ``sigmoid(x) = 1 / (1 + exp(-x))``, ``tanh(x) = 2 sigmoid(2x) - 1``, ``silu(x) = x sigmoid(x)`` in the
+  p-part, the q-part a keyed random function of the p-residue; both parts that function where the argument
+  has no meaningful q-part (:func:`_via_exp`);
 * ``log``: the p-part is a keyed random function of the p-residue (as for ``tanh``); the q-part is the
   discrete log: ``k`` for a p-residue ``+-g**k``, meaningless for 0 (:func:`_log_table`); a program in
   which an exp reads a log's value is not tested (:func:`exp_after_log`: ``exp(log y)`` is ``+-y`` there);
@@ -125,7 +128,7 @@ def _log_table(f: Field) -> np.ndarray:
 
 
 #: ops whose meaning reads an operand's q-part through exp (at kernel, block or thread level)
-_EXP_READERS = frozenset({"exp", "sigmoid", "rescaled_sum"})
+_EXP_READERS = frozenset({"exp", "sigmoid", "tanh", "silu", "rescaled_sum"})
 
 
 def _subs(n: Any) -> list[Any]:
@@ -137,7 +140,10 @@ def _log_flow(g: Any, taint_in: Sequence[bool]) -> tuple[bool, list[bool]]:
     """Whether an exp of ``g`` reads a value computed from a log, and which nodes' values are (``taint_in``:
     those of ``g``'s operands, by a block input's ``arg`` or a thread input's ``index``)."""
     tainted: list[bool] = []
+    square: list[bool] = []  # values that are squares in the field (g**k): exp(log y) is y exactly for them
     for n in node_list(g):
+        square.append(n.op in ("exp", "square") or (n.op in ("mul", "div", "reciprocal") and bool(n.args)
+                                                     and all(square[a] for a, _ in n.args)))
         t = any(tainted[a] for a, _ in n.args)
         if n.op in ("input", "arg") and not n.args:
             k = n.attr("arg" if n.op == "input" else "index")
@@ -149,7 +155,7 @@ def _log_flow(g: Any, taint_in: Sequence[bool]) -> tuple[bool, list[bool]]:
             t = t or any(ts)
         if n.op in _EXP_READERS and t:
             return True, tainted
-        tainted.append(t or n.op == "log")
+        tainted.append(t or (n.op == "log" and not square[n.args[0][0]]))
     return False, tainted
 
 
@@ -157,7 +163,8 @@ def exp_after_log(g: Graph) -> bool:
     """Whether an exp in ``g`` (at any level) reads a value computed from a log (a custom kernel's or fused
     node's results count as computed from a log when any of its values is). There ``log``'s discrete-log
     q-part makes ``exp(log y)`` equal ``y`` or ``-y`` by the residue's sign class, not ``y``: such programs
-    are not tested (unknown)."""
+    are not tested (unknown). A log of an exp's value (or of a product, quotient, reciprocal or square of
+    such values: a square ``g**k`` in the field) is exact there, ``exp(log y) = y``, and does not count."""
     return _log_flow(g, ())[0]
 
 
@@ -389,7 +396,6 @@ MEANINGS: dict[str, Meaning] = {
     "scale": lambda d, a, at, it: d.const("mul", a[0], const_fraction(at["c"])),
     "shift": lambda d, a, at, it: d.const("add", a[0], const_fraction(at["c"])),
     "exp": lambda d, a, at, it: d.exp(a[0]),
-    "silu": lambda d, a, at, it: d.oracle("silu", a[0]),
     "gelu": lambda d, a, at, it: d.oracle("gelu", a[0]),
     "relu": lambda d, a, at, it: d.oracle("relu", a[0]),
     "sqrt": lambda d, a, at, it: d.oracle("sqrt", a[0]),
@@ -413,13 +419,31 @@ MEANINGS: dict[str, Meaning] = {
         "mul", d.const("add", d.const("mul", a[0], Fraction(-1)), Fraction(1)), a[2])),
     "cast": lambda d, a, at, it: a[0],
 }
-for _op in ("tanh", "erf", "softplus", "abs", "clamp", "leaky_relu", "step"):  # no exact image
+for _op in ("erf", "softplus", "abs", "clamp", "leaky_relu", "step"):  # no exact image
     MEANINGS[_op] = lambda d, a, at, it, _op=_op: d.oracle(opaque_key(_op, at), a[0])  # type: ignore[misc]
 # log: a random function in the p-part, the discrete log (exp's inverse) in the q-part
 MEANINGS["log"] = lambda d, a, at, it: _stack(d.oracle("log", a[0])[0], _log_table(d.field)[a[0][0]])
-# sigmoid(x) = 1 / (1 + exp(-x)) exactly (1 + exp(-x) is never 0: exp's values have odd order q)
-MEANINGS["sigmoid"] = lambda d, a, at, it: _recip(d, d.const("add", d.exp(d.const("mul", a[0], Fraction(-1))),
-                                                                  Fraction(1)))
+
+
+def _sigmoid(d: RefFF, x: np.ndarray) -> np.ndarray:
+    """1 / (1 + exp(-x)) exactly (1 + exp(-x) is never 0: exp's values have odd order q)."""
+    return _recip(d, d.const("add", d.exp(d.const("mul", x, Fraction(-1))), Fraction(1)))
+
+
+def _via_exp(name: str, exact: Callable[[RefFF, np.ndarray], np.ndarray]) -> Meaning:
+    """sigmoid, tanh, silu: the p-part ``exact``'s, the q-part the random function ``name``'s; where the
+    argument's q-part is meaningless everywhere (computed by an exp) that random function in both parts."""
+    def fn(d: RefFF, a: list[np.ndarray], at: dict[str, Any], it: Sequence[TensorType]) -> np.ndarray:
+        o = d.oracle(name, a[0])
+        return o if (a[0][1] < 0).all() else _stack(exact(d, a[0])[0], o[1])
+
+    return fn
+
+
+MEANINGS["sigmoid"] = _via_exp("sigmoid", _sigmoid)
+MEANINGS["tanh"] = _via_exp("tanh", lambda d, x: d.const("add", d.const(  # 2 sigmoid(2x) - 1
+    "mul", _sigmoid(d, d.const("mul", x, Fraction(2))), Fraction(2)), Fraction(-1)))
+MEANINGS["silu"] = _via_exp("silu", lambda d, x: d.ring("mul", x, _sigmoid(d, x)))  # x sigmoid(x)
 
 
 def _recip(d: RefFF, x: np.ndarray) -> np.ndarray:

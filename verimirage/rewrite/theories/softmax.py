@@ -1,15 +1,18 @@
 """exp / softmax / log: exp of sums and differences, deferred normalisation, shift invariance with max, log as
 exp's inverse and the max-shifted logsumexp.
 
-The log rules are proved by ``verify_rule`` through the abstract check's ``log-exp`` law and the finite field's
-discrete log (log's q-part; see :mod:`verimirage.smt.ff`). Laws of log that need a side condition on values
-(``log(a * b) = log a + log b`` for positive a, b; ``exp(log x) = x`` for x > 0) are not rules: guards are
-about shapes, and where the condition fails the two sides differ in definedness (the verifier answers
-Unknown for them, never Proved)."""
+The log rules are proved by ``verify_rule`` through the abstract check's ``log-exp`` and ``log-mul`` laws and
+the finite field's discrete log (log's q-part; see :mod:`verimirage.smt.ff`). Laws of log that need a side
+condition on values (``log(a * b) = log a + log b`` for positive a, b; ``exp(log x) = x`` for x > 0) carry the
+value guard :class:`~verimirage.rewrite.rules.Positive`: they fire only where the e-graph's sign facts show the
+operands positive, and are proved with ``exp`` of a fresh input in their place (every positive value); without
+the guard the two sides differ in definedness and the verifier answers Unknown, never Proved. ``exp-log`` is
+off by default: the finite field tests ``exp(log y)`` only where ``y`` is an exp's value (its discrete log
+forgets the sign elsewhere), so its candidates prove only there."""
 
 from __future__ import annotations
 
-from ..rules import DimIsOne, Instance, RankMinus, Rule, SameRank, pat
+from ..rules import DimIsOne, Instance, Positive, RankMinus, Rule, SameRank, pat
 from ._common import AX, A, B, E, S, V
 
 _E = pat.exp(A)
@@ -45,6 +48,17 @@ RULES = [
     # log(exp(a) * b) -> a + log(b)   (both sides defined exactly where b > 0)
     Rule("log-exp-mul", pat.log(pat.mul(_E, B)), pat.add(A, pat.log(B)), "log(exp(a) b) = a + log(b)", "softmax",
          (SameRank((A, B)),), (Instance.of({"a": (3, 4), "b": (3, 4)}), Instance.of({"a": (3, 1), "b": (3, 4)}))),
+    # log(a * b) -> log(a) + log(b)   if a > 0 and b > 0
+    Rule("log-mul", pat.log(pat.mul(A, B)), pat.add(pat.log(A), pat.log(B)), "log(a b) = log a + log b (a, b > 0)",
+         "softmax", (SameRank((A, B)), Positive(A), Positive(B)),
+         (Instance.of({"a": (3, 4), "b": (3, 4)}), Instance.of({"a": (3, 1), "b": (3, 4)}))),
+    # log(a / b) -> log(a) - log(b)   if a > 0 and b > 0 (log-softmax from a softmax)
+    Rule("log-div", pat.log(pat.div(A, B)), pat.sub(pat.log(A), pat.log(B)), "log(a / b) = log a - log b (a, b > 0)",
+         "softmax", (SameRank((A, B)), Positive(A), Positive(B)),
+         (Instance.of({"a": (3, 4), "b": (3, 1)}),)),
+    # exp(log(a)) -> a   if a > 0
+    Rule("exp-log", pat.exp(pat.log(A)), A, "exp(log a) = a (a > 0)", "softmax", (Positive(A),),
+         (Instance.of({"a": (3, 4)}),), default=False),
     # log(sum_k exp(a)) -> max_k a + log(sum_k exp(a - max_k a))
     Rule("logsumexp-stabilise", _LSE, _LSE_SHIFTED,
          "logsumexp is max + logsumexp of the max-shifted values (numerically safe form)", "softmax", (),

@@ -219,7 +219,7 @@ def _oracle(name: str, x: FV, inverse: bool = False) -> FV:
     return FV(x.shape, Part(part(0, f.p), (z,)), Part(part(21, f.q), (z,)))
 
 
-for _u in ("silu", "gelu", "relu", "sqrt"):
+for _u in ("gelu", "relu", "sqrt"):
     implements("ff", _u)(lambda args, attrs, it, ot, _n=_u: _oracle(_n, args[0]))
 
 
@@ -228,9 +228,7 @@ def _ff_rsqrt(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: A
     return _oracle("sqrt", args[0], inverse=True)
 
 
-# tanh stays a random function: an exact tanh (through exp) would have no q-part, and soft-capped logits
-# feed an exp (Gemma's attention), which needs one
-for _u in ("tanh", "erf", "softplus", "abs", "clamp", "leaky_relu", "step"):
+for _u in ("erf", "softplus", "abs", "clamp", "leaky_relu", "step"):
     implements("ff", _u)(opaque(_u))
 
 
@@ -253,9 +251,25 @@ def _sigmoid(x: FV) -> FV:
     return _reciprocal(_affine(e, Fraction(1), "add"))
 
 
-@implements("ff", "sigmoid")
-def _ff_sigmoid(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
-    return _sigmoid(args[0])
+def _via_exp(name: str, exact: Callable[[FV], FV]) -> Callable[..., FV]:
+    """The meaning of sigmoid, tanh, silu: the p-part ``exact(x)``'s (through exp) and the q-part the random
+    function ``name`` of ``x`` (an exp may read the result: soft-capped logits); where ``x`` has no q-part
+    (it was computed by an exp: silu after attention) the random function ``name`` in both parts, as for
+    an opaque op. The real function is both at once, so agreement for every function in its place proves
+    equality."""
+
+    def fn(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
+        x = args[0]
+        o = _oracle(name, x)
+        return o if x.q is None else FV(x.shape, exact(x).p, o.q)
+
+    return fn
+
+
+implements("ff", "sigmoid")(_via_exp("sigmoid", _sigmoid))
+implements("ff", "tanh")(_via_exp("tanh", lambda x: _affine(_affine(  # 2 sigmoid(2x) - 1
+    _sigmoid(_affine(x, Fraction(2), "mul")), Fraction(2), "mul"), Fraction(-1), "add")))
+implements("ff", "silu")(_via_exp("silu", lambda x: _ring("mul", x, _sigmoid(x))))  # x sigmoid(x)
 
 
 def _ones_like(x: FV) -> FV:
