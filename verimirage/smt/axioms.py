@@ -65,6 +65,12 @@ def _interchange(r: np.random.Generator) -> bool:
     return _close(outer_i, outer_j)
 
 
+def _log_mul(r: np.random.Generator) -> bool:
+    a, y, e, p = r.uniform(-3, 3), r.uniform(-3, 3), float(r.integers(-3, 4)), r.uniform(0.1, 5)
+    return _close(np.log(np.abs(a**e * y)), e * np.log(np.abs(a)) + np.log(np.abs(y))) and _close(
+        np.log(1 / p), -np.log(p))
+
+
 AXIOMS: dict[str, tuple[str, Checker]] = {
     "index-divmod": ("(e // t) * t + e % t = e, and e // t = 0, e % t = e for e in [0, t)", _divmod),
     "distribute": ("(a + b) * c = a*c + b*c", lambda r: _close(*(lambda a, b, c: ((a + b) * c, a * c + b * c))(
@@ -80,9 +86,7 @@ AXIOMS: dict[str, tuple[str, Checker]] = {
                     r.standard_normal(), r.uniform(0.1, 5))) and _close(*(lambda u: (np.log(np.exp(u)), u))(
                     r.standard_normal()))),
     "log-mul": ("log(a**e * y) = e log(a) + log(y), log(1 / P) = -log(P) (for log |.|; log on positive values)",
-                lambda r: _close(*(lambda a, e, y: (np.log(np.abs(a**e * y)), e * np.log(np.abs(a)) + np.log(np.abs(y))))(
-                    r.uniform(-3, 3), float(r.integers(-3, 4)), r.uniform(-3, 3))) and _close(
-                    *(lambda p: (np.log(1 / p), -np.log(p)))(r.uniform(0.1, 5)))),
+                _log_mul),
     "sum-distribute": ("sum_i (f_i + g_i) = sum_i f_i + sum_i g_i", lambda r: _close(
         *(lambda f, g: ((f + g).sum(), f.sum() + g.sum()))(r.standard_normal(9), r.standard_normal(9)))),
     "sum-const": ("sum_{i in [lo,hi)} c = (hi - lo) * c", lambda r: _close(
