@@ -22,6 +22,7 @@ import copy
 import dataclasses
 import json
 import logging
+import math
 import sys
 import time
 from pathlib import Path
@@ -212,10 +213,11 @@ def _bench_time(fn: Any, grads: list[Any] | None = None) -> float:
     return float(do_bench(fn, warmup=10, rep=50, grad_to_none=grads, return_mode="median")) * 1e3
 
 
-def gpu_one(name: str, *, train: bool, dims: Any, dtype: torch.dtype, budget: float, plan_stats: dict[str, int]
-            ) -> dict[str, Any]:
-    """One module on the GPU: eager, ``torch.compile`` default and ``backend="verimirage"`` (Inductor fallback,
-    profile on), forward (no grad) or a training step (forward + backward of ``out.float().sum()``).
+def gpu_one(name: str, *, train: bool, dims: Any, dtype: torch.dtype, budget: float, plan_stats: dict[str, int],
+            max_fallback: bool = False) -> dict[str, Any]:
+    """One module on the GPU: eager, ``torch.compile`` default and max-autotune, and ``backend="verimirage"``
+    (Inductor fallback, profile on; with ``max_fallback`` also with max-autotune as the fallback), forward (no
+    grad) or a training step (forward + backward of ``out.float().sum()``).
 
     Times: ``*_us`` launched from Python (``do_bench``), ``*_graph_us`` replayed as a CUDA graph (forward only);
     ``*_err``: max |y - float64 reference| / max |reference| over the output (and, training, every gradient).
@@ -235,14 +237,19 @@ def gpu_one(name: str, *, train: bool, dims: Any, dtype: torch.dtype, budget: fl
         with torch.no_grad():
             want = [ref(*xr)]
     del ref
-    rep = Report()
+    rep, rep_max = Report(), Report()
     hits0 = dict(plan_stats)
     variants = {
         "eager": lambda: model,
         "compile": lambda: torch.compile(model),
+        # max-autotune without its own CUDA graphs: every forward variant is replayed as a CUDA graph below
+        "compile_max": lambda: torch.compile(model, mode="max-autotune-no-cudagraphs"),
         "verimirage": lambda: torch.compile(model, backend=backend(report=rep, time_budget_s=budget,
                                                                    fallback="inductor", profile=True)),
     }
+    if max_fallback:  # the fallback (and what partitions are compared with) is max-autotune's code
+        variants["verimirage_max"] = lambda: torch.compile(model, backend=backend(
+            report=rep_max, time_budget_s=budget, fallback="inductor", profile=True, inductor={"max_autotune": True}))
     for v, make in variants.items():
         torch._dynamo.reset()
         t0 = time.perf_counter()
@@ -281,6 +288,11 @@ def gpu_one(name: str, *, train: bool, dims: Any, dtype: torch.dtype, budget: fl
         log.warning("%s %s %s: %s", name, "train" if train else "forward", v,
                     {k: x for k, x in res.items() if k.startswith(v)})
     taken, total = rep.counts
+    if max_fallback:
+        res["verimirage_max_taken"] = rep_max.counts[0]
+        res["verimirage_max_partitions"] = [{"name": p.name, "taken": p.taken, "reason": p.reason,
+                                             "measured_us": p.measured_us, "fallback_us": p.fallback_us}
+                                            for p in rep_max.partitions]
     res.update(coverage=rep.coverage, taken=taken, total=total, notes=rep.notes, graph_times=rep.graph_times,
                plan_hits=plan_stats.get("hit", 0) - hits0.get("hit", 0),
                plan_misses=plan_stats.get("miss", 0) - hits0.get("miss", 0),
@@ -291,8 +303,9 @@ def gpu_one(name: str, *, train: bool, dims: Any, dtype: torch.dtype, budget: fl
 
 
 def gpu_run(names: list[str], train_names: list[str], *, dims: Any, dtype: torch.dtype, budget: float,
-            out: Path, plan: Path | None, deadline_s: float) -> None:
-    """The GPU table: forward for ``names``, training steps for ``train_names`` (first), one JSON line each.
+            out: Path, plan: Path | None, deadline_s: float, max_fallback: bool = False) -> None:
+    """The GPU table: forward for ``names``, training steps for ``train_names`` (first), one JSON line each, in
+    ``out/forward.jsonl`` (``out/train.jsonl`` when only training steps are asked for).
 
     A watchdog (``faulthandler.dump_traceback_later``, every 30 s of one module) writes every thread's stack
     to ``out/faulthandler.txt``, so a module that hangs shows where. Stops starting modules after ``deadline_s``.
@@ -312,7 +325,8 @@ def gpu_run(names: list[str], train_names: list[str], *, dims: Any, dtype: torch
     meta["triton"] = triton.__version__
     (out / "meta.json").write_text(json.dumps(meta))
     t_start = time.perf_counter()
-    with open(out / "faulthandler.txt", "w") as trace, open(out / "gpu.jsonl", "a") as sink:
+    kind = "train" if train_names and not names else "forward"
+    with open(out / f"faulthandler_{kind}.txt", "w") as trace, open(out / f"{kind}.jsonl", "a") as sink:
         jobs = [(n, True) for n in train_names] + [(n, False) for n in names]
         for name, train in jobs:
             if time.perf_counter() - t_start > deadline_s:
@@ -322,7 +336,8 @@ def gpu_run(names: list[str], train_names: list[str], *, dims: Any, dtype: torch
             trace.flush()
             faulthandler.dump_traceback_later(30, repeat=True, file=trace)
             try:
-                r = gpu_one(name, train=train, dims=dims, dtype=dtype, budget=budget, plan_stats=stats)
+                r = gpu_one(name, train=train, dims=dims, dtype=dtype, budget=budget, plan_stats=stats,
+                            max_fallback=max_fallback and not train)
             except Exception as e:
                 log.exception("%s failed", name)
                 r = {"name": name, "train": train, "error": f"{type(e).__name__}: {e}"}
@@ -335,46 +350,73 @@ def gpu_run(names: list[str], train_names: list[str], *, dims: Any, dtype: torch
 
 
 def gpu_table(folder: Path) -> str:
-    """Markdown tables of a ``--gpu-run`` folder (``forward.jsonl`` and ``train.jsonl``): µs, and the ratios."""
+    """Markdown tables of a ``--gpu-run`` folder (``forward.jsonl`` and ``train.jsonl``): µs, ratios, geomeans."""
 
     def f(x: Any) -> str:
         return "" if x is None else f"{x:.1f}"
 
+    def ratio(r: dict[str, Any], a: str, b: str) -> float | None:
+        return r[a] / r[b] if r.get(a) and r.get(b) else None
+
+    def rf(x: float | None) -> str:
+        return "" if x is None else f"{x:.2f}"
+
+    def geo(xs: list[float | None]) -> str:
+        v = [x for x in xs if x]
+        return f"{math.exp(sum(math.log(x) for x in v) / len(v)):.2f} ({len(v)})" if v else ""
+
+    def why(parts: list[dict[str, Any]]) -> str:
+        return "; ".join(sorted({(p["reason"] or "").split(":")[0] for p in parts if not p["taken"]}))
+
     lines = []
     meta = json.loads((folder / "meta.json").read_text())
-    lines.append(f"{meta['device']}, {meta['date']}, torch {meta['torch']}, triton {meta['triton']}; fp16, "
-                 f"dims {corpus.MEDIUM}")
     fwd = [json.loads(x) for x in (folder / "forward.jsonl").read_text().splitlines() if x.strip()]
-    lines += ["", "Forward (no grad), µs: CUDA-graph replay (`do_bench_cudagraph`, median) and launched from Python "
-              "(`do_bench`, median)", "",
-              "| module | eager graph | compile graph | verimirage graph | vm / compile | eager | compile | "
-              "verimirage | partitions taken | plan hits | why not taken |",
+    dims = fwd[0].get("dims") if fwd else None
+    lines.append(f"{meta['device']}, {meta['date']}, torch {meta['torch']}, triton {meta['triton']}; fp16, "
+                 f"dims {dims}")
+    lines += ["", "Forward (no grad), µs, CUDA-graph replay (`do_bench_cudagraph`, median). compile = "
+              "`torch.compile` default, max = mode `max-autotune-no-cudagraphs`, vm = `backend=\"verimirage\"` "
+              "(Inductor fallback, profile on), vm/max = the same with max-autotune as its fallback", "",
+              "| module | eager | compile | max | vm | vm/max | compile / vm | max / vm | max / (vm/max) | "
+              "taken | why not taken |",
               "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    sp_c, sp_m, sp_mm = [], [], []
     for r in fwd:
         parts = r.get("partitions", [])
-        why = "; ".join(sorted({(p["reason"] or "").split(":")[0] for p in parts if not p["taken"]}))
-        ratio = (r["verimirage_graph_us"] / r["compile_graph_us"]) if r.get("verimirage_graph_us") and \
-            r.get("compile_graph_us") else None
+        c, m = ratio(r, "compile_graph_us", "verimirage_graph_us"), ratio(r, "compile_max_graph_us",
+                                                                           "verimirage_graph_us")
+        mm = ratio(r, "compile_max_graph_us", "verimirage_max_graph_us")
+        sp_c.append(c)
+        sp_m.append(m)
+        sp_mm.append(mm)
         lines.append(f"| {r['name']} | {f(r.get('eager_graph_us'))} | {f(r.get('compile_graph_us'))} | "
-                     f"{f(r.get('verimirage_graph_us'))} | {'' if ratio is None else f'{ratio:.2f}'} | "
-                     f"{f(r.get('eager_us'))} | {f(r.get('compile_us'))} | {f(r.get('verimirage_us'))} | "
-                     f"{sum(p['taken'] for p in parts)}/{len(parts)} | {r.get('plan_hits', 0)}/"
-                     f"{r.get('plan_hits', 0) + r.get('plan_misses', 0)} | {why} |")
+                     f"{f(r.get('compile_max_graph_us'))} | {f(r.get('verimirage_graph_us'))} | "
+                     f"{f(r.get('verimirage_max_graph_us'))} | {rf(c)} | {rf(m)} | {rf(mm)} | "
+                     f"{sum(p['taken'] for p in parts)}/{len(parts)} | {why(parts)} |")
+    lines.append(f"| geomean (speedup, modules) | | | | | | {geo(sp_c)} | {geo(sp_m)} | {geo(sp_mm)} | | |")
+    lines += ["", "Per partition (vm): µs of verimirage's kernels and of the fallback's code for the partition, "
+              "both CUDA-graph replays", "", "| module | partition | ops | kernels | vm µs | fallback µs | taken | "
+              "reason |", "|---|---|---:|---:|---:|---:|---|---|"]
+    for r in fwd:
+        for p in r.get("partitions", []):
+            lines.append(f"| {r['name']} | {p['name']} | {len(p['ops'])} | {p.get('kernels', '')} | "
+                         f"{f(p.get('measured_us'))} | {f(p.get('fallback_us'))} | {p['taken']} | "
+                         f"{(p['reason'] or '')[:120]} |")
     tr = folder / "train.jsonl"
     if tr.exists():
         rows = [json.loads(x) for x in tr.read_text().splitlines() if x.strip()]
         lines += ["", "Training step (forward + backward of `out.float().sum()`), µs launched from Python "
                   "(`do_bench`, median, grads set to None each step); err = max relative error of output and "
                   "gradients against float64", "",
-                  "| module | eager | compile | verimirage | err (vm) | requires_grad | compile s (vm) | "
-                  "partitions taken | why not taken |", "|---|---:|---:|---:|---:|---|---:|---:|---|"]
+                  "| module | eager | compile | max | verimirage | err (vm) | requires_grad | compile s (vm) | "
+                  "partitions taken | why not taken |", "|---|---:|---:|---:|---:|---:|---|---:|---:|---|"]
         for r in rows:
             parts = r.get("partitions", [])
-            why = "; ".join(sorted({(p["reason"] or "").split(":")[0] for p in parts if not p["taken"]}))
             lines.append(f"| {r['name']} | {f(r.get('eager_us'))} | {f(r.get('compile_us'))} | "
+                         f"{f(r.get('compile_max_us'))} | "
                          f"{f(r.get('verimirage_us'))} | {r.get('verimirage_err', float('nan')):.1e} | "
                          f"{r.get('verimirage_requires_grad')} | {f(r.get('verimirage_compile_s'))} | "
-                         f"{sum(p['taken'] for p in parts)}/{len(parts)} | {why} |")
+                         f"{sum(p['taken'] for p in parts)}/{len(parts)} | {why(parts)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -427,8 +469,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plan", type=Path, help="serve searches from a plan made by --make-plan (no egglog needed)")
     ap.add_argument("--gpu-run", type=Path, help="the GPU table into this folder (see gpu_run)")
     ap.add_argument("--train-names", default="", help="with --gpu-run: modules to time a training step of")
-    ap.add_argument("--dims", choices=("small", "medium", "large"), default="medium")
+    ap.add_argument("--dims", choices=("small", "medium", "large", "decode"), default="medium")
     ap.add_argument("--deadline", type=float, default=170.0)
+    ap.add_argument("--max-fallback", action="store_true",
+                    help="with --gpu-run: also time the backend with max-autotune as its fallback (forward)")
     ap.add_argument("--table", type=Path, help="print the markdown tables of a --gpu-run folder")
     ap.add_argument("--cpu-table", type=Path, help="print the markdown table of a CPU --json results file")
     args = ap.parse_args(argv)
@@ -438,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.table:
         sys.stdout.write(gpu_table(args.table))
         return 0
-    dims = {"small": corpus.SMALL, "medium": corpus.MEDIUM, "large": corpus.LARGE}[args.dims]
+    dims = {"small": corpus.SMALL, "medium": corpus.MEDIUM, "large": corpus.LARGE, "decode": corpus.DECODE}[args.dims]
     if args.make_plan or args.gpu_run:
         logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         names = corpus.names() if args.names == "all" else [n for n in args.names.split(",") if n]
@@ -447,7 +491,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             train = [n for n in args.train_names.split(",") if n]
             gpu_run(names, train, dims=dims, dtype=torch.float16, budget=args.budget, out=args.gpu_run,
-                    plan=args.plan, deadline_s=args.deadline)
+                    plan=args.plan, deadline_s=args.deadline, max_fallback=args.max_fallback)
         return 0
     if args.no_search:
         _no_search()

@@ -1,20 +1,47 @@
 #!/usr/bin/env bash
-# The corpus on a GPU through backend="verimirage" (issue 20), one device call: forward timings, then training
-# steps in a second process (a watchdog dumps every thread's stack every 30 s of one module into
-# faulthandler.txt, so a hang shows where). Searches come from a plan made on a CPU (the device has no egglog):
-#   python benchmarks/corpus_capture.py <names> --make-plan benchmarks/results/capture/plan_medium_fp16.json
+# The corpus on a GPU through backend="verimirage" (issue 20), one device call: the GPU tests of the parallel
+# kernel compile, forward timings at each of DIMS (CUDA-graph replays; eager, torch.compile default and
+# max-autotune, verimirage with the Inductor fallback and, with MAXFB=1, with max-autotune as the fallback),
+# then training steps at the last of DIMS (a watchdog dumps every thread's stack every 30 s of one module into
+# faulthandler_*.txt, so a hang shows where; removed when nothing hung). Searches come from plans made on a CPU
+# (the device has no egglog):
+#   python benchmarks/corpus_capture.py <names> --make-plan benchmarks/results/capture/plan_<dims>_fp16.json --dims <dims>
 # Usage (device): source benchmarks/device_env.sh && bash benchmarks/corpus_gpu.sh "$OUT"
+# Writes run.log and, per dims, <dims>/meta.json, <dims>/forward.jsonl (<dims>/train.jsonl for the last one).
+# Tables: python benchmarks/corpus_capture.py --table <folder>
 set -u
 out=${1:?output folder}
-plan=benchmarks/results/capture/plan_medium_fp16.json
-fwd=${FWD:-swiglu,mlp_gelu_tanh,mlp_gelu,rmsnorm_linear,llama_rmsnorm_linear,layernorm_linear,softmax_head,sdpa_causal,mlp_relu,mlp_silu,geglu}
-train=${TRAIN:-mlp_relu,layernorm_linear,mlp_leaky_relu,swiglu}
+dims_list=${DIMS:-decode large}
+fwd_decode=${FWD_DECODE:-rmsnorm_linear,swiglu,mlp_gelu,layernorm_linear,softmax_head,mlp_silu,geglu,llama_rmsnorm_linear,mlp_relu,mlp_gelu_tanh,lora,residual_mlp}
+fwd_large=${FWD_LARGE:-rmsnorm_linear,mlp_gelu,hand_attention,softmax_head,layernorm_linear,mlp_relu,mlp_silu}
+train=${TRAIN:-mlp_relu,swiglu}
+maxfb=()
+[ "${MAXFB:-0}" = 1 ] && maxfb=(--max-fallback)
 mkdir -p "$out"
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$out/gpu.txt" 2>&1
-timeout "${FWD_S:-100}" python benchmarks/corpus_capture.py "$fwd" --gpu-run "$out/forward" --plan "$plan" \
-  --dims medium --deadline "${FWD_DEADLINE:-75}" > "$out/forward.log" 2>&1
-echo "exit $?" >> "$out/forward.log"
-timeout "${TRAIN_S:-90}" python benchmarks/corpus_capture.py "" --train-names "$train" --gpu-run "$out/train" \
-  --plan "$plan" --dims medium --deadline "${TRAIN_DEADLINE:-50}" > "$out/train.log" 2>&1
-echo "exit $?" >> "$out/train.log"
-tail -n 5 "$out/forward.log" "$out/train.log"
+log="$out/run.log"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$log" 2>&1
+echo "=== gpu tests" >> "$log"
+timeout "${TEST_S:-60}" python -m pytest -q -p no:cacheprovider -m gpu tests/test_precompile.py >> "$log" 2>&1
+echo "exit $?" >> "$log"
+last=""
+for d in $dims_list; do
+  last=$d
+  var="fwd_$d"
+  echo "=== forward $d" >> "$log"
+  timeout "${FWD_S:-200}" python benchmarks/corpus_capture.py "${!var}" --gpu-run "$out/$d" \
+    --plan "benchmarks/results/capture/plan_${d}_fp16.json" --dims "$d" --deadline "${FWD_DEADLINE:-150}" \
+    "${maxfb[@]}" >> "$log" 2>&1
+  echo "exit $?" >> "$log"
+done
+if [ -n "$train" ] && [ -n "$last" ]; then
+  echo "=== train $last" >> "$log"
+  timeout "${TRAIN_S:-90}" python benchmarks/corpus_capture.py "" --train-names "$train" --gpu-run "$out/$last" \
+    --plan "benchmarks/results/capture/plan_${last}_fp16.json" --dims "$last" --deadline "${TRAIN_DEADLINE:-50}" \
+    >> "$log" 2>&1
+  echo "exit $?" >> "$log"
+fi
+for f in "$out"/*/faulthandler_*.txt; do
+  grep -q "Thread\|Current thread" "$f" 2>/dev/null || rm -f "$f"
+done
+grep -E "passed|failed|exit" "$log" | tail -n 8
+for d in $dims_list; do python benchmarks/corpus_capture.py --table "$out/$d" 2>&1 | head -n 30; done

@@ -474,3 +474,39 @@ def test_the_check_accepts_fp16_kernels_as_accurate_as_the_aten_ops_against_floa
     nan = aten.clone()
     nan[0, 0] = float("nan")
     assert not capture.as_accurate(nan, aten, ref)
+
+
+@pytest.mark.parametrize("cmp", ["le", "lt", "ge", "gt"])
+def test_comparisons_with_a_constant_lift_as_masks_that_where_reads(cmp: str) -> None:
+    # Inductor's decomposition of threshold_backward: where(x <= 0, 0, grad); and the other comparisons
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(4, 6, generator=g)
+    x[0, :3] = 0.5  # the threshold itself: le / ge include it, lt / gt do not
+    gr, other = torch.randn(4, 6, generator=g), torch.randn(4, 6, generator=g)
+    op = getattr(torch.ops.aten, cmp).Scalar
+
+    def f(x: Any, gr: Any, other: Any) -> Any:
+        return torch.where(op(x, 0.5), gr, other), torch.where(op(x, 0.5), 0.0, gr) * 2.0
+
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    gm = make_fx(f)(x, gr, other)
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+    lifted = capture.lift(nodes)
+    by_name = {"x_1": x, "gr_1": gr, "other_1": other}
+    feed = {f"in{i}": by_name[n.name].numpy() for i, n in enumerate(lifted.inputs)}
+    feed.update({name: c.numpy() for name, c in lifted.consts})
+    got = vm.evaluate(lifted.graph, feed)
+    want = f(x, gr, other)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(np.asarray(a), b.numpy())  # exact: each product is a branch or 0
+
+
+def test_a_comparison_whose_booleans_leave_the_partition_is_not_lifted() -> None:
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    gm = make_fx(lambda x: (x > 0.0, torch.relu(x)))(torch.randn(3, 4))
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+    with pytest.raises(capture.LiftError, match="booleans used outside"):
+        capture.lift(nodes)
+    capture._probe(nodes[:1])  # alone, a mask is not an error of the node: a partition may still take it

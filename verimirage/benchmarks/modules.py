@@ -47,6 +47,8 @@ SMALL = Dims(batch=2, seq=4, hidden=16, heads=2, kv_heads=1, ffn=32, vocab=24)
 LARGE = Dims(batch=8, seq=512, hidden=1024, heads=16, kv_heads=4, ffn=2816, vocab=8192)
 #: between the two: small enough for a CPU search of its partitions, large enough to time on a GPU
 MEDIUM = Dims(batch=4, seq=128, hidden=512, heads=8, kv_heads=2, ffn=1408, vocab=4096)
+#: one decoding step of 8 sequences at LARGE's widths (8 rows: the weights' bytes decide, not the arithmetic)
+DECODE = Dims(batch=8, seq=1, hidden=1024, heads=16, kv_heads=4, ffn=2816, vocab=8192)
 
 
 # --------------------------------------------------------------------------- building blocks

@@ -23,6 +23,7 @@ partition boundary (reason ``layout``).
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 from collections.abc import Callable, Sequence
@@ -77,6 +78,10 @@ class LV:
     shape: tuple[int, ...]
     bcast: bool = False
     src: Any = None  # the fx node that made it differ from ``t`` (a view), for blame
+    #: an ATen boolean (a comparison with a constant) held as 0/1 floats (``step``): read by ``where`` as
+    #: arithmetic, and by any other op as the numbers 0 and 1 (what ATen promotes a boolean to); never a result
+    #: of a partition (its ATen dtype is bool)
+    mask: bool = False
 
     @property
     def exact(self) -> bool:
@@ -739,9 +744,63 @@ def _gelu_bw(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
 @handles("where")
 def _where(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
     m, a, b = args[0], args[1], args[2]
+    if isinstance(m, LV) and m.mask:
+        return _where_mask(ctx, m, a, b, out)
     if not all(isinstance(v, LV) for v in (m, a, b)):
         raise Unsupported(Reason.NOT_IN_REGISTRY, "where with a scalar branch")
     return LV(emit(ctx.g, "where", ctx.exact(m), ctx.exact(a), ctx.exact(b)), _shape(out))
+
+
+def _where_mask(ctx: Ctx, m: LV, a: Any, b: Any, out: Any) -> LV:
+    """``where(m, a, b)`` for a comparison mask ``m`` (0/1): ``m * a + (1 - m) * b``, exact for finite values
+    (each product is the branch or 0; a scalar branch of 0 drops its term). A branch that is inf or NaN where
+    it is not chosen gives NaN here, as ``threshold_backward``'s ``grad * step`` does."""
+    if not all(isinstance(v, LV) or _num(v) for v in (a, b)):
+        raise Unsupported(Reason.NOT_IN_REGISTRY, "where with a non-numeric branch")
+    if any(_num(v) and not math.isfinite(float(v)) for v in (a, b)):
+        raise Unsupported(Reason.NOT_IN_REGISTRY, "where with an infinite constant branch (0 * inf is NaN)")
+    g = ctx.g
+    _, dt = out
+    odt = vm_dtype(dt)
+    vals = [m] + [v for v in (a, b) if isinstance(v, LV)]
+
+    def f(ts: list[Tensor]) -> Tensor:
+        mt = ts[0] if ts[0].dtype == odt else emit(g, "cast", ts[0], dtype=str(odt))  # 0 and 1: exact
+        it = iter(ts[1:])
+        terms = []
+        for v, keep in ((a, mt), (b, None)):
+            sel = keep if keep is not None else emit(g, "shift", emit(g, "scale", mt, c=-1.0), c=1.0)
+            if isinstance(v, LV):
+                terms.append(emit(g, "mul", next(it), sel))
+            elif float(v) != 0.0:
+                terms.append(emit(g, "scale", sel, c=float(v)))
+        if not terms:
+            return emit(g, "scale", mt, c=0.0)
+        return terms[0] if len(terms) == 1 else emit(g, "add", terms[0], terms[1])
+
+    return ctx.ew(_shape(out), vals, f)
+
+
+@handles("le", "lt", "ge", "gt")
+def _compare(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    """A comparison with a constant as a 0/1 mask (``step``: 1 where x > c): gt = step(x, c),
+    le = 1 - step(x, c), lt = step(-x, -c), ge = 1 - step(-x, -c). Only ``where`` and arithmetic read it."""
+    x, c = args[0], args[1]
+    name = op_of(ctx)
+    if not (isinstance(x, LV) and _num(c)):
+        raise Unsupported(Reason.NOT_IN_REGISTRY, f"aten.{name} of two tensors (the registry's step compares with "
+                                                  "a constant)")
+    if x.mask or not math.isfinite(float(c)):
+        raise Unsupported(Reason.NOT_IN_REGISTRY, f"aten.{name} of a mask or with a constant {c}")
+    g = ctx.g
+    cv = float(c)
+
+    def f(ts: list[Tensor]) -> Tensor:
+        s = emit(g, "step", ts[0], c=cv) if name in ("gt", "le") else emit(g, "step", emit(g, "neg", ts[0]), c=-cv)
+        return s if name in ("gt", "lt") else emit(g, "shift", emit(g, "scale", s, c=-1.0), c=1.0)
+
+    r = ctx.ew(_shape(out), [x], f)
+    return dataclasses.replace(r, mask=True)
 
 
 _SDPA = (
@@ -902,7 +961,7 @@ def _constant(ctx: Ctx, shape: Sequence[int], torch_dtype: Any, value: float) ->
 
 
 #: ops that make a constant tensor (their ``device`` keyword is where it lives, not a move)
-CREATION_OPS = frozenset({"new_zeros", "new_ones", "new_full", "full", "zeros", "ones"})
+CREATION_OPS = frozenset({"new_zeros", "new_ones", "new_full", "full", "zeros", "ones", "scalar_tensor"})
 
 
 @handles(*CREATION_OPS)
@@ -910,7 +969,7 @@ def _full(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
     name = op_of(ctx)
     value = {"new_zeros": 0.0, "zeros": 0.0, "new_ones": 1.0, "ones": 1.0}.get(name)
     if value is None:
-        v = args[2] if name == "new_full" else args[1]
+        v = args[0] if name == "scalar_tensor" else args[2] if name == "new_full" else args[1]
         if not _num(v):
             raise Unsupported(Reason.NOT_IN_REGISTRY, f"{name} with a fill value {v!r}")
         value = float(v)
@@ -977,9 +1036,9 @@ for _n in ("nll_loss_forward", "nll_loss_backward", "nll_loss", "nll_loss_nd", "
            "index_select", "embedding", "embedding_dense_backward"):
     HANDLERS[_n] = _not_expressible(Reason.NOT_IN_REGISTRY, "reads or writes at integer indices (a gather or "
                                     "scatter); the registry has no indexing op")
-for _n in ("le", "lt", "ge", "gt", "eq", "ne"):
-    HANDLERS[_n] = _not_expressible(Reason.NOT_IN_REGISTRY, "a comparison as a tensor of booleans; the registry "
-                                    "makes masks only as step (0/1 floats), which where does not take")
+for _n in ("eq", "ne"):
+    HANDLERS[_n] = _not_expressible(Reason.NOT_IN_REGISTRY, "an equality test as a tensor of booleans; the registry "
+                                    "makes masks only as step (0/1 floats: x > c)")
 HANDLERS["_safe_softmax"] = _not_expressible(
     Reason.NOT_IN_REGISTRY, "softmax that gives 0 on rows masked entirely to -inf; the registry has no test for -inf")
 HANDLERS["argmax"] = HANDLERS["argmin"] = _not_expressible(Reason.NOT_IN_REGISTRY, "an index result (argmax)")

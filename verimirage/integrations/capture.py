@@ -151,9 +151,11 @@ def _out_meta(n: fx.Node) -> Any:
 class LiftError(Exception):
     """Lifting failed at ``node``."""
 
-    def __init__(self, node: fx.Node, reason: Reason, message: str) -> None:
+    def __init__(self, node: fx.Node, reason: Reason, message: str, *, alone: bool = False) -> None:
         super().__init__(message)
         self.node, self.reason, self.message = node, reason, message
+        #: the failure comes from where the partition ends (a mask leaving it), not from the node itself
+        self.alone = alone
 
 
 @dataclass
@@ -265,6 +267,9 @@ def lift(nodes: Sequence[fx.Node], *, strict: bool = False) -> Lifted:
         v = env[n]
         if not isinstance(v, LV):
             raise LiftError(n, Reason.LAYOUT, f"{n.name}: its results are used outside, but not all are lifted")
+        if v.mask:
+            raise LiftError(n, Reason.DTYPE, f"{n.name}: a comparison's booleans used outside the partition (the "
+                                             "kernels hold them as 0/1 floats)", alone=True)
         mv = n.meta["val"]
         out_meta.append((tuple(int(s) for s in mv.shape), mv.dtype, tuple(int(s) for s in mv.stride())))
         if v.t.ref in input_ref:
@@ -294,6 +299,12 @@ def _check_result(name: str, res: Any, out: Any) -> None:
         if not isinstance(r, LV):
             raise Unsupported(Reason.NOT_IN_REGISTRY, f"aten.{name}: no lifted result")
         shape, dt = o
+        if r.mask and dt == torch.bool:  # a comparison held as 0/1 (LV.mask); never a partition result
+            if r.shape != tuple(shape):
+                raise Unsupported(Reason.LAYOUT, f"aten.{name}: lifted shape {r.shape}, ATen has {tuple(shape)}")
+            continue
+        if r.mask:
+            raise Unsupported(Reason.DTYPE, f"aten.{name}: a mask where ATen has {dt}")
         if r.shape != tuple(shape):
             raise Unsupported(Reason.LAYOUT, f"aten.{name}: lifted shape {r.shape}, ATen has {tuple(shape)}")
         if r.t.dtype != vm_dtype(dt):
@@ -669,8 +680,8 @@ def _probe(nodes: list[fx.Node]) -> None:
     try:
         lift(nodes)
     except LiftError as e:
-        if e.reason is Reason.NO_COMPUTE:
-            return  # a view on its own computes nothing, but may be lifted inside a partition
+        if e.reason is Reason.NO_COMPUTE or e.alone:
+            return  # a view on its own computes nothing, a mask leaves nothing: either may be lifted in a partition
         raise
 
 
