@@ -191,6 +191,45 @@ def _transpose(args: Sequence[str], attrs: dict[str, Any], in_types: Sequence[Te
     return f"tl.permute({args[0]}, {tuple(perm)})"
 
 
+def _pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def _split_chunk(x: str, shape: tuple[int, ...], ax: int, c: int, i: int) -> str:
+    """Chunk ``i`` of length ``c`` along axis ``ax`` of tile ``x`` (``shape[ax] / c`` a power of two), by
+    halving: a reshape to ``(..., 2, half, ...)``, the 2 moved last, ``tl.split`` (no one-hot selection)."""
+    cur = list(shape)
+    n = cur[ax] // c
+    while n > 1:
+        half = n // 2
+        shp = (*cur[:ax], 2, half * c, *cur[ax + 1:])
+        perm = tuple(d for d in range(len(shp)) if d != ax) + (ax,)
+        x = f"tl.split(tl.permute(tl.reshape({x}, {shp}), {perm}))[{1 if i >= half else 0}]"
+        i %= half
+        cur[ax] = half * c
+        n = half
+    return x
+
+
+def _concat_by_join(xs: list[str], padded: list[tuple[int, ...]], lengths: list[int], ax: int) -> str | None:
+    """Concatenation of a power-of-two number of equal, unpadded power-of-two pieces along ``ax`` by pairwise
+    ``tl.join`` (the new last dim moved to ``ax`` and merged): rotary's ``concat(-x2, x1)``. None if not so."""
+    k = len(xs)
+    h = lengths[0]
+    if not _pow2(k) or k < 2 or not _pow2(h) or any(n != h for n in lengths) or \
+            any(p != padded[0] or p[ax] != h for p in padded):
+        return None
+    shape = list(padded[0])
+    while len(xs) > 1:
+        r = len(shape)
+        perm = (*range(ax), r, *range(ax, r))
+        merged = (*shape[:ax], 2 * shape[ax], *shape[ax + 1:])
+        xs = [f"tl.reshape(tl.permute(tl.join({a}, {b}), {perm}), {merged})" for a, b in zip(xs[::2], xs[1::2],
+                                                                                             strict=True)]
+        shape = list(merged)
+    return xs[0]
+
+
 @implements("triton", "concat")
 def _concat(args: Sequence[str], attrs: dict[str, Any], in_types: Sequence[TensorType], out_types: Any) -> str:
     """Concatenation of register tiles by one-hot selection (codegen loads concats of inputs directly).
@@ -201,6 +240,9 @@ def _concat(args: Sequence[str], attrs: dict[str, Any], in_types: Sequence[Tenso
     ax = attrs["axis"]
     rank = in_types[0].rank
     p_out = padded[-1][ax]
+    fast = _concat_by_join(list(args), [tuple(p) for p in padded[:-1]], [t.shape[ax] for t in in_types], ax)
+    if fast is not None:
+        return fast
     for p in padded[:-1]:
         numel = math.prod(p) * p_out
         if numel > TRITON_MAX_NUMEL:
@@ -263,6 +305,10 @@ def _slice(args: Sequence[str], attrs: dict[str, Any], in_types: Sequence[Tensor
     ax, start = attrs["axis"], int(attrs["start"])
     rank = in_types[0].rank
     p_in, p_out = padded[0][ax], padded[-1][ax]
+    c = int(attrs["stop"]) - start
+    if p_in == in_types[0].shape[ax] and p_out == c and _pow2(p_in) and _pow2(c) and start % c == 0:
+        # an aligned power-of-two chunk of an unpadded power-of-two axis: split, no one-hot selection
+        return _split_chunk(args[0], tuple(padded[0]), ax, c, start // c)
     numel = math.prod(padded[0]) * p_out
     if numel > TRITON_MAX_NUMEL:
         raise GraphError(f"codegen: slice of a tile {tuple(padded[0])} along axis {ax} needs a one-hot selection "
