@@ -203,7 +203,7 @@ def _split_chunk(x: str, shape: tuple[int, ...], ax: int, c: int, i: int) -> str
     while n > 1:
         half = n // 2
         shp = (*cur[:ax], 2, half * c, *cur[ax + 1:])
-        perm = tuple(d for d in range(len(shp)) if d != ax) + (ax,)
+        perm = (*(d for d in range(len(shp)) if d != ax), ax)
         x = f"tl.split(tl.permute(tl.reshape({x}, {shp}), {perm}))[{1 if i >= half else 0}]"
         i %= half
         cur[ax] = half * c
