@@ -43,7 +43,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "Unknown": ("verimirage.smt.verdict", "Unknown"),
     "verify": ("verimirage.smt.verify", "verify"),
     "Certificate": ("verimirage.smt.certificate", "Certificate"),
-    "check_certificate": ("verimirage.smt.certificate", "check_certificate"),
+    "check_certificate": ("verimirage.pipeline.certificates", "check_certificate"),
     "superoptimize": ("verimirage.pipeline.superopt", "superoptimize"),
     "Candidate": ("verimirage.pipeline.superopt", "Candidate"),
     "SearchResult": ("verimirage.pipeline.superopt", "SearchResult"),

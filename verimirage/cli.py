@@ -202,7 +202,7 @@ def cmd_check_cert(a: argparse.Namespace) -> int:
     from verimirage import checkproc
 
     checkproc.prestart()  # the checker process imports its modules while this one imports numpy and the rest
-    from verimirage.smt.certificate import check_certificate
+    from verimirage.pipeline.certificates import check_certificate
 
     v = check_certificate(a.path)
     elapsed = time.perf_counter() - t0

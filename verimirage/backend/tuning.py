@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..ir.graph import BlockGraph, Graph
+from ..ir.graph import BlockGraph, Graph, MuGraph
 from ..ir.ops import OPS, Prop, TensorType
 from .codegen import LaunchConfig, ModuleSource, TileOptions, _KernelGen, generate
 
@@ -147,6 +147,13 @@ def tuned_module(program: Any) -> ModuleSource:
     """The module ``vm.compile(program)`` generates by default (no profiled selection in the process): each
     kernel with :func:`recommend`'s tile options. Its ``digest`` is what a certificate vouches for."""
     return generate(program, tiles_for=lambda bg, at: recommend(bg, at).tiles)
+
+
+def triton_digest(mugraph: Graph | str) -> str:
+    """The sha256 of the Triton module ``vm.compile`` generates for ``mugraph`` (a μGraph or its text) by default:
+    :func:`tuned_module`'s digest, which a certificate records and ``vm.check_certificate`` regenerates. Imports
+    the code generator, not torch or triton."""
+    return tuned_module(MuGraph.parse(mugraph) if isinstance(mugraph, str) else mugraph).digest
 
 
 def candidate_configs(bg: BlockGraph, arg_types: Sequence[TensorType]) -> list[LaunchConfig]:

@@ -16,7 +16,7 @@ the checksum; that each μGraph parses, passes the IR checks and is in
 canonical text form; that each certificate's programs are exactly the
 requesting graph and that μGraph (by text, not by a stored hash); that each
 served candidate's cost is what the search's cost model gives; and the
-independent certificate checker (:func:`verimirage.smt.certificate.check_certificate`,
+independent certificate checker (:func:`verimirage.pipeline.certificates.check_certificate`,
 re-deriving everything from the two programs) re-checks the certificate of
 every candidate that is served. The checksum is unkeyed, so it only catches
 accidents; the re-check is what stops a tampered entry. A corrupt, truncated,
@@ -151,7 +151,7 @@ def _recheck(cert: Any) -> Any:
     """The independent checker's verdict on ``cert`` (written to a private temporary file first)."""
     import tempfile
 
-    from ..smt.certificate import check_certificate
+    from .certificates import check_certificate
 
     with tempfile.TemporaryDirectory(prefix="vm-recheck-") as tmp:
         p = Path(tmp) / "certificate.json"

@@ -512,6 +512,7 @@ def _isolated(text: str, known: frozenset[str], timeout_s: float, memory_mb: flo
 def check_certificate(
     cert: Certificate | ComposedCertificate | str | Path, *, triton_source: str | None = None, timeout_s: float = 10.0,
     memory_mb: float | None = None, wall_s: float | None = None, isolate: bool = True, triton: bool = True,
+    regenerate: Callable[[str], str] | None = None,
 ) -> Verdict:
     """Independently re-check a certificate (a :class:`Certificate` or the path of its JSON file); Proved,
     or Unknown naming the first mismatch (see the module docstring).
@@ -520,7 +521,10 @@ def check_certificate(
     ``memory_mb`` MiB of address space (default ``$VERIMIRAGE_CHECK_MEMORY_MB`` or 8192) and ``wall_s``
     seconds (default ``$VERIMIRAGE_CHECK_SECONDS`` or 1800); a blow-up is a rejection. ``timeout_s``: per Z3
     query. ``triton`` (the default): when the certificate records a Triton hash, regenerate the module from
-    the μGraph and compare (imports the code generator); ``triton_source``: a source that must match it too.
+    the μGraph with ``regenerate`` (μGraph text -> sha256: the backend's
+    :func:`verimirage.backend.tuning.triton_digest`, which ``vm.check_certificate`` passes; this package does
+    not import the backend; without one the hash is not confirmed: a rejection) and compare;
+    ``triton_source``: a source that must match it too.
     Raises FileNotFoundError for a path that names no file and :class:`CertificateError` for an unreadable
     file or text that is not a JSON object.
     """
@@ -533,9 +537,9 @@ def check_certificate(
         if triton and h is not None:
             t0 = time.perf_counter()
             try:
-                from .certify import triton_digest
-
-                regenerated.append(triton_digest(json.loads(text)["mugraph_text"]))
+                if regenerate is None:
+                    raise GraphError("no code generator given (vm.check_certificate passes the backend's)")
+                regenerated.append(regenerate(json.loads(text)["mugraph_text"]))
             except Exception as e:  # the generator cannot express it (or is absent): the hash is not confirmed
                 regenerated.append(e)
             regenerated.append(time.perf_counter() - t0)
@@ -569,7 +573,7 @@ def check_certificate(
 
 #: names of the certificate *maker* (:mod:`verimirage.smt.certify`), still importable from here (loaded on first
 #: use, so that the checker's process never imports them)
-_MAKER = ("certify", "make_certificate", "regenerate_proofs", "tool_versions", "triton_digest", "write_known_rules")
+_MAKER = ("certify", "make_certificate", "tool_versions", "write_known_rules")
 
 
 def __getattr__(name: str) -> Any:

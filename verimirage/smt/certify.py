@@ -1,13 +1,13 @@
-"""Making certificates (the verifier's side): :func:`make_certificate`, :func:`certify`, the Triton digest
-they record and :func:`regenerate_proofs`. Not part of the checker: :mod:`verimirage.smt.certificate` checks a
-certificate without importing this module.
+"""Making certificates (the verifier's side): :func:`make_certificate`, :func:`certify`; the Triton digest
+they record is the backend's (:func:`verimirage.backend.tuning.triton_digest`). Not part of the checker:
+:mod:`verimirage.smt.certificate` checks a certificate without importing this module.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -64,7 +64,7 @@ def make_certificate(
     """The certificate of a Proved pair (GraphError for any other verdict).
 
     ``triton_source_hash``: the sha256 of the Triton module that runs for ``mugraph`` by default
-    (:func:`triton_digest`); the checker regenerates it and compares."""
+    (:func:`verimirage.backend.tuning.triton_digest`); the checker regenerates it and compares."""
     if not isinstance(verdict, Proved):
         raise GraphError(f"certificate: only a Proved pair gets a certificate; got {type(verdict).__name__}")
     if triton_source_hash is not None and not re.fullmatch(r"[0-9a-f]{64}", triton_source_hash):
@@ -97,14 +97,6 @@ def make_composed_certificate(
                                triton_source_hash, tool_versions(), reason)
 
 
-def triton_digest(mugraph: Graph | str) -> str:
-    """The sha256 of the Triton module ``vm.compile`` generates for ``mugraph`` by default (each kernel with
-    :func:`verimirage.backend.tuning.recommend`'s tiles). Imports the code generator, not torch or triton."""
-    from ..backend.tuning import tuned_module
-
-    return tuned_module(MuGraph.parse(mugraph) if isinstance(mugraph, str) else mugraph).digest
-
-
 def certify(graph: Graph, mugraph: Graph, rules: Sequence[str] = (), trusted_rules: Sequence[str] = (),
             triton_source_hash: str | None = None) -> Certificate:
     """Verify the pair and return its certificate (GraphError if it is not Proved)."""
@@ -112,25 +104,3 @@ def certify(graph: Graph, mugraph: Graph, rules: Sequence[str] = (), trusted_rul
 
     v = verify(graph, mugraph)
     return make_certificate(graph, mugraph, v, rules, trusted_rules, triton_source_hash)
-
-
-def regenerate_proofs(
-    directory: str | Path, make_candidate: Callable[[str, int], tuple[Graph, Graph, Sequence[str]]],
-    names: Sequence[str] | None = None, batches: Sequence[int] = (1, 8),
-) -> list[Path]:
-    """Write ``<name>_bs<batch>.json`` for every suite program: ``make_candidate(name, batch)`` returns
-    ``(graph, mugraph, rules)`` (e.g. from ``vm.superoptimize(...).best``). Each records the hash of the
-    Triton module that runs by default (:func:`triton_digest`)."""
-    from ..benchmarks import suite
-
-    out = []
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    for name in names or suite.names():
-        for b in batches:
-            g, mg, rules = make_candidate(name, b)
-            cert = certify(g, mg, rules, triton_source_hash=triton_digest(mg))
-            p = d / f"{name}_bs{b}.json"
-            cert.save(p)
-            out.append(p)
-    return out
