@@ -8,5 +8,6 @@ PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 # shellcheck disable=SC1091
 . .venv/bin/activate
-python -m pip install -q torch==2.13.0
-python -m pip install -q -e '.[dev,test]'
+# -qq: pip's errors only (its warnings about a machine's index settings filled the demo's stderr)
+python -m pip install -qq torch==2.13.0
+python -m pip install -qq -e '.[dev,test]'

@@ -241,3 +241,16 @@ def test_checker_without_a_code_generator_does_not_confirm_a_triton_hash() -> No
     assert not v.proved and "no code generator" in v.reason, v.reason
     assert smt_check(lora, isolate=False, triton=False).proved
     assert "triton-hash" in [c.name for c in vm.check_certificate(lora, isolate=False).evidence]
+
+
+def test_cli_output_into_a_closed_pipe_is_no_error() -> None:
+    # `verimirage show proofs/x.json | head -2`: the reader goes away; no traceback
+    e = dict(os.environ, PYTHONPATH=str(ROOT))
+    p = subprocess.Popen([sys.executable, "-m", "verimirage.cli", "show", str(GQA_CERT)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, cwd=ROOT, env=e)
+    assert p.stdout is not None and p.stderr is not None
+    p.stdout.read(10)
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    p.wait(timeout=120)
+    assert "Traceback" not in err and p.returncode == 0, err

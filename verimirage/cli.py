@@ -23,6 +23,7 @@ import argparse
 import importlib.util
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -487,6 +488,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         return int(args.fn(args))
+    except BrokenPipeError:  # the reader went away (`verimirage show ... | head`): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
     except Exception as e:
         from verimirage.ir.errors import GraphError  # (imported here: the IR imports numpy, see cmd_check_cert)
 
