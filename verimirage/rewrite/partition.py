@@ -37,7 +37,7 @@ from typing import Any
 
 from ..ir.errors import GraphError
 from ..ir.graph import BlockBuilder, Graph, MuGraph, Tensor, ThreadBuilder, node_list, output_refs
-from ..ir.ops import Prop, TensorType, get_op
+from ..ir.ops import IndexMap, Prop, TensorType, get_op, reshape_groups
 from .lift import Term, graph_terms, term_to_graph
 
 log = logging.getLogger(__name__)
@@ -145,6 +145,30 @@ class Analysis:
         return out
 
 
+def _reshape_leads(src: tuple[int, ...], new: tuple[int, ...], in_labels: Sequence[int | None],
+                   shrink: list[tuple[int, int]]) -> IndexMap:
+    """A reshape's index map for partitioning: kept dims walk together; a merged or split group of dims walks
+    its leading operand and result dims together (a block takes the same contiguous chunk of the group on both
+    sides: GroupNorm's ``(N, C, L) -> (N, G, C/G * L)`` walks the channels with the groups, C/G channels a
+    block), its other dims stay whole. A lead label is split into at most gcd(leading sizes) parts
+    (``shrink``); :func:`build` divides the block-level reshape's leading sizes by the parts."""
+    links, whole_in, whole_out = [], [], []
+    for og, ng in reshape_groups(src, new):
+        if len(og) == 1 and len(ng) == 1:
+            links.append((0, og[0], ng[0]))
+            continue
+        gcd = math.gcd(src[og[0]], new[ng[0]])
+        if gcd > 1 and in_labels[og[0]] is not None:
+            links.append((0, og[0], ng[0]))
+            shrink.append((in_labels[og[0]], gcd))  # type: ignore[arg-type]
+            whole_in += [(0, d) for d in og[1:]]
+            whole_out += ng[1:]
+        else:
+            whole_in += [(0, d) for d in og]
+            whole_out += ng
+    return IndexMap(links=tuple(links), whole_in=tuple(whole_in), whole_out=tuple(whole_out))
+
+
 def analyse(g: Graph) -> Analysis:
     """Index labels for every value of kernel graph ``g``."""
     uf = _UF()
@@ -153,6 +177,7 @@ def analyse(g: Graph) -> Analysis:
     reduces: dict[int, int] = {}
     whole: list[int] = []
     mm: list[int] = []
+    shrink: list[tuple[int, int]] = []  # (label, g): the label also walks a dim of g blocks' worth (a reshape)
     nodes = node_list(g)
 
     def fresh(n: int) -> int | None:
@@ -179,6 +204,8 @@ def analyse(g: Graph) -> Analysis:
         if d.index is None or d.has(Prop.LOOP):
             raise GraphError(f"partition: cannot lower op {n.op!r}; expected a kernel-level tensor op")
         im = d.index_map([nodes[a].outs[k] for a, k in n.args], n.attr_dict, outt)
+        if n.op == "reshape":
+            im = _reshape_leads(nodes[n.args[0][0]].outs[n.args[0][1]].shape, outt.shape, args[0], shrink)
         res: list[int | None] = [None] * outt.rank
         for a, j, o in im.links:
             res[o] = unify(res[o], args[a][j])
@@ -209,6 +236,9 @@ def analyse(g: Graph) -> Analysis:
 
     labels = {i: tuple(f(x) for x in v) for i, v in raw.items()}
     sizes = {uf.find(k): v for k, v in size.items()}
+    for lab, gcd in shrink:
+        r = uf.find(lab)
+        sizes[r] = math.gcd(sizes[r], gcd)
     return Analysis(
         g,
         labels,
@@ -527,6 +557,27 @@ def _imap(labels: tuple[int | None, ...], axes: Sequence[int]) -> tuple[int | No
     return tuple(next((d for d, x in enumerate(labels) if x == lab), None) for lab in axes)
 
 
+def _reshape_tile(an: Analysis, axes: Sequence[int], sizes: Sequence[int], loop: int | None, n: Any,
+                  full: list[TensorType]) -> tuple[dict[str, Any], list[TensorType]]:
+    """The attributes and operand type a reshape node is applied with in a block: each merged or split group
+    whose leading dims a grid axis walks (:func:`_reshape_leads`) has those leading sizes divided by the axis's
+    parts, so the block-level tile rule gives the chunk's shape."""
+    src, new = full[0].shape, n.outs[0].shape
+    labs = an.labels[n.args[0][0]]
+    src2, new2 = list(src), list(new)
+    for og, ng in reshape_groups(src, new):
+        if len(og) == 1 and len(ng) == 1:
+            continue
+        lab = labs[og[0]]
+        if lab is not None and lab == loop:
+            raise Infeasible("a for-loop over a reshaped group of dims")
+        if lab is not None and lab in axes:
+            p = sizes[list(axes).index(lab)]
+            src2[og[0]] //= p
+            new2[ng[0]] //= p
+    return {**n.attr_dict, "shape": tuple(new2)}, [TensorType(tuple(src2), full[0].dtype)]
+
+
 def build(an: Analysis, cfg: Config, *, fuse_epilogue: bool = True) -> Lowered:
     """The μGraph of ``cfg`` (one kernel, or split-KV + combine); raises Infeasible."""
     g = an.graph
@@ -591,6 +642,9 @@ def build(an: Analysis, cfg: Config, *, fuse_epilogue: bool = True) -> Lowered:
             if n.op == "input":
                 continue
             attrs = n.attr_dict
+            fin = full_in(n)
+            if n.op == "reshape":
+                attrs, fin = _reshape_tile(an, axes_k1, sizes_k1, L, n, fin)
             arefs = [a for a, _ in n.args]
             ks = [kind[a] for a in arefs]
             red = an.reduces.get(i)
@@ -609,7 +663,7 @@ def build(an: Analysis, cfg: Config, *, fuse_epilogue: bool = True) -> Lowered:
                     raise Infeasible(f"{n.op} over the loop dim cannot be accumulated")
                 if any(k not in (Place.BODY, Place.SCALED, Place.INV) for k in ks) or ks.count(Place.SCALED) > 1:
                     raise Infeasible(f"{n.op} over the loop dim of post-loop values")
-                part = _apply(b, n.op, attrs, [mat(val[a]) for a in arefs], full_in(n))
+                part = _apply(b, n.op, attrs, [mat(val[a]) for a in arefs], fin)
                 if Place.SCALED in ks:
                     rm = rm_of[arefs[ks.index(Place.SCALED)]]
                     val[i] = b.rescaled_sum(part, val[rm])
@@ -634,7 +688,7 @@ def build(an: Analysis, cfg: Config, *, fuse_epilogue: bool = True) -> Lowered:
             if Place.SHIFT in ks:
                 if not d.has(Prop.EXPONENTIAL):
                     raise Infeasible(f"{n.op} of a max-shifted loop value (only exp is rescalable)")
-                val[i] = _apply(b, n.op, attrs, [mat(args[0])], full_in(n))
+                val[i] = _apply(b, n.op, attrs, [mat(args[0])], fin)
                 kind[i] = Place.SCALED
                 rm_of[i] = rm_of[arefs[0]]
                 continue
@@ -645,7 +699,7 @@ def build(an: Analysis, cfg: Config, *, fuse_epilogue: bool = True) -> Lowered:
                     d.reduce is None or red != L)
                 if not ok:
                     raise Infeasible(f"{n.op} of a rescaled loop value")
-                val[i] = _apply(b, n.op, attrs, [mat(a) for a in args], full_in(n))
+                val[i] = _apply(b, n.op, attrs, [mat(a) for a in args], fin)
                 kind[i] = Place.SCALED
                 rm_of[i] = rm_of[arefs[si]]
                 continue
@@ -659,10 +713,10 @@ def build(an: Analysis, cfg: Config, *, fuse_epilogue: bool = True) -> Lowered:
                 if fuse_epilogue and get_op(n.op).has(Prop.ELEMENTWISE):
                     val[i] = (n.op, attrs, args)
                 else:
-                    val[i] = _apply(b, n.op, attrs, [mat(a) for a in args], full_in(n))
+                    val[i] = _apply(b, n.op, attrs, [mat(a) for a in args], fin)
                 continue
             kind[i] = Place.BODY if Place.BODY in ks else Place.INV
-            val[i] = _apply(b, n.op, attrs, [mat(a) for a in args], full_in(n))
+            val[i] = _apply(b, n.op, attrs, [mat(a) for a in args], fin)
     except GraphError as e:
         raise Infeasible(str(e)) from None
 

@@ -24,6 +24,14 @@ def _divmod(r: np.random.Generator) -> bool:
     return bool(np.all((e // t) * t + e % t == e))
 
 
+def _nested_div(r: np.random.Generator) -> bool:
+    f, m = int(r.integers(2, 9)), int(r.integers(1, 9))
+    a = r.integers(0, 1000, size=50)
+    b = r.integers(0, f, size=50)
+    x = f * a + b
+    return bool(np.all(x // (f * m) == a // m) and np.all(x % (f * m) == f * (a % m) + b))
+
+
 def _sum_shift(r: np.random.Generator) -> bool:
     f = r.standard_normal(40)
     c, n = 7, 20
@@ -73,6 +81,8 @@ def _log_mul(r: np.random.Generator) -> bool:
 
 AXIOMS: dict[str, tuple[str, Checker]] = {
     "index-divmod": ("(e // t) * t + e % t = e, and e // t = 0, e % t = e for e in [0, t)", _divmod),
+    "index-nested-div": ("(f*a + b) // (f*m) = a // m and (f*a + b) % (f*m) = f*(a % m) + b for b in [0, f)",
+                         _nested_div),
     "distribute": ("(a + b) * c = a*c + b*c", lambda r: _close(*(lambda a, b, c: ((a + b) * c, a * c + b * c))(
         *r.standard_normal(3)))),
     "div-monomial": ("a / (c * m) = a * c**-1 * m**-1", lambda r: _close(*(lambda a, c, m: (a / (c * m), a / c / m))(

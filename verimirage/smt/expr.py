@@ -229,6 +229,22 @@ def _split(x: Aff, n: int) -> tuple[Aff, Aff]:
     return aff(x[1] // n, at), aff(x[1] % n, bt)
 
 
+def _nested(b: Aff, n: int) -> tuple[int, Aff, Aff] | None:
+    """``(f, A, B)`` with ``b = f*A + B``, ``f`` a proper divisor of ``n`` (> 1, the largest such) and ``B``
+    provably in ``[0, f)``: then ``b // n = A // (n/f)`` and ``b % n = f*(A % (n/f)) + B`` (law
+    index-nested-div). A reshape's flat index ``16*i + j`` (j < 16) divided by 64 is ``i // 4``."""
+    for f in range(n // 2, 1, -1):
+        if n % f:
+            continue
+        a2, b2 = _split(b, f)
+        lo, hi = interval(b2)
+        if lo >= 0 and hi < f and a2[2]:
+            if _DER.get() is not None:
+                der().use("index-nested-div")
+            return f, a2, b2
+    return None
+
+
 def a_floordiv(x: Aff, n: int) -> Aff:
     """``x // n`` simplified when the remainder part provably lies in ``[0, n)``."""
     if n == 1:
@@ -239,6 +255,10 @@ def a_floordiv(x: Aff, n: int) -> Aff:
         return a
     if lo // n == hi // n:
         return a_add(a, a_const(lo // n))
+    nest = _nested(b, n)
+    if nest is not None:
+        f, a2, _ = nest
+        return a_add(a, a_floordiv(a2, n // f))
     return a_add(a, aff(0, {("fd", b, n): 1}))
 
 
@@ -250,6 +270,10 @@ def a_mod(x: Aff, n: int) -> Aff:
     lo, hi = interval(b)
     if lo // n == hi // n:
         return a_add(b, a_const(-(lo // n) * n))
+    nest = _nested(b, n)
+    if nest is not None:
+        f, a2, b2 = nest
+        return a_add(a_scale(a_mod(a2, n // f), f), b2)
     return aff(0, {("md", b, n): 1})
 
 
