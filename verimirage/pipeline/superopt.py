@@ -704,13 +704,22 @@ def _extract_phase(run: _Run) -> None:
         seen.add(key)
         graphs.append((g2, terms, ()))
     if any(r.name == "softmax-stabilise" for r in rules):
-        from ..rewrite.stabilise import stabilise_softmax
+        from ..rewrite.stabilise import logsumexp_sites, stabilise_softmax
 
         for g2, terms, steps in list(graphs):
             gs = stabilise_softmax(g2)
             if gs is not None and str(gs) not in seen:
                 seen.add(str(gs))
-                graphs.append((gs, terms, (*steps, "softmax-stabilise")))
+                lse = ("logsumexp-stabilise",) if logsumexp_sites(g2) else ()
+                graphs.append((gs, terms, (*steps, "softmax-stabilise", *lse)))
+    if any(r.name == "sum-factor-out" for r in rules):
+        from ..rewrite.stabilise import HOIST_RULES, hoist_row_constants
+
+        for g2, terms, steps in list(graphs):  # (the loop-friendly cross-entropy: see rewrite/stabilise.py)
+            gh = hoist_row_constants(g2)
+            if gh is not None and str(gh) not in seen:
+                seen.add(str(gh))
+                graphs.append((gh, terms, (*steps, *HOIST_RULES)))
     rep.terms_extracted = len(graphs)
 
     run.originals, run.graphs = originals, graphs

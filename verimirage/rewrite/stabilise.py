@@ -1,6 +1,9 @@
-"""A direct graph rewrite: the numerically safe softmax.
+"""Direct graph rewrites the search applies to every extracted graph: the numerically safe softmax, and row
+constants hoisted out of reductions.
 
-``exp(a) / sum_k exp(a)``  ->  ``exp(a - max_k a) / sum_k exp(a - max_k a)``
+``exp(a) / sum_k exp(a)``  ->  ``exp(a - max_k a) / sum_k exp(a - max_k a)``, and
+``log(sum_k exp(a))``  ->  ``max_k a + log(sum_k exp(a - max_k a))`` (the max added back after a log: the
+logsumexp of a log-softmax or a cross-entropy);
 
 The e-graph holds both forms in one e-class (rule ``softmax-stabilise``), and
 extraction by cost always prefers the plain one, which overflows fp16 (and
@@ -40,6 +43,16 @@ def _softmax_sites(g: Graph) -> dict[int, int]:
     return sites
 
 
+def logsumexp_sites(g: Graph) -> bool:
+    """Whether :func:`stabilise_softmax` adds a max back after a log in ``g`` (a plain logsumexp: its step is
+    then ``logsumexp-stabilise`` too)."""
+    nodes = node_list(g)
+    sites = _softmax_sites(g)
+    sums = {i for i, n in enumerate(nodes) if n.op == "sum" and n.args[0][0] in sites
+            and sites[n.args[0][0]] == n.attr("axis")}
+    return any(n.op == "log" and n.args[0][0] in sums for n in nodes)
+
+
 def stabilise_softmax(g: Graph) -> Graph | None:
     """``g`` with every plain softmax in the max-subtracted form, or None if it has none."""
     sites = _softmax_sites(g)
@@ -49,16 +62,104 @@ def stabilise_softmax(g: Graph) -> Graph | None:
     exps = sites
     out = Graph()
     val: dict[int, Tensor] = {}
+    maxes: dict[int, Tensor] = {}  # exp site or sum of one -> the max subtracted in it
     for i, n in enumerate(nodes):
         args = [val[a] for a, _ in n.args]
         if n.op == "input":
             val[i] = out.input(n.attr("name"), n.outs[0].shape, n.outs[0].dtype)
         elif i in exps:
             a = args[0]
-            val[i] = out.exp(out.sub(a, out.max(a, axis=exps[i])))
+            maxes[i] = out.max(a, axis=exps[i])
+            val[i] = out.exp(out.sub(a, maxes[i]))
+        elif n.op == "sum" and n.args[0][0] in maxes and exps[n.args[0][0]] == n.attr("axis"):
+            val[i] = out.sum(args[0], axis=n.attr("axis"))
+            maxes[i] = maxes[n.args[0][0]]
+        elif n.op == "log" and n.args[0][0] in maxes and n.args[0][0] not in exps:
+            val[i] = out.add(maxes[n.args[0][0]], out.log(args[0]))  # log(S e^-m) + m = log S
         else:
             attrs: dict[str, Any] = n.attr_dict
             val[i] = out._emit(n.op, args, attrs)
     out.output(*[val[a] for a, _ in output_refs(g)])
     out.check()
     return out
+
+
+def _const_along(t: Any, x: Any, axis: int) -> bool:
+    """Whether ``t`` (same rank as ``x``) is constant along ``axis`` where ``x`` varies."""
+    return t.rank == x.rank and t.shape[axis] == 1 and x.shape[axis] > 1
+
+
+def hoist_row_constants(g: Graph) -> Graph | None:
+    """``g`` with every ``sum_k t * (c - x)`` (also ``t * -(x - c)``, ``t * (x - c)``, either factor order) for
+    a ``c`` constant along ``k``, computed from a reduction along ``k``, and ``t`` (not computed from ``c``),
+    ``x`` of full size along it written ``sum_k(t) * c - sum_k(t * x)`` (or its negation); None if it has
+    none. See the module docstring. (A centred square ``sum_k (x - m) * (x - m)`` is not hoisted: its ``t``
+    reads ``m``, and ``sum(d x) - m sum(d)`` would cancel where the variance does not.)"""
+    nodes = node_list(g)
+    anc: list[frozenset[int]] = []  # the nodes each node's value is computed from (itself included)
+    for i, n in enumerate(nodes):
+        anc.append(frozenset({i}).union(*(anc[a] for a, _ in n.args)))
+
+    def post_reduction(c: int, ax: int) -> bool:  # computed from a reduction along ``ax`` (known after a pass)
+        return any(nodes[j].op in ("sum", "max", "mean", "min") and nodes[j].attr("axis") % nodes[j].outs[0].rank
+                   == ax for j in anc[c])
+
+    sites: dict[int, tuple[int, int, int, int]] = {}  # sum node -> (t, x, c, sign of x)
+    for i, n in enumerate(nodes):
+        if n.op != "sum" or nodes[n.args[0][0]].op != "mul":
+            continue
+        ax = n.attr("axis") % n.outs[0].rank
+        prod = nodes[n.args[0][0]]
+        for t, d in (prod.args, prod.args[::-1]):
+            dn, sign = nodes[d[0]], 1
+            if dn.op == "neg":
+                dn, sign = nodes[dn.args[0][0]], -1
+            if dn.op != "sub":
+                continue
+            (a, _), (b, _) = dn.args
+            ta, tb, tt = nodes[a].outs[0], nodes[b].outs[0], nodes[t[0]].outs[0]
+            full = prod.outs[0]
+            if tt.shape != full.shape:
+                continue
+            if ta.shape == full.shape and _const_along(tb, full, ax):  # sign * (x - c)
+                sites[i] = (t[0], a, b, sign)
+            elif tb.shape == full.shape and _const_along(ta, full, ax):  # sign * (c - x)
+                sites[i] = (t[0], b, a, -sign)
+            if i in sites:
+                tt_, _, c_, _ = sites[i]
+                if c_ in anc[tt_] or not post_reduction(c_, ax):  # (a centred square: not this form)
+                    del sites[i]
+                    continue
+                break
+    if not sites:
+        return None
+    live: set[int] = set()  # the nodes the rewritten outputs read (a site reads t, x and c, not its product)
+    todo = [a for a, _ in output_refs(g)]
+    while todo:
+        i = todo.pop()
+        if i not in live:
+            live.add(i)
+            todo += list(sites[i][:3]) if i in sites else [a for a, _ in nodes[i].args]
+    out = Graph()
+    val: dict[int, Tensor] = {}
+    for i, n in enumerate(nodes):
+        if i not in live and n.op != "input":
+            continue
+        args = [val[a] for a, _ in n.args] if i not in sites else []
+        if n.op == "input":
+            val[i] = out.input(n.attr("name"), n.outs[0].shape, n.outs[0].dtype)
+        elif i in sites:
+            tn, xn, cn, sign = sites[i]
+            ax = n.attr("axis")
+            tc = out.mul(out.sum(val[tn], axis=ax), val[cn])
+            tx = out.sum(out.mul(val[tn], val[xn]), axis=ax)
+            val[i] = out.sub(tx, tc) if sign > 0 else out.sub(tc, tx)
+        else:
+            val[i] = out._emit(n.op, args, n.attr_dict)
+    out.output(*[val[a] for a, _ in output_refs(g)])
+    out.check(unused_inputs=True)
+    return out
+
+
+#: the rules whose composition :func:`hoist_row_constants` applies (recorded as its candidates' steps)
+HOIST_RULES = ("neg-sub", "mul-sub-distrib", "sum-sub-split", "sum-factor-out")
