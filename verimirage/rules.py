@@ -23,6 +23,7 @@ from .rewrite.rules import (
     AVar,
     DimIsOne,
     Instance,
+    Positive,
     PVar,
     RankIs,
     RankMinus,
@@ -39,8 +40,8 @@ from .rewrite.rules import (
 )
 
 __all__ = [
-    "AVar", "DEFAULT_OPS", "DEFAULT_SHAPES", "DimIsOne", "FieldSpec", "Instance", "PVar", "RankIs", "RankMinus",
-    "RecipDim", "Rule", "RuleError", "Ruleset", "SameDim", "SameRank", "SweepRow", "SweepTable", "SynthesisReport",
-    "SynthesizedRuleset", "all_builtin_rules", "builtin_rulesets", "derives", "in_scope", "leave_one_theory_out",
-    "minimize", "pat", "rediscovered", "ruleset", "sweep", "synthesize",
+    "AVar", "DEFAULT_OPS", "DEFAULT_SHAPES", "DimIsOne", "FieldSpec", "Instance", "PVar", "Positive", "RankIs",
+    "RankMinus", "RecipDim", "Rule", "RuleError", "Ruleset", "SameDim", "SameRank", "SweepRow", "SweepTable",
+    "SynthesisReport", "SynthesizedRuleset", "all_builtin_rules", "builtin_rulesets", "derives", "in_scope",
+    "leave_one_theory_out", "minimize", "pat", "rediscovered", "ruleset", "sweep", "synthesize",
 ]

@@ -2,7 +2,8 @@
 
 Importing this package registers the ``"egglog"`` meaning of every kernel-level op. Public names for
 research use: :class:`Rule`, :func:`ruleset`, ``pat``, :class:`PVar`, :class:`AVar`, :class:`Instance`,
-guards (:class:`SameRank`, :class:`RankIs`, :class:`DimIsOne`, :class:`SameDim`), :func:`ablate`.
+guards (:class:`SameRank`, :class:`RankIs`, :class:`DimIsOne`, :class:`SameDim`; the value guard
+:class:`Positive`), :func:`ablate`.
 """
 
 from ..logs import quiet_egglog
@@ -14,6 +15,7 @@ from .rules import (  # noqa: E402
     AVar,
     DimIsOne,
     Instance,
+    Positive,
     PVar,
     RankIs,
     RankMinus,
@@ -29,8 +31,8 @@ from .rules import (  # noqa: E402
 )
 
 __all__ = [
-    "AVar", "DimIsOne", "Instance", "PVar", "RankIs", "RankMinus", "RecipDim", "Rule", "RuleError", "Ruleset",
-    "SameDim", "SameRank", "ablate", "builtin_rulesets", "lift", "pat", "ruleset",
+    "AVar", "DimIsOne", "Instance", "PVar", "Positive", "RankIs", "RankMinus", "RecipDim", "Rule", "RuleError",
+    "Ruleset", "SameDim", "SameRank", "ablate", "builtin_rulesets", "lift", "pat", "ruleset",
 ]
 
 

@@ -32,11 +32,18 @@ Op meanings
   ``x``; the result has no meaningful q-part. If ``exp`` is applied to a value
   whose q-part has no meaning (e.g. ``exp(exp(x))``), the field records a
   *q-violation* and the test can only answer Unknown.
-* ``silu, gelu, relu, sqrt``: per-trial random functions (a keyed 64-bit mix)
+* ``gelu, relu, sqrt``: per-trial random functions (a keyed 64-bit mix)
   of the p-residue of the argument, giving both parts of the result (both read
   the p-part). ``rsqrt(x)`` is the inverse of ``sqrt(x)`` (so ``rsqrt =
   1/sqrt`` exactly). ``rms_norm(x) = x * rsqrt(mean(x*x) + eps)`` with that
   ``rsqrt`` (times the weight).
+* ``sigmoid(x) = 1 / (1 + exp(-x))``, ``tanh(x) = 2 sigmoid(2x) - 1``,
+  ``silu(x) = x sigmoid(x)``: exact in the p-part (through exp, which reads
+  the argument's q-part; ``1 + exp(-x)`` is never 0); the q-part is a random
+  function of the argument, so an exp may read the result (soft-capped
+  logits): it stands for an uninterpreted function, and the real function is
+  both at once. Where the argument has no q-part (silu after attention) both
+  parts are that random function, as for an opaque op.
 * ``log``: the p-part is a per-trial random function of the argument's
   p-residue (like tanh); the q-part is the *discrete log* of that residue:
   ``k`` for ``+-g**k``, meaningless (-1) for 0. It is the homomorphism
@@ -48,7 +55,9 @@ Op meanings
   forgets the sign (-1 has discrete log 0): ``log(-y) = log(y)`` and
   ``exp(log y) = +-y`` in this model, neither a law of the reals. So a
   program in which an exp reads a log's value is not tested (unknown,
-  :func:`verimirage.smt.ffref.exp_after_log`), and a candidate that takes log
+  :func:`verimirage.smt.ffref.exp_after_log`) unless the log's argument is
+  an exp's value (or a product, quotient or square of such: a square in the
+  field, where ``exp(log y) = y`` exactly), and a candidate that takes log
   of a value the target does not is rejected by the abstract check's
   definedness (:mod:`verimirage.smt.defined`). No probability is stated for
   the q-world comparison (the discrete log has no polynomial degree): it is
