@@ -12,31 +12,34 @@
 set -u
 out=${1:?output folder}
 dims_list=${DIMS:-decode large}
-fwd_decode=${FWD_DECODE:-rmsnorm_linear,swiglu,mlp_gelu,layernorm_linear,softmax_head,mlp_silu,geglu,llama_rmsnorm_linear,mlp_relu,mlp_gelu_tanh,lora,residual_mlp}
-fwd_large=${FWD_LARGE:-rmsnorm_linear,mlp_gelu,hand_attention,softmax_head,layernorm_linear,mlp_relu,mlp_silu}
-train=${TRAIN:-mlp_relu,swiglu}
+fwd_decode=${FWD_DECODE:-rmsnorm_linear,swiglu,mlp_gelu,layernorm_linear,mlp_silu,llama_rmsnorm_linear,mlp_relu}
+fwd_large=${FWD_LARGE:-hand_attention,mlp_gelu,rmsnorm_linear}
+s_decode=${S_DECODE:-200}
+s_large=${S_LARGE:-150}
+train=${TRAIN:-mlp_relu}
 maxfb=()
 [ "${MAXFB:-0}" = 1 ] && maxfb=(--max-fallback)
 mkdir -p "$out"
 log="$out/run.log"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$log" 2>&1
 echo "=== gpu tests" >> "$log"
-timeout "${TEST_S:-60}" python -m pytest -q -p no:cacheprovider -m gpu tests/test_precompile.py >> "$log" 2>&1
+timeout "${TEST_S:-45}" python -m pytest -q -p no:cacheprovider -m gpu tests/test_precompile.py >> "$log" 2>&1
 echo "exit $?" >> "$log"
 last=""
 for d in $dims_list; do
   last=$d
   var="fwd_$d"
+  lim="s_$d"
   echo "=== forward $d" >> "$log"
-  timeout "${FWD_S:-200}" python benchmarks/corpus_capture.py "${!var}" --gpu-run "$out/$d" \
-    --plan "benchmarks/results/capture/plan_${d}_fp16.json" --dims "$d" --deadline "${FWD_DEADLINE:-150}" \
+  timeout "${!lim}" python benchmarks/corpus_capture.py "${!var}" --gpu-run "$out/$d" \
+    --plan "benchmarks/results/capture/plan_${d}_fp16.json" --dims "$d" --deadline "$(( ${!lim} - 40 ))" \
     "${maxfb[@]}" >> "$log" 2>&1
   echo "exit $?" >> "$log"
 done
 if [ -n "$train" ] && [ -n "$last" ]; then
   echo "=== train $last" >> "$log"
-  timeout "${TRAIN_S:-90}" python benchmarks/corpus_capture.py "" --train-names "$train" --gpu-run "$out/$last" \
-    --plan "benchmarks/results/capture/plan_${last}_fp16.json" --dims "$last" --deadline "${TRAIN_DEADLINE:-50}" \
+  timeout "${TRAIN_S:-70}" python benchmarks/corpus_capture.py "" --train-names "$train" --gpu-run "$out/$last" \
+    --plan "benchmarks/results/capture/plan_${last}_fp16.json" --dims "$last" --deadline "${TRAIN_DEADLINE:-30}" \
     >> "$log" 2>&1
   echo "exit $?" >> "$log"
 fi
