@@ -108,13 +108,20 @@ def time_one(name: str, *, budget: float, profile: bool) -> dict[str, Any]:
     return res
 
 
+def _found(best: Any, how: str) -> Any:
+    """What ``vm.superoptimize`` returns, for a search served from elsewhere (``best`` or nothing)."""
+    import types
+
+    return types.SimpleNamespace(candidates=[] if best is None else [best], best=best,
+                                 report=types.SimpleNamespace(stop_reason=how, split=False, regions=[]))
+
+
 def _no_search() -> None:
     """Replace the search by the lifted graph itself (each op its own kernel): for machines without egglog."""
-    import types
 
     import verimirage as vm
 
-    vm.__dict__["superoptimize"] = lambda g, **kw: types.SimpleNamespace(candidates=[g], best=g)
+    vm.__dict__["superoptimize"] = lambda g, **kw: _found(g, "no search")
 
 
 def _serve_plan(path: Path, stats: dict[str, int]) -> None:
@@ -124,7 +131,6 @@ def _serve_plan(path: Path, stats: dict[str, int]) -> None:
     search found and verified for exactly that graph (matched by its full text: ops, shapes, dtypes); any
     other partition gets the lifted graph itself (each op its own kernel). Nothing is re-verified here.
     """
-    import types
 
     import verimirage as vm
     from verimirage.ir.graph import MuGraph
@@ -135,10 +141,10 @@ def _serve_plan(path: Path, stats: dict[str, int]) -> None:
         text = plan.get(str(g))
         if text is None:
             stats["miss"] = stats.get("miss", 0) + 1
-            return types.SimpleNamespace(candidates=[g], best=g)
+            return _found(g, "not in the plan")
         stats["hit"] = stats.get("hit", 0) + 1
         mg = MuGraph.parse(text)
-        return types.SimpleNamespace(candidates=[mg], best=mg)
+        return _found(mg, "plan")
 
     vm.__dict__["superoptimize"] = serve
 
@@ -163,7 +169,6 @@ def make_plan(names: list[str], dims: Any, dtype: torch.dtype, budget: float, pa
     plan: dict[str, str] = json.loads(path.read_text()) if path.exists() else {}
 
     def search(g: Any, **kw: Any) -> Any:
-        import types
 
         key = str(g)
         if key not in plan:
@@ -174,8 +179,7 @@ def make_plan(names: list[str], dims: Any, dtype: torch.dtype, budget: float, pa
             if r.candidates:
                 plan[key] = str(r.best.mugraph)
                 path.write_text(json.dumps(plan, indent=1))
-        return types.SimpleNamespace(candidates=[], best=None,
-                                     report=types.SimpleNamespace(stop_reason="plan", split=False, regions=[]))
+        return _found(None, "plan")
 
     vm.__dict__["superoptimize"] = search
     opts = CaptureOptions(time_budget_s=budget, check=False)

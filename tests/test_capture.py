@@ -510,3 +510,37 @@ def test_a_comparison_whose_booleans_leave_the_partition_is_not_lifted() -> None
     with pytest.raises(capture.LiftError, match="booleans used outside"):
         capture.lift(nodes)
     capture._probe(nodes[:1])  # alone, a mask is not an error of the node: a partition may still take it
+
+
+@pytest.mark.slow
+def test_a_chain_cut_in_two_runs_both_parts_in_verimirage_kernels() -> None:
+    # the second part reads the first's result: after the first is taken, the second is lifted again from it
+    model, xs = corpus.get("mlp_relu")
+    want, _ = _reference(model, xs, train=False)
+    OPTS["chain_limit"] = 8  # hidden 16 > 8: up and down projections in two partitions
+    try:
+        got, _, rep = _run(model, xs, train=False)
+    finally:
+        del OPTS["chain_limit"]
+    _close(got, want, "output")
+    assert len(rep.partitions) == 2 and all(p.taken for p in rep.partitions), [p.reason for p in rep.partitions]
+    assert rep.coverage == 1.0
+
+
+def test_a_failed_capture_leaves_no_partition_marked_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    from verimirage.integrations import dynamo
+
+    def half_done(gm: Any, opts: Any, rep: Report, kind: str, fallback_for: Any = None) -> Any:
+        gidx = rep.new_graph(kind)
+        rec = rep.new_partition(gidx, ["mm"])
+        rec.taken = True
+        rep.add_partition(rec)
+        raise KeyError("getitem")
+
+    monkeypatch.setattr(dynamo, "transform", half_done)
+    model, xs = corpus.get("mlp_relu")
+    want, _ = _reference(model, xs, train=False)
+    got, _, rep = _run(model, xs, train=False)
+    _close(got, want, "output")
+    assert rep.partitions and not any(p.taken for p in rep.partitions)
+    assert "the capture failed (KeyError" in (rep.partitions[0].reason or "")

@@ -719,7 +719,18 @@ def transform(gm: fx.GraphModule, opts: CaptureOptions, report: Report, kind: st
     strict: set[fx.Node] = set()
     for rnd in range(3):
         retry = False
+        spliced: set[fx.Node] = set()
         for lp in _propose(gm, ok, why, strict, opts.chain_limit):
+            if spliced.intersection(lp.inputs):
+                # it reads a partition taken before it (a matmul chain cut in two): its inputs are now that
+                # partition's results, so it is lifted again (the same graph, inputs in the same order)
+                try:
+                    lp = lift(lp.nodes, strict=bool(strict.intersection(lp.nodes)))
+                except LiftError as e:
+                    ok.discard(e.node)
+                    why[e.node] = (e.reason, e.message)
+                    retry = True
+                    continue
             ncomp = sum(is_compute(n) for n in lp.nodes)
             rec = report.new_partition(gidx, [op_name(n) for n in lp.nodes if is_tensor_op(n)])
             runner = None
@@ -759,6 +770,7 @@ def transform(gm: fx.GraphModule, opts: CaptureOptions, report: Report, kind: st
             _NEXT_PID[0] += 1
             _RUNNERS[pid] = runner
             _splice(gm, lp, op, pid)
+            spliced.update(lp.nodes)
         if not retry:
             break
     for n in nodes:

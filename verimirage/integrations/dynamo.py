@@ -50,6 +50,7 @@ def _capture(gm: fx.GraphModule, opts: CaptureOptions, rep: Report, kind: str,
     import copy
 
     orig = copy.deepcopy(gm.graph)
+    gidx = len(rep.graphs)
     try:
         return transform(gm, opts, rep, kind, fallback_for)
     except Exception as e:
@@ -57,6 +58,8 @@ def _capture(gm: fx.GraphModule, opts: CaptureOptions, rep: Report, kind: str,
                     kind, type(e).__name__, e, exc_info=log.isEnabledFor(logging.DEBUG))
         gm.graph = orig
         gm.recompile()
+        if len(rep.graphs) > gidx:  # nothing of it runs in verimirage kernels: the report says so
+            _drop(rep, gidx, f"the capture failed ({type(e).__name__}: {str(e)[:200]})")
         return []
 
 
