@@ -181,3 +181,23 @@ def test_composition_of_unproved_regions_gets_no_certificate(made: tuple[vm.Grap
     with pytest.raises(vm.GraphError, match="certificate 0 is not region 0's"):
         make_composed_certificate(g, regions, subs)
     assert str(compose(g, regions, [MuGraph.parse(c["mugraph_text"]) for c in certs])) == made[1].mugraph_text
+
+
+def test_composed_malformed_triton_hash_was_accepted(made: tuple[vm.Graph, ComposedCertificate]) -> None:
+    # red-team finding: a plain certificate's triton_source_sha256 must be a sha256 hex digest; a composed one's
+    # was not read by the checker at all (check_text, and check_certificate(triton=False), said Proved)
+    for h in (5, "", "xyz", ["0" * 64], "0" * 63):
+        d = _doc(made)
+        d["triton_source_sha256"] = h
+        _rejected(d, "triton_source_sha256 is not a sha256 hex digest")
+
+
+def test_composed_wiring_with_floats_or_bools_was_accepted(made: tuple[vm.Graph, ComposedCertificate]) -> None:
+    # red-team finding: the recorded wiring was compared with ==, so [[2.0, 0]] or [[true, 0]] stood for [[2, 0]]
+    # (harmless: the checker re-derives the wiring it uses; but the record must be the wiring, exactly)
+    d = _doc(made)
+    d["regions"][1]["inputs"] = [[float(a) for a in r] for r in d["regions"][1]["inputs"]]
+    _rejected(d, "region 1: its wiring")
+    d = _doc(made)
+    d["regions"][0]["outputs"] = [[r[0], bool(r[1]) if r[1] in (0, 1) else r[1]] for r in d["regions"][0]["outputs"]]
+    _rejected(d, "region 0: its wiring")

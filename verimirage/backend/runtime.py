@@ -335,7 +335,7 @@ class _LeanPlan:
             for i, (shape, dt, stride, _) in enumerate(self.signature):
                 env[f"D{i}"] = dt
                 conds.append(f"x{i}.shape != {shape!r} or x{i}.dtype is not D{i} or x{i}.get_device() != DEV or "
-                             f"x{i}.stride() != {stride!r}")
+                             f"x{i}.stride() != {stride!r} or x{i}.is_neg()")
             # 16-byte alignment as specialised: one test for the aligned pointers, one per unaligned one
             on = [f"p{i}" for i, s in enumerate(self.signature) if s[3]]
             align = ([f"({' | '.join(on)}) & 15"] if on else []) + [
@@ -433,7 +433,8 @@ class _LeanPlan:
                 env[f"D_b{bi}"] = dt
                 lines.append(f"        q{bi} = b{bi}.data_ptr()")
                 conds.append(f"b{bi}.shape != {shape!r} or b{bi}.dtype is not D_b{bi} or b{bi}.get_device() != DEV "
-                             f"or b{bi}.stride() != {_contiguous_strides(shape)!r} or b{bi}.requires_grad")
+                             f"or b{bi}.stride() != {_contiguous_strides(shape)!r} or b{bi}.requires_grad or "
+                             f"b{bi}.is_neg()")
                 places.append(f"(q{bi} & 15 != 0)")
                 size = math.prod(shape) * dt.itemsize
                 for p, span in spans.items():  # no overlap with an input or an earlier output
@@ -660,6 +661,8 @@ class CompiledProgram:
                 device = x.device
             elif x.device != device:
                 raise ValueError(f"input {n!r}: on {x.device}, but earlier inputs are on {device}")
+            if x.is_neg():  # a negative-bit view: its memory holds -x (kernels read memory): materialise x
+                x = x.resolve_neg()
             out.append(x)
         if device is not None:
             if interpreting() and device.type != "cpu":

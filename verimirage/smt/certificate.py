@@ -254,7 +254,10 @@ def _check_rules(cert: Certificate, known: frozenset[str]) -> None:
     unknown = sorted(set(cert.rules) - known - set(cert.trusted_rules))
     if unknown:
         raise _Reject(f"unknown rules {unknown} (neither known nor declared trusted)")
-    h = cert.triton_source_sha256
+    _check_hash(cert.triton_source_sha256)
+
+
+def _check_hash(h: Any) -> None:
     if h is not None and not (isinstance(h, str) and re.fullmatch(r"[0-9a-f]{64}", h)):
         raise _Reject("triton_source_sha256 is not a sha256 hex digest")
 
@@ -334,6 +337,7 @@ def _check_composed(text: str, known: frozenset[str], timeout_s: float, checks: 
     except (ValueError, TypeError) as e:
         raise _Reject(str(e)) from None
     g, _ = _programs(cc)
+    _check_hash(cc.triton_source_sha256)  # (a composed certificate's hash is checked like a plain one's)
     regs, subs = cc.regions, cc.certificates
     if not (isinstance(regs, list) and regs and isinstance(subs, list)
             and all(isinstance(r, dict) and sorted(r) == ["certificate", "inputs", "nodes", "outputs"] for r in regs)):
@@ -348,7 +352,7 @@ def _check_composed(text: str, known: frozenset[str], timeout_s: float, checks: 
     regions, mugraphs = [], []
     for k, r in enumerate(regs):
         reg, ci = glue.region_of(g, r["nodes"]), r["certificate"]
-        if r["inputs"] != [list(x) for x in reg.inputs] or r["outputs"] != [list(x) for x in reg.outputs]:
+        if json.dumps([r["inputs"], r["outputs"]]) != json.dumps([reg.inputs, reg.outputs]):  # (1.0, true: not 1)
             raise _Reject(f"region {k}: its wiring (inputs, outputs) is not the one its nodes have in the program")
         if ci not in done:
             if not isinstance(subs[ci], dict) or subs[ci].get("schema") != SCHEMA:
