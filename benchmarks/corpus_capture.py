@@ -143,8 +143,11 @@ def _serve_plan(path: Path, stats: dict[str, int]) -> None:
             stats["miss"] = stats.get("miss", 0) + 1
             return _found(g, "not in the plan")
         stats["hit"] = stats.get("hit", 0) + 1
-        mg = MuGraph.parse(text)
-        return _found(mg, "plan")
+        texts = [text] if isinstance(text, str) else list(text)
+        found = _found(None, "plan")
+        found.candidates = [MuGraph.parse(t) for t in texts]  # the best first, then its verified siblings
+        found.best = found.candidates[0]
+        return found
 
     vm.__dict__["superoptimize"] = serve
 
@@ -158,7 +161,9 @@ def make_plan(names: list[str], dims: Any, dtype: torch.dtype, budget: float, pa
 
     The graphs are what ``backend="verimirage"`` with the Inductor fallback sees (Inductor's decompositions),
     traced on CPU tensors of the GPU run's shapes and dtype; each partition's best verified μGraph is
-    written to ``path`` (JSON: lifted graph text -> μGraph text), merged with what is there.
+    written to ``path`` (JSON: lifted graph text -> the verified μGraph texts, the cost model's best first, then
+    up to 3 structures and 2 loop-range siblings each, for the GPU profile to choose among), merged with what
+    is there.
     """
     from torch._inductor.compile_fx import compile_fx
 
@@ -177,12 +182,13 @@ def make_plan(names: list[str], dims: Any, dtype: torch.dtype, budget: float, pa
             log.warning("searched a partition in %.0f s: %d candidate(s)", time.perf_counter() - t0,
                         len(r.candidates))
             if r.candidates:
-                plan[key] = str(r.best.mugraph)
+                best = [r.best] + [c for c in r.candidates if c is not r.best]
+                plan[key] = [str(c.mugraph) for c in best]  # the GPU profile picks among them
                 path.write_text(json.dumps(plan, indent=1))
         return _found(None, "plan")
 
     vm.__dict__["superoptimize"] = search
-    opts = CaptureOptions(time_budget_s=budget, check=False)
+    opts = CaptureOptions(time_budget_s=budget, check=False, search={"top_k": 3, "variants": 2})
     torch._dynamo.config.suppress_errors = False
     for name in names:
         torch._dynamo.reset()

@@ -544,3 +544,36 @@ def test_a_failed_capture_leaves_no_partition_marked_taken(monkeypatch: pytest.M
     _close(got, want, "output")
     assert rep.partitions and not any(p.taken for p in rep.partitions)
     assert "the capture failed (KeyError" in (rep.partitions[0].reason or "")
+
+
+@pytest.mark.parametrize(("times", "taken"), [([9.0, 3.0, 4.0, 1.0, 2.0], True), ([9.0, 5.0, 4.0], False)])
+def test_profile_times_several_verified_candidates_and_keeps_the_fastest(
+        monkeypatch: pytest.MonkeyPatch, times: list[float], taken: bool) -> None:
+    # the cost model's best (timed 9.0) and a sibling (3.0 or 5.0), then the fallback's code (4.0); when taken,
+    # the captured graph (1.0) and the fallback's code for the whole graph (2.0)
+    import copy as _copy
+
+    real = vm.superoptimize
+
+    def two(g: Any, **kw: Any) -> Any:
+        r = real(g, **kw)
+        other = _copy.copy(r.best)
+        r.candidates = [r.best, other]
+        return r
+
+    monkeypatch.setattr(vm, "superoptimize", two)
+    timed = _times(monkeypatch, list(times))
+    model, xs = corpus.get("mlp_relu")
+    want, _ = _reference(model, xs, train=False)
+    OPTS.update(profile=True, candidates=2)
+    try:
+        got, _, rep = _run(model, xs, train=False)
+    finally:
+        del OPTS["profile"], OPTS["candidates"]
+    _close(got, want, "output")
+    (p,) = rep.partitions
+    assert len(timed) == len(times)
+    assert p.measured_us == min(times[:2]) and p.fallback_us == times[2]
+    assert p.taken is taken
+    if not taken:
+        assert (p.reason or "").startswith("slower than the fallback: 5.0 us vs 4.0 us")

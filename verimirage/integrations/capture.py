@@ -59,6 +59,8 @@ class CaptureOptions:
     ``D`` or hold ``D``'s whole rows). ``None``: never cut. ``inductor``: Inductor config patches for the
     Inductor fallback (``{"max_autotune": True}``: compare with and fall back to max-autotune's code).
     ``compile_workers``: threads compiling one partition's kernels at once on a GPU (1: one after another).
+    ``candidates``: with ``profile``, how many of the search's verified candidates (the best by the
+    cost model, then its siblings) are compiled, checked and timed; the fastest is kept (1: the best only).
     """
 
     fallback: str = "auto"
@@ -71,6 +73,7 @@ class CaptureOptions:
     chain_limit: int | None = 256
     inductor: Mapping[str, Any] = field(default_factory=dict)
     compile_workers: int = 8
+    candidates: int = 4
 
     def __post_init__(self) -> None:
         if self.fallback not in ("auto", "inductor", "eager"):
@@ -81,6 +84,8 @@ class CaptureOptions:
             raise ValueError(f"chain_limit={self.chain_limit!r}; expected None or an int >= 1")
         if not (isinstance(self.compile_workers, int) and self.compile_workers >= 1):
             raise ValueError(f"compile_workers={self.compile_workers!r}; expected an int >= 1")
+        if not (isinstance(self.candidates, int) and self.candidates >= 1):
+            raise ValueError(f"candidates={self.candidates!r}; expected an int >= 1")
 
     @classmethod
     def of(cls, options: CaptureOptions | Mapping[str, Any] | None) -> CaptureOptions:
@@ -576,79 +581,124 @@ def compile_partition(gm: fx.GraphModule, lifted: Lifted, opts: CaptureOptions, 
     if not res.candidates:
         record.reason = f"{Reason.NO_CANDIDATE.value} ({res.report.stop_reason})"
         return None
-    best = res.best
-    cost = getattr(best, "cost", None)
-    record.estimated_us = None if cost is None else cost.time_s * 1e6
-    try:
-        prog = vm.compile(best, cuda_graph=True) if opts.cuda_graph else vm.compile(best)
-    except Exception as e:
-        record.reason = f"{Reason.COMPILE_FAILED.value}: {type(e).__name__}: {e}"
-        return None
-    record.kernels = [k.name for k in prog.kernels]
+    pool = [res.best, *[c for c in res.candidates if c is not res.best]]
+    # the cost model ranks verified siblings (loop ranges, tile shapes) least reliably: with the profile, up to
+    # ``opts.candidates`` of them are compiled, checked and timed, and the fastest is kept
+    pool = pool[:max(1, opts.candidates)] if opts.profile else pool[:1]
     eager = eager_module(gm, lifted)
-    runner = PartitionRunner(lifted, prog, eager, record)
-    if not (opts.check or opts.profile):
+
+    def build(cand: Any) -> PartitionRunner | str:
+        try:
+            prog = vm.compile(cand, cuda_graph=True) if opts.cuda_graph else vm.compile(cand)
+        except Exception as e:
+            return f"{Reason.COMPILE_FAILED.value}: {type(e).__name__}: {e}"
+        return PartitionRunner(lifted, prog, eager, record)
+
+    def chosen(cand: Any, runner: PartitionRunner) -> PartitionRunner:
+        cost = getattr(cand, "cost", None)
+        record.estimated_us = None if cost is None else cost.time_s * 1e6
+        record.kernels = [k.name for k in runner.program.kernels]
         return runner
+
+    if not (opts.check or opts.profile):
+        r0 = build(pool[0])
+        if isinstance(r0, str):
+            record.reason = r0
+            return None
+        return chosen(pool[0], r0)
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     with unset_fake_temporarily(), torch.no_grad():
         gen = torch.Generator().manual_seed(0)
         xs = [_example(n, gen, device) for n in lifted.inputs]
-        if device.type == "cuda" and opts.compile_workers > 1:
-            t1 = time.perf_counter()
-            try:
-                k = runner.precompile(xs, opts.compile_workers)
-                log.info("verimirage: %s: %d kernel(s) compiled in %.1f s", record.name, k, time.perf_counter() - t1)
-            except Exception as e:  # the first call compiles what is missing (and reports a real failure)
-                log.info("verimirage: %s: parallel compile failed (%s: %s)", record.name, type(e).__name__, e)
-        try:
-            got = runner.kernels(xs)
-        except Exception as e:
-            record.reason = f"{Reason.COMPILE_FAILED.value}: {type(e).__name__}: {str(e)[:300]}"
-            log.warning("verimirage: %s: the kernels fail (%s); the partition stays with the fallback", record.name, e)
-            return None
         want = eager(*xs)
-        ref64: list[torch.Tensor] | None = None
-        for i, (a, b) in enumerate(zip(got, want, strict=True)):
-            if tuple(a.shape) != tuple(b.shape) or a.dtype != b.dtype:
-                ok = False
-            elif _close(a, b):
-                ok = True
-            else:
-                # in half precision, rounding the ATen ops do differently (a softmax over fp16 logits of ~500,
-                # say) can move both results far from each other: then the kernels must be as close to the
-                # float64 value of the partition as the ATen ops are
-                if ref64 is None:
-                    ref64 = reference64(gm, lifted, xs) or []
-                ok = bool(ref64) and as_accurate(a, b, ref64[i])
-            if not ok:
-                record.reason = f"{Reason.NUMERIC.value}: output {i} differs from the ATen ops on random inputs"
-                log.warning("verimirage: %s: %s; the partition stays with the fallback", record.name, record.reason)
-                return None
-        if opts.profile:
-            what, fb = "its ATen ops", None
-            if fallback_for is not None:
-                try:
-                    fb = fallback_for(eager_module(gm, lifted, aten_casts=False), xs)
-                    what = "the fallback's code for it"
-                except Exception as e:
-                    log.warning("verimirage: %s: the fallback could not compile the partition alone (%s: %s); "
-                                "timing against its ATen ops", record.name, type(e).__name__, str(e)[:200])
-            if fb is None:
-                fb = lambda a: eager(*a)  # noqa: E731
+        best: tuple[float, Any, PartitionRunner] | None = None
+        first_failure: str | None = None
+        for ci, cand in enumerate(pool):
+            runner = build(cand)
+            fail = runner if isinstance(runner, str) else _check_runner(runner, xs, want, gm, lifted, opts, device,
+                                                                        record.name)
+            if fail is not None:
+                first_failure = first_failure or fail
+                log.info("verimirage: %s: candidate %d: %s", record.name, ci, fail)
+                continue
+            assert not isinstance(runner, str)
+            if not opts.profile:
+                return chosen(cand, runner)
             try:
-                record.measured_us = time_us(runner.kernels, xs, device)
-                record.fallback_us = time_us(fb, xs, device)
+                us = time_us(runner.kernels, xs, device)
             except Exception as e:
-                record.reason = f"{Reason.COMPILE_FAILED.value}: timing failed: {type(e).__name__}: {str(e)[:200]}"
-                log.warning("verimirage: timing %s failed: %s; the partition stays with the fallback", record.name, e)
-                return None
-            if record.measured_us > record.fallback_us:
-                record.reason = (f"{Reason.SLOWER.value}: {record.measured_us:.1f} us vs "
-                                 f"{record.fallback_us:.1f} us for {what}")
-                log.info("verimirage: %s: %s", record.name, record.reason)
-                return None
+                first_failure = first_failure or (f"{Reason.COMPILE_FAILED.value}: timing failed: "
+                                                  f"{type(e).__name__}: {str(e)[:200]}")
+                continue
+            log.info("verimirage: %s: candidate %d of %d: %.1f us", record.name, ci, len(pool), us)
+            if best is None or us < best[0]:
+                best = (us, cand, runner)
+        if best is None:
+            record.reason = first_failure or f"{Reason.NO_CANDIDATE.value} (none checked)"
+            log.warning("verimirage: %s: %s; the partition stays with the fallback", record.name, record.reason)
+            return None
+        record.measured_us, cand, runner = best
+        chosen(cand, runner)
+        what, fb = "its ATen ops", None
+        if fallback_for is not None:
+            try:
+                fb = fallback_for(eager_module(gm, lifted, aten_casts=False), xs)
+                what = "the fallback's code for it"
+            except Exception as e:
+                log.warning("verimirage: %s: the fallback could not compile the partition alone (%s: %s); "
+                            "timing against its ATen ops", record.name, type(e).__name__, str(e)[:200])
+        if fb is None:
+            fb = lambda a: eager(*a)  # noqa: E731
+        try:
+            record.fallback_us = time_us(fb, xs, device)
+        except Exception as e:
+            record.reason = f"{Reason.COMPILE_FAILED.value}: timing failed: {type(e).__name__}: {str(e)[:200]}"
+            log.warning("verimirage: timing %s failed: %s; the partition stays with the fallback", record.name, e)
+            return None
+        if record.measured_us > record.fallback_us:
+            record.reason = (f"{Reason.SLOWER.value}: {record.measured_us:.1f} us vs "
+                             f"{record.fallback_us:.1f} us for {what}")
+            log.info("verimirage: %s: %s", record.name, record.reason)
+            return None
     return runner
+
+
+def _check_runner(runner: PartitionRunner, xs: list[torch.Tensor], want: Sequence[torch.Tensor],
+                  gm: fx.GraphModule, lifted: Lifted, opts: CaptureOptions, device: torch.device,
+                  name: str) -> str | None:
+    """Compile (in parallel on a GPU) and run ``runner``'s kernels on ``xs``; None when every output matches the
+    ATen ops' ``want`` (or is as close to float64 as they are), else why not."""
+    if device.type == "cuda" and opts.compile_workers > 1:
+        t1 = time.perf_counter()
+        try:
+            k = runner.precompile(xs, opts.compile_workers)
+            log.info("verimirage: %s: %d kernel(s) compiled in %.1f s", name, k, time.perf_counter() - t1)
+        except Exception as e:  # the first call compiles what is missing (and reports a real failure)
+            log.info("verimirage: %s: parallel compile failed (%s: %s)", name, type(e).__name__, e)
+    try:
+        got = runner.kernels(xs)
+    except Exception as e:
+        log.warning("verimirage: %s: the kernels fail (%s); the partition stays with the fallback", name, e)
+        return f"{Reason.COMPILE_FAILED.value}: {type(e).__name__}: {str(e)[:300]}"
+    ref64: list[torch.Tensor] | None = None
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        if tuple(a.shape) != tuple(b.shape) or a.dtype != b.dtype:
+            ok = False
+        elif _close(a, b):
+            ok = True
+        else:
+            # in half precision, rounding the ATen ops do differently (a softmax over fp16 logits of ~500,
+            # say) can move both results far from each other: then the kernels must be as close to the
+            # float64 value of the partition as the ATen ops are
+            if ref64 is None:
+                ref64 = reference64(gm, lifted, xs) or []
+            ok = bool(ref64) and as_accurate(a, b, ref64[i])
+        if not ok:
+            reason = f"{Reason.NUMERIC.value}: output {i} differs from the ATen ops on random inputs"
+            log.warning("verimirage: %s: %s; the partition stays with the fallback", name, reason)
+            return reason
+    return None
 
 
 # --------------------------------------------------------------------------- the graph pass
