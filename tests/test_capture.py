@@ -20,7 +20,8 @@ from verimirage.integrations.dynamo import backend  # noqa: E402
 from verimirage.integrations.report import Report  # noqa: E402
 
 # small searches; the search cache (a fresh directory per test session) serves repeated partitions
-OPTS: dict[str, Any] = {"time_budget_s": 8.0, "fallback": "eager"}
+# (one candidate timed with the profile: the timing tests below feed the timer a fixed sequence)
+OPTS: dict[str, Any] = {"time_budget_s": 8.0, "fallback": "eager", "candidates": 1}
 TOL = {torch.float32: 2e-4}
 
 
@@ -357,7 +358,7 @@ def test_profile_compares_with_inductors_code_and_survives_an_inductor_failure(
     torch._dynamo.reset()
     rep = Report()
     with torch.no_grad():
-        got = torch.compile(model, backend=backend(report=rep, time_budget_s=8.0, fallback="inductor",
+        got = torch.compile(model, backend=backend(report=rep, time_budget_s=8.0, fallback="inductor", candidates=1,
                                                    profile=True))(*xs)
     _close(got, want, "output")
     assert len(timed) == 2 and timed[1].__qualname__.endswith("partition_fallback.<locals>.<lambda>")
@@ -377,7 +378,8 @@ def test_inductor_path_gives_a_slower_captured_graph_back_whole(monkeypatch: pyt
     want, _ = _reference(model, xs, train=False)
     torch._dynamo.reset()
     rep = Report()
-    cm = torch.compile(model, backend=backend(report=rep, time_budget_s=8.0, fallback="inductor", profile=True))
+    cm = torch.compile(model, backend=backend(report=rep, time_budget_s=8.0, fallback="inductor", profile=True,
+                                                  candidates=1))
     with torch.no_grad():
         got = cm(*xs)
         n = calls["n"]
@@ -569,7 +571,8 @@ def test_profile_times_several_verified_candidates_and_keeps_the_fastest(
     try:
         got, _, rep = _run(model, xs, train=False)
     finally:
-        del OPTS["profile"], OPTS["candidates"]
+        del OPTS["profile"]
+        OPTS["candidates"] = 1
     _close(got, want, "output")
     (p,) = rep.partitions
     assert len(timed) == len(times)
