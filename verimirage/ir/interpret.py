@@ -22,7 +22,7 @@ import numpy as np
 from .errors import GraphError
 from .graph import BlockGraph, Graph, Node, OutputMap, Ref, ThreadGraph, node_list, output_refs
 from .limits import check_evaluable
-from .ops import OPS, Prop, TensorType
+from .ops import OPS, Prop, TensorType, meaning
 
 
 class Domain(Protocol):
@@ -46,7 +46,7 @@ class RegistryDomain:
     def apply(
         self, op: str, args: list[Any], attrs: dict[str, Any], in_types: Sequence[TensorType], out_type: TensorType
     ) -> Any:
-        fn = OPS[op].domains.get(self.name)
+        fn = meaning(op, self.name)
         if fn is None:
             raise GraphError(f"op {op!r} has no meaning in the {self.name!r} domain")
         return fn(args, attrs, in_types, [out_type])

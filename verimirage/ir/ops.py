@@ -2,12 +2,13 @@
 
 Each :class:`OpDef` carries the op's properties (as data, so that rewriting and
 checking read the same facts), its shape rule, and its meaning in every
-semantic domain. The float64 reference meaning (domain ``"ref"``) is written
-in this file; the other domains (``"ff"`` finite field, ``"abstract"`` Z3
-expressions, ``"egglog"`` constructor, ``"triton"`` lowering) register their
-meaning with :func:`implements` from their own packages, and a test asserts
-that every op has every domain (or is on the reviewed exception list
-:data:`DOMAIN_EXCEPTIONS`).
+semantic domain. This file is part of the trusted core (what the certificate
+checker imports): the domains (``"ref"`` float64 reference in :mod:`.reference`,
+``"ff"`` finite field, ``"abstract"`` Z3 expressions, ``"egglog"`` constructor,
+``"triton"`` lowering, ``"torch"``) register their meaning with :func:`implements`
+from their own modules, and a test asserts that every op has every domain (or
+is on the reviewed exception list :data:`DOMAIN_EXCEPTIONS`). Layout ops (data
+movement) have one meaning for every array domain, written here.
 
 Conventions for domain implementations
 --------------------------------------
@@ -28,6 +29,7 @@ A domain function is called as ``fn(args, attrs, in_types, out_types)``:
 from __future__ import annotations
 
 import enum
+import importlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -281,6 +283,19 @@ def implements(domain: str, *names: str) -> Callable[[DomainFn], DomainFn]:
     return deco
 
 
+#: modules holding a domain's meanings that the IR loads on first need (:func:`meaning`)
+DOMAIN_HOMES: dict[str, str] = {"ref": "verimirage.ir.reference"}
+
+
+def meaning(op: str, domain: str) -> DomainFn | None:
+    """The meaning of registry op ``op`` in ``domain`` (None: it has none), loading the domain's home first."""
+    fn = get_op(op).domains.get(domain)
+    if fn is None and domain in DOMAIN_HOMES:
+        importlib.import_module(DOMAIN_HOMES[domain])
+        fn = OPS[op].domains.get(domain)
+    return fn
+
+
 def exempt(domain: str, name: str, reason: str) -> None:
     """Record that op ``name`` has, on purpose, no meaning in ``domain``."""
     DOMAIN_EXCEPTIONS[(name, domain)] = reason
@@ -288,6 +303,8 @@ def exempt(domain: str, name: str, reason: str) -> None:
 
 def missing_domains() -> list[tuple[str, str]]:
     """(op, domain) pairs with neither a meaning nor a reviewed exception."""
+    for home in DOMAIN_HOMES.values():
+        importlib.import_module(home)
     return [
         (op.name, d)
         for op in OPS.values()
@@ -427,72 +444,9 @@ def _rescaled_rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorTyp
     return x
 
 
-# --------------------------------------------------------------------------- float64 reference
-
-
 def neg_axis(axis: int, rank: int) -> int:
     """A non-negative logical ``axis`` of a rank-``rank`` tensor as a negative array axis."""
     return axis - rank
-
-
-def _ref_unary(f: Callable[[np.ndarray], np.ndarray]) -> DomainFn:
-    def fn(args: list[np.ndarray], attrs: dict[str, Any], in_types: Any, out_types: Any) -> np.ndarray:
-        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
-            return f(args[0])
-
-    return fn
-
-
-def _ref_binary(f: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> DomainFn:
-    def fn(args: list[np.ndarray], attrs: dict[str, Any], in_types: Any, out_types: Any) -> np.ndarray:
-        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
-            return f(args[0], args[1])
-
-    return fn
-
-
-_GELU_C = math.sqrt(2.0 / math.pi)
-
-
-def gelu_tanh(x: np.ndarray) -> np.ndarray:
-    """GELU, tanh approximation (PyTorch's ``approximate="tanh"``)."""
-    return 0.5 * x * (1.0 + np.tanh(_GELU_C * (x + 0.044715 * x**3)))
-
-
-def silu(x: np.ndarray) -> np.ndarray:
-    """x * sigmoid(x), without overflow warnings."""
-    return x * (0.5 * (1.0 + np.tanh(0.5 * x)))
-
-
-def _ref_reduce(f: Callable[..., np.ndarray]) -> DomainFn:
-    def fn(args: list[np.ndarray], attrs: dict[str, Any], in_types: Any, out_types: Any) -> np.ndarray:
-        return f(args[0], axis=neg_axis(attrs["axis"], in_types[0].rank), keepdims=True)
-
-    return fn
-
-
-def _ref_rms(args: list[np.ndarray], attrs: dict[str, Any], in_types: Any, out_types: Any) -> np.ndarray:
-    x = args[0]
-    rank = in_types[0].rank
-    ax = neg_axis(attrs["axis"], rank)
-    y = x / np.sqrt(np.mean(x * x, axis=ax, keepdims=True) + attrs["eps"])
-    if len(args) == 2:
-        w = args[1]
-        # weight (..., n) -> (..., n, 1, ..., 1) so it lines up with the normalised axis
-        y = y * w.reshape(w.shape + (1,) * (-ax - 1))
-    return y
-
-
-def _ref_concat(args: list[np.ndarray], attrs: dict[str, Any], in_types: Any, out_types: Any) -> np.ndarray:
-    ax = neg_axis(attrs["axis"], in_types[0].rank)
-    batch = np.broadcast_shapes(*(a.shape[: a.ndim - in_types[0].rank] for a in args))
-    full = [np.broadcast_to(a, batch + a.shape[a.ndim - in_types[0].rank :]) for a in args]
-    return np.concatenate(full, axis=ax)
-
-
-def _ref_transpose(args: list[np.ndarray], attrs: dict[str, Any], in_types: Any, out_types: Any) -> np.ndarray:
-    r = in_types[0].rank
-    return np.swapaxes(args[0], neg_axis(attrs["a"], r), neg_axis(attrs["b"], r))
 
 
 # --------------------------------------------------------------------------- index rules
@@ -640,9 +594,9 @@ _KB = Level.KERNEL | Level.BLOCK
 _FLOAT_C = {"c": "float"}
 
 
-def _unary(name: str, f: Callable[[np.ndarray], np.ndarray], doc: str, **facts: Any) -> OpDef:
+def _unary(name: str, doc: str, **facts: Any) -> OpDef:
     rule = facts.pop("shape_rule_override", None) or unary_rule(name)
-    return define_op(name, 1, _U | facts.pop("props", Prop.NONE), rule, _ref_unary(f), doc, **facts)
+    return define_op(name, 1, _U | facts.pop("props", Prop.NONE), rule, None, doc, **facts)
 
 
 def unary_rule(name: str) -> ShapeRule:
@@ -655,22 +609,22 @@ def binary_rule(name: str) -> ShapeRule:
     return _binary_rule(name)
 
 
-_unary("exp", np.exp, "e**x", props=Prop.EXPONENTIAL, family="exp", degree=_deg_opaque)
-_unary("silu", silu, "x * sigmoid(x)", family="silu", degree=_deg_opaque)
-_unary("gelu", gelu_tanh, "GELU, tanh approximation", family="gelu", degree=_deg_opaque)
-_unary("relu", lambda x: np.maximum(x, 0.0), "max(x, 0)", family="relu", degree=_deg_opaque, homog=_h_first)
-_unary("sqrt", np.sqrt, "square root", family="sqrt", degree=_deg_opaque, homog=_h_times(Fraction(1, 2)))
-_unary("rsqrt", lambda x: 1.0 / np.sqrt(x), "1 / sqrt(x)", family="sqrt", degree=_deg_opaque,
+_unary("exp", "e**x", props=Prop.EXPONENTIAL, family="exp", degree=_deg_opaque)
+_unary("silu", "x * sigmoid(x)", family="silu", degree=_deg_opaque)
+_unary("gelu", "GELU, tanh approximation", family="gelu", degree=_deg_opaque)
+_unary("relu", "max(x, 0)", family="relu", degree=_deg_opaque, homog=_h_first)
+_unary("sqrt", "square root", family="sqrt", degree=_deg_opaque, homog=_h_times(Fraction(1, 2)))
+_unary("rsqrt", "1 / sqrt(x)", family="sqrt", degree=_deg_opaque,
        homog=_h_times(Fraction(-1, 2)))
-_unary("square", np.square, "x * x", degree=lambda a, at: Degree(2 * a[0]), homog=_h_times(Fraction(2)))
-_unary("neg", np.negative, "-x", props=Prop.LINEAR, degree=_deg_max, homog=_h_first, scales_with=(0,))
+_unary("square", "x * x", degree=lambda a, at: Degree(2 * a[0]), homog=_h_times(Fraction(2)))
+_unary("neg", "-x", props=Prop.LINEAR, degree=_deg_max, homog=_h_first, scales_with=(0,))
 
 define_op(
     "scale",
     1,
     _U | Prop.LINEAR,
     _scale_rule,
-    lambda args, attrs, it, ot: args[0] * float(attrs["c"]),
+    None,
     "x * c for a Python constant c",
     attrs=("c",),
     attr_kinds=_FLOAT_C,
@@ -683,62 +637,37 @@ define_op(
     1,
     _U,
     _scale_rule,
-    lambda args, attrs, it, ot: args[0] + float(attrs["c"]),
+    None,
     "x + c for a Python constant c",
     attrs=("c",),
     attr_kinds=_FLOAT_C,
     degree=_deg_max,
 )
 
-_BINARY_REFS: list[tuple[str, Any, Prop, str, DegreeRule, HomogRule, str | None, tuple[int, ...]]] = [
-    ("add", np.add, Prop.COMMUTATIVE | Prop.ASSOCIATIVE | Prop.LINEAR, "a + b", _deg_max, _h_add, None, ()),
-    ("sub", np.subtract, Prop.LINEAR | Prop.DIFFERENCE, "a - b", _deg_max, _h_add, None, ()),
-    ("mul", np.multiply, Prop.COMMUTATIVE | Prop.ASSOCIATIVE, "a * b", _deg_sum, _h_mul, None, (0, 1)),
-    ("div", np.divide, Prop.NORMALISES, "a / b", _deg_sum, _h_div, None, (0,)),
-    ("maximum", np.maximum, Prop.COMMUTATIVE | Prop.ASSOCIATIVE, "elementwise max(a, b)", _deg_max, _h_add, "max",
+_BINARY: list[tuple[str, Prop, str, DegreeRule, HomogRule, str | None, tuple[int, ...]]] = [
+    ("add", Prop.COMMUTATIVE | Prop.ASSOCIATIVE | Prop.LINEAR, "a + b", _deg_max, _h_add, None, ()),
+    ("sub", Prop.LINEAR | Prop.DIFFERENCE, "a - b", _deg_max, _h_add, None, ()),
+    ("mul", Prop.COMMUTATIVE | Prop.ASSOCIATIVE, "a * b", _deg_sum, _h_mul, None, (0, 1)),
+    ("div", Prop.NORMALISES, "a / b", _deg_sum, _h_div, None, (0,)),
+    ("maximum", Prop.COMMUTATIVE | Prop.ASSOCIATIVE, "elementwise max(a, b)", _deg_max, _h_add, "max",
      ()),
 ]
-for _name, _fb, _p, _doc, _dg, _hg, _fam, _sw in _BINARY_REFS:
-    define_op(_name, 2, _B | _p, _binary_rule(_name), _ref_binary(_fb), _doc, degree=_dg, homog=_hg, family=_fam,
+for _name, _p, _doc, _dg, _hg, _fam, _sw in _BINARY:
+    define_op(_name, 2, _B | _p, _binary_rule(_name), None, _doc, degree=_dg, homog=_hg, family=_fam,
               scales_with=_sw)
 
 _AXIS = {"axis": "axis"}
 
 
-def _reduction(name: str, f: Callable[..., np.ndarray], doc: str, red: Reduce, **facts: Any) -> OpDef:
-    return _def(name, 1, Prop.REDUCTION | facts.pop("props", Prop.NONE), _reduce_rule(name), _ref_reduce(f), doc,
+def _reduction(name: str, doc: str, red: Reduce, **facts: Any) -> OpDef:
+    return _def(name, 1, Prop.REDUCTION | facts.pop("props", Prop.NONE), _reduce_rule(name), None, doc,
                 ("axis",), _KB, attr_kinds=_AXIS, index=index_reduce, reduce=red, degree=_deg_max, homog=_h_first,
                 egg_shape="reduce", **facts)
 
 
-_reduction("sum", np.sum, "sum along axis", Reduce("add", "loop_sum", 0.0), props=Prop.LINEAR, scales_with=(0,))
-_reduction("mean", np.mean, "mean along axis", Reduce("add", "loop_sum", 0.0, mean=True), props=Prop.LINEAR)
-_reduction("max", np.max, "max along axis", Reduce("maximum", "loop_max", -math.inf), family="max")
-
-
-def batched_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``a @ b`` with broadcast batch dims; stacks of small products avoid BLAS.
-
-    numpy's stacked ``matmul`` makes one BLAS call per matrix, and a threaded
-    OpenBLAS on a small machine spends ~30 ms per call waking its threads
-    (measured: 128 products of 64x64 by 64x128 in 3.4 s, vs 0.04 s here).
-    """
-    if a.ndim <= 2 and b.ndim <= 2:
-        return np.matmul(a, b)
-    batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-    nb = math.prod(batch)
-    if nb == 1:
-        return np.matmul(a, b)
-    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
-    if m * k * n < 1 << 21:
-        return np.einsum("...ij,...jk->...ik", a, b, optimize=True)
-    # large products: one BLAS call each
-    aa = np.broadcast_to(a, (*batch, m, k)).reshape(nb, m, k)
-    bb = np.broadcast_to(b, (*batch, k, n)).reshape(nb, k, n)
-    out = np.empty((nb, m, n), dtype=np.result_type(a, b))
-    for i in range(nb):
-        np.matmul(aa[i], bb[i], out=out[i])
-    return out.reshape((*batch, m, n))
+_reduction("sum", "sum along axis", Reduce("add", "loop_sum", 0.0), props=Prop.LINEAR, scales_with=(0,))
+_reduction("mean", "mean along axis", Reduce("add", "loop_sum", 0.0, mean=True), props=Prop.LINEAR)
+_reduction("max", "max along axis", Reduce("maximum", "loop_max", -math.inf), family="max")
 
 
 _def(
@@ -746,7 +675,7 @@ _def(
     2,
     Prop.BROADCAST | Prop.LINEAR | Prop.CONTRACTION,
     _matmul_rule,
-    lambda args, attrs, it, ot: batched_matmul(args[0], args[1]),
+    None,
     "(..., m, k) @ (..., k, n), leading dims broadcast",
     levels=_KB,
     index=_index_matmul,
@@ -760,7 +689,7 @@ _def(
     None,
     Prop.NORMALISES,
     _rms_rule,
-    _ref_rms,
+    None,
     "x / sqrt(mean(x**2, axis) + eps) [* weight]",
     ("axis", "eps"),
     _KB,
@@ -772,32 +701,14 @@ _def(
     family="sqrt",
     egg_shape="same",
 )
-_def("concat", None, Prop.CONCAT, _concat_rule, _ref_concat, "concatenate along axis", ("axis",), _KB,
+_def("concat", None, Prop.CONCAT, _concat_rule, None, "concatenate along axis", ("axis",), _KB,
      attr_kinds=_AXIS, index=_index_concat, degree=_deg_max, homog=_h_add, egg_shape="custom",
      hooks={"triton_needs": ("_padded",)})
-_def("transpose", 1, Prop.NONE, _transpose_rule, _ref_transpose, "swap axes a and b", ("a", "b"), _KB,
+_def("transpose", 1, Prop.NONE, _transpose_rule, None, "swap axes a and b", ("a", "b"), _KB,
      attr_kinds={"a": "axis", "b": "axis"}, index=_index_transpose, degree=_deg_max, homog=_h_first,
      egg_shape="custom")
 
 # ---- ops real models use (issue 21): transcendental unaries are opaque in the finite field
-
-
-def sigmoid(x: np.ndarray) -> np.ndarray:
-    """1 / (1 + e**-x), without overflow warnings."""
-    return 0.5 * (1.0 + np.tanh(0.5 * x))
-
-
-_ERF = np.frompyfunc(math.erf, 1, 1)
-
-
-def erf(x: np.ndarray) -> np.ndarray:
-    """The error function, elementwise (float64)."""
-    return np.asarray(_ERF(np.asarray(x, dtype=np.float64)), dtype=np.float64)
-
-
-def softplus(x: np.ndarray) -> np.ndarray:
-    """log(1 + e**x), stable for large |x| (torch's threshold of 20 changes it by < 1e-8)."""
-    return np.logaddexp(0.0, x)
 
 
 def _finite_attr(op: str, key: str, v: Any) -> float:
@@ -824,37 +735,34 @@ def _deg_pow(a: list[int], attrs: dict[str, Any]) -> Degree:
 #: integer exponents up to this size are exact powers in the finite field (larger: opaque)
 POW_EXACT_MAX = 8
 
-_TRANSCENDENTAL: list[tuple[str, Callable[[np.ndarray], np.ndarray], str, str, HomogRule | None]] = [
-    ("log", np.log, "natural logarithm (partial: x > 0)", "log", None),
-    ("tanh", np.tanh, "hyperbolic tangent", "tanh", None),
-    ("sigmoid", sigmoid, "1 / (1 + e**-x)", "sigmoid", None),
-    ("erf", erf, "the error function (exact GELU is 0.5 x (1 + erf(x / sqrt 2)))", "erf", None),
-    ("softplus", softplus, "log(1 + e**x)", "softplus", None),
-    ("abs", np.abs, "|x|", "abs", _h_first),
+_TRANSCENDENTAL: list[tuple[str, str, str, HomogRule | None]] = [
+    ("log", "natural logarithm (partial: x > 0)", "log", None),
+    ("tanh", "hyperbolic tangent", "tanh", None),
+    ("sigmoid", "1 / (1 + e**-x)", "sigmoid", None),
+    ("erf", "the error function (exact GELU is 0.5 x (1 + erf(x / sqrt 2)))", "erf", None),
+    ("softplus", "log(1 + e**x)", "softplus", None),
+    ("abs", "|x|", "abs", _h_first),
 ]
-for _name, _f, _doc, _fam, _hgo in _TRANSCENDENTAL:
-    _unary(_name, _f, _doc, family=_fam, degree=_deg_opaque, homog=_hgo)
+for _name, _doc, _fam, _hgo in _TRANSCENDENTAL:
+    _unary(_name, _doc, family=_fam, degree=_deg_opaque, homog=_hgo)
 for _name in ("sigmoid", "tanh", "silu"):  # exact through exp in the verifier's domains: 1 / (1 + exp(-x))
     OPS[_name].hooks["uses_exp"] = True
-_unary("reciprocal", lambda x: 1.0 / x, "1 / x", degree=_deg_max, homog=_h_times(Fraction(-1)))
-define_op("pow", 1, _U, _attr_rule("pow", "c"), lambda args, attrs, it, ot: np.power(args[0], float(attrs["c"])),
+_unary("reciprocal", "1 / x", degree=_deg_max, homog=_h_times(Fraction(-1)))
+define_op("pow", 1, _U, _attr_rule("pow", "c"), None,
           "x ** c for a Python constant c", attrs=("c",), attr_kinds=_FLOAT_C, degree=_deg_pow,
           homog=lambda args, attrs: None if args[0][1] is None else Fraction(attrs["c"]) * args[0][1])
-define_op("clamp", 1, _U, _attr_rule("clamp", "lo", "hi"),
-          lambda args, attrs, it, ot: np.clip(args[0], float(attrs["lo"]), float(attrs["hi"])),
+define_op("clamp", 1, _U, _attr_rule("clamp", "lo", "hi"), None,
           "min(max(x, lo), hi) (hardtanh: lo=-1, hi=1; relu6: lo=0, hi=6)", attrs=("hi", "lo"),
           attr_kinds={"lo": "float", "hi": "float"}, family="clamp", degree=_deg_opaque)
-define_op("leaky_relu", 1, _U, _attr_rule("leaky_relu", "slope"),
-          lambda args, attrs, it, ot: np.where(args[0] >= 0, args[0], args[0] * float(attrs["slope"])),
+define_op("leaky_relu", 1, _U, _attr_rule("leaky_relu", "slope"), None,
           "x if x >= 0 else slope * x", attrs=("slope",), attr_kinds={"slope": "float"}, family="leaky_relu",
           degree=_deg_opaque, homog=_h_first)
-define_op("step", 1, _U, _attr_rule("step", "c"),
-          lambda args, attrs, it, ot: (args[0] > float(attrs["c"])).astype(args[0].dtype),
+define_op("step", 1, _U, _attr_rule("step", "c"), None,
           "1 where x > c else 0 (the mask of ReLU's and LeakyReLU's gradients: threshold_backward)", attrs=("c",),
           attr_kinds=_FLOAT_C, family="step", degree=_deg_opaque)
-define_op("minimum", 2, _B | Prop.COMMUTATIVE | Prop.ASSOCIATIVE, _binary_rule("minimum"), _ref_binary(np.minimum),
+define_op("minimum", 2, _B | Prop.COMMUTATIVE | Prop.ASSOCIATIVE, _binary_rule("minimum"), None,
           "elementwise min(a, b)", degree=_deg_max, homog=_h_add, family="max")
-_reduction("min", np.min, "min along axis", Reduce("minimum", None, math.inf), family="max")
+_reduction("min", "min along axis", Reduce("minimum", None, math.inf), family="max")
 
 
 
@@ -869,8 +777,7 @@ def _h_where(args: list[Any], attrs: dict[str, Any]) -> Any:
     return _h_add([a for a in args[1:] if a[0]] or args[1:2], attrs)
 
 
-define_op("where", 3, _EW | Prop.BROADCAST, _where_rule,
-          lambda args, attrs, it, ot: np.where(args[0] != 0, args[1], args[2]),
+define_op("where", 3, _EW | Prop.BROADCAST, _where_rule, None,
           "a where mask else b (mask: a vm.bool tensor; m * a + (1 - m) * b for m in {0, 1})",
           degree=lambda a, at: Degree(max(a[0] + a[1], a[0] + a[2])), homog=_h_where,
           hooks={"mask_args": (0,)})
@@ -883,7 +790,7 @@ def _cast_rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
     return TensorType(ts[0].shape, dt)
 
 
-_unary("cast", lambda x: x, "x rounded to dtype (the real-valued meaning is x)", attrs=("dtype",),
+_unary("cast", "x rounded to dtype (the real-valued meaning is x)", attrs=("dtype",),
        attr_kinds={"dtype": "dtype"}, degree=_deg_max, homog=_h_first, shape_rule_override=_cast_rule)
 
 # ---- layout ops (kernel and block level): data movement, one meaning for every array domain
