@@ -10,7 +10,8 @@ from __future__ import annotations
 from fractions import Fraction
 
 import verimirage as vm
-from verimirage.ir.graph import BlockBuilder, MuGraph
+from verimirage.ir.builders import BlockBuilder
+from verimirage.ir.graph import MuGraph
 from verimirage.ir.ops import TensorType
 from verimirage.smt import expr as E
 from verimirage.smt.verify import abstract_check

@@ -19,7 +19,7 @@ from pathlib import Path
 #: modules the checker process refuses to import (the verifier's fast paths, the search, the backend)
 REFUSED = ("verimirage.smt.ff", "verimirage.smt.verify", "verimirage.smt.prune", "verimirage.smt.perf",
            "verimirage.rewrite", "verimirage.backend", "verimirage.pipeline", "verimirage.testing", "torch", "triton",
-           "egglog", "verimirage.ir.methods", "verimirage.ir.reference")
+           "egglog", "verimirage.ir.builders", "verimirage.ir.reference", "verimirage.ir.opfacts")
 
 _CHILD = """
 import sys

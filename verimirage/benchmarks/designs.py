@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..ir.builders import BlockBuilder, ThreadBuilder
 from ..ir.errors import GraphError
-from ..ir.graph import BlockBuilder, Graph, MuGraph, Tensor, ThreadBuilder
+from ..ir.graph import Graph, MuGraph, Tensor
 from ..ir.ops import TensorType
 
 

@@ -1,12 +1,14 @@
 """The IR: op registry, kernel/block/thread graphs, checks, text/JSON, the evaluator.
 
-Imports neither torch nor triton.
+Imports neither torch nor triton. The block and thread builders (:mod:`.builders`) load on first use of
+their names, so the certificate checker, which imports this package, does not load them.
 """
+
+from typing import Any
 
 from .dtypes import DType, bfloat16, bool_, float16, float32
 from .errors import GraphError
 from .graph import (
-    BlockBuilder,
     BlockGraph,
     Graph,
     MuGraph,
@@ -14,7 +16,6 @@ from .graph import (
     OutputMap,
     Ref,
     Tensor,
-    ThreadBuilder,
     ThreadGraph,
     node_list,
     output_refs,
@@ -50,3 +51,11 @@ __all__ = [
     "output_refs",
     "run",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("BlockBuilder", "ThreadBuilder"):
+        from . import builders
+
+        return getattr(builders, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from .dtypes import DType
 from .errors import GraphError
 from .limits import check_constant, check_shape
-from .ops import OPS, Level, Prop, TensorType, check_axis, get_op
+from .ops import Level, TensorType, check_axis, get_op
 
 Ref = tuple[int, int]  # (node index, result index)
 
@@ -175,22 +175,22 @@ class Tensor:
 
 
 if TYPE_CHECKING:
-    from .methods import OpMethods
+    from .builders import OpMethods
 else:
     OpMethods = object
 
 
 def _load_methods(name: str) -> bool:
-    """Load the named op methods (:mod:`.methods`) for a missing public ``name``; False if loaded already."""
+    """Load the named op methods (:mod:`.builders`) for a missing public ``name``; False if loaded already."""
     if name.startswith("_"):
         return False
-    from .methods import install
+    from .builders import install
 
     return install()
 
 
 class LoadsMethods(type):
-    """Metaclass of the builders: the named op methods (``g.add``, ``g.exp``, ...) live in :mod:`.methods`,
+    """Metaclass of the builders: the named op methods (``g.add``, ``g.exp``, ...) live in :mod:`.builders`,
     outside the IR core the certificate checker imports, and load on first use of a name a builder lacks."""
 
     def __getattr__(cls, name: str) -> Any:
@@ -201,7 +201,7 @@ class LoadsMethods(type):
 
 class _Builder(OpMethods, metaclass=LoadsMethods):
     """Op-building plumbing shared by every level (each level allows a subset); the named op methods are
-    :class:`verimirage.ir.methods.OpMethods`."""
+    :class:`verimirage.ir.builders.OpMethods`."""
 
     _level: Level
     _nodes: list[Node]
@@ -252,7 +252,7 @@ class _Builder(OpMethods, metaclass=LoadsMethods):
 
     def apply(self, op: str, args: Sequence[Any], attrs: dict[str, Any] | None = None) -> Tensor:
         """Apply registry op ``op`` to ``args`` with attributes ``attrs`` (every op, including ones
-        declared outside this package; the named methods below are shorthands)."""
+        declared outside this package; the named methods of :mod:`.builders` are shorthands)."""
         return self._emit(op, args, attrs)
 
 
@@ -571,107 +571,10 @@ class ThreadGraph:
         return print_thread(self)
 
 
-class ThreadBuilder(_Builder):
-    """Builds a :class:`ThreadGraph`: ``arg`` operands and elementwise ops."""
+def __getattr__(name: str) -> Any:
+    # the block and thread builders moved to .builders (outside the checker's IR core); the old path still works
+    if name in ("BlockBuilder", "ThreadBuilder"):
+        from . import builders
 
-    def __init__(self) -> None:
-        self._nodes: list[Node] = []
-        self._outputs: list[Ref] = []
-        self._level = Level.THREAD
-
-    def arg(self, ttype: TensorType) -> Tensor:
-        """The next operand, of type ``ttype``."""
-        idx = sum(1 for n in self._nodes if n.op == "arg")
-        self._add_node(Node("arg", (), (("index", idx),), (ttype,)))
-        return Tensor(self, (len(self._nodes) - 1, 0))
-
-    def _emit(self, op: str, args: Sequence[Any], attrs: dict[str, Any] | None = None) -> Tensor:
-        if not get_op(op).has(Prop.ELEMENTWISE):
-            raise GraphError(f"{op}: a thread graph holds elementwise ops only")
-        return super()._emit(op, args, attrs)
-
-    def output(self, *ts: Tensor) -> None:
-        """Mark results."""
-        self._outputs.extend(self._ref("output", t, i) for i, t in enumerate(ts))
-
-    def build(self) -> ThreadGraph:
-        """The finished, checked thread graph."""
-        from .check import check_thread
-
-        tg = ThreadGraph(tuple(self._nodes), tuple(self._outputs))
-        check_thread(tg)
-        return tg
-
-
-class BlockBuilder(_Builder):
-    """Builds a :class:`BlockGraph` for a ``grid`` and a for-loop of ``frange`` iterations."""
-
-    def __init__(self, grid: Sequence[int], frange: int = 1) -> None:
-        self.grid = tuple(grid)
-        if not 1 <= len(self.grid) <= 3 or not all(isinstance(g, int) and g >= 1 for g in self.grid):
-            raise GraphError(f"block graph: grid {grid!r}; expected 1 to 3 positive ints")
-        if not isinstance(frange, int) or frange < 1:
-            raise GraphError(f"block graph: frange {frange!r}; expected a positive int")
-        self.frange = frange
-        self._nodes: list[Node] = []
-        self._outputs: list[Ref] = []
-        self._omaps: list[OutputMap] = []
-        self._level = Level.BLOCK
-
-    def input(
-        self, arg: int, ttype: TensorType, imap: Sequence[int | None], fmap: int | None = None
-    ) -> Tensor:
-        """Tile of custom-kernel operand ``arg`` (full type ``ttype``) as mapped by ``imap``/``fmap``."""
-        if not isinstance(ttype, TensorType):
-            raise GraphError(f"block input {arg}: type {ttype!r}; expected a TensorType")
-        check_shape(f"block input {arg}", ttype.shape)
-        imap_t = tuple(imap)
-        tshape = tile_shape(f"block input {arg}", ttype.shape, self.grid, imap_t, fmap, self.frange)
-        attrs = {"arg": arg, "shape": ttype.shape, "imap": imap_t, "fmap": fmap}
-        self._add_node(Node("input", (), make_attrs(attrs), (TensorType(tshape, ttype.dtype),)))
-        return Tensor(self, (len(self._nodes) - 1, 0))
-
-    def loop_sum(self, x: Tensor) -> Tensor:
-        """Sum of ``x`` over the for-loop's iterations (available after the loop)."""
-        return self._emit("loop_sum", [x])
-
-    def loop_max(self, x: Tensor) -> Tensor:
-        """Max of ``x`` over the for-loop's iterations (available after the loop)."""
-        return self._emit("loop_max", [x])
-
-    def running_max(self, x: Tensor) -> Tensor:
-        """In the loop body: max of ``x`` over this and all earlier iterations."""
-        return self._emit("running_max", [x])
-
-    def rescaled_sum(self, x: Tensor, m: Tensor) -> Tensor:
-        """Online-softmax accumulator: ``acc = acc * exp(m_prev - m) + x``; ``m`` a running_max."""
-        if isinstance(m, Tensor) and m.owner is self and m.node.op != "running_max":
-            raise GraphError(f"rescaled_sum: the second operand must be a running_max, got {m.node.op}")
-        return self._emit("rescaled_sum", [x, m])
-
-    def fused(self, tg: ThreadGraph, args: Sequence[Tensor]) -> Tensor:
-        """Apply thread graph ``tg`` (one result) to ``args``."""
-        refs = tuple(self._ref("fused", a, i) for i, a in enumerate(args))
-        from .check import thread_result_types
-
-        outs = thread_result_types(tg, [self._nodes[r[0]].outs[r[1]] for r in refs])
-        self._add_node(Node("fused", refs, (("thread", tg),), outs))
-        return Tensor(self, (len(self._nodes) - 1, 0))
-
-    def output(self, x: Tensor, omap: Sequence[int]) -> None:
-        """Make ``x`` an output; ``omap[a]`` is the output dim that grid axis ``a`` walks."""
-        self._outputs.append(self._ref("output", x, 0))
-        self._omaps.append(OutputMap(tuple(omap)))
-
-    def build(self) -> BlockGraph:
-        """The finished, checked block graph."""
-        from .check import check_block
-
-        bg = BlockGraph(self.grid, self.frange, tuple(self._nodes), tuple(self._outputs), tuple(self._omaps))
-        check_block(bg, None)
-        return bg
-
-
-def is_kernel_op(op: str) -> bool:
-    """Whether ``op`` may appear at kernel level."""
-    return bool(OPS[op].levels & Level.KERNEL)
+        return getattr(builders, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

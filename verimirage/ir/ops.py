@@ -33,14 +33,16 @@ import importlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .dtypes import DType
 from .errors import GraphError
 from .limits import check_constant
+
+if TYPE_CHECKING:
+    from .opfacts import IndexMap
 
 
 @dataclass(frozen=True)
@@ -103,49 +105,6 @@ DOMAINS: tuple[str, ...] = ("ref", "ff", "abstract", "egglog", "triton", "torch"
 
 
 @dataclass(frozen=True)
-class IndexMap:
-    """How an op's operand dims line up with its result dims (an einsum-like signature of one node).
-
-    * ``links``: ``(operand, operand dim, result dim)``: the operand dim is walked together with the
-      result dim (a size-1 operand dim broadcasts);
-    * ``reduced``: groups of operand dims walked together and reduced away (a reduction's axis, a
-      matmul's contraction dims);
-    * ``whole_in`` / ``whole_out``: operand / result dims that must stay whole in one tile (a
-      normalised axis, a concat or slice axis); a result dim no link reaches is a fresh index;
-    * ``matrix``: the result dims ``(m, n)`` of a matrix product (its contraction is ``reduced[0]``).
-
-    Every client that lines dims up (partitioning, codegen's tile shapes, the batch-dim analysis)
-    reads this one rule.
-    """
-
-    links: tuple[tuple[int, int, int], ...] = ()
-    reduced: tuple[tuple[tuple[int, int], ...], ...] = ()
-    whole_in: tuple[tuple[int, int], ...] = ()
-    whole_out: tuple[int, ...] = ()
-    matrix: tuple[int, int] | None = None
-
-    def linked(self) -> set[int]:
-        """Result dims some operand dim reaches."""
-        return {o for _, _, o in self.links}
-
-
-IndexRule = Callable[[Sequence[TensorType], dict[str, Any], TensorType], IndexMap]
-
-
-@dataclass(frozen=True)
-class Reduce:
-    """What a reduction does: ``combine`` (the binary op merging partial results), the block-level loop
-    op accumulating it over for-loop iterations (None: the axis is reduced in one tile), the value
-    padded positions must hold (the combine's identity), and whether the result is divided by the
-    axis length (mean)."""
-
-    combine: str
-    loop: str | None
-    identity: float
-    mean: bool = False
-
-
-@dataclass(frozen=True)
 class Degree:
     """Finite-field degree facts of one node: the degree of its result as a rational function of the
     inputs, how many opaque (keyed random function) applications it makes, and the largest degree of
@@ -157,8 +116,12 @@ class Degree:
 
 
 DegreeRule = Callable[[list[int], dict[str, Any]], Degree]
-#: homogeneity degree of the result from the operands' (None: not homogeneous)
-HomogRule = Callable[[list[Any], dict[str, Any]], Any]
+
+#: facts of an op that the certificate checker does not read (index rules, reductions, padding, homogeneity,
+#: families, e-graph shapes, scaling operands): :mod:`.opfacts` holds and documents them, and they load on
+#: first use (``OpDef.<fact>``); the value when an op states none
+LAZY_FACTS: dict[str, Any] = {"index": None, "reduce": None, "pad": None, "homog": None, "family": None,
+                              "egg_shape": None, "scales_with": ()}
 
 
 @dataclass(frozen=True)
@@ -177,27 +140,19 @@ class OpDef:
     #: kind of each attribute (``"int"``, ``"float"``, ``"axis"``, ``"ints"``, ``"axes"``, ``"dtype"``): how
     #: builders normalise it and how egglog holds it; attributes not named here are floats
     attr_kinds: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
-    #: which operand dims line up with which result dims (None: structural ops)
-    index: IndexRule | None = field(default=None, compare=False, hash=False)
-    #: reductions: how partial results combine (see :class:`Reduce`)
-    reduce: Reduce | None = field(default=None, compare=False, hash=False)
-    #: ops mixing elements along ``attrs["axis"]`` that are not reductions (rms_norm): the value padded
-    #: positions of operand 0 must hold along that axis
-    pad: float | None = field(default=None, compare=False, hash=False)
     #: finite-field degree rule (see :class:`Degree`)
     degree: DegreeRule | None = field(default=None, compare=False, hash=False)
-    #: homogeneity rule (positive scaling of the inputs), None: homogeneous only if constant
-    homog: HomogRule | None = field(default=None, compare=False, hash=False)
-    #: the non-polynomial "family" of the op for pruning partial programs (None: polynomial or data movement)
-    family: str | None = None
-    #: e-graph shape propagation: "same" (the operand's shape), "broadcast", "reduce", or "custom" (the
-    #: egglog package writes its own rules) or None (only lifted terms have shapes)
-    egg_shape: str | None = None
-    #: operands in which the op is homogeneous of degree 1 (f(.., c*x, ..) = c * f(.., x, ..)): a value
-    #: rescaled by the online softmax stays rescaled through them
-    scales_with: tuple[int, ...] = ()
     #: per-package facts that are not meanings (e.g. ``"block"``: the backend's default block graph)
     hooks: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    #: the :data:`LAZY_FACTS` stated for this op (read them as attributes: ``op.index``, ``op.reduce``, ...)
+    facts: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in LAZY_FACTS:
+            raise AttributeError(f"'OpDef' object has no attribute {name!r}")
+        from .opfacts import fact
+
+        return fact(self, name)
 
     def has(self, prop: Prop) -> bool:
         """Whether the op has property ``prop``."""
@@ -449,47 +404,7 @@ def neg_axis(axis: int, rank: int) -> int:
     return axis - rank
 
 
-# --------------------------------------------------------------------------- index rules
-
-
-def index_broadcast(ts: Sequence[TensorType], attrs: dict[str, Any], out: TensorType) -> IndexMap:
-    """Elementwise ops: every operand dim (right-aligned, numpy broadcasting) walks with the result dim."""
-    r = out.rank
-    return IndexMap(links=tuple((i, j, j + r - t.rank) for i, t in enumerate(ts) for j in range(t.rank)))
-
-
-def index_reduce(ts: Sequence[TensorType], attrs: dict[str, Any], out: TensorType) -> IndexMap:
-    """Reductions along ``axis`` (kept with size 1)."""
-    ax = attrs["axis"]
-    return IndexMap(links=tuple((0, j, j) for j in range(ts[0].rank) if j != ax), reduced=(((0, ax),),))
-
-
-def _index_matmul(ts: Sequence[TensorType], attrs: dict[str, Any], out: TensorType) -> IndexMap:
-    a, b = ts
-    r = out.rank
-    links = [(0, j, j + r - a.rank) for j in range(a.rank - 2)] + [(1, j, j + r - b.rank) for j in range(b.rank - 2)]
-    links += [(0, a.rank - 2, r - 2), (1, b.rank - 1, r - 1)]
-    return IndexMap(links=tuple(links), reduced=(((0, a.rank - 1), (1, b.rank - 2)),), matrix=(r - 2, r - 1))
-
-
-def _index_rms(ts: Sequence[TensorType], attrs: dict[str, Any], out: TensorType) -> IndexMap:
-    ax = attrs["axis"]
-    links = [(0, j, j) for j in range(ts[0].rank)] + ([(1, 0, ax)] if len(ts) == 2 else [])
-    return IndexMap(links=tuple(links), whole_out=(ax,))
-
-
-def _index_concat(ts: Sequence[TensorType], attrs: dict[str, Any], out: TensorType) -> IndexMap:
-    ax = attrs["axis"]
-    links = tuple((i, j, j) for i, t in enumerate(ts) for j in range(t.rank) if j != ax)
-    return IndexMap(links=links, whole_in=tuple((i, ax) for i in range(len(ts))), whole_out=(ax,))
-
-
-def _index_transpose(ts: Sequence[TensorType], attrs: dict[str, Any], out: TensorType) -> IndexMap:
-    a, b = attrs["a"], attrs["b"]
-    return IndexMap(links=tuple((0, b if j == a else a if j == b else j, j) for j in range(out.rank)))
-
-
-# --------------------------------------------------------------------------- degree and homogeneity rules
+# --------------------------------------------------------------------------- degree rules
 
 
 def _deg_max(a: list[int], attrs: dict[str, Any]) -> Degree:
@@ -503,43 +418,6 @@ def _deg_sum(a: list[int], attrs: dict[str, Any]) -> Degree:
 def _deg_opaque(a: list[int], attrs: dict[str, Any]) -> Degree:
     """A keyed random function of its argument: a fresh variable of degree 1."""
     return Degree(1, 1, max(a, default=1))
-
-
-def _h_add(args: list[Any], attrs: dict[str, Any]) -> Any:
-    """add-like ops: homogeneous of the common degree of the operands that depend on the input."""
-    dep = [k for d, k in args if d]
-    if len(dep) != len(args) and any(k != 0 for k in dep):
-        return None  # x + c is not homogeneous unless x has degree 0
-    return dep[0] if all(k == dep[0] for k in dep) and dep[0] is not None else None
-
-
-def _h_first(args: list[Any], attrs: dict[str, Any]) -> Any:
-    """Positively homogeneous of degree 1 in the first operand (neg, scale, relu, reductions, layouts)."""
-    return args[0][1]
-
-
-def _h_mul(args: list[Any], attrs: dict[str, Any]) -> Any:
-    ks = [k for _, k in args]
-    return None if any(k is None for k in ks) else sum(ks, Fraction(0))
-
-
-def _h_div(args: list[Any], attrs: dict[str, Any]) -> Any:
-    ks = [k for _, k in args]
-    return None if any(k is None for k in ks) else ks[0] - ks[1]
-
-
-def _h_times(c: Fraction) -> HomogRule:
-    def rule(args: list[Any], attrs: dict[str, Any]) -> Any:
-        k = args[0][1]
-        return None if k is None else c * k
-
-    return rule
-
-
-def _h_rms(args: list[Any], attrs: dict[str, Any]) -> Any:
-    if args[0][1] is None or (len(args) == 2 and args[1][1] is None):
-        return None
-    return args[1][1] if len(args) == 2 and args[1][0] else Fraction(0)
 
 
 # --------------------------------------------------------------------------- registration
@@ -558,7 +436,9 @@ def _def(
     **facts: Any,
 ) -> OpDef:
     levels = facts.pop("levels", levels)
+    lazy = {k: facts.pop(k) for k in list(facts) if k in LAZY_FACTS}
     op = _register(OpDef(name, arity, attrs, props, levels, rule, doc, min_args, **facts))
+    op.facts.update(lazy)
     if ref is not None:
         op.domains["ref"] = ref
     return op
@@ -577,13 +457,9 @@ def define_op(
     min_args: int = 1,
     **facts: Any,
 ) -> OpDef:
-    """Register a new op (the one place an op is declared); ``facts`` are :class:`OpDef` fields.
-
-    Elementwise ops get the broadcasting index rule and e-graph shape rule unless given others.
+    """Register a new op (the one place an op is declared); ``facts`` are :class:`OpDef` fields or
+    :data:`LAZY_FACTS` (elementwise ops get the broadcasting index rule and e-graph shape unless given others).
     """
-    if props & Prop.ELEMENTWISE:
-        facts.setdefault("index", index_broadcast)
-        facts.setdefault("egg_shape", "same" if props & Prop.UNARY else "broadcast")
     return _def(name, arity, props, shape_rule, ref, doc, attrs, levels, min_args, **facts)
 
 
@@ -609,15 +485,14 @@ def binary_rule(name: str) -> ShapeRule:
     return _binary_rule(name)
 
 
-_unary("exp", "e**x", props=Prop.EXPONENTIAL, family="exp", degree=_deg_opaque)
-_unary("silu", "x * sigmoid(x)", family="silu", degree=_deg_opaque)
-_unary("gelu", "GELU, tanh approximation", family="gelu", degree=_deg_opaque)
-_unary("relu", "max(x, 0)", family="relu", degree=_deg_opaque, homog=_h_first)
-_unary("sqrt", "square root", family="sqrt", degree=_deg_opaque, homog=_h_times(Fraction(1, 2)))
-_unary("rsqrt", "1 / sqrt(x)", family="sqrt", degree=_deg_opaque,
-       homog=_h_times(Fraction(-1, 2)))
-_unary("square", "x * x", degree=lambda a, at: Degree(2 * a[0]), homog=_h_times(Fraction(2)))
-_unary("neg", "-x", props=Prop.LINEAR, degree=_deg_max, homog=_h_first, scales_with=(0,))
+_unary("exp", "e**x", props=Prop.EXPONENTIAL, degree=_deg_opaque)
+_unary("silu", "x * sigmoid(x)", degree=_deg_opaque)
+_unary("gelu", "GELU, tanh approximation", degree=_deg_opaque)
+_unary("relu", "max(x, 0)", degree=_deg_opaque)
+_unary("sqrt", "square root", degree=_deg_opaque)
+_unary("rsqrt", "1 / sqrt(x)", degree=_deg_opaque)
+_unary("square", "x * x", degree=lambda a, at: Degree(2 * a[0]))
+_unary("neg", "-x", props=Prop.LINEAR, degree=_deg_max)
 
 define_op(
     "scale",
@@ -629,8 +504,6 @@ define_op(
     attrs=("c",),
     attr_kinds=_FLOAT_C,
     degree=_deg_max,
-    homog=_h_first,
-    scales_with=(0,),
 )
 define_op(
     "shift",
@@ -644,30 +517,27 @@ define_op(
     degree=_deg_max,
 )
 
-_BINARY: list[tuple[str, Prop, str, DegreeRule, HomogRule, str | None, tuple[int, ...]]] = [
-    ("add", Prop.COMMUTATIVE | Prop.ASSOCIATIVE | Prop.LINEAR, "a + b", _deg_max, _h_add, None, ()),
-    ("sub", Prop.LINEAR | Prop.DIFFERENCE, "a - b", _deg_max, _h_add, None, ()),
-    ("mul", Prop.COMMUTATIVE | Prop.ASSOCIATIVE, "a * b", _deg_sum, _h_mul, None, (0, 1)),
-    ("div", Prop.NORMALISES, "a / b", _deg_sum, _h_div, None, (0,)),
-    ("maximum", Prop.COMMUTATIVE | Prop.ASSOCIATIVE, "elementwise max(a, b)", _deg_max, _h_add, "max",
-     ()),
+_BINARY: list[tuple[str, Prop, str, DegreeRule]] = [
+    ("add", Prop.COMMUTATIVE | Prop.ASSOCIATIVE | Prop.LINEAR, "a + b", _deg_max),
+    ("sub", Prop.LINEAR | Prop.DIFFERENCE, "a - b", _deg_max),
+    ("mul", Prop.COMMUTATIVE | Prop.ASSOCIATIVE, "a * b", _deg_sum),
+    ("div", Prop.NORMALISES, "a / b", _deg_sum),
+    ("maximum", Prop.COMMUTATIVE | Prop.ASSOCIATIVE, "elementwise max(a, b)", _deg_max),
 ]
-for _name, _p, _doc, _dg, _hg, _fam, _sw in _BINARY:
-    define_op(_name, 2, _B | _p, _binary_rule(_name), None, _doc, degree=_dg, homog=_hg, family=_fam,
-              scales_with=_sw)
+for _name, _p, _doc, _dg in _BINARY:
+    define_op(_name, 2, _B | _p, _binary_rule(_name), None, _doc, degree=_dg)
 
 _AXIS = {"axis": "axis"}
 
 
-def _reduction(name: str, doc: str, red: Reduce, **facts: Any) -> OpDef:
+def _reduction(name: str, doc: str, **facts: Any) -> OpDef:
     return _def(name, 1, Prop.REDUCTION | facts.pop("props", Prop.NONE), _reduce_rule(name), None, doc,
-                ("axis",), _KB, attr_kinds=_AXIS, index=index_reduce, reduce=red, degree=_deg_max, homog=_h_first,
-                egg_shape="reduce", **facts)
+                ("axis",), _KB, attr_kinds=_AXIS, degree=_deg_max, **facts)
 
 
-_reduction("sum", "sum along axis", Reduce("add", "loop_sum", 0.0), props=Prop.LINEAR, scales_with=(0,))
-_reduction("mean", "mean along axis", Reduce("add", "loop_sum", 0.0, mean=True), props=Prop.LINEAR)
-_reduction("max", "max along axis", Reduce("maximum", "loop_max", -math.inf), family="max")
+_reduction("sum", "sum along axis", props=Prop.LINEAR)
+_reduction("mean", "mean along axis", props=Prop.LINEAR)
+_reduction("max", "max along axis")
 
 
 _def(
@@ -678,11 +548,7 @@ _def(
     None,
     "(..., m, k) @ (..., k, n), leading dims broadcast",
     levels=_KB,
-    index=_index_matmul,
-    scales_with=(0, 1),
     degree=_deg_sum,
-    homog=_h_mul,
-    egg_shape="custom",
 )
 _def(
     "rms_norm",
@@ -694,19 +560,13 @@ _def(
     ("axis", "eps"),
     _KB,
     attr_kinds={"axis": "axis", "eps": "float"},
-    index=_index_rms,
-    pad=0.0,
     degree=lambda a, at: Degree(sum(a) + 2 * a[0] + 1, 1, 0),
-    homog=_h_rms,
-    family="sqrt",
-    egg_shape="same",
 )
 _def("concat", None, Prop.CONCAT, _concat_rule, None, "concatenate along axis", ("axis",), _KB,
-     attr_kinds=_AXIS, index=_index_concat, degree=_deg_max, homog=_h_add, egg_shape="custom",
+     attr_kinds=_AXIS, degree=_deg_max,
      hooks={"triton_needs": ("_padded",)})
 _def("transpose", 1, Prop.NONE, _transpose_rule, None, "swap axes a and b", ("a", "b"), _KB,
-     attr_kinds={"a": "axis", "b": "axis"}, index=_index_transpose, degree=_deg_max, homog=_h_first,
-     egg_shape="custom")
+     attr_kinds={"a": "axis", "b": "axis"}, degree=_deg_max)
 
 # ---- ops real models use (issue 21): transcendental unaries are opaque in the finite field
 
@@ -735,35 +595,33 @@ def _deg_pow(a: list[int], attrs: dict[str, Any]) -> Degree:
 #: integer exponents up to this size are exact powers in the finite field (larger: opaque)
 POW_EXACT_MAX = 8
 
-_TRANSCENDENTAL: list[tuple[str, str, str, HomogRule | None]] = [
-    ("log", "natural logarithm (partial: x > 0)", "log", None),
-    ("tanh", "hyperbolic tangent", "tanh", None),
-    ("sigmoid", "1 / (1 + e**-x)", "sigmoid", None),
-    ("erf", "the error function (exact GELU is 0.5 x (1 + erf(x / sqrt 2)))", "erf", None),
-    ("softplus", "log(1 + e**x)", "softplus", None),
-    ("abs", "|x|", "abs", _h_first),
+_TRANSCENDENTAL: list[tuple[str, str]] = [
+    ("log", "natural logarithm (partial: x > 0)"),
+    ("tanh", "hyperbolic tangent"),
+    ("sigmoid", "1 / (1 + e**-x)"),
+    ("erf", "the error function (exact GELU is 0.5 x (1 + erf(x / sqrt 2)))"),
+    ("softplus", "log(1 + e**x)"),
+    ("abs", "|x|"),
 ]
-for _name, _doc, _fam, _hgo in _TRANSCENDENTAL:
-    _unary(_name, _doc, family=_fam, degree=_deg_opaque, homog=_hgo)
+for _name, _doc in _TRANSCENDENTAL:
+    _unary(_name, _doc, degree=_deg_opaque)
 for _name in ("sigmoid", "tanh", "silu"):  # exact through exp in the verifier's domains: 1 / (1 + exp(-x))
     OPS[_name].hooks["uses_exp"] = True
-_unary("reciprocal", "1 / x", degree=_deg_max, homog=_h_times(Fraction(-1)))
+_unary("reciprocal", "1 / x", degree=_deg_max)
 define_op("pow", 1, _U, _attr_rule("pow", "c"), None,
-          "x ** c for a Python constant c", attrs=("c",), attr_kinds=_FLOAT_C, degree=_deg_pow,
-          homog=lambda args, attrs: None if args[0][1] is None else Fraction(attrs["c"]) * args[0][1])
+          "x ** c for a Python constant c", attrs=("c",), attr_kinds=_FLOAT_C, degree=_deg_pow)
 define_op("clamp", 1, _U, _attr_rule("clamp", "lo", "hi"), None,
           "min(max(x, lo), hi) (hardtanh: lo=-1, hi=1; relu6: lo=0, hi=6)", attrs=("hi", "lo"),
-          attr_kinds={"lo": "float", "hi": "float"}, family="clamp", degree=_deg_opaque)
+          attr_kinds={"lo": "float", "hi": "float"}, degree=_deg_opaque)
 define_op("leaky_relu", 1, _U, _attr_rule("leaky_relu", "slope"), None,
-          "x if x >= 0 else slope * x", attrs=("slope",), attr_kinds={"slope": "float"}, family="leaky_relu",
-          degree=_deg_opaque, homog=_h_first)
+          "x if x >= 0 else slope * x", attrs=("slope",), attr_kinds={"slope": "float"},
+          degree=_deg_opaque)
 define_op("step", 1, _U, _attr_rule("step", "c"), None,
           "1 where x > c else 0 (the mask of ReLU's and LeakyReLU's gradients: threshold_backward)", attrs=("c",),
-          attr_kinds=_FLOAT_C, family="step", degree=_deg_opaque)
+          attr_kinds=_FLOAT_C, degree=_deg_opaque)
 define_op("minimum", 2, _B | Prop.COMMUTATIVE | Prop.ASSOCIATIVE, _binary_rule("minimum"), None,
-          "elementwise min(a, b)", degree=_deg_max, homog=_h_add, family="max")
-_reduction("min", "min along axis", Reduce("minimum", None, math.inf), family="max")
-
+          "elementwise min(a, b)", degree=_deg_max)
+_reduction("min", "min along axis")
 
 
 def _where_rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
@@ -771,15 +629,9 @@ def _where_rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
     return TensorType(broadcast_shapes("where", ts), dt)
 
 
-def _h_where(args: list[Any], attrs: dict[str, Any]) -> Any:
-    if args[0][0]:
-        return None
-    return _h_add([a for a in args[1:] if a[0]] or args[1:2], attrs)
-
-
 define_op("where", 3, _EW | Prop.BROADCAST, _where_rule, None,
           "a where mask else b (mask: a vm.bool tensor; m * a + (1 - m) * b for m in {0, 1})",
-          degree=lambda a, at: Degree(max(a[0] + a[1], a[0] + a[2])), homog=_h_where,
+          degree=lambda a, at: Degree(max(a[0] + a[1], a[0] + a[2])),
           hooks={"mask_args": (0,)})
 
 
@@ -791,7 +643,7 @@ def _cast_rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
 
 
 _unary("cast", "x rounded to dtype (the real-valued meaning is x)", attrs=("dtype",),
-       attr_kinds={"dtype": "dtype"}, degree=_deg_max, homog=_h_first, shape_rule_override=_cast_rule)
+       attr_kinds={"dtype": "dtype"}, degree=_deg_max, shape_rule_override=_cast_rule)
 
 # ---- layout ops (kernel and block level): data movement, one meaning for every array domain
 
@@ -812,13 +664,18 @@ def _permute_rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType
 
 
 def _tile_shape(op: str, t: TensorType, attrs: dict[str, Any], full: tuple[int, ...]) -> tuple[int, ...]:
-    """At block level (``src``: the kernel operand's full shape), the result tile: kept dims take the
-    operand tile's size, every other dim is whole (the index rule keeps them out of the grid)."""
+    """At block level (``src``: the kernel operand's full shape), the result tile: a kept dim (a reshape's
+    one-to-one dims, a broadcast's right-aligned ones) takes the operand tile's size, every other dim is whole
+    (the index rules of :mod:`.opfacts` keep them out of the grid)."""
     src = _ints(op, "src", attrs["src"])
     if len(src) != t.rank:
         raise GraphError(f"{op}: block-level src {src} does not match the operand tile {t}")
+    if op == "reshape":
+        kept = [(og[0], ng[0]) for og, ng in reshape_groups(src, full) if len(og) == len(ng) == 1]
+    else:
+        kept = [(j, j + len(full) - len(src)) for j in range(len(src))]
     out = list(full)
-    for _a, j, o in OPS[op].index_map([TensorType(src, t.dtype)], attrs, TensorType(full, t.dtype)).links:
+    for j, o in kept:
         if src[j] != 1:
             out[o] = t.shape[j]
     return tuple(out)
@@ -845,15 +702,6 @@ def _broadcast_rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorTy
     if "src" in attrs:
         shape = _tile_shape("broadcast_to", t, attrs, shape)
     return TensorType(shape, t.dtype)
-
-
-def _index_broadcast_to(ts: Sequence[TensorType], attrs: dict[str, Any], out: TensorType) -> IndexMap:
-    """Operand dims line up right-aligned; the dims it is broadcast along stay whole in a tile."""
-    src = tuple(attrs["src"]) if "src" in attrs else ts[0].shape
-    lead = out.rank - len(src)
-    links = tuple((0, j, j + lead) for j in range(len(src)) if src[j] != 1 or out.shape[j + lead] == 1)
-    linked = {o for _, _, o in links}
-    return IndexMap(links=links, whole_out=tuple(o for o in range(out.rank) if o not in linked))
 
 
 def _slice_rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
@@ -924,42 +772,18 @@ def reshape_groups(old: tuple[int, ...], new: tuple[int, ...]) -> list[tuple[lis
     return groups
 
 
-def _index_permute(ts: Sequence[TensorType], attrs: dict[str, Any], out: TensorType) -> IndexMap:
-    return IndexMap(links=tuple((0, d, j) for j, d in enumerate(attrs["dims"])))
-
-
-def _index_reshape(ts: Sequence[TensorType], attrs: dict[str, Any], out: TensorType) -> IndexMap:
-    """Dims a reshape keeps (one old dim is one new dim) walk together; merged or split dims stay whole."""
-    links, whole_in, whole_out = [], [], []
-    src = tuple(attrs["src"]) if "src" in attrs else ts[0].shape
-    for og, ng in reshape_groups(src, tuple(attrs["shape"])):
-        if len(og) == 1 and len(ng) == 1:
-            links.append((0, og[0], ng[0]))
-        else:
-            whole_in += [(0, d) for d in og]
-            whole_out += ng
-    return IndexMap(links=tuple(links), whole_in=tuple(whole_in), whole_out=tuple(whole_out))
-
-
-def _index_slice(ts: Sequence[TensorType], attrs: dict[str, Any], out: TensorType) -> IndexMap:
-    ax = attrs["axis"]
-    return IndexMap(links=tuple((0, j, j) for j in range(out.rank) if j != ax), whole_in=((0, ax),),
-                    whole_out=(ax,))
-
-
-_LAYOUT: dict[str, Any] = {"degree": _deg_max, "homog": _h_first, "levels": _KB, "egg_shape": "custom"}
+_LAYOUT: dict[str, Any] = {"degree": _deg_max, "levels": _KB}
 _def("permute", 1, Prop.NONE, _permute_rule, _layout_permute, "reorder dims: result dim j is operand dim dims[j]",
-     ("dims",), attr_kinds={"dims": "ints"}, index=_index_permute, **_LAYOUT)
+     ("dims",), attr_kinds={"dims": "ints"}, **_LAYOUT)
 # at block level a reshape / broadcast_to also records ``src``, the kernel operand's full shape, so that
 # its shape attribute (the full result) and the tile it makes can both be read (see _tile_shape)
 _BLOCK_SRC = {"triton_needs": ("_padded",), "block_only": ("src",)}
 _def("reshape", 1, Prop.NONE, _reshape_rule, _layout_reshape, "row-major reshape (view)", ("shape", "src"),
-     attr_kinds={"shape": "ints", "src": "ints"}, index=_index_reshape, hooks=dict(_BLOCK_SRC), **_LAYOUT)
+     attr_kinds={"shape": "ints", "src": "ints"}, hooks=dict(_BLOCK_SRC), **_LAYOUT)
 _def("broadcast_to", 1, Prop.NONE, _broadcast_rule, _layout_broadcast, "numpy broadcast to shape (expand)",
-     ("shape", "src"), attr_kinds={"shape": "ints", "src": "ints"}, index=_index_broadcast_to,
-     hooks=dict(_BLOCK_SRC), **_LAYOUT)
+     ("shape", "src"), attr_kinds={"shape": "ints", "src": "ints"}, hooks=dict(_BLOCK_SRC), **_LAYOUT)
 _def("slice", 1, Prop.NONE, _slice_rule, _layout_slice, "elements start..stop-1 along axis (narrow)",
-     ("axis", "start", "stop"), attr_kinds={"axis": "axis", "start": "int", "stop": "int"}, index=_index_slice,
+     ("axis", "start", "stop"), attr_kinds={"axis": "axis", "start": "int", "stop": "int"},
      hooks={"triton_needs": ("_padded",)}, **_LAYOUT)
 for _name in ("permute", "reshape", "broadcast_to"):
     OPS[_name].domains["ff"] = OPS[_name].domains["ref"]  # data movement: the same on every array value
@@ -970,11 +794,11 @@ for _name in ("permute", "reshape", "broadcast_to", "slice", "concat", "transpos
 
 # Loop constructs of block graphs. Their meaning is the evaluator's (ir.interpret), written once
 # in terms of registry ops (add, maximum, sub, exp, mul), so every domain gets them for free.
-_LOOP: dict[str, Any] = {"index": index_broadcast, "degree": _deg_max}
+_LOOP: dict[str, Any] = {"degree": _deg_max}
 _def("loop_sum", 1, Prop.LOOP, _unary_rule("loop_sum"), None, "sum over for-loop iterations", levels=Level.BLOCK,
      **_LOOP)
 _def("loop_max", 1, Prop.LOOP, _unary_rule("loop_max"), None, "max over for-loop iterations", levels=Level.BLOCK,
-     family="max", **_LOOP)
+     **_LOOP)
 _def(
     "running_max",
     1,
@@ -983,7 +807,6 @@ _def(
     None,
     "max of this and all earlier iterations' values (in the loop body)",
     levels=Level.BLOCK,
-    family="max",
     **_LOOP,
 )
 _def(
@@ -994,9 +817,7 @@ _def(
     None,
     "acc = acc * exp(m_prev - m) + x over iterations, m a running_max (online softmax)",
     levels=Level.BLOCK,
-    index=index_broadcast,
     degree=lambda a, at: Degree(sum(a) + 1),
-    family="exp",
     hooks={"family_arg": 1},
 )
 OPS["rms_norm"].hooks["family_arg"] = 0
@@ -1014,20 +835,6 @@ for _name in ("loop_sum", "loop_max", "running_max", "rescaled_sum", "input", "a
     for _d in ("ref", "ff", "abstract", "torch"):
         exempt(_d, _name, "structural/loop op: the graph evaluator gives its meaning for every domain")
     exempt("egglog", _name, "the e-graph holds kernel-level terms; block structure is made by the lowering")
-
-#: the family of ops applying ``exp`` (the finite field's exp needs q-parts; see :mod:`verimirage.smt.ff`)
-FAMILY_EXP = "exp"
-
-#: which families of a target program may account for an atom of each family in a partial program
-#: (:mod:`verimirage.smt.prune`); a family not listed is accounted for by itself only
-FAMILY_COVERS: dict[str, tuple[str, ...]] = {
-    "max": ("max", "exp", "relu", "clamp", "leaky_relu", "abs"),
-    "exp": ("exp", "sigmoid", "tanh", "silu"),  # sigmoid-def writes sigmoid with an exp
-    "sigmoid": ("sigmoid", "silu", "tanh", "gelu", "exp"),
-    "tanh": ("tanh", "sigmoid", "silu", "gelu", "exp"),
-    "softplus": ("softplus", "log", "exp"),
-    "log": ("log", "softplus"),
-}
 
 STRUCTURAL_OPS = frozenset(n for n, o in OPS.items() if o.has(Prop.STRUCTURAL))
 LOOP_OPS = frozenset(n for n, o in OPS.items() if o.has(Prop.LOOP))

@@ -35,9 +35,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..ir.builders import BlockBuilder, ThreadBuilder
 from ..ir.errors import GraphError
-from ..ir.graph import BlockBuilder, Graph, MuGraph, Tensor, ThreadBuilder, node_list, output_refs
-from ..ir.ops import IndexMap, Prop, TensorType, get_op, reshape_groups
+from ..ir.graph import Graph, MuGraph, Tensor, node_list, output_refs
+from ..ir.opfacts import IndexMap
+from ..ir.ops import Prop, TensorType, get_op, reshape_groups
 from .lift import Term, graph_terms, term_to_graph
 
 log = logging.getLogger(__name__)

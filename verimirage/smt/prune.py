@@ -47,7 +47,8 @@ from typing import Any
 
 from ..ir.errors import GraphError
 from ..ir.graph import BlockGraph, Graph, Node, Tensor, ThreadGraph, node_list
-from ..ir.ops import FAMILY_COVERS, OPS
+from ..ir.opfacts import FAMILY_COVERS
+from ..ir.ops import OPS
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...ir.graph import Graph, node_list
-from ...ir.ops import FAMILY_EXP, OPS, Prop
+from ...ir.opfacts import FAMILY_EXP
+from ...ir.ops import OPS, Prop
 from .. import ffref
 from .field import safe_primes
 

@@ -1,10 +1,11 @@
-"""The builders' named op methods (``g.add(a, b)``, ``g.exp(x)``, ``g.sum(x, axis)``, ...).
+"""Building programs: the builders' named op methods (``g.add(a, b)``, ``g.exp(x)``, ``g.sum(x, axis)``,
+...) and the block and thread graph builders.
 
-Each is a shorthand for ``apply(op, args, attrs)`` with the argument handling users expect (constants
-as floats, ``keepdim``, ``-1`` in a reshape, negative permute dims). They live apart from the IR core
-(:mod:`.graph`), which the certificate checker imports: the checker reads programs and never builds
-them with these methods, so they are not part of what a ``Proved`` depends on. The builders load this
-module on first use of a name they lack (see :class:`verimirage.ir.graph.LoadsMethods`).
+Each named method is a shorthand for ``apply(op, args, attrs)`` with the argument handling users expect
+(constants as floats, ``keepdim``, ``-1`` in a reshape, negative permute dims). They live apart from the IR
+core (:mod:`.graph`), which the certificate checker imports: the checker reads programs and never builds
+them, so none of this is part of what a ``Proved`` depends on. The builders load this module on first use
+of a name they lack (see :class:`verimirage.ir.graph.LoadsMethods`).
 """
 
 from __future__ import annotations
@@ -14,9 +15,20 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .errors import GraphError
-from .graph import Tensor, _Builder, _check_dtype
-from .limits import check_constant
-from .ops import check_axis
+from .graph import (
+    BlockGraph,
+    Node,
+    OutputMap,
+    Ref,
+    Tensor,
+    ThreadGraph,
+    _Builder,
+    _check_dtype,
+    make_attrs,
+    tile_shape,
+)
+from .limits import check_constant, check_shape
+from .ops import Level, Prop, TensorType, check_axis, get_op
 
 
 class OpMethods:
@@ -209,6 +221,107 @@ def _const(op: str, c: Any) -> float:
     """A builder's constant: ints become floats; GraphError unless finite and float32-representable."""
     return check_constant(f"{op}: c", c)
 
+class ThreadBuilder(_Builder):
+    """Builds a :class:`ThreadGraph`: ``arg`` operands and elementwise ops."""
+
+    def __init__(self) -> None:
+        self._nodes: list[Node] = []
+        self._outputs: list[Ref] = []
+        self._level = Level.THREAD
+
+    def arg(self, ttype: TensorType) -> Tensor:
+        """The next operand, of type ``ttype``."""
+        idx = sum(1 for n in self._nodes if n.op == "arg")
+        self._add_node(Node("arg", (), (("index", idx),), (ttype,)))
+        return Tensor(self, (len(self._nodes) - 1, 0))
+
+    def _emit(self, op: str, args: Sequence[Any], attrs: dict[str, Any] | None = None) -> Tensor:
+        if not get_op(op).has(Prop.ELEMENTWISE):
+            raise GraphError(f"{op}: a thread graph holds elementwise ops only")
+        return super()._emit(op, args, attrs)
+
+    def output(self, *ts: Tensor) -> None:
+        """Mark results."""
+        self._outputs.extend(self._ref("output", t, i) for i, t in enumerate(ts))
+
+    def build(self) -> ThreadGraph:
+        """The finished, checked thread graph."""
+        from .check import check_thread
+
+        tg = ThreadGraph(tuple(self._nodes), tuple(self._outputs))
+        check_thread(tg)
+        return tg
+
+
+class BlockBuilder(_Builder):
+    """Builds a :class:`BlockGraph` for a ``grid`` and a for-loop of ``frange`` iterations."""
+
+    def __init__(self, grid: Sequence[int], frange: int = 1) -> None:
+        self.grid = tuple(grid)
+        if not 1 <= len(self.grid) <= 3 or not all(isinstance(g, int) and g >= 1 for g in self.grid):
+            raise GraphError(f"block graph: grid {grid!r}; expected 1 to 3 positive ints")
+        if not isinstance(frange, int) or frange < 1:
+            raise GraphError(f"block graph: frange {frange!r}; expected a positive int")
+        self.frange = frange
+        self._nodes: list[Node] = []
+        self._outputs: list[Ref] = []
+        self._omaps: list[OutputMap] = []
+        self._level = Level.BLOCK
+
+    def input(
+        self, arg: int, ttype: TensorType, imap: Sequence[int | None], fmap: int | None = None
+    ) -> Tensor:
+        """Tile of custom-kernel operand ``arg`` (full type ``ttype``) as mapped by ``imap``/``fmap``."""
+        if not isinstance(ttype, TensorType):
+            raise GraphError(f"block input {arg}: type {ttype!r}; expected a TensorType")
+        check_shape(f"block input {arg}", ttype.shape)
+        imap_t = tuple(imap)
+        tshape = tile_shape(f"block input {arg}", ttype.shape, self.grid, imap_t, fmap, self.frange)
+        attrs = {"arg": arg, "shape": ttype.shape, "imap": imap_t, "fmap": fmap}
+        self._add_node(Node("input", (), make_attrs(attrs), (TensorType(tshape, ttype.dtype),)))
+        return Tensor(self, (len(self._nodes) - 1, 0))
+
+    def loop_sum(self, x: Tensor) -> Tensor:
+        """Sum of ``x`` over the for-loop's iterations (available after the loop)."""
+        return self._emit("loop_sum", [x])
+
+    def loop_max(self, x: Tensor) -> Tensor:
+        """Max of ``x`` over the for-loop's iterations (available after the loop)."""
+        return self._emit("loop_max", [x])
+
+    def running_max(self, x: Tensor) -> Tensor:
+        """In the loop body: max of ``x`` over this and all earlier iterations."""
+        return self._emit("running_max", [x])
+
+    def rescaled_sum(self, x: Tensor, m: Tensor) -> Tensor:
+        """Online-softmax accumulator: ``acc = acc * exp(m_prev - m) + x``; ``m`` a running_max."""
+        if isinstance(m, Tensor) and m.owner is self and m.node.op != "running_max":
+            raise GraphError(f"rescaled_sum: the second operand must be a running_max, got {m.node.op}")
+        return self._emit("rescaled_sum", [x, m])
+
+    def fused(self, tg: ThreadGraph, args: Sequence[Tensor]) -> Tensor:
+        """Apply thread graph ``tg`` (one result) to ``args``."""
+        refs = tuple(self._ref("fused", a, i) for i, a in enumerate(args))
+        from .check import thread_result_types
+
+        outs = thread_result_types(tg, [self._nodes[r[0]].outs[r[1]] for r in refs])
+        self._add_node(Node("fused", refs, (("thread", tg),), outs))
+        return Tensor(self, (len(self._nodes) - 1, 0))
+
+    def output(self, x: Tensor, omap: Sequence[int]) -> None:
+        """Make ``x`` an output; ``omap[a]`` is the output dim that grid axis ``a`` walks."""
+        self._outputs.append(self._ref("output", x, 0))
+        self._omaps.append(OutputMap(tuple(omap)))
+
+    def build(self) -> BlockGraph:
+        """The finished, checked block graph."""
+        from .check import check_block
+
+        bg = BlockGraph(self.grid, self.frange, tuple(self._nodes), tuple(self._outputs), tuple(self._omaps))
+        check_block(bg, None)
+        return bg
+
+
 def install() -> bool:
     """Put the methods on the builders' base class; False if they already are."""
     if "matmul" in vars(_Builder):
@@ -219,4 +332,4 @@ def install() -> bool:
     return True
 
 
-__all__ = ["OpMethods", "install"]
+__all__ = ["BlockBuilder", "OpMethods", "ThreadBuilder", "install"]
