@@ -13,14 +13,14 @@ import importlib.util
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # (the names below, for type checkers; at run time they load on first use)
-    from .ir.builders import BlockBuilder as BlockBuilder
     from .ir import BlockGraph as BlockGraph
     from .ir import Graph as Graph
     from .ir import GraphError as GraphError
     from .ir import MuGraph as MuGraph
     from .ir import TensorType as TensorType
-    from .ir.builders import ThreadBuilder as ThreadBuilder
     from .ir import ThreadGraph as ThreadGraph
+    from .ir.builders import BlockBuilder as BlockBuilder
+    from .ir.builders import ThreadBuilder as ThreadBuilder
     from .ir.dtypes import DType as DType
     from .ir.dtypes import bfloat16 as bfloat16
     from .ir.dtypes import bool_ as bool  # noqa: F401
