@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # (the names below, for type checkers; at run time they load 
     from .ir.dtypes import bool_ as bool  # noqa: F401
     from .ir.dtypes import float16 as float16
     from .ir.dtypes import float32 as float32
-    from .ir.interpret import evaluate as evaluate
+    from .ir.reference import evaluate as evaluate
 
 __version__ = "0.1.0"
 
@@ -36,7 +36,7 @@ _LAZY: dict[str, tuple[str, str]] = {
                                          "ThreadBuilder", "ThreadGraph")},
     **{n: ("verimirage.ir.dtypes", n) for n in ("DType", "bfloat16", "float16", "float32")},
     "bool": ("verimirage.ir.dtypes", "bool_"),
-    "evaluate": ("verimirage.ir.interpret", "evaluate"),
+    "evaluate": ("verimirage.ir.reference", "evaluate"),
     "Verdict": ("verimirage.smt.verdict", "Verdict"),
     "Proved": ("verimirage.smt.verdict", "Proved"),
     "Refuted": ("verimirage.smt.verdict", "Refuted"),

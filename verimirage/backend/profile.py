@@ -254,7 +254,7 @@ def select(
     import torch
     import triton.testing
 
-    from ..ir.interpret import evaluate
+    from ..ir.reference import evaluate
     from .runtime import compile as vm_compile
 
     xs = dict(inputs) if inputs is not None else _inputs(graph, seed)

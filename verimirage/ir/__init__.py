@@ -1,7 +1,8 @@
 """The IR: op registry, kernel/block/thread graphs, checks, text/JSON, the evaluator.
 
-Imports neither torch nor triton. The block and thread builders (:mod:`.builders`) load on first use of
-their names, so the certificate checker, which imports this package, does not load them.
+Imports neither torch nor triton. The block and thread builders (:mod:`.builders`) and the float64
+reference (:mod:`.reference`, with ``evaluate``) load on first use of their names, so the certificate
+checker, which imports this package, does not load them.
 """
 
 from typing import Any
@@ -20,7 +21,7 @@ from .graph import (
     node_list,
     output_refs,
 )
-from .interpret import Domain, evaluate, run
+from .interpret import Domain, run
 from .ops import OPS, OpDef, Prop, TensorType, implements
 
 __all__ = [
@@ -58,4 +59,8 @@ def __getattr__(name: str) -> Any:
         from . import builders
 
         return getattr(builders, name)
+    if name == "evaluate":
+        from .reference import evaluate
+
+        return evaluate
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

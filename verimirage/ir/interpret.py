@@ -19,10 +19,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .errors import GraphError
-from .graph import BlockGraph, Graph, Node, OutputMap, Ref, ThreadGraph, node_list, output_refs
-from .limits import check_evaluable
-from .ops import OPS, Prop, TensorType, meaning
+from .graph import BlockGraph, Graph, Node, OutputMap, ThreadGraph, node_list, output_refs
+from .ops import OPS, Prop, TensorType
 
 
 class Domain(Protocol):
@@ -35,24 +33,6 @@ class Domain(Protocol):
     ) -> Any:
         """Result of ``op`` on ``args`` (see ``ir.ops`` for the calling convention)."""
         ...
-
-
-class RegistryDomain:
-    """A domain whose op meanings are the registry's entries for ``name``."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def apply(
-        self, op: str, args: list[Any], attrs: dict[str, Any], in_types: Sequence[TensorType], out_type: TensorType
-    ) -> Any:
-        fn = meaning(op, self.name)
-        if fn is None:
-            raise GraphError(f"op {op!r} has no meaning in the {self.name!r} domain")
-        return fn(args, attrs, in_types, [out_type])
-
-
-REF = RegistryDomain("ref")
 
 
 def align_ranks(args: list[np.ndarray], types: Sequence[TensorType]) -> list[np.ndarray]:
@@ -238,7 +218,7 @@ def run_block(bg: BlockGraph, args: Sequence[Any], arg_types: Sequence[TensorTyp
     return outs
 
 
-def run(g: Graph, inputs: Mapping[str, Any], domain: Domain = REF) -> list[Any]:
+def run(g: Graph, inputs: Mapping[str, Any], domain: Domain) -> list[Any]:
     """Evaluate a kernel graph or μGraph in ``domain`` on input values keyed by name."""
     nodes = node_list(g)
     env: dict[int, list[Any]] = {}
@@ -252,56 +232,3 @@ def run(g: Graph, inputs: Mapping[str, Any], domain: Domain = REF) -> list[Any]:
         else:
             _eval_node(nodes, i, env, domain)
     return [env[a][k] for a, k in output_refs(g)]
-
-
-def as_float64(x: Any, what: str) -> np.ndarray:
-    """A numpy float64 copy of a numpy array or torch tensor."""
-    complex_msg = f"input {what}: complex values; expected real numbers (nothing is dropped silently)"
-    if hasattr(x, "detach") and hasattr(x, "cpu"):  # torch tensor, without importing torch
-        if x.is_complex():
-            raise GraphError(complex_msg)
-        x = x.detach().cpu().double().numpy()
-    try:
-        if np.iscomplexobj(x):
-            raise GraphError(complex_msg)
-        return np.asarray(x, dtype=np.float64)
-    except (TypeError, ValueError, AttributeError) as e:
-        if isinstance(e, GraphError):
-            raise
-        raise GraphError(f"input {what}: cannot read {type(x).__name__} as a float64 array") from None
-
-
-def check_inputs(g: Graph, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    """Inputs as float64 arrays keyed by name; GraphError for missing, extra or misshapen ones."""
-    if not isinstance(inputs, Mapping):
-        raise GraphError(f"inputs: expected a dict of name -> array, got {type(inputs).__name__}")
-    names = {str(t.name): t for t in g.inputs}
-    extra = sorted(set(inputs) - set(names))
-    if extra:
-        raise GraphError(f"inputs: unknown input(s) {extra}; the graph's inputs are {list(names)}")
-    out = {}
-    for name, t in names.items():
-        if name not in inputs:
-            raise GraphError(f"inputs: missing input {name!r} (expected shape {t.shape})")
-        a = as_float64(inputs[name], repr(name))
-        if a.shape != t.shape:
-            raise GraphError(f"inputs: {name!r} has shape {a.shape}; expected {t.shape}")
-        out[name] = a
-    return out
-
-
-def evaluate(g: Graph, inputs: Mapping[str, Any]) -> list[np.ndarray]:
-    """The float64 reference result of ``g`` (a Graph or MuGraph): one array per output."""
-    if not isinstance(g, Graph):
-        raise GraphError(f"evaluate: expected a vm.Graph or vm.MuGraph, got {type(g).__name__}")
-    g.check()
-    check_evaluable(g, "evaluate")  # before anything is allocated
-    vals = check_inputs(g, inputs)
-    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
-        outs = run(g, vals, REF)
-    return [np.ascontiguousarray(np.asarray(o, dtype=np.float64)) for o in outs]
-
-
-def refs_of(g: Graph) -> tuple[Ref, ...]:
-    """Output refs (re-exported for walkers in other packages)."""
-    return output_refs(g)

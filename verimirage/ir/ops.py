@@ -238,17 +238,8 @@ def implements(domain: str, *names: str) -> Callable[[DomainFn], DomainFn]:
     return deco
 
 
-#: modules holding a domain's meanings that the IR loads on first need (:func:`meaning`)
+#: modules of this package holding a domain's meanings (loaded by :func:`missing_domains`)
 DOMAIN_HOMES: dict[str, str] = {"ref": "verimirage.ir.reference"}
-
-
-def meaning(op: str, domain: str) -> DomainFn | None:
-    """The meaning of registry op ``op`` in ``domain`` (None: it has none), loading the domain's home first."""
-    fn = get_op(op).domains.get(domain)
-    if fn is None and domain in DOMAIN_HOMES:
-        importlib.import_module(DOMAIN_HOMES[domain])
-        fn = OPS[op].domains.get(domain)
-    return fn
 
 
 def exempt(domain: str, name: str, reason: str) -> None:

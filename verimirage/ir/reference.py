@@ -1,21 +1,24 @@
-"""The float64 reference meaning (domain ``"ref"``) of the registry's ops: what :func:`verimirage.evaluate`
-computes.
+"""The float64 reference: the meaning (domain ``"ref"``) of the registry's ops and :func:`evaluate`
+(``vm.evaluate``), the plain evaluator run on it.
 
-It registers with :func:`~verimirage.ir.ops.implements` like every other domain and is loaded on first
-need (:func:`~verimirage.ir.ops.meaning`), so the certificate checker, which compares programs in the
-finite field and through Z3, does not import it. Layout ops (data movement) keep their one meaning for
-every array domain in :mod:`.ops`.
+It registers with :func:`~verimirage.ir.ops.implements` like every other domain. The certificate checker,
+which compares programs in the finite field and through Z3, does not import it. Layout ops (data
+movement) keep their one meaning for every array domain in :mod:`.ops`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from .ops import implements, neg_axis
+from .errors import GraphError
+from .graph import Graph
+from .interpret import run
+from .limits import check_evaluable
+from .ops import OPS, TensorType, implements, neg_axis
 
 _GELU_C = math.sqrt(2.0 / math.pi)
 
@@ -160,3 +163,69 @@ def _concat(args: list[np.ndarray], attrs: dict[str, Any], in_types: Any, out_ty
 def _transpose(args: list[np.ndarray], attrs: dict[str, Any], in_types: Any, out_types: Any) -> np.ndarray:
     r = in_types[0].rank
     return np.swapaxes(args[0], neg_axis(attrs["a"], r), neg_axis(attrs["b"], r))
+
+
+class RegistryDomain:
+    """A domain whose op meanings are the registry's entries for ``name``."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def apply(
+        self, op: str, args: list[Any], attrs: dict[str, Any], in_types: Sequence[TensorType], out_type: TensorType
+    ) -> Any:
+        fn = OPS[op].domains.get(self.name)
+        if fn is None:
+            raise GraphError(f"op {op!r} has no meaning in the {self.name!r} domain")
+        return fn(args, attrs, in_types, [out_type])
+
+
+REF = RegistryDomain("ref")
+
+
+def as_float64(x: Any, what: str) -> np.ndarray:
+    """A numpy float64 copy of a numpy array or torch tensor."""
+    complex_msg = f"input {what}: complex values; expected real numbers (nothing is dropped silently)"
+    if hasattr(x, "detach") and hasattr(x, "cpu"):  # torch tensor, without importing torch
+        if x.is_complex():
+            raise GraphError(complex_msg)
+        x = x.detach().cpu().double().numpy()
+    try:
+        if np.iscomplexobj(x):
+            raise GraphError(complex_msg)
+        return np.asarray(x, dtype=np.float64)
+    except (TypeError, ValueError, AttributeError) as e:
+        if isinstance(e, GraphError):
+            raise
+        raise GraphError(f"input {what}: cannot read {type(x).__name__} as a float64 array") from None
+
+
+def check_inputs(g: Graph, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Inputs as float64 arrays keyed by name; GraphError for missing, extra or misshapen ones."""
+    if not isinstance(inputs, Mapping):
+        raise GraphError(f"inputs: expected a dict of name -> array, got {type(inputs).__name__}")
+    names = {str(t.name): t for t in g.inputs}
+    extra = sorted(set(inputs) - set(names))
+    if extra:
+        raise GraphError(f"inputs: unknown input(s) {extra}; the graph's inputs are {list(names)}")
+    out = {}
+    for name, t in names.items():
+        if name not in inputs:
+            raise GraphError(f"inputs: missing input {name!r} (expected shape {t.shape})")
+        a = as_float64(inputs[name], repr(name))
+        if a.shape != t.shape:
+            raise GraphError(f"inputs: {name!r} has shape {a.shape}; expected {t.shape}")
+        out[name] = a
+    return out
+
+
+def evaluate(g: Graph, inputs: Mapping[str, Any]) -> list[np.ndarray]:
+    """The float64 reference result of ``g`` (a Graph or MuGraph): one array per output."""
+    if not isinstance(g, Graph):
+        raise GraphError(f"evaluate: expected a vm.Graph or vm.MuGraph, got {type(g).__name__}")
+    g.check()
+    check_evaluable(g, "evaluate")  # before anything is allocated
+    vals = check_inputs(g, inputs)
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        outs = run(g, vals, REF)
+    return [np.ascontiguousarray(np.asarray(o, dtype=np.float64)) for o in outs]

@@ -28,8 +28,9 @@ import numpy as np
 
 from ..ir.dtypes import DType
 from ..ir.graph import Graph, node_list, output_refs
-from ..ir.interpret import REF, apply_op, run_block
+from ..ir.interpret import apply_op, run_block
 from ..ir.ops import OPS, Prop, TensorType
+from ..ir.reference import REF
 
 log = logging.getLogger(__name__)
 

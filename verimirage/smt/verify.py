@@ -33,8 +33,8 @@ import z3
 
 from ..ir.errors import GraphError
 from ..ir.graph import Graph
-from ..ir.interpret import evaluate
 from ..ir.limits import check_evaluable
+from ..ir.reference import evaluate
 from . import abstract as A
 from . import budget as B
 from . import defined as D

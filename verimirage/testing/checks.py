@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from ..ir.graph import Graph
-from ..ir.interpret import evaluate
+from ..ir.reference import evaluate
 from .analysis import BatchDim, ScalingProperty, ShiftPlan, analyze, degree_factor
 
 UNIT_ROUNDOFF: dict[str, float] = {"f16": 2.0**-11, "bf16": 2.0**-8, "f32": 2.0**-24}

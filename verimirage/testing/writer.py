@@ -78,7 +78,7 @@ def _explore(
     from hypothesis import HealthCheck, find, settings
     from hypothesis.errors import NoSuchExample
 
-    from ..ir.interpret import evaluate
+    from ..ir.reference import evaluate
 
     tols = tolerances(graph)
     found = []
