@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -91,3 +92,29 @@ def test_matmul_broadcasts_leading_dims() -> None:
     assert c.shape == (3, 2, 4, 6)
     g.output(c)
     np.testing.assert_allclose(vm.evaluate(g, {"a": a, "b": b})[0], a @ b, rtol=1e-12)
+
+
+def test_parts_outside_the_trusted_core_load_on_first_use() -> None:
+    # the builders' methods, the float64 reference and the op facts the checker does not read live outside the
+    # IR core (issue 24: the trusted path); importing the core leaves them out, and first use loads them
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import verimirage.ir.graph, verimirage.ir.ops, verimirage.ir.interpret, verimirage.ir.text\n"
+        "from verimirage.ir.ops import OPS\n"
+        "out = lambda: ' '.join(m for m in ('builders', 'reference', 'opfacts') if 'verimirage.ir.' + m in sys.modules)\n"
+        "print('core:', out())\n"
+        "print(OPS['sum'].reduce.combine, OPS['exp'].index.__name__, 'after facts:', out())\n"
+        "import verimirage as vm\n"
+        "g = vm.Graph(); x = g.input('x', (2, 3), vm.float32); g.output(g.exp(x) + x)\n"
+        "print('after a builder method:', out())\n"
+        "print(float(vm.evaluate(g, {'x': [[0.0] * 3] * 2})[0][0, 0]), 'after evaluate:', out())\n"
+    )
+    root = Path(__file__).resolve().parent.parent
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.splitlines()
+    assert lines == ["core: ", "add index_broadcast after facts: opfacts",
+                     "after a builder method: builders opfacts", "1.0 after evaluate: builders reference opfacts"], lines
