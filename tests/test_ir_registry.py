@@ -104,7 +104,8 @@ def test_parts_outside_the_trusted_core_load_on_first_use() -> None:
         "import sys\n"
         "import verimirage.ir.graph, verimirage.ir.ops, verimirage.ir.interpret, verimirage.ir.text\n"
         "from verimirage.ir.ops import OPS\n"
-        "out = lambda: ' '.join(m for m in ('builders', 'reference', 'opfacts') if 'verimirage.ir.' + m in sys.modules)\n"
+        "def out():\n"
+        "    return ' '.join(m for m in ('builders', 'reference', 'opfacts') if 'verimirage.ir.' + m in sys.modules)\n"
         "print('core:', out())\n"
         "print(OPS['sum'].reduce.combine, OPS['exp'].index.__name__, 'after facts:', out())\n"
         "import verimirage as vm\n"
@@ -116,5 +117,5 @@ def test_parts_outside_the_trusted_core_load_on_first_use() -> None:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root)
     assert r.returncode == 0, r.stderr[-2000:]
     lines = r.stdout.splitlines()
-    assert lines == ["core: ", "add index_broadcast after facts: opfacts",
-                     "after a builder method: builders opfacts", "1.0 after evaluate: builders reference opfacts"], lines
+    assert lines == ["core: ", "add index_broadcast after facts: opfacts", "after a builder method: builders opfacts",
+                     "1.0 after evaluate: builders reference opfacts"], lines
