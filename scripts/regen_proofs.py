@@ -4,8 +4,9 @@
     python scripts/regen_proofs.py --recertify proofs/gated_mlp_bs1.json ... [--timeout-s 300]
 
 Each file is re-checked with the independent checker before it is kept. ``--recertify`` re-makes the given
-certificates for the same program pair (their own graph and candidate texts, rules, Triton hash) after a
-change of the verifier's meanings (an op's exact meaning changes the recorded queries), without a search.
+certificates for the same program pair (their own graph and candidate texts and rules; the Triton hash of
+today's code generator) after a change of the verifier's meanings (an op's exact meaning changes the
+recorded queries), without a search.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ def main() -> int:
 
 def recertify(paths: list[Path], timeout_s: float) -> int:
     """Re-make each certificate in ``paths`` for its own pair; 1 if any is not Proved or fails its re-check."""
+    from verimirage.backend.tuning import triton_digest
     from verimirage.smt.certificate import Certificate
     from verimirage.smt.certify import make_certificate
 
@@ -67,8 +69,7 @@ def recertify(paths: list[Path], timeout_s: float) -> int:
             logging.error("%s: %s", path, v.reason)
             failed += 1
             continue
-        cert = make_certificate(g, mg, v, old.rules, old.trusted_rules, old.triton_source_sha256,
-                                timeout_s=timeout_s)
+        cert = make_certificate(g, mg, v, old.rules, old.trusted_rules, triton_digest(mg), timeout_s=timeout_s)
         cert.save(str(path))
         ok = isinstance(vm.check_certificate(str(path)), vm.Proved)
         failed += not ok

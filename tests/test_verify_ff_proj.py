@@ -179,6 +179,10 @@ def test_suite_pairs_never_form_their_last_product(name, monkeypatch) -> None:
     m = vm.benchmarks.expert(name, g)
     r = FF.ff_test(g, m, trials=1)
     assert r.outcome == "proved"
+    if name == "gated_mlp":  # silu(X W1) = X W1 sigmoid(X W1) multiplies its argument's p-part elementwise: that
+        # product is formed (as when silu was an oracle reading it), once per program; the last product never
+        assert len(formed) == 2, formed  # (one X W1 in each program)
+        return
     assert formed == []
 
 

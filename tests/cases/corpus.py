@@ -470,6 +470,12 @@ def _model(body: Callable[..., object], shapes: dict[str, tuple[int, ...]], mask
     return build
 
 
+def _softmax_rows(g: vm.Graph, s: object) -> object:
+    s = g.sub(s, g.max(s, axis=2))
+    e = g.exp(s)
+    return g.div(e, g.sum(e, axis=2))
+
+
 def _lse_forgot_max(g: vm.Graph, x: object) -> object:
     m = g.max(x, axis=1)
     return g.log(g.sum(g.exp(g.sub(x, m)), axis=1))  # the max is subtracted but never added back
@@ -552,7 +558,7 @@ CASES += [
          _model(lambda g, x: g.add(x, g.log(g.sum(g.exp(x), axis=1))), _LOGITS), "not-proved",
          "log(a / b) split as log a + log b"),
     Case("exp_of_log_of_exp", _model(lambda g, x: g.exp(g.log(g.exp(x))), _LOGITS),
-         _model(lambda g, x: g.exp(x), _LOGITS), "proved"),
+         _model(lambda g, x: g.exp(x), _LOGITS), "proved", cancels=True),  # (log cancels against exp)
     Case("tanh_is_two_sigmoid_of_two_x_minus_one", _model(lambda g, x: g.tanh(x), _LOGITS),
          _model(lambda g, x: g.shift(g.scale(g.sigmoid(g.scale(x, 2.0)), 2.0), -1.0), _LOGITS), "proved"),
     Case("tanh_without_the_inner_doubling", _model(lambda g, x: g.tanh(x), _LOGITS),
@@ -565,7 +571,12 @@ CASES += [
     Case("softcap_tanh_same_program",
          _model(lambda g, q, k, v, m: M.masked_attention(g, q, k, v, m, cap=50.0), _CAUSAL, "M"),
          _model(lambda g, q, k, v, m: M.masked_attention(g, g.scale(g.scale(q, 0.5), 2.0), k, v, m, cap=50.0),
-                _CAUSAL, "M"), "proved", "an exp reads tanh's q-part (a random function of its argument)"),
+                _CAUSAL, "M"), "proved", "an exp reads tanh's q-part (through sigmoid's random function)"),
+    Case("softcap_tanh_as_two_sigmoid_minus_one",
+         _model(lambda g, q, k, v, m: M.masked_attention(g, q, k, v, m, cap=50.0), _CAUSAL, "M"),
+         _model(lambda g, q, k, v, m: g.matmul(_softmax_rows(g, g.where(m, g.scale(g.shift(g.scale(g.sigmoid(
+             g.scale(g.matmul(q, k), 2.0 / 50.0)), 2.0), -1.0), 50.0), g.shift(g.scale(g.matmul(q, k), 0.0),
+             M.MASKED))), v), _CAUSAL, "M"), "proved", "tanh-def inside an exp"),
     Case("silu_after_attention_same_program",  # silu's argument has no q-part: the random function in both parts
          _model(lambda g, q, k, v, m: g.silu(M.masked_attention(g, q, k, v, m)), _CAUSAL, "M"),
          _model(lambda g, q, k, v, m: g.silu(M.masked_attention(g, g.scale(g.scale(q, 0.5), 2.0), k, v, m)),

@@ -209,6 +209,7 @@ FAMILY_COVERS: dict[str, tuple[str, ...]] = {
     "exp": ("exp", "sigmoid", "tanh", "silu"),  # sigmoid-def writes sigmoid with an exp
     "sigmoid": ("sigmoid", "silu", "tanh", "gelu", "exp"),
     "tanh": ("tanh", "sigmoid", "silu", "gelu", "exp"),
+    "silu": ("silu", "sigmoid", "exp"),  # silu-def writes silu with a sigmoid
     "softplus": ("softplus", "log", "exp"),
     "log": ("log", "softplus"),
 }

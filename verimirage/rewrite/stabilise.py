@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..ir.graph import Graph, Tensor, node_list, output_refs
+from ..ir.ops import REDUCTION_OPS
 
 
 def _softmax_sites(g: Graph) -> dict[int, int]:
@@ -101,8 +102,8 @@ def hoist_row_constants(g: Graph) -> Graph | None:
         anc.append(frozenset({i}).union(*(anc[a] for a, _ in n.args)))
 
     def post_reduction(c: int, ax: int) -> bool:  # computed from a reduction along ``ax`` (known after a pass)
-        return any(nodes[j].op in ("sum", "max", "mean", "min") and nodes[j].attr("axis") % nodes[j].outs[0].rank
-                   == ax for j in anc[c])
+        return any(nodes[j].op in REDUCTION_OPS and nodes[j].attr("axis") % nodes[j].outs[0].rank == ax
+                   for j in anc[c])
 
     sites: dict[int, tuple[int, int, int, int]] = {}  # sum node -> (t, x, c, sign of x)
     for i, n in enumerate(nodes):

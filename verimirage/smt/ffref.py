@@ -20,9 +20,9 @@ Meanings (those documented in :mod:`verimirage.smt.ff`):
   *violation* (counted; the trial then answers unknown);
 * ``gelu, relu, sqrt``: a keyed random function (splitmix64) of the p-residue gives both parts;
   ``rsqrt`` is the inverse of ``sqrt``'s; ``rms_norm(x) = x * rsqrt(mean(x*x) + eps) [* w]``;
-* ``sigmoid(x) = 1 / (1 + exp(-x))``, ``tanh(x) = 2 sigmoid(2x) - 1``, ``silu(x) = x sigmoid(x)`` in the
-  p-part, the q-part a keyed random function of the p-residue; both parts that function where the argument
-  has no meaningful q-part (:func:`_via_exp`);
+* ``sigmoid(x) = 1 / (1 + exp(-x))`` in the p-part, the q-part a keyed random function of the p-residue; both
+  parts that function where the argument has no meaningful q-part (:func:`_sigmoid_op`); ``tanh(x) =
+  2 sigmoid(2x) - 1`` and ``silu(x) = x sigmoid(x)`` through it, in both parts;
 * ``log``: the p-part is a keyed random function of the p-residue (as for ``tanh``); the q-part is the
   discrete log: ``k`` for a p-residue ``+-g**k``, meaningless for 0 (:func:`_log_table`); a program in
   which an exp reads a log's value is not tested (:func:`exp_after_log`: ``exp(log y)`` is ``+-y`` there);
@@ -430,20 +430,16 @@ def _sigmoid(d: RefFF, x: np.ndarray) -> np.ndarray:
     return _recip(d, d.const("add", d.exp(d.const("mul", x, Fraction(-1))), Fraction(1)))
 
 
-def _via_exp(name: str, exact: Callable[[RefFF, np.ndarray], np.ndarray]) -> Meaning:
-    """sigmoid, tanh, silu: the p-part ``exact``'s, the q-part the random function ``name``'s; where the
-    argument's q-part is meaningless everywhere (computed by an exp) that random function in both parts."""
-    def fn(d: RefFF, a: list[np.ndarray], at: dict[str, Any], it: Sequence[TensorType]) -> np.ndarray:
-        o = d.oracle(name, a[0])
-        return o if (a[0][1] < 0).all() else _stack(exact(d, a[0])[0], o[1])
-
-    return fn
+def _sigmoid_op(d: RefFF, x: np.ndarray) -> np.ndarray:
+    """sigmoid: p-part :func:`_sigmoid`, q-part a random function (both parts it where x has no q-part)."""
+    o = d.oracle("sigmoid", x)
+    return o if (x[1] < 0).all() else _stack(_sigmoid(d, x)[0], o[1])
 
 
-MEANINGS["sigmoid"] = _via_exp("sigmoid", _sigmoid)
-MEANINGS["tanh"] = _via_exp("tanh", lambda d, x: d.const("add", d.const(  # 2 sigmoid(2x) - 1
-    "mul", _sigmoid(d, d.const("mul", x, Fraction(2))), Fraction(2)), Fraction(-1)))
-MEANINGS["silu"] = _via_exp("silu", lambda d, x: d.ring("mul", x, _sigmoid(d, x)))  # x sigmoid(x)
+MEANINGS["sigmoid"] = lambda d, a, at, it: _sigmoid_op(d, a[0])
+MEANINGS["tanh"] = lambda d, a, at, it: d.const("add", d.const(  # 2 sigmoid(2x) - 1
+    "mul", _sigmoid_op(d, d.const("mul", a[0], Fraction(2))), Fraction(2)), Fraction(-1))
+MEANINGS["silu"] = lambda d, a, at, it: d.ring("mul", a[0], _sigmoid_op(d, a[0]))  # x sigmoid(x)
 
 
 def _recip(d: RefFF, x: np.ndarray) -> np.ndarray:
@@ -681,6 +677,9 @@ def quotient_info(g: Graph) -> tuple[int, int, int]:
                 vals.append((n_, d_, frozenset(range(rank)) if d_ else frozenset()))
             elif n.op == "loop_max":
                 vals.append(allaxes(a[0], rank))
+            elif n.op == "silu":  # x sigmoid(x): the sigmoid an atom, times x
+                opaque[:] = [max(opaque[0], deg(a[0])), opaque[1] + 1, opaque[2] + elems * max(1, deg(a[0]))]
+                vals.append((a[0][0] + 1, a[0][1], a[0][2]))
             elif n.op == "rms_norm":
                 # x * rsqrt(mean(x*x) + eps) [* w]: the rsqrt an atom
                 opaque[0] = max(opaque[0], 2 * deg(a[0]))

@@ -1,10 +1,10 @@
 """Activations: sigmoid in terms of exp, reciprocal as division (issue 21).
 
-The verifier gives sigmoid its exact meaning through exp (``1 / (1 + exp(-x))``), and tanh and silu theirs
-through sigmoid (``2 sigmoid(2x) - 1``, ``x sigmoid(x)``: exact in the finite field's p-part, their q-part a
-random function of the argument so that soft-capped logits may still feed an exp), so these laws are proved
-by ``verify_rule`` like every other rule. They are off by default: the search reaches for them when asked
-(``rulesets=["activations"]``).
+The verifier gives sigmoid its exact meaning through exp (``1 / (1 + exp(-x))``; in the finite field's
+p-part, its q-part a random function of the argument so that soft-capped logits may still feed an exp), and
+tanh and silu theirs through sigmoid (``2 sigmoid(2x) - 1``, ``x sigmoid(x)``), so these laws are proved
+by ``verify_rule`` like every other rule, and hold inside an exp too. They are off by default: the search
+reaches for them when asked (``rulesets=["activations"]``).
 """
 
 from __future__ import annotations

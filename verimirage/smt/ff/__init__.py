@@ -37,13 +37,15 @@ Op meanings
   the p-part). ``rsqrt(x)`` is the inverse of ``sqrt(x)`` (so ``rsqrt =
   1/sqrt`` exactly). ``rms_norm(x) = x * rsqrt(mean(x*x) + eps)`` with that
   ``rsqrt`` (times the weight).
-* ``sigmoid(x) = 1 / (1 + exp(-x))``, ``tanh(x) = 2 sigmoid(2x) - 1``,
-  ``silu(x) = x sigmoid(x)``: exact in the p-part (through exp, which reads
-  the argument's q-part; ``1 + exp(-x)`` is never 0); the q-part is a random
-  function of the argument, so an exp may read the result (soft-capped
-  logits): it stands for an uninterpreted function, and the real function is
-  both at once. Where the argument has no q-part (silu after attention) both
-  parts are that random function, as for an opaque op.
+* ``sigmoid(x) = 1 / (1 + exp(-x))`` exactly in the p-part (through exp,
+  which reads the argument's q-part; ``1 + exp(-x)`` is never 0); the q-part
+  is a random function of the argument, so an exp may read the result: it
+  stands for an uninterpreted function, and the real sigmoid is both at once.
+  Where the argument has no q-part (silu after attention) both parts are that
+  random function, as for an opaque op. ``tanh(x) = 2 sigmoid(2x) - 1`` and
+  ``silu(x) = x sigmoid(x)`` are defined through it, in both parts (so
+  soft-capped logits ``exp(c tanh(s / c))`` are tested, and equal their
+  sigmoid form).
 * ``log``: the p-part is a per-trial random function of the argument's
   p-residue (like tanh); the q-part is the *discrete log* of that residue:
   ``k`` for ``+-g**k``, meaningless (-1) for 0. It is the homomorphism

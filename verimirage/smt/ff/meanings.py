@@ -251,25 +251,20 @@ def _sigmoid(x: FV) -> FV:
     return _reciprocal(_affine(e, Fraction(1), "add"))
 
 
-def _via_exp(name: str, exact: Callable[[FV], FV]) -> Callable[..., FV]:
-    """The meaning of sigmoid, tanh, silu: the p-part ``exact(x)``'s (through exp) and the q-part the random
-    function ``name`` of ``x`` (an exp may read the result: soft-capped logits); where ``x`` has no q-part
-    (it was computed by an exp: silu after attention) the random function ``name`` in both parts, as for
-    an opaque op. The real function is both at once, so agreement for every function in its place proves
-    equality."""
-
-    def fn(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
-        x = args[0]
-        o = _oracle(name, x)
-        return o if x.q is None else FV(x.shape, exact(x).p, o.q)
-
-    return fn
+def _sigmoid_op(x: FV) -> FV:
+    """The meaning of sigmoid: the p-part ``1 / (1 + exp(-x))`` (exp reads ``x``'s q-part), the q-part a random
+    function of ``x`` (an exp may read the result: soft-capped logits; it stands for an uninterpreted function,
+    and the real sigmoid is both at once); where ``x`` has no q-part (computed by an exp: silu after
+    attention), that random function in both parts, as for an opaque op. tanh and silu are defined through
+    it (``2 sigmoid(2x) - 1``, ``x sigmoid(x)``) in both parts."""
+    o = _oracle("sigmoid", x)
+    return o if x.q is None else FV(x.shape, _sigmoid(x).p, o.q)
 
 
-implements("ff", "sigmoid")(_via_exp("sigmoid", _sigmoid))
-implements("ff", "tanh")(_via_exp("tanh", lambda x: _affine(_affine(  # 2 sigmoid(2x) - 1
-    _sigmoid(_affine(x, Fraction(2), "mul")), Fraction(2), "mul"), Fraction(-1), "add")))
-implements("ff", "silu")(_via_exp("silu", lambda x: _ring("mul", x, _sigmoid(x))))  # x sigmoid(x)
+implements("ff", "sigmoid")(lambda args, attrs, it, ot: _sigmoid_op(args[0]))
+implements("ff", "tanh")(lambda args, attrs, it, ot: _affine(_affine(  # 2 sigmoid(2x) - 1
+    _sigmoid_op(_affine(args[0], Fraction(2), "mul")), Fraction(2), "mul"), Fraction(-1), "add"))
+implements("ff", "silu")(lambda args, attrs, it, ot: _ring("mul", args[0], _sigmoid_op(args[0])))  # x sigmoid(x)
 
 
 def _ones_like(x: FV) -> FV:
