@@ -23,6 +23,8 @@ Terms are plain nested tuples (hashable, comparable by ``repr``):
   ``("fn", name, poly)`` (silu, gelu, relu, log of what has no exp factor: uninterpreted);
   ``("cat", aff, ((lo, hi, poly), ...))`` a piecewise value (concat).
 
+Coefficients and exponents are :class:`Q`: Fractions whose hash is computed once per value (see there).
+
 Bound variables are renamed ``r0, r1, ...`` by height (de Bruijn levels counted
 from the innermost binder), so alpha-equivalent terms are identical.
 """
@@ -34,7 +36,6 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from fractions import Fraction
-from functools import cache
 from typing import Any
 
 from . import limits
@@ -114,20 +115,84 @@ def deactivate(tok: contextvars.Token) -> None:
 
 #: ``repr`` of recently keyed values by identity (the value kept alive beside it, so an id is never reused
 #: while its entry stands): the canonical sorts key the same monomials and atoms over and over, and ``repr``
-#: of a nested term is linear in its size
+#: of a nested term is linear in its size. Past :data:`_KEYS_MAX` entries the older half is dropped.
 _KEYS: dict[int, tuple[Any, str]] = {}
-_KEYS_MAX = 200_000
+_KEYS_MAX = 400_000
 
 
 def _key(x: Any) -> str:
+    """``repr(x)``, built from the cached keys of ``x``'s parts: a new monomial or polynomial is mostly made of
+    atoms keyed before (shared objects), so its key costs a join instead of printing every atom again. Index
+    expressions (tag ``"A"``, small) and non-tuples are printed by ``repr`` itself. The string is exactly
+    ``repr(x)`` (tuples print as ``(a, b)`` and ``(a,)``), so the canonical orders do not change."""
     e = _KEYS.get(id(x))
     if e is not None and e[0] is x:
         return e[1]
-    k = repr(x)
+    if type(x) is tuple and x and x[0] != "A":
+        parts = [_key(y) if type(y) is tuple else repr(y) for y in x]
+        k = f"({parts[0]},)" if len(parts) == 1 else "(" + ", ".join(parts) + ")"
+    else:
+        k = repr(x)
     if len(_KEYS) >= _KEYS_MAX:
-        _KEYS.clear()
+        for i in list(itertools.islice(_KEYS, _KEYS_MAX // 2)):
+            _KEYS.pop(i, None)
     _KEYS[id(x)] = (x, k)
     return k
+
+
+# --------------------------------------------------------------------------- rationals
+
+
+class Q(Fraction):
+    """The rationals of terms (coefficients, exponents): a Fraction whose hash is computed once.
+
+    Terms are nested tuples, hashed again and again (memo tables, dict keys: a tuple does not keep its hash), and
+    a Fraction's hash is a modular inverse computed in Python: it was about 40% of the abstract derivation of a
+    decoder layer. A ``Q`` is equal to, hashes like and prints like the Fraction of the same value (canonical
+    orders sort by ``repr``: they are unchanged); arithmetic on it gives plain Fractions, which :func:`as_q` turns
+    back into the one ``Q`` of that value (interned, so equal coefficients are mostly the same object and a
+    tuple comparison of equal terms skips ``Fraction.__eq__``).
+    """
+
+    __slots__ = ("_h",)
+    _h: int
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return self._h
+
+    def __repr__(self) -> str:
+        return f"Fraction({self._numerator}, {self._denominator})"  # type: ignore[attr-defined]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (as_q, (Fraction(self._numerator, self._denominator),))  # type: ignore[attr-defined]
+
+
+#: the interned ``Q`` of each (numerator, denominator) made so far (cleared past :data:`_QS_MAX` entries: the
+#: values stay valid, only the sharing of new ones restarts)
+_QS: dict[tuple[int, int], Q] = {}
+_QS_MAX = 1 << 16
+
+
+def as_q(x: Fraction | int) -> Q:
+    """The interned :class:`Q` of the rational ``x`` (an int, a Fraction or a Q)."""
+    if type(x) is Q:
+        return x
+    if type(x) is int:
+        key = (x, 1)
+    else:
+        f = x if isinstance(x, Fraction) else Fraction(x)
+        key = (f.numerator, f.denominator)
+    r = _QS.get(key)
+    if r is None:
+        if len(_QS) >= _QS_MAX:
+            _QS.clear()
+        r = Q(*key)
+        r._h = Fraction.__hash__(r)
+        _QS[key] = r
+    return r
+
+
+ZERO, ONE, MINUS_ONE = as_q(0), as_q(1), as_q(-1)
 
 
 # --------------------------------------------------------------------------- index arithmetic
@@ -291,20 +356,40 @@ def a_vars(x: Aff) -> frozenset[str]:
 # --------------------------------------------------------------------------- free variables and substitution
 
 
-@cache
+#: results of :func:`free_vars` and :func:`height` by identity of the term (kept alive beside it, as in
+#: :data:`_KEYS`): a value-keyed cache would hash the whole term on every call, and both recurse into every
+#: subterm. Past :data:`_MEMO_MAX` entries the older half is dropped.
+_FV: dict[int, tuple[Any, frozenset[str]]] = {}
+_HEIGHT: dict[int, tuple[Any, int]] = {}
+_MEMO_MAX = 400_000
+_NO_VARS: frozenset[str] = frozenset()
+
+
+def _remember(memo: dict[int, tuple[Any, Any]], t: Any, v: Any) -> None:
+    if len(memo) >= _MEMO_MAX:
+        for i in list(itertools.islice(memo, _MEMO_MAX // 2)):
+            memo.pop(i, None)
+    memo[id(t)] = (t, v)
+
+
 def free_vars(t: Any) -> frozenset[str]:
     """Free index variables of any term."""
     if not isinstance(t, tuple) or not t:
-        return frozenset()
+        return _NO_VARS
+    e = _FV.get(id(t))
+    if e is not None and e[0] is t:
+        return e[1]
     tag = t[0]
     if tag == "A":
-        return a_vars(t)
-    if tag in ("sum", "rng"):
-        return (free_vars(t[4]) | free_vars(t[2]) | free_vars(t[3])) - {t[1]}
-    out: frozenset[str] = frozenset()
-    for x in t[1:] if isinstance(tag, str) else t:
-        if isinstance(x, tuple):
-            out = out | free_vars(x)
+        out = a_vars(t)
+    elif tag in ("sum", "rng"):
+        out = (free_vars(t[4]) | free_vars(t[2]) | free_vars(t[3])) - {t[1]}
+    else:
+        out = _NO_VARS
+        for x in t[1:] if isinstance(tag, str) else t:
+            if isinstance(x, tuple):
+                out = out | free_vars(x)
+    _remember(_FV, t, out)
     return out
 
 
@@ -344,17 +429,20 @@ def subst(t: Any, var: str, rep: Aff) -> Any:
     return tuple(sorted(((subst(a, var, rep), e) for a, e in t), key=lambda x: _key(x[0])))
 
 
-@cache
 def height(t: Any) -> int:
     """1 + the largest canonical bound-variable level in ``t`` (0 if none)."""
     if not isinstance(t, tuple) or not t:
         return 0
+    e = _HEIGHT.get(id(t))
+    if e is not None and e[0] is t:
+        return e[1]  # type: ignore[no-any-return]
     h = 0
     if t[0] in ("sum", "rng") and isinstance(t[1], str) and t[1].startswith("r"):
         h = int(t[1][1:]) + 1
     for x in t[1:] if isinstance(t[0], str) else t:
         if isinstance(x, tuple):
             h = max(h, height(x))
+    _remember(_HEIGHT, t, h)
     return h
 
 
@@ -375,39 +463,53 @@ def mono_mul(a: Mono, b: Mono) -> Mono:
     d: dict = dict(a)
     for at, e in b:
         d[at] = d.get(at, 0) + e
-    return tuple(sorted(((at, Fraction(e)) for at, e in d.items() if e != 0), key=lambda x: _key(x[0])))
+    out = []
+    for at, e in d.items():
+        e = as_q(e)
+        if e is not ZERO:
+            out.append((at, e))
+    return tuple(sorted(out, key=lambda x: _key(x[0])))
 
 
 def mono_pow(a: Mono, k: Fraction) -> Mono:
     """``a ** k``."""
-    return tuple((at, e * k) for at, e in a if e * k != 0)
+    out = []
+    for at, e in a:
+        ek = as_q(e * k)
+        if ek is not ZERO:
+            out.append((at, ek))
+    return tuple(out)
 
 
 def poly(terms: dict[Mono, Fraction]) -> Poly:
     """The canonical polynomial with these terms (merging adjacent sum ranges)."""
     checkpoint()
-    items = {m: Fraction(c) for m, c in terms.items() if c != 0}
+    items = {}
+    for m, c in terms.items():
+        c = as_q(c)
+        if c is not ZERO:
+            items[m] = c
     for c in items.values():
         if c.denominator.bit_length() > limits.MAX_CONST_BITS or c.numerator.bit_length() > limits.MAX_CONST_BITS:
             raise ResourceLimit(f"a coefficient grew past {limits.MAX_CONST_BITS} bits")
     if sum(1 for m in items if _sum_factors(m)) >= 2:
-        items = _merge_sums(items)
+        items = {m: as_q(c) for m, c in _merge_sums(items).items()}
     return ("P", tuple(sorted(items.items(), key=lambda x: _key(x[0]))))
 
 
 def p_const(c: Fraction | int) -> Poly:
     """A constant."""
-    return poly({ONE_MONO: Fraction(c)})
+    return poly({ONE_MONO: as_q(c)})
 
 
 def p_atom(a: Atom, e: Fraction | int = 1) -> Poly:
     """The polynomial ``a ** e``."""
-    return poly({((a, Fraction(e)),): Fraction(1)})
+    return poly({((a, as_q(e)),): ONE})
 
 
 def p_mono(m: Mono, c: Fraction | int = 1) -> Poly:
     """The polynomial ``c * m``."""
-    return poly({m: Fraction(c)})
+    return poly({m: as_q(c)})
 
 
 def p_add(x: Poly, y: Poly, k: Fraction | int = 1) -> Poly:
@@ -444,7 +546,7 @@ def p_mul(x: Poly, y: Poly) -> Poly:
 def p_is_const(x: Poly) -> Fraction | None:
     """The constant value of ``x``, or None."""
     if not x[1]:
-        return Fraction(0)
+        return ZERO
     if len(x[1]) == 1 and x[1][0][0] == ONE_MONO:
         return x[1][0][1]
     return None
@@ -471,7 +573,7 @@ def _content(x: Poly) -> tuple[Fraction, Mono, Poly]:
                 if (common[a] > 0) != (md[a] > 0) or common[a] == 0:
                     del common[a]
     cm = tuple(sorted(((a, e) for a, e in common.items()), key=lambda t: _key(t[0])))
-    inv_cm = mono_pow(cm, Fraction(-1))
+    inv_cm = mono_pow(cm, MINUS_ONE)
     lead = x[1][0][1]
     rest = poly({mono_mul(m, inv_cm): c / lead for m, c in x[1]})
     return lead, cm, rest
@@ -486,10 +588,10 @@ def p_inv(x: Poly) -> Poly:
     if s is not None:
         m, c = s
         der().use("div-monomial")
-        return p_mono(mono_pow(m, Fraction(-1)), 1 / c)
+        return p_mono(mono_pow(m, MINUS_ONE), 1 / c)
     c, m, rest = _content(x)
     der().use("div-content")
-    return p_mono(mono_mul(mono_pow(m, Fraction(-1)), ((("inv", rest), Fraction(1)),)), 1 / c)
+    return p_mono(mono_mul(mono_pow(m, MINUS_ONE), ((("inv", rest), ONE),)), 1 / c)
 
 
 def p_div(x: Poly, y: Poly) -> Poly:
@@ -598,7 +700,7 @@ def _merge_sums(items: dict) -> dict:
                     items[mono] -= c
                     if items[mono] == 0:
                         del items[mono]
-                new = mono_mul(rest, ((("sum", var, lo, hi, body), Fraction(1)),))
+                new = mono_mul(rest, ((("sum", var, lo, hi, body), ONE),))
                 items[new] = items.get(new, 0) + c
                 changed = True
         if not changed:
@@ -669,7 +771,7 @@ def p_sum(var: str, x: Poly) -> Poly:
         merged = _block_merge(var, lo, hi, dep)
         if merged is not None:
             d.use("sum-block-merge")
-            mm = mono_mul(indep, ((merged, Fraction(1)),))
+            mm = mono_mul(indep, ((merged, ONE),))
             out[mm] = out.get(mm, 0) + c
             continue
         body: Any = dep
@@ -689,7 +791,7 @@ def p_sum(var: str, x: Poly) -> Poly:
             var_b = var
         name, body = _bind(var_b, body, slo, shi)
         atom = ("sum", name, slo, shi, body)
-        mm = mono_mul(indep, ((atom, Fraction(1)),))
+        mm = mono_mul(indep, ((atom, ONE),))
         out[mm] = out.get(mm, 0) + c
     return poly(out)
 
@@ -986,7 +1088,7 @@ def _canon_atom(a: Atom) -> tuple[Atom, Mono | None, Fraction]:
         if not q[1]:
             raise AbstractionError("division by the zero polynomial")
         c, cm, rest = _content(q)
-        return ("inv", rest), mono_pow(cm, Fraction(-1)), 1 / c
+        return ("inv", rest), mono_pow(cm, MINUS_ONE), 1 / c
     if tag == "fn":
         return ("fn", a[1], _canon_poly(a[2])), None, Fraction(1)
     if tag == "max":
@@ -1052,7 +1154,7 @@ def _flatten_sum(var: str, lo: Aff, hi: Aff, body: Mono) -> Atom:
         for v, vlo, vhi in reversed(order):
             name, b = _bind(v, cur, vlo, vhi)
             at = ("sum", name, vlo, vhi, b)
-            cur = ((at, Fraction(1)),)
+            cur = ((at, ONE),)
         if best is None or _key(at) < _key(best):
             best = at
     assert best is not None
