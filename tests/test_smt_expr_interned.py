@@ -68,8 +68,16 @@ def test_derivation_is_deterministic_across_fresh_memo_tables() -> None:
     g = vm.benchmarks.get("gqa", batch=1, small=True)
     mg = vm.benchmarks.expert("gqa", g)
     first = [repr(e) for e in _derived(mg)]
-    E._KEYS.clear()
-    E._FV.clear()
-    E._HEIGHT.clear()
-    E._QS.clear()
+    E.clear_memos()
+    assert E.as_q(0) is E.ZERO and E.as_q(1) is E.ONE and E.as_q(-1) is E.MINUS_ONE
     assert [repr(e) for e in _derived(mg)] == first
+
+
+def test_interned_rationals_restart_keeping_the_constants(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # past the cap the table restarts; zero must still be ZERO (and x - x is still the zero polynomial)
+    monkeypatch.setattr(E, "_QS_MAX", 8)
+    for k in range(2, 40):
+        E.as_q(Fraction(1, k))
+    assert E.as_q(0) is E.ZERO and E.as_q(1) is E.ONE
+    x = E.p_atom(("in", "X", ()))
+    assert E.p_add(x, x, -1) == E.poly({})  # x - x is the zero polynomial, no zero-coefficient term left

@@ -172,7 +172,7 @@ def _default_verifier(graph: Graph, timeout_s: float, seed: int) -> Callable[[Gr
             state["v"] = verifier_for(graph, seed=seed)
         if a is not graph:
             raise ValueError("superoptimize: the default verifier checks candidates against the searched graph")
-        return state["v"].check(b, timeout_s=timeout_s)
+        return state["v"].check(b, timeout_s=timeout_s, prove_only=True)  # (a search keeps only what is proved)
 
     return run
 
@@ -610,7 +610,7 @@ def _check_whole(graph: Graph, mg: MuGraph, opts: SearchOptions) -> Any:
         from ..smt.verify import verifier_for
 
         return verifier_for(graph, seed=opts.seed).check(mg, timeout_s=max(opts.verify_timeout_s,
-                                                                           WHOLE_VERIFY_TIMEOUT_S))
+                                                                           WHOLE_VERIFY_TIMEOUT_S), prove_only=True)
     except ImportError as e:
         return _unknown(f"verifier not available: {e}")
     except GraphError as e:

@@ -167,8 +167,8 @@ class Q(Fraction):
         return (as_q, (Fraction(self._numerator, self._denominator),))  # type: ignore[attr-defined]
 
 
-#: the interned ``Q`` of each (numerator, denominator) made so far (cleared past :data:`_QS_MAX` entries: the
-#: values stay valid, only the sharing of new ones restarts)
+#: the interned ``Q`` of each (numerator, denominator) made so far (past :data:`_QS_MAX` entries it restarts with
+#: :data:`ZERO`, :data:`ONE` and :data:`MINUS_ONE` alone; older values stay valid, only their sharing ends)
 _QS: dict[tuple[int, int], Q] = {}
 _QS_MAX = 1 << 16
 
@@ -185,7 +185,7 @@ def as_q(x: Fraction | int) -> Q:
     r = _QS.get(key)
     if r is None:
         if len(_QS) >= _QS_MAX:
-            _QS.clear()
+            _reset_qs()
         r = Q(*key)
         r._h = Fraction.__hash__(r)
         _QS[key] = r
@@ -193,6 +193,20 @@ def as_q(x: Fraction | int) -> Q:
 
 
 ZERO, ONE, MINUS_ONE = as_q(0), as_q(1), as_q(-1)
+
+
+def _reset_qs() -> None:
+    global _QS
+    _QS = {(c.numerator, c.denominator): c for c in (ZERO, ONE, MINUS_ONE)}  # (one rebinding: no empty moment)
+
+
+def clear_memos() -> None:
+    """Empty the normaliser's caches (keys, free variables, heights, interned rationals): they only cache, so
+    nothing derived afterwards changes (the tests check it)."""
+    _KEYS.clear()
+    _FV.clear()
+    _HEIGHT.clear()
+    _reset_qs()
 
 
 # --------------------------------------------------------------------------- index arithmetic
@@ -466,7 +480,7 @@ def mono_mul(a: Mono, b: Mono) -> Mono:
     out = []
     for at, e in d.items():
         e = as_q(e)
-        if e is not ZERO:
+        if e.numerator:
             out.append((at, e))
     return tuple(sorted(out, key=lambda x: _key(x[0])))
 
@@ -476,7 +490,7 @@ def mono_pow(a: Mono, k: Fraction) -> Mono:
     out = []
     for at, e in a:
         ek = as_q(e * k)
-        if ek is not ZERO:
+        if ek.numerator:
             out.append((at, ek))
     return tuple(out)
 
@@ -487,7 +501,7 @@ def poly(terms: dict[Mono, Fraction]) -> Poly:
     items = {}
     for m, c in terms.items():
         c = as_q(c)
-        if c is not ZERO:
+        if c.numerator:
             items[m] = c
     for c in items.values():
         if c.denominator.bit_length() > limits.MAX_CONST_BITS or c.numerator.bit_length() > limits.MAX_CONST_BITS:

@@ -295,10 +295,15 @@ class Verifier:
         self.timeout_s = timeout_s
         self.reference = FFReference(target, seed=seed)
 
-    def check(self, candidate: Graph, *, timeout_s: float | None = None) -> Verdict:
-        """Is ``candidate`` the same function as the target? (See :func:`verify`.)"""
+    def check(self, candidate: Graph, *, timeout_s: float | None = None, prove_only: bool = False) -> Verdict:
+        """Is ``candidate`` the same function as the target? (See :func:`verify`.)
+
+        ``prove_only`` (a search, which keeps only what is proved): once the abstract check ends without
+        proving the pair, the finite-field test starts no further trial, and the verdict is ``Unknown`` where
+        :func:`verify` might have found it ``Refuted``; ``Proved`` means exactly what it means there (both
+        checks ran to the end and proved it)."""
         return _verify(self.target, candidate, self.reference, trials=self.trials, seed=self.seed,
-                       timeout_s=self.timeout_s if timeout_s is None else timeout_s)
+                       timeout_s=self.timeout_s if timeout_s is None else timeout_s, prove_only=prove_only)
 
 
 #: recent targets of :func:`verify` (canonical text, seed) -> Verifier, so a search that calls
@@ -335,7 +340,8 @@ def verify(a: Graph, b: Graph, *, trials: int | None = None, seed: int = 0, time
                    timeout_s=timeout_s)
 
 
-def _verify(a: Graph, b: Graph, ref: FFReference, *, trials: int | None, seed: int, timeout_s: float) -> Verdict:
+def _verify(a: Graph, b: Graph, ref: FFReference, *, trials: int | None, seed: int, timeout_s: float,
+            prove_only: bool = False) -> Verdict:
     check_compatible(a, b)
     why = _dtype_mismatch(a, b)
     if why is not None:
@@ -346,9 +352,18 @@ def _verify(a: Graph, b: Graph, ref: FFReference, *, trials: int | None, seed: i
         cancel = threading.Event()
         abs_future = pool.submit(contextvars.copy_context().run, abstract_check, a, b, timeout_s=timeout_s,
                                  cancel=cancel)
+        ff_cancel: threading.Event | None = None
+        if prove_only:
+            ff_cancel = threading.Event()
+
+            def abstract_done(f: concurrent.futures.Future[AbstractResult]) -> None:
+                if f.cancelled() or f.exception() is not None or f.result().outcome != Outcome.PROVED:
+                    ff_cancel.set()  # (no Proved is possible: the trials left cannot change that)
+
+            abs_future.add_done_callback(abstract_done)
         ffr: FFResult | None = None
         try:
-            ffr = ff_test(a, b, seed=seed, trials=trials, reference=ref)
+            ffr = ff_test(a, b, seed=seed, trials=trials, reference=ref, cancel=ff_cancel)
             ffr = ff_test_p_or_q(a, b, ffr, seed=seed)  # programs with log: their q-parts, where log is exact
         finally:
             if ffr is None or ffr.outcome == Outcome.REFUTED:

@@ -11,6 +11,7 @@ import dataclasses
 import gc
 import math
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -299,11 +300,15 @@ class FFReference:
         fld = Field.from_seed(s)
         return [ints(o.p) for o in _run_lazy(self.target, inputs, fld)]
 
-    def compare(self, cand: Graph, *, seeds: Sequence[int] | None = None, trials: int | None = None) -> FFResult:
-        """Evaluate ``cand`` on the target's trials and compare every output (see :func:`ff_test`)."""
-        return self._compare(cand, seeds, trials)
+    def compare(self, cand: Graph, *, seeds: Sequence[int] | None = None, trials: int | None = None,
+                cancel: threading.Event | None = None) -> FFResult:
+        """Evaluate ``cand`` on the target's trials and compare every output (see :func:`ff_test`). ``cancel``:
+        once set, no further trial starts and the result is ``unknown`` ("cancelled") unless a trial already
+        refuted; a cancelled test never proves."""
+        return self._compare(cand, seeds, trials, cancel)
 
-    def _compare(self, cand: Graph, seeds: Sequence[int] | None, trials: int | None) -> FFResult:
+    def _compare(self, cand: Graph, seeds: Sequence[int] | None, trials: int | None,
+                 cancel: threading.Event | None = None) -> FFResult:
         t0 = time.perf_counter()
         db, ob = degree_bound(cand)
         deg = max(self.degree, db)
@@ -327,6 +332,10 @@ class FFReference:
         gs = tuple(Field.from_seed(s).g for s in seeds)
 
         def trial(ti: int) -> FFResult | None:
+            if cancel is not None and cancel.is_set():
+                return FFResult(Outcome.UNKNOWN, f"cancelled before trial {ti}", ps[:ti], qs[:ti], gs[:ti],
+                                seeds[:ti], ti, per, 1.0, time.perf_counter() - t0, projected=self.project,
+                                device=where)
             s = seeds[ti]
             fld = Field.from_seed(s)
             ins = self.inputs(s, fld)
@@ -388,6 +397,7 @@ class FFReference:
 def ff_test(
     a: Graph, b: Graph, *, seeds: Sequence[int] | None = None, seed: int = 0, trials: int | None = None,
     target_log2: float = 60.0, reference: FFReference | None = None, project: bool = True,
+    cancel: threading.Event | None = None,
 ) -> FFResult:
     """Evaluate ``a`` and ``b`` in fresh random fields on fresh random inputs; compare every output.
 
@@ -396,11 +406,12 @@ def ff_test(
     ``project`` (the default): each output is compared through a random bilinear projection
     (:func:`observe`), which adds ``2 / p`` per trial; otherwise element by element.
     ``reference``: an :class:`FFReference` of ``a`` (same seed) whose cached outputs are reused.
+    ``cancel``: see :meth:`FFReference.compare` (a cancelled test is ``unknown``, never ``proved``).
     """
     if reference is None or reference.seed != seed or reference.target_log2 != target_log2 or (
             reference.project != project) or (reference.target is not a and str(reference.target) != str(a)):
         reference = FFReference(a, seed=seed, target_log2=target_log2, project=project, keep_shared=False)
-    return reference.compare(b, seeds=seeds, trials=trials)
+    return reference.compare(b, seeds=seeds, trials=trials, cancel=cancel)
 
 
 def ff_test_q(a: Graph, b: Graph, seeds: Sequence[int] | None = None, *, seed: int = 0,
