@@ -76,7 +76,10 @@ def _drop_spare() -> None:
 
 def take() -> tuple[subprocess.Popen[str], int]:
     """A checker process for one check: the one :func:`prestart` started, else a new one."""
-    return _spare.pop() if _spare else start()
+    try:
+        return _spare.pop()  # (atomic: two threads never take the same one)
+    except IndexError:
+        return start()
 
 
 def send(w: int, request: str) -> None:
