@@ -916,18 +916,25 @@ def _term_inputs(t: Term, acc: dict[str, None]) -> None:
 def cut_points(g: Graph) -> list[int]:
     """Nodes of ``g`` worth materialising: computed (not input) operands of a contraction, smaller than the
     largest input (an attention matrix, larger than Q, K and V, is never worth a round trip through device
-    memory), that are not themselves a program output; at most
+    memory) or as large and computed without a contraction, that are not themselves a program output; at most
     :data:`CUT_MAX`, the producers nearest the outputs first."""
     nodes = node_list(g)
     outs = {a for a, _ in output_refs(g)}
     budget = max((t.type.numel for t in g.inputs), default=0)
+    # values computed through a contraction (an attention matrix, Q K^T) as large as the largest input are
+    # no cut points; a map of the inputs as large as them is (rotary's rotated K: written once, instead of
+    # rotated again by every block of queries)
+    contracted: list[bool] = []
+    for n in nodes:
+        contracted.append(get_op(n.op).has(Prop.CONTRACTION) or any(contracted[a] for a, _ in n.args))
     pts: list[int] = []
     for n in nodes:
         if not get_op(n.op).has(Prop.CONTRACTION):
             continue
         for a, k in n.args:
             src = nodes[a]
-            if src.op == "input" or a in outs or a in pts or src.outs[k].numel >= budget:
+            size = src.outs[k].numel
+            if src.op == "input" or a in outs or a in pts or size > budget or (size == budget and contracted[a]):
                 continue
             pts.append(a)
     return sorted(pts, reverse=True)[:CUT_MAX]
