@@ -167,3 +167,24 @@ def test_a_split_search_is_served_from_the_cache_with_its_composed_certificate_r
     assert again.report.stop_reason == "served from the search cache"
     assert str(again.best.mugraph) == str(first.best.mugraph)
     assert any(c.name == "glue" for c in again.best.verdict.evidence)
+
+
+def test_layout_ops_join_the_region_of_their_reader() -> None:
+    # a boundary right after the KV cache's transpose made its kernel a copy of the whole cache (45 kernels at
+    # full size, 26 with the transpose in the product's region): each layout op whose readers are all in one
+    # later region moves there, so the product reads the cache through it
+    g = vm.benchmarks.get_layer("decode_bs1", small=True)
+    nodes = node_list(g)
+    chunks = initial_chunks(g, 12)
+    where = {i: k for k, c in enumerate(chunks) for i in c}
+    kc = next(i for i, n in enumerate(nodes) if n.op == "input" and n.attr("name") == "KC")
+    t = next(i for i, n in enumerate(nodes) if n.op == "transpose" and n.args[0][0] == kc)
+    mm = next(i for i, n in enumerate(nodes) if n.op == "matmul" and (t, 0) in nodes[n.args[1][0]].args)
+    assert where[t] == where[mm]
+    # still a partition, in an order the splice accepts, and the program again when composed unfused
+    assert sorted(where) == sorted(i for c in chunks for i in c)
+    regions = [region_of(g, c) for c in chunks]
+    mg = compose(g, regions, [MuGraph.from_graph(r.graph) for r in regions])
+    ins = _inputs(g)
+    for a, b in zip(vm.evaluate(mg, ins), vm.evaluate(g, ins), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-12)

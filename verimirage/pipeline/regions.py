@@ -71,7 +71,8 @@ class SplitOutcome:
 
 
 def initial_chunks(graph: Graph, region_ops: int) -> list[list[int]]:
-    """The program's live non-input nodes in order, cut before every anchor op and after ``region_ops`` ops."""
+    """The program's live non-input nodes in order, cut before every anchor op and after ``region_ops`` ops;
+    then each layout op joins its reader's chunk (:func:`_layout_to_consumer`)."""
     nodes = node_list(graph)
     live = live_nodes(nodes, output_refs(graph))
     chunks: list[list[int]] = []
@@ -85,7 +86,30 @@ def initial_chunks(graph: Graph, region_ops: int) -> list[list[int]]:
         cur.append(i)
     if cur:
         chunks.append(cur)
-    return chunks
+    return _layout_to_consumer(graph, chunks)
+
+
+#: ops that only re-index their operand: a region boundary right after one makes its kernel a copy of the whole
+#: operand (a KV cache's transpose), where in its consumer's region the product reads the operand through it
+LAYOUT = frozenset({"reshape", "transpose", "permute"})
+
+
+def _layout_to_consumer(graph: Graph, chunks: list[list[int]]) -> list[list[int]]:
+    """``chunks`` with each layout op (:data:`LAYOUT`, not a program output) whose readers are all in one later
+    chunk moved into that chunk (last first, so a chain of them moves together); empty chunks dropped."""
+    nodes = node_list(graph)
+    where = {i: k for k, ch in enumerate(chunks) for i in ch}
+    readers: dict[int, set[int]] = {}
+    for j, n in enumerate(nodes):
+        for a in n.args:
+            readers.setdefault(a[0], set()).add(j)
+    outs = {r[0] for r in output_refs(graph)}
+    for i in sorted(where, reverse=True):
+        ks = {where[j] for j in readers.get(i, ()) if j in where}
+        if nodes[i].op in LAYOUT and i not in outs and len(ks) == 1 and min(ks) > where[i]:
+            where[i] = min(ks)
+    moved = [sorted(i for i in where if where[i] == k) for k in range(len(chunks))]
+    return [ch for ch in moved if ch]
 
 
 def split_search(graph: Graph, region_ops: int, search: Callable[[Graph], tuple[MuGraph, float, str,

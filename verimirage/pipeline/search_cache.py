@@ -163,7 +163,7 @@ def _recheck(cert: Any) -> Any:
 
 def _rebuild(entry: Any, graph: Graph, recheck: str, cost_of: Callable[[MuGraph], Any] | None = None) -> Any:
     from ..rewrite.cost import Cost, KernelCost
-    from ..smt.certificate import COMPOSED_SCHEMA, Certificate, ComposedCertificate
+    from ..smt.certify import read_certificate
     from ..smt.verdict import Check, Outcome, Proved
     from .options import StopReason
     from .superopt import Candidate, SearchReport, SearchResult
@@ -182,8 +182,7 @@ def _rebuild(entry: Any, graph: Graph, recheck: str, cost_of: Callable[[MuGraph]
         mtext = str(mg)
         if mtext != d["mugraph"]:
             raise ValueError(f"candidate {i}: the μGraph text is not canonical")
-        composed = json.loads(d["certificate"]).get("schema") == COMPOSED_SCHEMA  # (a search by regions)
-        cert = (ComposedCertificate if composed else Certificate).from_json(d["certificate"])
+        cert = read_certificate(d["certificate"])  # (a search by regions: a composed certificate)
         if cert.graph_text != gtext:
             raise ValueError(f"candidate {i}: the certificate is not about the requested graph")
         if cert.mugraph_text != mtext:

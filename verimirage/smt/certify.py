@@ -14,7 +14,15 @@ from typing import Any
 
 from ..ir.errors import GraphError
 from ..ir.graph import Graph, MuGraph
-from .certificate import KNOWN_RULES_FILE, Certificate, ComposedCertificate, _check_names, ff_record, sha256
+from .certificate import (
+    COMPOSED_SCHEMA,
+    KNOWN_RULES_FILE,
+    Certificate,
+    ComposedCertificate,
+    _check_names,
+    ff_record,
+    sha256,
+)
 from .glue import Region, compose
 from .verdict import Outcome, Proved, Verdict
 
@@ -73,6 +81,15 @@ def make_certificate(
     queries, laws, cases = _verified_queries(graph, mugraph, timeout_s)
     return Certificate(gt, sha256(gt), mt, sha256(mt), list(rules), list(trusted_rules), queries, laws, cases,
                        ff_record(graph, mugraph), triton_source_hash, tool_versions(), verdict.reason)
+
+
+def read_certificate(text: str) -> Certificate | ComposedCertificate:
+    """A certificate of either kind from its JSON text (by its schema); ValueError naming what is wrong."""
+    try:
+        composed = json.loads(text).get("schema") == COMPOSED_SCHEMA
+    except (ValueError, AttributeError):
+        composed = False  # (the reader says what is wrong)
+    return (ComposedCertificate if composed else Certificate).from_json(text)
 
 
 def make_composed_certificate(
