@@ -1,6 +1,8 @@
 """The decoder-layer benchmark (issue 23): search + verify here, then time the layer on a GPU.
 
     python benchmarks/layer.py prepare [--cases ...] [--small] [--out DIR] [--time-budget-s S] [--cert DIR]
+    python benchmarks/layer.py plan    [--cases ...] [--small] [--out DIR]   # the region search, unverified
+    python benchmarks/layer.py prove   [--cases ...] [--candidates DIR] [--cert DIR]  # verify a plan (no egglog)
     python benchmarks/layer.py check   [--cases ...] [--candidates DIR]      # CPU: interpreter vs float64
     python benchmarks/layer.py gpu     [--cases ...] [--candidates DIR] [--out DIR] [--no-inductor]
 
@@ -93,6 +95,86 @@ def prepare(case: str, small: bool, out: Path, *, time_budget_s: float, top_k: i
         doc["certificate"] = str(path)
     log.info("%s%s: %.1f s, %d candidate(s), kernels %s", case, " (small)" if small else "", dt,
              len(res.candidates), [c.num_kernels for c in res.candidates])
+    return doc
+
+
+def plan(case: str, small: bool, out: Path, *, time_budget_s: float) -> dict[str, Any]:
+    """The search side of ``case``'s search by regions, unverified (:func:`verimirage.pipeline.superopt.plan_regions`):
+    the regions and their μGraphs, for :func:`prove` to verify elsewhere (the GPU host, which has no egglog);
+    also the composition's cost and its floating-point structure check. Written to ``DIR/<case>.plan.json``."""
+    from verimirage.ir.graph import MuGraph
+    from verimirage.pipeline.fpsafe import SafetyChecker
+    from verimirage.pipeline.superopt import plan_regions
+    from verimirage.rewrite.cost import cost
+    from verimirage.rewrite.rules import UNPROVED_BUILTINS
+    from verimirage.smt.glue import compose
+
+    g = get_layer(case, small)
+    t0 = time.perf_counter()
+    out_ = plan_regions(g, time_budget_s=time_budget_s)
+    composed = compose(g, out_.regions, out_.mugraphs)
+    c = cost(composed)
+    doc = {"case": case, "small": small, "graph": str(g), "plan_s": time.perf_counter() - t0,
+           "regions": [list(r.nodes) for r in out_.regions], "mugraphs": [str(m) for m in out_.mugraphs],
+           "rules": [[x for x in r.rules if x not in UNPROVED_BUILTINS] for r in out_.reports],
+           "trusted_rules": [[x for x in r.rules if x in UNPROVED_BUILTINS] for r in out_.reports],
+           "report": [str(r) for r in out_.reports], "composed": str(composed), "kernels": composed.num_kernels,
+           "cost_us": c.time_s * 1e6, "bytes": c.bytes,
+           "fp_unsafe": SafetyChecker(g, 0).check(composed)}
+    assert isinstance(composed, MuGraph)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{case}{'_small' if small else ''}.plan.json").write_text(json.dumps(doc, indent=1))
+    log.info("%s: planned in %.1f s, %d regions, %d kernels", case, doc["plan_s"], len(doc["regions"]),
+             doc["kernels"])
+    return doc
+
+
+def prove(case: str, small: bool, directory: Path, cert_dir: Path | None, *,
+          verify_timeout_s: float = 300.0) -> dict[str, Any]:
+    """Verify a :func:`plan`: each distinct region's μGraph against its region (``vm.verify``, a certificate
+    each), the composition by its glue (a composed certificate); writes the candidate file as :func:`prepare`
+    does (and the certificate to ``cert_dir``). Uses no egglog (runs on the GPU host)."""
+    from verimirage.ir.graph import MuGraph
+    from verimirage.smt.certify import make_certificate, make_composed_certificate, triton_digest
+    from verimirage.smt.glue import compose, region_of
+    from verimirage.smt.verify import verifier_for
+
+    g = get_layer(case, small)
+    name = f"{case}{'_small' if small else ''}"
+    p = json.loads((directory / f"{name}.plan.json").read_text())
+    if p["graph"] != str(g) or p["fp_unsafe"] is not None:
+        raise ValueError(f"{case}: the plan is for another graph, or its composition is unsafe: {p['fp_unsafe']}")
+    t0 = time.perf_counter()
+    regions = [region_of(g, nodes) for nodes in p["regions"]]
+    mgs = [MuGraph.parse(t) for t in p["mugraphs"]]
+    made: dict[tuple[str, str], Any] = {}
+    secs = []
+    for reg, mg, rules, trusted in zip(regions, mgs, p["rules"], p["trusted_rules"], strict=True):
+        key = (str(reg.graph), str(mg))
+        if key not in made:
+            t1 = time.perf_counter()
+            v = verifier_for(reg.graph).check(mg, timeout_s=verify_timeout_s)
+            if not v.proved:
+                raise ValueError(f"{case}: a region's μGraph is not proved: {v.reason}")
+            made[key] = make_certificate(reg.graph, mg, v, rules, trusted, timeout_s=verify_timeout_s)
+            secs.append(time.perf_counter() - t1)
+    composed = compose(g, regions, mgs)
+    assert str(composed) == p["composed"]
+    reason = (f"by regions: {len(regions)} region μGraph(s) each proved against its region, the composition by "
+              "its glue (congruence)")
+    subs = [made[(str(r.graph), str(m))] for r, m in zip(regions, mgs, strict=True)]
+    cert = make_composed_certificate(g, regions, subs, reason, triton_digest(composed))
+    prove_s = time.perf_counter() - t0
+    doc = {"case": case, "small": small, "graph": str(g), "search_s": p["plan_s"] + prove_s,
+           "plan_s": p["plan_s"], "prove_s": prove_s, "region_verify_s": secs, "report": "\n".join(p["report"]),
+           "candidates": [{"mugraph": str(composed), "kernels": composed.num_kernels, "cost_us": p["cost_us"],
+                           "bytes": p["bytes"], "rules": sorted({x for r in p["rules"] for x in r}),
+                           "verdict": f"Proved: {reason}"}]}
+    (directory / f"{name}.json").write_text(json.dumps(doc, indent=1))
+    if cert_dir is not None:
+        cert_dir.mkdir(parents=True, exist_ok=True)
+        cert.save(cert_dir / f"layer_{name}.json")
+    log.info("%s: proved in %.1f s (%d distinct regions)", case, prove_s, len(made))
     return doc
 
 
@@ -386,7 +468,7 @@ def gpu_main(args: argparse.Namespace) -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("mode", choices=["prepare", "check", "gpu"])
+    ap.add_argument("mode", choices=["prepare", "plan", "prove", "check", "gpu"])
     ap.add_argument("--cases", nargs="*", default=None)
     ap.add_argument("--small", action="store_true",
                     help="the scaled-down layer (check always uses it; gpu --small on a CPU is a dry run)")
@@ -413,6 +495,14 @@ def main() -> int:
         for d in docs:
             print(f"{d['case']:16s} {d['search_s']:7.1f} s  kernels {[c['kernels'] for c in d['candidates']]}")
         return 0 if all(d["candidates"] for d in docs) else 1
+    if args.mode == "plan":
+        for c in args.cases:
+            plan(c, small, args.out or args.candidates, time_budget_s=args.time_budget_s)
+        return 0
+    if args.mode == "prove":
+        for c in args.cases:
+            prove(c, small, args.candidates, args.cert, verify_timeout_s=args.verify_timeout_s)
+        return 0
     if args.mode == "check":
         rows = [r for c in args.cases for r in check(c, args.candidates)]
         for r in rows:

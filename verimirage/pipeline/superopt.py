@@ -374,27 +374,8 @@ def _split_search(graph: Graph, opts: SearchOptions) -> SearchResult:
     def timed(name: str, t0: float) -> None:
         rep.phase_seconds[name] = rep.phase_seconds.get(name, 0.0) + time.perf_counter() - t0
 
-    def region_opts(verified: bool) -> SearchOptions:
-        def expressible(rg: Graph, mg: Graph) -> Any:
-            why = _inexpressible(mg) if isinstance(mg, MuGraph) else ""
-            return _unknown(f"the code generator cannot express it: {why}") if why else _Deferred()
-
-        # deferred checks cost only the code generator: more attempts, so a region whose cheapest lowerings
-        # codegen cannot express still gets a fused one
-        return dataclasses.replace(opts, top_k=1 if not verified else 2, variants=0, progress=False,
-                                   profile=False, cache=False, split="never",
-                                   verifier=opts.verifier if verified else expressible,
-                                   max_verify=opts.max_verify if verified else max(16, opts.attempts))
-
     results: list[SearchResult] = []
-
-    def search_region(rg: Graph) -> tuple[MuGraph, float, str, tuple[str, ...]]:
-        res = _search(rg, region_opts(False), certify=False)
-        results.append(res)
-        for k, c in enumerate(res.candidates):
-            return c.mugraph, c.cost.time_s, "searched" if k == 0 else "searched (next best)", c.rules
-        mg = MuGraph.from_graph(rg)
-        return mg, cost(mg, opts.hardware, cal).time_s, "unfused (no candidate)", ("partition.unfused",)
+    region_opts, search_region = _region_searcher(opts, cal, results)
 
     proofs: dict[tuple[str, str], Any] = {}  # (region text, μGraph text) -> verdict
     certs: dict[tuple[str, str], Any] = {}  # -> its certificate (made at once: the verifier's queries are cached)
@@ -495,6 +476,45 @@ def _split_search(graph: Graph, opts: SearchOptions) -> SearchResult:
         timed("certify", t0)
     log.info("%s", rep)
     return SearchResult(run.cands, rep)
+
+
+def _region_searcher(opts: SearchOptions, cal: Calibration, results: list[SearchResult]) -> tuple[
+        Callable[[bool], SearchOptions], Callable[[Graph], tuple[MuGraph, float, str, tuple[str, ...]]]]:
+    """The options of a region's search (``verified``: its candidates verified, else only what the code
+    generator expresses) and the region search :func:`.regions.split_search` calls (unverified; each
+    search's result appended to ``results``)."""
+    def region_opts(verified: bool) -> SearchOptions:
+        def expressible(rg: Graph, mg: Graph) -> Any:
+            why = _inexpressible(mg) if isinstance(mg, MuGraph) else ""
+            return _unknown(f"the code generator cannot express it: {why}") if why else _Deferred()
+
+        # deferred checks cost only the code generator: more attempts, so a region whose cheapest lowerings
+        # codegen cannot express still gets a fused one
+        return dataclasses.replace(opts, top_k=1 if not verified else 2, variants=0, progress=False,
+                                   profile=False, cache=False, split="never",
+                                   verifier=opts.verifier if verified else expressible,
+                                   max_verify=opts.max_verify if verified else max(16, opts.attempts))
+
+    def search_region(rg: Graph) -> tuple[MuGraph, float, str, tuple[str, ...]]:
+        res = _search(rg, region_opts(False), certify=False)
+        results.append(res)
+        for k, c in enumerate(res.candidates):
+            return c.mugraph, c.cost.time_s, "searched" if k == 0 else "searched (next best)", c.rules
+        mg = MuGraph.from_graph(rg)
+        return mg, cost(mg, opts.hardware, cal).time_s, "unfused (no candidate)", ("partition.unfused",)
+
+    return region_opts, search_region
+
+
+def plan_regions(graph: Graph, options: SearchOptions | None = None, **overrides: Any) -> Any:
+    """The search side of a search by regions, unverified: the regions and their chosen μGraphs
+    (:class:`.regions.SplitOutcome`), for proving them elsewhere (``benchmarks/layer.py prove`` on a machine
+    without egglog); nothing it returns is verified."""
+    from .regions import split_search
+
+    opts = SearchOptions.make(options, overrides)
+    _, search_region = _region_searcher(opts, opts.calibration or Calibration(), [])
+    return split_search(graph, opts.region_ops, search_region)
 
 
 #: the whole-program finite-field test of a composition runs when the program's products have at most this
