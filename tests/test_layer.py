@@ -162,3 +162,27 @@ def test_decode_gqa_forms_are_the_same_function() -> None:
         assert np.abs(x - y).max() <= 1e-12 * np.abs(y).max()
     with pytest.raises(vm.GraphError, match="gqa"):
         decode_layer(1, small=True, gqa="expand")
+
+
+@pytest.mark.slow
+def test_layer_plan_here_prove_elsewhere(tmp_path: Path) -> None:
+    # benchmarks/layer.py plan (the region search, nothing verified) then prove (each region verified, the glue
+    # certified; what the GPU host runs, without egglog): the candidate file and a composed certificate that
+    # re-checks; a plan whose μGraph was altered is not proved
+    from verimirage.smt.certificate import check_text
+
+    h = _harness()
+    h.plan("decode_bs1", True, tmp_path, time_budget_s=60.0)
+    doc = h.prove("decode_bs1", True, tmp_path, tmp_path)
+    g, cands, _ = h.load(tmp_path, "decode_bs1", small=True)
+    assert len(cands) == 1 and doc["candidates"][0]["verdict"].startswith("Proved")
+    cert = (tmp_path / "layer_decode_bs1_small.json").read_text()
+    assert json.loads(cert)["mugraph_text"] == str(cands[0])
+    assert check_text(cert).proved
+    p = tmp_path / "decode_bs1_small.plan.json"
+    d = json.loads(p.read_text())
+    k = next(i for i, t in enumerate(d["mugraphs"]) if "add" in t)
+    d["mugraphs"][k] = d["mugraphs"][k].replace("add ", "sub ", 1)
+    p.write_text(json.dumps(d))
+    with pytest.raises(ValueError, match="not proved"):
+        h.prove("decode_bs1", True, tmp_path, None)

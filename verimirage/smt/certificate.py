@@ -18,8 +18,7 @@ chosen, repeated or reused) and runs those trials, comparing every output elemen
 process) it regenerates the Triton module from the μGraph and compares its hash. It rejects unknown
 schema versions, unknown rule names and any mismatch, and fails closed: anything it cannot confirm is
 ``Unknown("certificate rejected: ...")``. A missing file raises FileNotFoundError, one that cannot be read
-as a JSON object :class:`CertificateError`. A certificate by regions (:class:`ComposedCertificate`) holds one
-such certificate per region and the glue; the checker checks each and re-derives the glue (:mod:`.glue`).
+as a JSON object :class:`CertificateError`. By regions: :class:`ComposedCertificate`.
 """
 
 from __future__ import annotations
