@@ -134,8 +134,8 @@ def prove(case: str, small: bool, directory: Path, cert_dir: Path | None, *,
     """Verify a :func:`plan`: each distinct region's μGraph against its region (``vm.verify``, a certificate
     each), the composition by its glue (a composed certificate); writes the candidate file as :func:`prepare`
     does (and the certificate to ``cert_dir``). Uses no egglog (runs on the GPU host)."""
-    from verimirage.ir.graph import MuGraph
     from verimirage.backend.tuning import triton_digest
+    from verimirage.ir.graph import MuGraph
     from verimirage.smt.certify import make_certificate, make_composed_certificate
     from verimirage.smt.glue import compose, region_of
     from verimirage.smt.verify import verifier_for

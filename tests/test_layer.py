@@ -174,7 +174,7 @@ def test_layer_plan_here_prove_elsewhere(tmp_path: Path) -> None:
     h = _harness()
     h.plan("decode_bs1", True, tmp_path, time_budget_s=60.0)
     doc = h.prove("decode_bs1", True, tmp_path, tmp_path)
-    g, cands, _ = h.load(tmp_path, "decode_bs1", small=True)
+    _, cands, _ = h.load(tmp_path, "decode_bs1", small=True)
     assert len(cands) == 1 and doc["candidates"][0]["verdict"].startswith("Proved")
     cert = (tmp_path / "layer_decode_bs1_small.json").read_text()
     assert json.loads(cert)["mugraph_text"] == str(cands[0])
