@@ -307,7 +307,8 @@ def gpu_one(name: str, *, train: bool, dims: Any, dtype: torch.dtype, budget: fl
                plan_hits=plan_stats.get("hit", 0) - hits0.get("hit", 0),
                plan_misses=plan_stats.get("miss", 0) - hits0.get("miss", 0),
                partitions=[{"name": p.name, "ops": p.ops, "taken": p.taken, "reason": p.reason,
-                            "kernels": len(p.kernels), "measured_us": p.measured_us, "fallback_us": p.fallback_us}
+                            "kernels": len(p.kernels), "measured_us": p.measured_us, "fallback_us": p.fallback_us,
+                            "candidates_us": p.candidates_us}
                            for p in rep.partitions])
     return res
 

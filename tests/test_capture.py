@@ -577,6 +577,8 @@ def test_profile_times_several_verified_candidates_and_keeps_the_fastest(
     (p,) = rep.partitions
     assert len(timed) == len(times)
     assert p.measured_us == min(times[:2]) and p.fallback_us == times[2]
+    assert p.candidates_us == times[:2]
+    assert "(best of 2)" in str(rep)
     assert p.taken is taken
     if not taken:
         assert (p.reason or "").startswith("slower than the fallback: 5.0 us vs 4.0 us")

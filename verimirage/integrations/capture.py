@@ -621,6 +621,8 @@ def compile_partition(gm: fx.GraphModule, lifted: Lifted, opts: CaptureOptions, 
             if fail is not None:
                 first_failure = first_failure or fail
                 log.info("verimirage: %s: candidate %d: %s", record.name, ci, fail)
+                if opts.profile:
+                    record.candidates_us.append(None)
                 continue
             assert not isinstance(runner, str)
             if not opts.profile:
@@ -630,7 +632,9 @@ def compile_partition(gm: fx.GraphModule, lifted: Lifted, opts: CaptureOptions, 
             except Exception as e:
                 first_failure = first_failure or (f"{Reason.COMPILE_FAILED.value}: timing failed: "
                                                   f"{type(e).__name__}: {str(e)[:200]}")
+                record.candidates_us.append(None)
                 continue
+            record.candidates_us.append(us)
             log.info("verimirage: %s: candidate %d of %d: %.1f us", record.name, ci, len(pool), us)
             if best is None or us < best[0]:
                 best = (us, cand, runner)

@@ -26,6 +26,9 @@ class PartitionReport:
     #: empty when it was searched whole)
     split: str = ""
     regions: list[str] = field(default_factory=list)
+    #: with ``profile``: the measured µs of each verified candidate timed (the search's best first; None for one
+    #: that failed to compile, launch or check); ``measured_us`` is the fastest
+    candidates_us: list[float | None] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -151,7 +154,8 @@ class Report:
             kernels = str(len(p.kernels)) + (f" ({len(p.regions)} regions)" if p.regions else "")
             t.add_row(p.name, " ".join(p.ops), "yes" if p.taken else "no", kernels,
                       "" if p.estimated_us is None else f"{p.estimated_us:.1f}",
-                      "" if p.measured_us is None else f"{p.measured_us:.1f}", p.reason or "")
+                      "" if p.measured_us is None else f"{p.measured_us:.1f}" + (
+                          f" (best of {len(p.candidates_us)})" if len(p.candidates_us) > 1 else ""), p.reason or "")
         for r in self.ops:
             if r.partition is None and r.compute:
                 t.add_row(f"{self.graphs[r.graph]}{r.graph}:{r.node}", r.op, "no", "", "", "",
