@@ -85,6 +85,7 @@ class Prop(enum.Flag):
     DIFFERENCE = enum.auto()  # a - b: subtracting a (running) max makes a max-shifted value
     CONCAT = enum.auto()  # joins its operands along ``axis`` (block matrices; loaded piecewise by codegen)
     NORMALISES = enum.auto()  # divides by a data-dependent size (the result may not scale with the input)
+    REGROUPS = enum.auto()  # merges or splits dims in row-major order (a view: tiles walk each group's leading dims)
 
 
 class Level(enum.Flag):
@@ -769,7 +770,7 @@ _def("permute", 1, Prop.NONE, _permute_rule, _layout_permute, "reorder dims: res
 # at block level a reshape / broadcast_to also records ``src``, the kernel operand's full shape, so that
 # its shape attribute (the full result) and the tile it makes can both be read (see _tile_shape)
 _BLOCK_SRC = {"triton_needs": ("_padded",), "block_only": ("src",)}
-_def("reshape", 1, Prop.NONE, _reshape_rule, _layout_reshape, "row-major reshape (view)", ("shape", "src"),
+_def("reshape", 1, Prop.REGROUPS, _reshape_rule, _layout_reshape, "row-major reshape (view)", ("shape", "src"),
      attr_kinds={"shape": "ints", "src": "ints"}, hooks=dict(_BLOCK_SRC), **_LAYOUT)
 _def("broadcast_to", 1, Prop.NONE, _broadcast_rule, _layout_broadcast, "numpy broadcast to shape (expand)",
      ("shape", "src"), attr_kinds={"shape": "ints", "src": "ints"}, hooks=dict(_BLOCK_SRC), **_LAYOUT)

@@ -40,6 +40,7 @@ from typing import Any
 from ..ir.errors import GraphError
 from ..ir.graph import Graph, MuGraph, node_list
 from ..ir.limits import check_evaluable
+from ..ir.ops import Prop, get_op
 from ..rewrite.cost import Calibration, Cost, cost
 from ..rewrite.lift import EClassTerms, Term, commutation_key, lift, term_to_graph
 from ..rewrite.partition import Lowered, lower_all
@@ -542,7 +543,7 @@ def _macs(graph: Graph) -> int:
     """Multiply-adds of the program's products (a proxy for the cost of evaluating it)."""
     total = 0
     for n in node_list(graph):
-        if n.op == "matmul":
+        if get_op(n.op).has(Prop.CONTRACTION):
             k = node_list(graph)[n.args[0][0]].outs[n.args[0][1]].shape[-1]
             total += math.prod(n.outs[0].shape) * k
     return total

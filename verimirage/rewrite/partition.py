@@ -206,7 +206,7 @@ def analyse(g: Graph) -> Analysis:
         if d.index is None or d.has(Prop.LOOP):
             raise GraphError(f"partition: cannot lower op {n.op!r}; expected a kernel-level tensor op")
         im = d.index_map([nodes[a].outs[k] for a, k in n.args], n.attr_dict, outt)
-        if n.op == "reshape":
+        if d.has(Prop.REGROUPS):
             im = _reshape_leads(nodes[n.args[0][0]].outs[n.args[0][1]].shape, outt.shape, args[0], shrink)
         res: list[int | None] = [None] * outt.rank
         for a, j, o in im.links:
@@ -645,7 +645,7 @@ def build(an: Analysis, cfg: Config, *, fuse_epilogue: bool = True) -> Lowered:
                 continue
             attrs = n.attr_dict
             fin = full_in(n)
-            if n.op == "reshape":
+            if get_op(n.op).has(Prop.REGROUPS):
                 attrs, fin = _reshape_tile(an, axes_k1, sizes_k1, L, n, fin)
             arefs = [a for a, _ in n.args]
             ks = [kind[a] for a in arefs]

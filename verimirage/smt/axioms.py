@@ -52,7 +52,10 @@ def _block_merge(r: np.random.Generator) -> bool:
 def _fold(r: np.random.Generator) -> bool:
     f = r.standard_normal((12, 5))
     a, b = 3, 9
-    return _close(sum(f[k, 2] * f[k].sum() for k in range(a, b)), sum(f[v, 2] * f[v].sum() for v in range(a, b)))
+    unrolled = 0.0
+    for k in range(a, b):  # f(a) + f(a+1) + ... + f(b-1), one term at a time
+        unrolled += f[k, 2] * f[k].sum()
+    return _close(unrolled, float((f[a:b, 2] * f[a:b].sum(axis=1)).sum()))  # the sum over [a, b), vectorised
 
 
 def _max_merge(r: np.random.Generator) -> bool:
