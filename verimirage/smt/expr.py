@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextvars
 import itertools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -312,9 +313,8 @@ def _nested(b: Aff, n: int) -> tuple[int, Aff, Aff] | None:
     """``(f, A, B)`` with ``b = f*A + B``, ``f`` a proper divisor of ``n`` (> 1, the largest such) and ``B``
     provably in ``[0, f)``: then ``b // n = A // (n/f)`` and ``b % n = f*(A % (n/f)) + B`` (law
     index-nested-div). A reshape's flat index ``16*i + j`` (j < 16) divided by 64 is ``i // 4``."""
-    for f in range(n // 2, 1, -1):
-        if n % f:
-            continue
+    # f divides n and the coefficients of the terms it takes out: one of gcd(coefficient, n)
+    for f in sorted({math.gcd(abs(c), n) for _, c in b[2]} - {1, n}, reverse=True):
         a2, b2 = _split(b, f)
         lo, hi = interval(b2)
         if lo >= 0 and hi < f and a2[2]:
@@ -993,6 +993,7 @@ def _in_consts(t: Any, acc: set[int]) -> None:
 def _sub_const(t: Any, c: int, rep: Aff) -> Any:
     """``t`` with every input element index equal to the constant ``c`` replaced by ``rep`` (other index
     expressions, such as sum bounds, kept; canonical tuples re-sorted)."""
+    checkpoint()
     if not isinstance(t, tuple) or not t:
         return t
     tag = t[0]
