@@ -180,7 +180,10 @@ def test_qknorm_gqa_without_deferred_normalisation_gets_a_verified_candidate() -
     res = superoptimize(g, disable_rules=["defer-normalisation"], cache=False, progress=False)
     assert res.candidates, str(res.report)
     assert isinstance(res.best.verdict, Proved) and res.best.certificate is not None
-    assert res.best.mugraph.num_kernels == 7  # the unfused baseline: no fusion without the rule
+    # without the rule the whole program fuses nothing (7 kernels, one per op); split into regions, the attention
+    # core still fuses (its composition proved region by region), so the best is cheaper than one kernel per op
+    unfused = cost_mod.cost(vm.MuGraph.from_graph(g))
+    assert res.best.cost.time_s < unfused.time_s, (res.best, unfused)
 
 
 def test_calibration_recovers_scale() -> None:
