@@ -188,3 +188,27 @@ def test_layout_ops_join_the_region_of_their_reader() -> None:
     ins = _inputs(g)
     for a, b in zip(vm.evaluate(mg, ins), vm.evaluate(g, ins), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-12)
+
+
+def test_a_region_holds_no_unrelated_computations() -> None:
+    # the program's order put the value projection and the query's rotary in one region, which did not fuse
+    # (12 kernels at full size; apart, the rotary is one kernel): every initial region is one connected piece
+    g = vm.benchmarks.get_layer("decode_bs1", small=True)
+    nodes = node_list(g)
+    for c in initial_chunks(g, 12):
+        inside, reached = set(c), {c[0]}
+        grew = True
+        while grew:
+            grew = False
+            for i in c:
+                linked = any(a[0] in reached for a in nodes[i].args) or any(
+                    (i, k) in nodes[j].args for j in reached for k in range(len(nodes[i].outs)))
+                if i not in reached and linked:
+                    reached.add(i)
+                    grew = True
+        assert reached == inside, [nodes[i].op for i in c]
+    # the value projection is a region of its own here (nothing else in its chunk reads it)
+    wv = next(i for i, n in enumerate(nodes) if n.op == "input" and n.attr("name") == "WV")
+    mv = next(i for i, n in enumerate(nodes) if n.op == "matmul" and n.args[1][0] == wv)
+    (chunk,) = [c for c in initial_chunks(g, 12) if mv in c]
+    assert all(nodes[i].op in ("matmul", "reshape") for i in chunk), [nodes[i].op for i in chunk]
