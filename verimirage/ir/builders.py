@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from .errors import GraphError
 from .graph import (
@@ -34,7 +34,44 @@ from .ops import Level, Prop, TensorType, check_axis, get_op
 class OpMethods:
     """The named op methods shared by every builder (each level allows a subset of the ops)."""
 
-    _emit: Callable[..., Tensor]
+    _level: Level
+    _nodes: list[Node]
+    _ref: Callable[[str, Any, int], Ref]
+    _add_node: Callable[[Node], Node]
+
+    def _emit(self, op: str, args: Sequence[Any], attrs: dict[str, Any] | None = None) -> Tensor:
+        d = get_op(op)
+        if not d.levels & self._level:
+            raise GraphError(f"{op}: not allowed in a {str(self._level.name).lower()} graph")
+        refs = tuple(self._ref(op, a, i) for i, a in enumerate(args))
+        attrs = dict(attrs or {})
+        unknown = sorted(set(attrs) - set(d.attrs))
+        if unknown:
+            raise GraphError(f"{op}: unknown attribute(s) {unknown}; expected {list(d.attrs)}")
+        in_types = [self._nodes[r[0]].outs[r[1]] for r in refs]
+        for key in list(attrs):
+            kind = d.attr_kind(key)
+            if kind == "axis" and in_types:
+                attrs[key] = check_axis(op, in_types[0], attrs[key], "axis" if key == "axis" else f"axis {key}")
+            elif kind == "float":  # finite and float32-representable (verimirage.ir.limits), as a float
+                attrs[key] = check_constant(f"{op}: {key}", attrs[key])
+            elif kind in ("ints", "axes") and isinstance(attrs[key], (list, tuple)):
+                vals = attrs[key]
+                if not all(isinstance(v, int) and not isinstance(v, bool) for v in vals):
+                    raise GraphError(f"{op}: attribute {key}={vals!r}; expected a tuple of ints")
+                if kind == "axes" and in_types:
+                    vals = [check_axis(op, in_types[0], v) for v in vals]
+                attrs[key] = tuple(int(v) for v in vals)
+        out = d.infer(in_types, attrs)
+        check_shape(f"{op}: result", out.shape)
+        self._add_node(Node(op, refs, make_attrs(attrs), (out,)))
+        return Tensor(cast(_Builder, self), (len(self._nodes) - 1, 0))
+
+    def apply(self, op: str, args: Sequence[Any], attrs: dict[str, Any] | None = None) -> Tensor:
+        """Apply registry op ``op`` to ``args`` with attributes ``attrs`` (every op, including ones
+        declared outside this package; the named methods below are shorthands)."""
+        return self._emit(op, args, attrs)
+
 
     def matmul(self, a: Tensor, b: Tensor) -> Tensor:
         """Batched matrix product ``a @ b``: (..., m, k) x (..., k, n); leading dims broadcast."""
@@ -322,14 +359,19 @@ class BlockBuilder(_Builder):
         return bg
 
 
-def install() -> bool:
-    """Put the methods on the builders' base class; False if they already are."""
-    if "matmul" in vars(_Builder):
-        return False
+def install() -> None:
+    """Put the methods on the builders' base class (done when this module is imported)."""
     for name, fn in vars(OpMethods).items():
         if callable(fn) and not name.startswith("__"):
             setattr(_Builder, name, fn)
-    return True
 
 
-__all__ = ["BlockBuilder", "OpMethods", "ThreadBuilder", "install"]
+def installed() -> bool:
+    """Whether :func:`install` ran."""
+    return "apply" in vars(_Builder)
+
+
+install()
+
+
+__all__ = ["BlockBuilder", "OpMethods", "ThreadBuilder", "install", "installed"]

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from .dtypes import DType
 from .errors import GraphError
-from .limits import check_constant, check_shape
-from .ops import Level, TensorType, check_axis, get_op
+from .limits import check_shape
+from .ops import Level, TensorType
 
 Ref = tuple[int, int]  # (node index, result index)
 
@@ -181,12 +181,12 @@ else:
 
 
 def _load_methods(name: str) -> bool:
-    """Load the named op methods (:mod:`.builders`) for a missing public ``name``; False if loaded already."""
+    """Load the builders' methods (:mod:`.builders`) for a missing public ``name``; whether it is one."""
     if name.startswith("_"):
         return False
-    from .builders import install
+    from . import builders  # (importing it puts the methods on _Builder)
 
-    return install()
+    return name in vars(_Builder) and builders.installed()
 
 
 class LoadsMethods(type):
@@ -200,8 +200,8 @@ class LoadsMethods(type):
 
 
 class _Builder(OpMethods, metaclass=LoadsMethods):
-    """Op-building plumbing shared by every level (each level allows a subset); the named op methods are
-    :class:`verimirage.ir.builders.OpMethods`."""
+    """Op-building plumbing shared by every level (each level allows a subset); ``apply`` and the named op
+    methods are :class:`verimirage.ir.builders.OpMethods`'."""
 
     _level: Level
     _nodes: list[Node]
@@ -221,40 +221,6 @@ class _Builder(OpMethods, metaclass=LoadsMethods):
     def _add_node(self, node: Node) -> Node:
         self._nodes.append(node)
         return node
-
-    def _emit(self, op: str, args: Sequence[Any], attrs: dict[str, Any] | None = None) -> Tensor:
-        d = get_op(op)
-        if not d.levels & self._level:
-            raise GraphError(f"{op}: not allowed in a {str(self._level.name).lower()} graph")
-        refs = tuple(self._ref(op, a, i) for i, a in enumerate(args))
-        attrs = dict(attrs or {})
-        unknown = sorted(set(attrs) - set(d.attrs))
-        if unknown:
-            raise GraphError(f"{op}: unknown attribute(s) {unknown}; expected {list(d.attrs)}")
-        in_types = [self._nodes[r[0]].outs[r[1]] for r in refs]
-        for key in list(attrs):
-            kind = d.attr_kind(key)
-            if kind == "axis" and in_types:
-                attrs[key] = check_axis(op, in_types[0], attrs[key], "axis" if key == "axis" else f"axis {key}")
-            elif kind == "float":  # finite and float32-representable (verimirage.ir.limits), as a float
-                attrs[key] = check_constant(f"{op}: {key}", attrs[key])
-            elif kind in ("ints", "axes") and isinstance(attrs[key], (list, tuple)):
-                vals = attrs[key]
-                if not all(isinstance(v, int) and not isinstance(v, bool) for v in vals):
-                    raise GraphError(f"{op}: attribute {key}={vals!r}; expected a tuple of ints")
-                if kind == "axes" and in_types:
-                    vals = [check_axis(op, in_types[0], v) for v in vals]
-                attrs[key] = tuple(int(v) for v in vals)
-        out = d.infer(in_types, attrs)
-        check_shape(f"{op}: result", out.shape)
-        self._add_node(Node(op, refs, make_attrs(attrs), (out,)))
-        return Tensor(self, (len(self._nodes) - 1, 0))
-
-    def apply(self, op: str, args: Sequence[Any], attrs: dict[str, Any] | None = None) -> Tensor:
-        """Apply registry op ``op`` to ``args`` with attributes ``attrs`` (every op, including ones
-        declared outside this package; the named methods of :mod:`.builders` are shorthands)."""
-        return self._emit(op, args, attrs)
-
 
 
 def _check_shape(what: str, shape: Any) -> tuple[int, ...]:
