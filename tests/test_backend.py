@@ -335,6 +335,26 @@ def test_matmul_of_concats_is_a_sum_of_piece_products(looped: bool) -> None:
     check(mg, g, inputs_for(g, seed=11, scale=0.5))
 
 
+def test_one_block_tile_above_tritons_element_limit_is_a_clear_error() -> None:
+    """Layer prefill finding: a verified one-block kernel over 32x512x128 elements passed the search's
+    expressibility check and only failed in Triton's compiler on the GPU (2**20 elements per tensor)."""
+    b = vm.BlockBuilder((1,), 1)
+    xt = b.input(0, vm.TensorType((2048, 1024), vm.float32), (None,))  # 2**21 elements in one tile
+    b.output(b.exp(xt), (0,))
+    mg = vm.MuGraph()
+    (o,) = mg.custom(b.build(), [mg.input("X", (2048, 1024), vm.float32)])
+    mg.output(o)
+    with pytest.raises(vm.GraphError, match=r"2097152 elements, above Triton's limit of 1048576"):
+        generate(mg)
+    small = vm.BlockBuilder((2,), 1)  # the same op in two blocks of 2**20 elements: within the limit
+    xs = small.input(0, vm.TensorType((2048, 1024), vm.float32), (0,))
+    small.output(small.exp(xs), (0,))
+    ok = vm.MuGraph()
+    (o2,) = ok.custom(small.build(), [ok.input("X", (2048, 1024), vm.float32)])
+    ok.output(o2)
+    assert "tl.exp" in generate(ok).source
+
+
 def test_oversized_one_hot_concat_is_a_clear_error() -> None:
     dt = vm.float32
     b = vm.BlockBuilder((1,), 1)

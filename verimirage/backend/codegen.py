@@ -671,6 +671,10 @@ class _KernelGen:
                 continue
             ot = n.outs[0]
             po = self.padded((i, 0), ot)
+            if math.prod(po) > TRITON_MAX_NUMEL:
+                raise GraphError(f"codegen: block value %{i} ({n.op}) is a tile of padded shape {po}: "
+                                 f"{math.prod(po)} elements, above Triton's limit of {TRITON_MAX_NUMEL} per tensor "
+                                 "(a smaller tile or a loop over the axis is needed)")
             sect = pre if (invariant[i] or not looped) else postl if post[i] else body
             if n.op == "input":
                 sq = i in squeeze
