@@ -44,3 +44,24 @@ def test_prove_only_keeps_proved_and_never_proves_a_wrong_candidate() -> None:
     assert fast.evidence[0].param("trials") == full.evidence[0].param("trials")  # every trial ran
     assert not isinstance(v.check(bad, prove_only=True), vm.Proved)
     assert isinstance(v.check(bad), vm.Refuted)  # (the full check still finds the refutation)
+
+
+def test_slow_derivation_leaves_the_queries_their_time_limit(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # a derivation slower than the queries' limit (a loaded machine) used to leave them no time: "time limit
+    # reached" for a pair Z3 proves at once (decode_gqa's split-KV candidates at load ~12)
+    import time as _time
+
+    from verimirage.smt import abstract as A
+    from verimirage.smt import verify as V
+
+    g, good = _pair(wrong=False)
+    slow_derive = A.derive
+
+    def derive(*args, **kw):  # type: ignore[no-untyped-def]
+        _time.sleep(0.3)
+        return slow_derive(*args, **kw)
+
+    monkeypatch.setattr(A, "derive", derive)
+    r = V.abstract_check(g, good, timeout_s=0.2)
+    assert r.outcome == Outcome.PROVED, r.reason
+    assert r.seconds > 0.6  # (both derivations took longer than the queries' limit)

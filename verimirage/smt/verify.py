@@ -84,6 +84,9 @@ def abstract_check(a: Graph, b: Graph, *, timeout_s: float = 10.0,
     """Derive both programs' abstract expressions and ask Z3 whether each output pair can differ.
 
     ``cancel``: when set (checked between queries), stop and return ``unknown`` ("cancelled").
+    ``timeout_s`` limits the Z3 queries, counted from the end of the derivation (which has its own budget,
+    :func:`verimirage.smt.budget.derive_budget_s`): on a loaded machine a derivation of a few CPU seconds
+    took longer than the queries' limit and left them no time at all ("time limit reached").
 
     When an output's normal forms differ, it is asked once more with nested sums over independent
     ranges in their canonical order (:func:`verimirage.smt.expr.canon_sums`: Fubini and factors moved
@@ -135,11 +138,12 @@ def _abstract_check_within(a: Graph, b: Graph, *, timeout_s: float,
     if undefined is not None:
         return AbstractResult(Outcome.UNKNOWN, undefined, (), tuple(sorted(la | lb)),
                               tuple(tuple(c.ranges for c in cs) for cs in cases), time.perf_counter() - t0)
+    tq = time.perf_counter()  # the queries' time limit starts now
     queries: list[Query] = []
     outcome, reason = Outcome.PROVED, "every output equal"
     for k, (xs, ys) in enumerate(zip(ea, eb, strict=True)):
         for ci, (x, y) in enumerate(zip(xs, ys, strict=True)):
-            left = timeout_s - (time.perf_counter() - t0)
+            left = timeout_s - (time.perf_counter() - tq)
             stopped = cancel is not None and cancel.is_set()
             if left <= 0 or stopped:
                 why = "cancelled" if stopped else "time limit reached"
@@ -158,7 +162,7 @@ def _abstract_check_within(a: Graph, b: Graph, *, timeout_s: float,
                     (xc, lx), (yc, ly) = E.canon_sums(x), E.canon_sums(y)
                 except (E.AbstractionError, RecursionError):
                     xc, yc, lx, ly = x, y, set(), set()
-                left = timeout_s - (time.perf_counter() - t0)
+                left = timeout_s - (time.perf_counter() - tq)
                 if (xc, yc) != (x, y) and left > 0:
                     try:
                         q2 = equivalence_query(f"eq:out{k}:case{ci}:fubini", xc, yc, timeout_s=max(0.1, left))
