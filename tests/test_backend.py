@@ -346,6 +346,10 @@ def test_one_block_tile_above_tritons_element_limit_is_a_clear_error() -> None:
     mg.output(o)
     with pytest.raises(vm.GraphError, match=r"2097152 elements, above Triton's limit of 1048576"):
         generate(mg)
+    from verimirage.rewrite.cost import cost
+
+    c = cost(mg)  # the cost model knows the limit too: the search never ranks such a lowering
+    assert c.infeasible and "2097152 elements" in c.reason
     small = vm.BlockBuilder((2,), 1)  # the same op in two blocks of 2**20 elements: within the limit
     xs = small.input(0, vm.TensorType((2048, 1024), vm.float32), (0,))
     small.output(small.exp(xs), (0,))
@@ -353,6 +357,7 @@ def test_one_block_tile_above_tritons_element_limit_is_a_clear_error() -> None:
     (o2,) = ok.custom(small.build(), [ok.input("X", (2048, 1024), vm.float32)])
     ok.output(o2)
     assert "tl.exp" in generate(ok).source
+    assert "Triton tensor" not in cost(ok).reason  # (its shared-memory model may still refuse it)
 
 
 def test_oversized_one_hot_concat_is_a_clear_error() -> None:

@@ -47,6 +47,8 @@ class Hardware:
     sms: int = 132
     smem_per_block: int = 227 * 1024
     smem_per_sm: int = 228 * 1024
+    #: most elements of one tile (a Triton tensor: dims padded to powers of two); Triton refuses larger blocks
+    max_tile_elements: int = 1 << 20
     #: bytes/s a streaming kernel reaches (H100, measured: 75-80% of the 2.95 TB/s copy bandwidth)
     bandwidth: float = 2.4e12
     tc_flops: float = 6.9e14  # tensor-core flop/s (fp16/bf16, measured)
@@ -227,6 +229,13 @@ def _backend_min_smem(bg: BlockGraph, in_types: Sequence[TensorType], limit: int
         return 0
 
 
+def _largest_tile(bg: BlockGraph) -> int:
+    """Elements of the block graph's largest value with each dim padded to a power of two (as codegen pads
+    it; tl.dot's minimum operand sizes aside)."""
+    return max((math.prod(1 << max(d - 1, 0).bit_length() for d in t.shape) for n in bg.nodes for t in n.outs),
+               default=0)
+
+
 def cost(g: Graph, hw: Hardware = H100, cal: Calibration = Calibration()) -> Cost:
     """Estimate for a kernel graph or μGraph.
 
@@ -259,6 +268,10 @@ def cost(g: Graph, hw: Hardware = H100, cal: Calibration = Calibration()) -> Cos
         in_types = arg_types(n)
         if n.op == "custom":
             kc = block_cost(n.attr("block"), in_types, n.outs, hw, cal)
+            big = _largest_tile(n.attr("block"))
+            if big > hw.max_tile_elements and not reason:
+                reason = (f"a block value is a tile of {big} elements (padded; > {hw.max_tile_elements} per "
+                          "Triton tensor)")
             if kc.smem > hw.smem_per_block and not reason:
                 reason = f"a block needs {kc.smem / 1024:.0f} KB of shared memory (> {hw.smem_per_block // 1024} KB)"
             if not reason:
