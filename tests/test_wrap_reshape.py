@@ -50,3 +50,20 @@ def test_reshape_kernel_splits_groups_and_copies_exactly(monkeypatch: pytest.Mon
     out = vcompile(g)(torch.tensor(a, dtype=torch.float32))
     out = out[0] if isinstance(out, (tuple, list)) else out
     np.testing.assert_array_equal(out.numpy(), a.reshape(new).astype(np.float32))
+
+
+@pytest.mark.parametrize(("shape", "new"), [((32, 512, 128), (8, 2048, 128)), ((8, 2048, 128), (32, 512, 128)),
+                                            ((16, 512, 1024), (16, 32, 16384))])
+def test_reshape_kernel_tile_counts_the_kept_last_dim(shape: tuple[int, ...], new: tuple[int, ...]) -> None:
+    """Layer prefill finding: ``(8, 2048, 128) -> (32, 512, 128)`` sized its group's blocks without the kept
+    128-wide last dim, ran as one block of 2**21 elements and failed in Triton's compiler on the GPU (2**20
+    elements per tensor). Every reshape kernel's tile stays within Triton's limit."""
+    from verimirage.backend.lowering import TRITON_MAX_NUMEL
+    from verimirage.rewrite.cost import _largest_tile
+
+    g = vm.Graph()
+    g.output(g.reshape(g.input("X", shape, vm.float16), new))
+    (k,) = generate(g).kernels
+    assert int(np.prod(k.grid)) > 1
+    bg = to_kernels(vm.MuGraph.from_graph(g)).nodes[-1].attr("block")
+    assert _largest_tile(bg) <= TRITON_MAX_NUMEL

@@ -215,6 +215,9 @@ def _reshape_block(node: Node, in_types: Sequence[TensorType]) -> BlockGraph:
         return _axis_block(node, in_types)
     src2, new2 = list(src), list(new)
     cand: list[tuple[int, int, int, bool]] = []  # (result dim, blocks, operand dim, splits a group)
+    # a kept last dim stays in every block's tile (up to MAX_TILE of it): a group's chunk is that many times larger
+    last = next((ng[0] for og, ng in groups if len(og) == 1 and ng == [len(new) - 1]), None)
+    extra = _divisor_at_most(new[last], MAX_TILE) if last is not None else 1
     for og, ng in groups:
         if len(og) == 1 and len(ng) == 1:
             o, i = ng[0], og[0]
@@ -225,7 +228,7 @@ def _reshape_block(node: Node, in_types: Sequence[TensorType]) -> BlockGraph:
             else:
                 cand.append((o, new[o], i, False))
             continue
-        rest = math.prod(src[d] for d in og[1:])
+        rest = math.prod(src[d] for d in og[1:]) * extra
         k = _group_blocks(src[og[0]], new[ng[0]], rest)
         if k > 1:
             cand.append((ng[0], k, og[0], True))
