@@ -99,6 +99,18 @@ def test_tampered_rejected(kind: str, tmp_path: Path) -> None:
     assert isinstance(v, vm.Unknown) and "rejected" in v.reason, (kind, v.summary())
 
 
+def test_z3_and_trials_run_at_once_and_either_rejects(tmp_path: Path) -> None:
+    # the checker runs the Z3 part and the finite-field trials at once (issue 26: check-cert start-up); a rejection
+    # from either rejects, and with both wrong the Z3 part's reason is the one reported (as when it ran first)
+    both = lambda d: (TAMPERS["smt2"](d), TAMPERS["seed"](d))  # noqa: E731
+    for edit, why in ((TAMPERS["seed"], "finite-field record"), (TAMPERS["smt2"], "differs from the re-derived query"),
+                      (both, "differs from the re-derived query")):
+        v = _tamper(tmp_path, edit)
+        assert isinstance(v, vm.Unknown) and why in v.reason, v.summary()
+    v = _tamper(tmp_path, lambda d: None)
+    assert v.proved and [c.name for c in v.evidence][:3] == ["hashes-and-rules", "abstract-z3", "finite-field"]
+
+
 def test_rules_known_or_trusted(tmp_path: Path) -> None:
     p = tmp_path / "r.json"
     _cert("lora", ("test-rule-known",)).save(p)

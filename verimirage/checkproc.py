@@ -23,6 +23,7 @@ REFUSED = ("verimirage.smt.ff", "verimirage.smt.verify", "verimirage.smt.prune",
 
 _CHILD = """
 import sys
+sys.path[:0] = sys.argv[1:]
 class _Refuse:
     def find_spec(self, name, path=None, target=None):
         if any(name == r or name.startswith(r + ".") for r in {refused!r}):
@@ -45,11 +46,12 @@ _spare: list[tuple[subprocess.Popen[str], int]] = []
 def start() -> tuple[subprocess.Popen[str], int]:
     """A new checker process (importing the checker's modules) and the write end of its stdin (see :func:`send`)."""
     root = str(Path(__file__).resolve().parents[1])
-    env = {**_MALLOC, **os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])}
+    env = {**_MALLOC, **os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    # isolated, without site (~45 ms less start-up): the path is this checkout's root, then this process's path
+    path = [root, *(p for p in sys.path if os.path.isabs(p) and p != root)]
     r, w = os.pipe()
     try:
-        proc = subprocess.Popen([sys.executable, "-c", _CHILD.format(refused=REFUSED)], stdin=r,
+        proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _CHILD.format(refused=REFUSED), *path], stdin=r,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=root)
     except BaseException:
         os.close(w)
