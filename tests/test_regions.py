@@ -12,8 +12,8 @@ from verimirage.benchmarks import models
 from verimirage.ir.graph import MuGraph, Node, node_list
 from verimirage.pipeline.options import SearchOptions, StopReason
 from verimirage.pipeline.regions import compose, initial_chunks, region_of
+from verimirage.pipeline.superopt import WHOLE_VERIFY_TIMEOUT_S, _check_split
 from verimirage.pipeline.superopt import SearchOptions as SO2
-from verimirage.pipeline.superopt import _check_whole
 
 
 def relu_chain(layers: int, m: int = 16, d: int = 32) -> vm.Graph:
@@ -57,8 +57,11 @@ def test_miswired_glue_is_not_proved() -> None:
     bad = MuGraph._from_parts(nodes, list(mgs[1].outputs_refs))
     good = compose(g, regions, mgs)
     wrong = compose(g, regions, [mgs[0], bad])
-    assert isinstance(_check_whole(g, good, SearchOptions()), vm.Proved)
-    assert not isinstance(_check_whole(g, wrong, SearchOptions()), vm.Proved)
+    def whole(mg: MuGraph) -> object:
+        return _check_split(g, mg, SearchOptions(), min_timeout_s=WHOLE_VERIFY_TIMEOUT_S, prove_only=True)
+
+    assert isinstance(whole(good), vm.Proved)
+    assert not isinstance(whole(wrong), vm.Proved)
 
 
 @pytest.mark.parametrize("layers", [5, 8])

@@ -384,7 +384,7 @@ def _split_search(graph: Graph, opts: SearchOptions) -> SearchResult:
     def proved(rg: Graph, mg: MuGraph, rules: tuple[str, ...]) -> Any:
         key = (str(rg), str(mg))
         if key not in proofs:
-            proofs[key] = _check_region(rg, mg, opts)
+            proofs[key] = _check_split(rg, mg, opts, min_timeout_s=60.0)
             if getattr(proofs[key], "proved", False) and opts.verifier is None:
                 certs[key] = _region_certificate(run, rg, mg, proofs[key], rules)
         return proofs[key]
@@ -523,16 +523,18 @@ def plan_regions(graph: Graph, options: SearchOptions | None = None, **overrides
 WHOLE_FF_MAX_MACS = 1 << 26
 
 
-def _check_region(rg: Graph, mg: MuGraph, opts: SearchOptions) -> Any:
-    """``vm.verify(region, mg)`` (a longer Z3 limit: a full-size region's queries are large), or the custom
-    verifier's answer."""
+def _check_split(graph: Graph, mg: MuGraph, opts: SearchOptions, *, min_timeout_s: float,
+                 prove_only: bool = False) -> Any:
+    """``vm.verify(graph, mg)`` for a region or a whole split program (a Z3 limit of at least ``min_timeout_s``:
+    their queries are large), or the custom verifier's answer."""
     try:
         mg.check()
         if opts.verifier is not None:
-            return opts.verifier(rg, mg)
+            return opts.verifier(graph, mg)
         from ..smt.verify import verifier_for
 
-        return verifier_for(rg, seed=opts.seed).check(mg, timeout_s=max(opts.verify_timeout_s, 60.0))
+        return verifier_for(graph, seed=opts.seed).check(mg, timeout_s=max(opts.verify_timeout_s, min_timeout_s),
+                                                         prove_only=prove_only)
     except ImportError as e:
         return _unknown(f"verifier not available: {e}")
     except GraphError as e:
@@ -619,23 +621,6 @@ def _inexpressible(mg: MuGraph) -> str:
     except Exception as e:  # codegen cannot express it: the region keeps another candidate
         return (str(e).splitlines() or [type(e).__name__])[0][:200]
     return ""
-
-
-def _check_whole(graph: Graph, mg: MuGraph, opts: SearchOptions) -> Any:
-    """``vm.verify(graph, mg)`` for a whole split program (a longer limit for its Z3 queries), or the custom
-    verifier's answer."""
-    try:
-        mg.check()
-        if opts.verifier is not None:
-            return opts.verifier(graph, mg)
-        from ..smt.verify import verifier_for
-
-        return verifier_for(graph, seed=opts.seed).check(mg, timeout_s=max(opts.verify_timeout_s,
-                                                                           WHOLE_VERIFY_TIMEOUT_S), prove_only=True)
-    except ImportError as e:
-        return _unknown(f"verifier not available: {e}")
-    except GraphError as e:
-        return _unknown(f"IR check failed: {str(e).splitlines()[0]}")
 
 
 def _rules_phase(run: _Run) -> None:
