@@ -90,6 +90,18 @@ class _Recorder:
 cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-only (interpreter) behaviour")
 
 
+def _pointer_positions(prog: CompiledProgram, kernel: str) -> list[int]:
+    """Positions of the tensor pointers in ``kernel``'s launch arguments (each tensor: its pointer, then one
+    stride per dim)."""
+    step = next(s for s in prog.steps if s.kernel == kernel)
+    positions: list[int] = []
+    i = 0
+    for _, rank in (*step.args, *((None, len(shape)) for _, shape, _ in step.outs)):
+        positions.append(i)
+        i += 1 + rank
+    return positions
+
+
 @cpu_only
 @pytest.mark.parametrize("name", ["gqa", "ntrans"])
 def test_lean_plan_replays_the_generated_launches(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -117,12 +129,7 @@ def test_lean_plan_replays_the_generated_launches(name: str, monkeypatch: pytest
     mapping.update({a.data_ptr(): b.data_ptr() for a, b in zip(firsts, seconds, strict=True)})
     for (_, k1, g1, a1), (_, k2, g2, a2) in zip(jit, lean, strict=True):
         assert k1 == k2 and g1 == g2 and len(a1) == len(a2)
-        step = next(s for s in prog.steps if s.kernel == k1)
-        positions: list[int] = []
-        i = 0
-        for _, rank in (*step.args, *((None, len(shape)) for _, shape, _ in step.outs)):
-            positions.append(i)
-            i += 1 + rank
+        positions = _pointer_positions(prog, k1)
         for j, (x, y) in enumerate(zip(a1, a2, strict=True)):
             if j in positions:
                 assert mapping.setdefault(x, y) == y, f"{k1}: pointer argument {j} maps inconsistently"
@@ -203,12 +210,7 @@ def test_c_launcher_passes_what_triton_would(name: str, monkeypatch: pytest.Monk
     mapping.update({a.data_ptr(): b.data_ptr() for a, b in zip(firsts, seconds, strict=True)})
     for (_, k1, g1, a1), (_, k2, g2, a2) in zip(jit, lean, strict=True):
         assert k1 == k2 and g1 == tuple(g2)
-        step = next(s for s in prog.steps if s.kernel == k1)
-        positions: list[int] = []
-        i = 0
-        for _, rank in (*step.args, *((None, len(shape)) for _, shape, _ in step.outs)):
-            positions.append(i)
-            i += 1 + rank
+        positions = _pointer_positions(prog, k1)
         want = [a for j, a in enumerate(a1) if j in positions or a != 1]  # Triton drops the 1s (constexpr)
         ptr_at = [j for j, a in enumerate(a1) if j in positions or a != 1]
         assert len(want) == len(a2)
