@@ -7,7 +7,6 @@ import logging
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -91,24 +90,31 @@ def test_optimize_a_python_file(tmp_path: Path) -> None:
 def test_second_search_is_served_from_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VERIMIRAGE_CACHE_DIR", str(tmp_path))
     g = vm.benchmarks.get("gated_mlp", small=True)
-    t0 = time.perf_counter()
     first = vm.superoptimize(g)
-    t1 = time.perf_counter()
+    from verimirage.pipeline import superopt
+
+    real_search = superopt._search_program
+
+    def _no_search(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a cache hit must not search again")
+
+    # served without searching: the search itself is replaced by one that fails (a timing comparison here
+    # flaked on a loaded CI worker: the re-check of a small certificate can take longer than a small search)
+    monkeypatch.setattr(superopt, "_search_program", _no_search)
     second = vm.superoptimize(g)
-    t2 = time.perf_counter()
     assert first.report.stop_reason != "served from the search cache"
     assert second.report.stop_reason == "served from the search cache"
     # by default only the best candidate is re-checked by the certificate checker, and only it is served
     assert [str(c.mugraph) for c in second.candidates] == [str(first.best.mugraph)]
     assert isinstance(second.best.verdict, vm.Proved)
     assert any(ch.name == "finite-field" for ch in second.best.verdict.evidence)
-    assert t2 - t1 < t1 - t0
     # recheck_cache=True re-checks every cached certificate and serves them all
     third = vm.superoptimize(g, recheck_cache=True)
     assert third.report.stop_reason == "served from the search cache"
     assert [str(c.mugraph) for c in third.candidates] == [str(c.mugraph) for c in first.candidates]
     assert all(any(ch.name == "finite-field" for ch in c.verdict.evidence) for c in third.candidates)
-    # other options, another key
+    # other options, another key: searched again
+    monkeypatch.setattr(superopt, "_search_program", real_search)
     assert vm.superoptimize(g, top_k=1).report.stop_reason != "served from the search cache"
 
 
