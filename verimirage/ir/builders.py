@@ -1,5 +1,5 @@
-"""Building programs: the builders' named op methods (``g.add(a, b)``, ``g.exp(x)``, ``g.sum(x, axis)``,
-...) and the block and thread graph builders.
+"""Building programs: a graph's inputs and outputs, a μGraph's custom kernels, the builders' named op methods
+(``g.add(a, b)``, ``g.exp(x)``, ``g.sum(x, axis)``, ...), JSON and dot, and the block and thread graph builders.
 
 Each named method is a shorthand for ``apply(op, args, attrs)`` with the argument handling users expect
 (constants as floats, ``keepdim``, ``-1`` in a reshape, negative permute dims). They live apart from the IR
@@ -11,24 +11,123 @@ of a name they lack (see :class:`verimirage.ir.graph.LoadsMethods`).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+import re
+from collections.abc import Sequence
 from typing import Any, cast
 
+from .dtypes import DType
 from .errors import GraphError
 from .graph import (
     BlockGraph,
+    Graph,
+    MuGraph,
     Node,
     OutputMap,
     Ref,
     Tensor,
     ThreadGraph,
     _Builder,
-    _check_dtype,
     make_attrs,
+    node_list,
+    output_refs,
     tile_shape,
 )
 from .limits import check_constant, check_shape
 from .ops import Level, Prop, TensorType, check_axis, get_op
+
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _check_dtype(what: str, dtype: Any) -> DType:
+    if isinstance(dtype, DType):
+        return dtype
+    if isinstance(dtype, str):
+        return DType.parse(dtype)
+    raise GraphError(f"{what}: dtype {dtype!r}; expected vm.float16, vm.bfloat16, vm.float32 or vm.bool")
+
+
+class GraphMethods:
+    """A kernel graph's building, JSON and dot methods (installed on :class:`~.graph.Graph`)."""
+
+    _nodes: list[Node]
+    _outputs: list[Ref]
+
+    def input(self, name: str, shape: Sequence[int], dtype: DType) -> Tensor:
+        """A named input of static ``shape`` and ``dtype``."""
+        if not isinstance(name, str) or not _NAME_RE.match(name):
+            raise GraphError(f"input: name {name!r}; expected an identifier")
+        if any(n.op == "input" and n.attr("name") == name for n in self._nodes):
+            raise GraphError(f"input: name {name!r} is already an input of this graph")
+        shape = check_shape(f"input {name!r}", shape)
+        dt = _check_dtype(f"input {name!r}", dtype)
+        self._nodes.append(Node("input", (), (("name", name),), (TensorType(shape, dt),)))
+        return Tensor(cast(_Builder, self), (len(self._nodes) - 1, 0))
+
+    def output(self, *ts: Tensor) -> None:
+        """Mark ``ts`` as outputs (in order); may be called more than once."""
+        if not ts:
+            raise GraphError("output: expected at least one Tensor")
+        self._outputs.extend(cast(_Builder, self)._ref("output", t, i) for i, t in enumerate(ts))
+
+    def input_names(self) -> list[str]:
+        """Names of the inputs, in order."""
+        return [n.attr("name") for n in self._nodes if n.op == "input"]
+
+    @property
+    def num_kernels(self) -> int:
+        """Kernel launches an unfused execution makes: one per non-input node (a custom kernel is one)."""
+        return sum(1 for n in self._nodes if n.op != "input")
+
+    def copy(self) -> Graph:
+        """A new graph with the same nodes and outputs."""
+        return cast(Graph, self)._from_parts(self._nodes, self._outputs)
+
+    def to_json(self) -> str:
+        """JSON text of the program."""
+        from .serial import to_json
+
+        return to_json(cast(Graph, self))
+
+    @classmethod
+    def from_json(cls, s: str) -> Any:
+        """Read a program from :meth:`to_json` text."""
+        from .serial import from_json
+
+        g = from_json(s)
+        if cls is MuGraph and not isinstance(g, MuGraph):
+            return MuGraph._from_parts(g._nodes, g._outputs)
+        return g
+
+    def to_dot(self) -> str:
+        """Graphviz ``dot`` source (block graphs as nested clusters)."""
+        from .dot import to_dot
+
+        return to_dot(cast(Graph, self))
+
+
+class MuGraphMethods:
+    """A μGraph's custom kernels (installed on :class:`~.graph.MuGraph`)."""
+
+    _nodes: list[Node]
+
+    def custom(self, block: BlockGraph, args: Sequence[Tensor]) -> tuple[Tensor, ...]:
+        """A kernel computing ``block`` on ``args``; returns one Tensor per block output."""
+        if not isinstance(block, BlockGraph):
+            raise GraphError(f"custom: expected a BlockGraph, got {type(block).__name__}")
+        me = cast(_Builder, self)
+        refs = tuple(me._ref("custom", a, i) for i, a in enumerate(args))
+        in_types = [self._nodes[r[0]].outs[r[1]] for r in refs]
+        outs = block.result_types(in_types)
+        for t in outs:
+            check_shape("custom: result", t.shape)
+        self._nodes.append(Node("custom", refs, (("block", block),), outs))
+        i = len(self._nodes) - 1
+        return tuple(Tensor(me, (i, k)) for k in range(len(outs)))
+
+    @classmethod
+    def from_graph(cls, g: Graph) -> MuGraph:
+        """The μGraph with the same nodes as ``g`` (every op its own kernel)."""
+        return cast("type[MuGraph]", cls)._from_parts(node_list(g), output_refs(g))
 
 
 class OpMethods:
@@ -36,8 +135,17 @@ class OpMethods:
 
     _level: Level
     _nodes: list[Node]
-    _ref: Callable[[str, Any, int], Ref]
-    _add_node: Callable[[Node], Node]
+
+    def _ref(self, op: str, x: Any, pos: int) -> Ref:
+        if not isinstance(x, Tensor):
+            raise GraphError(f"{op}: operand {pos} is {type(x).__name__} {x!r}; expected a Tensor of this graph")
+        if x.owner is not self:
+            raise GraphError(f"{op}: operand {pos} {x!r} belongs to another graph; expected a Tensor of this graph")
+        return x.ref
+
+    def _add_node(self, node: Node) -> Node:
+        self._nodes.append(node)
+        return node
 
     def _emit(self, op: str, args: Sequence[Any], attrs: dict[str, Any] | None = None) -> Tensor:
         d = get_op(op)
@@ -360,18 +468,19 @@ class BlockBuilder(_Builder):
 
 
 def install() -> None:
-    """Put the methods on the builders' base class (done when this module is imported)."""
-    for name, fn in vars(OpMethods).items():
-        if callable(fn) and not name.startswith("__"):
-            setattr(_Builder, name, fn)
+    """Put the methods on the builders' classes (done when this module is imported)."""
+    for src, dst in ((OpMethods, _Builder), (GraphMethods, Graph), (MuGraphMethods, MuGraph)):
+        for name, fn in vars(src).items():
+            if not name.startswith("__"):
+                setattr(dst, name, fn)
 
 
 def installed() -> bool:
     """Whether :func:`install` ran."""
-    return "apply" in vars(_Builder)
+    return "apply" in vars(_Builder) and "custom" in vars(MuGraph)
 
 
 install()
 
 
-__all__ = ["BlockBuilder", "OpMethods", "ThreadBuilder", "install", "installed"]
+__all__ = ["BlockBuilder", "GraphMethods", "MuGraphMethods", "OpMethods", "ThreadBuilder", "install", "installed"]

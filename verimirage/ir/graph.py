@@ -16,19 +16,15 @@ nodes, so a program is acyclic by construction and compares structurally.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .dtypes import DType
 from .errors import GraphError
-from .limits import check_shape
 from .ops import Level, TensorType
 
 Ref = tuple[int, int]  # (node index, result index)
-
-_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 @dataclass(frozen=True)
@@ -175,67 +171,51 @@ class Tensor:
 
 
 if TYPE_CHECKING:
-    from .builders import OpMethods
-else:
+    from .builders import GraphMethods, MuGraphMethods, OpMethods
+else:  # (bases the builders fill in: see LoadsMethods)
     OpMethods = object
 
+    class GraphMethods:
+        pass
 
-def _load_methods(name: str) -> bool:
-    """Load the builders' methods (:mod:`.builders`) for a missing public ``name``; whether it is one."""
+    class MuGraphMethods:
+        pass
+
+
+def _load_methods(cls: type, name: str) -> bool:
+    """Load the builders' methods (:mod:`.builders`) for a missing public ``name``; whether ``cls`` has it now."""
     if name.startswith("_"):
         return False
-    from . import builders  # (importing it puts the methods on _Builder)
+    from . import builders  # (importing it puts the methods on the classes)
 
-    return name in vars(_Builder) and builders.installed()
+    return builders.installed() and any(name in vars(c) for c in cls.__mro__)
 
 
 class LoadsMethods(type):
-    """Metaclass of the builders: the named op methods (``g.add``, ``g.exp``, ...) live in :mod:`.builders`,
-    outside the IR core the certificate checker imports, and load on first use of a name a builder lacks."""
+    """Metaclass of the builders: how programs are built (``g.input``, ``g.output``, ``g.add``, ``mg.custom``,
+    JSON and dot) lives in :mod:`.builders`, outside the IR core the certificate checker imports (it reads
+    programs and never builds them), and loads on first use of a name a builder lacks."""
 
     def __getattr__(cls, name: str) -> Any:
-        if not _load_methods(name):
+        if not _load_methods(cls, name):
             raise AttributeError(f"type object {cls.__name__!r} has no attribute {name!r}")
         return getattr(cls, name)
 
 
 class _Builder(OpMethods, metaclass=LoadsMethods):
-    """Op-building plumbing shared by every level (each level allows a subset); ``apply`` and the named op
-    methods are :class:`verimirage.ir.builders.OpMethods`'."""
+    """The builders' common base (each level allows a subset of the ops); its methods are
+    :class:`verimirage.ir.builders.OpMethods`'."""
 
     _level: Level
     _nodes: list[Node]
 
     def __getattr__(self, name: str) -> Any:
-        if not _load_methods(name):
+        if not _load_methods(type(self), name):
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
         return getattr(self, name)
 
-    def _ref(self, op: str, x: Any, pos: int) -> Ref:
-        if not isinstance(x, Tensor):
-            raise GraphError(f"{op}: operand {pos} is {type(x).__name__} {x!r}; expected a Tensor of this graph")
-        if x.owner is not self:
-            raise GraphError(f"{op}: operand {pos} {x!r} belongs to another graph; expected a Tensor of this graph")
-        return x.ref
 
-    def _add_node(self, node: Node) -> Node:
-        self._nodes.append(node)
-        return node
-
-
-def _check_shape(what: str, shape: Any) -> tuple[int, ...]:
-    return check_shape(what, shape)
-
-
-def _check_dtype(what: str, dtype: Any) -> DType:
-    if isinstance(dtype, DType):
-        return dtype
-    if isinstance(dtype, str):
-        return DType.parse(dtype)
-    raise GraphError(f"{what}: dtype {dtype!r}; expected vm.float16, vm.bfloat16, vm.float32 or vm.bool")
-
-
-class Graph(_Builder, Program):
+class Graph(GraphMethods, _Builder, Program):
     """A kernel-level tensor program (see API.md). Build it with its methods."""
 
     _allow_custom = False
@@ -259,24 +239,6 @@ class Graph(_Builder, Program):
         """The output refs, in order."""
         return tuple(self._outputs)
 
-    def input(self, name: str, shape: Sequence[int], dtype: DType) -> Tensor:
-        """A named input of static ``shape`` and ``dtype``."""
-        if not isinstance(name, str) or not _NAME_RE.match(name):
-            raise GraphError(f"input: name {name!r}; expected an identifier")
-        if any(n.op == "input" and n.attr("name") == name for n in self._nodes):
-            raise GraphError(f"input: name {name!r} is already an input of this graph")
-        shape = _check_shape(f"input {name!r}", shape)
-        dt = _check_dtype(f"input {name!r}", dtype)
-        self._add_node(Node("input", (), (("name", name),), (TensorType(shape, dt),)))
-        return Tensor(self, (len(self._nodes) - 1, 0))
-
-    def output(self, *ts: Tensor) -> None:
-        """Mark ``ts`` as outputs (in order); may be called more than once."""
-        if not ts:
-            raise GraphError("output: expected at least one Tensor")
-        refs = [self._ref("output", t, i) for i, t in enumerate(ts)]
-        self._outputs.extend(refs)
-
     @property
     def inputs(self) -> list[Tensor]:
         """The inputs, in order of creation."""
@@ -287,15 +249,6 @@ class Graph(_Builder, Program):
         """The outputs, in order."""
         return [Tensor(self, r) for r in self._outputs]
 
-    def input_names(self) -> list[str]:
-        """Names of the inputs, in order."""
-        return [n.attr("name") for n in self._nodes if n.op == "input"]
-
-    @property
-    def num_kernels(self) -> int:
-        """Kernel launches an unfused execution makes: one per non-input node."""
-        return sum(1 for n in self._nodes if n.op != "input")
-
     def check(self, *, unused_inputs: bool = False) -> None:
         """Well-formedness check (raises GraphError showing the offending node).
 
@@ -304,10 +257,6 @@ class Graph(_Builder, Program):
         from .check import check_program
 
         check_program(self, unused_inputs=unused_inputs)
-
-    def copy(self) -> Graph:
-        """A new graph with the same nodes and outputs."""
-        return type(self)._from_parts(self._nodes, self._outputs)
 
     @classmethod
     def _from_parts(cls, nodes: Iterable[Node], outputs: Iterable[Ref]) -> Any:
@@ -340,28 +289,6 @@ class Graph(_Builder, Program):
             raise GraphError("Graph.parse: the text is a mugraph; use vm.MuGraph.parse")
         return g
 
-    def to_json(self) -> str:
-        """JSON text of the program."""
-        from .serial import to_json
-
-        return to_json(self)
-
-    @classmethod
-    def from_json(cls, s: str) -> Any:
-        """Read a program from :meth:`to_json` text."""
-        from .serial import from_json
-
-        g = from_json(s)
-        if cls is MuGraph and not isinstance(g, MuGraph):
-            return MuGraph._from_parts(g._nodes, g._outputs)
-        return g
-
-    def to_dot(self) -> str:
-        """Graphviz ``dot`` source (block graphs as nested clusters)."""
-        from .dot import to_dot
-
-        return to_dot(self)
-
 
 # Program.outputs for kernel graphs means refs for internal walkers; make the walker API explicit.
 def output_refs(p: Program | Graph) -> tuple[Ref, ...]:
@@ -378,33 +305,10 @@ def node_list(p: Program | Graph) -> Sequence[Node]:
     return p.nodes
 
 
-class MuGraph(Graph):
+class MuGraph(MuGraphMethods, Graph):
     """A μGraph: a kernel graph whose nodes may be ``custom`` kernels holding block graphs."""
 
     _allow_custom = True
-
-    def custom(self, block: BlockGraph, args: Sequence[Tensor]) -> tuple[Tensor, ...]:
-        """A kernel computing ``block`` on ``args``; returns one Tensor per block output."""
-        if not isinstance(block, BlockGraph):
-            raise GraphError(f"custom: expected a BlockGraph, got {type(block).__name__}")
-        refs = tuple(self._ref("custom", a, i) for i, a in enumerate(args))
-        in_types = [self._nodes[r[0]].outs[r[1]] for r in refs]
-        outs = block.result_types(in_types)
-        for t in outs:
-            check_shape("custom: result", t.shape)
-        self._add_node(Node("custom", refs, (("block", block),), outs))
-        i = len(self._nodes) - 1
-        return tuple(Tensor(self, (i, k)) for k in range(len(outs)))
-
-    @property
-    def num_kernels(self) -> int:
-        """Kernel launches: one per custom kernel and per kernel-level op outside them."""
-        return sum(1 for n in self._nodes if n.op != "input")
-
-    @classmethod
-    def from_graph(cls, g: Graph) -> MuGraph:
-        """The μGraph with the same nodes as ``g`` (every op its own kernel)."""
-        return cls._from_parts(node_list(g), output_refs(g))
 
 
 # --------------------------------------------------------------------------- block and thread graphs
