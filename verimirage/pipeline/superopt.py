@@ -432,7 +432,7 @@ def _split_search(graph: Graph, opts: SearchOptions) -> SearchResult:
             rules: list[str] = []
             for _, rr in verdicts:
                 rules += [x for x in rr if x not in rules]
-            v = _composed_verdict(graph, composed, [vd for vd, _ in verdicts], opts)
+            v = _composed_verdict(graph, composed, [vd for vd, _ in verdicts], opts, out.regions)
             if getattr(v, "proved", False):
                 unsafe = _fp_unsafe(graph, composed, opts)
                 if unsafe is None:
@@ -551,14 +551,22 @@ def _macs(graph: Graph) -> int:
     return total
 
 
-def _composed_verdict(graph: Graph, composed: MuGraph, verdicts: Sequence[Any], opts: SearchOptions) -> Any:
+def _composed_verdict(graph: Graph, composed: MuGraph, verdicts: Sequence[Any], opts: SearchOptions,
+                      regions: Sequence[Any]) -> Any:
     """The composition's verdict: Proved from its regions' Proved verdicts (congruence: the μGraph is their
-    splice by the program's own wiring), with the whole-program finite-field test where cheap; Refuted-free:
-    a difference there is an Unknown naming it (the regions' proofs and the whole-program test disagree)."""
+    splice by the program's own wiring) when every value one region makes and another reads is defined for all
+    inputs (:func:`verimirage.smt.glue.undefined_fed`, as the certificate checker requires), with the whole-program
+    finite-field test where cheap; Refuted-free: a difference there is an Unknown naming it (the regions'
+    proofs and the whole-program test disagree)."""
+    from ..smt import glue, limits
     from ..smt.verdict import Check, Outcome, Proved
 
     evidence = [Check(f"region {k}", Outcome.PROVED, (("reason", getattr(v, "reason", "")),))
                 for k, v in enumerate(verdicts)]
+    why = limits.deep_call(glue.undefined_fed, graph, regions)
+    if why is not None:
+        return _unknown(f"a value one region makes and another reads may be undefined ({why}): the composition "
+                        "may read values the program leaves undefined", evidence)
     extra = ""
     if opts.verifier is None and _macs(graph) <= WHOLE_FF_MAX_MACS:
         from ..smt.verify import _ff_check, ff_test, ff_test_p_or_q

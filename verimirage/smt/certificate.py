@@ -373,6 +373,10 @@ def _check_composed(text: str, known: frozenset[str], timeout_s: float, checks: 
             raise _Reject(f"sub-certificate {ci}: records a Triton hash (a region's module is not what runs)")
         regions.append(reg)
         mugraphs.append(MuGraph.parse(sub.mugraph_text))
+    why = limits.deep_call(glue.undefined_fed, g, regions)
+    if why is not None:
+        raise _Reject(f"a value one region makes and another reads may be undefined ({why}): the splice may read "
+                      "values the program leaves undefined")
     try:
         composed = str(glue.compose(g, regions, mugraphs))
     except (KeyError, GraphError) as e:
@@ -454,8 +458,8 @@ def _text_of(cert: Certificate | ComposedCertificate | str | Path) -> str:
         raise CertificateError(f"certificate {str(cert)!r}: cannot read it ({e})") from None
     try:
         d = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise CertificateError(f"certificate {str(cert)!r}: not JSON ({e})") from None
+    except (ValueError, RecursionError) as e:  # (nesting too deep, an int too long: not JSON we read either)
+        raise CertificateError(f"certificate {str(cert)!r}: not JSON ({type(e).__name__}: {str(e)[:200]})") from None
     if not isinstance(d, dict):
         raise CertificateError(f"certificate {str(cert)!r}: expected a JSON object, got {type(d).__name__}")
     return text

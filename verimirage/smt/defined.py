@@ -465,6 +465,8 @@ def _refines(src: Sequence[Defs], cand: Sequence[Defs]) -> str | None:
     signs = Signs([d.prov for d in src] + [d.prov for d in cand], facts)
     for d in cand:
         for c in d.conds:
+            if signs.of(c.poly) & NEED[c.kind] == NEED[c.kind]:  # (the provenance of the poly before _claims scales it)
+                continue
             claims = _claims(c.kind, c.poly)
             if claims is None:
                 return f"definedness: the candidate's {c.op} needs {E.pretty(c.poly)[:200]} {_SHOW[c.kind]}: never"

@@ -89,4 +89,30 @@ def compose(graph: Graph, regions: Sequence[Region], mugraphs: Sequence[MuGraph]
     return composed
 
 
-__all__ = ["Region", "compose", "live_ops", "region_of"]
+def undefined_fed(graph: Graph, regions: Sequence[Region]) -> str | None:
+    """None when every value a region makes and another reads is defined for all inputs of ``graph`` (each
+    partial op in its domain by signs alone, :mod:`.defined`); else why not. Congruence needs it: a region's
+    μGraph may read input elements its graph does not (``r0[0] + 0 * r0[1]``) or read a value its graph reads
+    only in a ``where`` branch, which the program may leave undefined (``log(x)[1]``)."""
+    from . import abstract as A
+    from . import defined as D
+    from . import expr as E
+
+    read = {a for r in regions for a in r.inputs}
+    refs = sorted({o for r in regions for o in r.outputs if o in read})
+    nodes = node_list(graph)
+    if not refs or all(n.op == "input" or (n.op in D.RULES and D.RULES[n.op].conds is None
+                                           and not D.RULES[n.op].self_recorded) for n in nodes):
+        return None  # (no value crosses, or no op has a condition)
+    fed = Graph._from_parts(list(nodes), refs)
+    try:
+        derived: A.Derived = {}
+        defs: list[list[D.Defs]] = []
+        A.derive(fed, [A.output_cases([fed], k, t.shape, derived) for k, t in enumerate(fed.outputs)], derived, defs)
+    except (E.AbstractionError, E.NeedSplit, RecursionError) as e:
+        return f"abstraction: {e}"
+    return next((f"the value of node {refs[k][0]}: {w}" for k, ds in enumerate(defs) for d in ds
+                 if (w := D.refines([], [d]))), None)
+
+
+__all__ = ["Region", "compose", "live_ops", "region_of", "undefined_fed"]
