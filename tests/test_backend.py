@@ -21,7 +21,7 @@ from verimirage.backend.codegen import TileOptions, generate
 from verimirage.backend.runtime import CompiledProgram, ensure_mode
 from verimirage.backend.wrap import to_kernels
 from verimirage.benchmarks.designs import expert, small_design_kw
-from verimirage.ir.ops import missing_domains
+from verimirage.ir.opfacts import missing_domains
 
 ensure_mode()  # CPU-only machine: TRITON_INTERPRET=1 before anything imports triton
 

@@ -10,7 +10,8 @@ import pytest
 
 import verimirage as vm
 from verimirage.ir import reference
-from verimirage.ir.ops import DOMAIN_EXCEPTIONS, DOMAINS, OPS, Prop, missing_domains
+from verimirage.ir.opfacts import DOMAIN_EXCEPTIONS, missing_domains
+from verimirage.ir.ops import DOMAINS, OPS, Prop
 
 API_OPS = [
     "matmul", "add", "sub", "mul", "div", "exp", "silu", "gelu", "relu", "sqrt", "rsqrt", "square", "neg",

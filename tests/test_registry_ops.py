@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 import verimirage as vm
-from verimirage.ir.ops import OPS, Prop, define_op, implements, missing_domains, unary_rule
+from verimirage.ir.opfacts import missing_domains
+from verimirage.ir.ops import OPS, Prop, define_op, implements, unary_rule
 
 ROOT = Path(__file__).resolve().parents[1] / "verimirage"
 

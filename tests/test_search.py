@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import verimirage as vm
-from verimirage.ir.ops import missing_domains
+from verimirage.ir.opfacts import missing_domains
 from verimirage.pipeline.superopt import ablate, superoptimize, verify_estimate_s
 from verimirage.rewrite import cost as cost_mod
 from verimirage.rewrite.lift import EClassTerms, Term, commutation_key, graph_terms, lift, term_to_graph

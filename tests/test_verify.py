@@ -10,7 +10,8 @@ import pytest
 
 import verimirage as vm
 from verimirage.benchmarks.designs import expert
-from verimirage.ir.ops import OPS, Prop, missing_domains
+from verimirage.ir.opfacts import missing_domains
+from verimirage.ir.ops import OPS, Prop
 from verimirage.smt import ff as FF
 from verimirage.smt.ff import products as FFprod
 from verimirage.smt.verify import abstract_check, verify_rule

@@ -30,7 +30,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..ir.errors import GraphError
-from ..ir.ops import OPS, TensorType, exempt, implements
+from ..ir.opfacts import exempt
+from ..ir.ops import OPS, TensorType, implements
 
 #: the most elements one Triton tensor may have (``triton.language`` refuses larger blocks)
 TRITON_MAX_NUMEL = 1 << 20

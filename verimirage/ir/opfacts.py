@@ -1,6 +1,7 @@
 """Facts of the registry's ops that rewriting, partitioning, pruning and code generation read, and the
 certificate checker does not: index rules, how reductions combine, padding, homogeneity, families, e-graph
-shapes and scaling operands.
+shapes and scaling operands; the methods :data:`~.ops.LAZY_METHODS`; and the audit that every op has a meaning
+in every domain (:func:`missing_domains`, with its reviewed exceptions).
 
 They are read as attributes of an op (``OPS["sum"].reduce``, ``op.index_map(...)``): :class:`~.ops.OpDef`
 loads this module on first use of one (:data:`~.ops.LAZY_FACTS`), so the checker's process, which imports
@@ -10,13 +11,15 @@ keywords of :func:`~.ops.define_op`; the table below states the registry's own.
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from .ops import LAZY_FACTS, OPS, OpDef, Prop, TensorType, reshape_groups
+from .errors import GraphError
+from .ops import DOMAINS, LAZY_FACTS, OPS, OpDef, Prop, TensorType, reshape_groups
 
 
 @dataclass(frozen=True)
@@ -280,3 +283,54 @@ def fact(op: OpDef, name: str) -> Any:
     if op.has(Prop.ELEMENTWISE) and name == "egg_shape":
         return "same" if op.has(Prop.UNARY) else "broadcast"
     return LAZY_FACTS[name]
+
+
+# --------------------------------------------------------------------------- methods (OpDef.<name>)
+
+
+def index_map(op: OpDef, in_types: Sequence[TensorType], attrs: dict[str, Any], out: TensorType) -> IndexMap:
+    """The op's :class:`IndexMap` on operands of ``in_types``; GraphError for ops without one."""
+    if op.index is None:
+        raise GraphError(f"{op.name}: has no index rule (structural op); expected a tensor op")
+    return op.index(in_types, attrs, out)
+
+
+def block_attrs(op: OpDef, attrs: dict[str, Any], full_in_types: Sequence[TensorType]) -> dict[str, Any]:
+    """The attributes of ``op`` inside a block graph whose operands are tiles of ``full_in_types``."""
+    out = dict(attrs)
+    if "src" in op.hooks.get("block_only", ()):
+        out["src"] = tuple(full_in_types[0].shape)
+    return out
+
+
+def attr_kind(op: OpDef, key: str) -> str:
+    """The kind of attribute ``key`` (see :attr:`~.ops.OpDef.attr_kinds`)."""
+    return op.attr_kinds.get(key, "float")
+
+
+# --------------------------------------------------------------------------- every op has every domain
+
+#: (op, domain) pairs that are reviewed exceptions to "every op has every domain", with reasons.
+DOMAIN_EXCEPTIONS: dict[tuple[str, str], str] = {}
+
+#: modules of this package holding a domain's meanings (loaded by :func:`missing_domains`)
+DOMAIN_HOMES: dict[str, str] = {"ref": "verimirage.ir.reference"}
+
+
+def exempt(domain: str, name: str, reason: str) -> None:
+    """Record that op ``name`` has, on purpose, no meaning in ``domain``."""
+    DOMAIN_EXCEPTIONS[(name, domain)] = reason
+
+
+def missing_domains() -> list[tuple[str, str]]:
+    """(op, domain) pairs with neither a meaning nor a reviewed exception."""
+    for home in DOMAIN_HOMES.values():
+        importlib.import_module(home)
+    return [(op.name, d) for op in OPS.values() for d in DOMAINS
+            if d not in op.domains and (op.name, d) not in DOMAIN_EXCEPTIONS]
+
+
+for _name in ("loop_sum", "loop_max", "running_max", "rescaled_sum", "input", "arg", "custom", "fused"):
+    for _d in ("ref", "ff", "abstract", "torch"):
+        exempt(_d, _name, "structural/loop op: the graph evaluator gives its meaning for every domain")
+    exempt("egglog", _name, "the e-graph holds kernel-level terms; block structure is made by the lowering")

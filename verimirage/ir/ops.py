@@ -7,7 +7,7 @@ checker imports): the domains (``"ref"`` float64 reference in :mod:`.reference`,
 ``"ff"`` finite field, ``"abstract"`` Z3 expressions, ``"egglog"`` constructor,
 ``"triton"`` lowering, ``"torch"``) register their meaning with :func:`implements`
 from their own modules, and a test asserts that every op has every domain (or
-is on the reviewed exception list :data:`DOMAIN_EXCEPTIONS`). Layout ops (data
+is on the reviewed exception list :data:`.opfacts.DOMAIN_EXCEPTIONS`). Layout ops (data
 movement) have one meaning for every array domain, written here.
 
 Conventions for domain implementations
@@ -29,20 +29,17 @@ A domain function is called as ``fn(args, attrs, in_types, out_types)``:
 from __future__ import annotations
 
 import enum
-import importlib
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from .dtypes import DType
 from .errors import GraphError
 from .limits import check_constant
-
-if TYPE_CHECKING:
-    from .opfacts import IndexMap
 
 
 @dataclass(frozen=True)
@@ -123,6 +120,10 @@ DegreeRule = Callable[[list[int], dict[str, Any]], Degree]
 #: first use (``OpDef.<fact>``); the value when an op states none
 LAZY_FACTS: dict[str, Any] = {"index": None, "reduce": None, "pad": None, "homog": None, "family": None,
                               "egg_shape": None, "scales_with": ()}
+#: methods of an op the checker does not call, defined in :mod:`.opfacts` (``op.index_map(in_types, attrs, out)``:
+#: its index rule applied; ``op.block_attrs(attrs, full_in_types)``: its attributes inside a block graph;
+#: ``op.attr_kind(key)``: see :attr:`OpDef.attr_kinds`), loaded on first use
+LAZY_METHODS = ("index_map", "block_attrs", "attr_kind")
 
 
 @dataclass(frozen=True)
@@ -149,36 +150,19 @@ class OpDef:
     facts: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def __getattr__(self, name: str) -> Any:
-        if name not in LAZY_FACTS:
+        if name not in LAZY_FACTS and name not in LAZY_METHODS:
             raise AttributeError(f"'OpDef' object has no attribute {name!r}")
-        from .opfacts import fact
+        from . import opfacts
 
-        return fact(self, name)
+        return functools.partial(getattr(opfacts, name), self) if name in LAZY_METHODS else opfacts.fact(self, name)
 
     def has(self, prop: Prop) -> bool:
         """Whether the op has property ``prop``."""
         return bool(self.props & prop)
 
-    def index_map(self, in_types: Sequence[TensorType], attrs: dict[str, Any], out: TensorType) -> IndexMap:
-        """The op's :class:`IndexMap` on operands of ``in_types``; GraphError for ops without one."""
-        if self.index is None:
-            raise GraphError(f"{self.name}: has no index rule (structural op); expected a tensor op")
-        return self.index(in_types, attrs, out)
-
-    def block_attrs(self, attrs: dict[str, Any], full_in_types: Sequence[TensorType]) -> dict[str, Any]:
-        """The attributes of this op inside a block graph whose operands are tiles of ``full_in_types``."""
-        out = dict(attrs)
-        if "src" in self.hooks.get("block_only", ()):
-            out["src"] = tuple(full_in_types[0].shape)
-        return out
-
     def egg_attrs(self) -> tuple[str, ...]:
         """The attributes an e-graph term carries (kernel level: block-only ones left out)."""
         return tuple(a for a in self.attrs if a not in self.hooks.get("block_only", ()))
-
-    def attr_kind(self, key: str) -> str:
-        """The kind of attribute ``key`` (see :attr:`attr_kinds`)."""
-        return self.attr_kinds.get(key, "float")
 
     def degree_of(self, args: list[int], attrs: dict[str, Any]) -> Degree:
         """Finite-field degree facts on operands of degrees ``args`` (default: opaque unary)."""
@@ -207,9 +191,6 @@ class OpDef:
 
 OPS: dict[str, OpDef] = {}
 
-#: (op, domain) pairs that are reviewed exceptions to "every op has every domain", with reasons.
-DOMAIN_EXCEPTIONS: dict[tuple[str, str], str] = {}
-
 
 def _register(op: OpDef) -> OpDef:
     if op.name in OPS:
@@ -237,27 +218,6 @@ def implements(domain: str, *names: str) -> Callable[[DomainFn], DomainFn]:
         return fn
 
     return deco
-
-
-#: modules of this package holding a domain's meanings (loaded by :func:`missing_domains`)
-DOMAIN_HOMES: dict[str, str] = {"ref": "verimirage.ir.reference"}
-
-
-def exempt(domain: str, name: str, reason: str) -> None:
-    """Record that op ``name`` has, on purpose, no meaning in ``domain``."""
-    DOMAIN_EXCEPTIONS[(name, domain)] = reason
-
-
-def missing_domains() -> list[tuple[str, str]]:
-    """(op, domain) pairs with neither a meaning nor a reviewed exception."""
-    for home in DOMAIN_HOMES.values():
-        importlib.import_module(home)
-    return [
-        (op.name, d)
-        for op in OPS.values()
-        for d in DOMAINS
-        if d not in op.domains and (op.name, d) not in DOMAIN_EXCEPTIONS
-    ]
 
 
 # --------------------------------------------------------------------------- shape rules
@@ -301,14 +261,18 @@ def check_axis(op: str, t: TensorType, axis: Any, what: str = "axis") -> int:
     return a % t.rank
 
 
-def _unary_rule(name: str) -> ShapeRule:
+def unary_rule(name: str) -> ShapeRule:
+    """The shape rule of unary elementwise ops (the operand's type)."""
+
     def rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
         return ts[0]
 
     return rule
 
 
-def _binary_rule(name: str) -> ShapeRule:
+def binary_rule(name: str) -> ShapeRule:
+    """The shape rule of broadcasting binary ops (one dtype, numpy broadcasting)."""
+
     def rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
         dt = _same_dtype(name, ts)
         return TensorType(broadcast_shapes(name, ts), dt)
@@ -467,16 +431,6 @@ def _unary(name: str, doc: str, **facts: Any) -> OpDef:
     return define_op(name, 1, _U | facts.pop("props", Prop.NONE), rule, None, doc, **facts)
 
 
-def unary_rule(name: str) -> ShapeRule:
-    """The shape rule of unary elementwise ops (the operand's type)."""
-    return _unary_rule(name)
-
-
-def binary_rule(name: str) -> ShapeRule:
-    """The shape rule of broadcasting binary ops (one dtype, numpy broadcasting)."""
-    return _binary_rule(name)
-
-
 _unary("exp", "e**x", props=Prop.EXPONENTIAL, degree=_deg_opaque)
 _unary("silu", "x * sigmoid(x)", degree=_deg_opaque)
 _unary("gelu", "GELU, tanh approximation", degree=_deg_opaque)
@@ -517,7 +471,7 @@ _BINARY: list[tuple[str, Prop, str, DegreeRule]] = [
     ("maximum", Prop.COMMUTATIVE | Prop.ASSOCIATIVE, "elementwise max(a, b)", _deg_max),
 ]
 for _name, _p, _doc, _dg in _BINARY:
-    define_op(_name, 2, _B | _p, _binary_rule(_name), None, _doc, degree=_dg)
+    define_op(_name, 2, _B | _p, binary_rule(_name), None, _doc, degree=_dg)
 
 _AXIS = {"axis": "axis"}
 
@@ -611,7 +565,7 @@ define_op("leaky_relu", 1, _U, _attr_rule("leaky_relu", "slope"), None,
 define_op("step", 1, _U, _attr_rule("step", "c"), None,
           "1 where x > c else 0 (the mask of ReLU's and LeakyReLU's gradients: threshold_backward)", attrs=("c",),
           attr_kinds=_FLOAT_C, degree=_deg_opaque)
-define_op("minimum", 2, _B | Prop.COMMUTATIVE | Prop.ASSOCIATIVE, _binary_rule("minimum"), None,
+define_op("minimum", 2, _B | Prop.COMMUTATIVE | Prop.ASSOCIATIVE, binary_rule("minimum"), None,
           "elementwise min(a, b)", degree=_deg_max)
 _reduction("min", "min along axis")
 
@@ -787,15 +741,15 @@ for _name in ("permute", "reshape", "broadcast_to", "slice", "concat", "transpos
 # Loop constructs of block graphs. Their meaning is the evaluator's (ir.interpret), written once
 # in terms of registry ops (add, maximum, sub, exp, mul), so every domain gets them for free.
 _LOOP: dict[str, Any] = {"degree": _deg_max}
-_def("loop_sum", 1, Prop.LOOP, _unary_rule("loop_sum"), None, "sum over for-loop iterations", levels=Level.BLOCK,
+_def("loop_sum", 1, Prop.LOOP, unary_rule("loop_sum"), None, "sum over for-loop iterations", levels=Level.BLOCK,
      **_LOOP)
-_def("loop_max", 1, Prop.LOOP, _unary_rule("loop_max"), None, "max over for-loop iterations", levels=Level.BLOCK,
+_def("loop_max", 1, Prop.LOOP, unary_rule("loop_max"), None, "max over for-loop iterations", levels=Level.BLOCK,
      **_LOOP)
 _def(
     "running_max",
     1,
     Prop.LOOP,
-    _unary_rule("running_max"),
+    unary_rule("running_max"),
     None,
     "max of this and all earlier iterations' values (in the loop body)",
     levels=Level.BLOCK,
@@ -822,11 +776,6 @@ for _name, _doc, _lv in [
     ("fused", "a thread graph of fused elementwise ops", Level.BLOCK),
 ]:
     _def(_name, None, Prop.STRUCTURAL, None, None, _doc, levels=_lv, min_args=0)
-
-for _name in ("loop_sum", "loop_max", "running_max", "rescaled_sum", "input", "arg", "custom", "fused"):
-    for _d in ("ref", "ff", "abstract", "torch"):
-        exempt(_d, _name, "structural/loop op: the graph evaluator gives its meaning for every domain")
-    exempt("egglog", _name, "the e-graph holds kernel-level terms; block structure is made by the lowering")
 
 STRUCTURAL_OPS = frozenset(n for n, o in OPS.items() if o.has(Prop.STRUCTURAL))
 LOOP_OPS = frozenset(n for n, o in OPS.items() if o.has(Prop.LOOP))
