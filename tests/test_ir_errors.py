@@ -417,7 +417,7 @@ def test_tensor_too_big_to_evaluate_is_graph_error() -> None:
 
 
 def test_block_graph_blocks_count_toward_the_evaluation_bound() -> None:
-    from verimirage.ir.limits import MAX_EVAL_ELEMENTS, check_evaluable
+    from verimirage.ir.reference import MAX_EVAL_ELEMENTS, check_evaluable
 
     assert MAX_EVAL_ELEMENTS == 2**30
     mg = vm.MuGraph()

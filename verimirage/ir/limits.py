@@ -10,14 +10,12 @@
   compute in: ``c == 0`` or ``FLOAT32_TINY <= |c| <= FLOAT32_MAX``. A constant
   outside that range would be ``inf`` or ``0`` in a kernel while the float64
   reference and the verifier see its exact value.
-* Evaluation: the float64 reference evaluator and the verifier hold every
-  value of a program (and, for a block graph, every block's tiles at once) in
-  memory; :func:`check_evaluable` bounds each such array by
-  :data:`MAX_EVAL_ELEMENTS` elements before anything is allocated.
 
 Builders, :meth:`Graph.parse <verimirage.ir.graph.Graph.parse>` and
-:meth:`Graph.from_json <verimirage.ir.graph.Graph.from_json>` enforce the
-first two; ``vm.evaluate``, ``vm.verify`` and ``vm.superoptimize`` the third.
+:meth:`Graph.from_json <verimirage.ir.graph.Graph.from_json>` enforce both. The
+bound on evaluation (:func:`verimirage.ir.reference.check_evaluable`) is the
+float64 evaluator's and the verifier's (the certificate checker runs under a
+memory cap instead).
 """
 
 from __future__ import annotations
@@ -29,9 +27,6 @@ from .errors import GraphError
 
 #: Largest number of elements of one tensor or tile: 2**34 (16 Gi; 32 GiB in fp16).
 MAX_ELEMENTS = 2**34
-#: Largest number of elements of one array the float64 evaluator or the verifier holds: 2**30
-#: (8 GiB as float64; the largest full-size suite tensor has 2**26).
-MAX_EVAL_ELEMENTS = 2**30
 #: Largest finite float32.
 FLOAT32_MAX = 3.4028234663852886e38
 #: Smallest positive normal float32.
@@ -77,30 +72,3 @@ def _short(v: Any) -> str:
     except ValueError:  # an int with more digits than repr allows
         r = f"<{type(v).__name__} too large to print>"
     return r if len(r) <= 60 else r[:40] + f"...({len(r)} characters)"
-
-
-def check_evaluable(program: Any, what: str) -> None:
-    """GraphError unless every array evaluating ``program`` needs has at most :data:`MAX_EVAL_ELEMENTS`.
-
-    Kernel-level values count their own elements; a custom kernel's block-graph values count every
-    block's tile (the evaluator runs the blocks of a grid as one batch), thread-graph values likewise.
-    """
-    from .graph import BlockGraph, ThreadGraph, node_list
-
-    def over(n: int, where: str) -> None:
-        if n > MAX_EVAL_ELEMENTS:
-            raise GraphError(f"{what}: {where} needs {n} elements; the evaluator and the verifier hold at most "
-                             f"{MAX_EVAL_ELEMENTS} (2**30) elements per array (verimirage.ir.limits)")
-
-    def walk(nodes: Any, blocks: int, prefix: str) -> None:
-        for i, node in enumerate(nodes):
-            for t in node.outs:
-                over(blocks * math.prod(t.shape), f"value {prefix}%{i} ({t} x {blocks} block(s))"
-                     if blocks > 1 else f"value {prefix}%{i} ({t})")
-            for _, v in node.attrs:
-                if isinstance(v, BlockGraph):
-                    walk(v.nodes, blocks * math.prod(v.grid), f"{prefix}%{i}/")
-                elif isinstance(v, ThreadGraph):
-                    walk(v.nodes, blocks, f"{prefix}%{i}/")
-
-    walk(node_list(program), 1, "")

@@ -4,6 +4,10 @@
 It registers with :func:`~verimirage.ir.ops.implements` like every other domain. The certificate checker,
 which compares programs in the finite field and through Z3, does not import it. Layout ops (data
 movement) keep their one meaning for every array domain in :mod:`.ops`.
+
+The float64 evaluator and the verifier hold every value of a program (and, for a block graph, every block's
+tiles at once) in memory: :func:`check_evaluable` bounds each such array by :data:`MAX_EVAL_ELEMENTS` elements
+before anything is allocated (``vm.evaluate``, ``vm.verify`` and ``vm.superoptimize`` call it).
 """
 
 from __future__ import annotations
@@ -15,12 +19,42 @@ from typing import Any
 import numpy as np
 
 from .errors import GraphError
-from .graph import Graph
+from .graph import BlockGraph, Graph, ThreadGraph, node_list
 from .interpret import run
-from .limits import check_evaluable
 from .ops import OPS, TensorType, implements, neg_axis
 
 _GELU_C = math.sqrt(2.0 / math.pi)
+
+#: Largest number of elements of one array the float64 evaluator or the verifier holds: 2**30
+#: (8 GiB as float64; the largest full-size suite tensor has 2**26).
+MAX_EVAL_ELEMENTS = 2**30
+
+
+def check_evaluable(program: Any, what: str) -> None:
+    """GraphError unless every array evaluating ``program`` needs has at most :data:`MAX_EVAL_ELEMENTS`.
+
+    Kernel-level values count their own elements; a custom kernel's block-graph values count every
+    block's tile (the evaluator runs the blocks of a grid as one batch), thread-graph values likewise.
+    """
+
+
+    def over(n: int, where: str) -> None:
+        if n > MAX_EVAL_ELEMENTS:
+            raise GraphError(f"{what}: {where} needs {n} elements; the evaluator and the verifier hold at most "
+                             f"{MAX_EVAL_ELEMENTS} (2**30) elements per array (verimirage.ir.reference)")
+
+    def walk(nodes: Any, blocks: int, prefix: str) -> None:
+        for i, node in enumerate(nodes):
+            for t in node.outs:
+                over(blocks * math.prod(t.shape), f"value {prefix}%{i} ({t} x {blocks} block(s))"
+                     if blocks > 1 else f"value {prefix}%{i} ({t})")
+            for _, v in node.attrs:
+                if isinstance(v, BlockGraph):
+                    walk(v.nodes, blocks * math.prod(v.grid), f"{prefix}%{i}/")
+                elif isinstance(v, ThreadGraph):
+                    walk(v.nodes, blocks, f"{prefix}%{i}/")
+
+    walk(node_list(program), 1, "")
 
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:

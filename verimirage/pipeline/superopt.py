@@ -39,8 +39,8 @@ from typing import Any
 
 from ..ir.errors import GraphError
 from ..ir.graph import Graph, MuGraph, node_list
-from ..ir.limits import check_evaluable
 from ..ir.ops import Prop, get_op
+from ..ir.reference import check_evaluable
 from ..rewrite.cost import Calibration, Cost, cost
 from ..rewrite.lift import EClassTerms, Term, commutation_key, lift, term_to_graph
 from ..rewrite.partition import Lowered, lower_all

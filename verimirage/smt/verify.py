@@ -33,8 +33,7 @@ import z3
 
 from ..ir.errors import GraphError
 from ..ir.graph import Graph
-from ..ir.limits import check_evaluable
-from ..ir.reference import evaluate
+from ..ir.reference import check_evaluable, evaluate
 from . import abstract as A
 from . import budget as B
 from . import defined as D

@@ -42,7 +42,7 @@ from hypothesis import strategies as st
 from ..ir.dtypes import DType, float32
 from ..ir.errors import GraphError
 from ..ir.graph import Graph, Tensor, node_list, output_refs
-from ..ir.limits import check_evaluable
+from ..ir.reference import check_evaluable
 from .analysis import GraphFacts, analyze
 
 REGIMES: tuple[str, ...] = ("normal", "large", "tiny", "mixed")
