@@ -217,3 +217,23 @@ def test_check_cert_cli_on_a_deeply_nested_file_is_a_clean_error(tmp_path: Path,
     p.write_text("[" * 100_000 + "]" * 100_000)
     assert main(["check-cert", str(p)]) != 0
     assert "not JSON" in capsys.readouterr().err
+
+
+def test_search_cache_entry_with_the_undefined_splice_is_not_served(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # a cache entry (checksum right) serving the splice of the finding with its composed certificate: the
+    # re-check refuses it, the entry is removed
+    from verimirage.pipeline import search_cache
+    from verimirage.pipeline.superopt import Candidate, SearchReport, SearchResult
+    from verimirage.rewrite.cost import cost
+
+    monkeypatch.setenv("VERIMIRAGE_CACHE_DIR", str(tmp_path))
+    g, h = _log_then_slice()
+    _, cc = _composed_of(g, {1: h})
+    mg = MuGraph.parse(cc.mugraph_text)
+    cand = Candidate(mg, cost(mg), vm.verify(g, g), cc, ("partition.unfused",), g)
+    key = search_cache.cache_key(g, {"red": "team"})
+    search_cache.save(key, SearchResult([cand], SearchReport()))
+    assert search_cache.entry_path(key).is_file()
+    assert search_cache.load(key, g, recheck="all") is None
+    assert not search_cache.entry_path(key).is_file()

@@ -563,7 +563,10 @@ def _composed_verdict(graph: Graph, composed: MuGraph, verdicts: Sequence[Any], 
 
     evidence = [Check(f"region {k}", Outcome.PROVED, (("reason", getattr(v, "reason", "")),))
                 for k, v in enumerate(verdicts)]
-    why = limits.deep_call(glue.undefined_fed, graph, regions)
+    try:
+        why = limits.deep_call(glue.undefined_fed, graph, regions)
+    except Exception as e:  # (fails closed: not shown defined is not composed)
+        why = f"{type(e).__name__}: {e}"
     if why is not None:
         return _unknown(f"a value one region makes and another reads may be undefined ({why}): the composition "
                         "may read values the program leaves undefined", evidence)
