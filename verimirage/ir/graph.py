@@ -385,11 +385,6 @@ class BlockGraph:
         """Input nodes in order of appearance."""
         return [n for n in self.nodes if n.op == "input"]
 
-    @property
-    def num_args(self) -> int:
-        """Operands the custom kernel takes."""
-        return 1 + max((n.attr("arg") for n in self.input_nodes()), default=-1)
-
     def post_loop(self) -> list[bool]:
         """Per node: whether it runs after the for-loop (depends on an accumulator)."""
         post: list[bool] = []
@@ -430,21 +425,7 @@ class ThreadGraph:
         """Type of the value ``ref``."""
         return self.nodes[ref[0]].outs[ref[1]]
 
-    @property
-    def num_args(self) -> int:
-        """Number of operands."""
-        return sum(1 for n in self.nodes if n.op == "arg")
-
     def __str__(self) -> str:
         from .text import print_thread
 
         return print_thread(self)
-
-
-def __getattr__(name: str) -> Any:
-    # the block and thread builders moved to .builders (outside the checker's IR core); the old path still works
-    if name in ("BlockBuilder", "ThreadBuilder"):
-        from . import builders
-
-        return getattr(builders, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

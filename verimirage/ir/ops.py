@@ -777,9 +777,5 @@ for _name, _doc, _lv in [
 ]:
     _def(_name, None, Prop.STRUCTURAL, None, None, _doc, levels=_lv, min_args=0)
 
-STRUCTURAL_OPS = frozenset(n for n, o in OPS.items() if o.has(Prop.STRUCTURAL))
 LOOP_OPS = frozenset(n for n, o in OPS.items() if o.has(Prop.LOOP))
-ELEMENTWISE_OPS = frozenset(n for n, o in OPS.items() if o.has(Prop.ELEMENTWISE))
-UNARY_OPS = frozenset(n for n, o in OPS.items() if o.has(Prop.UNARY))
-BINARY_OPS = frozenset(n for n, o in OPS.items() if o.has(Prop.BINARY))
 REDUCTION_OPS = frozenset(n for n, o in OPS.items() if o.has(Prop.REDUCTION))

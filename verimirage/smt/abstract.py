@@ -487,15 +487,6 @@ class Case:
     ranges: tuple[tuple[int, int], ...]
 
 
-@dataclass(frozen=True)
-class OutputExprs:
-    """Abstract expressions of one output on each case, plus the laws used."""
-
-    output: int
-    shape: tuple[int, ...]
-    cases: tuple[tuple[Case, E.Poly], ...]
-
-
 def out_var(k: int) -> str:
     """The free variable naming output index ``k``."""
     return f"_o{k}"

@@ -189,12 +189,3 @@ def _res(r: Any) -> str:
     if r == z3.sat:
         return "sat"
     return "unknown"
-
-
-def check_smt2(text: str, timeout_s: float = 10.0) -> str:
-    """Re-check an SMT-LIB2 query text in a fresh solver: ``"unsat"``, ``"sat"`` or ``"unknown"``."""
-    s = z3.Solver()
-    s.set("timeout", int(timeout_s * 1000))
-    s.from_string(text)
-    r = s.check()
-    return _res(r)
