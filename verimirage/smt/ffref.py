@@ -44,7 +44,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from functools import cache, lru_cache
+from functools import cache, lru_cache, reduce
 from typing import Any
 
 import numpy as np
@@ -107,8 +107,8 @@ def _exp_table(f: Field) -> np.ndarray:
     """``g ** k mod p`` for every ``k`` in ``[0, q)`` (read-only; int32, half the cache footprint of int64):
     ``g ** (i * B + j) = (g ** B) ** i * g ** j`` for ``j < B = 2**10``."""
     b = 1 << 10
-    low = _power(f.g, np.arange(b, dtype=np.int64), f.p)
-    high = _power(pow(f.g, b, f.p), np.arange(-(-f.q // b), dtype=np.int64), f.p)
+    low = np.array([pow(f.g, j, f.p) for j in range(b)], dtype=np.int64)
+    high = np.array([pow(f.g, b * i, f.p) for i in range(-(-f.q // b))], dtype=np.int64)
     t = (high[:, None] * low[None, :] % f.p).reshape(-1)[: f.q].astype(np.int32)
     t.flags.writeable = False
     return t
@@ -184,29 +184,18 @@ def _stack(p: np.ndarray, q: np.ndarray | int) -> np.ndarray:
     return out
 
 
-def _power(base: np.ndarray | int, e: np.ndarray | int, m: int) -> np.ndarray:
-    """``base ** e mod m`` elementwise (square and multiply; ``e >= 0``)."""
-    r = np.ones(np.broadcast_shapes(np.shape(base), np.shape(e)), dtype=np.int64)
-    b = np.asarray(base, dtype=np.int64) % m
-    e = np.asarray(e, dtype=np.int64).copy()
-    while np.any(e > 0):
-        r = np.where(e & 1, r * b % m, r)
-        b = b * b % m
-        e >>= 1
-    return r
-
-
 def _inv(x: np.ndarray, m: int) -> np.ndarray:
-    """The inverse mod the prime ``m`` elementwise (``x ** (m - 2)``: the inverse of 0 is 0)."""
-    return _power(x, m - 2, m)
+    """The inverse mod the prime ``m`` elementwise (``x ** (m - 2)`` by square and multiply: the inverse of 0
+    is 0)."""
+    r, b, e = np.ones_like(x), x % m, m - 2
+    while e:
+        r, b, e = r * b % m if e & 1 else r, b * b % m, e >> 1
+    return r
 
 
 def _qmark(q: np.ndarray, *operands: np.ndarray) -> np.ndarray:
     """``q``, meaningless (-1) wherever an operand's q-part is."""
-    bad = np.zeros((), dtype=bool)
-    for o in operands:
-        bad = bad | (o < 0)
-    return np.where(bad, -1, q)
+    return np.where(reduce(np.logical_or, [o < 0 for o in operands]), -1, q)
 
 
 def _matmul(x: np.ndarray, y: np.ndarray, m: int | np.ndarray) -> np.ndarray:
