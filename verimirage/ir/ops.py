@@ -97,7 +97,7 @@ class Level(enum.Flag):
 ShapeRule = Callable[[Sequence[TensorType], dict[str, Any]], TensorType]
 DomainFn = Callable[..., Any]
 
-#: Semantic domains every op must have (unless listed in DOMAIN_EXCEPTIONS). ``"torch"`` is the op's
+#: Semantic domains every op must have (unless listed in :data:`.opfacts.DOMAIN_EXCEPTIONS`). ``"torch"`` is the op's
 #: meaning written with torch's own functions (:mod:`verimirage.testing.torch_ref`), a second reference.
 DOMAINS: tuple[str, ...] = ("ref", "ff", "abstract", "egglog", "triton", "torch")
 
@@ -190,13 +190,6 @@ class OpDef:
 
 
 OPS: dict[str, OpDef] = {}
-
-
-def _register(op: OpDef) -> OpDef:
-    if op.name in OPS:
-        raise ValueError(f"op {op.name!r} registered twice")
-    OPS[op.name] = op
-    return op
 
 
 def get_op(name: str) -> OpDef:
@@ -379,45 +372,23 @@ def _deg_opaque(a: list[int], attrs: dict[str, Any]) -> Degree:
 # --------------------------------------------------------------------------- registration
 
 
-def _def(
-    name: str,
-    arity: int | None,
-    props: Prop,
-    rule: ShapeRule | None,
-    ref: DomainFn | None,
-    doc: str,
-    attrs: tuple[str, ...] = (),
-    levels: Level = Level.ALL,
-    min_args: int = 1,
-    **facts: Any,
-) -> OpDef:
-    levels = facts.pop("levels", levels)
+def define_op(name: str, arity: int | None, props: Prop, shape_rule: ShapeRule | None, ref: DomainFn | None,
+              doc: str, attrs: tuple[str, ...] = (), levels: Level = Level.ALL, min_args: int = 1,
+              **facts: Any) -> OpDef:
+    """Register a new op (the one place an op is declared); ``ref``: its float64 meaning, if not registered with
+    :func:`implements`; ``facts`` are :class:`OpDef` fields or :data:`LAZY_FACTS` (elementwise ops get the
+    broadcasting index rule and e-graph shape unless given others)."""
+    if name in OPS:
+        raise ValueError(f"op {name!r} registered twice")
     lazy = {k: facts.pop(k) for k in list(facts) if k in LAZY_FACTS}
-    op = _register(OpDef(name, arity, attrs, props, levels, rule, doc, min_args, **facts))
+    op = OPS[name] = OpDef(name, arity, attrs, props, levels, shape_rule, doc, min_args, **facts)
     op.facts.update(lazy)
     if ref is not None:
         op.domains["ref"] = ref
     return op
 
 
-def define_op(
-    name: str,
-    arity: int | None,
-    props: Prop,
-    shape_rule: ShapeRule | None,
-    ref: DomainFn | None,
-    doc: str,
-    *,
-    attrs: tuple[str, ...] = (),
-    levels: Level = Level.ALL,
-    min_args: int = 1,
-    **facts: Any,
-) -> OpDef:
-    """Register a new op (the one place an op is declared); ``facts`` are :class:`OpDef` fields or
-    :data:`LAZY_FACTS` (elementwise ops get the broadcasting index rule and e-graph shape unless given others).
-    """
-    return _def(name, arity, props, shape_rule, ref, doc, attrs, levels, min_args, **facts)
-
+_def = define_op
 
 _EW = Prop.ELEMENTWISE
 _U = _EW | Prop.UNARY
