@@ -299,11 +299,6 @@ def _matmul_rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
     return TensorType((*batch, a.shape[-2], b.shape[-1]), dt)
 
 
-def _scale_rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
-    check_constant("scale/shift", attrs.get("c"))
-    return ts[0]
-
-
 def _rms_rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
     x = ts[0]
     if x.rank == 0:
@@ -346,6 +341,16 @@ def _rescaled_rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorTyp
     if broadcast_shapes("rescaled_sum", ts) != x.shape:
         raise _err("rescaled_sum", ts, "a running max that broadcasts to the accumulated value")
     return x
+
+
+def _attr_rule(op: str, *keys: str) -> ShapeRule:
+    def rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
+        vals = [check_constant(f"{op}: {k}", attrs.get(k)) for k in keys]  # finite, float32-representable
+        if op == "clamp" and vals[0] > vals[1]:
+            raise GraphError(f"clamp: lo={vals[0]} > hi={vals[1]}; expected lo <= hi")
+        return ts[0]
+
+    return rule
 
 
 def neg_axis(axis: int, rank: int) -> int:
@@ -415,7 +420,7 @@ define_op(
     "scale",
     1,
     _U | Prop.LINEAR,
-    _scale_rule,
+    _attr_rule("scale", "c"),
     None,
     "x * c for a Python constant c",
     attrs=("c",),
@@ -426,7 +431,7 @@ define_op(
     "shift",
     1,
     _U,
-    _scale_rule,
+    _attr_rule("shift", "c"),
     None,
     "x + c for a Python constant c",
     attrs=("c",),
@@ -486,20 +491,6 @@ _def("transpose", 1, Prop.NONE, _transpose_rule, None, "swap axes a and b", ("a"
      attr_kinds={"a": "axis", "b": "axis"}, degree=_deg_max)
 
 # ---- ops real models use (issue 21): transcendental unaries are opaque in the finite field
-
-
-def _finite_attr(op: str, key: str, v: Any) -> float:
-    return check_constant(f"{op}: {key}", v)  # finite and float32-representable (verimirage.ir.limits)
-
-
-def _attr_rule(op: str, *keys: str) -> ShapeRule:
-    def rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
-        vals = [_finite_attr(op, k, attrs.get(k)) for k in keys]
-        if op == "clamp" and vals[0] > vals[1]:
-            raise GraphError(f"clamp: lo={vals[0]} > hi={vals[1]}; expected lo <= hi")
-        return ts[0]
-
-    return rule
 
 
 def _deg_pow(a: list[int], attrs: dict[str, Any]) -> Degree:

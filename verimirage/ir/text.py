@@ -88,11 +88,7 @@ def _thread_body(tg: ThreadGraph, indent: str) -> str:
 
 
 def print_program(p: Any) -> str:
-    """Text of a kernel graph, μGraph, block graph or thread graph."""
-    if isinstance(p, BlockGraph):
-        return print_block(p)
-    if isinstance(p, ThreadGraph):
-        return print_thread(p)
+    """Text of a kernel graph or μGraph (a block or thread graph: :func:`print_block`, :func:`print_thread`)."""
     nodes = node_list(p)
     kw = "mugraph" if isinstance(p, MuGraph) else "graph"
     lines = [f"{kw} {{", *_nodes_text(nodes, "  ")]
