@@ -283,20 +283,62 @@ def _broadcast_to(args: Sequence[str], attrs: dict[str, Any], in_types: Sequence
     return f"tl.broadcast_to({x}, {p_out})"
 
 
+def _grow_leading(x: str, shape: list[int], ax: int, to: int) -> str:
+    """Tile ``x`` of ``shape`` grown along ``ax`` to ``to`` (a multiple ``f`` of ``shape[ax]``) with zeros after
+    its data: a new dim of ``f`` before ``ax`` (``tl.broadcast_to``), all but its first entry zeroed, merged
+    into ``ax`` (row-major: entry 0 is positions ``0..shape[ax]-1``). ``x`` appears once. Updates ``shape``."""
+    f = to // shape[ax]
+    if f == 1:
+        return x
+    s1 = (*shape[:ax], 1, *shape[ax:])
+    sf = (*shape[:ax], f, *shape[ax:])
+    idx = ", ".join(["None"] * ax + [":"] + ["None"] * (len(shape) - ax))
+    shape[ax] = to
+    return (f"tl.reshape(tl.where(tl.arange(0, {f})[{idx}] == 0, tl.broadcast_to(tl.reshape({x}, {s1}), {sf}), 0), "
+            f"{tuple(shape)})")
+
+
 @implements("triton", "reshape")
 def _reshape(args: Sequence[str], attrs: dict[str, Any], in_types: Sequence[TensorType], out_types: Any) -> str:
-    """``tl.reshape`` of the padded tile: exact when every merged or split group of dims is unpadded (size-1
-    dims and kept dims carry their padding along); otherwise a clear GraphError."""
+    """``tl.reshape`` of the padded tile.
+
+    Exact as it stands when every merged or split group of dims is unpadded (size-1 dims and kept dims carry
+    their padding along). A group padded on either side whose dims all have power-of-two sizes is reshaped on
+    its logical sizes: each padded operand dim cut to its data (the leading chunk, by ``tl.split``), one
+    ``tl.reshape``, and each padded result dim grown back to its tile size with zeros after the data. Other
+    padded groups (a size that is not a power of two inside a merge) raise a clear GraphError.
+    """
     from ..ir.ops import reshape_groups
 
     p_in, p_out = tuple(attrs["_padded"][0]), tuple(attrs["_padded"][-1])
     old, new = in_types[0].shape, out_types[0].shape
-    for og, ng in reshape_groups(old, new):
-        if (len(og) > 1 or len(ng) > 1) and ([p_in[d] for d in og] != [old[d] for d in og]
-                                             or [p_out[d] for d in ng] != [new[d] for d in ng]):
-            raise GraphError(f"codegen: reshape {old} -> {new} merges or splits dims whose tiles are padded "
-                             f"({p_in} -> {p_out}); expected power-of-two sizes on merged or split dims")
-    return f"tl.reshape({args[0]}, {p_out})"
+    bad = [(og, ng) for og, ng in reshape_groups(old, new)
+           if (len(og) > 1 or len(ng) > 1) and ([p_in[d] for d in og] != [old[d] for d in og]
+                                                or [p_out[d] for d in ng] != [new[d] for d in ng])]
+    if not bad:
+        return f"tl.reshape({args[0]}, {p_out})"
+    odd = sorted({old[d] for og, _ in bad for d in og} | {new[d] for _, ng in bad for d in ng})
+    if not all(_pow2(n) for n in odd):
+        raise GraphError(f"codegen: reshape {old} -> {new} merges or splits dims whose tiles are padded "
+                         f"({p_in} -> {p_out}) and whose sizes {odd} are not all powers of two; expected "
+                         "power-of-two sizes on padded merged or split dims")
+    x, cur = args[0], list(p_in)
+    for og, _ in bad:
+        for d in og:
+            if cur[d] != old[d]:
+                x = _split_chunk(x, tuple(cur), d, old[d], 0)
+                cur[d] = old[d]
+    mid = list(p_out)
+    for _, ng in bad:
+        for e in ng:
+            mid[e] = new[e]
+    if math.prod(cur) != math.prod(mid):  # pragma: no cover - kept dims share one padded size (dim classes)
+        raise GraphError(f"codegen: reshape {old} -> {new}: tiles {tuple(cur)} -> {tuple(mid)} differ in size")
+    x = f"tl.reshape({x}, {tuple(mid)})"
+    for _, ng in bad:
+        for e in ng:
+            x = _grow_leading(x, mid, e, p_out[e])
+    return x
 
 
 @implements("triton", "slice")
