@@ -449,14 +449,18 @@ def project(root: Part, shape: tuple[int, ...], term: Term, m: int) -> int:
     """``sum(value(root) * prod(term)) mod m`` (``term``: arrays broadcastable to ``shape``, of its rank),
     pushing the projection through the linear operations that build ``root`` (see the module docstring)."""
     term = [np.asarray(f, dtype=np.int64).reshape((1,) * (len(shape) - np.ndim(f)) + np.shape(f)) for f in term]
-    # users before operands: reverse post-order of the graph of linear-built, uncomputed parts
-    order: list[Part] = []
+    # users before operands: reverse post-order of the graph of linear-built, uncomputed parts. The order holds
+    # ids, not parts: a part is processed only while a term is pending on it (``pending`` holds it, so its id is
+    # its own), and a part the traversal met but no term reaches is not kept alive by it. (It was: contracting
+    # the root, not pushable, computed every part below it while this list held them all: a K-loop's 128 tile
+    # products of a full-size FFN region, ~14 GB.)
+    order: list[int] = []
     state: dict[int, int] = {}
     stack: list[tuple[Part, bool]] = [(root, False)]
     while stack:
         node, done = stack.pop()
         if done:
-            order.append(node)
+            order.append(id(node))
             continue
         if id(node) in state:
             continue
@@ -468,11 +472,12 @@ def project(root: Part, shape: tuple[int, ...], term: Term, m: int) -> int:
                     stack.append((d, False))
     pending: dict[int, tuple[Part, tuple[int, ...], list[Term]]] = {id(root): (root, shape, [term])}
     total = 0
-    for node in reversed(order):
-        entry = pending.pop(id(node), None)
+    while order:
+        entry = pending.pop(order.pop(), None)
         if entry is None:
             continue
-        _, nshape, terms = entry
+        node, nshape, terms = entry
+        del entry
         for t in _merge(terms, m):
             pushed = _push(node, nshape, t, m) if _pushable(node) else None
             if pushed is None:

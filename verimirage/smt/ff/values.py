@@ -68,7 +68,8 @@ class Part:
                 continue
             todo = [d for d in t._deps if d._val is None]
             if todo:
-                stack.extend(todo)
+                stack.extend(reversed(todo))  # the first operand on top: an accumulator chain is
+                # summed as it goes (acc_k before x_(k+1)), not every term held at once (a K-loop of 128 steps)
                 continue
             fn = t._fn
             assert fn is not None
