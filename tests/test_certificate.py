@@ -415,7 +415,8 @@ def test_checker_process_cannot_import_the_verifier() -> None:
 
     root = Path(__file__).resolve().parent.parent
     for mod in ("verimirage.smt.ff", "verimirage.smt.verify", "verimirage.smt.ff.share", "verimirage.pipeline.superopt",
-                "torch", "verimirage.ir.builders", "verimirage.ir.reference", "verimirage.ir.opfacts"):
+                "torch", "verimirage.ir.builders", "verimirage.ir.reference", "verimirage.ir.opfacts",
+                "verimirage.ir.serial", "verimirage.smt.certify"):
         code = C._CHILD.format(refused=C.REFUSED).replace(
             "from verimirage.smt.certificate import _child_main\n_child_main()", f"import {mod}")
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=120)
@@ -426,7 +427,9 @@ _BLOCKED_RUN = """
 import json, sys
 BLOCK = ("verimirage.smt.ff", "verimirage.smt.ff.share", "verimirage.smt.ff.proj", "verimirage.smt.ff.gpu",
          "verimirage.smt.verify", "verimirage.smt.prune", "verimirage.rewrite", "verimirage.backend", "torch",
-         "verimirage.ir.builders", "verimirage.ir.reference", "verimirage.ir.opfacts")
+         "verimirage.ir.builders", "verimirage.ir.reference", "verimirage.ir.opfacts", "verimirage.ir.serial",
+         "verimirage.ir.dot", "verimirage.ir.svg", "verimirage.smt.certify", "verimirage.smt.axioms",
+         "verimirage.smt.budget", "verimirage.integrations", "verimirage.benchmarks")
 
 class Refuse:
     def find_spec(self, name, path=None, target=None):
