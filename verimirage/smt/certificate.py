@@ -64,7 +64,7 @@ class CertificateError(GraphError):
     """A certificate that cannot be read at all: an unreadable file, text that is not a JSON object."""
 
 
-#: Rule names registered in this process with :func:`register_rules` (e.g. a user's rules that
+#: Rule names registered in this process with :func:`.certify.register_rules` (e.g. a user's rules that
 #: ``verify_rule`` proved in this session). The checker accepts these and :data:`KNOWN_RULES_FILE`'s.
 KNOWN_RULES: set[str] = set()
 
@@ -83,14 +83,6 @@ def _check_names(names: Iterable[str]) -> list[str]:
             raise ValueError(f"rule name {n!r}: expected letters, digits and _ . : -")
         out.append(n)
     return out
-
-
-def register_rules(names: Iterable[str]) -> None:
-    """Declare rewrite-rule names as known (proved sound) to the certificate checker, in this process.
-
-    For names every process (e.g. ``verimirage check-cert``) must accept, use :func:`write_known_rules`.
-    """
-    KNOWN_RULES.update(_check_names(names))
 
 
 def persisted_rules(path: str | Path | None = None) -> frozenset[str]:
@@ -586,7 +578,7 @@ def check_certificate(
 
 #: names of the certificate *maker* (:mod:`verimirage.smt.certify`), still importable from here (loaded on first
 #: use, so that the checker's process never imports them)
-_MAKER = ("certify", "make_certificate", "tool_versions", "write_known_rules")
+_MAKER = ("certify", "make_certificate", "register_rules", "tool_versions", "write_known_rules")
 
 
 def __getattr__(name: str) -> Any:

@@ -16,6 +16,7 @@ from ..ir.errors import GraphError
 from ..ir.graph import Graph, MuGraph
 from .certificate import (
     COMPOSED_SCHEMA,
+    KNOWN_RULES,
     KNOWN_RULES_FILE,
     Certificate,
     ComposedCertificate,
@@ -40,6 +41,14 @@ def tool_versions() -> dict[str, str]:
 
     return {"verimirage": __version__, "z3": _version("z3-solver"), "egglog": _version("egglog"),
             "triton": _version("triton")}
+
+
+def register_rules(names: Iterable[str]) -> None:
+    """Declare rewrite-rule names as known (proved sound) to the certificate checker, in this process
+    (:data:`~.certificate.KNOWN_RULES`). For names every process (e.g. ``verimirage check-cert``) must accept,
+    use :func:`write_known_rules`.
+    """
+    KNOWN_RULES.update(_check_names(names))
 
 
 def write_known_rules(names: Iterable[str], path: str | Path | None = None) -> Path:
