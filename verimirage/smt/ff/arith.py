@@ -5,6 +5,8 @@ Part of the fast finite-field engine (cross-checked against :mod:`verimirage.smt
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 # --------------------------------------------------------------------------- helpers on arrays
@@ -20,8 +22,56 @@ def _mark(out_q: np.ndarray, *qs: np.ndarray) -> np.ndarray:
     return out_q
 
 
+#: arrays of at least this many elements are inverted through :func:`_inv_table` (built once per modulus, ~60 ms,
+#: then one gather an element: ~7 ns, against ~100 ns for the 40 multiplications mod m of ``x**(m-2)``)
+INV_TABLE_MIN = 1 << 15
+
+
+def _primitive_root(m: int) -> int:
+    """The least generator of the multiplicative group mod the prime ``m`` (factors of ``m - 1`` by trial division)."""
+    n, fs, d = m - 1, [], 2
+    while d * d <= n:
+        if n % d == 0:
+            fs.append(d)
+            while n % d == 0:
+                n //= d
+        d += 1
+    if n > 1:
+        fs.append(n)
+    for r in range(2, m):
+        if all(pow(r, (m - 1) // f, m) != 1 for f in fs):
+            return r
+    raise ValueError(f"no primitive root mod {m}")  # pragma: no cover (m is not prime)
+
+
+@lru_cache(maxsize=12)
+def _inv_table(m: int) -> np.ndarray:
+    """``x**-1 mod m`` for every residue ``x`` of the prime ``m`` (``0 -> 0``), int32, read-only (cached).
+
+    With ``r`` a primitive root, ``r**k`` runs over every nonzero residue once for k in [0, m - 1) and its inverse
+    is ``r**(m - 1 - k)``. The table is checked entry by entry (``x * t[x] = 1 mod m`` for every nonzero ``x``)
+    before it is used, so a wrong table (``m`` not prime) raises instead of giving wrong inverses."""
+    r = _primitive_root(m)
+    b = 1024
+    small = np.array([pow(r, i, m) for i in range(b)], dtype=np.int64)
+    nb = (m - 1) // b + 1
+    rb = pow(r, b, m)
+    big = np.array([pow(rb, i, m) for i in range(nb)], dtype=np.int64)
+    pw = (big[:, None] * small[None, :] % m).reshape(-1)[: m - 1]  # r**k, k in [0, m - 1)
+    t = np.zeros(m, dtype=np.int32)
+    t[pw] = np.concatenate((pw[:1], pw[:0:-1]))  # t[r**k] = r**(m-1-k) (k = 0: 1)
+    x = np.arange(1, m, dtype=np.int64)
+    if not (x * t[1:] % m == 1).all():
+        raise RuntimeError(f"ff: the inverse table mod {m} is wrong (is {m} prime?)")
+    t.flags.writeable = False
+    return t
+
+
 def _inv(x: np.ndarray, m: int) -> np.ndarray:
-    """Modular inverse elementwise (x**(m-2)); the inverse of 0 is 0 (documented)."""
+    """Modular inverse elementwise (x**(m-2)); the inverse of 0 is 0 (documented). Large arrays look the
+    inverse up in :func:`_inv_table` (the same values: the inverse of a nonzero residue is unique)."""
+    if x.size >= INV_TABLE_MIN and m < 1 << 31:
+        return _inv_table(m).take(np.asarray(x, dtype=np.int64), mode="wrap").astype(np.int64)
     r = np.ones_like(x)
     b = x % m
     e = m - 2

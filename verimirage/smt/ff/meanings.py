@@ -17,7 +17,7 @@ import numpy as np
 from ...ir.errors import GraphError
 from ...ir.ops import OPS, POW_EXACT_MAX, TensorType, implements, neg_axis
 from ..consts import const_fraction
-from .arith import _UFUNC, _inv, _mark, _mix, _modi, _ring_arr, _ring_q, _sum_mod
+from .arith import _inv, _mark, _mix, _modi, _ring_arr, _ring_q, _sum_mod
 from .field import _FIELD, Field, _exp_gather, _exp_table_f32, current_field
 from .products import _CHUNK, _matmul_mod, exp_epilogue
 from .values import FV, Part, _lazy, _lazy_f, as_kind
@@ -75,22 +75,36 @@ for _k in ("add", "sub", "mul", "div"):
 
 
 def _affine(x: FV, c: Fraction, kind: str) -> FV:
-    """``x * c`` (kind "mul") or ``x + c`` (kind "add") for a rational constant ``c``."""
+    """``x * c`` (kind "mul") or ``x + c`` (kind "add") for a rational constant ``c``.
+
+    Each part is ``a * v + b mod m`` of a source part ``v``; an affine map of a part that is itself an affine map
+    not computed yet reads that part's source with the composed constants (``a2 (a1 v + b1) + b2``), so a chain
+    of scalings and shifts (tanh's ``2 sigmoid(2 x / c) - 1``, a mask's ``0 * s - 30000``) is one pass over the
+    array: the same residues, exactly (ring identities mod m)."""
     f = current_field()
     cp, cq = f.const(c)
-    uf = _UFUNC[kind]
 
-    def part(cm: int, m: int, marks: bool) -> Callable[[np.ndarray], np.ndarray]:
-        def fn(v: np.ndarray) -> np.ndarray:
-            r = _modi(uf(v, cm), m)
+    def part(src: Part, cm: int, m: int, marks: bool) -> Part:
+        a, b = (cm, 0) if kind == "mul" else (1, cm)
+        if src._aff is not None and not src.ready:  # compose with the affine map that makes ``src``
+            src, a0, b0 = src._aff
+            a, b = a * a0 % m, (a * b0 + b) % m
+
+        def fn(v: np.ndarray, a: int = a, b: int = b) -> np.ndarray:
+            r = np.add(v, b) if a == 1 else np.multiply(v, a)
+            if a != 1 and b:
+                r += b
+            r = _modi(r, m)
             return _mark(r, v) if marks else r
 
-        return fn
+        out = _lazy(fn, src)
+        out._aff = (src, a, b)
+        if b == 0:
+            out._lin = ("scale", src, a)
+        return out
 
-    p = _lazy(part(cp, f.p, False), x.p)
-    if kind == "mul":
-        p._lin = ("scale", x.p, cp)
-    q = None if x.q is None else _lazy(part(cq, f.q, x.qmarks), x.q)
+    p = part(x.p, cp, f.p, False)
+    q = None if x.q is None else part(x.q, cq, f.q, x.qmarks)
     return FV(x.shape, p, q, x.qmarks)
 
 

@@ -28,7 +28,7 @@ class Part:
     the tiles and programs that read it).
     """
 
-    __slots__ = ("_deps", "_fn", "_lin", "_src", "_twin", "_val", "kind")
+    __slots__ = ("_aff", "_deps", "_fn", "_lin", "_src", "_twin", "_val", "kind")
 
     def __init__(self, fn: Callable[..., np.ndarray] | None, deps: tuple[Part, ...] = (),
                  val: np.ndarray | None = None, kind: str = "i") -> None:
@@ -41,6 +41,8 @@ class Part:
         #: how this (p-)part is built from other parts when that is linear in one of them (a view, a ring
         #: op, a sum, a matmul, ...): what :mod:`verimirage.smt.ff.proj` pushes a projection through
         self._lin: tuple[Any, ...] | None = None
+        #: ``(source, a, b)`` when this part is ``a * source + b`` mod m (:func:`verimirage.smt.ff.meanings._affine`)
+        self._aff: tuple[Part, int, int] | None = None
 
     @classmethod
     def of(cls, a: np.ndarray) -> Part:
@@ -81,6 +83,7 @@ class Part:
             t._fn = None
             t._deps = ()
             t._lin = None
+            t._aff = None
             stack.pop()
         assert self._val is not None
         return self._val
