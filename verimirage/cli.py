@@ -20,6 +20,8 @@ on stdout. ``-v`` logs verimirage's progress at INFO, ``-vv`` also egglog's;
 from __future__ import annotations
 
 import argparse
+import atexit
+import gc
 import importlib.util
 import json
 import logging
@@ -480,6 +482,9 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``verimirage`` command."""
     from verimirage.logs import configure
 
+    # at exit, the objects made so far are left to the process's end instead of collected one by one (the
+    # interpreter's teardown of the IR, numpy and the code generator took ~0.1 s of a 1 s `check-cert`)
+    atexit.register(gc.freeze)
     args = build_parser().parse_args(argv)
     try:
         configure(args.verbose)
