@@ -246,11 +246,7 @@ def _parse_block_body(lines: _Lines, grid: tuple[int, ...], frange: int) -> Bloc
             omaps.append(OutputMap(tuple(attrs["omap"])))
             continue
         nodes.append(_parse_node_line(lines, lineno, line, len(nodes)))
-    from .check import check_block
-
-    bg = BlockGraph(tuple(grid), frange, tuple(nodes), tuple(outs), tuple(omaps))
-    check_block(bg, None)
-    return bg
+    return BlockGraph(tuple(grid), frange, tuple(nodes), tuple(outs), tuple(omaps))  # (checked with the program)
 
 
 def _parse_thread_body(lines: _Lines) -> ThreadGraph:
@@ -264,11 +260,7 @@ def _parse_thread_body(lines: _Lines) -> ThreadGraph:
             outs = _parse_refs(line[len("return") :], lineno, line)
             continue
         nodes.append(_parse_node_line(lines, lineno, line, len(nodes)))
-    from .check import check_thread
-
-    tg = ThreadGraph(tuple(nodes), outs)
-    check_thread(tg)
-    return tg
+    return ThreadGraph(tuple(nodes), outs)  # (checked with its block graph)
 
 
 def parse_program(text: str) -> Graph:
