@@ -87,27 +87,6 @@ def live_nodes(nodes: Sequence[Node], outputs: Iterable[Ref]) -> set[int]:
     return seen
 
 
-class Program:
-    """Common read-only view of a program at any level."""
-
-    level: Level
-    nodes: Sequence[Node]
-    outputs: Sequence[Ref]
-
-    def type_of(self, ref: Ref) -> TensorType:
-        """Type of the value ``ref``."""
-        return self.nodes[ref[0]].outs[ref[1]]
-
-    def live(self) -> set[int]:
-        """Indices of nodes that some output depends on."""
-        return live_nodes(node_list(self), output_refs(self))
-
-    def __str__(self) -> str:
-        from .text import print_program
-
-        return print_program(self)
-
-
 # --------------------------------------------------------------------------- handles and builders
 
 
@@ -215,7 +194,7 @@ class _Builder(OpMethods, metaclass=LoadsMethods):
         return getattr(self, name)
 
 
-class Graph(GraphMethods, _Builder, Program):
+class Graph(GraphMethods, _Builder):
     """A kernel-level tensor program (see API.md). Build it with its methods."""
 
     _allow_custom = False
@@ -226,11 +205,11 @@ class Graph(GraphMethods, _Builder, Program):
         self._level = Level.KERNEL
 
     @property
-    def level(self) -> Level:  # type: ignore[override]
+    def level(self) -> Level:
         return Level.KERNEL
 
     @property
-    def nodes(self) -> Sequence[Node]:  # type: ignore[override]
+    def nodes(self) -> Sequence[Node]:
         """The nodes, in order (read-only view)."""
         return tuple(self._nodes)
 
@@ -239,13 +218,21 @@ class Graph(GraphMethods, _Builder, Program):
         """The output refs, in order."""
         return tuple(self._outputs)
 
+    def type_of(self, ref: Ref) -> TensorType:
+        """Type of the value ``ref``."""
+        return self._nodes[ref[0]].outs[ref[1]]
+
+    def live(self) -> set[int]:
+        """Indices of nodes that some output depends on."""
+        return live_nodes(self._nodes, self._outputs)
+
     @property
     def inputs(self) -> list[Tensor]:
         """The inputs, in order of creation."""
         return [Tensor(self, (i, 0)) for i, n in enumerate(self._nodes) if n.op == "input"]
 
     @property
-    def outputs(self) -> list[Tensor]:  # type: ignore[override]
+    def outputs(self) -> list[Tensor]:
         """The outputs, in order."""
         return [Tensor(self, r) for r in self._outputs]
 
@@ -273,6 +260,11 @@ class Graph(GraphMethods, _Builder, Program):
     def __hash__(self) -> int:
         return hash((type(self).__name__, tuple(self._nodes), tuple(self._outputs)))
 
+    def __str__(self) -> str:
+        from .text import print_program
+
+        return print_program(self)
+
     def __repr__(self) -> str:
         return str(self)
 
@@ -290,15 +282,15 @@ class Graph(GraphMethods, _Builder, Program):
         return g
 
 
-# Program.outputs for kernel graphs means refs for internal walkers; make the walker API explicit.
-def output_refs(p: Program | Graph) -> tuple[Ref, ...]:
+# Graph.outputs are Tensors; the walkers read refs, at any level.
+def output_refs(p: Graph | BlockGraph | ThreadGraph) -> tuple[Ref, ...]:
     """Output refs of a program at any level."""
     if isinstance(p, Graph):
         return tuple(p._outputs)
     return tuple(p.outputs)
 
 
-def node_list(p: Program | Graph) -> Sequence[Node]:
+def node_list(p: Graph | BlockGraph | ThreadGraph) -> Sequence[Node]:
     """Nodes of a program at any level."""
     if isinstance(p, Graph):
         return p._nodes
