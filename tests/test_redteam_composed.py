@@ -237,3 +237,38 @@ def test_search_cache_entry_with_the_undefined_splice_is_not_served(tmp_path: Pa
     assert search_cache.entry_path(key).is_file()
     assert search_cache.load(key, g, recheck="all") is None
     assert not search_cache.entry_path(key).is_file()
+
+
+def _plain_doc() -> dict[str, Any]:
+    g = vm.Graph()
+    g.output(g.exp(g.input("x", (2, 4), vm.float32)))
+    mg = MuGraph.from_graph(g)
+    d = json.loads(make_certificate(g, mg, vm.verify(g, mg)).to_json())
+    assert check_text(json.dumps(d)).proved
+    return d
+
+
+@pytest.mark.parametrize("where", ["ff-p", "ff-g", "ff-trials", "cases", "ff-p-bool"])
+def test_checker_took_floats_or_bools_for_ints_in_the_ff_record_and_cases(where: str) -> None:
+    # the record and the cases were compared with == (1.0 and true stood for 1): a certificate is one text
+    d = _plain_doc()
+    if where == "ff-p":
+        d["ff"]["p"][0] = float(d["ff"]["p"][0])
+    elif where == "ff-g":
+        d["ff"]["g"][-1] = float(d["ff"]["g"][-1])
+    elif where == "ff-trials":
+        d["ff"]["trials"] = float(d["ff"]["trials"])
+    elif where == "cases":
+        d["cases"][0][0][0][1] = float(d["cases"][0][0][0][1])
+    else:
+        d["cases"][0][0][1][0] = False  # (0)
+    v = check_text(json.dumps(d))
+    assert not v.proved, v.reason
+
+
+@pytest.mark.parametrize("field", ["rules", "trusted_rules"])
+def test_checker_took_a_dict_for_a_rule_list(field: str) -> None:
+    d = _plain_doc()
+    d[field] = {}
+    v = check_text(json.dumps(d))
+    assert not v.proved and "lists of names" in v.reason, v.reason

@@ -242,8 +242,9 @@ def _programs(cert: Certificate | ComposedCertificate) -> tuple[Graph, Graph]:
 
 
 def _check_rules(cert: Certificate, known: frozenset[str]) -> None:
-    if not all(isinstance(r, str) for r in list(cert.rules) + list(cert.trusted_rules)):
-        raise _Reject("rule names must be strings")
+    if not (isinstance(cert.rules, list) and isinstance(cert.trusted_rules, list)
+            and all(isinstance(r, str) for r in cert.rules + cert.trusted_rules)):
+        raise _Reject("rules and trusted_rules must be lists of names")
     unknown = sorted(set(cert.rules) - known - set(cert.trusted_rules))
     if unknown:
         raise _Reject(f"unknown rules {unknown} (neither known nor declared trusted)")
@@ -297,7 +298,7 @@ def _check_abstract(g: Graph, mg: Graph, cert: Certificate, timeout_s: float) ->
         names.append(name)
     if not isinstance(cert.laws, list) or sorted(map(str, cert.laws)) != sorted(laws):
         raise _Reject("laws differ from the re-derivation")
-    if cert.cases != json.loads(json.dumps([[c.ranges for c in cs] for cs in cases])):
+    if json.dumps(cert.cases) != json.dumps([[c.ranges for c in cs] for cs in cases]):  # (as JSON text: 1.0 is not 1)
         raise _Reject("cases differ from the re-derivation")
     return tuple(names)
 
@@ -305,7 +306,7 @@ def _check_abstract(g: Graph, mg: Graph, cert: Certificate, timeout_s: float) ->
 def _check_ff(g: Graph, mg: Graph, cert: Certificate) -> ffref.RefResult:
     """Recompute the finite-field record from the programs (it must equal the stored one) and run its trials."""
     want = ff_record(g, mg)
-    if cert.ff != want:
+    if json.dumps(cert.ff, sort_keys=True) != json.dumps(want, sort_keys=True):  # (as JSON text: 1.0 is not 1)
         bad = sorted(k for k in set(want) | set(cert.ff if isinstance(cert.ff, dict) else {})
                      if not isinstance(cert.ff, dict) or cert.ff.get(k) != want.get(k))
         raise _Reject(f"finite-field record: {bad} differ from the checker's (seeds and bound come from the "
