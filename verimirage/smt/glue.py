@@ -4,8 +4,9 @@
 values it reads from outside (in order of first use), outputs its values read outside (in ref order).
 :func:`compose` splices one μGraph per region into one over the program's inputs. Composing the regions' own
 graphs gives the program back (each node the same op on the same values); so when the regions partition the
-live ops (:func:`live_ops`) and each region's μGraph is proved equal to (and defined wherever) its region's
-graph, their splice computes the program's function (congruence).
+live ops (:func:`live_ops`), each region's μGraph is proved equal to (and defined wherever) its region's
+graph and every value crossing regions is defined for all inputs (:func:`undefined_fed`), their splice computes
+the program's function (congruence).
 """
 
 from __future__ import annotations
