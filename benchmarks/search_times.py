@@ -4,7 +4,8 @@ Usage: python benchmarks/search_times.py [--small] [--names gqa,lora] [--batches
        python benchmarks/search_times.py --set models [--names gelu_mlp,decode_gqa] [--json FILE]
 
 Each row runs ``vm.superoptimize`` (search + verification with ``vm.verify``; default options unless
-``--top-k`` is given; never served from the search cache) and reports the wall time, the best
+``--top-k`` is given; never served from the search cache) and reports the wall time (and the process CPU
+time; phases as ``wall/CPU`` seconds), the best
 candidate's kernel count against the expert design's, its estimated time, the number of μGraphs
 lowered, how many candidates were verified (and why verification stopped) and the search phases.
 If the verifier is not installed, the script says so and falls back to a float64 spot check (clearly
@@ -91,7 +92,9 @@ def main() -> None:
             times.append(dt)
             cpus.append(cpu)
             b = res.best
-            phases = " ".join(f"{k[:3]}={v:.2f}" for k, v in res.report.phase_seconds.items() if v >= 0.005)
+            cpu_ph = res.report.phase_cpu_seconds
+            phases = " ".join(f"{k[:3]}={v:.2f}" + (f"/{cpu_ph[k]:.2f}" if k in cpu_ph else "")
+                              for k, v in res.report.phase_seconds.items() if v >= 0.005)
             expert = "-" if models else vm.benchmarks.entry(name).expert_kernels
             kern = f"{b.num_kernels} ({expert})" if b else "none"
             est = f"{b.cost.time_s * 1e6:.1f} us" if b else "-"
@@ -102,6 +105,7 @@ def main() -> None:
                          "cpu_seconds": round(cpu, 2),
                          "kernels": b.num_kernels if b else None, "verified": res.report.verified, "stop": stop,
                          "phases": {k: round(v, 2) for k, v in res.report.phase_seconds.items()},
+                         "phases_cpu": {k: round(v, 2) for k, v in res.report.phase_cpu_seconds.items()},
                          "load_1min_before": round(load, 2)})
     print()
     print(f"median {statistics.median(times):.2f} s, max {max(times):.2f} s over {len(times)} searches (wall); "

@@ -1,7 +1,8 @@
 """The fast finite-field engine's shortcuts (issue 22 item 5) give exactly the residues of the plain computation.
 
 * inverses of large arrays through a table (``arith._inv_table``) instead of ``x**(m-2)``;
-* chains of scalings and shifts composed into one affine map (``meanings._affine``).
+* chains of scalings and shifts composed into one affine map (``meanings._affine``);
+* ``where(m, a, b)`` as ``m * (a - b) + b`` in one pass (``meanings._ff_where``).
 
 Each is compared with the plain formula and with the reference evaluator (:mod:`verimirage.smt.ffref`), p- and
 q-parts, every element, on programs that go through them (softcap, sigmoid, silu, masks, marked q-parts).
@@ -68,6 +69,7 @@ def _chains() -> vm.Graph:
     x = g.input("x", (4, 64), vm.float32)
     y = g.input("y", (4, 64), vm.float32)
     m = g.input("m", (4, 64), vm.bool)
+    row = g.input("row", (1, 64), vm.bool)  # a mask broadcast over the rows
     s = g.scale(x, 0.02)
     mid = g.neg(g.scale(s, 2.0))  # read again below: computed once and composed into its readers
     cap = g.scale(g.tanh(s), 50.0)
@@ -83,6 +85,9 @@ def _chains() -> vm.Graph:
         g.apply("silu", [g.shift(x, 2.0)]),
         g.div(g.shift(y, 1.0), g.shift(g.scale(x, 2.0), 3.0)),
         g.reciprocal(g.scale(y, -1.0)),
+        g.where(m, marked, g.scale(y, 2.0)),  # where: one pass, -1 where an operand's q-part is
+        g.where(row, g.sum(x, 1), y),
+        g.where(row, g.exp(x), y),  # no q-part
     ]
     g.output(*outs)
     return g

@@ -229,6 +229,7 @@ def test_small_search_candidates_are_equal_and_sorted(name: str) -> None:
     r = res.report
     assert r.egraph_enodes > 0 and r.lowered >= len(res.candidates) and r.stop_reason
     assert {"saturate", "extract", "lower", "verify"} <= set(r.phase_seconds)
+    assert set(r.phase_cpu_seconds) == set(r.phase_seconds) and all(v >= 0 for v in r.phase_cpu_seconds.values())
     assert "e-graph" in str(r)
 
 

@@ -341,9 +341,28 @@ def _min_q(vp: np.ndarray, vq: np.ndarray, ax: int) -> np.ndarray:
 def _ff_where(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
     """``m * a + (1 - m) * b``: exact on masks m in {0, 1} (the only values a vm.bool input takes), so two
     programs equal as polynomials in m are equal for every mask."""
+    f = current_field()
     m, a, b = args
-    one_minus = _affine(_affine(m, Fraction(-1), "mul"), Fraction(1), "add")
-    return _ring("add", _ring("mul", m, a), _ring("mul", one_minus, b))
+    shape = np.broadcast_shapes(m.shape, a.shape, b.shape)
+
+    # computed as ``m * (a - b) + b`` with one reduction mod the modulus at the end (the same residues: a ring
+    # identity; |m * (a - b) + b| < 2**43 is exact in int64), a q-residue -1 wherever an operand's is
+    def fused(mod: int, marks: bool) -> Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]:
+        def fn(mv: np.ndarray, av: np.ndarray, bv: np.ndarray) -> np.ndarray:
+            r = np.multiply(np.subtract(av, bv), mv)
+            if r.shape != shape:
+                r = np.broadcast_to(r, shape).copy()
+            r += bv
+            r = _modi(r, mod)
+            return _mark(r, mv, av, bv) if marks else r
+
+        return fn
+
+    p = _lazy(fused(f.p, False), m.p, a.p, b.p)
+    if m.q is None or a.q is None or b.q is None:
+        return FV(shape, p, None)
+    marks = m.qmarks or a.qmarks or b.qmarks
+    return FV(shape, p, _lazy(fused(f.q, marks), m.q, a.q, b.q), marks)
 
 
 implements("ff", "cast")(lambda args, attrs, it, ot: args[0])  # real-valued meaning: the value itself
