@@ -65,6 +65,16 @@ def _close(got: Any, want: Any, what: str) -> None:
                                atol=TOL[torch.float32] * scale, err_msg=what)
 
 
+def _assert_every_left_op_says_why(rep: Report, what: str) -> None:
+    """Every compute op left to the fallback has a reason of the capture's vocabulary (not a bare "not taken")."""
+    kinds = tuple(r.value for r in capture.Reason)
+    for r in rep.left:
+        why = rep.reason_of(r) or ""
+        assert why.startswith(kinds), f"{what}: {rep.graphs[r.graph]} {r.op} left behind with reason {why!r}"
+    d = rep.to_dict()
+    assert len(d["left"]) == len(rep.left) and all(x["reason"] and x["op"] for x in d["left"])
+
+
 def check_module(name: str, *, train: bool) -> Report:
     """Forward (and backward) of corpus module ``name`` through the backend match the float64 reference."""
     model, xs = corpus.get(name)
@@ -75,8 +85,7 @@ def check_module(name: str, *, train: bool) -> Report:
         assert (g is None) == (w is None), f"{name}: gradient {i} missing on one side"
         if g is not None:
             _close(g, w, f"{name}: gradient {i}")
-    for r in rep.left:
-        assert rep.reason_of(r), f"{name}: {r.op} left behind without a reason"
+    _assert_every_left_op_says_why(rep, name)
     logging.getLogger(__name__).info("%s (%s): %s", name, "train" if train else "inference", rep.summary())
     return rep
 
@@ -259,8 +268,37 @@ def test_a_failure_of_the_capture_itself_leaves_the_whole_graph_to_the_fallback(
     monkeypatch.setattr(capture, "_splice", broken)
     model, xs = corpus.get("mlp_relu")
     want, _ = _reference(model, xs, train=False)
-    got, _, _ = _run(model, xs, train=False)
+    got, _, rep = _run(model, xs, train=False)
     _close(got, want, "output after a failed capture")
+    # the report still lists every op, each left behind with the reason
+    assert rep.counts == (0, 3) and rep.coverage == 0.0
+    assert all((rep.reason_of(r) or "").startswith("the capture failed") for r in rep.left)
+    _assert_every_left_op_says_why(rep, "mlp_relu")
+
+
+def test_a_capture_that_fails_before_listing_its_ops_still_lists_them_with_the_reason(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*a: Any, **k: Any) -> None:
+        raise AssertionError("a bug while proposing partitions")
+
+    monkeypatch.setattr(capture, "_propose", broken)
+    model, xs = corpus.get("mlp_relu")
+    want, _ = _reference(model, xs, train=False)
+    got, _, rep = _run(model, xs, train=False)
+    _close(got, want, "output after a failed capture")
+    assert rep.counts == (0, 3)
+    assert {r.op for r in rep.left} == {"addmm", "relu"}
+    assert all((rep.reason_of(r) or "").startswith("the capture failed") for r in rep.left)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["cross_entropy", "max_normalize", "sdpa_mask"])
+def test_explain_lists_every_training_op_left_behind_with_its_reason(name: str) -> None:
+    """The corpus modules with ops left behind in training (integer indexing, an index result the backward
+    reads, a softmax safe against rows masked to -inf): each such op is in the report with a reason."""
+    rep = check_module(name, train=True)
+    assert rep.left, f"{name}: expected ops left behind"
+    _assert_every_left_op_says_why(rep, name)
 
 
 # --------------------------------------------------------------------------- never slower than the fallback
@@ -582,3 +620,33 @@ def test_profile_times_several_verified_candidates_and_keeps_the_fastest(
     assert p.taken is taken
     if not taken:
         assert (p.reason or "").startswith("slower than the fallback: 5.0 us vs 4.0 us")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_cpu_flash_attention_lifts_its_statistics_and_its_backward(causal: bool) -> None:
+    """Training through SDPA on a CPU: the fused op's second result (the rows' log-sum-exp, saved for the
+    backward) and ``_scaled_dot_product_flash_attention_for_cpu_backward`` were left to the fallback (16 of the
+    corpus's 24 training ops left behind); both lift now (the backward as matmuls over the recomputed softmax)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    aten = torch.ops.aten
+    g = torch.Generator().manual_seed(11)
+    q, k, v, do = (torch.randn(2, 2, 4, 8, generator=g) for _ in range(4))
+
+    def f(q: Any, k: Any, v: Any, do: Any) -> Any:
+        out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal)
+        dq, dk, dv = aten._scaled_dot_product_flash_attention_for_cpu_backward(do, q, k, v, out, lse, 0.0, causal)
+        return out, lse, dq, dk, dv
+
+    gm = make_fx(f)(q, k, v, do)
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+    lifted = capture.lift(nodes)
+    by_name = {"q_1": q, "k_1": k, "v_1": v, "do_1": do}
+    feed = {f"in{i}": by_name[n.name].double().numpy() for i, n in enumerate(lifted.inputs)}
+    feed.update({name: c.double().numpy() for name, c in lifted.consts})
+    got = vm.evaluate(lifted.graph, feed)
+    want = f(q.double(), k.double(), v.double(), do.double())
+    assert len(got) == len(want) == 5
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        b = b.numpy()
+        np.testing.assert_allclose(np.asarray(a).reshape(b.shape), b, rtol=1e-9, atol=1e-9, err_msg=f"result {i}")

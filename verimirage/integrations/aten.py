@@ -23,6 +23,7 @@ partition boundary (reason ``layout``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import math
@@ -51,6 +52,8 @@ class Reason(enum.Enum):
     NO_COMPUTE = "no compute (views only)"
     RANDOM = "random op"
     NOT_TENSOR = "not a tensor op"
+    CAPTURE_FAILED = "the capture failed"
+    UNPARTITIONED = "left out of every partition"
 
 
 class Unsupported(GraphError):
@@ -821,13 +824,56 @@ SDPA_ARGS: dict[str, tuple[int | None, int | None, int | None]] = {
 }
 
 
+def _sdpa_scores(ctx: Ctx, q: LV, k: LV, mask: Any, causal: bool, scale: Any) -> tuple[Tensor, float]:
+    """Attention's scores ``scale * Q K^T`` (+ the causal mask, + an additive float mask) and the scale."""
+    import torch
+
+    if len(q.shape) < 2 or q.shape[-1] != k.shape[-1] or q.shape[:-2] != k.shape[:-2]:
+        raise Unsupported(Reason.LAYOUT, "attention with broadcast heads")
+    g = ctx.g
+    tq, tk = ctx.exact(q), ctx.exact(k)
+    s = emit(g, "matmul", tq, emit(g, "transpose", tk, len(k.shape) - 2, len(k.shape) - 1))
+    c = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    s = emit(g, "scale", s, c=c)
+    L, S = q.shape[-2], k.shape[-2]
+    dt = q.t.dtype
+    if causal:
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        tdt = getattr(torch, dt.torch_name)
+        big = torch.finfo(tdt).min  # finite: a fully masked tile of an online softmax stays NaN-free
+        with unset_fake_temporarily():  # a real constant, made while the compiler traces with fake tensors
+            cm = torch.zeros(L, S, dtype=tdt).masked_fill(~torch.ones(L, S, dtype=torch.bool).tril(), big)
+        name_c = f"const{len(ctx.consts)}"
+        ctx.consts.append((name_c, cm))
+        s = emit(g, "add", s, g.input(name_c, (L, S), dt))
+    if isinstance(mask, LV):
+        if mask.t.dtype != dt:
+            raise Unsupported(Reason.DTYPE, "attention with a boolean mask (needs where)")
+        s = emit(g, "add", s, ctx.exact(mask))
+    return s, c
+
+
+#: SDPA ops whose second result is the log-sum-exp of each row of scores, shaped like ``Q`` without its last dim
+#: (natural log; what their backward reads)
+SDPA_LSE = frozenset({"_scaled_dot_product_flash_attention_for_cpu"})
+
+
+def _row_lse(ctx: Ctx, s: Tensor, axis: int, want: Any) -> Tensor:
+    """``log(sum(exp(s)))`` along ``axis`` (kept as a size-1 dim), computed stably in ``want``'s dtype."""
+    g = ctx.g
+    if s.dtype != want:
+        s = emit(g, "cast", s, want)
+    m = emit(g, "max", s, axis)
+    return emit(g, "add", m, emit(g, "log", emit(g, "sum", emit(g, "exp", emit(g, "sub", s, m)), axis)))
+
+
 def sdpa_handler(name: str) -> Handler:
-    """Attention as matmul / softmax / matmul with its scale, mask and causal flag."""
+    """Attention as matmul / softmax / matmul with its scale, mask and causal flag (and, for the ops that return
+    it, the rows' log-sum-exp their backward reads)."""
     mpos, dpos, cpos = SDPA_ARGS[name]
 
     def fn(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> Any:
-        import torch
-
         q, k, v = args[0], args[1], args[2]
 
         def arg(pos: int | None, key: str, default: Any) -> Any:
@@ -840,39 +886,58 @@ def sdpa_handler(name: str) -> Handler:
             mask = kwargs.get("attn_mask")
         p = arg(dpos, "dropout_p", 0.0)
         causal = bool(arg(cpos, "is_causal", False))
-        scale = kwargs.get("scale")
         if p:
             raise Unsupported(Reason.RANDOM, "attention with dropout")
         if kwargs.get("enable_gqa"):
             raise Unsupported(Reason.LAYOUT, "attention with enable_gqa")
-        if len(q.shape) < 2 or q.shape[-1] != k.shape[-1] or q.shape[:-2] != k.shape[:-2]:
-            raise Unsupported(Reason.LAYOUT, "attention with broadcast heads")
         g = ctx.g
-        tq, tk, tv = ctx.exact(q), ctx.exact(k), ctx.exact(v)
-        s = emit(g, "matmul", tq, emit(g, "transpose", tk, len(k.shape) - 2, len(k.shape) - 1))
-        c = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-        s = emit(g, "scale", s, c=c)
-        L, S = q.shape[-2], k.shape[-2]
-        dt = q.t.dtype
-        if causal:
-            from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-            tdt = getattr(torch, dt.torch_name)
-            big = torch.finfo(tdt).min  # finite: a fully masked tile of an online softmax stays NaN-free
-            with unset_fake_temporarily():  # a real constant, made while the compiler traces with fake tensors
-                cm = torch.zeros(L, S, dtype=tdt).masked_fill(~torch.ones(L, S, dtype=torch.bool).tril(), big)
-            name_c = f"const{len(ctx.consts)}"
-            ctx.consts.append((name_c, cm))
-            s = emit(g, "add", s, g.input(name_c, (L, S), dt))
-        if isinstance(mask, LV):
-            if mask.t.dtype != dt:
-                raise Unsupported(Reason.DTYPE, "attention with a boolean mask (needs where)")
-            s = emit(g, "add", s, ctx.exact(mask))
-        o = emit(g, "matmul", _softmax_t(g, s, len(q.shape) - 1), tv)
+        s, _ = _sdpa_scores(ctx, q, k, mask, causal, kwargs.get("scale"))
+        ax = len(q.shape) - 1
+        o = emit(g, "matmul", _softmax_t(g, s, ax), ctx.exact(v))
         res = LV(o, tuple(out[0][0]))
-        return (res, *(None for _ in out[1:]))
+        if not isinstance(out, list) or len(out) < 2:
+            return res
+        rest: list[Any] = [None] * (len(out) - 1)
+        lse_meta = out[1]
+        if name in SDPA_LSE and lse_meta is not None and tuple(lse_meta[0]) == tuple(q.shape[:-1]):
+            with contextlib.suppress(Unsupported):  # a dtype the registry lacks: the statistics stay unlifted
+                rest[0] = LV(_row_lse(ctx, s, ax, vm_dtype(lse_meta[1])), tuple(lse_meta[0]))
+        return (res, *rest)
 
     return fn
+
+
+@handles("_scaled_dot_product_flash_attention_for_cpu_backward")
+def _sdpa_backward(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> Any:
+    """The gradients of attention from its saved output and rows' log-sum-exp ``lse``: with ``P = exp(S - lse)``
+    (the softmax, recomputed), ``dV = P^T dO``, ``dS = P * (dO V^T - rowsum(dO * O))``, ``dQ = c dS K``,
+    ``dK = c dS^T Q`` (``c`` the scale; ``S`` the scaled, masked scores)."""
+    do, q, k, v, o, lse = args[:6]
+    p, causal = args[6], bool(args[7])
+    if p:
+        raise Unsupported(Reason.RANDOM, "attention with dropout")
+    if not all(isinstance(x, LV) for x in (do, q, k, v, o, lse)):
+        raise Unsupported(Reason.NOT_TENSOR, "attention backward with a constant operand")
+    g = ctx.g
+    s, c = _sdpa_scores(ctx, q, k, kwargs.get("attn_mask"), causal, kwargs.get("scale"))
+    r = len(q.shape)
+    dt = q.t.dtype
+    if tuple(lse.shape) != tuple(q.shape[:-1]):
+        raise Unsupported(Reason.LAYOUT, f"attention backward with statistics of shape {lse.shape}")
+    if not ctx.layout("reshape"):
+        raise Unsupported(Reason.LAYOUT, "attention backward needs the registry's reshape (its statistics)")
+    lt = emit(g, "reshape", ctx.exact(lse), (*q.shape[:-1], 1))
+    if lt.dtype != dt:
+        lt = emit(g, "cast", lt, dt)
+    pm = emit(g, "exp", emit(g, "sub", s, lt))
+    tdo, tv, to = ctx.exact(do), ctx.exact(v), ctx.exact(o)
+    dv = emit(g, "matmul", emit(g, "transpose", pm, r - 2, r - 1), tdo)
+    dp = emit(g, "matmul", tdo, emit(g, "transpose", tv, r - 2, r - 1))
+    dd = emit(g, "sum", emit(g, "mul", tdo, to), r - 1)
+    ds = emit(g, "mul", pm, emit(g, "sub", dp, dd))
+    dq = emit(g, "scale", emit(g, "matmul", ds, ctx.exact(k)), c=c)
+    dk = emit(g, "scale", emit(g, "matmul", emit(g, "transpose", ds, r - 2, r - 1), ctx.exact(q)), c=c)
+    return (LV(dq, tuple(out[0][0])), LV(dk, tuple(out[1][0])), LV(dv, tuple(out[2][0])))
 
 
 for _n in _SDPA:

@@ -798,6 +798,8 @@ def transform(gm: fx.GraphModule, opts: CaptureOptions, report: Report, kind: st
                 # the gradient padding ops joined two partitions that verified apart: apart again
                 log.info("verimirage: %s: %s; again without its %s", rec.name, rec.reason,
                          sorted({op_name(n) for n in extra}))
+                report.notes.append(f"{kind}{gidx}: a partition of {ncomp} compute ops was not taken whole "
+                                    f"({rec.reason}); tried again without its {sorted({op_name(n) for n in extra})}")
                 for n in extra:
                     ok.discard(n)
                     why[n] = (Reason.NO_CANDIDATE, f"left out of partition {rec.name}, which had no verified "
@@ -807,6 +809,8 @@ def transform(gm: fx.GraphModule, opts: CaptureOptions, report: Report, kind: st
             if runner is None and rnd < 2 and _layout_failure(lp, rec):
                 # the kernels could not express a view: again with views as partition boundaries
                 log.info("verimirage: %s: %s; splitting it at its views", rec.name, rec.reason)
+                report.notes.append(f"{kind}{gidx}: a partition of {ncomp} compute ops was not taken whole "
+                                    f"({rec.reason}); tried again split at its views")
                 strict |= set(lp.nodes)
                 retry = True
                 continue
@@ -832,6 +836,8 @@ def transform(gm: fx.GraphModule, opts: CaptureOptions, report: Report, kind: st
             continue
         part = in_part.get(n)
         r = why.get(n)
+        if part is None and r is None and is_compute(n):  # every op left behind says why
+            r = (Reason.UNPARTITIONED, "no partition held it after the capture's retries")
         report.ops.append(OpRecord(gidx, op_name(n), n.name, is_compute(n), part,
                                    None if r is None else r[0].value, None if r is None else r[1]))
     if taken:

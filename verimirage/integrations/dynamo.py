@@ -19,14 +19,16 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.fx as fx
 
-from .capture import CaptureOptions, PartitionRunner, transform
-from .report import Report
+from .aten import Reason
+from .capture import CaptureOptions, PartitionRunner, is_compute, is_tensor_op, op_name, transform
+from .report import OpRecord, Report
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +60,15 @@ def _capture(gm: fx.GraphModule, opts: CaptureOptions, rep: Report, kind: str,
                     kind, type(e).__name__, e, exc_info=log.isEnabledFor(logging.DEBUG))
         gm.graph = orig
         gm.recompile()
-        if len(rep.graphs) > gidx:  # nothing of it runs in verimirage kernels: the report says so
-            _drop(rep, gidx, f"the capture failed ({type(e).__name__}: {str(e)[:200]})")
+        reason = f"{Reason.CAPTURE_FAILED.value} ({type(e).__name__}: {str(e)[:200]})"
+        if len(rep.graphs) <= gidx:
+            rep.new_graph(kind)
+        if not any(r.graph == gidx for r in rep.ops):  # it failed before listing the ops: each op says why
+            for n in gm.graph.nodes:
+                if is_tensor_op(n) and n.target is not operator.getitem:
+                    rep.ops.append(OpRecord(gidx, op_name(n), n.name, is_compute(n), None,
+                                            Reason.CAPTURE_FAILED.value, reason))
+        _drop(rep, gidx, reason)  # nothing of it runs in verimirage kernels: the report says so
         return []
 
 
