@@ -650,3 +650,14 @@ def test_cpu_flash_attention_lifts_its_statistics_and_its_backward(causal: bool)
     for i, (a, b) in enumerate(zip(got, want, strict=True)):
         b = b.numpy()
         np.testing.assert_allclose(np.asarray(a).reshape(b.shape), b, rtol=1e-9, atol=1e-9, err_msg=f"result {i}")
+
+
+def test_a_partition_result_that_aten_expands_is_laid_out_with_its_zero_strides() -> None:
+    """Finding (corpus, gqa_repeat_interleave training): a partition whose result ATen gives as an ``expand``
+    (stride 0 over the repeated heads) failed at its check with "more than one element of the written-to tensor
+    refers to a single memory location" (a copy into the expanded layout) and was split at its views."""
+    y = torch.arange(6.0).reshape(2, 1, 3).expand(2, 4, 3).contiguous()
+    got = capture.with_strides(y, (2, 4, 3), (3, 0, 1))
+    assert tuple(got.stride()) == (3, 0, 1) and torch.equal(got, y)
+    plain = capture.with_strides(y, (2, 4, 3), (1, 6, 2))
+    assert tuple(plain.stride()) == (1, 6, 2) and torch.equal(plain, y)

@@ -103,3 +103,21 @@ def test_padded_reshape_kernels_compile_for_sm90(tmp_path: Any) -> None:
     ms = generate(_fused(g))
     rep = compile_modules([write_module(ms, tmp_path)])
     assert all(r["ok"] for kernels in rep.values() for r in kernels.values()), rep
+
+
+def test_a_concat_by_join_whose_result_is_padded_further_is_grown_with_zeros() -> None:
+    """Finding (corpus, rotary_attention training): rotate-half's ``concat(-x2, x1)`` of two unpadded ``(.., 4)``
+    pieces by ``tl.join`` made an ``(.., 8)`` tile where the result's dim class was padded to 16 (the head dim is
+    a ``tl.dot`` operand's): the kernel failed in the interpreter ("incompatible dimensions at index 3: 8 and
+    16") and the backward partition was split at its views, leaving the attention backward behind."""
+    from verimirage.backend.lowering import _concat
+
+    rng = np.random.default_rng(2)
+    a, b = rng.standard_normal((2, 4, 4)), rng.standard_normal((2, 4, 4))
+    t = TensorType((2, 4, 4), vm.float32)
+    expr = _concat(["a", "b"], {"axis": 2, "_padded": ((2, 4, 4), (2, 4, 4), (2, 4, 16))}, [t, t],
+                   [TensorType((2, 4, 8), vm.float32)])
+    out = np.asarray(eval(expr, {"tl": _TL, "a": a, "b": b}))
+    assert out.shape == (2, 4, 16)
+    np.testing.assert_array_equal(out[..., :8], np.concatenate([a, b], axis=2))
+    np.testing.assert_array_equal(out[..., 8:], 0.0)

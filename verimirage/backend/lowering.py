@@ -242,8 +242,9 @@ def _concat(args: Sequence[str], attrs: dict[str, Any], in_types: Sequence[Tenso
     rank = in_types[0].rank
     p_out = padded[-1][ax]
     fast = _concat_by_join(list(args), [tuple(p) for p in padded[:-1]], [t.shape[ax] for t in in_types], ax)
-    if fast is not None:
-        return fast
+    if fast is not None:  # the joined pieces fill sum(lengths); a result padded beyond that gets zeros after them
+        return _grow_leading(fast, [*padded[0][:ax], sum(t.shape[ax] for t in in_types), *padded[0][ax + 1:]],
+                             ax, p_out)
     for p in padded[:-1]:
         numel = math.prod(p) * p_out
         if numel > TRITON_MAX_NUMEL:

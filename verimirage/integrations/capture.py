@@ -403,7 +403,7 @@ class PartitionRunner:
                 used.add(i)
             if y.numel() > 1 and tuple(y.stride()) != stride:
                 # the ATen graph may view the result relying on the strides the original op gave it
-                y = torch.empty_strided(shape, stride, dtype=y.dtype, device=y.device).copy_(y)
+                y = with_strides(y, shape, stride)
             got.append(y)
         return got
 
@@ -419,6 +419,19 @@ class PartitionRunner:
                             "from now on", self.record.name, type(e).__name__, str(e)[:300])
         out = self.eager(*xs)
         return [o.clone() if any(o is x for x in xs) else o for o in out]
+
+
+def with_strides(y: torch.Tensor, shape: Sequence[int], stride: Sequence[int]) -> torch.Tensor:
+    """A copy of ``y`` laid out with ``stride``. Where ``stride`` is 0 on a dim of size > 1 (the partition's result
+    is an ``expand`` of a smaller tensor, e.g. GQA's keys repeated over heads), one slice along that dim is stored
+    and expanded (a copy into overlapping memory is an error)."""
+    shape, stride = tuple(shape), tuple(stride)
+    zero = {d for d, (n, st) in enumerate(zip(shape, stride, strict=True)) if st == 0 and n > 1}
+    if not zero:
+        return torch.empty_strided(shape, stride, dtype=y.dtype, device=y.device).copy_(y)
+    z = y[tuple(slice(0, 1) if d in zero else slice(None) for d in range(len(shape)))]
+    base = torch.empty_strided(tuple(z.shape), stride, dtype=y.dtype, device=y.device).copy_(z)
+    return base.expand(shape)
 
 
 def _strip(s: Sequence[int]) -> tuple[int, ...]:
