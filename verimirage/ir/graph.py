@@ -373,10 +373,6 @@ class BlockGraph:
         """Number of thread blocks."""
         return math.prod(self.grid)
 
-    def input_nodes(self) -> list[Node]:
-        """Input nodes in order of appearance."""
-        return [n for n in self.nodes if n.op == "input"]
-
     def post_loop(self) -> list[bool]:
         """Per node: whether it runs after the for-loop (depends on an accumulator)."""
         post: list[bool] = []
