@@ -69,12 +69,12 @@ _QBITS = 21  # (p, q+1) packed as p << 21 | (q + 1) orders pairs lexicographical
 def safe_primes() -> tuple[int, ...]:
     """The safe primes ``p = 2q + 1`` (q prime) with ``2**20 <= p < 2**21``, ascending."""
     is_prime = np.ones(P_MAX, dtype=bool)
-    is_prime[:2] = False
-    for i in range(2, math.isqrt(P_MAX) + 1):
+    is_prime[:2], is_prime[4::2] = False, False
+    for i in range(3, math.isqrt(P_MAX) + 1, 2):  # (odd multiples only: the even ones are out already)
         if is_prime[i]:
-            is_prime[i * i :: i] = False
+            is_prime[i * i :: 2 * i] = False
     p = np.arange(P_MIN + 1, P_MAX, 2)
-    return tuple(int(x) for x in p[is_prime[p] & is_prime[(p - 1) // 2]])
+    return tuple(p[is_prime[p] & is_prime[(p - 1) // 2]].tolist())
 
 
 @dataclass(frozen=True)
@@ -324,11 +324,12 @@ class RefFF:
         f = self.field
         if self._no_q(x) or self._no_q(y):
             return _stack(_matmul(x[0], y[0], f.p), -1)
-        bad = (x[1] < 0).any(axis=-1)[..., :, None] | (y[1] < 0).any(axis=-2)[..., None, :]
+        bx, by = (x[1] < 0).any(axis=-1)[..., :, None], (y[1] < 0).any(axis=-2)[..., None, :]
         r = max(x.ndim, y.ndim)  # (the parts' axis first, then the batch dims right-aligned)
         x, y = (v.reshape(v.shape[:1] + (1,) * (r - v.ndim) + v.shape[1:]) for v in (x, y))
         out = _matmul(np.maximum(x, 0), np.maximum(y, 0), np.array([f.p, f.q]).reshape((2,) + (1,) * (r - 1)))
-        np.copyto(out[1], -1, where=bad)
+        if bx.any() or by.any():
+            np.copyto(out[1], -1, where=bx | by)
         return out
 
 
