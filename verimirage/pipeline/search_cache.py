@@ -151,14 +151,22 @@ def _recheck(cert: Any) -> Any:
     """The independent checker's verdict on ``cert`` (written to a private temporary file first)."""
     import tempfile
 
+    from ..smt import budget as B
+    from ..smt.certificate import DEFAULT_SECONDS, SECONDS_ENV, _limit
     from .certificates import check_certificate
 
     with tempfile.TemporaryDirectory(prefix="vm-recheck-") as tmp:
         p = Path(tmp) / "certificate.json"
         cert.save(p)
         # in this process (a child process's start-up would cost more than a small search): the checker reads
-        # no verifier state, so only the memory and time caps of the default are given up
-        return check_certificate(p, isolate=False)
+        # no verifier state, so only the memory cap of the default is given up; its derivations get the checker
+        # process's time cap ($VERIMIRAGE_CHECK_SECONDS) as a budget (a tampered entry's μGraph with a long loop of
+        # one-element tiles derives in time quadratic in the loop: 65,536 steps were hours, uncapped)
+        token = B.set_budget(_limit(None, SECONDS_ENV, DEFAULT_SECONDS))
+        try:
+            return check_certificate(p, isolate=False)
+        finally:
+            B.reset_budget(token)
 
 
 def _rebuild(entry: Any, graph: Graph, recheck: str, cost_of: Callable[[MuGraph], Any] | None = None) -> Any:
