@@ -272,3 +272,55 @@ def test_checker_took_a_dict_for_a_rule_list(field: str) -> None:
     d[field] = {}
     v = check_text(json.dumps(d))
     assert not v.proved and "lists of names" in v.reason, v.reason
+
+
+def _softmax(g: vm.Graph, x: Any) -> Any:
+    e = g.exp(g.sub(x, g.max(x, axis=1)))
+    return g.div(e, g.sum(e, axis=1))
+
+
+def _model_programs() -> dict[str, vm.Graph]:
+    out = {}
+    g = vm.Graph()
+    g.output(_softmax(g, g.input("x", (4, 8), vm.float32)))
+    out["softmax"] = g
+    g = vm.Graph()
+    x, w = g.input("x", (4, 8), vm.float32), g.input("w", (8,), vm.float32)
+    c = g.sub(x, g.mean(x, axis=1))
+    g.output(g.mul(g.mul(c, g.rsqrt(g.shift(g.mean(g.square(c), axis=1), 1e-5))), w))
+    out["layernorm"] = g
+    g = vm.Graph()
+    x, w = g.input("x", (4, 8), vm.float32), g.input("w", (8, 8), vm.float32)
+    h = g.mul(x, g.rsqrt(g.shift(g.mean(g.square(x), axis=1), 1e-6)))
+    g.output(g.matmul(g.add(h, x), w))
+    out["rmsnorm-residual-matmul"] = g
+    g = vm.Graph()
+    x = g.input("x", (4, 8), vm.float32)
+    m = g.max(x, axis=1)
+    g.output(g.sub(x, g.add(g.log(g.sum(g.exp(g.sub(x, m)), axis=1)), m)))
+    out["log-softmax"] = g
+    g = vm.Graph()
+    q, k, v = g.input("q", (4, 8), vm.float32), g.input("k", (8, 4), vm.float32), g.input("v", (4, 8), vm.float32)
+    g.output(g.matmul(_softmax(g, g.scale(g.matmul(q, k), 0.35)), v))
+    out["attention"] = g
+    g = vm.Graph()
+    x, w, u = (g.input(n, s, vm.float32) for n, s in (("x", (4, 8)), ("w", (8, 8)), ("u", (8, 8))))
+    g.output(g.mul(g.silu(g.matmul(x, w)), g.matmul(x, u)))
+    out["swiglu"] = g
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(_model_programs()))
+def test_model_programs_cut_at_every_op_still_compose(name: str) -> None:
+    # the fix must not refuse what real compositions need: softmax's, norms' and log-sum-exp's partial ops are
+    # in their domains for all inputs by signs, wherever the program is cut
+    g = _model_programs()[name]
+    assert undefined_fed(g, [region_of(g, [i]) for i in sorted(live_ops(g))]) is None
+
+
+def test_a_division_by_an_input_cut_from_its_reader_does_not_compose() -> None:
+    g = vm.Graph()
+    x, y = g.input("x", (4, 8), vm.float32), g.input("y", (4, 8), vm.float32)
+    g.output(g.exp(g.div(x, y)))
+    why = undefined_fed(g, [region_of(g, [i]) for i in sorted(live_ops(g))])
+    assert why is not None and "div" in why
