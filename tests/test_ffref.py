@@ -117,6 +117,34 @@ def test_matmul_chunks_the_contraction(monkeypatch: pytest.MonkeyPatch) -> None:
     assert np.array_equal(R._matmul(x, y, m), whole)
 
 
+def test_p_part_left_out_only_where_exps_alone_read_a_matmul() -> None:
+    # speed (issue 26): the p-part of a matmul whose value only exps read is not computed (exp reads the
+    # q-part); a matmul something else reads keeps it, and the outputs equal those with every p-part computed
+    import json
+
+    from verimirage.ir.graph import MuGraph, node_list
+    from verimirage.ir.interpret import run
+
+    g = vm.Graph()
+    q, k, k2 = g.input("q", (4, 8), vm.float32), g.input("k", (8, 16), vm.float32), g.input("k2", (8, 16), vm.float32)
+    s, t = g.matmul(q, k), g.matmul(q, k2)
+    g.output(g.sum(g.exp(s), axis=1))
+    g.output(g.add(g.exp(t), t))
+    s_node, t_node = (n for n in node_list(g) if n.op == "matmul")
+    assert R._p_unread(g) == {id(s_node.outs[0])} and id(t_node.outs[0]) not in R._p_unread(g)
+    for seed in SEEDS:
+        f = R.field_of(seed)
+        ins = R.trial_inputs(g, f, seed)
+        full = run(g, ins, R.RefFF(f))  # every p-part computed
+        assert all(np.array_equal(a, b) for a, b in zip(R.evaluate(g, ins, f)[0], full, strict=True))
+    # gqa_bs1's μGraph: the block's Q K^T (only exp reads it) has none, its P V (a loop sum reads it) has one
+    mg = MuGraph.parse(json.loads((Path(__file__).parent.parent / "proofs" / "gqa_bs1.json").read_text())[
+        "mugraph_text"])
+    block = next(n for n in node_list(mg) if n.op == "custom").attr("block")
+    qk, pv = (n for n in block.nodes if n.op == "matmul")
+    assert id(qk.outs[0]) in R._p_unread(mg) and id(pv.outs[0]) not in R._p_unread(mg)
+
+
 def test_every_fast_engine_op_has_a_reference_meaning() -> None:
     assert set(FF.ff_domain_ops()) <= set(R.MEANINGS)
 

@@ -95,10 +95,9 @@ def field_of(seed: int) -> Field:
     ps = safe_primes()
     p = ps[int(rng.integers(len(ps)))]
     q = (p - 1) // 2
-    while True:
+    g = 1
+    while g == 1:
         g = pow(int(rng.integers(2, p - 1)), 2, p)
-        if g != 1:
-            break
     return Field(p, q, g, int(rng.integers(1, 1 << 62)))
 
 
@@ -120,8 +119,7 @@ def _log_table(f: Field) -> np.ndarray:
     one of these: -1 is no power of g, whose order q is odd), ``-1`` (meaningless) at 0."""
     e = _exp_table(f)
     t = np.empty(f.p, dtype=np.int64)
-    t[e] = np.arange(f.q, dtype=np.int64)
-    t[f.p - e] = np.arange(f.q, dtype=np.int64)
+    t[e] = t[f.p - e] = np.arange(f.q, dtype=np.int64)
     t[0] = -1
     t.flags.writeable = False
     return t
@@ -177,9 +175,9 @@ def residue(c: Fraction, m: int) -> int:
 # --------------------------------------------------------------------------- array helpers
 
 
-def _stack(p: np.ndarray, q: np.ndarray | int) -> np.ndarray:
+def _stack(p: np.ndarray | int, q: np.ndarray | int) -> np.ndarray:
     """The value ``(2, *shape)`` of p-part ``p`` and q-part ``q`` (broadcast together)."""
-    out = np.empty((2, *np.broadcast_shapes(p.shape, np.shape(q))), dtype=np.int64)
+    out = np.empty((2, *np.broadcast_shapes(np.shape(p), np.shape(q))), dtype=np.int64)
     out[0], out[1] = p, q
     return out
 
@@ -235,8 +233,10 @@ class RefFF:
 
     name = "ffref"
 
-    def __init__(self, fld: Field, q_parts: bool = True) -> None:
+    def __init__(self, fld: Field, q_parts: bool = True, p_unread: frozenset[int] = frozenset()) -> None:
         self.field = fld
+        #: the result types (ids) of matmuls whose p-parts nothing reads (:func:`_p_unread`)
+        self.p_unread = p_unread
         #: False: every q-part is left meaningless (-1), for programs in which no p-part reads one (no exp:
         #: every other meaning computes a p-part from p-parts only); an exp then raises :class:`NeedsQParts`
         self.q_parts = q_parts
@@ -254,7 +254,10 @@ class RefFF:
         fn = MEANINGS.get(op)
         if fn is None:
             raise GraphError(f"ffref: op {op!r} has no reference finite-field meaning")
-        return fn(self, [np.asarray(a, dtype=np.int64) for a in args], attrs, in_types)
+        args = [np.asarray(a, dtype=np.int64) for a in args]
+        if op == "matmul":  # (its p-part left out where only exps read it: :func:`_p_unread`)
+            return self.matmul(args[0], args[1], p=id(out_type) not in self.p_unread)
+        return fn(self, args, attrs, in_types)
 
     def ring(self, kind: str, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         """``x kind y`` for kind add, sub, mul, div."""
@@ -265,10 +268,8 @@ class RefFF:
         op = {"add": np.add, "sub": np.subtract, "mul": np.multiply}[kind]
         out = np.empty((2, *np.broadcast_shapes(x[0].shape, yp.shape)), dtype=np.int64)
         np.remainder(op(x[0], yp, out=out[0]), f.p, out=out[0])
-        if self._no_q(x) or self._no_q(y):  # (then so is every element of the result's q-part)
-            out[1] = -1
-        else:
-            out[1] = _qmark(op(x[1], yq) % f.q, x[1], y[1])
+        # (a q-part meaningless everywhere in an operand is so in the result)
+        out[1] = -1 if self._no_q(x) or self._no_q(y) else _qmark(op(x[1], yq) % f.q, x[1], y[1])
         return out
 
     def const(self, kind: str, x: np.ndarray, c: Fraction) -> np.ndarray:
@@ -295,19 +296,19 @@ class RefFF:
         q = ((z >> np.uint64(21)) % np.uint64(f.q)).astype(np.int64)
         return _stack(_inv(p, f.p), _inv(q, f.q)) if inverse else _stack(p, q)
 
-    def ones_like(self, x: np.ndarray) -> np.ndarray:
-        """``x * 0 + 1`` (meaningless q-parts stay so)."""
-        return self.const("add", self.const("mul", x, Fraction(0)), Fraction(1))
+    def recip(self, x: np.ndarray) -> np.ndarray:
+        """``(x * 0 + 1) / x`` (the inverse of 0 being 0; meaningless q-parts stay so)."""
+        return self.ring("div", self.const("add", self.const("mul", x, Fraction(0)), Fraction(1)), x)
 
     def pow(self, x: np.ndarray, attrs: dict[str, Any]) -> np.ndarray:
         """``x ** c``: exact products for integer ``|c| <= POW_EXACT_MAX`` (negative: the reciprocal), sqrt's
         random function (or its inverse) for ``c = +-0.5``, else a random function keyed by ``c``."""
         c = float(attrs["c"])
         if c.is_integer() and abs(c) <= POW_EXACT_MAX:
-            y = self.ones_like(x) if c == 0 else x
-            for _ in range(int(abs(c)) - 1):
+            y = self.const("add", self.const("mul", x, Fraction(0)), Fraction(1))  # x ** 0
+            for _ in range(int(abs(c))):
                 y = self.ring("mul", y, x)
-            return self.ring("div", self.ones_like(y), y) if c < 0 else y
+            return self.recip(y) if c < 0 else y
         if c in (0.5, -0.5):
             return self.oracle("sqrt", x, inverse=c < 0)
         return self.oracle(opaque_key("pow", attrs), x)
@@ -319,15 +320,17 @@ class RefFF:
                                               x[1].sum(axis=ax, keepdims=True) % self.field.q)
         return _stack(x[0].sum(axis=ax, keepdims=True) % self.field.p, q)
 
-    def matmul(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """``x @ y`` in both parts (a q-part meaningless where the row or column read has one that is)."""
+    def matmul(self, x: np.ndarray, y: np.ndarray, p: bool = True) -> np.ndarray:
+        """``x @ y`` in both parts (a q-part meaningless where the row or column read has one that is; ``p``
+        False: a product whose p-part nothing reads, left 0)."""
         f = self.field
         if self._no_q(x) or self._no_q(y):
             return _stack(_matmul(x[0], y[0], f.p), -1)
         bx, by = (x[1] < 0).any(axis=-1)[..., :, None], (y[1] < 0).any(axis=-2)[..., None, :]
-        r = max(x.ndim, y.ndim)  # (the parts' axis first, then the batch dims right-aligned)
-        x, y = (v.reshape(v.shape[:1] + (1,) * (r - v.ndim) + v.shape[1:]) for v in (x, y))
-        out = _matmul(np.maximum(x, 0), np.maximum(y, 0), np.array([f.p, f.q]).reshape((2,) + (1,) * (r - 1)))
+        r, k = max(x.ndim, y.ndim), slice(1 - p, 2)  # (parts' axis first, batch dims right-aligned; k: parts made)
+        x, y = (v[k].reshape(v[k].shape[:1] + (1,) * (r - v.ndim) + v.shape[1:]) for v in (x, y))
+        out = _matmul(np.maximum(x, 0), np.maximum(y, 0), np.array([f.p, f.q])[k].reshape((-1,) + (1,) * (r - 1)))
+        out = out if p else _stack(0, out[0])
         if bx.any() or by.any():
             np.copyto(out[1], -1, where=bx | by)
         return out
@@ -397,7 +400,7 @@ MEANINGS: dict[str, Meaning] = {
     "rms_norm": _rms_norm,
     "concat": _concat,
     "transpose": lambda d, a, at, it: np.swapaxes(a[0], _axis(at, it, "a"), _axis(at, it, "b")),
-    "reciprocal": lambda d, a, at, it: d.ring("div", d.ones_like(a[0]), a[0]),
+    "reciprocal": lambda d, a, at, it: d.recip(a[0]),
     "pow": lambda d, a, at, it: d.pow(a[0], at),
     "minimum": lambda d, a, at, it: d.ring("sub", d.ring("add", a[0], a[1]),
                                            _unkey(np.maximum(_key(a[0]), _key(a[1])))),
@@ -413,25 +416,18 @@ for _op in ("erf", "softplus", "abs", "clamp", "leaky_relu", "step"):  # no exac
 MEANINGS["log"] = lambda d, a, at, it: _stack(d.oracle("log", a[0])[0], _log_table(d.field)[a[0][0]])
 
 
-def _sigmoid(d: RefFF, x: np.ndarray) -> np.ndarray:
-    """1 / (1 + exp(-x)) exactly (1 + exp(-x) is never 0: exp's values have odd order q)."""
-    return _recip(d, d.const("add", d.exp(d.const("mul", x, Fraction(-1))), Fraction(1)))
-
-
 def _sigmoid_op(d: RefFF, x: np.ndarray) -> np.ndarray:
-    """sigmoid: p-part :func:`_sigmoid`, q-part a random function (both parts it where x has no q-part)."""
+    """sigmoid: p-part ``1 / (1 + exp(-x))`` exactly (``1 + exp(-x)`` is never 0: exp's values have odd order
+    q), q-part a random function (both parts it where x has no q-part)."""
     o = d.oracle("sigmoid", x)
-    return o if (x[1] < 0).all() else _stack(_sigmoid(d, x)[0], o[1])
+    return o if (x[1] < 0).all() else _stack(d.recip(d.const("add", d.exp(d.const("mul", x, Fraction(-1))),
+                                                                 Fraction(1)))[0], o[1])
 
 
 MEANINGS["sigmoid"] = lambda d, a, at, it: _sigmoid_op(d, a[0])
 MEANINGS["tanh"] = lambda d, a, at, it: d.const("add", d.const(  # 2 sigmoid(2x) - 1
     "mul", _sigmoid_op(d, d.const("mul", a[0], Fraction(2))), Fraction(2)), Fraction(-1))
 MEANINGS["silu"] = lambda d, a, at, it: d.ring("mul", a[0], _sigmoid_op(d, a[0]))  # x sigmoid(x)
-
-
-def _recip(d: RefFF, x: np.ndarray) -> np.ndarray:
-    return d.ring("div", d.ones_like(x), x)
 
 
 def _lead(x: np.ndarray, it: Sequence[TensorType]) -> int:
@@ -479,9 +475,22 @@ def evaluate(g: Graph, inputs: dict[str, np.ndarray], fld: Field,
              q_parts: bool = True) -> tuple[list[np.ndarray], int]:
     """Every output of ``g`` (arrays ``(2, *shape)``) in ``fld`` on ``inputs``, and the violation count
     (``q_parts=False``: see :class:`RefFF`)."""
-    d = RefFF(fld, q_parts)
+    d = RefFF(fld, q_parts, _p_unread(g))
     outs = run(g, inputs, d)
     return [np.broadcast_to(np.asarray(o), (2, *g.outputs[k].shape)) for k, o in enumerate(outs)], d.violations
+
+
+def _p_unread(g: Any, readers: dict[tuple[int, str], set[str]] | None = None) -> frozenset[int]:
+    """The ids of the result types of the matmuls (at any level of ``g``) that only exps read: their p-parts are
+    never read (exp reads the q-part). :func:`run` passes a node's own result type to :meth:`RefFF.apply`;
+    reads are keyed by (type object, op), so two matmuls that share a type have the readers of both."""
+    readers = {} if readers is None else readers
+    ns = node_list(g)
+    for (a, k), op in [*((r, n.op) for n in ns for r in n.args), *((r, "output") for r in output_refs(g))]:
+        readers.setdefault((id(ns[a].outs[k]), ns[a].op), set()).add(op)
+    for sub in (s for n in ns for s in _subs(n)):
+        _p_unread(sub, readers)
+    return frozenset(t for (t, op), ops in readers.items() if op == "matmul" and ops == {"exp"})
 
 
 def degree_bound(g: Graph) -> tuple[int, int]:
@@ -497,10 +506,8 @@ def degree_bound(g: Graph) -> tuple[int, int]:
             if n.op in ("input", "arg"):
                 idx = n.attr("arg") if n.op == "input" and n.attr("arg") is not None else n.attr("index")
                 d.append(in_deg[idx] if idx is not None and idx < len(in_deg) else 1)
-            elif n.op == "custom":
-                d.append(max(walk(n.attr("block").nodes, a) or [1]))
-            elif n.op == "fused":
-                d.append(max(walk(n.attr("thread").nodes, a) or [1]))
+            elif n.op in ("custom", "fused"):
+                d.append(max(walk(n.attr("block" if n.op == "custom" else "thread").nodes, a) or [1]))
             else:
                 dg = OPS[n.op].degree_of(a, n.attr_dict)
                 opaque[1] += dg.opaque
@@ -699,9 +706,7 @@ def per_trial_bound(a: Graph, b: Graph) -> float:
 
 def trials_needed(per_trial: float, target_log2: float = 60.0, minimum: int = 2) -> int:
     """Independent trials so that ``per_trial ** n <= 2**-target_log2`` (0 when ``per_trial >= 1``)."""
-    if per_trial >= 1:
-        return 0
-    return max(minimum, math.ceil(target_log2 / -math.log2(per_trial)))
+    return 0 if per_trial >= 1 else max(minimum, math.ceil(target_log2 / -math.log2(per_trial)))
 
 
 @dataclass(frozen=True)
