@@ -501,6 +501,10 @@ class Store:
                 return bool(lst)
         return _BUDGET.add(Held(value, nbytes), lst)
 
+    def held_input_bytes(self, but: int | None = None) -> int:
+        """Bytes of the input values held now, for every seed but ``but``."""
+        return sum(h.nbytes for s, lst in list(self._inputs.items()) if s != but for h in list(lst))
+
     def held_inputs(self, seed: int) -> Any | None:
         """The input values held for ``seed`` (:meth:`hold_inputs`), or None."""
         held = list(self._inputs.get(seed, ()))  # (a copy: another thread may drop it meanwhile)

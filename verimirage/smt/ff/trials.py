@@ -275,13 +275,18 @@ class FFReference:
 
     def hold_inputs(self, s: int, ins: dict[str, FV], trials: int) -> bool:
         """After a trial of seed ``s``: keep its inputs ``ins`` (those computed) for later candidates, within the
-        budget of :mod:`verimirage.smt.ff.share`, when ``trials`` trials' worth of them take at most half of
-        it (more would evict each other, and the products, before a later candidate reads them). Whether
+        budget of :mod:`verimirage.smt.ff.share`, while the inputs held for this target's trials take at most
+        half of it (more would evict each other, and the products, before a later candidate reads them): every
+        trial's when ``trials`` trials' worth fit, else those of the first trials that fit (the others are
+        drawn again by each candidate: the models set's MLP weights, 0.5 s per 58.7M-element draw). Whether
         they are kept."""
         if s in self._inputs:
             return True
         n = held_bytes(ins)
-        return n * trials <= ffshare.budget() // 2 and self.shared.hold_inputs(s, ins, n)
+        half = ffshare.budget() // 2
+        if n * trials > half and self.shared.held_input_bytes(but=s) + n > half:
+            return False
+        return self.shared.hold_inputs(s, ins, n)
 
     def outputs(self, s: int, inputs: Mapping[str, FV] | None = None) -> tuple[list[np.ndarray], int]:
         """The target's compared values (:func:`observe`) for seed ``s`` and its q-violation count
