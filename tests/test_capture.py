@@ -661,3 +661,46 @@ def test_a_partition_result_that_aten_expands_is_laid_out_with_its_zero_strides(
     assert tuple(got.stride()) == (3, 0, 1) and torch.equal(got, y)
     plain = capture.with_strides(y, (2, 4, 3), (1, 6, 2))
     assert tuple(plain.stride()) == (1, 6, 2) and torch.equal(plain, y)
+
+
+def test_a_mask_added_to_scores_viewed_from_a_batched_matmul_lifts() -> None:
+    """Finding (corpus, sdpa_mask training): SDPA's math path adds the (B, 1, 1, S) mask to scores that are a
+    ``(B*H, L, S)`` bmm viewed as ``(B, H, L, S)``; the mask does not line up with the viewed shape, and the add
+    was left behind ("layout"). The viewed operand is now reshaped to the ATen shape first."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    g = torch.Generator().manual_seed(4)
+    a, b = torch.randn(4, 4, 8, generator=g), torch.randn(4, 8, 4, generator=g)
+    mask = torch.randn(2, 1, 1, 4, generator=g)
+
+    def f(a: Any, b: Any, mask: Any) -> Any:
+        return torch.ops.aten._safe_softmax(torch.bmm(a, b).view(2, 2, 4, 4) + mask, -1)
+
+    gm = make_fx(f)(a, b, mask)
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+    lifted = capture.lift(nodes)
+    by_name = {"a_1": a, "b_1": b, "mask_1": mask}
+    feed = {f"in{i}": by_name[n.name].double().numpy() for i, n in enumerate(lifted.inputs)}
+    (got,) = vm.evaluate(lifted.graph, feed)
+    want = f(a.double(), b.double(), mask.double()).numpy()
+    np.testing.assert_allclose(np.asarray(got).reshape(want.shape), want, rtol=1e-12, atol=1e-12)
+
+
+def test_safe_softmax_lifts_and_gives_zero_on_rows_masked_entirely() -> None:
+    """``_safe_softmax`` (SDPA's math path with a mask) was left behind ("no test for -inf"); it lifts as a
+    softmax whose row max and denominator are clamped: a row of -inf gives 0, any other row the softmax."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    x = torch.randn(4, 6, generator=torch.Generator().manual_seed(8))
+    x[1] = float("-inf")
+    x[2, :5] = float("-inf")
+    x[3, 0] = -1e30  # a large finite negative: still the plain softmax
+
+    def f(x: Any) -> Any:
+        return torch.ops.aten._safe_softmax(x, -1)
+
+    lifted = capture.lift([n for n in make_fx(f)(x).graph.nodes if n.op == "call_function"])
+    for dt in (np.float64, np.float32):
+        (got,) = vm.evaluate(lifted.graph, {"in0": x.numpy().astype(dt)})
+        np.testing.assert_allclose(np.asarray(got), f(x.double()).numpy(), rtol=1e-6, atol=1e-7)
+    assert not np.isnan(np.asarray(got)).any() and (np.asarray(got)[1] == 0).all()

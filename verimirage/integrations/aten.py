@@ -200,16 +200,12 @@ class Ctx:
             if not v.exact:
                 W = tuple(v.t.shape)
                 break
-        ts: list[Tensor] = []
-        if W == R:
-            for v in vals:
-                if v.exact or (not v.bcast and strip1(v.t.shape) == strip1(v.shape)) or (
-                    v.bcast and broadcasts_to(v.t.shape, v.shape)
-                ):
-                    ts.append(v.t)
-                else:
-                    ts.append(self.exact(v))
-        else:
+        def as_is() -> list[Tensor]:  # every operand in the ATen shape (pending reshapes made real)
+            return [v.t if v.exact or (not v.bcast and strip1(v.t.shape) == strip1(v.shape)) or (
+                v.bcast and broadcasts_to(v.t.shape, v.shape)) else self.exact(v) for v in vals]
+
+        def viewed() -> list[Tensor]:  # in the viewed operands' shape ``W`` (no data movement)
+            ts: list[Tensor] = []
             L = common_tail(R, W)
             for v in vals:
                 if v.shape == R and not v.bcast:
@@ -223,6 +219,20 @@ class Ctx:
                     ts.append(v.t)
                 else:
                     raise Unsupported(Reason.LAYOUT, f"an operand of shape {v.shape} does not line up with {R}", v.src)
+            return ts
+
+        if W == R:
+            ts = as_is()
+        else:
+            try:
+                ts = viewed()
+            except Unsupported:
+                # an operand broadcasts over dims the view merged (an attention mask (B, 1, 1, S) added to
+                # scores viewed as (B, H, L, S) from a (B*H, L, S) batched matmul): the viewed operands are
+                # reshaped to the ATen shape instead, where the registry has reshape
+                if not self.layout("reshape"):
+                    raise
+                ts, W = as_is(), R
         if len({t.dtype for t in ts}) > 1 and self.out_dtype in {t.dtype for t in ts}:
             # ATen's type promotion (an fp16 weight times an fp32 activation is fp32): the narrower operands
             # are cast to the result's dtype first, exactly as ATen computes it
@@ -1104,6 +1114,26 @@ for _n in ("nll_loss_forward", "nll_loss_backward", "nll_loss", "nll_loss_nd", "
 for _n in ("eq", "ne"):
     HANDLERS[_n] = _not_expressible(Reason.NOT_IN_REGISTRY, "an equality test as a tensor of booleans; the registry "
                                     "makes masks only as step (0/1 floats: x > c)")
-HANDLERS["_safe_softmax"] = _not_expressible(
-    Reason.NOT_IN_REGISTRY, "softmax that gives 0 on rows masked entirely to -inf; the registry has no test for -inf")
+
+
+@handles("_safe_softmax")
+def _safe_softmax(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    """Softmax that gives 0 on rows masked entirely to -inf (SDPA's math path with a mask), without a test for
+    -inf: the row max is clamped to the dtype's finite range (a row of -inf then gives ``exp(-inf) = 0``
+    everywhere; any row with a finite max is unchanged, since that max is in range) and the denominator to at
+    least 1 (a row with a finite max has a term ``exp(0) = 1``, so only the all -inf rows change: 0 / 1 = 0)."""
+    import torch
+
+    v, dim = args[0], int(args[1])
+    dt = args[2] if len(args) > 2 else kwargs.get("dtype")
+    if dt is not None and vm_dtype(dt) != v.t.dtype:
+        raise Unsupported(Reason.DTYPE, "_safe_softmax with a dtype conversion")
+    t, (ax,) = ctx.axes(v, [dim])
+    g = ctx.g
+    fi = torch.finfo(getattr(torch, t.dtype.torch_name))
+    m = emit(g, "clamp", emit(g, "max", t, ax), float(fi.min), float(fi.max))
+    e = emit(g, "exp", emit(g, "sub", t, m))
+    return LV(emit(g, "div", e, emit(g, "clamp", emit(g, "sum", e, ax), 1.0, float(fi.max))), _shape(out))
+
+
 HANDLERS["argmax"] = HANDLERS["argmin"] = _not_expressible(Reason.NOT_IN_REGISTRY, "an index result (argmax)")
