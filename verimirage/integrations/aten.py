@@ -756,42 +756,29 @@ def _gelu_bw(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
 
 @handles("where")
 def _where(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    """``where(m, a, b)`` by the registry's ``where``, whose mask is a boolean input of the partition (ATen's
+    comparison). A comparison lifted in the partition is a 0/1 float (``step``), and ``m * a + (1 - m) * b`` is
+    NaN where the branch not taken is inf or NaN (``where(x > 0, sqrt(x), 0)``): such a comparison is left to
+    ATen (blamed), so the ``where`` reads its booleans. A scalar branch is a (finite) constant."""
     m, a, b = args[0], args[1], args[2]
     if isinstance(m, LV) and m.mask:
-        return _where_mask(ctx, m, a, b, out)
-    if not all(isinstance(v, LV) for v in (m, a, b)):
-        raise Unsupported(Reason.NOT_IN_REGISTRY, "where with a scalar branch")
-    return LV(emit(ctx.g, "where", ctx.exact(m), ctx.exact(a), ctx.exact(b)), _shape(out))
-
-
-def _where_mask(ctx: Ctx, m: LV, a: Any, b: Any, out: Any) -> LV:
-    """``where(m, a, b)`` for a comparison mask ``m`` (0/1): ``m * a + (1 - m) * b``, exact for finite values
-    (each product is the branch or 0; a scalar branch of 0 drops its term). A branch that is inf or NaN where
-    it is not chosen gives NaN here, as ``threshold_backward``'s ``grad * step`` does."""
-    if not all(isinstance(v, LV) or _num(v) for v in (a, b)):
-        raise Unsupported(Reason.NOT_IN_REGISTRY, "where with a non-numeric branch")
+        node = ctx.node.args[0] if ctx.node is not None and ctx.node.args else None
+        raise Unsupported(Reason.DTYPE, "where of a comparison made in the partition (held as 0/1 floats, the "
+                                        "branch not taken would leak inf/NaN): the comparison stays in ATen",
+                          node)
+    if not isinstance(m, LV) or not all(isinstance(v, LV) or _num(v) for v in (a, b)):
+        raise Unsupported(Reason.NOT_IN_REGISTRY, "where with a scalar mask or a non-numeric branch")
     if any(_num(v) and not math.isfinite(float(v)) for v in (a, b)):
-        raise Unsupported(Reason.NOT_IN_REGISTRY, "where with an infinite constant branch (0 * inf is NaN)")
-    g = ctx.g
+        raise Unsupported(Reason.NOT_IN_REGISTRY, "where with an infinite constant branch (the registry's "
+                                                  "constants are finite)")
     _, dt = out
     odt = vm_dtype(dt)
-    vals = [m] + [v for v in (a, b) if isinstance(v, LV)]
-
-    def f(ts: list[Tensor]) -> Tensor:
-        mt = ts[0] if ts[0].dtype == odt else emit(g, "cast", ts[0], dtype=str(odt))  # 0 and 1: exact
-        it = iter(ts[1:])
-        terms = []
-        for v, keep in ((a, mt), (b, None)):
-            sel = keep if keep is not None else emit(g, "shift", emit(g, "scale", mt, c=-1.0), c=1.0)
-            if isinstance(v, LV):
-                terms.append(emit(g, "mul", next(it), sel))
-            elif float(v) != 0.0:
-                terms.append(emit(g, "scale", sel, c=float(v)))
-        if not terms:
-            return emit(g, "scale", mt, c=0.0)
-        return terms[0] if len(terms) == 1 else emit(g, "add", terms[0], terms[1])
-
-    return ctx.ew(_shape(out), vals, f)
+    a, b = (v if isinstance(v, LV) else _constant(ctx, (), dt, float(v)) for v in (a, b))
+    ts = [ctx.exact(m)]
+    for v in (a, b):
+        t = v.t if v.shape == () and tuple(v.t.shape) == (1,) else ctx.exact(v)
+        ts.append(t if t.dtype == odt else emit(ctx.g, "cast", t, odt))
+    return LV(emit(ctx.g, "where", *ts), _shape(out))
 
 
 @handles("le", "lt", "ge", "gt")

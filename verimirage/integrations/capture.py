@@ -764,6 +764,7 @@ def transform(gm: fx.GraphModule, opts: CaptureOptions, report: Report, kind: st
     from torch.fx.passes.tools_common import legalize_graph
 
     gidx = report.new_graph(kind)
+    rewrote = _mask_threshold_backward(gm)
     nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
     why: dict[fx.Node, tuple[Reason, str]] = {}
     ok: set[fx.Node] = set()
@@ -853,12 +854,46 @@ def transform(gm: fx.GraphModule, opts: CaptureOptions, report: Report, kind: st
             r = (Reason.UNPARTITIONED, "no partition held it after the capture's retries")
         report.ops.append(OpRecord(gidx, op_name(n), n.name, is_compute(n), part,
                                    None if r is None else r[0].value, None if r is None else r[1]))
-    if taken:
+    if taken or rewrote:
         legalize_graph(gm)
         gm.graph.lint()
         gm.recompile()
     log.info("verimirage: %s graph: %s", kind, report.summary(gidx))
     return runners
+
+
+def _mask_threshold_backward(gm: fx.GraphModule) -> int:
+    """Write each ``threshold_backward(grad, x, c)`` as ``where(x <= c, 0, grad)`` (its definition), in place.
+
+    The comparison then stays in ATen and the ``where`` lifts with its booleans: lifted whole, ``grad * step(x)``
+    is NaN where ``grad`` is inf or NaN and ``x <= c`` (``sqrt(relu(x))``'s gradient at 0 is inf, which ATen
+    masks to 0). Returns the number of nodes rewritten."""
+    aten = torch.ops.aten
+    k = 0
+    for n in list(gm.graph.nodes):
+        if n.op != "call_function" or op_name(n) != "threshold_backward" or len(n.args) != 3 or n.kwargs:
+            continue
+        gr, x, c = n.args
+        xv, v = x.meta.get("val") if isinstance(x, fx.Node) else None, n.meta.get("val")
+        if not (isinstance(gr, fx.Node) and isinstance(xv, torch.Tensor) and isinstance(v, torch.Tensor)
+                and isinstance(c, (int, float)) and not isinstance(c, bool)):
+            continue
+        try:
+            with getattr(xv, "fake_mode", None) or contextlib.nullcontext():
+                mv = aten.le.Scalar(xv, c)
+                wv = aten.where.ScalarSelf(mv, 0.0, gr.meta["val"])
+        except Exception:  # no meta to give the new nodes: the node stays as it was
+            continue
+        if tuple(wv.shape) != tuple(v.shape) or wv.dtype != v.dtype:
+            continue
+        with gm.graph.inserting_before(n):
+            m = gm.graph.call_function(aten.le.Scalar, (x, c))
+            w = gm.graph.call_function(aten.where.ScalarSelf, (m, 0.0, gr))
+        m.meta["val"], w.meta["val"] = mv, wv
+        n.replace_all_uses_with(w)
+        gm.graph.erase_node(n)
+        k += 1
+    return k
 
 
 _LAYOUT_OPS = frozenset({"reshape", "broadcast_to", "permute", "slice"})

@@ -1,0 +1,193 @@
+"""Red team of the torch.compile backend (issue 20): idiomatic-but-tricky modules through
+``torch.compile(model, backend=...)`` against eager PyTorch (float64 where the module allows it).
+
+The rule: the backend never turns a working model into an exception, never returns wrong values (NaN where eager
+has numbers included), never loses ``requires_grad``, never drops a side effect (input and buffer mutations,
+outputs that alias each other). Each finding has a regression test named after it; cheap attacks that held stay
+as tests too.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+import verimirage as vm  # noqa: E402
+from verimirage.integrations import capture  # noqa: E402
+from verimirage.integrations.dynamo import backend  # noqa: E402
+from verimirage.integrations.report import Report  # noqa: E402
+
+OPTS: dict[str, Any] = {"time_budget_s": 5.0, "fallback": "eager", "candidates": 1}
+TOL = {torch.float32: 1e-4, torch.float64: 1e-9, torch.float16: 2e-2, torch.bfloat16: 5e-2}
+
+
+def _flat(o: Any) -> list[Any]:
+    if isinstance(o, torch.Tensor):
+        return [o]
+    if isinstance(o, (list, tuple)):
+        return [t for x in o for t in _flat(x)]
+    return []
+
+
+def _same(got: Any, want: Any, what: str) -> None:
+    """``got`` equals ``want`` (the eager value, float64 where it could be) within ``got``'s dtype tolerance, with
+    NaN and inf at the same places."""
+    assert tuple(got.shape) == tuple(want.shape), f"{what}: shape {tuple(got.shape)} vs {tuple(want.shape)}"
+    g, w = got.detach().double(), want.detach().double()
+    np.testing.assert_array_equal(torch.isnan(g).numpy(), torch.isnan(w).numpy(), err_msg=f"{what}: NaN pattern")
+    np.testing.assert_array_equal(torch.isinf(g).numpy(), torch.isinf(w).numpy(), err_msg=f"{what}: inf pattern")
+    fin = torch.isfinite(w)
+    if bool(fin.any()):
+        scale = max(1.0, float(w[fin].abs().max()))
+        tol = TOL.get(got.dtype, 1e-4) * scale
+        assert float((g[fin] - w[fin]).abs().max()) <= tol, f"{what}: values differ"
+
+
+def _compiled(model: Any, **opts: Any) -> tuple[Any, Report]:
+    rep = Report()
+    torch._dynamo.reset()
+    return torch.compile(model, backend=backend(report=rep, **{**OPTS, **opts})), rep
+
+
+def _attack(make: Callable[[], Any], inputs: Callable[[], list[Any]], *, train: bool,
+            ref64: bool = True) -> Report:
+    """Run ``make()`` compiled and eagerly (float64 when ``ref64``) on the same ``inputs()``; compare outputs,
+    ``requires_grad``, the inputs and buffers after the call, and (``train``) every gradient."""
+    torch.manual_seed(0)
+    model = make()
+    ref = copy.deepcopy(model)
+    if ref64:
+        ref = ref.double()
+    cm, rep = _compiled(model)
+    xs = inputs()
+    xr = [x.detach().clone().double() if ref64 and isinstance(x, torch.Tensor) and x.is_floating_point() else
+          x.detach().clone() if isinstance(x, torch.Tensor) else x for x in xs]
+    if train:
+        xs = [x.detach().requires_grad_() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in xs]
+        xr = [x.requires_grad_() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in xr]
+        out, want = cm(*xs), ref(*xr)
+    else:
+        with torch.no_grad():
+            out, want = cm(*xs), ref(*xr)
+    fo, fw = _flat(out), _flat(want)
+    assert len(fo) == len(fw)
+    for i, (a, b) in enumerate(zip(fo, fw, strict=True)):
+        _same(a, b, f"output {i}")
+        assert a.requires_grad == b.requires_grad, f"output {i}: requires_grad {a.requires_grad}"
+    for i, (a, b) in enumerate(zip(xs, xr, strict=True)):
+        if isinstance(a, torch.Tensor):
+            _same(a, b, f"input {i} after the call")
+    for (k, a), (_, b) in zip(model.named_buffers(), ref.named_buffers(), strict=True):
+        _same(a, b, f"buffer {k}")
+    if train:
+        g = torch.Generator().manual_seed(3)
+        ws = [torch.rand(t.shape, generator=g, dtype=torch.float64) for t in fo]
+        sum((t.double() * w).sum() for t, w in zip(fo, ws, strict=True) if t.requires_grad).backward()
+        sum((t * w).sum() for t, w in zip(fw, ws, strict=True) if t.requires_grad).backward()
+        for (k, a), (_, b) in zip(model.named_parameters(), ref.named_parameters(), strict=True):
+            assert (a.grad is None) == (b.grad is None), k
+            if a.grad is not None:
+                _same(a.grad, b.grad, f"gradient of {k}")
+        for i, (a, b) in enumerate(zip(xs, xr, strict=True)):
+            if isinstance(a, torch.Tensor) and a.requires_grad:
+                _same(a.grad, b.grad, f"gradient of input {i}")
+    return rep
+
+
+def _feed(gm: Any, lifted: Any, *args: Any) -> dict[str, Any]:
+    """The lifted partition's inputs (``in{i}`` and its constants) from a run of ``gm`` on ``args``."""
+    vals: dict[Any, Any] = {}
+
+    class Rec(torch.fx.Interpreter):
+        def run_node(self, n: Any) -> Any:
+            vals[n] = super().run_node(n)
+            return vals[n]
+
+    Rec(gm).run(*args)
+    feed = {f"in{i}": vals[n].numpy() for i, n in enumerate(lifted.inputs)}
+    feed.update({k: c.numpy() for k, c in lifted.consts})
+    return feed
+
+
+def _left_ops_say_why(rep: Report) -> None:
+    kinds = tuple(r.value for r in capture.Reason)
+    for r in rep.left:
+        assert (rep.reason_of(r) or "").startswith(kinds), (r.op, rep.reason_of(r))
+
+
+# --------------------------------------------------------------------------- findings
+
+
+@pytest.mark.slow
+def test_where_leaked_nan_from_the_branch_not_taken() -> None:
+    """Finding (high, wrong values): ``torch.where(x > 0, torch.sqrt(x), 0)`` came back with NaN wherever
+    ``x < 0``: the comparison was lifted as a 0/1 float and the where as ``m * a + (1 - m) * b``, and
+    ``0 * nan`` is NaN (the capture's check runs on inputs in [0.5, 1.5), where nothing is masked). Now the
+    comparison stays in ATen and the registry's ``where`` reads its booleans."""
+
+    class M(nn.Module):
+        def forward(self, x: Any) -> Any:
+            safe = torch.where(x > 0, torch.sqrt(x), torch.zeros_like(x)) * 2.0
+            capped = torch.where(x < 80.0, torch.exp(x), 0.0)  # exp overflows where it is not taken
+            return safe, capped, torch.where(x > 0, x, 0.1 * x)
+
+    x = torch.tensor([[1.0, -2.0, 100.0, 0.0, -0.5, 90.0, 3.0, -7.0]]).repeat(4, 1)
+    rep = _attack(M, lambda: [x.clone()], train=False)
+    _left_ops_say_why(rep)
+
+
+def test_where_of_a_lifted_comparison_blames_the_comparison() -> None:
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    gm = make_fx(lambda x, y: torch.where(x > 0.5, y, 2.0) * 3.0)(torch.randn(3, 4), torch.randn(3, 4))
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+    with pytest.raises(capture.LiftError) as e:
+        capture.lift(nodes)
+    assert capture.op_name(e.value.node) == "gt" and "inf/NaN" in e.value.message
+    lifted = capture.lift([n for n in nodes if capture.op_name(n) != "gt"])
+    x, y = torch.randn(3, 4), torch.tensor(float("inf")).repeat(3, 4)
+    (got,) = vm.evaluate(lifted.graph, _feed(gm, lifted, x, y))
+    np.testing.assert_array_equal(np.asarray(got), torch.where(x > 0.5, y, 2.0).numpy() * 3.0)
+
+
+def test_threshold_backward_gave_nan_gradients_where_relu_masks_an_inf() -> None:
+    """Finding (high, wrong gradients): ``threshold_backward(grad, x, 0)`` was lifted as ``grad * step(x)``; the
+    gradient of ``sqrt(relu(x))`` is inf where ``relu(x) = 0``, which ATen masks to 0 and the product made NaN,
+    so every weight gradient of the layer before was NaN. The capture now writes it ``where(x <= 0, 0, grad)``
+    (its definition): the comparison stays in ATen, the where lifts (fast, lift-level check)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(gr: Any, x: Any) -> Any:
+        return torch.ops.aten.threshold_backward.default(gr, x, 0) * 2.0
+
+    gr = torch.tensor([[float("inf"), 1.0, float("nan"), -3.0]])
+    x = torch.tensor([[-1.0, 2.0, 0.0, 5.0]])
+    gm = make_fx(f, tracing_mode="fake")(gr, x)
+    assert capture._mask_threshold_backward(gm) == 1
+    gm.recompile()
+    assert not any(capture.op_name(n) == "threshold_backward" for n in gm.graph.nodes)
+    np.testing.assert_array_equal(gm(gr, x).numpy(), f(gr, x).numpy())
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function" and capture.op_name(n) != "le"]
+    lifted = capture.lift(nodes)
+    (got,) = vm.evaluate(lifted.graph, _feed(gm, lifted, gr, x))
+    np.testing.assert_array_equal(np.asarray(got), f(gr, x).numpy())  # 0 where ReLU masks inf and NaN
+
+
+@pytest.mark.slow
+def test_threshold_backward_nan_gradients_end_to_end() -> None:
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x: Any) -> Any:
+            return torch.sqrt(torch.relu(self.lin(x))).sum(-1)
+
+    _attack(M, lambda: [torch.randn(4, 8, generator=torch.Generator().manual_seed(2))], train=True)
