@@ -138,7 +138,7 @@ def prove(case: str, small: bool, directory: Path, cert_dir: Path | None, *,
     from verimirage.ir.graph import MuGraph
     from verimirage.smt.certify import make_certificate, make_composed_certificate
     from verimirage.smt.glue import compose, region_of
-    from verimirage.smt.verify import verifier_for
+    from verimirage.smt.verify import Verifier
 
     g = get_layer(case, small)
     name = f"{case}{'_small' if small else ''}"
@@ -154,7 +154,7 @@ def prove(case: str, small: bool, directory: Path, cert_dir: Path | None, *,
         key = (str(reg.graph), str(mg))
         if key not in made:
             t1 = time.perf_counter()
-            v = verifier_for(reg.graph).check(mg, timeout_s=verify_timeout_s)
+            v = Verifier(reg.graph).check(mg, timeout_s=verify_timeout_s)  # (one-shot: its cache freed after)
             if not v.proved:
                 raise ValueError(f"{case}: a region's μGraph is not proved: {v.reason}")
             made[key] = make_certificate(reg.graph, mg, v, rules, trusted, timeout_s=verify_timeout_s)

@@ -77,3 +77,48 @@ def test_ff_loop_wrong_candidate_still_refuted() -> None:
                            .replace("%1 = input {arg=9, fmap=0", "%1 = input {arg=2, fmap=0"))
     r = ff_test(g, bad, seed=0, trials=1)
     assert r.outcome.value == "refuted", r.reason
+
+
+def test_exact_domains_sum_a_k_loop_as_one_product(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # the finite-field domains (fast and reference) evaluate loop_sum(A_k @ B_k) over a loop splitting the
+    # contracted dim as A @ B over the whole dim (ir.interpret._folded_products): an identity of exact arithmetic,
+    # so every output is the same as the literal per-step evaluation's (here on the suite's designs that fold)
+    import numpy as np
+
+    from verimirage.benchmarks.designs import expert, small_design_kw
+    from verimirage.ir import interpret
+    from verimirage.smt import ffref
+    from verimirage.smt.ff.field import Field
+    from verimirage.smt.ff.trials import _run_lazy, input_values
+    from verimirage.smt.ff.values import stacked
+
+    folded: list[int] = []
+    real = interpret._folded_products
+    fold = True
+
+    def spy(*a):  # type: ignore[no-untyped-def]
+        r = real(*a) if fold else {}
+        folded.append(len(r))
+        return r
+
+    monkeypatch.setattr(interpret, "_folded_products", spy)
+    for name in ("rmsnorm_linear", "lora", "gated_mlp"):
+        g = vm.benchmarks.get(name, small=True)
+        m = expert(name, g, **small_design_kw(name))
+        fld, s = ffref.field_of(11), 11
+        ins = ffref.trial_inputs(g, fld, s)
+        ref, fast = [], []
+        for fold in (True, False):
+            before = sum(folded)
+            ref.append(ffref.evaluate(m, ins, fld)[0])
+            fast_fld = Field.from_seed(s)
+            fast.append([stacked(o) for o in _run_lazy(m, input_values(g, fast_fld, s), fast_fld)])
+            assert (sum(folded) > before) == fold, name  # the design has a K-loop the domains fold
+        for a, b in zip(*ref, strict=True):
+            assert np.array_equal(a, b), name
+        for a, b in zip(*fast, strict=True):
+            assert np.array_equal(a[0], b[0]), name
+    # a float domain is not exact: its K-loop is summed step by step, as the kernel does
+    fold, before = True, sum(folded) + len(folded)
+    vm.evaluate(m, {t.name: np.ones(t.shape) for t in g.inputs})
+    assert sum(folded) + len(folded) == before

@@ -14,6 +14,7 @@ from verimirage.pipeline.options import SearchOptions, StopReason
 from verimirage.pipeline.regions import compose, initial_chunks, region_of
 from verimirage.pipeline.superopt import WHOLE_VERIFY_TIMEOUT_S, _check_split
 from verimirage.pipeline.superopt import SearchOptions as SO2
+from verimirage.smt.glue import live_ops
 
 
 def relu_chain(layers: int, m: int = 16, d: int = 32) -> vm.Graph:
@@ -215,3 +216,63 @@ def test_a_region_holds_no_unrelated_computations() -> None:
     mv = next(i for i, n in enumerate(nodes) if n.op == "matmul" and n.args[1][0] == wv)
     (chunk,) = [c for c in initial_chunks(g, 12) if mv in c]
     assert all(nodes[i].op in ("matmul", "reshape") for i in chunk), [nodes[i].op for i in chunk]
+
+
+def _norm_three_projections() -> tuple[vm.Graph, list[int]]:
+    """rms_norm(X) read by three projections; a relu of the first between them in program order."""
+    g = vm.Graph()
+    x = g.input("X", (4, 16), vm.float16)
+    h = g.rms_norm(x, g.input("G", (16,), vm.float16), eps=1e-5)
+    a = g.relu(g.matmul(h, g.input("WA", (16, 16), vm.float16)))
+    b = g.matmul(h, g.input("WB", (16, 16), vm.float16))
+    c = g.matmul(h, g.input("WC", (16, 16), vm.float16))
+    g.output(a, b, c)
+    return g, [i for i, n in enumerate(node_list(g)) if n.op == "rms_norm"]
+
+
+def test_a_norm_is_searched_with_every_projection_reading_it() -> None:
+    # a norm read by three projections fuses into their prologues only when all three take it (with one, its
+    # output is still written for the others): the neighbour pass cannot find that; the reader pass searches
+    # the norm with all its readers, wherever they lie in the order, and keeps it when cheaper
+    from verimirage.pipeline.regions import split_search
+
+    g, (norm,) = _norm_three_projections()
+    seen: list[list[str]] = []
+
+    def search(rg: vm.Graph) -> tuple[MuGraph, float, str, tuple[str, ...]]:
+        ops = [n.op for n in node_list(rg) if n.op != "input"]
+        seen.append(ops)
+        # a region's cost: 1 a kernel's worth of ops, but the norm with all three projections is one kernel
+        est = 1.0 if ops.count("matmul") == 3 and "rms_norm" in ops else float(len(ops))
+        return MuGraph.from_graph(rg), est, "searched", ()
+
+    out = split_search(g, 12, search)
+    assert ["rms_norm", "matmul", "relu", "matmul", "matmul"] in seen
+    merged = [r for r in out.regions if norm in r.nodes]
+    assert len(merged) == 1 and sum(node_list(g)[i].op == "matmul" for i in merged[0].nodes) == 3
+    assert "merged with the 3 region(s) reading it" in out.reports[out.regions.index(merged[0])].how
+    # a partition of the live ops, in an order the splice accepts, and the program when composed
+    assert sorted(i for r in out.regions for i in r.nodes) == sorted(live_ops(g))
+    mg = compose(g, out.regions, out.mugraphs)
+    ins = _inputs(g)
+    for p, q in zip(vm.evaluate(mg, ins), vm.evaluate(g, ins), strict=True):
+        np.testing.assert_allclose(p, q, rtol=1e-12)
+
+
+def test_reader_merge_kept_only_when_cheaper_and_convex() -> None:
+    from verimirage.pipeline.regions import _convex, split_search
+
+    g, (norm,) = _norm_three_projections()
+    out = split_search(g, 12, lambda rg: (MuGraph.from_graph(rg), float(len(node_list(rg))), "searched", ()))
+    assert not any("reading it" in r.how for r in out.reports)  # never cheaper: every region as it was
+    # convexity: x -> relu -> exp, x -> exp's reader: {relu, add} has exp (outside) on a path between them
+    h = vm.Graph()
+    x = h.input("X", (4, 4), vm.float16)
+    r = h.relu(x)
+    e = h.exp(r)
+    s = h.add(r, e)
+    h.output(s)
+    idx = {n.op: i for i, n in enumerate(node_list(h))}
+    assert not _convex(h, {idx["relu"], idx["add"]})
+    assert _convex(h, {idx["relu"], idx["exp"], idx["add"]}) and _convex(h, {idx["exp"], idx["add"]})
+    assert norm in live_ops(g)

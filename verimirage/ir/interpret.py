@@ -173,14 +173,15 @@ def run_block(bg: BlockGraph, args: Sequence[Any], arg_types: Sequence[TensorTyp
             tiles[i] = tile_input(
                 args[k], arg_types[k].shape, bg.grid, n.attr("imap"), n.attr("fmap"), bg.frange
             )
-    acc: dict[int, Any] = {}
+    acc = _folded_products(bg, args, arg_types, domain) if domain.name in ("ff", "ffref") else {}  # (exact ones)
+    skip = {nodes[i].args[0][0] for i in acc}
     run_max: dict[int, Any] = {}
     body_env: dict[int, list[Any]] = {}
     prev_m: dict[int, Any] = {}
     for it in range(bg.frange):
         body_env = {i: [t[it]] for i, t in tiles.items()}
         for i, n in enumerate(nodes):
-            if post[i] or i in body_env:
+            if post[i] or i in body_env or i in skip:
                 continue
             if n.op == "running_max":
                 (a, k), t = n.args[0], n.outs[0]
@@ -191,7 +192,7 @@ def run_block(bg: BlockGraph, args: Sequence[Any], arg_types: Sequence[TensorTyp
             else:
                 _eval_node(nodes, i, body_env, domain)
         for i, n in enumerate(nodes):
-            if n.op not in ("loop_sum", "loop_max", "rescaled_sum"):
+            if n.op not in ("loop_sum", "loop_max", "rescaled_sum") or n.args[0][0] in skip:
                 continue
             (a, k), t = n.args[0], n.outs[0]
             x = body_env[a][k]
@@ -216,6 +217,21 @@ def run_block(bg: BlockGraph, args: Sequence[Any], arg_types: Sequence[TensorTyp
     for (a, k), om in zip(bg.outputs, bg.omaps, strict=True):
         outs.append(place_output(env[a][k], nodes[a].outs[k].shape, bg.grid, om))
     return outs
+
+
+def _folded_products(bg: BlockGraph, args: Sequence[Any], ts: Sequence[TensorType], domain: Domain) -> dict[int, Any]:
+    """By node: each loop_sum (sole reader) of a product of inputs split on the contracted dim as one product."""
+    nodes, out, reads = bg.nodes, {}, [a[0] for n in bg.nodes for a in n.args] + [a[0] for a in bg.outputs]
+    for i, n in enumerate(nodes):  # (sum_k A_k B_k = A B: the loop's tiles are consecutive pieces of the block's dim)
+        j = n.args[0][0] if n.op == "loop_sum" and bg.frange > 1 and reads.count(n.args[0][0]) == 1 else -1
+        ab = [nodes[a] for a, _ in nodes[j].args] if j >= 0 and nodes[j].op == "matmul" else []
+        fm = [x.attr("fmap") if x.op == "input" else None for x in ab]  # (split on A's last dim, B's second last)
+        if len(ab) == 2 and fm == [ab[0].outs[0].rank - 1, ab[1].outs[0].rank - 2]:
+            whole = [tile_input(args[x.attr("arg")], ts[x.attr("arg")].shape, bg.grid, x.attr("imap"), None, 1)[0]
+                     for x in ab]
+            types = [TensorType(tuple(whole[t].shape[-ab[t].outs[0].rank:]), ab[t].outs[0].dtype) for t in (0, 1)]
+            out[i] = apply_op(domain, "matmul", whole, nodes[j].attr_dict, types, n.outs[0])
+    return out
 
 
 def run(g: Graph, inputs: Mapping[str, Any], domain: Domain) -> list[Any]:

@@ -14,7 +14,9 @@ search returns one kernel per op. Here the program is cut into *regions* small e
 3. **reconsider the boundaries** — walking the regions in order, two neighbours are searched as one region
    (at most ``region_ops`` ops) and merged when that one search's best costs less than the two apart: an
    elementwise epilogue or a norm prologue lands in its neighbour's kernel this way, and so do whole
-   layers when fusing them pays;
+   layers when fusing them pays; then each region is searched with *all* the regions that read its values,
+   wherever they lie in the order (a norm read by three projections fuses into their prologues only when
+   all three take it), where that union is convex, kept when cheaper (:func:`_merge_with_readers`);
 4. **compose** — the regions' μGraphs spliced into one μGraph over the program's inputs (the glue: each
    region's inputs wired to the values they stand for; :mod:`verimirage.smt.glue`). Each region's μGraph is
    proved against its region on its own, and the composition is proved by congruence: the regions partition
@@ -175,14 +177,80 @@ def split_search(graph: Graph, region_ops: int, search: Callable[[Graph], tuple[
         done.append((cur, cur_res, cur_merged))
         cur, cur_res, cur_merged = nxt, nxt_res, False
     done.append((cur, cur_res, cur_merged))
-    for reg, (mg, est, how, rules), merged in done:
+    tagged = [(reg, res, "merged across a boundary" if merged else "") for reg, res, merged in done]
+    tagged = _merge_with_readers(graph, tagged, region_ops, searched, out, deadline)
+    for reg, (mg, est, how, rules), note in tagged:
         out.regions.append(reg)
         out.mugraphs.append(mg)
         ops = [n.op for n in node_list(reg.graph) if n.op != "input"]
         out.reports.append(RegionReport(reg.nodes, ops, mg.num_kernels, est * 1e6,
-                                        f"{how}, merged across a boundary" if merged else how, rules))
+                                        f"{how}, {note}" if note else how, rules))
     out.seconds = time.perf_counter() - t0
     return out
+
+
+_Tagged = tuple[Region, tuple[MuGraph, float, str, tuple[str, ...]], str]
+
+
+def _merge_with_readers(graph: Graph, regs: list[_Tagged], region_ops: int,
+                        searched: Callable[[Region], tuple[MuGraph, float, str, tuple[str, ...]]], out: SplitOutcome,
+                        deadline: float | None) -> list[_Tagged]:
+    """The boundaries reconsidered past neighbours: each region searched as one with *every* region that reads
+    its values (a norm whose output three projections read goes into their prologues only when all three take
+    it: with one, its output is still written for the others), wherever they lie in the order, when the union
+    has at most ``region_ops`` ops and is convex (no path leaves it and comes back); kept when that one search's
+    best costs less than the parts'. Repeated until nothing changes; returns the regions in a topological order."""
+    changed = True
+    while changed and (deadline is None or time.perf_counter() < deadline):
+        changed = False
+        for k, (reg, _res, _) in enumerate(regs):
+            made = set(reg.outputs)
+            readers = [m for m, (r, _, _) in enumerate(regs) if m != k and made & set(r.inputs)]
+            members = [k, *readers]
+            nodes = sorted(i for m in members for i in regs[m][0].nodes)
+            if not readers or readers == [k + 1] or len(nodes) > region_ops or not _convex(graph, set(nodes)):
+                continue  # (the one reader right after it: the neighbour pass searched that pair)
+            both = region_of(graph, nodes)
+            out.merges_tried += 1
+            both_res = searched(both)
+            parts = sum(regs[m][1][1] for m in members)
+            log.info("regions: %s with its %d reader(s): %d kernel(s), %.1f us est. (apart: %d, %.1f us)",
+                     [node_list(graph)[i].op for i in reg.nodes], len(readers), both_res[0].num_kernels,
+                     both_res[1] * 1e6, sum(regs[m][1][0].num_kernels for m in members), parts * 1e6)
+            if both_res[1] < parts - 1e-12:
+                out.merges_kept += 1
+                rest = [r for m, r in enumerate(regs) if m not in members]
+                regs = _in_order([*rest, (both, both_res, f"merged with the {len(readers)} region(s) reading it")])
+                changed = True
+                break
+    return regs
+
+
+def _convex(graph: Graph, nodes: set[int]) -> bool:
+    """Whether no node outside ``nodes`` lies on a path between two of them (their region can be one kernel
+    graph: what it reads is made before it, what it makes is read after)."""
+    src = node_list(graph)
+    below: set[int] = set()  # nodes outside that read (transitively) a member
+    for i, n in enumerate(src):
+        if i not in nodes and any(a[0] in nodes or a[0] in below for a in n.args):
+            below.add(i)
+    return not any(a[0] in below for i in nodes for a in src[i].args)
+
+
+def _in_order(regs: list[_Tagged]) -> list[_Tagged]:
+    """``regs`` in a topological order (each after the regions whose values it reads), by first node on ties."""
+    left = sorted(regs, key=lambda r: r[0].nodes[0])
+    made: set[tuple[int, int]] = set()
+    order: list[_Tagged] = []
+    while left:
+        k = next(k for k, r in enumerate(left) if all(x in made or x not in _all_outputs(left) for x in r[0].inputs))
+        order.append(left.pop(k))
+        made.update(order[-1][0].outputs)
+    return order
+
+
+def _all_outputs(regs: list[_Tagged]) -> set[tuple[int, int]]:
+    return {x for r in regs for x in r[0].outputs}
 
 
 __all__ = ["ANCHORS", "Region", "RegionReport", "SplitOutcome", "compose", "initial_chunks", "region_of",

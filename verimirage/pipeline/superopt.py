@@ -536,10 +536,12 @@ def _check_split(graph: Graph, mg: MuGraph, opts: SearchOptions, *, min_timeout_
         mg.check()
         if opts.verifier is not None:
             return opts.verifier(graph, mg)
-        from ..smt.verify import verifier_for
+        from ..smt.verify import Verifier
 
-        return verifier_for(graph, seed=opts.seed).check(mg, timeout_s=max(opts.verify_timeout_s, min_timeout_s),
-                                                         prove_only=prove_only)
+        # a verifier of its own, dropped after (each region is checked once: its finite-field trials' products and
+        # inputs, ~2 GB for a full-size prefill FFN region, would otherwise stay cached for no later candidate)
+        return Verifier(graph, seed=opts.seed).check(mg, timeout_s=max(opts.verify_timeout_s, min_timeout_s),
+                                                     prove_only=prove_only)
     except ImportError as e:
         return _unknown(f"verifier not available: {e}")
     except GraphError as e:
