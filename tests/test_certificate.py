@@ -158,6 +158,7 @@ def _proof_param(p: Path) -> object:
 def test_committed_proofs_are_all_there() -> None:
     # the per-file checks below are collected from the directory: an empty or missing proofs/ must fail here
     want = {f"{n}_bs{b}" for n in vm.benchmarks.names() for b in (1, 8)}
+    want |= {f"layer_{c}" for c in vm.benchmarks.layer_cases()}  # the full-size decoder layer (issue 23), prefill too
     have = {p.stem for p in PROOF_FILES}
     assert want <= have, f"proofs/ lacks {sorted(want - have)} (regenerate with scripts/regen_proofs.py)"
     assert have >= FAST_PROOFS
