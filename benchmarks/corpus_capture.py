@@ -82,7 +82,8 @@ def run_one(name: str, *, train: bool, budget: float, device: str, small: bool, 
                partitions=[{"name": p.name, "ops": p.ops, "taken": p.taken, "reason": p.reason,
                             "kernels": len(p.kernels)} for p in rep.partitions],
                left=[{"graph": rep.graphs[r.graph], "op": r.op, "reason": rep.reason_of(r), "detail": r.detail}
-                     for r in rep.left])
+                     for r in rep.left],
+               notes=list(rep.notes))
     return res
 
 
@@ -466,6 +467,13 @@ def cpu_table(path: Path) -> str:
     lines.append("Ops left behind (training and inference runs), by reason:")
     lines.append("")
     lines += [f"- {k} (x{v})" for k, v in why.most_common()]
+    fallbacks = [f"- {r['name']} ({'training' if r['train'] else 'inference'}) {p['name']}: {p['reason']}"
+                 for r in rows for p in r["partitions"] if not p["taken"]]
+    fallbacks += [f"- {r['name']} ({'training' if r['train'] else 'inference'}): {n}" for r in rows
+                  for n in r.get("notes", [])]
+    lines += ["", "Partitions left to the fallback, and partitions retried (split at their views or without their "
+              "padding ops) after a compile-time failure:", ""]
+    lines += fallbacks or ["- none"]
     return "\n".join(lines) + "\n"
 
 

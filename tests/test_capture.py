@@ -710,3 +710,25 @@ def test_safe_softmax_lifts_and_gives_zero_on_rows_masked_entirely() -> None:
         (got,) = vm.evaluate(lifted.graph, {"in0": x.numpy().astype(dt)})
         np.testing.assert_allclose(np.asarray(got), f(x.double()).numpy(), rtol=1e-6, atol=1e-7)
     assert not np.isnan(np.asarray(got)).any() and (np.asarray(got)[1] == 0).all()
+
+
+@pytest.mark.slow
+def test_a_partition_without_a_verified_candidate_is_tried_again_in_halves(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finding (corpus, llama_block training): the forward's one 34-op partition had no verified candidate (its
+    regions proved, their composition not: "an exp reads a value computed by log"), and all 34 ops went to the
+    fallback. A partition with no verified candidate is now searched again in two halves (twice at most)."""
+    real = capture.compile_partition
+
+    def whole_fails(gm: Any, lifted: Any, opts: Any, record: Any, *a: Any, **k: Any) -> Any:
+        if sum(capture.is_compute(n) for n in lifted.nodes) >= 7:
+            record.reason = "no verified candidate (injected)"
+            return None
+        return real(gm, lifted, opts, record, *a, **k)
+
+    monkeypatch.setattr(capture, "compile_partition", whole_fails)
+    model, xs = corpus.get("rmsnorm_linear")
+    want, _ = _reference(model, xs, train=False)
+    got, _, rep = _run(model, xs, train=False)
+    _close(got, want, "output")
+    assert rep.counts == (7, 7) and sum(p.taken for p in rep.partitions) == 2
+    assert any("two halves" in n for n in rep.notes)

@@ -785,10 +785,11 @@ def transform(gm: fx.GraphModule, opts: CaptureOptions, report: Report, kind: st
     runners: list[PartitionRunner] = []
     in_part: dict[fx.Node, int] = {}
     strict: set[fx.Node] = set()
+    cuts: set[fx.Node] = set()
     for rnd in range(3):
         retry = False
         spliced: set[fx.Node] = set()
-        for lp in _propose(gm, ok, why, strict, opts.chain_limit):
+        for lp in _propose(gm, ok, why, strict, opts.chain_limit, cuts):
             if spliced.intersection(lp.inputs):
                 # it reads a partition taken before it (a matmul chain cut in two): its inputs are now that
                 # partition's results, so it is lifted again (the same graph, inputs in the same order)
@@ -818,6 +819,17 @@ def transform(gm: fx.GraphModule, opts: CaptureOptions, report: Report, kind: st
                     ok.discard(n)
                     why[n] = (Reason.NO_CANDIDATE, f"left out of partition {rec.name}, which had no verified "
                                                    f"candidate with it ({rec.reason})")
+                retry = True
+                continue
+            if runner is None and rnd < 2 and ncomp >= BISECT_MIN and \
+                    (rec.reason or "").startswith(Reason.NO_CANDIDATE.value):
+                # no verified candidate for the whole: its halves (in graph order) are searched apart, so one
+                # piece the verifier cannot prove does not leave the rest of a large partition behind
+                comp = [n for n in lp.nodes if is_compute(n)]
+                cuts.add(comp[len(comp) // 2])
+                log.info("verimirage: %s: %s; again in two halves", rec.name, rec.reason)
+                report.notes.append(f"{kind}{gidx}: a partition of {ncomp} compute ops was not taken whole "
+                                    f"({rec.reason}); tried again in two halves")
                 retry = True
                 continue
             if runner is None and rnd < 2 and _layout_failure(lp, rec):
@@ -897,6 +909,9 @@ def _mask_threshold_backward(gm: fx.GraphModule) -> int:
 
 
 _LAYOUT_OPS = frozenset({"reshape", "broadcast_to", "permute", "slice"})
+
+#: a partition of at least this many compute ops with no verified candidate is tried again in two halves
+BISECT_MIN = 4
 
 #: ATen ops that pad or make constants (gradients of slices): a partition that has no verified candidate with
 #: them is tried again without them (they tend to join partitions that verify apart)
@@ -986,9 +1001,11 @@ def split_chains(nodes: Sequence[fx.Node], limit: int | None) -> list[list[fx.No
 
 
 def _propose(gm: fx.GraphModule, ok: set[fx.Node], why: dict[fx.Node, tuple[Reason, str]],
-             strict: set[fx.Node], chain_limit: int | None = None) -> list[Lifted]:
-    """Partitions of the supported nodes ``ok``, cut at matmul chains (:func:`split_chains`), each lifted
-    (nodes that fail to lift leave ``ok``)."""
+             strict: set[fx.Node], chain_limit: int | None = None,
+             cuts: set[fx.Node] | None = None) -> list[Lifted]:
+    """Partitions of the supported nodes ``ok``, cut at matmul chains (:func:`split_chains`) and before each
+    node of ``cuts`` (a partition's nodes in graph order: no cycle), each lifted (nodes that fail to lift leave
+    ``ok``)."""
     from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 
     nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
@@ -998,6 +1015,7 @@ def _propose(gm: fx.GraphModule, ok: set[fx.Node], why: dict[fx.Node, tuple[Reas
         order = {n: i for i, n in enumerate(gm.graph.nodes)}
         failed = False
         pieces = [q for p in parts for q in split_chains(sorted(p.nodes, key=lambda n: order[n]), chain_limit)]
+        pieces = [q for p in pieces for q in _cut_before(p, cuts or set())]
         for pn in pieces:
             if not any(is_compute(n) for n in pn):
                 for n in pn:
@@ -1017,6 +1035,16 @@ def _propose(gm: fx.GraphModule, ok: set[fx.Node], why: dict[fx.Node, tuple[Reas
         if not failed:
             return lifted
     return []
+
+
+def _cut_before(nodes: list[fx.Node], cuts: set[fx.Node]) -> list[list[fx.Node]]:
+    """``nodes`` (in graph order) cut before each node of ``cuts``: every edge between the pieces runs forward."""
+    out: list[list[fx.Node]] = [[]]
+    for n in nodes:
+        if n in cuts and out[-1]:
+            out.append([])
+        out[-1].append(n)
+    return out
 
 
 def _device(gm: fx.GraphModule) -> torch.device:
