@@ -191,3 +191,51 @@ def test_threshold_backward_nan_gradients_end_to_end() -> None:
             return torch.sqrt(torch.relu(self.lin(x))).sum(-1)
 
     _attack(M, lambda: [torch.randn(4, 8, generator=torch.Generator().manual_seed(2))], train=True)
+
+
+@pytest.mark.slow
+def test_outputs_that_alias_each_other_lost_their_aliasing() -> None:
+    """Finding (medium, dropped side effect): with grad off, ``y, y.t(), y.view(-1)`` came back as three
+    separate tensors (eager, aot_eager and Inductor give views of one buffer): the partition held the views
+    and its kernels' results alias nothing, so an in-place write to one output did not show in the others. A view
+    of another result, of an intermediate another result views, or of an input now stays outside the partition."""
+
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x: Any) -> Any:
+            y = torch.tanh(self.lin(x))
+            return y, y.t(), y.view(-1), x.t(), torch.exp(x)
+
+    torch.manual_seed(0)
+    m = M()
+    cm, rep = _compiled(m)
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        a, b, c, xt, e = cm(x)
+        want = m(x)
+    for i, (g, w) in enumerate(zip((a, b, c, xt, e), want, strict=True)):
+        _same(g, w, f"output {i}")
+    assert any(p.taken for p in rep.partitions), rep.summary()
+    ptr = a.untyped_storage().data_ptr()
+    assert b.untyped_storage().data_ptr() == ptr and c.untyped_storage().data_ptr() == ptr
+    assert xt.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+    b.mul_(0.0)  # the side effect eager has: every view of y sees it
+    assert float(a.abs().max()) == 0.0 and float(c.abs().max()) == 0.0
+    _left_ops_say_why(rep)
+
+
+def test_view_results_of_one_intermediate_are_left_outside_the_partition() -> None:
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    gm = make_fx(lambda x: (lambda y: (y.t(), y.view(-1)))(torch.exp(x)))(torch.randn(3, 4))
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+    with pytest.raises(capture.LiftError) as e:
+        capture.lift(nodes)
+    assert e.value.alone and capture.op_name(e.value.node) in ("t", "view")
+    capture._probe(nodes)  # not an error of the node alone: the partition is proposed again without the view
+    gm = make_fx(lambda x: torch.exp(x).t())(torch.randn(3, 4))  # one view of an intermediate: kept inside
+    lifted = capture.lift([n for n in gm.graph.nodes if n.op == "call_function"])
+    assert [capture.op_name(n) for n in lifted.outputs] == ["t"]

@@ -264,6 +264,7 @@ def lift(nodes: Sequence[fx.Node], *, strict: bool = False) -> Lifted:
             log.debug("lifting %s failed", n.format_node(), exc_info=True)
             raise LiftError(n, Reason.NOT_IN_REGISTRY, f"{type(e).__name__}: {e}") from None
     outputs = [n for n in nodes if any(u not in inside for u in n.users)]
+    _check_aliases(outputs, inside)
     out_map: list[tuple[str, int, tuple[int, ...], bool]] = []
     out_meta: list[tuple[tuple[int, ...], torch.dtype, tuple[int, ...]]] = []
     gouts: list[Any] = []
@@ -294,6 +295,41 @@ def lift(nodes: Sequence[fx.Node], *, strict: bool = False) -> Lifted:
             user = next(u for u in nodes if inputs[i] in u.all_input_nodes)
             raise LiftError(user, Reason.NO_COMPUTE, f"{user.name} only passes a view of an input through")
     return Lifted(g, list(nodes), inputs, outputs, out_map, out_meta, ctx.consts)
+
+
+#: ATen ops whose result is a view of their first operand (shares its memory)
+ALIAS_OPS = frozenset({"view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "flatten", "unflatten", "view_as",
+                       "_reshape_alias", "expand", "t", "transpose", "permute", "detach", "alias", "slice", "select",
+                       "as_strided", "diagonal", "unfold"})
+
+
+def _alias_root(n: fx.Node, inside: set[fx.Node]) -> fx.Node:
+    """The node whose memory ``n`` views, following view ops inside the partition (``n`` itself if none)."""
+    while True:
+        name = op_name(n)
+        src = n.args[0] if n.args else None
+        if name == "getitem" and isinstance(src, fx.Node) and op_name(src) in ("split", "split_with_sizes") and \
+                src.args and isinstance(src.args[0], fx.Node):
+            src = src.args[0]
+        elif name not in ALIAS_OPS or not isinstance(src, fx.Node):
+            return n
+        if src not in inside:
+            return src
+        n = src
+
+
+def _check_aliases(outputs: Sequence[fx.Node], inside: set[fx.Node]) -> None:
+    """A partition result that views another result, an intermediate another result views, or an input of the
+    partition aliases it in ATen; the kernels' results alias nothing (a later in-place write to one would not show
+    in the other). Such a view stays outside the partition (LiftError on it, ``alone``)."""
+    roots = {o: _alias_root(o, inside) for o in outputs}
+    for o, r in roots.items():
+        if r is o:
+            continue
+        if r not in inside or r in roots or any(q is not o and roots[q] is r for q in outputs):
+            raise LiftError(o, Reason.LAYOUT, f"{o.name} is a view ({op_name(o)}) of {r.name}, which the model also "
+                            "reads outside the partition: the view stays in ATen, so the results alias as they do "
+                            "in eager", alone=True)
 
 
 def _check_result(name: str, res: Any, out: Any) -> None:
