@@ -88,6 +88,7 @@ def _chains() -> vm.Graph:
         g.where(m, marked, g.scale(y, 2.0)),  # where: one pass, -1 where an operand's q-part is
         g.where(row, g.sum(x, 1), y),
         g.where(row, g.exp(x), y),  # no q-part
+        g.shift(g.scale(marked, 0.0), 5.0),  # a constant, -1 where the q-part is meaningless
     ]
     g.output(*outs)
     return g

@@ -91,10 +91,13 @@ def _affine(x: FV, c: Fraction, kind: str) -> FV:
             a, b = a * a0 % m, (a * b0 + b) % m
 
         def fn(v: np.ndarray, a: int = a, b: int = b) -> np.ndarray:
-            r = np.add(v, b) if a == 1 else np.multiply(v, a)
-            if a != 1 and b:
-                r += b
-            r = _modi(r, m)
+            if a == 0:  # a constant (a mask's ``0 * s - 30000``): written once, ``v`` read only for marks
+                r = np.full(v.shape, b, dtype=np.int64)
+            else:
+                r = np.add(v, b) if a == 1 else np.multiply(v, a)
+                if a != 1 and b:
+                    r += b
+                r = _modi(r, m)
             return _mark(r, v) if marks else r
 
         out = _lazy(fn, src)
