@@ -239,3 +239,39 @@ def test_view_results_of_one_intermediate_are_left_outside_the_partition() -> No
     gm = make_fx(lambda x: torch.exp(x).t())(torch.randn(3, 4))  # one view of an intermediate: kept inside
     lifted = capture.lift([n for n in gm.graph.nodes if n.op == "call_function"])
     assert [capture.op_name(n) for n in lifted.outputs] == ["t"]
+
+
+def test_explain_skipped_the_backward_of_a_model_returning_a_dict() -> None:
+    """Finding (low, explain incomplete): ``vm.explain`` ran the backward only for a tensor or a list/tuple of
+    tensors, so a model returning a dict (as Hugging Face-style models do) reported its forward graph alone."""
+
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x: Any) -> Any:
+            y = torch.tanh(self.lin(x))
+            return {"y": y, "norm": (y * y).sum(-1)}
+
+    rep = vm.explain(M(), torch.randn(4, 8), **OPTS)
+    assert "backward" in rep.graphs, rep.graphs
+    _left_ops_say_why(rep)
+
+
+def test_one_sided_clamp_was_never_lifted() -> None:
+    """Finding (coverage, no wrong value): ``x.clamp(min=eps)`` (one bound) emitted the registry's clamp with
+    ``None`` for the other bound, which the graph builder refused, so every one-sided clamp was left behind. It
+    lifts as maximum / minimum with a constant; infinite inputs stay infinite as in ATen."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(x: Any) -> Any:
+        return x.clamp(min=0.1) * 2.0, torch.clamp(x, max=-0.2) + 1.0
+
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    x[0, 0], x[1, 1] = float("inf"), float("-inf")
+    gm = make_fx(f)(x)
+    lifted = capture.lift([n for n in gm.graph.nodes if n.op == "call_function"])
+    got = vm.evaluate(lifted.graph, _feed(gm, lifted, x))
+    for i, (a, b) in enumerate(zip(got, f(x), strict=True)):
+        _same(torch.as_tensor(np.asarray(a)).float(), b, f"output {i}")  # inf where ATen has inf

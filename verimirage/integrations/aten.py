@@ -411,6 +411,15 @@ def _clamp(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
     hi = args[2] if len(args) > 2 else kwargs.get("max", kwargs.get("max_val"))
     if not (lo is None or _num(lo)) or not (hi is None or _num(hi)):
         raise Unsupported(Reason.NOT_IN_REGISTRY, "clamp with tensor bounds")
+    if lo is None or hi is None:  # one bound (x.clamp(min=eps)): the registry's clamp takes both; max/min with it
+        if lo is None and hi is None:
+            return args[0]
+        name, bound = ("maximum", lo) if lo is not None else ("minimum", hi)
+        c = float(bound)  # type: ignore[arg-type]  # one of the two is a number (checked above)
+        if not math.isfinite(c):
+            raise Unsupported(Reason.NOT_IN_REGISTRY, f"clamp with an infinite bound {c}")
+        k = _constant(ctx, (), out[1], c)
+        return ctx.ew(_shape(out), [args[0], k], lambda ts: emit(ctx.g, name, ts[0], ts[1]))
     return ctx.ew(
         _shape(out), [args[0]], lambda ts: emit(ctx.g, "clamp", ts[0], None if lo is None else float(lo),
                                                  None if hi is None else float(hi))

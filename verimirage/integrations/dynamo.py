@@ -318,7 +318,9 @@ def explain(model: Any, *example_inputs: Any, backward: bool | None = None, **op
     rep = Report()
     compiled = torch.compile(model, backend=backend(report=rep, **options))
     out = compiled(*example_inputs)
-    outs = [o for o in (out if isinstance(out, (list, tuple)) else [out]) if isinstance(o, torch.Tensor)]
+    from torch.utils._pytree import tree_leaves
+
+    outs = [o for o in tree_leaves(out) if isinstance(o, torch.Tensor)]  # dicts, nested tuples, dataclasses
     grads = [o for o in outs if o.requires_grad]
     if backward is None:
         backward = torch.is_grad_enabled() and bool(grads)
