@@ -471,8 +471,8 @@ def cpu_table(path: Path) -> str:
                  for r in rows for p in r["partitions"] if not p["taken"]]
     fallbacks += [f"- {r['name']} ({'training' if r['train'] else 'inference'}): {n}" for r in rows
                   for n in r.get("notes", [])]
-    lines += ["", "Partitions left to the fallback, and partitions retried (split at their views or without their "
-              "padding ops) after a compile-time failure:", ""]
+    lines += ["", "Partitions left to the fallback, and partitions retried (in two halves, split at their views, "
+              "or without their padding ops) after a search or compile-time failure:", ""]
     lines += fallbacks or ["- none"]
     return "\n".join(lines) + "\n"
 
