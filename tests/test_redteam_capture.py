@@ -275,3 +275,160 @@ def test_one_sided_clamp_was_never_lifted() -> None:
     got = vm.evaluate(lifted.graph, _feed(gm, lifted, x))
     for i, (a, b) in enumerate(zip(got, f(x), strict=True)):
         _same(torch.as_tensor(np.asarray(a)).float(), b, f"output {i}")  # inf where ATen has inf
+
+
+# --------------------------------------------------------------------------- attacks that held (slow: one compile each)
+
+
+def _lin() -> Any:
+    return nn.Linear(8, 8)
+
+
+class _Inplace(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = _lin()
+
+    def forward(self, x: Any) -> Any:
+        y = self.lin(x)
+        y.add_(1.0)
+        y.mul_(2.0)
+        y = y.relu_()
+        return y.masked_fill(y > 3.0, 0.5)
+
+
+class _BatchNorm(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.bn, self.lin = nn.BatchNorm1d(8), _lin()
+
+    def forward(self, x: Any) -> Any:
+        return torch.relu(self.lin(self.bn(x)))
+
+
+class _KVCache(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("k", torch.zeros(2, 16, 8))
+        self.register_buffer("v", torch.zeros(2, 16, 8))
+        self.lin = _lin()
+
+    def forward(self, x: Any) -> Any:
+        k = self.lin(x) * 2.0
+        self.k[:, 3:3 + x.shape[1]] = k
+        self.v.index_copy_(1, torch.arange(3, 3 + x.shape[1]), k.exp())
+        return torch.softmax(x @ self.k.transpose(1, 2) / 2.0, -1) @ self.v
+
+
+class _Scalars(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.tensor(1.5))
+        self.register_buffer("shift", torch.tensor(0.25))
+        self.lin = _lin()
+
+    def forward(self, x: Any, t: Any) -> Any:
+        return torch.tanh(self.lin(x) * self.scale + self.shift) * t + 0.5 * x / 3.0
+
+
+class _MultiOut(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = _lin()
+
+    def forward(self, x: Any) -> Any:
+        y = torch.tanh(self.lin(x))
+        return y.detach() * 2.0, y.clone(), y.sum().detach(), y.max(-1, keepdim=True).values, y * (y > 0)
+
+
+class _Mask(nn.Module):
+    def forward(self, q: Any, k: Any, m: Any) -> Any:
+        return torch.softmax(q @ k.transpose(-1, -2) / 4.0 + m, -1) @ k
+
+
+class _Reductions(nn.Module):
+    def forward(self, x: Any, z: Any) -> Any:
+        return (x.sum(1), x.mean(1, keepdim=True), x.amax(-1), torch.softmax(x, 1), z.sum(0), z.sum(1) + 1.0,
+                x.var(-1, correction=0))
+
+
+class _MutateInput(nn.Module):
+    def forward(self, x: Any, y: Any) -> Any:
+        x[:, :2].mul_(0.0)
+        x[1:].add_(y[1:].exp())
+        return x.sum(-1) * 2.0
+
+
+class _Tied(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = _lin(), _lin()
+        self.b.weight = self.a.weight
+        self.c = _lin().requires_grad_(False)  # frozen
+
+    def forward(self, x: Any) -> Any:
+        return self.b(torch.tanh(self.a(x))) + self.c(x)
+
+
+def _mask_inputs() -> list[Any]:
+    m = torch.zeros(2, 16, 16)
+    m[:, :, 8:] = float("-inf")
+    m[:, 3, :] = torch.finfo(torch.float32).min
+    g = torch.Generator().manual_seed(4)
+    return [torch.randn(2, 16, 8, generator=g), torch.randn(2, 16, 8, generator=g), m]
+
+
+def _r(*shape: int) -> Any:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(sum(shape)))
+
+
+HELD: dict[str, tuple[Callable[[], Any], Callable[[], list[Any]], bool]] = {
+    "inplace_chain": (_Inplace, lambda: [_r(4, 8)], True),
+    "batchnorm_running_stats": (lambda: _BatchNorm().train(), lambda: [_r(6, 8)], True),
+    "kv_cache_buffers": (_KVCache, lambda: [_r(2, 4, 8)], False),
+    "zero_dim_params_and_python_floats": (_Scalars, lambda: [_r(4, 8), torch.tensor(2.0)], True),
+    "outputs_some_without_grad": (_MultiOut, lambda: [_r(4, 8)], True),
+    "neg_inf_and_finfo_min_masks": (_Mask, _mask_inputs, False),
+    "size1_and_empty_reductions": (_Reductions, lambda: [_r(4, 1, 8), torch.randn(4, 0)], True),
+    "input_mutated_through_slices": (_MutateInput, lambda: [_r(4, 8), _r(4, 8) * 0.5], False),
+    "tied_and_frozen_weights": (_Tied, lambda: [_r(4, 8)], True),
+    "non_contiguous_inputs": (_MutateInput, lambda: [_r(8, 4).t().clone().t().t(), _r(10, 8)[3:7]], False),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(HELD))
+def test_held(name: str) -> None:
+    make, inputs, train = HELD[name]
+    _left_ops_say_why(_attack(make, inputs, train=train))
+
+
+@pytest.mark.slow
+def test_held_shapes_strides_and_modes_across_calls() -> None:
+    """Recompiles (new shapes, strides, an expanded input), no_grad then grad then inference_mode: each call
+    matches eager, and outputs keep ``requires_grad`` exactly when eager's do."""
+
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = _lin()
+
+        def forward(self, x: Any, y: Any) -> Any:
+            return torch.relu(self.lin(x)) + y * 2.0
+
+    torch.manual_seed(0)
+    m = M()
+    cm, rep = _compiled(m)
+    calls = [(_r(4, 8), _r(4, 8)), (_r(8, 4).t(), _r(10, 8)[3:7]), (_r(6, 8), _r(1, 8).expand(6, 8)),
+             (_r(3, 16)[:, ::2], _r(3, 8))]
+    for i, (x, y) in enumerate(calls):
+        for mode in ("no_grad", "grad", "inference"):
+            ctx = {"no_grad": torch.no_grad, "inference": torch.inference_mode}.get(mode)
+            if ctx is None:
+                got, want = cm(x, y), m(x, y)
+            else:
+                with ctx():
+                    got, want = cm(x, y), m(x, y)
+            _same(got, want, f"call {i} {mode}")
+            assert got.requires_grad == want.requires_grad, (i, mode)
+    _left_ops_say_why(rep)
