@@ -277,6 +277,41 @@ def test_one_sided_clamp_was_never_lifted() -> None:
         _same(torch.as_tensor(np.asarray(a)).float(), b, f"output {i}")  # inf where ATen has inf
 
 
+def _masked_rows() -> list[Any]:
+    m = torch.zeros(1, 1, 8, 8)
+    m[..., 2, :] = float("-inf")  # a padded query: every key masked
+    m[..., 5, :4] = float("-inf")
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(1, 2, 8, 4, generator=g), torch.randn(1, 2, 8, 4, generator=g),
+            torch.randn(1, 2, 8, 4, generator=g), m]
+
+
+class _SDPA(nn.Module):
+    def forward(self, q: Any, k: Any, v: Any, m: Any) -> Any:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m) * 1.0
+
+
+@pytest.mark.slow
+def test_sdpa_with_a_row_masked_entirely_gave_nan() -> None:
+    """Finding (high, wrong values and gradients): ``F.scaled_dot_product_attention(q, k, v, attn_mask=m)`` with a
+    row of ``m`` all -inf (a padded query) is 0 in ATen's fused CPU op and in its gradients; the lifted
+    matmul/softmax/matmul gave NaN there, and the backward (``exp(S - lse)``) NaN in every gradient of K and V.
+    The fused op with a tensor mask now stays in ATen (the math path's ``_safe_softmax`` lifts safely)."""
+    for train in (False, True):
+        _left_ops_say_why(_attack(_SDPA, _masked_rows, train=train))
+
+
+def test_fused_attention_with_a_tensor_mask_is_not_lifted() -> None:
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    gm = make_fx(lambda q, k, v, m: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m))(
+        *_masked_rows())
+    fused = [n for n in gm.graph.nodes if capture.op_name(n).startswith("_scaled_dot_product")]
+    assert fused, "expected ATen's fused attention op"
+    with pytest.raises(capture.LiftError, match="tensor mask"):
+        capture.lift([fused[0], *[u for u in fused[0].users if capture.op_name(u) == "getitem"]])
+
+
 # --------------------------------------------------------------------------- attacks that held (slow: one compile each)
 
 

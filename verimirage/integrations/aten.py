@@ -856,7 +856,10 @@ def _sdpa_scores(ctx: Ctx, q: LV, k: LV, mask: Any, causal: bool, scale: Any) ->
     if isinstance(mask, LV):
         if mask.t.dtype != dt:
             raise Unsupported(Reason.DTYPE, "attention with a boolean mask (needs where)")
-        s = emit(g, "add", s, ctx.exact(mask))
+        # a row the mask sets entirely to -inf (a padded query) is 0 in the fused op and its gradients, where the
+        # lifted softmax (and exp(S - lse) in the backward) gives NaN: the fused op with a tensor mask stays in ATen
+        raise Unsupported(Reason.NOT_IN_REGISTRY, "fused attention with a tensor mask: ATen gives 0 on a row masked "
+                                                  "entirely to -inf, the lifted softmax NaN")
     return s, c
 
 
