@@ -732,3 +732,14 @@ def test_a_partition_without_a_verified_candidate_is_tried_again_in_halves(monke
     _close(got, want, "output")
     assert rep.counts == (7, 7) and sum(p.taken for p in rep.partitions) == 2
     assert any("two halves" in n for n in rep.notes)
+
+
+@pytest.mark.slow
+def test_a_split_result_that_must_stay_in_aten_does_not_leave_the_graph_unpartitioned() -> None:
+    """Finding (corpus re-run after the red team's 90db2b5, geglu / gpt2_block training): a partition result that
+    views another (``chunk``'s getitem of the up projection, saved for the backward) must stay in ATen; the capture
+    left the getitem out of ``ok``, but the partitioner keeps a multi-result node's getitems with it, so the same
+    partition failed again until the proposal gave up: every forward op was "left out of every partition" (geglu
+    10/14). The split node itself now leaves the partition."""
+    rep = check_module("geglu", train=True)
+    assert rep.counts[0] == rep.counts[1], rep.summary()

@@ -1060,10 +1060,15 @@ def _propose(gm: fx.GraphModule, ok: set[fx.Node], why: dict[fx.Node, tuple[Reas
             try:
                 lifted.append(lift(pn, strict=bool(strict.intersection(pn))))
             except LiftError as e:
-                ok.discard(e.node)
-                why[e.node] = (e.reason, e.message)
-                for u in list(e.node.users):
-                    if u.target is operator.getitem and u in ok:
+                bad = e.node
+                if bad.target is operator.getitem and isinstance(bad.args[0], fx.Node):
+                    # the partitioner keeps a multi-result node's getitems with it whatever ``ok`` says: the node
+                    # itself leaves (else the same partition comes back until the loop gives up on all of them)
+                    bad = bad.args[0]
+                ok.discard(bad)
+                why[bad] = (e.reason, e.message)
+                for u in list(bad.users):
+                    if u.target is operator.getitem:
                         ok.discard(u)
                         why[u] = (e.reason, e.message)
                 failed = True
