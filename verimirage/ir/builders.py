@@ -458,12 +458,14 @@ class BlockBuilder(_Builder):
         self._outputs.append(self._ref("output", x, 0))
         self._omaps.append(OutputMap(tuple(omap)))
 
-    def build(self) -> BlockGraph:
-        """The finished, checked block graph."""
+    def build(self, check: bool = True) -> BlockGraph:
+        """The finished block graph, checked (``check=False``: by the caller, e.g. :meth:`MuGraph.custom`, which
+        checks it against its operands' types: a superset of this check)."""
         from .check import check_block
 
         bg = BlockGraph(self.grid, self.frange, tuple(self._nodes), tuple(self._outputs), tuple(self._omaps))
-        check_block(bg, None)
+        if check:
+            check_block(bg, None)
         return bg
 
 

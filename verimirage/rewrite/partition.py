@@ -753,8 +753,7 @@ def build(an: Analysis, cfg: Config, *, fuse_epilogue: bool = True) -> Lowered:
                 t = postmax[o] if o in postmax and kind[o] == Place.POST and rd is not None and rd.loop == "loop_max" \
                     else val[o]
                 b.output(mat(t), omap_for(o, axes))
-            bg = b.build()
-            res = mg.custom(bg, ins)
+            res = mg.custom(b.build(check=False), ins)  # (custom checks the block against the operands)
             mg.output(*[res[k] for k in range(len(outs))])
             if epi.fused:
                 steps.add("fuse.epilogue")
@@ -817,7 +816,7 @@ def _build_split(an: Analysis, cfg: Config, b: BlockBuilder, mg: MuGraph, ins: l
         else:
             t = val[i]
         b.output(t, (*base, pl))
-    parts = mg.custom(b.build(), ins)
+    parts = mg.custom(b.build(check=False), ins)
     # combine kernel
     cgrid = [p for _, p in cfg.grid] or [1]
     if cfg.combine_refine > 1:
@@ -888,7 +887,7 @@ def _build_split(an: Analysis, cfg: Config, b: BlockBuilder, mg: MuGraph, ins: l
                              [nodes[a].outs[k] for a, k in n.args])
     for o in outs:
         c.output(epi.materialise(cval[o]), omap_for(o, axes))
-    res = mg.custom(c.build(), [*parts, *extra_args])
+    res = mg.custom(c.build(check=False), [*parts, *extra_args])
     mg.output(*[res[k] for k in range(len(outs))])
     steps.add("partition.split_kv")
     if epi.fused:
