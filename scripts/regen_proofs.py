@@ -2,11 +2,14 @@
 
     python scripts/regen_proofs.py [--names gqa lora ...] [--batches 1 8] [--out proofs]
     python scripts/regen_proofs.py --recertify proofs/gated_mlp_bs1.json ... [--timeout-s 300]
+    python scripts/regen_proofs.py --restamp proofs/*.json
 
 Each file is re-checked with the independent checker before it is kept. ``--recertify`` re-makes the given
 certificates for the same program pair (their own graph and candidate texts and rules; the Triton hash of
 today's code generator) after a change of the verifier's meanings (an op's exact meaning changes the
-recorded queries), without a search.
+recorded queries), without a search. ``--restamp`` only records the Triton hash of today's code generator in the
+given certificates (after a code-generator change: the hash is neither part of the proof nor of the seeds, and
+the checker regenerates the module and compares; re-check the files afterwards, e.g. with the tests).
 """
 
 from __future__ import annotations
@@ -26,9 +29,12 @@ def main() -> int:
     ap.add_argument("--batches", nargs="*", type=int, default=[1, 8])
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "proofs"))
     ap.add_argument("--recertify", nargs="*", default=None, help="certificate files to re-make in place")
+    ap.add_argument("--restamp", nargs="*", default=None, help="certificate files whose Triton hash to update")
     ap.add_argument("--timeout-s", type=float, default=300.0, help="--recertify: the verifier's Z3 time limit")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    if args.restamp is not None:
+        return restamp([Path(p) for p in args.restamp])
     if args.recertify is not None:
         return recertify([Path(p) for p in args.recertify], args.timeout_s)
     out = Path(args.out)
@@ -51,6 +57,26 @@ def main() -> int:
             logging.info("%s bs%d: %d kernel(s), %.1f s, re-check %s", name, b, res.best.mugraph.num_kernels,
                          time.perf_counter() - t0, type(v).__name__)
     return 1 if failed else 0
+
+
+def restamp(paths: list[Path]) -> int:
+    """Record today's Triton hash in each certificate of ``paths`` that records one (the text edited in place)."""
+    import json
+
+    from verimirage.backend.tuning import triton_digest
+
+    for p in paths:
+        text = p.read_text()
+        d = json.loads(text)
+        old = d.get("triton_source_sha256")
+        if old is None:
+            continue
+        new = triton_digest(d["mugraph_text"])
+        if new != old:
+            assert text.count(old) == 1, p
+            p.write_text(text.replace(old, new))
+            logging.info("%s: Triton hash %s -> %s", p, old[:12], new[:12])
+    return 0
 
 
 def recertify(paths: list[Path], timeout_s: float) -> int:

@@ -147,6 +147,7 @@ def test_every_stored_benchmark_candidate_generates() -> None:
             for tiles in (TileOptions(), TileOptions(dot_min_m=16), TileOptions(dot_min_m=16, dot_batch1=True)):
                 ms = generate(m, tiles)  # raises GraphError on an oversized register tensor
                 assert len(ms.kernels) == m.num_kernels, f.name
-                assert ms.source.count("@triton.jit") == m.num_kernels, f.name
+                helpers = ms.source.count("def _max_nan(") + ms.source.count("def _min_nan(")  # (reductions' combines)
+                assert ms.source.count("@triton.jit") - helpers == m.num_kernels, f.name
                 n += 1
     assert n > 500

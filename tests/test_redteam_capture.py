@@ -312,24 +312,30 @@ def test_fused_attention_with_a_tensor_mask_is_not_lifted() -> None:
         capture.lift([fused[0], *[u for u in fused[0].users if capture.op_name(u) == "getitem"]])
 
 
-@pytest.mark.xfail(strict=True, reason="open finding in the backend's codegen (not the capture): tl.max drops NaN")
 def test_max_reduction_dropped_nan() -> None:
-    """Finding (medium, open; backend codegen, outside the capture): ``x.amax(-1)`` of a row holding a NaN is NaN
-    in ATen; the kernels' ``tl.max`` reduction returns the row's largest number (Triton's interpreter, CPU). On a
-    GPU ``tl.maximum`` (relu, maximum, clamp) also drops NaN by default (PTX ``max.f32``), which the interpreter
-    (numpy) does not show. Strict xfail: it fails loudly once the codegen propagates NaN."""
+    """Finding (medium; backend codegen, outside the capture): ``x.amax(-1)`` of a row holding a NaN is NaN in ATen;
+    the kernels' ``tl.max`` reduction returned the row's largest number (Triton's interpreter, CPU), and on a GPU
+    ``tl.maximum`` (relu, maximum, clamp, the online softmax's running max) drops NaN by default (PTX ``max.f32``).
+    The generated modules now reduce with NaN-propagating combines and pass ``propagate_nan=ALL`` elementwise."""
     from verimirage.ir.dtypes import DType
     from verimirage.ir.graph import Graph
 
     g = Graph()
     x = g.input("x", (4, 8), DType.float32)
+    y = g.input("y", (4, 8), DType.float32)
     g.output(g.max(x, 1))
+    g.output(g.min(x, 1))
+    g.output(g.maximum(g.relu(x), y))
     prog = vm.compile(g)
     xs = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+    ys = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
     xs[0, 1] = float("nan")
-    got = prog(x=xs)
-    got = got[0] if isinstance(got, tuple) else got
-    _same(got, xs.amax(1, keepdim=True), "amax with a NaN")
+    got = prog(x=xs, y=ys)
+    _same(got[0], xs.amax(1, keepdim=True), "amax with a NaN")
+    _same(got[1], xs.amin(1, keepdim=True), "amin with a NaN")
+    _same(got[2], torch.maximum(torch.relu(xs), ys), "maximum(relu(x), y) with a NaN")
+    assert torch.isnan(got[0][0, 0]) and torch.isnan(got[1][0, 0]) and torch.isnan(got[2][0, 1])
+    assert "tl.max(" not in prog.source and "tl.min(" not in prog.source and "_max_nan" in prog.source
 
 
 # --------------------------------------------------------------------------- attacks that held (slow: one compile each)

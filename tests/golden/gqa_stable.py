@@ -46,6 +46,11 @@ import torch
 import triton
 import triton.language as tl
 
+
+@triton.jit
+def _max_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
 @triton.jit
 def k3(a0_ptr, a0_s0, a0_s1, a0_s2, a1_ptr, a1_s0, a1_s1, a1_s2, a2_ptr, a2_s0, a2_s1, a2_s2, o0_ptr, o0_s0, o0_s1, o0_s2, o1_ptr, o1_s0, o1_s1, o1_s2, o2_ptr, o2_s0, o2_s1, o2_s2):
     """Block graph: grid (2, 2, 2), for-loop of 2."""
@@ -63,9 +68,9 @@ def k3(a0_ptr, a0_s0, a0_s1, a0_s2, a1_ptr, a1_s0, a1_s1, a1_s2, a2_ptr, a2_s0, 
         x2 = v0.to(tl.float16)
         y3 = v1.to(tl.float16)
         d1 = tl.reshape(tl.dot(x2, y3), (1, 64, 32))
-        v4 = tl.max(d1, axis=2, keep_dims=True)
+        v4 = tl.reduce(d1, 2, _max_nan, keep_dims=True)
         v5_prev = v5
-        v5 = tl.maximum(v5, v4)
+        v5 = tl.maximum(v5, v4, propagate_nan=tl.PropagateNan.ALL)
         v5_alpha = tl.where(v5_prev == float("-inf"), 0.0, tl.exp(v5_prev - v5))
         v6 = (d1 - v5)
         v7 = tl.exp(v6)
@@ -75,7 +80,7 @@ def k3(a0_ptr, a0_s0, a0_s1, a0_s2, a1_ptr, a1_s0, a1_s1, a1_s2, a2_ptr, a2_s0, 
         y6 = tl.reshape(v2, (32, 16)).to(tl.float16)
         d4 = tl.reshape(tl.dot(x5, y6, tl.reshape(v11 * v5_alpha, (64, 16))), (1, 64, 16))
         v11 = d4
-        v12 = tl.maximum(v12, v5)
+        v12 = tl.maximum(v12, v5, propagate_nan=tl.PropagateNan.ALL)
     tl.store(o0_ptr + (pid0 * 1 + tl.arange(0, 1)[:, None, None]) * o0_s0 + (pid2 * 16 + tl.arange(0, 64)[None, :, None]) * o0_s1 + (pid1 * 16 + tl.arange(0, 16)[None, None, :]) * o0_s2, v11.to(o0_ptr.dtype.element_ty), mask=(tl.arange(0, 64)[None, :, None] < 16))
     tl.store(o1_ptr + (pid0 * 1 + tl.arange(0, 1)[:, None, None]) * o1_s0 + (pid2 * 16 + tl.arange(0, 64)[None, :, None]) * o1_s1 + (pid1 * 1 + tl.arange(0, 1)[None, None, :]) * o1_s2, v9.to(o1_ptr.dtype.element_ty), mask=(tl.arange(0, 64)[None, :, None] < 16))
     tl.store(o2_ptr + (pid0 * 1 + tl.arange(0, 1)[:, None, None]) * o2_s0 + (pid2 * 16 + tl.arange(0, 64)[None, :, None]) * o2_s1 + (pid1 * 1 + tl.arange(0, 1)[None, None, :]) * o2_s2, v12.to(o2_ptr.dtype.element_ty), mask=(tl.arange(0, 64)[None, :, None] < 16))
@@ -94,7 +99,7 @@ def k4(a0_ptr, a0_s0, a0_s1, a0_s2, a1_ptr, a1_s0, a1_s1, a1_s2, a2_ptr, a2_s0, 
         v1 = tl.load(a1_ptr + (pid0 * 1 + tl.arange(0, 1)[:, None, None]) * a1_s0 + (pid1 * 16 + tl.arange(0, 16)[None, :, None]) * a1_s1 + (it * 1 + tl.arange(0, 1)[None, None, :]) * a1_s2).to(tl.float32)
         v2 = tl.load(a2_ptr + (pid0 * 1 + tl.arange(0, 1)[:, None, None]) * a2_s0 + (pid1 * 16 + tl.arange(0, 16)[None, :, None]) * a2_s1 + (it * 1 + tl.arange(0, 1)[None, None, :]) * a2_s2).to(tl.float32)
         v3_prev = v3
-        v3 = tl.maximum(v3, v2)
+        v3 = tl.maximum(v3, v2, propagate_nan=tl.PropagateNan.ALL)
         v3_alpha = tl.where(v3_prev == float("-inf"), 0.0, tl.exp(v3_prev - v3))
         v4 = (v2 - v3)
         v5 = tl.exp(v4)

@@ -897,6 +897,10 @@ def generate(program: Any, tiles: TileOptions | None = None,
         "",
         "",
     ]
+    for h in ("max", "min"):  # the max/min reductions' combines: NaN propagates, as in ATen (tl.max/tl.min drop it)
+        if any(f"_{h}_nan" in k for k in ksrc):
+            header += ["@triton.jit", f"def _{h}_nan(a, b):",
+                       f"    return tl.{h}imum(a, b, propagate_nan=tl.PropagateNan.ALL)", "", ""]
     launch = ["# launch parameters per kernel (the runtime may override them)", "LAUNCH = {"]
     launch += [f"    {k.name!r}: {{'num_warps': 4, 'num_stages': 2}}," for k in kernels]
     launch.append("}")

@@ -57,7 +57,7 @@ for _name, _tpl in [
     ("silu", "({x} * tl.sigmoid({x}))"),
     # tanh(u) = 2 sigmoid(2u) - 1, so 0.5 x (1 + tanh(u)) = x sigmoid(2u)
     ("gelu", f"({{x}} * tl.sigmoid(2.0 * {_GELU_C!r} * ({{x}} + 0.044715 * {{x}} * {{x}} * {{x}})))"),
-    ("relu", "tl.maximum({x}, 0.0)"),
+    ("relu", "tl.maximum({x}, 0.0, propagate_nan=tl.PropagateNan.ALL)"),
     ("sqrt", "tl.sqrt({x})"),
     ("rsqrt", "tl.rsqrt({x})"),
     ("square", "({x} * {x})"),
@@ -72,7 +72,7 @@ for _name, _tpl in [
     ("sub", "({a} - {b})"),
     ("mul", "({a} * {b})"),
     ("div", "({a} / {b})"),
-    ("maximum", "tl.maximum({a}, {b})"),
+    ("maximum", "tl.maximum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)"),
 ]:
     implements("triton", _name)(_binary(_tpl))
 
@@ -87,7 +87,7 @@ for _name, _tpl in [
     ("reciprocal", "(1.0 / {x})"),
 ]:
     implements("triton", _name)(_unary(_tpl))
-implements("triton", "minimum")(_binary("tl.minimum({a}, {b})"))
+implements("triton", "minimum")(_binary("tl.minimum({a}, {b}, propagate_nan=tl.PropagateNan.ALL)"))
 
 
 @implements("triton", "where")
@@ -106,7 +106,8 @@ def _cast(args: Sequence[str], attrs: dict[str, Any], in_types: Any, out_types: 
 
 @implements("triton", "clamp")
 def _clamp(args: Sequence[str], attrs: dict[str, Any], in_types: Any, out_types: Any) -> str:
-    return f"tl.minimum(tl.maximum({args[0]}, {float(attrs['lo'])!r}), {float(attrs['hi'])!r})"
+    return (f"tl.minimum(tl.maximum({args[0]}, {float(attrs['lo'])!r}, propagate_nan=tl.PropagateNan.ALL), "
+            f"{float(attrs['hi'])!r}, propagate_nan=tl.PropagateNan.ALL)")
 
 
 @implements("triton", "leaky_relu")
@@ -138,7 +139,7 @@ def _pow(args: Sequence[str], attrs: dict[str, Any], in_types: Any, out_types: A
 
 @implements("triton", "min")
 def _min(args: Sequence[str], attrs: dict[str, Any], in_types: Any, out_types: Any) -> str:
-    return f"tl.min({args[0]}, axis={attrs['axis']}, keep_dims=True)"
+    return f"tl.reduce({args[0]}, {attrs['axis']}, _min_nan, keep_dims=True)"  # (NaN propagates, as in ATen)
 
 
 @implements("triton", "sum")
@@ -154,7 +155,7 @@ def _mean(args: Sequence[str], attrs: dict[str, Any], in_types: Sequence[TensorT
 
 @implements("triton", "max")
 def _max(args: Sequence[str], attrs: dict[str, Any], in_types: Any, out_types: Any) -> str:
-    return f"tl.max({args[0]}, axis={attrs['axis']}, keep_dims=True)"
+    return f"tl.reduce({args[0]}, {attrs['axis']}, _max_nan, keep_dims=True)"  # (NaN propagates, as in ATen)
 
 
 def _index_on_axis(rank: int, axis: int) -> str:
@@ -371,7 +372,7 @@ def _loop_sum(args: Sequence[str], attrs: dict[str, Any], in_types: Any, out_typ
 
 @implements("triton", "loop_max", "running_max")
 def _loop_max(args: Sequence[str], attrs: dict[str, Any], in_types: Any, out_types: Any) -> str:
-    return f"tl.maximum({args[0]}, {args[1]})"
+    return f"tl.maximum({args[0]}, {args[1]}, propagate_nan=tl.PropagateNan.ALL)"
 
 
 @implements("triton", "rescaled_sum")

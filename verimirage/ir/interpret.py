@@ -224,13 +224,13 @@ def _folded_products(bg: BlockGraph, args: Sequence[Any], ts: Sequence[TensorTyp
     nodes, out, reads = bg.nodes, {}, [a[0] for n in bg.nodes for a in n.args] + [a[0] for a in bg.outputs]
     for i, n in enumerate(nodes):  # (sum_k A_k B_k = A B: the loop's tiles are consecutive pieces of the block's dim)
         j = n.args[0][0] if n.op == "loop_sum" and bg.frange > 1 and reads.count(n.args[0][0]) == 1 else -1
-        ab = [nodes[a] for a, _ in nodes[j].args] if j >= 0 and nodes[j].op == "matmul" else []
+        ab = [nodes[a] for a, _ in nodes[j].args] if j >= 0 and OPS[nodes[j].op].has(Prop.CONTRACTION) else []
         fm = [x.attr("fmap") if x.op == "input" else None for x in ab]  # (split on A's last dim, B's second last)
         if len(ab) == 2 and fm == [ab[0].outs[0].rank - 1, ab[1].outs[0].rank - 2]:
             whole = [tile_input(args[x.attr("arg")], ts[x.attr("arg")].shape, bg.grid, x.attr("imap"), None, 1)[0]
                      for x in ab]
             types = [TensorType(tuple(whole[t].shape[-ab[t].outs[0].rank:]), ab[t].outs[0].dtype) for t in (0, 1)]
-            out[i] = apply_op(domain, "matmul", whole, nodes[j].attr_dict, types, n.outs[0])
+            out[i] = apply_op(domain, nodes[j].op, whole, nodes[j].attr_dict, types, n.outs[0])
     return out
 
 
