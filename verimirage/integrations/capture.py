@@ -847,10 +847,7 @@ def transform(gm: fx.GraphModule, opts: CaptureOptions, report: Report, kind: st
             if runner is None and rnd < 2 and extra and ncomp > len(extra) and \
                     (rec.reason or "").startswith(Reason.NO_CANDIDATE.value):
                 # the gradient padding ops joined two partitions that verified apart: apart again
-                log.info("verimirage: %s: %s; again without its %s", rec.name, rec.reason,
-                         sorted({op_name(n) for n in extra}))
-                report.notes.append(f"{kind}{gidx}: a partition of {ncomp} compute ops was not taken whole "
-                                    f"({rec.reason}); tried again without its {sorted({op_name(n) for n in extra})}")
+                _note_retry(report, f"{kind}{gidx}", rec, ncomp, f"without its {sorted({op_name(n) for n in extra})}")
                 for n in extra:
                     ok.discard(n)
                     why[n] = (Reason.NO_CANDIDATE, f"left out of partition {rec.name}, which had no verified "
@@ -863,16 +860,12 @@ def transform(gm: fx.GraphModule, opts: CaptureOptions, report: Report, kind: st
                 # piece the verifier cannot prove does not leave the rest of a large partition behind
                 comp = [n for n in lp.nodes if is_compute(n)]
                 cuts.add(comp[len(comp) // 2])
-                log.info("verimirage: %s: %s; again in two halves", rec.name, rec.reason)
-                report.notes.append(f"{kind}{gidx}: a partition of {ncomp} compute ops was not taken whole "
-                                    f"({rec.reason}); tried again in two halves")
+                _note_retry(report, f"{kind}{gidx}", rec, ncomp, "in two halves")
                 retry = True
                 continue
             if runner is None and rnd < 2 and _layout_failure(lp, rec):
                 # the kernels could not express a view: again with views as partition boundaries
-                log.info("verimirage: %s: %s; splitting it at its views", rec.name, rec.reason)
-                report.notes.append(f"{kind}{gidx}: a partition of {ncomp} compute ops was not taken whole "
-                                    f"({rec.reason}); tried again split at its views")
+                _note_retry(report, f"{kind}{gidx}", rec, ncomp, "split at its views")
                 strict |= set(lp.nodes)
                 retry = True
                 continue
@@ -908,6 +901,13 @@ def transform(gm: fx.GraphModule, opts: CaptureOptions, report: Report, kind: st
         gm.recompile()
     log.info("verimirage: %s graph: %s", kind, report.summary(gidx))
     return runners
+
+
+def _note_retry(report: Any, graph: str, rec: Any, ncomp: int, how: str) -> None:
+    """Log and note in the report that partition ``rec`` of ``graph`` was not taken whole and is tried again ``how``."""
+    log.info("verimirage: %s: %s; again %s", rec.name, rec.reason, how)
+    report.notes.append(f"{graph}: a partition of {ncomp} compute ops was not taken whole ({rec.reason}); "
+                        f"tried again {how}")
 
 
 def _mask_threshold_backward(gm: fx.GraphModule) -> int:

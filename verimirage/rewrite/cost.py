@@ -232,8 +232,7 @@ def _backend_min_smem(bg: BlockGraph, in_types: Sequence[TensorType], limit: int
 def _largest_tile(bg: BlockGraph) -> int:
     """Elements of the block graph's largest value with each dim padded to a power of two (as codegen pads
     it; tl.dot's minimum operand sizes aside)."""
-    return max((math.prod(1 << max(d - 1, 0).bit_length() for d in t.shape) for n in bg.nodes for t in n.outs),
-               default=0)
+    return max((math.prod(_pow2(d) for d in t.shape) for n in bg.nodes for t in n.outs), default=0)
 
 
 def cost(g: Graph, hw: Hardware = H100, cal: Calibration = Calibration()) -> Cost:
