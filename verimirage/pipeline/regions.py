@@ -243,14 +243,11 @@ def _in_order(regs: list[_Tagged]) -> list[_Tagged]:
     made: set[tuple[int, int]] = set()
     order: list[_Tagged] = []
     while left:
-        k = next(k for k, r in enumerate(left) if all(x in made or x not in _all_outputs(left) for x in r[0].inputs))
+        pending = {x for r in left for x in r[0].outputs} - made  # (values a region still to be placed makes)
+        k = next(k for k, r in enumerate(left) if not pending.intersection(r[0].inputs))
         order.append(left.pop(k))
         made.update(order[-1][0].outputs)
     return order
-
-
-def _all_outputs(regs: list[_Tagged]) -> set[tuple[int, int]]:
-    return {x for r in regs for x in r[0].outputs}
 
 
 __all__ = ["ANCHORS", "Region", "RegionReport", "SplitOutcome", "compose", "initial_chunks", "region_of",
