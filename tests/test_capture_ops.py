@@ -132,3 +132,73 @@ def test_a_constant_the_partition_passes_through_is_never_handed_out() -> None:
     held = {c.data_ptr() for c in runner.consts.values()}
     assert torch.equal(a[1], torch.zeros(4, 6)) and torch.equal(a[0], x * 2.0)
     assert a[1].data_ptr() not in held and b[1].data_ptr() not in held and a[1].data_ptr() != b[1].data_ptr()
+
+
+def _masked_attention_inputs(dtype: Any = torch.float32) -> list[Any]:
+    m = torch.zeros(1, 1, 8, 8)
+    m[..., 2, :] = float("-inf")  # a padded query: every key masked
+    m[..., 5, :4] = float("-inf")
+    g = torch.Generator().manual_seed(0)
+    return [*(torch.randn(1, 2, 8, 4, generator=g, dtype=dtype) for _ in range(4)), m.to(dtype)]
+
+
+def _masked_attention(q: Any, k: Any, v: Any, do: Any, m: Any) -> Any:
+    o, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=m)[:2]
+    return (o, lse, *aten._scaled_dot_product_flash_attention_for_cpu_backward(do, q, k, v, o, lse, 0.0, False,
+                                                                                attn_mask=m))
+
+
+def test_fused_attention_with_a_tensor_mask_lifts_in_its_safe_form() -> None:
+    """The red team's finding test_sdpa_with_a_row_masked_entirely_gave_nan: a query row masked entirely to -inf is
+    0 in ATen's fused op, its saved log-sum-exp 0, its gradients 0; the lifted softmax gave NaN. The fused op with
+    a tensor mask lifts again, its softmax and statistics in the safe form (clamped max and denominator, the
+    log-sum-exp through ``step``) and its backward with the statistics clamped finite: every output, the masked
+    rows included, equals ATen's (float64, exactly up to rounding)."""
+    xs = _masked_attention_inputs()
+    lifted = _lift_and_compare(_masked_attention, *xs)
+    ops = {n.op for n in lifted.graph.nodes}
+    assert {"clamp", "step"} <= ops
+    o, lse, dq = _masked_attention(*(x.double() for x in xs))[:3]
+    assert torch.all(o[0, :, 2] == 0) and torch.all(lse[0, :, 2] == 0) and torch.all(dq[0, :, 2] == 0)
+
+
+def test_fused_attention_with_a_tensor_mask_backward_reads_infinite_statistics_safely() -> None:
+    """A saved log-sum-exp of -inf for a fully masked row (what a lifted forward without the safe form saved) gives
+    gradients of 0 there, not NaN: the backward clamps the statistics."""
+    q, k, v, do, m = _masked_attention_inputs()
+
+    def bw(q: Any, k: Any, v: Any, do: Any, m: Any, o: Any, lse: Any) -> Any:
+        return aten._scaled_dot_product_flash_attention_for_cpu_backward(do, q, k, v, o, lse, 0.0, False, attn_mask=m)
+
+    o, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=m)[:2]
+    lse_inf = lse.clone()
+    lse_inf[0, :, 2] = float("-inf")
+    gm = make_fx(bw)(q, k, v, do, m, o, lse_inf)
+    lifted = capture.lift([n for n in gm.graph.nodes if n.op == "call_function"])
+    names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    vals = [q, k, v, do, m, o, lse_inf]
+    feed = {f"in{i}": vals[names.index(p.name)].double().numpy() for i, p in enumerate(lifted.inputs)}
+    got = vm.evaluate(lifted.graph, feed)
+    want = bw(q, k, v, do, m, o, lse)  # ATen's own statistics (0 on the masked row)
+    for (_, i, shape, _b), w in zip(lifted.out_map, want, strict=True):
+        r = np.asarray(got[i]).reshape(shape)
+        assert np.all(np.isfinite(r))
+        np.testing.assert_allclose(r, w.double().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_fused_attention_with_a_tensor_mask_kernels_match_aten() -> None:
+    """The lifted graph compiled as it is (one kernel per op, Triton's interpreter on a CPU) gives ATen's 0 on the
+    fully masked row (the kernels' max, clamp, exp and division on -inf), forward and backward."""
+    xs = _masked_attention_inputs()
+    gm = make_fx(_masked_attention)(*xs)
+    lifted = capture.lift([n for n in gm.graph.nodes if n.op == "call_function"])
+    names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    feed = {f"in{i}": xs[names.index(p.name)] for i, p in enumerate(lifted.inputs)}
+    feed.update(dict(lifted.consts))
+    res = vm.compile(lifted.graph)(**feed)
+    res = res if isinstance(res, tuple) else (res,)
+    want = _masked_attention(*(x.double() for x in xs))
+    for (_, i, shape, _b), w in zip(lifted.out_map, want, strict=True):
+        r = res[i].reshape(shape).double()
+        assert torch.isfinite(r).all()
+        torch.testing.assert_close(r, w, rtol=1e-4, atol=1e-5)

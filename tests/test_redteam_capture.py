@@ -296,20 +296,29 @@ def test_sdpa_with_a_row_masked_entirely_gave_nan() -> None:
     """Finding (high, wrong values and gradients): ``F.scaled_dot_product_attention(q, k, v, attn_mask=m)`` with a
     row of ``m`` all -inf (a padded query) is 0 in ATen's fused CPU op and in its gradients; the lifted
     matmul/softmax/matmul gave NaN there, and the backward (``exp(S - lse)``) NaN in every gradient of K and V.
-    The fused op with a tensor mask now stays in ATen (the math path's ``_safe_softmax`` lifts safely)."""
+    The fused op with a tensor mask stayed in ATen (040f82a); it lifts again in the safe form (clamped max and
+    denominator, statistics 0 on such a row, the backward's statistics clamped finite: issue 20, capture)."""
     for train in (False, True):
         _left_ops_say_why(_attack(_SDPA, _masked_rows, train=train))
 
 
-def test_fused_attention_with_a_tensor_mask_is_not_lifted() -> None:
+def test_fused_attention_with_a_tensor_mask_lifts_to_atens_zeros() -> None:
+    """The fused op with a tensor mask lifts (its safe form); on the fully masked row it gives ATen's 0, not NaN
+    (tests/test_capture_ops.py checks the statistics, the backward and the kernels)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    gm = make_fx(lambda q, k, v, m: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m))(
-        *_masked_rows())
+    xs = _masked_rows()
+    gm = make_fx(lambda q, k, v, m: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=m))(*xs)
     fused = [n for n in gm.graph.nodes if capture.op_name(n).startswith("_scaled_dot_product")]
     assert fused, "expected ATen's fused attention op"
-    with pytest.raises(capture.LiftError, match="tensor mask"):
-        capture.lift([fused[0], *[u for u in fused[0].users if capture.op_name(u) == "getitem"]])
+    lifted = capture.lift([fused[0], *[u for u in fused[0].users if capture.op_name(u) == "getitem"]])
+    names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    feed = {f"in{i}": xs[names.index(p.name)].double().numpy() for i, p in enumerate(lifted.inputs)}
+    (_, i, shape, _b) = lifted.out_map[0]
+    got = np.asarray(vm.evaluate(lifted.graph, feed)[i]).reshape(shape)
+    assert np.all(np.isfinite(got)) and np.all(got[0, :, 2] == 0)
+    want = torch.nn.functional.scaled_dot_product_attention(*(x.double() for x in xs))
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-10, atol=1e-12)
 
 
 def test_max_reduction_dropped_nan() -> None:

@@ -856,10 +856,9 @@ def _sdpa_scores(ctx: Ctx, q: LV, k: LV, mask: Any, causal: bool, scale: Any) ->
     if isinstance(mask, LV):
         if mask.t.dtype != dt:
             raise Unsupported(Reason.DTYPE, "attention with a boolean mask (needs where)")
-        # a row the mask sets entirely to -inf (a padded query) is 0 in the fused op and its gradients, where the
-        # lifted softmax (and exp(S - lse) in the backward) gives NaN: the fused op with a tensor mask stays in ATen
-        raise Unsupported(Reason.NOT_IN_REGISTRY, "fused attention with a tensor mask: ATen gives 0 on a row masked "
-                                                  "entirely to -inf, the lifted softmax NaN")
+        # a row the mask sets entirely to -inf (a padded query) is 0 in the fused op and its gradients: the callers
+        # take the softmax and the statistics of masked scores in their safe forms (_safe_softmax_t, _row_lse)
+        s = emit(g, "add", s, ctx.exact(mask))
     return s, c
 
 
@@ -868,13 +867,40 @@ def _sdpa_scores(ctx: Ctx, q: LV, k: LV, mask: Any, causal: bool, scale: Any) ->
 SDPA_LSE = frozenset({"_scaled_dot_product_flash_attention_for_cpu"})
 
 
-def _row_lse(ctx: Ctx, s: Tensor, axis: int, want: Any) -> Tensor:
-    """``log(sum(exp(s)))`` along ``axis`` (kept as a size-1 dim), computed stably in ``want``'s dtype."""
+def _row_lse(ctx: Ctx, s: Tensor, axis: int, want: Any, *, safe: bool = False) -> Tensor:
+    """``log(sum(exp(s)))`` along ``axis`` (kept as a size-1 dim), computed stably in ``want``'s dtype.
+
+    ``safe`` (scores with a tensor mask): a row masked entirely to -inf gives 0, as ATen's fused op saves it,
+    without a test for -inf: with the clamped max ``m`` and ``t = sum(exp(s - m))`` of :func:`_safe_parts`,
+    ``step(t, 0.5) * m + log(max(t, 1))``; a row with a finite max has ``t >= 1`` (its term ``exp(0)``), so it
+    is unchanged, and an all -inf row has ``t = 0``: ``0 * m + log(1) = 0``."""
     g = ctx.g
     if s.dtype != want:
         s = emit(g, "cast", s, want)
+    if safe:
+        m, _, t, d = _safe_parts(g, s, axis)
+        return emit(g, "add", emit(g, "mul", emit(g, "step", t, c=0.5), m), emit(g, "log", d))
     m = emit(g, "max", s, axis)
     return emit(g, "add", m, emit(g, "log", emit(g, "sum", emit(g, "exp", emit(g, "sub", s, m)), axis)))
+
+
+def _safe_parts(g: Graph, s: Tensor, axis: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The safe softmax's pieces along ``axis``: the row max clamped to the dtype's finite range ``m``,
+    ``e = exp(s - m)``, ``t = sum(e)`` and the denominator ``d = clamp(t, 1, max)`` (see :func:`_safe_softmax`)."""
+    import torch
+
+    fi = torch.finfo(getattr(torch, s.dtype.torch_name))
+    m = emit(g, "clamp", emit(g, "max", s, axis), float(fi.min), float(fi.max))
+    e = emit(g, "exp", emit(g, "sub", s, m))
+    t = emit(g, "sum", e, axis)
+    return m, e, t, emit(g, "clamp", t, 1.0, float(fi.max))
+
+
+def _safe_softmax_t(g: Graph, s: Tensor, axis: int) -> Tensor:
+    """Softmax that is 0 on a row of ``s`` that is -inf throughout (ATen's fused attention with a mask, and
+    ``_safe_softmax``), equal to the softmax on every other row."""
+    _, e, _, d = _safe_parts(g, s, axis)
+    return emit(g, "div", e, d)
 
 
 def sdpa_handler(name: str) -> Handler:
@@ -902,7 +928,8 @@ def sdpa_handler(name: str) -> Handler:
         g = ctx.g
         s, _ = _sdpa_scores(ctx, q, k, mask, causal, kwargs.get("scale"))
         ax = len(q.shape) - 1
-        o = emit(g, "matmul", _softmax_t(g, s, ax), ctx.exact(v))
+        safe = isinstance(mask, LV)  # a row masked entirely to -inf is 0 (ATen), not NaN
+        o = emit(g, "matmul", (_safe_softmax_t if safe else _softmax_t)(g, s, ax), ctx.exact(v))
         res = LV(o, tuple(out[0][0]))
         if not isinstance(out, list) or len(out) < 2:
             return res
@@ -910,7 +937,7 @@ def sdpa_handler(name: str) -> Handler:
         lse_meta = out[1]
         if name in SDPA_LSE and lse_meta is not None and tuple(lse_meta[0]) == tuple(q.shape[:-1]):
             with contextlib.suppress(Unsupported):  # a dtype the registry lacks: the statistics stay unlifted
-                rest[0] = LV(_row_lse(ctx, s, ax, vm_dtype(lse_meta[1])), tuple(lse_meta[0]))
+                rest[0] = LV(_row_lse(ctx, s, ax, vm_dtype(lse_meta[1]), safe=safe), tuple(lse_meta[0]))
         return (res, *rest)
 
     return fn
@@ -938,6 +965,13 @@ def _sdpa_backward(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) 
     lt = emit(g, "reshape", ctx.exact(lse), (*q.shape[:-1], 1))
     if lt.dtype != dt:
         lt = emit(g, "cast", lt, dt)
+    if isinstance(kwargs.get("attn_mask"), LV):
+        # a row masked entirely to -inf has S = -inf throughout: P = exp(S - lse) must be 0 there, so the
+        # statistics are kept finite (ATen saves 0 for such a row, the lifted forward too; a -inf would give NaN)
+        import torch
+
+        fi = torch.finfo(getattr(torch, dt.torch_name))
+        lt = emit(g, "clamp", lt, float(fi.min), float(fi.max))
     pm = emit(g, "exp", emit(g, "sub", s, lt))
     tdo, tv, to = ctx.exact(do), ctx.exact(v), ctx.exact(o)
     dv = emit(g, "matmul", emit(g, "transpose", pm, r - 2, r - 1), tdo)
@@ -1121,18 +1155,12 @@ def _safe_softmax(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -
     -inf: the row max is clamped to the dtype's finite range (a row of -inf then gives ``exp(-inf) = 0``
     everywhere; any row with a finite max is unchanged, since that max is in range) and the denominator to at
     least 1 (a row with a finite max has a term ``exp(0) = 1``, so only the all -inf rows change: 0 / 1 = 0)."""
-    import torch
-
     v, dim = args[0], int(args[1])
     dt = args[2] if len(args) > 2 else kwargs.get("dtype")
     if dt is not None and vm_dtype(dt) != v.t.dtype:
         raise Unsupported(Reason.DTYPE, "_safe_softmax with a dtype conversion")
     t, (ax,) = ctx.axes(v, [dim])
-    g = ctx.g
-    fi = torch.finfo(getattr(torch, t.dtype.torch_name))
-    m = emit(g, "clamp", emit(g, "max", t, ax), float(fi.min), float(fi.max))
-    e = emit(g, "exp", emit(g, "sub", t, m))
-    return LV(emit(g, "div", e, emit(g, "clamp", emit(g, "sum", e, ax), 1.0, float(fi.max))), _shape(out))
+    return LV(_safe_softmax_t(ctx.g, t, ax), _shape(out))
 
 
 HANDLERS["argmax"] = HANDLERS["argmin"] = _not_expressible(Reason.NOT_IN_REGISTRY, "an index result (argmax)")
