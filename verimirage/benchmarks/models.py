@@ -42,15 +42,25 @@ def cross_entropy(g: Graph, logits: Tensor, onehot: Tensor, *, stable: bool = Tr
 
 
 def masked_attention(g: Graph, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, *, cap: float | None = None,
-                     act: str = "tanh") -> Tensor:
+                     act: str = "tanh", zero_masked: bool = False) -> Tensor:
     """softmax(where(mask, Q K, MASKED)) V over the last axis, row-max stabilised; ``cap``: tanh soft-capping
-    ``cap * act(s / cap)`` of the logits first (``act`` is the op used: tanh)."""
+    ``cap * act(s / cap)`` of the logits first (``act`` is the op used: tanh).
+
+    ``zero_masked``: the masked elements' weights are exactly 0, ``e = where(mask, exp(c - max c), 0)`` with
+    ``c = where(mask, s, MASKED)`` (the softmax over the kept elements alone, as SDPA computes it with a boolean
+    or causal mask). In floats the two forms agree wherever a row keeps an element whose logit is above
+    ``MASKED`` (``exp(MASKED - m)`` is 0); over the reals (the verifier's semantics) only this form gives the
+    masked elements no weight at all, so only here can a kernel skip a tile the mask sets entirely false. A
+    row the mask sets entirely false is ``0 / 0`` here (NaN), the uniform average of V in the other form; a row
+    whose kept logits all lie more than ~80 (fp32; ~700 in float64) below ``MASKED`` underflows to ``0 / 0``
+    here (the row max is ``MASKED``), where SDPA's ``-inf`` fill keeps it finite."""
     s = g.matmul(q, k)
     if cap is not None:
         s = g.scale(g.apply(act, [g.scale(s, 1.0 / cap)]), cap)
-    s = g.where(mask, s, g.shift(g.scale(s, 0.0), MASKED))
-    s = g.sub(s, g.max(s, axis=2))
-    e = g.exp(s)
+    c = g.where(mask, s, g.shift(g.scale(s, 0.0), MASKED))
+    e = g.exp(g.sub(c, g.max(c, axis=2)))
+    if zero_masked:
+        e = g.where(mask, e, g.scale(c, 0.0))
     return g.matmul(g.div(e, g.sum(e, axis=2)), v)
 
 
@@ -172,13 +182,13 @@ def _attn_inputs(g: Graph, small: bool, dt: DType) -> tuple[Tensor, Tensor, Tens
 
 def _causal(small: bool, dt: DType) -> Graph:
     g = Graph()
-    g.output(masked_attention(g, *_attn_inputs(g, small, dt)))
+    g.output(masked_attention(g, *_attn_inputs(g, small, dt), zero_masked=True))
     return g
 
 
 def _softcap(small: bool, dt: DType) -> Graph:
     g = Graph()
-    g.output(masked_attention(g, *_attn_inputs(g, small, dt), cap=50.0))
+    g.output(masked_attention(g, *_attn_inputs(g, small, dt), cap=50.0, zero_masked=True))
     return g
 
 

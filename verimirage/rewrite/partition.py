@@ -503,6 +503,17 @@ def _refinable(an: Analysis, grid: tuple[tuple[int, int], ...], r: int, min_tile
 # --------------------------------------------------------------------------- building block graphs
 
 
+def _zero_masked(nodes: Sequence[Any], n: Any, ks: Sequence[Place]) -> bool:
+    """Whether ``n`` is ``where(mask, e, z)`` with ``e`` rescaled (exp of a max-shifted value), the mask not
+    rescaled and ``z`` exactly zero (``scale(x, 0)`` of a loop or invariant value): the masked attention whose
+    masked elements contribute exactly 0, so that rescaling ``e`` rescales the selection."""
+    if n.op != "where" or len(ks) != 3 or ks[1] != Place.SCALED or ks[0] not in (Place.BODY, Place.INV) \
+            or ks[2] not in (Place.BODY, Place.INV):
+        return False
+    z = nodes[n.args[2][0]]
+    return z.op == "scale" and float(z.attr("c")) == 0.0
+
+
 def _apply(b: Any, op: str, attrs: dict[str, Any], args: list[Tensor],
            full: Sequence[TensorType] | None = None) -> Tensor:
     """``op`` on tiles ``args``; ``full``: the kernel operands' types (block-level attributes need them)."""
@@ -693,6 +704,12 @@ def build(an: Analysis, cfg: Config, *, fuse_epilogue: bool = True) -> Lowered:
                 val[i] = _apply(b, n.op, attrs, [mat(args[0])], fin)
                 kind[i] = Place.SCALED
                 rm_of[i] = rm_of[arefs[0]]
+                continue
+            if Place.SCALED in ks and _zero_masked(nodes, n, ks):
+                # where(mask, e, 0) with e rescaled: rescaling e rescales the selection (0 * f = 0)
+                val[i] = _apply(b, n.op, attrs, [mat(a) for a in args], fin)
+                kind[i] = Place.SCALED
+                rm_of[i] = rm_of[arefs[1]]
                 continue
             if Place.SCALED in ks:
                 si = ks.index(Place.SCALED)
