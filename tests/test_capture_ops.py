@@ -202,3 +202,140 @@ def test_fused_attention_with_a_tensor_mask_kernels_match_aten() -> None:
         r = res[i].reshape(shape).double()
         assert torch.isfinite(r).all()
         torch.testing.assert_close(r, w, rtol=1e-4, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- CUDA attention ops (fake CUDA tensors)
+
+
+def _fake_cuda_graph(fn: Callable[..., Any], *shapes: tuple[tuple[int, ...], Any]) -> Any:
+    """``fn`` traced on fake CUDA tensors (no GPU needed): the ATen graph a GPU trace gives, values in meta only."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        xs = [torch.empty(s, device="cuda", dtype=dt) for s, dt in shapes]
+        return make_fx(fn)(*xs)
+
+
+def _attention64(q: Any, k: Any, v: Any, m: Any, causal: bool) -> tuple[Any, Any]:
+    """Output and log-sum-exp of attention by ATen's fused CPU op (float64: 0 on a row masked entirely, in the
+    output, the statistics and the gradients)."""
+    o, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, attn_mask=m)[:2]
+    return o, lse
+
+
+def _eval_lifted(gm: Any, vals: dict[str, Any]) -> tuple[capture.Lifted, list[Any]]:
+    lifted = capture.lift([n for n in gm.graph.nodes if n.op == "call_function"])
+    feed = {f"in{i}": vals[p.name].detach().double().numpy() for i, p in enumerate(lifted.inputs)}
+    feed.update({name: c.double().numpy() for name, c in lifted.consts})
+    got = vm.evaluate(lifted.graph, feed)
+    return lifted, [torch.as_tensor(np.asarray(got[i])).reshape(shape) for _, i, shape, _b in lifted.out_map]
+
+
+@pytest.mark.parametrize("op", ["flash", "efficient"])
+def test_cuda_attention_forward_and_backward_lift(op: str) -> None:
+    """``_scaled_dot_product_flash_attention`` / ``_efficient_attention`` and their backwards (what a training step
+    traced on a GPU holds) lift: output and log-sum-exp (the efficient op's with 32 rows: not padded) and the three
+    gradients (read from the saved statistics) equal the float64 attention and its autograd gradients."""
+    B, H, L, D = 1, 2, 32, 16
+    dt = torch.float16 if op == "flash" else torch.float32
+    qkv = [((B, H, L, D), dt)] * 3
+    causal = op == "flash"
+    if op == "flash":
+        fwd = _fake_cuda_graph(lambda q, k, v: aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True)[:2],
+                               *qkv)
+        bwd = _fake_cuda_graph(lambda do, q, k, v, o, lse, s0, s1: aten._scaled_dot_product_flash_attention_backward(
+            do, q, k, v, o, lse, None, None, L, L, 0.0, True, s0, s1), *qkv, *qkv[:2], ((B, H, L), torch.float32),
+            ((2,), torch.uint64), ((), torch.uint64))
+    else:
+        mshape = ((B, 1, L, L), dt)
+        fwd = _fake_cuda_graph(lambda q, k, v, m: aten._scaled_dot_product_efficient_attention(q, k, v, m, True)[:2],
+                               *qkv, mshape)
+        bwd = _fake_cuda_graph(
+            lambda do, q, k, v, m, o, lse, s0, s1: aten._scaled_dot_product_efficient_attention_backward(
+                do, q, k, v, m, o, lse, s0, s1, 0.0, [True, True, True, False]),
+            *qkv, *qkv[:1], mshape, qkv[0], ((B, H, L), torch.float32), ((), torch.int64), ((), torch.int64))
+    g = torch.Generator().manual_seed(3)
+    q, k, v, do = (torch.randn(B, H, L, D, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(4))
+    m = None
+    if op == "efficient":
+        m = torch.zeros(B, 1, L, L, dtype=torch.float64)
+        m[..., 3, :] = float("-inf")  # a padded query
+        m[..., 7, 5:] = float("-inf")
+    o, lse = _attention64(q, k, v, m, causal)
+    dq, dk, dv = torch.autograd.grad(o, (q, k, v), do)
+    ph = [n.name for n in fwd.graph.nodes if n.op == "placeholder"]
+    _, (go, glse) = _eval_lifted(fwd, dict(zip(ph, [q, k, v, m], strict=False)))
+    tol = {"rtol": 1e-2, "atol": 1e-2} if dt == torch.float16 else {"rtol": 1e-6, "atol": 1e-7}
+    if m is not None:
+        assert torch.all(go[0, :, 3] == 0) and torch.all(glse[0, :, 3] == 0)  # the fully masked row
+    torch.testing.assert_close(go, o.detach(), **tol)
+    torch.testing.assert_close(glse, lse.detach(), **tol)
+    ph = [n.name for n in bwd.graph.nodes if n.op == "placeholder"]
+    vals = [do, q, k, v, o.detach(), lse.detach()]
+    if op == "efficient":
+        vals.insert(4, m)
+    _, grads = _eval_lifted(bwd, dict(zip(ph, vals, strict=False)))
+    for a, b in zip(grads, (dq, dk, dv), strict=True):
+        assert torch.isfinite(b).all()
+        torch.testing.assert_close(a, b, **tol)
+
+
+def test_cuda_efficient_attention_backward_reads_padded_statistics() -> None:
+    """The memory-efficient op saves its log-sum-exp padded to a multiple of 32 rows (+inf beyond the queries): its
+    backward lifts, reading the first rows (a slice); its forward's padded statistics are not lifted (the op with
+    them stays in ATen, the op without them lifts)."""
+    B, H, L, D = 1, 2, 8, 16
+    qkv = [((B, H, L, D), torch.float32)] * 3
+    bwd = _fake_cuda_graph(
+        lambda do, q, k, v, o, lse, s0, s1: aten._scaled_dot_product_efficient_attention_backward(
+            do, q, k, v, None, o, lse, s0, s1, 0.0, [True, True, True, False]),
+        *qkv, qkv[0], qkv[0], ((B, H, 32), torch.float32), ((), torch.int64), ((), torch.int64))
+    g = torch.Generator().manual_seed(4)
+    q, k, v, do = (torch.randn(B, H, L, D, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(4))
+    o, lse = _attention64(q, k, v, None, False)
+    dq, dk, dv = torch.autograd.grad(o, (q, k, v), do)
+    padded = torch.cat([lse.detach(), torch.full((B, H, 32 - L), float("inf"), dtype=torch.float64)], -1)
+    ph = [n.name for n in bwd.graph.nodes if n.op == "placeholder"]
+    lifted, grads = _eval_lifted(bwd, dict(zip(ph, [do, q, k, v, o.detach(), padded], strict=False)))
+    assert "slice" in {n.op for n in lifted.graph.nodes}
+    for a, b in zip(grads, (dq, dk, dv), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    fwd = _fake_cuda_graph(lambda q, k, v: aten._scaled_dot_product_efficient_attention(q, k, v, None, True)[:2],
+                           *qkv)
+    with pytest.raises(capture.LiftError, match="not lifted"):
+        capture.lift([n for n in fwd.graph.nodes if n.op == "call_function"])
+    fwd0 = _fake_cuda_graph(lambda q, k, v: aten._scaled_dot_product_efficient_attention(q, k, v, None, True)[0],
+                            *qkv)
+    capture.lift([n for n in fwd0.graph.nodes if n.op == "call_function"])
+
+
+def test_cuda_attention_state_of_a_training_forward_is_not_a_boundary(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A training step's forward graph on a GPU saves the flash op's random-number state for the backward; with no
+    dropout nothing reads it, so each read gets a tensor of its own (``empty_strided``, not counted as compute) and
+    the attention is taken with the ops around it; the report lists no compute op left behind."""
+    from verimirage.integrations.report import Report
+
+    B, H, L, D = 1, 2, 16, 16
+
+    def fwd(q: Any, k: Any, v: Any) -> Any:
+        r = aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True)
+        return r[0] * 2.0, r[0], r[1], r[6], r[7]
+
+    gm = _fake_cuda_graph(fwd, *[((B, H, L, D), torch.float16)] * 3)
+    monkeypatch.setattr(vm, "superoptimize", lambda g, **kw: _found(g))
+    rep = Report()
+    runners = capture.transform(gm, capture.CaptureOptions(check=False), rep, "forward")
+    assert len(runners) == 1 and rep.partitions[0].taken
+    ops = [capture.op_name(n) for n in gm.graph.nodes if n.op == "call_function"]
+    assert "_scaled_dot_product_flash_attention" not in ops and ops.count("empty_strided") == 2
+    assert rep.counts == (2, 2) and not rep.left  # the attention and the mul; the allocations are not compute
+    out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    assert [capture.op_name(a) for a in out[3:]] == ["empty_strided"] * 2
+    assert out[3].meta["val"].dtype == torch.uint64 and tuple(out[3].meta["val"].shape) == (2,)
+
+
+def _found(g: Any) -> Any:
+    import types
+
+    return types.SimpleNamespace(candidates=[g], best=g, report=types.SimpleNamespace(
+        stop_reason="test", split=False, regions=[]))

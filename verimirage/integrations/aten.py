@@ -864,7 +864,8 @@ def _sdpa_scores(ctx: Ctx, q: LV, k: LV, mask: Any, causal: bool, scale: Any) ->
 
 #: SDPA ops whose second result is the log-sum-exp of each row of scores, shaped like ``Q`` without its last dim
 #: (natural log; what their backward reads)
-SDPA_LSE = frozenset({"_scaled_dot_product_flash_attention_for_cpu"})
+SDPA_LSE = frozenset({"_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
+                      "_scaled_dot_product_efficient_attention"})
 
 
 def _row_lse(ctx: Ctx, s: Tensor, axis: int, want: Any, *, safe: bool = False) -> Tensor:
@@ -935,6 +936,8 @@ def sdpa_handler(name: str) -> Handler:
             return res
         rest: list[Any] = [None] * (len(out) - 1)
         lse_meta = out[1]
+        # (the memory-efficient CUDA op pads its statistics to a multiple of 32 rows, +inf beyond the queries: only
+        # an unpadded one is lifted)
         if name in SDPA_LSE and lse_meta is not None and tuple(lse_meta[0]) == tuple(q.shape[:-1]):
             with contextlib.suppress(Unsupported):  # a dtype the registry lacks: the statistics stay unlifted
                 rest[0] = LV(_row_lse(ctx, s, ax, vm_dtype(lse_meta[1]), safe=safe), tuple(lse_meta[0]))
@@ -943,29 +946,63 @@ def sdpa_handler(name: str) -> Handler:
     return fn
 
 
-@handles("_scaled_dot_product_flash_attention_for_cpu_backward")
+#: SDPA backward ops: positions of (grad_out, query, key, value, out, logsumexp, mask, dropout_p, is_causal,
+#: grad_input_mask); the CPU op takes its mask as the keyword ``attn_mask``
+SDPA_BW_ARGS: dict[str, tuple[int, int, int, int, int, int, int | None, int, int, int | None]] = {
+    "_scaled_dot_product_flash_attention_for_cpu_backward": (0, 1, 2, 3, 4, 5, None, 6, 7, None),
+    "_scaled_dot_product_flash_attention_backward": (0, 1, 2, 3, 4, 5, None, 10, 11, None),
+    "_scaled_dot_product_efficient_attention_backward": (0, 1, 2, 3, 5, 6, 4, 9, 11, 10),
+}
+
+
+#: positions of arguments a handler never reads, by op name (not lifted as partition inputs): the CUDA attention
+#: backwards' random-number state and nested-batch offsets (read only with a dropout, which is refused)
+UNREAD_ARGS: dict[str, frozenset[int]] = {
+    "_scaled_dot_product_flash_attention_backward": frozenset({6, 7, 12, 13}),
+    "_scaled_dot_product_efficient_attention_backward": frozenset({7, 8}),
+}
+
+
+@handles(*SDPA_BW_ARGS)
 def _sdpa_backward(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> Any:
     """The gradients of attention from its saved output and rows' log-sum-exp ``lse``: with ``P = exp(S - lse)``
     (the softmax, recomputed), ``dV = P^T dO``, ``dS = P * (dO V^T - rowsum(dO * O))``, ``dQ = c dS K``,
-    ``dK = c dS^T Q`` (``c`` the scale; ``S`` the scaled, masked scores)."""
-    do, q, k, v, o, lse = args[:6]
-    p, causal = args[6], bool(args[7])
+    ``dK = c dS^T Q`` (``c`` the scale; ``S`` the scaled, masked scores). The CPU op, and the CUDA flash and
+    memory-efficient ops (whose statistics may be padded to more rows than queries: the first rows are read;
+    the mask's gradient, when asked for, is not lifted)."""
+    name = op_of(ctx)
+    ido, iq, ik, iv, io, il, im, ip, ic, ig = SDPA_BW_ARGS[name]
+
+    def arg(pos: int | None, default: Any = None) -> Any:
+        return args[pos] if pos is not None and pos < len(args) else default
+
+    do, q, k, v, o, lse = (arg(i) for i in (ido, iq, ik, iv, io, il))
+    mask = kwargs.get("attn_mask") if im is None else arg(im)
+    p, causal = arg(ip, 0.0), bool(kwargs.get("is_causal", arg(ic, False)))
     if p:
         raise Unsupported(Reason.RANDOM, "attention with dropout")
+    want = arg(ig)
+    if want is not None and len(want) > 3 and want[3]:
+        raise Unsupported(Reason.NOT_IN_REGISTRY, "attention backward with the gradient of its mask")
     if not all(isinstance(x, LV) for x in (do, q, k, v, o, lse)):
         raise Unsupported(Reason.NOT_TENSOR, "attention backward with a constant operand")
     g = ctx.g
-    s, c = _sdpa_scores(ctx, q, k, kwargs.get("attn_mask"), causal, kwargs.get("scale"))
+    s, c = _sdpa_scores(ctx, q, k, mask, causal, kwargs.get("scale"))
     r = len(q.shape)
     dt = q.t.dtype
-    if tuple(lse.shape) != tuple(q.shape[:-1]):
+    L = q.shape[-2]
+    if tuple(lse.shape) == tuple(q.shape[:-1]):
+        tl = ctx.exact(lse)
+    elif tuple(lse.shape[:-1]) == tuple(q.shape[:-2]) and lse.shape[-1] > L and ctx.layout("slice"):
+        tl = emit(g, "slice", ctx.exact(lse), r - 2, 0, L)  # padded statistics: the queries' rows
+    else:
         raise Unsupported(Reason.LAYOUT, f"attention backward with statistics of shape {lse.shape}")
     if not ctx.layout("reshape"):
         raise Unsupported(Reason.LAYOUT, "attention backward needs the registry's reshape (its statistics)")
-    lt = emit(g, "reshape", ctx.exact(lse), (*q.shape[:-1], 1))
+    lt = emit(g, "reshape", tl, (*q.shape[:-1], 1))
     if lt.dtype != dt:
         lt = emit(g, "cast", lt, dt)
-    if isinstance(kwargs.get("attn_mask"), LV):
+    if isinstance(mask, LV):
         # a row masked entirely to -inf has S = -inf throughout: P = exp(S - lse) must be 0 there, so the
         # statistics are kept finite (ATen saves 0 for such a row, the lifted forward too; a -inf would give NaN)
         import torch
@@ -980,7 +1017,8 @@ def _sdpa_backward(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) 
     ds = emit(g, "mul", pm, emit(g, "sub", dp, dd))
     dq = emit(g, "scale", emit(g, "matmul", ds, ctx.exact(k)), c=c)
     dk = emit(g, "scale", emit(g, "matmul", emit(g, "transpose", ds, r - 2, r - 1), ctx.exact(q)), c=c)
-    return (LV(dq, tuple(out[0][0])), LV(dk, tuple(out[1][0])), LV(dv, tuple(out[2][0])))
+    res = (LV(dq, tuple(out[0][0])), LV(dk, tuple(out[1][0])), LV(dv, tuple(out[2][0])))
+    return res if len(out) <= 3 else (*res, *([None] * (len(out) - 3)))
 
 
 for _n in _SDPA:

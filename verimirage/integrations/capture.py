@@ -32,7 +32,7 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 
 from ..ir.errors import GraphError
 from ..ir.graph import Graph
-from .aten import CREATION_OPS, HANDLERS, LV, VIEW_OPS, Ctx, Reason, Unsupported, vm_dtype
+from .aten import CREATION_OPS, HANDLERS, LV, UNREAD_ARGS, VIEW_OPS, Ctx, Reason, Unsupported, vm_dtype
 from .report import OpRecord, PartitionReport, Report
 
 log = logging.getLogger(__name__)
@@ -127,9 +127,13 @@ def is_tensor_op(n: fx.Node) -> bool:
     return n.op == "call_function" and any(isinstance(v, torch.Tensor) for v in _vals(n))
 
 
+#: ATen ops that allocate without computing anything (what coverage does not count)
+ALLOC_OPS = frozenset({"empty", "empty_strided", "empty_like"})
+
+
 def is_compute(n: fx.Node) -> bool:
-    """A tensor op that computes (not a view, alias or tuple access)."""
-    return is_tensor_op(n) and op_name(n) not in VIEW_OPS
+    """A tensor op that computes (not a view, alias, tuple access or uninitialised allocation)."""
+    return is_tensor_op(n) and op_name(n) not in VIEW_OPS and op_name(n) not in ALLOC_OPS
 
 
 def _static_shape(t: torch.Tensor) -> tuple[int, ...]:
@@ -233,7 +237,8 @@ def lift(nodes: Sequence[fx.Node], *, strict: bool = False) -> Lifted:
             if getattr(h, "refuses", False):  # an op the registry cannot express: say why before anything else
                 h(ctx, [], {}, None)
             out = _out_meta(n)
-            args = [val(a, n) for a in n.args]
+            skip = UNREAD_ARGS.get(name, frozenset())
+            args = [a if i in skip else val(a, n) for i, a in enumerate(n.args)]
             kwargs = {k: val(a, n) for k, a in n.kwargs.items()}
             if any(isinstance(a, LV) for a in kwargs.values()) and name not in ("where",) and not name.startswith(
                 "_scaled_dot"
@@ -800,7 +805,7 @@ def transform(gm: fx.GraphModule, opts: CaptureOptions, report: Report, kind: st
     from torch.fx.passes.tools_common import legalize_graph
 
     gidx = report.new_graph(kind)
-    rewrote = _mask_threshold_backward(gm)
+    rewrote = _mask_threshold_backward(gm) + _unused_attention_state(gm)
     nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
     why: dict[fx.Node, tuple[Reason, str]] = {}
     ok: set[fx.Node] = set()
@@ -941,6 +946,48 @@ def _mask_threshold_backward(gm: fx.GraphModule) -> int:
         n.replace_all_uses_with(w)
         gm.graph.erase_node(n)
         k += 1
+    return k
+
+
+#: results of the CUDA attention ops that only a dropout reads (its random-number state) or that describe nested
+#: (packed) batches, by op name: with ``dropout_p == 0`` nothing reads their values
+_ATTENTION_STATE = {"_scaled_dot_product_flash_attention": (2, 3, 6, 7, 8),
+                    "_scaled_dot_product_efficient_attention": (2, 3)}
+
+
+def _unused_attention_state(gm: fx.GraphModule) -> int:
+    """Give each read of a CUDA attention op's random-number state (or empty nested-batch offsets) a tensor of its
+    own, allocated like it (``empty_strided``), where the op has no dropout, so the op can be lifted: the forward
+    graph of a training step saves that state for the backward op, which reads it only with a dropout. Returns
+    the number of results so replaced."""
+    from .aten import SDPA_ARGS
+
+    k = 0
+    for n in list(gm.graph.nodes):
+        name = op_name(n) if n.op == "call_function" else ""
+        if name not in _ATTENTION_STATE:
+            continue
+        dpos = SDPA_ARGS[name][1]
+        p = n.kwargs.get("dropout_p", n.args[dpos] if dpos is not None and dpos < len(n.args) else 0.0)
+        if not isinstance(p, (int, float)) or p != 0:
+            continue
+        for u in list(n.users):
+            if u.target is not operator.getitem or u.args[1] not in _ATTENTION_STATE[name] or not u.users:
+                continue
+            v = u.meta.get("val")
+            if not isinstance(v, torch.Tensor):
+                continue
+            try:
+                size, stride = list(_static_shape(v)), [int(x) for x in v.stride()]
+            except Unsupported:
+                continue
+            with gm.graph.inserting_before(u):
+                e = gm.graph.call_function(torch.ops.aten.empty_strided.default, (size, stride),
+                                           {"dtype": v.dtype, "device": v.device})
+            e.meta["val"] = v
+            u.replace_all_uses_with(e)
+            gm.graph.erase_node(u)
+            k += 1
     return k
 
 
