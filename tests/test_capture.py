@@ -335,6 +335,73 @@ def test_profile_leaves_a_partition_slower_than_the_fallback_to_it(monkeypatch: 
     assert rep.coverage == 0.0
 
 
+def test_explain_says_a_partition_slower_than_the_fallback_stays_with_it(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The GPU decision path with a mocked timer (issue 20 item 2): the kernels (9 us) lose to the fallback's code
+    for the partition (4 us), so the fallback keeps it; the explain report says so per partition (table and data,
+    with both times) and for every op of it, and the INFO log says it too."""
+    _times(monkeypatch, [9.0, 4.0])
+    model, xs = corpus.get("mlp_relu")
+    with caplog.at_level(logging.INFO, logger="verimirage.integrations"), torch.no_grad():
+        rep = vm.explain(model, *xs, **{**OPTS, "profile": True})
+    (p,) = rep.partitions
+    assert not p.taken and (p.measured_us, p.fallback_us) == (9.0, 4.0)
+    assert (p.reason or "").startswith("slower than the fallback: 9.0 us vs 4.0 us for its ATen ops")
+    data = rep.to_dict()
+    assert data["partitions"][0]["reason"] == p.reason and data["coverage"] == 0.0
+    assert rep.left and all((rep.reason_of(r) or "").startswith("slower than the fallback") for r in rep.left)
+    text = str(rep)
+    assert "slower than the fallback" in text and "9.0" in text
+    assert "slower than the fallback: 9.0 us vs 4.0 us" in caplog.text
+
+
+def test_profile_is_on_by_default_on_a_gpu_only() -> None:
+    """``profile=None`` (the default): timed against the fallback where the graph is on a GPU (so wrapping a model
+    there is never slower than its fallback), not on a CPU (Triton's interpreter); an explicit value wins."""
+    opts = capture.CaptureOptions()
+    assert opts.profile is None and opts.profiling("cuda") and not opts.profiling("cpu")
+    assert not capture.CaptureOptions(profile=False).profiling(torch.device("cuda"))
+    assert capture.CaptureOptions(profile=True).profiling("cpu")
+    with pytest.raises(ValueError, match="profile"):
+        capture.CaptureOptions(profile="yes")  # type: ignore[arg-type]
+
+
+def test_the_default_does_not_time_on_a_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    def never(*a: Any, **k: Any) -> float:
+        raise AssertionError("timed on a CPU with the default options")
+
+    monkeypatch.setattr(capture, "time_us", never)
+    model, xs = corpus.get("mlp_relu")
+    want, _ = _reference(model, xs, train=False)
+    got, _, rep = _run(model, xs, train=False)
+    _close(got, want, "output")
+    assert rep.partitions and all(p.taken and p.fallback_us is None for p in rep.partitions)
+
+
+@pytest.mark.gpu
+def test_the_default_times_partitions_against_inductor_on_a_gpu() -> None:
+    """On a GPU the plain backend profiles: each partition is timed against Inductor's code for it (the fallback's
+    time recorded) and taken only where it is not slower; every output matches eager."""
+    model, xs = corpus.get("mlp_gelu", dtype=torch.float16, device="cuda")
+    torch._dynamo.reset()
+    rep = Report()
+    with torch.no_grad():
+        got = torch.compile(model, backend=backend(report=rep, time_budget_s=8.0))(*xs)
+        want = model(*xs)
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+    timed = [p for p in rep.partitions if p.fallback_us is not None]
+    assert timed, [p.reason for p in rep.partitions]
+    for p in timed:
+        assert p.measured_us is not None
+        if p.measured_us > p.fallback_us:
+            assert not p.taken and (p.reason or "").startswith("slower than the fallback"), p
+    for p in rep.partitions:  # taken only where it was timed and not slower
+        assert not p.taken or (p.fallback_us is not None and p.measured_us <= p.fallback_us), p
+    if any(p.measured_us is not None and p.measured_us <= p.fallback_us for p in timed):
+        # the captured graph was then timed against the fallback's code for the whole graph
+        assert rep.graph_times and rep.graph_times[0]["fallback_us"] > 0
+
+
 def _count_kernel_calls(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """Count the calls of every partition's kernels (``calls["n"]``)."""
     calls = {"n": 0}

@@ -49,8 +49,10 @@ class CaptureOptions:
     fallback runs for it (Inductor's code for the partition when the fallback is Inductor, its ATen ops
     when eager) and keep the faster; then time each whole captured graph against the graph compiled by
     the fallback alone and keep the faster (so the backend is never slower than the fallback on the
-    example inputs' shapes). Timed on the GPU with ``triton.testing.do_bench``; on a CPU with a wall
-    clock (where Triton's interpreter always loses). ``min_compute_ops``: smaller partitions stay with the
+    example inputs' shapes). Timed on the GPU with CUDA-graph replays (``triton.testing.do_bench_cudagraph``);
+    on a CPU with a wall clock (where Triton's interpreter always loses). ``None`` (the default): on where the
+    graph's tensors are on a GPU, off on a CPU (:meth:`profiling`), so a model wrapped on a GPU is never slower
+    than its fallback on the example inputs' shapes. ``min_compute_ops``: smaller partitions stay with the
     fallback. ``cuda_graph``: replay each partition's kernels as one CUDA graph (outputs copied out).
     ``chain_limit``: a partition holds a matmul ``D`` that consumes (through other ops) the result of a matmul
     ``U`` of the same partition only when ``U``'s reduction and ``D``'s output columns are both at most this
@@ -67,7 +69,7 @@ class CaptureOptions:
     time_budget_s: float = 30.0
     search: Mapping[str, Any] = field(default_factory=dict)
     check: bool = True
-    profile: bool = False
+    profile: bool | None = None
     min_compute_ops: int = 1
     cuda_graph: bool = False
     chain_limit: int | None = 256
@@ -75,7 +77,16 @@ class CaptureOptions:
     compile_workers: int = 8
     candidates: int = 4
 
+    def profiling(self, device: torch.device | str) -> bool:
+        """Whether partitions and graphs on ``device`` are timed against the fallback (``profile``, or with
+        ``profile=None`` whether ``device`` is a GPU)."""
+        if self.profile is not None:
+            return bool(self.profile)
+        return torch.device(device).type == "cuda"
+
     def __post_init__(self) -> None:
+        if self.profile is not None and not isinstance(self.profile, bool):
+            raise ValueError(f"profile={self.profile!r}; expected None (on a GPU only), True or False")
         if self.fallback not in ("auto", "inductor", "eager"):
             raise ValueError(f"fallback={self.fallback!r}; expected 'auto', 'inductor' or 'eager'")
         if not self.time_budget_s > 0:
@@ -635,10 +646,11 @@ def compile_partition(gm: fx.GraphModule, lifted: Lifted, opts: CaptureOptions, 
     if not res.candidates:
         record.reason = f"{Reason.NO_CANDIDATE.value} ({res.report.stop_reason})"
         return None
+    profile = opts.profiling(device)
     pool = [res.best, *[c for c in res.candidates if c is not res.best]]
     # the cost model ranks verified siblings (loop ranges, tile shapes) least reliably: with the profile, up to
     # ``opts.candidates`` of them are compiled, checked and timed, and the fastest is kept
-    pool = pool[:max(1, opts.candidates)] if opts.profile else pool[:1]
+    pool = pool[:max(1, opts.candidates)] if profile else pool[:1]
     eager = eager_module(gm, lifted)
 
     def build(cand: Any) -> PartitionRunner | str:
@@ -654,7 +666,7 @@ def compile_partition(gm: fx.GraphModule, lifted: Lifted, opts: CaptureOptions, 
         record.kernels = [k.name for k in runner.program.kernels]
         return runner
 
-    if not (opts.check or opts.profile):
+    if not (opts.check or profile):
         r0 = build(pool[0])
         if isinstance(r0, str):
             record.reason = r0
@@ -675,11 +687,11 @@ def compile_partition(gm: fx.GraphModule, lifted: Lifted, opts: CaptureOptions, 
             if fail is not None:
                 first_failure = first_failure or fail
                 log.info("verimirage: %s: candidate %d: %s", record.name, ci, fail)
-                if opts.profile:
+                if profile:
                     record.candidates_us.append(None)
                 continue
             assert not isinstance(runner, str)
-            if not opts.profile:
+            if not profile:
                 return chosen(cand, runner)
             try:
                 us = time_us(runner.kernels, xs, device)
