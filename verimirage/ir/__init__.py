@@ -1,8 +1,8 @@
 """The IR: op registry, kernel/block/thread graphs, checks, text/JSON, the evaluator.
 
-Imports neither torch nor triton. The block and thread builders (:mod:`.builders`) and the float64
-reference (:mod:`.reference`, with ``evaluate``) load on first use of their names, so the certificate
-checker, which imports this package, does not load them.
+Imports neither torch nor triton. The builders (:mod:`.builders`: ``Tensor``, the block and thread
+builders) and the float64 reference (:mod:`.reference`, with ``evaluate``) load on first use of their
+names, so the certificate checker, which imports this package, does not load them.
 """
 
 from typing import Any
@@ -16,7 +16,6 @@ from .graph import (
     Node,
     OutputMap,
     Ref,
-    Tensor,
     ThreadGraph,
     node_list,
     output_refs,
@@ -55,7 +54,7 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("BlockBuilder", "ThreadBuilder"):
+    if name in ("BlockBuilder", "Tensor", "ThreadBuilder"):
         from . import builders
 
         return getattr(builders, name)

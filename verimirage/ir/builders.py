@@ -24,7 +24,6 @@ from .graph import (
     Node,
     OutputMap,
     Ref,
-    Tensor,
     ThreadGraph,
     _Builder,
     make_attrs,
@@ -44,6 +43,65 @@ def _check_dtype(what: str, dtype: Any) -> DType:
     if isinstance(dtype, str):
         return DType.parse(dtype)
     raise GraphError(f"{what}: dtype {dtype!r}; expected vm.float16, vm.bfloat16, vm.float32 or vm.bool")
+
+
+class Tensor:
+    """A value of a program under construction: returned by builder methods."""
+
+    __slots__ = ("owner", "ref")
+
+    def __init__(self, owner: _Builder, ref: Ref) -> None:
+        self.owner = owner
+        self.ref = ref
+
+    @property
+    def node(self) -> Node:
+        """The node that produces this value."""
+        return self.owner._nodes[self.ref[0]]
+
+    @property
+    def type(self) -> TensorType:
+        """Shape and dtype."""
+        return self.node.outs[self.ref[1]]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Static shape."""
+        return self.type.shape
+
+    @property
+    def dtype(self) -> DType:
+        """Element type."""
+        return self.type.dtype
+
+    @property
+    def name(self) -> str | None:
+        """The input's name (kernel-level inputs), else None."""
+        n = self.node
+        return n.attr("name") if n.op == "input" else None
+
+    def __repr__(self) -> str:
+        n = self.node
+        label = f"{n.op} {self.name}" if self.name else n.op
+        return f"Tensor(%{self.ref[0]}{'' if self.ref[1] == 0 else '.' + str(self.ref[1])}: {self.type} = {label})"
+
+    def __add__(self, o: Tensor) -> Tensor:
+        return self.owner.add(self, o)
+
+    def __sub__(self, o: Tensor) -> Tensor:
+        return self.owner.sub(self, o)
+
+    def __mul__(self, o: Tensor) -> Tensor:
+        return self.owner.mul(self, o)
+
+    def __truediv__(self, o: Tensor) -> Tensor:
+        return self.owner.div(self, o)
+
+    def __matmul__(self, o: Tensor) -> Tensor:
+        return self.owner.matmul(self, o)
+
+    def __neg__(self) -> Tensor:
+        return self.owner.neg(self)
 
 
 class GraphMethods:
@@ -68,6 +126,16 @@ class GraphMethods:
         if not ts:
             raise GraphError("output: expected at least one Tensor")
         self._outputs.extend(cast(_Builder, self)._ref("output", t, i) for i, t in enumerate(ts))
+
+    @property
+    def inputs(self) -> list[Tensor]:
+        """The inputs, in order of creation."""
+        return [Tensor(cast(_Builder, self), (i, 0)) for i, n in enumerate(self._nodes) if n.op == "input"]
+
+    @property
+    def outputs(self) -> list[Tensor]:
+        """The outputs, in order."""
+        return [Tensor(cast(_Builder, self), r) for r in self._outputs]
 
     def input_names(self) -> list[str]:
         """Names of the inputs, in order."""
@@ -485,4 +553,5 @@ def installed() -> bool:
 install()
 
 
-__all__ = ["BlockBuilder", "GraphMethods", "MuGraphMethods", "OpMethods", "ThreadBuilder", "install", "installed"]
+__all__ = ["BlockBuilder", "GraphMethods", "MuGraphMethods", "OpMethods", "Tensor", "ThreadBuilder", "install",
+           "installed"]

@@ -20,7 +20,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .dtypes import DType
 from .errors import GraphError
 from .ops import Level, TensorType
 
@@ -87,70 +86,12 @@ def live_nodes(nodes: Sequence[Node], outputs: Iterable[Ref]) -> set[int]:
     return seen
 
 
-# --------------------------------------------------------------------------- handles and builders
-
-
-class Tensor:
-    """A value of a program under construction: returned by builder methods."""
-
-    __slots__ = ("owner", "ref")
-
-    def __init__(self, owner: _Builder, ref: Ref) -> None:
-        self.owner = owner
-        self.ref = ref
-
-    @property
-    def node(self) -> Node:
-        """The node that produces this value."""
-        return self.owner._nodes[self.ref[0]]
-
-    @property
-    def type(self) -> TensorType:
-        """Shape and dtype."""
-        return self.node.outs[self.ref[1]]
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        """Static shape."""
-        return self.type.shape
-
-    @property
-    def dtype(self) -> DType:
-        """Element type."""
-        return self.type.dtype
-
-    @property
-    def name(self) -> str | None:
-        """The input's name (kernel-level inputs), else None."""
-        n = self.node
-        return n.attr("name") if n.op == "input" else None
-
-    def __repr__(self) -> str:
-        n = self.node
-        label = f"{n.op} {self.name}" if self.name else n.op
-        return f"Tensor(%{self.ref[0]}{'' if self.ref[1] == 0 else '.' + str(self.ref[1])}: {self.type} = {label})"
-
-    def __add__(self, o: Tensor) -> Tensor:
-        return self.owner.add(self, o)
-
-    def __sub__(self, o: Tensor) -> Tensor:
-        return self.owner.sub(self, o)
-
-    def __mul__(self, o: Tensor) -> Tensor:
-        return self.owner.mul(self, o)
-
-    def __truediv__(self, o: Tensor) -> Tensor:
-        return self.owner.div(self, o)
-
-    def __matmul__(self, o: Tensor) -> Tensor:
-        return self.owner.matmul(self, o)
-
-    def __neg__(self) -> Tensor:
-        return self.owner.neg(self)
+# --------------------------------------------------------------------------- builders
 
 
 if TYPE_CHECKING:
     from .builders import GraphMethods, MuGraphMethods, OpMethods
+    from .builders import Tensor as Tensor
 else:  # (bases the builders fill in: see LoadsMethods)
     OpMethods = object
 
@@ -159,6 +100,14 @@ else:  # (bases the builders fill in: see LoadsMethods)
 
     class MuGraphMethods:
         pass
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Tensor":  # (a value of a program under construction: the builders')
+        from .builders import Tensor
+
+        return Tensor
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _load_methods(cls: type, name: str) -> bool:
@@ -226,16 +175,6 @@ class Graph(GraphMethods, _Builder):
         """Indices of nodes that some output depends on."""
         return live_nodes(self._nodes, self._outputs)
 
-    @property
-    def inputs(self) -> list[Tensor]:
-        """The inputs, in order of creation."""
-        return [Tensor(self, (i, 0)) for i, n in enumerate(self._nodes) if n.op == "input"]
-
-    @property
-    def outputs(self) -> list[Tensor]:
-        """The outputs, in order."""
-        return [Tensor(self, r) for r in self._outputs]
-
     def check(self, *, unused_inputs: bool = False) -> None:
         """Well-formedness check (raises GraphError showing the offending node).
 
@@ -282,7 +221,6 @@ class Graph(GraphMethods, _Builder):
         return g
 
 
-# Graph.outputs are Tensors; the walkers read refs, at any level.
 def output_refs(p: Graph | BlockGraph | ThreadGraph) -> tuple[Ref, ...]:
     """Output refs of a program at any level."""
     if isinstance(p, Graph):
@@ -295,6 +233,16 @@ def node_list(p: Graph | BlockGraph | ThreadGraph) -> Sequence[Node]:
     if isinstance(p, Graph):
         return p._nodes
     return p.nodes
+
+
+def input_types(g: Graph) -> dict[str, TensorType]:
+    """A kernel graph's inputs by name, in order (``g.inputs`` are the builders' handles)."""
+    return {n.attr("name"): n.outs[0] for n in g._nodes if n.op == "input"}
+
+
+def output_types(p: Graph | BlockGraph | ThreadGraph) -> list[TensorType]:
+    """The types of a program's outputs, in order."""
+    return [node_list(p)[a].outs[k] for a, k in output_refs(p)]
 
 
 class MuGraph(MuGraphMethods, Graph):

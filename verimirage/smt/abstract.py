@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..ir.errors import GraphError
-from ..ir.graph import Graph
+from ..ir.graph import Graph, input_types
 from ..ir.interpret import run
 from ..ir.ops import OPS, POW_EXACT_MAX, Prop, TensorType, implements, neg_axis, reshape_groups
 from . import defined as D
@@ -493,10 +493,8 @@ def out_var(k: int) -> str:
 
 
 def _outputs_sym(g: Graph) -> list[Sym]:
-    inputs = {}
-    for t in g.inputs:
-        name = str(t.name)
-        inputs[name] = Sym(t.shape, lambda idx, name=name: E.p_atom(("in", name, idx)))  # type: ignore[misc]
+    inputs = {name: Sym(t.shape, lambda idx, name=name: E.p_atom(("in", name, idx)))  # type: ignore[misc]
+              for name, t in input_types(g).items()}
     return run(g, inputs, AbstractDomain())
 
 

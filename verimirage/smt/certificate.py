@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from ..ir.errors import GraphError
-from ..ir.graph import Graph, MuGraph
+from ..ir.graph import Graph, MuGraph, input_types, output_types
 from . import abstract as A
 from . import defined as D
 from . import expr as E
@@ -234,8 +234,8 @@ def _programs(cert: Certificate | ComposedCertificate) -> tuple[Graph, Graph]:
         raise _Reject(f"programs: {e}") from None
     if str(g) != cert.graph_text or str(mg) != cert.mugraph_text:
         raise _Reject("program text is not canonical (print(parse(text)) != text)")
-    ins = [sorted((str(t.name), t.shape, str(t.dtype)) for t in x.inputs) for x in (g, mg)]
-    outs = [[(t.shape, str(t.dtype)) for t in x.outputs] for x in (g, mg)]
+    ins = [sorted((k, str(t)) for k, t in input_types(x).items()) for x in (g, mg)]
+    outs = [[str(t) for t in output_types(x)] for x in (g, mg)]
     if ins[0] != ins[1] or outs[0] != outs[1]:
         raise _Reject(f"the programs' inputs {ins} or outputs {outs} differ (names, shapes, dtypes)")
     return g, mg
@@ -263,7 +263,7 @@ def _check_abstract(g: Graph, mg: Graph, cert: Certificate, timeout_s: float) ->
     from . import z3enc  # (z3 is imported by the checking process only)
 
     derived: A.Derived = {}
-    cases = [A.output_cases([g, mg], k, t.shape, derived) for k, t in enumerate(g.outputs)]
+    cases = [A.output_cases([g, mg], k, t.shape, derived) for k, t in enumerate(output_types(g))]
     da: list[list[D.Defs]] = []
     db: list[list[D.Defs]] = []
     ea, la = A.derive(g, cases, derived, da)

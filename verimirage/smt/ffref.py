@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from ..ir.errors import GraphError
-from ..ir.graph import Graph, node_list, output_refs
+from ..ir.graph import Graph, input_types, node_list, output_refs, output_types
 from ..ir.interpret import run
 from ..ir.ops import OPS, POW_EXACT_MAX, TensorType, get_op, neg_axis
 from .consts import const_fraction
@@ -462,12 +462,12 @@ def trial_inputs(g: Graph, fld: Field, seed: int, q_parts: bool = True) -> dict[
     """Uniform random residues for every input of ``g``: input ``i`` (in name order), part ``k`` (0: mod p,
     1: mod q) from its own stream ``[seed, 0x5EED, k, i]`` (``q_parts=False``: q-parts meaningless, -1)."""
     out = {}
-    for i, t in enumerate(sorted(g.inputs, key=lambda t: str(t.name))):
+    for i, (name, t) in enumerate(sorted(input_types(g).items())):
         v = np.empty((2, *t.shape), dtype=np.int64)
         v[0] = np.random.default_rng([seed, 0x5EED, 0, i]).integers(0, fld.p, size=t.shape, dtype=np.int32)
         v[1] = np.random.default_rng([seed, 0x5EED, 1, i]).integers(0, fld.q, size=t.shape, dtype=np.int32) \
             if q_parts else -1
-        out[str(t.name)] = v
+        out[name] = v
     return out
 
 
@@ -476,8 +476,8 @@ def evaluate(g: Graph, inputs: dict[str, np.ndarray], fld: Field,
     """Every output of ``g`` (arrays ``(2, *shape)``) in ``fld`` on ``inputs``, and the violation count
     (``q_parts=False``: see :class:`RefFF`)."""
     d = RefFF(fld, q_parts, _p_unread(g))
-    outs = run(g, inputs, d)
-    return [np.broadcast_to(np.asarray(o), (2, *g.outputs[k].shape)) for k, o in enumerate(outs)], d.violations
+    outs = zip(run(g, inputs, d), output_types(g), strict=True)
+    return [np.broadcast_to(np.asarray(o), (2, *t.shape)) for o, t in outs], d.violations
 
 
 def _p_unread(g: Any, readers: dict[tuple[int, str], set[str]] | None = None) -> frozenset[int]:
@@ -785,7 +785,7 @@ def ref_test(a: Graph, b: Graph, seeds: Sequence[int], *, part: str = "p") -> Re
                              f"({va + vb} elements in trial {ti})", seeds[: ti + 1], per, 1.0, trial=ti)
         return None
 
-    nbytes = sum(16 * math.prod(t.shape) for t in a.inputs)
+    nbytes = sum(16 * t.numel for t in input_types(a).values())
     with concurrent.futures.ThreadPoolExecutor(_workers(nbytes, len(seeds))) as pool:
         for r in pool.map(trial, range(len(seeds))):
             if r is not None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..ir.graph import Graph, MuGraph, Node, Ref, live_nodes, node_list, output_refs
+from ..ir.graph import Graph, MuGraph, Node, Ref, live_nodes, node_list, output_refs, output_types
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,8 @@ def undefined_fed(graph: Graph, regions: Sequence[Region]) -> str | None:
     try:
         derived: A.Derived = {}
         defs: list[list[D.Defs]] = []
-        A.derive(fed, [A.output_cases([fed], k, t.shape, derived) for k, t in enumerate(fed.outputs)], derived, defs)
+        cases = [A.output_cases([fed], k, t.shape, derived) for k, t in enumerate(output_types(fed))]
+        A.derive(fed, cases, derived, defs)
     except (E.AbstractionError, E.NeedSplit, RecursionError) as e:
         return f"abstraction: {e}"
     return next((f"the value of node {refs[k][0]}: {w}" for k, ds in enumerate(defs) for d in ds
