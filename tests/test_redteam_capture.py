@@ -347,6 +347,35 @@ def test_max_reduction_dropped_nan() -> None:
     assert "tl.max(" not in prog.source and "tl.min(" not in prog.source and "_max_nan" in prog.source
 
 
+class _Causal(nn.Module):
+    def forward(self, q: Any, k: Any, v: Any) -> Any:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0) * 1.0
+
+
+def _causal_inputs(dt: Any, big: float) -> list[Any]:
+    """(B, H, L, D) = (1, 1, 4, 8): row 0's kept score is ``-big / 6``, its masked score (column 1) ``big``."""
+    q, k = torch.zeros(1, 1, 4, 8, dtype=dt), torch.zeros(1, 1, 4, 8, dtype=dt)
+    q[0, 0, 0, 0], k[0, 0, 0, 0], k[0, 0, 1, 0] = 1.0, -big / 6, big
+    return [q, k, torch.arange(32.0).reshape(1, 1, 4, 8).to(dt)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dt, big", [("float16", 6e4), ("float32", 3e38)])
+def test_causal_attention_attended_to_masked_positions(dt: str, big: float) -> None:
+    """Finding (medium, wrong values: a query read future positions): the lifted fused SDPA with ``is_causal``
+    added ``finfo.min`` to the masked scores (ATen: -inf), so a masked score above a kept one by more than
+    ``|finfo.min|`` (fp16: 6e4 against -1e4, reachable with ``scale=1.0`` or large activations) won the row's
+    softmax: row 0 of the output was ``v[1]`` where ATen gives ``v[0]``. The masked scores are now ``finfo.min``
+    itself (``where(tril, s, finfo.min)``: finite, so a fully masked tile of an online softmax stays NaN-free)."""
+    xs = _causal_inputs(getattr(torch, dt), big)
+    cm, rep = _compiled(_Causal())
+    with torch.no_grad():
+        got, want = cm(*xs), _Causal()(*xs)
+    assert rep.partitions and all(p.taken for p in rep.partitions), rep.summary()
+    _same(got, want, "causal attention")
+    assert torch.equal(got[0, 0, 0], xs[2][0, 0, 0])  # (row 0 sees column 0 alone)
+
+
 # --------------------------------------------------------------------------- attacks that held (slow: one compile each)
 
 

@@ -849,10 +849,13 @@ def _sdpa_scores(ctx: Ctx, q: LV, k: LV, mask: Any, causal: bool, scale: Any) ->
         tdt = getattr(torch, dt.torch_name)
         big = torch.finfo(tdt).min  # finite: a fully masked tile of an online softmax stays NaN-free
         with unset_fake_temporarily():  # a real constant, made while the compiler traces with fake tensors
-            cm = torch.zeros(L, S, dtype=tdt).masked_fill(~torch.ones(L, S, dtype=torch.bool).tril(), big)
+            keep = torch.ones(L, S, dtype=torch.bool).tril()
         name_c = f"const{len(ctx.consts)}"
-        ctx.consts.append((name_c, cm))
-        s = emit(g, "add", s, g.input(name_c, (L, S), dt))
+        ctx.consts.append((name_c, keep))
+        # the masked scores *are* the lowest finite value (ATen: -inf), so no masked score outweighs a kept one;
+        # adding it instead let a masked score above a kept one by more than |finfo.min| (fp16 scores 6e4 and
+        # -1e4) win the row's softmax (the red team's test_causal_attention_attended_to_masked_positions)
+        s = emit(g, "where", g.input(name_c, (L, S), DType.bool), s, _constant(ctx, (), tdt, big).t)
     if isinstance(mask, LV):
         if mask.t.dtype != dt:
             raise Unsupported(Reason.DTYPE, "attention with a boolean mask (needs where)")
