@@ -233,7 +233,8 @@ def gpu_one(name: str, *, train: bool, dims: Any, dtype: torch.dtype, budget: fl
     (Inductor fallback, profile on; with ``max_fallback`` also with max-autotune as the fallback), forward (no
     grad) or a training step (forward + backward of ``out.float().sum()``).
 
-    Times: ``*_us`` launched from Python (``do_bench``), ``*_graph_us`` replayed as a CUDA graph (forward only);
+    Times: ``*_us`` launched from Python (``do_bench``), ``*_graph_us`` replayed as a CUDA graph (a training step:
+    forward and backward captured together, the gradients accumulating in place);
     ``*_err``: max |y - float64 reference| / max |reference| over the output (and, training, every gradient).
     """
     model, xs = corpus.get(name, dims=dims, dtype=dtype, device="cuda")
@@ -285,6 +286,10 @@ def gpu_one(name: str, *, train: bool, dims: Any, dtype: torch.dtype, budget: fl
                 res[f"{v}_compile_s"] = time.perf_counter() - t0
                 res[f"{v}_err"] = max(_rel(a, b) for a, b in zip(got, want, strict=True) if b is not None)
                 res[f"{v}_us"] = _bench_time(step, params)
+                try:  # the step's device time: forward and backward replayed as one CUDA graph
+                    res[f"{v}_graph_us"] = _graph_time(step)
+                except Exception as e:
+                    res[f"{v}_graph_error"] = f"{type(e).__name__}: {str(e)[:300]}"
             else:
                 with torch.no_grad():
                     got = [f(*xs)]
@@ -364,6 +369,23 @@ def gpu_run(names: list[str], train_names: list[str], *, dims: Any, dtype: torch
             sink.flush()
 
 
+#: a module whose verimirage time exceeds its fallback's (torch.compile default) by more than this is listed
+SLOWER_BY = 0.03
+
+
+def _slower(rows: list[dict[str, Any]], what: str) -> str:
+    """One line: the modules where ``backend="verimirage"`` ran slower than ``torch.compile`` default (its
+    fallback) by more than :data:`SLOWER_BY` (CUDA-graph replays), or that it never was."""
+    bad = [f"{r['name']} ({r['verimirage_graph_us']:.1f} vs {r['compile_graph_us']:.1f} µs)" for r in rows
+           if r.get("verimirage_graph_us") and r.get("compile_graph_us")
+           and r["verimirage_graph_us"] > (1 + SLOWER_BY) * r["compile_graph_us"]]
+    timed = sum(1 for r in rows if r.get("verimirage_graph_us") and r.get("compile_graph_us"))
+    if not bad:
+        return (f"Never slower than the fallback ({what}): no module of {timed} timed ran more than "
+                f"{SLOWER_BY:.0%} slower than `torch.compile` default.")
+    return f"Slower than the fallback ({what}, by more than {SLOWER_BY:.0%}, of {timed} timed): " + ", ".join(bad)
+
+
 def gpu_table(folder: Path) -> str:
     """Markdown tables of a ``--gpu-run`` folder (``forward.jsonl`` and ``train.jsonl``): µs, ratios, geomeans."""
 
@@ -384,9 +406,12 @@ def gpu_table(folder: Path) -> str:
         return "; ".join(sorted({(p["reason"] or "").split(":")[0] for p in parts if not p["taken"]}))
 
     lines = []
-    meta = json.loads((folder / "meta.json").read_text())
-    fwd = [json.loads(x) for x in (folder / "forward.jsonl").read_text().splitlines() if x.strip()]
-    dims = fwd[0].get("dims") if fwd else None
+    fp, tr = folder / "forward.jsonl", folder / "train.jsonl"
+    fwd = [json.loads(x) for x in fp.read_text().splitlines() if x.strip()] if fp.exists() else []
+    trows = [json.loads(x) for x in tr.read_text().splitlines() if x.strip()] if tr.exists() else []
+    mp = folder / "meta.json"
+    meta = json.loads(mp.read_text()) if mp.exists() else (fwd or trows or [{}])[0]  # every row holds it too
+    dims = (fwd or trows or [{}])[0].get("dims")
     lines.append(f"{meta['device']}, {meta['date']}, torch {meta['torch']}, triton {meta['triton']}; fp16, "
                  f"dims {dims}")
     lines += ["", "Forward (no grad), µs, CUDA-graph replay (`do_bench_cudagraph`, median). compile = "
@@ -409,6 +434,7 @@ def gpu_table(folder: Path) -> str:
                      f"{f(r.get('verimirage_max_graph_us'))} | {rf(c)} | {rf(m)} | {rf(mm)} | "
                      f"{sum(p['taken'] for p in parts)}/{len(parts)} | {why(parts)} |")
     lines.append(f"| geomean (speedup, modules) | | | | | | {geo(sp_c)} | {geo(sp_m)} | {geo(sp_mm)} | | |")
+    lines += ["", _slower(fwd, "forward")]
     lines += ["", "Per partition (vm): µs of verimirage's kernels and of the fallback's code for the partition, "
               "both CUDA-graph replays", "", "| module | partition | ops | kernels | vm µs | fallback µs | taken | "
               "reason |", "|---|---|---:|---:|---:|---:|---|---|"]
@@ -417,21 +443,31 @@ def gpu_table(folder: Path) -> str:
             lines.append(f"| {r['name']} | {p['name']} | {len(p['ops'])} | {p.get('kernels', '')} | "
                          f"{f(p.get('measured_us'))} | {f(p.get('fallback_us'))} | {p['taken']} | "
                          f"{(p['reason'] or '')[:120]} |")
-    tr = folder / "train.jsonl"
-    if tr.exists():
-        rows = [json.loads(x) for x in tr.read_text().splitlines() if x.strip()]
-        lines += ["", "Training step (forward + backward of `out.float().sum()`), µs launched from Python "
-                  "(`do_bench`, median, grads set to None each step); err = max relative error of output and "
-                  "gradients against float64", "",
-                  "| module | eager | compile | max | verimirage | err (vm) | requires_grad | compile s (vm) | "
-                  "partitions taken | why not taken |", "|---|---:|---:|---:|---:|---:|---|---:|---:|---|"]
+    if trows:
+        rows = trows
+        lines += ["", "Training step (forward + backward of `out.float().sum()`), µs, replayed as one CUDA graph "
+                  "(`do_bench_cudagraph`, median; launched from Python in brackets: `do_bench`, grads set to None "
+                  "each step); err = max relative error of output and gradients against float64", "",
+                  "| module | eager | compile | max | vm | compile / vm | max / vm | err (vm) | requires_grad | "
+                  "compile s (vm) | partitions taken | why not taken |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|"]
+        tc, tm = [], []
         for r in rows:
             parts = r.get("partitions", [])
-            lines.append(f"| {r['name']} | {f(r.get('eager_us'))} | {f(r.get('compile_us'))} | "
-                         f"{f(r.get('compile_max_us'))} | "
-                         f"{f(r.get('verimirage_us'))} | {r.get('verimirage_err', float('nan')):.1e} | "
+            c, m = ratio(r, "compile_graph_us", "verimirage_graph_us"), ratio(r, "compile_max_graph_us",
+                                                                               "verimirage_graph_us")
+            tc.append(c)
+            tm.append(m)
+
+            def both(v: str, r: dict[str, Any] = r) -> str:
+                return f"{f(r.get(f'{v}_graph_us'))} ({f(r.get(f'{v}_us'))})"
+
+            lines.append(f"| {r['name']} | {both('eager')} | {both('compile')} | {both('compile_max')} | "
+                         f"{both('verimirage')} | {rf(c)} | {rf(m)} | {r.get('verimirage_err', float('nan')):.1e} | "
                          f"{r.get('verimirage_requires_grad')} | {f(r.get('verimirage_compile_s'))} | "
                          f"{sum(p['taken'] for p in parts)}/{len(parts)} | {why(parts)} |")
+        lines.append(f"| geomean (speedup, modules) | | | | | {geo(tc)} | {geo(tm)} | | | | | |")
+        lines += ["", _slower(rows, "training step")]
     return "\n".join(lines) + "\n"
 
 

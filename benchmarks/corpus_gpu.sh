@@ -1,51 +1,59 @@
 #!/usr/bin/env bash
-# The corpus on a GPU through backend="verimirage" (issue 20), one device call: the GPU tests of the parallel
-# kernel compile, forward timings at each of DIMS (CUDA-graph replays; eager, torch.compile default and
-# max-autotune, verimirage with the Inductor fallback and, with MAXFB=1, with max-autotune as the fallback),
-# then training steps at TRAIN_DIMS (a watchdog dumps every thread's stack every 30 s of one module into
-# faulthandler_*.txt, so a hang shows where; removed when nothing hung). Searches come from plans made on a CPU
-# (the device has no egglog):
-#   python benchmarks/corpus_capture.py <names> --make-plan benchmarks/results/capture/plan_<dims>_fp16.json --dims <dims>
+# The corpus on a GPU through backend="verimirage" (issue 20), one device call of at most ~500 s: the GPU tests of
+# the capture and of the parallel kernel compile, then per module (CUDA-graph replays, medians; every variant checked
+# against a float64 copy of the module): eager, torch.compile default, torch.compile max-autotune (without its own
+# CUDA graphs: every variant is replayed as one), and backend="verimirage" (Inductor fallback, profile on: each
+# partition timed against Inductor's code for it and each captured graph against Inductor's code for the whole graph,
+# the faster kept; with MAXFB=1 also with max-autotune as the fallback), forward (no grad) for FWD at DIMS, then a
+# training step (forward + backward of out.float().sum(), captured as one CUDA graph) for TRAIN at TRAIN_DIMS. A watchdog
+# dumps every thread's stack every 30 s of one module into faulthandler_*.txt (removed when nothing hung); each stage
+# stops starting modules at its deadline and is killed at its timeout, so the call ends in time and what ran comes
+# back. Searches come from a plan made on a CPU (the device has no egglog); a partition not in the plan runs the
+# lifted graph itself (one kernel per op), which the profile keeps only where it beats Inductor:
+#   python benchmarks/corpus_capture.py all --make-plan benchmarks/results/capture/plan_<dims>_fp16.json --dims <dims>
 # Usage (device): source benchmarks/device_env.sh && bash benchmarks/corpus_gpu.sh "$OUT"
-# Writes run.log and, per dims, <dims>/meta.json, <dims>/forward.jsonl (<dims>/train.jsonl for TRAIN_DIMS).
-# Tables: python benchmarks/corpus_capture.py --table <folder>
+# Defaults: DIMS=decode (8 x 1 x 1024: where fusing saves memory passes), FWD=all (30 modules), TRAIN_DIMS=medium
+# (4 x 128 x 512), TRAIN = 6 modules (MLPs, RMSNorm, SDPA causal / masked: CUDA flash / memory-efficient attention).
+# Writes run.log, <dims>/{forward.jsonl,table.md}, <train dims>/{train.jsonl,table.md} (meta.json is made for the
+# tables and removed: the device returns at most 8 files, and every row holds the device, date and versions).
+# Tables again: python benchmarks/corpus_capture.py --table <folder>
 set -u
 out=${1:?output folder}
-dims_list=${DIMS:-decode large}
-fwd_decode=${FWD_DECODE:-rmsnorm_linear,swiglu,mlp_gelu,layernorm_linear,mlp_silu,llama_rmsnorm_linear,mlp_relu}
-fwd_large=${FWD_LARGE:-hand_attention,mlp_gelu}
-s_decode=${S_DECODE:-200}
-s_large=${S_LARGE:-150}
-train=${TRAIN:-mlp_relu,swiglu}
-train_dims=${TRAIN_DIMS:-decode}
+dims=${DIMS:-decode}
+fwd=${FWD:-all}
+train=${TRAIN:-mlp_relu,swiglu,rmsnorm_linear,mlp_gelu,sdpa_causal,sdpa_mask}
+tdims=${TRAIN_DIMS:-medium}
+fwd_s=${FWD_S:-290}
+train_s=${TRAIN_S:-130}
 maxfb=()
 [ "${MAXFB:-0}" = 1 ] && maxfb=(--max-fallback)
-mkdir -p "$out"
+mkdir -p "$out/$dims" "$out/$tdims"
 log="$out/run.log"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$log" 2>&1
 echo "=== gpu tests" >> "$log"
-timeout "${TEST_S:-45}" python -m pytest -q -p no:cacheprovider -m gpu tests/test_precompile.py >> "$log" 2>&1
+timeout "${TEST_S:-60}" python -m pytest -q -p no:cacheprovider -m gpu tests/test_precompile.py \
+  tests/test_capture.py >> "$log" 2>&1
 echo "exit $?" >> "$log"
-last=""
-for d in $dims_list; do
-  last=$d
-  var="fwd_$d"
-  lim="s_$d"
-  echo "=== forward $d" >> "$log"
-  timeout "${!lim}" python benchmarks/corpus_capture.py "${!var}" --gpu-run "$out/$d" \
-    --plan "benchmarks/results/capture/plan_${d}_fp16.json" --dims "$d" --deadline "$(( ${!lim} - 40 ))" \
-    "${maxfb[@]}" >> "$log" 2>&1
-  echo "exit $?" >> "$log"
-done
+plan="benchmarks/results/capture/plan_${dims}_fp16.json"
+echo "=== forward $dims" >> "$log"
+timeout "$fwd_s" python benchmarks/corpus_capture.py "$fwd" --gpu-run "$out/$dims" --plan "$plan" --dims "$dims" \
+  --deadline "$(( fwd_s - 45 ))" "${maxfb[@]}" >> "$log" 2>&1
+echo "exit $?" >> "$log"
 if [ -n "$train" ]; then
-  echo "=== train $train_dims" >> "$log"
-  timeout "${TRAIN_S:-80}" python benchmarks/corpus_capture.py "" --train-names "$train" --gpu-run "$out/$train_dims" \
-    --plan "benchmarks/results/capture/plan_${train_dims}_fp16.json" --dims "$train_dims" \
-    --deadline "${TRAIN_DEADLINE:-45}" >> "$log" 2>&1
+  echo "=== train $tdims" >> "$log"
+  timeout "$train_s" python benchmarks/corpus_capture.py "" --train-names "$train" --gpu-run "$out/$tdims" \
+    --plan "benchmarks/results/capture/plan_${tdims}_fp16.json" --dims "$tdims" --deadline "$(( train_s - 50 ))" \
+    >> "$log" 2>&1
   echo "exit $?" >> "$log"
 fi
 for f in "$out"/*/faulthandler_*.txt; do
   grep -q "Thread\|Current thread" "$f" 2>/dev/null || rm -f "$f"
 done
+for d in $(printf '%s\n' "$dims" "$tdims" | sort -u); do
+  python benchmarks/corpus_capture.py --table "$out/$d" > "$out/$d/table.md" 2>&1
+done
+rm -f "$out"/*/meta.json  # (in every row too) at most 8 files come back from the device
 grep -E "passed|failed|exit" "$log" | tail -n 8
-for d in $dims_list; do python benchmarks/corpus_capture.py --table "$out/$d" 2>&1 | head -n 30; done
+cat "$out/$dims/table.md" | head -c 5000
+[ "$tdims" != "$dims" ] && tail -c 2500 "$out/$tdims/table.md"
+exit 0
