@@ -67,6 +67,9 @@ def test_every_kernel_compiles_for_sm90(tmp_path: Path) -> None:
             r = rep[k.name]
             if not r["ok"]:
                 failures.append(f"{label}/{k.name}: {r['error']}")
+            elif k.uses_dot and k.row_dots_only:  # one-row products: 16-row dots, mma.sync by design
+                if not r["mma"]:
+                    failures.append(f"{label}/{k.name}: a one-row tl.dot kernel without mma in its PTX")
             elif k.uses_dot:
                 n_dot += 1
                 if not r["wgmma"]:

@@ -56,7 +56,7 @@ from .lowering import TRITON_MAX_NUMEL
 from .wrap import to_kernels
 
 #: Version of the generator: part of every cache key (bump when generated code changes).
-CODEGEN_VERSION = "4"
+CODEGEN_VERSION = "5"
 
 
 @dataclass(frozen=True)
@@ -77,8 +77,16 @@ class TileOptions:
     #: asynchronous copies; batched dots use mma.sync, never wgmma). Off: such products are rank-2 dots,
     #: block inputs feeding only them are loaded squeezed to rank 2 where that keeps the dot reshape-free
     dot_batch1: bool = False
+    #: a product of one row (``(1, K) @ (K, N)``, K and N >= 16, no batch: decode-time GEMVs) is a ``tl.dot`` of
+    #: the row broadcast to this many rows (row 0 of the result kept), so the K loop is software-pipelined and
+    #: the weights stream as asynchronous copies; 0: a broadcast multiply and ``tl.sum`` (no tensor cores, no
+    #: pipelining). Measured on an H100 (benchmarks/perf/NOTES.md, session 7): 4096 x 14336 x 2 gate/up at
+    #: one row, 80.5 us as a 16-row dot against 120-125 us as a broadcast multiply and sum
+    row_dot: int = 16
 
     def __post_init__(self) -> None:
+        if self.row_dot not in (0, 16, 32, 64):
+            raise ValueError(f"TileOptions.row_dot={self.row_dot!r}; expected 0 (off), 16, 32 or 64")
         for k in ("dot_min_m", "dot_min_nk"):
             v = getattr(self, k)
             if not isinstance(v, int) or v < 16 or v & (v - 1):
@@ -113,7 +121,8 @@ class LaunchConfig:
         u = "" if t.unroll_max == 16 else f"u{t.unroll_max}"
         e = "e1" if t.evict_once else ""
         b = "b1" if t.dot_batch1 else ""
-        return f"w{self.num_warps}s{self.num_stages}m{t.dot_min_m}n{t.dot_min_nk}{t.fp32_precision}{u}{e}{b}"
+        r = "" if t.row_dot == 16 else f"r{t.row_dot}"
+        return f"w{self.num_warps}s{self.num_stages}m{t.dot_min_m}n{t.dot_min_nk}{t.fp32_precision}{u}{e}{b}{r}"
 
 
 @dataclass(frozen=True)
@@ -125,6 +134,8 @@ class KernelInfo:
     grid: tuple[int, ...]
     signature: dict[str, str]
     uses_dot: bool
+    #: every tl.dot of the kernel is a one-row product's 16-row dot (TileOptions.row_dot: mma.sync, never wgmma)
+    row_dots_only: bool = False
 
 
 #: A value a kernel reads or writes: ``("in", i)`` the program's i-th input, ``("buf", j)`` the j-th
@@ -232,6 +243,8 @@ class _KernelGen:
         self.dot_m: set[Any] = set()
         self.dot_nk: set[Any] = set()
         self.uses_dot = False
+        self.row_dots = 0  # one-row products lowered to 16-row dots (see is_row_dot)
+        self.full_dots = 0  # other tl.dot products
         self.tmp = 0
         #: names of block inputs loaded without their size-1 dims -> the rank-2 shape they have
         self.squeezed: dict[str, tuple[int, ...]] = {}
@@ -400,10 +413,42 @@ class _KernelGen:
         return all(g == 1 or imap[a] is not None for a, g in enumerate(self.bg.grid))
 
     # ------------------------------------------------------------------ ops
+    def is_row_dot(self, ta: TensorType, tb: TensorType, pa: tuple[int, ...], pb: tuple[int, ...],
+                   po: tuple[int, ...]) -> bool:
+        """Whether the product of operands ``ta @ tb`` (padded ``pa``, ``pb``; result padded ``po``) is one row
+        lowered to a ``tl.dot`` of the row broadcast to ``TileOptions.row_dot`` rows (see there)."""
+        return (self.opts.row_dot > 0 and ta.shape[-2] == 1 and ta.shape[-1] > 1 and tb.shape[-1] > 1
+                and pa[-1] >= 16 and pb[-1] >= 16 and math.prod(po[:-2]) == 1
+                and ta.dtype in (DType.float16, DType.bfloat16) and tb.dtype == ta.dtype)
+
+    def row_dot_node(self, nodes: Sequence[Node], i: int) -> bool:
+        """:meth:`is_row_dot` of block node ``i`` (a product not split over concat pieces)."""
+        n = nodes[i]
+        if not OPS[n.op].has(Prop.CONTRACTION) or i in getattr(self, "split_mm", {}):
+            return False
+        (ra, rb) = n.args
+        ta, tb = nodes[ra[0]].outs[ra[1]], nodes[rb[0]].outs[rb[1]]
+        if ta.rank < 2 or tb.rank < 2:
+            return False
+        return self.is_row_dot(ta, tb, self.padded(ra, ta), self.padded(rb, tb), self.padded((i, 0), n.outs[0]))
+
+    def row_of(self, x: str, po: tuple[int, ...]) -> str:
+        """Row 0 of a ``(row_dot, N)`` dot result ``x``, shaped ``po`` (exact: the other rows are replaced by 0)."""
+        rows = self.opts.row_dot
+        return f"tl.reshape(tl.sum(tl.where(tl.arange(0, {rows})[:, None] == 0, {x}, 0.0), axis=0), {_shape_text(po)})"
+
     def emit_matmul(self, lines: list[str], n: Node, a: str, b: str, ta: TensorType, tb: TensorType,
-                    pa: tuple[int, ...], pb: tuple[int, ...], po: tuple[int, ...], acc: str | None) -> str:
-        """Lines computing ``a @ b`` (plus ``acc`` if given); returns the result's name."""
+                    pa: tuple[int, ...], pb: tuple[int, ...], po: tuple[int, ...], acc: str | None,
+                    wide: bool = False) -> str:
+        """Lines computing ``a @ b`` (plus ``acc`` if given); returns the result's name.
+
+        ``wide`` (a one-row product, :meth:`is_row_dot`): ``acc`` and the result are the ``(row_dot, N)`` tiles of
+        the broadcast row's ``tl.dot`` (a loop accumulator kept inside ``tl.dot``; :meth:`row_of` reads it)."""
         r = len(po)
+        if self.is_row_dot(ta, tb, pa, pb, po):
+            return self._emit_row_dot(lines, n, a, b, ta, tb, pa, pb, po, acc, wide)
+        if wide:  # pragma: no cover - generate asks for wide results of row products only
+            raise GraphError("codegen: internal error (a wide accumulator for a product that is not one row)")
         # operands loaded squeezed (see dot_operand_inputs) already have the rank-2 shape tl.dot takes
         a_sq, b_sq = a in self.squeezed, b in self.squeezed
         if len(pa) < r and not a_sq:
@@ -438,6 +483,7 @@ class _KernelGen:
             lines.append(f"{out} = {expr}" + (f" + {acc}" if acc else ""))
             return out
         self.uses_dot = True
+        self.full_dots += 1
         dt = _TL_DTYPE[ta.dtype]
         batch = po[:-2]
         nb = math.prod(batch)
@@ -475,8 +521,40 @@ class _KernelGen:
         lines.append(f"{out} = {expr}")
         return out
 
+    def _emit_row_dot(self, lines: list[str], n: Node, a: str, b: str, ta: TensorType, tb: TensorType,
+                      pa: tuple[int, ...], pb: tuple[int, ...], po: tuple[int, ...], acc: str | None,
+                      wide: bool) -> str:
+        """A one-row product as a ``tl.dot`` of the row broadcast to ``row_dot`` rows (see :meth:`is_row_dot`)."""
+        rows = self.opts.row_dot
+        pk, pn = pa[-1], pb[-1]
+        a = self.sanitize(lines, a, ta, pa, len(pa) - 1, "0.0")
+        if b not in self.squeezed:
+            b = self.sanitize(lines, b, tb, pb, len(pb) - 2, "0.0")
+        dt = _TL_DTYPE[ta.dtype]
+        a_op, b_op = self.fresh("x"), self.fresh("y")
+        a2 = a if pa == (1, pk) else f"tl.reshape({a}, (1, {pk}))"
+        lines.append(f"{a_op} = tl.broadcast_to({a2}, ({rows}, {pk})).to({dt})")
+        if b in self.squeezed:
+            if self.squeezed[b] != (pk, pn):  # pragma: no cover - guarded by dot_operand_inputs
+                raise GraphError(f"codegen: internal error (squeezed {b} is {self.squeezed[b]}, not {(pk, pn)})")
+            b2 = b
+        else:  # (its batch dims are all 1: the product has one batch element)
+            b2 = b if len(pb) == 2 else f"tl.reshape({b}, ({pk}, {pn}))"
+        lines.append(f"{b_op} = {b2}.to({dt})")
+        self.uses_dot = True
+        self.row_dots += 1
+        attrs = {"_precision": self.opts.fp32_precision}
+        out = self.fresh("d")
+        if wide:
+            args = [a_op, b_op] + ([acc] if acc is not None else [])
+            lines.append(f"{out} = {OPS['matmul'].domains['triton'](args, attrs, [ta, tb], [n.outs[0]])}")
+            return out
+        dot = OPS["matmul"].domains["triton"]([a_op, b_op], attrs, [ta, tb], [n.outs[0]])
+        lines.append(f"{out} = {self.row_of(dot, po)}" + (f" + {acc}" if acc else ""))
+        return out
+
     def emit_matmul_node(self, lines: list[str], nodes: Sequence[Node], i: int, vid_of: Any, name: dict[Any, str],
-                         acc: str | None) -> str:
+                         acc: str | None, wide: bool = False) -> str:
         """Lines computing matmul node ``i`` (plus ``acc``); a split matmul of concats (see
         :meth:`split_concat_matmuls`) is the sum of its pieces' products, chained through the accumulator."""
         n = nodes[i]
@@ -485,7 +563,7 @@ class _KernelGen:
         for ra, rb in pairs if pairs is not None else [tuple(n.args)]:
             ta, tb = nodes[ra[0]].outs[ra[1]], nodes[rb[0]].outs[rb[1]]
             acc = self.emit_matmul(lines, n, name[vid_of(*ra)], name[vid_of(*rb)], ta, tb,
-                                   self.padded(vid_of(*ra), ta), self.padded(vid_of(*rb), tb), po, acc)
+                                   self.padded(vid_of(*ra), ta), self.padded(vid_of(*rb), tb), po, acc, wide)
         assert acc is not None
         return acc
 
@@ -582,6 +660,8 @@ class _KernelGen:
                     ok = False
                     break
                 ta, tb = (nodes[a].outs[k] for a, k in m.args)
+                if self.row_dot_node(nodes, u) and m.args[1][0] == i and m.args[0][0] != i:
+                    continue  # the weights of a one-row product: loaded as its tl.dot's (K, N) operand
                 degenerate = not (ta.shape[-2] > 1 and ta.shape[-1] > 1 and tb.shape[-1] > 1)  # broadcast multiply
                 if degenerate or math.prod(self.padded((u, 0), m.outs[0])[:-2]) != 1:
                     ok = False
@@ -717,7 +797,14 @@ class _KernelGen:
                     pre.append(f"{v} = {zero}")
                     acc_in = v if n.op == "loop_sum" else f"{v} * v{n.args[1][0]}_alpha"
                     a = n.args[0][0]
-                    if a in dot_acc:
+                    if a in dot_acc and n.op == "loop_sum" and self.row_dot_node(nodes, a):
+                        # one row: the (row_dot, N) accumulator stays inside tl.dot; row 0 read after the loop
+                        pn = self.padded(n.args[0], nodes[a].outs[0])[-1]
+                        pre[-1] = f"{v}_w = tl.zeros(({self.opts.row_dot}, {pn}), tl.float32)"
+                        res = self.emit_matmul_node(body, nodes, a, vid_of, name, f"{v}_w", wide=True)
+                        body.append(f"{v}_w = {res}")
+                        postl.append(f"{v} = {self.row_of(f'{v}_w', po)}")
+                    elif a in dot_acc:
                         res = self.emit_matmul_node(body, nodes, a, vid_of, name, acc_in)
                         body.append(f"{v} = {res}")
                     elif n.op == "loop_sum":
@@ -817,7 +904,8 @@ def kernel_source(bg: BlockGraph, arg_types: Sequence[TensorType], name: str = "
     launch_grid = [1] * len(bg.grid)
     for a, g in enumerate(bg.grid):
         launch_grid[kg.launch_axes[a]] = g
-    return src, KernelInfo(name, -1, tuple(launch_grid), kg.signature, kg.uses_dot)
+    return src, KernelInfo(name, -1, tuple(launch_grid), kg.signature, kg.uses_dot,
+                           kg.uses_dot and kg.full_dots == 0)
 
 
 def generate(program: Any, tiles: TileOptions | None = None,
@@ -858,7 +946,7 @@ def generate(program: Any, tiles: TileOptions | None = None,
         kname = f"k{i}"
         src, info = kernel_source(bg, arg_types, kname, tiles_for(bg, arg_types) if tiles_for else tiles,
                                   [store_dtype(r) for r in n.args], [store_dtype((i, k)) for k in range(len(n.outs))])
-        info = KernelInfo(kname, i, info.grid, info.signature, info.uses_dot)
+        info = KernelInfo(kname, i, info.grid, info.signature, info.uses_dot, info.row_dots_only)
         kernels.append(info)
         ksrc.append(src)
         outs = []

@@ -65,9 +65,10 @@ def kernel_shape(bg: BlockGraph, arg_types: Sequence[TensorType]) -> KernelShape
     for i in range(len(bg.nodes)):
         kg._unify_node(lambda a, k: (a, k), bg.nodes, i)
     kg._finish_classes()
-    mm = [i for i, n in enumerate(bg.nodes) if OPS[n.op].has(Prop.CONTRACTION) and min(
+    # products lowered to tl.dot: every dim > 1, or one row broadcast to 16 (TileOptions.row_dot)
+    mm = [i for i, n in enumerate(bg.nodes) if OPS[n.op].has(Prop.CONTRACTION) and (min(
         bg.nodes[n.args[0][0]].outs[n.args[0][1]].shape[-2:] + bg.nodes[n.args[1][0]].outs[n.args[1][1]].shape[-1:]
-    ) > 1]
+    ) > 1 or kg.row_dot_node(bg.nodes, i))]
     rows = max((bg.nodes[i].outs[0].shape[-2] for i in mm), default=0)
     mmset = set(mm)
 

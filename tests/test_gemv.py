@@ -1,0 +1,116 @@
+"""One-row products (decode-time GEMVs, issue 23): lowered to a pipelined 16-row ``tl.dot`` of the broadcast row.
+
+The code generator emits ``(1, K) @ (K, N)`` (K, N >= 16, one batch element) as ``tl.dot`` of the row broadcast to
+``TileOptions.row_dot`` rows, the accumulator kept inside ``tl.dot`` over the K loop and row 0 read after it; the
+tuning rules give such kernels the skinny-matmul configuration (4 warps, 16-row padding, >= 3 stages). Measured on
+an H100 (benchmarks/perf/NOTES.md session 7): the layer's gate/up shape at one row ran 80.5-84.5 µs as a 16-row dot
+against 120-125 µs as the broadcast multiply and sum.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import verimirage as vm
+from verimirage.backend import tuning
+from verimirage.backend.codegen import LaunchConfig, TileOptions, generate
+from verimirage.backend.wrap import to_kernels
+from verimirage.benchmarks import designs
+from verimirage.ir.graph import node_list
+
+
+def _gated(rows: int = 1, k: int = 64, n: int = 64) -> vm.Graph:
+    g = vm.Graph()
+    x = g.input("X", (rows, k), vm.float16)
+    w1 = g.input("W1", (k, n), vm.float16)
+    w2 = g.input("W2", (k, n), vm.float16)
+    g.output(g.mul(g.silu(g.matmul(x, w1)), g.matmul(x, w2)))
+    return g
+
+
+def _recs(mg: vm.MuGraph) -> list[LaunchConfig]:
+    nodes = node_list(to_kernels(mg))
+    return [tuning.recommend(n.attr("block"), [nodes[a].outs[k] for a, k in n.args])
+            for n in nodes if n.op == "custom"]
+
+
+def _run(mg: vm.MuGraph, g: vm.Graph, ins: dict[str, np.ndarray], config: LaunchConfig | None = None) -> np.ndarray:
+    import torch
+
+    fn = vm.compile(mg, config=config)
+    out = fn(**{k: torch.tensor(v, dtype=torch.float16) for k, v in ins.items()})
+    return out.double().numpy()
+
+
+def test_one_row_product_is_a_pipelined_16_row_dot() -> None:
+    g = _gated()
+    mg = designs.gated_mlp(g, cols=16, k_tile=32)  # grid 4, K loop of 2
+    src = generate(mg, tiles=TileOptions(dot_min_m=16)).source
+    assert "tl.broadcast_to(v0, (16, 32))" in src and src.count("tl.dot(") == 2
+    assert "tl.static_range" not in src  # a loop feeding tl.dot is left to Triton's pipeliner
+    assert "tl.zeros((16, 16), tl.float32)" in src  # the accumulator stays inside tl.dot
+    off = generate(mg, tiles=TileOptions(dot_min_m=16, row_dot=0)).source
+    assert "tl.dot(" not in off and "tl.sum(" in off
+    (c,) = _recs(mg)
+    assert (c.num_warps, c.tiles.dot_min_m, c.tiles.row_dot) == (4, 16, 16) and c.num_stages >= 3
+    assert LaunchConfig(tiles=TileOptions(row_dot=0)).key().endswith("r0")
+
+
+def test_a_product_of_several_rows_or_a_short_row_keeps_its_lowering() -> None:
+    # 8 rows: the ordinary tl.dot; K = 8 (below tl.dot's 16): the broadcast multiply and sum
+    src8 = generate(designs.gated_mlp(_gated(rows=8), cols=16, k_tile=32), tiles=TileOptions(dot_min_m=16)).source
+    assert "tl.broadcast_to(v0, (16" not in src8 and "tl.dot(" in src8
+    g = vm.Graph()
+    x = g.input("X", (1, 8), vm.float16)
+    w = g.input("W", (8, 32), vm.float16)
+    g.output(g.matmul(x, w))
+    assert "tl.dot(" not in generate(vm.MuGraph.from_graph(g)).source
+
+
+@pytest.mark.parametrize("design,kw", [
+    ("gated_mlp", {"cols": 16, "k_tile": 32}),
+    ("gated_mlp", {"cols": 32, "k_tile": 64}),  # one iteration: straight-line row dot
+    ("gated_mlp_splitk", {"cols": 16, "k_tile": 16, "splits": 2}),
+])
+def test_one_row_products_match_float64_in_the_interpreter(design: str, kw: dict) -> None:
+    g = _gated()
+    mg = getattr(designs, design)(g, **kw)
+    rng = np.random.default_rng(3)
+    ins = {t.name: rng.standard_normal(t.shape) * 0.3 for t in g.inputs}
+    ins = {k: v.astype(np.float16).astype(np.float64) for k, v in ins.items()}
+    (ref,) = vm.evaluate(g, ins)
+    for cfg in (None, LaunchConfig(4, 3, TileOptions(dot_min_m=16, row_dot=0))):
+        got = _run(mg, g, ins, cfg)
+        assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
+
+
+def test_row_dot_reads_row_0_exactly_infinities_and_nan() -> None:
+    # rows 1..15 of the broadcast are dropped by a select, not by adding products of zeros: an infinite weight
+    # times a nonzero row element stays infinite (0 * inf in a zeroed row would make it NaN), NaN stays NaN
+    g = vm.Graph()
+    x = g.input("X", (1, 32), vm.float16)
+    w = g.input("W", (32, 32), vm.float16)
+    g.output(g.matmul(x, w))
+    mg = vm.MuGraph.from_graph(g)
+    assert "tl.dot(" in generate(mg, tiles=TileOptions(dot_min_m=16)).source
+    xs = np.zeros((1, 32))
+    xs[0, 0] = 1.0
+    ws = np.ones((32, 32))
+    ws[0, 3] = np.inf
+    ws[5, 7] = np.nan
+    got = _run(mg, g, {"X": xs, "W": ws})
+    assert got[0, 3] == np.inf and np.isnan(got[0, 7]) and got[0, 0] == 1.0
+
+
+@pytest.mark.slow
+def test_row_dot_kernels_compile_for_sm90_with_mma_and_async_copies(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from verimirage.backend.gpucompile import compile_modules
+
+    g = _gated(k=1024, n=256)
+    mg = designs.gated_mlp(g, cols=64, k_tile=128)
+    p = tmp_path / "gemv_mod.py"
+    p.write_text(tuning.tuned_module(mg).source)
+    (rep,) = compile_modules([p]).values()
+    (k,) = rep.values()
+    assert k["ok"] and k["mma"] and k["cp_async"] > 0, k
