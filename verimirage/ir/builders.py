@@ -26,6 +26,7 @@ from .graph import (
     Ref,
     ThreadGraph,
     _Builder,
+    live_nodes,
     make_attrs,
     node_list,
     output_refs,
@@ -136,6 +137,15 @@ class GraphMethods:
     def outputs(self) -> list[Tensor]:
         """The outputs, in order."""
         return [Tensor(cast(_Builder, self), r) for r in self._outputs]
+
+    @property
+    def outputs_refs(self) -> tuple[Ref, ...]:
+        """The output refs, in order."""
+        return tuple(self._outputs)
+
+    def live(self) -> set[int]:
+        """Indices of nodes that some output depends on."""
+        return live_nodes(self._nodes, self._outputs)
 
     def input_names(self) -> list[str]:
         """Names of the inputs, in order."""

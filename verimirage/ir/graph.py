@@ -154,26 +154,13 @@ class Graph(GraphMethods, _Builder):
         self._level = Level.KERNEL
 
     @property
-    def level(self) -> Level:
-        return Level.KERNEL
-
-    @property
     def nodes(self) -> Sequence[Node]:
         """The nodes, in order (read-only view)."""
         return tuple(self._nodes)
 
-    @property
-    def outputs_refs(self) -> tuple[Ref, ...]:
-        """The output refs, in order."""
-        return tuple(self._outputs)
-
     def type_of(self, ref: Ref) -> TensorType:
         """Type of the value ``ref``."""
         return self._nodes[ref[0]].outs[ref[1]]
-
-    def live(self) -> set[int]:
-        """Indices of nodes that some output depends on."""
-        return live_nodes(self._nodes, self._outputs)
 
     def check(self, *, unused_inputs: bool = False) -> None:
         """Well-formedness check (raises GraphError showing the offending node).
@@ -310,8 +297,6 @@ class BlockGraph:
     outputs: tuple[Ref, ...]
     omaps: tuple[OutputMap, ...]
 
-    level = Level.BLOCK
-
     def type_of(self, ref: Ref) -> TensorType:
         """Type of the value ``ref``."""
         return self.nodes[ref[0]].outs[ref[1]]
@@ -354,8 +339,6 @@ class ThreadGraph:
 
     nodes: tuple[Node, ...]
     outputs: tuple[Ref, ...]
-
-    level = Level.THREAD
 
     def type_of(self, ref: Ref) -> TensorType:
         """Type of the value ``ref``."""

@@ -693,10 +693,11 @@ _def("broadcast_to", 1, Prop.NONE, _broadcast_rule, _layout_broadcast, "numpy br
 _def("slice", 1, Prop.NONE, _slice_rule, _layout_slice, "elements start..stop-1 along axis (narrow)",
      ("axis", "start", "stop"), attr_kinds={"axis": "axis", "start": "int", "stop": "int"},
      hooks={"triton_needs": ("_padded",)}, **_LAYOUT)
-for _name in ("permute", "reshape", "broadcast_to"):
-    OPS[_name].domains["ff"] = OPS[_name].domains["ref"]  # data movement: the same on every array value
-    OPS[_name].domains["abstract"] = OPS[_name].domains["ref"]
-OPS["slice"].domains["ff"] = _layout_slice
+#: the layout ops' meaning: data movement, the same on every array value (float64, finite field, abstract: that
+#: domain registers its own slice over this one, :mod:`verimirage.smt.abstract`)
+LAYOUT_MEANINGS = {n: OPS[n].domains["ref"] for n in ("permute", "reshape", "broadcast_to", "slice")}
+for _name, _fn in LAYOUT_MEANINGS.items():
+    OPS[_name].domains.update(ff=_fn, abstract=_fn)
 for _name in ("permute", "reshape", "broadcast_to", "slice", "concat", "transpose"):
     OPS[_name].hooks["any_dtype"] = True
 

@@ -185,7 +185,7 @@ def _parse_node_line(lines: _Lines, lineno: int, line: str, expect: int) -> Node
     head, sep, types_s = rest.rpartition(" : ")
     if not sep:
         raise _perr(lineno, line, "missing ' : ' and the result types")
-    types = tuple(_parse_type(t, lineno, line) for t in _split_types(types_s))
+    types = tuple(_parse_type(t, lineno, line) for t in re.split(r",(?![^\[]*\])", types_s) if t.strip())
     args_s, attrs_s = _split_head(head)
     args = _parse_refs(args_s, lineno, line)
     attrs = _parse_attrs(attrs_s, lineno, line) if attrs_s else {}
@@ -209,23 +209,9 @@ def _parse_node_line(lines: _Lines, lineno: int, line: str, expect: int) -> Node
     if op == "fused":
         if not opens:
             raise _perr(lineno, line, "fused: expected a thread region '{' at the end of the line")
-        tg = _parse_thread_body(lines)
-        return Node(op, args, (("thread", tg),), types)
+        nodes, outs = _parse_body(lines)
+        return Node(op, args, (("thread", ThreadGraph(tuple(nodes), outs)),), types)  # (checked with its block graph)
     return Node(op, args, make_attrs(attrs), types)
-
-
-def _split_types(s: str) -> list[str]:
-    out, depth, cur = [], 0, ""
-    for ch in s:
-        depth += ch == "["
-        depth -= ch == "]"
-        if ch == "," and depth == 0:
-            out.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    out.append(cur)
-    return [t for t in out if t.strip()]
 
 
 def _parse_block_body(lines: _Lines, grid: tuple[int, ...], frange: int) -> BlockGraph:
@@ -249,18 +235,18 @@ def _parse_block_body(lines: _Lines, grid: tuple[int, ...], frange: int) -> Bloc
     return BlockGraph(tuple(grid), frange, tuple(nodes), tuple(outs), tuple(omaps))  # (checked with the program)
 
 
-def _parse_thread_body(lines: _Lines) -> ThreadGraph:
+def _parse_body(lines: _Lines) -> tuple[list[Node], tuple[Ref, ...]]:
+    """The nodes and the ``return`` refs of a program's or a thread graph's body, up to its closing ``}``."""
     nodes: list[Node] = []
     outs: tuple[Ref, ...] = ()
     while True:
         lineno, line = lines.next()
         if line == "}":
-            break
+            return nodes, outs
         if line.startswith("return"):
             outs = _parse_refs(line[len("return") :], lineno, line)
             continue
         nodes.append(_parse_node_line(lines, lineno, line, len(nodes)))
-    return ThreadGraph(tuple(nodes), outs)  # (checked with its block graph)
 
 
 def parse_program(text: str) -> Graph:
@@ -285,16 +271,7 @@ def _parse_program(text: str) -> Graph:
     kw = first.split()[0] if first.split() else ""
     if first not in ("graph {", "mugraph {"):
         raise _perr(lineno, first, "expected 'graph {' or 'mugraph {'")
-    nodes: list[Node] = []
-    outs: tuple[Ref, ...] = ()
-    while True:
-        lineno, line = lines.next()
-        if line == "}":
-            break
-        if line.startswith("return"):
-            outs = _parse_refs(line[len("return") :], lineno, line)
-            continue
-        nodes.append(_parse_node_line(lines, lineno, line, len(nodes)))
+    nodes, outs = _parse_body(lines)
     if lines.pos != len(lines.lines):
         ln, extra = lines.lines[lines.pos]
         raise _perr(ln, extra, "text after the closing '}'")

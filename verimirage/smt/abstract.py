@@ -498,22 +498,15 @@ def _outputs_sym(g: Graph) -> list[Sym]:
     return run(g, inputs, AbstractDomain())
 
 
-def derive_on(g: Graph, case: Case, d: E.Derivation, only: int | None = None) -> list[E.Poly | None]:
-    """Every output's expression at the symbolic index ``(_o0, _o1, ...)`` restricted to ``case`` (with
-    ``only``: that output's alone, the others None; ``d`` then records that output's definedness alone)."""
+def derive_on(g: Graph, case: Case, d: E.Derivation, k: int) -> E.Poly:
+    """Output ``k``'s expression at the symbolic index ``(_o0, _o1, ...)`` restricted to ``case`` (``d`` records the
+    laws used and the definedness); :class:`~verimirage.smt.expr.NeedSplit` where the case must be split."""
     tok = E.activate(d)
     try:
-        for k, (lo, hi) in enumerate(case.ranges):
-            d.ranges[out_var(k)] = (lo, hi)
-        outs = _outputs_sym(g)
-        res: list[E.Poly | None] = []
-        for j, o in enumerate(outs):
-            if only is not None and j != only:
-                res.append(None)
-                continue
-            idx = tuple(E.a_var(out_var(k)) for k in range(o.ndim))
-            res.append(o.at(idx))
-        return res
+        for j, (lo, hi) in enumerate(case.ranges):
+            d.ranges[out_var(j)] = (lo, hi)
+        o = _outputs_sym(g)[k]
+        return o.at(tuple(E.a_var(out_var(j)) for j in range(o.ndim)))
     finally:
         E.deactivate(tok)
 
@@ -523,38 +516,23 @@ def derive_on(g: Graph, case: Case, d: E.Derivation, only: int | None = None) ->
 Derived = dict[tuple[int, int, tuple[tuple[int, int], ...]], tuple[E.Poly, frozenset[str], D.Defs]]
 
 
-def refine_cases(g: Graph, shape: tuple[int, ...], case: Case, d: E.Derivation, k: int,
-                 derived: Derived | None = None) -> list[Case] | None:
+def refine_cases(g: Graph, case: Case, k: int, derived: Derived | None = None) -> list[Case] | None:
     """None when output ``k`` of ``g`` derives on ``case`` (recorded in ``derived``, so that :func:`derive`
-    need not derive it again); else the case split in two or more."""
-    tok = E.activate(d)
+    need not derive it again); else the case split in two or more on the first output index that needs it."""
+    d = E.Derivation()
     try:
-        for j, (lo, hi) in enumerate(case.ranges):
-            d.ranges[out_var(j)] = (lo, hi)
-        o = _outputs_sym(g)[k]
-        try:
-            e = o.at(tuple(E.a_var(out_var(j)) for j in range(o.ndim)))
-            if derived is not None:
-                derived[(id(g), k, case.ranges)] = (e, frozenset(d.laws), D.defs_of(d))
-            return None
-        except E.NeedSplit as e:
-            for j in range(len(case.ranges)):
-                v = out_var(j)
-                if v in E.a_vars(e.idx):
-                    pts = E.split_points(e, v)
-                    if pts is None:
-                        raise E.AbstractionError(f"cannot split output index {v} for {E.pretty(e.idx)}") from None
-                    lo, hi = case.ranges[j]
-                    cuts = [lo] + [p for p in pts if lo < p < hi] + [hi]
-                    out = []
-                    for a, b in itertools.pairwise(cuts):
-                        rs = list(case.ranges)
-                        rs[j] = (a, b)
-                        out.append(Case(tuple(rs)))
-                    return out
-            raise E.AbstractionError(f"piecewise value at {E.pretty(e.idx)} cannot be resolved") from None
-    finally:
-        E.deactivate(tok)
+        e = derive_on(g, case, d, k)
+    except E.NeedSplit as ns:
+        j = next((j for j in range(len(case.ranges)) if out_var(j) in E.a_vars(ns.idx)), None)
+        pts = None if j is None else E.split_points(ns, out_var(j))
+        if j is None or pts is None:
+            raise E.AbstractionError(f"piecewise value at {E.pretty(ns.idx)} cannot be resolved") from None
+        lo, hi = case.ranges[j]
+        cuts = [lo] + [p for p in pts if lo < p < hi] + [hi]
+        return [Case((*case.ranges[:j], c, *case.ranges[j + 1:])) for c in itertools.pairwise(cuts)]
+    if derived is not None:
+        derived[(id(g), k, case.ranges)] = (e, frozenset(d.laws), D.defs_of(d))
+    return None
 
 
 def output_cases(gs: Sequence[Graph], k: int, shape: tuple[int, ...], derived: Derived | None = None) -> list[Case]:
@@ -565,7 +543,7 @@ def output_cases(gs: Sequence[Graph], k: int, shape: tuple[int, ...], derived: D
     while todo:
         c = todo.pop()
         for g in gs:
-            split = refine_cases(g, shape, c, E.Derivation(), k, derived)
+            split = refine_cases(g, c, k, derived)
             if split is not None:
                 todo.extend(split)
                 break
@@ -591,17 +569,12 @@ def derive(g: Graph, cases_per_output: Sequence[Sequence[Case]], derived: Derive
             if ci >= len(cases):
                 continue
             hit = derived.get((id(g), k, cases[ci].ranges)) if derived is not None else None
-            if hit is not None:
-                res[k].append(hit[0])
-                laws |= hit[1]
-                out_defs[k].append(hit[2])
-                continue
-            d = E.Derivation()
-            e = derive_on(g, cases[ci], d, only=k)[k]
-            assert e is not None
-            res[k].append(e)
-            laws |= d.laws
-            out_defs[k].append(D.defs_of(d))
+            if hit is None:
+                d = E.Derivation()
+                hit = (derive_on(g, cases[ci], d, k), frozenset(d.laws), D.defs_of(d))
+            res[k].append(hit[0])
+            laws |= hit[1]
+            out_defs[k].append(hit[2])
     if defs is not None:
         defs[:] = out_defs
     return res, laws

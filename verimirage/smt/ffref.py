@@ -52,7 +52,7 @@ import numpy as np
 from ..ir.errors import GraphError
 from ..ir.graph import Graph, input_types, node_list, output_refs, output_types
 from ..ir.interpret import run
-from ..ir.ops import OPS, POW_EXACT_MAX, TensorType, get_op, neg_axis
+from ..ir.ops import LAYOUT_MEANINGS, OPS, POW_EXACT_MAX, TensorType, get_op, neg_axis
 from .consts import const_fraction
 from .verdict import Outcome
 
@@ -430,29 +430,8 @@ MEANINGS["tanh"] = lambda d, a, at, it: d.const("add", d.const(  # 2 sigmoid(2x)
 MEANINGS["silu"] = lambda d, a, at, it: d.ring("mul", a[0], _sigmoid_op(d, a[0]))  # x sigmoid(x)
 
 
-def _lead(x: np.ndarray, it: Sequence[TensorType]) -> int:
-    return x.ndim - it[0].rank
-
-
-def _out_shape(op: str, at: dict[str, Any], it: Sequence[TensorType]) -> tuple[int, ...]:
-    """The result (tile) shape of a layout op: the IR's shape rule (block level reads ``src``)."""
-    return get_op(op).infer(it, at).shape
-
-
-def _broadcast(d: RefFF, a: list[np.ndarray], at: dict[str, Any], it: Sequence[TensorType]) -> np.ndarray:
-    x, lead = a[0], _lead(a[0], it)
-    out = _out_shape("broadcast_to", at, it)
-    y = x.reshape(x.shape[:lead] + (1,) * (len(out) - it[0].rank) + x.shape[lead:])
-    return np.broadcast_to(y, y.shape[:lead] + out)
-
-
-# layout ops: data movement of each part
-MEANINGS["permute"] = lambda d, a, at, it: a[0].transpose(
-    [*range(_lead(a[0], it)), *(_lead(a[0], it) + k for k in at["dims"])])
-MEANINGS["reshape"] = lambda d, a, at, it: a[0].reshape(a[0].shape[: _lead(a[0], it)] + _out_shape("reshape", at, it))
-MEANINGS["broadcast_to"] = _broadcast
-MEANINGS["slice"] = lambda d, a, at, it: a[0][(slice(None),) * (_lead(a[0], it) + at["axis"])
-                                               + (slice(at["start"], at["stop"]),)]
+for _op, _fn in LAYOUT_MEANINGS.items():  # layout ops: the IR's data movement, of each part
+    MEANINGS[_op] = lambda d, a, at, it, _fn=_fn, _op=_op: _fn(a, at, it, [get_op(_op).infer(it, at)])  # type: ignore[misc]
 
 
 # --------------------------------------------------------------------------- the trials
