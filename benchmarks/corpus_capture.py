@@ -156,12 +156,19 @@ def _serve_plan(path: Path, stats: dict[str, int]) -> None:
     vm.__dict__["superoptimize"] = serve
 
 
+class _Planned(Exception):
+    """Raised by the plan maker's search for a partition the plan holds (the capture records a search failure and
+    leaves the graph as it was)."""
+
+
 class _Stop(Exception):
     """Raised by the plan maker's inner compiler once the graph is captured (nothing is compiled or run)."""
 
 
-def make_plan(names: list[str], dims: Any, dtype: torch.dtype, budget: float, path: Path) -> None:
-    """Search (on this CPU) every partition the Inductor path lifts from the modules' inference graphs.
+def make_plan(names: list[str], dims: Any, dtype: torch.dtype, budget: float, path: Path, *,
+              train: bool = False) -> None:
+    """Search (on this CPU) every partition the Inductor path lifts from the modules' inference graphs (``train``:
+    from the forward and backward graphs of a training step, which the CPU runs eagerly to reach the backward).
 
     The graphs are what ``backend="verimirage"`` with the Inductor fallback sees (Inductor's decompositions),
     traced on CPU tensors of the GPU run's shapes and dtype; each partition's best verified μGraph is
@@ -176,11 +183,13 @@ def make_plan(names: list[str], dims: Any, dtype: torch.dtype, budget: float, pa
 
     real = vm.superoptimize
     plan: dict[str, str] = json.loads(path.read_text()) if path.exists() else {}
+    missed: set[str] = set()
 
     def search(g: Any, **kw: Any) -> Any:
 
         key = str(g)
-        if key not in plan:
+        if key not in plan and key not in missed:
+            missed.add(key)  # searched once: a retry of the same partition is not searched again
             t0 = time.perf_counter()
             r = real(g, **kw)
             log.warning("searched a partition in %.0f s: %d candidate(s)", time.perf_counter() - t0,
@@ -189,28 +198,43 @@ def make_plan(names: list[str], dims: Any, dtype: torch.dtype, budget: float, pa
                 best = [r.best] + [c for c in r.candidates if c is not r.best]
                 plan[key] = [str(c.mugraph) for c in best]  # the GPU profile picks among them
                 path.write_text(json.dumps(plan, indent=1))
-        return _found(None, "plan")
+        if key in plan:
+            # planned: the partition is not taken here (the graph stays as it was), and no retry searches its halves
+            raise _Planned()
+        return _found(None, "plan")  # no verified candidate: the capture's retries (halves...) are searched too
 
     vm.__dict__["superoptimize"] = search
     opts = CaptureOptions(time_budget_s=budget, check=False, search={"top_k": 3, "variants": 2})
     torch._dynamo.config.suppress_errors = False
-    for name in names:
-        torch._dynamo.reset()
-        model, xs = corpus.get(name, dims=dims, dtype=dtype)
-        rep = Report()
+    from functorch.compile import make_boxed_func
 
-        def inner(g: Any, ex: Any, rep: Report = rep, **kw: Any) -> Any:
-            transform(g, opts, rep, "inference")
-            raise _Stop()
+    try:
+        for name in names:
+            torch._dynamo.reset()
+            model, xs = corpus.get(name, dims=dims, dtype=dtype)
+            rep = Report()
 
-        try:
-            with torch.no_grad():
-                torch.compile(model, backend=lambda gm, ex: compile_fx(gm, ex, inner_compile=inner))(*xs)
-        except Exception as e:
-            if "_Stop" not in f"{type(e).__name__} {e!r}":
-                log.exception("%s: plan failed", name)
-        print(f"{name}: {len(rep.partitions)} partition(s); plan now {len(plan)} entries", flush=True)
-    vm.__dict__["superoptimize"] = real
+            def inner(g: Any, ex: Any, rep: Report = rep, **kw: Any) -> Any:
+                kind = "backward" if kw.get("is_backward") else ("inference" if kw.get("is_inference") else "forward")
+                transform(g, opts, rep, kind)  # nothing is taken (the search answers "plan"): g is unchanged
+                if not train:
+                    raise _Stop()
+                return make_boxed_func(g.forward)
+
+            try:
+                cm = torch.compile(model, backend=lambda gm, ex: compile_fx(gm, ex, inner_compile=inner))
+                if train:
+                    xg = [x.requires_grad_() if x.is_floating_point() else x for x in xs]
+                    cm(*xg).float().sum().backward()
+                else:
+                    with torch.no_grad():
+                        cm(*xs)
+            except Exception as e:
+                if "_Stop" not in f"{type(e).__name__} {e!r}":
+                    log.exception("%s: plan failed", name)
+            print(f"{name}: {len(rep.partitions)} partition(s); plan now {len(plan)} entries", flush=True)
+    finally:
+        vm.__dict__["superoptimize"] = real
 
 
 def _graph_time(fn: Any) -> float:
@@ -523,7 +547,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time", action="store_true", help="GPU forward timings (fp16, large shapes)")
     ap.add_argument("--profile", action="store_true", help="keep a partition only where it beats its ATen ops")
     ap.add_argument("--no-search", action="store_true", help="each lifted op its own kernel (no egglog needed)")
-    ap.add_argument("--make-plan", type=Path, help="search the Inductor path's partitions here (CPU), into a plan")
+    ap.add_argument("--make-plan", type=Path, help="search the Inductor path's partitions here (CPU), into a plan "
+                    "(with --train: those of a training step's forward and backward graphs)")
     ap.add_argument("--plan", type=Path, help="serve searches from a plan made by --make-plan (no egglog needed)")
     ap.add_argument("--gpu-run", type=Path, help="the GPU table into this folder (see gpu_run)")
     ap.add_argument("--train-names", default="", help="with --gpu-run: modules to time a training step of")
@@ -545,7 +570,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         names = corpus.names() if args.names == "all" else [n for n in args.names.split(",") if n]
         if args.make_plan:
-            make_plan(names, dims, torch.float16, args.budget, args.make_plan)
+            make_plan(names, dims, torch.float16, args.budget, args.make_plan, train=args.train)
         else:
             train = [n for n in args.train_names.split(",") if n]
             gpu_run(names, train, dims=dims, dtype=torch.float16, budget=args.budget, out=args.gpu_run,
