@@ -106,3 +106,192 @@ def test_the_models_causal_programs_weigh_masked_elements_zero() -> None:
     for name in ("causal_attention", "softcap_attention"):
         g = get_model(name, small=True)
         assert any(n.op == "where" and g.nodes[n.args[2][0]].op == "scale" for n in g.nodes), name
+
+
+# --------------------------------------------------------------------------- the constant mask and the skip
+
+
+def _causal_src(h: int, n: int, d: int, *, offset: int = 0, zero_masked: bool = True, mask: str = "tril",
+                dt: vm.DType = vm.float32) -> vm.Graph:
+    """Attention over a causal mask, the division after the matmul (as the search writes it): ``mask`` "tril" (the
+    constant) or "input" (a vm.bool input ``M``)."""
+    g = vm.Graph()
+    q, k, v = g.input("Q", (h, n, d), dt), g.input("K", (h, d, n), dt), g.input("V", (h, n, d), dt)
+    m = g.tril_mask((1, n, n), offset) if mask == "tril" else g.input("M", (1, n, n), vm.bool)
+    s = g.matmul(q, k)
+    c = g.where(m, s, g.shift(g.scale(s, 0.0), MASKED))
+    e = g.exp(g.sub(c, g.max(c, axis=2)))
+    if zero_masked:
+        e = g.where(m, e, g.scale(c, 0.0))
+    g.output(g.div(g.matmul(e, v), g.sum(e, axis=2)))
+    return g
+
+
+def _flash(g: vm.Graph, rows: int, frange: int) -> vm.MuGraph:
+    """The online-softmax kernel of ``g`` with a grid of (heads, row blocks) and a loop of ``frange`` (the causal
+    mask searched as an input and given back, :mod:`verimirage.rewrite.causal`)."""
+    from verimirage.rewrite.causal import mask_inputs, restore_masks
+
+    h, n = g.inputs[0].shape[0], g.inputs[0].shape[1]
+    g2, masks = mask_inputs(g)
+    lows, _ = lower_all(g2, grids=(h, n // rows), franges=(frange,))
+    mg = next(low.mugraph for low in lows if _looped(low.mugraph)
+              and next(k for k in low.mugraph.nodes if k.op == "custom").attr("block").grid == (h, n // rows))
+    return restore_masks(mg, masks)
+
+
+def _with_limit(mg: vm.MuGraph, flimit: tuple[int, int, int, int]) -> vm.MuGraph:
+    import dataclasses
+
+    from verimirage.ir.graph import Node, make_attrs
+
+    nodes = list(mg.nodes)
+    i = next(j for j, k in enumerate(nodes) if k.op == "custom")
+    at = dict(nodes[i].attrs)
+    at["block"] = dataclasses.replace(at["block"], flimit=flimit)
+    nodes[i] = Node("custom", nodes[i].args, make_attrs(at), nodes[i].outs)
+    out = vm.MuGraph._from_parts(nodes, mg.outputs_refs)
+    out.check()
+    return out
+
+
+def _qkv(h: int, n: int, d: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"Q": rng.uniform(-1, 1, (h, n, d)), "K": rng.uniform(-1, 1, (h, d, n)), "V": rng.uniform(-1, 1, (h, n, d))}
+
+
+@pytest.mark.parametrize("offset", [0, 3, -2])
+def test_tril_mask_is_torch_tril_and_reads_back(offset: int) -> None:
+    torch = pytest.importorskip("torch")
+    g = vm.Graph()
+    x = g.input("X", (2, 5, 7), vm.float32)
+    g.output(g.where(g.tril_mask((1, 5, 7), offset), x, g.scale(x, 0.0)))
+    a = np.random.default_rng(0).standard_normal((2, 5, 7))
+    np.testing.assert_array_equal(vm.evaluate(g, {"X": a})[0], torch.tensor(a).tril(offset).numpy())
+    assert vm.Graph.parse(str(g)) == g and vm.Graph.from_json(g.to_json()) == g
+    with pytest.raises(vm.GraphError, match="tril_mask"):
+        g.apply("tril_mask", [], {"shape": (4,), "offset": 0})
+    with pytest.raises(vm.GraphError, match="tril_mask"):
+        g.apply("tril_mask", [x], {"shape": (4, 4), "offset": 0})
+
+
+def test_masks_of_different_offsets_are_different_functions_to_the_verifier() -> None:
+    def prog(offset: int, twice: bool = False) -> vm.Graph:
+        g = vm.Graph()
+        x = g.input("X", (1, 16, 16), vm.float32)
+        y = g.scale(g.scale(x, 2.0), 0.5) if twice else x
+        g.output(g.sum(g.where(g.tril_mask((1, 16, 16), offset), y, g.scale(y, 0.0)), axis=2))
+        return g
+
+    assert isinstance(vm.verify(prog(0), prog(0, twice=True)), vm.Proved)
+    assert not isinstance(vm.verify(prog(0), prog(1)), vm.Proved)
+    assert not isinstance(vm.verify(prog(0), prog(-1)), vm.Proved)
+
+
+def test_the_skipping_kernel_is_proved_certified_and_matches_float64(tmp_path: object) -> None:
+    from verimirage.rewrite.causal import with_skips
+    from verimirage.smt.certify import make_certificate
+
+    g = _causal_src(2, 64, 16)
+    sk = with_skips(_flash(g, 16, 4))
+    assert sk is not None
+    bg = next(k for k in sk.nodes if k.op == "custom").attr("block")
+    assert bg.flimit == (1, 16, 15, 16)
+    assert vm.MuGraph.parse(str(sk)) == sk and vm.MuGraph.from_json(sk.to_json()) == sk
+    ins = _qkv(2, 64, 16)
+    np.testing.assert_allclose(vm.evaluate(sk, ins)[0], vm.evaluate(g, ins)[0], rtol=1e-10, atol=1e-12)
+    v = vm.verify(g, sk)
+    assert isinstance(v, vm.Proved), v
+    cert = make_certificate(g, sk, v, rules=["partition.loop", "partition.causal_skip"])
+    path = tmp_path / "c.json"  # type: ignore[operator]
+    cert.save(path)
+    assert isinstance(vm.check_certificate(path), vm.Proved)
+
+
+def test_the_skipping_kernel_runs_in_the_interpreter_and_matches_float64() -> None:
+    torch = pytest.importorskip("torch")
+    from verimirage.backend.codegen import generate
+    from verimirage.rewrite.causal import with_skips
+
+    g = _causal_src(2, 64, 16)
+    sk = with_skips(_flash(g, 16, 4))
+    src = generate(sk).source
+    assert "it_stop = tl.minimum((pid1 * 16 + 15) // 16 + 1, 4)" in src and "a3_ptr" not in src  # mask not loaded
+    ins = _qkv(2, 64, 16, seed=3)
+    out = vm.compile(sk)(*[torch.tensor(ins[x], dtype=torch.float32) for x in "QKV"])
+    out = out[0] if isinstance(out, (tuple, list)) else out
+    np.testing.assert_allclose(out.double().numpy(), vm.evaluate(g, ins)[0], rtol=1e-4, atol=1e-5)
+
+
+def test_a_skip_of_a_tile_that_keeps_elements_is_not_proved() -> None:
+    # iteration it of row block b runs only for 32 it <= 16 b: the diagonal tiles of odd blocks are skipped
+    g = _causal_src(2, 64, 16)
+    bad = _with_limit(_flash(g, 16, 4), (1, 16, 0, 32))
+    ins = _qkv(2, 64, 16)
+    assert not np.allclose(vm.evaluate(bad, ins)[0], vm.evaluate(g, ins)[0])
+    assert not isinstance(vm.verify(g, bad), vm.Proved)
+
+
+def test_a_skip_over_a_mask_that_is_an_input_is_not_proved() -> None:
+    # any mask may be passed: a tile above the diagonal may keep elements
+    g = _causal_src(2, 64, 16, mask="input")
+    bad = _with_limit(_flash(g, 16, 4), (1, 16, 15, 16))
+    assert not isinstance(vm.verify(g, bad), vm.Proved)
+
+
+def test_a_skip_where_masked_elements_weigh_exp_of_minus_30000_is_not_proved() -> None:
+    # where(M, s, -30000) alone: a masked element weighs exp(-30000 - m) > 0 over the reals, so skipping its tile
+    # changes the function (in floats it is 0: the verifier is right to refuse it all the same)
+    from verimirage.rewrite.causal import with_skips
+
+    g = _causal_src(2, 64, 16, zero_masked=False)
+    sk = with_skips(_flash(g, 16, 4))
+    assert sk is not None
+    assert isinstance(vm.verify(g, _flash(g, 16, 4)), vm.Proved)
+    assert not isinstance(vm.verify(g, sk), vm.Proved)
+
+
+def test_a_skip_with_a_mask_of_another_offset_is_not_proved() -> None:
+    from verimirage.rewrite.causal import with_skips
+
+    g = _causal_src(2, 64, 16, offset=0)
+    other = with_skips(_flash(_causal_src(2, 64, 16, offset=-8), 16, 4))
+    assert other is not None
+    assert not isinstance(vm.verify(g, other), vm.Proved)
+
+
+@pytest.mark.parametrize("offset", [-1, 20])
+def test_skips_of_shifted_masks_are_proved(offset: int) -> None:
+    # offset -1: the first row keeps nothing (0 / 0, undefined in both programs alike); 20: a tile past the
+    # diagonal block is kept too
+    from verimirage.rewrite.causal import with_skips
+
+    g = _causal_src(2, 64, 16, offset=offset)
+    sk = with_skips(_flash(g, 16, 4))
+    assert sk is not None and next(k for k in sk.nodes if k.op == "custom").attr("block").flimit == (
+        1, 16, 15 + offset, 16)
+    assert isinstance(vm.verify(g, sk), vm.Proved)
+
+
+def test_loop_iterations_count_the_skipped_tiles() -> None:
+    from verimirage.rewrite.causal import with_skips
+    from verimirage.rewrite.cost import cost, loop_iterations
+
+    g = _causal_src(2, 64, 16)
+    full = _flash(g, 16, 4)
+    sk = with_skips(full)
+    assert sk is not None
+    assert loop_iterations(next(k for k in sk.nodes if k.op == "custom").attr("block")) == 2.5  # (1 + 2 + 3 + 4) / 4
+    assert cost(sk).tc_flops < cost(full).tc_flops and sk.num_kernels == 1
+
+
+@pytest.mark.slow  # an sm_90 compile in a subprocess: minutes on a loaded 2-core machine
+def test_the_skipping_kernel_compiles_for_sm90(tmp_path: object) -> None:
+    from verimirage.backend.codegen import generate
+    from verimirage.backend.gpucompile import compile_modules
+    from verimirage.backend.runtime import write_module
+    from verimirage.rewrite.causal import with_skips
+
+    sk = with_skips(_flash(_causal_src(2, 128, 64, dt=vm.float16), 64, 2))
+    rep = compile_modules([write_module(generate(sk), tmp_path)])
+    assert all(r["ok"] for kernels in rep.values() for r in kernels.values()), rep

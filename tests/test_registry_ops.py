@@ -147,6 +147,9 @@ ALLOWED = {
     ("smt/abstract.py", "_reduce"): "the abstract domain's reduction kinds (sum, mean, max) in its registrations",
     ("pipeline/synth.py", "_variants"): "rule synthesis enumerates transpose's axis pair",
     ("pipeline/synth.py", "_pat"): "rule synthesis generalises transpose's axis pair",
+    ("rewrite/partition.py", "_zero_masked"): "recognises where(mask, e, scale(x, 0)): masked weights exactly 0",
+    ("rewrite/causal.py", "_skip_of"): "the causal skip reads the tril_mask whose tiles above the diagonal it skips",
+    ("backend/codegen.py", "_inline_masks"): "a tril_mask operand is computed from the tile's indices (tril_expr)",
 }
 _STRUCT = {n for n, o in OPS.items() if o.has(Prop.STRUCTURAL) or o.has(Prop.LOOP)}
 

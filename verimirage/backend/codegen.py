@@ -229,8 +229,11 @@ class _KernelGen:
 
     def __init__(self, bg: BlockGraph, arg_types: Sequence[TensorType], out_types: Sequence[TensorType], name: str,
                  opts: TileOptions, arg_store: Sequence[DType] | None = None,
-                 out_store: Sequence[DType] | None = None) -> None:
+                 out_store: Sequence[DType] | None = None, inline: dict[int, int] | None = None) -> None:
         self.bg = bg
+        #: operands that are causal masks (``tril_mask``, by operand: its offset): computed from the tile's
+        #: indices, never passed or loaded
+        self.inline = dict(inline or {})
         self.arg_types = list(arg_types)
         self.out_types = list(out_types)
         # element types in device memory (fp32 for partial results passed between kernels)
@@ -406,6 +409,26 @@ class _KernelGen:
         if self.opts.evict_once and self.read_once(i):
             m += ', eviction_policy="evict_first"'
         return f"tl.load({ptr}{m}).to(tl.float32)"
+
+    def tril_expr(self, i: int, p: tuple[int, ...]) -> str:
+        """The tile of block input ``i`` of a causal mask operand (:attr:`inline`): 1.0 where its column index is
+        at most its row index plus the offset (and inside the tile), else 0.0, from the block's and the loop's
+        offsets as :meth:`load` computes them."""
+        n = self.bg.nodes[i]
+        shape, imap, fmap, t = n.attr("shape"), n.attr("imap"), n.attr("fmap"), n.outs[0].shape
+        r = len(t)
+        idx, inside = [], []
+        for d in (r - 2, r - 1):
+            off = [f"pid{a} * {shape[d] // self.bg.grid[a]}" for a, dd in enumerate(imap)
+                   if dd == d and self.bg.grid[a] > 1]
+            if fmap == d and self.bg.frange > 1:
+                off.append(f"it * {t[d]}")
+            idx.append("(" + " + ".join([*off, f"tl.arange(0, {p[d]}){_lift(r, d)}"]) + ")")
+            if p[d] != t[d]:
+                inside.append(self._mask(r, d, t[d], p[d]))
+        cond = " & ".join([f"({idx[1]} <= {idx[0]} + {self.inline[n.attr('arg')]})", *inside])
+        shape_p = _shape_text(p)
+        return f"tl.broadcast_to(({cond}).to(tl.float32), {shape_p})"
 
     def read_once(self, i: int) -> bool:
         """Whether no two blocks read the same elements of block input ``i``."""
@@ -756,7 +779,10 @@ class _KernelGen:
                                  f"{math.prod(po)} elements, above Triton's limit of {TRITON_MAX_NUMEL} per tensor "
                                  "(a smaller tile or a loop over the axis is needed)")
             sect = pre if (invariant[i] or not looped) else postl if post[i] else body
-            if n.op == "input":
+            if n.op == "input" and n.attr("arg") in self.inline:
+                sect.append(f"v{i} = {self.tril_expr(i, po)}")
+                name[(i, 0)] = f"v{i}"
+            elif n.op == "input":
                 sq = i in squeeze
                 sect.append(f"v{i} = {self.load_expr(i, po, squeeze=sq)}")
                 name[(i, 0)] = f"v{i}"
@@ -839,6 +865,8 @@ class _KernelGen:
         params = []
         self.signature: dict[str, str] = {}
         for k, t in enumerate(self.arg_types):
+            if k in self.inline:
+                continue
             params.append(f"a{k}_ptr")
             self.signature[f"a{k}_ptr"] = _PTR_SIG[self.arg_store[k]]
             for d in range(t.rank):
@@ -861,11 +889,34 @@ class _KernelGen:
         if looped:
             unroll = bg.frange <= self.opts.unroll_max and not any("tl.dot(" in b for b in body)
             rng = "tl.static_range" if unroll else "range"
-            out.append(f"    for it in {rng}(0, {bg.frange}):")
+            out += _loop_header(bg, rng)
             out += ["        " + s for s in body] or ["        pass"]
         out += ["    " + s for s in postl]
         out += ["    " + s for s in stores]
         return "\n".join(out) + "\n"
+
+
+def _inline_masks(nodes: Sequence[Node], n: Node) -> dict[int, int]:
+    """The operands of kernel ``n`` that are causal masks (``tril_mask`` nodes), by position: their offsets."""
+    return {j: int(nodes[a].attr("offset")) for j, (a, _) in enumerate(n.args) if nodes[a].op == "tril_mask"}
+
+
+def _check_inline_mask(mg: Graph, i: int) -> None:
+    """A causal mask is computed inside the kernels that read it: GraphError if the program returns it."""
+    if any(a == i for a, _ in output_refs(mg)):
+        raise GraphError(f"codegen: %{i} (tril_mask) is a program output; a causal mask is computed inside the "
+                         "kernels that read it, expected it read by kernels only")
+
+
+def _loop_header(bg: BlockGraph, rng: str) -> list[str]:
+    """The for-loop's first line: over ``bg.frange`` iterations, or, with ``bg.flimit = (axis, a, c, d)``, over
+    those with ``d * it <= a * b + c`` for the block's index ``b`` on that axis (a bound that varies by block)."""
+    if bg.flimit is None:
+        return [f"    for it in {rng}(0, {bg.frange}):"]
+    axis, a, c, d = bg.flimit
+    b = f"pid{axis}" if bg.grid[axis] > 1 else "0"
+    return [f"    it_stop = tl.minimum(({b} * {a} + {c}) // {d} + 1, {bg.frange})",
+            "    for it in range(0, it_stop):"]
 
 
 def _launch_axes(grid: tuple[int, ...]) -> list[int]:
@@ -892,14 +943,15 @@ def _as_mugraph(g: Any) -> MuGraph:
 
 def kernel_source(bg: BlockGraph, arg_types: Sequence[TensorType], name: str = "kernel",
                   tiles: TileOptions | None = None, arg_store: Sequence[DType] | None = None,
-                  out_store: Sequence[DType] | None = None) -> tuple[str, KernelInfo]:
+                  out_store: Sequence[DType] | None = None,
+                  inline: dict[int, int] | None = None) -> tuple[str, KernelInfo]:
     """The ``@triton.jit`` source of one block graph applied to operands of ``arg_types``.
 
     ``arg_store`` / ``out_store`` give the element types the operands and results have in device
     memory when they differ from the IR's (fp32 storage of intermediate results).
     """
     outs = bg.result_types(arg_types)
-    kg = _KernelGen(bg, arg_types, outs, name, tiles or TileOptions(), arg_store, out_store)
+    kg = _KernelGen(bg, arg_types, outs, name, tiles or TileOptions(), arg_store, out_store, inline)
     src = kg.generate()
     launch_grid = [1] * len(bg.grid)
     for a, g in enumerate(bg.grid):
@@ -941,11 +993,16 @@ def generate(program: Any, tiles: TileOptions | None = None,
             var[(i, 0)] = n.attr("name")
             ref_of[(i, 0)] = ("in", names.index(n.attr("name")))
             continue
+        if OPS[n.op].has(Prop.CONSTANT):
+            _check_inline_mask(mg, i)
+            continue
         bg: BlockGraph = n.attr("block")
         arg_types = [nodes[a].outs[k] for a, k in n.args]
         kname = f"k{i}"
+        inline = _inline_masks(nodes, n)
         src, info = kernel_source(bg, arg_types, kname, tiles_for(bg, arg_types) if tiles_for else tiles,
-                                  [store_dtype(r) for r in n.args], [store_dtype((i, k)) for k in range(len(n.outs))])
+                                  [store_dtype(r) for r in n.args], [store_dtype((i, k)) for k in range(len(n.outs))],
+                                  inline)
         info = KernelInfo(kname, i, info.grid, info.signature, info.uses_dot, info.row_dots_only)
         kernels.append(info)
         ksrc.append(src)
@@ -959,10 +1016,11 @@ def generate(program: Any, tiles: TileOptions | None = None,
             body.append(f"{v} = torch.empty({_shape_text(t.shape)}, device={dev}.device, dtype={tdt})")
             ref_of[(i, k)] = ("buf", sum(len(st.outs) for st in steps) + k)
             bufs.append((ref_of[(i, k)][1], tuple(t.shape), tdt.removeprefix("torch.")))
-        steps.append(LaunchStep(kname, info.grid, tuple((ref_of[r], nodes[r[0]].outs[r[1]].rank) for r in n.args),
+        passed = [r for j, r in enumerate(n.args) if j not in inline]
+        steps.append(LaunchStep(kname, info.grid, tuple((ref_of[r], nodes[r[0]].outs[r[1]].rank) for r in passed),
                                 tuple(bufs)))
         call = []
-        for a, k in n.args:
+        for a, k in passed:
             x = var[(a, k)]
             call.append(x)
             call += [f"{x}.stride({d})" for d in range(nodes[a].outs[k].rank)]

@@ -389,3 +389,5 @@ for _name in ("input", "arg", "custom", "fused"):
             "structural op: codegen lowers it as data movement or kernel structure "
             "(tile loads/stores, kernel launches, inline thread graphs)",
         )
+exempt("triton", "tril_mask", "a causal mask is computed inside each kernel that reads it, from the tile's indices "
+                              "(codegen: _KernelGen.tril_expr), never by a kernel of its own")

@@ -280,7 +280,9 @@ def to_kernels(g: Graph) -> MuGraph:
             vals[i] = (mg.input(n.attr("name"), t.shape, t.dtype),)
             continue
         args = [vals[a][k] for a, k in n.args]
-        if n.op == "custom":
+        if OPS[n.op].has(Prop.CONSTANT):  # (computed inside the kernels that read it: verimirage.backend.codegen)
+            vals[i] = (mg.apply(n.op, [], n.attr_dict),)
+        elif n.op == "custom":
             vals[i] = mg.custom(n.attr("block"), args)
         else:
             bg = default_block(n, [a.type for a in args])

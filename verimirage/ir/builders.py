@@ -33,7 +33,7 @@ from .graph import (
     tile_shape,
 )
 from .limits import check_constant, check_shape
-from .ops import Level, Prop, TensorType, check_axis, get_op
+from .ops import OPS, Level, Prop, TensorType, check_axis, get_op
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -153,8 +153,9 @@ class GraphMethods:
 
     @property
     def num_kernels(self) -> int:
-        """Kernel launches an unfused execution makes: one per non-input node (a custom kernel is one)."""
-        return sum(1 for n in self._nodes if n.op != "input")
+        """Kernel launches an unfused execution makes: one per non-input node (a custom kernel is one; a causal
+        mask, ``tril_mask``, is computed inside the kernels that read it)."""
+        return sum(1 for n in self._nodes if n.op != "input" and not OPS[n.op].has(Prop.CONSTANT))
 
     def copy(self) -> Graph:
         """A new graph with the same nodes and outputs."""
@@ -258,6 +259,11 @@ class OpMethods:
         declared outside this package; the named methods below are shorthands)."""
         return self._emit(op, args, attrs)
 
+
+    def tril_mask(self, shape: Sequence[int], offset: int = 0) -> Tensor:
+        """The causal mask (a constant ``vm.bool`` tensor): true where column ``j <= i + offset`` for row ``i`` of
+        the last two dims, as ``torch.ones(n, m).tril(offset)``."""
+        return self._emit("tril_mask", [], {"shape": tuple(shape), "offset": offset})
 
     def matmul(self, a: Tensor, b: Tensor) -> Tensor:
         """Batched matrix product ``a @ b``: (..., m, k) x (..., k, n); leading dims broadcast."""

@@ -187,6 +187,9 @@ def check_block(bg: BlockGraph, in_types: Sequence[TensorType] | None) -> None:
         raise GraphError(f"block graph: grid {bg.grid!r}; expected 1 to 3 positive ints")
     if not isinstance(bg.frange, int) or bg.frange < 1:
         raise GraphError(f"block graph: frange {bg.frange!r}; expected a positive int")
+    if (fl := bg.flimit) is not None and not (isinstance(fl, tuple) and len(fl) == 4 and all(type(v) is int for v in fl)
+                                             and 0 <= fl[0] < len(bg.grid) and min(fl[1:3]) >= 0 and fl[3] >= 1):
+        raise GraphError(f"block graph: flimit {fl!r}; expected (axis, a, c, d): a grid axis, a >= 0, c >= 0, d >= 1")
     nodes = bg.nodes
     post: list[bool] = []
     invariant: list[bool] = []

@@ -289,6 +289,9 @@ class BlockGraph:
     or None: the same tile every iteration). Nodes that depend on a loop
     accumulator (``loop_sum``, ``loop_max``, ``rescaled_sum``) run once after the
     loop; the others run every iteration. ``omaps[i]`` places output ``i``.
+
+    ``flimit = (axis, a, c, d)`` bounds the loop per block: iteration ``it`` runs in the blocks whose index ``b`` on
+    grid axis ``axis`` has ``d it <= a b + c``; in the others every accumulator keeps its value (a causal skip).
     """
 
     grid: tuple[int, ...]
@@ -296,6 +299,7 @@ class BlockGraph:
     nodes: tuple[Node, ...]
     outputs: tuple[Ref, ...]
     omaps: tuple[OutputMap, ...]
+    flimit: tuple[int, int, int, int] | None = None
 
     def type_of(self, ref: Ref) -> TensorType:
         """Type of the value ``ref``."""

@@ -173,12 +173,16 @@ def run_block(bg: BlockGraph, args: Sequence[Any], arg_types: Sequence[TensorTyp
             tiles[i] = tile_input(
                 args[k], arg_types[k].shape, bg.grid, n.attr("imap"), n.attr("fmap"), bg.frange
             )
-    acc = _folded_products(bg, args, arg_types, domain) if domain.name in ("ff", "ffref") else {}  # (exact ones)
+    acc = _folded_products(bg, args, arg_types, domain) if domain.name in ("ff", "ffref") and not bg.flimit else {}
     skip = {nodes[i].args[0][0] for i in acc}
     run_max: dict[int, Any] = {}
     body_env: dict[int, list[Any]] = {}
     prev_m: dict[int, Any] = {}
     for it in range(bg.frange):
+        b0 = loop_active(bg, it)
+        if bg.flimit and b0 >= bg.grid[bg.flimit[0]]:
+            continue  # the iteration runs in no block: every accumulator keeps its value
+        was = (dict(acc), dict(run_max))
         body_env = {i: [t[it]] for i, t in tiles.items()}
         for i, n in enumerate(nodes):
             if post[i] or i in body_env or i in skip:
@@ -209,6 +213,9 @@ def run_block(bg: BlockGraph, args: Sequence[Any], arg_types: Sequence[TensorTyp
                 f = _op1(domain, "exp", [d], mt)
                 scaled = _op1(domain, "mul", [acc[i], f], t, mt)
                 acc[i] = _op1(domain, "add", [scaled, x], t, t)
+        for state, before in zip((acc, run_max), was, strict=True) if b0 else ():  # blocks before b0: as they were
+            for i in state:
+                state[i] = _select_blocks(domain, bg, before[i], state[i], nodes[i].outs[0], b0)
     env: dict[int, list[Any]] = {i: v for i, v in body_env.items() if not post[i]}
     for i in acc:
         env[i] = [acc[i]]
@@ -217,6 +224,28 @@ def run_block(bg: BlockGraph, args: Sequence[Any], arg_types: Sequence[TensorTyp
     for (a, k), om in zip(bg.outputs, bg.omaps, strict=True):
         outs.append(place_output(env[a][k], nodes[a].outs[k].shape, bg.grid, om))
     return outs
+
+
+def loop_active(bg: BlockGraph, it: int) -> int:
+    """The first block on ``bg.flimit``'s axis running iteration ``it`` (``d it <= a b + c``; the axis's size: none)."""
+    if bg.flimit is None or bg.flimit[3] * it <= bg.flimit[2]:
+        return 0
+    axis, a, c, d = bg.flimit
+    return bg.grid[axis] if a == 0 else min(-(-(d * it - c) // a), bg.grid[axis])
+
+
+def _select_blocks(domain: Domain, bg: BlockGraph, old: Any, new: Any, t: TensorType, b0: int) -> Any:
+    """``old`` in the blocks before ``b0`` on ``bg.flimit``'s axis, ``new`` from it on (registry layout ops)."""
+    ax, ng, g = bg.flimit[0], len(bg.grid), bg.grid[bg.flimit[0]]  # type: ignore[index]
+    gs = [tuple(v.shape[v.ndim - t.rank - ng: v.ndim - t.rank]) for v in (old, new)]
+    shape = tuple(g if k == ax else max(x, y) for k, (x, y) in enumerate(zip(*gs, strict=True))) + t.shape
+    ft = TensorType(shape, t.dtype)
+    o, n = (apply_op(domain, "broadcast_to", [v], {"shape": shape}, [TensorType(s + t.shape, t.dtype)], ft)
+            for v, s in zip((old, new), gs, strict=True))
+    part = [TensorType((*shape[:ax], w, *shape[ax + 1:]), t.dtype) for w in (b0, g - b0)]
+    lo = apply_op(domain, "slice", [o], {"axis": ax, "start": 0, "stop": b0}, [ft], part[0])
+    hi = apply_op(domain, "slice", [n], {"axis": ax, "start": b0, "stop": g}, [ft], part[1])
+    return apply_op(domain, "concat", [lo, hi], {"axis": ax}, part, ft)
 
 
 def _folded_products(bg: BlockGraph, args: Sequence[Any], ts: Sequence[TensorType], domain: Domain) -> dict[int, Any]:

@@ -83,6 +83,7 @@ class Prop(enum.Flag):
     CONCAT = enum.auto()  # joins its operands along ``axis`` (block matrices; loaded piecewise by codegen)
     NORMALISES = enum.auto()  # divides by a data-dependent size (the result may not scale with the input)
     REGROUPS = enum.auto()  # merges or splits dims in row-major order (a view: tiles walk each group's leading dims)
+    CONSTANT = enum.auto()  # no operands, a function of its attributes: computed inside each kernel that reads it
 
 
 class Level(enum.Flag):
@@ -541,6 +542,24 @@ define_op("where", 3, _EW | Prop.BROADCAST, _where_rule, None,
           "a where mask else b (mask: a vm.bool tensor; m * a + (1 - m) * b for m in {0, 1})",
           degree=lambda a, at: Degree(max(a[0] + a[1], a[0] + a[2])),
           hooks={"mask_args": (0,)})
+
+
+def _tril_rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
+    shape, off = attrs.get("shape"), attrs.get("offset")
+    if ts or type(off) is not int or not isinstance(shape, tuple) or len(shape) < 2 or min(shape) < 1:
+        raise _err("tril_mask", ts, f"no operands, a shape of >= 2 dims, an int offset; got {shape!r}, {off!r}")
+    return TensorType(shape, DType.bool)
+
+
+def tril(shape: Sequence[int], offset: int) -> np.ndarray:
+    """The causal mask: 1 (int64) where column ``j <= i + offset`` for row ``i`` of the last two dims, else 0."""
+    return np.broadcast_to(np.less_equal.outer(-np.arange(shape[-2]), offset - np.arange(shape[-1])) * 1, shape)
+
+
+define_op("tril_mask", 0, Prop.CONSTANT, _tril_rule, lambda a, at, it, ot: tril(at["shape"], at["offset"]),
+          "the causal mask (..., n, m): true where column j <= row i + offset (torch.ones(n, m).tril(offset))",
+          ("offset", "shape"), Level.KERNEL, 0, attr_kinds={"shape": "ints", "offset": "int"},
+          degree=lambda a, at: Degree(0))
 
 
 def _cast_rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:

@@ -22,6 +22,7 @@ def _enc_value(v: Any) -> Any:
                 "nodes": [_enc_node(n) for n in v.nodes],
                 "outputs": [list(r) for r in v.outputs],
                 "omaps": [list(o.dims) for o in v.omaps],
+                **({} if v.flimit is None else {"flimit": list(v.flimit)}),
             }
         }
     if isinstance(v, ThreadGraph):
@@ -43,6 +44,7 @@ def _dec_value(v: Any) -> Any:
                 tuple(_dec_node(n) for n in b["nodes"]),
                 tuple((int(a), int(k)) for a, k in b["outputs"]),
                 tuple(OutputMap(tuple(o)) for o in b["omaps"]),
+                tuple(b["flimit"]) if "flimit" in b else None,
             )
         if "thread" in v:
             t = v["thread"]

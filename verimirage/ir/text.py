@@ -54,6 +54,10 @@ def _attrs(d: dict[str, Any]) -> str:
     return " {" + ", ".join(f"{k}={v!r}" for k, v in sorted(d.items())) + "}"
 
 
+def _block_attrs(bg: BlockGraph) -> dict[str, Any]:
+    return {"grid": bg.grid, "frange": bg.frange, **({"flimit": bg.flimit} if bg.flimit else {})}
+
+
 def print_node(n: Node, i: int, nodes: Any = None, indent: str = "") -> str:
     """One node as text (nested regions included)."""
     args = ", ".join(_ref(r, nodes) for r in n.args)
@@ -61,7 +65,7 @@ def print_node(n: Node, i: int, nodes: Any = None, indent: str = "") -> str:
     types = ", ".join(str(t) for t in n.outs)
     if n.op == "custom":
         bg: BlockGraph = n.attr("block")
-        return f"{head}{_attrs({'grid': bg.grid, 'frange': bg.frange})} : {types} {{\n" + _block_body(
+        return f"{head}{_attrs(_block_attrs(bg))} : {types} {{\n" + _block_body(
             bg, indent + "  "
         ) + f"\n{indent}}}"
     if n.op == "fused":
@@ -99,7 +103,7 @@ def print_program(p: Any) -> str:
 
 def print_block(bg: BlockGraph) -> str:
     """Text of a block graph on its own."""
-    return f"block{_attrs({'grid': bg.grid, 'frange': bg.frange})} {{\n{_block_body(bg, '  ')}\n}}"
+    return f"block{_attrs(_block_attrs(bg))} {{\n{_block_body(bg, '  ')}\n}}"
 
 
 def print_thread(tg: ThreadGraph) -> str:
@@ -202,9 +206,10 @@ def _parse_node_line(lines: _Lines, lineno: int, line: str, expect: int) -> Node
             raise _perr(lineno, line, f"custom: grid={grid!r:.60}; expected a tuple of 1 to 3 positive ints")
         if not isinstance(frange, int) or isinstance(frange, bool) or frange < 1:
             raise _perr(lineno, line, f"custom: frange={frange!r:.60}; expected a positive int")
+        flimit = attrs.pop("flimit", None)
         if attrs:
             raise _perr(lineno, line, f"custom: unexpected attributes {sorted(attrs)}")
-        bg = _parse_block_body(lines, grid, frange)
+        bg = _parse_block_body(lines, grid, frange, flimit)
         return Node(op, args, (("block", bg),), types)
     if op == "fused":
         if not opens:
@@ -214,7 +219,7 @@ def _parse_node_line(lines: _Lines, lineno: int, line: str, expect: int) -> Node
     return Node(op, args, make_attrs(attrs), types)
 
 
-def _parse_block_body(lines: _Lines, grid: tuple[int, ...], frange: int) -> BlockGraph:
+def _parse_block_body(lines: _Lines, grid: tuple[int, ...], frange: int, flimit: Any = None) -> BlockGraph:
     nodes: list[Node] = []
     outs: list[Ref] = []
     omaps: list[OutputMap] = []
@@ -232,7 +237,7 @@ def _parse_block_body(lines: _Lines, grid: tuple[int, ...], frange: int) -> Bloc
             omaps.append(OutputMap(tuple(attrs["omap"])))
             continue
         nodes.append(_parse_node_line(lines, lineno, line, len(nodes)))
-    return BlockGraph(tuple(grid), frange, tuple(nodes), tuple(outs), tuple(omaps))  # (checked with the program)
+    return BlockGraph(tuple(grid), frange, tuple(nodes), tuple(outs), tuple(omaps), flimit)  # (checked with it)
 
 
 def _parse_body(lines: _Lines) -> tuple[list[Node], tuple[Ref, ...]]:

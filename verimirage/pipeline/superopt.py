@@ -41,6 +41,7 @@ from ..ir.errors import GraphError
 from ..ir.graph import Graph, MuGraph, node_list
 from ..ir.ops import Prop, get_op
 from ..ir.reference import check_evaluable
+from ..rewrite.causal import mask_inputs, restore_masks, with_skips
 from ..rewrite.cost import Calibration, Cost, cost
 from ..rewrite.lift import EClassTerms, Term, commutation_key, lift, term_to_graph
 from ..rewrite.partition import Lowered, lower_all
@@ -278,6 +279,10 @@ class _Run:
     cands: list[Candidate] = field(default_factory=list)
     cand_source: list[int] = field(default_factory=list)  # per candidate, the index of its graph in ``graphs``
     certify: bool = True  # whether the certify phase runs
+    # the graph the e-graph lifts: ``graph`` with each causal mask (tril_mask) an input, and those masks by name
+    # (verimirage.rewrite.causal); the μGraphs found get the masks back before they are verified
+    search_graph: Graph | None = None
+    masks: dict[str, Any] = field(default_factory=dict)
 
     def prune(self, reason: str) -> None:
         """Count a candidate dropped for ``reason``."""
@@ -290,6 +295,7 @@ def _search(graph: Graph, opts: SearchOptions, *, certify: bool = True) -> Searc
     rep = SearchReport(options=str(opts))
     run = _Run(graph, opts, rep, opts.verifier or _default_verifier(graph, opts.verify_timeout_s, opts.seed),
                opts.calibration or Calibration(), time.perf_counter(), certify=certify)
+    run.search_graph, run.masks = mask_inputs(graph)
     if opts.profile:
         from ..smt.ff import gpu as ffgpu
 
@@ -658,7 +664,7 @@ def _rules_phase(run: _Run) -> None:
 
 def _saturate_phase(run: _Run) -> None:
     """Lift the graph and saturate its e-graph; an egglog panic saturates again with fewer rules."""
-    graph, rep, rules, builtin_names = run.graph, run.rep, run.rules, run.builtin_names
+    graph, rep, rules, builtin_names = run.search_graph or run.graph, run.rep, run.rules, run.builtin_names
     iter_limit, node_limit, time_budget_s = run.opts.iter_limit, run.opts.node_limit, run.opts.time_budget_s
     lifted = lift(graph)
     try:
@@ -760,6 +766,7 @@ def _lower_phase(run: _Run) -> None:
     pool: list[tuple[tuple[Any, ...], Lowered, Cost, int]] = []
     for gi, (g2, _, _) in enumerate(graphs):
         lows, rejected = lower_all(g2, grids=grids, franges=franges, max_splits=max_splits)
+        lows = _with_masks(lows, run.masks)
         for reason, n in rejected.items():
             rep.pruned[reason] = rep.pruned.get(reason, 0) + n
         for li, low in enumerate(lows):
@@ -788,6 +795,21 @@ def _lower_phase(run: _Run) -> None:
     rep.lowered = len(pool)
 
     run.pool = pool
+
+
+def _with_masks(lows: list[Lowered], masks: dict[str, Any]) -> list[Lowered]:
+    """The lowerings with the causal masks searched as inputs given back (:func:`restore_masks`), each followed by
+    its variant that skips the masks' tiles above the diagonal (:func:`with_skips`; verified like any other)."""
+    if not masks:
+        return lows
+    out = []
+    for low in lows:
+        low = dataclasses.replace(low, mugraph=restore_masks(low.mugraph, masks))
+        out.append(low)
+        sk = with_skips(low.mugraph)
+        if sk is not None:
+            out.append(dataclasses.replace(low, mugraph=sk, steps=[*low.steps, "partition.causal_skip"]))
+    return out
 
 
 def _verify_phase(run: _Run) -> None:
@@ -926,7 +948,7 @@ def _verify_phase(run: _Run) -> None:
 
 def _attribute_phase(run: _Run) -> None:
     """The rules on a derivation of each candidate's terms (replayed saturations)."""
-    graph, rep, rules, stats, graphs = run.graph, run.rep, run.rules, run.stats, run.graphs
+    graph, rep, rules, stats, graphs = run.search_graph or run.graph, run.rep, run.rules, run.stats, run.graphs
     cands, cand_source, node_limit = run.cands, run.cand_source, run.opts.node_limit
     sources = sorted(set(cand_source))
     atts = attribute(graph, rules, stats.fired, [graphs[gi][1] for gi in sources],

@@ -157,6 +157,16 @@ def _roofline(nbytes: int, tc: int, other: int, blocks: int, smem: int, hw: Hard
     return KernelCost(nbytes, tc, other, blocks, smem, mem, comp, t)
 
 
+def loop_iterations(bg: BlockGraph) -> float:
+    """The for-loop's iterations a block runs, on average over the blocks (fewer than ``frange`` where a per-block
+    bound, ``BlockGraph.flimit``, skips some: a causal mask's tiles above the diagonal)."""
+    if bg.flimit is None:
+        return float(bg.frange)
+    axis, a, c, d = bg.flimit
+    n = bg.grid[axis]
+    return sum(min(bg.frange, (a * b + c) // d + 1) for b in range(n)) / n
+
+
 def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequence[TensorType],
                hw: Hardware = H100, cal: Calibration = Calibration()) -> KernelCost:
     """Estimate of one custom kernel."""
@@ -168,15 +178,16 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
     smem_walk = 0
     smem_acc = 0
     smem_tmp = 0
-    tc = 0
-    other = 0
+    tc: float = 0
+    other: float = 0
     pad = 1.0
+    its = loop_iterations(bg)
     for i, n in enumerate(bg.nodes):
         t = n.outs[0]
-        reps = 1 if post[i] else bg.frange
+        reps = 1 if post[i] else its
         if n.op == "input":
             tb = _bytes(t)
-            reads = tb * (bg.frange if n.attr("fmap") is not None else 1) * blocks
+            reads = int(tb * (its if n.attr("fmap") is not None else 1) * blocks)
             full = in_types[n.attr("arg")]
             run = t.shape[-1] * t.dtype.itemsize if t.shape and t.shape[-1] < full.shape[-1] else hw.min_run
             if run < hw.min_run:
@@ -215,7 +226,8 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
     # shared memory (H100: 2 heads x KV tiles of 256 keys at 3 stages asked for 266,240 B = 2 x 128 KB of K and
     # V tiles + the Q tile); loop-invariant tiles are loaded once
     smem = smem_in + smem_walk * max(1, hw.stages - 1) + smem_acc + smem_tmp
-    return _roofline(nbytes, tc * blocks, other * blocks, blocks, smem, hw, cal, l2_in, pad, bg.frange)
+    return _roofline(int(nbytes), int(tc * blocks), int(other * blocks), blocks, smem, hw, cal, l2_in, pad,
+                     math.ceil(its))
 
 
 def _backend_min_smem(bg: BlockGraph, in_types: Sequence[TensorType], limit: int) -> int:
@@ -251,18 +263,20 @@ def cost(g: Graph, hw: Hardware = H100, cal: Calibration = Calibration()) -> Cos
         return [nodes[a].outs[k] for a, k in n.args]
 
     wrapped: dict[int, BlockGraph] = {}
-    if any(n.op not in ("input", "custom") for n in nodes):
+    def inline(op: str) -> bool:  # (a constant such as a causal mask is computed inside the kernels that read it)
+        return op in ("input", "custom") or OPS[op].has(Prop.CONSTANT)
+
+    if any(not inline(n.op) for n in nodes):
         try:
             from ..backend.wrap import default_block
 
-            wrapped = {i: default_block(n, arg_types(n)) for i, n in enumerate(nodes)
-                       if n.op not in ("input", "custom")}
+            wrapped = {i: default_block(n, arg_types(n)) for i, n in enumerate(nodes) if not inline(n.op)}
         except Exception:  # no backend, or an op it cannot wrap: fall back to the flat estimate below
             wrapped = {}
     ks: list[KernelCost] = []
     reason = ""
     for i, n in enumerate(nodes):
-        if n.op == "input":
+        if n.op == "input" or OPS[n.op].has(Prop.CONSTANT):
             continue
         in_types = arg_types(n)
         if n.op == "custom":

@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 STEPS = (
     "partition.unfused", "partition.grid", "partition.loop", "partition.split_kv", "partition.online_softmax",
     "partition.split_recompute", "partition.combine_grid", "fuse.epilogue", "partition.cut",
+    "partition.causal_skip",
 )
 
 

@@ -274,6 +274,28 @@ def _abs_where(args: list[Sym], attrs: dict[str, Any], in_types: Any, out_types:
     return Sym(shape, elem)
 
 
+#: the name of the atom a causal mask's element is where its index ranges leave it undecided
+TRIL_ATOM = "tril_mask(offset={})"
+
+
+@implements("abstract", "tril_mask")
+def _abs_tril(args: list[Sym], attrs: dict[str, Any], in_types: Any, out_types: Any) -> Sym:
+    """1 where ``j <= i + offset`` for all indices in range, 0 where for none; else the column range is split where
+    the rows' range decides it, and the undecided band is the atom ``tril_mask(offset=o)[i, j]``."""
+    off = int(attrs["offset"])
+
+    def elem(idx: Idx) -> E.Poly:
+        (ilo, ihi), (jlo, jhi) = E.interval(idx[-2]), E.interval(idx[-1])
+        if jhi - ilo <= off or jlo - ihi > off:
+            return _law("tril-select", E.p_const(int(jhi - ilo <= off)))
+        pts = tuple(p for p in (ilo + off + 1, ihi + off + 1) if jlo < p <= jhi)
+        if pts:
+            raise E.NeedSplit(idx[-1], pts)
+        return E.p_atom(("in", TRIL_ATOM.format(off), (idx[-2], idx[-1])))
+
+    return Sym(attrs["shape"], elem)
+
+
 implements("abstract", "reciprocal")(_ew1(lambda x: E.p_div(E.p_const(1), x)))
 implements("abstract", "minimum")(_ew2(lambda x, y: E.p_scale(E.p_maximum(E.p_scale(x, -1), E.p_scale(y, -1)), -1)))
 

@@ -119,6 +119,10 @@ AXIOMS: dict[str, tuple[str, Checker]] = {
             r.standard_normal(5), r.standard_normal(4)))),
     "concat-split": ("sum over a range split where a concat changes piece", lambda r: _close(
         *(lambda x, y: (np.concatenate([x, y]).sum(), x.sum() + y.sum()))(r.standard_normal(5), r.standard_normal(4)))),
+    "tril-select": ("tril_mask(offset=o)[i, j] = 1 where j <= i + o, 0 elsewhere (torch.ones(n, m).tril(o))",
+                    lambda r: bool((lambda n, m, o: np.array_equal(
+                        np.tril(np.ones((n, m)), o), np.less_equal.outer(-np.arange(n), -np.arange(m) + o) * 1.0))(
+                        int(r.integers(1, 9)), int(r.integers(1, 9)), int(r.integers(-3, 4))))),
     "rsqrt-def": ("rsqrt(x) = sqrt(x)**-1", lambda r: _close(*(lambda x: (1 / np.sqrt(x), np.sqrt(x) ** -1))(
         r.uniform(0.1, 5)))),
     "mean-def": ("mean_i f_i = (1/n) sum_i f_i", lambda r: _close(*(lambda f: (f.mean(), f.sum() / 9))(

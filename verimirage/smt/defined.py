@@ -284,7 +284,8 @@ rule("shift", sign=s_shift)
 rule("clamp", sign=s_clamp)
 rule("where", sign=s_where)
 # not elementwise: total; the reductions and matmul record their results' provenance themselves
-rule("sum", "mean", "max", "min", "matmul", "concat", "transpose", "permute", "reshape", "broadcast_to", "slice")
+rule("sum", "mean", "max", "min", "matmul", "concat", "transpose", "permute", "reshape", "broadcast_to", "slice",
+     "tril_mask")
 rule("rms_norm", self_recorded=True)
 
 

@@ -899,6 +899,11 @@ class NeedSplit(Exception):
 def split_points(e: NeedSplit, var: str) -> list[int] | None:
     """Values of ``var`` at which the split index crosses a piece boundary (``idx = var + b``)."""
     coef = dict(e.idx[2]).get(("v", var))
+    terms = e.idx[2]
+    if coef is None and len(terms) == 1 and terms[0][1] == 1 and terms[0][0][0] == "fd":
+        # idx = x // n + k: it crosses p where x crosses (p - k) * n (a block index of a grid; law index-divmod)
+        _, x, n = terms[0][0]
+        return split_points(NeedSplit(x, tuple((p - e.idx[1]) * n for p in e.points)), var)
     if coef not in (1, -1):
         return None
     rest = a_add(e.idx, a_var(var), -coef)

@@ -52,7 +52,7 @@ import numpy as np
 from ..ir.errors import GraphError
 from ..ir.graph import Graph, input_types, node_list, output_refs, output_types
 from ..ir.interpret import run
-from ..ir.ops import LAYOUT_MEANINGS, OPS, POW_EXACT_MAX, TensorType, get_op, neg_axis
+from ..ir.ops import LAYOUT_MEANINGS, OPS, POW_EXACT_MAX, TensorType, get_op, neg_axis, tril
 from .consts import const_fraction
 from .verdict import Outcome
 
@@ -409,6 +409,7 @@ MEANINGS: dict[str, Meaning] = {
     "where": lambda d, a, at, it: d.ring("add", d.ring("mul", a[0], a[1]), d.ring(
         "mul", d.const("add", d.const("mul", a[0], Fraction(-1)), Fraction(1)), a[2])),
     "cast": lambda d, a, at, it: a[0],
+    "tril_mask": lambda d, a, at, it: np.stack([tril(at["shape"], at["offset"])] * 2),  # 0 and 1 in both parts
 }
 for _op in ("erf", "softplus", "abs", "clamp", "leaky_relu", "step"):  # no exact image
     MEANINGS[_op] = lambda d, a, at, it, _op=_op: d.oracle(opaque_key(_op, at), a[0])  # type: ignore[misc]

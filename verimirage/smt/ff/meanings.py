@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ...ir.errors import GraphError
-from ...ir.ops import OPS, POW_EXACT_MAX, TensorType, implements, neg_axis
+from ...ir.ops import OPS, POW_EXACT_MAX, TensorType, implements, neg_axis, tril
 from ..consts import const_fraction
 from .arith import _inv, _mark, _mix, _modi, _ring_arr, _ring_q, _sum_mod
 from .field import _FIELD, Field, _exp_gather, _exp_table_f32, current_field
@@ -338,6 +338,13 @@ def _min_q(vp: np.ndarray, vq: np.ndarray, ax: int) -> np.ndarray:
     low = vp.min(axis=ax, keepdims=True)
     big = np.iinfo(np.int64).max
     return np.where(vp == low, vq, big).min(axis=ax, keepdims=True)
+
+
+@implements("ff", "tril_mask")
+def _ff_tril(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
+    """The causal mask's 0 and 1, in both parts."""
+    t = np.ascontiguousarray(tril(attrs["shape"], attrs["offset"]))
+    return FV(t.shape, Part.of(t), Part.of(t))
 
 
 @implements("ff", "where")
