@@ -18,9 +18,10 @@ requesting graph and that μGraph (by text, not by a stored hash); that each
 served candidate's cost is what the search's cost model gives; and the
 independent certificate checker (:func:`verimirage.pipeline.certificates.check_certificate`,
 re-deriving everything from the two programs) re-checks the certificate of
-every candidate that is served. The checksum is unkeyed, so it only catches
-accidents; the re-check is what stops a tampered entry. A corrupt, truncated,
-mismatching or tampered entry is reported (a warning naming the entry and
+every candidate that is served, and the search's floating-point check
+(:mod:`verimirage.pipeline.fpsafe`: a certificate is about the reals) runs on
+it again. The checksum is unkeyed, so it only catches accidents; the re-check
+is what stops a tampered entry. A corrupt, truncated, mismatching or tampered entry is reported (a warning naming the entry and
 why), removed, and the search runs again; it is never served and never an
 exception to the caller.
 
@@ -120,14 +121,17 @@ def save(key: str, result: Any) -> None:
                        "report": str(result.report)})
 
 
-def load(key: str, graph: Graph, *, recheck: str = "all", cost_of: Callable[[MuGraph], Any] | None = None
-         ) -> Any | None:
+def load(key: str, graph: Graph, *, recheck: str = "all", cost_of: Callable[[MuGraph], Any] | None = None,
+         fp_check: Callable[[MuGraph], str | None] | None = None) -> Any | None:
     """The cached SearchResult for ``key``, or None (a miss, or a bad entry reported, removed and ignored).
 
     ``recheck``: ``"all"`` (re-check every candidate's certificate and serve them all) or ``"best"``
     (re-check and serve the best candidate only). Every served candidate's certificate has just re-checked
     against ``graph`` and names exactly the served μGraph. ``cost_of`` (the search's cost model): each served
     candidate's stored cost must be what it gives (a cost edited to reorder candidates is a bad entry).
+    ``fp_check`` (default: :class:`verimirage.pipeline.fpsafe.SafetyChecker` of ``graph``, seed 0): each served
+    candidate must be finite wherever ``graph`` is, as the search requires of what it returns (a certificate
+    proves equality over the reals only: an unstabilised softmax re-checks, then overflows).
     """
     if recheck not in ("all", "best"):
         raise ValueError(f"search cache: recheck={recheck!r}; expected 'all' or 'best'")
@@ -136,7 +140,7 @@ def load(key: str, graph: Graph, *, recheck: str = "all", cost_of: Callable[[MuG
     if entry is None:
         return None
     try:
-        return _rebuild(entry, graph, recheck, cost_of)
+        return _rebuild(entry, graph, recheck, cost_of, fp_check)
     except Exception as e:  # anything wrong with an entry is a miss, never the caller's exception
         log.warning("search cache entry %s rejected and removed (%s: %s); searching again", key[:16],
                     type(e).__name__, (str(e).splitlines() or [""])[0][:300])
@@ -169,7 +173,8 @@ def _recheck(cert: Any) -> Any:
             B.reset_budget(token)
 
 
-def _rebuild(entry: Any, graph: Graph, recheck: str, cost_of: Callable[[MuGraph], Any] | None = None) -> Any:
+def _rebuild(entry: Any, graph: Graph, recheck: str, cost_of: Callable[[MuGraph], Any] | None = None,
+             fp_check: Callable[[MuGraph], str | None] | None = None) -> Any:
     from ..rewrite.cost import Cost, KernelCost
     from ..smt.certify import read_certificate
     from ..smt.verdict import Check, Outcome, Proved
@@ -210,6 +215,13 @@ def _rebuild(entry: Any, graph: Graph, recheck: str, cost_of: Callable[[MuGraph]
         v = _recheck(cert)
         if not isinstance(v, Proved):
             raise ValueError(f"candidate {i}: the certificate does not re-check ({v.reason})")
+        if fp_check is None:
+            from .fpsafe import SafetyChecker
+
+            fp_check = SafetyChecker(graph).check
+        unsafe = fp_check(mg)  # (the certificate is about the reals: the search's floating-point check again)
+        if unsafe is not None:
+            raise ValueError(f"candidate {i}: re-checks, but {unsafe}")
         checks: tuple[Check, ...] = (Check("search-cache", Outcome.PROVED, (("entry_sha256", entry["sha256"]),)),
                                      *tuple(v.evidence))
         verdict = Proved(f"served from the search cache, certificate re-checked ({v.reason}); "

@@ -242,7 +242,8 @@ def superoptimize(graph: Graph, *, options: SearchOptions | None = None, **overr
         # a profiled ordering belongs to one GPU (and its software): key it by them
         key = search_cache.cache_key(graph, opts.cache_fields(_device_key() if opts.profile else None))
         hit = search_cache.load(key, graph, recheck="all" if opts.recheck_cache else "best",
-                                cost_of=lambda mg: cost(mg, opts.hardware, opts.calibration or Calibration()))
+                                cost_of=lambda mg: cost(mg, opts.hardware, opts.calibration or Calibration()),
+                                fp_check=lambda mg: _fp_unsafe(graph, mg, opts))
         if hit is not None:
             hit.report.from_cache = str(search_cache.entry_path(key))
             hit.report.options = str(opts)
