@@ -21,8 +21,8 @@ re-deriving everything from the two programs) re-checks the certificate of
 every candidate that is served, and the search's floating-point check
 (:mod:`verimirage.pipeline.fpsafe`: a certificate is about the reals) runs on
 it again. The checksum is unkeyed, so it only catches accidents; the re-check
-is what stops a tampered entry. A corrupt, truncated, mismatching or tampered entry is reported (a warning naming the entry and
-why), removed, and the search runs again; it is never served and never an
+is what stops a tampered entry. A corrupt, truncated, mismatching or tampered
+entry is reported (a warning naming the entry and why), removed, and the search runs again; it is never served and never an
 exception to the caller.
 
 Which candidates are re-checked and served (:func:`load`'s ``recheck``):
