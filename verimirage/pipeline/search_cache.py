@@ -22,8 +22,8 @@ every candidate that is served, and the search's floating-point check
 (:mod:`verimirage.pipeline.fpsafe`: a certificate is about the reals) runs on
 it again. The checksum is unkeyed, so it only catches accidents; the re-check
 is what stops a tampered entry. A corrupt, truncated, mismatching or tampered
-entry is reported (a warning naming the entry and why), removed, and the search runs again; it is never served and never an
-exception to the caller.
+entry is reported (a warning naming the entry and why), removed, and the search
+runs again; it is never served and never an exception to the caller.
 
 Which candidates are re-checked and served (:func:`load`'s ``recheck``):
 ``"all"`` re-checks and serves every cached candidate; ``"best"`` (the default
