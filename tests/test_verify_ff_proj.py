@@ -140,7 +140,8 @@ def test_suite_attention_pair_projects_the_last_product() -> None:
 def test_certificates_record_the_reference_method(tmp_path) -> None:
     # a certificate's trials are the reference evaluator's, every element compared (no projection): the checker
     # recomputes the record and rejects any other method or a projection claim
-    from verimirage.smt.certificate import FF_METHOD, Certificate, check_certificate, make_certificate
+    from verimirage.smt.certificate import FF_METHOD, Certificate, check_certificate
+    from verimirage.smt.certify import make_certificate
 
     g = vm.benchmarks.get("lora", batch=1, small=True)
     m = vm.benchmarks.expert("lora", g)

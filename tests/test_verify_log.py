@@ -44,7 +44,7 @@ def test_max_shifted_form_is_proved_equal_to_the_plain_one(name: str, tmp_path: 
     assert "q-world" in dict(v.evidence[0].params)["bound_note"] or "no probability" in v.reason
     # the independent checker re-checks it (its reference evaluator compares q-parts too)
     from verimirage.ir.graph import MuGraph
-    from verimirage.smt.certificate import make_certificate
+    from verimirage.smt.certify import make_certificate
 
     mg = MuGraph.from_graph(stable)  # the stable form as the (unfused) candidate of the plain program
     v = vm.verify(plain, mg)

@@ -7,7 +7,7 @@ Errors show the offending node (and its operands) in the text form.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .errors import GraphError
@@ -37,6 +37,14 @@ def _where(nodes: Sequence[Node], i: int, msg: str) -> GraphError:
     return GraphError("\n".join(lines))
 
 
+def _at(nodes: Sequence[Node], i: int, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``; a GraphError it raises is shown at node ``i`` (:func:`_where`)."""
+    try:
+        return fn(*args)
+    except GraphError as e:
+        raise _where(nodes, i, str(e)) from None
+
+
 def _check_refs(nodes: Sequence[Node], i: int) -> list[TensorType]:
     types = []
     for a, k in nodes[i].args:
@@ -59,14 +67,8 @@ def _check_op(nodes: Sequence[Node], i: int, level: Level, in_types: list[Tensor
     optional = set(d.hooks.get("block_only", ())) if level != Level.KERNEL else set()
     if not set(d.egg_attrs()) <= keys <= set(d.egg_attrs()) | optional:
         raise _where(nodes, i, f"{n.op}: attributes {sorted(keys)}; expected {sorted(d.attrs)}")
-    try:
-        out = d.infer(in_types, n.attr_dict)
-    except GraphError as e:
-        raise _where(nodes, i, str(e)) from None
-    try:
-        check_shape(f"{n.op}: result", out.shape)
-    except GraphError as e:
-        raise _where(nodes, i, str(e)) from None
+    out = _at(nodes, i, d.infer, in_types, n.attr_dict)
+    _at(nodes, i, check_shape, f"{n.op}: result", out.shape)
     for key in ("axis", "a", "b"):
         v = n.attr(key)
         if v is not None and v < 0:
@@ -98,10 +100,7 @@ def check_program(g: Graph, *, unused_inputs: bool = False) -> None:
         for t in n.outs:
             if not isinstance(t, TensorType):
                 raise _where(nodes, i, f"{n.op}: result type {t!r}; expected a TensorType")
-            try:
-                check_shape(f"{n.op}: result", t.shape)
-            except GraphError as e:
-                raise _where(nodes, i, str(e)) from None
+            _at(nodes, i, check_shape, f"{n.op}: result", t.shape)
         if n.op == "input":
             name = n.attr("name")
             if n.args or [k for k, _ in n.attrs] != ["name"] or len(n.outs) != 1:
@@ -165,16 +164,11 @@ def _tile_for(bg: BlockGraph, nodes: Sequence[Node], i: int) -> TensorType:
     if keys != ["arg", "fmap", "imap", "shape"] or n.args or len(n.outs) != 1:
         raise _where(nodes, i, "block input: expected attributes arg, fmap, imap, shape; no operands; one result")
     shape = n.attr("shape")
-    try:
-        if not isinstance(shape, tuple):
-            raise GraphError(f"block input: shape {shape!r}; expected a tuple of positive ints")
-        check_shape("block input", shape)
-    except GraphError as e:
-        raise _where(nodes, i, str(e)) from None
-    try:
-        t = tile_shape(f"block input {n.attr('arg')}", shape, bg.grid, n.attr("imap"), n.attr("fmap"), bg.frange)
-    except GraphError as e:
-        raise _where(nodes, i, str(e)) from None
+    if not isinstance(shape, tuple):
+        raise _where(nodes, i, f"block input: shape {shape!r}; expected a tuple of positive ints")
+    _at(nodes, i, check_shape, "block input", shape)
+    t = _at(nodes, i, tile_shape, f"block input {n.attr('arg')}", shape, bg.grid, n.attr("imap"), n.attr("fmap"),
+            bg.frange)
     out = TensorType(t, n.outs[0].dtype)
     if out != n.outs[0]:
         raise _where(nodes, i, f"block input: recorded tile {n.outs[0]}; the maps give {out}")
@@ -220,10 +214,7 @@ def check_block(bg: BlockGraph, in_types: Sequence[TensorType] | None) -> None:
             tg = n.attr("thread")
             if not isinstance(tg, ThreadGraph):
                 raise _where(nodes, i, "fused: attribute thread is not a ThreadGraph")
-            try:
-                outs = thread_result_types(tg, types)
-            except GraphError as e:
-                raise _where(nodes, i, str(e)) from None
+            outs = _at(nodes, i, thread_result_types, tg, types)
             if outs != n.outs:
                 raise _where(nodes, i, f"fused: recorded results {n.outs}; the thread graph gives {outs}")
         else:

@@ -970,7 +970,7 @@ def _register_known_rules(run: _Run) -> frozenset[str]:
     certificate checker; the built-in rules that are not proved."""
     from ..rewrite.partition import STEPS
     from ..rewrite.rules import UNPROVED_BUILTINS
-    from ..smt.certificate import register_rules
+    from ..smt.certify import register_rules
 
     proved_user = [r.name for r in run.rules if r.name not in run.builtin_names and not r.trusted]
     register_rules([*STEPS, *(n for n in run.builtin_names if n not in UNPROVED_BUILTINS), *proved_user])

@@ -70,7 +70,7 @@ KNOWN_RULES: set[str] = set()
 
 #: The persisted list of rule names the checker accepts in any process (one per line, ``#`` comments):
 #: the search's lowering steps and its built-in rewrite rules that ``verify_rule`` proves in the test
-#: suite. Written by :func:`write_known_rules`; tests/test_certificate.py checks it is current.
+#: suite. Written by :func:`.certify.write_known_rules`; tests/test_certificate.py checks it is current.
 KNOWN_RULES_FILE = Path(__file__).with_name("known_rules.txt")
 
 _RULE_NAME = re.compile(r"^[A-Za-z0-9_.:\-]+$")
@@ -575,20 +575,3 @@ def check_certificate(
         v = Proved(v.reason + "; Triton module hash regenerated",
                    (*v.evidence, Check("triton-hash", Outcome.PROVED, (("sha256", h),), seconds)))
     return v
-
-
-#: names of the certificate *maker* (:mod:`verimirage.smt.certify`), still importable from here (loaded on first
-#: use, so that the checker's process never imports them)
-_MAKER = ("certify", "make_certificate", "register_rules", "tool_versions", "write_known_rules")
-
-
-def __getattr__(name: str) -> Any:
-    if name in ("REFUSED", "_CHILD"):  # (the checker process's settings live in verimirage.checkproc)
-        from .. import checkproc
-
-        return getattr(checkproc, name)
-    if name in _MAKER:
-        from . import certify
-
-        return getattr(certify, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

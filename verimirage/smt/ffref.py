@@ -476,29 +476,8 @@ def _p_unread(g: Any, readers: dict[tuple[int, str], set[str]] | None = None) ->
 def degree_bound(g: Graph) -> tuple[int, int]:
     """``(degree, opaque)`` of the per-node model: a degree bound of the outputs as rational functions, each
     exp / opaque result a fresh variable (the larger of the registry's degree rules and
-    :func:`quotient_degree`), and the number of opaque applications the registry counts."""
-    opaque = [0, 0]  # (largest degree under an opaque op, opaque applications)
-
-    def walk(nodes: Sequence[Any], in_deg: list[int]) -> list[int]:
-        d: list[int] = []
-        for n in nodes:
-            a = [d[i] for i, _ in n.args]
-            if n.op in ("input", "arg"):
-                idx = n.attr("arg") if n.op == "input" and n.attr("arg") is not None else n.attr("index")
-                d.append(in_deg[idx] if idx is not None and idx < len(in_deg) else 1)
-            elif n.op in ("custom", "fused"):
-                d.append(max(walk(n.attr("block" if n.op == "custom" else "thread").nodes, a) or [1]))
-            else:
-                dg = OPS[n.op].degree_of(a, n.attr_dict)
-                opaque[1] += dg.opaque
-                if dg.opaque:
-                    opaque[0] = max(opaque[0], dg.inner)
-                d.append(dg.result)
-        return d
-
-    ds = walk(node_list(g), [])
-    node_model = max(max((ds[i] for i, _ in output_refs(g)), default=1), opaque[0])
-    return max(node_model, quotient_degree(g)), opaque[1]
+    :func:`quotient_info`'s degree), and the number of opaque applications the registry counts."""
+    return _degrees(g)[1]
 
 
 def _exact_degree(op: str, attrs: dict[str, Any], a: list[Any], shapes: list[Any], rank: int,
@@ -540,19 +519,21 @@ def _exact_degree(op: str, attrs: dict[str, Any], a: list[Any], shapes: list[Any
     return None
 
 
-def quotient_degree(g: Graph) -> int:
-    """The degree of :func:`quotient_info`."""
-    return quotient_info(g)[0]
-
-
 def quotient_info(g: Graph) -> tuple[int, int, int]:
-    """``(degree, atoms, applications)``: a degree bound of ``g``'s outputs (and of every exp / oracle argument)
+    """``(degree, atoms, applications)`` (:func:`_degrees`)."""
+    return _degrees(g)[0]
+
+
+def _degrees(g: Graph) -> tuple[tuple[int, int, int], tuple[int, int]]:
+    """:func:`quotient_info` and :func:`degree_bound` in one walk. The first, ``(degree, atoms, applications)``:
+    a degree bound of ``g``'s outputs (and of every exp / oracle argument)
     sound for sums of quotients: each value is ``N / D`` with ``deg N <= n``, ``deg D <= d`` and the axes along
     which ``D`` may differ; a reduction of ``m`` elements along such an axis gives ``n + (m - 1) d`` over ``m d``;
     values out of a kernel's blocks or a loop's iterations vary along every axis. ``atoms``: exp / oracle
     nodes; ``applications``: their element-wise applications plus element-wise divisions weighted by their
     divisor's degree (what the fast engine's stated bound counts: its ``degree_info`` is this)."""
     opaque = [0, 0, 0]  # max argument degree of an atom, atom nodes, element-wise applications
+    node_opaque = [0, 0]  # the per-node model's: largest degree under an opaque op, opaque applications
     V = tuple[int, int, frozenset[int]]  # (n, d, axes where the denominator may vary)
 
     def deg(v: V) -> int:
@@ -571,10 +552,12 @@ def quotient_info(g: Graph) -> tuple[int, int, int]:
             n, d = n + (m - 1) * d, m * d
         return (n, d, frozenset(vary - {ax}))
 
-    def walk(nodes: Sequence[Any], in_vals: list[V], reps: int, frange: int, post: list[bool] | None) -> list[V]:
+    def walk(nodes: Sequence[Any], in_vals: list[V], in_nd: list[int], reps: int, frange: int,
+             post: list[bool] | None) -> tuple[list[V], list[int]]:
         vals: list[V] = []
+        nd: list[int] = []  # each node's degree in the per-node model (the registry's degree rules)
         for i, n in enumerate(nodes):
-            a = [vals[j] for j, _ in n.args]
+            a, an = [vals[j] for j, _ in n.args], [nd[j] for j, _ in n.args]
             shapes = [nodes[j].outs[k].shape for j, k in n.args]
             out = n.outs[0].shape if n.outs else ()
             rank = len(out)
@@ -582,18 +565,21 @@ def quotient_info(g: Graph) -> tuple[int, int, int]:
             elems = math.prod(out) * times
             if n.op in ("input", "arg"):
                 idx = n.attr("arg") if n.op == "input" and n.attr("arg") is not None else n.attr("index")
-                v = in_vals[idx] if idx is not None and idx < len(in_vals) else (1, 0, frozenset())
+                known = idx is not None and idx < len(in_vals)
+                v = in_vals[idx] if known else (1, 0, frozenset())
                 vals.append(allaxes(v, rank) if n.op == "input" and post is not None else v)
+                nd.append(in_nd[idx] if known else 1)
                 continue
-            if n.op == "custom":
-                blk = n.attr("block")
-                outs = walk(blk.nodes, a, reps * blk.num_blocks, blk.frange, blk.post_loop())
+            if n.op in ("custom", "fused"):
+                blk = n.attr("block" if n.op == "custom" else "thread")
+                outs, ns = (walk(blk.nodes, a, an, reps * blk.num_blocks, blk.frange, blk.post_loop())
+                            if n.op == "custom" else walk(blk.nodes, a, an, times, 1, None))
                 vals.append(allaxes(max(outs, key=deg) if outs else (1, 0, frozenset()), rank))
+                nd.append(max(ns or [1]))
                 continue
-            if n.op == "fused":
-                outs = walk(n.attr("thread").nodes, a, times, 1, None)
-                vals.append(allaxes(max(outs, key=deg) if outs else (1, 0, frozenset()), rank))
-                continue
+            dg = OPS[n.op].degree_of(an, n.attr_dict)
+            node_opaque[:] = [max(node_opaque[0], dg.inner if dg.opaque else 0), node_opaque[1] + dg.opaque]
+            nd.append(dg.result)
             exact = _exact_degree(n.op, n.attr_dict, a, shapes, rank, align)
             if exact is not None:  # registry ops with an exact polynomial / rational meaning
                 v, divided = exact
@@ -638,10 +624,10 @@ def quotient_info(g: Graph) -> tuple[int, int, int]:
                 r = reduce(pv, 0, shapes[0][-1])
                 vals.append((r[0], r[1], frozenset(vary)))
             elif n.op == "concat":
-                nd = max(x[0] for x in a), max(x[1] for x in a)
+                num_den = max(x[0] for x in a), max(x[1] for x in a)
                 vary = frozenset().union(*(x[2] for x in a))
                 ax = n.attr("axis") % rank
-                vals.append((nd[0], nd[1], vary | ({ax} if nd[1] else frozenset())))
+                vals.append((num_den[0], num_den[1], vary | ({ax} if num_den[1] else frozenset())))
             elif n.op in ("loop_sum", "rescaled_sum"):
                 x = a[0]
                 n_, d_ = (x[0] + (frange - 1) * x[1], frange * x[1]) if x[1] else (x[0], 0)
@@ -668,12 +654,13 @@ def quotient_info(g: Graph) -> tuple[int, int, int]:
                 opaque[1] += 1
                 opaque[2] += elems * max(1, arg)
                 vals.append((1, 0, frozenset()))
-        return vals
+        return vals, nd
 
-    nodes = node_list(g)
-    vals = walk(nodes, [], 1, 1, None)
+    vals, nd = walk(node_list(g), [], [], 1, 1, None)
     out = max((deg(vals[i]) for i, _ in output_refs(g)), default=1)
-    return max(out, opaque[0], 1), opaque[1], opaque[2]
+    quotient = max(out, opaque[0], 1)
+    node_model = max(max((nd[i] for i, _ in output_refs(g)), default=1), node_opaque[0])
+    return (quotient, opaque[1], opaque[2]), (max(node_model, quotient), node_opaque[1])
 
 
 def per_trial_bound(a: Graph, b: Graph) -> float:
