@@ -15,11 +15,13 @@ float64 reference. ``gpu`` loads the candidates of the full-size layer, compiles
 ``cuda_graph=True`` (the whole layer one CUDA graph), checks them against float64 (the PyTorch module in
 float64 on the GPU), and times, all as CUDA-graph replays (medians): verimirage; ``torch.compile
 (mode="max-autotune")`` of the same ``nn.Module`` (:mod:`verimirage.benchmarks.layer_module`, CUDA
-graphs on); eager (captured into a graph by ``do_bench_cudagraph``); and the floor (the weights and the
+graphs on; and ``mode="max-autotune-no-cudagraphs"`` captured into one graph by ``do_bench_cudagraph``, as a
+check of the first); eager (captured into a graph by ``do_bench_cudagraph``); and the floor (the weights and the
 KV cache once through memory at the measured copy bandwidth). Per case it reports the launches (kernels
 per layer, counted by the profiler for the baselines), the bytes moved (verimirage: the cost model's
 count) against the weights' size, what the CUDA graph still pays for (the replay's time against the
-sum of its kernels' times) and each time against the floor. Rows go to ``--out``/layer.json (default
+sum of its kernels' times; the kernels' times by name), each time against the floor. verimirage is timed first,
+before the baselines' compiles run in the process. Rows go to ``--out``/layer.json (default
 benchmarks/results), written after every case.
 """
 
@@ -253,9 +255,10 @@ def ceilings() -> dict[str, float]:
     return {"copy_bytes_per_s": bw, "fp16_flops_per_s": 2 * m**3 / tm}
 
 
-def _kernels(fn: Any) -> tuple[int | None, float | None]:
+def _kernels(fn: Any, per_name: dict[str, float] | None = None) -> tuple[int | None, float | None]:
     """Kernels one call of ``fn`` launches and the sum of their device times (µs), by the profiler (None when
-    it records no kernel, e.g. inside a replayed graph on some CUPTI versions)."""
+    it records no kernel, e.g. inside a replayed graph on some CUPTI versions); ``per_name`` (if given) gets
+    each kernel's time by name."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -270,6 +273,9 @@ def _kernels(fn: Any) -> tuple[int | None, float | None]:
            and not e.name.startswith(("Memcpy", "Memset", "cudaGraph"))]
     if not evs:
         return None, None
+    if per_name is not None:
+        for e in evs:
+            per_name[e.name] = per_name.get(e.name, 0.0) + e.device_time
     return len(evs), sum(e.device_time for e in evs)
 
 
@@ -311,25 +317,6 @@ def gpu_case(case: str, directory: Path, ceil: dict[str, float], *, inductor: bo
     row: dict[str, Any] = {"case": case, "weights_bytes": wbytes, "kv_bytes": kv, "flops": fl}
     row["floor_bytes_us"] = 1e6 * (wbytes + kv) / ceil["copy_bytes_per_s"]
     row["floor_us"] = max(row["floor_bytes_us"], 1e6 * fl / ceil["fp16_flops_per_s"])
-    with torch.no_grad():
-        # eager, captured into a graph
-        row["eager_err"] = _rel(m(*xs), ref)
-        row["eager_us"] = _bench(lambda: m(*xs), cudagraph=True)
-        row["eager_launches"], row["eager_kernel_sum_us"] = _kernels(lambda: m(*xs))
-        if inductor:
-            try:
-                torch._dynamo.reset()
-                t0 = time.perf_counter()
-                cm = torch.compile(m, mode="max-autotune")
-                for _ in range(3):
-                    cm(*xs)
-                row["inductor_compile_s"] = time.perf_counter() - t0
-                row["inductor_err"] = _rel(cm(*xs).clone(), ref)
-                row["inductor_us"] = _bench(lambda: cm(*xs), cudagraph=False)
-                row["inductor_launches"], row["inductor_kernel_sum_us"] = _kernels(lambda: cm(*xs))
-            except Exception as e:
-                row["inductor_error"] = f"{type(e).__name__}: {e}"[:400]
-                log.error("inductor failed on %s: %s", case, traceback.format_exc())
     ordered = [gins[t.name] for t in g.inputs]
     # no search: one kernel per op of the graph (its own lowering), the whole layer in one CUDA graph -- what
     # one graph alone gives, and the launches the fused μGraph saves
@@ -380,13 +367,43 @@ def gpu_case(case: str, directory: Path, ceil: dict[str, float], *, inductor: bo
                        launches=mg.num_kernels, verimirage_rank=i,
                        verimirage_bytes=doc["candidates"][i].get("bytes"))
             plain = vm.compile(mg)
-            _, ksum = _kernels(lambda: plain(*ordered))
+            per: dict[str, float] = {}
+            _, ksum = _kernels(lambda: plain(*ordered), per)
             row["verimirage_kernel_sum_us"] = ksum
+            row["verimirage_kernels_us"] = per
             if ksum is not None:  # what the one graph still pays for beyond its kernels: launch gaps, tails
                 row["graph_overhead_us"] = us - ksum
     except Exception as e:
         row["verimirage_error"] = f"{type(e).__name__}: {e}"[:500]
         log.error("verimirage failed on %s: %s", case, traceback.format_exc())
+    with torch.no_grad():
+        # eager, captured into a graph
+        row["eager_err"] = _rel(m(*xs), ref)
+        row["eager_us"] = _bench(lambda: m(*xs), cudagraph=True)
+        row["eager_launches"], row["eager_kernel_sum_us"] = _kernels(lambda: m(*xs))
+        if inductor:
+            try:
+                torch._dynamo.reset()
+                t0 = time.perf_counter()
+                cm = torch.compile(m, mode="max-autotune")
+                for _ in range(3):
+                    cm(*xs)
+                row["inductor_compile_s"] = time.perf_counter() - t0
+                row["inductor_err"] = _rel(cm(*xs).clone(), ref)
+                row["inductor_us"] = _bench(lambda: cm(*xs), cudagraph=False)
+                row["inductor_launches"], row["inductor_kernel_sum_us"] = _kernels(lambda: cm(*xs))
+            except Exception as e:
+                row["inductor_error"] = f"{type(e).__name__}: {e}"[:400]
+                log.error("inductor failed on %s: %s", case, traceback.format_exc())
+            try:  # the same kernels without cudagraph trees, captured into one CUDA graph as eager is
+                torch._dynamo.reset()
+                cm2 = torch.compile(m, mode="max-autotune-no-cudagraphs")
+                for _ in range(3):
+                    cm2(*xs)
+                row["inductor_nocg_err"] = _rel(cm2(*xs).clone(), ref)
+                row["inductor_nocg_us"] = _bench(lambda: cm2(*xs), cudagraph=True)
+            except Exception as e:
+                row["inductor_nocg_error"] = f"{type(e).__name__}: {e}"[:400]
     for k in ("verimirage", "inductor", "eager"):
         if f"{k}_us" in row:
             row[f"{k}_floor_fraction"] = row["floor_us"] / row[f"{k}_us"]

@@ -114,3 +114,54 @@ def test_row_dot_kernels_compile_for_sm90_with_mma_and_async_copies(tmp_path) ->
     (rep,) = compile_modules([p]).values()
     (k,) = rep.values()
     assert k["ok"] and k["mma"] and k["cp_async"] > 0, k
+
+
+def _grouped(frange: int = 2) -> tuple[vm.Graph, vm.MuGraph]:
+    """Grouped-query scores: 4 query heads over each of 2 KV heads, ``(2, 4, 1, 32) @ (2, 1, 32, 64)``, one block
+    per KV head (its 4 query rows a batch dim the keys do not have), the K loop split ``frange`` ways."""
+    from verimirage.benchmarks.designs import _inputs, _one_kernel
+    from verimirage.ir.builders import BlockBuilder
+
+    g = vm.Graph()
+    q = g.input("Q", (2, 4, 1, 32), vm.float16)
+    k = g.input("K", (2, 1, 32, 64), vm.float16)
+    g.output(g.matmul(q, k))
+    t = _inputs(g)
+    b = BlockBuilder((2,), frange)
+    qi = b.input(0, t["Q"], (0,), 3)
+    ki = b.input(1, t["K"], (0,), 2)
+    prod = b.matmul(qi, ki)
+    b.output(b.loop_sum(prod) if frange > 1 else prod, (0,))
+    return g, _one_kernel(t, b)
+
+
+@pytest.mark.parametrize("frange", [1, 2])
+def test_grouped_rows_over_a_batch_dim_the_weights_lack_are_one_dot(frange: int) -> None:
+    g, mg = _grouped(frange)
+    src = generate(mg, tiles=TileOptions(dot_min_m=16)).source
+    assert f"(4, 4, {32 // frange})" in src  # the 4 query rows, each repeated 4 times: 16 dot rows
+    assert src.count("tl.dot(") == 1
+    rng = np.random.default_rng(5)
+    ins = {t.name: (rng.standard_normal(t.shape) * 0.5).astype(np.float16).astype(np.float64) for t in g.inputs}
+    (ref,) = vm.evaluate(g, ins)
+    got = _run(mg, g, ins)
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
+
+
+def test_a_long_row_without_a_loop_keeps_the_broadcast_multiply() -> None:
+    # (1, 1024) @ (1024, 32) in one step: 55.0 us as a 16-row dot, 5.3 us as the broadcast multiply (H100)
+    from verimirage.backend.codegen import ROW_DOT_MAX_K
+
+    mg = designs.gated_mlp(_gated(k=2 * ROW_DOT_MAX_K, n=32), cols=32, k_tile=2 * ROW_DOT_MAX_K)
+    assert "tl.dot(" not in generate(mg, tiles=TileOptions(dot_min_m=16)).source
+    assert "tl.dot(" in generate(designs.gated_mlp(_gated(k=2 * ROW_DOT_MAX_K, n=32), cols=32, k_tile=128),
+                                 tiles=TileOptions(dot_min_m=16)).source
+
+
+def test_few_blocks_get_a_deeper_pipeline() -> None:
+    # 64 blocks (half the SMs) streaming 64 K tiles each: 8 stages; 256 blocks: the usual 4
+    few = designs.gated_mlp(_gated(k=4096, n=2048), cols=32, k_tile=64)
+    many = designs.gated_mlp(_gated(k=4096, n=8192), cols=32, k_tile=64)
+    (c_few,) = _recs(few)
+    (c_many,) = _recs(many)
+    assert c_few.num_stages == 8 and c_many.num_stages == 4

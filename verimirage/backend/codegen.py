@@ -55,8 +55,13 @@ from . import lowering as _lowering  # noqa: F401  (registers the triton domain)
 from .lowering import TRITON_MAX_NUMEL
 from .wrap import to_kernels
 
+#: Largest (padded) contraction tile a one-row product is lowered to a 16-row ``tl.dot`` with (TileOptions.row_dot);
+#: longer rows keep the broadcast multiply and sum. Measured on an H100 (benchmarks/perf/NOTES.md session 7): the
+#: layer's v projection, 128 blocks each one (1, 1024) @ (1024, 32) product with no loop, ran 55.0 us as a 16-row
+#: dot and 5.3 us as the broadcast multiply; the pipelined GEMVs that streamed at the copy rate had K tiles <= 256.
+ROW_DOT_MAX_K = 256
 #: Version of the generator: part of every cache key (bump when generated code changes).
-CODEGEN_VERSION = "5"
+CODEGEN_VERSION = "6"
 
 
 @dataclass(frozen=True)
@@ -436,29 +441,56 @@ class _KernelGen:
         return all(g == 1 or imap[a] is not None for a, g in enumerate(self.bg.grid))
 
     # ------------------------------------------------------------------ ops
+    def row_groups(self, ta: TensorType, tb: TensorType, pa: tuple[int, ...], pb: tuple[int, ...],
+                   po: tuple[int, ...]) -> int:
+        """How many one-row products ``ta @ tb`` (padded ``pa``, ``pb``; result padded ``po``) is, when it is lowered
+        to one ``tl.dot`` of its rows (``TileOptions.row_dot``); 0 when it is not.
+
+        One row ``(1, K) @ (K, N)``: the row broadcast to ``row_dot`` rows. ``G`` rows over batch dims that the
+        right operand does not have (``(..., G.., 1, K) @ (K, N)``: grouped-query attention's query heads over
+        one KV head): those batch dims are the dot's rows (each repeated ``row_dot / G`` times when ``G`` is
+        smaller) -- the same products, each row's sum over K. K and N >= 16 (tl.dot's minimum), K at most
+        ``ROW_DOT_MAX_K``, fp16/bf16 operands."""
+        if not (self.opts.row_dot > 0 and ta.rank >= 2 and tb.rank >= 2 and ta.shape[-2] == 1
+                and ta.shape[-1] > 1 and tb.shape[-1] > 1 and 16 <= pa[-1] <= ROW_DOT_MAX_K and pb[-1] >= 16
+                and ta.dtype in (DType.float16, DType.bfloat16) and tb.dtype == ta.dtype
+                and math.prod(pb[:-2]) == 1):
+            return 0
+        g = math.prod(pa[:-2])
+        return g if g == math.prod(po[:-2]) and g <= 64 else 0
+
     def is_row_dot(self, ta: TensorType, tb: TensorType, pa: tuple[int, ...], pb: tuple[int, ...],
                    po: tuple[int, ...]) -> bool:
-        """Whether the product of operands ``ta @ tb`` (padded ``pa``, ``pb``; result padded ``po``) is one row
-        lowered to a ``tl.dot`` of the row broadcast to ``TileOptions.row_dot`` rows (see there)."""
-        return (self.opts.row_dot > 0 and ta.shape[-2] == 1 and ta.shape[-1] > 1 and tb.shape[-1] > 1
-                and pa[-1] >= 16 and pb[-1] >= 16 and math.prod(po[:-2]) == 1
-                and ta.dtype in (DType.float16, DType.bfloat16) and tb.dtype == ta.dtype)
+        """Whether the product is lowered as one-row products in a ``tl.dot`` (:meth:`row_groups`)."""
+        return self.row_groups(ta, tb, pa, pb, po) > 0
 
-    def row_dot_node(self, nodes: Sequence[Node], i: int) -> bool:
-        """:meth:`is_row_dot` of block node ``i`` (a product not split over concat pieces)."""
+    def row_dot_node(self, nodes: Sequence[Node], i: int) -> int:
+        """:meth:`row_groups` of block node ``i`` (0 for a product split over concat pieces, or no product)."""
         n = nodes[i]
         if not OPS[n.op].has(Prop.CONTRACTION) or i in getattr(self, "split_mm", {}):
-            return False
+            return 0
         (ra, rb) = n.args
         ta, tb = nodes[ra[0]].outs[ra[1]], nodes[rb[0]].outs[rb[1]]
         if ta.rank < 2 or tb.rank < 2:
-            return False
-        return self.is_row_dot(ta, tb, self.padded(ra, ta), self.padded(rb, tb), self.padded((i, 0), n.outs[0]))
+            return 0
+        return self.row_groups(ta, tb, self.padded(ra, ta), self.padded(rb, tb), self.padded((i, 0), n.outs[0]))
 
-    def row_of(self, x: str, po: tuple[int, ...]) -> str:
-        """Row 0 of a ``(row_dot, N)`` dot result ``x``, shaped ``po`` (exact: the other rows are replaced by 0)."""
-        rows = self.opts.row_dot
-        return f"tl.reshape(tl.sum(tl.where(tl.arange(0, {rows})[:, None] == 0, {x}, 0.0), axis=0), {_shape_text(po)})"
+    def dot_rows(self, groups: int) -> int:
+        """Rows of the ``tl.dot`` of ``groups`` one-row products (:meth:`row_groups`)."""
+        return max(self.opts.row_dot, groups)
+
+    def row_of(self, x: str, po: tuple[int, ...], groups: int) -> str:
+        """The ``groups`` rows of a row-product ``tl.dot`` result ``x`` (see :meth:`row_groups`), shaped ``po``.
+        Exact: the repeated rows are replaced by 0 before the sum that drops them."""
+        rows = self.dot_rows(groups)
+        rep = rows // groups
+        if rep == 1:
+            return f"tl.reshape({x}, {_shape_text(po)})"
+        if groups == 1:
+            return (f"tl.reshape(tl.sum(tl.where(tl.arange(0, {rows})[:, None] == 0, {x}, 0.0), axis=0), "
+                    f"{_shape_text(po)})")
+        return (f"tl.reshape(tl.sum(tl.where(tl.arange(0, {rep})[None, :, None] == 0, "
+                f"tl.reshape({x}, ({groups}, {rep}, {po[-1]})), 0.0), axis=1), {_shape_text(po)})")
 
     def emit_matmul(self, lines: list[str], n: Node, a: str, b: str, ta: TensorType, tb: TensorType,
                     pa: tuple[int, ...], pb: tuple[int, ...], po: tuple[int, ...], acc: str | None,
@@ -548,15 +580,23 @@ class _KernelGen:
                       pa: tuple[int, ...], pb: tuple[int, ...], po: tuple[int, ...], acc: str | None,
                       wide: bool) -> str:
         """A one-row product as a ``tl.dot`` of the row broadcast to ``row_dot`` rows (see :meth:`is_row_dot`)."""
-        rows = self.opts.row_dot
+        groups = self.row_groups(ta, tb, pa, pb, po)
+        rows = self.dot_rows(groups)
+        rep = rows // groups
         pk, pn = pa[-1], pb[-1]
         a = self.sanitize(lines, a, ta, pa, len(pa) - 1, "0.0")
         if b not in self.squeezed:
             b = self.sanitize(lines, b, tb, pb, len(pb) - 2, "0.0")
         dt = _TL_DTYPE[ta.dtype]
         a_op, b_op = self.fresh("x"), self.fresh("y")
-        a2 = a if pa == (1, pk) else f"tl.reshape({a}, (1, {pk}))"
-        lines.append(f"{a_op} = tl.broadcast_to({a2}, ({rows}, {pk})).to({dt})")
+        a2 = a if pa == (groups, pk) else f"tl.reshape({a}, ({groups}, {pk}))"
+        if rep == 1:
+            lines.append(f"{a_op} = {a2}.to({dt})")
+        elif groups == 1:
+            lines.append(f"{a_op} = tl.broadcast_to({a2}, ({rows}, {pk})).to({dt})")
+        else:  # each of the groups' rows repeated rep times: rows g * rep .. g * rep + rep - 1
+            lines.append(f"{a_op} = tl.reshape(tl.broadcast_to(tl.reshape({a2}, ({groups}, 1, {pk})), "
+                         f"({groups}, {rep}, {pk})), ({rows}, {pk})).to({dt})")
         if b in self.squeezed:
             if self.squeezed[b] != (pk, pn):  # pragma: no cover - guarded by dot_operand_inputs
                 raise GraphError(f"codegen: internal error (squeezed {b} is {self.squeezed[b]}, not {(pk, pn)})")
@@ -573,7 +613,7 @@ class _KernelGen:
             lines.append(f"{out} = {OPS['matmul'].domains['triton'](args, attrs, [ta, tb], [n.outs[0]])}")
             return out
         dot = OPS["matmul"].domains["triton"]([a_op, b_op], attrs, [ta, tb], [n.outs[0]])
-        lines.append(f"{out} = {self.row_of(dot, po)}" + (f" + {acc}" if acc else ""))
+        lines.append(f"{out} = {self.row_of(dot, po, groups)}" + (f" + {acc}" if acc else ""))
         return out
 
     def emit_matmul_node(self, lines: list[str], nodes: Sequence[Node], i: int, vid_of: Any, name: dict[Any, str],
@@ -823,13 +863,13 @@ class _KernelGen:
                     pre.append(f"{v} = {zero}")
                     acc_in = v if n.op == "loop_sum" else f"{v} * v{n.args[1][0]}_alpha"
                     a = n.args[0][0]
-                    if a in dot_acc and n.op == "loop_sum" and self.row_dot_node(nodes, a):
-                        # one row: the (row_dot, N) accumulator stays inside tl.dot; row 0 read after the loop
+                    if a in dot_acc and n.op == "loop_sum" and (groups := self.row_dot_node(nodes, a)):
+                        # one-row products: the (rows, N) accumulator stays inside tl.dot; the rows read after it
                         pn = self.padded(n.args[0], nodes[a].outs[0])[-1]
-                        pre[-1] = f"{v}_w = tl.zeros(({self.opts.row_dot}, {pn}), tl.float32)"
+                        pre[-1] = f"{v}_w = tl.zeros(({self.dot_rows(groups)}, {pn}), tl.float32)"
                         res = self.emit_matmul_node(body, nodes, a, vid_of, name, f"{v}_w", wide=True)
                         body.append(f"{v}_w = {res}")
-                        postl.append(f"{v} = {self.row_of(f'{v}_w', po)}")
+                        postl.append(f"{v} = {self.row_of(f'{v}_w', po, groups)}")
                     elif a in dot_acc:
                         res = self.emit_matmul_node(body, nodes, a, vid_of, name, acc_in)
                         body.append(f"{v} = {res}")
