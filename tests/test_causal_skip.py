@@ -295,3 +295,34 @@ def test_the_skipping_kernel_compiles_for_sm90(tmp_path: object) -> None:
     sk = with_skips(_flash(_causal_src(2, 128, 64, dt=vm.float16), 64, 2))
     rep = compile_modules([write_module(generate(sk), tmp_path)])
     assert all(r["ok"] for kernels in rep.values() for r in kernels.values()), rep
+
+
+def test_sdpa_is_causal_lifts_to_the_constant_mask_with_zero_masked_weights() -> None:
+    """ATen's causal attention (the fused CPU op) lifts with a ``tril_mask`` (no constant mask input) and the masked
+    weights exactly 0, equal to ATen in float64 (output and log-sum-exp); the search then skips its masked tiles."""
+    torch = pytest.importorskip("torch")
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from verimirage.integrations import capture
+
+    aten = torch.ops.aten
+    B, H, L, D = 1, 2, 64, 16
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, H, L, D, generator=g, dtype=torch.float64) for _ in range(3))
+    fwd = make_fx(lambda q, k, v: aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True)[:2])(
+        *(x.float() for x in (q, k, v)))  # (traced in float32; evaluated in float64 below)
+    lifted = capture.lift([n for n in fwd.graph.nodes if n.op == "call_function"])
+    assert all(c.dtype != torch.bool for _, c in lifted.consts)  # (the mask is no constant input)
+    gr = lifted.graph
+    masks = [n for n in gr.nodes if n.op == "tril_mask"]
+    assert masks and all(n.attr("offset") == 0 and n.attr("shape") == (L, L) for n in masks)
+    assert any(n.op == "where" and gr.nodes[n.args[2][0]].op == "scale" for n in gr.nodes)  # exact zeros
+    ph = [n.name for n in fwd.graph.nodes if n.op == "placeholder"]
+    vals = dict(zip(ph, [q, k, v], strict=True))
+    feed = {f"in{i}": vals[p.name].numpy() for i, p in enumerate(lifted.inputs)}
+    feed.update({name: c.double().numpy() for name, c in lifted.consts})
+    got = vm.evaluate(gr, feed)
+    o, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True)[:2]
+    outs = [np.asarray(got[i]).reshape(shape) for _, i, shape, _b in lifted.out_map]
+    np.testing.assert_allclose(outs[0], o.numpy(), rtol=1e-9, atol=1e-10)
+    np.testing.assert_allclose(outs[1], lse.numpy(), rtol=1e-9, atol=1e-10)

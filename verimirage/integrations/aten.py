@@ -830,8 +830,10 @@ SDPA_ARGS: dict[str, tuple[int | None, int | None, int | None]] = {
 }
 
 
-def _sdpa_scores(ctx: Ctx, q: LV, k: LV, mask: Any, causal: bool, scale: Any) -> tuple[Tensor, float]:
-    """Attention's scores ``scale * Q K^T`` (+ the causal mask, + an additive float mask) and the scale."""
+def _sdpa_scores(ctx: Ctx, q: LV, k: LV, mask: Any, causal: bool,
+                 scale: Any) -> tuple[Tensor, float, Tensor | None]:
+    """Attention's scores ``scale * Q K^T`` (+ the causal mask, + an additive float mask), the scale, and the causal
+    mask (``tril_mask``, a constant; None when not causal)."""
     import torch
 
     if len(q.shape) < 2 or q.shape[-1] != k.shape[-1] or q.shape[:-2] != k.shape[:-2]:
@@ -843,26 +845,29 @@ def _sdpa_scores(ctx: Ctx, q: LV, k: LV, mask: Any, causal: bool, scale: Any) ->
     s = emit(g, "scale", s, c=c)
     L, S = q.shape[-2], k.shape[-2]
     dt = q.t.dtype
+    keep = None
     if causal:
-        from torch._subclasses.fake_tensor import unset_fake_temporarily
-
         tdt = getattr(torch, dt.torch_name)
         big = torch.finfo(tdt).min  # finite: a fully masked tile of an online softmax stays NaN-free
-        with unset_fake_temporarily():  # a real constant, made while the compiler traces with fake tensors
-            keep = torch.ones(L, S, dtype=torch.bool).tril()
-        name_c = f"const{len(ctx.consts)}"
-        ctx.consts.append((name_c, keep))
+        keep = emit(g, "tril_mask", shape=(L, S), offset=0)  # (ATen's is_causal: torch.ones(L, S).tril())
         # the masked scores *are* the lowest finite value (ATen: -inf), so no masked score outweighs a kept one;
         # adding it instead let a masked score above a kept one by more than |finfo.min| (fp16 scores 6e4 and
         # -1e4) win the row's softmax (the red team's test_causal_attention_attended_to_masked_positions)
-        s = emit(g, "where", g.input(name_c, (L, S), DType.bool), s, _constant(ctx, (), tdt, big).t)
+        s = emit(g, "where", keep, s, _constant(ctx, (), tdt, big).t)
     if isinstance(mask, LV):
         if mask.t.dtype != dt:
             raise Unsupported(Reason.DTYPE, "attention with a boolean mask (needs where)")
         # a row the mask sets entirely to -inf (a padded query) is 0 in the fused op and its gradients: the callers
         # take the softmax and the statistics of masked scores in their safe forms (_safe_softmax_t, _row_lse)
         s = emit(g, "add", s, ctx.exact(mask))
-    return s, c
+    return s, c, keep
+
+
+def _kept(g: Graph, keep: Tensor | None, e: Tensor, s: Tensor) -> Tensor:
+    """``e`` (``exp`` of the shifted scores ``s``) where the causal mask ``keep`` keeps a score, exactly 0 elsewhere:
+    what ATen's -inf gives in floats, and 0 over the reals too, so a kernel may skip the tiles the mask sets entirely
+    false (:mod:`verimirage.rewrite.causal`); ``e`` itself without a mask."""
+    return e if keep is None else emit(g, "where", keep, e, emit(g, "scale", s, c=0.0))
 
 
 #: SDPA ops whose second result is the log-sum-exp of each row of scores, shaped like ``Q`` without its last dim
@@ -871,7 +876,7 @@ SDPA_LSE = frozenset({"_scaled_dot_product_flash_attention_for_cpu", "_scaled_do
                       "_scaled_dot_product_efficient_attention"})
 
 
-def _row_lse(ctx: Ctx, s: Tensor, axis: int, want: Any, *, safe: bool = False) -> Tensor:
+def _row_lse(ctx: Ctx, s: Tensor, axis: int, want: Any, *, safe: bool = False, keep: Tensor | None = None) -> Tensor:
     """``log(sum(exp(s)))`` along ``axis`` (kept as a size-1 dim), computed stably in ``want``'s dtype.
 
     ``safe`` (scores with a tensor mask): a row masked entirely to -inf gives 0, as ATen's fused op saves it,
@@ -885,7 +890,8 @@ def _row_lse(ctx: Ctx, s: Tensor, axis: int, want: Any, *, safe: bool = False) -
         m, _, t, d = _safe_parts(g, s, axis)
         return emit(g, "add", emit(g, "mul", emit(g, "step", t, c=0.5), m), emit(g, "log", d))
     m = emit(g, "max", s, axis)
-    return emit(g, "add", m, emit(g, "log", emit(g, "sum", emit(g, "exp", emit(g, "sub", s, m)), axis)))
+    e = _kept(g, keep, emit(g, "exp", emit(g, "sub", s, m)), s)
+    return emit(g, "add", m, emit(g, "log", emit(g, "sum", e, axis)))
 
 
 def _safe_parts(g: Graph, s: Tensor, axis: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -930,10 +936,16 @@ def sdpa_handler(name: str) -> Handler:
         if kwargs.get("enable_gqa"):
             raise Unsupported(Reason.LAYOUT, "attention with enable_gqa")
         g = ctx.g
-        s, _ = _sdpa_scores(ctx, q, k, mask, causal, kwargs.get("scale"))
+        s, _, keep = _sdpa_scores(ctx, q, k, mask, causal, kwargs.get("scale"))
         ax = len(q.shape) - 1
         safe = isinstance(mask, LV)  # a row masked entirely to -inf is 0 (ATen), not NaN
-        o = emit(g, "matmul", (_safe_softmax_t if safe else _softmax_t)(g, s, ax), ctx.exact(v))
+        keep = None if safe else keep
+        if safe:
+            p = _safe_softmax_t(g, s, ax)
+        else:  # (causal: the masked weights exactly 0)
+            e = _kept(g, keep, emit(g, "exp", emit(g, "sub", s, emit(g, "max", s, ax))), s)
+            p = emit(g, "div", e, emit(g, "sum", e, ax))
+        o = emit(g, "matmul", p, ctx.exact(v))
         res = LV(o, tuple(out[0][0]))
         if not isinstance(out, list) or len(out) < 2:
             return res
@@ -943,7 +955,7 @@ def sdpa_handler(name: str) -> Handler:
         # an unpadded one is lifted)
         if name in SDPA_LSE and lse_meta is not None and tuple(lse_meta[0]) == tuple(q.shape[:-1]):
             with contextlib.suppress(Unsupported):  # a dtype the registry lacks: the statistics stay unlifted
-                rest[0] = LV(_row_lse(ctx, s, ax, vm_dtype(lse_meta[1]), safe=safe), tuple(lse_meta[0]))
+                rest[0] = LV(_row_lse(ctx, s, ax, vm_dtype(lse_meta[1]), safe=safe, keep=keep), tuple(lse_meta[0]))
         return (res, *rest)
 
     return fn
@@ -990,7 +1002,7 @@ def _sdpa_backward(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) 
     if not all(isinstance(x, LV) for x in (do, q, k, v, o, lse)):
         raise Unsupported(Reason.NOT_TENSOR, "attention backward with a constant operand")
     g = ctx.g
-    s, c = _sdpa_scores(ctx, q, k, mask, causal, kwargs.get("scale"))
+    s, c, _ = _sdpa_scores(ctx, q, k, mask, causal, kwargs.get("scale"))
     r = len(q.shape)
     dt = q.t.dtype
     L = q.shape[-2]

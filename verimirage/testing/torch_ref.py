@@ -64,8 +64,8 @@ implements("torch", "clamp")(lambda a, attrs, it, ot: _t().clamp(a[0], attrs["lo
 implements("torch", "step")(lambda a, attrs, it, ot: (a[0] > attrs["c"]).to(a[0].dtype))
 implements("torch", "leaky_relu")(lambda a, attrs, it, ot: _t().nn.functional.leaky_relu(a[0], attrs["slope"]))
 implements("torch", "where")(lambda a, attrs, it, ot: _t().where(a[0] != 0, a[1], a[2]))
-implements("torch", "tril_mask")(lambda a, attrs, it, ot: _t().ones(
-    attrs["shape"][-2:], dtype=_t().float64).tril(attrs["offset"]).expand(attrs["shape"]))
+implements("torch", "tril_mask")(lambda a, attrs, it, ot: _t().ones(  # (on the inputs' device: torch_evaluate)
+    attrs["shape"][-2:], dtype=_t().float64, device=attrs.get("device")).tril(attrs["offset"]).expand(attrs["shape"]))
 
 
 @implements("torch", "cast")
@@ -123,6 +123,7 @@ def torch_evaluate(g: Graph, inputs: Mapping[str, Any], *, compute_dtype: Any = 
     cd = torch.float64 if compute_dtype is None else compute_dtype
     nodes = node_list(g)
     env: dict[int, Any] = {}
+    dev = next((v.device for v in inputs.values() if isinstance(v, torch.Tensor)), None)
     for i, n in enumerate(nodes):
         if n.op == "input":
             name = n.attr("name")
@@ -131,7 +132,8 @@ def torch_evaluate(g: Graph, inputs: Mapping[str, Any], *, compute_dtype: Any = 
             env[i] = torch.as_tensor(inputs[name]).to(cd)
         else:
             in_types = [nodes[a].outs[k] for a, k in n.args]
-            env[i] = _op(n.op, [env[a] for a, _ in n.args], n.attr_dict, in_types, n.outs[0])
+            attrs = n.attr_dict if n.args else {**n.attr_dict, "device": dev}  # (a constant: made on that device)
+            env[i] = _op(n.op, [env[a] for a, _ in n.args], attrs, in_types, n.outs[0])
     return [env[a] for a, _ in output_refs(g)]
 
 
