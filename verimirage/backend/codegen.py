@@ -431,7 +431,10 @@ class _KernelGen:
             idx.append("(" + " + ".join([*off, f"tl.arange(0, {p[d]}){_lift(r, d)}"]) + ")")
             if p[d] != t[d]:
                 inside.append(self._mask(r, d, t[d], p[d]))
-        cond = " & ".join([f"({idx[1]} <= {idx[0]} + {self.inline[n.attr('arg')]})", *inside])
+        # the offset within [-rows, cols]: the same mask (all false below, all true above), and row + offset stays
+        # in int32 (an offset of 2**31 - 3 wrapped: the kernel masked every element of rows >= 3)
+        within = min(max(self.inline[n.attr("arg")], -shape[r - 2]), shape[r - 1])
+        cond = " & ".join([f"({idx[1]} <= {idx[0]} + {within})", *inside])
         shape_p = _shape_text(p)
         return f"tl.broadcast_to(({cond}).to(tl.float32), {shape_p})"
 
@@ -954,6 +957,10 @@ def _loop_header(bg: BlockGraph, rng: str) -> list[str]:
     if bg.flimit is None:
         return [f"    for it in {rng}(0, {bg.frange}):"]
     axis, a, c, d = bg.flimit
+    a, c = min(a, d * (bg.frange - 1)), min(c, d * (bg.frange - 1))  # (the same bound: past it every iteration runs)
+    if a * (bg.grid[axis] - 1) + c >= 2**31 - 1 or d >= 2**31:  # (in int32 a wrapped bound ran no iteration)
+        raise GraphError(f"codegen: loop bound {bg.flimit} past int32 (a (blocks - 1) + c = "
+                         f"{a * (bg.grid[axis] - 1) + c}); expected a bound the kernel computes exactly")
     b = f"pid{axis}" if bg.grid[axis] > 1 else "0"
     return [f"    it_stop = tl.minimum(({b} * {a} + {c}) // {d} + 1, {bg.frange})",
             "    for it in range(0, it_stop):"]

@@ -73,6 +73,7 @@ def _skip_of(bg: BlockGraph, nodes: Any, args: Any) -> tuple[int, int, int, int]
         c = rows - 1 + int(src.attr("offset"))
         if c < 0:
             continue
+        c = min(c, cols * (bg.frange - 1))  # (every iteration runs from there on: a huge offset stays in int32)
         return (axis, rows, c, cols)
     return None
 

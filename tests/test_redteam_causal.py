@@ -1,0 +1,82 @@
+"""Red-team findings on the causal skip (``tril_mask``, ``BlockGraph.flimit``): the generated kernels computed the
+mask and the per-block loop bound in int32, where the verified meaning (``ir.interpret``, every domain, the
+certificate checker) computes them exactly.
+
+* A ``tril_mask`` offset near ``2**31`` (``g.tril_mask(shape, 2**31 - 3)``: every element kept) wrapped in
+  ``row + offset``: the kernel masked every element of the rows ``>= 3`` (silently wrong values from ``vm.compile``
+  of a plain graph); offsets past int32 failed in Triton. The kernel now reads the offset clamped to
+  ``[-rows, cols]`` (the same mask).
+* A loop bound ``flimit = (axis, a, c, d)`` with ``a (blocks - 1) + c`` past int32 is Proved (its meaning is exact:
+  ``(1, 2**30, 0, 1)`` runs every iteration but in block 0), its certificate re-checks, and the kernel's
+  ``(pid a + c) // d + 1`` wrapped negative: no iteration ran and the attention rows came out NaN (a tampered search
+  cache entry or a hostile μGraph: the re-check and the float64 safety check both pass). The kernel now reads ``a``
+  and ``c`` clamped to ``d (frange - 1)`` (the same bound) and refuses, with a GraphError, a bound still past int32.
+  The search's skip (``rewrite.causal``) clamps ``c`` the same way, so a huge offset keeps a skip it can compile.
+
+Severity: medium (wrong values, silently, from a verified program; the offsets and bounds are far from the search's
+and the models' own).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import verimirage as vm
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.mark.parametrize("offset", [2**31 - 3, 2**31 + 5, 10**12, -(2**31) + 2, -(10**12)])
+def test_tril_mask_offset_near_int32_masked_every_row(offset: int) -> None:
+    g = vm.Graph()
+    x = g.input("X", (1, 8, 8), vm.float32)
+    g.output(g.where(g.tril_mask((1, 8, 8), offset), x, g.scale(x, 0.0)))
+    xs = np.random.default_rng(0).standard_normal((1, 8, 8))
+    want = vm.evaluate(g, {"X": xs})[0]
+    np.testing.assert_array_equal(want, xs if offset > 0 else np.zeros_like(xs))
+    got = vm.compile(g)(X=torch.tensor(xs, dtype=torch.float32)).double().numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flimit", [(1, 2**30, 0, 1), (1, 16, 2**31 - 1, 16), (1, 2**29, 2**30, 1)])
+def test_loop_bound_past_int32_ran_no_iteration(flimit: tuple[int, int, int, int]) -> None:
+    from test_causal_skip import _causal_src, _flash, _qkv, _with_limit
+
+    g = _causal_src(2, 64, 16)
+    mg = _with_limit(_flash(g, 16, 4), flimit)
+    assert isinstance(vm.verify(g, mg), vm.Proved)  # (the bound's meaning: every tile the program needs runs)
+    ins = _qkv(2, 64, 16, 1)
+    want = vm.evaluate(g, ins)[0]
+    got = vm.compile(mg)(**{k: torch.tensor(v, dtype=torch.float32) for k, v in ins.items()}).double().numpy()
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_loop_bound_that_int32_cannot_hold_is_refused() -> None:
+    from verimirage.backend.codegen import _loop_header
+    from verimirage.ir.graph import BlockGraph
+
+    bg = BlockGraph(nodes=(), outputs=(), grid=(1, 4), frange=4, omaps=(), flimit=(1, 0, 0, 2**31))
+    with pytest.raises(vm.GraphError, match="past int32"):
+        _loop_header(bg, "range")
+    bg = BlockGraph(nodes=(), outputs=(), grid=(1, 4), frange=4, omaps=(), flimit=(1, 2**30, 2**40, 16))
+    assert _loop_header(bg, "range")[0] == "    it_stop = tl.minimum((pid1 * 48 + 48) // 16 + 1, 4)"
+
+
+@pytest.mark.slow
+def test_causal_skip_of_a_huge_offset_stays_in_int32() -> None:
+    from test_causal_skip import _causal_src, _flash, _qkv
+
+    from verimirage.rewrite.causal import with_skips
+
+    g = _causal_src(2, 64, 16, offset=2**31 - 100)
+    sk = with_skips(_flash(g, 16, 4))
+    assert sk is not None
+    _, _, c, d = next(k for k in sk.nodes if k.op == "custom").attr("block").flimit
+    assert c <= d * 3
+    assert isinstance(vm.verify(g, sk), vm.Proved)
+    ins = _qkv(2, 64, 16, 2)
+    got = vm.compile(sk)(**{k: torch.tensor(v, dtype=torch.float32) for k, v in ins.items()}).double().numpy()
+    np.testing.assert_allclose(got, vm.evaluate(g, ins)[0], rtol=1e-4, atol=1e-4)
