@@ -324,7 +324,7 @@ def test_cuda_attention_state_of_a_training_forward_is_not_a_boundary(monkeypatc
     gm = _fake_cuda_graph(fwd, *[((B, H, L, D), torch.float16)] * 3)
     monkeypatch.setattr(vm, "superoptimize", lambda g, **kw: _found(g))
     rep = Report()
-    runners = capture.transform(gm, capture.CaptureOptions(check=False), rep, "forward")
+    runners = capture.transform(gm, capture.CaptureOptions(check=False, profile=False), rep, "forward")
     assert len(runners) == 1 and rep.partitions[0].taken
     ops = [capture.op_name(n) for n in gm.graph.nodes if n.op == "call_function"]
     assert "_scaled_dot_product_flash_attention" not in ops and ops.count("empty_strided") == 2
@@ -339,3 +339,58 @@ def _found(g: Any) -> Any:
 
     return types.SimpleNamespace(candidates=[g], best=g, report=types.SimpleNamespace(
         stop_reason="test", split=False, regions=[]))
+
+
+def _math_attention64(q: Any, k: Any, v: Any, m: Any) -> Any:
+    s = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5 + m
+    return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
+
+
+def test_cuda_efficient_attention_backward_gives_the_masks_gradient() -> None:
+    """With the mask's gradient asked for (a mask that requires grad: the corpus's training steps make every float
+    input require grad), the memory-efficient backward's fourth result is dS reduced over the dims the mask is
+    broadcast along; it lifts and equals autograd's gradient of the float64 attention."""
+    B, H, L, D = 2, 2, 32, 16
+    qkv = [((B, H, L, D), torch.float32)] * 3
+    mshape = (B, 1, 1, L)  # a padding mask, broadcast over heads and queries
+    bwd = _fake_cuda_graph(
+        lambda do, q, k, v, m, o, lse, s0, s1: aten._scaled_dot_product_efficient_attention_backward(
+            do, q, k, v, m, o, lse, s0, s1, 0.0, [True, True, True, True]),
+        *qkv, qkv[0], (mshape, torch.float32), qkv[0], ((B, H, L), torch.float32), ((), torch.int64),
+        ((), torch.int64))
+    g = torch.Generator().manual_seed(5)
+    q, k, v, do = (torch.randn(B, H, L, D, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(4))
+    m = torch.randn(mshape, generator=g, dtype=torch.float64)
+    m[..., 20:] = -1e4
+    m.requires_grad_()
+    o, lse = _math_attention64(q, k, v, m)
+    grads = torch.autograd.grad(o, (q, k, v, m), do)
+    ph = [n.name for n in bwd.graph.nodes if n.op == "placeholder"]
+    _, got = _eval_lifted(bwd, dict(zip(ph, [do, q, k, v, m, o, lse], strict=False)))
+    assert len(got) == 4
+    for a, b in zip(got, grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_cuda_cudnn_attention_forward_and_backward_lift() -> None:
+    """cuDNN's attention (what SDPA may pick on an H100) keeps its statistics' reduced dim, (B, H, L, 1): its forward
+    gives them, its backward reads them; both equal the float64 attention (and its autograd gradients)."""
+    B, H, L, D = 1, 2, 16, 16
+    qkv = [((B, H, L, D), torch.float16)] * 3
+    fwd = _fake_cuda_graph(lambda q, k, v: aten._scaled_dot_product_cudnn_attention(q, k, v, None, True)[:2], *qkv)
+    bwd = _fake_cuda_graph(
+        lambda do, q, k, v, o, lse, s0, s1: aten._scaled_dot_product_cudnn_attention_backward(
+            do, q, k, v, o, lse, s0, s1, None, None, None, L, L, 0.0, False),
+        *qkv, qkv[0], qkv[0], ((B, H, L, 1), torch.float32), ((), torch.int64), ((), torch.int64))
+    g = torch.Generator().manual_seed(6)
+    q, k, v, do = (torch.randn(B, H, L, D, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(4))
+    o, lse = _math_attention64(q, k, v, torch.zeros(L, L, dtype=torch.float64))
+    dq, dk, dv = torch.autograd.grad(o, (q, k, v), do)
+    ph = [n.name for n in fwd.graph.nodes if n.op == "placeholder"]
+    _, (go, glse) = _eval_lifted(fwd, dict(zip(ph, [q, k, v], strict=True)))
+    torch.testing.assert_close(go, o.detach(), rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(glse, lse.detach().unsqueeze(-1), rtol=1e-2, atol=1e-2)
+    ph = [n.name for n in bwd.graph.nodes if n.op == "placeholder"]
+    _, grads = _eval_lifted(bwd, dict(zip(ph, [do, q, k, v, o.detach(), lse.detach().unsqueeze(-1)], strict=False)))
+    for a, b in zip(grads, (dq, dk, dv), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2)

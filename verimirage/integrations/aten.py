@@ -873,7 +873,7 @@ def _kept(g: Graph, keep: Tensor | None, e: Tensor, s: Tensor) -> Tensor:
 #: SDPA ops whose second result is the log-sum-exp of each row of scores, shaped like ``Q`` without its last dim
 #: (natural log; what their backward reads)
 SDPA_LSE = frozenset({"_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
-                      "_scaled_dot_product_efficient_attention"})
+                      "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention"})
 
 
 def _row_lse(ctx: Ctx, s: Tensor, axis: int, want: Any, *, safe: bool = False, keep: Tensor | None = None) -> Tensor:
@@ -953,7 +953,9 @@ def sdpa_handler(name: str) -> Handler:
         lse_meta = out[1]
         # (the memory-efficient CUDA op pads its statistics to a multiple of 32 rows, +inf beyond the queries: only
         # an unpadded one is lifted)
-        if name in SDPA_LSE and lse_meta is not None and tuple(lse_meta[0]) == tuple(q.shape[:-1]):
+        # (cuDNN's statistics keep the reduced dim: shaped like Q with a last dim of 1)
+        if name in SDPA_LSE and lse_meta is not None and tuple(lse_meta[0]) in (tuple(q.shape[:-1]),
+                                                                                 (*q.shape[:-1], 1)):
             with contextlib.suppress(Unsupported):  # a dtype the registry lacks: the statistics stay unlifted
                 rest[0] = LV(_row_lse(ctx, s, ax, vm_dtype(lse_meta[1]), safe=safe, keep=keep), tuple(lse_meta[0]))
         return (res, *rest)
@@ -967,6 +969,7 @@ SDPA_BW_ARGS: dict[str, tuple[int, int, int, int, int, int, int | None, int, int
     "_scaled_dot_product_flash_attention_for_cpu_backward": (0, 1, 2, 3, 4, 5, None, 6, 7, None),
     "_scaled_dot_product_flash_attention_backward": (0, 1, 2, 3, 4, 5, None, 10, 11, None),
     "_scaled_dot_product_efficient_attention_backward": (0, 1, 2, 3, 5, 6, 4, 9, 11, 10),
+    "_scaled_dot_product_cudnn_attention_backward": (0, 1, 2, 3, 4, 5, 8, 13, 14, None),
 }
 
 
@@ -975,6 +978,7 @@ SDPA_BW_ARGS: dict[str, tuple[int, int, int, int, int, int, int | None, int, int
 UNREAD_ARGS: dict[str, frozenset[int]] = {
     "_scaled_dot_product_flash_attention_backward": frozenset({6, 7, 12, 13}),
     "_scaled_dot_product_efficient_attention_backward": frozenset({7, 8}),
+    "_scaled_dot_product_cudnn_attention_backward": frozenset({6, 7, 9, 10}),
 }
 
 
@@ -997,8 +1001,9 @@ def _sdpa_backward(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) 
     if p:
         raise Unsupported(Reason.RANDOM, "attention with dropout")
     want = arg(ig)
-    if want is not None and len(want) > 3 and want[3]:
-        raise Unsupported(Reason.NOT_IN_REGISTRY, "attention backward with the gradient of its mask")
+    grad_mask = want is not None and len(want) > 3 and bool(want[3])
+    if grad_mask and not isinstance(mask, LV):
+        raise Unsupported(Reason.NOT_TENSOR, "attention backward with the gradient of a mask it does not have")
     if not all(isinstance(x, LV) for x in (do, q, k, v, o, lse)):
         raise Unsupported(Reason.NOT_TENSOR, "attention backward with a constant operand")
     g = ctx.g
@@ -1006,7 +1011,7 @@ def _sdpa_backward(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) 
     r = len(q.shape)
     dt = q.t.dtype
     L = q.shape[-2]
-    if tuple(lse.shape) == tuple(q.shape[:-1]):
+    if tuple(lse.shape) in (tuple(q.shape[:-1]), (*q.shape[:-1], 1)):
         tl = ctx.exact(lse)
     elif tuple(lse.shape[:-1]) == tuple(q.shape[:-2]) and lse.shape[-1] > L and ctx.layout("slice"):
         tl = emit(g, "slice", ctx.exact(lse), r - 2, 0, L)  # padded statistics: the queries' rows
@@ -1032,8 +1037,27 @@ def _sdpa_backward(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) 
     ds = emit(g, "mul", pm, emit(g, "sub", dp, dd))
     dq = emit(g, "scale", emit(g, "matmul", ds, ctx.exact(k)), c=c)
     dk = emit(g, "scale", emit(g, "matmul", emit(g, "transpose", ds, r - 2, r - 1), ctx.exact(q)), c=c)
-    res = (LV(dq, tuple(out[0][0])), LV(dk, tuple(out[1][0])), LV(dv, tuple(out[2][0])))
-    return res if len(out) <= 3 else (*res, *([None] * (len(out) - 3)))
+    res: tuple[Any, ...] = (LV(dq, tuple(out[0][0])), LV(dk, tuple(out[1][0])), LV(dv, tuple(out[2][0])))
+    if grad_mask and len(out) > 3 and out[3] is not None:
+        res = (*res, _reduce_to(ctx, ds, tuple(out[3][0])))  # the mask is added to S: its gradient is dS, reduced
+    return (*res, *([None] * (len(out) - len(res)))) if isinstance(out, list) and len(out) > len(res) else res
+
+
+def _reduce_to(ctx: Ctx, t: Tensor, shape: tuple[int, ...]) -> LV:
+    """``t`` summed over the dims that broadcast ``shape`` to ``t``'s shape (the gradient of a broadcast operand)."""
+    g = ctx.g
+    full = tuple(t.shape)
+    pad = (1,) * (len(full) - len(shape)) + tuple(shape)
+    if len(pad) != len(full) or any(p not in (1, f) for p, f in zip(pad, full, strict=True)):
+        raise Unsupported(Reason.LAYOUT, f"a gradient of shape {shape} for a value of shape {full}")
+    for ax, (p, f) in enumerate(zip(pad, full, strict=True)):
+        if p == 1 and f > 1:
+            t = emit(g, "sum", t, ax)
+    if tuple(t.shape) != tuple(shape):
+        if not ctx.layout("reshape"):
+            raise Unsupported(Reason.LAYOUT, "a reduced gradient needs the registry's reshape")
+        t = emit(g, "reshape", t, tuple(shape))
+    return LV(t, tuple(shape))
 
 
 for _n in _SDPA:

@@ -964,7 +964,8 @@ def _mask_threshold_backward(gm: fx.GraphModule) -> int:
 #: results of the CUDA attention ops that only a dropout reads (its random-number state) or that describe nested
 #: (packed) batches, by op name: with ``dropout_p == 0`` nothing reads their values
 _ATTENTION_STATE = {"_scaled_dot_product_flash_attention": (2, 3, 6, 7, 8),
-                    "_scaled_dot_product_efficient_attention": (2, 3)}
+                    "_scaled_dot_product_efficient_attention": (2, 3),
+                    "_scaled_dot_product_cudnn_attention": (2, 3, 6, 7, 8)}
 
 
 def _unused_attention_state(gm: fx.GraphModule) -> int:
