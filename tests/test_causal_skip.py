@@ -290,9 +290,7 @@ def test_the_skipping_kernel_compiles_for_sm90(tmp_path: object) -> None:
     from verimirage.backend.codegen import generate
     from verimirage.backend.gpucompile import compile_modules
     from verimirage.backend.runtime import write_module
-    from verimirage.rewrite.causal import with_skips
-
-    from verimirage.rewrite.causal import mask_inputs, restore_masks
+    from verimirage.rewrite.causal import mask_inputs, restore_masks, with_skips
 
     g, masks = mask_inputs(_causal_src(2, 128, 64, dt=vm.float16))
     lows, _ = lower_all(g, grids=(2,), franges=(2,))
@@ -332,3 +330,24 @@ def test_sdpa_is_causal_lifts_to_the_constant_mask_with_zero_masked_weights() ->
     outs = [np.asarray(got[i]).reshape(shape) for _, i, shape, _b in lifted.out_map]
     np.testing.assert_allclose(outs[0], o.numpy(), rtol=1e-9, atol=1e-10)
     np.testing.assert_allclose(outs[1], lse.numpy(), rtol=1e-9, atol=1e-10)
+
+
+def test_a_loop_bound_on_the_heads_axis_is_not_proved() -> None:
+    # a per-block bound read on the wrong grid axis (heads): head 0 would run only its first tile
+    g = _causal_src(2, 64, 16)
+    bad = _with_limit(_flash(g, 16, 4), (0, 1, 0, 2))
+    assert not isinstance(vm.verify(g, bad), vm.Proved)
+
+
+def test_a_skip_that_changes_a_row_max_is_not_proved() -> None:
+    # the row max of where(M, s, -30000) is an output: a skipped tile's -30000 is part of it over the reals
+    from verimirage.rewrite.causal import mask_inputs, restore_masks, with_skips
+
+    g = vm.Graph()
+    q, k = g.input("Q", (2, 64, 16), vm.float32), g.input("K", (2, 16, 64), vm.float32)
+    s = g.matmul(q, k)
+    g.output(g.max(g.where(g.tril_mask((1, 64, 64)), s, g.shift(g.scale(s, 0.0), MASKED)), axis=2))
+    g2, masks = mask_inputs(g)
+    lows, _ = lower_all(g2, grids=(2, 4), franges=(4,))
+    sk = next(x for low in lows if (x := with_skips(restore_masks(low.mugraph, masks))) is not None)
+    assert not isinstance(vm.verify(g, sk), vm.Proved)
