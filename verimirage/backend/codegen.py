@@ -61,7 +61,7 @@ from .wrap import to_kernels
 #: dot and 5.3 us as the broadcast multiply; the pipelined GEMVs that streamed at the copy rate had K tiles <= 256.
 ROW_DOT_MAX_K = 256
 #: Version of the generator: part of every cache key (bump when generated code changes).
-CODEGEN_VERSION = "6"
+CODEGEN_VERSION = "7"
 
 
 @dataclass(frozen=True)
@@ -366,11 +366,12 @@ class _KernelGen:
         return y
 
     def load(self, i: int, p: tuple[int, ...], axis: int | None = None, start: int = 0,
-             squeeze: bool = False) -> tuple[str, str | None]:
+             squeeze: bool = False, sub: tuple[int, str] | None = None) -> tuple[str, str | None]:
         """Pointer and mask text of the tile of block input ``i`` (shifted by ``start`` along ``axis``).
 
         With ``squeeze`` the tile's size-1 dims are dropped (their offsets become scalar terms): the
-        pointer tensor has only the dims of size > 1."""
+        pointer tensor has only the dims of size > 1. ``sub = (dim, offset)``: a chunk of ``p[dim]`` elements of
+        the tile along ``dim`` (unpadded there), starting ``offset`` (an expression) into it."""
         n = self.bg.nodes[i]
         k = n.attr("arg")
         shape = n.attr("shape")
@@ -390,6 +391,8 @@ class _KernelGen:
                 off.append(f"it * {t[d]}")
             if d == axis and start:
                 off.append(f"{-start}")
+            if sub is not None and d == sub[0]:
+                off.append(sub[1])
             if p[d] == 1 and not off:
                 continue
             if d not in kept:  # a size-1 dim of a squeezed tile: a scalar offset
@@ -398,7 +401,9 @@ class _KernelGen:
             j = kept.index(d)
             idx = " + ".join([*off, f"tl.arange(0, {p[d]}){_lift(rr, j)}"])
             terms.append(f"({idx}) * a{k}_s{d}")
-            if d == axis and (start or p[d] != t[d]):
+            if sub is not None and d == sub[0]:
+                pass  # a chunk of an unpadded dim: every position is inside the tile
+            elif d == axis and (start or p[d] != t[d]):
                 masks.append(self._mask(rr, j, t[d], p[d], start))
             elif p[d] != t[d]:
                 masks.append(self._mask(rr, j, t[d], p[d]))
@@ -750,6 +755,67 @@ class _KernelGen:
                         break
         return found
 
+    def chunked_dots(self, live: set[int], uses: dict[int, list[int]], squeeze: set[int]) -> dict[int, int]:
+        """One-step products (no for-loop) of two block inputs with a contraction tile deeper than
+        ``ROW_DOT_MAX_K``: matmul node -> chunk. Such a product is emitted as a loop over K chunks, each loading
+        its operands' chunk and accumulating in ``tl.dot`` (the same products, summed in fp32 in chunk order),
+        so the loads are pipelined and no 64 KB+ operand tile is held: the layer's v projection at batch 8 (one
+        ``(8, 1024) @ (1024, 32)`` step per block) ran 10.9 or 95.6 us on an H100 depending on the process, and at
+        batch 32 asked for 256 KB of shared memory (benchmarks/perf/NOTES.md, session 7)."""
+        nodes = self.bg.nodes
+        if self.bg.frange != 1:
+            return {}
+        outs = {a for a, _ in self.bg.outputs}
+        found: dict[int, int] = {}
+        for i, n in enumerate(nodes):
+            if i not in live or not OPS[n.op].has(Prop.CONTRACTION) or i in self.split_mm:
+                continue
+            (ra, ka), (rb, kb) = n.args
+            if ra == rb or ka or kb or ra not in squeeze or rb not in squeeze or ra in outs or rb in outs:
+                continue
+            if uses.get(ra) != [i] or uses.get(rb) != [i]:
+                continue
+            ta, tb = nodes[ra].outs[0], nodes[rb].outs[0]
+            pa = self.padded((ra, 0), ta)
+            if not (ta.shape[-2] > 1 and ta.shape[-1] > 1 and tb.shape[-1] > 1):
+                continue  # a row, a column or an outer product: not a tl.dot
+            if pa[-1] > ROW_DOT_MAX_K and pa[-1] == ta.shape[-1] and pa[-1] % ROW_DOT_MAX_K == 0:
+                found[i] = ROW_DOT_MAX_K
+        return found
+
+    def emit_chunked_dot(self, lines: list[str], i: int, chunk: int) -> str:
+        """Lines of :meth:`chunked_dots`'s loop for matmul node ``i``; returns the result's name."""
+        nodes = self.bg.nodes
+        n = nodes[i]
+        (ra, _), (rb, _) = n.args
+        ta, tb = nodes[ra].outs[0], nodes[rb].outs[0]
+        pa, pb = self.padded((ra, 0), ta), self.padded((rb, 0), tb)
+        po = self.padded((i, 0), n.outs[0])
+        pm, pk, pn = pa[-2], pa[-1], pb[-1]
+        dt = _TL_DTYPE[ta.dtype]
+        acc, kc = self.fresh("d"), self.fresh("kc")
+        qa = tuple(x if d != ta.rank - 1 else chunk for d, x in enumerate(pa))
+        qb = tuple(x if d != tb.rank - 2 else chunk for d, x in enumerate(pb))
+        pta, ma = self.load(ra, qa, squeeze=True, sub=(ta.rank - 1, f"{kc} * {chunk}"))
+        ptb, mb = self.load(rb, qb, squeeze=True, sub=(tb.rank - 2, f"{kc} * {chunk}"))
+        fa = f", mask={ma}, other=0.0" if ma else ""
+        fb = f", mask={mb}, other=0.0" if mb else ""
+        xa, xb = self.fresh("x"), self.fresh("y")
+        attrs = {"_precision": self.opts.fp32_precision}
+        self.uses_dot = True
+        self.full_dots += 1
+        lines.append(f"{acc} = tl.zeros(({pm}, {pn}), tl.float32)")
+        lines.append(f"for {kc} in range(0, {pk // chunk}):")
+        lines.append(f"    {xa} = tl.load({pta}{fa}).to({dt})")
+        lines.append(f"    {xb} = tl.load({ptb}{fb}).to({dt})")
+        dot = OPS["matmul"].domains["triton"]([xa, xb, acc], attrs, [ta, tb], [n.outs[0]])
+        lines.append(f"    {acc} = {dot}")
+        if po != (pm, pn):
+            out = self.fresh("d")
+            lines.append(f"{out} = tl.reshape({acc}, {_shape_text(po)})")
+            return out
+        return acc
+
     # ------------------------------------------------------------------ the kernel
     def generate(self) -> str:
         bg = self.bg
@@ -806,6 +872,8 @@ class _KernelGen:
                         dot_acc[a] = i
 
         squeeze = set() if self.opts.dot_batch1 else self.dot_operand_inputs(live, uses)
+        chunked = self.chunked_dots(live, uses, squeeze)
+        chunk_inputs = {a for i in chunked for a, _ in nodes[i].args}
         name: dict[Any, str] = {}
         pre: list[str] = []
         body: list[str] = []
@@ -822,6 +890,11 @@ class _KernelGen:
                                  f"{math.prod(po)} elements, above Triton's limit of {TRITON_MAX_NUMEL} per tensor "
                                  "(a smaller tile or a loop over the axis is needed)")
             sect = pre if (invariant[i] or not looped) else postl if post[i] else body
+            if i in chunk_inputs:
+                continue  # loaded chunk by chunk in its product's loop
+            if i in chunked:
+                name[(i, 0)] = self.emit_chunked_dot(sect, i, chunked[i])
+                continue
             if n.op == "input" and n.attr("arg") in self.inline:
                 sect.append(f"v{i} = {self.tril_expr(i, po)}")
                 name[(i, 0)] = f"v{i}"
