@@ -252,7 +252,7 @@ def _bench_time(fn: Any, grads: list[Any] | None = None) -> float:
 
 
 def gpu_one(name: str, *, train: bool, dims: Any, dtype: torch.dtype, budget: float, plan_stats: dict[str, int],
-            max_fallback: bool = False) -> dict[str, Any]:
+            max_fallback: bool = False, candidates: int = 4) -> dict[str, Any]:
     """One module on the GPU: eager, ``torch.compile`` default and max-autotune, and ``backend="verimirage"``
     (Inductor fallback, profile on; with ``max_fallback`` also with max-autotune as the fallback), forward (no
     grad) or a training step (forward + backward of ``out.float().sum()``).
@@ -284,11 +284,13 @@ def gpu_one(name: str, *, train: bool, dims: Any, dtype: torch.dtype, budget: fl
         # max-autotune without its own CUDA graphs: every forward variant is replayed as a CUDA graph below
         "compile_max": lambda: torch.compile(model, mode="max-autotune-no-cudagraphs"),
         "verimirage": lambda: torch.compile(model, backend=backend(report=rep, time_budget_s=budget,
-                                                                   fallback="inductor", profile=True)),
+                                                                   fallback="inductor", profile=True,
+                                                                   candidates=candidates)),
     }
     if max_fallback:  # the fallback (and what partitions are compared with) is max-autotune's code
         variants["verimirage_max"] = lambda: torch.compile(model, backend=backend(
-            report=rep_max, time_budget_s=budget, fallback="inductor", profile=True, inductor={"max_autotune": True}))
+            report=rep_max, time_budget_s=budget, fallback="inductor", profile=True, inductor={"max_autotune": True},
+            candidates=candidates))
     for v, make in variants.items():
         torch._dynamo.reset()
         t0 = time.perf_counter()
@@ -347,7 +349,7 @@ def gpu_one(name: str, *, train: bool, dims: Any, dtype: torch.dtype, budget: fl
 
 
 def gpu_run(names: list[str], train_names: list[str], *, dims: Any, dtype: torch.dtype, budget: float,
-            out: Path, plan: Path | None, deadline_s: float, max_fallback: bool = False) -> None:
+            out: Path, plan: Path | None, deadline_s: float, max_fallback: bool = False, candidates: int = 4) -> None:
     """The GPU table: forward for ``names``, training steps for ``train_names`` (first), one JSON line each, in
     ``out/forward.jsonl`` (``out/train.jsonl`` when only training steps are asked for).
 
@@ -381,7 +383,7 @@ def gpu_run(names: list[str], train_names: list[str], *, dims: Any, dtype: torch
             faulthandler.dump_traceback_later(30, repeat=True, file=trace)
             try:
                 r = gpu_one(name, train=train, dims=dims, dtype=dtype, budget=budget, plan_stats=stats,
-                            max_fallback=max_fallback and not train)
+                            max_fallback=max_fallback and not train, candidates=candidates)
             except Exception as e:
                 log.exception("%s failed", name)
                 r = {"name": name, "train": train, "error": f"{type(e).__name__}: {e}"}
@@ -554,6 +556,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--train-names", default="", help="with --gpu-run: modules to time a training step of")
     ap.add_argument("--dims", choices=("small", "medium", "large", "decode"), default="medium")
     ap.add_argument("--deadline", type=float, default=170.0)
+    ap.add_argument("--candidates", type=int, default=4,
+                    help="with --gpu-run: verified candidates each partition's profile compiles and times")
     ap.add_argument("--max-fallback", action="store_true",
                     help="with --gpu-run: also time the backend with max-autotune as its fallback (forward)")
     ap.add_argument("--table", type=Path, help="print the markdown tables of a --gpu-run folder")
@@ -574,7 +578,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             train = [n for n in args.train_names.split(",") if n]
             gpu_run(names, train, dims=dims, dtype=torch.float16, budget=args.budget, out=args.gpu_run,
-                    plan=args.plan, deadline_s=args.deadline, max_fallback=args.max_fallback)
+                    plan=args.plan, deadline_s=args.deadline, max_fallback=args.max_fallback,
+                    candidates=args.candidates)
         return 0
     if args.no_search:
         _no_search()

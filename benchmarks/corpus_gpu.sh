@@ -12,7 +12,8 @@
 # lifted graph itself (one kernel per op), which the profile keeps only where it beats Inductor:
 #   python benchmarks/corpus_capture.py all --make-plan benchmarks/results/capture/plan_<dims>_fp16.json --dims <dims>
 # Usage (device): source benchmarks/device_env.sh && bash benchmarks/corpus_gpu.sh "$OUT"
-# Defaults: DIMS=decode (8 x 1 x 1024: where fusing saves memory passes), FWD=all (30 modules), TRAIN_DIMS=medium
+# Defaults: DIMS=decode (8 x 1 x 1024: where fusing saves memory passes), FWD = all 30 modules, CANDIDATES=2 (verified
+# candidates a partition's profile compiles and times: fewer than the backend's 4, so more modules fit), TRAIN_DIMS=medium
 # (4 x 128 x 512), TRAIN = 6 modules (MLPs, RMSNorm, SDPA causal / masked: CUDA flash / memory-efficient attention).
 # Writes run.log, <dims>/{forward.jsonl,table.md}, <train dims>/{train.jsonl,table.md} (meta.json is made for the
 # tables and removed: the device returns at most 8 files, and every row holds the device, date and versions).
@@ -20,7 +21,12 @@
 set -u
 out=${1:?output folder}
 dims=${DIMS:-decode}
-fwd=${FWD:-all}
+# every corpus module, the most different first (the forward stage's deadline cuts the tail, not a kind of module)
+fwd=${FWD:-mlp_relu,swiglu,rmsnorm_linear,layernorm_linear,softmax_head,sdpa_causal,sdpa_mask,hand_attention,\
+llama_block,gpt2_block,encoder_layer,cross_entropy,softcap_logits,rotary_attention,qk_norm_attention,gqa_expand,\
+mlp_gelu,geglu,residual_mlp,lora,llama_rmsnorm_linear,max_normalize,sdpa,gqa_repeat_interleave,mlp_silu,\
+mlp_gelu_tanh,mlp_sigmoid,mlp_tanh,mlp_leaky_relu,mlp_relu_3d}
+cands=${CANDIDATES:-2}
 train=${TRAIN:-mlp_relu,swiglu,rmsnorm_linear,mlp_gelu,sdpa_causal,sdpa_mask}
 tdims=${TRAIN_DIMS:-medium}
 fwd_s=${FWD_S:-290}
@@ -37,13 +43,13 @@ echo "exit $?" >> "$log"
 plan="benchmarks/results/capture/plan_${dims}_fp16.json"
 echo "=== forward $dims" >> "$log"
 timeout "$fwd_s" python benchmarks/corpus_capture.py "$fwd" --gpu-run "$out/$dims" --plan "$plan" --dims "$dims" \
-  --deadline "$(( fwd_s - 45 ))" "${maxfb[@]}" >> "$log" 2>&1
+  --deadline "$(( fwd_s - 45 ))" --candidates "$cands" "${maxfb[@]}" >> "$log" 2>&1
 echo "exit $?" >> "$log"
 if [ -n "$train" ]; then
   echo "=== train $tdims" >> "$log"
   timeout "$train_s" python benchmarks/corpus_capture.py "" --train-names "$train" --gpu-run "$out/$tdims" \
     --plan "benchmarks/results/capture/plan_${tdims}_fp16.json" --dims "$tdims" --deadline "$(( train_s - 50 ))" \
-    >> "$log" 2>&1
+    --candidates "$cands" >> "$log" 2>&1
   echo "exit $?" >> "$log"
 fi
 for f in "$out"/*/faulthandler_*.txt; do
