@@ -109,7 +109,8 @@ def test_row_dot_kernels_compile_for_sm90_with_mma_and_async_copies(tmp_path) ->
 
     mods = {"gemv": designs.gated_mlp(_gated(k=1024, n=256), cols=64, k_tile=128),  # one-row dots in a K loop
             "grouped": _grouped(2)[1],  # GQA's 4 query rows over one KV head, K tiles of 16
-            "chunked8": _one_step(rows=8, k=1024)[1], "chunked32": _one_step(rows=32, k=1024)[1]}
+            "chunked8": _one_step(rows=8, k=1024)[1], "chunked32": _one_step(rows=32, k=1024)[1],
+            "pv": _pv(kv=2048, frange=16)[1]}  # P (1, 128) @ V (128, 32) per step, V squeezed beside a reshaped P
     paths = {}
     for name, mg in mods.items():
         paths[name] = tmp_path / f"{name}_mod.py"
@@ -206,3 +207,35 @@ def test_a_deep_one_step_product_is_a_loop_of_256_deep_dots(rows: int) -> None:
     # at most 256 deep: one dot, no loop
     _, short = _one_step(rows=rows, k=ROW_DOT_MAX_K)
     assert "for kc" not in generate(short, tiles=TileOptions(dot_min_m=16)).source
+
+
+def _pv(kv: int = 64, frange: int = 2) -> tuple[vm.Graph, vm.MuGraph]:
+    """Attention's P @ V at one query row: P (2, 1, 1, kv) rows, V (2, kv, 32) read through a reshape to
+    (2, 1, kv, 32); one block per head, the kv loop split ``frange`` ways."""
+    from verimirage.benchmarks.designs import _inputs, _one_kernel
+    from verimirage.ir.builders import BlockBuilder
+
+    g = vm.Graph()
+    p = g.input("P", (2, 1, 1, kv), vm.float16)
+    v = g.input("V", (2, kv, 32), vm.float16)
+    g.output(g.matmul(p, g.reshape(v, (2, 1, kv, 32))))
+    t = _inputs(g)
+    b = BlockBuilder((2,), frange)
+    pi = b.input(0, t["P"], (0,), 3)
+    vi = b.input(1, t["V"], (0,), 1)
+    b.output(b.loop_sum(b.matmul(pi, b.reshape(vi, (1, 1, kv // frange, 32)))), (0,))
+    return g, _one_kernel(t, b)
+
+
+def test_weights_reshaped_by_size_1_dims_are_loaded_as_the_row_dot_operand() -> None:
+    # V is loaded as the dot's rank-2 (K, N) operand (no tl.reshape between its load and tl.dot: Triton pipelines
+    # it; the layer's P @ V at bs1 streamed 8.4 MB in 17.9 us on an H100 with the reshape)
+    g, mg = _pv()
+    src = generate(mg, tiles=TileOptions(dot_min_m=16)).source
+    load_v = next(line for line in src.splitlines() if "a1_ptr +" in line)
+    assert "tl.arange(0, 32)[:, None]" in load_v and "tl.reshape(v1" not in src  # rank-2 load, no reshape
+    rng = np.random.default_rng(11)
+    ins = {x.name: (rng.standard_normal(x.shape) * 0.3).astype(np.float16).astype(np.float64) for x in g.inputs}
+    (ref,) = vm.evaluate(g, ins)
+    got = _run(mg, g, ins)
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
