@@ -60,6 +60,10 @@ from .wrap import to_kernels
 #: layer's v projection, 128 blocks each one (1, 1024) @ (1024, 32) product with no loop, ran 55.0 us as a 16-row
 #: dot and 5.3 us as the broadcast multiply; the pipelined GEMVs that streamed at the copy rate had K tiles <= 256.
 ROW_DOT_MAX_K = 256
+#: Elements a tensor the kernels read or write must stay below: their offsets (``pid * tile * stride``) are int32
+#: (:mod:`.runtime` copies an input view whose elements span more to a contiguous tensor)
+INT32_INDEX = 2**31
+
 #: Version of the generator: part of every cache key (bump when generated code changes).
 CODEGEN_VERSION = "8"
 
@@ -1114,6 +1118,10 @@ def generate(program: Any, tiles: TileOptions | None = None,
     mg0 = _as_mugraph(program)
     mg = to_kernels(mg0)
     nodes = node_list(mg)
+    for n in nodes:  # (the kernels index in int32: pid * tile * stride wrapped past 2**31, reading other memory)
+        if any(math.prod(t.shape) >= INT32_INDEX for t in n.outs) and not OPS[n.op].has(Prop.CONSTANT):
+            raise GraphError(f"codegen: a tensor of {max(math.prod(t.shape) for t in n.outs)} elements "
+                             f"({n.op}); the kernels index in int32, expected fewer than 2**31 elements")
     names = mg.input_names()
     var: dict[tuple[int, int], str] = {}
     ref_of: dict[tuple[int, int], ValueRef] = {}

@@ -37,7 +37,7 @@ from ..ir.errors import GraphError
 from ..ir.graph import node_list
 from ..ir.ops import TensorType
 from .cache import atomic_write, cache_dir
-from .codegen import LaunchConfig, ModuleSource, generate
+from .codegen import INT32_INDEX, LaunchConfig, ModuleSource, generate
 
 log = logging.getLogger(__name__)
 
@@ -472,6 +472,11 @@ def _output_template(shape: tuple[int, ...], dt: Any, device: Any) -> Any:
     return t
 
 
+def _element_span(t: Any) -> int:
+    """How many elements apart a tensor's first and last elements lie, plus one (its numel when contiguous)."""
+    return 1 + sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride(), strict=True)) if t.numel() else 0
+
+
 def _byte_span(t: Any) -> tuple[int, int]:
     """The bytes ``[start, end)`` a tensor's elements occupy (empty for a tensor without elements)."""
     if t.numel() == 0:
@@ -663,6 +668,8 @@ class CompiledProgram:
                 raise ValueError(f"input {n!r}: on {x.device}, but earlier inputs are on {device}")
             if x.is_neg():  # a negative-bit view: its memory holds -x (kernels read memory): materialise x
                 x = x.resolve_neg()
+            if _element_span(x) >= INT32_INDEX:  # a view over more elements than int32 offsets reach: copy it
+                x = x.contiguous()
             out.append(x)
         if device is not None:
             if interpreting() and device.type != "cpu":
