@@ -80,3 +80,15 @@ def test_causal_skip_of_a_huge_offset_stays_in_int32() -> None:
     ins = _qkv(2, 64, 16, 2)
     got = vm.compile(sk)(**{k: torch.tensor(v, dtype=torch.float32) for k, v in ins.items()}).double().numpy()
     np.testing.assert_allclose(got, vm.evaluate(g, ins)[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("offset", [10**30, -(10**30), 2**63, 2**62])
+def test_tril_mask_offset_past_int64_raised_overflow_error(offset: int) -> None:
+    """Finding (low, a user error without its GraphError): a ``tril_mask`` offset past int64 built, then
+    ``vm.evaluate`` / ``vm.verify`` raised numpy's OverflowError. Offsets are bounded where the op is checked."""
+    g = vm.Graph()
+    x = g.input("X", (1, 4, 4), vm.float32)
+    with pytest.raises(vm.GraphError, match="tril_mask"):
+        g.tril_mask((1, 4, 4), offset)
+    g.output(g.where(g.tril_mask((1, 4, 4), 2**62 - 1), x, g.scale(x, 0.0)))  # (the largest: every element kept)
+    np.testing.assert_array_equal(vm.evaluate(g, {"X": np.ones((1, 4, 4))})[0], np.ones((1, 4, 4)))

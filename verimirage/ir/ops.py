@@ -546,8 +546,8 @@ define_op("where", 3, _EW | Prop.BROADCAST, _where_rule, None,
 
 def _tril_rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
     shape, off = attrs.get("shape"), attrs.get("offset")
-    if ts or type(off) is not int or not isinstance(shape, tuple) or len(shape) < 2 or min(shape) < 1:
-        raise _err("tril_mask", ts, f"no operands, a shape of >= 2 dims, an int offset; got {shape!r}, {off!r}")
+    if ts or type(off) is not int or abs(off) >> 62 or not isinstance(shape, tuple) or len(shape) < 2 or min(shape) < 1:
+        raise _err("tril_mask", ts, f"no operands, a shape of >= 2 dims, an int offset (< 2**62); got {shape}, {off}")
     return TensorType(shape, DType.bool)
 
 
