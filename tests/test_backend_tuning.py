@@ -110,3 +110,22 @@ def test_profile_tolerance_rejects_the_observed_miscompile_and_accepts_correct_k
     nan[0, 0] = np.nan
     assert rel_error(nan, ref) == float("inf")
     assert TOLERANCE["f16"] < TOLERANCE["bf16"] and TOLERANCE["f32"] < TOLERANCE["f16"]
+
+
+def test_profile_check_caught_only_the_whole_output_not_one_wrong_row() -> None:
+    """Red-team finding: one wrong 16-element row of a large fp16 output moved the relative Frobenius error by
+    ~1e-3, under the fp16 tolerance, so a kernel miscompiled in a few elements could be selected."""
+    from verimirage.backend.profile import TOLERANCE, rel_error
+
+    rng = np.random.default_rng(1)
+    ref = rng.standard_normal((1024, 1024))
+    fp16 = ref.astype(np.float16).astype(np.float64)
+    assert rel_error(fp16, ref) <= TOLERANCE["f16"] / 4
+    bad = fp16.copy()
+    bad[7, 32:48] += 0.3  # one 16-element row of the output wrong by 0.3 standard deviations
+    frob = np.linalg.norm(bad - ref) / np.linalg.norm(ref)
+    assert frob < TOLERANCE["f16"]  # what the Frobenius error alone would have accepted
+    assert rel_error(bad, ref) > TOLERANCE["f16"]
+    one = fp16.copy()
+    one[3, 3] += 0.5  # one element off by half a standard deviation
+    assert rel_error(one, ref) > TOLERANCE["f16"]
