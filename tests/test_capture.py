@@ -844,3 +844,35 @@ def test_gpu_table_reads_rows_without_meta_and_names_modules_slower_than_the_fal
     assert "Slower than the fallback (forward, by more than 3%, of 2 timed): b (12.0 vs 10.0 µs)" in text
     assert "Never slower than the fallback (training step): no module of 1 timed" in text
     assert "| c | " in text and "50.0 (150.0)" in text and "| 1.20 | 2.40 |" in text
+
+
+@pytest.mark.slow
+def test_make_plan_plans_a_training_steps_forward_and_backward_partitions(tmp_path: Any,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """``corpus_capture.py --make-plan --train`` (the device has no egglog): every partition of a training step's
+    forward and backward graphs (the Inductor path's, traced on the CPU) is searched once and planned, and a planned
+    partition is not searched again in halves."""
+    import json
+    import sys
+    import types
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import corpus_capture as cc
+
+    searched: list[str] = []
+
+    def fake(g: Any, **kw: Any) -> Any:
+        searched.append(str(g))
+        c = types.SimpleNamespace(mugraph=f"planned {len(searched)}")
+        return types.SimpleNamespace(candidates=[c], best=c)
+
+    monkeypatch.setattr(vm, "superoptimize", fake)
+    path = tmp_path / "plan.json"
+    cc.make_plan(["mlp_relu"], corpus.SMALL, torch.float32, 1.0, path, train=True)
+    plan = json.loads(path.read_text())
+    assert len(searched) == len(set(searched)) == len(plan) >= 2  # each once
+    assert any("where" in k for k in plan)  # the backward's (ReLU's gradient: where(x <= 0, 0, grad))
+    assert any("where" not in k for k in plan)  # the forward's
+    assert all(isinstance(v, list) and v[0].startswith("planned") for v in plan.values())
+    assert vm.superoptimize is fake  # put back

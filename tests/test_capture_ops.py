@@ -19,6 +19,7 @@ from torch.fx.experimental.proxy_tensor import make_fx  # noqa: E402
 import verimirage as vm  # noqa: E402
 from verimirage.integrations import capture  # noqa: E402
 from verimirage.integrations.aten import Reason  # noqa: E402
+from verimirage.integrations.report import PartitionReport  # noqa: E402
 
 aten = torch.ops.aten
 
@@ -394,3 +395,22 @@ def test_cuda_cudnn_attention_forward_and_backward_lift() -> None:
     _, grads = _eval_lifted(bwd, dict(zip(ph, [do, q, k, v, o.detach(), lse.detach().unsqueeze(-1)], strict=False)))
     for a, b in zip(grads, (dq, dk, dv), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2)
+
+
+def test_a_rank0_tensor_input_lifts_as_one_element() -> None:
+    """Inductor writes ReLU's gradient as ``where(x <= 0, full([], 0.0), grad)``: a ``where`` whose branch is a
+    rank-0 tensor made outside the partition could not lift ("rank-0 tensors are not supported"), so on the GPU path
+    every ReLU backward stayed in ATen. A rank-0 input is now a (1,) input standing for shape (); the kernels get it
+    reshaped, and the values equal ATen's."""
+    def f(m: Any, z: Any, g: Any) -> Any:
+        return aten.where.self(m, z, g) * 2.0
+
+    m = _x(4, 6, seed=8) > 0
+    z, g = torch.tensor(0.25), _x(4, 6, seed=9)
+    gm = make_fx(f)(m, z, g)
+    lifted = capture.lift([n for n in gm.graph.nodes if n.op == "call_function"])
+    assert [tuple(t.shape) for t in lifted.graph.inputs if t.name == "in1"] == [(1,)]
+    runner = capture.PartitionRunner(lifted, vm.compile(lifted.graph), capture.eager_module(gm, lifted),
+                                     PartitionReport(0, 0, "inference", ["where", "mul"]))
+    (got,) = runner.kernels([m, z, g])
+    torch.testing.assert_close(got, f(m, z, g))

@@ -216,7 +216,8 @@ def lift(nodes: Sequence[fx.Node], *, strict: bool = False) -> Lifted:
                 shape, dt = _static_shape(v), vm_dtype(v.dtype)
             except Unsupported as e:
                 raise LiftError(user, e.reason, f"operand {a.name}: {e}") from None
-            t = g.input(f"in{len(inputs)}", shape, dt)
+            # a rank-0 tensor (Inductor's ``full([], 0.0)`` in ReLU's gradient) is a (1,) input standing for shape ()
+            t = g.input(f"in{len(inputs)}", shape or (1,), dt)
             input_ref[t.ref] = len(inputs)
             inputs.append(a)
             env[a] = LV(t, shape)
@@ -421,7 +422,7 @@ class PartitionRunner:
 
     def _named(self, xs: Sequence[torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
         dev = xs[0].device if xs else torch.device("cpu")
-        named = {f"in{i}": x for i, x in enumerate(xs)}
+        named = {f"in{i}": x.reshape(1) if x.dim() == 0 else x for i, x in enumerate(xs)}  # rank 0: (1,) (lift)
         consts = self._consts(dev)
         named.update(zip((n for n, _ in self.lifted.consts), consts, strict=True))
         return named, consts
