@@ -177,9 +177,9 @@ def _tile_for(bg: BlockGraph, nodes: Sequence[Node], i: int) -> TensorType:
 
 def check_block(bg: BlockGraph, in_types: Sequence[TensorType] | None) -> None:
     """Check a block graph (and, if given, that it fits operands of ``in_types``)."""
-    if not 1 <= len(bg.grid) <= 3 or not all(isinstance(g, int) and g >= 1 for g in bg.grid):
-        raise GraphError(f"block graph: grid {bg.grid!r}; expected 1 to 3 positive ints")
-    if not isinstance(bg.frange, int) or bg.frange < 1:
+    if not (isinstance(bg.grid, tuple) and 1 <= len(bg.grid) <= 3 and all(type(g) is int and g >= 1 for g in bg.grid)):
+        raise GraphError(f"block graph: grid {bg.grid!r}; expected a tuple of 1 to 3 positive ints")
+    if type(bg.frange) is not int or bg.frange < 1:
         raise GraphError(f"block graph: frange {bg.frange!r}; expected a positive int")
     if (fl := bg.flimit) is not None and not (isinstance(fl, tuple) and len(fl) == 4 and all(type(v) is int for v in fl)
                                              and 0 <= fl[0] < len(bg.grid) and min(fl[1:3]) >= 0 and fl[3] >= 1):

@@ -196,17 +196,7 @@ def _parse_node_line(lines: _Lines, lineno: int, line: str, expect: int) -> Node
     if op == "custom":
         if not opens:
             raise _perr(lineno, line, "custom: expected a block region '{' at the end of the line")
-        try:
-            grid, frange = attrs.pop("grid"), attrs.pop("frange")
-        except KeyError:
-            raise _perr(lineno, line, "custom: expected attributes grid and frange") from None
-        if not isinstance(grid, tuple) or not 1 <= len(grid) <= 3 or not all(
-            isinstance(g, int) and not isinstance(g, bool) and g >= 1 for g in grid
-        ):
-            raise _perr(lineno, line, f"custom: grid={grid!r:.60}; expected a tuple of 1 to 3 positive ints")
-        if not isinstance(frange, int) or isinstance(frange, bool) or frange < 1:
-            raise _perr(lineno, line, f"custom: frange={frange!r:.60}; expected a positive int")
-        flimit = attrs.pop("flimit", None)
+        grid, frange, flimit = (attrs.pop(k, None) for k in ("grid", "frange", "flimit"))  # (checked with the program)
         if attrs:
             raise _perr(lineno, line, f"custom: unexpected attributes {sorted(attrs)}")
         bg = _parse_block_body(lines, grid, frange, flimit)
@@ -237,7 +227,7 @@ def _parse_block_body(lines: _Lines, grid: tuple[int, ...], frange: int, flimit:
             omaps.append(OutputMap(tuple(attrs["omap"])))
             continue
         nodes.append(_parse_node_line(lines, lineno, line, len(nodes)))
-    return BlockGraph(tuple(grid), frange, tuple(nodes), tuple(outs), tuple(omaps), flimit)  # (checked with it)
+    return BlockGraph(grid, frange, tuple(nodes), tuple(outs), tuple(omaps), flimit)  # (checked with the program)
 
 
 def _parse_body(lines: _Lines) -> tuple[list[Node], tuple[Ref, ...]]:

@@ -39,7 +39,7 @@ MAX_CONST_BITS = 4096
 MAX_QUERY_TERMS = 400_000
 #: an atom power above this is not multiplied out in a Z3 term (each such power is its own variable)
 MAX_POWER = 64
-#: Z3's memory cap (MB), set once when a query is first built
+#: Z3's memory cap (MB), set for the process when the Z3 encoding (:mod:`.z3enc`) is imported
 Z3_MEMORY_MB = 4096
 
 _STACK_LOCK = threading.Lock()

@@ -28,15 +28,7 @@ import z3
 from . import expr as E
 from . import limits
 
-_CAPS_SET = False
-
-
-def _z3_caps() -> None:
-    """Z3's memory cap (:data:`verimirage.smt.limits.Z3_MEMORY_MB`), set once per process."""
-    global _CAPS_SET
-    if not _CAPS_SET:
-        z3.set_param("memory_max_size", limits.Z3_MEMORY_MB)
-        _CAPS_SET = True
+z3.set_param("memory_max_size", limits.Z3_MEMORY_MB)  # (Z3's memory cap, for the process)
 
 
 @dataclass(frozen=True)
@@ -137,7 +129,6 @@ def equivalence_query(name: str, pa: E.Poly, pb: E.Poly, timeout_s: float = 10.0
     :data:`verimirage.smt.limits.MAX_QUERY_TERMS` monomial factors.
     """
     t0 = time.perf_counter()
-    _z3_caps()
     size = sum(len(m) + 1 for m, _ in pa[1]) + sum(len(m) + 1 for m, _ in pb[1])
     if size > limits.MAX_QUERY_TERMS:
         raise E.ResourceLimit(f"query {name}: {size} monomial factors (cap {limits.MAX_QUERY_TERMS})")
@@ -168,7 +159,7 @@ def equivalence_query(name: str, pa: E.Poly, pb: E.Poly, timeout_s: float = 10.0
         s.assert_and_track(f, fname)
     s.assert_and_track(goal, "goal")
     r = s.check()
-    result = _res(r)
+    result = str(r)  # ("unsat", "sat" or "unknown")
     core = tuple(sorted(str(c) for c in s.unsat_core())) if r == z3.unsat else ()
     return Query(name, smt2, "unsat", result, core, time.perf_counter() - t0)
 
@@ -181,11 +172,3 @@ def canonical_smt2(text: str) -> str:
         return names.setdefault(m.group(0), f"?t{len(names)}")
 
     return re.sub(r"\?x\d+", rename, text)
-
-
-def _res(r: Any) -> str:
-    if r == z3.unsat:
-        return "unsat"
-    if r == z3.sat:
-        return "sat"
-    return "unknown"
