@@ -32,6 +32,13 @@ def _nested_div(r: np.random.Generator) -> bool:
     return bool(np.all(x // (f * m) == a // m) and np.all(x % (f * m) == f * (a % m) + b))
 
 
+def _mod_div(r: np.random.Generator) -> bool:
+    n, q = int(r.integers(1, 9)), int(r.integers(1, 9))
+    k = n * q
+    e = r.integers(-1000, 1000, size=50)
+    return bool(np.all((e % k) // n == (e // n) % q) and np.all((e % k) % n == e % n))
+
+
 def _sum_shift(r: np.random.Generator) -> bool:
     f = r.standard_normal(40)
     c, n = 7, 20
@@ -86,6 +93,7 @@ AXIOMS: dict[str, tuple[str, Checker]] = {
     "index-divmod": ("(e // t) * t + e % t = e, and e // t = 0, e % t = e for e in [0, t)", _divmod),
     "index-nested-div": ("(f*a + b) // (f*m) = a // m and (f*a + b) % (f*m) = f*(a % m) + b for b in [0, f)",
                          _nested_div),
+    "index-mod-div": ("(e % (n*q)) // n = (e // n) % q and (e % (n*q)) % n = e % n", _mod_div),
     "distribute": ("(a + b) * c = a*c + b*c", lambda r: _close(*(lambda a, b, c: ((a + b) * c, a * c + b * c))(
         *r.standard_normal(3)))),
     "div-monomial": ("a / (c * m) = a * c**-1 * m**-1", lambda r: _close(*(lambda a, c, m: (a / (c * m), a / c / m))(

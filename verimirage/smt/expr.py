@@ -324,6 +324,19 @@ def _nested(b: Aff, n: int) -> tuple[int, Aff, Aff] | None:
     return None
 
 
+def _mod_of(b: Aff, n: int) -> Aff | None:
+    """``e`` when ``b`` is exactly ``e % k`` with ``n`` dividing ``k`` (law index-mod-div: then
+    ``(e % k) // n = (e // n) % (k/n)`` and ``(e % k) % n = e % n``, for every integer ``e``), else None."""
+    if b[1] != 0 or len(b[2]) != 1:
+        return None
+    (at, c), = b[2]
+    if c != 1 or at[0] != "md" or at[2] % n != 0:
+        return None
+    if _DER.get() is not None:
+        der().use("index-mod-div")
+    return at[1]
+
+
 def a_floordiv(x: Aff, n: int) -> Aff:
     """``x // n`` simplified when the remainder part provably lies in ``[0, n)``."""
     if n == 1:
@@ -338,6 +351,9 @@ def a_floordiv(x: Aff, n: int) -> Aff:
     if nest is not None:
         f, a2, _ = nest
         return a_add(a, a_floordiv(a2, n // f))
+    e = _mod_of(b, n)
+    if e is not None:
+        return a_add(a, a_mod(a_floordiv(e, n), b[2][0][0][2] // n))
     return a_add(a, aff(0, {("fd", b, n): 1}))
 
 
@@ -353,6 +369,9 @@ def a_mod(x: Aff, n: int) -> Aff:
     if nest is not None:
         f, a2, b2 = nest
         return a_add(a_scale(a_mod(a2, n // f), f), b2)
+    e = _mod_of(b, n)
+    if e is not None:
+        return a_mod(e, n)
     return aff(0, {("md", b, n): 1})
 
 
@@ -419,8 +438,7 @@ def subst(t: Any, var: str, rep: Aff) -> Any:
             if a[0] == "v":
                 term = rep if a[1] == var else a_var(a[1])
             else:
-                inner = subst(a[1], var, rep)
-                term = aff(0, {(a[0], inner, a[2]): 1})
+                term = aff(0, {(a[0], subst(a[1], var, rep), a[2]): 1})
             out = a_add(out, term, c)
         return out
     if tag == "P":
