@@ -63,3 +63,58 @@ def test_an_attention_matrix_is_never_materialised() -> None:
         for v in P.cut_points(g):  # only rotary's rotated Q and K^T (as large as Q and K, no contraction)
             assert name == "rotary_attention" and nodes[v].op in ("add", "transpose"), (name, nodes[v].op)
     assert len(P.cut_points(P.normalise(get_model("rotary_attention", small=True)))) == 2
+
+
+def _proj_norm(flat: bool, k: int = 128, n: int = 256) -> vm.Graph:
+    """A projection, a residual and an RMSNorm over the projection's columns (the decoder layer's output
+    projection region, scaled down); ``flat``: its row is a flattened (8, 4, 1, k/32) attention output."""
+    g = vm.Graph()
+    dt = vm.float32 if k <= 128 else vm.float16
+    if flat:
+        x = g.reshape(g.input("A", (8, 4, 1, k // 32), dt), (1, k))
+    else:
+        x = g.input("A", (1, k), dt)
+    h = g.add(g.input("R", (1, n), dt), g.matmul(x, g.input("W", (k, n), dt)))
+    g.output(h, g.rms_norm(h, g.input("G", (n,), dt), axis=1, eps=1e-5))
+    return g
+
+
+def _product_blocks(mg: vm.MuGraph) -> list[int]:
+    out = []
+    for n in mg.nodes:
+        if n.op == "custom" and any(b.op == "matmul" for b in n.attr("block").nodes):
+            out.append(n.attr("block").num_blocks)
+    return out
+
+
+@pytest.mark.parametrize("flat", [False, True])
+def test_a_projection_under_a_norm_epilogue_is_cut_from_it_and_gets_a_grid(flat: bool) -> None:
+    """The norm reduces the product's columns, so every one-kernel lowering is one block streaming the whole
+    weight; the product is a cut point of its own (``_gridless_products``) and lowers over a grid of column
+    blocks, the residual and norm one kernel reading it: Proved, equal to the program in float64."""
+    g = P.normalise(_proj_norm(flat))
+    mm = next(i for i, n in enumerate(node_list(g)) if n.op == "matmul")
+    assert mm in P.cut_points(g)
+    lows = P.cut_lowerings(g)
+    gridded = [lo for lo in lows if any(b > 1 for b in _product_blocks(lo.mugraph))]
+    assert gridded
+    best = min(gridded, key=lambda lo: cost(lo.mugraph))
+    assert best.mugraph.num_kernels == 2
+    _close(_proj_norm(flat), best.mugraph)
+    assert isinstance(vm.verify(_proj_norm(flat), best.mugraph), vm.Proved)
+
+
+def test_a_flattened_row_of_a_layer_size_projection_is_cut_once_more() -> None:
+    """The layer's shape (K = N = 4096, fp16): the product side reads the flattened row, whose reshape lets K
+    be split only 8 ways (tiles of 512: no K loop of <= 256-row tiles; its gridded lowerings are one-step
+    4096-deep tiles). Cut once more (``depth=2``; not the default ``CUT_DEPTH``: such a candidate is not
+    proved yet), the flatten is materialised and the product is a K loop over column blocks (lowerings only)."""
+    g = P.normalise(_proj_norm(True, 4096, 4096))
+    def gridded(lows: list[P.Lowered]) -> list[P.Lowered]:
+        return [lo for lo in lows if max(_product_blocks(lo.mugraph), default=0) >= 64
+                and not cost(lo.mugraph).infeasible]
+
+    deep = min(cost(lo.mugraph).time_s for lo in gridded(P.cut_lowerings(g, depth=2)))
+    shallow = min(cost(lo.mugraph).time_s for lo in gridded(P.cut_lowerings(g, depth=1)))
+    # (one cut: the feasible gridded products are one-step 4096-deep tiles of 16 columns, 256 blocks)
+    assert deep < cost(P.unfused(g).mugraph).time_s and deep < 0.6 * shallow

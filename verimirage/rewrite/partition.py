@@ -921,6 +921,11 @@ def unfused(g: Graph) -> Lowered:
 #: lowerings of each side of a cut that are joined (the cheapest by the cost model), and cuts tried per program
 CUT_KEEP = 3
 CUT_MAX = 4
+#: cuts nested in a side of a cut (2: a side may be cut once more). 1 by default: at 2 the decoder layer's output
+#: projection reads its blocked flatten (a reshape kernel) in a K loop, and that candidate is not proved yet (the
+#: loop's per-iteration sums of r0[(256*it + r)//512, ...] are simplified apart per iteration and do not fold back;
+#: the region's verified re-search then spent minutes on its siblings)
+CUT_DEPTH = 1
 
 
 def _term_inputs(t: Term, acc: dict[str, None]) -> None:
@@ -954,7 +959,27 @@ def cut_points(g: Graph) -> list[int]:
             if src.op == "input" or a in outs or a in pts or size > budget or (size == budget and contracted[a]):
                 continue
             pts.append(a)
+    pts += [i for i in _gridless_products(g) if i not in outs and i not in pts and nodes[i].outs[0].numel <= budget]
     return sorted(pts, reverse=True)[:CUT_MAX]
+
+
+def _gridless_products(g: Graph) -> list[int]:
+    """Contractions whose result's dims the program cannot split over blocks (each is reduced or kept whole
+    later: an RMSNorm of a projection's output over its columns, so every one-kernel lowering is one block
+    streaming the whole weight). Materialised, the product gets the grids it gets on its own and the rest
+    reads it (``partition.cut``: the decoder layer's output projection, residual and RMSNorm)."""
+    try:
+        an = analyse(g)
+    except GraphError:
+        return []
+    dp = set(an.data_parallel())
+    nodes = node_list(g)
+    out = []
+    for i, n in enumerate(nodes):
+        labs = [lab for lab in an.labels.get(i, ()) if lab is not None and an.size[lab] > 1]
+        if get_op(n.op).has(Prop.CONTRACTION) and labs and not dp.intersection(labs):
+            out.append(i)
+    return out
 
 
 def _split_at(g: Graph, v: int, name: str) -> tuple[Graph, Graph] | None:
@@ -1016,12 +1041,14 @@ def join(g: Graph, parts: Sequence[tuple[MuGraph, str | None]]) -> MuGraph:
 
 
 def cut_lowerings(g: Graph, *, grids: Sequence[int] | None = None, franges: Sequence[int] | None = None,
-                  max_splits: int = 32, keep: int = CUT_KEEP, rank: Any = None) -> list[Lowered]:
+                  max_splits: int = 32, keep: int = CUT_KEEP, rank: Any = None,
+                  depth: int = CUT_DEPTH) -> list[Lowered]:
     """Lowerings of ``g`` with one contraction operand materialised (``partition.cut``): for each of
     :func:`cut_points`, the ``keep`` cheapest lowerings (by ``rank``, a μGraph -> sortable key; default:
     the cost model's estimate for an H100) of the part computing it joined with the ``keep`` cheapest of the
-    rest. Each side is lowered without further cuts; a pair of two unfused sides (the unfused baseline again)
-    is skipped."""
+    rest. Each side is lowered with cuts of its own up to ``depth`` - 1 levels deeper (a projection cut from
+    its norm epilogue may itself read a flattened operand that only a cut lets it tile); a pair of two
+    unfused sides (the unfused baseline again) is skipped."""
     if rank is None:
         from .cost import cost as rank
     out: list[Lowered] = []
@@ -1032,7 +1059,8 @@ def cut_lowerings(g: Graph, *, grids: Sequence[int] | None = None, franges: Sequ
             continue
         sides = []
         for part in split:
-            lows, _ = lower_all(part, grids=grids, franges=franges, max_splits=max_splits, cuts=False)
+            lows, _ = lower_all(part, grids=grids, franges=franges, max_splits=max_splits, cuts=depth > 1,
+                                rank=rank, cut_depth=depth - 1)
             scored = sorted(((rank(lo.mugraph), i) for i, lo in enumerate(lows)), key=lambda p: p[0])
             sides.append([lows[i] for _, i in scored[:keep]])
         for a, b in itertools.product(*sides):
@@ -1052,9 +1080,10 @@ def lower_all(
     max_splits: int = 32,
     cuts: bool = True,
     rank: Any = None,
+    cut_depth: int = CUT_DEPTH,
 ) -> tuple[list[Lowered], dict[str, int]]:
     """Every feasible lowering of ``g`` (plus the unfused baseline, and with ``cuts`` those of
-    :func:`cut_lowerings`, ranked by ``rank``); and rejection counts by reason."""
+    :func:`cut_lowerings` up to ``cut_depth`` cuts deep, ranked by ``rank``); and rejection counts by reason."""
     g = normalise(g)
     an = split_input_uses(g)
     out = [unfused(g)]
@@ -1073,7 +1102,7 @@ def lower_all(
                 bad_struct[skey] = reason
             rejected[reason] = rejected.get(reason, 0) + 1
     if cuts:
-        out += cut_lowerings(g, grids=grids, franges=franges, max_splits=max_splits, rank=rank)
+        out += cut_lowerings(g, grids=grids, franges=franges, max_splits=max_splits, rank=rank, depth=cut_depth)
     return out, rejected
 
 
