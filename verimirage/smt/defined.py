@@ -237,13 +237,9 @@ def s_clamp(ss: Sequence[int], attrs: dict[str, Any]) -> int:
     return POS if lo > 0 else (NONNEG if lo == 0 else 0)
 
 
-def _pow_exp(attrs: dict[str, Any]) -> float:
-    return float(attrs["c"])
-
-
 def s_pow(ss: Sequence[int], attrs: dict[str, Any]) -> int:
     """``x ** c``."""
-    c = _pow_exp(attrs)
+    c = float(attrs["c"])
     if c == 0:
         return POS
     if c.is_integer():
@@ -255,7 +251,7 @@ def s_pow(ss: Sequence[int], attrs: dict[str, Any]) -> int:
 
 def c_pow(xs: Sequence[E.Poly], attrs: dict[str, Any]) -> list[tuple[str, E.Poly]]:
     """``x ** c``: ``x != 0`` for negative integer ``c``; ``x >= 0`` (``> 0`` if ``c < 0``) for fractional ``c``."""
-    c = _pow_exp(attrs)
+    c = float(attrs["c"])
     if c.is_integer():
         return [("ne0", xs[0])] if c < 0 else []
     return [("gt0" if c < 0 else "ge0", xs[0])]

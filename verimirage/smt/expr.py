@@ -201,15 +201,6 @@ def _reset_qs() -> None:
     _QS = {(c.numerator, c.denominator): c for c in (ZERO, ONE, MINUS_ONE)}  # (one rebinding: no empty moment)
 
 
-def clear_memos() -> None:
-    """Empty the normaliser's caches (keys, free variables, heights, interned rationals): they only cache, so
-    nothing derived afterwards changes (the tests check it)."""
-    _KEYS.clear()
-    _FV.clear()
-    _HEIGHT.clear()
-    _reset_qs()
-
-
 # --------------------------------------------------------------------------- index arithmetic
 
 
