@@ -668,7 +668,7 @@ class CompiledProgram:
                 raise ValueError(f"input {n!r}: on {x.device}, but earlier inputs are on {device}")
             if x.is_neg():  # a negative-bit view: its memory holds -x (kernels read memory): materialise x
                 x = x.resolve_neg()
-            if _element_span(x) >= INT32_INDEX:  # a view over more elements than int32 offsets reach: copy it
+            if not x.is_contiguous() and _element_span(x) >= INT32_INDEX:  # a view spanning more than int32 reaches
                 x = x.contiguous()
             out.append(x)
         if device is not None:
