@@ -255,7 +255,7 @@ class _KernelGen:
         self.dot_m: set[Any] = set()
         self.dot_nk: set[Any] = set()
         self.uses_dot = False
-        self.row_dots = 0  # one-row products lowered to 16-row dots (see is_row_dot)
+        self.row_dots = 0  # one-row products lowered to 16-row dots (see row_groups)
         self.full_dots = 0  # other tl.dot products
         self.tmp = 0
         #: names of block inputs loaded without their size-1 dims -> the rank-2 shape they have
@@ -472,15 +472,10 @@ class _KernelGen:
         g = math.prod(pa[:-2])
         return g if g == math.prod(po[:-2]) and g <= 64 else 0
 
-    def is_row_dot(self, ta: TensorType, tb: TensorType, pa: tuple[int, ...], pb: tuple[int, ...],
-                   po: tuple[int, ...]) -> bool:
-        """Whether the product is lowered as one-row products in a ``tl.dot`` (:meth:`row_groups`)."""
-        return self.row_groups(ta, tb, pa, pb, po) > 0
-
     def row_dot_node(self, nodes: Sequence[Node], i: int) -> int:
         """:meth:`row_groups` of block node ``i`` (0 for a product split over concat pieces, or no product)."""
         n = nodes[i]
-        if not OPS[n.op].has(Prop.CONTRACTION) or i in getattr(self, "split_mm", {}):
+        if not OPS[n.op].has(Prop.CONTRACTION) or i in self.split_mm:
             return 0
         (ra, rb) = n.args
         ta, tb = nodes[ra[0]].outs[ra[1]], nodes[rb[0]].outs[rb[1]]
@@ -510,11 +505,12 @@ class _KernelGen:
                     wide: bool = False) -> str:
         """Lines computing ``a @ b`` (plus ``acc`` if given); returns the result's name.
 
-        ``wide`` (a one-row product, :meth:`is_row_dot`): ``acc`` and the result are the ``(row_dot, N)`` tiles of
+        ``wide`` (a one-row product, :meth:`row_groups`): ``acc`` and the result are the ``(row_dot, N)`` tiles of
         the broadcast row's ``tl.dot`` (a loop accumulator kept inside ``tl.dot``; :meth:`row_of` reads it)."""
         r = len(po)
-        if self.is_row_dot(ta, tb, pa, pb, po):
-            return self._emit_row_dot(lines, n, a, b, ta, tb, pa, pb, po, acc, wide)
+        groups = self.row_groups(ta, tb, pa, pb, po)
+        if groups:
+            return self._emit_row_dot(lines, n, a, b, ta, tb, pa, pb, po, acc, wide, groups)
         if wide:  # pragma: no cover - generate asks for wide results of row products only
             raise GraphError("codegen: internal error (a wide accumulator for a product that is not one row)")
         # operands loaded squeezed (see dot_operand_inputs) already have the rank-2 shape tl.dot takes
@@ -591,9 +587,8 @@ class _KernelGen:
 
     def _emit_row_dot(self, lines: list[str], n: Node, a: str, b: str, ta: TensorType, tb: TensorType,
                       pa: tuple[int, ...], pb: tuple[int, ...], po: tuple[int, ...], acc: str | None,
-                      wide: bool) -> str:
-        """A one-row product as a ``tl.dot`` of the row broadcast to ``row_dot`` rows (see :meth:`is_row_dot`)."""
-        groups = self.row_groups(ta, tb, pa, pb, po)
+                      wide: bool, groups: int) -> str:
+        """``groups`` one-row products (:meth:`row_groups`) as a ``tl.dot`` of the rows broadcast to ``row_dot``."""
         rows = self.dot_rows(groups)
         rep = rows // groups
         pk, pn = pa[-1], pb[-1]
