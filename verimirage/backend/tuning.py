@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 NUM_SMS = 132
 #: Shared memory a pipelined kernel may use (bytes): the 227 KB limit less headroom.
 SMEM_BUDGET = 200 * 1024
+#: Most rows of a K-looped product that streams its weights with 16-row-granular mma.sync (see ``_measured``).
+SKINNY_ROWS = 32
 
 
 @dataclass(frozen=True)
@@ -129,6 +131,12 @@ def _measured(bg: BlockGraph, arg_types: Sequence[TensorType]) -> LaunchConfig:
     # (with column tiles under 64 that 64-row config computed a WRONG result on Triton 3.6 — rel. error 1e-2,
     # benchmarks/perf/NOTES.md — so there we keep 16 rows: slower, correct)
     min_m = 16 if s.dot_rows <= 16 and not (s.side_use and s.dot_cols >= 64) else 64
+    if s.dot_rows <= SKINNY_ROWS and s.frange > 1 and not s.chained and not s.side_use:
+        # a weight-streaming product of 17-32 rows in a K loop: mma.sync at its own rows (padded to 32), not 64-row
+        # wgmma tiles, whose doubled row operand cut the pipeline to 2-3 stages (the layer at batch 32 on an H100:
+        # gate/up 83.9 us, down 61.2, q 21.1, o 26.5 at 64 rows; the same kernels at batch 8 with 16-row
+        # mma.sync and 4-8 stages: 80.6, 48.3, 14.0, 15.6; benchmarks/perf/NOTES.md session 8)
+        min_m = 16
     if s.frange == 1:
         return LaunchConfig(4, 2, TileOptions(dot_min_m=min_m))
     if s.chained:  # attention-like: two dependent products per iteration; 3 stages, 4 warps measured best
