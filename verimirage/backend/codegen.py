@@ -841,8 +841,11 @@ class _KernelGen:
         m = nodes[u]
         if not OPS[m.op].has(Prop.REGROUPS) or u in outs or not uses.get(u):
             return False
-        pi, pu = self.padded((i, 0), nodes[i].outs[0]), self.padded((u, 0), m.outs[0])
-        if [x for x in pi if x != 1] != [x for x in pu if x != 1] or pi[-2:] != pu[-2:]:
+        ti, tu = nodes[i].outs[0], m.outs[0]
+        pi, pu = self.padded((i, 0), ti), self.padded((u, 0), tu)
+        # the true shapes too: (10, 24) -> (12, 20) regroups the elements though both pad to (16, 32)
+        if ([x for x in ti.shape if x != 1] != [x for x in tu.shape if x != 1] or ti.shape[-2:] != tu.shape[-2:]
+                or [x for x in pi if x != 1] != [x for x in pu if x != 1] or pi[-2:] != pu[-2:]):
             return False
         return all(self.row_dot_node(nodes, w) and nodes[w].args[1] == (u, 0) and nodes[w].args[0][0] != u
                    for w in uses[u])
