@@ -122,7 +122,10 @@ def _step(args: Sequence[str], attrs: dict[str, Any], in_types: Any, out_types: 
 
 @implements("triton", "pow")
 def _pow(args: Sequence[str], attrs: dict[str, Any], in_types: Any, out_types: Any) -> str:
-    """Small integer exponents as products, 0.5 as sqrt, others through exp(c log x) (x > 0)."""
+    """Small integer exponents as products, 0.5 as sqrt, other integers as ``|x| ** c`` through exp(c log |x|)
+    with the sign of ``x`` for odd ``c`` (exp(c log x) is NaN at every negative x: ``x ** 10`` at -2 gave NaN,
+    not 1024), other exponents through exp(c log x) (NaN at negative x, as ``x ** c``), at -inf ``+inf`` (c > 0)
+    or ``0`` (c < 0) as IEEE ``pow`` and ATen (log(-inf) is NaN)."""
     x, c = args[0], float(attrs["c"])
     if c.is_integer() and abs(c) <= 8:
         k = int(abs(c))
@@ -134,7 +137,12 @@ def _pow(args: Sequence[str], attrs: dict[str, Any], in_types: Any, out_types: A
         return f"tl.sqrt({x})"
     if c == -0.5:
         return f"tl.rsqrt({x})"
-    return f"tl.exp({c!r} * tl.log({x}))"
+    if c.is_integer():
+        mag = f"tl.exp({c!r} * tl.log(tl.abs({x})))"
+        neg = f"(({x} < 0.0) | (1.0 / {x} < 0.0))"  # (-0.0 too: x ** -3 is -inf there)
+        return f"tl.where({neg}, {mag} * -1.0, {mag})" if int(c) % 2 else mag
+    at_ninf = "float('inf')" if c > 0 else "0.0"
+    return f"tl.where({x} == float('-inf'), {at_ninf}, tl.exp({c!r} * tl.log({x})))"
 
 
 @implements("triton", "min")
