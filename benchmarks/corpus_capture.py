@@ -18,6 +18,7 @@ With ``--gpu`` (a CUDA machine) each module is also timed with CUDA graphs
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import dataclasses
 import json
@@ -25,6 +26,8 @@ import logging
 import math
 import sys
 import time
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -128,29 +131,90 @@ def _no_search() -> None:
     vm.__dict__["superoptimize"] = lambda g, **kw: _found(g, "no search")
 
 
-def _serve_plan(path: Path, stats: dict[str, int]) -> None:
-    """Serve searches from a plan (``--make-plan`` on a CPU: lifted graph text -> best verified μGraph text).
+def recheck(g: Any, texts: list[str], limit: int,
+            memo: dict[tuple[str, str], str | None]) -> tuple[list[Any], list[str]]:
+    """The first ``limit`` μGraphs of ``texts`` (a plan entry, read from disk: nothing in it is trusted) that
+    re-check against ``g``, the partition's own lifted graph, and why each other one did not.
 
-    For a machine without egglog: a partition whose lifted graph is in the plan gets the μGraph the CPU
-    search found and verified for exactly that graph (matched by its full text: ops, shapes, dtypes); any
-    other partition gets the lifted graph itself (each op its own kernel). Nothing is re-verified here.
+    A μGraph is served only when its text is canonical (``str(MuGraph.parse(t)) == t``), the verifier proves it
+    equal to ``g`` (``vm.verify``: Z3 on the abstract expressions and the finite-field trials, from the two
+    programs alone) and the search's floating-point check passes again (a proof is about the reals: an
+    unstabilised softmax proves, then overflows). ``memo`` holds this process's verdicts (graph text, μGraph
+    text) -> None (served) or the reason; it is never written to disk.
+    """
+    import verimirage as vm
+    from verimirage.ir.graph import MuGraph
+    from verimirage.pipeline.fpsafe import SafetyChecker
+    from verimirage.smt.verdict import Proved
+
+    served: list[Any] = []
+    why: list[str] = []
+    gtext = str(g)
+    safety: Any = None
+    for t in texts:
+        if len(served) >= max(1, limit):
+            break
+        key = (gtext, t)
+        if key not in memo:
+            try:
+                mg = MuGraph.parse(t)
+                if str(mg) != t:
+                    raise ValueError("the μGraph text is not canonical")
+                v = vm.verify(g, mg)
+                if not isinstance(v, Proved):
+                    raise ValueError(f"not proved equal to the partition ({type(v).__name__}: {v.reason[:200]})")
+                safety = safety or SafetyChecker(g)
+                unsafe = safety.check(mg)
+                if unsafe is not None:
+                    raise ValueError(f"proved, but {unsafe}")
+                memo[key] = None
+            except Exception as e:  # anything wrong with an entry: not served, never the caller's exception
+                memo[key] = f"{type(e).__name__}: {str(e)[:300]}"
+        if memo[key] is None:
+            served.append(MuGraph.parse(t))
+        else:
+            why.append(str(memo[key]))
+    return served, why
+
+
+def _serve_plan(path: Path, stats: dict[str, Any], *, limit: int = 4) -> None:
+    """Serve searches from a plan (``--make-plan`` on a CPU: lifted graph text -> verified μGraph texts).
+
+    For a machine without egglog: a partition whose lifted graph is in the plan (matched by its full text: ops,
+    shapes, dtypes) gets the plan's μGraphs that re-check against it (:func:`recheck`: at most ``limit``, the
+    plan's best first); a partition not in the plan, or none of whose μGraphs re-checks, gets the lifted graph
+    itself (each op its own kernel). ``stats``: counts ``hit`` / ``miss`` / ``rejected`` (an entry that did not
+    re-check), and ``missed`` (graph texts of misses and rejected entries, for the next ``--make-plan
+    --from-misses``) and ``rejections`` (why).
     """
 
     import verimirage as vm
-    from verimirage.ir.graph import MuGraph
 
     plan = json.loads(path.read_text())
+    memo: dict[tuple[str, str], str | None] = {}
 
     def serve(g: Any, **kw: Any) -> Any:
-        text = plan.get(str(g))
+        key = str(g)
+        text = plan.get(key)
         if text is None:
             stats["miss"] = stats.get("miss", 0) + 1
+            stats.setdefault("missed", []).append(key)
             return _found(g, "not in the plan")
+        texts = [text] if isinstance(text, str) else [t for t in text if isinstance(t, str)]
+        t0 = time.perf_counter()
+        served, why = recheck(g, texts, limit, memo)
+        stats["recheck_s"] = stats.get("recheck_s", 0.0) + time.perf_counter() - t0
+        if why:
+            stats.setdefault("rejections", []).extend(why)
+            log.warning("plan entry: %d μGraph(s) did not re-check against the partition: %s", len(why), why[0])
+        if not served:
+            stats["rejected"] = stats.get("rejected", 0) + 1
+            stats.setdefault("missed", []).append(key)
+            return _found(g, "the plan's μGraphs did not re-check")
         stats["hit"] = stats.get("hit", 0) + 1
-        texts = [text] if isinstance(text, str) else list(text)
-        found = _found(None, "plan")
-        found.candidates = [MuGraph.parse(t) for t in texts]  # the best first, then its verified siblings
-        found.best = found.candidates[0]
+        found = _found(None, "plan (re-checked)")
+        found.candidates = served  # the best first, then its verified siblings
+        found.best = served[0]
         return found
 
     vm.__dict__["superoptimize"] = serve
@@ -165,28 +229,151 @@ class _Stop(Exception):
     """Raised by the plan maker's inner compiler once the graph is captured (nothing is compiled or run)."""
 
 
-def make_plan(names: list[str], dims: Any, dtype: torch.dtype, budget: float, path: Path, *,
-              train: bool = False) -> None:
-    """Search (on this CPU) every partition the Inductor path lifts from the modules' inference graphs (``train``:
-    from the forward and backward graphs of a training step, which the CPU runs eagerly to reach the backward).
+@contextlib.contextmanager
+def fake_cuda() -> Iterator[Any]:
+    """A ``FakeTensorMode`` in which tensors on device ``cuda`` exist without a GPU (a CPU-only torch), for tracing
+    the graphs a GPU run sees: Dynamo, AOTAutograd and Inductor's passes up to its inner compiler run on them.
 
-    The graphs are what ``backend="verimirage"`` with the Inductor fallback sees (Inductor's decompositions),
-    traced on CPU tensors of the GPU run's shapes and dtype; each partition's best verified μGraph is
-    written to ``path`` (JSON: lifted graph text -> the verified μGraph texts, the cost model's best first, then
-    up to 3 structures and 2 loop-range siblings each, for the GPU profile to choose among), merged with what
-    is there.
+    Inductor's joint-graph patterns are initialised from CPU example tensors (their tracing would make real CUDA
+    tensors; a pattern is an op structure, and its CUDA-only conditions still read the graph's device), and the
+    compute capability reads as Hopper's, (9, 0) (the matmul padding pass asks). Inference only: autograd on a
+    fake CUDA tensor aborts the process in a CPU-only build (its device guard), so parameters must not require
+    grad (:func:`to_fake_cuda`).
     """
+    import torch._inductor.constant_folding as cf
+    import torch._inductor.fx_passes.joint_graph as jg
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    init, cap, run_node = jg.lazy_init, torch.cuda.get_device_capability, cf.ConstantFolder.run_node
+
+    def on_cpu(self: Any, node: Any) -> Any:
+        # constant folding evaluates the graph's constants with real tensors: a constant asked for on device cuda
+        # is made on the CPU (its value is the same; the graph's node keeps its device)
+        dev = node.kwargs.get("device") if isinstance(node.kwargs, dict) else None
+        if not (isinstance(dev, torch.device) and dev.type == "cuda"):
+            return run_node(self, node)
+        kept = node.kwargs
+        node.kwargs = {**kept, "device": torch.device("cpu")}
+        try:
+            return run_node(self, node)
+        finally:
+            node.kwargs = kept
+
+    aten = torch.ops.aten
+
+    def sdpa(q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float = 0.0, is_causal: bool = False,
+             scale: float | None = None, enable_gqa: bool = False) -> Any:
+        # SDPA's fused-kernel choice is a C++ stub a CPU-only build has no CUDA entry for (it would take the math
+        # path): a GPU's choice for the corpus's fp16 attention, flash without a mask, memory-efficient with one
+        if attn_mask is None and q.dtype in (torch.float16, torch.bfloat16) and not enable_gqa:
+            return aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, is_causal, False, scale=scale)[0]
+        if attn_mask is not None:  # the memory-efficient kernel's mask: padded to 16 columns unless its strides
+            # are aligned, sliced back, broadcast to (batch, heads, queries, keys)
+            if any(st % 16 for st in attn_mask.stride()[:-1]):
+                n = attn_mask.size(-1)
+                attn_mask = aten.slice.Tensor(aten.constant_pad_nd(attn_mask, [0, 16 - n % 16]), -1, 0, n)
+            attn_mask = attn_mask.expand(q.size(0), q.size(1), q.size(2), k.size(2))
+        return aten._scaled_dot_product_efficient_attention(q, k, v, attn_mask, False, dropout_p, is_causal,
+                                                            scale=scale)[0]
+
+    lib = torch.library.Library("aten", "IMPL")
+    jg.lazy_init = lambda input_device=None: init(torch.device("cpu"))
+    cf.ConstantFolder.run_node = on_cpu  # type: ignore[method-assign]
+    torch.cuda.get_device_capability = lambda *a, **k: (9, 0)  # type: ignore[assignment]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (it overrides the registered kernel: said once, here)
+            lib.impl("scaled_dot_product_attention", sdpa, "CompositeImplicitAutograd")
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            yield mode
+    finally:
+        lib._destroy()  # the C++ kernel again
+        jg.lazy_init, cf.ConstantFolder.run_node = init, run_node  # type: ignore[method-assign]
+        torch.cuda.get_device_capability = cap  # type: ignore[assignment]
+
+
+def to_fake_cuda(model: torch.nn.Module, xs: list[torch.Tensor]) -> tuple[torch.nn.Module, list[torch.Tensor]]:
+    """``model`` and ``xs`` as fake CUDA tensors of the same shapes, strides and dtypes (inside :func:`fake_cuda`;
+    values are not kept: the capture reads none), parameters not requiring grad."""
+
+    def conv(t: torch.Tensor) -> torch.Tensor:
+        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cuda")
+
+    return model._apply(conv).requires_grad_(False), [conv(x) for x in xs]
+
+
+def trace(name: str, dims: Any, dtype: torch.dtype, opts: Any, *, train: bool = False, cuda: bool = False) -> Report:
+    """Run module ``name``'s graphs (inference, or with ``train`` a training step's forward and backward) through
+    Dynamo and Inductor's AOT path to its inner compiler, where :func:`transform` proposes and lifts the partitions
+    that ``backend="verimirage"`` with the Inductor fallback would (each one asks ``vm.superoptimize``, which the
+    caller replaces); nothing is compiled or run. ``cuda``: on fake CUDA tensors (:func:`fake_cuda`: the graphs a
+    GPU run sees; inference only), else on CPU tensors. The report of what the capture saw."""
+    import contextlib as cl
+
+    from functorch.compile import make_boxed_func
     from torch._inductor.compile_fx import compile_fx
 
+    from verimirage.integrations.capture import transform
+
+    if cuda and train:
+        raise ValueError("trace: a training step cannot be traced on fake CUDA tensors without a GPU (autograd "
+                         "aborts on their device); trace it on the CPU")
+    torch._dynamo.reset()
+    torch._dynamo.config.suppress_errors = False
+    model, xs = corpus.get(name, dims=dims, dtype=dtype)
+    rep = Report()
+
+    def inner(g: Any, ex: Any, **kw: Any) -> Any:
+        kind = "backward" if kw.get("is_backward") else ("inference" if kw.get("is_inference") else "forward")
+        transform(g, opts, rep, kind)  # nothing is taken (the caller's search serves nothing): g is unchanged
+        if not train:
+            raise _Stop()
+        return make_boxed_func(g.forward)
+
+    with fake_cuda() if cuda else cl.nullcontext():
+        if cuda:
+            model, xs = to_fake_cuda(model, xs)
+        try:
+            cm = torch.compile(model, backend=lambda gm, ex: compile_fx(gm, ex, inner_compile=inner))
+            if train:
+                xg = [x.requires_grad_() if x.is_floating_point() else x for x in xs]
+                cm(*xg).float().sum().backward()
+            else:
+                with torch.no_grad():
+                    cm(*xs)
+        except Exception as e:
+            if "_Stop" not in f"{type(e).__name__} {e!r}":
+                raise
+    return rep
+
+
+def make_plan(names: list[str], dims: Any, dtype: torch.dtype, budget: float, path: Path, *,
+              train: bool = False, cuda: bool = True, graphs: list[str] | None = None) -> None:
+    """Search (on this CPU) every partition the Inductor path lifts from the modules' inference graphs, traced on
+    fake CUDA tensors (``cuda``, the default: the graphs a GPU run sees, :func:`trace`) or on CPU tensors; with
+    ``train``: from the forward and backward graphs of a training step (traced on the CPU: autograd cannot run on
+    fake CUDA tensors here). ``graphs``: also search these lifted graph texts as they are (the partitions a device
+    run missed: its ``misses.json``, so a torch version there that decomposes differently is planned too).
+
+    Each partition's verified μGraphs are written to ``path`` (JSON: lifted graph text -> the μGraph texts, the
+    cost model's best first, then up to 3 structures and 2 loop-range siblings each, for the GPU profile to choose
+    among), merged with what is there. Nothing in the plan is trusted where it is served (:func:`recheck`).
+    """
     import verimirage as vm
-    from verimirage.integrations.capture import CaptureOptions, transform
+    from verimirage.integrations.capture import CaptureOptions
+    from verimirage.ir.graph import Graph
 
     real = vm.superoptimize
-    plan: dict[str, str] = json.loads(path.read_text()) if path.exists() else {}
+    plan: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
     missed: set[str] = set()
 
-    def search(g: Any, **kw: Any) -> Any:
+    def found(key: str, r: Any) -> None:
+        if r.candidates:
+            best = [r.best] + [c for c in r.candidates if c is not r.best]
+            plan[key] = [str(c.mugraph) for c in best]  # the GPU profile picks among them
+            path.write_text(json.dumps(plan, indent=1))
 
+    def search(g: Any, **kw: Any) -> Any:
         key = str(g)
         if key not in plan and key not in missed:
             missed.add(key)  # searched once: a retry of the same partition is not searched again
@@ -194,45 +381,37 @@ def make_plan(names: list[str], dims: Any, dtype: torch.dtype, budget: float, pa
             r = real(g, **kw)
             log.warning("searched a partition in %.0f s: %d candidate(s)", time.perf_counter() - t0,
                         len(r.candidates))
-            if r.candidates:
-                best = [r.best] + [c for c in r.candidates if c is not r.best]
-                plan[key] = [str(c.mugraph) for c in best]  # the GPU profile picks among them
-                path.write_text(json.dumps(plan, indent=1))
+            found(key, r)
         if key in plan:
             # planned: the partition is not taken here (the graph stays as it was), and no retry searches its halves
             raise _Planned()
         return _found(None, "plan")  # no verified candidate: the capture's retries (halves...) are searched too
 
-    vm.__dict__["superoptimize"] = search
     opts = CaptureOptions(time_budget_s=budget, check=False, search={"top_k": 3, "variants": 2})
-    torch._dynamo.config.suppress_errors = False
-    from functorch.compile import make_boxed_func
-
     try:
+        for text in graphs or []:
+            if text not in plan:
+                g = Graph.parse(text)
+                found(text, real(g, time_budget_s=budget, **dict(opts.search)))
+        vm.__dict__["superoptimize"] = search
         for name in names:
-            torch._dynamo.reset()
-            model, xs = corpus.get(name, dims=dims, dtype=dtype)
-            rep = Report()
-
-            def inner(g: Any, ex: Any, rep: Report = rep, **kw: Any) -> Any:
-                kind = "backward" if kw.get("is_backward") else ("inference" if kw.get("is_inference") else "forward")
-                transform(g, opts, rep, kind)  # nothing is taken (the search answers "plan"): g is unchanged
-                if not train:
-                    raise _Stop()
-                return make_boxed_func(g.forward)
-
+            on_cuda = cuda and not train
             try:
-                cm = torch.compile(model, backend=lambda gm, ex: compile_fx(gm, ex, inner_compile=inner))
-                if train:
-                    xg = [x.requires_grad_() if x.is_floating_point() else x for x in xs]
-                    cm(*xg).float().sum().backward()
-                else:
-                    with torch.no_grad():
-                        cm(*xs)
-            except Exception as e:
-                if "_Stop" not in f"{type(e).__name__} {e!r}":
-                    log.exception("%s: plan failed", name)
-            print(f"{name}: {len(rep.partitions)} partition(s); plan now {len(plan)} entries", flush=True)
+                try:
+                    rep = trace(name, dims, dtype, opts, train=train, cuda=on_cuda)
+                except Exception as e:
+                    if not on_cuda:
+                        raise
+                    # e.g. Python indexing of a fake CUDA tensor takes a device guard a CPU-only build lacks
+                    log.warning("%s: the fake-CUDA trace failed (%s: %s); traced on the CPU instead", name,
+                                type(e).__name__, str(e).splitlines()[0][:200] if str(e) else "")
+                    on_cuda = False
+                    rep = trace(name, dims, dtype, opts, train=train, cuda=False)
+            except Exception:
+                log.exception("%s: plan failed", name)
+                continue
+            print(f"{name}: {len(rep.partitions)} partition(s) traced on {'fake CUDA' if on_cuda else 'the CPU'}; "
+                  f"plan now {len(plan)} entries", flush=True)
     finally:
         vm.__dict__["superoptimize"] = real
 
@@ -341,6 +520,8 @@ def gpu_one(name: str, *, train: bool, dims: Any, dtype: torch.dtype, budget: fl
     res.update(coverage=rep.coverage, taken=taken, total=total, notes=rep.notes, graph_times=rep.graph_times,
                plan_hits=plan_stats.get("hit", 0) - hits0.get("hit", 0),
                plan_misses=plan_stats.get("miss", 0) - hits0.get("miss", 0),
+               plan_rejected=plan_stats.get("rejected", 0) - hits0.get("rejected", 0),
+               plan_recheck_s=plan_stats.get("recheck_s", 0.0) - hits0.get("recheck_s", 0.0),
                partitions=[{"name": p.name, "ops": p.ops, "taken": p.taken, "reason": p.reason,
                             "kernels": len(p.kernels), "measured_us": p.measured_us, "fallback_us": p.fallback_us,
                             "candidates_us": p.candidates_us}
@@ -361,7 +542,7 @@ def gpu_run(names: list[str], train_names: list[str], *, dims: Any, dtype: torch
     out.mkdir(parents=True, exist_ok=True)
     stats: dict[str, int] = {}
     if plan is not None:
-        _serve_plan(plan, stats)
+        _serve_plan(plan, stats, limit=candidates)
     else:
         _no_search()
     dev = torch.cuda.get_device_name()
@@ -393,6 +574,10 @@ def gpu_run(names: list[str], train_names: list[str], *, dims: Any, dtype: torch
             r["elapsed_s"] = time.perf_counter() - t_start
             sink.write(json.dumps(r) + "\n")
             sink.flush()
+            if stats.get("missed"):  # what the next --make-plan --from-misses searches (merged with earlier runs')
+                mp = out / "misses.json"
+                old = json.loads(mp.read_text()) if mp.exists() else []
+                mp.write_text(json.dumps(sorted(set(old) | set(stats["missed"])), indent=0))
 
 
 #: a module whose verimirage time exceeds its fallback's (torch.compile default) by more than this is listed
@@ -551,6 +736,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-search", action="store_true", help="each lifted op its own kernel (no egglog needed)")
     ap.add_argument("--make-plan", type=Path, help="search the Inductor path's partitions here (CPU), into a plan "
                     "(with --train: those of a training step's forward and backward graphs)")
+    ap.add_argument("--cpu-trace", action="store_true", help="with --make-plan: trace the inference graphs on CPU "
+                    "tensors (default: on fake CUDA tensors, the graphs a GPU run sees)")
+    ap.add_argument("--from-misses", type=Path, action="append", default=[],
+                    help="with --make-plan: also search the lifted graphs of a device run's misses.json")
     ap.add_argument("--plan", type=Path, help="serve searches from a plan made by --make-plan (no egglog needed)")
     ap.add_argument("--gpu-run", type=Path, help="the GPU table into this folder (see gpu_run)")
     ap.add_argument("--train-names", default="", help="with --gpu-run: modules to time a training step of")
@@ -574,7 +763,9 @@ def main(argv: list[str] | None = None) -> int:
         logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         names = corpus.names() if args.names == "all" else [n for n in args.names.split(",") if n]
         if args.make_plan:
-            make_plan(names, dims, torch.float16, args.budget, args.make_plan, train=args.train)
+            graphs = [t for f in args.from_misses for t in json.loads(f.read_text())]
+            make_plan(names, dims, torch.float16, args.budget, args.make_plan, train=args.train,
+                      cuda=not args.cpu_trace, graphs=graphs)
         else:
             train = [n for n in args.train_names.split(",") if n]
             gpu_run(names, train, dims=dims, dtype=torch.float16, budget=args.budget, out=args.gpu_run,

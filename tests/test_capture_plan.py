@@ -1,0 +1,110 @@
+"""The device run's search plans (``benchmarks/corpus_capture.py``): made from the graphs a GPU sees (fake CUDA
+tensors on this CPU), and re-checked against each partition where they are served (nothing read from disk is
+trusted)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import verimirage as vm
+from verimirage.benchmarks import modules as corpus
+from verimirage.ir.graph import Graph, MuGraph
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import corpus_capture as cc
+
+_G = """graph {
+  %0 = input {name='in0'} : f32[4,8]
+  %1 = exp %0 : f32[4,8]
+  %2 = sum %1 {axis=1} : f32[4,1]
+  return %2
+}"""
+
+
+def _graph(op: str) -> Graph:
+    return Graph.parse(_G.replace("exp", op))
+
+
+def test_served_plan_is_rechecked_against_the_partition(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_serve_plan`` serves a plan's μGraph only after it re-checks against the partition's own lifted graph
+    (``vm.verify`` and the floating-point check): a μGraph of another function under the partition's key (a
+    tampered or stale plan) is not served; an entry none of whose μGraphs re-checks is a miss (the lifted graph
+    itself runs, op by op) and its graph is listed for the next plan."""
+    monkeypatch.setattr(vm, "superoptimize", vm.superoptimize)  # put back after the test
+    g, other, g2 = _graph("exp"), _graph("tanh"), _graph("sigmoid")
+    good, bad = str(MuGraph.from_graph(g)), str(MuGraph.from_graph(other))
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({str(g): [bad, good], str(g2): [bad]}))
+    stats: dict[str, Any] = {}
+    cc._serve_plan(path, stats, limit=2)
+    r = vm.superoptimize(g)
+    assert [str(c) for c in r.candidates] == [good]  # the wrong one is dropped, the right one served
+    assert r.best is r.candidates[0] and stats["hit"] == 1
+    assert len(stats["rejections"]) == 1 and "not proved" in stats["rejections"][0]
+    r2 = vm.superoptimize(g2)
+    assert r2.candidates == [g2] and r2.report.stop_reason == "the plan's μGraphs did not re-check"
+    assert stats["rejected"] == 1 and stats["missed"] == [str(g2)]
+    r3 = vm.superoptimize(_graph("neg"))  # not in the plan
+    assert stats["miss"] == 1 and r3.report.stop_reason == "not in the plan"
+
+
+def test_recheck_rejects_a_non_canonical_text_and_caps_what_it_serves() -> None:
+    """A plan μGraph whose text does not print back the same is not served, and at most ``limit`` are served
+    (each one verified); verdicts are remembered for this process only."""
+    g = _graph("exp")
+    good = str(MuGraph.from_graph(g))
+    memo: dict[tuple[str, str], str | None] = {}
+    served, why = cc.recheck(g, [good.replace("\n", "\n\n", 1), good, good], 1, memo)
+    assert [str(m) for m in served] == [good] and len(why) == 1 and "canonical" in why[0]
+    assert memo[(str(g), good)] is None
+
+
+@pytest.mark.slow
+def test_fake_cuda_trace_partitions_have_plans(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plan made from the fake-CUDA trace (``make_plan``'s default) holds every partition the GPU's graph has:
+    attention with a padding mask traced on CUDA runs the memory-efficient kernel, its mask padded, sliced and
+    expanded (``slice``, ``expand``: as on an H100), which the CPU trace (the CPU's fused attention op) does not
+    have, so a plan made on the CPU misses the GPU's attention partition and the fake-CUDA plan does not."""
+    planned: list[str] = []
+
+    def search(g: Any, **kw: Any) -> Any:
+        planned.append(str(g))
+        c = types.SimpleNamespace(mugraph=MuGraph.from_graph(g))
+        return types.SimpleNamespace(candidates=[c], best=c)
+
+    monkeypatch.setattr(vm, "superoptimize", search)
+    cuda_plan, cpu_plan = tmp_path / "cuda.json", tmp_path / "cpu.json"
+    cc.make_plan(["sdpa_mask"], corpus.SMALL, torch.float16, 1.0, cuda_plan)
+    cc.make_plan(["sdpa_mask"], corpus.SMALL, torch.float16, 1.0, cpu_plan, cuda=False)
+    assert vm.superoptimize is search  # put back
+    seen: list[str] = []
+
+    def record(g: Any, **kw: Any) -> Any:
+        seen.append(str(g))
+        raise cc._Planned()  # (no retries in halves: the partitions as proposed)
+
+    monkeypatch.setattr(vm, "superoptimize", record)
+    from verimirage.integrations.capture import CaptureOptions
+
+    rep = cc.trace("sdpa_mask", corpus.SMALL, torch.float16, CaptureOptions(check=False), cuda=True)
+    ops = [o for p in rep.partitions for o in p.ops]
+    assert "_scaled_dot_product_efficient_attention" in ops and "slice" in ops and "expand" in ops
+    cuda, cpu = json.loads(cuda_plan.read_text()), json.loads(cpu_plan.read_text())
+    assert seen and all(k in cuda for k in seen)
+    assert any(k not in cpu for k in seen)
+    assert all(isinstance(v, list) and MuGraph.parse(v[0]) for v in cuda.values())
+
+
+def test_fake_cuda_trace_refuses_a_training_step() -> None:
+    """Autograd on a fake CUDA tensor aborts a CPU-only process (its device guard): the trace refuses instead."""
+    from verimirage.integrations.capture import CaptureOptions
+
+    with pytest.raises(ValueError, match="training step"):
+        cc.trace("mlp_relu", corpus.SMALL, torch.float16, CaptureOptions(check=False), train=True, cuda=True)
