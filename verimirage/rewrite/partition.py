@@ -1052,8 +1052,11 @@ def cut_lowerings(g: Graph, *, grids: Sequence[int] | None = None, franges: Sequ
     if rank is None:
         from .cost import cost as rank
     out: list[Lowered] = []
+    taken = {t.name for t in g.inputs}
     for v in cut_points(g):
         name = f"cut_{v}"
+        while name in taken:  # (a program input named cut_8 made the cut of node 8 read that input: no lowering)
+            name += "_"
         split = _split_at(g, v, name)
         if split is None:
             continue
