@@ -116,5 +116,6 @@ def test_a_flattened_row_of_a_layer_size_projection_is_cut_once_more() -> None:
 
     deep = min(cost(lo.mugraph).time_s for lo in gridded(P.cut_lowerings(g, depth=2)))
     shallow = min(cost(lo.mugraph).time_s for lo in gridded(P.cut_lowerings(g, depth=1)))
-    # (one cut: the feasible gridded products are one-step 4096-deep tiles of 16 columns, 256 blocks)
-    assert deep < cost(P.unfused(g).mugraph).time_s and deep < 0.6 * shallow
+    # (one cut: the feasible gridded products are one-step 4096-deep tiles of 16 columns, 256 blocks: 32-byte
+    # rows, charged (128 / 32) ** 0.25 = 1.41x as measured on qkv_bias's W, not the 3.2x the model charged before)
+    assert deep < cost(P.unfused(g).mugraph).time_s and deep < 0.95 * shallow

@@ -203,7 +203,9 @@ def test_search_reaches_expert_kernel_counts(name: str) -> None:
     res = superoptimize(g, verifier=numeric_checker_full, top_k=1, progress=False)
     best = res.best
     assert best is not None, str(res.report)
-    limit = 2 if name in ATTENTION else 1
+    # (rmsnorm_linear: split-K over 192 blocks plus a combine kernel ties the one 96-block kernel, estimated and
+    # measured: H100 sweeps 21.3 vs 22.1 us and 21.6 vs 21.0 us, benchmarks/perf/results/run{3,5}_sweep.json)
+    limit = 2 if name in ATTENTION or name == "rmsnorm_linear" else 1
     assert best.num_kernels <= limit, f"{name}: {best!r}\n{best.mugraph}"
     assert best.rules and any(r.startswith("partition.") for r in best.rules)
 

@@ -16,14 +16,22 @@ from H100/H200 measurements (benchmarks/perf/NOTES.md):
   split-K; one block per SM does not reach the copy bandwidth);
 * tiles are padded to powers of two in the generated code: a kernel is
   charged for the padded size of its largest padded tile;
-* tiles whose rows are narrower than ``min_run`` bytes are charged for the wasted transactions, and
-  tiles of device-memory streams the for-loop walks along their contiguous dim in runs shorter than
-  ``walk_run`` bytes a little;
+* tiles whose rows are narrower than a DRAM ``segment`` (128 bytes) are charged for the partly used
+  transactions, ``(segment / run) ** segment_exponent`` (unless one wave of neighbouring blocks reads them
+  together), and tiles of device-memory streams the for-loop walks along their contiguous dim in runs
+  shorter than ``walk_run`` bytes a little;
 * the for-loop is software-pipelined: a kernel whose per-iteration tiles do
   not fit ``stages - 1`` times in shared memory (as Triton buffers them) is
   infeasible (227 KB on an H100), and each loop iteration costs a little
   fixed time. So is a kernel the backend cannot launch within that limit under any configuration
-  (:func:`verimirage.backend.resources.min_smem`: one stage, 16-row ``tl.dot`` padding).
+  (:func:`verimirage.backend.resources.min_smem`: one stage, 16-row ``tl.dot`` padding);
+* a for-loop whose live tiles need more registers than ``loop_registers`` per thread spills, and products
+  of rank-3 tiles with several batch elements run ``batched_dot_slowdown`` slower (mma.sync and layout
+  conversions instead of wgmma);
+* a program whose traffic fits in L2 finds part of it there when called again (``hot_l2``).
+
+``benchmarks/calibrate_cost.py`` reports the rank agreement of these estimates with every measured candidate of
+the models set (``tests/test_cost_calibration.py`` holds it).
 
 :func:`calibrate` fits the three coefficients to GPU timings.
 """
@@ -35,7 +43,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..ir.graph import BlockGraph, Graph, MuGraph, node_list
+from ..ir.graph import BlockGraph, Graph, MuGraph, node_list, output_refs
 from ..ir.ops import LOOP_OPS, OPS, Prop, TensorType
 
 
@@ -49,11 +57,14 @@ class Hardware:
     smem_per_sm: int = 228 * 1024
     #: most elements of one tile (a Triton tensor: dims padded to powers of two); Triton refuses larger blocks
     max_tile_elements: int = 1 << 20
-    #: bytes/s a streaming kernel reaches (H100, measured: 75-80% of the 2.95 TB/s copy bandwidth)
-    bandwidth: float = 2.4e12
+    #: bytes/s a streaming kernel reaches (H100, models set: the 100-350 MB programs streamed at 2.5-2.9 TB/s,
+    #: 85-97% of the 2.95 TB/s copy bandwidth; was 2.4e12 from the suite's smaller kernels)
+    bandwidth: float = 2.8e12
     tc_flops: float = 6.9e14  # tensor-core flop/s (fp16/bf16, measured)
     simt_flops: float = 5.0e13  # other flop/s
-    launch_s: float = 3.0e-6
+    #: per kernel (CUDA-graph replay, H100: 1.2 us measured launch; a kernel's ramp and tail add the rest:
+    #: layernorm_linear's ten small kernels cost about 1.7 us each; was 3.0e-6)
+    launch_s: float = 2.0e-6
     l2_bytes: int = 50 * 1024 * 1024  # tensors re-read by many blocks are served from L2 when they fit
     l2_bandwidth: float = 1.0e13  # bytes/s for re-reads served by L2
     l2_speedup: float = 4.0  # a block streams L2 hits this much faster than device-memory bytes
@@ -62,9 +73,19 @@ class Hardware:
     resident_blocks: int = 4  # blocks of a kernel in flight per SM, at most
     stages: int = 3  # software-pipeline depth the shared-memory check assumes
     iteration_s: float = 1.0e-8  # fixed cost of one for-loop iteration
-    #: contiguous bytes per tile row below which loads are charged extra (measured: 16-column fp16 tiles
-    #: of rmsnorm_linear's W, 32-byte rows, ran 3.2x slower than 64-column ones; benchmarks/perf/NOTES.md)
+    #: the contiguous bytes a tile row has when the tile spans its tensor's whole last dim (never charged)
     min_run: int = 64
+    #: DRAM segment a load should fill: rows of a tile narrower than this stream at ``(run / segment) **
+    #: segment_exponent`` of the bandwidth (H100, models set: batchnorm_relu's 64-byte rows 41.5 us for
+    #: 102.8 MB, 0.84 of the copy rate; qkv_bias's W in 32-byte rows 16.5 us against 11.3 us in 128-byte
+    #: rows; benchmarks/results/models.json)
+    segment: int = 128
+    segment_exponent: float = 0.25
+    #: a program whose device-memory traffic (inputs and outputs) is smaller than L2 finds part of it still in
+    #: L2 when called again: ``1 - traffic / l2_bytes`` of its bytes are charged at ``l2_bandwidth`` (H100:
+    #: 34 MB programs of the models set streamed at 3.1-3.9 TB/s under CUDA-graph replay, above the copy
+    #: rate; 67 MB and larger at 2.8 TB/s)
+    hot_l2: bool = True
     #: a tile of a tensor streamed from device memory that the for-loop walks along its contiguous last dim
     #: (attention's K stored d x kv) pays ``(walk_run / run) ** walk_exponent`` for runs of min_run up to this
     #: (H100, mha b8, 2 heads per block: KV tiles of 64 keys, 128-byte runs, 94.8 us; 128 keys 91.4 us;
@@ -76,6 +97,19 @@ class Hardware:
     #: its compute that much slower (H100, causal attention 16x1024x64: 128 blocks of 128 query rows, one per
     #: SM, 54.9 us; 256 blocks of 64 rows, two per SM, 25.6 us; benchmarks/results/models_run1.json)
     overlap_blocks: int = 2
+    #: 32-bit registers per thread a for-loop's live tiles may take before they spill to local memory (255 is
+    #: the hardware's most; addresses, masks and indices take the rest). The live set counted: the loop's
+    #: accumulators plus twice its largest computed tile (a value and the one computed from it), spread over
+    #: the block's threads (4 warps with a ``tl.dot``, else 8 for tiles of 4,096 elements or more, as
+    #: ``backend.tuning.recommend`` launches them); a kernel over budget runs ``(live / budget) ** 2`` slower
+    #: (H100, causal attention 16x1024x64: 128x128 score tiles, about 320 registers, 82.4 us; 64x64 tiles,
+    #: about 100, 23.8 us; benchmarks/results/models.json)
+    loop_registers: int = 200
+    #: a ``tl.dot`` of rank-3 tiles with several batch elements (two heads per block) lowers to mma.sync with
+    #: layout conversions around it, not wgmma: its tensor-core work runs this much slower (H100, models set:
+    #: attention with two heads per block 4.5-60x slower than one head, 2x with 32-row tiles; the decode
+    #: kernels, memory-bound, unaffected; benchmarks/results/models.json)
+    batched_dot_slowdown: float = 4.0
 
 
 H100 = Hardware()
@@ -136,7 +170,7 @@ def _pow2(n: int) -> int:
 
 
 def _roofline(nbytes: int, tc: int, other: int, blocks: int, smem: int, hw: Hardware, cal: Calibration,
-              l2_bytes: int = 0, pad: float = 1.0, iterations: int = 0) -> KernelCost:
+              l2_bytes: int = 0, pad: float = 1.0, iterations: int = 0, hot: float = 0.0) -> KernelCost:
     # compute: SMs left idle by the grid (or by a partial last wave) are lost, and so is the overlap of
     # loads and arithmetic when shared memory leaves room for fewer than ``overlap_blocks`` blocks per SM
     resident = max(1, min(hw.resident_blocks, hw.smem_per_sm // max(smem, 1)))
@@ -151,7 +185,9 @@ def _roofline(nbytes: int, tc: int, other: int, blocks: int, smem: int, hw: Hard
     per_block = pad * nbytes / max(blocks, 1)
     # a block streams its L2 hits too, faster than device memory (x4 fits gated_mlp's re-read X, H100)
     streamed = per_block + pad * l2_bytes / max(blocks, 1) / hw.l2_speedup
-    mem = (rounds * max(streamed / hw.block_bandwidth, per_block * per_round / hw.bandwidth)
+    # (``hot``: the fraction of device-memory bytes still in L2 from the previous call, see Hardware.hot_l2)
+    rate = (1 - hot) / hw.bandwidth + hot / hw.l2_bandwidth
+    mem = (rounds * max(streamed / hw.block_bandwidth, per_block * per_round * rate)
            + l2_bytes / hw.l2_bandwidth) * cal.mem
     t = hw.launch_s * cal.launch + max(mem, comp) + iterations * rounds * hw.iteration_s
     return KernelCost(nbytes, tc, other, blocks, smem, mem, comp, t)
@@ -168,8 +204,9 @@ def loop_iterations(bg: BlockGraph) -> float:
 
 
 def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequence[TensorType],
-               hw: Hardware = H100, cal: Calibration = Calibration()) -> KernelCost:
-    """Estimate of one custom kernel."""
+               hw: Hardware = H100, cal: Calibration = Calibration(), hot: float = 0.0) -> KernelCost:
+    """Estimate of one custom kernel (``hot``: the fraction of its device-memory bytes found in L2, see
+    :attr:`Hardware.hot_l2`)."""
     blocks = bg.num_blocks
     post = bg.post_loop()
     dram_in = 0
@@ -182,6 +219,7 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
     other: float = 0
     pad = 1.0
     its = loop_iterations(bg)
+    dots = False
     for i, n in enumerate(bg.nodes):
         t = n.outs[0]
         reps = 1 if post[i] else its
@@ -190,9 +228,7 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
             reads = int(tb * (its if n.attr("fmap") is not None else 1) * blocks)
             full = in_types[n.attr("arg")]
             run = t.shape[-1] * t.dtype.itemsize if t.shape and t.shape[-1] < full.shape[-1] else hw.min_run
-            if run < hw.min_run:
-                # rows of a tile narrower than min_run bytes waste most of each memory transaction
-                reads = int(reads * (hw.min_run / run) ** 1.7)
+            reads = int(reads * _segment_charge(bg, n.attr("imap"), full.rank, run, hw))
             # a tensor small enough to stay in L2 costs one trip through device memory however often it is read
             if _bytes(full) <= hw.l2_bytes // 4:
                 dram_in += min(reads, _bytes(full))
@@ -216,18 +252,55 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
             continue
         if OPS[n.op].has(Prop.CONTRACTION):
             a = bg.nodes[n.args[0][0]].outs[n.args[0][1]]
-            tc += 2 * t.numel * a.shape[-1] * reps
+            batched = math.prod(t.shape[:-2]) > 1 and min(t.shape[-2], t.shape[-1], a.shape[-1]) > 1
+            tc += 2 * t.numel * a.shape[-1] * reps * (hw.batched_dot_slowdown if batched else 1.0)
             smem_tmp = max(smem_tmp, t.numel * 4)
+            dots = True
         else:
             other += t.numel * reps
             smem_tmp = max(smem_tmp, _bytes(t))
-    nbytes = dram_in + sum(_bytes(t) for t in out_types)
+    spill = _spill(bg, post, dots, hw)
+    written = 0.0
+    for r, om, full in zip(bg.outputs, bg.omaps, out_types, strict=True):
+        t = bg.type_of(r)
+        run = t.shape[-1] * t.dtype.itemsize if t.shape and t.shape[-1] < full.shape[-1] else hw.min_run
+        written += _bytes(full) * _segment_charge(bg, om.dims, full.rank, run, hw)
+    nbytes = dram_in + written
     # loop-walked tiles are multi-buffered by the software pipeline: Triton 3.6 keeps stages - 1 copies in
     # shared memory (H100: 2 heads x KV tiles of 256 keys at 3 stages asked for 266,240 B = 2 x 128 KB of K and
     # V tiles + the Q tile); loop-invariant tiles are loaded once
     smem = smem_in + smem_walk * max(1, hw.stages - 1) + smem_acc + smem_tmp
-    return _roofline(int(nbytes), int(tc * blocks), int(other * blocks), blocks, smem, hw, cal, l2_in, pad,
-                     math.ceil(its))
+    return _roofline(int(nbytes), int(tc * blocks), int(other * blocks), blocks, smem, hw, cal, l2_in, pad * spill,
+                     math.ceil(its), hot)
+
+
+def _segment_charge(bg: BlockGraph, imap: Sequence[int | None], rank: int, run: int, hw: Hardware) -> float:
+    """Factor on the device-memory bytes of a tile whose rows are ``run`` contiguous bytes (see
+    :attr:`Hardware.segment`). Not charged when the grid is one wave (at most one block per SM) and its axis 0,
+    the one consecutive blocks walk in launch order, splits the tensor's contiguous dim: all blocks stream
+    together, neighbours reading neighbouring runs, which fill the segments between them (H100: gated_mlp's
+    128 blocks of 32 weight columns, 64-byte rows, streamed 64 MB at 2.9 TB/s, benchmarks/results/latest.json;
+    qkv_bias's 144 blocks of 32 columns, two waves' worth, 12.6 us against 11.3 for 72 blocks of 64,
+    benchmarks/results/models.json)."""
+    if run >= hw.segment:
+        return 1.0
+    if bg.grid[0] > 1 and bg.num_blocks <= hw.sms and imap and imap[0] == rank - 1:
+        return 1.0
+    return float((hw.segment / run) ** hw.segment_exponent)
+
+
+def _spill(bg: BlockGraph, post: Sequence[bool], dots: bool, hw: Hardware) -> float:
+    """How much slower a kernel runs for the registers its for-loop's live tiles need (see
+    :attr:`Hardware.loop_registers`); 1 without a loop or within the budget."""
+    if bg.frange <= 1:
+        return 1.0
+    padded = [math.prod(_pow2(d) for d in n.outs[0].shape) if n.outs else 0 for n in bg.nodes]
+    acc = sum(p for n, p in zip(bg.nodes, padded, strict=True) if n.op in LOOP_OPS)
+    body = max((p for n, p, q in zip(bg.nodes, padded, post, strict=True)
+                if not q and n.op != "input" and n.op not in LOOP_OPS), default=0)
+    threads = 32 * (4 if dots or max(padded, default=0) < 4096 else 8)
+    live = (acc + 2 * body) / threads
+    return max(1.0, live / hw.loop_registers) ** 2
 
 
 def _backend_min_smem(bg: BlockGraph, in_types: Sequence[TensorType], limit: int) -> int:
@@ -275,12 +348,15 @@ def cost(g: Graph, hw: Hardware = H100, cal: Calibration = Calibration()) -> Cos
             wrapped = {}
     ks: list[KernelCost] = []
     reason = ""
+    traffic = sum(_bytes(n.outs[0]) for n in nodes if n.op == "input") + sum(
+        _bytes(nodes[a].outs[k]) for a, k in output_refs(g))
+    hot = max(0.0, 1.0 - traffic / hw.l2_bytes) if hw.hot_l2 else 0.0
     for i, n in enumerate(nodes):
         if n.op == "input" or OPS[n.op].has(Prop.CONSTANT):
             continue
         in_types = arg_types(n)
         if n.op == "custom":
-            kc = block_cost(n.attr("block"), in_types, n.outs, hw, cal)
+            kc = block_cost(n.attr("block"), in_types, n.outs, hw, cal, hot)
             big = _largest_tile(n.attr("block"))
             if big > hw.max_tile_elements and not reason:
                 reason = (f"a block value is a tile of {big} elements (padded; > {hw.max_tile_elements} per "
@@ -293,14 +369,14 @@ def cost(g: Graph, hw: Hardware = H100, cal: Calibration = Calibration()) -> Cos
                     reason = (f"a kernel's tiles need {least} B of shared memory under every launch configuration "
                               f"(> {hw.smem_per_block} B per block)")
         elif i in wrapped:
-            kc = block_cost(wrapped[i], in_types, n.outs, hw, cal)
+            kc = block_cost(wrapped[i], in_types, n.outs, hw, cal, hot)
         else:
             out = n.outs[0]
             nbytes = sum(_bytes(t) for t in in_types) + _bytes(out)
             mm = OPS[n.op].has(Prop.CONTRACTION)
             tc = 2 * out.numel * in_types[0].shape[-1] if mm else 0
             other = 0 if mm else sum(t.numel for t in in_types)
-            kc = _roofline(nbytes, tc, other, max(hw.sms, out.numel // 4096), 0, hw, cal)
+            kc = _roofline(nbytes, tc, other, max(hw.sms, out.numel // 4096), 0, hw, cal, hot=hot)
         ks.append(kc)
     return Cost(
         infeasible=bool(reason),

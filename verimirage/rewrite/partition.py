@@ -419,6 +419,23 @@ def _grid_divisors(n: int) -> list[int]:
     return sorted(set(_pow2_divisors(n)) | {n // t for t in _pow2_divisors(n)})
 
 
+#: bytes of a DRAM segment: a tile whose rows (its contiguous dim) are narrower fills only part of each
+#: transaction (the cost model charges it: ``Hardware.segment``)
+SEGMENT_BYTES = 128
+
+
+def _contiguous_labels(an: Analysis) -> dict[int, int]:
+    """Labels of the contiguous (last) dim of a graph input or output, with the largest element size there."""
+    nodes = node_list(an.graph)
+    out: dict[int, int] = {}
+    refs = [i for i, n in enumerate(nodes) if n.op == "input"] + [a for a, _ in output_refs(an.graph)]
+    for i in refs:
+        labs = an.labels.get(i, ())
+        if labs and labs[-1] is not None:
+            out[labs[-1]] = max(out.get(labs[-1], 0), nodes[i].outs[0].dtype.itemsize)
+    return out
+
+
 def configs(
     an: Analysis,
     *,
@@ -432,13 +449,21 @@ def configs(
 ) -> list[Config]:
     """Every partition choice within limits (deterministic order)."""
     dp = an.data_parallel()
+    wide = _contiguous_labels(an)
     per_label: list[list[int]] = []
     for lab in dp:
         n = an.size[lab]
         opts = [p for p in _grid_divisors(n) if p == 1 or lab not in an.mm_labels or n // p >= min_tile]
         if grids is not None:
             opts = [p for p in opts if p == 1 or p in grids]
-        per_label.append(opts[-6:] if len(opts) > 6 else opts)
+        keep = opts[-6:] if len(opts) > 6 else opts
+        if lab in wide and lab not in an.mm_labels:
+            # the finest tiles of a contiguous dim can have rows narrower than a DRAM segment: also offer the two
+            # finest block counts whose tiles are at least a segment wide (batchnorm_relu's 3136 columns were
+            # offered in tiles of 32 fp16 at most, 64-byte rows; 49 blocks of 64 give 128-byte rows)
+            seg = [p for p in opts if (n // p) * wide[lab] >= SEGMENT_BYTES]
+            keep = sorted(set(keep) | set(seg[-2:]))
+        per_label.append(keep)
         if 1 not in per_label[-1]:
             per_label[-1].insert(0, 1)
     grid_choices: list[tuple[tuple[int, int], ...]] = []

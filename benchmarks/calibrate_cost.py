@@ -1,0 +1,204 @@
+"""Calibrate the cost model against the measured per-candidate times of the models set.
+
+    python benchmarks/calibrate_cost.py --build     # (re)collect the dataset from benchmarks/results/ + git
+    python benchmarks/calibrate_cost.py             # re-estimate every stored candidate, report Spearman
+    python benchmarks/calibrate_cost.py --json      # the same report as JSON
+
+The GPU harness (``benchmarks/bench.py --set models --candidates DIR``) records, for every program, each
+candidate's cost estimate next to its fastest measured launch configuration (``cost_vs_measured``: rank into
+the candidate file, ``cost_us``, ``measured_us``). The candidate files are re-searched from time to time, so
+``--build`` finds, for each measured row, the version of ``benchmarks/candidates_models/<case>.json`` (the
+working tree's or one in git history) whose estimates match the recorded ones, and stores the measured
+μGraphs with their times in :data:`DATASET` (one entry per distinct (program, μGraph), the latest run's
+measurement kept). The default mode re-estimates every stored μGraph with the current
+:func:`verimirage.rewrite.cost.cost` and reports Spearman's rank correlation of estimate and measured time,
+pooled over all candidates and within each program, next to the figures of the estimates recorded at run time.
+
+``spearman_floor`` in the dataset is the pooled figure the current model reached when the file was last
+written (``--build`` or ``--set-floor``); ``tests/test_cost_calibration.py`` holds the model to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+CANDS = "benchmarks/candidates_models"
+DATASET = RESULTS / "cost_calibration_models.json"
+
+#: measured result files, oldest first (a later file's measurement of the same μGraph replaces an earlier one)
+SOURCES = [
+    "models_run1.json", "models_run2.json", "models_run3.json", "models_run4.json", "models_run5.json",
+    "models_h100_session9/models_run6_part1.json", "models_h100_session9/models_run6_part2.json",
+    "models_h100_session9/models_run6_part3.json", "models.json",
+]
+
+
+def spearman(xs: Sequence[float], ys: Sequence[float]) -> float | None:
+    """Spearman's rank correlation (average ranks for ties); None for fewer than 3 pairs or a constant side."""
+    if len(xs) < 3:
+        return None
+
+    def ranks(v: Sequence[float]) -> list[float]:
+        order = sorted(range(len(v)), key=lambda i: v[i])
+        r = [0.0] * len(v)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2.0
+            i = j + 1
+        return r
+
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = statistics.fmean(rx), statistics.fmean(ry)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
+    sxx = sum((a - mx) ** 2 for a in rx)
+    syy = sum((b - my) ** 2 for b in ry)
+    if sxx == 0 or syy == 0:
+        return None
+    return sxy / math.sqrt(sxx * syy)
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+
+
+def _candidate_versions(case: str) -> list[tuple[str, dict[str, Any]]]:
+    """The candidate file of ``case``: the working tree's first, then every committed version, newest first."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    path = f"{CANDS}/{case}.json"
+    if (ROOT / path).exists():
+        out.append(("worktree", json.loads((ROOT / path).read_text())))
+    for c in _git("log", "--format=%H", "--", path).split():
+        try:
+            out.append((c[:10], json.loads(_git("show", f"{c}:{path}"))))
+        except (subprocess.CalledProcessError, json.JSONDecodeError):
+            continue
+    return out
+
+
+def build() -> dict[str, Any]:
+    """Collect (program, μGraph, measured time) from the result files (see the module docstring)."""
+    versions: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    entries: dict[tuple[str, str], dict[str, Any]] = {}
+    unmatched: list[str] = []
+    for src in SOURCES:
+        p = RESULTS / src
+        if not p.exists():
+            continue
+        doc = json.loads(p.read_text())
+        for row in doc["rows"]:
+            case = row["case"]
+            pairs = [c for c in row.get("cost_vs_measured", []) if c.get("measured_us") is not None]
+            if not pairs:
+                continue
+            if case not in versions:
+                versions[case] = _candidate_versions(case)
+            hit = None
+            for ver, cdoc in versions[case]:
+                cands = cdoc["candidates"]
+                if all(c["rank"] < len(cands) and abs(cands[c["rank"]]["cost_us"] - c["cost_us"]) < 1e-6
+                       for c in pairs):
+                    hit = (ver, cdoc)
+                    break
+            if hit is None:
+                unmatched.append(f"{src}:{case}")
+                continue
+            ver, cdoc = hit
+            for c in pairs:
+                mg = cdoc["candidates"][c["rank"]]["mugraph"]
+                entries[(case, mg)] = {"case": case, "graph": cdoc["graph"], "mugraph": mg,
+                                       "kernels": c.get("kernels"), "measured_us": c["measured_us"],
+                                       "run_est_us": c["cost_us"], "source": src, "candidates": ver,
+                                       "rank": c["rank"]}
+    return {"device": "NVIDIA H100 80GB HBM3", "date": "2026-11-26",
+            "note": "measured_us: the fastest launch configuration of the candidate (CUDA-graph median, "
+                    "benchmarks/bench.py); run_est_us: the estimate recorded at run time",
+            "sources": SOURCES, "unmatched": unmatched, "entries": list(entries.values())}
+
+
+def estimate(entries: Sequence[dict[str, Any]], hw: Any = None) -> list[float]:
+    """The current cost model's estimate (µs) of every entry's μGraph (on ``hw``, default the model's H100)."""
+    sys.path.insert(0, str(ROOT))
+    from verimirage.ir.graph import MuGraph
+    from verimirage.rewrite.cost import H100, cost
+
+    cache: dict[str, float] = {}
+    out = []
+    for e in entries:
+        if e["mugraph"] not in cache:
+            cache[e["mugraph"]] = cost(MuGraph.parse(e["mugraph"]), hw or H100).time_s * 1e6
+        out.append(cache[e["mugraph"]])
+    return out
+
+
+def report(entries: Sequence[dict[str, Any]], est: Sequence[float]) -> dict[str, Any]:
+    """Spearman pooled and per program of ``est`` against the measured times (and of the run-time estimates)."""
+    meas = [e["measured_us"] for e in entries]
+    run = [e["run_est_us"] for e in entries]
+    per: dict[str, dict[str, Any]] = {}
+    for case in sorted({e["case"] for e in entries}):
+        idx = [i for i, e in enumerate(entries) if e["case"] == case]
+        per[case] = {"pairs": len(idx), "spearman": spearman([est[i] for i in idx], [meas[i] for i in idx]),
+                     "run_spearman": spearman([run[i] for i in idx], [meas[i] for i in idx]),
+                     "est_over_measured": statistics.median(est[i] / meas[i] for i in idx)}
+    within = [v["spearman"] for v in per.values() if v["spearman"] is not None]
+    within_run = [v["run_spearman"] for v in per.values() if v["run_spearman"] is not None]
+    logr = [math.log(a / b) for a, b in zip(est, meas, strict=True)]
+    return {"pairs": len(entries), "programs": len(per),
+            "pooled": spearman(est, meas), "run_pooled": spearman(run, meas),
+            "within_mean": statistics.fmean(within) if within else None,
+            "run_within_mean": statistics.fmean(within_run) if within_run else None,
+            "log_ratio_rms": math.sqrt(statistics.fmean(x * x for x in logr)), "per_program": per}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--build", action="store_true", help="recollect the dataset from the result files and git")
+    ap.add_argument("--set-floor", action="store_true", help="store the current pooled figure as spearman_floor")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--worst", type=int, default=0, help="list the N entries with the largest |log(est/measured)|")
+    args = ap.parse_args()
+    if args.build:
+        doc = build()
+    else:
+        doc = json.loads(DATASET.read_text())
+    est = estimate(doc["entries"])
+    rep = report(doc["entries"], est)
+    if args.build or args.set_floor:
+        doc["spearman_floor"] = round(rep["pooled"] - 5e-4, 3)
+        DATASET.write_text(json.dumps(doc, indent=1) + "\n")
+    if args.json:
+        print(json.dumps(rep, indent=1))
+        return 0
+    f = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+    print(f"{rep['pairs']} candidates of {rep['programs']} programs; Spearman pooled {f(rep['pooled'])} "
+          f"(run-time estimates {f(rep['run_pooled'])}), within programs mean {f(rep['within_mean'])} "
+          f"(run-time {f(rep['run_within_mean'])}); rms |log(est/measured)| {rep['log_ratio_rms']:.3f}; "
+          f"floor {doc.get('spearman_floor')}")
+    for case, v in rep["per_program"].items():
+        print(f"  {case:20s} {v['pairs']:3d}  spearman {f(v['spearman']):>6s} (run {f(v['run_spearman']):>6s})"
+              f"  est/measured {v['est_over_measured']:.2f}")
+    if args.worst:
+        order = sorted(range(len(est)), key=lambda i: -abs(math.log(est[i] / doc["entries"][i]["measured_us"])))
+        for i in order[: args.worst]:
+            e = doc["entries"][i]
+            print(f"  {e['case']:20s} est {est[i]:8.2f} measured {e['measured_us']:8.2f}  ({e['source']} "
+                  f"rank {e['rank']}, {e['kernels']} kernels)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
