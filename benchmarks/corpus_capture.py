@@ -423,6 +423,68 @@ def _graph_time(fn: Any) -> float:
     return float(do_bench_cudagraph(fn, rep=50, return_mode="median")) * 1e3
 
 
+def step_graph_time(step: Any, leaves: list[torch.Tensor], stream: Any, *, rep_ms: float = 50.0,
+                    warmup: int = 3) -> float:
+    """µs per call of a training step ``step`` (forward and backward) replayed as one CUDA graph, by PyTorch's
+    whole-network capture recipe (CUDA semantics, "Whole-network capture"): ``warmup`` iterations on the side
+    stream ``stream``, the caller's stream made to wait for them, every gradient of ``leaves`` set to None so the
+    captured backward allocates its gradients from the graph's private pool, and the capture on that same stream
+    (cuBLAS's handle and workspace for it made during the warm-up, not inside the capture).
+
+    Every step of the caller's run must have been launched on ``stream`` too: autograd keeps the stream a leaf's
+    gradient accumulation first ran on, and a capture whose backward waits on another stream (the default stream
+    of an earlier, uncaptured step) is invalidated (``cudaErrorStreamCaptureInvalidated``, the last session's
+    failure for every variant, eager included). Where this torch has the switch, such stale streams are also
+    redirected to the capturing one. The graph holds as many unrolled steps as fit ``rep_ms`` by a first estimate
+    (each setting the gradients to None first, as ``do_bench(grad_to_none=...)``); the median of 10 replays.
+    """
+    import statistics
+
+    def zero() -> None:
+        for t in leaves:
+            t.grad = None
+
+    cur = torch.cuda.current_stream()
+    stream.wait_stream(cur)
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            zero()
+            step()
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        for _ in range(3):
+            zero()
+            step()
+        e1.record()
+    cur.wait_stream(stream)
+    torch.cuda.synchronize()
+    n = max(1, min(200, int(rep_ms / max(e0.elapsed_time(e1) / 3, 1e-3))))
+    override = getattr(torch.autograd.graph, "set_override_stale_capture_stream", None)
+    if override is not None:
+        override(True)
+    g = torch.cuda.CUDAGraph()
+    try:
+        zero()
+        with torch.cuda.graph(g, stream=stream):
+            for _ in range(n):
+                zero()
+                step()
+    finally:
+        if override is not None:
+            override(False)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(10):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) / n)
+    del g
+    return float(statistics.median(times)) * 1e3
+
+
 def _bench_time(fn: Any, grads: list[Any] | None = None) -> float:
     """µs per call of ``fn`` launched from Python (``triton.testing.do_bench``, median): what a user sees."""
     from triton.testing import do_bench
@@ -470,6 +532,7 @@ def gpu_one(name: str, *, train: bool, dims: Any, dtype: torch.dtype, budget: fl
         variants["verimirage_max"] = lambda: torch.compile(model, backend=backend(
             report=rep_max, time_budget_s=budget, fallback="inductor", profile=True, inductor={"max_autotune": True},
             candidates=candidates))
+    side = torch.cuda.Stream() if train else None  # a training step's stream (see step_graph_time)
     for v, make in variants.items():
         torch._dynamo.reset()
         t0 = time.perf_counter()
@@ -483,16 +546,18 @@ def gpu_one(name: str, *, train: bool, dims: Any, dtype: torch.dtype, budget: fl
                 def step(f: Any = f, xg: list[Any] = xg) -> None:
                     f(*xg).float().sum().backward()
 
-                out = f(*xg)
-                res[f"{v}_requires_grad"] = bool(out.requires_grad)
-                out.float().sum().backward()
-                got = [out.detach()] + [p.grad for p in params]
-                torch.cuda.synchronize()
-                res[f"{v}_compile_s"] = time.perf_counter() - t0
-                res[f"{v}_err"] = max(_rel(a, b) for a, b in zip(got, want, strict=True) if b is not None)
-                res[f"{v}_us"] = _bench_time(step, params)
+                with torch.cuda.stream(side):  # every step of the run on the stream its graph is captured on
+                    out = f(*xg)
+                    res[f"{v}_requires_grad"] = bool(out.requires_grad)
+                    out.float().sum().backward()
+                    got = [out.detach()] + [p.grad for p in params]
+                    torch.cuda.synchronize()
+                    res[f"{v}_compile_s"] = time.perf_counter() - t0
+                    res[f"{v}_err"] = max(_rel(a, b) for a, b in zip(got, want, strict=True) if b is not None)
+                    res[f"{v}_us"] = _bench_time(step, params)
                 try:  # the step's device time: forward and backward replayed as one CUDA graph
-                    res[f"{v}_graph_us"] = _graph_time(step)
+                    leaves = params + [x for x in xg if x.requires_grad]
+                    res[f"{v}_graph_us"] = step_graph_time(step, leaves, side)
                 except Exception as e:
                     res[f"{v}_graph_error"] = f"{type(e).__name__}: {str(e)[:300]}"
             else:

@@ -4,6 +4,7 @@ trusted)."""
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 import types
@@ -108,3 +109,33 @@ def test_fake_cuda_trace_refuses_a_training_step() -> None:
 
     with pytest.raises(ValueError, match="training step"):
         cc.trace("mlp_relu", corpus.SMALL, torch.float16, CaptureOptions(check=False), train=True, cuda=True)
+
+
+@pytest.mark.gpu
+def test_training_step_graph_capture_after_uncaptured_steps() -> None:
+    """The harness's training-step timing (``step_graph_time``) captures forward and backward as one CUDA graph
+    after uncaptured steps on the same side stream (the correctness check, ``do_bench``), eager and compiled (the
+    last session's capture failed for every variant); after the replays the gradients are the step's."""
+    import torch.nn as nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64)).cuda().half()
+    x = torch.randn(32, 64, device="cuda", dtype=torch.half, requires_grad=True)
+    params = list(model.parameters())
+    ref = copy.deepcopy(model)  # (other leaves: the default stream never touches the timed ones)
+    ref(x.detach().clone().requires_grad_()).float().sum().backward()
+    want = [p.grad for p in ref.parameters()]
+    side = torch.cuda.Stream()
+    for f in (model, torch.compile(model)):
+        def step(f: Any = f) -> None:
+            f(x).float().sum().backward()
+
+        with torch.cuda.stream(side):
+            for p in params:
+                p.grad = None
+            step()  # an uncaptured step first, as the harness's correctness check
+        us = cc.step_graph_time(step, [*params, x], side, rep_ms=5.0)
+        assert 0 < us < 1e5
+        torch.cuda.synchronize()
+        for p, w in zip(params, want, strict=True):
+            torch.testing.assert_close(p.grad, w, rtol=2e-2, atol=2e-2)
