@@ -279,6 +279,42 @@ def _kernels(fn: Any, per_name: dict[str, float] | None = None) -> tuple[int | N
     return len(evs), sum(e.device_time for e in evs)
 
 
+def _kernel_medians(fn: Any, reps: int = 5) -> dict[str, float]:
+    """Each kernel's device time (µs, by name) over ``reps`` profiled calls of ``fn``: the median per name."""
+    import statistics
+
+    seen: dict[str, list[float]] = {}
+    for _ in range(reps):
+        per: dict[str, float] = {}
+        _kernels(fn, per)
+        for k, v in per.items():
+            seen.setdefault(k, []).append(v)
+    return {k: statistics.median(v) for k, v in seen.items()}
+
+
+#: uniform launch configurations a ``gpu --sweep-configs`` run times every kernel of the layer under (besides the
+#: per-kernel rules, ``tuning.recommend``): what the rules should pick, kernel by kernel
+SWEEP = ((4, 3, 16), (4, 6, 16), (8, 4, 16), (4, 3, 64))
+
+
+def config_sweep(mg: Any, ordered: list[Any]) -> dict[str, dict[str, float]]:
+    """Per-kernel medians (µs) of ``mg`` under the per-kernel rules and each :data:`SWEEP` configuration (every
+    kernel the same one, fitted to shared memory as ``vm.compile`` does); a configuration that fails is
+    recorded as its error."""
+    from verimirage.backend.codegen import LaunchConfig, TileOptions
+    from verimirage.backend.precompile import precompile
+
+    out: dict[str, Any] = {}
+    for c in [LaunchConfig(tuned=True), *(LaunchConfig(w, st, TileOptions(dot_min_m=m)) for w, st, m in SWEEP)]:
+        try:
+            fn = vm.compile(mg, config=c)
+            precompile(fn, *ordered, workers=16)  # (the kernels' ptxas runs side by side)
+            out[c.key()] = _kernel_medians(lambda fn=fn: fn(*ordered))
+        except Exception as e:
+            out[c.key()] = {"error": f"{type(e).__name__}: {e}"[:200]}  # type: ignore[dict-item]
+    return out
+
+
 def _rel(out: Any, ref: Any) -> float:
     from torch_eager import rel_err
 
@@ -286,7 +322,8 @@ def _rel(out: Any, ref: Any) -> float:
 
 
 def gpu_case(case: str, directory: Path, ceil: dict[str, float], *, inductor: bool, top_k: int,
-             small: bool = False, per_op: bool = True, wait_until: float = 0.0) -> dict[str, Any]:
+             small: bool = False, per_op: bool = True, wait_until: float = 0.0,
+             sweep: bool = False) -> dict[str, Any]:
     """Time one case on the GPU (see the module docstring). Without a GPU (``small``, the harness's dry run):
     the same steps on the CPU, kernels in Triton's interpreter, no CUDA graphs, no profiler counts."""
     import torch
@@ -373,6 +410,8 @@ def gpu_case(case: str, directory: Path, ceil: dict[str, float], *, inductor: bo
             row["verimirage_kernels_us"] = per
             if ksum is not None:  # what the one graph still pays for beyond its kernels: launch gaps, tails
                 row["graph_overhead_us"] = us - ksum
+            if sweep and cuda:
+                row["config_sweep_us"] = config_sweep(mg, ordered)
     except Exception as e:
         row["verimirage_error"] = f"{type(e).__name__}: {e}"[:500]
         log.error("verimirage failed on %s: %s", case, traceback.format_exc())
@@ -469,7 +508,8 @@ def gpu_main(args: argparse.Namespace) -> int:
         try:
             row = gpu_case(case, args.candidates, doc["ceilings"], inductor=not args.no_inductor, top_k=args.top_k,
                            small=args.small, per_op=not args.no_per_op,
-                           wait_until=time.time() + args.wait_s if args.wait_s else 0.0)
+                           wait_until=time.time() + args.wait_s if args.wait_s else 0.0,
+                           sweep=case in (args.sweep_configs or ()))
         except Exception as e:
             row = {"case": case, "error": f"{type(e).__name__}: {e}"[:500]}
             log.error("%s failed: %s", case, traceback.format_exc())
@@ -499,6 +539,9 @@ def main() -> int:
     ap.add_argument("--cert", type=Path, default=None, help="prepare: save the best candidate's certificate here")
     ap.add_argument("--no-inductor", action="store_true")
     ap.add_argument("--no-per-op", action="store_true", help="gpu: skip the one-kernel-per-op program")
+    ap.add_argument("--sweep-configs", nargs="*", default=None,
+                    help="gpu: for these cases also time every kernel under a few uniform launch configurations "
+                    "(config_sweep_us)")
     ap.add_argument("--wait-s", type=float, default=0.0,
                     help="gpu: wait up to this long (from the case's start) for a candidate file a search beside "
                     "this run is still writing")

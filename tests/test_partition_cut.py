@@ -65,7 +65,7 @@ def test_an_attention_matrix_is_never_materialised() -> None:
     assert len(P.cut_points(P.normalise(get_model("rotary_attention", small=True)))) == 2
 
 
-def _proj_norm(flat: bool, k: int = 128, n: int = 256) -> vm.Graph:
+def _proj_norm(flat: bool, k: int = 128, n: int = 256, rows: int = 1) -> vm.Graph:
     """A projection, a residual and an RMSNorm over the projection's columns (the decoder layer's output
     projection region, scaled down); ``flat``: its row is a flattened (8, 4, 1, k/32) attention output."""
     g = vm.Graph()
@@ -73,8 +73,8 @@ def _proj_norm(flat: bool, k: int = 128, n: int = 256) -> vm.Graph:
     if flat:
         x = g.reshape(g.input("A", (8, 4, 1, k // 32), dt), (1, k))
     else:
-        x = g.input("A", (1, k), dt)
-    h = g.add(g.input("R", (1, n), dt), g.matmul(x, g.input("W", (k, n), dt)))
+        x = g.input("A", (rows, k), dt)
+    h = g.add(g.input("R", (rows, n), dt), g.matmul(x, g.input("W", (k, n), dt)))
     g.output(h, g.rms_norm(h, g.input("G", (n,), dt), axis=1, eps=1e-5))
     return g
 
@@ -102,6 +102,21 @@ def test_a_projection_under_a_norm_epilogue_is_cut_from_it_and_gets_a_grid(flat:
     assert best.mugraph.num_kernels == 2
     _close(_proj_norm(flat), best.mugraph)
     assert isinstance(vm.verify(_proj_norm(flat), best.mugraph), vm.Proved)
+
+
+def test_a_projection_of_several_rows_under_a_norm_epilogue_is_cut_from_it() -> None:
+    """8 rows (the layer at batch 8): the rows may be split, so the product is not gridless, but a grid over rows
+    alone streams the whole weight in every block; the weight has no splittable label, so the product is a cut
+    point too and gets its column grid (before: 4 kernels, the product 64 blocks read through its own reshape)."""
+    g = P.normalise(_proj_norm(False, rows=8))
+    mm = next(i for i, n in enumerate(node_list(g)) if n.op == "matmul")
+    assert mm in P.cut_points(g)
+    lows, _ = P.lower_all(g)
+    best = min(lows, key=lambda lo: cost(lo.mugraph).time_s)
+    assert best.steps[0] == "partition.cut" and best.mugraph.num_kernels == 2
+    assert max(_product_blocks(best.mugraph)) > 1
+    _close(_proj_norm(False, rows=8), best.mugraph)
+    assert isinstance(vm.verify(_proj_norm(False, rows=8), best.mugraph), vm.Proved)
 
 
 def test_a_flattened_row_of_a_layer_size_projection_is_cut_once_more() -> None:

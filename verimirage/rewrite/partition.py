@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 STEPS = (
     "partition.unfused", "partition.grid", "partition.loop", "partition.split_kv", "partition.online_softmax",
     "partition.split_recompute", "partition.combine_grid", "fuse.epilogue", "partition.cut",
-    "partition.causal_skip",
+    "partition.causal_skip", "partition.components",
 )
 
 
@@ -1002,7 +1002,17 @@ def _gridless_products(g: Graph) -> list[int]:
     out = []
     for i, n in enumerate(nodes):
         labs = [lab for lab in an.labels.get(i, ()) if lab is not None and an.size[lab] > 1]
-        if get_op(n.op).has(Prop.CONTRACTION) and labs and not dp.intersection(labs):
+        if not get_op(n.op).has(Prop.CONTRACTION) or not labs:
+            continue
+        if not dp.intersection(labs):
+            out.append(i)
+            continue
+        # its larger operand (the weights) indexed by no splittable label: every block streams all of it (the
+        # decoder layer's output projection + RMSNorm at batch 8: a grid over the 8 rows only, each block the
+        # whole 33.6 MB weight; cut, the product gets its column grid and the norm one kernel with the residual)
+        big = max(n.args, key=lambda r: nodes[r[0]].outs[r[1]].numel)
+        blabs = [lab for lab in an.labels.get(big[0], ()) if lab is not None and an.size[lab] > 1]
+        if blabs and not dp.intersection(blabs) and nodes[big[0]].outs[big[1]].numel > 4 * n.outs[0].numel:
             out.append(i)
     return out
 
@@ -1088,7 +1098,7 @@ def cut_lowerings(g: Graph, *, grids: Sequence[int] | None = None, franges: Sequ
         sides = []
         for part in split:
             lows, _ = lower_all(part, grids=grids, franges=franges, max_splits=max_splits, cuts=depth > 1,
-                                rank=rank, cut_depth=depth - 1)
+                                rank=rank, cut_depth=depth - 1, components=True)
             scored = sorted(((rank(lo.mugraph), i) for i, lo in enumerate(lows)), key=lambda p: p[0])
             sides.append([lows[i] for _, i in scored[:keep]])
         for a, b in itertools.product(*sides):
@@ -1097,6 +1107,102 @@ def cut_lowerings(g: Graph, *, grids: Sequence[int] | None = None, franges: Sequ
             mg = join(g, [(a.mugraph, name), (b.mugraph, None)])
             steps = ["partition.cut", *dict.fromkeys([*a.steps, *b.steps])]
             out.append(Lowered(mg, steps, b.config or a.config))
+    return out
+
+
+def _output_components(g: Graph) -> list[list[int]]:
+    """``g``'s outputs (positions) grouped by the computations they share (ops linked by reading one another's
+    values; the program's inputs link nothing): one group for a connected program; [] when an output is an
+    input or a constant alone (nothing to lower apart)."""
+    nodes = node_list(g)
+    part = list(range(len(nodes)))
+
+    def root(i: int) -> int:
+        while part[i] != i:
+            part[i] = part[part[i]]
+            i = part[i]
+        return i
+
+    for i, n in enumerate(nodes):
+        for a, _ in n.args:
+            if nodes[a].op != "input":
+                part[root(a)] = root(i)
+    outs = output_refs(g)
+    if any(nodes[a].op == "input" or not nodes[a].args for a, _ in outs):
+        return []
+    groups: dict[int, list[int]] = {}
+    for k, (a, _) in enumerate(outs):
+        groups.setdefault(root(a), []).append(k)
+    return list(groups.values())
+
+
+def _join_parallel(g: Graph, parts: Sequence[tuple[MuGraph, Sequence[int]]]) -> MuGraph:
+    """One μGraph running independent ``parts`` (each reading only ``g``'s inputs) one after another; part ``p``'s
+    outputs are ``g``'s outputs at positions ``p[1]``."""
+    from ..ir.graph import Node
+
+    nodes: list[Node] = []
+    env: dict[str, tuple[int, int]] = {}
+    for t in g.inputs:
+        nodes.append(t.node)
+        env[str(t.name)] = (len(nodes) - 1, 0)
+    result: dict[int, tuple[int, int]] = {}
+    for mg, positions in parts:
+        remap: dict[tuple[int, int], tuple[int, int]] = {}
+        for i, n in enumerate(node_list(mg)):
+            if n.op == "input":
+                remap[(i, 0)] = env[n.attr("name")]
+                continue
+            nodes.append(Node(n.op, tuple(remap[a] for a in n.args), n.attrs, n.outs))
+            for k in range(len(n.outs)):
+                remap[(i, k)] = (len(nodes) - 1, k)
+        for pos, r in zip(positions, output_refs(mg), strict=True):
+            result[pos] = remap[r]
+    return MuGraph._from_parts(nodes, [result[k] for k in range(len(result))])
+
+
+def component_lowerings(g: Graph, *, grids: Sequence[int] | None = None, franges: Sequence[int] | None = None,
+                        max_splits: int = 32, keep: int = CUT_KEEP, rank: Any = None,
+                        cut_depth: int = CUT_DEPTH) -> list[Lowered]:
+    """Lowerings of a program of independent parts (outputs computed from the inputs by disjoint ops): each part
+    lowered on its own (its ``keep`` cheapest by ``rank``), then run one after another (``partition.components``).
+    One kernel over unrelated parts has no block axis that every output shares, so its only grid is one block
+    (the decoder layer at batch 8: the key's reshape to heads and the query's rotary in one 8.5 us block on an
+    H100; a cut's side is such a program when the cut value fed two computations). [] for a connected program."""
+    comps = _output_components(g)
+    if len(comps) < 2:
+        return []
+    if rank is None:
+        from .cost import cost as rank
+    nodes = node_list(g)
+    memo: dict[int, Term] = {}
+    for i, n in enumerate(nodes):
+        memo[i] = Term(n.op, n.attrs, tuple(memo[a] for a, _ in n.args))
+    outs = output_refs(g)
+    types = input_types(g)
+    sides: list[list[tuple[Lowered, Sequence[int]]]] = []
+    for positions in comps:
+        terms = [memo[outs[k][0]] for k in positions]
+        if any(outs[k][1] for k in positions):
+            return []  # (a multi-output node: kept whole)
+        used: dict[str, None] = {}
+        for t in terms:
+            _term_inputs(t, used)
+        try:
+            sub = term_to_graph(terms, [(n, t) for n, t in types if n in used])
+        except GraphError:
+            return []
+        lows, _ = lower_all(sub, grids=grids, franges=franges, max_splits=max_splits, cuts=cut_depth > 0,
+                            rank=rank, cut_depth=cut_depth)
+        scored = sorted(((rank(lo.mugraph), i) for i, lo in enumerate(lows)), key=lambda p: p[0])
+        sides.append([(lows[i], positions) for _, i in scored[:keep]])
+    out = []
+    for combo in itertools.product(*sides):
+        if all(lo.steps == ["partition.unfused"] for lo, _ in combo):
+            continue
+        mg = _join_parallel(g, [(lo.mugraph, pos) for lo, pos in combo])
+        steps = ["partition.components", *dict.fromkeys(s for lo, _ in combo for s in lo.steps)]
+        out.append(Lowered(mg, steps, next((lo.config for lo, _ in combo if lo.config is not None), None)))
     return out
 
 
@@ -1109,9 +1215,13 @@ def lower_all(
     cuts: bool = True,
     rank: Any = None,
     cut_depth: int = CUT_DEPTH,
+    components: bool = False,
 ) -> tuple[list[Lowered], dict[str, int]]:
     """Every feasible lowering of ``g`` (plus the unfused baseline, and with ``cuts`` those of
-    :func:`cut_lowerings` up to ``cut_depth`` cuts deep, ranked by ``rank``); and rejection counts by reason."""
+    :func:`cut_lowerings` up to ``cut_depth`` cuts deep, ranked by ``rank``; with ``components`` those of
+    :func:`component_lowerings`); and rejection counts by reason. (A cut's sides are lowered with
+    ``components``; a region's program is split into its connected parts before its search, by
+    :mod:`verimirage.pipeline.regions`, so a merge of regions is searched whole.)"""
     g = normalise(g)
     an = split_input_uses(g)
     out = [unfused(g)]
@@ -1131,6 +1241,9 @@ def lower_all(
             rejected[reason] = rejected.get(reason, 0) + 1
     if cuts:
         out += cut_lowerings(g, grids=grids, franges=franges, max_splits=max_splits, rank=rank, depth=cut_depth)
+    if components:
+        out += component_lowerings(g, grids=grids, franges=franges, max_splits=max_splits, rank=rank,
+                                   cut_depth=cut_depth if cuts else 0)
     return out, rejected
 
 
@@ -1140,6 +1253,7 @@ def input_types(g: Graph) -> list[tuple[str, TensorType]]:
 
 
 __all__ = [
-    "Analysis", "Config", "Infeasible", "Lowered", "analyse", "build", "configs", "cut_lowerings", "cut_points",
+    "Analysis", "Config", "Infeasible", "Lowered", "analyse", "build", "component_lowerings", "configs",
+    "cut_lowerings", "cut_points",
     "graph_terms", "join", "lower_all", "normalise", "split_input_uses", "unfused",
 ]
