@@ -11,9 +11,10 @@ limited by the grid and by shared memory; one block alone cannot overlap its
 loads with another's arithmetic). Three refinements come
 from H100/H200 measurements (benchmarks/perf/NOTES.md):
 
-* a block streams from device memory at most ``block_bandwidth``, so a
-  memory-bound kernel needs enough blocks in flight (skinny matmuls want
-  split-K; one block per SM does not reach the copy bandwidth);
+* a block streams from device memory at most ``block_bandwidth`` (more when a pipelined ``tl.dot`` loop
+  keeps more bytes in flight: ``dot_latency_s``), so a memory-bound kernel needs enough blocks in flight
+  (skinny matmuls want split-K; one block per SM does not reach the copy bandwidth); a for-loop neither
+  pipelined nor unrolled waits ``serial_iteration_s`` an iteration;
 * tiles are padded to powers of two in the generated code: a kernel is
   charged for the padded size of its largest padded tile;
 * tiles whose rows are narrower than a DRAM ``segment`` (128 bytes) are charged for the partly used
@@ -73,6 +74,19 @@ class Hardware:
     resident_blocks: int = 4  # blocks of a kernel in flight per SM, at most
     stages: int = 3  # software-pipeline depth the shared-memory check assumes
     iteration_s: float = 1.0e-8  # fixed cost of one for-loop iteration
+    #: a for-loop without ``tl.dot`` and more than ``unroll_max`` iterations is neither software-pipelined nor
+    #: unrolled by the backend: each iteration waits for its own loads, about this long (H100, models set:
+    #: log_softmax and cross_entropy as reductions over 32 tiles of the vocabulary, 3-4 us a kernel more than
+    #: their bytes; benchmarks/results/models.json)
+    serial_iteration_s: float = 1.0e-7
+    #: for-loops without ``tl.dot`` of at most this many iterations are unrolled (``TileOptions.unroll_max``)
+    unroll_max: int = 16
+    #: a block of a software-pipelined ``tl.dot`` loop keeps ``stages - 1`` iterations' tiles in flight and
+    #: streams at least ``in_flight / dot_latency_s`` (Little's law), above ``block_bandwidth`` for deep stages
+    #: (H100: qkv_bias's 72 blocks of 256 x 64 weight tiles at 4 stages, 462 KB each, 11.3 us, faster than its
+    #: 144 blocks of 32 columns; benchmarks/results/models.json). Not for chained products (attention's loop
+    #: waits on its softmax: the decode kernels' 64 blocks streamed at 30 GB/s each with 128 KB in flight)
+    dot_latency_s: float = 1.5e-6
     #: the contiguous bytes a tile row has when the tile spans its tensor's whole last dim (never charged)
     min_run: int = 64
     #: DRAM segment a load should fill: rows of a tile narrower than this stream at ``(run / segment) **
@@ -170,7 +184,8 @@ def _pow2(n: int) -> int:
 
 
 def _roofline(nbytes: int, tc: int, other: int, blocks: int, smem: int, hw: Hardware, cal: Calibration,
-              l2_bytes: int = 0, pad: float = 1.0, iterations: int = 0, hot: float = 0.0) -> KernelCost:
+              l2_bytes: int = 0, pad: float = 1.0, iterations: int = 0, hot: float = 0.0,
+              serial: int = 0, in_flight: float = 0.0) -> KernelCost:
     # compute: SMs left idle by the grid (or by a partial last wave) are lost, and so is the overlap of
     # loads and arithmetic when shared memory leaves room for fewer than ``overlap_blocks`` blocks per SM
     resident = max(1, min(hw.resident_blocks, hw.smem_per_sm // max(smem, 1)))
@@ -187,9 +202,11 @@ def _roofline(nbytes: int, tc: int, other: int, blocks: int, smem: int, hw: Hard
     streamed = per_block + pad * l2_bytes / max(blocks, 1) / hw.l2_speedup
     # (``hot``: the fraction of device-memory bytes still in L2 from the previous call, see Hardware.hot_l2)
     rate = (1 - hot) / hw.bandwidth + hot / hw.l2_bandwidth
-    mem = (rounds * max(streamed / hw.block_bandwidth, per_block * per_round * rate)
+    block_bw = max(hw.block_bandwidth, in_flight / hw.dot_latency_s)
+    mem = (rounds * max(streamed / block_bw, per_block * per_round * rate)
            + l2_bytes / hw.l2_bandwidth) * cal.mem
-    t = hw.launch_s * cal.launch + max(mem, comp) + iterations * rounds * hw.iteration_s
+    t = (hw.launch_s * cal.launch + max(mem, comp) + iterations * rounds * hw.iteration_s
+         + serial * rounds * hw.serial_iteration_s)
     return KernelCost(nbytes, tc, other, blocks, smem, mem, comp, t)
 
 
@@ -271,7 +288,27 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
     # V tiles + the Q tile); loop-invariant tiles are loaded once
     smem = smem_in + smem_walk * max(1, hw.stages - 1) + smem_acc + smem_tmp
     return _roofline(int(nbytes), int(tc * blocks), int(other * blocks), blocks, smem, hw, cal, l2_in, pad * spill,
-                     math.ceil(its), hot)
+                     math.ceil(its), hot, 0 if dots or bg.frange <= hw.unroll_max else math.ceil(its),
+                     _in_flight(bg, smem_walk) if dots else 0.0)
+
+
+def _in_flight(bg: BlockGraph, stage: int) -> float:
+    """Bytes a block of a software-pipelined ``tl.dot`` loop keeps in flight: ``stages - 1`` iterations' tiles,
+    with the stages ``backend.tuning.recommend`` gives (3 when a product consumes another's result, as
+    attention's P @ V does; else 4 when they fit in 160 KB, 3 in 200 KB, 2 beyond)."""
+    if bg.frange <= 1 or stage <= 0:
+        return 0.0
+    after_dot: list[bool] = []
+    chained = False
+    for n in bg.nodes:
+        dep = any(after_dot[a] for a, _ in n.args)
+        dot = OPS[n.op].has(Prop.CONTRACTION)
+        chained = chained or (dot and dep)
+        after_dot.append(dep or dot)
+    if chained:
+        return 0.0
+    stages = 4 if 4 * stage <= 160 * 1024 else 3 if 3 * stage <= 200 * 1024 else 2
+    return float(min(bg.frange, stages - 1) * stage)
 
 
 def _segment_charge(bg: BlockGraph, imap: Sequence[int | None], rank: int, run: int, hw: Hardware) -> float:
