@@ -34,6 +34,9 @@ def main() -> int:
     ap.add_argument("--verify-budget-s", type=float, default=120.0,
                     help="superoptimize's estimated verification budget (its default, half the time budget, "
                     "keeps batch-8 attention to ~3 candidates)")
+    ap.add_argument("--rerank", action="store_true",
+                    help="no search: re-estimate the candidates already in the files with the current cost model "
+                    "and order them by it (what the default vm.superoptimize would return first among them)")
     ap.add_argument("--out", type=Path, default=None,
                     help="default benchmarks/candidates (suite) or benchmarks/candidates_models (models)")
     args = ap.parse_args()
@@ -45,6 +48,8 @@ def main() -> int:
     batches = [1] if models else args.batches
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.rerank:
+        return rerank(args.out, [name if models else f"{name}_bs{b}" for b in batches for name in args.cases])
     rows = []
     for b in batches:
         for name in args.cases:
@@ -76,6 +81,24 @@ def main() -> int:
     for case, dt, ks in rows:
         print(f"{case:24s} {dt:6.1f} s  kernels {ks}")
     return 0 if all(ks for _, _, ks in rows) else 1
+
+
+def rerank(directory: Path, cases: list[str]) -> int:
+    """Re-estimate each case file's verified candidates with the current cost model; order them by it (stable)."""
+    from verimirage.rewrite.cost import cost
+
+    for case in cases:
+        path = directory / f"{case}.json"
+        doc = json.loads(path.read_text())
+        old = [c["mugraph"] for c in doc["candidates"]]
+        for c in doc["candidates"]:
+            c["cost_us"] = cost(vm.MuGraph.parse(c["mugraph"])).time_s * 1e6
+        doc["candidates"].sort(key=lambda c: c["cost_us"])
+        doc["reranked"] = "cost_us re-estimated and the candidates re-ordered by the cost model of this commit"
+        path.write_text(json.dumps(doc, indent=1))
+        moved = [old.index(c["mugraph"]) for c in doc["candidates"]]
+        print(f"{case:24s} new order (old ranks) {moved}")
+    return 0
 
 
 if __name__ == "__main__":
