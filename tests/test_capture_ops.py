@@ -74,16 +74,68 @@ def test_max_dim_values_lift_when_the_indices_are_unused() -> None:
     _lift_and_compare(lambda x: x - x.max(-1, keepdim=True).values, _x(3, 7))
 
 
-def test_max_dim_indices_are_a_boundary_with_a_reason() -> None:
-    gm = make_fx(lambda x: x.max(-1)[1] + 0, tracing_mode="fake")(_x(3, 7))
-    nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+def _lift_eval(fn: Callable[..., Any], *xs: Any) -> capture.Lifted:
+    """Lift ``fn``'s ATen graph (integer operands included) and compare its float64 evaluation with ATen's."""
+    gm = make_fx(fn, tracing_mode="fake")(*xs)
+    lifted = capture.lift([n for n in gm.graph.nodes if n.op == "call_function"])
+    ph = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    vals = [xs[ph.index(p.name)].double() for p in lifted.inputs]
+    named = {f"in{i}": (v.reshape(1) if v.dim() == 0 else v).numpy() for i, v in enumerate(vals)}  # rank 0: (1,)
+    named.update({name: c.double().numpy() for name, c in lifted.consts})
+    got = vm.evaluate(lifted.graph, named)
+    want = fn(*(x.double() if x.is_floating_point() else x for x in xs))
+    want = want if isinstance(want, (list, tuple)) else [want]
+    for (kind, i, shape, _b), w in zip(lifted.out_map, want, strict=True):
+        assert kind == "out"
+        np.testing.assert_allclose(np.asarray(got[i]).reshape(shape), w.numpy(), rtol=1e-12, atol=1e-12)
+    return lifted
+
+
+_T = torch.tensor([0, 5, 2, -100, 5])  # a class twice, and one ignored row
+
+
+@pytest.mark.parametrize("reduction", [0, 1, 2])
+@pytest.mark.parametrize("ignore", [-100, 2])
+def test_nll_loss_forward_lifts_through_a_class_mask(reduction: int, ignore: int) -> None:
+    """``nll_loss_forward``: the loss (per row, summed or over the count of targets kept) and total_weight, from
+    the integer targets read as float32 through an equality mask with the class numbers; a target equal to
+    ``ignore_index`` (in range or not) counts nowhere."""
+    t = torch.where(_T == -100, torch.tensor(ignore), _T)
+    lifted = _lift_eval(lambda x, t: aten.nll_loss_forward(x, t, None, reduction, ignore), _x(5, 6).log_softmax(1),
+                        t)
+    assert lifted.int_inputs == frozenset({[p.name for p in lifted.inputs].index("t_1")})
+    assert {"step", "abs"} <= {n.op for n in lifted.graph.nodes}
+
+
+@pytest.mark.parametrize("reduction", [0, 1, 2])
+def test_nll_loss_backward_lifts(reduction: int) -> None:
+    x = _x(5, 6).log_softmax(1)
+    _, tw = aten.nll_loss_forward(x, _T, None, reduction, -100)
+    go = _x(5, seed=3) if reduction == 0 else torch.tensor(0.7)
+    _lift_eval(lambda g, x, t, w: aten.nll_loss_backward(g, x, t, None, reduction, -100, w), go, x, _T, tw)
+
+
+def test_gather_of_one_index_per_row_lifts() -> None:
+    _lift_eval(lambda x, i: aten.gather(x, 1, i), _x(5, 6), torch.tensor([[0], [5], [2], [3], [5]]))
+
+
+def test_integer_operands_lift_only_as_indices() -> None:
+    """An integer tensor is a float32 input only where an index op reads it; any op making integers stays in ATen
+    (``t + 1`` in float32 is not an integer op)."""
+    gm = make_fx(lambda x, t: x * (t + 1), tracing_mode="fake")(_x(5), _T)
     with pytest.raises(capture.LiftError) as e:
-        capture.lift(nodes)
-    assert "not lifted" in e.value.message or e.value.reason is Reason.DTYPE
+        capture.lift([n for n in gm.graph.nodes if n.op == "call_function"])
+    assert e.value.reason is Reason.DTYPE
+
+
+def test_max_dim_whose_indices_are_read_says_why() -> None:
+    gm = make_fx(lambda x: x.max(-1)[1] + 0, tracing_mode="fake")(_x(3, 7))
+    with pytest.raises(capture.LiftError) as e:
+        capture.lift([n for n in gm.graph.nodes if n.op == "call_function"])
+    assert "first maximum" in e.value.message
 
 
 @pytest.mark.parametrize("fn,word", [
-    (lambda x, t: torch.nn.functional.nll_loss(x, t), "indices"),
     (lambda x, t: x.scatter(1, t, 1.0), "indices"),
 ])  # _safe_softmax lifts since 5b8abb1 (tests/test_capture.py)
 def test_inexpressible_ops_fall_back_with_their_reason(fn: Callable[..., Any], word: str) -> None:
@@ -414,3 +466,20 @@ def test_a_rank0_tensor_input_lifts_as_one_element() -> None:
                                      PartitionReport(0, 0, "inference", ["where", "mul"]))
     (got,) = runner.kernels([m, z, g])
     torch.testing.assert_close(got, f(m, z, g))
+
+
+def test_unread_tensor_arguments_reach_the_partitions_aten_ops() -> None:
+    """Finding (H100 run, session 9: ``KeyError: getitem_6``, the whole backward graph of sdpa_causal / sdpa_mask
+    training sent to the fallback): the flash backward's RNG state (philox seed and offset, tensors its lifting
+    does not read) was not an input of the partition, so building the partition's ATen module (the numeric check,
+    the fallback) failed. Such arguments are now the partition's extra inputs, handed to its ATen ops only."""
+    B, H, L, D = 1, 2, 32, 16
+    qkv = [((B, H, L, D), torch.float16)] * 3
+    bwd = _fake_cuda_graph(lambda do, q, k, v, o, lse, s0, s1: aten._scaled_dot_product_flash_attention_backward(
+        do, q, k, v, o, lse, None, None, L, L, 0.0, True, s0, s1), *qkv, *qkv[:2], ((B, H, L), torch.float32),
+        ((2,), torch.uint64), ((), torch.uint64))
+    lifted = capture.lift([n for n in bwd.graph.nodes if n.op == "call_function"])
+    ph = [n.name for n in bwd.graph.nodes if n.op == "placeholder"]
+    assert [n.name for n in lifted.extra] == ph[-2:]  # the seed and the offset
+    m = capture.eager_module(bwd, lifted)
+    assert len([n for n in m.graph.nodes if n.op == "placeholder"]) == len(lifted.inputs) + 2

@@ -27,6 +27,7 @@ import contextlib
 import dataclasses
 import enum
 import math
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -982,6 +983,16 @@ UNREAD_ARGS: dict[str, frozenset[int]] = {
 }
 
 
+def unread_args(name: str, args: Sequence[Any]) -> frozenset[int]:
+    """The argument positions of ATen op ``name`` (called with ``args``) its handler does not read: those of
+    :data:`UNREAD_ARGS`, and ``nll_loss_backward``'s input (only its shape matters) and its total_weight unless the
+    reduction is the mean."""
+    skip = UNREAD_ARGS.get(name, frozenset())
+    if name == "nll_loss_backward":  # the input's values are not read (its shape is the result's)
+        skip = skip | ({1} if (args[4] if len(args) > 4 else 1) == 1 else {1, 6})
+    return skip
+
+
 @handles(*SDPA_BW_ARGS)
 def _sdpa_backward(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> Any:
     """The gradients of attention from its saved output and rows' log-sum-exp ``lse``: with ``P = exp(S - lse)``
@@ -1204,7 +1215,14 @@ def _max(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> Any:
     if len(args) > 1 and isinstance(args[1], LV):  # max.other: elementwise
         return _named_binary("maximum" if name == "max" else "minimum")(ctx, args, kwargs, out)
     red = _max_red if name == "max" else _min_red
-    if isinstance(out, list):  # max.dim: (values, indices); the indices (an argmax) are not in the registry
+    if isinstance(out, list):
+        # max.dim: (values, indices). The indices stay in ATen: an index is the *first* position of the maximum,
+        # and the registry can mark every position equal to it (step masks) but not the first of several equal
+        # ones, so a tied row (ReLU'd or quantised activations) would send its gradient to the wrong place
+        if ctx.node is not None and len(ctx.node.users) and any(
+                u.target is operator.getitem and u.args[1] == 1 and u.users for u in ctx.node.users):
+            raise Unsupported(Reason.NOT_IN_REGISTRY, f"aten.{name}.dim whose indices are read: the index of the "
+                              "first maximum among equal values has no registry op (a mask marks every tied one)")
         return red(ctx, args, kwargs, out[0]), None
     return red(ctx, args, kwargs, out)
 
@@ -1217,7 +1235,122 @@ def _not_expressible(reason: Reason, why: str) -> Handler:
     return fn
 
 
-for _n in ("nll_loss_forward", "nll_loss_backward", "nll_loss", "nll_loss_nd", "gather", "scatter", "scatter_add",
+#: ATen ops whose integer operand (at this argument position) lifts as an input of integer-valued float32s: the
+#: class indices, read only through an equality mask with the class numbers (:func:`_one_hot`); the partition's
+#: runner casts the tensor to float32 on entry (exact below 2**24)
+INDEX_OPERANDS = {"nll_loss_forward": 1, "nll_loss_backward": 2, "gather": 2}
+
+#: class counts up to this are exact in float32 (so are the indices and their differences)
+_EXACT_INT = 2**24
+
+
+def _one_hot(ctx: Ctx, index: LV, rows: int, classes: int, ignore: int | None = None) -> Tensor:
+    """``(rows, classes)`` float32: 1 where ``index[i] == c`` (and ``c != ignore``), else 0; ``index`` holds
+    ``rows`` integer-valued float32s. Built as ``step(-|index[i] - c|, -0.5)`` against a constant row of the class
+    numbers: integers closer than 1/2 are equal, and every value here is an integer below 2**24 (exact). An index
+    outside ``[0, classes)`` matches no class (ATen raises for it; the kernels do not check)."""
+    import torch
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    g = ctx.g
+    if classes > _EXACT_INT or rows * classes <= 0:
+        raise Unsupported(Reason.DTYPE, f"{classes} classes: indices are exact in float32 up to 2**24 only")
+    if not (ctx.layout("reshape") and ctx.layout("broadcast_to")):
+        raise Unsupported(Reason.LAYOUT, "an index mask needs the registry's reshape and broadcast_to")
+    t = emit(g, "reshape", ctx.exact(index) if index.shape else index.t, (rows, 1))
+    with unset_fake_temporarily():
+        iota = torch.arange(classes, dtype=torch.float32).reshape(1, classes)
+    name = f"const{len(ctx.consts)}"
+    ctx.consts.append((name, iota))
+    c = ctx.g.input(name, (1, classes), vm_dtype(torch.float32))
+    d = emit(g, "sub", emit(g, "broadcast_to", t, (rows, classes)), emit(g, "broadcast_to", c, (rows, classes)))
+    oh = emit(g, "step", emit(g, "neg", emit(g, "abs", d)), c=-0.5)
+    if ignore is not None and 0 <= ignore < classes:
+        with unset_fake_temporarily():
+            keep = torch.ones(1, classes, dtype=torch.float32)
+            keep[0, ignore] = 0.0
+        name = f"const{len(ctx.consts)}"
+        ctx.consts.append((name, keep))
+        k = ctx.g.input(name, (1, classes), vm_dtype(torch.float32))
+        oh = emit(g, "mul", oh, emit(g, "broadcast_to", k, (rows, classes)))
+    return oh
+
+
+def _as(g: Graph, t: Tensor, dt: Any) -> Tensor:
+    return t if t.dtype == dt else emit(g, "cast", t, dt)
+
+
+def _nll_args(ctx: Ctx, x: Any, weight: Any, reduction: Any) -> tuple[Tensor, int, int, int]:
+    if not isinstance(x, LV) or len(x.shape) != 2:
+        raise Unsupported(Reason.LAYOUT, "nll_loss of a (batch, classes) input only")
+    if weight is not None:
+        raise Unsupported(Reason.NOT_IN_REGISTRY, "nll_loss with class weights")
+    if reduction not in (0, 1, 2):
+        raise Unsupported(Reason.NOT_IN_REGISTRY, f"nll_loss reduction {reduction!r}")
+    return ctx.exact(x), x.shape[0], x.shape[1], int(reduction)
+
+
+@handles("nll_loss_forward")
+def _nll_loss_forward(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> tuple[LV, LV]:
+    """``(loss, total_weight)``: ``-x[i, t_i]`` per row (reduction none), summed (sum) or over the count of
+    targets not ``ignore_index`` (mean); total_weight is that count (0 for none), as ATen gives them."""
+    x, target, weight, reduction, ignore = (list(args) + [None] * 5)[:5]
+    xt, n, k, red = _nll_args(ctx, x, weight, reduction)
+    g = ctx.g
+    oh = _one_hot(ctx, target, n, k, None if ignore is None else int(ignore))
+    picked = emit(g, "sum", emit(g, "mul", xt, _as(g, oh, xt.dtype)), 1)  # (n, 1): x[i, t_i], 0 if ignored
+    loss = emit(g, "neg", picked)
+    count = _as(g, emit(g, "sum", emit(g, "sum", oh, 1), 0), xt.dtype)  # (1, 1)
+    if red == 0:
+        return LV(loss, (n,)), _constant(ctx, (), out[1][1], 0.0)
+    total = emit(g, "sum", loss, 0)
+    if red == 1:
+        total = emit(g, "div", total, count)
+    return LV(total, ()), LV(count, ())
+
+
+@handles("nll_loss_backward")
+def _nll_loss_backward(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    """``grad_input[i, c] = -grad_output[i] [c == t_i]`` (reduction none; sum: ``grad_output`` a scalar; mean:
+    divided by ``total_weight``), 0 on rows whose target is ``ignore_index``."""
+    gr, _x, target, weight, reduction, ignore, total = (list(args) + [None] * 7)[:7]
+    shape, dt = _shape(out), vm_dtype(out[1])
+    if len(shape) != 2 or weight is not None or reduction not in (0, 1, 2):
+        raise Unsupported(Reason.NOT_IN_REGISTRY, "nll_loss_backward: a (batch, classes) input, no class weights, "
+                                                  "reduction none, mean or sum only")
+    n, k = shape
+    red = int(reduction)
+    if not isinstance(gr, LV) or (red == 1 and not isinstance(total, LV)):
+        raise Unsupported(Reason.NOT_IN_REGISTRY, "nll_loss_backward without tensor gradients")
+    g = ctx.g
+    oh = _as(g, _one_hot(ctx, target, n, k, None if ignore is None else int(ignore)), dt)
+    go = emit(g, "reshape", ctx.exact(gr) if gr.shape else gr.t, (n, 1) if red == 0 else (1, 1))
+    scale = emit(g, "broadcast_to", _as(g, go, dt), (n, k))
+    if red == 1:
+        tw = emit(g, "reshape", total.t, (1, 1))
+        scale = emit(g, "div", scale, emit(g, "broadcast_to", _as(g, tw, dt), (n, k)))
+    return LV(emit(g, "neg", emit(g, "mul", scale, oh)), (n, k))
+
+
+@handles("gather")
+def _gather(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    """``gather(x, 1, index)`` with one index per row (``index`` of shape ``(n, 1)``): ``sum_c x[i, c] [c ==
+    index[i]]`` (a gather the registry cannot index, read as a masked sum); other gathers stay in ATen."""
+    x, dim, index = args[0], args[1], args[2]
+    if kwargs.get("sparse_grad") or (len(args) > 3 and args[3]):
+        raise Unsupported(Reason.NOT_IN_REGISTRY, "gather with sparse_grad")
+    if not (isinstance(x, LV) and isinstance(index, LV) and len(x.shape) == 2 and int(dim) % 2 == 1
+            and index.shape == (x.shape[0], 1)):
+        raise Unsupported(Reason.NOT_IN_REGISTRY, "gather: one index per row along the last dim of a 2-d input "
+                                                  "only (the registry has no indexing op)")
+    g = ctx.g
+    xt = ctx.exact(x)
+    n, k = x.shape
+    oh = _as(g, _one_hot(ctx, index, n, k), xt.dtype)
+    return LV(emit(g, "sum", emit(g, "mul", xt, oh), 1), (n, 1))
+
+
+for _n in ("nll_loss", "nll_loss_nd", "scatter", "scatter_add",
            "index_select", "embedding", "embedding_dense_backward"):
     HANDLERS[_n] = _not_expressible(Reason.NOT_IN_REGISTRY, "reads or writes at integer indices (a gather or "
                                     "scatter); the registry has no indexing op")

@@ -30,9 +30,21 @@ import torch
 import torch.fx as fx
 from torch.fx.passes.operator_support import OperatorSupportBase
 
+from ..ir.dtypes import DType
 from ..ir.errors import GraphError
 from ..ir.graph import Graph
-from .aten import CREATION_OPS, HANDLERS, LV, UNREAD_ARGS, VIEW_OPS, Ctx, Reason, Unsupported, vm_dtype
+from .aten import (
+    CREATION_OPS,
+    HANDLERS,
+    INDEX_OPERANDS,
+    LV,
+    VIEW_OPS,
+    Ctx,
+    Reason,
+    Unsupported,
+    unread_args,
+    vm_dtype,
+)
 from .report import OpRecord, PartitionReport, Report
 
 log = logging.getLogger(__name__)
@@ -190,6 +202,12 @@ class Lifted:
     out_map: list[tuple[str, int, tuple[int, ...], bool]]
     out_meta: list[tuple[tuple[int, ...], torch.dtype, tuple[int, ...]]]
     consts: list[tuple[str, torch.Tensor]]
+    #: inputs that are integer tensors in ATen (class indices, :data:`INDEX_OPERANDS`): the graph's float32 input,
+    #: which the runner makes from them
+    int_inputs: frozenset[int] = frozenset()
+    #: tensors the ATen ops read but the kernels do not (arguments a handler leaves unread: a shape-only input, SDPA's
+    #: RNG state): passed after ``inputs`` to the partition, for its ATen ops (the check, the fallback) only
+    extra: tuple[fx.Node, ...] = ()
 
 
 def lift(nodes: Sequence[fx.Node], *, strict: bool = False) -> Lifted:
@@ -204,6 +222,8 @@ def lift(nodes: Sequence[fx.Node], *, strict: bool = False) -> Lifted:
     inputs: list[fx.Node] = []
     inside = set(nodes)
     input_ref: dict[Any, int] = {}
+    int_inputs: set[int] = set()
+    extra: list[fx.Node] = []
 
     def val(a: Any, user: fx.Node) -> Any:
         if isinstance(a, fx.Node):
@@ -212,10 +232,15 @@ def lift(nodes: Sequence[fx.Node], *, strict: bool = False) -> Lifted:
             v = a.meta.get("val")
             if not isinstance(v, torch.Tensor):
                 raise LiftError(user, Reason.NOT_TENSOR, f"operand {a.name} is not a tensor")
+            pos = INDEX_OPERANDS.get(op_name(user))
+            index = (pos is not None and len(user.args) > pos and user.args[pos] is a
+                     and v.dtype in (torch.int64, torch.int32))
             try:
-                shape, dt = _static_shape(v), vm_dtype(v.dtype)
+                shape, dt = _static_shape(v), DType.float32 if index else vm_dtype(v.dtype)
             except Unsupported as e:
                 raise LiftError(user, e.reason, f"operand {a.name}: {e}") from None
+            if index:  # class indices, read only through an equality mask (aten._one_hot): float32 on entry
+                int_inputs.add(len(inputs))
             # a rank-0 tensor (Inductor's ``full([], 0.0)`` in ReLU's gradient) is a (1,) input standing for shape ()
             t = g.input(f"in{len(inputs)}", shape or (1,), dt)
             input_ref[t.ref] = len(inputs)
@@ -249,8 +274,10 @@ def lift(nodes: Sequence[fx.Node], *, strict: bool = False) -> Lifted:
             if getattr(h, "refuses", False):  # an op the registry cannot express: say why before anything else
                 h(ctx, [], {}, None)
             out = _out_meta(n)
-            skip = UNREAD_ARGS.get(name, frozenset())
+            skip = unread_args(name, n.args)
             args = [a if i in skip else val(a, n) for i, a in enumerate(n.args)]
+            extra.extend(a for i, a in enumerate(n.args) if i in skip and isinstance(a, fx.Node) and a not in inside
+                         and isinstance(a.meta.get("val"), torch.Tensor) and a not in extra)
             kwargs = {k: val(a, n) for k, a in n.kwargs.items()}
             if any(isinstance(a, LV) for a in kwargs.values()) and name not in ("where",) and not name.startswith(
                 "_scaled_dot"
@@ -311,7 +338,8 @@ def lift(nodes: Sequence[fx.Node], *, strict: bool = False) -> Lifted:
             # an input only views leave the partition with: those views stay outside
             user = next(u for u in nodes if inputs[i] in u.all_input_nodes)
             raise LiftError(user, Reason.NO_COMPUTE, f"{user.name} only passes a view of an input through")
-    return Lifted(g, list(nodes), inputs, outputs, out_map, out_meta, ctx.consts)
+    return Lifted(g, list(nodes), inputs, outputs, out_map, out_meta, ctx.consts, frozenset(int_inputs),
+                  tuple(a for a in extra if a not in inputs))
 
 
 #: ATen ops whose result is a view of their first operand (shares its memory)
@@ -422,7 +450,10 @@ class PartitionRunner:
 
     def _named(self, xs: Sequence[torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
         dev = xs[0].device if xs else torch.device("cpu")
-        named = {f"in{i}": x.reshape(1) if x.dim() == 0 else x for i, x in enumerate(xs)}  # rank 0: (1,) (lift)
+        ints = self.lifted.int_inputs
+        xs = xs[:len(self.lifted.inputs)]  # (the extra tensors are for the ATen ops)
+        named = {f"in{i}": (x.to(torch.float32) if i in ints else x).reshape(1) if x.dim() == 0 else
+                 (x.to(torch.float32) if i in ints else x) for i, x in enumerate(xs)}  # rank 0: (1,) (lift)
         consts = self._consts(dev)
         named.update(zip((n for n, _ in self.lifted.consts), consts, strict=True))
         return named, consts
@@ -504,6 +535,10 @@ def eager_module(gm: fx.GraphModule, lifted: Lifted, *, aten_casts: bool = True)
     env: dict[fx.Node, fx.Node] = {}
     for i, n in enumerate(lifted.inputs):
         p = g.placeholder(f"in{i}")
+        p.meta = dict(n.meta)
+        env[n] = p
+    for i, n in enumerate(lifted.extra):
+        p = g.placeholder(f"extra{i}")
         p.meta = dict(n.meta)
         env[n] = p
     prims_cast = getattr(getattr(torch.ops, "prims", None), "convert_element_type", None)
@@ -677,7 +712,7 @@ def compile_partition(gm: fx.GraphModule, lifted: Lifted, opts: CaptureOptions, 
 
     with unset_fake_temporarily(), torch.no_grad():
         gen = torch.Generator().manual_seed(0)
-        xs = [_example(n, gen, device) for n in lifted.inputs]
+        xs = [_example(n, gen, device) for n in (*lifted.inputs, *lifted.extra)]
         want = eager(*xs)
         best: tuple[float, Any, PartitionRunner] | None = None
         first_failure: str | None = None
@@ -844,7 +879,7 @@ def transform(gm: fx.GraphModule, opts: CaptureOptions, report: Report, kind: st
         retry = False
         spliced: set[fx.Node] = set()
         for lp in _propose(gm, ok, why, strict, opts.chain_limit, cuts):
-            if spliced.intersection(lp.inputs):
+            if spliced.intersection((*lp.inputs, *lp.extra)):
                 # it reads a partition taken before it (a matmul chain cut in two): its inputs are now that
                 # partition's results, so it is lifted again (the same graph, inputs in the same order)
                 try:
@@ -1162,7 +1197,7 @@ def _splice(gm: fx.GraphModule, lp: Lifted, op: Any, pid: int) -> None:
     inside = set(lp.nodes)
     last = lp.nodes[-1]
     with g.inserting_after(last):
-        call = g.call_function(op, (pid, list(lp.inputs)))
+        call = g.call_function(op, (pid, [*lp.inputs, *lp.extra]))
     call.meta["val"] = [n.meta.get("val") for n in lp.outputs]
     prev = call
     for i, o in enumerate(lp.outputs):
