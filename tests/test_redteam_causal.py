@@ -92,3 +92,16 @@ def test_tril_mask_offset_past_int64_raised_overflow_error(offset: int) -> None:
         g.tril_mask((1, 4, 4), offset)
     g.output(g.where(g.tril_mask((1, 4, 4), 2**62 - 1), x, g.scale(x, 0.0)))  # (the largest: every element kept)
     np.testing.assert_array_equal(vm.evaluate(g, {"X": np.ones((1, 4, 4))})[0], np.ones((1, 4, 4)))
+
+
+def test_a_concat_of_causal_masks_read_an_unpassed_pointer() -> None:
+    """Finding (tenth session, low: a crash, not a value): a concat of block inputs is loaded directly, and a causal
+    mask operand (computed in the kernel, never passed) was loaded too: NameError 'a0_ptr' from Triton at the first
+    call of vm.compile(where(concat([tril_mask, tril_mask]), x, 0)). Such a concat is now computed from the masks."""
+    g = vm.Graph()
+    x = g.input("X", (1, 16, 8), vm.float32)
+    m = g.concat([g.tril_mask((1, 8, 8), 0), g.tril_mask((1, 8, 8), -2)], axis=1)
+    g.output(g.where(m, x, g.scale(x, 0.0)))
+    xs = np.random.default_rng(0).standard_normal((1, 16, 8))
+    got = vm.compile(g)(torch.tensor(xs, dtype=torch.float32)).double().numpy()
+    np.testing.assert_allclose(got, vm.evaluate(g, {"X": xs})[0], rtol=1e-6, atol=1e-7)

@@ -951,6 +951,7 @@ class _KernelGen:
             i for i, n in enumerate(nodes)
             if i in live and i not in split_cat and OPS[n.op].has(Prop.CONCAT)
             and all(nodes[a].op == "input" for a, _ in n.args)
+            and not any(nodes[a].attr("arg") in self.inline for a, _ in n.args)  # (a causal mask is never loaded)
         }
         skip = {
             i for i, n in enumerate(nodes)
