@@ -1,6 +1,7 @@
 """Calibrate the cost model against the measured per-candidate times of the models set.
 
     python benchmarks/calibrate_cost.py --build     # (re)collect the dataset from benchmarks/results/ + git
+    python benchmarks/calibrate_cost.py --build --add models_run7.json   # with a newer run's results
     python benchmarks/calibrate_cost.py             # re-estimate every stored candidate, report Spearman
     python benchmarks/calibrate_cost.py --json      # the same report as JSON
 
@@ -89,12 +90,14 @@ def _candidate_versions(case: str) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-def build() -> dict[str, Any]:
-    """Collect (program, μGraph, measured time) from the result files (see the module docstring)."""
+def build(extra: Sequence[str] = ()) -> dict[str, Any]:
+    """Collect (program, μGraph, measured time) from the result files (see the module docstring); ``extra``: more
+    result files (paths relative to ``benchmarks/results/``), measured after those of :data:`SOURCES`."""
     versions: dict[str, list[tuple[str, dict[str, Any]]]] = {}
     entries: dict[tuple[str, str], dict[str, Any]] = {}
     unmatched: list[str] = []
-    for src in SOURCES:
+    sources = [*SOURCES, *extra]
+    for src in sources:
         p = RESULTS / src
         if not p.exists():
             continue
@@ -126,7 +129,7 @@ def build() -> dict[str, Any]:
     return {"device": "NVIDIA H100 80GB HBM3", "date": "2026-11-26",
             "note": "measured_us: the fastest launch configuration of the candidate (CUDA-graph median, "
                     "benchmarks/bench.py); run_est_us: the estimate recorded at run time",
-            "sources": SOURCES, "unmatched": unmatched, "entries": list(entries.values())}
+            "sources": sources, "unmatched": unmatched, "entries": list(entries.values())}
 
 
 def estimate(entries: Sequence[dict[str, Any]], hw: Any = None) -> list[float]:
@@ -176,12 +179,14 @@ def report(entries: Sequence[dict[str, Any]], est: Sequence[float]) -> dict[str,
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--build", action="store_true", help="recollect the dataset from the result files and git")
+    ap.add_argument("--add", nargs="*", default=[], metavar="FILE",
+                    help="with --build: more result files (relative to benchmarks/results/), newest last")
     ap.add_argument("--set-floor", action="store_true", help="store the current pooled figure as spearman_floor")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--worst", type=int, default=0, help="list the N entries with the largest |log(est/measured)|")
     args = ap.parse_args()
     if args.build:
-        doc = build()
+        doc = build(args.add)
     else:
         doc = json.loads(DATASET.read_text())
     est = estimate(doc["entries"])
