@@ -188,6 +188,8 @@ def _serve_plan(path: Path, stats: dict[str, Any], *, limit: int = 4) -> None:
     --from-misses``) and ``rejections`` (why).
     """
 
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
     import verimirage as vm
 
     plan = json.loads(path.read_text())
@@ -202,7 +204,8 @@ def _serve_plan(path: Path, stats: dict[str, Any], *, limit: int = 4) -> None:
             return _found(g, "not in the plan")
         texts = [text] if isinstance(text, str) else [t for t in text if isinstance(t, str)]
         t0 = time.perf_counter()
-        served, why = recheck(g, texts, limit, memo)
+        with unset_fake_temporarily():  # (called inside a compilation: the check's tensors are real ones)
+            served, why = recheck(g, texts, limit, memo)
         stats["recheck_s"] = stats.get("recheck_s", 0.0) + time.perf_counter() - t0
         if why:
             stats.setdefault("rejections", []).extend(why)
