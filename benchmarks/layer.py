@@ -294,7 +294,7 @@ def _kernel_medians(fn: Any, reps: int = 5) -> dict[str, float]:
 
 #: uniform launch configurations a ``gpu --sweep-configs`` run times every kernel of the layer under (besides the
 #: per-kernel rules, ``tuning.recommend``): what the rules should pick, kernel by kernel
-SWEEP = ((4, 3, 16), (4, 6, 16), (8, 4, 16), (4, 3, 64))
+SWEEP = ((4, 3, 16), (4, 4, 16), (4, 6, 16), (8, 4, 16), (4, 3, 64))
 
 
 def config_sweep(mg: Any, ordered: list[Any]) -> dict[str, dict[str, float]]:
