@@ -8,8 +8,8 @@
 #             without cudagraphs, eager) and the one-kernel-per-op program, per-kernel times by name;
 # OUT/before: the tree BEFORE (another checkout: its code and its candidates), verimirage only, cases $BEFORE_CASES
 #             (default decode_bs8 decode_bs32: decode_bs1's module is the same in both trees);
-# OUT/mid:    this tree's code on BEFORE's candidates, verimirage only, cases $MID_CASES (default decode_bs32: what
-#             the code generator alone changed);
+# OUT/mid:    this tree's code on the candidates in $MID_CANDIDATES (default BEFORE's), verimirage only, cases
+#             $MID_CASES (default decode_bs32: what the code generator alone changed);
 # OUT/sweep:  decode_bs8's kernels under a few uniform launch configurations (layer.py --sweep-configs).
 # LIMITS: seconds for the four parts (default "320 100 60 100"). At most 8 files come back: 4 logs, 4 layer.json.
 set -u
@@ -26,7 +26,7 @@ PYTHONPATH=$HERE timeout "$T_AFTER" python3 benchmarks/layer.py gpu --cases $CAS
     --no-inductor --no-per-op --out "$OUT/before" > "$OUT/before.log" 2>&1)
 PYTHONPATH=$HERE timeout "$T_MID" python3 benchmarks/layer.py gpu --cases ${MID_CASES:-decode_bs32} --top-k 1 \
     --no-inductor --no-per-op \
-    --candidates "$BEFORE/benchmarks/candidates/layer" --out "$OUT/mid" > "$OUT/mid.log" 2>&1
+    --candidates "${MID_CANDIDATES:-$BEFORE/benchmarks/candidates/layer}" --out "$OUT/mid" > "$OUT/mid.log" 2>&1
 PYTHONPATH=$HERE timeout "$T_SWEEP" python3 benchmarks/layer.py gpu --cases decode_bs8 --top-k 1 --no-inductor \
     --no-per-op --sweep-configs decode_bs8 --out "$OUT/sweep" > "$OUT/sweep.log" 2>&1
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv >> "$OUT/after.log" 2>&1

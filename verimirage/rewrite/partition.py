@@ -817,11 +817,14 @@ def _build_split(an: Analysis, cfg: Config, b: BlockBuilder, mg: MuGraph, ins: l
     assert L is not None
     # the accumulators the rest of the program needs
     needed: list[int] = []
+    invariant: list[int] = []  # loop-invariant operands of the post-loop ops: the combine kernel computes them
     for i, n in enumerate(nodes):
         if kind.get(i) == Place.POST and i not in acc:
             for a, _ in n.args:
                 if kind[a] == Place.INV:
-                    raise Infeasible("split-KV: the combine step needs a loop-invariant value")
+                    if a not in invariant:
+                        invariant.append(a)
+                    continue
                 if a in acc and a not in needed:
                     needed.append(a)
                 if kind[a] == Place.RMAX and a not in needed:
@@ -876,30 +879,34 @@ def _build_split(an: Analysis, cfg: Config, b: BlockBuilder, mg: MuGraph, ins: l
         return cin[("acc", r)] if ("acc", r) in cin else cin[("max", r)]
 
     extra_args: list[Tensor] = []
-    if recompute:
-        in_idx = [j for j, n in enumerate(nodes) if n.op == "input"]
-        rval: dict[int, Tensor] = {}
+    in_idx = [j for j, n in enumerate(nodes) if n.op == "input"]
+    rval: dict[int, Tensor] = {}
 
-        def replay(j: int) -> Tensor:
-            if j in rval:
-                return rval[j]
-            n = nodes[j]
-            if n.op == "input":
-                labs = an.labels[j]
-                fmap = labs.index(L) if L in labs else None
-                rval[j] = c.input(len(part_nodes) + len(extra_args), n.outs[0], _imap(labs, axes), fmap)
-                extra_args.append(ins[in_idx.index(j)])
-            elif kind.get(j) in (Place.BODY, Place.INV):
-                rval[j] = _apply(c, n.op, n.attr_dict, [replay(a) for a, _ in n.args],
-                                 [nodes[a].outs[k] for a, k in n.args])
-            else:
-                raise Infeasible("split: a recomputed sum depends on a rescaled or post-loop value")
+    def replay(j: int) -> Tensor:
+        if j in rval:
             return rval[j]
+        n = nodes[j]
+        if n.op == "input":
+            labs = an.labels[j]
+            fmap = labs.index(L) if L in labs else None
+            rval[j] = c.input(len(part_nodes) + len(extra_args), n.outs[0], _imap(labs, axes), fmap)
+            extra_args.append(ins[in_idx.index(j)])
+        elif kind.get(j) in (Place.BODY, Place.INV):
+            rval[j] = _apply(c, n.op, n.attr_dict, [replay(a) for a, _ in n.args],
+                             [nodes[a].outs[k] for a, k in n.args])
+        else:
+            raise Infeasible("split: a recomputed sum depends on a rescaled or post-loop value")
+        return rval[j]
 
+    if recompute:
         for i in recompute:
             n = nodes[i]
             cval[i] = c.loop_sum(_apply(c, n.op, n.attr_dict, [replay(a) for a, _ in n.args],
                                         [nodes[a].outs[k] for a, k in n.args]))
+        steps.add("partition.split_recompute")
+    for a in invariant:  # (the attention's new-token term e * v_new, after the split sums over the cached keys)
+        cval[a] = replay(a)
+    if invariant:
         steps.add("partition.split_recompute")
 
     for what, i in part_nodes:
