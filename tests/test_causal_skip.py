@@ -353,3 +353,60 @@ def test_a_skip_that_changes_a_row_max_is_not_proved() -> None:
     lows, _ = lower_all(g2, grids=(2, 4), franges=(4,))
     sk = next(x for low in lows if (x := with_skips(restore_masks(low.mugraph, masks))) is not None)
     assert not isinstance(vm.verify(g, sk), vm.Proved)
+
+
+# --------------------------------------------------------------------------- the tiles below the diagonal (codegen)
+
+
+def _full_bound(src: str) -> str:
+    import re
+
+    m = re.search(r"it_full = (.*)\n", src)
+    assert m is not None, src
+    return m.group(1)
+
+
+@pytest.mark.parametrize(("rows", "frange", "offset"), [(16, 4, 0), (16, 2, 0), (32, 4, 0), (32, 4, 5), (16, 4, 20),
+                                                       (16, 4, -1), (32, 4, -20)])
+def test_the_constant_mask_loop_runs_only_tiles_that_are_all_true(rows: int, frange: int, offset: int) -> None:
+    # codegen splits the loop of a kernel reading a causal mask: first the iterations whose mask tile is true
+    # everywhere (the mask the constant 1.0, so where() folds away), then the others with the mask computed.
+    # Checked for every block: each iteration of the first loop reads an all-true tile of tril(offset), and the
+    # first loop takes every leading all-true tile (its count: the number before the first tile with a False)
+    from verimirage.backend.codegen import generate
+    from verimirage.rewrite.causal import with_skips
+
+    n = 64
+    g = _causal_src(2, n, 16, offset=offset)
+    full = _flash(g, rows, frange)
+    for mg in (full, with_skips(full)):
+        if mg is None:
+            continue  # (an offset of -20 for 32 rows: no skip, the first row block keeps nothing in some rows)
+        src = generate(mg).source
+        assert src.count("for it in range(") == 2 and "for it in range(it_full, " in src, src
+        bound = _full_bound(src)
+        mask = np.tril(np.ones((n, n), dtype=bool), offset)
+        cols = n // frange
+        for b in range(n // rows):
+            got = eval(bound.replace("tl.minimum", "min").replace("tl.maximum", "max"),
+                       {"pid1": b, "it_stop": frange, "min": min, "max": max})
+            tiles = [mask[b * rows:(b + 1) * rows, it * cols:(it + 1) * cols].all() for it in range(frange)]
+            lead = next((it for it, t in enumerate(tiles) if not t), frange)
+            assert got == lead, (b, got, tiles)
+
+
+@pytest.mark.parametrize(("rows", "frange", "offset"), [(16, 4, 0), (16, 2, 0), (32, 4, 20), (16, 4, -1)])
+def test_the_split_loop_kernel_matches_float64_in_the_interpreter(rows: int, frange: int, offset: int) -> None:
+    torch = pytest.importorskip("torch")
+    from verimirage.backend.codegen import generate
+    from verimirage.rewrite.causal import with_skips
+
+    g = _causal_src(2, 64, 16, offset=offset)
+    ins = _qkv(2, 64, 16, seed=5)
+    want = vm.evaluate(g, ins)[0]
+    full = _flash(g, rows, frange)
+    for mg in (full, with_skips(full)):
+        assert mg is not None and "it_full" in generate(mg).source
+        out = vm.compile(mg)(*[torch.tensor(ins[x], dtype=torch.float32) for x in "QKV"])
+        out = out[0] if isinstance(out, (tuple, list)) else out
+        np.testing.assert_allclose(out.double().numpy(), want, rtol=1e-4, atol=1e-5, equal_nan=True)

@@ -68,7 +68,7 @@ ROW_DOT_MAX_BATCH = 8
 INT32_INDEX = 2**31
 
 #: Version of the generator: part of every cache key (bump when generated code changes).
-CODEGEN_VERSION = "8"
+CODEGEN_VERSION = "9"
 
 
 @dataclass(frozen=True)
@@ -428,10 +428,11 @@ class _KernelGen:
             m += ', eviction_policy="evict_first"'
         return f"tl.load({ptr}{m}).to(tl.float32)"
 
-    def tril_expr(self, i: int, p: tuple[int, ...]) -> str:
+    def tril_expr(self, i: int, p: tuple[int, ...], all_true: bool = False) -> str:
         """The tile of block input ``i`` of a causal mask operand (:attr:`inline`): 1.0 where its column index is
         at most its row index plus the offset (and inside the tile), else 0.0, from the block's and the loop's
-        offsets as :meth:`load` computes them."""
+        offsets as :meth:`load` computes them. ``all_true``: the same tile where that comparison holds for every
+        element inside the tile (:meth:`full_tiles`): 1.0 inside the tile, 0.0 in its padding."""
         n = self.bg.nodes[i]
         shape, imap, fmap, t = n.attr("shape"), n.attr("imap"), n.attr("fmap"), n.outs[0].shape
         r = len(t)
@@ -447,9 +448,35 @@ class _KernelGen:
         # the offset within [-rows, cols]: the same mask (all false below, all true above), and row + offset stays
         # in int32 (an offset of 2**31 - 3 wrapped: the kernel masked every element of rows >= 3)
         within = min(max(self.inline[n.attr("arg")], -shape[r - 2]), shape[r - 1])
-        cond = " & ".join([f"({idx[1]} <= {idx[0]} + {within})", *inside])
+        cond = " & ".join(inside if all_true else [f"({idx[1]} <= {idx[0]} + {within})", *inside])
         shape_p = _shape_text(p)
+        if not cond:
+            return f"tl.full({shape_p}, 1.0, tl.float32)"
         return f"tl.broadcast_to(({cond}).to(tl.float32), {shape_p})"
+
+    def full_tiles(self, i: int, p: tuple[int, ...]) -> str | None:
+        """How many first loop iterations read a tile of causal mask input ``i`` (:attr:`inline`, read in the
+        loop) that is true everywhere inside the tile, as an expression of the block's index; None when the tile is
+        not one of rows fixed by the block and columns walked by the loop.
+
+        The tile of iteration ``it`` covers columns ``[it C, it C + C)`` and rows ``[b R, b R + R)``; it is all
+        true when its last column is at most its first row plus the offset, ``it C + C - 1 <= b R + offset``, i.e.
+        for ``it < (b R + offset + 1) // C``. Those iterations may read the tile ``tril_expr(all_true=True)``
+        instead (1.0 inside the tile, 0.0 in its padding: a constant): the same values, so the kernel computes
+        exactly what it computed before, in the same order (the μGraph, and so
+        what was verified, is unchanged). Measured (benchmarks/perf/NOTES.md session 10): the mask's ``where``
+        on every tile cost causal attention a third of its time."""
+        n = self.bg.nodes[i]
+        shape, imap, fmap, t = n.attr("shape"), n.attr("imap"), n.attr("fmap"), n.outs[0].shape
+        r = len(t)
+        if r < 2 or fmap != r - 1 or self.bg.frange < 2:
+            return None
+        rows = [a for a, dd in enumerate(imap) if dd == r - 2 and self.bg.grid[a] > 1]
+        if len(rows) > 1 or any(dd == r - 1 and self.bg.grid[a] > 1 for a, dd in enumerate(imap)):
+            return None
+        within = min(max(self.inline[n.attr("arg")], -shape[r - 2]), shape[r - 1])  # (as tril_expr)
+        first = f"pid{rows[0]} * {shape[r - 2] // self.bg.grid[rows[0]]} + " if rows else ""
+        return f"tl.maximum({first}{within + 1}, 0) // {t[r - 1]}"
 
     def read_once(self, i: int) -> bool:
         """Whether no two blocks read the same elements of block input ``i``."""
@@ -975,6 +1002,8 @@ class _KernelGen:
         body: list[str] = []
         postl: list[str] = []
         alpha_needed = {n.args[1][0] for n in nodes if n.op == "rescaled_sum"}
+        #: causal masks read in the loop whose first iterations' tiles are all true: line -> (constant, bound)
+        full_masks: dict[str, tuple[str, str]] = {}
 
         for i, n in enumerate(nodes):
             if i not in live or i in skip or i in split_cat:  # split concats: their matmul reads the pieces
@@ -997,6 +1026,8 @@ class _KernelGen:
             if n.op == "input" and n.attr("arg") in self.inline:
                 sect.append(f"v{i} = {self.tril_expr(i, po)}")
                 name[(i, 0)] = f"v{i}"
+                if sect is body and (bound := self.full_tiles(i, po)) is not None:
+                    full_masks[sect[-1]] = (f"v{i} = {self.tril_expr(i, po, all_true=True)}", bound)
             elif n.op == "input":
                 sq = i in squeeze
                 sect.append(f"v{i} = {self.load_expr(i, po, squeeze=sq)}")
@@ -1109,7 +1140,17 @@ class _KernelGen:
         if looped:
             unroll = bg.frange <= self.opts.unroll_max and not any("tl.dot(" in b for b in body)
             rng = "tl.static_range" if unroll else "range"
-            out += _loop_header(bg, rng)
+            head = _loop_header(bg, rng)
+            if full_masks and (bg.flimit is not None or not unroll):
+                # the iterations whose mask tiles are all true first, the mask a constant (where() folds away)
+                stop = "it_stop" if bg.flimit is not None else str(bg.frange)
+                bound = stop
+                for _, b in full_masks.values():
+                    bound = f"tl.minimum({b}, {bound})"
+                out += [*head[:-1], f"    it_full = {bound}", "    for it in range(0, it_full):"]
+                out += ["        " + full_masks.get(s, (s, ""))[0] for s in body]
+                head = [f"    for it in range(it_full, {stop}):"]
+            out += head
             out += ["        " + s for s in body] or ["        pass"]
         out += ["    " + s for s in postl]
         out += ["    " + s for s in stores]
