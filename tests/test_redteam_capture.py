@@ -567,3 +567,36 @@ def test_held_special_values(name: str) -> None:
         got, want = cm(x.clone()), _Unary(name)(x.clone())
     assert rep.partitions and all(p.taken for p in rep.partitions), rep.summary()
     _same(got, want, name)
+
+
+def _lifted_vs_aten(fn: Callable[..., Any], *xs: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The lifted graph of ``fn``'s ATen graph evaluated in float64, and ATen's value in float64."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    gm = make_fx(fn, tracing_mode="fake")(*xs)
+    lifted = capture.lift([n for n in gm.graph.nodes if n.op == "call_function"])
+    ph = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    named = {f"in{i}": xs[ph.index(p.name)].double().numpy() for i, p in enumerate(lifted.inputs)}
+    named.update({name: c.double().numpy() for name, c in lifted.consts})
+    got = np.asarray(vm.evaluate(lifted.graph, named)[lifted.out_map[0][1]])
+    want = fn(*(x.double() if x.is_floating_point() else x for x in xs))
+    want = want[0] if isinstance(want, (tuple, list)) else want  # (the first result)
+    return got.reshape(tuple(want.shape)), want.numpy()
+
+
+@pytest.mark.parametrize("op", ["nll_loss_forward", "gather"])
+def test_nll_loss_of_a_row_with_a_masked_class_was_nan(op: str) -> None:
+    """Finding (tenth session, medium: a NaN loss where eager has numbers): the lifted nll_loss / gather picked
+    ``x[i, t_i]`` as ``sum_c x[i, c] * [c == t_i]``, so a -inf log-probability of another class (a logit masked to
+    -inf: a banned token) gave ``-inf * 0 = NaN`` and the row's loss NaN where ATen's is finite. x is now clamped
+    to its dtype's finite range before the mask multiplies it (the same value for every finite element)."""
+    aten = torch.ops.aten
+    logits = torch.randn(4, 6, generator=torch.Generator().manual_seed(0))
+    logits[:, 4] = -float("inf")
+    x, t = logits.log_softmax(1), torch.tensor([0, 3, 5, 2])
+    if op == "nll_loss_forward":
+        got, want = _lifted_vs_aten(lambda x, t: aten.nll_loss_forward(x, t, None, 0, -100), x, t)
+    else:
+        got, want = _lifted_vs_aten(lambda x, i: aten.gather(x, 1, i), x, t.reshape(4, 1))
+    assert np.all(np.isfinite(want))
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)

@@ -1276,6 +1276,16 @@ def _one_hot(ctx: Ctx, index: LV, rows: int, classes: int, ignore: int | None = 
     return oh
 
 
+def _finite(g: Graph, x: Tensor) -> Tensor:
+    """``x`` clamped to its dtype's finite range (the same value for every finite element), so that multiplying it
+    by a 0 of a class mask gives 0: a -inf log-probability of another class (a masked logit) made ``-inf * 0 = NaN``
+    and the row's loss NaN where ATen's is finite. A picked -inf reads as the dtype's lowest value (ATen: -inf)."""
+    import torch
+
+    fi = torch.finfo(getattr(torch, x.dtype.torch_name))
+    return emit(g, "clamp", x, float(fi.min), float(fi.max))
+
+
 def _as(g: Graph, t: Tensor, dt: Any) -> Tensor:
     return t if t.dtype == dt else emit(g, "cast", t, dt)
 
@@ -1298,7 +1308,7 @@ def _nll_loss_forward(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: An
     xt, n, k, red = _nll_args(ctx, x, weight, reduction)
     g = ctx.g
     oh = _one_hot(ctx, target, n, k, None if ignore is None else int(ignore))
-    picked = emit(g, "sum", emit(g, "mul", xt, _as(g, oh, xt.dtype)), 1)  # (n, 1): x[i, t_i], 0 if ignored
+    picked = emit(g, "sum", emit(g, "mul", _finite(g, xt), _as(g, oh, xt.dtype)), 1)  # (n, 1): x[i, t_i], 0 if ignored
     loss = emit(g, "neg", picked)
     count = _as(g, emit(g, "sum", emit(g, "sum", oh, 1), 0), xt.dtype)  # (1, 1)
     if red == 0:
@@ -1347,7 +1357,7 @@ def _gather(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
     xt = ctx.exact(x)
     n, k = x.shape
     oh = _as(g, _one_hot(ctx, index, n, k), xt.dtype)
-    return LV(emit(g, "sum", emit(g, "mul", xt, oh), 1), (n, 1))
+    return LV(emit(g, "sum", emit(g, "mul", _finite(g, xt), oh), 1), (n, 1))
 
 
 for _n in ("nll_loss", "nll_loss_nd", "scatter", "scatter_add",
