@@ -68,6 +68,8 @@ def _skip_of(bg: BlockGraph, nodes: Any, args: Any) -> tuple[int, int, int, int]
         r = len(shape)
         if fmap != r - 1 or (r - 2) not in imap:
             continue
+        if any(dd == r - 1 and bg.grid[a] > 1 for a, dd in enumerate(imap)):
+            continue  # the grid splits the columns too (split-KV): a block's loop starts past column 0
         axis = imap.index(r - 2)
         rows, cols = shape[r - 2] // bg.grid[axis], shape[r - 1] // bg.frange
         c = rows - 1 + int(src.attr("offset"))
