@@ -123,3 +123,41 @@ def test_causal_skip_of_a_split_kv_kernel_read_the_wrong_tile_width() -> None:
     assert [bg.grid[a] for a, d in enumerate(mask.attr("imap")) if d == 2] == [2]  # the columns split
     assert with_skips(split) is None
     assert with_skips(_flash(g, 16, 4)) is not None
+
+
+def _masked_row_sums(n: int, m: int, grid: int, fr: int, off: int) -> tuple[vm.Graph, vm.MuGraph]:
+    """``sum(where(tril_mask(offset), x, 0), axis=2)`` and its one kernel: rows split over ``grid`` blocks, the
+    columns walked by a loop of ``fr`` tiles (the mask an inline constant)."""
+    from verimirage.ir.builders import BlockBuilder
+    from verimirage.ir.graph import node_list
+    from verimirage.rewrite.causal import restore_masks
+
+    g = vm.Graph()
+    x = g.input("X", (2, n, m), vm.float32)
+    g.output(g.sum(g.where(g.tril_mask((1, n, m), off), x, g.scale(x, 0.0)), axis=2))
+    mg = vm.MuGraph()
+    xi, mi = mg.input("X", (2, n, m), vm.float32), mg.input("M", (1, n, m), vm.bool)
+    b = BlockBuilder((2, grid), fr)
+    bx, bm = b.input(0, xi.type, (0, 1), 2), b.input(1, mi.type, (None, 1), 2)
+    b.output(b.loop_sum(b.sum(b.where(bm, bx, b.scale(bx, 0.0)), axis=2)), (0, 1))
+    (o,) = mg.custom(b.build(), [xi, mi])
+    mg.output(o)
+    return g, restore_masks(mg, {"M": next(k for k in node_list(g) if k.op == "tril_mask")})
+
+
+@pytest.mark.parametrize("cfg", [(48, 32, 2, 2, -5), (15, 48, 3, 3, 0), (24, 80, 3, 5, 80)])
+def test_full_mask_tiles_first_held(cfg: tuple[int, int, int, int, int]) -> None:
+    """Held (codegen 9's full_tiles: the iterations whose mask tile is all true first, the mask a constant): odd row
+    tiles (5, 24 of 32), column tiles of 12 and 16, offsets below, on and past the diagonal and past int32 (the
+    session's run: 32 such kernels), with +inf at every masked position: Proved, and equal to float64 (no inf leaks)."""
+    from verimirage.backend.codegen import LaunchConfig, TileOptions, generate
+
+    g, mg = _masked_row_sums(*cfg)
+    assert isinstance(vm.verify(g, mg), vm.Proved)
+    tiles = TileOptions(unroll_max=0)  # (a for-loop: static_range loops are not split)
+    assert "it_full" in generate(mg, tiles=tiles).source
+    n, m, off = cfg[0], cfg[1], cfg[4]
+    xs = np.random.default_rng(0).standard_normal((2, n, m))
+    xs[0][~np.tril(np.ones((n, m), bool), off)] = np.inf
+    got = vm.compile(mg, config=LaunchConfig(tiles=tiles))(torch.tensor(xs, dtype=torch.float32)).double().numpy()
+    np.testing.assert_allclose(got, vm.evaluate(g, {"X": xs})[0], rtol=1e-5, atol=1e-5)
