@@ -131,38 +131,61 @@ def _no_search() -> None:
     vm.__dict__["superoptimize"] = lambda g, **kw: _found(g, "no search")
 
 
-def recheck(g: Any, texts: list[str], limit: int,
+def _entry(item: Any) -> tuple[str, str | None]:
+    """A plan entry's item: (μGraph text, certificate JSON text or None); ValueError for anything else."""
+    if isinstance(item, str):
+        return item, None
+    if isinstance(item, dict) and isinstance(item.get("mugraph"), str) and isinstance(item.get("certificate"), str):
+        return item["mugraph"], item["certificate"]
+    raise ValueError(f"a plan item is a μGraph text or {{'mugraph', 'certificate'}}, not {type(item).__name__}")
+
+
+def recheck(g: Any, texts: list[Any], limit: int,
             memo: dict[tuple[str, str], str | None]) -> tuple[list[Any], list[str]]:
     """The first ``limit`` μGraphs of ``texts`` (a plan entry, read from disk: nothing in it is trusted) that
     re-check against ``g``, the partition's own lifted graph, and why each other one did not.
 
-    A μGraph is served only when its text is canonical (``str(MuGraph.parse(t)) == t``), the verifier proves it
-    equal to ``g`` (``vm.verify``: Z3 on the abstract expressions and the finite-field trials, from the two
-    programs alone) and the search's floating-point check passes again (a proof is about the reals: an
-    unstabilised softmax proves, then overflows). ``memo`` holds this process's verdicts (graph text, μGraph
-    text) -> None (served) or the reason; it is never written to disk.
+    An item is a μGraph text, or ``{"mugraph": text, "certificate": JSON}`` (what ``make_plan`` writes for a
+    candidate with a certificate). A μGraph is served only when its text is canonical (``str(MuGraph.parse(t)) ==
+    t``) and it is proved equal to ``g``: with a certificate, the certificate must be about exactly ``g`` and this
+    μGraph (by text) and the independent checker must re-check it (``vm.check_certificate``, in this process: Z3 on
+    the re-derived queries, the finite-field trials, the Triton hash); without one, the verifier proves the pair
+    (``vm.verify``, from the two programs alone). Then the search's floating-point check runs again (a proof is
+    about the reals: an unstabilised softmax proves, then overflows). ``memo`` holds this process's verdicts
+    (graph text, item text) -> None (served) or the reason; it is never written to disk.
     """
     import verimirage as vm
     from verimirage.ir.graph import MuGraph
     from verimirage.pipeline.fpsafe import SafetyChecker
+    from verimirage.smt.certify import read_certificate
     from verimirage.smt.verdict import Proved
 
     served: list[Any] = []
     why: list[str] = []
     gtext = str(g)
     safety: Any = None
-    for t in texts:
+    for item in texts:
         if len(served) >= max(1, limit):
             break
-        key = (gtext, t)
+        key = (gtext, item if isinstance(item, str) else json.dumps(item, sort_keys=True))
         if key not in memo:
             try:
+                t, cert_text = _entry(item)
                 mg = MuGraph.parse(t)
                 if str(mg) != t:
                     raise ValueError("the μGraph text is not canonical")
-                v = vm.verify(g, mg)
-                if not isinstance(v, Proved):
-                    raise ValueError(f"not proved equal to the partition ({type(v).__name__}: {v.reason[:200]})")
+                if cert_text is not None:
+                    cert = read_certificate(cert_text)
+                    if cert.graph_text != gtext or cert.mugraph_text != t:
+                        raise ValueError("the certificate is not about this partition and this μGraph")
+                    v = vm.check_certificate(cert, isolate=False)
+                    if not isinstance(v, Proved):
+                        raise ValueError(f"the certificate does not re-check ({v.reason[:200]})")
+                else:
+                    v = vm.verify(g, mg)
+                    if not isinstance(v, Proved):
+                        raise ValueError(f"not proved equal to the partition ({type(v).__name__}: "
+                                         f"{v.reason[:200]})")
                 safety = safety or SafetyChecker(g)
                 unsafe = safety.check(mg)
                 if unsafe is not None:
@@ -171,7 +194,7 @@ def recheck(g: Any, texts: list[str], limit: int,
             except Exception as e:  # anything wrong with an entry: not served, never the caller's exception
                 memo[key] = f"{type(e).__name__}: {str(e)[:300]}"
         if memo[key] is None:
-            served.append(MuGraph.parse(t))
+            served.append(MuGraph.parse(_entry(item)[0]))
         else:
             why.append(str(memo[key]))
     return served, why
@@ -202,7 +225,7 @@ def _serve_plan(path: Path, stats: dict[str, Any], *, limit: int = 4) -> None:
             stats["miss"] = stats.get("miss", 0) + 1
             stats.setdefault("missed", []).append(key)
             return _found(g, "not in the plan")
-        texts = [text] if isinstance(text, str) else [t for t in text if isinstance(t, str)]
+        texts = [text] if isinstance(text, (str, dict)) else list(text) if isinstance(text, list) else []
         t0 = time.perf_counter()
         with unset_fake_temporarily():  # (called inside a compilation: the check's tensors are real ones)
             served, why = recheck(g, texts, limit, memo)
@@ -373,7 +396,9 @@ def make_plan(names: list[str], dims: Any, dtype: torch.dtype, budget: float, pa
     def found(key: str, r: Any) -> None:
         if r.candidates:
             best = [r.best] + [c for c in r.candidates if c is not r.best]
-            plan[key] = [str(c.mugraph) for c in best]  # the GPU profile picks among them
+            # the GPU profile picks among them; each with its certificate where it has one (re-checked where served)
+            plan[key] = [str(c.mugraph) if getattr(c, "certificate", None) is None else
+                         {"mugraph": str(c.mugraph), "certificate": c.certificate.to_json()} for c in best]
             path.write_text(json.dumps(plan, indent=1))
 
     def search(g: Any, **kw: Any) -> Any:

@@ -142,3 +142,22 @@ def test_training_step_graph_capture_after_uncaptured_steps() -> None:
         torch.cuda.synchronize()
         for p, w in zip(params, want, strict=True):
             torch.testing.assert_close(p.grad, w, rtol=2e-2, atol=2e-2)
+
+
+def test_a_plan_certificate_must_be_about_the_partition_and_recheck() -> None:
+    """A plan item with a certificate (what ``make_plan`` writes) is served only when the certificate names exactly
+    the partition's lifted graph and the served μGraph, and the independent checker re-checks it: a certificate of
+    another partition, or one edited, is not served."""
+    from verimirage.smt.certify import certify
+
+    g, other = _graph("exp"), _graph("tanh")
+    mg = MuGraph.from_graph(g)
+    cert = certify(g, mg).to_json()
+    foreign = {"mugraph": str(mg), "certificate": certify(other, MuGraph.from_graph(other)).to_json()}
+    edited = json.loads(cert)
+    edited["laws"] = ["made-up-law"]
+    items = [foreign, {"mugraph": str(mg), "certificate": json.dumps(edited)}, {"mugraph": str(mg),
+                                                                              "certificate": cert}]
+    served, why = cc.recheck(g, items, 2, {})
+    assert [str(m) for m in served] == [str(mg)]
+    assert "not about this partition" in why[0] and "does not re-check" in why[1], why
