@@ -41,6 +41,7 @@ The op-by-op expressions come from the registry's ``"triton"`` domain
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from collections.abc import Callable, Sequence
@@ -49,7 +50,7 @@ from typing import Any
 
 from ..ir.dtypes import DType
 from ..ir.errors import GraphError
-from ..ir.graph import BlockGraph, Graph, MuGraph, Node, ThreadGraph, live_nodes, node_list, output_refs
+from ..ir.graph import BlockGraph, Graph, MuGraph, Node, ThreadGraph, live_nodes, make_attrs, node_list, output_refs
 from ..ir.ops import OPS, Prop, TensorType, neg_axis
 from . import lowering as _lowering  # noqa: F401  (registers the triton domain)
 from .lowering import TRITON_MAX_NUMEL
@@ -68,7 +69,7 @@ ROW_DOT_MAX_BATCH = 8
 INT32_INDEX = 2**31
 
 #: Version of the generator: part of every cache key (bump when generated code changes).
-CODEGEN_VERSION = "9"
+CODEGEN_VERSION = "10"
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,12 @@ class TileOptions:
     #: pipelining). Measured on an H100 (benchmarks/perf/NOTES.md, session 7): 4096 x 14336 x 2 gate/up at
     #: one row, 80.5 us as a 16-row dot against 120-125 us as a broadcast multiply and sum
     row_dot: int = 16
+    #: a looped kernel that reads a causal mask, whose values all have leading dims of size 1 and whose looped
+    #: inputs all feed ``tl.dot`` is emitted at rank 2 (those dims dropped: no ``tl.reshape`` around the dots, V
+    #: loaded as the P @ V operand instead of shared -> registers -> shared every iteration; see
+    #: :func:`_rank2_lead`). Measured (benchmarks/perf/NOTES.md session 10, H200): causal attention 64 x 64 with
+    #: the diagonal split, 17.1 -> 14.6 us at rank 2
+    rank2: bool = True
 
     def __post_init__(self) -> None:
         if self.row_dot not in (0, 16, 32, 64):
@@ -242,10 +249,13 @@ class _KernelGen:
     def __init__(self, bg: BlockGraph, arg_types: Sequence[TensorType], out_types: Sequence[TensorType], name: str,
                  opts: TileOptions, arg_store: Sequence[DType] | None = None,
                  out_store: Sequence[DType] | None = None, inline: dict[int, int] | None = None) -> None:
-        self.bg = bg
         #: operands that are causal masks (``tril_mask``, by operand: its offset): computed from the tile's
         #: indices, never passed or loaded
         self.inline = dict(inline or {})
+        #: leading dims (all of size 1) every value of the kernel is emitted without (:func:`_rank2_lead`); the
+        #: block graph's values are then viewed without them (input and output maps still name tensor dims)
+        self.lead = _rank2_lead(bg, self.inline) if opts.rank2 else 0
+        self.bg = _drop_lead(bg, self.lead) if self.lead else bg
         self.arg_types = list(arg_types)
         self.out_types = list(out_types)
         # element types in device memory (fp32 for partial results passed between kernels)
@@ -386,8 +396,13 @@ class _KernelGen:
         imap = n.attr("imap")
         fmap = n.attr("fmap")
         t = n.outs[0].shape
+        L = self.lead  # (a rank-2 view: the tile's dims are the tensor's last ones; the leading ones have size 1)
+        if L:
+            t, p = (1,) * L + tuple(t), (1,) * L + tuple(p)
+            axis = None if axis is None else axis + L
+            sub = None if sub is None else (sub[0] + L, sub[1])
         r = len(t)
-        kept = [d for d in range(r) if not (squeeze and p[d] == 1)]
+        kept = [d for d in range(r) if d >= L and not (squeeze and p[d] == 1)]
         rr = len(kept)
         terms, masks = [], []
         for d in range(r):
@@ -435,19 +450,20 @@ class _KernelGen:
         element inside the tile (:meth:`full_tiles`): 1.0 inside the tile, 0.0 in its padding."""
         n = self.bg.nodes[i]
         shape, imap, fmap, t = n.attr("shape"), n.attr("imap"), n.attr("fmap"), n.outs[0].shape
-        r = len(t)
+        r, rt = len(t), len(shape)  # (tile and tensor ranks: they differ in a rank-2 view, see _rank2_lead)
         idx, inside = [], []
         for d in (r - 2, r - 1):
-            off = [f"pid{a} * {shape[d] // self.bg.grid[a]}" for a, dd in enumerate(imap)
-                   if dd == d and self.bg.grid[a] > 1]
-            if fmap == d and self.bg.frange > 1:
+            dt = d + rt - r  # the tensor's dim
+            off = [f"pid{a} * {shape[dt] // self.bg.grid[a]}" for a, dd in enumerate(imap)
+                   if dd == dt and self.bg.grid[a] > 1]
+            if fmap == dt and self.bg.frange > 1:
                 off.append(f"it * {t[d]}")
             idx.append("(" + " + ".join([*off, f"tl.arange(0, {p[d]}){_lift(r, d)}"]) + ")")
             if p[d] != t[d]:
                 inside.append(self._mask(r, d, t[d], p[d]))
         # the offset within [-rows, cols]: the same mask (all false below, all true above), and row + offset stays
         # in int32 (an offset of 2**31 - 3 wrapped: the kernel masked every element of rows >= 3)
-        within = min(max(self.inline[n.attr("arg")], -shape[r - 2]), shape[r - 1])
+        within = min(max(self.inline[n.attr("arg")], -shape[rt - 2]), shape[rt - 1])
         cond = " & ".join(inside if all_true else [f"({idx[1]} <= {idx[0]} + {within})", *inside])
         shape_p = _shape_text(p)
         if not cond:
@@ -468,15 +484,15 @@ class _KernelGen:
         on every tile cost causal attention a third of its time."""
         n = self.bg.nodes[i]
         shape, imap, fmap, t = n.attr("shape"), n.attr("imap"), n.attr("fmap"), n.outs[0].shape
-        r = len(t)
-        if r < 2 or fmap != r - 1 or self.bg.frange < 2:
+        r = len(shape)  # (the tensor's dims; the tile's columns are its last dim)
+        if r < 2 or len(t) < 2 or fmap != r - 1 or self.bg.frange < 2:
             return None
         rows = [a for a, dd in enumerate(imap) if dd == r - 2 and self.bg.grid[a] > 1]
         if len(rows) > 1 or any(dd == r - 1 and self.bg.grid[a] > 1 for a, dd in enumerate(imap)):
             return None
         within = min(max(self.inline[n.attr("arg")], -shape[r - 2]), shape[r - 1])  # (as tril_expr)
         first = f"pid{rows[0]} * {shape[r - 2] // self.bg.grid[rows[0]]} + " if rows else ""
-        return f"tl.maximum({first}{within + 1}, 0) // {t[r - 1]}"
+        return f"tl.maximum({first}{within + 1}, 0) // {t[-1]}"
 
     def read_once(self, i: int) -> bool:
         """Whether no two blocks read the same elements of block input ``i``."""
@@ -1097,18 +1113,24 @@ class _KernelGen:
         for oi, ((a, k), om) in enumerate(zip(bg.outputs, bg.omaps, strict=True)):
             t = nodes[a].outs[k]
             p = self.padded((a, k), t)
+            L = self.lead  # (a rank-2 view: the output tensor's leading dims are size-1 tiles, scalar offsets)
+            if L:
+                t, p = TensorType((1,) * L + t.shape, t.dtype), (1,) * L + tuple(p)
             r = t.rank
             terms, masks = [], []
             for d in range(r):
                 off = [f"pid{ax} * {t.shape[d]}" for ax, dd in enumerate(om.dims) if dd == d and bg.grid[ax] > 1]
                 if p[d] == 1 and not off:
                     continue
-                idx = " + ".join([*off, f"tl.arange(0, {p[d]}){_lift(r, d)}"])
+                if d < L:
+                    terms.append(f"({' + '.join(off)}) * o{oi}_s{d}")
+                    continue
+                idx = " + ".join([*off, f"tl.arange(0, {p[d]}){_lift(r - L, d - L)}"])
                 terms.append(f"({idx}) * o{oi}_s{d}")
                 if p[d] != t.shape[d]:
-                    masks.append(self._mask(r, d, t.shape[d], p[d]))
+                    masks.append(self._mask(r - L, d - L, t.shape[d], p[d]))
             if not terms:
-                terms.append(f"tl.zeros({_shape_text(p)}, tl.int32)")
+                terms.append(f"tl.zeros({_shape_text(p[self.lead:])}, tl.int32)")
             ptr = f"o{oi}_ptr + " + " + ".join(terms)
             m = f", mask={' & '.join(masks)}" if masks else ""
             stores.append(f"tl.store({ptr}, {name[(a, k)]}.to(o{oi}_ptr.dtype.element_ty){m})")
@@ -1155,6 +1177,64 @@ class _KernelGen:
         out += ["    " + s for s in postl]
         out += ["    " + s for s in stores]
         return "\n".join(out) + "\n"
+
+
+def _rank2_lead(bg: BlockGraph, inline: dict[int, int]) -> int:
+    """How many leading dims the kernel of ``bg`` is emitted without (0: none; see ``TileOptions.rank2``).
+
+    Every value of the block has the same rank ``R >= 3`` and size 1 in its first ``R - 2`` dims (one head per
+    block), the block loops and reads a causal mask (``inline``), every op is a product, a loop op, an
+    elementwise op (attributes at most a constant) or a reduction over one of the last two dims, and every block
+    input the loop walks (other than the mask) is an operand of products only: at rank 2 a looped tile that feeds
+    elementwise code lost its asynchronous copy and gained a layout conversion in the loop (bias attention's
+    128 x 64 bias tile: 21.3 -> 28.1 us, NOTES session 10). Dropping size-1 dims changes no value: every index
+    into them is 0."""
+    if bg.frange < 2 or not any(n.op == "input" and n.attr("arg") in inline for n in bg.nodes):
+        return 0
+    ranks = {t.rank for n in bg.nodes for t in n.outs}
+    if len(ranks) != 1 or (rank := ranks.pop()) < 3:
+        return 0
+    lead = rank - 2
+    uses: dict[int, list[int]] = {}
+    for i, n in enumerate(bg.nodes):
+        for a, _ in n.args:
+            uses.setdefault(a, []).append(i)
+    for i, n in enumerate(bg.nodes):
+        if any(x != 1 for t in n.outs for x in t.shape[:lead]):
+            return 0
+        d = OPS.get(n.op)
+        if n.op == "input":
+            if len(n.attr("shape")) != rank:
+                return 0
+            looped = n.attr("fmap") is not None and n.attr("arg") not in inline
+            if looped and not all(OPS[bg.nodes[u].op].has(Prop.CONTRACTION) for u in uses.get(i, [])):
+                return 0
+        elif d is None:
+            return 0
+        elif d.has(Prop.CONTRACTION) or d.has(Prop.LOOP):
+            if n.attrs:
+                return 0
+        elif d.has(Prop.REDUCTION):
+            if set(n.attr_dict) != {"axis"} or not lead <= n.attr("axis") < rank:
+                return 0
+        elif not d.has(Prop.ELEMENTWISE) or d.has(Prop.CONCAT | Prop.REGROUPS | Prop.CONSTANT) \
+                or not set(n.attr_dict) <= {"c"}:
+            return 0
+    return lead
+
+
+def _drop_lead(bg: BlockGraph, lead: int) -> BlockGraph:
+    """``bg`` with its values viewed without their first ``lead`` dims (all of size 1; see :func:`_rank2_lead`):
+    reductions' axes shifted; input nodes keep their ``shape``/``imap``/``fmap`` (tensor dims), as outputs keep
+    their maps (codegen's loads, masks and stores add the dropped dims back as scalar offsets)."""
+    nodes = []
+    for n in bg.nodes:
+        attrs = dict(n.attr_dict)
+        if "axis" in attrs and n.op != "input":
+            attrs["axis"] = attrs["axis"] - lead
+        outs = tuple(TensorType(t.shape[lead:], t.dtype) for t in n.outs)
+        nodes.append(Node(n.op, n.args, make_attrs(attrs), outs))
+    return dataclasses.replace(bg, nodes=tuple(nodes))
 
 
 def _inline_masks(nodes: Sequence[Node], n: Node) -> dict[int, int]:
