@@ -488,8 +488,13 @@ def step_graph_time(step: Any, leaves: list[torch.Tensor], stream: Any, *, rep_m
     torch.cuda.synchronize()
     n = max(1, min(200, int(rep_ms / max(e0.elapsed_time(e1) / 3, 1e-3))))
     override = getattr(torch.autograd.graph, "set_override_stale_capture_stream", None)
-    if override is not None:
-        override(True)
+
+    def stale(on: bool) -> None:  # (a torch that has the switch; its form is not relied on)
+        if callable(override):
+            with contextlib.suppress(Exception):
+                override(on)
+
+    stale(True)
     g = torch.cuda.CUDAGraph()
     try:
         zero()
@@ -498,8 +503,7 @@ def step_graph_time(step: Any, leaves: list[torch.Tensor], stream: Any, *, rep_m
                 zero()
                 step()
     finally:
-        if override is not None:
-            override(False)
+        stale(False)
     torch.cuda.synchronize()
     times = []
     for _ in range(10):
