@@ -19,3 +19,22 @@ def test_derivation_budget_test_failed_by_the_tick_phase_earlier_tests_left(phas
 
     monkeypatch.setattr(budget, "_ticks", phase)
     t(monkeypatch)
+
+
+def test_launch_config_key_left_out_rank2() -> None:
+    """Finding (tenth session, low: a cache key, no value changes): LaunchConfig.key() (the selection cache's key and
+    records) named every tile option but TileOptions.rank2 (codegen 10), so two configurations generating different
+    kernels had one key: a selection over both kept one of them and its records read as duplicates. Every tile
+    option that changes the source must change the key; the defaults' keys are unchanged."""
+    import dataclasses
+
+    from verimirage.backend.codegen import LaunchConfig, TileOptions
+
+    other = {"dot_min_m": 32, "dot_min_nk": 32, "fp32_precision": "tf32", "unroll_max": 4, "evict_once": True,
+             "dot_batch1": True, "row_dot": 32, "rank2": False}
+    fields = {f.name for f in dataclasses.fields(TileOptions)}
+    assert fields == set(other), f"a new tile option: add it to LaunchConfig.key() and here ({fields - set(other)})"
+    base = LaunchConfig()
+    assert base.key() == "w4s2m64n16ieee"
+    keys = {LaunchConfig(tiles=TileOptions(**{k: v})).key() for k, v in other.items()}
+    assert len(keys) == len(other) and base.key() not in keys

@@ -141,7 +141,8 @@ class LaunchConfig:
         e = "e1" if t.evict_once else ""
         b = "b1" if t.dot_batch1 else ""
         r = "" if t.row_dot == 16 else f"r{t.row_dot}"
-        return f"w{self.num_warps}s{self.num_stages}m{t.dot_min_m}n{t.dot_min_nk}{t.fp32_precision}{u}{e}{b}{r}"
+        q = "" if t.rank2 else "q0"
+        return f"w{self.num_warps}s{self.num_stages}m{t.dot_min_m}n{t.dot_min_nk}{t.fp32_precision}{u}{e}{b}{r}{q}"
 
 
 @dataclass(frozen=True)
