@@ -38,3 +38,17 @@ def test_launch_config_key_left_out_rank2() -> None:
     assert base.key() == "w4s2m64n16ieee"
     keys = {LaunchConfig(tiles=TileOptions(**{k: v})).key() for k, v in other.items()}
     assert len(keys) == len(other) and base.key() not in keys
+
+
+def test_search_cache_key_names_every_search_option_held() -> None:
+    """Held: every SearchOptions field is in the search cache's key (cache_fields) or cannot reach a cached search
+    (a custom verifier or user rules make it uncacheable; progress / cache / recheck_cache change no result). Fails
+    when a new option is added without a decision."""
+    import dataclasses
+
+    from verimirage.pipeline.options import SearchOptions
+
+    fields = {f.name for f in dataclasses.fields(SearchOptions)}
+    exempt = {"progress", "cache", "recheck_cache", "verifier", "extra_rules"}
+    assert fields - exempt == set(SearchOptions().cache_fields(None)) - {"device"}
+    assert not SearchOptions(verifier=lambda a, b: None).cacheable
