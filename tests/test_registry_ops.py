@@ -136,7 +136,6 @@ ALLOWED = {
     ("smt/ff/meanings.py", "_ff_matmul"): "the finite field's linear-structure tags",
     ("smt/ffref.py", "RefFF"): "the reference finite field's ring-operation kind tags",
     ("smt/ffref.py", "quotient_info"): "the rational-degree analysis (N / D per value) names ops; ff.degree reads it",
-    ("smt/ffref.py", "_exact_degree"): "N / D degrees of cast, where, reciprocal, pow, minimum, min (quotient_info)",
     ("integrations/aten.py", "*"): "maps ATen op names onto registry ops (capture owns it)",
     ("integrations/capture.py", "*"): "maps ATen op names onto registry ops (capture owns it)",
     ("pipeline/fpsafe.py", "RoundingDomain.apply"): "rounds a matmul's operands like tl.dot (the float safety check)",

@@ -257,21 +257,12 @@ def check_axis(op: str, t: TensorType, axis: Any, what: str = "axis") -> int:
 
 def unary_rule(name: str) -> ShapeRule:
     """The shape rule of unary elementwise ops (the operand's type)."""
-
-    def rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
-        return ts[0]
-
-    return rule
+    return lambda ts, attrs: ts[0]
 
 
 def binary_rule(name: str) -> ShapeRule:
     """The shape rule of broadcasting binary ops (one dtype, numpy broadcasting)."""
-
-    def rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
-        dt = _same_dtype(name, ts)
-        return TensorType(broadcast_shapes(name, ts), dt)
-
-    return rule
+    return lambda ts, attrs: TensorType(dtype=_same_dtype(name, ts), shape=broadcast_shapes(name, ts))
 
 
 def _reduce_rule(name: str) -> ShapeRule:
@@ -292,9 +283,8 @@ def _matmul_rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
     if a.rank < 2 or b.rank < 2:
         raise _err("matmul", ts, "operands of rank >= 2 (..., m, k) and (..., k, n)")
     if a.shape[-1] != b.shape[-2]:
-        raise _err(
-            "matmul", ts, f"the contraction dims to match (a.shape[-1] = {a.shape[-1]}, b.shape[-2] = {b.shape[-2]})"
-        )
+        raise _err("matmul", ts, f"the contraction dims to match (a.shape[-1] = {a.shape[-1]}, b.shape[-2] = "
+                   f"{b.shape[-2]})")
     dt = _same_dtype("matmul", ts)
     batch = broadcast_shapes("matmul", [TensorType(a.shape[:-2], dt), TensorType(b.shape[:-2], dt)])
     return TensorType((*batch, a.shape[-2], b.shape[-1]), dt)
@@ -417,28 +407,10 @@ _unary("rsqrt", "1 / sqrt(x)", degree=_deg_opaque)
 _unary("square", "x * x", degree=lambda a, at: Degree(2 * a[0]))
 _unary("neg", "-x", props=Prop.LINEAR, degree=_deg_max)
 
-define_op(
-    "scale",
-    1,
-    _U | Prop.LINEAR,
-    _attr_rule("scale", "c"),
-    None,
-    "x * c for a Python constant c",
-    attrs=("c",),
-    attr_kinds=_FLOAT_C,
-    degree=_deg_max,
-)
-define_op(
-    "shift",
-    1,
-    _U,
-    _attr_rule("shift", "c"),
-    None,
-    "x + c for a Python constant c",
-    attrs=("c",),
-    attr_kinds=_FLOAT_C,
-    degree=_deg_max,
-)
+define_op("scale", 1, _U | Prop.LINEAR, _attr_rule("scale", "c"), None, "x * c for a Python constant c",
+          attrs=("c",), attr_kinds=_FLOAT_C, degree=_deg_max)
+define_op("shift", 1, _U, _attr_rule("shift", "c"), None, "x + c for a Python constant c", attrs=("c",),
+          attr_kinds=_FLOAT_C, degree=_deg_max)
 
 _BINARY: list[tuple[str, Prop, str, DegreeRule]] = [
     ("add", Prop.COMMUTATIVE | Prop.ASSOCIATIVE | Prop.LINEAR, "a + b", _deg_max),
@@ -463,28 +435,11 @@ _reduction("mean", "mean along axis", props=Prop.LINEAR)
 _reduction("max", "max along axis")
 
 
-_def(
-    "matmul",
-    2,
-    Prop.BROADCAST | Prop.LINEAR | Prop.CONTRACTION,
-    _matmul_rule,
-    None,
-    "(..., m, k) @ (..., k, n), leading dims broadcast",
-    levels=_KB,
-    degree=_deg_sum,
-)
-_def(
-    "rms_norm",
-    None,
-    Prop.NORMALISES,
-    _rms_rule,
-    None,
-    "x / sqrt(mean(x**2, axis) + eps) [* weight]",
-    ("axis", "eps"),
-    _KB,
-    attr_kinds={"axis": "axis", "eps": "float"},
-    degree=lambda a, at: Degree(sum(a) + 2 * a[0] + 1, 1, 0),
-)
+_def("matmul", 2, Prop.BROADCAST | Prop.LINEAR | Prop.CONTRACTION, _matmul_rule, None,
+     "(..., m, k) @ (..., k, n), leading dims broadcast", levels=_KB, degree=_deg_sum)
+_def("rms_norm", None, Prop.NORMALISES, _rms_rule, None, "x / sqrt(mean(x**2, axis) + eps) [* weight]",
+     ("axis", "eps"), _KB, attr_kinds={"axis": "axis", "eps": "float"},
+     degree=lambda a, at: Degree(sum(a) + 2 * a[0] + 1, 1, 0))
 _def("concat", None, Prop.CONCAT, _concat_rule, None, "concatenate along axis", ("axis",), _KB,
      attr_kinds=_AXIS, degree=_deg_max,
      hooks={"triton_needs": ("_padded",)})
@@ -727,27 +682,11 @@ _def("loop_sum", 1, Prop.LOOP, unary_rule("loop_sum"), None, "sum over for-loop 
      **_LOOP)
 _def("loop_max", 1, Prop.LOOP, unary_rule("loop_max"), None, "max over for-loop iterations", levels=Level.BLOCK,
      **_LOOP)
-_def(
-    "running_max",
-    1,
-    Prop.LOOP,
-    unary_rule("running_max"),
-    None,
-    "max of this and all earlier iterations' values (in the loop body)",
-    levels=Level.BLOCK,
-    **_LOOP,
-)
-_def(
-    "rescaled_sum",
-    2,
-    Prop.LOOP | Prop.BROADCAST,
-    _rescaled_rule,
-    None,
-    "acc = acc * exp(m_prev - m) + x over iterations, m a running_max (online softmax)",
-    levels=Level.BLOCK,
-    degree=lambda a, at: Degree(sum(a) + 1),
-    hooks={"family_arg": 1},
-)
+_def("running_max", 1, Prop.LOOP, unary_rule("running_max"), None,
+     "max of this and all earlier iterations' values (in the loop body)", levels=Level.BLOCK, **_LOOP)
+_def("rescaled_sum", 2, Prop.LOOP | Prop.BROADCAST, _rescaled_rule, None,
+     "acc = acc * exp(m_prev - m) + x over iterations, m a running_max (online softmax)", levels=Level.BLOCK,
+     degree=lambda a, at: Degree(sum(a) + 1), hooks={"family_arg": 1})
 OPS["rms_norm"].hooks["family_arg"] = 0
 
 # Structural ops: their meaning is the evaluator's.

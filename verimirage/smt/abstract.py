@@ -187,6 +187,15 @@ def _ew1(f: Callable[[E.Poly], E.Poly]) -> Callable[..., Sym]:
     return fn
 
 
+def _ewc(f: Callable[[E.Poly, Fraction], E.Poly]) -> Callable[..., Sym]:
+    """An elementwise op of its operand and its constant ``c`` (read as an exact rational)."""
+    def fn(args: list[Sym], attrs: dict[str, Any], in_types: Any, out_types: Any) -> Sym:
+        c = const_fraction(attrs["c"])
+        return _ew1(lambda x: f(x, c))(args, attrs, in_types, out_types)
+
+    return fn
+
+
 def _ew2(f: Callable[[E.Poly, E.Poly], E.Poly]) -> Callable[..., Sym]:
     def fn(args: list[Sym], attrs: dict[str, Any], in_types: Any, out_types: Any) -> Sym:
         a, b = args
@@ -210,7 +219,9 @@ implements("abstract", "exp")(_ew1(E.p_exp))
 implements("abstract", "neg")(_ew1(lambda x: E.p_scale(x, -1)))
 implements("abstract", "square")(_ew1(lambda x: E.p_mul(x, x)))
 implements("abstract", "sqrt")(_ew1(E.p_sqrt))
-implements("abstract", "rsqrt")(_ew1(lambda x: _law("rsqrt-def", E.p_atom(("sqrt", x), -1))))
+_rsqrt = implements("abstract", "rsqrt")(_ew1(lambda x: _law("rsqrt-def", E.p_atom(("sqrt", x), -1))))
+implements("abstract", "scale")(_ewc(E.p_scale))
+implements("abstract", "shift")(_ewc(lambda x, c: E.p_add(x, E.p_const(c))))
 
 
 def uninterpreted(op: str) -> Callable[..., Sym]:
@@ -317,20 +328,8 @@ def _abs_pow(args: list[Sym], attrs: dict[str, Any], in_types: Any, out_types: A
     if c == 0.5:
         return _ew1(E.p_sqrt)(args, attrs, in_types, out_types)
     if c == -0.5:
-        return _ew1(lambda x: _law("rsqrt-def", E.p_atom(("sqrt", x), -1)))(args, attrs, in_types, out_types)
+        return _rsqrt(args, attrs, in_types, out_types)
     return uninterpreted("pow")(args, attrs, in_types, out_types)
-
-
-@implements("abstract", "scale")
-def _abs_scale(args: list[Sym], attrs: dict[str, Any], in_types: Any, out_types: Any) -> Sym:
-    c = const_fraction(attrs["c"])
-    return _ew1(lambda x: E.p_scale(x, c))(args, attrs, in_types, out_types)
-
-
-@implements("abstract", "shift")
-def _abs_shift(args: list[Sym], attrs: dict[str, Any], in_types: Any, out_types: Any) -> Sym:
-    c = const_fraction(attrs["c"])
-    return _ew1(lambda x: E.p_add(x, E.p_const(c)))(args, attrs, in_types, out_types)
 
 
 def _reduce(kind: str) -> Callable[..., Sym]:

@@ -535,43 +535,42 @@ def check_certificate(
     file or text that is not a JSON object.
     """
     text = _text_of(cert)
-    known = known_rules()
     h = json.loads(text).get("triton_source_sha256")
-    regenerated: list[Any] = []  # the Triton digest (or why it cannot be made), made while the child checks
+    made: list[Any] = []  # the Triton digest (or why it cannot be made) and its seconds, made while the child checks
 
     def digest() -> None:
-        if triton and h is not None:
-            t0 = time.perf_counter()
-            try:
-                if regenerate is None:
-                    raise GraphError("no code generator given (vm.check_certificate passes the backend's)")
-                regenerated.append(regenerate(json.loads(text)["mugraph_text"]))
-            except Exception as e:  # the generator cannot express it (or is absent): the hash is not confirmed
-                regenerated.append(e)
-            regenerated.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        d: str | Exception
+        try:
+            if regenerate is None:
+                raise GraphError("no code generator given (vm.check_certificate passes the backend's)")
+            d = regenerate(json.loads(text)["mugraph_text"])
+        except Exception as e:  # the generator cannot express it (or is absent): the hash is not confirmed
+            d = e
+        made[:] = [d, time.perf_counter() - t0]
 
+    want_digest = triton and h is not None
     if isolate:
-        v = _isolated(text, known, timeout_s, _limit(memory_mb, MEMORY_ENV, DEFAULT_MEMORY_MB),
-                      _limit(wall_s, SECONDS_ENV, DEFAULT_SECONDS), digest)
+        v = _isolated(text, known_rules(), timeout_s, _limit(memory_mb, MEMORY_ENV, DEFAULT_MEMORY_MB),
+                      _limit(wall_s, SECONDS_ENV, DEFAULT_SECONDS), digest if want_digest else lambda: None)
     else:
-        v = check_text(text, known, timeout_s)
+        v = check_text(text, known_rules(), timeout_s)
     if not v.proved:
         return v
     if h is None:
-        if triton_source is not None:
-            return _reject("a Triton source was given but the certificate records no hash", v.evidence)
-        return v
+        return v if triton_source is None else _reject("a Triton source was given but the certificate records no "
+                                                       "hash", v.evidence)
     if triton_source is not None and sha256(triton_source) != h:
         return _reject("the Triton source does not match the certificate's hash", v.evidence)
-    if triton:
-        if not regenerated:
-            digest()
-        made, seconds = regenerated
-        if isinstance(made, Exception):
-            return _reject(f"the Triton module cannot be regenerated ({type(made).__name__}: {made})", v.evidence)
-        if made != h:
-            return _reject(f"the Triton module generated from the μGraph has sha256 {made[:16]}..., not the "
-                           f"certificate's {h[:16]}...", v.evidence)
-        v = Proved(v.reason + "; Triton module hash regenerated",
-                   (*v.evidence, Check("triton-hash", Outcome.PROVED, (("sha256", h),), seconds)))
-    return v
+    if not want_digest:
+        return v
+    if not made:
+        digest()
+    d, seconds = made
+    if isinstance(d, Exception):
+        return _reject(f"the Triton module cannot be regenerated ({type(d).__name__}: {d})", v.evidence)
+    if d != h:
+        return _reject(f"the Triton module generated from the μGraph has sha256 {d[:16]}..., not the "
+                       f"certificate's {h[:16]}...", v.evidence)
+    return Proved(v.reason + "; Triton module hash regenerated",
+                  (*v.evidence, Check("triton-hash", Outcome.PROVED, (("sha256", h),), seconds)))

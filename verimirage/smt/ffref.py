@@ -480,45 +480,6 @@ def degree_bound(g: Graph) -> tuple[int, int]:
     return _degrees(g)[1]
 
 
-def _exact_degree(op: str, attrs: dict[str, Any], a: list[Any], shapes: list[Any], rank: int,
-                  align: Callable[..., frozenset[int]]) -> tuple[Any, int] | None:
-    """``(N, D, varying axes)`` of the ops added for real models whose field meaning is exact (cast, where,
-    reciprocal, integer powers, minimum/min as the order's other operand), and the divisor degree each
-    element divides by (0: none); None for every other op (handled by :func:`degree_info` itself)."""
-    def deg(v: Any) -> int:
-        return int(max(v[0], v[1]))
-
-    if op == "cast":
-        return a[0], 0
-    if op == "where":  # m a + (1 - m) b over the common denominator Da Db
-        m, x, y = a
-        vary = frozenset().union(*(align(v, s, rank) for v, s in zip(a, shapes, strict=True)))
-        return (deg(m) + max(x[0] + y[1], y[0] + x[1]), x[1] + y[1] + m[1], vary), 0
-    if op == "minimum":  # a + b - maximum(a, b): add-like, as maximum
-        x, y = a
-        vx, vy = align(x, shapes[0], rank), align(y, shapes[1], rank)
-        return (max(x[0] + y[1], y[0] + x[1]), x[1] + y[1], vx | vy), 0
-    if op == "min":
-        ax = attrs["axis"] % len(shapes[0])
-        return (a[0][0], a[0][1], frozenset(a[0][2] - {ax})), 0
-    if op == "reciprocal":  # Dx / Nx: every element divides by its numerator
-        x = a[0]
-        nx = frozenset(ax for ax, sz in enumerate(shapes[0]) if sz != 1)
-        return (x[1], x[0], x[2] | (nx if x[0] else frozenset())), max(1, deg(x))
-    if op == "pow":
-        c = float(attrs["c"])
-        if not (c.is_integer() and abs(c) <= POW_EXACT_MAX):
-            return None  # an oracle (or sqrt's): an atom
-        k, x = int(abs(c)), a[0]
-        if k == 0:
-            return (0, 0, frozenset()), 0
-        if c > 0:
-            return (k * x[0], k * x[1], x[2]), 0
-        nx = frozenset(ax for ax, sz in enumerate(shapes[0]) if sz != 1)
-        return (k * x[1], k * x[0], x[2] | (nx if x[0] else frozenset())), k * max(1, deg(x))
-    return None
-
-
 def quotient_info(g: Graph) -> tuple[int, int, int]:
     """``(degree, atoms, applications)`` (:func:`_degrees`)."""
     return _degrees(g)[0]
@@ -580,13 +541,18 @@ def _degrees(g: Graph) -> tuple[tuple[int, int, int], tuple[int, int]]:
             dg = OPS[n.op].degree_of(an, n.attr_dict)
             node_opaque[:] = [max(node_opaque[0], dg.inner if dg.opaque else 0), node_opaque[1] + dg.opaque]
             nd.append(dg.result)
-            exact = _exact_degree(n.op, n.attr_dict, a, shapes, rank, align)
-            if exact is not None:  # registry ops with an exact polynomial / rational meaning
-                v, divided = exact
-                vals.append(v)
-                opaque[2] += elems * divided
-                continue
-            if n.op in ("mul", "div"):
+            c = float(n.attr("c")) if n.op == "pow" else -1.0  # (reciprocal: the power -1)
+            if n.op in ("pow", "reciprocal") and c.is_integer() and abs(c) <= POW_EXACT_MAX:
+                k, x = int(abs(c)), a[0]
+                num, den = (x[1], x[0]) if c < 0 else (x[0], x[1])  # x ** -k = Dx**k / Nx**k divides by Nx**k
+                nx = frozenset(ax for ax, sz in enumerate(shapes[0]) if sz != 1) if c < 0 and x[0] else frozenset()
+                vals.append((k * num, k * den, x[2] | nx) if k else (0, 0, frozenset()))
+                opaque[2] += elems * k * max(1, deg(x)) if c < 0 else 0
+            elif n.op == "where":  # m a + (1 - m) b over the common denominator Da Db
+                m, x, y = a
+                vary = frozenset().union(*(align(v, s, rank) for v, s in zip(a, shapes, strict=True)))
+                vals.append((deg(m) + max(x[0] + y[1], y[0] + x[1]), x[1] + y[1] + m[1], vary))
+            elif n.op in ("mul", "div"):
                 x, y = a
                 vx, vy = align(x, shapes[0], rank), align(y, shapes[1], rank)
                 if n.op == "mul":
@@ -595,13 +561,13 @@ def _degrees(g: Graph) -> tuple[tuple[int, int, int], tuple[int, int]]:
                     ny = frozenset(ax + rank - len(shapes[1]) for ax, s in enumerate(shapes[1]) if s != 1)
                     vals.append((x[0] + y[1], x[1] + y[0], vx | vy | (ny if y[0] else frozenset())))
                     opaque[2] += elems * max(1, deg(y))
-            elif n.op in ("add", "sub", "maximum"):
+            elif n.op in ("add", "sub", "maximum", "minimum"):  # (minimum: a + b - maximum(a, b))
                 x, y = a
                 vx, vy = align(x, shapes[0], rank), align(y, shapes[1], rank)
                 vals.append((max(x[0] + y[1], y[0] + x[1]), x[1] + y[1], vx | vy))
             elif n.op == "square":
                 vals.append((2 * a[0][0], 2 * a[0][1], a[0][2]))
-            elif n.op in ("neg", "scale", "running_max"):
+            elif n.op in ("neg", "scale", "running_max", "cast"):
                 vals.append(a[0])
             elif n.op == "shift":
                 vals.append((deg(a[0]), a[0][1], a[0][2]))
@@ -609,9 +575,9 @@ def _degrees(g: Graph) -> tuple[tuple[int, int, int], tuple[int, int]]:
                 i0, i1 = n.attr("a") % rank, n.attr("b") % rank
                 sw = {i0: i1, i1: i0}
                 vals.append((a[0][0], a[0][1], frozenset(sw.get(x, x) for x in a[0][2])))
-            elif n.op in ("sum", "mean", "max"):
+            elif n.op in ("sum", "mean", "max", "min"):
                 ax = n.attr("axis") % len(shapes[0])
-                v = a[0] if n.op == "max" else reduce(a[0], ax, shapes[0][ax])
+                v = a[0] if n.op in ("max", "min") else reduce(a[0], ax, shapes[0][ax])
                 vals.append((v[0], v[1], frozenset(v[2] - {ax})))
             elif n.op == "matmul":
                 x, y = a
