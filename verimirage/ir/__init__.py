@@ -9,48 +9,13 @@ from typing import Any
 
 from .dtypes import DType, bfloat16, bool_, float16, float32
 from .errors import GraphError
-from .graph import (
-    BlockGraph,
-    Graph,
-    MuGraph,
-    Node,
-    OutputMap,
-    Ref,
-    ThreadGraph,
-    node_list,
-    output_refs,
-)
+from .graph import BlockGraph, Graph, MuGraph, Node, OutputMap, Ref, ThreadGraph, node_list, output_refs
 from .interpret import Domain, run
 from .ops import OPS, OpDef, Prop, TensorType, implements
 
-__all__ = [
-    "OPS",
-    "BlockBuilder",
-    "BlockGraph",
-    "DType",
-    "Domain",
-    "Graph",
-    "GraphError",
-    "MuGraph",
-    "Node",
-    "OpDef",
-    "OutputMap",
-    "Prop",
-    "Ref",
-    "Tensor",
-    "TensorType",
-    "ThreadBuilder",
-    "ThreadGraph",
-    "bfloat16",
-    "bool_",
-    "evaluate",
-    "float16",
-    "float32",
-    "implements",
-    "node_list",
-    "output_refs",
-    "run",
-]
+__all__ = ["OPS", "BlockBuilder", "BlockGraph", "DType", "Domain", "Graph", "GraphError", "MuGraph", "Node", "OpDef",
+           "OutputMap", "Prop", "Ref", "Tensor", "TensorType", "ThreadBuilder", "ThreadGraph", "bfloat16", "bool_",
+           "evaluate", "float16", "float32", "implements", "node_list", "output_refs", "run"]
 
 
 def __getattr__(name: str) -> Any:

@@ -11,18 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .errors import GraphError
-from .graph import (
-    BlockGraph,
-    Graph,
-    MuGraph,
-    Node,
-    Ref,
-    ThreadGraph,
-    live_nodes,
-    node_list,
-    output_refs,
-    tile_shape,
-)
+from .graph import BlockGraph, Graph, MuGraph, Node, Ref, ThreadGraph, live_nodes, node_list, output_refs, tile_shape
 from .limits import check_shape
 from .ops import LOOP_OPS, OPS, Level, TensorType, get_op
 
@@ -204,9 +193,8 @@ def check_block(bg: BlockGraph, in_types: Sequence[TensorType] | None) -> None:
                 if arg >= len(in_types):
                     raise _where(nodes, i, f"block input: operand {arg}, but the kernel has {len(in_types)} operand(s)")
                 if in_types[arg].shape != n.attr("shape") or in_types[arg].dtype != n.outs[0].dtype:
-                    raise _where(
-                        nodes, i, f"block input: expects operand {arg} of shape {n.attr('shape')}, got {in_types[arg]}"
-                    )
+                    raise _where(nodes, i, f"block input: expects operand {arg} of shape {n.attr('shape')}, got "
+                                 f"{in_types[arg]}")
             post.append(False)
             invariant.append(n.attr("fmap") is None)
             continue
@@ -228,19 +216,13 @@ def check_block(bg: BlockGraph, in_types: Sequence[TensorType] | None) -> None:
         if is_post and bg.frange > 1:
             for (a, _), p, inv in zip(n.args, arg_post, arg_inv, strict=True):
                 if n.op not in LOOP_OPS and not p and not inv:
-                    raise _where(
-                        nodes,
-                        i,
-                        f"{n.op}: mixes a post-loop value with %{a}, which changes every iteration; "
-                        "expected loop accumulators or loop-invariant values",
-                    )
+                    raise _where(nodes, i, f"{n.op}: mixes a post-loop value with %{a}, which changes every "
+                                 "iteration; expected loop accumulators or loop-invariant values")
         post.append(is_post)
         invariant.append(n.op not in LOOP_OPS and all(arg_inv))
     if in_types is not None and seen_args != set(range(len(in_types))):
-        raise GraphError(
-            f"block graph reads operands {sorted(seen_args)}; the kernel has {len(in_types)} operand(s), "
-            "expected each read exactly once"
-        )
+        raise GraphError(f"block graph reads operands {sorted(seen_args)}; the kernel has {len(in_types)} "
+                         "operand(s), expected each read exactly once")
     _check_outputs(nodes, bg.outputs, "block graph")
     if len(bg.omaps) != len(bg.outputs):
         raise GraphError(f"block graph: {len(bg.outputs)} outputs but {len(bg.omaps)} omaps")

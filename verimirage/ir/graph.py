@@ -241,14 +241,8 @@ class MuGraph(MuGraphMethods, Graph):
 # --------------------------------------------------------------------------- block and thread graphs
 
 
-def tile_shape(
-    what: str,
-    shape: tuple[int, ...],
-    grid: tuple[int, ...],
-    imap: tuple[int | None, ...],
-    fmap: int | None,
-    frange: int,
-) -> tuple[int, ...]:
+def tile_shape(what: str, shape: tuple[int, ...], grid: tuple[int, ...], imap: tuple[int | None, ...],
+               fmap: int | None, frange: int) -> tuple[int, ...]:
     """Shape of one block's per-iteration tile of a tensor of ``shape``; GraphError if the maps don't fit."""
     if len(imap) != len(grid):
         raise GraphError(f"{what}: imap {imap} has {len(imap)} entries; expected one per grid axis {grid}")
@@ -263,18 +257,15 @@ def tile_shape(
             raise GraphError(f"{what}: imap {imap} partitions dim {d} twice; expected distinct dims")
         used.add(d)
         if t[d] % grid[a]:
-            raise GraphError(
-                f"{what}: dim {d} of {shape} (size {t[d]}) does not divide into {grid[a]} blocks (grid axis {a})"
-            )
+            raise GraphError(f"{what}: dim {d} of {shape} (size {t[d]}) does not divide into {grid[a]} blocks "
+                             f"(grid axis {a})")
         t[d] //= grid[a]
     if fmap is not None:
         if not isinstance(fmap, int) or not 0 <= fmap < len(shape):
             raise GraphError(f"{what}: fmap {fmap!r} is not a dim of a rank-{len(shape)} tensor {shape}")
         if t[fmap] % frange:
-            raise GraphError(
-                f"{what}: dim {fmap} of the block's slice {tuple(t)} (size {t[fmap]}) does not divide into the "
-                f"for-loop's {frange} iterations"
-            )
+            raise GraphError(f"{what}: dim {fmap} of the block's slice {tuple(t)} (size {t[fmap]}) does not divide "
+                             f"into the for-loop's {frange} iterations")
         t[fmap] //= frange
     return tuple(t)
 

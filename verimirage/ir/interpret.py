@@ -28,9 +28,8 @@ class Domain(Protocol):
 
     name: str
 
-    def apply(
-        self, op: str, args: list[Any], attrs: dict[str, Any], in_types: Sequence[TensorType], out_type: TensorType
-    ) -> Any:
+    def apply(self, op: str, args: list[Any], attrs: dict[str, Any], in_types: Sequence[TensorType],
+              out_type: TensorType) -> Any:
         """Result of ``op`` on ``args`` (see ``ir.ops`` for the calling convention)."""
         ...
 
@@ -47,9 +46,8 @@ def align_ranks(args: list[np.ndarray], types: Sequence[TensorType]) -> list[np.
     return out
 
 
-def apply_op(
-    domain: Domain, op: str, args: list[Any], attrs: dict[str, Any], in_types: Sequence[TensorType], out: TensorType
-) -> Any:
+def apply_op(domain: Domain, op: str, args: list[Any], attrs: dict[str, Any], in_types: Sequence[TensorType],
+             out: TensorType) -> Any:
     """Apply a registry op in ``domain``, aligning operand ranks for broadcasting ops."""
     if OPS[op].has(Prop.BROADCAST) and len({t.rank for t in in_types}) > 1:
         args = align_ranks(args, in_types)
@@ -61,10 +59,8 @@ def apply_op(
 # --------------------------------------------------------------------------- tiling
 
 
-def tile_input(
-    x: np.ndarray, shape: tuple[int, ...], grid: tuple[int, ...], imap: tuple[int | None, ...], fmap: int | None,
-    frange: int,
-) -> list[np.ndarray]:
+def tile_input(x: np.ndarray, shape: tuple[int, ...], grid: tuple[int, ...], imap: tuple[int | None, ...],
+               fmap: int | None, frange: int) -> list[np.ndarray]:
     """Per loop iteration, the tiles of ``x`` for every block: arrays ``(*batch, *grid', *tile)``.
 
     ``grid'`` has the grid's size on the axes that partition ``x`` and 1 on
@@ -170,9 +166,7 @@ def run_block(bg: BlockGraph, args: Sequence[Any], arg_types: Sequence[TensorTyp
     for i, n in enumerate(nodes):
         if n.op == "input":
             k = n.attr("arg")
-            tiles[i] = tile_input(
-                args[k], arg_types[k].shape, bg.grid, n.attr("imap"), n.attr("fmap"), bg.frange
-            )
+            tiles[i] = tile_input(args[k], arg_types[k].shape, bg.grid, n.attr("imap"), n.attr("fmap"), bg.frange)
     acc = _folded_products(bg, args, arg_types, domain) if domain.name in ("ff", "ffref") and not bg.flimit else {}
     skip = {nodes[i].args[0][0] for i in acc}
     run_max: dict[int, Any] = {}

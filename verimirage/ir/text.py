@@ -26,18 +26,7 @@ from typing import Any
 
 from .dtypes import DType
 from .errors import GraphError
-from .graph import (
-    BlockGraph,
-    Graph,
-    MuGraph,
-    Node,
-    OutputMap,
-    Ref,
-    ThreadGraph,
-    make_attrs,
-    node_list,
-    output_refs,
-)
+from .graph import BlockGraph, Graph, MuGraph, Node, OutputMap, Ref, ThreadGraph, make_attrs, node_list, output_refs
 from .ops import TensorType
 
 

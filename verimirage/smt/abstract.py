@@ -463,9 +463,8 @@ class AbstractDomain:
 
     name = "abstract"
 
-    def apply(
-        self, op: str, args: list[Any], attrs: dict[str, Any], in_types: Sequence[TensorType], out_type: TensorType
-    ) -> Any:
+    def apply(self, op: str, args: list[Any], attrs: dict[str, Any], in_types: Sequence[TensorType],
+              out_type: TensorType) -> Any:
         fn = OPS[op].domains.get("abstract")
         if fn is None:
             raise GraphError(f"op {op!r} has no meaning in the 'abstract' domain")
