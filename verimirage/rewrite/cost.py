@@ -14,7 +14,8 @@ from H100/H200 measurements (benchmarks/perf/NOTES.md):
 * a block streams from device memory at most ``block_bandwidth`` (more when a pipelined ``tl.dot`` loop
   keeps more bytes in flight: ``dot_latency_s``), so a memory-bound kernel needs enough blocks in flight
   (skinny matmuls want split-K; one block per SM does not reach the copy bandwidth); a for-loop neither
-  pipelined nor unrolled waits ``serial_iteration_s`` an iteration;
+  pipelined nor unrolled waits ``serial_iteration_s`` an iteration, and one that reduces tiles across the block
+  in its body ``reduce_iteration_s`` an iteration (unrolled or not);
 * tiles are padded to powers of two in the generated code: a kernel is
   charged for the padded size of its largest padded tile;
 * tiles whose rows are narrower than a DRAM ``segment`` (128 bytes) are charged for the partly used
@@ -124,6 +125,14 @@ class Hardware:
     #: attention with two heads per block 4.5-60x slower than one head, 2x with 32-row tiles; the decode
     #: kernels, memory-bound, unaffected; benchmarks/results/models.json)
     batched_dot_slowdown: float = 4.0
+    #: a for-loop without ``tl.dot`` whose body reduces a tile across the block (``sum``/``max`` of a loaded
+    #: tile: the online softmax's statistics) waits for each iteration's reductions (shared memory and a barrier,
+    #: in order: the running max feeds the next rescale) even when unrolled: this long an iteration (H100, models
+    #: set: logsumexp's 128 blocks, 4 iterations of 1,000 columns 4.8-4.9 us against one tile of 4,000 columns
+    #: 3.4-3.6; cross_entropy's 16 blocks x 4 iterations of 16 x 500 tiles measured 36.6 us against 7.8 for 16
+    #: whole rows, which this term ranks first, though it explains 1.2 us of the gap;
+    #: benchmarks/results/models_run8_h100_1515.json)
+    reduce_iteration_s: float = 3.0e-7
 
 
 H100 = Hardware()
@@ -185,7 +194,7 @@ def _pow2(n: int) -> int:
 
 def _roofline(nbytes: int, tc: int, other: int, blocks: int, smem: int, hw: Hardware, cal: Calibration,
               l2_bytes: int = 0, pad: float = 1.0, iterations: int = 0, hot: float = 0.0,
-              serial: int = 0, in_flight: float = 0.0) -> KernelCost:
+              serial: int = 0, in_flight: float = 0.0, reduce_its: int = 0) -> KernelCost:
     # compute: SMs left idle by the grid (or by a partial last wave) are lost, and so is the overlap of
     # loads and arithmetic when shared memory leaves room for fewer than ``overlap_blocks`` blocks per SM
     resident = max(1, min(hw.resident_blocks, hw.smem_per_sm // max(smem, 1)))
@@ -206,7 +215,7 @@ def _roofline(nbytes: int, tc: int, other: int, blocks: int, smem: int, hw: Hard
     mem = (rounds * max(streamed / block_bw, per_block * per_round * rate)
            + l2_bytes / hw.l2_bandwidth) * cal.mem
     t = (hw.launch_s * cal.launch + max(mem, comp) + iterations * rounds * hw.iteration_s
-         + serial * rounds * hw.serial_iteration_s)
+         + serial * rounds * hw.serial_iteration_s + reduce_its * rounds * hw.reduce_iteration_s)
     return KernelCost(nbytes, tc, other, blocks, smem, mem, comp, t)
 
 
@@ -237,6 +246,7 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
     pad = 1.0
     its = loop_iterations(bg)
     dots = False
+    reducing = False
     for i, n in enumerate(bg.nodes):
         t = n.outs[0]
         reps = 1 if post[i] else its
@@ -276,6 +286,9 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
         else:
             other += t.numel * reps
             smem_tmp = max(smem_tmp, _bytes(t))
+            # (a reduction in the loop body of a tile larger than its result: see Hardware.reduce_iteration_s)
+            a0 = bg.nodes[n.args[0][0]].outs[n.args[0][1]] if n.args else t
+            reducing = reducing or (not post[i] and OPS[n.op].has(Prop.REDUCTION) and a0.numel > t.numel)
     spill = _spill(bg, post, dots, hw)
     written = 0.0
     for r, om, full in zip(bg.outputs, bg.omaps, out_types, strict=True):
@@ -289,26 +302,30 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
     smem = smem_in + smem_walk * max(1, hw.stages - 1) + smem_acc + smem_tmp
     return _roofline(int(nbytes), int(tc * blocks), int(other * blocks), blocks, smem, hw, cal, l2_in, pad * spill,
                      math.ceil(its), hot, 0 if dots or bg.frange <= hw.unroll_max else math.ceil(its),
-                     _in_flight(bg, smem_walk) if dots else 0.0)
+                     _in_flight(bg, smem_walk) if dots else 0.0,
+                     math.ceil(its) if reducing and not dots and bg.frange > 1 else 0)
 
 
 def _in_flight(bg: BlockGraph, stage: int) -> float:
     """Bytes a block of a software-pipelined ``tl.dot`` loop keeps in flight: ``stages - 1`` iterations' tiles,
     with the stages ``backend.tuning.recommend`` gives (3 when a product consumes another's result, as
     attention's P @ V does; else 4 when they fit in 160 KB, 3 in 200 KB, 2 beyond)."""
-    if bg.frange <= 1 or stage <= 0:
-        return 0.0
-    after_dot: list[bool] = []
-    chained = False
-    for n in bg.nodes:
-        dep = any(after_dot[a] for a, _ in n.args)
-        dot = OPS[n.op].has(Prop.CONTRACTION)
-        chained = chained or (dot and dep)
-        after_dot.append(dep or dot)
-    if chained:
+    if bg.frange <= 1 or stage <= 0 or _chained(bg):
         return 0.0
     stages = 4 if 4 * stage <= 160 * 1024 else 3 if 3 * stage <= 200 * 1024 else 2
     return float(min(bg.frange, stages - 1) * stage)
+
+
+def _chained(bg: BlockGraph) -> bool:
+    """Whether a product of ``bg`` consumes another product's result (attention's P @ V after Q @ K^T)."""
+    after_dot: list[bool] = []
+    for n in bg.nodes:
+        dep = any(after_dot[a] for a, _ in n.args)
+        dot = OPS[n.op].has(Prop.CONTRACTION)
+        if dot and dep:
+            return True
+        after_dot.append(dep or dot)
+    return False
 
 
 def _segment_charge(bg: BlockGraph, imap: Sequence[int | None], rank: int, run: int, hw: Hardware) -> float:
