@@ -296,3 +296,15 @@ def test_a_32_row_streaming_product_is_mma_sync_with_a_deep_pipeline() -> None:
     assert c.tiles.dot_min_m == 16 and c.num_stages == 4 and c.num_warps == 4
     (c64,) = _recs(designs.gated_mlp(_gated(rows=64, k=4096, n=14336), cols=64, k_tile=128))
     assert c64.tiles.dot_min_m == 64  # more rows: the wgmma rule as before
+
+
+@pytest.mark.parametrize("rows", [8, 32])
+def test_a_chunked_one_step_product_is_pipelined_like_a_k_loop(rows: int) -> None:
+    # the layer's k / v projections at bs8 ((8, 1024) @ (1024, 32) per block, a loop of 4 chunks): 7.9 us at 2 stages,
+    # 5.7-6.0 at 3-4 on an H100 (benchmarks/results/layer_h100_1520/sweep); 32 rows: 16-row-granular mma.sync
+    _, mg = _one_step(rows=rows, k=1024)
+    (c,) = _recs(mg)
+    assert c.num_stages == 4 and c.tiles.dot_min_m == 16
+    _, short = _one_step(rows=rows, k=256)  # one chunk: no loop
+    (c1,) = _recs(short)
+    assert c1.num_stages == 2

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..ir.graph import BlockGraph, Graph, MuGraph
+from ..ir.graph import BlockGraph, Graph, MuGraph, live_nodes
 from ..ir.ops import OPS, Prop, TensorType
 from .codegen import LaunchConfig, ModuleSource, TileOptions, _KernelGen, generate
 
@@ -58,6 +58,7 @@ class KernelShape:
     max_tile: int  # largest padded value in the kernel (elements)
     dot_cols: int = 0  # smallest logical column count of a tl.dot result
     side_use: bool = False  # a loop-varying matmul operand also feeds a non-matmul op (rmsnorm_linear's X)
+    chunks: int = 0  # K chunks of a one-step product emitted as a loop (codegen's chunked_dots); 0 without
 
 
 def kernel_shape(bg: BlockGraph, arg_types: Sequence[TensorType]) -> KernelShape:
@@ -100,7 +101,18 @@ def kernel_shape(bg: BlockGraph, arg_types: Sequence[TensorType]) -> KernelShape
         for i, n in enumerate(bg.nodes)
     )
     cols = min((bg.nodes[i].outs[0].shape[-1] for i in mm), default=0)
-    return KernelShape(math.prod(bg.grid), bg.frange, len(mm), rows, chained, stage, biggest, cols, side)
+    chunks = 0
+    if bg.frange == 1 and mm:  # one-step products emitted as a loop of K chunks (codegen's chunked_dots)
+        live = live_nodes(bg.nodes, bg.outputs)
+        uses_: dict[int, list[int]] = {}
+        for i, n in enumerate(bg.nodes):
+            if i in live:
+                for a, _ in n.args:
+                    uses_.setdefault(a, []).append(i)
+        chunked = kg.chunked_dots(live, uses_, kg.dot_operand_inputs(live, uses_))
+        chunks = max((kg.padded(bg.nodes[i].args[0], bg.nodes[bg.nodes[i].args[0][0]].outs[0])[-1] // c
+                      for i, c in chunked.items()), default=0)
+    return KernelShape(math.prod(bg.grid), bg.frange, len(mm), rows, chained, stage, biggest, cols, side, chunks)
 
 
 def recommend(bg: BlockGraph, arg_types: Sequence[TensorType]) -> LaunchConfig:
@@ -131,14 +143,17 @@ def _measured(bg: BlockGraph, arg_types: Sequence[TensorType]) -> LaunchConfig:
     # (with column tiles under 64 that 64-row config computed a WRONG result on Triton 3.6 — rel. error 1e-2,
     # benchmarks/perf/NOTES.md — so there we keep 16 rows: slower, correct)
     min_m = 16 if s.dot_rows <= 16 and not (s.side_use and s.dot_cols >= 64) else 64
-    if s.dot_rows <= SKINNY_ROWS and s.frange > 1 and not s.chained and not s.side_use:
+    if s.dot_rows <= SKINNY_ROWS and (s.frange > 1 or s.chunks >= 3) and not s.chained and not s.side_use:
         # a weight-streaming product of 17-32 rows in a K loop: mma.sync at its own rows (padded to 32), not 64-row
         # wgmma tiles, whose doubled row operand cut the pipeline to 2-3 stages (the layer at batch 32 on an H100:
         # gate/up 83.9 us, down 61.2, q 21.1, o 26.5 at 64 rows; the same kernels at batch 8 with 16-row
         # mma.sync and 4-8 stages: 80.6, 48.3, 14.0, 15.6; benchmarks/perf/NOTES.md session 8)
         min_m = 16
     if s.frange == 1:
-        return LaunchConfig(4, 2, TileOptions(dot_min_m=min_m))
+        # a one-step product deeper than 256 is a loop of 256-deep chunks: pipeline it as a K loop (the layer's k and
+        # v projections at bs8, 128 blocks of (8, 1024) @ (1024, 32): 7.9 us at 2 stages, 5.7-6.0 at 3-4 on an H100,
+        # benchmarks/results/layer_h100_1520/sweep)
+        return LaunchConfig(4, min(4, s.chunks) if s.chunks >= 3 else 2, TileOptions(dot_min_m=min_m))
     if s.chained:  # attention-like: two dependent products per iteration; 3 stages, 4 warps measured best
         return LaunchConfig(4, 3, TileOptions(dot_min_m=min_m))
     per_stage = s.stage_bytes if min_m == 16 else s.stage_bytes * max(1, 64 // max(16, s.dot_rows))
