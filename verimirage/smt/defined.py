@@ -192,11 +192,6 @@ def s_neg(ss: Sequence[int], attrs: dict[str, Any]) -> int:
     return ss[0] & NONZERO
 
 
-def _const(name: str) -> Callable[[Sequence[int], dict[str, Any]], int]:
-    value = {"pos": POS, "nonneg": NONNEG}[name]
-    return lambda ss, attrs: value
-
-
 def s_square(ss: Sequence[int], attrs: dict[str, Any]) -> int:
     """``x**2 >= 0``, ``> 0`` if ``x != 0``."""
     return NONNEG | (ss[0] & NONZERO)
@@ -263,15 +258,15 @@ rule("mul", sign=s_mul)
 rule("div", conds=lambda xs, at: [("ne0", xs[1])], sign=s_div)
 rule("maximum", sign=s_max)
 rule("minimum", sign=s_min)
-rule("exp", "sigmoid", "softplus", sign=_const("pos"))
-rule("relu", "step", sign=_const("nonneg"))
+rule("exp", "sigmoid", "softplus", sign=lambda ss, at: POS)
+rule("relu", "step", sign=lambda ss, at: NONNEG)
 rule("abs", sign=s_square)
 rule("tanh", "erf", "silu", "gelu", sign=s_same)
 rule("leaky_relu", "cast")
 rule("neg", sign=s_neg)
 rule("square", sign=s_square)
 rule("sqrt", conds=lambda xs, at: [("ge0", xs[0])], sign=s_sqrt)
-rule("rsqrt", conds=lambda xs, at: [("gt0", xs[0])], sign=_const("pos"))
+rule("rsqrt", conds=lambda xs, at: [("gt0", xs[0])], sign=lambda ss, at: POS)
 rule("log", conds=lambda xs, at: [("gt0", xs[0])])
 rule("reciprocal", conds=lambda xs, at: [("ne0", xs[0])], sign=s_recip)
 rule("pow", conds=c_pow, sign=s_pow)
