@@ -20,8 +20,9 @@ from H100/H200 measurements (benchmarks/perf/NOTES.md):
   charged for the padded size of its largest padded tile;
 * tiles whose rows are narrower than a DRAM ``segment`` (128 bytes) are charged for the partly used
   transactions, ``(segment / run) ** segment_exponent`` (unless one wave of neighbouring blocks reads them
-  together), and tiles of device-memory streams the for-loop walks along their contiguous dim in runs
-  shorter than ``walk_run`` bytes a little;
+  together), results stored in rows narrower than an L2 ``sector`` ``(sector / run) ** sector_write_exponent``,
+  and tiles of device-memory streams the for-loop walks along their contiguous dim in runs shorter than
+  ``walk_run`` bytes a little;
 * the for-loop is software-pipelined: a kernel whose per-iteration tiles do
   not fit ``stages - 1`` times in shared memory (as Triton buffers them) is
   infeasible (227 KB on an H100), and each loop iteration costs a little
@@ -133,6 +134,14 @@ class Hardware:
     #: whole rows, which this term ranks first, though it explains 1.2 us of the gap;
     #: benchmarks/results/models_run8_h100_1515.json)
     reduce_iteration_s: float = 3.0e-7
+    #: a tile stored in rows narrower than an L2 ``sector`` (32 bytes: a transposed store, each block writing a
+    #: few elements of every row) costs ``(sector / run) ** sector_write_exponent`` times its bytes, however the
+    #: grid walks it: each partial sector is a separate store transaction (H100, rotary_attention run 8: the
+    #: kernel writing rotated K transposed, 2 MB in 16-, 8- and 4-byte runs, then the same attention kernel:
+    #: 34.5, 36.7, 41.5 us with 16-key tiles, 34.8, 37.1, 41.8 with 32; +2.2 and +7.0 us over 16-byte runs;
+    #: benchmarks/results/models_run8_h100_1515.json)
+    sector: int = 32
+    sector_write_exponent: float = 1.2
 
 
 H100 = Hardware()
@@ -294,7 +303,8 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
     for r, om, full in zip(bg.outputs, bg.omaps, out_types, strict=True):
         t = bg.type_of(r)
         run = t.shape[-1] * t.dtype.itemsize if t.shape and t.shape[-1] < full.shape[-1] else hw.min_run
-        written += _bytes(full) * _segment_charge(bg, om.dims, full.rank, run, hw)
+        written += _bytes(full) * _segment_charge(bg, om.dims, full.rank, run, hw) * (
+            max(1.0, hw.sector / run) ** hw.sector_write_exponent)
     nbytes = dram_in + written
     # loop-walked tiles are multi-buffered by the software pipeline: Triton 3.6 keeps stages - 1 copies in
     # shared memory (H100: 2 heads x KV tiles of 256 keys at 3 stages asked for 266,240 B = 2 x 128 KB of K and
