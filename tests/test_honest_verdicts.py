@@ -216,7 +216,7 @@ def test_finding3_bf16_rounding_is_round_to_nearest_even() -> None:
 
 
 def test_finding3_max_shifted_checks_the_subtraction() -> None:
-    from verimirage.pipeline.superopt import _max_shifted
+    from verimirage.pipeline.fpsafe import max_shifted as _max_shifted
 
     assert _max_shifted(_softmax_numerator())
     assert not _max_shifted(_unshifted())  # a max somewhere is not a shift

@@ -141,7 +141,7 @@ ALLOWED = {
     ("pipeline/fpsafe.py", "RoundingDomain.apply"): "rounds a matmul's operands like tl.dot (the float safety check)",
     ("smt/ff/proj.py", "*"): "dispatches on the finite field's linear-structure tags, not on op names",
     ("smt/abstract.py", "Sym.__array_function__"): "numpy function names (take, broadcast_to), not op names",
-    ("pipeline/superopt.py", "_max_shifted"): "recognises exp(x - max x) patterns (the stable-softmax label)",
+    ("pipeline/fpsafe.py", "max_shifted"): "recognises exp(x - max x) patterns (the stable-softmax label)",
     ("pipeline/superopt.py", "_removes_max_shift"): "recognises exp(x - max x) patterns (the stable-softmax label)",
     ("smt/abstract.py", "_reduce"): "the abstract domain's reduction kinds (sum, mean, max) in its registrations",
     ("pipeline/synth.py", "_variants"): "rule synthesis enumerates transpose's axis pair",

@@ -48,6 +48,7 @@ from ..rewrite.partition import Lowered, lower_all
 from ..rewrite.rules import Rule, RuleError, select_rules
 from ..rewrite.saturate import SaturationPanic, attribute, saturate
 from .admit import admit
+from .fpsafe import max_shifted as _max_shifted
 from .options import SearchOptions, StopReason
 from .progress import Progress
 
@@ -1084,57 +1085,6 @@ def _structure(mg: MuGraph) -> tuple[Any, ...]:
 def _loop_ranges(mg: MuGraph) -> tuple[int, ...]:
     """The for-loop range of each custom kernel of ``mg``, in order."""
     return tuple(n.attr("block").frange for n in node_list(mg) if n.op == "custom")
-
-
-_MAX_LIKE = ("max", "running_max", "loop_max")
-
-
-def _max_shifted(mg: Graph) -> bool:
-    """Whether ``mg`` applies ``exp`` and every ``exp`` (at any level) is of ``x - m`` with ``m`` a max of
-    that same ``x`` (``max``, ``running_max``, ``loop_max`` of it, or ``maximum`` with such a max): the
-    numerically safe form. A max elsewhere in the program does not count (``exp(a) / exp(max a)`` is not
-    shifted). ``rescaled_sum`` (``exp(m_prev - m)`` of a running max) is shifted by construction."""
-    found: list[bool] = []  # one entry per exp: shifted or not
-    Val = tuple[Sequence[Any], int, Any]  # (the nodes of a scope, index, the scope's outer resolver)
-
-    def resolve(v: Val) -> Val:
-        """Through a thread graph's ``arg`` to the block value it stands for."""
-        nodes, i, outer = v
-        while nodes[i].op == "arg" and outer is not None:
-            nodes, i, outer = outer(nodes[i].attr("index"))
-        return nodes, i, outer
-
-    def same(u: Val, w: Val) -> bool:
-        return u[0] is w[0] and u[1] == w[1]
-
-    def is_max_of(m: Val, x: Val, depth: int = 0) -> bool:
-        nodes, i, outer = resolve(m)
-        n = nodes[i]
-        if depth > 8:
-            return False
-        if n.op in _MAX_LIKE:
-            a = resolve((nodes, n.args[0][0], outer))
-            return same(a, x) or is_max_of(a, x, depth + 1)
-        if n.op == "maximum":
-            return any(is_max_of((nodes, r, outer), x, depth + 1) for r, _ in n.args)
-        return False
-
-    def walk(nodes: Sequence[Any], outer: Any) -> None:
-        for n in nodes:
-            if n.op == "custom":
-                walk(n.attr("block").nodes, None)
-            elif n.op == "fused":
-                refs = [r for r, _ in n.args]
-                walk(n.attr("thread").nodes, lambda k, refs=refs, nodes=nodes, outer=outer: (nodes, refs[k], outer))
-            elif n.op == "rescaled_sum":
-                found.append(True)
-            elif n.op == "exp":
-                an, ai, ao = resolve((nodes, n.args[0][0], outer))
-                a = an[ai]
-                found.append(a.op == "sub" and is_max_of((an, a.args[1][0], ao), resolve((an, a.args[0][0], ao))))
-
-    walk(node_list(mg), None)
-    return bool(found) and all(found)
 
 
 def _removes_max_shift(originals: Sequence[Term], terms: Sequence[Term]) -> bool:
