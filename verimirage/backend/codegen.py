@@ -688,6 +688,12 @@ class _KernelGen:
         else:  # (its batch dims are all 1: the product has one batch element)
             b2 = b if len(pb) == 2 else f"tl.reshape({b}, ({pk}, {pn}))"
         lines.append(f"{b_op} = {b2}.to({dt})")
+        return self._row_dot_result(lines, n, ta, tb, po, acc, wide, groups, a_op, b_op, 1)
+
+    def _row_dot_result(self, lines: list[str], n: Node, ta: TensorType, tb: TensorType, po: tuple[int, ...],
+                        acc: str | None, wide: bool, groups: int, a_op: str, b_op: str, nb: int) -> str:
+        """The ``tl.dot`` of a row product's prepared operands ``a_op`` @ ``b_op`` (plus ``acc``): the whole result
+        when ``wide``, else its ``groups`` rows of each of ``nb`` batch elements (:meth:`row_of`)."""
         self.uses_dot = True
         self.row_dots += 1
         attrs = {"_precision": self.opts.fp32_precision}
@@ -697,7 +703,7 @@ class _KernelGen:
             lines.append(f"{out} = {OPS['matmul'].domains['triton'](args, attrs, [ta, tb], [n.outs[0]])}")
             return out
         dot = OPS["matmul"].domains["triton"]([a_op, b_op], attrs, [ta, tb], [n.outs[0]])
-        lines.append(f"{out} = {self.row_of(dot, po, groups)}" + (f" + {acc}" if acc else ""))
+        lines.append(f"{out} = {self.row_of(dot, po, groups, nb)}" + (f" + {acc}" if acc else ""))
         return out
 
     def _emit_batched_row_dot(self, lines: list[str], n: Node, a: str, b: str, ta: TensorType, tb: TensorType,
@@ -722,17 +728,7 @@ class _KernelGen:
             lines.append(f"{b_op} = {b}.to({dt})")
         else:
             lines.append(f"{b_op} = tl.reshape({b}, ({nb}, {pk}, {pn})).to({dt})")
-        self.uses_dot = True
-        self.row_dots += 1
-        attrs = {"_precision": self.opts.fp32_precision}
-        out = self.fresh("d")
-        if wide:
-            args = [a_op, b_op] + ([acc] if acc is not None else [])
-            lines.append(f"{out} = {OPS['matmul'].domains['triton'](args, attrs, [ta, tb], [n.outs[0]])}")
-            return out
-        dot = OPS["matmul"].domains["triton"]([a_op, b_op], attrs, [ta, tb], [n.outs[0]])
-        lines.append(f"{out} = {self.row_of(dot, po, groups, nb)}" + (f" + {acc}" if acc else ""))
-        return out
+        return self._row_dot_result(lines, n, ta, tb, po, acc, wide, groups, a_op, b_op, nb)
 
     def emit_matmul_node(self, lines: list[str], nodes: Sequence[Node], i: int, vid_of: Any, name: dict[Any, str],
                          acc: str | None, wide: bool = False) -> str:

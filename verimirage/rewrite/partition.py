@@ -1054,6 +1054,22 @@ def _split_at(g: Graph, v: int, name: str) -> tuple[Graph, Graph] | None:
     return g1, g2
 
 
+def _splice(nodes: list[Any], env: dict[str, tuple[int, int]], mg: MuGraph) -> dict[tuple[int, int], tuple[int, int]]:
+    """Append ``mg``'s nodes to ``nodes``, its inputs read from ``env`` (input name -> value); the map from
+    ``mg``'s values to the appended ones."""
+    from ..ir.graph import Node
+
+    remap: dict[tuple[int, int], tuple[int, int]] = {}
+    for i, n in enumerate(node_list(mg)):
+        if n.op == "input":
+            remap[(i, 0)] = env[n.attr("name")]
+            continue
+        nodes.append(Node(n.op, tuple(remap[a] for a in n.args), n.attrs, n.outs))
+        for k in range(len(n.outs)):
+            remap[(i, k)] = (len(nodes) - 1, k)
+    return remap
+
+
 def join(g: Graph, parts: Sequence[tuple[MuGraph, str | None]]) -> MuGraph:
     """One μGraph running ``parts`` in order: each part's inputs are ``g``'s inputs or earlier parts'
     results (a part given with a name is read under that name by the later parts: its single output);
@@ -1068,14 +1084,7 @@ def join(g: Graph, parts: Sequence[tuple[MuGraph, str | None]]) -> MuGraph:
         env[str(t.name)] = (len(nodes) - 1, 0)
     last: list[tuple[int, int]] = []
     for mg, name in parts:
-        remap: dict[tuple[int, int], tuple[int, int]] = {}
-        for i, n in enumerate(node_list(mg)):
-            if n.op == "input":
-                remap[(i, 0)] = env[n.attr("name")]
-                continue
-            nodes.append(Node(n.op, tuple(remap[a] for a in n.args), n.attrs, n.outs))
-            for k in range(len(n.outs)):
-                remap[(i, k)] = (len(nodes) - 1, k)
+        remap = _splice(nodes, env, mg)
         last = [remap[r] for r in output_refs(mg)]
         if name is not None:
             env[name] = last[0]
@@ -1155,14 +1164,7 @@ def _join_parallel(g: Graph, parts: Sequence[tuple[MuGraph, Sequence[int]]]) -> 
         env[str(t.name)] = (len(nodes) - 1, 0)
     result: dict[int, tuple[int, int]] = {}
     for mg, positions in parts:
-        remap: dict[tuple[int, int], tuple[int, int]] = {}
-        for i, n in enumerate(node_list(mg)):
-            if n.op == "input":
-                remap[(i, 0)] = env[n.attr("name")]
-                continue
-            nodes.append(Node(n.op, tuple(remap[a] for a in n.args), n.attrs, n.outs))
-            for k in range(len(n.outs)):
-                remap[(i, k)] = (len(nodes) - 1, k)
+        remap = _splice(nodes, env, mg)
         for pos, r in zip(positions, output_refs(mg), strict=True):
             result[pos] = remap[r]
     return MuGraph._from_parts(nodes, [result[k] for k in range(len(result))])
