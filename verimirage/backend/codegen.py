@@ -672,7 +672,7 @@ class _KernelGen:
         a_op, b_op = self.fresh("x"), self.fresh("y")
         nb = self.row_batch(pb)
         if nb > 1:
-            return self._emit_batched_row_dot(lines, n, a, b, ta, tb, pa, pb, po, acc, wide, groups, a_op, b_op)
+            return self._emit_batched_row_dot(lines, n, a, b, ta, tb, pa, pb, po, acc, wide, groups, a_op, b_op, nb)
         a2 = a if pa == (groups, pk) else f"tl.reshape({a}, ({groups}, {pk}))"
         if rep == 1:
             lines.append(f"{a_op} = {a2}.to({dt})")
@@ -708,10 +708,10 @@ class _KernelGen:
 
     def _emit_batched_row_dot(self, lines: list[str], n: Node, a: str, b: str, ta: TensorType, tb: TensorType,
                               pa: tuple[int, ...], pb: tuple[int, ...], po: tuple[int, ...], acc: str | None,
-                              wide: bool, groups: int, a_op: str, b_op: str) -> str:
-        """:meth:`_emit_row_dot` of a batched row product (``B`` = :meth:`row_batch` > 1): the left operand as
-        ``(B, rows, K)`` (each element's ``groups`` rows repeated to ``rows``), the right as ``(B, K, N)``."""
-        nb = self.row_batch(pb)
+                              wide: bool, groups: int, a_op: str, b_op: str, nb: int) -> str:
+        """:meth:`_emit_row_dot` of a batched row product (``nb`` = :meth:`row_batch` > 1 batch elements): the
+        left operand as ``(B, rows, K)`` (each element's ``groups`` rows repeated to ``rows``), the right as
+        ``(B, K, N)``."""
         rows = self.dot_rows(groups)
         rep = rows // groups
         pk, pn = pa[-1], pb[-1]
@@ -959,11 +959,7 @@ class _KernelGen:
         for i in range(len(nodes)):
             self._unify_node(vid_of, nodes, i)
         live = live_nodes(nodes, bg.outputs)
-        uses: dict[int, list[int]] = {}
-        for i, n in enumerate(nodes):
-            if i in live:
-                for a, _ in n.args:
-                    uses.setdefault(a, []).append(i)
+        uses = _uses(nodes, live)
         split_mm = self.split_concat_matmuls(live, uses)
         for i, pairs in split_mm.items():  # each piece product is a tl.dot of its own: line up its dims
             ot = nodes[i].outs[0]
@@ -1176,6 +1172,16 @@ class _KernelGen:
         return "\n".join(out) + "\n"
 
 
+def _uses(nodes: Sequence[Node], live: set[int] | None = None) -> dict[int, list[int]]:
+    """Node index -> the (``live``) nodes reading one of its values, in order."""
+    uses: dict[int, list[int]] = {}
+    for i, n in enumerate(nodes):
+        if live is None or i in live:
+            for a, _ in n.args:
+                uses.setdefault(a, []).append(i)
+    return uses
+
+
 def _rank2_lead(bg: BlockGraph, inline: dict[int, int]) -> int:
     """How many leading dims the kernel of ``bg`` is emitted without (0: none; see ``TileOptions.rank2``).
 
@@ -1192,10 +1198,7 @@ def _rank2_lead(bg: BlockGraph, inline: dict[int, int]) -> int:
     if len(ranks) != 1 or (rank := ranks.pop()) < 3:
         return 0
     lead = rank - 2
-    uses: dict[int, list[int]] = {}
-    for i, n in enumerate(bg.nodes):
-        for a, _ in n.args:
-            uses.setdefault(a, []).append(i)
+    uses = _uses(bg.nodes)
     for i, n in enumerate(bg.nodes):
         if any(x != 1 for t in n.outs for x in t.shape[:lead]):
             return 0

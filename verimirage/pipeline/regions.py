@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..ir.graph import Graph, MuGraph, Node, live_nodes, node_list, output_refs
+from ..ir.graph import Graph, MuGraph, live_nodes, node_list, output_refs
+from ..rewrite.partition import connected_parts
 from ..smt.glue import Region, compose, region_of
 
 log = logging.getLogger(__name__)
@@ -111,28 +112,7 @@ def _layout_to_consumer(graph: Graph, chunks: list[list[int]]) -> list[list[int]
         if nodes[i].op in LAYOUT and i not in outs and len(ks) == 1 and min(ks) > where[i]:
             where[i] = min(ks)
     moved = [sorted(i for i in where if where[i] == k) for k in range(len(chunks))]
-    return [part for ch in moved if ch for part in _components(nodes, ch)]
-
-
-def _components(nodes: Sequence[Node], chunk: list[int]) -> list[list[int]]:
-    """``chunk`` split into its connected parts (ops linked by reading one another's values), in order of their
-    first op: unrelated computations cut together (a projection and another value's rotary) fuse apart."""
-    part = {i: i for i in chunk}
-
-    def root(i: int) -> int:
-        while part[i] != i:
-            part[i] = part[part[i]]
-            i = part[i]
-        return i
-
-    for i in chunk:
-        for a in nodes[i].args:
-            if a[0] in part:
-                part[root(a[0])] = root(i)
-    groups: dict[int, list[int]] = {}
-    for i in chunk:
-        groups.setdefault(root(i), []).append(i)
-    return sorted(groups.values(), key=lambda g: g[0])
+    return [part for ch in moved if ch for part in connected_parts(nodes, ch)]
 
 
 def split_search(graph: Graph, region_ops: int, search: Callable[[Graph], tuple[MuGraph, float, str,

@@ -1126,12 +1126,10 @@ def cut_lowerings(g: Graph, *, grids: Sequence[int] | None = None, franges: Sequ
     return out
 
 
-def _output_components(g: Graph) -> list[list[int]]:
-    """``g``'s outputs (positions) grouped by the computations they share (ops linked by reading one another's
-    values; the program's inputs link nothing): one group for a connected program; [] when an output is an
-    input or a constant alone (nothing to lower apart)."""
-    nodes = node_list(g)
-    part = list(range(len(nodes)))
+def connected_parts(nodes: Sequence[Any], chunk: Sequence[int]) -> list[list[int]]:
+    """``chunk`` (node indices of ``nodes``) split into its connected parts: ops linked by reading one another's
+    values (a value from outside ``chunk`` links nothing), in order of their first op."""
+    part = {i: i for i in chunk}
 
     def root(i: int) -> int:
         while part[i] != i:
@@ -1139,16 +1137,29 @@ def _output_components(g: Graph) -> list[list[int]]:
             i = part[i]
         return i
 
-    for i, n in enumerate(nodes):
-        for a, _ in n.args:
-            if nodes[a].op != "input":
+    for i in chunk:
+        for a, _ in nodes[i].args:
+            if a in part:
                 part[root(a)] = root(i)
+    groups: dict[int, list[int]] = {}
+    for i in chunk:
+        groups.setdefault(root(i), []).append(i)
+    return sorted(groups.values(), key=lambda g: g[0])
+
+
+def _output_components(g: Graph) -> list[list[int]]:
+    """``g``'s outputs (positions) grouped by the computations they share (:func:`connected_parts` of its ops;
+    the program's inputs link nothing): one group for a connected program; [] when an output is an input or a
+    constant alone (nothing to lower apart)."""
+    nodes = node_list(g)
     outs = output_refs(g)
     if any(nodes[a].op == "input" or not nodes[a].args for a, _ in outs):
         return []
+    part_of = {i: k for k, ids in enumerate(connected_parts(nodes, [i for i, n in enumerate(nodes)
+                                                                       if n.op != "input"])) for i in ids}
     groups: dict[int, list[int]] = {}
     for k, (a, _) in enumerate(outs):
-        groups.setdefault(root(a), []).append(k)
+        groups.setdefault(part_of[a], []).append(k)
     return list(groups.values())
 
 
