@@ -897,14 +897,17 @@ def _row_lse(ctx: Ctx, s: Tensor, axis: int, want: Any, *, safe: bool = False, k
 
 def _safe_parts(g: Graph, s: Tensor, axis: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The safe softmax's pieces along ``axis``: the row max clamped to the dtype's finite range ``m``,
-    ``e = exp(s - m)``, ``t = sum(e)`` and the denominator ``d = clamp(t, 1, max)`` (see :func:`_safe_softmax`)."""
+    ``e = exp(s - m)``, ``t = sum(e)`` and the denominator ``d = clamp(t, 1, max) + 0 * t`` (see
+    :func:`_safe_softmax`): the ``0 * t`` term is 0 over the reals and for every finite ``t``, and NaN where a +inf
+    score made ``t`` infinite, so such a row is NaN as in ATen (``exp(inf - inf)``) rather than +-inf (the clamp
+    alone gave a finite denominator there)."""
     import torch
 
     fi = torch.finfo(getattr(torch, s.dtype.torch_name))
     m = emit(g, "clamp", emit(g, "max", s, axis), float(fi.min), float(fi.max))
     e = emit(g, "exp", emit(g, "sub", s, m))
     t = emit(g, "sum", e, axis)
-    return m, e, t, emit(g, "clamp", t, 1.0, float(fi.max))
+    return m, e, t, emit(g, "add", emit(g, "clamp", t, 1.0, float(fi.max)), emit(g, "scale", t, c=0.0))
 
 
 def _safe_softmax_t(g: Graph, s: Tensor, axis: int) -> Tensor:
@@ -1239,6 +1242,31 @@ def _not_expressible(reason: Reason, why: str) -> Handler:
 #: class indices, read only through an equality mask with the class numbers (:func:`_one_hot`); the partition's
 #: runner casts the tensor to float32 on entry (exact below 2**24)
 INDEX_OPERANDS = {"nll_loss_forward": 1, "nll_loss_backward": 2, "gather": 2}
+
+def index_bounds(name: str, args: Sequence[Any]) -> tuple[int, int | None] | None:
+    """``(classes, ignore)`` for the index operand of ATen op ``name`` (one of :data:`INDEX_OPERANDS`) called with
+    ``args`` (fx nodes or values): a valid index is in ``[0, classes)`` or equals ``ignore`` (nll_loss's
+    ignore_index; None for gather). ATen raises for any other index; the lifted one-hot mask matches no class there
+    (a silent 0), so the partition's runner checks the indices against these bounds on entry. None when the
+    operand's shape is not known (the handler then refused it anyway)."""
+
+    def shape(a: Any) -> tuple[int, ...] | None:
+        v = a.meta.get("val") if hasattr(a, "meta") else a
+        return tuple(int(d) for d in v.shape) if hasattr(v, "shape") else None
+
+    args = list(args)
+    if name == "nll_loss_forward" and args:
+        s, ignore = shape(args[0]), (args[4] if len(args) > 4 else -100)
+    elif name == "nll_loss_backward" and len(args) > 1:
+        s, ignore = shape(args[1]), (args[5] if len(args) > 5 else -100)
+    elif name == "gather" and len(args) > 1:
+        s, ignore = shape(args[0]), None
+    else:
+        return None
+    if not s:
+        return None
+    return s[-1], None if ignore is None else int(ignore)
+
 
 #: class counts up to this are exact in float32 (so are the indices and their differences)
 _EXACT_INT = 2**24

@@ -42,6 +42,7 @@ from .aten import (
     Ctx,
     Reason,
     Unsupported,
+    index_bounds,
     unread_args,
     vm_dtype,
 )
@@ -205,6 +206,9 @@ class Lifted:
     #: inputs that are integer tensors in ATen (class indices, :data:`INDEX_OPERANDS`): the graph's float32 input,
     #: which the runner makes from them
     int_inputs: frozenset[int] = frozenset()
+    #: per use of an index input: (input position, classes, ignore): a valid index is in ``[0, classes)`` or equals
+    #: ``ignore`` (:func:`~verimirage.integrations.aten.index_bounds`); the runner checks them on entry, as ATen does
+    index_bounds: tuple[tuple[int, int, int | None], ...] = ()
     #: tensors the ATen ops read but the kernels do not (arguments a handler leaves unread: a shape-only input, SDPA's
     #: RNG state): passed after ``inputs`` to the partition, for its ATen ops (the check, the fallback) only
     extra: tuple[fx.Node, ...] = ()
@@ -222,19 +226,26 @@ def lift(nodes: Sequence[fx.Node], *, strict: bool = False) -> Lifted:
     inputs: list[fx.Node] = []
     inside = set(nodes)
     input_ref: dict[Any, int] = {}
+    input_pos: dict[fx.Node, int] = {}
     int_inputs: set[int] = set()
+    bounds: list[tuple[int, int, int | None]] = []
     extra: list[fx.Node] = []
 
     def val(a: Any, user: fx.Node) -> Any:
         if isinstance(a, fx.Node):
+            v = a.meta.get("val")
+            pos = INDEX_OPERANDS.get(op_name(user))
+            index = (pos is not None and len(user.args) > pos and user.args[pos] is a and isinstance(v, torch.Tensor)
+                     and v.dtype in (torch.int64, torch.int32))
+            if index:  # checked on entry by the runner (ATen raises for an index out of range, the mask gives 0)
+                b = index_bounds(op_name(user), user.args)
+                if b is None or (a in env and a not in input_pos):
+                    raise LiftError(user, Reason.LAYOUT, f"index operand {a.name}: its range cannot be checked")
+                bounds.append((input_pos.get(a, len(inputs)), *b))
             if a in env:
                 return env[a]
-            v = a.meta.get("val")
             if not isinstance(v, torch.Tensor):
                 raise LiftError(user, Reason.NOT_TENSOR, f"operand {a.name} is not a tensor")
-            pos = INDEX_OPERANDS.get(op_name(user))
-            index = (pos is not None and len(user.args) > pos and user.args[pos] is a
-                     and v.dtype in (torch.int64, torch.int32))
             try:
                 shape, dt = _static_shape(v), DType.float32 if index else vm_dtype(v.dtype)
             except Unsupported as e:
@@ -244,6 +255,7 @@ def lift(nodes: Sequence[fx.Node], *, strict: bool = False) -> Lifted:
             # a rank-0 tensor (Inductor's ``full([], 0.0)`` in ReLU's gradient) is a (1,) input standing for shape ()
             t = g.input(f"in{len(inputs)}", shape or (1,), dt)
             input_ref[t.ref] = len(inputs)
+            input_pos[a] = len(inputs)
             inputs.append(a)
             env[a] = LV(t, shape)
             return env[a]
@@ -339,7 +351,7 @@ def lift(nodes: Sequence[fx.Node], *, strict: bool = False) -> Lifted:
             user = next(u for u in nodes if inputs[i] in u.all_input_nodes)
             raise LiftError(user, Reason.NO_COMPUTE, f"{user.name} only passes a view of an input through")
     return Lifted(g, list(nodes), inputs, outputs, out_map, out_meta, ctx.consts, frozenset(int_inputs),
-                  tuple(a for a in extra if a not in inputs))
+                  tuple(bounds), tuple(a for a in extra if a not in inputs))
 
 
 #: ATen ops whose result is a view of their first operand (shares its memory)
@@ -491,7 +503,27 @@ class PartitionRunner:
             got.append(y)
         return got
 
+    def check_indices(self, xs: Sequence[torch.Tensor]) -> None:
+        """Raise as ATen does for a class index out of range (``nll_loss``'s target, ``gather``'s index): the
+        kernels read indices through a one-hot mask, which matches no class there and would silently give 0.
+        On the CPU an ``IndexError`` naming the index; on a GPU a device-side assert (``torch._assert_async``, no
+        host synchronisation, what ATen's CUDA kernels do too). A few elementwise ops on the indices per call."""
+        for pos, classes, ignore in self.lifted.index_bounds:
+            x = xs[pos]
+            bad = (x < 0) | (x >= classes)
+            if ignore is not None:
+                bad &= x != ignore
+            if x.device.type == "cpu":
+                if bool(bad.any()):
+                    raise IndexError(f"verimirage partition {self.record.name}: index {int(x[bad].flatten()[0])} "
+                                     f"is out of bounds (expected 0 <= index < {classes}"
+                                     + ("" if ignore is None else f" or the ignore_index {ignore}") + ")")
+            else:
+                torch._assert_async(~bad.any(), f"verimirage partition {self.record.name}: a class index is "
+                                                 f"out of bounds (expected 0 <= index < {classes})")
+
     def __call__(self, xs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        self.check_indices(xs)
         if not self.failed:
             try:
                 return self.kernels(xs)
