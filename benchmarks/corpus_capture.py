@@ -24,6 +24,8 @@ import dataclasses
 import json
 import logging
 import math
+import os
+import subprocess
 import sys
 import time
 import warnings
@@ -444,11 +446,73 @@ def make_plan(names: list[str], dims: Any, dtype: torch.dtype, budget: float, pa
         vm.__dict__["superoptimize"] = real
 
 
+#: environment variable naming the lock file that serialises GPU timing between the processes of a run
+GPU_LOCK_ENV = "VM_CORPUS_GPU_LOCK"
+_LOCK_DEPTH = [0]
+
+
+@contextlib.contextmanager
+def gpu_lock() -> Iterator[None]:
+    """Hold the run's GPU timing lock (an exclusive ``flock`` on the file named by :data:`GPU_LOCK_ENV`; nothing
+    when it is unset): every timing of a run with warm-up processes (``gpu_run(warmers=...)``) takes it, so no two
+    processes time kernels at the same moment (Inductor's autotuning included, see :func:`install_gpu_lock`)."""
+    path = os.environ.get(GPU_LOCK_ENV)
+    if not path or _LOCK_DEPTH[0]:  # (held already by this process: re-entered, say by a recompile in a timing)
+        _LOCK_DEPTH[0] += 1
+        try:
+            yield
+        finally:
+            _LOCK_DEPTH[0] -= 1
+        return
+    import fcntl
+
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        _LOCK_DEPTH[0] += 1
+        try:
+            yield
+        finally:
+            _LOCK_DEPTH[0] -= 1
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _locked(fn: Any, *, warm: bool = False) -> Any:
+    """``fn`` called under :func:`gpu_lock`; with ``warm`` its callable argument is first run once outside the
+    lock (Inductor compiles a choice lazily on its first call: that compile must not hold the lock)."""
+    if getattr(fn, "_vm_locked", False):
+        return fn
+
+    def run(*a: Any, **kw: Any) -> Any:
+        if warm and a and callable(a[0]):
+            a[0]()
+            torch.cuda.synchronize()
+        with gpu_lock():
+            return fn(*a, **kw)
+
+    run._vm_locked = True  # type: ignore[attr-defined]
+    return run
+
+
+def install_gpu_lock() -> None:
+    """Make every GPU timing of this process take :func:`gpu_lock`: Inductor's autotuning benchmarks (its
+    ``benchmarker.benchmark_gpu``, the choice compiled outside the lock first) and the verimirage backend's
+    partition profile (``capture.time_us``). The harness's own timings take it in :func:`gpu_one`."""
+    from verimirage.integrations import capture
+
+    capture.time_us = _locked(capture.time_us)  # type: ignore[assignment]
+    with contextlib.suppress(Exception):
+        from torch._inductor.runtime import benchmarking
+
+        b = benchmarking.benchmarker
+        b.benchmark_gpu = _locked(b.benchmark_gpu, warm=True)
+
+
 def _graph_time(fn: Any) -> float:
     """µs per call of ``fn`` replayed as a CUDA graph (``triton.testing.do_bench_cudagraph``, median)."""
     from triton.testing import do_bench_cudagraph
 
-    return float(do_bench_cudagraph(fn, rep=50, return_mode="median")) * 1e3
+    with gpu_lock():
+        return float(do_bench_cudagraph(fn, rep=50, return_mode="median")) * 1e3
 
 
 def step_graph_time(step: Any, leaves: list[torch.Tensor], stream: Any, *, rep_ms: float = 50.0,
@@ -521,11 +585,12 @@ def _bench_time(fn: Any, grads: list[Any] | None = None) -> float:
     """µs per call of ``fn`` launched from Python (``triton.testing.do_bench``, median): what a user sees."""
     from triton.testing import do_bench
 
-    return float(do_bench(fn, warmup=10, rep=50, grad_to_none=grads, return_mode="median")) * 1e3
+    with gpu_lock():
+        return float(do_bench(fn, warmup=10, rep=50, grad_to_none=grads, return_mode="median")) * 1e3
 
 
 def gpu_one(name: str, *, train: bool, dims: Any, dtype: torch.dtype, budget: float, plan_stats: dict[str, int],
-            max_fallback: bool = False, candidates: int = 4) -> dict[str, Any]:
+            max_fallback: bool = False, candidates: int = 4, warm: bool = False) -> dict[str, Any]:
     """One module on the GPU: eager, ``torch.compile`` default and max-autotune, and ``backend="verimirage"``
     (Inductor fallback, profile on; with ``max_fallback`` also with max-autotune as the fallback), forward (no
     grad) or a training step (forward + backward of ``out.float().sum()``).
@@ -533,6 +598,8 @@ def gpu_one(name: str, *, train: bool, dims: Any, dtype: torch.dtype, budget: fl
     Times: ``*_us`` launched from Python (``do_bench``), ``*_graph_us`` replayed as a CUDA graph (a training step:
     forward and backward captured together, the gradients accumulating in place);
     ``*_err``: max |y - float64 reference| / max |reference| over the output (and, training, every gradient).
+    With ``warm`` nothing is timed: every variant is compiled and run once (a warm-up process of
+    :func:`gpu_run` filling Inductor's and Triton's caches for the timing process).
     """
     model, xs = corpus.get(name, dims=dims, dtype=dtype, device="cuda")
     params = list(model.parameters())
@@ -586,10 +653,13 @@ def gpu_one(name: str, *, train: bool, dims: Any, dtype: torch.dtype, budget: fl
                     torch.cuda.synchronize()
                     res[f"{v}_compile_s"] = time.perf_counter() - t0
                     res[f"{v}_err"] = max(_rel(a, b) for a, b in zip(got, want, strict=True) if b is not None)
-                    res[f"{v}_us"] = _bench_time(step, params)
+                    if not warm:
+                        res[f"{v}_us"] = _bench_time(step, params)
                 try:  # the step's device time: forward and backward replayed as one CUDA graph
                     leaves = params + [x for x in xg if x.requires_grad]
-                    res[f"{v}_graph_us"] = step_graph_time(step, leaves, side)
+                    if not warm:
+                        with gpu_lock():
+                            res[f"{v}_graph_us"] = step_graph_time(step, leaves, side)
                 except Exception as e:
                     res[f"{v}_graph_error"] = f"{type(e).__name__}: {str(e)[:300]}"
             else:
@@ -598,11 +668,12 @@ def gpu_one(name: str, *, train: bool, dims: Any, dtype: torch.dtype, budget: fl
                     torch.cuda.synchronize()
                     res[f"{v}_compile_s"] = time.perf_counter() - t0
                     res[f"{v}_err"] = _rel(got[0], want[0])
-                    res[f"{v}_us"] = _bench_time(lambda f=f: f(*xs))
-                    try:
-                        res[f"{v}_graph_us"] = _graph_time(lambda f=f: f(*xs))
-                    except Exception as e:
-                        res[f"{v}_graph_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                    if not warm:
+                        res[f"{v}_us"] = _bench_time(lambda f=f: f(*xs))
+                        try:
+                            res[f"{v}_graph_us"] = _graph_time(lambda f=f: f(*xs))
+                        except Exception as e:
+                            res[f"{v}_graph_error"] = f"{type(e).__name__}: {str(e)[:300]}"
         except Exception as e:  # recorded, not raised: one module must not stop the run
             log.exception("%s %s failed", name, v)
             res[f"{v}_error"] = f"{type(e).__name__}: {str(e)[:500]}"
@@ -626,15 +697,53 @@ def gpu_one(name: str, *, train: bool, dims: Any, dtype: torch.dtype, budget: fl
     return res
 
 
+def _dims_name(dims: Any) -> str:
+    for n in ("small", "medium", "large", "decode"):
+        if getattr(corpus, n.upper()) == dims:
+            return n
+    raise ValueError(f"dims {dims} are none of the corpus's named dims")
+
+
+def _spawn_warmers(jobs: list[tuple[str, bool]], k: int, *, dims: Any, budget: float, plan: Path | None,
+                   deadline_s: float, candidates: int, marks: Path, log_path: Path) -> list[subprocess.Popen[bytes]]:
+    """``k`` warm-up processes (``--warm-only``), job ``i`` to process ``i % k``, each compiling and running once
+    every variant of its modules (nothing timed; its autotuning under the run's GPU lock) and leaving a marker
+    ``marks/<name>.<train|forward>`` after each."""
+    procs = []
+    with open(log_path, "ab") as sink:
+        for i in range(k):
+            part = jobs[i::k]
+            if not part:
+                continue
+            cmd = [sys.executable, str(Path(__file__).resolve()), ",".join(n for n, t in part if not t) or "",
+                   "--train-names", ",".join(n for n, t in part if t), "--gpu-run", str(marks), "--warm-only",
+                   "--dims", _dims_name(dims), "--deadline", str(deadline_s), "--candidates", str(candidates),
+                   "--budget", str(budget)] + (["--plan", str(plan)] if plan is not None else [])
+            env = dict(os.environ)  # Inductor's compile pool per process: the cores shared among the warm-ups
+            env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(max(2, (os.cpu_count() or 8) // k)))
+            procs.append(subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, env=env))
+    return procs
+
+
 def gpu_run(names: list[str], train_names: list[str], *, dims: Any, dtype: torch.dtype, budget: float,
-            out: Path, plan: Path | None, deadline_s: float, max_fallback: bool = False, candidates: int = 4) -> None:
+            out: Path, plan: Path | None, deadline_s: float, max_fallback: bool = False, candidates: int = 4,
+            warmers: int = 0, warm_only: bool = False) -> None:
     """The GPU table: forward for ``names``, training steps for ``train_names`` (first), one JSON line each, in
     ``out/forward.jsonl`` (``out/train.jsonl`` when only training steps are asked for).
 
     A watchdog (``faulthandler.dump_traceback_later``, every 30 s of one module) writes every thread's stack
     to ``out/faulthandler.txt``, so a module that hangs shows where. Stops starting modules after ``deadline_s``.
+
+    With ``warmers`` > 0 that many warm-up processes compile every variant of the modules first (max-autotune's
+    autotuning, the backend's partitions and kernels: 50-80 s of a training step's ~90 s in the tenth session),
+    filling Inductor's FX-graph and autotune caches and Triton's cache, which this process then hits; it times
+    each module once its warm-up is done (the first warmed first), alone: every GPU timing of every process
+    (this one's, the warm-ups' autotuning, the backend's profile) holds one lock file (:func:`gpu_lock`).
+    Their log is ``out/warm.log``. ``warm_only`` makes this process such a warm-up process.
     """
     import faulthandler
+    import shutil
+    import tempfile
 
     out.mkdir(parents=True, exist_ok=True)
     stats: dict[str, int] = {}
@@ -642,39 +751,98 @@ def gpu_run(names: list[str], train_names: list[str], *, dims: Any, dtype: torch
         _serve_plan(plan, stats, limit=candidates)
     else:
         _no_search()
+    jobs = [(n, True) for n in train_names] + [(n, False) for n in names]
+    t_start = time.perf_counter()
+    if warm_only:
+        install_gpu_lock()
+        for name, train in jobs:
+            if time.perf_counter() - t_start > deadline_s:
+                break
+            try:
+                gpu_one(name, train=train, dims=dims, dtype=dtype, budget=budget, plan_stats=stats,
+                        candidates=candidates, warm=True)
+            except Exception:
+                log.exception("warm-up of %s failed", name)
+            (out / f"{name}.{'train' if train else 'forward'}").touch()
+            log.warning("warmed %s (%s) at %.0f s", name, "train" if train else "forward",
+                        time.perf_counter() - t_start)
+        return
     dev = torch.cuda.get_device_name()
     meta = {"device": dev, "date": time.strftime("%Y-%m-%d", time.gmtime()), "torch": torch.__version__}
     import triton
 
     meta["triton"] = triton.__version__
     (out / "meta.json").write_text(json.dumps(meta))
-    t_start = time.perf_counter()
     kind = "train" if train_names and not names else "forward"
-    with open(out / f"faulthandler_{kind}.txt", "w") as trace, open(out / f"{kind}.jsonl", "a") as sink:
-        jobs = [(n, True) for n in train_names] + [(n, False) for n in names]
-        for name, train in jobs:
-            if time.perf_counter() - t_start > deadline_s:
-                log.warning("deadline: %s (%s) not run", name, "train" if train else "forward")
-                continue
-            trace.write(f"=== {name} {'train' if train else 'forward'} at {time.perf_counter() - t_start:.0f} s\n")
-            trace.flush()
-            faulthandler.dump_traceback_later(30, repeat=True, file=trace)
+    procs: list[subprocess.Popen[bytes]] = []
+    term: Any = None
+    marks = Path(tempfile.mkdtemp(prefix="vm_warm_"))
+    if warmers > 0:
+        import signal
+
+        def stop(*_: Any) -> None:  # a timeout's SIGTERM still ends the warm-ups (the finally below)
+            raise SystemExit(124)
+
+        term = signal.signal(signal.SIGTERM, stop)
+        os.environ[GPU_LOCK_ENV] = str(marks / "gpu.lock")
+        install_gpu_lock()
+        procs = _spawn_warmers(jobs, warmers, dims=dims, budget=budget, plan=plan, deadline_s=deadline_s,
+                               candidates=candidates, marks=marks, log_path=out / "warm.log")
+    owner = {job: procs[i % len(procs)] for i, job in enumerate(jobs)} if procs else {}
+
+    def ready(job: tuple[str, bool]) -> bool:
+        p = owner.get(job)
+        return p is None or p.poll() is not None or (marks / f"{job[0]}.{'train' if job[1] else 'forward'}").exists()
+
+    try:
+        with open(out / f"faulthandler_{kind}.txt", "w") as trace, open(out / f"{kind}.jsonl", "a") as sink:
+            todo = list(jobs)
+            while todo:
+                if time.perf_counter() - t_start > deadline_s:
+                    for name, train in todo:
+                        log.warning("deadline: %s (%s) not run", name, "train" if train else "forward")
+                    break
+                job = next((j for j in todo if ready(j)), None)
+                if job is None:
+                    time.sleep(0.5)
+                    continue
+                todo.remove(job)
+                name, train = job
+                trace.write(f"=== {name} {'train' if train else 'forward'} at "
+                            f"{time.perf_counter() - t_start:.0f} s\n")
+                trace.flush()
+                faulthandler.dump_traceback_later(30, repeat=True, file=trace)
+                try:
+                    r = gpu_one(name, train=train, dims=dims, dtype=dtype, budget=budget, plan_stats=stats,
+                                max_fallback=max_fallback and not train, candidates=candidates)
+                except Exception as e:
+                    log.exception("%s failed", name)
+                    r = {"name": name, "train": train, "error": f"{type(e).__name__}: {e}"}
+                finally:
+                    faulthandler.cancel_dump_traceback_later()
+                r.update(meta)
+                r["elapsed_s"] = time.perf_counter() - t_start
+                r["warmed"] = bool(procs)
+                sink.write(json.dumps(r) + "\n")
+                sink.flush()
+                if stats.get("missed"):  # what the next --make-plan --from-misses searches (merged with earlier)
+                    mp = out / "misses.json"
+                    old = json.loads(mp.read_text()) if mp.exists() else []
+                    mp.write_text(json.dumps(sorted(set(old) | set(stats["missed"])), indent=0))
+    finally:
+        for p in procs:  # the warm-up processes this run started, each by its own handle
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
             try:
-                r = gpu_one(name, train=train, dims=dims, dtype=dtype, budget=budget, plan_stats=stats,
-                            max_fallback=max_fallback and not train, candidates=candidates)
-            except Exception as e:
-                log.exception("%s failed", name)
-                r = {"name": name, "train": train, "error": f"{type(e).__name__}: {e}"}
-            finally:
-                faulthandler.cancel_dump_traceback_later()
-            r.update(meta)
-            r["elapsed_s"] = time.perf_counter() - t_start
-            sink.write(json.dumps(r) + "\n")
-            sink.flush()
-            if stats.get("missed"):  # what the next --make-plan --from-misses searches (merged with earlier runs')
-                mp = out / "misses.json"
-                old = json.loads(mp.read_text()) if mp.exists() else []
-                mp.write_text(json.dumps(sorted(set(old) | set(stats["missed"])), indent=0))
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        shutil.rmtree(marks, ignore_errors=True)
+        if term is not None:
+            import signal
+
+            signal.signal(signal.SIGTERM, term)
 
 
 #: a module whose verimirage time exceeds its fallback's (torch.compile default) by more than this is listed
@@ -846,6 +1014,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --gpu-run: verified candidates each partition's profile compiles and times")
     ap.add_argument("--max-fallback", action="store_true",
                     help="with --gpu-run: also time the backend with max-autotune as its fallback (forward)")
+    ap.add_argument("--warmers", type=int, default=0,
+                    help="with --gpu-run: warm-up processes compiling every variant first (see gpu_run)")
+    ap.add_argument("--warm-only", action="store_true", help="with --gpu-run: be such a warm-up process")
     ap.add_argument("--table", type=Path, help="print the markdown tables of a --gpu-run folder")
     ap.add_argument("--cpu-table", type=Path, help="print the markdown table of a CPU --json results file")
     args = ap.parse_args(argv)
@@ -867,7 +1038,7 @@ def main(argv: list[str] | None = None) -> int:
             train = [n for n in args.train_names.split(",") if n]
             gpu_run(names, train, dims=dims, dtype=torch.float16, budget=args.budget, out=args.gpu_run,
                     plan=args.plan, deadline_s=args.deadline, max_fallback=args.max_fallback,
-                    candidates=args.candidates)
+                    candidates=args.candidates, warmers=args.warmers, warm_only=args.warm_only)
         return 0
     if args.no_search:
         _no_search()

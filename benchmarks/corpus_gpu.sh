@@ -10,6 +10,10 @@
 #   PART=2: the forward of the other 17 modules at DIMS, then a training step (forward + backward of
 #           out.float().sum(), captured as one CUDA graph by PyTorch's whole-network recipe: warm-up and every
 #           earlier step on the capture's side stream, gradients None before the capture) for TRAIN at TRAIN_DIMS;
+#   PART=3: the training step of every corpus module (the six of PART=2 first) in one ~560 s stage, with WARMERS
+#           (default 5) warm-up processes compiling every variant ahead (max-autotune's autotuning took 52-81 s of
+#           a training step's ~90 s in the tenth session); this process times each warmed module alone, every GPU
+#           timing of every process under one lock (corpus_capture.gpu_run); their log is <train dims>/warm.log;
 #   PART=all: both in one call (more than 600 s: 30 modules took ~19 s each with the four variants).
 # A watchdog dumps every thread's stack every 30 s of one module into faulthandler_*.txt (removed when nothing hung);
 # each stage stops starting modules at its deadline and is killed at its timeout, so the call ends in time and what
@@ -41,11 +45,17 @@ llama_block,gpt2_block,encoder_layer,cross_entropy,softcap_logits
 fwd2=rotary_attention,qk_norm_attention,gqa_expand,mlp_gelu,geglu,residual_mlp,lora,llama_rmsnorm_linear,\
 max_normalize,sdpa,gqa_repeat_interleave,mlp_silu,mlp_gelu_tanh,mlp_sigmoid,mlp_tanh,mlp_leaky_relu,mlp_relu_3d
 train_default=mlp_relu,swiglu,sdpa_causal,rmsnorm_linear,mlp_gelu,sdpa_mask
+# PART=3: every corpus module's training step, the six above first
+train_all=sdpa_causal,rmsnorm_linear,mlp_gelu,sdpa_mask,mlp_relu,swiglu,llama_block,gpt2_block,encoder_layer,\
+cross_entropy,softcap_logits,layernorm_linear,softmax_head,hand_attention,rotary_attention,qk_norm_attention,\
+gqa_expand,gqa_repeat_interleave,sdpa,geglu,residual_mlp,lora,llama_rmsnorm_linear,max_normalize,mlp_silu,\
+mlp_gelu_tanh,mlp_sigmoid,mlp_tanh,mlp_leaky_relu,mlp_relu_3d
 case "$part" in
   1) fwd=${FWD:-$fwd1}; train=${TRAIN-}; tests=1; fwd_s=${FWD_S:-450}; train_s=0 ;;
   2) fwd=${FWD:-$fwd2}; train=${TRAIN-$train_default}; tests=0; fwd_s=${FWD_S:-350}; train_s=${TRAIN_S:-180} ;;
+  3) fwd=${FWD-}; train=${TRAIN-$train_all}; tests=0; fwd_s=0; train_s=${TRAIN_S:-560}; warmers=${WARMERS:-5} ;;
   all) fwd=${FWD:-$fwd1,$fwd2}; train=${TRAIN-$train_default}; tests=1; fwd_s=${FWD_S:-560}; train_s=${TRAIN_S:-190} ;;
-  *) echo "PART=$part; expected 1, 2 or all" >&2; exit 2 ;;
+  *) echo "PART=$part; expected 1, 2, 3 or all" >&2; exit 2 ;;
 esac
 cands=${CANDIDATES:-2}
 tdims=${TRAIN_DIMS:-medium}
@@ -63,7 +73,7 @@ if [ "$tests" = 1 ]; then
   echo "exit $?" >> "$log"
 fi
 plan="benchmarks/results/capture/plan_${dims}_fp16.json"
-if [ -n "$fwd" ]; then
+if [ -n "$fwd" ] && [ "$fwd_s" -gt 0 ]; then
   echo "=== forward $dims (part $part)" >> "$log"
   timeout "$fwd_s" python benchmarks/corpus_capture.py "$fwd" --gpu-run "$out/$dims" --plan "$plan" --dims "$dims" \
     --deadline "$(( fwd_s - 50 ))" --candidates "$cands" "${maxfb[@]}" >> "$log" 2>&1
@@ -74,7 +84,7 @@ if [ -n "$train" ] && [ "$train_s" -gt 0 ]; then
   echo "=== train $tdims" >> "$log"
   timeout "$train_s" python benchmarks/corpus_capture.py "" --train-names "$train" --gpu-run "$out/$tdims" \
     --plan "benchmarks/results/capture/plan_${tdims}_fp16.json" --dims "$tdims" --deadline "$(( train_s - 50 ))" \
-    --candidates "$cands" >> "$log" 2>&1
+    --candidates "$cands" --warmers "${warmers:-0}" >> "$log" 2>&1
   echo "exit $?" >> "$log"
 fi
 for f in "$out"/*/faulthandler_*.txt; do
@@ -82,6 +92,9 @@ for f in "$out"/*/faulthandler_*.txt; do
 done
 for d in $(printf '%s\n' "$dims" "$tdims" | sort -u); do
   [ -d "$out/$d" ] && python benchmarks/corpus_capture.py --table "$out/$d" > "$out/$d/table.md" 2>&1
+done
+for f in "$out"/*/warm.log; do  # (the warm-ups' autotuning logs run to megabytes: their last 300 kB kept)
+  [ -f "$f" ] && tail -c 300000 "$f" > "$f.tail" && mv "$f.tail" "$f"
 done
 rm -f "$out"/*/meta.json  # (in every row too) at most 8 files come back from the device
 grep -E "passed|failed|exit|WARNING: no z3" "$log" | tail -n 8

@@ -161,3 +161,75 @@ def test_a_plan_certificate_must_be_about_the_partition_and_recheck() -> None:
     served, why = cc.recheck(g, items, 2, {})
     assert [str(m) for m in served] == [str(mg)]
     assert "not about this partition" in why[0] and "does not re-check" in why[1], why
+
+
+def test_gpu_lock_serialises_processes_and_reenters(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The device run's warm-up processes and its timing process share one lock file: a second holder waits
+    until the first lets go, and a process that holds it already re-enters it (a recompile inside a timing would
+    otherwise wait for itself)."""
+    import subprocess
+    import time
+
+    lock = tmp_path / "gpu.lock"
+    monkeypatch.setenv(cc.GPU_LOCK_ENV, str(lock))
+    holder = ("import fcntl,sys,time; f=open(sys.argv[1],'a'); fcntl.flock(f, fcntl.LOCK_EX); "
+              "open(sys.argv[2],'w').close(); time.sleep(1.5)")
+    held = tmp_path / "held"
+    p = subprocess.Popen([sys.executable, "-c", holder, str(lock), str(held)])
+    try:
+        while not held.exists():
+            time.sleep(0.02)
+        t0 = time.perf_counter()
+        with cc.gpu_lock(), cc.gpu_lock():  # waits for the other process, then re-enters
+            waited = time.perf_counter() - t0
+    finally:
+        p.wait()
+    assert waited > 0.5
+    assert cc._LOCK_DEPTH == [0]
+
+
+def test_warm_ups_run_first_and_the_warmed_module_is_timed_first(tmp_path: Any,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """``gpu_run(warmers=k)`` times a module only once its warm-up process has finished it (or died), the
+    first warmed first, and ends its warm-ups."""
+    marks: list[Path] = []
+
+    class Proc:
+        def __init__(self, dead: bool) -> None:
+            self.dead = dead
+
+        def poll(self) -> int | None:
+            return 0 if self.dead else None
+
+        def terminate(self) -> None:
+            self.dead = True
+
+        def wait(self, timeout: float | None = None) -> int:
+            return 0
+
+    procs = [Proc(False), Proc(False)]
+
+    def spawn(jobs: list[tuple[str, bool]], k: int, *, marks: Path, **kw: Any) -> list[Any]:
+        (marks / "b.train").touch()  # the second process's module is warmed first
+        seen.append(marks)
+        return procs
+
+    seen = marks
+    order: list[str] = []
+
+    def one(name: str, **kw: Any) -> dict[str, Any]:
+        order.append(name)
+        if name == "b":
+            (marks[0] / "a.train").touch()
+        return {"name": name}
+
+    monkeypatch.setattr(cc, "_spawn_warmers", spawn)
+    monkeypatch.setattr(cc, "gpu_one", one)
+    monkeypatch.setattr(cc, "install_gpu_lock", lambda: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "test")
+    monkeypatch.setenv(cc.GPU_LOCK_ENV, str(tmp_path / "unused.lock"))  # (gpu_run sets its own; undone after)
+    cc.gpu_run([], ["a", "b"], dims=corpus.SMALL, dtype=torch.float16, budget=1.0, out=tmp_path / "o", plan=None,
+               deadline_s=60.0, warmers=2)
+    rows = [json.loads(x) for x in (tmp_path / "o" / "train.jsonl").read_text().splitlines()]
+    assert order == ["b", "a"] and [r["name"] for r in rows] == ["b", "a"] and all(r["warmed"] for r in rows)
+    assert all(p.dead for p in procs) and not marks[0].exists()
