@@ -257,6 +257,46 @@ class _Stop(Exception):
     """Raised by the plan maker's inner compiler once the graph is captured (nothing is compiled or run)."""
 
 
+#: the view ops Python indexing of a tensor makes (basic indexing: ints, slices, None, Ellipsis)
+_INDEX_VIEWS = ("aten::slice", "aten::select", "aten::unsqueeze", "aten::alias", "aten::view", "aten::expand")
+
+
+def index_ops(x: torch.Tensor, idx: Any) -> list[tuple[Any, tuple[Any, ...], dict[str, Any]]]:
+    """The ATen ops (each applied to the previous one's result, the first to ``x``) that this torch's C++ indexing
+    ``x[idx]`` performs, found by running it on a meta tensor of ``x``'s shape and strides, every dispatch mode
+    (fake, functional, proxy) set aside: ``[(op, args after the tensor, kwargs), ...]``. A :class:`ValueError`
+    for an index that is not basic (a tensor, a list, a bool: the ops would read another tensor), or a symbolic
+    shape."""
+    from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+
+    parts = idx if isinstance(idx, tuple) else (idx,)
+    if any(isinstance(i, bool) or not (i is None or i is Ellipsis or isinstance(i, (int, slice))) for i in parts):
+        raise ValueError(f"not a basic index: {idx!r}")
+    if any(not isinstance(i, (int, type(None))) for i in parts if isinstance(i, slice) for i in (i.start, i.stop,
+                                                                                                 i.step)):
+        raise ValueError(f"a slice of non-integer bounds: {idx!r}")
+    if not all(isinstance(n, int) for n in (*x.shape, *x.stride())):
+        raise ValueError("a symbolic shape")
+    ops: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            kwargs = kwargs or {}
+            if func.name().split(".")[0] not in _INDEX_VIEWS or not args or args[0] is not cur[0] or any(
+                    isinstance(a, torch.Tensor) for a in (*args[1:], *kwargs.values())):
+                raise ValueError(f"indexing made {func}: not a view of the indexed tensor alone")
+            ops.append((func, tuple(args[1:]), dict(kwargs)))
+            cur[0] = func(*args, **kwargs)
+            return cur[0]
+
+    with _disable_current_modes():
+        m = torch.empty_strided(tuple(x.shape), tuple(x.stride()), dtype=x.dtype, device="meta")
+        cur = [m]
+        with Record():
+            m.__getitem__(idx)
+    return ops
+
+
 @contextlib.contextmanager
 def fake_cuda() -> Iterator[Any]:
     """A ``FakeTensorMode`` in which tensors on device ``cuda`` exist without a GPU (a CPU-only torch), for tracing
@@ -264,7 +304,10 @@ def fake_cuda() -> Iterator[Any]:
 
     Inductor's joint-graph patterns are initialised from CPU example tensors (their tracing would make real CUDA
     tensors; a pattern is an op structure, and its CUDA-only conditions still read the graph's device), and the
-    compute capability reads as Hopper's, (9, 0) (the matmul padding pass asks). Inference only: autograd on a
+    compute capability reads as Hopper's, (9, 0) (the matmul padding pass asks). Python indexing of a CUDA tensor
+    (``x[..., :n]``: rotary's halves, GQA's views) takes a CUDA device guard in C++, which a CPU-only build lacks:
+    on a ``cuda`` tensor it performs the ATen view ops that this torch's indexing performs (:func:`index_ops`, found
+    on a meta tensor), so the graph is the one a GPU run records. Inference only: autograd on a
     fake CUDA tensor aborts the process in a CPU-only build (its device guard), so parameters must not require
     grad (:func:`to_fake_cuda`).
     """
@@ -304,7 +347,18 @@ def fake_cuda() -> Iterator[Any]:
         return aten._scaled_dot_product_efficient_attention(q, k, v, attn_mask, False, dropout_p, is_causal,
                                                             scale=scale)[0]
 
+    getitem, own = torch.Tensor.__getitem__, "__getitem__" in torch.Tensor.__dict__
+
+    def index(self: torch.Tensor, idx: Any) -> Any:
+        if self.device.type != "cuda":
+            return getitem(self, idx)
+        y = self
+        for op, args, kwargs in index_ops(self, idx):
+            y = op(y, *args, **kwargs)
+        return y
+
     lib = torch.library.Library("aten", "IMPL")
+    torch.Tensor.__getitem__ = index  # type: ignore[method-assign,assignment]
     jg.lazy_init = lambda input_device=None: init(torch.device("cpu"))
     cf.ConstantFolder.run_node = on_cpu  # type: ignore[method-assign]
     torch.cuda.get_device_capability = lambda *a, **k: (9, 0)  # type: ignore[assignment]
@@ -316,6 +370,10 @@ def fake_cuda() -> Iterator[Any]:
             yield mode
     finally:
         lib._destroy()  # the C++ kernel again
+        if own:
+            torch.Tensor.__getitem__ = getitem  # type: ignore[method-assign]
+        else:
+            del torch.Tensor.__getitem__  # (TensorBase's C++ indexing again)
         jg.lazy_init, cf.ConstantFolder.run_node = init, run_node  # type: ignore[method-assign]
         torch.cuda.get_device_capability = cap  # type: ignore[assignment]
 
@@ -432,7 +490,7 @@ def make_plan(names: list[str], dims: Any, dtype: torch.dtype, budget: float, pa
                 except Exception as e:
                     if not on_cuda:
                         raise
-                    # e.g. Python indexing of a fake CUDA tensor takes a device guard a CPU-only build lacks
+                    # (a fake-CUDA trace that fails, say on an op with no fake kernel: the CPU trace is the nearest)
                     log.warning("%s: the fake-CUDA trace failed (%s: %s); traced on the CPU instead", name,
                                 type(e).__name__, str(e).splitlines()[0][:200] if str(e) else "")
                     on_cuda = False

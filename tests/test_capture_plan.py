@@ -106,6 +106,56 @@ def test_fake_cuda_trace_partitions_have_plans(tmp_path: Any, monkeypatch: pytes
     assert all(isinstance(v, list) and MuGraph.parse(v[0]) for v in cuda.values())
 
 
+@pytest.mark.parametrize("idx", [(Ellipsis, slice(None, 4)), (Ellipsis, slice(4, None)), (slice(None), None, 1),
+                                 Ellipsis, slice(None), (slice(1, 3), slice(None, None, 2)), -1, None,
+                                 (0, Ellipsis, slice(1, None)), (slice(None), slice(0, 8))])
+def test_index_ops_are_the_ops_of_this_torchs_indexing(idx: Any) -> None:
+    """The view ops :func:`index_ops` finds on a meta tensor are those C++ indexing records (on a CPU tensor, traced
+    by ``make_fx``), argument for argument, and give the same values."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    x = torch.randn(3, 5, 2, 8)
+
+    def ops(f: Any) -> list[Any]:
+        return [(n.target, n.args[1:], n.kwargs) for n in make_fx(f)(x).graph.nodes if n.op == "call_function"]
+
+    def replay(t: torch.Tensor) -> torch.Tensor:
+        for op, args, kwargs in cc.index_ops(t, idx):
+            t = op(t, *args, **kwargs)
+        return t
+
+    assert ops(lambda t: t[idx]) == ops(replay)
+    assert torch.equal(replay(x), x[idx])
+
+
+def test_index_ops_refuse_an_index_that_reads_a_tensor() -> None:
+    x = torch.randn(4, 4)
+    for idx in (torch.tensor([0, 1]), [0, 1], True, (slice(None), torch.tensor([1]))):
+        with pytest.raises(ValueError):
+            cc.index_ops(x, idx)
+
+
+def test_fake_cuda_trace_of_python_indexing() -> None:
+    """Rotary embeddings index in Python (``x[..., :n]``), which on a fake CUDA tensor took a CUDA device guard a
+    CPU-only build lacks (``PyTorch is not linked with support for cuda devices``: rotary_attention, llama_block,
+    gqa_expand were traced on the CPU instead). Now traced on fake CUDA: the GPU's flash attention and rotary's
+    slices, as the H100 run's partitions were (session 10), and indexing is C++'s again afterwards."""
+    from verimirage.integrations.capture import CaptureOptions
+
+    def record(g: Any, **kw: Any) -> Any:
+        raise cc._Planned()
+
+    real = vm.superoptimize
+    vm.__dict__["superoptimize"] = record
+    try:
+        rep = cc.trace("rotary_attention", corpus.SMALL, torch.float16, CaptureOptions(check=False), cuda=True)
+    finally:
+        vm.__dict__["superoptimize"] = real
+    ops = [o for p in rep.partitions for o in p.ops]
+    assert "_scaled_dot_product_flash_attention" in ops and ops.count("slice") == 4 and ops.count("cat") == 2
+    assert "__getitem__" not in torch.Tensor.__dict__
+
+
 def test_fake_cuda_trace_refuses_a_training_step() -> None:
     """Autograd on a fake CUDA tensor aborts a CPU-only process (its device guard): the trace refuses instead."""
     from verimirage.integrations.capture import CaptureOptions
