@@ -53,7 +53,7 @@ from ..ir.errors import GraphError
 from ..ir.graph import BlockGraph, Graph, MuGraph, Node, ThreadGraph, live_nodes, make_attrs, node_list, output_refs
 from ..ir.ops import OPS, Prop, TensorType, neg_axis
 from . import lowering as _lowering  # noqa: F401  (registers the triton domain)
-from .lowering import TRITON_MAX_NUMEL
+from .lowering import HELPERS, TRITON_MAX_NUMEL
 from .wrap import to_kernels
 
 #: Largest (padded) contraction tile a one-row product is lowered to a 16-row ``tl.dot`` with (TileOptions.row_dot);
@@ -1396,6 +1396,9 @@ def generate(program: Any, tiles: TileOptions | None = None,
         if any(f"_{h}_nan" in k for k in ksrc):
             header += ["@triton.jit", f"def _{h}_nan(a, b):",
                        f"    return tl.{h}imum(a, b, propagate_nan=tl.PropagateNan.ALL)", "", ""]
+    for h, text in HELPERS.items():  # the lowerings' helpers (tanh, softplus) where a kernel calls them
+        if any(f"{h}(" in k for k in ksrc):
+            header += [*text.rstrip("\n").splitlines(), "", ""]
     launch = ["# launch parameters per kernel (the runtime may override them)", "LAUNCH = {"]
     launch += [f"    {k.name!r}: {{'num_warps': 4, 'num_stages': 2}}," for k in kernels]
     launch.append("}")
