@@ -129,3 +129,20 @@ def test_profile_check_caught_only_the_whole_output_not_one_wrong_row() -> None:
     one = fp16.copy()
     one[3, 3] += 0.5  # one element off by half a standard deviation
     assert rel_error(one, ref) > TOLERANCE["f16"]
+
+
+def test_streaming_product_gets_three_stages_when_their_two_buffers_fit() -> None:
+    # gated_mlp_bs1's first candidate: 32 blocks of two 128-column products, 69.6 KB per stage. The per-stage
+    # rule alone gave 2 stages (3 x 69.6 KB > 200 KB), but 3 stages hold two buffers (139 KB); on an H100 the
+    # two-stage default ran 56.7 us against 30.8 us at three (benchmarks/results/suite_h100_2026-11-26_s11)
+    from verimirage.backend.resources import SM90, smem_estimate
+
+    g = vm.benchmarks.get("gated_mlp", batch=1)
+    mg = designs.gated_mlp(g, cols=128, k_tile=128)
+    nodes = node_list(to_kernels(mg))
+    n = next(n for n in nodes if n.op == "custom")
+    args = [nodes[a].outs[k] for a, k in n.args]
+    (c,) = _recs(mg)
+    assert tuning.kernel_shape(n.attr("block"), args).stage_bytes * 3 > tuning.SMEM_BUDGET
+    assert (c.num_stages, c.tiles.dot_min_m) == (3, 16)
+    assert smem_estimate(n.attr("block"), args, c) <= min(tuning.SMEM_BUDGET, SM90.smem_per_block)

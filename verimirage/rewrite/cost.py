@@ -319,10 +319,10 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
 def _in_flight(bg: BlockGraph, stage: int) -> float:
     """Bytes a block of a software-pipelined ``tl.dot`` loop keeps in flight: ``stages - 1`` iterations' tiles,
     with the stages ``backend.tuning.recommend`` gives (3 when a product consumes another's result, as
-    attention's P @ V does; else 4 when they fit in 160 KB, 3 in 200 KB, 2 beyond)."""
+    attention's P @ V does; else 4 when they fit in 160 KB, 3 when their two buffers fit in 200 KB, 2 beyond)."""
     if bg.frange <= 1 or stage <= 0 or _chained(bg):
         return 0.0
-    stages = 4 if 4 * stage <= 160 * 1024 else 3 if 3 * stage <= 200 * 1024 else 2
+    stages = 4 if 4 * stage <= 160 * 1024 else 3 if 2 * stage <= 200 * 1024 else 2
     return float(min(bg.frange, stages - 1) * stage)
 
 
