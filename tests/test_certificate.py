@@ -413,7 +413,8 @@ def test_checker_process_cannot_import_the_verifier() -> None:
                 "verimirage.ir.serial", "verimirage.smt.certify"):
         code = C._CHILD.format(refused=C.REFUSED).replace(
             "from verimirage.smt.certificate import _child_main\n_child_main()", f"import {mod}")
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=120)
+        r = subprocess.run([sys.executable, "-c", code, str(root)], capture_output=True, text=True, cwd=root,
+                           timeout=120)
         assert r.returncode != 0 and "does not use" in r.stderr, (mod, r.stderr[-300:])
 
 
@@ -466,16 +467,45 @@ def test_checker_runs_with_the_fast_modules_unimportable(tmp_path: Path) -> None
     assert out["loaded"] == []
 
 
-#: the trusted path (what the checker imports within verimirage, and the checker process's starter
-#: verimirage/checkproc.py), non-blank lines; the polynomial normaliser (smt/expr.py) is counted apart.
-#: README.md ("Trust") states these figures.
-TRUSTED_BUDGET, NORMALISER, CHECKPROC = 4129, "verimirage/smt/expr.py", "verimirage/checkproc.py"
+#: the trusted path (the files of verimirage the checker process loads while it checks a certificate, and the
+#: parent side of the check, verimirage/checkproc.py, which starts it), non-blank lines; the polynomial normaliser
+#: (smt/expr.py) is counted apart. README.md ("Trust") states these figures.
+TRUSTED_BUDGET, NORMALISER, CHECKPROC = 4038, "verimirage/smt/expr.py", "verimirage/checkproc.py"
 
 
-def test_trusted_path_line_count(tmp_path: Path) -> None:
+def _child_files(proof: str = "lora_bs1") -> list[str]:
+    """The files of verimirage the checker process (:mod:`verimirage.checkproc`'s child, as started) has loaded once
+    it has checked ``proof`` (Proved), relative to the repository root."""
+    import subprocess
+    import sys
+
+    from verimirage import checkproc as C
+    from verimirage.smt.certificate import known_rules
+
     root = Path(__file__).resolve().parent.parent
-    files = [Path(f).resolve().relative_to(root).as_posix() for f in _blocked_check(tmp_path)["files"]]
-    files = sorted({*files, CHECKPROC})  # (the parent side of the fresh-process check; this in-process run skips it)
+    show = ("print(sorted(m.__file__ for n, m in sys.modules.items() if n.startswith('verimirage') and "
+            "getattr(m, '__file__', None)))\n")
+    code = C._CHILD.format(refused=C.REFUSED).replace("_child_main()\n", "_child_main()\n" + show, 1)
+    req = json.dumps({"certificate": (PROOFS / f"{proof}.json").read_text(), "known_rules": sorted(known_rules()),
+                      "timeout_s": 60.0, "memory_mb": 0})
+    path = [str(root), *(p for p in sys.path if Path(p).is_absolute() and p != str(root))]
+    r = subprocess.run([sys.executable, "-I", "-S", "-c", code, *path], input=req, capture_output=True, text=True,
+                       cwd=root, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    verdict, files = r.stdout.strip().splitlines()[-2:]
+    assert json.loads(verdict)["proved"], verdict[:500]
+    return [Path(f).resolve().relative_to(root).as_posix() for f in json.loads(files.replace("'", '"'))]
+
+
+def test_checker_process_runs_no_package_init() -> None:
+    # the packages' __init__ files (lazy loaders of the public names, re-exports) never run in the checker process
+    files = _child_files()
+    assert "verimirage/smt/certificate.py" in files and not [f for f in files if f.endswith("__init__.py")], files
+
+
+def test_trusted_path_line_count() -> None:
+    root = Path(__file__).resolve().parent.parent
+    files = sorted({*_child_files(), CHECKPROC})  # (the parent side: what starts the checker process)
     assert NORMALISER in files and "verimirage/smt/ffref.py" in files and "verimirage/smt/z3enc.py" in files
     count = {f: sum(1 for ln in (root / f).read_text().splitlines() if ln.strip()) for f in files}
     trusted = sum(n for f, n in count.items() if f != NORMALISER)

@@ -23,9 +23,15 @@ REFUSED = ("verimirage.smt.ff", "verimirage.smt.verify", "verimirage.smt.prune",
            "verimirage.ir.serial", "verimirage.ir.dot", "verimirage.ir.svg", "verimirage.smt.certify",
            "verimirage.smt.axioms", "verimirage.smt.budget", "verimirage.integrations", "verimirage.benchmarks")
 
+#: the checker process's code (argv: this checkout's root, then the caller's path). The packages ``verimirage``,
+#: ``verimirage.ir`` and ``verimirage.smt`` are bare modules there: their ``__init__`` files (the public names'
+#: lazy loaders and re-exports) never run in it; the checker imports the modules it uses by their full names.
 _CHILD = """
-import os, sys
+import os, sys, types
 sys.path[:0] = sys.argv[1:]
+for pkg in ("verimirage", "verimirage.ir", "verimirage.smt"):
+    sys.modules[pkg] = types.ModuleType(pkg)
+    sys.modules[pkg].__path__ = [os.path.join(sys.argv[1], *pkg.split("."))]
 class _Refuse:
     def find_spec(self, name, path=None, target=None):
         if any(name == r or name.startswith(r + ".") for r in {refused!r}):
