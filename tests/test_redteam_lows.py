@@ -217,3 +217,37 @@ def test_tanh_and_softplus_helpers_compile_for_sm90(tmp_path: Any) -> None:
     assert "_vm_softplus" not in generate(g2).source
     (rep,) = compile_modules([write_module(ms, tmp_path)]).values()
     assert rep and all(r["ok"] for r in rep.values()), rep
+
+
+# --------------------------------------------------------------------------- the profile's output check
+
+
+def test_profile_check_let_one_huge_element_hide_wrong_small_ones() -> None:
+    """Finding (tenth session, low): ``profile.rel_error`` measured the largest element error against the largest
+    reference magnitude (and the Frobenius norm), so in a small output one huge reference element hid wrong small
+    ones: ``[1e6, 5, 5, 5]`` for ``[1e6, 1, 1, 1]`` measured 5e-7, accepted at every tolerance. Each element is now
+    also measured against its own magnitude plus the median nonzero magnitude (and the dtype's smallest normal),
+    so correct kernels (fp16 / bf16 rounding of random, softmax-like and ReLU outputs) still pass."""
+    from verimirage.backend.profile import TOLERANCE, rel_error
+
+    ref = np.array([1e6, 1.0, 1.0, 1.0])
+    for dt, tol in TOLERANCE.items():
+        assert rel_error(np.array([1e6, 5.0, 5.0, 5.0]), ref, dt) > tol
+        assert rel_error(np.array([1e6, 1.0, 1.0, 1.0 + 64 * tol]), ref, dt) > tol  # one small element off
+    big = np.zeros((16, 16)) + 1.0
+    big[0, 0] = 1e5
+    bad = big.copy()
+    bad[5, 5] = 1.2
+    assert rel_error(bad, big, "f16") > TOLERANCE["f16"]
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((32, 256)) * 10
+    p = np.exp(x - x.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)  # softmax: most values tiny, fp16 subnormal below 6e-5
+    outs = [rng.standard_normal((64, 128)), p, np.maximum(rng.standard_normal((64, 64)), 0), ref / 100]
+    for r in outs:
+        for dt, npdt in (("f16", np.float16), ("f32", np.float32)):
+            assert rel_error(r.astype(npdt).astype(np.float64), r, dt) <= TOLERANCE[dt] / 4, dt
+    import torch as th
+
+    t = th.tensor(p, dtype=th.float16)  # the dtype read from a tensor
+    assert rel_error(t, p) <= TOLERANCE["f16"] / 4
