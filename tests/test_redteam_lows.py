@@ -251,3 +251,27 @@ def test_profile_check_let_one_huge_element_hide_wrong_small_ones() -> None:
 
     t = th.tensor(p, dtype=th.float16)  # the dtype read from a tensor
     assert rel_error(t, p) <= TOLERANCE["f16"] / 4
+
+
+# --------------------------------------------------------------------------- x ** c at special values
+
+_POW_XS = [-2.0, -1.0, -0.5, -0.0, 0.0, 0.5, 1.0, 2.0, -np.inf, np.inf, np.nan, -3e-20, 3e-20, -1e30, 1e30]
+
+
+@pytest.mark.parametrize("c", [-9.0, -1.5, -0.5, 0.0, 0.5, 9.0, 10.0])
+def test_pow_minus_a_half_at_negative_zero_and_infinity_disagreed_with_its_kernel(c: float) -> None:
+    """Finding (low: special values): ``x ** -0.5`` is emitted as ``rsqrt`` (ATen's value: -inf at -0, NaN at
+    -inf), but the float64 reference computed IEEE ``pow`` (+inf, 0), unlike its own ``rsqrt`` and ``x ** 0.5``
+    (sqrt: -0, NaN, as numpy). The reference now takes ``1 / sqrt(x)`` for c = -0.5. Every other exponent of the
+    sweep: kernel, reference and ATen agree on -0, +-0, +-inf, NaN, tiny and huge x (held)."""
+    xs = np.array([_POW_XS])
+    g = vm.Graph()
+    g.output(g.pow(g.input("X", xs.shape, vm.float32), c))
+    with np.errstate(all="ignore"):
+        ref = vm.evaluate(g, {"X": xs})[0].astype(np.float32)
+    aten = torch.pow(torch.tensor(xs, dtype=torch.float32), c).numpy()
+    got = vm.compile(g)(torch.tensor(xs, dtype=torch.float32)).numpy()
+    for name, want in (("reference", ref), ("ATen", aten)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=0, equal_nan=True, err_msg=name)
+        same = ~np.isnan(want)
+        np.testing.assert_array_equal(np.signbit(got[same]), np.signbit(want[same]), err_msg=name)

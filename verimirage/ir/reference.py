@@ -130,7 +130,7 @@ _ELEMENTWISE: dict[str, Callable[..., np.ndarray]] = {
     "cast": lambda x, at: x,  # the real-valued meaning of a rounding
     "scale": lambda x, at: x * float(at["c"]),
     "shift": lambda x, at: x + float(at["c"]),
-    "pow": lambda x, at: np.power(x, float(at["c"])),
+    "pow": lambda x, at: 1.0 / np.sqrt(x) if float(at["c"]) == -0.5 else np.power(x, float(at["c"])),  # (as rsqrt)
     "clamp": lambda x, at: np.clip(x, float(at["lo"]), float(at["hi"])),
     "leaky_relu": lambda x, at: np.where(x >= 0, x, x * float(at["slope"])),
     "step": lambda x, at: (x > float(at["c"])).astype(x.dtype),
