@@ -14,13 +14,17 @@ import argparse
 import importlib.util
 import json
 import math
+import os
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-VAR = HERE / "attn_variants"
+#: the variant modules (``ATTN_VARIANTS``: another folder, e.g. ``flash_variants`` of flash_variants.py)
+VAR = HERE / os.environ.get("ATTN_VARIANTS", "attn_variants")
+#: ``ATTN_FA=0``: without the hand-written FlashAttention kernels
+WITH_FA = os.environ.get("ATTN_FA", "1") != "0"
 H, N, D = 16, 1024, 64
 CFGS = [(4, 2), (4, 3), (8, 2), (8, 3)]
 
@@ -150,7 +154,7 @@ def jobs() -> list[tuple[str, str, Any, tuple[int, int]]]:
     for name, meta in idx.items():
         for cfg in CFGS:
             out.append((meta["case"], name, None, cfg))
-    for kw in FA_VARIANTS:
+    for kw in FA_VARIANTS if WITH_FA else []:
         for cfg in ((4, 2), (4, 3), (8, 2), (8, 3)):
             name = "fa_bm{BM}_bn{BN}_rev{REV}_exp2{EXP2}_nanmax{NANMAX}".format(**kw)
             out.append(("fa_causal", name, kw, cfg))

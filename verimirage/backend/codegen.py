@@ -69,7 +69,7 @@ ROW_DOT_MAX_BATCH = 8
 INT32_INDEX = 2**31
 
 #: Version of the generator: part of every cache key (bump when generated code changes).
-CODEGEN_VERSION = "10"
+CODEGEN_VERSION = "11"
 
 
 @dataclass(frozen=True)
@@ -203,6 +203,8 @@ _PTR_SIG = {DType.float16: "*fp16", DType.bfloat16: "*bf16", DType.float32: "*fp
 _TORCH_DTYPE = {DType.float16: "torch.float16", DType.bfloat16: "torch.bfloat16", DType.float32: "torch.float32",
                 DType.bool: "torch.bool"}
 _NEG_INF = 'float("-inf")'
+#: log2(e): a softmax's ``exp(x - m)`` is emitted as ``tl.exp2(x * LOG2E - m * LOG2E)`` (:func:`_max_shift`)
+_LOG2E = "1.4426950408889634"
 
 
 def _fill_text(v: float) -> str:
@@ -776,6 +778,13 @@ class _KernelGen:
             args[0] = self.sanitize(lines, args[0], in_types[0], pin[0], attrs["axis"], _fill_text(fill))
         if "_padded" in d.hooks.get("triton_needs", ()):
             attrs["_padded"] = (*pin, po)
+        if op == "exp" and (shift := _max_shift(nodes, i)) is not None:
+            # a softmax's exp(x - max): exp2 with the log2(e) product folded into one FMA per element (see
+            # _max_shift for why the flush-to-zero of tl.exp2 cannot change the result)
+            x, m = (name[vid_of(a, k)] for a, k in shift)
+            lines.append(f"{v} = tl.exp2({x} * {_LOG2E} - {m} * {_LOG2E})")
+            name[vid_of(i, 0)] = v
+            return
         fn = OPS[op].domains.get("triton")
         if fn is None:  # pragma: no cover
             raise GraphError(f"codegen: op {op!r} has no triton lowering")
@@ -1070,7 +1079,8 @@ class _KernelGen:
                     body.append(f"{v} = {fn([v, x], {}, [ot, ot], [ot])}")
                     if i in alpha_needed:
                         body.append(
-                            f"{v}_alpha = tl.where({v}_prev == {_NEG_INF}, 0.0, tl.exp({v}_prev - {v}))"
+                            f"{v}_alpha = tl.where({v}_prev == {_NEG_INF}, 0.0, "
+                            f"tl.exp2(({v}_prev - {v}) * {_LOG2E}))"
                         )
                 elif n.op == "loop_max":
                     pre.append(f"{v} = {ninf}")
@@ -1170,6 +1180,34 @@ class _KernelGen:
         out += ["    " + s for s in postl]
         out += ["    " + s for s in stores]
         return "\n".join(out) + "\n"
+
+
+def _max_shift(nodes: Sequence[Node], i: int) -> tuple[tuple[int, int], tuple[int, int]] | None:
+    """``(x, m)`` when node ``i`` is ``exp(x - m)`` with ``m`` the max of ``x`` along an axis (``max(x)``, or a
+    for-loop's ``running_max(max(x))``): a softmax's numerator. Else None.
+
+    Such an exp is emitted as ``tl.exp2(x * LOG2E - m * LOG2E)``: Triton lowers ``tl.exp`` to a multiply by log2(e)
+    and ``ex2.approx.f32``, which ptxas expands with a denormal rescale (two multiplies and a compare an element,
+    sm_90 SASS); ``tl.exp2`` is ``ex2.approx.ftz.f32`` and the multiply and subtract fuse into one FMA (causal
+    attention's loop: 427 -> 296 instructions an iteration, benchmarks/perf/NOTES.md session 12). The flush to
+    zero only turns results below 2**-126 into 0: every row of ``exp(x - m)`` holds exp(0) = 1 at its max, so a
+    flushed term is below 2**-126 of its row's largest (and of the row sum a softmax divides by). NaN and infinities
+    propagate as before (``x * c - m * c`` is NaN where ``x - m`` is); only logits within a factor log2(e) of
+    the float32 range (|x| > 2.3e38) could overflow the product where the difference did not."""
+    n = nodes[i]
+    if n.op != "exp" or len(n.args) != 1:
+        return None
+    s = nodes[n.args[0][0]]
+    if s.op != "sub" or n.args[0][1] != 0 or len(s.args) != 2:
+        return None
+    x, (mi, mk) = s.args
+    m = nodes[mi]
+    if m.op == "running_max" and mk == 0:
+        mi, mk = m.args[0]
+        m = nodes[mi]
+    if m.op != "max" or mk != 0 or len(m.args) != 1 or m.args[0] != x:
+        return None
+    return x, s.args[1]
 
 
 def _uses(nodes: Sequence[Node], live: set[int] | None = None) -> dict[int, list[int]]:
