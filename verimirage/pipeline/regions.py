@@ -89,7 +89,38 @@ def initial_chunks(graph: Graph, region_ops: int) -> list[list[int]]:
         cur.append(i)
     if cur:
         chunks.append(cur)
-    return _layout_to_consumer(graph, chunks)
+    return _norm_to_readers(graph, _layout_to_consumer(graph, chunks))
+
+
+#: ops a projection can take in its prologue (the rows' statistic recomputed per block, rewrite.stabilise's
+#: :func:`~verimirage.rewrite.stabilise.norm_into_projections`)
+PROLOGUE = frozenset({"rms_norm"})
+
+
+def _norm_to_readers(graph: Graph, chunks: list[list[int]]) -> list[list[int]]:
+    """``chunks`` with each norm (:data:`PROLOGUE`, not a program output) that ends a chunk of other ops and
+    whose readers are all products, the next chunk's first, moved to the start of that chunk: at the end of
+    the previous product's epilogue (a residual add, then the norm) its region must write the normalised rows
+    for the next products, where with them their kernels can take it in the prologue (the neighbour pass
+    then merges the readers' chunks when one search of them costs less: the norm of a gated FFN into both
+    projections). A norm alone in its chunk (the layer's first, read by three projections) stays: whether its
+    readers take it is the reader merge's call (:func:`_merge_with_readers`)."""
+    nodes = node_list(graph)
+    outs = {r[0] for r in output_refs(graph)}
+    readers: dict[int, set[int]] = {}
+    for j, n in enumerate(nodes):
+        for a in n.args:
+            readers.setdefault(a[0], set()).add(j)
+    out = [list(ch) for ch in chunks]
+    for k in range(len(out) - 1):
+        ch, nxt = out[k], out[k + 1]
+        i = ch[-1] if len(ch) > 1 else -1
+        if i < 0 or nodes[i].op not in PROLOGUE or i in outs or not nxt:
+            continue
+        rd = readers.get(i, set())
+        if rd and all(nodes[j].op == "matmul" for j in rd) and min(rd) == nxt[0]:
+            out[k + 1] = [ch.pop(), *nxt]
+    return out
 
 
 #: ops that only re-index their operand: a region boundary right after one makes its kernel a copy of the whole

@@ -752,6 +752,14 @@ def _extract_phase(run: _Run) -> None:
             if gh is not None and str(gh) not in seen:
                 seen.add(str(gh))
                 graphs.append((gh, terms, (*steps, *HOIST_RULES)))
+    if any(r.name == "rms-norm-matmul" for r in rules):
+        from ..rewrite.stabilise import NORM_RULES, norm_into_projections
+
+        for g2, terms, steps in list(graphs):  # (a norm in its projections' prologues: see rewrite/stabilise.py)
+            gn = norm_into_projections(g2)
+            if gn is not None and str(gn) not in seen:
+                seen.add(str(gn))
+                graphs.append((gn, terms, (*steps, *NORM_RULES)))
     rep.terms_extracted = len(graphs)
 
     run.originals, run.graphs = originals, graphs

@@ -164,3 +164,62 @@ def hoist_row_constants(g: Graph) -> Graph | None:
 
 #: the rules whose composition :func:`hoist_row_constants` applies (recorded as its candidates' steps)
 HOIST_RULES = ("neg-sub", "mul-sub-distrib", "sum-sub-split", "sum-factor-out")
+
+
+def norm_into_projections(g: Graph) -> Graph | None:
+    """``g`` with every ``rms_norm(x, w) @ m`` (the norm along ``x``'s last axis, the contracted one; ``w``
+    optional) written ``((x * w) @ m) * rsqrt(sum(x^2) / n + eps)``: the norm in the projection's prologue (each
+    block scales its ``x`` tile by ``w``; the row statistic is a loop sum, applied after the loop); None if it
+    has none. Rule ``rms-norm-matmul`` (with ``mean-as-sum``) in one step: the e-graph holds the form, but
+    extraction by size ranks it below the plain one in every class (a gated FFN reads the norm twice), so
+    the search also lowers it directly. Like every search step, its output is re-verified."""
+    nodes = node_list(g)
+    sites: dict[int, int] = {}  # matmul node -> its rms_norm operand
+    for i, n in enumerate(nodes):
+        if n.op != "matmul":
+            continue
+        a = n.args[0][0]
+        nn = nodes[a]
+        x = nn.args[0][0] if nn.op == "rms_norm" else -1
+        if x < 0:
+            continue
+        xt = nodes[x].outs[nn.args[0][1]]
+        if nn.attr("axis") % xt.rank != xt.rank - 1 or xt.rank != n.outs[0].rank:
+            continue
+        sites[i] = a
+    if not sites:
+        return None
+    live: set[int] = set()  # the nodes the rewritten outputs read (a site reads x, w and m, not the norm)
+    todo = [a for a, _ in output_refs(g)]
+    while todo:
+        i = todo.pop()
+        if i not in live:
+            live.add(i)
+            todo += [a for a, _ in (nodes[sites[i]].args + nodes[i].args[1:] if i in sites else nodes[i].args)]
+    out = Graph()
+    val: dict[tuple[int, int], Tensor] = {}
+    parts: dict[int, tuple[Tensor, Tensor]] = {}
+    for i, n in enumerate(nodes):
+        if i not in live and n.op != "input":
+            continue
+        if n.op == "input":
+            val[(i, 0)] = out.input(n.attr("name"), n.outs[0].shape, n.outs[0].dtype)
+        elif i in sites:
+            if sites[i] not in parts:  # (one scaled x and one row statistic per norm, whatever reads it)
+                nn = nodes[sites[i]]
+                xv = val[nn.args[0]]
+                ax = xv.type.rank - 1
+                ss = out.sum(out.square(xv), axis=ax)
+                parts[sites[i]] = (out.mul(xv, val[nn.args[1]]) if len(nn.args) > 1 else xv,
+                                   out.rsqrt(out.shift(out.scale(ss, 1.0 / xv.type.shape[ax]), nn.attr("eps"))))
+            xw, r = parts[sites[i]]
+            val[(i, 0)] = out.mul(out.matmul(xw, val[n.args[1]]), r)
+        else:
+            val[(i, 0)] = out._emit(n.op, [val[a] for a in n.args], n.attr_dict)
+    out.output(*[val[r] for r in output_refs(g)])
+    out.check(unused_inputs=True)
+    return out
+
+
+#: the rules whose composition :func:`norm_into_projections` applies (recorded as its candidates' steps)
+NORM_RULES = ("rms-norm-matmul", "mean-as-sum")

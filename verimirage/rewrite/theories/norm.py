@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from ..rules import AVar, DimIsOne, Instance, RankMinus, Rule, SameRank, pat
+from ..rules import AVar, DimIsOne, Instance, PVar, RankMinus, Rule, SameRank, pat
 from ._common import AX, EPS, R, W, X
+
+M = PVar("m")
 
 EPS_I = 1e-6
 
@@ -18,6 +20,16 @@ RULES = [
          pat.mul(pat.rms_norm(X, axis=RankMinus(X, 1), eps=EPS), W),
          "rms_norm(x, w) = rms_norm(x) * w along the last axis", "norm", (),
          (Instance.of({"x": (3, 4), "w": (4,)}, eps=EPS_I),)),
+    # rms_norm(x, w) @ m -> ((x * w) @ m) * rsqrt(mean(x^2) + eps)   (last axis): a weighted norm in the next
+    # projection's prologue (each block scales its x tile by w; the row statistic is a loop sum, applied after
+    # the loop). One rule, not rms-norm-weight then matmul-rowscale: the e-graph's shape facts give a
+    # broadcast of x by the rank-1 w no rank, so matmul-rowscale's guards never hold on (x * w) * r.
+    Rule("rms-norm-matmul", pat.matmul(pat.rms_norm(X, W, axis=RankMinus(X, 1), eps=EPS), M),
+         pat.mul(pat.matmul(pat.mul(X, W), M),
+                 pat.rsqrt(pat.shift(pat.mean(pat.square(X), axis=RankMinus(X, 1)), c=EPS))),
+         "rms_norm(x, w) @ m = ((x * w) @ m) * rsqrt(mean_k(x^2) + eps) along the last axis", "norm", (),
+         (Instance.of({"x": (3, 4), "w": (4,), "m": (4, 5)}, eps=EPS_I),
+          Instance.of({"x": (2, 3, 4), "w": (4,), "m": (2, 4, 5)}, eps=EPS_I))),
     # (x * r) @ w -> (x @ w) * r   if r is constant along the contracted dim
     Rule("matmul-rowscale", pat.matmul(pat.mul(X, R), W), pat.mul(pat.matmul(X, W), R),
          "(x r) W = (x W) r for row scalings r", "norm", (SameRank((X, R, W)), DimIsOne(R, RankMinus(X, 1))),

@@ -1,0 +1,90 @@
+"""A weighted RMSNorm in the next projection's prologue (issue 23: fewer small kernels in the decode layer).
+
+``rms_norm(x, w) @ m = ((x * w) @ m) * rsqrt(sum(x^2) / n + eps)``: each block of the projection scales its
+``x`` tile by ``w`` and accumulates the row's sum of squares in the same for-loop, the row scaling applied after
+the loop (rule ``rms-norm-matmul``; the search lowers the form directly, ``rewrite.stabilise.norm_into_projections``,
+as extraction by size never picks it for a gated FFN). The region split puts a norm that ends an epilogue (the
+layer's second one, after the attention's residual add) into its readers' region."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import verimirage as vm
+from verimirage.ir.graph import node_list
+from verimirage.pipeline.regions import initial_chunks
+from verimirage.rewrite.stabilise import norm_into_projections
+
+
+def _inputs(g: vm.Graph, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {str(t.name): rng.standard_normal(t.shape) for t in g.inputs}
+
+
+def _gated(rows: int = 2, d: int = 32, f: int = 64) -> vm.Graph:
+    g = vm.Graph()
+    h = g.rms_norm(g.input("X", (rows, d), vm.float16), g.input("G", (d,), vm.float16), eps=1e-5)
+    up = g.matmul(h, g.input("WU", (d, f), vm.float16))
+    g.output(g.mul(g.silu(g.matmul(h, g.input("WG", (d, f), vm.float16))), up))
+    return g
+
+
+def test_norm_into_projections_is_the_same_function_with_one_statistic() -> None:
+    g = _gated()
+    gn = norm_into_projections(g)
+    assert gn is not None
+    ops = [n.op for n in node_list(gn)]
+    # no norm left; both products read one scaled x and one row statistic
+    assert "rms_norm" not in ops and ops.count("matmul") == 2 and ops.count("square") == 1 and ops.count("rsqrt") == 1
+    for seed in range(3):
+        ins = _inputs(g, seed)
+        np.testing.assert_allclose(vm.evaluate(gn, ins)[0], vm.evaluate(g, ins)[0], rtol=1e-10, atol=1e-12)
+
+
+def test_norm_into_projections_leaves_other_norms_alone() -> None:
+    # a norm along a non-contracted axis, or no norm at all: nothing to rewrite
+    g = vm.Graph()
+    x = g.input("X", (8, 4), vm.float16)
+    g.output(g.matmul(g.rms_norm(x, axis=0, eps=1e-5), g.input("W", (4, 4), vm.float16)))
+    assert norm_into_projections(g) is None
+    g2 = vm.Graph()
+    g2.output(g2.matmul(g2.input("X", (2, 4), vm.float16), g2.input("W", (4, 4), vm.float16)))
+    assert norm_into_projections(g2) is None
+
+
+@pytest.mark.slow
+def test_weighted_norm_and_gated_ffn_search_to_one_kernel_proved() -> None:
+    # the layer's norm + gated FFN, scaled down: one kernel (the norm in both projections' prologue, silu * up
+    # in the epilogue), proved, its certificate re-checks, and its Triton kernel (interpreter) matches float64
+    pytest.importorskip("torch")
+    g = _gated(rows=2, d=2048, f=128)  # (rows long enough that the search walks them in a for-loop)
+    res = vm.superoptimize(g, cache=False, top_k=8)
+    fused = [c for c in res.candidates if "rms-norm-matmul" in c.rules]
+    assert fused, [(c.num_kernels, c.rules) for c in res.candidates]
+    best = min(fused, key=lambda c: c.num_kernels)
+    assert best.num_kernels == 1 and isinstance(best.verdict, vm.Proved), best
+    assert best.certificate is not None and vm.check_certificate(best.certificate).proved
+    import torch
+
+    ins = _inputs(g, 7)
+    ordered = [torch.tensor(ins[str(t.name)], dtype=torch.float16) for t in g.inputs]
+    out = vm.compile(best.mugraph)(*ordered)
+    ref = vm.evaluate(g, {k: v.astype(np.float16).astype(np.float64) for k, v in ins.items()})[0]
+    got = np.asarray(out.float().numpy(), dtype=np.float64)
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-2
+
+
+def test_a_norm_ending_an_epilogue_joins_its_readers_region() -> None:
+    # the decode layer's second norm (after the attention's residual add) starts the gate projection's region,
+    # so the gated FFN's search can take it into its prologue; the first norm (alone, read by q, k and v) stays
+    for case in ("decode_bs1", "prefill_16"):
+        g = vm.benchmarks.get_layer(case, small=True)
+        nodes = node_list(g)
+        chunks = initial_chunks(g, 12)
+        norms = [i for i, n in enumerate(nodes) if n.op == "rms_norm"]
+        assert len(norms) == 2
+        first, second = (next(c for c in chunks if i in c) for i in norms)
+        assert first == [norms[0]]
+        assert second[0] == norms[1] and nodes[second[1]].op == "matmul"
+        assert sorted(i for c in chunks for i in c) == sorted({i for c in chunks for i in c})  # still a partition
