@@ -219,8 +219,12 @@ def _merge_with_readers(graph: Graph, regs: list[_Tagged], region_ops: int,
             readers = [m for m, (r, _, _) in enumerate(regs) if m != k and made & set(r.inputs)]
             members = [k, *readers]
             nodes = sorted(i for m in members for i in regs[m][0].nodes)
-            if not readers or readers == [k + 1] or len(nodes) > region_ops or not _convex(graph, set(nodes)):
-                continue  # (the one reader right after it: the neighbour pass searched that pair)
+            if not readers or len(nodes) > region_ops or not _convex(graph, set(nodes)):
+                continue
+            # (one reader right after it is tried too: the neighbour pass searched that pair only if the two were
+            # neighbours in the program's order, and a region placed between them there -- the value projection's
+            # reshape between the key's slices and its rotary at batch 8 -- moves away when the regions are put back
+            # in a topological order; a pair it did search is answered from the memo)
             both = region_of(graph, nodes)
             out.merges_tried += 1
             both_res = searched(both)
