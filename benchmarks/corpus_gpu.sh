@@ -61,7 +61,7 @@ cands=${CANDIDATES:-2}
 tdims=${TRAIN_DIMS:-medium}
 maxfb=()
 [ "${MAXFB:-0}" = 1 ] && maxfb=(--max-fallback)
-mkdir -p "$out/$dims"
+[ -n "$fwd" ] && mkdir -p "$out/$dims"
 log="$out/run.log"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$log" 2>&1
 python -c "import z3" >> "$log" 2>&1 || echo "WARNING: no z3 here: no plan μGraph can be re-checked, none is served" \
@@ -91,7 +91,7 @@ for f in "$out"/*/faulthandler_*.txt; do
   grep -q "Thread\|Current thread" "$f" 2>/dev/null || rm -f "$f"
 done
 for d in $(printf '%s\n' "$dims" "$tdims" | sort -u); do
-  [ -d "$out/$d" ] && python benchmarks/corpus_capture.py --table "$out/$d" > "$out/$d/table.md" 2>&1
+  ls "$out/$d"/*.jsonl > /dev/null 2>&1 && python benchmarks/corpus_capture.py --table "$out/$d" > "$out/$d/table.md" 2>&1
 done
 for f in "$out"/*/warm.log; do  # (the warm-ups' autotuning logs run to megabytes: their last 300 kB kept)
   [ -f "$f" ] && tail -c 300000 "$f" > "$f.tail" && mv "$f.tail" "$f"

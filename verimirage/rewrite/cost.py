@@ -298,7 +298,7 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
             # (a reduction in the loop body of a tile larger than its result: see Hardware.reduce_iteration_s)
             a0 = bg.nodes[n.args[0][0]].outs[n.args[0][1]] if n.args else t
             reducing = reducing or (not post[i] and OPS[n.op].has(Prop.REDUCTION) and a0.numel > t.numel)
-    spill = _spill(bg, post, dots, hw)
+    spill = _spill(bg, post, dots, hw) * _broadcast_spill(bg, hw)
     written = 0.0
     for r, om, full in zip(bg.outputs, bg.omaps, out_types, strict=True):
         t = bg.type_of(r)
@@ -365,6 +365,37 @@ def _spill(bg: BlockGraph, post: Sequence[bool], dots: bool, hw: Hardware) -> fl
     threads = 32 * (4 if dots or max(padded, default=0) < 4096 else 8)
     live = (acc + 2 * body) / threads
     return max(1.0, live / hw.loop_registers) ** 2
+
+
+#: (mirrors ``backend.codegen.ROW_DOT_MAX_K``) the deepest one-row product codegen lowers to a 16-row ``tl.dot``
+_ROW_DOT_MAX_K = 256
+
+
+def _broadcast_spill(bg: BlockGraph, hw: Hardware) -> float:
+    """How much slower a kernel runs for a product that codegen lowers without ``tl.dot`` (a dim of 1: one row
+    deeper than a row dot takes, a column, an outer product), as a broadcast multiply and ``tl.sum`` whose
+    ``batch x M x K x N`` temporary lives in registers: the loop-spill law of :func:`_spill` on that temporary
+    (1 within the budget). H100, the capture's decode MLPs (benchmarks/results/capture, session 10): one
+    ``(8, 1, 1024) @ (1024, 16)`` step per block ran 11.8 us (Inductor 5.2), SwiGLU's two of them 199 us (8.9),
+    both estimated ~5 us without this term."""
+    worst = 0
+    for n in bg.nodes:
+        if not OPS[n.op].has(Prop.CONTRACTION):
+            continue
+        a = bg.nodes[n.args[0][0]].outs[n.args[0][1]]
+        t = n.outs[0]
+        if a.rank < 2 or t.rank < 2:
+            continue
+        m, k, nn = a.shape[-2], a.shape[-1], t.shape[-1]
+        if m > 1 and k > 1 and nn > 1:
+            continue  # a tl.dot
+        if m == 1 and k > 1 and nn > 1 and 16 <= _pow2(k) <= _ROW_DOT_MAX_K and _pow2(nn) >= 16:
+            continue  # a row dot (fp16/bf16; an fp32 one is charged like the broadcast, conservatively not)
+        worst = max(worst, math.prod(_pow2(d) for d in t.shape[:-2]) * _pow2(m) * _pow2(k) * _pow2(nn))
+    if not worst:
+        return 1.0
+    threads = 32 * (4 if worst < 4096 else 8)
+    return max(1.0, worst / threads / hw.loop_registers) ** 2
 
 
 def _backend_min_smem(bg: BlockGraph, in_types: Sequence[TensorType], limit: int) -> int:
