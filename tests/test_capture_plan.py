@@ -278,6 +278,7 @@ def test_warm_ups_run_first_and_the_warmed_module_is_timed_first(tmp_path: Any,
     monkeypatch.setattr(cc, "install_gpu_lock", lambda: None)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "test")
     monkeypatch.setenv(cc.GPU_LOCK_ENV, str(tmp_path / "unused.lock"))  # (gpu_run sets its own; undone after)
+    monkeypatch.setitem(vm.__dict__, "superoptimize", vm.superoptimize)  # (gpu_run's _no_search replaces it)
     cc.gpu_run([], ["a", "b"], dims=corpus.SMALL, dtype=torch.float16, budget=1.0, out=tmp_path / "o", plan=None,
                deadline_s=60.0, warmers=2)
     rows = [json.loads(x) for x in (tmp_path / "o" / "train.jsonl").read_text().splitlines()]
