@@ -96,6 +96,19 @@ def ceilings() -> dict[str, float]:
     return {"copy_bytes_per_s": bw, "bf16_flops_per_s": 2 * m**3 / tm, "launch_us": launch_overhead()}
 
 
+def classify(nbytes: float, nflops: float, ceil: dict[str, float]) -> str:
+    """What bounds a program's time from below on this card: ``"launch"`` when both its memory floor (bytes at
+    the copy bandwidth) and its compute floor (flops at the matmul rate) are below the measured cost of one tiny
+    kernel replayed in a CUDA graph (``ceil["launch_us"]``: no one-kernel program runs faster), else
+    ``"memory"`` or ``"compute"``, whichever floor is larger. The issue's ">= 70% of the floor" target is
+    meaningful for memory-bound programs; a launch-bound one is held to its launch floor instead."""
+    mem_us = 1e6 * nbytes / ceil["copy_bytes_per_s"]
+    comp_us = 1e6 * nflops / ceil["bf16_flops_per_s"]
+    if max(mem_us, comp_us) < ceil["launch_us"]:
+        return "launch"
+    return "memory" if mem_us >= comp_us else "compute"
+
+
 def launch_overhead() -> float:
     """CUDA-graph time of one tiny kernel (a floor for any one-kernel program), microseconds."""
     z = torch.ones(32, device="cuda")
@@ -314,6 +327,7 @@ def run_case(name: str, batch: int, ceil: dict[str, float], args: argparse.Names
     fl, by = flops(g), min_bytes(g)
     row["flops"], row["bytes"] = fl, by
     row["floor_us"] = 1e6 * max(by / ceil["copy_bytes_per_s"], fl / ceil["bf16_flops_per_s"])
+    row["bound"] = classify(by, fl, ceil)
     row["eager_err"] = rel_err(f(*ins), ref)
     row["eager_us"] = bench(lambda: f(*ins), cudagraph=True)
     if not models:
@@ -388,14 +402,14 @@ def table(doc: dict[str, Any]) -> str:
 
     models = doc.get("set") == "models"
     if models:
-        lines[-2] += " default µs | floor fraction |"
-        lines[-1] += "---|---|"
+        lines[-2] += " default µs | floor fraction | bound |"
+        lines[-1] += "---|---|---|"
     for r in doc["rows"]:
         sp = r.get("speedup_vs_best")
         extra = ""
         if models:
             ff = r.get("floor_fraction")
-            extra = f" {f(r, 'default_us')} | {'-' if ff is None else f'{100 * ff:.0f}%'} |"
+            extra = f" {f(r, 'default_us')} | {'-' if ff is None else f'{100 * ff:.0f}%'} | {r.get('bound', '-')} |"
         lines.append(
             f"| {r['case']} | {f(r, 'floor_us')} | {f(r, 'verimirage_us')} | {r.get('verimirage_kernels', '-')} | "
             f"{f(r, 'eager_us')} | {f(r, 'inductor_us')} | {f(r, 'sdpa_us')} | "
@@ -406,6 +420,13 @@ def table(doc: dict[str, Any]) -> str:
         lines.append("")
         lines.append(f"Geomean speedup over the best baseline: {statistics.geometric_mean(sps):.2f}x "
                      f"over {len(sps)} case(s); at least as fast on {sum(s >= 1.0 for s in sps)}/{len(sps)}.")
+    if models:
+        for kind in ("memory", "compute", "launch"):
+            ff = [r["floor_fraction"] for r in doc["rows"] if r.get("bound") == kind and "floor_fraction" in r]
+            if ff:
+                lines.append(f"{kind.capitalize()}-bound programs at >= 70% of their floor"
+                             f"{' (the launch floor: one graph-replayed launch)' if kind == 'launch' else ''}: "
+                             f"{sum(x >= 0.7 for x in ff)}/{len(ff)}.")
     sp = doc.get("spearman")
     if sp:
         lines.append("")

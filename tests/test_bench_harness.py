@@ -74,3 +74,24 @@ def test_spearman_and_the_merged_models_summary(tmp_path: Path) -> None:
     m = json.loads((tmp_path / "m.json").read_text())
     assert [(r["case"], r["run"]) for r in m["rows"]] == [("p", 1), ("q", 0)]
     assert m["spearman"]["within_mean"] == pytest.approx(1.0) and m["spearman"]["pairs"] == 6
+
+
+def test_programs_are_classified_by_what_bounds_them() -> None:
+    import bench
+
+    ceil = {"copy_bytes_per_s": 3e12, "bf16_flops_per_s": 7e14, "launch_us": 1.2}
+    # decode-size logsumexp (16 x 32000 fp16): 1 MB, 0.34 us at 3 TB/s: below one launch
+    assert bench.classify(16 * 32000 * 2, 0, ceil) == "launch"
+    # the prefill size (2048 tokens): 131 MB, 44 us
+    assert bench.classify(2048 * 32000 * 2, 2048 * 32000 * 4, ceil) == "memory"
+    # a square fp16 matmul of 4096: 100 MB moved, 137 GFLOP (196 us at 0.7 PFLOP/s)
+    assert bench.classify(3 * 4096 * 4096 * 2, 2 * 4096**3, ceil) == "compute"
+    doc = {"device": "d", "date": "x", "torch": "t", "triton": "t", "set": "models",
+           "ceilings": ceil, "rows": [
+               {"case": "a", "bound": "memory", "floor_us": 10.0, "verimirage_us": 12.0, "floor_fraction": 10 / 12},
+               {"case": "b", "bound": "memory", "floor_us": 10.0, "verimirage_us": 20.0, "floor_fraction": 0.5},
+               {"case": "c", "bound": "launch", "floor_us": 0.3, "verimirage_us": 2.4, "floor_fraction": 0.5}]}
+    text = bench.table(doc)
+    assert "| memory |" in text and "| launch |" in text
+    assert "Memory-bound programs at >= 70% of their floor: 1/2." in text
+    assert "Launch-bound programs at >= 70% of their floor (the launch floor" in text

@@ -127,8 +127,8 @@ class LaunchConfig:
     tuned: bool = False
 
     def __post_init__(self) -> None:
-        if self.num_warps not in (1, 2, 4, 8, 16):
-            raise ValueError(f"LaunchConfig.num_warps={self.num_warps!r}; expected 1, 2, 4, 8 or 16")
+        if self.num_warps not in (1, 2, 4, 8, 16, 32):
+            raise ValueError(f"LaunchConfig.num_warps={self.num_warps!r}; expected 1, 2, 4, 8, 16 or 32")
         if not isinstance(self.num_stages, int) or self.num_stages < 1:
             raise ValueError(f"LaunchConfig.num_stages={self.num_stages!r}; expected an int >= 1")
 

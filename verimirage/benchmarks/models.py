@@ -146,29 +146,46 @@ def _activations(small: bool, dt: DType) -> Graph:
 
 
 
-def _lse(small: bool, dt: DType) -> Graph:
-    b, v = (4, 64) if small else (16, 32000)
+#: tokens of the prefill / training-step variants of the vocabulary programs (issue 22's "512-4096 for prefill": a
+#: loss or a log-probability over every position of a 2048-token sequence, Llama-2's 32,000-entry vocabulary)
+PREFILL_TOKENS = 2048
+
+
+def _lse(small: bool, dt: DType, tokens: int = 16) -> Graph:
+    b, v = (4, 64) if small else (tokens, 32000)
     g = Graph()
     x = g.input("X", (b, v), dt)
     g.output(logsumexp(g, x, 1))
     return g
 
 
-def _log_softmax(small: bool, dt: DType) -> Graph:
-    b, v = (4, 64) if small else (16, 32000)
+def _log_softmax(small: bool, dt: DType, tokens: int = 16) -> Graph:
+    b, v = (4, 64) if small else (tokens, 32000)
     g = Graph()
     x = g.input("X", (b, v), dt)
     g.output(log_softmax(g, x, 1))
     return g
 
 
-def _cross_entropy(small: bool, dt: DType) -> Graph:
-    b, v = (4, 64) if small else (16, 32000)
+def _cross_entropy(small: bool, dt: DType, tokens: int = 16) -> Graph:
+    b, v = (4, 64) if small else (tokens, 32000)
     g = Graph()
     x = g.input("X", (b, v), dt)
     t = g.input("T", (b, v), dt)  # one-hot targets
     g.output(cross_entropy(g, x, t))
     return g
+
+
+def _lse_prefill(small: bool, dt: DType) -> Graph:
+    return _lse(small, dt, PREFILL_TOKENS)
+
+
+def _log_softmax_prefill(small: bool, dt: DType) -> Graph:
+    return _log_softmax(small, dt, PREFILL_TOKENS)
+
+
+def _cross_entropy_prefill(small: bool, dt: DType) -> Graph:
+    return _cross_entropy(small, dt, PREFILL_TOKENS)
 
 
 def _attn_inputs(g: Graph, small: bool, dt: DType) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -337,6 +354,10 @@ _MODELS = [
     Model("logsumexp", _lse, "logsumexp over a 32k vocabulary, max-shifted"),
     Model("log_softmax", _log_softmax, "log-softmax over a 32k vocabulary"),
     Model("cross_entropy", _cross_entropy, "cross-entropy with one-hot targets, mean over rows"),
+    Model("logsumexp_prefill", _lse_prefill, "logsumexp over a 32k vocabulary for 2048 tokens (prefill / training)"),
+    Model("log_softmax_prefill", _log_softmax_prefill, "log-softmax over a 32k vocabulary for 2048 tokens"),
+    Model("cross_entropy_prefill", _cross_entropy_prefill,
+          "cross-entropy with one-hot targets over 2048 tokens x 32k vocabulary (a training step's loss)"),
     Model("causal_attention", _causal, "attention with a causal mask (a constant tril_mask; masked weights exactly 0)"),
     Model("softcap_attention", _softcap, "causal attention with tanh soft-capping of the logits (cap 50)"),
     Model("rotary_attention", _rotary, "rotary embedding of Q and K (slice, negate, concat, cos/sin) then attention"),

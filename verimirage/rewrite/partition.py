@@ -992,7 +992,31 @@ def cut_points(g: Graph) -> list[int]:
                 continue
             pts.append(a)
     pts += [i for i in _gridless_products(g) if i not in outs and i not in pts and nodes[i].outs[0].numel <= budget]
+    pts += [i for i in _reduced_reductions(g) if i not in outs and i not in pts]
     return sorted(pts, reverse=True)[:CUT_MAX]
+
+
+def _reduced_reductions(g: Graph) -> list[int]:
+    """Computed operands of a reduction that are themselves results of a reduction, at most 1/16 of the largest
+    input (a mean loss over per-row losses: cross-entropy's per-token NLL, one value a row). The one-kernel
+    lowerings of such a program have no data-parallel dim (its output is a scalar), so its rows are split only as
+    the outer reduction's KV splits, at most ``max_splits`` of them: at 2048 tokens, 64 rows of 32,000 a block.
+    Materialised, the per-row values get the row grid (and vocabulary splits) they get on their own, and the
+    outer reduction is a small kernel of its own."""
+    nodes = node_list(g)
+    budget = max((t.type.numel for t in g.inputs), default=0)
+    reduced: list[bool] = []
+    out: list[int] = []
+    for n in nodes:
+        red = get_op(n.op).has(Prop.REDUCTION)
+        reduced.append(red or any(reduced[a] for a, _ in n.args))
+        if not red or not n.args:
+            continue
+        a, k = n.args[0]
+        src = nodes[a]
+        if src.op != "input" and reduced[a] and src.outs[k].numel * 16 <= budget and a not in out:
+            out.append(a)
+    return out
 
 
 def _gridless_products(g: Graph) -> list[int]:
