@@ -146,3 +146,21 @@ def test_streaming_product_gets_three_stages_when_their_two_buffers_fit() -> Non
     assert tuning.kernel_shape(n.attr("block"), args).stage_bytes * 3 > tuning.SMEM_BUDGET
     assert (c.num_stages, c.tiles.dot_min_m) == (3, 16)
     assert smem_estimate(n.attr("block"), args, c) <= min(tuning.SMEM_BUDGET, SM90.smem_per_block)
+
+
+def test_whole_vocabulary_rows_get_16_warps() -> None:
+    # H100 (results/models_run10_h100_1729.json, perf/results/run15_membound_probe_h100.json): a whole 32,000-column
+    # row a block (padded to 32,768 elements) at 8 warps spills: cross_entropy's 16 blocks of whole rows 7.7 us at 8
+    # warps, 5.9 at 16; log_softmax_prefill 140.6 us at 4 warps, 100.2 at the recommended 16
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    doc = json.loads((root / "benchmarks" / "candidates_models" / "log_softmax_prefill.json").read_text())
+    (c,) = _recs(vm.MuGraph.parse(doc["candidates"][0]["mugraph"]))
+    assert c.num_warps == 16
+    g = vm.benchmarks.get_model("logsumexp")  # 16 x 2000 tiles: 4 warps as before
+    from verimirage.rewrite.partition import lower_all
+
+    low = next(lo for lo in lower_all(g)[0] if "f16[1,2000]" in str(lo.mugraph))
+    assert {r.num_warps for r in _recs(low.mugraph)} == {4}

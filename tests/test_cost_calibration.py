@@ -49,7 +49,10 @@ def test_spearman_ranks_ties_and_order() -> None:
 
 
 def _run8(case: str) -> list[dict]:
-    return [e for e in _doc()["entries"] if e["case"] == case and e["source"] == "models_run8_h100_1515.json"]
+    """The designs run 8 measured (at most 2 kernels; the 3-kernel cut designs came later), as last measured: run 10
+    re-measured some of them (the dataset keeps a μGraph's latest time)."""
+    runs = ("models_run8_h100_1515.json", "models_run10_h100_1729.json")
+    return [e for e in _doc()["entries"] if e["case"] == case and e["source"] in runs and e["kernels"] <= 2]
 
 
 def test_looped_block_reductions_wait_each_iteration() -> None:
@@ -70,8 +73,9 @@ def test_looped_block_reductions_wait_each_iteration() -> None:
         best = min(e["measured_us"] for e in entries)
         assert entries[first]["measured_us"] <= 1.05 * best, (case, entries[first]["measured_us"], best)
     ce = sorted(_run8("cross_entropy"), key=lambda e: e["measured_us"])
-    fast, slow = MuGraph.parse(ce[0]["mugraph"]), MuGraph.parse(ce[-1]["mugraph"])
-    assert ce[-1]["measured_us"] > 4 * ce[0]["measured_us"]
+    rows = next(e for e in ce if "frange=1, grid=(1, 16)} : f16[1,16]" in e["mugraph"])  # 16 blocks of whole rows
+    fast, slow = MuGraph.parse(rows["mugraph"]), MuGraph.parse(ce[-1]["mugraph"])
+    assert ce[-1]["measured_us"] > 4 * rows["measured_us"]
     assert cost(fast).time_s < cost(slow).time_s
     # the term is what orders them: without it (and the narrow-store charge, which the looped design's 2-byte
     # column stores also pay) the looped design is estimated the cheaper, as at run time

@@ -136,7 +136,9 @@ def _measured(bg: BlockGraph, arg_types: Sequence[TensorType]) -> LaunchConfig:
     """The measured rules of :func:`recommend`, before the shared-memory fit."""
     s = kernel_shape(bg, arg_types)
     if s.matmuls == 0:
-        warps = 8 if s.max_tile >= 4096 else 4
+        # a tile of 32,768 elements or more (a whole 32k-vocabulary row in registers: cross_entropy's X and T) over
+        # 8 warps is 128+ fp32 values a thread per tensor, which spills: 16 warps
+        warps = 16 if s.max_tile >= 32768 else 8 if s.max_tile >= 4096 else 4
         return LaunchConfig(warps, 1 if s.frange == 1 else 2, TileOptions(unroll_max=16))
     # rows <= 16: pad dots to 16 (mma.sync), except when the streamed operand also feeds other ops in the
     # loop (measured: rmsnorm_linear's X squared beside X @ W ran 31 us with 16, 22 us with 64-row wgmma)
