@@ -157,3 +157,6 @@ def test_a_mean_loss_is_cut_at_its_per_row_losses() -> None:
     # a row-wise program with no outer reduction gets no such cut (logsumexp's values are outputs)
     lse = P.normalise(get_model("logsumexp", small=True, dtype=vm.float32))
     assert P._reduced_reductions(lse) == []
+    # nor maps of a full-size value by a statistic: attention's exp(s - max s), LayerNorm's squared x - mean
+    for name in ("decode_gqa", "layernorm_linear"):
+        assert P._reduced_reductions(P.normalise(get_model(name, small=True))) == [], name

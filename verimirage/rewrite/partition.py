@@ -1005,16 +1005,20 @@ def _reduced_reductions(g: Graph) -> list[int]:
     outer reduction is a small kernel of its own."""
     nodes = node_list(g)
     budget = max((t.type.numel for t in g.inputs), default=0)
-    reduced: list[bool] = []
+    # row statistics: reduction results, and maps of row statistics (with any inputs) no larger than them
+    # (cross-entropy's m + log(sum e) - sum(t x)); not the maps of a full-size value by a statistic (an attention's
+    # exp(s - max s) is as large as s: materialising it would be the round trip the fused kernels avoid)
+    stat: list[bool] = []
     out: list[int] = []
     for n in nodes:
         red = get_op(n.op).has(Prop.REDUCTION)
-        reduced.append(red or any(reduced[a] for a, _ in n.args))
+        computed = [(a, k) for a, k in n.args if nodes[a].op != "input" and not get_op(nodes[a].op).has(Prop.CONSTANT)]
+        stat.append(bool(n.outs) and (red or (bool(computed) and all(stat[a] for a, _ in computed) and all(
+            n.outs[0].numel <= nodes[a].outs[k].numel for a, k in computed))))
         if not red or not n.args:
             continue
         a, k = n.args[0]
-        src = nodes[a]
-        if src.op != "input" and reduced[a] and src.outs[k].numel * 16 <= budget and a not in out:
+        if nodes[a].op != "input" and stat[a] and nodes[a].outs[k].numel * 16 <= budget and a not in out:
             out.append(a)
     return out
 
