@@ -284,3 +284,15 @@ def test_warm_ups_run_first_and_the_warmed_module_is_timed_first(tmp_path: Any,
     rows = [json.loads(x) for x in (tmp_path / "o" / "train.jsonl").read_text().splitlines()]
     assert order == ["b", "a"] and [r["name"] for r in rows] == ["b", "a"] and all(r["warmed"] for r in rows)
     assert all(p.dead for p in procs) and not marks[0].exists()
+
+
+def test_the_training_device_run_lists_every_corpus_module() -> None:
+    """``corpus_gpu.sh PART=3`` times the training step of every corpus module (issue 20: per module, forward and
+    forward+backward): its list is the corpus, each module once."""
+    import re
+
+    text = (Path(__file__).resolve().parent.parent / "benchmarks" / "corpus_gpu.sh").read_text()
+    m = re.search(r"^train_all=((?:[^\n]*\\\n)*[^\n]*)$", text, re.M)
+    assert m is not None
+    names = m.group(1).replace("\\\n", "").split(",")
+    assert sorted(names) == sorted(corpus.names()) and len(names) == len(set(names))
