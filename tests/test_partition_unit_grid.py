@@ -28,15 +28,18 @@ def test_a_program_without_data_parallel_dims_gets_fused_lowerings(which: str) -
     assert an.data_parallel() == []
     assert any(not c.grid for c in configs(an))
     lows, _ = lower_all(g)
-    fused = [lw for lw in lows if lw.config is not None]
+    fused = [lw for lw in lows if lw.config is not None and "partition.cut" not in lw.steps]
     assert {lw.mugraph.num_kernels for lw in fused} == {1, 2}  # one block; a split reduction + combine
     assert any(lw.config is not None and lw.config.splits > 1 for lw in fused)
+    # and cut at the per-row values (partition._reduced_reductions): the rows get a grid of their own
+    cut = [lw for lw in lows if "partition.cut" in lw.steps]
+    assert cut
     ins = _inputs(g)
     want = vm.evaluate(g, ins)
-    for lw in fused:
+    for lw in fused + cut:
         lw.mugraph.check()
         for got, w in zip(vm.evaluate(lw.mugraph, ins), want, strict=True):
-            np.testing.assert_allclose(got, w, rtol=1e-9, atol=1e-12, err_msg=lw.config.describe())
+            np.testing.assert_allclose(got, w, rtol=1e-9, atol=1e-12, err_msg=" ".join(lw.steps))
 
 
 def test_cross_entropy_search_finds_one_kernel() -> None:

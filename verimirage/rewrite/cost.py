@@ -142,6 +142,15 @@ class Hardware:
     #: benchmarks/results/models_run8_h100_1515.json)
     sector: int = 32
     sector_write_exponent: float = 1.2
+    #: 32-bit registers of one SM, in bytes. A kernel without ``tl.dot`` and without a for-loop holds its tiles in
+    #: registers (as fp32): blocks whose largest tiles take more than ``register_file / resident`` bytes cannot
+    #: all be resident, and below ``overlap_blocks`` resident blocks a block's loads, reductions and stores run
+    #: in turn: each round of blocks waits ``exposed_round_s`` more (H100, run 10: logsumexp_prefill, 2048 x 32000,
+    #: 2048 blocks of 2 x 16,000 or 4 x 8,000 columns (256 KB of fp32 a block, one per SM) 57.8 and 61.8 us
+    #: against 47.2 for 8192 blocks of 1 x 8,000; cross_entropy_prefill 115.0 / 117.0 against 107.7;
+    #: benchmarks/results/models_run10_h100_1729.json)
+    register_file: int = 256 * 1024
+    exposed_round_s: float = 4.0e-7
 
 
 H100 = Hardware()
@@ -203,10 +212,14 @@ def _pow2(n: int) -> int:
 
 def _roofline(nbytes: int, tc: int, other: int, blocks: int, smem: int, hw: Hardware, cal: Calibration,
               l2_bytes: int = 0, pad: float = 1.0, iterations: int = 0, hot: float = 0.0,
-              serial: int = 0, in_flight: float = 0.0, reduce_its: int = 0) -> KernelCost:
+              serial: int = 0, in_flight: float = 0.0, reduce_its: int = 0, mem_pad: float | None = None,
+              reg_bytes: int = 0) -> KernelCost:
     # compute: SMs left idle by the grid (or by a partial last wave) are lost, and so is the overlap of
-    # loads and arithmetic when shared memory leaves room for fewer than ``overlap_blocks`` blocks per SM
+    # loads and arithmetic when shared memory (or, for tiles held in registers, the register file: ``reg_bytes``
+    # a block, see Hardware.register_file) leaves room for fewer than ``overlap_blocks`` blocks per SM
     resident = max(1, min(hw.resident_blocks, hw.smem_per_sm // max(smem, 1)))
+    if reg_bytes:
+        resident = max(1, min(resident, hw.register_file // reg_bytes))
     waves = max(1, math.ceil(blocks / hw.sms))
     util = blocks / (waves * hw.sms)
     occupancy = min(1.0, min(resident, math.ceil(blocks / hw.sms)) / max(1, hw.overlap_blocks))
@@ -215,16 +228,19 @@ def _roofline(nbytes: int, tc: int, other: int, blocks: int, smem: int, hw: Hard
     # the longer of one block's latency-bound stream and the round's bytes at the device bandwidth
     per_round = min(blocks, hw.sms * resident)
     rounds = max(1, math.ceil(blocks / per_round))
-    per_block = pad * nbytes / max(blocks, 1)
+    # (``mem_pad``: the padding's charge on the bytes; masked lanes of a tile loaded into registers move none)
+    mpad = pad if mem_pad is None else mem_pad
+    per_block = mpad * nbytes / max(blocks, 1)
     # a block streams its L2 hits too, faster than device memory (x4 fits gated_mlp's re-read X, H100)
-    streamed = per_block + pad * l2_bytes / max(blocks, 1) / hw.l2_speedup
+    streamed = per_block + mpad * l2_bytes / max(blocks, 1) / hw.l2_speedup
     # (``hot``: the fraction of device-memory bytes still in L2 from the previous call, see Hardware.hot_l2)
     rate = (1 - hot) / hw.bandwidth + hot / hw.l2_bandwidth
     block_bw = max(hw.block_bandwidth, in_flight / hw.dot_latency_s)
     mem = (rounds * max(streamed / block_bw, per_block * per_round * rate)
            + l2_bytes / hw.l2_bandwidth) * cal.mem
+    exposed = rounds * hw.exposed_round_s if reg_bytes and resident < hw.overlap_blocks else 0.0
     t = (hw.launch_s * cal.launch + max(mem, comp) + iterations * rounds * hw.iteration_s
-         + serial * rounds * hw.serial_iteration_s + reduce_its * rounds * hw.reduce_iteration_s)
+         + serial * rounds * hw.serial_iteration_s + reduce_its * rounds * hw.reduce_iteration_s + exposed)
     return KernelCost(nbytes, tc, other, blocks, smem, mem, comp, t)
 
 
@@ -254,6 +270,8 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
     other: float = 0
     pad = 1.0
     its = loop_iterations(bg)
+    # a one-step kernel without tl.dot: masked loads straight into registers (see the end of this function)
+    stream = bg.frange == 1 and not any(OPS[n.op].has(Prop.CONTRACTION) for n in bg.nodes)
     dots = False
     reducing = False
     for i, n in enumerate(bg.nodes):
@@ -263,7 +281,7 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
             tb = _bytes(t)
             reads = int(tb * (its if n.attr("fmap") is not None else 1) * blocks)
             full = in_types[n.attr("arg")]
-            run = t.shape[-1] * t.dtype.itemsize if t.shape and t.shape[-1] < full.shape[-1] else hw.min_run
+            run = _run(t, full, hw, stream)
             reads = int(reads * _segment_charge(bg, n.attr("imap"), full.rank, run, hw))
             # a tensor small enough to stay in L2 costs one trip through device memory however often it is read
             if _bytes(full) <= hw.l2_bytes // 4:
@@ -302,7 +320,7 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
     written = 0.0
     for r, om, full in zip(bg.outputs, bg.omaps, out_types, strict=True):
         t = bg.type_of(r)
-        run = t.shape[-1] * t.dtype.itemsize if t.shape and t.shape[-1] < full.shape[-1] else hw.min_run
+        run = _run(t, full, hw, stream)
         written += _bytes(full) * _segment_charge(bg, om.dims, full.rank, run, hw) * (
             max(1.0, hw.sector / run) ** hw.sector_write_exponent)
     nbytes = dram_in + written
@@ -310,10 +328,32 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
     # shared memory (H100: 2 heads x KV tiles of 256 keys at 3 stages asked for 266,240 B = 2 x 128 KB of K and
     # V tiles + the Q tile); loop-invariant tiles are loaded once
     smem = smem_in + smem_walk * max(1, hw.stages - 1) + smem_acc + smem_tmp
+    # a one-step kernel without tl.dot: its tiles are masked loads into registers (the padding costs lanes, not
+    # bytes: batchnorm_relu's whole 3136-column rows padded to 4096 ran 38.5 us, its 64-wide tiles 39.1, H100,
+    # benchmarks/perf/results/run15_membound_probe_h100.json), and its largest tiles (fp32, one per input of that
+    # size) bound the blocks resident per SM
+    regs = 0
+    mem_pad = None
+    if stream:
+        mem_pad = 1.0
+        sizes = [math.prod(_pow2(d) for d in n.outs[0].shape) for n in bg.nodes if n.op == "input"]
+        big = max(sizes, default=0)
+        regs = 4 * big * max(1, sum(1 for x in sizes if x == big))
     return _roofline(int(nbytes), int(tc * blocks), int(other * blocks), blocks, smem, hw, cal, l2_in, pad * spill,
                      math.ceil(its), hot, 0 if dots or bg.frange <= hw.unroll_max else math.ceil(its),
                      _in_flight(bg, smem_walk) if dots else 0.0,
-                     math.ceil(its) if reducing and not dots and bg.frange > 1 else 0)
+                     math.ceil(its) if reducing and not dots and bg.frange > 1 else 0, mem_pad, regs)
+
+
+def _run(t: TensorType, full: TensorType, hw: Hardware, whole: bool = False) -> int:
+    """Contiguous bytes of one row of tile ``t`` of tensor ``full``: its last dim's; when it spans the whole last dim,
+    ``min_run``, or with ``whole`` (a one-step kernel without tl.dot, see :func:`block_cost`) that dim's bytes
+    (batchnorm_relu's whole 3136-column rows are 6,272-byte runs, measured faster than its 128-byte ones,
+    benchmarks/perf/results/run15_membound_probe_h100.json). (Every kernel's whole-dim rows are not given their
+    bytes: that reorders the suite's and the attention programs' profiled sets, unmeasured.)"""
+    if t.shape and t.shape[-1] < full.shape[-1]:
+        return t.shape[-1] * t.dtype.itemsize
+    return max(hw.min_run, full.shape[-1] * full.dtype.itemsize if whole and full.shape else 0)
 
 
 def _in_flight(bg: BlockGraph, stage: int) -> float:
