@@ -3,6 +3,7 @@ configurations the vocabulary programs, batchnorm_relu and qkv_bias want.
 
     python benchmarks/perf/membound_probe.py --build          # here (CPU): write the variants file
     python benchmarks/perf/membound_probe.py --out DIR        # on the GPU: check and time every variant
+    python benchmarks/perf/membound_probe.py --out DIR --programs batchnorm_relu qkv_bias log_softmax logsumexp
 
 ``--build`` collects, per program, the μGraphs worth timing: the stored (verified) candidates of
 ``benchmarks/candidates_models`` and, as measurement probes only (not verified), further lowerings of the
@@ -151,7 +152,7 @@ def _warm(job: tuple[str, str, list[tuple[int, int, int]]]) -> int:
     return n
 
 
-def run(out_dir: Path, workers: int) -> None:
+def run(out_dir: Path, workers: int, programs: list[str] | None = None) -> None:
     import multiprocessing as mp
 
     import torch
@@ -160,7 +161,7 @@ def run(out_dir: Path, workers: int) -> None:
 
     import verimirage as vm
 
-    variants = json.loads(VARIANTS.read_text())
+    variants = [v for v in json.loads(VARIANTS.read_text()) if programs is None or v["program"] in programs]
     t0 = time.perf_counter()
     with mp.get_context("spawn").Pool(workers) as pool:
         done = sum(pool.map(_warm, [(v["program"], v["mugraph"], v["configs"]) for v in variants], chunksize=1))
@@ -217,13 +218,15 @@ def main() -> None:
     ap.add_argument("--build", action="store_true")
     ap.add_argument("--out", type=Path, default=Path("."))
     ap.add_argument("--workers", type=int, default=14)
+    ap.add_argument("--programs", nargs="*", default=None,
+                    help="only these programs' variants (run 15 spent most of its 185 s compiling all 124 first)")
     a = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     if a.build:
         build()
     else:
         a.out.mkdir(parents=True, exist_ok=True)
-        run(a.out, a.workers)
+        run(a.out, a.workers, a.programs)
 
 
 if __name__ == "__main__":
