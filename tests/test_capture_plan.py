@@ -296,3 +296,22 @@ def test_the_training_device_run_lists_every_corpus_module() -> None:
     assert m is not None
     names = m.group(1).replace("\\\n", "").split(",")
     assert sorted(names) == sorted(corpus.names()) and len(names) == len(set(names))
+
+
+def test_training_variants_are_retimed_interleaved(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The training variants' graphs are replayed again in rounds, one variant after another (a device drift is
+    shared, not decisive); each time is the median of all its rounds, the first timing kept beside it."""
+    calls: list[str] = []
+
+    def replays(g: str, n: int) -> list[float]:
+        calls.append(g)
+        return {"a": [10.0, 11.0], "b": [20.0, 21.0]}[g]
+
+    monkeypatch.setattr(cc, "replays", replays)
+    monkeypatch.delenv(cc.GPU_LOCK_ENV, raising=False)
+    res: dict[str, Any] = {"compile_graph_us": 12.0, "verimirage_graph_us": 25.0}
+    cc._interleave({"compile": ([("a", 4)], None), "verimirage": ([("b", 4)], None)}, res)
+    assert calls == ["a", "b"] * cc.ROUNDS
+    assert res["compile_graph_us"] == 10.5 and res["compile_graph_us_first"] == 12.0
+    assert res["verimirage_graph_us"] == 20.5 and res["verimirage_graph_us_first"] == 25.0
+    assert res["graph_rounds"] == cc.ROUNDS
