@@ -1,12 +1,15 @@
 """The IR: op registry, kernel/block/thread graphs, checks, text/JSON, the evaluator.
 
-Imports neither torch nor triton. The builders (:mod:`.builders`: ``Tensor``, the block and thread
-builders) and the float64 reference (:mod:`.reference`, with ``evaluate``) load on first use of their
-names, so the certificate checker, which imports this package, does not load them.
+Imports neither torch nor triton. Importing this package imports the builders (:mod:`.builders`: ``Tensor``, the
+block and thread builders, and the methods that build graphs, which it puts on the graph classes); the float64
+reference (:mod:`.reference`, with ``evaluate``) loads on first use of its name. The certificate checker's process
+never runs this file (its packages are bare modules, :mod:`verimirage.checkproc`): it imports the IR modules it
+reads programs with, not the builders.
 """
 
 from typing import Any
 
+from .builders import BlockBuilder, Tensor, ThreadBuilder
 from .dtypes import DType, bfloat16, bool_, float16, float32
 from .errors import GraphError
 from .graph import BlockGraph, Graph, MuGraph, Node, OutputMap, Ref, ThreadGraph, node_list, output_refs
@@ -19,10 +22,6 @@ __all__ = ["OPS", "BlockBuilder", "BlockGraph", "DType", "Domain", "Graph", "Gra
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("BlockBuilder", "Tensor", "ThreadBuilder"):
-        from . import builders
-
-        return getattr(builders, name)
     if name == "evaluate":
         from .reference import evaluate
 

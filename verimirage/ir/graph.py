@@ -92,7 +92,8 @@ def live_nodes(nodes: Sequence[Node], outputs: Iterable[Ref]) -> set[int]:
 if TYPE_CHECKING:
     from .builders import GraphMethods, MuGraphMethods, OpMethods
     from .builders import Tensor as Tensor
-else:  # (bases the builders fill in: see LoadsMethods)
+else:  # (bases :mod:`.builders` fills in with the building, JSON and dot methods: importing verimirage.ir imports
+    # it; the certificate checker's process never does, it reads programs and never builds them)
     OpMethods = object
 
     class GraphMethods:
@@ -110,37 +111,12 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _load_methods(cls: type, name: str) -> bool:
-    """Load the builders' methods (:mod:`.builders`) for a missing public ``name``; whether ``cls`` has it now."""
-    if name.startswith("_"):
-        return False
-    from . import builders  # (importing it puts the methods on the classes)
-
-    return builders.installed() and any(name in vars(c) for c in cls.__mro__)
-
-
-class LoadsMethods(type):
-    """Metaclass of the builders: how programs are built (``g.input``, ``g.output``, ``g.add``, ``mg.custom``,
-    JSON and dot) lives in :mod:`.builders`, outside the IR core the certificate checker imports (it reads
-    programs and never builds them), and loads on first use of a name a builder lacks."""
-
-    def __getattr__(cls, name: str) -> Any:
-        if not _load_methods(cls, name):
-            raise AttributeError(f"type object {cls.__name__!r} has no attribute {name!r}")
-        return getattr(cls, name)
-
-
-class _Builder(OpMethods, metaclass=LoadsMethods):
+class _Builder(OpMethods):
     """The builders' common base (each level allows a subset of the ops); its methods are
     :class:`verimirage.ir.builders.OpMethods`'."""
 
     _level: Level
     _nodes: list[Node]
-
-    def __getattr__(self, name: str) -> Any:
-        if not _load_methods(type(self), name):
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        return getattr(self, name)
 
 
 class Graph(GraphMethods, _Builder):
