@@ -48,6 +48,9 @@ def test_norm_into_projections_leaves_other_norms_alone() -> None:
     x = g.input("X", (8, 4), vm.float16)
     g.output(g.matmul(g.rms_norm(x, axis=0, eps=1e-5), g.input("W", (4, 4), vm.float16)))
     assert norm_into_projections(g) is None
+    g1 = vm.Graph()  # an unweighted norm: its form comes out of the e-graph (rms-norm-expand, matmul-rowscale)
+    g1.output(g1.matmul(g1.rms_norm(g1.input("X", (2, 4), vm.float16), eps=1e-5), g1.input("W", (4, 4), vm.float16)))
+    assert norm_into_projections(g1) is None
     g2 = vm.Graph()
     g2.output(g2.matmul(g2.input("X", (2, 4), vm.float16), g2.input("W", (4, 4), vm.float16)))
     assert norm_into_projections(g2) is None

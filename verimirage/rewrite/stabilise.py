@@ -167,10 +167,11 @@ HOIST_RULES = ("neg-sub", "mul-sub-distrib", "sum-sub-split", "sum-factor-out")
 
 
 def norm_into_projections(g: Graph) -> Graph | None:
-    """``g`` with every ``rms_norm(x, w) @ m`` (the norm along ``x``'s last axis, the contracted one; ``w``
-    optional) written ``((x * w) @ m) * rsqrt(sum(x^2) / n + eps)``: the norm in the projection's prologue (each
-    block scales its ``x`` tile by ``w``; the row statistic is a loop sum, applied after the loop); None if it
-    has none. Rule ``rms-norm-matmul`` (with ``mean-as-sum``) in one step: the e-graph holds the form, but
+    """``g`` with every ``rms_norm(x, w) @ m`` (the norm along ``x``'s last axis, the contracted one, with a weight
+    ``w``) written ``((x * w) @ m) * rsqrt(sum(x^2) / n + eps)``: the norm in the projection's prologue (each block
+    scales its ``x`` tile by ``w``; the row statistic is a loop sum, applied after the loop); None if it has none.
+    (An unweighted norm's form comes out of the e-graph: rms-norm-expand, then matmul-rowscale.)
+    Rule ``rms-norm-matmul`` (with ``mean-as-sum``) in one step: the e-graph holds the form, but
     extraction by size ranks it below the plain one in every class (a gated FFN reads the norm twice), so
     the search also lowers it directly. Like every search step, its output is re-verified."""
     nodes = node_list(g)
@@ -180,7 +181,7 @@ def norm_into_projections(g: Graph) -> Graph | None:
             continue
         a = n.args[0][0]
         nn = nodes[a]
-        x = nn.args[0][0] if nn.op == "rms_norm" else -1
+        x = nn.args[0][0] if nn.op == "rms_norm" and len(nn.args) == 2 else -1  # (unweighted: the e-graph's own)
         if x < 0:
             continue
         xt = nodes[x].outs[nn.args[0][1]]
@@ -210,7 +211,7 @@ def norm_into_projections(g: Graph) -> Graph | None:
                 xv = val[nn.args[0]]
                 ax = xv.type.rank - 1
                 ss = out.sum(out.square(xv), axis=ax)
-                parts[sites[i]] = (out.mul(xv, val[nn.args[1]]) if len(nn.args) > 1 else xv,
+                parts[sites[i]] = (out.mul(xv, val[nn.args[1]]),
                                    out.rsqrt(out.shift(out.scale(ss, 1.0 / xv.type.shape[ax]), nn.attr("eps"))))
             xw, r = parts[sites[i]]
             val[(i, 0)] = out.mul(out.matmul(xw, val[n.args[1]]), r)
