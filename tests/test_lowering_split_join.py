@@ -1,7 +1,8 @@
 """Slices and concats of register tiles in aligned power-of-two chunks lower to tl.split / tl.join
 (backend/lowering.py). The one-hot selection they used made the fused rotary-attention kernel (two slices
 and a concat of each Q and K tile) run 4.4 ms on an H100 against torch.compile's 50 µs (models set,
-2026-11-26); other slices and concats keep the one-hot form."""
+2026-11-26); other slices and concats keep the one-hot form. (Slices of a block input itself are loaded directly
+since codegen 12: tests/test_codegen_rotate.py; the graphs here slice a computed tile.)"""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ CASES = [
 def test_chunked_slice_concat_lowering_and_values(shape: tuple[int, ...], ax: int, parts: list[tuple[int, int]],
                                                   fast: bool) -> None:
     g = vm.Graph()
-    x = g.input("X", shape, vm.float32)
+    x = g.scale(g.input("X", shape, vm.float32), 2.0)  # (a computed tile: see the module docstring)
     pieces = [g.slice(x, ax, a, b) for a, b in parts]
     g.output(g.concat([g.neg(p) if i % 2 == 0 else p for i, p in enumerate(pieces)], axis=ax))
     # one kernel: the slices and the concat act on register tiles

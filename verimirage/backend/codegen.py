@@ -69,7 +69,7 @@ ROW_DOT_MAX_BATCH = 8
 INT32_INDEX = 2**31
 
 #: Version of the generator: part of every cache key (bump when generated code changes).
-CODEGEN_VERSION = "11"
+CODEGEN_VERSION = "12"
 
 
 @dataclass(frozen=True)
@@ -387,8 +387,9 @@ class _KernelGen:
         return y
 
     def load(self, i: int, p: tuple[int, ...], axis: int | None = None, start: int = 0,
-             squeeze: bool = False, sub: tuple[int, str] | None = None) -> tuple[str, str | None]:
-        """Pointer and mask text of the tile of block input ``i`` (shifted by ``start`` along ``axis``).
+             squeeze: bool = False, sub: tuple[int, str] | None = None, roll: int = 0) -> tuple[str, str | None]:
+        """Pointer and mask text of the tile of block input ``i`` (shifted by ``start`` along ``axis``; ``roll``:
+        rotated along ``axis``, position ``j`` reading ``(j + roll) % size``, for a tile holding its whole dim).
 
         With ``squeeze`` the tile's size-1 dims are dropped (their offsets become scalar terms): the
         pointer tensor has only the dims of size > 1. ``sub = (dim, offset)``: a chunk of ``p[dim]`` elements of
@@ -426,6 +427,8 @@ class _KernelGen:
                 continue
             j = kept.index(d)
             idx = " + ".join([*off, f"tl.arange(0, {p[d]}){_lift(rr, j)}"])
+            if roll and d == axis:
+                idx = f"({roll} + {idx}) % {t[d]}"
             terms.append(f"({idx}) * a{k}_s{d}")
             if sub is not None and d == sub[0]:
                 pass  # a chunk of an unpadded dim: every position is inside the tile
@@ -791,6 +794,76 @@ class _KernelGen:
         lines.append(f"{v} = {fn(args, attrs, in_types, [ot])}")
         name[vid_of(i, 0)] = v
 
+    def sliced_concats(self, live: set[int]) -> dict[int, list[tuple[int, int, bool]]]:
+        """Concats whose pieces are each a slice of one block input along the concat dim, or its negation (rotary
+        embedding's ``rotate_half``: ``concat(-x[..., h:], x[..., :h])``), where the input's tile holds its whole
+        tensor along that dim and has the concat's shape: ``{concat: [(input, slice start, negated)]}``.
+
+        Each is emitted as one masked load per piece, the input read shifted along the dim (:meth:`load_sliced`),
+        instead of loading the input and slicing / concatenating the tile (``tl.split`` / ``tl.join`` /
+        ``tl.permute``: layout conversions through shared memory). Exact: a slice, a negation and a concat move and
+        negate values without rounding. sm_90 SASS (benchmarks/perf/NOTES.md session 12): rotary's one-kernel
+        design, whose loop rotates each K tile, had 12 barriers and 65 shared-memory loads an iteration."""
+        nodes = self.bg.nodes
+        found: dict[int, list[tuple[int, int, bool]]] = {}
+        for i, n in enumerate(nodes):
+            if i not in live or n.op != "concat" or not n.outs:
+                continue
+            t = n.outs[0]
+            ax = n.attr("axis") % t.rank
+            pieces: list[tuple[int, int, bool]] = []
+            for a, k in n.args:
+                neg = nodes[a].op == "neg" and k == 0
+                sref = nodes[a].args[0] if neg else (a, k)
+                sl = nodes[sref[0]]
+                if sl.op != "slice" or sref[1] != 0 or sl.attr("axis") % t.rank != ax:
+                    break
+                x = sl.args[0][0]
+                xn = nodes[x]
+                if xn.op != "input" or xn.attr("arg") in self.inline or xn.outs[0].shape != t.shape:
+                    break
+                shape = xn.attr("shape")
+                if shape[ax + len(shape) - t.rank] != t.shape[ax]:  # (the tile holds the whole dim: no offsets)
+                    break
+                pieces.append((x, sl.attr("start"), neg))
+            else:
+                if self.padded((i, 0), t)[ax] == t.shape[ax]:
+                    found[i] = pieces
+        return found
+
+    def load_sliced(self, i: int, p: tuple[int, ...], pieces: list[tuple[int, int, bool]]) -> str:
+        """The tile of :meth:`sliced_concats`' concat ``i``: a sum of masked loads, piece ``k`` reading its input
+        at ``start_k + j - offset_k`` for the concat's positions ``offset_k <= j < offset_k + width_k``."""
+        nodes = self.bg.nodes
+        n = nodes[i]
+        t = n.outs[0]
+        ax = n.attr("axis") % t.rank
+        widths = [nodes[a].outs[k].shape[ax] for a, k in n.args]
+        offs = [sum(widths[:q]) for q in range(len(widths))]
+        shifts = {(start - o) % t.shape[ax] for (_, start, _), o in zip(pieces, offs, strict=True)}
+        if len({x for x, _, _ in pieces}) == 1 and len(shifts) == 1:
+            # one input rotated along the dim (rotate_half: shift size / 2): one load, the index taken modulo the
+            # size (runs stay contiguous: 16-byte copies), the negated pieces' sign a constant tile
+            ptr, mask = self.load(pieces[0][0], p, ax, roll=shifts.pop())
+            m = f", mask={mask}, other=0.0" if mask else ""
+            val = f"tl.load({ptr}{m}).to(tl.float32)"
+            if not any(neg for _, _, neg in pieces):
+                return val
+            j = f"tl.arange(0, {p[ax]}){_lift(t.rank, ax)}"
+            sign = "-1.0" if pieces[-1][2] else "1.0"
+            for (_, _, neg), o in reversed(list(zip(pieces[:-1], offs[1:], strict=True))):
+                sign = f"tl.where({j} < {o}, {'-1.0' if neg else '1.0'}, {sign})"
+            return f"{val} * {sign}"
+        terms, off = [], 0
+        for (x, start, neg), (a, k) in zip(pieces, n.args, strict=True):
+            w = nodes[a].outs[k].shape[ax]
+            ptr, mask = self.load(x, p, ax, off - start)
+            inside = self._mask(t.rank, ax, w, p[ax], off)
+            m = inside if mask is None else f"{mask} & {inside}"
+            terms.append(f"{'-' if neg else ''}tl.load({ptr}, mask={m}, other=0.0).to(tl.float32)")
+            off += w
+        return " + ".join(terms)
+
     def split_concat_matmuls(self, live: set[int], uses: dict[int, list[int]]) -> dict[int, list[tuple[Any, Any]]]:
         """Matmuls of two concats split at the same points, lowered as a sum of products of the pieces.
 
@@ -1012,6 +1085,14 @@ class _KernelGen:
                     if OPS[nodes[a].op].has(Prop.CONTRACTION) and uses.get(a) == [i] and (a, 0) not in set(bg.outputs):
                         dot_acc[a] = i
 
+        sliced = {i: ps for i, ps in self.sliced_concats(live).items() if i not in split_cat and i not in direct_concat}
+        # the slices (and their negations) only those concats read are not emitted
+        outs_set = {a for a, _ in bg.outputs}
+        unread: set[int] = set()
+        for i in reversed(range(len(nodes))):
+            if nodes[i].op in ("slice", "neg") and i not in outs_set and uses.get(i) and all(
+                    u in sliced or u in unread for u in uses[i]):
+                unread.add(i)
         squeeze = set() if self.opts.dot_batch1 else self.dot_operand_inputs(live, uses)
         chunked = self.chunked_dots(live, uses, squeeze)
         chunk_inputs = {a for i in chunked for a, _ in nodes[i].args}
@@ -1024,8 +1105,8 @@ class _KernelGen:
         full_masks: dict[str, tuple[str, str]] = {}
 
         for i, n in enumerate(nodes):
-            if i not in live or i in skip or i in split_cat:  # split concats: their matmul reads the pieces
-                continue
+            if i not in live or i in skip or i in split_cat or i in unread:  # (split concats: their matmul reads
+                continue  # the pieces)
             ot = n.outs[0]
             po = self.padded((i, 0), ot)
             if math.prod(po) > TRITON_MAX_NUMEL:
@@ -1053,6 +1134,9 @@ class _KernelGen:
                 if sq:  # (a batched row product's weights: (B, K, N))
                     self.squeezed[f"v{i}"] = tuple(po[-2:]) if math.prod(po[:-2]) == 1 else tuple(
                         x for x in po if x != 1)
+            elif i in sliced:
+                sect.append(f"v{i} = {self.load_sliced(i, po, sliced[i])}")
+                name[(i, 0)] = f"v{i}"
             elif i in direct_concat:
                 ax = n.attr("axis")
                 terms, start = [], 0
