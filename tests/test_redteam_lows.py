@@ -233,7 +233,7 @@ def test_profile_check_let_one_huge_element_hide_wrong_small_ones() -> None:
     ref = np.array([1e6, 1.0, 1.0, 1.0])
     for dt, tol in TOLERANCE.items():
         assert rel_error(np.array([1e6, 5.0, 5.0, 5.0]), ref, dt) > tol
-        assert rel_error(np.array([1e6, 1.0, 1.0, 1.0 + 64 * tol]), ref, dt) > tol  # one small element off
+        assert rel_error(np.array([1e6, 1.0, 1.0, 1.0 + 200 * tol]), ref, dt) > tol  # one small element off
     big = np.zeros((16, 16)) + 1.0
     big[0, 0] = 1e5
     bad = big.copy()
@@ -251,6 +251,36 @@ def test_profile_check_let_one_huge_element_hide_wrong_small_ones() -> None:
 
     t = th.tensor(p, dtype=th.float16)  # the dtype read from a tensor
     assert rel_error(t, p) <= TOLERANCE["f16"] / 4
+
+
+def test_per_element_check_rejected_every_correct_rotary_attention_kernel_on_the_gpu() -> None:
+    """Finding (eleventh session, on an H100): the per-element term above, at the local discount, rejected all six
+    verified rotary_attention candidates (0.0022 > the fp16 tolerance 0.002) whose Frobenius error (5.7e-4) was
+    half eager's. The program stores its rotated Q and K as fp16 and its scores are large, so the softmax
+    amplifies their rounding: a correct kernel is off by ~2% of the median magnitude at some element. Simulated
+    here in numpy exactly as the kernels compute (fp16 stores, fp32 scores, P as fp16 into an fp32 product)."""
+    from verimirage.backend.profile import TOLERANCE, rel_error
+
+    rng = np.random.default_rng(0)
+    n, d = 512, 128
+    q, k = (rng.standard_normal((n, d)).astype(np.float16).astype(np.float64) for _ in range(2))
+    v = rng.standard_normal((n, d)).astype(np.float16)
+    ang = np.arange(d)[None] * 0.1 + np.arange(n)[:, None] * 0.01
+    rot = lambda x: np.concatenate([-x[:, d // 2:], x[:, :d // 2]], 1)  # noqa: E731
+    qr, kr = (x * np.cos(ang) + rot(x) * np.sin(ang) for x in (q, k))
+    s = qr @ kr.T
+    p = np.exp(s - s.max(1, keepdims=True))
+    ref = p / p.sum(1, keepdims=True) @ v.astype(np.float64)
+    s32 = qr.astype(np.float16).astype(np.float32) @ kr.astype(np.float16).astype(np.float32).T
+    p32 = np.exp(s32 - s32.max(1, keepdims=True))
+    o = (p32.astype(np.float16).astype(np.float32) @ v.astype(np.float32)) / p32.sum(1, keepdims=True)
+    out = o.astype(np.float16).astype(np.float64)
+    assert rel_error(out, ref, "f16") <= TOLERANCE["f16"]
+    a = np.abs(ref)
+    assert (np.abs(out - ref) / (a + np.median(a))).max() > 8 * TOLERANCE["f16"]  # the old discount rejected it
+    bad = out.copy()
+    bad[7, :16] += np.median(a)  # one wrong 16-element row, off by the typical magnitude: still rejected
+    assert rel_error(bad, ref, "f16") > TOLERANCE["f16"]
 
 
 # --------------------------------------------------------------------------- x ** c at special values
