@@ -288,13 +288,6 @@ def test_q_world_comparison_keeps_q_parts_without_exp() -> None:
     assert R.ref_test(g, h, SEEDS, part="q").outcome == "proved"
 
 
-@pytest.mark.xfail(strict=True, reason="finding (trusted session, 2026-11-26): the sums-of-quotients analysis "
-                   "(ffref._degrees, the fast engine's stated bound) takes a layout op (reshape, permute, "
-                   "broadcast_to, slice) as a fresh atom of degree 1, so its operand's degree is lost for later "
-                   "products and the stated bound understates (here 5e-28 stated, 1e-19 per-node). Passing the degree "
-                   "through (the denominators' axes remapped) sends a layer region's per-trial bound to 1.0 "
-                   "(proofs/layer_decode_bs1_small.json): a sum over the merged heads' axis is counted as m "
-                   "denominators, one per element, not one per head; fixing both changes certificates' ff records")
 def test_degree_bound_through_layout_ops() -> None:
     # (x**8 reshaped)**8 reshaped, three times: degree 8**3 = 512 as a polynomial of x
     g = vm.Graph()
@@ -304,3 +297,62 @@ def test_degree_bound_through_layout_ops() -> None:
     g.output(y)
     assert R.degree_bound(g)[0] >= 512  # (the per-node model: right)
     assert R.quotient_info(g)[0] >= 512 and FF.degree_info(g).degree >= 512  # (the stated bound's: 8)
+
+
+def _quotient_after(op: str, m: int = 64) -> vm.Graph:
+    # sum over m elements, each with its own denominator, the quotients moved by a layout op first
+    g = vm.Graph()
+    x, y = g.input("x", (1, m), vm.float32), g.input("y", (1, m), vm.float32)
+    q = g.div(x, y)
+    moved = {"reshape": lambda: g.reshape(q, (m, 1)), "permute": lambda: g.permute(q, (1, 0)),
+             "broadcast_to": lambda: g.broadcast_to(q, (2, 1, m)), "slice": lambda: g.slice(q, 1, 0, m)}[op]()
+    g.output(g.sum(moved, 0 if op in ("reshape", "permute") else -1))
+    return g
+
+
+@pytest.mark.parametrize("op", ["reshape", "permute", "broadcast_to", "slice"])
+def test_degree_lost_through_layout_op_before_a_reduction(op: str) -> None:
+    # finding (degrees session, 2026-11-26): sum_i x_i / y_i over 64 elements is N / D of degree 64 (the y_i are
+    # distinct variables), but a layout op between the division and the sum made the quotient analysis forget the
+    # denominators (a fresh atom): quotient_info stated 1, the per-node model (and so the certificate's per-trial
+    # bound, ff_record) 2, i.e. 5/q per trial instead of 129/q
+    g = _quotient_after(op)
+    assert R.quotient_info(g)[0] >= 64 and R.degree_bound(g)[0] >= 64 and FF.degree_info(g).degree >= 64
+    q_min = (R.safe_primes()[0] - 1) // 2
+    assert R.per_trial_bound(g, g) >= (2 * 64 + 1) / q_min
+    # the same through kernels (each op its own kernel: the classes pass through kernel results)
+    assert R.quotient_info(to_kernels(g))[0] >= 64
+
+
+def test_degree_lost_through_layout_op_true_degree_by_sympy() -> None:
+    sympy = pytest.importorskip("sympy")
+    xs, ys = sympy.symbols("x0:4"), sympy.symbols("y0:4")
+    num, den = sympy.fraction(sympy.together(sum(x / y for x, y in zip(xs, ys, strict=True))))
+    true = max(sympy.Poly(num, *xs, *ys).total_degree(), sympy.Poly(den, *xs, *ys).total_degree())
+    assert true == 4 and R.quotient_info(_quotient_after("reshape", 4))[0] >= true
+
+
+def test_softmax_heads_merged_by_a_reshape_count_one_denominator_per_head() -> None:
+    # the sound bound stays useful: 4 heads of 16, normalised per head, merged and summed: 4 denominators, not 64
+    g = vm.Graph()
+    e = g.exp(g.input("s", (4, 16), vm.float32))
+    g.output(g.sum(g.reshape(g.div(e, g.sum(e, 1)), (1, 64)), 1))
+    assert R.quotient_info(g)[0] == 4
+
+
+def test_degree_lost_through_a_kernels_second_result() -> None:
+    # finding (degrees session, 2026-11-26): a kernel's results all took the classes of its first result's shape;
+    # here the first is (1, 1), so the second, 64 quotients of distinct denominators, read as one denominator
+    # and their sum by a later kernel as degree 1 (per-node model 2) where it is 64
+    x, y, z = (vm.TensorType(s, vm.float32) for s in ((1, 64), (1, 64), (1, 1)))
+    mg = vm.MuGraph()
+    xi, yi, zi = mg.input("x", x.shape, x.dtype), mg.input("y", y.shape, y.dtype), mg.input("z", z.shape, z.dtype)
+    b = vm.BlockBuilder((1,))
+    b.output(b.reciprocal(b.input(2, z, (0,))), (0,))
+    b.output(b.div(b.input(0, x, (0,)), b.input(1, y, (0,))), (0,))
+    _, q = mg.custom(b.build(), [xi, yi, zi])
+    b2 = vm.BlockBuilder((1,))
+    b2.output(b2.sum(b2.input(0, x, (0,)), axis=1), (0,))
+    (s,) = mg.custom(b2.build(), [q])
+    mg.output(s)
+    assert R.quotient_info(mg)[0] >= 64 and R.degree_bound(mg)[0] >= 64

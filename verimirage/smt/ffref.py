@@ -52,7 +52,7 @@ import numpy as np
 from ..ir.errors import GraphError
 from ..ir.graph import Graph, input_types, node_list, output_refs, output_types
 from ..ir.interpret import run
-from ..ir.ops import LAYOUT_MEANINGS, OPS, POW_EXACT_MAX, TensorType, get_op, neg_axis, tril
+from ..ir.ops import LAYOUT_MEANINGS, OPS, POW_EXACT_MAX, TensorType, get_op, neg_axis, reshape_groups, tril
 from .consts import const_fraction
 from .verdict import Outcome
 
@@ -488,37 +488,68 @@ def quotient_info(g: Graph) -> tuple[int, int, int]:
 def _degrees(g: Graph) -> tuple[tuple[int, int, int], tuple[int, int]]:
     """:func:`quotient_info` and :func:`degree_bound` in one walk. The first, ``(degree, atoms, applications)``:
     a degree bound of ``g``'s outputs (and of every exp / oracle argument)
-    sound for sums of quotients: each value is ``N / D`` with ``deg N <= n``, ``deg D <= d`` and the axes along
-    which ``D`` may differ; a reduction of ``m`` elements along such an axis gives ``n + (m - 1) d`` over ``m d``;
-    values out of a kernel's blocks or a loop's iterations vary along every axis. ``atoms``: exp / oracle
-    nodes; ``applications``: their element-wise applications plus element-wise divisions weighted by their
-    divisor's degree (what the fast engine's stated bound counts: its ``degree_info`` is this)."""
+    sound for sums of quotients: each value is ``N / D`` with ``deg N <= n``, ``deg D <= d``, ``D`` a function of a
+    class (one of ``k[axis]``) of each axis' index; a reduction along an axis of ``k`` classes gives ``n + (k - 1) d``
+    over ``k d``. Layout ops keep ``(n, d)`` and move the classes (merged axes: their product; a split axis: every
+    index its own class); a kernel's result: its block's classes times the blocks along each dim; a loop's: every
+    index its own class. ``atoms``: exp / oracle nodes; ``applications``: their element-wise applications plus
+    element-wise divisions weighted by their divisor's degree (the fast engine's ``degree_info`` is this)."""
     opaque = [0, 0, 0]  # max argument degree of an atom, atom nodes, element-wise applications
     node_opaque = [0, 0]  # the per-node model's: largest degree under an opaque op, opaque applications
-    V = tuple[int, int, frozenset[int]]  # (n, d, axes where the denominator may vary)
+    V = tuple[int, int, dict[int, int]]  # (n, d, {axis: classes of the denominator along it, when > 1})
 
     def deg(v: V) -> int:
         return max(v[0], v[1])
 
-    def align(v: V, shape: Sequence[int], out_rank: int) -> frozenset[int]:
-        off = out_rank - len(shape)
-        return frozenset(a + off for a in v[2] if shape[a] != 1)
+    def full(shape: Sequence[int]) -> dict[int, int]:
+        return {a: s for a, s in enumerate(shape) if s > 1}
 
-    def allaxes(v: V, rank: int) -> V:
-        return (v[0], v[1], frozenset(range(rank)) if v[1] else frozenset())
+    def refine(out: Sequence[int], *ks: dict[int, int]) -> dict[int, int]:
+        # the classes of a product of denominators: the pairs of classes, at most the axis' size
+        r = {a: math.prod(k.get(a, 1) for k in ks) for a in range(len(out))}
+        return {a: min(c, out[a]) for a, c in r.items() if c > 1 and out[a] > 1}
+
+    def align(v: V, shape: Sequence[int], out: Sequence[int]) -> dict[int, int]:
+        off = len(out) - len(shape)
+        return refine(out, {a + off: c for a, c in v[2].items() if a < len(shape) and shape[a] != 1})
+
+    def allaxes(v: V, shape: Sequence[int]) -> V:
+        return (v[0], v[1], full(shape) if v[1] else {})
 
     def reduce(v: V, ax: int, m: int) -> V:
         n, d, vary = v
-        if d and ax in vary:
-            n, d = n + (m - 1) * d, m * d
-        return (n, d, frozenset(vary - {ax}))
+        k = min(vary.get(ax, 1), m)
+        if d and k > 1:
+            n, d = n + (k - 1) * d, k * d
+        return (n, d, {a: c for a, c in vary.items() if a != ax})
+
+    def layout(n: Any, v: V, shape: Sequence[int], out: Sequence[int]) -> V:
+        # data movement: the same (n, d); the denominator's classes follow the elements
+        if not v[1] or not v[2]:
+            return (v[0], v[1], {})
+        k = v[2]
+        if n.op == "permute" and len(shape) == len(out):
+            return (v[0], v[1], refine(out, {j: k.get(i, 1) for j, i in enumerate(n.attr("dims"))}))
+        if n.op == "broadcast_to" and len(shape) <= len(out):
+            return (v[0], v[1], align(v, shape, out))
+        if n.op == "slice" and len(shape) == len(out):
+            return (v[0], v[1], refine(out, k))
+        if n.op == "reshape" and math.prod(shape) == math.prod(out):
+            r: dict[int, int] = {}
+            for old, new in reshape_groups(tuple(shape), tuple(out)):
+                c = math.prod(k.get(i, 1) for i in old)
+                if c > 1:  # one new axis: the tuples of classes; several: every index its own class
+                    r.update({new[0]: c} if len(new) == 1 else {j: out[j] for j in new})
+            return (v[0], v[1], refine(out, r))
+        return allaxes(v, out)  # (not remapped: varying along every axis)
 
     def walk(nodes: Sequence[Any], in_vals: list[V], in_nd: list[int], reps: int, frange: int,
-             post: list[bool] | None) -> tuple[list[V], list[int]]:
-        vals: list[V] = []
+             post: list[bool] | None) -> tuple[list[V], dict[tuple[int, int], V], list[int]]:
+        vals: list[V] = []  # each node's first result; ``more``: a kernel's results, each its own
+        more: dict[tuple[int, int], V] = {}
         nd: list[int] = []  # each node's degree in the per-node model (the registry's degree rules)
         for i, n in enumerate(nodes):
-            a, an = [vals[j] for j, _ in n.args], [nd[j] for j, _ in n.args]
+            a, an = [more.get((j, k), vals[j]) for j, k in n.args], [nd[j] for j, _ in n.args]
             shapes = [nodes[j].outs[k].shape for j, k in n.args]
             out = n.outs[0].shape if n.outs else ()
             rank = len(out)
@@ -527,15 +558,24 @@ def _degrees(g: Graph) -> tuple[tuple[int, int, int], tuple[int, int]]:
             if n.op in ("input", "arg"):
                 idx = n.attr("arg") if n.op == "input" and n.attr("arg") is not None else n.attr("index")
                 known = idx is not None and idx < len(in_vals)
-                v = in_vals[idx] if known else (1, 0, frozenset())
-                vals.append(allaxes(v, rank) if n.op == "input" and post is not None else v)
+                v = in_vals[idx] if known else (1, 0, {})
+                vals.append((v[0], v[1], refine(out, v[2])))  # (a tile of a kernel operand: a box of it)
                 nd.append(in_nd[idx] if known else 1)
                 continue
             if n.op in ("custom", "fused"):
                 blk = n.attr("block" if n.op == "custom" else "thread")
-                outs, ns = (walk(blk.nodes, a, an, reps * blk.num_blocks, blk.frange, blk.post_loop())
-                            if n.op == "custom" else walk(blk.nodes, a, an, times, 1, None))
-                vals.append(allaxes(max(outs, key=deg) if outs else (1, 0, frozenset()), rank))
+                outs, inner, ns = (walk(blk.nodes, a, an, reps * blk.num_blocks, blk.frange, blk.post_loop())
+                                   if n.op == "custom" else walk(blk.nodes, a, an, times, 1, None))
+                top = (max((v[0] for v in outs), default=1), max((v[1] for v in outs), default=0))
+                if n.op == "fused":
+                    vals.append(allaxes((*top, {}), out))
+                else:  # result k: its block node's classes, times the blocks along each dim (each block its own)
+                    for k, (r, om, t) in enumerate(zip(blk.outputs, blk.omaps, n.outs, strict=True)):
+                        own = inner.get(r, outs[r[0]])[2]
+                        by = {d: own.get(d, 1) * math.prod(blk.grid[x] for x, e in enumerate(om.dims) if e == d)
+                              for d in range(len(t.shape))}
+                        more[(i, k)] = (*top, refine(t.shape, by) if top[1] else {})
+                    vals.append(more.get((i, 0), (*top, {})))
                 nd.append(max(ns or [1]))
                 continue
             dg = OPS[n.op].degree_of(an, n.attr_dict)
@@ -545,26 +585,28 @@ def _degrees(g: Graph) -> tuple[tuple[int, int, int], tuple[int, int]]:
             if n.op in ("pow", "reciprocal") and c.is_integer() and abs(c) <= POW_EXACT_MAX:
                 k, x = int(abs(c)), a[0]
                 num, den = (x[1], x[0]) if c < 0 else (x[0], x[1])  # x ** -k = Dx**k / Nx**k divides by Nx**k
-                nx = frozenset(ax for ax, sz in enumerate(shapes[0]) if sz != 1) if c < 0 and x[0] else frozenset()
-                vals.append((k * num, k * den, x[2] | nx) if k else (0, 0, frozenset()))
+                nx = full(shapes[0]) if c < 0 and x[0] else {}
+                vals.append((k * num, k * den, refine(out, x[2], nx)) if k else (0, 0, {}))
                 opaque[2] += elems * k * max(1, deg(x)) if c < 0 else 0
+            elif n.op in LAYOUT_MEANINGS:
+                vals.append(layout(n, a[0], shapes[0], out))
             elif n.op == "where":  # m a + (1 - m) b over the common denominator Da Db
                 m, x, y = a
-                vary = frozenset().union(*(align(v, s, rank) for v, s in zip(a, shapes, strict=True)))
+                vary = refine(out, *(align(v, s, out) for v, s in zip(a, shapes, strict=True)))
                 vals.append((deg(m) + max(x[0] + y[1], y[0] + x[1]), x[1] + y[1] + m[1], vary))
             elif n.op in ("mul", "div"):
                 x, y = a
-                vx, vy = align(x, shapes[0], rank), align(y, shapes[1], rank)
+                vx, vy = align(x, shapes[0], out), align(y, shapes[1], out)
                 if n.op == "mul":
-                    vals.append((x[0] + y[0], x[1] + y[1], vx | vy))
+                    vals.append((x[0] + y[0], x[1] + y[1], refine(out, vx, vy)))
                 else:  # x / y = (Nx Dy) / (Dx Ny); each element's divisor may vanish in the field
-                    ny = frozenset(ax + rank - len(shapes[1]) for ax, s in enumerate(shapes[1]) if s != 1)
-                    vals.append((x[0] + y[1], x[1] + y[0], vx | vy | (ny if y[0] else frozenset())))
+                    ny = align((0, 0, full(shapes[1])), shapes[1], out) if y[0] else {}
+                    vals.append((x[0] + y[1], x[1] + y[0], refine(out, vx, vy, ny)))
                     opaque[2] += elems * max(1, deg(y))
             elif n.op in ("add", "sub", "maximum", "minimum"):  # (minimum: a + b - maximum(a, b))
                 x, y = a
-                vx, vy = align(x, shapes[0], rank), align(y, shapes[1], rank)
-                vals.append((max(x[0] + y[1], y[0] + x[1]), x[1] + y[1], vx | vy))
+                vx, vy = align(x, shapes[0], out), align(y, shapes[1], out)
+                vals.append((max(x[0] + y[1], y[0] + x[1]), x[1] + y[1], refine(out, vx, vy)))
             elif n.op == "square":
                 vals.append((2 * a[0][0], 2 * a[0][1], a[0][2]))
             elif n.op in ("neg", "scale", "running_max", "cast"):
@@ -574,26 +616,29 @@ def _degrees(g: Graph) -> tuple[tuple[int, int, int], tuple[int, int]]:
             elif n.op == "transpose":
                 i0, i1 = n.attr("a") % rank, n.attr("b") % rank
                 sw = {i0: i1, i1: i0}
-                vals.append((a[0][0], a[0][1], frozenset(sw.get(x, x) for x in a[0][2])))
+                vals.append((a[0][0], a[0][1], {sw.get(x, x): c for x, c in a[0][2].items()}))
             elif n.op in ("sum", "mean", "max", "min"):
                 ax = n.attr("axis") % len(shapes[0])
-                v = a[0] if n.op in ("max", "min") else reduce(a[0], ax, shapes[0][ax])
-                vals.append((v[0], v[1], frozenset(v[2] - {ax})))
+                if n.op in ("max", "min"):  # one element's denominator, whichever class it is in
+                    kx = a[0][2].get(ax, 1)
+                    vals.append((a[0][0], a[0][1], refine(out, {b: c * kx for b, c in a[0][2].items() if b != ax})))
+                else:
+                    vals.append(reduce(a[0], ax, shapes[0][ax]))
             elif n.op == "matmul":
                 x, y = a
                 ra, rb = len(shapes[0]), len(shapes[1])
-                kx, ky = ra - 1, rb - 2
-                vary = frozenset(ax + rank - ra for ax in x[2] if ax < ra - 2 and shapes[0][ax] != 1)
-                vary |= frozenset(ax + rank - rb for ax in y[2] if ax < rb - 2 and shapes[1][ax] != 1)
-                vary |= ({rank - 2} if ra - 2 in x[2] else set()) | ({rank - 1} if rb - 1 in y[2] else set())
-                pv: V = (x[0] + y[0], x[1] + y[1], frozenset({0}) if (kx in x[2] or ky in y[2]) else frozenset())
-                r = reduce(pv, 0, shapes[0][-1])
-                vals.append((r[0], r[1], frozenset(vary)))
+                kx, ky = x[2].get(ra - 1, 1), y[2].get(rb - 2, 1)
+                vary = refine(out, {ax + rank - ra: c for ax, c in x[2].items() if ax < ra - 2 and shapes[0][ax] != 1},
+                              {ax + rank - rb: c for ax, c in y[2].items() if ax < rb - 2 and shapes[1][ax] != 1},
+                              {rank - 2: x[2].get(ra - 2, 1), rank - 1: y[2].get(rb - 1, 1)})
+                r = reduce((x[0] + y[0], x[1] + y[1], {0: kx * ky}), 0, shapes[0][-1])
+                vals.append((r[0], r[1], vary))
             elif n.op == "concat":
-                num_den = max(x[0] for x in a), max(x[1] for x in a)
-                vary = frozenset().union(*(x[2] for x in a))
                 ax = n.attr("axis") % rank
-                vals.append((num_den[0], num_den[1], vary | ({ax} if num_den[1] else frozenset())))
+                parts = [align(x, s, out) for x, s in zip(a, shapes, strict=True)]
+                along = sum(max(1, p.get(ax, 1)) for p in parts) if any(x[1] for x in a) else 1
+                vary = refine(out, *({b: c for b, c in p.items() if b != ax} for p in parts), {ax: along})
+                vals.append((max(x[0] for x in a), max(x[1] for x in a), vary))
             elif n.op in ("loop_sum", "rescaled_sum"):
                 x = a[0]
                 n_, d_ = (x[0] + (frange - 1) * x[1], frange * x[1]) if x[1] else (x[0], 0)
@@ -601,9 +646,9 @@ def _degrees(g: Graph) -> tuple[tuple[int, int, int], tuple[int, int]]:
                     n_ += 1 + a[1][0]
                     opaque[1] += 1
                     opaque[2] += elems * frange
-                vals.append((n_, d_, frozenset(range(rank)) if d_ else frozenset()))
+                vals.append(allaxes((n_, d_, {}), out))
             elif n.op == "loop_max":
-                vals.append(allaxes(a[0], rank))
+                vals.append(allaxes(a[0], out))
             elif n.op == "silu":  # x sigmoid(x): the sigmoid an atom, times x
                 opaque[:] = [max(opaque[0], deg(a[0])), opaque[1] + 1, opaque[2] + elems * max(1, deg(a[0]))]
                 vals.append((a[0][0] + 1, a[0][1], a[0][2]))
@@ -612,18 +657,18 @@ def _degrees(g: Graph) -> tuple[tuple[int, int, int], tuple[int, int]]:
                 opaque[0] = max(opaque[0], 2 * deg(a[0]))
                 opaque[1] += 1
                 opaque[2] += (elems // max(1, shapes[0][n.attr("axis") % rank])) * max(1, 2 * deg(a[0]))
-                vary = frozenset().union(*(align(x, s, rank) for x, s in zip(a, shapes, strict=True)))
+                vary = refine(out, *(align(x, s, out) for x, s in zip(a, shapes, strict=True)))
                 vals.append((sum(x[0] for x in a) + 1, sum(x[1] for x in a), vary))
             else:  # exp, the oracles, and any op not known here: a fresh atom per node
                 arg = max((deg(x) for x in a), default=1)
                 opaque[0] = max(opaque[0], arg)
                 opaque[1] += 1
                 opaque[2] += elems * max(1, arg)
-                vals.append((1, 0, frozenset()))
-        return vals, nd
+                vals.append((1, 0, {}))
+        return vals, more, nd
 
-    vals, nd = walk(node_list(g), [], [], 1, 1, None)
-    out = max((deg(vals[i]) for i, _ in output_refs(g)), default=1)
+    vals, more, nd = walk(node_list(g), [], [], 1, 1, None)
+    out = max((deg(more.get((i, k), vals[i])) for i, k in output_refs(g)), default=1)
     quotient = max(out, opaque[0], 1)
     node_model = max(max((nd[i] for i, _ in output_refs(g)), default=1), node_opaque[0])
     return (quotient, opaque[1], opaque[2]), (max(node_model, quotient), node_opaque[1])
