@@ -653,10 +653,10 @@ def _degrees(g: Graph) -> tuple[tuple[int, int, int], tuple[int, int]]:
                 opaque[:] = [max(opaque[0], deg(a[0])), opaque[1] + 1, opaque[2] + elems * max(1, deg(a[0]))]
                 vals.append((a[0][0] + 1, a[0][1], a[0][2]))
             elif n.op == "rms_norm":
-                # x * rsqrt(mean(x*x) + eps) [* w]: the rsqrt an atom
-                opaque[0] = max(opaque[0], 2 * deg(a[0]))
-                opaque[1] += 1
-                opaque[2] += (elems // max(1, shapes[0][n.attr("axis") % rank])) * max(1, 2 * deg(a[0]))
+                # x * rsqrt(mean(x*x) + eps) [* w]: the rsqrt an atom, its argument a reduction
+                ax = n.attr("axis") % rank
+                arg = deg(reduce((2 * a[0][0], 2 * a[0][1], a[0][2]), ax, shapes[0][ax]))
+                opaque[:] = [max(opaque[0], arg), opaque[1] + 1, opaque[2] + (elems // max(1, out[ax])) * max(1, arg)]
                 vary = refine(out, *(align(x, s, out) for x, s in zip(a, shapes, strict=True)))
                 vals.append((sum(x[0] for x in a) + 1, sum(x[1] for x in a), vary))
             else:  # exp, the oracles, and any op not known here: a fresh atom per node
