@@ -473,7 +473,7 @@ def test_checker_runs_with_the_fast_modules_unimportable(tmp_path: Path) -> None
 #: the trusted path (the files of verimirage the checker process loads while it checks a certificate, and the
 #: parent side of the check, verimirage/checkproc.py, which starts it), non-blank lines; the polynomial normaliser
 #: (smt/expr.py) is counted apart. README.md ("Trust") states these figures.
-TRUSTED_BUDGET, NORMALISER, CHECKPROC = 4063, "verimirage/smt/expr.py", "verimirage/checkproc.py"
+TRUSTED_BUDGET, NORMALISER, CHECKPROC = 4072, "verimirage/smt/expr.py", "verimirage/checkproc.py"
 
 
 def _child_files(proof: str = "lora_bs1") -> list[str]:
@@ -532,3 +532,15 @@ def test_check_cert_leaves_z3_and_the_checking_to_the_child() -> None:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "LOADED []" in r.stdout, r.stdout
+
+
+def test_certificate_states_no_probability_where_verify_states_none() -> None:
+    # finding (degrees session, 2026-11-26): check_certificate's verdict stated the per-node model figure as its
+    # false-accept probability (gqa_stable_bs1: 1.1e-20) where vm.verify, for the same pair, states none (max is
+    # an order on residues; element-wise exp applications are not counted by the per-node model)
+    v = vm.check_certificate(str(PROOFS / "gqa_stable_bs1.json"))
+    assert v.proved and v.false_accept_bound is None
+    c = Certificate.load(PROOFS / "gqa_stable_bs1.json")
+    assert vm.verify(vm.Graph.parse(c.graph_text), vm.MuGraph.parse(c.mugraph_text)).false_accept_bound is None
+    w = vm.check_certificate(str(PROOFS / "lora_bs1.json"))  # products and sums only: the figure is a probability
+    assert w.proved and w.false_accept_bound == Certificate.load(PROOFS / "lora_bs1.json").ff["false_accept_bound"]

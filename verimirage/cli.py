@@ -227,8 +227,9 @@ def verdict_summary(v: Any, path: str, seconds: float) -> str:
     for c in v.evidence:
         extra = []
         for k, val in c.params:
-            if k == "false_accept_bound":
-                extra.append(f"false-accept bound {float(val):.2e}")
+            if k == "false_accept_bound":  # (a probability only where the check states one: stated_bound)
+                extra.append(f"false-accept bound {float(val):.2e}" if c.param("stated_bound") is not None else
+                             f"per-node model bound {float(val):.2e} (no probability stated)")
             elif k in ("rules", "queries", "laws") and val:
                 extra.append(f"{k}: {', '.join(map(str, val))}")
             elif k == "seeds":

@@ -381,7 +381,7 @@ def _check_composed(text: str, known: frozenset[str], timeout_s: float, checks: 
                         time.perf_counter() - t0))
     return Proved(f"composed certificate checked: {len(regs)} regions partition the {len(flat)} live ops, their "
                   f"wiring re-derived, the μGraph is their splice; {len(subs)} sub-certificates checked (union "
-                  f"false-accept bound {sum(c.ff['false_accept_bound'] for c, _ in done.values()):.2g})"
+                  f"per-node model bound {sum(c.ff['false_accept_bound'] for c, _ in done.values()):.2g})"
                   + (f"; trusts unproved rules {trusted}" if trusted else ""), tuple(checks))
 
 
@@ -415,7 +415,9 @@ def _check(text: str, known: frozenset[str], timeout_s: float, checks: list[Chec
     checks.append(Check("abstract-z3", Outcome.PROVED, (("queries", names), ("laws", tuple(cert.laws))), t_abs))
     checks.append(Check("finite-field", Outcome.PROVED, (("seeds", r.seeds), ("trials", len(r.seeds)),
                                                    ("per_trial_bound", r.per_trial_bound),
-                                                   ("false_accept_bound", r.bound), ("method", FF_METHOD)), t_ff))
+                                                   ("false_accept_bound", r.bound), ("method", FF_METHOD),
+                                                   ("stated_bound", r.bound if ffref.states_probability(g)
+                                                    and ffref.states_probability(mg) else None)), t_ff))
     trusted = f"; trusts unproved rules {cert.trusted_rules}" if cert.trusted_rules else ""
     return Proved(f"certificate checked: hashes, {len(names)} z3 queries, {len(r.seeds)} finite-field trials "
                   f"(reference evaluator, per-node model bound {r.bound:.2g}){trusted}", tuple(checks))

@@ -674,6 +674,17 @@ def _degrees(g: Graph) -> tuple[tuple[int, int, int], tuple[int, int]]:
     return (quotient, opaque[1], opaque[2]), (max(node_model, quotient), node_opaque[1])
 
 
+_MAX_LIKE = frozenset({"maximum", "max", "minimum", "min", "loop_max", "running_max"})
+
+
+def states_probability(g: Graph) -> bool:
+    """Whether ``g``'s per-node model bound is a probability: no element-wise exp / oracle application or
+    division (:func:`quotient_info`) and no max-like op (an order on residues) at any level."""
+    def max_like(h: Any) -> bool:
+        return any(n.op in _MAX_LIKE or any(max_like(s) for s in _subs(n)) for n in node_list(h))
+    return quotient_info(g)[2] == 0 and not max_like(g)
+
+
 def per_trial_bound(a: Graph, b: Graph) -> float:
     """The chance that one trial finds two different programs equal: ``(2 * degree + opaque + 1) / q``
     for the smallest ``q`` (at most 1)."""
