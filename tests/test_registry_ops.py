@@ -149,6 +149,14 @@ ALLOWED = {
     ("rewrite/partition.py", "_zero_masked"): "recognises where(mask, e, scale(x, 0)): masked weights exactly 0",
     ("rewrite/causal.py", "_skip_of"): "the causal skip reads the tril_mask whose tiles above the diagonal it skips",
     ("backend/codegen.py", "_inline_masks"): "a tril_mask operand is computed from the tile's indices (tril_expr)",
+    ("backend/codegen.py", "_max_shift"): "recognises a softmax's exp(x - max x) (emitted as exp2, codegen 11)",
+    ("backend/codegen.py", "_KernelGen.emit_op"): "emits the exp _max_shift recognised as exp2 (codegen 11)",
+    ("backend/codegen.py", "_KernelGen.sliced_concats"): "recognises concats of slices / negated slices of one "
+                                                         "input (rotate_half loaded directly, codegen 12)",
+    ("backend/codegen.py", "_KernelGen.generate"): "skips the slices and negations only sliced concats read",
+    ("rewrite/stabilise.py", "norm_into_projections"): "recognises a weighted rms_norm read by matmuls (the norm "
+                                                       "into the projections' prologue, rule rms-norm-matmul)",
+    ("pipeline/regions.py", "_norm_to_readers"): "moves an rms_norm read only by the next chunk's matmuls into it",
 }
 _STRUCT = {n for n, o in OPS.items() if o.has(Prop.STRUCTURAL) or o.has(Prop.LOOP)}
 

@@ -73,7 +73,7 @@ def k3(a0_ptr, a0_s0, a0_s1, a0_s2, a1_ptr, a1_s0, a1_s1, a1_s2, a2_ptr, a2_s0, 
         v5 = tl.maximum(v5, v4, propagate_nan=tl.PropagateNan.ALL)
         v5_alpha = tl.where(v5_prev == float("-inf"), 0.0, tl.exp2((v5_prev - v5) * 1.4426950408889634))
         v6 = (d1 - v5)
-        v7 = tl.exp2(d1 * 1.4426950408889634 - v5 * 1.4426950408889634)
+        v7 = tl.exp2((d1 - v5) * 1.4426950408889634)
         v8 = tl.sum(v7, axis=2, keep_dims=True)
         v9 = (v9 * v5_alpha + v8)
         x5 = tl.reshape(v7, (64, 32)).to(tl.float16)

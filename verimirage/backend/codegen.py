@@ -203,7 +203,7 @@ _PTR_SIG = {DType.float16: "*fp16", DType.bfloat16: "*bf16", DType.float32: "*fp
 _TORCH_DTYPE = {DType.float16: "torch.float16", DType.bfloat16: "torch.bfloat16", DType.float32: "torch.float32",
                 DType.bool: "torch.bool"}
 _NEG_INF = 'float("-inf")'
-#: log2(e): a softmax's ``exp(x - m)`` is emitted as ``tl.exp2(x * LOG2E - m * LOG2E)`` (:func:`_max_shift`)
+#: log2(e): a softmax's ``exp(x - m)`` is emitted as ``tl.exp2((x - m) * LOG2E)`` (:func:`_max_shift`)
 _LOG2E = "1.4426950408889634"
 
 
@@ -782,10 +782,10 @@ class _KernelGen:
         if "_padded" in d.hooks.get("triton_needs", ()):
             attrs["_padded"] = (*pin, po)
         if op == "exp" and (shift := _max_shift(nodes, i)) is not None:
-            # a softmax's exp(x - max): exp2 with the log2(e) product folded into one FMA per element (see
-            # _max_shift for why the flush-to-zero of tl.exp2 cannot change the result)
+            # a softmax's exp(x - max): exp2 of the difference times log2(e) (see _max_shift for why the
+            # flush-to-zero of tl.exp2 cannot change the result; the difference first: x * log2(e) overflows)
             x, m = (name[vid_of(a, k)] for a, k in shift)
-            lines.append(f"{v} = tl.exp2({x} * {_LOG2E} - {m} * {_LOG2E})")
+            lines.append(f"{v} = tl.exp2(({x} - {m}) * {_LOG2E})")
             name[vid_of(i, 0)] = v
             return
         fn = OPS[op].domains.get("triton")
@@ -1270,14 +1270,15 @@ def _max_shift(nodes: Sequence[Node], i: int) -> tuple[tuple[int, int], tuple[in
     """``(x, m)`` when node ``i`` is ``exp(x - m)`` with ``m`` the max of ``x`` along an axis (``max(x)``, or a
     for-loop's ``running_max(max(x))``): a softmax's numerator. Else None.
 
-    Such an exp is emitted as ``tl.exp2(x * LOG2E - m * LOG2E)``: Triton lowers ``tl.exp`` to a multiply by log2(e)
+    Such an exp is emitted as ``tl.exp2((x - m) * LOG2E)``: Triton lowers ``tl.exp`` to a multiply by log2(e)
     and ``ex2.approx.f32``, which ptxas expands with a denormal rescale (two multiplies and a compare an element,
-    sm_90 SASS); ``tl.exp2`` is ``ex2.approx.ftz.f32`` and the multiply and subtract fuse into one FMA (causal
-    attention's loop: 427 -> 296 instructions an iteration, benchmarks/perf/NOTES.md session 12). The flush to
-    zero only turns results below 2**-126 into 0: every row of ``exp(x - m)`` holds exp(0) = 1 at its max, so a
-    flushed term is below 2**-126 of its row's largest (and of the row sum a softmax divides by). NaN and infinities
-    propagate as before (``x * c - m * c`` is NaN where ``x - m`` is); only logits within a factor log2(e) of
-    the float32 range (|x| > 2.3e38) could overflow the product where the difference did not."""
+    sm_90 SASS); ``tl.exp2`` is ``ex2.approx.ftz.f32`` (causal attention's loop: 427 -> 296 instructions an
+    iteration with the multiply and subtract fused, benchmarks/perf/NOTES.md session 12). The flush to zero only
+    turns results below 2**-126 into 0: every row of ``exp(x - m)`` holds exp(0) = 1 at its max, so a flushed term
+    is below 2**-126 of its row's largest (and of the row sum a softmax divides by). NaN and infinities propagate
+    as before. The difference is taken first: the fused form ``x * LOG2E - m * LOG2E`` overflowed to inf - inf =
+    NaN at finite logits above 2.3e38 where eager's softmax is finite (found by
+    ``tests/test_redteam_capture.py::test_held_special_values[softmax]``)."""
     n = nodes[i]
     if n.op != "exp" or len(n.args) != 1:
         return None
