@@ -16,6 +16,7 @@ step, its output is re-verified.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ..ir.graph import Graph, Tensor, node_list, output_refs
@@ -134,13 +135,8 @@ def hoist_row_constants(g: Graph) -> Graph | None:
                 break
     if not sites:
         return None
-    live: set[int] = set()  # the nodes the rewritten outputs read (a site reads t, x and c, not its product)
-    todo = [a for a, _ in output_refs(g)]
-    while todo:
-        i = todo.pop()
-        if i not in live:
-            live.add(i)
-            todo += list(sites[i][:3]) if i in sites else [a for a, _ in nodes[i].args]
+    # the nodes the rewritten outputs read (a site reads t, x and c, not its product)
+    live = _live(g, lambda i: list(sites[i][:3]) if i in sites else [a for a, _ in nodes[i].args])
     out = Graph()
     val: dict[int, Tensor] = {}
     for i, n in enumerate(nodes):
@@ -160,6 +156,19 @@ def hoist_row_constants(g: Graph) -> Graph | None:
     out.output(*[val[a] for a, _ in output_refs(g)])
     out.check(unused_inputs=True)
     return out
+
+
+def _live(g: Graph, reads: Callable[[int], list[int]]) -> set[int]:
+    """The nodes of ``g`` its outputs reach, where node ``i`` reads the nodes ``reads(i)`` (a rewrite's sites read
+    other nodes than their own arguments)."""
+    live: set[int] = set()
+    todo = [a for a, _ in output_refs(g)]
+    while todo:
+        i = todo.pop()
+        if i not in live:
+            live.add(i)
+            todo += reads(i)
+    return live
 
 
 #: the rules whose composition :func:`hoist_row_constants` applies (recorded as its candidates' steps)
@@ -190,13 +199,9 @@ def norm_into_projections(g: Graph) -> Graph | None:
         sites[i] = a
     if not sites:
         return None
-    live: set[int] = set()  # the nodes the rewritten outputs read (a site reads x, w and m, not the norm)
-    todo = [a for a, _ in output_refs(g)]
-    while todo:
-        i = todo.pop()
-        if i not in live:
-            live.add(i)
-            todo += [a for a, _ in (nodes[sites[i]].args + nodes[i].args[1:] if i in sites else nodes[i].args)]
+    # the nodes the rewritten outputs read (a site reads x, w and m, not the norm)
+    live = _live(g, lambda i: [a for a, _ in (nodes[sites[i]].args + nodes[i].args[1:] if i in sites
+                                              else nodes[i].args)])
     out = Graph()
     val: dict[tuple[int, int], Tensor] = {}
     parts: dict[int, tuple[Tensor, Tensor]] = {}
