@@ -735,31 +735,33 @@ def _extract_phase(run: _Run) -> None:
             continue
         seen.add(key)
         graphs.append((g2, terms, ()))
-    if any(r.name == "softmax-stabilise" for r in rules):
-        from ..rewrite.stabilise import logsumexp_sites, stabilise_softmax
+    # rewrites the e-graph holds but extraction by size never picks, applied directly to every extracted graph
+    # (each also to the graphs the ones before it added) when their rule is in the ruleset: the stable softmax,
+    # the loop-friendly cross-entropy, a norm in its projections' prologues (see rewrite/stabilise.py)
+    from ..rewrite.stabilise import (
+        HOIST_RULES,
+        NORM_RULES,
+        hoist_row_constants,
+        logsumexp_sites,
+        norm_into_projections,
+        stabilise_softmax,
+    )
 
+    direct: tuple[tuple[str, Callable[[Graph], Graph | None], Callable[[Graph], tuple[str, ...]]], ...] = (
+        ("softmax-stabilise", stabilise_softmax,
+         lambda g0: ("softmax-stabilise", *(("logsumexp-stabilise",) if logsumexp_sites(g0) else ()))),
+        ("sum-factor-out", hoist_row_constants, lambda g0: HOIST_RULES),
+        ("rms-norm-matmul", norm_into_projections, lambda g0: NORM_RULES),
+    )
+    names = {r.name for r in rules}
+    for trigger, rewrite, used in direct:
+        if trigger not in names:
+            continue
         for g2, terms, steps in list(graphs):
-            gs = stabilise_softmax(g2)
-            if gs is not None and str(gs) not in seen:
-                seen.add(str(gs))
-                lse = ("logsumexp-stabilise",) if logsumexp_sites(g2) else ()
-                graphs.append((gs, terms, (*steps, "softmax-stabilise", *lse)))
-    if any(r.name == "sum-factor-out" for r in rules):
-        from ..rewrite.stabilise import HOIST_RULES, hoist_row_constants
-
-        for g2, terms, steps in list(graphs):  # (the loop-friendly cross-entropy: see rewrite/stabilise.py)
-            gh = hoist_row_constants(g2)
-            if gh is not None and str(gh) not in seen:
-                seen.add(str(gh))
-                graphs.append((gh, terms, (*steps, *HOIST_RULES)))
-    if any(r.name == "rms-norm-matmul" for r in rules):
-        from ..rewrite.stabilise import NORM_RULES, norm_into_projections
-
-        for g2, terms, steps in list(graphs):  # (a norm in its projections' prologues: see rewrite/stabilise.py)
-            gn = norm_into_projections(g2)
-            if gn is not None and str(gn) not in seen:
-                seen.add(str(gn))
-                graphs.append((gn, terms, (*steps, *NORM_RULES)))
+            g3 = rewrite(g2)
+            if g3 is not None and str(g3) not in seen:
+                seen.add(str(g3))
+                graphs.append((g3, terms, (*steps, *used(g2))))
     rep.terms_extracted = len(graphs)
 
     run.originals, run.graphs = originals, graphs
