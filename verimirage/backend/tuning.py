@@ -166,7 +166,9 @@ def _measured(bg: BlockGraph, arg_types: Sequence[TensorType]) -> LaunchConfig:
         fits4 = s.stage_bytes * (2 if min_m == 64 else 1) * 3 <= SMEM_BUDGET
         return LaunchConfig(4, 4 if fits4 else 3, TileOptions(dot_min_m=min_m))
     stages = 4 if per_stage * 4 <= SMEM_BUDGET * 4 // 5 else 3 if per_stage * 3 <= SMEM_BUDGET else 2
-    if stages == 2 and _smem(bg, arg_types, LaunchConfig(4, 3, TileOptions(dot_min_m=min_m))) <= SMEM_BUDGET:
+    from .resources import smem_estimate
+
+    if stages == 2 and smem_estimate(bg, arg_types, LaunchConfig(4, 3, TileOptions(dot_min_m=min_m))) <= SMEM_BUDGET:
         # the per-stage rule above counts every stage's buffer; three stages hold two (resources.smem_estimate).
         # Where three fit, two starve the stream (an H100, 2026-11-26: gated_mlp_bs1's first candidate, 32 blocks
         # of two 128-column products, 56.7 us at 2 stages, 30.8 at 3; benchmarks/results/suite_h100_2026-11-26_s11)
@@ -177,12 +179,6 @@ def _measured(bg: BlockGraph, arg_types: Sequence[TensorType]) -> LaunchConfig:
         # an H100, 1.25 TB/s; benchmarks/perf/NOTES.md session 7); at most 8 stages, the loop's length
         stages = max(stages, min(8, s.frange, (SMEM_BUDGET * 4 // 5) // max(per_stage, 1)))
     return LaunchConfig(4, stages, TileOptions(dot_min_m=min_m))
-
-
-def _smem(bg: BlockGraph, arg_types: Sequence[TensorType], config: LaunchConfig) -> int:
-    from .resources import smem_estimate
-
-    return smem_estimate(bg, arg_types, config)
 
 
 def tuned_module(program: Any) -> ModuleSource:
