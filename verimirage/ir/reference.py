@@ -58,13 +58,13 @@ def check_evaluable(program: Any, what: str) -> None:
 
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
-    """GELU, tanh approximation (PyTorch's ``approximate="tanh"``)."""
-    return 0.5 * x * (1.0 + np.tanh(_GELU_C * (x + 0.044715 * x**3)))
+    """GELU, tanh approximation (PyTorch's ``approximate="tanh"``) as ``x sigmoid(2 z)``: ``1 + tanh z`` cancels."""
+    return x * sigmoid(2.0 * _GELU_C * (x + 0.044715 * x**3))
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
-    """1 / (1 + e**-x), without overflow warnings."""
-    return 0.5 * (1.0 + np.tanh(0.5 * x))
+    """1 / (1 + e**-x), without overflow (e**-|x| <= 1) or cancellation (``1 + tanh(x / 2)`` at x < -10)."""
+    return np.where(np.asarray(x) >= 0, 1.0, np.exp(-np.abs(x))) / (1.0 + np.exp(-np.abs(x)))
 
 
 def silu(x: np.ndarray) -> np.ndarray:
