@@ -188,6 +188,52 @@ def sort_plan(path: Path) -> int:
     return changed
 
 
+def _digest(item: Any) -> str:
+    """The sha256 of the Triton module today's code generator makes for a plan item's μGraph (what its certificate
+    records and ``vm.check_certificate`` regenerates); an exception where the code generator cannot express it."""
+    from verimirage.backend.tuning import triton_digest
+
+    return triton_digest(_entry(item)[0])
+
+
+def restamp_plan(path: Path) -> tuple[int, int]:
+    """Bring the plan at ``path`` up to today's code generator: record today's Triton hash in every item whose
+    certificate records another, and drop every item the code generator cannot express (then every entry left
+    with no item). Returns (items restamped, items dropped).
+
+    A certificate's Triton hash is neither part of its proof nor of its seeds: ``vm.check_certificate`` (which the
+    device runs before serving anything) regenerates the module from the μGraph and compares. After a code-generator
+    change every older hash is stale and the device rejects the item (2026-11-26 20:00, H100: 22 decode entries'
+    cheapest designs rejected this way, their costlier siblings served, e.g. 6 kernels estimated 93 us for 4
+    estimated 10.2). An item with no Triton module (e.g. a one-hot slice above Triton's per-tensor limit) fails to
+    compile on the device and costs the partition its retry budget: it is dropped."""
+    plan = json.loads(path.read_text())
+    restamped = dropped = 0
+    for key in list(plan):
+        keep = []
+        for item in plan[key]:
+            try:
+                new = _digest(item)
+            except Exception as e:
+                log.warning("plan item dropped: the code generator cannot express it (%s)", str(e)[:200])
+                dropped += 1
+                continue
+            if isinstance(item, dict):
+                old = json.loads(item["certificate"]).get("triton_source_sha256")
+                if old is not None and old != new:
+                    assert item["certificate"].count(old) == 1
+                    item = dict(item, certificate=item["certificate"].replace(old, new))
+                    restamped += 1
+            keep.append(item)
+        if keep:
+            plan[key] = keep
+        else:
+            del plan[key]
+    path.write_text(json.dumps(plan, indent=1))
+    log.warning("%s: %d certificate(s) restamped, %d item(s) dropped", path, restamped, dropped)
+    return restamped, dropped
+
+
 def recheck(g: Any, texts: list[Any], limit: int,
             memo: dict[tuple[str, str], str | None]) -> tuple[list[Any], list[str]]:
     """The first ``limit`` μGraphs of ``texts`` (a plan entry, read from disk: nothing in it is trusted), the
@@ -480,8 +526,33 @@ def trace(name: str, dims: Any, dtype: torch.dtype, opts: Any, *, train: bool = 
     return rep
 
 
+def _expressible(item: Any) -> bool:
+    """Whether today's code generator makes a Triton module for the plan item (see :func:`restamp_plan`)."""
+    try:
+        _digest(item)
+    except Exception as e:
+        log.warning("a verified candidate not planned: the code generator cannot express it (%s)", str(e)[:200])
+        return False
+    return True
+
+
+def _best_estimate_us(items: list[Any]) -> float:
+    """The cost model's estimate of a plan entry's cheapest item, in µs (inf when none parses)."""
+    from verimirage.ir.graph import MuGraph
+    from verimirage.rewrite.cost import cost
+
+    best = math.inf
+    for item in items:
+        try:
+            best = min(best, float(cost(MuGraph.parse(_entry(item)[0])).time_s) * 1e6)
+        except Exception:
+            continue
+    return best
+
+
 def make_plan(names: list[str], dims: Any, dtype: torch.dtype, budget: float, path: Path, *,
-              train: bool = False, cuda: bool = True, graphs: list[str] | None = None) -> None:
+              train: bool = False, cuda: bool = True, graphs: list[str] | None = None,
+              refresh_above_us: float | None = None) -> None:
     """Search (on this CPU) every partition the Inductor path lifts from the modules' inference graphs, traced on
     fake CUDA tensors (``cuda``, the default: the graphs a GPU run sees, :func:`trace`) or on CPU tensors; with
     ``train``: from the forward and backward graphs of a training step (traced on the CPU: autograd cannot run on
@@ -491,6 +562,12 @@ def make_plan(names: list[str], dims: Any, dtype: torch.dtype, budget: float, pa
     Each partition's verified μGraphs are written to ``path`` (JSON: lifted graph text -> the μGraph texts, the
     cost model's best first, then up to 3 structures and 2 loop-range siblings each, for the GPU profile to choose
     among), merged with what is there. Nothing in the plan is trusted where it is served (:func:`recheck`).
+    A verified candidate the code generator cannot express (:func:`_expressible`) is not planned.
+
+    ``refresh_above_us``: first search again, with today's search, every entry already in the plan whose cheapest
+    design the cost model estimates above this many µs (the worst first), and merge what it finds with what is
+    there (the plan keeps a partition's first search: the 2026-11-26 20:00 H100 run served designs of older searches,
+    e.g. the logits-softmax partition's 10 kernels estimated 67.5 us, where today's search finds 2 kernels, 9.1 us).
     """
     import verimirage as vm
     from verimirage.integrations.capture import CaptureOptions
@@ -504,9 +581,15 @@ def make_plan(names: list[str], dims: Any, dtype: torch.dtype, budget: float, pa
         if r.candidates:
             best = [r.best] + [c for c in r.candidates if c is not r.best]
             # the GPU profile picks among them; each with its certificate where it has one (re-checked where served)
-            plan[key] = by_cost([str(c.mugraph) if getattr(c, "certificate", None) is None else
-                                 {"mugraph": str(c.mugraph), "certificate": c.certificate.to_json()} for c in best])
-            path.write_text(json.dumps(plan, indent=1))
+            items = [str(c.mugraph) if getattr(c, "certificate", None) is None else
+                     {"mugraph": str(c.mugraph), "certificate": c.certificate.to_json()} for c in best]
+            texts = {_entry(i)[0] for i in items}
+            # merged with what the plan held (a refresh), the expressible ones, cheapest first
+            items += [i for i in plan.get(key, []) if _entry(i)[0] not in texts]
+            items = [i for i in items if _expressible(i)]
+            if items:
+                plan[key] = by_cost(items)
+                path.write_text(json.dumps(plan, indent=1))
 
     def search(g: Any, **kw: Any) -> Any:
         key = str(g)
@@ -524,6 +607,15 @@ def make_plan(names: list[str], dims: Any, dtype: torch.dtype, budget: float, pa
 
     opts = CaptureOptions(time_budget_s=budget, check=False, search={"top_k": 3, "variants": 2})
     try:
+        if refresh_above_us is not None:
+            stale = sorted(((est, k) for k in plan if (est := _best_estimate_us(plan[k])) > refresh_above_us),
+                           reverse=True)
+            log.warning("refresh: %d of %d entries estimated above %.1f us", len(stale), len(plan), refresh_above_us)
+            for est, key in stale:
+                t0 = time.perf_counter()
+                found(key, real(Graph.parse(key), time_budget_s=budget, **dict(opts.search)))
+                log.warning("refresh: %.1f us -> %.1f us est. (%.0f s)", est, _best_estimate_us(plan[key]),
+                            time.perf_counter() - t0)
         for text in graphs or []:
             if text not in plan:
                 g = Graph.parse(text)
@@ -1157,6 +1249,12 @@ def main(argv: list[str] | None = None) -> int:
                     "tensors (default: on fake CUDA tensors, the graphs a GPU run sees)")
     ap.add_argument("--from-misses", type=Path, action="append", default=[],
                     help="with --make-plan: also search the lifted graphs of a device run's misses.json")
+    ap.add_argument("--refresh-above", type=float, default=None, metavar="US",
+                    help="with --make-plan: first search again every plan entry whose cheapest design is estimated "
+                    "above US microseconds (the worst first) and merge what today's search finds")
+    ap.add_argument("--restamp-plan", type=Path, action="append", default=[],
+                    help="record today's Triton hash in this plan's certificates and drop the items the code "
+                    "generator cannot express (CPU), and exit")
     ap.add_argument("--plan", type=Path, help="serve searches from a plan made by --make-plan (no egglog needed)")
     ap.add_argument("--sort-plan", type=Path, action="append", default=[],
                     help="re-order every entry of this plan cheapest by today's cost model first (CPU), and exit")
@@ -1181,7 +1279,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(gpu_table(args.table))
         return 0
     dims = {"small": corpus.SMALL, "medium": corpus.MEDIUM, "large": corpus.LARGE, "decode": corpus.DECODE}[args.dims]
-    if args.sort_plan:
+    if args.sort_plan or args.restamp_plan:
+        for p in args.restamp_plan:
+            restamp_plan(p)
         for p in args.sort_plan:
             sort_plan(p)
         return 0
@@ -1191,7 +1291,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.make_plan:
             graphs = [t for f in args.from_misses for t in json.loads(f.read_text())]
             make_plan(names, dims, torch.float16, args.budget, args.make_plan, train=args.train,
-                      cuda=not args.cpu_trace, graphs=graphs)
+                      cuda=not args.cpu_trace, graphs=graphs, refresh_above_us=args.refresh_above)
         else:
             train = [n for n in args.train_names.split(",") if n]
             gpu_run(names, train, dims=dims, dtype=torch.float16, budget=args.budget, out=args.gpu_run,

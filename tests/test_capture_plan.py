@@ -315,3 +315,43 @@ def test_training_variants_are_retimed_interleaved(monkeypatch: pytest.MonkeyPat
     assert res["compile_graph_us"] == 10.5 and res["compile_graph_us_first"] == 12.0
     assert res["verimirage_graph_us"] == 20.5 and res["verimirage_graph_us_first"] == 25.0
     assert res["graph_rounds"] == cc.ROUNDS
+
+
+def test_restamp_plan_serves_a_certificate_of_an_older_code_generator(tmp_path: Any) -> None:
+    """A plan certificate records the Triton hash of the code generator that made it; after a code-generator change
+    the device's re-check rejects it (H100, 2026-11-26 20:00: 22 decode entries' cheapest designs rejected, costlier
+    siblings served). ``restamp_plan`` records today's hash (the re-check still regenerates and compares: a wrong
+    hash is never served) and drops an item the code generator cannot express."""
+    from verimirage.backend.tuning import triton_digest
+    from verimirage.smt.certify import certify
+
+    g = _graph("exp")
+    mg = MuGraph.from_graph(g)
+    cert = certify(g, mg, triton_source_hash="0" * 64).to_json()
+    cant = {"mugraph": str(mg).replace("exp", "slice"), "certificate": cert}  # (does not parse: never served)
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({str(g): [{"mugraph": str(mg), "certificate": cert}, cant]}))
+    served, why = cc.recheck(g, json.loads(path.read_text())[str(g)], 2, {})
+    assert not served and "sha256" in why[0], why
+    assert cc.restamp_plan(path) == (1, 1)
+    items = json.loads(path.read_text())[str(g)]
+    assert len(items) == 1 and json.loads(items[0]["certificate"])["triton_source_sha256"] == triton_digest(mg)
+    served, why = cc.recheck(g, items, 2, {})
+    assert [str(m) for m in served] == [str(mg)], why
+    assert cc.restamp_plan(path) == (0, 0)
+
+
+@pytest.mark.slow
+def test_stored_decode_plan_matches_todays_code_generator() -> None:
+    """Every item of the committed decode plan has a Triton module today, and every certificate records its hash
+    (else the device rejects it: run ``corpus_capture.py --restamp-plan`` after a code-generator change)."""
+    path = Path(__file__).resolve().parent.parent / "benchmarks/results/capture/plan_decode_fp16.json"
+    stale = []
+    for key, items in json.loads(path.read_text()).items():
+        for item in items:
+            digest = cc._digest(item)  # raises where the code generator cannot express it
+            if isinstance(item, dict):
+                old = json.loads(item["certificate"]).get("triton_source_sha256")
+                if old is not None and old != digest:
+                    stale.append(key.splitlines()[1])
+    assert not stale, f"{len(stale)} stale certificate hash(es): run corpus_capture.py --restamp-plan"
