@@ -38,3 +38,32 @@ def test_gelu_tanh_reference_cancelled_below_minus_seven(f: str) -> None:
         assert np.array_equal(sigmoid(specials), [0.0, 1.0, np.nan, 0.5, 0.5], equal_nan=True)
         g = gelu_tanh(specials)
     assert np.isnan(g[0]) and g[1] == np.inf and np.isnan(g[2]) and g[3] == 0.0 and np.signbit(g[4])
+
+
+def test_capture_close_let_a_huge_element_hide_wrong_small_ones() -> None:
+    """Finding (open low of the eleventh session): the backend's check of a partition's kernels against its ATen ops
+    (``capture._close``, and ``as_accurate`` against float64 after it) compared the largest error with the tolerance
+    times the largest magnitude, so ``[1e6, 5, 5, 5]`` passed for ``[1e6, 1, 1, 1]`` (and ``[1e4, 1.5, ...]`` in fp16).
+    Each element is now also held to the tolerance of its own magnitude plus the median one."""
+    torch = pytest.importorskip("torch")
+    from verimirage.integrations.capture import _close, as_accurate
+
+    for dt, wrong in ((torch.float32, 5.0), (torch.float16, 1.5), (torch.bfloat16, 1.5)):
+        want = torch.tensor([1e4 if dt == torch.float16 else 1e6, 1.0, 1.0, 1.0]).to(dt)
+        bad = want.clone()
+        bad[1:] = wrong
+        assert not _close(bad, want), dt
+        assert not as_accurate(bad, want, want.double()), dt
+        # rounding-sized differences (and an element as far from float64 as ATen's) still pass
+        noisy = (want.double() * (1 + torch.tensor([1e-3, -1e-3, 2e-3, 0.0], dtype=torch.float64))).to(dt)
+        assert _close(noisy, want), dt
+        assert as_accurate(noisy, noisy, want.double()), dt
+    # a softmax over large fp16 logits: ATen's fp16 result is far from float64, the kernel's closer: accepted
+    x = torch.linspace(-3, 3, 64, dtype=torch.float64).reshape(4, 16) * 150
+    ref = x.softmax(1)
+    aten = x.half().softmax(1)
+    got = ref.half()
+    assert as_accurate(got, aten, ref)
+    off = got.clone()
+    off[0, :4] = off[0, :4] * 2 + 0.01  # (small probabilities beside a row's ~1: wrong by far more than rounding)
+    assert not as_accurate(off, aten, ref)
