@@ -295,6 +295,64 @@ def recheck(g: Any, texts: list[Any], limit: int,
     return served, why
 
 
+#: environment variable naming a file where the processes of one device run (its warm-ups, its worker, a worker
+#: restarted after a crash) share their plan re-check verdicts (see SharedVerdicts)
+VERDICTS_ENV = "VM_CORPUS_VERDICTS"
+
+
+class SharedVerdicts(dict):  # type: ignore[type-arg]
+    """:func:`recheck`'s memo (graph text, item text) -> None (served) or the reason, shared by the processes of one
+    device run through an append-only file in the run's own private temporary folder (``gpu_run`` makes it with
+    ``mkdtemp``, mode 0700, names it in :data:`VERDICTS_ENV`, and removes it at the end): the warm-up processes
+    re-check a module's plan entries first, and the timing process (or a worker started again after a crash) reads
+    their verdicts instead of proving the same pairs again (the certificate checks took 2.2-11.2 s a module in the
+    eleventh session's training run). Each verdict is one this run's code computed from the same plan file; the
+    file is never a plan and is never read by another run. Keys are SHA-256 digests of the pair."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = path
+        self.read = 0
+
+    @staticmethod
+    def digest(key: tuple[str, str]) -> str:
+        import hashlib
+
+        return hashlib.sha256(f"{key[0]}\0{key[1]}".encode()).hexdigest()
+
+    def _load(self) -> None:
+        with contextlib.suppress(OSError), open(self.path, "rb") as f:
+            f.seek(self.read)
+            data = f.read()
+            end = data.rfind(b"\n") + 1  # (a line another process is still writing is read next time)
+            self.read += end
+            for line in data[:end].splitlines():
+                with contextlib.suppress(ValueError, KeyError, TypeError):
+                    d = json.loads(line)
+                    v = d["v"]
+                    if isinstance(d["k"], str) and (v is None or isinstance(v, str)):
+                        super().__setitem__(d["k"], v)
+
+    def __contains__(self, key: object) -> bool:
+        k = self.digest(key)  # type: ignore[arg-type]
+        if not super().__contains__(k):
+            self._load()
+        return super().__contains__(k)
+
+    def __getitem__(self, key: Any) -> Any:
+        return super().__getitem__(self.digest(key))
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        import fcntl
+
+        k = self.digest(key)
+        super().__setitem__(k, value)
+        with contextlib.suppress(OSError), open(self.path, "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            f.write(json.dumps({"k": k, "v": value}) + "\n")
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def _serve_plan(path: Path, stats: dict[str, Any], *, limit: int = 4) -> None:
     """Serve searches from a plan (``--make-plan`` on a CPU: lifted graph text -> verified μGraph texts).
 
@@ -311,7 +369,8 @@ def _serve_plan(path: Path, stats: dict[str, Any], *, limit: int = 4) -> None:
     import verimirage as vm
 
     plan = json.loads(path.read_text())
-    memo: dict[tuple[str, str], str | None] = {}
+    shared = os.environ.get(VERDICTS_ENV)
+    memo: dict[tuple[str, str], str | None] = SharedVerdicts(Path(shared)) if shared else {}
 
     def serve(g: Any, **kw: Any) -> Any:
         key = str(g)
@@ -795,16 +854,18 @@ def _bench_time(fn: Any, grads: list[Any] | None = None) -> float:
         return float(do_bench(fn, warmup=10, rep=50, grad_to_none=grads, return_mode="median")) * 1e3
 
 
-#: rounds of replays of every training variant's graph, one variant after another (see _interleave)
+#: rounds of replays of every training variant's graph, one variant after another (see _interleave), and the
+#: replays of each variant a round (each replay holds ~50 ms of steps: 3 x 5 x 4 variants ~ 3 s a module)
 ROUNDS = 3
+ROUND_REPLAYS = 5
 
 
 def _interleave(kept: dict[str, tuple[list[Any], Any]], res: dict[str, Any]) -> None:
-    """Time the training variants' captured graphs again, ``ROUNDS`` rounds of 10 replays each, one variant after
-    another in every round, and make each ``<v>_graph_us`` the median of all its rounds' replays (the capture's own
-    median kept as ``<v>_graph_us_first``): with no partition taken (Inductor's code in both) the backend and
-    torch.compile differed by up to 6% timed once each, in turn (H100, the eleventh session's training run), so a
-    slow drift of the device is shared by all variants instead of deciding between them."""
+    """Time the training variants' captured graphs again, ``ROUNDS`` rounds of ``ROUND_REPLAYS`` replays each, one
+    variant after another in every round, and make each ``<v>_graph_us`` the median of all its rounds' replays (the
+    capture's own median kept as ``<v>_graph_us_first``): with no partition taken (Inductor's code in both) the
+    backend and torch.compile differed by up to 6% timed once each, in turn (H100, the eleventh session's training
+    run), so a slow drift of the device is shared by all variants instead of deciding between them."""
     import statistics
 
     samples: dict[str, list[float]] = {v: [] for v in kept}
@@ -813,7 +874,7 @@ def _interleave(kept: dict[str, tuple[list[Any], Any]], res: dict[str, Any]) -> 
             for v, (held, _alive) in kept.items():
                 if held:
                     with gpu_lock():
-                        samples[v].extend(replays(*held[0]))
+                        samples[v].extend(replays(*held[0], reps=ROUND_REPLAYS))
     except Exception as e:  # the single timings stand
         res["interleave_error"] = f"{type(e).__name__}: {str(e)[:200]}"
         return
@@ -822,6 +883,7 @@ def _interleave(kept: dict[str, tuple[list[Any], Any]], res: dict[str, Any]) -> 
             res[f"{v}_graph_us_first"] = res.get(f"{v}_graph_us")
             res[f"{v}_graph_us"] = float(statistics.median(xs))
     res["graph_rounds"] = ROUNDS
+    res["round_replays"] = ROUND_REPLAYS
 
 
 def gpu_one(name: str, *, train: bool, dims: Any, dtype: torch.dtype, budget: float, plan_stats: dict[str, int],
@@ -966,14 +1028,167 @@ def _spawn_warmers(jobs: list[tuple[str, bool]], k: int, *, dims: Any, budget: f
     return procs
 
 
+#: a protocol line of a worker process (``--worker``): this prefix, then one JSON object (the module's row)
+WORKER_DONE = "@@vm-corpus-done "
+
+
+def _exit_reason(rc: int | None) -> str:
+    """A process's exit status in words (``-11``: killed by SIGSEGV)."""
+    import signal
+
+    if rc is None:
+        return "still running"
+    if rc < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-rc).name}"
+        return f"killed by signal {-rc}"
+    return f"exit status {rc}"
+
+
+class Worker:
+    """A worker process that runs one module at a time for :func:`gpu_run`, so a crash in one module (the H100's
+    18:40 run ended at gpt2_block: a segfault, exit 139, in the process's own autotuning) or a hang costs that
+    module only: the row records the failure and its reason, and the next module gets a new worker.
+
+    ``cmd`` starts the worker (``corpus_capture.py --gpu-run ... --worker``): it reads one job a line on its stdin
+    (JSON ``[name, train]``) and answers one line :data:`WORKER_DONE` + JSON ``{"row": ..., "missed": [...]}``
+    on its stdout; its other output (the libraries' prints) is passed on to this process's stdout, its stderr is
+    this process's. Nothing of the worker's answer is trusted beyond being a results row."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str] | None = None) -> None:
+        self.cmd, self.env = cmd, env
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.lines: Any = None
+        self.started = 0
+
+    def _start(self) -> None:
+        import queue
+        import threading
+
+        self.proc = subprocess.Popen(self.cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self.env)
+        self.started += 1
+        lines: Any = queue.Queue()
+        self.lines = lines
+
+        def pump(stream: Any = self.proc.stdout) -> None:
+            for raw in stream:
+                line = raw.decode("utf-8", errors="replace")
+                i = line.find(WORKER_DONE)
+                if i >= 0:
+                    if line[:i]:
+                        sys.stdout.write(line[:i] + "\n")
+                    lines.put(line[i + len(WORKER_DONE):])
+                else:
+                    sys.stdout.write(line)
+                    sys.stdout.flush()
+            lines.put(None)  # the worker's stdout closed: it ended
+
+        threading.Thread(target=pump, daemon=True).start()
+
+    def run(self, job: tuple[str, bool], timeout: float) -> tuple[dict[str, Any] | None, list[str], str | None]:
+        """Run ``job`` in the worker (started first if there is none): (its row, the plan misses it reports, None),
+        or (None, [], why) when the worker died (it is restarted for the next job) or ran past ``timeout`` seconds
+        (killed)."""
+        import queue
+
+        if self.proc is None or self.proc.poll() is not None:
+            self._start()
+        assert self.proc is not None and self.proc.stdin is not None
+        t0 = time.perf_counter()
+        try:
+            self.proc.stdin.write((json.dumps(list(job)) + "\n").encode())
+            self.proc.stdin.flush()
+        except OSError:
+            pass  # (a worker that died at its start: its end of the queue below says how)
+        try:
+            msg = self.lines.get(timeout=max(1.0, timeout))
+        except queue.Empty:
+            self.kill()
+            return None, [], f"timed out after {time.perf_counter() - t0:.0f} s (the worker was killed)"
+        if msg is None:
+            try:
+                rc = self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+                rc = self.proc.returncode
+            return None, [], f"the worker process died ({_exit_reason(rc)}) after {time.perf_counter() - t0:.0f} s"
+        try:
+            got = json.loads(msg)
+            return dict(got["row"]), [str(x) for x in got.get("missed", [])], None
+        except Exception as e:
+            return None, [], f"unreadable answer from the worker ({type(e).__name__}: {str(e)[:100]})"
+
+    def kill(self) -> None:
+        """End the worker now (it started no processes of its own that outlive it: its compile pool's workers
+        exit with it)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=10)
+
+    def close(self) -> None:
+        """Let the worker finish (its stdin closed), or end it after 15 s."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(OSError):
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+
+def _worker_main(*, dims: Any, dtype: torch.dtype, budget: float, out: Path, plan: Path | None,
+                 max_fallback: bool, candidates: int, kind: str) -> None:
+    """A :class:`Worker` process: run the jobs read from stdin one at a time (:func:`gpu_one`), each answered on
+    stdout. A fatal signal (a segfault) writes every thread's stack to ``out/faulthandler_<kind>.txt``, and a module
+    running 30 s dumps them there every 30 s (the hang watchdog)."""
+    import faulthandler
+
+    stats: dict[str, Any] = {}
+    if plan is not None:
+        _serve_plan(plan, stats, limit=candidates)
+    else:
+        _no_search()
+    if os.environ.get(GPU_LOCK_ENV):
+        install_gpu_lock()
+    with open(out / f"faulthandler_{kind}.txt", "a") as trace:
+        faulthandler.enable(file=trace, all_threads=True)
+        for line in sys.stdin:
+            if not line.strip():
+                continue
+            name, train = json.loads(line)
+            trace.write(f"=== {name} {'train' if train else 'forward'} (worker {os.getpid()})\n")
+            trace.flush()
+            faulthandler.dump_traceback_later(30, repeat=True, file=trace)
+            try:
+                r = gpu_one(name, train=bool(train), dims=dims, dtype=dtype, budget=budget, plan_stats=stats,
+                            max_fallback=max_fallback and not train, candidates=candidates)
+            except Exception as e:
+                log.exception("%s failed", name)
+                r = {"name": name, "train": bool(train), "error": f"{type(e).__name__}: {e}"}
+            finally:
+                faulthandler.cancel_dump_traceback_later()
+            sys.stdout.write(WORKER_DONE + json.dumps({"row": r, "missed": stats.get("missed", [])}) + "\n")
+            sys.stdout.flush()
+
+
 def gpu_run(names: list[str], train_names: list[str], *, dims: Any, dtype: torch.dtype, budget: float,
             out: Path, plan: Path | None, deadline_s: float, max_fallback: bool = False, candidates: int = 4,
-            warmers: int = 0, warm_only: bool = False) -> None:
+            warmers: int = 0, warm_only: bool = False, worker: list[str] | None = None,
+            module_timeout_s: float = 240.0, limit_s: float | None = None) -> None:
     """The GPU table: forward for ``names``, training steps for ``train_names`` (first), one JSON line each, in
     ``out/forward.jsonl`` (``out/train.jsonl`` when only training steps are asked for).
 
+    ``worker``: the command of a :class:`Worker` process that runs the modules (one at a time, a new one after a
+    crash: a module whose worker died or ran past ``module_timeout_s`` gets a row with ``error`` and the reason,
+    and the run goes on); None runs them in this process. ``limit_s``: the stage's wall-clock limit (its
+    ``timeout``), so a module still running 8 s before it is killed here and recorded, not lost.
+
     A watchdog (``faulthandler.dump_traceback_later``, every 30 s of one module) writes every thread's stack
-    to ``out/faulthandler.txt``, so a module that hangs shows where. Stops starting modules after ``deadline_s``.
+    to ``out/faulthandler_<kind>.txt``, so a module that hangs shows where (and, in a worker, a fatal signal
+    too). Stops starting modules after ``deadline_s``.
 
     With ``warmers`` > 0 that many warm-up processes compile every variant of the modules first (max-autotune's
     autotuning, the backend's partitions and kernels: 50-80 s of a training step's ~90 s in the tenth session),
@@ -984,17 +1199,18 @@ def gpu_run(names: list[str], train_names: list[str], *, dims: Any, dtype: torch
     """
     import faulthandler
     import shutil
+    import signal
     import tempfile
 
     out.mkdir(parents=True, exist_ok=True)
-    stats: dict[str, int] = {}
-    if plan is not None:
-        _serve_plan(plan, stats, limit=candidates)
-    else:
-        _no_search()
+    stats: dict[str, Any] = {}
     jobs = [(n, True) for n in train_names] + [(n, False) for n in names]
     t_start = time.perf_counter()
     if warm_only:
+        if plan is not None:
+            _serve_plan(plan, stats, limit=candidates)
+        else:
+            _no_search()
         install_gpu_lock()
         for name, train in jobs:
             if time.perf_counter() - t_start > deadline_s:
@@ -1016,61 +1232,100 @@ def gpu_run(names: list[str], train_names: list[str], *, dims: Any, dtype: torch
     (out / "meta.json").write_text(json.dumps(meta))
     kind = "train" if train_names and not names else "forward"
     procs: list[subprocess.Popen[bytes]] = []
-    term: Any = None
     marks = Path(tempfile.mkdtemp(prefix="vm_warm_"))
+
+    def stop(*_: Any) -> None:  # a timeout's SIGTERM still ends the worker and the warm-ups (the finally below)
+        raise SystemExit(124)
+
+    term = signal.signal(signal.SIGTERM, stop)
+    old_verdicts = os.environ.get(VERDICTS_ENV)
+    os.environ[VERDICTS_ENV] = str(marks / "verdicts.jsonl")  # (the warm-ups and the workers inherit it)
+    if worker is None:  # (the modules run in this process)
+        if plan is not None:
+            _serve_plan(plan, stats, limit=candidates)
+        else:
+            _no_search()
     if warmers > 0:
-        import signal
-
-        def stop(*_: Any) -> None:  # a timeout's SIGTERM still ends the warm-ups (the finally below)
-            raise SystemExit(124)
-
-        term = signal.signal(signal.SIGTERM, stop)
         os.environ[GPU_LOCK_ENV] = str(marks / "gpu.lock")
-        install_gpu_lock()
+        if worker is None:
+            install_gpu_lock()
         procs = _spawn_warmers(jobs, warmers, dims=dims, budget=budget, plan=plan, deadline_s=deadline_s,
                                candidates=candidates, marks=marks, log_path=out / "warm.log")
     owner = {job: procs[i % len(procs)] for i, job in enumerate(jobs)} if procs else {}
+    runner = Worker(worker) if worker is not None else None
 
     def ready(job: tuple[str, bool]) -> bool:
         p = owner.get(job)
         return p is None or p.poll() is not None or (marks / f"{job[0]}.{'train' if job[1] else 'forward'}").exists()
 
+    def in_process(job: tuple[str, bool], trace: Any) -> tuple[dict[str, Any], list[str]]:
+        name, train = job
+        trace.write(f"=== {name} {'train' if train else 'forward'} at {time.perf_counter() - t_start:.0f} s\n")
+        trace.flush()
+        faulthandler.dump_traceback_later(30, repeat=True, file=trace)
+        try:
+            r = gpu_one(name, train=train, dims=dims, dtype=dtype, budget=budget, plan_stats=stats,
+                        max_fallback=max_fallback and not train, candidates=candidates)
+        except Exception as e:
+            log.exception("%s failed", name)
+            r = {"name": name, "train": train, "error": f"{type(e).__name__}: {e}"}
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+        return r, list(stats.get("missed", []))
+
+    def write(sink: Any, r: dict[str, Any], missed: list[str]) -> None:
+        r.update(meta)
+        r["elapsed_s"] = time.perf_counter() - t_start
+        r["warmed"] = bool(procs)
+        sink.write(json.dumps(r) + "\n")
+        sink.flush()
+        if missed:  # what the next --make-plan --from-misses searches (merged with earlier)
+            mp = out / "misses.json"
+            old = json.loads(mp.read_text()) if mp.exists() else []
+            mp.write_text(json.dumps(sorted(set(old) | set(missed)), indent=0))
+
+    running: tuple[str, bool] | None = None
     try:
-        with open(out / f"faulthandler_{kind}.txt", "w") as trace, open(out / f"{kind}.jsonl", "a") as sink:
-            todo = list(jobs)
-            while todo:
-                if time.perf_counter() - t_start > deadline_s:
-                    for name, train in todo:
-                        log.warning("deadline: %s (%s) not run", name, "train" if train else "forward")
-                    break
-                job = next((j for j in todo if ready(j)), None)
-                if job is None:
-                    time.sleep(0.5)
-                    continue
-                todo.remove(job)
-                name, train = job
-                trace.write(f"=== {name} {'train' if train else 'forward'} at "
-                            f"{time.perf_counter() - t_start:.0f} s\n")
-                trace.flush()
-                faulthandler.dump_traceback_later(30, repeat=True, file=trace)
-                try:
-                    r = gpu_one(name, train=train, dims=dims, dtype=dtype, budget=budget, plan_stats=stats,
-                                max_fallback=max_fallback and not train, candidates=candidates)
-                except Exception as e:
-                    log.exception("%s failed", name)
-                    r = {"name": name, "train": train, "error": f"{type(e).__name__}: {e}"}
-                finally:
-                    faulthandler.cancel_dump_traceback_later()
-                r.update(meta)
-                r["elapsed_s"] = time.perf_counter() - t_start
-                r["warmed"] = bool(procs)
-                sink.write(json.dumps(r) + "\n")
-                sink.flush()
-                if stats.get("missed"):  # what the next --make-plan --from-misses searches (merged with earlier)
-                    mp = out / "misses.json"
-                    old = json.loads(mp.read_text()) if mp.exists() else []
-                    mp.write_text(json.dumps(sorted(set(old) | set(stats["missed"])), indent=0))
+        with open(out / f"{kind}.jsonl", "a") as sink:
+            try:
+                with contextlib.ExitStack() as stack:
+                    trace = None if runner else stack.enter_context(open(out / f"faulthandler_{kind}.txt", "w"))
+                    todo = list(jobs)
+                    while todo:
+                        if time.perf_counter() - t_start > deadline_s:
+                            for name, train in todo:
+                                log.warning("deadline: %s (%s) not run", name, "train" if train else "forward")
+                            break
+                        job = next((j for j in todo if ready(j)), None)
+                        if job is None:
+                            time.sleep(0.5)
+                            continue
+                        todo.remove(job)
+                        running = job
+                        if runner is None:
+                            r, missed = in_process(job, trace)
+                        else:
+                            left = module_timeout_s
+                            if limit_s is not None:
+                                left = min(left, limit_s - 8 - (time.perf_counter() - t_start))
+                            got, missed, why = runner.run(job, left)
+                            if got is None:
+                                log.warning("%s (%s) failed: %s", job[0], "train" if job[1] else "forward", why)
+                                got = {"name": job[0], "train": job[1], "error": f"crashed: {why}",
+                                       "worker_failed": True}
+                            r = got
+                        running = None
+                        write(sink, r, missed)
+            finally:
+                if running is not None:  # (ended by the stage's timeout, SIGTERM: recorded, not lost)
+                    write(sink, {"name": running[0], "train": running[1], "worker_failed": True,
+                                 "error": "crashed: the stage's timeout ended it"}, [])
     finally:
+        if runner is not None:
+            if running is None:
+                runner.close()
+            else:
+                runner.kill()
         for p in procs:  # the warm-up processes this run started, each by its own handle
             if p.poll() is None:
                 p.terminate()
@@ -1080,10 +1335,11 @@ def gpu_run(names: list[str], train_names: list[str], *, dims: Any, dtype: torch
             except subprocess.TimeoutExpired:
                 p.kill()
         shutil.rmtree(marks, ignore_errors=True)
-        if term is not None:
-            import signal
-
-            signal.signal(signal.SIGTERM, term)
+        signal.signal(signal.SIGTERM, term)
+        if old_verdicts is None:
+            os.environ.pop(VERDICTS_ENV, None)
+        else:
+            os.environ[VERDICTS_ENV] = old_verdicts
 
 
 #: a module whose verimirage time exceeds its fallback's (torch.compile default) by more than this is listed
@@ -1163,7 +1419,8 @@ def gpu_table(folder: Path) -> str:
     if trows:
         rows = trows
         rounds = max((r.get("graph_rounds", 1) for r in rows), default=1)
-        how = (f"the median of {rounds} interleaved rounds of 10 replays of each variant" if rounds > 1
+        reps = max((r.get("round_replays", 10) for r in rows), default=10)
+        how = (f"the median of {rounds} interleaved rounds of {reps} replays of each variant" if rounds > 1
                else "median of 10 replays")
         lines += ["", "Training step (forward + backward of `out.float().sum()`), µs, replayed as one CUDA graph "
                   f"({how}; launched from Python in brackets: `do_bench`, grads set to None "
@@ -1188,6 +1445,10 @@ def gpu_table(folder: Path) -> str:
                          f"{sum(p['taken'] for p in parts)}/{len(parts)} | {why(parts)} |")
         lines.append(f"| geomean (speedup, modules) | | | | | {geo(tc)} | {geo(tm)} | | | | | |")
         lines += ["", _slower(rows, "training step")]
+    failed = [f"{r['name']} ({'training' if r.get('train') else 'forward'}): {r['error']}" for r in fwd + trows
+              if r.get("error")]
+    if failed:  # a module whose run failed (its worker crashed or hung, or the harness raised): no times
+        lines += ["", "Failed (not timed): " + "; ".join(failed)]
     return "\n".join(lines) + "\n"
 
 
@@ -1269,6 +1530,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmers", type=int, default=0,
                     help="with --gpu-run: warm-up processes compiling every variant first (see gpu_run)")
     ap.add_argument("--warm-only", action="store_true", help="with --gpu-run: be such a warm-up process")
+    ap.add_argument("--in-process", action="store_true",
+                    help="with --gpu-run: run the modules in this process (default: in a worker process, a new one "
+                    "after a crash or a hang, so one module's crash does not end the run)")
+    ap.add_argument("--worker", action="store_true", help="with --gpu-run: be such a worker process (see Worker)")
+    ap.add_argument("--module-timeout", type=float, default=240.0,
+                    help="with --gpu-run: seconds a module may run in its worker before it is killed and recorded")
+    ap.add_argument("--limit", type=float, help="with --gpu-run: the stage's wall-clock limit (its timeout): a "
+                    "module still running 8 s before it is killed and recorded")
     ap.add_argument("--table", type=Path, help="print the markdown tables of a --gpu-run folder")
     ap.add_argument("--cpu-table", type=Path, help="print the markdown table of a CPU --json results file")
     args = ap.parse_args(argv)
@@ -1292,11 +1561,23 @@ def main(argv: list[str] | None = None) -> int:
             graphs = [t for f in args.from_misses for t in json.loads(f.read_text())]
             make_plan(names, dims, torch.float16, args.budget, args.make_plan, train=args.train,
                       cuda=not args.cpu_trace, graphs=graphs, refresh_above_us=args.refresh_above)
+        elif args.worker:
+            _worker_main(dims=dims, dtype=torch.float16, budget=args.budget, out=args.gpu_run, plan=args.plan,
+                         max_fallback=args.max_fallback, candidates=args.candidates,
+                         kind="train" if args.train_names and not names else "forward")
         else:
             train = [n for n in args.train_names.split(",") if n]
+            worker = None
+            if not (args.in_process or args.warm_only):
+                worker = [sys.executable, str(Path(__file__).resolve()), "", "--gpu-run", str(args.gpu_run),
+                          "--worker", "--dims", args.dims, "--budget", str(args.budget), "--candidates",
+                          str(args.candidates)] + (["--plan", str(args.plan)] if args.plan else []) + \
+                    (["--max-fallback"] if args.max_fallback else []) + \
+                    (["--train-names", args.train_names] if train and not names else [])
             gpu_run(names, train, dims=dims, dtype=torch.float16, budget=args.budget, out=args.gpu_run,
                     plan=args.plan, deadline_s=args.deadline, max_fallback=args.max_fallback,
-                    candidates=args.candidates, warmers=args.warmers, warm_only=args.warm_only)
+                    candidates=args.candidates, warmers=args.warmers, warm_only=args.warm_only, worker=worker,
+                    module_timeout_s=args.module_timeout, limit_s=args.limit)
         return 0
     if args.no_search:
         _no_search()
