@@ -399,7 +399,7 @@ def gpu_case(case: str, directory: Path, ceil: dict[str, float], *, inductor: bo
             us, i, fn = best
             mg = cands[i]
             row.update(verimirage_us=us, verimirage_err=next(t["err"] for t in tried if t["rank"] == i),
-                       launches=mg.num_kernels, verimirage_rank=i,
+                       launches=len(fn.steps), kernels=mg.num_kernels, verimirage_rank=i,
                        verimirage_bytes=doc["candidates"][i].get("bytes"))
             plain = vm.compile(mg)
             per: dict[str, float] = {}

@@ -159,7 +159,8 @@ class KernelInfo:
 
 
 #: A value a kernel reads or writes: ``("in", i)`` the program's i-th input, ``("buf", j)`` the j-th
-#: buffer the launcher allocates (see :class:`LaunchStep`).
+#: buffer the launcher allocates (see :class:`LaunchStep`), ``("view", j)`` the j-th view
+#: (:attr:`ModuleSource.views`: another value's memory under a new contiguous shape, no launch).
 ValueRef = tuple[str, int]
 
 
@@ -190,6 +191,9 @@ class ModuleSource:
     #: ``forward``'s launches in order and the values it returns (the runtime's lean launch path)
     steps: tuple[LaunchStep, ...] = ()
     returns: tuple[ValueRef, ...] = ()
+    #: ``("view", j)`` is ``views[j] = (source, shape)``: the source's memory (a contiguous buffer or an earlier
+    #: view) read as ``shape`` -- a kernel that only reshapes, row-major, is not launched (:func:`_view_kernel`)
+    views: tuple[tuple[ValueRef, tuple[int, ...]], ...] = ()
 
     @property
     def digest(self) -> str:
@@ -1428,6 +1432,39 @@ def kernel_source(bg: BlockGraph, arg_types: Sequence[TensorType], name: str = "
                            kg.uses_dot and kg.full_dots == 0)
 
 
+#: Largest tensor (elements) :func:`_view_kernel` checks by evaluating the kernel.
+VIEW_CHECK_MAX = 1 << 22
+
+
+def _view_kernel(bg: BlockGraph, in_type: TensorType, out_type: TensorType) -> bool:
+    """Whether the kernel ``bg`` of one operand of ``in_type`` computes ``reshape(x, out_type.shape)`` (row-major):
+    its output's memory is then its operand's, and the kernel need not run (:attr:`ModuleSource.views`).
+
+    Its block nodes must all be ``input`` or ``reshape`` (pure data movement: ``out[j] = x[pi(j)]`` with ``pi``
+    independent of the data); the kernel is then evaluated in float64 on ``x = arange`` (distinct, exact values),
+    which identifies ``pi``: it must be the identity on the flat order. The layer's flatten of the attention output
+    before the o projection was such a kernel (a copy of 32 KB: 1.5 us and a launch on an H100)."""
+    from ..ir.reference import evaluate
+
+    if len(bg.outputs) != 1 or any(n.op not in ("input", "reshape") for n in bg.nodes):
+        return False
+    if bg.flimit is not None or in_type.dtype != out_type.dtype or math.prod(in_type.shape) != math.prod(
+            out_type.shape) or math.prod(in_type.shape) > VIEW_CHECK_MAX:
+        return False
+    import numpy as np
+
+    mg = MuGraph()
+    x = mg.input("x", in_type.shape, in_type.dtype)
+    (y,) = mg.custom(bg, [x])
+    mg.output(y)
+    flat = np.arange(math.prod(in_type.shape), dtype=np.float64)
+    try:
+        (got,) = evaluate(mg, {"x": flat.reshape(in_type.shape)})
+    except GraphError:
+        return False
+    return got.shape == tuple(out_type.shape) and bool(np.array_equal(got.reshape(-1), flat))
+
+
 def generate(program: Any, tiles: TileOptions | None = None,
              tiles_for: Callable[[BlockGraph, Sequence[TensorType]], TileOptions] | None = None) -> ModuleSource:
     """The generated module for a Graph, MuGraph or Candidate (kernel-level ops wrapped first).
@@ -1445,6 +1482,7 @@ def generate(program: Any, tiles: TileOptions | None = None,
     var: dict[tuple[int, int], str] = {}
     ref_of: dict[tuple[int, int], ValueRef] = {}
     steps: list[LaunchStep] = []
+    views: list[tuple[ValueRef, tuple[int, ...]]] = []
     kernels: list[KernelInfo] = []
     ksrc: list[str] = []
     body: list[str] = []
@@ -1471,6 +1509,16 @@ def generate(program: Any, tiles: TileOptions | None = None,
         bg: BlockGraph = n.attr("block")
         arg_types = [nodes[a].outs[k] for a, k in n.args]
         kname = f"k{i}"
+        if (len(n.args) == 1 and len(n.outs) == 1 and (i, 0) not in final and ref_of[n.args[0]][0] != "in"
+                and store_dtype(n.args[0]) == store_dtype((i, 0)) and not _inline_masks(nodes, n)
+                and _view_kernel(bg, arg_types[0], n.outs[0])):
+            # a row-major reshape of a buffer this program wrote (contiguous): its memory under the new shape
+            shape = tuple(n.outs[0].shape)
+            ref_of[(i, 0)] = ("view", len(views))
+            views.append((ref_of[n.args[0]], shape))
+            var[(i, 0)] = f"t{i}_0"
+            body.append(f"t{i}_0 = {var[n.args[0]]}.view({_shape_text(shape)})")
+            continue
         inline = _inline_masks(nodes, n)
         src, info = kernel_source(bg, arg_types, kname, tiles_for(bg, arg_types) if tiles_for else tiles,
                                   [store_dtype(r) for r in n.args], [store_dtype((i, k)) for k in range(len(n.outs))],
@@ -1534,4 +1582,4 @@ def generate(program: Any, tiles: TileOptions | None = None,
     source = "\n".join(header) + "\n\n".join(ksrc) + "\n\n" + "\n".join(launch) + "\n\n\n" + "\n".join(fwd) + "\n"
     out_types = tuple(mg.type_of(r) for r in output_refs(mg))
     return ModuleSource(source, tuple(kernels), mg, tuple(names), out_types, tuple(steps),
-                        tuple(ref_of[r] for r in output_refs(mg)))
+                        tuple(ref_of[r] for r in output_refs(mg)), tuple(views))

@@ -233,6 +233,9 @@ class _LeanPlan:
         bufs: dict[int, Any] = {}
 
         def value(ref: tuple[str, int]) -> Any:
+            if ref[0] == "view":  # (another value's memory under a new shape: ModuleSource.views)
+                src, shape = prog.views[ref[1]]
+                return value(src).view(shape)
             return xs[ref[1]] if ref[0] == "in" else bufs[ref[1]]
 
         buf_meta: dict[int, tuple[tuple[int, ...], Any]] = {}
@@ -300,6 +303,8 @@ class _LeanPlan:
         w = n + len(self.returned_bufs)
         for bi, off in ws_off.items():
             src[("buf", bi)] = (w, off)
+        for j in range(len(prog.views)):
+            src[("view", j)] = src[_view_base(prog.views, ("view", j))]
         try:
             entries = []
             for st, (kern, grid, call) in zip(prog.steps, launches, strict=True):
@@ -352,6 +357,8 @@ class _LeanPlan:
         ptr: dict[tuple[str, int], str] = {("in", i): f"p{i}" for i in range(n)}
         for bi in buf_meta:
             ptr[("buf", bi)] = f"q{bi}" if bi in returned else f"(w + {ws_off[bi]})"
+        for j in range(len(prog.views)):
+            ptr[("view", j)] = ptr[_view_base(prog.views, ("view", j))]
         launch_lines: list[str] = []
         if self.c_plan is not None:  # every kernel in one C call: the pointers, the rest is in the plan
             from . import launch
@@ -451,6 +458,14 @@ class _LeanPlan:
             lines.append(f"    bump(({', '.join(outs)},))")
             lines.append("    return out")
         return "\n".join(lines) + "\n", env
+
+
+def _view_base(views: Sequence[tuple[tuple[str, int], tuple[int, ...]]], ref: tuple[str, int]) -> tuple[str, int]:
+    """The value whose memory the view ``ref`` (``("view", j)``, :attr:`ModuleSource.views`) is; ``ref`` itself when
+    it is not a view."""
+    while ref[0] == "view":
+        ref = views[ref[1]][0]
+    return ref
 
 
 #: Largest output (bytes) the lean path keeps an allocation template of (see :func:`_output_template`).
@@ -613,6 +628,7 @@ class CompiledProgram:
         self.kernels = ms.kernels
         self.steps = ms.steps
         self.returns = ms.returns
+        self.views = ms.views
         self.input_names = ms.input_names
         self.input_types = tuple(t.type for t in ms.mugraph.inputs)
         self.output_types = ms.output_types

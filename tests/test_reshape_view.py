@@ -1,0 +1,69 @@
+"""A kernel that only reshapes, row-major, a buffer the program wrote is not launched: its output is that buffer's
+memory under the new shape (``ModuleSource.views``; issue 23: the layer's flatten of the attention output before
+the o projection was a copy kernel of its own, 1.5 us and a launch on an H100)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import verimirage as vm
+from verimirage.backend.codegen import _view_kernel, generate
+from verimirage.ir.builders import BlockBuilder
+from verimirage.ir.ops import TensorType
+
+
+def _chain(shape: tuple[int, ...] = (2, 32), last: bool = False) -> vm.Graph:
+    g = vm.Graph()
+    x = g.input("X", (4, 16), vm.float16)
+    y = g.reshape(g.exp(g.mul(x, x)), shape)
+    g.output(y if last else g.add(y, y))
+    return g
+
+
+def _unfused(g: vm.Graph) -> vm.MuGraph:
+    from verimirage.ir.graph import node_list
+
+    mg = vm.MuGraph()
+    vals: dict[int, object] = {}
+    for i, n in enumerate(node_list(g)):
+        if n.op == "input":
+            vals[i] = mg.input(n.attr("name"), n.outs[0].shape, n.outs[0].dtype)
+        else:
+            vals[i] = mg.apply(n.op, [vals[a] for a, _ in n.args], n.attr_dict)
+    mg.output(vals[len(node_list(g)) - 1])  # type: ignore[arg-type]
+    return mg
+
+
+def test_a_reshape_of_a_written_buffer_is_a_view_and_computes_the_same() -> None:
+    g = _chain()
+    ms = generate(_unfused(g))
+    assert len(ms.views) == 1 and ms.views[0][1] == (2, 32)
+    assert len(ms.steps) == 3  # mul, exp, add: the reshape is not launched
+    assert ".view((2, 32))" in ms.source
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4, 16)).astype(np.float16).astype(np.float64) * 0.5
+    (ref,) = vm.evaluate(g, {"X": x})
+    got = vm.compile(_unfused(g))(X=torch.tensor(x, dtype=torch.float16)).double().numpy()
+    assert got.shape == (2, 32) and np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
+
+
+def test_a_returned_reshape_or_one_of_an_input_is_still_a_kernel() -> None:
+    assert generate(_unfused(_chain(last=True))).views == ()  # the program's output: its own buffer
+    g = vm.Graph()
+    x = g.input("X", (4, 16), vm.float16)
+    g.output(g.exp(g.reshape(x, (2, 32))))  # an input: any strides, not the program's memory
+    assert generate(_unfused(g)).views == ()
+
+
+def test_a_block_graph_of_reshapes_that_moves_elements_is_not_a_view() -> None:
+    # each block reshapes its row (1, 4) to a column (4, 1) and stores it as column b: a transpose, not a reshape
+    t = TensorType((2, 4), vm.float16)
+    b = BlockBuilder((2,), 1)
+    b.output(b.reshape(b.input(0, t, (0,), None), (4, 1)), (1,))
+    assert not _view_kernel(b.build(), t, TensorType((4, 2), vm.float16))
+    # the same tiles stored row-major (block b writes rows 2b, 2b+1 of (4, 2)): a reshape
+    b2 = BlockBuilder((2,), 1)
+    b2.output(b2.reshape(b2.input(0, t, (0,), None), (2, 2)), (0,))
+    assert _view_kernel(b2.build(), t, TensorType((4, 2), vm.float16))
