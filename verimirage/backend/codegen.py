@@ -194,6 +194,8 @@ class ModuleSource:
     #: ``("view", j)`` is ``views[j] = (source, shape)``: the source's memory (a contiguous buffer or an earlier
     #: view) read as ``shape`` -- a kernel that only reshapes, row-major, is not launched (:func:`_view_kernel`)
     views: tuple[tuple[ValueRef, tuple[int, ...]], ...] = ()
+    #: kernels for programmatic dependent launch (:func:`generate`'s ``pdl``)
+    pdl: bool = False
 
     @property
     def digest(self) -> str:
@@ -270,6 +272,8 @@ class _KernelGen:
         self.out_store = list(out_store) if out_store is not None else [t.dtype for t in out_types]
         self.name = name
         self.opts = opts
+        #: programmatic dependent launch (kernel_source's ``pdl``)
+        self.pdl = False
         self.uf = _UnionFind()
         self.size: dict[Any, int] = {}
         self.dot_m: set[Any] = set()
@@ -1249,6 +1253,8 @@ class _KernelGen:
         for a, g in enumerate(bg.grid):
             if g > 1:
                 out.append(f"    pid{a} = tl.program_id({self.launch_axes[a]})")
+        if self.pdl:  # before any load or store: the previous kernel has completed and its writes are visible
+            out += ["    gdc_wait()", "    gdc_launch_dependents()"]
         out += ["    " + s for s in pre]
         if looped:
             unroll = bg.frange <= self.opts.unroll_max and not any("tl.dot(" in b for b in body)
@@ -1416,14 +1422,16 @@ def _as_mugraph(g: Any) -> MuGraph:
 def kernel_source(bg: BlockGraph, arg_types: Sequence[TensorType], name: str = "kernel",
                   tiles: TileOptions | None = None, arg_store: Sequence[DType] | None = None,
                   out_store: Sequence[DType] | None = None,
-                  inline: dict[int, int] | None = None) -> tuple[str, KernelInfo]:
+                  inline: dict[int, int] | None = None, pdl: bool = False) -> tuple[str, KernelInfo]:
     """The ``@triton.jit`` source of one block graph applied to operands of ``arg_types``.
 
     ``arg_store`` / ``out_store`` give the element types the operands and results have in device
-    memory when they differ from the IR's (fp32 storage of intermediate results).
+    memory when they differ from the IR's (fp32 storage of intermediate results). ``pdl``: the kernel starts
+    with ``gdc_wait()`` and ``gdc_launch_dependents()`` (see :func:`generate`).
     """
     outs = bg.result_types(arg_types)
     kg = _KernelGen(bg, arg_types, outs, name, tiles or TileOptions(), arg_store, out_store, inline)
+    kg.pdl = pdl
     src = kg.generate()
     launch_grid = [1] * len(bg.grid)
     for a, g in enumerate(bg.grid):
@@ -1466,10 +1474,16 @@ def _view_kernel(bg: BlockGraph, in_type: TensorType, out_type: TensorType) -> b
 
 
 def generate(program: Any, tiles: TileOptions | None = None,
-             tiles_for: Callable[[BlockGraph, Sequence[TensorType]], TileOptions] | None = None) -> ModuleSource:
+             tiles_for: Callable[[BlockGraph, Sequence[TensorType]], TileOptions] | None = None,
+             pdl: bool = False) -> ModuleSource:
     """The generated module for a Graph, MuGraph or Candidate (kernel-level ops wrapped first).
 
     ``tiles_for(block_graph, arg_types)``, if given, chooses each kernel's tile options (else ``tiles``).
+    ``pdl``: kernels for programmatic dependent launch (Hopper and later; not in Triton's interpreter): each kernel
+    first waits for the kernel before it in the stream to complete (``griddepcontrol.wait``, before any memory
+    access: the same ordering as a plain launch) and lets the next one launch (``launch_dependents``), so in a CUDA
+    graph a kernel's blocks are placed while its predecessor still runs; launched with ``launch_pdl=True``
+    (:attr:`ModuleSource.pdl`).
     """
     mg0 = _as_mugraph(program)
     mg = to_kernels(mg0)
@@ -1522,7 +1536,7 @@ def generate(program: Any, tiles: TileOptions | None = None,
         inline = _inline_masks(nodes, n)
         src, info = kernel_source(bg, arg_types, kname, tiles_for(bg, arg_types) if tiles_for else tiles,
                                   [store_dtype(r) for r in n.args], [store_dtype((i, k)) for k in range(len(n.outs))],
-                                  inline)
+                                  inline, pdl)
         info = KernelInfo(kname, i, info.grid, info.signature, info.uses_dot, info.row_dots_only)
         kernels.append(info)
         ksrc.append(src)
@@ -1560,6 +1574,7 @@ def generate(program: Any, tiles: TileOptions | None = None,
         "import torch",
         "import triton",
         "import triton.language as tl",
+        *(["from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait"] if pdl else []),
         "",
         "",
     ]
@@ -1582,4 +1597,4 @@ def generate(program: Any, tiles: TileOptions | None = None,
     source = "\n".join(header) + "\n\n".join(ksrc) + "\n\n" + "\n".join(launch) + "\n\n\n" + "\n".join(fwd) + "\n"
     out_types = tuple(mg.type_of(r) for r in output_refs(mg))
     return ModuleSource(source, tuple(kernels), mg, tuple(names), out_types, tuple(steps),
-                        tuple(ref_of[r] for r in output_refs(mg)), tuple(views))
+                        tuple(ref_of[r] for r in output_refs(mg)), tuple(views), pdl)

@@ -637,6 +637,8 @@ class CompiledProgram:
         for k in self.kernels:
             c = (per_kernel or {}).get(k.name, config)
             self.launch[k.name] = {"num_warps": c.num_warps, "num_stages": c.num_stages}
+            if ms.pdl:
+                self.launch[k.name]["launch_pdl"] = True
         self._forward = module.forward
         self._dtypes = tuple(_torch_dtype(t) for t in self.input_types)
         #: whether calls may take the lean path (off in the interpreter, or after a plan failed to build)
@@ -912,6 +914,13 @@ def _fit_kernels(ms: ModuleSource, config: LaunchConfig) -> dict[str, tuple[Any,
     return out
 
 
+def _pdl_wanted() -> bool:
+    """Whether :func:`compile` generates kernels for programmatic dependent launch (``VERIMIRAGE_PDL=1`` in the
+    environment; never in Triton's interpreter, which has no ``griddepcontrol``; off by default while it is being
+    measured: benchmarks/perf/NOTES.md)."""
+    return os.environ.get("VERIMIRAGE_PDL", "0") == "1" and not interpreting()
+
+
 def compile(
     program: Any,
     *,
@@ -949,11 +958,12 @@ def compile(
         raise TypeError(f"compile: config {config!r}; expected a LaunchConfig")
     if config is None:
         config = _chosen_config(program)
+    pdl = _pdl_wanted()
     if config is None or config.tuned:
         from . import tuning
 
         config = LaunchConfig(tuned=True)
-        ms = generate(program, tiles_for=lambda bg, at: tuning.recommend(bg, at).tiles)
+        ms = generate(program, tiles_for=lambda bg, at: tuning.recommend(bg, at).tiles, pdl=pdl)
         nodes = node_list(ms.mugraph)
         tuned: dict[str, LaunchConfig] = {}
         for k in ms.kernels:
@@ -961,11 +971,11 @@ def compile(
             tuned[k.name] = tuning.recommend(n.attr("block"), [nodes[a].outs[j] for a, j in n.args])
         per_kernel = tuned | dict(per_kernel or {})
     else:
-        ms = generate(program, config.tiles)
+        ms = generate(program, config.tiles, pdl=pdl)
         fitted = _fit_kernels(ms, config)
         if fitted:  # some kernels need less shared memory than config gives them: regenerate those
             fixed = {(str(n.attr("block")), tuple(nodes_t)): c for n, nodes_t, c in fitted.values()}
-            ms = generate(program, tiles_for=lambda bg, at: fixed.get((str(bg), tuple(at)), config).tiles)
+            ms = generate(program, tiles_for=lambda bg, at: fixed.get((str(bg), tuple(at)), config).tiles, pdl=pdl)
             per_kernel = {k: c for k, (_, _, c) in fitted.items()} | dict(per_kernel or {})
     path = write_module(ms, Path(directory) if directory is not None else None)
     try:
