@@ -67,3 +67,37 @@ def test_a_block_graph_of_reshapes_that_moves_elements_is_not_a_view() -> None:
     b2 = BlockBuilder((2,), 1)
     b2.output(b2.reshape(b2.input(0, t, (0,), None), (2, 2)), (0,))
     assert _view_kernel(b2.build(), t, TensorType((4, 2), vm.float16))
+
+
+@pytest.mark.parametrize("mode", ["start", "end"])
+def test_pdl_kernels_wait_before_any_memory_access(mode: str) -> None:
+    # programmatic dependent launch (opt-in, VERIMIRAGE_PDL): griddepcontrol.wait is the first statement after the
+    # program ids, so no load or store runs before the previous kernel completed; launch_dependents first or last
+    ms = generate(_unfused(_chain()), pdl=mode)
+    assert ms.pdl == mode and "from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait" in ms.source
+    kernels = [k for k in ms.source.split("@triton.jit")[1:] if "tl.store(" in k]
+    assert len(kernels) == len(ms.steps) == 3
+    for k in kernels:
+        lines = k.splitlines()[2:]
+        lines = lines[:next((i for i, ln in enumerate(lines) if ln and not ln.startswith("    ")), len(lines))]
+        body = [ln.strip() for ln in lines if ln.strip() and not ln.strip().startswith(('"""', "pid"))]
+        assert body[0] == "gdc_wait()"
+        first_mem = min(i for i, ln in enumerate(body) if "tl.load(" in ln or "tl.store(" in ln)
+        dep = body.index("gdc_launch_dependents()")
+        assert dep < first_mem if mode == "start" else dep == len(body) - 1 and "tl.store(" in body[dep - 1]
+    off = generate(_unfused(_chain()))
+    assert off.pdl == "" and "gdc_" not in off.source
+
+
+def test_pdl_is_never_used_in_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    from verimirage.backend import runtime
+
+    monkeypatch.setenv("VERIMIRAGE_PDL", "1")
+    monkeypatch.setattr(runtime, "interpreting", lambda: True)
+    assert runtime._pdl_wanted() == ""
+    monkeypatch.setattr(runtime, "interpreting", lambda: False)
+    assert runtime._pdl_wanted() == "end"
+    monkeypatch.setenv("VERIMIRAGE_PDL", "start")
+    assert runtime._pdl_wanted() == "start"
+    monkeypatch.setenv("VERIMIRAGE_PDL", "bogus")
+    assert runtime._pdl_wanted() == ""

@@ -194,8 +194,8 @@ class ModuleSource:
     #: ``("view", j)`` is ``views[j] = (source, shape)``: the source's memory (a contiguous buffer or an earlier
     #: view) read as ``shape`` -- a kernel that only reshapes, row-major, is not launched (:func:`_view_kernel`)
     views: tuple[tuple[ValueRef, tuple[int, ...]], ...] = ()
-    #: kernels for programmatic dependent launch (:func:`generate`'s ``pdl``)
-    pdl: bool = False
+    #: kernels for programmatic dependent launch (:func:`generate`'s ``pdl``: "", "start" or "end")
+    pdl: str = ""
 
     @property
     def digest(self) -> str:
@@ -272,8 +272,8 @@ class _KernelGen:
         self.out_store = list(out_store) if out_store is not None else [t.dtype for t in out_types]
         self.name = name
         self.opts = opts
-        #: programmatic dependent launch (kernel_source's ``pdl``)
-        self.pdl = False
+        #: programmatic dependent launch (kernel_source's ``pdl``: "", "start" or "end")
+        self.pdl = ""
         self.uf = _UnionFind()
         self.size: dict[Any, int] = {}
         self.dot_m: set[Any] = set()
@@ -1254,7 +1254,9 @@ class _KernelGen:
             if g > 1:
                 out.append(f"    pid{a} = tl.program_id({self.launch_axes[a]})")
         if self.pdl:  # before any load or store: the previous kernel has completed and its writes are visible
-            out += ["    gdc_wait()", "    gdc_launch_dependents()"]
+            out.append("    gdc_wait()")
+            if self.pdl == "start":
+                out.append("    gdc_launch_dependents()")
         out += ["    " + s for s in pre]
         if looped:
             unroll = bg.frange <= self.opts.unroll_max and not any("tl.dot(" in b for b in body)
@@ -1273,6 +1275,8 @@ class _KernelGen:
             out += ["        " + s for s in body] or ["        pass"]
         out += ["    " + s for s in postl]
         out += ["    " + s for s in stores]
+        if self.pdl == "end":
+            out.append("    gdc_launch_dependents()")
         return "\n".join(out) + "\n"
 
 
@@ -1422,12 +1426,12 @@ def _as_mugraph(g: Any) -> MuGraph:
 def kernel_source(bg: BlockGraph, arg_types: Sequence[TensorType], name: str = "kernel",
                   tiles: TileOptions | None = None, arg_store: Sequence[DType] | None = None,
                   out_store: Sequence[DType] | None = None,
-                  inline: dict[int, int] | None = None, pdl: bool = False) -> tuple[str, KernelInfo]:
+                  inline: dict[int, int] | None = None, pdl: str = "") -> tuple[str, KernelInfo]:
     """The ``@triton.jit`` source of one block graph applied to operands of ``arg_types``.
 
     ``arg_store`` / ``out_store`` give the element types the operands and results have in device
-    memory when they differ from the IR's (fp32 storage of intermediate results). ``pdl``: the kernel starts
-    with ``gdc_wait()`` and ``gdc_launch_dependents()`` (see :func:`generate`).
+    memory when they differ from the IR's (fp32 storage of intermediate results). ``pdl`` (see :func:`generate`):
+    the kernel starts with ``gdc_wait()`` and calls ``gdc_launch_dependents()`` first ("start") or last ("end").
     """
     outs = bg.result_types(arg_types)
     kg = _KernelGen(bg, arg_types, outs, name, tiles or TileOptions(), arg_store, out_store, inline)
@@ -1475,15 +1479,16 @@ def _view_kernel(bg: BlockGraph, in_type: TensorType, out_type: TensorType) -> b
 
 def generate(program: Any, tiles: TileOptions | None = None,
              tiles_for: Callable[[BlockGraph, Sequence[TensorType]], TileOptions] | None = None,
-             pdl: bool = False) -> ModuleSource:
+             pdl: str = "") -> ModuleSource:
     """The generated module for a Graph, MuGraph or Candidate (kernel-level ops wrapped first).
 
     ``tiles_for(block_graph, arg_types)``, if given, chooses each kernel's tile options (else ``tiles``).
-    ``pdl``: kernels for programmatic dependent launch (Hopper and later; not in Triton's interpreter): each kernel
-    first waits for the kernel before it in the stream to complete (``griddepcontrol.wait``, before any memory
-    access: the same ordering as a plain launch) and lets the next one launch (``launch_dependents``), so in a CUDA
-    graph a kernel's blocks are placed while its predecessor still runs; launched with ``launch_pdl=True``
-    (:attr:`ModuleSource.pdl`).
+    ``pdl`` ("start" or "end"; "" off): kernels for programmatic dependent launch (Hopper and later; not in Triton's
+    interpreter): each kernel first waits for the kernel before it in the stream to complete (``griddepcontrol.wait``,
+    before any memory access: the same ordering as a plain launch) and lets the next one launch
+    (``launch_dependents``) at its start or after its stores, so in a CUDA graph a kernel's blocks are placed while
+    its predecessor still runs; launched with ``launch_pdl=True`` (:attr:`ModuleSource.pdl`). Measured on an H100
+    (benchmarks/perf/NOTES.md session 13): "start" made the layer's bs8 9.8 us faster and its bs1 26.5 us slower.
     """
     mg0 = _as_mugraph(program)
     mg = to_kernels(mg0)

@@ -914,11 +914,14 @@ def _fit_kernels(ms: ModuleSource, config: LaunchConfig) -> dict[str, tuple[Any,
     return out
 
 
-def _pdl_wanted() -> bool:
-    """Whether :func:`compile` generates kernels for programmatic dependent launch (``VERIMIRAGE_PDL=1`` in the
-    environment; never in Triton's interpreter, which has no ``griddepcontrol``; off by default while it is being
-    measured: benchmarks/perf/NOTES.md)."""
-    return os.environ.get("VERIMIRAGE_PDL", "0") == "1" and not interpreting()
+def _pdl_wanted() -> str:
+    """How :func:`compile` generates kernels for programmatic dependent launch (codegen's ``pdl``): from
+    ``VERIMIRAGE_PDL`` in the environment, "start" or "end" ("1": "end"); "" (off) otherwise, the default while it
+    is being measured (benchmarks/perf/NOTES.md session 13), and always in Triton's interpreter, which has no
+    ``griddepcontrol``."""
+    v = os.environ.get("VERIMIRAGE_PDL", "").strip().lower()
+    v = "end" if v == "1" else v
+    return v if v in ("start", "end") and not interpreting() else ""
 
 
 def compile(
