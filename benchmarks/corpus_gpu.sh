@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # The corpus on a GPU through backend="verimirage" (issue 20), in device calls of at most ~540 s each (PART=1, PART=2
-# and PART=3; the stages' timeouts below add up to 470 / 500 / 500 s, plus ~10 s around them): per module (CUDA-graph replays, medians; every variant checked against a
-# float64 copy of the module): eager, torch.compile default, torch.compile max-autotune (without its own CUDA graphs:
-# every variant is replayed as one), and backend="verimirage" (Inductor fallback, profile on: each partition timed
-# against Inductor's code for it and each captured graph against Inductor's code for the whole graph, the faster
-# kept; with MAXFB=1 also with max-autotune as the fallback).
+# and PART=3; the stages' timeouts below add up to 470 / 500 / 520 s, plus ~10-15 s around them): per module
+# (CUDA-graph replays, medians; every variant checked against a float64 copy of the module): eager, torch.compile
+# default, torch.compile max-autotune (without its own CUDA graphs: every variant is replayed as one), and
+# backend="verimirage" (Inductor fallback, profile on: each partition timed against Inductor's code for it and each
+# captured graph against Inductor's code for the whole graph, the faster kept; with MAXFB=1 also with max-autotune
+# as the fallback).
 #   PART=1: the GPU tests of the capture, the plan and the parallel kernel compile (TEST_S, 60 s), then the forward
 #           (no grad) of the first 13 modules at DIMS (FWD_S, 410 s; 210-225 s in the two H100 runs so far);
 #   PART=2: the forward of the other 17 modules at DIMS (FWD_S, 240 s; 128 s on the H100), then a training step
 #           (forward + backward of out.float().sum(), captured as one CUDA graph by PyTorch's whole-network recipe:
 #           warm-up and every earlier step on the capture's side stream, gradients None before the capture) for TRAIN
 #           at TRAIN_DIMS (TRAIN_S, 260 s, with WARMERS warm-up processes as PART=3);
-#   PART=3: the training step of every corpus module (the six of PART=2 first) in one stage (TRAIN_S, 500 s; 383 s
+#   PART=3: the training step of every corpus module (the six of PART=2 first) in one stage (TRAIN_S, 520 s; 383 s
 #           on the H100 before the interleaved re-timing, which adds ~3 s a module), with WARMERS
 #           (default 5) warm-up processes compiling every variant ahead (max-autotune's autotuning took 52-81 s of
 #           a training step's ~90 s in the tenth session); this process times each warmed module alone, every GPU
@@ -24,8 +25,8 @@
 # new worker. A watchdog dumps every thread's stack every 30 s of one module, and at a fatal signal, into
 # faulthandler_*.txt (removed when nothing hung or crashed); each stage stops starting modules at its deadline (its
 # timeout - 50 s), kills and records a module still running 8 s before its timeout, and is killed at its timeout, so
-# the call ends in time and what ran comes back. Searches come from a plan made on a CPU (the device has no egglog; made from fake-CUDA traces, the
-# graphs a GPU sees):
+# the call ends in time and what ran comes back. Searches come from a plan made on a CPU (the device has no egglog;
+# made from fake-CUDA traces, the graphs a GPU sees):
 #   python benchmarks/corpus_capture.py all --make-plan benchmarks/results/capture/plan_<dims>_fp16.json --dims <dims>
 # and every plan μGraph is re-checked against its partition before it is served (vm.verify: needs z3, which
 # benchmarks/device_env.sh installs from the carried .whl/; without it nothing from the plan is served and every
@@ -62,7 +63,7 @@ case "$part" in
   1) fwd=${FWD:-$fwd1}; train=${TRAIN-}; tests=1; fwd_s=${FWD_S:-410}; train_s=0 ;;
   2) fwd=${FWD:-$fwd2}; train=${TRAIN-$train_default}; tests=0; fwd_s=${FWD_S:-240}; train_s=${TRAIN_S:-260}
      warmers=${WARMERS:-5} ;;
-  3) fwd=${FWD-}; train=${TRAIN-$train_all}; tests=0; fwd_s=0; train_s=${TRAIN_S:-500}; warmers=${WARMERS:-5} ;;
+  3) fwd=${FWD-}; train=${TRAIN-$train_all}; tests=0; fwd_s=0; train_s=${TRAIN_S:-520}; warmers=${WARMERS:-5} ;;
   all) fwd=${FWD:-$fwd1,$fwd2}; train=${TRAIN-$train_default}; tests=1; fwd_s=${FWD_S:-560}; train_s=${TRAIN_S:-190} ;;
   *) echo "PART=$part; expected 1, 2, 3 or all" >&2; exit 2 ;;
 esac

@@ -455,3 +455,24 @@ def test_rechecked_once_per_run_across_processes(tmp_path: Any, monkeypatch: pyt
     served2, why2 = cc.recheck(g, [text], 1, cc.SharedVerdicts(path))
     assert len(served1) == len(served2) == 1 and not why1 and not why2
     assert len(calls) == 1
+
+
+def test_the_device_run_starts_its_worker_with_the_runs_settings(tmp_path: Any,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """``corpus_capture.py --gpu-run`` (what corpus_gpu.sh runs) runs its modules in a worker process whose command
+    line carries the run's plan, dims, budget and candidates, and is itself a valid worker invocation."""
+    got: dict[str, Any] = {}
+    monkeypatch.setattr(cc, "gpu_run", lambda *a, **kw: got.update(kw))
+    plan = tmp_path / "plan.json"
+    cc.main(["", "--train-names", "mlp_relu,swiglu", "--gpu-run", str(tmp_path / "o"), "--plan", str(plan),
+             "--dims", "medium", "--budget", "3", "--candidates", "2", "--module-timeout", "99", "--limit", "500"])
+    cmd = got["worker"]
+    assert cmd[0] == sys.executable and cmd[1].endswith("corpus_capture.py")
+    assert got["module_timeout_s"] == 99.0 and got["limit_s"] == 500.0
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(cc, "_worker_main", lambda **kw: seen.update(kw))
+    cc.main(cmd[2:])
+    assert seen["plan"] == plan and seen["dims"] == corpus.MEDIUM and seen["budget"] == 3.0
+    assert seen["candidates"] == 2 and seen["kind"] == "train" and seen["out"] == tmp_path / "o"
+    cc.main(["", "--train-names", "a", "--gpu-run", str(tmp_path / "o"), "--in-process"])
+    assert got["worker"] is None
