@@ -26,7 +26,8 @@ VAR = HERE / os.environ.get("ATTN_VARIANTS", "attn_variants")
 #: ``ATTN_FA=0``: without the hand-written FlashAttention kernels
 WITH_FA = os.environ.get("ATTN_FA", "1") != "0"
 H, N, D = 16, 1024, 64
-CFGS = [(4, 2), (4, 3), (8, 2), (8, 3)]
+#: (warps, stages) each variant is timed under; ``ATTN_CFGS="4,3 4,5 8,3"`` for others
+CFGS = [tuple(int(v) for v in c.split(",")) for c in os.environ.get("ATTN_CFGS", "4,2 4,3 8,2 8,3").split()]
 
 
 def _mod(path: Path) -> Any:

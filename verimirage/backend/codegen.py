@@ -949,6 +949,26 @@ class _KernelGen:
         # Both operands of each such tl.dot must be rank-2 without a reshape: a squeezed load beside an
         # operand reshaped from a rank-3 value breaks Triton 3.6's layout pass (TritonGPURemoveLayoutConversions
         # fails on e.g. the online-softmax P @ V with P reshaped and V squeezed), so such an input keeps its rank.
+        # Except where a looped kernel also streams a tile that no product reads and that is combined with a
+        # product's result (an additive bias on the scores: such a kernel stays at rank 3, see _rank2_lead) and the
+        # product is (128, 64) @ (64, 64): there V squeezed beside the reshaped P compiles for sm_90 at 4 and 8
+        # warps and skips V's shared -> registers -> shared round trip each iteration (H100: bias_attention's
+        # 128 x 64 design 23.4 -> 20.4 us, benchmarks/perf/NOTES.md session 13). Other shapes of the same kernels
+        # fail in Triton 3.6's layout pass (32- and 128-key tiles, 32 rows; 64 rows at 8 warps), so they keep it.
+        def product(a: int) -> bool:
+            return OPS[nodes[a].op].has(Prop.CONTRACTION)
+
+        side = self.bg.frange > 1 and any(
+            n.op == "input" and i in live and n.attr("fmap") is not None and uses.get(i)
+            and not any(product(u) for u in uses[i])
+            and any(any(product(a) for a, _ in nodes[u].args) for u in uses[i])
+            for i, n in enumerate(nodes))
+
+        def squeezable_beside_reshape(u: int) -> bool:
+            (a, ka), (b, kb) = nodes[u].args
+            pa, pb = self.padded((a, ka), nodes[a].outs[ka]), self.padded((b, kb), nodes[b].outs[kb])
+            return side and b in found and a not in found and pa[-2:] == (128, 64) and pb[-2:] == (64, 64)
+
         changed = True
         while changed:
             changed = False
@@ -956,7 +976,8 @@ class _KernelGen:
                 for u in uses[i]:
                     m = nodes[u]
                     others = [a for a, _ in m.args if a != i]
-                    if any(a not in found and nodes[a].outs[0].rank > 2 for a in others):
+                    if any(a not in found and nodes[a].outs[0].rank > 2 for a in others) \
+                            and not squeezable_beside_reshape(u):
                         found.discard(i)
                         changed = True
                         break
