@@ -101,3 +101,18 @@ def test_pdl_is_never_used_in_the_interpreter(monkeypatch: pytest.MonkeyPatch) -
     assert runtime._pdl_wanted() == "start"
     monkeypatch.setenv("VERIMIRAGE_PDL", "bogus")
     assert runtime._pdl_wanted() == ""
+
+
+def test_pdl_auto_lets_a_small_next_kernel_launch_early() -> None:
+    # "auto": launch_dependents at the start where the next launched kernel has at most PDL_EARLY_MAX_BLOCKS blocks
+    # (its blocks' placement matters little), else after the stores; the last kernel: after its stores
+    from verimirage.backend.codegen import PDL_EARLY_MAX_BLOCKS
+
+    g = _chain()
+    ms = generate(_unfused(g), pdl="auto")
+    grids = [st.grid for st in ms.steps]
+    kernels = [k for k in ms.source.split("@triton.jit")[1:] if "tl.store(" in k]
+    for k, nxt in zip(kernels, [*grids[1:], None], strict=True):
+        early = "gdc_wait()\n    gdc_launch_dependents()" in k
+        small = nxt is not None and int(np.prod(nxt)) <= PDL_EARLY_MAX_BLOCKS
+        assert early == small and k.count("gdc_launch_dependents()") == 1

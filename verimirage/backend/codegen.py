@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -1465,6 +1466,11 @@ def kernel_source(bg: BlockGraph, arg_types: Sequence[TensorType], name: str = "
                            kg.uses_dot and kg.full_dots == 0)
 
 
+#: Streaming multiprocessors of an H100 / H200 (as ``tuning.NUM_SMS``).
+NUM_SMS = 132
+#: ``pdl="auto"``: a kernel lets the next one launch at its start when that one has at most this many blocks.
+PDL_EARLY_MAX_BLOCKS = 64
+
 #: Largest tensor (elements) :func:`_view_kernel` checks by evaluating the kernel.
 VIEW_CHECK_MAX = 1 << 22
 
@@ -1504,12 +1510,13 @@ def generate(program: Any, tiles: TileOptions | None = None,
     """The generated module for a Graph, MuGraph or Candidate (kernel-level ops wrapped first).
 
     ``tiles_for(block_graph, arg_types)``, if given, chooses each kernel's tile options (else ``tiles``).
-    ``pdl`` ("start" or "end"; "" off): kernels for programmatic dependent launch (Hopper and later; not in Triton's
-    interpreter): each kernel first waits for the kernel before it in the stream to complete (``griddepcontrol.wait``,
-    before any memory access: the same ordering as a plain launch) and lets the next one launch
-    (``launch_dependents``) at its start or after its stores, so in a CUDA graph a kernel's blocks are placed while
-    its predecessor still runs; launched with ``launch_pdl=True`` (:attr:`ModuleSource.pdl`). Measured on an H100
+    ``pdl`` ("start", "end" or "auto"; "" off): kernels for programmatic dependent launch (Hopper and later; not in
+    Triton's interpreter): each kernel first waits for the kernel before it in the stream to complete
+    (``griddepcontrol.wait``, before any memory access: the same ordering as a plain launch) and lets the next one
+    launch (``launch_dependents``) at its start or after its stores, so in a CUDA graph a kernel's blocks are placed
+    while its predecessor still runs; launched with ``launch_pdl=True`` (:attr:`ModuleSource.pdl`). Measured on an H100
     (benchmarks/perf/NOTES.md session 13): "start" made the layer's bs8 9.8 us faster and its bs1 26.5 us slower.
+    "auto": "start" where the next kernel has at most ``PDL_EARLY_MAX_BLOCKS`` blocks, else "end".
     """
     mg0 = _as_mugraph(program)
     mg = to_kernels(mg0)
@@ -1538,6 +1545,16 @@ def generate(program: Any, tiles: TileOptions | None = None,
             return DType.float32
         return n0.outs[ref[1]].dtype
 
+    def is_view(i: int, n: Node) -> bool:
+        # (its operand a kernel's result: a buffer (or a view of one), contiguous; not an input, not a constant)
+        return (n.op == "custom" and len(n.args) == 1 and len(n.outs) == 1 and (i, 0) not in final
+                and nodes[n.args[0][0]].op == "custom" and store_dtype(n.args[0]) == store_dtype((i, 0))
+                and not _inline_masks(nodes, n)
+                and _view_kernel(n.attr("block"), nodes[n.args[0][0]].outs[n.args[0][1]], n.outs[0]))
+
+    view_nodes = {i for i, n in enumerate(nodes) if is_view(i, n)}
+    launched = [i for i, n in enumerate(nodes) if n.op == "custom" and i not in view_nodes]
+    next_blocks = {a: nodes[b].attr("block").num_blocks for a, b in itertools.pairwise(launched)}
     for i, n in enumerate(nodes):
         if n.op == "input":
             var[(i, 0)] = n.attr("name")
@@ -1549,10 +1566,7 @@ def generate(program: Any, tiles: TileOptions | None = None,
         bg: BlockGraph = n.attr("block")
         arg_types = [nodes[a].outs[k] for a, k in n.args]
         kname = f"k{i}"
-        if (len(n.args) == 1 and len(n.outs) == 1 and (i, 0) not in final and ref_of[n.args[0]][0] != "in"
-                and store_dtype(n.args[0]) == store_dtype((i, 0)) and not _inline_masks(nodes, n)
-                and _view_kernel(bg, arg_types[0], n.outs[0])):
-            # a row-major reshape of a buffer this program wrote (contiguous): its memory under the new shape
+        if i in view_nodes:  # a row-major reshape of a buffer this program wrote (contiguous): its memory, reshaped
             shape = tuple(n.outs[0].shape)
             ref_of[(i, 0)] = ("view", len(views))
             views.append((ref_of[n.args[0]], shape))
@@ -1560,9 +1574,12 @@ def generate(program: Any, tiles: TileOptions | None = None,
             body.append(f"t{i}_0 = {var[n.args[0]]}.view({_shape_text(shape)})")
             continue
         inline = _inline_masks(nodes, n)
+        mode = pdl
+        if pdl == "auto":  # early only where the next kernel's blocks are few (where they land matters little)
+            mode = "start" if next_blocks.get(i, NUM_SMS) <= PDL_EARLY_MAX_BLOCKS else "end"
         src, info = kernel_source(bg, arg_types, kname, tiles_for(bg, arg_types) if tiles_for else tiles,
                                   [store_dtype(r) for r in n.args], [store_dtype((i, k)) for k in range(len(n.outs))],
-                                  inline, pdl)
+                                  inline, mode)
         info = KernelInfo(kname, i, info.grid, info.signature, info.uses_dot, info.row_dots_only)
         kernels.append(info)
         ksrc.append(src)

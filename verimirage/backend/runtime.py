@@ -916,12 +916,12 @@ def _fit_kernels(ms: ModuleSource, config: LaunchConfig) -> dict[str, tuple[Any,
 
 def _pdl_wanted() -> str:
     """How :func:`compile` generates kernels for programmatic dependent launch (codegen's ``pdl``): from
-    ``VERIMIRAGE_PDL`` in the environment, "start" or "end" ("1": "end"); "" (off) otherwise, the default while it
-    is being measured (benchmarks/perf/NOTES.md session 13), and always in Triton's interpreter, which has no
+    ``VERIMIRAGE_PDL`` in the environment, "start", "end" or "auto" ("1": "end"); "" (off) otherwise, the default while
+    it is being measured (benchmarks/perf/NOTES.md session 13), and always in Triton's interpreter, which has no
     ``griddepcontrol``."""
     v = os.environ.get("VERIMIRAGE_PDL", "").strip().lower()
     v = "end" if v == "1" else v
-    return v if v in ("start", "end") and not interpreting() else ""
+    return v if v in ("start", "end", "auto") and not interpreting() else ""
 
 
 def compile(
