@@ -21,20 +21,25 @@ KV cache once through memory at the measured copy bandwidth). Per case it report
 per layer, counted by the profiler for the baselines), the bytes moved (verimirage: the cost model's
 count) against the weights' size, what the CUDA graph still pays for (the replay's time against the
 sum of its kernels' times; the kernels' times by name), each time against the floor. verimirage is timed first,
-before the baselines' compiles run in the process. Rows go to ``--out``/layer.json (default
-benchmarks/results), written after every case.
+before the baselines' compiles run in the process. ``--pdl`` (default "auto") compiles verimirage's kernels for
+programmatic dependent launch (``VERIMIRAGE_PDL``: each kernel waits for the one before it, then the next may be
+placed early; benchmarks/perf/NOTES.md session 13); the best candidate is then also timed without it. Rows go to
+``--out``/layer.json (default benchmarks/results), written after every case.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import datetime
 import json
 import logging
+import os
 import sys
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -333,11 +338,31 @@ def _rel(out: Any, ref: Any) -> float:
     return float(rel_err(out, ref))
 
 
+@contextlib.contextmanager
+def _pdl(mode: str) -> Iterator[None]:
+    """``vm.compile`` inside generates kernels for programmatic dependent launch in ``mode`` ("off": none; see
+    ``VERIMIRAGE_PDL``, :func:`verimirage.backend.runtime._pdl_wanted`)."""
+    old = os.environ.get("VERIMIRAGE_PDL")
+    os.environ["VERIMIRAGE_PDL"] = "" if mode == "off" else mode
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("VERIMIRAGE_PDL", None)
+        else:
+            os.environ["VERIMIRAGE_PDL"] = old
+
+
 def gpu_case(case: str, directory: Path, ceil: dict[str, float], *, inductor: bool, top_k: int,
              small: bool = False, per_op: bool = True, wait_until: float = 0.0,
-             sweep: bool = False) -> dict[str, Any]:
+             sweep: bool = False, pdl: str = "auto") -> dict[str, Any]:
     """Time one case on the GPU (see the module docstring). Without a GPU (``small``, the harness's dry run):
-    the same steps on the CPU, kernels in Triton's interpreter, no CUDA graphs, no profiler counts."""
+    the same steps on the CPU, kernels in Triton's interpreter, no CUDA graphs, no profiler counts.
+
+    ``pdl``: the verimirage program's kernels use programmatic dependent launch in this mode ("off", "start",
+    "end", "auto"); with a mode other than "off" the best candidate is also timed without it
+    (``verimirage_nopdl_us``), and its per-kernel times are always those of the program without it (the
+    profiler's time of a kernel launched early includes its wait for the one before)."""
     import torch
 
     from verimirage.benchmarks.layer_module import DecodeLayer, make_case
@@ -378,9 +403,11 @@ def gpu_case(case: str, directory: Path, ceil: dict[str, float], *, inductor: bo
             raise ValueError("the search returned no verified candidate for the full-size layer")
         best: tuple[float, int, Any] | None = None
         tried = []
+        row["pdl"] = pdl
         for i, mg in enumerate(cands[:top_k]):
             try:
-                fn = vm.compile(mg, cuda_graph=cuda)
+                with _pdl(pdl):
+                    fn = vm.compile(mg, cuda_graph=cuda)
                 if cuda:
                     _precompile(fn, ordered)
                 outs = fn(*ordered)
@@ -401,7 +428,16 @@ def gpu_case(case: str, directory: Path, ceil: dict[str, float], *, inductor: bo
             row.update(verimirage_us=us, verimirage_err=next(t["err"] for t in tried if t["rank"] == i),
                        launches=len(fn.steps), kernels=mg.num_kernels, verimirage_rank=i,
                        verimirage_bytes=doc["candidates"][i].get("bytes"))
-            plain = vm.compile(mg)
+            if pdl != "off":  # the same candidate without programmatic dependent launch, in this process
+                with _pdl("off"):
+                    nfn = vm.compile(mg, cuda_graph=cuda)
+                if cuda:
+                    _precompile(nfn, ordered)
+                nouts = nfn(*ordered)
+                row["verimirage_nopdl_err"] = _rel((nouts if isinstance(nouts, tuple) else (nouts,))[0].clone(), ref)
+                row["verimirage_nopdl_us"] = _bench(lambda: nfn(*(nfn.static_inputs or ordered)), cudagraph=False)
+            with _pdl("off"):
+                plain = vm.compile(mg)
             per: dict[str, float] = {}
             _, ksum = _kernels(lambda: plain(*ordered), per)
             row["verimirage_kernel_sum_us"] = ksum
@@ -481,9 +517,9 @@ def table(doc: dict[str, Any]) -> str:
         f"Device: {doc['device']} · date {doc['date']} · torch {doc['torch']} · triton {doc['triton']} · "
         f"copy {c['copy_bytes_per_s'] / 1e12:.2f} TB/s, fp16 matmul {c['fp16_flops_per_s'] / 1e12:.0f} TFLOP/s",
         "",
-        "| case | floor µs | verimirage µs (launches) | one kernel per op µs (launches) | torch.compile µs "
-        "(launches) | eager µs (launches) | vs torch.compile | floor / verimirage | bytes / weights |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| case | floor µs | verimirage µs (launches) | verimirage without PDL µs | one kernel per op µs (launches) | "
+        "torch.compile µs (launches) | eager µs (launches) | vs torch.compile | floor / verimirage | bytes / weights |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def f(r: dict[str, Any], k: str, fmt: str = "{:.1f}") -> str:
@@ -493,7 +529,7 @@ def table(doc: dict[str, Any]) -> str:
     for r in doc["rows"]:
         lines.append(
             f"| {r['case']} | {f(r, 'floor_us')} | {f(r, 'verimirage_us')} ({f(r, 'launches', '{}')}) | "
-            f"{f(r, 'per_op_us')} ({f(r, 'per_op_launches', '{}')}) | "
+            f"{f(r, 'verimirage_nopdl_us')} | {f(r, 'per_op_us')} ({f(r, 'per_op_launches', '{}')}) | "
             f"{f(r, 'inductor_us')} ({f(r, 'inductor_launches', '{}')}) | {f(r, 'eager_us')} "
             f"({f(r, 'eager_launches', '{}')}) | {f(r, 'speedup_vs_inductor', '{:.2f}x')} | "
             f"{f(r, 'verimirage_floor_fraction', '{:.0%}')} | {f(r, 'bytes_over_weights', '{:.2f}')} |"
@@ -528,7 +564,7 @@ def gpu_main(args: argparse.Namespace) -> int:
             row = gpu_case(case, args.candidates, doc["ceilings"], inductor=not args.no_inductor, top_k=args.top_k,
                            small=args.small, per_op=not args.no_per_op,
                            wait_until=time.time() + args.wait_s if args.wait_s else 0.0,
-                           sweep=case in (args.sweep_configs or ()))
+                           sweep=case in (args.sweep_configs or ()), pdl=args.pdl)
         except Exception as e:
             row = {"case": case, "error": f"{type(e).__name__}: {e}"[:500]}
             log.error("%s failed: %s", case, traceback.format_exc())
@@ -561,6 +597,9 @@ def main() -> int:
     ap.add_argument("--sweep-configs", nargs="*", default=None,
                     help="gpu: for these cases also time every kernel under a few uniform launch configurations "
                     "(config_sweep_us)")
+    ap.add_argument("--pdl", choices=["off", "start", "end", "auto"], default="auto",
+                    help="gpu: programmatic dependent launch for verimirage's kernels (VERIMIRAGE_PDL); the best "
+                    "candidate is also timed without it")
     ap.add_argument("--wait-s", type=float, default=0.0,
                     help="gpu: wait up to this long (from the case's start) for a candidate file a search beside "
                     "this run is still writing")
