@@ -116,3 +116,26 @@ def test_pdl_auto_lets_a_small_next_kernel_launch_early() -> None:
         early = "gdc_wait()\n    gdc_launch_dependents()" in k
         small = nxt is not None and int(np.prod(nxt)) <= PDL_EARLY_MAX_BLOCKS
         assert early == small and k.count("gdc_launch_dependents()") == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pdl", ["", "end", "auto", "start"])
+def test_views_and_pdl_through_the_lean_path_and_a_cuda_graph(pdl: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the lean path's launch plans alias a view to its buffer (the C launcher's pointer slots, the Triton launchers'
+    # pointer texts); with PDL the Triton launchers serve (the C launcher takes plain launches only)
+    torch = pytest.importorskip("torch")
+    monkeypatch.setenv("VERIMIRAGE_PDL", pdl)
+    g = _chain()
+    mg = _unfused(g)
+    rng = np.random.default_rng(5)
+    for graph in (False, True):
+        fn = vm.compile(mg, cuda_graph=graph)
+        assert fn.views and len(fn.steps) == 3
+        for _ in range(3):  # fresh inputs each call: the plan (or the graph) must read them, not the first ones
+            x = rng.standard_normal((4, 16)).astype(np.float16).astype(np.float64)
+            (ref,) = vm.evaluate(g, {"X": x})
+            got = fn(torch.tensor(x, dtype=torch.float16, device="cuda")).double().cpu().numpy()
+            assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
+        if not graph:
+            plan = next(iter(fn._plans.values()))
+            assert plan.launcher == ("c" if not pdl else "triton")
