@@ -166,7 +166,10 @@ def _py_attr(d: OpDef, key: str, v: Any) -> Any:
     if kind == "dtype":
         from ..ir.dtypes import DType
 
-        return DType.parse(str(v))
+        # the name a graph's attribute holds ("f16"), as in the lifted terms: a DType object prints as
+        # "DType.float16", which the cast rule does not parse (every extracted term with a cast was pruned as
+        # ill-typed: the search lowered only the lifted program's own terms of any graph with a cast)
+        return DType.parse(str(v)).value
     return v
 
 
