@@ -279,3 +279,4 @@ def test_plan_recheck_refuses_junk_items_with_reasons_held() -> None:
                        good.replace("f32[4,8]", "f32[4,9]"), "x" * 100000, good + "\n", "mugraph {" * 5000]
     served, why = cc.recheck(g, [*junk, good], 3, {})
     assert [str(m) for m in served] == [good] and len(why) == len(junk)
+

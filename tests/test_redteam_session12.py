@@ -101,3 +101,22 @@ def test_exp2_of_a_max_shift_flushes_subnormal_terms_a_later_factor_scales_up() 
     want = vm.evaluate(g, {"X": xs, "Y": ys})[0]
     got = vm.compile(mg)(*(torch.tensor(v, dtype=torch.float32, device="cuda") for v in (xs, ys)))
     np.testing.assert_allclose(got.double().cpu().numpy(), want, rtol=1e-4)
+
+
+def test_per_element_discount_of_40_passed_typical_elements_off_by_12_percent() -> None:
+    """Finding (twelfth session, medium: the profiler's check of the GPU kernels against float64): the eleventh
+    session's per-element discount of 40 lets each element be off by 40 tolerances of (its magnitude + the median),
+    i.e. 16% of a typical element in fp16 (96% in bf16), and beside one large element (which hides them from the
+    Frobenius and largest-error terms) 8 of 4096 elements off by 12% (fp16) or 60% (bf16) passed: 0.0015 <= 0.002,
+    0.0075 <= 0.012. The term is there for exactly that case (``[1e6, 5, 5, 5]`` for ``[1e6, 1, 1, 1]``). At 20 the
+    correct rotary kernels that motivated 40 (0.0176 on the H100, 0.012-0.021 simulated) still pass (2x margin)."""
+    from verimirage.backend.profile import TOLERANCE, rel_error
+
+    ref = np.ones(4096)
+    ref[0] = 1e4
+    for dt, off in (("f16", 1.12), ("f32", 1.12), ("bf16", 1.6)):
+        bad = ref.copy()
+        bad[1:9] *= off
+        assert rel_error(bad, ref, dt) > TOLERANCE[dt], dt
+        ok = ref * (1 + 0.2 * TOLERANCE[dt] * np.cos(np.arange(4096)))  # (rounding-sized errors pass)
+        assert rel_error(ok, ref, dt) <= TOLERANCE[dt], dt
