@@ -70,11 +70,22 @@ def test_the_squeezed_v_kernel_matches_float64_in_the_interpreter() -> None:
 
 
 @pytest.mark.slow
-def test_the_squeezed_v_kernel_compiles_for_sm90_at_4_and_8_warps(tmp_path: Path) -> None:
+def test_the_squeezed_v_kernel_compiles_for_sm90(tmp_path: Path) -> None:
+    """Triton 3.6's layout pass accepts V squeezed beside the reshaped P for this design (it rejects other tile
+    shapes: the reason for the shape condition), in each dtype, at 4 and 8 warps, 3 stages."""
     pytest.importorskip("triton")
     from verimirage.backend.gpucompile import compile_modules
 
-    path = tmp_path / "bias0.py"
-    path.write_text(generate(vm.MuGraph.parse(_stored(0))).source)
-    rep = compile_modules([path])
-    assert all(k["ok"] for k in rep[str(path)].values()), rep
+    paths = []
+    for dtype in ("f16", "bf16", "f32"):
+        src = generate(vm.MuGraph.parse(_stored(0).replace("f16[", f"{dtype}["))).source
+        assert V_RANK2.search(src)
+        for warps in (4, 8):
+            launch = "'k4': {'num_warps': 4, 'num_stages': 2}"
+            assert launch in src
+            path = tmp_path / f"bias0_{dtype}_w{warps}.py"
+            path.write_text(src.replace(launch, f"'k4': {{'num_warps': {warps}, 'num_stages': 3}}"))
+            paths.append(path)
+    rep = compile_modules(paths)
+    bad = {p: r for p, r in rep.items() if not all(k["ok"] for k in r.values())}
+    assert not bad, bad
