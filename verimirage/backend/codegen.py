@@ -954,7 +954,7 @@ class _KernelGen:
         # product's result (an additive bias on the scores: such a kernel stays at rank 3, see _rank2_lead) and the
         # product is (128, 64) @ (64, 64): there V squeezed beside the reshaped P compiles for sm_90 at 4 and 8
         # warps and skips V's shared -> registers -> shared round trip each iteration (H100: bias_attention's
-        # 128 x 64 design 23.4 -> 20.4 us, benchmarks/perf/NOTES.md session 13). Other shapes of the same kernels
+        # 128 x 64 design 23.4 -> 20.4 us, benchmarks/perf/NOTES.md session 13b). Other shapes of the same kernels
         # fail in Triton 3.6's layout pass (32- and 128-key tiles, 32 rows; 64 rows at 8 warps), so they keep it.
         def product(a: int) -> bool:
             return OPS[nodes[a].op].has(Prop.CONTRACTION)
@@ -966,9 +966,11 @@ class _KernelGen:
             for i, n in enumerate(nodes))
 
         def squeezable_beside_reshape(u: int) -> bool:
+            if not side or not product(u) or len(nodes[u].args) != 2:
+                return False
             (a, ka), (b, kb) = nodes[u].args
             pa, pb = self.padded((a, ka), nodes[a].outs[ka]), self.padded((b, kb), nodes[b].outs[kb])
-            return side and b in found and a not in found and pa[-2:] == (128, 64) and pb[-2:] == (64, 64)
+            return b in found and a not in found and tuple(pa[-2:]) == (128, 64) and tuple(pb[-2:]) == (64, 64)
 
         changed = True
         while changed:
