@@ -42,6 +42,9 @@ def inputs(case: str, seed: int) -> dict[str, Any]:
     import torch
     g = torch.Generator(device="cuda").manual_seed(seed)
     r = lambda *s: (0.3 * torch.randn(*s, generator=g, device="cuda")).half()  # noqa: E731
+    if case.startswith("rotary"):  # K as (heads, keys, d); cos / sin of random angles
+        ang = torch.rand(N, D, generator=g, device="cuda") * 6.28
+        return {"Q": r(H, N, D), "K": r(H, N, D), "V": r(H, N, D), "COS": ang.cos().half(), "SIN": ang.sin().half()}
     d = {"Q": r(H, N, D), "K": r(H, D, N), "V": r(H, N, D)}
     if case.startswith("bias"):
         d["BIAS"] = r(H, N, N)
@@ -51,6 +54,10 @@ def inputs(case: str, seed: int) -> dict[str, Any]:
 def reference(case: str, x: dict[str, Any]) -> Any:
     import torch
     q, k, v = (x[n].double() for n in "QKV")
+    if case.startswith("rotary"):
+        c, sn = x["COS"].double(), x["SIN"].double()
+        rot = lambda t: torch.cat((-t[..., D // 2:], t[..., :D // 2]), -1)  # noqa: E731
+        q, k = q * c + rot(q) * sn, (k * c + rot(k) * sn).transpose(-1, -2)
     s = q @ k
     if case.startswith("softcap"):
         s = 50.0 * torch.tanh(s / 50.0)
@@ -145,7 +152,7 @@ def gen_fn(name: str, x: dict[str, Any], cfg: tuple[int, int]) -> Any:
     m = _mod(VAR / f"{name}.py")
     for k in m.LAUNCH:
         m.LAUNCH[k] = {"num_warps": cfg[0], "num_stages": cfg[1]}
-    args = [x[n] for n in ("Q", "K", "V", "BIAS") if n in x]
+    args = [x[n] for n in ("Q", "K", "V", "BIAS", "COS", "SIN") if n in x]
     return lambda: m.forward(*args)[0]
 
 

@@ -9,6 +9,8 @@
 * softcap_attention candidate 0: ``tanh2``, the generated kernel (the tanh helper's ``exp2``); ``tanh1``, the helper
   with ``tl.exp`` (as run 11 timed it: ex2 with the denormal fix-up); ``sigm``, ``2 sigmoid(2x) - 1`` (the tanh
   before 2594b11, inaccurate near 0: a reference for what the accurate helper costs).
+* rotary_attention candidate 4 (the one-kernel design): ``gen`` and ``vr2`` as for bias (sm_90 SASS: 915 -> 900
+  instructions, STS 8 -> 4, barriers 4 -> 3; not yet timed).
 * bias_attention candidates 0 and 1: ``gen``, the generated kernels (the probe sweeps their pipeline stages and
   warps); ``vr2``, P @ V's V tile loaded at rank 2 as the dot's operand (the rest of the kernel at rank 3: the bias
   tile keeps its asynchronous copy; sm_90 SASS of candidate 0: no shared-memory round trip of V, 755 -> 747
@@ -47,7 +49,7 @@ def v_rank2(src: str) -> str | None:
     """The rank-3 tile that a ``tl.reshape(v, (r, c)).to(tl.float16)`` hands to ``tl.dot`` loaded at rank 2; None
     when codegen already loads it so (bias_attention's 128 x 64 design since session 13)."""
     m = re.search(r"(\w+) = tl\.reshape\((\w+), \((\d+), (\d+)\)\)\.to\(tl\.float16\)\n"
-                  r"\s+\w+ = tl\.reshape\(tl\.dot\(\w+, \1", src)
+                  r"\s+\w+ = tl\.reshape\(tl\.dot\(\w+, \1, ", src)  # P @ V: the dot with an accumulator
     if m is None:
         return None
     y, v = m.group(1), m.group(2)
@@ -67,7 +69,8 @@ def main() -> None:
 
     OUT.mkdir(exist_ok=True)
     made = {}
-    for case, idxs in (("causal_attention", (0,)), ("softcap_attention", (0,)), ("bias_attention", (0, 1))):
+    for case, idxs in (("causal_attention", (0,)), ("softcap_attention", (0,)), ("bias_attention", (0, 1)),
+                       ("rotary_attention", (4,))):
         doc = json.loads((ROOT / "benchmarks" / "candidates_models" / f"{case}.json").read_text())
         for idx in idxs:
             src = generate(vm.MuGraph.parse(doc["candidates"][idx]["mugraph"])).source
