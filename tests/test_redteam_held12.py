@@ -9,6 +9,14 @@ holding. Kernels run in Triton's interpreter against float64 (``vm.evaluate``).
 * Codegen 12 (a concat of slices loaded directly, rotations as ``(j + h) % size``): 288 random concats of 1-4
   slices (rotations by any amount, permutations, a piece repeated, pieces of two inputs, negations), rows 4-16,
   dims 8-32 (12: padded), in one-kernel lowerings with grids and loops: none off.
+* Along the rows too: 165 random concats of slices along axis 0 (32 loaded as rotations): none off.
+* Weighted norms along other axes than the last: ``rms_norm(x, w, axis=a)`` against its expansion with ``w`` placed
+  along the normalised axis (Proved) and along another (Refuted), axes 0, 1, -2, -1 and a middle axis of a rank-3
+  ``x``: the verifier's meaning of the weight is the reference's.
+* Region splits with norms (``_norm_to_readers``, the reader merge): 61 random programs of products, weighted norms
+  (two weights, two eps), transposed weights, residual adds, silu and products, several outputs, split with regions
+  of 3-6 ops: no crash, every returned candidate Proved and equal to the source in float64, its certificate
+  re-checked where checked.
 * Codegen 11 (``exp(x - max x)`` as ``exp2((x - m) * log2e)``): the max over the other axis, the exp times another
   input, a softmax feeding a product, logits of scale 30 and 100: none off in the interpreter. (On a GPU
   ``tl.exp2`` flushes results below 2**-126 to zero: see the report; exact in the interpreter.)
@@ -280,3 +288,15 @@ def test_plan_recheck_refuses_junk_items_with_reasons_held() -> None:
     served, why = cc.recheck(g, [*junk, good], 3, {})
     assert [str(m) for m in served] == [good] and len(why) == len(junk)
 
+
+
+@pytest.mark.parametrize("axis", [0, 1, -2, -1])
+def test_weighted_norm_along_any_axis_verifies_as_the_reference_held(axis: int) -> None:
+    for where_w, equal in (((4, 1), axis in (0, -2)), ((1, 4), axis in (1, -1))):
+        g, h = vm.Graph(), vm.Graph()
+        g.output(g.rms_norm(g.input("X", (4, 4), F), g.input("G", (4,), F), axis=axis, eps=1e-3))
+        x, w = h.input("X", (4, 4), F), h.input("G", (4,), F)
+        r = h.rsqrt(h.shift(h.mean(h.square(x), axis), 1e-3))
+        h.output(h.mul(h.mul(x, r), h.reshape(w, where_w)))
+        v = vm.verify(g, h)
+        assert isinstance(v, vm.Proved if equal else vm.Refuted), (axis, where_w, v)
