@@ -79,9 +79,9 @@ def _cfg(w: int, s: int, m: int = 16) -> Any:
 
 def _warm(job: tuple[str, str, list[Any]]) -> int:
     import torch
+    from bench import make_inputs
 
     import verimirage as vm
-    from bench import make_inputs
     from verimirage.backend.codegen import LaunchConfig
 
     prog, mgtext, cfgs = job
@@ -170,10 +170,10 @@ def bn_section(p: Probe) -> None:
     import torch
     import triton
     import triton.language as tl
-
-    import verimirage as vm
     from bench import make_inputs
     from torch_eager import rel_err, torch_fn
+
+    import verimirage as vm
     from verimirage.backend.codegen import generate
 
     prog = "batchnorm_relu"
@@ -182,8 +182,7 @@ def bn_section(p: Probe) -> None:
     fresh = make_inputs(g, prog, 7)
     f = torch_fn(g)
     ref = f(*[x.double() for x in fresh])
-    x, mean, var, gam, bet = ins
-    n, c, hw = x.shape
+    c, hw = ins[0].shape[1:]
     p.row(program=prog, label="eager", us=_bench(lambda: f(*ins)), err=rel_err(f(*fresh), ref))
     ind_dir = Path("/tmp/membound2_inductor")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(ind_dir)
@@ -241,10 +240,10 @@ def bn_section(p: Probe) -> None:
 
 def qkv_section(p: Probe) -> None:
     import torch
-
-    import verimirage as vm
     from bench import make_inputs
     from torch_eager import rel_err, torch_fn
+
+    import verimirage as vm
     from verimirage.backend.codegen import LaunchConfig, generate
 
     prog = "qkv_bias"
@@ -273,7 +272,8 @@ def qkv_section(p: Probe) -> None:
     fn = vm.compile(mg, config=LaunchConfig(tuned=True))
     both("cand0 tuned", fn)
     # W read with evict_last (kept in L2 for the next replay): what a kernel gains from the warm L2
-    src = generate(mg).source.replace("* a1_s1).to(tl.float32)", "* a1_s1, eviction_policy='evict_last').to(tl.float32)")
+    src = generate(mg).source.replace("* a1_s1).to(tl.float32)",
+                                      "* a1_s1, eviction_policy='evict_last').to(tl.float32)")
     mod = _load_module(src, "qkv_evict_last")
     mod.LAUNCH["k3"] = {"num_warps": 4, "num_stages": 4}
     both("cand0 w4s4 W evict_last", lambda *xs: mod.forward(*xs)[0])
@@ -285,11 +285,11 @@ def qkv_section(p: Probe) -> None:
 def _programs_section(p: Probe, prog: str, entries: list[tuple[str, str, list[Any]]], baselines: bool,
                       min_left: float) -> None:
     import torch
-
-    import verimirage as vm
     from bench import make_inputs
     from layer import _kernel_medians
     from torch_eager import rel_err, torch_fn
+
+    import verimirage as vm
     from verimirage.backend.codegen import LaunchConfig
 
     g = vm.benchmarks.get_model(prog)
@@ -328,7 +328,8 @@ def _jobs() -> tuple[list[tuple[str, str, list[Any]]], list[tuple[str, str, list
     ce = json.loads((cdir / "cross_entropy_prefill.json").read_text())["candidates"]
     # (4 warps for tiles of 2 x 16,000 or 4 x 8,000: 950-1070 us in run 12, spilled; not re-timed)
     ce_entries = [(f"cand{i} grid({re.search(r'grid=[(]([^)]*)[)]', c['mugraph']).group(1)})",  # type: ignore[union-attr]
-                   c["mugraph"], [(4, 1), (8, 1), (16, 1)] if "f16[1,16000]" in c["mugraph"] else [(8, 1), (16, 1), (32, 1)])
+                   c["mugraph"], [(4, 1), (8, 1), (16, 1)] if "f16[1,16000]" in c["mugraph"]
+                   else [(8, 1), (16, 1), (32, 1)])
                   for i, c in enumerate(ce)]
     if VARIANTS.exists():
         ce_entries += [(v["label"], v["mugraph"], [(4, 1), (8, 1), (16, 1)]) for v in json.loads(VARIANTS.read_text())]
@@ -338,10 +339,18 @@ def _jobs() -> tuple[list[tuple[str, str, list[Any]]], list[tuple[str, str, list
     return ce_entries, ge_entries
 
 
+def _copy_rate() -> float:
+    """Device copy bandwidth (TB/s, bytes read plus written) of a 512 MB copy."""
+    import torch
+    from triton.testing import do_bench
+
+    a = torch.empty(1 << 28, dtype=torch.float16, device="cuda")
+    b = torch.empty_like(a)
+    return 2 * a.numel() * 2 / (do_bench(lambda: b.copy_(a), return_mode="median") * 1e-3) / 1e12
+
+
 def run(out: Path, budget_s: float, sections: list[str]) -> None:
     import multiprocessing as mp
-
-    import torch
 
     from bench import launch_overhead
 
@@ -355,12 +364,7 @@ def run(out: Path, budget_s: float, sections: list[str]) -> None:
             done = sum(pool.map(_warm, jobs, chunksize=1))
         p.doc["prewarm"] = {"programs": done, "s": time.perf_counter() - t}
         log.info("prewarm %d in %.1f s", done, time.perf_counter() - t)
-    a = torch.empty(1 << 28, dtype=torch.float16, device="cuda")
-    b = torch.empty_like(a)
-    from triton.testing import do_bench
-
-    p.doc["copy_TBps"] = 2 * a.numel() * 2 / (do_bench(lambda: b.copy_(a), return_mode="median") * 1e-3) / 1e12
-    del a, b
+    p.doc["copy_TBps"] = _copy_rate()
     p.doc["launch_us"] = launch_overhead()
     p.save()
     for s in sections:
