@@ -71,10 +71,12 @@ def build() -> None:
 
 # ---------------------------------------------------------------------------------------------------------- GPU side
 
-def _cfg(w: int, s: int, m: int = 16) -> Any:
+def _cfg(w: int, s: int, o: str = "") -> Any:
+    """Uniform launch configuration; ``o = "o0"``: kernels launch their grid axes in the block graph's order (the
+    code generator before ``TileOptions.stream_order``)."""
     from verimirage.backend.codegen import LaunchConfig, TileOptions
 
-    return LaunchConfig(w, s, TileOptions(dot_min_m=m, unroll_max=16))
+    return LaunchConfig(w, s, TileOptions(dot_min_m=16, unroll_max=16, stream_order=o != "o0"))
 
 
 def _warm(job: tuple[str, str, list[Any]]) -> int:
@@ -174,7 +176,7 @@ def bn_section(p: Probe) -> None:
     from torch_eager import rel_err, torch_fn
 
     import verimirage as vm
-    from verimirage.backend.codegen import generate
+    from verimirage.backend.codegen import TileOptions, generate
 
     prog = "batchnorm_relu"
     g = vm.benchmarks.get_model(prog)
@@ -223,7 +225,7 @@ def bn_section(p: Probe) -> None:
     cands = json.loads((ROOT / "benchmarks" / "candidates_models" / f"{prog}.json").read_text())["candidates"]
     for i in (0, 1, 3, 5):
         mg = vm.MuGraph.parse(cands[i]["mugraph"])
-        src = generate(mg).source
+        src = generate(mg, TileOptions(stream_order=False)).source
         grid = re.search(r"grid=\(([^)]*)\)", cands[i]["mugraph"]).group(1)  # type: ignore[union-attr]
         for order, s in (("as-is", src), ("rev", _reverse_axes(src))):
             mod = _load_module(s, f"bn_c{i}_{order.replace('-', '')}")
@@ -236,6 +238,11 @@ def bn_section(p: Probe) -> None:
                           us=_bench(lambda mod=mod: mod.forward(*ins)) if e < 2e-2 else None, err=e, warps=w)
                 except Exception as ex:
                     p.row(program=prog, label=f"cand{i} {order}", us=None, err=float("nan"), error=str(ex)[:200])
+        for w in (4, 8) if i in (0, 1) else ():  # (the code generator's stream order, through vm.compile)
+            fn = vm.compile(mg, config=_cfg(w, 1))
+            e = rel_err(fn(*fresh), ref)
+            p.row(program=prog, label=f"cand{i} grid({grid}) vm.compile", us=_bench(lambda fn=fn: fn(*ins)),
+                  err=e, warps=w)
 
 
 def qkv_section(p: Probe) -> None:
@@ -310,7 +317,7 @@ def _programs_section(p: Probe, prog: str, entries: list[tuple[str, str, list[An
                 log.warning("budget: skipping the rest of %s", prog)
                 return
             cfg = LaunchConfig(tuned=True) if c == "tuned" else _cfg(*c)
-            name = "tuned" if c == "tuned" else f"w{c[0]}s{c[1]}"
+            name = "tuned" if c == "tuned" else f"w{c[0]}s{c[1]}" + "".join(c[2:])
             try:
                 fn = vm.compile(mg, config=cfg)
                 e = rel_err(fn(*fresh), ref)
@@ -328,8 +335,8 @@ def _jobs() -> tuple[list[tuple[str, str, list[Any]]], list[tuple[str, str, list
     ce = json.loads((cdir / "cross_entropy_prefill.json").read_text())["candidates"]
     # (4 warps for tiles of 2 x 16,000 or 4 x 8,000: 950-1070 us in run 12, spilled; not re-timed)
     ce_entries = [(f"cand{i} grid({re.search(r'grid=[(]([^)]*)[)]', c['mugraph']).group(1)})",  # type: ignore[union-attr]
-                   c["mugraph"], [(4, 1), (8, 1), (16, 1)] if "f16[1,16000]" in c["mugraph"]
-                   else [(8, 1), (16, 1), (32, 1)])
+                   c["mugraph"], [(4, 1), (4, 1, "o0"), (8, 1), (8, 1, "o0"), (16, 1)] if "f16[1,16000]" in c["mugraph"]
+                   else [(8, 1), (16, 1), (16, 1, "o0"), (32, 1)])
                   for i, c in enumerate(ce)]
     if VARIANTS.exists():
         ce_entries += [(v["label"], v["mugraph"], [(4, 1), (8, 1), (16, 1)]) for v in json.loads(VARIANTS.read_text())]

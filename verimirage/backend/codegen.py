@@ -103,6 +103,10 @@ class TileOptions:
     #: :func:`_rank2_lead`). Measured (benchmarks/perf/NOTES.md session 10, H200): causal attention 64 x 64 with
     #: the diagonal split, 17.1 -> 14.6 us at rank 2
     rank2: bool = True
+    #: a kernel without ``tl.dot`` whose grid splits the contiguous (last) dim of its largest tensor launches that
+    #: grid axis as CUDA's fastest-varying block index (see :func:`_stream_order`), so consecutive blocks read and
+    #: write neighbouring runs of the same rows, as a flat elementwise kernel does
+    stream_order: bool = True
 
     def __post_init__(self) -> None:
         if self.row_dot not in (0, 16, 32, 64):
@@ -143,7 +147,8 @@ class LaunchConfig:
         b = "b1" if t.dot_batch1 else ""
         r = "" if t.row_dot == 16 else f"r{t.row_dot}"
         q = "" if t.rank2 else "q0"
-        return f"w{self.num_warps}s{self.num_stages}m{t.dot_min_m}n{t.dot_min_nk}{t.fp32_precision}{u}{e}{b}{r}{q}"
+        o = "" if t.stream_order else "o0"
+        return f"w{self.num_warps}s{self.num_stages}m{t.dot_min_m}n{t.dot_min_nk}{t.fp32_precision}{u}{e}{b}{r}{q}{o}"
 
 
 @dataclass(frozen=True)
@@ -1270,7 +1275,8 @@ class _KernelGen:
             for d in range(t.rank):
                 params.append(f"o{k}_s{d}")
                 self.signature[f"o{k}_s{d}"] = "i32"
-        self.launch_axes = _launch_axes(bg.grid)
+        self.launch_axes = _launch_axes(bg.grid, _stream_order(bg, self.arg_types, self.out_types)
+                                        if self.opts.stream_order else None)
         out = ["@triton.jit", f"def {self.name}(" + ", ".join(params) + "):"]
         summary = f"grid {bg.grid}, for-loop of {bg.frange}"
         out.append(f'    """Block graph: {summary}."""')
@@ -1425,8 +1431,45 @@ def _loop_header(bg: BlockGraph, rng: str) -> list[str]:
             "    for it in range(0, it_stop):"]
 
 
-def _launch_axes(grid: tuple[int, ...]) -> list[int]:
-    """Which launch-grid axis each block-grid axis uses: the largest on axis 0 (axes 1, 2 allow <= 65535)."""
+def _stream_order(bg: BlockGraph, arg_types: Sequence[TensorType], out_types: Sequence[TensorType]) -> list[int] | None:
+    """The order a kernel without a product should launch its grid axes in (fastest first), when its grid splits
+    the last (contiguous) dim of its largest input or output: the axes by the dim of that tensor they split,
+    innermost first (the others after them, in order), so blocks start in the tensor's row-major order; None
+    when that is the grid's own order or the last dim is not split.
+
+    CUDA starts blocks in order of their linear index, axis 0 fastest. batchnorm_relu's grid (32 channel groups,
+    49 column tiles) launched channel groups fastest, so the blocks in flight read 128-byte runs 6 KB apart in every
+    row at once; launched column tiles fastest, consecutive blocks read consecutive runs of the same rows (a flat
+    elementwise kernel's order). Kernels with ``tl.dot`` keep their order (which blocks share an operand in L2 is
+    the GEMM's concern)."""
+    if any(OPS[n.op].has(Prop.CONTRACTION) for n in bg.nodes):
+        return None
+    cands: list[tuple[int, tuple[int | None, ...], TensorType]] = []
+    for n in bg.nodes:
+        if n.op == "input":
+            t = arg_types[n.attr("arg")]
+            cands.append((t.numel * t.dtype.itemsize, tuple(n.attr("imap")), t))
+    for om, t in zip(bg.omaps, out_types, strict=True):
+        cands.append((t.numel * t.dtype.itemsize, tuple(om.dims), t))
+    if not cands:
+        return None
+    _, imap, t = max(cands, key=lambda c: c[0])
+    split = [a for a in range(len(bg.grid)) if bg.grid[a] > 1 and imap[a] is not None]
+    if not any(imap[a] == t.rank - 1 for a in split):
+        return None
+    order = sorted(split, key=lambda a: -(imap[a] or 0)) + [a for a in range(len(bg.grid)) if a not in split]
+    return None if order == list(range(len(bg.grid))) else order
+
+
+def _launch_axes(grid: tuple[int, ...], order: Sequence[int] | None = None) -> list[int]:
+    """Which launch-grid axis each block-grid axis uses: the grid axes in ``order`` (if given; fastest first); else
+    the grid's own order; the largest on axis 0 when another would exceed 65535 blocks (axes 1, 2 allow no
+    more)."""
+    if order is not None and all(grid[a] <= 65535 for a in order[1:]):
+        axes = [0] * len(grid)
+        for pos, a in enumerate(order):
+            axes[a] = pos
+        return axes
     if all(g <= 65535 for g in grid[1:]):
         return list(range(len(grid)))
     order = sorted(range(len(grid)), key=lambda a: -grid[a])
