@@ -79,25 +79,51 @@ def _cfg(w: int, s: int, o: str = "") -> Any:
     return LaunchConfig(w, s, TileOptions(dot_min_m=16, unroll_max=16, stream_order=o != "o0"))
 
 
-def _warm(job: tuple[str, str, list[Any]]) -> int:
-    import torch
-    from bench import make_inputs
-
+def _compile(mg: Any, c: Any) -> Any:
+    """``vm.compile`` under configuration ``c``: "tuned" (the per-kernel rules), "tuned_o0" (the same launch
+    parameters, grid axes in the block graph's order), or a uniform ``(warps, stages[, "o0"])``."""
     import verimirage as vm
-    from verimirage.backend.codegen import LaunchConfig
+    from verimirage.backend import tuning
+    from verimirage.backend.codegen import LaunchConfig, generate
+    from verimirage.ir.graph import node_list
 
-    prog, mgtext, cfgs = job
-    g = vm.benchmarks.get_model(prog)
-    ins = make_inputs(g, prog, 0)
+    if c == "tuned":
+        return vm.compile(mg, config=LaunchConfig(tuned=True))
+    if c == "tuned_o0":
+        ms = generate(mg)
+        nodes = node_list(ms.mugraph)
+        per = {k.name: tuning.recommend(nodes[k.node].attr("block"), [nodes[a].outs[j] for a, j in nodes[k.node].args])
+               for k in ms.kernels}
+        return vm.compile(mg, config=_cfg(4, 1, "o0"), per_kernel=per)
+    return vm.compile(mg, config=_cfg(*c))
+
+
+def _precompile_all(fns: list[tuple[Any, list[Any]]], workers: int = 16) -> int:
+    """Compile every kernel of every program side by side (Triton's AsyncCompileMode; nothing runs on the GPU)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+    from triton.runtime._async_compile import AsyncCompileMode
+
     n = 0
-    for c in cfgs:
-        try:
-            cfg = LaunchConfig(tuned=True) if c == "tuned" else _cfg(*c)
-            vm.compile(vm.MuGraph.parse(mgtext), config=cfg)(*ins)
-            torch.cuda.synchronize()
-            n += 1
-        except Exception:
-            pass
+    with ThreadPoolExecutor(max_workers=workers) as pool, AsyncCompileMode(pool):
+        for fn, args in fns:
+            xs = fn._bind(tuple(args), {})
+            bufs: dict[int, Any] = {}
+            for st in fn.steps:
+                jit = getattr(fn.module, st.kernel)
+                for bi, shape, dt in st.outs:
+                    bufs[bi] = torch.empty(shape, device=xs[0].device, dtype=getattr(torch, dt))
+                call: list[Any] = []
+                for ref, rank in (*st.args, *((("buf", bi), len(shape)) for bi, shape, _ in st.outs)):
+                    t = xs[ref[1]] if ref[0] == "in" else bufs[ref[1]]
+                    call.append(t)
+                    call += [t.stride(d) for d in range(rank)]
+                try:
+                    jit.run(*call, grid=st.grid, warmup=True, **fn.launch[st.kernel])
+                    n += 1
+                except Exception:
+                    log.exception("precompile of %s failed", st.kernel)
     return n
 
 
@@ -223,7 +249,7 @@ def bn_section(p: Probe) -> None:
         except Exception as ex:
             p.row(program=prog, label=f"flat XB{xb}", us=None, err=float("nan"), error=str(ex)[:200])
     cands = json.loads((ROOT / "benchmarks" / "candidates_models" / f"{prog}.json").read_text())["candidates"]
-    for i in (0, 1, 3, 5):
+    for i in (0, 1, 5):
         mg = vm.MuGraph.parse(cands[i]["mugraph"])
         src = generate(mg, TileOptions(stream_order=False)).source
         grid = re.search(r"grid=\(([^)]*)\)", cands[i]["mugraph"]).group(1)  # type: ignore[union-attr]
@@ -297,53 +323,67 @@ def _programs_section(p: Probe, prog: str, entries: list[tuple[str, str, list[An
     from torch_eager import rel_err, torch_fn
 
     import verimirage as vm
-    from verimirage.backend.codegen import LaunchConfig
 
     g = vm.benchmarks.get_model(prog)
     ins = make_inputs(g, prog, 1)
     fresh = make_inputs(g, prog, 7)
     f = torch_fn(g)
     ref = f(*[x.double() for x in fresh])
+    fns: list[tuple[str, Any]] = []
+    for label, mgtext, cfgs in entries:
+        mg = vm.MuGraph.parse(mgtext)
+        for c in cfgs:
+            name = c if isinstance(c, str) else f"w{c[0]}s{c[1]}" + "".join(c[2:])
+            try:
+                fns.append((f"{label} {name}", _compile(mg, c)))
+            except Exception as ex:
+                p.row(program=prog, label=f"{label} {name}", us=None, err=float("nan"),
+                      error=f"{type(ex).__name__}: {ex}"[:200])
+    t = time.perf_counter()
+    k = _precompile_all([(fn, ins) for _, fn in fns])
+    log.info("%s: precompiled %d kernels in %.1f s", prog, k, time.perf_counter() - t)
     if baselines:
         p.row(program=prog, label="eager", us=_bench(lambda: f(*ins)), err=rel_err(f(*fresh), ref))
         torch._dynamo.reset()
         cf = torch.compile(f, mode="max-autotune-no-cudagraphs")
         e = rel_err(cf(*fresh), ref)
         p.row(program=prog, label="torch.compile", us=_bench(lambda: cf(*ins)), err=e)
-    for label, mgtext, cfgs in entries:
-        mg = vm.MuGraph.parse(mgtext)
-        for c in cfgs:
-            if p.left() < min_left:
-                log.warning("budget: skipping the rest of %s", prog)
-                return
-            cfg = LaunchConfig(tuned=True) if c == "tuned" else _cfg(*c)
-            name = "tuned" if c == "tuned" else f"w{c[0]}s{c[1]}" + "".join(c[2:])
-            try:
-                fn = vm.compile(mg, config=cfg)
-                e = rel_err(fn(*fresh), ref)
-                us = _bench(lambda fn=fn: fn(*ins)) if e < 2e-2 else None
-                per = _kernel_medians(lambda fn=fn: fn(*ins)) if us is not None else {}
-                p.row(program=prog, label=f"{label} {name}", us=us, err=e,
-                      kernels={k: round(v, 2) for k, v in per.items()})
-            except Exception as ex:
-                p.row(program=prog, label=f"{label} {name}", us=None, err=float("nan"),
-                      error=f"{type(ex).__name__}: {ex}"[:200])
+    for label, fn in fns:
+        if p.left() < min_left:
+            log.warning("budget: skipping the rest of %s", prog)
+            return
+        try:
+            e = rel_err(fn(*fresh), ref)
+            us = _bench(lambda fn=fn: fn(*ins)) if e < 2e-2 else None
+            per = _kernel_medians(lambda fn=fn: fn(*ins)) if us is not None else {}
+            p.row(program=prog, label=label, us=us, err=e, kernels={k: round(v, 2) for k, v in per.items()})
+        except Exception as ex:
+            p.row(program=prog, label=label, us=None, err=float("nan"), error=f"{type(ex).__name__}: {ex}"[:200])
 
 
-def _jobs() -> tuple[list[tuple[str, str, list[Any]]], list[tuple[str, str, list[Any]]]]:
-    cdir = ROOT / "benchmarks" / "candidates_models"
-    ce = json.loads((cdir / "cross_entropy_prefill.json").read_text())["candidates"]
-    # (4 warps for tiles of 2 x 16,000 or 4 x 8,000: 950-1070 us in run 12, spilled; not re-timed)
-    ce_entries = [(f"cand{i} grid({re.search(r'grid=[(]([^)]*)[)]', c['mugraph']).group(1)})",  # type: ignore[union-attr]
-                   c["mugraph"], [(4, 1), (4, 1, "o0"), (8, 1), (8, 1, "o0"), (16, 1)] if "f16[1,16000]" in c["mugraph"]
-                   else [(8, 1), (16, 1), (16, 1, "o0"), (32, 1)])
-                  for i, c in enumerate(ce)]
+def _entries(prog: str, picks: dict[int, list[Any]]) -> list[tuple[str, str, list[Any]]]:
+    cands = json.loads((ROOT / "benchmarks" / "candidates_models" / f"{prog}.json").read_text())["candidates"]
+    out = []
+    for i, cfgs in picks.items():
+        if i < len(cands):
+            grid = ",".join(re.findall(r"grid=[(]([^)]*)[)]", cands[i]["mugraph"])[:1])
+            out.append((f"cand{i} grid({grid})", cands[i]["mugraph"], cfgs))
+    return out
+
+
+def _jobs() -> dict[str, list[tuple[str, str, list[Any]]]]:
+    ce = _entries("cross_entropy_prefill", {0: ["tuned", "tuned_o0", (4, 1), (4, 1, "o0"), (16, 1)],
+                                            1: ["tuned", "tuned_o0"], 2: ["tuned", "tuned_o0", (32, 1)]})
     if VARIANTS.exists():
-        ce_entries += [(v["label"], v["mugraph"], [(4, 1), (8, 1), (16, 1)]) for v in json.loads(VARIANTS.read_text())]
-    ge = json.loads((cdir / "gelu_mlp.json").read_text())["candidates"]
-    ge_entries = [(f"cand{i}", c["mugraph"], ["tuned"] + ([(4, 4), (4, 5), (4, 6)] if i in (0, 3) else []))
-                  for i, c in enumerate(ge[:5])]
-    return ce_entries, ge_entries
+        ce += [(v["label"], v["mugraph"], ["tuned", (4, 1), (16, 1)]) for v in json.loads(VARIANTS.read_text())]
+    return {
+        "ce": ce,
+        "gelu": _entries("gelu_mlp", {3: ["tuned", (4, 4), (4, 5), (4, 6)], 0: ["tuned", (4, 4), (4, 5), (4, 6)],
+                                      1: ["tuned"], 2: ["tuned"], 4: ["tuned"]}),
+        "lse": _entries("logsumexp_prefill", {0: ["tuned", "tuned_o0"], 1: ["tuned", "tuned_o0"],
+                                              2: ["tuned", "tuned_o0"]}),
+        "ce16": _entries("cross_entropy", {0: ["tuned", "tuned_o0"], 1: ["tuned", "tuned_o0"]}),
+    }
 
 
 def _copy_rate() -> float:
@@ -357,23 +397,14 @@ def _copy_rate() -> float:
 
 
 def run(out: Path, budget_s: float, sections: list[str]) -> None:
-    import multiprocessing as mp
-
     from bench import launch_overhead
 
     p = Probe(out, budget_s)
-    ce_entries, ge_entries = _jobs()
-    jobs = [("cross_entropy_prefill", m, c) for _, m, c in ce_entries if "ce" in sections]
-    jobs += [("gelu_mlp", m, c) for _, m, c in ge_entries if "gelu" in sections]
-    if jobs:
-        t = time.perf_counter()
-        with mp.get_context("spawn").Pool(14) as pool:
-            done = sum(pool.map(_warm, jobs, chunksize=1))
-        p.doc["prewarm"] = {"programs": done, "s": time.perf_counter() - t}
-        log.info("prewarm %d in %.1f s", done, time.perf_counter() - t)
+    jobs = _jobs()
     p.doc["copy_TBps"] = _copy_rate()
     p.doc["launch_us"] = launch_overhead()
     p.save()
+    progs = {"ce": "cross_entropy_prefill", "gelu": "gelu_mlp", "lse": "logsumexp_prefill", "ce16": "cross_entropy"}
     for s in sections:
         if p.left() < 30:
             log.warning("budget: section %s skipped", s)
@@ -383,10 +414,8 @@ def run(out: Path, budget_s: float, sections: list[str]) -> None:
                 bn_section(p)
             elif s == "qkv":
                 qkv_section(p)
-            elif s == "ce":
-                _programs_section(p, "cross_entropy_prefill", ce_entries, False, 15)
-            elif s == "gelu":
-                _programs_section(p, "gelu_mlp", ge_entries, True, 15)
+            else:
+                _programs_section(p, progs[s], jobs[s], s == "gelu", 12)
         except Exception as ex:
             log.exception("section %s failed", s)
             p.doc.setdefault("errors", []).append(f"{s}: {type(ex).__name__}: {ex}"[:300])
@@ -400,7 +429,7 @@ def main() -> None:
     ap.add_argument("--build", action="store_true")
     ap.add_argument("--out", type=Path, default=Path("."))
     ap.add_argument("--budget-s", type=float, default=270.0)
-    ap.add_argument("--sections", nargs="*", default=["bn", "qkv", "ce", "gelu"])
+    ap.add_argument("--sections", nargs="*", default=["bn", "qkv", "lse", "ce", "gelu", "ce16"])
     a = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     if a.build:
