@@ -47,6 +47,11 @@ SOURCES = [
 ]
 
 
+#: rows measured outside the harness (a probe's per-candidate timings: ``case``, ``graph``, ``mugraph``, ``kernels``,
+#: ``measured_us``, ``run_est_us``), newer than every file of :data:`SOURCES`
+PROBE_ROWS = ["run16_probe_calibration_rows.json"]
+
+
 def _git(*args: str) -> str:
     return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout
 
@@ -101,6 +106,16 @@ def build(extra: Sequence[str] = ()) -> dict[str, Any]:
                                        "kernels": c.get("kernels"), "measured_us": c["measured_us"],
                                        "run_est_us": c["cost_us"], "source": src, "candidates": ver,
                                        "rank": c["rank"]}
+    for src in PROBE_ROWS:
+        p = RESULTS / src
+        if not p.exists():
+            continue
+        for r in json.loads(p.read_text())["rows"]:
+            entries[(r["case"], r["mugraph"])] = {
+                "case": r["case"], "graph": r["graph"], "mugraph": r["mugraph"], "kernels": r.get("kernels"),
+                "measured_us": r["measured_us"], "run_est_us": r["run_est_us"], "source": src, "candidates": "probe",
+                "rank": None}
+        sources.append(src)
     return {"device": "NVIDIA H100 80GB HBM3", "date": "2026-11-26",
             "note": "measured_us: the fastest launch configuration of the candidate (CUDA-graph median, "
                     "benchmarks/bench.py); run_est_us: the estimate recorded at run time",

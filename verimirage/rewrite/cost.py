@@ -143,14 +143,26 @@ class Hardware:
     sector: int = 32
     sector_write_exponent: float = 1.2
     #: 32-bit registers of one SM, in bytes. A kernel without ``tl.dot`` and without a for-loop holds its tiles in
-    #: registers (as fp32): blocks whose largest tiles take more than ``register_file / resident`` bytes cannot
-    #: all be resident, and below ``overlap_blocks`` resident blocks a block's loads, reductions and stores run
-    #: in turn: each round of blocks waits ``exposed_round_s`` more (H100, run 10: logsumexp_prefill, 2048 x 32000,
-    #: 2048 blocks of 2 x 16,000 or 4 x 8,000 columns (256 KB of fp32 a block, one per SM) 57.8 and 61.8 us
-    #: against 47.2 for 8192 blocks of 1 x 8,000; cross_entropy_prefill 115.0 / 117.0 against 107.7;
-    #: benchmarks/results/models_run10_h100_1729.json)
+    #: registers (as fp32: its largest input and output tiles, one of each of that size): blocks whose tiles take
+    #: more than ``register_file / resident`` bytes cannot all be resident, and below ``stream_resident`` resident
+    #: blocks a block's loads, reductions and stores run in turn, so the SM's share of the memory time is partly
+    #: exposed: ``stream_exposure`` of it with one block resident, proportionally less with more (H100, run 10:
+    #: logsumexp_prefill, 2048 x 32000, 2048 blocks of 2 x 16,000 or 4 x 8,000 columns (128 KB of fp32 a block) 57.8
+    #: and 61.8 us against 47.2 for 8192 blocks of 1 x 8,000; run 16 (benchmarks/perf/results/
+    #: run16_membound2_probe_h100.json): cross_entropy_prefill's two 1 x 16,000 tiles a block (128 KB, 2 resident)
+    #: 119.1 us at best, 1 x 8,000 (64 KB, 4 resident) 96.7: ranked first by this term, fourth before it)
     register_file: int = 256 * 1024
-    exposed_round_s: float = 4.0e-7
+    stream_resident: int = 3
+    stream_exposure: float = 0.1
+    #: a one-step kernel without ``tl.dot`` whose tiles read or write rows of a device-memory tensor shorter than
+    #: a DRAM ``page`` (as 128-byte pieces of rows far apart: batchnorm_relu's 64-column tiles of 256 rows) streams
+    #: ``(page / run) ** page_exponent`` slower than one that reads long contiguous runs: its blocks open a page for
+    #: each piece (H100, run 16: batchnorm_relu's 32 x 8 x 64 tiles, 128-byte rows, 38.8-39.1 us whatever the
+    #: launch order or warps; a flat kernel over the same bytes, 2-8 KB contiguous a block, 35.9-36.1, as
+    #: Inductor's 36.3). Not for kernels with a K loop, whose blocks walk the rows in step (neighbours together read
+    #: whole rows: qkv_bias's 128-byte weight rows at 98% of the copy rate)
+    page: int = 512
+    page_exponent: float = 0.06
 
 
 H100 = Hardware()
@@ -238,7 +250,9 @@ def _roofline(nbytes: int, tc: int, other: int, blocks: int, smem: int, hw: Hard
     block_bw = max(hw.block_bandwidth, in_flight / hw.dot_latency_s)
     mem = (rounds * max(streamed / block_bw, per_block * per_round * rate)
            + l2_bytes / hw.l2_bandwidth) * cal.mem
-    exposed = rounds * hw.exposed_round_s if reg_bytes and resident < hw.overlap_blocks else 0.0
+    exposed = 0.0
+    if reg_bytes and resident < hw.stream_resident:
+        exposed = hw.stream_exposure * mem * (hw.stream_resident - resident) / (hw.stream_resident - 1)
     t = (hw.launch_s * cal.launch + max(mem, comp) + iterations * rounds * hw.iteration_s
          + serial * rounds * hw.serial_iteration_s + reduce_its * rounds * hw.reduce_iteration_s + exposed)
     return KernelCost(nbytes, tc, other, blocks, smem, mem, comp, t)
@@ -282,7 +296,7 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
             reads = int(tb * (its if n.attr("fmap") is not None else 1) * blocks)
             full = in_types[n.attr("arg")]
             run = _run(t, full, hw, stream)
-            reads = int(reads * _segment_charge(bg, n.attr("imap"), full.rank, run, hw))
+            reads = int(reads * _segment_charge(bg, n.attr("imap"), full.rank, run, hw) * _page_charge(stream, run, hw))
             # a tensor small enough to stay in L2 costs one trip through device memory however often it is read
             if _bytes(full) <= hw.l2_bytes // 4:
                 dram_in += min(reads, _bytes(full))
@@ -322,7 +336,7 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
         t = bg.type_of(r)
         run = _run(t, full, hw, stream)
         written += _bytes(full) * _segment_charge(bg, om.dims, full.rank, run, hw) * (
-            max(1.0, hw.sector / run) ** hw.sector_write_exponent)
+            max(1.0, hw.sector / run) ** hw.sector_write_exponent) * _page_charge(stream, run, hw)
     nbytes = dram_in + written
     # loop-walked tiles are multi-buffered by the software pipeline: Triton 3.6 keeps stages - 1 copies in
     # shared memory (H100: 2 heads x KV tiles of 256 keys at 3 stages asked for 266,240 B = 2 x 128 KB of K and
@@ -338,7 +352,8 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
         mem_pad = 1.0
         sizes = [math.prod(_pow2(d) for d in n.outs[0].shape) for n in bg.nodes if n.op == "input"]
         big = max(sizes, default=0)
-        regs = 4 * big * max(1, sum(1 for x in sizes if x == big))
+        outs = [math.prod(_pow2(d) for d in bg.type_of(r).shape) for r in bg.outputs]
+        regs = 4 * big * max(1, sum(1 for x in [*sizes, *outs] if x == big))
     return _roofline(int(nbytes), int(tc * blocks), int(other * blocks), blocks, smem, hw, cal, l2_in, pad * spill,
                      math.ceil(its), hot, 0 if dots or bg.frange <= hw.unroll_max else math.ceil(its),
                      _in_flight(bg, smem_walk) if dots else 0.0,
@@ -354,6 +369,14 @@ def _run(t: TensorType, full: TensorType, hw: Hardware, whole: bool = False) -> 
     if t.shape and t.shape[-1] < full.shape[-1]:
         return t.shape[-1] * t.dtype.itemsize
     return max(hw.min_run, full.shape[-1] * full.dtype.itemsize if whole and full.shape else 0)
+
+
+def _page_charge(stream: bool, run: int, hw: Hardware) -> float:
+    """Factor on the bytes of a one-step kernel without ``tl.dot`` (``stream``) whose tile rows are ``run``
+    contiguous bytes (see :attr:`Hardware.page`); 1 for other kernels and runs of a page or more."""
+    if not stream or run >= hw.page:
+        return 1.0
+    return float((hw.page / max(run, 1)) ** hw.page_exponent)
 
 
 def _in_flight(bg: BlockGraph, stage: int) -> float:
