@@ -49,12 +49,14 @@ def _ew(cols: int, rows_tile: int, n: int = 4096) -> vm.MuGraph:
 def test_short_rows_are_charged_unless_one_wave_of_neighbours_reads_them() -> None:
     wide, narrow = cost(_ew(64, 64)), cost(_ew(32, 128))  # same blocks, 128- vs 64-byte rows
     assert narrow.bytes > wide.bytes and narrow.time_s > wide.time_s
-    # reads and writes both charged (128 / 64) ** segment_exponent
-    assert abs(narrow.bytes - wide.bytes * 2 ** H100.segment_exponent) <= 2
-    # one wave (<= 132 blocks) whose axis 0 walks the columns: consecutive blocks fill each other's segments
+    # reads and writes both charged (128 / 64) ** segment_exponent, and (one-step kernels without a product) the
+    # DRAM page charge, (page / run) ** page_exponent, on both
+    assert abs(narrow.bytes - wide.bytes * 2 ** (H100.segment_exponent + H100.page_exponent)) <= 2
+    # one wave (<= 132 blocks) whose axis 0 walks the columns: consecutive blocks fill each other's segments (the
+    # page charge stays: run 16 measured no gain from neighbours reading neighbouring runs, benchmarks/perf/NOTES.md)
     one_wave = cost(_ew(32, 4096, 4096))
     assert one_wave.kernels[0].blocks <= H100.sms
-    assert one_wave.bytes == 2 * 4096 * 4096 * 2
+    assert abs(one_wave.bytes - 2 * 4096 * 4096 * 2 * (H100.page / 64) ** H100.page_exponent) <= 2
 
 
 def test_a_segment_wide_lowering_computes_the_program() -> None:

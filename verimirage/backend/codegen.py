@@ -70,7 +70,7 @@ ROW_DOT_MAX_BATCH = 8
 INT32_INDEX = 2**31
 
 #: Version of the generator: part of every cache key (bump when generated code changes).
-CODEGEN_VERSION = "12"
+CODEGEN_VERSION = "13"
 
 
 @dataclass(frozen=True)

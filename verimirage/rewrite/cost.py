@@ -296,12 +296,13 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
             reads = int(tb * (its if n.attr("fmap") is not None else 1) * blocks)
             full = in_types[n.attr("arg")]
             run = _run(t, full, hw, stream)
-            reads = int(reads * _segment_charge(bg, n.attr("imap"), full.rank, run, hw) * _page_charge(stream, run, hw))
+            reads = int(reads * _segment_charge(bg, n.attr("imap"), full.rank, run, hw))
             # a tensor small enough to stay in L2 costs one trip through device memory however often it is read
             if _bytes(full) <= hw.l2_bytes // 4:
                 dram_in += min(reads, _bytes(full))
                 l2_in += max(0, reads - _bytes(full))
             else:
+                reads = int(reads * _page_charge(stream, run, hw))
                 if n.attr("fmap") == t.rank - 1 and hw.min_run <= run < hw.walk_run:
                     # streamed from device memory, the loop walking along contiguous memory a short run per
                     # iteration: each DRAM page is opened once per iteration instead of once (not charged for
