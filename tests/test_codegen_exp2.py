@@ -15,12 +15,11 @@ from verimirage.rewrite.partition import lower_all
 H, N, D = 2, 32, 16
 
 
-def _attention(shift: str) -> vm.Graph:
+def _attention(shift: str, dt: vm.DType = vm.float32) -> vm.Graph:
     """softmax(Q K) V with the logits shifted by their own row max (``own``), by the max of another input's rows
     (``other``) or not at all (``none``)."""
     g = vm.Graph()
-    q, k, v = g.input("Q", (H, N, D), vm.float32), g.input("K", (H, D, N), vm.float32), \
-        g.input("V", (H, N, D), vm.float32)
+    q, k, v = g.input("Q", (H, N, D), dt), g.input("K", (H, D, N), dt), g.input("V", (H, N, D), dt)
     s = g.matmul(q, k)
     if shift == "own":
         s = g.sub(s, g.max(s, axis=2))
@@ -45,25 +44,51 @@ def _ins(rng: np.random.Generator, scale: float, other: bool = False) -> dict[st
     return ins
 
 
-def _run(mg: vm.Graph, ins: dict[str, np.ndarray]) -> np.ndarray:
+def _run(mg: vm.Graph, ins: dict[str, np.ndarray], half: bool = False) -> np.ndarray:
     torch = pytest.importorskip("torch")
     names = [t.name for t in mg.inputs]
-    out = vm.compile(mg)(*[torch.tensor(ins[x], dtype=torch.float32) for x in names])
+    out = vm.compile(mg)(*[torch.tensor(ins[x], dtype=torch.float16 if half else torch.float32) for x in names])
     out = out[0] if isinstance(out, (tuple, list)) else out
     return out.double().numpy()
 
 
 @pytest.mark.parametrize("frange", [1, 2])  # one tile (max) and the online softmax (running_max)
 def test_a_max_shifted_exp_is_exp2_and_matches_float64(frange: int) -> None:
-    g = _attention("own")
+    """fp16 kernels (every input and output fp16): exp2 (ex2.approx.ftz); a flushed term times an fp16 V value
+    stays far below fp16's resolution (codegen._flush_harmless)."""
+    g = _attention("own", vm.float16)
     mg = _fused(g, frange)
     src = generate(mg).source
     assert f") * {_LOG2E})" in src and "tl.exp(" not in src, src
     rng = np.random.default_rng(3)
     # scale 60: logits up to ~1000 apart in a row, so most terms underflow (flushed to 0 by exp2's ftz)
     for scale in (1.0, 60.0):
-        ins = _ins(rng, scale)
-        np.testing.assert_allclose(_run(mg, ins), vm.evaluate(g, ins)[0], rtol=1e-4, atol=1e-5)
+        ins = {k: v.astype(np.float16).astype(np.float64) for k, v in _ins(rng, scale).items()}
+        np.testing.assert_allclose(_run(mg, ins, half=True), vm.evaluate(g, ins)[0], rtol=4e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("frange", [1, 2])
+def test_an_fp32_softmax_keeps_its_subnormal_terms(frange: int) -> None:
+    """Red team finding (twelfth session, tests/test_redteam_session12.py): with fp32 (or bf16) V a term flushed
+    below 2**-126 times a V value near 3e38 is an output's size, so an fp32 kernel's softmax keeps tl.exp (and
+    the online rescale too): the exp2 form only where the flush cannot show."""
+    g = _attention("own")
+    mg = _fused(g, frange)
+    src = generate(mg).source
+    assert "tl.exp2(" not in src and "tl.exp(" in src, src
+    rng = np.random.default_rng(3)
+    ins = _ins(rng, 1.0)
+    # every row of head 0: logits 0, -88.5 (exp: 3.6e-39, subnormal in fp32), -1000...; V's row at key 1 3e38
+    ins["Q"][0] = 0.0
+    ins["Q"][0, :, 0] = 1.0
+    ins["K"][0] = -1000.0
+    ins["K"][0, 0, 0] = 0.0
+    ins["K"][0, 0, 1] = -88.5
+    ins["V"][0, 0] = 0.0
+    ins["V"][0, 1] = 3e38
+    want = vm.evaluate(g, ins)[0]
+    assert abs(want[0, 0, 0]) > 0.5  # the subnormal term times 3e38 is of the row's size
+    np.testing.assert_allclose(_run(mg, ins), want, rtol=1e-4, atol=1e-5)
 
 
 def test_a_nan_logit_makes_its_row_nan_as_in_the_graph() -> None:
@@ -87,3 +112,20 @@ def test_an_exp_not_shifted_by_its_own_max_keeps_tl_exp(shift: str) -> None:
     assert "tl.exp(" in src and "tl.exp2(" not in src, src
     ins = _ins(np.random.default_rng(5), 1.0, other=shift == "other")
     np.testing.assert_allclose(_run(mg, ins), vm.evaluate(g, ins)[0], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dt", ["float16", "float32"])
+def test_a_max_shifted_exp_times_another_value_keeps_tl_exp(dt: str) -> None:
+    """``exp(x - max x) * y`` (the red team's graph): a product by a value other than a contraction with an fp16
+    input can scale a flushed term up, in fp16 as in fp32, so it keeps tl.exp."""
+    f = getattr(vm, dt)
+    t = vm.TensorType((2, 4), f)
+    mg = vm.MuGraph()
+    x, y = mg.input("X", t.shape, f), mg.input("Y", t.shape, f)
+    b = vm.BlockBuilder((1,))
+    xi, yi = b.input(0, t, (0,)), b.input(1, t, (0,))
+    b.output(b.mul(b.exp(b.sub(xi, b.max(xi, axis=1))), yi), (0,))
+    (o,) = mg.custom(b.build(), [x, y])
+    mg.output(o)
+    src = generate(mg).source
+    assert "tl.exp(" in src and "tl.exp2(" not in src, src

@@ -796,10 +796,14 @@ class _KernelGen:
         if "_padded" in d.hooks.get("triton_needs", ()):
             attrs["_padded"] = (*pin, po)
         if op == "exp" and (shift := _max_shift(nodes, i)) is not None:
-            # a softmax's exp(x - max): exp2 of the difference times log2(e) (see _max_shift for why the
-            # flush-to-zero of tl.exp2 cannot change the result; the difference first: x * log2(e) overflows)
+            # a softmax's exp(x - max): exp2 of the difference times log2(e) (the difference first: x * log2(e)
+            # overflows). tl.exp2 flushes results below 2**-126 to 0: where that can show (_flush_harmless),
+            # tl.exp (a non-ftz ex2 with ptxas's subnormal fix-up: three more instructions an element)
             x, m = (name[vid_of(a, k)] for a, k in shift)
-            lines.append(f"{v} = tl.exp2(({x} - {m}) * {_LOG2E})")
+            if _flush_harmless(self.bg, i):
+                lines.append(f"{v} = tl.exp2(({x} - {m}) * {_LOG2E})")
+            else:
+                lines.append(f"{v} = tl.exp({x} - {m})")
             name[vid_of(i, 0)] = v
             return
         fn = OPS[op].domains.get("triton")
@@ -1198,11 +1202,9 @@ class _KernelGen:
                     pre.append(f"{v} = {ninf}")
                     body.append(f"{v}_prev = {v}")
                     body.append(f"{v} = {fn([v, x], {}, [ot, ot], [ot])}")
-                    if i in alpha_needed:
-                        body.append(
-                            f"{v}_alpha = tl.where({v}_prev == {_NEG_INF}, 0.0, "
-                            f"tl.exp2(({v}_prev - {v}) * {_LOG2E}))"
-                        )
+                    if i in alpha_needed:  # (flushed below 2**-126 only where that cannot show: _fp16_only)
+                        e = f"tl.exp2(({v}_prev - {v}) * {_LOG2E})" if _fp16_only(bg) else f"tl.exp({v}_prev - {v})"
+                        body.append(f"{v}_alpha = tl.where({v}_prev == {_NEG_INF}, 0.0, {e})")
                 elif n.op == "loop_max":
                     pre.append(f"{v} = {ninf}")
                     body.append(f"{v} = {fn([v, x], {}, [ot, ot], [ot])}")
@@ -1337,6 +1339,75 @@ def _max_shift(nodes: Sequence[Node], i: int) -> tuple[tuple[int, int], tuple[in
     if m.op != "max" or mk != 0 or len(m.args) != 1 or m.args[0] != x:
         return None
     return x, s.args[1]
+
+
+def _fp16_only(bg: BlockGraph) -> bool:
+    """Every block input of ``bg`` is fp16 (or a 0/1 mask) and every output fp16: then a softmax term flushed
+    below 2**-126 (``tl.exp2``'s ``ex2.approx.ftz``) times any input value (at most 65504) stays below fp16's
+    resolution; with bf16 or fp32 factors up to 3e38 it need not (red team, twelfth session:
+    ``exp(x - max x) * y``)."""
+    ins = [n.outs[0].dtype for n in bg.nodes if n.op == "input"]
+    outs = [bg.nodes[a].outs[k].dtype for a, k in output_refs(bg)]
+    return all(d in (DType.float16, DType.bool) for d in ins) and all(d == DType.float16 for d in outs)
+
+
+def _flush_harmless(bg: BlockGraph, i: int) -> bool:
+    """Whether exp node ``i`` (a softmax's ``exp(x - max x)``, :func:`_max_shift`) may flush its results below
+    2**-126 to 0. Yes when the kernel is fp16 only (:func:`_fp16_only`) and the exp is read (through selects)
+    only by sums along the max's axis, whose rows hold exp(0) = 1, so a flushed term changes them by < 2**-126
+    relative; by divisions by such a sum (read in turn like the exp); and by products contracting that axis with
+    an fp16 block input, whose results (off by < 2**-126 * 65504 * K) are read only by rescaled sums, divisions
+    of them by such a sum (>= 1) and the kernel's fp16 outputs: an error below 2**-90 where fp16 resolves
+    2**-24. Otherwise (a bf16 / fp32 factor, a product by another value) a flushed term can be an output's
+    size."""
+    nodes = bg.nodes
+    if not _fp16_only(bg):
+        return False
+    shift = _max_shift(nodes, i)
+    assert shift is not None
+    rank = nodes[i].outs[0].rank
+    m = nodes[shift[1][0]]
+    if m.op == "running_max":
+        m = nodes[m.args[0][0]]
+    axis = neg_axis(m.attr("axis"), rank)
+    uses = _uses(nodes)
+
+    def row_sum(j: int) -> bool:  # a sum along the max's axis of the exp (or a rescaled sum of one)
+        n = nodes[j]
+        if n.op == "rescaled_sum":
+            return row_sum(n.args[0][0])
+        return n.op == "sum" and n.args[0][0] in exp_like and neg_axis(n.attr("axis"), rank) == axis
+
+    def scaled_down(j: int) -> bool:  # readers of a product of the exp keep its error's size
+        for u in uses.get(j, []):
+            n = nodes[u]
+            keeps = (n.op == "rescaled_sum" and n.args[0][0] == j) or (
+                n.op == "div" and n.args[0][0] == j and n.args[1][0] != j and row_sum(n.args[1][0]))
+            if not keeps or not scaled_down(u):
+                return False
+        return True
+
+    exp_like = {i}
+    todo = [i]
+    products = []
+    while todo:
+        j = todo.pop()
+        for u in uses.get(j, []):
+            n = nodes[u]
+            if n.op == "where" and n.args[0][0] != j:
+                exp_like.add(u)
+                todo.append(u)
+            elif n.op == "sum" and neg_axis(n.attr("axis"), rank) == axis:
+                continue
+            elif n.op == "div" and n.args[0][0] == j and n.args[1][0] != j and row_sum(n.args[1][0]):
+                exp_like.add(u)  # e / its row sum (>= 1): the softmax itself
+                todo.append(u)
+            elif OPS[n.op].has(Prop.CONTRACTION) and n.args[0][0] == j and n.args[1][0] != j \
+                    and axis == -1 and nodes[n.args[1][0]].op == "input":
+                products.append(u)
+            else:
+                return False
+    return all(scaled_down(u) for u in products)
 
 
 def _uses(nodes: Sequence[Node], live: set[int] | None = None) -> dict[int, list[int]]:
