@@ -1321,8 +1321,11 @@ def _max_shift(nodes: Sequence[Node], i: int) -> tuple[tuple[int, int], tuple[in
     sm_90 SASS); ``tl.exp2`` is ``ex2.approx.ftz.f32`` (causal attention's loop: 427 -> 296 instructions an
     iteration with the multiply and subtract fused, benchmarks/perf/NOTES.md session 12). The flush to zero only
     turns results below 2**-126 into 0: every row of ``exp(x - m)`` holds exp(0) = 1 at its max, so a flushed term
-    is below 2**-126 of its row's largest (and of the row sum a softmax divides by). NaN and infinities propagate
-    as before. The difference is taken first: the fused form ``x * LOG2E - m * LOG2E`` overflowed to inf - inf =
+    is below 2**-126 of its row's largest (and of the row sum a softmax divides by); but a later factor can scale
+    it up (times a bf16 / fp32 value near 3e38 it is an output's size), so the exp2 form is emitted only where
+    :func:`_flush_harmless` says the flush cannot show, else ``tl.exp``. NaN and infinities propagate as before.
+    The fused form's rounding of ``m * LOG2E`` (an exponent error of 2**-24 |m|, not cancelled by the online
+    softmax) is a second reason for the difference first (benchmarks/perf/NOTES.md session 13b). The difference is taken first: the fused form ``x * LOG2E - m * LOG2E`` overflowed to inf - inf =
     NaN at finite logits above 2.3e38 where eager's softmax is finite (found by
     ``tests/test_redteam_capture.py::test_held_special_values[softmax]``)."""
     n = nodes[i]
