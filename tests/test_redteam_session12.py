@@ -3,6 +3,8 @@ test that failed before its fix. The attacks that held are kept in ``tests/test_
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -67,6 +69,15 @@ def test_capture_close_let_a_huge_element_hide_wrong_small_ones() -> None:
     off = got.clone()
     off[0, :4] = off[0, :4] * 2 + 0.01  # (small probabilities beside a row's ~1: wrong by far more than rounding)
     assert not as_accurate(off, aten, ref)
+    # a peaky fp16 softmax (its median probability 1.1e-7, an fp16 subnormal): results rounded one subnormal step
+    # (6e-8) apart still pass (the per-element slack has the dtype's smallest normal in it)
+    p = torch.full((1, 4096), math.exp(-16.0), dtype=torch.float64)
+    p[0, 0] = 1.0
+    p = p / p.sum()
+    a16 = p.half()
+    k16 = a16.clone()
+    k16[0, 1::2] += 2.0**-24
+    assert _close(k16, a16) and as_accurate(k16, a16, p)
 
 
 @pytest.mark.gpu

@@ -612,12 +612,17 @@ def example_like(v: torch.Tensor, gen: torch.Generator, device: torch.device) ->
 _TOL = {torch.float32: 2e-3, torch.float16: 2e-2, torch.bfloat16: 6e-2}
 
 
-def _elementwise_slack(mag: torch.Tensor, tol: float) -> torch.Tensor:
+#: the smallest normal number of each dtype: below it values are stored with an absolute rounding error
+_TINY = {torch.float16: 2.0**-14, torch.bfloat16: 2.0**-126, torch.float32: 2.0**-126}
+
+
+def _elementwise_slack(mag: torch.Tensor, tol: float, dtype: torch.dtype) -> torch.Tensor:
     """Per element, ``tol`` of its own magnitude ``mag`` plus a typical one (the median nonzero magnitude, which a
-    few huge elements do not move): the largest-error test alone let one huge element hide wrong small ones
-    (``[1e6, 5, 5, 5]`` passed for ``[1e6, 1, 1, 1]``)."""
+    few huge elements do not move) plus the dtype's smallest normal (fp16 subnormals round by 6e-8): the
+    largest-error test alone let one huge element hide wrong small ones (``[1e6, 5, 5, 5]`` passed for
+    ``[1e6, 1, 1, 1]``)."""
     nz = mag[mag > 0]
-    return tol * (mag + (float(nz.median()) if nz.numel() else 0.0) + 1e-6)
+    return tol * (mag + (float(nz.median()) if nz.numel() else 0.0) + max(1e-6, _TINY.get(dtype, 0.0)))
 
 
 def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -630,7 +635,7 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
     scale = float(b64[fin].abs().max()) + 1e-6
     tol = _TOL.get(b.dtype, 2e-3)
     err = (a64[fin] - b64[fin]).abs()
-    return float(err.max()) <= tol * scale and bool((err <= _elementwise_slack(b64[fin].abs(), tol)).all())
+    return float(err.max()) <= tol * scale and bool((err <= _elementwise_slack(b64[fin].abs(), tol, b.dtype)).all())
 
 
 def reference64(gm: fx.GraphModule, lifted: Lifted, xs: Sequence[torch.Tensor]) -> list[torch.Tensor] | None:
@@ -672,7 +677,7 @@ def as_accurate(got: torch.Tensor, aten: torch.Tensor, ref: torch.Tensor) -> boo
     # (and element by element: within twice the ATen ops' error there, or the tolerance of its own magnitude)
     eg = (g[fin] - r[fin]).abs()
     ea = (a[fin] - r[fin]).abs() if torch.equal(torch.isfinite(a), fin) else torch.zeros_like(eg)
-    near = torch.maximum(2.0 * ea, _elementwise_slack(r[fin].abs(), tol))
+    near = torch.maximum(2.0 * ea, _elementwise_slack(r[fin].abs(), tol, got.dtype))
     return err_g <= max(2.0 * err_a, tol * scale) and bool((eg <= near).all())
 
 
