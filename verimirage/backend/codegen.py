@@ -1324,10 +1324,10 @@ def _max_shift(nodes: Sequence[Node], i: int) -> tuple[tuple[int, int], tuple[in
     is below 2**-126 of its row's largest (and of the row sum a softmax divides by); but a later factor can scale
     it up (times a bf16 / fp32 value near 3e38 it is an output's size), so the exp2 form is emitted only where
     :func:`_flush_harmless` says the flush cannot show, else ``tl.exp``. NaN and infinities propagate as before.
-    The fused form's rounding of ``m * LOG2E`` (an exponent error of 2**-24 |m|, not cancelled by the online
-    softmax) is a second reason for the difference first (benchmarks/perf/NOTES.md session 13b). The difference is taken first: the fused form ``x * LOG2E - m * LOG2E`` overflowed to inf - inf =
-    NaN at finite logits above 2.3e38 where eager's softmax is finite (found by
-    ``tests/test_redteam_capture.py::test_held_special_values[softmax]``)."""
+    The difference is taken first: the fused form ``x * LOG2E - m * LOG2E`` overflowed to inf - inf = NaN at
+    finite logits above 2.3e38 where eager's softmax is finite (found by
+    ``tests/test_redteam_capture.py::test_held_special_values[softmax]``), and its rounding of ``m * LOG2E`` is an
+    exponent error of 2**-24 |m| that the online softmax does not cancel (benchmarks/perf/NOTES.md session 13b)."""
     n = nodes[i]
     if n.op != "exp" or len(n.args) != 1:
         return None
