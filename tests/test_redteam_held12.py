@@ -19,7 +19,7 @@ holding. Kernels run in Triton's interpreter against float64 (``vm.evaluate``).
   re-checked where checked.
 * Codegen 11 (``exp(x - max x)`` as ``exp2((x - m) * log2e)``): the max over the other axis, the exp times another
   input, a softmax feeding a product, logits of scale 30 and 100: none off in the interpreter. (On a GPU
-  ``tl.exp2`` flushes results below 2**-126 to zero: see the report; exact in the interpreter.)
+  ``tl.exp2`` flushes results below 2**-126 to zero: a finding, tests/test_redteam_session12.py, fixed in afead57.)
 * The degree analysis (``ffref._degrees``): 1,500 random rational programs (division, pow -3..3, square, shift,
   scale, mean, sum, transpose, layouts, concat, products, several outputs) and 440 more with where (a bool mask,
   often last: the test fails when where's degree drops its mask's), each also as kernels and lowered (grids 1-2,
@@ -174,7 +174,8 @@ def test_exp2_of_a_max_shift_held(kind: str) -> None:
         g.output(g.add(g.div(g.matmul(e, g.input("W", (32, 16), F)), g.sum(e, 1)), g.sum(y, 1)))
     lows, _ = lower_all(g, grids=(1, 2), franges=(1, 2))
     mgs = [low.mugraph for low in lows[:6]]
-    assert any("tl.exp2" in generate(mg).source for mg in mgs)
+    for mg in mgs:  # (fp32 kernels keep tl.exp since afead57; either way the kernel is float64's value)
+        assert "tl.exp" in generate(mg).source
     rng = np.random.default_rng(1)
     ins = {str(t.name): rng.standard_normal(t.shape) * 30 for t in g.inputs}
     want = vm.evaluate(g, ins)[0]

@@ -81,9 +81,9 @@ def test_capture_close_let_a_huge_element_hide_wrong_small_ones() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.xfail(reason="open (low): tl.exp2 is ex2.approx.ftz on a GPU; see the docstring", strict=False)
 def test_exp2_of_a_max_shift_flushes_subnormal_terms_a_later_factor_scales_up() -> None:
-    """Finding (twelfth session, low, GPU only: the interpreter does not flush): codegen 11 emits a softmax's
+    """Finding (twelfth session, low, GPU only: the interpreter does not flush; fixed in afead57, exp2 only where
+    the flush cannot show, codegen._flush_harmless, with tests/test_codegen_exp2.py): codegen 11 emitted a softmax's
     ``exp(x - max x)`` as ``tl.exp2((x - m) * log2e)``, whose ``ex2.approx.ftz`` flushes results below 2**-126 to 0.
     ``_max_shift`` justifies that by the row holding exp(0) = 1, but it matches any ``exp(x - max x)``, whatever
     reads it: times a per-element factor (here ``* y``, or ``P @ V`` with such a V row) a flushed term is an output
