@@ -95,3 +95,23 @@ def test_programs_are_classified_by_what_bounds_them() -> None:
     assert "| memory |" in text and "| launch |" in text
     assert "Memory-bound programs at >= 70% of their floor: 1/2." in text
     assert "Launch-bound programs at >= 70% of their floor (the launch floor" in text
+
+
+def test_rotation_moves_twice_the_l2_per_replay(monkeypatch: pytest.MonkeyPatch) -> None:
+    # bench.py --rotate (issue 22, session 13c): qkv_bias's 33 MB of weights partly stayed in the H100's 50 MB L2
+    # between warm replays (run 16, H100: eager 11.3 us warm against an 11.2 us copy floor, 17.0 us rotated)
+    import types
+
+    import bench
+
+    props = types.SimpleNamespace(L2_cache_size=50 * 2**20)
+    monkeypatch.setattr(bench.torch.cuda, "get_device_properties", lambda i=0: props)
+    assert bench.rotation(33.3e6, False) == 1
+    assert bench.rotation(33.3e6, True) == 4  # 4 x 33 MB > 2 x 50 MB
+    assert bench.rotation(1.0e6, True) == 8  # at most 8 sets
+    assert bench.rotation(268e6, True) == 1  # already past the L2
+    calls: list[int] = []
+    monkeypatch.setattr(bench, "bench", lambda fn, cudagraph: (fn(), 12.0)[1])
+    got = bench.bench_sets(lambda x: calls.append(x), [[1], [2], [3]])
+    assert got == 4.0 and calls == [1, 2, 3]
+    assert bench.bench_sets(lambda x: calls.append(x), [[7]]) == 12.0 and calls[-1] == 7
