@@ -343,10 +343,12 @@ def test_restamp_plan_serves_a_certificate_of_an_older_code_generator(tmp_path: 
 
 
 @pytest.mark.slow
-def test_stored_decode_plan_matches_todays_code_generator() -> None:
-    """Every item of the committed decode plan has a Triton module today, and every certificate records its hash
-    (else the device rejects it: run ``corpus_capture.py --restamp-plan`` after a code-generator change)."""
-    path = Path(__file__).resolve().parent.parent / "benchmarks/results/capture/plan_decode_fp16.json"
+@pytest.mark.parametrize("dims", ["decode", "medium"])
+def test_stored_decode_plan_matches_todays_code_generator(dims: str) -> None:
+    """Every item of the committed decode plan (the forward timings') and medium plan (the training steps') has a
+    Triton module today, and every certificate records its hash (else the device rejects it: run
+    ``corpus_capture.py --restamp-plan`` after a code-generator change)."""
+    path = Path(__file__).resolve().parent.parent / f"benchmarks/results/capture/plan_{dims}_fp16.json"
     stale = []
     for key, items in json.loads(path.read_text()).items():
         for item in items:
