@@ -5,7 +5,9 @@ Each named method is a shorthand for ``apply(op, args, attrs)`` with the argumen
 (constants as floats, ``keepdim``, ``-1`` in a reshape, negative permute dims). They live apart from the IR
 core (:mod:`.graph`), which the certificate checker imports: the checker reads programs and never builds
 them, so none of this is part of what a ``Proved`` depends on. The builders load this module on first use
-of a name they lack (see :class:`verimirage.ir.graph.LoadsMethods`).
+so: importing :mod:`verimirage.ir` imports this module, which puts its methods on the IR's classes (:func:`install`):
+besides building, the conveniences the checker never reads (``g.nodes``, ``g.type_of``, graph equality, a node's
+``type``, the text of a block or thread graph on its own).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from .graph import (
 )
 from .limits import check_constant, check_shape
 from .ops import OPS, Level, Prop, TensorType, check_axis, get_op
+from .text import block_body, block_head, thread_body
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -105,11 +108,61 @@ class Tensor:
         return self.owner.neg(self)
 
 
+class NodeMethods:
+    """A node's conveniences (installed on :class:`~.graph.Node`)."""
+
+    outs: tuple[TensorType, ...]
+    op: str
+
+    @property
+    def type(self) -> TensorType:
+        """The single result type (GraphError for multi-result nodes)."""
+        if len(self.outs) != 1:
+            raise GraphError(f"{self.op} has {len(self.outs)} results; use outs[i]")
+        return self.outs[0]
+
+
+class BlockGraphMethods:
+    """A block graph's text on its own (installed on :class:`~.graph.BlockGraph`)."""
+
+    def __str__(self) -> str:
+        bg = cast(BlockGraph, self)
+        return f"block{block_head(bg)} {{\n{block_body(bg, '  ')}\n}}"
+
+
+class ThreadGraphMethods:
+    """A thread graph's text on its own (installed on :class:`~.graph.ThreadGraph`)."""
+
+    def __str__(self) -> str:
+        return f"thread {{\n{thread_body(cast(ThreadGraph, self), '  ')}\n}}"
+
+
 class GraphMethods:
-    """A kernel graph's building, JSON and dot methods (installed on :class:`~.graph.Graph`)."""
+    """A kernel graph's building, JSON and dot methods, its node list and equality (installed on
+    :class:`~.graph.Graph`)."""
 
     _nodes: list[Node]
     _outputs: list[Ref]
+
+    @property
+    def nodes(self) -> Sequence[Node]:
+        """The nodes, in order (read-only view)."""
+        return tuple(self._nodes)
+
+    def type_of(self, ref: Ref) -> TensorType:
+        """Type of the value ``ref``."""
+        return self._nodes[ref[0]].outs[ref[1]]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Graph) or type(other) is not type(self):
+            return NotImplemented
+        return self._nodes == other._nodes and self._outputs == other._outputs
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, tuple(self._nodes), tuple(self._outputs)))
+
+    def __repr__(self) -> str:
+        return str(self)
 
     def input(self, name: str, shape: Sequence[int], dtype: DType) -> Tensor:
         """A named input of static ``shape`` and ``dtype``."""
@@ -555,9 +608,10 @@ class BlockBuilder(_Builder):
 
 def install() -> None:
     """Put the methods on the builders' classes (done when this module is imported)."""
-    for src, dst in ((OpMethods, _Builder), (GraphMethods, Graph), (MuGraphMethods, MuGraph)):
+    for src, dst in ((OpMethods, _Builder), (GraphMethods, Graph), (MuGraphMethods, MuGraph), (NodeMethods, Node),
+                     (BlockGraphMethods, BlockGraph), (ThreadGraphMethods, ThreadGraph)):
         for name, fn in vars(src).items():
-            if not name.startswith("__"):
+            if not name.startswith("__") or name in ("__eq__", "__hash__", "__repr__", "__str__"):
                 setattr(dst, name, fn)
 
 
@@ -569,5 +623,5 @@ def installed() -> bool:
 install()
 
 
-__all__ = ["BlockBuilder", "GraphMethods", "MuGraphMethods", "OpMethods", "Tensor", "ThreadBuilder", "install",
-           "installed"]
+__all__ = ["BlockBuilder", "BlockGraphMethods", "GraphMethods", "MuGraphMethods", "NodeMethods", "OpMethods", "Tensor",
+           "ThreadBuilder", "ThreadGraphMethods", "install", "installed"]

@@ -26,8 +26,22 @@ from .ops import Level, TensorType
 Ref = tuple[int, int]  # (node index, result index)
 
 
+if TYPE_CHECKING:
+    from .builders import GraphMethods, MuGraphMethods, NodeMethods, OpMethods
+    from .builders import Tensor as Tensor
+else:  # (bases :mod:`.builders` fills in with the building, JSON and dot methods and conveniences: importing
+    # verimirage.ir imports it; the certificate checker's process never does, it reads programs, never builds them)
+    OpMethods = NodeMethods = object
+
+    class GraphMethods:
+        pass
+
+    class MuGraphMethods:
+        pass
+
+
 @dataclass(frozen=True)
-class Node:
+class Node(NodeMethods):
     """One operation: op name, operand refs, attributes (sorted pairs), result types."""
 
     op: str
@@ -46,13 +60,6 @@ class Node:
     def attr_dict(self) -> dict[str, Any]:
         """Attributes as a dict."""
         return dict(self.attrs)
-
-    @property
-    def type(self) -> TensorType:
-        """The single result type (GraphError for multi-result nodes)."""
-        if len(self.outs) != 1:
-            raise GraphError(f"{self.op} has {len(self.outs)} results; use outs[i]")
-        return self.outs[0]
 
 
 def make_attrs(d: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
@@ -89,20 +96,6 @@ def live_nodes(nodes: Sequence[Node], outputs: Iterable[Ref]) -> set[int]:
 # --------------------------------------------------------------------------- builders
 
 
-if TYPE_CHECKING:
-    from .builders import GraphMethods, MuGraphMethods, OpMethods
-    from .builders import Tensor as Tensor
-else:  # (bases :mod:`.builders` fills in with the building, JSON and dot methods: importing verimirage.ir imports
-    # it; the certificate checker's process never does, it reads programs and never builds them)
-    OpMethods = object
-
-    class GraphMethods:
-        pass
-
-    class MuGraphMethods:
-        pass
-
-
 def __getattr__(name: str) -> Any:
     if name == "Tensor":  # (a value of a program under construction: the builders')
         from .builders import Tensor
@@ -122,21 +115,10 @@ class _Builder(OpMethods):
 class Graph(GraphMethods, _Builder):
     """A kernel-level tensor program (see API.md). Build it with its methods."""
 
-    _allow_custom = False
-
     def __init__(self) -> None:
         self._nodes: list[Node] = []
         self._outputs: list[Ref] = []
         self._level = Level.KERNEL
-
-    @property
-    def nodes(self) -> Sequence[Node]:
-        """The nodes, in order (read-only view)."""
-        return tuple(self._nodes)
-
-    def type_of(self, ref: Ref) -> TensorType:
-        """Type of the value ``ref``."""
-        return self._nodes[ref[0]].outs[ref[1]]
 
     def check(self, *, unused_inputs: bool = False) -> None:
         """Well-formedness check (raises GraphError showing the offending node).
@@ -154,21 +136,10 @@ class Graph(GraphMethods, _Builder):
         g._outputs = list(outputs)
         return g
 
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Graph) or type(other) is not type(self):
-            return NotImplemented
-        return self._nodes == other._nodes and self._outputs == other._outputs
-
-    def __hash__(self) -> int:
-        return hash((type(self).__name__, tuple(self._nodes), tuple(self._outputs)))
-
     def __str__(self) -> str:
         from .text import print_program
 
         return print_program(self)
-
-    def __repr__(self) -> str:
-        return str(self)
 
     # -- text and JSON
     @classmethod
@@ -211,7 +182,6 @@ def output_types(p: Graph | BlockGraph | ThreadGraph) -> list[TensorType]:
 class MuGraph(MuGraphMethods, Graph):
     """A μGraph: a kernel graph whose nodes may be ``custom`` kernels holding block graphs."""
 
-    _allow_custom = True
 
 
 # --------------------------------------------------------------------------- block and thread graphs
@@ -298,11 +268,6 @@ class BlockGraph:
             outs.append(TensorType(tuple(shape), t.dtype))
         return tuple(outs)
 
-    def __str__(self) -> str:
-        from .text import print_block
-
-        return print_block(self)
-
 
 @dataclass(frozen=True)
 class ThreadGraph:
@@ -314,8 +279,3 @@ class ThreadGraph:
     def type_of(self, ref: Ref) -> TensorType:
         """Type of the value ``ref``."""
         return self.nodes[ref[0]].outs[ref[1]]
-
-    def __str__(self) -> str:
-        from .text import print_thread
-
-        return print_thread(self)

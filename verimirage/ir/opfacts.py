@@ -1,16 +1,18 @@
 """Facts of the registry's ops that rewriting, partitioning, pruning and code generation read, and the
 certificate checker does not: index rules, how reductions combine, padding, homogeneity, families, e-graph
-shapes and scaling operands; the methods :data:`~.ops.LAZY_METHODS`; and the audit that every op has a meaning
-in every domain (:func:`missing_domains`, with its reviewed exceptions).
+shapes, scaling operands and attribute kinds; the methods :func:`index_map`, :func:`block_attrs`,
+:func:`attr_kind`; and the audit that every op has a meaning in every domain (:func:`missing_domains`, with its
+reviewed exceptions).
 
-They are read as attributes of an op (``OPS["sum"].reduce``, ``op.index_map(...)``): :class:`~.ops.OpDef`
-loads this module on first use of one (:data:`~.ops.LAZY_FACTS`), so the checker's process, which imports
-:mod:`.ops` for shapes, degrees and meanings, never loads it. An op declared elsewhere states its facts as
-keywords of :func:`~.ops.define_op`; the table below states the registry's own.
+They are read as attributes of an op (``OPS["sum"].reduce``, ``op.index_map(...)``), which :func:`install` puts
+on :class:`~.ops.OpDef` when this module is imported (importing :mod:`verimirage.ir` does); the checker's
+process, which imports :mod:`.ops` for shapes, degrees and meanings, never loads it. An op declared elsewhere
+states its facts as keywords of :func:`~.ops.define_op`; the table below states the registry's own.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 from collections.abc import Callable, Sequence
@@ -304,8 +306,21 @@ def block_attrs(op: OpDef, attrs: dict[str, Any], full_in_types: Sequence[Tensor
 
 
 def attr_kind(op: OpDef, key: str) -> str:
-    """The kind of attribute ``key`` (see :attr:`~.ops.OpDef.attr_kinds`)."""
+    """The kind of attribute ``key``: ``"int"``, ``"float"``, ``"axis"``, ``"ints"``, ``"axes"`` or ``"dtype"`` (the
+    op's fact ``attr_kinds``: how builders normalise it and how egglog holds it; not named there: a float)."""
     return op.attr_kinds.get(key, "float")
+
+
+def install() -> None:
+    """Put the facts (:data:`~.ops.LAZY_FACTS`, as properties) and the methods :func:`index_map`,
+    :func:`block_attrs`, :func:`attr_kind` on :class:`~.ops.OpDef` (done when this module is imported)."""
+    for name in LAZY_FACTS:
+        setattr(OpDef, name, property(functools.partial(fact, name=name)))
+    for fn in (index_map, block_attrs, attr_kind):
+        setattr(OpDef, fn.__name__, fn)
+
+
+install()
 
 
 # --------------------------------------------------------------------------- every op has every domain

@@ -29,11 +29,10 @@ A domain function is called as ``fn(args, attrs, in_types, out_types)``:
 from __future__ import annotations
 
 import enum
-import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -117,14 +116,12 @@ class Degree:
 DegreeRule = Callable[[list[int], dict[str, Any]], Degree]
 
 #: facts of an op that the certificate checker does not read (index rules, reductions, padding, homogeneity,
-#: families, e-graph shapes, scaling operands): :mod:`.opfacts` holds and documents them, and they load on
-#: first use (``OpDef.<fact>``); the value when an op states none
+#: families, e-graph shapes, scaling operands, attribute kinds), and the value when an op states none:
+#: :mod:`.opfacts` holds and documents them and puts them on :class:`OpDef` (``op.index``, ``op.reduce``, ...) with
+#: the methods ``op.index_map``, ``op.block_attrs``, ``op.attr_kind`` (importing :mod:`verimirage.ir` imports it;
+#: the checker's process never does)
 LAZY_FACTS: dict[str, Any] = {"index": None, "reduce": None, "pad": None, "homog": None, "family": None,
-                              "egg_shape": None, "scales_with": ()}
-#: methods of an op the checker does not call, defined in :mod:`.opfacts` (``op.index_map(in_types, attrs, out)``:
-#: its index rule applied; ``op.block_attrs(attrs, full_in_types)``: its attributes inside a block graph;
-#: ``op.attr_kind(key)``: see :attr:`OpDef.attr_kinds`), loaded on first use
-LAZY_METHODS = ("index_map", "block_attrs", "attr_kind")
+                              "egg_shape": None, "scales_with": (), "attr_kinds": {}}
 
 
 @dataclass(frozen=True)
@@ -140,9 +137,6 @@ class OpDef:
     doc: str
     min_args: int = 1
     domains: dict[str, DomainFn] = field(default_factory=dict, compare=False, hash=False)
-    #: kind of each attribute (``"int"``, ``"float"``, ``"axis"``, ``"ints"``, ``"axes"``, ``"dtype"``): how
-    #: builders normalise it and how egglog holds it; attributes not named here are floats
-    attr_kinds: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
     #: finite-field degree rule (see :class:`Degree`)
     degree: DegreeRule | None = field(default=None, compare=False, hash=False)
     #: per-package facts that are not meanings (e.g. ``"block"``: the backend's default block graph)
@@ -150,12 +144,8 @@ class OpDef:
     #: the :data:`LAZY_FACTS` stated for this op (read them as attributes: ``op.index``, ``op.reduce``, ...)
     facts: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
-    def __getattr__(self, name: str) -> Any:
-        if name not in LAZY_FACTS and name not in LAZY_METHODS:
-            raise AttributeError(f"'OpDef' object has no attribute {name!r}")
-        from . import opfacts
-
-        return functools.partial(getattr(opfacts, name), self) if name in LAZY_METHODS else opfacts.fact(self, name)
+    if TYPE_CHECKING:  # (the facts and methods :mod:`.opfacts` puts on the class)
+        def __getattr__(self, name: str) -> Any: ...
 
     def has(self, prop: Prop) -> bool:
         """Whether the op has property ``prop``."""

@@ -43,8 +43,9 @@ def _attrs(d: dict[str, Any]) -> str:
     return " {" + ", ".join(f"{k}={v!r}" for k, v in sorted(d.items())) + "}"
 
 
-def _block_attrs(bg: BlockGraph) -> dict[str, Any]:
-    return {"grid": bg.grid, "frange": bg.frange, **({"flimit": bg.flimit} if bg.flimit else {})}
+def block_head(bg: BlockGraph) -> str:
+    """A block graph's attributes as text (`` {frange=..., grid=...}``)."""
+    return _attrs({"grid": bg.grid, "frange": bg.frange, **({"flimit": bg.flimit} if bg.flimit else {})})
 
 
 def print_node(n: Node, i: int, nodes: Any = None, indent: str = "") -> str:
@@ -54,12 +55,12 @@ def print_node(n: Node, i: int, nodes: Any = None, indent: str = "") -> str:
     types = ", ".join(str(t) for t in n.outs)
     if n.op == "custom":
         bg: BlockGraph = n.attr("block")
-        return f"{head}{_attrs(_block_attrs(bg))} : {types} {{\n" + _block_body(
+        return f"{head}{block_head(bg)} : {types} {{\n" + block_body(
             bg, indent + "  "
         ) + f"\n{indent}}}"
     if n.op == "fused":
         tg: ThreadGraph = n.attr("thread")
-        return f"{head} : {types} {{\n" + _thread_body(tg, indent + "  ") + f"\n{indent}}}"
+        return f"{head} : {types} {{\n" + thread_body(tg, indent + "  ") + f"\n{indent}}}"
     return f"{head}{_attrs(n.attr_dict)} : {types}"
 
 
@@ -67,37 +68,29 @@ def _nodes_text(nodes: Any, indent: str) -> list[str]:
     return [print_node(n, i, nodes, indent) for i, n in enumerate(nodes)]
 
 
-def _block_body(bg: BlockGraph, indent: str) -> str:
+def block_body(bg: BlockGraph, indent: str) -> str:
+    """A block graph's nodes and outputs as text, one per line (indented by ``indent``)."""
     lines = _nodes_text(bg.nodes, indent)
     for r, om in zip(bg.outputs, bg.omaps, strict=True):
         lines.append(f"{indent}output {_ref(r, bg.nodes)}{_attrs({'omap': om.dims})}")
     return "\n".join(lines)
 
 
-def _thread_body(tg: ThreadGraph, indent: str) -> str:
+def thread_body(tg: ThreadGraph, indent: str) -> str:
+    """A thread graph's nodes and ``return`` line as text (indented by ``indent``)."""
     lines = _nodes_text(tg.nodes, indent)
     lines.append(f"{indent}return " + ", ".join(_ref(r, tg.nodes) for r in tg.outputs))
     return "\n".join(lines)
 
 
 def print_program(p: Any) -> str:
-    """Text of a kernel graph or μGraph (a block or thread graph: :func:`print_block`, :func:`print_thread`)."""
+    """Text of a kernel graph or μGraph (``str`` of a block or thread graph: :mod:`.builders`)."""
     nodes = node_list(p)
     kw = "mugraph" if isinstance(p, MuGraph) else "graph"
     lines = [f"{kw} {{", *_nodes_text(nodes, "  ")]
     lines.append("  return " + ", ".join(_ref(r, nodes) for r in output_refs(p)))
     lines.append("}")
     return "\n".join(lines)
-
-
-def print_block(bg: BlockGraph) -> str:
-    """Text of a block graph on its own."""
-    return f"block{_attrs(_block_attrs(bg))} {{\n{_block_body(bg, '  ')}\n}}"
-
-
-def print_thread(tg: ThreadGraph) -> str:
-    """Text of a thread graph on its own."""
-    return f"thread {{\n{_thread_body(tg, '  ')}\n}}"
 
 
 # --------------------------------------------------------------------------- parser
