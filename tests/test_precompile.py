@@ -92,3 +92,28 @@ def test_precompiled_kernels_are_cached_and_give_the_serial_results(name: str) -
     a, b = prog(*xs), serial(*xs)
     for x, y in zip(a if isinstance(a, tuple) else (a,), b if isinstance(b, tuple) else (b,), strict=True):
         assert torch.equal(x, y)
+
+
+def test_a_failed_precompile_left_triton_async_mode_naming_a_shut_down_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    # finding (H200 training run, 2026-11-26 21:22): one kernel's failed compilation (OutOfResources) made every later
+    # compilation of the process fail with "cannot schedule new futures after shutdown": Triton's AsyncCompileMode
+    # re-raises before it clears its active mode, which then names precompile's shut-down pool
+    import triton.runtime._async_compile as ac
+
+    g, prog = _program()
+    xs = _inputs(g, "cpu")
+
+    def boom() -> None:
+        raise RuntimeError("out of resource: shared memory (simulated)")
+
+    for k in prog.kernels:
+        def run(*args: Any, grid: Any, warmup: bool, _name: str = k.name, **kw: Any) -> None:
+            mode = ac.active_mode.get()
+            assert mode is not None
+            mode.submit(_name, boom, lambda kernel: None)
+
+        monkeypatch.setattr(getattr(prog.module, k.name), "run", run)
+    monkeypatch.setattr(pc, "_interpreting", lambda: False)
+    with pytest.raises(RuntimeError, match="out of resource"):
+        pc.precompile(prog, *xs, workers=2)
+    assert ac.active_mode.get() is None  # the next compilation compiles as usual

@@ -43,8 +43,7 @@ def _interpreting() -> bool:
 def _submit(program: Any, xs: Sequence[Any], workers: int) -> int:
     from concurrent.futures import ThreadPoolExecutor
 
-    import torch
-    from triton.runtime._async_compile import AsyncCompileMode
+    from triton.runtime import _async_compile
 
     device = xs[0].device
     bufs: dict[int, Any] = {}
@@ -56,19 +55,36 @@ def _submit(program: Any, xs: Sequence[Any], workers: int) -> int:
         return xs[ref[1]] if ref[0] == "in" else bufs[ref[1]]
 
     t0 = time.perf_counter()
-    n = 0
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="vm-compile") as pool, AsyncCompileMode(pool):
-        for st in program.steps:
-            jit = getattr(program.module, st.kernel)
-            for bi, shape, dt in st.outs:
-                # the buffers the first call allocates: fresh (aligned, contiguous) tensors of these shapes
-                bufs[bi] = torch.empty(shape, device=device, dtype=getattr(torch, dt))
-            call: list[Any] = []
-            for ref, rank in (*st.args, *((("buf", bi), len(shape)) for bi, shape, _ in st.outs)):
-                t = value(ref)
-                call.append(t)
-                call += [t.stride(d) for d in range(rank)]
-            jit.run(*call, grid=st.grid, warmup=True, **program.launch[st.kernel])
-            n += 1
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="vm-compile") as pool:
+        mode = _async_compile.AsyncCompileMode(pool)
+        try:
+            with mode:
+                n = _warm(program, value, bufs, device)
+        finally:
+            # Triton's AsyncCompileMode.__exit__ re-raises a failed compilation before it clears the active mode, which
+            # then names this shut-down pool: every later compilation in the process would fail with "cannot
+            # schedule new futures after shutdown" (seen in the H200 training run of 2026-11-26 21:22)
+            if _async_compile.active_mode.get() is mode:
+                _async_compile.active_mode.set(None)
     log.debug("precompiled %d kernel(s) in %.2f s with %d thread(s)", n, time.perf_counter() - t0, workers)
+    return n
+
+
+def _warm(program: Any, value: Any, bufs: dict[int, Any], device: Any) -> int:
+    """Submit (``warmup=True``) every step's kernel of ``program`` for its first call's arguments."""
+    import torch
+
+    n = 0
+    for st in program.steps:
+        jit = getattr(program.module, st.kernel)
+        for bi, shape, dt in st.outs:
+            # the buffers the first call allocates: fresh (aligned, contiguous) tensors of these shapes
+            bufs[bi] = torch.empty(shape, device=device, dtype=getattr(torch, dt))
+        call: list[Any] = []
+        for ref, rank in (*st.args, *((("buf", bi), len(shape)) for bi, shape, _ in st.outs)):
+            t = value(ref)
+            call.append(t)
+            call += [t.stride(d) for d in range(rank)]
+        jit.run(*call, grid=st.grid, warmup=True, **program.launch[st.kernel])
+        n += 1
     return n
