@@ -44,7 +44,7 @@ def _lean_checks(returns: list[tuple[str, int]], buf_meta: dict[int, Any], xs: l
     plan.c_plan = None
     plan.device = xs[0].device
     plan.returned_bufs = [bi for bi in buf_meta]
-    prog = SimpleNamespace(input_names=[f"i{k}" for k in range(len(xs))], returns=returns, steps=[])
+    prog = SimpleNamespace(input_names=[f"i{k}" for k in range(len(xs))], returns=returns, steps=[], views=[])
     src, env = plan._source(prog, [], buf_meta, {}, 0, {bi for bi in buf_meta})  # type: ignore[arg-type]
     hooks = SimpleNamespace(calls=False)
     env.update(MISS=runtime._MISS, DEV=-1, get_device=lambda: -1, get_stream=lambda d: 0, HOOK_IN=hooks,

@@ -157,6 +157,11 @@ ALLOWED = {
     ("rewrite/stabilise.py", "norm_into_projections"): "recognises a weighted rms_norm read by matmuls (the norm "
                                                        "into the projections' prologue, rule rms-norm-matmul)",
     ("pipeline/regions.py", "_norm_to_readers"): "moves an rms_norm read only by the next chunk's matmuls into it",
+    ("backend/codegen.py", "_flush_harmless"): "follows a softmax's exp to its row sums, divisions and products: "
+                                               "exp2's flush shows nowhere else (twelfth session's red-team fix)",
+    ("backend/codegen.py", "_view_kernel"): "a kernel of only input and reshape nodes is a view, not a launch",
+    ("rewrite/partition.py", "normalise"): "drops a broadcast_to an element-wise reader broadcasts anyway, and "
+                                           "writes mean as a scaled sum",
 }
 _STRUCT = {n for n, o in OPS.items() if o.has(Prop.STRUCTURAL) or o.has(Prop.LOOP)}
 
