@@ -1585,8 +1585,6 @@ def kernel_source(bg: BlockGraph, arg_types: Sequence[TensorType], name: str = "
                            kg.uses_dot and kg.full_dots == 0)
 
 
-#: Streaming multiprocessors of an H100 / H200 (as ``tuning.NUM_SMS``).
-NUM_SMS = 132
 #: ``pdl="auto"``: a kernel lets the next one launch at its start when that one has at most this many blocks.
 PDL_EARLY_MAX_BLOCKS = 64
 
@@ -1695,7 +1693,8 @@ def generate(program: Any, tiles: TileOptions | None = None,
         inline = _inline_masks(nodes, n)
         mode = pdl
         if pdl == "auto":  # early only where the next kernel's blocks are few (where they land matters little)
-            mode = "start" if next_blocks.get(i, NUM_SMS) <= PDL_EARLY_MAX_BLOCKS else "end"
+            nb = next_blocks.get(i)  # (None: the last launch, which has no next kernel)
+            mode = "start" if nb is not None and nb <= PDL_EARLY_MAX_BLOCKS else "end"
         src, info = kernel_source(bg, arg_types, kname, tiles_for(bg, arg_types) if tiles_for else tiles,
                                   [store_dtype(r) for r in n.args], [store_dtype((i, k)) for k in range(len(n.outs))],
                                   inline, mode)

@@ -49,10 +49,9 @@ def _submit(program: Any, xs: Sequence[Any], workers: int) -> int:
     bufs: dict[int, Any] = {}
 
     def value(ref: tuple[str, int]) -> Any:
-        if ref[0] == "view":  # (another value's memory under a new shape: ModuleSource.views)
-            src, shape = program.views[ref[1]]
-            return value(src).view(shape)
-        return xs[ref[1]] if ref[0] == "in" else bufs[ref[1]]
+        from .runtime import value_of
+
+        return value_of(ref, xs, bufs, program.views)
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="vm-compile") as pool:

@@ -233,10 +233,7 @@ class _LeanPlan:
         bufs: dict[int, Any] = {}
 
         def value(ref: tuple[str, int]) -> Any:
-            if ref[0] == "view":  # (another value's memory under a new shape: ModuleSource.views)
-                src, shape = prog.views[ref[1]]
-                return value(src).view(shape)
-            return xs[ref[1]] if ref[0] == "in" else bufs[ref[1]]
+            return value_of(ref, xs, bufs, prog.views)
 
         buf_meta: dict[int, tuple[tuple[int, ...], Any]] = {}
         launches: list[tuple[Any, tuple[int, int, int], list[Any]]] = []
@@ -458,6 +455,16 @@ class _LeanPlan:
             lines.append(f"    bump(({', '.join(outs)},))")
             lines.append("    return out")
         return "\n".join(lines) + "\n", env
+
+
+def value_of(ref: tuple[str, int], xs: Sequence[Any], bufs: dict[int, Any],
+             views: Sequence[tuple[tuple[str, int], tuple[int, ...]]]) -> Any:
+    """The tensor of ``ref`` (:data:`~verimirage.backend.codegen.ValueRef`) in a call on inputs ``xs`` with the
+    launcher's buffers ``bufs``: a view (:attr:`ModuleSource.views`) is its source's memory under its shape."""
+    if ref[0] == "view":
+        src, shape = views[ref[1]]
+        return value_of(src, xs, bufs, views).view(shape)
+    return xs[ref[1]] if ref[0] == "in" else bufs[ref[1]]
 
 
 def _view_base(views: Sequence[tuple[tuple[str, int], tuple[int, ...]]], ref: tuple[str, int]) -> tuple[str, int]:
