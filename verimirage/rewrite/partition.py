@@ -39,7 +39,7 @@ from ..ir.builders import BlockBuilder, ThreadBuilder
 from ..ir.errors import GraphError
 from ..ir.graph import Graph, MuGraph, Tensor, node_list, output_refs
 from ..ir.opfacts import IndexMap
-from ..ir.ops import Prop, TensorType, get_op, reshape_groups
+from ..ir.ops import Prop, TensorType, broadcast_shapes, get_op, reshape_groups
 from .lift import Term, graph_terms, term_to_graph
 
 log = logging.getLogger(__name__)
@@ -375,16 +375,12 @@ class Lowered:
     config: Config | None = None
 
 
-def _broadcast_shape(shapes: Sequence[tuple[int, ...]]) -> tuple[int, ...] | None:
-    """The numpy broadcast of ``shapes`` (right-aligned), or None where two dims differ and neither is 1."""
-    r = max(len(s) for s in shapes)
-    out = []
-    for j in range(r):
-        dims = {s[j - r + len(s)] for s in shapes if j - r + len(s) >= 0} - {1}
-        if len(dims) > 1:
-            return None
-        out.append(dims.pop() if dims else 1)
-    return tuple(out)
+def _broadcasts_to(op: str, ts: Sequence[TensorType], shape: tuple[int, ...]) -> bool:
+    """Whether operands of types ``ts`` of the element-wise ``op`` broadcast (numpy rules) to ``shape``."""
+    try:
+        return broadcast_shapes(op, ts) == tuple(shape)
+    except GraphError:
+        return False
 
 
 def normalise(g: Graph) -> Graph:
@@ -406,9 +402,6 @@ def normalise(g: Graph) -> Graph:
     def implicit(n: Any) -> bool:  # an element-wise op broadcasting its operands (the default index rule)
         return get_op(n.op).has(Prop.ELEMENTWISE) and len(n.args) > 1 and "index" not in get_op(n.op).facts
 
-    def shape(a: int, k: int) -> tuple[int, ...]:
-        return tuple(nodes[a].outs[k].shape)
-
     elide = any(implicit(n) and any(nodes[a].op == "broadcast_to" for a, _ in n.args) for n in nodes)
     if not elide and not any(is_mean(n) for n in nodes):
         return g
@@ -421,17 +414,16 @@ def normalise(g: Graph) -> Graph:
             memo[i] = Term("scale", (("c", 1.0 / cnt),), (Term("sum", (("axis", ax),), args),))
             continue
         if implicit(n):
-            shapes = [shape(a, k) for a, k in n.args]
+            types = [nodes[a].outs[k] for a, k in n.args]
             new = list(args)
             for j, (a, _) in enumerate(n.args):
                 src = nodes[a]
                 if src.op != "broadcast_to":
                     continue
-                inner = shape(*src.args[0])
-                trial = [*shapes[:j], inner, *shapes[j + 1:]]
-                if (src.outs[0].dtype == nodes[src.args[0][0]].outs[src.args[0][1]].dtype
-                        and _broadcast_shape(trial) == tuple(n.outs[0].shape)):
-                    shapes, new[j] = trial, memo[src.args[0][0]]
+                inner = nodes[src.args[0][0]].outs[src.args[0][1]]
+                trial = [*types[:j], inner, *types[j + 1:]]
+                if src.outs[0].dtype == inner.dtype and _broadcasts_to(n.op, trial, n.outs[0].shape):
+                    types, new[j] = trial, memo[src.args[0][0]]
             args = tuple(new)
         memo[i] = Term(n.op, n.attrs, args)
     inputs = [(t.name, t.type) for t in g.inputs if t.name is not None]
