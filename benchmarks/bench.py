@@ -30,7 +30,22 @@ several input sets in turn, enough to move twice the L2 per replay of the
 graph (``rotation``): without it, a program whose inputs fit in L2 (the H100's
 50 MB) finds part of them there from the previous replay, which no layer of a
 model does with its weights (``triton.testing.do_bench`` flushes L2 for the
-same reason). The profiler's ranking among candidates stays warm.
+same reason). The profiler's ranking among candidates stays warm. ``--rotate`` is the
+default of ``--set models`` (``--no-rotate`` for warm timings); the suite keeps warm
+timings by default until its results are re-timed rotated.
+
+Cost of a run (issue 22: the whole models set in one device call of <= 300 s):
+``--prewarm N`` also compiles the ``torch.compile`` baseline of every case in
+the pool (Inductor's FX-graph and autotuning caches on disk), each worker's
+GPU benchmarking serialised by a file lock (:func:`_gpu_lock`) so that its
+autotuning times kernels alone on the GPU, as a serial compile would; the
+timing loop then compiles from the cache (``inductor_cache_hit``) and times
+alone. ``--rep-ms`` sets the reported timings' window (``do_bench_cudagraph``
+``rep``: 10 replays of that many ms of calls each) and ``--select-rep-ms`` the
+profiler's; the profiler checks each candidate against the harness's float64
+reference on the GPU instead of ``vm.evaluate`` on the host. ``--budget-s``
+starts no case after that many seconds. Each row records its phases' seconds
+(``phase_s``).
 """
 
 from __future__ import annotations
@@ -60,14 +75,18 @@ import verimirage as vm
 log = logging.getLogger("bench")
 ATTN = {"gqa", "mha", "mqa", "qknorm_gqa", "gqa_stable", "mha_stable"}
 
+#: the reported timings' window in ms (``--rep-ms``): ``do_bench_cudagraph`` replays a graph of that many ms of
+#: calls 10 times and takes the median; ``do_bench`` repeats calls for that long
+REP_MS = 200
+
 
 def bench(fn: Any, cudagraph: bool) -> float:
-    """Median time of ``fn`` in microseconds."""
+    """Median time of ``fn`` in microseconds (window :data:`REP_MS`)."""
     from triton.testing import do_bench, do_bench_cudagraph
 
     if cudagraph:
-        return 1e3 * float(do_bench_cudagraph(fn, rep=200, return_mode="median"))
-    return 1e3 * float(do_bench(fn, warmup=25, rep=200, return_mode="median"))
+        return 1e3 * float(do_bench_cudagraph(fn, rep=REP_MS, return_mode="median"))
+    return 1e3 * float(do_bench(fn, warmup=25, rep=REP_MS, return_mode="median"))
 
 
 def bench_sets(fn: Any, sets: list[list[torch.Tensor]]) -> float:
@@ -217,11 +236,83 @@ def spearman(xs: list[float], ys: list[float]) -> float | None:
     return sxy / math.sqrt(sxx * syy)
 
 
+#: the file whose lock serialises the prewarm pool's GPU benchmarking (:func:`_gpu_lock`)
+GPU_LOCK = "/tmp/verimirage_bench_gpu.lock"
+_LOCK_DEPTH = [0]
+
+
+def _gpu_lock(fn: Any) -> Any:
+    """``fn`` holding an exclusive lock on :data:`GPU_LOCK` (re-entrant within a process): the prewarm pool's
+    Inductor workers time their autotuning choices one process at a time, so no choice is timed while another
+    worker's benchmark shares the GPU (a serial ``torch.compile`` would time each alone too)."""
+    import fcntl
+    import functools
+
+    @functools.wraps(fn)
+    def locked(*args: Any, **kwargs: Any) -> Any:
+        if _LOCK_DEPTH[0]:
+            return fn(*args, **kwargs)
+        with open(GPU_LOCK, "a") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            _LOCK_DEPTH[0] += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _LOCK_DEPTH[0] -= 1
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    return locked
+
+
+def _lock_inductor_benchmarks() -> int:
+    """Wrap every ``benchmark*`` method of Inductor's benchmarker classes with :func:`_gpu_lock`; how many."""
+    import inspect
+
+    from torch._inductor.runtime import benchmarking
+
+    n = 0
+    for obj in vars(benchmarking).values():
+        if isinstance(obj, type) and obj.__module__ == benchmarking.__name__:
+            for attr, fn in list(vars(obj).items()):
+                if attr.startswith("benchmark") and inspect.isfunction(fn) and not getattr(fn, "_gpu_locked", 0):
+                    locked = _gpu_lock(fn)
+                    locked._gpu_locked = 1
+                    setattr(obj, attr, locked)
+                    n += 1
+    return n
+
+
+INDUCTOR_MODE = "max-autotune-no-cudagraphs"
+
+
+def _prewarm_inductor(gtext: str, name: str, seed: int) -> int:
+    """``torch.compile`` (max-autotune) the eager baseline of one case and run it once: its compiled graph and
+    autotuning choices land in Inductor's disk caches, which the timing loop's compile of the same function on
+    inputs of the same shapes hits. 1 when done."""
+    import torch._inductor.config
+
+    torch._inductor.config.compile_threads = 4  # not part of the cache key; 16 cores among the pool's workers
+    log.info("prewarm: %s's torch.compile, %d benchmark methods locked", name, _lock_inductor_benchmarks())
+    g = vm.Graph.parse(gtext)
+    ins = make_inputs(g, name, seed)
+    torch._dynamo.reset()
+    torch.compile(torch_fn(g), mode=INDUCTOR_MODE)(*ins)
+    torch.cuda.synchronize()
+    return 1
+
+
 def _prewarm_worker(job: tuple[str, str, int, list[str], list[int]]) -> int:
-    """Compile and run once each (candidate, configuration) of one case (fills Triton's disk cache)."""
+    """Compile and run once each (candidate, configuration) of one case (fills Triton's disk cache); with no
+    candidates, the case's ``torch.compile`` baseline instead (:func:`_prewarm_inductor`)."""
     from verimirage.backend.profile import DEFAULT_CONFIGS
 
     gtext, name, seed, cands, cfgs = job
+    if not cands:
+        try:
+            return _prewarm_inductor(gtext, name, seed)
+        except Exception as e:  # the timing loop compiles it again and reports it
+            log.warning("prewarm: torch.compile of %s failed: %s", name, e)
+            return 0
     g = vm.Graph.parse(gtext)
     ins = make_inputs(g, name, seed)
     named = {t.name: x for t, x in zip(g.inputs, ins, strict=True)}
@@ -244,7 +335,8 @@ def prewarm(jobs: list[tuple[str, str, int, list[str], list[int]]], workers: int
     t0 = time.perf_counter()
     with mp.get_context("spawn").Pool(workers) as pool:
         done = sum(pool.map(_prewarm_worker, jobs, chunksize=1))
-    log.info("prewarm: %d kernels compiled in %.1f s by %d workers", done, time.perf_counter() - t0, workers)
+    log.info("prewarm: %d kernels and baselines compiled in %.1f s by %d workers", done, time.perf_counter() - t0,
+             workers)
 
 
 def sdpa_fn(name: str, g: vm.Graph, ins: list[torch.Tensor]) -> tuple[Any, list[torch.Tensor]]:
@@ -281,17 +373,22 @@ def load_candidates(g: vm.Graph, case: str, directory: Path | None) -> tuple[lis
 
 def verimirage_variant(g: vm.Graph, case: str, ins: list[torch.Tensor], ref: Any, top_k: int,
                        cand_dir: Path | None, n_configs: int, quick: bool = False,
-                       sets: list[list[torch.Tensor]] | None = None) -> dict[str, Any]:
+                       sets: list[list[torch.Tensor]] | None = None, select_rep_ms: int = 50) -> dict[str, Any]:
     """Profile the verified candidates (x launch configurations) on this GPU; the fastest correct one wins.
     ``sets``: the input sets the reported times rotate through (:func:`bench_sets`; default ``[ins]``); the
-    profiler's own ranking times ``ins`` alone."""
+    profiler's own ranking times ``ins`` alone, each (candidate, configuration) checked against ``ref`` (the
+    float64 reference, on the GPU)."""
     sets = sets or [ins]
     from verimirage.backend.profile import DEFAULT_CONFIGS, select
 
+    phase: dict[str, float] = {}
+    t0 = time.perf_counter()
     cands, search_s, costs = load_candidates(g, case, cand_dir)
     cands, costs = cands[:top_k], costs[:top_k]
     named = {t.name: x for t, x in zip(g.inputs, ins, strict=True)}
-    timings = select(g, cands, inputs=named, cache=False, configs=DEFAULT_CONFIGS[:n_configs])
+    timings = select(g, cands, inputs=named, cache=False, configs=DEFAULT_CONFIGS[:n_configs],
+                     rep_ms=select_rep_ms, reference=list(ref) if isinstance(ref, tuple) else [ref])
+    phase["select"] = time.perf_counter() - t0
     tried = [{"rank": t.index, "kernels": cands[t.index].num_kernels, "config": str(t.config),
               "ms": t.ms, "error": t.error} for t in timings]
     best: tuple[float, Any, Any] | None = None
@@ -305,7 +402,9 @@ def verimirage_variant(g: vm.Graph, case: str, ins: list[torch.Tensor], ref: Any
         us = bench_sets(fn, sets)
         if err < 2e-2 and (best is None or us < best[0]):
             best = (us, cands[t.index], fn)
-    out: dict[str, Any] = {"search_s": search_s, "candidates": tried, "num_candidates": len(cands)}
+    phase["retime"] = time.perf_counter() - t0 - phase["select"]
+    out: dict[str, Any] = {"search_s": search_s, "candidates": tried, "num_candidates": len(cands),
+                           "phase_s": phase}
     # every candidate's estimate next to its fastest measured configuration (the cost model's calibration)
     best_ms: dict[int, float] = {}
     for t in timings:
@@ -347,6 +446,7 @@ def case_graph(name: str, batch: int, models: bool) -> tuple[vm.Graph, str]:
 
 def run_case(name: str, batch: int, ceil: dict[str, float], args: argparse.Namespace) -> dict[str, Any]:
     models = args.set == "models"
+    tp = time.perf_counter()
     g, case = case_graph(name, batch, models)
     ins = make_inputs(g, name, seed=batch)
     f = torch_fn(g)
@@ -359,17 +459,23 @@ def run_case(name: str, batch: int, ceil: dict[str, float], args: argparse.Names
     rot = rotation(by, args.rotate)
     sets = [ins] + [make_inputs(g, name, seed=batch + 1000 * i) for i in range(1, rot)]
     row["rotate"] = rot
+    phase = {"inputs": time.perf_counter() - tp}
     row["eager_err"] = rel_err(f(*ins), ref)
     row["eager_us"] = bench_sets(f, sets)
     if not models:
         row["eager_plain_us"] = bench(lambda: f(*ins), cudagraph=False)
         row["eager_host_us"], row["eager_loop_us"] = loop(lambda: f(*ins))
+    phase["eager"] = time.perf_counter() - tp - sum(phase.values())
     if not args.no_inductor:
         try:
+            from torch._dynamo.utils import counters
+
             t_ind = time.perf_counter()
             torch._dynamo.reset()  # a fresh compile per case (else dynamo's recompile limit falls back to eager)
-            cf = torch.compile(f, mode="max-autotune-no-cudagraphs")
+            hits = counters["inductor"]["fxgraph_cache_hit"]
+            cf = torch.compile(f, mode=INDUCTOR_MODE)
             row["inductor_err"] = rel_err(cf(*ins), ref)
+            row["inductor_cache_hit"] = counters["inductor"]["fxgraph_cache_hit"] > hits
             row["inductor_us"] = bench_sets(cf, sets)
             if not models:
                 row["inductor_plain_us"] = bench(lambda: cf(*ins), cudagraph=False)
@@ -377,18 +483,21 @@ def run_case(name: str, batch: int, ceil: dict[str, float], args: argparse.Names
             row["inductor_compile_s"] = time.perf_counter() - t_ind
         except Exception as e:
             row["inductor_error"] = f"{type(e).__name__}: {e}"[:300]
+    phase["inductor"] = time.perf_counter() - tp - sum(phase.values())
     if (name in ATTN and not models) or (models and name in MODEL_SDPA):
         sf, sins = model_sdpa_fn(name, g, ins) if models else sdpa_fn(name, g, ins)
         row["sdpa_err"] = rel_err(sf(*sins), ref)
         if row["sdpa_err"] < 2e-2:
             ssets = [sins] + [(model_sdpa_fn(name, g, x) if models else sdpa_fn(name, g, x))[1] for x in sets[1:]]
             row["sdpa_us"] = bench_sets(sf, ssets)
+    phase["sdpa"] = time.perf_counter() - tp - sum(phase.values())
     try:
         row.update(verimirage_variant(g, row["case"], ins, ref, args.top_k, args.candidates, args.configs,
-                                      quick=models, sets=sets))
+                                      quick=models, sets=sets, select_rep_ms=args.select_rep_ms))
     except Exception as e:
         row["verimirage_error"] = f"{type(e).__name__}: {e}"[:500]
         log.error("verimirage failed on %s: %s", row["case"], traceback.format_exc())
+    row["phase_s"] = {**phase, **row.get("phase_s", {})}
     base = [row[k] for k in ("eager_us", "inductor_us", "sdpa_us") if k in row]
     row["best_baseline_us"] = min(base)
     if "verimirage_us" in row:
@@ -483,13 +592,23 @@ def main() -> int:
     ap.add_argument("--top-k", type=int, default=12,
                     help="candidates to profile, in file order (distinct structures first, then their variants)")
     ap.add_argument("--configs", type=int, default=4, help="how many of profile.DEFAULT_CONFIGS to sweep")
-    ap.add_argument("--rotate", action="store_true",
+    ap.add_argument("--rotate", action=argparse.BooleanOptionalAction, default=None,
                     help="time every variant (baselines and ours alike) rotating through enough input sets that a "
-                         "call moves twice the L2 (bench.rotation): no weights warm in L2 from the previous call")
+                         "call moves twice the L2 (bench.rotation): no weights warm in L2 from the previous call "
+                         "(default: on for --set models, off for the suite)")
+    ap.add_argument("--rep-ms", type=int, default=200, help="reported timings' window in ms (bench.REP_MS)")
+    ap.add_argument("--select-rep-ms", type=int, default=50, help="the profiler's timing window in ms")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="start no case after this many seconds from the start (rows so far are written)")
     ap.add_argument("--candidates", type=Path, default=None,
                     help="directory of candidate files from benchmarks/prepare_candidates.py (default: search here)")
     args = ap.parse_args()
+    t_start = time.perf_counter()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    global REP_MS
+    REP_MS = args.rep_ms
+    if args.rotate is None:
+        args.rotate = args.set == "models"
     if not torch.cuda.is_available():
         print("bench: needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -515,6 +634,9 @@ def main() -> int:
                      "over `rotate` input sets in turn (a row's `rotate`: enough sets to move twice the L2, <= 8)"
                      if args.rotate else ""),
         "rotate": args.rotate,
+        "rep_ms": args.rep_ms,
+        "select_rep_ms": args.select_rep_ms,
+        "configs": args.configs,
         "ceilings": ceilings(),
         "set": args.set,
         "rows": [],
@@ -529,11 +651,19 @@ def main() -> int:
                 except OSError:
                     continue
                 jobs += [(str(g), name, batch, [c["mugraph"]], list(range(args.configs))) for c in cands]
-        jobs.sort(key=lambda j: -len(j[3][0]))  # the biggest kernels first
+                if not args.no_inductor:
+                    jobs.append((str(g), name, batch, [], []))
+        jobs.sort(key=lambda j: (bool(j[3]), -len(j[3][0]) if j[3] else 0))  # baselines, then the biggest kernels
+        t0 = time.perf_counter()
         prewarm(jobs, args.prewarm)
+        doc["prewarm_s"] = time.perf_counter() - t0
     for batch in batches:
         for name in args.cases:
             t0 = time.perf_counter()
+            if args.budget_s is not None and t0 - t_start > args.budget_s:
+                log.warning("budget of %.0f s spent: %s not run", args.budget_s, name)
+                doc.setdefault("not_run", []).append(name if models else f"{name}_bs{batch}")
+                continue
             try:
                 row = run_case(name, batch, doc["ceilings"], args)
             except Exception as e:

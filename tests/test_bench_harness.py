@@ -115,3 +115,61 @@ def test_rotation_moves_twice_the_l2_per_replay(monkeypatch: pytest.MonkeyPatch)
     got = bench.bench_sets(lambda x: calls.append(x), [[1], [2], [3]])
     assert got == 4.0 and calls == [1, 2, 3]
     assert bench.bench_sets(lambda x: calls.append(x), [[7]]) == 12.0 and calls[-1] == 7
+
+
+def test_rel_error_on_torch_tensors_is_the_numpy_measure() -> None:
+    # bench.py passes its float64 reference (a GPU tensor) to profile.select, which compares each candidate on the
+    # reference's device (profile._rel_error_torch) instead of copying a 2048 x 32000 output to numpy per config:
+    # the same three terms, the median of an even count the mean of the two middle values
+    from verimirage.backend.profile import TOLERANCE, rel_error
+
+    gen = np.random.default_rng(3)
+    cases = [(np.array([1e6, 5.0, 5.0, 5.0]), np.array([1e6, 1.0, 1.0, 1.0]), "f16"),  # one small element off
+             (np.array([1e6, 1.0, 1.0, 1.0 + 200 * TOLERANCE["f16"]]), np.array([1e6, 1.0, 1.0, 1.0]), "f16"),
+             (np.array([0.0, 2.0, -3.0]), np.array([0.0, 2.0, -3.0 + 1e-3]), "f32"),
+             (np.array([1.0, np.nan]), np.array([1.0, 2.0]), "f16")]
+    for n in (7, 8, 1000):
+        r = gen.standard_normal((n, 3)) * np.where(gen.random((n, 3)) < 0.2, 0.0, 1.0)
+        cases.append((r + 1e-3 * gen.standard_normal((n, 3)), r, "bf16"))
+        cases.append((r.astype(np.float16).astype(np.float64), r, "f16"))
+    for got, ref, dt in cases:
+        want = rel_error(got, ref, dt)
+        have = rel_error(torch.from_numpy(got), torch.from_numpy(ref), dt)
+        assert have == pytest.approx(want, rel=1e-12) or (have == want == float("inf")), (got, ref)
+    bad = torch.tensor([1e6, 5.0, 5.0, 5.0], dtype=torch.float16)  # an fp16 output against a float64 reference
+    assert rel_error(bad, torch.tensor([1e6, 1.0, 1.0, 1.0], dtype=torch.float64)) > TOLERANCE["f16"]
+
+
+@pytest.mark.slow
+def test_prewarm_locks_inductor_benchmarking_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # the models set in one device call: torch.compile's autotuning runs in the prewarm pool, its GPU timings one
+    # worker at a time (bench._gpu_lock around every benchmark method of Inductor's benchmarker classes)
+    import fcntl
+
+    import bench
+    from torch._inductor.runtime import benchmarking
+
+    monkeypatch.setattr(bench, "GPU_LOCK", str(tmp_path / "gpu.lock"))
+    saved = {(c, a): f for c in vars(benchmarking).values() if isinstance(c, type)
+             for a, f in vars(c).items() if a.startswith("benchmark")}
+    try:
+        n = bench._lock_inductor_benchmarks()
+        assert n >= 2 and bench._lock_inductor_benchmarks() == 0  # wrapped once
+    finally:
+        for (c, a), f in saved.items():
+            setattr(c, a, f)
+    held: list[bool] = []
+
+    def probe() -> None:  # another open file description cannot take the lock while it is held
+        with open(bench.GPU_LOCK, "a") as fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fh, fcntl.LOCK_UN)
+                held.append(False)
+            except BlockingIOError:
+                held.append(True)
+
+    outer = bench._gpu_lock(lambda: bench._gpu_lock(probe)())  # re-entrant: the inner call does not deadlock
+    outer()
+    probe()
+    assert held == [True, False]
