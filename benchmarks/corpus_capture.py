@@ -142,6 +142,16 @@ def _entry(item: Any) -> tuple[str, str | None]:
     raise ValueError(f"a plan item is a μGraph text or {{'mugraph', 'certificate'}}, not {type(item).__name__}")
 
 
+def plan_items(entry: Any) -> list[Any]:
+    """A plan entry's items as a list: an entry is a list of items, or one item (a μGraph text or a
+    ``{"mugraph", "certificate"}`` dict, which :func:`_serve_plan` serves as a list of one). Iterating a one-text
+    entry as a list made its characters the items: ``--sort-plan`` wrote 3 of plan_large_fp16.json's 8 entries
+    back as lists of 722-1,065 one-character "μGraphs" (red team, session 13), which then served nothing."""
+    if isinstance(entry, (str, dict)):
+        return [entry]
+    return list(entry) if isinstance(entry, list) else []
+
+
 #: see by_cost
 UNCERTIFIED_MARGIN = 0.1
 
@@ -153,6 +163,7 @@ def by_cost(texts: list[Any]) -> list[Any]:
     while a K-looped design of the same entry, estimated 5.2 us, was third and never timed."""
     from verimirage.ir.graph import MuGraph
 
+    texts = plan_items(texts)
     try:
         from verimirage.rewrite.cost import cost
     except ImportError as e:
@@ -211,7 +222,7 @@ def restamp_plan(path: Path) -> tuple[int, int]:
     restamped = dropped = 0
     for key in list(plan):
         keep = []
-        for item in plan[key]:
+        for item in plan_items(plan[key]):
             try:
                 new = _digest(item)
             except Exception as e:
@@ -379,7 +390,7 @@ def _serve_plan(path: Path, stats: dict[str, Any], *, limit: int = 4) -> None:
             stats["miss"] = stats.get("miss", 0) + 1
             stats.setdefault("missed", []).append(key)
             return _found(g, "not in the plan")
-        texts = [text] if isinstance(text, (str, dict)) else list(text) if isinstance(text, list) else []
+        texts = plan_items(text)
         t0 = time.perf_counter()
         with unset_fake_temporarily():  # (called inside a compilation: the check's tensors are real ones)
             served, why = recheck(g, texts, limit, memo)
@@ -601,7 +612,7 @@ def _best_estimate_us(items: list[Any]) -> float:
     from verimirage.rewrite.cost import cost
 
     best = math.inf
-    for item in items:
+    for item in plan_items(items):
         try:
             best = min(best, float(cost(MuGraph.parse(_entry(item)[0])).time_s) * 1e6)
         except Exception:
@@ -644,7 +655,7 @@ def make_plan(names: list[str], dims: Any, dtype: torch.dtype, budget: float, pa
                      {"mugraph": str(c.mugraph), "certificate": c.certificate.to_json()} for c in best]
             texts = {_entry(i)[0] for i in items}
             # merged with what the plan held (a refresh), the expressible ones, cheapest first
-            items += [i for i in plan.get(key, []) if _entry(i)[0] not in texts]
+            items += [i for i in plan_items(plan.get(key, [])) if _entry(i)[0] not in texts]
             items = [i for i in items if _expressible(i)]
             if items:
                 plan[key] = by_cost(items)

@@ -625,10 +625,27 @@ def _elementwise_slack(mag: torch.Tensor, tol: float, dtype: torch.dtype) -> tor
     return tol * (mag + (float(nz.median()) if nz.numel() else 0.0) + max(1e-6, _TINY.get(dtype, 0.0)))
 
 
-def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
-    a64, b64 = a.detach().double().cpu(), b.detach().double().cpu()
+def _same_specials(a64: torch.Tensor, b64: torch.Tensor) -> bool:
+    """Whether ``a64`` is non-finite exactly where ``b64`` is, with the same value there (``inf`` of the same sign,
+    NaN for NaN): finiteness alone let ``-inf`` or NaN stand for ``+inf`` (red team, session 13)."""
+    if a64.shape != b64.shape:
+        return False
     fin = torch.isfinite(b64)
     if not torch.equal(torch.isfinite(a64), fin):
+        return False
+    return torch.equal(torch.isnan(a64), torch.isnan(b64)) and torch.equal(a64[torch.isinf(b64)],
+                                                                           b64[torch.isinf(b64)])
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the kernels' output ``a`` matches the ATen ops' ``b``: integer and boolean results exactly (an index
+    one off is wrong, whatever its magnitude), floating-point ones within the dtype's tolerance of the largest
+    magnitude and, element by element, of their own plus the median one; non-finite values identical."""
+    if not (a.is_floating_point() and b.is_floating_point()):
+        return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a.detach().cpu(), b.detach().cpu())
+    a64, b64 = a.detach().double().cpu(), b.detach().double().cpu()
+    fin = torch.isfinite(b64)
+    if not _same_specials(a64, b64):
         return False
     if not bool(fin.any()):
         return True
@@ -664,9 +681,11 @@ def as_accurate(got: torch.Tensor, aten: torch.Tensor, ref: torch.Tensor) -> boo
     """Whether ``got`` is as close to the float64 value ``ref`` as the ATen ops' ``aten`` (within twice their
     largest error, or the dtype's tolerance; and each element within twice theirs there, or the tolerance of its
     own magnitude plus the median one), and finite exactly where ``ref`` is."""
+    if not got.is_floating_point():  # (an integer or boolean result is exact or wrong: see _close)
+        return False
     g, a, r = (t.detach().double().cpu() for t in (got, aten, ref))
     fin = torch.isfinite(r)
-    if g.shape != r.shape or not torch.equal(torch.isfinite(g), fin):
+    if not _same_specials(g, r):
         return False
     if not bool(fin.any()):
         return True
