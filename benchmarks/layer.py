@@ -353,16 +353,41 @@ def _pdl(mode: str) -> Iterator[None]:
             os.environ["VERIMIRAGE_PDL"] = old
 
 
+@contextlib.contextmanager
+def _merge(on: bool) -> Iterator[None]:
+    """``vm.compile`` inside runs the kernels that read nothing another writes as one launch, or not
+    (``VERIMIRAGE_MERGE``, :func:`verimirage.backend.runtime._merge_wanted`)."""
+    old = os.environ.get("VERIMIRAGE_MERGE")
+    os.environ["VERIMIRAGE_MERGE"] = "1" if on else ""
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("VERIMIRAGE_MERGE", None)
+        else:
+            os.environ["VERIMIRAGE_MERGE"] = old
+
+
+#: launch parameters a ``gpu --merge both`` run also times every merged launch under (num_warps, num_stages)
+MERGE_SWEEP = ((4, 4), (8, 4), (16, 4), (8, 2))
+
+
 def gpu_case(case: str, directory: Path, ceil: dict[str, float], *, inductor: bool, top_k: int,
              small: bool = False, per_op: bool = True, wait_until: float = 0.0,
-             sweep: bool = False, pdl: str = "auto") -> dict[str, Any]:
+             sweep: bool = False, pdl: str = "auto", merge: str = "off",
+             inductor_repeats: int = 1) -> dict[str, Any]:
     """Time one case on the GPU (see the module docstring). Without a GPU (``small``, the harness's dry run):
     the same steps on the CPU, kernels in Triton's interpreter, no CUDA graphs, no profiler counts.
 
     ``pdl``: the verimirage program's kernels use programmatic dependent launch in this mode ("off", "start",
     "end", "auto"); with a mode other than "off" the best candidate is also timed without it
     (``verimirage_nopdl_us``), and its per-kernel times are always those of the program without it (the
-    profiler's time of a kernel launched early includes its wait for the one before)."""
+    profiler's time of a kernel launched early includes its wait for the one before). ``merge`` ("off", "on",
+    "both"): candidates compiled with independent kernels merged into one launch (``VERIMIRAGE_MERGE``), or both
+    ways (each timed; the best reported, ``merge`` in the row says which); with "both" the best candidate's merged
+    program is also timed with every merged launch under each :data:`MERGE_SWEEP` configuration
+    (``merge_sweep_us``). ``inductor_repeats``: torch.compile compiled (caches off after the first) and timed this
+    many times; ``inductor_us`` is the median, ``inductor_us_runs`` each."""
     import torch
 
     from verimirage.benchmarks.layer_module import DecodeLayer, make_case
@@ -404,39 +429,62 @@ def gpu_case(case: str, directory: Path, ceil: dict[str, float], *, inductor: bo
         best: tuple[float, int, Any] | None = None
         tried = []
         row["pdl"] = pdl
+        best_merged = False
+
+        def run(mg: Any, merged: bool, per_kernel: dict[str, Any] | None = None) -> tuple[Any, float, float]:
+            with _pdl(pdl), _merge(merged):
+                fn = vm.compile(mg, cuda_graph=cuda, per_kernel=per_kernel)
+            if cuda:
+                _precompile(fn, ordered)
+            outs = fn(*ordered)
+            outs = outs if isinstance(outs, tuple) else (outs,)
+            err = _rel(outs[0].clone(), ref)
+            if ref_new is not None:
+                err = max(err, _rel(tuple(o.clone() for o in outs[1:]), ref_new))
+            return fn, _bench(lambda fn=fn: fn(*(fn.static_inputs or ordered)), cudagraph=False), err
+
+        ways = {"off": (False,), "on": (True,), "both": (False, True)}[merge]
         for i, mg in enumerate(cands[:top_k]):
-            try:
-                with _pdl(pdl):
-                    fn = vm.compile(mg, cuda_graph=cuda)
-                if cuda:
-                    _precompile(fn, ordered)
-                outs = fn(*ordered)
-                outs = outs if isinstance(outs, tuple) else (outs,)
-                err = _rel(outs[0].clone(), ref)
-                if ref_new is not None:
-                    err = max(err, _rel(tuple(o.clone() for o in outs[1:]), ref_new))
-                us = _bench(lambda fn=fn: fn(*(fn.static_inputs or ordered)), cudagraph=False)
-                tried.append({"rank": i, "kernels": mg.num_kernels, "us": us, "err": err})
-                if err < 2e-2 and (best is None or us < best[0]):
-                    best = (us, i, fn)
-            except Exception as e:
-                tried.append({"rank": i, "kernels": mg.num_kernels, "error": f"{type(e).__name__}: {e}"[:300]})
+            for merged in ways:
+                try:
+                    fn, us, err = run(mg, merged)
+                    tried.append({"rank": i, "kernels": mg.num_kernels, "merged": merged, "launches": len(fn.steps),
+                                  "us": us, "err": err})
+                    if err < 2e-2 and (best is None or us < best[0]):
+                        best, best_merged = (us, i, fn), merged
+                except Exception as e:
+                    tried.append({"rank": i, "kernels": mg.num_kernels, "merged": merged,
+                                  "error": f"{type(e).__name__}: {e}"[:300]})
         row["candidates"] = tried
         if best is not None:
             us, i, fn = best
             mg = cands[i]
-            row.update(verimirage_us=us, verimirage_err=next(t["err"] for t in tried if t["rank"] == i),
-                       launches=len(fn.steps), kernels=mg.num_kernels, verimirage_rank=i,
+            row.update(verimirage_us=us, verimirage_err=next(t["err"] for t in tried if t["rank"] == i
+                                                             and t["merged"] == best_merged),
+                       launches=len(fn.steps), kernels=mg.num_kernels, verimirage_rank=i, merge=best_merged,
                        verimirage_bytes=doc["candidates"][i].get("bytes"))
+            if merge == "both" and cuda:  # every merged launch under a few launch configurations
+                from verimirage.backend.codegen import LaunchConfig
+
+                with _merge(True):
+                    names = [k.name for k in vm.compile(mg).kernels if k.members]
+                sw: dict[str, Any] = {}
+                for w, st in MERGE_SWEEP:
+                    try:
+                        _, sus, serr = run(mg, True, {k: LaunchConfig(w, st) for k in names})
+                        sw[f"w{w}s{st}"] = {"us": sus, "err": serr}
+                    except Exception as e:
+                        sw[f"w{w}s{st}"] = {"error": f"{type(e).__name__}: {e}"[:200]}
+                row["merge_sweep_us"] = sw
             if pdl != "off":  # the same candidate without programmatic dependent launch, in this process
-                with _pdl("off"):
+                with _pdl("off"), _merge(best_merged):
                     nfn = vm.compile(mg, cuda_graph=cuda)
                 if cuda:
                     _precompile(nfn, ordered)
                 nouts = nfn(*ordered)
                 row["verimirage_nopdl_err"] = _rel((nouts if isinstance(nouts, tuple) else (nouts,))[0].clone(), ref)
                 row["verimirage_nopdl_us"] = _bench(lambda: nfn(*(nfn.static_inputs or ordered)), cudagraph=False)
-            with _pdl("off"):
+            with _pdl("off"), _merge(best_merged):
                 plain = vm.compile(mg)
             per: dict[str, float] = {}
             _, ksum = _kernels(lambda: plain(*ordered), per)
@@ -444,6 +492,12 @@ def gpu_case(case: str, directory: Path, ceil: dict[str, float], *, inductor: bo
             row["verimirage_kernels_us"] = per
             if ksum is not None:  # what the one graph still pays for beyond its kernels: launch gaps, tails
                 row["graph_overhead_us"] = us - ksum
+            if merge == "both" and cuda:  # the kernels of the other way too (merged: its launches' times by name)
+                with _pdl("off"), _merge(not best_merged):
+                    other = vm.compile(mg)
+                oper: dict[str, float] = {}
+                _kernels(lambda: other(*ordered), oper)
+                row["verimirage_kernels_other_us"] = oper
             if sweep and cuda:
                 row["config_sweep_us"] = config_sweep(mg, ordered)
     except Exception as e:
@@ -456,15 +510,25 @@ def gpu_case(case: str, directory: Path, ceil: dict[str, float], *, inductor: bo
         row["eager_launches"], row["eager_kernel_sum_us"] = _kernels(lambda: m(*xs))
         if inductor:
             try:
-                torch._dynamo.reset()
-                t0 = time.perf_counter()
-                cm = torch.compile(m, mode="max-autotune")
-                for _ in range(3):
-                    cm(*xs)
-                row["inductor_compile_s"] = time.perf_counter() - t0
-                row["inductor_err"] = _rel(cm(*xs).clone(), ref)
-                row["inductor_us"] = _bench(lambda: cm(*xs), cudagraph=False)
-                row["inductor_launches"], row["inductor_kernel_sum_us"] = _kernels(lambda: cm(*xs))
+                import statistics
+
+                runs = []
+                for rep in range(max(1, inductor_repeats)):
+                    torch._dynamo.reset()
+                    if rep:  # a fresh compile: max-autotune's choice moves between compiles (BENCHMARKS.md)
+                        torch._inductor.config.force_disable_caches = True
+                    t0 = time.perf_counter()
+                    cm = torch.compile(m, mode="max-autotune")
+                    for _ in range(3):
+                        cm(*xs)
+                    row.setdefault("inductor_compile_s", time.perf_counter() - t0)
+                    row.setdefault("inductor_err", _rel(cm(*xs).clone(), ref))
+                    runs.append(_bench(lambda cm=cm: cm(*xs), cudagraph=False))
+                    if not rep:
+                        row["inductor_launches"], row["inductor_kernel_sum_us"] = _kernels(lambda cm=cm: cm(*xs))
+                torch._inductor.config.force_disable_caches = False
+                row["inductor_us_runs"] = runs
+                row["inductor_us"] = statistics.median(runs)
             except Exception as e:
                 row["inductor_error"] = f"{type(e).__name__}: {e}"[:400]
                 log.error("inductor failed on %s: %s", case, traceback.format_exc())
@@ -564,7 +628,8 @@ def gpu_main(args: argparse.Namespace) -> int:
             row = gpu_case(case, args.candidates, doc["ceilings"], inductor=not args.no_inductor, top_k=args.top_k,
                            small=args.small, per_op=not args.no_per_op,
                            wait_until=time.time() + args.wait_s if args.wait_s else 0.0,
-                           sweep=case in (args.sweep_configs or ()), pdl=args.pdl)
+                           sweep=case in (args.sweep_configs or ()), pdl=args.pdl, merge=args.merge,
+                           inductor_repeats=args.inductor_repeats)
         except Exception as e:
             row = {"case": case, "error": f"{type(e).__name__}: {e}"[:500]}
             log.error("%s failed: %s", case, traceback.format_exc())
@@ -600,6 +665,10 @@ def main() -> int:
     ap.add_argument("--pdl", choices=["off", "start", "end", "auto"], default="auto",
                     help="gpu: programmatic dependent launch for verimirage's kernels (VERIMIRAGE_PDL); the best "
                     "candidate is also timed without it")
+    ap.add_argument("--merge", choices=["off", "on", "both"], default="both",
+                    help="gpu: independent kernels as one launch (VERIMIRAGE_MERGE): off, on, or both (each timed)")
+    ap.add_argument("--inductor-repeats", type=int, default=1,
+                    help="gpu: compile and time torch.compile this many times (caches off after the first); median")
     ap.add_argument("--wait-s", type=float, default=0.0,
                     help="gpu: wait up to this long (from the case's start) for a candidate file a search beside "
                     "this run is still writing")

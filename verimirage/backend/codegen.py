@@ -162,6 +162,9 @@ class KernelInfo:
     uses_dot: bool
     #: every tl.dot of the kernel is a one-row product's 16-row dot (TileOptions.row_dot: mma.sync, never wgmma)
     row_dots_only: bool = False
+    #: a merged launch (:func:`generate`'s ``merge``): the μGraph nodes of the kernels it runs, in block order
+    #: (``node`` is the first); () for a kernel of its own
+    members: tuple[int, ...] = ()
 
 
 #: A value a kernel reads or writes: ``("in", i)`` the program's i-th input, ``("buf", j)`` the j-th
@@ -280,6 +283,9 @@ class _KernelGen:
         self.opts = opts
         #: programmatic dependent launch (kernel_source's ``pdl``: "", "start" or "end")
         self.pdl = ""
+        #: emitted as a device function of a merged launch (:func:`generate`'s ``merge``): the block's index along
+        #: launch axis ``j`` is the parameter ``p<j>`` (the merged kernel's caller computes it), not ``tl.program_id``
+        self.device_fn = False
         self.uf = _UnionFind()
         self.size: dict[Any, int] = {}
         self.dot_m: set[Any] = set()
@@ -1279,12 +1285,14 @@ class _KernelGen:
                 self.signature[f"o{k}_s{d}"] = "i32"
         self.launch_axes = _launch_axes(bg.grid, _stream_order(bg, self.arg_types, self.out_types)
                                         if self.opts.stream_order else None)
-        out = ["@triton.jit", f"def {self.name}(" + ", ".join(params) + "):"]
+        lead = ["p0", "p1", "p2"] if self.device_fn else []
+        out = ["@triton.jit", f"def {self.name}(" + ", ".join([*lead, *params]) + "):"]
         summary = f"grid {bg.grid}, for-loop of {bg.frange}"
         out.append(f'    """Block graph: {summary}."""')
         for a, g in enumerate(bg.grid):
             if g > 1:
-                out.append(f"    pid{a} = tl.program_id({self.launch_axes[a]})")
+                pid = f"p{self.launch_axes[a]}" if self.device_fn else f"tl.program_id({self.launch_axes[a]})"
+                out.append(f"    pid{a} = {pid}")
         if self.pdl:  # before any load or store: the previous kernel has completed and its writes are visible
             out.append("    gdc_wait()")
             if self.pdl == "start":
@@ -1567,16 +1575,20 @@ def _as_mugraph(g: Any) -> MuGraph:
 def kernel_source(bg: BlockGraph, arg_types: Sequence[TensorType], name: str = "kernel",
                   tiles: TileOptions | None = None, arg_store: Sequence[DType] | None = None,
                   out_store: Sequence[DType] | None = None,
-                  inline: dict[int, int] | None = None, pdl: str = "") -> tuple[str, KernelInfo]:
+                  inline: dict[int, int] | None = None, pdl: str = "",
+                  device_fn: bool = False) -> tuple[str, KernelInfo]:
     """The ``@triton.jit`` source of one block graph applied to operands of ``arg_types``.
 
     ``arg_store`` / ``out_store`` give the element types the operands and results have in device
     memory when they differ from the IR's (fp32 storage of intermediate results). ``pdl`` (see :func:`generate`):
     the kernel starts with ``gdc_wait()`` and calls ``gdc_launch_dependents()`` first ("start") or last ("end").
+    ``device_fn``: a ``@triton.jit`` function a merged kernel calls (:func:`generate`'s ``merge``), its block's
+    index along launch axis ``j`` the parameter ``p<j>``; the returned grid is the one it would be launched with.
     """
     outs = bg.result_types(arg_types)
     kg = _KernelGen(bg, arg_types, outs, name, tiles or TileOptions(), arg_store, out_store, inline)
-    kg.pdl = pdl
+    kg.pdl = "" if device_fn else pdl
+    kg.device_fn = device_fn
     src = kg.generate()
     launch_grid = [1] * len(bg.grid)
     for a, g in enumerate(bg.grid):
@@ -1621,9 +1633,81 @@ def _view_kernel(bg: BlockGraph, in_type: TensorType, out_type: TensorType) -> b
     return got.shape == tuple(out_type.shape) and bool(np.array_equal(got.reshape(-1), flat))
 
 
+def _launch_units(nodes: Sequence[Node], view_nodes: set[int], merge: bool) -> list[list[int]]:
+    """The order ``forward`` takes the μGraph's kernel nodes in, as launches: lists of node indices (a view, which
+    is not launched, a list of one). Without ``merge``, one launch per kernel in the μGraph's order. With it, the
+    kernels by *level* (1 + the highest level of the kernels whose results they read, through views; 0 for the
+    program's inputs), each level's kernels one launch, in node order (:func:`_merged_kernel`), and each view right
+    after its level's launch. Kernels of one level read nothing another of them writes (a reader is at least one
+    level above what it reads), and every kernel still runs after every kernel it reads: the order is a
+    topological order of the μGraph, which computes the same values as its own order (every value has a buffer of
+    its own, written once)."""
+    customs = [i for i, n in enumerate(nodes) if n.op == "custom"]
+    if not merge:
+        return [[i] for i in customs]
+    level: dict[int, int] = {}
+    for i in customs:
+        below = max((level.get(a, 0) for a, _ in nodes[i].args), default=0)
+        level[i] = below if i in view_nodes else below + 1
+    order = sorted(customs, key=lambda i: (level[i], i in view_nodes, i))
+    units: list[list[int]] = []
+    for (_, is_view), grp in itertools.groupby(order, key=lambda i: (level[i], i in view_nodes)):
+        members = list(grp)
+        units += [[i] for i in members] if is_view else [members]
+    return units
+
+
+def _merged_kernel(name: str, unit: Sequence[int], made: Sequence[tuple[str, KernelInfo]],
+                   pdl: str) -> tuple[str, KernelInfo]:
+    """One ``@triton.jit`` kernel that runs the kernels ``made`` (device functions, :func:`kernel_source`'s
+    ``device_fn``, of the μGraph nodes ``unit``) as one launch: its grid is one axis of their blocks together, the
+    first kernel's blocks first; block ``b`` of the launch is block ``b - start`` of its kernel, decomposed into
+    that kernel's launch axes (x fastest, as CUDA numbers a grid's blocks). Its parameters: every member's operands
+    in order, then every member's outputs (:func:`generate`'s call). ``pdl`` as :func:`kernel_source`'s."""
+    params: list[str] = []
+    sig: dict[str, str] = {}
+    outs: list[str] = []
+    calls: list[tuple[str, list[str]]] = []
+    for m, (_src, info) in enumerate(made):
+        mine = []
+        for p, t in info.signature.items():
+            q = f"m{m}_{p}"
+            mine.append(q)
+            (outs if p.startswith("o") else params).append(q)
+            sig[q] = t
+        calls.append((info.name, mine))
+    params += outs
+    signature = {p: sig[p] for p in params}
+    out = ["@triton.jit", f"def {name}(" + ", ".join(params) + "):",
+           f'    """Kernels {", ".join(i.name for _, i in made)} as one launch (independent: none reads what another '
+           'writes)."""', "    pid = tl.program_id(0)"]
+    if pdl:
+        out.append("    gdc_wait()")
+        if pdl == "start":
+            out.append("    gdc_launch_dependents()")
+    start = 0
+    for m, (_src, info) in enumerate(made):
+        g = (*info.grid, 1, 1)[:3]
+        nb = g[0] * g[1] * g[2]
+        local = f"pid - {start}" if start else "pid"
+        pids = [f"({local}) % {g[0]}" if g[0] > 1 else "0",
+                f"(({local}) // {g[0]}) % {g[1]}" if g[1] > 1 else "0",
+                f"({local}) // {g[0] * g[1]}" if g[2] > 1 else "0"]
+        test = "if" if m == 0 else ("else" if m == len(made) - 1 else "elif")
+        out.append(f"    {test} pid < {start + nb}:" if test != "else" else "    else:")
+        fn, mine = calls[m]
+        out.append(f"        {fn}({', '.join(pids)}, {', '.join(mine)})")
+        start += nb
+    if pdl == "end":
+        out.append("    gdc_launch_dependents()")
+    infos = [i for _, i in made]
+    return "\n".join(out) + "\n", KernelInfo(name, unit[0], (start,), signature, any(i.uses_dot for i in infos),
+                                             all(i.row_dots_only for i in infos), tuple(unit))
+
+
 def generate(program: Any, tiles: TileOptions | None = None,
              tiles_for: Callable[[BlockGraph, Sequence[TensorType]], TileOptions] | None = None,
-             pdl: str = "") -> ModuleSource:
+             pdl: str = "", merge: bool = False) -> ModuleSource:
     """The generated module for a Graph, MuGraph or Candidate (kernel-level ops wrapped first).
 
     ``tiles_for(block_graph, arg_types)``, if given, chooses each kernel's tile options (else ``tiles``).
@@ -1634,6 +1718,9 @@ def generate(program: Any, tiles: TileOptions | None = None,
     while its predecessor still runs; launched with ``launch_pdl=True`` (:attr:`ModuleSource.pdl`). Measured on an H100
     (benchmarks/perf/NOTES.md session 13): "start" made the layer's bs8 9.8 us faster and its bs1 26.5 us slower.
     "auto": "start" where the next kernel has at most ``PDL_EARLY_MAX_BLOCKS`` blocks, else "end".
+    ``merge``: the kernels that read nothing another writes run as one launch (:func:`_launch_units`,
+    :func:`_merged_kernel`): the same kernels on the same blocks, in a topological order of the μGraph; a merged
+    launch's :class:`KernelInfo` names its kernels' nodes (``members``).
     """
     mg0 = _as_mugraph(program)
     mg = to_kernels(mg0)
@@ -1670,19 +1757,18 @@ def generate(program: Any, tiles: TileOptions | None = None,
                 and _view_kernel(n.attr("block"), nodes[n.args[0][0]].outs[n.args[0][1]], n.outs[0]))
 
     view_nodes = {i for i, n in enumerate(nodes) if is_view(i, n)}
-    launched = [i for i, n in enumerate(nodes) if n.op == "custom" and i not in view_nodes]
-    next_blocks = {a: nodes[b].attr("block").num_blocks for a, b in itertools.pairwise(launched)}
+    units = _launch_units(nodes, view_nodes, merge)
+    launched = [u for u in units if u[0] not in view_nodes]
+    next_blocks = {a[0]: sum(nodes[j].attr("block").num_blocks for j in b) for a, b in itertools.pairwise(launched)}
     for i, n in enumerate(nodes):
         if n.op == "input":
             var[(i, 0)] = n.attr("name")
             ref_of[(i, 0)] = ("in", names.index(n.attr("name")))
-            continue
-        if OPS[n.op].has(Prop.CONSTANT):
+        elif OPS[n.op].has(Prop.CONSTANT):
             _check_inline_mask(mg, i)
-            continue
-        bg: BlockGraph = n.attr("block")
-        arg_types = [nodes[a].outs[k] for a, k in n.args]
-        kname = f"k{i}"
+    for unit in units:
+        i = unit[0]
+        n = nodes[i]
         if i in view_nodes:  # a row-major reshape of a buffer this program wrote (contiguous): its memory, reshaped
             shape = tuple(n.outs[0].shape)
             ref_of[(i, 0)] = ("view", len(views))
@@ -1690,38 +1776,57 @@ def generate(program: Any, tiles: TileOptions | None = None,
             var[(i, 0)] = f"t{i}_0"
             body.append(f"t{i}_0 = {var[n.args[0]]}.view({_shape_text(shape)})")
             continue
-        inline = _inline_masks(nodes, n)
         mode = pdl
         if pdl == "auto":  # early only where the next kernel's blocks are few (where they land matters little)
             nb = next_blocks.get(i)  # (None: the last launch, which has no next kernel)
             mode = "start" if nb is not None and nb <= PDL_EARLY_MAX_BLOCKS else "end"
-        src, info = kernel_source(bg, arg_types, kname, tiles_for(bg, arg_types) if tiles_for else tiles,
-                                  [store_dtype(r) for r in n.args], [store_dtype((i, k)) for k in range(len(n.outs))],
-                                  inline, mode)
-        info = KernelInfo(kname, i, info.grid, info.signature, info.uses_dot, info.row_dots_only)
+        made: list[tuple[str, KernelInfo]] = []
+        for j in unit:
+            nj: Node = nodes[j]
+            bg: BlockGraph = nj.attr("block")
+            arg_types = [nodes[a].outs[k] for a, k in nj.args]
+            made.append(kernel_source(bg, arg_types, f"k{j}", tiles_for(bg, arg_types) if tiles_for else tiles,
+                                      [store_dtype(r) for r in nj.args],
+                                      [store_dtype((j, k)) for k in range(len(nj.outs))], _inline_masks(nodes, nj),
+                                      mode, device_fn=len(unit) > 1))
+        if len(unit) == 1:
+            src, info = made[0]
+            kname = f"k{i}"
+            info = KernelInfo(kname, i, info.grid, info.signature, info.uses_dot, info.row_dots_only)
+        else:
+            kname = "k" + "_".join(str(j) for j in unit)
+            src, info = _merged_kernel(kname, unit, made, mode)
+            ksrc.extend(s for s, _ in made)
         kernels.append(info)
         ksrc.append(src)
-        outs = []
-        bufs = []
-        for k, t in enumerate(n.outs):
-            v = f"t{i}_{k}"
-            var[(i, k)] = v
-            outs.append(v)
-            tdt = _TORCH_DTYPE[store_dtype((i, k))]
-            body.append(f"{v} = torch.empty({_shape_text(t.shape)}, device={dev}.device, dtype={tdt})")
-            ref_of[(i, k)] = ("buf", sum(len(st.outs) for st in steps) + k)
-            bufs.append((ref_of[(i, k)][1], tuple(t.shape), tdt.removeprefix("torch.")))
-        passed = [r for j, r in enumerate(n.args) if j not in inline]
-        steps.append(LaunchStep(kname, info.grid, tuple((ref_of[r], nodes[r[0]].outs[r[1]].rank) for r in passed),
-                                tuple(bufs)))
-        call = []
-        for a, k in passed:
-            x = var[(a, k)]
-            call.append(x)
-            call += [f"{x}.stride({d})" for d in range(nodes[a].outs[k].rank)]
-        for k, t in enumerate(n.outs):
-            call.append(outs[k])
-            call += [f"{outs[k]}.stride({d})" for d in range(t.rank)]
+        bufs: list[tuple[int, tuple[int, ...], str]] = []
+        call: list[str] = []
+        passed_refs: list[tuple[ValueRef, int]] = []
+        base = sum(len(st.outs) for st in steps)
+        for j in unit:  # every member's outputs, allocated
+            nj = nodes[j]
+            for k, t in enumerate(nj.outs):
+                v = f"t{j}_{k}"
+                var[(j, k)] = v
+                tdt = _TORCH_DTYPE[store_dtype((j, k))]
+                body.append(f"{v} = torch.empty({_shape_text(t.shape)}, device={dev}.device, dtype={tdt})")
+                ref_of[(j, k)] = ("buf", base + len(bufs))
+                bufs.append((ref_of[(j, k)][1], tuple(t.shape), tdt.removeprefix("torch.")))
+        out_call: list[str] = []
+        for j in unit:  # the launch's arguments: every member's operands, then every member's outputs
+            nj = nodes[j]
+            inline = _inline_masks(nodes, nj)
+            passed = [r for q, r in enumerate(nj.args) if q not in inline]
+            passed_refs += [(ref_of[r], nodes[r[0]].outs[r[1]].rank) for r in passed]
+            for a, k in passed:
+                x = var[(a, k)]
+                call.append(x)
+                call += [f"{x}.stride({d})" for d in range(nodes[a].outs[k].rank)]
+            for k, t in enumerate(nj.outs):
+                out_call.append(var[(j, k)])
+                out_call += [f"{var[(j, k)]}.stride({d})" for d in range(t.rank)]
+        call += out_call
+        steps.append(LaunchStep(kname, info.grid, tuple(passed_refs), tuple(bufs)))
         body.append(f"{kname}[{_shape_text(info.grid)}]({', '.join(call)}, **LAUNCH[{kname!r}])")
     rets = [var[r] for r in output_refs(mg)]
     header = [

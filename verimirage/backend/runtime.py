@@ -909,16 +909,30 @@ def _fit_kernels(ms: ModuleSource, config: LaunchConfig) -> dict[str, tuple[Any,
     nodes = node_list(ms.mugraph)
     out: dict[str, tuple[Any, list[Any], LaunchConfig]] = {}
     for k in ms.kernels:
-        n = nodes[k.node]
-        at = [nodes[a].outs[j] for a, j in n.args]
-        try:
-            c = fit(n.attr("block"), at, config)
-        except ResourceError as e:
-            log.warning("compile: kernel %s: %s", k.name, e)
-            continue
-        if c != config:
-            out[k.name] = (n, at, c)
+        for i in k.members or (k.node,):  # (a merged launch: each of its kernels; the launch takes the least stages)
+            n = nodes[i]
+            at = [nodes[a].outs[j] for a, j in n.args]
+            try:
+                c = fit(n.attr("block"), at, config)
+            except ResourceError as e:
+                log.warning("compile: kernel %s: %s", k.name, e)
+                continue
+            if c != config and (k.name not in out or c.num_stages < out[k.name][2].num_stages):
+                out[k.name] = (n, at, c)
     return out
+
+
+def _merge_wanted() -> bool:
+    """Whether :func:`compile` runs the kernels that read nothing another writes as one launch (codegen's
+    ``merge``): ``VERIMIRAGE_MERGE=1`` in the environment; off by default while it is being measured."""
+    return os.environ.get("VERIMIRAGE_MERGE", "").strip().lower() in ("1", "on", "true", "yes")
+
+
+def merged_config(configs: Sequence[LaunchConfig]) -> LaunchConfig:
+    """The launch parameters of a merged launch from its kernels' own (:func:`verimirage.backend.tuning.recommend`'s):
+    the most warps and the most pipeline stages any of them takes (one launch has one of each)."""
+    return LaunchConfig(max(c.num_warps for c in configs), max(c.num_stages for c in configs), configs[0].tiles,
+                        tuned=configs[0].tuned)
 
 
 def _pdl_wanted() -> str:
@@ -969,23 +983,26 @@ def compile(
     if config is None:
         config = _chosen_config(program)
     pdl = _pdl_wanted()
+    merge = _merge_wanted()
     if config is None or config.tuned:
         from . import tuning
 
         config = LaunchConfig(tuned=True)
-        ms = generate(program, tiles_for=lambda bg, at: tuning.recommend(bg, at).tiles, pdl=pdl)
+        ms = generate(program, tiles_for=lambda bg, at: tuning.recommend(bg, at).tiles, pdl=pdl, merge=merge)
         nodes = node_list(ms.mugraph)
         tuned: dict[str, LaunchConfig] = {}
         for k in ms.kernels:
-            n = nodes[k.node]
-            tuned[k.name] = tuning.recommend(n.attr("block"), [nodes[a].outs[j] for a, j in n.args])
+            cs = [tuning.recommend(nodes[i].attr("block"), [nodes[a].outs[j] for a, j in nodes[i].args])
+                  for i in k.members or (k.node,)]
+            tuned[k.name] = cs[0] if len(cs) == 1 else merged_config(cs)
         per_kernel = tuned | dict(per_kernel or {})
     else:
-        ms = generate(program, config.tiles, pdl=pdl)
+        ms = generate(program, config.tiles, pdl=pdl, merge=merge)
         fitted = _fit_kernels(ms, config)
         if fitted:  # some kernels need less shared memory than config gives them: regenerate those
             fixed = {(str(n.attr("block")), tuple(nodes_t)): c for n, nodes_t, c in fitted.values()}
-            ms = generate(program, tiles_for=lambda bg, at: fixed.get((str(bg), tuple(at)), config).tiles, pdl=pdl)
+            ms = generate(program, tiles_for=lambda bg, at: fixed.get((str(bg), tuple(at)), config).tiles, pdl=pdl,
+                          merge=merge)
             per_kernel = {k: c for k, (_, _, c) in fitted.items()} | dict(per_kernel or {})
     path = write_module(ms, Path(directory) if directory is not None else None)
     try:
