@@ -375,7 +375,7 @@ MERGE_SWEEP = ((4, 4), (8, 4), (16, 4), (8, 2))
 def gpu_case(case: str, directory: Path, ceil: dict[str, float], *, inductor: bool, top_k: int,
              small: bool = False, per_op: bool = True, wait_until: float = 0.0,
              sweep: bool = False, pdl: str = "auto", merge: str = "off",
-             inductor_repeats: int = 1) -> dict[str, Any]:
+             inductor_repeats: int = 1, merge_sweep: bool = False) -> dict[str, Any]:
     """Time one case on the GPU (see the module docstring). Without a GPU (``small``, the harness's dry run):
     the same steps on the CPU, kernels in Triton's interpreter, no CUDA graphs, no profiler counts.
 
@@ -384,8 +384,8 @@ def gpu_case(case: str, directory: Path, ceil: dict[str, float], *, inductor: bo
     (``verimirage_nopdl_us``), and its per-kernel times are always those of the program without it (the
     profiler's time of a kernel launched early includes its wait for the one before). ``merge`` ("off", "on",
     "both"): candidates compiled with independent kernels merged into one launch (``VERIMIRAGE_MERGE``), or both
-    ways (each timed; the best reported, ``merge`` in the row says which); with "both" the best candidate's merged
-    program is also timed with every merged launch under each :data:`MERGE_SWEEP` configuration
+    ways (each timed; the best reported, ``merge`` in the row says which); ``merge_sweep``: the best candidate's
+    merged program is also timed with every merged launch under each :data:`MERGE_SWEEP` configuration
     (``merge_sweep_us``). ``inductor_repeats``: torch.compile compiled (caches off after the first) and timed this
     many times; ``inductor_us`` is the median, ``inductor_us_runs`` each."""
     import torch
@@ -463,7 +463,7 @@ def gpu_case(case: str, directory: Path, ceil: dict[str, float], *, inductor: bo
                                                              and t["merged"] == best_merged),
                        launches=len(fn.steps), kernels=mg.num_kernels, verimirage_rank=i, merge=best_merged,
                        verimirage_bytes=doc["candidates"][i].get("bytes"))
-            if merge == "both" and cuda:  # every merged launch under a few launch configurations
+            if merge_sweep and cuda:  # every merged launch under a few launch configurations
                 from verimirage.backend.codegen import LaunchConfig
 
                 with _merge(True):
@@ -629,7 +629,7 @@ def gpu_main(args: argparse.Namespace) -> int:
                            small=args.small, per_op=not args.no_per_op,
                            wait_until=time.time() + args.wait_s if args.wait_s else 0.0,
                            sweep=case in (args.sweep_configs or ()), pdl=args.pdl, merge=args.merge,
-                           inductor_repeats=args.inductor_repeats)
+                           inductor_repeats=args.inductor_repeats, merge_sweep=args.merge_sweep)
         except Exception as e:
             row = {"case": case, "error": f"{type(e).__name__}: {e}"[:500]}
             log.error("%s failed: %s", case, traceback.format_exc())
@@ -667,6 +667,8 @@ def main() -> int:
                     "candidate is also timed without it")
     ap.add_argument("--merge", choices=["off", "on", "both"], default="both",
                     help="gpu: independent kernels as one launch (VERIMIRAGE_MERGE): off, on, or both (each timed)")
+    ap.add_argument("--merge-sweep", action="store_true",
+                    help="gpu: also time every merged launch under each MERGE_SWEEP launch configuration")
     ap.add_argument("--inductor-repeats", type=int, default=1,
                     help="gpu: compile and time torch.compile this many times (caches off after the first); median")
     ap.add_argument("--wait-s", type=float, default=0.0,

@@ -1633,15 +1633,17 @@ def _view_kernel(bg: BlockGraph, in_type: TensorType, out_type: TensorType) -> b
     return got.shape == tuple(out_type.shape) and bool(np.array_equal(got.reshape(-1), flat))
 
 
-def _launch_units(nodes: Sequence[Node], view_nodes: set[int], merge: bool) -> list[list[int]]:
+def _launch_units(nodes: Sequence[Node], view_nodes: set[int], merge: bool,
+                  merge_key: Callable[[BlockGraph, Sequence[TensorType]], Any] | None = None) -> list[list[int]]:
     """The order ``forward`` takes the μGraph's kernel nodes in, as launches: lists of node indices (a view, which
     is not launched, a list of one). Without ``merge``, one launch per kernel in the μGraph's order. With it, the
     kernels by *level* (1 + the highest level of the kernels whose results they read, through views; 0 for the
     program's inputs), each level's kernels one launch, in node order (:func:`_merged_kernel`), and each view right
-    after its level's launch. Kernels of one level read nothing another of them writes (a reader is at least one
-    level above what it reads), and every kernel still runs after every kernel it reads: the order is a
-    topological order of the μGraph, which computes the same values as its own order (every value has a buffer of
-    its own, written once)."""
+    after its level's launch; with ``merge_key`` (of a kernel's block graph and operand types), one launch per
+    level and key (kernels that want different launch parameters apart). Kernels of one level read nothing
+    another of them writes (a reader is at least one level above what it reads), and every kernel still runs after
+    every kernel it reads: the order is a topological order of the μGraph, which computes the same values as its
+    own order (every value has a buffer of its own, written once)."""
     customs = [i for i, n in enumerate(nodes) if n.op == "custom"]
     if not merge:
         return [[i] for i in customs]
@@ -1653,7 +1655,14 @@ def _launch_units(nodes: Sequence[Node], view_nodes: set[int], merge: bool) -> l
     units: list[list[int]] = []
     for (_, is_view), grp in itertools.groupby(order, key=lambda i: (level[i], i in view_nodes)):
         members = list(grp)
-        units += [[i] for i in members] if is_view else [members]
+        if is_view or merge_key is None:
+            units += [[i] for i in members] if is_view else [members]
+            continue
+        by_key: dict[Any, list[int]] = {}
+        for i in members:
+            n = nodes[i]
+            by_key.setdefault(merge_key(n.attr("block"), [nodes[a].outs[k] for a, k in n.args]), []).append(i)
+        units += sorted(by_key.values())
     return units
 
 
@@ -1707,7 +1716,8 @@ def _merged_kernel(name: str, unit: Sequence[int], made: Sequence[tuple[str, Ker
 
 def generate(program: Any, tiles: TileOptions | None = None,
              tiles_for: Callable[[BlockGraph, Sequence[TensorType]], TileOptions] | None = None,
-             pdl: str = "", merge: bool = False) -> ModuleSource:
+             pdl: str = "", merge: bool = False,
+             merge_key: Callable[[BlockGraph, Sequence[TensorType]], Any] | None = None) -> ModuleSource:
     """The generated module for a Graph, MuGraph or Candidate (kernel-level ops wrapped first).
 
     ``tiles_for(block_graph, arg_types)``, if given, chooses each kernel's tile options (else ``tiles``).
@@ -1720,7 +1730,8 @@ def generate(program: Any, tiles: TileOptions | None = None,
     "auto": "start" where the next kernel has at most ``PDL_EARLY_MAX_BLOCKS`` blocks, else "end".
     ``merge``: the kernels that read nothing another writes run as one launch (:func:`_launch_units`,
     :func:`_merged_kernel`): the same kernels on the same blocks, in a topological order of the μGraph; a merged
-    launch's :class:`KernelInfo` names its kernels' nodes (``members``).
+    launch's :class:`KernelInfo` names its kernels' nodes (``members``); ``merge_key`` keeps kernels of different
+    keys apart (the runtime's: the warps :func:`verimirage.backend.tuning.recommend` gives them).
     """
     mg0 = _as_mugraph(program)
     mg = to_kernels(mg0)
@@ -1757,7 +1768,7 @@ def generate(program: Any, tiles: TileOptions | None = None,
                 and _view_kernel(n.attr("block"), nodes[n.args[0][0]].outs[n.args[0][1]], n.outs[0]))
 
     view_nodes = {i for i, n in enumerate(nodes) if is_view(i, n)}
-    units = _launch_units(nodes, view_nodes, merge)
+    units = _launch_units(nodes, view_nodes, merge, merge_key)
     launched = [u for u in units if u[0] not in view_nodes]
     next_blocks = {a[0]: sum(nodes[j].attr("block").num_blocks for j in b) for a, b in itertools.pairwise(launched)}
     for i, n in enumerate(nodes):

@@ -988,7 +988,11 @@ def compile(
         from . import tuning
 
         config = LaunchConfig(tuned=True)
-        ms = generate(program, tiles_for=lambda bg, at: tuning.recommend(bg, at).tiles, pdl=pdl, merge=merge)
+        # (a merged launch has one num_warps: kernels the rules give different warps stay apart; measured on an
+        # H100, benchmarks/perf/NOTES.md session 14: the layer's q projection (4 warps) merged with the k and v
+        # projections' broadcast products (16 warps) ran 36.3 us at 16 warps against 26.6 apart)
+        ms = generate(program, tiles_for=lambda bg, at: tuning.recommend(bg, at).tiles, pdl=pdl, merge=merge,
+                      merge_key=lambda bg, at: tuning.recommend(bg, at).num_warps)
         nodes = node_list(ms.mugraph)
         tuned: dict[str, LaunchConfig] = {}
         for k in ms.kernels:
