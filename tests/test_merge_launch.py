@@ -1,0 +1,144 @@
+"""Merged launches (issue 23, opt-in ``VERIMIRAGE_MERGE``): the kernels of one dependency level, none reading what
+another writes, run as one launch (codegen ``generate(merge=True)``): the same kernels on the same blocks in a
+topological order of the μGraph. Measured on an H100 (benchmarks/perf/NOTES.md session 14): the layer's bs8 q, k and
+v projections as one launch, 19 -> 13 launches, 249.0 -> 242.1 us."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import verimirage as vm
+from verimirage.backend import runtime
+from verimirage.backend.codegen import _launch_units, generate
+from verimirage.ir.graph import node_list
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _three_projections() -> vm.Graph:
+    # three products of one input (independent) and a sum of them: one kernel per op, unfused
+    g = vm.Graph()
+    x = g.input("X", (16, 32), vm.float16)
+    ws = [g.input(f"W{i}", (32, 16), vm.float16) for i in range(3)]
+    p = [g.matmul(x, w) for w in ws]
+    g.output(g.add(g.add(p[0], p[1]), g.exp(p[2])))
+    return g
+
+
+def _reads(nodes: list, i: int, views: set[int]) -> set[int]:
+    """The kernel nodes node ``i`` reads, through views."""
+    out: set[int] = set()
+    for a, _ in nodes[i].args:
+        if nodes[a].op != "custom":
+            continue
+        out |= _reads(nodes, a, views) if a in views else {a}
+    return out
+
+
+def _check_units(ms: vm.MuGraph, units: list[list[int]], views: set[int]) -> None:
+    nodes = node_list(ms)
+    seen: list[int] = [i for u in units for i in u]
+    customs = [i for i, n in enumerate(nodes) if n.op == "custom"]
+    assert sorted(seen) == customs  # every kernel (and view) once
+    done: set[int] = set()
+    for u in units:
+        members = set(u)
+        for i in u:
+            r = _reads(nodes, i, views) if i not in views else {nodes[i].args[0][0]}
+            assert not (r & members) or i in views, f"kernel {i} reads a kernel of its own launch"
+            assert r <= done, f"kernel {i} runs before a kernel it reads"
+        done |= members
+
+
+def test_independent_kernels_are_one_launch_and_compute_the_same() -> None:
+    g = _three_projections()
+    mg = vm.MuGraph.from_graph(g)
+    plain, merged = generate(mg), generate(mg, merge=True)
+    assert len(plain.steps) == 6
+    assert [k.name for k in merged.kernels] == ["k4_5_6", "k7_8", "k9"]  # the products, then add and exp, then add
+    assert merged.kernels[0].members == (4, 5, 6) and plain.kernels[0].members == ()
+    assert merged.kernels[0].grid == (sum(plain.kernels[j].grid[0] for j in range(3)),)
+    # the members are device functions of the block index; the merged kernel alone asks for the program id
+    text = merged.source
+    assert text.count("tl.program_id") == len(merged.kernels) - 1 + sum(
+        1 for k in merged.kernels if not k.members and any(d > 1 for d in k.grid))
+    assert "def k4(p0, p1, p2," in text
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(7)
+    xs = {"X": rng.standard_normal((16, 32)) * 0.3, **{f"W{i}": rng.standard_normal((32, 16)) * 0.3 for i in range(3)}}
+    xs = {k: v.astype(np.float16).astype(np.float64) for k, v in xs.items()}
+    (ref,) = vm.evaluate(g, xs)
+    fn = vm.compile(mg)  # (no merge in the environment)
+    ins = {k: torch.tensor(v, dtype=torch.float16) for k, v in xs.items()}
+    got_plain = fn(**ins).double().numpy()
+    mp = pytest.MonkeyPatch()
+    try:
+        mp.setenv("VERIMIRAGE_MERGE", "1")
+        mfn = vm.compile(mg)
+    finally:
+        mp.undo()
+    assert [k.name for k in mfn.kernels] == ["k4_5_6", "k7_8", "k9"]
+    got = mfn(**ins).double().numpy()
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
+    assert np.array_equal(got, got_plain)  # the same kernels: the same bits
+
+
+def test_merge_key_keeps_kernels_apart() -> None:
+    from verimirage.backend.wrap import to_kernels
+
+    nodes = node_list(to_kernels(vm.MuGraph.from_graph(_three_projections())))
+    units = _launch_units(nodes, set(), True, lambda bg, at: bg is nodes[6].attr("block"))
+    assert [4, 5] in units and [6] in units
+
+
+def test_merge_is_opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("VERIMIRAGE_MERGE", raising=False)
+    assert runtime._merge_wanted() is False
+    monkeypatch.setenv("VERIMIRAGE_MERGE", "1")
+    assert runtime._merge_wanted() is True
+    monkeypatch.setenv("VERIMIRAGE_MERGE", "bogus")
+    assert runtime._merge_wanted() is False
+
+
+@pytest.mark.parametrize("case", ["decode_bs1", "decode_bs8"])
+def test_layer_launches_merge_only_independent_kernels_in_a_topological_order(case: str) -> None:
+    # the full-size layer's committed candidate (codegen only: no kernel runs): every kernel once, no launch holds a
+    # kernel and one it reads, every kernel after the ones it reads (views included)
+    doc = json.loads((ROOT / "benchmarks" / "candidates" / "layer" / f"{case}.json").read_text())
+    mg = vm.MuGraph.parse(doc["candidates"][0]["mugraph"])
+    ms = generate(mg, merge=True)
+    from verimirage.backend.wrap import to_kernels
+
+    km = to_kernels(mg)
+    nodes = node_list(km)
+    plain = generate(mg)
+    views = {i for i, n in enumerate(nodes) if n.op == "custom"} - {k.node for k in plain.kernels}
+    units = _launch_units(nodes, views, True)
+    _check_units(km, units, views)
+    assert len(ms.steps) < len(plain.steps)
+    assert sum(len(k.members) or 1 for k in ms.kernels) == len(plain.kernels)
+
+
+@pytest.mark.slow
+def test_scaled_down_layer_per_op_merged_matches_float64(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the scaled-down decode layer, one kernel per op (many independent kernels: 24 launches for 55 kernels),
+    # merged, in the interpreter against float64
+    torch = pytest.importorskip("torch")
+    from verimirage.benchmarks import get_layer
+    from verimirage.benchmarks.layer_module import make_case
+
+    g = get_layer("decode_bs8", small=True)
+    c = make_case("decode_bs8", small=True, dtype=torch.float16, seed=1)
+    ins = c["graph_inputs"]
+    ref = vm.evaluate(g, {k: v.double().numpy() if v.is_floating_point() else v.numpy() for k, v in ins.items()})
+    mg = vm.MuGraph.from_graph(g)
+    monkeypatch.setenv("VERIMIRAGE_MERGE", "1")
+    fn = vm.compile(mg)
+    assert len(fn.steps) < len(generate(mg).steps)
+    outs = fn(*[ins[t.name] for t in g.inputs])
+    for o, r in zip(outs if isinstance(outs, tuple) else (outs,), ref, strict=True):
+        assert np.linalg.norm(o.double().numpy() - r) / np.linalg.norm(r) < 2e-3
