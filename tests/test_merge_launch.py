@@ -142,3 +142,29 @@ def test_scaled_down_layer_per_op_merged_matches_float64(monkeypatch: pytest.Mon
     outs = fn(*[ins[t.name] for t in g.inputs])
     for o, r in zip(outs if isinstance(outs, tuple) else (outs,), ref, strict=True):
         assert np.linalg.norm(o.double().numpy() - r) / np.linalg.norm(r) < 2e-3
+
+
+def test_merged_config_takes_the_stages_of_the_kernel_with_the_most_blocks() -> None:
+    from verimirage.backend.codegen import LaunchConfig
+
+    # the layer's bs1 q projection (128 blocks, 4 stages) beside k and v as 32-block loops (8 stages by the rules:
+    # 8 stages in a 192-block launch would leave one block an SM)
+    c = runtime.merged_config([LaunchConfig(4, 4), LaunchConfig(4, 8), LaunchConfig(8, 8)], [128, 32, 32])
+    assert (c.num_warps, c.num_stages) == (8, 4)
+
+
+def test_layer_bs1_qkv_candidate_is_certified_and_merges_the_projections() -> None:
+    # candidate 1 of the bs1 file: k and v lowered as the q projection's design so that the three run as one launch
+    from verimirage.backend import tuning
+    from verimirage.smt.certify import read_certificate
+
+    doc = json.loads((ROOT / "benchmarks" / "candidates" / "layer" / "decode_bs1.json").read_text())
+    cert = read_certificate((ROOT / "benchmarks" / "candidates" / "layer" / "proofs" /
+                             "layer_decode_bs1_qkv_merge.json").read_text())
+    assert cert.graph_text == doc["graph"] and cert.mugraph_text == doc["candidates"][1]["mugraph"]
+    mg = vm.MuGraph.parse(doc["candidates"][1]["mugraph"])
+    ms = generate(mg, tiles_for=lambda bg, at: tuning.recommend(bg, at).tiles, merge=True,
+                  merge_key=lambda bg, at: tuning.recommend(bg, at).num_warps)
+    qkv = [k for k in ms.kernels if len(k.members) == 3]
+    assert len(qkv) == 1 and qkv[0].grid == (192,)
+    assert len(ms.steps) == 12

@@ -928,10 +928,14 @@ def _merge_wanted() -> bool:
     return os.environ.get("VERIMIRAGE_MERGE", "").strip().lower() in ("1", "on", "true", "yes")
 
 
-def merged_config(configs: Sequence[LaunchConfig]) -> LaunchConfig:
-    """The launch parameters of a merged launch from its kernels' own (:func:`verimirage.backend.tuning.recommend`'s):
-    the most warps and the most pipeline stages any of them takes (one launch has one of each)."""
-    return LaunchConfig(max(c.num_warps for c in configs), max(c.num_stages for c in configs), configs[0].tiles,
+def merged_config(configs: Sequence[LaunchConfig], blocks: Sequence[int] = ()) -> LaunchConfig:
+    """The launch parameters of a merged launch from its kernels' own (:func:`verimirage.backend.tuning.recommend`'s,
+    with ``blocks`` their block counts): the most warps any of them takes, and the pipeline stages of the kernel with
+    the most blocks (one launch has one of each). (The rules give a kernel of at most 66 blocks up to 8 stages; in a
+    launch of more blocks that depth would leave one block an SM: the layer's k and v projections of 32 blocks beside
+    the q projection's 128.)"""
+    most = max(range(len(configs)), key=lambda k: (blocks[k] if blocks else 0, -k))
+    return LaunchConfig(max(c.num_warps for c in configs), configs[most].num_stages, configs[0].tiles,
                         tuned=configs[0].tuned)
 
 
@@ -998,7 +1002,8 @@ def compile(
         for k in ms.kernels:
             cs = [tuning.recommend(nodes[i].attr("block"), [nodes[a].outs[j] for a, j in nodes[i].args])
                   for i in k.members or (k.node,)]
-            tuned[k.name] = cs[0] if len(cs) == 1 else merged_config(cs)
+            tuned[k.name] = cs[0] if len(cs) == 1 else merged_config(
+                cs, [nodes[i].attr("block").num_blocks for i in k.members])
         per_kernel = tuned | dict(per_kernel or {})
     else:
         ms = generate(program, config.tiles, pdl=pdl, merge=merge)
