@@ -156,6 +156,8 @@ ALLOWED = {
     ("backend/codegen.py", "_KernelGen.generate"): "skips the slices and negations only sliced concats read",
     ("rewrite/stabilise.py", "norm_into_projections"): "recognises a weighted rms_norm read by matmuls (the norm "
                                                        "into the projections' prologue, rule rms-norm-matmul)",
+    ("rewrite/stabilise.py", "_row_scaled_weight"): "recognises a block product of a weight tile whose rows a norm's "
+                                                    "weight column scales (bounded by scale_weight_tiles)",
     ("pipeline/regions.py", "_norm_to_readers"): "moves an rms_norm read only by the next chunk's matmuls into it",
     ("backend/codegen.py", "_flush_harmless"): "follows a softmax's exp to its row sums, divisions and products: "
                                                "exp2's flush shows nowhere else (twelfth session's red-team fix)",

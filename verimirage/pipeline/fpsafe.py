@@ -4,17 +4,19 @@
 that is exact over the reals can overflow where the source does not: ``exp(a - max a)`` rewritten to
 ``exp(a) / exp(max a)`` is ``inf / inf`` on logits near 100 in fp32. :func:`fp_safety` evaluates the
 source and the candidate with every node's result rounded to its dtype (fp16 and fp32 by numpy's
-casts, bf16 by rounding the fp32 bits to nearest even), on adversarial inputs (wide uniform values of
-both signs at growing scales, up to values near the dtype's largest, large-norm normal values and
-all-positive ones), and reports the first input set on which the candidate has a non-finite element
-where the source's is finite. The search (:func:`verimirage.pipeline.superopt.superoptimize`) rejects
-such a candidate with that reason.
+casts, bf16 by rounding the fp32 bits to nearest even), on adversarial inputs (all inputs together at
+wide uniform values of both signs at growing scales, up to values near the dtype's largest, large-norm
+normal values and all-positive ones; then each input alone at a large scale, the others moderate: a
+candidate that multiplies before the source normalises, ``(x * w) @ m`` for ``rms_norm(x, w) @ m``,
+overflows only where one input is large, and where all are the source overflows too), and reports the
+first input set on which the candidate has a non-finite element where the source's is finite. The
+search (:func:`verimirage.pipeline.superopt.superoptimize`) rejects such a candidate with that reason.
 
 Rounding follows the generated code (:mod:`verimirage.backend.codegen`): every kernel-level op's result
 (a kernel's store) and every kernel output in the candidate's dtype, values inside a kernel in fp32, a
-matmul's operands in their dtype. Only input sets on which no intermediate value of the source
-overflows constrain the candidate (an overflowed intermediate can leave a finite but meaningless output,
-e.g. 0 from a softmax whose denominator overflowed).
+matmul's operands in their dtype; an ``rms_norm`` kernel's sum of squares in fp32. Only input sets on
+which no intermediate value of the source overflows constrain the candidate (an overflowed intermediate
+can leave a finite but meaningless output, e.g. 0 from a softmax whose denominator overflowed).
 """
 
 from __future__ import annotations
@@ -73,9 +75,20 @@ class RoundingDomain:
                 args = [round_to(a, t.dtype) for a, t in zip(args, in_types, strict=True)]
             r = round_to(REF.apply(op, args, attrs, in_types, out_type),
                          out_type.dtype if self.kernel_level else DType.float32)
+            if op == "rms_norm" and not self.nonfinite and not _rms_statistic_finite(args[0], attrs):
+                self.nonfinite = True
         if not self.nonfinite and not np.isfinite(r).all():
             self.nonfinite = True
         return r
+
+
+def _rms_statistic_finite(x: Any, attrs: Mapping[str, Any]) -> bool:
+    """Whether an ``rms_norm`` kernel's sum of squares of ``x`` is finite in fp32 (the lowering sums ``x * x`` in
+    fp32, ``backend/lowering.py``: beyond 1.8e19, a bf16 or fp32 input's square overflows and the kernel's finite
+    output, ``x * rsqrt(inf) = 0``, is not its value; the float64 reference alone does not show it)."""
+    sq = round_to(np.square(np.asarray(x, dtype=np.float64)), DType.float32)
+    ax = int(attrs.get("axis", -1))
+    return bool(np.isfinite(round_to(sq.sum(axis=ax), DType.float32)).all())
 
 
 def evaluate_in_dtype(g: Graph, inputs: Mapping[str, np.ndarray]) -> tuple[list[np.ndarray], bool]:
@@ -117,32 +130,60 @@ INPUT_SETS: tuple[tuple[str, str, float], ...] = (
     ("near the dtype's max", "near-max", 0.5),
 )
 
+#: (description, kind, scale) of the sets in which ONE input is large and every other one is at
+#: :data:`ALONE_BASE`'s scale (one set per input and entry): scaling all inputs together leaves blind the
+#: candidates that multiply before the source normalises, since the source overflows on the same sets (an fp16
+#: ``(x * w) @ m`` for ``rms_norm(x, w) @ m`` is inf once ``|x w| > 65504``, x near 3e4 and w near 8, where the
+#: source is finite: the twelfth session's red team finding)
+ALONE_SETS: tuple[tuple[str, str, float], ...] = (
+    ("uniform +-1e3", "uniform", 1e3),
+    ("near the dtype's max", "near-max", 0.5),
+)
+
+#: the scale of the other inputs in the sets of :data:`ALONE_SETS`
+ALONE_BASE: tuple[str, str, float] = ("uniform +-3", "uniform", 3.0)
+
 #: programs whose inputs have more elements than this get the structural check only (see
 #: :data:`NUMERIC_FLOPS_LIMIT`; the choice depends on the program only, never on timing)
 LARGE_INPUT_ELEMENTS = 1 << 20
 
 
+def _values(kind: str, s: float, top: float, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """Random values of one input set's ``kind`` at scale ``s`` (``top``: the dtype's largest), clipped to it."""
+    if kind == "uniform":
+        v = rng.uniform(-s, s, shape)
+    elif kind == "positive":
+        v = rng.uniform(1.0, s, shape)
+    elif kind == "normal":
+        v = s * rng.standard_normal(shape)
+    else:
+        v = rng.uniform(0.25 * s * top, s * top, shape) * rng.choice([-1.0, 1.0], shape)
+    return np.clip(v, -top, top)
+
+
 def adversarial_inputs(g: Graph, seed: int = 0) -> list[tuple[str, dict[str, np.ndarray]]]:
-    """The input sets of :data:`INPUT_SETS` for ``g``'s inputs (each clipped to its dtype's range)."""
+    """The input sets of :data:`INPUT_SETS` for ``g``'s inputs (all inputs at that scale), then for each input
+    (by name) and each entry of :data:`ALONE_SETS` the set in which that input alone has that scale and the others
+    :data:`ALONE_BASE`'s (each value clipped to its dtype's range; a mask is random 0 / 1 in every set)."""
+    ts = sorted(g.inputs, key=lambda t: str(t.name))
+    plans: list[tuple[str, dict[str, tuple[str, str, float]]]] = [
+        (what, {str(t.name): (what, kind, s) for t in ts}) for what, kind, s in INPUT_SETS]
+    for t in ts:
+        if t.dtype is DType.bool:
+            continue
+        for what, kind, s in ALONE_SETS:
+            plans.append((f"{t.name} alone {what} (the others {ALONE_BASE[0]})",
+                          {str(u.name): ((what, kind, s) if u is t else ALONE_BASE) for u in ts}))
     out = []
-    for i, (what, kind, s) in enumerate(INPUT_SETS):
+    for i, (what, per) in enumerate(plans):
         rng = np.random.default_rng([seed, 0xF9, i])
         ins = {}
-        for t in sorted(g.inputs, key=lambda t: str(t.name)):
+        for t in ts:
             if t.dtype is DType.bool:  # a mask (where): random 0 / 1 in every set
                 ins[str(t.name)] = rng.integers(0, 2, tuple(t.shape)).astype(np.float64)
                 continue
-            top = DTYPE_MAX[t.dtype]
-            shape = tuple(t.shape)
-            if kind == "uniform":
-                v = rng.uniform(-s, s, shape)
-            elif kind == "positive":
-                v = rng.uniform(1.0, s, shape)
-            elif kind == "normal":
-                v = s * rng.standard_normal(shape)
-            else:
-                v = rng.uniform(0.25 * s * top, s * top, shape) * rng.choice([-1.0, 1.0], shape)
-            ins[str(t.name)] = np.clip(v, -top, top)
+            _, kind, sc = per[str(t.name)]
+            ins[str(t.name)] = _values(kind, sc, DTYPE_MAX[t.dtype], tuple(t.shape), rng)
         out.append((what, ins))
     return out
 
@@ -290,5 +331,6 @@ def fp_safety(source: Graph, candidate: Graph, seed: int = 0) -> str | None:
     return SafetyChecker(source, seed).check(candidate)
 
 
-__all__ = ["DTYPE_MAX", "INPUT_SETS", "RoundingDomain", "SafetyChecker", "adversarial_inputs", "evaluate_in_dtype",
-           "fp_safety", "matmul_flops", "numeric_check_affordable", "round_to"]
+__all__ = ["ALONE_BASE", "ALONE_SETS", "DTYPE_MAX", "INPUT_SETS", "RoundingDomain", "SafetyChecker",
+           "adversarial_inputs", "evaluate_in_dtype", "fp_safety", "matmul_flops", "numeric_check_affordable",
+           "round_to"]

@@ -27,6 +27,7 @@ Each applied step is named in the candidate's ``rules``.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import itertools
 import logging
@@ -50,7 +51,7 @@ log = logging.getLogger(__name__)
 STEPS = (
     "partition.unfused", "partition.grid", "partition.loop", "partition.split_kv", "partition.online_softmax",
     "partition.split_recompute", "partition.combine_grid", "fuse.epilogue", "partition.cut",
-    "partition.causal_skip", "partition.components",
+    "partition.causal_skip", "partition.components", "partition.scale_weight_tiles",
 )
 
 
@@ -1322,7 +1323,18 @@ def lower_all(
     if components:
         out += component_lowerings(g, grids=grids, franges=franges, max_splits=max_splits, rank=rank,
                                    cut_depth=cut_depth if cuts else 0)
-    return out, rejected
+    return [_weight_tiles_scaled(low) for low in out], rejected
+
+
+def _weight_tiles_scaled(low: Lowered) -> Lowered:
+    """``low`` with its norm-weighted weight tiles bounded (:func:`~verimirage.rewrite.stabilise.scale_weight_tiles`:
+    a norm in its projection's prologue, finite wherever the source is)."""
+    from .stabilise import scale_weight_tiles
+
+    mg = scale_weight_tiles(low.mugraph)
+    if mg is None:
+        return low
+    return dataclasses.replace(low, mugraph=mg, steps=[*low.steps, "partition.scale_weight_tiles"])
 
 
 def input_types(g: Graph) -> list[tuple[str, TensorType]]:

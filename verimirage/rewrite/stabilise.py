@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..ir.graph import Graph, Tensor, node_list, output_refs
+from ..ir.graph import Graph, MuGraph, Tensor, node_list, output_refs
 from ..ir.ops import REDUCTION_OPS
 
 
@@ -177,10 +177,23 @@ HOIST_RULES = ("neg-sub", "mul-sub-distrib", "sum-sub-split", "sum-factor-out")
 
 def norm_into_projections(g: Graph) -> Graph | None:
     """``g`` with every ``rms_norm(x, w) @ m`` (the norm along ``x``'s last axis, the contracted one, with a weight
-    ``w``) written ``((x * w) @ m) * rsqrt(sum(x^2) / n + eps)``: the norm in the projection's prologue (each block
-    scales its ``x`` tile by ``w``; the row statistic is a loop sum, applied after the loop); None if it has none.
-    (An unweighted norm's form comes out of the e-graph: rms-norm-expand, then matmul-rowscale.)
-    Rule ``rms-norm-matmul`` (with ``mean-as-sum``) in one step: the e-graph holds the form, but
+    ``w``) written ``(x @ (w m)) * rsqrt(sum(x^2) / n + eps)``, ``w`` scaling the rows of ``m``: the norm in the
+    projection's prologue (each block scales its weight tile's rows by ``w``; the row statistic is a loop sum,
+    applied after the loop); None if it has none. (An unweighted norm's form comes out of the e-graph:
+    rms-norm-expand, then matmul-rowscale.)
+
+    Why the weight side and not ``((x * w) @ m) * r``: the source rounds ``x r w`` (at most ``sqrt(n) |w|``) to its
+    dtype, the form ``(x * w) @ m`` rounds the unnormalised ``x w`` to it for the product's operand, which in fp16
+    is inf once ``|x w| > 65504`` (x near 3e4, w near 8) where the source is finite (the twelfth session's red team
+    finding, ``tests/test_redteam_session12.py``). Here the operands are ``x`` (an input, exact) and the weight tile
+    ``w m``, which the lowering bounds by ``|m|`` (:func:`scale_weight_tiles`: each tile's rows divided by
+    ``s = max(1, max |w|)`` over the tile, the product multiplied by ``s`` in fp32), so no rounded intermediate
+    exceeds an input's magnitude; the fp32 accumulator holds at most ``n |x| |m| max(1, |w|)`` (below 2.9e14 n in
+    fp16) and the last multiply by ``r`` is the source's output up to rounding. In bf16 (fp32's exponent range)
+    the accumulator can still overflow where ``|x| |m|`` is near 3e38 / n and the source's normalised operand is
+    not -- the same limit as the unweighted ``(x @ m) * r`` (rmsnorm_linear's design).
+
+    Rule ``rms-norm-matmul`` (with ``mean-as-sum``) in one step: the e-graph holds a form of it, but
     extraction by size ranks it below the plain one in every class (a gated FFN reads the norm twice), so
     the search also lowers it directly. Like every search step, its output is re-verified."""
     nodes = node_list(g)
@@ -204,25 +217,159 @@ def norm_into_projections(g: Graph) -> Graph | None:
                                               else nodes[i].args)])
     out = Graph()
     val: dict[tuple[int, int], Tensor] = {}
-    parts: dict[int, tuple[Tensor, Tensor]] = {}
+    parts: dict[int, tuple[Tensor, Tensor, Tensor]] = {}
     for i, n in enumerate(nodes):
         if i not in live and n.op != "input":
             continue
         if n.op == "input":
             val[(i, 0)] = out.input(n.attr("name"), n.outs[0].shape, n.outs[0].dtype)
         elif i in sites:
-            if sites[i] not in parts:  # (one scaled x and one row statistic per norm, whatever reads it)
+            if sites[i] not in parts:  # (one row statistic and one weight column per norm, whatever reads it)
                 nn = nodes[sites[i]]
-                xv = val[nn.args[0]]
+                xv, wv = val[nn.args[0]], val[nn.args[1]]
                 ax = xv.type.rank - 1
+                k = xv.type.shape[ax]
                 ss = out.sum(out.square(xv), axis=ax)
-                parts[sites[i]] = (out.mul(xv, val[nn.args[1]]),
-                                   out.rsqrt(out.shift(out.scale(ss, 1.0 / xv.type.shape[ax]), nn.attr("eps"))))
-            xw, r = parts[sites[i]]
-            val[(i, 0)] = out.mul(out.matmul(xw, val[n.args[1]]), r)
+                parts[sites[i]] = (xv, out.reshape(wv, (k, 1)),
+                                   out.rsqrt(out.shift(out.scale(ss, 1.0 / k), nn.attr("eps"))))
+            xv, wcol, r = parts[sites[i]]
+            val[(i, 0)] = out.mul(out.matmul(xv, out.mul(wcol, val[n.args[1]])), r)
         else:
             val[(i, 0)] = out._emit(n.op, [val[a] for a in n.args], n.attr_dict)
     out.output(*[val[r] for r in output_refs(g)])
+    out.check(unused_inputs=True)
+    return out
+
+
+def _row_scaled_weight(bg: Any, j: int) -> tuple[int, int, int] | None:
+    """For block node ``j`` of ``bg``, a product ``a @ (c * t)`` (either factor order) whose right operand scales
+    the rows of a tile ``t`` by a column ``c`` (shape ``(k, 1)``, a reshape of a rank-1 value: a norm's weight,
+    :func:`norm_into_projections`): (the mul node, ``c``'s node, ``t``'s node); else None."""
+    n = bg.nodes[j]
+    if n.op != "matmul":
+        return None
+    b = n.args[1][0]
+    m = bg.nodes[b]
+    if m.op != "mul":
+        return None
+    for (c, _), (t, _) in (m.args, m.args[::-1]):
+        cn, tt = bg.nodes[c], bg.nodes[t].outs[0]
+        ct = cn.outs[0]
+        if (cn.op == "reshape" and ct.rank == 2 and ct.shape[1] == 1 and tt.rank >= 2 and tt.shape[-2] == ct.shape[0]
+                and bg.nodes[cn.args[0][0]].outs[0].rank == 1):
+            return b, c, t
+    return None
+
+
+def _live_nodes(nodes: list[Any], outs: list[tuple[int, int]]) -> set[int]:
+    """The indices of ``nodes`` (a block's) that ``outs`` read, directly or not."""
+    live: set[int] = set()
+    todo = [a for a, _ in outs]
+    while todo:
+        i = todo.pop()
+        if i not in live:
+            live.add(i)
+            todo += [a for a, _ in nodes[i].args]
+    return live
+
+
+def scale_weight_tiles(mg: Graph) -> MuGraph | None:
+    """``mg`` with every block product ``a @ (c * t)`` whose right operand scales a weight tile's rows by a norm's
+    weight column ``c`` (:func:`_row_scaled_weight`) written ``(a @ ((c / s) * t)) * s`` with
+    ``s = clamp(max |w|, 1, dtype max)``; None if it has none. ``s`` is one scalar per block: the max over the
+    block's whole slice of the weight vector ``w`` when ``c`` reshapes a block input (loaded once more without the
+    loop's map, before the loop; the product's loop sum stays inside ``tl.dot`` and is multiplied by ``s`` after
+    the loop), else over the loop iteration's tile (the product multiplied by ``s`` before it is summed).
+
+    Equal over the reals (``s >= 1``). In floating point the product's operand ``(c / s) t``, rounded to the dtype
+    for ``tl.dot``, is at most ``|t|`` in magnitude, where ``c t`` overflows fp16 once ``|c t| > 65504`` (a weight
+    near 300 on a row the activations leave near 0 gives ``0 * inf``: NaN where the source is finite); ``s`` is 1
+    (the division exact, the operand ``c t`` itself) wherever the weights are at most 1 in magnitude; the sum of
+    products times ``s`` is an fp32 value of at most ``k |a| |t| s``. See :func:`norm_into_projections`."""
+    from ..ir.graph import BlockGraph, Node, make_attrs, tile_shape
+    from ..ir.ops import TensorType
+    from ..pipeline.fpsafe import DTYPE_MAX
+
+    nodes = list(node_list(mg))
+    changed = False
+    for i, kn in enumerate(nodes):
+        if kn.op != "custom":
+            continue
+        bg: BlockGraph = kn.attr("block")
+        sites = {j: s for j in range(len(bg.nodes)) if (s := _row_scaled_weight(bg, j)) is not None}
+        if not sites:
+            continue
+        readers: dict[int, list[int]] = {}
+        for j, n in enumerate(bg.nodes):
+            for a, _ in n.args:
+                readers.setdefault(a, []).append(j)
+        new: list[Node] = []
+        remap: dict[int, int] = {}
+        after: dict[int, int] = {}  # a product's loop_sum node -> the scale s it is multiplied by after the loop
+
+        def add(node: Node, new: list[Node] = new) -> int:
+            new.append(node)
+            return len(new) - 1
+
+        def ref(r: tuple[int, int], remap: dict[int, int] = remap) -> tuple[int, int]:
+            return (remap[r[0]], r[1])
+
+        # per weight vector that is a block input: s over the block's slice of it, from a second load without fmap
+        whole: dict[int, int] = {}  # the weight's block input node -> the node of its s
+        kargs = list(kn.args)
+        for _b, c, _t in sites.values():
+            src = bg.nodes[c].args[0][0]
+            wn = bg.nodes[src]
+            if wn.op != "input" or wn.attr("fmap") is None or src in whole:
+                continue
+            ad = wn.attr_dict
+            ad["fmap"] = None
+            ad["arg"] = len(kargs)  # (the kernel takes the weight vector once more: one input node per operand)
+            kargs.append(kn.args[wn.attr("arg")])
+            full = tile_shape("block input", ad["shape"], bg.grid, ad["imap"], None, bg.frange)
+            ft = TensorType(tuple(full), wn.outs[0].dtype)
+            one = TensorType((1,), wn.outs[0].dtype)
+            w_all = add(Node("input", (), make_attrs(ad), (ft,)))
+            ab = add(Node("abs", ((w_all, 0),), (), (ft,)))
+            mx = add(Node("max", ((ab, 0),), make_attrs({"axis": 0}), (one,)))
+            whole[src] = add(Node("clamp", ((mx, 0),), make_attrs({"hi": DTYPE_MAX[ft.dtype], "lo": 1.0}), (one,)))
+        for j, n in enumerate(bg.nodes):
+            if j not in sites:
+                remap[j] = add(Node(n.op, tuple(ref(a) for a in n.args), n.attrs, n.outs))
+                if j in after:  # (a scaled product's loop sum: times s after the loop)
+                    remap[j] = add(Node("mul", ((remap[j], 0), (after[j], 0)), (), n.outs))
+                continue
+            b, c, _t = sites[j]
+            ct, bt = bg.nodes[c].outs[0], bg.nodes[b].outs[0]
+            src = bg.nodes[c].args[0][0]
+            if src in whole:
+                sc = whole[src]
+            else:  # (the weight column is computed in the block: s over this iteration's tile)
+                one = TensorType((1, 1), ct.dtype)
+                ab = add(Node("abs", ((remap[c], 0),), (), (ct,)))
+                mx = add(Node("max", ((ab, 0),), make_attrs({"axis": 0}), (one,)))
+                sc = add(Node("clamp", ((mx, 0),), make_attrs({"hi": DTYPE_MAX[ct.dtype], "lo": 1.0}), (one,)))
+            cs = add(Node("div", ((remap[c], 0), (sc, 0)), (), (ct,)))
+            wt = add(Node("mul", tuple((cs, 0) if a[0] == c else ref(a) for a in bg.nodes[b].args), (), (bt,)))
+            remap[j] = add(Node("matmul", (ref(n.args[0]), (wt, 0)), n.attrs, n.outs))
+            rd = readers.get(j, [])
+            if src in whole and len(rd) == 1 and bg.nodes[rd[0]].op == "loop_sum":
+                after[rd[0]] = sc
+            else:
+                remap[j] = add(Node("mul", ((remap[j], 0), (sc, 0)), (), n.outs))
+        outs = [ref(o) for o in bg.outputs]
+        keep = _live_nodes(new, outs)  # (the unscaled weight tiles, read by nothing now, dropped)
+        pos = {j: k for k, j in enumerate(j for j in range(len(new)) if j in keep or new[j].op == "input")}
+        kept = tuple(Node(n.op, tuple((pos[a], o) for a, o in n.args), n.attrs, n.outs)
+                     for j, n in enumerate(new) if j in pos)
+        attrs = dict(kn.attrs)
+        attrs["block"] = BlockGraph(bg.grid, bg.frange, kept, tuple((pos[a], o) for a, o in outs), bg.omaps,
+                                    bg.flimit)
+        nodes[i] = Node(kn.op, tuple(kargs), make_attrs(attrs), kn.outs)
+        changed = True
+    if not changed:
+        return None
+    out = MuGraph._from_parts(nodes, output_refs(mg))
     out.check(unused_inputs=True)
     return out
 
