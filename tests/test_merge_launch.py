@@ -153,18 +153,45 @@ def test_merged_config_takes_the_stages_of_the_kernel_with_the_most_blocks() -> 
     assert (c.num_warps, c.num_stages) == (8, 4)
 
 
-def test_layer_bs1_qkv_candidate_is_certified_and_merges_the_projections() -> None:
-    # candidate 1 of the bs1 file: k and v lowered as the q projection's design so that the three run as one launch
+@pytest.mark.parametrize(("rank", "cert", "launches"), [(1, "qkv_rot", 11), (2, "qkv_merge", 12)])
+def test_layer_bs1_qkv_candidates_are_certified_and_merge_the_projections(rank: int, cert: str, launches: int) -> None:
+    # candidates 1 and 2 of the bs1 file: k and v lowered as the q projection's design so that the three run as one
+    # launch (candidate 1 also has the two rotary kernels as one)
     from verimirage.backend import tuning
     from verimirage.smt.certify import read_certificate
 
     doc = json.loads((ROOT / "benchmarks" / "candidates" / "layer" / "decode_bs1.json").read_text())
-    cert = read_certificate((ROOT / "benchmarks" / "candidates" / "layer" / "proofs" /
-                             "layer_decode_bs1_qkv_merge.json").read_text())
-    assert cert.graph_text == doc["graph"] and cert.mugraph_text == doc["candidates"][1]["mugraph"]
-    mg = vm.MuGraph.parse(doc["candidates"][1]["mugraph"])
+    c = read_certificate((ROOT / "benchmarks" / "candidates" / "layer" / "proofs" /
+                          f"layer_decode_bs1_{cert}.json").read_text())
+    assert c.graph_text == doc["graph"] and c.mugraph_text == doc["candidates"][rank]["mugraph"]
+    mg = vm.MuGraph.parse(doc["candidates"][rank]["mugraph"])
     ms = generate(mg, tiles_for=lambda bg, at: tuning.recommend(bg, at).tiles, merge=True,
                   merge_key=lambda bg, at: tuning.recommend(bg, at).num_warps)
     qkv = [k for k in ms.kernels if len(k.members) == 3]
     assert len(qkv) == 1 and qkv[0].grid == (192,)
-    assert len(ms.steps) == 12
+    assert len(ms.steps) == launches
+
+
+@pytest.mark.slow
+def test_layer_bs1_qkv_rot_new_regions_run_in_the_interpreter() -> None:
+    # the region μGraphs candidate 1 has and candidate 0 has not (the v projection's loop; the k projection's loop with
+    # the one rotary kernel), in Triton's interpreter against their regions in float64
+    torch = pytest.importorskip("torch")
+    from verimirage.smt.certify import read_certificate
+
+    base = read_certificate((ROOT / "proofs" / "layer_decode_bs1.json").read_text())
+    new = read_certificate((ROOT / "benchmarks" / "candidates" / "layer" / "proofs" /
+                            "layer_decode_bs1_qkv_rot.json").read_text())
+    old = {json.dumps(s, sort_keys=True) for s in base.certificates}
+    fresh = [s for s in new.certificates if json.dumps(s, sort_keys=True) not in old]
+    assert len(fresh) == 2
+    rng = np.random.default_rng(0)
+    for s in fresh:
+        g, mg = vm.Graph.parse(s["graph_text"]), vm.MuGraph.parse(s["mugraph_text"])
+        xs = {t.name: (rng.standard_normal(t.type.shape) * (0.02 if len(t.type.shape) == 2 and t.type.shape[0] == 4096
+                                                             else 0.5)).astype(np.float16).astype(np.float64)
+              for t in g.inputs}
+        ref = vm.evaluate(g, xs)
+        outs = vm.compile(mg)(**{k: torch.tensor(v, dtype=torch.float16) for k, v in xs.items()})
+        for o, r in zip(outs if isinstance(outs, tuple) else (outs,), ref, strict=True):
+            assert np.linalg.norm(o.double().numpy() - r) / max(np.linalg.norm(r), 1e-30) < 2e-3
