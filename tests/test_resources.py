@@ -145,3 +145,66 @@ def test_estimate_bounds_triton_sm90_allocation(tmp_path: Path) -> None:
         r = report[str(p)][name]
         assert r["ok"], r["error"]
         assert 0 < r["shared"] <= est <= SM90.smem_per_block, (picked[k], r["shared"])
+
+
+_FP32_BUFFERS = """graph {
+  %0 = input {name='in0'} : f16[512,512]
+  %1 = permute %0 {dims=(1, 0)} : f16[512,512]
+  %2 = input {name='in1'} : f16[512,512]
+  %3 = permute %2 {dims=(1, 0)} : f16[512,512]
+  %4 = matmul %1, %3 : f16[512,512]
+  return %4
+}"""
+
+
+def _product_of_fp32_buffers() -> tuple[object, object, list[vm.TensorType], list[object]]:
+    from verimirage.backend.codegen import arg_storage
+
+    m = tuning.tuned_module(vm.Graph.parse(_FP32_BUFFERS)).mugraph  # (one kernel per op: two permutes, a product)
+    nodes = node_list(m)
+    store = arg_storage(m)
+    (i, bg, at), = [k for k in _kernels(m) if nodes[k[0]].attr("block").frange > 1]
+    return m, bg, at, store[i]
+
+
+def test_a_pipelined_product_of_fp32_buffers_is_estimated_in_fp32() -> None:
+    """Finding (the H200 training run of 2026-11-26: ``OutOfResources: shared memory, Required: 245760, Hardware
+    limit: 232448`` for backward partitions): a product of two kernels' results reads fp32 buffers (codegen keeps
+    values passed between kernels in fp32), and Triton's pipeliner buffers the loads in fp32; the estimate counted
+    the IR's fp16 tiles (114,688 bytes at 8 stages) and the tuned 8 stages were launched. With the operands' element
+    types in memory the estimate doubles, and ``vm.compile`` launches 7 stages."""
+    from verimirage.backend.codegen import DType
+
+    m, bg, at, store = _product_of_fp32_buffers()
+    assert store == [DType.float32, DType.float32]
+    c = tuning.recommend(bg, at)  # type: ignore[arg-type]
+    assert c.num_stages == 8 and smem_estimate(bg, at, c) <= SM90.smem_per_block  # type: ignore[arg-type]
+    assert smem_estimate(bg, at, c, store) == 245760 > SM90.smem_per_block  # type: ignore[arg-type]
+    p = vm.compile(m)
+    (k,) = [k for k in p.kernels if p.launch[k.name]["num_stages"] > 1]
+    assert p.launch[k.name]["num_stages"] == 7
+    # one stage does not pipeline: the estimate is the operands' either way (the tiles, which the certificates'
+    # digest covers, never change for the fp32 buffers)
+    one = LaunchConfig(c.num_warps, 1, c.tiles)
+    assert smem_estimate(bg, at, one, store) == smem_estimate(bg, at, one)  # type: ignore[arg-type]
+
+
+@pytest.mark.slow  # two sm_90 compiles in a subprocess
+def test_the_fp32_buffer_estimate_bounds_triton_sm90_allocation(tmp_path: Path) -> None:
+    from verimirage.backend.gpucompile import compile_modules
+
+    m, bg, at, store = _product_of_fp32_buffers()
+    p = vm.compile(m)
+    (k,) = [k for k in p.kernels if p.launch[k.name]["num_stages"] > 1]
+    paths = {}
+    for s in (8, p.launch[k.name]["num_stages"]):
+        src = p.source.replace(f"    {k.name!r}: {{'num_warps': 4, 'num_stages': 2}},",
+                               f"    {k.name!r}: {{'num_warps': 4, 'num_stages': {s}}},")
+        assert src != p.source
+        paths[s] = tmp_path / f"s{s}.py"
+        paths[s].write_text(src)
+    report = compile_modules(list(paths.values()))
+    shared = {s: report[str(path)][k.name]["shared"] for s, path in paths.items()}
+    assert shared[8] > SM90.smem_per_block  # what the H200 refused
+    est = smem_estimate(bg, at, LaunchConfig(4, 7, tuning.recommend(bg, at).tiles), store)  # type: ignore[arg-type]
+    assert 0 < shared[7] <= est <= SM90.smem_per_block, (shared, est)

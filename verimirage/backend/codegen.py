@@ -1572,6 +1572,23 @@ def _as_mugraph(g: Any) -> MuGraph:
     return g if isinstance(g, MuGraph) else MuGraph.from_graph(g)
 
 
+def storage_dtype(nodes: Sequence[Node], final: set[tuple[int, int]], ref: tuple[int, int]) -> DType:
+    """The element type value ``ref`` of a μGraph (``nodes``, its outputs ``final``) has in device memory: fp32 for
+    a kernel's result that another kernel reads (partial sums...), else its IR dtype."""
+    n0 = nodes[ref[0]]
+    if n0.op == "custom" and ref not in final:
+        return DType.float32
+    return n0.outs[ref[1]].dtype
+
+
+def arg_storage(mg: MuGraph) -> dict[int, list[DType]]:
+    """Per kernel node of ``mg`` (by index), the element types its operands have in device memory
+    (:func:`storage_dtype`; what the shared-memory estimate of a pipelined load counts)."""
+    nodes = node_list(mg)
+    final = set(output_refs(mg))
+    return {i: [storage_dtype(nodes, final, r) for r in n.args] for i, n in enumerate(nodes) if n.op == "custom"}
+
+
 def kernel_source(bg: BlockGraph, arg_types: Sequence[TensorType], name: str = "kernel",
                   tiles: TileOptions | None = None, arg_store: Sequence[DType] | None = None,
                   out_store: Sequence[DType] | None = None,
@@ -1755,10 +1772,7 @@ def generate(program: Any, tiles: TileOptions | None = None,
     final = set(output_refs(mg))
 
     def store_dtype(ref: tuple[int, int]) -> DType:
-        n0 = nodes[ref[0]]
-        if n0.op == "custom" and ref not in final:
-            return DType.float32
-        return n0.outs[ref[1]].dtype
+        return storage_dtype(nodes, final, ref)
 
     def is_view(i: int, n: Node) -> bool:
         # (its operand a kernel's result: a buffer (or a view of one), contiguous; not an input, not a constant)

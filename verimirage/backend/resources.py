@@ -19,6 +19,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from ..ir.dtypes import DType
 from ..ir.graph import BlockGraph, live_nodes
 from ..ir.ops import LOOP_OPS, OPS, Prop, TensorType
 from .codegen import LaunchConfig, TileOptions, _KernelGen
@@ -60,13 +61,22 @@ def _dot_nodes(bg: BlockGraph, live: set[int]) -> list[int]:
     return out
 
 
-def smem_estimate(bg: BlockGraph, arg_types: Sequence[TensorType], config: LaunchConfig) -> int:
+def smem_estimate(bg: BlockGraph, arg_types: Sequence[TensorType], config: LaunchConfig,
+                  arg_store: Sequence[DType] | None = None) -> int:
     """Bytes of shared memory the kernel of ``bg`` (on operands ``arg_types``) needs under ``config``.
+
+    ``arg_store``: the element types the operands have in device memory where they differ from the IR's
+    (:func:`arg_storage`: a kernel's result that another kernel reads is kept in fp32); None: the IR's.
 
     An upper bound of Triton 3.6's allocation on sm_90, summed from:
 
     * tiles a for-loop with a ``tl.dot`` loads each iteration (the pipeliner buffers every load of such a
-      loop): padded tile bytes x ``max(1, num_stages - 1)``;
+      loop, in its element type in memory): padded tile bytes x ``max(1, num_stages - 1)``; where that type
+      is not the ``tl.dot`` operand's (an fp32 buffer read as fp16), the converted operand is stored again
+      for the dot (the H200's training run of 2026-11-26: a 64 x 64 x 8-stage product of two fp32 buffers
+      was estimated at 114,688 bytes, counting fp16 tiles, and Triton allocated 237,568: OutOfResources);
+      such a tile that a ``tl.dot`` reads is also counted once as the dot's operand (Triton often stores it
+      again for the dot: behind the casts the code generator emits, wgmma does not read the pipeline's buffer);
     * ``tl.dot`` operands otherwise (loop-invariant loads, computed values): their padded bytes once, in the
       operand dtype (wgmma reads operands from shared memory; mma.sync converts layouts through it), all
       counted as live at once (Triton reuses the memory of dead operands, so this is often far above).
@@ -96,29 +106,41 @@ def smem_estimate(bg: BlockGraph, arg_types: Sequence[TensorType], config: Launc
         t = bg.nodes[i].outs[k]
         return math.prod(kg.padded((i, k), t)) * (itemsize or t.dtype.itemsize)
 
+    def stored(i: int) -> int:  # the element size an input node's tile has in device memory
+        n = bg.nodes[i]
+        if arg_store is None or n.op != "input":
+            return n.outs[0].dtype.itemsize
+        return arg_store[int(n.attr("arg"))].itemsize
+
     total = 0
     counted: set[int] = set()
     if pipelined:
         for i, n in enumerate(bg.nodes):
             if i in live and n.op == "input" and varying[i]:
-                total += nbytes(i) * buffers
+                total += nbytes(i, itemsize=stored(i)) * buffers
                 counted.add(i)
+    # a pipelined tile a ``tl.dot`` reads is stored again as the dot's operand wherever Triton cannot hand the
+    # pipeline's buffer to the dot (an fp32 buffer read as fp16; a wgmma operand behind the code generator's casts:
+    # a 128 x 256 fp16 row tile of 3 stages took 278,528 bytes where its buffers took 196,608): counted once more
+    converted: set[int] = set(counted)
     for i in dots:
         n = bg.nodes[i]
         itemsize = bg.nodes[n.args[0][0]].outs[n.args[0][1]].dtype.itemsize
         batch = math.prod(kg.padded((i, 0), n.outs[0])[:-2])
         for a, k in n.args[:2]:
-            if a in counted:
+            if a in counted and a not in converted:
                 continue
             counted.add(a)
+            converted.discard(a)
             shape = kg.padded((a, k), bg.nodes[a].outs[k])
             total += batch // max(1, math.prod(shape[:-2])) * math.prod(shape) * itemsize
     return total
 
 
 def fit(bg: BlockGraph, arg_types: Sequence[TensorType], config: LaunchConfig,
-        target: Target = SM90) -> LaunchConfig:
-    """``config``, or the nearest configuration whose :func:`smem_estimate` is within ``target``'s limit.
+        target: Target = SM90, arg_store: Sequence[DType] | None = None) -> LaunchConfig:
+    """``config``, or the nearest configuration whose :func:`smem_estimate` is within ``target``'s limit
+    (``arg_store``: the operands' element types in device memory, see :func:`smem_estimate`).
 
     Shrinks the pipeline stages first (down to 1: no software pipelining), then pads ``tl.dot`` rows to 16
     instead of 64 (mma.sync instead of wgmma). Raises :class:`ResourceError` when even that does not fit:
@@ -128,7 +150,7 @@ def fit(bg: BlockGraph, arg_types: Sequence[TensorType], config: LaunchConfig,
         raise ValueError("resources.fit: resolve a tuned configuration first (tuning.recommend)")
     limit = target.smem_per_block
     c = config
-    need = smem_estimate(bg, arg_types, c)
+    need = smem_estimate(bg, arg_types, c, arg_store)
     if need <= limit:
         return c
     tries: list[LaunchConfig] = [replace(c, num_stages=s) for s in range(c.num_stages - 1, 0, -1)]
@@ -136,7 +158,7 @@ def fit(bg: BlockGraph, arg_types: Sequence[TensorType], config: LaunchConfig,
         small = replace(c.tiles, dot_min_m=16)
         tries += [replace(c, num_stages=s, tiles=small) for s in range(c.num_stages, 0, -1)]
     for t in tries:
-        n = smem_estimate(bg, arg_types, t)
+        n = smem_estimate(bg, arg_types, t, arg_store)
         if n <= limit:
             log.info("resources: kernel needs %d B of shared memory under %s (limit %d on %s); using %s (%d B)",
                      need, c.key(), limit, target.name, t.key(), n)

@@ -29,6 +29,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -37,7 +38,7 @@ from ..ir.errors import GraphError
 from ..ir.graph import node_list
 from ..ir.ops import TensorType
 from .cache import atomic_write, cache_dir
-from .codegen import INT32_INDEX, LaunchConfig, ModuleSource, generate
+from .codegen import INT32_INDEX, LaunchConfig, ModuleSource, arg_storage, generate
 
 log = logging.getLogger(__name__)
 
@@ -907,19 +908,38 @@ def _fit_kernels(ms: ModuleSource, config: LaunchConfig) -> dict[str, tuple[Any,
     from .resources import ResourceError, fit
 
     nodes = node_list(ms.mugraph)
+    store = arg_storage(ms.mugraph)
     out: dict[str, tuple[Any, list[Any], LaunchConfig]] = {}
     for k in ms.kernels:
         for i in k.members or (k.node,):  # (a merged launch: each of its kernels; the launch takes the least stages)
             n = nodes[i]
             at = [nodes[a].outs[j] for a, j in n.args]
             try:
-                c = fit(n.attr("block"), at, config)
+                c = fit(n.attr("block"), at, config, arg_store=store[i])
             except ResourceError as e:
                 log.warning("compile: kernel %s: %s", k.name, e)
                 continue
             if c != config and (k.name not in out or c.num_stages < out[k.name][2].num_stages):
                 out[k.name] = (n, at, c)
     return out
+
+
+def _fit_stored(bg: Any, at: list[Any], c: LaunchConfig, store: list[Any]) -> LaunchConfig:
+    """``c`` with fewer pipeline stages where the kernel's operands in memory (``store``: fp32 buffers between
+    kernels) need more shared memory than the target allows under it; its tile options are kept (at one stage
+    the estimate does not depend on ``store``, so the stages alone always fit what ``c`` fitted)."""
+    from .resources import ResourceError, fit
+
+    try:
+        f = fit(bg, at, c, arg_store=store)
+    except ResourceError:
+        return c
+    if f.tiles != c.tiles:  # (not expected: then the stages are reduced alone, as far as they go)
+        return replace(c, num_stages=1)
+    if f != c:
+        log.info("compile: %d pipeline stage(s) instead of %d for a kernel whose operands are fp32 buffers",
+                 f.num_stages, c.num_stages)
+    return f
 
 
 def _merge_wanted() -> bool:
@@ -998,12 +1018,18 @@ def compile(
         ms = generate(program, tiles_for=lambda bg, at: tuning.recommend(bg, at).tiles, pdl=pdl, merge=merge,
                       merge_key=lambda bg, at: tuning.recommend(bg, at).num_warps)
         nodes = node_list(ms.mugraph)
+        store = arg_storage(ms.mugraph)
         tuned: dict[str, LaunchConfig] = {}
         for k in ms.kernels:
-            cs = [tuning.recommend(nodes[i].attr("block"), [nodes[a].outs[j] for a, j in nodes[i].args])
-                  for i in k.members or (k.node,)]
-            tuned[k.name] = cs[0] if len(cs) == 1 else merged_config(
-                cs, [nodes[i].attr("block").num_blocks for i in k.members])
+            members = k.members or (k.node,)
+            ats = [[nodes[a].outs[j] for a, j in nodes[i].args] for i in members]
+            cs = [tuning.recommend(nodes[i].attr("block"), at) for i, at in zip(members, ats, strict=True)]
+            c = cs[0] if len(cs) == 1 else merged_config(cs, [nodes[i].attr("block").num_blocks for i in members])
+            # (the tiles are recommend's, which the certificate's digest vouches for; the stages also fit each
+            # kernel's operands' element types in memory: fp32 buffers between kernels double a pipelined tile)
+            stages = min(_fit_stored(nodes[i].attr("block"), at, replace(ci, num_stages=c.num_stages),
+                                     store[i]).num_stages for i, at, ci in zip(members, ats, cs, strict=True))
+            tuned[k.name] = replace(c, num_stages=stages)
         per_kernel = tuned | dict(per_kernel or {})
     else:
         ms = generate(program, config.tiles, pdl=pdl, merge=merge)

@@ -20,6 +20,7 @@ import contextlib
 import logging
 import math
 import operator
+import os
 import time
 import weakref
 from collections.abc import Mapping, Sequence
@@ -874,8 +875,66 @@ def _check_runner(runner: PartitionRunner, xs: list[torch.Tensor], want: Sequenc
         if not ok:
             reason = f"{Reason.NUMERIC.value}: output {i} differs from the ATen ops on random inputs"
             log.warning("verimirage: %s: %s; the partition stays with the fallback", name, reason)
+            if os.environ.get(DUMP_ENV):
+                try:
+                    _dump_numeric(os.environ[DUMP_ENV], name, runner, xs, got, want, gm, lifted)
+                except Exception as e:  # (a diagnosis must not change the verdict)
+                    log.warning("verimirage: %s: the numeric dump failed: %s: %s", name, type(e).__name__, e)
             return reason
     return None
+
+
+#: environment variable naming a file to which every numeric-check failure is appended (one JSON line: the
+#: partition's graph and μGraph, its inputs' shapes and strides, and per output the errors of the kernels against
+#: the ATen ops, the float64 reference of the ATen ops and the μGraph's own float64 value on the same inputs)
+DUMP_ENV = "VERIMIRAGE_CAPTURE_DUMP"
+
+
+def _dump_numeric(path: str, name: str, runner: PartitionRunner, xs: Sequence[torch.Tensor],
+                  got: Sequence[torch.Tensor], want: Sequence[torch.Tensor], gm: fx.GraphModule,
+                  lifted: Lifted) -> None:
+    """Append the diagnosis of one numeric-check failure to ``path`` (see :data:`DUMP_ENV`)."""
+    import json
+
+    import numpy as np
+
+    from ..ir.reference import evaluate
+
+    ref64 = reference64(gm, lifted, xs) or []
+    mug = getattr(runner.program, "mugraph", None)
+    mu64: list[Any] = []
+    if mug is not None:
+        named, _ = runner._named(xs)
+        try:
+            mu64 = evaluate(mug, {k: v.detach().double().cpu().numpy() for k, v in named.items()})
+        except Exception as e:
+            log.warning("verimirage: %s: the μGraph's float64 evaluation failed: %s: %s", name, type(e).__name__, e)
+    outs = []
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        a64, b64 = a.detach().double().cpu(), b.detach().double().cpu()
+        rec: dict[str, Any] = {"i": i, "shape": list(b.shape), "dtype": str(b.dtype), "stride": list(b.stride()),
+                               "close": bool(tuple(a.shape) == tuple(b.shape) and _close(a, b))}
+        if a64.shape == b64.shape:
+            d = (a64 - b64).abs().nan_to_num(nan=math.inf).flatten()
+            rec.update(max_abs=float(d.max()) if d.numel() else 0.0, max_want=float(b64.abs().max()),
+                       median_want=float(b64.abs().median()))
+            worst = torch.topk(d, min(5, d.numel())).indices.tolist()
+            r = ref64[i].cpu().flatten() if i < len(ref64) else None
+            m = mu64[rec["i"]].reshape(-1) if i < len(mu64) and np.size(mu64[i]) == d.numel() else None
+            for key, val in (("ref64", r), ("mu64", None if m is None else torch.from_numpy(np.asarray(m)))):
+                if val is not None:
+                    rec[f"max_abs_kernel_vs_{key}"] = float((a64.flatten() - val).abs().max())
+                    rec[f"max_abs_aten_vs_{key}"] = float((b64.flatten() - val).abs().max())
+            rec["worst"] = [{"index": j, "kernel": float(a64.flatten()[j]), "aten": float(b64.flatten()[j]),
+                             "ref64": None if r is None else float(r[j]),
+                             "mu64": None if m is None else float(m[j])} for j in worst]
+        outs.append(rec)
+    line = {"partition": name, "graph": str(lifted.graph), "mugraph": None if mug is None else str(mug),
+            "inputs": [{"shape": list(x.shape), "stride": list(x.stride()), "dtype": str(x.dtype)} for x in xs],
+            "aten_ops": [str(n.format_node()) for n in lifted.nodes], "launch": getattr(runner.program, "launch", None),
+            "outputs": outs}
+    with open(path, "a") as f:
+        f.write(json.dumps(line) + "\n")
 
 
 # --------------------------------------------------------------------------- the graph pass
