@@ -331,10 +331,16 @@ def _prewarm_worker(job: tuple[str, str, int, list[str], list[int]]) -> int:
 def prewarm(jobs: list[tuple[str, str, int, list[str], list[int]]], workers: int) -> None:
     """Run :func:`_prewarm_worker` over ``jobs`` (one per candidate) in ``workers`` spawned processes."""
     import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
 
     t0 = time.perf_counter()
-    with mp.get_context("spawn").Pool(workers) as pool:
-        done = sum(pool.map(_prewarm_worker, jobs, chunksize=1))
+    done = 0
+    try:  # not a multiprocessing.Pool: its daemonic workers could not start Inductor's compile subprocesses
+        with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
+            for n in pool.map(_prewarm_worker, jobs):
+                done += n
+    except Exception as e:  # a worker died: the timing loop compiles what is missing
+        log.error("prewarm stopped: %s: %s", type(e).__name__, e)
     log.info("prewarm: %d kernels and baselines compiled in %.1f s by %d workers", done, time.perf_counter() - t0,
              workers)
 
