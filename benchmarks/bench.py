@@ -36,11 +36,12 @@ timings by default until its results are re-timed rotated.
 
 Cost of a run (issue 22: the whole models set in one device call of <= 300 s):
 ``--prewarm N`` also compiles the ``torch.compile`` baseline of every case in
-the pool (Inductor's FX-graph and autotuning caches on disk), each worker's
-GPU benchmarking serialised by a file lock (:func:`_gpu_lock`) so that its
-autotuning times kernels alone on the GPU, as a serial compile would; the
-timing loop then compiles from the cache (``inductor_cache_hit``) and times
-alone. ``--rep-ms`` sets the reported timings' window (``do_bench_cudagraph``
+the pool (Inductor's disk caches: Triton kernels, autotuning results, FX
+graphs), each worker's GPU benchmarking serialised by a file lock
+(:func:`_gpu_lock`) so that its autotuning times kernels alone on the GPU, as
+a serial compile would; the timing loop's compile then finds most of its work
+done (``inductor_cache_hit``: the FX-graph cache itself) and times alone.
+``--rep-ms`` sets the reported timings' window (``do_bench_cudagraph``
 ``rep``: 10 replays of that many ms of calls each) and ``--select-rep-ms`` the
 profiler's; the profiler checks each candidate against the harness's float64
 reference on the GPU instead of ``vm.evaluate`` on the host. ``--budget-s``
@@ -288,7 +289,9 @@ INDUCTOR_MODE = "max-autotune-no-cudagraphs"
 def _prewarm_inductor(gtext: str, name: str, seed: int) -> int:
     """``torch.compile`` (max-autotune) the eager baseline of one case and run it once: its compiled graph and
     autotuning choices land in Inductor's disk caches, which the timing loop's compile of the same function on
-    inputs of the same shapes hits. 1 when done."""
+    inputs of the same shapes takes its Triton kernels and autotuning results from (on the H100 run of 2026-11-26
+the FX-graph cache itself missed and some GEMMs were timed again in the timing loop, alone on the GPU: its compile
+took 0.6-13 s a program against 3-27 s before). 1 when done."""
     import torch._inductor.config
 
     torch._inductor.config.compile_threads = 4  # not part of the cache key; 16 cores among the pool's workers
@@ -426,6 +429,13 @@ def verimirage_variant(g: vm.Graph, case: str, ins: list[torch.Tensor], ref: Any
         out["default_err"] = rel_err(dfn(*ins), ref)
         out["default_us"] = bench_sets(dfn, sets)
         out["default_kernels"] = cands[0].num_kernels
+        # the profiler ranks on warm inputs (select times ``ins`` alone); under --rotate the default can be the
+        # fastest of the re-timed kernels (qkv_bias, H100, 2026-11-26: the profiled pick 15.1 µs rotated, the
+        # default 13.9): the reported time is the fastest of the kernels re-timed the same way, the default included
+        out["verimirage_pick"] = "profiled"
+        if out["default_err"] < 2e-2 and (best is None or out["default_us"] < best[0]):
+            best = (out["default_us"], cands[0], dfn)
+            out["verimirage_pick"] = "default"
     except Exception as e:
         out["default_error"] = f"{type(e).__name__}: {e}"[:300]
     if best is not None:
