@@ -47,7 +47,9 @@ def test_one_row_product_is_a_pipelined_16_row_dot() -> None:
     g = _gated()
     mg = designs.gated_mlp(g, cols=16, k_tile=32)  # grid 4, K loop of 2
     src = generate(mg, tiles=TileOptions(dot_min_m=16)).source
-    assert "tl.broadcast_to(v0, (16, 32))" in src and src.count("tl.dot(") == 2
+    # the row loaded straight as the dot's (16, K) operand, rows 1..15 masked to zero (no broadcast in the loop)
+    assert "mask=(tl.arange(0, 16)[:, None] < 1), other=0.0)" in src and "tl.broadcast_to(" not in src
+    assert src.count("tl.dot(") == 2
     assert "tl.static_range" not in src  # a loop feeding tl.dot is left to Triton's pipeliner
     assert "tl.zeros((16, 16), tl.float32)" in src  # the accumulator stays inside tl.dot
     off = generate(mg, tiles=TileOptions(dot_min_m=16, row_dot=0)).source
@@ -147,7 +149,9 @@ def _grouped(frange: int = 2) -> tuple[vm.Graph, vm.MuGraph]:
 def test_grouped_rows_over_a_batch_dim_the_weights_lack_are_one_dot(frange: int) -> None:
     g, mg = _grouped(frange)
     src = generate(mg, tiles=TileOptions(dot_min_m=16)).source
-    assert f"(4, 4, {32 // frange})" in src  # the 4 query rows, each repeated 4 times: 16 dot rows
+    # the 4 query rows loaded as the dot's 16 rows, rows 4..15 masked to zero; the keys loaded as its (K, N) operand
+    assert "mask=(tl.arange(0, 16)[:, None] < 4), other=0.0)" in src and "tl.broadcast_to(" not in src
+    assert "tl.reshape(v1, " not in src
     assert src.count("tl.dot(") == 1
     rng = np.random.default_rng(5)
     ins = {t.name: (rng.standard_normal(t.shape) * 0.5).astype(np.float16).astype(np.float64) for t in g.inputs}
@@ -308,3 +312,34 @@ def test_a_chunked_one_step_product_is_pipelined_like_a_k_loop(rows: int) -> Non
     _, short = _one_step(rows=rows, k=256)  # one chunk: no loop
     (c1,) = _recs(short)
     assert c1.num_stages == 2
+
+
+def test_rows_of_a_batch_the_weights_lack_load_as_the_dots_rows_exactly() -> None:
+    # the capture's decode products (B, 1, K) @ (K, N): B rows loaded straight as the dot's first B rows (the rest
+    # masked to zero), no repetition; the zero rows' products with an infinite weight (NaN) never reach the result
+    g = vm.Graph()
+    x = g.input("X", (4, 1, 32), vm.float16)
+    w = g.input("W", (32, 32), vm.float16)
+    g.output(g.matmul(x, w))
+    from verimirage.benchmarks.designs import _inputs, _one_kernel
+    from verimirage.ir.builders import BlockBuilder
+
+    t = _inputs(g)
+    b = BlockBuilder((2,), 2)  # 2 blocks of 16 columns, a K loop of 2: all 4 rows in every block
+    b.output(b.loop_sum(b.matmul(b.input(0, t["X"], (None,), 2), b.input(1, t["W"], (1,), 0))), (2,))
+    mg = _one_kernel(t, b)
+    src = generate(mg, tiles=TileOptions(dot_min_m=16)).source
+    assert "mask=(tl.arange(0, 16)[:, None] < 4), other=0.0)" in src and "tl.broadcast_to(" not in src
+    rng = np.random.default_rng(7)
+    xs = (rng.standard_normal((4, 1, 32)) * 0.5).astype(np.float16).astype(np.float64)
+    ws = (rng.standard_normal((32, 32)) * 0.5).astype(np.float16).astype(np.float64)
+    (ref,) = vm.evaluate(g, {"X": xs, "W": ws})
+    got = _run(mg, g, {"X": xs, "W": ws})
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
+    xs[:, 0, :] = 0.0
+    xs[:, 0, 0] = 1.0
+    ws[0, 3] = np.inf
+    ws[5, 7] = np.nan
+    got = _run(mg, g, {"X": xs, "W": ws})
+    assert (got[:, 0, 3] == np.inf).all() and np.isnan(got[:, 0, 7]).all()
+    assert np.isfinite(np.delete(got[:, 0, :], [3, 7], axis=1)).all()

@@ -70,7 +70,7 @@ ROW_DOT_MAX_BATCH = 8
 INT32_INDEX = 2**31
 
 #: Version of the generator: part of every cache key (bump when generated code changes).
-CODEGEN_VERSION = "13"
+CODEGEN_VERSION = "14"
 
 
 @dataclass(frozen=True)
@@ -297,6 +297,10 @@ class _KernelGen:
         #: names of block inputs loaded without their size-1 dims -> the rank-2 shape they have
         self.squeezed: dict[str, tuple[int, ...]] = {}
         self.alias_reshape: dict[int, int] = {}  # reshape node -> the block input it only re-dims (row dots)
+        #: names of block inputs loaded straight as a row product's ``(rows, K)`` ``tl.dot`` operand, its rows after
+        #: the product's own zero (see row_loaded_inputs), and the products that read such an operand
+        self.row_loaded: dict[str, int] = {}
+        self.zero_row_dots: set[int] = set()
         #: matmuls of concats computed piecewise (see split_concat_matmuls), set by generate()
         self.split_mm: dict[int, list[tuple[Any, Any]]] = {}
 
@@ -580,14 +584,19 @@ class _KernelGen:
         """Rows of the ``tl.dot`` of ``groups`` one-row products (:meth:`row_groups`)."""
         return max(self.opts.row_dot, groups)
 
-    def row_of(self, x: str, po: tuple[int, ...], groups: int, batch: int = 1) -> str:
+    def row_of(self, x: str, po: tuple[int, ...], groups: int, batch: int = 1, zero_rows: bool = False) -> str:
         """The ``groups`` rows (of each of ``batch`` elements) of a row-product ``tl.dot`` result ``x`` (see
         :meth:`row_groups`), shaped ``po``. Exact: the repeated rows are replaced by 0 before the sum that drops
-        them."""
+        them. ``zero_rows``: ``x`` holds the ``groups`` rows first, then rows of zero operands
+        (:meth:`row_loaded_inputs`); they are replaced by 0 the same way (a product of a zero row with an
+        infinite weight is NaN, which must not reach the sum)."""
         rows = self.dot_rows(groups)
         rep = rows // groups
         if rep == 1:
             return f"tl.reshape({x}, {_shape_text(po)})"
+        if zero_rows and groups > 1:
+            return (f"tl.reshape(tl.sum(tl.where(tl.arange(0, {rep})[:, None, None] == 0, "
+                    f"tl.reshape({x}, ({rep}, {groups}, {po[-1]})), 0.0), axis=0), {_shape_text(po)})")
         if batch > 1:
             return (f"tl.reshape(tl.sum(tl.where(tl.arange(0, {rep})[None, :, None] == 0, "
                     f"tl.reshape({x}, ({batch * groups}, {rep}, {po[-1]})), 0.0), axis=1), {_shape_text(po)})")
@@ -690,7 +699,9 @@ class _KernelGen:
         rows = self.dot_rows(groups)
         rep = rows // groups
         pk, pn = pa[-1], pb[-1]
-        a = self.sanitize(lines, a, ta, pa, len(pa) - 1, "0.0")
+        zero_rows = a in self.row_loaded
+        if not zero_rows:
+            a = self.sanitize(lines, a, ta, pa, len(pa) - 1, "0.0")
         if b not in self.squeezed:
             b = self.sanitize(lines, b, tb, pb, len(pb) - 2, "0.0")
         dt = _TL_DTYPE[ta.dtype]
@@ -699,7 +710,11 @@ class _KernelGen:
         if nb > 1:
             return self._emit_batched_row_dot(lines, n, a, b, ta, tb, pa, pb, po, acc, wide, groups, a_op, b_op, nb)
         a2 = a if pa == (groups, pk) else f"tl.reshape({a}, ({groups}, {pk}))"
-        if rep == 1:
+        if zero_rows:  # loaded as the (rows, K) operand, the rows after the groups' zero
+            if self.row_loaded[a] != rows:  # pragma: no cover - guarded by row_loaded_inputs
+                raise GraphError(f"codegen: internal error (row operand {a} has {self.row_loaded[a]} rows, not {rows})")
+            lines.append(f"{a_op} = {a}.to({dt})")
+        elif rep == 1:
             lines.append(f"{a_op} = {a2}.to({dt})")
         elif groups == 1:
             lines.append(f"{a_op} = tl.broadcast_to({a2}, ({rows}, {pk})).to({dt})")
@@ -713,10 +728,11 @@ class _KernelGen:
         else:  # (its batch dims are all 1: the product has one batch element)
             b2 = b if len(pb) == 2 else f"tl.reshape({b}, ({pk}, {pn}))"
         lines.append(f"{b_op} = {b2}.to({dt})")
-        return self._row_dot_result(lines, n, ta, tb, po, acc, wide, groups, a_op, b_op, 1)
+        return self._row_dot_result(lines, n, ta, tb, po, acc, wide, groups, a_op, b_op, 1, zero_rows)
 
     def _row_dot_result(self, lines: list[str], n: Node, ta: TensorType, tb: TensorType, po: tuple[int, ...],
-                        acc: str | None, wide: bool, groups: int, a_op: str, b_op: str, nb: int) -> str:
+                        acc: str | None, wide: bool, groups: int, a_op: str, b_op: str, nb: int,
+                        zero_rows: bool = False) -> str:
         """The ``tl.dot`` of a row product's prepared operands ``a_op`` @ ``b_op`` (plus ``acc``): the whole result
         when ``wide``, else its ``groups`` rows of each of ``nb`` batch elements (:meth:`row_of`)."""
         self.uses_dot = True
@@ -728,7 +744,7 @@ class _KernelGen:
             lines.append(f"{out} = {OPS['matmul'].domains['triton'](args, attrs, [ta, tb], [n.outs[0]])}")
             return out
         dot = OPS["matmul"].domains["triton"]([a_op, b_op], attrs, [ta, tb], [n.outs[0]])
-        lines.append(f"{out} = {self.row_of(dot, po, groups, nb)}" + (f" + {acc}" if acc else ""))
+        lines.append(f"{out} = {self.row_of(dot, po, groups, nb, zero_rows)}" + (f" + {acc}" if acc else ""))
         return out
 
     def _emit_batched_row_dot(self, lines: list[str], n: Node, a: str, b: str, ta: TensorType, tb: TensorType,
@@ -920,8 +936,10 @@ class _KernelGen:
             found[i] = list(zip(ca.args, cb.args, strict=True))
         return found
 
-    def dot_operand_inputs(self, live: set[int], uses: dict[int, list[int]]) -> set[int]:
-        """Block inputs loaded straight into their rank-2 ``tl.dot`` shape.
+    def dot_operand_inputs(self, live: set[int], uses: dict[int, list[int]],
+                           rank2: set[int] | None = None) -> set[int]:
+        """Block inputs loaded straight into their rank-2 ``tl.dot`` shape (``rank2``: inputs loaded as a rank-2
+        operand otherwise, :meth:`row_loaded_inputs`).
 
         An input whose every use is as an operand of a matmul lowered to one unbatched ``tl.dot``
         (every batch dim of the product is 1) is loaded without its size-1 dims. Loading it with them
@@ -994,11 +1012,55 @@ class _KernelGen:
                 for u in uses[i]:
                     m = nodes[u]
                     others = [a for a, _ in m.args if a != i]
-                    if any(a not in found and nodes[a].outs[0].rank > 2 for a in others) \
+                    if any(a not in found and a not in (rank2 or ()) and nodes[a].outs[0].rank > 2 for a in others) \
                             and not squeezable_beside_reshape(u):
                         found.discard(i)
                         changed = True
                         break
+        return found
+
+    def row_loaded_inputs(self, live: set[int], uses: dict[int, list[int]],
+                          taken: set[int]) -> dict[int, tuple[int, ...]]:
+        """Block inputs loaded straight as the ``(rows, K)`` left operand of the one-row products that read them
+        (:meth:`row_groups`, unbatched): block input -> the padded tile to load with ``squeeze`` (its ``G`` rows'
+        dim, or for one row its row dim, widened to ``rows``; the load's mask zeroes the rows after them).
+
+        Such an input's every use is as the left operand of a one-row product, its tile ``(.., G, .., 1, K)`` with
+        at most one leading dim above 1. Built from the loaded tile instead (each row repeated to ``rows`` by a
+        broadcast and a reshape in the loop body), the operand is no load that Triton's pipeliner turns into an
+        asynchronous copy, and the layout change runs every iteration: the capture's decode MLPs' ``(8, 1, 1024)
+        @ (1024, N)`` products ran 7.6 us on an H100 where the same product on ``(8, 1024)``, a masked 64-row load
+        and a plain ``tl.dot``, ran 4.4 (benchmarks/results/capture, 2026-11-26 20:00)."""
+        nodes = self.bg.nodes
+        outs = {a for a, _ in self.bg.outputs}
+        found: dict[int, tuple[int, ...]] = {}
+        for i, n in enumerate(nodes):
+            if (n.op != "input" or i not in live or i in outs or i in taken or not uses.get(i)
+                    or n.attr("arg") in self.inline):
+                continue
+            t = n.outs[0]
+            if t.rank < 2 or t.shape[-2] != 1:
+                continue
+            pa = self.padded((i, 0), t)
+            big = [d for d in range(t.rank - 2) if pa[d] != 1]
+            groups = set()
+            for u in uses[i]:
+                m = nodes[u]
+                if not (OPS[m.op].has(Prop.CONTRACTION) and m.args[0] == (i, 0) and m.args[1][0] != i):
+                    break
+                g = self.row_dot_node(nodes, u)
+                rb = m.args[1]
+                if not g or self.row_batch(self.padded(rb, nodes[rb[0]].outs[rb[1]])) != 1:
+                    break
+                groups.add(g)
+            else:
+                if len(groups) != 1 or len(big) > 1:
+                    continue
+                rows = self.dot_rows(groups.pop())
+                p = list(pa)
+                p[big[0] if big else t.rank - 2] = rows
+                found[i] = tuple(p)
+                self.zero_row_dots.update(uses[i])
         return found
 
     def row_weight_reshape(self, i: int, u: int, uses: dict[int, list[int]], outs: set[int]) -> bool:
@@ -1140,7 +1202,8 @@ class _KernelGen:
             if nodes[i].op in ("slice", "neg") and i not in outs_set and uses.get(i) and all(
                     u in sliced or u in unread for u in uses[i]):
                 unread.add(i)
-        squeeze = set() if self.opts.dot_batch1 else self.dot_operand_inputs(live, uses)
+        rowload = self.row_loaded_inputs(live, uses, skip | direct_concat | set(sliced))
+        squeeze = set() if self.opts.dot_batch1 else self.dot_operand_inputs(live, uses, set(rowload)) - set(rowload)
         chunked = self.chunked_dots(live, uses, squeeze)
         chunk_inputs = {a for i in chunked for a, _ in nodes[i].args}
         name: dict[Any, str] = {}
@@ -1174,6 +1237,10 @@ class _KernelGen:
                 name[(i, 0)] = f"v{i}"
                 if sect is body and (bound := self.full_tiles(i, po)) is not None:
                     full_masks[sect[-1]] = (f"v{i} = {self.tril_expr(i, po, all_true=True)}", bound)
+            elif i in rowload:
+                sect.append(f"v{i} = {self.load_expr(i, rowload[i], squeeze=True)}")
+                name[(i, 0)] = f"v{i}"
+                self.row_loaded[f"v{i}"] = max(x for x in rowload[i][:-1])
             elif n.op == "input":
                 sq = i in squeeze
                 sect.append(f"v{i} = {self.load_expr(i, po, squeeze=sq)}")
@@ -1228,7 +1295,7 @@ class _KernelGen:
                         pre[-1] = f"{v}_w = tl.zeros({wshape}, tl.float32)"
                         res = self.emit_matmul_node(body, nodes, a, vid_of, name, f"{v}_w", wide=True)
                         body.append(f"{v}_w = {res}")
-                        postl.append(f"{v} = {self.row_of(f'{v}_w', po, groups, nb)}")
+                        postl.append(f"{v} = {self.row_of(f'{v}_w', po, groups, nb, a in self.zero_row_dots)}")
                     elif a in dot_acc:
                         res = self.emit_matmul_node(body, nodes, a, vid_of, name, acc_in)
                         body.append(f"{v} = {res}")

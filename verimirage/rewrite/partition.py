@@ -123,6 +123,14 @@ class Analysis:
     #: inputs of ``graph`` that read another input's tensor (name -> that input's name): one kernel
     #: operand used in two roles (see :func:`split_input_uses`), loaded once per role
     alias: dict[str, str] = field(default_factory=dict)
+    #: the smallest matmul m/n/k dim each label of ``mm_labels`` walks (its elements): a label a reshape also
+    #: walks (a projection split into heads) has ``size`` = the parts it may be split into (16 heads), while
+    #: its tile along the product is this over the parts (1024 / 16 = 64 columns a head)
+    mm_extent: dict[int, int] = field(default_factory=dict)
+
+    def tile_of(self, lab: int, parts: int) -> int:
+        """The matmul tile a label split into ``parts`` gives (``size // parts`` for a label no reshape shrinks)."""
+        return self.mm_extent.get(lab, self.size[lab]) // parts
 
     def data_parallel(self) -> list[int]:
         """Labels every output carries, that nothing reduces, that may be split (first-seen order)."""
@@ -173,14 +181,21 @@ def _reshape_leads(src: tuple[int, ...], new: tuple[int, ...], in_labels: Sequen
     return IndexMap(links=tuple(links), whole_in=tuple(whole_in), whole_out=tuple(whole_out))
 
 
-def analyse(g: Graph) -> Analysis:
-    """Index labels for every value of kernel graph ``g``."""
+def analyse(g: Graph, *, zip_parts: bool = False) -> Analysis:
+    """Index labels for every value of kernel graph ``g``.
+
+    ``zip_parts``: where ``g``'s outputs fall into independent parts (:func:`_output_components`: a fused QKV
+    projection's three products of one input), the data-parallel dims of each part's first output are walked
+    together with the same dims of the first part's first output (same position, same size, reduced and kept
+    whole in neither), so one grid walks every part: one kernel whose block computes a tile of each part (the
+    head ``h`` of Q, K and V) where apart the parts are a kernel each (or one block, with no shared axis)."""
     uf = _UF()
     raw: dict[int, list[int | None]] = {}
     size: dict[int, int] = {}
     reduces: dict[int, int] = {}
     whole: list[int] = []
     mm: list[int] = []
+    mm_dims: list[tuple[int, int]] = []  # (label, the matmul dim's size)
     shrink: list[tuple[int, int]] = []  # (label, g): the label also walks a dim of g blocks' worth (a reshape)
     nodes = node_list(g)
 
@@ -221,6 +236,8 @@ def analyse(g: Graph) -> Analysis:
                 reduces[i] = lab
                 if im.matrix is not None:
                     mm.append(lab)
+                    a0, j0 = grp[0]
+                    mm_dims.append((lab, nodes[n.args[a0][0]].outs[n.args[a0][1]].shape[j0]))
         for a, j in im.whole_in:
             if args[a][j] is not None:
                 whole.append(args[a][j])  # type: ignore[arg-type]
@@ -233,7 +250,11 @@ def analyse(g: Graph) -> Analysis:
                 whole.append(res[o])  # type: ignore[arg-type]
         if im.matrix is not None:
             mm += [res[o] for o in im.matrix if res[o] is not None]  # type: ignore[misc]
+            mm_dims += [(res[o], outt.shape[o]) for o in im.matrix if res[o] is not None]  # type: ignore[misc]
         raw[i] = res
+
+    if zip_parts:
+        _zip_parts(g, nodes, raw, size, reduces, whole, shrink, uf)
 
     def f(x: int | None) -> int | None:
         return None if x is None else uf.find(x)
@@ -243,6 +264,10 @@ def analyse(g: Graph) -> Analysis:
     for lab, gcd in shrink:
         r = uf.find(lab)
         sizes[r] = math.gcd(sizes[r], gcd)
+    extent: dict[int, int] = {}
+    for lab, ext in mm_dims:
+        r = uf.find(lab)
+        extent[r] = min(extent.get(r, ext), ext)
     return Analysis(
         g,
         labels,
@@ -250,7 +275,36 @@ def analyse(g: Graph) -> Analysis:
         {i: uf.find(v) for i, v in reduces.items()},
         {uf.find(x) for x in whole},
         {uf.find(x) for x in mm},
+        mm_extent={r: ext for r, ext in extent.items() if ext != sizes.get(r)},
     )
+
+
+def _zip_parts(g: Graph, nodes: Sequence[Any], raw: dict[int, list[int | None]], size: dict[int, int],
+               reduces: dict[int, int], whole: list[int], shrink: list[tuple[int, int]], uf: _UF) -> None:
+    """Union the data-parallel labels of independent output parts (see :func:`analyse`'s ``zip_parts``)."""
+    comps = _output_components(g)
+    if len(comps) < 2:
+        return
+    outs = output_refs(g)
+
+    def blocked() -> set[int]:
+        return {uf.find(x) for x in [*reduces.values(), *whole]}
+
+    def parts_of(lab: int) -> int:
+        r = uf.find(lab)
+        return math.gcd(size[lab], *[gcd for x, gcd in shrink if uf.find(x) == r])
+
+    first = raw[outs[comps[0][0]][0]]
+    for comp in comps[1:]:
+        other = raw[outs[comp[0]][0]]
+        if len(other) != len(first):
+            continue
+        for a, b in zip(first, other, strict=True):
+            if a is None or b is None or uf.find(a) == uf.find(b) or size[a] != size[b]:
+                continue
+            if {uf.find(a), uf.find(b)} & blocked() or parts_of(a) != parts_of(b):
+                continue
+            uf.union(a, b)
 
 
 def _conflated(an: Analysis) -> bool:
@@ -484,7 +538,7 @@ def configs(
     per_label: list[list[int]] = []
     for lab in dp:
         n = an.size[lab]
-        opts = [p for p in _grid_divisors(n) if p == 1 or lab not in an.mm_labels or n // p >= min_tile]
+        opts = [p for p in _grid_divisors(n) if p == 1 or lab not in an.mm_labels or an.tile_of(lab, p) >= min_tile]
         if grids is not None:
             opts = [p for p in opts if p == 1 or p in grids]
         keep = opts[-6:] if len(opts) > 6 else opts
@@ -1306,18 +1360,24 @@ def lower_all(
     out = [unfused(g)]
     rejected: dict[str, int] = {}
     bad_struct: dict[tuple[Any, ...], str] = {}
-    for cfg in configs(an, grids=grids, franges=franges, max_splits=max_splits):
-        skey = (tuple(lab for lab, _ in cfg.grid), cfg.loop, cfg.splits > 1)
-        if skey in bad_struct:
-            rejected[bad_struct[skey]] = rejected.get(bad_struct[skey], 0) + 1
-            continue
-        try:
-            out.append(build(an, cfg))
-        except Infeasible as e:
-            reason = str(e).split("\n")[0]
-            if "divide" not in reason and "imap" not in reason:
-                bad_struct[skey] = reason
-            rejected[reason] = rejected.get(reason, 0) + 1
+    analyses = [an]
+    if not an.alias and len(_output_components(g)) > 1:
+        zipped = analyse(g, zip_parts=True)
+        if zipped.data_parallel() != an.data_parallel():
+            analyses.append(zipped)  # one kernel over the parts (each block a tile of every part)
+    for k, a_n in enumerate(analyses):
+        for cfg in configs(a_n, grids=grids, franges=franges, max_splits=max_splits):
+            skey = (k, tuple(lab for lab, _ in cfg.grid), cfg.loop, cfg.splits > 1)
+            if skey in bad_struct:
+                rejected[bad_struct[skey]] = rejected.get(bad_struct[skey], 0) + 1
+                continue
+            try:
+                out.append(build(a_n, cfg))
+            except Infeasible as e:
+                reason = str(e).split("\n")[0]
+                if "divide" not in reason and "imap" not in reason:
+                    bad_struct[skey] = reason
+                rejected[reason] = rejected.get(reason, 0) + 1
     if cuts:
         out += cut_lowerings(g, grids=grids, franges=franges, max_splits=max_splits, rank=rank, depth=cut_depth)
     if components:
