@@ -622,7 +622,7 @@ def _best_estimate_us(items: list[Any]) -> float:
 
 def make_plan(names: list[str], dims: Any, dtype: torch.dtype, budget: float, path: Path, *,
               train: bool = False, cuda: bool = True, graphs: list[str] | None = None,
-              refresh_above_us: float | None = None) -> None:
+              refresh_above_us: float | None = None, refresh: list[str] | None = None) -> None:
     """Search (on this CPU) every partition the Inductor path lifts from the modules' inference graphs, traced on
     fake CUDA tensors (``cuda``, the default: the graphs a GPU run sees, :func:`trace`) or on CPU tensors; with
     ``train``: from the forward and backward graphs of a training step (traced on the CPU: autograd cannot run on
@@ -638,6 +638,9 @@ def make_plan(names: list[str], dims: Any, dtype: torch.dtype, budget: float, pa
     design the cost model estimates above this many µs (the worst first), and merge what it finds with what is
     there (the plan keeps a partition's first search: the 2026-11-26 20:00 H100 run served designs of older searches,
     e.g. the logits-softmax partition's 10 kernels estimated 67.5 us, where today's search finds 2 kernels, 9.1 us).
+    ``refresh``: search these entries (lifted graph texts) again first, in their order, and merge the same way (the
+    entries a change of the search reaches: the attention QKV projections once a head-split projection could be
+    tiled by head and independent products share a kernel, 2026-11-26).
     """
     import verimirage as vm
     from verimirage.integrations.capture import CaptureOptions
@@ -686,6 +689,12 @@ def make_plan(names: list[str], dims: Any, dtype: torch.dtype, budget: float, pa
                 found(key, real(Graph.parse(key), time_budget_s=budget, **dict(opts.search)))
                 log.warning("refresh: %.1f us -> %.1f us est. (%.0f s)", est, _best_estimate_us(plan[key]),
                             time.perf_counter() - t0)
+        for key in refresh or []:
+            t0 = time.perf_counter()
+            before = _best_estimate_us(plan.get(key, []))
+            found(key, real(Graph.parse(key), time_budget_s=budget, **dict(opts.search)))
+            log.warning("refresh: %.1f us -> %.1f us est. (%.0f s)", before, _best_estimate_us(plan.get(key, [])),
+                        time.perf_counter() - t0)
         for text in graphs or []:
             if text not in plan:
                 g = Graph.parse(text)
@@ -1524,6 +1533,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--refresh-above", type=float, default=None, metavar="US",
                     help="with --make-plan: first search again every plan entry whose cheapest design is estimated "
                     "above US microseconds (the worst first) and merge what today's search finds")
+    ap.add_argument("--refresh-graphs", type=Path, action="append", default=[],
+                    help="with --make-plan: first search again these plan entries (a JSON list of lifted graph "
+                    "texts, e.g. those a search change reaches) and merge what today's search finds")
     ap.add_argument("--restamp-plan", type=Path, action="append", default=[],
                     help="record today's Triton hash in this plan's certificates and drop the items the code "
                     "generator cannot express (CPU), and exit")
@@ -1571,7 +1583,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.make_plan:
             graphs = [t for f in args.from_misses for t in json.loads(f.read_text())]
             make_plan(names, dims, torch.float16, args.budget, args.make_plan, train=args.train,
-                      cuda=not args.cpu_trace, graphs=graphs, refresh_above_us=args.refresh_above)
+                      cuda=not args.cpu_trace, graphs=graphs, refresh_above_us=args.refresh_above,
+                      refresh=[t for f in args.refresh_graphs for t in json.loads(f.read_text())])
         elif args.worker:
             _worker_main(dims=dims, dtype=torch.float16, budget=args.budget, out=args.gpu_run, plan=args.plan,
                          max_fallback=args.max_fallback, candidates=args.candidates,
