@@ -64,3 +64,65 @@ def test_sort_plan_split_a_one_text_entry_into_its_characters(tmp_path) -> None:
             for it in items:
                 text = it["mugraph"] if isinstance(it, dict) else it
                 assert isinstance(text, str) and text.startswith("mugraph {"), (p.name, key[:80], str(it)[:40])
+
+
+def _simplified(g):  # type: ignore[no-untyped-def]
+    """The lifted graph as a μGraph with ``scale(x, 1)`` read as ``x`` and repeated ops computed once: what a
+    verified design may return (an output that is an input, one value for two outputs)."""
+    import types
+
+    import verimirage as vm
+    from verimirage.ir.graph import MuGraph, node_list, output_refs
+
+    mg = MuGraph()
+    vals: dict[int, object] = {}
+    seen: dict[tuple, object] = {}
+    for i, n in enumerate(node_list(g)):
+        if n.op == "input":
+            vals[i] = mg.input(n.attr("name"), n.outs[0].shape, n.outs[0].dtype)
+        elif n.op == "scale" and float(n.attr("c")) == 1.0:
+            vals[i] = vals[n.args[0][0]]
+        else:
+            key = (n.op, tuple(id(vals[a]) for a, _ in n.args), str(n.attr_dict))
+            if key not in seen:
+                seen[key] = mg.apply(n.op, [vals[a] for a, _ in n.args], n.attr_dict)
+            vals[i] = seen[key]
+    for a, _ in output_refs(g):
+        mg.output(vals[a])  # type: ignore[arg-type]
+    assert vm.verify(g, mg).proved
+    return types.SimpleNamespace(candidates=[mg], best=mg, report=types.SimpleNamespace(
+        stop_reason="test", split=False, regions=[]))
+
+
+@pytest.mark.parametrize("case", ["input", "twice"])
+def test_a_verified_design_returning_an_input_or_one_value_twice_crashed_the_compiled_model(
+        case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finding (medium: an exception in the user's forward, no wrong value): a μGraph proved equal to a partition
+    may return one of its inputs (``x * 1.0`` is ``x``) or one value for two outputs (``exp x`` computed twice in
+    the model); the compiled program then returns that very tensor, ``PartitionRunner.kernels`` handed it out as
+    the custom op's result, and torch refused it at every call ("The output of this custom operator ... may not
+    alias any inputs to this custom operator or other returns"). The compile-time numeric check calls the runner
+    directly, so the partition was taken. Now a result whose memory is an input's or an earlier result's is
+    copied."""
+    import verimirage as vm
+    from verimirage.integrations.dynamo import backend
+    from verimirage.integrations.report import Report
+
+    monkeypatch.setitem(vm.__dict__, "superoptimize", lambda g, **kw: _simplified(g))
+
+    def f(x):  # type: ignore[no-untyped-def]
+        if case == "input":
+            y = x * 1.0
+            return y, y.exp()
+        return x.exp() * 2.0, torch.exp(x) * 1.0 * 2.0  # (two outputs, one value in the design)
+
+    x = torch.randn(4, 8)
+    rep = Report()
+    torch._dynamo.reset()
+    got = torch.compile(f, backend=backend(report=rep, time_budget_s=5.0, fallback="eager", candidates=1))(x)
+    want = f(x)
+    assert rep.partitions and all(p.taken for p in rep.partitions), [p.reason for p in rep.partitions]
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b)
+        assert a.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+    assert got[0].untyped_storage().data_ptr() != got[1].untyped_storage().data_ptr()

@@ -483,6 +483,10 @@ class PartitionRunner:
         """The partition's outputs from the verified kernels (raises on a launch failure)."""
         named, consts = self._named(xs)
         held = {c.data_ptr() for c in consts}
+        # the memory of the inputs, and of the results handed out so far: a verified μGraph may return an input
+        # itself (x * 1.0 -> x) or one value for two outputs, and torch refuses a custom op result aliasing
+        # either (a RuntimeError in the user's forward; red team, session 13)
+        taken = {_storage(x) for x in (*xs, *named.values()) if x.numel()}
         res = self.program(**named)
         outs = res if isinstance(res, tuple) else (res,)
         got = []
@@ -493,11 +497,14 @@ class PartitionRunner:
                 y = y.reshape(tuple(y.shape)[len(y.shape) - len(_strip(y.shape)):]).expand(shape)
             y = y.reshape(shape)
             # custom op results may alias neither inputs nor each other (nor a CUDA graph's buffers)
-            if kind == "in" or bcast or i in used or self.cuda_graph or y.data_ptr() in held:
+            if (kind == "in" or bcast or i in used or self.cuda_graph or y.data_ptr() in held
+                    or (y.numel() and _storage(y) in taken)):
                 # (a constant the partition passes through is the runner's own tensor: never handed out)
                 y = y.contiguous().clone()
             elif kind == "out":
                 used.add(i)
+            if y.numel():
+                taken.add(_storage(y))
             if y.numel() > 1 and tuple(y.stride()) != stride:
                 # the ATen graph may view the result relying on the strides the original op gave it
                 y = with_strides(y, shape, stride)
@@ -536,6 +543,11 @@ class PartitionRunner:
                             "from now on", self.record.name, type(e).__name__, str(e)[:300])
         out = self.eager(*xs)
         return [o.clone() if any(o is x for x in xs) else o for o in out]
+
+
+def _storage(t: torch.Tensor) -> int:
+    """The address of ``t``'s storage (the same for every view of it)."""
+    return int(t.untyped_storage().data_ptr())
 
 
 def with_strides(y: torch.Tensor, shape: Sequence[int], stride: Sequence[int]) -> torch.Tensor:

@@ -1,0 +1,189 @@
+"""Red team (thirteenth session): attacks on what the twelfth session landed that held, kept as tests so they keep
+holding. Kernels run in Triton's interpreter against float64 (``vm.evaluate``).
+
+* Views replacing reshape kernels (``ModuleSource.views``, ``runtime.value_of``): a view of a returned fp32 buffer,
+  a view of a view, a view read by a kernel that also reads its source, a returned reshape of a view (a kernel):
+  the program's outputs match float64; no returned value is a view.
+* Programmatic dependent launch (``generate(pdl=...)``): over the committed capture plans' 3,800 programs and the
+  stored suite candidates (4,998 kernels, with loops, split-K partials, epilogues, one-row products, 261 views) no
+  kernel loads or stores before ``gdc_wait()``; a sample is kept here.
+* Stream order (codegen 13): batchnorm + relu lowered with 1-3 grid axes in every order, tiles padded
+  (3 x 6 x 10 in tiles of 1 x 3 x 5 and others): stream order on and off match float64 (36 cases x 2; two kept).
+* Tuning's tile options (``row_dot`` 0/16/64, ``dot_min_m`` 64, ``dot_min_nk`` 64, ``unroll_max`` 0, ``rank2``,
+  ``dot_batch1``, ``evict_once``, the tuned configs) on rmsnorm_linear / gated_mlp and their split-K designs at odd
+  shapes (K 72-320, N 24-48, one to five rows, padded tiles, three splits): the results match float64.
+* ``profile.rel_error``'s torch path (membound, this session) equals the numpy path, huge elements and even counts
+  included.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import verimirage as vm
+from verimirage.backend.codegen import LaunchConfig, TileOptions, generate
+from verimirage.ir.graph import MuGraph, node_list, output_refs
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _unfused(g: vm.Graph) -> vm.MuGraph:
+    mg = vm.MuGraph()
+    vals: dict[int, object] = {}
+    for i, n in enumerate(node_list(g)):
+        if n.op == "input":
+            vals[i] = mg.input(n.attr("name"), n.outs[0].shape, n.outs[0].dtype)
+        else:
+            vals[i] = mg.apply(n.op, [vals[a] for a, _ in n.args], n.attr_dict)
+    for a, _ in output_refs(g):
+        mg.output(vals[a])  # type: ignore[arg-type]
+    return mg
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_views_of_returned_buffers_and_of_views_compute_the_source(dtype: str) -> None:
+    torch = pytest.importorskip("torch")
+    vdt, tdt = (vm.float32, torch.float32) if dtype == "f32" else (vm.float16, torch.float16)
+    g = vm.Graph()
+    x = g.input("X", (4, 8), vdt)
+    y = g.exp(x)  # returned (fp32: its buffer is stored as such, so a reshape of it is a view)
+    z = g.reshape(y, (2, 16))
+    w = g.reshape(z, (32,))  # a view of a view
+    v2 = g.reshape(g.add(y, y), (32,))
+    g.output(y)
+    g.output(g.add(g.mul(w, w), v2))
+    g.output(g.reshape(g.exp(z), (8, 4)))  # a returned reshape: a kernel of its own
+    mg = _unfused(g)
+    ms = generate(mg)
+    assert len(ms.views) == (3 if dtype == "f32" else 2)
+    assert not any(r[0] == "view" for r in ms.returns)
+    xv = np.random.default_rng(1).standard_normal((4, 8)) * 0.5
+    xv = torch.tensor(xv, dtype=tdt).double().numpy()
+    refs = vm.evaluate(g, {"X": xv})
+    got = vm.compile(mg)(X=torch.tensor(xv, dtype=tdt))
+    for o, r in zip(got, refs, strict=True):
+        assert o.shape == r.shape
+        assert np.abs(o.double().numpy() - r).max() <= (2e-3 if dtype == "f16" else 1e-6) * np.abs(r).max()
+
+
+_MEM = re.compile(r"tl\.(load|store|atomic_\w+)\(")
+
+
+def _plan_programs(step: int) -> list[str]:
+    texts = []
+    for p in sorted((ROOT / "benchmarks/results/capture").glob("plan_*_fp16.json")):
+        for items in list(json.loads(p.read_text()).values())[::step]:
+            it = items[0]
+            texts.append(it["mugraph"] if isinstance(it, dict) else it)
+    return texts
+
+
+@pytest.mark.parametrize("mode", ["start", "auto"])
+def test_pdl_waits_before_every_memory_access_in_plan_programs(mode: str) -> None:
+    from verimirage.backend import tuning
+
+    kernels = views = 0
+    for t in _plan_programs(12):
+        ms = generate(MuGraph.parse(t), tiles_for=lambda bg, at: tuning.recommend(bg, at).tiles, pdl=mode)
+        views += len(ms.views)
+        for k in ms.source.split("@triton.jit")[1:]:
+            if not _MEM.search(k):
+                continue  # (a helper: _max_nan, tanh)
+            kernels += 1
+            assert "gdc_wait()" in k and not _MEM.search(k[:k.index("gdc_wait()")]), k[:300]
+            assert k.count("gdc_launch_dependents()") == 1 and k.count("gdc_wait()") == 1
+        assert sum("gdc_wait()" in k for k in ms.source.split("@triton.jit")) == len(ms.steps)
+    assert kernels >= 20
+
+
+def _bn(shape: tuple[int, int, int], tile: tuple[int, int, int], order: tuple[int, int, int]) -> vm.MuGraph:
+    n, c, hw = shape
+    grid, imap = [], []
+    for dim in order:
+        if tile[dim] < shape[dim]:
+            grid.append(shape[dim] // tile[dim])
+            imap.append(dim)
+
+    def tup(xs: list) -> str:
+        return f"({', '.join(map(str, xs))}{',' if len(xs) == 1 else ''})"
+
+    pmap = tup(["0" if d == 1 else "None" for d in imap])
+    t, p = f"f32[{tile[0]},{tile[1]},{tile[2]}]", f"f32[{tile[1]},1]"
+    params = "\n".join(f"    %{i} = input {{arg={i}, fmap=None, imap={pmap}, shape=({c}, 1)}} : {p}" for i in (1, 2))
+    return vm.MuGraph.parse(f"""mugraph {{
+  %0 = input {{name='X'}} : f32[{n},{c},{hw}]
+  %1 = input {{name='MEAN'}} : f32[{c},1]
+  %2 = input {{name='G'}} : f32[{c},1]
+  %3 = custom %0, %1, %2 {{frange=1, grid={tup(grid)}}} : f32[{n},{c},{hw}] {{
+    %0 = input {{arg=0, fmap=None, imap={tup(imap)}, shape=({n}, {c}, {hw})}} : {t}
+{params}
+    %3 = sub %0, %1 : {t}
+    %4 = mul %3, %2 : {t}
+    %5 = relu %4 : {t}
+    output %5 {{omap={tup(imap)}}}
+  }}
+  return %3
+}}""")
+
+
+@pytest.mark.parametrize(("shape", "tile", "order"), [((3, 6, 10), (1, 3, 5), (2, 0, 1)),
+                                                        pytest.param((2, 6, 15), (1, 2, 3), (1, 2, 0),
+                                                                     marks=pytest.mark.slow)])
+def test_stream_order_on_odd_padded_three_axis_grids(shape: tuple[int, int, int], tile: tuple[int, int, int],
+                                                      order: tuple[int, int, int]) -> None:
+    torch = pytest.importorskip("torch")
+    mg = _bn(shape, tile, order)
+    rng = np.random.default_rng(0)
+    x, m, w = rng.standard_normal(shape), rng.standard_normal((shape[1], 1)), rng.standard_normal((shape[1], 1))
+    want = np.maximum((x - m) * w, 0)
+    for so in (True, False):
+        ms = generate(mg, TileOptions(stream_order=so))
+        assert len(ms.steps[0].grid) == 3
+        got = vm.compile(mg, config=LaunchConfig(4, 1, TileOptions(stream_order=so)))(
+            X=torch.tensor(x, dtype=torch.float32), MEAN=torch.tensor(m, dtype=torch.float32),
+            G=torch.tensor(w, dtype=torch.float32))
+        assert np.abs(got.double().numpy() - want).max() < 1e-5
+
+
+@pytest.mark.slow
+def test_tile_options_keep_a_split_k_design_with_padded_k_tiles() -> None:
+    torch = pytest.importorskip("torch")
+    from verimirage.benchmarks import designs as D
+
+    g = vm.Graph()
+    x = g.input("X", (3, 72), vm.float16)
+    w = g.input("W", (72, 24), vm.float16)
+    g.output(g.matmul(g.rms_norm(x), w))
+    mg = D.rmsnorm_linear_splitk(g, cols=8, k_tile=12, splits=3, ss_partials=True)  # K tiles of 12: padded to 16
+    rng = np.random.default_rng(0)
+    ins = {n: torch.tensor(rng.standard_normal(s) * 0.5, dtype=torch.float16) for n, s in (("X", (3, 72)),
+                                                                                          ("W", (72, 24)))}
+    (ref,) = vm.evaluate(g, {k: v.double().numpy() for k, v in ins.items()})
+    for to in (TileOptions(), TileOptions(row_dot=0), TileOptions(dot_min_m=64), TileOptions(unroll_max=0)):
+        out = vm.compile(mg, config=LaunchConfig(4, 2, to))(**ins)
+        assert np.abs(out.double().numpy() - ref).max() < 2e-2 * np.abs(ref).max(), to
+    out = vm.compile(mg)(**ins)
+    assert np.abs(out.double().numpy() - ref).max() < 2e-2 * np.abs(ref).max()
+
+
+def test_rel_error_torch_path_equals_numpy_path() -> None:
+    torch = pytest.importorskip("torch")
+    from verimirage.backend.profile import rel_error
+
+    rng = np.random.default_rng(2)
+    for n in (1, 2, 7, 8, 64):
+        r = rng.standard_normal(n)
+        r[0] = 1e6 if n > 2 else r[0]
+        if n > 3:
+            r[1] = 0.0
+        out = torch.tensor(r + rng.standard_normal(n) * 1e-3, dtype=torch.float16)
+        a = rel_error(out, r, "f16")
+        b = rel_error(out, torch.tensor(r), "f16")
+        assert a == pytest.approx(b, rel=1e-9), (n, a, b)
+    nan = torch.tensor([1.0, float("nan")])
+    assert rel_error(nan, torch.tensor([1.0, 2.0])) == float("inf")
