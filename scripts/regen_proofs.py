@@ -3,13 +3,17 @@
     python scripts/regen_proofs.py [--names gqa lora ...] [--batches 1 8] [--out proofs]
     python scripts/regen_proofs.py --recertify proofs/gated_mlp_bs1.json ... [--timeout-s 300]
     python scripts/regen_proofs.py --restamp proofs/*.json
+    python scripts/regen_proofs.py --relaw proofs/*.json
 
 Each file is re-checked with the independent checker before it is kept. ``--recertify`` re-makes the given
 certificates for the same program pair (their own graph and candidate texts and rules; the Triton hash of
 today's code generator) after a change of the verifier's meanings (an op's exact meaning changes the
 recorded queries), without a search. ``--restamp`` only records the Triton hash of today's code generator in the
 given certificates (after a code-generator change: the hash is neither part of the proof nor of the seeds, and
-the checker regenerates the module and compares; re-check the files afterwards, e.g. with the tests).
+the checker regenerates the module and compares; re-check the files afterwards, e.g. with the tests). ``--relaw``
+re-derives the normaliser law names each certificate (and each sub-certificate of a composed one) records, after a
+change that only renames them (e.g. an op becoming a composition: ``rms-def`` -> ``mean-def``, ``rsqrt-def``); the
+queries, seeds and bounds are left as they are, and the checker re-derives all of them: re-check afterwards.
 """
 
 from __future__ import annotations
@@ -30,11 +34,14 @@ def main() -> int:
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "proofs"))
     ap.add_argument("--recertify", nargs="*", default=None, help="certificate files to re-make in place")
     ap.add_argument("--restamp", nargs="*", default=None, help="certificate files whose Triton hash to update")
+    ap.add_argument("--relaw", nargs="*", default=None, help="certificate files whose law names to re-derive")
     ap.add_argument("--timeout-s", type=float, default=300.0, help="--recertify: the verifier's Z3 time limit")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     if args.restamp is not None:
         return restamp([Path(p) for p in args.restamp])
+    if args.relaw is not None:
+        return relaw([Path(p) for p in args.relaw])
     if args.recertify is not None:
         return recertify([Path(p) for p in args.recertify], args.timeout_s)
     out = Path(args.out)
@@ -76,6 +83,44 @@ def restamp(paths: list[Path]) -> int:
             assert text.count(old) == 1, p
             p.write_text(text.replace(old, new))
             logging.info("%s: Triton hash %s -> %s", p, old[:12], new[:12])
+    return 0
+
+
+def _laws(g: vm.Graph, mg: vm.Graph, queries: list[dict]) -> list[str]:
+    """The normaliser laws the checker's re-derivation of the pair uses (as ``certificate._check_abstract``)."""
+    from verimirage.ir.graph import output_types
+    from verimirage.smt import abstract as A
+    from verimirage.smt import expr as E
+
+    derived: A.Derived = {}
+    cases = [A.output_cases([g, mg], k, t.shape, derived) for k, t in enumerate(output_types(g))]
+    (ea, la), (eb, lb) = A.derive(g, cases, derived), A.derive(mg, cases, derived)
+    laws = set(la | lb)
+    for (k, ci), q in zip([(k, ci) for k, xs in enumerate(ea) for ci in range(len(xs))], queries, strict=True):
+        if q["name"].endswith(":fubini"):
+            (_, lx), (_, ly) = E.canon_sums(ea[k][ci]), E.canon_sums(eb[k][ci])
+            laws |= lx | ly
+    return sorted(laws)
+
+
+def relaw(paths: list[Path]) -> int:
+    """Re-derive the law names of each certificate in ``paths`` (sub-certificates too), edited in place."""
+    import json
+
+    from verimirage.smt import limits
+
+    for p in paths:
+        d = json.loads(p.read_text())
+        changed = False
+        for c in d.get("certificates", [d]):
+            g, mg = vm.Graph.parse(c["graph_text"]), vm.MuGraph.parse(c["mugraph_text"])
+            laws = limits.deep_call(_laws, g, mg, c["queries"])
+            if laws != sorted(c["laws"]):
+                old = set(c["laws"])
+                logging.info("%s: laws %s -> %s", p, sorted(old - set(laws)), sorted(set(laws) - old))
+                c["laws"], changed = laws, True
+        if changed:
+            p.write_text(json.dumps(d, indent=1, sort_keys=True))
     return 0
 
 

@@ -148,7 +148,9 @@ def test_p_part_left_out_only_where_exps_alone_read_a_matmul() -> None:
 
 
 def test_every_fast_engine_op_has_a_reference_meaning() -> None:
-    assert set(FF.ff_domain_ops()) <= set(R.MEANINGS)
+    from verimirage.ir.interpret import COMPOSITES  # (composite ops: the reference runs their compositions)
+
+    assert set(FF.ff_domain_ops()) <= set(R.MEANINGS) | set(COMPOSITES)
 
 
 def test_an_op_without_a_meaning_fails_closed() -> None:
@@ -434,3 +436,46 @@ def test_degree_bounds_cover_the_true_degree_of_random_rational_programs() -> No
         mg = to_kernels(g)
         stated = (R.quotient_info(g)[0], R.degree_bound(g)[0], R.quotient_info(mg)[0], R.degree_bound(mg)[0])
         assert min(stated) >= true, (str(g), true, stated)
+
+
+def _composites_graph() -> vm.Graph:
+    g = vm.Graph()
+    x, w0, w1 = g.input("x", (3, 4), vm.float32), g.input("w0", (3,), vm.float32), g.input("w1", (4,), vm.float32)
+    outs = [g.rms_norm(x, w0, axis=0, eps=1e-5), g.rms_norm(x, w1, axis=1), g.rms_norm(x, axis=0), g.neg(x),
+            g.tanh(x), g.silu(x)] + [g.pow(x, c) for c in (-3.0, -1.0, 0.0, 1.0, 2.0, 3.0, 0.5, -0.5, 1.5, 9.0)]
+    g.output(*outs)
+    return g
+
+
+def test_composite_ops_have_the_fast_engines_values() -> None:
+    # the reference runs rms_norm, silu, tanh, neg and pow's exact exponents as their compositions
+    # (ir.interpret.COMPOSITES); the fast engine has its own meanings: the same values, both parts
+    for seed in SEEDS:
+        _same_values(_composites_graph(), seed)
+
+
+def test_composite_ops_equal_their_written_out_forms() -> None:
+    # each composition is the op's meaning: vm.verify proves the op equal to it written out (and a wrong one not)
+    g = _composites_graph()
+    h = vm.Graph()
+    x, w0, w1 = h.input("x", (3, 4), vm.float32), h.input("w0", (3,), vm.float32), h.input("w1", (4,), vm.float32)
+
+    def rms(axis: int, w: Any = None, eps: float = 1e-6) -> Any:
+        y = h.mul(x, h.rsqrt(h.shift(h.mean(h.square(x), axis=axis), eps)))
+        return y if w is None else h.mul(y, w if axis == 1 else h.reshape(w, (3, 1)))
+
+    def sig(v: Any) -> Any:
+        return h.sigmoid(v)
+
+    powers = [h.reciprocal(h.mul(x, h.mul(x, x))), h.reciprocal(x), h.shift(h.scale(x, 0.0), 1.0), x, h.mul(x, x),
+              h.mul(x, h.mul(x, x)), h.sqrt(x), h.rsqrt(x), h.pow(x, 1.5), h.pow(x, 9.0)]
+    h.output(rms(0, w0, 1e-5), rms(1, w1), rms(0), h.scale(x, -1.0), h.shift(h.scale(sig(h.scale(x, 2.0)), 2.0), -1.0),
+             h.mul(x, sig(x)), *powers)
+    assert vm.verify(g, h).proved
+    bad = vm.Graph()
+    xb = bad.input("x", (3, 4), vm.float32)
+    bad.output(bad.pow(xb, 3.0))
+    good = vm.Graph()
+    xg = good.input("x", (3, 4), vm.float32)
+    good.output(good.mul(xg, xg))
+    assert not vm.verify(bad, good).proved

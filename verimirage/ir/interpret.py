@@ -19,14 +19,16 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .graph import BlockGraph, Graph, Node, OutputMap, ThreadGraph, node_list, output_refs
-from .ops import OPS, Prop, TensorType
+from .graph import BlockGraph, Graph, Node, OutputMap, ThreadGraph, make_attrs, node_list, output_refs
+from .ops import OPS, POW_EXACT_MAX, Prop, TensorType
 
 
 class Domain(Protocol):
-    """A semantic domain: the meaning of registry ops on its values."""
+    """A semantic domain: the meaning of registry ops on its values (``composes``: the composite ops, those of
+    :data:`COMPOSITES`, as their compositions)."""
 
     name: str
+    composes: bool
 
     def apply(self, op: str, args: list[Any], attrs: dict[str, Any], in_types: Sequence[TensorType],
               out_type: TensorType) -> Any:
@@ -46,9 +48,61 @@ def align_ranks(args: list[np.ndarray], types: Sequence[TensorType]) -> list[np.
     return out
 
 
+Step = tuple[str, tuple[int, ...], dict[str, Any]]
+
+
+def _rms(ts: Sequence[TensorType], at: dict[str, Any]) -> list[Step]:
+    x, ax = ts[0], at["axis"]  # x * rsqrt(mean(x * x) + eps) [* the weight, shaped (n, 1, ..) along the axis]
+    out = [("square", (0,), {}), ("mean", (-1,), {"axis": ax}), ("shift", (-1,), {"c": at["eps"]}),
+           ("rsqrt", (-1,), {}), ("mul", (0, -1), {})]
+    return out + [("reshape", (1,), {"shape": (x.shape[ax],) + (1,) * (x.rank - 1 - ax)}), ("mul", (-2, -1), {})
+                  ] * (len(ts) == 2)
+
+
+def _pow(ts: Sequence[TensorType], at: dict[str, Any]) -> list[Step] | None:
+    c = float(at["c"])  # x ** +-0.5: sqrt, rsqrt; an integer |c| <= POW_EXACT_MAX: products, x ** -k = 1 / x ** k
+    if c in (0.5, -0.5):
+        return [("sqrt" if c > 0 else "rsqrt", (0,), {})]
+    if not (c.is_integer() and abs(c) <= POW_EXACT_MAX):
+        return None  # (any other exponent: the op itself)
+    out = [("scale", (0,), {"c": 0.0}), ("shift", (-1,), {"c": 1.0})] if c == 0 else [("mul", (0, -1), {})] * (
+        int(abs(c)) - 1)  # (x ** 0 = x * 0 + 1)
+    return out + [("reciprocal", (-1,), {})] * (c < 0)
+
+
+#: ops defined as compositions of other registry ops: the steps ``(op, operands, attrs)`` on the operand types and
+#: attributes (operand ``r >= 0``: the op's own; ``r < 0``: the value ``-r`` steps back; the last step is the
+#: result), None for the op itself. A domain that ``composes`` (the finite-field reference, the abstract expressions)
+#: runs the composition, and the finite-field degree analysis walks it (:func:`expand`).
+COMPOSITES: dict[str, Any] = {
+    "neg": lambda ts, at: [("scale", (0,), {"c": -1.0})],
+    "silu": lambda ts, at: [("sigmoid", (0,), {}), ("mul", (0, -1), {})],  # x sigmoid(x)
+    "tanh": lambda ts, at: [("scale", (0,), {"c": 2.0}), ("sigmoid", (-1,), {}), ("scale", (-1,), {"c": 2.0}),
+                            ("shift", (-1,), {"c": -1.0})],  # 2 sigmoid(2x) - 1
+    "rms_norm": _rms,
+    "pow": _pow,
+}
+
+
+def expand(op: str, in_types: Sequence[TensorType], attrs: dict[str, Any]) -> list[Node] | None:
+    """The composition of a composite ``op`` (:data:`COMPOSITES`) as a thread-graph-like node list: an ``arg`` node
+    per operand, then the steps (typed by the registry's shape rules); its last node is the result. None for an op
+    that is not one (or not for these attributes)."""
+    steps = COMPOSITES[op](in_types, attrs) if op in COMPOSITES else None
+    nodes = [Node("arg", (), (("index", i),), (t,)) for i, t in enumerate(in_types)]
+    for o, refs, at in steps or ():
+        ts, args = [nodes[r].outs[0] for r in refs], tuple((r % len(nodes), 0) for r in refs)
+        nodes.append(Node(o, args, make_attrs(at), (OPS[o].infer(ts, at),)))
+    return None if steps is None else nodes
+
+
 def apply_op(domain: Domain, op: str, args: list[Any], attrs: dict[str, Any], in_types: Sequence[TensorType],
              out: TensorType) -> Any:
-    """Apply a registry op in ``domain``, aligning operand ranks for broadcasting ops."""
+    """Apply a registry op in ``domain``, aligning operand ranks for broadcasting ops (a composite op in a domain
+    that ``composes``: its composition)."""
+    sub = expand(op, in_types, attrs) if getattr(domain, "composes", False) else None
+    if sub is not None:
+        return run_thread(ThreadGraph(tuple(sub), ((len(sub) - 1, 0),)), args, domain)[0]
     if OPS[op].has(Prop.BROADCAST) and len({t.rank for t in in_types}) > 1:
         args = align_ranks(args, in_types)
         rank = max(t.rank for t in in_types)

@@ -25,7 +25,7 @@ import numpy as np
 from ..ir.errors import GraphError
 from ..ir.graph import Graph, input_types
 from ..ir.interpret import run
-from ..ir.ops import OPS, POW_EXACT_MAX, Prop, TensorType, implements, neg_axis, reshape_groups
+from ..ir.ops import OPS, Prop, TensorType, implements, neg_axis, reshape_groups
 from . import defined as D
 from . import expr as E
 from .consts import const_fraction
@@ -216,10 +216,9 @@ implements("abstract", "mul")(_ew2(E.p_mul))
 implements("abstract", "div")(_ew2(E.p_div))
 implements("abstract", "maximum")(_ew2(E.p_maximum))
 implements("abstract", "exp")(_ew1(E.p_exp))
-implements("abstract", "neg")(_ew1(lambda x: E.p_scale(x, -1)))
 implements("abstract", "square")(_ew1(lambda x: E.p_mul(x, x)))
 implements("abstract", "sqrt")(_ew1(E.p_sqrt))
-_rsqrt = implements("abstract", "rsqrt")(_ew1(lambda x: _law("rsqrt-def", E.p_atom(("sqrt", x), -1))))
+implements("abstract", "rsqrt")(_ew1(lambda x: _law("rsqrt-def", E.p_atom(("sqrt", x), -1))))
 implements("abstract", "scale")(_ewc(E.p_scale))
 implements("abstract", "shift")(_ewc(lambda x, c: E.p_add(x, E.p_const(c))))
 
@@ -241,14 +240,8 @@ for _n in ("gelu", "relu", "erf", "softplus", "abs", "clamp", "leaky_relu", "ste
 implements("abstract", "log")(_ew1(E.p_log))
 
 
-def _sigmoid(x: E.Poly) -> E.Poly:
-    return E.p_div(E.p_const(1), E.p_add(E.p_const(1), E.p_exp(E.p_scale(x, -1))))
-
-
-implements("abstract", "sigmoid")(_ew1(_sigmoid))
-# tanh(x) = 2 sigmoid(2x) - 1, silu(x) = x sigmoid(x): exact, as in the finite field's p-part
-implements("abstract", "tanh")(_ew1(lambda x: E.p_add(E.p_scale(_sigmoid(E.p_scale(x, 2)), 2), E.p_const(-1))))
-implements("abstract", "silu")(_ew1(lambda x: E.p_mul(x, _sigmoid(x))))
+implements("abstract", "sigmoid")(_ew1(lambda x: E.p_div(E.p_const(1), E.p_add(E.p_const(1),
+                                                                            E.p_exp(E.p_scale(x, -1))))))
 @implements("abstract", "slice")
 def _abs_slice(args: list[Sym], attrs: dict[str, Any], in_types: Any, out_types: Any) -> Sym:
     """Element i along the axis is element start + i of the operand."""
@@ -311,25 +304,7 @@ implements("abstract", "reciprocal")(_ew1(lambda x: E.p_div(E.p_const(1), x)))
 implements("abstract", "minimum")(_ew2(lambda x, y: E.p_scale(E.p_maximum(E.p_scale(x, -1), E.p_scale(y, -1)), -1)))
 
 
-@implements("abstract", "pow")
-def _abs_pow(args: list[Sym], attrs: dict[str, Any], in_types: Any, out_types: Any) -> Sym:
-    """Integer exponents (up to POW_EXACT_MAX): products; x**±0.5: sqrt and its inverse; else uninterpreted."""
-    c = float(attrs["c"])
-    if c.is_integer() and abs(c) <= POW_EXACT_MAX:
-        k = int(abs(c))
-
-        def power(x: E.Poly) -> E.Poly:
-            y = E.p_const(1)
-            for _ in range(k):
-                y = E.p_mul(y, x)
-            return E.p_div(E.p_const(1), y) if c < 0 else y
-
-        return _ew1(power)(args, attrs, in_types, out_types)
-    if c == 0.5:
-        return _ew1(E.p_sqrt)(args, attrs, in_types, out_types)
-    if c == -0.5:
-        return _rsqrt(args, attrs, in_types, out_types)
-    return uninterpreted("pow")(args, attrs, in_types, out_types)
+implements("abstract", "pow")(uninterpreted("pow"))  # (exponents with no composition: interpret.COMPOSITES)
 
 
 def _reduce(kind: str) -> Callable[..., Sym]:
@@ -389,40 +364,6 @@ def _abs_matmul(args: list[Sym], attrs: dict[str, Any], in_types: Any, out_types
     return Sym(shape, elem)
 
 
-@implements("abstract", "rms_norm")
-def _abs_rms(args: list[Sym], attrs: dict[str, Any], in_types: Any, out_types: Any) -> Sym:
-    x = args[0]
-    w = args[1] if len(args) == 2 else None
-    rank = in_types[0].rank
-    pos = x.ndim + neg_axis(attrs["axis"], rank)
-    n = x.shape[pos]
-    eps = const_fraction(attrs["eps"])
-
-    def elem(idx: Idx) -> E.Poly:
-        E.der().use("rms-def")
-
-        def body(v: str) -> E.Poly:
-            y = x.at((*idx[:pos], E.a_var(v), *idx[pos + 1:]))
-            yy = E.p_mul(y, y)
-            D.provenance(yy, D.s_square, [y])
-            return yy
-
-        ss = reduce_over(n, body, "sum")
-        mean = E.p_scale(ss, Fraction(1, n))
-        D.provenance(mean, D.s_same, [ss])
-        ms = E.p_add(mean, E.p_const(eps))
-        D.provenance(ms, D.s_add, [mean, E.p_const(eps)])
-        D.record("gt0", ms, "rms_norm")
-        r = E.p_mul(x.at(idx), E.p_atom(("sqrt", ms), -1))
-        if w is not None:
-            lead = w.ndim - 1
-            widx = _project(idx[: len(idx) - rank], w.shape[:lead]) if lead else ()
-            r = E.p_mul(r, w.at((*widx, idx[pos])))
-        return r
-
-    return Sym(x.shape, elem)
-
-
 @implements("abstract", "concat")
 def _abs_concat(args: list[Sym], attrs: dict[str, Any], in_types: Any, out_types: Any) -> Sym:
     r = in_types[0].rank
@@ -462,6 +403,7 @@ class AbstractDomain:
     """The abstract domain for :func:`verimirage.ir.interpret.run`."""
 
     name = "abstract"
+    composes = True  # (the composite ops as their compositions: :data:`verimirage.ir.interpret.COMPOSITES`)
 
     def apply(self, op: str, args: list[Any], attrs: dict[str, Any], in_types: Sequence[TensorType],
               out_type: TensorType) -> Any:

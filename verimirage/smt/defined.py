@@ -16,8 +16,9 @@ Every op with an ``"abstract"`` meaning has a :class:`Rule` here
 ``reciprocal``, ``pow``: by exponent), and a sign rule (what the signs of the
 operands tell about the result's sign: ``exp`` is ``> 0``, ``square`` ``>= 0``,
 a sum of positives positive, ...). An op without a rule makes the abstract
-check ``Unknown`` (a new op is never silently taken as total). ``rms_norm``
-records its own condition (its mean square plus ``eps`` ``> 0``).
+check ``Unknown`` (a new op is never silently taken as total). A composite op
+(:data:`verimirage.ir.interpret.COMPOSITES`: ``rms_norm``, ``silu``, ...) has the
+rules of the ops of its composition.
 
 While a program's expressions are derived (:mod:`verimirage.smt.abstract`),
 each element of an op with a rule records its conditions and its provenance
@@ -71,17 +72,15 @@ class Rule:
 
     conds: Conds | None = None
     sign: SignRule | None = None
-    #: the op's abstract meaning records its conditions itself (not elementwise)
-    self_recorded: bool = False
 
 
 RULES: dict[str, Rule] = {}
 
 
-def rule(*ops: str, conds: Conds | None = None, sign: SignRule | None = None, self_recorded: bool = False) -> None:
+def rule(*ops: str, conds: Conds | None = None, sign: SignRule | None = None) -> None:
     """Register the definedness (conditions, sign rule) of ``ops``."""
     for op in ops:
-        RULES[op] = Rule(conds, sign, self_recorded)
+        RULES[op] = Rule(conds, sign)
 
 
 # --------------------------------------------------------------------------- recording (during derivation)
@@ -104,12 +103,6 @@ class Defs:
     conds: tuple[Cond, ...]
     prov: dict[E.Poly, list[tuple[SignRule, dict[str, Any], tuple[E.Poly, ...]]]]
     ranges: dict[str, tuple[int, int]]
-
-
-def record(kind: str, p: E.Poly, op: str) -> None:
-    """Record in the active derivation that ``p`` must satisfy ``kind`` (``gt0``, ``ge0``, ``ne0``)."""
-    d = E.der()
-    d.conds.append(Cond(kind, p, op, d.guard > 0))
 
 
 def note(op: str, r: Rule, attrs: dict[str, Any], xs: Sequence[E.Poly], res: E.Poly) -> None:
@@ -187,11 +180,6 @@ def s_same(ss: Sequence[int], attrs: dict[str, Any]) -> int:
     return ss[0]
 
 
-def s_neg(ss: Sequence[int], attrs: dict[str, Any]) -> int:
-    """``-x``: ``!= 0`` if ``x`` is."""
-    return ss[0] & NONZERO
-
-
 def s_square(ss: Sequence[int], attrs: dict[str, Any]) -> int:
     """``x**2 >= 0``, ``> 0`` if ``x != 0``."""
     return NONNEG | (ss[0] & NONZERO)
@@ -233,10 +221,8 @@ def s_clamp(ss: Sequence[int], attrs: dict[str, Any]) -> int:
 
 
 def s_pow(ss: Sequence[int], attrs: dict[str, Any]) -> int:
-    """``x ** c``."""
+    """``x ** c`` (an exponent with no composition: an integer above POW_EXACT_MAX or a fraction but +-0.5)."""
     c = float(attrs["c"])
-    if c == 0:
-        return POS
     if c.is_integer():
         if int(c) % 2 == 0:
             return NONNEG | (ss[0] & NONZERO) if c > 0 else POS
@@ -261,9 +247,8 @@ rule("minimum", sign=s_min)
 rule("exp", "sigmoid", "softplus", sign=lambda ss, at: POS)
 rule("relu", "step", sign=lambda ss, at: NONNEG)
 rule("abs", sign=s_square)
-rule("tanh", "erf", "silu", "gelu", sign=s_same)
+rule("erf", "gelu", sign=s_same)
 rule("leaky_relu", "cast")
-rule("neg", sign=s_neg)
 rule("square", sign=s_square)
 rule("sqrt", conds=lambda xs, at: [("ge0", xs[0])], sign=s_sqrt)
 rule("rsqrt", conds=lambda xs, at: [("gt0", xs[0])], sign=lambda ss, at: POS)
@@ -277,7 +262,6 @@ rule("where", sign=s_where)
 # not elementwise: total; the reductions and matmul record their results' provenance themselves
 rule("sum", "mean", "max", "min", "matmul", "concat", "transpose", "permute", "reshape", "broadcast_to", "slice",
      "tril_mask")
-rule("rms_norm", self_recorded=True)
 
 
 # --------------------------------------------------------------------------- signs of expressions

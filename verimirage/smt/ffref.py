@@ -14,16 +14,17 @@ Meanings (those documented in :mod:`verimirage.smt.ff`):
 
 * the field of a trial seed: ``p = 2q + 1`` a safe prime in ``[2**20, 2**21)``, ``g = h**2 mod p != 1``
   (so ``g`` has order ``q``), a 62-bit oracle key;
-* ``add, sub, mul, neg, square, scale, shift, sum, mean, matmul``: the ring operations mod p and mod q;
+* ``add, sub, mul, square, scale, shift, sum, mean, matmul``: the ring operations mod p and mod q;
   constants are exact rationals; ``div`` multiplies by the inverse, the inverse of 0 being 0;
 * ``exp(x) = g ** (q-part of x) mod p``, with no meaningful q-part; exp of a meaningless q-part is a
   *violation* (counted; the trial then answers unknown);
 * ``gelu, relu, sqrt``: a keyed random function (splitmix64) of the p-residue gives both parts;
-  ``rsqrt`` is the inverse of ``sqrt``'s; ``rms_norm(x) = x * rsqrt(mean(x*x) + eps) [* w]``;
+  ``rsqrt`` is the inverse of ``sqrt``'s;
 * ``sigmoid(x) = 1 / (1 + exp(-x))`` in the p-part, the q-part a keyed random function of the p-residue; both
-  parts that function where the argument has no meaningful q-part (:func:`_sigmoid_op`); ``tanh(x) =
-  2 sigmoid(2x) - 1`` and ``silu(x) = x sigmoid(x)`` through it, in both parts;
-* ``log``: the p-part is a keyed random function of the p-residue (as for ``tanh``); the q-part is the
+  parts that function where the argument has no meaningful q-part (:func:`_sigmoid_op`);
+* the composite ops (``rms_norm``, ``silu``, ``tanh``, ``neg``, ``pow``'s exact exponents): their compositions
+  (:data:`verimirage.ir.interpret.COMPOSITES`), e.g. ``tanh(x) = 2 sigmoid(2x) - 1`` in both parts;
+* ``log``: the p-part is a keyed random function of the p-residue (as for ``gelu``); the q-part is the
   discrete log: ``k`` for a p-residue ``+-g**k``, meaningless for 0 (:func:`_log_table`); a program in
   which an exp reads a log's value is not tested (:func:`exp_after_log`: ``exp(log y)`` is ``+-y`` there);
 * ``max, maximum``: the largest (p-residue, q-part) pair, a meaningless q-part being the smallest;
@@ -51,8 +52,8 @@ import numpy as np
 
 from ..ir.errors import GraphError
 from ..ir.graph import Graph, input_types, node_list, output_refs, output_types
-from ..ir.interpret import run
-from ..ir.ops import LAYOUT_MEANINGS, OPS, POW_EXACT_MAX, TensorType, get_op, neg_axis, reshape_groups, tril
+from ..ir.interpret import expand, run
+from ..ir.ops import LAYOUT_MEANINGS, OPS, TensorType, get_op, neg_axis, reshape_groups, tril
 from .consts import const_fraction
 from .verdict import Outcome
 
@@ -232,6 +233,7 @@ class RefFF:
     """The reference finite-field domain of one trial for :func:`verimirage.ir.interpret.run`."""
 
     name = "ffref"
+    composes = True  # (the composite ops as their compositions: :data:`verimirage.ir.interpret.COMPOSITES`)
 
     def __init__(self, fld: Field, q_parts: bool = True, p_unread: frozenset[int] = frozenset()) -> None:
         self.field = fld
@@ -300,19 +302,6 @@ class RefFF:
         """``(x * 0 + 1) / x`` (the inverse of 0 being 0; meaningless q-parts stay so)."""
         return self.ring("div", self.const("add", self.const("mul", x, Fraction(0)), Fraction(1)), x)
 
-    def pow(self, x: np.ndarray, attrs: dict[str, Any]) -> np.ndarray:
-        """``x ** c``: exact products for integer ``|c| <= POW_EXACT_MAX`` (negative: the reciprocal), sqrt's
-        random function (or its inverse) for ``c = +-0.5``, else a random function keyed by ``c``."""
-        c = float(attrs["c"])
-        if c.is_integer() and abs(c) <= POW_EXACT_MAX:
-            y = self.const("add", self.const("mul", x, Fraction(0)), Fraction(1))  # x ** 0
-            for _ in range(int(abs(c))):
-                y = self.ring("mul", y, x)
-            return self.recip(y) if c < 0 else y
-        if c in (0.5, -0.5):
-            return self.oracle("sqrt", x, inverse=c < 0)
-        return self.oracle(opaque_key("pow", attrs), x)
-
     def sum(self, x: np.ndarray, ax: int) -> np.ndarray:
         """Sum along array axis ``ax`` (negative), kept with size 1."""
         # exact: a sum of n residues below 2**21 is below 2**63 for any n an array can have (< 2**42)
@@ -360,17 +349,6 @@ def _axis(attrs: dict[str, Any], in_types: Sequence[TensorType], name: str = "ax
     return neg_axis(attrs[name], in_types[0].rank)
 
 
-def _rms_norm(d: RefFF, args: list[np.ndarray], attrs: dict[str, Any], it: Sequence[TensorType]) -> np.ndarray:
-    x = args[0]
-    ax = _axis(attrs, it)
-    ms = d.const("mul", d.sum(d.ring("mul", x, x), ax), Fraction(1, it[0].shape[attrs["axis"]]))
-    y = d.ring("mul", x, d.oracle("sqrt", d.const("add", ms, const_fraction(attrs["eps"])), inverse=True))
-    if len(args) == 2:
-        w = args[1]
-        y = d.ring("mul", y, w.reshape(w.shape + (1,) * (-ax - 1)))
-    return y
-
-
 def _concat(d: RefFF, args: list[np.ndarray], attrs: dict[str, Any], it: Sequence[TensorType]) -> np.ndarray:
     r = it[0].rank
     batch = np.broadcast_shapes(*(a.shape[: a.ndim - r] for a in args))
@@ -383,7 +361,6 @@ MEANINGS: dict[str, Meaning] = {
     "mul": lambda d, a, at, it: d.ring("mul", a[0], a[1]),
     "div": lambda d, a, at, it: d.ring("div", a[0], a[1]),
     "square": lambda d, a, at, it: d.ring("mul", a[0], a[0]),
-    "neg": lambda d, a, at, it: d.const("mul", a[0], Fraction(-1)),
     "scale": lambda d, a, at, it: d.const("mul", a[0], const_fraction(at["c"])),
     "shift": lambda d, a, at, it: d.const("add", a[0], const_fraction(at["c"])),
     "exp": lambda d, a, at, it: d.exp(a[0]),
@@ -397,11 +374,10 @@ MEANINGS: dict[str, Meaning] = {
     "mean": lambda d, a, at, it: d.const("mul", d.sum(a[0], _axis(at, it)),
                                          Fraction(1, it[0].shape[at["axis"]])),
     "matmul": lambda d, a, at, it: d.matmul(a[0], a[1]),
-    "rms_norm": _rms_norm,
     "concat": _concat,
     "transpose": lambda d, a, at, it: np.swapaxes(a[0], _axis(at, it, "a"), _axis(at, it, "b")),
     "reciprocal": lambda d, a, at, it: d.recip(a[0]),
-    "pow": lambda d, a, at, it: d.pow(a[0], at),
+    "pow": lambda d, a, at, it: d.oracle(opaque_key("pow", at), a[0]),  # (exponents with no composition)
     "minimum": lambda d, a, at, it: d.ring("sub", d.ring("add", a[0], a[1]),
                                            _unkey(np.maximum(_key(a[0]), _key(a[1])))),
     "min": lambda d, a, at, it: _unkey(_key(a[0]).min(axis=_axis(at, it), keepdims=True)),
@@ -426,9 +402,6 @@ def _sigmoid_op(d: RefFF, x: np.ndarray) -> np.ndarray:
 
 
 MEANINGS["sigmoid"] = lambda d, a, at, it: _sigmoid_op(d, a[0])
-MEANINGS["tanh"] = lambda d, a, at, it: d.const("add", d.const(  # 2 sigmoid(2x) - 1
-    "mul", _sigmoid_op(d, d.const("mul", a[0], Fraction(2))), Fraction(2)), Fraction(-1))
-MEANINGS["silu"] = lambda d, a, at, it: d.ring("mul", a[0], _sigmoid_op(d, a[0]))  # x sigmoid(x)
 
 
 for _op, _fn in LAYOUT_MEANINGS.items():  # layout ops: the IR's data movement, of each part
@@ -578,16 +551,18 @@ def _degrees(g: Graph) -> tuple[tuple[int, int, int], tuple[int, int]]:
                     vals.append(more.get((i, 0), (*top, {})))
                 nd.append(max(ns or [1]))
                 continue
-            dg = OPS[n.op].degree_of(an, n.attr_dict)
+            dg = OPS[n.op].degree_of(an, n.attr_dict)  # (the per-node model: the op's own rule, composite or not)
             node_opaque[:] = [max(node_opaque[0], dg.inner if dg.opaque else 0), node_opaque[1] + dg.opaque]
             nd.append(dg.result)
-            c = float(n.attr("c")) if n.op == "pow" else -1.0  # (reciprocal: the power -1)
-            if n.op in ("pow", "reciprocal") and c.is_integer() and abs(c) <= POW_EXACT_MAX:
-                k, x = int(abs(c)), a[0]
-                num, den = (x[1], x[0]) if c < 0 else (x[0], x[1])  # x ** -k = Dx**k / Nx**k divides by Nx**k
-                nx = full(shapes[0]) if c < 0 and x[0] else {}
-                vals.append((k * num, k * den, refine(out, x[2], nx)) if k else (0, 0, {}))
-                opaque[2] += elems * k * max(1, deg(x)) if c < 0 else 0
+            sub = expand(n.op, [nodes[j].outs[k] for j, k in n.args], n.attr_dict)
+            if sub is not None:  # a composite op: its composition's quotient (one more level of the same walk)
+                saved = list(node_opaque)
+                vals.append(walk(sub, a, an, times, 1, None)[0][-1])
+                node_opaque[:] = saved
+            elif n.op == "reciprocal":  # 1 / (N / D) = D / N divides by N
+                x = a[0]
+                vals.append((x[1], x[0], refine(out, x[2], full(shapes[0]) if x[0] else {})))
+                opaque[2] += elems * max(1, deg(x))
             elif n.op in LAYOUT_MEANINGS:
                 vals.append(layout(n, a[0], shapes[0], out))
             elif n.op == "where":  # m a + (1 - m) b over the common denominator Da Db
@@ -609,7 +584,7 @@ def _degrees(g: Graph) -> tuple[tuple[int, int, int], tuple[int, int]]:
                 vals.append((max(x[0] + y[1], y[0] + x[1]), x[1] + y[1], refine(out, vx, vy)))
             elif n.op == "square":
                 vals.append((2 * a[0][0], 2 * a[0][1], a[0][2]))
-            elif n.op in ("neg", "scale", "running_max", "cast"):
+            elif n.op in ("scale", "running_max", "cast"):
                 vals.append(a[0])
             elif n.op == "shift":
                 vals.append((deg(a[0]), a[0][1], a[0][2]))
@@ -649,16 +624,6 @@ def _degrees(g: Graph) -> tuple[tuple[int, int, int], tuple[int, int]]:
                 vals.append(allaxes((n_, d_, {}), out))
             elif n.op == "loop_max":
                 vals.append(allaxes(a[0], out))
-            elif n.op == "silu":  # x sigmoid(x): the sigmoid an atom, times x
-                opaque[:] = [max(opaque[0], deg(a[0])), opaque[1] + 1, opaque[2] + elems * max(1, deg(a[0]))]
-                vals.append((a[0][0] + 1, a[0][1], a[0][2]))
-            elif n.op == "rms_norm":
-                # x * rsqrt(mean(x*x) + eps) [* w]: the rsqrt an atom, its argument a reduction
-                ax = n.attr("axis") % rank
-                arg = deg(reduce((2 * a[0][0], 2 * a[0][1], a[0][2]), ax, shapes[0][ax]))
-                opaque[:] = [max(opaque[0], arg), opaque[1] + 1, opaque[2] + (elems // max(1, out[ax])) * max(1, arg)]
-                vary = refine(out, *(align(x, s, out) for x, s in zip(a, shapes, strict=True)))
-                vals.append((sum(x[0] for x in a) + 1, sum(x[1] for x in a), vary))
             else:  # exp, the oracles, and any op not known here: a fresh atom per node
                 arg = max((deg(x) for x in a), default=1)
                 opaque[0] = max(opaque[0], arg)

@@ -102,8 +102,7 @@ def undefined_fed(graph: Graph, regions: Sequence[Region]) -> str | None:
     read = {a for r in regions for a in r.inputs}
     refs = sorted({o for r in regions for o in r.outputs if o in read})
     nodes = node_list(graph)
-    if not refs or all(n.op == "input" or (n.op in D.RULES and D.RULES[n.op].conds is None
-                                           and not D.RULES[n.op].self_recorded) for n in nodes):
+    if not refs or all(n.op == "input" or (n.op in D.RULES and D.RULES[n.op].conds is None) for n in nodes):
         return None  # (no value crosses, or no op has a condition)
     fed = Graph._from_parts(list(nodes), refs)
     try:
