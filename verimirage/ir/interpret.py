@@ -24,11 +24,10 @@ from .ops import OPS, POW_EXACT_MAX, Prop, TensorType
 
 
 class Domain(Protocol):
-    """A semantic domain: the meaning of registry ops on its values (``composes``: the composite ops, those of
-    :data:`COMPOSITES`, as their compositions)."""
+    """A semantic domain: the meaning of registry ops on its values (one with ``composes = True``: the composite
+    ops, those of :data:`COMPOSITES`, as their compositions)."""
 
     name: str
-    composes: bool
 
     def apply(self, op: str, args: list[Any], attrs: dict[str, Any], in_types: Sequence[TensorType],
               out_type: TensorType) -> Any:
@@ -53,7 +52,7 @@ Step = tuple[str, tuple[int, ...], dict[str, Any]]
 
 def _rms(ts: Sequence[TensorType], at: dict[str, Any]) -> list[Step]:
     x, ax = ts[0], at["axis"]  # x * rsqrt(mean(x * x) + eps) [* the weight, shaped (n, 1, ..) along the axis]
-    out = [("square", (0,), {}), ("mean", (-1,), {"axis": ax}), ("shift", (-1,), {"c": at["eps"]}),
+    out: list[Step] = [("square", (0,), {}), ("mean", (-1,), {"axis": ax}), ("shift", (-1,), {"c": at["eps"]}),
            ("rsqrt", (-1,), {}), ("mul", (0, -1), {})]
     return out + [("reshape", (1,), {"shape": (x.shape[ax],) + (1,) * (x.rank - 1 - ax)}), ("mul", (-2, -1), {})
                   ] * (len(ts) == 2)
@@ -65,8 +64,8 @@ def _pow(ts: Sequence[TensorType], at: dict[str, Any]) -> list[Step] | None:
         return [("sqrt" if c > 0 else "rsqrt", (0,), {})]
     if not (c.is_integer() and abs(c) <= POW_EXACT_MAX):
         return None  # (any other exponent: the op itself)
-    out = [("scale", (0,), {"c": 0.0}), ("shift", (-1,), {"c": 1.0})] if c == 0 else [("mul", (0, -1), {})] * (
-        int(abs(c)) - 1)  # (x ** 0 = x * 0 + 1)
+    out: list[Step] = [("mul", (0, -1), {})] * (int(abs(c)) - 1) if c else [("scale", (0,), {"c": 0.0}),
+                                                                       ("shift", (-1,), {"c": 1.0})]  # x * 0 + 1
     return out + [("reciprocal", (-1,), {})] * (c < 0)
 
 
