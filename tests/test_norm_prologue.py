@@ -91,3 +91,59 @@ def test_a_norm_ending_an_epilogue_joins_its_readers_region() -> None:
         assert first == [norms[0]]
         assert second[0] == norms[1] and nodes[second[1]].op == "matmul"
         assert sorted(i for c in chunks for i in c) == sorted({i for c in chunks for i in c})  # still a partition
+
+
+def _norm_proj(d: int = 64, n: int = 32, dt: vm.DType = vm.float16) -> vm.Graph:
+    g = vm.Graph()
+    g.output(g.matmul(g.rms_norm(g.input("X", (4, d), dt), g.input("G", (d,), dt), eps=1e-5), g.input("W", (d, n), dt)))
+    return g
+
+
+def test_fp16_norm_weight_side_is_finite_where_the_unscaled_weight_tile_overflows(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression for the fix of the twelfth session's finding (an fp16 norm in the prologue overflows where the
+    source is finite): with ``w`` on the weight side, ``x @ (w m)``, the tile ``w m`` is itself inf in fp16 once
+    ``|w m| > 65504`` -- a weight of 300 on a weight row of 300 where the activations are 0 gives ``0 * inf``, NaN,
+    and the source ``rms_norm(x, w) @ m`` is finite there (its operand ``x r w`` is 0). The lowering divides each
+    block's tile by ``s = max(1, max |w|)`` and multiplies the product by ``s`` after the loop
+    (``stabilise.scale_weight_tiles``): finite, and as close to float64 as the source. Checked in the rounding
+    model and in the Triton kernel (interpreter); both forms prove equal to the source."""
+    import verimirage.rewrite.stabilise as st
+    from verimirage.pipeline.fpsafe import evaluate_in_dtype
+    from verimirage.rewrite.partition import lower_all
+
+    g = _norm_proj()
+    gn = norm_into_projections(g)
+    assert gn is not None
+    rng = np.random.default_rng(3)
+    x = rng.uniform(-1, 1, (4, 64))
+    x[:, :8] = 0.0
+    w = rng.uniform(0.5, 1.5, 64)
+    w[:8] = 300.0
+    m = rng.uniform(-0.1, 0.1, (64, 32))
+    m[:8] = 300.0
+    ins = {k: v.astype(np.float16).astype(np.float64) for k, v in {"X": x, "G": w, "W": m}.items()}
+    (src,), src_over = evaluate_in_dtype(g, ins)
+    assert np.isfinite(src).all() and not src_over
+    want = vm.evaluate(g, ins)[0]
+
+    def one_kernel() -> vm.MuGraph:
+        return next(low.mugraph for low in lower_all(gn)[0]
+                    if low.mugraph.num_kernels == 1 and "frange=1," not in str(low.mugraph))
+
+    scaled = one_kernel()
+    monkeypatch.setattr(st, "scale_weight_tiles", lambda mg: None)
+    plain = one_kernel()
+    monkeypatch.undo()
+    assert "clamp" in str(scaled) and "clamp" not in str(plain)
+    for mg, finite in ((plain, False), (scaled, True)):
+        assert isinstance(vm.verify(g, mg), vm.Proved)
+        (got,), _ = evaluate_in_dtype(mg, ins)
+        assert np.isfinite(got).all() == finite
+    (got,), _ = evaluate_in_dtype(scaled, ins)
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-3 * np.abs(want).max())
+    torch = pytest.importorskip("torch")
+    out = vm.compile(scaled)(*(torch.tensor(ins[k], dtype=torch.float16) for k in ("X", "G", "W")))
+    kern = np.asarray(out.float().numpy(), dtype=np.float64)
+    assert np.isfinite(kern).all()
+    np.testing.assert_allclose(kern, want, rtol=0, atol=2e-3 * np.abs(want).max())

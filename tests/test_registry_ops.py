@@ -158,6 +158,8 @@ ALLOWED = {
                                                        "into the projections' prologue, rule rms-norm-matmul)",
     ("rewrite/stabilise.py", "_row_scaled_weight"): "recognises a block product of a weight tile whose rows a norm's "
                                                     "weight column scales (bounded by scale_weight_tiles)",
+    ("rewrite/stabilise.py", "_weight_to_the_right"): "recognises a block product (x * w) @ t of input tiles, w a "
+                                                      "norm's weight (moved onto t: the norm-prologue fix)",
     ("pipeline/regions.py", "_norm_to_readers"): "moves an rms_norm read only by the next chunk's matmuls into it",
     ("backend/codegen.py", "_flush_harmless"): "follows a softmax's exp to its row sums, divisions and products: "
                                                "exp2's flush shows nowhere else (twelfth session's red-team fix)",

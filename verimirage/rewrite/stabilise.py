@@ -261,6 +261,58 @@ def _row_scaled_weight(bg: Any, j: int) -> tuple[int, int, int] | None:
     return None
 
 
+def _weight_to_the_right(bg: Any) -> Any:
+    """``bg`` with every block product ``(x * w) @ t`` of two block input tiles, ``w`` rank-1 along ``x``'s last
+    (contracted) dim, written ``x @ (reshape(w, (k, 1)) * t)`` (then bounded by :func:`scale_weight_tiles`); ``bg``
+    itself if it has none. Equal over the reals. The left form is what the e-graph reaches for a weighted norm
+    deferred past its projection (rms-norm-weight, rms-norm-expand, mul-assoc, matmul-rowscale:
+    ``((x * w) @ m) * r``), whose operand ``x * w`` is inf in fp16 once ``|x w| > 65504`` where the source's
+    ``x r w`` is finite; and the floating-point check evaluates only programs small enough, so it is rewritten
+    wherever it is lowered rather than left to the check."""
+    from ..ir.graph import BlockGraph, Node, make_attrs
+
+    nodes = bg.nodes
+    sites: dict[int, tuple[int, int]] = {}  # matmul -> (x's node, w's node)
+    for j, n in enumerate(nodes):
+        if n.op != "matmul":
+            continue
+        a = nodes[n.args[0][0]]
+        if a.op != "mul" or not all(nodes[r].op == "input" for r, _ in a.args):
+            continue
+        (p, _), (q, _) = a.args
+        for xi, wi in ((p, q), (q, p)):
+            xt, wt = nodes[xi].outs[0], nodes[wi].outs[0]
+            if (wt.rank == 1 and xt.rank >= 2 and xt.shape[-1] == wt.shape[0] and a.outs[0].shape == xt.shape
+                    and len(nodes[wi].attr("shape")) == 1):
+                sites[j] = (xi, wi)
+                break
+    if not sites:
+        return bg
+    new: list[Node] = []
+    remap: dict[int, int] = {}
+    for j, n in enumerate(nodes):
+        if j not in sites:
+            new.append(Node(n.op, tuple((remap[a], o) for a, o in n.args), n.attrs, n.outs))
+            remap[j] = len(new) - 1
+            continue
+        xi, wi = sites[j]
+        wn, tn = nodes[wi], nodes[n.args[1][0]].outs[n.args[1][1]]
+        (full,) = wn.attr("shape")
+        col = wn.outs[0].shape[0]
+        new.append(Node("reshape", ((remap[wi], 0),), make_attrs({"shape": (full, 1), "src": (full,)}),
+                        (type(wn.outs[0])((col, 1), wn.outs[0].dtype),)))
+        new.append(Node("mul", ((len(new) - 1, 0), (remap[n.args[1][0]], n.args[1][1])), (),
+                        (type(tn)(tuple(tn.shape), tn.dtype),)))
+        new.append(Node("matmul", ((remap[xi], 0), (len(new) - 1, 0)), n.attrs, n.outs))
+        remap[j] = len(new) - 1
+    outs = [(remap[a], o) for a, o in bg.outputs]
+    keep = _live_nodes(new, outs)
+    pos = {j: k for k, j in enumerate(j for j in range(len(new)) if j in keep or new[j].op == "input")}
+    kept = tuple(Node(n.op, tuple((pos[a], o) for a, o in n.args), n.attrs, n.outs)
+                 for j, n in enumerate(new) if j in pos)
+    return BlockGraph(bg.grid, bg.frange, kept, tuple((pos[a], o) for a, o in outs), bg.omaps, bg.flimit)
+
+
 def _live_nodes(nodes: list[Any], outs: list[tuple[int, int]]) -> set[int]:
     """The indices of ``nodes`` (a block's) that ``outs`` read, directly or not."""
     live: set[int] = set()
@@ -295,7 +347,7 @@ def scale_weight_tiles(mg: Graph) -> MuGraph | None:
     for i, kn in enumerate(nodes):
         if kn.op != "custom":
             continue
-        bg: BlockGraph = kn.attr("block")
+        bg: BlockGraph = _weight_to_the_right(kn.attr("block"))
         sites = {j: s for j in range(len(bg.nodes)) if (s := _row_scaled_weight(bg, j)) is not None}
         if not sites:
             continue
