@@ -14,6 +14,12 @@ holding. Kernels run in Triton's interpreter against float64 (``vm.evaluate``).
   shapes (K 72-320, N 24-48, one to five rows, padded tiles, three splits): the results match float64.
 * ``profile.rel_error``'s torch path (membound, this session) equals the numpy path, huge elements and even counts
   included.
+* Merged launches (``VERIMIRAGE_MERGE``, this session): members with padded 3-axis and 2-axis stream-ordered grids
+  in one launch, readers of one and of both: float64 results.
+* Codegen 14's rows loaded as the dot operand (this session): 3-17 rows, K and N padded, one to three K steps, fp16,
+  bf16 and fp32, an infinite and a NaN weight, under six tile options: 42 cases match float64 with the same
+  specials.
+* Capture's aliasing (``PartitionRunner.kernels``): see the finding in ``tests/test_redteam_session13.py``.
 """
 
 from __future__ import annotations
@@ -187,3 +193,95 @@ def test_rel_error_torch_path_equals_numpy_path() -> None:
         assert a == pytest.approx(b, rel=1e-9), (n, a, b)
     nan = torch.tensor([1.0, float("nan")])
     assert rel_error(nan, torch.tensor([1.0, 2.0])) == float("inf")
+
+
+def _bn_custom(idx: int, shape: tuple[int, int, int], tile: tuple[int, int, int], order: tuple[int, int, int],
+               src: str = "%0") -> str:
+    n, c, hw = shape
+    grid, imap = [], []
+    for dim in order:
+        if tile[dim] < shape[dim]:
+            grid.append(shape[dim] // tile[dim])
+            imap.append(dim)
+
+    def tup(xs: list) -> str:
+        return f"({', '.join(map(str, xs))}{',' if len(xs) == 1 else ''})"
+
+    pmap = tup(["0" if d == 1 else "None" for d in imap])
+    t, p = f"f32[{tile[0]},{tile[1]},{tile[2]}]", f"f32[{tile[1]},1]"
+    params = "\n".join(f"    %{i} = input {{arg={i}, fmap=None, imap={pmap}, shape=({c}, 1)}} : {p}" for i in (1, 2))
+    return f"""  %{idx} = custom {src}, %1, %2 {{frange=1, grid={tup(grid)}}} : f32[{n},{c},{hw}] {{
+    %0 = input {{arg=0, fmap=None, imap={tup(imap)}, shape=({n}, {c}, {hw})}} : {t}
+{params}
+    %3 = sub %0, %1 : {t}
+    %4 = mul %3, %2 : {t}
+    %5 = relu %4 : {t}
+    output %5 {{omap={tup(imap)}}}
+  }}"""
+
+
+def test_merged_launch_of_stream_ordered_three_axis_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Merged launches (VERIMIRAGE_MERGE, d7f494b): two kernels of one level with padded 3-axis and 2-axis grids in
+    stream order as one launch (block b decomposed into each member's launch axes), a reader of one of them, a
+    reader of both; every output matches float64."""
+    torch = pytest.importorskip("torch")
+    shape = (3, 6, 10)
+    full = "f32[3,6,10]"
+    mg = vm.MuGraph.parse(f"""mugraph {{
+  %0 = input {{name='X'}} : {full}
+  %1 = input {{name='MEAN'}} : f32[6,1]
+  %2 = input {{name='G'}} : f32[6,1]
+{_bn_custom(3, shape, (1, 3, 5), (2, 0, 1))}
+{_bn_custom(4, shape, (3, 2, 5), (1, 2, 0))}
+{_bn_custom(5, shape, (1, 6, 2), (0, 1, 2), src="%3")}
+  %6 = custom %4, %5 {{frange=1, grid=(1,)}} : {full} {{
+    %0 = input {{arg=0, fmap=None, imap=(0,), shape=(3, 6, 10)}} : {full}
+    %1 = input {{arg=1, fmap=None, imap=(0,), shape=(3, 6, 10)}} : {full}
+    %2 = add %0, %1 : {full}
+    output %2 {{omap=(0,)}}
+  }}
+  return %6, %3
+}}""")
+    assert [k.name for k in generate(mg, merge=True).kernels] == ["k3_4", "k5", "k6"]
+    rng = np.random.default_rng(0)
+    ins = {"X": rng.standard_normal(shape), "MEAN": rng.standard_normal((6, 1)), "G": rng.standard_normal((6, 1))}
+    refs = vm.evaluate(mg, ins)
+    monkeypatch.setenv("VERIMIRAGE_MERGE", "1")
+    fn = vm.compile(mg)
+    assert [k.name for k in fn.kernels] == ["k3_4", "k5", "k6"]
+    outs = fn(**{k: torch.tensor(v, dtype=torch.float32) for k, v in ins.items()})
+    for o, r in zip(outs, refs, strict=True):
+        assert np.abs(o.double().numpy() - r).max() < 1e-5
+
+
+@pytest.mark.parametrize(("rows", "k", "n", "blocks", "frange"), [(3, 48, 24, 2, 2), (5, 40, 32, 1, 1),
+                                                                   (17, 32, 32, 2, 1)])
+def test_rows_loaded_as_the_dot_operand_at_odd_shapes_keep_inf_and_nan(rows: int, k: int, n: int, blocks: int,
+                                                                       frange: int) -> None:
+    """Codegen 14 (2715e4a): a one-row product's rows loaded straight as the dot's operand, the rows after them
+    masked to zero: 3, 5 and 17 rows, K and N padded, one to three K steps, an infinite and a NaN weight (the zero
+    rows' NaN products never reach the result); also under row_dot 0/32/64 and dot_min_m 64 (42 cases held)."""
+    torch = pytest.importorskip("torch")
+    from verimirage.benchmarks.designs import _inputs, _one_kernel
+    from verimirage.ir.builders import BlockBuilder
+
+    g = vm.Graph()
+    g.output(g.matmul(g.input("X", (rows, 1, k), vm.float16), g.input("W", (k, n), vm.float16)))
+    t = _inputs(g)
+    b = BlockBuilder((blocks,), frange)
+    looped = frange > 1
+    prod = b.matmul(b.input(0, t["X"], (None,), 2 if looped else None), b.input(1, t["W"], (1,), 0 if looped else None))
+    b.output(b.loop_sum(prod) if looped else prod, (2,))
+    mg = _one_kernel(t, b)
+    rng = np.random.default_rng(7)
+    xs = torch.tensor(rng.standard_normal((rows, 1, k)) * 0.5, dtype=torch.float16).double().numpy()
+    ws = torch.tensor(rng.standard_normal((k, n)) * 0.5, dtype=torch.float16).double().numpy()
+    ws[k - 1, n - 1] = np.inf
+    ws[0, 0] = np.nan
+    (ref,) = vm.evaluate(g, {"X": xs, "W": ws})
+    fin = np.isfinite(ref)
+    for to in (TileOptions(dot_min_m=16), TileOptions(row_dot=64)):
+        got = vm.compile(mg, config=LaunchConfig(4, 2, to))(X=torch.tensor(xs, dtype=torch.float16),
+                                                             W=torch.tensor(ws, dtype=torch.float16)).double().numpy()
+        assert np.array_equal(np.isnan(got), np.isnan(ref)) and np.array_equal(np.isinf(got), np.isinf(ref))
+        assert np.abs(got[fin] - ref[fin]).max() < 2e-3 * np.abs(ref[fin]).max()
