@@ -20,6 +20,8 @@ holding. Kernels run in Triton's interpreter against float64 (``vm.evaluate``).
   bf16 and fp32, an infinite and a NaN weight, under six tile options: 42 cases match float64 with the same
   specials.
 * Capture's aliasing (``PartitionRunner.kernels``): see the finding in ``tests/test_redteam_session13.py``.
+* Trusted's composite ops (0dd857e): committed plan certificates over ``tanh`` and ``neg`` re-check Proved; one
+  whose μGraph has ``tanh`` swapped for ``sigmoid`` or ``silu`` (hash recomputed) is rejected.
 """
 
 from __future__ import annotations
@@ -285,3 +287,22 @@ def test_rows_loaded_as_the_dot_operand_at_odd_shapes_keep_inf_and_nan(rows: int
                                                              W=torch.tensor(ws, dtype=torch.float16)).double().numpy()
         assert np.array_equal(np.isnan(got), np.isnan(ref)) and np.array_equal(np.isinf(got), np.isinf(ref))
         assert np.abs(got[fin] - ref[fin]).max() < 2e-3 * np.abs(ref[fin]).max()
+
+
+def test_a_plan_certificate_with_tanh_swapped_for_sigmoid_is_rejected() -> None:
+    """Trusted's composite ops (0dd857e: tanh, silu, neg, rms_norm, pow defined as compositions in the checker): a
+    committed decode-plan certificate over ``tanh`` whose μGraph has ``tanh`` replaced by ``sigmoid`` (its sha256
+    recomputed) is rejected; the untampered ones over ``tanh`` and ``neg`` re-check Proved (5 s, not kept here)."""
+    import hashlib
+
+    from verimirage.smt.certify import read_certificate
+
+    plan = json.loads((ROOT / "benchmarks/results/capture/plan_decode_fp16.json").read_text())
+    item = next(items[0] for key, items in plan.items() if re.search(r"= tanh ", key) and isinstance(items[0], dict))
+    d = json.loads(item["certificate"])
+    for new in ("sigmoid", "silu"):
+        m2 = d["mugraph_text"].replace("tanh", new, 1)
+        assert m2 != d["mugraph_text"]
+        bad = dict(d, mugraph_text=m2, mugraph_sha256=hashlib.sha256(m2.encode()).hexdigest())
+        v = vm.check_certificate(read_certificate(json.dumps(bad)), triton=False)
+        assert not v.proved, new
