@@ -59,5 +59,8 @@ def test_numeric_dump_tells_a_kernel_that_disagrees_with_its_mugraph(tmp_path: P
     assert not o["close"] and o["max_abs"] == pytest.approx(7.0, rel=1e-6)
     # the μGraph's float64 value agrees with the ATen ops' float64 reference; the kernels' result does not
     assert o["max_abs_aten_vs_mu64"] < 1e-4 and o["max_abs_kernel_vs_mu64"] > 6.9
+    # the program itself (run again on the same inputs) agrees with its μGraph: the fault is in what the runner got
+    (rel,) = line["program_vs_mu64_rel"]["tuned"]
+    assert rel < 1e-6
     w = o["worst"][0]
     assert w["index"] == 3 * 8 + 5 and w["mu64"] == pytest.approx(w["ref64"], rel=1e-9)

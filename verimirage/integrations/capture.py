@@ -910,6 +910,7 @@ def _dump_numeric(path: str, name: str, runner: PartitionRunner, xs: Sequence[to
 
     import numpy as np
 
+    from ..backend.runtime import compile as vm_compile
     from ..ir.reference import evaluate
 
     ref64 = reference64(gm, lifted, xs) or []
@@ -941,10 +942,39 @@ def _dump_numeric(path: str, name: str, runner: PartitionRunner, xs: Sequence[to
                              "ref64": None if r is None else float(r[j]),
                              "mu64": None if m is None else float(m[j])} for j in worst]
         outs.append(rec)
-    line = {"partition": name, "graph": str(lifted.graph), "mugraph": None if mug is None else str(mug),
-            "inputs": [{"shape": list(x.shape), "stride": list(x.stride()), "dtype": str(x.dtype)} for x in xs],
-            "aten_ops": [str(n.format_node()) for n in lifted.nodes], "launch": getattr(runner.program, "launch", None),
-            "outputs": outs}
+    line: dict[str, Any] = {}
+    if mug is not None and mu64:
+        # the program's own outputs against the μGraph's float64 value, under its configuration and under simpler
+        # ones (one stage; 16-row dots: mma.sync instead of wgmma; 8 and 2 warps): a configuration that agrees where
+        # the tuned one does not points at the compiler (Triton 3.6 miscompiled 64-row wgmma beside a side use of
+        # the streamed operand: benchmarks/perf/NOTES.md), one that disagrees everywhere at the code generator
+        from ..backend.codegen import LaunchConfig, TileOptions
+
+        named, _ = runner._named(xs)
+        progs: list[tuple[str, Any]] = [("tuned", runner.program)]
+        if any(x.is_cuda for x in xs):
+            for cfg in (LaunchConfig(4, 1), LaunchConfig(4, 1, TileOptions(dot_min_m=16)),
+                        LaunchConfig(8, 1, TileOptions(dot_min_m=16)), LaunchConfig(2, 1, TileOptions(dot_min_m=16))):
+                try:
+                    progs.append((cfg.key(), vm_compile(mug, config=cfg)))
+                except Exception as e:
+                    line.setdefault("config_errors", []).append(f"{cfg.key()}: {type(e).__name__}: {str(e)[:200]}")
+        rows: dict[str, Any] = {}
+        for label, prog in progs:
+            try:
+                res = prog(**named)
+                outs_p = res if isinstance(res, tuple) else (res,)
+                rows[label] = [float((o.detach().double().cpu().reshape(-1)
+                                      - torch.from_numpy(np.asarray(m, dtype=np.float64).reshape(-1))).abs().max())
+                               / max(1e-30, float(np.abs(np.asarray(m)).max())) for o, m in zip(outs_p, mu64,
+                                                                                               strict=True)]
+            except Exception as e:
+                rows[label] = f"{type(e).__name__}: {str(e)[:200]}"
+        line["program_vs_mu64_rel"] = rows  # per program output: max |program - μGraph float64| / max |μGraph|
+    line |= {"partition": name, "graph": str(lifted.graph), "mugraph": None if mug is None else str(mug),
+             "inputs": [{"shape": list(x.shape), "stride": list(x.stride()), "dtype": str(x.dtype)} for x in xs],
+             "aten_ops": [str(n.format_node()) for n in lifted.nodes],
+             "launch": getattr(runner.program, "launch", None), "outputs": outs}
     with open(path, "a") as f:
         f.write(json.dumps(line) + "\n")
 
