@@ -64,3 +64,40 @@ def test_numeric_dump_tells_a_kernel_that_disagrees_with_its_mugraph(tmp_path: P
     assert rel < 1e-6
     w = o["worst"][0]
     assert w["index"] == 3 * 8 + 5 and w["mu64"] == pytest.approx(w["ref64"], rel=1e-9)
+
+
+def test_a_partition_whose_kernels_run_out_of_shared_memory_is_compiled_again_at_one_stage(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 20 (the H200 training run: ``OutOfResources: shared memory, Required: 245760`` sent partitions to the
+    fallback): where Triton refuses a kernel's shared memory, the partition's check compiles the same kernels again
+    without pipelining (tiles and warps kept) before giving up on them; the result is still checked."""
+    gm, lifted, xs = _partition()
+    g = vm.Graph.parse(str(lifted.graph))
+    prog = vm.compile(g)
+    prog.launch = {k: {"num_warps": 4, "num_stages": 3} for k in prog.launch}  # as if pipelined
+    rec = capture.PartitionReport(0, 0, "forward", ["mm", "relu", "mul"])
+    runner = capture.PartitionRunner(lifted, prog, capture.eager_module(gm, lifted), rec)
+    want = list(runner.eager(*xs))
+
+    class OutOfResources(Exception):
+        pass
+
+    real = capture.PartitionRunner.kernels
+    calls: list[Any] = []
+
+    def kernels(self: Any, ys: Any) -> Any:
+        calls.append(self.program)
+        if self.program is prog:
+            raise OutOfResources("out of resource: shared memory, Required: 245760, Hardware limit: 232448")
+        return real(self, ys)
+
+    monkeypatch.setattr(capture.PartitionRunner, "kernels", kernels)
+    opts = capture.CaptureOptions(profile=False)
+    assert capture._check_runner(runner, xs, want, gm, lifted, opts, torch.device("cpu"), "p0") is None
+    assert len(calls) == 2 and runner.program is not prog
+    assert all(d["num_stages"] == 1 for d in runner.program.launch.values())
+    # a program already at one stage has nothing smaller to try: the failure is reported
+    runner.program = prog
+    prog.launch = {k: {"num_warps": 4, "num_stages": 1} for k in prog.launch}
+    why = capture._check_runner(runner, xs, want, gm, lifted, opts, torch.device("cpu"), "p0")
+    assert why is not None and "OutOfResources" in why
