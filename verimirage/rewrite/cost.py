@@ -163,6 +163,19 @@ class Hardware:
     #: whole rows: qkv_bias's 128-byte weight rows at 98% of the copy rate)
     page: int = 512
     page_exponent: float = 0.06
+    #: a kernel whose product consumes another product's result (attention's P @ V after Q @ K^T, the online
+    #: softmax in between) runs its tensor-core work this much slower than a plain GEMM: the softmax's exp, max and
+    #: rescale wait for the first product and the second waits for them, in every iteration (no ping-pong between
+    #: warpgroups in the generated code); and such a block is not charged for a lone block per SM
+    #: (``overlap_blocks``): its loop's software pipeline overlaps the next K / V tiles' loads with this
+    #: iteration's arithmetic within the block. (H100, models set: rotary_attention's one-kernel design, 128
+    #: blocks of 128 query rows, one per SM, 27.8 µs, against 33.0-37.6 for the two-kernel designs' 256 blocks of
+    #: 64 rows; estimated 22.6 against 18.5-21.8 before, ranked 5th; the suite's mqa_bs1, 128 blocks of 64 rows,
+    #: 8.6 µs, its fastest; the attention kernels' estimates were 0.4-0.6 of the measured times.
+    #: benchmarks/calibrate_cost.py: models pooled Spearman 0.906 -> 0.912, within programs 0.677 -> 0.682, the
+    #: first-ranked candidate over the best 1.039 -> 1.027 (rotary 1.28 -> 1.00); the suite's first choices
+    #: 1.0745 -> 1.0727 the best (results/suite_h100_2026-11-26_s11), none slower by more than 0.4%)
+    chained_dot_slowdown: float = 2.0
 
 
 H100 = Hardware()
@@ -225,7 +238,7 @@ def _pow2(n: int) -> int:
 def _roofline(nbytes: int, tc: int, other: int, blocks: int, smem: int, hw: Hardware, cal: Calibration,
               l2_bytes: int = 0, pad: float = 1.0, iterations: int = 0, hot: float = 0.0,
               serial: int = 0, in_flight: float = 0.0, reduce_its: int = 0, mem_pad: float | None = None,
-              reg_bytes: int = 0) -> KernelCost:
+              reg_bytes: int = 0, chained: bool = False) -> KernelCost:
     # compute: SMs left idle by the grid (or by a partial last wave) are lost, and so is the overlap of
     # loads and arithmetic when shared memory (or, for tiles held in registers, the register file: ``reg_bytes``
     # a block, see Hardware.register_file) leaves room for fewer than ``overlap_blocks`` blocks per SM
@@ -234,7 +247,7 @@ def _roofline(nbytes: int, tc: int, other: int, blocks: int, smem: int, hw: Hard
         resident = max(1, min(resident, hw.register_file // reg_bytes))
     waves = max(1, math.ceil(blocks / hw.sms))
     util = blocks / (waves * hw.sms)
-    occupancy = min(1.0, min(resident, math.ceil(blocks / hw.sms)) / max(1, hw.overlap_blocks))
+    occupancy = 1.0 if chained else min(1.0, min(resident, math.ceil(blocks / hw.sms)) / max(1, hw.overlap_blocks))
     comp = pad * (tc / hw.tc_flops + other / hw.simt_flops) * cal.compute / max(util * occupancy, 1e-9)
     # memory: the blocks resident at once (shared memory limits them) stream in rounds; a round takes
     # the longer of one block's latency-bound stream and the round's bytes at the device bandwidth
@@ -332,6 +345,9 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
             a0 = bg.nodes[n.args[0][0]].outs[n.args[0][1]] if n.args else t
             reducing = reducing or (not post[i] and OPS[n.op].has(Prop.REDUCTION) and a0.numel > t.numel)
     spill = _spill(bg, post, dots, hw) * _broadcast_spill(bg, hw)
+    chained = dots and _chained(bg)  # see Hardware.chained_dot_slowdown
+    if chained:
+        tc *= hw.chained_dot_slowdown
     written = 0.0
     for r, om, full in zip(bg.outputs, bg.omaps, out_types, strict=True):
         t = bg.type_of(r)
@@ -358,7 +374,7 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
     return _roofline(int(nbytes), int(tc * blocks), int(other * blocks), blocks, smem, hw, cal, l2_in, pad * spill,
                      math.ceil(its), hot, 0 if dots or bg.frange <= hw.unroll_max else math.ceil(its),
                      _in_flight(bg, smem_walk) if dots else 0.0,
-                     math.ceil(its) if reducing and not dots and bg.frange > 1 else 0, mem_pad, regs)
+                     math.ceil(its) if reducing and not dots and bg.frange > 1 else 0, mem_pad, regs, chained)
 
 
 def _run(t: TensorType, full: TensorType, hw: Hardware, whole: bool = False) -> int:
