@@ -517,10 +517,15 @@ def run_case(name: str, batch: int, ceil: dict[str, float], args: argparse.Names
 
             t_ind = time.perf_counter()
             torch._dynamo.reset()  # a fresh compile per case (else dynamo's recompile limit falls back to eager)
-            hits = counters["inductor"]["fxgraph_cache_hit"]
+            keys = [("inductor", "fxgraph_cache_hit"), ("inductor", "fxgraph_cache_miss"),
+                    ("inductor", "fxgraph_cache_bypass"), ("aot_autograd", "autograd_cache_hit"),
+                    ("aot_autograd", "autograd_cache_miss"), ("aot_autograd", "autograd_cache_bypass")]
+            before = {k: counters[k[0]][k[1]] for k in keys}
             cf = torch.compile(f, mode=INDUCTOR_MODE)
             row["inductor_err"] = rel_err(cf(*ins), ref)
-            row["inductor_cache_hit"] = counters["inductor"]["fxgraph_cache_hit"] > hits
+            row["inductor_cache_hit"] = counters["inductor"]["fxgraph_cache_hit"] > before[keys[0]]
+            # why the timing loop's compile did or did not reuse the pool's (run 17: no FX-graph hit anywhere)
+            row["inductor_cache"] = {k[1]: counters[k[0]][k[1]] - v for k, v in before.items()}
             row["inductor_us"] = bench_sets(cf, sets)
             if not models:
                 row["inductor_plain_us"] = bench(lambda: cf(*ins), cudagraph=False)
