@@ -102,19 +102,6 @@ DomainFn = Callable[..., Any]
 DOMAINS: tuple[str, ...] = ("ref", "ff", "abstract", "egglog", "triton", "torch")
 
 
-@dataclass(frozen=True)
-class Degree:
-    """Finite-field degree facts of one node: the degree of its result as a rational function of the
-    inputs, how many opaque (keyed random function) applications it makes, and the largest degree of
-    an argument of those applications."""
-
-    result: int
-    opaque: int = 0
-    inner: int = 0
-
-
-DegreeRule = Callable[[list[int], dict[str, Any]], Degree]
-
 #: facts of an op that the certificate checker does not read (index rules, reductions, padding, homogeneity,
 #: families, e-graph shapes, scaling operands, attribute kinds), and the value when an op states none:
 #: :mod:`.opfacts` holds and documents them and puts them on :class:`OpDef` (``op.index``, ``op.reduce``, ...) with
@@ -137,8 +124,6 @@ class OpDef:
     doc: str
     min_args: int = 1
     domains: dict[str, DomainFn] = field(default_factory=dict, compare=False, hash=False)
-    #: finite-field degree rule (see :class:`Degree`)
-    degree: DegreeRule | None = field(default=None, compare=False, hash=False)
     #: per-package facts that are not meanings (e.g. ``"block"``: the backend's default block graph)
     hooks: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     #: the :data:`LAZY_FACTS` stated for this op (read them as attributes: ``op.index``, ``op.reduce``, ...)
@@ -154,12 +139,6 @@ class OpDef:
     def egg_attrs(self) -> tuple[str, ...]:
         """The attributes an e-graph term carries (kernel level: block-only ones left out)."""
         return tuple(a for a in self.attrs if a not in self.hooks.get("block_only", ()))
-
-    def degree_of(self, args: list[int], attrs: dict[str, Any]) -> Degree:
-        """Finite-field degree facts on operands of degrees ``args`` (default: opaque unary)."""
-        if self.degree is None:
-            return Degree(1, 1, max(args, default=1))
-        return self.degree(args, attrs)
 
     def infer(self, in_types: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
         """Result type of the op on operands of ``in_types``; raises GraphError."""
@@ -339,22 +318,6 @@ def neg_axis(axis: int, rank: int) -> int:
     return axis - rank
 
 
-# --------------------------------------------------------------------------- degree rules
-
-
-def _deg_max(a: list[int], attrs: dict[str, Any]) -> Degree:
-    return Degree(max(a) if a else 1)
-
-
-def _deg_sum(a: list[int], attrs: dict[str, Any]) -> Degree:
-    return Degree(sum(a))
-
-
-def _deg_opaque(a: list[int], attrs: dict[str, Any]) -> Degree:
-    """A keyed random function of its argument: a fresh variable of degree 1."""
-    return Degree(1, 1, max(a, default=1))
-
-
 # --------------------------------------------------------------------------- registration
 
 
@@ -388,36 +351,36 @@ def _unary(name: str, doc: str, **facts: Any) -> OpDef:
     return define_op(name, 1, _U | facts.pop("props", Prop.NONE), rule, None, doc, **facts)
 
 
-_unary("exp", "e**x", props=Prop.EXPONENTIAL, degree=_deg_opaque)
-_unary("silu", "x * sigmoid(x)", degree=_deg_opaque)
-_unary("gelu", "GELU, tanh approximation", degree=_deg_opaque)
-_unary("relu", "max(x, 0)", degree=_deg_opaque)
-_unary("sqrt", "square root", degree=_deg_opaque)
-_unary("rsqrt", "1 / sqrt(x)", degree=_deg_opaque)
-_unary("square", "x * x", degree=lambda a, at: Degree(2 * a[0]))
-_unary("neg", "-x", props=Prop.LINEAR, degree=_deg_max)
+_unary("exp", "e**x", props=Prop.EXPONENTIAL)
+_unary("silu", "x * sigmoid(x)")
+_unary("gelu", "GELU, tanh approximation")
+_unary("relu", "max(x, 0)")
+_unary("sqrt", "square root")
+_unary("rsqrt", "1 / sqrt(x)")
+_unary("square", "x * x")
+_unary("neg", "-x", props=Prop.LINEAR)
 
 define_op("scale", 1, _U | Prop.LINEAR, _attr_rule("scale", "c"), None, "x * c for a Python constant c",
-          attrs=("c",), attr_kinds=_FLOAT_C, degree=_deg_max)
+          attrs=("c",), attr_kinds=_FLOAT_C)
 define_op("shift", 1, _U, _attr_rule("shift", "c"), None, "x + c for a Python constant c", attrs=("c",),
-          attr_kinds=_FLOAT_C, degree=_deg_max)
+          attr_kinds=_FLOAT_C)
 
-_BINARY: list[tuple[str, Prop, str, DegreeRule]] = [
-    ("add", Prop.COMMUTATIVE | Prop.ASSOCIATIVE | Prop.LINEAR, "a + b", _deg_max),
-    ("sub", Prop.LINEAR | Prop.DIFFERENCE, "a - b", _deg_max),
-    ("mul", Prop.COMMUTATIVE | Prop.ASSOCIATIVE, "a * b", _deg_sum),
-    ("div", Prop.NORMALISES, "a / b", _deg_sum),
-    ("maximum", Prop.COMMUTATIVE | Prop.ASSOCIATIVE, "elementwise max(a, b)", _deg_max),
+_BINARY: list[tuple[str, Prop, str]] = [
+    ("add", Prop.COMMUTATIVE | Prop.ASSOCIATIVE | Prop.LINEAR, "a + b"),
+    ("sub", Prop.LINEAR | Prop.DIFFERENCE, "a - b"),
+    ("mul", Prop.COMMUTATIVE | Prop.ASSOCIATIVE, "a * b"),
+    ("div", Prop.NORMALISES, "a / b"),
+    ("maximum", Prop.COMMUTATIVE | Prop.ASSOCIATIVE, "elementwise max(a, b)"),
 ]
-for _name, _p, _doc, _dg in _BINARY:
-    define_op(_name, 2, _B | _p, binary_rule(_name), None, _doc, degree=_dg)
+for _name, _p, _doc in _BINARY:
+    define_op(_name, 2, _B | _p, binary_rule(_name), None, _doc)
 
 _AXIS = {"axis": "axis"}
 
 
 def _reduction(name: str, doc: str, **facts: Any) -> OpDef:
     return _def(name, 1, Prop.REDUCTION | facts.pop("props", Prop.NONE), _reduce_rule(name), None, doc,
-                ("axis",), _KB, attr_kinds=_AXIS, degree=_deg_max, **facts)
+                ("axis",), _KB, attr_kinds=_AXIS, **facts)
 
 
 _reduction("sum", "sum along axis", props=Prop.LINEAR)
@@ -426,24 +389,15 @@ _reduction("max", "max along axis")
 
 
 _def("matmul", 2, Prop.BROADCAST | Prop.LINEAR | Prop.CONTRACTION, _matmul_rule, None,
-     "(..., m, k) @ (..., k, n), leading dims broadcast", levels=_KB, degree=_deg_sum)
+     "(..., m, k) @ (..., k, n), leading dims broadcast", levels=_KB)
 _def("rms_norm", None, Prop.NORMALISES, _rms_rule, None, "x / sqrt(mean(x**2, axis) + eps) [* weight]",
-     ("axis", "eps"), _KB, attr_kinds={"axis": "axis", "eps": "float"},
-     degree=lambda a, at: Degree(sum(a) + 2 * a[0] + 1, 1, 0))
+     ("axis", "eps"), _KB, attr_kinds={"axis": "axis", "eps": "float"})
 _def("concat", None, Prop.CONCAT, _concat_rule, None, "concatenate along axis", ("axis",), _KB,
-     attr_kinds=_AXIS, degree=_deg_max,
-     hooks={"triton_needs": ("_padded",)})
+     attr_kinds=_AXIS, hooks={"triton_needs": ("_padded",)})
 _def("transpose", 1, Prop.NONE, _transpose_rule, None, "swap axes a and b", ("a", "b"), _KB,
-     attr_kinds={"a": "axis", "b": "axis"}, degree=_deg_max)
+     attr_kinds={"a": "axis", "b": "axis"})
 
 # ---- ops real models use (issue 21): transcendental unaries are opaque in the finite field
-
-
-def _deg_pow(a: list[int], attrs: dict[str, Any]) -> Degree:
-    c = attrs["c"]
-    if float(c).is_integer() and abs(c) <= POW_EXACT_MAX:
-        return Degree(max(1, int(abs(c))) * a[0])
-    return _deg_opaque(a, attrs)
 
 
 #: integer exponents up to this size are exact powers in the finite field (larger: opaque)
@@ -458,23 +412,22 @@ _TRANSCENDENTAL: list[tuple[str, str]] = [
     ("abs", "|x|"),
 ]
 for _name, _doc in _TRANSCENDENTAL:
-    _unary(_name, _doc, degree=_deg_opaque)
+    _unary(_name, _doc)
 for _name in ("sigmoid", "tanh", "silu"):  # exact through exp in the verifier's domains: 1 / (1 + exp(-x))
     OPS[_name].hooks["uses_exp"] = True
-_unary("reciprocal", "1 / x", degree=_deg_max)
+_unary("reciprocal", "1 / x")
 define_op("pow", 1, _U, _attr_rule("pow", "c"), None,
-          "x ** c for a Python constant c", attrs=("c",), attr_kinds=_FLOAT_C, degree=_deg_pow)
+          "x ** c for a Python constant c", attrs=("c",), attr_kinds=_FLOAT_C)
 define_op("clamp", 1, _U, _attr_rule("clamp", "lo", "hi"), None,
           "min(max(x, lo), hi) (hardtanh: lo=-1, hi=1; relu6: lo=0, hi=6)", attrs=("hi", "lo"),
-          attr_kinds={"lo": "float", "hi": "float"}, degree=_deg_opaque)
+          attr_kinds={"lo": "float", "hi": "float"})
 define_op("leaky_relu", 1, _U, _attr_rule("leaky_relu", "slope"), None,
-          "x if x >= 0 else slope * x", attrs=("slope",), attr_kinds={"slope": "float"},
-          degree=_deg_opaque)
+          "x if x >= 0 else slope * x", attrs=("slope",), attr_kinds={"slope": "float"})
 define_op("step", 1, _U, _attr_rule("step", "c"), None,
           "1 where x > c else 0 (the mask of ReLU's and LeakyReLU's gradients: threshold_backward)", attrs=("c",),
-          attr_kinds=_FLOAT_C, degree=_deg_opaque)
+          attr_kinds=_FLOAT_C)
 define_op("minimum", 2, _B | Prop.COMMUTATIVE | Prop.ASSOCIATIVE, binary_rule("minimum"), None,
-          "elementwise min(a, b)", degree=_deg_max)
+          "elementwise min(a, b)")
 _reduction("min", "min along axis")
 
 
@@ -485,7 +438,6 @@ def _where_rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
 
 define_op("where", 3, _EW | Prop.BROADCAST, _where_rule, None,
           "a where mask else b (mask: a vm.bool tensor; m * a + (1 - m) * b for m in {0, 1})",
-          degree=lambda a, at: Degree(max(a[0] + a[1], a[0] + a[2])),
           hooks={"mask_args": (0,)})
 
 
@@ -503,8 +455,7 @@ def tril(shape: Sequence[int], offset: int) -> np.ndarray:
 
 define_op("tril_mask", 0, Prop.CONSTANT, _tril_rule, lambda a, at, it, ot: tril(at["shape"], at["offset"]),
           "the causal mask (..., n, m): true where column j <= row i + offset (torch.ones(n, m).tril(offset))",
-          ("offset", "shape"), Level.KERNEL, 0, attr_kinds={"shape": "ints", "offset": "int"},
-          degree=lambda a, at: Degree(0))
+          ("offset", "shape"), Level.KERNEL, 0, attr_kinds={"shape": "ints", "offset": "int"})
 
 
 def _cast_rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
@@ -515,7 +466,7 @@ def _cast_rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
 
 
 _unary("cast", "x rounded to dtype (the real-valued meaning is x)", attrs=("dtype",),
-       attr_kinds={"dtype": "dtype"}, degree=_deg_max, shape_rule_override=_cast_rule)
+       attr_kinds={"dtype": "dtype"}, shape_rule_override=_cast_rule)
 
 # ---- layout ops (kernel and block level): data movement, one meaning for every array domain
 
@@ -644,7 +595,7 @@ def reshape_groups(old: tuple[int, ...], new: tuple[int, ...]) -> list[tuple[lis
     return groups
 
 
-_LAYOUT: dict[str, Any] = {"degree": _deg_max, "levels": _KB}
+_LAYOUT: dict[str, Any] = {"levels": _KB}
 _def("permute", 1, Prop.NONE, _permute_rule, _layout_permute, "reorder dims: result dim j is operand dim dims[j]",
      ("dims",), attr_kinds={"dims": "ints"}, **_LAYOUT)
 # at block level a reshape / broadcast_to also records ``src``, the kernel operand's full shape, so that
@@ -667,16 +618,13 @@ for _name in ("permute", "reshape", "broadcast_to", "slice", "concat", "transpos
 
 # Loop constructs of block graphs. Their meaning is the evaluator's (ir.interpret), written once
 # in terms of registry ops (add, maximum, sub, exp, mul), so every domain gets them for free.
-_LOOP: dict[str, Any] = {"degree": _deg_max}
-_def("loop_sum", 1, Prop.LOOP, unary_rule("loop_sum"), None, "sum over for-loop iterations", levels=Level.BLOCK,
-     **_LOOP)
-_def("loop_max", 1, Prop.LOOP, unary_rule("loop_max"), None, "max over for-loop iterations", levels=Level.BLOCK,
-     **_LOOP)
+_def("loop_sum", 1, Prop.LOOP, unary_rule("loop_sum"), None, "sum over for-loop iterations", levels=Level.BLOCK)
+_def("loop_max", 1, Prop.LOOP, unary_rule("loop_max"), None, "max over for-loop iterations", levels=Level.BLOCK)
 _def("running_max", 1, Prop.LOOP, unary_rule("running_max"), None,
-     "max of this and all earlier iterations' values (in the loop body)", levels=Level.BLOCK, **_LOOP)
+     "max of this and all earlier iterations' values (in the loop body)", levels=Level.BLOCK)
 _def("rescaled_sum", 2, Prop.LOOP | Prop.BROADCAST, _rescaled_rule, None,
      "acc = acc * exp(m_prev - m) + x over iterations, m a running_max (online softmax)", levels=Level.BLOCK,
-     degree=lambda a, at: Degree(sum(a) + 1), hooks={"family_arg": 1})
+     hooks={"family_arg": 1})
 OPS["rms_norm"].hooks["family_arg"] = 0
 
 # Structural ops: their meaning is the evaluator's.

@@ -53,7 +53,7 @@ import numpy as np
 from ..ir.errors import GraphError
 from ..ir.graph import Graph, input_types, node_list, output_refs, output_types
 from ..ir.interpret import expand, run
-from ..ir.ops import LAYOUT_MEANINGS, OPS, TensorType, get_op, neg_axis, reshape_groups, tril
+from ..ir.ops import LAYOUT_MEANINGS, POW_EXACT_MAX, TensorType, get_op, neg_axis, reshape_groups, tril
 from .consts import const_fraction
 from .verdict import Outcome
 
@@ -446,10 +446,34 @@ def _p_unread(g: Any, readers: dict[tuple[int, str], set[str]] | None = None) ->
     return frozenset(t for (t, op), ops in readers.items() if op == "matmul" and ops == {"exp"})
 
 
+#: the ops whose result's degree is the largest of their operands' in the per-node model (:func:`node_degree`)
+_DEG_MAX = frozenset({"neg", "scale", "shift", "add", "sub", "maximum", "minimum", "sum", "mean", "max", "min",
+                      "concat", "transpose", "reciprocal", "cast", "permute", "reshape", "broadcast_to", "slice",
+                      "loop_sum", "loop_max", "running_max"})
+
+
+def node_degree(op: str, a: list[int], attrs: dict[str, Any]) -> tuple[int, int, int]:
+    """The per-node model of one node ``op`` on operands of degrees ``a``: its result's degree as a rational
+    function of the inputs, its opaque (keyed random function) applications and the largest degree of their
+    argument. :data:`_DEG_MAX` ops: the largest; products: the sum; an op not named: opaque, a fresh variable."""
+    c = float(attrs["c"]) if op == "pow" else 2.0  # (square: the power 2)
+    if op in _DEG_MAX:
+        return (max(a, default=1), 0, 0)
+    if op in ("mul", "div", "matmul", "tril_mask", "rescaled_sum"):  # (rescaled_sum: acc * exp(..) + x)
+        return (sum(a) + (op == "rescaled_sum"), 0, 0)
+    if op in ("square", "pow") and c.is_integer() and abs(c) <= POW_EXACT_MAX:
+        return (max(1, int(abs(c))) * a[0], 0, 0)
+    if op == "where":  # m a + (1 - m) b
+        return (a[0] + max(a[1], a[2]), 0, 0)
+    if op == "rms_norm":  # x * rsqrt(mean(x * x) + eps) [* w]
+        return (sum(a) + 2 * a[0] + 1, 1, 0)
+    return (1, 1, max(a, default=1))
+
+
 def degree_bound(g: Graph) -> tuple[int, int]:
     """``(degree, opaque)`` of the per-node model: a degree bound of the outputs as rational functions, each
-    exp / opaque result a fresh variable (the larger of the registry's degree rules and
-    :func:`quotient_info`'s degree), and the number of opaque applications the registry counts."""
+    exp / opaque result a fresh variable (the larger of the per-node rules' (:func:`node_degree`) and
+    :func:`quotient_info`'s degree), and the number of opaque applications they count."""
     return _degrees(g)[1]
 
 
@@ -520,7 +544,7 @@ def _degrees(g: Graph) -> tuple[tuple[int, int, int], tuple[int, int]]:
              post: list[bool] | None) -> tuple[list[V], dict[tuple[int, int], V], list[int]]:
         vals: list[V] = []  # each node's first result; ``more``: a kernel's results, each its own
         more: dict[tuple[int, int], V] = {}
-        nd: list[int] = []  # each node's degree in the per-node model (the registry's degree rules)
+        nd: list[int] = []  # each node's degree in the per-node model (:func:`node_degree`)
         for i, n in enumerate(nodes):
             a, an = [more.get((j, k), vals[j]) for j, k in n.args], [nd[j] for j, _ in n.args]
             shapes = [nodes[j].outs[k].shape for j, k in n.args]
@@ -551,9 +575,9 @@ def _degrees(g: Graph) -> tuple[tuple[int, int, int], tuple[int, int]]:
                     vals.append(more.get((i, 0), (*top, {})))
                 nd.append(max(ns or [1]))
                 continue
-            dg = OPS[n.op].degree_of(an, n.attr_dict)  # (the per-node model: the op's own rule, composite or not)
-            node_opaque[:] = [max(node_opaque[0], dg.inner if dg.opaque else 0), node_opaque[1] + dg.opaque]
-            nd.append(dg.result)
+            res, opq, under = node_degree(n.op, an, n.attr_dict)  # (the per-node model: the op's own rule)
+            node_opaque[:] = [max(node_opaque[0], under if opq else 0), node_opaque[1] + opq]
+            nd.append(res)
             sub = expand(n.op, [nodes[j].outs[k] for j, k in n.args], n.attr_dict)
             if sub is not None:  # a composite op: its composition's quotient (one more level of the same walk)
                 saved = list(node_opaque)

@@ -45,7 +45,7 @@ def _order_or_oracle(op: str, attrs: dict[str, Any], nargs: int) -> bool:
     d = OPS[op]
     if d.has(Prop.STRUCTURAL) or d.has(Prop.LOOP) or d.has(Prop.EXPONENTIAL):
         return False
-    return d.family == "max" or d.degree_of([1] * nargs, attrs).opaque > 0
+    return d.family == "max" or ffref.node_degree(op, [1] * nargs, attrs)[1] > 0
 
 
 def degree_info(g: Graph) -> DegreeInfo:
