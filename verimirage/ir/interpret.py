@@ -100,8 +100,9 @@ def apply_op(domain: Domain, op: str, args: list[Any], attrs: dict[str, Any], in
     """Apply a registry op in ``domain``, aligning operand ranks for broadcasting ops (a composite op in a domain
     that ``composes``: its composition)."""
     sub = expand(op, in_types, attrs) if getattr(domain, "composes", False) else None
-    if sub is not None:
-        return run_thread(ThreadGraph(tuple(sub), ((len(sub) - 1, 0),)), args, domain)[0]
+    if sub is not None:  # (``domain.composed``, if any, sees the op's result: the abstract domain's sign facts)
+        res = run_thread(ThreadGraph(tuple(sub), ((len(sub) - 1, 0),)), args, domain)[0]
+        return getattr(domain, "composed", lambda op, args, attrs, res: res)(op, args, attrs, res)
     if OPS[op].has(Prop.BROADCAST) and len({t.rank for t in in_types}) > 1:
         args = align_ranks(args, in_types)
         rank = max(t.rank for t in in_types)

@@ -414,7 +414,13 @@ class AbstractDomain:
         if r is None:
             raise E.AbstractionError(f"op {op!r} has no definedness rule (verimirage.smt.defined)")
         res = fn(args, attrs, in_types, [out_type])
-        if r.conds is not None or r.sign is not None:
+        return self.composed(op, args, attrs, res, r)
+
+    def composed(self, op: str, args: list[Any], attrs: dict[str, Any], res: Any, r: D.Rule | None = None) -> Any:
+        """``res``, recording ``op``'s definedness rule on each element (a composite op, ``r`` None: only its own sign
+        fact, e.g. tanh's, beside its composition's, which records the conditions)."""
+        r = D.Rule(None, D.RULES[op].sign) if r is None and op in D.RULES else r
+        if r is not None and (r.conds is not None or r.sign is not None):
             _instrument(op, r, res, args, attrs)
         return res
 
