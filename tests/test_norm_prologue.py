@@ -147,3 +147,51 @@ def test_fp16_norm_weight_side_is_finite_where_the_unscaled_weight_tile_overflow
     kern = np.asarray(out.float().numpy(), dtype=np.float64)
     assert np.isfinite(kern).all()
     np.testing.assert_allclose(kern, want, rtol=0, atol=2e-3 * np.abs(want).max())
+
+
+def test_bf16_norm_in_the_prologue_passes_the_per_input_check_and_a_huge_row_is_the_source_overflowing() -> None:
+    """The per-input check (``fpsafe.ALONE_SETS``) keeps the fused bf16 norm: a bf16 row near 1e38 alone makes the
+    source's rms_norm kernel sum ``x * x`` to inf in fp32 (``x * rsqrt(inf) = 0``: finite, not its value), which the
+    rounding model now counts as the source overflowing instead of comparing against the float64 norm; the fp16
+    fused design passes too."""
+    from verimirage.pipeline.fpsafe import evaluate_in_dtype, fp_safety
+    from verimirage.rewrite.partition import lower_all
+
+    g = _norm_proj(dt=vm.bfloat16)
+    ins = {"X": np.full((4, 64), 1e20), "G": np.ones(64), "W": np.ones((64, 32))}
+    assert evaluate_in_dtype(g, ins)[1]
+    ins["X"] = np.full((4, 64), 1e15)
+    assert not evaluate_in_dtype(g, ins)[1]
+    for dt in (vm.bfloat16, vm.float16):
+        g = _norm_proj(dt=dt)
+        gn = norm_into_projections(g)
+        assert gn is not None
+        fused = [low.mugraph for low in lower_all(gn)[0] if low.mugraph.num_kernels == 1]
+        assert fused and all(fp_safety(g, mg) is None for mg in fused), dt
+
+
+@pytest.mark.slow
+def test_norm_read_by_three_projections_still_fuses_and_passes_the_fp_check() -> None:
+    """The decode layer's first norm read by q, k and v, scaled down: the search still finds a one-kernel design
+    (at this width the whole row in one tile, the norm computed in the kernel before the products; with a
+    for-loop, the rms-norm-matmul form with its weight tiles bounded), proved, passing the floating-point check
+    with each input scaled alone; every rms-norm-matmul lowering of it passes that check too."""
+    from verimirage.pipeline.fpsafe import SafetyChecker
+    from verimirage.rewrite.partition import lower_all
+
+    h = vm.float16
+    g = vm.Graph()
+    n = g.rms_norm(g.input("X", (2, 128), h), g.input("G", (128,), h), eps=1e-5)
+    g.output(*(g.matmul(n, g.input(f"W{c}", (128, 32), h)) for c in "QKV"))
+    res = vm.superoptimize(g, cache=False, top_k=2)
+    best = res.candidates[0]
+    assert best.num_kernels == 1 and isinstance(best.verdict, vm.Proved), res.candidates
+    sc = SafetyChecker(g)
+    assert sc.check(best.mugraph) is None
+    gn = norm_into_projections(g)
+    assert gn is not None
+    looped = [low.mugraph for low in lower_all(gn)[0]
+              if low.mugraph.num_kernels == 1 and "partition.scale_weight_tiles" in low.steps
+              and "frange=1," not in str(low.mugraph)]
+    assert looped and all(sc.check(mg) is None for mg in looped[:4])
+    assert isinstance(vm.verify(g, looped[0]), vm.Proved)
