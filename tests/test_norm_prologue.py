@@ -1,9 +1,11 @@
 """A weighted RMSNorm in the next projection's prologue (issue 23: fewer small kernels in the decode layer).
 
-``rms_norm(x, w) @ m = ((x * w) @ m) * rsqrt(sum(x^2) / n + eps)``: each block of the projection scales its
-``x`` tile by ``w`` and accumulates the row's sum of squares in the same for-loop, the row scaling applied after
-the loop (rule ``rms-norm-matmul``; the search lowers the form directly, ``rewrite.stabilise.norm_into_projections``,
-as extraction by size never picks it for a gated FFN). The region split puts a norm that ends an epilogue (the
+``rms_norm(x, w) @ m = (x @ (w m)) * rsqrt(sum(x^2) / n + eps)``: each block of the projection scales its
+weight tile's rows by ``w`` (bounded: divided by ``max(1, max |w|)``, the product multiplied back after the loop)
+and accumulates the row's sum of squares in the same for-loop, the row scaling applied after the loop (rule
+``rms-norm-matmul``; the thirteenth session moved ``w`` off ``x``, whose ``x * w`` overflowed fp16; the search
+lowers the form directly, ``rewrite.stabilise.norm_into_projections``, as extraction by size never picks it for a
+gated FFN). The region split puts a norm that ends an epilogue (the
 layer's second one, after the attention's residual add) into its readers' region."""
 
 from __future__ import annotations

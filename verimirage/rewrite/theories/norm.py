@@ -24,6 +24,9 @@ RULES = [
     # projection's prologue (each block scales its x tile by w; the row statistic is a loop sum, applied after
     # the loop). One rule, not rms-norm-weight then matmul-rowscale: the e-graph's shape facts give a
     # broadcast of x by the rank-1 w no rank, so matmul-rowscale's guards never hold on (x * w) * r.
+    # (An identity over the reals: in fp16 the operand x * w is inf once |x w| > 65504 where the source's x r w is
+    # finite, so wherever this form is lowered w is moved onto m's rows and bounded, rewrite.stabilise's
+    # scale_weight_tiles; the search's direct rewrite, norm_into_projections, builds the weight-side form itself.)
     Rule("rms-norm-matmul", pat.matmul(pat.rms_norm(X, W, axis=RankMinus(X, 1), eps=EPS), M),
          pat.mul(pat.matmul(pat.mul(X, W), M),
                  pat.rsqrt(pat.shift(pat.mean(pat.square(X), axis=RankMinus(X, 1)), c=EPS))),
