@@ -75,8 +75,8 @@ def smem_estimate(bg: BlockGraph, arg_types: Sequence[TensorType], config: Launc
       is not the ``tl.dot`` operand's (an fp32 buffer read as fp16), the converted operand is stored again
       for the dot (the H200's training run of 2026-11-26: a 64 x 64 x 8-stage product of two fp32 buffers
       was estimated at 114,688 bytes, counting fp16 tiles, and Triton allocated 237,568: OutOfResources);
-      such a tile that a ``tl.dot`` reads is also counted once as the dot's operand (Triton often stores it
-      again for the dot: behind the casts the code generator emits, wgmma does not read the pipeline's buffer);
+      so is the other pipelined operand of such a dot (a dot of tiles already in their operand type reads the
+      pipeline's buffers: no second copy);
     * ``tl.dot`` operands otherwise (loop-invariant loads, computed values): their padded bytes once, in the
       operand dtype (wgmma reads operands from shared memory; mma.sync converts layouts through it), all
       counted as live at once (Triton reuses the memory of dead operands, so this is often far above).
@@ -119,19 +119,23 @@ def smem_estimate(bg: BlockGraph, arg_types: Sequence[TensorType], config: Launc
             if i in live and n.op == "input" and varying[i]:
                 total += nbytes(i, itemsize=stored(i)) * buffers
                 counted.add(i)
-    # a pipelined tile a ``tl.dot`` reads is stored again as the dot's operand wherever Triton cannot hand the
-    # pipeline's buffer to the dot (an fp32 buffer read as fp16; a wgmma operand behind the code generator's casts:
-    # a 128 x 256 fp16 row tile of 3 stages took 278,528 bytes where its buffers took 196,608): counted once more
-    converted: set[int] = set(counted)
+    # a pipelined tile a ``tl.dot`` reads is stored again as the dot's operand where Triton cannot hand the
+    # pipeline's buffer to the dot: a dot reading an fp32 buffer as fp16 (both its operands: a 128 x 256 fp16 tile
+    # beside a 256 x 32 fp32 buffer took 278,528 bytes at 3 stages where the buffers took 196,608); counted once
+    # more. A dot of tiles already in their operand type reads the buffers (gated_mlp_bs1's 128-column products:
+    # 139,264 bytes at 3 stages on sm_90, the buffers alone; counting them twice cost it its third stage, 56.7 us
+    # against 30.8 on an H100)
+    converted = {a for a in counted if stored(a) != bg.nodes[a].outs[0].dtype.itemsize}
     for i in dots:
         n = bg.nodes[i]
         itemsize = bg.nodes[n.args[0][0]].outs[n.args[0][1]].dtype.itemsize
         batch = math.prod(kg.padded((i, 0), n.outs[0])[:-2])
+        again = {a for a, _ in n.args[:2] if a in counted} if any(a in converted for a, _ in n.args[:2]) else set()
         for a, k in n.args[:2]:
-            if a in counted and a not in converted:
+            if a in counted and a not in again:
                 continue
+            again.discard(a)
             counted.add(a)
-            converted.discard(a)
             shape = kg.padded((a, k), bg.nodes[a].outs[k])
             total += batch // max(1, math.prod(shape[:-2])) * math.prod(shape) * itemsize
     return total
