@@ -139,12 +139,16 @@ PROOFS = Path(__file__).resolve().parent.parent / "proofs"
 PROOF_FILES = sorted(PROOFS.glob("*.json")) if PROOFS.is_dir() else []
 #: proofs re-checked in the default (fast) test run; every other one runs in the slow tier (CI runs both)
 FAST_PROOFS = {"gqa_bs1", "lora_bs1"}
+#: proofs re-checked only in the heavy tier (``bash scripts/test.sh --heavy``): the prefill and batch-32 layers'
+#: re-checks took 185 s and 66 s of CI's 19.5 minutes of tests (2026-11-27); the decode layers at batch 1 and 8, the
+#: cases issue 23 times, stay in CI
+HEAVY_PROOFS = {"layer_prefill_512", "layer_decode_bs32"}
 
 
 def _proof_param(p: Path) -> object:
     if p.stem in FAST_PROOFS:
         return p
-    return pytest.param(p, marks=pytest.mark.slow)
+    return pytest.param(p, marks=pytest.mark.heavy if p.stem in HEAVY_PROOFS else pytest.mark.slow)
 
 
 def test_committed_proofs_are_all_there() -> None:
