@@ -810,11 +810,9 @@ def compile_partition(gm: fx.GraphModule, lifted: Lifted, opts: CaptureOptions, 
         first_failure: str | None = None
         for ci, cand in enumerate(pool):
             runner = build(cand)
-            fail = runner if isinstance(runner, str) else None
-            for xs_i, want_i in sets:
-                if fail is None:
-                    assert not isinstance(runner, str)
-                    fail = _check_runner(runner, xs_i, want_i, gm, lifted, opts, device, record.name)
+            fail = runner if isinstance(runner, str) else next(
+                (f for ys, want in sets
+                 if (f := _check_runner(runner, ys, want, gm, lifted, opts, device, record.name)) is not None), None)
             if fail is not None:
                 first_failure = first_failure or fail
                 log.info("verimirage: %s: candidate %d: %s", record.name, ci, fail)
@@ -879,10 +877,8 @@ def _check_sets(lifted: Lifted, eager: Any, device: torch.device) -> list[tuple[
     nodes = (*lifted.inputs, *lifted.extra)
     gen = torch.Generator().manual_seed(0)
     xs = [_example(n, gen, device) for n in nodes]
-    sets: list[tuple[list[torch.Tensor], Any]] = [(xs, eager(*xs))]
-    fallback = sets[0]
-    if not _finite(sets[0][1]):
-        sets = []
+    positive = (xs, eager(*xs))
+    sets = [positive] if _finite(positive[1]) else []
     for scale in (1.0, 1.0 / 16, 1.0 / 256):
         gen = torch.Generator().manual_seed(1)
         ys = [_example(n, gen, device, signed=scale) for n in nodes]
@@ -890,7 +886,7 @@ def _check_sets(lifted: Lifted, eager: Any, device: torch.device) -> list[tuple[
         if _finite(out):
             sets.append((ys, out))
             break
-    return sets or [fallback]
+    return sets or [positive]
 
 
 def _check_runner(runner: PartitionRunner, xs: list[torch.Tensor], want: Sequence[torch.Tensor],
