@@ -69,8 +69,12 @@ def test_numeric_dump_tells_a_kernel_that_disagrees_with_its_mugraph(tmp_path: P
 def test_a_partition_whose_kernels_run_out_of_shared_memory_is_compiled_again_at_one_stage(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 20 (the H200 training run: ``OutOfResources: shared memory, Required: 245760`` sent partitions to the
-    fallback): where Triton refuses a kernel's shared memory, the partition's check compiles the same kernels again
-    without pipelining (tiles and warps kept) before giving up on them; the result is still checked."""
+    fallback): where Triton refuses a kernel's shared memory, the partition's check gets the runtime's retry (the
+    kernel compiled again without pipelining, tiles and warps kept); the result is still checked."""
+    from triton.runtime.errors import OutOfResources
+
+    from verimirage.backend import runtime
+
     gm, lifted, xs = _partition()
     g = vm.Graph.parse(str(lifted.graph))
     prog = vm.compile(g)
@@ -78,26 +82,23 @@ def test_a_partition_whose_kernels_run_out_of_shared_memory_is_compiled_again_at
     rec = capture.PartitionReport(0, 0, "forward", ["mm", "relu", "mul"])
     runner = capture.PartitionRunner(lifted, prog, capture.eager_module(gm, lifted), rec)
     want = list(runner.eager(*xs))
+    refused: list[int] = []
 
-    class OutOfResources(Exception):
-        pass
+    def load(jit: Any, call: Any, grid: Any, launch: Any) -> None:  # Triton's compile and load, refusing 3 stages
+        if launch["num_stages"] > 1:
+            refused.append(launch["num_stages"])
+            raise OutOfResources(245760, 232448, "shared memory")
 
-    real = capture.PartitionRunner.kernels
-    calls: list[Any] = []
-
-    def kernels(self: Any, ys: Any) -> Any:
-        calls.append(self.program)
-        if self.program is prog:
-            raise OutOfResources("out of resource: shared memory, Required: 245760, Hardware limit: 232448")
-        return real(self, ys)
-
-    monkeypatch.setattr(capture.PartitionRunner, "kernels", kernels)
+    monkeypatch.setattr(runtime, "_load_kernel", load)
     opts = capture.CaptureOptions(profile=False)
     assert capture._check_runner(runner, xs, want, gm, lifted, opts, torch.device("cpu"), "p0") is None
-    assert len(calls) == 2 and runner.program is not prog
-    assert all(d["num_stages"] == 1 for d in runner.program.launch.values())
-    # a program already at one stage has nothing smaller to try: the failure is reported
-    runner.program = prog
-    prog.launch = {k: {"num_warps": 4, "num_stages": 1} for k in prog.launch}
+    assert refused and runner.program is prog
+    assert all(d["num_stages"] == 1 for d in prog.launch.values())
+    # a kernel Triton refuses at one stage too: the failure is reported, the partition stays with the fallback
+    def refuse(*args: Any) -> None:
+        raise OutOfResources(1, 0, "shared memory")
+
+    monkeypatch.setattr(runtime, "_load_kernel", refuse)
+    runner.program = prog = vm.compile(g)
     why = capture._check_runner(runner, xs, want, gm, lifted, opts, torch.device("cpu"), "p0")
     assert why is not None and "OutOfResources" in why

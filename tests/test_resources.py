@@ -208,3 +208,65 @@ def test_the_fp32_buffer_estimate_bounds_triton_sm90_allocation(tmp_path: Path) 
     assert shared[8] > SM90.smem_per_block  # what the H200 refused
     est = smem_estimate(bg, at, LaunchConfig(4, 7, tuning.recommend(bg, at).tiles), store)  # type: ignore[arg-type]
     assert 0 < shared[7] <= est <= SM90.smem_per_block, (shared, est)
+
+
+def _two_kernels() -> vm.Graph:
+    g = vm.Graph()
+    x = g.input("X", (16, 32), vm.float16)
+    w = g.input("W", (32, 16), vm.float16)
+    g.output(g.exp(g.matmul(x, w)))
+    return g
+
+
+def test_a_kernel_triton_refuses_for_shared_memory_is_compiled_again_at_one_stage(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 20 (the H200 training run: ``OutOfResources: shared memory, Required: 245760``): the retry at one
+    pipeline stage is the runtime's (its first launch of a kernel), so a plain ``vm.compile`` user gets it, not
+    only the capture's check (commit 4031158 had it there alone)."""
+    import logging
+
+    import numpy as np
+    import torch
+    from triton.runtime.errors import OutOfResources
+
+    from verimirage.backend import runtime
+
+    g = _two_kernels()
+    mg = vm.MuGraph.from_graph(g)
+    fn = vm.compile(mg, config=LaunchConfig(4, 3), directory=tmp_path)
+    first = fn.steps[0].kernel
+    assert len(fn.launch) >= 2 and all(v["num_stages"] == 3 for v in fn.launch.values())
+    loads: list[tuple[str, int]] = []
+
+    def fake_load(jit: object, call: object, grid: object, launch: dict) -> None:  # Triton's compile and load
+        name = getattr(jit, "__name__", None) or jit.fn.__name__  # type: ignore[attr-defined]
+        loads.append((name, launch["num_stages"]))
+        if name == first and launch["num_stages"] > 1:
+            raise OutOfResources(245760, 232448, "shared memory")
+
+    monkeypatch.setattr(runtime, "_load_kernel", fake_load)
+    rng = np.random.default_rng(0)
+    xs = {"X": rng.standard_normal((16, 32)) * 0.3, "W": rng.standard_normal((32, 16)) * 0.3}
+    xs = {k: v.astype(np.float16).astype(np.float64) for k, v in xs.items()}
+    (ref,) = vm.evaluate(g, xs)
+    with caplog.at_level(logging.WARNING, logger=runtime.__name__):
+        got = fn(**{k: torch.tensor(v, dtype=torch.float16) for k, v in xs.items()})
+    np.testing.assert_allclose(got.double().numpy(), ref, rtol=2e-3, atol=2e-3)
+    assert loads[:2] == [(first, 3), (first, 1)] and all(s == 3 for k, s in loads[2:] if k != first)
+    assert fn.launch[first]["num_stages"] == 1 and all(v["num_stages"] == 3 for k, v in fn.launch.items()
+                                                       if k != first)
+    assert first in caplog.text and "shared memory" in caplog.text and "3 pipeline stages" in caplog.text
+    n = len(loads)
+    fn(**{k: torch.tensor(v, dtype=torch.float16) for k, v in xs.items()})
+    assert len(loads) == n  # once per input signature
+
+    # at one stage there is nothing smaller to try, and threads are not shared memory: Triton's error is raised
+    for stages, what in ((1, "shared memory"), (3, "threads")):
+        fn2 = vm.compile(mg, config=LaunchConfig(4, stages), directory=tmp_path)
+
+        def refuse(jit: object, call: object, grid: object, launch: dict, what: str = what) -> None:
+            raise OutOfResources(1, 0, what)
+
+        monkeypatch.setattr(runtime, "_load_kernel", refuse)
+        with pytest.raises(OutOfResources, match=what):
+            fn2(**{k: torch.tensor(v, dtype=torch.float16) for k, v in xs.items()})

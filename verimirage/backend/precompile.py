@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -71,19 +71,26 @@ def _submit(program: Any, xs: Sequence[Any], workers: int) -> int:
 
 def _warm(program: Any, value: Any, bufs: dict[int, Any], device: Any) -> int:
     """Submit (``warmup=True``) every step's kernel of ``program`` for its first call's arguments."""
+    n = 0
+    for st, jit, call in first_calls(program, value, bufs, device):
+        jit.run(*call, grid=st.grid, warmup=True, **program.launch[st.kernel])
+        n += 1
+    return n
+
+
+def first_calls(program: Any, value: Any, bufs: dict[int, Any], device: Any) -> Iterator[tuple[Any, Any, list[Any]]]:
+    """Every launch step of ``program`` with its kernel (the ``JITFunction``) and the arguments its first call
+    passes it: the inputs ``value`` resolves and fresh (aligned, contiguous) buffers for the step's outputs, put in
+    ``bufs``, as the first call allocates them (so the same specialisation as that launch)."""
     import torch
 
-    n = 0
     for st in program.steps:
         jit = getattr(program.module, st.kernel)
         for bi, shape, dt in st.outs:
-            # the buffers the first call allocates: fresh (aligned, contiguous) tensors of these shapes
             bufs[bi] = torch.empty(shape, device=device, dtype=getattr(torch, dt))
         call: list[Any] = []
         for ref, rank in (*st.args, *((("buf", bi), len(shape)) for bi, shape, _ in st.outs)):
             t = value(ref)
             call.append(t)
             call += [t.stride(d) for d in range(rank)]
-        jit.run(*call, grid=st.grid, warmup=True, **program.launch[st.kernel])
-        n += 1
-    return n
+        yield st, jit, call

@@ -661,6 +661,8 @@ class CompiledProgram:
         self.static_inputs: tuple[Any, ...] = ()
         self._static_outputs: tuple[Any, ...] = ()
         self._foreach_copy: Callable[[Sequence[Any], Sequence[Any]], Any] = _copy_each
+        #: the input signatures whose kernels are compiled and loaded (:meth:`_first_launch`)
+        self._loaded: set[tuple[Any, ...]] = set()
 
     def _bind(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list[Any]:
         names = self.input_names
@@ -801,6 +803,7 @@ class CompiledProgram:
                     self._remember(plan)
                     return (res,) if len(self.returns) == 1 else tuple(res)
             elif xs and xs[0].get_device() == cur:
+                self._first_launch(xs)
                 try:
                     plan = _LeanPlan(self, xs)
                 except Exception as e:  # an unexpected Triton internals change: keep working, without the lean path
@@ -813,8 +816,37 @@ class CompiledProgram:
                     outs = plan.first_outputs
                     plan.first_outputs = ()
                     return tuple(outs)
+        self._first_launch(xs)
         self.module.LAUNCH.update({k: dict(v) for k, v in self.launch.items()})
         return tuple(self._forward(*xs))
+
+    def _first_launch(self, xs: list[Any]) -> None:
+        """Compile and load every kernel for a call on ``xs`` before its first launch (once per input signature).
+
+        Shared memory is known only once Triton has compiled a kernel: a kernel it refuses for shared memory
+        (``OutOfResources``) at more than one pipeline stage gets one stage (its warps and tiles kept; logged with
+        the kernel's name and what Triton reported) and is compiled again, so every way of running a compiled
+        program gets the retry. Any other failure, or the same one at one stage, is raised as the launch would."""
+        from .precompile import first_calls
+
+        if not xs:
+            return
+        sig = tuple((x.device, tuple(x.shape), x.dtype, tuple(x.stride()), x.data_ptr() % 16 == 0) for x in xs)
+        if sig in self._loaded:
+            return
+        bufs: dict[int, Any] = {}
+        for st, jit, call in first_calls(self, lambda r: value_of(r, xs, bufs, self.views), bufs, xs[0].device):
+            cfg = self.launch[st.kernel]
+            try:
+                _load_kernel(jit, call, st.grid, cfg)
+            except Exception as e:
+                if not _out_of_shared_memory(e) or cfg.get("num_stages", 1) <= 1:
+                    raise
+                log.warning("compiled program %s: kernel %s at %d pipeline stages: %s; compiled again at one stage "
+                            "(warps and tiles kept)", self.path.name, st.kernel, cfg["num_stages"], e)
+                cfg["num_stages"] = 1
+                _load_kernel(jit, call, st.grid, cfg)
+        self._loaded.add(sig)
 
     def _remember(self, plan: _LeanPlan) -> None:
         """Make ``plan`` the one plain calls try first (not for ``cuda_graph=True``: its calls replay the graph)."""
@@ -892,6 +924,25 @@ class CompiledProgram:
     def __repr__(self) -> str:
         graph = ", CUDA graph" if self.cuda_graph else ""
         return f"<CompiledProgram {len(self.kernels)} kernel(s){graph} from {self.path}>"
+
+
+def _load_kernel(jit: Any, call: Sequence[Any], grid: Any, launch: Mapping[str, Any]) -> None:
+    """Compile ``jit`` for the arguments ``call`` under ``launch`` (Triton's cache: once) and load it on the current
+    device, which raises Triton's ``OutOfResources`` where it needs more shared memory than the device has; nothing
+    runs. Nothing to do in Triton's interpreter."""
+    if interpreting():
+        return
+    kern = jit.run(*call, grid=grid, warmup=True, **launch)
+    if hasattr(kern, "result"):  # pragma: no cover - only under Triton's async compile mode
+        kern = kern.result()
+    kern._init_handles()
+
+
+def _out_of_shared_memory(e: BaseException) -> bool:
+    """Whether ``e`` is Triton's refusal of a kernel for its shared memory (which fewer pipeline stages lower)."""
+    from triton.runtime.errors import OutOfResources
+
+    return isinstance(e, OutOfResources) and e.name == "shared memory"
 
 
 def _chosen_config(program: Any) -> LaunchConfig | None:

@@ -901,22 +901,11 @@ def _check_runner(runner: PartitionRunner, xs: list[torch.Tensor], want: Sequenc
             log.info("verimirage: %s: %d kernel(s) compiled in %.1f s", name, k, time.perf_counter() - t1)
         except Exception as e:  # the first call compiles what is missing (and reports a real failure)
             log.info("verimirage: %s: parallel compile failed (%s: %s)", name, type(e).__name__, e)
-    got: list[torch.Tensor] | None = None
-    try:
+    try:  # (a kernel Triton refuses for shared memory is compiled again at one stage by the runtime's first launch)
         got = runner.kernels(xs)
     except Exception as e:
-        if type(e).__name__ == "OutOfResources" and _one_stage(runner):
-            # the shared-memory estimate is an upper bound measured on the kernels it was checked on: where
-            # Triton still needs more, the same kernels (same tiles) are compiled again without pipelining
-            log.warning("verimirage: %s: %s; compiled again at one pipeline stage", name, str(e)[:200])
-            try:
-                got = runner.kernels(xs)
-            except Exception as e2:
-                e = e2
-        if got is None:
-            log.warning("verimirage: %s: the kernels fail (%s); the partition stays with the fallback", name, e)
-            return f"{Reason.COMPILE_FAILED.value}: {type(e).__name__}: {str(e)[:300]}"
-    assert got is not None
+        log.warning("verimirage: %s: the kernels fail (%s); the partition stays with the fallback", name, e)
+        return f"{Reason.COMPILE_FAILED.value}: {type(e).__name__}: {str(e)[:300]}"
     ref64: list[torch.Tensor] | None = None
     for i, (a, b) in enumerate(zip(got, want, strict=True)):
         if tuple(a.shape) != tuple(b.shape) or a.dtype != b.dtype:
@@ -940,25 +929,6 @@ def _check_runner(runner: PartitionRunner, xs: list[torch.Tensor], want: Sequenc
                     log.warning("verimirage: %s: the numeric dump failed: %s: %s", name, type(e).__name__, e)
             return reason
     return None
-
-
-def _one_stage(runner: PartitionRunner) -> bool:
-    """Give ``runner`` its program compiled again with every kernel at one pipeline stage (its warps and tiles
-    kept); False when every kernel already had one stage (nothing smaller to try) or the compile fails."""
-    from ..backend.codegen import LaunchConfig
-    from ..backend.runtime import compile as vm_compile
-
-    prog = runner.program
-    launch = getattr(prog, "launch", None) or {}
-    if not launch or all(d.get("num_stages", 1) <= 1 for d in launch.values()):
-        return False
-    per = {k: LaunchConfig(int(d.get("num_warps", 4)), 1) for k, d in launch.items()}
-    try:
-        runner.program = vm_compile(prog.mugraph, per_kernel=per, cuda_graph=runner.cuda_graph)
-    except Exception as e:
-        log.info("verimirage: the one-stage compile failed: %s: %s", type(e).__name__, e)
-        return False
-    return True
 
 
 #: environment variable naming a file to which every numeric-check failure is appended (one JSON line: the
