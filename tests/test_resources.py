@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -80,6 +81,22 @@ def test_fit_shrinks_stages_then_padding() -> None:
     assert smem_estimate(bg, at, r) <= SM90.smem_per_block  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="tuned"):
         fit(bg, at, LaunchConfig(tuned=True))  # type: ignore[arg-type]
+
+
+def test_fit_with_the_tiles_kept_shrinks_only_the_stages() -> None:
+    """``fit(keep_tiles=True)`` (the tuned path of ``vm.compile``: the tiles are the ones a certificate's digest
+    covers) decides the stages alone, in the one place that decides from the resources: where the stages alone fit
+    it agrees with ``fit``; where only the 16-row padding would, it gives one stage with the tiles unchanged."""
+    _, bg, at = _big_gated_mlp(512)
+    big = LaunchConfig(4, 4, TileOptions(dot_min_m=64))
+    assert fit(bg, at, big, keep_tiles=True) == fit(bg, at, big)  # type: ignore[arg-type]
+    g = vm.benchmarks.get("gated_mlp")
+    m = expert("gated_mlp", g, cols=32, k_tile=1024)
+    (_, bg, at), *_ = sorted(_kernels(m), key=lambda k: -smem_estimate(k[1], k[2], LaunchConfig(4, 4)))  # type: ignore[arg-type]
+    c3 = LaunchConfig(4, 3, TileOptions(dot_min_m=64))
+    assert smem_estimate(bg, at, replace(c3, num_stages=1)) > SM90.smem_per_block  # type: ignore[arg-type]
+    assert fit(bg, at, c3).tiles.dot_min_m == 16  # type: ignore[arg-type]
+    assert fit(bg, at, c3, keep_tiles=True) == replace(c3, num_stages=1)  # type: ignore[arg-type]
 
 
 def test_compile_repairs_an_oversized_config(tmp_path: Path) -> None:

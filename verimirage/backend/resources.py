@@ -142,13 +142,17 @@ def smem_estimate(bg: BlockGraph, arg_types: Sequence[TensorType], config: Launc
 
 
 def fit(bg: BlockGraph, arg_types: Sequence[TensorType], config: LaunchConfig,
-        target: Target = SM90, arg_store: Sequence[DType] | None = None) -> LaunchConfig:
+        target: Target = SM90, arg_store: Sequence[DType] | None = None, keep_tiles: bool = False) -> LaunchConfig:
     """``config``, or the nearest configuration whose :func:`smem_estimate` is within ``target``'s limit
     (``arg_store``: the operands' element types in device memory, see :func:`smem_estimate`).
 
     Shrinks the pipeline stages first (down to 1: no software pipelining), then pads ``tl.dot`` rows to 16
     instead of 64 (mma.sync instead of wgmma). Raises :class:`ResourceError` when even that does not fit:
     the block graph's tiles themselves are too large (the cost model ranks such candidates infeasible).
+
+    ``keep_tiles``: ``config``'s tile options are fixed (the generated code a certificate's digest vouches for):
+    only the stages shrink, and where no number of them fits the estimate, one stage is returned (the least
+    these tiles can take; the estimate is an upper bound, Triton has the last word) instead of an error.
     """
     if config.tuned:
         raise ValueError("resources.fit: resolve a tuned configuration first (tuning.recommend)")
@@ -158,6 +162,11 @@ def fit(bg: BlockGraph, arg_types: Sequence[TensorType], config: LaunchConfig,
     if need <= limit:
         return c
     tries: list[LaunchConfig] = [replace(c, num_stages=s) for s in range(c.num_stages - 1, 0, -1)]
+    if keep_tiles:
+        t = next((t for t in tries if smem_estimate(bg, arg_types, t, arg_store) <= limit), replace(c, num_stages=1))
+        log.info("resources: kernel needs %d B of shared memory under %s (limit %d on %s); its tiles kept, %d "
+                 "pipeline stage(s)", need, c.key(), limit, target.name, t.num_stages)
+        return t
     if c.tiles.dot_min_m > 16:
         small = replace(c.tiles, dot_min_m=16)
         tries += [replace(c, num_stages=s, tiles=small) for s in range(c.num_stages, 0, -1)]

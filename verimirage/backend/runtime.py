@@ -975,24 +975,6 @@ def _fit_kernels(ms: ModuleSource, config: LaunchConfig) -> dict[str, tuple[Any,
     return out
 
 
-def _fit_stored(bg: Any, at: list[Any], c: LaunchConfig, store: list[Any]) -> LaunchConfig:
-    """``c`` with fewer pipeline stages where the kernel's operands in memory (``store``: fp32 buffers between
-    kernels) need more shared memory than the target allows under it; its tile options are kept (at one stage
-    the estimate does not depend on ``store``, so the stages alone always fit what ``c`` fitted)."""
-    from .resources import ResourceError, fit
-
-    try:
-        f = fit(bg, at, c, arg_store=store)
-    except ResourceError:
-        return c
-    if f.tiles != c.tiles:  # (not expected: then the stages are reduced alone, as far as they go)
-        return replace(c, num_stages=1)
-    if f != c:
-        log.info("compile: %d pipeline stage(s) instead of %d for a kernel whose operands are fp32 buffers",
-                 f.num_stages, c.num_stages)
-    return f
-
-
 def _merge_wanted() -> bool:
     """Whether :func:`compile` runs the kernels that read nothing another writes as one launch (codegen's
     ``merge``): ``VERIMIRAGE_MERGE=1`` in the environment; off by default while it is being measured."""
@@ -1061,6 +1043,7 @@ def compile(
     merge = _merge_wanted()
     if config is None or config.tuned:
         from . import tuning
+        from .resources import fit
 
         config = LaunchConfig(tuned=True)
         # (a merged launch has one num_warps: kernels the rules give different warps stay apart; measured on an
@@ -1078,8 +1061,8 @@ def compile(
             c = cs[0] if len(cs) == 1 else merged_config(cs, [nodes[i].attr("block").num_blocks for i in members])
             # (the tiles are recommend's, which the certificate's digest vouches for; the stages also fit each
             # kernel's operands' element types in memory: fp32 buffers between kernels double a pipelined tile)
-            stages = min(_fit_stored(nodes[i].attr("block"), at, replace(ci, num_stages=c.num_stages),
-                                     store[i]).num_stages for i, at, ci in zip(members, ats, cs, strict=True))
+            stages = min(fit(nodes[i].attr("block"), at, replace(ci, num_stages=c.num_stages), arg_store=store[i],
+                             keep_tiles=True).num_stages for i, at, ci in zip(members, ats, cs, strict=True))
             tuned[k.name] = replace(c, num_stages=stages)
         per_kernel = tuned | dict(per_kernel or {})
     else:
