@@ -32,7 +32,7 @@ def test_launch_config_key_left_out_rank2() -> None:
 
     other = {"dot_min_m": 32, "dot_min_nk": 32, "fp32_precision": "tf32", "unroll_max": 4, "evict_once": True,
              "dot_batch1": True, "row_dot": 32, "rank2": False,
-             "stream_order": False}
+             "stream_order": False, "flat": 1024}
     fields = {f.name for f in dataclasses.fields(TileOptions)}
     assert fields == set(other), f"a new tile option: add it to LaunchConfig.key() and here ({fields - set(other)})"
     base = LaunchConfig()

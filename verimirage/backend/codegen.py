@@ -107,6 +107,12 @@ class TileOptions:
     #: grid axis as CUDA's fastest-varying block index (see :func:`_stream_order`), so consecutive blocks read and
     #: write neighbouring runs of the same rows, as a flat elementwise kernel does
     stream_order: bool = True
+    #: a loop-free kernel of elementwise ops whose tiles all line up with its output's (:func:`flat_shape`) is emitted
+    #: over one flat index range of its output, this many elements a block, each operand read at the element's
+    #: broadcast coordinates (:func:`_flat_kernel`: Inductor's pointwise form); 0: the block graph's tiles. The μGraph
+    #: is the same either way. Measured (benchmarks/perf/NOTES.md session 13c, H100): batchnorm_relu's (32, 256, 3136)
+    #: as 128-byte row pieces 38.3-39.1 us, as a flat kernel of 1,024-4,096 elements a block 35.9-36.1
+    flat: int = 0
 
     def __post_init__(self) -> None:
         if self.row_dot not in (0, 16, 32, 64):
@@ -117,6 +123,10 @@ class TileOptions:
                 raise ValueError(f"TileOptions.{k}={v!r}; expected a power of two >= 16")
         if not isinstance(self.unroll_max, int) or self.unroll_max < 0:
             raise ValueError(f"TileOptions.unroll_max={self.unroll_max!r}; expected an int >= 0")
+        if not isinstance(self.flat, int) or self.flat < 0 or (self.flat and (self.flat < 128 or self.flat & (
+                self.flat - 1) or self.flat > TRITON_MAX_NUMEL)):
+            raise ValueError(f"TileOptions.flat={self.flat!r}; expected 0 (off) or a power of two from 128 to "
+                             f"{TRITON_MAX_NUMEL}")
         if self.fp32_precision not in ("ieee", "tf32", "tf32x3"):
             raise ValueError(f"TileOptions.fp32_precision={self.fp32_precision!r}; expected 'ieee', 'tf32' or 'tf32x3'")
 
@@ -148,7 +158,9 @@ class LaunchConfig:
         r = "" if t.row_dot == 16 else f"r{t.row_dot}"
         q = "" if t.rank2 else "q0"
         o = "" if t.stream_order else "o0"
-        return f"w{self.num_warps}s{self.num_stages}m{t.dot_min_m}n{t.dot_min_nk}{t.fp32_precision}{u}{e}{b}{r}{q}{o}"
+        f = f"f{t.flat}" if t.flat else ""
+        head = f"w{self.num_warps}s{self.num_stages}m{t.dot_min_m}n{t.dot_min_nk}{t.fp32_precision}"
+        return f"{head}{u}{e}{b}{r}{q}{o}{f}"
 
 
 @dataclass(frozen=True)
@@ -1656,6 +1668,172 @@ def arg_storage(mg: MuGraph) -> dict[int, list[DType]]:
     return {i: [storage_dtype(nodes, final, r) for r in n.args] for i, n in enumerate(nodes) if n.op == "custom"}
 
 
+def _elementwise_only(nodes: Sequence[Node], live: set[int] | None = None) -> bool:
+    """Whether every (live) node but the inputs is an elementwise op (a fused thread graph of them included)."""
+    for i, n in enumerate(nodes):
+        if (live is not None and i not in live) or n.op in ("input", "arg"):
+            continue
+        if n.op == "fused":
+            tg: ThreadGraph = n.attr("thread")
+            if not _elementwise_only(tg.nodes, live_nodes(tg.nodes, tg.outputs)):
+                return False
+        elif n.op not in OPS or not OPS[n.op].has(Prop.ELEMENTWISE):
+            return False
+    return True
+
+
+def _grid_split(bg: BlockGraph, dims: Sequence[int | None], d: int) -> frozenset[int]:
+    """The grid axes of more than one block that split dim ``d`` of a tensor placed by ``dims`` (an imap or omap)."""
+    return frozenset(a for a, dd in enumerate(dims) if dd == d and bg.grid[a] > 1)
+
+
+def flat_shape(bg: BlockGraph, arg_types: Sequence[TensorType],
+               inline: dict[int, int] | None = None) -> tuple[int, ...] | None:
+    """The shape ``S`` of the outputs of kernel ``bg`` (on operands of ``arg_types``) when the kernel may be emitted
+    over one flat index range of ``S`` (:attr:`TileOptions.flat`, :func:`_flat_kernel`); None when it may not.
+
+    The flat kernel computes, for every coordinate ``c`` of ``S``, the block graph's ops on its operands' elements at
+    ``c`` (right-aligned, an operand's size-1 dims read at index 0: numpy broadcasting). That is what the block graph
+    computes, whatever its tiling, when (each checked here):
+
+    * it has no for-loop (``frange`` 1, no loop bound) and no causal-mask operand computed in the kernel;
+    * every live node but the inputs is elementwise (its result at a tile position depends on its operands at that
+      position, broadcast): a tile's element at block-local coordinate ``l`` is then the ops applied to the input
+      tiles' elements at ``l``;
+    * all outputs have the shape ``S``, one tile shape and the same grid axes splitting each dim, so block ``b``
+      writes the element ``c = off(b) + l`` of every output, ``off(b)_d`` the sum over the axes splitting dim ``d``;
+    * every input of rank ``r_i <= rank S`` has, on each dim ``j`` (aligned with dim ``d = j + rank S - r_i``), either
+      size 1 (read at 0 in both forms), or the size ``S_d``, the tile size of the output's dim ``d`` and the same grid
+      axes splitting it: its tile's element at ``l`` is then the input's element at ``off(b)_d + l_d = c_d``.
+
+    The tiles in registers are then a partition of the same elementwise function of ``c``; the flat kernel evaluates
+    it per element, with the same fp32 expressions (the registry's triton lowering), loads and stores.
+    """
+    if bg.frange != 1 or bg.flimit is not None or inline:
+        return None
+    nodes = bg.nodes
+    live = live_nodes(nodes, bg.outputs)
+    if not _elementwise_only(nodes, live):
+        return None
+    outs = bg.result_types(arg_types)
+    shape = outs[0].shape
+    r = len(shape)
+    tile: tuple[int, ...] | None = None
+    split: list[frozenset[int]] = []
+    for (a, k), om in zip(bg.outputs, bg.omaps, strict=True):
+        t = nodes[a].outs[k].shape
+        sp = [_grid_split(bg, om.dims, d) for d in range(r)]
+        if len(t) != r or len(om.dims) != len(bg.grid) or (tile is not None and (t != tile or sp != split)):
+            return None
+        tile, split = t, sp
+    if tile is None or any(o.shape != shape for o in outs):
+        return None
+    for i in live:
+        n = nodes[i]
+        if n.op != "input":
+            continue
+        full, t, imap = arg_types[n.attr("arg")].shape, n.outs[0].shape, n.attr("imap")
+        ri = len(full)
+        if ri > r or len(t) != ri or len(imap) != len(bg.grid):
+            return None
+        for j in range(ri):
+            d = j + r - ri
+            sj = _grid_split(bg, imap, j)
+            if full[j] == 1 and not sj:
+                continue
+            if full[j] != shape[d] or sj != split[d] or t[j] != tile[d]:
+                return None
+    if math.prod(shape) + TRITON_MAX_NUMEL >= INT32_INDEX:  # (the flat offsets are int32)
+        return None
+    return shape
+
+
+def _flat_kernel(bg: BlockGraph, arg_types: Sequence[TensorType], out_types: Sequence[TensorType],
+                 shape: tuple[int, ...], name: str, block: int, arg_store: Sequence[DType],
+                 out_store: Sequence[DType], pdl: str, device_fn: bool) -> tuple[str, KernelInfo]:
+    """The ``@triton.jit`` source of kernel ``bg`` over one flat index range of its output shape ``shape``
+    (:func:`flat_shape` said it may be), ``block`` elements a block, and its :class:`KernelInfo` (grid: the blocks).
+
+    The element ``e`` of a block has the row-major coordinates ``c_d = (e // prod(shape[d+1:])) % shape[d]``; an
+    operand or output is addressed at ``sum_j c_(j + r - r_i) * stride_j`` over its dims of size > 1 (strides are
+    arguments, as in the tiled kernels); every load and store is masked past the last element. The ops are the
+    registry's triton lowerings on fp32 values, as in the tiled form."""
+    r = len(shape)
+    total = math.prod(shape)
+    nblocks = -(-total // block)
+    masked = total % block != 0
+    nodes = bg.nodes
+    live = live_nodes(nodes, bg.outputs)
+    first = next((d for d in range(r) if shape[d] > 1), r)
+    body = [f"e = {'p0' if device_fn else 'tl.program_id(0)'} * {block} + tl.arange(0, {block})"]
+    if masked:
+        body.append(f"inside = e < {total}")
+    for d in range(r):
+        if shape[d] == 1:
+            continue
+        inner = math.prod(shape[d + 1:])
+        c = "e" if inner == 1 else f"(e // {inner})"
+        body.append(f"c{d} = {c} % {shape[d]}" if d > first else f"c{d} = {c}")
+
+    def address(ptr: str, stride: str, dims: Sequence[int]) -> str:
+        terms = [f"c{j + r - len(dims)} * {stride}{j}" for j, n in enumerate(dims) if n > 1]
+        return f"{ptr} + " + (" + ".join(terms) if terms else f"tl.zeros(({block},), tl.int32)")
+
+    mask = ", mask=inside" if masked else ""
+    name_of: dict[Any, str] = {}
+
+    def emit(ns: Sequence[Node], vid: Callable[[int, int], Any], keep: set[int]) -> None:
+        for i, n in enumerate(ns):
+            if i not in keep or n.op == "arg":
+                continue
+            v = f"v{len(name_of)}"
+            if n.op == "input":
+                k = n.attr("arg")
+                other = ", other=0.0" if masked else ""
+                body.append(f"{v} = tl.load({address(f'a{k}_ptr', f'a{k}_s', arg_types[k].shape)}{mask}{other})"
+                            ".to(tl.float32)")
+            elif n.op == "fused":
+                tg: ThreadGraph = n.attr("thread")
+                tv = lambda j, kk, i=i: ("t", vid(i, 0), j, kk)  # noqa: E731
+                for j, tn in enumerate(tg.nodes):
+                    if tn.op == "arg":
+                        name_of[tv(j, 0)] = name_of[vid(*n.args[tn.attr("index")])]
+                emit(tg.nodes, tv, live_nodes(tg.nodes, tg.outputs))
+                for kk, ref in enumerate(tg.outputs):
+                    name_of[vid(i, kk)] = name_of[tv(*ref)]
+                continue
+            else:
+                fn = OPS[n.op].domains["triton"]
+                args = [name_of[vid(a, k)] for a, k in n.args]
+                body.append(f"{v} = {fn(args, n.attr_dict, [ns[a].outs[k] for a, k in n.args], list(n.outs))}")
+            name_of[vid(i, 0)] = v
+
+    emit(nodes, lambda i, k: (i, k), live)
+    for oi, ref in enumerate(bg.outputs):
+        body.append(f"tl.store({address(f'o{oi}_ptr', f'o{oi}_s', shape)}, "
+                    f"{name_of[ref]}.to(o{oi}_ptr.dtype.element_ty){mask})")
+    params: list[str] = []
+    signature: dict[str, str] = {}
+    for pre, types, store in (("a", arg_types, arg_store), ("o", out_types, out_store)):
+        for k, t in enumerate(types):
+            params.append(f"{pre}{k}_ptr")
+            signature[f"{pre}{k}_ptr"] = _PTR_SIG[store[k]]
+            for d in range(t.rank):
+                params.append(f"{pre}{k}_s{d}")
+                signature[f"{pre}{k}_s{d}"] = "i32"
+    lead = ["p0", "p1", "p2"] if device_fn else []
+    doc = f"Flat: the {total} elements of {_shape_text(shape)}, {block} a block (block graph: grid {bg.grid})."
+    out = ["@triton.jit", f"def {name}(" + ", ".join([*lead, *params]) + "):", f'    """{doc}"""']
+    if pdl and not device_fn:
+        out.append("    gdc_wait()")
+        if pdl == "start":
+            out.append("    gdc_launch_dependents()")
+    out += ["    " + s for s in body]
+    if pdl == "end" and not device_fn:
+        out.append("    gdc_launch_dependents()")
+    return "\n".join(out) + "\n", KernelInfo(name, -1, (nblocks,), signature, False)
+
+
 def kernel_source(bg: BlockGraph, arg_types: Sequence[TensorType], name: str = "kernel",
                   tiles: TileOptions | None = None, arg_store: Sequence[DType] | None = None,
                   out_store: Sequence[DType] | None = None,
@@ -1670,7 +1848,12 @@ def kernel_source(bg: BlockGraph, arg_types: Sequence[TensorType], name: str = "
     index along launch axis ``j`` the parameter ``p<j>``; the returned grid is the one it would be launched with.
     """
     outs = bg.result_types(arg_types)
-    kg = _KernelGen(bg, arg_types, outs, name, tiles or TileOptions(), arg_store, out_store, inline)
+    opts = tiles or TileOptions()
+    if opts.flat and (shape := flat_shape(bg, arg_types, inline)) is not None:
+        return _flat_kernel(bg, arg_types, outs, shape, name, opts.flat,
+                            list(arg_store) if arg_store is not None else [t.dtype for t in arg_types],
+                            list(out_store) if out_store is not None else [t.dtype for t in outs], pdl, device_fn)
+    kg = _KernelGen(bg, arg_types, outs, name, opts, arg_store, out_store, inline)
     kg.pdl = "" if device_fn else pdl
     kg.device_fn = device_fn
     src = kg.generate()

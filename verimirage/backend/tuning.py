@@ -20,7 +20,8 @@ CUDA-graph medians, float64-checked). The rules, in short:
 2. Attention (split-KV FlashDecoding): 4 warps, 3 stages, 64-row Q tiles, KV tiles of 128, 16 splits;
    8 warps was 1.2-2x slower. The combine kernel needs many blocks (16-row tiles) and an unrolled
    loop over the splits (Triton does not pipeline loops without ``tl.dot``).
-3. Kernels without a matmul (norms, combines): 4-8 warps, one stage, loops of <= 16 unrolled.
+3. Kernels without a matmul (norms, combines): 4-8 warps, one stage, loops of <= 16 unrolled; elementwise kernels
+   tiled like their output (:func:`~verimirage.backend.codegen.flat_shape`) as one flat index range.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import Any
 
 from ..ir.graph import BlockGraph, Graph, MuGraph, live_nodes
 from ..ir.ops import OPS, Prop, TensorType
-from .codegen import LaunchConfig, ModuleSource, TileOptions, _KernelGen, generate
+from .codegen import LaunchConfig, ModuleSource, TileOptions, _KernelGen, flat_shape, generate
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,17 @@ log = logging.getLogger(__name__)
 NUM_SMS = 132
 #: Shared memory a pipelined kernel may use (bytes): the 227 KB limit less headroom.
 SMEM_BUDGET = 200 * 1024
+#: Elements a block and warps of a flat elementwise kernel (:attr:`TileOptions.flat`: Inductor's pointwise form, 8
+#: fp16 elements a thread, one 16-byte access each). Measured on an H100 (benchmarks/perf/NOTES.md session 13c):
+#: batchnorm_relu's flat kernel at 1,024 elements and 4 warps, 2,048 / 8 and 4,096 / 8 all 35.9-36.1 us
+FLAT_BLOCK = 1024
+FLAT_WARPS = 4
+#: A tiled elementwise kernel the flat form replaces: one whose output tiles read contiguous runs shorter than this
+#: (bytes; ``rewrite.cost.Hardware.page``: batchnorm_relu's 64-column tiles, 128-byte runs, streamed at 89% of the
+#: copy rate) or whose padded tiles leave more than this fraction of their lanes idle (its whole-row tiles: 3,136
+#: of 4,096 lanes, 0.95x of Inductor on the H200). Other tilings are as fast as the flat form and keep their tiles
+FLAT_SHORT_RUN = 512
+FLAT_IDLE_LANES = 0.125
 #: Most rows of a K-looped product that streams its weights with 16-row-granular mma.sync (see ``_measured``).
 SKINNY_ROWS = 32
 
@@ -115,6 +127,24 @@ def kernel_shape(bg: BlockGraph, arg_types: Sequence[TensorType]) -> KernelShape
     return KernelShape(math.prod(bg.grid), bg.frange, len(mm), rows, chained, stage, biggest, cols, side, chunks)
 
 
+def flat_pays(bg: BlockGraph, arg_types: Sequence[TensorType]) -> bool:
+    """Whether kernel ``bg`` may be emitted flat (:func:`~verimirage.backend.codegen.flat_shape`) and its own tiles
+    waste bandwidth that the flat form does not: its output tiles' contiguous runs are shorter than
+    :data:`FLAT_SHORT_RUN` bytes, or their padding leaves more than :data:`FLAT_IDLE_LANES` of the lanes idle."""
+    shape = flat_shape(bg, arg_types)
+    if shape is None:
+        return False
+    a, k = bg.outputs[0]
+    tt = bg.nodes[a].outs[k]
+    run = 1
+    for t, full in zip(reversed(tt.shape), reversed(shape), strict=True):
+        run *= t
+        if t != full:
+            break
+    padded = math.prod(1 << max(0, (n - 1).bit_length()) for n in tt.shape)
+    return run * tt.dtype.itemsize < FLAT_SHORT_RUN or tt.numel < (1 - FLAT_IDLE_LANES) * padded
+
+
 def recommend(bg: BlockGraph, arg_types: Sequence[TensorType]) -> LaunchConfig:
     """The launch configuration the measurements favour for one kernel (see the module docstring).
 
@@ -135,6 +165,8 @@ def recommend(bg: BlockGraph, arg_types: Sequence[TensorType]) -> LaunchConfig:
 def _measured(bg: BlockGraph, arg_types: Sequence[TensorType]) -> LaunchConfig:
     """The measured rules of :func:`recommend`, before the shared-memory fit."""
     s = kernel_shape(bg, arg_types)
+    if s.matmuls == 0 and flat_pays(bg, arg_types):
+        return LaunchConfig(FLAT_WARPS, 1, TileOptions(flat=FLAT_BLOCK))
     if s.matmuls == 0:
         # a tile of 32,768 elements or more (a whole 32k-vocabulary row in registers: cross_entropy's X and T) over
         # 8 warps is 128+ fp32 values a thread per tensor, which spills: 16 warps
@@ -198,6 +230,8 @@ def candidate_configs(bg: BlockGraph, arg_types: Sequence[TensorType]) -> list[L
     """:func:`recommend` first, then a few neighbours worth timing (for the profiler)."""
     best = recommend(bg, arg_types)
     out = [best]
+    if best.tiles.flat:  # the block graph's own tiles, for comparison
+        out.append(LaunchConfig(4, 1, replace(best.tiles, flat=0)))
     for w, st in ((best.num_warps, best.num_stages + 1), (8, best.num_stages), (best.num_warps, 2)):
         c = LaunchConfig(w, max(1, st), best.tiles)
         if c not in out:
