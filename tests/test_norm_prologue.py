@@ -197,3 +197,25 @@ def test_norm_read_by_three_projections_still_fuses_and_passes_the_fp_check() ->
               and "frange=1," not in str(low.mugraph)]
     assert looped and all(sc.check(mg) is None for mg in looped[:4])
     assert isinstance(vm.verify(g, looped[0]), vm.Proved)
+
+
+def test_fp32_accumulator_overflow_is_read_from_the_ops_facts_not_its_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rounding model's fp32 accumulator (an rms_norm kernel's sum of squares) is the op's lowering fact
+    ``accumulates`` (:class:`verimirage.ir.opfacts.Accumulates`), read for any op: without it a bf16 row of 1e20
+    is not counted as overflowing, and a ``mean`` stated to accumulate squares is (the check names no op)."""
+    from verimirage.ir.opfacts import Accumulates
+    from verimirage.ir.ops import OPS
+    from verimirage.pipeline.fpsafe import evaluate_in_dtype
+
+    assert OPS["rms_norm"].accumulates == Accumulates("square")
+    g = _norm_proj(dt=vm.bfloat16)
+    ins = {"X": np.full((4, 64), 1e20), "G": np.ones(64), "W": np.ones((64, 32))}
+    assert evaluate_in_dtype(g, ins)[1]
+    monkeypatch.setitem(OPS["rms_norm"].facts, "accumulates", None)
+    assert not evaluate_in_dtype(g, ins)[1]
+    m = vm.Graph()
+    m.output(m.mean(m.input("X", (4, 64), vm.float32), axis=1))
+    assert not evaluate_in_dtype(m, {"X": np.full((4, 64), 1e20)})[1]
+    monkeypatch.setitem(OPS["mean"].facts, "accumulates", Accumulates("square"))
+    assert evaluate_in_dtype(m, {"X": np.full((4, 64), 1e20)})[1]
+    assert not evaluate_in_dtype(m, {"X": np.full((4, 64), 1e10)})[1]

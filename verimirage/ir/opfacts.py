@@ -71,13 +71,26 @@ class Reduce:
     ``egg_shape``, e-graph shape propagation: "same" (the operand's shape), "broadcast", "reduce", or
     "custom" (the egglog package writes its own rules) or None (only lifted terms have shapes);
     ``scales_with``, operands in which the op is homogeneous of degree 1 (a value rescaled by the online
-    softmax stays rescaled through them).
+    softmax stays rescaled through them); ``accumulates``, the op's fp32 accumulator (:class:`Accumulates`).
     """
 
     combine: str
     loop: str | None
     identity: float
     mean: bool = False
+
+
+@dataclass(frozen=True)
+class Accumulates:
+    """``accumulates``: an intermediate value the op's lowering keeps in fp32 that its result does not show when it
+    overflows: the reduction ``reduce`` (an op's name) along ``attrs["axis"]`` of the elementwise op ``term`` of
+    operand ``operand``, each rounded to fp32 (rms_norm: the sum of ``x * x``, ``backend/lowering.py``; an inf
+    sum gives ``x * rsqrt(inf) = 0``, finite and not the op's value). The floating-point check
+    (:mod:`verimirage.pipeline.fpsafe`) counts such an accumulator overflowing as the op's result overflowing."""
+
+    term: str
+    reduce: str = "sum"
+    operand: int = 0
 
 
 # --------------------------------------------------------------------------- index rules
@@ -245,7 +258,8 @@ _TABLE: dict[str, dict[str, Any]] = {
     "max": {**_REDUCTION, "reduce": Reduce("maximum", "loop_max", -math.inf), "family": "max"},
     "min": {**_REDUCTION, "reduce": Reduce("minimum", None, math.inf), "family": "max"},
     "matmul": {"index": _index_matmul, "scales_with": (0, 1), "homog": _h_mul, "egg_shape": "custom"},
-    "rms_norm": {"index": _index_rms, "pad": 0.0, "homog": _h_rms, "family": "sqrt", "egg_shape": "same"},
+    "rms_norm": {"index": _index_rms, "pad": 0.0, "homog": _h_rms, "family": "sqrt", "egg_shape": "same",
+                 "accumulates": Accumulates("square")},
     "concat": {"index": _index_concat, "homog": _h_add, "egg_shape": "custom"},
     "transpose": {"index": _index_transpose, "homog": _h_first, "egg_shape": "custom"},
     "log": {"family": "log"},

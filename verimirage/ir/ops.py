@@ -103,12 +103,12 @@ DOMAINS: tuple[str, ...] = ("ref", "ff", "abstract", "egglog", "triton", "torch"
 
 
 #: facts of an op that the certificate checker does not read (index rules, reductions, padding, homogeneity,
-#: families, e-graph shapes, scaling operands, attribute kinds), and the value when an op states none:
+#: families, e-graph shapes, scaling operands, attribute kinds, fp32 accumulators), and the value when none is stated:
 #: :mod:`.opfacts` holds and documents them and puts them on :class:`OpDef` (``op.index``, ``op.reduce``, ...) with
 #: the methods ``op.index_map``, ``op.block_attrs``, ``op.attr_kind`` (importing :mod:`verimirage.ir` imports it;
 #: the checker's process never does)
 LAZY_FACTS: dict[str, Any] = {"index": None, "reduce": None, "pad": None, "homog": None, "family": None,
-                              "egg_shape": None, "scales_with": (), "attr_kinds": {}}
+                              "egg_shape": None, "scales_with": (), "attr_kinds": {}, "accumulates": None}
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ search (:func:`verimirage.pipeline.superopt.superoptimize`) rejects such a candi
 
 Rounding follows the generated code (:mod:`verimirage.backend.codegen`): every kernel-level op's result
 (a kernel's store) and every kernel output in the candidate's dtype, values inside a kernel in fp32, a
-matmul's operands in their dtype; an ``rms_norm`` kernel's sum of squares in fp32. Only input sets on
+matmul's operands in their dtype; an op's fp32 accumulator (its fact ``accumulates``: an ``rms_norm`` kernel's
+sum of squares) in fp32, its overflow counted as the op's result overflowing. Only input sets on
 which no intermediate value of the source overflows constrain the candidate (an overflowed intermediate
 can leave a finite but meaningless output, e.g. 0 from a softmax whose denominator overflowed).
 """
@@ -75,20 +76,27 @@ class RoundingDomain:
                 args = [round_to(a, t.dtype) for a, t in zip(args, in_types, strict=True)]
             r = round_to(REF.apply(op, args, attrs, in_types, out_type),
                          out_type.dtype if self.kernel_level else DType.float32)
-            if op == "rms_norm" and not self.nonfinite and not _rms_statistic_finite(args[0], attrs):
+            acc = OPS[op].accumulates
+            if acc is not None and not self.nonfinite and not _accumulator_finite(acc, args, attrs, in_types):
                 self.nonfinite = True
         if not self.nonfinite and not np.isfinite(r).all():
             self.nonfinite = True
         return r
 
 
-def _rms_statistic_finite(x: Any, attrs: Mapping[str, Any]) -> bool:
-    """Whether an ``rms_norm`` kernel's sum of squares of ``x`` is finite in fp32 (the lowering sums ``x * x`` in
-    fp32, ``backend/lowering.py``: beyond 1.8e19, a bf16 or fp32 input's square overflows and the kernel's finite
-    output, ``x * rsqrt(inf) = 0``, is not its value; the float64 reference alone does not show it)."""
-    sq = round_to(np.square(np.asarray(x, dtype=np.float64)), DType.float32)
-    ax = int(attrs.get("axis", -1))
-    return bool(np.isfinite(round_to(sq.sum(axis=ax), DType.float32)).all())
+def _accumulator_finite(acc: Any, args: Sequence[Any], attrs: Mapping[str, Any],
+                        in_types: Sequence[TensorType]) -> bool:
+    """Whether the fp32 accumulator an op's lowering keeps (its fact ``accumulates``, :class:`~verimirage.ir.opfacts.
+    Accumulates`: an ``rms_norm`` kernel's sum of squares) is finite on operands ``args``: evaluated as the kernel
+    computes it, inside the kernel in fp32 (a bf16 or fp32 input beyond 1.8e19 has an inf square, and the kernel's
+    finite ``x * rsqrt(inf) = 0`` is not its value; the float64 reference alone does not show it)."""
+    inner = RoundingDomain(False)
+    t = TensorType(in_types[acc.operand].shape, DType.float32)
+    tt = OPS[acc.term].infer([t], {})
+    terms = inner.apply(acc.term, [args[acc.operand]], {}, [t], tt)
+    ax = {"axis": int(attrs.get("axis", -1)) % t.rank}
+    inner.apply(acc.reduce, [terms], ax, [tt], OPS[acc.reduce].infer([tt], ax))
+    return not inner.nonfinite
 
 
 def evaluate_in_dtype(g: Graph, inputs: Mapping[str, np.ndarray]) -> tuple[list[np.ndarray], bool]:
