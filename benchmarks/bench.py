@@ -30,7 +30,9 @@ several input sets in turn, enough to move twice the L2 per replay of the
 graph (``rotation``): without it, a program whose inputs fit in L2 (the H100's
 50 MB) finds part of them there from the previous replay, which no layer of a
 model does with its weights (``triton.testing.do_bench`` flushes L2 for the
-same reason). The profiler's ranking among candidates stays warm. ``--rotate`` is the
+same reason). The profiler ranks the candidates over the same input sets
+(``--select-rotate``, on by default: warm, its pick could be the slower kernel
+rotated, qkv_bias 15.1 against 13.9 µs in run 17). ``--rotate`` is the
 default of ``--set models`` (``--no-rotate`` for warm timings); the suite keeps warm
 timings by default until its results are re-timed rotated.
 
@@ -401,11 +403,12 @@ def load_candidates(g: vm.Graph, case: str, directory: Path | None) -> tuple[lis
 
 def verimirage_variant(g: vm.Graph, case: str, ins: list[torch.Tensor], ref: Any, top_k: int,
                        cand_dir: Path | None, n_configs: int, quick: bool = False,
-                       sets: list[list[torch.Tensor]] | None = None, select_rep_ms: int = 50) -> dict[str, Any]:
+                       sets: list[list[torch.Tensor]] | None = None, select_rep_ms: int = 50,
+                       rotate_select: bool = True) -> dict[str, Any]:
     """Profile the verified candidates (x launch configurations) on this GPU; the fastest correct one wins.
     ``sets``: the input sets the reported times rotate through (:func:`bench_sets`; default ``[ins]``); the
-    profiler's own ranking times ``ins`` alone, each (candidate, configuration) checked against ``ref`` (the
-    float64 reference, on the GPU)."""
+    profiler ranks the candidates over the same sets (``rotate_select``; else on ``ins`` alone, warm), each
+    (candidate, configuration) checked against ``ref`` (the float64 reference, on the GPU) on ``ins``."""
     sets = sets or [ins]
     from verimirage.backend.profile import DEFAULT_CONFIGS, select
 
@@ -414,8 +417,10 @@ def verimirage_variant(g: vm.Graph, case: str, ins: list[torch.Tensor], ref: Any
     cands, search_s, costs = load_candidates(g, case, cand_dir)
     cands, costs = cands[:top_k], costs[:top_k]
     named = {t.name: x for t, x in zip(g.inputs, ins, strict=True)}
+    more = [{t.name: x for t, x in zip(g.inputs, s, strict=True)} for s in sets[1:]] if rotate_select else None
     timings = select(g, cands, inputs=named, cache=False, configs=DEFAULT_CONFIGS[:n_configs],
-                     rep_ms=select_rep_ms, reference=list(ref) if isinstance(ref, tuple) else [ref])
+                     rep_ms=select_rep_ms, reference=list(ref) if isinstance(ref, tuple) else [ref],
+                     input_sets=more)
     phase["select"] = time.perf_counter() - t0
     tried = [{"rank": t.index, "kernels": cands[t.index].num_kernels, "config": str(t.config),
               "ms": t.ms, "error": t.error} for t in timings]
@@ -544,7 +549,8 @@ def run_case(name: str, batch: int, ceil: dict[str, float], args: argparse.Names
     try:
         row["configs"] = n_configs(g, args)
         row.update(verimirage_variant(g, row["case"], ins, ref, args.top_k, args.candidates, row["configs"],
-                                      quick=models, sets=sets, select_rep_ms=args.select_rep_ms))
+                                      quick=models, sets=sets, select_rep_ms=args.select_rep_ms,
+                                      rotate_select=args.select_rotate))
     except Exception as e:
         row["verimirage_error"] = f"{type(e).__name__}: {e}"[:500]
         log.error("verimirage failed on %s: %s", row["case"], traceback.format_exc())
@@ -647,6 +653,8 @@ def main() -> int:
                     help="time every variant (baselines and ours alike) rotating through enough input sets that a "
                          "call moves twice the L2 (bench.rotation): no weights warm in L2 from the previous call "
                          "(default: on for --set models, off for the suite)")
+    ap.add_argument("--select-rotate", action=argparse.BooleanOptionalAction, default=True,
+                    help="the profiler ranks candidates over the reported times' input sets (--rotate), not warm")
     ap.add_argument("--configs-no-matmul", type=int, default=None,
                     help="configurations to sweep for programs without a matmul (default: --configs)")
     ap.add_argument("--rep-ms", type=int, default=200, help="reported timings' window in ms (bench.REP_MS)")
@@ -687,6 +695,7 @@ def main() -> int:
                      "over `rotate` input sets in turn (a row's `rotate`: enough sets to move twice the L2, <= 8)"
                      if args.rotate else ""),
         "rotate": args.rotate,
+        "select_rotate": bool(args.rotate and args.select_rotate),
         "rep_ms": args.rep_ms,
         "select_rep_ms": args.select_rep_ms,
         "configs": args.configs,

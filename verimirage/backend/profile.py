@@ -306,6 +306,7 @@ def select(
     cache_root: Path | None = None,
     seed: int = 0,
     reference: Sequence[Any] | None = None,
+    input_sets: Sequence[Mapping[str, Any]] | None = None,
 ) -> list[Timing]:
     """Time every candidate under every config on the current GPU; fastest first.
 
@@ -317,6 +318,11 @@ def select(
     has them (torch tensors, compared on their device; one per output), instead
     of ``vm.evaluate`` on the host (seconds for LLM-size programs).
     ``rep_ms``: the timing window of each ``do_bench_cudagraph`` call.
+    ``input_sets``: more input sets (by name, as ``inputs``: same shapes, dtypes and strides) that every timing
+    rotates through after ``inputs``, one call a set, the time divided by their count; the candidates are then
+    ranked L2-cold when the sets together exceed the cache, as a model's layer finds its weights (METHOD.md: "rotate
+    among several input sets"; warm, qkv_bias's profiled pick ran 15.1 us rotated against 13.9 for another
+    candidate on an H100, benchmarks/perf/NOTES.md session 13d). Outputs are checked on ``inputs``.
     """
     if not candidates:
         raise ValueError("select: no candidates given")
@@ -330,8 +336,18 @@ def select(
     from .runtime import compile as vm_compile
 
     xs = dict(inputs) if inputs is not None else _inputs(graph, seed)
-    meta = [{"name": t.name, "shape": list(t.shape), "dtype": t.type.dtype.short,
-             "stride": list(xs[str(t.name)].stride())} for t in graph.inputs]
+    meta: list[dict[str, Any]] = [{"name": t.name, "shape": list(t.shape), "dtype": t.type.dtype.short,
+                                   "stride": list(xs[str(t.name)].stride())} for t in graph.inputs]
+    sets = [xs, *(dict(s) for s in input_sets or ())]
+    for j, s in enumerate(sets[1:], 1):
+        for t in graph.inputs:
+            x, y = xs[str(t.name)], s.get(str(t.name))
+            if y is None or tuple(y.shape) != tuple(x.shape) or y.dtype != x.dtype or y.stride() != x.stride():
+                raise ValueError(f"select: input set {j}: input {t.name!r} is "
+                                 f"{None if y is None else (tuple(y.shape), y.dtype, y.stride())}; expected "
+                                 f"{(tuple(x.shape), x.dtype, x.stride())} as in `inputs`")
+    if len(sets) > 1:
+        meta.append({"rotate": len(sets)})
     key = selection_key(graph, candidates, configs, meta, dev, versions())
     store = DiskCache("select", cache_root) if cache else None
     ref: Any = None
@@ -377,12 +393,13 @@ def select(
                 if ref is not None:
                     _check_output(res, ref, graph)
                 bench = triton.testing.do_bench_cudagraph if use_cuda_graph else triton.testing.do_bench
+                run = lambda fn=fn: [fn(**x) for x in sets]  # noqa: E731
                 try:
-                    ms = bench(lambda fn=fn: fn(**xs), rep=rep_ms, return_mode="median")
+                    ms = bench(run, rep=rep_ms, return_mode="median")
                 except Exception as e:  # capture can fail (e.g. allocator state): time without graphs
                     log.info("select: CUDA-graph timing failed (%s); using do_bench", e)
-                    ms = triton.testing.do_bench(lambda fn=fn: fn(**xs), rep=rep_ms, return_mode="median")
-                out.append(Timing(ci, cand, cfg, float(ms)))
+                    ms = triton.testing.do_bench(run, rep=rep_ms, return_mode="median")
+                out.append(Timing(ci, cand, cfg, float(ms) / len(sets)))
             except Exception as e:
                 out.append(Timing(ci, cand, cfg, None, f"{type(e).__name__}: {e}"[:500]))
             log.debug("select: candidate %d config %s took %.1fs", ci, cfg.key(), time.perf_counter() - t0)
