@@ -6,6 +6,7 @@ v projections as one launch, 19 -> 13 launches, 249.0 -> 242.1 us."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -151,6 +152,38 @@ def test_merged_config_takes_the_stages_of_the_kernel_with_the_most_blocks() -> 
     # 8 stages in a 192-block launch would leave one block an SM)
     c = runtime.merged_config([LaunchConfig(4, 4), LaunchConfig(4, 8), LaunchConfig(8, 8)], [128, 32, 32])
     assert (c.num_warps, c.num_stages) == (8, 4)
+
+
+def test_a_merged_launch_takes_stages_under_which_every_member_fits() -> None:
+    """A member the rules gave fewer stages for its shared memory must not get the stages of the member with the
+    most blocks when those exceed the limit for it: ``merged_config`` given the members' kernels lowers the stages
+    until every member fits (``resources.fit`` with each member's own tiles)."""
+    from verimirage.backend.codegen import LaunchConfig, TileOptions
+    from verimirage.backend.resources import SM90, smem_estimate
+    from verimirage.benchmarks.designs import expert
+
+    m = expert("gated_mlp", vm.benchmarks.get("gated_mlp"), cols=64, k_tile=512)  # full size: large k tiles
+    from verimirage.backend import tuning
+
+    small_mg = tuning.tuned_module(_three_projections()).mugraph  # one kernel per op: 16 x 32 products
+
+    def kernels(mg: vm.MuGraph) -> list[tuple[object, list[vm.TensorType]]]:
+        nodes = node_list(mg)
+        return sorted(((n.attr("block"), [nodes[a].outs[j] for a, j in n.args]) for n in nodes if n.op == "custom"),
+                      key=lambda k: smem_estimate(k[0], k[1], LaunchConfig(4, 4)))  # type: ignore[arg-type]
+
+    (small, small_at), (big, big_at) = kernels(small_mg)[-1], kernels(m)[-1]
+    tiles = TileOptions(dot_min_m=64)
+    c_small, c_big = LaunchConfig(4, 4, tiles), LaunchConfig(8, 2, tiles)
+    assert smem_estimate(small, small_at, c_small) <= SM90.smem_per_block  # the rules' own configurations fit
+    four = replace(c_big, num_stages=4)
+    assert smem_estimate(big, big_at, c_big) <= SM90.smem_per_block < smem_estimate(big, big_at, four)
+    # the small member has the most blocks: its 4 stages, which the big member does not fit under
+    assert runtime.merged_config([c_small, c_big], [128, 32]).num_stages == 4  # (no kernels given: not checked)
+    c = runtime.merged_config([c_small, c_big], [128, 32], [(small, small_at, None), (big, big_at, None)])
+    assert c.num_warps == 8 and c.num_stages == 2
+    for bg, at, own in ((small, small_at, c_small), (big, big_at, c_big)):
+        assert smem_estimate(bg, at, replace(own, num_stages=c.num_stages)) <= SM90.smem_per_block
 
 
 @pytest.mark.parametrize(("rank", "cert", "launches"), [(1, "qkv_rot", 11), (2, "qkv_merge", 12)])

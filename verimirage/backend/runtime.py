@@ -981,15 +981,26 @@ def _merge_wanted() -> bool:
     return os.environ.get("VERIMIRAGE_MERGE", "").strip().lower() in ("1", "on", "true", "yes")
 
 
-def merged_config(configs: Sequence[LaunchConfig], blocks: Sequence[int] = ()) -> LaunchConfig:
-    """The launch parameters of a merged launch from its kernels' own (:func:`verimirage.backend.tuning.recommend`'s,
+def merged_config(configs: Sequence[LaunchConfig], blocks: Sequence[int] = (),
+                  kernels: Sequence[tuple[Any, Sequence[Any], Sequence[Any] | None]] = ()) -> LaunchConfig:
+    """The launch parameters of one launch from its kernels' own (:func:`verimirage.backend.tuning.recommend`'s,
     with ``blocks`` their block counts): the most warps any of them takes, and the pipeline stages of the kernel with
-    the most blocks (one launch has one of each). (The rules give a kernel of at most 66 blocks up to 8 stages; in a
-    launch of more blocks that depth would leave one block an SM: the layer's k and v projections of 32 blocks beside
-    the q projection's 128.)"""
+    the most blocks (one launch has one of each), fewer where a kernel's shared memory does not fit under them.
+    (The rules give a kernel of at most 66 blocks up to 8 stages; in a launch of more blocks that depth would leave one
+    block an SM: the layer's k and v projections of 32 blocks beside the q projection's 128.)
+
+    ``kernels``: each kernel's ``(block graph, operand types, operands' element types in memory or None)``; the
+    stages are then the most under which every kernel fits with its own tiles (:func:`verimirage.backend.resources.
+    fit` with the tiles kept: a kernel the rules gave fewer stages for its shared memory keeps within the limit in
+    the launch). Shared memory does not depend on the warps, so the most warps fit wherever the stages do."""
+    from .resources import fit
+
     most = max(range(len(configs)), key=lambda k: (blocks[k] if blocks else 0, -k))
-    return LaunchConfig(max(c.num_warps for c in configs), configs[most].num_stages, configs[0].tiles,
-                        tuned=configs[0].tuned)
+    stages = configs[most].num_stages
+    if kernels:
+        stages = min(fit(bg, at, replace(c, num_stages=stages), arg_store=store, keep_tiles=True).num_stages
+                     for c, (bg, at, store) in zip(configs, kernels, strict=True))
+    return LaunchConfig(max(c.num_warps for c in configs), stages, configs[0].tiles, tuned=configs[0].tuned)
 
 
 def _pdl_wanted() -> str:
@@ -1043,7 +1054,6 @@ def compile(
     merge = _merge_wanted()
     if config is None or config.tuned:
         from . import tuning
-        from .resources import fit
 
         config = LaunchConfig(tuned=True)
         # (a merged launch has one num_warps: kernels the rules give different warps stay apart; measured on an
@@ -1058,12 +1068,11 @@ def compile(
             members = k.members or (k.node,)
             ats = [[nodes[a].outs[j] for a, j in nodes[i].args] for i in members]
             cs = [tuning.recommend(nodes[i].attr("block"), at) for i, at in zip(members, ats, strict=True)]
-            c = cs[0] if len(cs) == 1 else merged_config(cs, [nodes[i].attr("block").num_blocks for i in members])
             # (the tiles are recommend's, which the certificate's digest vouches for; the stages also fit each
             # kernel's operands' element types in memory: fp32 buffers between kernels double a pipelined tile)
-            stages = min(fit(nodes[i].attr("block"), at, replace(ci, num_stages=c.num_stages), arg_store=store[i],
-                             keep_tiles=True).num_stages for i, at, ci in zip(members, ats, cs, strict=True))
-            tuned[k.name] = replace(c, num_stages=stages)
+            tuned[k.name] = merged_config(cs, [nodes[i].attr("block").num_blocks for i in members],
+                                          [(nodes[i].attr("block"), at, store[i]) for i, at in zip(members, ats,
+                                                                                                   strict=True)])
         per_kernel = tuned | dict(per_kernel or {})
     else:
         ms = generate(program, config.tiles, pdl=pdl, merge=merge)
