@@ -65,5 +65,5 @@ def test_select_refuses_an_input_set_unlike_the_inputs(monkeypatch: pytest.Monke
     xs = _inputs(torch, g, 0)
     for bad in ({"x": xs["x"]}, {"x": xs["x"], "b": xs["b"].float()},
                 {"x": xs["x"].t().contiguous().t(), "b": xs["b"]}, {"x": xs["x"][:8], "b": xs["b"]}):
-        with pytest.raises(ValueError, match="input set 1: input '(x|b)'.*expected"):
+        with pytest.raises(ValueError, match=r"input set 1: input '(x|b)'.*expected"):
             profile.select(g, [g], configs=profile.DEFAULT_CONFIGS[:1], inputs=xs, input_sets=[bad], cache=False)

@@ -340,10 +340,10 @@ def select(
                                    "stride": list(xs[str(t.name)].stride())} for t in graph.inputs]
     sets = [xs, *(dict(s) for s in input_sets or ())]
     for j, s in enumerate(sets[1:], 1):
-        for t in graph.inputs:
-            x, y = xs[str(t.name)], s.get(str(t.name))
+        for inp in graph.inputs:
+            x, y = xs[str(inp.name)], s.get(str(inp.name))
             if y is None or tuple(y.shape) != tuple(x.shape) or y.dtype != x.dtype or y.stride() != x.stride():
-                raise ValueError(f"select: input set {j}: input {t.name!r} is "
+                raise ValueError(f"select: input set {j}: input {inp.name!r} is "
                                  f"{None if y is None else (tuple(y.shape), y.dtype, y.stride())}; expected "
                                  f"{(tuple(x.shape), x.dtype, x.stride())} as in `inputs`")
     if len(sets) > 1:
