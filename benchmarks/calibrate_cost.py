@@ -4,6 +4,8 @@
     python benchmarks/calibrate_cost.py --build --add models_run7.json   # with a newer run's results
     python benchmarks/calibrate_cost.py             # re-estimate every stored candidate, report Spearman
     python benchmarks/calibrate_cost.py --json      # the same report as JSON
+    python benchmarks/calibrate_cost.py --test models_run17_h100_2315_onecard.json --suite   # held-out sets too
+    python benchmarks/calibrate_cost.py --lopo pipeline_fill=0,0.5,0.75,1 --test models_run17_h100_2315_onecard.json
 
 The GPU harness (``benchmarks/bench.py --set models --candidates DIR``) records, for every program, each
 candidate's cost estimate next to its fastest measured launch configuration (``cost_vs_measured``: rank into
@@ -15,8 +17,18 @@ measurement kept). The default mode re-estimates every stored μGraph with the c
 :func:`verimirage.rewrite.cost.cost` and reports Spearman's rank correlation of estimate and measured time,
 pooled over all candidates and within each program, next to the figures of the estimates recorded at run time.
 
-``spearman_floor`` in the dataset is the pooled figure the current model reached when the file was last
-written (``--build`` or ``--set-floor``); ``tests/test_cost_calibration.py`` holds the model to it.
+``spearman_floor`` and ``within_floor`` in the dataset are the pooled and the mean within-program figures the
+current model reached when the file was last written (``--build`` or ``--set-floor``);
+``tests/test_cost_calibration.py`` holds the model to them.
+
+Held-out figures: ``--test FILE`` re-estimates the candidates a result file measured (matched to the committed
+candidate files as ``--build`` does) without adding them to the dataset (run 17, measured with rotated inputs after
+the dataset's runs); ``--suite`` does the same for the suite's candidates (``benchmarks/candidates/``) and their
+measurement (:data:`SUITE_RESULT`), whose programs the dataset does not hold, and prints each program's
+first-ranked candidate's measured time over its best (the default ``vm.superoptimize`` returns the first);
+``--lopo PARAM=V1,V2,...`` chooses a :class:`~verimirage.rewrite.cost.Hardware` parameter leave-one-program-out:
+for each program the value with the best mean within-program Spearman over the dataset's other programs, that
+program's figures (in the dataset and in every ``--test`` file) then taken under that value.
 """
 
 from __future__ import annotations
@@ -38,6 +50,9 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 CANDS = "benchmarks/candidates_models"
 DATASET = RESULTS / "cost_calibration_models.json"
+#: the suite's last full measurement (H100) of its stored candidates: the held-out programs of ``--suite``
+SUITE_RESULT = "suite_h100_2026-11-26_s11/merged.json"
+SUITE_CANDS = "benchmarks/candidates"
 
 #: measured result files, oldest first (a later file's measurement of the same μGraph replaces an earlier one)
 SOURCES = [
@@ -56,10 +71,11 @@ def _git(*args: str) -> str:
     return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout
 
 
-def _candidate_versions(case: str) -> list[tuple[str, dict[str, Any]]]:
-    """The candidate file of ``case``: the working tree's first, then every committed version, newest first."""
+def _candidate_versions(case: str, cands: str = CANDS) -> list[tuple[str, dict[str, Any]]]:
+    """The candidate file of ``case`` (in ``cands``): the working tree's first, then every committed version, newest
+    first."""
     out: list[tuple[str, dict[str, Any]]] = []
-    path = f"{CANDS}/{case}.json"
+    path = f"{cands}/{case}.json"
     if (ROOT / path).exists():
         out.append(("worktree", json.loads((ROOT / path).read_text())))
     for c in _git("log", "--format=%H", "--", path).split():
@@ -70,13 +86,14 @@ def _candidate_versions(case: str) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-def build(extra: Sequence[str] = ()) -> dict[str, Any]:
+def build(extra: Sequence[str] = (), only: Sequence[str] | None = None, cands_dir: str = CANDS) -> dict[str, Any]:
     """Collect (program, μGraph, measured time) from the result files (see the module docstring); ``extra``: more
-    result files (paths relative to ``benchmarks/results/``), measured after those of :data:`SOURCES`."""
+    result files (paths relative to ``benchmarks/results/``), measured after those of :data:`SOURCES`; ``only``:
+    these result files alone (no probe rows), their candidates looked up in ``cands_dir``."""
     versions: dict[str, list[tuple[str, dict[str, Any]]]] = {}
     entries: dict[tuple[str, str], dict[str, Any]] = {}
     unmatched: list[str] = []
-    sources = [*SOURCES, *extra]
+    sources = [*SOURCES, *extra] if only is None else list(only)
     for src in sources:
         p = RESULTS / src
         if not p.exists():
@@ -88,7 +105,7 @@ def build(extra: Sequence[str] = ()) -> dict[str, Any]:
             if not pairs:
                 continue
             if case not in versions:
-                versions[case] = _candidate_versions(case)
+                versions[case] = _candidate_versions(case, cands_dir)
             hit = None
             for ver, cdoc in versions[case]:
                 cands = cdoc["candidates"]
@@ -106,7 +123,7 @@ def build(extra: Sequence[str] = ()) -> dict[str, Any]:
                                        "kernels": c.get("kernels"), "measured_us": c["measured_us"],
                                        "run_est_us": c["cost_us"], "source": src, "candidates": ver,
                                        "rank": c["rank"]}
-    for src in PROBE_ROWS:
+    for src in PROBE_ROWS if only is None else []:
         p = RESULTS / src
         if not p.exists():
             continue
@@ -159,6 +176,7 @@ def report(entries: Sequence[dict[str, Any]], est: Sequence[float]) -> dict[str,
     return {"pairs": len(entries), "programs": len(per),
             "pooled": spearman(est, meas), "run_pooled": spearman(run, meas),
             "within_mean": statistics.fmean(within) if within else None,
+            "within_median": statistics.median(within) if within else None,
             "run_within_mean": statistics.fmean(within_run) if within_run else None,
             "log_ratio_rms": math.sqrt(statistics.fmean(x * x for x in logr)),
             "first_over_best_geomean": math.exp(statistics.fmean(math.log(x) for x in first)),
@@ -166,12 +184,75 @@ def report(entries: Sequence[dict[str, Any]], est: Sequence[float]) -> dict[str,
             "per_program": per}
 
 
+def _hardware(param: str, value: float) -> Any:
+    import dataclasses
+
+    sys.path.insert(0, str(ROOT))
+    from verimirage.rewrite.cost import H100
+
+    return dataclasses.replace(H100, **{param: value})
+
+
+def lopo(entries: Sequence[dict[str, Any]], tests: dict[str, Sequence[dict[str, Any]]], param: str,
+         values: Sequence[float]) -> dict[str, Any]:
+    """Leave-one-program-out choice of the :class:`Hardware` parameter ``param`` among ``values``: for each program,
+    the value whose mean within-program Spearman over the other programs of ``entries`` is the highest (ties: the
+    first listed); the program's figures, in ``entries`` and in each held-out set of ``tests``, under that value.
+    Returns, per set, the held-out mean / median within-program Spearman and first-over-best geomean, and the
+    value chosen for each program."""
+    sets = {"dataset": entries, **tests}
+    per = {v: {name: report(es, estimate(es, _hardware(param, v)))["per_program"] for name, es in sets.items()}
+           for v in values}
+
+    def score(v: float, leave: str) -> float:
+        sp = [x["spearman"] for p, x in per[v]["dataset"].items() if p != leave and x["spearman"] is not None]
+        return statistics.fmean(sp)
+
+    chosen = {p: max(values, key=lambda v: score(v, p)) for p in per[values[0]]["dataset"]}
+    out: dict[str, Any] = {"param": param, "values": list(values), "chosen": chosen}
+    for name in sets:
+        progs = per[values[0]][name]
+        rows = {p: per[chosen.get(p, max(values, key=lambda v: score(v, "")))][name][p] for p in progs}
+        sp = [r["spearman"] for r in rows.values() if r["spearman"] is not None]
+        out[name] = {"within_mean": statistics.fmean(sp), "within_median": statistics.median(sp),
+                     "first_over_best_geomean": math.exp(statistics.fmean(
+                         math.log(r["first_over_best"]) for r in rows.values()))}
+    return out
+
+
+def suite_entries() -> list[dict[str, Any]]:
+    """The suite's measured candidates (:data:`SUITE_RESULT`), matched to the versions of ``benchmarks/candidates/``."""
+    doc = build(only=[SUITE_RESULT], cands_dir=SUITE_CANDS)
+    if doc["unmatched"]:
+        raise SystemExit(f"suite rows without their candidate file version: {doc['unmatched']}")
+    return list(doc["entries"])
+
+
+def _print(rep: dict[str, Any], label: str, floors: str = "") -> None:
+    f = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+    print(f"{label}: {rep['pairs']} candidates of {rep['programs']} programs; Spearman pooled {f(rep['pooled'])} "
+          f"(run-time estimates {f(rep['run_pooled'])}), within programs mean {f(rep['within_mean'])} median "
+          f"{f(rep['within_median'])} (run-time {f(rep['run_within_mean'])}); rms |log(est/measured)| "
+          f"{rep['log_ratio_rms']:.3f}{floors}; the first-ranked candidate's measured time over the best: geomean "
+          f"{rep['first_over_best_geomean']:.3f} (run-time {rep['run_first_over_best_geomean']:.3f})")
+    for case, v in rep["per_program"].items():
+        print(f"  {case:22s} {v['pairs']:3d}  spearman {f(v['spearman']):>6s} (run {f(v['run_spearman']):>6s})"
+              f"  est/measured {v['est_over_measured']:.2f}  first/best {v['first_over_best']:.2f} "
+              f"(run {v['run_first_over_best']:.2f})")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--build", action="store_true", help="recollect the dataset from the result files and git")
     ap.add_argument("--add", nargs="*", default=[], metavar="FILE",
                     help="with --build: more result files (relative to benchmarks/results/), newest last")
-    ap.add_argument("--set-floor", action="store_true", help="store the current pooled figure as spearman_floor")
+    ap.add_argument("--set-floor", action="store_true",
+                    help="store the current pooled and within-program figures as the floors")
+    ap.add_argument("--test", nargs="*", default=[], metavar="FILE",
+                    help="held out: report on these result files' candidates (relative to benchmarks/results/)")
+    ap.add_argument("--suite", action="store_true", help=f"held out: report on the suite ({SUITE_RESULT})")
+    ap.add_argument("--lopo", metavar="PARAM=V1,V2,...",
+                    help="choose a Hardware parameter leave-one-program-out and report the held-out figures")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--worst", type=int, default=0, help="list the N entries with the largest |log(est/measured)|")
     args = ap.parse_args()
@@ -183,20 +264,33 @@ def main() -> int:
     rep = report(doc["entries"], est)
     if args.build or args.set_floor:
         doc["spearman_floor"] = round(rep["pooled"] - 5e-4, 3)
+        doc["within_floor"] = round(rep["within_mean"] - 5e-4, 3)
         DATASET.write_text(json.dumps(doc, indent=1) + "\n")
+    tests: dict[str, list[dict[str, Any]]] = {}
+    for src in args.test:
+        t = build(only=[src])
+        if t["unmatched"]:
+            print(f"{src}: rows without their candidate file version: {t['unmatched']}")
+        tests[src] = t["entries"]
+    if args.suite:
+        tests["suite"] = suite_entries()
+    reps = {name: report(es, estimate(es)) for name, es in tests.items()}
+    held = None
+    if args.lopo:
+        param, _, vals = args.lopo.partition("=")
+        held = lopo(doc["entries"], tests, param, [float(v) for v in vals.split(",")])
     if args.json:
-        print(json.dumps(rep, indent=1))
+        print(json.dumps({"dataset": rep, **reps, **({"lopo": held} if held else {})}, indent=1))
         return 0
-    f = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
-    print(f"{rep['pairs']} candidates of {rep['programs']} programs; Spearman pooled {f(rep['pooled'])} "
-          f"(run-time estimates {f(rep['run_pooled'])}), within programs mean {f(rep['within_mean'])} "
-          f"(run-time {f(rep['run_within_mean'])}); rms |log(est/measured)| {rep['log_ratio_rms']:.3f}; "
-          f"floor {doc.get('spearman_floor')}; the first-ranked candidate's measured time over the best: geomean "
-          f"{rep['first_over_best_geomean']:.3f} (run-time {rep['run_first_over_best_geomean']:.3f})")
-    for case, v in rep["per_program"].items():
-        print(f"  {case:20s} {v['pairs']:3d}  spearman {f(v['spearman']):>6s} (run {f(v['run_spearman']):>6s})"
-              f"  est/measured {v['est_over_measured']:.2f}  first/best {v['first_over_best']:.2f} "
-              f"(run {v['run_first_over_best']:.2f})")
+    _print(rep, "dataset", f"; floors {doc.get('spearman_floor')} pooled, {doc.get('within_floor')} within")
+    for name, r in reps.items():
+        _print(r, f"held out, {name}")
+    if held:
+        print(f"leave-one-program-out over {held['param']} in {held['values']}: chosen {held['chosen']}")
+        for name in ("dataset", *tests):
+            h = held[name]
+            print(f"  {name}: within programs mean {h['within_mean']:.3f} median {h['within_median']:.3f}, "
+                  f"first/best geomean {h['first_over_best_geomean']:.3f}")
     if args.worst:
         order = sorted(range(len(est)), key=lambda i: -abs(math.log(est[i] / doc["entries"][i]["measured_us"])))
         for i in order[: args.worst]:

@@ -41,6 +41,29 @@ def test_pooled_spearman_holds_the_calibrated_figure() -> None:
     assert doc["spearman_floor"] >= rep["run_pooled"] - 1e-3
 
 
+def test_within_program_spearman_holds_the_calibrated_figure() -> None:
+    doc = _doc()
+    rep = calibrate_cost.report(doc["entries"], calibrate_cost.estimate(doc["entries"]))
+    assert rep["within_mean"] >= doc["within_floor"], (rep["within_mean"], doc["within_floor"])
+    assert doc["within_floor"] >= 0.78  # pipeline_fill and sm_bandwidth took it from 0.682
+
+
+def test_held_out_first_choices() -> None:
+    # sets the dataset does not hold: the suite's programs (their H100 measurement) and run 17 of the models set
+    # (measured with rotated inputs after the dataset's runs): the first-ranked measured candidate over the best,
+    # geomean (run-time estimates: suite 1.073, run 17 1.033; the model before pipeline_fill 1.071 and 1.024)
+    suite = calibrate_cost.suite_entries()
+    rep = calibrate_cost.report(suite, calibrate_cost.estimate(suite))
+    assert rep["first_over_best_geomean"] <= 1.05, rep["first_over_best_geomean"]
+    for case in ("gated_mlp_bs1", "gated_mlp_bs8", "rmsnorm_linear_bs1", "rmsnorm_linear_bs8"):
+        assert rep["per_program"][case]["first_over_best"] == 1.0, case
+    run17 = calibrate_cost.build(only=["models_run17_h100_2315_onecard.json"])
+    assert not run17["unmatched"]
+    rep = calibrate_cost.report(run17["entries"], calibrate_cost.estimate(run17["entries"]))
+    assert rep["first_over_best_geomean"] <= 1.021, rep["first_over_best_geomean"]
+    assert rep["within_mean"] >= 0.64, rep["within_mean"]
+
+
 def test_spearman_ranks_ties_and_order() -> None:
     assert calibrate_cost.spearman([1, 2, 3], [10, 20, 30]) == 1.0
     assert calibrate_cost.spearman([1, 2, 3], [30, 20, 10]) == -1.0

@@ -13,7 +13,9 @@ from H100/H200 measurements (benchmarks/perf/NOTES.md):
 
 * a block streams from device memory at most ``block_bandwidth`` (more when a pipelined ``tl.dot`` loop
   keeps more bytes in flight: ``dot_latency_s``), so a memory-bound kernel needs enough blocks in flight
-  (skinny matmuls want split-K; one block per SM does not reach the copy bandwidth); a for-loop neither
+  (skinny matmuls want split-K; one block per SM does not reach the copy bandwidth), the blocks on one SM at
+  most ``sm_bandwidth`` together, and a pipelined loop exposes ``pipeline_fill`` of a stage of every resident
+  block per round (deeper K tiles cost more); a for-loop neither
   pipelined nor unrolled waits ``serial_iteration_s`` an iteration, and one that reduces tiles across the block
   in its body ``reduce_iteration_s`` an iteration (unrolled or not);
 * tiles are padded to powers of two in the generated code: a kernel is
@@ -176,6 +178,22 @@ class Hardware:
     #: first-ranked candidate over the best 1.039 -> 1.027 (rotary 1.28 -> 1.00); the suite's first choices
     #: 1.0745 -> 1.0727 the best (results/suite_h100_2026-11-26_s11), none slower by more than 0.4%)
     chained_dot_slowdown: float = 2.0
+    #: bytes/s the blocks resident on one SM stream together, at most: a grid of few blocks cannot reach the copy
+    #: rate however deep its pipelines (Little's law above stops at the SM's load path), and blocks sharing an SM
+    #: share it (H100, the suite's gated_mlp_bs1: 32 blocks of 128 weight columns, 2 MB each, 30.8 us (65 GB/s a
+    #: block) against 24.3 for 64 blocks; estimated the fastest of its twelve before (88 GB/s a block by
+    #: ``dot_latency_s``); results/suite_h100_2026-11-26_s11)
+    sm_bandwidth: float = 6.5e10
+    #: a software-pipelined ``tl.dot`` loop (not a chained one) exposes about this many of its stages per round of
+    #: resident blocks: each block waits for its first stage before its first product and computes its last
+    #: after its last load, while all blocks of the round start together; charged as that many stages of every
+    #: resident block at the device bandwidth. So, bytes and blocks equal, deeper K tiles (fewer, larger stages)
+    #: cost more (H100, every skinny GEMM measured: gated_mlp_bs8 64 blocks with K tiles of 64 rows 25.1 us
+    #: against 128 rows 27.8; geglu 172 blocks, 61.7 against 66.0; qkv_bias 72 blocks, 128 rows 10.6 against
+    #: 256 rows 11.3; swiglu_ffn's up-projection 123.8 against 128.1; lora 4 iterations against 2 in every
+    #: grid. Chosen on the models set's calibration data alone, leave-one-program-out: 0.75 for every held-out
+    #: program but one; benchmarks/perf/NOTES.md, session 15)
+    pipeline_fill: float = 0.75
 
 
 H100 = Hardware()
@@ -238,7 +256,8 @@ def _pow2(n: int) -> int:
 def _roofline(nbytes: int, tc: int, other: int, blocks: int, smem: int, hw: Hardware, cal: Calibration,
               l2_bytes: int = 0, pad: float = 1.0, iterations: int = 0, hot: float = 0.0,
               serial: int = 0, in_flight: float = 0.0, reduce_its: int = 0, mem_pad: float | None = None,
-              reg_bytes: int = 0, chained: bool = False) -> KernelCost:
+              reg_bytes: int = 0, chained: bool = False, stage: float = 0.0) -> KernelCost:
+    # (``stage``: the bytes one iteration of a software-pipelined tl.dot loop loads, see Hardware.pipeline_fill)
     # compute: SMs left idle by the grid (or by a partial last wave) are lost, and so is the overlap of
     # loads and arithmetic when shared memory (or, for tiles held in registers, the register file: ``reg_bytes``
     # a block, see Hardware.register_file) leaves room for fewer than ``overlap_blocks`` blocks per SM
@@ -261,8 +280,12 @@ def _roofline(nbytes: int, tc: int, other: int, blocks: int, smem: int, hw: Hard
     # (``hot``: the fraction of device-memory bytes still in L2 from the previous call, see Hardware.hot_l2)
     rate = (1 - hot) / hw.bandwidth + hot / hw.l2_bandwidth
     block_bw = max(hw.block_bandwidth, in_flight / hw.dot_latency_s)
+    if hw.sm_bandwidth:  # (the blocks of a round sharing the busiest SM share its load path)
+        block_bw = min(block_bw, hw.sm_bandwidth / math.ceil(per_round / hw.sms))
     mem = (rounds * max(streamed / block_bw, per_block * per_round * rate)
            + l2_bytes / hw.l2_bandwidth) * cal.mem
+    if stage and not chained:  # (the pipeline's fill and drain, see Hardware.pipeline_fill)
+        mem += hw.pipeline_fill * rounds * stage * per_round / hw.bandwidth * cal.mem
     exposed = 0.0
     if reg_bytes and resident < hw.stream_resident:
         exposed = hw.stream_exposure * mem * (hw.stream_resident - resident) / (hw.stream_resident - 1)
@@ -374,7 +397,8 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
     return _roofline(int(nbytes), int(tc * blocks), int(other * blocks), blocks, smem, hw, cal, l2_in, pad * spill,
                      math.ceil(its), hot, 0 if dots or bg.frange <= hw.unroll_max else math.ceil(its),
                      _in_flight(bg, smem_walk) if dots else 0.0,
-                     math.ceil(its) if reducing and not dots and bg.frange > 1 else 0, mem_pad, regs, chained)
+                     math.ceil(its) if reducing and not dots and bg.frange > 1 else 0, mem_pad, regs, chained,
+                     float(smem_walk) if dots and bg.frange > 1 else 0.0)
 
 
 def _run(t: TensorType, full: TensorType, hw: Hardware, whole: bool = False) -> int:
