@@ -38,6 +38,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from verimirage.benchmarks import modules as corpus
+from verimirage.integrations.capture import plan_key
 from verimirage.integrations.dynamo import backend
 from verimirage.integrations.report import Report
 
@@ -280,14 +281,14 @@ def recheck(g: Any, texts: list[Any], limit: int,
                 mg = MuGraph.parse(t)
                 if str(mg) != t:
                     raise ValueError("the μGraph text is not canonical")
-                if cert_text is not None:
-                    cert = read_certificate(cert_text)
-                    if cert.graph_text != gtext or cert.mugraph_text != t:
-                        raise ValueError("the certificate is not about this partition and this μGraph")
+                cert = read_certificate(cert_text) if cert_text is not None else None
+                if cert is not None and (cert.mugraph_text != t or plan_key(cert.graph_text) != plan_key(gtext)):
+                    raise ValueError("the certificate is not about this partition and this μGraph")
+                if cert is not None and cert.graph_text == gtext:
                     v = vm.check_certificate(cert, isolate=False)
                     if not isinstance(v, Proved):
                         raise ValueError(f"the certificate does not re-check ({v.reason[:200]})")
-                else:
+                else:  # (no certificate, or one about the partition's other spelling, plan_key: proved here)
                     v = vm.verify(g, mg)
                     if not isinstance(v, Proved):
                         raise ValueError(f"not proved equal to the partition ({type(v).__name__}: "
@@ -379,13 +380,15 @@ def _serve_plan(path: Path, stats: dict[str, Any], *, limit: int = 4) -> None:
 
     import verimirage as vm
 
-    plan = json.loads(path.read_text())
+    plan: dict[str, list[Any]] = {}
+    for k, v in json.loads(path.read_text()).items():  # (by plan_key: a partition hits in either layout spelling)
+        plan.setdefault(plan_key(k), []).extend(plan_items(v))
     shared = os.environ.get(VERDICTS_ENV)
     memo: dict[tuple[str, str], str | None] = SharedVerdicts(Path(shared)) if shared else {}
 
     def serve(g: Any, **kw: Any) -> Any:
         key = str(g)
-        text = plan.get(key)
+        text = plan.get(plan_key(g))
         if text is None:
             stats["miss"] = stats.get("miss", 0) + 1
             stats.setdefault("missed", []).append(key)
@@ -664,10 +667,17 @@ def make_plan(names: list[str], dims: Any, dtype: torch.dtype, budget: float, pa
                 plan[key] = by_cost(items)
                 path.write_text(json.dumps(plan, indent=1))
 
+    canon: dict[str, str] = {}  # a plan key's plan_key
+
+    def planned(g: Any) -> str:
+        """The plan's key for the partition ``g`` in either layout spelling (:func:`plan_key`), else its text."""
+        ck = plan_key(g)
+        return next((k for k in plan if canon.setdefault(k, plan_key(k)) == ck), str(g))
+
     def search(g: Any, **kw: Any) -> Any:
-        key = str(g)
-        if key not in plan and key not in missed:
-            missed.add(key)  # searched once: a retry of the same partition is not searched again
+        key, ck = planned(g), plan_key(g)
+        if key not in plan and ck not in missed:
+            missed.add(ck)  # searched once: a retry of the same partition is not searched again
             t0 = time.perf_counter()
             r = real(g, **kw)
             log.warning("searched a partition in %.0f s: %d candidate(s)", time.perf_counter() - t0,
@@ -696,7 +706,7 @@ def make_plan(names: list[str], dims: Any, dtype: torch.dtype, budget: float, pa
             log.warning("refresh: %.1f us -> %.1f us est. (%.0f s)", before, _best_estimate_us(plan.get(key, [])),
                         time.perf_counter() - t0)
         for text in graphs or []:
-            if text not in plan:
+            if planned(text) not in plan:
                 g = Graph.parse(text)
                 found(text, real(g, time_budget_s=budget, **dict(opts.search)))
         vm.__dict__["superoptimize"] = search

@@ -361,6 +361,27 @@ ALIAS_OPS = frozenset({"view", "_unsafe_view", "reshape", "unsqueeze", "squeeze"
                        "as_strided", "diagonal", "unfold"})
 
 
+def plan_key(g: Graph | str) -> str:
+    """The text a lifted partition (a Graph or its text) is looked up by in a search plan: its text with every
+    ``transpose`` written as the ``permute`` it is (the same two axes swapped). The lift spells one layout both ways
+    (``aten.t`` and ``aten.transpose`` as ``transpose``, ``aten.permute`` as ``permute``) and which ATen op a trace
+    holds depends on where it was traced (a device's training partitions held ``transpose`` where the CPU-made
+    plan's keys had ``permute``), so both spellings of a partition get one key. Only the lookup: what is served is
+    re-checked against the partition's own graph."""
+    from ..ir.graph import Node, make_attrs, node_list, output_refs
+
+    graph: Graph = Graph.parse(g) if isinstance(g, str) else g
+    nodes = []
+    for n in node_list(graph):
+        if n.op == "transpose":
+            dims = list(range(n.outs[0].rank))
+            a, b = int(n.attr("a")) % len(dims), int(n.attr("b")) % len(dims)
+            dims[a], dims[b] = dims[b], dims[a]
+            n = Node("permute", n.args, make_attrs({"dims": tuple(dims)}), n.outs)
+        nodes.append(n)
+    return str(Graph._from_parts(nodes, output_refs(graph)))
+
+
 def _alias_root(n: fx.Node, inside: set[fx.Node]) -> fx.Node:
     """The node whose memory ``n`` views, following view ops inside the partition (``n`` itself if none)."""
     while True:
