@@ -163,6 +163,28 @@ class LaunchConfig:
         return f"{head}{u}{e}{b}{r}{q}{o}{f}"
 
 
+#: Most combine blocks the last-arriving block of a group runs, one after another, in a last-block-combines launch
+#: (:func:`last_block_plan`); a pair whose combine has more blocks per group keeps its two launches.
+LASTBLOCK_MAX_TILES = 16
+
+
+@dataclass(frozen=True)
+class LastBlock:
+    """How a split kernel's blocks group for a last-block-combines launch (:func:`last_block_plan`).
+
+    ``matched`` lists ``(a, b, r)``: split-kernel grid axis ``a`` and combine-kernel grid axis ``b`` partition the
+    same dim of the partial results, the combine's ``r`` times finer (combine block ``c`` on ``b`` reads only what
+    split block ``c // r`` on ``a`` wrote). The split kernel's other axes are *gathered*: a group is the split
+    blocks that agree on every matched axis (``groups`` of them, each of ``count`` blocks), and the combine blocks
+    of a group (``tiles``: the ``r`` finer ones on each matched axis, every block on the combine's other axes) read
+    only what that group wrote."""
+
+    matched: tuple[tuple[int, int, int], ...]
+    count: int
+    groups: int
+    tiles: int
+
+
 @dataclass(frozen=True)
 class KernelInfo:
     """One generated kernel: its name, launch grid, argument signature and whether it uses tl.dot."""
@@ -175,13 +197,20 @@ class KernelInfo:
     #: every tl.dot of the kernel is a one-row product's 16-row dot (TileOptions.row_dot: mma.sync, never wgmma)
     row_dots_only: bool = False
     #: a merged launch (:func:`generate`'s ``merge``): the μGraph nodes of the kernels it runs, in block order
-    #: (``node`` is the first); () for a kernel of its own
+    #: (``node`` is the first); () for a kernel of its own. A last-block-combines launch (:func:`generate`'s
+    #: ``last_block``): its split kernel's node, then its combine kernel's
     members: tuple[int, ...] = ()
+    #: which launch-grid axis each block-grid axis of the kernel uses (:func:`_launch_axes`)
+    launch_axes: tuple[int, ...] = ()
+    #: a last-block-combines launch: its :class:`LastBlock` plan and the offset of its counters in the program's
+    #: counter buffer; None otherwise
+    last_block: tuple[LastBlock, int] | None = None
 
 
 #: A value a kernel reads or writes: ``("in", i)`` the program's i-th input, ``("buf", j)`` the j-th
 #: buffer the launcher allocates (see :class:`LaunchStep`), ``("view", j)`` the j-th view
-#: (:attr:`ModuleSource.views`: another value's memory under a new contiguous shape, no launch).
+#: (:attr:`ModuleSource.views`: another value's memory under a new contiguous shape, no launch), ``("ctr", n)``
+#: the program's ``n`` int32 completion counters (:attr:`ModuleSource.counters`: last-block-combines launches).
 ValueRef = tuple[str, int]
 
 
@@ -217,6 +246,10 @@ class ModuleSource:
     views: tuple[tuple[ValueRef, tuple[int, ...]], ...] = ()
     #: kernels for programmatic dependent launch (:func:`generate`'s ``pdl``: "", "start" or "end")
     pdl: str = ""
+    #: int32 completion counters the last-block-combines launches use (:func:`generate`'s ``last_block``): one
+    #: zero-filled buffer per device the generated module keeps (``_vm_counters``); every launch leaves its
+    #: counters at zero again, so one buffer serves every call and every replay of a captured CUDA graph
+    counters: int = 0
 
     @property
     def digest(self) -> str:
@@ -1861,7 +1894,7 @@ def kernel_source(bg: BlockGraph, arg_types: Sequence[TensorType], name: str = "
     for a, g in enumerate(bg.grid):
         launch_grid[kg.launch_axes[a]] = g
     return src, KernelInfo(name, -1, tuple(launch_grid), kg.signature, kg.uses_dot,
-                           kg.uses_dot and kg.full_dots == 0)
+                           kg.uses_dot and kg.full_dots == 0, launch_axes=tuple(kg.launch_axes))
 
 
 #: ``pdl="auto"``: a kernel lets the next one launch at its start when that one has at most this many blocks.
@@ -1933,6 +1966,36 @@ def _launch_units(nodes: Sequence[Node], view_nodes: set[int], merge: bool,
     return units
 
 
+def _last_block_units(nodes: Sequence[Node], units: list[list[int]], view_nodes: set[int]
+                      ) -> tuple[list[list[int]], dict[int, LastBlock]]:
+    """``units`` (:func:`_launch_units`) with each split kernel that has a combine kernel (:func:`last_block_plan`)
+    launched with it: the unit ``[s]`` becomes ``[s, c]`` and ``[c]`` goes. Only where both are launches of their
+    own (not views, not merged with others) and everything else the combine reads is written by launches before
+    the split kernel's (the combine then runs earlier than in ``units``, with all its operands ready; what reads
+    its results still comes after it). Returns the units and the plans by split node."""
+    where = {u[0]: k for k, u in enumerate(units) if len(u) == 1}
+    plans: dict[int, LastBlock] = {}
+    partner: dict[int, int] = {}  # split node -> its combine node
+    paired: set[int] = set()
+    for c in sorted(where):
+        if c in view_nodes or nodes[c].op != "custom" or c in paired:
+            continue
+        for s in dict.fromkeys(a for a, _ in nodes[c].args):
+            if s not in where or s in view_nodes or s in paired or nodes[s].op != "custom":
+                continue
+            plan = last_block_plan(nodes, s, c)
+            if plan is None or any(a != s and nodes[a].op == "custom" and where.get(a, len(units)) >= where[s]
+                                   for a, _ in nodes[c].args):
+                continue
+            plans[s], partner[s] = plan, c
+            paired |= {s, c}
+            break
+    combines = set(partner.values())
+    out = [[u[0], partner[u[0]]] if len(u) == 1 and u[0] in partner else u for u in units
+           if not (len(u) == 1 and u[0] in combines)]
+    return out, plans
+
+
 def _merged_kernel(name: str, unit: Sequence[int], made: Sequence[tuple[str, KernelInfo]],
                    pdl: str) -> tuple[str, KernelInfo]:
     """One ``@triton.jit`` kernel that runs the kernels ``made`` (device functions, :func:`kernel_source`'s
@@ -1978,13 +2041,151 @@ def _merged_kernel(name: str, unit: Sequence[int], made: Sequence[tuple[str, Ker
         out.append("    gdc_launch_dependents()")
     infos = [i for _, i in made]
     return "\n".join(out) + "\n", KernelInfo(name, unit[0], (start,), signature, any(i.uses_dot for i in infos),
-                                             all(i.row_dots_only for i in infos), tuple(unit))
+                                             all(i.row_dots_only for i in infos), tuple(unit), (0,))
+
+
+def last_block_plan(nodes: Sequence[Node], s: int, c: int) -> LastBlock | None:
+    """How kernel ``c`` (a custom node of ``nodes``) can run inside kernel ``s``'s launch as a last-block combine, or
+    None: ``c`` reads partial results ``s`` writes side by side along split-kernel grid axes, looping over them.
+
+    Found from the grids and maps alone (any split reduction: sums, maxima, the online softmax's rescaled sums):
+    for every block input of ``c`` that reads an output of ``s``, each grid axis ``a`` of ``s`` (over one block)
+    writes that output's dim ``d = omap[a]``; it is *matched* to ``c``'s grid axis ``b`` when every such input
+    partitions ``d`` by ``b`` (``imap[b] == d``) into a multiple ``r`` of ``s``'s blocks on ``a``, with the same
+    ``(b, r)`` for all of them (then combine block ``j`` on ``b`` reads a part of what split block ``j // r`` wrote);
+    every other axis is gathered (its blocks are counted). None unless some axis is gathered, every such input
+    loops (an ``fmap``: the combine's walk over the partials), and a group has at most :data:`LASTBLOCK_MAX_TILES`
+    combine blocks. Which blocks finish last is not known: the plan is correct for any order (see
+    :func:`_last_block_kernel`)."""
+    ns, nc = nodes[s], nodes[c]
+    if ns.op != "custom" or nc.op != "custom" or s == c:
+        return None
+    bs: BlockGraph = ns.attr("block")
+    bc: BlockGraph = nc.attr("block")
+    reads = [n for n in bc.nodes if n.op == "input" and nc.args[n.attr("arg")][0] == s]
+    if not reads or any(n.attr("fmap") is None for n in reads):
+        return None
+    matched: dict[int, tuple[int, int]] = {}
+    for a, ga in enumerate(bs.grid):
+        if ga == 1:
+            continue
+        pairs: set[tuple[int, int]] = set()
+        for n in reads:
+            d = bs.omaps[nc.args[n.attr("arg")][1]].dims[a]
+            imap = tuple(n.attr("imap"))
+            b = imap.index(d) if d in imap else None
+            if b is None or bc.grid[b] % ga:
+                pairs.add((-1, 0))
+            else:
+                pairs.add((b, bc.grid[b] // ga))
+        if len(pairs) == 1 and next(iter(pairs))[0] >= 0:
+            matched[a] = next(iter(pairs))
+    on_b = [b for b, _ in matched.values()]
+    matched = {a: br for a, br in matched.items() if on_b.count(br[0]) == 1}  # (an axis of c matched once)
+    count = math.prod(g for a, g in enumerate(bs.grid) if a not in matched)
+    if count < 2:
+        return None
+    per = {b: r for b, r in matched.values()}
+    tiles = math.prod(per.get(b, g) for b, g in enumerate(bc.grid))
+    if tiles > LASTBLOCK_MAX_TILES:
+        return None
+    return LastBlock(tuple((a, b, r) for a, (b, r) in sorted(matched.items())), count,
+                     math.prod(bs.grid[a] for a in matched), tiles)
+
+
+#: The generated module's counter buffers (one per device) for its last-block-combines launches.
+_COUNTERS_HELPER = '''_VM_COUNTERS = {}
+
+
+def _vm_counters(device, n):
+    """The int32 counters of this module's last-block launches on ``device``: zeroed once, then left at zero by
+    every launch (the last block of each group resets its counter)."""
+    c = _VM_COUNTERS.get(device)
+    if c is None:
+        c = _VM_COUNTERS[device] = torch.zeros(n, device=device, dtype=torch.int32)
+    return c'''
+
+
+def _last_block_kernel(name: str, unit: Sequence[int], made: Sequence[tuple[str, KernelInfo]], plan: LastBlock,
+                       offset: int, grids: Sequence[tuple[int, ...]], pdl: str) -> tuple[str, KernelInfo]:
+    """One ``@triton.jit`` kernel that runs split kernel ``made[0]`` and, in the last of each group's blocks to
+    finish it, combine kernel ``made[1]`` (both device functions, :func:`kernel_source`'s ``device_fn``; ``grids``
+    their block grids): a *last-block-combines* launch of the μGraph nodes ``unit``.
+
+    Every block runs its split block (its partial results stored), waits for all its threads' stores
+    (``tl.debug_barrier``: a CTA barrier), then adds one to its group's counter (``ctr_ptr[offset + group]``) with
+    ``tl.atomic_add(..., sem="acq_rel", scope="gpu")``: the release makes the block's stores visible to whichever block
+    reads the counter after it, the acquire makes the others' stores visible to this one. The block that reads
+    ``count - 1`` arrived last: every partial of its group is written and visible, and it runs the group's combine
+    blocks (the combine kernel's own code, block by block, so its results are the two-launch version's bit for bit),
+    then sets the counter back to zero for the next launch (every block of the group has counted by then). Its
+    parameters: the counter buffer, then every member's operands in order, then every member's outputs (as
+    :func:`_merged_kernel`'s). ``pdl`` as :func:`kernel_source`'s."""
+    (_, si), (_, ci) = made
+    gs, gc = grids
+    params: list[str] = ["ctr_ptr", "ctr_s0"]
+    outs: list[str] = []
+    calls: list[list[str]] = []
+    sig: dict[str, str] = {"ctr_ptr": "*i32", "ctr_s0": "i32"}
+    for m, (_src, info) in enumerate(made):
+        mine = []
+        for p, t in info.signature.items():
+            q = f"m{m}_{p}"
+            mine.append(q)
+            (outs if p.startswith("o") else params).append(q)
+            sig[q] = t
+        calls.append(mine)
+    params += outs
+    signature = {p: sig[p] for p in params}
+    out = ["@triton.jit", f"def {name}(" + ", ".join(params) + "):",
+           f'    """Kernel {si.name}, then kernel {ci.name} in the last block of each group to finish: '
+           f'{plan.groups} group(s) of {plan.count} blocks, {plan.tiles} combine block(s) each."""']
+    if pdl:
+        out.append("    gdc_wait()")
+        if pdl == "start":
+            out.append("    gdc_launch_dependents()")
+    lead = [f"tl.program_id({j})" if j < len(si.grid) and si.grid[j] > 1 else "0" for j in range(3)]
+    out.append(f"    {si.name}({', '.join(lead)}, {', '.join(calls[0])})")
+    pid = {a: lead[si.launch_axes[a]] for a in range(len(gs))}
+    group, stride = [], 1
+    for a, _b, _r in reversed(plan.matched):
+        group.append(f"{pid[a]} * {stride}" if stride > 1 else pid[a])
+        stride *= gs[a]
+    cnt = f"ctr_ptr + {offset}" + "".join(f" + {t}" for t in reversed(group))
+    out += ["    tl.debug_barrier()  # (every thread's stores before the release)",
+            f"    arrived = tl.atomic_add({cnt}, 1, sem=\"acq_rel\", scope=\"gpu\")",
+            f"    if arrived == {plan.count - 1}:  # the last of its group: every partial is written and visible"]
+    per = {b: (a, r) for a, b, r in plan.matched}
+    ext = [per[b][1] if b in per else g for b, g in enumerate(gc)]
+    ind = "        "
+    if plan.tiles > 1:
+        out.append(f"        for j in range(0, {plan.tiles}):")
+        ind += "    "
+    cpid = ["0", "0", "0"]
+    step = 1
+    for b in reversed(range(len(gc))):  # (the last axis fastest, as the interpreter and CUDA walk a grid)
+        if gc[b] == 1:
+            continue
+        j = "0" if plan.tiles == 1 else (f"(j // {step}) % {ext[b]}" if step > 1 else f"j % {ext[b]}")
+        step *= ext[b]
+        if b in per:
+            a, r = per[b]
+            j = f"{pid[a]} * {r} + {j}" if r > 1 else pid[a]
+        cpid[ci.launch_axes[b]] = j
+    out.append(f"{ind}{ci.name}({', '.join(cpid)}, {', '.join(calls[1])})")
+    out.append(f"        tl.atomic_xchg({cnt}, 0, sem=\"relaxed\", scope=\"gpu\")  # (for the next launch)")
+    if pdl == "end":
+        out.append("    gdc_launch_dependents()")
+    dots = [i.row_dots_only for i in (si, ci) if i.uses_dot]
+    return "\n".join(out) + "\n", KernelInfo(name, unit[0], si.grid, signature, bool(dots), bool(dots) and all(dots),
+                                              tuple(unit), si.launch_axes, (plan, offset))
 
 
 def generate(program: Any, tiles: TileOptions | None = None,
              tiles_for: Callable[[BlockGraph, Sequence[TensorType]], TileOptions] | None = None,
              pdl: str = "", merge: bool = False,
-             merge_key: Callable[[BlockGraph, Sequence[TensorType]], Any] | None = None) -> ModuleSource:
+             merge_key: Callable[[BlockGraph, Sequence[TensorType]], Any] | None = None,
+             last_block: bool = False) -> ModuleSource:
     """The generated module for a Graph, MuGraph or Candidate (kernel-level ops wrapped first).
 
     ``tiles_for(block_graph, arg_types)``, if given, chooses each kernel's tile options (else ``tiles``).
@@ -1999,6 +2200,11 @@ def generate(program: Any, tiles: TileOptions | None = None,
     :func:`_merged_kernel`): the same kernels on the same blocks, in a topological order of the μGraph; a merged
     launch's :class:`KernelInfo` names its kernels' nodes (``members``); ``merge_key`` keeps kernels of different
     keys apart (the runtime's: the warps :func:`verimirage.backend.tuning.recommend` gives them).
+    ``last_block``: each split kernel whose combine kernel reads only its partials and what earlier launches wrote
+    runs with it as one launch, the combine in the last block of each group to finish (:func:`last_block_plan`,
+    :func:`_last_block_kernel`): the same kernels' code, the combine's blocks run by the split kernel's last blocks;
+    its :class:`KernelInfo` names both nodes (``members``) and its plan (``last_block``). Such launches take the
+    program's counter buffer (``("ctr", n)``, :attr:`ModuleSource.counters`) first.
     """
     mg0 = _as_mugraph(program)
     mg = to_kernels(mg0)
@@ -2033,8 +2239,17 @@ def generate(program: Any, tiles: TileOptions | None = None,
 
     view_nodes = {i for i, n in enumerate(nodes) if is_view(i, n)}
     units = _launch_units(nodes, view_nodes, merge, merge_key)
+    plans: dict[int, LastBlock] = {}
+    if last_block:
+        units, plans = _last_block_units(nodes, units, view_nodes)
+    offsets: dict[int, int] = {}  # (each last-block launch's counters: a range of the program's counter buffer)
+    n_ctr = 0
+    for s_node in sorted(plans):
+        offsets[s_node] = n_ctr
+        n_ctr += plans[s_node].groups
     launched = [u for u in units if u[0] not in view_nodes]
-    next_blocks = {a[0]: sum(nodes[j].attr("block").num_blocks for j in b) for a, b in itertools.pairwise(launched)}
+    next_blocks = {a[0]: sum(nodes[j].attr("block").num_blocks for j in (b[:1] if b[0] in plans else b))
+                   for a, b in itertools.pairwise(launched)}
     for i, n in enumerate(nodes):
         if n.op == "input":
             var[(i, 0)] = n.attr("name")
@@ -2064,7 +2279,12 @@ def generate(program: Any, tiles: TileOptions | None = None,
                                       [store_dtype(r) for r in nj.args],
                                       [store_dtype((j, k)) for k in range(len(nj.outs))], _inline_masks(nodes, nj),
                                       mode, device_fn=len(unit) > 1))
-        if len(unit) == 1:
+        if i in plans:
+            kname = f"k{i}_{unit[1]}"
+            src, info = _last_block_kernel(kname, unit, made, plans[i], offsets[i],
+                                           [nodes[j].attr("block").grid for j in unit], mode)
+            ksrc.extend(s_ for s_, _ in made)
+        elif len(unit) == 1:
             src, info = made[0]
             kname = f"k{i}"
             info = KernelInfo(kname, i, info.grid, info.signature, info.uses_dot, info.row_dots_only)
@@ -2088,6 +2308,9 @@ def generate(program: Any, tiles: TileOptions | None = None,
                 ref_of[(j, k)] = ("buf", base + len(bufs))
                 bufs.append((ref_of[(j, k)][1], tuple(t.shape), tdt.removeprefix("torch.")))
         out_call: list[str] = []
+        if i in plans:  # (a last-block-combines launch: the counters first)
+            call += ["ctr", "ctr.stride(0)"]
+            passed_refs.append((("ctr", n_ctr), 1))
         for j in unit:  # the launch's arguments: every member's operands, then every member's outputs
             nj = nodes[j]
             inline = _inline_masks(nodes, nj)
@@ -2126,6 +2349,8 @@ def generate(program: Any, tiles: TileOptions | None = None,
     for h, text in HELPERS.items():  # the lowerings' helpers (tanh, softplus) where a kernel calls them
         if any(f"{h}(" in k for k in ksrc):
             header += [*text.rstrip("\n").splitlines(), "", ""]
+    if n_ctr:  # the completion counters of the last-block-combines launches: one zeroed buffer per device, kept
+        header += [*_COUNTERS_HELPER.splitlines(), "", ""]
     launch = ["# launch parameters per kernel (the runtime may override them)", "LAUNCH = {"]
     launch += [f"    {k.name!r}: {{'num_warps': 4, 'num_stages': 2}}," for k in kernels]
     launch.append("}")
@@ -2133,9 +2358,11 @@ def generate(program: Any, tiles: TileOptions | None = None,
     launch += [f"    {k.name!r}: {k.signature!r}," for k in kernels]
     launch.append("}")
     fwd = [f"def forward({', '.join(names)}):", '    """Run the kernels in order; returns the outputs."""']
+    if n_ctr:
+        fwd.append(f"    ctr = _vm_counters({dev}.device, {n_ctr})")
     fwd += ["    " + line for line in body]
     fwd.append(f"    return ({', '.join(rets)},)")
     source = "\n".join(header) + "\n\n".join(ksrc) + "\n\n" + "\n".join(launch) + "\n\n\n" + "\n".join(fwd) + "\n"
     out_types = tuple(mg.type_of(r) for r in output_refs(mg))
     return ModuleSource(source, tuple(kernels), mg, tuple(names), out_types, tuple(steps),
-                        tuple(ref_of[r] for r in output_refs(mg)), tuple(views), pdl)
+                        tuple(ref_of[r] for r in output_refs(mg)), tuple(views), pdl, n_ctr)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -29,7 +30,8 @@ def compile_modules(paths: Sequence[Path | str], *, arch: int = 90, timeout_s: f
     Each kernel is compiled twice: unspecialised, and specialised as Triton's JIT does for contiguous,
     16-aligned tensors (:func:`specialize`). Returns ``{path: {kernel: {"ok", "wgmma", "mma", "cp_async",
     "shared", "error"}}}`` (``ok``: both compiled; ``cp_async``: asynchronous copies in the specialised PTX;
-    ``shared``: the larger shared-memory size in bytes Triton allocated for the two compiles).
+    ``shared``: the larger shared-memory size in bytes Triton allocated for the two compiles; ``atom``: the atomic
+    instructions of the PTX, e.g. ``atom.global.acq_rel.gpu.add.u32``).
     """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     cmd = [sys.executable, "-m", "verimirage.backend.gpucompile", "--arch", str(arch), *map(str, paths)]
@@ -76,7 +78,8 @@ def _compile_one(path: str, arch: int) -> dict[str, Any]:
     for name, sig in mod.SIGNATURES.items():
         fn = getattr(mod, name)
         opts = dict(mod.LAUNCH.get(name, {}))
-        rep: dict[str, Any] = {"ok": True, "wgmma": False, "mma": False, "cp_async": 0, "shared": 0, "error": ""}
+        rep: dict[str, Any] = {"ok": True, "wgmma": False, "mma": False, "cp_async": 0, "shared": 0, "error": "",
+                               "atom": []}
         for label, src in (("plain", ASTSource(fn, dict(sig), {})), ("specialised", ASTSource(fn, *specialize(sig)))):
             try:
                 ck = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=opts)
@@ -87,6 +90,7 @@ def _compile_one(path: str, arch: int) -> dict[str, Any]:
             rep["wgmma"] |= "wgmma" in ptx
             rep["mma"] |= "mma.sync" in ptx
             rep["shared"] = max(rep["shared"], int(ck.metadata.shared))
+            rep["atom"] = sorted(set(rep.get("atom", [])) | set(re.findall(r"\batom\.[\w.]+", ptx)))
             if label == "specialised":
                 rep["cp_async"] = ptx.count("cp.async.cg") + ptx.count("cp.async.ca")
         out[name] = rep

@@ -51,7 +51,7 @@ def _submit(program: Any, xs: Sequence[Any], workers: int) -> int:
     def value(ref: tuple[str, int]) -> Any:
         from .runtime import value_of
 
-        return value_of(ref, xs, bufs, program.views)
+        return value_of(ref, xs, bufs, program.views, getattr(program, "counters", None))
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="vm-compile") as pool:

@@ -234,7 +234,7 @@ class _LeanPlan:
         bufs: dict[int, Any] = {}
 
         def value(ref: tuple[str, int]) -> Any:
-            return value_of(ref, xs, bufs, prog.views)
+            return value_of(ref, xs, bufs, prog.views, prog.counters)
 
         buf_meta: dict[int, tuple[tuple[int, ...], Any]] = {}
         launches: list[tuple[Any, tuple[int, int, int], list[Any]]] = []
@@ -268,6 +268,9 @@ class _LeanPlan:
         self.kept_workspace: list[Any] = [None, 0, None]
         #: the pointers a launch takes, in order: the inputs', the returned buffers', the workspace's
         self.returned_bufs = [bi for bi in buf_meta if bi in returned]
+        #: the program's completion counters (last-block-combines launches) on this device, or None: kept by the
+        #: generated module, zero between launches (:attr:`~verimirage.backend.codegen.ModuleSource.counters`)
+        self.counters = prog.counters(self.device) if prog.n_counters else None
         self.c_plan = self._c_plan(prog, launches, dev_index, ws_off, bool(ws))
         #: which launcher the plan calls: "c" (one C call for every kernel, :mod:`.launch`) or "triton"
         self.launcher = "c" if self.c_plan is not None else "triton"
@@ -303,13 +306,15 @@ class _LeanPlan:
             src[("buf", bi)] = (w, off)
         for j in range(len(prog.views)):
             src[("view", j)] = src[_view_base(prog.views, ("view", j))]
+        if self.counters is not None:  # (the counters' pointer last: fixed for the plan, passed on every call)
+            src[("ctr", prog.n_counters)] = (w + int(has_ws), 0)
         try:
             entries = []
             for st, (kern, grid, call) in zip(prog.steps, launches, strict=True):
                 refs = iter([*(r for r, _ in st.args), *(("buf", bi) for bi, _, _ in st.outs)])
                 sources = [None if isinstance(a, int) else src[next(refs)] for a in call]
                 entries.append(launch.kernel_entry(kern, call, grid, sources))
-            return launch.make_plan(dev_index, w + int(has_ws), entries)
+            return launch.make_plan(dev_index, w + int(has_ws) + int(self.counters is not None), entries)
         except Exception as e:  # a kernel this launcher does not serve, or no C compiler: Triton's launchers
             log.info("compiled program %s: Triton's launchers (%s: %s)", prog.path.name, type(e).__name__, e)
             return None
@@ -357,12 +362,16 @@ class _LeanPlan:
             ptr[("buf", bi)] = f"q{bi}" if bi in returned else f"(w + {ws_off[bi]})"
         for j in range(len(prog.views)):
             ptr[("view", j)] = ptr[_view_base(prog.views, ("view", j))]
+        if self.counters is not None:
+            env["CTR"] = self.counters.data_ptr()
+            ptr[("ctr", prog.n_counters)] = "CTR"
         launch_lines: list[str] = []
         if self.c_plan is not None:  # every kernel in one C call: the pointers, the rest is in the plan
             from . import launch
 
             env["LAUNCH"], env["PLAN"] = launch.module().launch, self.c_plan
-            srcs = [f"p{i}" for i in range(n)] + [f"q{bi}" for bi in self.returned_bufs] + (["w"] if ws else [])
+            srcs = [f"p{i}" for i in range(n)] + [f"q{bi}" for bi in self.returned_bufs] + (["w"] if ws else []) + (
+                ["CTR"] if self.counters is not None else [])
             launch_lines.append(f"    LAUNCH(PLAN, stream, {', '.join(srcs)})")
         for k, (st, (kern, grid, call)) in enumerate(zip(prog.steps, launches, strict=True)):
             if self.c_plan is not None:
@@ -459,12 +468,18 @@ class _LeanPlan:
 
 
 def value_of(ref: tuple[str, int], xs: Sequence[Any], bufs: dict[int, Any],
-             views: Sequence[tuple[tuple[str, int], tuple[int, ...]]]) -> Any:
+             views: Sequence[tuple[tuple[str, int], tuple[int, ...]]],
+             counters: Callable[[Any], Any] | None = None) -> Any:
     """The tensor of ``ref`` (:data:`~verimirage.backend.codegen.ValueRef`) in a call on inputs ``xs`` with the
-    launcher's buffers ``bufs``: a view (:attr:`ModuleSource.views`) is its source's memory under its shape."""
+    launcher's buffers ``bufs``: a view (:attr:`ModuleSource.views`) is its source's memory under its shape; the
+    counters (``("ctr", n)``) are ``counters(device)`` (:meth:`CompiledProgram.counters`)."""
     if ref[0] == "view":
         src, shape = views[ref[1]]
-        return value_of(src, xs, bufs, views).view(shape)
+        return value_of(src, xs, bufs, views, counters).view(shape)
+    if ref[0] == "ctr":
+        if counters is None:
+            raise ValueError("value_of: a last-block launch's counters, but no counters given")
+        return counters(xs[0].device)
     return xs[ref[1]] if ref[0] == "in" else bufs[ref[1]]
 
 
@@ -637,6 +652,8 @@ class CompiledProgram:
         self.steps = ms.steps
         self.returns = ms.returns
         self.views = ms.views
+        #: how many completion counters the last-block-combines launches use (0: none)
+        self.n_counters = ms.counters
         self.input_names = ms.input_names
         self.input_types = tuple(t.type for t in ms.mugraph.inputs)
         self.output_types = ms.output_types
@@ -663,6 +680,13 @@ class CompiledProgram:
         self._foreach_copy: Callable[[Sequence[Any], Sequence[Any]], Any] = _copy_each
         #: the input signatures whose kernels are compiled and loaded (:meth:`_first_launch`)
         self._loaded: set[tuple[Any, ...]] = set()
+
+    def counters(self, device: Any) -> Any:
+        """The int32 completion counters of the last-block-combines launches on ``device`` (the generated module's,
+        allocated zeroed on first use and kept: each launch leaves its counters at zero, so every call and every
+        CUDA-graph replay finds them so). Calls of one program on several streams at once would share them: run a
+        program with last-block launches on one stream at a time."""
+        return self.module._vm_counters(device, self.n_counters)
 
     def _bind(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list[Any]:
         names = self.input_names
@@ -1003,6 +1027,13 @@ def merged_config(configs: Sequence[LaunchConfig], blocks: Sequence[int] = (),
     return LaunchConfig(max(c.num_warps for c in configs), stages, configs[0].tiles, tuned=configs[0].tuned)
 
 
+def _last_block_wanted() -> bool:
+    """Whether :func:`compile` runs each split kernel and its combine kernel as one launch, the combine in the last
+    block of each group to finish (codegen's ``last_block``): ``VERIMIRAGE_LASTBLOCK=1`` in the environment; off by
+    default while it is being measured."""
+    return os.environ.get("VERIMIRAGE_LASTBLOCK", "").strip().lower() in ("1", "on", "true", "yes")
+
+
 def _pdl_wanted() -> str:
     """How :func:`compile` generates kernels for programmatic dependent launch (codegen's ``pdl``): from
     ``VERIMIRAGE_PDL`` in the environment, "start", "end" or "auto" ("1": "end"); "" (off) otherwise, the default while
@@ -1020,6 +1051,7 @@ def compile(
     per_kernel: Mapping[str, LaunchConfig] | None = None,
     directory: Path | str | None = None,
     cuda_graph: bool = False,
+    last_block: bool | None = None,
 ) -> CompiledProgram:
     """Compile a Candidate (its ``.mugraph``), MuGraph or Graph to a callable on torch tensors.
 
@@ -1035,7 +1067,10 @@ def compile(
     cache directory, see :mod:`.cache`). ``cuda_graph=True`` captures the
     program's launches into a CUDA graph on the first call and replays it
     afterwards; the outputs it returns are overwritten by the next call (see
-    :class:`CompiledProgram`). It needs a CUDA device.
+    :class:`CompiledProgram`). It needs a CUDA device. ``last_block=True`` runs
+    each split reduction's combine kernel inside its split kernel's launch, in
+    the last block of each group to finish (one launch instead of two; the same
+    results bit for bit); None: ``VERIMIRAGE_LASTBLOCK`` decides (off unless set).
 
     The program is called as ``fn(*tensors)`` or ``fn(**{name: tensor})``;
     ``fn(*tensors, out=t)`` (a tuple for several outputs) writes the results
@@ -1052,6 +1087,10 @@ def compile(
         config = _chosen_config(program)
     pdl = _pdl_wanted()
     merge = _merge_wanted()
+    if last_block is None:
+        last_block = _last_block_wanted()
+    elif not isinstance(last_block, bool):
+        raise TypeError(f"compile: last_block={last_block!r}; expected True, False or None")
     if config is None or config.tuned:
         from . import tuning
 
@@ -1060,7 +1099,7 @@ def compile(
         # H100, benchmarks/perf/NOTES.md session 14: the layer's q projection (4 warps) merged with the k and v
         # projections' broadcast products (16 warps) ran 36.3 us at 16 warps against 26.6 apart)
         ms = generate(program, tiles_for=lambda bg, at: tuning.recommend(bg, at).tiles, pdl=pdl, merge=merge,
-                      merge_key=lambda bg, at: tuning.recommend(bg, at).num_warps)
+                      merge_key=lambda bg, at: tuning.recommend(bg, at).num_warps, last_block=last_block)
         nodes = node_list(ms.mugraph)
         store = arg_storage(ms.mugraph)
         tuned: dict[str, LaunchConfig] = {}
@@ -1075,12 +1114,12 @@ def compile(
                                                                                                    strict=True)])
         per_kernel = tuned | dict(per_kernel or {})
     else:
-        ms = generate(program, config.tiles, pdl=pdl, merge=merge)
+        ms = generate(program, config.tiles, pdl=pdl, merge=merge, last_block=last_block)
         fitted = _fit_kernels(ms, config)
         if fitted:  # some kernels need less shared memory than config gives them: regenerate those
             fixed = {(str(n.attr("block")), tuple(nodes_t)): c for n, nodes_t, c in fitted.values()}
             ms = generate(program, tiles_for=lambda bg, at: fixed.get((str(bg), tuple(at)), config).tiles, pdl=pdl,
-                          merge=merge)
+                          merge=merge, last_block=last_block)
             per_kernel = {k: c for k, (_, _, c) in fitted.items()} | dict(per_kernel or {})
     path = write_module(ms, Path(directory) if directory is not None else None)
     try:
