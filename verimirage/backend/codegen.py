@@ -164,8 +164,11 @@ class LaunchConfig:
 
 
 #: Most combine blocks the last-arriving block of a group runs, one after another, in a last-block-combines launch
-#: (:func:`last_block_plan`); a pair whose combine has more blocks per group keeps its two launches.
-LASTBLOCK_MAX_TILES = 16
+#: (:func:`last_block_plan`); a pair whose combine has more blocks per group keeps its two launches. Measured on an
+#: H100 (benchmarks/results/last_block_h100_2026-11-27_0203): one combine block per group (decode_gqa, 8 groups of
+#: 16 splits) 33.95 -> 32.71 us; four per group, run one after another by the group's last block (the suite's
+#: split-KV attention, whose combine is 4x finer than its split), 0.74-0.96x of the two launches
+LASTBLOCK_MAX_TILES = 1
 
 
 @dataclass(frozen=True)
@@ -2055,7 +2058,7 @@ def last_block_plan(nodes: Sequence[Node], s: int, c: int) -> LastBlock | None:
     ``(b, r)`` for all of them (then combine block ``j`` on ``b`` reads a part of what split block ``j // r`` wrote);
     every other axis is gathered (its blocks are counted). None unless some axis is gathered, every such input
     loops (an ``fmap``: the combine's walk over the partials), and a group has at most :data:`LASTBLOCK_MAX_TILES`
-    combine blocks. Which blocks finish last is not known: the plan is correct for any order (see
+    combine blocks (read at each call). Which blocks finish last is not known: the plan is correct for any order (see
     :func:`_last_block_kernel`)."""
     ns, nc = nodes[s], nodes[c]
     if ns.op != "custom" or nc.op != "custom" or s == c:
@@ -2117,7 +2120,10 @@ def _last_block_kernel(name: str, unit: Sequence[int], made: Sequence[tuple[str,
     ``tl.atomic_add(..., sem="acq_rel", scope="gpu")``: the release makes the block's stores visible to whichever block
     reads the counter after it, the acquire makes the others' stores visible to this one. The block that reads
     ``count - 1`` arrived last: every partial of its group is written and visible, and it runs the group's combine
-    blocks (the combine kernel's own code, block by block, so its results are the two-launch version's bit for bit),
+    blocks (the combine kernel's own code, block by block: the same operations in the same order as the two-launch
+    version; on an H100 its sum combines gave the two launches' results bit for bit, while the online softmax's
+    rescaling combine differed in a few elements by one fp16 unit, as many every call, consistent with ptxas
+    contracting ``mul.f32`` and ``add.f32`` (no rounding mode) into ``fma`` differently in another kernel),
     then sets the counter back to zero for the next launch (every block of the group has counted by then). Its
     parameters: the counter buffer, then every member's operands in order, then every member's outputs (as
     :func:`_merged_kernel`'s). ``pdl`` as :func:`kernel_source`'s."""
