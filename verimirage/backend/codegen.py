@@ -1999,17 +1999,15 @@ def _last_block_units(nodes: Sequence[Node], units: list[list[int]], view_nodes:
     return out, plans
 
 
-def _merged_kernel(name: str, unit: Sequence[int], made: Sequence[tuple[str, KernelInfo]],
-                   pdl: str) -> tuple[str, KernelInfo]:
-    """One ``@triton.jit`` kernel that runs the kernels ``made`` (device functions, :func:`kernel_source`'s
-    ``device_fn``, of the μGraph nodes ``unit``) as one launch: its grid is one axis of their blocks together, the
-    first kernel's blocks first; block ``b`` of the launch is block ``b - start`` of its kernel, decomposed into
-    that kernel's launch axes (x fastest, as CUDA numbers a grid's blocks). Its parameters: every member's operands
-    in order, then every member's outputs (:func:`generate`'s call). ``pdl`` as :func:`kernel_source`'s."""
-    params: list[str] = []
-    sig: dict[str, str] = {}
+def _member_params(made: Sequence[tuple[str, KernelInfo]], first: dict[str, str] | None = None
+                   ) -> tuple[list[str], dict[str, str], list[list[str]]]:
+    """The parameters of one launch that runs the device functions ``made``: ``first`` (names and types), then every
+    member's operands in order, then every member's outputs, member ``m``'s parameter ``p`` named ``m<m>_p``. Returns
+    them, their signature and each member's own parameters in its order (what its call passes)."""
+    params = list(first or {})
+    sig = dict(first or {})
     outs: list[str] = []
-    calls: list[tuple[str, list[str]]] = []
+    mine_of: list[list[str]] = []
     for m, (_src, info) in enumerate(made):
         mine = []
         for p, t in info.signature.items():
@@ -2017,9 +2015,20 @@ def _merged_kernel(name: str, unit: Sequence[int], made: Sequence[tuple[str, Ker
             mine.append(q)
             (outs if p.startswith("o") else params).append(q)
             sig[q] = t
-        calls.append((info.name, mine))
+        mine_of.append(mine)
     params += outs
-    signature = {p: sig[p] for p in params}
+    return params, {p: sig[p] for p in params}, mine_of
+
+
+def _merged_kernel(name: str, unit: Sequence[int], made: Sequence[tuple[str, KernelInfo]],
+                   pdl: str) -> tuple[str, KernelInfo]:
+    """One ``@triton.jit`` kernel that runs the kernels ``made`` (device functions, :func:`kernel_source`'s
+    ``device_fn``, of the μGraph nodes ``unit``) as one launch: its grid is one axis of their blocks together, the
+    first kernel's blocks first; block ``b`` of the launch is block ``b - start`` of its kernel, decomposed into
+    that kernel's launch axes (x fastest, as CUDA numbers a grid's blocks). Its parameters: every member's operands
+    in order, then every member's outputs (:func:`generate`'s call). ``pdl`` as :func:`kernel_source`'s."""
+    params, signature, mine_of = _member_params(made)
+    calls = [(info.name, mine) for (_src, info), mine in zip(made, mine_of, strict=True)]
     out = ["@triton.jit", f"def {name}(" + ", ".join(params) + "):",
            f'    """Kernels {", ".join(i.name for _, i in made)} as one launch (independent: none reads what another '
            'writes)."""', "    pid = tl.program_id(0)"]
@@ -2129,20 +2138,7 @@ def _last_block_kernel(name: str, unit: Sequence[int], made: Sequence[tuple[str,
     :func:`_merged_kernel`'s). ``pdl`` as :func:`kernel_source`'s."""
     (_, si), (_, ci) = made
     gs, gc = grids
-    params: list[str] = ["ctr_ptr", "ctr_s0"]
-    outs: list[str] = []
-    calls: list[list[str]] = []
-    sig: dict[str, str] = {"ctr_ptr": "*i32", "ctr_s0": "i32"}
-    for m, (_src, info) in enumerate(made):
-        mine = []
-        for p, t in info.signature.items():
-            q = f"m{m}_{p}"
-            mine.append(q)
-            (outs if p.startswith("o") else params).append(q)
-            sig[q] = t
-        calls.append(mine)
-    params += outs
-    signature = {p: sig[p] for p in params}
+    params, signature, calls = _member_params(made, {"ctr_ptr": "*i32", "ctr_s0": "i32"})
     out = ["@triton.jit", f"def {name}(" + ", ".join(params) + "):",
            f'    """Kernel {si.name}, then kernel {ci.name} in the last block of each group to finish: '
            f'{plan.groups} group(s) of {plan.count} blocks, {plan.tiles} combine block(s) each."""']
