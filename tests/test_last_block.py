@@ -14,7 +14,7 @@ import pytest
 
 import verimirage as vm
 from verimirage.backend import codegen
-from verimirage.backend.codegen import _launch_units, generate, last_block_plan
+from verimirage.backend.codegen import _launch_units, generate, last_block_pairs, last_block_plan
 from verimirage.backend.runtime import interpreting
 from verimirage.backend.wrap import to_kernels
 from verimirage.ir.graph import MuGraph, node_list
@@ -180,6 +180,16 @@ def test_last_block_plan_refuses_what_is_no_split_reduction() -> None:
     assert last_block_plan(nodes, 2, 3) is None
     nodes = node_list(to_kernels(MuGraph.parse(SPLIT_K)))
     assert last_block_plan(nodes, 2, 3) is not None
+
+
+def test_last_block_pairs_name_what_generate_fuses() -> None:
+    """The cost model's view (last_block_pairs): the pairs and plans of the launches generate(last_block=True) makes."""
+    for text in CASES.values():
+        mg = MuGraph.parse(text)
+        pairs = last_block_pairs(mg)
+        ms = generate(mg, last_block=True)
+        assert [(s, c) for s, c, _ in pairs] == [k.members for k in ms.kernels if k.last_block]
+        assert [p for _, _, p in pairs] == [k.last_block[0] for k in ms.kernels if k.last_block]
 
 
 def test_last_block_by_default_only_where_a_group_has_one_combine_block(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1969,6 +1969,18 @@ def _launch_units(nodes: Sequence[Node], view_nodes: set[int], merge: bool,
     return units
 
 
+def last_block_pairs(program: Any) -> list[tuple[int, int, LastBlock]]:
+    """The split/combine pairs :func:`generate` runs as one launch with ``last_block=True`` (under the current
+    :data:`LASTBLOCK_MAX_TILES`): ``(split node, combine node, plan)``, nodes of the kernel-level μGraph
+    (:func:`verimirage.backend.wrap.to_kernels`), in launch order. For a cost model: such a launch saves one launch
+    gap (about 1.2 us inside a CUDA graph on an H100) and puts ``plan.tiles`` combine blocks, one after another,
+    behind the last split block of each of ``plan.groups`` groups (BENCHMARKS.md "Last-block combines"). (Views,
+    kernels that only reshape, are taken as launches here; they hold no loop, so they pair with nothing.)"""
+    nodes = node_list(to_kernels(_as_mugraph(program)))
+    units, plans = _last_block_units(nodes, _launch_units(nodes, set(), False), set())
+    return [(u[0], u[1], plans[u[0]]) for u in units if u[0] in plans]
+
+
 def _last_block_units(nodes: Sequence[Node], units: list[list[int]], view_nodes: set[int]
                       ) -> tuple[list[list[int]], dict[int, LastBlock]]:
     """``units`` (:func:`_launch_units`) with each split kernel that has a combine kernel (:func:`last_block_plan`)

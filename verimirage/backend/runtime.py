@@ -859,7 +859,8 @@ class CompiledProgram:
         if sig in self._loaded:
             return
         bufs: dict[int, Any] = {}
-        for st, jit, call in first_calls(self, lambda r: value_of(r, xs, bufs, self.views), bufs, xs[0].device):
+        for st, jit, call in first_calls(self, lambda r: value_of(r, xs, bufs, self.views, self.counters), bufs,
+                                         xs[0].device):
             cfg = self.launch[st.kernel]
             try:
                 _load_kernel(jit, call, st.grid, cfg)
