@@ -397,3 +397,18 @@ def test_last_block_has_no_race_over_many_replays(case: str) -> None:
     torch.cuda.synchronize()
     assert int(bad) == 0, f"{int(bad)} elements differed between calls of the one-launch program"
     assert int(f1.counters(sets[0][0].device).abs().sum()) == 0
+
+
+def test_last_block_with_pdl_and_merge() -> None:
+    """With programmatic dependent launch the one launch waits for its predecessor before anything (its device
+    functions do not); with merged launches a split and a combine that are each a launch of their own still pair."""
+    mg = MuGraph.parse(SPLIT_KV_STABLE)
+    ms = generate(mg, pdl="end", last_block=True)
+    (k,) = ms.kernels
+    body = ms.source[ms.source.index(f"def {k.name}("):]
+    assert body.index("gdc_wait()") < body.index("k3(") and body.index("tl.atomic_add(") < body.index(
+        "gdc_launch_dependents()")
+    dev = ms.source[ms.source.index("def k3("):ms.source.index(f"def {k.name}(")]
+    assert "gdc_wait" not in dev
+    merged = generate(mg, merge=True, last_block=True)
+    assert [kk.members for kk in merged.kernels] == [(3, 4)] and merged.source == generate(mg, last_block=True).source
