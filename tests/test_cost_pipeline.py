@@ -88,3 +88,35 @@ def test_few_blocks_share_an_sms_load_path() -> None:
     assert cost(few, uncapped).time_s < cost(many, uncapped).time_s
     first = min(entries, key=lambda e: cost(vm.MuGraph.parse(e["mugraph"])).time_s)
     assert first["measured_us"] == min(e["measured_us"] for e in entries)
+
+
+def test_elementwise_kernels_the_backend_launches_flat_are_priced_flat() -> None:
+    # run 16 (H100): batchnorm_relu as a flat kernel (Inductor's form, now codegen's TileOptions.flat, which
+    # backend.tuning.recommend picks where the tiles read runs under 512 bytes or idle more than 1/8 of their lanes)
+    # 35.9-36.1 us, its 64-column tiles 38.8-39.1, whole 3,136-column rows (padded to 4,096) 38.5: every tiling of
+    # it is the same flat kernel now, estimated alike and below the tiled estimates
+    from verimirage.backend.tuning import flat_pays
+    from verimirage.ir.graph import node_list
+
+    sys.path.insert(0, str(ROOT / "benchmarks" / "perf"))
+    from bn_rows_ab import variant
+
+    tiled = dataclasses.replace(H100, flat_elementwise=False)
+    designs = [vm.MuGraph.parse(variant(*v)) for v in ((32, 8, 64), (16, 16, 64), (1, 8, 3136), (1, 2, 3136))]
+    flat = [cost(g).time_s for g in designs]
+    assert max(flat) < 1.001 * min(flat)
+    assert all(f < cost(g, tiled).time_s for f, g in zip(flat, designs, strict=True))
+    assert cost(designs[0], tiled).time_s > 1.1 * flat[0]  # the 128-byte runs' page and segment charges
+    # a kernel whose tiles waste nothing (whole 8 KB rows, no padding) keeps its tiles, and its estimate
+    x = vm.MuGraph.parse("""mugraph {
+  %0 = input {name='X'} : f16[4096,4096]
+  %1 = custom %0 {frange=1, grid=(512,)} : f16[4096,4096] {
+    %0 = input {arg=0, fmap=None, imap=(0,), shape=(4096, 4096)} : f16[8,4096]
+    %1 = relu %0 : f16[8,4096]
+    output %1 {omap=(0,)}
+  }
+  return %1
+}""")
+    (bg,) = [n.attr("block") for n in node_list(x) if n.op == "custom"]
+    assert not flat_pays(bg, [vm.TensorType((4096, 4096), vm.float16)])
+    assert cost(x).time_s == cost(x, tiled).time_s

@@ -8,7 +8,8 @@ from __future__ import annotations
 import verimirage as vm
 from verimirage.ir.graph import node_list
 from verimirage.rewrite import partition as P
-from verimirage.rewrite.cost import H100, cost
+from verimirage.rewrite.cost import H100, Cost, cost
+from verimirage.rewrite.cost import cost as cost_on
 
 
 def _rows(mg: vm.MuGraph) -> list[int]:
@@ -47,6 +48,13 @@ def _ew(cols: int, rows_tile: int, n: int = 4096) -> vm.MuGraph:
 
 
 def test_short_rows_are_charged_unless_one_wave_of_neighbours_reads_them() -> None:
+    import dataclasses
+
+    hw = dataclasses.replace(H100, flat_elementwise=False)  # as the tiles run (the backend launches these flat)
+
+    def cost(mg: vm.MuGraph) -> Cost:
+        return cost_on(mg, hw)
+
     wide, narrow = cost(_ew(64, 64)), cost(_ew(32, 128))  # same blocks, 128- vs 64-byte rows
     assert narrow.bytes > wide.bytes and narrow.time_s > wide.time_s
     # reads and writes both charged (128 / 64) ** segment_exponent, and (one-step kernels without a product) the

@@ -43,6 +43,7 @@ the models set (``tests/test_cost_calibration.py`` holds it).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -194,6 +195,10 @@ class Hardware:
     #: grid. Chosen on the models set's calibration data alone, leave-one-program-out: 0.75 for every held-out
     #: program but one; benchmarks/perf/NOTES.md, session 15)
     pipeline_fill: float = 0.75
+    #: elementwise kernels whose tiles waste bandwidth run flat, as ``backend.tuning.recommend`` launches them
+    #: (``TileOptions.flat``, see :func:`_flat_blocks`); False: as their block graphs tile them (what every run
+    #: before codegen's flat form measured: ``benchmarks/calibrate_cost.py`` estimates its dataset so)
+    flat_elementwise: bool = True
 
 
 H100 = Hardware()
@@ -322,6 +327,8 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
     its = loop_iterations(bg)
     # a one-step kernel without tl.dot: masked loads straight into registers (see the end of this function)
     stream = bg.frange == 1 and not any(OPS[n.op].has(Prop.CONTRACTION) for n in bg.nodes)
+    # an elementwise kernel the backend emits over one flat index range (see _flat_blocks): whole runs, no padding
+    flat = _flat_blocks(bg, in_types) if stream and hw.flat_elementwise else 0
     dots = False
     reducing = False
     for i, n in enumerate(bg.nodes):
@@ -331,7 +338,7 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
             tb = _bytes(t)
             reads = int(tb * (its if n.attr("fmap") is not None else 1) * blocks)
             full = in_types[n.attr("arg")]
-            run = _run(t, full, hw, stream)
+            run = _bytes(full) if flat else _run(t, full, hw, stream)
             reads = int(reads * _segment_charge(bg, n.attr("imap"), full.rank, run, hw))
             # a tensor small enough to stay in L2 costs one trip through device memory however often it is read
             if _bytes(full) <= hw.l2_bytes // 4:
@@ -374,7 +381,7 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
     written = 0.0
     for r, om, full in zip(bg.outputs, bg.omaps, out_types, strict=True):
         t = bg.type_of(r)
-        run = _run(t, full, hw, stream)
+        run = _bytes(full) if flat else _run(t, full, hw, stream)
         written += _bytes(full) * _segment_charge(bg, om.dims, full.rank, run, hw) * (
             max(1.0, hw.sector / run) ** hw.sector_write_exponent) * _page_charge(stream, run, hw)
     nbytes = dram_in + written
@@ -394,11 +401,40 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
         big = max(sizes, default=0)
         outs = [math.prod(_pow2(d) for d in bg.type_of(r).shape) for r in bg.outputs]
         regs = 4 * big * max(1, sum(1 for x in [*sizes, *outs] if x == big))
-    return _roofline(int(nbytes), int(tc * blocks), int(other * blocks), blocks, smem, hw, cal, l2_in, pad * spill,
-                     math.ceil(its), hot, 0 if dots or bg.frange <= hw.unroll_max else math.ceil(its),
-                     _in_flight(bg, smem_walk) if dots else 0.0,
-                     math.ceil(its) if reducing and not dots and bg.frange > 1 else 0, mem_pad, regs, chained,
-                     float(smem_walk) if dots and bg.frange > 1 else 0.0)
+    tc_all, other_all = int(tc * blocks), int(other * blocks)
+    if flat:  # its blocks: _FLAT_BLOCK elements each (no padding), one per input and output in registers
+        blocks, regs, pad = flat, 4 * _FLAT_BLOCK * (len(in_types) + len(out_types)), 1.0
+    kc = _roofline(int(nbytes), tc_all, other_all, blocks, 0 if flat else smem, hw, cal, l2_in, pad * spill,
+                   math.ceil(its), hot, 0 if dots or bg.frange <= hw.unroll_max else math.ceil(its),
+                   _in_flight(bg, smem_walk) if dots else 0.0,
+                   math.ceil(its) if reducing and not dots and bg.frange > 1 else 0, mem_pad, regs, chained,
+                   float(smem_walk) if dots and bg.frange > 1 else 0.0)
+    # (the block graph's own tiles still say whether the kernel fits at all: the tiled form is the fallback)
+    return dataclasses.replace(kc, smem=smem) if flat else kc
+
+
+#: (mirrors ``backend.tuning.FLAT_BLOCK``) elements a block of a flat elementwise kernel computes
+_FLAT_BLOCK = 1024
+
+
+def _flat_blocks(bg: BlockGraph, in_types: Sequence[TensorType]) -> int:
+    """The blocks of kernel ``bg`` when the backend emits it flat (``TileOptions.flat``: one index range over its
+    outputs' elements, :data:`_FLAT_BLOCK` a block, contiguous loads and stores), which ``backend.tuning.recommend``
+    does where its own tiles would waste bandwidth (``tuning.flat_pays``: rows shorter than 512 bytes, or padding
+    idling more than 1/8 of the lanes); 0 otherwise, or without the backend. (H100, run 16: batchnorm_relu's flat
+    kernel 35.9-36.1 us for 102.8 MB, its 64-column tiles 38.8-39.1: ``Hardware.page``.)"""
+    try:
+        from ..backend.tuning import flat_pays
+    except Exception:  # no backend: the block graph's own tiles
+        return 0
+    try:
+        if not flat_pays(bg, in_types):
+            return 0
+    except Exception:  # a kernel codegen cannot lower: the lowering reports that, not the cost model
+        return 0
+    a, k = bg.outputs[0]
+    numel = bg.nodes[a].outs[k].numel * bg.num_blocks
+    return max(1, math.ceil(numel / _FLAT_BLOCK))
 
 
 def _run(t: TensorType, full: TensorType, hw: Hardware, whole: bool = False) -> int:
