@@ -620,18 +620,22 @@ def eager_module(gm: fx.GraphModule, lifted: Lifted, *, aten_casts: bool = True)
     return fx.GraphModule(gm, g)
 
 
-def _example(n: fx.Node, gen: torch.Generator, device: torch.device, signed: float = 0.0) -> torch.Tensor:
+def _example(n: fx.Node, gen: torch.Generator, device: torch.device, signed: float = 0.0,
+             index: tuple[int, int | None] | None = None) -> torch.Tensor:
     """A random tensor with the node's shape, dtype and strides (views in the partition rely on them)."""
-    return example_like(n.meta["val"], gen, device, signed)
+    return example_like(n.meta["val"], gen, device, signed, index)
 
 
-def example_like(v: torch.Tensor, gen: torch.Generator, device: torch.device, signed: float = 0.0) -> torch.Tensor:
+def example_like(v: torch.Tensor, gen: torch.Generator, device: torch.device, signed: float = 0.0,
+                 index: tuple[int, int | None] | None = None) -> torch.Tensor:
     """A random real tensor with ``v``'s shape, dtype and strides (``v`` may be a fake tensor).
 
     Floats in [0.5, 1.5) (no NaN from sqrt / log / rsqrt), or with ``signed`` > 0 in [-signed, signed) (both
     signs: a kernel computing ``relu(x)`` or ``|x|`` where ``x`` is meant agrees on positive inputs), booleans at
-    random, integers 0 (a valid index into anything, so no device-side assert). Raises ``Unsupported`` for a
-    symbolic shape.
+    random, integers 0 (a valid index into anything, so no device-side assert), or with ``index = (classes,
+    ignore)`` (a class index, :attr:`Lifted.index_bounds`) at random in ``[0, classes)``, every seventh one from
+    the second ``ignore`` where that is not None (all zeros told no kernel reading the index from one that ignores
+    it). Raises ``Unsupported`` for a symbolic shape.
     """
     shape = _static_shape(v)
     stride = tuple(int(s) for s in v.stride())
@@ -641,6 +645,10 @@ def example_like(v: torch.Tensor, gen: torch.Generator, device: torch.device, si
     elif v.is_floating_point():
         r = torch.rand(size, generator=gen, dtype=torch.float32)
         buf = ((2.0 * r - 1.0) * signed if signed > 0 else r + 0.5).to(v.dtype)
+    elif index is not None and index[0] > 0:
+        buf = torch.randint(0, index[0], (size,), generator=gen).to(v.dtype)
+        if index[1] is not None:
+            buf[1::7] = index[1]
     else:
         buf = torch.zeros(size, dtype=v.dtype)
     return torch.as_strided(buf.to(device), shape, stride)
@@ -888,25 +896,51 @@ def _finite(outs: Sequence[torch.Tensor]) -> bool:
     return all(bool(torch.isfinite(o).all()) for o in outs if o.is_floating_point())
 
 
+def _index_ranges(lifted: Lifted) -> dict[int, tuple[int, int | None]]:
+    """Per class-index input (position): the classes every use of it has and the ignore value all of them share
+    (None if any use has none), from :attr:`Lifted.index_bounds`."""
+    out: dict[int, tuple[int, int | None]] = {}
+    for pos, classes, ignore in lifted.index_bounds:
+        c, ig = out.get(pos, (classes, ignore))
+        out[pos] = (min(c, classes), ig if ig == ignore else None)
+    return out
+
+
 def _check_sets(lifted: Lifted, eager: Any, device: torch.device) -> list[tuple[list[torch.Tensor], Any]]:
     """The input sets (with the ATen ops' outputs on them) a partition's kernels are checked on: inputs in
     [0.5, 1.5) and inputs of both signs in [-1, 1), each kept where the ATen ops' results are finite (in half
     precision a chain of products over positive inputs overflows: a backward partition's results were inf or NaN
     for the kernels and the ATen ops alike, and the check could neither pass nor mean anything); the signed set is
-    shrunk by 16 up to twice until they are. The first set is the one that is timed; when no set gives finite
-    results, the positive one alone (its non-finite values must then be matched exactly)."""
+    shrunk by 16 up to twice until they are. Where no signed set is finite (``sqrt`` or ``log`` of one input is NaN
+    at every scale), a set with the inputs signed one at a time, each one kept where the ATen results stay finite
+    (the other inputs' signs are still checked). Class indices are random valid ones in every set. The first set is
+    the one that is timed; when no set gives finite results, the positive one alone (its non-finite values must
+    then be matched exactly)."""
     nodes = (*lifted.inputs, *lifted.extra)
+    index = _index_ranges(lifted)
     gen = torch.Generator().manual_seed(0)
-    xs = [_example(n, gen, device) for n in nodes]
+    xs = [_example(n, gen, device, index=index.get(i)) for i, n in enumerate(nodes)]
     positive = (xs, eager(*xs))
     sets = [positive] if _finite(positive[1]) else []
     for scale in (1.0, 1.0 / 16, 1.0 / 256):
         gen = torch.Generator().manual_seed(1)
-        ys = [_example(n, gen, device, signed=scale) for n in nodes]
+        ys = [_example(n, gen, device, signed=scale, index=index.get(i)) for i, n in enumerate(nodes)]
         out = eager(*ys)
         if _finite(out):
             sets.append((ys, out))
             break
+    else:
+        gen = torch.Generator().manual_seed(2)
+        ys, out, signed = list(xs), positive[1], False
+        for i, n in enumerate(nodes):
+            if i in index or not xs[i].is_floating_point():
+                continue
+            trial = [*ys[:i], _example(n, gen, device, signed=1.0), *ys[i + 1:]]
+            tout = eager(*trial)
+            if _finite(tout):
+                ys, out, signed = trial, tout, True
+        if signed:
+            sets.append((ys, out))
     return sets or [positive]
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from .dtypes import DType
@@ -284,6 +284,8 @@ class OpMethods:
         if not d.levels & self._level:
             raise GraphError(f"{op}: not allowed in a {str(self._level.name).lower()} graph")
         refs = tuple(self._ref(op, a, i) for i, a in enumerate(args))
+        if attrs is not None and not isinstance(attrs, Mapping):
+            raise GraphError(f"{op}: attributes {attrs!r}; expected a dict of name -> value")
         attrs = dict(attrs or {})
         unknown = sorted(set(attrs) - set(d.attrs))
         if unknown:
@@ -302,7 +304,10 @@ class OpMethods:
                 if kind == "axes" and in_types:
                     vals = [check_axis(op, in_types[0], v) for v in vals]
                 attrs[key] = tuple(int(v) for v in vals)
-        out = d.infer(in_types, attrs)
+        try:
+            out = d.infer(in_types, attrs)
+        except KeyError as e:  # (a shape rule reading an attribute the call left out)
+            raise GraphError(f"{op}: missing attribute {e.args[0]!r}; expected {list(d.attrs)}") from None
         check_shape(f"{op}: result", out.shape)
         self._add_node(Node(op, refs, make_attrs(attrs), (out,)))
         return Tensor(cast(_Builder, self), (len(self._nodes) - 1, 0))
@@ -316,7 +321,8 @@ class OpMethods:
     def tril_mask(self, shape: Sequence[int], offset: int = 0) -> Tensor:
         """The causal mask (a constant ``vm.bool`` tensor): true where column ``j <= i + offset`` for row ``i`` of
         the last two dims, as ``torch.ones(n, m).tril(offset)``."""
-        return self._emit("tril_mask", [], {"shape": tuple(shape), "offset": offset})
+        return self._emit("tril_mask", [], {"shape": tuple(shape) if isinstance(shape, (list, tuple)) else shape,
+                                            "offset": offset})
 
     def matmul(self, a: Tensor, b: Tensor) -> Tensor:
         """Batched matrix product ``a @ b``: (..., m, k) x (..., k, n); leading dims broadcast."""

@@ -166,7 +166,7 @@ def get_op(name: str) -> OpDef:
     """The registered op ``name``; GraphError naming the known ops otherwise."""
     try:
         return OPS[name]
-    except KeyError:
+    except (KeyError, TypeError):
         raise GraphError(f"unknown op {name!r}; known ops: {sorted(OPS)}") from None
 
 

@@ -1,0 +1,131 @@
+"""Red team (fourteenth session): findings against what the thirteenth session landed (the weight-side norm
+prologue, the per-input floating-point check, the capture's two-set numeric check, merged launches, the certificate
+checker), each with the test that failed before its fix. The attacks that held are kept in
+``tests/test_redteam_held14.py``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+
+def _lifted(f: Any, *xs: Any) -> tuple[Any, Any, Any]:
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from verimirage.integrations import capture
+
+    gm = make_fx(f)(*xs)
+    lifted = capture.lift([n for n in gm.graph.nodes if n.op == "call_function"])
+    return gm, lifted, capture.eager_module(gm, lifted)
+
+
+def test_capture_check_drew_every_class_index_as_zero() -> None:
+    """Finding (medium; the check is the gate of the torch.compile path): the capture's numeric check drew every
+    integer input as 0, so a kernel that ignores the class index (``nll_loss`` of class 0 for every row, or one that
+    mishandles ``ignore_index``) gave the ATen ops' values on every set. Now class indices are random valid ones
+    (and ``ignore_index`` at every seventh from the second) in every set, and the wrong loss is rejected."""
+    from verimirage.integrations import capture
+
+    def f(x: Any, t: Any) -> Any:
+        return torch.nn.functional.nll_loss(torch.log_softmax(x, -1), t)
+
+    _gm, lifted, eager = _lifted(f, torch.randn(16, 10), torch.randint(0, 10, (16,)))
+    sets = capture._check_sets(lifted, eager, torch.device("cpu"))
+    for xs, _ in sets:
+        t = xs[1]
+        assert int(t[t != -100].max()) > 0 and bool((t == -100).any()) and int(t.min()) >= -100
+        assert bool(((t >= 0) & (t < 10) | (t == -100)).all())
+
+    def class_zero(xs: list[Any]) -> Any:  # a kernel reading class 0 whatever the target
+        return -torch.log_softmax(xs[0], -1)[:, 0].mean()
+
+    assert not all(capture._close(class_zero(xs).reshape(w[0].shape), w[0]) for xs, w in sets)
+    # the right loss still passes on every set (ignored rows left out of the mean)
+    for xs, w in sets:
+        assert capture._close(f(xs[0], xs[1]).reshape(w[0].shape), w[0])
+
+
+def test_capture_check_had_no_signed_set_when_another_input_is_under_a_sqrt() -> None:
+    """Finding (medium; the check is the gate of the torch.compile path): the signed set is dropped where the ATen
+    results are not finite, and ``sqrt(v)`` (or ``log``) of one input is NaN on signed values at every scale, so a
+    partition ``x * 2 + sqrt(v)`` was checked on positive inputs only and a kernel computing ``relu(x) * 2 +
+    sqrt(v)`` passed. Now a set with the inputs signed one at a time (each kept where the results stay finite)
+    checks ``x``'s sign."""
+    from verimirage.integrations import capture
+
+    def f(x: Any, v: Any) -> Any:
+        return x * 2.0 + torch.sqrt(v)
+
+    _gm, lifted, eager = _lifted(f, torch.ones(8, 8), torch.ones(8, 8))
+    sets = capture._check_sets(lifted, eager, torch.device("cpu"))
+    assert all(capture._finite(w) for _, w in sets)
+    assert any(float(xs[0].min()) < 0 for xs, _ in sets) and all(float(xs[1].min()) > 0 for xs, _ in sets)
+    assert not all(capture._close(torch.relu(xs[0]) * 2.0 + torch.sqrt(xs[1]), w[0]) for xs, w in sets)
+    assert all(capture._close(f(*xs), w[0]) for xs, w in sets)
+
+
+def test_builder_apply_with_a_missing_or_malformed_attribute_raised_a_raw_python_error() -> None:
+    """Finding (low; errors a user can cause): ``Graph.apply("sum", [x], {})`` raised ``KeyError: 'axis'`` from the
+    op's shape rule, ``apply`` with attributes that are not a dict a ``TypeError`` / ``ValueError``, an op name that
+    is not a string ``TypeError: unhashable``, and ``tril_mask(5)`` ``TypeError: 'int' object is not iterable``. Now
+    each is a GraphError naming what was wrong."""
+    import verimirage as vm
+
+    g = vm.Graph()
+    x = g.input("x", (2, 3), vm.float16)
+    for call, words in ((lambda: g.apply("sum", [x], {}), "missing attribute 'axis'"),
+                        (lambda: g.apply("sum", [x], 0), "expected a dict"),  # type: ignore[arg-type]
+                        (lambda: g.apply("sum", [x], "a"), "expected a dict"),  # type: ignore[arg-type]
+                        (lambda: g.apply([2, 3], [x]), "unknown op"),  # type: ignore[arg-type]
+                        (lambda: g.tril_mask(5), "tril_mask")):  # type: ignore[arg-type]
+        with pytest.raises(vm.GraphError, match=words):
+            call()
+    assert g.tril_mask([3, 3]).shape == (3, 3)  # a list still works
+
+
+@pytest.mark.xfail(strict=True, reason="open (medium): the weight-side norm prologue's one scale per block "
+                   "(stabilise.scale_weight_tiles) flushes the small weights' rows to 0 in the fp16 dot operand; "
+                   "needs a scale from the tile's own range or fp32 operands (a design and performance decision)")
+def test_scaled_weight_tiles_flushed_small_weights_to_zero_where_the_source_is_accurate() -> None:
+    """Finding (medium, open): ``rms_norm(x, w) @ m`` lowered as ``(x @ ((w / s) m)) * s * r`` with one
+    ``s = max(1, max |w|)`` per block (``partition.scale_weight_tiles``) rounds ``(w_i / s) m_ij`` to fp16 for
+    ``tl.dot``: with ``w = [60000, 1e-3, ...]`` the small weights' rows are ``1.7e-8 m``, below fp16's smallest
+    subnormal, and flush to 0. Where ``x`` is 0 on the large weight's column (the outlier channel idle), every
+    output is 0 while the source (``x r w`` rounded to fp16, products in fp32) is within 4e-4 of float64. The pair
+    is Proved and passes the floating-point check (finite). Short of that extreme, ``s / |w_i m_ij|`` above 2**14
+    puts a row in fp16's subnormals (``|w| = 300`` beside weights of 1e-2 times entries of 1e-2)."""
+    import numpy as np
+
+    import verimirage as vm
+    from verimirage.pipeline.fpsafe import evaluate_in_dtype, fp_safety
+    from verimirage.rewrite.partition import lower_all
+    from verimirage.rewrite.stabilise import norm_into_projections
+
+    h = vm.float16
+    g = vm.Graph()
+    g.output(g.matmul(g.rms_norm(g.input("X", (4, 64), h), g.input("G", (64,), h), eps=1e-5),
+                      g.input("W", (64, 32), h)))
+    gn = norm_into_projections(g)
+    assert gn is not None
+    mg = next(low.mugraph for low in lower_all(gn)[0] if "partition.scale_weight_tiles" in low.steps
+              and low.mugraph.num_kernels == 1 and "frange=1," not in str(low.mugraph))
+    assert isinstance(vm.verify(g, mg), vm.Proved) and fp_safety(g, mg) is None
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1, 1, (4, 64))
+    x[:, 0] = 0.0
+    w = np.full(64, 1e-3)
+    w[0] = 60000.0
+    ins = {k: v.astype(np.float16).astype(np.float64)
+           for k, v in {"X": x, "G": w, "W": rng.uniform(-1, 1, (64, 32))}.items()}
+    want = vm.evaluate(g, ins)[0]
+    scale = np.abs(want).max()
+    (src,), _ = evaluate_in_dtype(g, ins)
+    assert np.abs(src - want).max() < 1e-3 * scale  # the source: fp16-accurate
+    (model,), _ = evaluate_in_dtype(mg, ins)
+    out = vm.compile(mg)(*(torch.tensor(ins[k], dtype=torch.float16) for k in ("X", "G", "W")))
+    kern = np.asarray(out.float().numpy(), dtype=np.float64)
+    for got in (model, kern):
+        assert np.abs(got - want).max() < 2e-2 * scale
