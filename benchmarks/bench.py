@@ -251,15 +251,16 @@ _LOCK_DEPTH = [0]
 #: the prewarm workers' nice value (their compiles yield the CPU) and the lock holder's while it times kernels
 WORKER_NICE, TIMING_NICE = 10, -5
 #: CPUs the prewarm pool's compiles never run on: the thread holding the GPU lock times its kernels there
-#: (:func:`_cpu_split`)
-TIMING_CPUS = 2
+#: (:func:`_cpu_split`; one: its benchmarking is one thread, and each CPU taken from the pool lengthens the prewarm,
+#: 95 s of run 17's 261)
+TIMING_CPUS = 1
 #: the CPUs this process (a prewarm worker: as spawned, before :func:`_prewarm_init`) may run on
 _CPUS = tuple(sorted(os.sched_getaffinity(0)))
 
 
 def _cpu_split() -> tuple[set[int], set[int]]:
     """The CPUs the prewarm workers compile on and the ones the GPU lock's holder times on (the last
-    :data:`TIMING_CPUS` of this process's CPUs; all of them for both on a machine of fewer than 4 per side).
+    :data:`TIMING_CPUS` of this process's CPUs; all of them for both with fewer than 4 x TIMING_CPUS).
 
     Nice values alone did not keep the timings clean (H100, 2026-11-27 02:10, the same call: torch.compile's
     baselines autotuned in the 14-worker pool at nice -5 against 10 ran cross_entropy 25.7 µs and layernorm_linear

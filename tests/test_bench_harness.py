@@ -194,7 +194,8 @@ def test_the_gpu_lock_holder_times_on_cpus_the_prewarm_compiles_never_use(monkey
 
     monkeypatch.setattr(bench, "_CPUS", tuple(range(16)))
     compile_cpus, timing_cpus = bench._cpu_split()
-    assert timing_cpus == {14, 15} and compile_cpus == set(range(14))
+    assert timing_cpus == {16 - bench.TIMING_CPUS + i for i in range(bench.TIMING_CPUS)}
+    assert compile_cpus == set(range(16 - bench.TIMING_CPUS))
     monkeypatch.setattr(bench, "_CPUS", (0, 1))  # too few to reserve any: both sides get all
     assert bench._cpu_split() == ({0, 1}, {0, 1})
     mine = os.sched_getaffinity(0)
