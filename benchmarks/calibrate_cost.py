@@ -178,6 +178,17 @@ def report(entries: Sequence[dict[str, Any]], est: Sequence[float]) -> dict[str,
                      # vm.superoptimize returns) over the best measured one
                      "first_over_best": meas[min(idx, key=lambda i: est[i])] / min(meas[i] for i in idx),
                      "run_first_over_best": meas[min(idx, key=lambda i: run[i])] / min(meas[i] for i in idx)}
+    # pairs of one program measured more than 5% apart (beyond the run-to-run noise of candidates within a few
+    # percent of each other): the fraction the estimate orders as measured
+    agree = total = run_agree = 0
+    for case in per:
+        idx = [i for i, e in enumerate(entries) if e["case"] == case]
+        for a in idx:
+            for b in idx:
+                if meas[a] > 1.05 * meas[b]:
+                    total += 1
+                    agree += est[a] > est[b]
+                    run_agree += run[a] > run[b]
     within = [v["spearman"] for v in per.values() if v["spearman"] is not None]
     within_run = [v["run_spearman"] for v in per.values() if v["run_spearman"] is not None]
     logr = [math.log(a / b) for a, b in zip(est, meas, strict=True)]
@@ -189,6 +200,8 @@ def report(entries: Sequence[dict[str, Any]], est: Sequence[float]) -> dict[str,
             "within_median": statistics.median(within) if within else None,
             "run_within_mean": statistics.fmean(within_run) if within_run else None,
             "log_ratio_rms": math.sqrt(statistics.fmean(x * x for x in logr)),
+            "pairs_5pct": total, "concordant_5pct": agree / total if total else None,
+            "run_concordant_5pct": run_agree / total if total else None,
             "first_over_best_geomean": math.exp(statistics.fmean(math.log(x) for x in first)),
             "run_first_over_best_geomean": math.exp(statistics.fmean(math.log(x) for x in run_first)),
             "per_program": per}
@@ -243,7 +256,9 @@ def _print(rep: dict[str, Any], label: str, floors: str = "") -> None:
     print(f"{label}: {rep['pairs']} candidates of {rep['programs']} programs; Spearman pooled {f(rep['pooled'])} "
           f"(run-time estimates {f(rep['run_pooled'])}), within programs mean {f(rep['within_mean'])} median "
           f"{f(rep['within_median'])} (run-time {f(rep['run_within_mean'])}); rms |log(est/measured)| "
-          f"{rep['log_ratio_rms']:.3f}{floors}; the first-ranked candidate's measured time over the best: geomean "
+          f"{rep['log_ratio_rms']:.3f}{floors}; pairs of a program measured > 5% apart ordered as measured "
+          f"{f(rep['concordant_5pct'])} of {rep['pairs_5pct']} (run-time {f(rep['run_concordant_5pct'])}); "
+          f"the first-ranked candidate's measured time over the best: geomean "
           f"{rep['first_over_best_geomean']:.3f} (run-time {rep['run_first_over_best_geomean']:.3f})")
     for case, v in rep["per_program"].items():
         print(f"  {case:22s} {v['pairs']:3d}  spearman {f(v['spearman']):>6s} (run {f(v['run_spearman']):>6s})"
