@@ -67,3 +67,34 @@ def test_select_refuses_an_input_set_unlike_the_inputs(monkeypatch: pytest.Monke
                 {"x": xs["x"].t().contiguous().t(), "b": xs["b"]}, {"x": xs["x"][:8], "b": xs["b"]}):
         with pytest.raises(ValueError, match=r"input set 1: input '(x|b)'.*expected"):
             profile.select(g, [g], configs=profile.DEFAULT_CONFIGS[:1], inputs=xs, input_sets=[bad], cache=False)
+
+
+def _tiled(rows: int) -> vm.MuGraph:
+    """relu(X + B) over (16, 32) in blocks of ``rows`` rows (at most 4: runs of at most 256 bytes): flat under the
+    tuning rules, so every such ``rows`` gives the same kernel."""
+    return vm.MuGraph.parse(f"""mugraph {{
+  %0 = input {{name='x'}} : f16[16,32]
+  %1 = input {{name='b'}} : f16[1,32]
+  %2 = custom %0, %1 {{frange=1, grid=({16 // rows},)}} : f16[16,32] {{
+    %0 = input {{arg=0, fmap=None, imap=(0,), shape=(16, 32)}} : f16[{rows},32]
+    %1 = input {{arg=1, fmap=None, imap=(None,), shape=(1, 32)}} : f16[1,32]
+    %2 = add %0, %1 : f16[{rows},32]
+    %3 = relu %2 : f16[{rows},32]
+    output %3 {{omap=(0,)}}
+  }}
+  return %2
+}}""")
+
+
+def test_candidates_generating_the_same_module_are_timed_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch, profile, calls = _setup(monkeypatch)
+    g = _graph()
+    cands = [_tiled(4), _tiled(2), _tiled(1)]
+    res = profile.select(g, cands, configs=profile.DEFAULT_CONFIGS[:1], inputs=_inputs(torch, g, 0), cache=False)
+    assert calls == [1], [t.error for t in res]  # one module, timed once
+    assert sorted(t.index for t in res) == [0, 1, 2] and {t.ms for t in res} == {12.0}
+    # tiled as their block graphs say, they differ, and each is timed
+    calls.clear()
+    tiled = profile.LaunchConfig(4, 1, profile.TileOptions())
+    profile.select(g, cands, configs=[tiled], inputs=_inputs(torch, g, 0), cache=False)
+    assert calls == [1, 1, 1]
