@@ -339,33 +339,40 @@ def _rel(out: Any, ref: Any) -> float:
 
 
 @contextlib.contextmanager
-def _pdl(mode: str) -> Iterator[None]:
+def _env(name: str, value: str) -> Iterator[None]:
+    """The environment variable ``name`` set to ``value`` inside, as it was after."""
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
+def _pdl(mode: str) -> contextlib.AbstractContextManager[None]:
     """``vm.compile`` inside generates kernels for programmatic dependent launch in ``mode`` ("off": none; see
     ``VERIMIRAGE_PDL``, :func:`verimirage.backend.runtime._pdl_wanted`)."""
-    old = os.environ.get("VERIMIRAGE_PDL")
-    os.environ["VERIMIRAGE_PDL"] = "" if mode == "off" else mode
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("VERIMIRAGE_PDL", None)
-        else:
-            os.environ["VERIMIRAGE_PDL"] = old
+    return _env("VERIMIRAGE_PDL", "" if mode == "off" else mode)
 
 
-@contextlib.contextmanager
-def _merge(on: bool) -> Iterator[None]:
+def _merge(on: bool) -> contextlib.AbstractContextManager[None]:
     """``vm.compile`` inside runs the kernels that read nothing another writes as one launch, or not
     (``VERIMIRAGE_MERGE``, :func:`verimirage.backend.runtime._merge_wanted`)."""
-    old = os.environ.get("VERIMIRAGE_MERGE")
-    os.environ["VERIMIRAGE_MERGE"] = "1" if on else ""
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("VERIMIRAGE_MERGE", None)
-        else:
-            os.environ["VERIMIRAGE_MERGE"] = old
+    return _env("VERIMIRAGE_MERGE", "1" if on else "")
+
+
+def _persistent(mode: str) -> contextlib.AbstractContextManager[None]:
+    """The runtime's persistent-kernel mode ("coop", "plain" or "off") for the compiles inside
+    (``VERIMIRAGE_PERSISTENT``, :func:`verimirage.backend.runtime._persistent_wanted`)."""
+    return _env("VERIMIRAGE_PERSISTENT", {"coop": "1", "plain": "plain"}.get(mode, ""))
+
+
+#: how many times a ``gpu --persistent`` run calls a persistent program before timing it (a race shows as outputs
+#: that differ between calls on the same inputs)
+PERSISTENT_REPEATS = 20
 
 
 #: launch parameters a ``gpu --merge both`` run also times every merged launch under (num_warps, num_stages)
@@ -375,7 +382,7 @@ MERGE_SWEEP = ((4, 4), (8, 4), (16, 4), (8, 2))
 def gpu_case(case: str, directory: Path, ceil: dict[str, float], *, inductor: bool, top_k: int,
              small: bool = False, per_op: bool = True, wait_until: float = 0.0,
              sweep: bool = False, pdl: str = "auto", merge: str = "off",
-             inductor_repeats: int = 1, merge_sweep: bool = False) -> dict[str, Any]:
+             inductor_repeats: int = 1, merge_sweep: bool = False, persistent: tuple[str, ...] = ()) -> dict[str, Any]:
     """Time one case on the GPU (see the module docstring). Without a GPU (``small``, the harness's dry run):
     the same steps on the CPU, kernels in Triton's interpreter, no CUDA graphs, no profiler counts.
 
@@ -387,7 +394,11 @@ def gpu_case(case: str, directory: Path, ceil: dict[str, float], *, inductor: bo
     ways (each timed; the best reported, ``merge`` in the row says which); ``merge_sweep``: the best candidate's
     merged program is also timed with every merged launch under each :data:`MERGE_SWEEP` configuration
     (``merge_sweep_us``). ``inductor_repeats``: torch.compile compiled (caches off after the first) and timed this
-    many times; ``inductor_us`` is the median, ``inductor_us_runs`` each."""
+    many times; ``inductor_us`` is the median, ``inductor_us_runs`` each. ``persistent`` (modes, "coop" and/or
+    "plain"): the top candidates also as one persistent launch (``VERIMIRAGE_PERSISTENT``) in each mode, each first
+    called :data:`PERSISTENT_REPEATS` times on the same inputs (every output must be the same: a race would show), then
+    timed; ``persistent`` in the row lists them, ``persistent_us`` the fastest correct one (not counted in
+    ``verimirage_us``)."""
     import torch
 
     from verimirage.benchmarks.layer_module import DecodeLayer, make_case
@@ -500,6 +511,11 @@ def gpu_case(case: str, directory: Path, ceil: dict[str, float], *, inductor: bo
                 row["verimirage_kernels_other_us"] = oper
             if sweep and cuda:
                 row["config_sweep_us"] = config_sweep(mg, ordered)
+        if persistent:
+            row["persistent"] = persistent_runs(cands[:top_k], ordered, ref, ref_new, cuda, persistent)
+            ok = [p for p in row["persistent"] if "us" in p and p["same"] and p["err"] < 2e-2]
+            if ok:
+                row["persistent_us"] = min(p["us"] for p in ok)
     except Exception as e:
         row["verimirage_error"] = f"{type(e).__name__}: {e}"[:500]
         log.error("verimirage failed on %s: %s", case, traceback.format_exc())
@@ -574,6 +590,49 @@ def gpu_case(case: str, directory: Path, ceil: dict[str, float], *, inductor: bo
     return row
 
 
+def persistent_runs(cands: list[Any], ordered: list[Any], ref: Any, ref_new: Any, cuda: bool,
+                    modes: tuple[str, ...] = ("coop", "plain")) -> list[dict[str, Any]]:
+    """Each candidate as one persistent launch (each of ``modes``: cooperative, plain): its grid, error against
+    float64, whether :data:`PERSISTENT_REPEATS` calls on the same inputs gave the same outputs, its time in one CUDA
+    graph and its kernel's time alone (the profiler's)."""
+    out: list[dict[str, Any]] = []
+    for i, mg in enumerate(cands):
+        for mode in modes if cuda else ("plain",):
+            rec: dict[str, Any] = {"rank": i, "mode": mode}
+            try:
+                with _persistent(mode), _merge(False), _pdl("off"):
+                    fn = vm.compile(mg, cuda_graph=cuda)
+                    plain = vm.compile(mg)
+                first = None
+                same = True
+                for _ in range(PERSISTENT_REPEATS if cuda else 1):
+                    outs = plain(*ordered)
+                    outs = tuple(o.clone() for o in (outs if isinstance(outs, tuple) else (outs,)))
+                    if first is None:
+                        first = outs
+                    else:
+                        same = same and all(bool((a == b).all()) for a, b in zip(first, outs, strict=True))
+                assert first is not None
+                err = _rel(first[0], ref)
+                if ref_new is not None:
+                    err = max(err, _rel(first[1:], ref_new))
+                rec.update(launches=len(plain.steps), grid=dict(plain.grids), tasks=[k.grid[0] for k in plain.kernels],
+                           warps=plain.launch, same=same, err=err)
+                gouts = fn(*ordered)
+                gerr = _rel((gouts if isinstance(gouts, tuple) else (gouts,))[0].clone(), ref)
+                rec["graph_err"] = gerr
+                rec["us"] = _bench(lambda fn=fn: fn(*(fn.static_inputs or ordered)), cudagraph=False)
+                if cuda:
+                    per: dict[str, float] = {}
+                    _, rec["kernel_us"] = _kernels(lambda plain=plain: plain(*ordered), per)
+            except Exception as e:
+                rec["error"] = f"{type(e).__name__}: {e}"[:400]
+                log.error("persistent %s rank %d: %s", mode, i, traceback.format_exc())
+            out.append(rec)
+            log.info("persistent: %s", {k: v for k, v in rec.items() if k != "warps"})
+    return out
+
+
 def table(doc: dict[str, Any]) -> str:
     """The BENCHMARKS.md table of a layer.json document."""
     c = doc["ceilings"]
@@ -629,7 +688,8 @@ def gpu_main(args: argparse.Namespace) -> int:
                            small=args.small, per_op=not args.no_per_op,
                            wait_until=time.time() + args.wait_s if args.wait_s else 0.0,
                            sweep=case in (args.sweep_configs or ()), pdl=args.pdl, merge=args.merge,
-                           inductor_repeats=args.inductor_repeats, merge_sweep=args.merge_sweep)
+                           inductor_repeats=args.inductor_repeats, merge_sweep=args.merge_sweep,
+                           persistent=() if args.persistent is None else tuple(args.persistent or ("coop", "plain")))
         except Exception as e:
             row = {"case": case, "error": f"{type(e).__name__}: {e}"[:500]}
             log.error("%s failed: %s", case, traceback.format_exc())
@@ -667,6 +727,9 @@ def main() -> int:
                     "candidate is also timed without it")
     ap.add_argument("--merge", choices=["off", "on", "both"], default="both",
                     help="gpu: independent kernels as one launch (VERIMIRAGE_MERGE): off, on, or both (each timed)")
+    ap.add_argument("--persistent", nargs="*", choices=["coop", "plain"], default=None,
+                    help="gpu: also run the top candidates as one persistent launch (VERIMIRAGE_PERSISTENT) in these "
+                         "modes (none named: both), checked for races (repeated calls) and timed")
     ap.add_argument("--merge-sweep", action="store_true",
                     help="gpu: also time every merged launch under each MERGE_SWEEP launch configuration")
     ap.add_argument("--inductor-repeats", type=int, default=1,

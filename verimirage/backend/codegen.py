@@ -45,7 +45,7 @@ import dataclasses
 import hashlib
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -208,6 +208,9 @@ class KernelInfo:
     #: a last-block-combines launch: its :class:`LastBlock` plan and the offset of its counters in the program's
     #: counter buffer; None otherwise
     last_block: tuple[LastBlock, int] | None = None
+    #: a persistent kernel (:func:`generate`'s ``persistent``): its blocks loop over the tasks of every kernel of the
+    #: program (``grid`` is the number of tasks; the runtime launches at most as many blocks as can be co-resident)
+    persistent: bool = False
 
 
 #: A value a kernel reads or writes: ``("in", i)`` the program's i-th input, ``("buf", j)`` the j-th
@@ -249,7 +252,8 @@ class ModuleSource:
     views: tuple[tuple[ValueRef, tuple[int, ...]], ...] = ()
     #: kernels for programmatic dependent launch (:func:`generate`'s ``pdl``: "", "start" or "end")
     pdl: str = ""
-    #: int32 completion counters the last-block-combines launches use (:func:`generate`'s ``last_block``): one
+    #: int32 completion counters the last-block-combines launches and a persistent kernel use (:func:`generate`'s
+    #: ``last_block``, ``persistent``): one
     #: zero-filled buffer per device the generated module keeps (``_vm_counters``); every launch leaves its
     #: counters at zero again, so one buffer serves every call and every replay of a captured CUDA graph
     counters: int = 0
@@ -2032,6 +2036,15 @@ def _member_params(made: Sequence[tuple[str, KernelInfo]], first: dict[str, str]
     return params, {p: sig[p] for p in params}, mine_of
 
 
+def _block_ids(info: KernelInfo, local: str) -> list[str]:
+    """The block index along each launch axis of kernel ``info`` for its block number ``local`` (x fastest, as CUDA
+    numbers a grid's blocks)."""
+    g = (*info.grid, 1, 1)[:3]
+    return [f"({local}) % {g[0]}" if g[0] > 1 else "0",
+            f"(({local}) // {g[0]}) % {g[1]}" if g[1] > 1 else "0",
+            f"({local}) // {g[0] * g[1]}" if g[2] > 1 else "0"]
+
+
 def _merged_kernel(name: str, unit: Sequence[int], made: Sequence[tuple[str, KernelInfo]],
                    pdl: str) -> tuple[str, KernelInfo]:
     """One ``@triton.jit`` kernel that runs the kernels ``made`` (device functions, :func:`kernel_source`'s
@@ -2050,12 +2063,8 @@ def _merged_kernel(name: str, unit: Sequence[int], made: Sequence[tuple[str, Ker
             out.append("    gdc_launch_dependents()")
     start = 0
     for m, (_src, info) in enumerate(made):
-        g = (*info.grid, 1, 1)[:3]
-        nb = g[0] * g[1] * g[2]
-        local = f"pid - {start}" if start else "pid"
-        pids = [f"({local}) % {g[0]}" if g[0] > 1 else "0",
-                f"(({local}) // {g[0]}) % {g[1]}" if g[1] > 1 else "0",
-                f"({local}) // {g[0] * g[1]}" if g[2] > 1 else "0"]
+        nb = math.prod(info.grid)
+        pids = _block_ids(info, f"pid - {start}" if start else "pid")
         test = "if" if m == 0 else ("else" if m == len(made) - 1 else "elif")
         out.append(f"    {test} pid < {start + nb}:" if test != "else" else "    else:")
         fn, mine = calls[m]
@@ -2066,6 +2075,76 @@ def _merged_kernel(name: str, unit: Sequence[int], made: Sequence[tuple[str, Ker
     infos = [i for _, i in made]
     return "\n".join(out) + "\n", KernelInfo(name, unit[0], (start,), signature, any(i.uses_dot for i in infos),
                                              all(i.row_dots_only for i in infos), tuple(unit), (0,))
+
+
+def persistent_tasks(unit: Sequence[int], blocks: Sequence[int],
+                     deps: Mapping[int, Sequence[int]]) -> list[tuple[int, int, tuple[int, ...]]]:
+    """The task table of a persistent kernel over the kernel nodes ``unit`` (in a topological order) with ``blocks``
+    blocks each and ``deps[j]`` the kernels of ``unit`` whose results kernel ``j`` reads: per kernel, in order,
+    ``(first task, tasks, indices in unit of the kernels it waits for)``. Kernel ``m``'s blocks are the global tasks
+    ``first .. first + tasks - 1``; every kernel it waits for comes earlier in ``unit``, so each of its tasks has a
+    larger global index than every task it waits for. Raises GraphError where ``unit`` is not topological."""
+    pos = {j: m for m, j in enumerate(unit)}
+    table: list[tuple[int, int, tuple[int, ...]]] = []
+    start = 0
+    for m, (j, nb) in enumerate(zip(unit, blocks, strict=True)):
+        waits = tuple(sorted({pos[d] for d in deps.get(j, ())}))
+        if any(w >= m for w in waits):
+            raise GraphError(f"codegen: persistent kernel: kernel {j} waits for a kernel not scheduled before it")
+        table.append((start, nb, waits))
+        start += nb
+    return table
+
+
+def _persistent_kernel(name: str, unit: Sequence[int], made: Sequence[tuple[str, KernelInfo]],
+                       deps: Mapping[int, Sequence[int]], offset: int) -> tuple[str, KernelInfo]:
+    """One ``@triton.jit`` kernel that runs the kernels ``made`` (device functions of the μGraph nodes ``unit``, in a
+    topological order) as *tasks* on a persistent grid (the MPK design): task ``t`` is block ``t - first`` of its
+    kernel (:func:`persistent_tasks`); block ``b`` of a launch of ``G`` blocks runs tasks ``b, b + G, b + 2G, ...``
+    in increasing order. Each kernel ``m`` that another reads has a completion counter ``ctr_ptr[offset + m]`` in
+    the program's counter buffer: a task that finished its stores passes a block barrier (every thread's stores are
+    done) and adds one to it with release semantics at GPU scope; a task whose kernel reads kernel ``m``'s results
+    first spins until the counter equals ``m``'s block count, reading it with acquire semantics at GPU scope, then
+    passes a block barrier before any load. The last block to finish (counter ``offset + len(unit)``,
+    acquire-release) sets every counter back to zero, so the next launch in stream order (or CUDA-graph replay)
+    starts from zero, as the last-block-combines launches leave theirs.
+
+    No deadlock when the ``G`` blocks are co-resident: every task waits only for tasks of smaller global index, and
+    each block takes its tasks in increasing order; the smallest unfinished task's waits are all satisfied and its
+    block has finished every earlier task of its own, so it runs. With ``G = 1`` (Triton's interpreter, which runs
+    blocks one after another) every wait is already satisfied when reached. Parameters: the counter buffer, then as
+    :func:`_merged_kernel`'s (``len(unit) + 1`` counters from ``offset``)."""
+    params, signature, mine_of = _member_params(made, {"ctr_ptr": "*i32", "ctr_s0": "i32"})
+    infos = [i for _, i in made]
+    blocks = [math.prod(i.grid) for i in infos]
+    table = persistent_tasks(unit, blocks, deps)
+    read = {w for _, _, waits in table for w in waits}  # the kernels another waits for: those count completions
+    total = sum(blocks)
+    out = ["@triton.jit", f"def {name}(" + ", ".join(params) + "):",
+           f'    """Kernels {", ".join(i.name for i in infos)} as tasks of one persistent launch (counters '
+           f'ctr_ptr[{offset}:{offset + len(unit) + 1}])."""', "    nprog = tl.num_programs(0)",
+           f"    for task in range(tl.program_id(0), {total}, nprog):"]
+    for m, ((start, nb, waits), info) in enumerate(zip(table, infos, strict=True)):
+        test = "if" if m == 0 else ("else" if m == len(made) - 1 else "elif")
+        out.append(f"        {test} task < {start + nb}:" if test != "else" else "        else:")
+        for w in waits:
+            out += [f'            while tl.atomic_add(ctr_ptr + {offset + w}, 0, sem="acquire", scope="gpu") < '
+                    f"{blocks[w]}:", "                pass"]
+        if waits:
+            out.append("            tl.debug_barrier()  # (no load of this task before the acquire)")
+        pids = _block_ids(info, f"task - {start}" if start else "task")
+        out.append(f"            {info.name}({', '.join(pids)}, {', '.join(mine_of[m])})")
+        if m in read:
+            out += ["            tl.debug_barrier()  # (every thread's stores before the release)",
+                    f'            tl.atomic_add(ctr_ptr + {offset + m}, 1, sem="release", scope="gpu")']
+    n = offset + len(made)
+    out += ["    tl.debug_barrier()",
+            f'    done = tl.atomic_add(ctr_ptr + {n}, 1, sem="acq_rel", scope="gpu")',
+            "    if done == nprog - 1:  # the last block: every wait is over; zero the counters for the next launch",
+            *(f'        tl.atomic_xchg(ctr_ptr + {c}, 0, sem="relaxed", scope="gpu")'
+              for c in [*(offset + m for m in sorted(read)), n])]
+    return "\n".join(out) + "\n", KernelInfo(name, unit[0], (total,), signature, any(i.uses_dot for i in infos),
+                                             all(i.row_dots_only for i in infos), tuple(unit), (0,), persistent=True)
 
 
 def last_block_plan(nodes: Sequence[Node], s: int, c: int) -> LastBlock | None:
@@ -2199,7 +2278,7 @@ def generate(program: Any, tiles: TileOptions | None = None,
              tiles_for: Callable[[BlockGraph, Sequence[TensorType]], TileOptions] | None = None,
              pdl: str = "", merge: bool = False,
              merge_key: Callable[[BlockGraph, Sequence[TensorType]], Any] | None = None,
-             last_block: bool = False) -> ModuleSource:
+             last_block: bool = False, persistent: bool = False) -> ModuleSource:
     """The generated module for a Graph, MuGraph or Candidate (kernel-level ops wrapped first).
 
     ``tiles_for(block_graph, arg_types)``, if given, chooses each kernel's tile options (else ``tiles``).
@@ -2219,6 +2298,12 @@ def generate(program: Any, tiles: TileOptions | None = None,
     :func:`_last_block_kernel`): the same kernels' code, the combine's blocks run by the split kernel's last blocks;
     its :class:`KernelInfo` names both nodes (``members``) and its plan (``last_block``). Such launches take the
     program's counter buffer (``("ctr", n)``, :attr:`ModuleSource.counters`) first.
+    ``persistent``: every kernel of the program (views aside) runs as tasks of *one* persistent launch
+    (:func:`_persistent_kernel`): the kernels in the merged launches' topological order, dependencies tracked by
+    completion counters in the program's counter buffer (taken first, as a last-block launch takes it); ``pdl``,
+    ``merge``, ``merge_key`` and ``last_block`` do not apply. ``forward`` launches it on ``GRID[name]`` blocks (one
+    unless the runtime sets more: never more than can be co-resident,
+    :func:`verimirage.backend.runtime.persistent_grid`).
     """
     mg0 = _as_mugraph(program)
     mg = to_kernels(mg0)
@@ -2252,7 +2337,28 @@ def generate(program: Any, tiles: TileOptions | None = None,
                 and _view_kernel(n.attr("block"), nodes[n.args[0][0]].outs[n.args[0][1]], n.outs[0]))
 
     view_nodes = {i for i, n in enumerate(nodes) if is_view(i, n)}
-    units = _launch_units(nodes, view_nodes, merge, merge_key)
+    if persistent:
+        pdl, merge_key, last_block = "", None, False
+    units = _launch_units(nodes, view_nodes, merge or persistent, merge_key)
+    pending_views: list[list[int]] = []
+    if persistent and any(u[0] not in view_nodes for u in units):
+        # one unit of every kernel, in level order; the views after its buffers are allocated
+        pending_views = [u for u in units if u[0] in view_nodes]
+        units = [[i for u in units if u[0] not in view_nodes for i in u]]
+
+    def base_kernel(r: tuple[int, int]) -> int | None:
+        # the kernel whose buffer value ``r`` lives in (through views); None for an input or constant
+        while r[0] in view_nodes:
+            r = nodes[r[0]].args[0]
+        return r[0] if nodes[r[0]].op == "custom" else None
+
+    def emit_view(i: int, n: Node) -> None:
+        shape = tuple(n.outs[0].shape)
+        ref_of[(i, 0)] = ("view", len(views))
+        views.append((ref_of[n.args[0]], shape))
+        var[(i, 0)] = f"t{i}_0"
+        body.append(f"t{i}_0 = {var[n.args[0]]}.view({_shape_text(shape)})")
+
     plans: dict[int, LastBlock] = {}
     if last_block:
         units, plans = _last_block_units(nodes, units, view_nodes)
@@ -2261,6 +2367,9 @@ def generate(program: Any, tiles: TileOptions | None = None,
     for s_node in sorted(plans):
         offsets[s_node] = n_ctr
         n_ctr += plans[s_node].groups
+    if persistent and units and units[0][0] not in view_nodes:  # (its counters: one a kernel, one for the blocks)
+        offsets[units[0][0]] = n_ctr
+        n_ctr += len(units[0]) + 1
     launched = [u for u in units if u[0] not in view_nodes]
     next_blocks = {a[0]: sum(nodes[j].attr("block").num_blocks for j in (b[:1] if b[0] in plans else b))
                    for a, b in itertools.pairwise(launched)}
@@ -2274,11 +2383,7 @@ def generate(program: Any, tiles: TileOptions | None = None,
         i = unit[0]
         n = nodes[i]
         if i in view_nodes:  # a row-major reshape of a buffer this program wrote (contiguous): its memory, reshaped
-            shape = tuple(n.outs[0].shape)
-            ref_of[(i, 0)] = ("view", len(views))
-            views.append((ref_of[n.args[0]], shape))
-            var[(i, 0)] = f"t{i}_0"
-            body.append(f"t{i}_0 = {var[n.args[0]]}.view({_shape_text(shape)})")
+            emit_view(i, n)
             continue
         mode = pdl
         if pdl == "auto":  # early only where the next kernel's blocks are few (where they land matters little)
@@ -2292,8 +2397,13 @@ def generate(program: Any, tiles: TileOptions | None = None,
             made.append(kernel_source(bg, arg_types, f"k{j}", tiles_for(bg, arg_types) if tiles_for else tiles,
                                       [store_dtype(r) for r in nj.args],
                                       [store_dtype((j, k)) for k in range(len(nj.outs))], _inline_masks(nodes, nj),
-                                      mode, device_fn=len(unit) > 1))
-        if i in plans:
+                                      mode, device_fn=len(unit) > 1 or persistent))
+        if persistent:
+            kname = "kp"
+            deps = {j: [k for k in (base_kernel(r) for r in nodes[j].args) if k is not None] for j in unit}
+            src, info = _persistent_kernel(kname, unit, made, deps, offsets[i])
+            ksrc.extend(s_ for s_, _ in made)
+        elif i in plans:
             kname = f"k{i}_{unit[1]}"
             src, info = _last_block_kernel(kname, unit, made, plans[i], offsets[i],
                                            [nodes[j].attr("block").grid for j in unit], mode)
@@ -2321,8 +2431,10 @@ def generate(program: Any, tiles: TileOptions | None = None,
                 body.append(f"{v} = torch.empty({_shape_text(t.shape)}, device={dev}.device, dtype={tdt})")
                 ref_of[(j, k)] = ("buf", base + len(bufs))
                 bufs.append((ref_of[(j, k)][1], tuple(t.shape), tdt.removeprefix("torch.")))
+        for pv in pending_views:  # (persistent: every buffer allocated, the views of them)
+            emit_view(pv[0], nodes[pv[0]])
         out_call: list[str] = []
-        if i in plans:  # (a last-block-combines launch: the counters first)
+        if i in plans or persistent:  # (a last-block-combines launch or a persistent kernel: the counters first)
             call += ["ctr", "ctr.stride(0)"]
             passed_refs.append((("ctr", n_ctr), 1))
         for j in unit:  # the launch's arguments: every member's operands, then every member's outputs
@@ -2339,7 +2451,8 @@ def generate(program: Any, tiles: TileOptions | None = None,
                 out_call += [f"{var[(j, k)]}.stride({d})" for d in range(t.rank)]
         call += out_call
         steps.append(LaunchStep(kname, info.grid, tuple(passed_refs), tuple(bufs)))
-        body.append(f"{kname}[{_shape_text(info.grid)}]({', '.join(call)}, **LAUNCH[{kname!r}])")
+        grid = f"GRID[{kname!r}]" if persistent else _shape_text(info.grid)
+        body.append(f"{kname}[{grid}]({', '.join(call)}, **LAUNCH[{kname!r}])")
     rets = [var[r] for r in output_refs(mg)]
     header = [
         f'"""Generated by verimirage (codegen {CODEGEN_VERSION}); do not edit.',
@@ -2368,6 +2481,9 @@ def generate(program: Any, tiles: TileOptions | None = None,
     launch = ["# launch parameters per kernel (the runtime may override them)", "LAUNCH = {"]
     launch += [f"    {k.name!r}: {{'num_warps': 4, 'num_stages': 2}}," for k in kernels]
     launch.append("}")
+    if persistent and kernels:
+        launch += ["", "# persistent kernels' grids: one block unless the runtime sets as many as can be co-resident",
+                   "GRID = {" + ", ".join(f"{k.name!r}: (1,)" for k in kernels if k.persistent) + "}"]
     launch += ["", "# argument types per kernel (ahead-of-time compilation, e.g. the sm_90 check)", "SIGNATURES = {"]
     launch += [f"    {k.name!r}: {k.signature!r}," for k in kernels]
     launch.append("}")

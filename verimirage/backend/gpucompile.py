@@ -31,7 +31,9 @@ def compile_modules(paths: Sequence[Path | str], *, arch: int = 90, timeout_s: f
     16-aligned tensors (:func:`specialize`). Returns ``{path: {kernel: {"ok", "wgmma", "mma", "cp_async",
     "shared", "error"}}}`` (``ok``: both compiled; ``cp_async``: asynchronous copies in the specialised PTX;
     ``shared``: the larger shared-memory size in bytes Triton allocated for the two compiles; ``atom``: the atomic
-    instructions of the PTX, e.g. ``atom.global.acq_rel.gpu.add.u32``).
+    instructions of the PTX, e.g. ``atom.global.acq_rel.gpu.add.u32``; in the specialised PTX, ``nc_loads``:
+    non-coherent ``ld.global.nc`` loads, ``acquire`` / ``release``: GPU-scope acquire and release operations (an
+    acquire load counts), ``bar_sync``: block barriers).
     """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     cmd = [sys.executable, "-m", "verimirage.backend.gpucompile", "--arch", str(arch), *map(str, paths)]
@@ -79,7 +81,7 @@ def _compile_one(path: str, arch: int) -> dict[str, Any]:
         fn = getattr(mod, name)
         opts = dict(mod.LAUNCH.get(name, {}))
         rep: dict[str, Any] = {"ok": True, "wgmma": False, "mma": False, "cp_async": 0, "shared": 0, "error": "",
-                               "atom": []}
+                               "atom": [], "nc_loads": 0, "acquire": 0, "release": 0, "bar_sync": 0}
         for label, src in (("plain", ASTSource(fn, dict(sig), {})), ("specialised", ASTSource(fn, *specialize(sig)))):
             try:
                 ck = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=opts)
@@ -93,6 +95,11 @@ def _compile_one(path: str, arch: int) -> dict[str, Any]:
             rep["atom"] = sorted(set(rep.get("atom", [])) | set(re.findall(r"\batom\.[\w.]+", ptx)))
             if label == "specialised":
                 rep["cp_async"] = ptx.count("cp.async.cg") + ptx.count("cp.async.ca")
+                # (a persistent kernel reads what its own tasks wrote: non-coherent loads would be a race)
+                rep["nc_loads"] = ptx.count("ld.global.nc")
+                rep["acquire"] = ptx.count("gpu.acquire") + ptx.count("gpu.acq_rel")
+                rep["release"] = ptx.count("gpu.release") + ptx.count("gpu.acq_rel")
+                rep["bar_sync"] = ptx.count("bar.sync")
         out[name] = rep
     return out
 

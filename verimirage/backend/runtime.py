@@ -224,6 +224,10 @@ class _LeanPlan:
     captured (a captured graph must not share the kept buffer with later calls).
     """
 
+    #: the program's completion counters on this device (set in ``__init__``; None for a program without any, and
+    #: for a plan built field by field)
+    counters: Any = None
+
     def __init__(self, prog: CompiledProgram, xs: Sequence[Any]) -> None:
         import torch
         from triton import knobs
@@ -248,10 +252,18 @@ class _LeanPlan:
                 t = value(ref)
                 call.append(t)
                 call += [t.stride(d) for d in range(rank)]
-            kern = jit.run(*call, grid=st.grid, warmup=False, **prog.launch[st.kernel])
+            if st.kernel in prog.persistent and st.kernel not in prog.grids:  # its co-resident grid, once
+                kern = jit.run(*call, grid=st.grid, warmup=True, **prog.launch[st.kernel])
+                if hasattr(kern, "result"):  # pragma: no cover - only under Triton's async compile mode
+                    kern = kern.result()
+                prog.grids[st.kernel] = (persistent_grid(kern, math.prod(st.grid), self.device),)
+                log.info("compiled program %s: persistent kernel %s, %d tasks on %d blocks", prog.path.name,
+                         st.kernel, math.prod(st.grid), prog.grids[st.kernel][0])
+            grid = prog.grids.get(st.kernel, st.grid)
+            kern = jit.run(*call, grid=grid, warmup=False, **prog.launch[st.kernel])
             if hasattr(kern, "result"):  # pragma: no cover - only under Triton's async compile mode
                 kern = kern.result()
-            g = (*st.grid, 1, 1)
+            g = (*grid, 1, 1)
             launches.append((kern, (g[0], g[1], g[2]), call))
         #: what this first call computed (returned to the caller that made the plan)
         self.first_outputs = tuple(value(r) for r in prog.returns)
@@ -643,7 +655,8 @@ class CompiledProgram:
     """
 
     def __init__(self, ms: ModuleSource, path: Path, module: ModuleType, config: LaunchConfig,
-                 per_kernel: Mapping[str, LaunchConfig] | None = None, cuda_graph: bool = False) -> None:
+                 per_kernel: Mapping[str, LaunchConfig] | None = None, cuda_graph: bool = False,
+                 cooperative: bool = False) -> None:
         self.source = ms.source
         self.path = path
         self.module = module
@@ -664,6 +677,12 @@ class CompiledProgram:
             self.launch[k.name] = {"num_warps": c.num_warps, "num_stages": c.num_stages}
             if ms.pdl:
                 self.launch[k.name]["launch_pdl"] = True
+            if k.persistent and cooperative and not interpreting():
+                self.launch[k.name]["launch_cooperative_grid"] = True
+        #: the persistent kernels (:func:`persistent_grid`) and their grids on a GPU, set by the first lean plan;
+        #: ``forward`` launches one block (always co-resident) until then
+        self.persistent = {k.name for k in self.kernels if k.persistent}
+        self.grids: dict[str, tuple[int]] = {}
         self._forward = module.forward
         self._dtypes = tuple(_torch_dtype(t) for t in self.input_types)
         #: whether calls may take the lean path (off in the interpreter, or after a plan failed to build)
@@ -842,6 +861,8 @@ class CompiledProgram:
                     return tuple(outs)
         self._first_launch(xs)
         self.module.LAUNCH.update({k: dict(v) for k, v in self.launch.items()})
+        if self.grids:
+            self.module.GRID.update(self.grids)
         return tuple(self._forward(*xs))
 
     def _first_launch(self, xs: list[Any]) -> None:
@@ -1035,6 +1056,61 @@ def _last_block_wanted() -> bool:
     return os.environ.get("VERIMIRAGE_LASTBLOCK", "").strip().lower() in ("1", "on", "true", "yes")
 
 
+def _persistent_wanted() -> str:
+    """Whether :func:`compile` runs the whole program as one persistent launch (codegen's ``persistent``): from
+    ``VERIMIRAGE_PERSISTENT`` in the environment, "1" (launched as a cooperative grid: the driver refuses a grid
+    that cannot be co-resident) or "plain" (an ordinary launch, the grid sized by the occupancy check alone); ""
+    (off) otherwise, the default: measured slower than merged launches (BENCHMARKS.md, "A decoder layer")."""
+    v = os.environ.get("VERIMIRAGE_PERSISTENT", "").strip().lower()
+    if v in ("1", "on", "true", "yes", "coop"):
+        return "coop"
+    return "plain" if v == "plain" else ""
+
+
+def _occupancy(kern: Any, device: Any) -> tuple[int, int]:
+    """(blocks of compiled kernel ``kern`` that fit one SM at once, the device's SMs): CUDA's occupancy calculator
+    (``cuOccupancyMaxActiveBlocksPerMultiprocessor``, from the kernel's registers, shared memory and threads), else
+    the same arithmetic from the kernel's resources and the device's limits."""
+    import ctypes
+
+    import torch
+
+    props = torch.cuda.get_device_properties(device)
+    sms = int(props.multi_processor_count)
+    if hasattr(kern, "_init_handles"):
+        kern._init_handles()
+    warps = int(kern.metadata.num_warps)
+    shared = int(kern.metadata.shared)
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+        n = ctypes.c_int(0)
+        rc = cuda.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(n), ctypes.c_void_p(kern.function),
+                                                              ctypes.c_int(32 * warps), ctypes.c_size_t(shared))
+        if rc == 0:
+            return int(n.value), sms
+        log.info("persistent kernel: cuOccupancyMaxActiveBlocksPerMultiprocessor returned %d; estimating", rc)
+    except (OSError, AttributeError) as e:
+        log.info("persistent kernel: no CUDA occupancy calculator (%s); estimating", e)
+    regs_warp = -(-max(int(getattr(kern, "n_regs", 255)), 1) * 32 // 256) * 256
+    by_regs = (int(getattr(props, "regs_per_multiprocessor", 65536)) // regs_warp) // warps
+    smem = int(getattr(props, "shared_memory_per_multiprocessor", 233472))
+    by_smem = smem // (shared + 1024) if shared else 32
+    by_threads = int(getattr(props, "max_threads_per_multi_processor", 2048)) // (32 * warps)
+    return max(0, min(by_regs, by_smem, by_threads, 32)), sms
+
+
+def persistent_grid(kern: Any, tasks: int, device: Any) -> int:
+    """The blocks to launch persistent kernel ``kern`` (``tasks`` tasks) with on ``device``: at most one per task and
+    no more than can be co-resident (:func:`_occupancy`), since a block may wait for another's task. Raises
+    GraphError where not one block fits an SM."""
+    per_sm, sms = _occupancy(kern, device)
+    if per_sm < 1:
+        raise GraphError(f"compile: the persistent kernel ({kern.metadata.num_warps} warps, {kern.n_regs} registers, "
+                         f"{kern.metadata.shared} bytes of shared memory) fits no SM; its blocks cannot be co-resident "
+                         "(run the program without VERIMIRAGE_PERSISTENT)")
+    return max(1, min(tasks, per_sm * sms))
+
+
 def _pdl_wanted() -> str:
     """How :func:`compile` generates kernels for programmatic dependent launch (codegen's ``pdl``): from
     ``VERIMIRAGE_PDL`` in the environment, "start", "end" or "auto" ("1": "end"); "" (off) otherwise, the default while
@@ -1088,6 +1164,7 @@ def compile(
         config = _chosen_config(program)
     pdl = _pdl_wanted()
     merge = _merge_wanted()
+    persistent = _persistent_wanted()
     if last_block is None:
         last_block = _last_block_wanted()
     elif not isinstance(last_block, bool):
@@ -1100,7 +1177,8 @@ def compile(
         # H100, benchmarks/perf/NOTES.md session 14: the layer's q projection (4 warps) merged with the k and v
         # projections' broadcast products (16 warps) ran 36.3 us at 16 warps against 26.6 apart)
         ms = generate(program, tiles_for=lambda bg, at: tuning.recommend(bg, at).tiles, pdl=pdl, merge=merge,
-                      merge_key=lambda bg, at: tuning.recommend(bg, at).num_warps, last_block=last_block)
+                      merge_key=lambda bg, at: tuning.recommend(bg, at).num_warps, last_block=last_block,
+                      persistent=bool(persistent))
         nodes = node_list(ms.mugraph)
         store = arg_storage(ms.mugraph)
         tuned: dict[str, LaunchConfig] = {}
@@ -1115,12 +1193,12 @@ def compile(
                                                                                                    strict=True)])
         per_kernel = tuned | dict(per_kernel or {})
     else:
-        ms = generate(program, config.tiles, pdl=pdl, merge=merge, last_block=last_block)
+        ms = generate(program, config.tiles, pdl=pdl, merge=merge, last_block=last_block, persistent=bool(persistent))
         fitted = _fit_kernels(ms, config)
         if fitted:  # some kernels need less shared memory than config gives them: regenerate those
             fixed = {(str(n.attr("block")), tuple(nodes_t)): c for n, nodes_t, c in fitted.values()}
             ms = generate(program, tiles_for=lambda bg, at: fixed.get((str(bg), tuple(at)), config).tiles, pdl=pdl,
-                          merge=merge, last_block=last_block)
+                          merge=merge, last_block=last_block, persistent=bool(persistent))
             per_kernel = {k: c for k, (_, _, c) in fitted.items()} | dict(per_kernel or {})
     path = write_module(ms, Path(directory) if directory is not None else None)
     try:
@@ -1130,4 +1208,4 @@ def compile(
     log.debug("compiled %d kernel(s) into %s", len(ms.kernels), path)
     if cuda_graph and interpreting():
         raise ValueError("compile: cuda_graph=True needs a CUDA device; kernels run in Triton's interpreter here")
-    return CompiledProgram(ms, path, mod, config, per_kernel, cuda_graph=cuda_graph)
+    return CompiledProgram(ms, path, mod, config, per_kernel, cuda_graph=cuda_graph, cooperative=persistent == "coop")
