@@ -33,7 +33,7 @@ def k3(a0_ptr, a0_s0, a0_s1, a0_s2, a1_ptr, a1_s0, a1_s1, a1_s2, a2_ptr, a2_s0, 
     pid1 = tl.program_id(1)
     v0 = tl.load(a0_ptr + (pid1 * 16 + tl.arange(0, 64)[:, None]) * a0_s1 + (tl.arange(0, 16)[None, :]) * a0_s2, mask=(tl.arange(0, 64)[:, None] < 16), other=0.0).to(tl.float32)
     v6 = tl.zeros((1, 64, 1), tl.float32)
-    v8 = tl.zeros((1, 64, 16), tl.float32)
+    v8 = tl.zeros((64, 16), tl.float32)
     for it in range(0, 4):
         v1 = tl.load(a1_ptr + (tl.arange(0, 16)[:, None]) * a1_s1 + (it * 32 + tl.arange(0, 32)[None, :]) * a1_s2).to(tl.float32)
         v2 = tl.load(a2_ptr + (it * 32 + tl.arange(0, 32)[None, :, None]) * a2_s1 + (tl.arange(0, 16)[None, None, :]) * a2_s2).to(tl.float32)
@@ -45,9 +45,10 @@ def k3(a0_ptr, a0_s0, a0_s1, a0_s2, a1_ptr, a1_s0, a1_s1, a1_s2, a2_ptr, a2_s0, 
         v6 = (v6 + v5)
         x5 = tl.reshape(v4, (64, 32)).to(tl.float16)
         y6 = tl.reshape(v2, (32, 16)).to(tl.float16)
-        d4 = tl.reshape(tl.dot(x5, y6, tl.reshape(v8, (64, 16))), (1, 64, 16))
+        d4 = tl.dot(x5, y6, v8)
         v8 = d4
-    v9 = (v8 / v6)
+    v8_r = tl.reshape(v8, (1, 64, 16))
+    v9 = (v8_r / v6)
     tl.store(o0_ptr + (pid1 * 16 + tl.arange(0, 64)[None, :, None]) * o0_s1 + (tl.arange(0, 16)[None, None, :]) * o0_s2, v9.to(o0_ptr.dtype.element_ty), mask=(tl.arange(0, 64)[None, :, None] < 16))
 
 

@@ -348,6 +348,8 @@ class _KernelGen:
         self.tmp = 0
         #: names of block inputs loaded without their size-1 dims -> the rank-2 shape they have
         self.squeezed: dict[str, tuple[int, ...]] = {}
+        #: the shape of the last accumulator emit_matmul(carry=True) returned (tl.dot's own; see emit_matmul)
+        self.carried: tuple[int, ...] = ()
         self.alias_reshape: dict[int, int] = {}  # reshape node -> the block input it only re-dims (row dots)
         #: names of block inputs loaded straight as a row product's ``(rows, K)`` ``tl.dot`` operand, its rows after
         #: the product's own zero (see row_loaded_inputs), and the products that read such an operand
@@ -660,11 +662,15 @@ class _KernelGen:
 
     def emit_matmul(self, lines: list[str], n: Node, a: str, b: str, ta: TensorType, tb: TensorType,
                     pa: tuple[int, ...], pb: tuple[int, ...], po: tuple[int, ...], acc: str | None,
-                    wide: bool = False) -> str:
+                    wide: bool = False, carry: bool = False) -> str:
         """Lines computing ``a @ b`` (plus ``acc`` if given); returns the result's name.
 
         ``wide`` (a one-row product, :meth:`row_groups`): ``acc`` and the result are the ``(row_dot, N)`` tiles of
-        the broadcast row's ``tl.dot`` (a loop accumulator kept inside ``tl.dot``; :meth:`row_of` reads it)."""
+        the broadcast row's ``tl.dot`` (a loop accumulator kept inside ``tl.dot``; :meth:`row_of` reads it).
+        ``carry`` (a loop accumulator): ``acc`` and the result have the shape ``tl.dot`` itself takes, recorded in
+        :attr:`carried` (no ``tl.reshape`` of the loop-carried value around the dot: Triton 3.6's sm_90 pipeliner
+        fails on one, "operand #0 does not dominate this use")."""
+        self.carried = po
         r = len(po)
         groups = self.row_groups(ta, tb, pa, pb, po)
         if groups:
@@ -735,10 +741,12 @@ class _KernelGen:
         lines.append(f"{b_op} = {shaped(b, pb, (*batch, pk, pn), s_b)}.to({dt})")
         args = [a_op, b_op]
         if acc is not None:
-            args.append(shaped(acc, po, po, s_o))
+            args.append(acc if carry else shaped(acc, po, po, s_o))
         attrs = {"_precision": self.opts.fp32_precision}
         expr = OPS["matmul"].domains["triton"](args, attrs, [ta, tb], [n.outs[0]])
-        if s_o != po:
+        if carry:
+            self.carried = s_o
+        elif s_o != po:
             expr = f"tl.reshape({expr}, {_shape_text(po)})"
         lines.append(f"{out} = {expr}")
         return out
@@ -824,16 +832,18 @@ class _KernelGen:
         return self._row_dot_result(lines, n, ta, tb, po, acc, wide, groups, a_op, b_op, nb)
 
     def emit_matmul_node(self, lines: list[str], nodes: Sequence[Node], i: int, vid_of: Any, name: dict[Any, str],
-                         acc: str | None, wide: bool = False) -> str:
+                         acc: str | None, wide: bool = False, carry: bool = False) -> str:
         """Lines computing matmul node ``i`` (plus ``acc``); a split matmul of concats (see
-        :meth:`split_concat_matmuls`) is the sum of its pieces' products, chained through the accumulator."""
+        :meth:`split_concat_matmuls`) is the sum of its pieces' products, chained through the accumulator.
+        ``carry``: see :meth:`emit_matmul` (a product of one piece only)."""
         n = nodes[i]
         po = self.padded(vid_of(i, 0), n.outs[0])
         pairs = self.split_mm.get(i) if vid_of(i, 0) == (i, 0) else None
+        carry = carry and pairs is None
         for ra, rb in pairs if pairs is not None else [tuple(n.args)]:
             ta, tb = nodes[ra[0]].outs[ra[1]], nodes[rb[0]].outs[rb[1]]
             acc = self.emit_matmul(lines, n, name[vid_of(*ra)], name[vid_of(*rb)], ta, tb,
-                                   self.padded(vid_of(*ra), ta), self.padded(vid_of(*rb), tb), po, acc, wide)
+                                   self.padded(vid_of(*ra), ta), self.padded(vid_of(*rb), tb), po, acc, wide, carry)
         assert acc is not None
         return acc
 
@@ -1349,8 +1359,14 @@ class _KernelGen:
                         body.append(f"{v}_w = {res}")
                         postl.append(f"{v} = {self.row_of(f'{v}_w', po, groups, nb, a in self.zero_row_dots)}")
                     elif a in dot_acc:
-                        res = self.emit_matmul_node(body, nodes, a, vid_of, name, acc_in)
+                        carry = n.op == "loop_sum"
+                        res = self.emit_matmul_node(body, nodes, a, vid_of, name, acc_in, carry=carry)
                         body.append(f"{v} = {res}")
+                        if carry and self.carried != po:
+                            # the loop carries tl.dot's own shape (a batch of one dropped); reshaped after the loop
+                            pre[-1] = f"{v} = tl.zeros({_shape_text(self.carried)}, tl.float32)"
+                            postl.append(f"{v}_r = tl.reshape({v}, {_shape_text(po)})")
+                            name[(i, 0)] = f"{v}_r"
                     elif n.op == "loop_sum":
                         body.append(f"{v} = {fn([v, x], {}, [ot, ot], [ot])}")
                     else:
