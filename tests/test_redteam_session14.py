@@ -129,3 +129,33 @@ def test_scaled_weight_tiles_flushed_small_weights_to_zero_where_the_source_is_a
     kern = np.asarray(out.float().numpy(), dtype=np.float64)
     for got in (model, kern):
         assert np.abs(got - want).max() < 2e-2 * scale
+
+
+def test_fp_check_rejected_a_design_whose_partial_sums_the_generated_code_keeps_in_fp32() -> None:
+    """Finding (low; a correct design lost, not a wrong one kept): the floating-point check rounded every kernel's
+    result to its IR dtype, but the code generator keeps a result that another kernel reads (and the program does
+    not return) in fp32 (``codegen.storage_dtype``). ``mean(x)`` over 8,192 fp16 values as a ``sum`` kernel and a
+    ``scale`` kernel was rejected ("source 15.57, candidate inf" on positive 1..30 inputs) while its kernels give
+    15.44 (float64 15.44). Now the candidate is evaluated with its results stored as generated; a result the
+    program returns is still rounded to its dtype, and an fp16 product's operand still to fp16."""
+    import numpy as np
+
+    import verimirage as vm
+    from verimirage.pipeline.fpsafe import SafetyChecker, evaluate_in_dtype
+    from verimirage.rewrite.partition import lower_all
+
+    g = vm.Graph()
+    g.output(g.mean(g.input("X", (2, 8192), vm.float16), axis=1))
+    mg = next(low.mugraph for low in lower_all(g)[0] if low.mugraph.num_kernels == 2
+              and "sum" in str(low.mugraph) and "custom" not in str(low.mugraph))
+    assert SafetyChecker(g).check(mg) is None
+    ins = {"X": np.random.default_rng(0).uniform(1, 30, (2, 8192))}
+    (got,), _ = evaluate_in_dtype(mg, ins, generated=True)
+    out = vm.compile(mg)(torch.tensor(ins["X"], dtype=torch.float16))
+    assert np.isfinite(got).all() and np.isfinite(out.double().numpy()).all()
+    assert not np.isfinite(evaluate_in_dtype(mg, ins)[0][0]).all()  # (as the source's own ops would store it)
+    # a returned result is still rounded to its dtype: sum(x) itself overflows fp16, both in the model and the code
+    g2 = vm.Graph()
+    g2.output(g2.sum(g2.input("X", (2, 8192), vm.float16), axis=1))
+    (s2,), _ = evaluate_in_dtype(g2, ins, generated=True)
+    assert not np.isfinite(s2).all()

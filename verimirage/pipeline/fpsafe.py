@@ -12,9 +12,10 @@ overflows only where one input is large, and where all are the source overflows 
 first input set on which the candidate has a non-finite element where the source's is finite. The
 search (:func:`verimirage.pipeline.superopt.superoptimize`) rejects such a candidate with that reason.
 
-Rounding follows the generated code (:mod:`verimirage.backend.codegen`): every kernel-level op's result
-(a kernel's store) and every kernel output in the candidate's dtype, values inside a kernel in fp32, a
-matmul's operands in their dtype; an op's fp32 accumulator (its fact ``accumulates``: an ``rms_norm`` kernel's
+Rounding follows the generated code (:mod:`verimirage.backend.codegen`): the candidate's results that it
+returns in their dtype, those only other kernels read in fp32 (``codegen.storage_dtype``), the source's every
+op result (a kernel's store, as eager ops store it) in its dtype; values inside a kernel in fp32, a matmul's
+operands in their dtype; an op's fp32 accumulator (its fact ``accumulates``: an ``rms_norm`` kernel's
 sum of squares) in fp32, its overflow counted as the op's result overflowing. Only input sets on
 which no intermediate value of the source overflows constrain the candidate (an overflowed intermediate
 can leave a finite but meaningless output, e.g. 0 from a softmax whose denominator overflowed).
@@ -99,13 +100,23 @@ def _accumulator_finite(acc: Any, args: Sequence[Any], attrs: Mapping[str, Any],
     return not inner.nonfinite
 
 
-def evaluate_in_dtype(g: Graph, inputs: Mapping[str, np.ndarray]) -> tuple[list[np.ndarray], bool]:
+def evaluate_in_dtype(g: Graph, inputs: Mapping[str, np.ndarray], *,
+                      generated: bool = False) -> tuple[list[np.ndarray], bool]:
     """``g`` evaluated as the generated kernels compute (:class:`RoundingDomain`): inputs and kernel results
     rounded to their dtypes, values inside a kernel to fp32. Returns the outputs (float64 arrays) and
-    whether any intermediate value had a non-finite element."""
+    whether any intermediate value had a non-finite element.
+
+    ``generated``: a kernel's result that the program does not return is kept as the code generator keeps it,
+    in fp32 (``backend.codegen.storage_dtype``; a candidate's partial sums between kernels), else (the source,
+    every op of which stores its result as eager ATen ops do) in its dtype."""
     kern, blk = RoundingDomain(True), RoundingDomain(False)
     nodes = node_list(g)
+    final = set(output_refs(g)) if generated else None
     env: dict[int, list[Any]] = {}
+
+    def stored(i: int, k: int, dtype: DType) -> DType:
+        return dtype if final is None or (i, k) in final else DType.float32
+
     with np.errstate(all="ignore"):
         for i, n in enumerate(nodes):
             if n.op == "input":
@@ -115,12 +126,16 @@ def evaluate_in_dtype(g: Graph, inputs: Mapping[str, np.ndarray]) -> tuple[list[
                 args = [env[a][k] for a, k in n.args]
                 types = [nodes[a].outs[k] for a, k in n.args]
                 outs = run_block(n.attr("block"), args, types, blk)
-                env[i] = [round_to(o, t.dtype) for o, t in zip(outs, n.outs, strict=True)]
+                env[i] = [round_to(o, stored(i, k, t.dtype)) for k, (o, t) in enumerate(zip(outs, n.outs, strict=True))]
                 kern.nonfinite = kern.nonfinite or not all(np.isfinite(o).all() for o in env[i])
             else:
                 args = [env[a][k] for a, k in n.args]
                 types = [nodes[a].outs[k] for a, k in n.args]
-                env[i] = [apply_op(kern, n.op, args, n.attr_dict, types, n.outs[0])]
+                if final is None:
+                    env[i] = [apply_op(kern, n.op, args, n.attr_dict, types, n.outs[0])]
+                else:  # (a kernel of its own: in fp32, a matmul's operands in their dtype, its result as stored)
+                    r = apply_op(blk, n.op, args, n.attr_dict, types, n.outs[0])
+                    env[i] = [round_to(r, stored(i, 0, n.outs[0].dtype))]
         outs = [np.asarray(env[a][k], dtype=np.float64) for a, k in output_refs(g)]
     return outs, kern.nonfinite or blk.nonfinite
 
@@ -319,7 +334,7 @@ class SafetyChecker:
             if src_overflowed:
                 continue
             try:
-                cand, _ = evaluate_in_dtype(candidate, ins)
+                cand, _ = evaluate_in_dtype(candidate, ins, generated=True)
             except Exception as e:  # (a program the float evaluator cannot run is not safe to call safe)
                 return f"floating point: the candidate cannot be evaluated in its dtype: {e}"
             for k, (x, y) in enumerate(zip(src, cand, strict=True)):
