@@ -228,3 +228,20 @@ def test_layer_bs1_qkv_rot_new_regions_run_in_the_interpreter() -> None:
         outs = vm.compile(mg)(**{k: torch.tensor(v, dtype=torch.float16) for k, v in xs.items()})
         for o, r in zip(outs if isinstance(outs, tuple) else (outs,), ref, strict=True):
             assert np.linalg.norm(o.double().numpy() - r) / max(np.linalg.norm(r), 1e-30) < 2e-3
+
+
+def test_cost_counts_merged_launches(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the runtime's merged mode runs the three products as one launch and the add and exp as one: 6 -> 3 launches,
+    # three launch costs fewer; by default the estimate follows VERIMIRAGE_MERGE as the runtime does
+    from verimirage.rewrite.cost import H100, cost, merged_launches
+
+    mg = vm.MuGraph.from_graph(_three_projections())
+    assert merged_launches(mg) == len(generate(mg, merge=True).steps) == 3
+    plain, merged = cost(mg, merge=False), cost(mg, merge=True)
+    assert (plain.launches, merged.launches) == (6, 3)
+    assert merged.time_s == pytest.approx(plain.time_s - 3 * H100.launch_s)
+    assert merged.bytes == plain.bytes
+    monkeypatch.delenv("VERIMIRAGE_MERGE", raising=False)
+    assert cost(mg).launches == 6
+    monkeypatch.setenv("VERIMIRAGE_MERGE", "1")
+    assert cost(mg).launches == 3
