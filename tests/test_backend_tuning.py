@@ -164,3 +164,31 @@ def test_whole_vocabulary_rows_get_16_warps() -> None:
 
     low = next(lo for lo in lower_all(g)[0] if "f16[1,2000]" in str(lo.mugraph))
     assert {r.num_warps for r in _recs(low.mugraph)} == {4}
+
+
+def test_a_product_after_the_loop_does_not_make_a_kernel_attention_like() -> None:
+    """``KernelShape.chained`` (the attention rule: 3 stages) is a product of the loop body consuming another of the
+    same iteration; LoRA's one-kernel design ((X A) B after a K loop of X W and X A) is a K loop of two independent
+    products and gets the skinny-GEMM rules (4 stages where they fit), as activations' X W does."""
+    import json
+    from pathlib import Path
+
+    from verimirage.backend.tuning import kernel_shape, recommend
+    from verimirage.backend.wrap import to_kernels
+    from verimirage.ir.graph import node_list
+
+    folder = Path(__file__).resolve().parents[1] / "benchmarks" / "candidates_models"
+
+    def kernel(case: str, rank: int) -> tuple:
+        doc = json.loads((folder / f"{case}.json").read_text())
+        mg = to_kernels(vm.MuGraph.parse(doc["candidates"][rank]["mugraph"]))
+        nodes = node_list(mg)
+        (n,) = [n for n in nodes if n.op == "custom" and n.attr("block").frange > 1][:1]
+        return n.attr("block"), [nodes[a].outs[k] for a, k in n.args]
+
+    lora = next(kernel("lora_scaled", r) for r in range(6)
+                if sum(x.op == "matmul" for x in kernel("lora_scaled", r)[0].nodes) == 3)
+    assert not kernel_shape(*lora).chained
+    assert recommend(*lora).num_stages == 4
+    attn = kernel("causal_attention", 0)
+    assert kernel_shape(*attn).chained and recommend(*attn).num_stages == 3

@@ -65,7 +65,7 @@ class KernelShape:
     frange: int  # for-loop iterations
     matmuls: int  # tl.dot products (all dims > 1)
     dot_rows: int  # largest logical row count of a tl.dot result (0 without matmuls)
-    chained: bool  # a matmul consumes another matmul's result (attention: P @ V after Q @ K)
+    chained: bool  # a matmul of the loop body consumes another's result (attention: P @ V after Q @ K)
     stage_bytes: int  # bytes of loop-varying input tiles per iteration, padded (rows to 16 for dots)
     max_tile: int  # largest padded value in the kernel (elements)
     dot_cols: int = 0  # smallest logical column count of a tl.dot result
@@ -96,7 +96,11 @@ def kernel_shape(bg: BlockGraph, arg_types: Sequence[TensorType]) -> KernelShape
                 return True
         return False
 
-    chained = any(reaches_matmul(i, set()) for i in mm)
+    # a product in the loop body that consumes another of the same iteration (attention's P @ V after Q K^T): not
+    # one after the loop that reads the loop's accumulators (LoRA's (X A) B, one-kernel design: the loop is a plain
+    # K loop of two independent products, which the skinny-GEMM rules pipeline)
+    post = bg.post_loop() if bg.frange > 1 else [False] * len(bg.nodes)
+    chained = any(not post[i] and reaches_matmul(i, set()) for i in mm)
     stage = 0
     biggest = 0
     for i, n in enumerate(bg.nodes):
