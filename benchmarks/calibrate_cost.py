@@ -50,6 +50,8 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 CANDS = "benchmarks/candidates_models"
 DATASET = RESULTS / "cost_calibration_models.json"
+#: the held-out sets as last collected (``--test ... --suite --save-heldout``): what ``tests/`` read, without git
+HELDOUT = RESULTS / "cost_calibration_heldout.json"
 #: the suite's last full measurement (H100) of its stored candidates: the held-out programs of ``--suite``
 SUITE_RESULT = "suite_h100_2026-11-26_s11/merged.json"
 SUITE_CANDS = "benchmarks/candidates"
@@ -254,6 +256,11 @@ def suite_entries() -> list[dict[str, Any]]:
     return list(doc["entries"])
 
 
+def heldout_sets() -> dict[str, list[dict[str, Any]]]:
+    """The held-out sets stored in :data:`HELDOUT` (name: the result file, or ``suite``; each a list of entries)."""
+    return dict(json.loads(HELDOUT.read_text())["sets"])
+
+
 def _print(rep: dict[str, Any], label: str, floors: str = "") -> None:
     f = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
     print(f"{label}: {rep['pairs']} candidates of {rep['programs']} programs; Spearman pooled {f(rep['pooled'])} "
@@ -279,6 +286,8 @@ def main() -> int:
     ap.add_argument("--test", nargs="*", default=[], metavar="FILE",
                     help="held out: report on these result files' candidates (relative to benchmarks/results/)")
     ap.add_argument("--suite", action="store_true", help=f"held out: report on the suite ({SUITE_RESULT})")
+    ap.add_argument("--save-heldout", action="store_true",
+                    help=f"store the --test / --suite sets in {HELDOUT.name} (what the tests read)")
     ap.add_argument("--lopo", metavar="PARAM=V1,V2,...",
                     help="choose a Hardware parameter leave-one-program-out and report the held-out figures")
     ap.add_argument("--json", action="store_true")
@@ -302,6 +311,10 @@ def main() -> int:
         tests[src] = t["entries"]
     if args.suite:
         tests["suite"] = suite_entries()
+    if args.save_heldout:
+        HELDOUT.write_text(json.dumps({
+            "note": "held-out sets of the cost model's calibration (not in cost_calibration_models.json): entries as "
+                    "in that file; 'flat': measured with flat elementwise kernels", "sets": tests}, indent=1) + "\n")
     reps = {name: report(es, estimate(es)) for name, es in tests.items()}
     held = None
     if args.lopo:

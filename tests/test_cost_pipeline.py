@@ -73,7 +73,7 @@ def test_few_blocks_share_an_sms_load_path() -> None:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import calibrate_cost
 
-    entries = [e for e in calibrate_cost.suite_entries() if e["case"] == "gated_mlp_bs1"]
+    entries = [e for e in calibrate_cost.heldout_sets()["suite"] if e["case"] == "gated_mlp_bs1"]
     uncapped = dataclasses.replace(H100, sm_bandwidth=0.0)
     one_kernel: dict[int, list[tuple[float, float, vm.MuGraph]]] = {}
     for e in entries:
