@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import verimirage as vm
-from verimirage.ir.graph import MuGraph, Tensor
+from verimirage.ir.builders import Tensor
+from verimirage.ir.graph import MuGraph
 from verimirage.smt.certificate import check_text
 from verimirage.smt.certify import make_certificate, make_composed_certificate
 from verimirage.smt.glue import live_ops, region_of

@@ -9,7 +9,8 @@ import pytest
 
 import verimirage as vm
 from verimirage.benchmarks.designs import DESIGNS, small_design_kw
-from verimirage.ir.graph import Tensor, node_list
+from verimirage.ir.builders import Tensor
+from verimirage.ir.graph import node_list
 from verimirage.smt.prune import explain, may_be_subexpression, partial_atoms
 
 sys.path.insert(0, str(Path(__file__).parent / "cases"))

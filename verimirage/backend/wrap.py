@@ -22,9 +22,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from ..ir.builders import BlockBuilder
+from ..ir.builders import BlockBuilder, Tensor
 from ..ir.errors import GraphError
-from ..ir.graph import BlockGraph, Graph, MuGraph, Node, Tensor, node_list, output_refs
+from ..ir.graph import BlockGraph, Graph, MuGraph, Node, node_list, output_refs
 from ..ir.ops import OPS, Prop, TensorType
 
 #: Largest tile extent the default block graphs put on the grid-split last dim.

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..ir.builders import BlockBuilder, ThreadBuilder
+from ..ir.builders import BlockBuilder, Tensor, ThreadBuilder
 from ..ir.errors import GraphError
-from ..ir.graph import Graph, MuGraph, Tensor
+from ..ir.graph import Graph, MuGraph
 from ..ir.ops import TensorType
 
 

@@ -36,9 +36,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..ir.builders import Tensor
 from ..ir.dtypes import DType, bool_, float16
 from ..ir.errors import GraphError
-from ..ir.graph import Graph, Tensor
+from ..ir.graph import Graph
 from .models import masked_attention, rotary
 
 

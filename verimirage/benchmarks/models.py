@@ -12,9 +12,10 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..ir.builders import Tensor
 from ..ir.dtypes import DType, bool_, float16
 from ..ir.errors import GraphError
-from ..ir.graph import Graph, Tensor
+from ..ir.graph import Graph
 from .suite import attention
 
 INV_SQRT2 = 1.0 / math.sqrt(2.0)

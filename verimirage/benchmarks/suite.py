@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..ir.builders import Tensor
 from ..ir.dtypes import DType, float16
 from ..ir.errors import GraphError
-from ..ir.graph import Graph, Tensor
+from ..ir.graph import Graph
 
 
 @dataclass(frozen=True)

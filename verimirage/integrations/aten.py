@@ -32,9 +32,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..ir.builders import Tensor
 from ..ir.dtypes import DType
 from ..ir.errors import GraphError
-from ..ir.graph import Graph, Tensor
+from ..ir.graph import Graph
 from ..ir.ops import OPS
 
 

@@ -96,14 +96,6 @@ def live_nodes(nodes: Sequence[Node], outputs: Iterable[Ref]) -> set[int]:
 # --------------------------------------------------------------------------- builders
 
 
-def __getattr__(name: str) -> Any:
-    if name == "Tensor":  # (a value of a program under construction: the builders')
-        from .builders import Tensor
-
-        return Tensor
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 class _Builder(OpMethods):
     """The builders' common base (each level allows a subset of the ops); its methods are
     :class:`verimirage.ir.builders.OpMethods`'."""

@@ -80,6 +80,8 @@ COMPOSITES: dict[str, Any] = {
                             ("shift", (-1,), {"c": -1.0})],  # 2 sigmoid(2x) - 1
     "rms_norm": _rms,
     "pow": _pow,
+    "transpose": lambda ts, at: [("permute", (0,), {"dims": tuple({at["a"]: at["b"], at["b"]: at["a"]}.get(d, d)
+                                                              for d in range(ts[0].rank))})],  # axes a, b swapped
 }
 
 

@@ -235,7 +235,9 @@ FAMILY_COVERS: dict[str, tuple[str, ...]] = {
 # --------------------------------------------------------------------------- the registry's facts
 
 _LAYOUT: dict[str, Any] = {"homog": _h_first, "egg_shape": "custom"}
-_REDUCTION: dict[str, Any] = {"index": index_reduce, "homog": _h_first, "egg_shape": "reduce"}
+_AXIS = {"axis": "axis"}
+_REDUCTION: dict[str, Any] = {"index": index_reduce, "homog": _h_first, "egg_shape": "reduce", "attr_kinds": _AXIS}
+_SHAPE = {"attr_kinds": {"shape": "ints", "src": "ints"}}
 
 _TABLE: dict[str, dict[str, Any]] = {
     "exp": {"family": "exp"},
@@ -259,9 +261,10 @@ _TABLE: dict[str, dict[str, Any]] = {
     "min": {**_REDUCTION, "reduce": Reduce("minimum", None, math.inf), "family": "max"},
     "matmul": {"index": _index_matmul, "scales_with": (0, 1), "homog": _h_mul, "egg_shape": "custom"},
     "rms_norm": {"index": _index_rms, "pad": 0.0, "homog": _h_rms, "family": "sqrt", "egg_shape": "same",
-                 "accumulates": Accumulates("square")},
-    "concat": {"index": _index_concat, "homog": _h_add, "egg_shape": "custom"},
-    "transpose": {"index": _index_transpose, "homog": _h_first, "egg_shape": "custom"},
+                 "accumulates": Accumulates("square"), "attr_kinds": _AXIS},
+    "concat": {"index": _index_concat, "homog": _h_add, "egg_shape": "custom", "attr_kinds": _AXIS},
+    "transpose": {"index": _index_transpose, "homog": _h_first, "egg_shape": "custom",
+                  "attr_kinds": {"a": "axis", "b": "axis"}},
     "log": {"family": "log"},
     "tanh": {"family": "tanh"},
     "sigmoid": {"family": "sigmoid"},
@@ -274,11 +277,12 @@ _TABLE: dict[str, dict[str, Any]] = {
     "leaky_relu": {"family": "leaky_relu", "homog": _h_first},
     "step": {"family": "step"},
     "where": {"homog": _h_where},
-    "cast": {"homog": _h_first},
-    "permute": {**_LAYOUT, "index": _index_permute},
-    "reshape": {**_LAYOUT, "index": _index_reshape},
-    "broadcast_to": {**_LAYOUT, "index": _index_broadcast_to},
-    "slice": {**_LAYOUT, "index": _index_slice},
+    "cast": {"homog": _h_first, "attr_kinds": {"dtype": "dtype"}},
+    "tril_mask": {"attr_kinds": {"shape": "ints", "offset": "int"}},
+    "permute": {**_LAYOUT, "index": _index_permute, "attr_kinds": {"dims": "ints"}},
+    "reshape": {**_LAYOUT, **_SHAPE, "index": _index_reshape},
+    "broadcast_to": {**_LAYOUT, **_SHAPE, "index": _index_broadcast_to},
+    "slice": {**_LAYOUT, "index": _index_slice, "attr_kinds": {"axis": "axis", "start": "int", "stop": "int"}},
     "loop_sum": {"index": index_broadcast},
     "loop_max": {"index": index_broadcast, "family": "max"},
     "running_max": {"index": index_broadcast, "family": "max"},
@@ -287,6 +291,15 @@ _TABLE: dict[str, dict[str, Any]] = {
 for _name, _facts in _TABLE.items():
     for _k, _v in _facts.items():
         OPS[_name].facts.setdefault(_k, _v)
+#: the registry's hooks that only the search and the backend read (:attr:`~.ops.OpDef.hooks`): ``uses_exp`` (exact
+#: through exp in the verifier's domains, 1 / (1 + exp(-x))), ``family_arg`` (the operand whose family the op's
+#: result has: prune), ``triton_needs`` (the lowering's padded-shape attribute)
+_HOOKS: dict[str, dict[str, Any]] = {
+    **{n: {"uses_exp": True} for n in ("sigmoid", "tanh", "silu")}, "rms_norm": {"family_arg": 0},
+    "rescaled_sum": {"family_arg": 1}, **{n: {"triton_needs": ("_padded",)} for n in ("concat", "reshape",
+                                                                                      "broadcast_to", "slice")}}
+for _name, _h in _HOOKS.items():
+    OPS[_name].hooks.update(_h)
 
 
 def fact(op: OpDef, name: str) -> Any:
@@ -363,5 +376,5 @@ for _name in ("loop_sum", "loop_max", "running_max", "rescaled_sum", "input", "a
     for _d in ("ref", "ff", "abstract", "torch"):
         exempt(_d, _name, "structural/loop op: the graph evaluator gives its meaning for every domain")
     exempt("egglog", _name, "the e-graph holds kernel-level terms; block structure is made by the lowering")
-for _name in ("neg", "silu", "tanh", "rms_norm"):  # (pow keeps its own meaning for exponents with no composition)
+for _name in ("neg", "silu", "tanh", "rms_norm", "transpose"):  # (pow keeps its own meaning for other exponents)
     exempt("abstract", _name, "a composite op: the abstract domain evaluates its composition (ir.interpret.COMPOSITES)")

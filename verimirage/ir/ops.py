@@ -343,7 +343,6 @@ _EW = Prop.ELEMENTWISE
 _U = _EW | Prop.UNARY
 _B = _EW | Prop.BINARY | Prop.BROADCAST
 _KB = Level.KERNEL | Level.BLOCK
-_FLOAT_C = {"c": "float"}
 
 
 def _unary(name: str, doc: str, **facts: Any) -> OpDef:
@@ -360,10 +359,8 @@ _unary("rsqrt", "1 / sqrt(x)")
 _unary("square", "x * x")
 _unary("neg", "-x", props=Prop.LINEAR)
 
-define_op("scale", 1, _U | Prop.LINEAR, _attr_rule("scale", "c"), None, "x * c for a Python constant c",
-          attrs=("c",), attr_kinds=_FLOAT_C)
-define_op("shift", 1, _U, _attr_rule("shift", "c"), None, "x + c for a Python constant c", attrs=("c",),
-          attr_kinds=_FLOAT_C)
+define_op("scale", 1, _U | Prop.LINEAR, _attr_rule("scale", "c"), None, "x * c for a Python constant c", attrs=("c",))
+define_op("shift", 1, _U, _attr_rule("shift", "c"), None, "x + c for a Python constant c", attrs=("c",))
 
 _BINARY: list[tuple[str, Prop, str]] = [
     ("add", Prop.COMMUTATIVE | Prop.ASSOCIATIVE | Prop.LINEAR, "a + b"),
@@ -375,12 +372,10 @@ _BINARY: list[tuple[str, Prop, str]] = [
 for _name, _p, _doc in _BINARY:
     define_op(_name, 2, _B | _p, binary_rule(_name), None, _doc)
 
-_AXIS = {"axis": "axis"}
-
 
 def _reduction(name: str, doc: str, **facts: Any) -> OpDef:
     return _def(name, 1, Prop.REDUCTION | facts.pop("props", Prop.NONE), _reduce_rule(name), None, doc,
-                ("axis",), _KB, attr_kinds=_AXIS, **facts)
+                ("axis",), _KB, **facts)
 
 
 _reduction("sum", "sum along axis", props=Prop.LINEAR)
@@ -391,11 +386,9 @@ _reduction("max", "max along axis")
 _def("matmul", 2, Prop.BROADCAST | Prop.LINEAR | Prop.CONTRACTION, _matmul_rule, None,
      "(..., m, k) @ (..., k, n), leading dims broadcast", levels=_KB)
 _def("rms_norm", None, Prop.NORMALISES, _rms_rule, None, "x / sqrt(mean(x**2, axis) + eps) [* weight]",
-     ("axis", "eps"), _KB, attr_kinds={"axis": "axis", "eps": "float"})
-_def("concat", None, Prop.CONCAT, _concat_rule, None, "concatenate along axis", ("axis",), _KB,
-     attr_kinds=_AXIS, hooks={"triton_needs": ("_padded",)})
-_def("transpose", 1, Prop.NONE, _transpose_rule, None, "swap axes a and b", ("a", "b"), _KB,
-     attr_kinds={"a": "axis", "b": "axis"})
+     ("axis", "eps"), _KB)
+_def("concat", None, Prop.CONCAT, _concat_rule, None, "concatenate along axis", ("axis",), _KB)
+_def("transpose", 1, Prop.NONE, _transpose_rule, None, "swap axes a and b", ("a", "b"), _KB)
 
 # ---- ops real models use (issue 21): transcendental unaries are opaque in the finite field
 
@@ -413,19 +406,15 @@ _TRANSCENDENTAL: list[tuple[str, str]] = [
 ]
 for _name, _doc in _TRANSCENDENTAL:
     _unary(_name, _doc)
-for _name in ("sigmoid", "tanh", "silu"):  # exact through exp in the verifier's domains: 1 / (1 + exp(-x))
-    OPS[_name].hooks["uses_exp"] = True
 _unary("reciprocal", "1 / x")
 define_op("pow", 1, _U, _attr_rule("pow", "c"), None,
-          "x ** c for a Python constant c", attrs=("c",), attr_kinds=_FLOAT_C)
+          "x ** c for a Python constant c", attrs=("c",))
 define_op("clamp", 1, _U, _attr_rule("clamp", "lo", "hi"), None,
-          "min(max(x, lo), hi) (hardtanh: lo=-1, hi=1; relu6: lo=0, hi=6)", attrs=("hi", "lo"),
-          attr_kinds={"lo": "float", "hi": "float"})
+          "min(max(x, lo), hi) (hardtanh: lo=-1, hi=1; relu6: lo=0, hi=6)", attrs=("hi", "lo"))
 define_op("leaky_relu", 1, _U, _attr_rule("leaky_relu", "slope"), None,
-          "x if x >= 0 else slope * x", attrs=("slope",), attr_kinds={"slope": "float"})
+          "x if x >= 0 else slope * x", attrs=("slope",))
 define_op("step", 1, _U, _attr_rule("step", "c"), None,
-          "1 where x > c else 0 (the mask of ReLU's and LeakyReLU's gradients: threshold_backward)", attrs=("c",),
-          attr_kinds=_FLOAT_C)
+          "1 where x > c else 0 (the mask of ReLU's and LeakyReLU's gradients: threshold_backward)", attrs=("c",))
 define_op("minimum", 2, _B | Prop.COMMUTATIVE | Prop.ASSOCIATIVE, binary_rule("minimum"), None,
           "elementwise min(a, b)")
 _reduction("min", "min along axis")
@@ -455,7 +444,7 @@ def tril(shape: Sequence[int], offset: int) -> np.ndarray:
 
 define_op("tril_mask", 0, Prop.CONSTANT, _tril_rule, lambda a, at, it, ot: tril(at["shape"], at["offset"]),
           "the causal mask (..., n, m): true where column j <= row i + offset (torch.ones(n, m).tril(offset))",
-          ("offset", "shape"), Level.KERNEL, 0, attr_kinds={"shape": "ints", "offset": "int"})
+          ("offset", "shape"), Level.KERNEL, 0)
 
 
 def _cast_rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
@@ -465,8 +454,7 @@ def _cast_rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
     return TensorType(ts[0].shape, dt)
 
 
-_unary("cast", "x rounded to dtype (the real-valued meaning is x)", attrs=("dtype",),
-       attr_kinds={"dtype": "dtype"}, shape_rule_override=_cast_rule)
+_unary("cast", "x rounded to dtype (the real-valued meaning is x)", attrs=("dtype",), shape_rule_override=_cast_rule)
 
 # ---- layout ops (kernel and block level): data movement, one meaning for every array domain
 
@@ -597,17 +585,15 @@ def reshape_groups(old: tuple[int, ...], new: tuple[int, ...]) -> list[tuple[lis
 
 _LAYOUT: dict[str, Any] = {"levels": _KB}
 _def("permute", 1, Prop.NONE, _permute_rule, _layout_permute, "reorder dims: result dim j is operand dim dims[j]",
-     ("dims",), attr_kinds={"dims": "ints"}, **_LAYOUT)
+     ("dims",), **_LAYOUT)
 # at block level a reshape / broadcast_to also records ``src``, the kernel operand's full shape, so that
 # its shape attribute (the full result) and the tile it makes can both be read (see _tile_shape)
-_BLOCK_SRC = {"triton_needs": ("_padded",), "block_only": ("src",)}
 _def("reshape", 1, Prop.REGROUPS, _reshape_rule, _layout_reshape, "row-major reshape (view)", ("shape", "src"),
-     attr_kinds={"shape": "ints", "src": "ints"}, hooks=dict(_BLOCK_SRC), **_LAYOUT)
+     hooks={"block_only": ("src",)}, **_LAYOUT)
 _def("broadcast_to", 1, Prop.NONE, _broadcast_rule, _layout_broadcast, "numpy broadcast to shape (expand)",
-     ("shape", "src"), attr_kinds={"shape": "ints", "src": "ints"}, hooks=dict(_BLOCK_SRC), **_LAYOUT)
+     ("shape", "src"), hooks={"block_only": ("src",)}, **_LAYOUT)
 _def("slice", 1, Prop.NONE, _slice_rule, _layout_slice, "elements start..stop-1 along axis (narrow)",
-     ("axis", "start", "stop"), attr_kinds={"axis": "axis", "start": "int", "stop": "int"},
-     hooks={"triton_needs": ("_padded",)}, **_LAYOUT)
+     ("axis", "start", "stop"), **_LAYOUT)
 #: the layout ops' meaning: data movement, the same on every array value (float64, finite field, abstract: that
 #: domain registers its own slice over this one, :mod:`verimirage.smt.abstract`)
 LAYOUT_MEANINGS = {n: OPS[n].domains["ref"] for n in ("permute", "reshape", "broadcast_to", "slice")}
@@ -623,9 +609,7 @@ _def("loop_max", 1, Prop.LOOP, unary_rule("loop_max"), None, "max over for-loop 
 _def("running_max", 1, Prop.LOOP, unary_rule("running_max"), None,
      "max of this and all earlier iterations' values (in the loop body)", levels=Level.BLOCK)
 _def("rescaled_sum", 2, Prop.LOOP | Prop.BROADCAST, _rescaled_rule, None,
-     "acc = acc * exp(m_prev - m) + x over iterations, m a running_max (online softmax)", levels=Level.BLOCK,
-     hooks={"family_arg": 1})
-OPS["rms_norm"].hooks["family_arg"] = 0
+     "acc = acc * exp(m_prev - m) + x over iterations, m a running_max (online softmax)", levels=Level.BLOCK)
 
 # Structural ops: their meaning is the evaluator's.
 for _name, _doc, _lv in [
@@ -637,4 +621,3 @@ for _name, _doc, _lv in [
     _def(_name, None, Prop.STRUCTURAL, None, None, _doc, levels=_lv, min_args=0)
 
 LOOP_OPS = frozenset(n for n, o in OPS.items() if o.has(Prop.LOOP))
-REDUCTION_OPS = frozenset(n for n, o in OPS.items() if o.has(Prop.REDUCTION))

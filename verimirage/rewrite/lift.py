@@ -45,8 +45,9 @@ from egglog import (
     var,
 )
 
+from ..ir.builders import Tensor
 from ..ir.errors import GraphError
-from ..ir.graph import Graph, Tensor, node_list, output_refs
+from ..ir.graph import Graph, node_list, output_refs
 from ..ir.ops import OPS, OpDef, Prop, TensorType, get_op, implements
 
 log = logging.getLogger(__name__)

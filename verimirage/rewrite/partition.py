@@ -36,9 +36,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..ir.builders import BlockBuilder, ThreadBuilder
+from ..ir.builders import BlockBuilder, Tensor, ThreadBuilder
 from ..ir.errors import GraphError
-from ..ir.graph import Graph, MuGraph, Tensor, node_list, output_refs
+from ..ir.graph import Graph, MuGraph, node_list, output_refs
 from ..ir.opfacts import IndexMap
 from ..ir.ops import Prop, TensorType, broadcast_shapes, get_op, reshape_groups
 from .lift import Term, graph_terms, term_to_graph

@@ -19,8 +19,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..ir.graph import Graph, MuGraph, Tensor, node_list, output_refs
-from ..ir.ops import REDUCTION_OPS
+from ..ir.builders import Tensor
+from ..ir.graph import Graph, MuGraph, node_list, output_refs
+from ..ir.ops import OPS, Prop
+
+REDUCTION_OPS = frozenset(n for n, o in OPS.items() if o.has(Prop.REDUCTION))
 
 
 def _softmax_sites(g: Graph) -> dict[int, int]:

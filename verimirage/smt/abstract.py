@@ -389,16 +389,6 @@ def _abs_concat(args: list[Sym], attrs: dict[str, Any], in_types: Any, out_types
     return Sym(tuple(shape), elem)
 
 
-@implements("abstract", "transpose")
-def _abs_transpose(args: list[Sym], attrs: dict[str, Any], in_types: Any, out_types: Any) -> Sym:
-    a = args[0]
-    r = in_types[0].rank
-    i, j = a.ndim + neg_axis(attrs["a"], r), a.ndim + neg_axis(attrs["b"], r)
-    perm = list(range(a.ndim))
-    perm[i], perm[j] = perm[j], perm[i]
-    return a.transpose(perm)
-
-
 class AbstractDomain:
     """The abstract domain for :func:`verimirage.ir.interpret.run`."""
 

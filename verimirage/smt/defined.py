@@ -260,8 +260,7 @@ rule("shift", sign=s_shift)
 rule("clamp", sign=s_clamp)
 rule("where", sign=s_where)
 # not elementwise: total; the reductions and matmul record their results' provenance themselves
-rule("sum", "mean", "max", "min", "matmul", "concat", "transpose", "permute", "reshape", "broadcast_to", "slice",
-     "tril_mask")
+rule("sum", "mean", "max", "min", "matmul", "concat", "permute", "reshape", "broadcast_to", "slice", "tril_mask")
 
 
 # --------------------------------------------------------------------------- signs of expressions

@@ -22,13 +22,13 @@ Meanings (those documented in :mod:`verimirage.smt.ff`):
   ``rsqrt`` is the inverse of ``sqrt``'s;
 * ``sigmoid(x) = 1 / (1 + exp(-x))`` in the p-part, the q-part a keyed random function of the p-residue; both
   parts that function where the argument has no meaningful q-part (:func:`_sigmoid_op`);
-* the composite ops (``rms_norm``, ``silu``, ``tanh``, ``neg``, ``pow``'s exact exponents): their compositions
-  (:data:`verimirage.ir.interpret.COMPOSITES`), e.g. ``tanh(x) = 2 sigmoid(2x) - 1`` in both parts;
+* the composite ops (``rms_norm``, ``silu``, ``tanh``, ``neg``, ``transpose``, ``pow``'s exact exponents): their
+  compositions (:data:`verimirage.ir.interpret.COMPOSITES`), e.g. ``tanh(x) = 2 sigmoid(2x) - 1`` in both parts;
 * ``log``: the p-part is a keyed random function of the p-residue (as for ``gelu``); the q-part is the
   discrete log: ``k`` for a p-residue ``+-g**k``, meaningless for 0 (:func:`_log_table`); a program in
   which an exp reads a log's value is not tested (:func:`exp_after_log`: ``exp(log y)`` is ``+-y`` there);
 * ``max, maximum``: the largest (p-residue, q-part) pair, a meaningless q-part being the smallest;
-* ``concat, transpose``: data movement;
+* ``concat``: data movement;
 * a q-result is meaningless where an operand's is (for matmul: anywhere in the row or column read).
 
 Exactness: residues are below ``2**21``, so an elementwise product is below ``2**42`` and a reduction of n
@@ -133,6 +133,11 @@ _EXP_READERS = frozenset({"exp", "sigmoid", "tanh", "silu", "rescaled_sum"})
 def _subs(n: Any) -> list[Any]:
     """The programs node ``n`` holds (a custom kernel's block graph, a fused thread graph)."""
     return [v for _, v in n.attrs if hasattr(v, "nodes") and not isinstance(v, (str, bytes))]
+
+
+def ops_in(g: Any) -> set[str]:
+    """The ops ``g`` applies at any level (in its kernels' block graphs and their thread graphs)."""
+    return {n.op for n in node_list(g)}.union(*(ops_in(s) for n in node_list(g) for s in _subs(n)))
 
 
 def _log_flow(g: Any, taint_in: Sequence[bool]) -> tuple[bool, list[bool]]:
@@ -375,7 +380,6 @@ MEANINGS: dict[str, Meaning] = {
                                          Fraction(1, it[0].shape[at["axis"]])),
     "matmul": lambda d, a, at, it: d.matmul(a[0], a[1]),
     "concat": _concat,
-    "transpose": lambda d, a, at, it: np.swapaxes(a[0], _axis(at, it, "a"), _axis(at, it, "b")),
     "reciprocal": lambda d, a, at, it: d.recip(a[0]),
     "pow": lambda d, a, at, it: d.oracle(opaque_key("pow", at), a[0]),  # (exponents with no composition)
     "minimum": lambda d, a, at, it: d.ring("sub", d.ring("add", a[0], a[1]),
@@ -612,10 +616,6 @@ def _degrees(g: Graph) -> tuple[tuple[int, int, int], tuple[int, int]]:
                 vals.append(a[0])
             elif n.op == "shift":
                 vals.append((deg(a[0]), a[0][1], a[0][2]))
-            elif n.op == "transpose":
-                i0, i1 = n.attr("a") % rank, n.attr("b") % rank
-                sw = {i0: i1, i1: i0}
-                vals.append((a[0][0], a[0][1], {sw.get(x, x): c for x, c in a[0][2].items()}))
             elif n.op in ("sum", "mean", "max", "min"):
                 ax = n.attr("axis") % len(shapes[0])
                 if n.op in ("max", "min"):  # one element's denominator, whichever class it is in
@@ -669,9 +669,7 @@ _MAX_LIKE = frozenset({"maximum", "max", "minimum", "min", "loop_max", "running_
 def states_probability(g: Graph) -> bool:
     """Whether ``g``'s per-node model bound is a probability: no element-wise exp / oracle application or
     division (:func:`quotient_info`) and no max-like op (an order on residues) at any level."""
-    def max_like(h: Any) -> bool:
-        return any(n.op in _MAX_LIKE or any(max_like(s) for s in _subs(n)) for n in node_list(h))
-    return quotient_info(g)[2] == 0 and not max_like(g)
+    return quotient_info(g)[2] == 0 and not ops_in(g) & _MAX_LIKE
 
 
 def per_trial_bound(a: Graph, b: Graph) -> float:
@@ -705,7 +703,7 @@ class RefResult:
 def reads_q_parts(g: Graph) -> bool:
     """Whether a p-part of ``g`` may read a q-part: whether ``g`` holds an op of :data:`_EXP_READERS` anywhere
     (a guess that saves time only: an exp met without q-parts raises :class:`NeedsQParts`)."""
-    return any(n.op in _EXP_READERS or any(reads_q_parts(sub) for sub in _subs(n)) for n in node_list(g))
+    return bool(ops_in(g) & _EXP_READERS)
 
 
 def _workers(inputs_bytes: int, trials: int) -> int:
@@ -713,11 +711,6 @@ def _workers(inputs_bytes: int, trials: int) -> int:
     (each trial holds its own arrays: gqa_bs8's check peaks at 2.3 GB with two, 1.3 GB with one), else one."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, min(2, cores, trials, 1 + (inputs_bytes <= 256 << 20)))
-
-
-def uses_log(g: Graph) -> bool:
-    """Whether ``g`` (at any level) applies log."""
-    return any(n.op == "log" or any(uses_log(sub) for sub in _subs(n)) for n in node_list(g))
 
 
 def ref_test(a: Graph, b: Graph, seeds: Sequence[int], *, part: str = "p") -> RefResult:

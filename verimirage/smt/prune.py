@@ -45,8 +45,9 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
+from ..ir.builders import Tensor
 from ..ir.errors import GraphError
-from ..ir.graph import BlockGraph, Graph, Node, Tensor, ThreadGraph, node_list
+from ..ir.graph import BlockGraph, Graph, Node, ThreadGraph, node_list
 from ..ir.opfacts import FAMILY_COVERS
 from ..ir.ops import OPS
 

@@ -39,9 +39,10 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 
+from ..ir.builders import Tensor
 from ..ir.dtypes import DType, float32
 from ..ir.errors import GraphError
-from ..ir.graph import Graph, Tensor, node_list, output_refs
+from ..ir.graph import Graph, node_list, output_refs
 from ..ir.reference import check_evaluable
 from .analysis import GraphFacts, analyze
 

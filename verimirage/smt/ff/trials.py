@@ -485,9 +485,9 @@ def ff_test_q(a: Graph, b: Graph, seeds: Sequence[int] | None = None, *, seed: i
 def ff_test_p_or_q(a: Graph, b: Graph, r: FFResult, *, seed: int = 0) -> FFResult:
     """``r`` (the p-part test of ``a`` and ``b``), or, when it found a difference and a program applies log,
     the q-world test (:func:`ff_test_q`) on the same trials if that finds them equal."""
-    from ..ffref import uses_log
+    from ..ffref import ops_in
 
-    if r.outcome != Outcome.REFUTED or not (uses_log(a) or uses_log(b)):
+    if r.outcome != Outcome.REFUTED or "log" not in ops_in(a) | ops_in(b):
         return r
     rq = ff_test_q(a, b, seed=seed)
     return rq if rq.outcome == Outcome.PROVED else r
