@@ -46,6 +46,10 @@ workers (nice -5 against 10) and on CPUs they never compile on (the last
 ``TIMING_CPUS``: nice alone left baselines up to 1.4x slow on 2026-11-27); the timing
 loop's compile then finds most of its work
 done (``inductor_cache_hit``: the FX-graph cache itself) and times alone.
+``--inductor-alone`` keeps the baselines out of the pool: each is compiled and
+autotuned in the timing loop with the GPU and CPUs to itself (the pool's
+autotuning still picked configurations up to 1.4x slower than a compile alone,
+H100 2026-11-27); it costs their compile time in the loop (3-27 s a program).
 ``--pdl`` (default "auto" for the models set) compiles verimirage's kernels
 for programmatic dependent launch (``VERIMIRAGE_PDL``; ``--nopdl-retime``
 also times each pick without it). ``--rep-ms`` sets the reported timings' window (``do_bench_cudagraph``
@@ -686,6 +690,10 @@ def main() -> int:
     ap.add_argument("--batches", nargs="*", type=int, default=[1, 8])
     ap.add_argument("--out", default=os.environ.get("OUT") or str(Path(__file__).parent / "results"))
     ap.add_argument("--no-inductor", action="store_true")
+    ap.add_argument("--inductor-alone", action="store_true",
+                    help="the prewarm pool leaves the torch.compile baselines alone: each is compiled and autotuned "
+                         "in the timing loop with nothing else running (slower; H100 2026-11-27: baselines autotuned "
+                         "in the pool ran 0.89-1.42x their time compiled alone)")
     ap.add_argument("--top-k", type=int, default=12,
                     help="candidates to profile, in file order (distinct structures first, then their variants)")
     ap.add_argument("--configs", type=int, default=4, help="how many of profile.DEFAULT_CONFIGS to sweep")
@@ -748,6 +756,7 @@ def main() -> int:
         "rotate": args.rotate,
         "select_rotate": bool(args.rotate and args.select_rotate),
         "pdl": args.pdl,
+        "inductor_alone": args.inductor_alone,
         "rep_ms": args.rep_ms,
         "select_rep_ms": args.select_rep_ms,
         "configs": args.configs,
@@ -765,7 +774,7 @@ def main() -> int:
                 except OSError:
                     continue
                 jobs += [(str(g), name, batch, [c["mugraph"]], list(range(n_configs(g, args)))) for c in cands]
-                if not args.no_inductor:
+                if not args.no_inductor and not args.inductor_alone:
                     jobs.append((str(g), name, batch, [], []))
         jobs.sort(key=lambda j: (bool(j[3]), -len(j[3][0]) if j[3] else 0))  # baselines, then the biggest kernels
         t0 = time.perf_counter()
