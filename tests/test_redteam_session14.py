@@ -159,3 +159,43 @@ def test_fp_check_rejected_a_design_whose_partial_sums_the_generated_code_keeps_
     g2.output(g2.sum(g2.input("X", (2, 8192), vm.float16), axis=1))
     (s2,), _ = evaluate_in_dtype(g2, ins, generated=True)
     assert not np.isfinite(s2).all()
+
+
+def test_cut_of_a_norm_weighted_operand_overflowed_above_the_fp_checks_size_limit() -> None:
+    """Finding (medium): the e-graph's form of a weighted norm before its projection, ``((x * w) @ m) * r``, was
+    lowered with ``x * w`` materialised (``partition.cut``, and the unfused baseline): stored, then rounded to fp16
+    for ``tl.dot``, inf once ``|x w| > 65504`` where the source (``x r w``, normalised) is finite. Only the numeric
+    floating-point check rejected those designs, and a program above its size limit gets the structural check
+    alone: ``rms_norm(x[8, 2048], w) @ m[2048, 1024]`` in fp16 returned two such Proved candidates (NaN on x near
+    3e4). Now no lowering materialises a product's operand scaled along its contracted dim (``x * w``, or
+    ``reshape(w, (k, 1)) * m``): every lowering of the form, checked here numerically at a small size, is finite
+    wherever the source is; the gated FFN's cut (a full-size product, no vector) is still a cut point."""
+    import verimirage as vm
+    from verimirage.ir.graph import node_list
+    from verimirage.pipeline.fpsafe import SafetyChecker, numeric_check_affordable
+    from verimirage.rewrite.partition import cut_points, lower_all
+
+    h = vm.float16
+
+    def forms(rows: int, k: int, n: int) -> tuple[vm.Graph, vm.Graph]:
+        g = vm.Graph()
+        x, w, m = g.input("X", (rows, k), h), g.input("G", (k,), h), g.input("W", (k, n), h)
+        g.output(g.matmul(g.rms_norm(x, w, eps=1e-5), m))
+        e = vm.Graph()
+        x, w, m = e.input("X", (rows, k), h), e.input("G", (k,), h), e.input("W", (k, n), h)
+        r = e.rsqrt(e.shift(e.mean(e.square(x), axis=1), 1e-5))
+        e.output(e.mul(e.matmul(e.mul(x, w), m), r))
+        return g, e
+
+    assert not numeric_check_affordable(forms(8, 2048, 1024)[0])  # (where the numeric check does not run)
+    g, e = forms(4, 64, 32)
+    sc = SafetyChecker(g, numeric=True)
+    lows = lower_all(e)[0]
+    assert lows and all(sc.check(low.mugraph) is None for low in lows), [
+        low.steps for low in lows if sc.check(low.mugraph) is not None]
+    # the gated FFN's silu(x @ a) * (x @ b) is still materialised for the down projection
+    f = vm.Graph()
+    x = f.input("X", (4, 64), h)
+    up = f.mul(f.silu(f.matmul(x, f.input("A", (64, 128), h))), f.matmul(x, f.input("B", (64, 128), h)))
+    f.output(f.matmul(up, f.input("D", (128, 64), h)))
+    assert any(node_list(f)[i].op == "mul" for i in cut_points(f))

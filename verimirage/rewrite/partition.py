@@ -1070,15 +1070,44 @@ def cut_points(g: Graph) -> list[int]:
     for n in nodes:
         if not get_op(n.op).has(Prop.CONTRACTION):
             continue
-        for a, k in n.args:
+        for pos, (a, k) in enumerate(n.args):
             src = nodes[a]
             size = src.outs[k].numel
-            if src.op == "input" or a in outs or a in pts or size > budget or (size == budget and contracted[a]):
+            if (src.op == "input" or a in outs or a in pts or size > budget or (size == budget and contracted[a])
+                    or _scaled_along_contraction(nodes, src, pos)):
                 continue
             pts.append(a)
     pts += [i for i in _gridless_products(g) if i not in outs and i not in pts and nodes[i].outs[0].numel <= budget]
     pts += [i for i in _reduced_reductions(g) if i not in outs and i not in pts]
     return sorted(pts, reverse=True)[:CUT_MAX]
+
+
+def _scaled_along_contraction(nodes: Sequence[Any], src: Any, pos: int) -> bool:
+    """Whether ``src``, operand ``pos`` of a product, is a full-size value times a vector along the contracted dim
+    (``x * w`` on the left, ``reshape(w, (k, 1)) * m`` on the right: a norm's weight applied before or after its
+    projection). Materialised, it is stored and then rounded to its dtype for ``tl.dot``: ``|x w|`` or ``|w m|``
+    above 65504 is inf in fp16 where the source's operand (``x r w``, normalised) is finite, which only the
+    numeric floating-point check sees and programs above its size limit do not get (red team, session 14);
+    lowered in one kernel, the weight is bounded per tile instead (:func:`_weight_tiles_scaled`)."""
+    if src.op != "mul":
+        return False
+    t = src.outs[0]
+    dim = t.rank - 1 if pos == 0 else t.rank - 2
+    if t.rank < 2 or t.shape[dim] < 2:
+        return False
+    for a, k in src.args:
+        s = (1,) * (t.rank - nodes[a].outs[k].rank) + tuple(nodes[a].outs[k].shape)
+        if all(n == 1 for j, n in enumerate(s) if j != dim) and s[dim] == t.shape[dim]:
+            return True
+    return False
+
+
+def _materialises_scaled_operand(g: Graph) -> bool:
+    """Whether some product of ``g`` reads a computed operand scaled along its contracted dim
+    (:func:`_scaled_along_contraction`), which ``g``'s unfused lowering would store and round to its dtype."""
+    nodes = node_list(g)
+    return any(_scaled_along_contraction(nodes, nodes[a], pos) for n in nodes if get_op(n.op).has(Prop.CONTRACTION)
+               for pos, (a, _) in enumerate(n.args))
 
 
 def _reduced_reductions(g: Graph) -> list[int]:
@@ -1357,7 +1386,9 @@ def lower_all(
     :mod:`verimirage.pipeline.regions`, so a merge of regions is searched whole.)"""
     g = normalise(g)
     an = split_input_uses(g)
-    out = [unfused(g)]
+    # (no unfused baseline that would store a product's operand scaled along its contracted dim: see
+    # _scaled_along_contraction; the program's other forms keep theirs)
+    out = [] if _materialises_scaled_operand(g) else [unfused(g)]
     rejected: dict[str, int] = {}
     bad_struct: dict[tuple[Any, ...], str] = {}
     analyses = [an]
