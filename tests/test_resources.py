@@ -287,3 +287,25 @@ def test_a_kernel_triton_refuses_for_shared_memory_is_compiled_again_at_one_stag
         monkeypatch.setattr(runtime, "_load_kernel", refuse)
         with pytest.raises(OutOfResources, match=what):
             fn2(**{k: torch.tensor(v, dtype=torch.float16) for k, v in xs.items()})
+
+
+@pytest.mark.gpu
+def test_a_kernel_over_the_shared_memory_limit_runs_at_one_stage_on_the_gpu() -> None:
+    """The runtime's retry with Triton's own refusal: the big gated-MLP kernel launched at 8 stages (about 1.5 MB of
+    pipelined tiles by the estimate; ``vm.compile`` would have fitted it, the launch parameters are overridden after)
+    is compiled again at one stage on its first call and computes what torch does."""
+    import torch
+
+    m, bg, at = _big_gated_mlp(512)
+    eight = LaunchConfig(4, 8, TileOptions(dot_min_m=64))
+    assert smem_estimate(bg, at, eight) > SM90.smem_per_block  # type: ignore[arg-type]
+    fn = vm.compile(m, config=replace(eight, num_stages=1))
+    (name,) = fn.launch  # (one kernel: bg)
+    fn.launch[name]["num_stages"] = 8
+    g = torch.Generator().manual_seed(0)
+    xs = [(torch.rand(t.shape, generator=g) * 2 - 1).to(torch.float16).cuda() for t in m.inputs]
+    got = fn(*xs)
+    assert fn.launch[name]["num_stages"] == 1
+    x, w1, w2 = (x.double() for x in xs)
+    want = torch.nn.functional.silu(x @ w1) * (x @ w2)
+    assert float((got.double() - want).norm() / want.norm()) < 2e-3
