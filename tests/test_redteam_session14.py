@@ -199,3 +199,29 @@ def test_cut_of_a_norm_weighted_operand_overflowed_above_the_fp_checks_size_limi
     up = f.mul(f.silu(f.matmul(x, f.input("A", (64, 128), h))), f.matmul(x, f.input("B", (64, 128), h)))
     f.output(f.matmul(up, f.input("D", (128, 64), h)))
     assert any(node_list(f)[i].op == "mul" for i in cut_points(f))
+
+
+@pytest.mark.parametrize("dt", ["bfloat16", "float32"])
+def test_fp_check_rejected_every_design_of_a_bf16_or_fp32_mean(dt: str) -> None:
+    """Finding (medium; no design at all): the floating-point check took ``mean``'s value from float64, finite on
+    rows near the dtype's largest value, but every lowering (and ATen) sums the row in fp32 first, inf there; so all
+    69 lowerings of ``mean(x[4, 64])`` in bf16 or fp32 were rejected and ``vm.superoptimize`` returned no candidate
+    ("verification attempt limit", 15 Proved designs rejected). ``mean`` now states its fp32 accumulator (the fact
+    ``accumulates``, as ``rms_norm`` does), whose overflow counts as the source overflowing on that set."""
+    import numpy as np
+
+    import verimirage as vm
+    from verimirage.pipeline.fpsafe import SafetyChecker, evaluate_in_dtype
+    from verimirage.rewrite.partition import lower_all
+
+    dtype = getattr(vm, dt)
+    g = vm.Graph()
+    g.output(g.mean(g.input("X", (4, 64), dtype), axis=1))
+    sc = SafetyChecker(g)
+    lows = lower_all(g)[0]
+    assert lows and all(sc.check(low.mugraph) is None for low in lows)
+    # rows whose fp32 sum overflows count as the source overflowing; a mean of huge values that sum finitely does not
+    assert evaluate_in_dtype(g, {"X": np.full((4, 64), 3e37)})[1]
+    assert not evaluate_in_dtype(g, {"X": np.full((4, 64), 3e36)})[1]
+    res = vm.superoptimize(g, cache=False, top_k=2)
+    assert res.candidates and isinstance(res.candidates[0].verdict, vm.Proved)

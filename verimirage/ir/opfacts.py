@@ -84,11 +84,13 @@ class Reduce:
 class Accumulates:
     """``accumulates``: an intermediate value the op's lowering keeps in fp32 that its result does not show when it
     overflows: the reduction ``reduce`` (an op's name) along ``attrs["axis"]`` of the elementwise op ``term`` of
-    operand ``operand``, each rounded to fp32 (rms_norm: the sum of ``x * x``, ``backend/lowering.py``; an inf
-    sum gives ``x * rsqrt(inf) = 0``, finite and not the op's value). The floating-point check
-    (:mod:`verimirage.pipeline.fpsafe`) counts such an accumulator overflowing as the op's result overflowing."""
+    operand ``operand`` (None: the operand itself), each rounded to fp32 (rms_norm: the sum of ``x * x``,
+    ``backend/lowering.py``; an inf sum gives ``x * rsqrt(inf) = 0``, finite and not the op's value; mean: the sum
+    of ``x``, inf in fp32 for bf16 or fp32 rows near the dtype's largest value whose mean is finite). The
+    floating-point check (:mod:`verimirage.pipeline.fpsafe`) counts such an accumulator overflowing as the op's
+    result overflowing."""
 
-    term: str
+    term: str | None
     reduce: str = "sum"
     operand: int = 0
 
@@ -256,7 +258,7 @@ _TABLE: dict[str, dict[str, Any]] = {
     "maximum": {"homog": _h_add, "family": "max"},
     "minimum": {"homog": _h_add, "family": "max"},
     "sum": {**_REDUCTION, "reduce": Reduce("add", "loop_sum", 0.0), "scales_with": (0,)},
-    "mean": {**_REDUCTION, "reduce": Reduce("add", "loop_sum", 0.0, mean=True)},
+    "mean": {**_REDUCTION, "reduce": Reduce("add", "loop_sum", 0.0, mean=True), "accumulates": Accumulates(None)},
     "max": {**_REDUCTION, "reduce": Reduce("maximum", "loop_max", -math.inf), "family": "max"},
     "min": {**_REDUCTION, "reduce": Reduce("minimum", None, math.inf), "family": "max"},
     "matmul": {"index": _index_matmul, "scales_with": (0, 1), "homog": _h_mul, "egg_shape": "custom"},

@@ -93,8 +93,11 @@ def _accumulator_finite(acc: Any, args: Sequence[Any], attrs: Mapping[str, Any],
     finite ``x * rsqrt(inf) = 0`` is not its value; the float64 reference alone does not show it)."""
     inner = RoundingDomain(False)
     t = TensorType(in_types[acc.operand].shape, DType.float32)
-    tt = OPS[acc.term].infer([t], {})
-    terms = inner.apply(acc.term, [args[acc.operand]], {}, [t], tt)
+    if acc.term is None:  # (the operand itself, loaded into fp32)
+        tt, terms = t, round_to(args[acc.operand], DType.float32)
+    else:
+        tt = OPS[acc.term].infer([t], {})
+        terms = inner.apply(acc.term, [args[acc.operand]], {}, [t], tt)
     ax = {"axis": int(attrs.get("axis", -1)) % t.rank}
     inner.apply(acc.reduce, [terms], ax, [tt], OPS[acc.reduce].infer([tt], ax))
     return not inner.nonfinite

@@ -1089,7 +1089,8 @@ def _scaled_along_contraction(nodes: Sequence[Any], src: Any, pos: int) -> bool:
     above 65504 is inf in fp16 where the source's operand (``x r w``, normalised) is finite, which only the
     numeric floating-point check sees and programs above its size limit do not get (red team, session 14);
     lowered in one kernel, the weight is bounded per tile instead (:func:`_weight_tiles_scaled`)."""
-    if src.op != "mul":
+    op = get_op(src.op)
+    if op.has(Prop.CONTRACTION) or tuple(op.scales_with) != (0, 1):  # (an elementwise product: scales with both)
         return False
     t = src.outs[0]
     dim = t.rank - 1 if pos == 0 else t.rank - 2
