@@ -254,8 +254,9 @@ class ModuleSource:
     pdl: str = ""
     #: int32 completion counters the last-block-combines launches and a persistent kernel use (:func:`generate`'s
     #: ``last_block``, ``persistent``): one
-    #: zero-filled buffer per device the generated module keeps (``_vm_counters``); every launch leaves its
-    #: counters at zero again, so one buffer serves every call and every replay of a captured CUDA graph
+    #: zero-filled buffer per device and CUDA stream the generated module keeps (``_vm_counters``); every launch
+    #: leaves its counters at zero again, so one buffer serves every call on its stream (a CUDA graph's capture
+    #: gets its own, zeroed in the graph)
     counters: int = 0
 
     @property
@@ -2212,16 +2213,26 @@ def last_block_plan(nodes: Sequence[Node], s: int, c: int) -> LastBlock | None:
                      math.prod(bs.grid[a] for a in matched), tiles)
 
 
-#: The generated module's counter buffers (one per device) for its last-block-combines launches.
+#: The generated module's counter buffers (one per device and stream) for its last-block and persistent launches.
 _COUNTERS_HELPER = '''_VM_COUNTERS = {}
 
 
-def _vm_counters(device, n):
-    """The int32 counters of this module's last-block launches on ``device``: zeroed once, then left at zero by
-    every launch (the last block of each group resets its counter)."""
-    c = _VM_COUNTERS.get(device)
+def _vm_counters(device, n, stream=None):
+    """The int32 counters of this module's last-block and persistent launches on ``device`` for the calls on one
+    CUDA stream (``stream``: its raw handle; None: the device's current stream): zeroed once, then left at zero by
+    every launch (in Triton's interpreter, on the CPU, zeroed at every call). Each stream has its own (launches on
+    two streams at once would count each other's blocks), and a launch being captured into a CUDA graph gets fresh
+    zeroed ones (the graph's memory, zeroed in the graph)."""
+    if device.type == "cuda":
+        if torch.cuda.is_current_stream_capturing():
+            return torch.zeros(n, device=device, dtype=torch.int32)
+        if stream is None:
+            stream = torch.cuda.current_stream(device).cuda_stream
+    c = _VM_COUNTERS.get((device, stream))
     if c is None:
-        c = _VM_COUNTERS[device] = torch.zeros(n, device=device, dtype=torch.int32)
+        c = _VM_COUNTERS[(device, stream)] = torch.zeros(n, device=device, dtype=torch.int32)
+    elif device.type != "cuda":  # (Triton's interpreter: a launch interrupted mid-grid leaves counts behind)
+        c.zero_()
     return c'''
 
 
@@ -2492,7 +2503,7 @@ def generate(program: Any, tiles: TileOptions | None = None,
     for h, text in HELPERS.items():  # the lowerings' helpers (tanh, softplus) where a kernel calls them
         if any(f"{h}(" in k for k in ksrc):
             header += [*text.rstrip("\n").splitlines(), "", ""]
-    if n_ctr:  # the completion counters of the last-block-combines launches: one zeroed buffer per device, kept
+    if n_ctr:  # the last-block and persistent launches' counters: one zeroed buffer per device and stream, kept
         header += [*_COUNTERS_HELPER.splitlines(), "", ""]
     launch = ["# launch parameters per kernel (the runtime may override them)", "LAUNCH = {"]
     launch += [f"    {k.name!r}: {{'num_warps': 4, 'num_stages': 2}}," for k in kernels]

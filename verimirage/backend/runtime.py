@@ -252,14 +252,16 @@ class _LeanPlan:
                 t = value(ref)
                 call.append(t)
                 call += [t.stride(d) for d in range(rank)]
-            if st.kernel in prog.persistent and st.kernel not in prog.grids:  # its co-resident grid, once
+            grid = prog.grids.get(st.kernel, st.grid)
+            if st.kernel in prog.persistent:  # the grid co-resident for the kernel this signature compiles to
                 kern = jit.run(*call, grid=st.grid, warmup=True, **prog.launch[st.kernel])
                 if hasattr(kern, "result"):  # pragma: no cover - only under Triton's async compile mode
                     kern = kern.result()
-                prog.grids[st.kernel] = (persistent_grid(kern, math.prod(st.grid), self.device),)
+                grid = (persistent_grid(kern, math.prod(st.grid), self.device),)
+                # (another specialisation or device may fit fewer blocks: forward's grid is the least seen)
+                prog.grids[st.kernel] = min(grid, prog.grids.get(st.kernel, grid))
                 log.info("compiled program %s: persistent kernel %s, %d tasks on %d blocks", prog.path.name,
-                         st.kernel, math.prod(st.grid), prog.grids[st.kernel][0])
-            grid = prog.grids.get(st.kernel, st.grid)
+                         st.kernel, math.prod(st.grid), grid[0])
             kern = jit.run(*call, grid=grid, warmup=False, **prog.launch[st.kernel])
             if hasattr(kern, "result"):  # pragma: no cover - only under Triton's async compile mode
                 kern = kern.result()
@@ -318,7 +320,7 @@ class _LeanPlan:
             src[("buf", bi)] = (w, off)
         for j in range(len(prog.views)):
             src[("view", j)] = src[_view_base(prog.views, ("view", j))]
-        if self.counters is not None:  # (the counters' pointer last: fixed for the plan, passed on every call)
+        if self.counters is not None:  # (the counters' pointer last: the calling stream's, passed on every call)
             src[("ctr", prog.n_counters)] = (w + int(has_ws), 0)
         try:
             entries = []
@@ -374,8 +376,21 @@ class _LeanPlan:
             ptr[("buf", bi)] = f"q{bi}" if bi in returned else f"(w + {ws_off[bi]})"
         for j in range(len(prog.views)):
             ptr[("view", j)] = ptr[_view_base(prog.views, ("view", j))]
-        if self.counters is not None:
-            env["CTR"] = self.counters.data_ptr()
+        ctr_lines: list[str] = []
+        if self.counters is not None:  # (the calling stream's counters: kept per stream, fresh while capturing)
+            kept: dict[int, int] = {}
+            capturing = _capture_checker()
+
+            def counters_for(stream: int) -> Any:
+                if capturing():  # (a CUDA graph's own, zeroed in the graph: no later call shares them)
+                    return torch.zeros(prog.n_counters, dtype=torch.int32, device=self.device)
+                t = prog.counters(self.device, stream)
+                kept[stream] = t.data_ptr()
+                return t
+
+            env["CT"], env["CT_FOR"] = kept, counters_for
+            ctr_lines = ["    CTR = CT.get(stream)", "    if CTR is None or capturing():",
+                         "        ct = CT_FOR(stream)", "        CTR = ct.data_ptr()"]
             ptr[("ctr", prog.n_counters)] = "CTR"
         launch_lines: list[str] = []
         if self.c_plan is not None:  # every kernel in one C call: the pointers, the rest is in the plan
@@ -410,7 +425,7 @@ class _LeanPlan:
                 env[f"L{k}"] = launcher
                 call_head = f"L{k}({grid[0]}, {grid[1]}, {grid[2]}, stream, F{k}, M{k}, None, None, None"
             launch_lines.append(f"    {call_head}, {', '.join(args)})")
-        body: list[str] = []
+        body: list[str] = list(ctr_lines)
         if ws and raw_alloc is not None:
             # the workspace: the buffer kept for this stream, else one straight from PyTorch's caching allocator
             # (no tensor: stream-ordered like a tensor's memory, returned after the launches are queued)
@@ -679,8 +694,9 @@ class CompiledProgram:
                 self.launch[k.name]["launch_pdl"] = True
             if k.persistent and cooperative and not interpreting():
                 self.launch[k.name]["launch_cooperative_grid"] = True
-        #: the persistent kernels (:func:`persistent_grid`) and their grids on a GPU, set by the first lean plan;
-        #: ``forward`` launches one block (always co-resident) until then
+        #: the persistent kernels (:func:`persistent_grid`) and their grids on a GPU: each lean plan launches the grid
+        #: co-resident for its own compiled kernel, and this holds the least of them; ``forward`` launches it (one
+        #: block, always co-resident, until a plan sets it)
         self.persistent = {k.name for k in self.kernels if k.persistent}
         self.grids: dict[str, tuple[int]] = {}
         self._forward = module.forward
@@ -700,12 +716,13 @@ class CompiledProgram:
         #: the input signatures whose kernels are compiled and loaded (:meth:`_first_launch`)
         self._loaded: set[tuple[Any, ...]] = set()
 
-    def counters(self, device: Any) -> Any:
-        """The int32 completion counters of the last-block-combines launches on ``device`` (the generated module's,
-        allocated zeroed on first use and kept: each launch leaves its counters at zero, so every call and every
-        CUDA-graph replay finds them so). Calls of one program on several streams at once would share them: run a
-        program with last-block launches on one stream at a time."""
-        return self.module._vm_counters(device, self.n_counters)
+    def counters(self, device: Any, stream: int | None = None) -> Any:
+        """The int32 completion counters of the last-block-combines and persistent launches on ``device`` for the
+        calls on CUDA stream ``stream`` (a raw handle; None: the current stream): the generated module's, allocated
+        zeroed on first use and kept (each launch leaves its counters at zero, so every later call on that stream
+        finds them so). Each stream has its own, so calls on several streams at once do not count each other's
+        blocks; while a CUDA graph is captured, fresh zeroed ones (the graph's own)."""
+        return self.module._vm_counters(device, self.n_counters, stream)
 
     def _bind(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list[Any]:
         names = self.input_names

@@ -1,0 +1,177 @@
+"""Red team, session 14 (redteam2): the launch paths that landed this session (last-block combines, the persistent
+kernel, merged-launch stage fitting, ``profile.select(input_sets=)``, ``capture.plan_key``). Findings, each with the
+test named after what went wrong (failing on the code before its fix); the attacks that held are in
+tests/test_redteam_held14_launch.py."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from verimirage.backend import codegen, runtime
+
+torch = pytest.importorskip("torch")
+
+
+def _counters_helper() -> Any:
+    """The generated modules' ``_vm_counters`` (codegen's helper text, run as a generated module runs it)."""
+    ns: dict[str, Any] = {"torch": torch}
+    exec(compile(codegen._COUNTERS_HELPER, "<counters helper>", "exec"), ns)
+    return ns["_vm_counters"]
+
+
+def _lean_run_with_counters(counters: Any, streams: list[int], capturing: list[bool]) -> tuple[Any, list[int]]:
+    """A lean plan's generated ``run`` (CPU, Triton's launcher path) for one last-block launch reading input 0 and
+    the program's counters; the fake launcher records the counters' pointer each launch gets. ``streams`` and
+    ``capturing`` are read by the plan's stream getter and capture check at each call (their last element)."""
+    x = torch.randn(4, 8)
+    prog = SimpleNamespace(input_names=["i0"], returns=[("buf", 0)], views=[], n_counters=4,
+                           steps=[SimpleNamespace(args=((("in", 0), 2), (("ctr", 4), 1)),
+                                                  outs=((0, (4, 8), "float32"),))],
+                           counters=lambda device, stream=None: counters(device, 4, stream))
+    seen: list[int] = []
+
+    def launcher(*a: Any) -> None:  # (grid, stream, function, metadata, 3 hooks' slots, then the arguments)
+        seen.append(a[9 + 3])  # x, its 2 strides, then the counters' pointer
+
+    kern = SimpleNamespace(run=launcher, function=None, packed_metadata=None)
+    call = [x, 8, 1, counters(x.device, 4, 0), 1, torch.empty(4, 8), 8, 1]
+    plan = runtime._LeanPlan.__new__(runtime._LeanPlan)
+    plan.signature = [(tuple(x.shape), x.dtype, tuple(x.stride()), x.data_ptr() % 16 == 0)]
+    plan.guard = plan.out_guard = None
+    plan.c_plan = None
+    plan.device = x.device
+    plan.returned_bufs = [0]
+    plan.counters = counters(x.device, 4, 0)
+    real = runtime._capture_checker
+    runtime._capture_checker = lambda: (lambda: capturing[-1])  # type: ignore[assignment]
+    try:
+        src, env = plan._source(prog, [(kern, (1, 1, 1), call)], {0: ((4, 8), torch.float32)}, {}, 0,  # type: ignore[arg-type]
+                                {0})
+    finally:
+        runtime._capture_checker = real  # type: ignore[assignment]
+    hooks = SimpleNamespace(calls=False)
+    env.update(MISS=runtime._MISS, DEV=-1, get_device=lambda: -1, get_stream=lambda d: streams[-1], HOOK_IN=hooks,
+               HOOK_OUT=hooks, bump=lambda ts: None, DEVICE=plan.device, capturing=lambda: capturing[-1])
+    ns: dict[str, Any] = {}
+    exec(compile(src, "<lean test>", "exec"), env, ns)
+    return (lambda: ns["run"](x)), seen
+
+
+def test_calls_on_two_streams_shared_one_counter_buffer() -> None:
+    """Finding (medium; opt-in VERIMIRAGE_LASTBLOCK / VERIMIRAGE_PERSISTENT): a program's completion counters were
+    one buffer per device, kept by the generated module and baked into the lean launcher as a constant, while the
+    runtime keeps a workspace per stream precisely so that calls on several streams may run at once. Two calls on two
+    streams at once then counted each other's blocks: a group's combine ran on another launch's arrivals (partials
+    not yet written, a launch whose combine never runs: its output left unwritten), and persistent tasks passed their
+    waits early or spun forever. Now each stream has its own counters (the lean launcher looks them up per call), and
+    a CUDA-graph capture gets fresh zeroed ones, shared with no later call."""
+    helper = _counters_helper()
+    cpu = torch.device("cpu")
+    a, b = helper(cpu, 4, 11), helper(cpu, 4, 22)
+    assert a.data_ptr() != b.data_ptr() and helper(cpu, 4, 11) is a  # (kept per stream, reused on that stream)
+    streams, capturing = [11], [False]
+    run, seen = _lean_run_with_counters(helper, streams, capturing)
+    run()
+    run()
+    streams.append(22)
+    run()
+    capturing.append(True)
+    run()
+    capturing.append(False)
+    streams.append(11)
+    run()
+    assert seen[0] == seen[1] == seen[4] == a.data_ptr(), "one stream's calls keep its counters"
+    assert seen[2] == b.data_ptr(), "another stream's call got the first stream's counters"
+    assert seen[3] not in (a.data_ptr(), b.data_ptr()), "a CUDA-graph capture shared a kept counter buffer"
+
+
+def _fake_persistent_program(tasks: int) -> Any:
+    """A program of one persistent kernel ``kp`` (``tasks`` tasks) on input 0, for :class:`runtime._LeanPlan` on the
+    CPU: its fake JIT function compiles to a fake kernel per input signature (the 16-byte alignment of the input, as
+    Triton specialises) and records the grid of each real launch."""
+    launched: list[tuple[int, ...]] = []
+
+    class Kern:
+        def __init__(self, aligned: bool) -> None:
+            self.aligned, self.function, self.packed_metadata = aligned, None, None
+            self.run = lambda *a: launched.append(tuple(a[:3]))
+
+    class Jit:
+        def run(self, *call: Any, grid: Any, warmup: bool, **launch: Any) -> Any:
+            kern = Kern(call[0].data_ptr() % 16 == 0)
+            if not warmup:
+                launched.append(tuple(grid))
+            return kern
+
+    step = SimpleNamespace(kernel="kp", grid=(tasks,), args=((("in", 0), 1),), outs=((0, (4,), "float32"),))
+    prog = SimpleNamespace(input_names=["i0"], returns=[("buf", 0)], views=[], n_counters=0, steps=[step],
+                           counters=None, module=SimpleNamespace(kp=Jit()),
+                           launch={"kp": {"num_warps": 4, "num_stages": 1}},
+                           persistent={"kp"}, grids={}, path=SimpleNamespace(name="fake.py", stem="fake"))
+    return prog, launched
+
+
+def test_a_persistent_grid_sized_for_one_specialisation_was_launched_for_another(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finding (low-medium; opt-in VERIMIRAGE_PERSISTENT): the persistent kernel's grid (the blocks that can be
+    co-resident, from the compiled kernel's registers and shared memory) was computed once per program, for the first
+    input signature's compiled kernel, and every later lean plan launched that grid. Another signature (an unaligned
+    input: another specialisation, its own registers) compiles another kernel, which may fit fewer blocks an SM: its
+    grid is then not co-resident, and a block spins for a task whose block never gets an SM (a hang under
+    VERIMIRAGE_PERSISTENT=plain; a refused cooperative launch under =1). Now each plan sizes the grid for its own
+    kernel, and the grid the generated forward uses is the least of them."""
+    monkeypatch.setattr(runtime, "_device_getter", lambda: (lambda: 0))
+    monkeypatch.setattr(runtime, "_stream_getter", lambda: (lambda d: 0))
+    monkeypatch.setattr(runtime, "_tensor_guard", lambda xs: None)
+    monkeypatch.setenv("VERIMIRAGE_LAUNCHER", "triton")
+    monkeypatch.setattr(runtime, "_occupancy", lambda kern, device: (4 if kern.aligned else 1, 10))
+    prog, launched = _fake_persistent_program(100)
+    base = torch.zeros(64)
+    aligned, unaligned = base[:1], base[1:2]  # (4 bytes past a 64-byte aligned start)
+    assert aligned.data_ptr() % 16 == 0 and unaligned.data_ptr() % 16 != 0
+    runtime._LeanPlan(prog, [aligned])  # type: ignore[arg-type]
+    runtime._LeanPlan(prog, [unaligned])  # type: ignore[arg-type]
+    assert launched[0] == (40,), launched  # (4 blocks an SM, 10 SMs)
+    assert launched[1] == (10,), f"the unaligned kernel fits 10 co-resident blocks; launched {launched[1]}"
+    assert prog.grids["kp"] == (10,)  # (what forward launches: co-resident for either kernel)
+
+
+def test_an_interrupted_interpreted_launch_left_every_later_call_wrong(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finding (low; Triton's interpreter only, opt-in VERIMIRAGE_LASTBLOCK): a last-block launch interrupted
+    mid-grid (KeyboardInterrupt, or any exception raised in a block) left its group's counter at the count of the
+    blocks that had arrived; the module keeps the counters, so every later call's group combined that many blocks
+    early, silently wrong, and left the counter as it found it (wrong for good). On a GPU a launch runs to its end
+    (or the context is lost). The interpreter's counters (on the CPU) are now zeroed at every call."""
+    import numpy as np
+    from test_last_block import SPLIT_K, _inputs, _run
+    from triton.runtime import interpreter as ti
+
+    if not runtime.interpreting():
+        pytest.skip("Triton's interpreter (blocks one after another on the CPU)")
+    import verimirage as vm
+    from verimirage.ir.graph import MuGraph
+
+    monkeypatch.setattr(codegen, "LASTBLOCK_MAX_TILES", 16)
+    mg = MuGraph.parse(SPLIT_K)
+    f1 = vm.compile(mg, last_block=True)
+    xs = _inputs(mg, 1)
+    want = _run(vm.compile(mg, last_block=False), mg, xs)
+    builder = ti.interpreter_builder
+    real = builder.set_grid_idx
+    seen = [0]
+
+    def interrupt_at_the_third_block(x: int, y: int, z: int) -> None:
+        seen[0] += 1
+        if seen[0] == 3:
+            raise KeyboardInterrupt
+        real(x, y, z)
+
+    monkeypatch.setattr(builder, "set_grid_idx", interrupt_at_the_third_block)
+    with pytest.raises(KeyboardInterrupt):
+        _run(f1, mg, xs)
+    monkeypatch.setattr(builder, "set_grid_idx", real)
+    for _ in range(2):
+        assert np.array_equal(_run(f1, mg, xs), want), "a call after the interrupted one combined too early"
