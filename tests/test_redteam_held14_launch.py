@@ -1,0 +1,138 @@
+"""Red team, session 14 (redteam2): attacks on this session's launch paths and plan lookup that held, kept as
+compact tests that would fail if they stopped holding (the findings are in tests/test_redteam_session14_launch.py)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from test_last_block import SPLIT_K, _inputs, _run
+from test_last_block import block_order as block_order  # (the fixture)
+
+import verimirage as vm
+from verimirage.backend import codegen
+from verimirage.backend.codegen import generate, last_block_plan
+from verimirage.backend.runtime import interpreting
+from verimirage.backend.wrap import to_kernels
+from verimirage.ir.graph import Graph, MuGraph, node_list
+
+interp = pytest.mark.skipif(not interpreting(), reason="Triton's interpreter (block order, CPU tensors)")
+
+#: split-K over three K splits (an odd group: 3 blocks a group), the combine's tiles twice the split's columns
+SPLIT_K3 = (SPLIT_K.replace("f16[8,256]", "f16[8,192]").replace("f16[256,128]", "f16[192,128]")
+            .replace("grid=(2, 4)} : f16[32,128]", "grid=(2, 3)} : f16[24,128]")
+            .replace("shape=(8, 256)", "shape=(8, 192)").replace("shape=(256, 128)", "shape=(192, 128)")
+            .replace("{frange=4, grid=(4,)}", "{frange=3, grid=(4,)}").replace("shape=(32, 128)", "shape=(24, 128)"))
+
+_HEAD, _COMBINE = SPLIT_K3.split("  %3 = custom")
+#: the same split, combined by one block over all 128 columns (coarser than the split's two column blocks)
+COARSE = _HEAD + "  %3 = custom" + _COMBINE.replace("grid=(4,)", "grid=(1,)").replace("f16[8,32]", "f16[8,128]")
+
+
+@pytest.fixture
+def many_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Groups may run up to 16 combine blocks (the default is 1), as test_last_block's tests allow."""
+    monkeypatch.setattr(codegen, "LASTBLOCK_MAX_TILES", 16)
+
+
+@pytest.mark.usefixtures("many_tiles")
+def test_last_block_plan_of_an_odd_group_and_a_coarser_combine() -> None:
+    """Three K splits: groups of 3 (any count, not a power of two); a combine whose grid partitions the split's
+    column dim more coarsely than the split (2 split column blocks, 1 combine block) is not matched to it: both split
+    column blocks are gathered into one group, which runs the one combine block."""
+    nodes = node_list(to_kernels(MuGraph.parse(SPLIT_K3)))
+    plan = last_block_plan(nodes, 2, 3)
+    assert plan is not None and (plan.matched, plan.count, plan.groups, plan.tiles) == (((0, 0, 2),), 3, 2, 2)
+    nodes = node_list(to_kernels(MuGraph.parse(COARSE)))
+    plan = last_block_plan(nodes, 2, 3)
+    assert plan is not None and (plan.matched, plan.count, plan.groups, plan.tiles) == ((), 6, 1, 1)
+
+
+@interp
+@pytest.mark.usefixtures("many_tiles")
+@pytest.mark.parametrize("which", ["odd", "coarse"])
+def test_last_block_odd_group_and_coarse_combine_equal_two_launches(which: str, block_order: Any) -> None:
+    """Blocks in reverse order (the last to arrive is each group's first program id): the one launch computes
+    the two launches' result bit for bit, and the counters end at zero."""
+    import torch
+
+    mg = MuGraph.parse(SPLIT_K3 if which == "odd" else COARSE)
+    xs = _inputs(mg, 4)
+    want = _run(vm.compile(mg, last_block=False), mg, xs)
+    f1 = vm.compile(mg, last_block=True)
+    assert len(f1.kernels) == 1
+    block_order(lambda n: list(range(n))[::-1])
+    assert np.array_equal(_run(f1, mg, xs), want)
+    assert int(f1.counters(torch.device("cpu")).abs().sum()) == 0
+
+
+@pytest.mark.usefixtures("many_tiles")
+def test_last_block_refuses_a_combine_reading_the_split_through_a_view() -> None:
+    """A combine that reads the split's partials through a view (a reshape: not launched, its memory the split's
+    buffer) keeps its two launches: the plan is made only from what the combine reads of the split itself."""
+    assert [k.members for k in generate(MuGraph.parse(SPLIT_K), last_block=True).kernels] == [(2, 3)]
+    text = SPLIT_K.replace("  %3 = custom %2 {frange=4", "  %3 = reshape %2 {shape=(32, 128)} : f16[32,128]\n"
+                           "  %4 = custom %3 {frange=4").replace("return %3", "return %4")
+    ms = generate(MuGraph.parse(text), last_block=True)
+    assert len(ms.views) == 1 and [k.members for k in ms.kernels] == [(), ()] and ms.counters == 0
+
+
+_T3 = """graph {
+  %0 = input {name='in0'} : f32[2,2,2]
+  %1 = transpose %0 {a=0, b=2} : f32[2,2,2]
+  %2 = exp %1 : f32[2,2,2]
+  %3 = sum %2 {axis=2} : f32[2,2,1]
+  return %3
+}"""
+
+
+def test_plan_key_takes_no_transpose_for_another_permute() -> None:
+    """``capture.plan_key`` writes transpose(a, b) as the permute swapping a and b (3-D, the axes either way round) and
+    nothing else: another permutation of the same shape (a rotation) keeps another key; and a plan entry for that
+    other program, filed under the transpose's key (a tampered or stale plan), is refused by the re-check with its
+    certificate (not about this partition) and without it (not proved)."""
+    from verimirage.integrations.capture import plan_key
+    from verimirage.smt.certify import certify
+
+    tr = Graph.parse(_T3)
+    same = Graph.parse(_T3.replace("transpose %0 {a=0, b=2}", "permute %0 {dims=(2, 1, 0)}"))
+    swapped = Graph.parse(_T3.replace("{a=0, b=2}", "{a=2, b=0}"))
+    rot = Graph.parse(_T3.replace("transpose %0 {a=0, b=2}", "permute %0 {dims=(1, 2, 0)}"))
+    assert plan_key(tr) == plan_key(same) == plan_key(swapped) != plan_key(rot)
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import corpus_capture as cc
+
+    mg = MuGraph.from_graph(rot)
+    item = {"mugraph": str(mg), "certificate": certify(rot, mg).to_json()}
+    served, why = cc.recheck(tr, [item, str(mg)], 2, {})
+    assert not served and "not about this partition" in why[0] and "not proved" in why[1], why
+    ok = MuGraph.from_graph(same)  # the right program in the other spelling, with its certificate: proved here
+    served, why = cc.recheck(tr, [{"mugraph": str(ok), "certificate": certify(same, ok).to_json()}], 2, {})
+    assert [str(s) for s in served] == [str(ok)], why
+    json.dumps(item)  # (the entry is what make_plan writes: JSON)
+
+
+def test_select_checks_only_the_first_input_set_and_says_so(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """``profile.select(input_sets=)``: the output check runs on ``inputs`` (the proof covers every input; the check
+    is the backstop against the code generator); the other sets are timed. A candidate that fails on a timing set
+    fails that timing (an exception is the candidate's error), so no candidate is ranked on a set it crashed on."""
+    from test_select_rotate import _graph, _inputs, _setup
+
+    torch, profile, _ = _setup(monkeypatch)
+    g = _graph()
+    xs = _inputs(torch, g, 0)
+    bad = {"x": xs["x"], "b": xs["b"].to(torch.float16)}
+
+    def boom(fn: Any, rep: int = 0, return_mode: str = "") -> float:
+        raise RuntimeError("a timing set crashed the candidate")
+
+    import triton.testing
+
+    monkeypatch.setattr(triton.testing, "do_bench_cudagraph", boom)
+    monkeypatch.setattr(triton.testing, "do_bench", boom)
+    out = profile.select(g, [g], configs=profile.DEFAULT_CONFIGS[:1], inputs=xs, input_sets=[bad], cache=False)
+    assert out[0].ms is None and "crashed" in (out[0].error or "")
