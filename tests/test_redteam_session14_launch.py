@@ -175,3 +175,70 @@ def test_an_interrupted_interpreted_launch_left_every_later_call_wrong(monkeypat
     monkeypatch.setattr(builder, "set_grid_idx", real)
     for _ in range(2):
         assert np.array_equal(_run(f1, mg, xs), want), "a call after the interrupted one combined too early"
+
+
+def test_a_merged_launch_fitted_each_member_alone_while_triton_allocates_their_sum() -> None:
+    """Finding (low; opt-in VERIMIRAGE_MERGE, a slowdown, not a wrong result): ``merged_config`` chose the stages
+    under which each member's shared memory fits alone, but one launch of several device functions holds all their
+    buffers side by side (Triton 3.6, sm_90 compile, 2026-11-27: two 64 x 4096 x 4096 fp16 products merged took
+    262,144 bytes at the rules' 8 stages, 131,072 each alone; the limit is 232,448): Triton refused the launch and
+    the runtime's retry ran it at one stage, unpipelined. Three such products (q, k, v projections of a layer at
+    64 rows) now take the most stages under which their estimates together fit."""
+    from dataclasses import replace
+
+    import verimirage as vm
+    from verimirage.backend import tuning
+    from verimirage.backend.resources import SM90, smem_estimate
+    from verimirage.backend.wrap import to_kernels
+    from verimirage.ir.graph import node_list
+
+    g = vm.Graph()
+    x = g.input("X", (64, 4096), vm.float16)
+    for i in range(3):
+        g.output(g.matmul(x, g.input(f"W{i}", (4096, 4096), vm.float16)))
+    nodes = node_list(to_kernels(vm.MuGraph.from_graph(g)))
+    ks = [(n.attr("block"), [nodes[a].outs[j] for a, j in n.args]) for n in nodes if n.op == "custom"]
+    cs = [tuning.recommend(bg, at) for bg, at in ks]
+    pairs = list(zip(ks, cs, strict=True))
+
+    def together(stages: int) -> int:
+        return sum(smem_estimate(bg, at, replace(ci, num_stages=stages)) for (bg, at), ci in pairs)
+
+    assert len(ks) == 3 and all(smem_estimate(bg, at, ci) <= SM90.smem_per_block for (bg, at), ci in pairs)
+    c = runtime.merged_config(cs, [bg.num_blocks for bg, _ in ks], [(bg, at, None) for bg, at in ks])
+    need = together(c.num_stages)
+    assert need <= SM90.smem_per_block, f"{c.num_stages} stages: {need} bytes of shared memory in one launch"
+    more = together(c.num_stages + 1)
+    assert c.num_stages == cs[0].num_stages or more > SM90.smem_per_block  # (the most stages that fit)
+
+
+def test_a_kernel_refused_at_eight_stages_ran_at_one_instead_of_the_most_that_fit(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finding (low; a slowdown): the first launch's retry after Triton's OutOfResources (shared memory) went
+    straight to one stage (no software pipelining), where the stages the estimate gave were one or two too many (the
+    estimate counts a wgmma loop's pipeline one buffer short: 64 x 4096 x 4096 at 2, 3, 4 stages estimated 16,384,
+    32,768, 49,152 bytes, Triton allocated 32,768, 49,152, 65,536, sm_90 compile 2026-11-27; a merged launch's
+    members share its memory). Now each retry drops one stage, and the kernel keeps the most Triton takes."""
+    import numpy as np
+    from triton.runtime.errors import OutOfResources
+
+    import verimirage as vm
+    from verimirage.backend.codegen import LaunchConfig
+
+    g = vm.Graph()
+    x = g.input("X", (16, 32), vm.float16)
+    g.output(g.matmul(x, g.input("W", (32, 16), vm.float16)))
+    fn = vm.compile(vm.MuGraph.from_graph(g), config=LaunchConfig(4, 8), directory=tmp_path)
+    (name,) = fn.launch
+    loads: list[int] = []
+
+    def fake_load(jit: object, call: object, grid: object, launch: dict) -> None:  # refuses above 5 stages
+        loads.append(launch["num_stages"])
+        if launch["num_stages"] > 5:
+            raise OutOfResources(16384 * launch["num_stages"], 81920, "shared memory")
+
+    monkeypatch.setattr(runtime, "_load_kernel", fake_load)
+    xs = {"X": torch.randn(16, 32).half(), "W": torch.randn(32, 16).half()}
+    got = fn(**xs)
+    np.testing.assert_allclose(got.float().numpy(), (xs["X"].float() @ xs["W"].float()).numpy(), rtol=1e-2, atol=1e-2)
+    assert fn.launch[name]["num_stages"] == 5, f"ran at {fn.launch[name]['num_stages']} stages (tried {loads})"

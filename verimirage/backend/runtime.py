@@ -886,9 +886,11 @@ class CompiledProgram:
         """Compile and load every kernel for a call on ``xs`` before its first launch (once per input signature).
 
         Shared memory is known only once Triton has compiled a kernel: a kernel it refuses for shared memory
-        (``OutOfResources``) at more than one pipeline stage gets one stage (its warps and tiles kept; logged with
-        the kernel's name and what Triton reported) and is compiled again, so every way of running a compiled
-        program gets the retry. Any other failure, or the same one at one stage, is raised as the launch would."""
+        (``OutOfResources``) at more than one pipeline stage is compiled again at one stage fewer, until Triton
+        takes it (its warps and tiles kept; each retry logged with the kernel's name and what Triton reported: the
+        estimate it was given stages by can be short, e.g. one buffer of a wgmma loop, and a merged launch's members
+        share its memory), so every way of running a compiled program gets the retry and keeps the most stages that
+        fit. Any other failure, or the same one at one stage, is raised as the launch would."""
         from .precompile import first_calls
 
         if not xs:
@@ -900,15 +902,17 @@ class CompiledProgram:
         for st, jit, call in first_calls(self, lambda r: value_of(r, xs, bufs, self.views, self.counters), bufs,
                                          xs[0].device):
             cfg = self.launch[st.kernel]
-            try:
-                _load_kernel(jit, call, st.grid, cfg)
-            except Exception as e:
-                if not _out_of_shared_memory(e) or cfg.get("num_stages", 1) <= 1:
-                    raise
-                log.warning("compiled program %s: kernel %s at %d pipeline stages: %s; compiled again at one stage "
-                            "(warps and tiles kept)", self.path.name, st.kernel, cfg["num_stages"], e)
-                cfg["num_stages"] = 1
-                _load_kernel(jit, call, st.grid, cfg)
+            while True:
+                try:
+                    _load_kernel(jit, call, st.grid, cfg)
+                    break
+                except Exception as e:
+                    if not _out_of_shared_memory(e) or cfg.get("num_stages", 1) <= 1:
+                        raise
+                    log.warning("compiled program %s: kernel %s at %d pipeline stages: %s; compiled again at %d "
+                                "(warps and tiles kept)", self.path.name, st.kernel, cfg["num_stages"], e,
+                                cfg["num_stages"] - 1)
+                    cfg["num_stages"] -= 1
         self._loaded.add(sig)
 
     def _remember(self, plan: _LeanPlan) -> None:
@@ -1053,16 +1057,21 @@ def merged_config(configs: Sequence[LaunchConfig], blocks: Sequence[int] = (),
     block an SM: the layer's k and v projections of 32 blocks beside the q projection's 128.)
 
     ``kernels``: each kernel's ``(block graph, operand types, operands' element types in memory or None)``; the
-    stages are then the most under which every kernel fits with its own tiles (:func:`verimirage.backend.resources.
-    fit` with the tiles kept: a kernel the rules gave fewer stages for its shared memory keeps within the limit in
-    the launch). Shared memory does not depend on the warps, so the most warps fit wherever the stages do."""
-    from .resources import fit
+    stages are then the most under which the kernels' shared memory together fits, each with its own tiles
+    (:func:`verimirage.backend.resources.smem_estimate`, summed: Triton allocates every member's buffers in the one
+    launch; one stage where none fits, the tiles kept, as ``resources.fit(keep_tiles=True)`` does for one kernel).
+    Shared memory does not depend on the warps, so the most warps fit wherever the stages do."""
+    from .resources import SM90, smem_estimate
 
     most = max(range(len(configs)), key=lambda k: (blocks[k] if blocks else 0, -k))
     stages = configs[most].num_stages
-    if kernels:
-        stages = min(fit(bg, at, replace(c, num_stages=stages), arg_store=store, keep_tiles=True).num_stages
-                     for c, (bg, at, store) in zip(configs, kernels, strict=True))
+    if kernels:  # (one launch holds every member's shared memory side by side: Triton 3.6 gave two merged 64 x 4096
+        # x 4096 products 262,144 bytes at 8 stages, each alone 131,072, sm_90 compile 2026-11-27: the sum must fit)
+        def need(s: int) -> int:
+            return sum(smem_estimate(bg, at, replace(c, num_stages=s), store)
+                       for c, (bg, at, store) in zip(configs, kernels, strict=True))
+
+        stages = next((s for s in range(stages, 0, -1) if need(s) <= SM90.smem_per_block), 1)
     return LaunchConfig(max(c.num_warps for c in configs), stages, configs[0].tiles, tuned=configs[0].tuned)
 
 
