@@ -86,17 +86,16 @@ def test_builder_apply_with_a_missing_or_malformed_attribute_raised_a_raw_python
     assert g.tril_mask([3, 3]).shape == (3, 3)  # a list still works
 
 
-@pytest.mark.xfail(strict=True, reason="open (medium): the weight-side norm prologue's one scale per block "
-                   "(stabilise.scale_weight_tiles) flushes the small weights' rows to 0 in the fp16 dot operand; "
-                   "needs a scale from the tile's own range or fp32 operands (a design and performance decision)")
 def test_scaled_weight_tiles_flushed_small_weights_to_zero_where_the_source_is_accurate() -> None:
-    """Finding (medium, open): ``rms_norm(x, w) @ m`` lowered as ``(x @ ((w / s) m)) * s * r`` with one
-    ``s = max(1, max |w|)`` per block (``partition.scale_weight_tiles``) rounds ``(w_i / s) m_ij`` to fp16 for
-    ``tl.dot``: with ``w = [60000, 1e-3, ...]`` the small weights' rows are ``1.7e-8 m``, below fp16's smallest
-    subnormal, and flush to 0. Where ``x`` is 0 on the large weight's column (the outlier channel idle), every
-    output is 0 while the source (``x r w`` rounded to fp16, products in fp32) is within 4e-4 of float64. The pair
-    is Proved and passes the floating-point check (finite). Short of that extreme, ``s / |w_i m_ij|`` above 2**14
-    puts a row in fp16's subnormals (``|w| = 300`` beside weights of 1e-2 times entries of 1e-2)."""
+    """Finding (medium): ``rms_norm(x, w) @ m`` lowered as ``(x @ ((w / s) m)) * s * r`` with one
+    ``s = max(1, max |w|)`` per block (``partition.scale_weight_tiles``) rounded ``(w_i / s) m_ij`` to fp16 for
+    ``tl.dot``: with ``w = [60000, 1e-3, ...]`` the small weights' rows were ``1.7e-8 m``, below fp16's smallest
+    subnormal, and flushed to 0. Where ``x`` is 0 on the large weight's column (the outlier channel idle), every
+    output was 0 while the source (``x r w`` rounded to fp16, products in fp32) is within 4e-4 of float64; the pair
+    is Proved and passed the floating-point check (finite). Short of that extreme, ``s / |w_i m_ij|`` above 2**14 put
+    a row in fp16's subnormals. Now an fp16 tile's ``s`` comes from its own products, ``max(1, max |w_i m_ij| /
+    2**15)`` per loop iteration: 1 (no scaling at all) unless a product nears fp16's largest value, and the operand
+    is still at most 2**15."""
     import numpy as np
 
     import verimirage as vm

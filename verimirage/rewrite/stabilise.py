@@ -189,9 +189,9 @@ def norm_into_projections(g: Graph) -> Graph | None:
     dtype, the form ``(x * w) @ m`` rounds the unnormalised ``x w`` to it for the product's operand, which in fp16
     is inf once ``|x w| > 65504`` (x near 3e4, w near 8) where the source is finite (the twelfth session's red team
     finding, ``tests/test_redteam_session12.py``). Here the operands are ``x`` (an input, exact) and the weight tile
-    ``w m``, which the lowering bounds by ``|m|`` (:func:`scale_weight_tiles`: each tile's rows divided by
-    ``s = max(1, max |w|)`` over the tile, the product multiplied by ``s`` in fp32), so no rounded intermediate
-    exceeds an input's magnitude; the fp32 accumulator holds at most ``n |x| |m| max(1, |w|)`` (below 2.9e14 n in
+    ``w m``, which the lowering bounds (:func:`scale_weight_tiles`: each tile's rows divided by ``s >= 1``, in fp16
+    ``max(1, max |w m| / 2**15)`` over the tile, the product multiplied by ``s`` in fp32), so no rounded operand
+    overflows; the fp32 accumulator holds at most ``n |x| |m| max(1, |w|)`` (below 2.9e14 n in
     fp16) and the last multiply by ``r`` is the source's output up to rounding. In bf16 (fp32's exponent range)
     the accumulator can still overflow where ``|x| |m|`` is near 3e38 / n and the source's normalised operand is
     not -- the same limit as the unweighted ``(x @ m) * r`` (rmsnorm_linear's design).
@@ -330,17 +330,23 @@ def _live_nodes(nodes: list[Any], outs: list[tuple[int, int]]) -> set[int]:
 
 def scale_weight_tiles(mg: Graph) -> MuGraph | None:
     """``mg`` with every block product ``a @ (c * t)`` whose right operand scales a weight tile's rows by a norm's
-    weight column ``c`` (:func:`_row_scaled_weight`) written ``(a @ ((c / s) * t)) * s`` with
-    ``s = clamp(max |w|, 1, dtype max)``; None if it has none. ``s`` is one scalar per block: the max over the
-    block's whole slice of the weight vector ``w`` when ``c`` reshapes a block input (loaded once more without the
-    loop's map, before the loop; the product's loop sum stays inside ``tl.dot`` and is multiplied by ``s`` after
-    the loop), else over the loop iteration's tile (the product multiplied by ``s`` before it is summed).
+    weight column ``c`` (:func:`_row_scaled_weight`) written ``(a @ ((c / s) * t)) * s``; None if it has none.
+
+    An fp16 weight tile (rank 2): ``s = clamp(max_ij |c_i t_ij| / 2**15, 1, dtype max)`` over the loop iteration's
+    tile, the product multiplied by ``s`` before it is summed: the operand ``(c / s) t`` is at most 2**15, and ``s``
+    is 1 (no scaling at all: the operand is ``c t`` itself) unless a product nears fp16's largest value. (One ``s =
+    max |w|`` per block flushed ``(w_i / s) t_ij`` to 0 for small weights beside a huge one: ``w = [6e4, 1e-3, ...]``
+    gave 0 where the source is accurate, red team session 14.) Other dtypes (fp32's exponent range): ``s =
+    clamp(max |w|, 1, dtype max)``, one scalar per block: the max over the block's whole slice of the weight vector
+    ``w`` when ``c`` reshapes a block input (loaded once more without the loop's map, before the loop; the
+    product's loop sum stays inside ``tl.dot`` and is multiplied by ``s`` after the loop), else over the loop
+    iteration's tile (the product multiplied by ``s`` before it is summed).
 
     Equal over the reals (``s >= 1``). In floating point the product's operand ``(c / s) t``, rounded to the dtype
-    for ``tl.dot``, is at most ``|t|`` in magnitude, where ``c t`` overflows fp16 once ``|c t| > 65504`` (a weight
-    near 300 on a row the activations leave near 0 gives ``0 * inf``: NaN where the source is finite); ``s`` is 1
-    (the division exact, the operand ``c t`` itself) wherever the weights are at most 1 in magnitude; the sum of
-    products times ``s`` is an fp32 value of at most ``k |a| |t| s``. See :func:`norm_into_projections`."""
+    for ``tl.dot``, is bounded where ``c t`` overflows fp16 once ``|c t| > 65504`` (a weight near 300 on a row the
+    activations leave near 0 gives ``0 * inf``: NaN where the source is finite); the sum of products times ``s`` is
+    an fp32 value of at most ``k |a| |c t|``. See :func:`norm_into_projections`."""
+    from ..ir.dtypes import DType
     from ..ir.graph import BlockGraph, Node, make_attrs, tile_shape
     from ..ir.ops import TensorType
     from ..pipeline.fpsafe import DTYPE_MAX
@@ -372,10 +378,16 @@ def scale_weight_tiles(mg: Graph) -> MuGraph | None:
         # per weight vector that is a block input: s over the block's slice of it, from a second load without fmap
         whole: dict[int, int] = {}  # the weight's block input node -> the node of its s
         kargs = list(kn.args)
-        for _b, c, _t in sites.values():
+
+        def ranged(site: tuple[int, int, int], bg: BlockGraph = bg) -> bool:  # (fp16: s from its products' range)
+            tt = bg.nodes[site[2]].outs[0]
+            return bool(tt.rank == 2 and bg.nodes[site[0]].outs[0].dtype is DType.float16)
+
+        for site in sites.values():
+            c = site[1]
             src = bg.nodes[c].args[0][0]
             wn = bg.nodes[src]
-            if wn.op != "input" or wn.attr("fmap") is None or src in whole:
+            if wn.op != "input" or wn.attr("fmap") is None or src in whole or ranged(site):
                 continue
             ad = wn.attr_dict
             ad["fmap"] = None
@@ -394,10 +406,19 @@ def scale_weight_tiles(mg: Graph) -> MuGraph | None:
                 if j in after:  # (a scaled product's loop sum: times s after the loop)
                     remap[j] = add(Node("mul", ((remap[j], 0), (after[j], 0)), (), n.outs))
                 continue
-            b, c, _t = sites[j]
+            b, c, t = sites[j]
             ct, bt = bg.nodes[c].outs[0], bg.nodes[b].outs[0]
             src = bg.nodes[c].args[0][0]
-            if src in whole:
+            if ranged(sites[j]):  # s = max(1, max |c_i t_ij| / 2**15) over this iteration's tile
+                tt = bg.nodes[t].outs[0]
+                col, one = TensorType((tt.shape[0], 1), tt.dtype), TensorType((1, 1), tt.dtype)
+                rows = add(Node("max", ((add(Node("abs", (ref((t, 0)),), (), (tt,))), 0),), make_attrs({"axis": 1}),
+                                (col,)))
+                prod = add(Node("mul", ((rows, 0), (add(Node("abs", ((remap[c], 0),), (), (ct,))), 0)), (), (col,)))
+                mx = add(Node("max", ((prod, 0),), make_attrs({"axis": 0}), (one,)))
+                sc = add(Node("clamp", ((add(Node("scale", ((mx, 0),), make_attrs({"c": 2.0**-15}), (one,))), 0),),
+                              make_attrs({"hi": DTYPE_MAX[ct.dtype], "lo": 1.0}), (one,)))
+            elif src in whole:
                 sc = whole[src]
             else:  # (the weight column is computed in the block: s over this iteration's tile)
                 one = TensorType((1, 1), ct.dtype)
@@ -408,7 +429,7 @@ def scale_weight_tiles(mg: Graph) -> MuGraph | None:
             wt = add(Node("mul", tuple((cs, 0) if a[0] == c else ref(a) for a in bg.nodes[b].args), (), (bt,)))
             remap[j] = add(Node("matmul", (ref(n.args[0]), (wt, 0)), n.attrs, n.outs))
             rd = readers.get(j, [])
-            if src in whole and len(rd) == 1 and bg.nodes[rd[0]].op == "loop_sum":
+            if src in whole and not ranged(sites[j]) and len(rd) == 1 and bg.nodes[rd[0]].op == "loop_sum":
                 after[rd[0]] = sc
             else:
                 remap[j] = add(Node("mul", ((remap[j], 0), (sc, 0)), (), n.outs))
