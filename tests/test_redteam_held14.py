@@ -6,7 +6,7 @@ holding. Kernels run in Triton's interpreter against float64 (``vm.evaluate``).
   an output, its weight also read elsewhere, a computed weight matrix; fp16, bf16, fp32; weights of -300 and 0
   mixed with ordinary ones, all zero, all -50 times, 1e-3 times, activations zero on every third column: every
   scaled lowering (3 per case, 18 cases) proved and within a few times the source's own error of float64 (the
-  flush of tiny weights beside a huge one is the open finding in ``test_redteam_session14.py``).
+  flush of tiny weights beside a huge one was a finding: ``test_redteam_session14.py``).
 * Merged launches (``VERIMIRAGE_MERGE=1``): 210 random programs (elementwise, matmuls, reductions, reshapes that
   become views, transposes, slices, several outputs, outputs read by later kernels), three lowerings each: the
   interpreter's results match float64; so do 40 each as one persistent launch (``VERIMIRAGE_PERSISTENT=plain``,
