@@ -296,9 +296,9 @@ def test_last_block_waits_for_every_block_of_its_group(block_order) -> None:  # 
     xs = _inputs(mg, 5)
     want = _run(vm.compile(mg, last_block=False), mg, xs)
     block_order(lambda n: list(range(n))[::-1])
-    ctr = torch.ones(f1.n_counters, dtype=torch.int32)  # (the interpreter zeroes the module's own at every call)
+    ctr = torch.ones(f1.n_counters, dtype=torch.int32)  # (forward zeroes the module's own in the interpreter)
     real = f1.module._vm_counters
-    f1.module._vm_counters = lambda device, n, stream=None: ctr
+    f1.module._vm_counters = lambda device, n, stream=None, reset=False: ctr
     try:
         bad = _run(f1, mg, xs)
     finally:

@@ -2217,12 +2217,13 @@ def last_block_plan(nodes: Sequence[Node], s: int, c: int) -> LastBlock | None:
 _COUNTERS_HELPER = '''_VM_COUNTERS = {}
 
 
-def _vm_counters(device, n, stream=None):
+def _vm_counters(device, n, stream=None, reset=False):
     """The int32 counters of this module's last-block and persistent launches on ``device`` for the calls on one
     CUDA stream (``stream``: its raw handle; None: the device's current stream): zeroed once, then left at zero by
-    every launch (in Triton's interpreter, on the CPU, zeroed at every call). Each stream has its own (launches on
-    two streams at once would count each other's blocks), and a launch being captured into a CUDA graph gets fresh
-    zeroed ones (the graph's memory, zeroed in the graph)."""
+    every launch (``reset``: ``forward``'s call; in Triton's interpreter, on the CPU, zeroed then, since a launch
+    interrupted mid-grid leaves its counts behind). Each stream has its own (launches on two streams at once would
+    count each other's blocks), and a launch being captured into a CUDA graph gets fresh zeroed ones (the graph's
+    memory, zeroed in the graph)."""
     if device.type == "cuda":
         if torch.cuda.is_current_stream_capturing():
             return torch.zeros(n, device=device, dtype=torch.int32)
@@ -2231,7 +2232,7 @@ def _vm_counters(device, n, stream=None):
     c = _VM_COUNTERS.get((device, stream))
     if c is None:
         c = _VM_COUNTERS[(device, stream)] = torch.zeros(n, device=device, dtype=torch.int32)
-    elif device.type != "cuda":  # (Triton's interpreter: a launch interrupted mid-grid leaves counts behind)
+    elif reset and device.type != "cuda":
         c.zero_()
     return c'''
 
@@ -2516,7 +2517,7 @@ def generate(program: Any, tiles: TileOptions | None = None,
     launch.append("}")
     fwd = [f"def forward({', '.join(names)}):", '    """Run the kernels in order; returns the outputs."""']
     if n_ctr:
-        fwd.append(f"    ctr = _vm_counters({dev}.device, {n_ctr})")
+        fwd.append(f"    ctr = _vm_counters({dev}.device, {n_ctr}, reset=True)")
     fwd += ["    " + line for line in body]
     fwd.append(f"    return ({', '.join(rets)},)")
     source = "\n".join(header) + "\n\n".join(ksrc) + "\n\n" + "\n".join(launch) + "\n\n\n" + "\n".join(fwd) + "\n"
