@@ -242,3 +242,45 @@ def test_a_kernel_refused_at_eight_stages_ran_at_one_instead_of_the_most_that_fi
     got = fn(**xs)
     np.testing.assert_allclose(got.float().numpy(), (xs["X"].float() @ xs["W"].float()).numpy(), rtol=1e-2, atol=1e-2)
     assert fn.launch[name]["num_stages"] == 5, f"ran at {fn.launch[name]['num_stages']} stages (tried {loads})"
+
+
+#: an elementwise producer over 8 row blocks (runs of 16 bytes: the tuning rules emit it flat) whose results a
+#: second kernel sums block by block in its loop: a split/combine pair by the plan's structural test
+_FLAT_SPLIT = """mugraph {
+  %0 = input {name='X'} : f16[64,8]
+  %1 = custom %0 {frange=1, grid=(8,)} : f16[64,8] {
+    %0 = input {arg=0, fmap=None, imap=(0,), shape=(64, 8)} : f16[8,8]
+    %1 = exp %0 : f16[8,8]
+    output %1 {omap=(0,)}
+  }
+  %2 = custom %1 {frange=8, grid=(1,)} : f16[8,8] {
+    %0 = input {arg=0, fmap=0, imap=(None,), shape=(64, 8)} : f16[8,8]
+    %1 = loop_sum %0 : f16[8,8]
+    output %1 {omap=(0,)}
+  }
+  return %2
+}"""
+
+
+def test_a_flat_elementwise_split_crashed_compile_with_last_block() -> None:
+    """Finding (low-medium; opt-in VERIMIRAGE_LASTBLOCK): a kernel the tuning rules emit flat (one flat index range,
+    its blocks not its block graph's grid) was paired as a split with the kernel reducing its results, and
+    ``_last_block_kernel`` indexed the flat kernel's (empty) launch axes: ``vm.compile(..., last_block=True)`` raised
+    IndexError for a valid program (a flat launch with the grid's launch axes would have counted arrivals the flat
+    grid never makes: a combine that never runs). A split emitted flat now keeps its own launch."""
+    import numpy as np
+
+    import verimirage as vm
+    from verimirage.backend import tuning
+    from verimirage.backend.wrap import to_kernels
+    from verimirage.ir.graph import MuGraph, node_list
+
+    mg = MuGraph.parse(_FLAT_SPLIT)
+    nodes = node_list(to_kernels(mg))
+    assert codegen.last_block_plan(nodes, 1, 2) is not None  # (structurally a pair)
+    assert tuning.recommend(nodes[1].attr("block"), [nodes[0].outs[0]]).tiles.flat  # (emitted flat)
+    fn = vm.compile(mg, last_block=True)
+    assert len(fn.kernels) == 2 and not any(k.last_block for k in fn.kernels)
+    x = torch.randn(64, 8).half()
+    ref = np.exp(x.double().numpy()).reshape(8, 8, 8).sum(0)
+    np.testing.assert_allclose(fn(x).double().numpy(), ref, rtol=2e-3, atol=2e-3)

@@ -1996,19 +1996,22 @@ def last_block_pairs(program: Any) -> list[tuple[int, int, LastBlock]]:
     (:func:`verimirage.backend.wrap.to_kernels`), in launch order. For a cost model: such a launch saves one launch
     gap (about 1.2 us inside a CUDA graph on an H100) and puts ``plan.tiles`` combine blocks, one after another,
     behind the last split block of each of ``plan.groups`` groups (BENCHMARKS.md "Last-block combines"). (Views,
-    kernels that only reshape, are taken as launches here; they hold no loop, so they pair with nothing.)"""
+    kernels that only reshape, are taken as launches here; they hold no loop, so they pair with nothing. The tiles are
+    not known here: a split the tiles emit flat, which :func:`generate` keeps apart, is listed.)"""
     nodes = node_list(to_kernels(_as_mugraph(program)))
     units, plans = _last_block_units(nodes, _launch_units(nodes, set(), False), set())
     return [(u[0], u[1], plans[u[0]]) for u in units if u[0] in plans]
 
 
-def _last_block_units(nodes: Sequence[Node], units: list[list[int]], view_nodes: set[int]
-                      ) -> tuple[list[list[int]], dict[int, LastBlock]]:
+def _last_block_units(nodes: Sequence[Node], units: list[list[int]], view_nodes: set[int],
+                      flat: Callable[[int], bool] | None = None) -> tuple[list[list[int]], dict[int, LastBlock]]:
     """``units`` (:func:`_launch_units`) with each split kernel that has a combine kernel (:func:`last_block_plan`)
     launched with it: the unit ``[s]`` becomes ``[s, c]`` and ``[c]`` goes. Only where both are launches of their
     own (not views, not merged with others) and everything else the combine reads is written by launches before
     the split kernel's (the combine then runs earlier than in ``units``, with all its operands ready; what reads
-    its results still comes after it). Returns the units and the plans by split node."""
+    its results still comes after it), and not where the split kernel is emitted flat (``flat(node)``: one flat
+    index range, :attr:`TileOptions.flat`; its blocks are not the block graph's grid the plan groups). Returns the
+    units and the plans by split node."""
     where = {u[0]: k for k, u in enumerate(units) if len(u) == 1}
     plans: dict[int, LastBlock] = {}
     partner: dict[int, int] = {}  # split node -> its combine node
@@ -2017,7 +2020,7 @@ def _last_block_units(nodes: Sequence[Node], units: list[list[int]], view_nodes:
         if c in view_nodes or nodes[c].op != "custom" or c in paired:
             continue
         for s in dict.fromkeys(a for a, _ in nodes[c].args):
-            if s not in where or s in view_nodes or s in paired or nodes[s].op != "custom":
+            if s not in where or s in view_nodes or s in paired or nodes[s].op != "custom" or (flat and flat(s)):
                 continue
             plan = last_block_plan(nodes, s, c)
             if plan is None or any(a != s and nodes[a].op == "custom" and where.get(a, len(units)) >= where[s]
@@ -2389,7 +2392,13 @@ def generate(program: Any, tiles: TileOptions | None = None,
 
     plans: dict[int, LastBlock] = {}
     if last_block:
-        units, plans = _last_block_units(nodes, units, view_nodes)
+        def emitted_flat(j: int) -> bool:  # (kernel_source's own test)
+            bg: BlockGraph = nodes[j].attr("block")
+            at = [nodes[a].outs[k] for a, k in nodes[j].args]
+            opts = (tiles_for(bg, at) if tiles_for else tiles) or TileOptions()
+            return bool(opts.flat) and flat_shape(bg, at, _inline_masks(nodes, nodes[j])) is not None
+
+        units, plans = _last_block_units(nodes, units, view_nodes, emitted_flat)
     offsets: dict[int, int] = {}  # (each last-block launch's counters: a range of the program's counter buffer)
     n_ctr = 0
     for s_node in sorted(plans):
