@@ -284,3 +284,37 @@ def test_a_flat_elementwise_split_crashed_compile_with_last_block() -> None:
     x = torch.randn(64, 8).half()
     ref = np.exp(x.double().numpy()).reshape(8, 8, 8).sum(0)
     np.testing.assert_allclose(fn(x).double().numpy(), ref, rtol=2e-3, atol=2e-3)
+
+
+def test_a_plan_key_that_is_no_graph_stopped_the_whole_serve(tmp_path: Any) -> None:
+    """Finding (low; the device runs' plans): serving a plan (``corpus_capture._serve_plan``) now parses every key
+    to look it up by ``capture.plan_key``; one key that was not a graph's text (a corrupt or hand-edited plan: nothing
+    read from disk is trusted) raised GraphError out of the serve's setup, ending the device run instead of missing
+    one entry. Such an entry is now left out, named in the stats, and every other entry is served."""
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import corpus_capture as cc
+
+    import verimirage as vm
+    from verimirage.ir.graph import Graph, MuGraph
+
+    real = vm.superoptimize
+    g = Graph.parse("""graph {
+  %0 = input {name='in0'} : f32[4,8]
+  %1 = exp %0 : f32[4,8]
+  %2 = sum %1 {axis=1} : f32[4,1]
+  return %2
+}""")
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({"not a graph": ["x"], str(g): [str(MuGraph.from_graph(g))]}))
+    stats: dict[str, Any] = {}
+    try:
+        cc._serve_plan(path, stats, limit=2)
+        r = vm.superoptimize(g)
+    finally:
+        vm.superoptimize = real
+    assert [str(c) for c in r.candidates] == [str(MuGraph.from_graph(g))] and stats["hit"] == 1
+    assert stats["bad_keys"] == ["not a graph"]
