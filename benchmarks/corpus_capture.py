@@ -41,6 +41,7 @@ from verimirage.benchmarks import modules as corpus
 from verimirage.integrations.capture import plan_key
 from verimirage.integrations.dynamo import backend
 from verimirage.integrations.report import Report
+from verimirage.ir.errors import GraphError
 
 log = logging.getLogger("corpus_capture")
 
@@ -379,8 +380,6 @@ def _serve_plan(path: Path, stats: dict[str, Any], *, limit: int = 4) -> None:
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     import verimirage as vm
-    from verimirage.ir.errors import GraphError
-
     plan: dict[str, list[Any]] = {}
     for k, v in json.loads(path.read_text()).items():  # (by plan_key: a partition hits in either layout spelling)
         try:
@@ -674,12 +673,20 @@ def make_plan(names: list[str], dims: Any, dtype: torch.dtype, budget: float, pa
                 plan[key] = by_cost(items)
                 path.write_text(json.dumps(plan, indent=1))
 
-    canon: dict[str, str] = {}  # a plan key's plan_key
+    canon: dict[str, str | None] = {}  # a plan key's plan_key (None: no graph's text), each key parsed once
+
+    def canonical(k: str) -> str | None:
+        if k not in canon:
+            try:
+                canon[k] = plan_key(k)
+            except GraphError:  # (a corrupt key matches no partition)
+                canon[k] = None
+        return canon[k]
 
     def planned(g: Any) -> str:
         """The plan's key for the partition ``g`` in either layout spelling (:func:`plan_key`), else its text."""
         ck = plan_key(g)
-        return next((k for k in plan if canon.setdefault(k, plan_key(k)) == ck), str(g))
+        return next((k for k in plan if canonical(k) == ck), str(g))
 
     def search(g: Any, **kw: Any) -> Any:
         key, ck = planned(g), plan_key(g)
