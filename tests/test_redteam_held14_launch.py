@@ -136,3 +136,31 @@ def test_select_checks_only_the_first_input_set_and_says_so(monkeypatch: pytest.
     monkeypatch.setattr(triton.testing, "do_bench", boom)
     out = profile.select(g, [g], configs=profile.DEFAULT_CONFIGS[:1], inputs=xs, input_sets=[bad], cache=False)
     assert out[0].ms is None and "crashed" in (out[0].error or "")
+
+
+#: split-K whose column tiles are not powers of two (48 split columns, 24 combine columns: padded to 64 and 32 in
+#: registers, the stores masked)
+SPLIT_K_PADDED = (SPLIT_K.replace("f16[256,128]", "f16[256,96]").replace("shape=(256, 128)", "shape=(256, 96)")
+                  .replace("f16[32,64]", "f16[32,48]").replace("f16[8,64]", "f16[8,48]")
+                  .replace(": f16[32,128] {", ": f16[32,96] {").replace("shape=(32, 128)", "shape=(32, 96)")
+                  .replace(": f16[8,128] {", ": f16[8,96] {").replace("(32, 96)} : f16[8,32]", "(32, 96)} : f16[8,24]")
+                  .replace("%1 = loop_sum %0 : f16[8,32]", "%1 = loop_sum %0 : f16[8,24]")
+                  .replace("%2 = relu %1 : f16[8,32]", "%2 = relu %1 : f16[8,24]"))
+
+
+@interp
+@pytest.mark.usefixtures("many_tiles")
+def test_last_block_with_padded_tiles_in_a_shuffled_block_order(block_order: Any) -> None:
+    """Tiles padded in registers (masked stores at the tails of the partials' columns), the interpreter's blocks in a
+    random order: the one launch equals the two launches bit for bit and float64 within fp16 accuracy."""
+    mg = MuGraph.parse(SPLIT_K_PADDED)
+    xs = _inputs(mg, 2)
+    want = _run(vm.compile(mg, last_block=False), mg, xs)
+    f1 = vm.compile(mg, last_block=True)
+    assert len(f1.kernels) == 1
+    rng = np.random.default_rng(3)
+    cache: dict[int, list[int]] = {}
+    block_order(lambda n: cache.setdefault(n, [int(v) for v in rng.permutation(n)]))
+    got = _run(f1, mg, xs)
+    ref = vm.evaluate(mg, {k: v.astype(np.float64) for k, v in xs.items()})[0]
+    assert np.array_equal(got, want) and np.abs(got - ref).max() <= 2e-3 * np.abs(ref).max()
