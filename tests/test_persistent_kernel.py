@@ -223,3 +223,73 @@ def test_persistent_kernel_compiles_for_sm90_with_gpu_scope_acquire_and_release(
     assert rep["acquire"] >= waits + 1 and rep["release"] >= counts + 1  # (+1: the acq_rel of the last block)
     assert rep["nc_loads"] == 0  # tasks read what other tasks wrote in this launch: no non-coherent loads
     assert rep["bar_sync"] > 0
+
+
+def test_persistent_members_are_called_not_inlined() -> None:
+    # the members' device functions are @triton.jit(noinline=True) (their own registers, their parameters passed at
+    # the call); the persistent kernel itself and the merged launches' device functions are plain @triton.jit
+    mg = vm.MuGraph.from_graph(_program())
+    ms = generate(mg, persistent=True)
+    (kp,) = ms.kernels
+    for j in kp.members:
+        assert f"@triton.jit(noinline=True)\ndef k{j}(" in ms.source
+    assert "@triton.jit\ndef kp(" in ms.source
+    assert "noinline" not in generate(mg, merge=True).source
+
+
+def test_persistent_stages_lowered_until_two_blocks_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    # one launch has one stage count: the most deeply pipelined task's shared memory decides the blocks an SM holds
+    # (the layer's first persistent kernel: 4 stages, 120 KB, one block an SM); stages go down until
+    # PERSISTENT_MIN_BLOCKS fit, never below 1, and the launch parameters are updated in place
+    built: list[int] = []
+
+    def build(launch: dict[str, int]) -> int:
+        built.append(launch["num_stages"])
+        return launch["num_stages"]
+
+    fits = {4: 1, 3: 1, 2: 2, 1: 4}  # (stages -> blocks an SM)
+    monkeypatch.setattr(runtime, "_occupancy", lambda kern, dev: (fits[kern], 132))
+    launch = {"num_warps": 16, "num_stages": 4}
+    assert runtime.persistent_stages(build, launch, None) == 2
+    assert launch == {"num_warps": 16, "num_stages": 2} and built == [4, 3, 2]
+    monkeypatch.setattr(runtime, "_occupancy", lambda kern, dev: (1, 132))
+    launch = {"num_warps": 16, "num_stages": 3}
+    assert runtime.persistent_stages(build, launch, None) == 1 and launch["num_stages"] == 1
+    monkeypatch.setattr(runtime, "_occupancy", lambda kern, dev: (2, 132))
+    built.clear()
+    assert runtime.persistent_stages(build, {"num_stages": 4}, None) == 4 and built == [4]
+
+
+def test_persistent_warps_override(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("VERIMIRAGE_PERSISTENT_WARPS", raising=False)
+    assert runtime._persistent_warps() is None
+    monkeypatch.setenv("VERIMIRAGE_PERSISTENT_WARPS", "8")
+    assert runtime._persistent_warps() == 8
+    monkeypatch.setenv("VERIMIRAGE_PERSISTENT_WARPS", "6")
+    with pytest.raises(ValueError, match="VERIMIRAGE_PERSISTENT_WARPS"):
+        runtime._persistent_warps()
+
+
+@pytest.mark.slow
+def test_layer_persistent_kernel_spilled_registers(tmp_path: Path) -> None:
+    # the first persistent kernel of the layer (decode_bs1, 16 warps, 4 stages; its members inlined) took 128
+    # registers and spilled 392 bytes a thread on sm_90 (ptxas; at 4 warps 255 registers and 1,376 bytes): the
+    # compiler hoisted every member's loop-invariant values out of the task loop. Called, not inlined: no stack
+    import importlib.util
+
+    from verimirage.backend import tuning
+    from verimirage.backend.gpucompile import compile_modules
+
+    doc = json.loads((ROOT / "benchmarks" / "candidates" / "layer" / "decode_bs1.json").read_text())
+    ms = generate(vm.MuGraph.parse(doc["candidates"][0]["mugraph"]),
+                  tiles_for=lambda bg, at: tuning.recommend(bg, at).tiles, persistent=True)
+    path = tmp_path / "layer_persistent.py"
+    path.write_text(ms.source.replace("'kp': {'num_warps': 4, 'num_stages': 2}",
+                                      "'kp': {'num_warps': 16, 'num_stages': 4}"))
+    spec = importlib.util.spec_from_file_location("layer_persistent", path)
+    assert spec is not None and spec.loader is not None
+    rep = compile_modules([path])[str(path)]["kp"]
+    assert rep["ok"], rep["error"]
+    if rep["regs"] < 0:
+        pytest.skip("no cuobjdump beside Triton: registers unknown")
+    assert rep["stack"] == 0 and rep["regs"] <= 128, rep

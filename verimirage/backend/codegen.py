@@ -2116,6 +2116,19 @@ def persistent_tasks(unit: Sequence[int], blocks: Sequence[int],
     return table
 
 
+def _noinline(src: str) -> str:
+    """Device function ``src`` (:func:`kernel_source`'s ``device_fn``) as ``@triton.jit(noinline=True)``: a call
+    of its own in the PTX, not inlined into its caller. A persistent kernel's members so keep their registers to
+    themselves: inlined, the compiler hoisted every member's loop-invariant values (pointers, offset vectors) out of
+    the task loop and kept them all live across it (sm_90, the layer's decode_bs1 at 16 warps: 128 registers and
+    392 bytes spilled; at 4 warps 255 and 1,376), where called, the kernel takes the most any member takes (62 and
+    168 registers, no spill) and the parameters a member needs are passed at its call."""
+    head = "@triton.jit\n"
+    if not src.startswith(head):
+        raise GraphError("codegen: a device function's source does not start with @triton.jit")
+    return "@triton.jit(noinline=True)\n" + src[len(head):]
+
+
 def _persistent_kernel(name: str, unit: Sequence[int], made: Sequence[tuple[str, KernelInfo]],
                        deps: Mapping[int, Sequence[int]], offset: int) -> tuple[str, KernelInfo]:
     """One ``@triton.jit`` kernel that runs the kernels ``made`` (device functions of the μGraph nodes ``unit``, in a
@@ -2439,7 +2452,7 @@ def generate(program: Any, tiles: TileOptions | None = None,
             kname = "kp"
             deps = {j: [k for k in (base_kernel(r) for r in nodes[j].args) if k is not None] for j in unit}
             src, info = _persistent_kernel(kname, unit, made, deps, offsets[i])
-            ksrc.extend(s_ for s_, _ in made)
+            ksrc.extend(_noinline(s_) for s_, _ in made)
         elif i in plans:
             kname = f"k{i}_{unit[1]}"
             src, info = _last_block_kernel(kname, unit, made, plans[i], offsets[i],

@@ -33,7 +33,8 @@ def compile_modules(paths: Sequence[Path | str], *, arch: int = 90, timeout_s: f
     ``shared``: the larger shared-memory size in bytes Triton allocated for the two compiles; ``atom``: the atomic
     instructions of the PTX, e.g. ``atom.global.acq_rel.gpu.add.u32``; in the specialised PTX, ``nc_loads``:
     non-coherent ``ld.global.nc`` loads, ``acquire`` / ``release``: GPU-scope acquire and release operations (an
-    acquire load counts), ``bar_sync``: block barriers).
+    acquire load counts), ``bar_sync``: block barriers; ``regs`` / ``stack``: registers and stack bytes a
+    thread, spills included, from ``cuobjdump``, -1 where unknown).
     """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     cmd = [sys.executable, "-m", "verimirage.backend.gpucompile", "--arch", str(arch), *map(str, paths)]
@@ -67,6 +68,26 @@ def specialize(signature: dict[str, str]) -> tuple[dict[str, str], dict[str, int
     return sig, consts, attrs
 
 
+def _resource_usage(cubin: bytes, name: str) -> dict[str, int]:
+    """``{"regs", "stack"}`` of kernel ``name`` in ``cubin`` (registers a thread, stack bytes a thread: spilled
+    registers and call frames), from ``cuobjdump --dump-resource-usage`` (Triton's bundled copy); empty where the
+    tool or the kernel is not found."""
+    import tempfile
+
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not cubin or not tool.exists():
+        return {}
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        res = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True, text=True,
+                             check=False)
+    m = re.search(rf"Function {re.escape(name)}:\s*\n\s*REG:(\d+) STACK:(\d+)", res.stdout)
+    return {"regs": int(m.group(1)), "stack": int(m.group(2))} if m else {}
+
+
 def _compile_one(path: str, arch: int) -> dict[str, Any]:
     import triton
     from triton.backends.compiler import GPUTarget
@@ -81,7 +102,8 @@ def _compile_one(path: str, arch: int) -> dict[str, Any]:
         fn = getattr(mod, name)
         opts = dict(mod.LAUNCH.get(name, {}))
         rep: dict[str, Any] = {"ok": True, "wgmma": False, "mma": False, "cp_async": 0, "shared": 0, "error": "",
-                               "atom": [], "nc_loads": 0, "acquire": 0, "release": 0, "bar_sync": 0}
+                               "atom": [], "nc_loads": 0, "acquire": 0, "release": 0, "bar_sync": 0,
+                               "regs": -1, "stack": -1}
         for label, src in (("plain", ASTSource(fn, dict(sig), {})), ("specialised", ASTSource(fn, *specialize(sig)))):
             try:
                 ck = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=opts)
@@ -100,6 +122,7 @@ def _compile_one(path: str, arch: int) -> dict[str, Any]:
                 rep["acquire"] = ptx.count("gpu.acquire") + ptx.count("gpu.acq_rel")
                 rep["release"] = ptx.count("gpu.release") + ptx.count("gpu.acq_rel")
                 rep["bar_sync"] = ptx.count("bar.sync")
+                rep.update(_resource_usage(ck.asm.get("cubin", b""), name))
         out[name] = rep
     return out
 

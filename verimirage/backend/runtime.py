@@ -254,14 +254,16 @@ class _LeanPlan:
                 call += [t.stride(d) for d in range(rank)]
             grid = prog.grids.get(st.kernel, st.grid)
             if st.kernel in prog.persistent:  # the grid co-resident for the kernel this signature compiles to
-                kern = jit.run(*call, grid=st.grid, warmup=True, **prog.launch[st.kernel])
-                if hasattr(kern, "result"):  # pragma: no cover - only under Triton's async compile mode
-                    kern = kern.result()
+                def build(launch: dict[str, Any], jit: Any = jit, call: list[Any] = call, st: Any = st) -> Any:
+                    k = jit.run(*call, grid=st.grid, warmup=True, **launch)
+                    return k.result() if hasattr(k, "result") else k  # (Triton's async compile mode)
+                kern = persistent_stages(build, prog.launch[st.kernel], self.device)
+                prog.module.LAUNCH[st.kernel] = dict(prog.launch[st.kernel])
                 grid = (persistent_grid(kern, math.prod(st.grid), self.device),)
                 # (another specialisation or device may fit fewer blocks: forward's grid is the least seen)
                 prog.grids[st.kernel] = min(grid, prog.grids.get(st.kernel, grid))
-                log.info("compiled program %s: persistent kernel %s, %d tasks on %d blocks", prog.path.name,
-                         st.kernel, math.prod(st.grid), grid[0])
+                log.info("compiled program %s: persistent kernel %s, %d tasks on %d blocks (%s)", prog.path.name,
+                         st.kernel, math.prod(st.grid), grid[0], prog.launch[st.kernel])
             kern = jit.run(*call, grid=grid, warmup=False, **prog.launch[st.kernel])
             if hasattr(kern, "result"):  # pragma: no cover - only under Triton's async compile mode
                 kern = kern.result()
@@ -1125,6 +1127,37 @@ def _occupancy(kern: Any, device: Any) -> tuple[int, int]:
     return max(0, min(by_regs, by_smem, by_threads, 32)), sms
 
 
+#: A persistent kernel's pipeline stages are lowered (:func:`persistent_stages`) until at least this many of its blocks
+#: fit one SM: the layer's first persistent kernel ran one block an SM (decode_bs1: 16 warps, 4 stages, 120 KB of
+#: shared memory for the FFN's gate/up task), every task of every kernel then with one block's loads in flight an SM.
+PERSISTENT_MIN_BLOCKS = 2
+
+
+def persistent_stages(build: Callable[[dict[str, Any]], Any], launch: dict[str, Any], device: Any) -> Any:
+    """The compiled persistent kernel ``build(launch)`` (Triton's compiled kernel for launch parameters ``launch``),
+    with ``launch["num_stages"]`` lowered one at a time (down to 1; ``launch`` is updated in place) while fewer than
+    :data:`PERSISTENT_MIN_BLOCKS` of its blocks fit an SM (:func:`_occupancy`: CUDA's occupancy calculator on the
+    compiled kernel's registers and shared memory). One launch has one stage count for every task, and the shared
+    memory of the most deeply pipelined task decides how many blocks an SM holds; the stages change no value (the
+    same code, its loads' buffering only)."""
+    kern = build(launch)
+    while launch.get("num_stages", 1) > 1 and _occupancy(kern, device)[0] < PERSISTENT_MIN_BLOCKS:
+        launch["num_stages"] -= 1
+        kern = build(launch)
+    return kern
+
+
+def _persistent_warps() -> int | None:
+    """``VERIMIRAGE_PERSISTENT_WARPS`` (4, 8 or 16): the warps of a persistent kernel instead of the most any of its
+    kernels takes (:func:`merged_config`); None when unset. For measuring the uniform block shape."""
+    v = os.environ.get("VERIMIRAGE_PERSISTENT_WARPS", "").strip()
+    if not v:
+        return None
+    if v not in ("1", "2", "4", "8", "16", "32"):
+        raise ValueError(f"VERIMIRAGE_PERSISTENT_WARPS={v!r}; expected a power of two from 1 to 32")
+    return int(v)
+
+
 def persistent_grid(kern: Any, tasks: int, device: Any) -> int:
     """The blocks to launch persistent kernel ``kern`` (``tasks`` tasks) with on ``device``: at most one per task and
     no more than can be co-resident (:func:`_occupancy`), since a block may wait for another's task. Raises
@@ -1217,6 +1250,8 @@ def compile(
             tuned[k.name] = merged_config(cs, [nodes[i].attr("block").num_blocks for i in members],
                                           [(nodes[i].attr("block"), at, store[i]) for i, at in zip(members, ats,
                                                                                                    strict=True)])
+        if persistent and (w := _persistent_warps()) is not None:
+            tuned = {k: replace(c, num_warps=w) for k, c in tuned.items()}
         per_kernel = tuned | dict(per_kernel or {})
     else:
         ms = generate(program, config.tiles, pdl=pdl, merge=merge, last_block=last_block, persistent=bool(persistent))
