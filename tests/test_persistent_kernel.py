@@ -293,3 +293,236 @@ def test_layer_persistent_kernel_spilled_registers(tmp_path: Path) -> None:
     if rep["regs"] < 0:
         pytest.skip("no cuobjdump beside Triton: registers unknown")
     assert rep["stack"] == 0 and rep["regs"] <= 128, rep
+
+
+# ----------------------------------------------------------------------------- tile waits (VERIMIRAGE_PERSISTENT_TILES)
+
+
+def _members(ms: object, mg: vm.MuGraph) -> list[tuple[int, int, int, list[str]]]:
+    """Per task branch of ``kp``: (member node, first task, tasks, the branch's lines)."""
+    src: str = ms.source  # type: ignore[attr-defined]
+    body = src[src.index("def kp("):src.index("\n    tl.debug_barrier()\n    done")]
+    parts = re.split(r"\n        (if task < \d+:|elif task < \d+:|else:)", body)[1:]
+    out, start = [], 0
+    (kp,) = ms.kernels  # type: ignore[attr-defined]
+    for m, j in enumerate(kp.members):
+        head, text = parts[2 * m], parts[2 * m + 1]
+        end = int(re.search(r"\d+", head).group()) if "task <" in head else kp.grid[0]
+        out.append((j, start, end - start, text.split("\n")))
+        start = end
+    return out
+
+
+def _launch_coords(info: object, local: int) -> tuple[int, ...]:
+    """Block-graph grid coordinates of block ``local`` of a (non-flat) kernel (launch axes, x fastest)."""
+    g = (*info.grid, 1, 1)[:3]  # type: ignore[attr-defined]
+    launch = (local % g[0], (local // g[0]) % g[1], local // (g[0] * g[1]))
+    return tuple(launch[la] for la in info.launch_axes)  # type: ignore[attr-defined]
+
+
+def _local_of(info: object, coords: tuple[int, ...]) -> int:
+    g = (*info.grid, 1, 1)[:3]  # type: ignore[attr-defined]
+    launch = [0, 0, 0]
+    for a, la in enumerate(info.launch_axes):  # type: ignore[attr-defined]
+        launch[la] = coords[a]
+    return launch[0] + g[0] * launch[1] + g[0] * g[1] * launch[2]
+
+
+def _true_reads(mg: vm.MuGraph, members: list[int], infos: dict[int, object]) -> dict[tuple[int, int], set]:
+    """(consumer node, its block) -> {(producer node, producer block)} whose written elements the block's tiles hold,
+    element by element from the maps (independent of codegen's boxes): each producer block's slab of its output
+    (omaps) marked in an owner array, each consumer input tile's slice (imap; whole dims otherwise) looked up in it,
+    through views by flat index (a view is a row-major reshape)."""
+    from verimirage.backend.wrap import to_kernels
+
+    nodes = node_list(to_kernels(mg))
+    views = {i for i, n in enumerate(nodes) if n.op == "custom"} - set(members)
+    owner: dict[tuple[int, int], np.ndarray] = {}
+    for p in members:
+        pb, info = nodes[p].attr("block"), infos[p]
+        flat = not info.launch_axes
+        for k, t in enumerate(nodes[p].outs):
+            own = np.full(t.shape, -1, dtype=np.int64)
+            for local in range(int(np.prod(info.grid))):
+                if flat:  # (a flat kernel: 'blocks' are not the block graph's; every element owned by all)
+                    own[...] = -2
+                    break
+                co = _launch_coords(info, local)
+                sl = [slice(None)] * len(t.shape)
+                for a, d in enumerate(pb.omaps[k].dims):
+                    size = t.shape[d] // pb.grid[a]
+                    sl[d] = slice(co[a] * size, (co[a] + 1) * size)
+                own[tuple(sl)] = local
+            assert flat or (own >= 0).all()
+            owner[(p, k)] = own.reshape(-1)
+    out: dict[tuple[int, int], set] = {}
+    for j in members:
+        bg, info = nodes[j].attr("block"), infos[j]
+        for local in range(int(np.prod(info.grid))):
+            co = _launch_coords(info, local) if info.launch_axes else None
+            need: set = set()
+            for n in bg.nodes:
+                if n.op != "input":
+                    continue
+                r = nodes[j].args[n.attr("arg")]
+                while r[0] in views:
+                    r = nodes[r[0]].args[0]
+                if r[0] not in members:
+                    continue
+                shape = nodes[j].args[n.attr("arg")]
+                shape = nodes[shape[0]].outs[shape[1]].shape
+                sl = [slice(None)] * len(shape)
+                if co is None:
+                    need |= {(r[0], b) for b in range(int(np.prod(infos[r[0]].grid)))}
+                    continue
+                for a, d in enumerate(n.attr("imap")):
+                    if d is not None:
+                        size = shape[d] // bg.grid[a]
+                        sl[d] = slice(co[a] * size, (co[a] + 1) * size)
+                idx = np.arange(int(np.prod(shape))).reshape(shape)[tuple(sl)].reshape(-1)
+                got = set(np.unique(owner[r].reshape(-1)[idx]).tolist())
+                if -2 in got:
+                    got = set(range(int(np.prod(infos[r[0]].grid))))
+                need |= {(r[0], b) for b in got}
+            out[(j, local)] = need
+    return out
+
+
+def _waited(ms: object, mg: vm.MuGraph) -> dict[tuple[int, int], set]:
+    """(consumer node, its block) -> {(producer node, producer block)} the generated ``kp`` makes it wait for:
+    every block of a kernel whose counter it waits on, and the flags its tile waits' ``fb`` expressions name
+    (evaluated, as the kernel computes them, for every block of the consumer)."""
+    branches = _members(ms, mg)
+    blocks = {j: n for j, _, n, _ in branches}
+    by_counter, by_flag = {}, {}
+    for m, (j, start, _, lines) in enumerate(branches):
+        for line in lines:
+            if (c := re.search(r'atomic_add\(ctr_ptr \+ (\d+), 1, sem="release"', line)):
+                by_counter[int(c.group(1))] = j
+            if (f := re.search(r'atomic_add\(ctr_ptr \+ (\d+) \+ task', line)):
+                by_flag[int(f.group(1))] = j
+    out: dict[tuple[int, int], set] = {}
+    for j, start, n, lines in branches:
+        whole = {by_counter[int(c)] for c in re.findall(r'ctr_ptr \+ (\d+), 0, sem="acquire"', "\n".join(lines))}
+        tiles = []
+        for k, line in enumerate(lines):
+            if (f := re.match(r"\s*fb = ctr_ptr \+ (\d+) \+ (.*)$", line)):
+                width = int(re.search(r"tl.arange\(0, (\d+)\)", lines[k - 1]).group(1))
+                size = int(re.search(r"fl < (\d+)", lines[k + 1]).group(1))
+                tiles.append((by_flag[int(f.group(1))], f.group(2), width, size))
+        for local in range(n):
+            need = {(p, b) for p in whole for b in range(blocks[p])}
+            for p, expr, width, size in tiles:
+                fl = np.arange(width)
+                vals = eval(expr, {"fl": fl, "task": start + local})  # noqa: S307 (the generated expression)
+                vals = np.broadcast_to(vals, fl.shape)[fl < size]
+                assert ((0 <= vals) & (vals < blocks[p])).all()
+                need |= {(p, int(b)) for b in vals}
+            out[(j, local)] = need
+    return out
+
+
+def _plain_infos(mg: vm.MuGraph, members: tuple[int, ...]) -> dict[int, object]:
+    """Each member's own KernelInfo (its launch grid and launch axes; none for a flat kernel), as codegen makes it."""
+    from verimirage.backend import tuning
+    from verimirage.backend.codegen import _inline_masks, kernel_source
+    from verimirage.backend.wrap import to_kernels
+
+    nodes = node_list(to_kernels(mg))
+    out = {}
+    for j in members:
+        bg = nodes[j].attr("block")
+        at = [nodes[a].outs[k] for a, k in nodes[j].args]
+        out[j] = kernel_source(bg, at, f"k{j}", tuning.recommend(bg, at).tiles, inline=_inline_masks(nodes, nodes[j]),
+                               device_fn=True)[1]
+    return out
+
+
+@pytest.mark.parametrize("case", ["decode_bs1", "decode_bs8", "split_kv", "split_kv_stable", "split_k", "small"])
+def test_tile_waits_cover_every_producer_tile_a_task_reads(case: str) -> None:
+    from test_last_block import CASES
+
+    from verimirage.backend import tuning
+
+    if case == "small":
+        mgs = [vm.MuGraph.from_graph(_program())]
+    elif case in CASES:
+        mgs = [vm.MuGraph.parse(CASES[case])]
+    else:
+        doc = json.loads((ROOT / "benchmarks" / "candidates" / "layer" / f"{case}.json").read_text())
+        mgs = [vm.MuGraph.parse(c["mugraph"]) for c in doc["candidates"][:2]]
+    for mg in mgs:
+        ms = generate(mg, tiles_for=lambda bg, at: tuning.recommend(bg, at).tiles, persistent=True, tile_waits=True)
+        (kp,) = ms.kernels
+        infos = _plain_infos(mg, kp.members)
+        truth = _true_reads(mg, list(kp.members), infos)
+        waited = _waited(ms, mg)
+        first = {j: s for j, s, _, _ in _members(ms, mg)}
+        for key, need in truth.items():
+            missing = need - waited[key]
+            assert not missing, f"task {key} reads producer blocks {sorted(missing)[:5]} it does not wait for"
+            # (every wait is for a task of smaller index: the no-deadlock argument holds)
+            assert all(first[p] + b < first[key[0]] + key[1] for p, b in waited[key])
+        if case != "small":
+            assert "fb = ctr_ptr" in ms.source  # (kernels here read part of another's blocks)  # (the layer has kernels that read part of another's blocks)
+
+
+def test_tile_wait_check_fails_when_a_task_misses_a_producer_tile() -> None:
+    # the coverage check above must catch a wait that leaves out a block its task reads: shrink each tile wait of
+    # the layer's decode_bs1 by one block (the last flag of its box) and the check must name a missing block
+    from verimirage.backend import tuning
+
+    doc = json.loads((ROOT / "benchmarks" / "candidates" / "layer" / "decode_bs1.json").read_text())
+    mg = vm.MuGraph.parse(doc["candidates"][0]["mugraph"])
+    ms = generate(mg, tiles_for=lambda bg, at: tuning.recommend(bg, at).tiles, persistent=True, tile_waits=True)
+    (kp,) = ms.kernels
+    truth = _true_reads(mg, list(kp.members), _plain_infos(mg, kp.members))
+    sizes = sorted(set(int(s) for s in re.findall(r"while tl.sum\(tl.where\(fl < (\d+)", ms.source)))
+    assert sizes
+    for size in sizes:
+        bad = ms.source.replace(f"fl < {size}", f"fl < {size - 1}")
+        waited = _waited(type(ms)(bad, *[getattr(ms, f) for f in type(ms).__dataclass_fields__ if f != "source"]), mg)
+        assert any(need - waited[key] for key, need in truth.items()), f"a box of {size} less one went unnoticed"
+
+
+@pytest.mark.parametrize("name", ["split_kv", "split_kv_stable", "split_k"])
+def test_tile_waits_match_float64_and_leave_counters_zero(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # split reductions whose combine blocks each read a few split blocks: tile waits, in the interpreter (one block:
+    # the kernels' own code in order) against float64 and, bit for bit, against the kernels launched one by one
+    torch = pytest.importorskip("torch")
+    from test_last_block import CASES
+
+    from verimirage.ir.reference import evaluate
+
+    mg = vm.MuGraph.parse(CASES[name])
+    monkeypatch.setenv("VERIMIRAGE_PERSISTENT", "1")
+    monkeypatch.setenv("VERIMIRAGE_PERSISTENT_TILES", "1")
+    fn = vm.compile(mg)
+    assert "fb = ctr_ptr" in fn.source
+    monkeypatch.delenv("VERIMIRAGE_PERSISTENT")
+    ref_fn = vm.compile(mg)
+    for seed in (2, 3):
+        rng = np.random.default_rng(seed)
+        xs = {t.name: (rng.standard_normal(t.type.shape) / 2).astype(np.float16) for t in mg.inputs}
+        (ref,) = evaluate(mg, {k: v.astype(np.float64) for k, v in xs.items()})
+        ins = [torch.from_numpy(xs[n]) for n in mg.input_names()]
+        got = fn(*ins).double().numpy()
+        assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
+        assert np.array_equal(got, ref_fn(*ins).double().numpy())
+        kept = fn.counters(torch.device("cpu"))
+        assert kept.numel() == fn.n_counters and not kept.any(), f"counters left at {kept.tolist()}"
+
+
+@pytest.mark.slow
+def test_tile_waits_compile_for_sm90(tmp_path: Path) -> None:
+    # the vector of flags is read with GPU-scope acquire loads, the flags set with releases; no non-coherent loads
+    from test_last_block import CASES
+
+    from verimirage.backend.gpucompile import compile_modules
+
+    ms = generate(vm.MuGraph.parse(CASES["split_kv"]), persistent=True, tile_waits=True)
+    path = tmp_path / "tiles_mod.py"
+    path.write_text(ms.source)
+    rep = compile_modules([path])[str(path)]["kp"]
+    assert rep["ok"], rep["error"]
+    assert "fb = ctr_ptr" in ms.source and rep["acquire"] >= 2 and rep["release"] >= 2 and rep["nc_loads"] == 0

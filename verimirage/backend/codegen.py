@@ -2116,6 +2116,49 @@ def persistent_tasks(unit: Sequence[int], blocks: Sequence[int],
     return table
 
 
+#: One grid axis of a producer kernel in a consumer block's wait (:func:`tile_box`): ``(b, mult, div, n)``: the
+#: consumer block with coordinate ``c`` on its grid axis ``b`` needs the producer blocks ``c * mult // div`` to
+#: ``c * mult // div + n - 1`` on this axis (``b`` = -1: all ``n`` of them, from 0).
+BoxAxis = tuple[int, int, int, int]
+
+
+def tile_box(producer: BlockGraph, out: int, consumer: BlockGraph, inp: Node,
+             shape: Sequence[int]) -> tuple[BoxAxis, ...] | None:
+    """The producer blocks one block of ``consumer`` reads through its input node ``inp`` (a tile of ``producer``'s
+    output ``out``, of ``shape``, read directly: no view between), per producer grid axis (:data:`BoxAxis`), or None
+    where the partitions do not nest (a consumer tile neither a multiple nor a divisor of the producer's).
+
+    From the maps alone: producer block ``i`` on its axis ``a`` writes slab ``i`` (size ``shape[d] / grid[a]``) of
+    dim ``d = omaps[out].dims[a]`` (:class:`~verimirage.ir.graph.OutputMap`: every block its own region); a
+    consumer block reads, along ``d``, the slab its grid axis ``b`` selects where ``imap[b] == d`` (every for-loop
+    iteration stays inside it), else the whole dim. Every element the block's tile holds is inside the box (a causal
+    ``flimit`` only skips iterations: the box is then a superset)."""
+    imap = tuple(inp.attr("imap"))
+    box: list[BoxAxis] = []
+    for a, d in enumerate(producer.omaps[out].dims):
+        tp = shape[d] // producer.grid[a]
+        if d not in imap:
+            box.append((-1, 0, 1, producer.grid[a]))
+            continue
+        b = imap.index(d)
+        tc = shape[d] // consumer.grid[b]
+        if tc % tp == 0:
+            box.append((b, tc // tp, 1, tc // tp))
+        elif tp % tc == 0:
+            box.append((b, 1, tp // tc, 1))
+        else:
+            return None
+    return tuple(box)
+
+
+def box_blocks(box: Sequence[BoxAxis], coords: Sequence[int]) -> list[tuple[int, ...]]:
+    """The producer blocks (their grid coordinates) a consumer block at ``coords`` (its grid coordinates) waits for
+    under ``box`` (:func:`tile_box`): what the generated wait computes, for checks."""
+    ranges = [range(n) if b < 0 else range(coords[b] * mult // div, coords[b] * mult // div + n)
+              for b, mult, div, n in box]
+    return list(itertools.product(*ranges))
+
+
 def _noinline(src: str) -> str:
     """Device function ``src`` (:func:`kernel_source`'s ``device_fn``) as ``@triton.jit(noinline=True)``: a call
     of its own in the PTX, not inlined into its caller. A persistent kernel's members so keep their registers to
@@ -2129,8 +2172,70 @@ def _noinline(src: str) -> str:
     return "@triton.jit(noinline=True)\n" + src[len(head):]
 
 
+def _tile_wait(box: Sequence[BoxAxis], coords: Sequence[str], producer: KernelInfo, flags: int) -> list[str]:
+    """The lines (at the task branch's indent) that wait for the producer blocks ``box`` names (:func:`tile_box`) for
+    the consumer block whose grid coordinates are the expressions ``coords``: one acquire load a block at once (a
+    vector of the producer blocks' flags ``ctr_ptr[flags + local block]``, each 1 once that block's stores are
+    released), until all are set."""
+    size = math.prod(n for *_, n in box)
+    width = max(2, 1 << (size - 1).bit_length())
+    stride = [math.prod(producer.grid[:la]) for la in producer.launch_axes]
+    terms, inner = [], 1
+    for a, (b, mult, div, n) in enumerate(box):
+        off = "fl" if inner == 1 else f"(fl // {inner})"
+        off = "" if n == 1 else (f"{off} % {n}" if inner * n < size else off)
+        lo = "" if b < 0 else f"({coords[b]})" + (f" * {mult}" if mult > 1 else "") + (f" // {div}" if div > 1 else "")
+        here = " + ".join(t for t in (lo, off) if t) or "0"
+        terms.append(f"({here}) * {stride[a]}" if stride[a] > 1 else f"({here})")
+        inner *= n
+    return [f"fl = tl.arange(0, {width})",
+            f"fb = ctr_ptr + {flags} + " + " + ".join(terms),
+            f'while tl.sum(tl.where(fl < {size}, tl.atomic_add(fb, 0, mask=fl < {size}, sem="acquire", '
+            f'scope="gpu"), 0), 0) < {size}:',
+            "    pass"]
+
+
+def _tile_deps(nodes: Sequence[Node], unit: Sequence[int], made: Sequence[tuple[str, KernelInfo]],
+               view_nodes: set[int]) -> dict[int, list[tuple[int, tuple[BoxAxis, ...]]]]:
+    """Per kernel node of ``unit`` (a persistent kernel's members, ``made`` their device functions), the kernels it
+    reads whose blocks it can wait for tile by tile: ``(producer node, box)`` for each distinct :func:`tile_box` of
+    its input nodes reading that producer's outputs, where every such box is smaller than the producer's whole grid.
+    A producer that any operand reads through a view (a reshape: no box), a flat kernel on either side, a box that
+    does not nest or covers the whole grid: that producer is waited for whole (left out here)."""
+    info = {j: made[m][1] for m, j in enumerate(unit)}
+    out: dict[int, list[tuple[int, tuple[BoxAxis, ...]]]] = {}
+    for j in unit:
+        bg: BlockGraph = nodes[j].attr("block")
+        inline = _inline_masks(nodes, nodes[j])
+        boxes: dict[int, list[tuple[BoxAxis, ...] | None]] = {}
+        for q, (p, k) in enumerate(nodes[j].args):
+            if q in inline:
+                continue
+            base = p
+            while base in view_nodes:
+                base = nodes[base].args[0][0]
+            if base not in info:  # (an input or a constant)
+                continue
+            if base != p or not info[j].launch_axes or not info[p].launch_axes:
+                boxes.setdefault(base, []).append(None)
+                continue
+            pb: BlockGraph = nodes[p].attr("block")
+            for n in bg.nodes:
+                if n.op == "input" and n.attr("arg") == q:
+                    box = tile_box(pb, k, bg, n, nodes[p].outs[k].shape)
+                    whole = box is None or math.prod(b[3] for b in box) == pb.num_blocks
+                    boxes.setdefault(p, []).append(None if whole else box)
+        pairs = [(p, box) for p, bs in boxes.items() if None not in bs for box in dict.fromkeys(bs)
+                 if box is not None]
+        if pairs:
+            out[j] = pairs
+    return out
+
+
 def _persistent_kernel(name: str, unit: Sequence[int], made: Sequence[tuple[str, KernelInfo]],
-                       deps: Mapping[int, Sequence[int]], offset: int) -> tuple[str, KernelInfo]:
+                       deps: Mapping[int, Sequence[int]], offset: int,
+                       tiles: Mapping[int, Sequence[tuple[int, tuple[BoxAxis, ...]]]] | None = None
+                       ) -> tuple[str, KernelInfo]:
     """One ``@triton.jit`` kernel that runs the kernels ``made`` (device functions of the μGraph nodes ``unit``, in a
     topological order) as *tasks* on a persistent grid (the MPK design): task ``t`` is block ``t - first`` of its
     kernel (:func:`persistent_tasks`); block ``b`` of a launch of ``G`` blocks runs tasks ``b, b + G, b + 2G, ...``
@@ -2146,13 +2251,29 @@ def _persistent_kernel(name: str, unit: Sequence[int], made: Sequence[tuple[str,
     each block takes its tasks in increasing order; the smallest unfinished task's waits are all satisfied and its
     block has finished every earlier task of its own, so it runs. With ``G = 1`` (Triton's interpreter, which runs
     blocks one after another) every wait is already satisfied when reached. Parameters: the counter buffer, then as
-    :func:`_merged_kernel`'s (``len(unit) + 1`` counters from ``offset``)."""
+    :func:`_merged_kernel`'s (``len(unit) + 1`` counters from ``offset``).
+
+    ``tiles[j]``: ``(producer node, box)`` pairs where kernel ``j``'s blocks wait only for the producer blocks they
+    read (:func:`tile_box`; ``deps[j]`` then leaves that producer out): each such producer's blocks set a flag of
+    their own (``ctr_ptr[offset + len(unit) + 1 + ...]``, one a block, in the unit's order) with a release after
+    their stores, and the consumer block waits for the flags of its box (:func:`_tile_wait`): it starts while
+    other blocks of its producer still run. Still only waits for tasks of smaller index (no deadlock)."""
     params, signature, mine_of = _member_params(made, {"ctr_ptr": "*i32", "ctr_s0": "i32"})
     infos = [i for _, i in made]
     blocks = [math.prod(i.grid) for i in infos]
     table = persistent_tasks(unit, blocks, deps)
     read = {w for _, _, waits in table for w in waits}  # the kernels another waits for: those count completions
     total = sum(blocks)
+    pos = {j: m for m, j in enumerate(unit)}
+    tiles = tiles or {}
+    flagged = sorted({pos[p] for j in unit for p, _ in tiles.get(j, ())})
+    flag_at: dict[int, int] = {}
+    nxt = offset + len(unit) + 1
+    for m in flagged:
+        flag_at[m] = nxt
+        nxt += blocks[m]
+    if any(w >= pos[j] for j in unit for w in (pos[p] for p, _ in tiles.get(j, ()))):
+        raise GraphError("codegen: persistent kernel: a kernel waits for tiles of a kernel not scheduled before it")
     out = ["@triton.jit", f"def {name}(" + ", ".join(params) + "):",
            f'    """Kernels {", ".join(i.name for i in infos)} as tasks of one persistent launch (counters '
            f'ctr_ptr[{offset}:{offset + len(unit) + 1}])."""', "    nprog = tl.num_programs(0)",
@@ -2163,19 +2284,30 @@ def _persistent_kernel(name: str, unit: Sequence[int], made: Sequence[tuple[str,
         for w in waits:
             out += [f'            while tl.atomic_add(ctr_ptr + {offset + w}, 0, sem="acquire", scope="gpu") < '
                     f"{blocks[w]}:", "                pass"]
-        if waits:
-            out.append("            tl.debug_barrier()  # (no load of this task before the acquire)")
         pids = _block_ids(info, f"task - {start}" if start else "task")
+        coords = [pids[la] for la in info.launch_axes]
+        for p, box in tiles.get(unit[m], ()):
+            out += ["            " + line for line in _tile_wait(box, coords, infos[pos[p]], flag_at[pos[p]])]
+        if waits or tiles.get(unit[m]):
+            out.append("            tl.debug_barrier()  # (no load of this task before the acquire)")
         out.append(f"            {info.name}({', '.join(pids)}, {', '.join(mine_of[m])})")
+        if m in read or m in flag_at:
+            out.append("            tl.debug_barrier()  # (every thread's stores before the release)")
         if m in read:
-            out += ["            tl.debug_barrier()  # (every thread's stores before the release)",
-                    f'            tl.atomic_add(ctr_ptr + {offset + m}, 1, sem="release", scope="gpu")']
+            out.append(f'            tl.atomic_add(ctr_ptr + {offset + m}, 1, sem="release", scope="gpu")')
+        if m in flag_at:
+            local = f"task - {start}" if start else "task"
+            out.append(f'            tl.atomic_add(ctr_ptr + {flag_at[m]} + {local}, 1, sem="release", scope="gpu")')
     n = offset + len(made)
     out += ["    tl.debug_barrier()",
             f'    done = tl.atomic_add(ctr_ptr + {n}, 1, sem="acq_rel", scope="gpu")',
             "    if done == nprog - 1:  # the last block: every wait is over; zero the counters for the next launch",
             *(f'        tl.atomic_xchg(ctr_ptr + {c}, 0, sem="relaxed", scope="gpu")'
               for c in [*(offset + m for m in sorted(read)), n])]
+    for m in flagged:  # (every task is over: the flags zeroed with plain stores, seen by the next launch)
+        out += [f"        for z in range(0, {blocks[m]}, 1024):",
+                "            zo = z + tl.arange(0, 1024)",
+                f"            tl.store(ctr_ptr + {flag_at[m]} + zo, 0, mask=zo < {blocks[m]})"]
     return "\n".join(out) + "\n", KernelInfo(name, unit[0], (total,), signature, any(i.uses_dot for i in infos),
                                              all(i.row_dots_only for i in infos), tuple(unit), (0,), persistent=True)
 
@@ -2322,7 +2454,7 @@ def generate(program: Any, tiles: TileOptions | None = None,
              tiles_for: Callable[[BlockGraph, Sequence[TensorType]], TileOptions] | None = None,
              pdl: str = "", merge: bool = False,
              merge_key: Callable[[BlockGraph, Sequence[TensorType]], Any] | None = None,
-             last_block: bool = False, persistent: bool = False) -> ModuleSource:
+             last_block: bool = False, persistent: bool = False, tile_waits: bool = False) -> ModuleSource:
     """The generated module for a Graph, MuGraph or Candidate (kernel-level ops wrapped first).
 
     ``tiles_for(block_graph, arg_types)``, if given, chooses each kernel's tile options (else ``tiles``).
@@ -2348,6 +2480,8 @@ def generate(program: Any, tiles: TileOptions | None = None,
     ``merge``, ``merge_key`` and ``last_block`` do not apply. ``forward`` launches it on ``GRID[name]`` blocks (one
     unless the runtime sets more: never more than can be co-resident,
     :func:`verimirage.backend.runtime.persistent_grid`).
+    ``tile_waits`` (with ``persistent``): a kernel waits only for the blocks of a kernel it reads whose results its
+    block reads (:func:`_tile_deps`, from the block graphs' maps), not for the whole kernel.
     """
     mg0 = _as_mugraph(program)
     mg = to_kernels(mg0)
@@ -2451,7 +2585,13 @@ def generate(program: Any, tiles: TileOptions | None = None,
         if persistent:
             kname = "kp"
             deps = {j: [k for k in (base_kernel(r) for r in nodes[j].args) if k is not None] for j in unit}
-            src, info = _persistent_kernel(kname, unit, made, deps, offsets[i])
+            tile_deps: dict[int, list[tuple[int, tuple[BoxAxis, ...]]]] = {}
+            if tile_waits:
+                tile_deps = _tile_deps(nodes, unit, made, view_nodes)
+                deps = {j: [k for k in ks if k not in {p for p, _ in tile_deps.get(j, ())}] for j, ks in deps.items()}
+                n_ctr += sum(math.prod(made[unit.index(p)][1].grid) for p in {p for v in tile_deps.values()
+                                                                             for p, _ in v})
+            src, info = _persistent_kernel(kname, unit, made, deps, offsets[i], tile_deps)
             ksrc.extend(_noinline(s_) for s_, _ in made)
         elif i in plans:
             kname = f"k{i}_{unit[1]}"

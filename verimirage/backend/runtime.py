@@ -1139,12 +1139,29 @@ def persistent_stages(build: Callable[[dict[str, Any]], Any], launch: dict[str, 
     :data:`PERSISTENT_MIN_BLOCKS` of its blocks fit an SM (:func:`_occupancy`: CUDA's occupancy calculator on the
     compiled kernel's registers and shared memory). One launch has one stage count for every task, and the shared
     memory of the most deeply pipelined task decides how many blocks an SM holds; the stages change no value (the
-    same code, its loads' buffering only)."""
+    same code, its loads' buffering only). Where even one stage leaves too few, and registers are the limit, the
+    registers a thread are capped (``launch["maxnreg"]``) at what :data:`PERSISTENT_MIN_BLOCKS` blocks leave each
+    thread (kept only if that many then fit; ptxas spills what does not fit: the layer's decode_bs1 with tile waits,
+    16 warps, 80 registers -> 64 and 32 bytes of stack)."""
     kern = build(launch)
     while launch.get("num_stages", 1) > 1 and _occupancy(kern, device)[0] < PERSISTENT_MIN_BLOCKS:
         launch["num_stages"] -= 1
         kern = build(launch)
+    if _occupancy(kern, device)[0] < PERSISTENT_MIN_BLOCKS and "maxnreg" not in launch:
+        # (registers the limit: cap them at what that many blocks leave a thread, in steps of 8; ptxas may spill)
+        cap = 65536 // (PERSISTENT_MIN_BLOCKS * 32 * int(launch.get("num_warps", 4))) // 8 * 8
+        if cap >= 24:
+            capped = build({**launch, "maxnreg": cap})
+            if _occupancy(capped, device)[0] >= PERSISTENT_MIN_BLOCKS:
+                launch["maxnreg"] = cap
+                return capped
     return kern
+
+
+def _persistent_tiles() -> bool:
+    """Whether a persistent kernel's tasks wait for the producer blocks they read rather than whole producer kernels
+    (codegen's ``tile_waits``): ``VERIMIRAGE_PERSISTENT_TILES=1``; off by default until measured."""
+    return os.environ.get("VERIMIRAGE_PERSISTENT_TILES", "").strip().lower() in ("1", "on", "true", "yes")
 
 
 def _persistent_warps() -> int | None:
@@ -1224,6 +1241,7 @@ def compile(
     pdl = _pdl_wanted()
     merge = _merge_wanted()
     persistent = _persistent_wanted()
+    tiles = bool(persistent) and _persistent_tiles()
     if last_block is None:
         last_block = _last_block_wanted()
     elif not isinstance(last_block, bool):
@@ -1237,7 +1255,7 @@ def compile(
         # projections' broadcast products (16 warps) ran 36.3 us at 16 warps against 26.6 apart)
         ms = generate(program, tiles_for=lambda bg, at: tuning.recommend(bg, at).tiles, pdl=pdl, merge=merge,
                       merge_key=lambda bg, at: tuning.recommend(bg, at).num_warps, last_block=last_block,
-                      persistent=bool(persistent))
+                      persistent=bool(persistent), tile_waits=tiles)
         nodes = node_list(ms.mugraph)
         store = arg_storage(ms.mugraph)
         tuned: dict[str, LaunchConfig] = {}
@@ -1254,12 +1272,13 @@ def compile(
             tuned = {k: replace(c, num_warps=w) for k, c in tuned.items()}
         per_kernel = tuned | dict(per_kernel or {})
     else:
-        ms = generate(program, config.tiles, pdl=pdl, merge=merge, last_block=last_block, persistent=bool(persistent))
+        ms = generate(program, config.tiles, pdl=pdl, merge=merge, last_block=last_block,
+                      persistent=bool(persistent), tile_waits=tiles)
         fitted = _fit_kernels(ms, config)
         if fitted:  # some kernels need less shared memory than config gives them: regenerate those
             fixed = {(str(n.attr("block")), tuple(nodes_t)): c for n, nodes_t, c in fitted.values()}
             ms = generate(program, tiles_for=lambda bg, at: fixed.get((str(bg), tuple(at)), config).tiles, pdl=pdl,
-                          merge=merge, last_block=last_block, persistent=bool(persistent))
+                          merge=merge, last_block=last_block, persistent=bool(persistent), tile_waits=tiles)
             per_kernel = {k: c for k, (_, _, c) in fitted.items()} | dict(per_kernel or {})
     path = write_module(ms, Path(directory) if directory is not None else None)
     try:
