@@ -9,6 +9,7 @@ the task schedule under arbitrary interleavings (no deadlock, no task before a k
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import re
@@ -395,7 +396,7 @@ def _waited(ms: object, mg: vm.MuGraph) -> dict[tuple[int, int], set]:
     branches = _members(ms, mg)
     blocks = {j: n for j, _, n, _ in branches}
     by_counter, by_flag = {}, {}
-    for m, (j, start, _, lines) in enumerate(branches):
+    for j, _, _, lines in branches:
         for line in lines:
             if (c := re.search(r'atomic_add\(ctr_ptr \+ (\d+), 1, sem="release"', line)):
                 by_counter[int(c.group(1))] = j
@@ -414,9 +415,9 @@ def _waited(ms: object, mg: vm.MuGraph) -> dict[tuple[int, int], set]:
             need = {(p, b) for p in whole for b in range(blocks[p])}
             for p, expr, width, size in tiles:
                 fl = np.arange(width)
-                vals = eval(expr, {"fl": fl, "task": start + local})  # noqa: S307 (the generated expression)
+                vals = eval(expr, {"fl": fl, "task": start + local})
                 vals = np.broadcast_to(vals, fl.shape)[fl < size]
-                assert ((0 <= vals) & (vals < blocks[p])).all()
+                assert ((vals >= 0) & (vals < blocks[p])).all()
                 need |= {(p, int(b)) for b in vals}
             out[(j, local)] = need
     return out
@@ -464,7 +465,7 @@ def test_tile_waits_cover_every_producer_tile_a_task_reads(case: str) -> None:
             # (every wait is for a task of smaller index: the no-deadlock argument holds)
             assert all(first[p] + b < first[key[0]] + key[1] for p, b in waited[key])
         if case != "small":
-            assert "fb = ctr_ptr" in ms.source  # (kernels here read part of another's blocks)  # (the layer has kernels that read part of another's blocks)
+            assert "fb = ctr_ptr" in ms.source  # (kernels here read part of another's blocks)
 
 
 def test_tile_wait_check_fails_when_a_task_misses_a_producer_tile() -> None:
@@ -481,7 +482,7 @@ def test_tile_wait_check_fails_when_a_task_misses_a_producer_tile() -> None:
     assert sizes
     for size in sizes:
         bad = ms.source.replace(f"fl < {size}", f"fl < {size - 1}")
-        waited = _waited(type(ms)(bad, *[getattr(ms, f) for f in type(ms).__dataclass_fields__ if f != "source"]), mg)
+        waited = _waited(dataclasses.replace(ms, source=bad), mg)
         assert any(need - waited[key] for key, need in truth.items()), f"a box of {size} less one went unnoticed"
 
 
