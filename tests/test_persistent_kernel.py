@@ -527,3 +527,22 @@ def test_tile_waits_compile_for_sm90(tmp_path: Path) -> None:
     rep = compile_modules([path])[str(path)]["kp"]
     assert rep["ok"], rep["error"]
     assert "fb = ctr_ptr" in ms.source and rep["acquire"] >= 2 and rep["release"] >= 2 and rep["nc_loads"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["decode_bs1", "decode_bs8"])
+def test_layer_tile_waits_compile_for_sm90(case: str, tmp_path: Path) -> None:
+    # decode_bs8 has consumer blocks that read one producer block (a box of one): its flag pointer was a scalar
+    # beside a vector mask, which Triton's sm_90 front end refused ('error encountered during parsing'; the
+    # interpreter broadcast it)
+    from verimirage.backend import tuning
+    from verimirage.backend.gpucompile import compile_modules
+
+    doc = json.loads((ROOT / "benchmarks" / "candidates" / "layer" / f"{case}.json").read_text())
+    ms = generate(vm.MuGraph.parse(doc["candidates"][0]["mugraph"]),
+                  tiles_for=lambda bg, at: tuning.recommend(bg, at).tiles, persistent=True, tile_waits=True)
+    path = tmp_path / f"{case}_tiles.py"
+    path.write_text(ms.source)
+    rep = compile_modules([path])[str(path)]["kp"]
+    assert rep["ok"], rep["error"]
+    assert rep["nc_loads"] == 0

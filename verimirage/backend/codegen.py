@@ -2188,6 +2188,8 @@ def _tile_wait(box: Sequence[BoxAxis], coords: Sequence[str], producer: KernelIn
         here = " + ".join(t for t in (lo, off) if t) or "0"
         terms.append(f"({here}) * {stride[a]}" if stride[a] > 1 else f"({here})")
         inner *= n
+    if size == 1:  # (one block: the pointer still a vector, as the mask is)
+        terms.append("fl * 0")
     return [f"fl = tl.arange(0, {width})",
             f"fb = ctr_ptr + {flags} + " + " + ".join(terms),
             f'while tl.sum(tl.where(fl < {size}, tl.atomic_add(fb, 0, mask=fl < {size}, sem="acquire", '
