@@ -116,6 +116,7 @@ def test_plan_key_takes_no_transpose_for_another_permute() -> None:
     json.dumps(item)  # (the entry is what make_plan writes: JSON)
 
 
+@interp
 def test_select_checks_only_the_first_input_set_and_says_so(monkeypatch: pytest.MonkeyPatch) -> Any:
     """``profile.select(input_sets=)``: the output check runs on ``inputs`` (the proof covers every input; the check
     is the backstop against the code generator); the other sets are timed. A candidate that fails on a timing set
