@@ -165,3 +165,42 @@ def test_last_block_with_padded_tiles_in_a_shuffled_block_order(block_order: Any
     got = _run(f1, mg, xs)
     ref = vm.evaluate(mg, {k: v.astype(np.float64) for k, v in xs.items()})[0]
     assert np.array_equal(got, want) and np.abs(got - ref).max() <= 2e-3 * np.abs(ref).max()
+
+
+def _rows(gp: int, gc: int) -> MuGraph:
+    """exp over 12 rows in ``gp`` row blocks, then relu over them in ``gc`` row blocks."""
+    return MuGraph.parse(f"""mugraph {{
+  %0 = input {{name='X'}} : f16[12,8]
+  %1 = custom %0 {{frange=1, grid=({gp},)}} : f16[12,8] {{
+    %0 = input {{arg=0, fmap=None, imap=(0,), shape=(12, 8)}} : f16[{12 // gp},8]
+    %1 = exp %0 : f16[{12 // gp},8]
+    output %1 {{omap=(0,)}}
+  }}
+  %2 = custom %1 {{frange=1, grid=({gc},)}} : f16[12,8] {{
+    %0 = input {{arg=0, fmap=None, imap=(0,), shape=(12, 8)}} : f16[{12 // gc},8]
+    %1 = relu %0 : f16[{12 // gc},8]
+    output %1 {{omap=(0,)}}
+  }}
+  return %2
+}}""")
+
+
+@pytest.mark.parametrize(("gp", "gc"), [(2, 3), (2, 4), (4, 2), (3, 6), (6, 4)])
+def test_persistent_tile_waits_cover_every_row_a_consumer_block_reads(gp: int, gc: int) -> None:
+    """Tile waits (VERIMIRAGE_PERSISTENT_TILES): each consumer block waits for exactly the producer blocks whose
+    rows it reads, where the row blocks nest (finer, coarser); where they do not (12 rows in 2 and 3 blocks, in 6 and
+    4), the consumer waits for the whole producer (its completion counter), never for a box that misses a row."""
+    from verimirage.backend.codegen import box_blocks, tile_box
+
+    mg = _rows(gp, gc)
+    nodes = node_list(mg)
+    (inp,) = [n for n in nodes[2].attr("block").nodes if n.op == "input"]
+    box = tile_box(nodes[1].attr("block"), 0, nodes[2].attr("block"), inp, (12, 8))
+    src = generate(mg, persistent=True, tile_waits=True).source
+    if (12 // gc) % (12 // gp) and (12 // gp) % (12 // gc):
+        assert box is None and "fb = ctr_ptr" not in src and 'sem="acquire"' in src
+        return
+    assert box is not None and "fb = ctr_ptr" in src
+    for c in range(gc):
+        need = {r // (12 // gp) for r in range(c * (12 // gc), (c + 1) * (12 // gc))}
+        assert {b[0] for b in box_blocks(box, (c,))} == need, (c, box)
