@@ -2278,7 +2278,7 @@ def _persistent_kernel(name: str, unit: Sequence[int], made: Sequence[tuple[str,
         raise GraphError("codegen: persistent kernel: a kernel waits for tiles of a kernel not scheduled before it")
     out = ["@triton.jit", f"def {name}(" + ", ".join(params) + "):",
            f'    """Kernels {", ".join(i.name for i in infos)} as tasks of one persistent launch (counters '
-           f'ctr_ptr[{offset}:{offset + len(unit) + 1}])."""', "    nprog = tl.num_programs(0)",
+           f'ctr_ptr[{offset}:{nxt}])."""', "    nprog = tl.num_programs(0)",
            f"    for task in range(tl.program_id(0), {total}, nprog):"]
     for m, ((start, nb, waits), info) in enumerate(zip(table, infos, strict=True)):
         test = "if" if m == 0 else ("else" if m == len(made) - 1 else "elif")
