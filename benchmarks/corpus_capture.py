@@ -1560,12 +1560,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--refresh-graphs", type=Path, action="append", default=[],
                     help="with --make-plan: first search again these plan entries (a JSON list of lifted graph "
                     "texts, e.g. those a search change reaches) and merge what today's search finds")
-    ap.add_argument("--restamp-plan", type=Path, action="append", default=[],
-                    help="record today's Triton hash in this plan's certificates and drop the items the code "
+    ap.add_argument("--restamp-plan", type=Path, nargs="+", action="extend", default=[], metavar="PLAN",
+                    help="record today's Triton hash in these plans' certificates and drop the items the code "
                     "generator cannot express (CPU), and exit")
     ap.add_argument("--plan", type=Path, help="serve searches from a plan made by --make-plan (no egglog needed)")
-    ap.add_argument("--sort-plan", type=Path, action="append", default=[],
-                    help="re-order every entry of this plan cheapest by today's cost model first (CPU), and exit")
+    ap.add_argument("--sort-plan", type=Path, nargs="+", action="extend", default=[], metavar="PLAN",
+                    help="re-order every entry of these plans cheapest by today's cost model first (CPU), and exit")
     ap.add_argument("--gpu-run", type=Path, help="the GPU table into this folder (see gpu_run)")
     ap.add_argument("--train-names", default="", help="with --gpu-run: modules to time a training step of")
     ap.add_argument("--dims", choices=("small", "medium", "large", "decode"), default="medium")
@@ -1596,6 +1596,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     dims = {"small": corpus.SMALL, "medium": corpus.MEDIUM, "large": corpus.LARGE, "decode": corpus.DECODE}[args.dims]
     if args.sort_plan or args.restamp_plan:
+        if args.names != "all":  # (a plan given after another option's value lands here: say so, not ignore it)
+            ap.error(f"--restamp-plan/--sort-plan take plan files and no module names; got {args.names!r} "
+                     "(give the plan files right after the option: --restamp-plan A.json B.json)")
         for p in args.restamp_plan:
             restamp_plan(p)
         for p in args.sort_plan:

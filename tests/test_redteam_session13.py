@@ -126,3 +126,28 @@ def test_a_verified_design_returning_an_input_or_one_value_twice_crashed_the_com
         torch.testing.assert_close(a, b)
         assert a.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
     assert got[0].untyped_storage().data_ptr() != got[1].untyped_storage().data_ptr()
+
+
+def test_restamp_and_sort_plan_handled_only_the_first_of_several_files(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Finding (low): ``--restamp-plan a.json b.json`` (and ``--sort-plan``) took one file each (``append``), so the
+    second file became the positional module names and was silently left as it was (the landing instructions'
+    ``plan_{decode,medium}_fp16.json`` restamped only the decode plan). Now each option takes several files; a
+    module name beside them is a clear error."""
+    import json
+    import sys
+    from pathlib import Path
+
+    import pytest
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import corpus_capture as cc
+    from test_capture_cost import ONE_STEP
+
+    for opt in ("--restamp-plan", "--sort-plan"):
+        plans = [tmp_path / f"{opt[2:]}_{i}.json" for i in range(3)]
+        for p in plans:
+            p.write_text(json.dumps({"g1": ONE_STEP}))  # a one-text entry: both commands rewrite it as a list
+        assert cc.main([opt, str(plans[0]), str(plans[1]), opt, str(plans[2])]) == 0
+        assert [json.loads(p.read_text()) for p in plans] == [{"g1": [ONE_STEP]}] * 3, opt
+        with pytest.raises(SystemExit):
+            cc.main(["gemm", opt, str(plans[0])])
