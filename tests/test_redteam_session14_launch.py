@@ -108,7 +108,7 @@ def _fake_persistent_program(tasks: int) -> Any:
 
     step = SimpleNamespace(kernel="kp", grid=(tasks,), args=((("in", 0), 1),), outs=((0, (4,), "float32"),))
     prog = SimpleNamespace(input_names=["i0"], returns=[("buf", 0)], views=[], n_counters=0, steps=[step],
-                           counters=None, module=SimpleNamespace(kp=Jit()),
+                           counters=None, module=SimpleNamespace(kp=Jit(), LAUNCH={}),
                            launch={"kp": {"num_warps": 4, "num_stages": 1}},
                            persistent={"kp"}, grids={}, path=SimpleNamespace(name="fake.py", stem="fake"))
     return prog, launched
@@ -320,3 +320,39 @@ def test_a_plan_key_that_is_no_graph_stopped_the_whole_serve(tmp_path: Any) -> N
         vm.superoptimize = real
     assert [str(c) for c in r.candidates] == [str(MuGraph.from_graph(g))] and stats["hit"] == 1
     assert stats["bad_keys"] == ["not a graph"]
+
+
+def test_lean_plan_first_call_passes_each_kernel_the_buffers_and_strides_it_reads(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lean plan's first call (CPU, fake JIT functions) builds every step's arguments as precompile's
+    ``first_calls`` does (one copy of that code since the docs engineer's unification): an input and its strides, the
+    step's fresh output buffer and its strides, and a later step reading the earlier step's buffer (the same tensor);
+    the intermediate buffer goes to the workspace, the returned one is the plan's first output."""
+    monkeypatch.setattr(runtime, "_device_getter", lambda: (lambda: 0))
+    monkeypatch.setattr(runtime, "_stream_getter", lambda: (lambda d: 0))
+    monkeypatch.setattr(runtime, "_tensor_guard", lambda xs: None)
+    monkeypatch.setenv("VERIMIRAGE_LAUNCHER", "triton")
+    calls: dict[str, list[Any]] = {}
+
+    class Jit:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def run(self, *call: Any, grid: Any, warmup: bool, **launch: Any) -> Any:
+            calls[self.name] = list(call)
+            return SimpleNamespace(run=lambda *a: None, function=None, packed_metadata=None)
+
+    s1 = SimpleNamespace(kernel="k1", grid=(2,), args=((("in", 0), 2),), outs=((0, (3, 5), "float32"),))
+    s2 = SimpleNamespace(kernel="k2", grid=(1,), args=((("buf", 0), 2),), outs=((1, (3,), "float16"),))
+    prog = SimpleNamespace(input_names=["i0"], returns=[("buf", 1)], views=[], n_counters=0, steps=[s1, s2],
+                           counters=None, module=SimpleNamespace(k1=Jit("k1"), k2=Jit("k2")),
+                           launch={"k1": {"num_warps": 4}, "k2": {"num_warps": 4}}, persistent=set(), grids={},
+                           path=SimpleNamespace(name="fake.py", stem="fake"))
+    x = torch.randn(5, 3).t()  # (a transposed input: strides (1, 3))
+    plan = runtime._LeanPlan(prog, [x])  # type: ignore[arg-type]
+    x_, sx0, sx1, b0, sb0, sb1 = calls["k1"]
+    assert x_ is x and (sx0, sx1) == (1, 3) and b0.shape == (3, 5) and (sb0, sb1) == (5, 1)
+    b0_, sa0, sa1, b1, sb = calls["k2"]
+    assert b0_ is b0 and (sa0, sa1) == (5, 1), "the second kernel reads the first kernel's own buffer"
+    assert b1.shape == (3,) and b1.dtype == torch.float16 and sb == 1
+    assert plan.first_outputs == (b1,) and plan.returned_bufs == [1]

@@ -232,6 +232,8 @@ class _LeanPlan:
         import torch
         from triton import knobs
 
+        from .precompile import first_calls
+
         self.device = xs[0].device
         get_device = _device_getter()
         dev_index = get_device()
@@ -242,16 +244,9 @@ class _LeanPlan:
 
         buf_meta: dict[int, tuple[tuple[int, ...], Any]] = {}
         launches: list[tuple[Any, tuple[int, int, int], list[Any]]] = []
-        for st in prog.steps:
-            jit = getattr(prog.module, st.kernel)
+        for st, jit, call in first_calls(prog, value, bufs, self.device):  # (as precompile's and _first_launch's)
             for bi, shape, dt in st.outs:
-                bufs[bi] = torch.empty(shape, device=self.device, dtype=getattr(torch, dt))
                 buf_meta[bi] = (shape, getattr(torch, dt))
-            call: list[Any] = []
-            for ref, rank in (*st.args, *((("buf", bi), len(shape)) for bi, shape, _ in st.outs)):
-                t = value(ref)
-                call.append(t)
-                call += [t.stride(d) for d in range(rank)]
             grid = prog.grids.get(st.kernel, st.grid)
             if st.kernel in prog.persistent:  # the grid co-resident for the kernel this signature compiles to
                 def build(launch: dict[str, Any], jit: Any = jit, call: list[Any] = call, st: Any = st) -> Any:
