@@ -1210,15 +1210,20 @@ def compile(
     kernel gets :func:`verimirage.backend.tuning.recommend`'s (measured rules);
     ``LaunchConfig(tuned=True)`` asks for the latter explicitly. A kernel that would need more shared
     memory than the GPU allows under ``config`` gets fewer pipeline stages, then 16-row ``tl.dot`` padding
-    (:func:`verimirage.backend.resources.fit`; logged), instead of failing at launch.
+    (:func:`verimirage.backend.resources.fit`; logged), instead of failing at launch; a kernel
+    Triton still refuses for shared memory is compiled again one stage fewer at a time by its first launch
+    (:meth:`CompiledProgram._first_launch`).
     ``directory`` is where the generated module is written (default: the
     cache directory, see :mod:`.cache`). ``cuda_graph=True`` captures the
     program's launches into a CUDA graph on the first call and replays it
     afterwards; the outputs it returns are overwritten by the next call (see
     :class:`CompiledProgram`). It needs a CUDA device. ``last_block=True`` runs
     each split reduction's combine kernel inside its split kernel's launch, in
-    the last block of each group to finish (one launch instead of two; the same
-    results bit for bit); None: ``VERIMIRAGE_LASTBLOCK`` decides (off unless set).
+    the last block of each group to finish (one launch instead of two; the two
+    launches' results bit for bit in Triton's interpreter and for sum combines on
+    an H100, where an online softmax's combine differed by one fp16 unit in a few
+    fixed elements, BENCHMARKS.md "Last-block combines"); None:
+    ``VERIMIRAGE_LASTBLOCK`` decides (off unless set).
 
     The program is called as ``fn(*tensors)`` or ``fn(**{name: tensor})``;
     ``fn(*tensors, out=t)`` (a tuple for several outputs) writes the results
