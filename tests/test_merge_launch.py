@@ -162,7 +162,9 @@ def test_a_merged_launch_takes_stages_under_which_every_member_fits() -> None:
     from verimirage.backend.resources import SM90, smem_estimate
     from verimirage.benchmarks.designs import expert
 
-    m = expert("gated_mlp", vm.benchmarks.get("gated_mlp"), cols=64, k_tile=512)  # full size: large k tiles
+    # full size, large k tiles (256 deep: three wgmma-read 64 x 256 / 256 x 64 fp16 tiles, 98,304 bytes a buffer,
+    # two buffers at 2 stages: sm_90 gives a wgmma-read tile num_stages buffers)
+    m = expert("gated_mlp", vm.benchmarks.get("gated_mlp"), cols=64, k_tile=256)
     from verimirage.backend import tuning
 
     small_mg = tuning.tuned_module(_three_projections()).mugraph  # one kernel per op: 16 x 32 products

@@ -61,9 +61,29 @@ def _dot_nodes(bg: BlockGraph, live: set[int]) -> list[int]:
     return out
 
 
+def _wgmma(bg: BlockGraph, kg: _KernelGen, i: int, config: LaunchConfig) -> bool:
+    """Whether Triton 3.6 lowers ``tl.dot`` node ``i`` to wgmma on sm_90 (asynchronous, operands read from shared
+    memory): a rank-2 product (batched dots use mma.sync) of at least 64 padded rows on a multiple of 4 warps, of
+    16-bit operands or fp32 ones at tf32 (fp32 at "ieee" precision is computed without tensor cores: a 64-row fp32
+    product compiled to neither wgmma nor mma.sync on sm_90)."""
+    n = bg.nodes[i]
+    out = kg.padded((i, 0), n.outs[0])
+    if math.prod(out[:-2]) > 1 or out[-2] < 64 or config.num_warps % 4:
+        return False
+    dt = bg.nodes[n.args[0][0]].outs[n.args[0][1]].dtype
+    return not (dt.itemsize == 4 and config.tiles.fp32_precision == "ieee")
+
+
 def smem_estimate(bg: BlockGraph, arg_types: Sequence[TensorType], config: LaunchConfig,
                   arg_store: Sequence[DType] | None = None) -> int:
     """Bytes of shared memory the kernel of ``bg`` (on operands ``arg_types``) needs under ``config``.
+
+    For the K loops of 64 x 4096 x 4096 products (fp16 / bf16, 8 / 16 / 64 / 128 rows, 64 / 128 columns, 64 / 128
+    deep, wgmma and mma.sync, a row operand read from an fp32 buffer) at 2 to 4 stages this is Triton's allocation
+    exactly (sm_90 compiles, 2026-11-27, ``tests/test_resources.py``); at one stage an fp32 buffer's operand is
+    counted in fp32, at most twice Triton's. Not yet exact: a wgmma operand the loop also reads elsewhere
+    (decode_gqa's split kernel, 256 x 128 K/V tiles and a row sum of P) took one buffer more at 3 stages (327,680
+    bytes against 294,912 estimated; 196,608 at 2, as estimated).
 
     ``arg_store``: the element types the operands have in device memory where they differ from the IR's
     (:func:`arg_storage`: a kernel's result that another kernel reads is kept in fp32); None: the IR's.
@@ -71,15 +91,16 @@ def smem_estimate(bg: BlockGraph, arg_types: Sequence[TensorType], config: Launc
     An upper bound of Triton 3.6's allocation on sm_90, summed from:
 
     * tiles a for-loop with a ``tl.dot`` loads each iteration (the pipeliner buffers every load of such a
-      loop, in its element type in memory): padded tile bytes x ``max(1, num_stages - 1)``; where that type
-      is not the ``tl.dot`` operand's (an fp32 buffer read as fp16), the converted operand is stored again
-      for the dot (the H200's training run of 2026-11-26: a 64 x 64 x 8-stage product of two fp32 buffers
-      was estimated at 114,688 bytes, counting fp16 tiles, and Triton allocated 237,568: OutOfResources);
-      so is the other pipelined operand of such a dot (a dot of tiles already in their operand type reads the
-      pipeline's buffers: no second copy);
+      loop, in its element type in memory): padded tile bytes x ``max(1, num_stages - 1)``, and ``num_stages``
+      buffers of a tile a wgmma reads straight from the pipeline (:func:`_wgmma`; the asynchronous wgmma still
+      reads one buffer while the next load fills another). Where the element type in memory is not the ``tl.dot``
+      operand's (an fp32 buffer read as fp16), the converted column operand is stored again for the dot (the
+      H200's training run of 2026-11-26: a 64 x 64 x 8-stage product of two fp32 buffers, 237,568 bytes: seven
+      stages of fp32 buffers and the fp16 column tile); a converted row operand goes to the dot from registers;
     * ``tl.dot`` operands otherwise (loop-invariant loads, computed values): their padded bytes once, in the
-      operand dtype (wgmma reads operands from shared memory; mma.sync converts layouts through it), all
-      counted as live at once (Triton reuses the memory of dead operands, so this is often far above).
+      operand dtype, in fp32 where an fp32 buffer is read unpipelined (wgmma reads operands from shared memory;
+      mma.sync converts layouts through it), all counted as live at once (Triton reuses the memory of dead
+      operands, so this is often far above).
 
     Layout-conversion and reduction scratch is not counted: Triton places it in memory the operands or
     pipeline buffers free (measured on the suite's kernels, see the test).
@@ -112,32 +133,41 @@ def smem_estimate(bg: BlockGraph, arg_types: Sequence[TensorType], config: Launc
             return n.outs[0].dtype.itemsize
         return arg_store[int(n.attr("arg"))].itemsize
 
+    wgmma = {i for i in dots if _wgmma(bg, kg, i, config)}
+    # a pipelined tile a wgmma reads straight from the pipeline's buffer (its element type in memory is the operand's)
+    # takes one buffer more: the asynchronous wgmma still reads a stage while the next load fills another (a 64 x
+    # 4096 x 4096 fp16 product of 64 x 64 tiles on sm_90: 32,768 / 49,152 / 65,536 bytes at 2 / 3 / 4 stages, where
+    # mma.sync at 16 rows keeps num_stages - 1)
+    direct = {a for i in wgmma for a, _ in bg.nodes[i].args[:2] if bg.nodes[a].op == "input"
+              and stored(a) == bg.nodes[a].outs[0].dtype.itemsize}
     total = 0
     counted: set[int] = set()
     if pipelined:
         for i, n in enumerate(bg.nodes):
             if i in live and n.op == "input" and varying[i]:
-                total += nbytes(i, itemsize=stored(i)) * buffers
+                total += nbytes(i, itemsize=stored(i)) * (config.num_stages if i in direct else buffers)
                 counted.add(i)
-    # a pipelined tile a ``tl.dot`` reads is stored again as the dot's operand where Triton cannot hand the
-    # pipeline's buffer to the dot: a dot reading an fp32 buffer as fp16 (both its operands: a 128 x 256 fp16 tile
-    # beside a 256 x 32 fp32 buffer took 278,528 bytes at 3 stages where the buffers took 196,608); counted once
-    # more. A dot of tiles already in their operand type reads the buffers (gated_mlp_bs1's 128-column products:
-    # 139,264 bytes at 3 stages on sm_90, the buffers alone; counting them twice cost it its third stage, 56.7 us
-    # against 30.8 on an H100)
-    converted = {a for a in counted if stored(a) != bg.nodes[a].outs[0].dtype.itemsize}
+    converted = {a for a in range(len(bg.nodes)) if bg.nodes[a].op == "input"
+                 and stored(a) != bg.nodes[a].outs[0].dtype.itemsize}
     for i in dots:
         n = bg.nodes[i]
         itemsize = bg.nodes[n.args[0][0]].outs[n.args[0][1]].dtype.itemsize
         batch = math.prod(kg.padded((i, 0), n.outs[0])[:-2])
-        again = {a for a, _ in n.args[:2] if a in counted} if any(a in converted for a, _ in n.args[:2]) else set()
-        for a, k in n.args[:2]:
-            if a in counted and a not in again:
+        for side, (a, k) in enumerate(n.args[:2]):
+            if a in counted and not (side == 1 and a in converted):
+                # a pipelined operand: read from its buffers (or, the row operand converted from an fp32 buffer,
+                # from registers: a 64 x 64 fp32 row tile beside 64 x 64 fp16 weights took 32,768 / 57,344 /
+                # 81,920 bytes at 2 / 3 / 4 stages on sm_90, the buffers and the weights' wgmma buffer alone)
                 continue
-            again.discard(a)
+            # the column operand converted from a pipelined fp32 buffer is stored again in the operand type for the
+            # dot (a 128 x 256 fp16 tile beside a 256 x 32 fp32 buffer took 278,528 bytes at 3 stages: the buffers'
+            # 196,608, the fp16 tile's wgmma buffer 65,536 and the converted 256 x 32 fp16 copy 16,384); an operand
+            # converted from fp32 outside a pipeline passes through shared memory in fp32 (a 128 x 64 fp32 row tile
+            # beside 64 x 64 fp16 weights took 32,768 bytes at one stage)
+            size = stored(a) if a in converted and a not in counted else itemsize
             counted.add(a)
             shape = kg.padded((a, k), bg.nodes[a].outs[k])
-            total += batch // max(1, math.prod(shape[:-2])) * math.prod(shape) * itemsize
+            total += batch // max(1, math.prod(shape[:-2])) * math.prod(shape) * size
     return total
 
 
