@@ -247,3 +247,48 @@ def test_cost_counts_merged_launches(monkeypatch: pytest.MonkeyPatch) -> None:
     assert cost(mg).launches == 6
     monkeypatch.setenv("VERIMIRAGE_MERGE", "1")
     assert cost(mg).launches == 3
+
+
+def _two_streamed_products() -> vm.MuGraph:
+    """X (64 x 4096) @ W1 and X @ W2 (4096 x 4096 fp16), each its own kernel of 64 blocks looping over 128-deep K
+    tiles: independent, so one merged launch. Each alone is estimated at 131,072 bytes at 4 stages (wgmma: four
+    32,768-byte buffers), together 262,144: over the 232,448 an H100 block may have."""
+    from verimirage.ir.builders import BlockBuilder
+
+    mg = vm.MuGraph()
+    xt, wt = vm.TensorType((64, 4096), vm.float16), vm.TensorType((4096, 4096), vm.float16)
+    x = mg.input("X", xt.shape, xt.dtype)
+    outs = []
+    for w in (mg.input("W1", wt.shape, wt.dtype), mg.input("W2", wt.shape, wt.dtype)):
+        b = BlockBuilder((4096 // 64,), 4096 // 128)
+        b.output(b.loop_sum(b.matmul(b.input(0, xt, (None,), 1), b.input(1, wt, (1,), 0))), (1,))
+        outs += mg.custom(b.build(), [x, w])
+    mg.output(*outs)
+    return mg
+
+
+def test_a_given_config_fitted_the_members_of_a_merged_launch_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finding (the red team, 2026-11-27): ``vm.compile(config=...)`` fitted each member of a merged launch to the
+    shared memory alone (``runtime._fit_kernels``), while Triton gives the one launch every member's buffers (two
+    merged 64 x 4096 x 4096 products: 262,144 bytes at 8 stages, each alone 131,072; sm_90 compile 2026-11-27):
+    4 stages were launched where only 3 fit. The members are now fitted together, as ``merged_config`` does."""
+    from verimirage.backend.codegen import LaunchConfig, TileOptions
+    from verimirage.backend.resources import SM90, smem_estimate
+
+    mg = _two_streamed_products()
+    config = LaunchConfig(4, 4, TileOptions(dot_min_m=64))
+    ms = generate(mg, config.tiles, merge=True)
+    (k,) = [k for k in ms.kernels if len(k.members) == 2]
+    nodes = node_list(mg)
+    kernels = [(nodes[i].attr("block"), [nodes[a].outs[j] for a, j in nodes[i].args]) for i in k.members]
+    each = [smem_estimate(bg, at, config) for bg, at in kernels]  # type: ignore[arg-type]
+    assert max(each) <= SM90.smem_per_block < sum(each)
+    ((members, launch),) = runtime._fit_kernels(ms, config).values()
+    assert launch.num_stages == 3 and [c.num_stages for _, _, c in members] == [3, 3]
+    assert sum(smem_estimate(bg, at, launch) for bg, at in kernels) <= SM90.smem_per_block  # type: ignore[arg-type]
+    monkeypatch.setenv("VERIMIRAGE_MERGE", "1")
+    p = vm.compile(mg, config=config)
+    assert p.launch[k.name]["num_stages"] == 3 and p.launch[k.name]["num_warps"] == 4
+    monkeypatch.delenv("VERIMIRAGE_MERGE")
+    q = vm.compile(mg, config=config)  # apart, each launch keeps the 4 stages that fit it
+    assert [q.launch[n]["num_stages"] for n in q.launch] == [4, 4]

@@ -1016,26 +1016,38 @@ def _chosen_config(program: Any) -> LaunchConfig | None:
     return chosen_config(program)
 
 
-def _fit_kernels(ms: ModuleSource, config: LaunchConfig) -> dict[str, tuple[Any, list[Any], LaunchConfig]]:
-    """Kernels of ``ms`` whose shared memory under ``config`` exceeds the target's limit, with the nearest
-    configuration that fits (:func:`verimirage.backend.resources.fit`); a kernel no configuration fits is
-    left to Triton, which reports it."""
+def _fit_kernels(ms: ModuleSource, config: LaunchConfig) -> dict[str, tuple[list[tuple[Any, list[Any], LaunchConfig]],
+                                                                               LaunchConfig]]:
+    """Launches of ``ms`` whose shared memory under ``config`` exceeds the target's limit: each with its kernels'
+    ``(node, operand types, fitted configuration)`` (:func:`verimirage.backend.resources.fit`: fewer stages, then
+    16-row dot padding, whose tiles the caller generates again) and the launch's configuration. A merged launch
+    (``generate(merge=True)``) holds every member's shared memory side by side: its stages are the most under which
+    the members' estimates together fit (:func:`merged_config`). A kernel no configuration fits is left to Triton,
+    which reports it."""
     from .resources import ResourceError, fit
 
     nodes = node_list(ms.mugraph)
     store = arg_storage(ms.mugraph)
-    out: dict[str, tuple[Any, list[Any], LaunchConfig]] = {}
+    out: dict[str, tuple[list[tuple[Any, list[Any], LaunchConfig]], LaunchConfig]] = {}
     for k in ms.kernels:
-        for i in k.members or (k.node,):  # (a merged launch: each of its kernels; the launch takes the least stages)
+        members: list[tuple[Any, list[Any], LaunchConfig]] = []
+        for i in k.members or (k.node,):
             n = nodes[i]
             at = [nodes[a].outs[j] for a, j in n.args]
             try:
                 c = fit(n.attr("block"), at, config, arg_store=store[i])
             except ResourceError as e:
                 log.warning("compile: kernel %s: %s", k.name, e)
-                continue
-            if c != config and (k.name not in out or c.num_stages < out[k.name][2].num_stages):
-                out[k.name] = (n, at, c)
+                c = config
+            members.append((n, at, c))
+        launch = members[0][2]
+        if len(members) > 1:
+            least = min(c.num_stages for _, _, c in members)
+            launch = replace(merged_config([replace(c, num_stages=least) for _, _, c in members], (),
+                                           [(n.attr("block"), at, store[i]) for (n, at, _), i in
+                                            zip(members, k.members, strict=True)]), num_warps=config.num_warps)
+        if launch != config or any(c.tiles != config.tiles for _, _, c in members):
+            out[k.name] = ([(n, at, replace(c, num_stages=launch.num_stages)) for n, at, c in members], launch)
     return out
 
 
@@ -1275,11 +1287,11 @@ def compile(
         ms = generate(program, config.tiles, pdl=pdl, merge=merge, last_block=last_block,
                       persistent=bool(persistent), tile_waits=tiles)
         fitted = _fit_kernels(ms, config)
-        if fitted:  # some kernels need less shared memory than config gives them: regenerate those
-            fixed = {(str(n.attr("block")), tuple(nodes_t)): c for n, nodes_t, c in fitted.values()}
+        if fitted:  # some launches need less shared memory than config gives them: regenerate those
+            fixed = {(str(n.attr("block")), tuple(nodes_t)): c for ks, _ in fitted.values() for n, nodes_t, c in ks}
             ms = generate(program, tiles_for=lambda bg, at: fixed.get((str(bg), tuple(at)), config).tiles, pdl=pdl,
                           merge=merge, last_block=last_block, persistent=bool(persistent), tile_waits=tiles)
-            per_kernel = {k: c for k, (_, _, c) in fitted.items()} | dict(per_kernel or {})
+            per_kernel = {k: c for k, (_, c) in fitted.items()} | dict(per_kernel or {})
     path = write_module(ms, Path(directory) if directory is not None else None)
     try:
         mod = load_module(path, ms.source)
