@@ -1,7 +1,7 @@
 """The ``verimirage`` command line.
 
     verimirage [-v] optimize NAME_OR_FILE [--batch N] [--small] [--out DIR] [--json] [--no-cache]
-    verimirage check-cert PATH [--json]
+    verimirage check-cert PATH [--mode MODE [--module FILE]] [--json]
     verimirage show PATH [--svg OUT] [--dot OUT]
     verimirage cache info|clear [--json]
     verimirage bench [...]                      (on a GPU machine)
@@ -207,7 +207,18 @@ def cmd_check_cert(a: argparse.Namespace) -> int:
     checkproc.prestart()  # the checker process imports its modules while this one imports numpy and the rest
     from verimirage.pipeline.certificates import check_certificate
 
-    v = check_certificate(a.path)
+    if a.module is not None and a.mode is None:
+        raise UsageError("check-cert: --module needs --mode (the launch mode the module was generated for)")
+    module = None
+    if a.module is not None:
+        try:
+            module = Path(a.module).read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise UsageError(f"check-cert: cannot read the module {a.module}: {e}") from None
+    try:
+        v = check_certificate(a.path, mode=a.mode, module_source=module)
+    except ValueError as e:  # (an unknown launch mode option)
+        raise UsageError(f"check-cert: --mode {a.mode!r}: {e}") from None
     elapsed = time.perf_counter() - t0
     ok = bool(v.proved)
     if a.json:
@@ -234,6 +245,8 @@ def verdict_summary(v: Any, path: str, seconds: float) -> str:
                 extra.append(f"{k}: {', '.join(map(str, val))}")
             elif k == "seeds":
                 extra.append(f"{len(val)} seeded trial(s)")
+            elif k in ("mode", "sha256"):
+                extra.append(f"{'launch mode' if k == 'mode' else k} {val}")
         lines.append(f"  {c.outcome:>7}  {c.name} ({c.seconds:.2f} s){': ' + '; '.join(extra) if extra else ''}")
         if c.detail:
             lines.append(f"           {c.detail}")
@@ -430,6 +443,10 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Re-check a saved certificate in this process (hashes, rules, Z3 queries, "
                                    "finite-field trials). Exit 0 if accepted, 3 if rejected.")
     c.add_argument("path", metavar="CERTIFICATE")
+    c.add_argument("--mode", metavar="MODE", help="also regenerate the module vm.compile runs in this launch mode "
+                   "(e.g. merge, last_block, 'pdl=end,merge', persistent) from the certificate's μGraph")
+    c.add_argument("--module", metavar="FILE", help="with --mode: a generated module (e.g. the kernels cache's "
+                   "vm_<digest>.py) that must be that module, byte for byte")
     c.add_argument("--json", action="store_true", help="machine-readable output")
     c.set_defaults(fn=cmd_check_cert)
     s = sub.add_parser("show", help="print or draw a μGraph (from a certificate, text or JSON file)")

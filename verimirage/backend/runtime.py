@@ -668,8 +668,19 @@ class CompiledProgram:
 
     def __init__(self, ms: ModuleSource, path: Path, module: ModuleType, config: LaunchConfig,
                  per_kernel: Mapping[str, LaunchConfig] | None = None, cuda_graph: bool = False,
-                 cooperative: bool = False) -> None:
+                 cooperative: bool = False, mode: Mapping[str, Any] | None = None, tuned: bool = False) -> None:
+        from .tuning import launch_mode
+
         self.source = ms.source
+        #: the sha256 of :attr:`source`, the module text written to :attr:`path` and executed (``ms.digest``)
+        self.module_digest = ms.digest
+        #: the launch mode the module was generated for (:func:`verimirage.backend.tuning.launch_mode`: the options
+        #: that differ from the default; ``{}``: the default module)
+        self.launch_mode = launch_mode(mode)
+        #: whether every kernel has :func:`verimirage.backend.tuning.recommend`'s tiles (no config, profiled selection
+        #: or fit), so the module is regenerable from the μGraph and :attr:`launch_mode` alone
+        #: (``vm.check_certificate(cert, compiled=program)``)
+        self.tuned_tiles = tuned
         self.path = path
         self.module = module
         self.mugraph = ms.mugraph
@@ -1258,6 +1269,10 @@ def compile(
         last_block = _last_block_wanted()
     elif not isinstance(last_block, bool):
         raise TypeError(f"compile: last_block={last_block!r}; expected True, False or None")
+    # (codegen's options that change the module's text: its launch mode, tuning.MODE_OPTIONS)
+    mode: dict[str, Any] = {"pdl": pdl, "merge": merge, "last_block": last_block, "persistent": bool(persistent),
+                            "tile_waits": tiles}
+    recommended = config is None or config.tuned  # (recommend's tiles: regenerable from the μGraph and mode)
     if config is None or config.tuned:
         from . import tuning
 
@@ -1265,9 +1280,7 @@ def compile(
         # (a merged launch has one num_warps: kernels the rules give different warps stay apart; measured on an
         # H100, benchmarks/perf/NOTES.md session 14: the layer's q projection (4 warps) merged with the k and v
         # projections' broadcast products (16 warps) ran 36.3 us at 16 warps against 26.6 apart)
-        ms = generate(program, tiles_for=lambda bg, at: tuning.recommend(bg, at).tiles, pdl=pdl, merge=merge,
-                      merge_key=lambda bg, at: tuning.recommend(bg, at).num_warps, last_block=last_block,
-                      persistent=bool(persistent), tile_waits=tiles)
+        ms = tuning.tuned_module(program, mode)
         nodes = node_list(ms.mugraph)
         store = arg_storage(ms.mugraph)
         tuned: dict[str, LaunchConfig] = {}
@@ -1284,13 +1297,11 @@ def compile(
             tuned = {k: replace(c, num_warps=w) for k, c in tuned.items()}
         per_kernel = tuned | dict(per_kernel or {})
     else:
-        ms = generate(program, config.tiles, pdl=pdl, merge=merge, last_block=last_block,
-                      persistent=bool(persistent), tile_waits=tiles)
+        ms = generate(program, config.tiles, **mode)
         fitted = _fit_kernels(ms, config)
         if fitted:  # some launches need less shared memory than config gives them: regenerate those
             fixed = {(str(n.attr("block")), tuple(nodes_t)): c for ks, _ in fitted.values() for n, nodes_t, c in ks}
-            ms = generate(program, tiles_for=lambda bg, at: fixed.get((str(bg), tuple(at)), config).tiles, pdl=pdl,
-                          merge=merge, last_block=last_block, persistent=bool(persistent), tile_waits=tiles)
+            ms = generate(program, tiles_for=lambda bg, at: fixed.get((str(bg), tuple(at)), config).tiles, **mode)
             per_kernel = {k: c for k, (_, c) in fitted.items()} | dict(per_kernel or {})
     path = write_module(ms, Path(directory) if directory is not None else None)
     try:
@@ -1298,6 +1309,27 @@ def compile(
     except Exception as e:
         raise GraphError(f"compile: the generated module {path} does not import: {e}") from e
     log.debug("compiled %d kernel(s) into %s", len(ms.kernels), path)
+    _log_unvouched(ms, path, mode, recommended)
     if cuda_graph and interpreting():
         raise ValueError("compile: cuda_graph=True needs a CUDA device; kernels run in Triton's interpreter here")
-    return CompiledProgram(ms, path, mod, config, per_kernel, cuda_graph=cuda_graph, cooperative=persistent == "coop")
+    return CompiledProgram(ms, path, mod, config, per_kernel, cuda_graph=cuda_graph, cooperative=persistent == "coop",
+                           mode=mode, tuned=recommended)
+
+
+def _log_unvouched(ms: ModuleSource, path: Path, mode: Mapping[str, Any], tuned: bool) -> None:
+    """Say (INFO) when the module ``compile`` wrote is not the one a certificate's ``triton_source_sha256`` records
+    (:func:`verimirage.backend.tuning.triton_digest`: recommend's tiles, the default launch mode): a launch mode
+    (``VERIMIRAGE_MERGE``, ``VERIMIRAGE_PDL``, ``last_block`` / ``VERIMIRAGE_LASTBLOCK``, ``VERIMIRAGE_PERSISTENT``),
+    which ``vm.check_certificate(cert, compiled=prog)`` regenerates and compares, or tiles from a config, a profiled
+    selection or a shared-memory fit, which no certificate vouches for."""
+    from .tuning import mode_name
+
+    name = mode_name(mode)
+    if not tuned:
+        log.info("compile: module %s (sha256 %s...) has tiles from a launch config (given, profiled or fitted to "
+                 "shared memory), not recommend's: no certificate vouches for this module's text (launch mode %s)",
+                 path.name, ms.digest[:16], name)
+    elif name != "default":
+        log.info("compile: module %s (sha256 %s...) is generated for launch mode %s; a certificate's "
+                 "triton_source_sha256 records the default mode's module: vm.check_certificate(cert, compiled=program) "
+                 "regenerates this one from the certificate's μGraph and compares", path.name, ms.digest[:16], name)

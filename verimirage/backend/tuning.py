@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -217,17 +217,59 @@ def _measured(bg: BlockGraph, arg_types: Sequence[TensorType]) -> LaunchConfig:
     return LaunchConfig(4, stages, TileOptions(dot_min_m=min_m))
 
 
-def tuned_module(program: Any) -> ModuleSource:
-    """The module ``vm.compile(program)`` generates by default (no profiled selection in the process): each
-    kernel with :func:`recommend`'s tile options. Its ``digest`` is what a certificate vouches for."""
-    return generate(program, tiles_for=lambda bg, at: recommend(bg, at).tiles)
+#: :func:`~verimirage.backend.codegen.generate`'s launch options that change the generated module's text, with
+#: their defaults (the *default mode*); a launch mode is a mapping of some of them (:func:`launch_mode`). Warps and
+#: pipeline stages are not among them: they are launch parameters (the module's ``LAUNCH`` table, which the runtime
+#: overrides), not the module's text.
+MODE_OPTIONS: dict[str, Any] = {"pdl": "", "merge": False, "last_block": False, "persistent": False,
+                                "tile_waits": False}
 
 
-def triton_digest(mugraph: Graph | str) -> str:
-    """The sha256 of the Triton module ``vm.compile`` generates for ``mugraph`` (a μGraph or its text) by default:
-    :func:`tuned_module`'s digest, which a certificate records and ``vm.check_certificate`` regenerates. Imports
-    the code generator, not torch or triton."""
-    return tuned_module(MuGraph.parse(mugraph) if isinstance(mugraph, str) else mugraph).digest
+def launch_mode(mode: Mapping[str, Any] | str | None = None) -> dict[str, Any]:
+    """A launch mode in its normal form: the options of :data:`MODE_OPTIONS` that differ from their defaults, sorted
+    (``{}``: the default module). ``mode``: a mapping, None, or text as :func:`mode_name` writes it
+    (``"default"``, ``"merge,last_block"``, ``"pdl=end,merge"``). Raises ValueError for an unknown option or value."""
+    if isinstance(mode, str):
+        items: dict[str, Any] = {}
+        for part in (p.strip() for p in mode.split(",")):
+            if part and part != "default":
+                key, eq, val = part.partition("=")
+                items[key.strip()] = val.strip() if eq else True
+        mode = items
+    out: dict[str, Any] = {}
+    for key, val in sorted((mode or {}).items()):
+        if key not in MODE_OPTIONS:
+            raise ValueError(f"launch mode: unknown option {key!r}; expected some of {', '.join(MODE_OPTIONS)}")
+        ok = val in ("", "start", "end", "auto") if key == "pdl" else isinstance(val, bool)
+        if not ok:
+            raise ValueError(f"launch mode: {key}={val!r}; expected "
+                             + ("'start', 'end' or 'auto'" if key == "pdl" else "True or False"))
+        if val != MODE_OPTIONS[key]:
+            out[key] = val
+    return out
+
+
+def mode_name(mode: Mapping[str, Any] | str | None = None) -> str:
+    """A launch mode as text: ``"default"``, or its options joined by commas (``"merge,pdl=end"``)."""
+    m = launch_mode(mode)
+    return ",".join(k if v is True else f"{k}={v}" for k, v in m.items()) or "default"
+
+
+def tuned_module(program: Any, mode: Mapping[str, Any] | str | None = None) -> ModuleSource:
+    """The module ``vm.compile(program)`` generates by default (no profiled selection in the process, no config):
+    each kernel with :func:`recommend`'s tile options, under the launch mode ``mode`` (:func:`launch_mode`; None: the
+    default mode, whose module's ``digest`` a certificate records). Merged launches keep kernels that
+    :func:`recommend` gives different warps apart. The runtime's tuned path generates its module with this function,
+    so regenerating it from a μGraph and a mode gives the text ``vm.compile`` wrote and ran."""
+    return generate(program, tiles_for=lambda bg, at: recommend(bg, at).tiles,
+                    merge_key=lambda bg, at: recommend(bg, at).num_warps, **launch_mode(mode))
+
+
+def triton_digest(mugraph: Graph | str, mode: Mapping[str, Any] | str | None = None) -> str:
+    """The sha256 of the Triton module ``vm.compile`` generates for ``mugraph`` (a μGraph or its text) under the
+    launch mode ``mode`` (None: the default, the digest a certificate records and ``vm.check_certificate``
+    regenerates): :func:`tuned_module`'s digest. Imports the code generator, not torch or triton."""
+    return tuned_module(MuGraph.parse(mugraph) if isinstance(mugraph, str) else mugraph, mode).digest
 
 
 def candidate_configs(bg: BlockGraph, arg_types: Sequence[TensorType]) -> list[LaunchConfig]:
