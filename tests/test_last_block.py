@@ -367,7 +367,8 @@ def test_last_block_has_no_race_over_many_replays(case: str) -> None:
     and replayed 2,000 times in a CUDA graph on two alternating input sets, gives every time exactly what its first
     call on that set gave (a race would vary), that is the two-launch program's output bit for bit where the
     combine only adds (gqa) and within one fp16 unit where it rescales by products (an online softmax's
-    combine, decode_gqa's and gqa_stable's: ptxas may contract its multiply-adds differently, H100 2026-11-27); its counters are zero after."""
+    combine, decode_gqa's and gqa_stable's: ptxas may contract its multiply-adds differently, H100 2026-11-27);
+    its counters are zero after."""
     import json
 
     import torch
@@ -414,3 +415,24 @@ def test_last_block_with_pdl_and_merge() -> None:
     assert "gdc_wait" not in dev
     merged = generate(mg, merge=True, last_block=True)
     assert [kk.members for kk in merged.kernels] == [(3, 4)] and merged.source == generate(mg, last_block=True).source
+
+
+def test_last_block_pairs_listed_a_split_emitted_flat() -> None:
+    """Finding (the red team, 2026-11-27): ``last_block_pairs`` (the cost model's view) listed an elementwise split
+    kernel the tiles emit flat with the kernel summing its results, while ``generate(last_block=True)`` keeps such a
+    pair two launches (61d30da). Given the same tiles, the pairs are now what generate fuses: none under the tuned
+    tiles (``vm.compile``'s default; the rules emit the producer flat), the pair under tiles that emit nothing flat."""
+    from test_redteam_session14_launch import _FLAT_SPLIT
+
+    from verimirage.backend import tuning
+
+    mg = MuGraph.parse(_FLAT_SPLIT)
+
+    def tuned(bg: object, at: object) -> object:
+        return tuning.recommend(bg, at).tiles  # type: ignore[arg-type]
+
+    for kw in ({"tiles_for": tuned}, {"tiles": codegen.TileOptions(flat=1024)}, {}):
+        ms = generate(mg, last_block=True, **kw)  # type: ignore[arg-type]
+        fused = [k.members for k in ms.kernels if k.last_block]
+        assert [(s, c) for s, c, _ in last_block_pairs(mg, **kw)] == fused, kw  # type: ignore[arg-type]
+        assert fused == ([] if kw else [(1, 2)])

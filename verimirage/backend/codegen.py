@@ -1990,17 +1990,50 @@ def _launch_units(nodes: Sequence[Node], view_nodes: set[int], merge: bool,
     return units
 
 
-def last_block_pairs(program: Any) -> list[tuple[int, int, LastBlock]]:
-    """The split/combine pairs :func:`generate` runs as one launch with ``last_block=True`` (under the current
-    :data:`LASTBLOCK_MAX_TILES`): ``(split node, combine node, plan)``, nodes of the kernel-level μGraph
-    (:func:`verimirage.backend.wrap.to_kernels`), in launch order. For a cost model: such a launch saves one launch
-    gap (about 1.2 us inside a CUDA graph on an H100) and puts ``plan.tiles`` combine blocks, one after another,
-    behind the last split block of each of ``plan.groups`` groups (BENCHMARKS.md "Last-block combines"). (Views,
-    kernels that only reshape, are taken as launches here; they hold no loop, so they pair with nothing. The tiles are
-    not known here: a split the tiles emit flat, which :func:`generate` keeps apart, is listed.)"""
-    nodes = node_list(to_kernels(_as_mugraph(program)))
-    units, plans = _last_block_units(nodes, _launch_units(nodes, set(), False), set())
+def last_block_pairs(program: Any, tiles: TileOptions | None = None,
+                     tiles_for: Callable[[BlockGraph, Sequence[TensorType]], TileOptions] | None = None
+                     ) -> list[tuple[int, int, LastBlock]]:
+    """The split/combine pairs :func:`generate` runs as one launch with ``last_block=True`` and the same ``tiles`` /
+    ``tiles_for`` (under the current :data:`LASTBLOCK_MAX_TILES`): ``(split node, combine node, plan)``, nodes of the
+    kernel-level μGraph (:func:`verimirage.backend.wrap.to_kernels`), in launch order. ``vm.compile``'s default
+    launches take ``tiles_for=lambda bg, at: tuning.recommend(bg, at).tiles`` (:func:`tuning.tuned_module`), whose
+    rules emit some elementwise kernels flat: such a split keeps its own launch and is not listed. For a cost model:
+    such a launch saves one launch gap (about 1.2 us inside a CUDA graph on an H100) and puts ``plan.tiles`` combine
+    blocks, one after another, behind the last split block of each of ``plan.groups`` groups (BENCHMARKS.md
+    "Last-block combines")."""
+    mg = to_kernels(_as_mugraph(program))
+    nodes = node_list(mg)
+    views = _view_nodes(nodes, set(output_refs(mg)))
+    units, plans = _last_block_units(nodes, _launch_units(nodes, views, False), views,
+                                     _emitted_flat(nodes, tiles, tiles_for))
     return [(u[0], u[1], plans[u[0]]) for u in units if u[0] in plans]
+
+
+def _view_nodes(nodes: Sequence[Node], final: set[tuple[int, int]]) -> set[int]:
+    """The kernels :func:`generate` emits as views of their operand's buffer (no launch): one operand, a kernel's
+    result (a buffer or a view of one) in the same element type in memory, contiguous; not a program output (in
+    ``final``), no inlined masks, a block graph that only reshapes (:func:`_view_kernel`)."""
+    def is_view(i: int, n: Node) -> bool:
+        return (n.op == "custom" and len(n.args) == 1 and len(n.outs) == 1 and (i, 0) not in final
+                and nodes[n.args[0][0]].op == "custom"
+                and storage_dtype(nodes, final, n.args[0]) == storage_dtype(nodes, final, (i, 0))
+                and not _inline_masks(nodes, n)
+                and _view_kernel(n.attr("block"), nodes[n.args[0][0]].outs[n.args[0][1]], n.outs[0]))
+
+    return {i for i, n in enumerate(nodes) if is_view(i, n)}
+
+
+def _emitted_flat(nodes: Sequence[Node], tiles: TileOptions | None,
+                  tiles_for: Callable[[BlockGraph, Sequence[TensorType]], TileOptions] | None) -> Callable[[int], bool]:
+    """Whether :func:`generate` with ``tiles`` / ``tiles_for`` emits kernel node ``j`` flat (one flat index range,
+    :attr:`TileOptions.flat`; kernel_source's own test)."""
+    def flat(j: int) -> bool:
+        bg: BlockGraph = nodes[j].attr("block")
+        at = [nodes[a].outs[k] for a, k in nodes[j].args]
+        opts = (tiles_for(bg, at) if tiles_for else tiles) or TileOptions()
+        return bool(opts.flat) and flat_shape(bg, at, _inline_masks(nodes, nodes[j])) is not None
+
+    return flat
 
 
 def _last_block_units(nodes: Sequence[Node], units: list[list[int]], view_nodes: set[int],
@@ -2509,14 +2542,7 @@ def generate(program: Any, tiles: TileOptions | None = None,
     def store_dtype(ref: tuple[int, int]) -> DType:
         return storage_dtype(nodes, final, ref)
 
-    def is_view(i: int, n: Node) -> bool:
-        # (its operand a kernel's result: a buffer (or a view of one), contiguous; not an input, not a constant)
-        return (n.op == "custom" and len(n.args) == 1 and len(n.outs) == 1 and (i, 0) not in final
-                and nodes[n.args[0][0]].op == "custom" and store_dtype(n.args[0]) == store_dtype((i, 0))
-                and not _inline_masks(nodes, n)
-                and _view_kernel(n.attr("block"), nodes[n.args[0][0]].outs[n.args[0][1]], n.outs[0]))
-
-    view_nodes = {i for i, n in enumerate(nodes) if is_view(i, n)}
+    view_nodes = _view_nodes(nodes, final)
     if persistent:
         pdl, merge_key, last_block = "", None, False
     units = _launch_units(nodes, view_nodes, merge or persistent, merge_key)
@@ -2541,13 +2567,7 @@ def generate(program: Any, tiles: TileOptions | None = None,
 
     plans: dict[int, LastBlock] = {}
     if last_block:
-        def emitted_flat(j: int) -> bool:  # (kernel_source's own test)
-            bg: BlockGraph = nodes[j].attr("block")
-            at = [nodes[a].outs[k] for a, k in nodes[j].args]
-            opts = (tiles_for(bg, at) if tiles_for else tiles) or TileOptions()
-            return bool(opts.flat) and flat_shape(bg, at, _inline_masks(nodes, nodes[j])) is not None
-
-        units, plans = _last_block_units(nodes, units, view_nodes, emitted_flat)
+        units, plans = _last_block_units(nodes, units, view_nodes, _emitted_flat(nodes, tiles, tiles_for))
     offsets: dict[int, int] = {}  # (each last-block launch's counters: a range of the program's counter buffer)
     n_ctr = 0
     for s_node in sorted(plans):
