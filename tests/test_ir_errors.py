@@ -469,6 +469,32 @@ def test_deeply_nested_text_and_json_are_graph_errors() -> None:
         vm.Graph.parse("graph {\n  %0 = input {name=" + "(" * 5000 + "'x'" + ")" * 5000 + "} : f32[4]\n  return %0\n}")
 
 
+
+def test_text_parser_used_assert_and_warned_on_malformed_attributes() -> None:
+    """The attribute parser checked 'one call of keywords' with an ``assert`` (gone under ``python -O``: a positional
+    attribute was then dropped silently) and let Python warn (SyntaxWarning; DeprecationWarning on 3.11) of an invalid
+    escape in a string attribute, accepting it. Each is a GraphError naming the line, under -O and with warnings as
+    errors alike."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = r"""
+import verimirage as vm
+for attrs in ["1, name='x'", "name='x'), g(2", "name='x', z='\\d'"]:
+    try:
+        vm.Graph.parse("graph {\n  %0 = input {" + attrs + "} : f32[4]\n  return %0\n}")
+        print("accepted", attrs)
+    except vm.GraphError as e:
+        print(str(e).splitlines()[0])
+"""
+    root = Path(__file__).resolve().parent.parent
+    for flags in (["-O"], ["-W", "error"]):
+        r = subprocess.run([sys.executable, *flags, "-c", code], capture_output=True, text=True, cwd=root, timeout=120)
+        assert r.returncode == 0 and "Warning" not in r.stderr, (flags, r.stderr[-2000:])
+        lines = r.stdout.strip().splitlines()
+        assert len(lines) == 3 and all(ln.startswith("parse: line 2: bad attributes {") for ln in lines), (flags, lines)
+
 _JUNK = [None, -1, 0, 1, "x", 1e400, [], {}, 2**70, True, 1.5, [1], [-3, 2], {"tuple": [None]}, {"float": "nan"},
          {"float": "1e999"}, {"tuple": [-1]}, {"block": {}}, "f16", [[0, 0]], {"tuple": []}]
 _TOKENS = ["None", "-1", "0", "()", "(0,)", "1e400", "'x'", "%99", "f16[]", "f16[0]", "{", "}", "10**40", "[1,2]",

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import re
+from contextlib import suppress
 from typing import Any
 
 from .dtypes import DType
@@ -139,12 +140,11 @@ def _parse_refs(s: str, lineno: int, line: str) -> tuple[Ref, ...]:
 
 
 def _parse_attrs(s: str, lineno: int, line: str) -> dict[str, Any]:
-    try:
-        call = ast.parse(f"f({s})", mode="eval").body
-        assert isinstance(call, ast.Call) and not call.args
-        return {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords if kw.arg is not None}
-    except (SyntaxError, ValueError, AssertionError, RecursionError, MemoryError):  # (Python's parser stack)
-        raise _perr(lineno, line, f"bad attributes {{{s[:200]}}}; expected key=literal pairs") from None
+    with suppress(SyntaxError, ValueError, RecursionError, MemoryError):  # (deep nesting: the parser's stack)
+        call = ast.parse(f"f({s})" if "\\" not in s else "", mode="eval").body  # (no escapes: '\d' only warns)
+        if isinstance(call, ast.Call) and not call.args:  # (one call of keywords only: not 'f(a=1), g(2)')
+            return {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords if kw.arg is not None}
+    raise _perr(lineno, line, f"bad attributes {{{s[:200]}}}; expected key=literal pairs")
 
 
 def _split_head(rest: str) -> tuple[str, str]:
