@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -39,9 +40,15 @@ def test_optimize_lora_small_writes_certificates_and_kernels(tmp_path: Path) -> 
     assert doc["candidates"][0]["kernels"] == 1
     cert = doc["candidates"][0]["certificate"]
     assert Path(cert).is_file()
-    assert Path(doc["candidates"][0]["kernels_source"]).read_text().count("@triton.jit") >= 1
+    kernels = doc["candidates"][0]["kernels_source"]
+    assert Path(kernels).read_text().count("@triton.jit") >= 1
     r2 = _cli("check-cert", cert)
     assert r2.returncode == 0 and "Proved" in r2.stdout
+    # the kernels written beside the certificate are the module its hash names (they were generate()'s default tiles,
+    # not the tuned module vm.compile runs and the certificate records)
+    assert hashlib.sha256(Path(kernels).read_bytes()).hexdigest() == json.loads(Path(cert).read_text())[
+        "triton_source_sha256"]
+    assert _cli("check-cert", cert, "--mode", "default", "--module", kernels).returncode == 0
     svg = tmp_path / "lora.svg"
     r3 = _cli("show", cert, "--svg", str(svg))
     assert r3.returncode == 0, r3.stderr
