@@ -80,10 +80,15 @@ def smem_estimate(bg: BlockGraph, arg_types: Sequence[TensorType], config: Launc
 
     For the K loops of 64 x 4096 x 4096 products (fp16 / bf16, 8 / 16 / 64 / 128 rows, 64 / 128 columns, 64 / 128
     deep, wgmma and mma.sync, a row operand read from an fp32 buffer) at 2 to 4 stages this is Triton's allocation
-    exactly (sm_90 compiles, 2026-11-27, ``tests/test_resources.py``); at one stage an fp32 buffer's operand is
-    counted in fp32, at most twice Triton's. Not yet exact: a wgmma operand the loop also reads elsewhere
-    (decode_gqa's split kernel, 256 x 128 K/V tiles and a row sum of P) took one buffer more at 3 stages (327,680
-    bytes against 294,912 estimated; 196,608 at 2, as estimated).
+    exactly (sm_90 compiles, 2026-11-27, ``tests/test_resources.py``, the data in
+    ``benchmarks/results/smem_sm90_2026-11-27.json``); at one stage an fp32 buffer's operand is counted in fp32, at
+    most twice Triton's. Over the 254 distinct pipelined products of the committed candidates at
+    ``tuning.recommend``'s configurations it is never below Triton's allocation (87 equal). Not exact: a row
+    operand the loop also sums takes ``num_stages - 1`` buffers under wgmma (one fewer than estimated); decode_gqa's
+    split kernel (rank-3 tiles reshaped for the dot, its row operand summed) took 65,536 + 131,072 bytes a stage past
+    the first: 196,608 at 2 stages as estimated, 327,680 / 458,752 at 3 / 4 against 294,912 / 393,216 (over the
+    limit either way for that kernel; smaller tiles of that form may be estimated below Triton's: the runtime's
+    retry after OutOfResources then takes a stage off).
 
     ``arg_store``: the element types the operands have in device memory where they differ from the IR's
     (:func:`arg_storage`: a kernel's result that another kernel reads is kept in fp32); None: the IR's.
