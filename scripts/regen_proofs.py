@@ -4,6 +4,7 @@
     python scripts/regen_proofs.py --recertify proofs/gated_mlp_bs1.json ... [--timeout-s 300]
     python scripts/regen_proofs.py --restamp proofs/*.json
     python scripts/regen_proofs.py --relaw proofs/*.json
+    python scripts/regen_proofs.py --reff proofs/*.json benchmarks/results/capture/plan_*.json
 
 Each file is re-checked with the independent checker before it is kept. ``--recertify`` re-makes the given
 certificates for the same program pair (their own graph and candidate texts and rules; the Triton hash of
@@ -14,6 +15,9 @@ the checker regenerates the module and compares; re-check the files afterwards, 
 re-derives the normaliser law names each certificate (and each sub-certificate of a composed one) records, after a
 change that only renames them (e.g. an op becoming a composition: ``rms-def`` -> ``mean-def``, ``rsqrt-def``); the
 queries, seeds and bounds are left as they are, and the checker re-derives all of them: re-check afterwards.
+``--reff`` re-records the finite-field record (``ff_record``: trials, seeds, fields, bounds: a function of the two
+programs only) of each certificate, sub-certificate and capture-plan item's certificate, after a change of the
+degree analysis; the checker re-derives the record and re-runs the trials: re-check afterwards.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ def main() -> int:
     ap.add_argument("--recertify", nargs="*", default=None, help="certificate files to re-make in place")
     ap.add_argument("--restamp", nargs="*", default=None, help="certificate files whose Triton hash to update")
     ap.add_argument("--relaw", nargs="*", default=None, help="certificate files whose law names to re-derive")
+    ap.add_argument("--reff", nargs="*", default=None, help="certificate or plan files whose ff records to redo")
     ap.add_argument("--timeout-s", type=float, default=300.0, help="--recertify: the verifier's Z3 time limit")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
@@ -42,6 +47,8 @@ def main() -> int:
         return restamp([Path(p) for p in args.restamp])
     if args.relaw is not None:
         return relaw([Path(p) for p in args.relaw])
+    if args.reff is not None:
+        return reff([Path(p) for p in args.reff])
     if args.recertify is not None:
         return recertify([Path(p) for p in args.recertify], args.timeout_s)
     out = Path(args.out)
@@ -121,6 +128,39 @@ def relaw(paths: list[Path]) -> int:
                 c["laws"], changed = laws, True
         if changed:
             p.write_text(json.dumps(d, indent=1, sort_keys=True))
+    return 0
+
+
+def reff(paths: list[Path]) -> int:
+    """Re-record the finite-field record of each certificate in ``paths`` (sub-certificates and the certificates
+    of a capture plan's items too), edited in place."""
+    import json
+
+    from verimirage.smt.certificate import ff_record
+
+    def redo(d: dict) -> int:
+        n = 0
+        for c in d.get("certificates", [d]):
+            r = ff_record(vm.Graph.parse(c["graph_text"]), vm.MuGraph.parse(c["mugraph_text"]))
+            n += json.dumps(r, sort_keys=True) != json.dumps(c["ff"], sort_keys=True)
+            c["ff"] = r
+        return n
+
+    for p in paths:
+        d = json.loads(p.read_text())
+        if "graph_text" in d or "certificates" in d:
+            n = redo(d)
+            text = json.dumps(d, indent=1, sort_keys=True)
+        else:  # a capture plan: {graph text: [mugraph text | {"mugraph", "certificate"}]}
+            n = 0
+            for it in (it for items in d.values() for it in items if isinstance(it, dict)):
+                c = json.loads(it["certificate"])
+                n += redo(c)
+                it["certificate"] = json.dumps(c, indent=1, sort_keys=True)
+            text = json.dumps(d, indent=1)
+        if n:
+            p.write_text(text)
+        logging.info("%s: %d finite-field record(s) changed", p, n)
     return 0
 
 

@@ -490,7 +490,7 @@ def test_checker_runs_with_the_fast_modules_unimportable(tmp_path: Path) -> None
 #: the trusted path (the files of verimirage the checker process loads while it checks a certificate, and the
 #: parent side of the check, verimirage/checkproc.py, which starts it), non-blank lines; the polynomial normaliser
 #: (smt/expr.py) is counted apart. README.md ("Trust") states these figures.
-TRUSTED_BUDGET, NORMALISER, CHECKPROC = 3933, "verimirage/smt/expr.py", "verimirage/checkproc.py"
+TRUSTED_BUDGET, NORMALISER, CHECKPROC = 3908, "verimirage/smt/expr.py", "verimirage/checkproc.py"
 
 
 def _child_files(proof: str = "lora_bs1") -> list[str]:

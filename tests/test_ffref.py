@@ -299,8 +299,22 @@ def test_degree_bound_through_layout_ops() -> None:
     for _ in range(3):
         y = g.reshape(g.pow(y, 8), (1, 1))
     g.output(y)
-    assert R.degree_bound(g)[0] >= 512  # (the per-node model: right)
+    assert R.degree_bound(g)[0] >= 512
     assert R.quotient_info(g)[0] >= 512 and FF.degree_info(g).degree >= 512  # (the stated bound's: 8)
+
+
+def test_degree_bound_alone_bounds_a_sum_of_quotients() -> None:
+    # one degree model since 2026-11-27 (issue 24): the per-node rules once taken beside the quotient model said 2
+    # for sum_j x_j / y_j, whose degree (sympy, numerator and denominator over the common denominator) is n
+    sp = pytest.importorskip("sympy")
+    for n in (2, 4, 6):
+        g = vm.Graph()
+        g.output(g.sum(g.div(g.input("X", (1, n), vm.float32), g.input("Y", (1, n), vm.float32)), 1))
+        xs, ys = sp.symbols(f"x0:{n}"), sp.symbols(f"y0:{n}")
+        num, den = sp.fraction(sp.cancel(sp.together(sum(a / b for a, b in zip(xs, ys, strict=True)))))
+        true = max(sp.Poly(p, *xs, *ys).total_degree() for p in (num, den))
+        assert true == n and R.degree_bound(g) == (R.quotient_info(g)[0], R.quotient_info(g)[1])
+        assert R.degree_bound(g)[0] >= true and R.degree_bound(to_kernels(g))[0] >= true
 
 
 def _quotient_after(op: str, m: int = 64) -> vm.Graph:
@@ -318,8 +332,8 @@ def _quotient_after(op: str, m: int = 64) -> vm.Graph:
 def test_degree_lost_through_layout_op_before_a_reduction(op: str) -> None:
     # finding (degrees session, 2026-11-26): sum_i x_i / y_i over 64 elements is N / D of degree 64 (the y_i are
     # distinct variables), but a layout op between the division and the sum made the quotient analysis forget the
-    # denominators (a fresh atom): quotient_info stated 1, the per-node model (and so the certificate's per-trial
-    # bound, ff_record) 2, i.e. 5/q per trial instead of 129/q
+    # denominators (a fresh atom): quotient_info stated 1, the per-node model then beside it (and so the certificate's
+    # per-trial bound, ff_record) 2, i.e. 5/q per trial instead of 129/q
     g = _quotient_after(op)
     assert R.quotient_info(g)[0] >= 64 and R.degree_bound(g)[0] >= 64 and FF.degree_info(g).degree >= 64
     q_min = (R.safe_primes()[0] - 1) // 2

@@ -136,6 +136,7 @@ ALLOWED = {
     ("smt/ff/meanings.py", "_ff_matmul"): "the finite field's linear-structure tags",
     ("smt/ffref.py", "RefFF"): "the reference finite field's ring-operation kind tags",
     ("smt/ffref.py", "quotient_info"): "the rational-degree analysis (N / D per value) names ops; ff.degree reads it",
+    ("smt/ff/degree.py", "_order_or_oracle"): "ops the field computes exactly, for the stated bound",
     ("integrations/aten.py", "*"): "maps ATen op names onto registry ops (capture owns it)",
     ("integrations/capture.py", "*"): "maps ATen op names onto registry ops (capture owns it)",
     ("pipeline/fpsafe.py", "RoundingDomain.apply"): "rounds a matmul's operands like tl.dot (the float safety check)",

@@ -53,7 +53,7 @@ import numpy as np
 from ..ir.errors import GraphError
 from ..ir.graph import Graph, input_types, node_list, output_refs, output_types
 from ..ir.interpret import expand, run
-from ..ir.ops import LAYOUT_MEANINGS, POW_EXACT_MAX, TensorType, get_op, neg_axis, reshape_groups, tril
+from ..ir.ops import LAYOUT_MEANINGS, TensorType, get_op, neg_axis, reshape_groups, tril
 from .consts import const_fraction
 from .verdict import Outcome
 
@@ -450,45 +450,27 @@ def _p_unread(g: Any, readers: dict[tuple[int, str], set[str]] | None = None) ->
     return frozenset(t for (t, op), ops in readers.items() if op == "matmul" and ops == {"exp"})
 
 
-#: the ops whose result's degree is the largest of their operands' in the per-node model (:func:`node_degree`)
-_DEG_MAX = frozenset({"neg", "scale", "shift", "add", "sub", "maximum", "minimum", "sum", "mean", "max", "min",
-                      "concat", "transpose", "reciprocal", "cast", "permute", "reshape", "broadcast_to", "slice",
-                      "loop_sum", "loop_max", "running_max"})
-
-
-def node_degree(op: str, a: list[int], attrs: dict[str, Any]) -> tuple[int, int, int]:
-    """The per-node model of one node ``op`` on operands of degrees ``a``: its result's degree as a rational
-    function of the inputs, its opaque (keyed random function) applications and the largest degree of their
-    argument. :data:`_DEG_MAX` ops: the largest; products: the sum; an op not named: opaque, a fresh variable."""
-    c = float(attrs["c"]) if op == "pow" else 2.0  # (square: the power 2)
-    if op in _DEG_MAX:
-        return (max(a, default=1), 0, 0)
-    if op in ("mul", "div", "matmul", "tril_mask", "rescaled_sum"):  # (rescaled_sum: acc * exp(..) + x)
-        return (sum(a) + (op == "rescaled_sum"), 0, 0)
-    if op in ("square", "pow") and c.is_integer() and abs(c) <= POW_EXACT_MAX:
-        return (max(1, int(abs(c))) * a[0], 0, 0)
-    if op == "where":  # m a + (1 - m) b
-        return (a[0] + max(a[1], a[2]), 0, 0)
-    if op == "rms_norm":  # x * rsqrt(mean(x * x) + eps) [* w]
-        return (sum(a) + 2 * a[0] + 1, 1, 0)
-    return (1, 1, max(a, default=1))
-
-
 def degree_bound(g: Graph) -> tuple[int, int]:
-    """``(degree, opaque)`` of the per-node model: a degree bound of the outputs as rational functions, each
-    exp / opaque result a fresh variable (the larger of the per-node rules' (:func:`node_degree`) and
-    :func:`quotient_info`'s degree), and the number of opaque applications they count."""
-    return _degrees(g)[1]
+    """``(degree, atoms)`` of :func:`quotient_info`, for :func:`per_trial_bound`. Why it bounds what the evidence
+    needs: with each atom (exp / oracle node) a fresh variable, every output and atom argument is ``N / D`` in the
+    inputs and atoms with ``max(deg N, deg D) <= degree`` (:func:`_degrees`: products add degrees, a sum over ``k``
+    denominator classes is put over their common denominator, data movement keeps them). Programs that differ
+    give ``Na Db - Nb Da``, a nonzero polynomial of degree ``<= 2 * degree``: a random point is a root with
+    probability ``<= 2 * degree / q`` (Schwartz-Zippel); ``atoms + 1`` more, per node, for atom arguments that
+    meet and divisors that vanish (a probability only where :func:`states_probability`). Tested against sympy
+    (tests/test_redteam_held12.py). A per-node rule per op, once taken beside it, is not sound alone
+    (``sum_j x_j / y_j`` has degree ``n``, it said 2) and only over-counted (benchmarks/results/degree_models_*)."""
+    degree, atoms, _ = quotient_info(g)
+    return degree, atoms
 
 
 def quotient_info(g: Graph) -> tuple[int, int, int]:
     """``(degree, atoms, applications)`` (:func:`_degrees`)."""
-    return _degrees(g)[0]
+    return _degrees(g)
 
 
-def _degrees(g: Graph) -> tuple[tuple[int, int, int], tuple[int, int]]:
-    """:func:`quotient_info` and :func:`degree_bound` in one walk. The first, ``(degree, atoms, applications)``:
-    a degree bound of ``g``'s outputs (and of every exp / oracle argument)
+def _degrees(g: Graph) -> tuple[int, int, int]:
+    """``(degree, atoms, applications)``: a degree bound of ``g``'s outputs (and of every exp / oracle argument)
     sound for sums of quotients: each value is ``N / D`` with ``deg N <= n``, ``deg D <= d``, ``D`` a function of a
     class (one of ``k[axis]``) of each axis' index; a reduction along an axis of ``k`` classes gives ``n + (k - 1) d``
     over ``k d``. Layout ops keep ``(n, d)`` and move the classes (merged axes: their product; a split axis: every
@@ -496,7 +478,6 @@ def _degrees(g: Graph) -> tuple[tuple[int, int, int], tuple[int, int]]:
     index its own class. ``atoms``: exp / oracle nodes; ``applications``: their element-wise applications plus
     element-wise divisions weighted by their divisor's degree (the fast engine's ``degree_info`` is this)."""
     opaque = [0, 0, 0]  # max argument degree of an atom, atom nodes, element-wise applications
-    node_opaque = [0, 0]  # the per-node model's: largest degree under an opaque op, opaque applications
     V = tuple[int, int, dict[int, int]]  # (n, d, {axis: classes of the denominator along it, when > 1})
 
     def deg(v: V) -> int:
@@ -544,13 +525,12 @@ def _degrees(g: Graph) -> tuple[tuple[int, int, int], tuple[int, int]]:
             return (v[0], v[1], refine(out, r))
         return allaxes(v, out)  # (not remapped: varying along every axis)
 
-    def walk(nodes: Sequence[Any], in_vals: list[V], in_nd: list[int], reps: int, frange: int,
-             post: list[bool] | None) -> tuple[list[V], dict[tuple[int, int], V], list[int]]:
+    def walk(nodes: Sequence[Any], in_vals: list[V], reps: int, frange: int,
+             post: list[bool] | None) -> tuple[list[V], dict[tuple[int, int], V]]:
         vals: list[V] = []  # each node's first result; ``more``: a kernel's results, each its own
         more: dict[tuple[int, int], V] = {}
-        nd: list[int] = []  # each node's degree in the per-node model (:func:`node_degree`)
         for i, n in enumerate(nodes):
-            a, an = [more.get((j, k), vals[j]) for j, k in n.args], [nd[j] for j, _ in n.args]
+            a = [more.get((j, k), vals[j]) for j, k in n.args]
             shapes = [nodes[j].outs[k].shape for j, k in n.args]
             out = n.outs[0].shape if n.outs else ()
             rank = len(out)
@@ -561,12 +541,11 @@ def _degrees(g: Graph) -> tuple[tuple[int, int, int], tuple[int, int]]:
                 known = idx is not None and idx < len(in_vals)
                 v = in_vals[idx] if known else (1, 0, {})
                 vals.append((v[0], v[1], refine(out, v[2])))  # (a tile of a kernel operand: a box of it)
-                nd.append(in_nd[idx] if known else 1)
                 continue
             if n.op in ("custom", "fused"):
                 blk = n.attr("block" if n.op == "custom" else "thread")
-                outs, inner, ns = (walk(blk.nodes, a, an, reps * blk.num_blocks, blk.frange, blk.post_loop())
-                                   if n.op == "custom" else walk(blk.nodes, a, an, times, 1, None))
+                outs, inner = (walk(blk.nodes, a, reps * blk.num_blocks, blk.frange, blk.post_loop())
+                               if n.op == "custom" else walk(blk.nodes, a, times, 1, None))
                 top = (max((v[0] for v in outs), default=1), max((v[1] for v in outs), default=0))
                 if n.op == "fused":
                     vals.append(allaxes((*top, {}), out))
@@ -577,16 +556,10 @@ def _degrees(g: Graph) -> tuple[tuple[int, int, int], tuple[int, int]]:
                               for d in range(len(t.shape))}
                         more[(i, k)] = (*top, refine(t.shape, by) if top[1] else {})
                     vals.append(more.get((i, 0), (*top, {})))
-                nd.append(max(ns or [1]))
                 continue
-            res, opq, under = node_degree(n.op, an, n.attr_dict)  # (the per-node model: the op's own rule)
-            node_opaque[:] = [max(node_opaque[0], under if opq else 0), node_opaque[1] + opq]
-            nd.append(res)
             sub = expand(n.op, [nodes[j].outs[k] for j, k in n.args], n.attr_dict)
             if sub is not None:  # a composite op: its composition's quotient (one more level of the same walk)
-                saved = list(node_opaque)
-                vals.append(walk(sub, a, an, times, 1, None)[0][-1])
-                node_opaque[:] = saved
+                vals.append(walk(sub, a, times, 1, None)[0][-1])
             elif n.op == "reciprocal":  # 1 / (N / D) = D / N divides by N
                 x = a[0]
                 vals.append((x[1], x[0], refine(out, x[2], full(shapes[0]) if x[0] else {})))
@@ -654,13 +627,11 @@ def _degrees(g: Graph) -> tuple[tuple[int, int, int], tuple[int, int]]:
                 opaque[1] += 1
                 opaque[2] += elems * max(1, arg)
                 vals.append((1, 0, {}))
-        return vals, more, nd
+        return vals, more
 
-    vals, more, nd = walk(node_list(g), [], [], 1, 1, None)
+    vals, more = walk(node_list(g), [], 1, 1, None)
     out = max((deg(more.get((i, k), vals[i])) for i, k in output_refs(g)), default=1)
-    quotient = max(out, opaque[0], 1)
-    node_model = max(max((nd[i] for i, _ in output_refs(g)), default=1), node_opaque[0])
-    return (quotient, opaque[1], opaque[2]), (max(node_model, quotient), node_opaque[1])
+    return max(out, opaque[0], 1), opaque[1], opaque[2]
 
 
 _MAX_LIKE = frozenset({"maximum", "max", "minimum", "min", "loop_max", "running_max"})

@@ -10,7 +10,7 @@ from typing import Any
 
 from ...ir.graph import Graph, node_list
 from ...ir.opfacts import FAMILY_EXP
-from ...ir.ops import OPS, Prop
+from ...ir.ops import OPS, POW_EXACT_MAX, Prop
 from .. import ffref
 from .field import safe_primes
 
@@ -40,12 +40,22 @@ class DegreeInfo:
     order_oracle: tuple[str, ...]
 
 
-def _order_or_oracle(op: str, attrs: dict[str, Any], nargs: int) -> bool:
+#: ops the field computes by ring operations, data movement (``where``: ``m a + (1 - m) b``) or an order
+_NOT_ORACLE = frozenset({"neg", "scale", "shift", "add", "sub", "sum", "mean", "concat", "transpose", "reciprocal",
+                         "maximum", "minimum", "max", "min", "running_max", "loop_max",
+                         "cast", "permute", "reshape", "broadcast_to", "slice", "loop_sum", "mul", "div", "matmul",
+                         "tril_mask", "rescaled_sum", "where"})
+
+
+def _order_or_oracle(op: str, attrs: dict[str, Any]) -> bool:
     """Whether the registry models ``op`` in the field by an order (max-like) or a keyed random function."""
     d = OPS[op]
     if d.has(Prop.STRUCTURAL) or d.has(Prop.LOOP) or d.has(Prop.EXPONENTIAL):
         return False
-    return d.family == "max" or ffref.node_degree(op, [1] * nargs, attrs)[1] > 0
+    if op in ("square", "pow"):  # exact integer powers are products; others a keyed random function
+        c = float(attrs["c"]) if op == "pow" else 2.0
+        return not (c.is_integer() and abs(c) <= POW_EXACT_MAX)
+    return d.family == "max" or op not in _NOT_ORACLE
 
 
 def degree_info(g: Graph) -> DegreeInfo:
@@ -62,7 +72,7 @@ def degree_info(g: Graph) -> DegreeInfo:
             elif n.op == "fused":
                 walk(n.attr("thread").nodes)
             elif n.op not in ("input", "arg") and (
-                    n.op in ORDER_ORACLE_OPS or _order_or_oracle(n.op, n.attr_dict, len(n.args))):
+                    n.op in ORDER_ORACLE_OPS or _order_or_oracle(n.op, n.attr_dict)):
                 orders.add(n.op)
 
     walk(node_list(g))
@@ -70,10 +80,10 @@ def degree_info(g: Graph) -> DegreeInfo:
 
 
 def degree_bound(g: Graph) -> tuple[int, int]:
-    """(degree, opaque) for the per-node model bound: a rational-function degree bound of the outputs, sound
-    for sums of quotients (:func:`degree_info`; never below the figure first used, so recorded bounds stay),
-    and the number of exp / nonlinear-unary nodes, treating each such node's result as a fresh variable: the
-    reference evaluator's :func:`verimirage.smt.ffref.degree_bound`, which the certificate checker uses."""
+    """(degree, atoms) for the per-node model bound: a rational-function degree bound of the outputs, sound
+    for sums of quotients (:func:`degree_info`), and the number of exp / oracle nodes, treating each such node's
+    result as a fresh variable: the reference evaluator's :func:`verimirage.smt.ffref.degree_bound`, which the
+    certificate checker uses."""
     return ffref.degree_bound(g)
 
 

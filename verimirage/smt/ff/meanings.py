@@ -212,7 +212,7 @@ def opaque(op: str) -> Callable[..., FV]:
     """The ``"ff"`` meaning of a unary op with no exact algebraic image (tanh, erf, log, ...): a fixed
     random function of its argument, drawn per trial (keyed by the field's key) and shared by both
     programs, so agreement holds for *every* function in its place. :func:`degree_bound` counts each
-    application as opaque (a fresh variable) through the per-node model (:func:`verimirage.smt.ffref.node_degree`)."""
+    application as opaque (a fresh variable, an atom of :func:`verimirage.smt.ffref.quotient_info`)."""
 
     def fn(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
         return _oracle(opaque_key(op, attrs), args[0])
