@@ -561,3 +561,11 @@ def test_certificate_states_no_probability_where_verify_states_none() -> None:
     assert vm.verify(vm.Graph.parse(c.graph_text), vm.MuGraph.parse(c.mugraph_text)).false_accept_bound is None
     w = vm.check_certificate(str(PROOFS / "lora_bs1.json"))  # products and sums only: the figure is a probability
     assert w.proved and w.false_accept_bound == Certificate.load(PROOFS / "lora_bs1.json").ff["false_accept_bound"]
+
+
+def test_check_certificate_raised_oserror_on_json_text() -> None:
+    # finding (trusted2, 2026-11-27): check_certificate(text) with a certificate's JSON text instead of its path
+    # raised a raw OSError (File name too long) from Path.is_file; a str is a path: a clear FileNotFoundError
+    text = (PROOFS / "lora_bs1.json").read_text()
+    with pytest.raises(FileNotFoundError, match="no certificate file at"):
+        vm.check_certificate(text)

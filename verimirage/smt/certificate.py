@@ -443,8 +443,8 @@ def _text_of(cert: Certificate | ComposedCertificate | str | Path) -> str:
         return cert.to_json()
     if not isinstance(cert, (str, Path)):
         raise CertificateError(f"certificate: {type(cert).__name__}; expected a Certificate or a path")
-    if not Path(cert).is_file():  # a typo is not a rejected certificate
-        raise FileNotFoundError(f"check_certificate: no certificate file at {str(cert)!r}")
+    if not os.path.isfile(cert):  # a typo (or JSON text, a name too long to stat) is not a rejected certificate
+        raise FileNotFoundError(f"check_certificate: no certificate file at {str(cert)[:200]!r}")
     try:
         text = Path(cert).read_text()
     except (OSError, UnicodeDecodeError) as e:
