@@ -136,14 +136,18 @@ def _write(ms: object, cfg: LaunchConfig, path: Path) -> Path:
 def test_estimate_bounds_triton_sm90_allocation(tmp_path: Path) -> None:
     from verimirage.backend.gpucompile import compile_modules
 
-    # the largest kernels of the stored suite candidates (by estimate) and the oversized gated_mlp repaired
+    # the largest kernels of the stored suite candidates (by estimate) among the configurations the model admits
+    # (since the wgmma fix, 4425ad1, gated_mlp_bs1's 3-stage DEFAULT_CONFIG is estimated at Triton's 294,912 bytes:
+    # over the limit, so fit lowers it), and the oversized gated_mlp repaired
     rows = []
     for f in sorted(CANDIDATES.glob("*.json")):
         for ci, c in enumerate(json.loads(f.read_text())["candidates"]):
             m = vm.MuGraph.parse(c["mugraph"])
             for i, bg, at in _kernels(m):
                 for cfg in DEFAULT_CONFIGS[1:]:
-                    rows.append((smem_estimate(bg, at, cfg), f.stem, ci, i, cfg))  # type: ignore[arg-type]
+                    est = smem_estimate(bg, at, cfg)  # type: ignore[arg-type]
+                    if est <= SM90.smem_per_block:  # the configurations the model admits (fit lowers the others)
+                        rows.append((est, f.stem, ci, i, cfg))
     rows.sort(key=lambda r: -r[0])
     picked, seen = [], set()
     for r in rows:
