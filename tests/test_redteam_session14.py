@@ -224,3 +224,29 @@ def test_fp_check_rejected_every_design_of_a_bf16_or_fp32_mean(dt: str) -> None:
     assert not evaluate_in_dtype(g, {"X": np.full((4, 64), 3e36)})[1]
     res = vm.superoptimize(g, cache=False, top_k=2)
     assert res.candidates and isinstance(res.candidates[0].verdict, vm.Proved)
+
+
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_max_reduction_dropped_the_chosen_class_along_other_axes(op: str) -> None:
+    """Finding (the finite-field degree model, ``ffref._degrees``): a max / min along an axis whose denominators
+    come in ``k`` classes picks, at every other index, an element of *any* of them, so along every other axis the
+    result has up to ``k`` times the classes. The model multiplied only the axes that already had classes, so
+    ``sum_b max_j x[j, b] / y[j]`` (every b its own class, its sympy degree 3 for the pick j = b) was degree 1 and
+    a sum over it kept that; it states no probability (max-like, divisions), but the recorded bound and trial
+    count rest on it. No committed record changes."""
+    sp = pytest.importorskip("sympy")
+    import verimirage as vm
+    from verimirage.backend.wrap import to_kernels
+    from verimirage.smt import ffref as R
+
+    k = 3
+    g = vm.Graph()
+    x, y = g.input("x", (k, k), vm.float32), g.input("y", (k, 1), vm.float32)
+    g.output(g.sum(getattr(g, op)(g.div(x, y), 0), 1))
+    xs, ys = sp.symbols(f"x0:{k * k}"), sp.symbols(f"y0:{k}")
+    picked = sum(xs[b * k + b] / ys[b] for b in range(k))  # (the element chosen at column b: row b)
+    num, den = sp.fraction(sp.cancel(sp.together(picked)))
+    true = max(sp.Poly(p, *xs, *ys).total_degree() for p in (num, den))
+    assert true == k
+    assert R.degree_bound(g)[0] >= true and R.quotient_info(g)[0] >= true
+    assert R.degree_bound(to_kernels(g))[0] >= true

@@ -585,15 +585,15 @@ def _degrees(g: Graph) -> tuple[int, int, int]:
                 vals.append((max(x[0] + y[1], y[0] + x[1]), x[1] + y[1], refine(out, vx, vy)))
             elif n.op == "square":
                 vals.append((2 * a[0][0], 2 * a[0][1], a[0][2]))
-            elif n.op in ("scale", "running_max", "cast"):
+            elif n.op in ("scale", "cast"):
                 vals.append(a[0])
             elif n.op == "shift":
                 vals.append((deg(a[0]), a[0][1], a[0][2]))
             elif n.op in ("sum", "mean", "max", "min"):
                 ax = n.attr("axis") % len(shapes[0])
-                if n.op in ("max", "min"):  # one element's denominator, whichever class it is in
+                if n.op in ("max", "min"):  # an element of any class along ax: every other axis' classes times it
                     kx = a[0][2].get(ax, 1)
-                    vals.append((a[0][0], a[0][1], refine(out, {b: c * kx for b, c in a[0][2].items() if b != ax})))
+                    vals.append((a[0][0], a[0][1], refine(out, {b: a[0][2].get(b, 1) * kx for b in range(rank)})))
                 else:
                     vals.append(reduce(a[0], ax, shapes[0][ax]))
             elif n.op == "matmul":
@@ -619,7 +619,7 @@ def _degrees(g: Graph) -> tuple[int, int, int]:
                     opaque[1] += 1
                     opaque[2] += elems * frange
                 vals.append(allaxes((n_, d_, {}), out))
-            elif n.op == "loop_max":
+            elif n.op in ("loop_max", "running_max"):  # (an element of any iteration: every index its own class)
                 vals.append(allaxes(a[0], out))
             else:  # exp, the oracles, and any op not known here: a fresh atom per node
                 arg = max((deg(x) for x in a), default=1)
