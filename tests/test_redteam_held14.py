@@ -18,15 +18,22 @@ holding. Kernels run in Triton's interpreter against float64 (``vm.evaluate``).
 * The certificate checker on 1,100 mutated committed certificates (plain and composed; field types, deleted and
   duplicated entries, texts edited with their hashes recomputed): never an exception, never Proved for changed
   programs; a sample is kept here.
+* The finite-field degree model after 6ff02fe (``ffref.quotient_info`` alone): sums, products and matmuls of
+  quotients, merged / broadcast / permuted quotients, where, concat, reciprocal of a sum, exp of a sum of
+  quotients, on the program, its kernels and its lowerings: never below the sympy degree (max along an axis was
+  a finding: ``test_redteam_session14.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 import json
+import math
 import random
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -240,3 +247,108 @@ def test_mutated_certificates_are_rejected_never_a_crash_or_proved(name: str, tr
         if v.proved:
             assert isinstance(d, dict) and d.get("graph_text") == d0["graph_text"]
             assert d.get("mugraph_text") == d0["mugraph_text"] and d.get("certificates") == d0.get("certificates")
+
+
+# --------------------------------------------------------------------------- the finite-field degree model (issue 24)
+# After 6ff02fe (one degree model: ffref.quotient_info alone) each case's sympy degree (numerator and denominator
+# over the common denominator, every exp application a fresh symbol, exp arguments' degrees too) was never above
+# ffref.degree_bound of the program, its kernels and its lowerings (with grid splits and for-loops); nor on 250
+# random rational / exp / max programs (max and maximum as any fixed pick). Max along an axis was a finding
+# (test_redteam_session14.py).
+
+
+def _degree_cases(k: int) -> dict[str, Any]:
+    f = vm.float32
+
+    def new(*shapes: tuple[int, ...]) -> tuple[vm.Graph, list[Any]]:
+        g = vm.Graph()
+        return g, [g.input(n, s, f) for n, s in zip("xyzwm", shapes, strict=False)]
+
+    def matmul_of_quotients() -> vm.Graph:  # classes along the contracted dim on both sides: k denominators
+        g, (x, y, z, w) = new((2, k), (1, k), (k, 2), (k, 1))
+        g.output(g.matmul(g.div(x, y), g.div(z, w)))
+        return g
+
+    def merged_then_summed() -> vm.Graph:  # (k, 2) quotients by row, merged into one axis, then a sum
+        g, (x, y) = new((k, 2), (k, 1))
+        g.output(g.sum(g.reshape(g.div(x, y), (1, 2 * k)), 1))
+        return g
+
+    def broadcast_permuted_summed() -> vm.Graph:
+        g, (x, y) = new((1, k), (1, k))
+        q = g.broadcast_to(g.div(x, y), (2, k))
+        g.output(g.sum(g.permute(q, (1, 0)), 0))
+        return g
+
+    def where_of_quotients_summed() -> vm.Graph:  # m a + (1 - m) b, each with its own denominator per element
+        g, (x, y, z, w) = new((1, k), (1, k), (1, k), (1, k))
+        m = g.input("m", (1, k), vm.bool)
+        g.output(g.sum(g.where(m, g.div(x, y), g.div(z, w)), 1))
+        return g
+
+    def concat_of_quotients_summed() -> vm.Graph:
+        g, (x, y, z, w) = new((1, k), (1, k), (1, k), (1, 1))
+        g.output(g.sum(g.concat([g.div(x, y), g.div(z, w)], 1), 1))
+        return g
+
+    def exp_of_a_sum_of_quotients() -> vm.Graph:  # the atom's argument: degree k; the result: 1 + ...
+        g, (x, y, z) = new((1, k), (1, k), (1, 1))
+        g.output(g.mul(g.exp(g.sum(g.div(x, y), 1)), z))
+        return g
+
+    def reciprocal_of_a_sum_then_summed() -> vm.Graph:  # 1 / sum_j x_j / y_j, then summed with another quotient
+        g, (x, y, z) = new((2, k), (2, k), (2, 1))
+        r = g.reciprocal(g.sum(g.div(x, y), 1))
+        g.output(g.sum(g.add(r, g.div(z, g.square(z))), 0))
+        return g
+
+    def mean_of_squares_of_quotients() -> vm.Graph:
+        g, (x, y) = new((1, k), (1, k))
+        g.output(g.mean(g.square(g.div(x, y)), 1))
+        return g
+
+    return {fn.__name__: fn for fn in (matmul_of_quotients, merged_then_summed, broadcast_permuted_summed,
+                                       where_of_quotients_summed, concat_of_quotients_summed,
+                                       exp_of_a_sum_of_quotients, reciprocal_of_a_sum_then_summed,
+                                       mean_of_squares_of_quotients)}
+
+
+@pytest.mark.parametrize("name", sorted(_degree_cases(3)))
+def test_degree_bound_is_above_the_sympy_degree_held(name: str) -> None:
+    sp = pytest.importorskip("sympy")
+    pytest.importorskip("egglog")
+    from verimirage.backend.wrap import to_kernels
+    from verimirage.ir.interpret import run
+    from verimirage.ir.reference import REF
+    from verimirage.rewrite.partition import lower_all
+    from verimirage.smt import ffref as R
+
+    fresh, arg_degree = itertools.count(), [0]
+
+    def degree(e: Any) -> int:
+        gens = sorted(sp.sympify(e).free_symbols, key=str) or [sp.Symbol("z")]
+        num, den = sp.fraction(sp.cancel(sp.together(e)))
+        return max(sp.Poly(p, *gens).total_degree() for p in (num, den))
+
+    class Sym:  # the field's where and reciprocal; every exp application a fresh symbol
+        name = "ref"
+
+        def apply(self, op: str, args: list[Any], attrs: dict[str, Any], it: Any, ot: Any) -> Any:
+            if op == "where":
+                return args[0] * args[1] + (1 - args[0]) * args[2]
+            if op == "reciprocal":
+                return np.vectorize(lambda e: sp.Integer(1) / e, otypes=[object])(args[0])
+            if op == "exp":
+                arg_degree[0] = max(arg_degree[0], *(degree(e) for e in np.asarray(args[0]).reshape(-1)))
+                return np.vectorize(lambda e: sp.Symbol(f"E{next(fresh)}"), otypes=[object])(args[0])
+            return REF.apply(op, args, attrs, it, ot)
+
+    g = _degree_cases(3)[name]()
+    ins = {str(t.name): np.array(sp.symbols(f"{t.name}_0:{math.prod(t.shape)}"), dtype=object).reshape(t.shape)
+           for t in g.inputs}
+    true = max(degree(e) for o in run(g, ins, Sym()) for e in np.asarray(o, dtype=object).reshape(-1))
+    true = max(true, arg_degree[0])
+    assert true >= 3  # (every case is a sum or product over the 3 classes: the bound has something to count)
+    lows = [low.mugraph for low in lower_all(g, grids=[1, 2], franges=[1, 3], max_splits=4)[0][:4]]
+    for p in (g, to_kernels(g), *lows):
+        assert R.degree_bound(p)[0] >= true, (name, true, str(p))
