@@ -250,3 +250,39 @@ def test_max_reduction_dropped_the_chosen_class_along_other_axes(op: str) -> Non
     assert true == k
     assert R.degree_bound(g)[0] >= true and R.quotient_info(g)[0] >= true
     assert R.degree_bound(to_kernels(g))[0] >= true
+
+
+_RESCALED_BY_A_QUOTIENT_MAX = """mugraph {
+  %0 = input {name='A'} : f32[4,4]
+  %1 = input {name='B'} : f32[4,4]
+  %2 = input {name='V'} : f32[4,4]
+  %3 = custom %0, %1, %2 {frange=4, grid=(4,)} : f32[4,1] {
+    %0 = input {arg=0, fmap=1, imap=(0,), shape=(4, 4)} : f32[1,1]
+    %1 = input {arg=1, fmap=1, imap=(0,), shape=(4, 4)} : f32[1,1]
+    %2 = input {arg=2, fmap=1, imap=(0,), shape=(4, 4)} : f32[1,1]
+    %3 = square %1 : f32[1,1]
+    %4 = mul %3, %1 : f32[1,1]
+    %5 = div %0, %4 : f32[1,1]
+    %6 = running_max %5 : f32[1,1]
+    %7 = rescaled_sum %2, %6 : f32[1,1]
+    output %7 {omap=(0,)}
+  }
+  return %3
+}"""
+
+
+def test_rescaled_sum_did_not_count_its_exp_argument_degree() -> None:
+    """Finding (the finite-field degree model): ``rescaled_sum`` (``acc * exp(m_prev - m) + x``) applies exp to the
+    difference of two of its running max's values, ``a / b**3`` here: ``a1 / b1**3 - a2 / b2**3`` has degree 6 (its
+    numerator and denominator), but the model counted only the max's numerator degree into the result and never the
+    argument, so it said 3 where ``degree_bound`` claims a bound of every exp argument. No committed record changes
+    (their running maxes are polynomials, whose argument degree the result already counted)."""
+    sp = pytest.importorskip("sympy")
+    import verimirage as vm
+    from verimirage.smt import ffref as R
+
+    a1, a2, b1, b2 = sp.symbols("a1 a2 b1 b2")
+    num, den = sp.fraction(sp.cancel(sp.together(a1 / b1**3 - a2 / b2**3)))
+    true = max(sp.Poly(p, a1, a2, b1, b2).total_degree() for p in (num, den))
+    assert true == 6
+    assert R.degree_bound(vm.MuGraph.parse(_RESCALED_BY_A_QUOTIENT_MAX))[0] >= true

@@ -614,9 +614,9 @@ def _degrees(g: Graph) -> tuple[int, int, int]:
             elif n.op in ("loop_sum", "rescaled_sum"):
                 x = a[0]
                 n_, d_ = (x[0] + (frange - 1) * x[1], frange * x[1]) if x[1] else (x[0], 0)
-                if n.op == "rescaled_sum":  # acc * exp(m_prev - m) + x: one more atom factor
-                    n_ += 1 + a[1][0]
-                    opaque[1] += 1
+                if n.op == "rescaled_sum":  # acc * exp(m_prev - m) + x: one more atom factor, its argument a
+                    n_ += 1 + a[1][0]  # difference of two of m's values (degree deg m + its denominator's)
+                    opaque[:2] = [max(opaque[0], deg(a[1]) + a[1][1]), opaque[1] + 1]
                     opaque[2] += elems * frange
                 vals.append(allaxes((n_, d_, {}), out))
             elif n.op in ("loop_max", "running_max"):  # (an element of any iteration: every index its own class)
