@@ -402,8 +402,10 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
         outs = [math.prod(_pow2(d) for d in bg.type_of(r).shape) for r in bg.outputs]
         regs = 4 * big * max(1, sum(1 for x in [*sizes, *outs] if x == big))
     tc_all, other_all = int(tc * blocks), int(other * blocks)
-    if flat:  # its blocks: _FLAT_BLOCK elements each (no padding), one per input and output in registers
-        blocks, regs, pad = flat, 4 * _FLAT_BLOCK * (len(in_types) + len(out_types)), 1.0
+    if flat:  # its blocks of FLAT_BLOCK elements each (no padding), one per input and output in registers
+        from ..backend.tuning import FLAT_BLOCK  # (flat > 0 only where _flat_blocks imported the backend)
+
+        blocks, regs, pad = flat, 4 * FLAT_BLOCK * (len(in_types) + len(out_types)), 1.0
     kc = _roofline(int(nbytes), tc_all, other_all, blocks, 0 if flat else smem, hw, cal, l2_in, pad * spill,
                    math.ceil(its), hot, 0 if dots or bg.frange <= hw.unroll_max else math.ceil(its),
                    _in_flight(bg, smem_walk) if dots else 0.0,
@@ -413,18 +415,14 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
     return dataclasses.replace(kc, smem=smem) if flat else kc
 
 
-#: (mirrors ``backend.tuning.FLAT_BLOCK``) elements a block of a flat elementwise kernel computes
-_FLAT_BLOCK = 1024
-
-
 def _flat_blocks(bg: BlockGraph, in_types: Sequence[TensorType]) -> int:
     """The blocks of kernel ``bg`` when the backend emits it flat (``TileOptions.flat``: one index range over its
-    outputs' elements, :data:`_FLAT_BLOCK` a block, contiguous loads and stores), which ``backend.tuning.recommend``
-    does where its own tiles would waste bandwidth (``tuning.flat_pays``: rows shorter than 512 bytes, or padding
-    idling more than 1/8 of the lanes); 0 otherwise, or without the backend. (H100, run 16: batchnorm_relu's flat
-    kernel 35.9-36.1 us for 102.8 MB, its 64-column tiles 38.8-39.1: ``Hardware.page``.)"""
+    outputs' elements, ``backend.tuning.FLAT_BLOCK`` a block, contiguous loads and stores), which
+    ``backend.tuning.recommend`` does where its own tiles would waste bandwidth (``tuning.flat_pays``: rows shorter
+    than 512 bytes, or padding idling more than 1/8 of the lanes); 0 otherwise, or without the backend. (H100, run
+    16: batchnorm_relu's flat kernel 35.9-36.1 us for 102.8 MB, its 64-column tiles 38.8-39.1: ``Hardware.page``.)"""
     try:
-        from ..backend.tuning import flat_pays
+        from ..backend.tuning import FLAT_BLOCK, flat_pays
     except Exception:  # no backend: the block graph's own tiles
         return 0
     try:
@@ -434,7 +432,7 @@ def _flat_blocks(bg: BlockGraph, in_types: Sequence[TensorType]) -> int:
         return 0
     a, k = bg.outputs[0]
     numel = bg.nodes[a].outs[k].numel * bg.num_blocks
-    return max(1, math.ceil(numel / _FLAT_BLOCK))
+    return max(1, math.ceil(numel / FLAT_BLOCK))
 
 
 def _run(t: TensorType, full: TensorType, hw: Hardware, whole: bool = False) -> int:
