@@ -351,10 +351,13 @@ def _binary(op: str) -> Handler:
         if kwargs.get("rounding_mode") is not None:
             raise Unsupported(Reason.NOT_IN_REGISTRY, f"{op} with rounding_mode")
         g = ctx.g
-        if op in ("add", "sub") and alpha != 1:
-            if not (isinstance(b, LV) and _num(alpha)):
+        if op in ("add", "sub", "rsub") and alpha != 1:
+            # alpha scales ``other`` in add/sub (a + alpha b) but ``self`` in rsub (b - alpha a)
+            scaled = a if op == "rsub" else b
+            if not (isinstance(scaled, LV) and _num(alpha)):
                 raise Unsupported(Reason.NOT_IN_REGISTRY, f"{op} with alpha={alpha!r}")
-            b = ctx.ew(b.shape, [b], lambda ts: emit(g, "scale", ts[0], c=float(alpha)))
+            scaled = ctx.ew(scaled.shape, [scaled], lambda ts: emit(g, "scale", ts[0], c=float(alpha)))
+            a, b = (scaled, b) if op == "rsub" else (a, scaled)
         if isinstance(a, LV) and isinstance(b, LV):
             return ctx.ew(_shape(out), [a, b], lambda ts: emit(g, op, ts[0], ts[1]))
         if isinstance(a, LV) and _num(b):
