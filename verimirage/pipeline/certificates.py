@@ -66,6 +66,16 @@ def check_certificate(
     if mode is None and module_source is not None:
         raise ValueError("check_certificate: module_source= needs mode= (the launch mode it was generated for)")
     name = None if mode is None else _mode_name(mode)  # (an unknown option: ValueError before any check)
+    if name is not None and isinstance(cert, (str, Path)):
+        # read the file once: the mode's module must come from the μGraph the checker checks (a second read, after
+        # the check, took the μGraph of whatever the file held by then)
+        from ..smt.certify import read_certificate
+
+        text = C._text_of(cert)
+        try:
+            cert = read_certificate(text)
+        except (ValueError, TypeError) as e:
+            return C._reject(str(e))
     made: list[Any] = []  # the mode's digest (or why it cannot be made) and its seconds, made while the child checks
 
     def regenerate(mugraph_text: str) -> str:
@@ -80,9 +90,8 @@ def check_certificate(
     if compiled is not None and not compiled.tuned_tiles:
         return _reject("the compiled program's tiles come from a launch config (given, profiled or fitted to shared "
                        "memory), not recommend's: no certificate vouches for its module", v)
-    if not made:
-        text = cert.to_json() if isinstance(cert, (Certificate, ComposedCertificate)) else Path(cert).read_text()
-        made[:] = _timed(json.loads(text).get("mugraph_text"), mode)
+    if not made:  # (a certificate object: the one checked; see above)
+        made[:] = _timed(json.loads(cert.to_json()).get("mugraph_text"), mode)  # type: ignore[union-attr]
     d, seconds = made
     if isinstance(d, Exception):
         return _reject(f"the Triton module for launch mode {name} cannot be regenerated ({type(d).__name__}: {d})", v)
