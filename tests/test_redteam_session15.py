@@ -57,3 +57,51 @@ def test_mode_check_read_the_certificate_file_twice(monkeypatch: pytest.MonkeyPa
     path.write_text(cert.to_json())
     v = P.check_certificate(path, mode="merge", module_source=tuned_module(mg, "merge").source, isolate=False)
     assert v.proved, v.reason
+
+
+def test_search_cache_rechecked_a_tampered_huge_mugraph_in_process_without_a_memory_cap(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Finding (medium; a tampered cache entry could take the caller's memory instead of being a miss): the search
+    cache re-checks a served candidate's certificate in the caller's process (``isolate=False``: no checker-process
+    start-up), i.e. without the checker process's memory cap, whatever the μGraph it names. A tampered entry's
+    μGraph of the requested ``exp(X)`` (X 4 x 4) with an intermediate of 2**30 elements (a broadcast to 2**26
+    copies, exp, max back: 16 GiB per finite-field trial) was evaluated there: on a machine with the memory, an
+    out-of-memory kill of the caller, not a rejected entry. Now the re-check runs in this process only where both
+    programs' evaluations hold at most ``IN_PROCESS_ELEMENTS`` elements, else in the capped checker process."""
+    from verimirage.pipeline import certificates as P
+    from verimirage.pipeline import search_cache as S
+    from verimirage.smt.certificate import Certificate, sha256
+
+    monkeypatch.setenv("VERIMIRAGE_CACHE_DIR", str(tmp_path))
+    g = vm.Graph()
+    g.output(g.exp(g.input("X", (4, 4), vm.float32)))
+    big = vm.Graph()
+    x = big.input("X", (4, 4), vm.float32)
+    big.output(big.reshape(big.max(big.exp(big.broadcast_to(x, (2**26, 4, 4))), 0), (4, 4)))
+    mg = vm.MuGraph.from_graph(big)
+    gt, mt = str(g), str(mg)
+    cert = Certificate(gt, sha256(gt), mt, sha256(mt), [], [], [], [], [], {})
+    seen: list[dict[str, Any]] = []
+    key = "ab" * 32
+
+    def record(path: Any, **kw: Any) -> vm.Verdict:  # (no check runs here: where it would run is the point)
+        seen.append(kw)
+        return vm.Unknown("not checked in this test")
+
+    monkeypatch.setattr(P, "check_certificate", record)
+    import dataclasses
+
+    from verimirage.rewrite.cost import cost
+
+    cand = {"mugraph": mt, "cost": dataclasses.asdict(cost(vm.MuGraph.from_graph(g))), "rules": [], "graph": None,
+            "certificate": cert.to_json(), "verdict_reason": ""}
+    S._store().put(key, {"format": S.FORMAT, "candidates": [cand], "sha256": S._checksum([cand]), "report": ""})
+    assert S.load(key, g, fp_check=lambda m: None) is None  # (rejected: the recorded check is no Proved)
+    assert len(seen) == 1 and seen[0].get("isolate", True) is True, seen
+    # a small μGraph (the plain one) is still re-checked in this process
+    mt = str(vm.MuGraph.from_graph(g))
+    cand = {**cand, "mugraph": mt, "certificate": Certificate(gt, sha256(gt), mt, sha256(mt), [], [], [], [], [],
+                                                                {}).to_json()}
+    S._store().put(key, {"format": S.FORMAT, "candidates": [cand], "sha256": S._checksum([cand]), "report": ""})
+    assert S.load(key, g, fp_check=lambda m: None) is None
+    assert len(seen) == 2 and seen[1].get("isolate") is False, seen

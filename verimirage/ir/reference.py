@@ -13,7 +13,7 @@ before anything is allocated (``vm.evaluate``, ``vm.verify`` and ``vm.superoptim
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -30,31 +30,38 @@ _GELU_C = math.sqrt(2.0 / math.pi)
 MAX_EVAL_ELEMENTS = 2**30
 
 
+def _arrays(program: Any) -> Iterator[tuple[int, str, int, TensorType, int]]:
+    """``(elements, scope, node, type, blocks)`` of every array evaluating ``program`` holds: kernel-level values
+    their own elements; a custom kernel's block-graph values every block's tile (the evaluator runs the blocks of a
+    grid as one batch), thread-graph values likewise."""
+
+    def walk(nodes: Any, blocks: int, prefix: str) -> Iterator[tuple[int, str, int, TensorType, int]]:
+        for i, node in enumerate(nodes):
+            for t in node.outs:
+                yield blocks * math.prod(t.shape), prefix, i, t, blocks
+            for _, v in node.attrs:
+                if isinstance(v, BlockGraph):
+                    yield from walk(v.nodes, blocks * math.prod(v.grid), f"{prefix}%{i}/")
+                elif isinstance(v, ThreadGraph):
+                    yield from walk(v.nodes, blocks, f"{prefix}%{i}/")
+
+    return walk(node_list(program), 1, "")
+
+
 def check_evaluable(program: Any, what: str) -> None:
-    """GraphError unless every array evaluating ``program`` needs has at most :data:`MAX_EVAL_ELEMENTS`.
-
-    Kernel-level values count their own elements; a custom kernel's block-graph values count every
-    block's tile (the evaluator runs the blocks of a grid as one batch), thread-graph values likewise.
-    """
-
-
-    def over(n: int, where: str) -> None:
+    """GraphError unless every array evaluating ``program`` needs has at most :data:`MAX_EVAL_ELEMENTS`
+    (:func:`_arrays`)."""
+    for n, prefix, i, t, blocks in _arrays(program):
         if n > MAX_EVAL_ELEMENTS:
+            where = f"value {prefix}%{i} ({t} x {blocks} block(s))" if blocks > 1 else f"value {prefix}%{i} ({t})"
             raise GraphError(f"{what}: {where} needs {n} elements; the evaluator and the verifier hold at most "
                              f"{MAX_EVAL_ELEMENTS} (2**30) elements per array (verimirage.ir.reference)")
 
-    def walk(nodes: Any, blocks: int, prefix: str) -> None:
-        for i, node in enumerate(nodes):
-            for t in node.outs:
-                over(blocks * math.prod(t.shape), f"value {prefix}%{i} ({t} x {blocks} block(s))"
-                     if blocks > 1 else f"value {prefix}%{i} ({t})")
-            for _, v in node.attrs:
-                if isinstance(v, BlockGraph):
-                    walk(v.nodes, blocks * math.prod(v.grid), f"{prefix}%{i}/")
-                elif isinstance(v, ThreadGraph):
-                    walk(v.nodes, blocks, f"{prefix}%{i}/")
 
-    walk(node_list(program), 1, "")
+def evaluation_elements(program: Any) -> int:
+    """The elements of all the arrays evaluating ``program`` holds (:func:`_arrays`): a bound on what its evaluation
+    keeps in memory at once (a finite-field trial: 16 bytes an element)."""
+    return sum(a[0] for a in _arrays(program))
 
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:

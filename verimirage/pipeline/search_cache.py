@@ -18,7 +18,8 @@ requesting graph and that μGraph (by text, not by a stored hash); that each
 served candidate's cost is what the search's cost model gives; and the
 independent certificate checker (:func:`verimirage.pipeline.certificates.check_certificate`,
 re-deriving everything from the two programs) re-checks the certificate of
-every candidate that is served, and the search's floating-point check
+every candidate that is served (in this process where both programs' evaluations
+are small, :data:`IN_PROCESS_ELEMENTS`; else in its capped checker process), and the search's floating-point check
 (:mod:`verimirage.pipeline.fpsafe`: a certificate is about the reals) runs on
 it again. The checksum is unkeyed, so it only catches accidents; the re-check
 is what stops a tampered entry. A corrupt, truncated, mismatching or tampered
@@ -151,21 +152,34 @@ def load(key: str, graph: Graph, *, recheck: str = "all", cost_of: Callable[[MuG
         return None
 
 
-def _recheck(cert: Any) -> Any:
-    """The independent checker's verdict on ``cert`` (written to a private temporary file first)."""
+#: the most elements (all arrays of both programs' evaluations together, :func:`~verimirage.ir.reference.
+#: evaluation_elements`) a cached certificate may need for its re-check to run in this process, without the checker
+#: process's memory cap: 2**24 (256 MiB of finite-field values per trial)
+IN_PROCESS_ELEMENTS = 1 << 24
+
+
+def _recheck(cert: Any, programs: tuple[Graph, MuGraph]) -> Any:
+    """The independent checker's verdict on ``cert`` (written to a private temporary file first), about
+    ``programs`` (the requested graph and the cached μGraph, which its texts name)."""
     import tempfile
 
+    from ..ir.reference import evaluation_elements
     from ..smt import budget as B
     from ..smt.certificate import DEFAULT_SECONDS, SECONDS_ENV, _limit
     from .certificates import check_certificate
 
+    # in this process (a child process's start-up would cost more than a small search) only where the evaluations
+    # are small: the checker reads no verifier state, but here it has no memory cap, and a tampered entry's μGraph
+    # (one array of 2**30 elements: 16 GiB a trial) took the caller's memory instead of being rejected
+    small = sum(evaluation_elements(p) for p in programs) <= IN_PROCESS_ELEMENTS
     with tempfile.TemporaryDirectory(prefix="vm-recheck-") as tmp:
         p = Path(tmp) / "certificate.json"
         cert.save(p)
-        # in this process (a child process's start-up would cost more than a small search): the checker reads
-        # no verifier state, so only the memory cap of the default is given up; its derivations get the checker
-        # process's time cap ($VERIMIRAGE_CHECK_SECONDS) as a budget (a tampered entry's μGraph with a long loop of
-        # one-element tiles derives in time quadratic in the loop: 65,536 steps were hours, uncapped)
+        if not small:  # (the checker process: capped in memory and time)
+            return check_certificate(p)
+        # its derivations get the checker process's time cap ($VERIMIRAGE_CHECK_SECONDS) as a budget (a tampered
+        # entry's μGraph with a long loop of one-element tiles derives in time quadratic in the loop: 65,536 steps
+        # were hours, uncapped)
         token = B.set_budget(_limit(None, SECONDS_ENV, DEFAULT_SECONDS))
         try:
             return check_certificate(p, isolate=False)
@@ -212,7 +226,7 @@ def _rebuild(entry: Any, graph: Graph, recheck: str, cost_of: Callable[[MuGraph]
         cost = Cost(**cd)
         if cost_of is not None and dataclasses.asdict(cost_of(mg)) != dataclasses.asdict(cost):
             raise ValueError(f"candidate {i}: the stored cost is not the cost model's")
-        v = _recheck(cert)
+        v = _recheck(cert, (graph, mg))
         if not isinstance(v, Proved):
             raise ValueError(f"candidate {i}: the certificate does not re-check ({v.reason})")
         if fp_check is None:
