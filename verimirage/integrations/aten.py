@@ -87,6 +87,10 @@ class LV:
     #: arithmetic, and by any other op as the numbers 0 and 1 (what ATen promotes a boolean to); never a result
     #: of a partition (its ATen dtype is bool)
     mask: bool = False
+    #: the boolean mask (a graph tensor broadcasting to ``t``) where ``aten.masked_fill`` wrote -inf, which ``t``
+    #: holds as the dtype's lowest finite value: read only by the softmax the fill feeds (its only users), which
+    #: makes those entries exactly 0 (:func:`_masked_fill`); never a result of a partition
+    fill: Any = None
 
     @property
     def exact(self) -> bool:
@@ -647,7 +651,15 @@ def _softmax(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
     if len(args) > 2 and args[2] is True:
         raise Unsupported(Reason.DTYPE, "softmax with half_to_float")
     t, (ax,) = ctx.axes(v, [dim])
-    return LV(_softmax_t(ctx.g, t, ax), _shape(out))
+    if v.fill is None:
+        return LV(_softmax_t(ctx.g, t, ax), _shape(out))
+    if t.ref != v.t.ref:
+        raise Unsupported(Reason.LAYOUT, "softmax of a masked_fill(-inf) read in another shape")
+    g = ctx.g
+    s = emit(g, "sub", t, emit(g, "max", t, ax))
+    # the filled entries are exactly 0, as ATen's exp(-inf) (a row filled throughout is 0 / 0, NaN, as in ATen)
+    e = emit(g, "where", v.fill, emit(g, "scale", s, c=0.0), emit(g, "exp", s))
+    return LV(emit(g, "div", e, emit(g, "sum", e, ax)), _shape(out))
 
 
 @handles("_log_softmax", "log_softmax")
@@ -658,6 +670,28 @@ def _log_softmax(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) ->
     s = emit(g, "sub", t, emit(g, "max", t, ax))
     r = emit(g, "sub", s, emit(g, "log", emit(g, "sum", emit(g, "exp", s), ax)))
     return LV(r, _shape(out))
+
+
+@handles("logsumexp")
+def _logsumexp(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    """``log(sum(exp(x)))`` over ``dims``, computed as ATen does on finite inputs: ``m + log(sum(exp(x - m)))``
+    with ``m`` the max over those dims (the PaLM z-loss, log-partition terms)."""
+    v = args[0]
+    if not isinstance(v, LV) or v.mask:
+        raise Unsupported(Reason.NOT_IN_REGISTRY, "logsumexp of a mask")
+    if len(v.shape) == 0:
+        return v
+    dims, _keep = _dims(args, kwargs, len(v.shape))
+    t, gdims = ctx.axes(v, dims)
+    g = ctx.g
+    m = t
+    for d in gdims:
+        m = emit(g, "max", m, d)
+    e = emit(g, "exp", emit(g, "sub", t, m))
+    for d in gdims:
+        e = emit(g, "sum", e, d)
+    r = emit(g, "add", emit(g, "log", e), m)
+    return LV(r, _shape(out), src=ctx.node if tuple(r.shape) != _shape(out) else None)
 
 
 @handles("_softmax_backward_data")
@@ -793,6 +827,38 @@ def _where(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
         t = v.t if v.shape == () and tuple(v.t.shape) == (1,) else ctx.exact(v)
         ts.append(t if t.dtype == odt else emit(ctx.g, "cast", t, odt))
     return LV(emit(ctx.g, "where", *ts), _shape(out))
+
+
+@handles("masked_fill")
+def _masked_fill(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    """``masked_fill(x, m, v)`` is ``where(m, v, x)``. A fill of -inf (attention's causal or sliding-window mask
+    written ``scores.masked_fill(~keep, float("-inf"))``) is lifted only when a softmax along the last dim is its
+    only reader: the filled entries are held as the dtype's lowest finite value (so no kept score is below them)
+    and the softmax makes their exponentials exactly 0, what ATen's -inf gives (:attr:`LV.fill`)."""
+    x, m, v = args[0], args[1], args[2]
+    if not (_num(v) and math.isinf(float(v)) and float(v) < 0):
+        return _where(ctx, [m, v, x], {}, out)
+    import torch
+
+    n = ctx.node
+    users = list(n.users) if n is not None else []
+    rank = len(_shape(out))
+    if not users or any(op_of_node(u) not in ("_softmax", "softmax") or len(u.args) < 2 or u.args[0] is not n
+                        or int(u.args[1]) % max(rank, 1) != rank - 1 for u in users):
+        raise Unsupported(Reason.NOT_IN_REGISTRY, "masked_fill with -inf read by anything but a softmax along the "
+                                                  "last dim (the registry's constants are finite)")
+    if not isinstance(m, LV) or m.mask or not isinstance(x, LV):
+        raise Unsupported(Reason.NOT_IN_REGISTRY, "masked_fill(-inf) whose mask is not a boolean tensor")
+    tdt = getattr(torch, x.t.dtype.torch_name)
+    r = _where(ctx, [m, float(torch.finfo(tdt).min), x], {}, out)
+    return dataclasses.replace(r, fill=ctx.exact(m))
+
+
+def op_of_node(n: Any) -> str:
+    """The overload packet name of fx node ``n``'s target (e.g. ``"_softmax"`` for ``aten._softmax.default``)."""
+    t = getattr(n, "target", None)
+    packet = getattr(t, "_overloadpacket", None)
+    return str(getattr(packet, "__name__", getattr(t, "__name__", t))).split(".")[0]
 
 
 @handles("le", "lt", "ge", "gt")
@@ -1182,9 +1248,7 @@ def _full(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
 
 def op_of(ctx: Ctx) -> str:
     """The overload packet name of the node being lifted."""
-    t = ctx.node.target
-    packet = getattr(t, "_overloadpacket", None)
-    return str(getattr(packet, "__name__", getattr(t, "__name__", t))).split(".")[0]
+    return op_of_node(ctx.node)
 
 
 @handles("slice_backward")

@@ -333,6 +333,10 @@ def lift(nodes: Sequence[fx.Node], *, strict: bool = False) -> Lifted:
         if v.mask:
             raise LiftError(n, Reason.DTYPE, f"{n.name}: a comparison's booleans used outside the partition (the "
                                              "kernels hold them as 0/1 floats)", alone=True)
+        if v.fill is not None:
+            raise LiftError(n, Reason.NOT_IN_REGISTRY, f"{n.name}: a masked_fill(-inf) used outside the partition "
+                                                       "(the kernels hold -inf as the lowest finite value)",
+                            alone=True)
         mv = n.meta["val"]
         out_meta.append((tuple(int(s) for s in mv.shape), mv.dtype, tuple(int(s) for s in mv.stride())))
         if v.t.ref in input_ref:

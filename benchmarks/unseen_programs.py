@@ -1,0 +1,797 @@
+"""Programs from open LLM architectures that are in no other set (suite, corpus, models, layer): a held-out check.
+
+Each torch module is a piece of a published architecture written the way its code bases write it (Gemma's
+``(1 + w)`` RMSNorm, ALiBi, sliding-window masks, partial rotary, MLA's low-rank projections, MoE routing, ...);
+each ``vm.Graph`` program is the same kind of piece written against the registry. ``tests/test_unseen_programs.py``
+checks capture and numerics against float64; this script prints the table BENCHMARKS.md records::
+
+    TRITON_INTERPRET=1 python benchmarks/unseen_programs.py [--graphs] [--modules] [--train] [--budget S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import verimirage as vm
+
+B, T, D, H, HD, FF, V = 2, 4, 16, 2, 8, 32, 24
+
+
+# --------------------------------------------------------------------------- torch modules
+
+
+class GemmaRMSNorm(nn.Module):
+    """Gemma's RMSNorm: computed in float32, scaled by ``1 + weight`` (the weight starts at 0)."""
+
+    def __init__(self, d: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.randn(d) / 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (out * (1.0 + self.weight.float())).type_as(x)
+
+
+class GemmaNormLinear(nn.Module):
+    """Gemma RMSNorm then a projection."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = GemmaRMSNorm(D)
+        self.proj = nn.Linear(D, FF, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.norm(x))
+
+
+class GemmaEmbed(nn.Module):
+    """Gemma's input embedding scaled by ``sqrt(hidden)`` (in the activation dtype), then the first norm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(V, D)
+        self.norm = GemmaRMSNorm(D)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.embed(ids)
+        h = h * torch.tensor(D ** 0.5, dtype=h.dtype)
+        return self.norm(h)
+
+
+class GemmaMLP(nn.Module):
+    """Gemma's GeGLU: ``down(gelu_tanh(gate(x)) * up(x))``, three separate projections."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(D, FF, bias=False)
+        self.up_proj = nn.Linear(D, FF, bias=False)
+        self.down_proj = nn.Linear(FF, D, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))
+
+
+class SquaredReLUMLP(nn.Module):
+    """Primer / Nemotron MLP: ``down(relu(up(x)) ** 2)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(D, FF, bias=False)
+        self.down = nn.Linear(FF, D, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.square(F.relu(self.up(x))))
+
+
+class ScaledResidualMLP(nn.Module):
+    """MiniCPM-style depth-scaled residual ``x + alpha * mlp(norm(x))``."""
+
+    def __init__(self, alpha: float = 1.4 / math.sqrt(8)) -> None:
+        super().__init__()
+        self.norm = nn.RMSNorm(D, eps=1e-5)
+        self.mlp = SquaredReLUMLP()
+        self.alpha = alpha
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.alpha * self.mlp(self.norm(x))
+
+
+class LayerNormNoBias(nn.Module):
+    """OLMo / Cohere LayerNorm without a bias, then a projection."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(D, bias=False)
+        self.proj = nn.Linear(D, FF, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.norm(x))
+
+
+def _heads(t: torch.Tensor, n: int) -> torch.Tensor:
+    b, s, _ = t.shape
+    return t.view(b, s, n, -1).transpose(1, 2)
+
+
+def _merge(t: torch.Tensor) -> torch.Tensor:
+    b, n, s, hd = t.shape
+    return t.transpose(1, 2).reshape(b, s, n * hd)
+
+
+class _Proj(nn.Module):
+    def __init__(self, kv: int = H, o: bool = True) -> None:
+        super().__init__()
+        self.q_proj = nn.Linear(D, H * HD, bias=False)
+        self.k_proj = nn.Linear(D, kv * HD, bias=False)
+        self.v_proj = nn.Linear(D, kv * HD, bias=False)
+        self.o_proj = nn.Linear(H * HD, D, bias=False)
+        self.kv = kv
+
+    def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return _heads(self.q_proj(x), H), _heads(self.k_proj(x), self.kv), _heads(self.v_proj(x), self.kv)
+
+
+class SoftcapAttention(_Proj):
+    """Gemma 2 attention-score soft-capping: ``cap * tanh(s / cap)`` before a causal softmax."""
+
+    def __init__(self, cap: float = 50.0) -> None:
+        super().__init__()
+        self.cap = cap
+        self.register_buffer("causal", torch.ones(T, T, dtype=torch.bool).tril(), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x)
+        s = q @ k.transpose(-1, -2) * HD ** -0.5
+        s = torch.tanh(s / self.cap) * self.cap
+        s = s.masked_fill(~self.causal, float("-inf"))
+        return self.o_proj(_merge(torch.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype) @ v))
+
+
+def alibi_slopes(n: int) -> torch.Tensor:
+    """ALiBi's per-head slopes ``2 ** (-8 i / n)`` (n a power of two)."""
+    return torch.tensor([2.0 ** (-8.0 * (i + 1) / n) for i in range(n)])
+
+
+class AlibiAttention(_Proj):
+    """BLOOM / MPT ALiBi: a per-head linear bias ``slope_h * (j - i)`` on causal scores, hand-written softmax."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        pos = torch.arange(T)
+        rel = (pos[None, :] - pos[:, None]).float()
+        bias = alibi_slopes(H)[:, None, None] * rel
+        bias = bias.masked_fill(rel > 0, float("-inf"))
+        self.register_buffer("bias", bias, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x)
+        s = q @ k.transpose(-1, -2) / math.sqrt(HD) + self.bias
+        return self.o_proj(_merge(torch.softmax(s, dim=-1) @ v))
+
+
+class SlidingWindowAttention(_Proj):
+    """Mistral-style sliding-window causal attention (window 2) via SDPA with a boolean mask, GQA."""
+
+    def __init__(self, window: int = 2) -> None:
+        super().__init__(kv=1)
+        i = torch.arange(T)
+        keep = (i[None, :] <= i[:, None]) & (i[:, None] - i[None, :] < window)
+        self.register_buffer("keep", keep, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x)
+        k = k.expand(-1, H, -1, -1)
+        v = v.expand(-1, H, -1, -1)
+        return self.o_proj(_merge(F.scaled_dot_product_attention(q, k, v, attn_mask=self.keep)))
+
+
+class SlidingWindowAdditive(_Proj):
+    """Sliding-window causal attention with an additive float mask (0 / -inf) built once."""
+
+    def __init__(self, window: int = 2) -> None:
+        super().__init__()
+        i = torch.arange(T)
+        keep = (i[None, :] <= i[:, None]) & (i[:, None] - i[None, :] < window)
+        self.register_buffer("mask", torch.zeros(T, T).masked_fill(~keep, float("-inf")), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x)
+        s = q @ k.transpose(-1, -2) * HD ** -0.5 + self.mask
+        return self.o_proj(_merge(torch.softmax(s, dim=-1) @ v))
+
+
+class PartialRotaryAttention(_Proj):
+    """Phi / GPT-NeoX partial rotary: only the first half of each head rotated, the rest passed through."""
+
+    def __init__(self, rot: int = HD // 2) -> None:
+        super().__init__()
+        self.rot = rot
+        inv = 1.0 / (10000 ** (torch.arange(0, rot, 2).float() / rot))
+        f = torch.outer(torch.arange(T).float(), inv)
+        emb = torch.cat((f, f), dim=-1)
+        self.register_buffer("cos", emb.cos(), persistent=False)
+        self.register_buffer("sin", emb.sin(), persistent=False)
+
+    def _rope(self, t: torch.Tensor) -> torch.Tensor:
+        r, p = t[..., : self.rot], t[..., self.rot:]
+        r1, r2 = r[..., : self.rot // 2], r[..., self.rot // 2:]
+        r = r * self.cos + torch.cat((-r2, r1), dim=-1) * self.sin
+        return torch.cat((r, p), dim=-1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x)
+        q, k = self._rope(q), self._rope(k)
+        return self.o_proj(_merge(F.scaled_dot_product_attention(q, k, v, is_causal=True)))
+
+
+class MQADecode(nn.Module):
+    """Multi-query attention for one decoding step: the new k/v appended to a cache (``torch.cat``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q_proj = nn.Linear(D, H * HD, bias=False)
+        self.kv_proj = nn.Linear(D, 2 * HD, bias=False)
+        self.o_proj = nn.Linear(H * HD, D, bias=False)
+
+    def forward(self, x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        b = x.shape[0]
+        q = self.q_proj(x).view(b, 1, H, HD).transpose(1, 2)           # (B, H, 1, HD)
+        k_new, v_new = self.kv_proj(x).view(b, 1, 1, 2 * HD).split(HD, dim=-1)
+        k = torch.cat((k_cache, k_new), dim=2)                        # (B, 1, S+1, HD)
+        v = torch.cat((v_cache, v_new), dim=2)
+        s = (q @ k.transpose(-1, -2)) / math.sqrt(HD)                 # broadcast over the one KV head
+        o = torch.softmax(s, dim=-1) @ v
+        return self.o_proj(o.transpose(1, 2).reshape(b, 1, H * HD))
+
+
+class MLAProjections(nn.Module):
+    """DeepSeek-V2 MLA's low-rank q and kv: down-project, RMSNorm the latent, up-project; then attention."""
+
+    def __init__(self, q_rank: int = 8, kv_rank: int = 4) -> None:
+        super().__init__()
+        self.q_a = nn.Linear(D, q_rank, bias=False)
+        self.q_norm = nn.RMSNorm(q_rank, eps=1e-6)
+        self.q_b = nn.Linear(q_rank, H * HD, bias=False)
+        self.kv_a = nn.Linear(D, kv_rank, bias=False)
+        self.kv_norm = nn.RMSNorm(kv_rank, eps=1e-6)
+        self.kv_b = nn.Linear(kv_rank, 2 * H * HD, bias=False)
+        self.o_proj = nn.Linear(H * HD, D, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = _heads(self.q_b(self.q_norm(self.q_a(x))), H)
+        kv = self.kv_b(self.kv_norm(self.kv_a(x)))
+        k, v = kv.split(H * HD, dim=-1)
+        o = F.scaled_dot_product_attention(q, _heads(k, H), _heads(v, H), is_causal=True)
+        return self.o_proj(_merge(o))
+
+
+class MoERouter(nn.Module):
+    """Mixtral / Qwen-MoE router: softmax over experts, top-k, renormalise the kept weights."""
+
+    def __init__(self, experts: int = 8, k: int = 2) -> None:
+        super().__init__()
+        self.gate = nn.Linear(D, experts, bias=False)
+        self.k = k
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        probs = torch.softmax(self.gate(x), dim=-1, dtype=torch.float32)
+        w, _ = torch.topk(probs, self.k, dim=-1)
+        return w / w.sum(dim=-1, keepdim=True)
+
+
+class MoEDenseGate(nn.Module):
+    """A dense-dispatch MoE (every expert run, weighted by the router's softmax): ``sum_e p_e * expert_e(x)``."""
+
+    def __init__(self, experts: int = 4) -> None:
+        super().__init__()
+        self.gate = nn.Linear(D, experts, bias=False)
+        self.w1 = nn.Parameter(torch.randn(experts, D, FF) / 4)
+        self.w2 = nn.Parameter(torch.randn(experts, FF, D) / 6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        p = torch.softmax(self.gate(x), dim=-1)                 # (N, E)
+        h = F.silu(torch.einsum("nd,edf->enf", x, self.w1))     # (E, N, F)
+        y = torch.einsum("enf,efd->end", h, self.w2)            # (E, N, D)
+        return torch.einsum("end,ne->nd", y, p)
+
+
+class T5RelBiasAttention(nn.Module):
+    """T5 attention: no score scaling, a learned relative-position bias looked up by bucket (an embedding)."""
+
+    def __init__(self, buckets: int = 8) -> None:
+        super().__init__()
+        self.proj = _Proj()
+        self.rel = nn.Embedding(buckets, H)
+        pos = torch.arange(T)
+        self.register_buffer("bucket", (pos[None, :] - pos[:, None]).clamp(-buckets // 2, buckets // 2 - 1)
+                             + buckets // 2, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.proj.qkv(x)
+        bias = self.rel(self.bucket).permute(2, 0, 1)[None]        # (1, H, T, T)
+        s = q @ k.transpose(-1, -2) + bias
+        return self.proj.o_proj(_merge(torch.softmax(s.float(), dim=-1).type_as(s) @ v))
+
+
+class T5BiasGiven(nn.Module):
+    """T5 attention with the position bias passed in (as later layers receive it from the first)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = _Proj()
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.proj.qkv(x)
+        s = q @ k.transpose(-1, -2) + bias
+        return self.proj.o_proj(_merge(torch.softmax(s, dim=-1) @ v))
+
+
+class ParallelBlock(nn.Module):
+    """GPT-J / Falcon parallel block: ``x + attn(ln(x)) + mlp(ln(x))`` from one LayerNorm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(D)
+        self.attn = _Proj()
+        self.fc_in = nn.Linear(D, FF)
+        self.fc_out = nn.Linear(FF, D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.ln(x)
+        q, k, v = self.attn.qkv(h)
+        a = self.attn.o_proj(_merge(F.scaled_dot_product_attention(q, k, v, is_causal=True)))
+        return x + a + self.fc_out(F.gelu(self.fc_in(h)))
+
+
+class GatedAttentionOutput(_Proj):
+    """Qwen3-Next-style gated attention: the attention output times ``sigmoid(gate(x))`` before o_proj."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.g_proj = nn.Linear(D, H * HD, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x)
+        o = _merge(F.scaled_dot_product_attention(q, k, v, is_causal=True))
+        return self.o_proj(o * torch.sigmoid(self.g_proj(x)))
+
+
+class OlmoQKNorm(_Proj):
+    """OLMo-2 QK-norm: RMSNorm over the whole q / k projection (all heads at once) before the head split."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q_norm = nn.RMSNorm(H * HD, eps=1e-6)
+        self.k_norm = nn.RMSNorm(H * HD, eps=1e-6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = _heads(self.q_norm(self.q_proj(x)), H)
+        k = _heads(self.k_norm(self.k_proj(x)), H)
+        v = _heads(self.v_proj(x), H)
+        return self.o_proj(_merge(F.scaled_dot_product_attention(q, k, v, is_causal=True)))
+
+
+class ZLossHead(nn.Module):
+    """PaLM z-loss on the LM head's logits: ``1e-4 * mean(logsumexp(logits) ** 2)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lm_head = nn.Linear(D, V, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = torch.logsumexp(self.lm_head(x), dim=-1)
+        return 1e-4 * (z ** 2).mean()
+
+
+class LabelSmoothedCE(nn.Module):
+    """LM head and cross entropy with label smoothing 0.1."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lm_head = nn.Linear(D, V, bias=False)
+
+    def forward(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = self.lm_head(x)
+        return F.cross_entropy(logits.view(-1, V), targets.view(-1), label_smoothing=0.1)
+
+
+class TiedHeadSoftcap(nn.Module):
+    """Gemma's tied LM head (the embedding matrix transposed) with final logit soft-capping."""
+
+    def __init__(self, cap: float = 30.0) -> None:
+        super().__init__()
+        self.embed = nn.Parameter(torch.randn(V, D) / 4)
+        self.norm = GemmaRMSNorm(D)
+        self.cap = cap
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(self.norm(x), self.embed)
+        return torch.tanh(logits / self.cap) * self.cap
+
+
+@dataclass(frozen=True)
+class ModuleCase:
+    """One torch program: a builder and its inputs."""
+
+    name: str
+    arch: str
+    make: Callable[[], nn.Module]
+    inputs: Callable[[torch.Generator], list[torch.Tensor]]
+    train: bool = True
+
+
+def _x(gen: torch.Generator) -> list[torch.Tensor]:
+    return [torch.randn(B, T, D, generator=gen)]
+
+
+def _ids(gen: torch.Generator) -> list[torch.Tensor]:
+    return [torch.randint(0, V, (B, T), generator=gen)]
+
+
+def _decode(gen: torch.Generator) -> list[torch.Tensor]:
+    return [torch.randn(B, D, generator=gen), torch.randn(B, 1, T, HD, generator=gen),
+            torch.randn(B, 1, T, HD, generator=gen)]
+
+
+def _x_targets(gen: torch.Generator) -> list[torch.Tensor]:
+    return [torch.randn(B, T, D, generator=gen), torch.randint(0, V, (B, T), generator=gen)]
+
+
+def _x_bias(gen: torch.Generator) -> list[torch.Tensor]:
+    return [torch.randn(B, T, D, generator=gen), torch.randn(1, H, T, T, generator=gen)]
+
+
+def _x_rows(gen: torch.Generator) -> list[torch.Tensor]:
+    return [torch.randn(B * T, D, generator=gen)]
+
+
+MODULES: dict[str, ModuleCase] = {c.name: c for c in [
+    ModuleCase("gemma_rmsnorm_linear", "Gemma", GemmaNormLinear, _x),
+    ModuleCase("gemma_embed_scale", "Gemma", GemmaEmbed, _ids),
+    ModuleCase("gemma_geglu", "Gemma", GemmaMLP, _x),
+    ModuleCase("gemma2_attn_softcap", "Gemma 2", SoftcapAttention, _x),
+    ModuleCase("gemma_tied_head_softcap", "Gemma 2", TiedHeadSoftcap, _x),
+    ModuleCase("squared_relu_mlp", "Primer/Nemotron", SquaredReLUMLP, _x),
+    ModuleCase("scaled_residual", "MiniCPM", ScaledResidualMLP, _x),
+    ModuleCase("layernorm_no_bias", "OLMo/Cohere", LayerNormNoBias, _x),
+    ModuleCase("alibi_attention", "BLOOM/MPT", AlibiAttention, _x),
+    ModuleCase("sliding_window_sdpa", "Mistral", SlidingWindowAttention, _x),
+    ModuleCase("sliding_window_additive", "Mistral", SlidingWindowAdditive, _x),
+    ModuleCase("partial_rotary", "Phi/GPT-NeoX", PartialRotaryAttention, _x),
+    ModuleCase("mqa_kv_cache", "Falcon/PaLM", MQADecode, _decode),
+    ModuleCase("mla_lowrank", "DeepSeek-V2", MLAProjections, _x),
+    ModuleCase("moe_router_topk", "Mixtral", MoERouter, _x),
+    ModuleCase("moe_dense_gate", "soft MoE", MoEDenseGate, _x_rows),
+    ModuleCase("t5_rel_bias", "T5", T5RelBiasAttention, _x),
+    ModuleCase("t5_bias_given", "T5", T5BiasGiven, _x_bias),
+    ModuleCase("parallel_block", "GPT-J/Falcon", ParallelBlock, _x),
+    ModuleCase("gated_attention_output", "Qwen3-Next", GatedAttentionOutput, _x),
+    ModuleCase("olmo2_qk_norm", "OLMo 2", OlmoQKNorm, _x),
+    ModuleCase("z_loss", "PaLM", ZLossHead, _x),
+    ModuleCase("label_smoothed_ce", "generic LM", LabelSmoothedCE, _x_targets),
+]}
+
+
+def build(name: str, seed: int = 0) -> tuple[nn.Module, list[torch.Tensor]]:
+    """Module ``name`` (float32) and its inputs."""
+    torch.manual_seed(seed)
+    case = MODULES[name]
+    return case.make(), case.inputs(torch.Generator().manual_seed(seed + 1))
+
+
+# --------------------------------------------------------------------------- vm.Graph programs
+
+
+def g_gemma_rmsnorm_linear() -> vm.Graph:
+    """Gemma RMSNorm with ``(1 + w)`` then a projection, fp16."""
+    g = vm.Graph()
+    x = g.input("x", (8, 32), vm.float16)
+    w = g.input("w", (1, 32), vm.float16)
+    m = g.input("m", (32, 16), vm.float16)
+    g.output(g.matmul(g.mul(g.rms_norm(x), g.shift(w, 1.0)), m))
+    return g
+
+
+def g_squared_relu_mlp() -> vm.Graph:
+    """``relu(x @ w1) ** 2 @ w2``."""
+    g = vm.Graph()
+    x = g.input("x", (8, 16), vm.float16)
+    w1 = g.input("w1", (16, 32), vm.float16)
+    w2 = g.input("w2", (32, 16), vm.float16)
+    g.output(g.matmul(g.square(g.relu(g.matmul(x, w1))), w2))
+    return g
+
+
+def g_geglu_tanh() -> vm.Graph:
+    """Gemma's gate: ``gelu_tanh(x @ wg) * (x @ wu)``."""
+    g = vm.Graph()
+    x = g.input("x", (8, 16), vm.float16)
+    wg = g.input("wg", (16, 32), vm.float16)
+    wu = g.input("wu", (16, 32), vm.float16)
+    g.output(g.mul(g.gelu(g.matmul(x, wg)), g.matmul(x, wu)))
+    return g
+
+
+def g_logit_softcap() -> vm.Graph:
+    """LM head with soft-capping ``30 * tanh(x @ w / 30)``."""
+    g = vm.Graph()
+    x = g.input("x", (8, 16), vm.float16)
+    w = g.input("w", (16, 64), vm.float16)
+    g.output(g.scale(g.tanh(g.scale(g.matmul(x, w), 1 / 30)), 30.0))
+    return g
+
+
+def g_scaled_residual() -> vm.Graph:
+    """``x + 0.5 * silu(x @ w1) @ w2``."""
+    g = vm.Graph()
+    x = g.input("x", (8, 16), vm.float16)
+    w1 = g.input("w1", (16, 32), vm.float16)
+    w2 = g.input("w2", (32, 16), vm.float16)
+    g.output(g.add(x, g.scale(g.matmul(g.silu(g.matmul(x, w1)), w2), 0.5)))
+    return g
+
+
+def g_layernorm_no_bias() -> vm.Graph:
+    """LayerNorm without bias: ``(x - mean) * rsqrt(var + eps) * w``."""
+    g = vm.Graph()
+    x = g.input("x", (8, 32), vm.float16)
+    w = g.input("w", (1, 32), vm.float16)
+    c = g.sub(x, g.mean(x, 1))
+    var = g.mean(g.square(c), 1)
+    g.output(g.mul(g.mul(c, g.rsqrt(g.shift(var, 1e-5))), w))
+    return g
+
+
+def g_alibi_attention() -> vm.Graph:
+    """One head-batch of attention with an additive (ALiBi) bias input, softmax, @ V."""
+    g = vm.Graph()
+    q = g.input("q", (2, 8, 16), vm.float16)
+    k = g.input("k", (2, 16, 8), vm.float16)
+    v = g.input("v", (2, 8, 16), vm.float16)
+    bias = g.input("bias", (2, 8, 8), vm.float16)
+    s = g.add(g.scale(g.matmul(q, k), 0.25), bias)
+    e = g.exp(s)
+    g.output(g.matmul(g.div(e, g.sum(e, 2)), v))
+    return g
+
+
+def g_z_loss() -> vm.Graph:
+    """``logsumexp(x @ w) ** 2`` per row, stable form (row max subtracted)."""
+    g = vm.Graph()
+    x = g.input("x", (8, 16), vm.float32)
+    w = g.input("w", (16, 64), vm.float32)
+    lg = g.matmul(x, w)
+    m = g.max(lg, 1)
+    lse = g.add(g.log(g.sum(g.exp(g.sub(lg, m)), 1)), m)
+    g.output(g.square(lse))
+    return g
+
+
+def g_moe_router() -> vm.Graph:
+    """Router softmax over 8 experts (the top-k has no registry op)."""
+    g = vm.Graph()
+    x = g.input("x", (16, 32), vm.float16)
+    w = g.input("w", (32, 8), vm.float16)
+    lg = g.matmul(x, w)
+    e = g.exp(g.sub(lg, g.max(lg, 1)))
+    g.output(g.div(e, g.sum(e, 1)))
+    return g
+
+
+def g_partial_rotary() -> vm.Graph:
+    """Rotate the first half of each row (``r * cos + rotate_half(r) * sin``), pass the rest through."""
+    g = vm.Graph()
+    q = g.input("q", (8, 16), vm.float16)
+    cos = g.input("cos", (8, 8), vm.float16)
+    sin = g.input("sin", (8, 8), vm.float16)
+    r, p = g.slice(q, 1, 0, 8), g.slice(q, 1, 8, 16)
+    rh = g.concat([g.neg(g.slice(r, 1, 4, 8)), g.slice(r, 1, 0, 4)], 1)
+    g.output(g.concat([g.add(g.mul(r, cos), g.mul(rh, sin)), p], 1))
+    return g
+
+
+def g_gated_attention_output() -> vm.Graph:
+    """``(attn @ wo-input) * sigmoid(x @ wg)``: the gate on the attention output."""
+    g = vm.Graph()
+    o = g.input("o", (8, 16), vm.float16)
+    x = g.input("x", (8, 16), vm.float16)
+    wg = g.input("wg", (16, 16), vm.float16)
+    wo = g.input("wo", (16, 16), vm.float16)
+    g.output(g.matmul(g.mul(o, g.sigmoid(g.matmul(x, wg))), wo))
+    return g
+
+
+def g_mla_down_up() -> vm.Graph:
+    """MLA's low-rank path: ``rms_norm(x @ wa) * w @ wb``."""
+    g = vm.Graph()
+    x = g.input("x", (8, 32), vm.float16)
+    wa = g.input("wa", (32, 8), vm.float16)
+    nw = g.input("nw", (8,), vm.float16)
+    wb = g.input("wb", (8, 32), vm.float16)
+    g.output(g.matmul(g.rms_norm(g.matmul(x, wa), nw), wb))
+    return g
+
+
+def g_mqa_decode() -> vm.Graph:
+    """MQA decoding: 4 query heads against one shared K/V (broadcast over the head batch)."""
+    g = vm.Graph()
+    q = g.input("q", (4, 1, 16), vm.float16)
+    k = g.input("k", (1, 16, 32), vm.float16)
+    v = g.input("v", (1, 32, 16), vm.float16)
+    e = g.exp(g.scale(g.matmul(q, k), 0.25))
+    g.output(g.matmul(g.div(e, g.sum(e, 2)), v))
+    return g
+
+
+def g_label_smoothed_ce_rows() -> vm.Graph:
+    """Label-smoothing term per row: ``-(1/V) * sum(log_softmax(x))``, stable."""
+    g = vm.Graph()
+    x = g.input("x", (8, 64), vm.float32)
+    m = g.max(x, 1)
+    lse = g.add(g.log(g.sum(g.exp(g.sub(x, m)), 1)), m)
+    g.output(g.scale(g.sum(g.sub(x, lse), 1), -1 / 64))
+    return g
+
+
+GRAPHS: dict[str, Callable[[], vm.Graph]] = {
+    "gemma_rmsnorm_linear": g_gemma_rmsnorm_linear,
+    "squared_relu_mlp": g_squared_relu_mlp,
+    "geglu_tanh": g_geglu_tanh,
+    "logit_softcap": g_logit_softcap,
+    "scaled_residual": g_scaled_residual,
+    "layernorm_no_bias": g_layernorm_no_bias,
+    "alibi_attention": g_alibi_attention,
+    "z_loss": g_z_loss,
+    "moe_router_softmax": g_moe_router,
+    "partial_rotary": g_partial_rotary,
+    "gated_attention_output": g_gated_attention_output,
+    "mla_down_up": g_mla_down_up,
+    "mqa_decode": g_mqa_decode,
+    "label_smoothed_ce_rows": g_label_smoothed_ce_rows,
+}
+
+#: per output dtype: relative tolerance of a kernel's output against the float64 reference
+GRAPH_TOL = {"float16": 2e-2, "float32": 1e-4}
+
+
+def graph_inputs(g: vm.Graph, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random inputs (scaled so fp16 stays well inside its range)."""
+    rng = np.random.default_rng(seed)
+    return {t.name: rng.standard_normal(t.shape) / 2 for t in g.inputs}
+
+
+def graph_error(g: vm.Graph, cand: Any, inputs: dict[str, np.ndarray]) -> float:
+    """Largest error of the compiled candidate over the float64 reference's largest magnitude (or over 1)."""
+    ref = vm.evaluate(g, inputs)
+    fn = vm.compile(cand)
+    dt = {vm.float16: torch.float16, vm.float32: torch.float32}
+    xs = [torch.from_numpy(inputs[t.name]).to(dt[t.dtype]) for t in g.inputs]
+    out = fn(*xs)
+    outs = out if isinstance(out, (list, tuple)) else [out]
+    err = 0.0
+    for o, r in zip(outs, ref, strict=True):
+        err = max(err, float(np.abs(o.double().numpy() - r).max()) / max(1.0, float(np.abs(r).max())))
+    return err
+
+
+def run_graph(name: str, budget: float) -> dict[str, Any]:
+    """Superoptimize, compile and compare one graph program; a row of the table."""
+    g = GRAPHS[name]()
+    t0 = time.perf_counter()
+    try:
+        res = vm.superoptimize(g, time_budget_s=budget)
+    except Exception as e:
+        return {"name": name, "search_s": time.perf_counter() - t0, "error": f"{type(e).__name__}: {e}"}
+    secs = time.perf_counter() - t0
+    best = res.best
+    row: dict[str, Any] = {"name": name, "search_s": secs, "kernels": best.mugraph.num_kernels,
+                           "proved": isinstance(best.verdict, vm.Proved), "candidates": len(res.candidates)}
+    row["max_err"] = graph_error(g, best, graph_inputs(g))
+    return row
+
+
+# --------------------------------------------------------------------------- torch runs
+
+
+def _weights(out: torch.Tensor) -> torch.Tensor:
+    return torch.rand(out.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+
+
+def reference(model: nn.Module, xs: list[torch.Tensor], train: bool) -> tuple[torch.Tensor, list[Any]]:
+    """The float64 copy's output and (``train``) gradients of parameters and float inputs."""
+    ref = copy.deepcopy(model).double()
+    xr = [x.detach().double() if x.is_floating_point() else x for x in xs]
+    if not train:
+        with torch.no_grad():
+            return ref(*xr), []
+    xr = [x.requires_grad_() if x.is_floating_point() else x for x in xr]
+    out = ref(*xr)
+    (out * _weights(out)).sum().backward()
+    return out, [p.grad for p in ref.parameters()] + [x.grad for x in xr if x.is_floating_point()]
+
+
+def compiled(model: nn.Module, xs: list[torch.Tensor], train: bool, opts: dict[str, Any],
+             rep: Any) -> tuple[torch.Tensor, list[Any]]:
+    """The backend's output and gradients, as :func:`reference`."""
+    from verimirage.integrations.dynamo import backend
+
+    torch._dynamo.reset()
+    cm = torch.compile(model, backend=backend(report=rep, **opts))
+    if not train:
+        with torch.no_grad():
+            return cm(*xs), []
+    xs = [x.detach().requires_grad_() if x.is_floating_point() else x for x in xs]
+    out = cm(*xs)
+    (out.double() * _weights(out)).sum().backward()
+    return out, [p.grad for p in model.parameters()] + [x.grad for x in xs if x.is_floating_point()]
+
+
+def rel_err(got: Any, want: Any) -> float:
+    """Largest difference over the reference's largest magnitude (or over 1)."""
+    w = want.detach().double()
+    return float((got.detach().double() - w).abs().max()) / max(1.0, float(w.abs().max()))
+
+
+def run_module(name: str, *, train: bool, opts: dict[str, Any]) -> dict[str, Any]:
+    """Compile and compare one module; a row of the table."""
+    from verimirage.integrations.report import Report
+
+    model, xs = build(name)
+    want, wgrads = reference(model, xs, train)
+    rep = Report()
+    t0 = time.perf_counter()
+    try:
+        got, grads = compiled(model, xs, train, opts, rep)
+    except Exception as e:
+        return {"name": name, "train": train, "error": f"{type(e).__name__}: {e}"}
+    secs = time.perf_counter() - t0
+    errs = [rel_err(got, want)] + [rel_err(g, w) for g, w in zip(grads, wgrads, strict=True)
+                                   if g is not None and w is not None]
+    missing = sum((g is None) != (w is None) for g, w in zip(grads, wgrads, strict=True))
+    taken = [p for p in rep.partitions if p.taken]
+    left = sorted({f"{r.op}: {rep.reason_of(r)}" for r in rep.left})
+    return {"name": name, "train": train, "secs": secs, "coverage": rep.coverage, "taken": len(taken),
+            "kernels": sum(len(p.kernels) for p in taken), "max_err": max(errs), "grads_missing": missing,
+            "left": left}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the table rows (one per program) as markdown."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("names", nargs="*")
+    ap.add_argument("--graphs", action="store_true")
+    ap.add_argument("--modules", action="store_true")
+    ap.add_argument("--train", action="store_true")
+    ap.add_argument("--budget", type=float, default=20.0)
+    a = ap.parse_args(argv)
+    if a.graphs:
+        for n in a.names or list(GRAPHS):
+            r = run_graph(n, a.budget)
+            print(r, flush=True)
+    if a.modules:
+        opts = {"time_budget_s": a.budget, "fallback": "eager", "candidates": 1}
+        for n in a.names or list(MODULES):
+            r = run_module(n, train=a.train, opts=opts)
+            print(r, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,210 @@
+"""Programs from open LLM architectures in no other set (benchmarks/unseen_programs.py): capture, search, numerics.
+
+Each ``vm.Graph`` program is superoptimized (every candidate Proved) and its best candidate's kernels compared with
+the float64 reference; each torch module goes through ``torch.compile(backend="verimirage")`` (forward, and in the
+slow tier forward + backward) and is compared with a float64 copy of itself; every op left to the fallback carries
+a reason. The cheap modules run in the default tier; the attention blocks' training steps are slow.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+F = torch.nn.functional
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+import unseen_programs as up  # noqa: E402
+
+import verimirage as vm  # noqa: E402
+from verimirage.integrations import capture  # noqa: E402
+from verimirage.integrations.report import Report  # noqa: E402
+
+OPTS: dict[str, Any] = {"time_budget_s": 8.0, "fallback": "eager", "candidates": 1}
+TOL = 2e-4  # float32 modules against float64, relative to max(1, |reference|)
+
+
+# --------------------------------------------------------------------------- vm.Graph programs
+
+
+@pytest.mark.parametrize("name", list(up.GRAPHS))
+def test_unseen_graph_program_is_proved_and_matches_float64(name: str) -> None:
+    g = up.GRAPHS[name]()
+    res = vm.superoptimize(g, time_budget_s=20.0)
+    assert res.candidates and all(isinstance(c.verdict, vm.Proved) for c in res.candidates)
+    dt = {t.dtype for t in g.outputs}
+    tol = max(up.GRAPH_TOL[d.name] for d in dt)
+    err = up.graph_error(g, res.best, up.graph_inputs(g))
+    assert err < tol, f"{name}: error {err:.2e} against float64 (tolerance {tol})"
+
+
+# --------------------------------------------------------------------------- torch modules
+
+
+def _check(name: str, *, train: bool) -> Report:
+    model, xs = up.build(name)
+    want, wgrads = up.reference(model, xs, train)
+    rep = Report()
+    got, grads = up.compiled(model, xs, train, OPTS, rep)
+    assert up.rel_err(got, want) < TOL, f"{name}: output error {up.rel_err(got, want):.2e}"
+    for i, (g, w) in enumerate(zip(grads, wgrads, strict=True)):
+        assert (g is None) == (w is None), f"{name}: gradient {i} missing on one side"
+        if g is not None:
+            assert up.rel_err(g, w) < TOL, f"{name}: gradient {i} error {up.rel_err(g, w):.2e}"
+    kinds = tuple(r.value for r in capture.Reason)
+    for r in rep.left:
+        why = rep.reason_of(r) or ""
+        assert why.startswith(kinds), f"{name}: {r.op} left behind with reason {why!r}"
+    return rep
+
+
+#: modules whose forward runs in the default tier (a few seconds each in the interpreter)
+FAST = ["gemma_rmsnorm_linear", "gemma_embed_scale", "squared_relu_mlp", "layernorm_no_bias", "z_loss",
+        "gemma2_attn_softcap", "moe_router_topk"]
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in FAST else pytest.mark.slow) for n in up.MODULES])
+def test_unseen_module_forward_matches_float64(name: str) -> None:
+    rep = _check(name, train=False)
+    assert any(p.taken for p in rep.partitions), f"{name}: nothing captured"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(up.MODULES))
+def test_unseen_module_training_matches_float64(name: str) -> None:
+    rep = _check(name, train=True)
+    assert any(p.taken and p.kind == "backward" for p in rep.partitions), f"{name}: no backward partition taken"
+
+
+def test_index_ops_are_left_with_a_reason_naming_them() -> None:
+    """Embedding lookups and top-k have no registry op: left to the fallback, the report saying which and why."""
+    for name, op in (("gemma_embed_scale", "embedding"), ("moe_router_topk", "topk")):
+        model, xs = up.build(name)
+        rep = Report()
+        up.compiled(model, xs, False, OPTS, rep)
+        left = [r for r in rep.left if r.op == op]
+        assert left and rep.reason_of(left[0]) == capture.Reason.NOT_IN_REGISTRY.value, (name, rep.summary())
+        assert "not in the registry" in str(rep)
+
+
+# --------------------------------------------------------------------------- masked_fill and logsumexp
+
+
+class _MaskedSoftmax(nn.Module):
+    """``softmax(x @ w masked_fill(~keep, fill))`` with a boolean buffer ``keep``, optionally then a ``read`` of the
+    filled scores too."""
+
+    def __init__(self, keep: torch.Tensor, fill: float, read: str | None = None) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(8, keep.shape[-1], generator=torch.Generator().manual_seed(3)) / 3)
+        self.register_buffer("keep", keep, persistent=False)
+        self.fill, self.read = fill, read
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = (x @ self.w).masked_fill(~self.keep, self.fill)
+        p = torch.softmax(s, dim=-1)
+        if self.read == "max":
+            return p + s.amax(dim=-1, keepdim=True)
+        return p
+
+
+def _compiled(model: nn.Module, x: torch.Tensor) -> tuple[Any, Report]:
+    rep = Report()
+    out, _ = up.compiled(model, [x], False, OPTS, rep)
+    return out, rep
+
+
+def _taken_ops(rep: Report) -> set[str]:
+    return {op for p in rep.partitions if p.taken for op in p.ops}
+
+
+def test_masked_fill_of_minus_inf_before_softmax_runs_in_the_kernels() -> None:
+    """nanoGPT's ``att.masked_fill(mask == 0, float('-inf'))`` then softmax: lifted whole (it was left to ATen,
+    splitting the attention in two partitions), the masked probabilities exactly 0 as ATen's."""
+    keep = torch.ones(6, 6, dtype=torch.bool).tril()
+    model = _MaskedSoftmax(keep, float("-inf"))
+    x = torch.randn(6, 8, generator=torch.Generator().manual_seed(4))
+    got, rep = _compiled(model, x)
+    with torch.no_grad():
+        want = model.double()(x.double())
+    assert {"masked_fill", "_softmax"} <= _taken_ops(rep), rep.summary()
+    assert torch.equal(got == 0, ~keep), "masked probabilities must be exactly 0"
+    assert up.rel_err(got, want) < TOL
+
+
+def test_masked_fill_of_minus_inf_keeps_a_row_masked_throughout_nan_as_aten() -> None:
+    """A row the mask fills entirely is NaN in ATen (softmax of -inf everywhere); the kernels give NaN there too,
+    not the uniform row a finite fill value would give."""
+    keep = torch.ones(4, 5, dtype=torch.bool).tril()
+    keep[2] = False
+    model = _MaskedSoftmax(keep, float("-inf"))
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(5))
+    got, rep = _compiled(model, x)
+    with torch.no_grad():
+        want = model(x)
+    assert "masked_fill" in _taken_ops(rep), rep.summary()
+    assert torch.isnan(want[2]).all() and torch.isnan(got[2]).all()
+    rows = [0, 1, 3]
+    assert up.rel_err(got[rows], want[rows]) < TOL
+
+
+def test_masked_fill_of_minus_inf_read_by_anything_but_softmax_stays_in_aten() -> None:
+    """The kernels hold the fill as the lowest finite value, which only a softmax cannot tell from -inf: a fill
+    also read by a max stays with ATen (its -inf reaches the output), with a reason."""
+    keep = torch.ones(4, 5, dtype=torch.bool).tril()
+    model = _MaskedSoftmax(keep, float("-inf"), read="max")
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(6))
+    got, rep = _compiled(model, x)
+    with torch.no_grad():
+        want = model(x)
+    assert "masked_fill" not in _taken_ops(rep)
+    left = [r for r in rep.left if r.op == "masked_fill"]
+    assert left and "-inf" in str(rep), rep.summary()
+    assert torch.equal(got, want) or up.rel_err(got, want) < TOL
+
+
+def test_masked_fill_with_a_finite_value_is_a_where() -> None:
+    keep = torch.rand(4, 5, generator=torch.Generator().manual_seed(7)) > 0.3
+    model = _MaskedSoftmax(keep, -1e4)
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(8))
+    got, rep = _compiled(model, x)
+    with torch.no_grad():
+        want = model.double()(x.double())
+    assert {"masked_fill", "_softmax"} <= _taken_ops(rep), rep.summary()
+    assert up.rel_err(got, want) < TOL
+
+
+class _LSE(nn.Module):
+    def __init__(self, dims: Any, keepdim: bool) -> None:
+        super().__init__()
+        self.dims, self.keepdim = dims, keepdim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.logsumexp(x * 3.0, dim=self.dims, keepdim=self.keepdim)
+
+
+@pytest.mark.parametrize(("dims", "keepdim"), [(-1, False), (-1, True), ((1, 2), False)])
+def test_logsumexp_is_lifted_and_stable(dims: Any, keepdim: bool) -> None:
+    """``torch.logsumexp`` (the z-loss) runs in the kernels, stable for large entries (x * 3 with x up to 40)."""
+    x = torch.randn(3, 4, 6, generator=torch.Generator().manual_seed(9)) * 13
+    got, rep = _compiled(_LSE(dims, keepdim), x)
+    want = torch.logsumexp(x.double() * 3.0, dim=dims, keepdim=keepdim)
+    assert "logsumexp" in _taken_ops(rep), rep.summary()
+    assert torch.isfinite(got).all() and got.shape == want.shape
+    assert float((got.double() - want).abs().max()) < TOL * max(1.0, math.fabs(float(want.abs().max())))
+
+
+def test_unseen_table_rows_have_every_column() -> None:
+    """The table script's graph row: kernels, Proved, search seconds, error (what BENCHMARKS.md records)."""
+    row = up.run_graph("squared_relu_mlp", 20.0)
+    assert row["proved"] is True and row["kernels"] >= 1 and row["search_s"] > 0
+    assert 0 <= row["max_err"] < up.GRAPH_TOL["float16"]
+    assert np.isfinite(row["max_err"])
