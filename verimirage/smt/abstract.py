@@ -160,7 +160,7 @@ def reduce_over(n: int, body: Callable[[str], E.Poly], combine: str, lo: int = 0
     try:
         x = body(v)
     except E.NeedSplit as e:
-        pts = E.split_points(e, v)
+        pts = E.split_points(e, v, (lo, lo + n))
         if pts is None or v not in E.a_vars(e.idx):
             raise
         cuts = [lo] + [p for p in pts if lo < p < lo + n] + [lo + n]
@@ -482,7 +482,7 @@ def refine_cases(g: Graph, case: Case, k: int, derived: Derived | None = None) -
         e = derive_on(g, case, d, k)
     except E.NeedSplit as ns:
         j = next((j for j in range(len(case.ranges)) if out_var(j) in E.a_vars(ns.idx)), None)
-        pts = None if j is None else E.split_points(ns, out_var(j))
+        pts = None if j is None else E.split_points(ns, out_var(j), case.ranges[j])
         if j is None or pts is None:
             raise E.AbstractionError(f"piecewise value at {E.pretty(ns.idx)} cannot be resolved") from None
         lo, hi = case.ranges[j]

@@ -905,14 +905,34 @@ class NeedSplit(Exception):
         self.points = points
 
 
-def split_points(e: NeedSplit, var: str) -> list[int] | None:
-    """Values of ``var`` at which the split index crosses a piece boundary (``idx = var + b``)."""
+#: at most this many split points for an index ``x % n + k`` (one range per period of ``x`` and piece)
+MOD_SPLITS_MAX = 256
+
+
+def split_points(e: NeedSplit, var: str, span: tuple[int, int] | None = None) -> list[int] | None:
+    """Values of ``var`` at which the split index crosses a piece boundary (``idx = var + b``); ``span``: the
+    ``[lo, hi)`` range of ``var``, needed for an index ``x % n + k``. Only a hint: the piecewise value is selected
+    on each part where its index's interval provably lies in one piece (:func:`p_cat`), else it splits again."""
     coef = dict(e.idx[2]).get(("v", var))
     terms = e.idx[2]
     if coef is None and len(terms) == 1 and terms[0][1] == 1 and terms[0][0][0] == "fd":
         # idx = x // n + k: it crosses p where x crosses (p - k) * n (a block index of a grid; law index-divmod)
         _, x, n = terms[0][0]
         return split_points(NeedSplit(x, tuple((p - e.idx[1]) * n for p in e.points)), var)
+    if coef is None and len(terms) == 1 and terms[0][1] == 1 and terms[0][0][0] == "md" and span is not None:
+        # idx = x % n + k (a concat read through a reshape that merges its axis with another, as heads merged
+        # after a partial rotary): x starts a period at q*n and crosses p at q*n + (p - k), for each period q
+        # of x over var's span
+        _, x, n = terms[0][0]
+        xc = dict(x[2]).get(("v", var))
+        if xc not in (1, -1) or not a_is_const(a_add(x, a_var(var), -xc)):
+            return None
+        ends = (xc * span[0] + x[1], xc * (span[1] - 1) + x[1])
+        offs = {0} | {p - e.idx[1] for p in e.points if 0 < p - e.idx[1] < n}
+        pts = [q * n + r for q in range(min(ends) // n, max(ends) // n + 1) for r in offs]
+        if len(pts) > MOD_SPLITS_MAX:
+            return None
+        return split_points(NeedSplit(x, tuple(pts)), var)
     if coef not in (1, -1):
         return None
     rest = a_add(e.idx, a_var(var), -coef)
