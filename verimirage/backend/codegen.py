@@ -211,6 +211,9 @@ class KernelInfo:
     #: a persistent kernel (:func:`generate`'s ``persistent``): its blocks loop over the tasks of every kernel of the
     #: program (``grid`` is the number of tasks; the runtime launches at most as many blocks as can be co-resident)
     persistent: bool = False
+    #: a device function with L2 prefetches of its own (``<name>_pf``, :meth:`_KernelGen.prefetch_lines`), which the
+    #: merged launch calls before its ``gdc_wait``
+    prefetch: bool = False
 
 
 #: A value a kernel reads or writes: ``("in", i)`` the program's i-th input, ``("buf", j)`` the j-th
@@ -336,6 +339,12 @@ class _KernelGen:
         self.opts = opts
         #: programmatic dependent launch (kernel_source's ``pdl``: "", "start" or "end")
         self.pdl = ""
+        #: operands (by index) that are the program's inputs, whose tiles the kernel prefetches into L2 before its
+        #: ``gdc_wait`` (kernel_source's ``prefetch``; :meth:`prefetch_lines`)
+        self.prefetch: frozenset[int] = frozenset()
+        #: a device function's prefetches as a function of their own (``<name>_pf``), which the merged launch calls
+        #: before its ``gdc_wait``; "" when it has none
+        self.prefetch_fn = ""
         #: emitted as a device function of a merged launch (:func:`generate`'s ``merge``): the block's index along
         #: launch axis ``j`` is the parameter ``p<j>`` (the merged kernel's caller computes it), not ``tl.program_id``
         self.device_fn = False
@@ -466,13 +475,16 @@ class _KernelGen:
         return y
 
     def load(self, i: int, p: tuple[int, ...], axis: int | None = None, start: int = 0,
-             squeeze: bool = False, sub: tuple[int, str] | None = None, roll: int = 0) -> tuple[str, str | None]:
+             squeeze: bool = False, sub: tuple[int, str] | None = None, roll: int = 0,
+             it: str = "it", line: int = 0) -> tuple[str, str | None]:
         """Pointer and mask text of the tile of block input ``i`` (shifted by ``start`` along ``axis``; ``roll``:
         rotated along ``axis``, position ``j`` reading ``(j + roll) % size``, for a tile holding its whole dim).
 
         With ``squeeze`` the tile's size-1 dims are dropped (their offsets become scalar terms): the
         pointer tensor has only the dims of size > 1. ``sub = (dim, offset)``: a chunk of ``p[dim]`` elements of
-        the tile along ``dim`` (unpadded there), starting ``offset`` (an expression) into it."""
+        the tile along ``dim`` (unpadded there), starting ``offset`` (an expression) into it. ``it``: the loop's
+        iteration (an expression). ``line`` (elements): along the tile's last dim only every ``line``-th element
+        (one pointer a cache line where that dim is contiguous; :meth:`prefetch_lines`)."""
         n = self.bg.nodes[i]
         k = n.attr("arg")
         shape = n.attr("shape")
@@ -494,7 +506,7 @@ class _KernelGen:
                 if dd == d and self.bg.grid[a] > 1:
                     off.append(f"pid{a} * {shape[d] // self.bg.grid[a]}")
             if fmap == d and self.bg.frange > 1:
-                off.append(f"it * {t[d]}")
+                off.append(f"{it} * {t[d]}")
             if d == axis and start:
                 off.append(f"{-start}")
             if sub is not None and d == sub[0]:
@@ -505,7 +517,10 @@ class _KernelGen:
                 terms.append(f"({' + '.join(off)}) * a{k}_s{d}")
                 continue
             j = kept.index(d)
-            idx = " + ".join([*off, f"tl.arange(0, {p[d]}){_lift(rr, j)}"])
+            ar = f"tl.arange(0, {p[d]})"
+            if line and d == r - 1:
+                ar = f"(tl.arange(0, {max(1, p[d] // line)}) * {line})"
+            idx = " + ".join([*off, f"{ar}{_lift(rr, j)}"])
             if roll and d == axis:
                 idx = f"({roll} + {idx}) % {t[d]}"
             terms.append(f"({idx}) * a{k}_s{d}")
@@ -519,6 +534,39 @@ class _KernelGen:
             terms.append(f"tl.zeros({_shape_text([p[d] for d in kept])}, tl.int32)")
         ptr = f"a{k}_ptr + " + " + ".join(terms)
         return ptr, (" & ".join(masks) if masks else None)
+
+    def prefetch_lines(self) -> list[str]:
+        """``_vm_prefetch`` calls (L2 prefetches, one a 128-byte line along each tile row) of the tiles this block
+        reads of the operands in :attr:`prefetch` (the program's inputs, which no kernel of the program writes): a
+        looped operand's first iterations, as many as :data:`PDL_PREFETCH_BYTES` covers over all of them (at least
+        one), an operand read once whole if it is within that. Only tiles whose every dim is a power of two (their
+        pointers are the tile's own, unmasked: inside the tensor). A prefetch changes no value: what the kernel
+        computes is what it computes without it."""
+        nodes = self.bg.nodes
+        live = live_nodes(nodes, self.bg.outputs)
+        looped = self.bg.frange > 1
+        picked: list[tuple[int, int, bool]] = []  # (node, bytes, looped)
+        for i, n in enumerate(nodes):
+            if n.op != "input" or i not in live:
+                continue
+            k = n.attr("arg")
+            t = tuple(n.outs[0].shape)
+            if k not in self.prefetch or k in self.inline or any(x & (x - 1) for x in t):
+                continue
+            picked.append((i, math.prod(t) * self.arg_store[k].itemsize, looped and n.attr("fmap") is not None))
+        per_iter = sum(b for _, b, lp in picked if lp)
+        iters = max(1, min(self.bg.frange, PDL_PREFETCH_BYTES // per_iter)) if per_iter else 0
+        out: list[str] = []
+        for i, b, lp in picked:
+            if not lp and b > PDL_PREFETCH_BYTES:
+                continue
+            t = tuple(nodes[i].outs[0].shape)
+            line = 128 // self.arg_store[nodes[i].attr("arg")].itemsize
+            for j in range(iters if lp else 1):
+                ptr, mask = self.load(i, t, it=str(j), line=line)
+                if mask is None:  # (never masked at the tile's own shape; kept as a guard)
+                    out.append(f"_vm_prefetch({ptr})")
+        return out
 
     def load_expr(self, i: int, p: tuple[int, ...], axis: int | None = None, start: int = 0,
                   squeeze: bool = False) -> str:
@@ -1425,10 +1473,19 @@ class _KernelGen:
         out = ["@triton.jit", f"def {self.name}(" + ", ".join([*lead, *params]) + "):"]
         summary = f"grid {bg.grid}, for-loop of {bg.frange}"
         out.append(f'    """Block graph: {summary}."""')
+        pids = []
         for a, g in enumerate(bg.grid):
             if g > 1:
                 pid = f"p{self.launch_axes[a]}" if self.device_fn else f"tl.program_id({self.launch_axes[a]})"
-                out.append(f"    pid{a} = {pid}")
+                pids.append(f"    pid{a} = {pid}")
+        out += pids
+        pf = ["    " + x for x in self.prefetch_lines()] if self.prefetch else []
+        if pf and self.device_fn:
+            doc = f'    """L2 prefetches of the input tiles of {self.name} (before the wait)."""'
+            self.prefetch_fn = "\n".join(["@triton.jit", f"def {self.name}_pf(" + ", ".join([*lead, *params]) + "):",
+                                          doc, *pids, *pf]) + "\n"
+        elif pf:  # (loads of what no kernel writes: they need not wait for the previous kernel)
+            out += pf
         if self.pdl:  # before any load or store: the previous kernel has completed and its writes are visible
             out.append("    gdc_wait()")
             if self.pdl == "start":
@@ -1895,7 +1952,7 @@ def kernel_source(bg: BlockGraph, arg_types: Sequence[TensorType], name: str = "
                   tiles: TileOptions | None = None, arg_store: Sequence[DType] | None = None,
                   out_store: Sequence[DType] | None = None,
                   inline: dict[int, int] | None = None, pdl: str = "",
-                  device_fn: bool = False) -> tuple[str, KernelInfo]:
+                  device_fn: bool = False, prefetch: frozenset[int] = frozenset()) -> tuple[str, KernelInfo]:
     """The ``@triton.jit`` source of one block graph applied to operands of ``arg_types``.
 
     ``arg_store`` / ``out_store`` give the element types the operands and results have in device
@@ -1903,6 +1960,10 @@ def kernel_source(bg: BlockGraph, arg_types: Sequence[TensorType], name: str = "
     the kernel starts with ``gdc_wait()`` and calls ``gdc_launch_dependents()`` first ("start") or last ("end").
     ``device_fn``: a ``@triton.jit`` function a merged kernel calls (:func:`generate`'s ``merge``), its block's
     index along launch axis ``j`` the parameter ``p<j>``; the returned grid is the one it would be launched with.
+    ``prefetch``: operands (by index) that are the program's inputs, which no kernel of the program writes: their
+    tiles are prefetched into L2 before ``gdc_wait`` (:meth:`_KernelGen.prefetch_lines`; a device function's in a
+    function ``<name>_pf`` of its own, appended to the source, for the merged launch to call before its wait). Not
+    for a flat kernel.
     """
     outs = bg.result_types(arg_types)
     opts = tiles or TileOptions()
@@ -1913,16 +1974,38 @@ def kernel_source(bg: BlockGraph, arg_types: Sequence[TensorType], name: str = "
     kg = _KernelGen(bg, arg_types, outs, name, opts, arg_store, out_store, inline)
     kg.pdl = "" if device_fn else pdl
     kg.device_fn = device_fn
+    kg.prefetch = frozenset(prefetch)
     src = kg.generate()
+    if kg.prefetch_fn:
+        src += "\n\n" + kg.prefetch_fn
     launch_grid = [1] * len(bg.grid)
     for a, g in enumerate(bg.grid):
         launch_grid[kg.launch_axes[a]] = g
     return src, KernelInfo(name, -1, tuple(launch_grid), kg.signature, kg.uses_dot,
-                           kg.uses_dot and kg.full_dots == 0, launch_axes=tuple(kg.launch_axes))
+                           kg.uses_dot and kg.full_dots == 0, launch_axes=tuple(kg.launch_axes),
+                           prefetch=bool(kg.prefetch_fn))
 
 
 #: ``pdl="auto"``: a kernel lets the next one launch at its start when that one has at most this many blocks.
 PDL_EARLY_MAX_BLOCKS = 64
+#: ``pdl="auto"``: ... or when the kernel itself has at most this many blocks (all of them on the SMs at once, beside
+#: room for the next one's: the next kernel's blocks then wait for it where they will run, having prefetched their
+#: input tiles, :data:`PDL_PREFETCH_BYTES`); 0: only the next kernel's blocks decide. Alone it changed little (H100,
+#: the layer merged: bs1 196.0 -> 196.4 us, bs8 255.1 -> 254.5); with the prefetches see there
+PDL_EARLY_OWN_MAX_BLOCKS = 64
+#: With ``pdl``, each kernel prefetches into L2, before its ``gdc_wait``, the tiles it will read of the program's
+#: inputs (weights, caches: no kernel of the program writes them), up to this many bytes a block (a looped input's
+#: first iterations, at least one; :meth:`_KernelGen.prefetch_lines`); 0: none. A kernel launched early thereby
+#: streams its first weight tiles while the kernel before it finishes. Measured on an H100 (benchmarks/results/
+#: pdl_prefetch_h100_2026-11-27_0432, _0438; the layer merged, PDL auto, with PDL_EARLY_OWN_MAX_BLOCKS 64): bs1
+#: 197.5 -> 194.4 us at 16 KB (8 KB 194.5, 32 KB 194.6, one iteration 194.1; 64 KB 197.2 and 256 KB 215.1 against
+#: 196.0 in the other call: a block's whole slab in prefetches costs more than it hides), bs8 255.3 -> 252.5
+PDL_PREFETCH_BYTES = 16384
+#: ... only in a kernel the launch before it lets launch at its start (pdl "start"), whose blocks may then run their
+#: prefetches while that launch still runs; elsewhere they would only come before its own loads. Off: measured
+#: level with prefetching everywhere (bs1 194.1 against 194.4 us at 16 KB, 193.1 against 192.1 with the o projection
+#: in 256-deep K tiles; bs8 251.9 against 252.5)
+PDL_PREFETCH_EARLY_ONLY = False
 
 #: Largest tensor (elements) :func:`_view_kernel` checks by evaluating the kernel.
 VIEW_CHECK_MAX = 1 << 22
@@ -2098,6 +2181,24 @@ def _block_ids(info: KernelInfo, local: str) -> list[str]:
             f"({local}) // {g[0] * g[1]}" if g[2] > 1 else "0"]
 
 
+def _dispatch(made: Sequence[tuple[str, KernelInfo]], calls: Sequence[tuple[str, list[str]]],
+              suffix: str = "") -> list[str]:
+    """A merged launch's block ``pid`` calling its member's device function (``<name><suffix>``: ``"_pf"``, the
+    member's prefetches, where it has them; the others ``pass``) with the member's own block index."""
+    out: list[str] = []
+    start = 0
+    for m, (_src, info) in enumerate(made):
+        nb = math.prod(info.grid)
+        pids = _block_ids(info, f"pid - {start}" if start else "pid")
+        test = "if" if m == 0 else ("else" if m == len(made) - 1 else "elif")
+        out.append(f"    {test} pid < {start + nb}:" if test != "else" else "    else:")
+        fn, mine = calls[m]
+        out.append(f"        {fn}{suffix}({', '.join(pids)}, {', '.join(mine)})" if not suffix or info.prefetch
+                   else "        pass")
+        start += nb
+    return out
+
+
 def _merged_kernel(name: str, unit: Sequence[int], made: Sequence[tuple[str, KernelInfo]],
                    pdl: str) -> tuple[str, KernelInfo]:
     """One ``@triton.jit`` kernel that runs the kernels ``made`` (device functions, :func:`kernel_source`'s
@@ -2110,22 +2211,17 @@ def _merged_kernel(name: str, unit: Sequence[int], made: Sequence[tuple[str, Ker
     out = ["@triton.jit", f"def {name}(" + ", ".join(params) + "):",
            f'    """Kernels {", ".join(i.name for _, i in made)} as one launch (independent: none reads what another '
            'writes)."""', "    pid = tl.program_id(0)"]
+    if pdl and any(info.prefetch for _, info in made):  # (the members' L2 prefetches: before the wait)
+        out += _dispatch(made, calls, "_pf")
     if pdl:
         out.append("    gdc_wait()")
         if pdl == "start":
             out.append("    gdc_launch_dependents()")
-    start = 0
-    for m, (_src, info) in enumerate(made):
-        nb = math.prod(info.grid)
-        pids = _block_ids(info, f"pid - {start}" if start else "pid")
-        test = "if" if m == 0 else ("else" if m == len(made) - 1 else "elif")
-        out.append(f"    {test} pid < {start + nb}:" if test != "else" else "    else:")
-        fn, mine = calls[m]
-        out.append(f"        {fn}({', '.join(pids)}, {', '.join(mine)})")
-        start += nb
+    out += _dispatch(made, calls)
     if pdl == "end":
         out.append("    gdc_launch_dependents()")
     infos = [i for _, i in made]
+    start = sum(math.prod(i.grid) for i in infos)
     return "\n".join(out) + "\n", KernelInfo(name, unit[0], (start,), signature, any(i.uses_dot for i in infos),
                                              all(i.row_dots_only for i in infos), tuple(unit), (0,))
 
@@ -2499,7 +2595,10 @@ def generate(program: Any, tiles: TileOptions | None = None,
     launch (``launch_dependents``) at its start or after its stores, so in a CUDA graph a kernel's blocks are placed
     while its predecessor still runs; launched with ``launch_pdl=True`` (:attr:`ModuleSource.pdl`). Measured on an H100
     (benchmarks/perf/NOTES.md session 13): "start" made the layer's bs8 9.8 us faster and its bs1 26.5 us slower.
-    "auto": "start" where the next kernel has at most ``PDL_EARLY_MAX_BLOCKS`` blocks, else "end".
+    "auto": "start" where the next kernel has at most ``PDL_EARLY_MAX_BLOCKS`` blocks or this one at most
+    ``PDL_EARLY_OWN_MAX_BLOCKS``, else "end". With ``pdl``, each kernel (not a flat one, not a last-block launch)
+    first prefetches into L2 its first tiles of the program's inputs (:data:`PDL_PREFETCH_BYTES`), which need not
+    wait: no kernel writes them.
     ``merge``: the kernels that read nothing another writes run as one launch (:func:`_launch_units`,
     :func:`_merged_kernel`): the same kernels on the same blocks, in a topological order of the μGraph; a merged
     launch's :class:`KernelInfo` names its kernels' nodes (``members``); ``merge_key`` keeps kernels of different
@@ -2585,6 +2684,7 @@ def generate(program: Any, tiles: TileOptions | None = None,
             ref_of[(i, 0)] = ("in", names.index(n.attr("name")))
         elif OPS[n.op].has(Prop.CONSTANT):
             _check_inline_mask(mg, i)
+    early = False  # (whether the launch before this one lets it launch at its start: pdl "start")
     for unit in units:
         i = unit[0]
         n = nodes[i]
@@ -2592,18 +2692,24 @@ def generate(program: Any, tiles: TileOptions | None = None,
             emit_view(i, n)
             continue
         mode = pdl
-        if pdl == "auto":  # early only where the next kernel's blocks are few (where they land matters little)
-            nb = next_blocks.get(i)  # (None: the last launch, which has no next kernel)
-            mode = "start" if nb is not None and nb <= PDL_EARLY_MAX_BLOCKS else "end"
+        if pdl == "auto":  # early only where the next kernel's blocks are few (where they land matters little), or
+            nb = next_blocks.get(i)  # where this one's are (None: the last launch, which has no next kernel)
+            own = sum(nodes[j].attr("block").num_blocks for j in (unit[:1] if i in plans else unit))
+            mode = "start" if nb is not None and (nb <= PDL_EARLY_MAX_BLOCKS or own <= PDL_EARLY_OWN_MAX_BLOCKS) \
+                else "end"
         made: list[tuple[str, KernelInfo]] = []
         for j in unit:
             nj: Node = nodes[j]
             bg: BlockGraph = nj.attr("block")
             arg_types = [nodes[a].outs[k] for a, k in nj.args]
+            pf = frozenset(q for q, (a, _) in enumerate(nj.args) if nodes[a].op == "input") \
+                if pdl and PDL_PREFETCH_BYTES and i not in plans and (early or not PDL_PREFETCH_EARLY_ONLY) \
+                else frozenset()
             made.append(kernel_source(bg, arg_types, f"k{j}", tiles_for(bg, arg_types) if tiles_for else tiles,
                                       [store_dtype(r) for r in nj.args],
                                       [store_dtype((j, k)) for k in range(len(nj.outs))], _inline_masks(nodes, nj),
-                                      mode, device_fn=len(unit) > 1 or persistent))
+                                      mode, device_fn=len(unit) > 1 or persistent, prefetch=pf))
+        early = mode == "start"
         if persistent:
             kname = "kp"
             deps = {j: [k for k in (base_kernel(r) for r in nodes[j].args) if k is not None] for j in unit}
@@ -2685,6 +2791,10 @@ def generate(program: Any, tiles: TileOptions | None = None,
         if any(f"_{h}_nan" in k for k in ksrc):
             header += ["@triton.jit", f"def _{h}_nan(a, b):",
                        f"    return tl.{h}imum(a, b, propagate_nan=tl.PropagateNan.ALL)", "", ""]
+    if any("_vm_prefetch(" in k for k in ksrc):  # (one L2 prefetch an element: no value, no fault, no wait)
+        header += ["@triton.jit", "def _vm_prefetch(p):",
+                   '    tl.inline_asm_elementwise("prefetch.global.L2 [$1];", "=r,l", [p], dtype=tl.int32, '
+                   "is_pure=False, pack=1)", "", ""]
     for h, text in HELPERS.items():  # the lowerings' helpers (tanh, softplus) where a kernel calls them
         if any(f"{h}(" in k for k in ksrc):
             header += [*text.rstrip("\n").splitlines(), "", ""]

@@ -33,8 +33,8 @@ def compile_modules(paths: Sequence[Path | str], *, arch: int = 90, timeout_s: f
     ``shared``: the larger shared-memory size in bytes Triton allocated for the two compiles; ``atom``: the atomic
     instructions of the PTX, e.g. ``atom.global.acq_rel.gpu.add.u32``; in the specialised PTX, ``nc_loads``:
     non-coherent ``ld.global.nc`` loads, ``acquire`` / ``release``: GPU-scope acquire and release operations (an
-    acquire load counts), ``bar_sync``: block barriers; ``regs`` / ``stack``: registers and stack bytes a
-    thread, spills included, from ``cuobjdump``, -1 where unknown).
+    acquire load counts), ``bar_sync``: block barriers, ``prefetch``: L2 prefetches; ``regs`` / ``stack``:
+    registers and stack bytes a thread, spills included, from ``cuobjdump``, -1 where unknown).
     """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     cmd = [sys.executable, "-m", "verimirage.backend.gpucompile", "--arch", str(arch), *map(str, paths)]
@@ -122,6 +122,7 @@ def _compile_one(path: str, arch: int) -> dict[str, Any]:
                 rep["acquire"] = ptx.count("gpu.acquire") + ptx.count("gpu.acq_rel")
                 rep["release"] = ptx.count("gpu.release") + ptx.count("gpu.acq_rel")
                 rep["bar_sync"] = ptx.count("bar.sync")
+                rep["prefetch"] = ptx.count("prefetch.global.L2")
                 rep.update(_resource_usage(ck.asm.get("cubin", b""), name))
         out[name] = rep
     return out

@@ -1,0 +1,196 @@
+"""The decoder layer's launch variants timed side by side in one process (issue 23; perf/NOTES.md session 15).
+
+    python3 benchmarks/pdl_prefetch.py [--cases decode_bs1 decode_bs8] [--variants NAME ...] [--rounds 3] [--out DIR]
+
+Each case's committed best candidate (benchmarks/candidates/layer) is compiled as merged launches with programmatic
+dependent launch "auto" (the layer harness's fastest lowering) under each variant of the code generator's launch
+options, all in one process on the same inputs:
+
+- ``own``: codegen.PDL_EARLY_OWN_MAX_BLOCKS (a kernel of at most that many blocks lets the next one launch at its
+  start; 0: only the next kernel's blocks decide, as before),
+- ``pf``: codegen.PDL_PREFETCH_BYTES (each kernel prefetches into L2, before its ``gdc_wait``, up to that many bytes a
+  block of the tiles it reads of the program's inputs; 0: none, as before),
+- ``lb``: last-block combines (``VERIMIRAGE_LASTBLOCK``),
+- ``early``: codegen.PDL_PREFETCH_EARLY_ONLY (prefetches only in a kernel the launch before it lets launch at its
+  start).
+
+Every variant's outputs are compared with float64 and, bit for bit, with the first variant's (the options change
+where kernels wait and what they prefetch, never what they compute), and 20 repeated calls must give the same bits.
+The variants are then timed in ``--rounds`` interleaved rounds (CUDA-graph replays, ``do_bench`` medians); the
+median over rounds is reported. Rows go to ``--out``/pdl_prefetch.json; a table is printed last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import logging
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import layer as L
+
+import verimirage as vm
+from verimirage.backend import codegen
+
+log = logging.getLogger("pdl_prefetch")
+
+#: name -> the code generator's settings it changes (module ``codegen`` or ``wrap``, attribute: value) and ``lb``
+#: (last-block combines); every setting not named is as before this work (own 0, no prefetch)
+def _v(own: int = 0, pf: int = 0, early: bool = False, lb: bool = False, **wrap: int) -> dict[str, Any]:
+    return {"codegen.PDL_EARLY_OWN_MAX_BLOCKS": own, "codegen.PDL_PREFETCH_BYTES": pf,
+            "codegen.PDL_PREFETCH_EARLY_ONLY": early, "lb": lb, **{f"wrap.{k}": x for k, x in wrap.items()}}
+
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "before": _v(),
+    "own": _v(64),
+    "pf64k": _v(0, 65536),
+    "own_pf1": _v(64, 1),
+    "own_pf8k": _v(64, 8192),
+    "own_pf16k": _v(64, 16384),
+    "own_pf32k": _v(64, 32768),
+    "own_pf64k": _v(64, 65536),
+    "own_pf256k": _v(64, 262144),
+    "own_pf64k_lb": _v(64, 65536, lb=True),
+    "own_pf16k_early": _v(64, 16384, True),
+    "own_pf32k_early": _v(64, 32768, True),
+    "own_pf64k_early": _v(64, 65536, True),
+    "own_pf1_early": _v(64, 1, True),
+    "mm_n32k256": _v(MM_TILE_N=32, MM_TILE_K=256),
+    "mm_n64k256": _v(MM_TILE_N=64, MM_TILE_K=256),
+    "mm_n32k256_own_pf16k": _v(64, 16384, MM_TILE_N=32, MM_TILE_K=256),
+    "mm_n32k256_own_pf16k_early": _v(64, 16384, True, MM_TILE_N=32, MM_TILE_K=256),
+}
+
+
+def _apply(settings: dict[str, Any]) -> dict[str, Any]:
+    """Set ``settings`` (but ``lb``) on the modules; returns the values they replaced."""
+    from verimirage.backend import wrap
+
+    mods = {"codegen": codegen, "wrap": wrap}
+    old = {}
+    for key, val in settings.items():
+        if key == "lb":
+            continue
+        mod, attr = key.split(".")
+        old[key] = getattr(mods[mod], attr)
+        setattr(mods[mod], attr, val)
+    return old
+
+
+def run_case(case: str, variants: list[str], rounds: int, copy_rate: float) -> dict[str, Any]:
+    """Compile, check and time ``case``'s best candidate under each of ``variants``."""
+    import torch
+
+    from verimirage.benchmarks.layer_module import make_case
+
+    c = make_case(case, small=False, dtype=torch.float16, device="cuda", seed=0)
+    m, xs, gins, g = c["module"], c["inputs"], c["graph_inputs"], c["graph"]
+    with torch.no_grad():
+        import copy
+
+        m64 = copy.deepcopy(m).double()
+        ref = m64(*[x.double() for x in xs])
+        del m64
+    torch.cuda.empty_cache()
+    ordered = [gins[t.name] for t in g.inputs]
+    _, cands, _ = L.load(L.DEFAULT_CANDIDATES, case, small=False)
+    mg = cands[0]
+    d = L.dims(False)
+    kv = sum(t.numel() * t.element_size() for n, t in gins.items() if n in ("KC", "VC"))
+    floor = 1e6 * (2 * d.weight_elems() + kv) / copy_rate
+    row: dict[str, Any] = {"case": case, "floor_us": floor, "variants": {}}
+    fns: dict[str, Any] = {}
+    first: Any = None
+    for name in variants:
+        settings = VARIANTS[name]
+        rec: dict[str, Any] = {"settings": settings}
+        row["variants"][name] = rec
+        saved = _apply(settings)
+        try:
+            lb = bool(settings.get("lb"))
+            with L._pdl("auto"), L._merge(True):
+                t0 = time.perf_counter()
+                fn = vm.compile(mg, cuda_graph=True, last_block=lb)
+                L._precompile(fn, ordered)
+            outs = fn(*ordered)
+            out0 = (outs if isinstance(outs, tuple) else (outs,))[0].clone()
+            rec["compile_s"] = time.perf_counter() - t0
+            rec["launches"] = len(fn.steps)
+            rec["err"] = L._rel(out0, ref)
+            if first is None:
+                first = out0
+            rec["same_bits_as_first"] = bool(torch.equal(out0.view(torch.int16), first.view(torch.int16)))
+            rec["repeat_same"] = all(bool(torch.equal(
+                (o if isinstance(o, tuple) else (o,))[0].view(torch.int16), out0.view(torch.int16)))
+                for o in (fn(*(fn.static_inputs or ordered)) for _ in range(20)))
+            rec["prefetch_lines"] = max(0, fn.source.count("_vm_prefetch(") - 1)  # (less the helper's definition)
+            fns[name] = fn
+        except Exception as e:
+            rec["error"] = f"{type(e).__name__}: {e}"[:400]
+            log.exception("variant %s of %s failed", name, case)
+        finally:
+            _apply(saved)
+    for _ in range(rounds):  # interleaved: a drift of the card's clocks reaches every variant alike
+        for name, fn in fns.items():
+            row["variants"][name].setdefault("us_rounds", []).append(
+                L._bench(lambda fn=fn: fn(*(fn.static_inputs or ordered)), cudagraph=False))
+    for name in fns:
+        rec = row["variants"][name]
+        rec["us"] = statistics.median(rec["us_rounds"])
+        rec["floor_fraction"] = floor / rec["us"]
+    return row
+
+
+def main() -> int:
+    """Run the cases' variants; write ``--out``/pdl_prefetch.json; print a table."""
+    import torch
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", nargs="*", default=["decode_bs1", "decode_bs8"])
+    ap.add_argument("--variants", nargs="*", default=list(VARIANTS))
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    bad = [v for v in args.variants if v not in VARIANTS]
+    if bad:
+        ap.error(f"unknown variants {bad}; expected some of {list(VARIANTS)}")
+    if not torch.cuda.is_available():
+        print("pdl_prefetch: needs a CUDA device", file=sys.stderr)
+        return 2
+    n = 1 << 30
+    a = torch.empty(n, dtype=torch.uint8, device="cuda").random_(0, 255)
+    b = torch.empty_like(a)
+    copy_rate = 2 * n / (L._bench(lambda: b.copy_(a), cudagraph=False) * 1e-6)
+    doc: dict[str, Any] = {"device": torch.cuda.get_device_name(),
+                           "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+                           "torch": torch.__version__, "copy_bytes_per_s": copy_rate, "rows": []}
+    args.out.mkdir(parents=True, exist_ok=True)
+    for case in args.cases:
+        doc["rows"].append(run_case(case, args.variants, args.rounds, copy_rate))
+        (args.out / "pdl_prefetch.json").write_text(json.dumps(doc, indent=1))
+    print(f"{doc['device']} {doc['date']} copy {copy_rate / 1e12:.2f} TB/s")
+    print("| case | variant | launches | µs (rounds) | floor fraction | err | same bits | repeat same |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in doc["rows"]:
+        for name, v in r["variants"].items():
+            if "us" not in v:
+                print(f"| {r['case']} | {name} | - | {v.get('error', '-')} | | | | |")
+                continue
+            rs = ", ".join(f"{x:.1f}" for x in v["us_rounds"])
+            print(f"| {r['case']} | {name} | {v['launches']} | **{v['us']:.1f}** ({rs}) | {v['floor_fraction']:.0%} | "
+                  f"{v['err']:.1e} | {v['same_bits_as_first']} | {v['repeat_same']} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""Programmatic dependent launch (issue 23): a kernel prefetches into L2, before its ``gdc_wait``, the tiles it reads of
+the program's inputs (codegen ``PDL_PREFETCH_BYTES``, :meth:`_KernelGen.prefetch_lines`), and under ``pdl="auto"`` a
+kernel of few blocks lets the next one launch at its start (``PDL_EARLY_OWN_MAX_BLOCKS``), so that one's blocks
+prefetch their weights while it runs. A prefetch changes no value; these tests check that every prefetched address
+lies inside one of the program's inputs (never a buffer a kernel writes), that the outputs are the same bits with and
+without the prefetches, and where the prefetches and launch triggers sit in the text."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import verimirage as vm
+from verimirage.backend import codegen, runtime, tuning
+
+ROOT = Path(__file__).resolve().parent.parent
+CANDS = ROOT / "benchmarks" / "candidates" / "layer"
+
+
+def _candidate(name: str) -> vm.MuGraph:
+    return vm.MuGraph.parse(json.loads((CANDS / f"{name}.json").read_text())["candidates"][0]["mugraph"])
+
+
+def _functions(src: str) -> dict[str, str]:
+    """The generated module's ``@triton.jit`` functions by name."""
+    parts = re.split(r"^@triton\.jit\n", src, flags=re.M)[1:]
+    return {re.match(r"def (\w+)\(", p).group(1): p for p in parts}  # type: ignore[union-attr]
+
+
+def _run_recording(ms: Any, tmp: Path, ins: dict[str, Any]) -> tuple[tuple[Any, ...], list[np.ndarray]]:
+    """Run module ``ms`` in Triton's interpreter with ``gdc_wait`` / ``gdc_launch_dependents`` as no-ops (one launch
+    at a time there) and ``_vm_prefetch`` recording its pointers: the outputs and the recorded addresses."""
+    mod = runtime.load_module(runtime.write_module(ms, tmp), ms.source)
+    seen: list[np.ndarray] = []
+    mod.gdc_wait = lambda: None
+    mod.gdc_launch_dependents = lambda: None
+    mod._vm_prefetch = lambda p: seen.append(np.asarray(p.handle.data, dtype=np.uint64).ravel())
+    outs = mod.forward(*[ins[n] for n in ms.input_names])
+    return tuple(o.clone() for o in outs), seen
+
+
+@pytest.mark.parametrize("case", ["decode_bs1", "decode_bs8"])
+@pytest.mark.parametrize("merge", [False, True])
+def test_pdl_prefetches_lie_in_the_program_inputs_and_change_no_bits(case: str, merge: bool, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    torch = pytest.importorskip("torch")
+    if not runtime.interpreting():
+        pytest.skip("runs the kernels in Triton's interpreter (TRITON_INTERPRET=1)")
+    from verimirage.benchmarks.layer_module import make_case
+
+    mg = _candidate(f"{case}_small")
+    c = make_case(case, small=True, dtype=torch.float16, seed=3)
+    ins = c["graph_inputs"]
+    mode = {"pdl": "auto", "merge": merge}
+    ms = tuning.tuned_module(mg, mode)
+    outs, seen = _run_recording(ms, tmp_path, ins)
+    assert seen, "no kernel prefetched"
+    spans = [(t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in ins.values()]
+    addrs = np.concatenate(seen)
+    inside = np.zeros(addrs.shape, dtype=bool)
+    for lo, hi in spans:
+        inside |= (addrs >= lo) & (addrs < hi)
+    assert inside.all(), f"{int((~inside).sum())} of {addrs.size} prefetched addresses outside the program's inputs"
+    monkeypatch.setattr(codegen, "PDL_PREFETCH_BYTES", 0)
+    plain = tuning.tuned_module(mg, mode)
+    assert "_vm_prefetch(" not in plain.source
+    outs0, seen0 = _run_recording(plain, tmp_path, ins)
+    assert not seen0
+    for a, b in zip(outs, outs0, strict=True):
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16))
+    ref = vm.evaluate(c["graph"], {k: v.double().numpy() if v.is_floating_point() else v.numpy()
+                                   for k, v in ins.items()})
+    for o, r in zip(outs, ref, strict=True):
+        assert np.linalg.norm(o.double().numpy() - r) / np.linalg.norm(r) < 2e-3
+
+
+def test_pdl_prefetches_precede_the_wait_and_read_only_inputs() -> None:
+    # the full-size bs1 layer (codegen only): each prefetch comes before its function's gdc_wait (a merged launch's
+    # members' prefetch functions are called before the launch's wait), prefetches only operands that are the
+    # program's inputs, and the default module (no PDL, the certificates' digest) has none
+    mg = _candidate("decode_bs1")
+    ms = tuning.tuned_module(mg, {"pdl": "auto", "merge": True})
+    fns = _functions(ms.source)
+    with_pf = [n for n, f in fns.items() if "_vm_prefetch(" in f and n != "_vm_prefetch"]
+    assert len(with_pf) >= 10
+    for name in with_pf:
+        body = fns[name]
+        if "gdc_wait()" in body:
+            assert body.rindex("_vm_prefetch(") < body.index("gdc_wait()"), name
+        else:  # a member's prefetch function: its launch calls it before the wait
+            assert name.endswith("_pf"), name
+            launch = next(f for f in fns.values() if f"{name}(" in f and "gdc_wait()" in f)
+            assert launch.index(f"{name}(") < launch.index("gdc_wait()")
+    # the operands prefetched are inputs of the μGraph: the launch step's refs of those args are ("in", i)
+    from verimirage.backend.wrap import to_kernels
+    from verimirage.ir.graph import node_list
+
+    nodes = node_list(to_kernels(mg))
+    for k in ms.kernels:
+        for j in k.members or (k.node,):
+            name = f"k{j}_pf" if k.members else k.name
+            text = fns.get(name, "")
+            for a in set(re.findall(r"_vm_prefetch\(a(\d+)_ptr", text)):
+                src = nodes[nodes[j].args[int(a)][0]]
+                assert src.op == "input", (name, a, src.op)
+    assert "_vm_prefetch" not in tuning.tuned_module(mg).source
+
+
+def test_pdl_auto_starts_the_next_launch_early_after_a_kernel_of_few_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    # bs1: the first RMSNorm (one block) is followed by the q projection (128 blocks): "auto" used to trigger the next
+    # launch at the end (the next kernel has more than PDL_EARLY_MAX_BLOCKS blocks); now at its start, since the
+    # norm's one block leaves the other SMs to the projection's blocks, which prefetch their weights meanwhile
+    mg = _candidate("decode_bs1")
+    fns = _functions(tuning.tuned_module(mg, {"pdl": "auto", "merge": True}).source)
+    first = fns["k14"]
+    assert first.index("gdc_launch_dependents()") < first.index("tl.load(")
+    # the q projection (128 blocks) before the k / v projections (256): still at its end
+    q = fns["k15"]
+    assert q.index("gdc_launch_dependents()") > q.index("tl.store(")
+    monkeypatch.setattr(codegen, "PDL_EARLY_OWN_MAX_BLOCKS", 0)
+    before = _functions(tuning.tuned_module(mg, {"pdl": "auto", "merge": True}).source)["k14"]
+    assert before.index("gdc_launch_dependents()") > before.index("tl.store(")
