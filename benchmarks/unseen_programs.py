@@ -489,11 +489,12 @@ MODULES: dict[str, ModuleCase] = {c.name: c for c in [
 ]}
 
 
-def build(name: str, seed: int = 0) -> tuple[nn.Module, list[torch.Tensor]]:
-    """Module ``name`` (float32) and its inputs."""
+def build(name: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, list[torch.Tensor]]:
+    """Module ``name`` and its inputs in ``dtype`` (integer inputs keep theirs)."""
     torch.manual_seed(seed)
     case = MODULES[name]
-    return case.make(), case.inputs(torch.Generator().manual_seed(seed + 1))
+    xs = case.inputs(torch.Generator().manual_seed(seed + 1))
+    return case.make().to(dtype), [x.to(dtype) if x.is_floating_point() else x for x in xs]
 
 
 # --------------------------------------------------------------------------- vm.Graph programs
@@ -749,12 +750,15 @@ def rel_err(got: Any, want: Any) -> float:
     return float((got.detach().double() - w).abs().max()) / max(1.0, float(w.abs().max()))
 
 
-def run_module(name: str, *, train: bool, opts: dict[str, Any]) -> dict[str, Any]:
-    """Compile and compare one module; a row of the table."""
+def run_module(name: str, *, train: bool, opts: dict[str, Any], dtype: torch.dtype = torch.float32) -> dict[str, Any]:
+    """Compile and compare one module; a row of the table (``eager_err``: eager PyTorch's own error in ``dtype``
+    against the float64 copy, the yardstick for ``max_err`` in half precision)."""
     from verimirage.integrations.report import Report
 
-    model, xs = build(name)
+    model, xs = build(name, dtype=dtype)
     want, wgrads = reference(model, xs, train)
+    with torch.no_grad():
+        eager_err = rel_err(model(*xs), want)
     rep = Report()
     t0 = time.perf_counter()
     try:
@@ -768,7 +772,8 @@ def run_module(name: str, *, train: bool, opts: dict[str, Any]) -> dict[str, Any
     taken = [p for p in rep.partitions if p.taken]
     left = sorted({f"{r.op}: {rep.reason_of(r)}" for r in rep.left})
     return {"name": name, "train": train, "secs": secs, "coverage": rep.coverage, "taken": len(taken),
-            "kernels": sum(len(p.kernels) for p in taken), "max_err": max(errs), "grads_missing": missing,
+            "kernels": sum(len(p.kernels) for p in taken), "max_err": max(errs), "eager_err": eager_err,
+            "grads_missing": missing,
             "left": left}
 
 
@@ -780,6 +785,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modules", action="store_true")
     ap.add_argument("--train", action="store_true")
     ap.add_argument("--budget", type=float, default=20.0)
+    ap.add_argument("--dtype", default="float32", help="torch dtype of the modules (float16, bfloat16)")
     a = ap.parse_args(argv)
     if a.graphs:
         for n in a.names or list(GRAPHS):
@@ -788,7 +794,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.modules:
         opts = {"time_budget_s": a.budget, "fallback": "eager", "candidates": 1}
         for n in a.names or list(MODULES):
-            r = run_module(n, train=a.train, opts=opts)
+            r = run_module(n, train=a.train, opts=opts, dtype=getattr(torch, a.dtype))
             print(r, flush=True)
     return 0
 

@@ -102,15 +102,15 @@ class _MaskedSoftmax(nn.Module):
     """``softmax(x @ w masked_fill(~keep, fill))`` with a boolean buffer ``keep``, optionally then a ``read`` of the
     filled scores too."""
 
-    def __init__(self, keep: torch.Tensor, fill: float, read: str | None = None) -> None:
+    def __init__(self, keep: torch.Tensor, fill: float, read: str | None = None, upcast: bool = False) -> None:
         super().__init__()
         self.w = nn.Parameter(torch.randn(8, keep.shape[-1], generator=torch.Generator().manual_seed(3)) / 3)
         self.register_buffer("keep", keep, persistent=False)
-        self.fill, self.read = fill, read
+        self.fill, self.read, self.upcast = fill, read, upcast
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         s = (x @ self.w).masked_fill(~self.keep, self.fill)
-        p = torch.softmax(s, dim=-1)
+        p = torch.softmax(s, dim=-1, dtype=torch.float32).to(x.dtype) if self.upcast else torch.softmax(s, dim=-1)
         if self.read == "max":
             return p + s.amax(dim=-1, keepdim=True)
         return p
@@ -138,6 +138,22 @@ def test_masked_fill_of_minus_inf_before_softmax_runs_in_the_kernels() -> None:
     assert {"masked_fill", "_softmax"} <= _taken_ops(rep), rep.summary()
     assert torch.equal(got == 0, ~keep), "masked probabilities must be exactly 0"
     assert up.rel_err(got, want) < TOL
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_masked_fill_of_minus_inf_then_a_float32_softmax_runs_in_the_kernels(dtype: str) -> None:
+    """HF's eager attention: ``softmax(scores.masked_fill(..., -inf), dtype=torch.float32).to(dtype)`` in half
+    precision (the fill reaches the softmax through a widening cast)."""
+    keep = torch.ones(6, 6, dtype=torch.bool).tril()
+    dt = getattr(torch, dtype)
+    model = _MaskedSoftmax(keep, float("-inf"), upcast=True).to(dt)
+    x = torch.randn(6, 8, generator=torch.Generator().manual_seed(4)).to(dt)
+    got, rep = _compiled(model, x)
+    with torch.no_grad():
+        want = model.double()(x.double())
+    assert {"masked_fill", "_softmax"} <= _taken_ops(rep), rep.summary()
+    assert got.dtype == dt and torch.equal(got == 0, ~keep)
+    assert up.rel_err(got, want) < 2e-2
 
 
 def test_masked_fill_of_minus_inf_keeps_a_row_masked_throughout_nan_as_aten() -> None:

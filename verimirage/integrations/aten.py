@@ -451,7 +451,9 @@ def _to_copy(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
     want = vm_dtype(out[1])
     if v.t.dtype == want:
         return v
-    return ctx.ew(_shape(out), [v], lambda ts: emit(ctx.g, "cast", ts[0], want))
+    r = ctx.ew(_shape(out), [v], lambda ts: emit(ctx.g, "cast", ts[0], want))
+    # a masked_fill(-inf) on its way to a softmax (the fill checked its readers: a widening cast, then softmax)
+    return r if v.fill is None else dataclasses.replace(r, fill=v.fill)
 
 
 @handles("view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "flatten", "unflatten", "view_as", "_reshape_alias")
@@ -840,11 +842,7 @@ def _masked_fill(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) ->
         return _where(ctx, [m, v, x], {}, out)
     import torch
 
-    n = ctx.node
-    users = list(n.users) if n is not None else []
-    rank = len(_shape(out))
-    if not users or any(op_of_node(u) not in ("_softmax", "softmax") or len(u.args) < 2 or u.args[0] is not n
-                        or int(u.args[1]) % max(rank, 1) != rank - 1 for u in users):
+    if ctx.node is None or not _softmax_reads_only(ctx.node, len(_shape(out))):
         raise Unsupported(Reason.NOT_IN_REGISTRY, "masked_fill with -inf read by anything but a softmax along the "
                                                   "last dim (the registry's constants are finite)")
     if not isinstance(m, LV) or m.mask or not isinstance(x, LV):
@@ -852,6 +850,29 @@ def _masked_fill(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) ->
     tdt = getattr(torch, x.t.dtype.torch_name)
     r = _where(ctx, [m, float(torch.finfo(tdt).min), x], {}, out)
     return dataclasses.replace(r, fill=ctx.exact(m))
+
+
+#: casts a masked_fill(-inf) may pass through to its softmax (HF's ``softmax(s, dtype=torch.float32)``)
+_FILL_CASTS = ("_to_copy", "convert_element_type")
+
+
+def _softmax_reads_only(n: Any, rank: int) -> bool:
+    """Whether every reader of fx node ``n`` is a softmax along the last dim, directly or through casts to float32
+    or float64 (which keep the lowest finite value of a narrower float below every value of that float)."""
+    import torch
+
+    users = list(n.users)
+    for u in users:
+        name = op_of_node(u)
+        if not u.args or u.args[0] is not n:
+            return False
+        if name in _FILL_CASTS:
+            val = u.meta.get("val")
+            if getattr(val, "dtype", None) not in (torch.float32, torch.float64) or not _softmax_reads_only(u, rank):
+                return False
+        elif name not in ("_softmax", "softmax") or len(u.args) < 2 or int(u.args[1]) % max(rank, 1) != rank - 1:
+            return False
+    return bool(users)
 
 
 def op_of_node(n: Any) -> str:
