@@ -458,12 +458,13 @@ def _composites_graph() -> vm.Graph:
     z = g.input("z", (2, 3, 4), vm.float32)
     outs = [g.rms_norm(x, w0, axis=0, eps=1e-5), g.rms_norm(x, w1, axis=1), g.rms_norm(x, axis=0), g.neg(x),
             g.tanh(x), g.silu(x)] + [g.pow(x, c) for c in (-3.0, -1.0, 0.0, 1.0, 2.0, 3.0, 0.5, -0.5, 1.5, 9.0)]
-    g.output(*outs, g.transpose(z, 0, 2), g.transpose(z, 2, 1))
+    g.output(*outs, g.transpose(z, 0, 2), g.transpose(z, 2, 1), g.minimum(x, w1), g.min(z, axis=1), g.min(x, axis=0))
     return g
 
 
 def test_composite_ops_have_the_fast_engines_values() -> None:
-    # the reference runs rms_norm, silu, tanh, neg, transpose and pow's exact exponents as their compositions
+    # the reference runs rms_norm, silu, tanh, neg, transpose, minimum, min and pow's exact exponents as their
+    # compositions
     # (ir.interpret.COMPOSITES); the fast engine has its own meanings: the same values, both parts
     for seed in SEEDS:
         _same_values(_composites_graph(), seed)
@@ -486,7 +487,9 @@ def test_composite_ops_equal_their_written_out_forms() -> None:
     powers = [h.reciprocal(h.mul(x, h.mul(x, x))), h.reciprocal(x), h.shift(h.scale(x, 0.0), 1.0), x, h.mul(x, x),
               h.mul(x, h.mul(x, x)), h.sqrt(x), h.rsqrt(x), h.pow(x, 1.5), h.pow(x, 9.0)]
     h.output(rms(0, w0, 1e-5), rms(1, w1), rms(0), h.scale(x, -1.0), h.shift(h.scale(sig(h.scale(x, 2.0)), 2.0), -1.0),
-             h.mul(x, sig(x)), *powers, h.permute(z, (2, 1, 0)), h.permute(z, (0, 2, 1)))
+             h.mul(x, sig(x)), *powers, h.permute(z, (2, 1, 0)), h.permute(z, (0, 2, 1)),
+             h.scale(h.maximum(h.scale(x, -1.0), h.scale(w1, -1.0)), -1.0),
+             h.scale(h.max(h.scale(z, -1.0), axis=1), -1.0), h.scale(h.max(h.scale(x, -1.0), axis=0), -1.0))
     assert vm.verify(g, h).proved
     bad = vm.Graph()
     xb = bad.input("x", (3, 4), vm.float32)

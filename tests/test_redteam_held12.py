@@ -20,7 +20,7 @@ holding. Kernels run in Triton's interpreter against float64 (``vm.evaluate``).
 * Codegen 11 (``exp(x - max x)`` as ``exp2((x - m) * log2e)``): the max over the other axis, the exp times another
   input, a softmax feeding a product, logits of scale 30 and 100: none off in the interpreter. (On a GPU
   ``tl.exp2`` flushes results below 2**-126 to zero: a finding, tests/test_redteam_session12.py, fixed in afead57.)
-* The degree analysis (``ffref._degrees``): 1,500 random rational programs (division, pow -3..3, square, shift,
+* The degree analysis (``ffref.quotient_info``): 1,500 random rational programs (division, pow -3..3, square, shift,
   scale, mean, sum, transpose, layouts, concat, products, several outputs) and 440 more with where (a bool mask,
   often last: the test fails when where's degree drops its mask's), each also as kernels and lowered (grids 1-2,
   loops 1-2): the stated degree was never under the sympy degree.

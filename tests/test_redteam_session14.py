@@ -228,7 +228,7 @@ def test_fp_check_rejected_every_design_of_a_bf16_or_fp32_mean(dt: str) -> None:
 
 @pytest.mark.parametrize("op", ["max", "min"])
 def test_max_reduction_dropped_the_chosen_class_along_other_axes(op: str) -> None:
-    """Finding (the finite-field degree model, ``ffref._degrees``): a max / min along an axis whose denominators
+    """Finding (the finite-field degree model, ``ffref.quotient_info``): a max / min along an axis whose denominators
     come in ``k`` classes picks, at every other index, an element of *any* of them, so along every other axis the
     result has up to ``k`` times the classes. The model multiplied only the axes that already had classes, so
     ``sum_b max_j x[j, b] / y[j]`` (every b its own class, its sympy degree 3 for the pick j = b) was degree 1 and

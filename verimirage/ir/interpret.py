@@ -82,6 +82,9 @@ COMPOSITES: dict[str, Any] = {
     "pow": _pow,
     "transpose": lambda ts, at: [("permute", (0,), {"dims": tuple({at["a"]: at["b"], at["b"]: at["a"]}.get(d, d)
                                                               for d in range(ts[0].rank))})],  # axes a, b swapped
+    "minimum": lambda ts, at: [("scale", (0,), {"c": -1.0}), ("scale", (1,), {"c": -1.0}), ("maximum", (-2, -1), {}),
+                               ("scale", (-1,), {"c": -1.0})],  # -maximum(-a, -b)
+    "min": lambda ts, at: [("scale", (0,), {"c": -1.0}), ("max", (-1,), at), ("scale", (-1,), {"c": -1.0})],
 }
 
 

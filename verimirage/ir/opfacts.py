@@ -378,5 +378,6 @@ for _name in ("loop_sum", "loop_max", "running_max", "rescaled_sum", "input", "a
     for _d in ("ref", "ff", "abstract", "torch"):
         exempt(_d, _name, "structural/loop op: the graph evaluator gives its meaning for every domain")
     exempt("egglog", _name, "the e-graph holds kernel-level terms; block structure is made by the lowering")
-for _name in ("neg", "silu", "tanh", "rms_norm", "transpose"):  # (pow keeps its own meaning for other exponents)
+# (pow keeps its own meaning for the exponents with no composition)
+for _name in ("neg", "silu", "tanh", "rms_norm", "transpose", "minimum", "min"):
     exempt("abstract", _name, "a composite op: the abstract domain evaluates its composition (ir.interpret.COMPOSITES)")

@@ -301,7 +301,6 @@ def _abs_tril(args: list[Sym], attrs: dict[str, Any], in_types: Any, out_types: 
 
 
 implements("abstract", "reciprocal")(_ew1(lambda x: E.p_div(E.p_const(1), x)))
-implements("abstract", "minimum")(_ew2(lambda x, y: E.p_scale(E.p_maximum(E.p_scale(x, -1), E.p_scale(y, -1)), -1)))
 
 
 implements("abstract", "pow")(uninterpreted("pow"))  # (exponents with no composition: interpret.COMPOSITES)
@@ -330,14 +329,6 @@ def _reduce(kind: str) -> Callable[..., Sym]:
 
 for _k in ("sum", "mean", "max"):
     implements("abstract", _k)(_reduce(_k))
-
-
-@implements("abstract", "min")
-def _abs_min(args: list[Sym], attrs: dict[str, Any], in_types: Any, out_types: Any) -> Sym:
-    """min_k x = -max_k(-x)."""
-    neg = _ew1(lambda x: E.p_scale(x, -1))
-    return neg([_reduce("max")([neg(args, attrs, in_types, out_types)], attrs, in_types, out_types)], attrs,
-               in_types, out_types)
 
 
 @implements("abstract", "matmul")

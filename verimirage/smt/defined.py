@@ -112,9 +112,7 @@ def note(op: str, r: Rule, attrs: dict[str, Any], xs: Sequence[E.Poly], res: E.P
         for kind, p in r.conds(xs, attrs):
             d.conds.append(Cond(kind, p, op, d.guard > 0))
     if r.sign is not None:
-        lst = d.prov.setdefault(res, [])
-        if len(lst) < 4:
-            lst.append((r.sign, attrs, tuple(xs)))
+        provenance(res, r.sign, xs, attrs)
 
 
 def provenance(res: E.Poly, sign: SignRule, xs: Sequence[E.Poly], attrs: dict[str, Any] | None = None) -> None:

@@ -22,7 +22,8 @@ Meanings (those documented in :mod:`verimirage.smt.ff`):
   ``rsqrt`` is the inverse of ``sqrt``'s;
 * ``sigmoid(x) = 1 / (1 + exp(-x))`` in the p-part, the q-part a keyed random function of the p-residue; both
   parts that function where the argument has no meaningful q-part (:func:`_sigmoid_op`);
-* the composite ops (``rms_norm``, ``silu``, ``tanh``, ``neg``, ``transpose``, ``pow``'s exact exponents): their
+* the composite ops (``rms_norm``, ``silu``, ``tanh``, ``neg``, ``transpose``, ``minimum``, ``min``, ``pow``'s exact
+  exponents): their
   compositions (:data:`verimirage.ir.interpret.COMPOSITES`), e.g. ``tanh(x) = 2 sigmoid(2x) - 1`` in both parts;
 * ``log``: the p-part is a keyed random function of the p-residue (as for ``gelu``); the q-part is the
   discrete log: ``k`` for a p-residue ``+-g**k``, meaningless for 0 (:func:`_log_table`); a program in
@@ -382,9 +383,6 @@ MEANINGS: dict[str, Meaning] = {
     "concat": _concat,
     "reciprocal": lambda d, a, at, it: d.recip(a[0]),
     "pow": lambda d, a, at, it: d.oracle(opaque_key("pow", at), a[0]),  # (exponents with no composition)
-    "minimum": lambda d, a, at, it: d.ring("sub", d.ring("add", a[0], a[1]),
-                                           _unkey(np.maximum(_key(a[0]), _key(a[1])))),
-    "min": lambda d, a, at, it: _unkey(_key(a[0]).min(axis=_axis(at, it), keepdims=True)),
     # m * a + (1 - m) * b: exact on masks m in {0, 1}
     "where": lambda d, a, at, it: d.ring("add", d.ring("mul", a[0], a[1]), d.ring(
         "mul", d.const("add", d.const("mul", a[0], Fraction(-1)), Fraction(1)), a[2])),
@@ -453,7 +451,7 @@ def _p_unread(g: Any, readers: dict[tuple[int, str], set[str]] | None = None) ->
 def degree_bound(g: Graph) -> tuple[int, int]:
     """``(degree, atoms)`` of :func:`quotient_info`, for :func:`per_trial_bound`. Why it bounds what the evidence
     needs: with each atom (exp / oracle node) a fresh variable, every output and atom argument is ``N / D`` in the
-    inputs and atoms with ``max(deg N, deg D) <= degree`` (:func:`_degrees`: products add degrees, a sum over ``k``
+    inputs and atoms with ``max(deg N, deg D) <= degree`` (:func:`quotient_info`: products add degrees, a sum over ``k``
     denominator classes is put over their common denominator, data movement keeps them). Programs that differ
     give ``Na Db - Nb Da``, a nonzero polynomial of degree ``<= 2 * degree``: a random point is a root with
     probability ``<= 2 * degree / q`` (Schwartz-Zippel); ``atoms + 1`` more, per node, for atom arguments that
@@ -465,11 +463,6 @@ def degree_bound(g: Graph) -> tuple[int, int]:
 
 
 def quotient_info(g: Graph) -> tuple[int, int, int]:
-    """``(degree, atoms, applications)`` (:func:`_degrees`)."""
-    return _degrees(g)
-
-
-def _degrees(g: Graph) -> tuple[int, int, int]:
     """``(degree, atoms, applications)``: a degree bound of ``g``'s outputs (and of every exp / oracle argument)
     sound for sums of quotients: each value is ``N / D`` with ``deg N <= n``, ``deg D <= d``, ``D`` a function of a
     class (one of ``k[axis]``) of each axis' index; a reduction along an axis of ``k`` classes gives ``n + (k - 1) d``
@@ -579,7 +572,7 @@ def _degrees(g: Graph) -> tuple[int, int, int]:
                     ny = align((0, 0, full(shapes[1])), shapes[1], out) if y[0] else {}
                     vals.append((x[0] + y[1], x[1] + y[0], refine(out, vx, vy, ny)))
                     opaque[2] += elems * max(1, deg(y))
-            elif n.op in ("add", "sub", "maximum", "minimum"):  # (minimum: a + b - maximum(a, b))
+            elif n.op in ("add", "sub", "maximum"):
                 x, y = a
                 vx, vy = align(x, shapes[0], out), align(y, shapes[1], out)
                 vals.append((max(x[0] + y[1], y[0] + x[1]), x[1] + y[1], refine(out, vx, vy)))
@@ -589,9 +582,9 @@ def _degrees(g: Graph) -> tuple[int, int, int]:
                 vals.append(a[0])
             elif n.op == "shift":
                 vals.append((deg(a[0]), a[0][1], a[0][2]))
-            elif n.op in ("sum", "mean", "max", "min"):
+            elif n.op in ("sum", "mean", "max"):
                 ax = n.attr("axis") % len(shapes[0])
-                if n.op in ("max", "min"):  # an element of any class along ax: every other axis' classes times it
+                if n.op == "max":  # an element of any class along ax: every other axis' classes times it
                     kx = a[0][2].get(ax, 1)
                     vals.append((a[0][0], a[0][1], refine(out, {b: a[0][2].get(b, 1) * kx for b in range(rank)})))
                 else:

@@ -52,15 +52,10 @@ def _atoms(p: E.Poly, acc: dict[str, tuple[Any, set[Fraction]]]) -> None:
             acc[k][1].add(Fraction(e))
 
 
-def _lcm_den(es: set[Fraction]) -> int:
-    out = 1
-    for e in es:
-        out = out * e.denominator // math.gcd(out, e.denominator)
-    return out
-
-
 def _gcd(es: set[Fraction]) -> Fraction:
-    """The largest rational ``g > 0`` of which every exponent in ``es`` is an integer multiple."""
+    """The largest rational ``g > 0`` of which every exponent in ``es`` is an integer multiple: the gcd of the
+    numerators over the lcm ``L`` of the denominators (coprime, each exponent being in lowest terms: its
+    denominator is ``L``)."""
     num, den = 0, 1
     for e in es:
         num = math.gcd(num, e.numerator)
@@ -85,7 +80,7 @@ def _encode_atoms(order: list[str], atoms: dict[str, tuple[Any, set[Fraction]]])
     facts: list[tuple[str, z3.BoolRef]] = []
     for n, k in enumerate(order):
         a, es = atoms[k]
-        g = Fraction(1, _lcm_den(es))
+        g = Fraction(1, _gcd(es).denominator)
         if max(abs(e / g) for e in es) > limits.MAX_POWER:
             g = _gcd(es)
         pos = a[0] in ("exp", "sqrt")

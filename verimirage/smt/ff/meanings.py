@@ -318,26 +318,18 @@ def _ff_pow(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any
 
 @implements("ff", "minimum")
 def _ff_minimum(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
-    """The smaller operand in the order ``maximum`` uses: ``a + b - maximum(a, b)`` (exactly the operand
-    ``maximum`` did not pick, in both parts)."""
-    a, b = args
-    return _ring("sub", _ring("add", a, b), _ff_maximum(args, attrs, in_types, out_types))
+    """``-maximum(-a, -b)`` (the composition the reference evaluator runs, :data:`verimirage.ir.interpret.COMPOSITES`):
+    exactly one of the operands, in both parts."""
+    neg = [_affine(v, Fraction(-1), "mul") for v in args]
+    return _affine(_ff_maximum(neg, attrs, in_types, out_types), Fraction(-1), "mul")
 
 
 @implements("ff", "min")
 def _ff_min(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: Any) -> FV:
-    """The min along the axis in the order of ``max`` (p-residue, then q-part; a meaningless q-part the
-    smallest), so a tiled min equals the flat one and ``minimum`` of partial mins."""
-    return _order_reduce(args[0], neg_axis(attrs["axis"], in_types[0].rank), np.min, _min_q)
-
-
-def _min_q(vp: np.ndarray, vq: np.ndarray, ax: int) -> np.ndarray:
-    """The q-part of the min along ``ax``: the smallest q-part among the elements of smallest p-residue."""
-    vp, vq = np.broadcast_arrays(vp, vq)
-    ax %= vp.ndim
-    low = vp.min(axis=ax, keepdims=True)
-    big = np.iinfo(np.int64).max
-    return np.where(vp == low, vq, big).min(axis=ax, keepdims=True)
+    """``-max(-x)`` along the axis (the reference's composition): one element of each row, in both parts, so a tiled
+    min equals the flat one and ``minimum`` of partial mins."""
+    x = _affine(args[0], Fraction(-1), "mul")
+    return _affine(_order_reduce(x, neg_axis(attrs["axis"], in_types[0].rank), np.max, _max_q), Fraction(-1), "mul")
 
 
 @implements("ff", "tril_mask")
