@@ -215,7 +215,7 @@ def broadcast_shapes(op: str, ts: Sequence[TensorType]) -> tuple[int, ...]:
 
 
 def check_axis(op: str, t: TensorType, axis: Any, what: str = "axis") -> int:
-    """``axis`` normalised to 0..rank-1, or GraphError."""
+    """``axis`` normalised to 0..rank-1, or GraphError (a rank-0 operand has none: ir.limits keeps those out)."""
     if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
         raise GraphError(f"{op}: {what} must be an int, got {axis!r}")
     a = int(axis)
@@ -237,8 +237,6 @@ def binary_rule(name: str) -> ShapeRule:
 def _reduce_rule(name: str) -> ShapeRule:
     def rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
         (t,) = ts
-        if t.rank == 0:
-            raise _err(name, ts, "an operand of rank >= 1")
         a = check_axis(name, t, attrs["axis"])
         shape = list(t.shape)
         shape[a] = 1
@@ -261,8 +259,6 @@ def _matmul_rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
 
 def _rms_rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
     x = ts[0]
-    if x.rank == 0:
-        raise _err("rms_norm", ts, "an operand of rank >= 1")
     a = check_axis("rms_norm", x, attrs["axis"])
     check_constant("rms_norm: eps", attrs.get("eps"), nonnegative=True)
     if len(ts) == 2:
@@ -275,8 +271,8 @@ def _rms_rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
 
 def _concat_rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
     r = ts[0].rank
-    if any(t.rank != r for t in ts) or r == 0:
-        raise _err("concat", ts, "operands of one rank >= 1")
+    if any(t.rank != r for t in ts):
+        raise _err("concat", ts, "operands of one rank")
     a = check_axis("concat", ts[0], attrs["axis"])
     for t in ts:
         if t.shape[:a] + t.shape[a + 1 :] != ts[0].shape[:a] + ts[0].shape[a + 1 :]:
@@ -517,8 +513,6 @@ def _broadcast_rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorTy
 
 def _slice_rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
     (t,) = ts
-    if t.rank == 0:
-        raise _err("slice", ts, "an operand of rank >= 1")
     ax = check_axis("slice", t, attrs["axis"])
     start, stop = attrs.get("start"), attrs.get("stop")
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (start, stop)) or \
