@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 
 class Outcome(enum.StrEnum):
@@ -57,16 +57,13 @@ class Verdict:
 
     reason: str
     evidence: tuple[Check, ...] = field(default=())
+    #: the verdict as an :class:`Outcome` (each kind of verdict states its own)
+    outcome: ClassVar[Outcome] = Outcome.UNKNOWN
 
     @property
     def proved(self) -> bool:
         """True only for :class:`Proved`."""
-        return False
-
-    @property
-    def outcome(self) -> Outcome:
-        """The verdict as an :class:`Outcome`."""
-        return Outcome.PROVED if self.proved else Outcome.REFUTED if isinstance(self, Refuted) else Outcome.UNKNOWN
+        return self.outcome is Outcome.PROVED
 
     @property
     def false_accept_bound(self) -> float | None:
@@ -99,15 +96,14 @@ class Verdict:
 class Proved(Verdict):
     """Both checks proved the two programs equal."""
 
-    @property
-    def proved(self) -> bool:
-        return True
+    outcome = Outcome.PROVED
 
 
 @dataclass(frozen=True)
 class Refuted(Verdict):
     """The programs differ. ``counterexample`` holds the inputs (and, when they differ, float64 outputs)."""
 
+    outcome = Outcome.REFUTED
     counterexample: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
 
