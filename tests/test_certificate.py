@@ -427,7 +427,7 @@ def test_checker_process_cannot_import_the_verifier() -> None:
     root = Path(__file__).resolve().parent.parent
     for mod in ("verimirage.smt.ff", "verimirage.smt.verify", "verimirage.smt.ff.share", "verimirage.pipeline.superopt",
                 "torch", "verimirage.ir.builders", "verimirage.ir.reference", "verimirage.ir.opfacts",
-                "verimirage.ir.serial", "verimirage.smt.certify"):
+                "verimirage.ir.serial", "verimirage.smt.certify", "verimirage.smt.reading"):
         code = C._CHILD.format(refused=C.REFUSED).replace(
             "from verimirage.smt.certificate import _child_main\n_child_main()", f"import {mod}")
         r = subprocess.run([sys.executable, "-c", code, str(root)], capture_output=True, text=True, cwd=root,
@@ -444,7 +444,7 @@ BLOCK = ("verimirage.smt.ff", "verimirage.smt.ff.share", "verimirage.smt.ff.proj
          "verimirage.smt.verify", "verimirage.smt.prune", "verimirage.rewrite", "verimirage.backend", "torch",
          "verimirage.ir.builders", "verimirage.ir.reference", "verimirage.ir.opfacts", "verimirage.ir.serial",
          "verimirage.ir.dot", "verimirage.ir.svg", "verimirage.smt.certify", "verimirage.smt.axioms",
-         "verimirage.smt.budget", "verimirage.integrations", "verimirage.benchmarks")
+         "verimirage.smt.budget", "verimirage.smt.reading", "verimirage.integrations", "verimirage.benchmarks")
 
 class Refuse:
     def find_spec(self, name, path=None, target=None):
@@ -491,7 +491,7 @@ def test_checker_runs_with_the_fast_modules_unimportable(tmp_path: Path) -> None
 #: parent side of the check, verimirage/checkproc.py, which starts it), non-blank lines; the polynomial normaliser
 #: (smt/expr.py) is counted apart. README.md ("Trust") states these figures. Measured over the union of what a plain
 #: certificate (lora_bs1) and a certificate by regions (:data:`MEASURED_COMPOSED`) load.
-TRUSTED_BUDGET, NORMALISER, CHECKPROC = 3885, "verimirage/smt/expr.py", "verimirage/checkproc.py"
+TRUSTED_BUDGET, NORMALISER, CHECKPROC = 3862, "verimirage/smt/expr.py", "verimirage/checkproc.py"
 MEASURED_COMPOSED = "layer_decode_bs1_small"
 
 

@@ -13,6 +13,7 @@ import importlib
 from typing import Any
 
 from . import abstract as abstract
+from . import reading  # noqa: F401  (puts the readers' conveniences on Verdict and Check)
 from .verdict import Check, Outcome, Proved, Refuted, Unknown, Verdict
 
 __all__ = ["Check", "Outcome", "Proved", "Refuted", "Unknown", "Verdict", "abstract", "ff", "prune"]

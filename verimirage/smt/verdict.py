@@ -17,7 +17,13 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from .reading import CheckMethods, VerdictMethods
+else:  # (the readers' conveniences: :mod:`.reading` puts them on these classes when verimirage.smt is imported; the
+    # certificate checker's process never does, a Proved depends on none of them)
+    CheckMethods = VerdictMethods = object
 
 
 class Outcome(enum.StrEnum):
@@ -31,7 +37,7 @@ class Outcome(enum.StrEnum):
 
 
 @dataclass(frozen=True)
-class Check:
+class Check(CheckMethods):
     """The record of one check: its name, its outcome, parameters, seconds taken, details."""
 
     name: str
@@ -43,16 +49,9 @@ class Check:
     def __post_init__(self) -> None:
         object.__setattr__(self, "outcome", Outcome(self.outcome))  # (ValueError for any other word)
 
-    def param(self, key: str, default: Any = None) -> Any:
-        """The parameter ``key`` (or ``default``)."""
-        for k, v in self.params:
-            if k == key:
-                return v
-        return default
-
 
 @dataclass(frozen=True)
-class Verdict:
+class Verdict(VerdictMethods):
     """Base class of verdicts. ``reason`` says why; ``evidence`` lists the checks that ran."""
 
     reason: str
@@ -64,32 +63,6 @@ class Verdict:
     def proved(self) -> bool:
         """True only for :class:`Proved`."""
         return self.outcome is Outcome.PROVED
-
-    @property
-    def false_accept_bound(self) -> float | None:
-        """The probability bound on accepting a wrong pair that the finite-field check states, if it ran
-        and states one (None where its record says it states none: programs with max / oracle ops, or
-        element-wise applications too many for the field; its ``false_accept_bound`` parameter is then
-        the per-node model's figure only)."""
-        for c in self.evidence:
-            if any(k == "stated_bound" for k, _ in c.params):
-                b = c.param("stated_bound")
-                return None if b is None else float(b)
-            b = c.param("false_accept_bound")
-            if b is not None:
-                return float(b)
-        return None
-
-    def caught_by(self) -> tuple[str, ...]:
-        """Names of the checks whose outcome was not ``proved``."""
-        return tuple(c.name for c in self.evidence if c.outcome != Outcome.PROVED)
-
-    def summary(self) -> str:
-        """One line per check."""
-        lines = [f"{type(self).__name__}: {self.reason}"]
-        for c in self.evidence:
-            lines.append(f"  {c.name}: {c.outcome} ({c.seconds:.3f}s) {c.detail}".rstrip())
-        return "\n".join(lines)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,72 @@
+"""What a verdict's readers use and no check does: the bound a verdict states, the checks that caught a pair, a
+summary, a check's parameter by name.
+
+Importing :mod:`verimirage.smt` puts these on :class:`~.verdict.Verdict` and :class:`~.verdict.Check` (as
+:mod:`verimirage.ir.builders` puts the building methods on the graph classes). The certificate checker's process
+never imports them: a ``Proved`` depends on none of them (README, "Trusted path").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .verdict import Check, Outcome, Verdict
+
+
+class CheckMethods:
+    """A check's conveniences (installed on :class:`~.verdict.Check`)."""
+
+    params: tuple[tuple[str, Any], ...]
+
+    def param(self, key: str, default: Any = None) -> Any:
+        """The parameter ``key`` (or ``default``)."""
+        for k, v in self.params:
+            if k == key:
+                return v
+        return default
+
+
+class VerdictMethods:
+    """A verdict's conveniences (installed on :class:`~.verdict.Verdict`)."""
+
+    reason: str
+    evidence: tuple[Check, ...]
+
+    @property
+    def false_accept_bound(self) -> float | None:
+        """The probability bound on accepting a wrong pair that the finite-field check states, if it ran
+        and states one (None where its record says it states none: programs with max / oracle ops, or
+        element-wise applications too many for the field; its ``false_accept_bound`` parameter is then
+        the per-node model's figure only)."""
+        for c in self.evidence:
+            if any(k == "stated_bound" for k, _ in c.params):
+                b = c.param("stated_bound")
+                return None if b is None else float(b)
+            b = c.param("false_accept_bound")
+            if b is not None:
+                return float(b)
+        return None
+
+    def caught_by(self) -> tuple[str, ...]:
+        """Names of the checks whose outcome was not ``proved``."""
+        return tuple(c.name for c in self.evidence if c.outcome != Outcome.PROVED)
+
+    def summary(self) -> str:
+        """One line per check."""
+        lines = [f"{type(self).__name__}: {self.reason}"]
+        for c in self.evidence:
+            lines.append(f"  {c.name}: {c.outcome} ({c.seconds:.3f}s) {c.detail}".rstrip())
+        return "\n".join(lines)
+
+
+def install() -> None:
+    """Put the conveniences on :class:`~.verdict.Check` and :class:`~.verdict.Verdict` (done on import)."""
+    for src, dst in ((CheckMethods, Check), (VerdictMethods, Verdict)):
+        for name, fn in vars(src).items():
+            if not name.startswith("__"):
+                setattr(dst, name, fn)
+
+
+install()
+
+__all__ = ["CheckMethods", "VerdictMethods", "install"]
