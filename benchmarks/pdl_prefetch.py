@@ -2,9 +2,9 @@
 
     python3 benchmarks/pdl_prefetch.py [--cases decode_bs1 decode_bs8] [--variants NAME ...] [--rounds 3] [--out DIR]
 
-Each case's committed best candidate (benchmarks/candidates/layer) is compiled as merged launches with programmatic
-dependent launch "auto" (the layer harness's fastest lowering) under each variant of the code generator's launch
-options, all in one process on the same inputs:
+Each case's committed best candidate (benchmarks/candidates/layer) is compiled (as merged launches with programmatic
+dependent launch "auto", the layer harness's fastest lowering, unless the variant says otherwise) under each variant of
+the code generator's options, all in one process on the same inputs:
 
 - ``own``: codegen.PDL_EARLY_OWN_MAX_BLOCKS (a kernel of at most that many blocks lets the next one launch at its
   start; 0: only the next kernel's blocks decide, as before),
@@ -12,7 +12,9 @@ options, all in one process on the same inputs:
   block of the tiles it reads of the program's inputs; 0: none, as before),
 - ``lb``: last-block combines (``VERIMIRAGE_LASTBLOCK``),
 - ``early``: codegen.PDL_PREFETCH_EARLY_ONLY (prefetches only in a kernel the launch before it lets launch at its
-  start).
+  start),
+- ``wrap.GEMV_TILE_N`` / ``GEMV_TILE_K``: the default tiles of a bare one-row product (64 / 64: as before),
+- ``merge`` / ``pdl``: merged launches off, PDL off.
 
 Every variant's outputs are compared with float64 and, bit for bit, with the first variant's (the options change
 where kernels wait and what they prefetch, never what they compute), and 20 repeated calls must give the same bits.
@@ -42,32 +44,39 @@ from verimirage.backend import codegen
 
 log = logging.getLogger("pdl_prefetch")
 
-#: name -> the code generator's settings it changes (module ``codegen`` or ``wrap``, attribute: value) and ``lb``
-#: (last-block combines); every setting not named is as before this work (own 0, no prefetch)
-def _v(own: int = 0, pf: int = 0, early: bool = False, lb: bool = False, **wrap: int) -> dict[str, Any]:
+#: name -> the code generator's settings (module ``codegen`` or ``wrap``, attribute: value), ``lb`` (last-block
+#: combines), ``merge`` (merged launches) and ``pdl`` (the PDL mode); the variants of 04:32 and 04:38 ran before the
+#: defaults changed (their ``before`` and ``own_*`` are the code generator of then: GEMV tiles as every product's)
+def _v(own: int = 64, pf: int = 16384, early: bool = False, lb: bool = False, merge: bool = True, pdl: str = "auto",
+       **wrap: int) -> dict[str, Any]:
     return {"codegen.PDL_EARLY_OWN_MAX_BLOCKS": own, "codegen.PDL_PREFETCH_BYTES": pf,
-            "codegen.PDL_PREFETCH_EARLY_ONLY": early, "lb": lb, **{f"wrap.{k}": x for k, x in wrap.items()}}
+            "codegen.PDL_PREFETCH_EARLY_ONLY": early, "lb": lb, "merge": merge, "pdl": pdl,
+            **{f"wrap.{k}": x for k, x in wrap.items()}}
 
+
+#: the one-row products' default tiles before wrap.GEMV_TILE_N / GEMV_TILE_K (those of every product)
+OLD_GEMV = {"GEMV_TILE_N": 64, "GEMV_TILE_K": 64}
 
 VARIANTS: dict[str, dict[str, Any]] = {
-    "before": _v(),
-    "own": _v(64),
-    "pf64k": _v(0, 65536),
-    "own_pf1": _v(64, 1),
-    "own_pf8k": _v(64, 8192),
-    "own_pf16k": _v(64, 16384),
-    "own_pf32k": _v(64, 32768),
-    "own_pf64k": _v(64, 65536),
-    "own_pf256k": _v(64, 262144),
-    "own_pf64k_lb": _v(64, 65536, lb=True),
-    "own_pf16k_early": _v(64, 16384, True),
-    "own_pf32k_early": _v(64, 32768, True),
-    "own_pf64k_early": _v(64, 65536, True),
-    "own_pf1_early": _v(64, 1, True),
-    "mm_n32k256": _v(MM_TILE_N=32, MM_TILE_K=256),
-    "mm_n64k256": _v(MM_TILE_N=64, MM_TILE_K=256),
-    "mm_n32k256_own_pf16k": _v(64, 16384, MM_TILE_N=32, MM_TILE_K=256),
-    "mm_n32k256_own_pf16k_early": _v(64, 16384, True, MM_TILE_N=32, MM_TILE_K=256),
+    "before": _v(0, 0, **OLD_GEMV),  # PDL auto and merged launches as before this work
+    "own": _v(64, 0, **OLD_GEMV),
+    "pf64k": _v(0, 65536, **OLD_GEMV),
+    "own_pf1": _v(64, 1, **OLD_GEMV),
+    "own_pf8k": _v(64, 8192, **OLD_GEMV),
+    "own_pf16k": _v(64, 16384, **OLD_GEMV),
+    "own_pf32k": _v(64, 32768, **OLD_GEMV),
+    "own_pf64k": _v(64, 65536, **OLD_GEMV),
+    "own_pf256k": _v(64, 262144, **OLD_GEMV),
+    "own_pf64k_lb": _v(64, 65536, lb=True, **OLD_GEMV),
+    "own_pf16k_early": _v(64, 16384, True, **OLD_GEMV),
+    "own_pf32k_early": _v(64, 32768, True, **OLD_GEMV),
+    "own_pf64k_early": _v(64, 65536, True, **OLD_GEMV),
+    "own_pf1_early": _v(64, 1, True, **OLD_GEMV),
+    "gemv_only": _v(0, 0),  # the one-row product's tiles alone
+    "now": _v(),  # every default of the code generator as it is
+    "now_apart": _v(merge=False),
+    "now_nopdl": _v(pdl="off"),
+    "now_apart_nopdl": _v(merge=False, pdl="off"),
 }
 
 
@@ -78,7 +87,7 @@ def _apply(settings: dict[str, Any]) -> dict[str, Any]:
     mods = {"codegen": codegen, "wrap": wrap}
     old = {}
     for key, val in settings.items():
-        if key == "lb":
+        if key in ("lb", "merge", "pdl"):
             continue
         mod, attr = key.split(".")
         old[key] = getattr(mods[mod], attr)
@@ -117,7 +126,7 @@ def run_case(case: str, variants: list[str], rounds: int, copy_rate: float) -> d
         saved = _apply(settings)
         try:
             lb = bool(settings.get("lb"))
-            with L._pdl("auto"), L._merge(True):
+            with L._pdl(settings.get("pdl", "auto")), L._merge(bool(settings.get("merge", True))):
                 t0 = time.perf_counter()
                 fn = vm.compile(mg, cuda_graph=True, last_block=lb)
                 L._precompile(fn, ordered)
