@@ -426,6 +426,173 @@ class TiedHeadSoftcap(nn.Module):
         return torch.tanh(logits / self.cap) * self.cap
 
 
+class InterleavedRotary(_Proj):
+    """GPT-J's rotary on interleaved pairs: ``rotate_every_two`` (``x[..., ::2]``, ``x[..., 1::2]``, stack,
+    flatten) and sin/cos repeated per pair."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        inv = 1.0 / (10000 ** (torch.arange(0, HD, 2).float() / HD))
+        f = torch.outer(torch.arange(T).float(), inv)
+        self.register_buffer("cos", f.cos().repeat_interleave(2, dim=-1), persistent=False)
+        self.register_buffer("sin", f.sin().repeat_interleave(2, dim=-1), persistent=False)
+
+    def _rope(self, t: torch.Tensor) -> torch.Tensor:
+        x1, x2 = t[..., ::2], t[..., 1::2]
+        rot = torch.stack((-x2, x1), dim=-1).flatten(-2)
+        return t * self.cos + rot * self.sin
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x)
+        o = F.scaled_dot_product_attention(self._rope(q), self._rope(k), v, is_causal=True)
+        return self.o_proj(_merge(o))
+
+
+class ComplexRotary(_Proj):
+    """LLaMA-1's rotary through complex numbers (``view_as_complex`` times a ``polar`` table)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        inv = 1.0 / (10000 ** (torch.arange(0, HD, 2).float() / HD))
+        f = torch.outer(torch.arange(T).float(), inv)
+        self.register_buffer("freqs", torch.polar(torch.ones_like(f), f), persistent=False)
+
+    def _rope(self, t: torch.Tensor) -> torch.Tensor:
+        tc = torch.view_as_complex(t.float().reshape(*t.shape[:-1], -1, 2))
+        return torch.view_as_real(tc * self.freqs).flatten(-2).type_as(t)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x)
+        o = F.scaled_dot_product_attention(self._rope(q), self._rope(k), v, is_causal=True)
+        return self.o_proj(_merge(o))
+
+
+class SDPAEnableGQA(_Proj):
+    """GQA through SDPA's own ``enable_gqa=True`` (torch >= 2.5) instead of repeating the KV heads."""
+
+    def __init__(self) -> None:
+        super().__init__(kv=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x)
+        return self.o_proj(_merge(F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)))
+
+
+class BloomBaddbmm(nn.Module):
+    """BLOOM's scores: ``alibi.baddbmm(q, k^T, beta=1, alpha=1/sqrt(d))`` on (B*H, T, T), an additive mask."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(D, 3 * D)
+        self.dense = nn.Linear(D, D)
+        pos = torch.arange(T).float()
+        alibi = (alibi_slopes(H)[:, None] * pos[None, :])[:, None, :]           # (H, 1, T), BLOOM's form
+        self.register_buffer("alibi", alibi.repeat(B, 1, 1), persistent=False)  # (B*H, 1, T)
+        keep = torch.ones(T, T, dtype=torch.bool).tril()
+        self.register_buffer("mask", torch.zeros(T, T).masked_fill(~keep, -1e4), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).split(D, dim=-1)
+        q = _heads(q, H).reshape(B * H, T, HD)
+        k = _heads(k, H).reshape(B * H, T, HD)
+        v = _heads(v, H).reshape(B * H, T, HD)
+        s = self.alibi.baddbmm(batch1=q, batch2=k.transpose(1, 2), beta=1.0, alpha=HD ** -0.5) + self.mask
+        o = torch.bmm(F.softmax(s, dim=-1), v).view(B, H, T, HD)
+        return self.dense(_merge(o))
+
+
+class QuickGELUMLP(nn.Module):
+    """CLIP's QuickGELU MLP: ``x * sigmoid(1.702 x)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(D, FF)
+        self.fc2 = nn.Linear(FF, D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc1(x)
+        return self.fc2(h * torch.sigmoid(1.702 * h))
+
+
+class FusedGateUp(nn.Module):
+    """Phi-3's fused ``gate_up_proj`` chunked in two: ``down(silu(gate) * up)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Linear(D, 2 * FF, bias=False)
+        self.down_proj = nn.Linear(FF, D, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(up * F.silu(gate))
+
+
+class NGPTNormalize(nn.Module):
+    """nGPT's normalised residual: ``normalize(h + alpha * (normalize(f(h)) - h))`` with ``F.normalize``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(D, D, bias=False)
+        self.alpha = nn.Parameter(torch.full((D,), 0.05))
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        f = F.normalize(self.proj(h), dim=-1)
+        return F.normalize(h + self.alpha * (f - h), dim=-1)
+
+
+class EinsumAttention(_Proj):
+    """Attention written with ``torch.einsum`` (``bhqd,bhkd->bhqk``) and a float additive causal mask."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        keep = torch.ones(T, T, dtype=torch.bool).tril()
+        self.register_buffer("mask", torch.zeros(T, T).masked_fill(~keep, float("-inf")), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x)
+        s = torch.einsum("bhqd,bhkd->bhqk", q, k) * HD ** -0.5 + self.mask
+        return self.o_proj(_merge(torch.einsum("bhqk,bhkd->bhqd", s.softmax(-1), v)))
+
+
+class SigmoidRouter(nn.Module):
+    """DeepSeek-V3's router: sigmoid scores plus a bias for the choice, top-k, weights renormalised and scaled."""
+
+    def __init__(self, experts: int = 8, k: int = 2) -> None:
+        super().__init__()
+        self.gate = nn.Linear(D, experts, bias=False)
+        self.register_buffer("bias", torch.linspace(-0.1, 0.1, experts), persistent=False)
+        self.k = k
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scores = torch.sigmoid(self.gate(x))
+        _, idx = torch.topk(scores + self.bias, self.k, dim=-1)
+        w = scores.gather(-1, idx)
+        return 2.5 * w / w.sum(dim=-1, keepdim=True)
+
+
+class NoAffineLayerNorm(nn.Module):
+    """``F.layer_norm`` without weight or bias (as in OLMo-1's non-parametric norm), then a projection."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(D, FF, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(F.layer_norm(x, (D,)))
+
+
+class MixedPrecisionResidual(nn.Module):
+    """A float32 residual stream around a half-precision block: ``(x.float() + mlp(x.to(dtype)).float())``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mlp = SquaredReLUMLP()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.mlp.up.weight
+        return x.float() + self.mlp(x.to(w.dtype)).float()
+
+
 @dataclass(frozen=True)
 class ModuleCase:
     """One torch program: a builder and its inputs."""
@@ -486,6 +653,17 @@ MODULES: dict[str, ModuleCase] = {c.name: c for c in [
     ModuleCase("olmo2_qk_norm", "OLMo 2", OlmoQKNorm, _x),
     ModuleCase("z_loss", "PaLM", ZLossHead, _x),
     ModuleCase("label_smoothed_ce", "generic LM", LabelSmoothedCE, _x_targets),
+    ModuleCase("interleaved_rotary", "GPT-J", InterleavedRotary, _x),
+    ModuleCase("complex_rotary", "LLaMA-1", ComplexRotary, _x),
+    ModuleCase("sdpa_enable_gqa", "torch >= 2.5 GQA", SDPAEnableGQA, _x),
+    ModuleCase("bloom_baddbmm", "BLOOM", BloomBaddbmm, _x),
+    ModuleCase("quick_gelu_mlp", "CLIP", QuickGELUMLP, _x),
+    ModuleCase("fused_gate_up", "Phi-3", FusedGateUp, _x),
+    ModuleCase("ngpt_normalize", "nGPT", NGPTNormalize, _x),
+    ModuleCase("einsum_attention", "generic", EinsumAttention, _x),
+    ModuleCase("sigmoid_router", "DeepSeek-V3", SigmoidRouter, _x),
+    ModuleCase("layernorm_no_affine", "OLMo-1", NoAffineLayerNorm, _x),
+    ModuleCase("mixed_precision_residual", "generic", MixedPrecisionResidual, _x),
 ]}
 
 

@@ -274,3 +274,33 @@ def test_split_points_of_a_mod_index_follow_each_period() -> None:
     shifted = E.NeedSplit(E.a_add(idx, E.a_const(1)), (5,))
     pts = E.split_points(shifted, "_t", (3, 11))
     assert pts is not None and [p for p in pts if 3 < p < 11] == [4, 8]  # callers keep the points inside
+
+
+# --------------------------------------------------------------------------- stack, vector norms, one-sided clamps
+
+
+class _Fn(nn.Module):
+    def __init__(self, fn: Any) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fn(x)
+
+
+@pytest.mark.parametrize(("what", "fn"), [
+    ("normalize", lambda x: F.normalize(x * 2.0, dim=-1)),
+    ("norm_inf_keepdim", lambda x: torch.linalg.vector_norm(x * 2.0, ord=math.inf, dim=-1, keepdim=True)),
+    ("norm_1_two_dims", lambda x: torch.linalg.vector_norm(x * 2.0, ord=1, dim=(0, 2))),
+    ("clamp_max", lambda x: torch.clamp_max(x * 2.0, 0.5) + torch.clamp_min(x, -0.25)),
+    ("stack_last", lambda x: torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2) * 3.0),
+    ("stack_first", lambda x: torch.stack((x, x * 2.0, -x), dim=0).sum(0) + 1.0),
+])
+def test_stack_vector_norm_and_one_sided_clamps_are_lifted(what: str, fn: Any) -> None:
+    """``torch.stack`` (GPT-J's interleaved rotary), ``linalg_vector_norm`` and ``clamp_min`` (``F.normalize``,
+    nGPT) and ``clamp_max`` were left to ATen ('op not in the registry'); they run in the kernels now."""
+    x = torch.randn(3, 4, 6, generator=torch.Generator().manual_seed(11))
+    got, rep = _compiled(_Fn(fn), x)
+    want = fn(x.double())
+    assert not [r.op for r in rep.left], rep.summary()
+    assert got.shape == want.shape and up.rel_err(got, want) < TOL, what

@@ -435,6 +435,39 @@ def _clamp(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
     )
 
 
+@handles("clamp_min", "clamp_max")
+def _clamp_one(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    """``clamp_min(x, c)`` / ``clamp_max(x, c)`` (``F.normalize``'s ``norm.clamp_min(eps)``): a one-sided clamp."""
+    c = args[1] if len(args) > 1 else kwargs.get("min" if op_of(ctx) == "clamp_min" else "max")
+    return _clamp(ctx, [args[0]], {"min" if op_of(ctx) == "clamp_min" else "max": c}, out)
+
+
+@handles("linalg_vector_norm")
+def _vector_norm(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    """``torch.linalg.vector_norm`` (``F.normalize``, ``x.norm(dim=...)``) of order 2 (``sqrt(sum(x**2))``), 1
+    (``sum(|x|)``) or inf (``max(|x|)``) over ``dim``."""
+    v = args[0]
+    order = args[1] if len(args) > 1 else kwargs.get("ord", 2)
+    dims = args[2] if len(args) > 2 else kwargs.get("dim")
+    keep = args[3] if len(args) > 3 else kwargs.get("keepdim", False)
+    if (args[4] if len(args) > 4 else kwargs.get("dtype")) is not None:
+        raise Unsupported(Reason.DTYPE, "linalg_vector_norm with a dtype")
+    if not isinstance(v, LV) or v.mask or not _num(order) or float(order) not in (1.0, 2.0, math.inf):
+        raise Unsupported(Reason.NOT_IN_REGISTRY, f"linalg_vector_norm of order {order!r} (orders 1, 2 and inf)")
+    if len(v.shape) == 0:
+        raise Unsupported(Reason.LAYOUT, "linalg_vector_norm of a scalar")
+    ds, _ = _dims([v, dims, keep], {}, len(v.shape))
+    t, gdims = ctx.axes(v, ds)
+    g = ctx.g
+    o = float(order)
+    t = emit(g, "square", t) if o == 2.0 else emit(g, "abs", t)
+    for d in gdims:
+        t = emit(g, "max" if o == math.inf else "sum", t, d)
+    if o == 2.0:
+        t = emit(g, "sqrt", t)
+    return LV(t, _shape(out), src=ctx.node if tuple(t.shape) != _shape(out) else None)
+
+
 # -- identity and layout
 
 
@@ -524,6 +557,20 @@ def _cat(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
         raise Unsupported(Reason.NOT_IN_REGISTRY, "cat of non-tensors")
     r = len(xs[0].shape)
     return LV(emit(ctx.g, "concat", [ctx.exact(x) for x in xs], int(dim) % r), _shape(out))
+
+
+@handles("stack")
+def _stack(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    """``torch.stack(xs, dim)``: each operand with a size-1 dim inserted at ``dim``, concatenated along it (GPT-J's
+    interleaved rotary stacks its two halves)."""
+    xs = args[0]
+    dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+    if not isinstance(xs, (list, tuple)) or not xs or not all(isinstance(x, LV) and not x.mask for x in xs):
+        raise Unsupported(Reason.NOT_IN_REGISTRY, "stack of non-tensors")
+    r = len(xs[0].shape) + 1
+    d = int(dim) % r
+    parts = [ctx.exact(LV(ctx.exact(x), (*x.shape[:d], 1, *x.shape[d:]))) for x in xs]
+    return LV(emit(ctx.g, "concat", parts, d), _shape(out))
 
 
 @handles("slice")
