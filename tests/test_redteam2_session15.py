@@ -38,3 +38,55 @@ def test_rsub_with_alpha_dropped_alpha() -> None:
             got, want = cm(x, w), fn(x.double(), w.double())
         assert any(p.taken for p in rep.partitions), rep
         torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4)
+
+
+def _stable_programs() -> dict[str, Any]:
+    """Programs with max-shifted logits that vm.testing did not test at large logits (each over an input itself)."""
+    import verimirage as vm
+
+    out = {}
+    for dt in (vm.float32, vm.float16, vm.bfloat16):
+        g = vm.Graph()
+        x = g.input("x", (4, 32), dt)
+        s = g.sub(x, g.max(x, axis=1))
+        g.output(g.sub(s, g.log(g.sum(g.exp(s), axis=1))))
+        out[f"log_softmax_{dt.short}"] = g
+        g = vm.Graph()
+        x = g.input("x", (4, 32), dt)  # the stable softmax with its numerator written twice
+        g.output(g.div(g.exp(g.sub(x, g.max(x, axis=1))), g.sum(g.exp(g.sub(x, g.max(x, axis=1))), axis=1)))
+        out[f"softmax_twice_{dt.short}"] = g
+        g = vm.Graph()
+        x = g.input("x", (4, 32), dt)
+        e = g.exp(g.scale(g.sub(x, g.max(x, axis=1)), 0.5))
+        g.output(g.div(e, g.sum(e, axis=1)))
+        out[f"softmax_{dt.short}"] = g
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(_stable_programs()))
+def test_generated_tests_passed_a_softmax_kernel_without_its_max_shift(name: str) -> None:
+    """Finding (medium, ``vm.testing``): the ``large`` value regime, the only one in which a kernel that drops a
+    softmax's max shift (``exp(x) / sum(exp(x))``) overflows, was drawn only for a ``div(exp(z), sum(exp(z)))`` whose
+    ``z = x - max(x)`` was one node, and at magnitudes up to 8 even where the input *is* the logits: a log-softmax,
+    a softmax written with its numerator twice, and any float32 or bfloat16 softmax over an input (``exp(8)`` is
+    finite) got only the ``normal`` and ``mixed`` regimes, and the generated module of each passed the naive
+    kernel (``write_tests(g, kernel=naive)``: all tests passed). Now every ``exp(x - max(x))`` (subexpressions
+    compared by value) marks the inputs reaching ``x`` for the ``large`` regime, drawn past the dtype's ``exp``
+    overflow where no contraction lies between the input and the logits."""
+    import numpy as np
+
+    import verimirage as vm
+    from verimirage.testing import applicable_regimes, make_inputs
+
+    g = _stable_programs()[name]
+    assert "large" in applicable_regimes(g)
+    overflowed = 0
+    for seed in range(3):
+        case = make_inputs(g, "large", seed)
+        x = case["x"]
+        ref = vm.evaluate(g, case)[0]
+        assert np.isfinite(ref).all()  # the program itself is defined there
+        e = torch.exp(x * (0.5 if name.startswith("softmax_") and "twice" not in name else 1.0))  # the naive kernel
+        naive = (x - torch.log(e.sum(-1, keepdim=True))) if "log" in name else e / e.sum(-1, keepdim=True)
+        overflowed += int(not bool(torch.isfinite(naive).all()))
+    assert overflowed == 3

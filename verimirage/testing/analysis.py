@@ -82,7 +82,10 @@ class GraphFacts:
     has_matmul: bool
     depth: int = 1
     norm_inputs: dict[str, int] = field(default_factory=dict)  # input -> norm axis it reaches (tiny regime)
-    large_inputs: tuple[str, ...] = ()  # inputs feeding the logits of a stable softmax (large regime)
+    large_inputs: tuple[str, ...] = ()  # inputs feeding max-shifted logits (large regime)
+    #: the large inputs that reach max-shifted logits through no contraction, each with the least factor by which a
+    #: chain of ``scale`` ops multiplies it in an ``exp`` (its magnitudes are the exponent's over that factor)
+    large_direct: dict[str, float] = field(default_factory=dict)
 
     @property
     def stable_softmax(self) -> bool:
@@ -169,6 +172,55 @@ def _match_softmax(nodes: Sequence[Node], i: int) -> tuple[Ref, int, bool] | Non
         if m.op == "max" and m.args[0] == x_ref and m.attr("axis") == axis:
             return x_ref, axis, True
     return z_ref, axis, False
+
+
+def _canonical(nodes: Sequence[Node]) -> list[int]:
+    """Per node, the first node computing the same value: the same op, attributes, result types and (canonical)
+    operands, so a subexpression written twice (two ``exp(x - max(x))`` nodes) is recognised as one."""
+    seen: dict[tuple[object, ...], int] = {}
+    canon: list[int] = []
+    for j, n in enumerate(nodes):
+        key = (n.op, repr(sorted(n.attr_dict.items())), tuple((canon[a], i) for a, i in n.args),
+               tuple(str(t) for t in n.outs))
+        canon.append(seen.setdefault(key, j))
+    return canon
+
+
+def _max_shifted_logits(nodes: Sequence[Node]) -> list[tuple[Ref, float]]:
+    """The logits ``x`` of every ``exp(x - max(x, axis))`` (through positive ``scale`` and ``cast`` ops), whatever
+    reads it: a softmax, a log-softmax or log-sum-exp, attention with its normaliser apart. An implementation that
+    drops the shift overflows once the logits pass ``log`` of the dtype's largest value (the ``large`` regime).
+    Each with the product of the positive ``scale`` factors between the exp and the shift."""
+    canon = _canonical(nodes)
+    out: list[tuple[Ref, float]] = []
+    for n in nodes:
+        if n.op != "exp":
+            continue
+        z, c = nodes[n.args[0][0]], 1.0
+        while (z.op == "scale" and float(z.attr("c")) > 0) or z.op == "cast":
+            c *= float(z.attr("c")) if z.op == "scale" else 1.0
+            z = nodes[z.args[0][0]]
+        if z.op != "sub":
+            continue
+        x_ref, m_ref = z.args
+        m = nodes[m_ref[0]]
+        if m.op == "max" and (canon[m.args[0][0]], m.args[0][1]) == (canon[x_ref[0]], x_ref[1]):
+            out.append((x_ref, c))
+    return out
+
+
+def _direct_ancestors(nodes: Sequence[Node], i: int) -> set[int]:
+    """The ancestors of node ``i`` reached through no contraction (whose values carry into ``i`` unmultiplied)."""
+    seen: set[int] = set()
+    stack = [i]
+    while stack:
+        j = stack.pop()
+        if j in seen:
+            continue
+        seen.add(j)
+        if not OPS[nodes[j].op].has(Prop.CONTRACTION):
+            stack.extend(a for a, _ in nodes[j].args)
+    return seen
 
 
 def _shift_plan(nodes: Sequence[Node], names: dict[int, str], ref: Ref, axis: int) -> ShiftPlan | None:
@@ -358,7 +410,14 @@ def analyze(g: Graph) -> GraphFacts:
             for j in _ancestors(nodes, n.args[0][0]):
                 if j in names and nodes[j].outs[0].rank == n.outs[0].rank:
                     norm_inputs.setdefault(names[j], n.attr("axis"))
-    large = sorted({x for s in sites if s.stable for x in s.logit_inputs})
+    shifted = _max_shifted_logits(nodes)
+    large = sorted({x for s in sites if s.stable for x in s.logit_inputs}
+                   | {names[j] for r, _ in shifted for j in _ancestors(nodes, r[0]) if j in names})
+    direct: dict[str, float] = {}
+    for r, c in shifted:
+        for j in _direct_ancestors(nodes, r[0]):
+            if j in names:
+                direct[names[j]] = min(c, direct.get(names[j], c))
     return GraphFacts(
         softmax=tuple(sites),
         scaling=tuple(_scaling(g)),
@@ -368,6 +427,7 @@ def analyze(g: Graph) -> GraphFacts:
         has_matmul=any(OPS[n.op].has(Prop.CONTRACTION) for n in nodes),
         norm_inputs=norm_inputs,
         large_inputs=tuple(large),
+        large_direct=direct,
     )
 
 

@@ -10,9 +10,13 @@ Value regimes (see :data:`REGIMES`):
 ``normal``
     every input standard normal, clipped to [-3, 3].
 ``large``
-    inputs that feed the logits of a numerically safe softmax get magnitudes
-    up to 8 (logits of a few hundred: ``exp`` overflows float32 and float16
-    unless the row max is subtracted); the others are normal.
+    inputs that feed max-shifted logits (``exp(x - max(x))``: a numerically
+    safe softmax, log-softmax or log-sum-exp) get magnitudes up to 8 where a
+    contraction makes the logits (logits of a few hundred), and up to 1.25
+    times ``log`` of the dtype's largest value (over the exponent's scale
+    factor) where the input itself reaches the logits, so ``exp`` overflows
+    float32, bfloat16 and float16 unless the row max is subtracted; the
+    others are normal.
 ``tiny``
     inputs that reach an ``rms_norm`` get magnitudes 1e-4..1e-2 and whole
     rows (fibres along the normalised axis) of exact zeros, where a norm
@@ -100,11 +104,25 @@ class Inputs(dict):  # type: ignore[type-arg]
 # --------------------------------------------------------------------------- values
 
 
-def _values(rng: np.random.Generator, shape: tuple[int, ...], kind: str, norm_axis: int | None) -> np.ndarray:
+#: ``log`` of each dtype's largest value: ``exp`` overflows above it
+_LOG_MAX = {"f16": math.log(65504.0), "bf16": math.log(3.3895e38), "f32": math.log(3.4028e38)}
+
+
+def _large_bound(dt: DType, factor: float | None) -> float:
+    """The ``large`` regime's magnitude: 8 for an input a contraction multiplies into the logits (``factor`` None),
+    else past the dtype's ``exp`` overflow once the exponent's ``scale`` factor (at most 1 counted) has multiplied it
+    (logits of up to 8 overflowed nothing in float32: a kernel dropping the max shift passed)."""
+    if factor is None:
+        return 8.0
+    return 1.25 * _LOG_MAX.get(dt.short, _LOG_MAX["f32"]) / min(1.0, max(factor, 1e-3))
+
+
+def _values(rng: np.random.Generator, shape: tuple[int, ...], kind: str, norm_axis: int | None,
+            large: float = 8.0) -> np.ndarray:
     if kind == "normal":
         return np.clip(rng.standard_normal(shape), -3.0, 3.0)
     if kind == "large":
-        return rng.uniform(-8.0, 8.0, shape)
+        return rng.uniform(-large, large, shape)
     if kind == "tiny":
         v = rng.choice([-1.0, 1.0], shape) * 10.0 ** rng.uniform(-4.0, -2.0, shape)
         if norm_axis is not None and len(shape) > 0:
@@ -182,7 +200,7 @@ def make_inputs(
     for t in g.inputs:
         assert t.name is not None
         kind = _input_kind(regime, t.name, f)
-        v = _values(rng, t.shape, kind, f.norm_inputs.get(t.name))
+        v = _values(rng, t.shape, kind, f.norm_inputs.get(t.name), _large_bound(t.dtype, f.large_direct.get(t.name)))
         tv = torch.from_numpy(np.ascontiguousarray(v)).to(torch_dtype(t.dtype)).to(device)
         out[t.name] = place(tv, out.layouts.get(t.name, "contiguous"))
     return out
