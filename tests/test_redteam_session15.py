@@ -151,3 +151,46 @@ def test_scaled_weight_tiles_flushed_small_products_beside_a_huge_one_in_another
     assert np.abs(src - want).max() < 2e-3 * scale  # (the source: fp16-accurate)
     (got,), _ = evaluate_in_dtype(mg, ins, generated=True)  # (as the kernel computes: the interpreter agrees)
     assert np.abs(got - want).max() < 2e-2 * scale
+
+
+def test_factored_product_summed_two_fp16_weights_into_an_operand_and_the_fp_check_passed_it() -> None:
+    """Finding (medium; the search's best candidate inf where the source is finite): rule ``matmul-add-factor``
+    turns ``x @ w1 + x @ w2`` into ``x @ (w1 + w2)``, whose operand ``w1 + w2`` ``tl.dot`` takes in fp16: inf at
+    ``w1 = w2 = 4e4`` (``x = 0.01``, 64 deep), where the source (products of exact fp16 inputs, summed in fp32 and
+    stored: 51,200) is finite. It is Proved, and the floating-point check passed it: its input sets scale all
+    inputs together (the source's products overflow first) or one input alone (no sum reaches 65504), never two
+    inputs large and the rest small; above the numeric check's size limit only exps were looked at. It was
+    ``vm.superoptimize``'s best candidate. Now the structural check (every size) rejects a candidate that rounds a
+    sum to fp16 for a product where the source rounds no such sum (``fpsafe.fp16_sums``): no committed candidate
+    (422, and the 31 certificates' μGraphs) does."""
+    import numpy as np
+
+    from verimirage.pipeline.fpsafe import SafetyChecker, evaluate_in_dtype
+    from verimirage.rewrite.partition import lower_all
+
+    h = vm.float16
+
+    def progs(m: int, k: int, n: int) -> tuple[vm.Graph, vm.Graph]:
+        g, f = vm.Graph(), vm.Graph()
+        x, w1, w2 = (g.input(nm, s, h) for nm, s in (("X", (m, k)), ("W1", (k, n)), ("W2", (k, n))))
+        g.output(g.add(g.matmul(x, w1), g.matmul(x, w2)))
+        x, w1, w2 = (f.input(nm, s, h) for nm, s in (("X", (m, k)), ("W1", (k, n)), ("W2", (k, n))))
+        f.output(f.matmul(x, f.add(w1, w2)))
+        return g, f
+
+    g, _ = progs(4, 64, 16)
+    res = vm.superoptimize(g, cache=False, top_k=4)
+    assert res.candidates
+    ins = {"X": np.full((4, 64), 1e-2), "W1": np.full((64, 16), 4e4), "W2": np.full((64, 16), 4e4)}
+    (src,), _ = evaluate_in_dtype(g, ins)
+    assert np.isfinite(src).all()
+    for c in res.candidates:
+        (got,), _ = evaluate_in_dtype(c.mugraph, ins, generated=True)
+        assert np.isfinite(got).all(), (c.rules, str(c.mugraph))
+    # above the numeric check's size limit: the structural check alone rejects every lowering of the factored form
+    g, f = progs(8, 2048, 1024)
+    sc = SafetyChecker(g)
+    assert not sc.numeric
+    lows = lower_all(f)[0][:4]
+    assert lows and all("sums W1+W2 into an fp16 operand" in (sc.check(low.mugraph) or "") for low in lows)
+    assert all(sc.check(low.mugraph) is None for low in lower_all(g)[0][:4])  # (the source's own lowerings pass)

@@ -10,7 +10,9 @@ normal values and all-positive ones; then each input alone at a large scale, the
 candidate that multiplies before the source normalises, ``(x * w) @ m`` for ``rms_norm(x, w) @ m``,
 overflows only where one input is large, and where all are the source overflows too), and reports the
 first input set on which the candidate has a non-finite element where the source's is finite. The
-search (:func:`verimirage.pipeline.superopt.superoptimize`) rejects such a candidate with that reason.
+search (:func:`verimirage.pipeline.superopt.superoptimize`) rejects such a candidate with that reason. Before it,
+at every size, a structural check (:meth:`SafetyChecker.structural`): every exp the source max-shifts stays
+max-shifted, and no fp16 operand of a product is a sum the source never rounds to fp16 (:func:`fp16_sums`).
 
 Rounding follows the generated code (:mod:`verimirage.backend.codegen`): the candidate's results that it
 returns in their dtype, those only other kernels read in fp32 (``codegen.storage_dtype``), the source's every
@@ -289,12 +291,60 @@ def max_shifted(mg: Graph) -> bool:
     return bool(found) and all(found)
 
 
+#: ops through which a sum stays a sum of the same values (data movement, a constant factor)
+_SUM_KEEPING = frozenset({"permute", "reshape", "broadcast_to", "slice", "transpose", "concat", "cast", "scale", "neg"})
+
+
+def fp16_sums(g: Graph) -> tuple[frozenset[frozenset[str]], frozenset[frozenset[str]]]:
+    """``(operands, sums)``: the sums (``add`` / ``sub``) that reach an fp16 operand of a product, at any level
+    (through data movement, casts and constant factors; a kernel's result or block input read as the value it
+    carries), and every fp16 sum, each named by the program inputs it reads. ``tl.dot`` takes its operands in their
+    dtype, so such an operand is rounded to fp16 and is inf once it passes 65504 though each value summed is
+    finite; where the source rounds the same sum to fp16 (a residual it stores, then normalises), it overflows
+    with it. ``x @ (w1 + w2)`` (rule ``matmul-add-factor``) for ``x @ w1 + x @ w2`` is inf at ``w1 = w2 = 4e4``
+    where the source, which never forms ``w1 + w2``, is finite, and the numeric check's input sets (all inputs at
+    one scale, or one input alone large) never make two inputs large and the others small (red team, session 15)."""
+    operands: set[frozenset[str]] = set()
+    sums: set[frozenset[str]] = set()
+    V = tuple[frozenset[str], "frozenset[str] | None"]  # (inputs it reads, those of the sum it carries, or None)
+
+    def walk(nodes: Sequence[Any], args: Sequence[V]) -> list[list[V]]:
+        vals: list[list[V]] = []
+        for n in nodes:
+            a = [vals[j][k] for j, k in n.args]
+            reads: frozenset[str] = frozenset().union(*(v[0] for v in a))
+            if n.op == "input":
+                idx = n.attr("arg")
+                vals.append([args[idx] if idx is not None else (frozenset({str(n.attr("name"))}), None)])
+            elif n.op == "arg":
+                vals.append([args[n.attr("index")]])
+            elif n.op in ("custom", "fused"):
+                sub = n.attr("block" if n.op == "custom" else "thread")
+                inner = walk(sub.nodes, a)
+                vals.append([inner[j][k] for j, k in sub.outputs])
+            else:
+                if OPS[n.op].has(Prop.CONTRACTION):
+                    operands.update(v[1] for (j, k), v in zip(n.args, a, strict=True)
+                                    if v[1] is not None and nodes[j].outs[k].dtype is DType.float16)
+                carried = next((v[1] for v in a if v[1] is not None), None) if n.op in _SUM_KEEPING else None
+                if n.op in ("add", "sub"):
+                    carried = reads
+                    if n.outs[0].dtype is DType.float16:
+                        sums.add(reads)
+                vals.append([(reads, carried)] * max(1, len(n.outs)))
+        return vals
+
+    walk(node_list(g), [])
+    return frozenset(operands), frozenset(sums)
+
+
 class SafetyChecker:
     """Checks candidates against one source program; the source's evaluations are made once.
 
     ``numeric`` (default: :func:`numeric_check_affordable`): evaluate on the adversarial inputs; otherwise
     only the structural check: where the source subtracts the max before every ``exp``, the candidate must
-    too (:func:`max_shifted`).
+    too (:func:`max_shifted`), and no fp16 operand of a product is a sum the source does not round to fp16
+    (:func:`fp16_sums`; at every size).
     """
 
     def __init__(self, source: Graph, seed: int = 0, numeric: bool | None = None) -> None:
@@ -303,14 +353,22 @@ class SafetyChecker:
         self.sets = adversarial_inputs(source, seed) if self.numeric else []
         self._src: dict[int, tuple[list[np.ndarray], bool]] = {}
         self._src_shifted: bool | None = None
+        self._src_sums: frozenset[frozenset[str]] = frozenset()
 
     def structural(self, candidate: Graph) -> str | None:
-        """Why ``candidate`` fails the structural check (the source max-shifts every exp, it does not)."""
+        """Why ``candidate`` fails the structural check: the source max-shifts every exp, it does not; or it rounds
+        a sum to fp16 for a product that the source rounds nowhere (:func:`fp16_sums`)."""
         if self._src_shifted is None:
             self._src_shifted = max_shifted(self.source)
+            self._src_sums = frozenset().union(*fp16_sums(self.source))
         if self._src_shifted and not max_shifted(candidate):
             return ("floating point: the source subtracts the max before every exp and the candidate does not "
                     "(exp overflows where the source stays finite)")
+        new = sorted(sorted(s) for s in fp16_sums(candidate)[0] - self._src_sums)
+        if new:
+            return (f"floating point: the candidate sums {', '.join('+'.join(s) for s in new)} into an fp16 operand "
+                    "of a product (rounded to fp16 for tl.dot: inf once the sum passes 65504) and the source "
+                    "rounds no such sum")
         return None
 
     def source_outputs(self, i: int) -> tuple[list[np.ndarray], bool]:
@@ -358,5 +416,5 @@ def fp_safety(source: Graph, candidate: Graph, seed: int = 0) -> str | None:
 
 
 __all__ = ["ALONE_BASE", "ALONE_SETS", "DTYPE_MAX", "INPUT_SETS", "RoundingDomain", "SafetyChecker",
-           "adversarial_inputs", "evaluate_in_dtype", "fp_safety", "matmul_flops", "numeric_check_affordable",
-           "round_to"]
+           "adversarial_inputs", "evaluate_in_dtype", "fp16_sums", "fp_safety", "matmul_flops",
+           "numeric_check_affordable", "round_to"]
