@@ -90,3 +90,39 @@ def test_generated_tests_passed_a_softmax_kernel_without_its_max_shift(name: str
         naive = (x - torch.log(e.sum(-1, keepdim=True))) if "log" in name else e / e.sum(-1, keepdim=True)
         overflowed += int(not bool(torch.isfinite(naive).all()))
     assert overflowed == 3
+
+
+def test_compiled_program_on_a_sparse_or_grad_requiring_input(caplog: pytest.LogCaptureFixture) -> None:
+    """Finding (low): ``vm.compile(...)`` called on a sparse COO, sparse CSR or nested tensor raised PyTorch's internal
+    errors ("Cannot access data pointer of Tensor that doesn't have storage", "Sparse CSR tensors do not have
+    is_contiguous", "NestedTensorImpl doesn't support sizes") instead of naming the input and what is expected; and
+    an input requiring grad gave outputs without autograd history, silently (a loss built on them gets no gradient
+    through the program). Now the first is a TypeError naming the input and the layout, the second a warning (once
+    per program) that the program has no backward."""
+    import logging
+
+    import verimirage as vm
+    from verimirage.backend.runtime import interpreting
+
+    if not interpreting():
+        pytest.skip("CPU tensors in Triton's interpreter")
+    g = vm.Graph()
+    x = g.input("x", (4, 6), vm.float32)
+    w = g.input("w", (6, 3), vm.float32)
+    g.output(g.exp(g.matmul(x, w)))
+    fn = vm.compile(g)
+    X, W = torch.randn(4, 6), torch.randn(6, 3)
+    for bad, what in ((X.to_sparse(), "sparse_coo"), (X.to_sparse_csr(), "sparse_csr"),
+                      (torch.nested.nested_tensor([X[0], X[1]]), "nested")):
+        with pytest.raises(TypeError, match=f"input 'x': a {what} tensor; expected a dense"):
+            fn(bad, W)
+    with caplog.at_level(logging.WARNING, logger="verimirage"):
+        out = fn(X, W.clone().requires_grad_())
+        fn(X, W.clone().requires_grad_())
+    assert not out.requires_grad
+    assert sum("has no backward" in r.getMessage() for r in caplog.records) == 1
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="verimirage"), torch.no_grad():
+        vm.compile(g)(X, W.clone().requires_grad_())  # under no_grad: nothing to warn about
+    assert not any("has no backward" in r.getMessage() for r in caplog.records)
+    torch.testing.assert_close(out, torch.exp(X @ W), rtol=1e-4, atol=1e-5)

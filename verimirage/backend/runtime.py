@@ -635,7 +635,10 @@ class CompiledProgram:
 
     ``fn(*tensors)`` in the graph's input order, or ``fn(**{name: tensor})``;
     returns one tensor, or a tuple for several outputs. Shapes and dtypes must
-    be the graph's exactly; strides are free.
+    be the graph's exactly; strides are free. Dense tensors only (a sparse or nested one is a clear
+    error). The kernels have no backward: the outputs carry no autograd history even where an input
+    requires grad (logged once per program as a warning); ``torch.compile(model,
+    backend="verimirage")`` compiles a model's backward.
 
     **Launch cost.** On a GPU, a call with positional inputs whose signature
     (shapes, dtypes, strides, 16-byte alignment, device) was seen before takes
@@ -723,6 +726,7 @@ class CompiledProgram:
         self._foreach_copy: Callable[[Sequence[Any], Sequence[Any]], Any] = _copy_each
         #: the input signatures whose kernels are compiled and loaded (:meth:`_first_launch`)
         self._loaded: set[tuple[Any, ...]] = set()
+        self._grad_warned = False  # (an input requiring grad was warned about once: no backward here)
 
     def counters(self, device: Any, stream: int | None = None) -> Any:
         """The int32 completion counters of the last-block-combines and persistent launches on ``device`` for the
@@ -754,6 +758,9 @@ class CompiledProgram:
             x = vals[n]
             if not isinstance(x, torch.Tensor):
                 raise TypeError(f"input {n!r}: expected a torch.Tensor, got {type(x).__name__}")
+            if x.layout != torch.strided or x.is_nested:  # (their sizes, strides or memory are not a dense tensor's)
+                raise TypeError(f"input {n!r}: a {'nested' if x.is_nested else str(x.layout).removeprefix('torch.')} "
+                                "tensor; expected a dense (torch.strided) tensor (x.to_dense())")
             if tuple(x.shape) != t.shape:
                 raise ValueError(f"input {n!r}: shape {tuple(x.shape)}; expected {t.shape}")
             if x.dtype != dt:
@@ -762,6 +769,14 @@ class CompiledProgram:
                 device = x.device
             elif x.device != device:
                 raise ValueError(f"input {n!r}: on {x.device}, but earlier inputs are on {device}")
+            if x.requires_grad and torch.is_grad_enabled() and not self._grad_warned:
+                # the kernels have no backward: the outputs carry no autograd history, so a loss built on them would
+                # silently give no gradient through this program to its inputs
+                self._grad_warned = True
+                log.warning("compiled program %s: input %r requires grad, but a compiled program has no backward: its "
+                            "outputs carry no autograd history (no gradient flows to its inputs); call it under "
+                            "torch.no_grad() or on detached tensors, or train with torch.compile(model, "
+                            "backend='verimirage'), which compiles the backward too", self.path.name, n)
             if x.is_neg():  # a negative-bit view: its memory holds -x (kernels read memory): materialise x
                 x = x.resolve_neg()
             if not x.is_contiguous() and _element_span(x) >= INT32_INDEX:  # a view spanning more than int32 reaches
