@@ -155,7 +155,8 @@ def estimate(entries: Sequence[dict[str, Any]], hw: Any = None) -> list[float]:
 
     sys.path.insert(0, str(ROOT))
     from verimirage.ir.graph import MuGraph
-    from verimirage.rewrite.cost import H100, cost
+    from verimirage.pipeline.pricing import cost
+    from verimirage.rewrite.cost import H100
 
     hws = {f: dataclasses.replace(hw or H100, flat_elementwise=f) for f in (False, True)}
 

@@ -167,7 +167,7 @@ def by_cost(texts: list[Any]) -> list[Any]:
 
     texts = plan_items(texts)
     try:
-        from verimirage.rewrite.cost import cost
+        from verimirage.pipeline.pricing import cost
     except ImportError as e:
         # the GPU machines have no egglog, and importing the cost model runs the search package's __init__: there
         # the plan's stored order serves, which make_plan (and --sort-plan) write cheapest by the cost model first.
@@ -618,7 +618,7 @@ def _expressible(item: Any) -> bool:
 def _best_estimate_us(items: list[Any]) -> float:
     """The cost model's estimate of a plan entry's cheapest item, in µs (inf when none parses)."""
     from verimirage.ir.graph import MuGraph
-    from verimirage.rewrite.cost import cost
+    from verimirage.pipeline.pricing import cost
 
     best = math.inf
     for item in plan_items(items):

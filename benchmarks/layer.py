@@ -111,8 +111,8 @@ def plan(case: str, small: bool, out: Path, *, time_budget_s: float) -> dict[str
     also the composition's cost and its floating-point structure check. Written to ``DIR/<case>.plan.json``."""
     from verimirage.ir.graph import MuGraph
     from verimirage.pipeline.fpsafe import SafetyChecker
+    from verimirage.pipeline.pricing import cost
     from verimirage.pipeline.superopt import plan_regions
-    from verimirage.rewrite.cost import cost
     from verimirage.rewrite.rules import UNPROVED_BUILTINS
     from verimirage.smt.glue import compose
 
@@ -571,7 +571,7 @@ def gpu_case(case: str, directory: Path, ceil: dict[str, float], *, inductor: bo
         row["per_op_us"] = _bench(lambda: pfn(*(pfn.static_inputs or ordered)), cudagraph=False)
         row["per_op_launches"] = po.num_kernels
         try:  # (the cost model's package imports the search's egglog, which the GPU machine lacks)
-            from verimirage.rewrite.cost import cost
+            from verimirage.pipeline.pricing import cost
 
             row["per_op_bytes"] = cost(po).bytes
         except ImportError as e:

@@ -85,7 +85,7 @@ def main() -> int:
 
 def rerank(directory: Path, cases: list[str]) -> int:
     """Re-estimate each case file's verified candidates with the current cost model; order them by it (stable)."""
-    from verimirage.rewrite.cost import cost
+    from verimirage.pipeline.pricing import cost
 
     for case in cases:
         path = directory / f"{case}.json"

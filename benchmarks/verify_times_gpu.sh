@@ -26,7 +26,7 @@ print('$dev', type(v).__name__, f'import+build {t1 - t:.2f} s, first verify {t2 
 done
 for dev in cuda cpu cuda; do
   echo "== VERIMIRAGE_FF_DEVICE=$dev"
-  VERIMIRAGE_FF_DEVICE=$dev python3 -m verimirage.smt.perf "$names" "$batch" 3 2>&1 | tee -a "$OUT/perf_$dev.txt"
+  VERIMIRAGE_FF_DEVICE=$dev python3 benchmarks/verify_perf.py "$names" "$batch" 3 2>&1 | tee -a "$OUT/perf_$dev.txt"
 done
 echo "== timeline, products on the GPU"
 VERIMIRAGE_FF_DEVICE=cuda python3 benchmarks/perf/verify_timeline.py gqa "$batch" 2>&1 | tee "$OUT/timeline_gpu.txt"

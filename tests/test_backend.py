@@ -346,7 +346,7 @@ def test_one_block_tile_above_tritons_element_limit_is_a_clear_error() -> None:
     mg.output(o)
     with pytest.raises(vm.GraphError, match=r"2097152 elements, above Triton's limit of 1048576"):
         generate(mg)
-    from verimirage.rewrite.cost import cost
+    from verimirage.pipeline.pricing import cost
 
     c = cost(mg)  # the cost model knows the limit too: the search never ranks such a lowering
     assert c.infeasible and "2097152 elements" in c.reason

@@ -11,6 +11,7 @@ from verimirage.benchmarks import get_model
 from verimirage.benchmarks.models import MASKED, masked_attention
 
 pytest.importorskip("egglog")  # the search (rewrite/) needs it; the GPU machine has none
+from verimirage.pipeline import pricing
 from verimirage.rewrite.partition import lower_all
 
 
@@ -88,7 +89,7 @@ def test_zero_masked_attention_lowers_to_an_online_softmax_that_is_proved_and_fp
     from verimirage.pipeline.fpsafe import SafetyChecker
 
     g = _attention(2, 32, 16, zero_masked=True)
-    lows, _ = lower_all(_divided_after(2, 32, 16), franges=(2,))
+    lows, _ = lower_all(_divided_after(2, 32, 16), franges=(2,), rank=pricing.cost)
     mg = next(low.mugraph for low in lows if _looped(low.mugraph))
     assert isinstance(vm.verify(g, mg), vm.Proved)
     assert SafetyChecker(g, 0).check(mg) is None
@@ -98,9 +99,9 @@ def test_zero_masked_attention_lowers_to_an_online_softmax_that_is_proved_and_fp
 
 def test_the_online_softmax_needs_an_exact_zero_in_the_masked_branch() -> None:
     # where(M, exp(c - m), eps) does not rescale with exp(c - m): no rescaled accumulator may be built for it
-    lows, _ = lower_all(_divided_after(1, 32, 16, eps=1e-3), franges=(2,))
+    lows, _ = lower_all(_divided_after(1, 32, 16, eps=1e-3), franges=(2,), rank=pricing.cost)
     assert lows and not any(_looped(low.mugraph) for low in lows)
-    lows, _ = lower_all(_divided_after(1, 32, 16), franges=(2,))
+    lows, _ = lower_all(_divided_after(1, 32, 16), franges=(2,), rank=pricing.cost)
     assert any(_looped(low.mugraph) for low in lows)
 
 
@@ -136,7 +137,7 @@ def _flash(g: vm.Graph, rows: int, frange: int) -> vm.MuGraph:
 
     h, n = g.inputs[0].shape[0], g.inputs[0].shape[1]
     g2, masks = mask_inputs(g)
-    lows, _ = lower_all(g2, grids=(h, n // rows), franges=(frange,))
+    lows, _ = lower_all(g2, grids=(h, n // rows), franges=(frange,), rank=pricing.cost)
     mg = next(low.mugraph for low in lows if _looped(low.mugraph)
               and next(k for k in low.mugraph.nodes if k.op == "custom").attr("block").grid == (h, n // rows))
     return restore_masks(mg, masks)
@@ -276,8 +277,9 @@ def test_skips_of_shifted_masks_are_proved(offset: int) -> None:
 
 
 def test_loop_iterations_count_the_skipped_tiles() -> None:
+    from verimirage.pipeline.pricing import cost
     from verimirage.rewrite.causal import with_skips
-    from verimirage.rewrite.cost import cost, loop_iterations
+    from verimirage.rewrite.cost import loop_iterations
 
     g = _causal_src(2, 64, 16)
     full = _flash(g, 16, 4)
@@ -295,7 +297,7 @@ def test_the_skipping_kernel_compiles_for_sm90(tmp_path: object) -> None:
     from verimirage.rewrite.causal import mask_inputs, restore_masks, with_skips
 
     g, masks = mask_inputs(_causal_src(2, 128, 64, dt=vm.float16))
-    lows, _ = lower_all(g, grids=(2,), franges=(2,))
+    lows, _ = lower_all(g, grids=(2,), franges=(2,), rank=pricing.cost)
     sk = next(s for low in lows if "partition.split_kv" not in low.steps
               and (s := with_skips(restore_masks(low.mugraph, masks))) is not None)
     assert "it_stop" in generate(sk).source
@@ -350,7 +352,7 @@ def test_a_skip_that_changes_a_row_max_is_not_proved() -> None:
     s = g.matmul(q, k)
     g.output(g.max(g.where(g.tril_mask((1, 64, 64)), s, g.shift(g.scale(s, 0.0), MASKED)), axis=2))
     g2, masks = mask_inputs(g)
-    lows, _ = lower_all(g2, grids=(2, 4), franges=(4,))
+    lows, _ = lower_all(g2, grids=(2, 4), franges=(4,), rank=pricing.cost)
     sk = next(x for low in lows if (x := with_skips(restore_masks(low.mugraph, masks))) is not None)
     assert not isinstance(vm.verify(g, sk), vm.Proved)
 

@@ -10,6 +10,7 @@ import verimirage as vm
 from verimirage.backend.codegen import _LOG2E, generate
 
 pytest.importorskip("egglog")  # the search (rewrite/) needs it; the GPU machine has none
+from verimirage.pipeline import pricing
 from verimirage.rewrite.partition import lower_all
 
 H, N, D = 2, 32, 16
@@ -32,7 +33,7 @@ def _attention(shift: str, dt: vm.DType = vm.float32) -> vm.Graph:
 
 
 def _fused(g: vm.Graph, frange: int) -> vm.Graph:
-    lows, _ = lower_all(g, grids=(H,), franges=(frange,))
+    lows, _ = lower_all(g, grids=(H,), franges=(frange,), rank=pricing.cost)
     return next(low.mugraph for low in lows if low.mugraph.num_kernels == 1)
 
 

@@ -10,6 +10,7 @@ import verimirage as vm
 from verimirage.backend.codegen import generate
 
 pytest.importorskip("egglog")  # the search (rewrite/) needs it; the GPU machine has none
+from verimirage.pipeline import pricing
 from verimirage.rewrite.partition import lower_all
 
 
@@ -25,7 +26,7 @@ def _graph(kind: str) -> vm.Graph:
 
 
 def _one_kernel(g: vm.Graph) -> vm.Graph:
-    lows, _ = lower_all(g, grids=(2,), franges=(1,))
+    lows, _ = lower_all(g, grids=(2,), franges=(1,), rank=pricing.cost)
     return next(low.mugraph for low in lows if low.mugraph.num_kernels == 1)
 
 
@@ -53,7 +54,7 @@ def test_the_rotary_model_kernels_match_float64() -> None:
     from verimirage.benchmarks import get_model
 
     g = get_model("rotary_attention", small=True, dtype=vm.float32)
-    lows, _ = lower_all(g)
+    lows, _ = lower_all(g, rank=pricing.cost)
     mgs = [low.mugraph for low in lows if low.mugraph.num_kernels <= 2][:3]
     assert mgs
     rng = np.random.default_rng(8)

@@ -100,7 +100,8 @@ def test_looped_block_reductions_wait_each_iteration() -> None:
     import dataclasses
 
     from verimirage.ir.graph import MuGraph
-    from verimirage.rewrite.cost import H100, cost
+    from verimirage.pipeline.pricing import cost
+    from verimirage.rewrite.cost import H100
 
     for case in ("cross_entropy", "logsumexp"):
         entries = _run8(case)
@@ -129,7 +130,8 @@ def test_stores_narrower_than_a_sector_are_charged() -> None:
     import json
 
     from verimirage.ir.graph import MuGraph, node_list
-    from verimirage.rewrite.cost import H100, cost
+    from verimirage.pipeline.pricing import cost
+    from verimirage.rewrite.cost import H100
 
     def store_run(mg: MuGraph) -> int:
         first = next(n for n in node_list(mg) if n.op == "custom")
@@ -163,7 +165,8 @@ def test_tiles_held_in_registers() -> None:
     import sys
 
     from verimirage.ir.graph import MuGraph
-    from verimirage.rewrite.cost import H100, cost
+    from verimirage.pipeline.pricing import cost
+    from verimirage.rewrite.cost import H100
 
     for case in ("logsumexp_prefill", "cross_entropy_prefill"):
         entries = [e for e in _doc()["entries"] if e["case"] == case]
@@ -194,7 +197,8 @@ def test_short_rows_of_streaming_kernels_pay_a_page() -> None:
     import json
 
     from verimirage.ir.graph import MuGraph
-    from verimirage.rewrite.cost import H100, cost
+    from verimirage.pipeline.pricing import cost
+    from verimirage.rewrite.cost import H100
 
     sys.path.insert(0, str(ROOT / "benchmarks" / "perf"))
     from bn_rows_ab import variant

@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 import verimirage as vm
-from verimirage.rewrite.cost import H100, cost
+from verimirage.pipeline.pricing import cost
+from verimirage.rewrite.cost import H100
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import verimirage as vm
 from verimirage.ir.graph import node_list
+from verimirage.pipeline.pricing import cost
+from verimirage.pipeline.pricing import cost as cost_on
 from verimirage.rewrite import partition as P
-from verimirage.rewrite.cost import H100, Cost, cost
-from verimirage.rewrite.cost import cost as cost_on
+from verimirage.rewrite.cost import H100, Cost
 
 
 def _rows(mg: vm.MuGraph) -> list[int]:
@@ -24,7 +25,7 @@ def _rows(mg: vm.MuGraph) -> list[int]:
 
 def test_batchnorm_is_offered_and_ranks_segment_wide_tiles() -> None:
     g = P.normalise(vm.benchmarks.get_model("batchnorm_relu"))
-    lows, _ = P.lower_all(g, cuts=False)
+    lows, _ = P.lower_all(g, cuts=False, rank=cost)
     fused = [lo for lo in lows if lo.mugraph.num_kernels == 1 and _rows(lo.mugraph)]
     assert any(r >= 128 for lo in fused for r in _rows(lo.mugraph))
     best = min(fused, key=lambda lo: cost(lo.mugraph))
@@ -78,7 +79,7 @@ def test_a_segment_wide_lowering_computes_the_program() -> None:
     x = g.input("X", (2, 4, 448), vm.float16)
     mean, var, gam, beta = (g.input(n, (4, 1), vm.float16) for n in ("MEAN", "VAR", "G", "B"))
     g.output(g.relu(g.add(g.mul(g.mul(g.sub(x, mean), g.rsqrt(g.shift(var, 1e-5))), gam), beta)))
-    lows, _ = P.lower_all(P.normalise(g), cuts=False)
+    lows, _ = P.lower_all(P.normalise(g), cuts=False, rank=cost)
     wide = [lo for lo in lows if lo.mugraph.num_kernels == 1 and _rows(lo.mugraph) == [128]]
     assert wide
     best = min(wide, key=lambda lo: cost(lo.mugraph))

@@ -15,7 +15,7 @@ import verimirage as vm
 from verimirage.backend.runtime import compile as vcompile
 from verimirage.benchmarks.models import get_model
 from verimirage.ir.graph import MuGraph
-from verimirage.rewrite.cost import cost
+from verimirage.pipeline.pricing import cost
 from verimirage.rewrite.partition import analyse, lower_all, normalise
 from verimirage.smt import expr as E
 from verimirage.smt.axioms import check_law
@@ -37,13 +37,15 @@ def test_nested_floordiv_and_mod() -> None:
 def test_group_norm_groups_walk_the_channels() -> None:
     an = analyse(normalise(get_model("group_norm")))
     assert sorted(an.size[lab] for lab in an.data_parallel()) == [16, 32]  # batch x groups: 512 blocks
-    fused = [lo for lo in lower_all(get_model("group_norm"), cuts=False)[0] if lo.mugraph.num_kernels == 1]
+    fused = [lo for lo in lower_all(get_model("group_norm"), cuts=False, rank=cost)[0]
+             if lo.mugraph.num_kernels == 1]
     assert any(not cost(lo.mugraph).infeasible for lo in fused)
 
 
 def test_group_norm_fused_candidates_verify_and_a_wrong_one_does_not() -> None:
     g = get_model("group_norm", small=True, dtype=vm.float32)
-    fused = [lo for lo in lower_all(g, cuts=False)[0] if lo.config is not None and len(lo.config.grid) == 2]
+    fused = [lo for lo in lower_all(g, cuts=False, rank=cost)[0]
+             if lo.config is not None and len(lo.config.grid) == 2]
     assert fused
     assert isinstance(vm.verify(g, fused[0].mugraph), vm.Proved)
     text = str(fused[0].mugraph)

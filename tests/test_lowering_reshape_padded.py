@@ -23,6 +23,7 @@ from verimirage.backend.lowering import _reshape
 from verimirage.backend.runtime import compile as vcompile
 from verimirage.ir.errors import GraphError
 from verimirage.ir.ops import TensorType
+from verimirage.pipeline import pricing
 from verimirage.rewrite.partition import lower_all
 
 # a numpy stand-in for the few tl functions the reshape lowering emits (same semantics as Triton's)
@@ -73,7 +74,7 @@ def test_a_padded_merge_of_sizes_that_are_not_powers_of_two_is_a_clear_error() -
 
 
 def _fused(g: vm.Graph) -> Any:
-    return next(lo.mugraph for lo in lower_all(g, cuts=False)[0] if lo.mugraph.num_kernels == 1)
+    return next(lo.mugraph for lo in lower_all(g, cuts=False, rank=pricing.cost)[0] if lo.mugraph.num_kernels == 1)
 
 
 def test_attention_heads_merged_into_padded_dot_rows_compile_and_match() -> None:

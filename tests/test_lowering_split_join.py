@@ -13,6 +13,7 @@ import torch
 import verimirage as vm
 from verimirage.backend.codegen import generate
 from verimirage.backend.runtime import compile as vcompile
+from verimirage.pipeline import pricing
 from verimirage.rewrite.partition import lower_all
 
 CASES = [
@@ -32,7 +33,7 @@ def test_chunked_slice_concat_lowering_and_values(shape: tuple[int, ...], ax: in
     pieces = [g.slice(x, ax, a, b) for a, b in parts]
     g.output(g.concat([g.neg(p) if i % 2 == 0 else p for i, p in enumerate(pieces)], axis=ax))
     # one kernel: the slices and the concat act on register tiles
-    fused = next(lo.mugraph for lo in lower_all(g, cuts=False)[0] if lo.mugraph.num_kernels == 1)
+    fused = next(lo.mugraph for lo in lower_all(g, cuts=False, rank=pricing.cost)[0] if lo.mugraph.num_kernels == 1)
     src = generate(fused).source
     assert ("tl.split" in src and "tl.join" in src) == fast
     a = np.random.default_rng(7).standard_normal(shape)

@@ -235,7 +235,8 @@ def test_layer_bs1_qkv_rot_new_regions_run_in_the_interpreter() -> None:
 def test_cost_counts_merged_launches(monkeypatch: pytest.MonkeyPatch) -> None:
     # the runtime's merged mode runs the three products as one launch and the add and exp as one: 6 -> 3 launches,
     # three launch costs fewer; by default the estimate follows VERIMIRAGE_MERGE as the runtime does
-    from verimirage.rewrite.cost import H100, cost, merged_launches
+    from verimirage.pipeline.pricing import cost, merged_launches
+    from verimirage.rewrite.cost import H100
 
     mg = vm.MuGraph.from_graph(_three_projections())
     assert merged_launches(mg) == len(generate(mg, merge=True).steps) == 3

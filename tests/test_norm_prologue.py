@@ -15,6 +15,7 @@ import pytest
 
 import verimirage as vm
 from verimirage.ir.graph import node_list
+from verimirage.pipeline import pricing
 from verimirage.pipeline.regions import initial_chunks
 from verimirage.rewrite.stabilise import norm_into_projections
 
@@ -130,7 +131,7 @@ def test_fp16_norm_weight_side_is_finite_where_the_unscaled_weight_tile_overflow
     want = vm.evaluate(g, ins)[0]
 
     def one_kernel() -> vm.MuGraph:
-        return next(low.mugraph for low in lower_all(gn)[0]
+        return next(low.mugraph for low in lower_all(gn, rank=pricing.cost)[0]
                     if low.mugraph.num_kernels == 1 and "frange=1," not in str(low.mugraph))
 
     scaled = one_kernel()
@@ -168,7 +169,7 @@ def test_bf16_norm_in_the_prologue_passes_the_per_input_check_and_a_huge_row_is_
         g = _norm_proj(dt=dt)
         gn = norm_into_projections(g)
         assert gn is not None
-        fused = [low.mugraph for low in lower_all(gn)[0] if low.mugraph.num_kernels == 1]
+        fused = [low.mugraph for low in lower_all(gn, rank=pricing.cost)[0] if low.mugraph.num_kernels == 1]
         assert fused and all(fp_safety(g, mg) is None for mg in fused), dt
 
 
@@ -192,7 +193,7 @@ def test_norm_read_by_three_projections_still_fuses_and_passes_the_fp_check() ->
     assert sc.check(best.mugraph) is None
     gn = norm_into_projections(g)
     assert gn is not None
-    looped = [low.mugraph for low in lower_all(gn)[0]
+    looped = [low.mugraph for low in lower_all(gn, rank=pricing.cost)[0]
               if low.mugraph.num_kernels == 1 and "partition.scale_weight_tiles" in low.steps
               and "frange=1," not in str(low.mugraph)]
     assert looped and all(sc.check(mg) is None for mg in looped[:4])

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 import verimirage as vm
+from verimirage.pipeline.pricing import cost
 from verimirage.rewrite import partition as P
-from verimirage.rewrite.cost import cost
 
 
 def _two_parts(rows: int = 8) -> vm.Graph:
@@ -30,8 +30,9 @@ def _grids(mg: vm.MuGraph) -> list[int]:
 def test_independent_parts_are_lowered_apart_with_their_own_grids() -> None:
     g = P.normalise(_two_parts())
     assert len(P._output_components(g)) == 2
-    lows, _ = P.lower_all(g, components=True)
-    assert not any(lo.steps[0] == "partition.components" for lo in P.lower_all(g)[0])  # (a cut's sides only)
+    lows, _ = P.lower_all(g, components=True, rank=cost)
+    # (a cut's sides only)
+    assert not any(lo.steps[0] == "partition.components" for lo in P.lower_all(g, rank=cost)[0])
     fused = [lo for lo in lows if lo.steps[0] == "partition.grid" or lo.steps[0] == "partition.loop"]
     apart = [lo for lo in lows if lo.steps[0] == "partition.components"]
     assert apart
@@ -65,7 +66,7 @@ def test_a_cut_side_of_two_parts_is_lowered_apart() -> None:
     rot = g.concat([g.neg(g.slice(qh, 2, 64, 128)), g.slice(qh, 2, 0, 64)], 2)
     g.output(g.reshape(g.matmul(x, w), (8, 8, 128)))
     g.output(g.add(g.mul(qh, c), g.mul(rot, c)))
-    lows = P.cut_lowerings(P.normalise(g))
+    lows = P.cut_lowerings(P.normalise(g), rank=cost)
     assert any("partition.components" in lo.steps for lo in lows)
 
 
@@ -75,9 +76,9 @@ def test_a_connected_program_has_no_component_lowering() -> None:
     e = g.exp(x)
     g.output(e)
     g.output(g.neg(e))  # shares exp(x)
-    assert P.component_lowerings(P.normalise(g)) == []
+    assert P.component_lowerings(P.normalise(g), rank=cost) == []
     h = vm.Graph()
     y = h.input("Y", (8, 64), vm.float16)
     h.output(y)  # an output that is an input: nothing to lower apart
     h.output(h.exp(y))
-    assert P.component_lowerings(h) == []
+    assert P.component_lowerings(h, rank=cost) == []

@@ -15,6 +15,7 @@ import verimirage as vm
 from verimirage.backend.runtime import compile as vcompile
 from verimirage.benchmarks.models import rotary
 from verimirage.ir.graph import node_list, output_refs
+from verimirage.pipeline import pricing
 from verimirage.rewrite.partition import lower_all, normalise, split_input_uses
 
 
@@ -38,7 +39,7 @@ def test_tables_get_one_alias_per_role_and_q_and_k_stay_whole() -> None:
 def test_row_tiled_lowerings_have_the_right_shape_and_verify() -> None:
     g = _rotary_attention()
     want = [g.type_of(r) for r in output_refs(g)]
-    lows, _ = lower_all(g, cuts=False)
+    lows, _ = lower_all(g, cuts=False, rank=pricing.cost)
     row_tiled = []
     for lo in lows:
         mg = lo.mugraph

@@ -8,6 +8,7 @@ import pytest
 
 import verimirage as vm
 from verimirage.benchmarks import get_model
+from verimirage.pipeline import pricing
 from verimirage.rewrite.partition import analyse, configs, lower_all, normalise
 
 
@@ -27,7 +28,7 @@ def test_a_program_without_data_parallel_dims_gets_fused_lowerings(which: str) -
     an = analyse(normalise(g))
     assert an.data_parallel() == []
     assert any(not c.grid for c in configs(an))
-    lows, _ = lower_all(g)
+    lows, _ = lower_all(g, rank=pricing.cost)
     fused = [lw for lw in lows if lw.config is not None and "partition.cut" not in lw.steps]
     assert {lw.mugraph.num_kernels for lw in fused} == {1, 2}  # one block; a split reduction + combine
     assert any(lw.config is not None and lw.config.splits > 1 for lw in fused)

@@ -9,6 +9,7 @@ import numpy as np
 import verimirage as vm
 from verimirage.ir.graph import Graph, node_list
 from verimirage.ir.ops import get_op
+from verimirage.pipeline import pricing
 from verimirage.rewrite import partition as P
 from verimirage.rewrite.lift import _py_attr
 
@@ -115,7 +116,7 @@ def test_a_projection_split_into_heads_is_tiled_by_head() -> None:
     an = P.analyse(g)
     (cols,) = [lab for lab in an.data_parallel() if lab in an.mm_extent]
     assert an.size[cols] == 4 and an.tile_of(cols, 4) == 16
-    lows, _ = P.lower_all(g, cuts=False)
+    lows, _ = P.lower_all(g, cuts=False, rank=pricing.cost)
     by_head = [lo for lo in lows if lo.config is not None and any(lab == cols and p == 4 for lab, p in lo.config.grid)
                and lo.mugraph.num_kernels == 1]
     assert by_head, "no one-kernel lowering tiles the columns by head"
@@ -133,10 +134,10 @@ def test_independent_projections_of_one_input_share_one_kernel() -> None:
     walks each part's head dim with the first part's, and ``lower_all`` offers one kernel whose block computes
     head h of every part: proved equal, and equal to the float64 reference in the interpreter."""
     g = Graph.parse(_QKV)
-    lows, _ = P.lower_all(g, cuts=False)
+    lows, _ = P.lower_all(g, cuts=False, rank=pricing.cost)
     one = [lo for lo in lows if lo.mugraph.num_kernels == 1 and lo.config is not None]
     assert one, "no one-kernel lowering of the two projections"
-    from verimirage.rewrite.cost import cost
+    from verimirage.pipeline.pricing import cost
 
     best = min(one, key=lambda lo: cost(lo.mugraph).time_s)
     assert len(next(n for n in node_list(best.mugraph) if n.op == "custom").outs) == 2

@@ -47,8 +47,8 @@ def _programs() -> tuple[vm.Graph, vm.MuGraph]:
 @pytest.mark.slow  # (~5 s: the rejected entry's finite-field trials still run)
 def test_search_cache_recheck_of_a_slow_to_derive_entry_was_unbounded(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from verimirage.pipeline.pricing import cost
     from verimirage.pipeline.superopt import Candidate, SearchReport, SearchResult
-    from verimirage.rewrite.cost import cost
 
     monkeypatch.setenv("VERIMIRAGE_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("VERIMIRAGE_CHECK_SECONDS", "1")
@@ -82,8 +82,8 @@ def test_search_cache_served_a_candidate_that_overflows_where_the_source_does_no
     floating-point check did not invalidate entries made before it either. The floating-point check now runs on
     every served candidate."""
     from verimirage.pipeline.fpsafe import SafetyChecker
+    from verimirage.pipeline.pricing import cost
     from verimirage.pipeline.superopt import Candidate, SearchReport, SearchResult
-    from verimirage.rewrite.cost import cost
     from verimirage.smt.certify import make_certificate
 
     monkeypatch.setenv("VERIMIRAGE_CACHE_DIR", str(tmp_path))

@@ -224,8 +224,8 @@ def test_search_cache_entry_with_the_undefined_splice_is_not_served(tmp_path: Pa
     # a cache entry (checksum right) serving the splice of the finding with its composed certificate: the
     # re-check refuses it, the entry is removed
     from verimirage.pipeline import search_cache
+    from verimirage.pipeline.pricing import cost
     from verimirage.pipeline.superopt import Candidate, SearchReport, SearchResult
-    from verimirage.rewrite.cost import cost
 
     monkeypatch.setenv("VERIMIRAGE_CACHE_DIR", str(tmp_path))
     g, h = _log_then_slice()

@@ -28,6 +28,7 @@ from verimirage.backend.codegen import LaunchConfig, TileOptions, generate
 from verimirage.benchmarks.designs import _inputs, _one_kernel
 from verimirage.ir.builders import BlockBuilder
 from verimirage.ir.graph import Graph, MuGraph
+from verimirage.pipeline import pricing
 
 torch = pytest.importorskip("torch")
 
@@ -134,7 +135,7 @@ def test_split_causal_loop_with_fewer_queries_than_keys_held(cfg: tuple[int, int
     h, n_q, n_k, off, rows, fr = cfg
     g = _causal(h, n_q, n_k, 16, off)
     g2, masks = mask_inputs(g)
-    lows, _ = lower_all(g2, grids=(h, n_q // rows), franges=(fr,))
+    lows, _ = lower_all(g2, grids=(h, n_q // rows), franges=(fr,), rank=pricing.cost)
     mg = next(restore_masks(low.mugraph, masks) for low in lows
               if any(n.op == "rescaled_sum" for k in low.mugraph.nodes if k.op == "custom"
                      for n in k.attr("block").nodes)

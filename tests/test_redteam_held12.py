@@ -42,6 +42,7 @@ import numpy as np
 import pytest
 
 import verimirage as vm
+from verimirage.pipeline import pricing
 from verimirage.rewrite.stabilise import norm_into_projections
 
 F = vm.float32
@@ -149,7 +150,7 @@ def test_concat_of_slices_loaded_directly_held(case: int) -> None:
     rng = np.random.default_rng(case)
     ins = {str(t.name): rng.uniform(-1, 1, t.shape) for t in g.inputs}
     want = vm.evaluate(g, ins)[0]
-    lows, _ = lower_all(g, grids=(1, 2), franges=(1,))
+    lows, _ = lower_all(g, grids=(1, 2), franges=(1,), rank=pricing.cost)
     mgs = [low.mugraph for low in lows if low.mugraph.num_kernels == 1][:2]
     assert mgs
     for mg in mgs:
@@ -172,7 +173,7 @@ def test_exp2_of_a_max_shift_held(kind: str) -> None:
     else:
         e = g.exp(g.sub(x, g.max(x, 1)))
         g.output(g.add(g.div(g.matmul(e, g.input("W", (32, 16), F)), g.sum(e, 1)), g.sum(y, 1)))
-    lows, _ = lower_all(g, grids=(1, 2), franges=(1, 2))
+    lows, _ = lower_all(g, grids=(1, 2), franges=(1, 2), rank=pricing.cost)
     mgs = [low.mugraph for low in lows[:6]]
     for mg in mgs:  # (fp32 kernels keep tl.exp since afead57; either way the kernel is float64's value)
         assert "tl.exp" in generate(mg).source
@@ -264,7 +265,8 @@ def test_degree_bounds_with_pow_where_and_kernels_held() -> None:
                 gens = sorted(sp.sympify(e).free_symbols, key=str) or [sp.Symbol("z")]
                 num, den = sp.fraction(sp.cancel(sp.together(e)))
                 true = max(true, *(sp.Poly(p, *gens).total_degree() for p in (num, den)))
-        mgs = [to_kernels(g), *(low.mugraph for low in lower_all(g, grids=[1, 2], franges=[1, 2], max_splits=4)[0][:6])]
+        lows = lower_all(g, grids=[1, 2], franges=[1, 2], max_splits=4, rank=pricing.cost)[0]
+        mgs = [to_kernels(g), *(low.mugraph for low in lows[:6])]
         stated = [R.quotient_info(g)[0], R.degree_bound(g)[0]] + [min(R.quotient_info(m)[0], R.degree_bound(m)[0])
                                                                     for m in mgs]
         assert min(stated) >= true, (str(g), true, stated)

@@ -39,6 +39,7 @@ import numpy as np
 import pytest
 
 import verimirage as vm
+from verimirage.pipeline import pricing
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -74,8 +75,8 @@ def test_scaled_weight_tiles_match_float64_on_extreme_norm_weights(dt: vm.DType)
     for name, g in _norm_cases(dt).items():
         gn = norm_into_projections(g)
         assert gn is not None, name
-        low = next(lw.mugraph for lw in lower_all(gn)[0] if "partition.scale_weight_tiles" in lw.steps
-                   and lw.mugraph.num_kernels == 1)
+        low = next(lw.mugraph for lw in lower_all(gn, rank=pricing.cost)[0]
+                   if "partition.scale_weight_tiles" in lw.steps and lw.mugraph.num_kernels == 1)
         assert "clamp" in str(low) and isinstance(vm.verify(g, low), vm.Proved), name
         fn = vm.compile(low)
         for kind in ("mixed", "zero", "negative", "tiny"):
@@ -156,7 +157,7 @@ def test_merged_launches_of_random_programs_match_float64(monkeypatch: pytest.Mo
         g = _random_program(rng)
         if g is None:
             continue
-        lows = lower_all(g)[0]
+        lows = lower_all(g, rank=pricing.cost)[0]
         tdt = torch.float16 if g.inputs[0].dtype is vm.float16 else torch.float32
         ins = {str(t.name): torch.tensor(np.random.default_rng(checked).standard_normal(t.shape), dtype=tdt)
                for t in g.inputs}
@@ -349,6 +350,6 @@ def test_degree_bound_is_above_the_sympy_degree_held(name: str) -> None:
     true = max(degree(e) for o in run(g, ins, Sym()) for e in np.asarray(o, dtype=object).reshape(-1))
     true = max(true, arg_degree[0])
     assert true >= 3  # (every case is a sum or product over the 3 classes: the bound has something to count)
-    lows = [low.mugraph for low in lower_all(g, grids=[1, 2], franges=[1, 3], max_splits=4)[0][:4]]
+    lows = [low.mugraph for low in lower_all(g, grids=[1, 2], franges=[1, 3], max_splits=4, rank=pricing.cost)[0][:4]]
     for p in (g, to_kernels(g), *lows):
         assert R.degree_bound(p)[0] >= true, (name, true, str(p))

@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from verimirage.pipeline import pricing
+
 torch = pytest.importorskip("torch")
 
 
@@ -109,7 +111,7 @@ def test_scaled_weight_tiles_flushed_small_weights_to_zero_where_the_source_is_a
                       g.input("W", (64, 32), h)))
     gn = norm_into_projections(g)
     assert gn is not None
-    mg = next(low.mugraph for low in lower_all(gn)[0] if "partition.scale_weight_tiles" in low.steps
+    mg = next(low.mugraph for low in lower_all(gn, rank=pricing.cost)[0] if "partition.scale_weight_tiles" in low.steps
               and low.mugraph.num_kernels == 1 and "frange=1," not in str(low.mugraph))
     assert isinstance(vm.verify(g, mg), vm.Proved) and fp_safety(g, mg) is None
     rng = np.random.default_rng(0)
@@ -145,7 +147,7 @@ def test_fp_check_rejected_a_design_whose_partial_sums_the_generated_code_keeps_
 
     g = vm.Graph()
     g.output(g.mean(g.input("X", (2, 8192), vm.float16), axis=1))
-    mg = next(low.mugraph for low in lower_all(g)[0] if low.mugraph.num_kernels == 2
+    mg = next(low.mugraph for low in lower_all(g, rank=pricing.cost)[0] if low.mugraph.num_kernels == 2
               and "sum" in str(low.mugraph) and "custom" not in str(low.mugraph))
     assert SafetyChecker(g).check(mg) is None
     ins = {"X": np.random.default_rng(0).uniform(1, 30, (2, 8192))}
@@ -189,7 +191,7 @@ def test_cut_of_a_norm_weighted_operand_overflowed_above_the_fp_checks_size_limi
     assert not numeric_check_affordable(forms(8, 2048, 1024)[0])  # (where the numeric check does not run)
     g, e = forms(4, 64, 32)
     sc = SafetyChecker(g, numeric=True)
-    lows = lower_all(e)[0]
+    lows = lower_all(e, rank=pricing.cost)[0]
     assert lows and all(sc.check(low.mugraph) is None for low in lows), [
         low.steps for low in lows if sc.check(low.mugraph) is not None]
     # the gated FFN's silu(x @ a) * (x @ b) is still materialised for the down projection
@@ -217,7 +219,7 @@ def test_fp_check_rejected_every_design_of_a_bf16_or_fp32_mean(dt: str) -> None:
     g = vm.Graph()
     g.output(g.mean(g.input("X", (4, 64), dtype), axis=1))
     sc = SafetyChecker(g)
-    lows = lower_all(g)[0]
+    lows = lower_all(g, rank=pricing.cost)[0]
     assert lows and all(sc.check(low.mugraph) is None for low in lows)
     # rows whose fp32 sum overflows count as the source overflowing; a mean of huge values that sum finitely does not
     assert evaluate_in_dtype(g, {"X": np.full((4, 64), 3e37)})[1]

@@ -22,7 +22,7 @@ from verimirage.backend.resources import SM90, ResourceError, fit, min_smem, sme
 from verimirage.backend.runtime import ensure_mode
 from verimirage.benchmarks.designs import expert
 from verimirage.ir.graph import node_list
-from verimirage.rewrite.cost import cost
+from verimirage.pipeline.pricing import cost
 
 ensure_mode()
 

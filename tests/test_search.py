@@ -9,6 +9,7 @@ import pytest
 
 import verimirage as vm
 from verimirage.ir.opfacts import missing_domains
+from verimirage.pipeline import pricing
 from verimirage.pipeline.superopt import ablate, superoptimize, verify_estimate_s
 from verimirage.rewrite import cost as cost_mod
 from verimirage.rewrite.lift import EClassTerms, Term, commutation_key, graph_terms, lift, term_to_graph
@@ -101,7 +102,7 @@ def test_every_lowering_evaluates_equal(name: str) -> None:
     checked = 0
     for choice in zip(*terms, strict=False):
         g2 = term_to_graph(list(choice), lifted.inputs)
-        lows, _ = lower_all(g2, franges=(1, 2, 4))
+        lows, _ = lower_all(g2, franges=(1, 2, 4), rank=pricing.cost)
         for low in lows[::3]:  # a deterministic sample keeps the test fast
             low.mugraph.check()
             out = vm.evaluate(low.mugraph, ins)
@@ -147,14 +148,14 @@ def test_cost_model_prefers_fusion_and_rejects_oversized_tiles() -> None:
     g = vm.benchmarks.get("gqa", batch=1)
     expert = vm.benchmarks.expert("gqa", g)
     unfused = vm.MuGraph.from_graph(g)
-    ce, cu = cost_mod.cost(expert), cost_mod.cost(unfused)
+    ce, cu = pricing.cost(expert), pricing.cost(unfused)
     assert ce.launches == 2 and cu.launches == 5
     assert ce.time_s < cu.time_s and ce.bytes < cu.bytes
     assert not ce.infeasible
     # one block holding all of K and V (no loop, no split): far beyond 227 KB
     an = analyse(vm.benchmarks.get("gqa", batch=1))
     big = build(an, Config(((an.data_parallel()[0], 2),)))
-    cb = cost_mod.cost(big.mugraph)
+    cb = pricing.cost(big.mugraph)
     assert cb.infeasible and "shared memory" in cb.reason
 
 
@@ -163,15 +164,15 @@ def test_kernel_level_ops_are_never_infeasible_for_shared_memory() -> None:
     # default block graph (a 64 x 1024 tile, 256 KB in the model), is how the backend runs that op (8 KB of
     # shared memory on sm_90). Fused candidates keep the check and their costs.
     g = vm.benchmarks.get("qknorm_gqa", batch=1)
-    cu = cost_mod.cost(vm.MuGraph.from_graph(g))
+    cu = pricing.cost(vm.MuGraph.from_graph(g))
     assert not cu.infeasible and cu.launches == 7 and cu.smem_max > cost_mod.H100.smem_per_block
     from verimirage.backend.wrap import to_kernels
 
-    cw = cost_mod.cost(to_kernels(vm.MuGraph.from_graph(g)))  # the same kernels as custom ones: checked
+    cw = pricing.cost(to_kernels(vm.MuGraph.from_graph(g)))  # the same kernels as custom ones: checked
     assert cw.infeasible and cw.time_s == cu.time_s
     an = analyse(g)
     big = build(an, Config(((an.data_parallel()[0], 2),)))
-    assert cost_mod.cost(big.mugraph).infeasible
+    assert pricing.cost(big.mugraph).infeasible
 
 
 @pytest.mark.skipif(not HAVE_VERIFY, reason="needs verimirage.smt.verify")
@@ -182,16 +183,16 @@ def test_qknorm_gqa_without_deferred_normalisation_gets_a_verified_candidate() -
     assert isinstance(res.best.verdict, Proved) and res.best.certificate is not None
     # without the rule the whole program fuses nothing (7 kernels, one per op); split into regions, the attention
     # core still fuses (its composition proved region by region), so the best is cheaper than one kernel per op
-    unfused = cost_mod.cost(vm.MuGraph.from_graph(g))
+    unfused = pricing.cost(vm.MuGraph.from_graph(g))
     assert res.best.cost.time_s < unfused.time_s, (res.best, unfused)
 
 
 def test_calibration_recovers_scale() -> None:
     gs = [vm.benchmarks.expert(n, vm.benchmarks.get(n)) for n in ("gqa", "rmsnorm_linear", "lora", "ntrans")]
-    samples = [(g, 2.0 * cost_mod.cost(g).time_s) for g in gs]
-    cal = cost_mod.calibrate(samples)
+    samples = [(g, 2.0 * pricing.cost(g).time_s) for g in gs]
+    cal = pricing.calibrate(samples)
     for g, t in samples:
-        assert cost_mod.cost(g, cal=cal).time_s == pytest.approx(t, rel=0.35)
+        assert pricing.cost(g, cal=cal).time_s == pytest.approx(t, rel=0.35)
 
 
 # --------------------------------------------------------------------------- superoptimize (search machinery)
@@ -548,7 +549,7 @@ def test_cost_model_shared_memory_and_contiguous_walks_match_the_h100() -> None:
     from pathlib import Path
 
     doc = json.loads((Path(__file__).resolve().parents[1] / "benchmarks/perf/cands/mha_tiles_bs8.json").read_text())
-    est = {(c["heads_per_block"], c["kv_tile"]): cost_mod.cost(vm.MuGraph.parse(c["mugraph"])) for c in doc["mha_bs8"]}
+    est = {(c["heads_per_block"], c["kv_tile"]): pricing.cost(vm.MuGraph.parse(c["mugraph"])) for c in doc["mha_bs8"]}
     assert not est[(2, 128)].infeasible and est[(2, 128)].smem_max < 200 * 1024
     assert est[(2, 256)].infeasible
     assert est[(2, 128)].time_s < est[(2, 64)].time_s
@@ -562,6 +563,6 @@ def test_cost_model_shared_memory_and_contiguous_walks_match_the_h100() -> None:
     for r in rows:
         if r["case"] in ("qknorm_gqa_bs1", "gqa_stable_bs1"):
             w = vm.MuGraph.parse(r["verimirage_mugraph"])
-            assert cost_mod.cost(w).time_s == cost_mod.cost(w, no_walk).time_s, r["case"]
-    assert cost_mod.cost(vm.MuGraph.parse(doc["mha_bs8"][3]["mugraph"])).time_s > cost_mod.cost(
+            assert pricing.cost(w).time_s == pricing.cost(w, no_walk).time_s, r["case"]
+    assert pricing.cost(vm.MuGraph.parse(doc["mha_bs8"][3]["mugraph"])).time_s > pricing.cost(
         vm.MuGraph.parse(doc["mha_bs8"][3]["mugraph"]), no_walk).time_s  # K (134 MB) is a device-memory stream

@@ -13,6 +13,7 @@ import numpy as np
 
 import verimirage as vm
 from verimirage.benchmarks.layer import get_layer
+from verimirage.pipeline import pricing
 from verimirage.rewrite import partition as P
 from verimirage.smt.glue import region_of
 
@@ -23,7 +24,7 @@ def test_the_decode_layers_p_v_splits_over_the_keys_with_its_new_token_term() ->
     g = get_layer("decode_bs1", small=True)
     reg = region_of(g, PV).graph
     assert any(n.op == "div" for n in reg.nodes) and any(n.op == "matmul" for n in reg.nodes)
-    lows, rejected = P.lower_all(reg)
+    lows, rejected = P.lower_all(reg, rank=pricing.cost)
     split = [lo for lo in lows if "partition.split_kv" in lo.steps and "partition.split_recompute" in lo.steps]
     assert split, rejected
     assert not any("loop-invariant value" in r for r in rejected)
@@ -40,7 +41,7 @@ def test_the_split_p_v_kernels_match_float64_in_the_interpreter() -> None:
 
     g = get_layer("decode_bs1", small=True)
     reg = region_of(g, PV).graph
-    lows, _ = P.lower_all(reg)
+    lows, _ = P.lower_all(reg, rank=pricing.cost)
     lo = next(lo for lo in lows if "partition.split_kv" in lo.steps and "partition.split_recompute" in lo.steps)
     rng = np.random.default_rng(1)
     ins = {t.name: rng.uniform(0.1, 1.0, t.shape).astype(np.float16).astype(np.float64) for t in reg.inputs}

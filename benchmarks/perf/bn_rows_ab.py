@@ -70,7 +70,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
     import verimirage as vm
-    from verimirage.rewrite.cost import cost
+    from verimirage.pipeline.pricing import cost
 
     doc = json.loads((ROOT / "benchmarks" / "candidates_models" / "batchnorm_relu.json").read_text())
     variants = {"stored cand 0 (64-wide)": vm.MuGraph.parse(doc["candidates"][0]["mugraph"])}

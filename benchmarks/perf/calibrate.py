@@ -50,7 +50,7 @@ def spearman(xs: list[float], ys: list[float]) -> float:
 
 
 def report(data: list[tuple[str, object, float]], hw: object) -> float:
-    from verimirage.rewrite.cost import cost
+    from verimirage.pipeline.pricing import cost
 
     groups: dict[str, tuple[list[float], list[float]]] = {}
     for case, mg, us in data:

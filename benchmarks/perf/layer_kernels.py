@@ -26,7 +26,7 @@ from verimirage.backend.tuning import recommend  # noqa: E402
 from verimirage.backend.wrap import to_kernels  # noqa: E402
 from verimirage.ir.graph import MuGraph, node_list  # noqa: E402
 from verimirage.ir.ops import OPS, Prop  # noqa: E402
-from verimirage.rewrite.cost import block_cost  # noqa: E402
+from verimirage.pipeline.pricing import block_cost  # noqa: E402
 
 
 def describe(bg: Any, arg_types: list[Any]) -> dict[str, Any]:

@@ -50,13 +50,14 @@ def build() -> None:
     """The cross_entropy_prefill design the stored file lacks (2048 x 4 blocks of one 8,000-column row, the one
     logsumexp_prefill measured fastest), from the partitioner, as a measurement probe (not verified)."""
     import verimirage as vm
-    from verimirage.rewrite.cost import cost
+    from verimirage.pipeline.pricing import cost
     from verimirage.rewrite.partition import lower_all
     from verimirage.rewrite.stabilise import hoist_row_constants
 
     gp = vm.benchmarks.get_model("cross_entropy_prefill")
     g2 = hoist_row_constants(gp) or gp
-    lows = [lo for lo in lower_all(g2)[0] if "partition.cut" in lo.steps and not cost(lo.mugraph).infeasible]
+    lows = [lo for lo in lower_all(g2, rank=cost)[0]
+            if "partition.cut" in lo.steps and not cost(lo.mugraph).infeasible]
     lows.sort(key=lambda lo: cost(lo.mugraph).time_s)
     out = []
     for lo in lows:

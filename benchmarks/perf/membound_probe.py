@@ -39,7 +39,7 @@ REDUCE_CFGS = [(4, 1, 16), (8, 1, 16), (16, 1, 16), (32, 1, 16)]
 
 def build() -> None:
     import verimirage as vm
-    from verimirage.rewrite.cost import cost
+    from verimirage.pipeline.pricing import cost
     from verimirage.rewrite.partition import lower_all
     from verimirage.rewrite.stabilise import hoist_row_constants
 
@@ -56,7 +56,8 @@ def build() -> None:
         if not f.exists():  # (not searched yet: the partitioner's four best-estimated lowerings, unverified)
             gp = vm.benchmarks.get_model(prog)
             gp = (hoist_row_constants(gp) or gp) if prog.startswith("cross") else gp
-            lows = sorted(lower_all(gp, cuts=False)[0], key=lambda lo: cost(lo.mugraph).time_s)
+            lows = sorted(lower_all(gp, cuts=False, rank=cost)[0],
+                          key=lambda lo: cost(lo.mugraph).time_s)
             for i, lo in enumerate([lo for lo in lows if not cost(lo.mugraph).infeasible][:4]):
                 add(prog, f"low{i}", lo.mugraph, REDUCE_CFGS)
             continue
@@ -78,14 +79,15 @@ def build() -> None:
     for prog in ("cross_entropy", "cross_entropy_prefill"):
         gp = vm.benchmarks.get_model(prog)
         for tag, g2 in (("cut", gp), ("hcut", hoist_row_constants(gp))):
-            lows = [lo for lo in lower_all(g2)[0] if "partition.cut" in lo.steps and not cost(lo.mugraph).infeasible]
+            lows = [lo for lo in lower_all(g2, rank=cost)[0]
+                    if "partition.cut" in lo.steps and not cost(lo.mugraph).infeasible]
             lows.sort(key=lambda lo: cost(lo.mugraph).time_s)
             for i, lo in enumerate(lows[:3 if tag == "hcut" else 1]):
                 add(prog, f"{tag}{i}", lo.mugraph, [(4, 1, 16), (8, 1, 16), (16, 1, 16), (32, 1, 16)])
     # cross_entropy's column splits: more blocks, the combine's loop unrolled or not
     g = hoist_row_constants(vm.benchmarks.get_model("cross_entropy"))
     assert g is not None
-    lows, _ = lower_all(g, max_splits=128, cuts=False)
+    lows, _ = lower_all(g, max_splits=128, cuts=False, rank=cost)
     for lo in lows:
         s = str(lo.mugraph)
         for splits, tile in ((32, 1000), (64, 500), (128, 250)):

@@ -33,16 +33,13 @@ from typing import Any
 import numpy as np
 
 from ..ir.dtypes import DType
+from ..ir.finfo import DTYPE_MAX
 from ..ir.graph import Graph, node_list, output_refs
 from ..ir.interpret import apply_op, run_block
 from ..ir.ops import OPS, Prop, TensorType
 from ..ir.reference import REF
 
 log = logging.getLogger(__name__)
-
-#: the largest finite value of each dtype
-DTYPE_MAX = {DType.float16: 65504.0, DType.bfloat16: 3.3895313892515355e38, DType.float32: 3.4028234663852886e38}
-
 
 def round_to(x: Any, dtype: DType) -> np.ndarray:
     """``x`` (float64) rounded to ``dtype`` and back to float64 (overflow gives inf, as the dtype does)."""

@@ -12,7 +12,7 @@ Phases (each timed in the report):
 3. *lower* — every feasible partition of each graph into μGraphs
    (:mod:`verimirage.rewrite.partition`), plus the unfused baseline;
 4. *cost* — rank by the cost model, dropping kernels that do not fit shared
-   memory (:mod:`verimirage.rewrite.cost`);
+   memory (:mod:`verimirage.rewrite.cost` with the backend's launch model, :mod:`.pricing`);
 5. *verify* — ``vm.verify`` each candidate against the input graph (one
    ``Verifier`` of the graph for all candidates), best first, until ``top_k``
    are Proved; anything else is rejected with its reason;
@@ -42,7 +42,7 @@ from ..ir.graph import Graph, MuGraph, node_list
 from ..ir.ops import Prop, get_op
 from ..ir.reference import check_evaluable
 from ..rewrite.causal import mask_inputs, restore_masks, with_skips
-from ..rewrite.cost import Calibration, Cost, cost
+from ..rewrite.cost import Calibration, Cost
 from ..rewrite.lift import EClassTerms, Term, commutation_key, lift, term_to_graph
 from ..rewrite.partition import Lowered, lower_all
 from ..rewrite.rules import Rule, RuleError, select_rules
@@ -50,6 +50,7 @@ from ..rewrite.saturate import SaturationPanic, attribute, saturate
 from .admit import admit
 from .fpsafe import max_shifted as _max_shifted
 from .options import SearchOptions, StopReason
+from .pricing import cost
 from .progress import Progress
 
 log = logging.getLogger(__name__)
@@ -777,7 +778,7 @@ def _lower_phase(run: _Run) -> None:
     # (rank key, lowering, cost, index of its graph in ``graphs``)
     pool: list[tuple[tuple[Any, ...], Lowered, Cost, int]] = []
     for gi, (g2, _, _) in enumerate(graphs):
-        lows, rejected = lower_all(g2, grids=grids, franges=franges, max_splits=max_splits)
+        lows, rejected = lower_all(g2, grids=grids, franges=franges, max_splits=max_splits, rank=cost)
         lows = _with_masks(lows, run.masks)
         for reason, n in rejected.items():
             rep.pruned[reason] = rep.pruned.get(reason, 0) + n

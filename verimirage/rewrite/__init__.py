@@ -3,7 +3,7 @@
 Importing this package registers the ``"egglog"`` meaning of every kernel-level op. Public names for
 research use: :class:`Rule`, :func:`ruleset`, ``pat``, :class:`PVar`, :class:`AVar`, :class:`Instance`,
 guards (:class:`SameRank`, :class:`RankIs`, :class:`DimIsOne`, :class:`SameDim`; the value guard
-:class:`Positive`), :func:`ablate`.
+:class:`Positive`). (``ablate``, which runs the search, is the orchestrator's: ``vm.rules.ablate``.)
 """
 
 from ..logs import quiet_egglog
@@ -32,13 +32,5 @@ from .rules import (  # noqa: E402
 
 __all__ = [
     "AVar", "DimIsOne", "Instance", "PVar", "Positive", "RankIs", "RankMinus", "RecipDim", "Rule", "RuleError",
-    "Ruleset", "SameDim", "SameRank", "ablate", "builtin_rulesets", "lift", "pat", "ruleset",
+    "Ruleset", "SameDim", "SameRank", "builtin_rulesets", "lift", "pat", "ruleset",
 ]
-
-
-def __getattr__(name: str):  # type: ignore[no-untyped-def]
-    if name == "ablate":
-        from ..pipeline.superopt import ablate
-
-        return ablate
-    raise AttributeError(f"module 'verimirage.rewrite' has no attribute {name!r}")

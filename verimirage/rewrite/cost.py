@@ -29,11 +29,17 @@ from H100/H200 measurements (benchmarks/perf/NOTES.md):
   not fit ``stages - 1`` times in shared memory (as Triton buffers them) is
   infeasible (227 KB on an H100), and each loop iteration costs a little
   fixed time. So is a kernel the backend cannot launch within that limit under any configuration
-  (:func:`verimirage.backend.resources.min_smem`: one stage, 16-row ``tl.dot`` padding);
+  (:meth:`LaunchModel.min_smem`; the Triton backend's: one stage, 16-row ``tl.dot`` padding);
 * a for-loop whose live tiles need more registers than ``loop_registers`` per thread spills, and products
   of rank-3 tiles with several batch elements run ``batched_dot_slowdown`` slower (mma.sync and layout
   conversions instead of wgmma);
 * a program whose traffic fits in L2 finds part of it there when called again (``hot_l2``).
+
+What only the code generator knows (which elementwise kernels it emits flat, the block graph a kernel-level op
+runs as, the least shared memory a kernel launches with, merged launches) the model asks a :class:`LaunchModel`,
+given as ``launch``: the backend implements it (:class:`verimirage.backend.launch_model.TritonLaunches`) and the
+orchestrator passes it in (:mod:`verimirage.pipeline.pricing`, the estimate the search ranks by); this module
+imports no backend. Without one the estimate is the model's own (see :class:`LaunchModel`).
 
 ``benchmarks/calibrate_cost.py`` reports the rank agreement of these estimates with every measured candidate of
 the models set (``tests/test_cost_calibration.py`` holds it).
@@ -47,9 +53,9 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from ..ir.graph import BlockGraph, Graph, MuGraph, node_list, output_refs
+from ..ir.graph import BlockGraph, Graph, MuGraph, Node, node_list, output_refs
 from ..ir.ops import LOOP_OPS, OPS, Prop, TensorType
 
 
@@ -204,6 +210,43 @@ class Hardware:
 H100 = Hardware()
 
 
+class LaunchModel(Protocol):
+    """How the code generator launches what the model prices: the questions only the backend can answer
+    (:class:`verimirage.backend.launch_model.TritonLaunches` answers them; :mod:`verimirage.pipeline.pricing`
+    passes it to :func:`cost`). A method may raise for a kernel the backend cannot lower or an op it cannot wrap:
+    the estimate then answers that question as without a launch model (the lowering reports the failure, not the
+    cost model). Without a launch model (``launch=None``) each block graph is priced tiled as it stands, a
+    kernel-level op outside a custom kernel by a flat roofline, one launch a kernel, and shared-memory feasibility
+    by this module's own estimate alone."""
+
+    @property
+    def flat_block(self) -> int:
+        """Elements a block of an elementwise kernel emitted flat takes."""
+        ...
+
+    def flat_pays(self, bg: BlockGraph, in_types: Sequence[TensorType]) -> bool:
+        """Whether kernel ``bg`` is emitted flat: one index range over its outputs' elements, contiguous loads and
+        stores, ``flat_block`` elements a block."""
+        ...
+
+    def min_smem(self, bg: BlockGraph, in_types: Sequence[TensorType], limit: int) -> int:
+        """The least shared memory ``bg`` can be launched with under any configuration (or a cheap bound on it
+        where that bound is within ``limit``)."""
+        ...
+
+    def default_block(self, node: Node, in_types: Sequence[TensorType]) -> BlockGraph:
+        """The block graph kernel-level ``node`` runs as outside a custom kernel."""
+        ...
+
+    def merged_launches(self, g: Graph) -> int:
+        """How many launches the merged mode makes of ``g``'s kernels."""
+        ...
+
+    def merge_wanted(self) -> bool:
+        """Whether programs run with merged launches when not told otherwise."""
+        ...
+
+
 @dataclass(frozen=True)
 class Calibration:
     """Multipliers fitted to GPU timings: ``time = a*mem + b*compute + c*launches``."""
@@ -310,9 +353,10 @@ def loop_iterations(bg: BlockGraph) -> float:
 
 
 def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequence[TensorType],
-               hw: Hardware = H100, cal: Calibration = Calibration(), hot: float = 0.0) -> KernelCost:
+               hw: Hardware = H100, cal: Calibration = Calibration(), hot: float = 0.0,
+               launch: LaunchModel | None = None) -> KernelCost:
     """Estimate of one custom kernel (``hot``: the fraction of its device-memory bytes found in L2, see
-    :attr:`Hardware.hot_l2`)."""
+    :attr:`Hardware.hot_l2`; ``launch``: the backend's answers, see :class:`LaunchModel`)."""
     blocks = bg.num_blocks
     post = bg.post_loop()
     dram_in = 0
@@ -328,7 +372,7 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
     # a one-step kernel without tl.dot: masked loads straight into registers (see the end of this function)
     stream = bg.frange == 1 and not any(OPS[n.op].has(Prop.CONTRACTION) for n in bg.nodes)
     # an elementwise kernel the backend emits over one flat index range (see _flat_blocks): whole runs, no padding
-    flat = _flat_blocks(bg, in_types) if stream and hw.flat_elementwise else 0
+    flat, flat_block = _flat_blocks(bg, in_types, launch) if stream and hw.flat_elementwise else (0, 0)
     dots = False
     reducing = False
     for i, n in enumerate(bg.nodes):
@@ -402,10 +446,8 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
         outs = [math.prod(_pow2(d) for d in bg.type_of(r).shape) for r in bg.outputs]
         regs = 4 * big * max(1, sum(1 for x in [*sizes, *outs] if x == big))
     tc_all, other_all = int(tc * blocks), int(other * blocks)
-    if flat:  # its blocks of FLAT_BLOCK elements each (no padding), one per input and output in registers
-        from ..backend.tuning import FLAT_BLOCK  # (flat > 0 only where _flat_blocks imported the backend)
-
-        blocks, regs, pad = flat, 4 * FLAT_BLOCK * (len(in_types) + len(out_types)), 1.0
+    if flat:  # its blocks of flat_block elements each (no padding), one per input and output in registers
+        blocks, regs, pad = flat, 4 * flat_block * (len(in_types) + len(out_types)), 1.0
     kc = _roofline(int(nbytes), tc_all, other_all, blocks, 0 if flat else smem, hw, cal, l2_in, pad * spill,
                    math.ceil(its), hot, 0 if dots or bg.frange <= hw.unroll_max else math.ceil(its),
                    _in_flight(bg, smem_walk) if dots else 0.0,
@@ -415,24 +457,23 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
     return dataclasses.replace(kc, smem=smem) if flat else kc
 
 
-def _flat_blocks(bg: BlockGraph, in_types: Sequence[TensorType]) -> int:
-    """The blocks of kernel ``bg`` when the backend emits it flat (``TileOptions.flat``: one index range over its
-    outputs' elements, ``backend.tuning.FLAT_BLOCK`` a block, contiguous loads and stores), which
-    ``backend.tuning.recommend`` does where its own tiles would waste bandwidth (``tuning.flat_pays``: rows shorter
-    than 512 bytes, or padding idling more than 1/8 of the lanes); 0 otherwise, or without the backend. (H100, run
-    16: batchnorm_relu's flat kernel 35.9-36.1 us for 102.8 MB, its 64-column tiles 38.8-39.1: ``Hardware.page``.)"""
+def _flat_blocks(bg: BlockGraph, in_types: Sequence[TensorType], launch: LaunchModel | None) -> tuple[int, int]:
+    """The blocks of kernel ``bg`` and the elements of each when the backend emits it flat (one index range over its
+    outputs' elements, ``launch.flat_block`` a block, contiguous loads and stores), which the Triton backend does
+    where its own tiles would waste bandwidth (``LaunchModel.flat_pays``; Triton's ``tuning.flat_pays``: rows
+    shorter than 512 bytes, or padding idling more than 1/8 of the lanes); (0, 0) otherwise, or without a launch
+    model. (H100, run 16: batchnorm_relu's flat kernel 35.9-36.1 us for 102.8 MB, its 64-column tiles 38.8-39.1:
+    ``Hardware.page``.)"""
+    if launch is None:  # the block graph's own tiles
+        return 0, 0
     try:
-        from ..backend.tuning import FLAT_BLOCK, flat_pays
-    except Exception:  # no backend: the block graph's own tiles
-        return 0
-    try:
-        if not flat_pays(bg, in_types):
-            return 0
+        if not launch.flat_pays(bg, in_types):
+            return 0, 0
     except Exception:  # a kernel codegen cannot lower: the lowering reports that, not the cost model
-        return 0
+        return 0, 0
     a, k = bg.outputs[0]
     numel = bg.nodes[a].outs[k].numel * bg.num_blocks
-    return max(1, math.ceil(numel / FLAT_BLOCK))
+    return max(1, math.ceil(numel / launch.flat_block)), launch.flat_block
 
 
 def _run(t: TensorType, full: TensorType, hw: Hardware, whole: bool = False) -> int:
@@ -536,13 +577,13 @@ def _broadcast_spill(bg: BlockGraph, hw: Hardware) -> float:
     return max(1.0, worst / threads / hw.loop_registers) ** 2
 
 
-def _backend_min_smem(bg: BlockGraph, in_types: Sequence[TensorType], limit: int) -> int:
-    """The least shared memory the backend can launch ``bg`` with (:func:`verimirage.backend.resources.min_smem`);
-    0 when the backend cannot say (then only this module's own estimate decides feasibility)."""
+def _backend_min_smem(bg: BlockGraph, in_types: Sequence[TensorType], limit: int, launch: LaunchModel | None) -> int:
+    """The least shared memory the backend can launch ``bg`` with (:meth:`LaunchModel.min_smem`); 0 when there is
+    no launch model or it cannot say (then only this module's own estimate decides feasibility)."""
+    if launch is None:
+        return 0
     try:
-        from ..backend.resources import min_smem
-
-        return min_smem(bg, in_types, limit)
+        return launch.min_smem(bg, in_types, limit)
     except Exception:  # codegen cannot lower it: the lowering reports that, not the cost model
         return 0
 
@@ -553,42 +594,31 @@ def _largest_tile(bg: BlockGraph) -> int:
     return max((math.prod(_pow2(d) for d in t.shape) for n in bg.nodes for t in n.outs), default=0)
 
 
-def merged_launches(g: Graph) -> int | None:
-    """How many launches the runtime's merged mode (``VERIMIRAGE_MERGE``, :func:`verimirage.backend.codegen.generate`'s
-    ``merge``) makes of ``g``'s kernels: one per dependency level and warps count
-    (:func:`verimirage.backend.tuning.recommend`'s), kernel-level ops wrapped as the backend wraps them. None where the
-    backend cannot say (not importable, or an op it cannot wrap)."""
+def merged_launches(g: Graph, launch: LaunchModel | None) -> int | None:
+    """How many launches the merged mode makes of ``g``'s kernels (:meth:`LaunchModel.merged_launches`); None where
+    there is no launch model or it cannot say (an op it cannot wrap: the estimate keeps a launch per kernel)."""
+    if launch is None:
+        return None
     try:
-        from ..backend.codegen import _as_mugraph, _launch_units
-        from ..backend.tuning import recommend
-        from ..backend.wrap import to_kernels
-
-        nodes = node_list(to_kernels(_as_mugraph(g)))
-        return len(_launch_units(nodes, set(), True, lambda bg, at: recommend(bg, at).num_warps))
-    except Exception:  # (no backend, or an op it cannot wrap: the estimate keeps a launch per kernel)
+        return launch.merged_launches(g)
+    except Exception:  # (an op the backend cannot wrap)
         return None
 
 
-def _merge_default() -> bool:
-    """Whether :func:`cost` counts merged launches when not told: as the runtime runs programs
-    (:func:`verimirage.backend.runtime._merge_wanted`, ``VERIMIRAGE_MERGE``)."""
-    try:
-        from ..backend.runtime import _merge_wanted
-    except ImportError:  # (no backend: one launch a kernel)
-        return False
-    return _merge_wanted()
+def cost(g: Graph, hw: Hardware = H100, cal: Calibration = Calibration(), merge: bool | None = None,
+         launch: LaunchModel | None = None) -> Cost:
+    """Estimate for a kernel graph or μGraph, with ``launch`` the backend's answers (:class:`LaunchModel`; the
+    estimate the search ranks by is :func:`verimirage.pipeline.pricing.cost`, this one with the Triton backend's).
 
-
-def cost(g: Graph, hw: Hardware = H100, cal: Calibration = Calibration(), merge: bool | None = None) -> Cost:
-    """Estimate for a kernel graph or μGraph.
-
-    ``merge`` (default: as the runtime launches, ``VERIMIRAGE_MERGE``): the kernels of one dependency level that
-    the tuning rules give the same warps are one launch (:func:`merged_launches`), each launch after the first of
-    such a group no longer paying ``hw.launch_s`` (measured on an H100, the decoder layer at bs1: 16 -> 14 launches,
-    197.1 -> 194.3 µs; another candidate 13 -> 11, 208.3 -> 195.5; BENCHMARKS.md "A decoder layer").
+    ``merge`` (default: as the runtime launches, :meth:`LaunchModel.merge_wanted`; off without a launch model): the
+    kernels of one dependency level that the tuning rules give the same warps are one launch
+    (:func:`merged_launches`), each launch after the first of such a group no longer paying ``hw.launch_s``
+    (measured on an H100, the decoder layer at bs1: 16 -> 14 launches, 197.1 -> 194.3 µs; another candidate
+    13 -> 11, 208.3 -> 195.5; BENCHMARKS.md "A decoder layer").
 
     Kernel-level ops outside custom kernels are costed as the backend will run them: each wrapped in
-    its default block graph (:func:`verimirage.backend.wrap.default_block`, pure Python). Only custom
+    its default block graph (:meth:`LaunchModel.default_block`; without a launch model, or for an op the backend
+    cannot wrap, a flat roofline of its bytes and flops). Only custom
     kernels (the search's block graphs) can be infeasible for shared memory: a wrapped kernel-level op is
     how the backend runs that op whatever the size (its tiles live in registers; e.g. qknorm_gqa's
     ``rms_norm`` of K over axis 1, a 64 x 1024 tile modelled at 256 KB, compiles for sm_90 with 8 KB of
@@ -603,12 +633,10 @@ def cost(g: Graph, hw: Hardware = H100, cal: Calibration = Calibration(), merge:
     def inline(op: str) -> bool:  # (a constant such as a causal mask is computed inside the kernels that read it)
         return op in ("input", "custom") or OPS[op].has(Prop.CONSTANT)
 
-    if any(not inline(n.op) for n in nodes):
+    if launch is not None and any(not inline(n.op) for n in nodes):
         try:
-            from ..backend.wrap import default_block
-
-            wrapped = {i: default_block(n, arg_types(n)) for i, n in enumerate(nodes) if not inline(n.op)}
-        except Exception:  # no backend, or an op it cannot wrap: fall back to the flat estimate below
+            wrapped = {i: launch.default_block(n, arg_types(n)) for i, n in enumerate(nodes) if not inline(n.op)}
+        except Exception:  # an op the backend cannot wrap: fall back to the flat estimate below
             wrapped = {}
     ks: list[KernelCost] = []
     reason = ""
@@ -620,7 +648,7 @@ def cost(g: Graph, hw: Hardware = H100, cal: Calibration = Calibration(), merge:
             continue
         in_types = arg_types(n)
         if n.op == "custom":
-            kc = block_cost(n.attr("block"), in_types, n.outs, hw, cal, hot)
+            kc = block_cost(n.attr("block"), in_types, n.outs, hw, cal, hot, launch)
             big = _largest_tile(n.attr("block"))
             if big > hw.max_tile_elements and not reason:
                 reason = (f"a block value is a tile of {big} elements (padded; > {hw.max_tile_elements} per "
@@ -628,12 +656,12 @@ def cost(g: Graph, hw: Hardware = H100, cal: Calibration = Calibration(), merge:
             if kc.smem > hw.smem_per_block and not reason:
                 reason = f"a block needs {kc.smem / 1024:.0f} KB of shared memory (> {hw.smem_per_block // 1024} KB)"
             if not reason:
-                least = _backend_min_smem(n.attr("block"), in_types, hw.smem_per_block)
+                least = _backend_min_smem(n.attr("block"), in_types, hw.smem_per_block, launch)
                 if least > hw.smem_per_block:
                     reason = (f"a kernel's tiles need {least} B of shared memory under every launch configuration "
                               f"(> {hw.smem_per_block} B per block)")
         elif i in wrapped:
-            kc = block_cost(wrapped[i], in_types, n.outs, hw, cal, hot)
+            kc = block_cost(wrapped[i], in_types, n.outs, hw, cal, hot, launch)
         else:
             out = n.outs[0]
             nbytes = sum(_bytes(t) for t in in_types) + _bytes(out)
@@ -644,8 +672,10 @@ def cost(g: Graph, hw: Hardware = H100, cal: Calibration = Calibration(), merge:
         ks.append(kc)
     launches = len(ks)
     saved = 0.0
-    if (_merge_default() if merge is None else merge) and launches > 1:
-        merged = merged_launches(g)
+    if merge is None:
+        merge = launch is not None and launch.merge_wanted()
+    if merge and launches > 1:
+        merged = merged_launches(g, launch)
         if merged is not None and merged < launches:
             saved, launches = (launches - merged) * hw.launch_s * cal.launch, merged
     return Cost(
@@ -662,8 +692,10 @@ def cost(g: Graph, hw: Hardware = H100, cal: Calibration = Calibration(), merge:
     )
 
 
-def calibrate(samples: Sequence[tuple[Graph, float]], hw: Hardware = H100) -> Calibration:
-    """Fit :class:`Calibration` to measured ``(mugraph, seconds)`` pairs (least squares, non-negative).
+def calibrate(samples: Sequence[tuple[Graph, float]], hw: Hardware = H100,
+              launch: LaunchModel | None = None) -> Calibration:
+    """Fit :class:`Calibration` to measured ``(mugraph, seconds)`` pairs (least squares, non-negative), each
+    estimated with ``launch`` (see :func:`cost`).
 
     The hook the GPU profiler feeds: ``cost(g, cal=calibrate(timings))`` then ranks by calibrated time.
     """
@@ -673,7 +705,7 @@ def calibrate(samples: Sequence[tuple[Graph, float]], hw: Hardware = H100) -> Ca
         return Calibration()
     rows, ys = [], []
     for g, secs in samples:
-        c = cost(g, hw)
+        c = cost(g, hw, launch=launch)
         mem = sum(k.mem_s for k in c.kernels)
         comp = sum(k.compute_s for k in c.kernels)
         rows.append([mem, comp, c.launches * hw.launch_s])
@@ -685,4 +717,5 @@ def calibrate(samples: Sequence[tuple[Graph, float]], hw: Hardware = H100) -> Ca
     return Calibration(float(coef[0]), float(coef[1]), float(coef[2]))
 
 
-__all__ = ["H100", "Calibration", "Cost", "Hardware", "KernelCost", "block_cost", "calibrate", "cost", "MuGraph"]
+__all__ = ["H100", "Calibration", "Cost", "Hardware", "KernelCost", "LaunchModel", "block_cost", "calibrate", "cost",
+           "merged_launches", "MuGraph"]

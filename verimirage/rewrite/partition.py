@@ -32,7 +32,7 @@ import enum
 import itertools
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -1035,6 +1035,12 @@ def unfused(g: Graph) -> Lowered:
     return Lowered(MuGraph.from_graph(g), ["partition.unfused"], None)
 
 
+#: how :func:`lower_all` ranks the lowerings of a cut's sides and of a program's parts to keep the cheapest: a
+#: μGraph -> sortable key. The search passes the cost model as the backend launches (``verimirage.pipeline.pricing.
+#: cost``); this package has no default (the cost model alone, without the backend's launch model, keeps other
+#: sides of some cuts)
+Rank = Callable[[MuGraph], Any]
+
 #: lowerings of each side of a cut that are joined (the cheapest by the cost model), and cuts tried per program
 CUT_KEEP = 3
 CUT_MAX = 4
@@ -1234,17 +1240,14 @@ def join(g: Graph, parts: Sequence[tuple[MuGraph, str | None]]) -> MuGraph:
     return MuGraph._from_parts(nodes, last)
 
 
-def cut_lowerings(g: Graph, *, grids: Sequence[int] | None = None, franges: Sequence[int] | None = None,
-                  max_splits: int = 32, keep: int = CUT_KEEP, rank: Any = None,
+def cut_lowerings(g: Graph, *, rank: Rank, grids: Sequence[int] | None = None,
+                  franges: Sequence[int] | None = None, max_splits: int = 32, keep: int = CUT_KEEP,
                   depth: int = CUT_DEPTH) -> list[Lowered]:
     """Lowerings of ``g`` with one contraction operand materialised (``partition.cut``): for each of
-    :func:`cut_points`, the ``keep`` cheapest lowerings (by ``rank``, a μGraph -> sortable key; default:
-    the cost model's estimate for an H100) of the part computing it joined with the ``keep`` cheapest of the
-    rest. Each side is lowered with cuts of its own up to ``depth`` - 1 levels deeper (a projection cut from
-    its norm epilogue may itself read a flattened operand that only a cut lets it tile); a pair of two
-    unfused sides (the unfused baseline again) is skipped."""
-    if rank is None:
-        from .cost import cost as rank
+    :func:`cut_points`, the ``keep`` cheapest lowerings (by ``rank``, see :data:`Rank`) of the part computing it
+    joined with the ``keep`` cheapest of the rest. Each side is lowered with cuts of its own up to ``depth`` - 1
+    levels deeper (a projection cut from its norm epilogue may itself read a flattened operand that only a cut lets
+    it tile); a pair of two unfused sides (the unfused baseline again) is skipped."""
     out: list[Lowered] = []
     taken = {t.name for t in g.inputs}
     for v in cut_points(g):
@@ -1324,8 +1327,8 @@ def _join_parallel(g: Graph, parts: Sequence[tuple[MuGraph, Sequence[int]]]) -> 
     return MuGraph._from_parts(nodes, [result[k] for k in range(len(result))])
 
 
-def component_lowerings(g: Graph, *, grids: Sequence[int] | None = None, franges: Sequence[int] | None = None,
-                        max_splits: int = 32, keep: int = CUT_KEEP, rank: Any = None,
+def component_lowerings(g: Graph, *, rank: Rank, grids: Sequence[int] | None = None,
+                        franges: Sequence[int] | None = None, max_splits: int = 32, keep: int = CUT_KEEP,
                         cut_depth: int = CUT_DEPTH) -> list[Lowered]:
     """Lowerings of a program of independent parts (outputs computed from the inputs by disjoint ops): each part
     lowered on its own (its ``keep`` cheapest by ``rank``), then run one after another (``partition.components``).
@@ -1335,8 +1338,6 @@ def component_lowerings(g: Graph, *, grids: Sequence[int] | None = None, franges
     comps = _output_components(g)
     if len(comps) < 2:
         return []
-    if rank is None:
-        from .cost import cost as rank
     nodes = node_list(g)
     memo: dict[int, Term] = {}
     for i, n in enumerate(nodes):
@@ -1372,11 +1373,11 @@ def component_lowerings(g: Graph, *, grids: Sequence[int] | None = None, franges
 def lower_all(
     g: Graph,
     *,
+    rank: Rank,
     grids: Sequence[int] | None = None,
     franges: Sequence[int] | None = None,
     max_splits: int = 32,
     cuts: bool = True,
-    rank: Any = None,
     cut_depth: int = CUT_DEPTH,
     components: bool = False,
 ) -> tuple[list[Lowered], dict[str, int]]:

@@ -347,9 +347,9 @@ def scale_weight_tiles(mg: Graph) -> MuGraph | None:
     activations leave near 0 gives ``0 * inf``: NaN where the source is finite); the sum of products times ``s`` is
     an fp32 value of at most ``k |a| |c t|``. See :func:`norm_into_projections`."""
     from ..ir.dtypes import DType
+    from ..ir.finfo import DTYPE_MAX
     from ..ir.graph import BlockGraph, Node, make_attrs, tile_shape
     from ..ir.ops import TensorType
-    from ..pipeline.fpsafe import DTYPE_MAX
 
     nodes = list(node_list(mg))
     changed = False

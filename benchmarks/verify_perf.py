@@ -1,9 +1,10 @@
-"""Time ``vm.verify`` on suite pairs: ``python -m verimirage.smt.perf [NAMES|all] [BATCH] [REPEATS]``.
+"""Time ``vm.verify`` on suite pairs: ``python benchmarks/verify_perf.py [NAMES|all] [BATCH] [REPEATS]``.
 
 For each suite graph ``g`` (full size) and its expert design ``m``, prints the best of REPEATS of a
 cold ``vm.verify(g, m)`` (recent targets forgotten first, so the target's trials are evaluated too)
 and of a warm one right after (only the candidate is evaluated), wall and process-CPU seconds, with
-the finite-field trial count and stated bound. See verimirage/smt/PERF.md.
+the finite-field trial count and stated bound. See verimirage/smt/PERF.md. (A benchmark of the whole package:
+it lives here, not in ``verimirage.smt``, which imports only ``verimirage.ir``.)
 """
 
 from __future__ import annotations

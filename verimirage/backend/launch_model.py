@@ -1,0 +1,60 @@
+"""How this backend launches a program, as the cost model asks it (:class:`TritonLaunches`, :data:`LAUNCHES`).
+
+The cost model (:mod:`verimirage.rewrite.cost`) prices a μGraph from its block graphs; a few of its questions only
+the code generator can answer: whether an elementwise kernel is emitted flat and how many elements a flat block
+takes, the block graph a kernel-level op runs as, the least shared memory a kernel can be launched with, and how
+many launches the merged mode makes of a program. :class:`TritonLaunches` answers them from this package's own
+rules (:mod:`.tuning`, :mod:`.resources`, :mod:`.wrap`, :mod:`.codegen`, :mod:`.runtime`). It satisfies the
+cost model's ``LaunchModel`` protocol by its shape alone: this package does not import the cost model, and the
+orchestrator (:mod:`verimirage.pipeline.pricing`) joins the two.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..ir.graph import BlockGraph, Graph, Node, node_list
+from ..ir.ops import TensorType
+from .codegen import _as_mugraph, _launch_units
+from .resources import min_smem
+from .runtime import _merge_wanted
+from .tuning import FLAT_BLOCK, flat_pays, recommend
+from .wrap import default_block, to_kernels
+
+
+class TritonLaunches:
+    """The Triton backend's answers to the cost model's launch questions (stateless; use :data:`LAUNCHES`)."""
+
+    #: elements a block of an elementwise kernel emitted flat takes (``tuning.FLAT_BLOCK``)
+    flat_block: int = FLAT_BLOCK
+
+    def flat_pays(self, bg: BlockGraph, in_types: Sequence[TensorType]) -> bool:
+        """Whether kernel ``bg`` is emitted flat, one index range over its outputs' elements
+        (:func:`.tuning.flat_pays`, as :func:`.tuning.recommend` decides)."""
+        return flat_pays(bg, in_types)
+
+    def min_smem(self, bg: BlockGraph, in_types: Sequence[TensorType], limit: int) -> int:
+        """The least shared memory ``bg`` can be launched with under any configuration (:func:`.resources.min_smem`:
+        a cheap bound instead where that bound is within ``limit``)."""
+        return min_smem(bg, in_types, limit)
+
+    def default_block(self, node: Node, in_types: Sequence[TensorType]) -> BlockGraph:
+        """The block graph kernel-level ``node`` runs as outside a custom kernel (:func:`.wrap.default_block`)."""
+        return default_block(node, in_types)
+
+    def merged_launches(self, g: Graph) -> int:
+        """How many launches the merged mode (``VERIMIRAGE_MERGE``, :func:`.codegen.generate`'s ``merge``) makes of
+        ``g``'s kernels: one per dependency level and warps count (:func:`.tuning.recommend`'s), kernel-level ops
+        wrapped as :func:`.wrap.to_kernels` wraps them. Raises where an op cannot be wrapped."""
+        nodes = node_list(to_kernels(_as_mugraph(g)))
+        return len(_launch_units(nodes, set(), True, lambda bg, at: recommend(bg, at).num_warps))
+
+    def merge_wanted(self) -> bool:
+        """Whether the runtime runs programs with merged launches when not told (``VERIMIRAGE_MERGE``)."""
+        return _merge_wanted()
+
+
+#: The backend's launch model, which the orchestrator passes to the cost model.
+LAUNCHES = TritonLaunches()
+
+__all__ = ["LAUNCHES", "TritonLaunches"]
