@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 import verimirage as vm
+from verimirage.pipeline import pricing
 
 
 def _exp_program(shape: tuple[int, int]) -> tuple[vm.Graph, vm.MuGraph]:
@@ -91,7 +92,7 @@ def test_search_cache_rechecked_a_tampered_huge_mugraph_in_process_without_a_mem
     monkeypatch.setattr(P, "check_certificate", record)
     import dataclasses
 
-    from verimirage.rewrite.cost import cost
+    from verimirage.pipeline.pricing import cost
 
     cand = {"mugraph": mt, "cost": dataclasses.asdict(cost(vm.MuGraph.from_graph(g))), "rules": [], "graph": None,
             "certificate": cert.to_json(), "verdict_reason": ""}
@@ -134,7 +135,7 @@ def test_scaled_weight_tiles_flushed_small_products_beside_a_huge_one_in_another
                       g.input("W", (64, 32), h)))
     gn = norm_into_projections(g)
     assert gn is not None
-    mg = next(low.mugraph for low in lower_all(gn)[0] if "partition.scale_weight_tiles" in low.steps
+    mg = next(low.mugraph for low in lower_all(gn, rank=pricing.cost)[0] if "partition.scale_weight_tiles" in low.steps
               and low.mugraph.num_kernels == 1 and "frange=1," not in str(low.mugraph))
     assert isinstance(vm.verify(g, mg), vm.Proved) and fp_safety(g, mg) is None
     rng = np.random.default_rng(0)
@@ -191,6 +192,7 @@ def test_factored_product_summed_two_fp16_weights_into_an_operand_and_the_fp_che
     g, f = progs(8, 2048, 1024)
     sc = SafetyChecker(g)
     assert not sc.numeric
-    lows = lower_all(f)[0][:4]
+    lows = lower_all(f, rank=pricing.cost)[0][:4]
     assert lows and all("sums W1+W2 into an fp16 operand" in (sc.check(low.mugraph) or "") for low in lows)
-    assert all(sc.check(low.mugraph) is None for low in lower_all(g)[0][:4])  # (the source's own lowerings pass)
+    # (the source's own lowerings pass)
+    assert all(sc.check(low.mugraph) is None for low in lower_all(g, rank=pricing.cost)[0][:4])
