@@ -2041,13 +2041,16 @@ def _view_kernel(bg: BlockGraph, in_type: TensorType, out_type: TensorType) -> b
 
 
 def _launch_units(nodes: Sequence[Node], view_nodes: set[int], merge: bool,
-                  merge_key: Callable[[BlockGraph, Sequence[TensorType]], Any] | None = None) -> list[list[int]]:
+                  merge_key: Callable[[BlockGraph, Sequence[TensorType]], Any] | None = None,
+                  merge_fits: Callable[[Sequence[int]], bool] | None = None) -> list[list[int]]:
     """The order ``forward`` takes the μGraph's kernel nodes in, as launches: lists of node indices (a view, which
     is not launched, a list of one). Without ``merge``, one launch per kernel in the μGraph's order. With it, the
     kernels by *level* (1 + the highest level of the kernels whose results they read, through views; 0 for the
     program's inputs), each level's kernels one launch, in node order (:func:`_merged_kernel`), and each view right
     after its level's launch; with ``merge_key`` (of a kernel's block graph and operand types), one launch per
-    level and key (kernels that want different launch parameters apart). Kernels of one level read nothing
+    level and key (kernels that want different launch parameters apart), split where ``merge_fits`` (of the kernels'
+    nodes) says a launch may not hold them all: each kernel joins the launch before it in node order if the launch
+    may hold it too, else starts one. Kernels of one level read nothing
     another of them writes (a reader is at least one level above what it reads), and every kernel still runs after
     every kernel it reads: the order is a topological order of the μGraph, which computes the same values as its
     own order (every value has a buffer of its own, written once)."""
@@ -2069,7 +2072,14 @@ def _launch_units(nodes: Sequence[Node], view_nodes: set[int], merge: bool,
         for i in members:
             n = nodes[i]
             by_key.setdefault(merge_key(n.attr("block"), [nodes[a].outs[k] for a, k in n.args]), []).append(i)
-        units += sorted(by_key.values())
+        for grp_ in sorted(by_key.values()):
+            cur: list[int] = []
+            for i in grp_:
+                if cur and merge_fits is not None and not merge_fits([*cur, i]):
+                    units.append(cur)
+                    cur = []
+                cur.append(i)
+            units.append(cur)
     return units
 
 
@@ -2585,7 +2595,9 @@ def generate(program: Any, tiles: TileOptions | None = None,
              tiles_for: Callable[[BlockGraph, Sequence[TensorType]], TileOptions] | None = None,
              pdl: str = "", merge: bool = False,
              merge_key: Callable[[BlockGraph, Sequence[TensorType]], Any] | None = None,
-             last_block: bool = False, persistent: bool = False, tile_waits: bool = False) -> ModuleSource:
+             last_block: bool = False, persistent: bool = False, tile_waits: bool = False,
+             merge_fits: Callable[[Sequence[tuple[BlockGraph, Sequence[TensorType], Sequence[DType]]]], bool]
+             | None = None) -> ModuleSource:
     """The generated module for a Graph, MuGraph or Candidate (kernel-level ops wrapped first).
 
     ``tiles_for(block_graph, arg_types)``, if given, chooses each kernel's tile options (else ``tiles``).
@@ -2602,7 +2614,10 @@ def generate(program: Any, tiles: TileOptions | None = None,
     ``merge``: the kernels that read nothing another writes run as one launch (:func:`_launch_units`,
     :func:`_merged_kernel`): the same kernels on the same blocks, in a topological order of the μGraph; a merged
     launch's :class:`KernelInfo` names its kernels' nodes (``members``); ``merge_key`` keeps kernels of different
-    keys apart (the runtime's: the warps :func:`verimirage.backend.tuning.recommend` gives them).
+    keys apart (the runtime's: the warps :func:`verimirage.backend.tuning.recommend` gives them); ``merge_fits`` (of
+    the kernels' block graphs, operand types and operands' element types in memory) whether one launch may hold
+    them (the runtime's: :func:`verimirage.backend.tuning.merge_fits`, their shared memory together at the launch's
+    stages).
     ``last_block``: each split kernel whose combine kernel reads only its partials and what earlier launches wrote
     runs with it as one launch, the combine in the last block of each group to finish (:func:`last_block_plan`,
     :func:`_last_block_kernel`): the same kernels' code, the combine's blocks run by the split kernel's last blocks;
@@ -2644,7 +2659,13 @@ def generate(program: Any, tiles: TileOptions | None = None,
     view_nodes = _view_nodes(nodes, final)
     if persistent:
         pdl, merge_key, last_block = "", None, False
-    units = _launch_units(nodes, view_nodes, merge or persistent, merge_key)
+    def fits(ids: Sequence[int]) -> bool:
+        assert merge_fits is not None
+        return merge_fits([(nodes[j].attr("block"), [nodes[a].outs[k] for a, k in nodes[j].args],
+                            [store_dtype(r) for r in nodes[j].args]) for j in ids])
+
+    units = _launch_units(nodes, view_nodes, merge or persistent, merge_key,
+                          fits if merge_fits is not None and not persistent else None)
     pending_views: list[list[int]] = []
     if persistent and any(u[0] not in view_nodes for u in units):
         # one unit of every kernel, in level order; the views after its buffers are allocated

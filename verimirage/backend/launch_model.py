@@ -15,10 +15,10 @@ from collections.abc import Sequence
 
 from ..ir.graph import BlockGraph, Graph, Node, node_list
 from ..ir.ops import TensorType
-from .codegen import _as_mugraph, _launch_units
+from .codegen import _as_mugraph, _launch_units, arg_storage
 from .resources import min_smem
 from .runtime import _merge_wanted
-from .tuning import FLAT_BLOCK, flat_pays, recommend
+from .tuning import FLAT_BLOCK, flat_pays, merge_fits, recommend
 from .wrap import default_block, to_kernels
 
 
@@ -44,10 +44,18 @@ class TritonLaunches:
 
     def merged_launches(self, g: Graph) -> int:
         """How many launches the merged mode (``VERIMIRAGE_MERGE``, :func:`.codegen.generate`'s ``merge``) makes of
-        ``g``'s kernels: one per dependency level and warps count (:func:`.tuning.recommend`'s), kernel-level ops
+        ``g``'s kernels: one per dependency level and warps count (:func:`.tuning.recommend`'s), split where their
+        shared memory together would lower the launch's stages (:func:`.tuning.merge_fits`), kernel-level ops
         wrapped as :func:`.wrap.to_kernels` wraps them. Raises where an op cannot be wrapped."""
-        nodes = node_list(to_kernels(_as_mugraph(g)))
-        return len(_launch_units(nodes, set(), True, lambda bg, at: recommend(bg, at).num_warps))
+        km = to_kernels(_as_mugraph(g))
+        nodes = node_list(km)
+        store = arg_storage(km)
+
+        def fits(ids: Sequence[int]) -> bool:
+            return merge_fits([(nodes[j].attr("block"), [nodes[a].outs[k] for a, k in nodes[j].args], store[j])
+                               for j in ids])
+
+        return len(_launch_units(nodes, set(), True, lambda bg, at: recommend(bg, at).num_warps, fits))
 
     def merge_wanted(self) -> bool:
         """Whether the runtime runs programs with merged launches when not told (``VERIMIRAGE_MERGE``)."""

@@ -262,7 +262,21 @@ def tuned_module(program: Any, mode: Mapping[str, Any] | str | None = None) -> M
     :func:`recommend` gives different warps apart. The runtime's tuned path generates its module with this function,
     so regenerating it from a μGraph and a mode gives the text ``vm.compile`` wrote and ran."""
     return generate(program, tiles_for=lambda bg, at: recommend(bg, at).tiles,
-                    merge_key=lambda bg, at: recommend(bg, at).num_warps, **launch_mode(mode))
+                    merge_key=lambda bg, at: recommend(bg, at).num_warps, merge_fits=merge_fits, **launch_mode(mode))
+
+
+def merge_fits(kernels: Sequence[tuple[BlockGraph, Sequence[TensorType], Sequence[Any] | None]]) -> bool:
+    """Whether one merged launch may hold ``kernels`` (each its block graph, operand types and operands' element types
+    in memory): their shared memory together fits at the pipeline stages the launch takes
+    (:func:`verimirage.backend.runtime.merged_config`: those of the kernel with the most blocks), so merging them
+    lowers no kernel's pipelining. Measured on an H100 (BENCHMARKS.md "A decoder layer", 2026-11-27 04:49): the layer's
+    bs8 q, k and v projections (4 stages each, recommend's) merged ran at 2 stages, the layer 252.1 us against 242.8
+    with every kernel apart."""
+    from .runtime import merged_config
+
+    cs = [recommend(bg, at) for bg, at, _ in kernels]
+    blocks = [bg.num_blocks for bg, _, _ in kernels]
+    return merged_config(cs, blocks, list(kernels)).num_stages >= merged_config(cs, blocks).num_stages
 
 
 def triton_digest(mugraph: Graph | str, mode: Mapping[str, Any] | str | None = None) -> str:
