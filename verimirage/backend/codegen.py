@@ -45,6 +45,7 @@ import dataclasses
 import hashlib
 import itertools
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -214,6 +215,9 @@ class KernelInfo:
     #: a device function with L2 prefetches of its own (``<name>_pf``, :meth:`_KernelGen.prefetch_lines`), which the
     #: merged launch calls before its ``gdc_wait``
     prefetch: bool = False
+    #: with programmatic dependent launch: the kernel's for-loop runs before its wait (it reads only operands no kernel
+    #: that may still run writes: :func:`kernel_source`'s ``early_args``)
+    early_loop: bool = False
 
 
 #: A value a kernel reads or writes: ``("in", i)`` the program's i-th input, ``("buf", j)`` the j-th
@@ -337,7 +341,8 @@ class _KernelGen:
         self.out_store = list(out_store) if out_store is not None else [t.dtype for t in out_types]
         self.name = name
         self.opts = opts
-        #: programmatic dependent launch (kernel_source's ``pdl``: "", "start" or "end")
+        #: programmatic dependent launch (kernel_source's ``pdl``: "", "start", "end", or "pre": launch_dependents
+        #: before the wait)
         self.pdl = ""
         #: operands (by index) that are the program's inputs, whose tiles the kernel prefetches into L2 before its
         #: ``gdc_wait`` (kernel_source's ``prefetch``; :meth:`prefetch_lines`)
@@ -345,6 +350,10 @@ class _KernelGen:
         #: a device function's prefetches as a function of their own (``<name>_pf``), which the merged launch calls
         #: before its ``gdc_wait``; "" when it has none
         self.prefetch_fn = ""
+        #: operands (argument indices) the kernel may read before the PDL wait: no kernel still running can write them
+        self.early_args: frozenset[int] = frozenset()
+        #: set by generate(): the PDL wait follows the for-loop (the loop reads only ``early_args``)
+        self.early_loop = False
         #: emitted as a device function of a merged launch (:func:`generate`'s ``merge``): the block's index along
         #: launch axis ``j`` is the parameter ``p<j>`` (the merged kernel's caller computes it), not ``tl.program_id``
         self.device_fn = False
@@ -1096,10 +1105,11 @@ class _KernelGen:
         # fails on e.g. the online-softmax P @ V with P reshaped and V squeezed), so such an input keeps its rank.
         # Except where a looped kernel also streams a tile that no product reads and that is combined with a
         # product's result (an additive bias on the scores: such a kernel stays at rank 3, see _rank2_lead) and the
-        # product is (128, 64) @ (64, 64): there V squeezed beside the reshaped P compiles for sm_90 at 4 and 8
-        # warps and skips V's shared -> registers -> shared round trip each iteration (H100: bias_attention's
-        # 128 x 64 design 23.4 -> 20.4 us, benchmarks/perf/NOTES.md session 13b). Other shapes of the same kernels
-        # fail in Triton 3.6's layout pass (32- and 128-key tiles, 32 rows; 64 rows at 8 warps), so they keep it.
+        # product's shapes are in SQUEEZE_BESIDE_RESHAPE ((128, 64) @ (64, 64), (64, 64) @ (64, 64)): there V
+        # squeezed beside the reshaped P compiles for sm_90 and skips V's shared -> registers -> shared round trip
+        # each iteration (H100: bias_attention's 128 x 64 design 23.4 -> 20.4 us, benchmarks/perf/NOTES.md session
+        # 13b). Other shapes of the same kernels fail in Triton 3.6's layout pass (32- and 128-key tiles, 32 rows),
+        # so they keep it.
         def product(a: int) -> bool:
             return OPS[nodes[a].op].has(Prop.CONTRACTION)
 
@@ -1114,7 +1124,7 @@ class _KernelGen:
                 return False
             (a, ka), (b, kb) = nodes[u].args
             pa, pb = self.padded((a, ka), nodes[a].outs[ka]), self.padded((b, kb), nodes[b].outs[kb])
-            return b in found and a not in found and tuple(pa[-2:]) == (128, 64) and tuple(pb[-2:]) == (64, 64)
+            return b in found and a not in found and (tuple(pa[-2:]), tuple(pb[-2:])) in SQUEEZE_BESIDE_RESHAPE
 
         changed = True
         while changed:
@@ -1486,31 +1496,84 @@ class _KernelGen:
                                           doc, *pids, *pf]) + "\n"
         elif pf:  # (loads of what no kernel writes: they need not wait for the previous kernel)
             out += pf
-        if self.pdl:  # before any load or store: the previous kernel has completed and its writes are visible
-            out.append("    gdc_wait()")
-            if self.pdl == "start":
-                out.append("    gdc_launch_dependents()")
-        out += ["    " + s for s in pre]
+        # programmatic dependent launch: the wait goes before the first statement that stores or reads an operand an
+        # unfinished kernel may still write (all but ``early_args``): the previous kernel has then completed and its
+        # writes are visible. Where that is after the for-loop, the loop streams its operands while the kernels
+        # before it finish (:attr:`early_loop`). The statements: pre's, the loop (one), postl's, the stores.
+        late: list[str] = []
+        if self.pdl and self.early_args and looped:
+            pre, late = self._after_loop(pre, body)
+        segs: list[list[str]] = [["    " + s] for s in pre]
+        loop_seg = len(segs)
         if looped:
             unroll = bg.frange <= self.opts.unroll_max and not any("tl.dot(" in b for b in body)
             rng = "tl.static_range" if unroll else "range"
             head = _loop_header(bg, rng)
+            lp: list[str] = []
             if full_masks and (bg.flimit is not None or not unroll):
                 # the iterations whose mask tiles are all true first, the mask a constant (where() folds away)
                 stop = "it_stop" if bg.flimit is not None else str(bg.frange)
                 bound = stop
                 for _, b in full_masks.values():
                     bound = f"tl.minimum({b}, {bound})"
-                out += [*head[:-1], f"    it_full = {bound}", "    for it in range(0, it_full):"]
-                out += ["        " + full_masks.get(s, (s, ""))[0] for s in body]
+                lp += [*head[:-1], f"    it_full = {bound}", "    for it in range(0, it_full):"]
+                lp += ["        " + full_masks.get(s, (s, ""))[0] for s in body]
                 head = [f"    for it in range(it_full, {stop}):"]
-            out += head
-            out += ["        " + s for s in body] or ["        pass"]
-        out += ["    " + s for s in postl]
-        out += ["    " + s for s in stores]
+            lp += head
+            lp += ["        " + s for s in body] or ["        pass"]
+            segs.append(lp)
+        segs += [["    " + s] for s in [*late, *postl, *stores]]
+        first = next((j for j, sg in enumerate(segs) if any(self._waits_for(ln) for ln in sg)), len(segs))
+        if any(ln.rstrip().endswith(":") or "\n" in ln for sg in segs[:first] for ln in sg
+               if not (looped and sg is segs[loop_seg])):
+            first = 0  # (never inside a block of statements)
+        self.early_loop = bool(self.pdl) and looped and first > loop_seg
+        if not self.early_loop:
+            first = 0  # (a kernel without a loop to run early waits first: a few loads gain little)
+        elif pf and not self.device_fn:  # (its loop loads those tiles before the wait itself)
+            del out[-len(pf):]
+        gdc = _gdc_head(self.pdl)
+        for j, sg in enumerate(segs):
+            if j == first:
+                out += gdc
+            out += sg
+        if first >= len(segs):
+            out += gdc
         if self.pdl == "end":
             out.append("    gdc_launch_dependents()")
         return "\n".join(out) + "\n"
+
+    def _after_loop(self, pre: list[str], body: list[str]) -> tuple[list[str], list[str]]:
+        """``pre`` split into the statements to run before the for-loop and those that can run after it: the ones that
+        must follow the PDL wait (:meth:`_waits_for`) and those computed from them, when the loop reads none of
+        their names and they read none the loop assigns (a loop-invariant epilogue term such as LoRA's
+        ``(X A) B``, hoisted before the loop, moves after it so that the loop can run before the wait); else
+        ``(pre, [])``."""
+        ident = re.compile(r"[A-Za-z_]\w*")
+        if any(self._waits_for(b) for b in body):
+            return pre, []
+        late: list[str] = []
+        names: set[str] = set()
+        for st in pre:
+            m = re.match(r"(\w+) = ", st)
+            if m is None or "\n" in st:
+                if self._waits_for(st) or names & set(ident.findall(st)):
+                    return pre, []
+                continue
+            if self._waits_for(st) or names & set(ident.findall(st[m.end():])):
+                late.append(st)
+                names.add(m.group(1))
+        assigned = {m.group(1) for b in body if (m := re.match(r"(\w+) = ", b))}
+        used = {w for b in body for w in ident.findall(b)}
+        if not late or names & used or any(assigned & set(ident.findall(st)) for st in late):
+            return pre, []
+        return [st for st in pre if st not in late], late
+
+    def _waits_for(self, stmt: str) -> bool:
+        """Whether ``stmt`` must follow the PDL wait: it stores, or it reads an operand not in ``early_args``."""
+        if re.search(r"\bo\d+_ptr\b|tl\.atomic_", stmt):
+            return True
+        return any(int(k) not in self.early_args for k in re.findall(r"\ba(\d+)_ptr\b", stmt))
 
 
 def _max_shift(nodes: Sequence[Node], i: int) -> tuple[tuple[int, int], tuple[int, int]] | None:
@@ -1939,9 +2002,7 @@ def _flat_kernel(bg: BlockGraph, arg_types: Sequence[TensorType], out_types: Seq
     doc = f"Flat: the {total} elements of {_shape_text(shape)}, {block} a block (block graph: grid {bg.grid})."
     out = ["@triton.jit", f"def {name}(" + ", ".join([*lead, *params]) + "):", f'    """{doc}"""']
     if pdl and not device_fn:
-        out.append("    gdc_wait()")
-        if pdl == "start":
-            out.append("    gdc_launch_dependents()")
+        out += _gdc_head(pdl)
     out += ["    " + s for s in body]
     if pdl == "end" and not device_fn:
         out.append("    gdc_launch_dependents()")
@@ -1952,12 +2013,16 @@ def kernel_source(bg: BlockGraph, arg_types: Sequence[TensorType], name: str = "
                   tiles: TileOptions | None = None, arg_store: Sequence[DType] | None = None,
                   out_store: Sequence[DType] | None = None,
                   inline: dict[int, int] | None = None, pdl: str = "",
-                  device_fn: bool = False, prefetch: frozenset[int] = frozenset()) -> tuple[str, KernelInfo]:
+                  device_fn: bool = False, prefetch: frozenset[int] = frozenset(),
+                  early_args: frozenset[int] = frozenset()) -> tuple[str, KernelInfo]:
     """The ``@triton.jit`` source of one block graph applied to operands of ``arg_types``.
 
     ``arg_store`` / ``out_store`` give the element types the operands and results have in device
     memory when they differ from the IR's (fp32 storage of intermediate results). ``pdl`` (see :func:`generate`):
     the kernel starts with ``gdc_wait()`` and calls ``gdc_launch_dependents()`` first ("start") or last ("end").
+    ``early_args`` (with ``pdl``): the operands no kernel that may still run can write; the wait goes before the
+    first statement that stores or reads another (:attr:`KernelInfo.early_loop`: after the for-loop). "pre": the
+    kernel calls ``gdc_launch_dependents()`` before its wait.
     ``device_fn``: a ``@triton.jit`` function a merged kernel calls (:func:`generate`'s ``merge``), its block's
     index along launch axis ``j`` the parameter ``p<j>``; the returned grid is the one it would be launched with.
     ``prefetch``: operands (by index) that are the program's inputs, which no kernel of the program writes: their
@@ -1973,6 +2038,7 @@ def kernel_source(bg: BlockGraph, arg_types: Sequence[TensorType], name: str = "
                             list(out_store) if out_store is not None else [t.dtype for t in outs], pdl, device_fn)
     kg = _KernelGen(bg, arg_types, outs, name, opts, arg_store, out_store, inline)
     kg.pdl = "" if device_fn else pdl
+    kg.early_args = early_args if kg.pdl else frozenset()
     kg.device_fn = device_fn
     kg.prefetch = frozenset(prefetch)
     src = kg.generate()
@@ -1983,8 +2049,26 @@ def kernel_source(bg: BlockGraph, arg_types: Sequence[TensorType], name: str = "
         launch_grid[kg.launch_axes[a]] = g
     return src, KernelInfo(name, -1, tuple(launch_grid), kg.signature, kg.uses_dot,
                            kg.uses_dot and kg.full_dots == 0, launch_axes=tuple(kg.launch_axes),
-                           prefetch=bool(kg.prefetch_fn))
+                           prefetch=bool(kg.prefetch_fn), early_loop=kg.early_loop)
 
+
+def _gdc_head(pdl: str) -> list[str]:
+    """A PDL kernel's wait (``griddepcontrol.wait``) with, in mode "start", ``launch_dependents`` after it, in mode
+    "pre" before it (the next kernel may launch before this one's own wait); none without ``pdl``."""
+    if not pdl:
+        return []
+    if pdl == "pre":
+        return ["    gdc_launch_dependents()", "    gdc_wait()"]
+    return ["    gdc_wait()", *(["    gdc_launch_dependents()"] if pdl == "start" else [])]
+
+
+#: The (P, V) tile shapes of a product whose right operand a looped kernel with a side stream loads squeezed beside
+#: the left one reshaped from rank 3 (:meth:`_KernelGen.dot_operand_inputs`): those Triton 3.6 compiles for sm_90,
+#: checked for every stored bias_attention design (P of 32-128 rows by 32-128 keys) at 4 warps with 3 and 4 stages
+#: and at 8 warps with 3: (128, 64) @ (64, 64) at both warps, (64, 64) @ (64, 64) at 4 only (at 8 the runtime
+#: compiles it again at 4: ``runtime._layout_pass_failed``); every other shape fails in the layout pass.
+SQUEEZE_BESIDE_RESHAPE: frozenset[tuple[tuple[int, ...], tuple[int, ...]]] = frozenset(
+    {((128, 64), (64, 64)), ((64, 64), (64, 64))})
 
 #: ``pdl="auto"``: a kernel lets the next one launch at its start when that one has at most this many blocks.
 PDL_EARLY_MAX_BLOCKS = 64
@@ -2224,9 +2308,7 @@ def _merged_kernel(name: str, unit: Sequence[int], made: Sequence[tuple[str, Ker
     if pdl and any(info.prefetch for _, info in made):  # (the members' L2 prefetches: before the wait)
         out += _dispatch(made, calls, "_pf")
     if pdl:
-        out.append("    gdc_wait()")
-        if pdl == "start":
-            out.append("    gdc_launch_dependents()")
+        out += _gdc_head(pdl)
     out += _dispatch(made, calls)
     if pdl == "end":
         out.append("    gdc_launch_dependents()")
@@ -2551,9 +2633,7 @@ def _last_block_kernel(name: str, unit: Sequence[int], made: Sequence[tuple[str,
            f'    """Kernel {si.name}, then kernel {ci.name} in the last block of each group to finish: '
            f'{plan.groups} group(s) of {plan.count} blocks, {plan.tiles} combine block(s) each."""']
     if pdl:
-        out.append("    gdc_wait()")
-        if pdl == "start":
-            out.append("    gdc_launch_dependents()")
+        out += _gdc_head(pdl)
     lead = [f"tl.program_id({j})" if j < len(si.grid) and si.grid[j] > 1 else "0" for j in range(3)]
     out.append(f"    {si.name}({', '.join(lead)}, {', '.join(calls[0])})")
     pid = {a: lead[si.launch_axes[a]] for a in range(len(gs))}
@@ -2608,9 +2688,16 @@ def generate(program: Any, tiles: TileOptions | None = None,
     while its predecessor still runs; launched with ``launch_pdl=True`` (:attr:`ModuleSource.pdl`). Measured on an H100
     (benchmarks/perf/NOTES.md session 13): "start" made the layer's bs8 9.8 us faster and its bs1 26.5 us slower.
     "auto": "start" where the next kernel has at most ``PDL_EARLY_MAX_BLOCKS`` blocks or this one at most
-    ``PDL_EARLY_OWN_MAX_BLOCKS``, else "end". With ``pdl``, each kernel (not a flat one, not a last-block launch)
-    first prefetches into L2 its first tiles of the program's inputs (:data:`PDL_PREFETCH_BYTES`), which need not
-    wait: no kernel writes them.
+    ``PDL_EARLY_OWN_MAX_BLOCKS``, else "end"; and "pre" (``launch_dependents`` before the kernel's own wait) where
+    the next kernel, which must then read nothing but the program's inputs and this kernel's results, runs its
+    for-loop before its wait. In every mode a launch after the program's first waits only before the first statement
+    that stores or reads a tensor other than the program's inputs, where that is after its for-loop
+    (:attr:`KernelInfo.early_loop`; a loop-invariant term the loop does not read moves after the loop for it): the
+    first launch waits before it lets the next launch, so when a later one starts, every kernel before the program
+    has completed and only the program's own kernels, which write only their own buffers, may still run. H100,
+    inputs rotated: lora_scaled's three-kernel design 17.7 -> 17.0 us (benchmarks/perf/NOTES.md session 15m).
+    With ``pdl``, each kernel (not a flat one, not a last-block launch) first prefetches into L2 its first tiles of
+    the program's inputs (:data:`PDL_PREFETCH_BYTES`), which need not wait: no kernel writes them.
     ``merge``: the kernels that read nothing another writes run as one launch (:func:`_launch_units`,
     :func:`_merged_kernel`): the same kernels on the same blocks, in a topological order of the μGraph; a merged
     launch's :class:`KernelInfo` names its kernels' nodes (``members``); ``merge_key`` keeps kernels of different
@@ -2699,6 +2786,45 @@ def generate(program: Any, tiles: TileOptions | None = None,
     launched = [u for u in units if u[0] not in view_nodes]
     next_blocks = {a[0]: sum(nodes[j].attr("block").num_blocks for j in (b[:1] if b[0] in plans else b))
                    for a, b in itertools.pairwise(launched)}
+    next_unit = {a[0]: b for a, b in itertools.pairwise(launched)}
+
+    def plain(u: list[int]) -> bool:  # a kernel launched on its own (not merged, last-block or persistent)
+        return len(u) == 1 and u[0] not in plans and not persistent
+
+    def early_args(j: int) -> frozenset[int]:
+        # PDL: the operands kernel j may read before its wait. Every launch but the program's first waits before it
+        # lets the next one launch ("pre" is never the first's), so when a later launch starts, every kernel before
+        # the program has completed and only the program's own kernels, which write only their own buffers, may
+        # still run: the program's inputs are final.
+        if not pdl or not launched or j == launched[0][0]:
+            return frozenset()
+        return frozenset(q for q, (a, _) in enumerate(nodes[j].args) if nodes[a].op == "input")
+
+    def member(unit: list[int], j: int, mode: str, early: bool) -> tuple[str, KernelInfo]:
+        # kernel j of launch ``unit`` in PDL ``mode`` (``early``: the launch before lets it launch at its start)
+        nj = nodes[j]
+        bg: BlockGraph = nj.attr("block")
+        arg_types = [nodes[a].outs[k] for a, k in nj.args]
+        i = unit[0]
+        pf = frozenset(q for q, (a, _) in enumerate(nj.args) if nodes[a].op == "input") \
+            if pdl and PDL_PREFETCH_BYTES and i not in plans and (early or not PDL_PREFETCH_EARLY_ONLY) \
+            else frozenset()
+        return kernel_source(bg, arg_types, f"k{j}", tiles_for(bg, arg_types) if tiles_for else tiles,
+                             [store_dtype(r) for r in nj.args], [store_dtype((j, k)) for k in range(len(nj.outs))],
+                             _inline_masks(nodes, nj), mode, device_fn=len(unit) > 1 or persistent, prefetch=pf,
+                             early_args=early_args(j) if plain(unit) else frozenset())
+
+    def pre_pays(i: int) -> bool:
+        # "auto": a kernel (not the program's first) lets the next one launch before its own wait where that one
+        # streams its for-loop before its wait and reads nothing but the program's inputs and this kernel's results
+        # (never what a kernel before this one wrote, which may still run then)
+        nxt = next_unit.get(i)
+        if nxt is None or not plain([i]) or i == launched[0][0] or not plain(nxt):
+            return False
+        if any(base_kernel(r) not in (None, i) for r in nodes[nxt[0]].args):
+            return False
+        return member(nxt, nxt[0], "end", True)[1].early_loop
+
     for i, n in enumerate(nodes):
         if n.op == "input":
             var[(i, 0)] = n.attr("name")
@@ -2718,19 +2844,10 @@ def generate(program: Any, tiles: TileOptions | None = None,
             own = sum(nodes[j].attr("block").num_blocks for j in (unit[:1] if i in plans else unit))
             mode = "start" if nb is not None and (nb <= PDL_EARLY_MAX_BLOCKS or own <= PDL_EARLY_OWN_MAX_BLOCKS) \
                 else "end"
-        made: list[tuple[str, KernelInfo]] = []
-        for j in unit:
-            nj: Node = nodes[j]
-            bg: BlockGraph = nj.attr("block")
-            arg_types = [nodes[a].outs[k] for a, k in nj.args]
-            pf = frozenset(q for q, (a, _) in enumerate(nj.args) if nodes[a].op == "input") \
-                if pdl and PDL_PREFETCH_BYTES and i not in plans and (early or not PDL_PREFETCH_EARLY_ONLY) \
-                else frozenset()
-            made.append(kernel_source(bg, arg_types, f"k{j}", tiles_for(bg, arg_types) if tiles_for else tiles,
-                                      [store_dtype(r) for r in nj.args],
-                                      [store_dtype((j, k)) for k in range(len(nj.outs))], _inline_masks(nodes, nj),
-                                      mode, device_fn=len(unit) > 1 or persistent, prefetch=pf))
-        early = mode == "start"
+            if pre_pays(i):  # or "pre", where the next kernel's loop can start at once
+                mode = "pre"
+        made = [member(unit, j, mode, early) for j in unit]
+        early = mode in ("start", "pre")
         if persistent:
             kname = "kp"
             deps = {j: [k for k in (base_kernel(r) for r in nodes[j].args) if k is not None] for j in unit}

@@ -930,6 +930,12 @@ class CompiledProgram:
                     _load_kernel(jit, call, st.grid, cfg)
                     break
                 except Exception as e:
+                    if _layout_pass_failed(e) and cfg.get("num_warps", 4) > 4:
+                        log.warning("compiled program %s: kernel %s at %d warps: Triton's layout passes failed (%s); "
+                                    "compiled again at %d (stages and tiles kept)", self.path.name, st.kernel,
+                                    cfg["num_warps"], str(e)[:80], cfg["num_warps"] // 2)
+                        cfg["num_warps"] //= 2
+                        continue
                     if not _out_of_shared_memory(e) or cfg.get("num_stages", 1) <= 1:
                         raise
                     log.warning("compiled program %s: kernel %s at %d pipeline stages: %s; compiled again at %d "
@@ -1026,6 +1032,13 @@ def _load_kernel(jit: Any, call: Sequence[Any], grid: Any, launch: Mapping[str, 
     if hasattr(kern, "result"):  # pragma: no cover - only under Triton's async compile mode
         kern = kern.result()
     kern._init_handles()
+
+
+def _layout_pass_failed(e: BaseException) -> bool:
+    """Whether ``e`` is Triton's compiler failing in its MLIR passes (``PassManager::run failed``): Triton 3.6's layout
+    pass fails on some layouts at 8 warps that it compiles at 4 (an operand loaded squeezed beside a reshaped one,
+    ``codegen.SQUEEZE_BESIDE_RESHAPE``), so fewer warps are tried (the warps change no result)."""
+    return isinstance(e, RuntimeError) and "PassManager::run failed" in str(e)
 
 
 def _out_of_shared_memory(e: BaseException) -> bool:

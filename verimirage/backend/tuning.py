@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..ir.dtypes import DType
 from ..ir.graph import BlockGraph, Graph, MuGraph, live_nodes
 from ..ir.ops import OPS, Prop, TensorType
 from .codegen import LaunchConfig, ModuleSource, TileOptions, _KernelGen, flat_shape, generate
@@ -71,6 +72,9 @@ class KernelShape:
     dot_cols: int = 0  # smallest logical column count of a tl.dot result
     side_use: bool = False  # a loop-varying matmul operand also feeds a non-matmul op (rmsnorm_linear's X)
     chunks: int = 0  # K chunks of a one-step product emitted as a loop (codegen's chunked_dots); 0 without
+    #: a loop-varying input tile that no product reads (not a bool mask) combined with a product's result: an
+    #: elementwise stream beside the products, such as an additive bias on attention's scores
+    side_stream: bool = False
 
 
 def kernel_shape(bg: BlockGraph, arg_types: Sequence[TensorType]) -> KernelShape:
@@ -116,6 +120,15 @@ def kernel_shape(bg: BlockGraph, arg_types: Sequence[TensorType]) -> KernelShape
         n.op == "input" and n.attr("fmap") is not None and users.get(i, set()) == {"mm", "other"}
         for i, n in enumerate(bg.nodes)
     )
+    readers: dict[int, list[int]] = {}
+    for j, n in enumerate(bg.nodes):
+        for a, _ in n.args:
+            readers.setdefault(a, []).append(j)
+    stream = bg.frange > 1 and any(  # (combined with a product's result, as a bias with the scores)
+        n.op == "input" and n.attr("fmap") is not None and n.outs[0].dtype is not DType.bool
+        and "mm" not in users.get(i, ()) and any(a in mmset for j in readers.get(i, ()) for a, _ in bg.nodes[j].args)
+        for i, n in enumerate(bg.nodes)
+    )
     cols = min((bg.nodes[i].outs[0].shape[-1] for i in mm), default=0)
     chunks = 0
     if bg.frange == 1 and mm:  # one-step products emitted as a loop of K chunks (codegen's chunked_dots)
@@ -128,7 +141,8 @@ def kernel_shape(bg: BlockGraph, arg_types: Sequence[TensorType]) -> KernelShape
         chunked = kg.chunked_dots(live, uses_, kg.dot_operand_inputs(live, uses_))
         chunks = max((kg.padded(bg.nodes[i].args[0], bg.nodes[bg.nodes[i].args[0][0]].outs[0])[-1] // c
                       for i, c in chunked.items()), default=0)
-    return KernelShape(math.prod(bg.grid), bg.frange, len(mm), rows, chained, stage, biggest, cols, side, chunks)
+    return KernelShape(math.prod(bg.grid), bg.frange, len(mm), rows, chained, stage, biggest, cols, side, chunks,
+                       stream)
 
 
 def flat_pays(bg: BlockGraph, arg_types: Sequence[TensorType]) -> bool:
@@ -193,7 +207,11 @@ def _measured(bg: BlockGraph, arg_types: Sequence[TensorType]) -> LaunchConfig:
         # benchmarks/results/layer_h100_1520/sweep)
         return LaunchConfig(4, min(4, s.chunks) if s.chunks >= 3 else 2, TileOptions(dot_min_m=min_m))
     if s.chained:  # attention-like: two dependent products per iteration; 3 stages, 4 warps measured best
-        return LaunchConfig(4, 3, TileOptions(dot_min_m=min_m))
+        # with an elementwise stream beside them (an additive bias: a tile from DRAM every iteration), 4 stages where
+        # they fit: H100, inputs rotated (L2-cold), bias_attention's designs 20.6 -> 19.6 us (64 x 64 tiles) and
+        # 21.9 -> 21.4 (128 x 64); warm, where the bias stays in L2, 3 and 4 timed alike (benchmarks/perf/NOTES.md
+        # session 15m)
+        return LaunchConfig(4, 4 if s.side_stream else 3, TileOptions(dot_min_m=min_m))
     per_stage = s.stage_bytes if min_m == 16 else s.stage_bytes * max(1, 64 // max(16, s.dot_rows))
     if s.side_use:
         # measured on an H100 (run5 sweep): one-kernel rmsnorm_linear, 64 columns, k_tile 128: 4 stages
