@@ -196,3 +196,49 @@ def test_factored_product_summed_two_fp16_weights_into_an_operand_and_the_fp_che
     assert lows and all("sums W1+W2 into an fp16 operand" in (sc.check(low.mugraph) or "") for low in lows)
     # (the source's own lowerings pass)
     assert all(sc.check(low.mugraph) is None for low in lower_all(g, rank=pricing.cost)[0][:4])
+
+
+def test_exp_of_a_difference_split_into_a_quotient_of_exps_overflowed_and_the_fp_check_passed_it() -> None:
+    """Finding (medium; the search's best candidate NaN where the source is finite): ``exp(S - L) @ V`` (attention
+    from a saved row statistic ``L``, its log-sum-exp: FlashAttention's backward recomputes ``P`` so) became
+    ``(exp(S) @ V) / exp(L)`` (rules ``exp-sub``, ``defer-normalisation``): at logits near 100, ``L = 100``, fp32's
+    exp overflows past 88.7 and the candidate is inf / inf where the source (``exp`` of values near 0) is within
+    fp16 of float64. It is Proved, it was ``vm.superoptimize``'s best candidate, and the floating-point check
+    passed it: its sets never make ``S`` and ``L`` large and close (independent values at scale 100 overflow the
+    source's ``exp(S - L)`` itself), and the structural check protected only max-shifted exps. Now where the
+    source applies exp only to differences the candidate must too (``fpsafe.exp_differences``, every size): the
+    184 committed candidates of such sources all do."""
+    import numpy as np
+
+    from verimirage.pipeline.fpsafe import SafetyChecker, evaluate_in_dtype
+    from verimirage.rewrite.partition import lower_all
+
+    h = vm.float16
+
+    def progs(m: int, k: int, n: int) -> tuple[vm.Graph, vm.Graph]:
+        g, f = vm.Graph(), vm.Graph()
+        s, lse, v = (g.input(nm, sh, h) for nm, sh in (("S", (m, k)), ("L", (m, 1)), ("V", (k, n))))
+        g.output(g.matmul(g.exp(g.sub(s, lse)), v))
+        s, lse, v = (f.input(nm, sh, h) for nm, sh in (("S", (m, k)), ("L", (m, 1)), ("V", (k, n))))
+        f.output(f.div(f.matmul(f.exp(s), v), f.exp(lse)))
+        return g, f
+
+    g, _ = progs(16, 64, 16)
+    res = vm.superoptimize(g, cache=False, top_k=4)
+    assert res.candidates
+    rng = np.random.default_rng(0)
+    raw = {"S": rng.uniform(95, 100, (16, 64)), "L": np.full((16, 1), 100.0), "V": rng.uniform(-1, 1, (64, 16))}
+    ins = {k: v.astype(np.float16).astype(np.float64) for k, v in raw.items()}
+    (src,), _ = evaluate_in_dtype(g, ins)
+    want = vm.evaluate(g, ins)[0]
+    assert np.abs(src - want).max() < 1e-2 * np.abs(want).max()  # (the source: within fp16 of float64)
+    for c in res.candidates:
+        (got,), _ = evaluate_in_dtype(c.mugraph, ins, generated=True)
+        assert np.isfinite(got).all(), (c.rules, str(c.mugraph))
+    # above the numeric check's size limit: the structural check alone
+    g, f = progs(512, 4096, 64)
+    sc = SafetyChecker(g)
+    assert not sc.numeric
+    lows = lower_all(f, rank=pricing.cost)[0][:3]
+    assert lows and all("exp only to differences" in (sc.check(low.mugraph) or "") for low in lows)
+    assert all(sc.check(low.mugraph) is None for low in lower_all(g, rank=pricing.cost)[0][:3])

@@ -12,7 +12,8 @@ overflows only where one input is large, and where all are the source overflows 
 first input set on which the candidate has a non-finite element where the source's is finite. The
 search (:func:`verimirage.pipeline.superopt.superoptimize`) rejects such a candidate with that reason. Before it,
 at every size, a structural check (:meth:`SafetyChecker.structural`): every exp the source max-shifts stays
-max-shifted, and no fp16 operand of a product is a sum the source never rounds to fp16 (:func:`fp16_sums`).
+max-shifted, where the source exps only differences the candidate does too, and no fp16 operand of a product is
+a sum the source never rounds to fp16 (:func:`fp16_sums`).
 
 Rounding follows the generated code (:mod:`verimirage.backend.codegen`): the candidate's results that it
 returns in their dtype, those only other kernels read in fp32 (``codegen.storage_dtype``), the source's every
@@ -245,7 +246,24 @@ def max_shifted(mg: Graph) -> bool:
     that same ``x`` (``max``, ``running_max``, ``loop_max`` of it, or ``maximum`` with such a max): the
     numerically safe form. A max elsewhere in the program does not count (``exp(a) / exp(max a)`` is not
     shifted). ``rescaled_sum`` (``exp(m_prev - m)`` of a running max) is shifted by construction."""
-    found: list[bool] = []  # one entry per exp: shifted or not
+    shifts = exp_shifts(mg)
+    return bool(shifts) and all(s == "max" for s in shifts)
+
+
+def exp_differences(mg: Graph) -> bool:
+    """Whether ``mg`` applies ``exp`` and every ``exp`` (at any level) is of a difference ``x - y`` (any ``y``;
+    ``rescaled_sum``'s by construction). ``exp(s - l)`` with ``l`` a row's log-sum-exp (attention from its saved
+    statistic) is finite for logits near 100 where rule ``exp-sub``'s ``exp(s) / exp(l)`` is inf / inf (fp32's
+    exp overflows past 88.7): ``vm.superoptimize``'s best candidate of ``exp(S - L) @ V`` (red team, session 15)."""
+    shifts = exp_shifts(mg)
+    return bool(shifts) and all(s != "none" for s in shifts)
+
+
+def exp_shifts(mg: Graph) -> list[str]:
+    """One entry per ``exp`` of ``mg`` (at any level) and ``rescaled_sum``: ``"max"`` for ``x - m`` with ``m`` a
+    max of that same ``x`` (:func:`max_shifted`; a ``rescaled_sum``), ``"sub"`` for another difference, else
+    ``"none"``."""
+    found: list[str] = []
     Val = tuple[Sequence[Any], int, Any]  # (the nodes of a scope, index, the scope's outer resolver)
 
     def resolve(v: Val) -> Val:
@@ -278,14 +296,16 @@ def max_shifted(mg: Graph) -> bool:
                 refs = [r for r, _ in n.args]
                 walk(n.attr("thread").nodes, lambda k, refs=refs, nodes=nodes, outer=outer: (nodes, refs[k], outer))
             elif n.op == "rescaled_sum":
-                found.append(True)
+                found.append("max")
             elif n.op == "exp":
                 an, ai, ao = resolve((nodes, n.args[0][0], outer))
                 a = an[ai]
-                found.append(a.op == "sub" and is_max_of((an, a.args[1][0], ao), resolve((an, a.args[0][0], ao))))
+                found.append("none" if a.op != "sub" else "max" if is_max_of((an, a.args[1][0], ao),
+                                                                                resolve((an, a.args[0][0], ao)))
+                             else "sub")
 
     walk(node_list(mg), None)
-    return bool(found) and all(found)
+    return found
 
 
 #: ops through which a sum stays a sum of the same values (data movement, a constant factor)
@@ -340,8 +360,9 @@ class SafetyChecker:
 
     ``numeric`` (default: :func:`numeric_check_affordable`): evaluate on the adversarial inputs; otherwise
     only the structural check: where the source subtracts the max before every ``exp``, the candidate must
-    too (:func:`max_shifted`), and no fp16 operand of a product is a sum the source does not round to fp16
-    (:func:`fp16_sums`; at every size).
+    too (:func:`max_shifted`), where it exps only differences the candidate must too (:func:`exp_differences`),
+    and no fp16 operand of a product is a sum the source does not round to fp16 (:func:`fp16_sums`; at every
+    size).
     """
 
     def __init__(self, source: Graph, seed: int = 0, numeric: bool | None = None) -> None:
@@ -351,16 +372,22 @@ class SafetyChecker:
         self._src: dict[int, tuple[list[np.ndarray], bool]] = {}
         self._src_shifted: bool | None = None
         self._src_sums: frozenset[frozenset[str]] = frozenset()
+        self._src_diffs = False
 
     def structural(self, candidate: Graph) -> str | None:
-        """Why ``candidate`` fails the structural check: the source max-shifts every exp, it does not; or it rounds
-        a sum to fp16 for a product that the source rounds nowhere (:func:`fp16_sums`)."""
+        """Why ``candidate`` fails the structural check: the source max-shifts every exp, it does not; the source
+        exps only differences, it does not (:func:`exp_differences`); or it rounds a sum to fp16 for a product that
+        the source rounds nowhere (:func:`fp16_sums`)."""
         if self._src_shifted is None:
             self._src_shifted = max_shifted(self.source)
+            self._src_diffs = exp_differences(self.source)
             self._src_sums = frozenset().union(*fp16_sums(self.source))
         if self._src_shifted and not max_shifted(candidate):
             return ("floating point: the source subtracts the max before every exp and the candidate does not "
                     "(exp overflows where the source stays finite)")
+        if self._src_diffs and not exp_differences(candidate):
+            return ("floating point: the source applies exp only to differences and the candidate to a value it "
+                    "has not shifted (exp(a) / exp(b) overflows where exp(a - b) stays finite)")
         new = sorted(sorted(s) for s in fp16_sums(candidate)[0] - self._src_sums)
         if new:
             return (f"floating point: the candidate sums {', '.join('+'.join(s) for s in new)} into an fp16 operand "
@@ -413,5 +440,5 @@ def fp_safety(source: Graph, candidate: Graph, seed: int = 0) -> str | None:
 
 
 __all__ = ["ALONE_BASE", "ALONE_SETS", "DTYPE_MAX", "INPUT_SETS", "RoundingDomain", "SafetyChecker",
-           "adversarial_inputs", "evaluate_in_dtype", "fp16_sums", "fp_safety", "matmul_flops",
-           "numeric_check_affordable", "round_to"]
+           "adversarial_inputs", "evaluate_in_dtype", "exp_differences", "exp_shifts", "fp16_sums", "fp_safety",
+           "matmul_flops", "numeric_check_affordable", "round_to"]
