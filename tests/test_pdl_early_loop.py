@@ -173,3 +173,21 @@ def test_chained_kernel_with_a_bias_stream_gets_four_stages() -> None:
     # the causal mask (bool) and rotary's cos / sin (they feed a product's operand, not its result) are no such stream
     for name in ("causal_attention", "rotary_attention"):
         assert all(st == 3 and not side for st, ch, side in configs(name) if ch), name
+
+
+def test_pdl_statements_moved_after_the_loop_never_read_a_name_reassigned() -> None:
+    # the statements before the loop that must follow the wait (and those computed from them) move after the loop
+    # only where the names they read keep their values: not one the loop assigns, nor one assigned twice before it
+    from verimirage.backend.codegen import _KernelGen
+
+    kg = object.__new__(_KernelGen)
+    kg.early_args = frozenset({0})
+    body = ["v0 = tl.load(a0_ptr + it)", "acc = acc + v0"]
+    pre = ["acc = tl.zeros((4,), tl.float32)", "t = tl.load(a1_ptr)", "u = t * 2.0"]
+    assert kg._after_loop(pre, body) == (["acc = tl.zeros((4,), tl.float32)"], ["t = tl.load(a1_ptr)", "u = t * 2.0"])
+    # a late statement reading the loop's accumulator would see its final value after the loop: nothing moves
+    assert kg._after_loop([*pre, "w = u + acc"], body)[1] == []
+    # ... nor where a name it reads is assigned again before the loop
+    assert kg._after_loop(["c = tl.load(a1_ptr)", "d = c * 2.0", "c = tl.zeros((4,), tl.float32)"], body)[1] == []
+    # ... nor where the loop itself reads what must wait (then the wait goes before the loop)
+    assert kg._after_loop(pre, [*body, "acc = acc + tl.load(a1_ptr + it)"])[1] == []

@@ -1563,7 +1563,9 @@ class _KernelGen:
             if self._waits_for(st) or names & set(ident.findall(st[m.end():])):
                 late.append(st)
                 names.add(m.group(1))
-        assigned = {m.group(1) for b in body if (m := re.match(r"(\w+) = ", b))}
+        # (names the loop assigns, or that pre assigns twice, could hold another value where a late reader moves)
+        lhs = [m.group(1) for st in pre if (m := re.match(r"(\w+) = ", st))]
+        assigned = {m.group(1) for b in body if (m := re.match(r"(\w+) = ", b))} | {x for x in lhs if lhs.count(x) > 1}
         used = {w for b in body for w in ident.findall(b)}
         if not late or names & used or any(assigned & set(ident.findall(st)) for st in late):
             return pre, []
