@@ -955,16 +955,62 @@ def run_module(name: str, *, train: bool, opts: dict[str, Any], dtype: torch.dty
             "left": left}
 
 
+def render(rows: list[dict[str, Any]]) -> str:
+    """Markdown tables of :func:`run_graph` rows and :func:`run_module` rows (forward and training rows of a module
+    side by side)."""
+    out: list[str] = []
+    graphs = [r for r in rows if "search_s" in r]
+    if graphs:
+        out += ["| program | kernels | Proved | search s | max error |", "|---|---|---|---|---|"]
+        for r in graphs:
+            if "error" in r:
+                out.append(f"| {r['name']} | - | - | {r['search_s']:.1f} | {r['error'][:80]} |")
+                continue
+            out.append(f"| {r['name']} | {r['kernels']} | {'yes' if r['proved'] else 'no'} | {r['search_s']:.1f} | "
+                       f"{r['max_err']:.1e} |")
+        out.append("")
+    mods: dict[str, dict[bool, dict[str, Any]]] = {}
+    for r in rows:
+        if "train" in r:
+            mods.setdefault(r["name"], {})[bool(r["train"])] = r
+    if mods:
+        out += ["| module | from | captured (fwd / train) | partitions, kernels (fwd / train) | s (fwd / train) | "
+                "max error (fwd / train) | left to the fallback |", "|---|---|---|---|---|---|---|"]
+
+        def cell(fw: dict[str, Any] | None, tr: dict[str, Any] | None, f: Callable[[dict[str, Any]], str]) -> str:
+            return " / ".join("-" if r is None else ("error" if "error" in r else f(r)) for r in (fw, tr))
+
+        for name, by in mods.items():
+            fw, tr = by.get(False), by.get(True)
+            left = sorted({x for r in (fw, tr) if r and "left" in r for x in r["left"]})
+            arch = MODULES[name].arch if name in MODULES else ""
+            out.append(" | ".join([
+                f"| {name}", arch,
+                cell(fw, tr, lambda r: format(r["coverage"], ".0%")),
+                cell(fw, tr, lambda r: f"{r['taken']}, {r['kernels']}"),
+                cell(fw, tr, lambda r: format(r["secs"], ".0f")),
+                cell(fw, tr, lambda r: format(r["max_err"], ".0e")),
+                ("; ".join(left) or "-") + " |"]))
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Print the table rows (one per program) as markdown."""
+    """Print one row per program (a dict per line), or with ``--render FILE`` the markdown of such lines."""
     ap = argparse.ArgumentParser()
     ap.add_argument("names", nargs="*")
+    ap.add_argument("--render", help="print the markdown tables of a file of printed rows")
     ap.add_argument("--graphs", action="store_true")
     ap.add_argument("--modules", action="store_true")
     ap.add_argument("--train", action="store_true")
     ap.add_argument("--budget", type=float, default=20.0)
     ap.add_argument("--dtype", default="float32", help="torch dtype of the modules (float16, bfloat16)")
     a = ap.parse_args(argv)
+    if a.render:
+        import ast
+
+        rows = [ast.literal_eval(ln) for ln in Path(a.render).read_text().splitlines() if ln.startswith("{")]
+        print(render(rows))
+        return 0
     if a.graphs:
         for n in a.names or list(GRAPHS):
             r = run_graph(n, a.budget)

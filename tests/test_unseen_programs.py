@@ -198,6 +198,34 @@ def test_masked_fill_with_a_finite_value_is_a_where() -> None:
     assert up.rel_err(got, want) < TOL
 
 
+class _SafeDiv(nn.Module):
+    """``(x / n).masked_fill(n == 0, 0) * w``: a norm's gradient (``F.normalize``'s backward has it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(6, generator=torch.Generator().manual_seed(14)))
+
+    def forward(self, x: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+        return (x / n).masked_fill(n == 0, 0.0) * self.w
+
+
+def test_masked_fill_of_a_division_left_its_whole_partition_unverified() -> None:
+    """With masked_fill lifted, ``div, masked_fill, mul`` made one partition that no candidate verified (the kernels
+    compute x / n where the fill hides n == 0: 'the candidate's div needs in1 != 0, which the source does not
+    establish'), so all three stayed in ATen; the fill of a division's result stays in ATen, the rest is taken."""
+    x = torch.randn(4, 6, generator=torch.Generator().manual_seed(15))
+    n = torch.rand(4, 1, generator=torch.Generator().manual_seed(16)) + 0.5
+    rep = Report()
+    model = _SafeDiv()
+    got, _ = up.compiled(model, [x, n], False, OPTS, rep)
+    assert {"div", "mul"} <= _taken_ops(rep), rep.summary()
+    left = [r for r in rep.left if r.op == "masked_fill"]
+    assert left and "div" in str(rep), rep.summary()
+    with torch.no_grad():
+        want = model.double()(x.double(), n.double())
+    assert up.rel_err(got, want) < TOL
+
+
 class _LSE(nn.Module):
     def __init__(self, dims: Any, keepdim: bool) -> None:
         super().__init__()
@@ -295,12 +323,84 @@ class _Fn(nn.Module):
     ("clamp_max", lambda x: torch.clamp_max(x * 2.0, 0.5) + torch.clamp_min(x, -0.25)),
     ("stack_last", lambda x: torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2) * 3.0),
     ("stack_first", lambda x: torch.stack((x, x * 2.0, -x), dim=0).sum(0) + 1.0),
+    ("strided_slices", lambda x: torch.cat((x[..., 1::2] * 2.0, x[..., ::4]), dim=-1)
+     + x[:, 1:4:2, 1:8:4].sum((1, 2), keepdim=True)),
 ])
 def test_stack_vector_norm_and_one_sided_clamps_are_lifted(what: str, fn: Any) -> None:
     """``torch.stack`` (GPT-J's interleaved rotary), ``linalg_vector_norm`` and ``clamp_min`` (``F.normalize``,
-    nGPT) and ``clamp_max`` were left to ATen ('op not in the registry'); they run in the kernels now."""
-    x = torch.randn(3, 4, 6, generator=torch.Generator().manual_seed(11))
+    nGPT) and ``clamp_max`` were left to ATen ('op not in the registry'), strided slices too ('layout'); they run in
+    the kernels now."""
+    x = torch.randn(3, 4, 8, generator=torch.Generator().manual_seed(11))
     got, rep = _compiled(_Fn(fn), x)
     want = fn(x.double())
     assert not [r.op for r in rep.left], rep.summary()
     assert got.shape == want.shape and up.rel_err(got, want) < TOL, what
+
+
+# --------------------------------------------------------------------------- grouped-query attention in SDPA
+
+
+class _GQA(nn.Module):
+    """``F.scaled_dot_product_attention(q, k, v, enable_gqa=True)`` with 4 query heads over 2 (or 1) KV heads."""
+
+    def __init__(self, kv: int) -> None:
+        super().__init__()
+        gen = torch.Generator().manual_seed(12)
+        self.wq = nn.Parameter(torch.randn(16, 32, generator=gen) / 4)
+        self.wk = nn.Parameter(torch.randn(16, 8 * kv, generator=gen) / 4)
+        self.wv = nn.Parameter(torch.randn(16, 8 * kv, generator=gen) / 4)
+        self.kv = kv
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = (x @ self.wq).view(b, t, 4, 8).transpose(1, 2)
+        k = (x @ self.wk).view(b, t, self.kv, 8).transpose(1, 2)
+        v = (x @ self.wv).view(b, t, self.kv, 8).transpose(1, 2)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+
+@pytest.mark.parametrize("train", [False, pytest.param(True, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("kv", [2, 1])
+def test_sdpa_with_fewer_key_value_heads_runs_in_the_kernels(kv: int, train: bool) -> None:
+    """SDPA's own grouped-query attention (``enable_gqa=True``; the CPU op broadcasts the KV heads itself) was left
+    to ATen ('attention with broadcast heads'); query head h reads KV head h // (4 / kv), its gradients summed
+    back per group."""
+    model = _GQA(kv)
+    x = torch.randn(2, 4, 16, generator=torch.Generator().manual_seed(13))
+    want, wgrads = up.reference(model, [x], train)
+    rep = Report()
+    got, grads = up.compiled(model, [x], train, OPTS, rep)
+    taken = _taken_ops(rep)
+    assert any(op.startswith("_scaled_dot_product") for op in taken), rep.summary()
+    if train:
+        assert any(op.endswith("_backward") for op in taken), rep.summary()
+    assert up.rel_err(got, want) < TOL
+    for i, (g, w) in enumerate(zip(grads, wgrads, strict=True)):
+        assert g is not None and up.rel_err(g, w) < TOL, f"gradient {i}"
+
+
+@pytest.mark.parametrize("sl", [(0, None, 2), (1, None, 2), (3, None, 4), (2, 7, 4)])
+def test_strided_slice_and_its_gradient_run_in_the_kernels(sl: tuple[int, int | None, int]) -> None:
+    """``x[..., a:b:k] * w`` forward and backward: ``slice_backward`` of a strided slice was left to ATen
+    ('layout'); its gradient is the window's (m, k) rows with the gradient in one column, zeros elsewhere. (The
+    code generator regroups padded dims only at powers of two: a window of 3 x 2 is left to ATen.)"""
+    a, b, k = sl
+    w = torch.randn(len(range(8)[a:b:k]), generator=torch.Generator().manual_seed(17))
+
+    class _Strided(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(w.clone())
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x[..., a:b:k] * self.w
+
+    model = _Strided()
+    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(18))
+    want, wgrads = up.reference(model, [x], True)
+    rep = Report()
+    got, grads = up.compiled(model, [x], True, OPTS, rep)
+    assert "slice_backward" in _taken_ops(rep), rep.summary()
+    assert up.rel_err(got, want) < TOL
+    for g, wg in zip(grads, wgrads, strict=True):
+        assert g is not None and up.rel_err(g, wg) < TOL

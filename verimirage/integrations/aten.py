@@ -579,17 +579,35 @@ def _slice(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
     dim = int(args[1]) if len(args) > 1 else 0
     start = args[2] if len(args) > 2 else None
     end = args[3] if len(args) > 3 else None
-    step = args[4] if len(args) > 4 else 1
-    if step != 1:
-        raise Unsupported(Reason.LAYOUT, "a strided slice")
+    step = int(args[4]) if len(args) > 4 else 1
     n = v.shape[dim]
     s = 0 if start is None else max(0, min(n, int(start) + n if int(start) < 0 else int(start)))
     e = n if end is None else max(0, min(n, int(end) + n if int(end) < 0 else int(end)))
-    if s == 0 and e == n:
+    if s == 0 and e == n and step == 1:
         return v
     if not ctx.layout("slice"):
         raise Unsupported(Reason.LAYOUT, "a slice (the registry's slice op is not available here)")
-    return LV(emit(ctx.g, "slice", ctx.exact(v), dim % len(v.shape), s, e), _shape(out))
+    d = dim % len(v.shape)
+    if step == 1:
+        return LV(emit(ctx.g, "slice", ctx.exact(v), d, s, e), _shape(out))
+    base, j, m = _strided(n, s, e, step)
+    # elements s, s + k, ...: the rows of [base, base + k m) regrouped as (m, k), column j (GPT-J's x[..., ::2])
+    shape = list(v.shape)
+    t = emit(ctx.g, "slice", ctx.exact(v), d, base, base + step * m) if (base, step * m) != (0, n) else ctx.exact(v)
+    t = emit(ctx.g, "reshape", t, (*shape[:d], m, step, *shape[d + 1:]))
+    t = emit(ctx.g, "slice", t, d + 1, j, j + 1)
+    return LV(emit(ctx.g, "reshape", t, _shape(out)), _shape(out))
+
+
+def _strided(n: int, s: int, e: int, k: int) -> tuple[int, int, int]:
+    """For the strided slice ``[s:e:k]`` of a dim of ``n`` (``k > 1``): ``(base, j, m)`` with the ``m`` elements
+    ``s + i k`` at column ``j`` of the rows of ``[base, base + k m)`` regrouped as ``(m, k)``; Unsupported when no
+    such window fits in the dim."""
+    m = max(0, -(-(e - s) // k))
+    j = max(0, s + k * m - n)
+    if k < 1 or m == 0 or j > min(s, k - 1):
+        raise Unsupported(Reason.LAYOUT, f"a strided slice [{s}:{e}:{k}] of a dim of {n}")
+    return s - j, j, m
 
 
 @handles("split", "split_with_sizes")
@@ -885,6 +903,14 @@ def _masked_fill(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) ->
     only reader: the filled entries are held as the dtype's lowest finite value (so no kept score is below them)
     and the softmax makes their exponentials exactly 0, what ATen's -inf gives (:attr:`LV.fill`)."""
     x, m, v = args[0], args[1], args[2]
+    src = ctx.node.args[0] if ctx.node is not None and ctx.node.args else None
+    sargs = getattr(src, "args", None)
+    partial = op_of_node(src) if isinstance(sargs, tuple) else ""
+    if partial in _PARTIAL_OPS and (partial != "div" or not (sargs and len(sargs) > 1 and _num(sargs[1]))):
+        # masked_fill(x / n, n == 0, 0) (a norm's gradient): the kernels compute x / n everywhere, undefined where
+        # the fill hides it, which the verifier cannot prove harmless: no candidate would verify the partition
+        raise Unsupported(Reason.NOT_IN_REGISTRY, f"masked_fill of aten.{partial}'s result: the fill may hide where "
+                                                  f"{partial} is undefined, which the kernels would compute")
     if not (_num(v) and math.isinf(float(v)) and float(v) < 0):
         return _where(ctx, [m, v, x], {}, out)
     import torch
@@ -898,6 +924,9 @@ def _masked_fill(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) ->
     r = _where(ctx, [m, float(torch.finfo(tdt).min), x], {}, out)
     return dataclasses.replace(r, fill=ctx.exact(m))
 
+
+#: ATen ops undefined somewhere over the reals (a tensor denominator, a logarithm, a root)
+_PARTIAL_OPS = frozenset({"div", "reciprocal", "log", "sqrt", "rsqrt"})
 
 #: casts a masked_fill(-inf) may pass through to its softmax (HF's ``softmax(s, dtype=torch.float32)``)
 _FILL_CASTS = ("_to_copy", "convert_element_type")
@@ -1002,6 +1031,35 @@ def _sdpa_scores(ctx: Ctx, q: LV, k: LV, mask: Any, causal: bool,
     return s, c, keep
 
 
+def _gqa_heads(ctx: Ctx, q: LV, x: LV) -> tuple[LV, int]:
+    """Key or value ``x`` with as many heads as ``q`` (dim -3), and how many query heads share each of its heads:
+    attention ops read KV head ``h // rep`` for query head ``h`` when ``x`` has fewer heads (grouped-query
+    attention, SDPA's ``enable_gqa`` or the CPU op's own broadcast); ``x`` itself (rep 1) otherwise."""
+    if len(q.shape) < 3 or len(x.shape) != len(q.shape) or q.shape[-3] == x.shape[-3]:
+        return x, 1
+    h, kv = q.shape[-3], x.shape[-3]
+    if q.shape[:-3] != x.shape[:-3] or h % kv:
+        raise Unsupported(Reason.LAYOUT, f"attention with {h} query heads and {kv} key/value heads")
+    if not (ctx.layout("reshape") and ctx.layout("broadcast_to")):
+        raise Unsupported(Reason.LAYOUT, "grouped-query attention needs the registry's reshape and broadcast_to")
+    rep, lead, tail = h // kv, x.shape[:-3], x.shape[-2:]
+    t = emit(ctx.g, "reshape", ctx.exact(x), (*lead, kv, 1, *tail))
+    t = emit(ctx.g, "broadcast_to", t, (*lead, kv, rep, *tail))
+    shape = (*lead, h, *tail)
+    return LV(emit(ctx.g, "reshape", t, shape), shape), rep
+
+
+def _gqa_sum(ctx: Ctx, t: Tensor, rep: int) -> Tensor:
+    """The gradient ``t`` of a key or value widened by :func:`_gqa_heads`: summed over each group of ``rep``
+    query heads (dim -3)."""
+    if rep == 1:
+        return t
+    s = tuple(t.shape)
+    lead, h, tail = s[:-3], s[-3], s[-2:]
+    r = emit(ctx.g, "reshape", t, (*lead, h // rep, rep, *tail))
+    return emit(ctx.g, "reshape", emit(ctx.g, "sum", r, len(lead) + 1), (*lead, h // rep, *tail))
+
+
 def _kept(g: Graph, keep: Tensor | None, e: Tensor, s: Tensor) -> Tensor:
     """``e`` (``exp`` of the shifted scores ``s``) where the causal mask ``keep`` keeps a score, exactly 0 elsewhere:
     what ATen's -inf gives in floats, and 0 over the reals too, so a kernel may skip the tiles the mask sets entirely
@@ -1075,9 +1133,9 @@ def sdpa_handler(name: str) -> Handler:
         causal = bool(arg(cpos, "is_causal", False))
         if p:
             raise Unsupported(Reason.RANDOM, "attention with dropout")
-        if kwargs.get("enable_gqa"):
-            raise Unsupported(Reason.LAYOUT, "attention with enable_gqa")
         g = ctx.g
+        k, _ = _gqa_heads(ctx, q, k)
+        v, _ = _gqa_heads(ctx, q, v)
         s, _, keep = _sdpa_scores(ctx, q, k, mask, causal, kwargs.get("scale"))
         ax = len(q.shape) - 1
         safe = isinstance(mask, LV)  # a row masked entirely to -inf is 0 (ATen), not NaN
@@ -1159,6 +1217,8 @@ def _sdpa_backward(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) 
     if not all(isinstance(x, LV) for x in (do, q, k, v, o, lse)):
         raise Unsupported(Reason.NOT_TENSOR, "attention backward with a constant operand")
     g = ctx.g
+    k, rep = _gqa_heads(ctx, q, k)
+    v, _ = _gqa_heads(ctx, q, v)
     s, c, _ = _sdpa_scores(ctx, q, k, mask, causal, kwargs.get("scale"))
     r = len(q.shape)
     dt = q.t.dtype
@@ -1189,6 +1249,7 @@ def _sdpa_backward(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) 
     ds = emit(g, "mul", pm, emit(g, "sub", dp, dd))
     dq = emit(g, "scale", emit(g, "matmul", ds, ctx.exact(k)), c=c)
     dk = emit(g, "scale", emit(g, "matmul", emit(g, "transpose", ds, r - 2, r - 1), ctx.exact(q)), c=c)
+    dk, dv = _gqa_sum(ctx, dk, rep), _gqa_sum(ctx, dv, rep)
     res: tuple[Any, ...] = (LV(dq, tuple(out[0][0])), LV(dk, tuple(out[1][0])), LV(dv, tuple(out[2][0])))
     if grad_mask and len(out) > 3 and out[3] is not None:
         res = (*res, _reduce_to(ctx, ds, tuple(out[3][0])))  # the mask is added to S: its gradient is dS, reduced
@@ -1322,14 +1383,30 @@ def op_of(ctx: Ctx) -> str:
 @handles("slice_backward")
 def _slice_bw(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
     gr, _sizes, dim, start, end, step = args[:6]
-    if step != 1:
-        raise Unsupported(Reason.LAYOUT, "slice_backward of a strided slice")
     shape, dt = out
     r = len(shape)
     dim = int(dim) % r
     n = shape[dim]
     s = max(0, min(n, int(start) + n if int(start) < 0 else int(start)))
     e = max(s, min(n, int(end) + n if int(end) < 0 else int(end)))
+    if int(step) != 1:
+        # the gradient at column j of (m, k) rows, zeros in the other columns: the window [s, e) of a unit slice
+        k = int(step)
+        base, j, m = _strided(n, s, e, k)
+        g = ctx.g
+        col = list(gr.shape)
+        col.insert(dim + 1, 1)
+        cols = [emit(g, "reshape", ctx.exact(gr), tuple(col))]
+        zs = [(0, j), (j + 1, k)]
+        for lo, hi in zs:
+            if hi > lo:
+                zc = list(col)
+                zc[dim + 1] = hi - lo
+                cols.insert(0 if lo == 0 else len(cols), ctx.exact(_constant(ctx, zc, dt, 0.0)))
+        win = list(shape)
+        win[dim] = k * m
+        t = emit(g, "reshape", emit(g, "concat", cols, dim + 1), tuple(win))
+        gr, s, e = LV(t, tuple(win)), base, base + k * m
     parts = []
     for lo, hi in ((0, s), (e, n)):
         if hi > lo:
