@@ -206,8 +206,8 @@ def test_exp_of_a_difference_split_into_a_quotient_of_exps_overflowed_and_the_fp
     fp16 of float64. It is Proved, it was ``vm.superoptimize``'s best candidate, and the floating-point check
     passed it: its sets never make ``S`` and ``L`` large and close (independent values at scale 100 overflow the
     source's ``exp(S - L)`` itself), and the structural check protected only max-shifted exps. Now where the
-    source applies exp only to differences the candidate must too (``fpsafe.exp_differences``, every size): the
-    184 committed candidates of such sources all do."""
+    source applies exp only to differences (or sums) the candidate must too (``fpsafe.exps_of_sums``, every size):
+    the 184 committed candidates of such sources all do."""
     import numpy as np
 
     from verimirage.pipeline.fpsafe import SafetyChecker, evaluate_in_dtype
@@ -240,5 +240,30 @@ def test_exp_of_a_difference_split_into_a_quotient_of_exps_overflowed_and_the_fp
     sc = SafetyChecker(g)
     assert not sc.numeric
     lows = lower_all(f, rank=pricing.cost)[0][:3]
-    assert lows and all("exp only to differences" in (sc.check(low.mugraph) or "") for low in lows)
+    assert lows and all("exp only to sums or differences" in (sc.check(low.mugraph) or "") for low in lows)
     assert all(sc.check(low.mugraph) is None for low in lower_all(g, rank=pricing.cost)[0][:3])
+
+
+def test_exp_of_a_sum_split_into_a_product_of_exps_overflowed_and_the_fp_check_passed_it() -> None:
+    """Finding (medium; the same class as the quotient's, through rule ``exp-add``): ``exp(S + NL) @ V`` (the saved
+    statistic negated) became ``(exp(S) @ V) * exp(NL)`` (``exp-add``, ``matmul-rowscale``), inf * 0 at logits near
+    100, ``NL = -100``, where the source is finite; Proved, the best candidate, passed by the check (the ``+-100``
+    set overflows the source itself and is skipped). Now a sum counts as a shift too (``fpsafe.exps_of_sums``)."""
+    import numpy as np
+
+    from verimirage.pipeline.fpsafe import evaluate_in_dtype
+
+    h = vm.float16
+    g = vm.Graph()
+    s, nl, v = g.input("S", (16, 64), h), g.input("NL", (16, 1), h), g.input("V", (64, 16), h)
+    g.output(g.matmul(g.exp(g.add(s, nl)), v))
+    res = vm.superoptimize(g, cache=False, top_k=4)
+    assert res.candidates
+    rng = np.random.default_rng(0)
+    ins = {"S": rng.uniform(95, 100, (16, 64)).astype(np.float16).astype(np.float64), "NL": np.full((16, 1), -100.0),
+           "V": rng.uniform(-1, 1, (64, 16)).astype(np.float16).astype(np.float64)}
+    (src,), _ = evaluate_in_dtype(g, ins)
+    assert np.isfinite(src).all()
+    for c in res.candidates:
+        (got,), _ = evaluate_in_dtype(c.mugraph, ins, generated=True)
+        assert np.isfinite(got).all(), (c.rules, str(c.mugraph))

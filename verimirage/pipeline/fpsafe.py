@@ -12,8 +12,8 @@ overflows only where one input is large, and where all are the source overflows 
 first input set on which the candidate has a non-finite element where the source's is finite. The
 search (:func:`verimirage.pipeline.superopt.superoptimize`) rejects such a candidate with that reason. Before it,
 at every size, a structural check (:meth:`SafetyChecker.structural`): every exp the source max-shifts stays
-max-shifted, where the source exps only differences the candidate does too, and no fp16 operand of a product is
-a sum the source never rounds to fp16 (:func:`fp16_sums`).
+max-shifted, where the source exps only sums or differences the candidate does too (:func:`exps_of_sums`), and
+no fp16 operand of a product is a sum the source never rounds to fp16 (:func:`fp16_sums`).
 
 Rounding follows the generated code (:mod:`verimirage.backend.codegen`): the candidate's results that it
 returns in their dtype, those only other kernels read in fp32 (``codegen.storage_dtype``), the source's every
@@ -250,19 +250,20 @@ def max_shifted(mg: Graph) -> bool:
     return bool(shifts) and all(s == "max" for s in shifts)
 
 
-def exp_differences(mg: Graph) -> bool:
-    """Whether ``mg`` applies ``exp`` and every ``exp`` (at any level) is of a difference ``x - y`` (any ``y``;
-    ``rescaled_sum``'s by construction). ``exp(s - l)`` with ``l`` a row's log-sum-exp (attention from its saved
-    statistic) is finite for logits near 100 where rule ``exp-sub``'s ``exp(s) / exp(l)`` is inf / inf (fp32's
-    exp overflows past 88.7): ``vm.superoptimize``'s best candidate of ``exp(S - L) @ V`` (red team, session 15)."""
+def exps_of_sums(mg: Graph) -> bool:
+    """Whether ``mg`` applies ``exp`` and every ``exp`` (at any level) is of a sum or difference ``x +- y`` (any
+    ``y``; ``rescaled_sum``'s by construction). ``exp(s - l)`` with ``l`` a row's log-sum-exp (attention from its
+    saved statistic; ``exp(s + nl)`` with its negation) is finite for logits near 100 where rule ``exp-sub``'s
+    ``exp(s) / exp(l)`` (``exp-add``'s ``exp(s) exp(nl)``) is inf / inf (fp32's exp overflows past 88.7):
+    ``vm.superoptimize``'s best candidate of ``exp(S - L) @ V`` (red team, session 15)."""
     shifts = exp_shifts(mg)
     return bool(shifts) and all(s != "none" for s in shifts)
 
 
 def exp_shifts(mg: Graph) -> list[str]:
     """One entry per ``exp`` of ``mg`` (at any level) and ``rescaled_sum``: ``"max"`` for ``x - m`` with ``m`` a
-    max of that same ``x`` (:func:`max_shifted`; a ``rescaled_sum``), ``"sub"`` for another difference, else
-    ``"none"``."""
+    max of that same ``x`` (:func:`max_shifted`; a ``rescaled_sum``), ``"sum"`` for another sum or difference,
+    else ``"none"``."""
     found: list[str] = []
     Val = tuple[Sequence[Any], int, Any]  # (the nodes of a scope, index, the scope's outer resolver)
 
@@ -300,9 +301,8 @@ def exp_shifts(mg: Graph) -> list[str]:
             elif n.op == "exp":
                 an, ai, ao = resolve((nodes, n.args[0][0], outer))
                 a = an[ai]
-                found.append("none" if a.op != "sub" else "max" if is_max_of((an, a.args[1][0], ao),
-                                                                                resolve((an, a.args[0][0], ao)))
-                             else "sub")
+                found.append("none" if a.op not in ("add", "sub") else "max" if a.op == "sub" and is_max_of(
+                    (an, a.args[1][0], ao), resolve((an, a.args[0][0], ao))) else "sum")
 
     walk(node_list(mg), None)
     return found
@@ -360,9 +360,9 @@ class SafetyChecker:
 
     ``numeric`` (default: :func:`numeric_check_affordable`): evaluate on the adversarial inputs; otherwise
     only the structural check: where the source subtracts the max before every ``exp``, the candidate must
-    too (:func:`max_shifted`), where it exps only differences the candidate must too (:func:`exp_differences`),
-    and no fp16 operand of a product is a sum the source does not round to fp16 (:func:`fp16_sums`; at every
-    size).
+    too (:func:`max_shifted`), where it exps only sums or differences the candidate must too
+    (:func:`exps_of_sums`), and no fp16 operand of a product is a sum the source does not round to fp16
+    (:func:`fp16_sums`; at every size).
     """
 
     def __init__(self, source: Graph, seed: int = 0, numeric: bool | None = None) -> None:
@@ -376,18 +376,18 @@ class SafetyChecker:
 
     def structural(self, candidate: Graph) -> str | None:
         """Why ``candidate`` fails the structural check: the source max-shifts every exp, it does not; the source
-        exps only differences, it does not (:func:`exp_differences`); or it rounds a sum to fp16 for a product that
-        the source rounds nowhere (:func:`fp16_sums`)."""
+        exps only sums or differences, it does not (:func:`exps_of_sums`); or it rounds a sum to fp16 for a product
+        that the source rounds nowhere (:func:`fp16_sums`)."""
         if self._src_shifted is None:
             self._src_shifted = max_shifted(self.source)
-            self._src_diffs = exp_differences(self.source)
+            self._src_diffs = exps_of_sums(self.source)
             self._src_sums = frozenset().union(*fp16_sums(self.source))
         if self._src_shifted and not max_shifted(candidate):
             return ("floating point: the source subtracts the max before every exp and the candidate does not "
                     "(exp overflows where the source stays finite)")
-        if self._src_diffs and not exp_differences(candidate):
-            return ("floating point: the source applies exp only to differences and the candidate to a value it "
-                    "has not shifted (exp(a) / exp(b) overflows where exp(a - b) stays finite)")
+        if self._src_diffs and not exps_of_sums(candidate):
+            return ("floating point: the source applies exp only to sums or differences and the candidate to a "
+                    "value it has not shifted (exp(a) / exp(b) overflows where exp(a - b) stays finite)")
         new = sorted(sorted(s) for s in fp16_sums(candidate)[0] - self._src_sums)
         if new:
             return (f"floating point: the candidate sums {', '.join('+'.join(s) for s in new)} into an fp16 operand "
@@ -440,5 +440,5 @@ def fp_safety(source: Graph, candidate: Graph, seed: int = 0) -> str | None:
 
 
 __all__ = ["ALONE_BASE", "ALONE_SETS", "DTYPE_MAX", "INPUT_SETS", "RoundingDomain", "SafetyChecker",
-           "adversarial_inputs", "evaluate_in_dtype", "exp_differences", "exp_shifts", "fp16_sums", "fp_safety",
+           "adversarial_inputs", "evaluate_in_dtype", "exps_of_sums", "exp_shifts", "fp16_sums", "fp_safety",
            "matmul_flops", "numeric_check_affordable", "round_to"]
