@@ -136,7 +136,6 @@ ALLOWED = {
     ("smt/ff/meanings.py", "_ff_matmul"): "the finite field's linear-structure tags",
     ("smt/ffref.py", "RefFF"): "the reference finite field's ring-operation kind tags",
     ("smt/ffref.py", "quotient_info"): "the rational-degree analysis (N / D per value) names ops; ff.degree reads it",
-    ("smt/ff/degree.py", "_order_or_oracle"): "ops the field computes exactly, for the stated bound",
     ("integrations/aten.py", "*"): "maps ATen op names onto registry ops (capture owns it)",
     ("integrations/capture.py", "*"): "maps ATen op names onto registry ops (capture owns it)",
     ("pipeline/fpsafe.py", "RoundingDomain.apply"): "rounds a matmul's operands like tl.dot (the float safety check)",
@@ -449,6 +448,35 @@ def test_degree_info_counts_exact_new_ops_and_flags_oracles() -> None:
     h.output(h.tanh(h.minimum(y, h.reciprocal(y))))
     info = degree_info(h)
     assert set(info.order_oracle) == {"minimum", "tanh"} and info.opaque == 1
+
+
+def test_degree_info_flags_the_ops_the_reference_analysis_counts_as_atoms() -> None:
+    # ff.degree named by hand the ops it states exactly (_NOT_ORACLE, op-name comparisons), mirroring the reference's
+    # degree analysis (ffref.quotient_info): now both read ffref.DEGREE_RULES (and the ops' compositions). Every op
+    # here but exp (the q-parts compute it exactly) and the max-like ones (an order: no atom) is flagged as an order
+    # or oracle exactly where the reference counts an atom
+    from verimirage.smt import ffref
+    from verimirage.smt.ff import degree_info
+
+    unary = {"abs": {}, "log": {}, "relu": {}, "gelu": {}, "silu": {}, "tanh": {}, "sigmoid": {}, "sqrt": {},
+             "rsqrt": {}, "erf": {}, "softplus": {}, "neg": {}, "square": {}, "reciprocal": {}, "scale": {"c": 3.0},
+             "shift": {"c": 1.0}, "clamp": {"lo": 0.0, "hi": 1.0}, "leaky_relu": {"slope": 0.1},
+             "rms_norm": {"axis": 1, "eps": 1e-6}, "transpose": {"a": 0, "b": 1}, "sum": {"axis": 1},
+             **{f"pow {c}": {"c": c} for c in (0.0, 2.0, 3.0, -2.0, 8.0, 9.0, 0.5, -0.5, 1.5)}}
+    flagged = set()
+    for name, attrs in unary.items():
+        g = vm.Graph()
+        g.output(g.apply(name.split()[0], [g.input("x", (4, 8), vm.float32)], attrs))
+        info, atoms = degree_info(g), ffref.quotient_info(g)[1]
+        assert bool(info.order_oracle) == (atoms > 0), (name, info, atoms)
+        flagged |= {name} if info.order_oracle else set()
+    assert flagged == {"abs", "log", "relu", "gelu", "silu", "tanh", "sigmoid", "sqrt", "rsqrt", "erf", "softplus",
+                       "clamp", "leaky_relu", "rms_norm", "pow 9.0", "pow 0.5", "pow -0.5", "pow 1.5"}, flagged
+    for op in ("add", "sub", "mul", "div"):
+        g = vm.Graph()
+        g.output(g.apply(op, [g.input("x", (4, 8), vm.float32), g.input("y", (4, 8), vm.float32)]))
+        assert degree_info(g).order_oracle == () and ffref.quotient_info(g)[1] == 0, op
+    assert {"add", "mul", "where", "matmul", "concat", "reshape", "loop_sum", "loop_max"} <= set(ffref.DEGREE_RULES)
 
 
 LAYOUTS = {

@@ -462,6 +462,13 @@ def degree_bound(g: Graph) -> tuple[int, int]:
     return degree, atoms
 
 
+#: the rule by which :func:`quotient_info` models each op it knows, a rational function of its operands (ring
+#: operations, data movement, orders); any other op is an atom (exp, the oracles). ff.degree reads it
+DEGREE_RULES = {o: r.split()[0] for r in ("add sub maximum mul div", "scale cast square shift", "sum mean max",
+                "loop_sum rescaled_sum", "loop_max running_max", "reciprocal", "where", "matmul", "concat")
+                for o in r.split()} | dict.fromkeys(LAYOUT_MEANINGS, "layout")
+
+
 def quotient_info(g: Graph) -> tuple[int, int, int]:
     """``(degree, atoms, applications)``: a degree bound of ``g``'s outputs (and of every exp / oracle argument)
     sound for sums of quotients: each value is ``N / D`` with ``deg N <= n``, ``deg D <= d``, ``D`` a function of a
@@ -553,43 +560,38 @@ def quotient_info(g: Graph) -> tuple[int, int, int]:
             sub = expand(n.op, [nodes[j].outs[k] for j, k in n.args], n.attr_dict)
             if sub is not None:  # a composite op: its composition's quotient (one more level of the same walk)
                 vals.append(walk(sub, a, times, 1, None)[0][-1])
-            elif n.op == "reciprocal":  # 1 / (N / D) = D / N divides by N
+            elif (rule := DEGREE_RULES.get(n.op)) == "reciprocal":  # 1 / (N / D) = D / N divides by N
                 x = a[0]
                 vals.append((x[1], x[0], refine(out, x[2], full(shapes[0]) if x[0] else {})))
                 opaque[2] += elems * max(1, deg(x))
-            elif n.op in LAYOUT_MEANINGS:
+            elif rule == "layout":
                 vals.append(layout(n, a[0], shapes[0], out))
-            elif n.op == "where":  # m a + (1 - m) b over the common denominator Da Db
+            elif rule == "where":  # m a + (1 - m) b over the common denominator Da Db
                 m, x, y = a
                 vary = refine(out, *(align(v, s, out) for v, s in zip(a, shapes, strict=True)))
                 vals.append((deg(m) + max(x[0] + y[1], y[0] + x[1]), x[1] + y[1] + m[1], vary))
-            elif n.op in ("mul", "div"):
+            elif rule == "add":  # add, sub, maximum, mul, div
                 x, y = a
                 vx, vy = align(x, shapes[0], out), align(y, shapes[1], out)
                 if n.op == "mul":
                     vals.append((x[0] + y[0], x[1] + y[1], refine(out, vx, vy)))
-                else:  # x / y = (Nx Dy) / (Dx Ny); each element's divisor may vanish in the field
+                elif n.op == "div":  # x / y = (Nx Dy) / (Dx Ny); each element's divisor may vanish in the field
                     ny = align((0, 0, full(shapes[1])), shapes[1], out) if y[0] else {}
                     vals.append((x[0] + y[1], x[1] + y[0], refine(out, vx, vy, ny)))
                     opaque[2] += elems * max(1, deg(y))
-            elif n.op in ("add", "sub", "maximum"):
-                x, y = a
-                vx, vy = align(x, shapes[0], out), align(y, shapes[1], out)
-                vals.append((max(x[0] + y[1], y[0] + x[1]), x[1] + y[1], refine(out, vx, vy)))
-            elif n.op == "square":
-                vals.append((2 * a[0][0], 2 * a[0][1], a[0][2]))
-            elif n.op in ("scale", "cast"):
-                vals.append(a[0])
-            elif n.op == "shift":
-                vals.append((deg(a[0]), a[0][1], a[0][2]))
-            elif n.op in ("sum", "mean", "max"):
+                else:
+                    vals.append((max(x[0] + y[1], y[0] + x[1]), x[1] + y[1], refine(out, vx, vy)))
+            elif rule == "scale":  # scale, cast: (n, d); square: (2 n, 2 d); shift: (max(n, d), d)
+                x = a[0]
+                vals.append({"square": (2 * x[0], 2 * x[1], x[2]), "shift": (deg(x), x[1], x[2])}.get(n.op, x))
+            elif rule == "sum":  # sum, mean, max
                 ax = n.attr("axis") % len(shapes[0])
                 if n.op == "max":  # an element of any class along ax: every other axis' classes times it
                     kx = a[0][2].get(ax, 1)
                     vals.append((a[0][0], a[0][1], refine(out, {b: a[0][2].get(b, 1) * kx for b in range(rank)})))
                 else:
                     vals.append(reduce(a[0], ax, shapes[0][ax]))
-            elif n.op == "matmul":
+            elif rule == "matmul":
                 x, y = a
                 ra, rb = len(shapes[0]), len(shapes[1])
                 kx, ky = x[2].get(ra - 1, 1), y[2].get(rb - 2, 1)
@@ -598,13 +600,13 @@ def quotient_info(g: Graph) -> tuple[int, int, int]:
                               {rank - 2: x[2].get(ra - 2, 1), rank - 1: y[2].get(rb - 1, 1)})
                 r = reduce((x[0] + y[0], x[1] + y[1], {0: kx * ky}), 0, shapes[0][-1])
                 vals.append((r[0], r[1], vary))
-            elif n.op == "concat":
+            elif rule == "concat":
                 ax = n.attr("axis") % rank
                 parts = [align(x, s, out) for x, s in zip(a, shapes, strict=True)]
                 along = sum(max(1, p.get(ax, 1)) for p in parts) if any(x[1] for x in a) else 1
                 vary = refine(out, *({b: c for b, c in p.items() if b != ax} for p in parts), {ax: along})
                 vals.append((max(x[0] for x in a), max(x[1] for x in a), vary))
-            elif n.op in ("loop_sum", "rescaled_sum"):
+            elif rule == "loop_sum":  # loop_sum, rescaled_sum
                 x = a[0]
                 n_, d_ = (x[0] + (frange - 1) * x[1], frange * x[1]) if x[1] else (x[0], 0)
                 if n.op == "rescaled_sum":  # acc * exp(m_prev - m) + x: one more atom factor, its argument a
@@ -612,9 +614,9 @@ def quotient_info(g: Graph) -> tuple[int, int, int]:
                     opaque[:2] = [max(opaque[0], deg(a[1]) + a[1][1]), opaque[1] + 1]
                     opaque[2] += elems * frange
                 vals.append(allaxes((n_, d_, {}), out))
-            elif n.op in ("loop_max", "running_max"):  # (an element of any iteration: every index its own class)
+            elif rule == "loop_max":  # loop_max, running_max (an element of any iteration: every index its own class)
                 vals.append(allaxes(a[0], out))
-            else:  # exp, the oracles, and any op not known here: a fresh atom per node
+            else:  # exp, the oracles, and any op not in DEGREE_RULES: a fresh atom per node
                 arg = max((deg(x) for x in a), default=1)
                 opaque[0] = max(opaque[0], arg)
                 opaque[1] += 1

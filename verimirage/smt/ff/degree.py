@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...ir.graph import Graph, node_list
+from ...ir.interpret import expand
 from ...ir.opfacts import FAMILY_EXP
-from ...ir.ops import OPS, POW_EXACT_MAX, Prop
+from ...ir.ops import OPS, Prop, TensorType
 from .. import ffref
 from .field import safe_primes
 
@@ -40,22 +41,22 @@ class DegreeInfo:
     order_oracle: tuple[str, ...]
 
 
-#: ops the field computes by ring operations, data movement (``where``: ``m a + (1 - m) b``) or an order
-_NOT_ORACLE = frozenset({"neg", "scale", "shift", "add", "sub", "sum", "mean", "concat", "transpose", "reciprocal",
-                         "maximum", "minimum", "max", "min", "running_max", "loop_max",
-                         "cast", "permute", "reshape", "broadcast_to", "slice", "loop_sum", "mul", "div", "matmul",
-                         "tril_mask", "rescaled_sum", "where"})
-
-
-def _order_or_oracle(op: str, attrs: dict[str, Any]) -> bool:
-    """Whether the registry models ``op`` in the field by an order (max-like) or a keyed random function."""
+def _order_or_oracle(op: str, attrs: dict[str, Any], in_types: Sequence[TensorType]) -> bool:
+    """Whether the registry models ``op`` in the field by an order (max-like) or a keyed random function: not by
+    the rational function of its operands that the reference's degree analysis gives it
+    (:data:`verimirage.smt.ffref.DEGREE_RULES`: ring operations, data movement, ``where`` as ``m a + (1 - m) b``),
+    nor through its composition (``ir.interpret.expand``: an integer power's products, ``neg``, ``transpose``).
+    Constants (a causal mask) are data."""
     d = OPS[op]
-    if d.has(Prop.STRUCTURAL) or d.has(Prop.LOOP) or d.has(Prop.EXPONENTIAL):
+    if d.has(Prop.STRUCTURAL) or d.has(Prop.LOOP) or d.has(Prop.EXPONENTIAL) or d.has(Prop.CONSTANT):
         return False
-    if op in ("square", "pow"):  # exact integer powers are products; others a keyed random function
-        c = float(attrs["c"]) if op == "pow" else 2.0
-        return not (c.is_integer() and abs(c) <= POW_EXACT_MAX)
-    return d.family == "max" or op not in _NOT_ORACLE
+    if d.family == "max":
+        return True
+    sub = expand(op, in_types, attrs)
+    if sub is not None:
+        return any(_order_or_oracle(m.op, m.attr_dict, [sub[j].outs[k] for j, k in m.args]) for m in sub
+                   if m.op != "arg")
+    return op not in ffref.DEGREE_RULES
 
 
 def degree_info(g: Graph) -> DegreeInfo:
@@ -71,8 +72,8 @@ def degree_info(g: Graph) -> DegreeInfo:
                 walk(n.attr("block").nodes)
             elif n.op == "fused":
                 walk(n.attr("thread").nodes)
-            elif n.op not in ("input", "arg") and (
-                    n.op in ORDER_ORACLE_OPS or _order_or_oracle(n.op, n.attr_dict)):
+            elif n.op not in ("input", "arg") and (n.op in ORDER_ORACLE_OPS or _order_or_oracle(
+                    n.op, n.attr_dict, [nodes[j].outs[k] for j, k in n.args])):
                 orders.add(n.op)
 
     walk(node_list(g))
