@@ -267,3 +267,22 @@ def test_exp_of_a_sum_split_into_a_product_of_exps_overflowed_and_the_fp_check_p
     for c in res.candidates:
         (got,), _ = evaluate_in_dtype(c.mugraph, ins, generated=True)
         assert np.isfinite(got).all(), (c.rules, str(c.mugraph))
+
+
+@pytest.mark.parametrize("mode", [None, "merge"])
+def test_check_cert_blamed_the_launch_mode_for_a_file_that_is_not_json(mode: str | None, tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """Finding (low; a wrong message): ``verimirage check-cert FILE`` on a file that is not a JSON object said
+    ``check-cert: --mode None: certificate ...: not JSON`` (``--mode 'merge'`` with one): the checker's
+    CertificateError is a ValueError, which the command took for an unknown launch-mode option. It now names the
+    file alone (exit 2, usage)."""
+    from verimirage.cli import main
+
+    for text in ("not json", "[1, 2]"):
+        p = tmp_path / "c.json"
+        p.write_text(text)
+        assert main(["check-cert", str(p), *(["--mode", mode] if mode else [])]) == 2
+        err = capsys.readouterr().err
+        assert "--mode" not in err and str(p) in err, err
+    assert main(["check-cert", str(p), "--mode", "fused"]) == 2  # (an unknown option is still the mode's)
+    assert "--mode 'fused'" in capsys.readouterr().err

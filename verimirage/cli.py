@@ -216,8 +216,12 @@ def cmd_check_cert(a: argparse.Namespace) -> int:
             module = Path(a.module).read_text()
         except (OSError, UnicodeDecodeError) as e:
             raise UsageError(f"check-cert: cannot read the module {a.module}: {e}") from None
+    from verimirage.ir.errors import GraphError
+
     try:
         v = check_certificate(a.path, mode=a.mode, module_source=module)
+    except GraphError as e:  # (a file that is not a JSON object: CertificateError, itself a ValueError)
+        raise UsageError(f"check-cert: {e}") from None
     except ValueError as e:  # (an unknown launch mode option)
         raise UsageError(f"check-cert: --mode {a.mode!r}: {e}") from None
     elapsed = time.perf_counter() - t0
