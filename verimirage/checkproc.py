@@ -17,7 +17,7 @@ import threading
 from pathlib import Path
 
 #: modules the checker process refuses to import (the verifier's fast paths, the search, the backend)
-REFUSED = ("verimirage.smt.ff", "verimirage.smt.verify", "verimirage.smt.prune", "verimirage.smt.perf",
+REFUSED = ("verimirage.smt.ff", "verimirage.smt.verify", "verimirage.smt.prune",
            "verimirage.rewrite", "verimirage.backend", "verimirage.pipeline", "verimirage.testing", "torch", "triton",
            "egglog", "verimirage.ir.builders", "verimirage.ir.reference", "verimirage.ir.opfacts",
            "verimirage.ir.serial", "verimirage.ir.dot", "verimirage.ir.svg", "verimirage.smt.certify",
