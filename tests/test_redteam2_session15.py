@@ -126,3 +126,42 @@ def test_compiled_program_on_a_sparse_or_grad_requiring_input(caplog: pytest.Log
         vm.compile(g)(X, W.clone().requires_grad_())  # under no_grad: nothing to warn about
     assert not any("has no backward" in r.getMessage() for r in caplog.records)
     torch.testing.assert_close(out, torch.exp(X @ W), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("form", ["rms", "layer"])
+@pytest.mark.parametrize("dt", ["float16", "bfloat16", "float32"])
+def test_generated_tests_passed_a_norm_kernel_without_its_eps(form: str, dt: str) -> None:
+    """Finding (medium, ``vm.testing``): the ``tiny`` regime (near-zero and all-zero rows, where a norm's ``eps``
+    is all that keeps ``x * rsqrt(mean(x**2) + eps)`` finite) was drawn only for the ``rms_norm`` op: a norm written
+    out (``x * rsqrt(mean(x**2) + eps)``, a layer norm by hand) got the ``normal`` and ``mixed`` regimes, where
+    ``eps`` moves nothing the half-precision tolerances see, and the generated module passed a kernel that drops
+    ``eps`` (all tests passed for fp16 and bf16) although it gives NaN on a zero row (padding) where the program
+    gives 0. Now a reduction under ``rsqrt``/``sqrt``/``reciprocal``/a division with a positive ``eps`` added marks
+    the inputs of its operand for the ``tiny`` regime, along the reduced axis."""
+    import numpy as np
+
+    import verimirage as vm
+    from verimirage.testing import applicable_regimes, make_inputs
+    from verimirage.testing.checks import assert_close, tolerances
+
+    g = vm.Graph()
+    x = g.input("x", (6, 32), getattr(vm, dt))
+    d = g.sub(x, g.mean(x, axis=1)) if form == "layer" else x
+    g.output(g.mul(d, g.rsqrt(g.shift(g.mean(g.square(d), axis=1), 1e-5))))
+    assert "tiny" in applicable_regimes(g)
+
+    def no_eps(t: Any) -> Any:
+        f = t.float()
+        f = f - f.mean(-1, keepdim=True) if form == "layer" else f
+        return (f * torch.rsqrt((f * f).mean(-1, keepdim=True))).to(t.dtype)
+
+    caught = 0
+    for seed in range(4):
+        case = make_inputs(g, "tiny", seed)
+        ref = vm.evaluate(g, case)
+        assert np.isfinite(ref[0]).all()
+        try:
+            assert_close([no_eps(case["x"])], ref, tolerances(g))
+        except AssertionError:
+            caught += 1
+    assert caught == 4

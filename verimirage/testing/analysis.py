@@ -209,6 +209,29 @@ def _max_shifted_logits(nodes: Sequence[Node]) -> list[tuple[Ref, float]]:
     return out
 
 
+#: ops that divide by (or take a root of) their operand, and which operand: the place an ``eps`` guards
+_DIVIDES = {"rsqrt": 0, "reciprocal": 0, "sqrt": 0, "div": 1}
+
+
+def _eps_guarded_reductions(nodes: Sequence[Node]) -> list[int]:
+    """The reductions ``r`` (a ``mean`` or ``sum`` along an axis) of every ``rsqrt(r + eps)``, ``sqrt(r + eps)``,
+    ``reciprocal(r + eps)`` or ``y / (r + eps)`` with ``eps > 0``: a norm written out by hand (layer norm, RMSNorm
+    as ``x * rsqrt(mean(x**2) + eps)``), whose ``eps`` matters only where the rows are (almost) zero (the ``tiny``
+    regime): an implementation that drops it divides by zero there."""
+    out = []
+    for n in nodes:
+        pos = _DIVIDES.get(n.op)
+        if pos is None or len(n.args) <= pos:
+            continue
+        z = nodes[n.args[pos][0]]
+        if z.op != "shift" or not float(z.attr("c")) > 0:
+            continue
+        r = z.args[0][0]
+        if nodes[r].op in ("mean", "sum") and "axis" in nodes[r].attr_dict:
+            out.append(r)
+    return out
+
+
 def _direct_ancestors(nodes: Sequence[Node], i: int) -> set[int]:
     """The ancestors of node ``i`` reached through no contraction (whose values carry into ``i`` unmultiplied)."""
     seen: set[int] = set()
@@ -410,6 +433,12 @@ def analyze(g: Graph) -> GraphFacts:
             for j in _ancestors(nodes, n.args[0][0]):
                 if j in names and nodes[j].outs[0].rank == n.outs[0].rank:
                     norm_inputs.setdefault(names[j], n.attr("axis"))
+    for red in _eps_guarded_reductions(nodes):  # a norm by hand: the reduced operand's inputs of its rank
+        operand = nodes[red].args[0]
+        rank = nodes[operand[0]].outs[operand[1]].rank
+        for j in _ancestors(nodes, operand[0]):
+            if j in names and nodes[j].outs[0].rank == rank:
+                norm_inputs.setdefault(names[j], int(nodes[red].attr("axis")) % max(rank, 1))
     shifted = _max_shifted_logits(nodes)
     large = sorted({x for s in sites if s.stable for x in s.logit_inputs}
                    | {names[j] for r, _ in shifted for j in _ancestors(nodes, r[0]) if j in names})

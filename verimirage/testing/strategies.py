@@ -18,9 +18,11 @@ Value regimes (see :data:`REGIMES`):
     float32, bfloat16 and float16 unless the row max is subtracted; the
     others are normal.
 ``tiny``
-    inputs that reach an ``rms_norm`` get magnitudes 1e-4..1e-2 and whole
-    rows (fibres along the normalised axis) of exact zeros, where a norm
-    divides by almost nothing or by ``sqrt(eps)``; the others are normal.
+    inputs that reach an ``rms_norm``, or a norm written out (a reduction
+    under ``rsqrt``, ``sqrt``, ``reciprocal`` or a division, with an ``eps``
+    added), get magnitudes 1e-4..1e-2 and whole rows (fibres along the
+    normalised axis) of exact zeros, where a norm divides by almost nothing
+    or by ``sqrt(eps)``; the others are normal.
 ``mixed``
     every input has random signs and magnitudes spread over 2**-6..2**1,
     with some exact zeros.
@@ -68,9 +70,9 @@ def torch_dtype(dt: DType) -> Any:
 def applicable_regimes(g: Graph, facts: GraphFacts | None = None) -> tuple[str, ...]:
     """The regimes that mean something for ``g``.
 
-    ``large`` only where a numerically safe softmax is written (a naive
-    ``exp`` overflows there by the program's own definition), ``tiny`` only
-    where an ``rms_norm`` divides.
+    ``large`` only where a max-shifted ``exp`` is written (a naive ``exp``
+    overflows there by the program's own definition), ``tiny`` only where a
+    norm divides (an ``rms_norm``, or a reduction plus an ``eps`` divided by).
     """
     f = facts or analyze(g)
     regs = ["normal"]
