@@ -217,7 +217,19 @@ class SlidingWindowAdditive(_Proj):
         return self.o_proj(_merge(torch.softmax(s, dim=-1) @ v))
 
 
-class PartialRotaryAttention(_Proj):
+class _RopeAttention(_Proj):
+    """Causal SDPA with q and k rotated by the subclass's ``_rope``."""
+
+    def _rope(self, t: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x)
+        o = F.scaled_dot_product_attention(self._rope(q), self._rope(k), v, is_causal=True)
+        return self.o_proj(_merge(o))
+
+
+class PartialRotaryAttention(_RopeAttention):
     """Phi / GPT-NeoX partial rotary: only the first half of each head rotated, the rest passed through."""
 
     def __init__(self, rot: int = HD // 2) -> None:
@@ -234,11 +246,6 @@ class PartialRotaryAttention(_Proj):
         r1, r2 = r[..., : self.rot // 2], r[..., self.rot // 2:]
         r = r * self.cos + torch.cat((-r2, r1), dim=-1) * self.sin
         return torch.cat((r, p), dim=-1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.qkv(x)
-        q, k = self._rope(q), self._rope(k)
-        return self.o_proj(_merge(F.scaled_dot_product_attention(q, k, v, is_causal=True)))
 
 
 class MQADecode(nn.Module):
@@ -426,7 +433,7 @@ class TiedHeadSoftcap(nn.Module):
         return torch.tanh(logits / self.cap) * self.cap
 
 
-class InterleavedRotary(_Proj):
+class InterleavedRotary(_RopeAttention):
     """GPT-J's rotary on interleaved pairs: ``rotate_every_two`` (``x[..., ::2]``, ``x[..., 1::2]``, stack,
     flatten) and sin/cos repeated per pair."""
 
@@ -442,13 +449,8 @@ class InterleavedRotary(_Proj):
         rot = torch.stack((-x2, x1), dim=-1).flatten(-2)
         return t * self.cos + rot * self.sin
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.qkv(x)
-        o = F.scaled_dot_product_attention(self._rope(q), self._rope(k), v, is_causal=True)
-        return self.o_proj(_merge(o))
 
-
-class ComplexRotary(_Proj):
+class ComplexRotary(_RopeAttention):
     """LLaMA-1's rotary through complex numbers (``view_as_complex`` times a ``polar`` table)."""
 
     def __init__(self) -> None:
@@ -460,11 +462,6 @@ class ComplexRotary(_Proj):
     def _rope(self, t: torch.Tensor) -> torch.Tensor:
         tc = torch.view_as_complex(t.float().reshape(*t.shape[:-1], -1, 2))
         return torch.view_as_real(tc * self.freqs).flatten(-2).type_as(t)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.qkv(x)
-        o = F.scaled_dot_product_attention(self._rope(q), self._rope(k), v, is_causal=True)
-        return self.o_proj(_merge(o))
 
 
 class SDPAEnableGQA(_Proj):

@@ -460,9 +460,7 @@ def _vector_norm(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) ->
     t, gdims = ctx.axes(v, ds)
     g = ctx.g
     o = float(order)
-    t = emit(g, "square", t) if o == 2.0 else emit(g, "abs", t)
-    for d in gdims:
-        t = emit(g, "max" if o == math.inf else "sum", t, d)
+    t = _reduced(g, "max" if o == math.inf else "sum", emit(g, "square", t) if o == 2.0 else emit(g, "abs", t), gdims)
     if o == 2.0:
         t = emit(g, "sqrt", t)
     return LV(t, _shape(out), src=ctx.node if tuple(t.shape) != _shape(out) else None)
@@ -739,6 +737,13 @@ def _log_softmax(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) ->
     return LV(r, _shape(out))
 
 
+def _reduced(g: Graph, op: str, t: Tensor, axes: Sequence[int]) -> Tensor:
+    """``t`` reduced by registry op ``op`` along each of ``axes`` (kept as size-1 dims)."""
+    for d in axes:
+        t = emit(g, op, t, d)
+    return t
+
+
 @handles("logsumexp")
 def _logsumexp(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
     """``log(sum(exp(x)))`` over ``dims``, computed as ATen does on finite inputs: ``m + log(sum(exp(x - m)))``
@@ -751,13 +756,8 @@ def _logsumexp(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> L
     dims, _keep = _dims(args, kwargs, len(v.shape))
     t, gdims = ctx.axes(v, dims)
     g = ctx.g
-    m = t
-    for d in gdims:
-        m = emit(g, "max", m, d)
-    e = emit(g, "exp", emit(g, "sub", t, m))
-    for d in gdims:
-        e = emit(g, "sum", e, d)
-    r = emit(g, "add", emit(g, "log", e), m)
+    m = _reduced(g, "max", t, gdims)
+    r = emit(g, "add", emit(g, "log", _reduced(g, "sum", emit(g, "exp", emit(g, "sub", t, m)), gdims)), m)
     return LV(r, _shape(out), src=ctx.node if tuple(r.shape) != _shape(out) else None)
 
 
