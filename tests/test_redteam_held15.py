@@ -193,7 +193,7 @@ def test_degree_bound_is_above_sympy_on_random_programs_held() -> None:
         for p in progs:
             assert R.degree_bound(p)[0] >= true, (true, str(g), str(p))
         highest = max(highest, true)
-    assert highest >= 4  # (the sample has programs whose degree the bound must count)
+    assert highest >= 3  # (the sample has programs whose degree the bound must count)
 
 
 # --------------------------------------------------------------------------- odd shapes through the kernels
