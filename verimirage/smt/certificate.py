@@ -319,15 +319,11 @@ def _check_ff(g: Graph, mg: Graph, cert: Certificate) -> ffref.RefResult:
     return r
 
 
-def _check_composed(text: str, known: frozenset[str], timeout_s: float, checks: list[Check]) -> Verdict:
+def _check_composed(cc: ComposedCertificate, known: frozenset[str], timeout_s: float, checks: list[Check]) -> Verdict:
     """A certificate by regions: the regions partition the program's live ops, each region's recorded wiring
     is the one re-derived from the program, each sub-certificate checks and is about its region's graph, and
     the μGraph is the regions' μGraphs spliced in order (so it is the program's function, by congruence)."""
     t0 = time.perf_counter()
-    try:
-        cc = ComposedCertificate.from_json(text)
-    except (ValueError, TypeError) as e:
-        raise _Reject(str(e)) from None
     g, _ = _programs(cc)
     _check_hash(cc.triton_source_sha256)  # (a composed certificate's hash is checked like a plain one's)
     regs, subs = cc.regions, cc.certificates
@@ -389,12 +385,12 @@ def _check(text: str, known: frozenset[str], timeout_s: float, checks: list[Chec
         composed = json.loads(text).get("schema") == COMPOSED_SCHEMA
     except (ValueError, AttributeError):
         composed = False  # (the reader below says what is wrong)
-    if composed:
-        return _check_composed(text, known, timeout_s, checks)
-    try:
-        cert = Certificate.from_json(text)
+    try:  # (the reader of the kind the schema names)
+        cert = (ComposedCertificate if composed else Certificate).from_json(text)
     except (ValueError, TypeError) as e:
         raise _Reject(str(e)) from None
+    if isinstance(cert, ComposedCertificate):
+        return _check_composed(cert, known, timeout_s, checks)
     g, mg = _programs(cert)
     _check_rules(cert, known)
     checks.append(Check("hashes-and-rules", Outcome.PROVED, (("rules", tuple(cert.rules)),
