@@ -15,6 +15,9 @@ held, kept as tests so they keep holding (findings: ``tests/test_redteam_session
   float64: 160 random programs of exp / log / reciprocal / sqrt / rsqrt / sigmoid / tanh / abs / relu / silu chains
   then a sum, mean, max or min along either axis, a softmax, a logsumexp or a product: no mismatch, no error (a
   sample is kept here).
+* The checker on 300 mutated composed certificates (region node lists, wiring and certificate indices of the
+  wrong types, regions or sub-certificates dropped or duplicated, sub-certificate fields and schemas replaced):
+  never an exception, never Proved but where only ``reason`` / ``versions`` changed (a sample is kept here).
 * The floating-point check's structural rules added this session keep every committed candidate (422 in
   ``benchmarks/candidates*``, the 31 certificates' μGraphs).
 """
@@ -86,6 +89,36 @@ def test_composed_certificate_glue_tampering_is_rejected_held() -> None:
     c["mugraph_text"] = d0["certificates"][4]["mugraph_text"]
     c["mugraph_sha256"] = sha256(c["mugraph_text"])
     rejected(d, "sub-certificate 3")
+
+
+def test_mutated_composed_certificates_are_rejected_held() -> None:
+    import random
+
+    from verimirage.smt.certificate import check_text
+
+    d0 = json.loads((ROOT / "proofs" / "layer_decode_bs1_small.json").read_text())
+    rng = random.Random(15)
+    weird: list[Any] = [True, False, None, 1.0, -1, 2**70, "0", [], {}, [[0]], 1e308, "r0", [0, 0]]
+    for _ in range(40):
+        d = copy.deepcopy(d0)
+        r, c = rng.choice(d["regions"]), rng.choice(d["certificates"])
+        kind = rng.randrange(7)
+        if kind == 0:
+            r["nodes"][rng.randrange(len(r["nodes"]))] = rng.choice(weird)
+        elif kind == 1:
+            r["certificate"] = rng.choice([*weird, 1, 5, 6])
+        elif kind == 2:
+            r[rng.choice(["nodes", "inputs", "outputs", "certificate"])] = rng.choice(weird)
+        elif kind == 3:
+            d["regions"] = rng.choice([[], d["regions"][:3], [*d["regions"], d["regions"][0]]])
+        elif kind == 4:
+            d["certificates"] = rng.choice([[], d["certificates"][:2], [*d["certificates"], d["certificates"][0]]])
+        elif kind == 5:
+            c[rng.choice(sorted(set(c) - {"reason", "versions", "triton_source_sha256"}))] = rng.choice(weird)
+        else:
+            c["schema"] = rng.choice(["verimirage-composed-certificate/1", "x", None])
+        v = check_text(json.dumps(d))  # (never raises)
+        assert not v.proved, (kind, v.reason)
 
 
 # --------------------------------------------------------------------------- the degree model against sympy
