@@ -154,6 +154,34 @@ def test_scaled_weight_tiles_flushed_small_products_beside_a_huge_one_in_another
     assert np.abs(got - want).max() < 2e-2 * scale
 
 
+def _candidates_finite(g: vm.Graph, ins: dict[str, Any]) -> None:
+    """Every candidate ``vm.superoptimize`` returns for ``g`` is finite on ``ins``, where ``g`` is (in its dtype)."""
+    import numpy as np
+
+    from verimirage.pipeline.fpsafe import evaluate_in_dtype
+
+    res = vm.superoptimize(g, cache=False, top_k=4)
+    assert res.candidates
+    (src,), _ = evaluate_in_dtype(g, ins)
+    assert np.isfinite(src).all()
+    for c in res.candidates:
+        (got,), _ = evaluate_in_dtype(c.mugraph, ins, generated=True)
+        assert np.isfinite(got).all(), (c.rules, str(c.mugraph))
+
+
+def _structural_rejects(g: vm.Graph, f: vm.Graph, why: str) -> None:
+    """``g`` is above the numeric check's size limit; the structural check alone rejects the first lowerings of
+    ``f`` (``why`` in the reason) and passes ``g``'s own."""
+    from verimirage.pipeline.fpsafe import SafetyChecker
+    from verimirage.rewrite.partition import lower_all
+
+    sc = SafetyChecker(g)
+    assert not sc.numeric
+    lows = lower_all(f, rank=pricing.cost)[0][:3]
+    assert lows and all(why in (sc.check(low.mugraph) or "") for low in lows)
+    assert all(sc.check(low.mugraph) is None for low in lower_all(g, rank=pricing.cost)[0][:3])
+
+
 def test_factored_product_summed_two_fp16_weights_into_an_operand_and_the_fp_check_passed_it() -> None:
     """Finding (medium; the search's best candidate inf where the source is finite): rule ``matmul-add-factor``
     turns ``x @ w1 + x @ w2`` into ``x @ (w1 + w2)``, whose operand ``w1 + w2`` ``tl.dot`` takes in fp16: inf at
@@ -166,9 +194,6 @@ def test_factored_product_summed_two_fp16_weights_into_an_operand_and_the_fp_che
     (422, and the 31 certificates' μGraphs) does."""
     import numpy as np
 
-    from verimirage.pipeline.fpsafe import SafetyChecker, evaluate_in_dtype
-    from verimirage.rewrite.partition import lower_all
-
     h = vm.float16
 
     def progs(m: int, k: int, n: int) -> tuple[vm.Graph, vm.Graph]:
@@ -179,23 +204,9 @@ def test_factored_product_summed_two_fp16_weights_into_an_operand_and_the_fp_che
         f.output(f.matmul(x, f.add(w1, w2)))
         return g, f
 
-    g, _ = progs(4, 64, 16)
-    res = vm.superoptimize(g, cache=False, top_k=4)
-    assert res.candidates
-    ins = {"X": np.full((4, 64), 1e-2), "W1": np.full((64, 16), 4e4), "W2": np.full((64, 16), 4e4)}
-    (src,), _ = evaluate_in_dtype(g, ins)
-    assert np.isfinite(src).all()
-    for c in res.candidates:
-        (got,), _ = evaluate_in_dtype(c.mugraph, ins, generated=True)
-        assert np.isfinite(got).all(), (c.rules, str(c.mugraph))
-    # above the numeric check's size limit: the structural check alone rejects every lowering of the factored form
-    g, f = progs(8, 2048, 1024)
-    sc = SafetyChecker(g)
-    assert not sc.numeric
-    lows = lower_all(f, rank=pricing.cost)[0][:4]
-    assert lows and all("sums W1+W2 into an fp16 operand" in (sc.check(low.mugraph) or "") for low in lows)
-    # (the source's own lowerings pass)
-    assert all(sc.check(low.mugraph) is None for low in lower_all(g, rank=pricing.cost)[0][:4])
+    _candidates_finite(progs(4, 64, 16)[0], {"X": np.full((4, 64), 1e-2), "W1": np.full((64, 16), 4e4),
+                                             "W2": np.full((64, 16), 4e4)})
+    _structural_rejects(*progs(8, 2048, 1024), "sums W1+W2 into an fp16 operand")
 
 
 def test_exp_of_a_difference_split_into_a_quotient_of_exps_overflowed_and_the_fp_check_passed_it() -> None:
@@ -210,8 +221,7 @@ def test_exp_of_a_difference_split_into_a_quotient_of_exps_overflowed_and_the_fp
     the 184 committed candidates of such sources all do."""
     import numpy as np
 
-    from verimirage.pipeline.fpsafe import SafetyChecker, evaluate_in_dtype
-    from verimirage.rewrite.partition import lower_all
+    from verimirage.pipeline.fpsafe import evaluate_in_dtype
 
     h = vm.float16
 
@@ -224,24 +234,14 @@ def test_exp_of_a_difference_split_into_a_quotient_of_exps_overflowed_and_the_fp
         return g, f
 
     g, _ = progs(16, 64, 16)
-    res = vm.superoptimize(g, cache=False, top_k=4)
-    assert res.candidates
     rng = np.random.default_rng(0)
     raw = {"S": rng.uniform(95, 100, (16, 64)), "L": np.full((16, 1), 100.0), "V": rng.uniform(-1, 1, (64, 16))}
     ins = {k: v.astype(np.float16).astype(np.float64) for k, v in raw.items()}
     (src,), _ = evaluate_in_dtype(g, ins)
     want = vm.evaluate(g, ins)[0]
     assert np.abs(src - want).max() < 1e-2 * np.abs(want).max()  # (the source: within fp16 of float64)
-    for c in res.candidates:
-        (got,), _ = evaluate_in_dtype(c.mugraph, ins, generated=True)
-        assert np.isfinite(got).all(), (c.rules, str(c.mugraph))
-    # above the numeric check's size limit: the structural check alone
-    g, f = progs(512, 4096, 64)
-    sc = SafetyChecker(g)
-    assert not sc.numeric
-    lows = lower_all(f, rank=pricing.cost)[0][:3]
-    assert lows and all("exp only to sums or differences" in (sc.check(low.mugraph) or "") for low in lows)
-    assert all(sc.check(low.mugraph) is None for low in lower_all(g, rank=pricing.cost)[0][:3])
+    _candidates_finite(g, ins)
+    _structural_rejects(*progs(512, 4096, 64), "exp only to sums or differences")
 
 
 def test_exp_of_a_sum_split_into_a_product_of_exps_overflowed_and_the_fp_check_passed_it() -> None:
@@ -251,22 +251,14 @@ def test_exp_of_a_sum_split_into_a_product_of_exps_overflowed_and_the_fp_check_p
     set overflows the source itself and is skipped). Now a sum counts as a shift too (``fpsafe.exps_of_sums``)."""
     import numpy as np
 
-    from verimirage.pipeline.fpsafe import evaluate_in_dtype
-
     h = vm.float16
     g = vm.Graph()
     s, nl, v = g.input("S", (16, 64), h), g.input("NL", (16, 1), h), g.input("V", (64, 16), h)
     g.output(g.matmul(g.exp(g.add(s, nl)), v))
-    res = vm.superoptimize(g, cache=False, top_k=4)
-    assert res.candidates
     rng = np.random.default_rng(0)
-    ins = {"S": rng.uniform(95, 100, (16, 64)).astype(np.float16).astype(np.float64), "NL": np.full((16, 1), -100.0),
-           "V": rng.uniform(-1, 1, (64, 16)).astype(np.float16).astype(np.float64)}
-    (src,), _ = evaluate_in_dtype(g, ins)
-    assert np.isfinite(src).all()
-    for c in res.candidates:
-        (got,), _ = evaluate_in_dtype(c.mugraph, ins, generated=True)
-        assert np.isfinite(got).all(), (c.rules, str(c.mugraph))
+    _candidates_finite(g, {"S": rng.uniform(95, 100, (16, 64)).astype(np.float16).astype(np.float64),
+                           "NL": np.full((16, 1), -100.0),
+                           "V": rng.uniform(-1, 1, (64, 16)).astype(np.float16).astype(np.float64)})
 
 
 @pytest.mark.parametrize("mode", [None, "merge"])
