@@ -136,8 +136,9 @@ def _merge(t: torch.Tensor) -> torch.Tensor:
 
 
 class _Proj(nn.Module):
-    def __init__(self, kv: int = H, o: bool = True) -> None:
+    def __init__(self, kv: int | None = None) -> None:
         super().__init__()
+        kv = kv or H
         self.q_proj = nn.Linear(D, H * HD, bias=False)
         self.k_proj = nn.Linear(D, kv * HD, bias=False)
         self.v_proj = nn.Linear(D, kv * HD, bias=False)

@@ -405,3 +405,24 @@ def test_strided_slice_and_its_gradient_run_in_the_kernels(sl: tuple[int, int | 
     assert up.rel_err(got, want) < TOL
     for g, wg in zip(grads, wgrads, strict=True):
         assert g is not None and up.rel_err(g, wg) < TOL
+
+
+class _BroadcastHeads(nn.Module):
+    """``softmax(q @ k^T) @ v`` with q of 3 heads and k, v of one (MQA decoding), batch ``b``: matmul broadcasts k."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(q @ k.transpose(-1, -2), dim=-1) @ v
+
+
+@pytest.mark.parametrize("b", [1, 2])
+def test_a_matmul_broadcasting_one_kv_head_at_batch_one_is_lifted(b: int) -> None:
+    """At batch 1 the broadcast operand reached bmm as (1, 1, 8, 4) standing for (3, 8, 4) (an expand viewed
+    without its leading 1s) and the lift asked broadcast_to for a lower rank: bmm was left to ATen ('layout')."""
+    gen = torch.Generator().manual_seed(19)
+    xs = [torch.randn(b, 3, 1, 8, generator=gen), torch.randn(b, 1, 4, 8, generator=gen),
+          torch.randn(b, 1, 4, 8, generator=gen)]
+    rep = Report()
+    got, _ = up.compiled(_BroadcastHeads(), xs, False, OPTS, rep)
+    assert not rep.left, rep.summary()
+    want = _BroadcastHeads()(*[x.double() for x in xs])
+    assert up.rel_err(got, want) < TOL

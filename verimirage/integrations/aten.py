@@ -178,6 +178,10 @@ class Ctx:
             if self.layout("broadcast_to") and (len(t.shape) == len(v.shape) or self.layout("reshape")):
                 if len(t.shape) < len(v.shape):
                     t = emit(self.g, "reshape", t, (1,) * (len(v.shape) - len(t.shape)) + tuple(t.shape))
+                elif len(t.shape) > len(v.shape) and all(d == 1 for d in t.shape[:len(t.shape) - len(v.shape)]):
+                    # an expand viewed without its leading size-1 dims ((1, 1, 8, 4) expanded to (1, 3, 8, 4), then
+                    # viewed as (3, 8, 4)): the same elements, fewer leading dims
+                    t = emit(self.g, "reshape", t, tuple(t.shape[len(t.shape) - len(v.shape):]))
                 return emit(self.g, "broadcast_to", t, v.shape)
             raise Unsupported(Reason.LAYOUT, f"an expanded value {tuple(t.shape)} -> {v.shape} needs broadcast_to",
                               v.src)
