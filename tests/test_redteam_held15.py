@@ -11,6 +11,11 @@ held, kept as tests so they keep holding (findings: ``tests/test_redteam_session
   mul, div, reciprocal, square, sums, means and maxes along either axis, exp, matmul, maximum, concat, permute,
   integer pow, broadcast, where over an input mask or a tril_mask) over 2 x 3 / 3 x 1 / ... inputs, the program,
   its kernels and up to six lowerings each (grids, loops of 3, splits): never below (a sample is kept here).
+* The reference evaluator's folded loop products (``ir.interpret._folded_products``: a loop sum of a product of
+  loop-split inputs taken as one product in the field domains) against the loop itself and the source, on 105
+  lowerings with loops over contracted dims of 48-1000 (odd ones padded): the same residues (a sample kept here);
+  and the degree model on 600 random 3-D programs (batched products, permutes, reshapes, reductions along any
+  axis) with their kernels and lowerings: never below sympy's degree.
 * Odd shapes (3..65 rows and columns, tiles padded) through every lowering's kernels in Triton's interpreter against
   float64: 160 random programs of exp / log / reciprocal / sqrt / rsqrt / sigmoid / tanh / abs / relu / silu chains
   then a sum, mean, max or min along either axis, a softmax, a logsumexp or a product: no mismatch, no error (a
@@ -227,6 +232,37 @@ def test_degree_bound_is_above_sympy_on_random_programs_held() -> None:
             assert R.degree_bound(p)[0] >= true, (true, str(g), str(p))
         highest = max(highest, true)
     assert highest >= 3  # (the sample has programs whose degree the bound must count)
+
+
+# --------------------------------------------------------------------------- the folded loop products
+
+
+@pytest.mark.parametrize("shape", [(4, 300, 16), (3, 520, 40)])
+def test_folded_loop_products_are_the_loop_held(shape: tuple[int, int, int]) -> None:
+    pytest.importorskip("egglog")
+    from verimirage.ir import interpret as I
+    from verimirage.rewrite.partition import lower_all
+    from verimirage.smt import ffref as R
+
+    m, k, n = shape
+    g = vm.Graph()
+    x, w = g.input("X", (m, k), vm.float32), g.input("W", (k, n), vm.float32)
+    g.output(g.add(g.matmul(x, w), g.matmul(g.exp(x), g.square(w))))
+    fld = R.field_of(12345)
+    ins = R.trial_inputs(g, fld, 12345)
+    (want,), _ = R.evaluate(g, ins, fld)
+    looped = 0
+    for low in lower_all(g, rank=pricing.cost, grids=[1, 2], franges=[2, 3, 4], max_splits=4)[0]:
+        (folded,), _ = R.evaluate(low.mugraph, ins, fld)
+        orig = I._folded_products
+        I._folded_products = lambda *a, **kw: {}  # (the loop, iteration by iteration)
+        try:
+            (plain,), _ = R.evaluate(low.mugraph, ins, fld)
+        finally:
+            I._folded_products = orig
+        looped += "loop_sum" in str(low.mugraph)
+        assert np.array_equal(folded[0], plain[0]) and np.array_equal(plain[0], want[0]), low.steps
+    assert looped
 
 
 # --------------------------------------------------------------------------- odd shapes through the kernels
