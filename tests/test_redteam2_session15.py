@@ -165,3 +165,26 @@ def test_generated_tests_passed_a_norm_kernel_without_its_eps(form: str, dt: str
         except AssertionError:
             caught += 1
     assert caught == 4
+
+
+def test_neg_of_positive_zero_was_positive_zero_in_the_kernels() -> None:
+    """Finding (low; signed zeros, as the eleventh session's ``pow`` finding): ``neg`` was lowered as Triton's unary
+    minus, which Triton emits as ``0 - x``: ``+0`` at ``x = +0`` where ``-x`` (ATen, numpy, the float64 reference)
+    is ``-0``, so ``1 / -x`` (``reciprocal(neg(x))``, or ``(-x) ** -3``) was ``+inf`` where the reference is ``-inf``,
+    in every candidate (the plain graph's kernels too); the negated pieces of a rotary concat the same. Now a
+    negation is ``x * -1.0`` (exact, the sign of every value flipped, zeros included)."""
+    import numpy as np
+
+    import verimirage as vm
+    from verimirage.backend.runtime import interpreting
+
+    if not interpreting():
+        pytest.skip("CPU tensors in Triton's interpreter")
+    g = vm.Graph()
+    x = g.input("x", (2, 8), vm.float32)
+    g.output(g.reciprocal(g.neg(x)), g.pow(g.neg(x), -3.0))
+    z = torch.tensor([[0.0, -0.0, 1.0, -2.0, float("inf"), -float("inf"), 0.5, 0.0]] * 2)
+    want = vm.evaluate(g, {"x": z.double().numpy()})
+    for got, ref in zip(vm.compile(g)(z), want, strict=True):
+        np.testing.assert_array_equal(got.double().numpy(), ref)
+        assert np.array_equal(np.signbit(got.double().numpy()), np.signbit(ref))

@@ -1020,7 +1020,8 @@ class _KernelGen:
             ptr, mask = self.load(x, p, ax, off - start)
             inside = self._mask(t.rank, ax, w, p[ax], off)
             m = inside if mask is None else f"{mask} & {inside}"
-            terms.append(f"{'-' if neg else ''}tl.load({ptr}, mask={m}, other=0.0).to(tl.float32)")
+            # (a negated piece times -1: Triton's unary minus is 0 - x, +0 at +0)
+            terms.append(f"tl.load({ptr}, mask={m}, other=0.0).to(tl.float32){' * -1.0' if neg else ''}")
             off += w
         return " + ".join(terms)
 

@@ -61,7 +61,8 @@ for _name, _tpl in [
     ("sqrt", "tl.sqrt({x})"),
     ("rsqrt", "tl.rsqrt({x})"),
     ("square", "({x} * {x})"),
-    ("neg", "(-{x})"),
+    # (not ``-x``: Triton's unary minus is ``0 - x``, +0 at +0 where -x is -0: ``1 / -x`` was +inf there)
+    ("neg", "({x} * -1.0)"),
     ("scale", "({x} * {c})"),
     ("shift", "({x} + {c})"),
 ]:
