@@ -203,14 +203,9 @@ def test_compiled_program_user_errors_are_clear_held() -> None:
     another device, too many or unknown inputs, and ``out=`` tensors of the wrong shape or dtype; ``out=`` tensors
     that are views (transposed, or of an input) get the right values."""
     import numpy as np
+    from test_redteam2_session15 import exp_matmul_program
 
-    import verimirage as vm
-
-    g = vm.Graph()
-    x = g.input("x", (4, 6), vm.float32)
-    w = g.input("w", (6, 3), vm.float32)
-    g.output(g.exp(g.matmul(x, w)))
-    fn = vm.compile(g)
+    _, fn = exp_matmul_program()
     X, W = torch.randn(4, 6), torch.randn(6, 3)
     cases = [((X.numpy(), W), {}, TypeError, "input 'x': expected a torch.Tensor, got ndarray"),
              ((X.double(), W), {}, TypeError, "input 'x': dtype torch.float64; expected torch.float32"),

@@ -92,6 +92,17 @@ def test_generated_tests_passed_a_softmax_kernel_without_its_max_shift(name: str
     assert overflowed == 3
 
 
+def exp_matmul_program() -> tuple[Any, Any]:
+    """``exp(x @ w)`` for x (4, 6) and w (6, 3) in float32, and its compiled program (the unfused graph's kernels)."""
+    import verimirage as vm
+
+    g = vm.Graph()
+    x = g.input("x", (4, 6), vm.float32)
+    w = g.input("w", (6, 3), vm.float32)
+    g.output(g.exp(g.matmul(x, w)))
+    return g, vm.compile(g)
+
+
 def test_compiled_program_on_a_sparse_or_grad_requiring_input(caplog: pytest.LogCaptureFixture) -> None:
     """Finding (low): ``vm.compile(...)`` called on a sparse COO, sparse CSR or nested tensor raised PyTorch's internal
     errors ("Cannot access data pointer of Tensor that doesn't have storage", "Sparse CSR tensors do not have
@@ -106,11 +117,7 @@ def test_compiled_program_on_a_sparse_or_grad_requiring_input(caplog: pytest.Log
 
     if not interpreting():
         pytest.skip("CPU tensors in Triton's interpreter")
-    g = vm.Graph()
-    x = g.input("x", (4, 6), vm.float32)
-    w = g.input("w", (6, 3), vm.float32)
-    g.output(g.exp(g.matmul(x, w)))
-    fn = vm.compile(g)
+    g, fn = exp_matmul_program()
     X, W = torch.randn(4, 6), torch.randn(6, 3)
     for bad, what in ((X.to_sparse(), "sparse_coo"), (X.to_sparse_csr(), "sparse_csr"),
                       (torch.nested.nested_tensor([X[0], X[1]]), "nested")):

@@ -100,7 +100,9 @@ def _input_names(nodes: Sequence[Node]) -> dict[int, str]:
     return {i: n.attr("name") for i, n in enumerate(nodes) if n.op == "input"}
 
 
-def _ancestors(nodes: Sequence[Node], i: int) -> set[int]:
+def _ancestors(nodes: Sequence[Node], i: int, *, through_contractions: bool = True) -> set[int]:
+    """Node ``i`` and its ancestors (``through_contractions=False``: only those reached through no contraction,
+    whose values carry into ``i`` unmultiplied)."""
     seen: set[int] = set()
     stack = [i]
     while stack:
@@ -108,7 +110,8 @@ def _ancestors(nodes: Sequence[Node], i: int) -> set[int]:
         if j in seen:
             continue
         seen.add(j)
-        stack.extend(a for a, _ in nodes[j].args)
+        if through_contractions or not OPS[nodes[j].op].has(Prop.CONTRACTION):
+            stack.extend(a for a, _ in nodes[j].args)
     return seen
 
 
@@ -230,20 +233,6 @@ def _eps_guarded_reductions(nodes: Sequence[Node]) -> list[int]:
         if nodes[r].op in ("mean", "sum") and "axis" in nodes[r].attr_dict:
             out.append(r)
     return out
-
-
-def _direct_ancestors(nodes: Sequence[Node], i: int) -> set[int]:
-    """The ancestors of node ``i`` reached through no contraction (whose values carry into ``i`` unmultiplied)."""
-    seen: set[int] = set()
-    stack = [i]
-    while stack:
-        j = stack.pop()
-        if j in seen:
-            continue
-        seen.add(j)
-        if not OPS[nodes[j].op].has(Prop.CONTRACTION):
-            stack.extend(a for a, _ in nodes[j].args)
-    return seen
 
 
 def _shift_plan(nodes: Sequence[Node], names: dict[int, str], ref: Ref, axis: int) -> ShiftPlan | None:
@@ -444,7 +433,7 @@ def analyze(g: Graph) -> GraphFacts:
                    | {names[j] for r, _ in shifted for j in _ancestors(nodes, r[0]) if j in names})
     direct: dict[str, float] = {}
     for r, c in shifted:
-        for j in _direct_ancestors(nodes, r[0]):
+        for j in _ancestors(nodes, r[0], through_contractions=False):
             if j in names:
                 direct[names[j]] = min(c, direct.get(names[j], c))
     return GraphFacts(
