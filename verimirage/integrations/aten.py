@@ -87,10 +87,15 @@ class LV:
     #: arithmetic, and by any other op as the numbers 0 and 1 (what ATen promotes a boolean to); never a result
     #: of a partition (its ATen dtype is bool)
     mask: bool = False
-    #: the boolean mask (a graph tensor broadcasting to ``t``) where ``aten.masked_fill`` wrote -inf, which ``t``
-    #: holds as the dtype's lowest finite value: read only by the softmax the fill feeds (its only users), which
-    #: makes those entries exactly 0 (:func:`_masked_fill`); never a result of a partition
-    fill: Any = None
+    #: ``(m, keep)``: the boolean mask ``m`` (a graph tensor broadcasting to ``t``) true where ``aten.masked_fill``
+    #: wrote -inf (``keep``: true where it did not), which ``t`` holds as the dtype's lowest finite value: read
+    #: only by the softmax the fill feeds (its only users), which makes those entries exactly 0
+    #: (:func:`_masked_fill`); never a result of a partition
+    fill: tuple[Tensor, bool] | None = None
+    #: an ATen boolean held as its negation (``~keep`` of a boolean ``keep``: ``t`` is ``keep``): read only by
+    #: ``where`` and ``masked_fill`` as their mask, which swap their branches (:func:`_not`); never a result of a
+    #: partition
+    negated: bool = False
 
     @property
     def exact(self) -> bool:
@@ -727,7 +732,9 @@ def _softmax(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
     g = ctx.g
     s = emit(g, "sub", t, emit(g, "max", t, ax))
     # the filled entries are exactly 0, as ATen's exp(-inf) (a row filled throughout is 0 / 0, NaN, as in ATen)
-    e = emit(g, "where", v.fill, emit(g, "scale", s, c=0.0), emit(g, "exp", s))
+    zero, ex = emit(g, "scale", s, c=0.0), emit(g, "exp", s)
+    fm, keep = v.fill
+    e = emit(g, "where", fm, *((ex, zero) if keep else (zero, ex)))
     return LV(emit(g, "div", e, emit(g, "sum", e, ax)), _shape(out))
 
 
@@ -880,6 +887,8 @@ def _where(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
     NaN where the branch not taken is inf or NaN (``where(x > 0, sqrt(x), 0)``): such a comparison is left to
     ATen (blamed), so the ``where`` reads its booleans. A scalar branch is a (finite) constant."""
     m, a, b = args[0], args[1], args[2]
+    if isinstance(m, LV) and m.negated:  # where(~keep, a, b) = where(keep, b, a)
+        m, a, b = dataclasses.replace(m, negated=False), b, a
     if isinstance(m, LV) and m.mask:
         node = ctx.node.args[0] if ctx.node is not None and ctx.node.args else None
         raise Unsupported(Reason.DTYPE, "where of a comparison made in the partition (held as 0/1 floats, the "
@@ -926,7 +935,26 @@ def _masked_fill(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) ->
         raise Unsupported(Reason.NOT_IN_REGISTRY, "masked_fill(-inf) whose mask is not a boolean tensor")
     tdt = getattr(torch, x.t.dtype.torch_name)
     r = _where(ctx, [m, float(torch.finfo(tdt).min), x], {}, out)
-    return dataclasses.replace(r, fill=ctx.exact(m))
+    return dataclasses.replace(r, fill=(ctx.exact(dataclasses.replace(m, negated=False)), m.negated))
+
+
+@handles("bitwise_not", "logical_not")
+def _not(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    """``~keep`` of a boolean ``keep`` (``scores.masked_fill(~causal, -inf)``), held as ``keep`` marked negated
+    (:attr:`LV.negated`) when every reader is a ``where`` or ``masked_fill`` reading it as its mask."""
+    import torch
+
+    x, n = args[0], ctx.node
+    if not isinstance(x, LV) or x.mask or x.t.dtype != vm_dtype(torch.bool) or n is None:
+        raise Unsupported(Reason.NOT_IN_REGISTRY, "bitwise_not of anything but a boolean tensor (the registry has "
+                                                  "no boolean op)")
+    pos = {"where": 0, "masked_fill": 1}
+    if not n.users or any(op_of_node(u) not in pos or len(u.args) <= pos[op_of_node(u)]
+                          or u.args[pos[op_of_node(u)]] is not n or n in u.args[pos[op_of_node(u)] + 1:]
+                          for u in n.users):
+        raise Unsupported(Reason.NOT_IN_REGISTRY, "bitwise_not read by anything but the mask of a where or a "
+                                                  "masked_fill (the registry has no boolean op)")
+    return dataclasses.replace(x, negated=not x.negated)
 
 
 #: ATen ops undefined somewhere over the reals (a tensor denominator, a logarithm, a root)

@@ -333,6 +333,9 @@ def lift(nodes: Sequence[fx.Node], *, strict: bool = False) -> Lifted:
         if v.mask:
             raise LiftError(n, Reason.DTYPE, f"{n.name}: a comparison's booleans used outside the partition (the "
                                              "kernels hold them as 0/1 floats)", alone=True)
+        if v.negated:
+            raise LiftError(n, Reason.NOT_IN_REGISTRY, f"{n.name}: a negated boolean used outside the partition (the "
+                                                       "kernels read it by swapping a where's branches)", alone=True)
         if v.fill is not None:
             raise LiftError(n, Reason.NOT_IN_REGISTRY, f"{n.name}: a masked_fill(-inf) used outside the partition "
                                                        "(the kernels hold -inf as the lowest finite value)",
