@@ -453,3 +453,4 @@ def test_a_negated_boolean_mask_swaps_the_branches_of_its_readers(arith: bool) -
     want = _NotMask(arith)(x.double(), m)
     assert up.rel_err(got, want) < TOL
     assert ("bitwise_not" in _taken_ops(rep)) is not arith, rep.summary()
+

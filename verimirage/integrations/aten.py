@@ -732,7 +732,8 @@ def _softmax(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
     g = ctx.g
     s = emit(g, "sub", t, emit(g, "max", t, ax))
     # the filled entries are exactly 0, as ATen's exp(-inf) (a row filled throughout is 0 / 0, NaN, as in ATen)
-    zero, ex = emit(g, "scale", s, c=0.0), emit(g, "exp", s)
+    ex = emit(g, "exp", s)
+    zero = emit(g, "scale", ex, c=0.0)  # (exp(s) is in [0, 1]: 0 times it is 0 even where s overflowed to -inf)
     fm, keep = v.fill
     e = emit(g, "where", fm, *((ex, zero) if keep else (zero, ex)))
     return LV(emit(g, "div", e, emit(g, "sum", e, ax)), _shape(out))
@@ -965,18 +966,21 @@ _FILL_CASTS = ("_to_copy", "convert_element_type")
 
 
 def _softmax_reads_only(n: Any, rank: int) -> bool:
-    """Whether every reader of fx node ``n`` is a softmax along the last dim, directly or through casts to float32
-    or float64 (which keep the lowest finite value of a narrower float below every value of that float)."""
+    """Whether every reader of fx node ``n`` is a softmax along the last dim, directly or through widening casts to
+    float32 or float64 (which keep the lowest finite value of the narrower float finite and below every value of
+    that float; a narrowing cast could make it -inf)."""
     import torch
 
     users = list(n.users)
+    src = getattr(n.meta.get("val"), "dtype", None)
     for u in users:
         name = op_of_node(u)
         if not u.args or u.args[0] is not n:
             return False
         if name in _FILL_CASTS:
-            val = u.meta.get("val")
-            if getattr(val, "dtype", None) not in (torch.float32, torch.float64) or not _softmax_reads_only(u, rank):
+            dt = getattr(u.meta.get("val"), "dtype", None)
+            if dt not in (torch.float32, torch.float64) or src is None or dt.itemsize < src.itemsize \
+                    or not _softmax_reads_only(u, rank):
                 return False
         elif name not in ("_softmax", "softmax") or len(u.args) < 2 or int(u.args[1]) % max(rank, 1) != rank - 1:
             return False
