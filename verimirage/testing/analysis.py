@@ -86,6 +86,8 @@ class GraphFacts:
     #: the large inputs that reach max-shifted logits through no contraction, each with the least factor by which a
     #: chain of ``scale`` ops multiplies it in an ``exp`` (its magnitudes are the exponent's over that factor)
     large_direct: dict[str, float] = field(default_factory=dict)
+    #: float16 inputs a norm squares through no contraction (large regime: magnitudes whose squares overflow float16)
+    wide_inputs: tuple[str, ...] = ()
 
     @property
     def stable_softmax(self) -> bool:
@@ -417,17 +419,24 @@ def analyze(g: Graph) -> GraphFacts:
     names = _input_names(nodes)
     sites = _softmax_sites(g)
     norm_inputs: dict[str, int] = {}
+    normed: list[Ref] = []  # the operands norms divide by the size of
     for n in nodes:
         if OPS[n.op].has(Prop.NORMALISES) and "axis" in OPS[n.op].attrs:  # normalises along an axis
+            normed.append(n.args[0])
             for j in _ancestors(nodes, n.args[0][0]):
                 if j in names and nodes[j].outs[0].rank == n.outs[0].rank:
                     norm_inputs.setdefault(names[j], n.attr("axis"))
     for red in _eps_guarded_reductions(nodes):  # a norm by hand: the reduced operand's inputs of its rank
         operand = nodes[red].args[0]
+        normed.append(operand)
         rank = nodes[operand[0]].outs[operand[1]].rank
         for j in _ancestors(nodes, operand[0]):
             if j in names and nodes[j].outs[0].rank == rank:
                 norm_inputs.setdefault(names[j], int(nodes[red].attr("axis")) % max(rank, 1))
+    # float16 inputs a norm squares with no contraction between: their squares overflow float16 past 256, the norm
+    # does not (a kernel squaring in float16 is wrong on LLM-sized activations)
+    wide = sorted({names[j] for r in normed for j in _ancestors(nodes, r[0], through_contractions=False)
+                   if j in names and nodes[j].outs[0].dtype.short == "f16"})
     shifted = _max_shifted_logits(nodes)
     large = sorted({x for s in sites if s.stable for x in s.logit_inputs}
                    | {names[j] for r, _ in shifted for j in _ancestors(nodes, r[0]) if j in names})
@@ -446,6 +455,7 @@ def analyze(g: Graph) -> GraphFacts:
         norm_inputs=norm_inputs,
         large_inputs=tuple(large),
         large_direct=direct,
+        wide_inputs=tuple(wide),
     )
 
 

@@ -15,8 +15,10 @@ Value regimes (see :data:`REGIMES`):
     contraction makes the logits (logits of a few hundred), and up to 1.25
     times ``log`` of the dtype's largest value (over the exponent's scale
     factor) where the input itself reaches the logits, so ``exp`` overflows
-    float32, bfloat16 and float16 unless the row max is subtracted; the
-    others are normal.
+    float32, bfloat16 and float16 unless the row max is subtracted; float16
+    inputs that a norm squares (no contraction between) get magnitudes up to
+    2048, whose squares overflow float16 but not the norm; the others are
+    normal.
 ``tiny``
     inputs that reach an ``rms_norm``, or a norm written out (a reduction
     under ``rsqrt``, ``sqrt``, ``reciprocal`` or a division, with an ``eps``
@@ -71,12 +73,13 @@ def applicable_regimes(g: Graph, facts: GraphFacts | None = None) -> tuple[str, 
     """The regimes that mean something for ``g``.
 
     ``large`` only where a max-shifted ``exp`` is written (a naive ``exp``
-    overflows there by the program's own definition), ``tiny`` only where a
-    norm divides (an ``rms_norm``, or a reduction plus an ``eps`` divided by).
+    overflows there by the program's own definition) or a norm squares a
+    float16 input, ``tiny`` only where a norm divides (an ``rms_norm``, or a
+    reduction plus an ``eps`` divided by).
     """
     f = facts or analyze(g)
     regs = ["normal"]
-    if f.large_inputs:
+    if f.large_inputs or f.wide_inputs:
         regs.append("large")
     if f.norm_inputs:
         regs.append("tiny")
@@ -125,6 +128,8 @@ def _values(rng: np.random.Generator, shape: tuple[int, ...], kind: str, norm_ax
         return np.clip(rng.standard_normal(shape), -3.0, 3.0)
     if kind == "large":
         return rng.uniform(-large, large, shape)
+    if kind == "wide":  # float16 a norm squares: |x| past 256 (x * x overflows float16), below 2048
+        return rng.choice([-1.0, 1.0], shape) * 2.0 ** rng.uniform(6.0, 11.0, shape)
     if kind == "tiny":
         v = rng.choice([-1.0, 1.0], shape) * 10.0 ** rng.uniform(-4.0, -2.0, shape)
         if norm_axis is not None and len(shape) > 0:
@@ -141,7 +146,7 @@ def _values(rng: np.random.Generator, shape: tuple[int, ...], kind: str, norm_ax
 
 def _input_kind(regime: str, name: str, facts: GraphFacts) -> str:
     if regime == "large":
-        return "large" if name in facts.large_inputs else "normal"
+        return "large" if name in facts.large_inputs else "wide" if name in facts.wide_inputs else "normal"
     if regime == "tiny":
         return "tiny" if name in facts.norm_inputs else "normal"
     return regime

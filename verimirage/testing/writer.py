@@ -6,7 +6,8 @@ tolerances, and the properties that the graph's structure implies (see
 :mod:`verimirage.testing.analysis`):
 
 * ``test_matches_reference`` — the kernel against the float64 reference
-  (``vm.evaluate``) on every applicable value regime and memory layout;
+  (``vm.evaluate``) on every applicable value regime (each one at least
+  once, as an explicit example) and memory layout;
 * ``test_softmax_shift_*`` — a per-row shift of a softmax's logits (made
   through the inputs) leaves the outputs unchanged;
 * ``test_scaling_*`` — scaling an input by a power of two scales each output
@@ -175,6 +176,14 @@ NORMAL = strategies.inputs(GRAPH, regimes=("normal",), allow_noncontiguous=NONCO
 PINNED = {pinned}
 
 
+def every_regime(test):
+    """One input of each value regime as an explicit example: hypothesis samples the regimes at random, and ten
+    examples drew no ``large`` one for a float16 norm whose kernel squared in float16 (it passed)."""
+    for regime in REGIMES:
+        test = example(case=strategies.make_inputs(GRAPH, regime, 0, device=DEVICE))(test)
+    return test
+
+
 @functools.cache
 def kernel():
     """The kernel under test, loaded once."""
@@ -272,7 +281,7 @@ def write_tests(
         for i, (reg, _, msg) in enumerate(pinned)
     )
     body.append(
-        f"\n\n{sd}@SETTINGS\n@given(case=INPUTS)\n{ex}def test_matches_reference(case):\n"
+        f"\n\n{sd}@SETTINGS\n@given(case=INPUTS)\n{ex}@every_regime\ndef test_matches_reference(case):\n"
         f'    """The kernel matches the float64 reference (vm.evaluate) within the per-dtype tolerances."""\n'
         f"    checks.check_reference(kernel(), GRAPH, case, TOLS)\n"
     )
