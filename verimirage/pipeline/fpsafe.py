@@ -1,4 +1,5 @@
-"""Floating-point safety of a candidate: finite wherever the source is, evaluated in its own dtype.
+"""Floating-point safety of a candidate: finite wherever the source is, and not grossly wrong where the source is
+accurate, evaluated in its own dtype.
 
 ``vm.verify`` proves two programs equal over the reals; it says nothing about overflow. A rewrite
 that is exact over the reals can overflow where the source does not: ``exp(a - max a)`` rewritten to
@@ -8,12 +9,16 @@ casts, bf16 by rounding the fp32 bits to nearest even), on adversarial inputs (a
 wide uniform values of both signs at growing scales, up to values near the dtype's largest, large-norm
 normal values and all-positive ones; then each input alone at a large scale, the others moderate: a
 candidate that multiplies before the source normalises, ``(x * w) @ m`` for ``rms_norm(x, w) @ m``,
-overflows only where one input is large, and where all are the source overflows too), and reports the
-first input set on which the candidate has a non-finite element where the source's is finite. The
-search (:func:`verimirage.pipeline.superopt.superoptimize`) rejects such a candidate with that reason. Before it,
-at every size, a structural check (:meth:`SafetyChecker.structural`): every exp the source max-shifts stays
-max-shifted, where the source exps only sums or differences the candidate does too (:func:`exps_of_sums`), and
-no fp16 operand of a product is a sum the source never rounds to fp16 (:func:`fp16_sums`).
+overflows only where one input is large, and where all are the source overflows too; then each input with one
+outlier element among tiny ones, the others idle on the outlier's index: a design that scales a tensor by its
+largest element flushes the small ones to 0), and reports the first input set on which the candidate has a
+non-finite element where the source's is finite, or an error against the float64 reference above a quarter of an
+output's largest value where the source's is below 2e-2 of it (:data:`GROSS_ERROR`: finite but wrong, e.g. every
+output 0). The search (:func:`verimirage.pipeline.superopt.superoptimize`) rejects such a candidate with that
+reason. Before it, at every size, a structural check (:meth:`SafetyChecker.structural`): every exp the source
+max-shifts stays max-shifted, where the source exps only sums or differences the candidate does too
+(:func:`exps_of_sums`), and no fp16 operand of a product is a sum the source never rounds to fp16
+(:func:`fp16_sums`).
 
 Rounding follows the generated code (:mod:`verimirage.backend.codegen`): the candidate's results that it
 returns in their dtype, those only other kernels read in fp32 (``codegen.storage_dtype``), the source's every
@@ -169,6 +174,25 @@ ALONE_SETS: tuple[tuple[str, str, float], ...] = (
 #: the scale of the other inputs in the sets of :data:`ALONE_SETS`
 ALONE_BASE: tuple[str, str, float] = ("uniform +-3", "uniform", 3.0)
 
+#: (description, kind, scale) of the sets in which ONE input has one outlier element (its first, at ``scale`` of the
+#: dtype's largest value) among elements within +-1e-3, and every other input is :data:`IDLE_BASE` (idle on the
+#: outlier's channel): one set per input. A design that scales a whole tensor by its largest element flushes the
+#: small elements to 0 where the source keeps them (an fp16 ``(x @ ((w / max|w|) m)) * max|w|`` for
+#: ``rms_norm(x, w) @ m`` with ``w = [6e4, 1e-3, ...]`` and ``x`` 0 on the outlier's column: every output 0, the
+#: source accurate; the fourteenth session's red team finding). Only the accuracy criterion
+#: (:data:`GROSS_ERROR`) sees it: the values are finite.
+OUTLIER_SET: tuple[str, str, float] = ("one element near the dtype's max, the rest within +-1e-3", "outlier", 0.5)
+
+#: the other inputs of an :data:`OUTLIER_SET` set: :data:`ALONE_BASE`'s values with index 0 of every axis set to 0
+#: (whatever axis meets the outlier, its partner there is 0: an idle channel, a pruned row)
+IDLE_BASE: tuple[str, str, float] = ("uniform +-3, 0 at index 0 of every axis", "idle", 3.0)
+
+#: (source, candidate): on an input set on which no value of the source overflows and the source's largest error
+#: against the float64 reference is at most ``source`` times the largest reference value of an output, the
+#: candidate's largest error there must be at most ``candidate`` times it (a gross error: a flushed or lost term,
+#: not a rounding difference; rounding differences of a correct design are below 1e-2 of it in every dtype)
+GROSS_ERROR: tuple[float, float] = (2e-2, 0.25)
+
 #: programs whose inputs have more elements than this get the structural check only (see
 #: :data:`NUMERIC_FLOPS_LIMIT`; the choice depends on the program only, never on timing)
 LARGE_INPUT_ELEMENTS = 1 << 20
@@ -182,6 +206,13 @@ def _values(kind: str, s: float, top: float, shape: tuple[int, ...], rng: np.ran
         v = rng.uniform(1.0, s, shape)
     elif kind == "normal":
         v = s * rng.standard_normal(shape)
+    elif kind == "idle":
+        v = rng.uniform(-s, s, shape)
+        for ax in range(len(shape)):
+            v[(slice(None),) * ax + (0,)] = 0.0
+    elif kind == "outlier":
+        v = rng.uniform(-1e-3, 1e-3, shape)
+        v[(0,) * len(shape)] = s * top
     else:
         v = rng.uniform(0.25 * s * top, s * top, shape) * rng.choice([-1.0, 1.0], shape)
     return np.clip(v, -top, top)
@@ -190,7 +221,9 @@ def _values(kind: str, s: float, top: float, shape: tuple[int, ...], rng: np.ran
 def adversarial_inputs(g: Graph, seed: int = 0) -> list[tuple[str, dict[str, np.ndarray]]]:
     """The input sets of :data:`INPUT_SETS` for ``g``'s inputs (all inputs at that scale), then for each input
     (by name) and each entry of :data:`ALONE_SETS` the set in which that input alone has that scale and the others
-    :data:`ALONE_BASE`'s (each value clipped to its dtype's range; a mask is random 0 / 1 in every set)."""
+    :data:`ALONE_BASE`'s, then for each input of more than one element the :data:`OUTLIER_SET` set (that input one
+    outlier among tiny values, the others :data:`IDLE_BASE`) (each value clipped to its dtype's range; a mask is
+    random 0 / 1 in every set)."""
     ts = sorted(g.inputs, key=lambda t: str(t.name))
     plans: list[tuple[str, dict[str, tuple[str, str, float]]]] = [
         (what, {str(t.name): (what, kind, s) for t in ts}) for what, kind, s in INPUT_SETS]
@@ -200,6 +233,10 @@ def adversarial_inputs(g: Graph, seed: int = 0) -> list[tuple[str, dict[str, np.
         for what, kind, s in ALONE_SETS:
             plans.append((f"{t.name} alone {what} (the others {ALONE_BASE[0]})",
                           {str(u.name): ((what, kind, s) if u is t else ALONE_BASE) for u in ts}))
+    for t in ts:
+        if t.dtype is not DType.bool and math.prod(t.shape) > 1:
+            plans.append((f"{t.name} {OUTLIER_SET[0]} (the others {IDLE_BASE[0]})",
+                          {str(u.name): (OUTLIER_SET if u is t else IDLE_BASE) for u in ts}))
     out = []
     for i, (what, per) in enumerate(plans):
         rng = np.random.default_rng([seed, 0xF9, i])
@@ -370,6 +407,7 @@ class SafetyChecker:
         self.numeric = numeric_check_affordable(source) if numeric is None else numeric
         self.sets = adversarial_inputs(source, seed) if self.numeric else []
         self._src: dict[int, tuple[list[np.ndarray], bool]] = {}
+        self._ref: dict[int, list[np.ndarray]] = {}
         self._src_shifted: bool | None = None
         self._src_sums: frozenset[frozenset[str]] = frozenset()
         self._src_diffs = False
@@ -402,11 +440,23 @@ class SafetyChecker:
             self._src[i] = evaluate_in_dtype(self.source, self.sets[i][1])
         return self._src[i]
 
+    def reference(self, i: int) -> list[np.ndarray]:
+        """The source's outputs on input set ``i`` in float64 (its inputs rounded to their dtypes; cached)."""
+        if i not in self._ref:
+            from ..ir.reference import evaluate
+
+            ins = self.sets[i][1]
+            with np.errstate(all="ignore"):
+                self._ref[i] = [np.asarray(o, dtype=np.float64) for o in evaluate(
+                    self.source, {str(t.name): round_to(ins[str(t.name)], t.dtype) for t in self.source.inputs})]
+        return self._ref[i]
+
     def check(self, candidate: Graph) -> str | None:
-        """None if ``candidate`` is finite wherever the source is, on every input set on which no value of
-        the source overflows (where it does, the source's finite outputs are not its values: an overflowed
-        softmax denominator gives 0); else why not. The structural check runs first (and alone when the
-        program is too large to evaluate, ``numeric`` False)."""
+        """None if ``candidate`` is finite wherever the source is, and not grossly wrong where the source is
+        accurate (:data:`GROSS_ERROR`), on every input set on which no value of the source overflows (where it
+        does, the source's finite outputs are not its values: an overflowed softmax denominator gives 0); else why
+        not. The structural check runs first (and alone when the program is too large to evaluate, ``numeric``
+        False)."""
         why = self.structural(candidate)
         if why is not None or not self.numeric:
             return why
@@ -430,15 +480,40 @@ class SafetyChecker:
                     return (f"floating point: on {what} inputs, evaluated in {dt}, the candidate has {int(bad.sum())}"
                             f"/{bad.size} non-finite values where the source is finite (output {k}, e.g. index "
                             f"{idx}: source {x[idx]:.4g}, candidate {y[idx]})")
+            for k, (r, x, y) in enumerate(zip(self.reference(i), src, cand, strict=True)):
+                why = _gross_error(r, x, y)
+                if why is not None:
+                    dt = candidate.outputs[k].dtype.short
+                    return f"floating point: on {what} inputs, evaluated in {dt}, output {k}: {why}"
         return None
 
 
+def _gross_error(ref: np.ndarray, src: np.ndarray, cand: np.ndarray) -> str | None:
+    """Why ``cand`` is grossly wrong where ``src`` is accurate (:data:`GROSS_ERROR`, errors against the float64
+    ``ref`` relative to its largest value, over the elements finite in all three), or None."""
+    ok = np.isfinite(ref) & np.isfinite(src) & np.isfinite(cand)
+    if not ok.any():
+        return None
+    scale = float(np.abs(np.where(ok, ref, 0.0)).max())
+    if not 0.0 < scale < math.inf:
+        return None
+    src_err = float(np.abs(np.where(ok, src - ref, 0.0)).max())
+    err = np.abs(np.where(ok, cand - ref, 0.0))
+    worst = tuple(int(v) for v in np.unravel_index(int(np.argmax(err)), err.shape))
+    if src_err > GROSS_ERROR[0] * scale or err[worst] <= GROSS_ERROR[1] * scale:
+        return None
+    return (f"the candidate's error {err[worst]:.3g} is {err[worst] / scale:.2g} of the output's largest value "
+            f"{scale:.4g} where the source's is {src_err / scale:.2g} of it (e.g. index {worst}: float64 "
+            f"{ref[worst]:.4g}, source {src[worst]:.4g}, candidate {cand[worst]:.4g})")
+
+
 def fp_safety(source: Graph, candidate: Graph, seed: int = 0) -> str | None:
-    """None if ``candidate``, evaluated in its own dtype, is finite wherever ``source`` is on the
-    adversarial inputs (:func:`adversarial_inputs`); else the reason (see the module docstring)."""
+    """None if ``candidate``, evaluated in its own dtype, is finite wherever ``source`` is, and not grossly wrong
+    where ``source`` is accurate (:data:`GROSS_ERROR`), on the adversarial inputs (:func:`adversarial_inputs`); else
+    the reason (see the module docstring)."""
     return SafetyChecker(source, seed).check(candidate)
 
 
-__all__ = ["ALONE_BASE", "ALONE_SETS", "DTYPE_MAX", "INPUT_SETS", "RoundingDomain", "SafetyChecker",
-           "adversarial_inputs", "evaluate_in_dtype", "exps_of_sums", "exp_shifts", "fp16_sums", "fp_safety",
-           "matmul_flops", "numeric_check_affordable", "round_to"]
+__all__ = ["ALONE_BASE", "ALONE_SETS", "DTYPE_MAX", "GROSS_ERROR", "IDLE_BASE", "INPUT_SETS", "OUTLIER_SET",
+           "RoundingDomain", "SafetyChecker", "adversarial_inputs", "evaluate_in_dtype", "exps_of_sums", "exp_shifts",
+           "fp16_sums", "fp_safety", "matmul_flops", "numeric_check_affordable", "round_to"]

@@ -16,6 +16,7 @@ step, its output is re-verified.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -189,8 +190,8 @@ def norm_into_projections(g: Graph) -> Graph | None:
     dtype, the form ``(x * w) @ m`` rounds the unnormalised ``x w`` to it for the product's operand, which in fp16
     is inf once ``|x w| > 65504`` (x near 3e4, w near 8) where the source is finite (the twelfth session's red team
     finding, ``tests/test_redteam_session12.py``). Here the operands are ``x`` (an input, exact) and the weight tile
-    ``w m``, which the lowering bounds (:func:`scale_weight_tiles`: each tile's rows divided by ``s >= 1``, in fp16
-    ``max(1, max |w m| / 2**15)`` over the tile, the product multiplied by ``s`` in fp32), so no rounded operand
+    ``w m``, which the lowering bounds (:func:`scale_weight_tiles`: each tile's rows divided by ``s >= 1``,
+    ``max(1, max |w m| / 2**15)`` over the tile in fp16, the product multiplied by ``s`` in fp32), so no rounded operand
     overflows; the fp32 accumulator holds at most ``n |x| |m| max(1, |w|)`` (below 2.9e14 n in
     fp16) and the last multiply by ``r`` is the source's output up to rounding. In bf16 (fp32's exponent range)
     the accumulator can still overflow where ``|x| |m|`` is near 3e38 / n and the source's normalised operand is
@@ -332,21 +333,23 @@ def scale_weight_tiles(mg: Graph) -> MuGraph | None:
     """``mg`` with every block product ``a @ (c * t)`` whose right operand scales a weight tile's rows by a norm's
     weight column ``c`` (:func:`_row_scaled_weight`) written ``(a @ ((c / s) * t)) * s``; None if it has none.
 
-    An fp16 weight tile (rank 2): ``s = clamp(max_ij |c_i t_ij| / 2**15, 1, dtype max)`` over the loop iteration's
-    tile, the product multiplied by ``s`` before it is summed: the operand ``(c / s) t`` is at most 2**15, and ``s``
-    is 1 (no scaling at all: the operand is ``c t`` itself) unless a product nears fp16's largest value. (One ``s =
+    A weight tile (rank 2): ``s = clamp(max_ij |c_i t_ij| / 2**e, 1, dtype max)`` over the loop iteration's tile,
+    ``2**e`` the dtype's largest power of 2 (fp16 2**15; bf16 and fp32 2**126, a normal fp32 constant), the product
+    multiplied by ``s`` before it is summed: the operand ``(c / s) t`` is at most ``2**e``, and ``s`` is 1 (no
+    scaling at all: the operand is ``c t`` itself) unless a product nears the dtype's largest value. (One ``s =
     max |w|`` per block flushed ``(w_i / s) t_ij`` to 0 for small weights beside a huge one: ``w = [6e4, 1e-3, ...]``
-    gave 0 where the source is accurate, red team session 14.) Other dtypes (fp32's exponent range): ``s =
+    gave 0 in fp16 where the source is accurate, red team session 14; in bf16 the same with ``w`` near 1e38, which
+    the floating-point check's outlier sets found in session 15.) A batched tile (rank 3 or more): ``s =
     clamp(max |w|, 1, dtype max)``, one scalar per block: the max over the block's whole slice of the weight vector
     ``w`` when ``c`` reshapes a block input (loaded once more without the loop's map, before the loop; the
     product's loop sum stays inside ``tl.dot`` and is multiplied by ``s`` after the loop), else over the loop
-    iteration's tile (the product multiplied by ``s`` before it is summed).
+    iteration's tile (the product multiplied by ``s`` before it is summed); it still flushes a small weight's row
+    beside a huge weight (open).
 
     Equal over the reals (``s >= 1``). In floating point the product's operand ``(c / s) t``, rounded to the dtype
     for ``tl.dot``, is bounded where ``c t`` overflows fp16 once ``|c t| > 65504`` (a weight near 300 on a row the
     activations leave near 0 gives ``0 * inf``: NaN where the source is finite); the sum of products times ``s`` is
     an fp32 value of at most ``k |a| |c t|``. See :func:`norm_into_projections`."""
-    from ..ir.dtypes import DType
     from ..ir.finfo import DTYPE_MAX
     from ..ir.graph import BlockGraph, Node, make_attrs, tile_shape
     from ..ir.ops import TensorType
@@ -379,9 +382,8 @@ def scale_weight_tiles(mg: Graph) -> MuGraph | None:
         whole: dict[int, int] = {}  # the weight's block input node -> the node of its s
         kargs = list(kn.args)
 
-        def ranged(site: tuple[int, int, int], bg: BlockGraph = bg) -> bool:  # (fp16: s from its products' range)
-            tt = bg.nodes[site[2]].outs[0]
-            return bool(tt.rank == 2 and bg.nodes[site[0]].outs[0].dtype is DType.float16)
+        def ranged(site: tuple[int, int, int], bg: BlockGraph = bg) -> bool:  # (a tile: s from its products' range)
+            return bool(bg.nodes[site[2]].outs[0].rank == 2)
 
         for site in sites.values():
             c = site[1]
@@ -409,14 +411,16 @@ def scale_weight_tiles(mg: Graph) -> MuGraph | None:
             b, c, t = sites[j]
             ct, bt = bg.nodes[c].outs[0], bg.nodes[b].outs[0]
             src = bg.nodes[c].args[0][0]
-            if ranged(sites[j]):  # s = max(1, max |c_i t_ij| / 2**15) over this iteration's tile
+            if ranged(sites[j]):  # s = max(1, max |c_i t_ij| / 2**e) over this iteration's tile
                 tt = bg.nodes[t].outs[0]
+                # (2**e: the dtype's largest power of 2, at most 2**126: 2**-e a normal fp32 constant)
+                e = min(math.floor(math.log2(DTYPE_MAX[ct.dtype])), 126)
                 col, one = TensorType((tt.shape[0], 1), tt.dtype), TensorType((1, 1), tt.dtype)
                 rows = add(Node("max", ((add(Node("abs", (ref((t, 0)),), (), (tt,))), 0),), make_attrs({"axis": 1}),
                                 (col,)))
                 prod = add(Node("mul", ((rows, 0), (add(Node("abs", ((remap[c], 0),), (), (ct,))), 0)), (), (col,)))
                 mx = add(Node("max", ((prod, 0),), make_attrs({"axis": 0}), (one,)))
-                sc = add(Node("clamp", ((add(Node("scale", ((mx, 0),), make_attrs({"c": 2.0**-15}), (one,))), 0),),
+                sc = add(Node("clamp", ((add(Node("scale", ((mx, 0),), make_attrs({"c": 2.0**-e}), (one,))), 0),),
                               make_attrs({"hi": DTYPE_MAX[ct.dtype], "lo": 1.0}), (one,)))
             elif src in whole:
                 sc = whole[src]
@@ -448,6 +452,113 @@ def scale_weight_tiles(mg: Graph) -> MuGraph | None:
     out = MuGraph._from_parts(nodes, output_refs(mg))
     out.check(unused_inputs=True)
     return out
+
+
+def _scaled_sites(bg: Any) -> dict[int, int]:
+    """The scaled weight columns of block ``bg`` (:func:`scale_weight_tiles`' form, whatever its scale): each
+    ``div(c, s)`` that is a factor of a block product's right operand, ``c`` a weight column (a reshape to
+    ``(k, 1)`` of a rank-1 value) -> ``s``'s node."""
+    out: dict[int, int] = {}
+    for n in bg.nodes:
+        if n.op != "matmul" or bg.nodes[n.args[1][0]].op != "mul":
+            continue
+        for d, _ in bg.nodes[n.args[1][0]].args:
+            dn = bg.nodes[d]
+            if dn.op != "div":
+                continue
+            cn = bg.nodes[dn.args[0][0]]
+            ct = cn.outs[0]
+            if (cn.op == "reshape" and ct.rank == 2 and ct.shape[1] == 1
+                    and bg.nodes[cn.args[0][0]].outs[0].rank == 1):
+                out[d] = dn.args[1][0]
+    return out
+
+
+def unscale_weight_tiles(mg: Graph) -> MuGraph | None:
+    """``mg`` with :func:`scale_weight_tiles`' scaling taken out, whatever form its scale ``s`` has: each weight
+    column ``c / s`` of a block product's right operand read as ``c``, each product (or loop sum) ``v * s`` as
+    ``v``, the nodes only ``s`` read dropped, and a block input that then reads nothing and loads an operand another
+    block input loads too (the weight vector loaded once more for ``s``) dropped with its kernel operand; None if
+    ``mg`` has no scaled weight tile. Used to re-derive a stored candidate's scaled form from its core
+    (:func:`rederive_weight_scales`)."""
+    from ..ir.graph import BlockGraph, Node, make_attrs
+
+    nodes = list(node_list(mg))
+    changed = False
+    for i, kn in enumerate(nodes):
+        if kn.op != "custom":
+            continue
+        bg = kn.attr("block")
+        sites = _scaled_sites(bg)
+        if not sites:
+            continue
+        scales = set(sites.values())
+        alias: dict[int, int] = {d: bg.nodes[d].args[0][0] for d in sites}
+        for j, n in enumerate(bg.nodes):
+            if n.op == "mul" and j not in alias and any(a in scales for a, _ in n.args):
+                (v, _), = [a for a in n.args if a[0] not in scales]
+                alias[j] = v
+
+        def res(j: int, alias: dict[int, int] = alias) -> int:
+            while j in alias:
+                j = alias[j]
+            return j
+
+        outs = [(res(a), o) for a, o in bg.outputs]
+        args = {j: tuple((res(a), o) for a, o in n.args) for j, n in enumerate(bg.nodes)}
+        live: set[int] = set()
+        todo = [a for a, _ in outs]
+        while todo:
+            j = todo.pop()
+            if j not in live and j not in alias:
+                live.add(j)
+                todo += [a for a, _ in args[j]]
+        loads: dict[int, int] = {}  # kernel operand -> block inputs loading it
+        for n in bg.nodes:
+            if n.op == "input":
+                loads[n.attr("arg")] = loads.get(n.attr("arg"), 0) + 1
+        drop_args: set[int] = set()
+        for j, n in enumerate(bg.nodes):
+            if n.op == "input" and j not in live and loads[n.attr("arg")] == 1:
+                k = kn.args[n.attr("arg")]
+                if sum(1 for a in kn.args if a == k) > 1:  # (the same value loaded by another block input)
+                    drop_args.add(n.attr("arg"))
+                    continue
+            if n.op == "input" and j not in alias:
+                live.add(j)
+        kargs = [a for k, a in enumerate(kn.args) if k not in drop_args]
+        renum = {k: k - sum(1 for d in drop_args if d < k) for k in range(len(kn.args)) if k not in drop_args}
+        pos = {j: p for p, j in enumerate(sorted(live))}
+        kept = []
+        for j in sorted(live):
+            n = bg.nodes[j]
+            attrs = n.attrs
+            if n.op == "input":
+                ad = n.attr_dict
+                ad["arg"] = renum[ad["arg"]]
+                attrs = make_attrs(ad)
+            kept.append(Node(n.op, tuple((pos[a], o) for a, o in args[j]), attrs, n.outs))
+        attrs = dict(kn.attrs)
+        attrs["block"] = BlockGraph(bg.grid, bg.frange, tuple(kept), tuple((pos[a], o) for a, o in outs), bg.omaps,
+                                    bg.flimit)
+        nodes[i] = Node(kn.op, tuple(kargs), make_attrs(attrs), kn.outs)
+        changed = True
+    if not changed:
+        return None
+    out = MuGraph._from_parts(nodes, output_refs(mg))
+    out.check(unused_inputs=True)
+    return out
+
+
+def rederive_weight_scales(mg: Graph) -> Graph:
+    """``mg``'s weight tiles scaled as :func:`scale_weight_tiles` scales them now, from ``mg``'s unscaled core
+    (:func:`unscale_weight_tiles`); ``mg`` itself where it has no scaled weight tile. A stored candidate whose
+    text differs from this carries a form the current pass no longer produces (a stale candidate: e.g. the
+    thirteenth session's one ``s = max |w|`` per block, which flushed small weights to 0 in fp16)."""
+    core = unscale_weight_tiles(mg)
+    if core is None:
+        return mg
+    return scale_weight_tiles(core) or core
 
 
 #: the rules whose composition :func:`norm_into_projections` applies (recorded as its candidates' steps)
