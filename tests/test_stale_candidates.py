@@ -68,8 +68,7 @@ OLD_FORM = """mugraph {
 }"""
 
 
-def _norm_proj() -> vm.Graph:
-    h = vm.float16
+def _norm_proj(h: vm.DType = vm.float16) -> vm.Graph:
     g = vm.Graph()
     g.output(g.matmul(g.rms_norm(g.input("X", (4, 64), h), g.input("G", (64,), h), eps=1e-5),
                       g.input("W", (64, 32), h)))
@@ -179,6 +178,32 @@ def test_fp_check_passed_a_weight_scale_that_flushed_small_weights_to_zero() -> 
     assert np.abs(got).max() == 0.0  # (every output flushed)
 
 
+def test_bf16_weight_tiles_flushed_small_weights_beside_a_weight_near_1e38() -> None:
+    """Finding (low: needs a weight near bf16's largest value), found by the outlier sets: after be5393c a bf16
+    weight tile kept one ``s = max(1, max |w|)`` per block, so beside ``w_0 = 1.6e38`` the other rows' ``(w_i / s)
+    m_ij`` (1e-3 / 1.6e38) were below bf16's smallest subnormal and flushed to 0 in the ``tl.dot`` operand: every
+    output 0 where the source is within 4e-3 of float64. Now every dtype's tile takes ``s = max(1, max |w_i m_ij| /
+    2**e)`` per iteration (bf16 ``2**126``): the old form is rejected by the check, the current one passes it and
+    its kernel (Triton's interpreter) is accurate on the check's own outlier input."""
+    import torch
+
+    from verimirage.pipeline.fpsafe import DTYPE_MAX, SafetyChecker
+
+    g = _norm_proj(vm.bfloat16)
+    old = MuGraph.parse(OLD_FORM.replace("f16", "bf16").replace("hi=65504.0", f"hi={DTYPE_MAX[vm.bfloat16]!r}"))
+    new = _current_form(g)
+    sc = SafetyChecker(g)
+    assert isinstance(vm.verify(g, old), vm.Proved)
+    why = sc.check(old)
+    assert why is not None and "G one element near" in why, why
+    assert sc.check(new) is None
+    (_, ins), = [s for s in sc.sets if s[0].startswith("G one element near")]
+    want = vm.evaluate(g, ins)[0]
+    out = vm.compile(new)(*(torch.tensor(ins[k], dtype=torch.bfloat16) for k in ("X", "G", "W")))
+    got = np.asarray(out.float().numpy(), dtype=np.float64)
+    assert np.abs(got - want).max() < 2e-2 * np.abs(want).max()
+
+
 @pytest.mark.parametrize("dt", ["float16", "bfloat16"])
 def test_fp_check_outlier_sets_keep_the_current_norm_prologue_designs(dt: str) -> None:
     """Every one-kernel lowering of the weighted norm before its projection that the search keeps passes the
@@ -187,10 +212,7 @@ def test_fp_check_outlier_sets_keep_the_current_norm_prologue_designs(dt: str) -
     from verimirage.rewrite.partition import lower_all
     from verimirage.rewrite.stabilise import norm_into_projections
 
-    h = getattr(vm, dt)
-    g = vm.Graph()
-    g.output(g.matmul(g.rms_norm(g.input("X", (4, 64), h), g.input("G", (64,), h), eps=1e-5),
-                      g.input("W", (64, 32), h)))
+    g = _norm_proj(getattr(vm, dt))
     gn = norm_into_projections(g)
     assert gn is not None
     sc = SafetyChecker(g)
