@@ -1,7 +1,8 @@
 """A weighted RMSNorm in the next projection's prologue (issue 23: fewer small kernels in the decode layer).
 
 ``rms_norm(x, w) @ m = (x @ (w m)) * rsqrt(sum(x^2) / n + eps)``: each block of the projection scales its
-weight tile's rows by ``w`` (bounded: divided by ``max(1, max |w|)``, the product multiplied back after the loop)
+weight tile's rows by ``w`` (bounded: divided by ``s = max(1, max |w_i m_ij| / 2**e)`` per loop iteration, the
+product multiplied by ``s`` before its loop sum; ``stabilise.scale_weight_tiles``)
 and accumulates the row's sum of squares in the same for-loop, the row scaling applied after the loop (rule
 ``rms-norm-matmul``; the thirteenth session moved ``w`` off ``x``, whose ``x * w`` overflowed fp16; the search
 lowers the form directly, ``rewrite.stabilise.norm_into_projections``, as extraction by size never picks it for a
@@ -108,7 +109,7 @@ def test_fp16_norm_weight_side_is_finite_where_the_unscaled_weight_tile_overflow
     source is finite): with ``w`` on the weight side, ``x @ (w m)``, the tile ``w m`` is itself inf in fp16 once
     ``|w m| > 65504`` -- a weight of 300 on a weight row of 300 where the activations are 0 gives ``0 * inf``, NaN,
     and the source ``rms_norm(x, w) @ m`` is finite there (its operand ``x r w`` is 0). The lowering divides each
-    block's tile by ``s = max(1, max |w|)`` and multiplies the product by ``s`` after the loop
+    iteration's tile by ``s >= 1`` (``max(1, max |w_i m_ij| / 2**15)`` in fp16) and multiplies the product by ``s``
     (``stabilise.scale_weight_tiles``): finite, and as close to float64 as the source. Checked in the rounding
     model and in the Triton kernel (interpreter); both forms prove equal to the source."""
     import verimirage.rewrite.stabilise as st

@@ -1,0 +1,142 @@
+"""A/B of the norm-in-the-prologue weight-tile scale (``rewrite.stabilise.scale_weight_tiles``) on the GPU: the
+thirteenth session's one ``s = max(1, max |w|)`` per block (the weight vector loaded once more before the loop, the
+loop sum times ``s`` after it) against the fourteenth's ``s = max(1, max |w_i W_ij| / 2**15)`` per loop iteration
+(an abs-max over each weight tile, the product times ``s`` before it is summed).
+
+    python benchmarks/perf/weight_scale_ab.py prepare   # CPU: writes weight_scale_ab.json beside this file
+    python benchmarks/perf/weight_scale_ab.py time [--json OUT]   # GPU
+
+``prepare`` lowers ``rms_norm(x, w) @ W`` (fp16, weighted) at the suite's rmsnorm_linear shapes and the decode
+layer's gate projection, keeps the cost model's best two one-kernel lowerings with scaled weight tiles, and writes
+each in both forms: the current pass's and the old one's (``stabilise.py`` of be5393c^, loaded from git). ``time``
+checks each against a float64 reference (max abs error / max |ref| <= 2e-2, two fresh input draws), then times it
+with ``do_bench_cudagraph`` (median of 10 replays of a ``--rep-ms`` graph, µs), old and new alternating, twice each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+DATA = Path(__file__).resolve().parent / "weight_scale_ab.json"
+
+#: (name, rows, k, n): rmsnorm_linear's bs1 / bs8 shapes, the decode layer's gate projection at bs1 and bs8
+SHAPES = (("rmsnorm_linear_bs1", 2, 4096, 6144), ("rmsnorm_linear_bs8", 16, 4096, 6144),
+          ("ffn_gate_bs1", 1, 4096, 14336), ("ffn_gate_bs8", 8, 4096, 14336))
+
+
+def _graph(rows: int, k: int, n: int):  # type: ignore[no-untyped-def]
+    import verimirage as vm
+
+    h = vm.float16
+    g = vm.Graph()
+    g.output(g.matmul(g.rms_norm(g.input("X", (rows, k), h), g.input("G", (k,), h), eps=1e-5),
+                      g.input("W", (k, n), h)))
+    return g
+
+
+def prepare() -> None:
+    import verimirage.rewrite.stabilise as st
+    from verimirage.rewrite.cost import cost
+    from verimirage.rewrite.partition import lower_all
+
+    src = subprocess.run(["git", "show", "be5393c^:verimirage/rewrite/stabilise.py"], cwd=ROOT, check=True,
+                         capture_output=True, text=True).stdout
+    with tempfile.TemporaryDirectory() as d:
+        p = Path(d) / "old_stabilise.py"
+        p.write_text(src)
+        spec = importlib.util.spec_from_file_location("verimirage.rewrite._old_stabilise", p)
+        assert spec is not None and spec.loader is not None
+        old = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(old)
+    rows_out = []
+    for name, rows, k, n in SHAPES:
+        g = _graph(rows, k, n)
+        gn = st.norm_into_projections(g)
+        assert gn is not None
+        lows = [low for low in lower_all(gn)[0]
+                if "partition.scale_weight_tiles" in low.steps and low.mugraph.num_kernels == 1]
+        lows.sort(key=lambda low: cost(low.mugraph).time_s)
+        for rank, low in enumerate(lows[:2]):
+            core = st.unscale_weight_tiles(low.mugraph)
+            assert core is not None
+            was = old.scale_weight_tiles(core)
+            assert was is not None
+            rows_out.append({"case": name, "shape": [rows, k, n], "rank": rank, "new": str(low.mugraph),
+                             "old": str(was), "cost_us": cost(low.mugraph).time_s * 1e6,
+                             "cost_old_us": cost(was).time_s * 1e6})
+            print(f"{name} rank {rank}: cost new {rows_out[-1]['cost_us']:.1f} old {rows_out[-1]['cost_old_us']:.1f}")
+    DATA.write_text(json.dumps(rows_out, indent=1))
+
+
+def time_all(out: Path | None, max_rank: int, rep_ms: int) -> None:
+    import datetime
+
+    import numpy as np
+    import torch
+    from triton.testing import do_bench_cudagraph
+
+    import verimirage as vm
+
+    rows = json.loads(DATA.read_text())
+    dev = torch.cuda.get_device_name(0)
+    res = []
+    for r in rows:
+        g = _graph(*r["shape"])
+        if r["rank"] > max_rank:
+            continue
+        fns = {f: vm.compile(vm.MuGraph.parse(r[f])) for f in ("old", "new")}
+        errs = {"old": 0.0, "new": 0.0}
+        for seed in (1, 2):
+            rng = np.random.default_rng(seed)
+            ins = {"X": rng.uniform(-1, 1, (r["shape"][0], r["shape"][1])),
+                   "G": rng.uniform(0.5, 1.5, r["shape"][1]),
+                   "W": rng.uniform(-0.05, 0.05, (r["shape"][1], r["shape"][2]))}
+            ins = {k_: v.astype(np.float16).astype(np.float64) for k_, v in ins.items()}
+            want = vm.evaluate(g, ins)[0]
+            dev_ins = [torch.tensor(ins[k_], dtype=torch.float16, device="cuda") for k_ in ("X", "G", "W")]
+            for f, fn in fns.items():
+                got64 = fn(*dev_ins).double().cpu().numpy()
+                errs[f] = max(errs[f], float(np.abs(got64 - want).max() / np.abs(want).max()))
+        targs = [torch.randn(r["shape"][0], r["shape"][1], device="cuda", dtype=torch.float16),
+                 torch.rand(r["shape"][1], device="cuda", dtype=torch.float16) + 0.5,
+                 torch.randn(r["shape"][1], r["shape"][2], device="cuda", dtype=torch.float16) * 0.05]
+        times: dict[str, list[float]] = {"old": [], "new": []}
+        for _ in range(2):
+            for f in ("old", "new"):
+                times[f].append(1e3 * float(do_bench_cudagraph(lambda fn=fns[f], a=targs: fn(*a), rep=rep_ms,
+                                                               return_mode="median")))
+        row = {**{k_: r[k_] for k_ in ("case", "shape", "rank", "cost_us", "cost_old_us")}, "err": errs,
+               "old_us": times["old"], "new_us": times["new"], "device": dev,
+               "utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+        res.append(row)
+        if out is not None:
+            out.write_text(json.dumps(res, indent=1))
+        ok = all(e <= 2e-2 for e in errs.values())
+        print(f"{r['case']:20s} rank {r['rank']} old {times['old'][0]:7.2f} {times['old'][1]:7.2f}  new "
+              f"{times['new'][0]:7.2f} {times['new'][1]:7.2f} us  err old {errs['old']:.1e} new {errs['new']:.1e}"
+              f"{'' if ok else '  WRONG'}", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("mode", choices=["prepare", "time"])
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--max-rank", type=int, default=1, help="time: the lowerings of cost rank up to this (0: best)")
+    ap.add_argument("--rep-ms", type=int, default=100, help="time: do_bench_cudagraph's window")
+    a = ap.parse_args()
+    if a.mode == "prepare":
+        prepare()
+    else:
+        time_all(a.json, a.max_rank, a.rep_ms)
+
+
+if __name__ == "__main__":
+    main()
