@@ -442,13 +442,22 @@ def scale_weight_tiles(mg: Graph) -> MuGraph | None:
         pos = {j: k for k, j in enumerate(j for j in range(len(new)) if j in keep or new[j].op == "input")}
         kept = tuple(Node(n.op, tuple((pos[a], o) for a, o in n.args), n.attrs, n.outs)
                      for j, n in enumerate(new) if j in pos)
-        attrs = dict(kn.attrs)
-        attrs["block"] = BlockGraph(bg.grid, bg.frange, kept, tuple((pos[a], o) for a, o in outs), bg.omaps,
-                                    bg.flimit)
-        nodes[i] = Node(kn.op, tuple(kargs), make_attrs(attrs), kn.outs)
+        nodes[i] = _kernel_with(kn, kargs, bg, kept, [(pos[a], o) for a, o in outs])
         changed = True
-    if not changed:
-        return None
+    return _checked(mg, nodes) if changed else None
+
+
+def _kernel_with(kn: Any, kargs: list[Any], bg: Any, block_nodes: Any, outs: list[tuple[int, int]]) -> Any:
+    """Kernel node ``kn`` with operands ``kargs`` and its block ``bg``'s nodes and outputs replaced."""
+    from ..ir.graph import BlockGraph, Node, make_attrs
+
+    attrs = dict(kn.attrs)
+    attrs["block"] = BlockGraph(bg.grid, bg.frange, tuple(block_nodes), tuple(outs), bg.omaps, bg.flimit)
+    return Node(kn.op, tuple(kargs), make_attrs(attrs), kn.outs)
+
+
+def _checked(mg: Graph, nodes: list[Any]) -> MuGraph:
+    """The μGraph of kernel-level ``nodes`` with ``mg``'s outputs, checked."""
     out = MuGraph._from_parts(nodes, output_refs(mg))
     out.check(unused_inputs=True)
     return out
@@ -481,7 +490,7 @@ def unscale_weight_tiles(mg: Graph) -> MuGraph | None:
     block input loads too (the weight vector loaded once more for ``s``) dropped with its kernel operand; None if
     ``mg`` has no scaled weight tile. Used to re-derive a stored candidate's scaled form from its core
     (:func:`rederive_weight_scales`)."""
-    from ..ir.graph import BlockGraph, Node, make_attrs
+    from ..ir.graph import Node, make_attrs
 
     nodes = list(node_list(mg))
     changed = False
@@ -538,16 +547,9 @@ def unscale_weight_tiles(mg: Graph) -> MuGraph | None:
                 ad["arg"] = renum[ad["arg"]]
                 attrs = make_attrs(ad)
             kept.append(Node(n.op, tuple((pos[a], o) for a, o in args[j]), attrs, n.outs))
-        attrs = dict(kn.attrs)
-        attrs["block"] = BlockGraph(bg.grid, bg.frange, tuple(kept), tuple((pos[a], o) for a, o in outs), bg.omaps,
-                                    bg.flimit)
-        nodes[i] = Node(kn.op, tuple(kargs), make_attrs(attrs), kn.outs)
+        nodes[i] = _kernel_with(kn, kargs, bg, kept, [(pos[a], o) for a, o in outs])
         changed = True
-    if not changed:
-        return None
-    out = MuGraph._from_parts(nodes, output_refs(mg))
-    out.check(unused_inputs=True)
-    return out
+    return _checked(mg, nodes) if changed else None
 
 
 def rederive_weight_scales(mg: Graph) -> Graph:
