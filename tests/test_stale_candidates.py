@@ -22,6 +22,7 @@ import pytest
 
 import verimirage as vm
 from verimirage.ir.graph import MuGraph
+from verimirage.pipeline import pricing
 from verimirage.rewrite.stabilise import rederive_weight_scales, unscale_weight_tiles
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,8 +83,9 @@ def _current_form(g: vm.Graph) -> MuGraph:
 
     gn = norm_into_projections(g)
     assert gn is not None
-    return next(low.mugraph for low in lower_all(gn)[0] if "partition.scale_weight_tiles" in low.steps
-                and low.mugraph.num_kernels == 1 and "frange=2," in str(low.mugraph))
+    return next(low.mugraph for low in lower_all(gn, rank=pricing.cost)[0]
+                if "partition.scale_weight_tiles" in low.steps and low.mugraph.num_kernels == 1
+                and "frange=2," in str(low.mugraph))
 
 
 def _stored_texts(v: Any, where: str) -> Iterator[tuple[str, str]]:
@@ -213,7 +215,7 @@ def test_fp_check_outlier_sets_keep_the_current_norm_prologue_designs(dt: str) -
     gn = norm_into_projections(g)
     assert gn is not None
     sc = SafetyChecker(g)
-    lows = [low.mugraph for low in lower_all(gn)[0] if low.mugraph.num_kernels == 1]
+    lows = [low.mugraph for low in lower_all(gn, rank=pricing.cost)[0] if low.mugraph.num_kernels == 1]
     assert lows
     bad = [(str(mg), why) for mg in lows[:6] if (why := sc.check(mg)) is not None]
     assert not bad, bad[0]

@@ -44,6 +44,7 @@ def _graph(rows: int, k: int, n: int):  # type: ignore[no-untyped-def]
 
 def prepare() -> None:
     import verimirage.rewrite.stabilise as st
+    from verimirage.pipeline import pricing
     from verimirage.rewrite.cost import cost
     from verimirage.rewrite.partition import lower_all
 
@@ -61,7 +62,7 @@ def prepare() -> None:
         g = _graph(rows, k, n)
         gn = st.norm_into_projections(g)
         assert gn is not None
-        lows = [low for low in lower_all(gn)[0]
+        lows = [low for low in lower_all(gn, rank=pricing.cost)[0]
                 if "partition.scale_weight_tiles" in low.steps and low.mugraph.num_kernels == 1]
         lows.sort(key=lambda low: cost(low.mugraph).time_s)
         for rank, low in enumerate(lows[:2]):
