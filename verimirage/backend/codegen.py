@@ -2078,8 +2078,11 @@ PDL_EARLY_MAX_BLOCKS = 64
 #: ``pdl="auto"``: ... or when the kernel itself has at most this many blocks (all of them on the SMs at once, beside
 #: room for the next one's: the next kernel's blocks then wait for it where they will run, having prefetched their
 #: input tiles, :data:`PDL_PREFETCH_BYTES`); 0: only the next kernel's blocks decide. Alone it changed little (H100,
-#: the layer merged: bs1 196.0 -> 196.4 us, bs8 255.1 -> 254.5); with the prefetches see there
-PDL_EARLY_OWN_MAX_BLOCKS = 64
+#: the layer merged: bs1 196.0 -> 196.4 us, bs8 255.1 -> 254.5); with the prefetches see there. Off (0) by default:
+#: with it (and the prefetches everywhere) the models set's layernorm_linear ran 22.3 us against 16.1 (H100, run 20,
+#: 2026-11-27 05:44 UTC, against run 19 at 02:27; its LayerNorm kernel of 16 blocks then starts the 128-block
+#: projection at its start), for the layer's bs1 192.1 against 193.1 with it off (benchmarks/results/pdl_prefetch_*)
+PDL_EARLY_OWN_MAX_BLOCKS = 0
 #: With ``pdl``, each kernel prefetches into L2, before its ``gdc_wait``, the tiles it will read of the program's
 #: inputs (weights, caches: no kernel of the program writes them), up to this many bytes a block (a looped input's
 #: first iterations, at least one; :meth:`_KernelGen.prefetch_lines`); 0: none. A kernel launched early thereby
@@ -2091,8 +2094,12 @@ PDL_PREFETCH_BYTES = 16384
 #: ... only in a kernel the launch before it lets launch at its start (pdl "start"), whose blocks may then run their
 #: prefetches while that launch still runs; elsewhere they would only come before its own loads. Off: measured
 #: level with prefetching everywhere (bs1 194.1 against 194.4 us at 16 KB, 193.1 against 192.1 with the o projection
-#: in 256-deep K tiles; bs8 251.9 against 252.5)
-PDL_PREFETCH_EARLY_ONLY = False
+#: in 256-deep K tiles; bs8 251.9 against 252.5). On by default: prefetching everywhere made kernels that are the
+#: program's first (whose wait is for work outside the program) slower in the models set (H100, run 20 against run 19,
+#: CUDA-graph medians, every candidate: residual_rmsnorm's one-kernel designs 23.7 -> 27.2-31.5 us, softcap_attention
+#: 25.0 -> 27.9, activations 14.1 -> 14.9, causal_attention 15.1 -> 15.7): a block's prefetches of the rows it loads
+#: at once cost more than they hide where nothing before it runs long enough to hide them
+PDL_PREFETCH_EARLY_ONLY = True
 
 #: Largest tensor (elements) :func:`_view_kernel` checks by evaluating the kernel.
 VIEW_CHECK_MAX = 1 << 22
