@@ -166,6 +166,19 @@ ALLOWED = {
     ("backend/codegen.py", "_view_kernel"): "a kernel of only input and reshape nodes is a view, not a launch",
     ("rewrite/partition.py", "normalise"): "drops a broadcast_to an element-wise reader broadcasts anyway, and "
                                            "writes mean as a scaled sum",
+    ("pipeline/fpsafe.py", "exp_shifts"): "labels each exp by its argument: max-shifted, a sum or difference, or "
+                                          "neither (the fp check's structural rule: the source's shifted exps stay "
+                                          "shifted; red team 15)",
+    ("pipeline/fpsafe.py", "fp16_sums"): "follows fp16 add/sub results into product operands (the fp check's rule "
+                                         "against matmul-add-factor's summed weights; red team 15)",
+    ("rewrite/stabilise.py", "_scaled_sites"): "recognises scale_weight_tiles' div(c, s) factor of a block product's "
+                                               "right operand",
+    ("rewrite/stabilise.py", "unscale_weight_tiles"): "takes scale_weight_tiles' form out again (the stale-candidate "
+                                                      "check re-derives it)",
+    ("testing/analysis.py", "_max_shifted_logits"): "recognises exp(x - max x) through positive scales and casts (the "
+                                                    "large regime of the generated tests)",
+    ("testing/analysis.py", "_eps_guarded_reductions"): "recognises rsqrt/sqrt/reciprocal/div of a reduction plus a "
+                                                        "positive eps (the tiny regime)",
 }
 _STRUCT = {n for n, o in OPS.items() if o.has(Prop.STRUCTURAL) or o.has(Prop.LOOP)}
 
