@@ -146,3 +146,18 @@ def test_pdl_defaults_prefetch_nowhere_a_launch_waits_for_work_outside_the_progr
         if "gdc_launch_dependents()" in fns["k14"]:  # the one-block norm before the 128-block q projection
             assert fns["k14"].index("gdc_launch_dependents()") > fns["k14"].index("tl.store("), merge
         assert "_vm_prefetch(" not in q or q.index("_vm_prefetch(") < q.index("gdc_wait()")
+
+
+def test_pdl_prefetch_in_a_first_launch_of_one_wave_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    # PDL_PREFETCH_FIRST_MAX_BLOCKS: the program's first launch prefetches only where its grid is at most that many
+    # blocks (off by default); lora_scaled's first kernel has 16 blocks, residual_rmsnorm's thousands
+    def first_prefetches(case: str) -> bool:
+        doc = json.loads((ROOT / "benchmarks" / "candidates_models" / f"{case}.json").read_text())
+        mg = vm.MuGraph.parse(doc["candidates"][0]["mugraph"])
+        fns = _functions(codegen.generate(mg, pdl="auto").source)
+        first = next(f for n, f in fns.items() if n != "_vm_prefetch")
+        return "_vm_prefetch(" in first
+
+    assert not first_prefetches("lora_scaled") and not first_prefetches("residual_rmsnorm")
+    monkeypatch.setattr(codegen, "PDL_PREFETCH_FIRST_MAX_BLOCKS", 132)
+    assert first_prefetches("lora_scaled") and not first_prefetches("residual_rmsnorm")

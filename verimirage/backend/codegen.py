@@ -2100,6 +2100,11 @@ PDL_PREFETCH_BYTES = 16384
 #: 25.0 -> 27.9, activations 14.1 -> 14.9, causal_attention 15.1 -> 15.7): a block's prefetches of the rows it loads
 #: at once cost more than they hide where nothing before it runs long enough to hide them
 PDL_PREFETCH_EARLY_ONLY = True
+#: ... and in the program's first launch where its grid is at most this many blocks (one wave: every block is placed
+#: while the previous call's last kernel still runs its tail, so its prefetches overlap that); 0: never. H100 run 20
+#: (prefetches in every kernel): lora_scaled, whose first kernel has 16 blocks, 16.44 us against 16.8 in run 21
+#: without; residual_rmsnorm's first (and only) kernel of thousands of blocks 23.7 -> 27.2-31.6
+PDL_PREFETCH_FIRST_MAX_BLOCKS = 0
 
 #: Largest tensor (elements) :func:`_view_kernel` checks by evaluating the kernel.
 VIEW_CHECK_MAX = 1 << 22
@@ -2816,8 +2821,9 @@ def generate(program: Any, tiles: TileOptions | None = None,
         bg: BlockGraph = nj.attr("block")
         arg_types = [nodes[a].outs[k] for a, k in nj.args]
         i = unit[0]
+        first_wave = bool(launched) and i == launched[0][0] and bg.num_blocks <= PDL_PREFETCH_FIRST_MAX_BLOCKS
         pf = frozenset(q for q, (a, _) in enumerate(nj.args) if nodes[a].op == "input") \
-            if pdl and PDL_PREFETCH_BYTES and i not in plans and (early or not PDL_PREFETCH_EARLY_ONLY) \
+            if pdl and PDL_PREFETCH_BYTES and i not in plans and (early or not PDL_PREFETCH_EARLY_ONLY or first_wave) \
             else frozenset()
         return kernel_source(bg, arg_types, f"k{j}", tiles_for(bg, arg_types) if tiles_for else tiles,
                              [store_dtype(r) for r in nj.args], [store_dtype((j, k)) for k in range(len(nj.outs))],
