@@ -88,6 +88,26 @@ def test_builder_apply_with_a_missing_or_malformed_attribute_raised_a_raw_python
     assert g.tril_mask([3, 3]).shape == (3, 3)  # a list still works
 
 
+def scaled_weight_tile_design() -> tuple[Any, Any]:
+    """``rms_norm(X[4,64], G) @ W[64,32]`` in fp16 and its one-kernel, looped design with ``scale_weight_tiles``' fp16
+    weight tiles (the norm in the projection's prologue), checked Proved and passing the floating-point check."""
+    import verimirage as vm
+    from verimirage.pipeline.fpsafe import fp_safety
+    from verimirage.rewrite.partition import lower_all
+    from verimirage.rewrite.stabilise import norm_into_projections
+
+    h = vm.float16
+    g = vm.Graph()
+    g.output(g.matmul(g.rms_norm(g.input("X", (4, 64), h), g.input("G", (64,), h), eps=1e-5),
+                      g.input("W", (64, 32), h)))
+    gn = norm_into_projections(g)
+    assert gn is not None
+    mg = next(low.mugraph for low in lower_all(gn, rank=pricing.cost)[0] if "partition.scale_weight_tiles" in low.steps
+              and low.mugraph.num_kernels == 1 and "frange=1," not in str(low.mugraph))
+    assert isinstance(vm.verify(g, mg), vm.Proved) and fp_safety(g, mg) is None
+    return g, mg
+
+
 def test_scaled_weight_tiles_flushed_small_weights_to_zero_where_the_source_is_accurate() -> None:
     """Finding (medium): ``rms_norm(x, w) @ m`` lowered as ``(x @ ((w / s) m)) * s * r`` with one
     ``s = max(1, max |w|)`` per block (``partition.scale_weight_tiles``) rounded ``(w_i / s) m_ij`` to fp16 for
@@ -101,19 +121,9 @@ def test_scaled_weight_tiles_flushed_small_weights_to_zero_where_the_source_is_a
     import numpy as np
 
     import verimirage as vm
-    from verimirage.pipeline.fpsafe import evaluate_in_dtype, fp_safety
-    from verimirage.rewrite.partition import lower_all
-    from verimirage.rewrite.stabilise import norm_into_projections
+    from verimirage.pipeline.fpsafe import evaluate_in_dtype
 
-    h = vm.float16
-    g = vm.Graph()
-    g.output(g.matmul(g.rms_norm(g.input("X", (4, 64), h), g.input("G", (64,), h), eps=1e-5),
-                      g.input("W", (64, 32), h)))
-    gn = norm_into_projections(g)
-    assert gn is not None
-    mg = next(low.mugraph for low in lower_all(gn, rank=pricing.cost)[0] if "partition.scale_weight_tiles" in low.steps
-              and low.mugraph.num_kernels == 1 and "frange=1," not in str(low.mugraph))
-    assert isinstance(vm.verify(g, mg), vm.Proved) and fp_safety(g, mg) is None
+    g, mg = scaled_weight_tile_design()
     rng = np.random.default_rng(0)
     x = rng.uniform(-1, 1, (4, 64))
     x[:, 0] = 0.0

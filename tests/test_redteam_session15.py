@@ -124,20 +124,11 @@ def test_scaled_weight_tiles_flushed_small_products_beside_a_huge_one_in_another
     layer-size candidate would fail its trials); a two-pass prologue (the row statistic first, then ``x r w`` as the
     source rounds it) would remove it."""
     import numpy as np
+    from test_redteam_session14 import scaled_weight_tile_design
 
-    from verimirage.pipeline.fpsafe import evaluate_in_dtype, fp_safety
-    from verimirage.rewrite.partition import lower_all
-    from verimirage.rewrite.stabilise import norm_into_projections
+    from verimirage.pipeline.fpsafe import evaluate_in_dtype
 
-    h = vm.float16
-    g = vm.Graph()
-    g.output(g.matmul(g.rms_norm(g.input("X", (4, 64), h), g.input("G", (64,), h), eps=1e-5),
-                      g.input("W", (64, 32), h)))
-    gn = norm_into_projections(g)
-    assert gn is not None
-    mg = next(low.mugraph for low in lower_all(gn, rank=pricing.cost)[0] if "partition.scale_weight_tiles" in low.steps
-              and low.mugraph.num_kernels == 1 and "frange=1," not in str(low.mugraph))
-    assert isinstance(vm.verify(g, mg), vm.Proved) and fp_safety(g, mg) is None
+    g, mg = scaled_weight_tile_design()
     rng = np.random.default_rng(0)
     x = rng.uniform(0.5, 1, (4, 64))
     x[:, 0] = 0.0  # (the outlier channel idle)
