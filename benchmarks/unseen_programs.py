@@ -11,7 +11,6 @@ checks capture and numerics against float64; this script prints the table BENCHM
 from __future__ import annotations
 
 import argparse
-import copy
 import math
 import sys
 import time
@@ -28,6 +27,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import verimirage as vm
+from verimirage.benchmarks.modules import float64_reference, loss_weights
 
 B, T, D, H, HD, FF, V = 2, 4, 16, 2, 8, 32, 24
 
@@ -887,21 +887,9 @@ def run_graph(name: str, budget: float) -> dict[str, Any]:
 # --------------------------------------------------------------------------- torch runs
 
 
-def _weights(out: torch.Tensor) -> torch.Tensor:
-    return torch.rand(out.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
-
-
 def reference(model: nn.Module, xs: list[torch.Tensor], train: bool) -> tuple[torch.Tensor, list[Any]]:
     """The float64 copy's output and (``train``) gradients of parameters and float inputs."""
-    ref = copy.deepcopy(model).double()
-    xr = [x.detach().double() if x.is_floating_point() else x for x in xs]
-    if not train:
-        with torch.no_grad():
-            return ref(*xr), []
-    xr = [x.requires_grad_() if x.is_floating_point() else x for x in xr]
-    out = ref(*xr)
-    (out * _weights(out)).sum().backward()
-    return out, [p.grad for p in ref.parameters()] + [x.grad for x in xr if x.is_floating_point()]
+    return float64_reference(model, xs, train=train)
 
 
 def compiled(model: nn.Module, xs: list[torch.Tensor], train: bool, opts: dict[str, Any],
@@ -916,7 +904,7 @@ def compiled(model: nn.Module, xs: list[torch.Tensor], train: bool, opts: dict[s
             return cm(*xs), []
     xs = [x.detach().requires_grad_() if x.is_floating_point() else x for x in xs]
     out = cm(*xs)
-    (out.double() * _weights(out)).sum().backward()
+    (out.double() * loss_weights(out).double()).sum().backward()
     return out, [p.grad for p in model.parameters()] + [x.grad for x in xs if x.is_floating_point()]
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import logging
 from typing import Any
 
@@ -41,21 +40,7 @@ def _run(model: Any, xs: list[Any], *, train: bool, rep: Report | None = None) -
     return out, grads, rep
 
 
-def _weights(out: Any) -> Any:
-    g = torch.Generator().manual_seed(7)
-    return torch.rand(out.shape, generator=g, dtype=torch.float64).to(out.dtype)
-
-
-def _reference(model: Any, xs: list[Any], *, train: bool) -> tuple[Any, list[Any]]:
-    ref = copy.deepcopy(model).double()
-    xr = [x.detach().double() if x.is_floating_point() else x for x in xs]
-    if not train:
-        with torch.no_grad():
-            return ref(*xr), []
-    xr = [x.requires_grad_() if x.is_floating_point() else x for x in xr]
-    out = ref(*xr)
-    (out * _weights(out).double()).sum().backward()
-    return out, [p.grad for p in ref.parameters()] + [x.grad for x in xr if x.is_floating_point()]
+_weights, _reference = corpus.loss_weights, corpus.float64_reference
 
 
 def _close(got: Any, want: Any, what: str) -> None:

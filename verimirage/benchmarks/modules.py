@@ -16,9 +16,11 @@ meaningful (every entry here has parameters or inputs that require grad).
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -435,3 +437,24 @@ def get(name: str, *, dtype: torch.dtype = torch.float32, small: bool = True, se
 
 
 __all__ = ["CORPUS", "LARGE", "MEDIUM", "SMALL", "Dims", "Entry", "get", "names"]
+
+
+def loss_weights(out: torch.Tensor) -> torch.Tensor:
+    """Fixed random weights (seed 7) in ``out``'s shape and dtype: a training check's loss is ``sum(out * w)``, so
+    every output element gets its own gradient."""
+    g = torch.Generator().manual_seed(7)
+    return torch.rand(out.shape, generator=g, dtype=torch.float64).to(out.dtype)
+
+
+def float64_reference(model: nn.Module, xs: list[torch.Tensor], *, train: bool) -> tuple[torch.Tensor, list[Any]]:
+    """A float64 copy of ``model`` run on ``xs`` (floating inputs widened): its output and, with ``train``, the
+    gradients of ``sum(out * loss_weights(out))`` for its parameters and then its floating inputs (none without)."""
+    ref = copy.deepcopy(model).double()
+    xr = [x.detach().double() if x.is_floating_point() else x for x in xs]
+    if not train:
+        with torch.no_grad():
+            return ref(*xr), []
+    xr = [x.requires_grad_() if x.is_floating_point() else x for x in xr]
+    out = ref(*xr)
+    (out * loss_weights(out).double()).sum().backward()
+    return out, [p.grad for p in ref.parameters()] + [x.grad for x in xr if x.is_floating_point()]
