@@ -271,7 +271,7 @@ def test_checker_took_a_dict_for_a_rule_list(field: str) -> None:
     d = _plain_doc()
     d[field] = {}
     v = check_text(json.dumps(d))
-    assert not v.proved and "lists of names" in v.reason, v.reason
+    assert not v.proved and f"field {field!r}: got {{}}; expected list[str]" in v.reason, v.reason
 
 
 def _softmax(g: vm.Graph, x: Any) -> Any:

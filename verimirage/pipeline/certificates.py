@@ -14,20 +14,49 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..ir.errors import GraphError
 from ..smt import certificate as C
 from ..smt.certificate import Certificate, ComposedCertificate
 from ..smt.verdict import Check, Outcome, Proved, Unknown, Verdict
 
+#: the longest μGraph text whose Triton module a check regenerates (characters): 25 times the largest committed
+#: certificate's (layer_decode_bs1, about 10,000). The code generator's time grows faster than the text (0.75 MB of
+#: elementwise ops took 50 s), and it runs in the calling process, so a longer text is not confirmed (a rejection).
+MAX_REGENERATE_CHARS = 1 << 18
 
-def _triton_digest(mugraph_text: str, mode: Mapping[str, Any] | str | None = None) -> str:
+
+def _triton_digest(mugraph_text: str, mode: Mapping[str, Any] | str | None = None,
+                   deadline: float = float("inf")) -> str:
+    """The digest of ``mode``'s module of ``mugraph_text``, made on a thread given until ``deadline`` (monotonic):
+    GraphError for a text over :data:`MAX_REGENERATE_CHARS`, TimeoutError past the deadline (the thread is left to
+    finish: the size bound bounds its work)."""
     from ..backend.tuning import triton_digest  # (the code generator: no torch, no triton)
 
-    return triton_digest(mugraph_text, mode)
+    if len(mugraph_text) > MAX_REGENERATE_CHARS:
+        raise GraphError(f"the μGraph text has {len(mugraph_text):,} characters; the code generator regenerates a "
+                         f"module for a check from at most {MAX_REGENERATE_CHARS:,} (MAX_REGENERATE_CHARS)")
+    box: list[Any] = []
+
+    def run() -> None:
+        try:
+            box.append(triton_digest(mugraph_text, mode))
+        except Exception as e:  # (raised again in the caller's thread)
+            box.append(e)
+
+    worker = threading.Thread(target=run, name="vm-regenerate", daemon=True)
+    worker.start()
+    worker.join(max(0.0, deadline - time.monotonic()))
+    if not box:
+        raise TimeoutError("regenerating the module ran past the check's time limit ($VERIMIRAGE_CHECK_SECONDS)")
+    if isinstance(box[0], Exception):
+        raise box[0]
+    return str(box[0])
 
 
 def _reject(why: str, v: Verdict) -> Unknown:
@@ -56,6 +85,8 @@ def check_certificate(
     compiled with a config's tiles is rejected: no certificate vouches for its text). ``mode`` (a launch mode,
     :func:`verimirage.backend.tuning.launch_mode`; ``compiled``'s when given): regenerate that mode's module and
     record its digest in the evidence (``triton-module``); ``module_source``: a module text that must equal it.
+    Regenerating runs in this process, so it is bounded: a μGraph text over :data:`MAX_REGENERATE_CHARS` is not
+    regenerated, and one regeneration past ``wall_s`` is abandoned; either is a rejection.
     Raises FileNotFoundError for a path that names no file and :class:`CertificateError` for an
     unreadable file or text that is not a JSON object.
     """
@@ -66,6 +97,7 @@ def check_certificate(
     if mode is None and module_source is not None:
         raise ValueError("check_certificate: module_source= needs mode= (the launch mode it was generated for)")
     name = None if mode is None else _mode_name(mode)  # (an unknown option: ValueError before any check)
+    deadline = time.monotonic() + C._limit(wall_s, C.SECONDS_ENV, C.DEFAULT_SECONDS)  # (regenerating counts too)
     if name is not None and isinstance(cert, (str, Path)):
         # read the file once: the mode's module must come from the μGraph the checker checks (a second read, after
         # the check, took the μGraph of whatever the file held by then)
@@ -80,8 +112,8 @@ def check_certificate(
 
     def regenerate(mugraph_text: str) -> str:
         if mode is not None and not made:
-            made[:] = _timed(mugraph_text, mode)
-        return _triton_digest(mugraph_text)
+            made[:] = _timed(mugraph_text, mode, deadline)
+        return _triton_digest(mugraph_text, None, deadline)
 
     v = C.check_certificate(cert, triton_source=triton_source, timeout_s=timeout_s, memory_mb=memory_mb,
                             wall_s=wall_s, isolate=isolate, triton=triton, regenerate=regenerate)
@@ -91,7 +123,7 @@ def check_certificate(
         return _reject("the compiled program's tiles come from a launch config (given, profiled or fitted to shared "
                        "memory), not recommend's: no certificate vouches for its module", v)
     if not made:  # (a certificate object: the one checked; see above)
-        made[:] = _timed(json.loads(cert.to_json()).get("mugraph_text"), mode)  # type: ignore[union-attr]
+        made[:] = _timed(json.loads(cert.to_json()).get("mugraph_text"), mode, deadline)  # type: ignore[union-attr]
     d, seconds = made
     if isinstance(d, Exception):
         return _reject(f"the Triton module for launch mode {name} cannot be regenerated ({type(d).__name__}: {d})", v)
@@ -110,14 +142,14 @@ def _mode_name(mode: Mapping[str, Any] | str) -> str:
     return mode_name(mode)
 
 
-def _timed(mugraph_text: Any, mode: Mapping[str, Any] | str) -> list[Any]:
-    """``[digest or the exception, seconds]`` for ``mode``'s module of ``mugraph_text``."""
+def _timed(mugraph_text: Any, mode: Mapping[str, Any] | str, deadline: float) -> list[Any]:
+    """``[digest or the exception, seconds]`` for ``mode``'s module of ``mugraph_text`` (made by ``deadline``)."""
     t0 = time.perf_counter()
     d: str | Exception
     try:
         if not isinstance(mugraph_text, str):
             raise ValueError("the certificate has no mugraph_text")
-        d = _triton_digest(mugraph_text, mode)
+        d = _triton_digest(mugraph_text, mode, deadline)
     except Exception as e:  # the generator cannot express it: the module is not confirmed
         d = e
     return [d, time.perf_counter() - t0]

@@ -119,27 +119,44 @@ class _Doc:
 
     @classmethod
     def from_json(cls, text: str) -> Any:
-        """Read a certificate of this kind from JSON text; ValueError naming what is wrong."""
+        """Read a certificate of this kind (called on ``_Doc``: of the kind its schema names) from JSON text;
+        ValueError naming what is wrong."""
         try:
             d = json.loads(text)
         except json.JSONDecodeError as e:
             raise ValueError(f"certificate: not JSON ({e})") from None
         if not isinstance(d, dict):
             raise ValueError("certificate: expected a JSON object")
-        fields = cls.__dataclass_fields__  # type: ignore[attr-defined]
+        kind = (ComposedCertificate if d.get("schema") == COMPOSED_SCHEMA else Certificate) if cls is _Doc else cls
+        fields = kind.__dataclass_fields__  # type: ignore[attr-defined]
         if d.get("schema") != fields["schema"].default:
             raise ValueError(f"certificate: unknown schema {d.get('schema')!r}; expected {fields['schema'].default!r}")
         extra = sorted(set(d) - set(fields))
-        missing = sorted(n for n in fields if n not in d and n not in ("triton_source_sha256", "versions", "reason",
-                                                                       "schema"))
+        missing = sorted(n for n, f in fields.items() if n not in d and f.default is f.default_factory)  # (no default)
         if extra or missing:
             raise ValueError(f"certificate: unknown fields {extra}, missing fields {missing}")
-        return cls(**d)
+        bad = next((n for n, f in fields.items() if n in d and not _typed(d[n], f.type)), None)
+        if bad is not None:
+            raise ValueError(f"certificate: field {bad!r}: got {json.dumps(d[bad])[:60]}; expected {fields[bad].type}")
+        if d.get("triton_source_sha256") is not None and not re.fullmatch(r"[0-9a-f]{64}", d["triton_source_sha256"]):
+            raise ValueError("certificate: triton_source_sha256 is not a sha256 hex digest")
+        return kind(**d)
 
     @classmethod
     def load(cls, path: str | Path) -> Any:
         """Read a certificate file."""
         return cls.from_json(Path(path).read_text())
+
+
+def _typed(v: Any, t: str) -> bool:
+    """Whether JSON value ``v`` has the type annotation ``t`` (str, list[...], dict[str, ...], Any, ``| None``)."""
+    if (t.endswith(" | None") and v is None) or t == "Any":
+        return True
+    outer, _, inner = t.removesuffix(" | None").partition("[")
+    if not isinstance(v, {"list": list, "dict": dict}.get(outer, str)):
+        return False
+    items = v.values() if isinstance(v, dict) else v if isinstance(v, list) else ()  # (JSON's keys are strings)
+    return all(_typed(x, inner[:-1].removeprefix("str, ")) for x in items)
 
 
 @dataclass
@@ -239,21 +256,6 @@ def _programs(cert: Certificate | ComposedCertificate) -> tuple[Graph, Graph]:
     return g, mg
 
 
-def _check_rules(cert: Certificate, known: frozenset[str]) -> None:
-    if not (isinstance(cert.rules, list) and isinstance(cert.trusted_rules, list)
-            and all(isinstance(r, str) for r in cert.rules + cert.trusted_rules)):
-        raise _Reject("rules and trusted_rules must be lists of names")
-    unknown = sorted(set(cert.rules) - known - set(cert.trusted_rules))
-    if unknown:
-        raise _Reject(f"unknown rules {unknown} (neither known nor declared trusted)")
-    _check_hash(cert.triton_source_sha256)
-
-
-def _check_hash(h: Any) -> None:
-    if h is not None and not (isinstance(h, str) and re.fullmatch(r"[0-9a-f]{64}", h)):
-        raise _Reject("triton_source_sha256 is not a sha256 hex digest")
-
-
 def _check_abstract(g: Graph, mg: Graph, cert: Certificate, timeout_s: float) -> tuple[str, ...]:
     """Re-derive both programs' abstract expressions per output and case (the μGraph must refine the graph:
     defined wherever it is), build each stored query from them (``...:fubini``: from their nested sums in
@@ -272,11 +274,11 @@ def _check_abstract(g: Graph, mg: Graph, cert: Certificate, timeout_s: float) ->
     laws = set(la | lb)
     want = [(k, ci) for k, xs in enumerate(ea) for ci in range(len(xs))]
     stored = cert.queries
-    if not isinstance(stored, list) or len(stored) != len(want):
+    if len(stored) != len(want):
         raise _Reject(f"{len(stored)} stored queries; the re-derivation has {len(want)} outputs and cases")
     names = []
     for (k, ci), st in zip(want, stored, strict=True):
-        if not isinstance(st, dict) or sorted(st) != ["core", "expected", "name", "smt2"]:
+        if sorted(st) != ["core", "expected", "name", "smt2"]:
             raise _Reject(f"query {st!r:.80}: expected the fields core, expected, name, smt2")
         name = f"eq:out{k}:case{ci}"
         x, y = ea[k][ci], eb[k][ci]
@@ -294,7 +296,7 @@ def _check_abstract(g: Graph, mg: Graph, cert: Certificate, timeout_s: float) ->
         if not isinstance(st["core"], list) or sorted(map(str, st["core"])) != sorted(q.core):
             raise _Reject(f"query {name!r}: unsat core differs")
         names.append(name)
-    if not isinstance(cert.laws, list) or sorted(map(str, cert.laws)) != sorted(laws):
+    if sorted(cert.laws) != sorted(laws):
         raise _Reject("laws differ from the re-derivation")
     if json.dumps(cert.cases) != json.dumps([[c.ranges for c in cs] for cs in cases]):  # (as JSON text: 1.0 is not 1)
         raise _Reject("cases differ from the re-derivation")
@@ -305,8 +307,7 @@ def _check_ff(g: Graph, mg: Graph, cert: Certificate) -> ffref.RefResult:
     """Recompute the finite-field record from the programs (it must equal the stored one) and run its trials."""
     want = ff_record(g, mg)
     if json.dumps(cert.ff, sort_keys=True) != json.dumps(want, sort_keys=True):  # (as JSON text: 1.0 is not 1)
-        bad = sorted(k for k in set(want) | set(cert.ff if isinstance(cert.ff, dict) else {})
-                     if not isinstance(cert.ff, dict) or cert.ff.get(k) != want.get(k))
+        bad = sorted(k for k in set(want) | set(cert.ff) if cert.ff.get(k) != want.get(k))
         raise _Reject(f"finite-field record: {bad} differ from the checker's (seeds and bound come from the "
                       f"content; the bound needs {want['trials']} trials of method {FF_METHOD!r})")
     r = ffref.ref_test(g, mg, want["seeds"])
@@ -325,10 +326,8 @@ def _check_composed(cc: ComposedCertificate, known: frozenset[str], timeout_s: f
     the μGraph is the regions' μGraphs spliced in order (so it is the program's function, by congruence)."""
     t0 = time.perf_counter()
     g, _ = _programs(cc)
-    _check_hash(cc.triton_source_sha256)  # (a composed certificate's hash is checked like a plain one's)
     regs, subs = cc.regions, cc.certificates
-    if not (isinstance(regs, list) and regs and isinstance(subs, list)
-            and all(isinstance(r, dict) and sorted(r) == ["certificate", "inputs", "nodes", "outputs"] for r in regs)):
+    if not (regs and all(sorted(r) == ["certificate", "inputs", "nodes", "outputs"] for r in regs)):
         raise _Reject("regions: expected a non-empty list of {nodes, inputs, outputs, certificate}")
     flat = [i for r in regs for i in (r["nodes"] if isinstance(r["nodes"], list) and r["nodes"] else [None])]
     if not all(type(i) is int for i in flat) or len(flat) != len(set(flat)) or set(flat) != glue.live_ops(g):
@@ -343,7 +342,7 @@ def _check_composed(cc: ComposedCertificate, known: frozenset[str], timeout_s: f
         if json.dumps([r["inputs"], r["outputs"]]) != json.dumps([reg.inputs, reg.outputs]):  # (1.0, true: not 1)
             raise _Reject(f"region {k}: its wiring (inputs, outputs) is not the one its nodes have in the program")
         if ci not in done:
-            if not isinstance(subs[ci], dict) or subs[ci].get("schema") != SCHEMA:
+            if subs[ci].get("schema") != SCHEMA:
                 raise _Reject(f"sub-certificate {ci}: expected a {SCHEMA!r} certificate")
             t1, sub_checks = time.perf_counter(), []  # type: ignore[var-annotated]
             try:
@@ -382,17 +381,15 @@ def _check_composed(cc: ComposedCertificate, known: frozenset[str], timeout_s: f
 def _check(text: str, known: frozenset[str], timeout_s: float, checks: list[Check]) -> Verdict:
     t0 = time.perf_counter()
     try:
-        composed = json.loads(text).get("schema") == COMPOSED_SCHEMA
-    except (ValueError, AttributeError):
-        composed = False  # (the reader below says what is wrong)
-    try:  # (the reader of the kind the schema names)
-        cert = (ComposedCertificate if composed else Certificate).from_json(text)
+        cert = _Doc.from_json(text)  # (of the kind its schema names)
     except (ValueError, TypeError) as e:
         raise _Reject(str(e)) from None
     if isinstance(cert, ComposedCertificate):
         return _check_composed(cert, known, timeout_s, checks)
     g, mg = _programs(cert)
-    _check_rules(cert, known)
+    unknown = sorted(set(cert.rules) - known - set(cert.trusted_rules))
+    if unknown:
+        raise _Reject(f"unknown rules {unknown} (neither known nor declared trusted)")
     checks.append(Check("hashes-and-rules", Outcome.PROVED, (("rules", tuple(cert.rules)),
                                                        ("trusted_rules", tuple(cert.trusted_rules))),
                         time.perf_counter() - t0))
