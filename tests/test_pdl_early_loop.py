@@ -67,7 +67,11 @@ def _before_wait(k: str) -> str:
 
 
 @pytest.mark.parametrize("mode", ["auto", "start", "end"])
-def test_pdl_a_later_kernels_input_loop_runs_before_its_wait(mode: str) -> None:
+def test_pdl_a_later_kernels_input_loop_runs_before_its_wait(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from verimirage.backend import codegen
+
+    # (the split and its combine apart, as "auto" had them before PDL_LASTBLOCK_BEFORE_EARLY_LOOP)
+    monkeypatch.setattr(codegen, "PDL_LASTBLOCK_BEFORE_EARLY_LOOP", False)
     ms = generate(vm.MuGraph.parse(LORA3), pdl=mode)
     ks = _kernels(ms.source)
     assert list(ks) == ["k4", "k5", "k6"]
@@ -87,6 +91,50 @@ def test_pdl_a_later_kernels_input_loop_runs_before_its_wait(mode: str) -> None:
     else:
         assert "gdc_launch_dependents()\n    gdc_wait()" not in ms.source
     assert all(k.count("gdc_wait()") == 1 and k.count("gdc_launch_dependents()") == 1 for k in ks.values())
+
+
+def test_pdl_auto_runs_a_split_and_its_combine_as_one_launch_before_an_early_loop(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # "auto" with PDL_LASTBLOCK_BEFORE_EARLY_LOOP and PDL_START_BEFORE_EARLY_LOOP (off by default: measured slower,
+    # see codegen): the split X A and its sum run as one last-block launch, which lets the weight stream launch at its
+    # start (once it has waited: it is the program's first): one launch hop before the stream instead of two
+    from verimirage.backend import codegen
+
+    monkeypatch.setattr(codegen, "PDL_LASTBLOCK_BEFORE_EARLY_LOOP", True)
+    monkeypatch.setattr(codegen, "PDL_START_BEFORE_EARLY_LOOP", True)
+    ms = generate(vm.MuGraph.parse(LORA3), pdl="auto")
+    assert [k.name for k in ms.kernels] == ["k4_5", "k6"]
+    assert ms.kernels[0].members == (4, 5) and ms.counters == 1
+    lb = ms.source[ms.source.index("def k4_5("):]
+    lb = lb[:lb.index("\n\n\n")]
+    # the first launch waits before it triggers and before any memory access; it triggers once, at its start
+    assert lb.count("gdc_wait()") == 1 and lb.count("gdc_launch_dependents()") == 1
+    assert lb.index("gdc_wait()") < lb.index("gdc_launch_dependents()") < lb.index("k4(")
+    k6 = _kernels(ms.source)["k6"]
+    early = _before_wait(k6)
+    assert "for it in" in early and "tl.load(a1_ptr" in early and "a3_ptr" not in early and "tl.store(" not in early
+    # without pdl, or with last-block launches not wanted there, the three launches stay
+    assert [k.name for k in generate(vm.MuGraph.parse(LORA3)).kernels] == ["k4", "k5", "k6"]
+    assert [k.name for k in generate(vm.MuGraph.parse(LORA3), pdl="end").kernels] == ["k4", "k5", "k6"]
+
+
+def test_pdl_auto_keeps_a_split_and_its_combine_apart_where_no_early_loop_follows(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # the last kernel takes K in one step (no for-loop to run before its wait): no hop to save, so the split and its
+    # combine stay two launches, as with last-block launches off
+    from verimirage.backend import codegen
+
+    monkeypatch.setattr(codegen, "PDL_LASTBLOCK_BEFORE_EARLY_LOOP", True)
+    monkeypatch.setattr(codegen, "PDL_START_BEFORE_EARLY_LOOP", True)
+    text = LORA3.replace("%6 = custom %0, %1, %3, %5 {frange=2, grid=(2,)}",
+                         "%6 = custom %0, %1, %3, %5 {frange=1, grid=(2,)}").replace(
+        "%0 = input {arg=0, fmap=1, imap=(None,), shape=(16, 64)} : f16[16,32]\n"
+        "    %1 = input {arg=1, fmap=0, imap=(1,), shape=(64, 64)} : f16[32,32]",
+        "%0 = input {arg=0, fmap=1, imap=(None,), shape=(16, 64)} : f16[16,64]\n"
+        "    %1 = input {arg=1, fmap=0, imap=(1,), shape=(64, 64)} : f16[64,32]")
+    assert text != LORA3
+    ms = generate(vm.MuGraph.parse(text), pdl="auto")
+    assert [k.name for k in ms.kernels] == ["k4", "k5", "k6"] and ms.counters == 0
 
 
 def test_pdl_early_loop_is_reported_and_off_without_pdl() -> None:
@@ -119,11 +167,16 @@ def test_pdl_reordered_kernels_compute_the_same_as_without_pdl(tmp_path: Path, m
           (("X", (16, 64)), ("W", (64, 64)), ("A", (64, 16)), ("B", (16, 64)))}
     ref = xs["X"].astype(np.float64) @ xs["W"].astype(np.float64) + 2.0 * (
         xs["X"].astype(np.float64) @ xs["A"].astype(np.float64)) @ xs["B"].astype(np.float64)
-    for mode in ("", "auto"):
-        src = generate(mg, pdl=mode).source
+    from verimirage.backend import codegen
+
+    for mode in ("", "auto", "auto+lb"):  # (auto+lb: the split and its sum as one last-block launch)
+        monkeypatch.setattr(codegen, "PDL_LASTBLOCK_BEFORE_EARLY_LOOP", mode == "auto+lb")
+        ms = generate(mg, pdl=mode.split("+")[0])
+        assert len(ms.kernels) == (2 if mode == "auto+lb" else 3)
+        src = ms.source
         src = "\n".join(ln for ln in src.splitlines()
                          if "gdc_" not in ln and not ln.lstrip().startswith("_vm_prefetch(")) + "\n"
-        mod = load_module(tmp_path / f"lora3_{mode or 'plain'}.py", src)
+        mod = load_module(tmp_path / f"lora3_{mode.replace('+', '_') or 'plain'}.py", src)
         (out,) = mod.forward(*(torch.tensor(xs[n]) for n in ("X", "W", "A", "B")))
         err = np.abs(out.double().numpy() - ref).max() / np.abs(ref).max()
         assert err < 5e-3, (mode, err)

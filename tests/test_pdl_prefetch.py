@@ -149,15 +149,34 @@ def test_pdl_defaults_prefetch_nowhere_a_launch_waits_for_work_outside_the_progr
 
 
 def test_pdl_prefetch_in_a_first_launch_of_one_wave_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
-    # PDL_PREFETCH_FIRST_MAX_BLOCKS: the program's first launch prefetches only where its grid is at most that many
-    # blocks (off by default); lora_scaled's first kernel has 16 blocks, residual_rmsnorm's thousands
-    def first_prefetches(case: str) -> bool:
-        doc = json.loads((ROOT / "benchmarks" / "candidates_models" / f"{case}.json").read_text())
-        mg = vm.MuGraph.parse(doc["candidates"][0]["mugraph"])
-        fns = _functions(codegen.generate(mg, pdl="auto").source)
-        first = next(f for n, f in fns.items() if n != "_vm_prefetch")
-        return "_vm_prefetch(" in first
-
-    assert not first_prefetches("lora_scaled") and not first_prefetches("residual_rmsnorm")
+    # PDL_PREFETCH_FIRST_MAX_BLOCKS: the program's first launch prefetches where its grid is at most that many blocks
+    # (off by default); lora_scaled's first kernel has 16 blocks, residual_rmsnorm's thousands
+    monkeypatch.setattr(codegen, "PDL_PREFETCH_FIRST_START", False)
+    assert not _first_prefetches("lora_scaled") and not _first_prefetches("residual_rmsnorm")
     monkeypatch.setattr(codegen, "PDL_PREFETCH_FIRST_MAX_BLOCKS", 132)
-    assert first_prefetches("lora_scaled") and not first_prefetches("residual_rmsnorm")
+    assert _first_prefetches("lora_scaled") and not _first_prefetches("residual_rmsnorm")
+
+
+def _first_prefetches(case: str) -> bool:
+    """Whether the first launch of ``case``'s first committed models candidate prefetches (pdl "auto")."""
+    doc = json.loads((ROOT / "benchmarks" / "candidates_models" / f"{case}.json").read_text())
+    mg = vm.MuGraph.parse(doc["candidates"][0]["mugraph"])
+    fns = _functions(codegen.generate(mg, pdl="auto").source)
+    first = next(f for n, f in fns.items() if re.fullmatch(r"k\d+", n))
+    return "_vm_prefetch(" in first
+
+
+def test_pdl_prefetch_in_a_first_launch_without_a_loop_that_starts_the_next_at_its_start() -> None:
+    # PDL_PREFETCH_FIRST_START (H100 2026-11-27 07:17, pdl_models_ab_h100_2026-11-27_0717.json): lora_scaled's first
+    # kernel (X A's one-step split, "start") prefetches (16.88 -> 16.42 us); a first launch that starts the next only
+    # at its end (layernorm_linear's one-step LayerNorm: 16.32 -> 16.52 with prefetches) or streams in a for-loop
+    # (decode_gqa's split attention, "start": 31.10 -> 31.71) does not
+    assert codegen.PDL_PREFETCH_FIRST_START and codegen.PDL_PREFETCH_FIRST_MAX_BLOCKS == 0
+    assert _first_prefetches("lora_scaled")
+    for case in ("layernorm_linear", "decode_gqa", "activations", "qkv_bias", "residual_rmsnorm"):
+        assert not _first_prefetches(case), case
+    src = codegen.generate(vm.MuGraph.parse(json.loads((ROOT / "benchmarks" / "candidates_models" /
+                                                        "decode_gqa.json").read_text())["candidates"][0]["mugraph"]),
+                           pdl="auto").source
+    first = next(f for n, f in _functions(src).items() if re.fullmatch(r"k\d+", n))
+    assert first.index("gdc_wait()") < first.index("gdc_launch_dependents()") < first.index("for it in")

@@ -2105,6 +2105,29 @@ PDL_PREFETCH_EARLY_ONLY = True
 #: (prefetches in every kernel): lora_scaled, whose first kernel has 16 blocks, 16.44 us against 16.8 in run 21
 #: without; residual_rmsnorm's first (and only) kernel of thousands of blocks 23.7 -> 27.2-31.6
 PDL_PREFETCH_FIRST_MAX_BLOCKS = 0
+#: ... and in the program's first launch where it has no for-loop and lets the next launch at its start (pdl
+#: "start"): a few loads whose launch is off the program's path, the next launch starting at once. H100, 2026-11-27
+#: 07:17 UTC (benchmarks/results/pdl_models_ab_h100_2026-11-27_0717.json, CUDA-graph medians over rotated inputs, the
+#: same module timed twice within 0.02 us): prefetches in every first launch of one wave (the constant above at 132)
+#: made lora_scaled 16.88 -> 16.42 us (its first kernel: X A's 16 one-step split blocks, "start") and every other
+#: program it changed slower: those whose first launch starts the next only at its end (layernorm_linear's one-step
+#: LayerNorm 16.32 -> 16.52, activations 14.12 -> 14.87, qkv_bias 13.75 -> 14.16, gelu_mlp 95.04 -> 95.99,
+#: rotary_attention 28.94 -> 30.01) and decode_gqa's "start" launch that streams the cache in a loop (31.10 -> 31.71)
+PDL_PREFETCH_FIRST_START = True
+
+#: ``pdl="auto"``: a launch whose next launch runs its for-loop over the program's inputs before its wait
+#: (:attr:`KernelInfo.early_loop`) lets that one launch at its start ("start": once it has waited itself) where the
+#: block-count rules above would have it wait for the end: the next launch's stream then overlaps this one.
+PDL_START_BEFORE_EARLY_LOOP = False
+#: ``pdl="auto"`` (without ``last_block``): a split kernel and its combine kernel run as one last-block launch
+#: (:func:`_last_block_units`) where the launch after the combine runs its for-loop before its wait, which then
+#: starts one launch hop sooner (LoRA's ``X A`` split over K, its sum, then the weight stream with ``(X A) B`` after
+#: the loop: two hops before the stream, one with this). Off: on an H100 (2026-11-27 07:17 UTC,
+#: benchmarks/results/pdl_models_ab_h100_2026-11-27_0717.json) lora_scaled's two launches (this and the rule above)
+#: ran 17.47 us against its three launches' 16.88. A last-block launch captured into a CUDA graph gets fresh counters
+#: zeroed in the graph each call (the runtime's ``counters_for``: a fill kernel before the program's first launch),
+#: likely the cost; not measured further.
+PDL_LASTBLOCK_BEFORE_EARLY_LOOP = False
 
 #: Largest tensor (elements) :func:`_view_kernel` checks by evaluating the kernel.
 VIEW_CHECK_MAX = 1 << 22
@@ -2229,14 +2252,16 @@ def _emitted_flat(nodes: Sequence[Node], tiles: TileOptions | None,
 
 
 def _last_block_units(nodes: Sequence[Node], units: list[list[int]], view_nodes: set[int],
-                      flat: Callable[[int], bool] | None = None) -> tuple[list[list[int]], dict[int, LastBlock]]:
+                      flat: Callable[[int], bool] | None = None, keep: Callable[[int, int], bool] | None = None
+                      ) -> tuple[list[list[int]], dict[int, LastBlock]]:
     """``units`` (:func:`_launch_units`) with each split kernel that has a combine kernel (:func:`last_block_plan`)
     launched with it: the unit ``[s]`` becomes ``[s, c]`` and ``[c]`` goes. Only where both are launches of their
     own (not views, not merged with others) and everything else the combine reads is written by launches before
     the split kernel's (the combine then runs earlier than in ``units``, with all its operands ready; what reads
     its results still comes after it), and not where the split kernel is emitted flat (``flat(node)``: one flat
-    index range, :attr:`TileOptions.flat`; its blocks are not the block graph's grid the plan groups). Returns the
-    units and the plans by split node."""
+    index range, :attr:`TileOptions.flat`; its blocks are not the block graph's grid the plan groups), and only the
+    pairs ``(split, combine)`` that ``keep`` accepts (None: every pair). Returns the units and the plans by split
+    node."""
     where = {u[0]: k for k, u in enumerate(units) if len(u) == 1}
     plans: dict[int, LastBlock] = {}
     partner: dict[int, int] = {}  # split node -> its combine node
@@ -2249,7 +2274,7 @@ def _last_block_units(nodes: Sequence[Node], units: list[list[int]], view_nodes:
                 continue
             plan = last_block_plan(nodes, s, c)
             if plan is None or any(a != s and nodes[a].op == "custom" and where.get(a, len(units)) >= where[s]
-                                   for a, _ in nodes[c].args):
+                                   for a, _ in nodes[c].args) or (keep is not None and not keep(s, c)):
                 continue
             plans[s], partner[s] = plan, c
             paired |= {s, c}
@@ -2258,6 +2283,27 @@ def _last_block_units(nodes: Sequence[Node], units: list[list[int]], view_nodes:
     out = [[u[0], partner[u[0]]] if len(u) == 1 and u[0] in partner else u for u in units
            if not (len(u) == 1 and u[0] in combines)]
     return out, plans
+
+
+def _loops_early_after(nodes: Sequence[Node], units: list[list[int]], view_nodes: set[int], c: int,
+                       tiles: TileOptions | None,
+                       tiles_for: Callable[[BlockGraph, Sequence[TensorType]], TileOptions] | None,
+                       store_dtype: Callable[[tuple[int, int]], DType]) -> bool:
+    """Whether the launch after kernel ``c``'s (the next unit of ``units`` that is not a view) is a kernel of its own
+    that, generated for PDL with the program's inputs as its ``early_args``, runs its for-loop before its wait
+    (:attr:`KernelInfo.early_loop`)."""
+    at = next((k for k, u in enumerate(units) if c in u), None)
+    nxt = next((u for u in units[at + 1:] if u[0] not in view_nodes), None) if at is not None else None
+    if nxt is None or len(nxt) != 1:
+        return False
+    n = nodes[nxt[0]]
+    bg: BlockGraph = n.attr("block")
+    arg_types = [nodes[a].outs[k] for a, k in n.args]
+    early = frozenset(q for q, (a, _) in enumerate(n.args) if nodes[a].op == "input")
+    _, info = kernel_source(bg, arg_types, f"k{nxt[0]}", tiles_for(bg, arg_types) if tiles_for else tiles,
+                            [store_dtype(r) for r in n.args], [store_dtype((nxt[0], k)) for k in range(len(n.outs))],
+                            _inline_masks(nodes, n), "end", early_args=early)
+    return info.early_loop
 
 
 def _member_params(made: Sequence[tuple[str, KernelInfo]], first: dict[str, str] | None = None
@@ -2790,6 +2836,12 @@ def generate(program: Any, tiles: TileOptions | None = None,
     plans: dict[int, LastBlock] = {}
     if last_block:
         units, plans = _last_block_units(nodes, units, view_nodes, _emitted_flat(nodes, tiles, tiles_for))
+    elif pdl == "auto" and PDL_LASTBLOCK_BEFORE_EARLY_LOOP:
+        # a split kernel and its combine as one launch where the launch after the combine streams its for-loop
+        # over the program's inputs before its wait: that stream then starts one launch hop sooner
+        units, plans = _last_block_units(nodes, units, view_nodes, _emitted_flat(nodes, tiles, tiles_for),
+                                         keep=lambda s, c: _loops_early_after(nodes, units, view_nodes, c,
+                                                                              tiles, tiles_for, store_dtype))
     offsets: dict[int, int] = {}  # (each last-block launch's counters: a range of the program's counter buffer)
     n_ctr = 0
     for s_node in sorted(plans):
@@ -2821,7 +2873,8 @@ def generate(program: Any, tiles: TileOptions | None = None,
         bg: BlockGraph = nj.attr("block")
         arg_types = [nodes[a].outs[k] for a, k in nj.args]
         i = unit[0]
-        first_wave = bool(launched) and i == launched[0][0] and bg.num_blocks <= PDL_PREFETCH_FIRST_MAX_BLOCKS
+        first_wave = bool(launched) and i == launched[0][0] and (bg.num_blocks <= PDL_PREFETCH_FIRST_MAX_BLOCKS or (
+            PDL_PREFETCH_FIRST_START and mode == "start" and bg.frange == 1))
         pf = frozenset(q for q, (a, _) in enumerate(nj.args) if nodes[a].op == "input") \
             if pdl and PDL_PREFETCH_BYTES and i not in plans and (early or not PDL_PREFETCH_EARLY_ONLY or first_wave) \
             else frozenset()
@@ -2830,16 +2883,21 @@ def generate(program: Any, tiles: TileOptions | None = None,
                              _inline_masks(nodes, nj), mode, device_fn=len(unit) > 1 or persistent, prefetch=pf,
                              early_args=early_args(j) if plain(unit) else frozenset())
 
-    def pre_pays(i: int) -> bool:
-        # "auto": a kernel (not the program's first) lets the next one launch before its own wait where that one
-        # streams its for-loop before its wait and reads nothing but the program's inputs and this kernel's results
-        # (never what a kernel before this one wrote, which may still run then)
+    def next_loops_early(i: int) -> bool:
+        # "auto": whether the launch after launch ``i`` is a kernel of its own that streams its for-loop (over the
+        # program's inputs) before its wait
         nxt = next_unit.get(i)
-        if nxt is None or not plain([i]) or i == launched[0][0] or not plain(nxt):
+        return nxt is not None and plain(nxt) and member(nxt, nxt[0], "end", True)[1].early_loop
+
+    def pre_pays(unit: list[int]) -> bool:
+        # "auto": a launch (a kernel of its own or a last-block launch, not the program's first) lets the next one
+        # launch before its own wait where that one streams its for-loop before its wait and reads nothing but the
+        # program's inputs and this launch's results (never what a launch before this one wrote, which may still
+        # run then)
+        i = unit[0]
+        if not (plain(unit) or i in plans) or i == launched[0][0] or not next_loops_early(i):
             return False
-        if any(base_kernel(r) not in (None, i) for r in nodes[nxt[0]].args):
-            return False
-        return member(nxt, nxt[0], "end", True)[1].early_loop
+        return all(base_kernel(r) in (None, *unit) for r in nodes[next_unit[i][0]].args)
 
     for i, n in enumerate(nodes):
         if n.op == "input":
@@ -2860,8 +2918,10 @@ def generate(program: Any, tiles: TileOptions | None = None,
             own = sum(nodes[j].attr("block").num_blocks for j in (unit[:1] if i in plans else unit))
             mode = "start" if nb is not None and (nb <= PDL_EARLY_MAX_BLOCKS or own <= PDL_EARLY_OWN_MAX_BLOCKS) \
                 else "end"
-            if pre_pays(i):  # or "pre", where the next kernel's loop can start at once
+            if pre_pays(unit):  # or "pre", where the next kernel's loop can start at once
                 mode = "pre"
+            elif mode == "end" and PDL_START_BEFORE_EARLY_LOOP and next_loops_early(i):
+                mode = "start"  # (or once this launch has waited: the program's first, or one whose next reads more)
         made = [member(unit, j, mode, early) for j in unit]
         early = mode in ("start", "pre")
         if persistent:
