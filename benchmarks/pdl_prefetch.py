@@ -148,15 +148,22 @@ def run_case(case: str, variants: list[str], rounds: int, copy_rate: float) -> d
             log.exception("variant %s of %s failed", name, case)
         finally:
             _apply(saved)
-    for _ in range(rounds):  # interleaved: a drift of the card's clocks reaches every variant alike
-        for name, fn in fns.items():
-            row["variants"][name].setdefault("us_rounds", []).append(
-                L._bench(lambda fn=fn: fn(*(fn.static_inputs or ordered)), cudagraph=False))
-    for name in fns:
-        rec = row["variants"][name]
-        rec["us"] = statistics.median(rec["us_rounds"])
-        rec["floor_fraction"] = floor / rec["us"]
+    time_variants(row["variants"], fns, rounds, floor,
+                  lambda fn: L._bench(lambda: fn(*(fn.static_inputs or ordered)), cudagraph=False))
     return row
+
+
+def time_variants(recs: dict[str, dict[str, Any]], fns: dict[str, Any], rounds: int, floor: float,
+                  time_one: Any) -> None:
+    """Time each of ``fns`` (by variant name) ``rounds`` times, interleaved (a drift of the card's clocks reaches every
+    variant alike), with ``time_one(fn)`` (µs): each variant's ``recs[name]`` gets ``us_rounds``, their median ``us``
+    and ``floor_fraction`` (``floor`` over it)."""
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            recs[name].setdefault("us_rounds", []).append(time_one(fn))
+    for name in fns:
+        recs[name]["us"] = statistics.median(recs[name]["us_rounds"])
+        recs[name]["floor_fraction"] = floor / recs[name]["us"]
 
 
 def main() -> int:

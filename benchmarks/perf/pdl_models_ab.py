@@ -20,7 +20,6 @@ import datetime
 import json
 import logging
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -107,13 +106,9 @@ def run_case(case: str, variants: list[str], rounds: int, ceil: dict[str, float]
         finally:
             for k, v in saved.items():
                 setattr(codegen, k, v)
-    for _ in range(rounds):  # interleaved: a drift of the card's clocks reaches every variant alike
-        for name, fn in fns.items():
-            row["variants"][name].setdefault("us_rounds", []).append(bench.bench_sets(fn, sets))
-    for name in fns:
-        rec = row["variants"][name]
-        rec["us"] = statistics.median(rec["us_rounds"])
-        rec["floor_fraction"] = floor / rec["us"]
+    from pdl_prefetch import time_variants
+
+    time_variants(row["variants"], fns, rounds, floor, lambda fn: bench.bench_sets(fn, sets))
     return row
 
 
