@@ -121,3 +121,25 @@ def test_elementwise_kernels_the_backend_launches_flat_are_priced_flat() -> None
     (bg,) = [n.attr("block") for n in node_list(x) if n.op == "custom"]
     assert not flat_pays(bg, [vm.TensorType((4096, 4096), vm.float16)])
     assert cost(x).time_s == cost(x, tiled).time_s
+
+
+def test_the_launch_model_answers_the_stage_warp_and_row_dot_rules_from_the_backend() -> None:
+    # the three rules the cost model once copied from the backend (issue 22 item 3): the backend's launch model now
+    # answers them; its stages for a weight-streaming loop of many blocks are recommend's own, its row-dot depth is
+    # codegen's, and without a launch model the estimate assumes neither row dots nor the backend's stages
+    from verimirage.backend import codegen, tuning
+    from verimirage.backend.launch_model import LAUNCHES
+    from verimirage.ir.graph import node_list
+    from verimirage.rewrite import cost as model
+
+    assert LAUNCHES.row_dot_max_k == codegen.ROW_DOT_MAX_K
+    for cols, frange in ((32, 16), (64, 16), (128, 16), (256, 16)):  # 24 to 136 KB a stage, 256 or more blocks
+        mg = _gemm(cols, frange, k=4096, n=65536)
+        nodes = node_list(mg)
+        n = next(x for x in nodes if x.op == "custom")
+        bg, ats = n.attr("block"), [nodes[a].outs[k] for a, k in n.args]
+        stage = sum(x.outs[0].numel * 2 for x in bg.nodes if x.op == "input" and x.attr("fmap") is not None)
+        assert LAUNCHES.loop_stages(stage) == tuning.recommend(bg, ats).num_stages, (cols, frange)
+        assert LAUNCHES.loop_warps(16 * cols, True) == tuning.recommend(bg, ats).num_warps
+        assert model.block_cost(bg, ats, list(n.outs), launch=LAUNCHES) == cost(mg).kernels[0]
+    assert [LAUNCHES.loop_warps(t, False) for t in (1024, 4096, 16384)] == [4, 8, 8]

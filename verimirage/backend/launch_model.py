@@ -2,8 +2,9 @@
 
 The cost model (:mod:`verimirage.rewrite.cost`) prices a μGraph from its block graphs; a few of its questions only
 the code generator can answer: whether an elementwise kernel is emitted flat and how many elements a flat block
-takes, the block graph a kernel-level op runs as, the least shared memory a kernel can be launched with, and how
-many launches the merged mode makes of a program. :class:`TritonLaunches` answers them from this package's own
+takes, the block graph a kernel-level op runs as, the least shared memory a kernel can be launched with, how
+many launches the merged mode makes of a program, the deepest one-row product lowered to a ``tl.dot``, and the
+pipeline stages and warps a looped kernel gets. :class:`TritonLaunches` answers them from this package's own
 rules (:mod:`.tuning`, :mod:`.resources`, :mod:`.wrap`, :mod:`.codegen`, :mod:`.runtime`). It satisfies the
 cost model's ``LaunchModel`` protocol by its shape alone: this package does not import the cost model, and the
 orchestrator (:mod:`verimirage.pipeline.pricing`) joins the two.
@@ -15,10 +16,10 @@ from collections.abc import Sequence
 
 from ..ir.graph import BlockGraph, Graph, Node, node_list
 from ..ir.ops import TensorType
-from .codegen import _as_mugraph, _launch_units, arg_storage
+from .codegen import ROW_DOT_MAX_K, _as_mugraph, _launch_units, arg_storage
 from .resources import min_smem
 from .runtime import _merge_wanted
-from .tuning import FLAT_BLOCK, flat_pays, merge_fits, recommend
+from .tuning import FLAT_BLOCK, SMEM_BUDGET, flat_pays, merge_fits, recommend
 from .wrap import default_block, to_kernels
 
 
@@ -60,6 +61,21 @@ class TritonLaunches:
     def merge_wanted(self) -> bool:
         """Whether the runtime runs programs with merged launches when not told (``VERIMIRAGE_MERGE``)."""
         return _merge_wanted()
+
+    #: the deepest one-row product codegen lowers to a 16-row ``tl.dot`` (``codegen.ROW_DOT_MAX_K``)
+    row_dot_max_k: int = ROW_DOT_MAX_K
+
+    def loop_stages(self, stage_bytes: int) -> int:
+        """The pipeline stages :func:`.tuning.recommend` gives a ``tl.dot`` loop (no chained products) whose one
+        iteration loads ``stage_bytes`` of 16-row tiles: four where four stages fit in four fifths of
+        ``tuning.SMEM_BUDGET``, three where three stages' two buffers fit in it (the count of
+        :func:`.resources.smem_estimate`), else two (recommend's few-block and side-use rules left out)."""
+        return 4 if 4 * stage_bytes <= SMEM_BUDGET * 4 // 5 else 3 if 2 * stage_bytes <= SMEM_BUDGET else 2
+
+    def loop_warps(self, largest_tile: int, dots: bool) -> int:
+        """The warps :func:`.tuning.recommend` gives a kernel: 4 with ``tl.dot``; without, 8 for a largest tile of
+        4,096 elements or more, else 4 (its 16 warps for tiles of 32,768 left out, as the cost model was fitted)."""
+        return 4 if dots or largest_tile < 4096 else 8
 
 
 #: The backend's launch model, which the orchestrator passes to the cost model.

@@ -125,8 +125,8 @@ class Hardware:
     #: 32-bit registers per thread a for-loop's live tiles may take before they spill to local memory (255 is
     #: the hardware's most; addresses, masks and indices take the rest). The live set counted: the loop's
     #: accumulators plus twice its largest computed tile (a value and the one computed from it), spread over
-    #: the block's threads (4 warps with a ``tl.dot``, else 8 for tiles of 4,096 elements or more, as
-    #: ``backend.tuning.recommend`` launches them); a kernel over budget runs ``(live / budget) ** 2`` slower
+    #: the block's threads (the backend's warps, :meth:`LaunchModel.loop_warps`); a kernel over budget runs
+    #: ``(live / budget) ** 2`` slower
     #: (H100, causal attention 16x1024x64: 128x128 score tiles, about 320 registers, 82.4 us; 64x64 tiles,
     #: about 100, 23.8 us; benchmarks/results/models.json)
     loop_registers: int = 200
@@ -216,8 +216,9 @@ class LaunchModel(Protocol):
     passes it to :func:`cost`). A method may raise for a kernel the backend cannot lower or an op it cannot wrap:
     the estimate then answers that question as without a launch model (the lowering reports the failure, not the
     cost model). Without a launch model (``launch=None``) each block graph is priced tiled as it stands, a
-    kernel-level op outside a custom kernel by a flat roofline, one launch a kernel, and shared-memory feasibility
-    by this module's own estimate alone."""
+    kernel-level op outside a custom kernel by a flat roofline, one launch a kernel, shared-memory feasibility
+    by this module's own estimate alone, no one-row product as a ``tl.dot``, :attr:`Hardware.stages` for every
+    pipelined loop and 4 warps for every kernel."""
 
     @property
     def flat_block(self) -> int:
@@ -244,6 +245,22 @@ class LaunchModel(Protocol):
 
     def merge_wanted(self) -> bool:
         """Whether programs run with merged launches when not told otherwise."""
+        ...
+
+    @property
+    def row_dot_max_k(self) -> int:
+        """The deepest one-row product (fp16/bf16, at least 16 deep and 16 wide) lowered to a ``tl.dot``; a deeper
+        one, a column or an outer product is a broadcast multiply and a sum (:func:`_broadcast_spill`)."""
+        ...
+
+    def loop_stages(self, stage_bytes: int) -> int:
+        """The software-pipeline stages of a ``tl.dot`` loop (no product consuming another's) whose one iteration
+        loads ``stage_bytes`` of tiles (:func:`_in_flight`)."""
+        ...
+
+    def loop_warps(self, largest_tile: int, dots: bool) -> int:
+        """The warps of a looped kernel whose largest tile has ``largest_tile`` elements (padded to powers of two),
+        with ``tl.dot`` or not (the threads its live tiles spread over, :func:`_spill`)."""
         ...
 
 
@@ -418,7 +435,7 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
             # (a reduction in the loop body of a tile larger than its result: see Hardware.reduce_iteration_s)
             a0 = bg.nodes[n.args[0][0]].outs[n.args[0][1]] if n.args else t
             reducing = reducing or (not post[i] and OPS[n.op].has(Prop.REDUCTION) and a0.numel > t.numel)
-    spill = _spill(bg, post, dots, hw) * _broadcast_spill(bg, hw)
+    spill = _spill(bg, post, dots, hw, launch) * _broadcast_spill(bg, hw, launch)
     chained = dots and _chained(bg)  # see Hardware.chained_dot_slowdown
     if chained:
         tc *= hw.chained_dot_slowdown
@@ -450,7 +467,7 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
         blocks, regs, pad = flat, 4 * flat_block * (len(in_types) + len(out_types)), 1.0
     kc = _roofline(int(nbytes), tc_all, other_all, blocks, 0 if flat else smem, hw, cal, l2_in, pad * spill,
                    math.ceil(its), hot, 0 if dots or bg.frange <= hw.unroll_max else math.ceil(its),
-                   _in_flight(bg, smem_walk) if dots else 0.0,
+                   _in_flight(bg, smem_walk, hw, launch) if dots else 0.0,
                    math.ceil(its) if reducing and not dots and bg.frange > 1 else 0, mem_pad, regs, chained,
                    float(smem_walk) if dots and bg.frange > 1 else 0.0)
     # (the block graph's own tiles still say whether the kernel fits at all: the tiled form is the fallback)
@@ -495,13 +512,13 @@ def _page_charge(stream: bool, run: int, hw: Hardware) -> float:
     return float((hw.page / max(run, 1)) ** hw.page_exponent)
 
 
-def _in_flight(bg: BlockGraph, stage: int) -> float:
-    """Bytes a block of a software-pipelined ``tl.dot`` loop keeps in flight: ``stages - 1`` iterations' tiles,
-    with the stages ``backend.tuning.recommend`` gives (3 when a product consumes another's result, as
-    attention's P @ V does; else 4 when they fit in 160 KB, 3 when their two buffers fit in 200 KB, 2 beyond)."""
+def _in_flight(bg: BlockGraph, stage: int, hw: Hardware, launch: LaunchModel | None) -> float:
+    """Bytes a block of a software-pipelined ``tl.dot`` loop keeps in flight: ``stages - 1`` iterations' tiles, with
+    the stages the backend gives a loop of ``stage`` bytes an iteration (:meth:`LaunchModel.loop_stages`; without
+    one :attr:`Hardware.stages`); none where a product consumes another's result (attention's P @ V)."""
     if bg.frange <= 1 or stage <= 0 or _chained(bg):
         return 0.0
-    stages = 4 if 4 * stage <= 160 * 1024 else 3 if 2 * stage <= 200 * 1024 else 2
+    stages = launch.loop_stages(stage) if launch is not None else hw.stages
     return float(min(bg.frange, stages - 1) * stage)
 
 
@@ -532,32 +549,32 @@ def _segment_charge(bg: BlockGraph, imap: Sequence[int | None], rank: int, run: 
     return float((hw.segment / run) ** hw.segment_exponent)
 
 
-def _spill(bg: BlockGraph, post: Sequence[bool], dots: bool, hw: Hardware) -> float:
+def _spill(bg: BlockGraph, post: Sequence[bool], dots: bool, hw: Hardware, launch: LaunchModel | None = None
+           ) -> float:
     """How much slower a kernel runs for the registers its for-loop's live tiles need (see
-    :attr:`Hardware.loop_registers`); 1 without a loop or within the budget."""
+    :attr:`Hardware.loop_registers`), over the threads of the warps the backend gives it
+    (:meth:`LaunchModel.loop_warps`; without one 4); 1 without a loop or within the budget."""
     if bg.frange <= 1:
         return 1.0
     padded = [math.prod(_pow2(d) for d in n.outs[0].shape) if n.outs else 0 for n in bg.nodes]
     acc = sum(p for n, p in zip(bg.nodes, padded, strict=True) if n.op in LOOP_OPS)
     body = max((p for n, p, q in zip(bg.nodes, padded, post, strict=True)
                 if not q and n.op != "input" and n.op not in LOOP_OPS), default=0)
-    threads = 32 * (4 if dots or max(padded, default=0) < 4096 else 8)
+    threads = 32 * (launch.loop_warps(max(padded, default=0), dots) if launch is not None else 4)
     live = (acc + 2 * body) / threads
     return max(1.0, live / hw.loop_registers) ** 2
 
 
-#: (mirrors ``backend.codegen.ROW_DOT_MAX_K``) the deepest one-row product codegen lowers to a 16-row ``tl.dot``
-_ROW_DOT_MAX_K = 256
-
-
-def _broadcast_spill(bg: BlockGraph, hw: Hardware) -> float:
+def _broadcast_spill(bg: BlockGraph, hw: Hardware, launch: LaunchModel | None = None) -> float:
     """How much slower a kernel runs for a product that codegen lowers without ``tl.dot`` (a dim of 1: one row
-    deeper than a row dot takes, a column, an outer product), as a broadcast multiply and ``tl.sum`` whose
-    ``batch x M x K x N`` temporary lives in registers: the loop-spill law of :func:`_spill` on that temporary
-    (1 within the budget). H100, the capture's decode MLPs (benchmarks/results/capture, session 10): one
-    ``(8, 1, 1024) @ (1024, 16)`` step per block ran 11.8 us (Inductor 5.2), SwiGLU's two of them 199 us (8.9),
-    both estimated ~5 us without this term."""
+    deeper than a row dot takes, :meth:`LaunchModel.row_dot_max_k`, or any one row without a launch model; a
+    column, an outer product), as a broadcast multiply and ``tl.sum`` whose ``batch x M x K x N`` temporary lives in
+    registers: the loop-spill law of :func:`_spill` on that temporary, over the warps the backend gives a kernel
+    without ``tl.dot`` (:meth:`LaunchModel.loop_warps`; without one 4) (1 within the budget). H100, the capture's
+    decode MLPs (benchmarks/results/capture, session 10): one ``(8, 1, 1024) @ (1024, 16)`` step per block ran
+    11.8 us (Inductor 5.2), SwiGLU's two of them 199 us (8.9), both estimated ~5 us without this term."""
     worst = 0
+    row_dot = launch.row_dot_max_k if launch is not None else 0
     for n in bg.nodes:
         if not OPS[n.op].has(Prop.CONTRACTION):
             continue
@@ -568,12 +585,12 @@ def _broadcast_spill(bg: BlockGraph, hw: Hardware) -> float:
         m, k, nn = a.shape[-2], a.shape[-1], t.shape[-1]
         if m > 1 and k > 1 and nn > 1:
             continue  # a tl.dot
-        if m == 1 and k > 1 and nn > 1 and 16 <= _pow2(k) <= _ROW_DOT_MAX_K and _pow2(nn) >= 16:
+        if m == 1 and k > 1 and nn > 1 and 16 <= _pow2(k) <= row_dot and _pow2(nn) >= 16:
             continue  # a row dot (fp16/bf16; an fp32 one is charged like the broadcast, conservatively not)
         worst = max(worst, math.prod(_pow2(d) for d in t.shape[:-2]) * _pow2(m) * _pow2(k) * _pow2(nn))
     if not worst:
         return 1.0
-    threads = 32 * (4 if worst < 4096 else 8)
+    threads = 32 * (launch.loop_warps(worst, False) if launch is not None else 4)
     return max(1.0, worst / threads / hw.loop_registers) ** 2
 
 
