@@ -85,6 +85,8 @@ for _name, _tpl in [
     ("erf", "tl.erf({x})"),
     ("softplus", "_vm_softplus({x})"),
     ("abs", "tl.abs({x})"),
+    ("sin", "tl.sin({x})"),
+    ("cos", "tl.cos({x})"),
     ("reciprocal", "(1.0 / {x})"),
 ]:
     implements("triton", _name)(_unary(_tpl))

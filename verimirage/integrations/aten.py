@@ -53,6 +53,9 @@ class Reason(enum.Enum):
     SLOWER = "slower than the fallback"
     NO_COMPUTE = "no compute (views only)"
     RANDOM = "random op"
+    #: reads or writes at indices that are data (embedding lookups, top-k, scatter): no registry op can state them,
+    #: so they run in the fallback, outside the verified kernels, which read their results as inputs
+    INDEXED = "data-dependent indexing"
     NOT_TENSOR = "not a tensor op"
     CAPTURE_FAILED = "the capture failed"
     UNPARTITIONED = "left out of every partition"
@@ -302,6 +305,8 @@ UNARY: dict[str, str] = {
     "reciprocal": "reciprocal",
     "softplus": "softplus",
     "square": "square",
+    "sin": "sin",
+    "cos": "cos",
 }
 
 
@@ -604,6 +609,26 @@ def _slice(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
     t = emit(ctx.g, "reshape", t, (*shape[:d], m, step, *shape[d + 1:]))
     t = emit(ctx.g, "slice", t, d + 1, j, j + 1)
     return LV(emit(ctx.g, "reshape", t, _shape(out)), _shape(out))
+
+
+@handles("select")
+def _select(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    """``x.select(dim, i)`` (``x[:, i]``): the slice ``[i, i + 1)`` along ``dim``, viewed without that dim."""
+    v, dim, index = args[0], int(args[1]), int(args[2])
+    n = v.shape[dim]
+    i = index + n if index < 0 else index
+    if not 0 <= i < n:
+        raise Unsupported(Reason.LAYOUT, f"select of index {index} from a dim of {n}")
+    r = _slice(ctx, [v, dim, i, i + 1], {}, [(*v.shape[:dim % len(v.shape)], 1, *v.shape[dim % len(v.shape) + 1:])])
+    return LV(r.t, _shape(out), bcast=r.bcast, src=ctx.node if tuple(r.t.shape) != _shape(out) else r.src)
+
+
+@handles("unbind")
+def _unbind(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> tuple[LV, ...]:
+    """``x.unbind(dim)`` (``q, k, v = qkv.unbind(0)``): one ``select`` per index."""
+    v = args[0]
+    dim = int(args[1]) if len(args) > 1 else int(kwargs.get("dim", 0))
+    return tuple(_select(ctx, [v, dim, i], {}, o) for i, o in enumerate(out))
 
 
 def _strided(n: int, s: int, e: int, k: int) -> tuple[int, int, int]:
@@ -1318,7 +1343,7 @@ VIEW_OPS = frozenset(
     {
         "view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "flatten", "unflatten", "view_as",
         "_reshape_alias", "expand", "t", "transpose", "permute", "detach", "alias", "slice", "select",
-        "split", "split_with_sizes", "as_strided", "contiguous", "lift_fresh_copy", "getitem", "clone",
+        "split", "split_with_sizes", "unbind", "as_strided", "contiguous", "lift_fresh_copy", "getitem", "clone",
         "_to_copy_noop",
     }
 )
@@ -1455,6 +1480,20 @@ def _slice_bw(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV
     if len(parts) == 1:
         return parts[0][1]
     return LV(emit(ctx.g, "concat", [ctx.exact(p) for _, p in parts], dim), tuple(shape))
+
+
+@handles("select_backward")
+def _select_bw(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    """The gradient of ``x.select(dim, i)``: ``grad`` viewed with a size-1 dim at ``dim``, zeros around it (the
+    gradient of the slice ``[i, i + 1)``)."""
+    gr, sizes, dim, index = args[:4]
+    shape = _shape(out)
+    d = int(dim) % len(shape)
+    i = int(index) + shape[d] if int(index) < 0 else int(index)
+    if not isinstance(gr, LV):
+        raise Unsupported(Reason.NOT_IN_REGISTRY, "select_backward of a non-tensor")
+    g1 = LV(ctx.exact(gr) if gr.bcast else gr.t, (*shape[:d], 1, *shape[d + 1:]), src=ctx.node)
+    return _slice_bw(ctx, [g1, sizes, d, i, i + 1, 1], {}, out)
 
 
 _max_red = _reduce("max")
@@ -1628,8 +1667,8 @@ def _gather(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
         raise Unsupported(Reason.NOT_IN_REGISTRY, "gather with sparse_grad")
     if not (isinstance(x, LV) and isinstance(index, LV) and len(x.shape) == 2 and int(dim) % 2 == 1
             and index.shape == (x.shape[0], 1)):
-        raise Unsupported(Reason.NOT_IN_REGISTRY, "gather: one index per row along the last dim of a 2-d input "
-                                                  "only (the registry has no indexing op)")
+        raise Unsupported(Reason.INDEXED, "gather of anything but one index per row along the last dim of a 2-d "
+                                          "input: it runs in the fallback, outside the verified kernels")
     g = ctx.g
     xt = ctx.exact(x)
     n, k = x.shape
@@ -1637,10 +1676,15 @@ def _gather(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
     return LV(emit(g, "sum", emit(g, "mul", _finite(g, xt), oh), 1), (n, 1))
 
 
-for _n in ("nll_loss", "nll_loss_nd", "scatter", "scatter_add",
-           "index_select", "embedding", "embedding_dense_backward"):
-    HANDLERS[_n] = _not_expressible(Reason.NOT_IN_REGISTRY, "reads or writes at integer indices (a gather or "
-                                    "scatter); the registry has no indexing op")
+for _n in ("nll_loss", "nll_loss_nd", "scatter", "scatter_add", "scatter_reduce", "index_select", "index",
+           "_unsafe_index", "index_put", "_unsafe_index_put", "index_add", "index_copy", "embedding",
+           "embedding_dense_backward", "topk", "sort", "argsort", "nonzero", "masked_select", "masked_scatter",
+           "take_along_dim", "_embedding_bag", "one_hot", "bincount", "searchsorted", "bucketize"):
+    HANDLERS[_n] = _not_expressible(Reason.INDEXED, "reads or writes at indices that are data (a gather or "
+                                    "scatter): it runs in the fallback, outside the verified kernels")
+for _n in ("cumsum", "cumprod"):
+    HANDLERS[_n] = _not_expressible(Reason.NOT_IN_REGISTRY, "a running sum or product along a dim (the registry has "
+                                    "no scan)")
 for _n in ("eq", "ne"):
     HANDLERS[_n] = _not_expressible(Reason.NOT_IN_REGISTRY, "an equality test as a tensor of booleans; the registry "
                                     "makes masks only as step (0/1 floats: x > c)")
@@ -1660,4 +1704,20 @@ def _safe_softmax(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -
     return LV(_safe_softmax_t(ctx.g, t, ax), _shape(out))
 
 
-HANDLERS["argmax"] = HANDLERS["argmin"] = _not_expressible(Reason.NOT_IN_REGISTRY, "an index result (argmax)")
+HANDLERS["argmax"] = HANDLERS["argmin"] = _not_expressible(Reason.INDEXED, "an index result (argmax): it runs in "
+                                                            "the fallback, outside the verified kernels")
+for _n in ("native_dropout", "bernoulli", "rand", "randn", "rand_like", "randn_like", "randint", "randint_like",
+           "randperm", "multinomial", "normal", "uniform", "exponential"):
+    HANDLERS[_n] = _not_expressible(Reason.RANDOM, "draws random numbers: it runs in the fallback (ATen's generator), "
+                                    "the kernels read what it drew")
+
+
+@handles("native_dropout_backward")
+def _dropout_bw(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    """``grad * mask * scale`` with dropout's boolean ``mask`` (drawn by ATen in the forward): ``grad`` times
+    ``where(mask, scale, 0)``, as ATen (an inf gradient where the mask is false gives NaN there too)."""
+    gr, m, scale = args[0], args[1], args[2]
+    if not (isinstance(gr, LV) and isinstance(m, LV) and _num(scale)) or m.mask or m.negated:
+        raise Unsupported(Reason.NOT_IN_REGISTRY, "native_dropout_backward of a mask that is not a boolean tensor")
+    w = _where(ctx, [m, float(scale), 0.0], {}, out)
+    return ctx.ew(_shape(out), [gr, w], lambda ts: emit(ctx.g, "mul", ts[0], ts[1]))

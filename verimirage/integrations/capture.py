@@ -204,8 +204,8 @@ class Lifted:
     out_map: list[tuple[str, int, tuple[int, ...], bool]]
     out_meta: list[tuple[tuple[int, ...], torch.dtype, tuple[int, ...]]]
     consts: list[tuple[str, torch.Tensor]]
-    #: inputs that are integer tensors in ATen (class indices, :data:`INDEX_OPERANDS`): the graph's float32 input,
-    #: which the runner makes from them
+    #: inputs that are integer tensors in ATen (class indices, :data:`INDEX_OPERANDS`, or integers the partition
+    #: only converts to a float): the graph's float input (float32 for indices), which the runner makes from them
     int_inputs: frozenset[int] = frozenset()
     #: per use of an index input: (input position, classes, ignore): a valid index is in ``[0, classes)`` or equals
     #: ``ignore`` (:func:`~verimirage.integrations.aten.index_bounds`); the runner checks them on entry, as ATen does
@@ -231,6 +231,7 @@ def lift(nodes: Sequence[fx.Node], *, strict: bool = False) -> Lifted:
     int_inputs: set[int] = set()
     bounds: list[tuple[int, int, int | None]] = []
     extra: list[fx.Node] = []
+    cast_inputs: dict[fx.Node, fx.Node] = {}  # integer input -> the conversion to a float that reads it
 
     def val(a: Any, user: fx.Node) -> Any:
         if isinstance(a, fx.Node):
@@ -238,19 +239,27 @@ def lift(nodes: Sequence[fx.Node], *, strict: bool = False) -> Lifted:
             pos = INDEX_OPERANDS.get(op_name(user))
             index = (pos is not None and len(user.args) > pos and user.args[pos] is a and isinstance(v, torch.Tensor)
                      and v.dtype in (torch.int64, torch.int32))
+            cast = _int_cast(a, user) if a not in env else None
             if index:  # checked on entry by the runner (ATen raises for an index out of range, the mask gives 0)
                 b = index_bounds(op_name(user), user.args)
-                if b is None or (a in env and a not in input_pos):
+                if b is None or (a in env and a not in input_pos) or a in cast_inputs:
                     raise LiftError(user, Reason.LAYOUT, f"index operand {a.name}: its range cannot be checked")
                 bounds.append((input_pos.get(a, len(inputs)), *b))
+            elif a in cast_inputs and user is not cast_inputs[a]:
+                raise LiftError(user, Reason.DTYPE, f"operand {a.name}: an integer tensor read as such (only its "
+                                                    "conversion to a float enters the kernels)")
             if a in env:
                 return env[a]
             if not isinstance(v, torch.Tensor):
                 raise LiftError(user, Reason.NOT_TENSOR, f"operand {a.name} is not a tensor")
             try:
-                shape, dt = _static_shape(v), DType.float32 if index else vm_dtype(v.dtype)
+                shape = _static_shape(v)
+                dt = DType.float32 if index else vm_dtype(cast if cast is not None else v.dtype)
             except Unsupported as e:
                 raise LiftError(user, e.reason, f"operand {a.name}: {e}") from None
+            if cast is not None:  # an integer (or boolean) tensor converted to a float: converted on entry
+                cast_inputs[a] = user
+                int_inputs.add(len(inputs))
             if index:  # class indices, read only through an equality mask (aten._one_hot): float32 on entry
                 int_inputs.add(len(inputs))
             # a rank-0 tensor (Inductor's ``full([], 0.0)`` in ReLU's gradient) is a (1,) input standing for shape ()
@@ -389,12 +398,33 @@ def plan_key(g: Graph | str) -> str:
     return str(Graph._from_parts(nodes, output_refs(graph)))
 
 
+#: ATen ops converting a tensor's dtype
+_CASTS = frozenset({"_to_copy", "convert_element_type"})
+
+
+def _int_cast(a: fx.Node, user: fx.Node) -> torch.dtype | None:
+    """The float dtype ``user`` converts integer (or boolean) tensor ``a`` to, where that conversion is ``a``'s only
+    read by ``user`` (position ids ``.float()``, BERT's ``attention_mask.to(dtype)``): the partition's runner makes
+    that conversion on entry (``x.to(dtype)``, ATen's own), so the kernels get the float tensor; else None."""
+    v, out = a.meta.get("val"), user.meta.get("val")
+    if not (isinstance(v, torch.Tensor) and isinstance(out, torch.Tensor) and op_name(user) in _CASTS
+            and user.args and user.args[0] is a and a not in user.args[1:] and a not in user.kwargs.values()):
+        return None
+    if v.is_floating_point() or v.is_complex() or not out.is_floating_point():
+        return None
+    return out.dtype if out.dtype in (torch.float16, torch.bfloat16, torch.float32) else None
+
+
+#: ATen ops whose results (a tuple) are views of their first operand
+_MULTI_VIEWS = frozenset({"split", "split_with_sizes", "unbind"})
+
+
 def _alias_root(n: fx.Node, inside: set[fx.Node]) -> fx.Node:
     """The node whose memory ``n`` views, following view ops inside the partition (``n`` itself if none)."""
     while True:
         name = op_name(n)
         src = n.args[0] if n.args else None
-        if name == "getitem" and isinstance(src, fx.Node) and op_name(src) in ("split", "split_with_sizes") and \
+        if name == "getitem" and isinstance(src, fx.Node) and op_name(src) in _MULTI_VIEWS and \
                 src.args and isinstance(src.args[0], fx.Node):
             src = src.args[0]
         elif name not in ALIAS_OPS or not isinstance(src, fx.Node):
@@ -479,6 +509,9 @@ class PartitionRunner:
         self.failed = False
         self.consts: dict[str, torch.Tensor] = {}
         self.cuda_graph = bool(getattr(program, "cuda_graph", False))
+        #: the dtype each integer input is converted to on entry (its graph input's: float32 for class indices)
+        dts = {t.name: getattr(torch, t.dtype.torch_name) for t in lifted.graph.inputs}
+        self._entry_dtypes = {i: dts[f"in{i}"] for i in lifted.int_inputs}
 
     def _consts(self, device: torch.device) -> list[torch.Tensor]:
         out = []
@@ -493,8 +526,9 @@ class PartitionRunner:
         dev = xs[0].device if xs else torch.device("cpu")
         ints = self.lifted.int_inputs
         xs = xs[:len(self.lifted.inputs)]  # (the extra tensors are for the ATen ops)
-        named = {f"in{i}": (x.to(torch.float32) if i in ints else x).reshape(1) if x.dim() == 0 else
-                 (x.to(torch.float32) if i in ints else x) for i, x in enumerate(xs)}  # rank 0: (1,) (lift)
+        want = self._entry_dtypes
+        named = {f"in{i}": (x.to(want[i]) if i in ints else x).reshape(1) if x.dim() == 0 else
+                 (x.to(want[i]) if i in ints else x) for i, x in enumerate(xs)}  # rank 0: (1,) (lift)
         consts = self._consts(dev)
         named.update(zip((n for n, _ in self.lifted.consts), consts, strict=True))
         return named, consts
@@ -520,7 +554,7 @@ class PartitionRunner:
         got = []
         used: set[int] = set()
         for (kind, i, shape, bcast), (_, _, stride) in zip(self.lifted.out_map, self.lifted.out_meta, strict=True):
-            y = outs[i] if kind == "out" else xs[i]
+            y = outs[i] if kind == "out" else xs[i].to(self._entry_dtypes[i]) if i in self._entry_dtypes else xs[i]
             if bcast:
                 y = y.reshape(tuple(y.shape)[len(y.shape) - len(_strip(y.shape)):]).expand(shape)
             y = y.reshape(shape)
@@ -924,7 +958,8 @@ def _check_sets(lifted: Lifted, eager: Any, device: torch.device) -> list[tuple[
     the one that is timed; when no set gives finite results, the positive one alone (its non-finite values must
     then be matched exactly)."""
     nodes = (*lifted.inputs, *lifted.extra)
-    index = _index_ranges(lifted)
+    # (integers converted to floats on entry: small random ones, as position ids)
+    index = {i: (8, None) for i in lifted.int_inputs} | _index_ranges(lifted)
     gen = torch.Generator().manual_seed(0)
     xs = [_example(n, gen, device, index=index.get(i)) for i, n in enumerate(nodes)]
     positive = (xs, eager(*xs))

@@ -437,6 +437,14 @@ class OpMethods:
         """The error function (exact GELU: ``0.5 * x * (1 + erf(x / sqrt(2)))``)."""
         return self._emit("erf", [x])
 
+    def sin(self, x: Tensor) -> Tensor:
+        """Sine (radians)."""
+        return self._emit("sin", [x])
+
+    def cos(self, x: Tensor) -> Tensor:
+        """Cosine (radians)."""
+        return self._emit("cos", [x])
+
     def softplus(self, x: Tensor) -> Tensor:
         """``log(1 + e**x)``."""
         return self._emit("softplus", [x])

@@ -272,6 +272,8 @@ _TABLE: dict[str, dict[str, Any]] = {
     "sigmoid": {"family": "sigmoid"},
     "erf": {"family": "erf"},
     "softplus": {"family": "softplus"},
+    "sin": {"family": "sin"},
+    "cos": {"family": "cos"},
     "abs": {"family": "abs", "homog": _h_first},
     "reciprocal": {"homog": _h_times(Fraction(-1))},
     "pow": {"homog": _h_pow},

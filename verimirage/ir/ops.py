@@ -398,7 +398,7 @@ _TRANSCENDENTAL: list[tuple[str, str]] = [
     ("sigmoid", "1 / (1 + e**-x)"),
     ("erf", "the error function (exact GELU is 0.5 x (1 + erf(x / sqrt 2)))"),
     ("softplus", "log(1 + e**x)"),
-    ("abs", "|x|"),
+    ("abs", "|x|"), ("sin", "sine (rotary tables a model computes)"), ("cos", "cosine"),
 ]
 for _name, _doc in _TRANSCENDENTAL:
     _unary(_name, _doc)

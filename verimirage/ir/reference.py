@@ -133,6 +133,8 @@ _ELEMENTWISE: dict[str, Callable[..., np.ndarray]] = {
     "erf": lambda x, at: erf(x),
     "softplus": lambda x, at: softplus(x),
     "abs": lambda x, at: np.abs(x),
+    "sin": lambda x, at: np.sin(x),
+    "cos": lambda x, at: np.cos(x),
     "reciprocal": lambda x, at: 1.0 / x,
     "cast": lambda x, at: x,  # the real-valued meaning of a rounding
     "scale": lambda x, at: x * float(at["c"]),

@@ -56,6 +56,8 @@ for _name, _f in [
     ("erf", lambda t, x: t.erf(x)),
     ("softplus", lambda t, x: t.nn.functional.softplus(x)),
     ("abs", lambda t, x: t.abs(x)),
+    ("sin", lambda t, x: t.sin(x)),
+    ("cos", lambda t, x: t.cos(x)),
     ("reciprocal", lambda t, x: t.reciprocal(x)),
 ]:
     implements("torch", _name)(_torch_unary(_f))
