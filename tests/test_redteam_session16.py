@@ -92,3 +92,63 @@ def test_wrong_typed_certificate_field_was_rejected_without_naming_it(field: str
         c["certificates"][0][field] = bad
         v = check_text(json.dumps(c))
         assert not v.proved and f"sub-certificate 0: certificate: {want}" in v.reason, v.reason
+
+
+def _finite_where_the_source_is(g: vm.Graph, inputs: dict[str, Any], **search: Any) -> list[tuple[str, ...]]:
+    """The rules of every candidate ``vm.superoptimize(g)`` returns that is non-finite on ``inputs`` (evaluated as
+    the kernels compute) where the source is finite (asserted)."""
+    import numpy as np
+
+    from verimirage.pipeline.fpsafe import evaluate_in_dtype
+
+    src, overflowed = evaluate_in_dtype(g, inputs)
+    assert not overflowed and all(np.isfinite(o).all() for o in src)
+    res = vm.superoptimize(g, cache=False, **search)
+    assert res.candidates
+    return [c.rules for c in res.candidates
+            if not all(np.isfinite(o).all() for o in evaluate_in_dtype(c.mugraph, inputs, generated=True)[0])]
+
+
+@pytest.mark.parametrize("shape", [(64, 16, 256, 16), (4096, 64, 1024, 64)])
+def test_reassociated_product_rounded_a_product_of_two_weights_to_fp16_and_the_fp_check_passed_it(
+        shape: tuple[int, int, int, int]) -> None:
+    """Finding (medium-low; a Proved best candidate that is inf where the source is finite, behind an opt-in rule):
+    with ``rulesets=["algebra"]`` (which turns on ``matmul-assoc``), the best candidate of the fp16 ``(X @ A) @ B``
+    (X 64 x 16, A 16 x 256, B 256 x 16, so ``A @ B`` is the cheap bracketing) was ``X @ (A @ B)``: ``A @ B`` is
+    rounded to fp16 for ``tl.dot`` and is inf at ``A``, ``B`` near 100 where the source, with ``X`` near 1e-4,
+    never leaves 50. The numeric check ran (small size) and passed it: its input sets never make two inputs large
+    and the third small; at 4096 x 64 x 1024 x 64 only the structural check runs, which followed sums (add/sub)
+    into product operands, not products. Now a product's result (and a sum reduction, a loop sum) counts as a sum:
+    no operand of a product may be one the source never rounds to a dtype as narrow."""
+    import numpy as np
+
+    m, d, r, n = shape
+    g = vm.Graph()
+    x, a, b = g.input("X", (m, d), vm.float16), g.input("A", (d, r), vm.float16), g.input("B", (r, n), vm.float16)
+    g.output(g.matmul(g.matmul(x, a), b))
+    rng = np.random.default_rng(16)
+    inputs = {"X": rng.uniform(-1e-4, 1e-4, (m, d)), "A": rng.uniform(-100, 100, (d, r)),
+              "B": rng.uniform(50, 100, (r, n))}
+    assert _finite_where_the_source_is(g, inputs, rulesets=["algebra"]) == []
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("shape", [(16, 32, 32), (2048, 1024, 1024)])
+def test_factored_product_summed_two_wide_weights_and_the_fp_check_passed_it(dtype: str,
+                                                                             shape: tuple[int, int, int]) -> None:
+    """Finding (low; the values are extreme): the fifteenth session's rule against ``x @ (w1 + w2)`` for
+    ``x @ w1 + x @ w2`` (rule ``matmul-add-factor``) looked at fp16 operands only. In bf16 and fp32 the sum is
+    formed in fp32 and is inf once it passes 3.4e38: with the weights near 1.8e38 and ``x`` near 1e-3, the best
+    candidate (every candidate, at both sizes) was inf where the source is finite, and the numeric check (small
+    size) passed it. Now the rule compares each operand's dtype range with the source's sums'."""
+    import numpy as np
+
+    m, d, n = shape
+    dt = getattr(vm, dtype)
+    g = vm.Graph()
+    x, a, b = g.input("X", (m, d), dt), g.input("A", (d, n), dt), g.input("B", (d, n), dt)
+    g.output(g.add(g.matmul(x, a), g.matmul(x, b)))
+    rng = np.random.default_rng(16)
+    inputs = {"X": rng.uniform(-1e-3, 1e-3, (m, d)), "A": rng.uniform(1.75e38, 1.8e38, (d, n)),
+              "B": rng.uniform(1.75e38, 1.8e38, (d, n))}
+    assert _finite_where_the_source_is(g, inputs) == []

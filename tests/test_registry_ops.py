@@ -171,8 +171,9 @@ ALLOWED = {
     ("pipeline/fpsafe.py", "exp_shifts"): "labels each exp by its argument: max-shifted, a sum or difference, or "
                                           "neither (the fp check's structural rule: the source's shifted exps stay "
                                           "shifted; red team 15)",
-    ("pipeline/fpsafe.py", "fp16_sums"): "follows fp16 add/sub results into product operands (the fp check's rule "
-                                         "against matmul-add-factor's summed weights; red team 15)",
+    ("pipeline/fpsafe.py", "operand_sums"): "follows add/sub/sum/loop_sum results into product operands (the fp "
+                                            "check's rule against matmul-add-factor's summed weights and "
+                                            "matmul-assoc's product of weights; red teams 15, 16)",
     ("rewrite/stabilise.py", "_scaled_sites"): "recognises scale_weight_tiles' div(c, s) factor of a block product's "
                                                "right operand",
     ("rewrite/stabilise.py", "unscale_weight_tiles"): "takes scale_weight_tiles' form out again (the stale-candidate "

@@ -17,8 +17,8 @@ output's largest value where the source's is below 2e-2 of it (:data:`GROSS_ERRO
 output 0). The search (:func:`verimirage.pipeline.superopt.superoptimize`) rejects such a candidate with that
 reason. Before it, at every size, a structural check (:meth:`SafetyChecker.structural`): every exp the source
 max-shifts stays max-shifted, where the source exps only sums or differences the candidate does too
-(:func:`exps_of_sums`), and no fp16 operand of a product is a sum the source never rounds to fp16
-(:func:`fp16_sums`).
+(:func:`exps_of_sums`), and no operand of a product is a sum (or a product) the source never rounds to a dtype as
+narrow (:func:`operand_sums`).
 
 Rounding follows the generated code (:mod:`verimirage.backend.codegen`): the candidate's results that it
 returns in their dtype, those only other kernels read in fp32 (``codegen.storage_dtype``), the source's every
@@ -345,21 +345,30 @@ def exp_shifts(mg: Graph) -> list[str]:
     return found
 
 
+#: ops whose result is a sum of their operands' values (and products: a sum of products)
+_SUMS = frozenset({"add", "sub", "sum", "loop_sum"})
 #: ops through which a sum stays a sum of the same values (data movement, a constant factor)
 _SUM_KEEPING = frozenset({"permute", "reshape", "broadcast_to", "slice", "transpose", "concat", "cast", "scale", "neg"})
 
 
-def fp16_sums(g: Graph) -> tuple[frozenset[frozenset[str]], frozenset[frozenset[str]]]:
-    """``(operands, sums)``: the sums (``add`` / ``sub``) that reach an fp16 operand of a product, at any level
-    (through data movement, casts and constant factors; a kernel's result or block input read as the value it
-    carries), and every fp16 sum, each named by the program inputs it reads. ``tl.dot`` takes its operands in their
-    dtype, so such an operand is rounded to fp16 and is inf once it passes 65504 though each value summed is
-    finite; where the source rounds the same sum to fp16 (a residual it stores, then normalises), it overflows
-    with it. ``x @ (w1 + w2)`` (rule ``matmul-add-factor``) for ``x @ w1 + x @ w2`` is inf at ``w1 = w2 = 4e4``
-    where the source, which never forms ``w1 + w2``, is finite, and the numeric check's input sets (all inputs at
-    one scale, or one input alone large) never make two inputs large and the others small (red team, session 15)."""
-    operands: set[frozenset[str]] = set()
-    sums: set[frozenset[str]] = set()
+#: a sum named by the program inputs it reads and the largest value of the dtype it is rounded to
+Sum = tuple[frozenset[str], float]
+
+
+def operand_sums(g: Graph) -> tuple[frozenset[Sum], frozenset[Sum]]:
+    """``(operands, sums)``: the sums (``add`` / ``sub``, ``sum``, loop sums and products, each a sum of products)
+    that reach an operand of a product, at any level (through data movement, casts and constant factors; a kernel's
+    result or block input read as the value it carries), and every sum, each named by the program inputs it reads
+    and the largest value of its dtype (an operand's: ``tl.dot`` takes its operands in their dtype; a sum's
+    result's). Such an operand is inf once it passes its dtype's largest value though each value summed is
+    finite; where the source rounds the same sum to a dtype no wider (a residual it stores, then normalises), it
+    overflows with it. ``x @ (w1 + w2)`` (rule ``matmul-add-factor``) for ``x @ w1 + x @ w2`` is inf at
+    ``w1 = w2 = 4e4`` in fp16 (at ``1.8e38`` in bf16 and fp32) where the source, which never forms ``w1 + w2``, is
+    finite (red team, session 15; bf16 and fp32: session 16), and ``x @ (a @ b)`` (rule ``matmul-assoc``) for
+    ``(x @ a) @ b`` is inf at ``a, b`` near 100 and ``x`` near 1e-4 in fp16 (session 16); the numeric check's
+    input sets (all inputs at one scale, or one input alone large) never make two inputs large and another small."""
+    operands: set[Sum] = set()
+    sums: set[Sum] = set()
     V = tuple[frozenset[str], "frozenset[str] | None"]  # (inputs it reads, those of the sum it carries, or None)
 
     def walk(nodes: Sequence[Any], args: Sequence[V]) -> list[list[V]]:
@@ -377,14 +386,14 @@ def fp16_sums(g: Graph) -> tuple[frozenset[frozenset[str]], frozenset[frozenset[
                 inner = walk(sub.nodes, a)
                 vals.append([inner[j][k] for j, k in sub.outputs])
             else:
-                if OPS[n.op].has(Prop.CONTRACTION):
-                    operands.update(v[1] for (j, k), v in zip(n.args, a, strict=True)
-                                    if v[1] is not None and nodes[j].outs[k].dtype is DType.float16)
+                product = OPS[n.op].has(Prop.CONTRACTION)
+                if product:
+                    operands.update((v[1], DTYPE_MAX.get(nodes[j].outs[k].dtype, math.inf))
+                                    for (j, k), v in zip(n.args, a, strict=True) if v[1] is not None)
                 carried = next((v[1] for v in a if v[1] is not None), None) if n.op in _SUM_KEEPING else None
-                if n.op in ("add", "sub"):
+                if n.op in _SUMS or product:
                     carried = reads
-                    if n.outs[0].dtype is DType.float16:
-                        sums.add(reads)
+                    sums.add((reads, DTYPE_MAX.get(n.outs[0].dtype, math.inf)))
                 vals.append([(reads, carried)] * max(1, len(n.outs)))
         return vals
 
@@ -398,8 +407,8 @@ class SafetyChecker:
     ``numeric`` (default: :func:`numeric_check_affordable`): evaluate on the adversarial inputs; otherwise
     only the structural check: where the source subtracts the max before every ``exp``, the candidate must
     too (:func:`max_shifted`), where it exps only sums or differences the candidate must too
-    (:func:`exps_of_sums`), and no fp16 operand of a product is a sum the source does not round to fp16
-    (:func:`fp16_sums`; at every size).
+    (:func:`exps_of_sums`), and no operand of a product is a sum (or a product) the source does not round to a
+    dtype as narrow (:func:`operand_sums`; at every size).
     """
 
     def __init__(self, source: Graph, seed: int = 0, numeric: bool | None = None) -> None:
@@ -409,28 +418,29 @@ class SafetyChecker:
         self._src: dict[int, tuple[list[np.ndarray], bool]] = {}
         self._ref: dict[int, list[np.ndarray]] = {}
         self._src_shifted: bool | None = None
-        self._src_sums: frozenset[frozenset[str]] = frozenset()
+        self._src_sums: frozenset[Sum] = frozenset()
         self._src_diffs = False
 
     def structural(self, candidate: Graph) -> str | None:
         """Why ``candidate`` fails the structural check: the source max-shifts every exp, it does not; the source
-        exps only sums or differences, it does not (:func:`exps_of_sums`); or it rounds a sum to fp16 for a product
-        that the source rounds nowhere (:func:`fp16_sums`)."""
+        exps only sums or differences, it does not (:func:`exps_of_sums`); or it rounds a sum to a dtype for a product
+        that the source rounds to no dtype as narrow (:func:`operand_sums`)."""
         if self._src_shifted is None:
             self._src_shifted = max_shifted(self.source)
             self._src_diffs = exps_of_sums(self.source)
-            self._src_sums = frozenset().union(*fp16_sums(self.source))
+            self._src_sums = frozenset().union(*operand_sums(self.source))
         if self._src_shifted and not max_shifted(candidate):
             return ("floating point: the source subtracts the max before every exp and the candidate does not "
                     "(exp overflows where the source stays finite)")
         if self._src_diffs and not exps_of_sums(candidate):
             return ("floating point: the source applies exp only to sums or differences and the candidate to a "
                     "value it has not shifted (exp(a) / exp(b) overflows where exp(a - b) stays finite)")
-        new = sorted(sorted(s) for s in fp16_sums(candidate)[0] - self._src_sums)
+        new = sorted({(tuple(sorted(r)), top) for r, top in operand_sums(candidate)[0]
+                      if not any(r == r2 and t2 <= top for r2, t2 in self._src_sums)})
         if new:
-            return (f"floating point: the candidate sums {', '.join('+'.join(s) for s in new)} into an fp16 operand "
-                    "of a product (rounded to fp16 for tl.dot: inf once the sum passes 65504) and the source "
-                    "rounds no such sum")
+            return (f"floating point: the candidate sums {', '.join('+'.join(r) for r, _ in new)} into an operand "
+                    f"of a product (rounded to its dtype for tl.dot: inf once the sum passes {new[0][1]:.5g}) and "
+                    "the source rounds no such sum to a dtype as narrow")
         return None
 
     def source_outputs(self, i: int) -> tuple[list[np.ndarray], bool]:
@@ -516,4 +526,4 @@ def fp_safety(source: Graph, candidate: Graph, seed: int = 0) -> str | None:
 
 __all__ = ["ALONE_BASE", "ALONE_SETS", "DTYPE_MAX", "GROSS_ERROR", "IDLE_BASE", "INPUT_SETS", "OUTLIER_SET",
            "RoundingDomain", "SafetyChecker", "adversarial_inputs", "evaluate_in_dtype", "exps_of_sums", "exp_shifts",
-           "fp16_sums", "fp_safety", "matmul_flops", "numeric_check_affordable", "round_to"]
+           "fp_safety", "matmul_flops", "numeric_check_affordable", "operand_sums", "round_to"]
