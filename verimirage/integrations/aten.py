@@ -783,8 +783,9 @@ def _reduced(g: Graph, op: str, t: Tensor, axes: Sequence[int]) -> Tensor:
 
 @handles("logsumexp")
 def _logsumexp(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
-    """``log(sum(exp(x)))`` over ``dims``, computed as ATen does on finite inputs: ``m + log(sum(exp(x - m)))``
-    with ``m`` the max over those dims (the PaLM z-loss, log-partition terms)."""
+    """``log(sum(exp(x)))`` over ``dims``, computed as ATen does: ``m + log(sum(exp(x - m)))`` with ``m`` the max over
+    those dims clamped to the finite range (the PaLM z-loss, log-partition terms; log-probabilities with log 0 = -inf:
+    a row of -inf is -inf, a row holding +inf is inf, as in ATen)."""
     v = args[0]
     if not isinstance(v, LV) or v.mask:
         raise Unsupported(Reason.NOT_IN_REGISTRY, "logsumexp of a mask")
@@ -793,7 +794,14 @@ def _logsumexp(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> L
     dims, _keep = _dims(args, kwargs, len(v.shape))
     t, gdims = ctx.axes(v, dims)
     g = ctx.g
-    m = _reduced(g, "max", t, gdims)
+    # ATen shifts by the max only where it is finite (a row whose max is +-inf gives +-inf, not inf - inf = NaN): the
+    # max of x clamped to the dtype's finite range is the max itself where that is finite, and a finite c where it
+    # is not (x - c is then -inf or +inf where x is, so the sum is 0 or inf and the result -inf or inf). (Clamping
+    # x, not its max, keeps the shift a max, which the search's softmax forms read.)
+    import torch
+
+    big = float(torch.finfo(getattr(torch, t.dtype.torch_name)).max)
+    m = _reduced(g, "max", emit(g, "clamp", t, -big, big), gdims)
     r = emit(g, "add", emit(g, "log", _reduced(g, "sum", emit(g, "exp", emit(g, "sub", t, m)), gdims)), m)
     return LV(r, _shape(out), src=ctx.node if tuple(r.shape) != _shape(out) else None)
 
