@@ -152,3 +152,22 @@ def test_factored_product_summed_two_wide_weights_and_the_fp_check_passed_it(dty
     inputs = {"X": rng.uniform(-1e-3, 1e-3, (m, d)), "A": rng.uniform(1.75e38, 1.8e38, (d, n)),
               "B": rng.uniform(1.75e38, 1.8e38, (d, n))}
     assert _finite_where_the_source_is(g, inputs) == []
+
+
+def test_search_cache_key_missed_changes_to_the_search_driver() -> None:
+    """Finding (low; stale results, still re-checked): the search cache's key covers a digest of the code that decides
+    a search result, ``CODE_PACKAGES = ("ir", "rewrite", "smt")``, written when ``superoptimize`` lived in
+    ``rewrite/``. The search driver, its floating-point check, the regions and the options have since moved to
+    ``pipeline/`` and the cost model asks the backend's launch model: a change to any of them (a fix to the fp
+    check's rules, a new lowering choice in ``superopt``) kept serving results the new code would not return
+    (re-checked by the certificate checker and the current fp check, so never unproved; but not this code's
+    result, and ``recheck="best"`` serves the old best). Now ``pipeline/`` and ``backend/launch_model.py`` are
+    hashed too."""
+    import inspect
+
+    from verimirage.backend import launch_model
+    from verimirage.pipeline import fpsafe, options, pricing, regions, search_cache, superopt, synth
+
+    hashed = {p.resolve() for _, p in search_cache.code_files()}
+    for mod in (superopt, fpsafe, regions, synth, options, pricing, launch_model):
+        assert Path(inspect.getfile(mod)).resolve() in hashed, mod.__name__

@@ -6,8 +6,8 @@ Entries live under ``$VERIMIRAGE_CACHE_DIR/search`` (default
 The key covers the graph's canonical text (so shapes and dtypes), every
 search option that changes the result, the versions of verimirage, z3,
 egglog and triton, and a digest of verimirage's own code that decides a
-search result (:func:`code_digest`: the ``.py`` files of ``ir``, ``rewrite``
-and ``smt``), so a change to the cost model, the partitioner or a rule is a
+search result (:func:`code_digest`: the ``.py`` files of ``ir``, ``rewrite``,
+``smt`` and ``pipeline``, and the backend's launch model), so a change to the cost model, the partitioner or a rule is a
 miss even when the version number stays the same. An entry holds, per candidate, the μGraph text, cost,
 rules and certificate, plus a SHA-256 of all of it.
 
@@ -57,19 +57,23 @@ def _store() -> Any:
     return DiskCache("search")
 
 
-#: Subpackages of verimirage whose code decides what a search returns (lifting, rules, saturation,
-#: extraction, cost model, partitioner, verifier, certificates, and the IR they all share).
-CODE_PACKAGES = ("ir", "rewrite", "smt")
+#: Subpackages (and modules) of verimirage whose code decides what a search returns (lifting, rules, saturation,
+#: extraction, cost model and the launch model it asks, partitioner, verifier, certificates, the search driver and
+#: its floating-point check, and the IR they all share).
+CODE_PACKAGES = ("ir", "rewrite", "smt", "pipeline", "backend/launch_model.py")
+
+
+def code_files() -> list[tuple[str, Path]]:
+    """The files :func:`code_digest` hashes: (path relative to the package, path), sorted."""
+    root = Path(__file__).resolve().parent.parent
+    return sorted((p.relative_to(root).as_posix(), p) for pkg in CODE_PACKAGES
+                  for p in ([root / pkg] if pkg.endswith(".py") else (root / pkg).rglob("*.py")))
 
 
 @functools.lru_cache(maxsize=1)
 def _code_digest() -> str:
-    root = Path(__file__).resolve().parent.parent
     h = hashlib.sha256()
-    files = sorted(
-        (p.relative_to(root).as_posix(), p) for pkg in CODE_PACKAGES for p in (root / pkg).rglob("*.py")
-    )
-    for rel, p in files:
+    for rel, p in code_files():
         data = p.read_bytes()
         h.update(f"{rel}\0{len(data)}\0".encode())
         h.update(data)
