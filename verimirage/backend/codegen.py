@@ -2122,11 +2122,14 @@ PDL_START_BEFORE_EARLY_LOOP = False
 #: ``pdl="auto"`` (without ``last_block``): a split kernel and its combine kernel run as one last-block launch
 #: (:func:`_last_block_units`) where the launch after the combine runs its for-loop before its wait, which then
 #: starts one launch hop sooner (LoRA's ``X A`` split over K, its sum, then the weight stream with ``(X A) B`` after
-#: the loop: two hops before the stream, one with this). Off: on an H100 (2026-11-27 07:17 UTC,
-#: benchmarks/results/pdl_models_ab_h100_2026-11-27_0717.json) lora_scaled's two launches (this and the rule above)
-#: ran 17.47 us against its three launches' 16.88. A last-block launch captured into a CUDA graph gets fresh counters
-#: zeroed in the graph each call (the runtime's ``counters_for``: a fill kernel before the program's first launch),
-#: likely the cost; not measured further.
+#: the loop: two hops before the stream, one with this). H100, 2026-11-27 (benchmarks/results/
+#: pdl_models_ab_h100_2026-11-27_0717.json, _0733.json; CUDA-graph medians over rotated inputs): lora_scaled's three
+#: launches 16.82-16.88 us, its two (this and the rule above) 17.47 while a captured graph zeroed the last-block
+#: counters with a fill kernel each call, **15.44** without that fill (counters zeroed outside the capture, a
+#: measurement). The runtime now gives a capture such counters (``runtime._capture_counters``: one zeroed buffer per
+#: capture, stream and program, the capture's id from the driver); off (with the rule above) until that runtime path
+#: is timed on the device (``tests/test_capture_counters.py`` there, then ``benchmarks/perf/pdl_models_ab.py --cases
+#: lora_scaled --variants main now lb lb_nofill``): only lora_scaled's module changes.
 PDL_LASTBLOCK_BEFORE_EARLY_LOOP = False
 
 #: Largest tensor (elements) :func:`_view_kernel` checks by evaluating the kernel.

@@ -374,13 +374,19 @@ class _LeanPlan:
         for j in range(len(prog.views)):
             ptr[("view", j)] = ptr[_view_base(prog.views, ("view", j))]
         ctr_lines: list[str] = []
-        if self.counters is not None:  # (the calling stream's counters: kept per stream, fresh while capturing)
+        if self.counters is not None:  # (the calling stream's counters: kept per stream, a capture's own)
             kept: dict[int, int] = {}
             capturing = _capture_checker()
+            _reserve_capture_counters(self.device, prog.n_counters)
 
             def counters_for(stream: int) -> Any:
-                if capturing():  # (a CUDA graph's own, zeroed in the graph: no later call shares them)
+                if capturing():  # (a CUDA graph capture's own: no call outside it shares them)
+                    got = _capture_counters(self.device, prog.n_counters, stream, str(prog.path))
+                    if got is not None:
+                        return got
+                    # (no capture id or no zeroed buffer left: fresh ones, zeroed in the graph each replay)
                     return torch.zeros(prog.n_counters, dtype=torch.int32, device=self.device)
+                _reserve_capture_counters(self.device, prog.n_counters)
                 t = prog.counters(self.device, stream)
                 kept[stream] = t.data_ptr()
                 return t
@@ -556,6 +562,86 @@ def _contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
         strides.append(acc)
         acc *= max(s, 1)
     return tuple(reversed(strides))
+
+
+#: zeroed counter buffers kept for CUDA graph captures, per (device, count): each is made outside any capture (and
+#: waited for), then given to one (capture, stream) for good (:func:`_capture_counters`); never freed, since a graph
+#: may be replayed for as long as the process runs
+CAPTURE_RESERVE = 4
+_CAPTURE_SPARE: dict[tuple[Any, int], list[Any]] = {}
+_CAPTURE_GIVEN: dict[tuple[Any, int, int, int, str], Any] = {}
+_CAPTURE_LOCK = threading.Lock()
+
+
+def _reserve_capture_counters(device: Any, n: int) -> None:
+    """Keep :data:`CAPTURE_RESERVE` zeroed buffers of ``n`` int32 counters on ``device`` for captures (call outside
+    any capture): made on the current stream and waited for, so no graph replayed later on any stream can see them
+    unzeroed."""
+    import torch
+
+    with _CAPTURE_LOCK:
+        spare = _CAPTURE_SPARE.setdefault((device, n), [])
+        if len(spare) >= CAPTURE_RESERVE:
+            return
+        while len(spare) < CAPTURE_RESERVE:
+            spare.append(torch.zeros(n, dtype=torch.int32, device=device))
+        if torch.device(device).type == "cuda":
+            torch.cuda.current_stream(device).synchronize()
+
+
+def _capture_counters(device: Any, n: int, stream: int, owner: str) -> Any:
+    """The counters a last-block launch takes while ``stream`` is captured into a CUDA graph, or None where none
+    can be given (the caller then makes fresh ones, zeroed in the graph). One zeroed buffer from the reserve per
+    (capture, stream, program ``owner``): the calls of one capture on one stream run one after another in every
+    replay, each leaving the counters at zero, as the calls on one stream outside a capture share theirs; a
+    branch of the capture on another stream, and every other capture (its id: the driver's), gets its own, so
+    graphs replayed at once never count each other's blocks. This keeps a fill kernel out of the graph (H100,
+    2026-11-27: lora_scaled's last-block design 17.47 us a call with the fill, 15.44 without)."""
+    cid = _capture_id(stream)
+    if cid is None:
+        return None
+    key = (device, n, cid, stream, owner)
+    with _CAPTURE_LOCK:
+        got = _CAPTURE_GIVEN.get(key)
+        if got is None:
+            spare = _CAPTURE_SPARE.get((device, n))
+            if not spare:
+                return None
+            got = _CAPTURE_GIVEN[key] = spare.pop()
+        return got
+
+
+_CAPTURE_INFO: list[Any] = []
+
+
+def _capture_id(stream: int) -> int | None:
+    """The id of the CUDA graph capture raw stream handle ``stream`` is part of (the driver's
+    ``cuStreamGetCaptureInfo``, unique within the process), or None: not capturing, or no such driver function."""
+    import ctypes
+
+    if not _CAPTURE_INFO:
+        fn: Any = None
+        try:
+            lib = ctypes.CDLL("libcuda.so.1")
+            # (the plain name last, given seven arguments: whichever version it is takes them, the unused last)
+            for name, nargs in (("cuStreamGetCaptureInfo_v3", 7), ("cuStreamGetCaptureInfo_v2", 6),
+                                ("cuStreamGetCaptureInfo", 7)):
+                f = getattr(lib, name, None)
+                if f is not None:
+                    f.restype = ctypes.c_int
+                    fn = (f, nargs)
+                    break
+        except OSError:
+            fn = None
+        _CAPTURE_INFO.append(fn)
+    got = _CAPTURE_INFO[0]
+    if got is None:
+        return None
+    f, nargs = got
+    status, cid = ctypes.c_int(0), ctypes.c_uint64(0)
+    # (the graph, its dependencies and their edge data: optional outputs, not asked for)
+    rc = f(ctypes.c_void_p(stream), ctypes.byref(status), ctypes.byref(cid), *([None] * (nargs - 3)))
+    return int(cid.value) if rc == 0 and status.value == 1 else None  # (1: CU_STREAM_CAPTURE_STATUS_ACTIVE)
 
 
 def _capture_checker() -> Callable[[], bool]:
