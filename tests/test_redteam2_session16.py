@@ -86,6 +86,33 @@ def test_logsumexp_of_a_row_whose_max_is_infinite_was_nan(check: bool, dt: str) 
     assert any(p.taken for p in rep.partitions), rep
 
 
+@interp
+@pytest.mark.parametrize("check", [False, True])
+def test_cross_entropy_gradient_of_a_batch_whose_targets_are_all_ignored_was_nan(check: bool) -> None:
+    """Finding (medium): ``F.cross_entropy`` (mean) on a batch whose every target is ``ignore_index`` (a padding-only
+    micro-batch of a language model) has loss 0 / 0 = NaN in ATen but gradient 0: ATen's ``nll_loss_backward``
+    writes only the rows whose target is not ignored. The lifted backward divided the gradient by total_weight = 0
+    before masking it, (g / 0) * 0 = NaN, so every logit's gradient (and every parameter's after it) was NaN, in the
+    default checked compile too (the check draws in-range targets). Now total_weight is raised to at least 1 (it
+    counts targets: 0 or at least 1), which changes nothing where some target counts."""
+    F = torch.nn.functional
+
+    def fn(x: Any, t: Any) -> Any:
+        return F.cross_entropy(x * 2.0, t)
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 10, generator=g)
+    cm, rep = _compiled(fn, check=check)
+    for t in (torch.full((6,), -100), torch.tensor([-100, 3, -100, -100, 9, -100])):
+        xa, xb = x.clone().requires_grad_(), x.double().requires_grad_()
+        got, want = cm(xa, t), fn(xb, t)
+        got.backward()
+        want.backward()
+        _same_specials(got, want, 1e-4)
+        _same_specials(xa.grad, xb.grad, 1e-4)
+    assert any(p.taken and p.kind == "backward" for p in rep.partitions), rep
+
+
 # --------------------------------------------------------------------------- launch ordering (held)
 
 

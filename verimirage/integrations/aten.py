@@ -1661,8 +1661,14 @@ def _nll_loss_backward(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: A
     go = emit(g, "reshape", ctx.exact(gr) if gr.shape else gr.t, (n, 1) if red == 0 else (1, 1))
     scale = emit(g, "broadcast_to", _as(g, go, dt), (n, k))
     if red == 1:
-        tw = emit(g, "reshape", total.t, (1, 1))
-        scale = emit(g, "div", scale, emit(g, "broadcast_to", _as(g, tw, dt), (n, k)))
+        # ATen writes only the rows whose target is not ignore_index: with every target ignored total_weight is 0
+        # and the gradient 0, not (g / 0) * 0 = NaN. Without class weights total_weight counts targets, 0 or at
+        # least 1, so raising it to 1 changes nothing else.
+        import torch
+
+        tw = emit(g, "clamp", _as(g, emit(g, "reshape", total.t, (1, 1)), dt), 1.0,
+                  float(torch.finfo(getattr(torch, dt.torch_name)).max))
+        scale = emit(g, "div", scale, emit(g, "broadcast_to", tw, (n, k)))
     return LV(emit(g, "neg", emit(g, "mul", scale, oh)), (n, k))
 
 
