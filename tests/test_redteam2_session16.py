@@ -93,8 +93,8 @@ def test_cross_entropy_gradient_of_a_batch_whose_targets_are_all_ignored_was_nan
     micro-batch of a language model) has loss 0 / 0 = NaN in ATen but gradient 0: ATen's ``nll_loss_backward``
     writes only the rows whose target is not ignored. The lifted backward divided the gradient by total_weight = 0
     before masking it, (g / 0) * 0 = NaN, so every logit's gradient (and every parameter's after it) was NaN, in the
-    default checked compile too (the check draws in-range targets). Now total_weight is raised to at least 1 (it
-    counts targets: 0 or at least 1), which changes nothing where some target counts."""
+    default checked compile too (the check draws in-range targets). Now 1 is added to total_weight where no target
+    counts (the mask is 0 throughout there), nothing where one does."""
     F = torch.nn.functional
 
     def fn(x: Any, t: Any) -> Any:

@@ -1661,13 +1661,11 @@ def _nll_loss_backward(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: A
     go = emit(g, "reshape", ctx.exact(gr) if gr.shape else gr.t, (n, 1) if red == 0 else (1, 1))
     scale = emit(g, "broadcast_to", _as(g, go, dt), (n, k))
     if red == 1:
-        # ATen writes only the rows whose target is not ignore_index: with every target ignored total_weight is 0
-        # and the gradient 0, not (g / 0) * 0 = NaN. Without class weights total_weight counts targets, 0 or at
-        # least 1, so raising it to 1 changes nothing else.
-        import torch
-
-        tw = emit(g, "clamp", _as(g, emit(g, "reshape", total.t, (1, 1)), dt), 1.0,
-                  float(torch.finfo(getattr(torch, dt.torch_name)).max))
+        # ATen writes only the rows whose target is not ignore_index: with every target ignored (total_weight 0)
+        # the gradient is 0, not (g / 0) * 0 = NaN. So 1 is added to total_weight where no target counts (the
+        # mask is then 0 throughout), and nothing where one does.
+        none = emit(g, "step", emit(g, "neg", emit(g, "sum", emit(g, "sum", oh, 1), 0)), c=-0.5)  # (1, 1)
+        tw = emit(g, "add", _as(g, emit(g, "reshape", total.t, (1, 1)), dt), none)
         scale = emit(g, "div", scale, emit(g, "broadcast_to", tw, (n, k)))
     return LV(emit(g, "neg", emit(g, "mul", scale, oh)), (n, k))
 
