@@ -813,7 +813,8 @@ def _softmax_bw(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> 
     tg, ty = ctx.exact(gr), ctx.exact(y)
     ax = dim % len(y.shape)
     # y * (g - sum(g * y))
-    return LV(emit(g, "mul", ty, emit(g, "sub", tg, emit(g, "sum", emit(g, "mul", tg, ty), ax))), _shape(out))
+    r = emit(g, "mul", ty, emit(g, "sub", tg, emit(g, "sum", emit(g, "mul", tg, ty), ax)))
+    return LV(_as(g, r, vm_dtype(out[1])), _shape(out))
 
 
 @handles("_log_softmax_backward_data")
@@ -823,7 +824,8 @@ def _log_softmax_bw(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any)
     tg, ty = ctx.exact(gr), ctx.exact(y)
     ax = dim % len(y.shape)
     # g - exp(y) * sum(g)
-    return LV(emit(g, "sub", tg, emit(g, "mul", emit(g, "exp", ty), emit(g, "sum", tg, ax))), _shape(out))
+    r = emit(g, "sub", tg, emit(g, "mul", emit(g, "exp", ty), emit(g, "sum", tg, ax)))
+    return LV(_as(g, r, vm_dtype(out[1])), _shape(out))
 
 
 @handles("native_layer_norm")
@@ -842,7 +844,13 @@ def _layer_norm(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> 
         y = emit(g, "mul", y, ctx.exact(w))
     if isinstance(b, LV):
         y = emit(g, "add", y, ctx.exact(b))
-    return LV(y, tuple(out[0][0])), LV(mean, tuple(out[1][0])), LV(rstd, tuple(out[2][0]))
+    return _norm_results(g, out, y, mean, rstd)
+
+
+def _norm_results(g: Graph, out: Any, y: Tensor, mean: Tensor, rstd: Tensor) -> tuple[LV, LV, LV]:
+    """A norm's ``(y, mean, rstd)`` in the dtypes and shapes ATen gives them (float32 internals cast back)."""
+    a, b, c = (LV(_as(g, t, vm_dtype(o[1])), tuple(o[0])) for t, o in zip((y, mean, rstd), out, strict=True))
+    return a, b, c
 
 
 @handles("rms_norm", "_fused_rms_norm")
@@ -856,6 +864,105 @@ def _rms(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> Any:
     if isinstance(out, list) and len(out) > 1:
         raise Unsupported(Reason.NOT_IN_REGISTRY, "rms_norm's saved statistics")
     return LV(y, _shape(out))
+
+
+@handles("native_group_norm")
+def _group_norm(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> tuple[LV, LV, LV]:
+    """``(y, mean, rstd)`` of GroupNorm over ``(N, C, *)``: the ``C // group * HxW`` values of each group normalised
+    together (a layer norm of the ``(N, group, C // group * HxW)`` view), then the per-channel weight and bias."""
+    x, w, b, n, c, hw, groups, eps = args[:8]
+    if not isinstance(x, LV) or not all(_num(v) for v in (n, c, hw, groups, eps)) or int(groups) < 1 \
+            or int(c) % int(groups) or not ctx.layout("reshape"):
+        raise Unsupported(Reason.LAYOUT, "group norm of static sizes with the registry's reshape")
+    g = ctx.g
+    n, c, hw, k = int(n), int(c), int(hw), int(groups)
+    t = emit(g, "reshape", ctx.exact(x), (n, k, c // k * hw))
+    mean = emit(g, "mean", t, 2)
+    d = emit(g, "sub", t, mean)
+    rstd = emit(g, "rsqrt", emit(g, "shift", emit(g, "mean", emit(g, "square", d), 2), c=float(eps)))
+    y = emit(g, "reshape", emit(g, "mul", d, rstd), (n, c, hw))
+    for p, op in ((w, "mul"), (b, "add")):
+        if isinstance(p, LV):
+            y = emit(g, op, y, emit(g, "reshape", ctx.exact(p), (c, 1)))
+    return _norm_results(g, out, y, mean, rstd)
+
+
+@handles("constant_pad_nd")
+def _pad(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    """``F.pad(x, pad, value=c)``: per dim (the last first), a negative pad crops (a slice), a positive one adds rows
+    of the constant ``c`` (a concat; RWKV's token shift ``F.pad(x, (0, 0, 1, -1))``)."""
+    v, pad = args[0], [int(p) for p in args[1]]
+    value = args[2] if len(args) > 2 else kwargs.get("value", 0.0)
+    if not isinstance(v, LV) or not _num(value) or not math.isfinite(float(value)) or len(pad) % 2 \
+            or len(pad) // 2 > len(v.shape):
+        raise Unsupported(Reason.NOT_IN_REGISTRY, "constant_pad_nd with a non-finite value (the registry's constants "
+                                                  "are finite)")
+    g, t, r = ctx.g, ctx.exact(v), len(v.shape)
+    for i in range(len(pad) // 2):
+        d, lo, hi = r - 1 - i, pad[2 * i], pad[2 * i + 1]
+        size = t.shape[d]
+        s, e = max(0, -lo), size - max(0, -hi)
+        if e <= s:
+            raise Unsupported(Reason.LAYOUT, f"a pad {lo, hi} that crops away a dim of {size}")
+        if (s, e) != (0, size):
+            if not ctx.layout("slice"):
+                raise Unsupported(Reason.LAYOUT, "a cropping pad needs the registry's slice")
+            t = emit(g, "slice", t, d, s, e)
+        parts = [t]
+        for k, at in ((lo, 0), (hi, 1)):
+            if k > 0:
+                shape = list(t.shape)
+                shape[d] = k
+                parts.insert(at * len(parts), ctx.exact(_constant(ctx, shape, out[1], float(value))))
+        if len(parts) > 1:
+            t = emit(g, "concat", parts, d)
+    return LV(t, _shape(out))
+
+
+def _elu_args(args: list[Any]) -> tuple[float, float, float]:
+    alpha, scale, in_scale = ([*args, 1.0, 1.0, 1.0])[:3]
+    if not all(_num(a) for a in (alpha, scale, in_scale)) or float(in_scale) <= 0:
+        raise Unsupported(Reason.NOT_IN_REGISTRY, "elu with a non-positive input_scale")
+    return float(alpha), float(scale), float(in_scale)
+
+
+def _exp_neg_part(g: Graph, x: Tensor, k: float) -> Tensor:
+    """``exp(min(k x, 0))`` as ``exp(-relu(-k x))``: ``exp(k x)`` where ``x <= 0`` and 1 elsewhere (finite
+    everywhere, so a mask multiplying it never meets inf)."""
+    return emit(g, "exp", emit(g, "neg", emit(g, "relu", emit(g, "scale", x, c=-k))))
+
+
+@handles("elu")
+def _elu(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    """``scale * (x if x > 0 else alpha * (exp(input_scale * x) - 1))`` as ``scale * (relu(x) + alpha *
+    (exp(min(input_scale x, 0)) - 1))`` (linear attention's ``elu(x) + 1`` feature map)."""
+    alpha, sc, k = _elu_args(list(args[1:]))
+    g = ctx.g
+
+    def f(ts: list[Tensor]) -> Tensor:
+        neg = emit(g, "scale", emit(g, "shift", _exp_neg_part(g, ts[0], k), c=-1.0), c=alpha)
+        return emit(g, "scale", emit(g, "add", emit(g, "relu", ts[0]), neg), c=sc)
+
+    return ctx.ew(_shape(out), [args[0]], f)
+
+
+@handles("elu_backward")
+def _elu_bw(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    """``grad * (scale if x > 0 else alpha * scale * input_scale * exp(input_scale * x))`` from the input ``x``
+    (``is_result`` false), the ``x > 0`` test a ``step`` mask over finite factors."""
+    gr, x = args[0], args[5] if len(args) > 5 else None
+    alpha, sc, k = _elu_args(list(args[1:4]))
+    if not (isinstance(gr, LV) and isinstance(x, LV)) or (len(args) > 4 and args[4]):
+        raise Unsupported(Reason.NOT_IN_REGISTRY, "elu_backward from the result (in-place elu)")
+    g = ctx.g
+
+    def f(ts: list[Tensor]) -> Tensor:
+        pos = emit(g, "step", ts[1], c=0.0)
+        negf = emit(g, "mul", emit(g, "scale", _exp_neg_part(g, ts[1], k), c=alpha * sc * k),
+                    emit(g, "shift", emit(g, "scale", pos, c=-1.0), c=1.0))
+        return emit(g, "mul", ts[0], emit(g, "add", emit(g, "scale", pos, c=sc), negf))
+
+    return ctx.ew(_shape(out), [gr, x], f)
 
 
 @handles("sigmoid_backward")

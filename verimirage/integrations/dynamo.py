@@ -43,7 +43,7 @@ def _decompositions() -> dict[Any, Any]:
     from torch._decomp import get_decompositions
 
     aten = torch.ops.aten
-    return get_decompositions([aten.native_layer_norm_backward])
+    return get_decompositions([aten.native_layer_norm_backward, aten.native_group_norm_backward])
 
 
 def _capture(gm: fx.GraphModule, opts: CaptureOptions, rep: Report, kind: str,

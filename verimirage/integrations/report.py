@@ -49,6 +49,11 @@ class OpRecord:
     detail: str | None
 
 
+#: what :meth:`Report.summary` says when the backend was never called
+NO_GRAPH = ("no ATen graph reached verimirage: Dynamo ran the code eagerly (a graph break it cannot resume from, "
+            "e.g. inside a loop; TORCH_LOGS=graph_breaks says which)")
+
+
 @dataclass
 class Report:
     """What verimirage took from the ATen graphs of a model.
@@ -120,7 +125,10 @@ class Report:
         return sum(self._taken(r) for r in comp), len(comp)
 
     def summary(self, graph: int | None = None) -> str:
-        """One line: coverage, partitions taken, and the reasons for what was left."""
+        """One line: coverage, partitions taken, and the reasons for what was left (or that no graph was captured:
+        Dynamo ran the module eagerly, e.g. after a graph break inside a loop)."""
+        if not self.graphs:
+            return NO_GRAPH
         recs = [r for r in self.ops if graph is None or r.graph == graph]
         comp = [r for r in recs if r.compute]
         taken = sum(self._taken(r) for r in comp)
@@ -169,6 +177,8 @@ class Report:
 
         con = Console(width=160, record=True, file=io.StringIO())
         con.print(self.table())
+        if not self.graphs:
+            con.print(NO_GRAPH)
         for n in self.notes:
             con.print(n)
         return con.export_text()
