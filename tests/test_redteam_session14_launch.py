@@ -27,7 +27,7 @@ def _lean_run_with_counters(counters: Any, streams: list[int], capturing: list[b
     the program's counters; the fake launcher records the counters' pointer each launch gets. ``streams`` and
     ``capturing`` are read by the plan's stream getter and capture check at each call (their last element)."""
     x = torch.randn(4, 8)
-    prog = SimpleNamespace(input_names=["i0"], returns=[("buf", 0)], views=[], n_counters=4,
+    prog = SimpleNamespace(input_names=["i0"], returns=[("buf", 0)], views=[], n_counters=4, path="lean_test.py",
                            steps=[SimpleNamespace(args=((("in", 0), 2), (("ctr", 4), 1)),
                                                   outs=((0, (4, 8), "float32"),))],
                            counters=lambda device, stream=None: counters(device, 4, stream))
