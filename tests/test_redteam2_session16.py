@@ -113,6 +113,65 @@ def test_cross_entropy_gradient_of_a_batch_whose_targets_are_all_ignored_was_nan
     assert any(p.taken and p.kind == "backward" for p in rep.partitions), rep
 
 
+def test_two_calls_on_one_stream_shared_the_kept_workspace_while_their_launches_interleaved(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finding (medium): a compiled program's lean path keeps one workspace per stream for the intermediate results
+    of its kernels and reused it on every call on that stream. Two threads calling the program on one stream (a
+    threaded server on the default stream, one model object) interleave their launches there: the C launcher
+    releases the GIL between them, Triton's launchers (PDL programs) are one Python call each. Call B's first
+    kernel then overwrote the workspace between call A's kernels, and A's next kernel read B's intermediate
+    results: a wrong result, no error. Now the kept workspace is used by one call at a time; a call that finds it
+    taken gets its own (stream-ordered, returned after its launches are queued).
+
+    Here a lean plan's generated ``run`` (Triton's launcher path, fake launchers and allocator) for two launches,
+    the first writing a workspace buffer the second reads; call B is made from inside call A's first launch (where
+    another thread's call would interleave): A's two kernels must see A's workspace, B's another one."""
+    from types import SimpleNamespace
+
+    from verimirage.backend import runtime
+
+    x = torch.randn(4, 8)
+    prog = SimpleNamespace(input_names=["i0"], returns=[("buf", 1)], views=[], n_counters=0,
+                           steps=[SimpleNamespace(args=((("in", 0), 2),), outs=((0, (4, 8), "float32"),)),
+                                  SimpleNamespace(args=((("buf", 0), 2),), outs=((1, (4, 8), "float32"),))])
+    seen: list[tuple[str, int, int]] = []  # (call, kernel, workspace pointer it got)
+    state = {"call": "A", "nested": False}
+    ns: dict[str, Any] = {}
+
+    def launcher(k: int) -> Any:
+        def run(*a: Any) -> None:  # (grid, stream, function, metadata, 3 hook slots, then the arguments)
+            seen.append((state["call"], k, a[9 + 3] if k == 0 else a[9]))
+            if k == 0 and not state["nested"]:  # another thread's call, between this call's launches
+                state["nested"], state["call"] = True, "B"
+                ns["run"](x)
+                state["call"] = "A"
+        return SimpleNamespace(run=run, function=None, packed_metadata=None)
+
+    b0, b1 = torch.empty(4, 8), torch.empty(4, 8)
+    launches = [(launcher(0), (1, 1, 1), [x, 8, 1, b0, 8, 1]), (launcher(1), (1, 1, 1), [b0, 8, 1, b1, 8, 1])]
+    allocs = iter(range(5000, 6000, 100))
+    monkeypatch.setattr(runtime, "_raw_allocator", lambda: (lambda n, s: next(allocs), lambda p: None))
+    plan = runtime._LeanPlan.__new__(runtime._LeanPlan)
+    plan.signature = [(tuple(x.shape), x.dtype, tuple(x.stride()), x.data_ptr() % 16 == 0)]
+    plan.guard = plan.out_guard = None
+    plan.c_plan = None
+    plan.counters = None
+    plan.device = x.device
+    plan.returned_bufs = [1]
+    src, env = plan._source(prog, launches, {0: ((4, 8), torch.float32), 1: ((4, 8), torch.float32)},  # type: ignore[arg-type]
+                            {0: 0}, 256, {1})
+    hooks = SimpleNamespace(calls=False)
+    env.update(MISS=runtime._MISS, DEV=-1, get_device=lambda: -1, get_stream=lambda d: 7, HOOK_IN=hooks,
+               HOOK_OUT=hooks, bump=lambda ts: None, DEVICE=x.device, capturing=lambda: False,
+               WS=[7, 1000, None], empty=torch.empty, uint8=torch.uint8)
+    exec(compile(src, "<lean test>", "exec"), env, ns)
+    ns["run"](x)
+    ws = {(c, k): w for c, k, w in seen}
+    assert sorted(ws) == [("A", 0), ("A", 1), ("B", 0), ("B", 1)], seen
+    assert ws["A", 0] == ws["A", 1] and ws["B", 0] == ws["B", 1], seen
+    assert ws["A", 0] != ws["B", 0], f"two interleaved calls on one stream got one workspace: {seen}"
+
+
 # --------------------------------------------------------------------------- launch ordering (held)
 
 

@@ -432,9 +432,13 @@ class _LeanPlan:
         if ws and raw_alloc is not None:
             # the workspace: the buffer kept for this stream, else one straight from PyTorch's caching allocator
             # (no tensor: stream-ordered like a tensor's memory, returned after the launches are queued)
-            env["ws_alloc"], env["ws_free"] = raw_alloc
-            body += ["    if stream == WS[0] and not capturing():", "        w = WS[1]",
-                     *("    " + line for line in launch_lines),
+            # (one call at a time on the kept one: two threads calling on one stream interleave their launches
+            # there, the C launcher releasing the GIL between them, and one call's kernels would read the other's
+            # intermediate results; a call that finds it taken gets its own)
+            env["ws_alloc"], env["ws_free"], env["WSLOCK"] = *raw_alloc, threading.Lock()
+            body += ["    if stream == WS[0] and not capturing() and WSLOCK.acquire(False):", "        try:",
+                     "            w = WS[1]", *("        " + line for line in launch_lines), "        finally:",
+                     "            WSLOCK.release()",
                      "    elif WS[0] is None and not capturing():",
                      f"        wt = empty({ws}, dtype=uint8, device=DEVICE)",
                      "        w = wt.data_ptr()", *("    " + line for line in launch_lines),
