@@ -4,6 +4,7 @@
     python benchmarks/layer.py plan    [--cases ...] [--small] [--out DIR]   # the region search, unverified
     python benchmarks/layer.py prove   [--cases ...] [--candidates DIR] [--cert DIR]  # verify a plan (no egglog)
     python benchmarks/layer.py check   [--cases ...] [--candidates DIR]      # CPU: interpreter vs float64
+    python benchmarks/layer.py regroup --cases CASE --from-cert CERT --nodes A-B --cert OUT  # regions as one
     python benchmarks/layer.py gpu     [--cases ...] [--candidates DIR] [--out DIR] [--no-inductor]
 
 ``prepare`` (a CPU machine) superoptimizes each case's kernel graph
@@ -183,6 +184,91 @@ def prove(case: str, small: bool, directory: Path, cert_dir: Path | None, *,
         cert_dir.mkdir(parents=True, exist_ok=True)
         cert.save(cert_dir / f"layer_{name}.json")
     log.info("%s: proved in %.1f s (%d distinct regions)", case, prove_s, len(made))
+    return doc
+
+
+def regroup(case: str, small: bool, directory: Path, cert_in: Path, members: list[int], cert_out: Path, *,
+            time_budget_s: float = 120.0, verify_timeout_s: float = 300.0) -> dict[str, Any]:
+    """Re-search a composed candidate with some of its regions as one: the regions of ``cert_in`` (a composed
+    certificate of ``case``) whose nodes lie in ``members`` (graph node indices) become one region, searched whole
+    (``vm.superoptimize``, ``split="never"``: a fusion across the boundaries the region split drew, e.g. an
+    attention's two products and its softmax as one split-KV kernel pair), its best μGraph verified against it;
+    the others keep their μGraphs and certificates. The composition is re-certified (``cert_out``, with its
+    Triton digest) and re-checked (``vm.check_certificate``), checked for floating-point safety, and put first
+    in ``DIR/<case>.json`` (the other candidates after it)."""
+    from verimirage.backend.tuning import triton_digest
+    from verimirage.ir.graph import MuGraph
+    from verimirage.pipeline.fpsafe import SafetyChecker
+    from verimirage.pipeline.pricing import cost
+    from verimirage.smt.certificate import Certificate, ComposedCertificate
+    from verimirage.smt.certify import make_certificate, make_composed_certificate, read_certificate
+    from verimirage.smt.glue import compose, region_of
+    from verimirage.smt.verify import Verifier
+
+    g = get_layer(case, small)
+    old = read_certificate(cert_in.read_text())
+    if not isinstance(old, ComposedCertificate) or old.graph_text != str(g):
+        raise ValueError(f"{cert_in}: not a composed certificate of {case}")
+    want = set(members)
+    regions, mgs, subs, merged = [], [], [], []
+    for r in old.regions:
+        sub = Certificate.from_json(json.dumps(old.certificates[r["certificate"]]))
+        if set(r["nodes"]) <= want:
+            merged.append(r["nodes"])
+            if len(merged) > 1:
+                continue
+            regions.append(None)
+            mgs.append(None)
+            subs.append(None)
+            continue
+        regions.append(region_of(g, r["nodes"]))
+        mgs.append(MuGraph.parse(sub.mugraph_text))
+        subs.append(sub)
+    nodes = sorted(i for ns in merged for i in ns)
+    if len(merged) < 2 or set(nodes) != want:
+        raise ValueError(f"{case}: nodes {sorted(want)} are not a union of two or more of the candidate's regions")
+    reg = region_of(g, nodes)
+    t0 = time.perf_counter()
+    res = vm.superoptimize(reg.graph, top_k=1, time_budget_s=time_budget_s, cache=False, split="never",
+                           verify_timeout_s=verify_timeout_s)
+    if res.best is None:
+        raise ValueError(f"{case}: no verified candidate for the merged region")
+    mg = res.best.mugraph
+    v = Verifier(reg.graph).check(mg, timeout_s=verify_timeout_s)
+    if not v.proved:
+        raise ValueError(f"{case}: the merged region's μGraph is not proved: {v.reason}")
+    from verimirage.rewrite.rules import UNPROVED_BUILTINS
+
+    rules = [x for x in res.best.rules if x not in UNPROVED_BUILTINS]
+    trusted = [x for x in res.best.rules if x in UNPROVED_BUILTINS]
+    at = regions.index(None)
+    regions[at], mgs[at], subs[at] = reg, mg, make_certificate(reg.graph, mg, v, rules, trusted,
+                                                               timeout_s=verify_timeout_s)
+    composed = compose(g, regions, mgs)
+    unsafe = SafetyChecker(g, 0).check(composed)
+    if unsafe is not None:
+        raise ValueError(f"{case}: the composition is not floating-point safe: {unsafe}")
+    reason = (f"by regions: {len(regions)} region μGraph(s) each proved against its region, the composition by its "
+              f"glue (congruence); region {nodes[0]}..{nodes[-1]} re-searched whole (regroup)")
+    cert = make_composed_certificate(g, regions, subs, reason, triton_digest(composed))
+    cert_out.parent.mkdir(parents=True, exist_ok=True)
+    cert.save(cert_out)
+    verdict = vm.check_certificate(cert_out)
+    if not isinstance(verdict, vm.Proved):
+        raise ValueError(f"{case}: the regrouped certificate does not re-check: {verdict}")
+    c = cost(composed)
+    path = _file(directory, case, small)
+    doc = json.loads(path.read_text())
+    rules_all = sorted({x for s in subs for x in s.rules})
+    doc["candidates"].insert(0, {"mugraph": str(composed), "kernels": composed.num_kernels, "cost_us": c.time_s * 1e6,
+                                 "bytes": c.bytes, "rules": rules_all, "verdict": f"Proved: {reason}"})
+    doc["report"] += (f"\nregroup: candidate 0 is the former candidate 0 ({cert_in.name}) with regions "
+                      f"{merged} as one region {nodes[0]}..{nodes[-1]}, searched whole in "
+                      f"{time.perf_counter() - t0:.1f} s: {mg.num_kernels} kernel(s), "
+                      f"{cost(mg).time_s * 1e6:.1f} us est. ({', '.join(res.best.rules)}); certificate {cert_out}")
+    path.write_text(json.dumps(doc, indent=1))
+    log.info("%s: regrouped %s -> %d kernels, %.1f us est.; %s", case, merged, composed.num_kernels,
+             c.time_s * 1e6, verdict)
     return doc
 
 
@@ -706,7 +792,7 @@ def gpu_main(args: argparse.Namespace) -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("mode", choices=["prepare", "plan", "prove", "check", "gpu"])
+    ap.add_argument("mode", choices=["prepare", "plan", "prove", "check", "gpu", "regroup"])
     ap.add_argument("--cases", nargs="*", default=None)
     ap.add_argument("--small", action="store_true",
                     help="the scaled-down layer (check always uses it; gpu --small on a CPU is a dry run)")
@@ -716,7 +802,10 @@ def main() -> int:
     ap.add_argument("--top-k", type=int, default=3)
     ap.add_argument("--verify-timeout-s", type=float, default=300.0, help="prepare: the verifier's Z3 time limit")
     ap.add_argument("--max-verify", type=int, default=None, help="prepare: candidates to try verifying")
-    ap.add_argument("--cert", type=Path, default=None, help="prepare: save the best candidate's certificate here")
+    ap.add_argument("--cert", type=Path, default=None, help="prepare: save the best candidate's certificate here; "
+                    "regroup: where the new composition's certificate goes")
+    ap.add_argument("--from-cert", type=Path, default=None, help="regroup: the composed certificate to start from")
+    ap.add_argument("--nodes", default=None, help="regroup: graph nodes (a-b ranges, commas) to search as one region")
     ap.add_argument("--no-inductor", action="store_true")
     ap.add_argument("--no-per-op", action="store_true", help="gpu: skip the one-kernel-per-op program")
     ap.add_argument("--sweep-configs", nargs="*", default=None,
@@ -755,6 +844,13 @@ def main() -> int:
     if args.mode == "prove":
         for c in args.cases:
             prove(c, small, args.candidates, args.cert, verify_timeout_s=args.verify_timeout_s)
+        return 0
+    if args.mode == "regroup":
+        if args.from_cert is None or args.cert is None or args.nodes is None or len(args.cases) != 1:
+            ap.error("regroup needs one case, --from-cert, --cert and --nodes")
+        span = [range(int(a), int(b or a) + 1) for a, _, b in (x.partition("-") for x in args.nodes.split(","))]
+        regroup(args.cases[0], small, args.candidates, args.from_cert, [i for r in span for i in r], args.cert,
+                time_budget_s=args.time_budget_s, verify_timeout_s=args.verify_timeout_s)
         return 0
     if args.mode == "check":
         rows = [r for c in args.cases for r in check(c, args.candidates)]

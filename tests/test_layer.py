@@ -189,6 +189,28 @@ def test_layer_plan_here_prove_elsewhere(tmp_path: Path) -> None:
         h.prove("decode_bs1", True, tmp_path, None)
 
 
+def test_layer_regroup_searches_regions_as_one_and_recertifies(tmp_path: Path) -> None:
+    # benchmarks/layer.py regroup: the scaled-down layer's attention regions (with their neighbours: the regions of
+    # the small certificate) searched as one; the new candidate 0 re-certified (re-checked inside regroup), its
+    # certificate's μGraph the candidate's, its kernels in the interpreter against float64; nodes that are not a
+    # union of regions are refused
+    import shutil
+
+    h = _harness()
+    cert = ROOT / "proofs" / "layer_decode_bs1_small.json"
+    shutil.copy(CANDIDATES / "decode_bs1_small.json", tmp_path / "decode_bs1_small.json")
+    before = json.loads((tmp_path / "decode_bs1_small.json").read_text())["candidates"]
+    regions = json.loads(cert.read_text())["regions"]
+    nodes = sorted(i for r in regions if any(39 <= i <= 58 for i in r["nodes"]) for i in r["nodes"])
+    doc = h.regroup("decode_bs1", True, tmp_path, cert, nodes, tmp_path / "c.json", time_budget_s=60.0)
+    assert len(doc["candidates"]) == len(before) + 1 and doc["candidates"][1:] == before
+    assert json.loads((tmp_path / "c.json").read_text())["mugraph_text"] == doc["candidates"][0]["mugraph"]
+    rows = h.check("decode_bs1", tmp_path)
+    assert rows[0]["rel_err"] < 2e-2
+    with pytest.raises(ValueError, match="not a union"):
+        h.regroup("decode_bs1", True, tmp_path, cert, nodes[1:], tmp_path / "d.json")
+
+
 @pytest.mark.parametrize("case", ["decode_bs1", "decode_bs8"])
 def test_layer_norm_prologue_candidates_are_for_this_graph_and_certified(case: str) -> None:
     # the session-12 full-size candidates (the FFN's norm in the gate/up prologue; not the defaults until timed):

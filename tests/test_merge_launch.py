@@ -188,9 +188,9 @@ def test_a_merged_launch_takes_stages_under_which_every_member_fits() -> None:
         assert smem_estimate(bg, at, replace(own, num_stages=c.num_stages)) <= SM90.smem_per_block
 
 
-@pytest.mark.parametrize(("rank", "cert", "launches"), [(1, "qkv_rot", 11), (2, "qkv_merge", 12)])
+@pytest.mark.parametrize(("rank", "cert", "launches"), [(2, "qkv_rot", 11), (3, "qkv_merge", 12)])
 def test_layer_bs1_qkv_candidates_are_certified_and_merge_the_projections(rank: int, cert: str, launches: int) -> None:
-    # candidates 1 and 2 of the bs1 file: k and v lowered as the q projection's design so that the three run as one
+    # candidates 2 and 3 of the bs1 file: k and v lowered as the q projection's design so that the three run as one
     # launch (candidate 1 also has the two rotary kernels as one)
     from verimirage.backend import tuning
     from verimirage.smt.certify import read_certificate
@@ -209,12 +209,14 @@ def test_layer_bs1_qkv_candidates_are_certified_and_merge_the_projections(rank: 
 
 @pytest.mark.slow
 def test_layer_bs1_qkv_rot_new_regions_run_in_the_interpreter() -> None:
-    # the region μGraphs candidate 1 has and candidate 0 has not (the v projection's loop; the k projection's loop with
-    # the one rotary kernel), in Triton's interpreter against their regions in float64
+    # the region μGraphs candidate 2 has and candidate 1 (layer_decode_bs1_attn4) has not (the v projection's
+    # loop; the k projection's loop with the one rotary kernel), in Triton's interpreter against their regions in
+    # float64
     torch = pytest.importorskip("torch")
     from verimirage.smt.certify import read_certificate
 
-    base = read_certificate((ROOT / "proofs" / "layer_decode_bs1.json").read_text())
+    base = read_certificate((ROOT / "benchmarks" / "candidates" / "layer" / "proofs" /
+                             "layer_decode_bs1_attn4.json").read_text())
     new = read_certificate((ROOT / "benchmarks" / "candidates" / "layer" / "proofs" /
                             "layer_decode_bs1_qkv_rot.json").read_text())
     old = {json.dumps(s, sort_keys=True) for s in base.certificates}

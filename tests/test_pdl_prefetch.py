@@ -89,7 +89,7 @@ def test_pdl_prefetches_precede_the_wait_and_read_only_inputs(monkeypatch: pytes
     ms = tuning.tuned_module(mg, {"pdl": "auto", "merge": True})
     fns = _functions(ms.source)
     with_pf = [n for n, f in fns.items() if "_vm_prefetch(" in f and n != "_vm_prefetch"]
-    assert len(with_pf) >= 10
+    assert len(with_pf) >= 8  # (the weights' and the caches' readers: the split-KV attention reads both caches)
     for name in with_pf:
         body = fns[name]
         if "gdc_wait()" in body:

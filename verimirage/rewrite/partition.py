@@ -46,6 +46,9 @@ from .lift import Term, graph_terms, term_to_graph
 log = logging.getLogger(__name__)
 
 
+#: the most KV splits a combine kernel reads as one tile (:attr:`Config.combine_whole`)
+COMBINE_WHOLE_MAX = 64
+
 #: Names of the lowering steps (recorded in candidates' ``rules`` and accepted by the certificate checker:
 #: their output is always re-verified, and tests check every lowering against the float64 reference).
 STEPS = (
@@ -407,6 +410,9 @@ class Config:
     frange: int = 1
     splits: int = 1
     combine_refine: int = 1  # the combine kernel splits its widest grid axis this many times finer
+    #: the combine kernel reads every split's partials as one tile (a size-1 dim of each partial holds the splits)
+    #: and reduces them along it, where a loop over the splits waits on each iteration's few loads in turn
+    combine_whole: bool = False
 
     def describe(self) -> str:
         """Human-readable summary."""
@@ -418,6 +424,8 @@ class Config:
             s += f" split x{self.splits}"
         if self.combine_refine > 1:
             s += f" combine finer x{self.combine_refine}"
+        if self.combine_whole:
+            s += " combine in one tile"
         return s
 
 
@@ -591,12 +599,16 @@ def configs(
                     if lab in an.mm_labels and not min_tile <= per // f <= max_loop_tile:
                         continue
                     out.append(Config(gc, lab, f, splits))
+                    if splits > 1 and splits <= COMBINE_WHOLE_MAX:
+                        out.append(Config(gc, lab, f, splits, combine_whole=True))
                     # a combine kernel with as few blocks as kernel 1 has row blocks starves the GPU:
                     # offer one with a finer grid (measured: 16-row combine tiles, benchmarks/perf)
                     if splits > 1 and gc and _refinable(an, gc, 4, min_tile):
                         out.append(Config(gc, lab, f, splits, 4))
                 if splits > 1 and 1 in fr_allowed and (lab not in an.mm_labels or per >= min_tile):
                     out.append(Config(gc, lab, 1, splits))
+                    if splits <= COMBINE_WHOLE_MAX:
+                        out.append(Config(gc, lab, 1, splits, combine_whole=True))
     return out
 
 
@@ -612,6 +624,16 @@ def _refinable(an: Analysis, grid: tuple[tuple[int, int], ...], r: int, min_tile
 
 
 # --------------------------------------------------------------------------- building block graphs
+
+
+def _joins_running_max(nodes: Sequence[Any], n: Any, ks: Sequence[Place]) -> bool:
+    """Whether ``n`` joins one running max (a max over the loop dim) with loop-invariant values by that max's own
+    combine (``maximum``), keeping its shape: the joined value is again a running max."""
+    rm = [a for (a, _), k in zip(n.args, ks, strict=True) if k == Place.RMAX]
+    if len(rm) != 1 or len(ks) < 2 or any(k not in (Place.RMAX, Place.INV) for k in ks):
+        return False
+    red = get_op(nodes[rm[0]].op).reduce
+    return red is not None and n.op == red.combine and n.outs[0].shape == nodes[rm[0]].outs[0].shape
 
 
 def _zero_masked(nodes: Sequence[Any], n: Any, ks: Sequence[Place]) -> bool:
@@ -734,6 +756,7 @@ def build(an: Analysis, cfg: Config, *, fuse_epilogue: bool = True) -> Lowered:
     rm_of: dict[int, int] = {}  # shifted/scaled/rescaled node -> its running-max node
     acc: dict[int, Acc] = {}  # accumulator node -> how it accumulates (and its running max)
     postmax: dict[int, Any] = {}
+    tile_max: dict[int, Tensor] = {}  # running-max node -> the per-iteration max it runs over
     steps: set[str] = set()
     epi = _Epilogue(b)
 
@@ -779,7 +802,8 @@ def build(an: Analysis, cfg: Config, *, fuse_epilogue: bool = True) -> Lowered:
                 if d.reduce is not None and d.reduce.loop == "loop_max":
                     if ks != [Place.BODY]:
                         raise Infeasible("max over the loop dim of a non-loop value")
-                    val[i] = b.running_max(b.max(mat(val[arefs[0]]), axis=attrs["axis"]))
+                    tile_max[i] = b.max(mat(val[arefs[0]]), axis=attrs["axis"])
+                    val[i] = b.running_max(tile_max[i])
                     kind[i] = Place.RMAX
                     continue
                 if not (d.has(Prop.CONTRACTION) or (d.reduce is not None and d.reduce.loop == "loop_sum"
@@ -800,6 +824,16 @@ def build(an: Analysis, cfg: Config, *, fuse_epilogue: bool = True) -> Lowered:
                 kind[i] = Place.POST
                 continue
             if Place.RMAX in ks:
+                if _joins_running_max(nodes, n, ks):
+                    # max(running max, c) with c loop-invariant (a softmax over the cached keys and the new
+                    # token's): the running max of max(tile max, c), the same value at every iteration, so
+                    # values shifted by it rescale as by any running max (exp(m_prev - m))
+                    joined = [tile_max[a] if kind[a] == Place.RMAX else mat(val[a]) for a in arefs]
+                    tile_max[i] = _apply(b, n.op, attrs, joined, fin)
+                    val[i] = b.running_max(tile_max[i])
+                    kind[i] = Place.RMAX
+                    steps.add("partition.online_softmax")
+                    continue
                 if d.has(Prop.DIFFERENCE) and ks == [Place.BODY, Place.RMAX]:
                     val[i] = b.sub(mat(val[arefs[0]]), val[arefs[1]])
                     kind[i] = Place.SHIFT
@@ -938,6 +972,11 @@ def _build_split(an: Analysis, cfg: Config, b: BlockBuilder, mg: MuGraph, ins: l
         if not free:
             raise Infeasible("split-KV: a partial result has no free dim to place the splits along")
         pl = max(free)
+        if cfg.combine_whole:  # the splits along a size-1 dim: one tile of every split, reduced along that dim
+            ones = [d for d in free if nodes[i].outs[0].shape[d] == 1]
+            if not ones:
+                raise Infeasible("split-KV: a partial result has no size-1 dim to hold the splits in one tile")
+            pl = ones[0]
         placements.append(pl)
         base = omap_for(i, axes)
         if what == "max" or acc[i].kind is AccKind.MAX:
@@ -947,16 +986,19 @@ def _build_split(an: Analysis, cfg: Config, b: BlockBuilder, mg: MuGraph, ins: l
         else:
             t = val[i]
         b.output(t, (*base, pl))
+    if cfg.combine_whole and len(set(placements)) > 1:
+        raise Infeasible("split-KV: the partials hold their splits along different dims")
     parts = mg.custom(b.build(check=False), ins)
     # combine kernel
     cgrid = [p for _, p in cfg.grid] or [1]
     if cfg.combine_refine > 1:
         cgrid[_widest(an, cfg.grid)] *= cfg.combine_refine
         steps.add("partition.combine_grid")
-    c = BlockBuilder(tuple(cgrid), cfg.splits)
+    whole = cfg.combine_whole
+    c = BlockBuilder(tuple(cgrid), 1 if whole else cfg.splits)
     cin: dict[tuple[str, int], Tensor] = {}
     for k, ((what, i), pl) in enumerate(zip(part_nodes, placements, strict=True)):
-        cin[(what, i)] = c.input(k, parts[k].type, _imap(an.labels[i], axes), pl)
+        cin[(what, i)] = c.input(k, parts[k].type, _imap(an.labels[i], axes), None if whole else pl)
     cval: dict[int, Any] = {}
     crm: dict[int, Tensor] = {}
 
@@ -999,6 +1041,17 @@ def _build_split(an: Analysis, cfg: Config, b: BlockBuilder, mg: MuGraph, ins: l
             continue
         kd = acc[i].kind
         p = cin[("acc", i)]
+        if whole:  # (every placement the same dim: checked above)
+            ax = placements[0]
+            if kd is AccKind.SUM:
+                cval[i] = c.sum(p, axis=ax)
+                continue
+            r = i if kd is AccKind.MAX else acc[i].rm
+            assert r is not None
+            if r not in crm:  # the max over the splits (a running max's, once for all its rescaled sums)
+                crm[r] = c.max(max_part(r), axis=ax)
+            cval[i] = crm[r] if kd is AccKind.MAX else c.sum(c.mul(p, c.exp(c.sub(max_part(r), crm[r]))), axis=ax)
+            continue
         if kd is AccKind.SUM:
             cval[i] = c.loop_sum(p)
         elif kd is AccKind.MAX:
