@@ -332,3 +332,50 @@ def test_bfloat16_training_errors_are_eagers_once_the_interpreter_rounds_as_a_gp
     assert up.rel_err(got, want) <= 1.25 * up.rel_err(out, want) + 1e-4
     for g, e, w in zip(grads, eager, wgrads, strict=True):
         assert up.rel_err(g, w) <= 1.25 * up.rel_err(e, w) + 1e-4, (up.rel_err(g, w), up.rel_err(e, w))
+
+
+# --------------------------------------------------------------------------- complex numbers
+
+
+class _ComplexRope(nn.Module):
+    """Meta's LLaMA / torchtitan rotary: ``view_as_real(view_as_complex(x.reshape(..., -1, 2)) * freqs_cis)`` with a
+    complex64 buffer of unit rotations."""
+
+    def __init__(self, leak: bool = False) -> None:
+        super().__init__()
+        self.q = nn.Linear(D, D)
+        ang = torch.outer(torch.arange(T).float(), 1.0 / (100 ** (torch.arange(0, HD, 2).float() / HD)))
+        self.register_buffer("freqs", torch.polar(torch.ones_like(ang), ang), persistent=False)
+        self.leak = leak
+
+    def forward(self, x: torch.Tensor) -> Any:
+        q = self.q(x).float().reshape(B, T, H, HD // 2, 2)
+        qc = torch.view_as_complex(q) * self.freqs.view(1, T, 1, HD // 2)
+        out = torch.view_as_real(qc).flatten(2).type_as(x)
+        return (out, qc) if self.leak else out
+
+
+def test_complex_rotary_lifts_as_real_arithmetic() -> None:
+    rep = _run(_ComplexRope(), _x(), train=False)
+    assert {"view_as_complex", "view_as_real", "mul"} <= _taken(rep) and not rep.left, rep.summary()
+
+
+@pytest.mark.slow
+def test_complex_rotary_train() -> None:
+    rep = _run(_ComplexRope(), _x(), train=True)
+    assert not rep.left and any(p.taken and p.kind == "backward" for p in rep.partitions), rep.summary()
+
+
+def test_a_complex_result_leaving_the_partition_stays_in_aten() -> None:
+    """The kernels hold a complex value as its real view: one the module returns is made by ATen (reason: dtype), and
+    both results are right."""
+    model, xs = _ComplexRope(leak=True), _x()
+    from verimirage.integrations.dynamo import backend
+
+    rep = Report()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = torch.compile(model, backend=backend(report=rep, **OPTS))(*xs)
+        want = model(*xs)
+    assert torch.allclose(got[0], want[0], atol=1e-6) and torch.allclose(got[1], want[1], atol=1e-6)
+    assert _left(rep).get("mul") == capture.Reason.DTYPE.value, rep.summary()

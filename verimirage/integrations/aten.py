@@ -99,6 +99,9 @@ class LV:
     #: ``where`` and ``masked_fill`` as their mask, which swap their branches (:func:`_not`); never a result of a
     #: partition
     negated: bool = False
+    #: a complex64 value held as its real view (``torch.view_as_real``: float32, a trailing dim of 2 for the real and
+    #: imaginary parts; ``shape`` is that view's): read only by :data:`COMPLEX_OPS`; never a result of a partition
+    cplx: bool = False
 
     @property
     def exact(self) -> bool:
@@ -369,6 +372,10 @@ def _binary(op: str) -> Handler:
         if kwargs.get("rounding_mode") is not None:
             raise Unsupported(Reason.NOT_IN_REGISTRY, f"{op} with rounding_mode")
         g = ctx.g
+        if op == "mul" and isinstance(a, LV) and a.cplx:
+            return _cmul(ctx, a, b, out)
+        if op == "mul" and isinstance(b, LV) and b.cplx:
+            return _cmul(ctx, b, a, out)
         if op in ("add", "sub", "rsub") and alpha != 1:
             # alpha scales ``other`` in add/sub (a + alpha b) but ``self`` in rsub (b - alpha a)
             scaled = a if op == "rsub" else b
@@ -629,6 +636,74 @@ def _unbind(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> tupl
     v = args[0]
     dim = int(args[1]) if len(args) > 1 else int(kwargs.get("dim", 0))
     return tuple(_select(ctx, [v, dim, i], {}, o) for i, o in enumerate(out))
+
+
+# -- complex numbers (LLaMA's ``view_as_complex(x) * freqs_cis`` rotary), held as real views (:attr:`LV.cplx`)
+
+#: ATen ops that may read a complex value: these handlers, the view ops (their results get the trailing 2) and the
+#: identities
+COMPLEX_OPS = frozenset({"view_as_complex", "view_as_real", "mul", "_conj", "conj_physical", "_conj_physical",
+                         "clone", "detach", "alias", "contiguous", "lift_fresh_copy"})
+#: views of a complex value: the same view of its real view with the trailing 2 kept last
+COMPLEX_VIEWS = frozenset({"view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "expand", "flatten",
+                           "unflatten", "view_as", "_reshape_alias"})
+
+
+@handles("view_as_complex")
+def _view_as_complex(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    """``view_as_complex(x)`` of float32 pairs ``(..., 2)``: the same tensor, read as complex numbers."""
+    v = args[0]
+    if not isinstance(v, LV) or v.cplx or v.mask or v.t.dtype != DType.float32 or v.shape[-1:] != (2,):
+        raise Unsupported(Reason.DTYPE, "view_as_complex of anything but float32 pairs")
+    return LV(ctx.exact(v), v.shape, cplx=True)
+
+
+@handles("view_as_real")
+def _view_as_real(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    v = args[0]
+    if not (isinstance(v, LV) and v.cplx):
+        raise Unsupported(Reason.DTYPE, "view_as_real of a tensor that is not complex")
+    return dataclasses.replace(v, cplx=False)
+
+
+def _parts(ctx: Ctx, v: LV) -> tuple[Tensor, Tensor]:
+    """The real and imaginary parts of complex ``v``, each with a trailing dim of 1."""
+    t = ctx.exact(v)
+    ax = len(t.shape) - 1
+    return emit(ctx.g, "slice", t, ax, 0, 1), emit(ctx.g, "slice", t, ax, 1, 2)
+
+
+def _complex(ctx: Ctx, re: Tensor, im: Tensor, out: Any) -> LV:
+    r = emit(ctx.g, "concat", [re, im], len(re.shape) - 1)
+    return LV(r, (*_shape(out), 2), cplx=True)
+
+
+def _cmul(ctx: Ctx, a: Any, b: Any, out: Any) -> LV:
+    """``a * b`` with ``a`` complex: ``(ar br - ai bi, ar bi + ai br)`` for complex ``b``, each part times ``b`` for a
+    real tensor or a number."""
+    if not ctx.layout("slice"):
+        raise Unsupported(Reason.LAYOUT, "complex arithmetic needs the registry's slice")
+    g = ctx.g
+    ar, ai = _parts(ctx, a)
+    if isinstance(b, LV) and b.cplx:
+        br, bi = _parts(ctx, b)
+        re = emit(g, "sub", emit(g, "mul", ar, br), emit(g, "mul", ai, bi))
+        return _complex(ctx, re, emit(g, "add", emit(g, "mul", ar, bi), emit(g, "mul", ai, br)), out)
+    if _num(b):
+        return _complex(ctx, emit(g, "scale", ar, c=float(b)), emit(g, "scale", ai, c=float(b)), out)
+    if isinstance(b, LV) and not b.mask and b.t.dtype == DType.float32 and ctx.layout("reshape"):
+        tb = emit(g, "reshape", ctx.exact(b), (*b.shape, 1))
+        return _complex(ctx, emit(g, "mul", ar, tb), emit(g, "mul", ai, tb), out)
+    raise Unsupported(Reason.DTYPE, "a complex product with anything but a complex or float32 tensor or a number")
+
+
+@handles("_conj", "conj_physical", "_conj_physical")
+def _conj(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    v = args[0]
+    if not (isinstance(v, LV) and v.cplx):
+        raise Unsupported(Reason.DTYPE, "conj of a tensor that is not complex")
+    re, im = _parts(ctx, v)
+    return _complex(ctx, re, emit(ctx.g, "neg", im), out)
 
 
 def _strided(n: int, s: int, e: int, k: int) -> tuple[int, int, int]:

@@ -17,6 +17,7 @@ its ATen ops for good (recorded too).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import operator
@@ -35,6 +36,8 @@ from ..ir.dtypes import DType
 from ..ir.errors import GraphError
 from ..ir.graph import Graph
 from .aten import (
+    COMPLEX_OPS,
+    COMPLEX_VIEWS,
     CREATION_OPS,
     HANDLERS,
     INDEX_OPERANDS,
@@ -213,6 +216,8 @@ class Lifted:
     #: tensors the ATen ops read but the kernels do not (arguments a handler leaves unread: a shape-only input, SDPA's
     #: RNG state): passed after ``inputs`` to the partition, for its ATen ops (the check, the fallback) only
     extra: tuple[fx.Node, ...] = ()
+    #: complex64 inputs: the graph's input is their real view (``torch.view_as_real``), which the runner makes
+    complex_inputs: frozenset[int] = frozenset()
 
 
 def lift(nodes: Sequence[fx.Node], *, strict: bool = False) -> Lifted:
@@ -232,6 +237,7 @@ def lift(nodes: Sequence[fx.Node], *, strict: bool = False) -> Lifted:
     bounds: list[tuple[int, int, int | None]] = []
     extra: list[fx.Node] = []
     cast_inputs: dict[fx.Node, fx.Node] = {}  # integer input -> the conversion to a float that reads it
+    complex_inputs: set[int] = set()
 
     def val(a: Any, user: fx.Node) -> Any:
         if isinstance(a, fx.Node):
@@ -254,7 +260,11 @@ def lift(nodes: Sequence[fx.Node], *, strict: bool = False) -> Lifted:
                 raise LiftError(user, Reason.NOT_TENSOR, f"operand {a.name} is not a tensor")
             try:
                 shape = _static_shape(v)
-                dt = DType.float32 if index else vm_dtype(cast if cast is not None else v.dtype)
+                if v.dtype == torch.complex64:  # held as its real view, made by the runner on entry
+                    complex_inputs.add(len(inputs))
+                    shape = (*shape, 2)
+                dt = DType.float32 if index or v.dtype == torch.complex64 else vm_dtype(
+                    cast if cast is not None else v.dtype)
             except Unsupported as e:
                 raise LiftError(user, e.reason, f"operand {a.name}: {e}") from None
             if cast is not None:  # an integer (or boolean) tensor converted to a float: converted on entry
@@ -267,7 +277,7 @@ def lift(nodes: Sequence[fx.Node], *, strict: bool = False) -> Lifted:
             input_ref[t.ref] = len(inputs)
             input_pos[a] = len(inputs)
             inputs.append(a)
-            env[a] = LV(t, shape)
+            env[a] = LV(t, shape, cplx=len(inputs) - 1 in complex_inputs)
             return env[a]
         if isinstance(a, (list, tuple)):
             return type(a)(val(x, user) for x in a)
@@ -316,7 +326,15 @@ def lift(nodes: Sequence[fx.Node], *, strict: bool = False) -> Lifted:
             if first is not None and first[1].is_floating_point:
                 with contextlib.suppress(Unsupported):
                     ctx.out_dtype = vm_dtype(first[1])
+            cview = False
+            if any(isinstance(a, LV) and a.cplx for a in (*args, *kwargs.values())):
+                if name in COMPLEX_VIEWS and isinstance(out, tuple):  # the view of the real view, the 2 kept last
+                    out, cview = ((*out[0], 2), torch.float32), True
+                elif name not in COMPLEX_OPS:
+                    raise Unsupported(Reason.DTYPE, f"aten.{name} of a complex tensor")
             res = h(ctx, args, kwargs, out)
+            if cview and isinstance(res, LV):
+                res = dataclasses.replace(res, cplx=True)
             _check_result(name, res, out)
             env[n] = res
         except LiftError:
@@ -339,6 +357,9 @@ def lift(nodes: Sequence[fx.Node], *, strict: bool = False) -> Lifted:
         v = env[n]
         if not isinstance(v, LV):
             raise LiftError(n, Reason.LAYOUT, f"{n.name}: its results are used outside, but not all are lifted")
+        if v.cplx:
+            raise LiftError(n, Reason.DTYPE, f"{n.name}: a complex value used outside the partition (the kernels "
+                                             "hold it as its real view)", alone=True)
         if v.mask:
             raise LiftError(n, Reason.DTYPE, f"{n.name}: a comparison's booleans used outside the partition (the "
                                              "kernels hold them as 0/1 floats)", alone=True)
@@ -368,7 +389,7 @@ def lift(nodes: Sequence[fx.Node], *, strict: bool = False) -> Lifted:
             user = next(u for u in nodes if inputs[i] in u.all_input_nodes)
             raise LiftError(user, Reason.NO_COMPUTE, f"{user.name} only passes a view of an input through")
     return Lifted(g, list(nodes), inputs, outputs, out_map, out_meta, ctx.consts, frozenset(int_inputs),
-                  tuple(bounds), tuple(a for a in extra if a not in inputs))
+                  tuple(bounds), tuple(a for a in extra if a not in inputs), frozenset(complex_inputs))
 
 
 #: ATen ops whose result is a view of their first operand (shares its memory)
@@ -456,6 +477,10 @@ def _check_result(name: str, res: Any, out: Any) -> None:
         if not isinstance(r, LV):
             raise Unsupported(Reason.NOT_IN_REGISTRY, f"aten.{name}: no lifted result")
         shape, dt = o
+        if r.cplx:  # a complex value held as its real view (LV.cplx); never a partition result
+            if dt != torch.complex64 or r.shape != (*shape, 2):
+                raise Unsupported(Reason.DTYPE, f"aten.{name}: a complex64 value {r.shape} where ATen has {dt}")
+            continue
         if r.mask and dt == torch.bool:  # a comparison held as 0/1 (LV.mask); never a partition result
             if r.shape != tuple(shape):
                 raise Unsupported(Reason.LAYOUT, f"aten.{name}: lifted shape {r.shape}, ATen has {tuple(shape)}")
@@ -526,7 +551,8 @@ class PartitionRunner:
         dev = xs[0].device if xs else torch.device("cpu")
         ints = self.lifted.int_inputs
         xs = xs[:len(self.lifted.inputs)]  # (the extra tensors are for the ATen ops)
-        want = self._entry_dtypes
+        want, cplx = self._entry_dtypes, self.lifted.complex_inputs
+        xs = [torch.view_as_real(x.resolve_conj()) if i in cplx else x for i, x in enumerate(xs)]
         named = {f"in{i}": (x.to(want[i]) if i in ints else x).reshape(1) if x.dim() == 0 else
                  (x.to(want[i]) if i in ints else x) for i, x in enumerate(xs)}  # rank 0: (1,) (lift)
         consts = self._consts(dev)
@@ -683,6 +709,10 @@ def example_like(v: torch.Tensor, gen: torch.Generator, device: torch.device, si
     size = 1 + sum((d - 1) * st for d, st in zip(shape, stride, strict=True) if d > 0)
     if v.dtype == torch.bool:
         buf = torch.rand(size, generator=gen) > 0.5
+    elif v.is_complex():
+        r = torch.rand(2, size, generator=gen, dtype=torch.float32)
+        r = (2.0 * r - 1.0) * signed if signed > 0 else r + 0.5
+        buf = torch.complex(r[0], r[1]).to(v.dtype)
     elif v.is_floating_point():
         r = torch.rand(size, generator=gen, dtype=torch.float32)
         buf = ((2.0 * r - 1.0) * signed if signed > 0 else r + 0.5).to(v.dtype)
