@@ -343,6 +343,50 @@ def _grow_leading(x: str, shape: list[int], ax: int, to: int) -> str:
             f"{tuple(shape)})")
 
 
+def _index_text(j: str, sizes: Sequence[int], *, bounded: bool) -> list[str]:
+    """The row-major multi-index over ``sizes`` of flat index expression ``j``: one expression per dim (``0`` for
+    a size-1 dim), each in range (``bounded``: ``j`` is below ``prod(sizes)``, so the leading one needs no
+    ``%``)."""
+    out = []
+    for d, (st, n) in enumerate(zip(_strides(sizes), sizes, strict=True)):
+        if n == 1:
+            out.append("0")
+            continue
+        q = j if st == 1 else f"({j} // {st})"
+        lead = all(m == 1 for m in sizes[:d])
+        out.append(q if bounded and lead else f"({q} % {n})")
+    return out
+
+
+def _strides(shape: Sequence[int]) -> list[int]:
+    return [math.prod(shape[d + 1:]) for d in range(len(shape))]
+
+
+def _reshape_by_gather(x: str, old: tuple[int, ...], new: tuple[int, ...], p_in: tuple[int, ...],
+                       p_out: tuple[int, ...]) -> str:
+    """Row-major reshape ``old -> new`` of tile ``x`` padded to ``p_in`` into a tile padded to ``p_out``, for any
+    sizes: the tile flattened (a ``tl.reshape`` of the padded tile, exact), one ``tl.gather`` whose index maps
+    each result position to the operand position holding the same logical element (result position -> its
+    logical index over ``new`` -> the logical index over ``old`` -> the padded operand position), and the
+    positions outside ``new`` set to zero, as the power-of-two path grows them. ``x`` appears once; padding of
+    the operand is never read into data."""
+    n_in, n_out = math.prod(p_in), math.prod(p_out)
+    for n in (n_in, n_out):
+        if n > TRITON_MAX_NUMEL:
+            raise GraphError(f"codegen: reshape {old} -> {new} of a padded tile {p_in} -> {p_out} needs a gather of "
+                             f"{n} elements, above Triton's limit of {TRITON_MAX_NUMEL} per tensor")
+    j = f"tl.arange(0, {n_out})"
+    outs = _index_text(j, p_out, bounded=True)
+    valid = " & ".join(f"({o} < {n})" for o, n, p in zip(outs, new, p_out, strict=True) if p != n)
+    logical = " + ".join(f"{o} * {st}" if st != 1 else o
+                         for o, st, n in zip(outs, _strides(new), new, strict=True) if n != 1) or "0"
+    ins = _index_text(f"({logical})", old, bounded=False)
+    src = " + ".join(f"{i} * {st}" if st != 1 else i
+                     for i, st, n in zip(ins, _strides(p_in), old, strict=True) if n != 1) or "0"
+    flat = f"tl.gather(tl.reshape({x}, ({n_in},)), {src}, 0)"
+    return f"tl.reshape({f'tl.where({valid}, {flat}, 0)' if valid else flat}, {tuple(p_out)})"
+
+
 @implements("triton", "reshape")
 def _reshape(args: Sequence[str], attrs: dict[str, Any], in_types: Sequence[TensorType], out_types: Any) -> str:
     """``tl.reshape`` of the padded tile.
@@ -351,7 +395,8 @@ def _reshape(args: Sequence[str], attrs: dict[str, Any], in_types: Sequence[Tens
     their padding along). A group padded on either side whose dims all have power-of-two sizes is reshaped on
     its logical sizes: each padded operand dim cut to its data (the leading chunk, by ``tl.split``), one
     ``tl.reshape``, and each padded result dim grown back to its tile size with zeros after the data. Other
-    padded groups (a size that is not a power of two inside a merge) raise a clear GraphError.
+    padded groups (a size that is not a power of two inside a merge: 3 heads of 80 as 240 columns) are moved by
+    one ``tl.gather`` of the flattened tile (:func:`_reshape_by_gather`).
     """
     from ..ir.ops import reshape_groups
 
@@ -364,9 +409,7 @@ def _reshape(args: Sequence[str], attrs: dict[str, Any], in_types: Sequence[Tens
         return f"tl.reshape({args[0]}, {p_out})"
     odd = sorted({old[d] for og, _ in bad for d in og} | {new[d] for _, ng in bad for d in ng})
     if not all(_pow2(n) for n in odd):
-        raise GraphError(f"codegen: reshape {old} -> {new} merges or splits dims whose tiles are padded "
-                         f"({p_in} -> {p_out}) and whose sizes {odd} are not all powers of two; expected "
-                         "power-of-two sizes on padded merged or split dims")
+        return _reshape_by_gather(args[0], old, new, p_in, p_out)
     x, cur = args[0], list(p_in)
     for og, _ in bad:
         for d in og:
