@@ -171,3 +171,41 @@ def test_search_cache_key_missed_changes_to_the_search_driver() -> None:
     hashed = {p.resolve() for _, p in search_cache.code_files()}
     for mod in (superopt, fpsafe, regions, synth, options, pricing, launch_model):
         assert Path(inspect.getfile(mod)).resolve() in hashed, mod.__name__
+
+
+def test_mugraph_declaring_its_inputs_in_another_order_was_certified_and_served_and_ran_another_function(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finding (medium-high; wrong values, silently, from a served and re-checked candidate): the checker compared the
+    two programs' inputs as a *sorted* list of names and types, so a μGraph of ``X @ W`` that declares ``W`` before
+    ``X`` (``%0 = input W; %1 = input X; matmul %1, %0``) was Proved and its certificate re-checked. But a compiled
+    program is called positionally in its own declaration order: ``vm.compile(mg)(x, w)`` computed ``w @ x`` (error
+    18 on 16 x 16 normal inputs). A search-cache entry holding that μGraph with its (valid) certificate passed every
+    check of ``search_cache.load`` and was served by ``vm.superoptimize``. The checker now requires the same inputs
+    in the same order, and the search keeps no candidate that declares them in another."""
+    import torch
+
+    from verimirage.pipeline import search_cache
+    from verimirage.pipeline.pricing import cost
+    from verimirage.pipeline.superopt import Candidate, SearchReport, SearchResult
+    from verimirage.smt.certificate import check_text
+    from verimirage.smt.certify import make_certificate
+
+    g = vm.Graph()
+    g.output(g.matmul(g.input("X", (16, 16), vm.float32), g.input("W", (16, 16), vm.float32)))
+    swapped = vm.MuGraph.parse("mugraph {\n  %0 = input {name='W'} : f32[16,16]\n  %1 = input {name='X'} : "
+                               "f32[16,16]\n  %2 = matmul %1, %0 : f32[16,16]\n  return %2\n}")
+    v = vm.verify(g, swapped)  # (equal as functions of named inputs: vm.verify's meaning)
+    assert v.proved
+    x, w = torch.randn(16, 16), torch.randn(16, 16)
+    assert (vm.compile(swapped)(x, w) - x @ w).abs().max() > 1  # (called positionally: w @ x)
+    cert = make_certificate(g, swapped, v)
+    r = check_text(cert.to_json())
+    assert not r.proved and "names, order" in r.reason, r.reason
+    monkeypatch.setenv("VERIMIRAGE_CACHE_DIR", str(tmp_path))
+    key = search_cache.cache_key(g, {"red": "team"})
+    search_cache.save(key, SearchResult([Candidate(swapped, cost(swapped), v, cert, ())], SearchReport()))
+    assert search_cache.load(key, g, recheck="all") is None
+    # the search's default verifier keeps no such candidate
+    from verimirage.pipeline.superopt import _default_verifier
+
+    assert not _default_verifier(g, 10.0, 0)(g, swapped).proved

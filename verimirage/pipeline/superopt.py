@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..ir.errors import GraphError
-from ..ir.graph import Graph, MuGraph, node_list
+from ..ir.graph import Graph, MuGraph, input_types, node_list
 from ..ir.ops import Prop, get_op
 from ..ir.reference import check_evaluable
 from ..rewrite.causal import mask_inputs, restore_masks, with_skips
@@ -178,6 +178,9 @@ def _default_verifier(graph: Graph, timeout_s: float, seed: int) -> Callable[[Gr
             state["v"] = verifier_for(graph, seed=seed)
         if a is not graph:
             raise ValueError("superoptimize: the default verifier checks candidates against the searched graph")
+        if list(input_types(a)) != list(input_types(b)):  # (the compiled candidate is called as the graph is)
+            return _unknown(f"the candidate declares its inputs {list(input_types(b))} in another order than the "
+                            f"graph's {list(input_types(a))}: called positionally it computes another function")
         return state["v"].check(b, timeout_s=timeout_s, prove_only=True)  # (a search keeps only what is proved)
 
     return run

@@ -249,10 +249,10 @@ def _programs(cert: Certificate | ComposedCertificate) -> tuple[Graph, Graph]:
         raise _Reject(f"programs: {e}") from None
     if str(g) != cert.graph_text or str(mg) != cert.mugraph_text:
         raise _Reject("program text is not canonical (print(parse(text)) != text)")
-    ins = [sorted((k, str(t)) for k, t in input_types(x).items()) for x in (g, mg)]
+    ins = [[(k, str(t)) for k, t in input_types(x).items()] for x in (g, mg)]  # (in order: called positionally)
     outs = [[str(t) for t in output_types(x)] for x in (g, mg)]
     if ins[0] != ins[1] or outs[0] != outs[1]:
-        raise _Reject(f"the programs' inputs {ins} or outputs {outs} differ (names, shapes, dtypes)")
+        raise _Reject(f"the programs' inputs {ins} or outputs {outs} differ (names, order, shapes, dtypes)")
     return g, mg
 
 
