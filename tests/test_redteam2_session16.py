@@ -226,6 +226,26 @@ def test_no_launch_of_a_committed_candidate_reads_or_writes_out_of_order_in_any_
     assert checked == 16 * len(mgs)
 
 
+def test_compile_generates_without_pdl_a_module_whose_launches_could_run_out_of_order(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Defence in depth: ``vm.compile`` under PDL checks the module it generated (``pdl_hazards``) and, should the
+    check find a hazard (a code generator change the committed candidates do not exercise), generates the module
+    without PDL and says so, rather than run launches that could overlap out of order."""
+    from test_pdl_early_loop import LORA3
+
+    import verimirage as vm
+    from verimirage.backend import runtime
+
+    monkeypatch.setattr(runtime, "_pdl_wanted", lambda: "auto")
+    prog = vm.compile(vm.MuGraph.parse(LORA3))
+    assert "gdc_wait()" in prog.path.read_text() and prog.launch_mode.get("pdl") == "auto"
+    monkeypatch.setattr(runtime, "pdl_hazards", lambda src: ["k6: a planted hazard"])
+    with caplog.at_level("WARNING", logger="verimirage.backend.runtime"):
+        prog = vm.compile(vm.MuGraph.parse(LORA3))
+    assert "gdc_" not in prog.path.read_text() and "pdl" not in prog.launch_mode
+    assert "a planted hazard" in caplog.text and "without PDL" in caplog.text
+
+
 def _lora3_auto() -> str:
     from test_pdl_early_loop import LORA3
 

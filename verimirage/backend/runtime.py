@@ -39,6 +39,7 @@ from ..ir.graph import node_list
 from ..ir.ops import TensorType
 from .cache import atomic_write, cache_dir
 from .codegen import INT32_INDEX, LaunchConfig, ModuleSource, arg_storage, generate
+from .launchcheck import pdl_hazards
 
 log = logging.getLogger(__name__)
 
@@ -1391,36 +1392,52 @@ def compile(
     mode: dict[str, Any] = {"pdl": pdl, "merge": merge, "last_block": last_block, "persistent": bool(persistent),
                             "tile_waits": tiles}
     recommended = config is None or config.tuned  # (recommend's tiles: regenerable from the μGraph and mode)
-    if config is None or config.tuned:
-        from . import tuning
+    given, asked = dict(per_kernel or {}), config
 
-        config = LaunchConfig(tuned=True)
-        # (a merged launch has one num_warps: kernels the rules give different warps stay apart; measured on an
-        # H100, benchmarks/perf/NOTES.md session 14: the layer's q projection (4 warps) merged with the k and v
-        # projections' broadcast products (16 warps) ran 36.3 us at 16 warps against 26.6 apart)
-        ms = tuning.tuned_module(program, mode)
-        nodes = node_list(ms.mugraph)
-        store = arg_storage(ms.mugraph)
-        tuned: dict[str, LaunchConfig] = {}
-        for k in ms.kernels:
-            members = k.members or (k.node,)
-            ats = [[nodes[a].outs[j] for a, j in nodes[i].args] for i in members]
-            cs = [tuning.recommend(nodes[i].attr("block"), at) for i, at in zip(members, ats, strict=True)]
-            # (the tiles are recommend's, which the certificate's digest vouches for; the stages also fit each
-            # kernel's operands' element types in memory: fp32 buffers between kernels double a pipelined tile)
-            tuned[k.name] = merged_config(cs, [nodes[i].attr("block").num_blocks for i in members],
-                                          [(nodes[i].attr("block"), at, store[i]) for i, at in zip(members, ats,
-                                                                                                   strict=True)])
-        if persistent and (w := _persistent_warps()) is not None:
-            tuned = {k: replace(c, num_warps=w) for k, c in tuned.items()}
-        per_kernel = tuned | dict(per_kernel or {})
-    else:
-        ms = generate(program, config.tiles, **mode)
-        fitted = _fit_kernels(ms, config)
-        if fitted:  # some launches need less shared memory than config gives them: regenerate those
-            fixed = {(str(n.attr("block")), tuple(nodes_t)): c for ks, _ in fitted.values() for n, nodes_t, c in ks}
-            ms = generate(program, tiles_for=lambda bg, at: fixed.get((str(bg), tuple(at)), config).tiles, **mode)
-            per_kernel = {k: c for k, (_, c) in fitted.items()} | dict(per_kernel or {})
+    def make(mode: dict[str, Any]) -> tuple[ModuleSource, LaunchConfig, Mapping[str, LaunchConfig]]:
+        """The module for ``mode``, the configuration and the per-kernel launch parameters it runs with."""
+        cfg, per = asked, given
+        if cfg is None or cfg.tuned:
+            from . import tuning
+
+            cfg = LaunchConfig(tuned=True)
+            # (a merged launch has one num_warps: kernels the rules give different warps stay apart; measured on an
+            # H100, benchmarks/perf/NOTES.md session 14: the layer's q projection (4 warps) merged with the k and v
+            # projections' broadcast products (16 warps) ran 36.3 us at 16 warps against 26.6 apart)
+            ms = tuning.tuned_module(program, mode)
+            nodes = node_list(ms.mugraph)
+            store = arg_storage(ms.mugraph)
+            tuned: dict[str, LaunchConfig] = {}
+            for k in ms.kernels:
+                members = k.members or (k.node,)
+                ats = [[nodes[a].outs[j] for a, j in nodes[i].args] for i in members]
+                cs = [tuning.recommend(nodes[i].attr("block"), at) for i, at in zip(members, ats, strict=True)]
+                # (the tiles are recommend's, which the certificate's digest vouches for; the stages also fit each
+                # kernel's operands' element types in memory: fp32 buffers between kernels double a pipelined tile)
+                tuned[k.name] = merged_config(cs, [nodes[i].attr("block").num_blocks for i in members],
+                                              [(nodes[i].attr("block"), at, store[i])
+                                               for i, at in zip(members, ats, strict=True)])
+            if persistent and (w := _persistent_warps()) is not None:
+                tuned = {k: replace(c, num_warps=w) for k, c in tuned.items()}
+            per = tuned | given
+        else:
+            ms = generate(program, cfg.tiles, **mode)
+            fitted = _fit_kernels(ms, cfg)
+            if fitted:  # some launches need less shared memory than cfg gives them: regenerate those
+                fixed = {(str(n.attr("block")), tuple(nodes_t)): c
+                         for ks, _ in fitted.values() for n, nodes_t, c in ks}
+                ms = generate(program, tiles_for=lambda bg, at: fixed.get((str(bg), tuple(at)), cfg).tiles, **mode)
+                per = {k: c for k, (_, c) in fitted.items()} | given
+        return ms, cfg, per
+
+    ms, config, per_kernel = make(mode)
+    if mode["pdl"] and (hazards := pdl_hazards(ms.source)):
+        # (the generated module's own launch order, read from its text: a launch that could read or write out of
+        # order under programmatic dependent launch is never run so; launchcheck.pdl_hazards)
+        log.warning("compile: the module generated for programmatic dependent launch could read or write out of "
+                    "order (%s); generating it without PDL", "; ".join(hazards[:3]))
+        mode["pdl"] = ""
+        ms, config, per_kernel = make(mode)
     path = write_module(ms, Path(directory) if directory is not None else None)
     try:
         mod = load_module(path, ms.source)
