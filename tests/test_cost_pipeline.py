@@ -132,7 +132,7 @@ def test_the_launch_model_answers_the_stage_warp_and_row_dot_rules_from_the_back
     from verimirage.ir.graph import node_list
     from verimirage.rewrite import cost as model
 
-    assert LAUNCHES.row_dot_max_k == codegen.ROW_DOT_MAX_K
+    assert LAUNCHES.row_dot_max_k == codegen.ROW_DOT_MAX_K and LAUNCHES.chunked_sum_k == codegen.CHUNKED_SUM_K
     for cols, frange in ((32, 16), (64, 16), (128, 16), (256, 16)):  # 24 to 136 KB a stage, 256 or more blocks
         mg = _gemm(cols, frange, k=4096, n=65536)
         nodes = node_list(mg)

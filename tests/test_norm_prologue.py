@@ -1,9 +1,10 @@
 """A weighted RMSNorm in the next projection's prologue (issue 23: fewer small kernels in the decode layer).
 
-``rms_norm(x, w) @ m = (x @ (w m)) * rsqrt(sum(x^2) / n + eps)``: each block of the projection scales its
-weight tile's rows by ``w`` (bounded: divided by ``s = max(1, max |w_i m_ij| / 2**e)`` per loop iteration, the
-product multiplied by ``s`` before its loop sum; ``stabilise.scale_weight_tiles``)
-and accumulates the row's sum of squares in the same for-loop, the row scaling applied after the loop (rule
+``rms_norm(x, w) @ m = (x @ (w m)) * rsqrt(sum(x^2) / n + eps)``, lowered with the row statistic computed
+before the loop so that each block's product operand is the source's own ``x r w`` (``((x / s) w) @ m`` times ``s``
+after the loop; ``stabilise.prologue_norm_scales``; until the sixteenth session each weight tile's rows were scaled
+by ``w / s`` instead), the row's sum of squares also accumulated in the for-loop and the row scaling applied after
+the loop (rule
 ``rms-norm-matmul``; the thirteenth session moved ``w`` off ``x``, whose ``x * w`` overflowed fp16; the search
 lowers the form directly, ``rewrite.stabilise.norm_into_projections``, as extraction by size never picks it for a
 gated FFN). The region split puts a norm that ends an epilogue (the
@@ -136,10 +137,10 @@ def test_fp16_norm_weight_side_is_finite_where_the_unscaled_weight_tile_overflow
                     if low.mugraph.num_kernels == 1 and "frange=1," not in str(low.mugraph))
 
     scaled = one_kernel()
-    monkeypatch.setattr(st, "scale_weight_tiles", lambda mg: None)
+    monkeypatch.setattr(st, "prologue_norm_scales", lambda mg: None)
     plain = one_kernel()
     monkeypatch.undo()
-    assert "clamp" in str(scaled) and "clamp" not in str(plain)
+    assert " sqrt " in str(scaled) and " sqrt " not in str(plain)
     for mg, finite in ((plain, False), (scaled, True)):
         assert isinstance(vm.verify(g, mg), vm.Proved)
         (got,), _ = evaluate_in_dtype(mg, ins)
@@ -195,7 +196,7 @@ def test_norm_read_by_three_projections_still_fuses_and_passes_the_fp_check() ->
     gn = norm_into_projections(g)
     assert gn is not None
     looped = [low.mugraph for low in lower_all(gn, rank=pricing.cost)[0]
-              if low.mugraph.num_kernels == 1 and "partition.scale_weight_tiles" in low.steps
+              if low.mugraph.num_kernels == 1 and "partition.prologue_norm_scales" in low.steps
               and "frange=1," not in str(low.mugraph)]
     assert looped and all(sc.check(mg) is None for mg in looped[:4])
     assert isinstance(vm.verify(g, looped[0]), vm.Proved)

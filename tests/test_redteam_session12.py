@@ -152,10 +152,10 @@ def test_fp16_norm_in_the_prologue_overflows_where_the_source_is_finite_and_the_
     in fp16 the dot operand ``x * w`` is inf once ``|x w| > 65504`` (x near 3e4, w near 8: the Triton kernel gave
     NaN, the source a finite result within 4e-4 of float64), and the check passed it; ``vm.verify`` proves it (over
     the reals). Now (1) the check also scales each input alone (``fpsafe.ALONE_SETS``) and rejects that form, and
-    (2) the rewrite puts ``w`` on the weight side, ``(x @ (w m)) * r``, with the weight tile bounded by ``|m|``
-    (``rewrite.stabilise.scale_weight_tiles``, which also moves ``w`` to the weight side wherever a lowering has
-    the old form, as the e-graph reaches it by rms-norm-weight, mul-assoc and matmul-rowscale): finite on the same
-    inputs, and passed by the stronger check. The old form's kernel is built here with that lowering step off."""
+    (2) the lowering's product operand is the source's own ``x r w``, the row statistic computed before the loop
+    (``rewrite.stabilise.prologue_norm_scales``, which also rewrites the old form wherever a lowering has it, as the
+    e-graph reaches it by rms-norm-weight, mul-assoc and matmul-rowscale): finite on the same inputs, and passed by
+    the stronger check. The old form's kernel is built here with that lowering step off."""
     pytest.importorskip("egglog")
     import verimirage as vm
     from verimirage.pipeline.fpsafe import evaluate_in_dtype, fp_safety
@@ -180,7 +180,7 @@ def test_fp16_norm_in_the_prologue_overflows_where_the_source_is_finite_and_the_
     import verimirage.rewrite.stabilise as st
 
     with monkeypatch.context() as mp:
-        mp.setattr(st, "scale_weight_tiles", lambda mg: None)
+        mp.setattr(st, "prologue_norm_scales", lambda mg: None)
         old_mg = next(low.mugraph for low in lower_all(old, rank=pricing.cost)[0] if low.mugraph.num_kernels == 1)
     for form, safe in ((old_mg, False), (gn, True), (old, True)):
         mg = form if safe is False else next(low.mugraph for low in lower_all(form, rank=pricing.cost)[0]

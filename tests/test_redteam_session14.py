@@ -89,8 +89,9 @@ def test_builder_apply_with_a_missing_or_malformed_attribute_raised_a_raw_python
 
 
 def scaled_weight_tile_design() -> tuple[Any, Any]:
-    """``rms_norm(X[4,64], G) @ W[64,32]`` in fp16 and its one-kernel, looped design with ``scale_weight_tiles``' fp16
-    weight tiles (the norm in the projection's prologue), checked Proved and passing the floating-point check."""
+    """``rms_norm(X[4,64], G) @ W[64,32]`` in fp16 and its one-kernel, looped design of the norm in the projection's
+    prologue (``stabilise.prologue_norm_scales``: the weight tiles unscaled, the operand the source's ``x r w``),
+    checked Proved and passing the floating-point check."""
     import verimirage as vm
     from verimirage.pipeline.fpsafe import fp_safety
     from verimirage.rewrite.partition import lower_all
@@ -102,8 +103,9 @@ def scaled_weight_tile_design() -> tuple[Any, Any]:
                       g.input("W", (64, 32), h)))
     gn = norm_into_projections(g)
     assert gn is not None
-    mg = next(low.mugraph for low in lower_all(gn, rank=pricing.cost)[0] if "partition.scale_weight_tiles" in low.steps
-              and low.mugraph.num_kernels == 1 and "frange=1," not in str(low.mugraph))
+    mg = next(low.mugraph for low in lower_all(gn, rank=pricing.cost)[0]
+              if "partition.prologue_norm_scales" in low.steps and low.mugraph.num_kernels == 1
+              and "frange=1," not in str(low.mugraph))
     assert isinstance(vm.verify(g, mg), vm.Proved) and fp_safety(g, mg) is None
     return g, mg
 

@@ -108,21 +108,18 @@ def test_search_cache_rechecked_a_tampered_huge_mugraph_in_process_without_a_mem
     assert len(seen) == 2 and seen[1].get("isolate") is False, seen
 
 
-@pytest.mark.xfail(strict=True, reason="known limit (red team 15, low): one fp16 weight-tile scale s flushes the "
-                   "products 2**40 below the tile's largest; see the test's docstring")
 def test_scaled_weight_tiles_flushed_small_products_beside_a_huge_one_in_another_column() -> None:
-    """Finding (low; recorded, not fixed): ``rms_norm(x, w) @ m`` lowered with ``scale_weight_tiles`` rounds
-    ``(w_i m_ij) / s`` to fp16 for ``tl.dot`` with one ``s = max(1, max |w_i m_ij| / 2**15)`` per loop iteration's
-    tile (be5393c, the fix of the fourteenth session's flush): a product below ``s * 2**-25`` is still flushed to 0.
-    One outlier weight ``w_0 = 6e4`` on a weight row with one large entry ``m_00 = 60`` (``s = 110``; its channel
-    idle in ``x``) beside ``w_i = 1e-3``, ``m_ij ~ 1e-3`` elsewhere: every other product ``w_i m_ij ~ 1e-6`` of
-    the outlier's tile becomes ``9e-9 -> 0``, and the outputs lose that iteration's half of their sum (51% off)
-    where the source (``x r w`` rounded to fp16, products in fp32) is within 1e-3 of float64 (Proved; the
-    floating-point check looks for non-finite values only). A scale per output
-    column (exact: it commutes with the product) would shrink this to one column's own range but multiplies the
-    clamp's applications by the tile's columns (each one a divisor the finite-field trial may draw as 0: a
-    layer-size candidate would fail its trials); a two-pass prologue (the row statistic first, then ``x r w`` as the
-    source rounds it) would remove it."""
+    """Finding (low; a strict xfail until the sixteenth session): ``rms_norm(x, w) @ m`` lowered with the
+    fourteenth session's ``scale_weight_tiles`` rounded ``(w_i m_ij) / s`` to fp16 for ``tl.dot`` with one ``s =
+    max(1, max |w_i m_ij| / 2**15)`` per loop iteration's tile (be5393c): a product below ``s * 2**-25`` was
+    flushed to 0. One outlier weight ``w_0 = 6e4`` on a weight row with one large entry ``m_00 = 60`` (``s = 110``;
+    its channel idle in ``x``) beside ``w_i = 1e-3``, ``m_ij ~ 1e-3`` elsewhere: every other product ``w_i m_ij ~
+    1e-6`` of the outlier's tile became ``9e-9 -> 0``, and the outputs lost that iteration's half of their sum
+    (51% off) where the source (``x r w`` rounded to fp16, products in fp32) is within 1e-3 of float64 (Proved;
+    the floating-point check looked for non-finite values only). Now ``stabilise.prologue_norm_scales`` gives
+    ``tl.dot`` the source's own operand ``x r w`` (the row statistic before the loop, ``w`` on the activation side)
+    and the weight tile as loaded: nothing is scaled, so nothing is flushed that the source keeps; and the
+    floating-point check's outlier sets reject the old form (``test_stale_candidates``)."""
     import numpy as np
     from test_redteam_session14 import scaled_weight_tile_design
 

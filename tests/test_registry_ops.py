@@ -159,7 +159,13 @@ ALLOWED = {
     ("rewrite/stabilise.py", "norm_into_projections"): "recognises a weighted rms_norm read by matmuls (the norm "
                                                        "into the projections' prologue, rule rms-norm-matmul)",
     ("rewrite/stabilise.py", "_row_scaled_weight"): "recognises a block product of a weight tile whose rows a norm's "
-                                                    "weight column scales (bounded by scale_weight_tiles)",
+                                                    "weight column scales (rewritten by prologue_norm_scales)",
+    ("rewrite/stabilise.py", "_norm_scale_chain"): "recognises the rsqrt(ss / k + eps) of a block input's rows that a "
+                                                   "norm in a projection's prologue applies after the loop (its "
+                                                   "statistic moves before the loop: prologue_norm_scales)",
+    ("backend/codegen.py", "_KernelGen.chunked_sums"): "streams a sum before the loop of an elementwise chain of a "
+                                                       "whole-row input in chunks (the norm prologue's statistic)",
+    ("rewrite/cost.py", "_prologue_sums"): "mirrors codegen's chunked_sums: those rows take no shared memory",
     ("rewrite/stabilise.py", "_weight_to_the_right"): "recognises a block product (x * w) @ t of input tiles, w a "
                                                       "norm's weight (moved onto t: the norm-prologue fix)",
     ("pipeline/regions.py", "_norm_to_readers"): "moves an rms_norm read only by the next chunk's matmuls into it",
@@ -174,10 +180,10 @@ ALLOWED = {
     ("pipeline/fpsafe.py", "operand_sums"): "follows add/sub/sum/loop_sum results into product operands (the fp "
                                             "check's rule against matmul-add-factor's summed weights and "
                                             "matmul-assoc's product of weights; red teams 15, 16)",
-    ("rewrite/stabilise.py", "_scaled_sites"): "recognises scale_weight_tiles' div(c, s) factor of a block product's "
-                                               "right operand",
-    ("rewrite/stabilise.py", "unscale_weight_tiles"): "takes scale_weight_tiles' form out again (the stale-candidate "
-                                                      "check re-derives it)",
+    ("rewrite/stabilise.py", "_scaled_sites"): "recognises the old scale_weight_tiles' div(c, s) factor of a block "
+                                               "product's right operand",
+    ("rewrite/stabilise.py", "unscale_weight_tiles"): "takes the old scale_weight_tiles' forms out again (the "
+                                                      "stale-candidate check re-derives the current one)",
     ("testing/analysis.py", "_max_shifted_logits"): "recognises exp(x - max x) through positive scales and casts (the "
                                                     "large regime of the generated tests)",
     ("testing/analysis.py", "_eps_guarded_reductions"): "recognises rsqrt/sqrt/reciprocal/div of a reduction plus a "

@@ -4,10 +4,11 @@ The stored μGraphs (``benchmarks/candidates*/``, their certificates in ``proofs
 ``benchmarks/candidates/*/proofs/``, the capture plans ``benchmarks/results/capture/plan_*.json`` and the
 certificates of ``tests/cases/``) are what the timing harnesses and the certificate checks read; a pass that
 changes the form it emits (``rewrite.stabilise.scale_weight_tiles``: the fourteenth session's per-iteration scale)
-leaves them carrying the old form until they are regenerated. Here every stored μGraph with a scaled weight tile is
-re-derived by the current pass from its unscaled core (``stabilise.rederive_weight_scales``) and must be unchanged;
-and the floating-point check rejects the old form on its own (``pipeline.fpsafe``: the outlier sets and the
-gross-error criterion).
+leaves them carrying the old form until they are regenerated. Here every stored μGraph with a scaled weight tile (the
+thirteenth and fourteenth sessions' forms; since the sixteenth, ``stabilise.prologue_norm_scales`` scales no
+weight tile) is re-derived by the current pass from its unscaled core (``stabilise.rederive_weight_scales``) and
+must be unchanged; and the floating-point check rejects the old forms on its own (``pipeline.fpsafe``: the outlier
+sets, a vector's outlier paired with another input's, and the gross-error criterion).
 """
 
 from __future__ import annotations
@@ -69,6 +70,47 @@ OLD_FORM = """mugraph {
 }"""
 
 
+#: the fourteenth session's form (be5393c to d9baf9a, ``scale_weight_tiles``) of the same lowering: each loop
+#: iteration's weight tile rows times ``G / s``, ``s = max(1, max |G_i W_ij| / 2**15)`` over the tile, the product
+#: times ``s`` before its loop sum
+OLD_ITERATION_FORM = """mugraph {
+  %0 = input {name='X'} : f16[4,64]
+  %1 = input {name='G'} : f16[64]
+  %2 = input {name='W'} : f16[64,32]
+  %3 = custom %0, %1, %2 {frange=2, grid=(1,)} : f16[4,32] {
+    %0 = input {arg=0, fmap=1, imap=(0,), shape=(4, 64)} : f16[4,32]
+    %1 = input {arg=1, fmap=0, imap=(None,), shape=(64,)} : f16[32]
+    %2 = input {arg=2, fmap=0, imap=(None,), shape=(64, 32)} : f16[32,32]
+    %3 = square %0 : f16[4,32]
+    %4 = sum %3 {axis=1} : f16[4,1]
+    %5 = loop_sum %4 : f16[4,1]
+    %6 = reshape %1 {shape=(64, 1), src=(64,)} : f16[32,1]
+    %7 = abs %2 : f16[32,32]
+    %8 = max %7 {axis=1} : f16[32,1]
+    %9 = abs %6 : f16[32,1]
+    %10 = mul %8, %9 : f16[32,1]
+    %11 = max %10 {axis=0} : f16[1,1]
+    %12 = scale %11 {c=3.0517578125e-05} : f16[1,1]
+    %13 = clamp %12 {hi=65504.0, lo=1.0} : f16[1,1]
+    %14 = div %6, %13 : f16[32,1]
+    %15 = mul %14, %2 : f16[32,32]
+    %16 = matmul %0, %15 : f16[4,32]
+    %17 = mul %16, %13 : f16[4,32]
+    %18 = loop_sum %17 : f16[4,32]
+    %19 = fused %18, %5 : f16[4,32] {
+      %0 = arg {index=0} : f16[4,32]
+      %1 = arg {index=1} : f16[4,1]
+      %2 = scale %1 {c=0.015625} : f16[4,1]
+      %3 = shift %2 {c=1e-05} : f16[4,1]
+      %4 = rsqrt %3 : f16[4,1]
+      %5 = mul %0, %4 : f16[4,32]
+      return %5
+    }
+    output %19 {omap=(0,)}
+  }
+  return %3
+}"""
+
 def _norm_proj(h: vm.DType = vm.float16) -> vm.Graph:
     g = vm.Graph()
     g.output(g.matmul(g.rms_norm(g.input("X", (4, 64), h), g.input("G", (64,), h), eps=1e-5),
@@ -84,7 +126,7 @@ def _current_form(g: vm.Graph) -> MuGraph:
     gn = norm_into_projections(g)
     assert gn is not None
     return next(low.mugraph for low in lower_all(gn, rank=pricing.cost)[0]
-                if "partition.scale_weight_tiles" in low.steps and low.mugraph.num_kernels == 1
+                if "partition.prologue_norm_scales" in low.steps and low.mugraph.num_kernels == 1
                 and "frange=2," in str(low.mugraph))
 
 
@@ -108,42 +150,44 @@ def _stored_texts(v: Any, where: str) -> Iterator[tuple[str, str]]:
 
 
 def test_committed_candidates_carry_the_weight_tile_scales_the_current_pass_derives() -> None:
-    """Every committed μGraph with a scaled weight tile is what ``scale_weight_tiles`` derives now from its
-    unscaled core: the layer_np candidates and their certificates carried the one ``s = max |w|`` per block until
-    this session (stale after be5393c). Regenerate a stale one through its search (``benchmarks/layer.py prepare``,
-    ``benchmarks/prepare_candidates.py``) and re-record its certificate, never by editing the text."""
+    """No committed μGraph carries a scaled weight tile the current pass would not derive from its unscaled core
+    (since the sixteenth session none at all: ``prologue_norm_scales`` scales no weight tile): the layer_np
+    candidates and their certificates carried the one ``s = max |w|`` per block until the fifteenth session (stale
+    after be5393c), then the per-iteration ``s`` until the sixteenth. Regenerate a stale one through its search
+    (``benchmarks/layer.py prepare``, ``benchmarks/prepare_candidates.py``) and re-record its certificate, never by
+    editing the text."""
     seen: set[str] = set()
-    stale, scaled = [], 0
+    stale, current = [], 0
     for pattern in STORED:
         for path in sorted(ROOT.glob(pattern)):
             for where, text in _stored_texts(json.loads(path.read_text()), str(path.relative_to(ROOT))):
                 if text in seen:
                     continue
                 seen.add(text)
-                if " div " not in text:  # (a scaled weight column is a div)
+                if " div " not in text:  # (a scaled weight column is a div; so is the current form's operand)
                     continue
                 mg = MuGraph.parse(text)
-                again = rederive_weight_scales(mg)
-                scaled += again is not mg
-                if str(again) != text:
+                current += " sqrt " in text and "fmap=None" in text  # (the norm's statistic before the loop)
+                if str(rederive_weight_scales(mg)) != text:
                     stale.append(where)
     assert len(seen) > 500  # (the sets were read: ~2,500 distinct μGraphs)
-    assert scaled >= 2  # (the layer_np candidates scale the FFN's weight tiles)
+    assert current >= 2  # (the layer_np candidates: the FFN's norm in its gate/up kernel's prologue)
     assert not stale, f"stale μGraph forms (re-search these): {stale}"
 
 
 def test_rederived_weight_scales_replace_the_old_whole_weight_scale_and_keep_the_current_one() -> None:
-    """The re-derivation is a fixed point on the current pass's own form and turns the thirteenth session's
-    form into it (the second load of ``G`` and its kernel operand dropped); a μGraph without a scaled weight tile
-    is returned as is."""
+    """The re-derivation is a fixed point on the current pass's own form and turns the thirteenth and fourteenth
+    sessions' forms into it (the thirteenth's second load of ``G`` and its kernel operand dropped, X loaded once
+    more for the row statistic); the core (no scale) is returned as is."""
     g = _norm_proj()
     new = _current_form(g)
-    old = MuGraph.parse(OLD_FORM)
     assert str(rederive_weight_scales(new)) == str(new)
-    assert str(rederive_weight_scales(old)) == str(new)
-    core = unscale_weight_tiles(old)
-    assert core is not None and " div " not in str(core) and isinstance(vm.verify(g, core), vm.Proved)
-    assert unscale_weight_tiles(core) is None and rederive_weight_scales(core) is core
+    for text in (OLD_FORM, OLD_ITERATION_FORM):
+        old = MuGraph.parse(text)
+        assert str(rederive_weight_scales(old)) == str(new)
+        core = unscale_weight_tiles(old)
+        assert core is not None and " div " not in str(core) and isinstance(vm.verify(g, core), vm.Proved)
+        assert unscale_weight_tiles(core) is None and rederive_weight_scales(core) is core
 
 
 def test_fp_check_passed_a_weight_scale_that_flushed_small_weights_to_zero() -> None:
@@ -176,6 +220,23 @@ def test_fp_check_passed_a_weight_scale_that_flushed_small_weights_to_zero() -> 
     (got,), _ = evaluate_in_dtype(old, ins, generated=True)
     assert np.abs(got).max() == 0.0  # (every output flushed)
 
+
+def test_fp_check_passed_the_per_iteration_weight_scale_that_flushed_products_beside_a_huge_one() -> None:
+    """Finding (low; red team 15's strict xfail): the fourteenth session's form (:data:`OLD_ITERATION_FORM`) passed
+    the floating-point check, whose outlier sets give one input an outlier and keep every other idle at index 0,
+    so the weight row that meets ``G``'s outlier was 0 and ``s`` stayed 1. Its flush needs two outliers that meet
+    in one product (``G_0`` and ``W_00``: ``s = G_0 W_00 / 2**15``, the products ``G_i W_ij`` of tiny entries below
+    ``s * 2**-24``). Now a vector input's outlier is also paired with every other input's (``fpsafe``'s
+    OUTLIER_PAIRS): the old form is rejected there (every output flushed), the current one passes every set."""
+    from verimirage.pipeline.fpsafe import SafetyChecker
+
+    g = _norm_proj()
+    old, new = MuGraph.parse(OLD_ITERATION_FORM), _current_form(g)
+    assert isinstance(vm.verify(g, old), vm.Proved)
+    sc = SafetyChecker(g)
+    why = sc.check(old)
+    assert why is not None and "G and W one element near" in why, why
+    assert sc.check(new) is None
 
 def test_bf16_weight_tiles_flushed_small_weights_beside_a_weight_near_1e38() -> None:
     """Finding (low: needs a weight near bf16's largest value), found by the outlier sets: after be5393c a bf16

@@ -1,16 +1,17 @@
-"""A/B of the norm-in-the-prologue weight-tile scale (``rewrite.stabilise.scale_weight_tiles``) on the GPU: the
-thirteenth session's one ``s = max(1, max |w|)`` per block (the weight vector loaded once more before the loop, the
-loop sum times ``s`` after it) against the fourteenth's ``s = max(1, max |w_i W_ij| / 2**15)`` per loop iteration
-(an abs-max over each weight tile, the product times ``s`` before it is summed).
+"""A/B of the norm-in-the-prologue weight forms on the GPU: the fourteenth session's weight tile scale
+(``s = max(1, max |w_i W_ij| / 2**15)`` per loop iteration, ``scale_weight_tiles`` of main at d9baf9a: the weight tile's
+rows times ``w / s`` before its ``tl.dot``) against the sixteenth's ``stabilise.prologue_norm_scales`` (the row
+statistic before the loop, the operand ``x r w`` as the source rounds it, the weight tile to ``tl.dot`` as loaded),
+and, as the floor, the unweighted ``rms_norm(x) @ W``'s best one-kernel lowering (the suite's rmsnorm_linear form).
 
     python benchmarks/perf/weight_scale_ab.py prepare   # CPU: writes weight_scale_ab.json beside this file
     python benchmarks/perf/weight_scale_ab.py time [--json OUT]   # GPU
 
 ``prepare`` lowers ``rms_norm(x, w) @ W`` (fp16, weighted) at the suite's rmsnorm_linear shapes and the decode
-layer's gate projection, keeps the cost model's best two one-kernel lowerings with scaled weight tiles, and writes
-each in both forms: the current pass's and the old one's (``stabilise.py`` of be5393c^, loaded from git). ``time``
-checks each against a float64 reference (max abs error / max |ref| <= 2e-2, two fresh input draws), then times it
-with ``do_bench_cudagraph`` (median of 10 replays of a ``--rep-ms`` graph, µs), old and new alternating, twice each.
+layer's gate projection, keeps the cost model's best two one-kernel lowerings in the new form, and writes each
+lowering in both forms (the old one from ``git show d9baf9a:verimirage/rewrite/stabilise.py``). ``time`` checks
+each against a float64 reference (max abs error / max |ref| <= 2e-2, two fresh input draws), then times it with
+``do_bench_cudagraph`` (median of a ``--rep-ms`` graph's replays, µs), the forms alternating, twice each.
 """
 
 from __future__ import annotations
@@ -42,13 +43,27 @@ def _graph(rows: int, k: int, n: int):  # type: ignore[no-untyped-def]
     return g
 
 
+def _bare(rows: int, k: int, n: int, expanded: bool = False):  # type: ignore[no-untyped-def]
+    """The unweighted ``rms_norm(x) @ W``; ``expanded``: as the e-graph writes it for its one-kernel lowering,
+    ``(x @ W) * rsqrt(sum(x**2) / k + eps)`` (rms-norm-expand, matmul-rowscale)."""
+    import verimirage as vm
+
+    h = vm.float16
+    g = vm.Graph()
+    x, w = g.input("X", (rows, k), h), g.input("W", (k, n), h)
+    if expanded:
+        g.output(g.mul(g.matmul(x, w), g.rsqrt(g.shift(g.scale(g.sum(g.square(x), axis=1), 1.0 / k), 1e-5))))
+    else:
+        g.output(g.matmul(g.rms_norm(x, eps=1e-5), w))
+    return g
+
+
 def prepare() -> None:
+    import verimirage.rewrite.partition as P
     import verimirage.rewrite.stabilise as st
     from verimirage.pipeline import pricing
-    from verimirage.rewrite.cost import cost
-    from verimirage.rewrite.partition import lower_all
 
-    src = subprocess.run(["git", "show", "be5393c^:verimirage/rewrite/stabilise.py"], cwd=ROOT, check=True,
+    src = subprocess.run(["git", "show", "d9baf9a:verimirage/rewrite/stabilise.py"], cwd=ROOT, check=True,
                          capture_output=True, text=True).stdout
     with tempfile.TemporaryDirectory() as d:
         p = Path(d) / "old_stabilise.py"
@@ -62,18 +77,31 @@ def prepare() -> None:
         g = _graph(rows, k, n)
         gn = st.norm_into_projections(g)
         assert gn is not None
-        lows = [low for low in lower_all(gn, rank=pricing.cost)[0]
-                if "partition.scale_weight_tiles" in low.steps and low.mugraph.num_kernels == 1]
-        lows.sort(key=lambda low: cost(low.mugraph).time_s)
-        for rank, low in enumerate(lows[:2]):
-            core = st.unscale_weight_tiles(low.mugraph)
-            assert core is not None
-            was = old.scale_weight_tiles(core)
-            assert was is not None
-            rows_out.append({"case": name, "shape": [rows, k, n], "rank": rank, "new": str(low.mugraph),
-                             "old": str(was), "cost_us": cost(low.mugraph).time_s * 1e6,
-                             "cost_old_us": cost(was).time_s * 1e6})
-            print(f"{name} rank {rank}: cost new {rows_out[-1]['cost_us']:.1f} old {rows_out[-1]['cost_old_us']:.1f}")
+        keep = P._norm_operands
+        P._norm_operands = lambda low: low  # (the raw lowerings: both forms are made from each)
+        try:
+            raw = [low for low in P.lower_all(gn, rank=pricing.cost)[0] if low.mugraph.num_kernels == 1]
+        finally:
+            P._norm_operands = keep
+        pairs = []
+        for low in raw:
+            try:
+                new = st.prologue_norm_scales(low.mugraph)
+            except ValueError:
+                continue
+            was = old.scale_weight_tiles(low.mugraph)
+            if new is not None and was is not None:
+                pairs.append((pricing.cost(new).time_s, new, was))
+        pairs.sort(key=lambda p: p[0])
+        bare = min((low.mugraph for low in P.lower_all(_bare(rows, k, n, expanded=True), rank=pricing.cost)[0]
+                    if low.mugraph.num_kernels == 1 and "frange=1," not in str(low.mugraph)),
+                   key=lambda m: pricing.cost(m).time_s)  # (with a loop: the one-step forms' smem is too large)
+        for rank, (c, new, was) in enumerate(pairs[:2]):
+            rows_out.append({"case": name, "shape": [rows, k, n], "rank": rank, "new": str(new), "old": str(was),
+                             "bare": str(bare), "cost_us": c * 1e6, "cost_old_us": pricing.cost(was).time_s * 1e6,
+                             "cost_bare_us": pricing.cost(bare).time_s * 1e6})
+            print(f"{name} rank {rank}: cost new {rows_out[-1]['cost_us']:.1f} old {rows_out[-1]['cost_old_us']:.1f}"
+                  f" bare {rows_out[-1]['cost_bare_us']:.1f}")
     DATA.write_text(json.dumps(rows_out, indent=1))
 
 
@@ -93,36 +121,40 @@ def time_all(out: Path | None, max_rank: int, rep_ms: int) -> None:
         g = _graph(*r["shape"])
         if r["rank"] > max_rank:
             continue
-        fns = {f: vm.compile(vm.MuGraph.parse(r[f])) for f in ("old", "new")}
-        errs = {"old": 0.0, "new": 0.0}
+        forms = ("old", "new", "bare")
+        fns = {f: vm.compile(vm.MuGraph.parse(r[f])) for f in forms}
+        errs = {f: 0.0 for f in forms}
         for seed in (1, 2):
             rng = np.random.default_rng(seed)
             ins = {"X": rng.uniform(-1, 1, (r["shape"][0], r["shape"][1])),
                    "G": rng.uniform(0.5, 1.5, r["shape"][1]),
                    "W": rng.uniform(-0.05, 0.05, (r["shape"][1], r["shape"][2]))}
             ins = {k_: v.astype(np.float16).astype(np.float64) for k_, v in ins.items()}
-            want = vm.evaluate(g, ins)[0]
-            dev_ins = [torch.tensor(ins[k_], dtype=torch.float16, device="cuda") for k_ in ("X", "G", "W")]
             for f, fn in fns.items():
+                names = ("X", "W") if f == "bare" else ("X", "G", "W")
+                want = vm.evaluate(_bare(*r["shape"]) if f == "bare" else g, {k_: ins[k_] for k_ in names})[0]
+                dev_ins = [torch.tensor(ins[k_], dtype=torch.float16, device="cuda") for k_ in names]
                 got64 = fn(*dev_ins).double().cpu().numpy()
                 errs[f] = max(errs[f], float(np.abs(got64 - want).max() / np.abs(want).max()))
         targs = [torch.randn(r["shape"][0], r["shape"][1], device="cuda", dtype=torch.float16),
                  torch.rand(r["shape"][1], device="cuda", dtype=torch.float16) + 0.5,
                  torch.randn(r["shape"][1], r["shape"][2], device="cuda", dtype=torch.float16) * 0.05]
-        times: dict[str, list[float]] = {"old": [], "new": []}
+        times: dict[str, list[float]] = {f: [] for f in forms}
         for _ in range(2):
-            for f in ("old", "new"):
-                times[f].append(1e3 * float(do_bench_cudagraph(lambda fn=fns[f], a=targs: fn(*a), rep=rep_ms,
+            for f in forms:
+                a = [targs[0], targs[2]] if f == "bare" else targs
+                times[f].append(1e3 * float(do_bench_cudagraph(lambda fn=fns[f], a=a: fn(*a), rep=rep_ms,
                                                                return_mode="median")))
-        row = {**{k_: r[k_] for k_ in ("case", "shape", "rank", "cost_us", "cost_old_us")}, "err": errs,
-               "old_us": times["old"], "new_us": times["new"], "device": dev,
+        row = {**{k_: r[k_] for k_ in ("case", "shape", "rank", "cost_us", "cost_old_us", "cost_bare_us")},
+               "err": errs, "old_us": times["old"], "new_us": times["new"], "bare_us": times["bare"], "device": dev,
                "utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
         res.append(row)
         if out is not None:
             out.write_text(json.dumps(res, indent=1))
         ok = all(e <= 2e-2 for e in errs.values())
         print(f"{r['case']:20s} rank {r['rank']} old {times['old'][0]:7.2f} {times['old'][1]:7.2f}  new "
-              f"{times['new'][0]:7.2f} {times['new'][1]:7.2f} us  err old {errs['old']:.1e} new {errs['new']:.1e}"
+              f"{times['new'][0]:7.2f} {times['new'][1]:7.2f}  bare {times['bare'][0]:7.2f} {times['bare'][1]:7.2f}"
+              f" us  err old {errs['old']:.1e} new {errs['new']:.1e} bare {errs['bare']:.1e}"
               f"{'' if ok else '  WRONG'}", flush=True)
 
 

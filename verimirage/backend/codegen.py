@@ -63,6 +63,12 @@ from .wrap import to_kernels
 #: layer's v projection, 128 blocks each one (1, 1024) @ (1024, 32) product with no loop, ran 55.0 us as a 16-row
 #: dot and 5.3 us as the broadcast multiply; the pipelined GEMVs that streamed at the copy rate had K tiles <= 256.
 ROW_DOT_MAX_K = 256
+#: Depth of a chunk of :meth:`_KernelGen.chunked_sums`' loop (a row statistic computed before a for-loop, its rows
+#: padded as the ``tl.dot`` operand they scale: 64 x 128 fp32 values, 64 registers a thread at 4 warps). H100,
+#: 2026-11-27 07:20 UTC (benchmarks/results/weight_scale_ab_h100_2026-11-27b.json): 128 deep with the dot's 64
+#: padded rows ran rmsnorm(x, w) @ W (16 x 4096 x 6144) in 42.9 us; the rows' own padding (16) with 512-deep chunks
+#: in 50.2 us, and 2 rows with one 4096-deep chunk (or 8 rows, 1024 deep) in 14 ms (07:23 UTC, same file).
+CHUNKED_SUM_K = 128
 #: Most batch elements of a batched row product's ``tl.dot`` (:meth:`_KernelGen.row_groups`): a block of several KV
 #: heads' P @ V, each head its own (rows, K) @ (K, N).
 ROW_DOT_MAX_BATCH = 8
@@ -1264,6 +1270,64 @@ class _KernelGen:
             return out
         return acc
 
+    def chunked_sums(self, live: set[int], uses: dict[int, list[int]], invariant: Sequence[bool]) -> dict[int, int]:
+        """Sums along the last dim of elementwise chains of one block input that a for-loop's kernel computes before
+        its loop, over a whole row deeper than ``ROW_DOT_MAX_K`` (a norm's statistic of the rows it normalises in
+        the loop: ``stabilise.prologue_norm_scales``): sum node -> chunk. Such a sum is emitted as a loop over
+        chunks of the row, each loaded and reduced into an fp32 accumulator, so that no ``(rows, K)`` tile (64
+        padded rows beside a ``tl.dot``) is held in registers."""
+        nodes = self.bg.nodes
+        if self.bg.frange == 1:
+            return {}
+        outs = {a for a, _ in self.bg.outputs}
+        found: dict[int, int] = {}
+        for i, n in enumerate(nodes):
+            if i not in live or n.op != "sum" or not invariant[i] or i in outs:
+                continue
+            t = nodes[n.args[0][0]].outs[0]
+            if n.attr("axis") % t.rank != t.rank - 1:
+                continue
+            prev, j = i, n.args[0][0]
+            while (nodes[j].op != "input" and OPS[nodes[j].op].has(Prop.ELEMENTWISE) and len(nodes[j].args) == 1
+                   and uses.get(j) == [prev] and j not in outs):
+                prev, j = j, nodes[j].args[0][0]
+            if nodes[j].op != "input" or uses.get(j) != [prev] or nodes[j].attr("arg") in self.inline or j in outs:
+                continue
+            p = self.padded((j, 0), nodes[j].outs[0])
+            if p[-1] > ROW_DOT_MAX_K and p[-1] == t.shape[-1] and p[-1] % CHUNKED_SUM_K == 0:
+                found[i] = CHUNKED_SUM_K
+        return found
+
+    def emit_chunked_sum(self, lines: list[str], i: int, chunk: int) -> tuple[str, list[int]]:
+        """Lines of :meth:`chunked_sums`' loop for sum node ``i``; returns the result's name and the chain's nodes
+        (not emitted otherwise)."""
+        nodes = self.bg.nodes
+        chain = []
+        j = nodes[i].args[0][0]
+        while nodes[j].op != "input":
+            chain.append(j)
+            j = nodes[j].args[0][0]
+        t = nodes[j].outs[0]
+        p = self.padded((j, 0), t)
+        q = (*p[:-1], chunk)
+        acc, kc = self.fresh("r"), self.fresh("kc")
+        ptr, mask = self.load(j, q, sub=(t.rank - 1, f"{kc} * {chunk}"))
+        m = f", mask={mask}, other=0.0" if mask else ""
+        x = self.fresh("x")
+        po = self.padded((i, 0), nodes[i].outs[0])
+        lines.append(f"{acc} = tl.zeros({_shape_text(po)}, tl.float32)")
+        lines.append(f"for {kc} in range(0, {p[-1] // chunk}):")
+        lines.append(f"    {x} = tl.load({ptr}{m}).to(tl.float32)")
+        ct = TensorType((*t.shape[:-1], chunk), t.dtype)
+        for c in reversed(chain):
+            cn = nodes[c]
+            fn = OPS[cn.op].domains["triton"]
+            y = self.fresh("x")
+            lines.append(f"    {y} = {fn([x], cn.attr_dict, [ct], [ct])}")
+            x = y
+        lines.append(f"    {acc} = {acc} + tl.sum({x}, axis={t.rank - 1}, keep_dims=True)")
+        return acc, chain
+
     # ------------------------------------------------------------------ the kernel
     def generate(self) -> str:
         bg = self.bg
@@ -1328,6 +1392,15 @@ class _KernelGen:
         squeeze = set() if self.opts.dot_batch1 else self.dot_operand_inputs(live, uses, set(rowload)) - set(rowload)
         chunked = self.chunked_dots(live, uses, squeeze)
         chunk_inputs = {a for i in chunked for a, _ in nodes[i].args}
+        csums = self.chunked_sums(live, uses, invariant) if looped else {}
+        csum_parts: set[int] = set()
+        for i in csums:
+            j = nodes[i].args[0][0]
+            while True:
+                csum_parts.add(j)
+                if nodes[j].op == "input":
+                    break
+                j = nodes[j].args[0][0]
         name: dict[Any, str] = {}
         pre: list[str] = []
         body: list[str] = []
@@ -1346,8 +1419,11 @@ class _KernelGen:
                                  f"{math.prod(po)} elements, above Triton's limit of {TRITON_MAX_NUMEL} per tensor "
                                  "(a smaller tile or a loop over the axis is needed)")
             sect = pre if (invariant[i] or not looped) else postl if post[i] else body
-            if i in chunk_inputs:
-                continue  # loaded chunk by chunk in its product's loop
+            if i in chunk_inputs or i in csum_parts:
+                continue  # loaded chunk by chunk in its product's (or its sum's) loop
+            if i in csums:
+                name[(i, 0)], _ = self.emit_chunked_sum(sect, i, csums[i])
+                continue
             if i in self.alias_reshape:  # (see row_weight_reshape)
                 name[(i, 0)] = name[(self.alias_reshape[i], 0)]
                 continue

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from ..ir.graph import BlockGraph, Graph, Node, node_list
 from ..ir.ops import TensorType
-from .codegen import ROW_DOT_MAX_K, _as_mugraph, _launch_units, arg_storage
+from .codegen import CHUNKED_SUM_K, ROW_DOT_MAX_K, _as_mugraph, _launch_units, arg_storage
 from .resources import min_smem
 from .runtime import _merge_wanted
 from .tuning import FLAT_BLOCK, SMEM_BUDGET, flat_pays, merge_fits, recommend
@@ -64,6 +64,8 @@ class TritonLaunches:
 
     #: the deepest one-row product codegen lowers to a 16-row ``tl.dot`` (``codegen.ROW_DOT_MAX_K``)
     row_dot_max_k: int = ROW_DOT_MAX_K
+    #: the chunk depth of a sum of whole rows before a loop (``codegen.CHUNKED_SUM_K``: ``chunked_sums``)
+    chunked_sum_k: int = CHUNKED_SUM_K
 
     def loop_stages(self, stage_bytes: int) -> int:
         """The pipeline stages :func:`.tuning.recommend` gives a ``tl.dot`` loop (no chained products) whose one

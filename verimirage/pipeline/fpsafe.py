@@ -183,6 +183,13 @@ ALONE_BASE: tuple[str, str, float] = ("uniform +-3", "uniform", 3.0)
 #: (:data:`GROSS_ERROR`) sees it: the values are finite.
 OUTLIER_SET: tuple[str, str, float] = ("one element near the dtype's max, the rest within +-1e-3", "outlier", 0.5)
 
+#: OUTLIER_PAIRS: besides, for each vector input (rank 1: a norm's weight, a per-channel scale) and each other input
+#: of more than one element, the set in which both have an :data:`OUTLIER_SET` outlier (at index 0) and every other
+#: input is :data:`IDLE_BASE`: a design that bounds a product of the two by its largest element (``w_0 m_00``)
+#: flushes the small products ``w_i m_ij`` beside it. The fourteenth session's fp16 weight tile
+#: ``(w_i m_ij) / s``, ``s = max(1, max |w_i m_ij| / 2**15)`` per loop iteration, flushed every output of
+#: ``rms_norm(x, w) @ m`` to 0 there (red team session 15) and passed every one-input set.
+
 #: the other inputs of an :data:`OUTLIER_SET` set: :data:`ALONE_BASE`'s values with index 0 of every axis set to 0
 #: (whatever axis meets the outlier, its partner there is 0: an idle channel, a pruned row)
 IDLE_BASE: tuple[str, str, float] = ("uniform +-3, 0 at index 0 of every axis", "idle", 3.0)
@@ -222,8 +229,9 @@ def adversarial_inputs(g: Graph, seed: int = 0) -> list[tuple[str, dict[str, np.
     """The input sets of :data:`INPUT_SETS` for ``g``'s inputs (all inputs at that scale), then for each input
     (by name) and each entry of :data:`ALONE_SETS` the set in which that input alone has that scale and the others
     :data:`ALONE_BASE`'s, then for each input of more than one element the :data:`OUTLIER_SET` set (that input one
-    outlier among tiny values, the others :data:`IDLE_BASE`) (each value clipped to its dtype's range; a mask is
-    random 0 / 1 in every set)."""
+    outlier among tiny values, the others :data:`IDLE_BASE`), then the pairs of a vector input and another input
+    with an outlier each (OUTLIER_PAIRS, beside :data:`OUTLIER_SET`) (each value clipped to its dtype's range; a
+    mask is random 0 / 1 in every set)."""
     ts = sorted(g.inputs, key=lambda t: str(t.name))
     plans: list[tuple[str, dict[str, tuple[str, str, float]]]] = [
         (what, {str(t.name): (what, kind, s) for t in ts}) for what, kind, s in INPUT_SETS]
@@ -237,6 +245,13 @@ def adversarial_inputs(g: Graph, seed: int = 0) -> list[tuple[str, dict[str, np.
         if t.dtype is not DType.bool and math.prod(t.shape) > 1:
             plans.append((f"{t.name} {OUTLIER_SET[0]} (the others {IDLE_BASE[0]})",
                           {str(u.name): (OUTLIER_SET if u is t else IDLE_BASE) for u in ts}))
+    for t in ts:  # (a vector's outlier beside another input's, see OUTLIER_PAIRS)
+        if t.dtype is DType.bool or len(t.shape) != 1 or t.shape[0] < 2:
+            continue
+        for u in ts:
+            if u is not t and u.dtype is not DType.bool and math.prod(u.shape) > 1:
+                plans.append((f"{t.name} and {u.name} {OUTLIER_SET[0]} (the others {IDLE_BASE[0]})",
+                              {str(v.name): (OUTLIER_SET if v is t or v is u else IDLE_BASE) for v in ts}))
     out = []
     for i, (what, per) in enumerate(plans):
         rng = np.random.default_rng([seed, 0xF9, i])

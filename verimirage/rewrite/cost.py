@@ -143,6 +143,14 @@ class Hardware:
     #: whole rows, which this term ranks first, though it explains 1.2 us of the gap;
     #: benchmarks/results/models_run8_h100_1515.json)
     reduce_iteration_s: float = 3.0e-7
+    #: a for-loop's kernel that computes a row statistic before its loop from rows it streams in chunks
+    #: (``stabilise.prologue_norm_scales``, codegen's ``chunked_sums``) and scales each loaded operand tile by it
+    #: waits about this long a chunk where one block has its SM to itself, and not at all where another block's loop
+    #: runs beside it (H100 2026-11-27 07:20 UTC, benchmarks/results/weight_scale_ab_h100_2026-11-27b.json:
+    #: rms_norm(x, w) @ W over K = 4096, 32 chunks, 96 blocks 41.5 / 42.9 us against 20.7 / 20.8 for the same
+    #: kernel unweighted, 0.65 us a chunk; 224 blocks, two an SM, 43.7 against 41.6 at 8 rows, 74.3 against 81.6 at
+    #: 1 row)
+    prologue_chunk_s: float = 6.5e-7
     #: a tile stored in rows narrower than an L2 ``sector`` (32 bytes: a transposed store, each block writing a
     #: few elements of every row) costs ``(sector / run) ** sector_write_exponent`` times its bytes, however the
     #: grid walks it: each partial sector is a separate store transaction (H100, rotary_attention run 8: the
@@ -253,6 +261,12 @@ class LaunchModel(Protocol):
         one, a column or an outer product is a broadcast multiply and a sum (:func:`_broadcast_spill`)."""
         ...
 
+    @property
+    def chunked_sum_k(self) -> int:
+        """The depth of a chunk in which a for-loop's kernel streams the whole rows of a sum it computes before its
+        loop (a norm's statistic: :func:`_prologue_sums`); 0 where the backend does not stream them."""
+        ...
+
     def loop_stages(self, stage_bytes: int) -> int:
         """The software-pipeline stages of a ``tl.dot`` loop (no product consuming another's) whose one iteration
         loads ``stage_bytes`` of tiles (:func:`_in_flight`)."""
@@ -321,7 +335,7 @@ def _pow2(n: int) -> int:
 def _roofline(nbytes: int, tc: int, other: int, blocks: int, smem: int, hw: Hardware, cal: Calibration,
               l2_bytes: int = 0, pad: float = 1.0, iterations: int = 0, hot: float = 0.0,
               serial: int = 0, in_flight: float = 0.0, reduce_its: int = 0, mem_pad: float | None = None,
-              reg_bytes: int = 0, chained: bool = False, stage: float = 0.0) -> KernelCost:
+              reg_bytes: int = 0, chained: bool = False, stage: float = 0.0, prologue: int = 0) -> KernelCost:
     # (``stage``: the bytes one iteration of a software-pipelined tl.dot loop loads, see Hardware.pipeline_fill)
     # compute: SMs left idle by the grid (or by a partial last wave) are lost, and so is the overlap of
     # loads and arithmetic when shared memory (or, for tiles held in registers, the register file: ``reg_bytes``
@@ -354,8 +368,11 @@ def _roofline(nbytes: int, tc: int, other: int, blocks: int, smem: int, hw: Hard
     exposed = 0.0
     if reg_bytes and resident < hw.stream_resident:
         exposed = hw.stream_exposure * mem * (hw.stream_resident - resident) / (hw.stream_resident - 1)
+    # (``prologue``: the chunks of a row statistic streamed before the loop, see Hardware.prologue_chunk_s)
+    alone = min(resident, math.ceil(blocks / hw.sms)) <= 1
     t = (hw.launch_s * cal.launch + max(mem, comp) + iterations * rounds * hw.iteration_s
-         + serial * rounds * hw.serial_iteration_s + reduce_its * rounds * hw.reduce_iteration_s + exposed)
+         + serial * rounds * hw.serial_iteration_s + reduce_its * rounds * hw.reduce_iteration_s + exposed
+         + (prologue * rounds * hw.prologue_chunk_s if alone else 0.0))
     return KernelCost(nbytes, tc, other, blocks, smem, mem, comp, t)
 
 
@@ -392,9 +409,13 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
     flat, flat_block = _flat_blocks(bg, in_types, launch) if stream and hw.flat_elementwise else (0, 0)
     dots = False
     reducing = False
+    chunk = launch.chunked_sum_k if launch is not None else 0
+    streamed_rows, pre = _prologue_sums(bg)
+    if not chunk:  # (rows loaded whole: their tiles count as any other)
+        streamed_rows = set()
     for i, n in enumerate(bg.nodes):
         t = n.outs[0]
-        reps = 1 if post[i] else its
+        reps = 1 if post[i] or pre[i] else its
         if n.op == "input":
             tb = _bytes(t)
             reads = int(tb * (its if n.attr("fmap") is not None else 1) * blocks)
@@ -415,7 +436,7 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
                 dram_in += reads
             if n.attr("fmap") is not None and bg.frange > 1:
                 smem_walk += tb
-            else:
+            elif i not in streamed_rows:
                 smem_in += tb
             pad = max(pad, math.prod(_pow2(d) for d in t.shape) / max(1, t.numel))
             continue
@@ -434,8 +455,10 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
             smem_tmp = max(smem_tmp, _bytes(t))
             # (a reduction in the loop body of a tile larger than its result: see Hardware.reduce_iteration_s)
             a0 = bg.nodes[n.args[0][0]].outs[n.args[0][1]] if n.args else t
-            reducing = reducing or (not post[i] and OPS[n.op].has(Prop.REDUCTION) and a0.numel > t.numel)
-    spill = _spill(bg, post, dots, hw, launch) * _broadcast_spill(bg, hw, launch)
+            reducing = reducing or (not post[i] and not pre[i] and OPS[n.op].has(Prop.REDUCTION)
+                                    and a0.numel > t.numel)
+    spill = (_spill(bg, [p or q for p, q in zip(post, pre, strict=True)], dots, hw, launch)
+             * _broadcast_spill(bg, hw, launch))
     chained = dots and _chained(bg)  # see Hardware.chained_dot_slowdown
     if chained:
         tc *= hw.chained_dot_slowdown
@@ -469,9 +492,42 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
                    math.ceil(its), hot, 0 if dots or bg.frange <= hw.unroll_max else math.ceil(its),
                    _in_flight(bg, smem_walk, hw, launch) if dots else 0.0,
                    math.ceil(its) if reducing and not dots and bg.frange > 1 else 0, mem_pad, regs, chained,
-                   float(smem_walk) if dots and bg.frange > 1 else 0.0)
+                   float(smem_walk) if dots and bg.frange > 1 else 0.0,
+                   sum(math.ceil(bg.nodes[j].outs[0].shape[-1] / chunk) for j in streamed_rows))
     # (the block graph's own tiles still say whether the kernel fits at all: the tiled form is the fallback)
     return dataclasses.replace(kc, smem=smem) if flat else kc
+
+
+def _prologue_sums(bg: BlockGraph) -> tuple[set[int], list[bool]]:
+    """The block inputs a for-loop's kernel reads without the loop's map only through a chain of one-operand
+    elementwise ops into a sum along the last dim (a norm's statistic of whole rows computed before the loop,
+    ``stabilise.prologue_norm_scales``), and per node whether it is such an input, chain or sum: their arithmetic
+    runs once, not every iteration, and a backend that streams those rows in chunks through registers
+    (:attr:`LaunchModel.chunked_sum_k`) gives them no shared memory."""
+    pre = [False] * len(bg.nodes)
+    if bg.frange <= 1:
+        return set(), pre
+    readers: dict[int, list[int]] = {}
+    for j, n in enumerate(bg.nodes):
+        for a, _ in n.args:
+            readers.setdefault(a, []).append(j)
+    out: set[int] = set()
+    for j, n in enumerate(bg.nodes):
+        if n.op != "input" or n.attr("fmap") is not None:
+            continue
+        k, chain = j, [j]
+        while len(readers.get(k, [])) == 1:
+            k = readers[k][0]
+            u = bg.nodes[k]
+            chain.append(k)
+            if u.op == "sum" and u.attr("axis") % u.outs[0].rank == u.outs[0].rank - 1:
+                out.add(j)
+                for c in chain:
+                    pre[c] = True
+                break
+            if len(u.args) != 1 or not OPS[u.op].has(Prop.ELEMENTWISE):
+                break
+    return out, pre
 
 
 def _flat_blocks(bg: BlockGraph, in_types: Sequence[TensorType], launch: LaunchModel | None) -> tuple[int, int]:

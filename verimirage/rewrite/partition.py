@@ -54,7 +54,7 @@ COMBINE_WHOLE_MAX = 64
 STEPS = (
     "partition.unfused", "partition.grid", "partition.loop", "partition.split_kv", "partition.online_softmax",
     "partition.split_recompute", "partition.combine_grid", "fuse.epilogue", "partition.cut",
-    "partition.causal_skip", "partition.components", "partition.scale_weight_tiles",
+    "partition.causal_skip", "partition.components", "partition.prologue_norm_scales",
 )
 
 
@@ -1147,7 +1147,7 @@ def _scaled_along_contraction(nodes: Sequence[Any], src: Any, pos: int) -> bool:
     projection). Materialised, it is stored and then rounded to its dtype for ``tl.dot``: ``|x w|`` or ``|w m|``
     above 65504 is inf in fp16 where the source's operand (``x r w``, normalised) is finite, which only the
     numeric floating-point check sees and programs above its size limit do not get (red team, session 14);
-    lowered in one kernel, the weight is bounded per tile instead (:func:`_weight_tiles_scaled`)."""
+    lowered in one kernel, the weight goes back to the activation side, normalised (:func:`_norm_operands`)."""
     op = get_op(src.op)
     if op.has(Prop.CONTRACTION) or tuple(op.scales_with) != (0, 1):  # (an elementwise product: scales with both)
         return False
@@ -1469,18 +1469,22 @@ def lower_all(
     if components:
         out += component_lowerings(g, grids=grids, franges=franges, max_splits=max_splits, rank=rank,
                                    cut_depth=cut_depth if cuts else 0)
-    return [_weight_tiles_scaled(low) for low in out], rejected
+    return [low2 for low in out if (low2 := _norm_operands(low)) is not None], rejected
 
 
-def _weight_tiles_scaled(low: Lowered) -> Lowered:
-    """``low`` with its norm-weighted weight tiles bounded (:func:`~verimirage.rewrite.stabilise.scale_weight_tiles`:
-    a norm in its projection's prologue, finite wherever the source is)."""
-    from .stabilise import scale_weight_tiles
+def _norm_operands(low: Lowered) -> Lowered | None:
+    """``low`` with its norm-weighted weight tiles' products reading the source's normalised operand instead
+    (:func:`~verimirage.rewrite.stabilise.prologue_norm_scales`: a norm in its projection's prologue, finite and
+    as accurate wherever the source is); None (dropped) where such a product has no norm statistic to bound it."""
+    from .stabilise import prologue_norm_scales
 
-    mg = scale_weight_tiles(low.mugraph)
+    try:
+        mg = prologue_norm_scales(low.mugraph)
+    except ValueError:
+        return None
     if mg is None:
         return low
-    return dataclasses.replace(low, mugraph=mg, steps=[*low.steps, "partition.scale_weight_tiles"])
+    return dataclasses.replace(low, mugraph=mg, steps=[*low.steps, "partition.prologue_norm_scales"])
 
 
 def input_types(g: Graph) -> list[tuple[str, TensorType]]:

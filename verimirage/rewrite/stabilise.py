@@ -16,7 +16,6 @@ step, its output is re-verified.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -190,12 +189,10 @@ def norm_into_projections(g: Graph) -> Graph | None:
     dtype, the form ``(x * w) @ m`` rounds the unnormalised ``x w`` to it for the product's operand, which in fp16
     is inf once ``|x w| > 65504`` (x near 3e4, w near 8) where the source is finite (the twelfth session's red team
     finding, ``tests/test_redteam_session12.py``). Here the operands are ``x`` (an input, exact) and the weight tile
-    ``w m``, which the lowering bounds (:func:`scale_weight_tiles`: each tile's rows divided by ``s >= 1``,
-    ``max(1, max |w m| / 2**15)`` over the tile in fp16, the product multiplied by ``s`` in fp32), so no rounded operand
-    overflows; the fp32 accumulator holds at most ``n |x| |m| max(1, |w|)`` (below 2.9e14 n in
-    fp16) and the last multiply by ``r`` is the source's output up to rounding. In bf16 (fp32's exponent range)
-    the accumulator can still overflow where ``|x| |m|`` is near 3e38 / n and the source's normalised operand is
-    not -- the same limit as the unweighted ``(x @ m) * r`` (rmsnorm_linear's design).
+    ``w m``, which the lowering does not round: :func:`prologue_norm_scales` moves ``w`` back to the activation side
+    with the row statistic computed before the loop, so that the product's operand is ``x r w``, the source's own
+    rounded value, and the weight tile goes to ``tl.dot`` as loaded; the last multiply by ``r`` (times ``1 / r``
+    after the loop) is the source's output up to fp32 rounding.
 
     Rule ``rms-norm-matmul`` (with ``mean-as-sum``) in one step: the e-graph holds a form of it, but
     extraction by size ranks it below the plain one in every class (a gated FFN reads the norm twice), so
@@ -267,7 +264,7 @@ def _row_scaled_weight(bg: Any, j: int) -> tuple[int, int, int] | None:
 
 def _weight_to_the_right(bg: Any) -> Any:
     """``bg`` with every block product ``(x * w) @ t`` of two block input tiles, ``w`` rank-1 along ``x``'s last
-    (contracted) dim, written ``x @ (reshape(w, (k, 1)) * t)`` (then bounded by :func:`scale_weight_tiles`); ``bg``
+    (contracted) dim, written ``x @ (reshape(w, (k, 1)) * t)`` (then rewritten by :func:`prologue_norm_scales`); ``bg``
     itself if it has none. Equal over the reals. The left form is what the e-graph reaches for a weighted norm
     deferred past its projection (rms-norm-weight, rms-norm-expand, mul-assoc, matmul-rowscale:
     ``((x * w) @ m) * r``), whose operand ``x * w`` is inf in fp16 once ``|x w| > 65504`` where the source's
@@ -329,28 +326,69 @@ def _live_nodes(nodes: list[Any], outs: list[tuple[int, int]]) -> set[int]:
     return live
 
 
-def scale_weight_tiles(mg: Graph) -> MuGraph | None:
+def _norm_scale_chain(bg: Any, a: int, kargs: Any) -> tuple[tuple[str, float], ...] | None:
+    """The affine chain ``f`` of the row norm of block input ``a`` (of a kernel with operands ``kargs``), where
+    ``bg`` applies one after its loop: a value ``rsqrt(f(ss))`` (in a block node or a fused thread graph) of ``ss =
+    loop_sum(sum(square(a')))`` along ``a``'s last (contracted) dim, ``a'`` ``a`` or a block input loading the same
+    tile of the same operand, ``f`` a chain of ``scale``/``shift`` ops (``ss / k + eps``: an RMS norm's statistic;
+    ``rms-norm-expand``); as ``((op, c), ...)`` in application order. None where ``bg`` has none, or two
+    different ones."""
+    nodes = bg.nodes
+    last = nodes[a].outs[0].rank - 1
+
+    def tile(j: int) -> tuple[Any, ...]:
+        n = nodes[j]
+        return (kargs[n.attr("arg")], n.attr("imap"), n.attr("fmap"), n.attr("shape"), n.outs[0])
+
+    same = {j for j, n in enumerate(nodes) if n.op == "input" and tile(j) == tile(a)}
+    sq = {j for j, n in enumerate(nodes) if n.op == "square" and n.args[0][0] in same and n.args[0][1] == 0}
+    ss = {j for j, n in enumerate(nodes) if n.op == "sum" and n.args[0][0] in sq
+          and n.attr("axis") % n.outs[0].rank == last}
+    if bg.frange > 1:
+        ss = {j for j, n in enumerate(nodes) if n.op == "loop_sum" and n.args[0][0] in ss}
+    found: set[tuple[tuple[str, float], ...]] = set()
+
+    def walk(ns: Any, origin: Callable[[int], bool]) -> None:
+        for n in ns:
+            if n.op != "rsqrt":
+                continue
+            chain: list[tuple[str, float]] = []
+            j = n.args[0][0]
+            while ns[j].op in ("scale", "shift"):
+                chain.append((ns[j].op, float(ns[j].attr("c"))))
+                j = ns[j].args[0][0]
+            if origin(j) and ns[j].outs[0].shape == (*nodes[a].outs[0].shape[:-1], 1):
+                found.add(tuple(reversed(chain)))
+
+    walk(nodes, lambda j: j in ss)
+    for n in nodes:
+        if n.op == "fused":
+            tg = n.attr("thread")
+
+            def arg_of_ss(j: int, n: Any = n, tg: Any = tg) -> bool:
+                return bool(tg.nodes[j].op == "arg" and n.args[tg.nodes[j].attr("index")][0] in ss)
+
+            walk(tg.nodes, arg_of_ss)
+    return next(iter(found)) if len(found) == 1 else None
+
+
+def prologue_norm_scales(mg: Graph) -> MuGraph | None:
     """``mg`` with every block product ``a @ (c * t)`` whose right operand scales a weight tile's rows by a norm's
-    weight column ``c`` (:func:`_row_scaled_weight`) written ``(a @ ((c / s) * t)) * s``; None if it has none.
+    weight column ``c = reshape(w, (k, 1))`` (:func:`_row_scaled_weight`; ``a`` a block input tile, normalised by
+    ``bg`` after its loop: :func:`_norm_scale_chain`) written ``((a / s) * w) @ t`` times ``s`` after the loop,
+    ``s = sqrt(f(sum(a_row ** 2)))`` the norm's own ``1 / r`` computed before the loop from the block's whole rows of
+    ``a`` (the operand loaded once more without the loop's map); None if it has no such product. Raises
+    :class:`ValueError` where a weight-scaled product has no norm statistic to take ``s`` from (the lowering is
+    then dropped: its operand ``c t`` is unbounded).
 
-    A weight tile (rank 2): ``s = clamp(max_ij |c_i t_ij| / 2**e, 1, dtype max)`` over the loop iteration's tile,
-    ``2**e`` the dtype's largest power of 2 (fp16 2**15; bf16 and fp32 2**126, a normal fp32 constant), the product
-    multiplied by ``s`` before it is summed: the operand ``(c / s) t`` is at most ``2**e``, and ``s`` is 1 (no
-    scaling at all: the operand is ``c t`` itself) unless a product nears the dtype's largest value. (One ``s =
-    max |w|`` per block flushed ``(w_i / s) t_ij`` to 0 for small weights beside a huge one: ``w = [6e4, 1e-3, ...]``
-    gave 0 in fp16 where the source is accurate, red team session 14; in bf16 the same with ``w`` near 1e38, which
-    the floating-point check's outlier sets found in session 15.) A batched tile (rank 3 or more): ``s =
-    clamp(max |w|, 1, dtype max)``, one scalar per block: the max over the block's whole slice of the weight vector
-    ``w`` when ``c`` reshapes a block input (loaded once more without the loop's map, before the loop; the
-    product's loop sum stays inside ``tl.dot`` and is multiplied by ``s`` after the loop), else over the loop
-    iteration's tile (the product multiplied by ``s`` before it is summed); it still flushes a small weight's row
-    beside a huge weight (open).
-
-    Equal over the reals (``s >= 1``). In floating point the product's operand ``(c / s) t``, rounded to the dtype
-    for ``tl.dot``, is bounded where ``c t`` overflows fp16 once ``|c t| > 65504`` (a weight near 300 on a row the
-    activations leave near 0 gives ``0 * inf``: NaN where the source is finite); the sum of products times ``s`` is
-    an fp32 value of at most ``k |a| |c t|``. See :func:`norm_into_projections`."""
-    from ..ir.finfo import DTYPE_MAX
+    Equal over the reals (``s > 0``: ``f`` adds the norm's ``eps``). In floating point the rounded operand
+    ``(a / s) * w`` is the source's own ``rms_norm(a, w)`` (``a r w``, ``r = 1 / s``, up to the order of fp32
+    roundings), rounded to the dtype for ``tl.dot`` as the source rounds it: finite wherever the source's is and
+    flushed nowhere the source's is not, in fp16, bf16 and fp32 alike; the weight tile ``t`` goes to ``tl.dot`` as
+    loaded. The loop sum times ``s`` and then ``r`` is the source's output up to two fp32 roundings. (Before: the
+    weight tile's rows times ``w``, bounded by one ``s = max(1, max |w_i t_ij| / 2**15)`` per loop iteration, which
+    flushed products ``2**40`` below the tile's largest to 0, red team session 15, and cost 1.12-1.50x on an H100
+    for its two reductions a tile.) See :func:`norm_into_projections`."""
     from ..ir.graph import BlockGraph, Node, make_attrs, tile_shape
     from ..ir.ops import TensorType
 
@@ -363,13 +401,25 @@ def scale_weight_tiles(mg: Graph) -> MuGraph | None:
         sites = {j: s for j in range(len(bg.nodes)) if (s := _row_scaled_weight(bg, j)) is not None}
         if not sites:
             continue
+        chains: dict[int, tuple[tuple[str, float], ...]] = {}
+        for j in sites:
+            a = bg.nodes[j].args[0][0]
+            an = bg.nodes[a]
+            chain = _norm_scale_chain(bg, a, kn.args) if an.op == "input" and bg.nodes[j].args[0][1] == 0 else None
+            w_src = bg.nodes[sites[j][1]].args[0]
+            if (chain is None or bg.type_of(w_src).shape[-1:] != an.outs[0].shape[-1:]
+                    or an.outs[0].rank != bg.nodes[sites[j][2]].outs[0].rank):
+                raise ValueError(f"block product %{j} scales its weight tile by a norm weight with no norm "
+                                 "statistic of its left operand in the block to bound it by")
+            chains[a] = chain
         readers: dict[int, list[int]] = {}
         for j, n in enumerate(bg.nodes):
-            for a, _ in n.args:
-                readers.setdefault(a, []).append(j)
+            for r, _ in n.args:
+                readers.setdefault(r, []).append(j)
         new: list[Node] = []
         remap: dict[int, int] = {}
-        after: dict[int, int] = {}  # a product's loop_sum node -> the scale s it is multiplied by after the loop
+        after: dict[int, int] = {}  # a product's loop_sum node -> the s it is multiplied by after the loop
+        kargs = list(kn.args)
 
         def add(node: Node, new: list[Node] = new) -> int:
             new.append(node)
@@ -378,71 +428,47 @@ def scale_weight_tiles(mg: Graph) -> MuGraph | None:
         def ref(r: tuple[int, int], remap: dict[int, int] = remap) -> tuple[int, int]:
             return (remap[r[0]], r[1])
 
-        # per weight vector that is a block input: s over the block's slice of it, from a second load without fmap
-        whole: dict[int, int] = {}  # the weight's block input node -> the node of its s
-        kargs = list(kn.args)
-
-        def ranged(site: tuple[int, int, int], bg: BlockGraph = bg) -> bool:  # (a tile: s from its products' range)
-            return bool(bg.nodes[site[2]].outs[0].rank == 2)
-
-        for site in sites.values():
-            c = site[1]
-            src = bg.nodes[c].args[0][0]
-            wn = bg.nodes[src]
-            if wn.op != "input" or wn.attr("fmap") is None or src in whole or ranged(site):
-                continue
-            ad = wn.attr_dict
+        scales: dict[int, int] = {}  # a's block input node -> its s (before the loop)
+        operands: dict[tuple[int, tuple[int, int]], int] = {}  # (a, w) -> the node of (a / s) * w
+        for a, chain in chains.items():
+            ad = bg.nodes[a].attr_dict
             ad["fmap"] = None
-            ad["arg"] = len(kargs)  # (the kernel takes the weight vector once more: one input node per operand)
-            kargs.append(kn.args[wn.attr("arg")])
-            full = tile_shape("block input", ad["shape"], bg.grid, ad["imap"], None, bg.frange)
-            ft = TensorType(tuple(full), wn.outs[0].dtype)
-            one = TensorType((1,), wn.outs[0].dtype)
-            w_all = add(Node("input", (), make_attrs(ad), (ft,)))
-            ab = add(Node("abs", ((w_all, 0),), (), (ft,)))
-            mx = add(Node("max", ((ab, 0),), make_attrs({"axis": 0}), (one,)))
-            whole[src] = add(Node("clamp", ((mx, 0),), make_attrs({"hi": DTYPE_MAX[ft.dtype], "lo": 1.0}), (one,)))
+            ad["arg"] = len(kargs)  # (the kernel takes the operand once more: one input node per load)
+            kargs.append(kn.args[bg.nodes[a].attr("arg")])
+            dt = bg.nodes[a].outs[0].dtype
+            ft = TensorType(tuple(tile_shape("block input", ad["shape"], bg.grid, ad["imap"], None, bg.frange)), dt)
+            st = TensorType((*ft.shape[:-1], 1), dt)
+            v = add(Node("sum", ((add(Node("square", ((add(Node("input", (), make_attrs(ad), (ft,))), 0),), (),
+                                             (ft,))), 0),), make_attrs({"axis": ft.rank - 1}), (st,)))
+            for op, c in chain:
+                v = add(Node(op, ((v, 0),), make_attrs({"c": c}), (st,)))
+            scales[a] = add(Node("sqrt", ((v, 0),), (), (st,)))
         for j, n in enumerate(bg.nodes):
             if j not in sites:
-                remap[j] = add(Node(n.op, tuple(ref(a) for a in n.args), n.attrs, n.outs))
-                if j in after:  # (a scaled product's loop sum: times s after the loop)
+                remap[j] = add(Node(n.op, tuple(ref(r) for r in n.args), n.attrs, n.outs))
+                if j in after:  # (a rescaled product's loop sum: times s after the loop)
                     remap[j] = add(Node("mul", ((remap[j], 0), (after[j], 0)), (), n.outs))
                 continue
-            b, c, t = sites[j]
-            ct, bt = bg.nodes[c].outs[0], bg.nodes[b].outs[0]
-            src = bg.nodes[c].args[0][0]
-            if ranged(sites[j]):  # s = max(1, max |c_i t_ij| / 2**e) over this iteration's tile
-                tt = bg.nodes[t].outs[0]
-                # (2**e: the dtype's largest power of 2, at most 2**126: 2**-e a normal fp32 constant)
-                e = min(math.floor(math.log2(DTYPE_MAX[ct.dtype])), 126)
-                col, one = TensorType((tt.shape[0], 1), tt.dtype), TensorType((1, 1), tt.dtype)
-                rows = add(Node("max", ((add(Node("abs", (ref((t, 0)),), (), (tt,))), 0),), make_attrs({"axis": 1}),
-                                (col,)))
-                prod = add(Node("mul", ((rows, 0), (add(Node("abs", ((remap[c], 0),), (), (ct,))), 0)), (), (col,)))
-                mx = add(Node("max", ((prod, 0),), make_attrs({"axis": 0}), (one,)))
-                sc = add(Node("clamp", ((add(Node("scale", ((mx, 0),), make_attrs({"c": 2.0**-e}), (one,))), 0),),
-                              make_attrs({"hi": DTYPE_MAX[ct.dtype], "lo": 1.0}), (one,)))
-            elif src in whole:
-                sc = whole[src]
-            else:  # (the weight column is computed in the block: s over this iteration's tile)
-                one = TensorType((1, 1), ct.dtype)
-                ab = add(Node("abs", ((remap[c], 0),), (), (ct,)))
-                mx = add(Node("max", ((ab, 0),), make_attrs({"axis": 0}), (one,)))
-                sc = add(Node("clamp", ((mx, 0),), make_attrs({"hi": DTYPE_MAX[ct.dtype], "lo": 1.0}), (one,)))
-            cs = add(Node("div", ((remap[c], 0), (sc, 0)), (), (ct,)))
-            wt = add(Node("mul", tuple((cs, 0) if a[0] == c else ref(a) for a in bg.nodes[b].args), (), (bt,)))
-            remap[j] = add(Node("matmul", (ref(n.args[0]), (wt, 0)), n.attrs, n.outs))
+            _, c, t = sites[j]
+            (a, _), _ = n.args
+            at = bg.nodes[a].outs[0]
+            sc = scales[a]
+            w_src = bg.nodes[c].args[0]
+            if (a, w_src) not in operands:  # (one operand for the products of one norm: a gated FFN's gate and up)
+                operands[(a, w_src)] = add(Node("mul", ((add(Node("div", (ref((a, 0)), (sc, 0)), (), (at,))), 0),
+                                                        ref(w_src)), (), (at,)))
+            remap[j] = add(Node("matmul", ((operands[(a, w_src)], 0), ref((t, 0))), n.attrs, n.outs))
             rd = readers.get(j, [])
-            if src in whole and not ranged(sites[j]) and len(rd) == 1 and bg.nodes[rd[0]].op == "loop_sum":
+            if len(rd) == 1 and bg.nodes[rd[0]].op == "loop_sum":
                 after[rd[0]] = sc
             else:
                 remap[j] = add(Node("mul", ((remap[j], 0), (sc, 0)), (), n.outs))
         outs = [ref(o) for o in bg.outputs]
-        keep = _live_nodes(new, outs)  # (the unscaled weight tiles, read by nothing now, dropped)
+        keep = _live_nodes(new, outs)  # (the weight columns and the scaled weight tiles, read by nothing now)
         pos = {j: k for k, j in enumerate(j for j in range(len(new)) if j in keep or new[j].op == "input")}
-        kept = tuple(Node(n.op, tuple((pos[a], o) for a, o in n.args), n.attrs, n.outs)
+        kept = tuple(Node(n.op, tuple((pos[r], o) for r, o in n.args), n.attrs, n.outs)
                      for j, n in enumerate(new) if j in pos)
-        nodes[i] = _kernel_with(kn, kargs, bg, kept, [(pos[a], o) for a, o in outs])
+        nodes[i] = _kernel_with(kn, kargs, bg, kept, [(pos[r], o) for r, o in outs])
         changed = True
     return _checked(mg, nodes) if changed else None
 
@@ -464,7 +490,7 @@ def _checked(mg: Graph, nodes: list[Any]) -> MuGraph:
 
 
 def _scaled_sites(bg: Any) -> dict[int, int]:
-    """The scaled weight columns of block ``bg`` (:func:`scale_weight_tiles`' form, whatever its scale): each
+    """The scaled weight columns of block ``bg`` (the old ``scale_weight_tiles``' form, whatever its scale): each
     ``div(c, s)`` that is a factor of a block product's right operand, ``c`` a weight column (a reshape to
     ``(k, 1)`` of a rank-1 value) -> ``s``'s node."""
     out: dict[int, int] = {}
@@ -484,7 +510,8 @@ def _scaled_sites(bg: Any) -> dict[int, int]:
 
 
 def unscale_weight_tiles(mg: Graph) -> MuGraph | None:
-    """``mg`` with :func:`scale_weight_tiles`' scaling taken out, whatever form its scale ``s`` has: each weight
+    """``mg`` with the old ``scale_weight_tiles``' scaling taken out (sessions 13-15: the weight tile's rows times
+    ``w / s``), whatever form its scale ``s`` has: each weight
     column ``c / s`` of a block product's right operand read as ``c``, each product (or loop sum) ``v * s`` as
     ``v``, the nodes only ``s`` read dropped, and a block input that then reads nothing and loads an operand another
     block input loads too (the weight vector loaded once more for ``s``) dropped with its kernel operand; None if
@@ -553,14 +580,15 @@ def unscale_weight_tiles(mg: Graph) -> MuGraph | None:
 
 
 def rederive_weight_scales(mg: Graph) -> Graph:
-    """``mg``'s weight tiles scaled as :func:`scale_weight_tiles` scales them now, from ``mg``'s unscaled core
-    (:func:`unscale_weight_tiles`); ``mg`` itself where it has no scaled weight tile. A stored candidate whose
-    text differs from this carries a form the current pass no longer produces (a stale candidate: e.g. the
-    thirteenth session's one ``s = max |w|`` per block, which flushed small weights to 0 in fp16)."""
+    """``mg`` in the current pass's form (:func:`prologue_norm_scales`) from its unscaled core
+    (:func:`unscale_weight_tiles`) where it carries an old scaled weight tile; ``mg`` itself where it has none. A
+    stored candidate whose text differs from this carries a form the current pass no longer produces (a stale
+    candidate: the thirteenth session's one ``s = max |w|`` per block, which flushed small weights to 0 in fp16, or
+    the fourteenth's ``s`` per loop iteration, which flushed products ``2**40`` below its tile's largest)."""
     core = unscale_weight_tiles(mg)
     if core is None:
         return mg
-    return scale_weight_tiles(core) or core
+    return prologue_norm_scales(core) or core
 
 
 #: the rules whose composition :func:`norm_into_projections` applies (recorded as its candidates' steps)

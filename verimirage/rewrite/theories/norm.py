@@ -25,8 +25,9 @@ RULES = [
     # the loop). One rule, not rms-norm-weight then matmul-rowscale: the e-graph's shape facts give a
     # broadcast of x by the rank-1 w no rank, so matmul-rowscale's guards never hold on (x * w) * r.
     # (An identity over the reals: in fp16 the operand x * w is inf once |x w| > 65504 where the source's x r w is
-    # finite, so wherever this form is lowered w is moved onto m's rows and bounded, rewrite.stabilise's
-    # scale_weight_tiles; the search's direct rewrite, norm_into_projections, builds the weight-side form itself.)
+    # finite, so wherever this form is lowered the operand becomes the source's own x r w, the row statistic
+    # computed before the loop: rewrite.stabilise's prologue_norm_scales; the search's direct rewrite,
+    # norm_into_projections, builds the weight-side form that pass starts from.)
     Rule("rms-norm-matmul", pat.matmul(pat.rms_norm(X, W, axis=RankMinus(X, 1), eps=EPS), M),
          pat.mul(pat.matmul(pat.mul(X, W), M),
                  pat.rsqrt(pat.shift(pat.mean(pat.square(X), axis=RankMinus(X, 1)), c=EPS))),
