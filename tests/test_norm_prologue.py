@@ -64,10 +64,13 @@ def test_norm_into_projections_leaves_other_norms_alone() -> None:
 @pytest.mark.slow
 def test_weighted_norm_and_gated_ffn_search_to_one_kernel_proved() -> None:
     # the layer's norm + gated FFN, scaled down: one kernel (the norm in both projections' prologue, silu * up
-    # in the epilogue), proved, its certificate re-checks, and its Triton kernel (interpreter) matches float64
+    # in the epilogue), proved, its certificate re-checks, and its Triton kernel (interpreter) matches float64.
+    # (At this size, 8 blocks with an SM each, the cost model ranks the whole-row one-kernel design of the same
+    # grid first and the for-loop's prologue statistic, 16 chunks streamed one after another, among its variants.)
     pytest.importorskip("torch")
     g = _gated(rows=2, d=2048, f=128)  # (rows long enough that the search walks them in a for-loop)
-    res = vm.superoptimize(g, cache=False, top_k=8)
+    res = vm.superoptimize(g, cache=False, top_k=2, variants=4)
+    assert res.candidates[0].num_kernels == 1
     fused = [c for c in res.candidates if "rms-norm-matmul" in c.rules]
     assert fused, [(c.num_kernels, c.rules) for c in res.candidates]
     best = min(fused, key=lambda c: c.num_kernels)

@@ -326,13 +326,13 @@ def _live_nodes(nodes: list[Any], outs: list[tuple[int, int]]) -> set[int]:
     return live
 
 
-def _norm_scale_chain(bg: Any, a: int, kargs: Any) -> tuple[tuple[str, float], ...] | None:
+def _norm_scale_chain(bg: Any, a: int, kargs: Any) -> tuple[tuple[tuple[str, float], ...], int] | None:
     """The affine chain ``f`` of the row norm of block input ``a`` (of a kernel with operands ``kargs``), where
     ``bg`` applies one after its loop: a value ``rsqrt(f(ss))`` (in a block node or a fused thread graph) of ``ss =
     loop_sum(sum(square(a')))`` along ``a``'s last (contracted) dim, ``a'`` ``a`` or a block input loading the same
     tile of the same operand, ``f`` a chain of ``scale``/``shift`` ops (``ss / k + eps``: an RMS norm's statistic;
-    ``rms-norm-expand``); as ``((op, c), ...)`` in application order. None where ``bg`` has none, or two
-    different ones."""
+    ``rms-norm-expand``); as ``((op, c), ...)`` in application order, with the node of ``ss``. None where ``bg`` has
+    none, or two different ones."""
     nodes = bg.nodes
     last = nodes[a].outs[0].rank - 1
 
@@ -369,7 +369,7 @@ def _norm_scale_chain(bg: Any, a: int, kargs: Any) -> tuple[tuple[str, float], .
                 return bool(tg.nodes[j].op == "arg" and n.args[tg.nodes[j].attr("index")][0] in ss)
 
             walk(tg.nodes, arg_of_ss)
-    return next(iter(found)) if len(found) == 1 else None
+    return (next(iter(found)), min(ss)) if len(found) == 1 else None
 
 
 def prologue_norm_scales(mg: Graph) -> MuGraph | None:
@@ -401,7 +401,7 @@ def prologue_norm_scales(mg: Graph) -> MuGraph | None:
         sites = {j: s for j in range(len(bg.nodes)) if (s := _row_scaled_weight(bg, j)) is not None}
         if not sites:
             continue
-        chains: dict[int, tuple[tuple[str, float], ...]] = {}
+        chains: dict[int, tuple[tuple[tuple[str, float], ...], int]] = {}
         for j in sites:
             a = bg.nodes[j].args[0][0]
             an = bg.nodes[a]
@@ -430,19 +430,25 @@ def prologue_norm_scales(mg: Graph) -> MuGraph | None:
 
         scales: dict[int, int] = {}  # a's block input node -> its s (before the loop)
         operands: dict[tuple[int, tuple[int, int]], int] = {}  # (a, w) -> the node of (a / s) * w
-        for a, chain in chains.items():
+
+        def statistic(x: tuple[int, int], xt: Any, f: Any) -> int:  # sqrt(f(sum(x ** 2))) along x's last dim
+            st = TensorType((*xt.shape[:-1], 1), xt.dtype)
+            v = add(Node("sum", ((add(Node("square", (x,), (), (xt,))), 0),), make_attrs({"axis": xt.rank - 1}),
+                         (st,)))
+            for op, c in f:
+                v = add(Node(op, ((v, 0),), make_attrs({"c": c}), (st,)))
+            return add(Node("sqrt", ((v, 0),), (), (st,)))
+
+        for a, (f, _) in chains.items():
+            if bg.frange == 1:  # (no loop: from the tile itself, where the first product reads it)
+                continue
             ad = bg.nodes[a].attr_dict
             ad["fmap"] = None
             ad["arg"] = len(kargs)  # (the kernel takes the operand once more: one input node per load)
             kargs.append(kn.args[bg.nodes[a].attr("arg")])
             dt = bg.nodes[a].outs[0].dtype
             ft = TensorType(tuple(tile_shape("block input", ad["shape"], bg.grid, ad["imap"], None, bg.frange)), dt)
-            st = TensorType((*ft.shape[:-1], 1), dt)
-            v = add(Node("sum", ((add(Node("square", ((add(Node("input", (), make_attrs(ad), (ft,))), 0),), (),
-                                             (ft,))), 0),), make_attrs({"axis": ft.rank - 1}), (st,)))
-            for op, c in chain:
-                v = add(Node(op, ((v, 0),), make_attrs({"c": c}), (st,)))
-            scales[a] = add(Node("sqrt", ((v, 0),), (), (st,)))
+            scales[a] = statistic((add(Node("input", (), make_attrs(ad), (ft,))), 0), ft, f)
         for j, n in enumerate(bg.nodes):
             if j not in sites:
                 remap[j] = add(Node(n.op, tuple(ref(r) for r in n.args), n.attrs, n.outs))
@@ -452,6 +458,8 @@ def prologue_norm_scales(mg: Graph) -> MuGraph | None:
             _, c, t = sites[j]
             (a, _), _ = n.args
             at = bg.nodes[a].outs[0]
+            if a not in scales:
+                scales[a] = statistic(ref((a, 0)), at, chains[a][0])
             sc = scales[a]
             w_src = bg.nodes[c].args[0]
             if (a, w_src) not in operands:  # (one operand for the products of one norm: a gated FFN's gate and up)
