@@ -316,3 +316,39 @@ def test_a_region_and_its_one_reader_are_searched_together_when_the_order_made_t
     ins = _inputs(g)
     for p, q in zip(vm.evaluate(mg, ins), vm.evaluate(g, ins), strict=True):
         np.testing.assert_allclose(p, q, rtol=1e-12)
+
+
+def test_a_window_of_three_regions_merges_where_no_pair_pays() -> None:
+    """``window_ops``: three consecutive regions searched as one, kept when cheaper than the three; a stand-in search
+    prices a region at its ops, except that the three-matmul union (an attention's products and the softmax between
+    them) costs less than its parts -- a fusion no pairwise pass sees. Off by default (``window_ops=0``)."""
+    from verimirage.pipeline.regions import split_search
+
+    g = relu_chain(3)  # three (matmul, relu) chunks
+    tried: list[int] = []
+
+    def search(rg: vm.Graph) -> tuple[MuGraph, float, str, tuple[str, ...]]:
+        ops = sum(1 for n in node_list(rg) if n.op != "input")
+        mms = sum(1 for n in node_list(rg) if n.op == "matmul")
+        tried.append(mms)
+        return MuGraph.from_graph(rg), (1.0 if mms == 3 else 1.0 * ops) * 1e-6, "stand-in", ()
+
+    out = split_search(g, 12, search)
+    assert len(out.regions) == 3 and 3 not in tried  # (pairs are 4 ops: tried and not kept)
+    tried.clear()
+    out = split_search(g, 12, search, window_ops=6)
+    assert len(out.regions) == 1 and sorted(out.regions[0].nodes) == sorted(live_ops(g)) and 3 in tried
+    assert "merged with the next 2 region(s)" in out.reports[0].how
+    ins = _inputs(g)
+    np.testing.assert_allclose(vm.evaluate(compose(g, out.regions, out.mugraphs), ins)[0], vm.evaluate(g, ins)[0],
+                               rtol=1e-12)
+    # a window over the limit is not searched
+    tried.clear()
+    assert len(split_search(g, 12, search, window_ops=5).regions) == 3 and 3 not in tried
+
+
+def test_window_ops_is_an_option_that_keys_the_cache_only_when_on() -> None:
+    assert "window_ops" not in SearchOptions().cache_fields(None)
+    assert SearchOptions(window_ops=24).cache_fields(None)["window_ops"] == 24
+    with pytest.raises(ValueError, match="window_ops"):
+        SearchOptions(window_ops=-1)

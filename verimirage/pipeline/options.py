@@ -76,6 +76,7 @@ class SearchOptions:
     split: str = "auto"
     region_ops: int = 12
     whole_ops: int = 24
+    window_ops: int = 0
 
     def __post_init__(self) -> None:
         def put(name: str, v: Any) -> None:
@@ -93,7 +94,7 @@ class SearchOptions:
             put("verify_budget_s", float(v))
         for name, lo in (("node_limit", 1), ("iter_limit", 0), ("max_splits", 1), ("top_k", 1), ("variants", 0),
                          ("terms_per_class", 1), ("max_terms", 1), ("seed", -(2**63)), ("region_ops", 1),
-                         ("whole_ops", 1)):
+                         ("whole_ops", 1), ("window_ops", 0)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ValueError(f"SearchOptions.{name}={v!r}; expected an int >= {lo}")
@@ -174,6 +175,7 @@ class SearchOptions:
             "verify_timeout_s": self.verify_timeout_s,
             "device": device if self.profile else None,
             "split": self.split, "region_ops": self.region_ops, "whole_ops": self.whole_ops,
+            **({"window_ops": self.window_ops} if self.window_ops else {}),  # (keys of searches without it unchanged)
         }
 
     def changed(self) -> dict[str, Any]:

@@ -16,7 +16,9 @@ search returns one kernel per op. Here the program is cut into *regions* small e
    elementwise epilogue or a norm prologue lands in its neighbour's kernel this way, and so do whole
    layers when fusing them pays; then each region is searched with *all* the regions that read its values,
    wherever they lie in the order (a norm read by three projections fuses into their prologues only when
-   all three take it), where that union is convex, kept when cheaper (:func:`_merge_with_readers`);
+   all three take it), where that union is convex, kept when cheaper (:func:`_merge_with_readers`); with
+   ``window_ops`` (:attr:`SearchOptions.window_ops`, off by default), runs of three consecutive regions too
+   (:func:`_merge_windows`: an attention's two products and its softmax as one split-KV kernel pair);
 4. **compose** — the regions' μGraphs spliced into one μGraph over the program's inputs (the glue: each
    region's inputs wired to the values they stand for; :mod:`verimirage.smt.glue`). Each region's μGraph is
    proved against its region on its own, and the composition is proved by congruence: the regions partition
@@ -148,12 +150,13 @@ def _layout_to_consumer(graph: Graph, chunks: list[list[int]]) -> list[list[int]
 
 def split_search(graph: Graph, region_ops: int, search: Callable[[Graph], tuple[MuGraph, float, str,
                                                                                 tuple[str, ...]]],
-                 *, deadline: float | None = None) -> SplitOutcome:
+                 *, deadline: float | None = None, window_ops: int = 0) -> SplitOutcome:
     """Split ``graph`` into regions, search each (``search(region_graph)`` -> (μGraph, estimated seconds,
     how, rules)), merge neighbours whose joint search costs less, and return the regions with their μGraphs.
 
     Identical regions (the same program text under canonical input names) are searched once. ``deadline``
-    (``time.perf_counter()`` value): past it, no more merges are tried."""
+    (``time.perf_counter()`` value): past it, no more merges are tried. ``window_ops`` (0: off): then runs of three
+    consecutive regions of at most that many ops are searched as one too (:func:`_merge_windows`)."""
     t0 = time.perf_counter()
     memo: dict[str, tuple[MuGraph, float, str, tuple[str, ...]]] = {}
     out = SplitOutcome([], [], [])
@@ -190,6 +193,8 @@ def split_search(graph: Graph, region_ops: int, search: Callable[[Graph], tuple[
     done.append((cur, cur_res, cur_merged))
     tagged = [(reg, res, "merged across a boundary" if merged else "") for reg, res, merged in done]
     tagged = _merge_with_readers(graph, tagged, region_ops, searched, out, deadline)
+    if window_ops:
+        tagged = _merge_windows(graph, tagged, window_ops, searched, out, deadline)
     for reg, (mg, est, how, rules), note in tagged:
         out.regions.append(reg)
         out.mugraphs.append(mg)
@@ -236,6 +241,38 @@ def _merge_with_readers(graph: Graph, regs: list[_Tagged], region_ops: int,
                 out.merges_kept += 1
                 rest = [r for m, r in enumerate(regs) if m not in members]
                 regs = _in_order([*rest, (both, both_res, f"merged with the {len(readers)} region(s) reading it")])
+                changed = True
+                break
+    return regs
+
+
+#: regions a window of :func:`_merge_windows` spans
+WINDOW = 3
+
+
+def _merge_windows(graph: Graph, regs: list[_Tagged], window_ops: int,
+                   searched: Callable[[Region], tuple[MuGraph, float, str, tuple[str, ...]]], out: SplitOutcome,
+                   deadline: float | None) -> list[_Tagged]:
+    """The boundaries reconsidered across :data:`WINDOW` consecutive regions (in a topological order): searched as
+    one region when the union has at most ``window_ops`` ops and is convex, kept when that search's best costs
+    less than the parts'. A fusion that pays only across two boundaries at once -- an attention's two products and
+    the softmax between them as one split-KV kernel and its combine, where Q K^T with the softmax, or the softmax
+    with P @ V, gains nothing -- is missed by the pairwise passes. Repeated until nothing changes."""
+    changed = True
+    while changed and (deadline is None or time.perf_counter() < deadline):
+        changed = False
+        for k in range(len(regs) - WINDOW + 1):
+            members = list(range(k, k + WINDOW))
+            nodes = sorted(i for m in members for i in regs[m][0].nodes)
+            if len(nodes) > window_ops or not _convex(graph, set(nodes)):
+                continue
+            both = region_of(graph, nodes)
+            out.merges_tried += 1
+            both_res = searched(both)
+            if both_res[1] < sum(regs[m][1][1] for m in members) - 1e-12:
+                out.merges_kept += 1
+                rest = [r for m, r in enumerate(regs) if m not in members]
+                regs = _in_order([*rest, (both, both_res, f"merged with the next {WINDOW - 1} region(s)")])
                 changed = True
                 break
     return regs

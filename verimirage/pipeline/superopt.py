@@ -223,7 +223,8 @@ def superoptimize(graph: Graph, *, options: SearchOptions | None = None, **overr
 
     A program too big for one search is searched by regions (:mod:`verimirage.pipeline.regions`): cut before
     every matmul and after ``region_ops`` ops, each region searched, neighbours merged where one search of
-    both costs less (at most ``region_ops`` ops), the regions' μGraphs composed and the composition verified
+    both costs less (at most ``region_ops`` ops; with ``window_ops`` > 0 also runs of three regions of at most that
+    many ops), the regions' μGraphs composed and the composition verified
     and certified against the whole program; the report lists the regions (``SearchReport.regions``,
     ``split``). ``split="auto"`` (default) searches a program with one matmul whole, one of more than
     ``whole_ops`` ops by regions, and one in between whole and, when that fused less than one kernel per
@@ -438,7 +439,7 @@ def _split_search(graph: Graph, opts: SearchOptions) -> SearchResult:
 
         prog.phase("regions")
         t0 = (time.perf_counter(), time.process_time())
-        out = split_search(graph, opts.region_ops, search_region)
+        out = split_search(graph, opts.region_ops, search_region, window_ops=opts.window_ops)
         timed("regions", t0)
         prog.phase("verify")
         t0 = (time.perf_counter(), time.process_time())
@@ -532,7 +533,7 @@ def plan_regions(graph: Graph, options: SearchOptions | None = None, **overrides
 
     opts = SearchOptions.make(options, overrides)
     _, search_region = _region_searcher(opts, opts.calibration or Calibration(), [])
-    return split_search(graph, opts.region_ops, search_region)
+    return split_search(graph, opts.region_ops, search_region, window_ops=opts.window_ops)
 
 
 #: the whole-program finite-field test of a composition runs when the program's products have at most this
