@@ -239,11 +239,15 @@ def _merge_with_readers(graph: Graph, regs: list[_Tagged], region_ops: int,
                      both_res[1] * 1e6, sum(regs[m][1][0].num_kernels for m in members), parts * 1e6)
             if both_res[1] < parts - 1e-12:
                 out.merges_kept += 1
-                rest = [r for m, r in enumerate(regs) if m not in members]
-                regs = _in_order([*rest, (both, both_res, f"merged with the {len(readers)} region(s) reading it")])
+                regs = _merged(regs, members, (both, both_res, f"merged with the {len(readers)} region(s) reading it"))
                 changed = True
                 break
     return regs
+
+
+def _merged(regs: list[_Tagged], members: list[int], union: _Tagged) -> list[_Tagged]:
+    """``regs`` with the regions at ``members`` replaced by ``union``, in a topological order."""
+    return _in_order([*(r for m, r in enumerate(regs) if m not in members), union])
 
 
 #: regions a window of :func:`_merge_windows` spans
@@ -271,8 +275,7 @@ def _merge_windows(graph: Graph, regs: list[_Tagged], window_ops: int,
             both_res = searched(both)
             if both_res[1] < sum(regs[m][1][1] for m in members) - 1e-12:
                 out.merges_kept += 1
-                rest = [r for m, r in enumerate(regs) if m not in members]
-                regs = _in_order([*rest, (both, both_res, f"merged with the next {WINDOW - 1} region(s)")])
+                regs = _merged(regs, members, (both, both_res, f"merged with the next {WINDOW - 1} region(s)"))
                 changed = True
                 break
     return regs
