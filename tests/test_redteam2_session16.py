@@ -226,6 +226,34 @@ def test_no_launch_of_a_committed_candidate_reads_or_writes_out_of_order_in_any_
     assert checked == 16 * len(mgs)
 
 
+def test_no_pdl_knob_setting_lets_a_launch_read_or_write_out_of_order_held(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Held (the session's scan: 137 committed μGraphs x 3 modes x all 16 settings of the boolean PDL knobs, 6,576
+    modules): whichever of codegen's boolean PDL options is on (prefetches only where started early or everywhere,
+    prefetches in a first launch that starts the next one, a start or a last-block launch before an early loop: the
+    ones being measured for the models set), no launch of a module reads or writes out of order. Here the 16
+    settings on the candidates with the most launches and early loops."""
+    import itertools
+
+    import verimirage as vm
+    from verimirage.backend import codegen, tuning
+    from verimirage.backend.launchcheck import pdl_hazards
+
+    knobs = sorted(k for k in dir(codegen) if k.startswith("PDL_") and isinstance(getattr(codegen, k), bool))
+    assert len(knobs) >= 4, knobs
+    picked = [(f, t) for f, t in _committed_mugraphs(1)
+              if any(n in f for n in ("lora_scaled", "cross_entropy.json", "decode_bs1_small", "gelu_mlp"))]
+    assert len(picked) >= 4, picked
+    bad = []
+    for combo in itertools.product([False, True], repeat=len(knobs)):
+        for k, v in zip(knobs, combo, strict=True):
+            monkeypatch.setattr(codegen, k, v)
+        for f, text in picked:
+            for mode in ({"pdl": "auto"}, {"pdl": "auto", "merge": True, "last_block": True}):
+                ms = tuning.tuned_module(vm.MuGraph.parse(text), mode)
+                bad += [f"{f} {mode} {dict(zip(knobs, combo, strict=True))}: {h}" for h in pdl_hazards(ms.source)]
+    assert not bad, bad[:5]
+
+
 def test_compile_generates_without_pdl_a_module_whose_launches_could_run_out_of_order(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """Defence in depth: ``vm.compile`` under PDL checks the module it generated (``pdl_hazards``) and, should the
