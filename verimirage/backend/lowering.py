@@ -150,7 +150,7 @@ def _leaky_relu(args: Sequence[str], attrs: dict[str, Any], in_types: Any, out_t
     return f"tl.where({args[0]} >= 0.0, {args[0]}, {args[0]} * {float(attrs['slope'])!r})"
 
 
-@implements("triton", "step")
+@implements("triton", "step", "greater")
 def _step(args: Sequence[str], attrs: dict[str, Any], in_types: Any, out_types: Any) -> str:
     return f"tl.where({args[0]} > {float(attrs['c'])!r}, 1.0, 0.0)"
 

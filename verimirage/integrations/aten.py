@@ -102,6 +102,9 @@ class LV:
     #: a complex64 value held as its real view (``torch.view_as_real``: float32, a trailing dim of 2 for the real and
     #: imaginary parts; ``shape`` is that view's): read only by :data:`COMPLEX_OPS`; never a result of a partition
     cplx: bool = False
+    #: for a comparison with a constant (:attr:`mask`): ``(x, op, c)``, the compared tensor (in ``t``'s shape), the
+    #: ATen comparison and the constant, from which ``where`` makes its boolean mask (``greater``)
+    cmp: tuple[Tensor, str, float] | None = None
 
     @property
     def exact(self) -> bool:
@@ -1106,10 +1109,18 @@ def _where(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
     if isinstance(m, LV) and m.negated:  # where(~keep, a, b) = where(keep, b, a)
         m, a, b = dataclasses.replace(m, negated=False), b, a
     if isinstance(m, LV) and m.mask:
-        node = ctx.node.args[0] if ctx.node is not None and ctx.node.args else None
-        raise Unsupported(Reason.DTYPE, "where of a comparison made in the partition (held as 0/1 floats, the "
-                                        "branch not taken would leak inf/NaN): the comparison stays in ATen",
-                          node)
+        if m.cmp is None or not m.exact:
+            node = ctx.node.args[0] if ctx.node is not None and ctx.node.args else None
+            raise Unsupported(Reason.DTYPE, "where of a comparison made in the partition in another shape (held as "
+                                            "0/1 floats, the branch not taken would leak inf/NaN): the comparison "
+                                            "stays in ATen", node)
+        # the registry's boolean comparison: x > c (gt, and le with the branches swapped) or -x > -c (lt, ge)
+        x, cmp, c = m.cmp
+        pos = cmp in ("gt", "le")
+        bm = emit(ctx.g, "greater", x if pos else emit(ctx.g, "neg", x), c=c if pos else -c)
+        m = LV(bm, m.shape)
+        if cmp in ("le", "ge"):
+            a, b = b, a
     if not isinstance(m, LV) or not all(isinstance(v, LV) or _num(v) for v in (a, b)):
         raise Unsupported(Reason.NOT_IN_REGISTRY, "where with a scalar mask or a non-numeric branch")
     if any(_num(v) and not math.isfinite(float(v)) for v in (a, b)):
@@ -1222,13 +1233,16 @@ def _compare(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
         raise Unsupported(Reason.NOT_IN_REGISTRY, f"aten.{name} of a mask or with a constant {c}")
     g = ctx.g
     cv = float(c)
+    seen: list[Tensor] = []
 
     def f(ts: list[Tensor]) -> Tensor:
+        seen.append(ts[0])
         s = emit(g, "step", ts[0], c=cv) if name in ("gt", "le") else emit(g, "step", emit(g, "neg", ts[0]), c=-cv)
         return s if name in ("gt", "lt") else emit(g, "shift", emit(g, "scale", s, c=-1.0), c=1.0)
 
     r = ctx.ew(_shape(out), [x], f)
-    return dataclasses.replace(r, mask=True)
+    cmp = (seen[0], name, cv) if tuple(seen[0].shape) == tuple(r.t.shape) else None
+    return dataclasses.replace(r, mask=True, cmp=cmp)
 
 
 _SDPA = (

@@ -437,6 +437,10 @@ class OpMethods:
         """The error function (exact GELU: ``0.5 * x * (1 + erf(x / sqrt(2)))``)."""
         return self._emit("erf", [x])
 
+    def greater(self, x: Tensor, c: float) -> Tensor:
+        """``x > c`` as a ``vm.bool`` mask (``where`` reads it; a comparison a model makes)."""
+        return self._emit("greater", [x], {"c": c})
+
     def sin(self, x: Tensor) -> Tensor:
         """Sine (radians)."""
         return self._emit("sin", [x])

@@ -280,6 +280,7 @@ _TABLE: dict[str, dict[str, Any]] = {
     "clamp": {"family": "clamp"},
     "leaky_relu": {"family": "leaky_relu", "homog": _h_first},
     "step": {"family": "step"},
+    "greater": {"family": "step"},
     "where": {"homog": _h_where},
     "cast": {"homog": _h_first, "attr_kinds": {"dtype": "dtype"}},
     "tril_mask": {"attr_kinds": {"shape": "ints", "offset": "int"}},

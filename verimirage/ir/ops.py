@@ -416,6 +416,10 @@ define_op("minimum", 2, _B | Prop.COMMUTATIVE | Prop.ASSOCIATIVE, binary_rule("m
 _reduction("min", "min along axis")
 
 
+define_op("greater", 1, _U, lambda ts, at: TensorType(_attr_rule("greater", "c")(ts, at).shape, DType.bool), None,
+          "x > c as a vm.bool mask (a comparison where reads)", attrs=("c",))
+
+
 def _where_rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
     dt = _same_dtype("where", ts[1:])
     return TensorType(broadcast_shapes("where", ts), dt)

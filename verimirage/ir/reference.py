@@ -143,6 +143,7 @@ _ELEMENTWISE: dict[str, Callable[..., np.ndarray]] = {
     "clamp": lambda x, at: np.clip(x, float(at["lo"]), float(at["hi"])),
     "leaky_relu": lambda x, at: np.where(x >= 0, x, x * float(at["slope"])),
     "step": lambda x, at: (x > float(at["c"])).astype(x.dtype),
+    "greater": lambda x, at: (x > float(at["c"])).astype(x.dtype),  # (read as a mask: nonzero is true)
     "add": lambda a, b, at: np.add(a, b),
     "sub": lambda a, b, at: np.subtract(a, b),
     "mul": lambda a, b, at: np.multiply(a, b),

@@ -234,7 +234,7 @@ def uninterpreted(op: str) -> Callable[..., Sym]:
     return fn
 
 
-for _n in ("gelu", "relu", "erf", "softplus", "abs", "clamp", "leaky_relu", "step", "sin", "cos"):
+for _n in ("gelu", "relu", "erf", "softplus", "abs", "clamp", "leaky_relu", "step", "sin", "cos", "greater"):
     implements("abstract", _n)(uninterpreted(_n))
 # log: uninterpreted, after its argument's exp factors are taken out (law log-exp)
 implements("abstract", "log")(_ew1(E.p_log))

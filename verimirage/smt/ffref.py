@@ -389,7 +389,7 @@ MEANINGS: dict[str, Meaning] = {
     "cast": lambda d, a, at, it: a[0],
     "tril_mask": lambda d, a, at, it: np.stack([tril(at["shape"], at["offset"])] * 2),  # 0 and 1 in both parts
 }
-for _op in ("erf", "softplus", "abs", "clamp", "leaky_relu", "step", "sin", "cos"):  # no exact image
+for _op in ("erf", "softplus", "abs", "clamp", "leaky_relu", "step", "sin", "cos", "greater"):  # no exact image
     MEANINGS[_op] = lambda d, a, at, it, _op=_op: d.oracle(opaque_key(_op, at), a[0])  # type: ignore[misc]
 # log: a random function in the p-part, the discrete log (exp's inverse) in the q-part
 MEANINGS["log"] = lambda d, a, at, it: _stack(d.oracle("log", a[0])[0], _log_table(d.field)[a[0][0]])

@@ -64,6 +64,7 @@ for _name, _f in [
 implements("torch", "pow")(lambda a, attrs, it, ot: _t().pow(a[0], attrs["c"]))
 implements("torch", "clamp")(lambda a, attrs, it, ot: _t().clamp(a[0], attrs["lo"], attrs["hi"]))
 implements("torch", "step")(lambda a, attrs, it, ot: (a[0] > attrs["c"]).to(a[0].dtype))
+implements("torch", "greater")(lambda a, attrs, it, ot: (a[0] > attrs["c"]).to(a[0].dtype))
 implements("torch", "leaky_relu")(lambda a, attrs, it, ot: _t().nn.functional.leaky_relu(a[0], attrs["slope"]))
 implements("torch", "where")(lambda a, attrs, it, ot: _t().where(a[0] != 0, a[1], a[2]))
 implements("torch", "tril_mask")(lambda a, attrs, it, ot: _t().ones(  # (on the inputs' device: torch_evaluate)

@@ -245,7 +245,7 @@ def _ff_rsqrt(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: A
     return _oracle("sqrt", args[0], inverse=True)
 
 
-for _u in ("erf", "softplus", "abs", "clamp", "leaky_relu", "step", "sin", "cos"):
+for _u in ("erf", "softplus", "abs", "clamp", "leaky_relu", "step", "sin", "cos", "greater"):
     implements("ff", _u)(opaque(_u))
 
 
