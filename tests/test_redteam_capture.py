@@ -130,7 +130,7 @@ def test_where_leaked_nan_from_the_branch_not_taken() -> None:
     """Finding (high, wrong values): ``torch.where(x > 0, torch.sqrt(x), 0)`` came back with NaN wherever
     ``x < 0``: the comparison was lifted as a 0/1 float and the where as ``m * a + (1 - m) * b``, and
     ``0 * nan`` is NaN (the capture's check runs on inputs in [0.5, 1.5), where nothing is masked). Now the
-    comparison stays in ATen and the registry's ``where`` reads its booleans."""
+    registry's ``where`` reads booleans: ATen's, or (since the sixteenth session) the registry's ``greater``."""
 
     class M(nn.Module):
         def forward(self, x: Any) -> Any:
@@ -163,7 +163,7 @@ def test_threshold_backward_gave_nan_gradients_where_relu_masks_an_inf() -> None
     """Finding (high, wrong gradients): ``threshold_backward(grad, x, 0)`` was lifted as ``grad * step(x)``; the
     gradient of ``sqrt(relu(x))`` is inf where ``relu(x) = 0``, which ATen masks to 0 and the product made NaN,
     so every weight gradient of the layer before was NaN. The capture now writes it ``where(x <= 0, 0, grad)``
-    (its definition): the comparison stays in ATen, the where lifts (fast, lift-level check)."""
+    (its definition), whose where reads a boolean mask, never a 0/1 float (fast, lift-level check)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     def f(gr: Any, x: Any) -> Any:
