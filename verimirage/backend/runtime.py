@@ -220,9 +220,10 @@ class _LeanPlan:
     by ``new_empty``.
 
     The workspace is one allocation: a buffer kept for the stream that first called (reused by later calls
-    on that stream, which run after the earlier calls' kernels) and a fresh allocation from PyTorch's caching
-    allocator, given back after the launches are queued, on any other stream or while a CUDA graph is being
-    captured (a captured graph must not share the kept buffer with later calls).
+    on that stream, which run after the earlier calls' kernels; by one call at a time, since two threads calling
+    on one stream interleave their launches there) and a fresh allocation from PyTorch's caching allocator,
+    given back after the launches are queued, on any other stream, while another call holds the kept buffer, or
+    while a CUDA graph is being captured (a captured graph must not share the kept buffer with later calls).
     """
 
     #: the program's completion counters on this device (set in ``__init__``; None for a program without any, and
