@@ -509,7 +509,25 @@ def _grid_divisors(n: int) -> list[int]:
     The second kind matters for sizes like 6144 = 3 x 2^11: 96 blocks of 64 columns need no padding,
     where every power-of-two count leaves a padded tile (48, 96 or 192 columns).
     """
-    return sorted(set(_pow2_divisors(n)) | {n // t for t in _pow2_divisors(n)})
+    out = set(_pow2_divisors(n)) | {n // t for t in _pow2_divisors(n)}
+    if n % ODD_TILE_VALUATION:
+        out |= _divisors(n)
+    return sorted(out)
+
+
+#: an axis whose size is not a multiple of this has every divisor as a block count (:func:`_grid_divisors`)
+ODD_TILE_VALUATION = 16
+
+
+def _divisors(n: int) -> set[int]:
+    """Every divisor of ``n``."""
+    out = set()
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            out |= {d, n // d}
+        d += 1
+    return out
 
 
 #: bytes of a DRAM segment: a tile whose rows (its contiguous dim) are narrower fills only part of each
