@@ -209,3 +209,34 @@ def test_mugraph_declaring_its_inputs_in_another_order_was_certified_and_served_
     from verimirage.pipeline.superopt import _default_verifier
 
     assert not _default_verifier(g, 10.0, 0)(g, swapped).proved
+
+
+@pytest.mark.parametrize("shape", [(16, 32, 16), (256, 256, 64)])
+def test_exp_of_a_difference_of_two_sums_split_into_a_quotient_of_exps_overflowed_and_the_fp_check_passed_it(
+        shape: tuple[int, int, int]) -> None:
+    """Finding (medium; a Proved best candidate that is inf where the source is finite, default rules): attention
+    with a bias from a softmax statistic kept in two parts (the max ``M`` and the log-sum ``LL``, as a split-KV
+    combine or ring attention keeps them), ``exp((Q K + B) - (M + LL)) @ V`` in fp16. Rules exp-sub and
+    defer-normalisation give ``(exp(Q K + B) @ V) / exp(M + LL)``: inf / inf at logits near 100, where the source
+    is at most 1. The fifteenth session's rule (where the source exps only sums or differences, the candidate must
+    too) passed it, both exps being of sums; at 16 x 32 x 16 the numeric check ran and passed it too (its input
+    sets never put the logits and the statistic near 100 together). Now, where the source exps only sums or
+    differences, every exp of the candidate must read the same program inputs as one of the source's."""
+    import numpy as np
+
+    from verimirage.pipeline.fpsafe import evaluate_in_dtype
+
+    t, n, d = shape
+    g = vm.Graph()
+    q, k, v = g.input("Q", (1, t, d), vm.float16), g.input("K", (1, d, n), vm.float16), g.input("V", (1, n, d),
+                                                                                               vm.float16)
+    b, m, ll = g.input("B", (1, t, n), vm.float16), g.input("M", (1, t, 1), vm.float16), g.input("LL", (1, t, 1),
+                                                                                               vm.float16)
+    g.output(g.matmul(g.exp(g.sub(g.add(g.matmul(q, k), b), g.add(m, ll))), v))
+    rng = np.random.default_rng(16)
+    qs, ks = rng.uniform(-1, 1, (1, t, d)), rng.uniform(-1, 1, (1, d, n))
+    inputs = {"Q": qs, "K": ks, "V": rng.uniform(-1, 1, (1, n, d)), "B": 100 - qs @ ks + rng.uniform(-1, 1, (1, t, n)),
+              "M": np.full((1, t, 1), 95.0), "LL": np.full((1, t, 1), 5.0 + np.log(n))}
+    src, _ = evaluate_in_dtype(g, inputs)
+    assert np.abs(src[0]).max() < 64  # (the source is finite and small)
+    assert _finite_where_the_source_is(g, inputs, top_k=4, variants=1) == []

@@ -178,9 +178,10 @@ ALLOWED = {
     ("pipeline/fpsafe.py", "exp_shifts"): "labels each exp by its argument: max-shifted, a sum or difference, or "
                                           "neither (the fp check's structural rule: the source's shifted exps stay "
                                           "shifted; red team 15)",
-    ("pipeline/fpsafe.py", "operand_sums"): "follows add/sub/sum/loop_sum results into product operands (the fp "
-                                            "check's rule against matmul-add-factor's summed weights and "
-                                            "matmul-assoc's product of weights; red teams 15, 16)",
+    ("pipeline/fpsafe.py", "reads_of"): "follows add/sub/sum/loop_sum results into product operands and names "
+                                        "each exp's inputs (the fp check's rules against matmul-add-factor's summed "
+                                        "weights, matmul-assoc's product of weights and exp-sub's exps of parts of "
+                                        "a difference; red teams 15, 16)",
     ("rewrite/stabilise.py", "_scaled_sites"): "recognises the old scale_weight_tiles' div(c, s) factor of a block "
                                                "product's right operand",
     ("rewrite/stabilise.py", "unscale_weight_tiles"): "takes the old scale_weight_tiles' forms out again (the "

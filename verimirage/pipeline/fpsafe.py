@@ -16,9 +16,9 @@ non-finite element where the source's is finite, or an error against the float64
 output's largest value where the source's is below 2e-2 of it (:data:`GROSS_ERROR`: finite but wrong, e.g. every
 output 0). The search (:func:`verimirage.pipeline.superopt.superoptimize`) rejects such a candidate with that
 reason. Before it, at every size, a structural check (:meth:`SafetyChecker.structural`): every exp the source
-max-shifts stays max-shifted, where the source exps only sums or differences the candidate does too
-(:func:`exps_of_sums`), and no operand of a product is a sum (or a product) the source never rounds to a dtype as
-narrow (:func:`operand_sums`).
+max-shifts stays max-shifted, where the source exps only sums or differences the candidate does too, each exp
+reading the inputs of one of the source's (:func:`exps_of_sums`, :func:`exp_reads`), and no operand of a product
+is a sum (or a product) the source never rounds to a dtype as narrow (:func:`operand_sums`).
 
 Rounding follows the generated code (:mod:`verimirage.backend.codegen`): the candidate's results that it
 returns in their dtype, those only other kernels read in fp32 (``codegen.storage_dtype``), the source's every
@@ -371,6 +371,18 @@ Sum = tuple[frozenset[str], float]
 
 
 def operand_sums(g: Graph) -> tuple[frozenset[Sum], frozenset[Sum]]:
+    """See :func:`reads_of` (its first two parts)."""
+    operands, sums, _ = reads_of(g)
+    return operands, sums
+
+
+def exp_reads(g: Graph) -> frozenset[frozenset[str]]:
+    """The program inputs each ``exp`` (at any level; and each ``rescaled_sum``, an exp of a running max's change)
+    reads, one set per distinct argument: :func:`reads_of`'s third part."""
+    return reads_of(g)[2]
+
+
+def reads_of(g: Graph) -> tuple[frozenset[Sum], frozenset[Sum], frozenset[frozenset[str]]]:
     """``(operands, sums)``: the sums (``add`` / ``sub``, ``sum``, loop sums and products, each a sum of products)
     that reach an operand of a product, at any level (through data movement, casts and constant factors; a kernel's
     result or block input read as the value it carries), and every sum, each named by the program inputs it reads
@@ -381,9 +393,11 @@ def operand_sums(g: Graph) -> tuple[frozenset[Sum], frozenset[Sum]]:
     ``w1 = w2 = 4e4`` in fp16 (at ``1.8e38`` in bf16 and fp32) where the source, which never forms ``w1 + w2``, is
     finite (red team, session 15; bf16 and fp32: session 16), and ``x @ (a @ b)`` (rule ``matmul-assoc``) for
     ``(x @ a) @ b`` is inf at ``a, b`` near 100 and ``x`` near 1e-4 in fp16 (session 16); the numeric check's
-    input sets (all inputs at one scale, or one input alone large) never make two inputs large and another small."""
+    input sets (all inputs at one scale, or one input alone large) never make two inputs large and another small.
+    Third, :func:`exp_reads`: the inputs each exp's argument reads."""
     operands: set[Sum] = set()
     sums: set[Sum] = set()
+    exps: set[frozenset[str]] = set()
     V = tuple[frozenset[str], "frozenset[str] | None"]  # (inputs it reads, those of the sum it carries, or None)
 
     def walk(nodes: Sequence[Any], args: Sequence[V]) -> list[list[V]]:
@@ -409,11 +423,13 @@ def operand_sums(g: Graph) -> tuple[frozenset[Sum], frozenset[Sum]]:
                 if n.op in _SUMS or product:
                     carried = reads
                     sums.add((reads, DTYPE_MAX.get(n.outs[0].dtype, math.inf)))
+                if n.op in ("exp", "rescaled_sum"):
+                    exps.add(reads if n.op == "exp" else a[1][0])
                 vals.append([(reads, carried)] * max(1, len(n.outs)))
         return vals
 
     walk(node_list(g), [])
-    return frozenset(operands), frozenset(sums)
+    return frozenset(operands), frozenset(sums), frozenset(exps)
 
 
 class SafetyChecker:
@@ -434,6 +450,7 @@ class SafetyChecker:
         self._ref: dict[int, list[np.ndarray]] = {}
         self._src_shifted: bool | None = None
         self._src_sums: frozenset[Sum] = frozenset()
+        self._src_exps: frozenset[frozenset[str]] = frozenset()
         self._src_diffs = False
 
     def structural(self, candidate: Graph) -> str | None:
@@ -443,19 +460,26 @@ class SafetyChecker:
         if self._src_shifted is None:
             self._src_shifted = max_shifted(self.source)
             self._src_diffs = exps_of_sums(self.source)
-            self._src_sums = frozenset().union(*operand_sums(self.source))
+            operands, sums, self._src_exps = reads_of(self.source)
+            self._src_sums = operands | sums
         if self._src_shifted and not max_shifted(candidate):
             return ("floating point: the source subtracts the max before every exp and the candidate does not "
                     "(exp overflows where the source stays finite)")
         if self._src_diffs and not exps_of_sums(candidate):
             return ("floating point: the source applies exp only to sums or differences and the candidate to a "
                     "value it has not shifted (exp(a) / exp(b) overflows where exp(a - b) stays finite)")
+        parts = sorted(sorted(r) for r in exp_reads(candidate) - self._src_exps) if self._src_diffs else []
+        if parts:
+            return (f"floating point: the source applies exp only to sums or differences and the candidate exps a part "
+                    f"of one, a value of {', '.join('+'.join(r) for r in parts)} alone (exp(a + b) / exp(c + d) "
+                    "overflows where exp(a + b - c - d) stays finite)")
         new = sorted({(tuple(sorted(r)), top) for r, top in operand_sums(candidate)[0]
                       if not any(r == r2 and t2 <= top for r2, t2 in self._src_sums)})
         if new:
-            return (f"floating point: the candidate sums {', '.join('+'.join(r) for r, _ in new)} into an operand "
-                    f"of a product (rounded to its dtype for tl.dot: inf once the sum passes {new[0][1]:.5g}) and "
-                    "the source rounds no such sum to a dtype as narrow")
+            dt = {v: {"f16": "fp16", "f32": "fp32"}.get(k.short, k.short) for k, v in DTYPE_MAX.items()}[new[0][1]]
+            return (f"floating point: the candidate sums {', '.join('+'.join(r) for r, _ in new)} into an {dt} "
+                    f"operand of a product (rounded to its dtype for tl.dot: inf once the sum passes "
+                    f"{new[0][1]:.5g}) and the source rounds no such sum to a dtype as narrow")
         return None
 
     def source_outputs(self, i: int) -> tuple[list[np.ndarray], bool]:
@@ -541,4 +565,4 @@ def fp_safety(source: Graph, candidate: Graph, seed: int = 0) -> str | None:
 
 __all__ = ["ALONE_BASE", "ALONE_SETS", "DTYPE_MAX", "GROSS_ERROR", "IDLE_BASE", "INPUT_SETS", "OUTLIER_SET",
            "RoundingDomain", "SafetyChecker", "adversarial_inputs", "evaluate_in_dtype", "exps_of_sums", "exp_shifts",
-           "fp_safety", "matmul_flops", "numeric_check_affordable", "operand_sums", "round_to"]
+           "exp_reads", "fp_safety", "matmul_flops", "numeric_check_affordable", "operand_sums", "reads_of", "round_to"]
