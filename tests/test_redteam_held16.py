@@ -21,8 +21,16 @@ check that held, kept as tests so they keep holding (findings: ``tests/test_redt
   non-finite or grossly wrong where the source is finite and accurate, but in bf16 the weighted norm's projection
   (``scale_weight_tiles``' form) with weights near 1e18-1e30, the fp32 accumulator overflow README states as a
   known limit. One fp16 program is kept here (slow).
-* 20,000 character-level mutations of committed program texts through ``Graph.parse`` / ``MuGraph.parse``: only
-  GraphError (a SyntaxWarning from ``ast`` reaches stderr for an attribute like ``1e309x``: noted, not fixed).
+* 20,000 character-level mutations of committed program texts through ``Graph.parse`` / ``MuGraph.parse``, and
+  20,000 JSON value mutations through ``from_json``: only GraphError (a SyntaxWarning from ``ast`` reaches stderr for
+  an attribute like ``1e309x``: noted, not fixed).
+* This session's new code paths against float64 in Triton's interpreter, all-negative inputs: the padded reshape's
+  ``tl.gather`` (3 and 5 heads, head dims 5..12, split and merged, then max / min / sum / softmax / exp-sum /
+  reciprocal-sum / rsqrt-sum along either axis: 84 programs, ~250 candidates) and the running max joined with a
+  loop-invariant score (decode attention over a KV cache plus the new token, KV 40..256: 79 candidates, two input
+  scales): no mismatch.
+* Every candidate's certificate names exactly the μGraph ``vm.compile`` runs and the searched graph (the 10 small
+  suite programs and a norm-matmul-norm-matmul-softmax chain, split never and always: 72 candidates).
 """
 
 from __future__ import annotations
