@@ -510,13 +510,22 @@ def _grid_divisors(n: int) -> list[int]:
     where every power-of-two count leaves a padded tile (48, 96 or 192 columns).
     """
     out = set(_pow2_divisors(n)) | {n // t for t in _pow2_divisors(n)}
-    if n % ODD_TILE_VALUATION:
+    if not any(p > 1 and n // p >= ODD_TILE_MIN and _pow2_ceil(n // p) <= ODD_TILE_PAD * (n // p) for p in out):
+        # no tiling of those pads little (1,155 = 3 x 5 x 7 x 11 columns: one tile of 1,155 padded to 2,048, or
+        # tiles of 1): every divisor (55 blocks of 21 columns)
         out |= _divisors(n)
     return sorted(out)
 
 
-#: an axis whose size is not a multiple of this has every divisor as a block count (:func:`_grid_divisors`)
-ODD_TILE_VALUATION = 16
+#: an axis none of whose power-of-two-derived block counts gives a tile of at least ``ODD_TILE_MIN`` elements padded
+#: by at most ``ODD_TILE_PAD`` (Triton's power-of-two tiles) has every divisor as a block count
+#: (:func:`_grid_divisors`); a multiple of 16 always has such a tiling (tiles of 16), so its block counts stay
+ODD_TILE_MIN = 16
+ODD_TILE_PAD = 1.25
+
+
+def _pow2_ceil(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
 
 
 def _divisors(n: int) -> set[int]:
