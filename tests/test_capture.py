@@ -638,14 +638,21 @@ def test_comparisons_with_a_constant_lift_as_masks_that_where_reads(cmp: str) ->
         np.testing.assert_array_equal(np.asarray(a), b.numpy())  # exact: each product is a branch or 0
 
 
-def test_a_comparison_whose_booleans_leave_the_partition_is_not_lifted() -> None:
+def test_a_comparison_whose_booleans_leave_the_partition_is_converted_to_booleans_on_exit() -> None:
+    """The forward of a training step saves ReLU's mask for the backward: the kernels hold it as 0/1 floats and the
+    runner hands out ATen's booleans (``!= 0``, exact); it was left to ATen (sixteenth session)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    gm = make_fx(lambda x: (x > 0.0, torch.relu(x)))(torch.randn(3, 4))
+    x = torch.randn(3, 4)
+    gm = make_fx(lambda x: (x > 0.0, torch.relu(x)))(x)
     nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
-    with pytest.raises(capture.LiftError, match="booleans used outside"):
-        capture.lift(nodes)
-    capture._probe(nodes[:1])  # alone, a mask is not an error of the node: a partition may still take it
+    lifted = capture.lift(nodes)
+    assert [m[1] for m in lifted.out_meta] == [torch.bool, torch.float32]
+    rep = Report()
+    record = rep.new_partition(rep.new_graph("forward"), [])
+    runner = capture.PartitionRunner(lifted, vm.compile(lifted.graph), gm, record)
+    got = runner.kernels([x])
+    assert got[0].dtype == torch.bool and torch.equal(got[0], x > 0.0) and torch.equal(got[1], torch.relu(x))
 
 
 @pytest.mark.slow

@@ -379,3 +379,64 @@ def test_a_complex_result_leaving_the_partition_stays_in_aten() -> None:
         want = model(*xs)
     assert torch.allclose(got[0], want[0], atol=1e-6) and torch.allclose(got[1], want[1], atol=1e-6)
     assert _left(rep).get("mul") == capture.Reason.DTYPE.value, rep.summary()
+
+
+# --------------------------------------------------------------------------- comparisons, booleans and counts
+
+
+class _ReluMLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(D, 32), nn.Linear(32, D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.a(x)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_relu_training_step_lifts_its_mask(dtype: Any) -> None:
+    """ReLU's gradient ``where(y <= 0, 0, grad)``: the comparison lifts (a registry boolean, ``greater``) with the
+    ``where``; it was left to ATen."""
+    rep = _run(_ReluMLP(), _x(), train=True, dtype=dtype)
+    assert not rep.left and any(p.taken and p.kind == "backward" for p in rep.partitions), rep.summary()
+
+
+class _SmoothedCE(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = nn.Linear(D, 24)
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self.head(x).view(-1, 24), t.view(-1), label_smoothing=0.1, ignore_index=3)
+
+
+def _x_targets() -> list[torch.Tensor]:
+    t = torch.randint(0, 24, (B, T), generator=torch.Generator().manual_seed(6))
+    t[0, :2] = 3  # ignored
+    return [*_x(), t]
+
+
+@pytest.mark.parametrize("train", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_label_smoothed_cross_entropy_counts_its_targets_in_the_kernels(train: bool) -> None:
+    """Label smoothing divides by the number of targets not ignored: ``sum(~(t == ignore))``, an int64 count of
+    booleans, held as float32 (exact below 2**24) and converted on exit where the backward reads it. (The
+    backward's ``masked_fill`` of a division by that count has no verified candidate: the definedness check cannot
+    show the count nonzero; those ops stay in ATen with that reason.)"""
+    rep = _run(_SmoothedCE(), _x_targets(), train=train)
+    fwd = {op for p in rep.partitions if p.taken and p.kind != "backward" for op in p.ops}
+    assert {"eq", "bitwise_not", "sum", "div"} <= fwd, rep.summary()
+    assert all(r.graph == 1 and (rep.reason_of(r) or "").startswith(capture.Reason.NO_CANDIDATE.value)
+               for r in rep.left), rep.summary()
+
+
+def test_an_equality_of_floats_stays_in_aten() -> None:
+    """Only integers are compared for equality in the kernels (``|x - c| < 1/2`` is exact for integers only)."""
+
+    class M(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.where(x == 0.25, 1.0, x * 2)
+
+    x = torch.tensor([[0.25, 0.5, 0.3, -1.0]]).repeat(4, 1)
+    rep = Report()
+    got, _ = up.compiled(M(), [x], False, OPTS, rep)
+    assert torch.equal(got, M()(x)) and "eq" in _left(rep), rep.summary()

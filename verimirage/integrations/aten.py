@@ -105,6 +105,9 @@ class LV:
     #: for a comparison with a constant (:attr:`mask`): ``(x, op, c)``, the compared tensor (in ``t``'s shape), the
     #: ATen comparison and the constant, from which ``where`` makes its boolean mask (``greater``)
     cmp: tuple[Tensor, str, float] | None = None
+    #: integer-valued float32s standing for an ATen integer tensor (class labels compared with a constant, a count
+    #: of true booleans): exact below 2**24; read by equality tests and arithmetic, never a result of a partition
+    integral: bool = False
 
     @property
     def exact(self) -> bool:
@@ -800,10 +803,14 @@ def _reduce(op: str) -> Handler:
         if len(v.shape) == 0:
             return v
         dims, _keep = _dims(args, kwargs, len(v.shape))
+        # a count of true booleans (ATen's int64 sum of a comparison): integer-valued float32s, exact below 2**24
+        count = op == "sum" and isinstance(v, LV) and v.mask and not getattr(out[1], "is_floating_point", True)
+        if count and math.prod(v.shape) >= 2**24:
+            raise Unsupported(Reason.DTYPE, "a count of 2**24 booleans or more (exact in float32 below)")
         t, gdims = ctx.axes(v, dims)
         for d in gdims:
             t = emit(ctx.g, op, t, d)
-        return LV(t, _shape(out), src=ctx.node if tuple(t.shape) != _shape(out) else None)
+        return LV(t, _shape(out), src=ctx.node if tuple(t.shape) != _shape(out) else None, integral=bool(count))
 
     return fn
 
@@ -1172,7 +1179,12 @@ def _not(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
     import torch
 
     x, n = args[0], ctx.node
-    if not isinstance(x, LV) or x.mask or x.t.dtype != vm_dtype(torch.bool) or n is None:
+    if isinstance(x, LV) and x.mask:  # a comparison made here: 1 - m, and its boolean form's test reversed
+        flip = {"gt": "le", "le": "gt", "lt": "ge", "ge": "lt"}
+        r = ctx.ew(x.shape, [x], lambda ts: emit(ctx.g, "shift", emit(ctx.g, "scale", ts[0], c=-1.0), c=1.0))
+        cmp = None if x.cmp is None else (x.cmp[0], flip[x.cmp[1]], x.cmp[2])
+        return dataclasses.replace(r, mask=True, cmp=cmp if r.t.shape == x.t.shape else None)
+    if not isinstance(x, LV) or x.t.dtype != vm_dtype(torch.bool) or n is None:
         raise Unsupported(Reason.NOT_IN_REGISTRY, "bitwise_not of anything but a boolean tensor (the registry has "
                                                   "no boolean op)")
     pos = {"where": 0, "masked_fill": 1}
@@ -1893,9 +1905,28 @@ for _n in ("nll_loss", "nll_loss_nd", "scatter", "scatter_add", "scatter_reduce"
 for _n in ("cumsum", "cumprod"):
     HANDLERS[_n] = _not_expressible(Reason.NOT_IN_REGISTRY, "a running sum or product along a dim (the registry has "
                                     "no scan)")
-for _n in ("eq", "ne"):
-    HANDLERS[_n] = _not_expressible(Reason.NOT_IN_REGISTRY, "an equality test as a tensor of booleans; the registry "
-                                    "makes masks only as step (0/1 floats: x > c)")
+@handles("eq", "ne")
+def _equal(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    """``x == c`` (``!=``) of integer-valued floats (:attr:`LV.integral`: labels, counts) and an integer constant,
+    as the mask ``|x - c| < 1/2`` (``step(-|x - c|, -1/2)``; exact, every value an integer below 2**24); a ``where``
+    reads it as the boolean ``greater(-|x - c|, -1/2)``. Floats are not compared for equality (no registry op)."""
+    x, c = args[0], args[1]
+    name = op_of(ctx)
+    if not (isinstance(x, LV) and x.integral and _num(c) and float(c).is_integer() and abs(float(c)) < 2**24):
+        raise Unsupported(Reason.NOT_IN_REGISTRY, f"aten.{name} of anything but integers and an integer constant "
+                                                  "(an equality of floats has no registry op)")
+    g = ctx.g
+    seen: list[Tensor] = []
+
+    def f(ts: list[Tensor]) -> Tensor:
+        d = emit(g, "neg", emit(g, "abs", emit(g, "shift", ts[0], c=-float(c))))
+        seen.append(d)
+        s = emit(g, "step", d, c=-0.5)
+        return s if name == "eq" else emit(g, "shift", emit(g, "scale", s, c=-1.0), c=1.0)
+
+    r = ctx.ew(_shape(out), [x], f)
+    cmp = (seen[0], "gt" if name == "eq" else "le", -0.5) if tuple(seen[0].shape) == tuple(r.t.shape) else None
+    return dataclasses.replace(r, mask=True, cmp=cmp)
 
 
 @handles("_safe_softmax")

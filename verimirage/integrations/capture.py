@@ -236,7 +236,7 @@ def lift(nodes: Sequence[fx.Node], *, strict: bool = False) -> Lifted:
     int_inputs: set[int] = set()
     bounds: list[tuple[int, int, int | None]] = []
     extra: list[fx.Node] = []
-    cast_inputs: dict[fx.Node, fx.Node] = {}  # integer input -> the conversion to a float that reads it
+    int_uses: dict[fx.Node, torch.dtype] = {}  # integer input -> the float dtype its readers take it as
     complex_inputs: set[int] = set()
 
     def val(a: Any, user: fx.Node) -> Any:
@@ -245,15 +245,16 @@ def lift(nodes: Sequence[fx.Node], *, strict: bool = False) -> Lifted:
             pos = INDEX_OPERANDS.get(op_name(user))
             index = (pos is not None and len(user.args) > pos and user.args[pos] is a and isinstance(v, torch.Tensor)
                      and v.dtype in (torch.int64, torch.int32))
-            cast = _int_cast(a, user) if a not in env else None
+            use = torch.float32 if index else _int_use(a, user)
             if index:  # checked on entry by the runner (ATen raises for an index out of range, the mask gives 0)
                 b = index_bounds(op_name(user), user.args)
-                if b is None or (a in env and a not in input_pos) or a in cast_inputs:
+                if b is None or (a in env and a not in input_pos):
                     raise LiftError(user, Reason.LAYOUT, f"index operand {a.name}: its range cannot be checked")
                 bounds.append((input_pos.get(a, len(inputs)), *b))
-            elif a in cast_inputs and user is not cast_inputs[a]:
+            if a in int_uses and use != int_uses[a]:
                 raise LiftError(user, Reason.DTYPE, f"operand {a.name}: an integer tensor read as such (only its "
-                                                    "conversion to a float enters the kernels)")
+                                                    "conversion to a float, its equality with a constant or its "
+                                                    "use as a class index enter the kernels)")
             if a in env:
                 return env[a]
             if not isinstance(v, torch.Tensor):
@@ -263,21 +264,21 @@ def lift(nodes: Sequence[fx.Node], *, strict: bool = False) -> Lifted:
                 if v.dtype == torch.complex64:  # held as its real view, made by the runner on entry
                     complex_inputs.add(len(inputs))
                     shape = (*shape, 2)
-                dt = DType.float32 if index or v.dtype == torch.complex64 else vm_dtype(
-                    cast if cast is not None else v.dtype)
+                dt = DType.float32 if v.dtype == torch.complex64 else vm_dtype(use if use is not None else v.dtype)
             except Unsupported as e:
                 raise LiftError(user, e.reason, f"operand {a.name}: {e}") from None
-            if cast is not None:  # an integer (or boolean) tensor converted to a float: converted on entry
-                cast_inputs[a] = user
-                int_inputs.add(len(inputs))
-            if index:  # class indices, read only through an equality mask (aten._one_hot): float32 on entry
+            if use is not None:
+                # an integer (or boolean) tensor converted to a float, compared with a constant, or class indices
+                # (read only through an equality mask, aten._one_hot): converted on entry by the runner
+                int_uses[a] = use
                 int_inputs.add(len(inputs))
             # a rank-0 tensor (Inductor's ``full([], 0.0)`` in ReLU's gradient) is a (1,) input standing for shape ()
             t = g.input(f"in{len(inputs)}", shape or (1,), dt)
             input_ref[t.ref] = len(inputs)
             input_pos[a] = len(inputs)
             inputs.append(a)
-            env[a] = LV(t, shape, cplx=len(inputs) - 1 in complex_inputs)
+            env[a] = LV(t, shape, cplx=len(inputs) - 1 in complex_inputs, integral=use == torch.float32,
+                        mask=use == torch.float32 and v.dtype == torch.bool and op_name(user) in _BOOL_COUNTS)
             return env[a]
         if isinstance(a, (list, tuple)):
             return type(a)(val(x, user) for x in a)
@@ -360,9 +361,12 @@ def lift(nodes: Sequence[fx.Node], *, strict: bool = False) -> Lifted:
         if v.cplx:
             raise LiftError(n, Reason.DTYPE, f"{n.name}: a complex value used outside the partition (the kernels "
                                              "hold it as its real view)", alone=True)
-        if v.mask:
-            raise LiftError(n, Reason.DTYPE, f"{n.name}: a comparison's booleans used outside the partition (the "
-                                             "kernels hold them as 0/1 floats)", alone=True)
+        # a comparison's booleans (0/1 floats, LV.mask) or a count (LV.integral) used outside: the runner converts
+        # the kernels' floats to ATen's booleans or integers on exit (exact: 0 and 1, integers below 2**24)
+        held = n.meta["val"].dtype == torch.bool if v.mask else v.integral and not n.meta["val"].is_floating_point()
+        if v.mask and not held:
+            raise LiftError(n, Reason.DTYPE, f"{n.name}: a comparison's booleans used outside the partition as "
+                                             f"{n.meta['val'].dtype}", alone=True)
         if v.negated:
             raise LiftError(n, Reason.NOT_IN_REGISTRY, f"{n.name}: a negated boolean used outside the partition (the "
                                                        "kernels read it by swapping a where's branches)", alone=True)
@@ -419,19 +423,41 @@ def plan_key(g: Graph | str) -> str:
     return str(Graph._from_parts(nodes, output_refs(graph)))
 
 
+#: ATen arithmetic that converts an integer operand to the float dtype of its result (a loss over a count)
+_INT_ARITH = frozenset({"add", "sub", "mul", "div", "rsub"})
+#: ATen ops that read booleans as 0/1 (a count, a negation)
+_BOOL_COUNTS = frozenset({"sum", "bitwise_not", "logical_not"})
+
+#: integers below this are exact in float32
+_EXACT_INT = 2**24
+
 #: ATen ops converting a tensor's dtype
 _CASTS = frozenset({"_to_copy", "convert_element_type"})
 
 
-def _int_cast(a: fx.Node, user: fx.Node) -> torch.dtype | None:
-    """The float dtype ``user`` converts integer (or boolean) tensor ``a`` to, where that conversion is ``a``'s only
-    read by ``user`` (position ids ``.float()``, BERT's ``attention_mask.to(dtype)``): the partition's runner makes
-    that conversion on entry (``x.to(dtype)``, ATen's own), so the kernels get the float tensor; else None."""
+def _int_use(a: fx.Node, user: fx.Node) -> torch.dtype | None:
+    """The float dtype ``user`` reads integer (or boolean) tensor ``a`` as, where that read is all ``user`` does
+    with it: a conversion to a float (position ids ``.float()``, BERT's ``attention_mask.to(dtype)``: that dtype) or
+    an equality with an integer constant below 2**24 (``target == ignore_index``: float32, in which such an
+    equality is exact for every integer, a larger one rounding to a float still larger than the constant). The
+    partition's runner makes that conversion on entry (``x.to(dtype)``, ATen's own); else None."""
     v, out = a.meta.get("val"), user.meta.get("val")
-    if not (isinstance(v, torch.Tensor) and isinstance(out, torch.Tensor) and op_name(user) in _CASTS
-            and user.args and user.args[0] is a and a not in user.args[1:] and a not in user.kwargs.values()):
+    name = op_name(user)
+    if not (isinstance(v, torch.Tensor) and isinstance(out, torch.Tensor) and user.args
+            and a not in user.kwargs.values() and list(user.args).count(a) == 1) or v.is_floating_point() \
+            or v.is_complex():
         return None
-    if v.is_floating_point() or v.is_complex() or not out.is_floating_point():
+    if name in _INT_ARITH and out.dtype in (torch.float16, torch.bfloat16, torch.float32):
+        return out.dtype  # ATen converts the integer operand to the result's float dtype
+    if user.args[0] is not a:
+        return None
+    if v.dtype == torch.bool and name in _BOOL_COUNTS and not (name != "sum" and user.users and all(
+            op_name(u) in ("where", "masked_fill") for u in user.users)):
+        return torch.float32  # booleans counted, or negated for a count: 0/1 floats (aten.LV.mask)
+    if name in ("eq", "ne") and len(user.args) == 2 and isinstance(user.args[1], int) \
+            and not isinstance(user.args[1], bool) and abs(user.args[1]) < _EXACT_INT and v.dtype != torch.bool:
+        return torch.float32
+    if name not in _CASTS or not out.is_floating_point():
         return None
     return out.dtype if out.dtype in (torch.float16, torch.bfloat16, torch.float32) else None
 
@@ -480,6 +506,10 @@ def _check_result(name: str, res: Any, out: Any) -> None:
         if r.cplx:  # a complex value held as its real view (LV.cplx); never a partition result
             if dt != torch.complex64 or r.shape != (*shape, 2):
                 raise Unsupported(Reason.DTYPE, f"aten.{name}: a complex64 value {r.shape} where ATen has {dt}")
+            continue
+        if r.integral and not dt.is_floating_point and dt != torch.bool:  # a count (LV.integral)
+            if r.shape != tuple(shape):
+                raise Unsupported(Reason.LAYOUT, f"aten.{name}: lifted shape {r.shape}, ATen has {tuple(shape)}")
             continue
         if r.mask and dt == torch.bool:  # a comparison held as 0/1 (LV.mask); never a partition result
             if r.shape != tuple(shape):
@@ -579,8 +609,10 @@ class PartitionRunner:
         outs = res if isinstance(res, tuple) else (res,)
         got = []
         used: set[int] = set()
-        for (kind, i, shape, bcast), (_, _, stride) in zip(self.lifted.out_map, self.lifted.out_meta, strict=True):
+        for (kind, i, shape, bcast), (_, dt, stride) in zip(self.lifted.out_map, self.lifted.out_meta, strict=True):
             y = outs[i] if kind == "out" else xs[i].to(self._entry_dtypes[i]) if i in self._entry_dtypes else xs[i]
+            if y.dtype != dt and not dt.is_floating_point:  # booleans or a count the kernels hold as floats
+                y = y != 0 if dt == torch.bool else y.to(dt)
             if bcast:
                 y = y.reshape(tuple(y.shape)[len(y.shape) - len(_strip(y.shape)):]).expand(shape)
             y = y.reshape(shape)
