@@ -151,6 +151,7 @@ def test_pdl_defaults_prefetch_nowhere_a_launch_waits_for_work_outside_the_progr
 def test_pdl_prefetch_in_a_first_launch_of_one_wave_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
     # PDL_PREFETCH_FIRST_MAX_BLOCKS: the program's first launch prefetches where its grid is at most that many blocks
     # (off by default); lora_scaled's first kernel has 16 blocks, residual_rmsnorm's thousands
+    _three_launch_lora(monkeypatch)
     monkeypatch.setattr(codegen, "PDL_PREFETCH_FIRST_START", False)
     assert not _first_prefetches("lora_scaled") and not _first_prefetches("residual_rmsnorm")
     monkeypatch.setattr(codegen, "PDL_PREFETCH_FIRST_MAX_BLOCKS", 132)
@@ -166,12 +167,21 @@ def _first_prefetches(case: str) -> bool:
     return "_vm_prefetch(" in first
 
 
-def test_pdl_prefetch_in_a_first_launch_without_a_loop_that_starts_the_next_at_its_start() -> None:
+def _three_launch_lora(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Codegen's last-block rules off (on by default since 08:27 UTC): lora_scaled's split and its sum as two launches,
+    the first one the rules below are about (a last-block launch takes no prefetch)."""
+    monkeypatch.setattr(codegen, "PDL_LASTBLOCK_BEFORE_EARLY_LOOP", False)
+    monkeypatch.setattr(codegen, "PDL_START_BEFORE_EARLY_LOOP", False)
+
+
+def test_pdl_prefetch_in_a_first_launch_without_a_loop_that_starts_the_next_at_its_start(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     # PDL_PREFETCH_FIRST_START (H100 2026-11-27 07:17, pdl_models_ab_h100_2026-11-27_0717.json): lora_scaled's first
     # kernel (X A's one-step split, "start") prefetches (16.88 -> 16.42 us); a first launch that starts the next only
     # at its end (layernorm_linear's one-step LayerNorm: 16.32 -> 16.52 with prefetches) or streams in a for-loop
     # (decode_gqa's split attention, "start": 31.10 -> 31.71) does not
     assert codegen.PDL_PREFETCH_FIRST_START and codegen.PDL_PREFETCH_FIRST_MAX_BLOCKS == 0
+    _three_launch_lora(monkeypatch)
     assert _first_prefetches("lora_scaled")
     for case in ("layernorm_linear", "decode_gqa", "activations", "qkv_bias", "residual_rmsnorm"):
         assert not _first_prefetches(case), case

@@ -2194,7 +2194,7 @@ PDL_PREFETCH_FIRST_START = True
 #: ``pdl="auto"``: a launch whose next launch runs its for-loop over the program's inputs before its wait
 #: (:attr:`KernelInfo.early_loop`) lets that one launch at its start ("start": once it has waited itself) where the
 #: block-count rules above would have it wait for the end: the next launch's stream then overlaps this one.
-PDL_START_BEFORE_EARLY_LOOP = False
+PDL_START_BEFORE_EARLY_LOOP = True
 #: ``pdl="auto"`` (without ``last_block``): a split kernel and its combine kernel run as one last-block launch
 #: (:func:`_last_block_units`) where the launch after the combine runs its for-loop before its wait, which then
 #: starts one launch hop sooner (LoRA's ``X A`` split over K, its sum, then the weight stream with ``(X A) B`` after
@@ -2202,11 +2202,13 @@ PDL_START_BEFORE_EARLY_LOOP = False
 #: pdl_models_ab_h100_2026-11-27_0717.json, _0733.json; CUDA-graph medians over rotated inputs): lora_scaled's three
 #: launches 16.82-16.88 us, its two (this and the rule above) 17.47 while a captured graph zeroed the last-block
 #: counters with a fill kernel each call, **15.44** without that fill (counters zeroed outside the capture, a
-#: measurement). The runtime now gives a capture such counters (``runtime._capture_counters``: one zeroed buffer per
-#: capture, stream and program, the capture's id from the driver); off (with the rule above) until that runtime path
-#: is timed on the device (``tests/test_capture_counters.py`` there, then ``benchmarks/perf/pdl_models_ab.py --cases
-#: lora_scaled --variants main now lb lb_nofill``): only lora_scaled's module changes.
-PDL_LASTBLOCK_BEFORE_EARLY_LOOP = False
+#: measurement). The runtime gives a capture such counters (``runtime._capture_counters``: one zeroed buffer per
+#: capture, stream and program, the capture's id from the driver). On (with the rule above) since that path ran on the
+#: device (H100, 08:16-08:27 UTC: ``tests/test_capture_counters.py`` passed, two graphs replayed at once on two
+#: streams; ``pdl_models_ab.py --cases lora_scaled``: main 16.85, this commit's previous defaults 16.49, these rules
+#: through the runtime's counters 15.48, the fill-free measurement 15.47; bench.py models at 08:26: lora_scaled
+#: 15.5 us, 74% of its floor). Of the committed models and layer candidates only lora_scaled's module changes.
+PDL_LASTBLOCK_BEFORE_EARLY_LOOP = True
 
 #: Largest tensor (elements) :func:`_view_kernel` checks by evaluating the kernel.
 VIEW_CHECK_MAX = 1 << 22
