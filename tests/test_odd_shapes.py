@@ -74,3 +74,23 @@ def test_the_divisor_grid_kernel_compiles_for_sm90(tmp_path: Path) -> None:
     best = vm.superoptimize(_softcap_head(8, 64, 1155, vm.float16), cache=False).best
     rep = compile_modules([write_module(generate(best.mugraph), tmp_path)])
     assert all(r["ok"] for kernels in rep.values() for r in kernels.values()), rep
+
+
+def test_the_sweeps_programs_build_and_its_tables_render() -> None:
+    """benchmarks/odd_shapes.py: every family builds a well-typed graph at its twin's and its odd dims, and a row
+    is rendered next to its twin (and its kernels before)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import odd_shapes
+
+    for build, twin, odd in odd_shapes.FAMILIES.values():
+        for dims in [twin, *(d for d, _ in odd)]:
+            build(*dims).check()
+    rows = [{"family": "geglu", "dims": [16, 128, 512], "what": "twin", "search_s": 1.0, "kernels": 1,
+             "est_us": 2.4, "proved": True},
+            {"family": "geglu", "dims": [16, 128, 344], "what": "11008 / 32", "search_s": 1.0, "kernels": 1,
+             "est_us": 3.5, "proved": True}]
+    before = [{**rows[1], "kernels": 3}]
+    table = odd_shapes.render(rows, before).splitlines()
+    assert table[3] == "| geglu | (16, 128, 344) | 11008 / 32 | 1 | 3.5 | 1.0 | yes | 1 | 2.4 | 3 |"
