@@ -327,6 +327,12 @@ def _key(r: dict[str, Any]) -> tuple[str, str]:
     return (r.get("family") or r.get("module") or "", json.dumps(r["dims"]) + (" train" if r.get("train") else ""))
 
 
+def _head(head: str, before: bool) -> list[str]:
+    """A table's header and rule lines (with a "kernels before" column when ``before``)."""
+    head += " kernels before |" if before else ""
+    return [head, "|" + "---|" * (head.count("|") - 1)]
+
+
 def render(rows: list[dict[str, Any]], before: list[dict[str, Any]] | None = None) -> str:
     """A markdown table: each odd row next to its twin (and, with ``before``, the kernels it had then)."""
     old = {_key(r): r for r in before or []}
@@ -334,10 +340,8 @@ def render(rows: list[dict[str, Any]], before: list[dict[str, Any]] | None = Non
     twins = {f: list(spec[1]) for f, spec in FAMILIES.items()}
     graphs = [r for r in rows if "family" in r]
     if graphs:
-        head = "| family | dims | stands for | kernels | est. µs | search s | Proved | twin kernels | twin est. µs |"
-        if before:
-            head += " kernels before |"
-        out += [head, "|" + "---|" * (head.count("|") - 1)]
+        out += _head("| family | dims | stands for | kernels | est. µs | search s | Proved | twin kernels | "
+                     "twin est. µs |", bool(before))
         by = {_key(r): r for r in graphs}
         for r in graphs:
             tw = by.get((r["family"], json.dumps(twins.get(r["family"], []))), {})
@@ -353,10 +357,8 @@ def render(rows: list[dict[str, Any]], before: list[dict[str, Any]] | None = Non
         out.append("")
     mods = [r for r in rows if "module" in r]
     if mods:
-        head = "| module | (B, T, D, H, HD) | step | captured | partitions, kernels | s | max error |"
-        if before:
-            head += " kernels before |"
-        out += [head, "|" + "---|" * (head.count("|") - 1)]
+        out += _head("| module | (B, T, D, H, HD) | step | captured | partitions, kernels | s | max error |",
+                     bool(before))
         for r in mods:
             step = "training" if r.get("train") else "forward"
             if r.get("error"):
