@@ -451,8 +451,8 @@ def _int_use(a: fx.Node, user: fx.Node) -> torch.dtype | None:
         return out.dtype  # ATen converts the integer operand to the result's float dtype
     if user.args[0] is not a:
         return None
-    if v.dtype == torch.bool and name in _BOOL_COUNTS and not (name != "sum" and user.users and all(
-            op_name(u) in ("where", "masked_fill") for u in user.users)):
+    if v.dtype == torch.bool and name in _BOOL_COUNTS and (name == "sum" or any(
+            op_name(u) == "sum" for u in user.users)):
         return torch.float32  # booleans counted, or negated for a count: 0/1 floats (aten.LV.mask)
     if name in ("eq", "ne") and len(user.args) == 2 and isinstance(user.args[1], int) \
             and not isinstance(user.args[1], bool) and abs(user.args[1]) < _EXACT_INT and v.dtype != torch.bool:
