@@ -1480,7 +1480,8 @@ def lower_all(
             analyses.append(zipped)  # one kernel over the parts (each block a tile of every part)
     for k, a_n in enumerate(analyses):
         for cfg in configs(a_n, grids=grids, franges=franges, max_splits=max_splits):
-            skey = (k, tuple(lab for lab, _ in cfg.grid), cfg.loop, cfg.splits > 1)
+            # (a structure infeasible for a whole-tile combine says nothing of the loop combine: each has its key)
+            skey = (k, tuple(lab for lab, _ in cfg.grid), cfg.loop, cfg.splits > 1, cfg.combine_whole)
             if skey in bad_struct:
                 rejected[bad_struct[skey]] = rejected.get(bad_struct[skey], 0) + 1
                 continue
