@@ -440,3 +440,41 @@ def test_an_equality_of_floats_stays_in_aten() -> None:
     rep = Report()
     got, _ = up.compiled(M(), [x], False, OPTS, rep)
     assert torch.equal(got, M()(x)) and "eq" in _left(rep), rep.summary()
+
+
+class _FreqsInForward(nn.Module):
+    """Rotary tables built in the forward from float ``arange``s: ``base ** (arange(0, d, 2) / d)`` (a tensor
+    exponent of a positive base, ``exp(t ln base)``), positions times frequencies, cos and sin."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(D, D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        inv = 1.0 / (100 ** (torch.arange(0, D, 2, dtype=torch.float32) / D))
+        a = torch.outer(torch.arange(x.shape[1], dtype=torch.float32), inv)
+        return self.lin(x) * torch.cat([a.cos(), a.sin()], -1).to(x.dtype)
+
+
+def test_float_arange_and_a_tensor_exponent_lift() -> None:
+    rep = _run(_FreqsInForward(), _x(), train=False)
+    assert {"arange", "pow", "cos", "sin"} <= _taken(rep) and not rep.left, rep.summary()
+
+
+def test_an_integer_arange_stays_in_aten_with_its_reason() -> None:
+    """Learned position embeddings read ``arange(T)`` as indices: the integer sequence is made by ATen (reason
+    "dtype"), the lookup too ("data-dependent indexing"); the rest lifts."""
+
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.pos = nn.Embedding(T, D)
+            self.lin = nn.Linear(D, D)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.lin(x + self.pos(torch.arange(x.shape[1])))
+
+    rep = _run(M(), _x(), train=False)
+    left = _left(rep)
+    assert left.get("arange") == capture.Reason.DTYPE.value, rep.summary()
+    assert left.get("embedding") == capture.Reason.INDEXED.value, rep.summary()

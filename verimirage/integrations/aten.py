@@ -352,8 +352,12 @@ def _gelu(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
 @handles("pow")
 def _pow(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
     x, c = args[0], args[1]
+    if _num(x) and isinstance(c, LV) and float(x) > 0 and not c.mask and not c.cplx:
+        # base ** t of a positive base (rotary's ``base ** (arange(0, d, 2) / d)``): exp(t ln base)
+        k = math.log(float(x))
+        return ctx.ew(_shape(out), [c], lambda ts: emit(ctx.g, "exp", emit(ctx.g, "scale", ts[0], c=k)))
     if not isinstance(x, LV) or not _num(c):
-        raise Unsupported(Reason.NOT_IN_REGISTRY, "pow with a tensor exponent")
+        raise Unsupported(Reason.NOT_IN_REGISTRY, "pow with a tensor exponent of a tensor or of a base <= 0")
     g, c = ctx.g, float(c)
     table: dict[float, Callable[[Tensor], Tensor]] = {
         1.0: lambda t: t,
@@ -1636,10 +1640,10 @@ def _constant(ctx: Ctx, shape: Sequence[int], torch_dtype: Any, value: float) ->
 
 
 #: ops that make a constant tensor (their ``device`` keyword is where it lives, not a move)
-CREATION_OPS = frozenset({"new_zeros", "new_ones", "new_full", "full", "zeros", "ones", "scalar_tensor"})
+CREATION_OPS = frozenset({"new_zeros", "new_ones", "new_full", "full", "zeros", "ones", "scalar_tensor", "arange"})
 
 
-@handles(*CREATION_OPS)
+@handles(*(CREATION_OPS - {"arange"}))
 def _full(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
     name = op_of(ctx)
     value = {"new_zeros": 0.0, "zeros": 0.0, "new_ones": 1.0, "ones": 1.0}.get(name)
@@ -1650,6 +1654,28 @@ def _full(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
         value = float(v)
     shape, dt = out
     return _constant(ctx, shape, dt, value)
+
+
+@handles("arange")
+def _arange(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    """``torch.arange(...)`` of a float dtype (a rotary embedding's frequency exponents): a constant input made by
+    torch's own arange. An integer sequence (position ids) stays with ATen: the kernels read its conversion to a
+    float, its comparisons with constants or its use as class indices."""
+    import torch
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    shape, dt = out
+    if not dt.is_floating_point or not all(_num(a) for a in args):
+        raise Unsupported(Reason.DTYPE, "an integer sequence (arange) is made by ATen: the kernels read only its "
+                                        "conversion to a float, its comparisons or its use as class indices")
+    vm_dtype(dt)
+    with unset_fake_temporarily():
+        c = torch.arange(*args, dtype=dt)
+    if tuple(c.shape) != tuple(shape):
+        raise Unsupported(Reason.LAYOUT, f"arange{tuple(args)}: {tuple(c.shape)} where ATen has {tuple(shape)}")
+    name = f"const{len(ctx.consts)}"
+    ctx.consts.append((name, c))
+    return LV(ctx.g.input(name, tuple(shape), vm_dtype(dt)), tuple(shape))
 
 
 def op_of(ctx: Ctx) -> str:
