@@ -6,12 +6,19 @@ and, as the floor, the unweighted ``rms_norm(x) @ W``'s best one-kernel lowering
 
     python benchmarks/perf/weight_scale_ab.py prepare   # CPU: writes weight_scale_ab.json beside this file
     python benchmarks/perf/weight_scale_ab.py time [--json OUT]   # GPU
+    python benchmarks/perf/weight_scale_ab.py repeat --case ffn_gate_bs8 --form bare [--n 20] [--json OUT]   # GPU
 
 ``prepare`` lowers ``rms_norm(x, w) @ W`` (fp16, weighted) at the suite's rmsnorm_linear shapes and the decode
 layer's gate projection, keeps the cost model's best two one-kernel lowerings in the new form, and writes each
 lowering in both forms (the old one from ``git show d9baf9a:verimirage/rewrite/stabilise.py``). ``time`` checks
 each against a float64 reference (max abs error / max |ref| <= 2e-2, two fresh input draws), then times it with
 ``do_bench_cudagraph`` (median of a ``--rep-ms`` graph's replays, µs), the forms alternating, twice each.
+``repeat`` runs one form of one case ``--n`` times a seed on ``time``'s inputs (the other forms of the row run before
+it each time, as in ``time``), at the module's own stages, at one stage and through Triton's own launcher (not
+the program-wide C launcher of the lean path), and records each run's error, its worst
+element and whether its output equals the first run's bit for bit: the 07:20 UTC call's bare ffn_gate_bs8 gave
+3.9e-2 of float64 and the 07:23 call's 3.7e-4 with the same kernel text and inputs (/work/wt/report_nondet.md of
+the sixteenth session; BENCHMARKS.md "norm in the prologue").
 """
 
 from __future__ import annotations
@@ -19,14 +26,18 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 DATA = Path(__file__).resolve().parent / "weight_scale_ab.json"
+#: where ``repeat`` runs its programs ("cpu": Triton's interpreter, for a smoke test at a small shape)
+DEVICE = "cuda"
 
 #: (name, rows, k, n): rmsnorm_linear's bs1 / bs8 shapes, the decode layer's gate projection at bs1 and bs8
 SHAPES = (("rmsnorm_linear_bs1", 2, 4096, 6144), ("rmsnorm_linear_bs8", 16, 4096, 6144),
@@ -106,6 +117,72 @@ def prepare() -> None:
     DATA.write_text(json.dumps(rows_out, indent=1))
 
 
+def _inputs(shape: list[int], seed: int):  # type: ignore[no-untyped-def]
+    """``time``'s float64 inputs (fp16 values) of seed ``seed``."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    ins = {"X": rng.uniform(-1, 1, (shape[0], shape[1])), "G": rng.uniform(0.5, 1.5, shape[1]),
+           "W": rng.uniform(-0.05, 0.05, (shape[1], shape[2]))}
+    return {k_: v.astype(np.float16).astype(np.float64) for k_, v in ins.items()}
+
+
+def repeat(out: Path | None, case: str, form: str, n: int, rank: int) -> None:
+    """Run ``form`` of ``case`` ``n`` times a seed (each run after the row's other forms), at the module's stages and
+    at one stage; record each run's error against float64, its worst element and whether it equals the first run's
+    output bit for bit (see the module's docstring)."""
+    import datetime
+
+    import numpy as np
+    import torch
+
+    import verimirage as vm
+    from verimirage.backend.codegen import LaunchConfig
+
+    r = next(r for r in json.loads(DATA.read_text()) if r["case"] == case and r["rank"] == rank)
+    shape = r["shape"]
+    forms = ("old", "new", "bare")
+    fns = {f: vm.compile(vm.MuGraph.parse(r[f])) for f in forms}
+    own = fns[form]
+    one = {k.name: LaunchConfig(num_warps=own.launch[k.name]["num_warps"], num_stages=1) for k in own.kernels}
+    # (a program of its own for the Triton-launcher variant: its lean plan, made on its first call, then reads
+    # VERIMIRAGE_LAUNCHER; the others launch through the program-wide C launcher)
+    variants = {"own": own, "stages1": vm.compile(vm.MuGraph.parse(r[form]), per_kernel=one),
+                "triton_launcher": vm.compile(vm.MuGraph.parse(r[form]))}
+    names = {f: tuple(fns[f].input_names) for f in forms}
+    dev = torch.cuda.get_device_name(0) if DEVICE == "cuda" else DEVICE
+    res: dict[str, Any] = {"case": case, "form": form, "shape": shape, "device": dev,
+                           "launch": {v: fn.launch for v, fn in variants.items()}, "runs": []}
+    launcher = os.environ.get("VERIMIRAGE_LAUNCHER")
+    for seed in (1, 2):
+        ins = _inputs(shape, seed)
+        want = vm.evaluate(_bare(*shape) if form == "bare" else _graph(*shape), {k_: ins[k_] for k_ in names[form]})[0]
+        for variant, fn in variants.items():
+            first = None
+            os.environ["VERIMIRAGE_LAUNCHER"] = "triton" if variant == "triton_launcher" else "c"
+            for i in range(n):
+                for f in forms:  # (the row's order in ``time``: each form on fresh device tensors, ``form`` last)
+                    if f != form:
+                        fns[f](*[torch.tensor(ins[k_], dtype=torch.float16, device=DEVICE) for k_ in names[f]])
+                got = fn(*[torch.tensor(ins[k_], dtype=torch.float16, device=DEVICE) for k_ in names[form]])
+                g64 = got.double().cpu().numpy()
+                first = g64 if first is None else first
+                d = np.abs(g64 - want)
+                at = np.unravel_index(int(np.argmax(d)), d.shape)
+                res["runs"].append({"seed": seed, "variant": variant, "i": i,
+                                    "err": float(d.max() / np.abs(want).max()),
+                                    "worst": [int(x) for x in at], "got": float(g64[at]), "want": float(want[at]),
+                                    "differs_from_first": int(np.count_nonzero(g64 != first)),
+                                    "utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")})
+                print(json.dumps(res["runs"][-1]), flush=True)
+                if out is not None:
+                    out.write_text(json.dumps(res, indent=1))
+    if launcher is None:
+        os.environ.pop("VERIMIRAGE_LAUNCHER", None)
+    else:
+        os.environ["VERIMIRAGE_LAUNCHER"] = launcher
+
+
 def time_all(out: Path | None, max_rank: int, rep_ms: int) -> None:
     import datetime
 
@@ -125,18 +202,16 @@ def time_all(out: Path | None, max_rank: int, rep_ms: int) -> None:
         forms = ("old", "new", "bare")
         fns = {f: vm.compile(vm.MuGraph.parse(r[f])) for f in forms}
         errs = {f: 0.0 for f in forms}
+        seed_errs: dict[str, list[float]] = {f: [] for f in forms}
         for seed in (1, 2):
-            rng = np.random.default_rng(seed)
-            ins = {"X": rng.uniform(-1, 1, (r["shape"][0], r["shape"][1])),
-                   "G": rng.uniform(0.5, 1.5, r["shape"][1]),
-                   "W": rng.uniform(-0.05, 0.05, (r["shape"][1], r["shape"][2]))}
-            ins = {k_: v.astype(np.float16).astype(np.float64) for k_, v in ins.items()}
+            ins = _inputs(r["shape"], seed)
             for f, fn in fns.items():
                 names = ("X", "W") if f == "bare" else ("X", "G", "W")
                 want = vm.evaluate(_bare(*r["shape"]) if f == "bare" else g, {k_: ins[k_] for k_ in names})[0]
                 dev_ins = [torch.tensor(ins[k_], dtype=torch.float16, device="cuda") for k_ in names]
                 got64 = fn(*dev_ins).double().cpu().numpy()
-                errs[f] = max(errs[f], float(np.abs(got64 - want).max() / np.abs(want).max()))
+                seed_errs[f].append(float(np.abs(got64 - want).max() / np.abs(want).max()))
+                errs[f] = max(errs[f], seed_errs[f][-1])
         targs = [torch.randn(r["shape"][0], r["shape"][1], device="cuda", dtype=torch.float16),
                  torch.rand(r["shape"][1], device="cuda", dtype=torch.float16) + 0.5,
                  torch.randn(r["shape"][1], r["shape"][2], device="cuda", dtype=torch.float16) * 0.05]
@@ -147,7 +222,8 @@ def time_all(out: Path | None, max_rank: int, rep_ms: int) -> None:
                 times[f].append(1e3 * float(do_bench_cudagraph(lambda fn=fns[f], a=a: fn(*a), rep=rep_ms,
                                                                return_mode="median")))
         row = {**{k_: r[k_] for k_ in ("case", "shape", "rank", "cost_us", "cost_old_us", "cost_bare_us")},
-               "err": errs, "old_us": times["old"], "new_us": times["new"], "bare_us": times["bare"], "device": dev,
+               "err": errs, "err_seeds": seed_errs,
+               "old_us": times["old"], "new_us": times["new"], "bare_us": times["bare"], "device": dev,
                "utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
         res.append(row)
         if out is not None:
@@ -161,13 +237,19 @@ def time_all(out: Path | None, max_rank: int, rep_ms: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("mode", choices=["prepare", "time"])
+    ap.add_argument("mode", choices=["prepare", "time", "repeat"])
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--max-rank", type=int, default=1, help="time: the lowerings of cost rank up to this (0: best)")
     ap.add_argument("--rep-ms", type=int, default=100, help="time: do_bench_cudagraph's window")
+    ap.add_argument("--case", default="ffn_gate_bs8", help="repeat: the row's case")
+    ap.add_argument("--form", default="bare", choices=["old", "new", "bare"], help="repeat: the form run again")
+    ap.add_argument("--rank", type=int, default=0, help="repeat: the row's rank")
+    ap.add_argument("--n", type=int, default=20, help="repeat: runs a seed and variant")
     a = ap.parse_args()
     if a.mode == "prepare":
         prepare()
+    elif a.mode == "repeat":
+        repeat(a.json, a.case, a.form, a.n, a.rank)
     else:
         time_all(a.json, a.max_rank, a.rep_ms)
 
