@@ -156,6 +156,7 @@ def repeat(out: Path | None, case: str, form: str, n: int, rank: int) -> None:
     launcher = os.environ.get("VERIMIRAGE_LAUNCHER")
     for seed in (1, 2):
         ins = _inputs(shape, seed)
+        host = {k_: torch.tensor(v, dtype=torch.float16) for k_, v in ins.items()}  # (copied afresh each run)
         want = vm.evaluate(_bare(*shape) if form == "bare" else _graph(*shape), {k_: ins[k_] for k_ in names[form]})[0]
         for variant, fn in variants.items():
             first = None
@@ -163,8 +164,8 @@ def repeat(out: Path | None, case: str, form: str, n: int, rank: int) -> None:
             for i in range(n):
                 for f in forms:  # (the row's order in ``time``: each form on fresh device tensors, ``form`` last)
                     if f != form:
-                        fns[f](*[torch.tensor(ins[k_], dtype=torch.float16, device=DEVICE) for k_ in names[f]])
-                got = fn(*[torch.tensor(ins[k_], dtype=torch.float16, device=DEVICE) for k_ in names[form]])
+                        fns[f](*[host[k_].to(DEVICE, copy=True) for k_ in names[f]])
+                got = fn(*[host[k_].to(DEVICE, copy=True) for k_ in names[form]])
                 g64 = got.double().cpu().numpy()
                 first = g64 if first is None else first
                 d = np.abs(g64 - want)
