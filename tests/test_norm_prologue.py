@@ -66,10 +66,13 @@ def test_weighted_norm_and_gated_ffn_search_to_one_kernel_proved() -> None:
     # the layer's norm + gated FFN, scaled down: one kernel (the norm in both projections' prologue, silu * up
     # in the epilogue), proved, its certificate re-checks, and its Triton kernel (interpreter) matches float64.
     # (At this size, 8 blocks with an SM each, the cost model ranks the whole-row one-kernel design of the same
-    # grid first and the for-loop's prologue statistic, 16 chunks streamed one after another, among its variants.)
+    # grid first and the for-loop's prologue statistic, 16 chunks streamed one after another, among its variants.
+    # Split-K is not offered here: with it, a three-kernel split-K design is estimated 7.0 us against the one-kernel
+    # 7.5, and ranks first, since 63ad366 gave back the split lowerings 907c6a5 had pruned; this test is about the
+    # one-kernel designs.)
     pytest.importorskip("torch")
     g = _gated(rows=2, d=2048, f=128)  # (rows long enough that the search walks them in a for-loop)
-    res = vm.superoptimize(g, cache=False, top_k=2, variants=4)
+    res = vm.superoptimize(g, cache=False, top_k=2, variants=4, max_splits=1)
     assert res.candidates[0].num_kernels == 1
     fused = [c for c in res.candidates if "rms-norm-matmul" in c.rules]
     assert fused, [(c.num_kernels, c.rules) for c in res.candidates]
