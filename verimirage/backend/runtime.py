@@ -583,6 +583,8 @@ def _reserve_capture_counters(device: Any, n: int) -> None:
     """Keep :data:`CAPTURE_RESERVE` zeroed buffers of ``n`` int32 counters on ``device`` for captures (call outside
     any capture): made on the current stream and waited for, so no graph replayed later on any stream can see them
     unzeroed."""
+    if len(_CAPTURE_SPARE.get((device, n), ())) >= CAPTURE_RESERVE:
+        return  # (the usual case, on every call of a program with counters: no lock taken)
     import torch
 
     with _CAPTURE_LOCK:
