@@ -182,6 +182,9 @@ ALLOWED = {
                                         "each exp's inputs (the fp check's rules against matmul-add-factor's summed "
                                         "weights, matmul-assoc's product of weights and exp-sub's exps of parts of "
                                         "a difference; red teams 15, 16)",
+    ("rewrite/stabilise.py", "_fold_rescaled"): "recognises the product of prologue_norm_scales' rescaled value and "
+                                                "the norm's row factor (a mul, in a block or a fused thread graph) "
+                                                "to multiply by the two factors' product (red team 17)",
     ("rewrite/stabilise.py", "_scaled_sites"): "recognises the old scale_weight_tiles' div(c, s) factor of a block "
                                                "product's right operand",
     ("rewrite/stabilise.py", "unscale_weight_tiles"): "takes the old scale_weight_tiles' forms out again (the "

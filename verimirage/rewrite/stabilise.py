@@ -76,7 +76,7 @@ def stabilise_softmax(g: Graph) -> Graph | None:
             a = args[0]
             maxes[i] = out.max(a, axis=exps[i])
             val[i] = out.exp(out.sub(a, maxes[i]))
-        elif n.op == "sum" and n.args[0][0] in maxes and exps[n.args[0][0]] == n.attr("axis"):
+        elif n.op == "sum" and n.args[0][0] in exps and exps[n.args[0][0]] == n.attr("axis"):
             val[i] = out.sum(args[0], axis=n.attr("axis"))
             maxes[i] = maxes[n.args[0][0]]
         elif n.op == "log" and n.args[0][0] in maxes and n.args[0][0] not in exps:
@@ -385,7 +385,8 @@ def prologue_norm_scales(mg: Graph) -> MuGraph | None:
     ``(a / s) * w`` is the source's own ``rms_norm(a, w)`` (``a r w``, ``r = 1 / s``, up to the order of fp32
     roundings), rounded to the dtype for ``tl.dot`` as the source rounds it: finite wherever the source's is and
     flushed nowhere the source's is not, in fp16, bf16 and fp32 alike; the weight tile ``t`` goes to ``tl.dot`` as
-    loaded. The loop sum times ``s`` and then ``r`` is the source's output up to two fp32 roundings. (Before: the
+    loaded. The loop sum times ``s * r`` (in one step where the block multiplies it by a row factor ``r``:
+    :func:`_fold_rescaled`) is the source's output up to two fp32 roundings. (Before: the
     weight tile's rows times ``w``, bounded by one ``s = max(1, max |w_i t_ij| / 2**15)`` per loop iteration, which
     flushed products ``2**40`` below the tile's largest to 0, red team session 15, and cost 1.12-1.50x on an H100
     for its two reductions a tile.) See :func:`norm_into_projections`."""
@@ -449,10 +450,12 @@ def prologue_norm_scales(mg: Graph) -> MuGraph | None:
             dt = bg.nodes[a].outs[0].dtype
             ft = TensorType(tuple(tile_shape("block input", ad["shape"], bg.grid, ad["imap"], None, bg.frange)), dt)
             scales[a] = statistic((add(Node("input", (), make_attrs(ad), (ft,))), 0), ft, f)
+        rescaled: dict[int, tuple[int, int]] = {}  # a product (or its loop sum) times s -> (that value, s)
         for j, n in enumerate(bg.nodes):
             if j not in sites:
-                remap[j] = add(Node(n.op, tuple(ref(r) for r in n.args), n.attrs, n.outs))
+                remap[j] = add(_fold_rescaled(n, tuple(ref(r) for r in n.args), rescaled, new))
                 if j in after:  # (a rescaled product's loop sum: times s after the loop)
+                    rescaled[len(new)] = (remap[j], after[j])
                     remap[j] = add(Node("mul", ((remap[j], 0), (after[j], 0)), (), n.outs))
                 continue
             _, c, t = sites[j]
@@ -470,6 +473,7 @@ def prologue_norm_scales(mg: Graph) -> MuGraph | None:
             if len(rd) == 1 and bg.nodes[rd[0]].op == "loop_sum":
                 after[rd[0]] = sc
             else:
+                rescaled[len(new)] = (remap[j], sc)
                 remap[j] = add(Node("mul", ((remap[j], 0), (sc, 0)), (), n.outs))
         outs = [ref(o) for o in bg.outputs]
         keep = _live_nodes(new, outs)  # (the weight columns and the scaled weight tiles, read by nothing now)
@@ -479,6 +483,71 @@ def prologue_norm_scales(mg: Graph) -> MuGraph | None:
         nodes[i] = _kernel_with(kn, kargs, bg, kept, [(pos[r], o) for r, o in outs])
         changed = True
     return _checked(mg, nodes) if changed else None
+
+
+def _fold_rescaled(n: Any, args: tuple[tuple[int, int], ...], rescaled: dict[int, tuple[int, int]],
+                   new: list[Any]) -> Any:
+    """Block node ``n`` (operands ``args`` in ``new``) with each product of a rescaled value ``v s``
+    (:func:`prologue_norm_scales`: ``rescaled`` maps its node to ``(v, s)``) by a row factor ``y`` (a value of
+    ``s``'s shape: the norm's ``r``, which cancels ``s``) written ``v * (s * y)``, in a block node or in a fused
+    thread graph; the nodes it needs (``s * y``) are appended to ``new``. Equal over the reals; in floating point
+    ``v s`` is the output over ``r``, inf in bf16 and fp32 where the output times the row's rms passes 3.4e38 and the
+    source's output is finite (red team session 16), and ``s * y`` is about 1."""
+    from ..ir.graph import Node, ThreadGraph, make_attrs
+
+    def row_factor(r: tuple[int, int], s: int) -> bool:
+        return bool(new[r[0]].outs[r[1]].shape == new[s].outs[0].shape)
+
+    if n.op == "mul":
+        for p in (0, 1):
+            a, y = args[p], args[1 - p]
+            if a[1] == 0 and a[0] in rescaled and row_factor(y, rescaled[a[0]][1]):
+                v, s = rescaled[a[0]]
+                new.append(Node("mul", ((s, 0), y), (), (new[y[0]].outs[y[1]],)))
+                return Node("mul", ((v, 0), (len(new) - 1, 0)), n.attrs, n.outs)
+        return Node(n.op, args, n.attrs, n.outs)
+    folded = {k: rescaled[a[0]] for k, a in enumerate(args) if a[1] == 0 and a[0] in rescaled}
+    if n.op != "fused" or not folded:
+        return Node(n.op, args, n.attrs, n.outs)
+    tg: ThreadGraph = n.attr("thread")
+    kargs = list(args)
+    s_index: dict[int, int] = {}  # s's block node -> the thread operand it is
+    for k, (v, s) in folded.items():
+        kargs[k] = (v, 0)
+        if s not in s_index:
+            s_index[s] = len(kargs)
+            kargs.append((s, 0))
+    tn: list[Any] = [t for t in tg.nodes if t.op == "arg"]
+    tn += [Node("arg", (), make_attrs({"index": k}), (new[s].outs[0],)) for s, k in s_index.items()]
+    tremap = {j: tn.index(t) for j, t in enumerate(tg.nodes) if t.op == "arg"}
+    s_arg = {k: len(tn) - len(s_index) + i for i, k in enumerate(s_index.values())}
+    of = {j: s_arg[s_index[folded[t.attr("index")][1]]] for j, t in enumerate(tg.nodes)
+          if t.op == "arg" and t.attr("index") in folded}  # (a rescaled operand's arg node -> s's)
+    whole: dict[int, int] = {}
+
+    def read(r: tuple[int, int]) -> tuple[int, int]:  # (a rescaled operand read as itself: v * s)
+        if r[0] not in of:
+            return (tremap[r[0]], r[1])
+        if r[0] not in whole:
+            tn.append(Node("mul", ((tremap[r[0]], 0), (of[r[0]], 0)), (), tg.nodes[r[0]].outs))
+            whole[r[0]] = len(tn) - 1
+        return (whole[r[0]], 0)
+
+    for j, t in enumerate(tg.nodes):
+        if t.op == "arg":
+            continue
+        fold = [p for p in (0, 1) if t.op == "mul" and t.args[p][0] in of
+                and tg.nodes[t.args[1 - p][0]].outs[t.args[1 - p][1]].shape == tn[of[t.args[p][0]]].outs[0].shape]
+        if fold:
+            a, y = t.args[fold[0]], read(t.args[1 - fold[0]])
+            tn.append(Node("mul", ((of[a[0]], 0), y), (), (tn[y[0]].outs[y[1]],)))
+            tn.append(Node("mul", ((tremap[a[0]], 0), (len(tn) - 1, 0)), t.attrs, t.outs))
+        else:
+            tn.append(Node(t.op, tuple(read(r) for r in t.args), t.attrs, t.outs))
+        tremap[j] = len(tn) - 1
+    attrs = dict(n.attrs)
+    attrs["thread"] = ThreadGraph(tuple(tn), tuple(read(r) for r in tg.outputs))
+    return Node("fused", tuple(kargs), make_attrs(attrs), n.outs)
 
 
 def _kernel_with(kn: Any, kargs: list[Any], bg: Any, block_nodes: Any, outs: list[tuple[int, int]]) -> Any:
