@@ -43,7 +43,7 @@ def k3(a0_ptr, a0_s0, a0_s1, a0_s2, a1_ptr, a1_s0, a1_s1, a1_s2, a2_ptr, a2_s0, 
     pid2 = tl.program_id(2)
     v0 = tl.load(a0_ptr + (pid0 * 1) * a0_s0 + (pid2 * 16 + tl.arange(0, 64)[:, None]) * a0_s1 + (tl.arange(0, 16)[None, :]) * a0_s2, mask=(tl.arange(0, 64)[:, None] < 16), other=0.0).to(tl.float32)
     v6 = tl.zeros((64, 16), tl.float32)
-    v8 = tl.zeros((1, 64, 1), tl.float32)
+    v8_e = tl.zeros((1, 64, 32), tl.float32)
     for it in range(0, 2):
         v1 = tl.load(a1_ptr + (pid0 * 1) * a1_s0 + (tl.arange(0, 16)[:, None]) * a1_s1 + (pid1 * 64 + it * 32 + tl.arange(0, 32)[None, :]) * a1_s2).to(tl.float32)
         v2 = tl.load(a2_ptr + (pid0 * 1 + tl.arange(0, 1)[:, None, None]) * a2_s0 + (pid1 * 64 + it * 32 + tl.arange(0, 32)[None, :, None]) * a2_s1 + (tl.arange(0, 16)[None, None, :]) * a2_s2).to(tl.float32)
@@ -55,11 +55,11 @@ def k3(a0_ptr, a0_s0, a0_s1, a0_s2, a1_ptr, a1_s0, a1_s1, a1_s2, a2_ptr, a2_s0, 
         y6 = tl.reshape(v2, (32, 16)).to(tl.float16)
         d4 = tl.dot(x5, y6, v6)
         v6 = d4
-        v7 = tl.sum(v4, axis=2, keep_dims=True)
-        v8 = (v8 + v7)
+        v8_e = (v8_e + v4)
     v6_r = tl.reshape(v6, (1, 64, 16))
+    v7 = tl.sum(v8_e, axis=2, keep_dims=True)
     tl.store(o0_ptr + (pid0 * 1 + tl.arange(0, 1)[:, None, None]) * o0_s0 + (pid2 * 16 + tl.arange(0, 64)[None, :, None]) * o0_s1 + (pid1 * 16 + tl.arange(0, 16)[None, None, :]) * o0_s2, v6_r.to(o0_ptr.dtype.element_ty), mask=(tl.arange(0, 64)[None, :, None] < 16))
-    tl.store(o1_ptr + (pid0 * 1 + tl.arange(0, 1)[:, None, None]) * o1_s0 + (pid2 * 16 + tl.arange(0, 64)[None, :, None]) * o1_s1 + (pid1 * 1 + tl.arange(0, 1)[None, None, :]) * o1_s2, v8.to(o1_ptr.dtype.element_ty), mask=(tl.arange(0, 64)[None, :, None] < 16))
+    tl.store(o1_ptr + (pid0 * 1 + tl.arange(0, 1)[:, None, None]) * o1_s0 + (pid2 * 16 + tl.arange(0, 64)[None, :, None]) * o1_s1 + (pid1 * 1 + tl.arange(0, 1)[None, None, :]) * o1_s2, v7.to(o1_ptr.dtype.element_ty), mask=(tl.arange(0, 64)[None, :, None] < 16))
 
 
 @triton.jit

@@ -46,7 +46,7 @@ def k3(a0_ptr, a0_s0, a0_s1, a0_s2, a1_ptr, a1_s0, a1_s1, a1_s2, a2_ptr, a2_s0, 
     v0 = tl.load(a0_ptr + (pid0 * 1 + tl.arange(0, 1)[:, None, None]) * a0_s0 + (pid2 * 16 + tl.arange(0, 64)[None, :, None]) * a0_s1 + (tl.arange(0, 16)[None, None, :]) * a0_s2, mask=(tl.arange(0, 64)[None, :, None] < 16), other=0.0).to(tl.float32)
     v3 = (v0 * tl.rsqrt(tl.sum(v0 * v0, axis=2, keep_dims=True) * 0.0625 + 1e-06))
     v8 = tl.zeros((64, 16), tl.float32)
-    v10 = tl.zeros((1, 64, 1), tl.float32)
+    v10_e = tl.zeros((1, 64, 32), tl.float32)
     for it in range(0, 2):
         v1 = tl.load(a1_ptr + (pid0 * 1 + tl.arange(0, 1)[:, None, None]) * a1_s0 + (tl.arange(0, 16)[None, :, None]) * a1_s1 + (pid1 * 64 + it * 32 + tl.arange(0, 32)[None, None, :]) * a1_s2).to(tl.float32)
         v2 = tl.load(a2_ptr + (pid0 * 1 + tl.arange(0, 1)[:, None, None]) * a2_s0 + (pid1 * 64 + it * 32 + tl.arange(0, 32)[None, :, None]) * a2_s1 + (tl.arange(0, 16)[None, None, :]) * a2_s2).to(tl.float32)
@@ -59,11 +59,11 @@ def k3(a0_ptr, a0_s0, a0_s1, a0_s2, a1_ptr, a1_s0, a1_s1, a1_s2, a2_ptr, a2_s0, 
         y6 = tl.reshape(v2, (32, 16)).to(tl.float16)
         d4 = tl.dot(x5, y6, v8)
         v8 = d4
-        v9 = tl.sum(v6, axis=2, keep_dims=True)
-        v10 = (v10 + v9)
+        v10_e = (v10_e + v6)
     v8_r = tl.reshape(v8, (1, 64, 16))
+    v9 = tl.sum(v10_e, axis=2, keep_dims=True)
     tl.store(o0_ptr + (pid0 * 1 + tl.arange(0, 1)[:, None, None]) * o0_s0 + (pid2 * 16 + tl.arange(0, 64)[None, :, None]) * o0_s1 + (pid1 * 16 + tl.arange(0, 16)[None, None, :]) * o0_s2, v8_r.to(o0_ptr.dtype.element_ty), mask=(tl.arange(0, 64)[None, :, None] < 16))
-    tl.store(o1_ptr + (pid0 * 1 + tl.arange(0, 1)[:, None, None]) * o1_s0 + (pid2 * 16 + tl.arange(0, 64)[None, :, None]) * o1_s1 + (pid1 * 1 + tl.arange(0, 1)[None, None, :]) * o1_s2, v10.to(o1_ptr.dtype.element_ty), mask=(tl.arange(0, 64)[None, :, None] < 16))
+    tl.store(o1_ptr + (pid0 * 1 + tl.arange(0, 1)[:, None, None]) * o1_s0 + (pid2 * 16 + tl.arange(0, 64)[None, :, None]) * o1_s1 + (pid1 * 1 + tl.arange(0, 1)[None, None, :]) * o1_s2, v9.to(o1_ptr.dtype.element_ty), mask=(tl.arange(0, 64)[None, :, None] < 16))
 
 
 @triton.jit

@@ -32,7 +32,7 @@ def k2(a0_ptr, a0_s0, a0_s1, a1_ptr, a1_s0, a1_s1, o0_ptr, o0_s0, o0_s1):
     """Block graph: grid (3,), for-loop of 4."""
     pid0 = tl.program_id(0)
     v3 = tl.zeros((64, 32), tl.float32)
-    v6 = tl.zeros((64, 1), tl.float32)
+    v6_e = tl.zeros((64, 16), tl.float32)
     for it in range(0, 4):
         v0 = tl.load(a0_ptr + (tl.arange(0, 64)[:, None]) * a0_s0 + (it * 16 + tl.arange(0, 16)[None, :]) * a0_s1, mask=(tl.arange(0, 64)[:, None] < 2), other=0.0).to(tl.float32)
         v1 = tl.load(a1_ptr + (it * 16 + tl.arange(0, 16)[:, None]) * a1_s0 + (pid0 * 32 + tl.arange(0, 32)[None, :]) * a1_s1).to(tl.float32)
@@ -41,9 +41,9 @@ def k2(a0_ptr, a0_s0, a0_s1, a1_ptr, a1_s0, a1_s1, o0_ptr, o0_s0, o0_s1):
         d1 = tl.dot(x2, y3, v3)
         v3 = d1
         v4 = (v0 * v0)
-        v5 = tl.sum(v4, axis=1, keep_dims=True)
-        v6 = (v6 + v5)
-    v7 = (v6 * 0.015625)
+        v6_e = (v6_e + v4)
+    v5 = tl.sum(v6_e, axis=1, keep_dims=True)
+    v7 = (v5 * 0.015625)
     v8 = (v7 + 1e-06)
     v9 = tl.rsqrt(v8)
     v10 = (v3 * v9)

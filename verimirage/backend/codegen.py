@@ -1298,6 +1298,32 @@ class _KernelGen:
                 found[i] = CHUNKED_SUM_K
         return found
 
+    def deferred_reductions(self, live: set[int], uses: dict[int, list[int]],
+                            invariant: Sequence[bool]) -> dict[int, int]:
+        """Loop accumulations of a reduction inside a for-loop that also computes a product (``loop_sum(sum(x))``,
+        ``loop_sum(mean(x))``, ``loop_max(max(x))``, the reduction used nowhere else): loop node -> reduction node.
+        Such a loop accumulates the tile ``x`` elementwise and reduces it once after the loop, which is the same sum
+        (or max) in another order. The reason is Triton 3.6's software pipelining: on an H100, a kernel reducing a
+        tile in a loop beside a pipelined ``tl.dot`` (``rms_norm(x) @ W`` at 8 x 4096 x 14336: 64 padded rows, 4
+        warps, 3 or 4 stages) gave wrong rows in 13 of 40 runs, the same kernel with the sum after the loop none
+        in 60, and it ran as fast (BENCHMARKS.md, "A wrong result under pipelining"; triton-lang/triton#6691 is an
+        open report of the same class)."""
+        nodes = self.bg.nodes
+        if not any(i in live and not invariant[i] and OPS[n.op].has(Prop.CONTRACTION) for i, n in enumerate(nodes)):
+            return {}
+        outs = {a for a, _ in self.bg.outputs}
+        found: dict[int, int] = {}
+        for i, n in enumerate(nodes):
+            if i not in live or n.op not in ("loop_sum", "loop_max"):
+                continue
+            r = n.args[0][0]
+            red = OPS[nodes[r].op].reduce if nodes[r].op in OPS else None
+            if (red is None or red.loop != n.op or invariant[r] or uses.get(r) != [i] or r in outs
+                    or len(nodes[r].args) != 1):
+                continue
+            found[i] = r
+        return found
+
     def emit_chunked_sum(self, lines: list[str], i: int, chunk: int) -> tuple[str, list[int]]:
         """Lines of :meth:`chunked_sums`' loop for sum node ``i``; returns the result's name and the chain's nodes
         (not emitted otherwise)."""
@@ -1380,6 +1406,7 @@ class _KernelGen:
                     if OPS[nodes[a].op].has(Prop.CONTRACTION) and uses.get(a) == [i] and (a, 0) not in set(bg.outputs):
                         dot_acc[a] = i
 
+        deferred = self.deferred_reductions(live, uses, invariant) if looped else {}
         sliced = {i: ps for i, ps in self.sliced_concats(live).items() if i not in split_cat and i not in direct_concat}
         # the slices (and their negations) only those concats read are not emitted
         outs_set = {a for a, _ in bg.outputs}
@@ -1476,6 +1503,21 @@ class _KernelGen:
                     if i in alpha_needed:  # (flushed below 2**-126 only where that cannot show: _fp16_only)
                         e = f"tl.exp2(({v}_prev - {v}) * {_LOG2E})" if _fp16_only(bg) else f"tl.exp({v}_prev - {v})"
                         body.append(f"{v}_alpha = tl.where({v}_prev == {_NEG_INF}, 0.0, {e})")
+                elif i in deferred:
+                    # the tile accumulated elementwise in the loop, reduced once after it (deferred_reductions)
+                    r = deferred[i]
+                    (xa, xk), = nodes[r].args[:1]
+                    xt = nodes[xa].outs[xk]
+                    pin = self.padded(vid_of(xa, xk), xt)
+                    e = f"{v}_e"
+                    pre.append(f"{e} = " + (f"tl.zeros({_shape_text(pin)}, tl.float32)" if n.op == "loop_sum"
+                                            else f"tl.full({_shape_text(pin)}, {_NEG_INF}, tl.float32)"))
+                    xe = name[vid_of(xa, xk)]
+                    body.append(f"{e} = {fn([e, xe], {}, [xt, xt], [xt])}")
+                    name[vid_of(xa, xk)] = e
+                    self.emit_op(postl, nodes, r, vid_of, name)
+                    name[vid_of(xa, xk)] = xe
+                    name[(i, 0)] = name[vid_of(r, 0)]
                 elif n.op == "loop_max":
                     pre.append(f"{v} = {ninf}")
                     body.append(f"{v} = {fn([v, x], {}, [ot, ot], [ot])}")
@@ -1507,8 +1549,8 @@ class _KernelGen:
                         body.append(f"{v} = {fn([v, x], {}, [ot, ot], [ot])}")
                     else:
                         body.append(f"{v} = {fn([v, x, f'v{n.args[1][0]}_alpha'], {}, [ot, ot], [ot])}")
-            elif i in dot_acc:
-                continue  # computed inside its accumulator's update
+            elif i in dot_acc or i in deferred.values():
+                continue  # computed inside its accumulator's update (a deferred reduction: after the loop)
             else:
                 self.emit_op(sect, nodes, i, vid_of, name)
 
