@@ -6,12 +6,13 @@ import contextlib
 import json
 import re
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
 
 import verimirage as vm
-from verimirage.ir import BlockBuilder, TensorType
+from verimirage.ir import BlockBuilder, BlockGraph, TensorType
 
 
 def _g() -> tuple[vm.Graph, object, object]:
@@ -182,16 +183,24 @@ def _schema():  # type: ignore[no-untyped-def]
     vm.Graph.from_json('{"schema": "other/9"}')
 
 
-@case("block partition does not divide", "does not divide into 3 blocks")
-def _bdiv():  # type: ignore[no-untyped-def]
-    b = BlockBuilder((3,), 1)
-    b.input(0, TensorType((8, 4), vm.float16), (0,), None)
+def _tailed() -> tuple[vm.MuGraph, BlockGraph, Any]:
+    mg = vm.MuGraph()
+    x = mg.input("x", (7, 4), vm.float16)
+    b = BlockBuilder((2,), 1)  # (a masked tail: 2 blocks of 4 rows over 7)
+    b.output(b.exp(b.input(0, x.type, (0,), None)), (0,))
+    return mg, b.build(), x
 
 
-@case("block loop does not divide", "for-loop's 3 iterations")
-def _fdiv():  # type: ignore[no-untyped-def]
-    b = BlockBuilder((2,), 3)
-    b.input(0, TensorType((8, 4), vm.float16), (0,), 1)
+@case("masked tail: a result larger than its whole tiles", "the block graph gives")
+def _crop_big():  # type: ignore[no-untyped-def]
+    mg, bg, x = _tailed()
+    mg.custom(bg, [x], [(9, 4)])
+
+
+@case("masked tail: a result cropped along a dim no grid axis walks", "smaller along a dim the grid walks")
+def _crop_unwalked():  # type: ignore[no-untyped-def]
+    mg, bg, x = _tailed()
+    mg.custom(bg, [x], [(7, 3)])
 
 
 @case("omap not one dim per grid axis", "one distinct output dim per grid axis")

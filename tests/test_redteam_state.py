@@ -51,7 +51,7 @@ def test_search_cache_key_names_every_search_option_held() -> None:
 
     fields = {f.name for f in dataclasses.fields(SearchOptions)}
     exempt = {"progress", "cache", "recheck_cache", "verifier", "extra_rules"}
-    # (window_ops is in the key when on: off, a search is the one before the option existed, its key unchanged)
-    assert fields - exempt == set(SearchOptions(window_ops=24).cache_fields(None)) - {"device"}
-    assert fields - exempt - {"window_ops"} == set(SearchOptions().cache_fields(None)) - {"device"}
+    # (window_ops is in the key when on, tails when off: at their defaults a key is the one before the option existed)
+    assert fields - exempt == set(SearchOptions(window_ops=24, tails=False).cache_fields(None)) - {"device"}
+    assert fields - exempt - {"window_ops", "tails"} == set(SearchOptions().cache_fields(None)) - {"device"}
     assert not SearchOptions(verifier=lambda a, b: None).cacheable

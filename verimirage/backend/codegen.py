@@ -517,9 +517,11 @@ class _KernelGen:
         terms, masks = [], []
         for d in range(r):
             off = []
+            chunk = t[d] * (self.bg.frange if fmap == d else 1)  # (a block's elements of dim d: shape / grid if exact)
+            whole = chunk * math.prod(self.bg.grid[a] for a, dd in enumerate(imap) if dd == d)
             for a, dd in enumerate(imap):
                 if dd == d and self.bg.grid[a] > 1:
-                    off.append(f"pid{a} * {shape[d] // self.bg.grid[a]}")
+                    off.append(f"pid{a} * {chunk}")
             if fmap == d and self.bg.frange > 1:
                 off.append(f"{it} * {t[d]}")
             if d == axis and start:
@@ -530,12 +532,17 @@ class _KernelGen:
                 continue
             if d not in kept:  # a size-1 dim of a squeezed tile: a scalar offset
                 terms.append(f"({' + '.join(off)}) * a{k}_s{d}")
+                masks += [f"(({' + '.join(off)}) < {shape[d]})"] * (whole > shape[d])  # (a masked tail: zeros)
                 continue
             j = kept.index(d)
             ar = f"tl.arange(0, {p[d]})"
             if line and d == r - 1:
                 ar = f"(tl.arange(0, {max(1, p[d] // line)}) * {line})"
             idx = " + ".join([*off, f"{ar}{_lift(rr, j)}"])
+            if whole > shape[d]:  # a masked tail: the operand's elements past its end read as 0 (the IR's padding)
+                if roll and d == axis:
+                    raise GraphError("codegen: a rotated load along a dim read with a masked tail")
+                masks.append(f"(({idx}) < {shape[d]})")
             if roll and d == axis:
                 idx = f"({roll} + {idx}) % {t[d]}"
             terms.append(f"({idx}) * a{k}_s{d}")
@@ -602,13 +609,15 @@ class _KernelGen:
         idx, inside = [], []
         for d in (r - 2, r - 1):
             dt = d + rt - r  # the tensor's dim
-            off = [f"pid{a} * {shape[dt] // self.bg.grid[a]}" for a, dd in enumerate(imap)
-                   if dd == dt and self.bg.grid[a] > 1]
+            chunk = t[d] * (self.bg.frange if fmap == dt else 1)
+            off = [f"pid{a} * {chunk}" for a, dd in enumerate(imap) if dd == dt and self.bg.grid[a] > 1]
             if fmap == dt and self.bg.frange > 1:
                 off.append(f"it * {t[d]}")
             idx.append("(" + " + ".join([*off, f"tl.arange(0, {p[d]}){_lift(r, d)}"]) + ")")
             if p[d] != t[d]:
                 inside.append(self._mask(r, d, t[d], p[d]))
+            if chunk * math.prod(self.bg.grid[a] for a, dd in enumerate(imap) if dd == dt) > shape[dt]:
+                inside.append(f"({idx[-1]} < {shape[dt]})")  # (a masked tail: the mask operand's padding is 0)
         # the offset within [-rows, cols]: the same mask (all false below, all true above), and row + offset stays
         # in int32 (an offset of 2**31 - 3 wrapped: the kernel masked every element of rows >= 3)
         within = min(max(self.inline[n.attr("arg")], -shape[rt - 2]), shape[rt - 1])
@@ -639,7 +648,7 @@ class _KernelGen:
         if len(rows) > 1 or any(dd == r - 1 and self.bg.grid[a] > 1 for a, dd in enumerate(imap)):
             return None
         within = min(max(self.inline[n.attr("arg")], -shape[r - 2]), shape[r - 1])  # (as tril_expr)
-        first = f"pid{rows[0]} * {shape[r - 2] // self.bg.grid[rows[0]]} + " if rows else ""
+        first = f"pid{rows[0]} * {t[-2]} + " if rows else ""
         return f"tl.maximum({first}{within + 1}, 0) // {t[-1]}"
 
     def read_once(self, i: int) -> bool:
@@ -1563,17 +1572,22 @@ class _KernelGen:
                 t, p = TensorType((1,) * L + t.shape, t.dtype), (1,) * L + tuple(p)
             r = t.rank
             terms, masks = [], []
+            real = (1,) * (r - self.out_types[oi].rank) + self.out_types[oi].shape  # (its recorded, cropped shape)
             for d in range(r):
                 off = [f"pid{ax} * {t.shape[d]}" for ax, dd in enumerate(om.dims) if dd == d and bg.grid[ax] > 1]
+                tail = t.shape[d] * math.prod(bg.grid[ax] for ax, dd in enumerate(om.dims) if dd == d) > real[d]
                 if p[d] == 1 and not off:
                     continue
                 if d < L:
                     terms.append(f"({' + '.join(off)}) * o{oi}_s{d}")
+                    masks += [f"(({' + '.join(off)}) < {real[d]})"] * tail  # (a masked tail: cropped)
                     continue
                 idx = " + ".join([*off, f"tl.arange(0, {p[d]}){_lift(r - L, d - L)}"])
                 terms.append(f"({idx}) * o{oi}_s{d}")
                 if p[d] != t.shape[d]:
                     masks.append(self._mask(r - L, d - L, t.shape[d], p[d]))
+                if tail:
+                    masks.append(f"(({idx}) < {real[d]})")
             if not terms:
                 terms.append(f"tl.zeros({_shape_text(p[self.lead:])}, tl.int32)")
             ptr = f"o{oi}_ptr + " + " + ".join(terms)
@@ -1985,8 +1999,8 @@ def _grid_split(bg: BlockGraph, dims: Sequence[int | None], d: int) -> frozenset
     return frozenset(a for a, dd in enumerate(dims) if dd == d and bg.grid[a] > 1)
 
 
-def flat_shape(bg: BlockGraph, arg_types: Sequence[TensorType],
-               inline: dict[int, int] | None = None) -> tuple[int, ...] | None:
+def flat_shape(bg: BlockGraph, arg_types: Sequence[TensorType], inline: dict[int, int] | None = None,
+               out_types: Sequence[TensorType] | None = None) -> tuple[int, ...] | None:
     """The shape ``S`` of the outputs of kernel ``bg`` (on operands of ``arg_types``) when the kernel may be emitted
     over one flat index range of ``S`` (:attr:`TileOptions.flat`, :func:`_flat_kernel`); None when it may not.
 
@@ -2014,6 +2028,8 @@ def flat_shape(bg: BlockGraph, arg_types: Sequence[TensorType],
     if not _elementwise_only(nodes, live):
         return None
     outs = bg.result_types(arg_types)
+    if out_types is not None and tuple(out_types) != outs:
+        return None  # (results cropped: a masked tail, stored by the tiled kernel's masks)
     shape = outs[0].shape
     r = len(shape)
     tile: tuple[int, ...] | None = None
@@ -2135,8 +2151,12 @@ def kernel_source(bg: BlockGraph, arg_types: Sequence[TensorType], name: str = "
                   out_store: Sequence[DType] | None = None,
                   inline: dict[int, int] | None = None, pdl: str = "",
                   device_fn: bool = False, prefetch: frozenset[int] = frozenset(),
-                  early_args: frozenset[int] = frozenset()) -> tuple[str, KernelInfo]:
+                  early_args: frozenset[int] = frozenset(),
+                  out_types: Sequence[TensorType] | None = None) -> tuple[str, KernelInfo]:
     """The ``@triton.jit`` source of one block graph applied to operands of ``arg_types``.
+
+    ``out_types``: the kernel node's recorded results where they crop the block graph's whole tiles (a masked tail:
+    stores masked past their end); left out, whole tiles.
 
     ``arg_store`` / ``out_store`` give the element types the operands and results have in device
     memory when they differ from the IR's (fp32 storage of intermediate results). ``pdl`` (see :func:`generate`):
@@ -2151,9 +2171,9 @@ def kernel_source(bg: BlockGraph, arg_types: Sequence[TensorType], name: str = "
     function ``<name>_pf`` of its own, appended to the source, for the merged launch to call before its wait). Not
     for a flat kernel.
     """
-    outs = bg.result_types(arg_types)
+    outs = tuple(out_types) if out_types is not None else bg.result_types(arg_types)
     opts = tiles or TileOptions()
-    if opts.flat and (shape := flat_shape(bg, arg_types, inline)) is not None:
+    if opts.flat and (shape := flat_shape(bg, arg_types, inline, outs)) is not None:
         return _flat_kernel(bg, arg_types, outs, shape, name, opts.flat,
                             list(arg_store) if arg_store is not None else [t.dtype for t in arg_types],
                             list(out_store) if out_store is not None else [t.dtype for t in outs], pdl, device_fn)
@@ -2369,7 +2389,7 @@ def _emitted_flat(nodes: Sequence[Node], tiles: TileOptions | None,
         bg: BlockGraph = nodes[j].attr("block")
         at = [nodes[a].outs[k] for a, k in nodes[j].args]
         opts = (tiles_for(bg, at) if tiles_for else tiles) or TileOptions()
-        return bool(opts.flat) and flat_shape(bg, at, _inline_masks(nodes, nodes[j])) is not None
+        return bool(opts.flat) and flat_shape(bg, at, _inline_masks(nodes, nodes[j]), nodes[j].outs) is not None
 
     return flat
 
@@ -2425,7 +2445,7 @@ def _loops_early_after(nodes: Sequence[Node], units: list[list[int]], view_nodes
     early = frozenset(q for q, (a, _) in enumerate(n.args) if nodes[a].op == "input")
     _, info = kernel_source(bg, arg_types, f"k{nxt[0]}", tiles_for(bg, arg_types) if tiles_for else tiles,
                             [store_dtype(r) for r in n.args], [store_dtype((nxt[0], k)) for k in range(len(n.outs))],
-                            _inline_masks(nodes, n), "end", early_args=early)
+                            _inline_masks(nodes, n), "end", early_args=early, out_types=n.outs)
     return info.early_loop
 
 
@@ -3004,7 +3024,7 @@ def generate(program: Any, tiles: TileOptions | None = None,
         return kernel_source(bg, arg_types, f"k{j}", tiles_for(bg, arg_types) if tiles_for else tiles,
                              [store_dtype(r) for r in nj.args], [store_dtype((j, k)) for k in range(len(nj.outs))],
                              _inline_masks(nodes, nj), mode, device_fn=len(unit) > 1 or persistent, prefetch=pf,
-                             early_args=early_args(j) if plain(unit) else frozenset())
+                             early_args=early_args(j) if plain(unit) else frozenset(), out_types=nj.outs)
 
     def next_loops_early(i: int) -> bool:
         # "auto": whether the launch after launch ``i`` is a kernel of its own that streams its for-loop (over the

@@ -292,7 +292,7 @@ def to_kernels(g: Graph) -> MuGraph:
         if OPS[n.op].has(Prop.CONSTANT):  # (computed inside the kernels that read it: verimirage.backend.codegen)
             vals[i] = (mg.apply(n.op, [], n.attr_dict),)
         elif n.op == "custom":
-            vals[i] = mg.custom(n.attr("block"), args)
+            vals[i] = mg.custom(n.attr("block"), args, [t.shape for t in n.outs])  # (as recorded: maybe cropped)
         else:
             bg = default_block(n, [a.type for a in args])
             vals[i] = mg.custom(bg, args)

@@ -242,14 +242,24 @@ class MuGraphMethods:
 
     _nodes: list[Node]
 
-    def custom(self, block: BlockGraph, args: Sequence[Tensor]) -> tuple[Tensor, ...]:
-        """A kernel computing ``block`` on ``args``; returns one Tensor per block output."""
+    def custom(self, block: BlockGraph, args: Sequence[Tensor],
+               shapes: Sequence[tuple[int, ...] | None] | None = None) -> tuple[Tensor, ...]:
+        """A kernel computing ``block`` on ``args``; returns one Tensor per block output. ``shapes[r]``: output
+        ``r``'s shape where it is smaller than its whole tiles (a masked tail: the last block's tile cropped along
+        the dims the grid walks; None or left out: whole tiles)."""
         if not isinstance(block, BlockGraph):
             raise GraphError(f"custom: expected a BlockGraph, got {type(block).__name__}")
         me = cast(_Builder, self)
         refs = tuple(me._ref("custom", a, i) for i, a in enumerate(args))
         in_types = [self._nodes[r[0]].outs[r[1]] for r in refs]
         outs = block.result_types(in_types)
+        if shapes is not None:
+            from .check import check_crops
+
+            pad = [*shapes, *[None] * (len(outs) - len(shapes))]
+            whole, outs = outs, tuple(t if s is None else TensorType(tuple(s), t.dtype)
+                                      for t, s in zip(outs, pad, strict=True))
+            check_crops(block, whole, outs)
         for t in outs:
             check_shape("custom: result", t.shape)
         self._nodes.append(Node("custom", refs, (("block", block),), outs))

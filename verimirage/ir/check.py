@@ -107,8 +107,7 @@ def check_program(g: Graph, *, unused_inputs: bool = False) -> None:
                 outs = bg.result_types(in_types)
             except GraphError as e:
                 raise _where(nodes, i, f"custom: {e}") from None
-            if outs != n.outs:
-                raise _where(nodes, i, f"custom: recorded results {n.outs}; the block graph gives {outs}")
+            _at(nodes, i, check_crops, bg, outs, n.outs)
         else:
             _check_op(nodes, i, Level.KERNEL, in_types)
     _check_outputs(nodes, outputs, "graph")
@@ -118,6 +117,16 @@ def check_program(g: Graph, *, unused_inputs: bool = False) -> None:
     for i, n in enumerate(nodes):
         if n.op == "input" and i not in live:
             raise _where(nodes, i, f"input {n.attr('name')!r} is not used by any output")
+
+
+def check_crops(bg: BlockGraph, whole: Sequence[TensorType], recorded: Sequence[TensorType]) -> None:
+    """GraphError unless each recorded result is the block graph's (``whole`` tiles), maybe cropped along dims the
+    grid walks (a masked tail)."""
+    if len(whole) != len(recorded) or any(t.dtype != o.dtype or t.rank != o.rank or any(m != s and not (
+            d in om.dims and 0 < m < s) for d, (m, s) in enumerate(zip(t.shape, o.shape, strict=True)))
+            for t, o, om in zip(recorded, whole, bg.omaps, strict=True)):
+        raise GraphError(f"custom: recorded results {tuple(recorded)}; the block graph gives {tuple(whole)} (or "
+                         "smaller along a dim the grid walks)")
 
 
 def thread_result_types(tg: ThreadGraph, in_types: Sequence[TensorType]) -> tuple[TensorType, ...]:

@@ -181,7 +181,9 @@ class MuGraph(MuGraphMethods, Graph):
 
 def tile_shape(what: str, shape: tuple[int, ...], grid: tuple[int, ...], imap: tuple[int | None, ...],
                fmap: int | None, frange: int) -> tuple[int, ...]:
-    """Shape of one block's per-iteration tile of a tensor of ``shape``; GraphError if the maps don't fit."""
+    """Shape of one block's per-iteration tile of a tensor of ``shape``; GraphError if the maps don't fit. A dim
+    that does not divide gets the ceiling: the operand is read zero-padded to ``grid * frange * tile`` there (a
+    *masked tail*: :func:`verimirage.ir.interpret.fit`)."""
     if len(imap) != len(grid):
         raise GraphError(f"{what}: imap {imap} has {len(imap)} entries; expected one per grid axis {grid}")
     t = list(shape)
@@ -194,17 +196,11 @@ def tile_shape(what: str, shape: tuple[int, ...], grid: tuple[int, ...], imap: t
         if d in used:
             raise GraphError(f"{what}: imap {imap} partitions dim {d} twice; expected distinct dims")
         used.add(d)
-        if t[d] % grid[a]:
-            raise GraphError(f"{what}: dim {d} of {shape} (size {t[d]}) does not divide into {grid[a]} blocks "
-                             f"(grid axis {a})")
-        t[d] //= grid[a]
+        t[d] = -(-t[d] // grid[a])
     if fmap is not None:
         if not isinstance(fmap, int) or not 0 <= fmap < len(shape):
             raise GraphError(f"{what}: fmap {fmap!r} is not a dim of a rank-{len(shape)} tensor {shape}")
-        if t[fmap] % frange:
-            raise GraphError(f"{what}: dim {fmap} of the block's slice {tuple(t)} (size {t[fmap]}) does not divide "
-                             f"into the for-loop's {frange} iterations")
-        t[fmap] //= frange
+        t[fmap] = -(-t[fmap] // frange)
     return tuple(t)
 
 
@@ -249,16 +245,11 @@ class BlockGraph:
     def result_types(self, in_types: Sequence[TensorType]) -> tuple[TensorType, ...]:
         """Types of the kernel's outputs given its operands' types; GraphError on mismatch."""
         from .check import check_block
+        from .interpret import whole_tiles
 
         check_block(self, in_types)
-        outs = []
-        for r, om in zip(self.outputs, self.omaps, strict=True):
-            t = self.type_of(r)
-            shape = list(t.shape)
-            for a, d in enumerate(om.dims):
-                shape[d] *= self.grid[a]
-            outs.append(TensorType(tuple(shape), t.dtype))
-        return tuple(outs)
+        return tuple(TensorType(whole_tiles(self.type_of(o).shape, m.dims, self.grid), self.type_of(o).dtype)
+                     for o, m in zip(self.outputs, self.omaps, strict=True))
 
 
 @dataclass(frozen=True)

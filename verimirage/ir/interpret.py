@@ -161,6 +161,26 @@ def tile_input(x: np.ndarray, shape: tuple[int, ...], grid: tuple[int, ...], ima
     return [np.take(y, i, axis=lp) for i in range(frange)]
 
 
+def whole_tiles(tile: tuple[int, ...], dims: Sequence[int | None], counts: Sequence[int]) -> tuple[int, ...]:
+    """``tile`` times the blocks or iterations walking each dim: ``counts[j]`` of them walk ``dims[j]`` (or none)."""
+    return tuple(n * int(np.prod([k for d, k in zip(dims, counts, strict=True) if d == j])) for j, n in enumerate(tile))
+
+
+def fit(domain: Domain, x: Any, have: tuple[int, ...], want: tuple[int, ...], dtype: Any) -> Any:
+    """``x`` of shape ``have`` zero-padded or cropped to ``want`` (a masked tail; registry ops: each domain's 0)."""
+    for d, w in enumerate(want):
+        t, h, have = TensorType(have, dtype), have[d], (*have[:d], w, *have[d + 1:])
+        if w < h:
+            x = apply_op(domain, "slice", [x], {"axis": d, "start": 0, "stop": w}, [t], TensorType(have, dtype))
+        elif w > h:  # (the first slab times 0, broadcast to the padding's shape, concatenated)
+            one, pad = (TensorType((*t.shape[:d], k, *t.shape[d + 1:]), dtype) for k in (1, w - h))
+            z = _op1(domain, "scale", [apply_op(domain, "slice", [x], {"axis": d, "start": 0, "stop": 1}, [t], one)],
+                     one, c=0.0)
+            z = apply_op(domain, "broadcast_to", [z], {"shape": pad.shape}, [one], pad)
+            x = apply_op(domain, "concat", [x, z], {"axis": d}, [t, pad], TensorType(have, dtype))
+    return x
+
+
 def place_output(v: np.ndarray, tile: tuple[int, ...], grid: tuple[int, ...], omap: OutputMap) -> np.ndarray:
     """Assemble per-block tiles ``(*batch, *grid, *tile)`` into the kernel's output tensor."""
     r = len(tile)
@@ -212,21 +232,26 @@ def run_thread(tg: ThreadGraph, args: list[Any], domain: Domain) -> list[Any]:
     return [env[a][k] for a, k in tg.outputs]
 
 
-def _op1(domain: Domain, op: str, args: list[Any], t: TensorType, t2: TensorType | None = None) -> Any:
+def _op1(domain: Domain, op: str, args: list[Any], t: TensorType, t2: TensorType | None = None, **at: Any) -> Any:
     types = [t] if t2 is None else [t, t2]
-    return apply_op(domain, op, args, {}, types, t)
+    return apply_op(domain, op, args, at, types, t)
 
 
-def run_block(bg: BlockGraph, args: Sequence[Any], arg_types: Sequence[TensorType], domain: Domain) -> list[Any]:
-    """Evaluate a block graph literally on the kernel's operand values; returns its outputs."""
+def run_block(bg: BlockGraph, args: Sequence[Any], arg_types: Sequence[TensorType], domain: Domain,
+              out_types: Sequence[TensorType] | None = None) -> list[Any]:
+    """Evaluate a block graph literally on the kernel's operand values; returns its outputs (cropped to
+    ``out_types``, the kernel's recorded results, where a masked tail pads them)."""
     nodes = bg.nodes
     post = bg.post_loop()
     tiles: dict[int, list[Any]] = {}
+    shapes = {n.attr("arg"): whole_tiles(n.outs[0].shape, (*n.attr("imap"), n.attr("fmap")), (*bg.grid, bg.frange))
+              for n in nodes if n.op == "input"}  # (the operands zero-padded to whole tiles)
+    padded = {k: fit(domain, args[k], arg_types[k].shape, s, arg_types[k].dtype) for k, s in shapes.items()}
     for i, n in enumerate(nodes):
         if n.op == "input":
             k = n.attr("arg")
-            tiles[i] = tile_input(args[k], arg_types[k].shape, bg.grid, n.attr("imap"), n.attr("fmap"), bg.frange)
-    acc = _folded_products(bg, args, arg_types, domain) if domain.name in ("ff", "ffref") and not bg.flimit else {}
+            tiles[i] = tile_input(padded[k], shapes[k], bg.grid, n.attr("imap"), n.attr("fmap"), bg.frange)
+    acc = _folded_products(bg, padded, shapes, domain) if domain.name in ("ff", "ffref") and not bg.flimit else {}
     skip = {nodes[i].args[0][0] for i in acc}
     run_max: dict[int, Any] = {}
     body_env: dict[int, list[Any]] = {}
@@ -274,8 +299,10 @@ def run_block(bg: BlockGraph, args: Sequence[Any], arg_types: Sequence[TensorTyp
         env[i] = [acc[i]]
     _run_nodes(nodes, env, domain)
     outs = []
-    for (a, k), om in zip(bg.outputs, bg.omaps, strict=True):
-        outs.append(place_output(env[a][k], nodes[a].outs[k].shape, bg.grid, om))
+    for r, ((a, k), om) in enumerate(zip(bg.outputs, bg.omaps, strict=True)):
+        v, t = place_output(env[a][k], nodes[a].outs[k].shape, bg.grid, om), nodes[a].outs[k]  # (then the crop)
+        outs.append(v if out_types is None else fit(domain, v, whole_tiles(t.shape, om.dims, bg.grid),
+                                                    out_types[r].shape, t.dtype))
     return outs
 
 
@@ -301,7 +328,8 @@ def _select_blocks(domain: Domain, bg: BlockGraph, old: Any, new: Any, t: Tensor
     return apply_op(domain, "concat", [lo, hi], {"axis": ax}, part, ft)
 
 
-def _folded_products(bg: BlockGraph, args: Sequence[Any], ts: Sequence[TensorType], domain: Domain) -> dict[int, Any]:
+def _folded_products(bg: BlockGraph, args: Mapping[int, Any], shapes: Mapping[int, tuple[int, ...]],
+                     domain: Domain) -> dict[int, Any]:
     """By node: each loop_sum (sole reader) of a product of inputs split on the contracted dim as one product."""
     nodes, out, reads = bg.nodes, {}, [a[0] for n in bg.nodes for a in n.args] + [a[0] for a in bg.outputs]
     for i, n in enumerate(nodes):  # (sum_k A_k B_k = A B: the loop's tiles are consecutive pieces of the block's dim)
@@ -309,7 +337,7 @@ def _folded_products(bg: BlockGraph, args: Sequence[Any], ts: Sequence[TensorTyp
         ab = [nodes[a] for a, _ in nodes[j].args] if j >= 0 and OPS[nodes[j].op].has(Prop.CONTRACTION) else []
         fm = [x.attr("fmap") if x.op == "input" else None for x in ab]  # (split on A's last dim, B's second last)
         if len(ab) == 2 and fm == [ab[0].outs[0].rank - 1, ab[1].outs[0].rank - 2]:
-            whole = [tile_input(args[x.attr("arg")], ts[x.attr("arg")].shape, bg.grid, x.attr("imap"), None, 1)[0]
+            whole = [tile_input(args[x.attr("arg")], shapes[x.attr("arg")], bg.grid, x.attr("imap"), None, 1)[0]
                      for x in ab]
             types = [TensorType(tuple(whole[t].shape[-ab[t].outs[0].rank:]), ab[t].outs[0].dtype) for t in (0, 1)]
             out[i] = apply_op(domain, nodes[j].op, whole, nodes[j].attr_dict, types, n.outs[0])
@@ -326,7 +354,7 @@ def run(g: Graph, inputs: Mapping[str, Any], domain: Domain) -> list[Any]:
         elif n.op == "custom":
             args = [env[a][k] for a, k in n.args]
             types = [nodes[a].outs[k] for a, k in n.args]
-            env[i] = run_block(n.attr("block"), args, types, domain)
+            env[i] = run_block(n.attr("block"), args, types, domain, n.outs)
         else:
             _eval_node(nodes, i, env, domain)
     return [env[a][k] for a, k in output_refs(g)]

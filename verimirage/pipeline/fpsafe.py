@@ -133,7 +133,7 @@ def evaluate_in_dtype(g: Graph, inputs: Mapping[str, np.ndarray], *,
             elif n.op == "custom":
                 args = [env[a][k] for a, k in n.args]
                 types = [nodes[a].outs[k] for a, k in n.args]
-                outs = run_block(n.attr("block"), args, types, blk)
+                outs = run_block(n.attr("block"), args, types, blk, n.outs)
                 env[i] = [round_to(o, stored(i, k, t.dtype)) for k, (o, t) in enumerate(zip(outs, n.outs, strict=True))]
                 kern.nonfinite = kern.nonfinite or not all(np.isfinite(o).all() for o in env[i])
             else:

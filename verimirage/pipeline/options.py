@@ -77,6 +77,7 @@ class SearchOptions:
     region_ops: int = 12
     whole_ops: int = 24
     window_ops: int = 0
+    tails: bool = True
 
     def __post_init__(self) -> None:
         def put(name: str, v: Any) -> None:
@@ -101,7 +102,7 @@ class SearchOptions:
         if self.max_verify is not None and (isinstance(self.max_verify, bool) or not isinstance(self.max_verify, int)
                                             or self.max_verify < 1):
             raise ValueError(f"SearchOptions.max_verify={self.max_verify!r}; expected an int >= 1 or None")
-        for name in ("profile", "cache", "recheck_cache"):
+        for name in ("profile", "cache", "recheck_cache", "tails"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"SearchOptions.{name}={getattr(self, name)!r}; expected True or False")
         if self.split not in SPLIT_MODES:
@@ -176,6 +177,7 @@ class SearchOptions:
             "device": device if self.profile else None,
             "split": self.split, "region_ops": self.region_ops, "whole_ops": self.whole_ops,
             **({"window_ops": self.window_ops} if self.window_ops else {}),  # (keys of searches without it unchanged)
+            **({"tails": False} if not self.tails else {}),
         }
 
     def changed(self) -> dict[str, Any]:

@@ -230,7 +230,9 @@ def superoptimize(graph: Graph, *, options: SearchOptions | None = None, **overr
     ``whole_ops`` ops by regions, and one in between whole and, when that fused less than one kernel per
     region to start with, by regions too (the cheaper wins); ``"never"``/``"always"`` force one way. With
     regions, ``time_budget_s`` applies to each region's search (every boundary is reconsidered once, whatever
-    the time: the regions do not depend on the machine's load).
+    the time: the regions do not depend on the machine's load). ``tails`` (default on): a dim that no tile of 16
+    divides (197 tokens, a vocabulary of 50257) is also split into power-of-two tiles, the last block's tile masked
+    (docs/architecture.md "Masked tails").
 
     The keywords are the fields of :class:`~verimirage.pipeline.options.SearchOptions` (validated once, a
     TypeError for an unknown one); ``options=SearchOptions(...)`` passes them as one value (keywords given
@@ -782,7 +784,7 @@ def _lower_phase(run: _Run) -> None:
     # (rank key, lowering, cost, index of its graph in ``graphs``)
     pool: list[tuple[tuple[Any, ...], Lowered, Cost, int]] = []
     for gi, (g2, _, _) in enumerate(graphs):
-        lows, rejected = lower_all(g2, grids=grids, franges=franges, max_splits=max_splits, rank=cost)
+        lows, rejected = lower_all(g2, grids=grids, franges=franges, max_splits=max_splits, rank=cost, tail=o.tails)
         lows = _with_masks(lows, run.masks)
         for reason, n in rejected.items():
             rep.pruned[reason] = rep.pruned.get(reason, 0) + n

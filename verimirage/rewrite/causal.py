@@ -71,7 +71,7 @@ def _skip_of(bg: BlockGraph, nodes: Any, args: Any) -> tuple[int, int, int, int]
         if any(dd == r - 1 and bg.grid[a] > 1 for a, dd in enumerate(imap)):
             continue  # the grid splits the columns too (split-KV): a block's loop starts past column 0
         axis = imap.index(r - 2)
-        rows, cols = shape[r - 2] // bg.grid[axis], shape[r - 1] // bg.frange
+        rows, cols = n.outs[0].shape[r - 2:]  # (the tiles: shape / grid and / frange, rounded up for a masked tail)
         c = rows - 1 + int(src.attr("offset"))
         if c < 0:
             continue

@@ -132,8 +132,9 @@ class Analysis:
     mm_extent: dict[int, int] = field(default_factory=dict)
 
     def tile_of(self, lab: int, parts: int) -> int:
-        """The matmul tile a label split into ``parts`` gives (``size // parts`` for a label no reshape shrinks)."""
-        return self.mm_extent.get(lab, self.size[lab]) // parts
+        """The matmul tile a label split into ``parts`` gives (``size / parts`` rounded up for a label no reshape
+        shrinks: the last block's tile masked where it does not divide)."""
+        return -(-self.mm_extent.get(lab, self.size[lab]) // parts)
 
     def data_parallel(self) -> list[int]:
         """Labels every output carries, that nothing reduces, that may be split (first-seen order)."""
@@ -524,6 +525,21 @@ ODD_TILE_MIN = 16
 ODD_TILE_PAD = 1.25
 
 
+#: the power-of-two tiles a data-parallel label with a masked tail is offered in (:func:`_tail_counts`)
+TAIL_TILES = (16, 32, 64, 128, 256)
+
+
+def _tail_counts(n: int) -> list[int]:
+    """Block counts ``ceil(n / T)`` for the tiles ``T`` of :data:`TAIL_TILES`, for a size ``n`` that no tile of 16
+    divides (a prime such as ViT's 197 tokens, GPT-2's vocabulary 50257 = 29 x 1733, a sequence of 1000): each block
+    a tile of ``ceil(n / blocks)`` elements, the operands read zero-padded past ``n`` and the results cropped (the
+    IR's masked tail, :func:`verimirage.ir.graph.tile_shape`). Only for data-parallel labels, which nothing reduces:
+    the padding reaches only the cropped elements (and the verifier checks it does)."""
+    if n % ODD_TILE_MIN == 0:
+        return []
+    return sorted({-(-n // t) for t in TAIL_TILES if -(-n // t) > 1 and n % -(-n // t)})
+
+
 def _pow2_ceil(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
@@ -566,17 +582,21 @@ def configs(
     max_blocks: int = 1 << 14,
     min_blocks: int = 16,
     max_loop_tile: int = 256,
+    tail: bool = True,
 ) -> list[Config]:
-    """Every partition choice within limits (deterministic order)."""
+    """Every partition choice within limits (deterministic order). ``tail``: a data-parallel label with no tile of
+    16 that divides it is also split into blocks of power-of-two tiles, the last one masked (:func:`_tail_counts`)."""
     dp = an.data_parallel()
     wide = _contiguous_labels(an)
     per_label: list[list[int]] = []
     for lab in dp:
         n = an.size[lab]
-        opts = [p for p in _grid_divisors(n) if p == 1 or lab not in an.mm_labels or an.tile_of(lab, p) >= min_tile]
+        tails = _tail_counts(n) if tail else []
+        opts = [p for p in sorted({*_grid_divisors(n), *tails})
+                if p == 1 or lab not in an.mm_labels or an.tile_of(lab, p) >= min_tile]
         if grids is not None:
             opts = [p for p in opts if p == 1 or p in grids]
-        keep = opts[-6:] if len(opts) > 6 else opts
+        keep = sorted({*opts[-6:], *(p for p in opts if p in tails)})
         if lab in wide and lab not in an.mm_labels:
             # the finest tiles of a contiguous dim can have rows narrower than a DRAM segment: also offer the two
             # finest block counts whose tiles are at least a segment wide (batchnorm_relu's 3136 columns were
@@ -746,6 +766,8 @@ def _reshape_tile(an: Analysis, axes: Sequence[int], sizes: Sequence[int], loop:
             raise Infeasible("a for-loop over a reshaped group of dims")
         if lab is not None and lab in axes:
             p = sizes[list(axes).index(lab)]
+            if src2[og[0]] % p:
+                raise Infeasible("a masked tail on a reshaped group of dims")
             src2[og[0]] //= p
             new2[ng[0]] //= p
     return {**n.attr_dict, "shape": tuple(new2)}, [TensorType(tuple(src2), full[0].dtype)]
@@ -942,7 +964,8 @@ def build(an: Analysis, cfg: Config, *, fuse_epilogue: bool = True) -> Lowered:
                 t = postmax[o] if o in postmax and kind[o] == Place.POST and rd is not None and rd.loop == "loop_max" \
                     else val[o]
                 b.output(mat(t), omap_for(o, axes))
-            res = mg.custom(b.build(check=False), ins)  # (custom checks the block against the operands)
+            res = mg.custom(b.build(check=False), ins,  # (custom checks the block against the operands)
+                            [nodes[o].outs[0].shape for o in outs])  # (a masked tail's whole tiles cropped)
             mg.output(*[res[k] for k in range(len(outs))])
             if epi.fused:
                 steps.add("fuse.epilogue")
@@ -1102,7 +1125,7 @@ def _build_split(an: Analysis, cfg: Config, b: BlockBuilder, mg: MuGraph, ins: l
                              [nodes[a].outs[k] for a, k in n.args])
     for o in outs:
         c.output(epi.materialise(cval[o]), omap_for(o, axes))
-    res = mg.custom(c.build(check=False), [*parts, *extra_args])
+    res = mg.custom(c.build(check=False), [*parts, *extra_args], [nodes[o].outs[0].shape for o in outs])
     mg.output(*[res[k] for k in range(len(outs))])
     steps.add("partition.split_kv")
     if epi.fused:
@@ -1322,7 +1345,7 @@ def join(g: Graph, parts: Sequence[tuple[MuGraph, str | None]]) -> MuGraph:
 
 def cut_lowerings(g: Graph, *, rank: Rank, grids: Sequence[int] | None = None,
                   franges: Sequence[int] | None = None, max_splits: int = 32, keep: int = CUT_KEEP,
-                  depth: int = CUT_DEPTH) -> list[Lowered]:
+                  depth: int = CUT_DEPTH, tail: bool = True) -> list[Lowered]:
     """Lowerings of ``g`` with one contraction operand materialised (``partition.cut``): for each of
     :func:`cut_points`, the ``keep`` cheapest lowerings (by ``rank``, see :data:`Rank`) of the part computing it
     joined with the ``keep`` cheapest of the rest. Each side is lowered with cuts of its own up to ``depth`` - 1
@@ -1340,7 +1363,7 @@ def cut_lowerings(g: Graph, *, rank: Rank, grids: Sequence[int] | None = None,
         sides = []
         for part in split:
             lows, _ = lower_all(part, grids=grids, franges=franges, max_splits=max_splits, cuts=depth > 1,
-                                rank=rank, cut_depth=depth - 1, components=True)
+                                rank=rank, cut_depth=depth - 1, components=True, tail=tail)
             scored = sorted(((rank(lo.mugraph), i) for i, lo in enumerate(lows)), key=lambda p: p[0])
             sides.append([lows[i] for _, i in scored[:keep]])
         for a, b in itertools.product(*sides):
@@ -1409,7 +1432,7 @@ def _join_parallel(g: Graph, parts: Sequence[tuple[MuGraph, Sequence[int]]]) -> 
 
 def component_lowerings(g: Graph, *, rank: Rank, grids: Sequence[int] | None = None,
                         franges: Sequence[int] | None = None, max_splits: int = 32, keep: int = CUT_KEEP,
-                        cut_depth: int = CUT_DEPTH) -> list[Lowered]:
+                        cut_depth: int = CUT_DEPTH, tail: bool = True) -> list[Lowered]:
     """Lowerings of a program of independent parts (outputs computed from the inputs by disjoint ops): each part
     lowered on its own (its ``keep`` cheapest by ``rank``), then run one after another (``partition.components``).
     One kernel over unrelated parts has no block axis that every output shares, so its only grid is one block
@@ -1437,7 +1460,7 @@ def component_lowerings(g: Graph, *, rank: Rank, grids: Sequence[int] | None = N
         except GraphError:
             return []
         lows, _ = lower_all(sub, grids=grids, franges=franges, max_splits=max_splits, cuts=cut_depth > 0,
-                            rank=rank, cut_depth=cut_depth)
+                            rank=rank, cut_depth=cut_depth, tail=tail)
         scored = sorted(((rank(lo.mugraph), i) for i, lo in enumerate(lows)), key=lambda p: p[0])
         sides.append([(lows[i], positions) for _, i in scored[:keep]])
     out = []
@@ -1460,6 +1483,7 @@ def lower_all(
     cuts: bool = True,
     cut_depth: int = CUT_DEPTH,
     components: bool = False,
+    tail: bool = True,
 ) -> tuple[list[Lowered], dict[str, int]]:
     """Every feasible lowering of ``g`` (plus the unfused baseline, and with ``cuts`` those of
     :func:`cut_lowerings` up to ``cut_depth`` cuts deep, ranked by ``rank``; with ``components`` those of
@@ -1479,7 +1503,7 @@ def lower_all(
         if zipped.data_parallel() != an.data_parallel():
             analyses.append(zipped)  # one kernel over the parts (each block a tile of every part)
     for k, a_n in enumerate(analyses):
-        for cfg in configs(a_n, grids=grids, franges=franges, max_splits=max_splits):
+        for cfg in configs(a_n, grids=grids, franges=franges, max_splits=max_splits, tail=tail):
             # (a structure infeasible for a whole-tile combine says nothing of the loop combine: each has its key)
             skey = (k, tuple(lab for lab, _ in cfg.grid), cfg.loop, cfg.splits > 1, cfg.combine_whole)
             if skey in bad_struct:
@@ -1493,10 +1517,11 @@ def lower_all(
                     bad_struct[skey] = reason
                 rejected[reason] = rejected.get(reason, 0) + 1
     if cuts:
-        out += cut_lowerings(g, grids=grids, franges=franges, max_splits=max_splits, rank=rank, depth=cut_depth)
+        out += cut_lowerings(g, grids=grids, franges=franges, max_splits=max_splits, rank=rank, depth=cut_depth,
+                             tail=tail)
     if components:
         out += component_lowerings(g, grids=grids, franges=franges, max_splits=max_splits, rank=rank,
-                                   cut_depth=cut_depth if cuts else 0)
+                                   cut_depth=cut_depth if cuts else 0, tail=tail)
     return [low2 for low in out if (low2 := _norm_operands(low)) is not None], rejected
 
 
