@@ -3,6 +3,10 @@ before its fix (see /work/wt/report_redteam17.md for the ranking)."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 import verimirage as vm
@@ -62,3 +66,123 @@ def test_softmax_stabiliser_raised_key_error_on_a_sum_over_two_axes_of_an_exp(sh
     assert stabilise_softmax(g) is not None
     res = vm.superoptimize(g, cache=False, time_budget_s=60)
     assert res.candidates and all(isinstance(vm.verify(g, cand.mugraph), vm.Proved) for cand in res.candidates)
+
+
+def test_check_certificate_read_and_parsed_a_certificate_file_of_any_size(tmp_path: Path) -> None:
+    """Open item of red team 16 (low; the caller's memory and time): ``check_certificate(path)`` read and parsed the
+    whole file in the calling process before the capped checker saw it (a 17 MB file of one JSON string was read,
+    parsed and sent to the child). Now a file over ``MAX_CERT_BYTES`` (16 MiB, ~290x the largest committed
+    certificate) is not read past the cap: a CertificateError naming the limit, before any parsing."""
+    from verimirage.smt.certificate import MAX_CERT_BYTES, CertificateError
+
+    p = tmp_path / "big.json"
+    p.write_bytes(b'{"schema": "' + b"x" * (MAX_CERT_BYTES + 1024) + b'"}')
+    with pytest.raises(CertificateError, match="larger than 16,777,216 bytes"):
+        vm.check_certificate(p)
+    with pytest.raises(CertificateError, match="larger than"):
+        vm.check_certificate(p, isolate=False)
+
+
+@pytest.mark.parametrize("payload", [b"\xff\xfe not utf-8", b"[" * 200_000 + b"]" * 200_000, b"oversize"],
+                         ids=["not-utf8", "nested", "oversize"])
+def test_corrupt_search_cache_entry_raised_out_of_superoptimize(payload: bytes, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finding (medium-low; a crash, against the cache's contract that a bad entry is a miss, never the caller's
+    exception): a search-cache entry that was not UTF-8 (``UnicodeDecodeError``) or was nested too deeply
+    (``RecursionError``) raised out of ``vm.superoptimize``, every call, until someone deleted the file; and an entry
+    was read and parsed whatever its size. Now ``DiskCache.get`` reads at most ``MAX_ENTRY_BYTES`` (64 MiB; here
+    lowered) and discards the entry with a warning: the search runs again and stores a good one."""
+    from verimirage.backend import cache as K
+    from verimirage.pipeline import search_cache as S
+
+    monkeypatch.setenv("VERIMIRAGE_CACHE_DIR", str(tmp_path))
+    g = vm.Graph()
+    g.output(g.exp(g.input("x", (4, 8), vm.float32)))
+    first = vm.superoptimize(g, time_budget_s=30)
+    (entry,) = S.entry_path("0" * 64).parent.glob("*.json")
+    if payload == b"oversize":
+        monkeypatch.setattr(K, "MAX_ENTRY_BYTES", entry.stat().st_size - 1)
+    else:
+        entry.write_bytes(payload)
+    again = vm.superoptimize(g, time_budget_s=30)
+    assert str(again.best.mugraph) == str(first.best.mugraph) and isinstance(again.best.verdict, vm.Proved)
+    assert "served from the search cache" not in again.best.verdict.reason
+
+
+def test_malformed_attribute_text_printed_a_syntax_warning() -> None:
+    """Open item of red team 16 (low; noise): parsing text with an attribute like ``c=1if 1else 2`` or ``1e309x``
+    printed Python's ``SyntaxWarning: invalid decimal literal`` to stderr (from ``ast.parse`` of the attributes)
+    before the GraphError. Now the parser's own pseudo-file turns those warnings into the SyntaxError it already
+    rejects: a GraphError only, nothing on stderr."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    code = ("import verimirage as vm\n"
+            "for a in ('c=1if 1else 2', 'c=1e309x', 'c=0x1for', 'c=[1for x in y]'):\n"
+            "    try:\n"
+            "        vm.Graph.parse('graph {\\n  %0 = input {name=\"x\"} : f32[4]\\n'\n"
+            "                       '  %1 = scale %0 {' + a + '} : f32[4]\\n  return %1\\n}')\n"
+            "    except vm.GraphError as e:\n"
+            "        print('bad attributes' in str(e))\n")
+    r = subprocess.run([sys.executable, "-W", "default", "-c", code], capture_output=True, text=True, cwd=root,
+                       env={**os.environ, "PYTHONPATH": str(root)}, timeout=120)
+    assert r.returncode == 0 and r.stdout.split() == ["True"] * 4, (r.stdout, r.stderr)
+    assert r.stderr == "", r.stderr
+
+
+def test_compiled_program_returned_the_callers_input_tensor_as_its_output() -> None:
+    """Open item of red team 16 (low; decided here): a μGraph ``return %0`` (Proved for ``scale(x, 1.0)``) compiled
+    to a program that returned the caller's tensor object itself, so the caller's later in-place update of its input
+    (a cache written in place, an optimizer step) silently changed the "result" too, which no eager run of the
+    source's ops does. Now an output that is a program input is returned as a copy (generated ``forward`` and the
+    lean path's ``run`` alike), one copy per output."""
+    torch = pytest.importorskip("torch")
+    g = vm.Graph()
+    g.output(g.scale(g.input("x", (4, 8), vm.float32), 1.0))
+    mg = vm.MuGraph.parse("mugraph {\n  %0 = input {name='x'} : f32[4,8]\n  return %0, %0\n}")
+    two = vm.Graph()
+    xx = two.input("x", (4, 8), vm.float32)
+    two.output(two.scale(xx, 1.0), two.scale(xx, 1.0))
+    assert isinstance(vm.verify(two, mg), vm.Proved)
+    x = torch.randn(4, 8)
+    keep = x.clone()
+    a, b = vm.compile(mg)(x)
+    assert a is not x and a.data_ptr() != x.data_ptr() and torch.equal(a, keep)
+    x.add_(1.0)  # (the caller updates its input in place)
+    assert torch.equal(a, keep) and torch.equal(b, keep)
+
+
+def test_lean_path_returned_the_callers_input_tensor_as_its_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same for the lean path's generated ``run`` (GPU only; here its source, generated for a fake plan with one
+    launch writing the second output, and run on the CPU): the output that is the program's input is a copy."""
+    from types import SimpleNamespace
+
+    torch = pytest.importorskip("torch")
+    from verimirage.backend import runtime
+
+    x = torch.randn(4, 8)
+    prog = SimpleNamespace(input_names=["i0"], returns=[("in", 0), ("buf", 0)], views=[], n_counters=0,
+                           steps=[SimpleNamespace(args=((("in", 0), 2),), outs=((0, (4, 8), "float32"),))])
+    launched: list[int] = []
+    kern = SimpleNamespace(run=lambda *a: launched.append(1), function=None, packed_metadata=None)
+    b0 = torch.empty(4, 8)
+    monkeypatch.setattr(runtime, "_raw_allocator", lambda: None)
+    plan = runtime._LeanPlan.__new__(runtime._LeanPlan)
+    plan.signature = [(tuple(x.shape), x.dtype, tuple(x.stride()), x.data_ptr() % 16 == 0)]
+    plan.guard = plan.out_guard = None
+    plan.c_plan = None
+    plan.counters = None
+    plan.device = x.device
+    plan.returned_bufs = [0]
+    src, env = plan._source(prog, [(kern, (1, 1, 1), [x, 8, 1, b0, 8, 1])],  # type: ignore[arg-type]
+                            {0: ((4, 8), torch.float32)}, {}, 0, {0})
+    hooks = SimpleNamespace(calls=False)
+    env.update(MISS=runtime._MISS, DEV=-1, get_device=lambda: -1, get_stream=lambda d: 7, HOOK_IN=hooks,
+               HOOK_OUT=hooks, bump=lambda ts: None, DEVICE=x.device, capturing=lambda: False,
+               WS=[None, 0, None], empty=torch.empty, uint8=torch.uint8)
+    ns: dict[str, Any] = {}
+    exec(compile(src, "<lean test>", "exec"), env, ns)
+    out = ns["run"](x)
+    assert launched == [1] and out is not runtime._MISS
+    assert out[0] is not x and torch.equal(out[0], x)

@@ -24,6 +24,10 @@ log = logging.getLogger(__name__)
 #: Format version of cache entries; entries of another version are misses.
 ENTRY_FORMAT = 1
 
+#: The largest entry file :meth:`DiskCache.get` reads (64 MiB; the largest search entry seen is 0.33 MB): a larger one
+#: is a corrupt entry, never parsed (its JSON would take the caller's memory and time without a bound)
+MAX_ENTRY_BYTES = 1 << 26
+
 
 def cache_dir() -> Path:
     """The cache directory (created if missing)."""
@@ -75,21 +79,25 @@ class DiskCache:
         return self.dir / f"{key}.json"
 
     def get(self, key: str) -> Any | None:
-        """The value stored under ``key``, or None (a corrupt entry is removed with a warning)."""
+        """The value stored under ``key``, or None (a corrupt entry, one over :data:`MAX_ENTRY_BYTES` included, is
+        removed with a warning: never read further, never an exception)."""
         p = self.path(key)
         try:
-            text = p.read_text()
+            with open(p, "rb") as f:
+                raw = f.read(MAX_ENTRY_BYTES + 1)
         except FileNotFoundError:
             return None
         except OSError as e:
             log.warning("cache entry %s unreadable (%s); ignoring it", p, e)
             return None
         try:
-            entry = json.loads(text)
+            if len(raw) > MAX_ENTRY_BYTES:
+                raise ValueError(f"larger than {MAX_ENTRY_BYTES} bytes, the most an entry may hold; not read further")
+            entry = json.loads(raw.decode())
             if not isinstance(entry, dict) or entry.get("format") != ENTRY_FORMAT or entry.get("key") != key:
                 raise ValueError("not an entry of this format")
             return entry["value"]
-        except (ValueError, KeyError) as e:
+        except (ValueError, KeyError, RecursionError) as e:  # (not UTF-8 is a ValueError; nesting too deep)
             log.warning("cache entry %s is corrupt (%s); discarding it", p, e)
             with contextlib.suppress(OSError):
                 p.unlink()

@@ -267,7 +267,7 @@ class _LeanPlan:
             g = (*grid, 1, 1)
             launches.append((kern, (g[0], g[1], g[2]), call))
         #: what this first call computed (returned to the caller that made the plan)
-        self.first_outputs = tuple(value(r) for r in prog.returns)
+        self.first_outputs = tuple(value(r).clone() if r[0] == "in" else value(r) for r in prog.returns)
         returned = {r[1] for r in prog.returns if r[0] == "buf"}
         ws_off: dict[int, int] = {}
         ws = 0
@@ -343,7 +343,7 @@ class _LeanPlan:
         env: dict[str, Any] = {}
         xs = [f"x{i}" for i in range(n)]
         single = len(prog.returns) == 1
-        rets = [f"x{r[1]}" if r[0] == "in" else f"b{r[1]}" for r in prog.returns]
+        rets = [f"x{r[1]}.clone()" if r[0] == "in" else f"b{r[1]}" for r in prog.returns]  # (as forward's)
         ret_line = f"    return {rets[0]}" if single else f"    return ({', '.join(rets)},)"
 
         def head(name: str, lead: str) -> list[str]:
@@ -733,6 +733,13 @@ class CompiledProgram:
     error). The kernels have no backward: the outputs carry no autograd history even where an input
     requires grad (logged once per program as a warning); ``torch.compile(model,
     backend="verimirage")`` compiles a model's backward.
+
+    **Fresh outputs.** Every call returns new tensors: an output that is one of the program's inputs (a μGraph
+    ``return %0``, e.g. for ``scale(x, 1.0)``) is a copy, never the caller's tensor object, so that the caller
+    mutating its input afterwards does not change the result (as with the source program's ops in eager mode), one
+    copy per output. A kernel's result listed twice (``return %1, %1``) is one tensor returned twice, as a Python
+    function returning ``(y, y)`` would. (Under ``cuda_graph=True`` the outputs are the graph's static buffers, see
+    below.)
 
     **Launch cost.** On a GPU, a call with positional inputs whose signature
     (shapes, dtypes, strides, 16-byte alignment, device) was seen before takes

@@ -358,15 +358,11 @@ _unary("neg", "-x", props=Prop.LINEAR)
 define_op("scale", 1, _U | Prop.LINEAR, _attr_rule("scale", "c"), None, "x * c for a Python constant c", attrs=("c",))
 define_op("shift", 1, _U, _attr_rule("shift", "c"), None, "x + c for a Python constant c", attrs=("c",))
 
-_BINARY: list[tuple[str, Prop, str]] = [
-    ("add", Prop.COMMUTATIVE | Prop.ASSOCIATIVE | Prop.LINEAR, "a + b"),
-    ("sub", Prop.LINEAR | Prop.DIFFERENCE, "a - b"),
-    ("mul", Prop.COMMUTATIVE | Prop.ASSOCIATIVE, "a * b"),
-    ("div", Prop.NORMALISES, "a / b"),
-    ("maximum", Prop.COMMUTATIVE | Prop.ASSOCIATIVE, "elementwise max(a, b)"),
-]
-for _name, _p, _doc in _BINARY:
-    define_op(_name, 2, _B | _p, binary_rule(_name), None, _doc)
+define_op("add", 2, _B | Prop.COMMUTATIVE | Prop.ASSOCIATIVE | Prop.LINEAR, binary_rule("add"), None, "a + b")
+define_op("sub", 2, _B | Prop.LINEAR | Prop.DIFFERENCE, binary_rule("sub"), None, "a - b")
+define_op("mul", 2, _B | Prop.COMMUTATIVE | Prop.ASSOCIATIVE, binary_rule("mul"), None, "a * b")
+define_op("div", 2, _B | Prop.NORMALISES, binary_rule("div"), None, "a / b")
+define_op("maximum", 2, _B | Prop.COMMUTATIVE | Prop.ASSOCIATIVE, binary_rule("maximum"), None, "elementwise max(a, b)")
 
 
 def _reduction(name: str, doc: str, **facts: Any) -> OpDef:

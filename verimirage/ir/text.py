@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import re
+import warnings
 from contextlib import suppress
 from typing import Any
 
@@ -56,9 +57,7 @@ def print_node(n: Node, i: int, nodes: Any = None, indent: str = "") -> str:
     types = ", ".join(str(t) for t in n.outs)
     if n.op == "custom":
         bg: BlockGraph = n.attr("block")
-        return f"{head}{block_head(bg)} : {types} {{\n" + block_body(
-            bg, indent + "  "
-        ) + f"\n{indent}}}"
+        return f"{head}{block_head(bg)} : {types} {{\n" + block_body(bg, indent + "  ") + f"\n{indent}}}"
     if n.op == "fused":
         tg: ThreadGraph = n.attr("thread")
         return f"{head} : {types} {{\n" + thread_body(tg, indent + "  ") + f"\n{indent}}}"
@@ -99,6 +98,8 @@ def print_program(p: Any) -> str:
 _NODE_RE = re.compile(r"^%(\d+)\s*=\s*([A-Za-z_]\w*)(.*)$")
 _TYPE_RE = re.compile(r"^(\w+)\[([\d,\s]*)\]$")
 _REF_RE = re.compile(r"^%(\d+)(?:\.(\d+))?$")
+_ATTRS = "<verimirage attributes>"  # (the file name ast.parse gives: its SyntaxWarnings, '1if', are SyntaxErrors)
+warnings.filterwarnings("error", category=SyntaxWarning, module=re.escape(_ATTRS))
 
 
 class _Lines:
@@ -141,7 +142,7 @@ def _parse_refs(s: str, lineno: int, line: str) -> tuple[Ref, ...]:
 
 def _parse_attrs(s: str, lineno: int, line: str) -> dict[str, Any]:
     with suppress(SyntaxError, ValueError, RecursionError, MemoryError):  # (deep nesting: the parser's stack)
-        call = ast.parse(f"f({s})" if "\\" not in s else "", mode="eval").body  # (no escapes: '\d' only warns)
+        call = ast.parse(f"f({s})" if "\\" not in s else "", _ATTRS, mode="eval").body  # (no escapes: '\d' warns)
         if isinstance(call, ast.Call) and not call.args:  # (one call of keywords only: not 'f(a=1), g(2)')
             return {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords if kw.arg is not None}
     raise _perr(lineno, line, f"bad attributes {{{s[:200]}}}; expected key=literal pairs")

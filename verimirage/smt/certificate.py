@@ -53,8 +53,9 @@ COMPOSED_SCHEMA = "verimirage-composed-certificate/1"
 
 #: how the checker runs the finite-field trials (part of what the seeds are derived from)
 FF_METHOD = "verimirage.smt.ffref: every output element compared; seeds from sha256 of the content"
-#: the most finite-field trials a certificate may ask for
-MAX_TRIALS = 64
+#: the most finite-field trials a certificate may ask for; the largest certificate file read (16 MiB, ~290x the
+#: largest committed one: a larger file is rejected unread, its JSON would take the caller's memory and time)
+MAX_TRIALS, MAX_CERT_BYTES = 64, 1 << 24
 #: environment variables: the checker process's address-space cap (MiB) and wall-clock limit (s)
 MEMORY_ENV, SECONDS_ENV = "VERIMIRAGE_CHECK_MEMORY_MB", "VERIMIRAGE_CHECK_SECONDS"
 DEFAULT_MEMORY_MB, DEFAULT_SECONDS = 8192, 1800.0
@@ -77,11 +78,10 @@ _RULE_NAME = re.compile(r"^[A-Za-z0-9_.:\-]+$")
 
 
 def _check_names(names: Iterable[str]) -> list[str]:
-    out = []
-    for n in names:
+    out = list(names)
+    for n in out:
         if not isinstance(n, str) or not _RULE_NAME.match(n):
             raise ValueError(f"rule name {n!r}: expected letters, digits and _ . : -")
-        out.append(n)
     return out
 
 
@@ -439,7 +439,11 @@ def _text_of(cert: Certificate | ComposedCertificate | str | Path) -> str:
     if not os.path.isfile(cert):  # a typo (or JSON text, a name too long to stat) is not a rejected certificate
         raise FileNotFoundError(f"check_certificate: no certificate file at {str(cert)[:200]!r}")
     try:
-        text = Path(cert).read_text()
+        with open(cert, "rb") as f:  # (a byte more than the cap at most: a larger file is not read further)
+            raw = f.read(MAX_CERT_BYTES + 1)
+        if len(raw) > MAX_CERT_BYTES:
+            raise OSError(f"larger than {MAX_CERT_BYTES:,} bytes, the most a certificate file may hold")
+        text = raw.decode()
     except (OSError, UnicodeDecodeError) as e:
         raise CertificateError(f"certificate {str(cert)!r}: cannot read it ({e})") from None
     try:
@@ -511,8 +515,7 @@ def _isolated(text: str, known: frozenset[str], timeout_s: float, memory_mb: flo
 def check_certificate(
     cert: Certificate | ComposedCertificate | str | Path, *, triton_source: str | None = None, timeout_s: float = 10.0,
     memory_mb: float | None = None, wall_s: float | None = None, isolate: bool = True, triton: bool = True,
-    regenerate: Callable[[str], str] | None = None,
-) -> Verdict:
+    regenerate: Callable[[str], str] | None = None) -> Verdict:
     """Independently re-check a certificate (a :class:`Certificate` or the path of its JSON file); Proved,
     or Unknown naming the first mismatch (see the module docstring).
 
