@@ -224,6 +224,9 @@ class KernelInfo:
     #: with programmatic dependent launch: the kernel's for-loop runs before its wait (it reads only operands no kernel
     #: that may still run writes: :func:`kernel_source`'s ``early_args``)
     early_loop: bool = False
+    #: with programmatic dependent launch: a kernel without a for-loop loads its tiles of the operands no kernel that
+    #: may still run writes before its wait (:data:`PDL_EARLY_LOADS_MIN_BYTES` a block or more)
+    early_loads: bool = False
 
 
 #: A value a kernel reads or writes: ``("in", i)`` the program's i-th input, ``("buf", j)`` the j-th
@@ -360,6 +363,10 @@ class _KernelGen:
         self.early_args: frozenset[int] = frozenset()
         #: set by generate(): the PDL wait follows the for-loop (the loop reads only ``early_args``)
         self.early_loop = False
+        #: set by generate(): a kernel without a for-loop loads its tiles of ``early_args`` before the PDL wait
+        #: (at least :data:`PDL_EARLY_LOADS_MIN_BYTES` a block)
+        self.early_loads = False
+        self.n_early_loads = 0  # (the loads :meth:`_loads_first` moved to the front)
         #: emitted as a device function of a merged launch (:func:`generate`'s ``merge``): the block's index along
         #: launch axis ``j`` is the parameter ``p<j>`` (the merged kernel's caller computes it), not ``tl.program_id``
         self.device_fn = False
@@ -1350,7 +1357,11 @@ class _KernelGen:
         m = f", mask={mask}, other=0.0" if mask else ""
         x = self.fresh("x")
         po = self.padded((i, 0), nodes[i].outs[0])
-        lines.append(f"{acc} = tl.zeros({_shape_text(po)}, tl.float32)")
+        # (the chunks add up elementwise and the row is reduced once after the loop: a reduction across the block in
+        # every iteration waits at a barrier, which keeps the next chunk's load from being issued before it, so
+        # the loop ran one memory round trip a chunk; H100, benchmarks/perf/NOTES.md session 17)
+        part = self.fresh("r")
+        lines.append(f"{part} = tl.zeros({_shape_text(q)}, tl.float32)")
         lines.append(f"for {kc} in range(0, {p[-1] // chunk}):")
         lines.append(f"    {x} = tl.load({ptr}{m}).to(tl.float32)")
         ct = TensorType((*t.shape[:-1], chunk), t.dtype)
@@ -1360,7 +1371,9 @@ class _KernelGen:
             y = self.fresh("x")
             lines.append(f"    {y} = {fn([x], cn.attr_dict, [ct], [ct])}")
             x = y
-        lines.append(f"    {acc} = {acc} + tl.sum({x}, axis={t.rank - 1}, keep_dims=True)")
+        lines.append(f"    {part} = {part} + {x}")
+        red = f"tl.sum({part}, axis={t.rank - 1}, keep_dims=True)"
+        lines.append(f"{acc} = {red}" if tuple(po) == (*p[:-1], 1) else f"{acc} = tl.reshape({red}, {_shape_text(po)})")
         return acc, chain
 
     # ------------------------------------------------------------------ the kernel
@@ -1636,6 +1649,8 @@ class _KernelGen:
         late: list[str] = []
         if self.pdl and self.early_args and looped:
             pre, late = self._after_loop(pre, body)
+        elif self.pdl and self.early_args and self._early_load_bytes() >= PDL_EARLY_LOADS_MIN_BYTES:
+            pre = self._loads_first(pre)
         segs: list[list[str]] = [["    " + s] for s in pre]
         loop_seg = len(segs)
         if looped:
@@ -1661,8 +1676,9 @@ class _KernelGen:
                if not (looped and sg is segs[loop_seg])):
             first = 0  # (never inside a block of statements)
         self.early_loop = bool(self.pdl) and looped and first > loop_seg
-        if not self.early_loop:
-            first = 0  # (a kernel without a loop to run early waits first: a few loads gain little)
+        self.early_loads = bool(self.pdl) and not looped and first >= self.n_early_loads > 0
+        if not (self.early_loop or self.early_loads):
+            first = 0  # (a kernel without a loop and with a few loads of inputs waits first: they gain little)
         elif pf and not self.device_fn:  # (its loop loads those tiles before the wait itself)
             del out[-len(pf):]
         gdc = _gdc_head(self.pdl)
@@ -1703,6 +1719,35 @@ class _KernelGen:
         if not late or names & used or any(assigned & set(ident.findall(st)) for st in late):
             return pre, []
         return [st for st in pre if st not in late], late
+
+    def _early_load_bytes(self) -> int:
+        """Bytes a block loads of the operands in ``early_args`` (padded tiles; 0 with a for-loop): what a kernel
+        without a loop can load before its PDL wait."""
+        if self.bg.frange > 1:
+            return 0
+        live = live_nodes(self.bg.nodes, self.bg.outputs)
+        return sum(math.prod(self.padded((i, 0), n.outs[0])) * self.arg_store[n.attr("arg")].itemsize
+                   for i, n in enumerate(self.bg.nodes)
+                   if i in live and n.op == "input" and n.attr("arg") in self.early_args
+                   and n.attr("arg") not in self.inline)
+
+    def _loads_first(self, pre: list[str]) -> list[str]:
+        """``pre`` (a kernel without a for-loop) with its loads of ``early_args`` moved to the front, in their order:
+        single-line assignments ``v = tl.load(...)`` that need not follow the PDL wait (:meth:`_waits_for`) and read
+        no name another statement of ``pre`` assigns (only the block's indices and the kernel's parameters). The
+        other statements keep their order; a moved load reads nothing they write, so every value is the same."""
+        ident = re.compile(r"[A-Za-z_]\w*")
+        assigned = {m.group(1) for st in pre if (m := re.match(r"(\w+) = ", st))}
+        lhs = [m.group(1) for st in pre if (m := re.match(r"(\w+) = ", st))]
+        early: list[str] = []
+        for st in pre:
+            m = re.match(r"(\w+) = tl\.load\(", st)
+            if (m is None or "\n" in st or self._waits_for(st) or lhs.count(m.group(1)) > 1
+                    or (assigned - {m.group(1)}) & set(ident.findall(st[m.end():]))):
+                continue
+            early.append(st)
+        self.n_early_loads = len(early)
+        return early + [st for st in pre if st not in early] if early else pre
 
     def _waits_for(self, stmt: str) -> bool:
         """Whether ``stmt`` must follow the PDL wait: it stores, or it reads an operand not in ``early_args``."""
@@ -2162,7 +2207,9 @@ def kernel_source(bg: BlockGraph, arg_types: Sequence[TensorType], name: str = "
     memory when they differ from the IR's (fp32 storage of intermediate results). ``pdl`` (see :func:`generate`):
     the kernel starts with ``gdc_wait()`` and calls ``gdc_launch_dependents()`` first ("start") or last ("end").
     ``early_args`` (with ``pdl``): the operands no kernel that may still run can write; the wait goes before the
-    first statement that stores or reads another (:attr:`KernelInfo.early_loop`: after the for-loop). "pre": the
+    first statement that stores or reads another (:attr:`KernelInfo.early_loop`: after the for-loop; without a
+    for-loop, :attr:`KernelInfo.early_loads`: the loads of those operands first, where they are at least
+    :data:`PDL_EARLY_LOADS_MIN_BYTES` a block). "pre": the
     kernel calls ``gdc_launch_dependents()`` before its wait.
     ``device_fn``: a ``@triton.jit`` function a merged kernel calls (:func:`generate`'s ``merge``), its block's
     index along launch axis ``j`` the parameter ``p<j>``; the returned grid is the one it would be launched with.
@@ -2190,7 +2237,7 @@ def kernel_source(bg: BlockGraph, arg_types: Sequence[TensorType], name: str = "
         launch_grid[kg.launch_axes[a]] = g
     return src, KernelInfo(name, -1, tuple(launch_grid), kg.signature, kg.uses_dot,
                            kg.uses_dot and kg.full_dots == 0, launch_axes=tuple(kg.launch_axes),
-                           prefetch=bool(kg.prefetch_fn), early_loop=kg.early_loop)
+                           prefetch=bool(kg.prefetch_fn), early_loop=kg.early_loop, early_loads=kg.early_loads)
 
 
 def _gdc_head(pdl: str) -> list[str]:
@@ -2257,6 +2304,15 @@ PDL_PREFETCH_FIRST_START = True
 #: (:attr:`KernelInfo.early_loop`) lets that one launch at its start ("start": once it has waited itself) where the
 #: block-count rules above would have it wait for the end: the next launch's stream then overlaps this one.
 PDL_START_BEFORE_EARLY_LOOP = True
+#: With ``pdl`` (not the program's first launch): a kernel without a for-loop whose block loads at least this many
+#: bytes of the program's inputs (a split-KV attention kernel's K and V tiles) issues those loads before its
+#: ``gdc_wait`` (:attr:`KernelInfo.early_loads`), and in "auto" the launch before it lets it launch at its start
+#: (as for an early loop: :data:`PDL_START_BEFORE_EARLY_LOOP`), so that its stream overlaps that launch. Below it the
+#: kernel waits first: a few loads gain little (what they wait for after the wait is a round trip to memory anyway),
+#: and tiles up to :data:`PDL_PREFETCH_BYTES` are prefetched into L2 instead. H100, 2026-11-27 10:09 UTC (benchmarks/
+#: results/layer17_h100_2026-11-27/, A B A B in one call): the decode layer at bs1, merged, PDL auto, 190.43 / 190.32 us
+#: -> 189.09 / 188.99 (its split-KV attention's 64 KB of K and V a block stream while the rotary before it runs)
+PDL_EARLY_LOADS_MIN_BYTES = 32768
 #: ``pdl="auto"`` (without ``last_block``): a split kernel and its combine kernel run as one last-block launch
 #: (:func:`_last_block_units`) where the launch after the combine runs its for-loop before its wait, which then
 #: starts one launch hop sooner (LoRA's ``X A`` split over K, its sum, then the weight stream with ``(X A) B`` after
@@ -3030,7 +3086,10 @@ def generate(program: Any, tiles: TileOptions | None = None,
         # "auto": whether the launch after launch ``i`` is a kernel of its own that streams its for-loop (over the
         # program's inputs) before its wait
         nxt = next_unit.get(i)
-        return nxt is not None and plain(nxt) and member(nxt, nxt[0], "end", True)[1].early_loop
+        if nxt is None or not plain(nxt):
+            return False
+        info = member(nxt, nxt[0], "end", True)[1]
+        return info.early_loop or info.early_loads
 
     def pre_pays(unit: list[int]) -> bool:
         # "auto": a launch (a kernel of its own or a last-block launch, not the program's first) lets the next one

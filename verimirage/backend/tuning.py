@@ -75,6 +75,9 @@ class KernelShape:
     #: a loop-varying input tile that no product reads (not a bool mask) combined with a product's result: an
     #: elementwise stream beside the products, such as an additive bias on attention's scores
     side_stream: bool = False
+    #: a product of the loop body whose operand the loop computes (elementwise) from a loaded tile, not the tile
+    #: itself: a weighted norm in the prologue (``stabilise.prologue_norm_scales``: ``(x / s) * w`` each iteration)
+    operand_chain: bool = False
 
 
 def kernel_shape(bg: BlockGraph, arg_types: Sequence[TensorType]) -> KernelShape:
@@ -141,8 +144,16 @@ def kernel_shape(bg: BlockGraph, arg_types: Sequence[TensorType]) -> KernelShape
         chunked = kg.chunked_dots(live, uses_, kg.dot_operand_inputs(live, uses_))
         chunks = max((kg.padded(bg.nodes[i].args[0], bg.nodes[bg.nodes[i].args[0][0]].outs[0])[-1] // c
                       for i, c in chunked.items()), default=0)
+    # (an operand the loop body computes: neither loaded as it is nor a loop-invariant value)
+    invariant: list[bool] = []
+    for n in bg.nodes:
+        invariant.append(n.attr("fmap") is None if n.op == "input" else not OPS[n.op].has(Prop.LOOP)
+                         and all(invariant[a] for a, _ in n.args))
+    operand_chain = bg.frange > 1 and any(
+        not post[i] and any(bg.nodes[a].op != "input" and not invariant[a] and not OPS[bg.nodes[a].op].has(
+            Prop.CONTRACTION) for a, _ in bg.nodes[i].args) for i in mm)
     return KernelShape(math.prod(bg.grid), bg.frange, len(mm), rows, chained, stage, biggest, cols, side, chunks,
-                       stream)
+                       stream, operand_chain)
 
 
 def flat_pays(bg: BlockGraph, arg_types: Sequence[TensorType]) -> bool:
@@ -227,6 +238,13 @@ def _measured(bg: BlockGraph, arg_types: Sequence[TensorType]) -> LaunchConfig:
         # Where three fit, two starve the stream (an H100, 2026-11-26: gated_mlp_bs1's first candidate, 32 blocks
         # of two 128-column products, 56.7 us at 2 stages, 30.8 at 3; benchmarks/results/suite_h100_2026-11-26_s11)
         stages = 3
+    if s.operand_chain and s.dot_rows > 1 and min_m == 16 and s.blocks <= NUM_SMS:
+        # one block an SM whose loop computes a product's operand (the weighted norm's x r w, padded to 16 rows) and
+        # stores it for mma.sync every iteration: at 4 warps (one a scheduler) that chain's latency is exposed. H100,
+        # 2026-11-27 10:13 UTC (benchmarks/results/layer17_h100_2026-11-27/call2_prologue_layer17_*.json): rms_norm(x,
+        # w) @ W, 96 blocks of 64 columns, 2 / 16 rows: 40.5 / 42.0 us at 4 warps, 21.7 / 22.4 at 8 (unweighted
+        # 20.7); a one-row product (a 16-row row dot) ran slower at 8 (q shape 15.1 -> 21.2), so not those
+        return LaunchConfig(8, stages, TileOptions(dot_min_m=min_m))
     if s.blocks <= NUM_SMS // 2 and s.frange >= 8:
         # few blocks (half the SMs or fewer, one block each): every block's stream is latency-bound, so keep
         # more tiles in flight per block (the layer's 64-block o projection at 4 stages: 26.8 us for 33.6 MB on

@@ -145,12 +145,15 @@ class Hardware:
     reduce_iteration_s: float = 3.0e-7
     #: a for-loop's kernel that computes a row statistic before its loop from rows it streams in chunks
     #: (``stabilise.prologue_norm_scales``, codegen's ``chunked_sums``) and scales each loaded operand tile by it
-    #: waits about this long a chunk where one block has its SM to itself, and not at all where another block's loop
-    #: runs beside it (H100 2026-11-27 07:20 UTC, benchmarks/results/weight_scale_ab_h100_2026-11-27b.json:
-    #: rms_norm(x, w) @ W over K = 4096, 32 chunks, 96 blocks 41.5 / 42.9 us against 20.7 / 20.8 for the same
-    #: kernel unweighted, 0.65 us a chunk; 224 blocks, two an SM, 43.7 against 41.6 at 8 rows, 74.3 against 81.6 at
-    #: 1 row)
-    prologue_chunk_s: float = 6.5e-7
+    #: takes about this long a chunk more than the same kernel unweighted, where one block has its SM to itself.
+    #: H100 2026-11-27 10:13 UTC (benchmarks/results/layer17_h100_2026-11-27/call2_prologue_layer17_*.json), with the
+    #: chunks added up elementwise and the row reduced once after their loop (codegen since the seventeenth session):
+    #: rms_norm(x, w) @ W at 1 x 4096 x 4096, 32 chunks, 128 blocks 15.1 us against 9.6 unweighted (0.17 us a
+    #: chunk); 256 blocks 26.9 against 22.1; 96 blocks of 2 / 16 rows at 8 warps (tuning's rule) 21.7 / 22.4 against
+    #: 20.7. Before (one reduction across the block a chunk, its barrier holding the next chunk's load), 0.65 us a
+    #: chunk: 23.3 at 128 blocks, 41.5 / 42.9 at 96 (07:20 UTC, results/weight_scale_ab_h100_2026-11-27b.json).
+    #: Not charged where two blocks share an SM, though 256 blocks still paid 4.8 us (0.15 a chunk)
+    prologue_chunk_s: float = 1.7e-7
     #: a tile stored in rows narrower than an L2 ``sector`` (32 bytes: a transposed store, each block writing a
     #: few elements of every row) costs ``(sector / run) ** sector_write_exponent`` times its bytes, however the
     #: grid walks it: each partial sector is a separate store transaction (H100, rotary_attention run 8: the
