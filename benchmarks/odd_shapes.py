@@ -13,7 +13,8 @@ estimate per element) exceed its twin's.
 (forward, or with ``--train`` a training step; kernels of the taken partitions and the share of ATen ops
 captured)::
 
-    TRITON_INTERPRET=1 python benchmarks/odd_shapes.py [--graphs] [--modules [--train]] [--out FILE] [NAME ...]
+    TRITON_INTERPRET=1 python benchmarks/odd_shapes.py [--graphs] [--modules [--train]] [--no-tails] [--out FILE]
+        [NAME ...]
     python benchmarks/odd_shapes.py --render FILE [--before FILE]
 """
 
@@ -265,7 +266,13 @@ FAMILIES: dict[str, tuple[Callable[..., vm.Graph], tuple[int, ...], list[tuple[t
                                                           ((8, 64, 1155), "1155 columns (3 x 5 x 7 x 11)"),
                                                           ((16, 2048, 151936), "Qwen2 vocabulary 151936, full")]),
     "token_rows_linear": (rmsnorm_linear, (64, 768, 3072), [((77, 768, 3072), "77 tokens"),
-                                                             ((197, 768, 3072), "197 tokens")]),
+                                                             ((197, 768, 3072), "197 tokens"),
+                                                             ((1000, 768, 3072), "1000 tokens"),
+                                                             ((1023, 768, 3072), "1023 tokens (3 x 11 x 31)")]),
+    "long_causal_attention": (causal, (2, 1024, 64), [((2, 1000, 64), "1000 tokens"),
+                                                       ((2, 1023, 64), "1023 tokens (3 x 11 x 31)")]),
+    "lm_head_rows": (logit_softcap, (64, 768, 4096), [((197, 768, 4096), "197 tokens"),
+                                                      ((1023, 768, 4096), "1023 tokens")]),
 }
 
 
@@ -273,14 +280,15 @@ def _cost_elems(g: vm.Graph) -> int:
     return sum(math.prod(t.shape) for t in g.inputs)
 
 
-def run_graph(family: str, dims: tuple[int, ...], what: str) -> dict[str, Any]:
-    """One search: kernels, the estimate, search seconds, Proved (or the error)."""
+def run_graph(family: str, dims: tuple[int, ...], what: str, tails: bool = True) -> dict[str, Any]:
+    """One search: kernels, the estimate, search seconds, Proved (or the error). ``tails=False``: without masked
+    tail tiles (the partitioner's block counts all divide their dims, as before the seventeenth session)."""
     build = FAMILIES[family][0]
     g = build(*dims)
     row: dict[str, Any] = {"family": family, "dims": list(dims), "what": what, "in_elems": _cost_elems(g)}
     t0 = time.perf_counter()
     try:
-        res = vm.superoptimize(g, cache=False)
+        res = vm.superoptimize(g, cache=False, tails=tails)
     except Exception as e:  # a row, not a crash: the sweep goes on
         row.update(search_s=round(time.perf_counter() - t0, 2), error=f"{type(e).__name__}: {e}"[:300])
         return row
@@ -385,6 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modules", action="store_true")
     ap.add_argument("--train", action="store_true", help="with --modules: training steps, not forwards")
     ap.add_argument("--out", help="append the rows to this file too")
+    ap.add_argument("--no-tails", action="store_true", help="search without masked tail tiles (the 'before')")
     ap.add_argument("--render")
     ap.add_argument("--before", help="with --render: the rows of an earlier run, for a 'kernels before' column")
     a = ap.parse_args(argv)
@@ -403,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
             if a.names and fam not in a.names:
                 continue
             for dims, what in [(twin, "twin (powers of two)"), *odd]:
-                emit(run_graph(fam, dims, what))
+                emit(run_graph(fam, dims, what, not a.no_tails))
     if a.modules:
         for name, twin, odd in MODULE_CASES:
             if a.names and name not in a.names:

@@ -262,3 +262,57 @@ def test_tailed_kernels_compile_for_sm90(tmp_path: Any) -> None:
             generate(_best(_causal(2, 197, 64, vm.float16)).mugraph)]
     rep = compile_modules([write_module(ms, tmp_path / str(i)) for i, ms in enumerate(mods)])
     assert all(r["ok"] for kernels in rep.values() for r in kernels.values()), rep
+
+
+@pytest.mark.parametrize(("n", "tailed"), [(200, False), (197, True)])
+def test_a_persistent_kernels_tile_waits_wait_whole_for_a_masked_tail(n: int, tailed: bool) -> None:
+    """``tile_box`` (persistent kernels' per-tile waits, opt-in) computed a producer's slab as ``shape / grid``:
+    with a masked tail (197 rows in 4 blocks of 50) that is 49, the wrong producer blocks. A tailed pair now waits
+    for the whole producer (None); the dividing twin keeps its one-block box."""
+    from verimirage.backend.codegen import tile_box
+
+    mg = vm.MuGraph()
+    x = mg.input("X", (n, 16), F32)
+    b = BlockBuilder((4,), 1)
+    b.output(b.exp(b.input(0, x.type, (0,))), (0,))
+    (y,) = mg.custom(b.build(), [x], [(n, 16)])
+    c = BlockBuilder((4,), 1)
+    inp = c.input(0, y.type, (0,))
+    c.output(c.exp(inp), (0,))
+    cons = c.build()
+    box = tile_box(b.build(), 0, cons, inp.node, (n, 16))
+    assert (box is None) == tailed, box
+
+
+def _softcap_head(m: int, k: int, v: int, dt: Any) -> vm.Graph:
+    g = vm.Graph()
+    x, w = g.input("x", (m, k), dt), g.input("w", (k, v), dt)
+    g.output(g.scale(g.tanh(g.scale(g.matmul(x, w), 1 / 30)), 30.0))
+    return g
+
+
+def _rmsnorm_linear(m: int, k: int, n: int, dt: Any) -> vm.Graph:
+    g = vm.Graph()
+    x, w, p = g.input("x", (m, k), dt), g.input("w", (1, k), dt), g.input("m", (k, n), dt)
+    g.output(g.matmul(g.mul(g.rms_norm(x), g.shift(w, 1.0)), p))
+    return g
+
+
+@pytest.mark.parametrize("dt", ["float32", "float16"])
+@pytest.mark.parametrize(("build", "dims"), [(_softcap_head, (8, 64, 1155)), (_softcap_head, (4, 64, 2374)),
+                                             (_rmsnorm_linear, (16, 128, 344)), (_rmsnorm_linear, (77, 64, 48))])
+def test_the_searchs_tailed_candidates_run_and_match_float64(build: Any, dims: tuple[int, ...], dt: str) -> None:
+    """The odd-shape sweep's rows that masked tails improved (an LM head over 1155 and 2374 = 2 x 1187 columns,
+    a projection to 344 = 8 x 43 columns, 77 token rows): the best candidate has a tailed kernel, runs, matches."""
+    g = build(*dims, getattr(vm, dt))
+    best = _best(g)
+    assert _proved(best.verdict)
+    tailed = [n for n in best.mugraph.nodes if n.op == "custom" and any(
+        k.op == "input" and any(d is not None and k.outs[0].shape[d] * gr != k.attr("shape")[d]
+                                for d, gr in zip(k.attr("imap"), n.attr("block").grid, strict=True))
+        for k in n.attr("block").nodes)]
+    assert tailed, best.mugraph
+    ins = _inputs(g, 8, scale=0.5)
+    (got,) = _run(best.mugraph, g, ins, dt)
+    (want,) = vm.evaluate(g, ins)
+    np.testing.assert_allclose(got, want, rtol=_TOL[dt], atol=_TOL[dt] * max(1.0, np.abs(want).max()))

@@ -2623,6 +2623,9 @@ def tile_box(producer: BlockGraph, out: int, consumer: BlockGraph, inp: Node,
             continue
         b = imap.index(d)
         tc = shape[d] // consumer.grid[b]
+        ct = inp.outs[0].shape[d] * (consumer.frange if inp.attr("fmap") == d else 1)
+        if producer.type_of(producer.outputs[out]).shape[d] != tp or ct != tc or tc * consumer.grid[b] != shape[d]:
+            return None  # (a masked tail on either side: the slabs are rounded-up tiles; waited for whole)
         if tc % tp == 0:
             box.append((b, tc // tp, 1, tc // tp))
         elif tp % tc == 0:
@@ -2825,7 +2828,9 @@ def last_block_plan(nodes: Sequence[Node], s: int, c: int) -> LastBlock | None:
             d = bs.omaps[nc.args[n.attr("arg")][1]].dims[a]
             imap = tuple(n.attr("imap"))
             b = imap.index(d) if d in imap else None
-            if b is None or bc.grid[b] % ga:
+            ts = bs.type_of(bs.outputs[nc.args[n.attr("arg")][1]]).shape[d]  # (the slab split block j // r wrote)
+            if b is None or bc.grid[b] % ga or n.outs[0].shape[d] * (bc.frange if n.attr("fmap") == d else 1) * (
+                    bc.grid[b] // ga) != ts:  # (and with a masked tail the rounded-up tiles must still nest)
                 pairs.add((-1, 0))
             else:
                 pairs.add((b, bc.grid[b] // ga))
