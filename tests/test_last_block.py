@@ -201,8 +201,11 @@ def test_last_block_by_default_only_where_a_group_has_one_combine_block(monkeypa
     assert len(generate(MuGraph.parse(SPLIT_KV_ONE), last_block=True).steps) == 1
 
 
-def test_last_block_launch_text() -> None:
-    """One launch instead of two; the counters are taken first; the combine is called from the counter's branch."""
+def test_last_block_launch_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One launch instead of two; the counters are taken first; the combine is called from the counter's branch
+    (in the block graph's launch order, then with the split kernel's query tiles launched first:
+    ``codegen.SHARER_ORDER``, where a group's counter follows the launch axes)."""
+    monkeypatch.setattr(codegen, "SHARER_ORDER", False)
     mg = MuGraph.parse(SPLIT_KV_STABLE)
     two, one = generate(mg), generate(mg, last_block=True)
     assert len(two.steps) == 2 and len(one.steps) == 1 and two.counters == 0 and one.counters == 4
@@ -214,6 +217,11 @@ def test_last_block_launch_text() -> None:
         in src
     assert src.index("tl.debug_barrier()") < src.index("tl.atomic_add(")
     assert "if arrived == 3:" in src and "tl.atomic_xchg(" in src
+    monkeypatch.setattr(codegen, "SHARER_ORDER", True)
+    src = generate(mg, last_block=True).source
+    assert 'tl.atomic_add(ctr_ptr + 0 + tl.program_id(1) * 2 + tl.program_id(0), 1, sem="acq_rel", scope="gpu")' \
+        in src
+    assert "k4(tl.program_id(1), tl.program_id(0) * 4 + j % 4, 0," in src
 
 
 @interp

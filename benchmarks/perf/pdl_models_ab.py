@@ -50,19 +50,32 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "lb": {**_OFF, **_LB},
     "lb_pf132": {**_OFF, **_LB, "PDL_PREFETCH_FIRST_MAX_BLOCKS": 132},
     "lb_nofill": {**_OFF, **_LB, "counters_outside_capture": True},
+    # seventeenth session: a looped product kernel's blocks that share streamed tiles launched first
+    # (codegen.SHARER_ORDER) against this commit's other defaults (the 10:08 UTC call also had an "evict" variant,
+    # a tuning rule since removed: benchmarks/results/pdl_models_ab_h100_2026-11-27_1008.json)
+    "base": {"SHARER_ORDER": False},
+    "again_base": {"SHARER_ORDER": False},
 }
 
 #: the models programs whose PDL text PDL_PREFETCH_FIRST_MAX_BLOCKS changes (fifteenth session's note)
 CASES = ["lora_scaled", "layernorm_linear", "activations", "qkv_bias", "gelu_mlp", "decode_gqa", "rotary_attention"]
 
 
+def _suite(case: str) -> tuple[str, int] | None:
+    """(program, batch) of a suite case name such as ``gqa_bs8``; None for a models-set program."""
+    head, _, b = case.rpartition("_bs")
+    return (head, int(b)) if head and b.isdigit() else None
+
+
 def _pick(case: str) -> str:
     root = HERE.parent
-    doc = json.loads((root / "results" / "models.json").read_text())
+    suite = _suite(case)
+    doc = json.loads((root / "results" / ("latest.json" if suite else "models.json")).read_text())
     for r in doc["rows"]:
         if r["case"] == case and r.get("verimirage_mugraph"):
             return str(r["verimirage_mugraph"])
-    return str(json.loads((root / "candidates_models" / f"{case}.json").read_text())["candidates"][0]["mugraph"])
+    folder, name = ("candidates", case) if suite else ("candidates_models", case)
+    return str(json.loads((root / folder / f"{name}.json").read_text())["candidates"][0]["mugraph"])
 
 
 def _counters_outside_capture(fn: Any, ins: list[Any]) -> None:
@@ -93,11 +106,13 @@ def run_case(case: str, variants: list[str], rounds: int, ceil: dict[str, float]
     from verimirage.backend import codegen
     from verimirage.backend.codegen import LaunchConfig
 
-    g, _ = bench.case_graph(case, 1, True)
-    ins = bench.make_inputs(g, case, seed=1)
+    suite = _suite(case)
+    name_, batch = suite if suite else (case, 1)
+    g, _ = bench.case_graph(name_, batch, not suite)
+    ins = bench.make_inputs(g, name_, seed=1)
     ref = bench.torch_fn(g)(*[x.double() for x in ins])
     by = bench.min_bytes(g)
-    sets = [ins] + [bench.make_inputs(g, case, seed=1 + 1000 * i) for i in range(1, bench.rotation(by, True))]
+    sets = [ins] + [bench.make_inputs(g, name_, seed=1 + 1000 * i) for i in range(1, bench.rotation(by, True))]
     floor = 1e6 * max(by / ceil["copy_bytes_per_s"], bench.flops(g) / ceil["bf16_flops_per_s"])
     mg = vm.MuGraph.parse(_pick(case))
     row: dict[str, Any] = {"case": case, "floor_us": floor, "rotate": len(sets), "mugraph": str(mg), "variants": {}}
@@ -107,14 +122,15 @@ def run_case(case: str, variants: list[str], rounds: int, ceil: dict[str, float]
         rec: dict[str, Any] = {"settings": VARIANTS[name]}
         row["variants"][name] = rec
         settings = {k: v for k, v in VARIANTS[name].items() if k.isupper()}
-        saved = {k: getattr(codegen, k) for k in settings}
+        owner = {k: codegen for k in settings}
+        saved = {k: getattr(owner[k], k) for k in settings}
         try:
             for k, v in settings.items():
-                setattr(codegen, k, v)
+                setattr(owner[k], k, v)
             t0 = time.perf_counter()
             fn = vm.compile(mg, config=LaunchConfig(tuned=True))
             same = next((n for n, t in texts.items() if t == fn.source), None)
-            if same is not None and name != "again" and not VARIANTS[name].get("counters_outside_capture"):
+            if same is not None and not name.startswith("again") and not VARIANTS[name].get("counters_outside_capture"):
                 rec["same_as"] = same
                 continue
             if VARIANTS[name].get("counters_outside_capture"):
@@ -132,7 +148,7 @@ def run_case(case: str, variants: list[str], rounds: int, ceil: dict[str, float]
             log.exception("variant %s of %s failed", name, case)
         finally:
             for k, v in saved.items():
-                setattr(codegen, k, v)
+                setattr(owner[k], k, v)
     from pdl_prefetch import time_variants
 
     time_variants(row["variants"], fns, rounds, floor, lambda fn: bench.bench_sets(fn, sets))

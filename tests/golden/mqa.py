@@ -30,7 +30,7 @@ import triton.language as tl
 @triton.jit
 def k3(a0_ptr, a0_s0, a0_s1, a0_s2, a1_ptr, a1_s0, a1_s1, a1_s2, a2_ptr, a2_s0, a2_s1, a2_s2, o0_ptr, o0_s0, o0_s1, o0_s2):
     """Block graph: grid (1, 4), for-loop of 4."""
-    pid1 = tl.program_id(1)
+    pid1 = tl.program_id(0)
     v0 = tl.load(a0_ptr + (pid1 * 16 + tl.arange(0, 64)[:, None]) * a0_s1 + (tl.arange(0, 16)[None, :]) * a0_s2, mask=(tl.arange(0, 64)[:, None] < 16), other=0.0).to(tl.float32)
     v6_e = tl.zeros((1, 64, 32), tl.float32)
     v8 = tl.zeros((64, 16), tl.float32)
@@ -66,5 +66,5 @@ SIGNATURES = {
 def forward(Q, K, V):
     """Run the kernels in order; returns the outputs."""
     t3_0 = torch.empty((1, 64, 16), device=Q.device, dtype=torch.float16)
-    k3[(1, 4)](Q, Q.stride(0), Q.stride(1), Q.stride(2), K, K.stride(0), K.stride(1), K.stride(2), V, V.stride(0), V.stride(1), V.stride(2), t3_0, t3_0.stride(0), t3_0.stride(1), t3_0.stride(2), **LAUNCH['k3'])
+    k3[(4, 1)](Q, Q.stride(0), Q.stride(1), Q.stride(2), K, K.stride(0), K.stride(1), K.stride(2), V, V.stride(0), V.stride(1), V.stride(2), t3_0, t3_0.stride(0), t3_0.stride(1), t3_0.stride(2), **LAUNCH['k3'])
     return (t3_0,)

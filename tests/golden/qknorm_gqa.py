@@ -40,9 +40,9 @@ import triton.language as tl
 @triton.jit
 def k3(a0_ptr, a0_s0, a0_s1, a0_s2, a1_ptr, a1_s0, a1_s1, a1_s2, a2_ptr, a2_s0, a2_s1, a2_s2, o0_ptr, o0_s0, o0_s1, o0_s2, o1_ptr, o1_s0, o1_s1, o1_s2):
     """Block graph: grid (2, 2, 2), for-loop of 2."""
-    pid0 = tl.program_id(0)
-    pid1 = tl.program_id(1)
-    pid2 = tl.program_id(2)
+    pid0 = tl.program_id(1)
+    pid1 = tl.program_id(2)
+    pid2 = tl.program_id(0)
     v0 = tl.load(a0_ptr + (pid0 * 1 + tl.arange(0, 1)[:, None, None]) * a0_s0 + (pid2 * 16 + tl.arange(0, 64)[None, :, None]) * a0_s1 + (tl.arange(0, 16)[None, None, :]) * a0_s2, mask=(tl.arange(0, 64)[None, :, None] < 16), other=0.0).to(tl.float32)
     v3 = (v0 * tl.rsqrt(tl.sum(v0 * v0, axis=2, keep_dims=True) * 0.0625 + 1e-06))
     v8 = tl.zeros((64, 16), tl.float32)

@@ -1958,10 +1958,9 @@ def _stream_order(bg: BlockGraph, arg_types: Sequence[TensorType], out_types: Se
     CUDA starts blocks in order of their linear index, axis 0 fastest. batchnorm_relu's grid (32 channel groups,
     49 column tiles) launched channel groups fastest, so the blocks in flight read 128-byte runs 6 KB apart in every
     row at once; launched column tiles fastest, consecutive blocks read consecutive runs of the same rows (a flat
-    elementwise kernel's order). Kernels with ``tl.dot`` keep their order (which blocks share an operand in L2 is
-    the GEMM's concern)."""
+    elementwise kernel's order). Kernels with ``tl.dot`` take :func:`_sharer_order` instead."""
     if any(OPS[n.op].has(Prop.CONTRACTION) for n in bg.nodes):
-        return None
+        return _sharer_order(bg) if SHARER_ORDER else None
     cands: list[tuple[int, tuple[int | None, ...], TensorType]] = []
     for n in bg.nodes:
         if n.op == "input":
@@ -1977,6 +1976,35 @@ def _stream_order(bg: BlockGraph, arg_types: Sequence[TensorType], out_types: Se
         return None
     order = sorted(split, key=lambda a: -(imap[a] or 0)) + [a for a in range(len(bg.grid)) if a not in split]
     return None if order == list(range(len(bg.grid))) else order
+
+
+#: a looped kernel with ``tl.dot`` launches first the grid axes along which its blocks read the same streamed tiles
+#: (:func:`_sharer_order`). Measured on an H100, 2026-11-27 (benchmarks/perf/NOTES.md session 17m): bias_attention's
+#: 64 x 64 design (16 heads x 16 query tiles), heads fastest against a head's query tiles consecutive, launched
+#: directly 20.04 / 19.74, 20.24 / 19.91 and 20.53 / 19.79 us in three calls (10:05, 10:13, 10:17 UTC), through
+#: vm.compile with PDL 20.02-20.31 / 19.93 (10:08); the suite's split-KV gqa / mqa / qknorm kernels and
+#: rotary_attention -0.3 to +0.05 us (benchmarks/results/pdl_models_ab_h100_2026-11-27_1008.json)
+SHARER_ORDER = True
+
+
+def _sharer_order(bg: BlockGraph) -> list[int] | None:
+    """The launch order (fastest first) of a kernel with a for-loop whose streamed inputs several blocks read: the
+    grid axes that index none of those shared streamed inputs first (the blocks that differ only along them read the
+    same tiles in the same iteration, so they start together on neighbouring SMs and the tiles come from DRAM once,
+    from L2 to the others: attention's query tiles of one head, which share its K and V tiles), the others after
+    them in the grid's order; None when that is the grid's own order, the loop is absent or no streamed input is
+    shared. A GEMM's two operands are each shared along the other's axis, so no axis shares both: its order stays
+    (the grid's own), as does a GEMV's (one axis, already first)."""
+    if bg.frange <= 1:
+        return None
+    shared = [n.attr("imap") for n in bg.nodes if n.op == "input" and n.attr("fmap") is not None
+              and any(g > 1 and n.attr("imap")[a] is None for a, g in enumerate(bg.grid))]
+    if not shared:
+        return None
+    split = [a for a, g in enumerate(bg.grid) if g > 1]
+    first = [a for a in split if all(imap[a] is None for imap in shared)]
+    order = first + [a for a in range(len(bg.grid)) if a not in first]
+    return None if not first or order == list(range(len(bg.grid))) else order
 
 
 def _launch_axes(grid: tuple[int, ...], order: Sequence[int] | None = None) -> list[int]:
