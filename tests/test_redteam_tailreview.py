@@ -1,0 +1,84 @@
+"""Red team of the masked tail tiles (74f80e3, docs/architecture.md "Masked tails"), session 17.
+
+A block's tile along a dim is ``ceil(n / blocks)``: the blocks of two kernels over the same 197 rows no longer nest
+as ``n / blocks`` says (2 blocks of 99 rows and 4 of 50: the second block of 50, rows 50..99, reads both blocks of
+99). The launch forms that wait for *some* producer blocks (persistent tile waits, last-block combines) derived the
+blocks a consumer reads from ``n // blocks`` (fixed in 326e2a1, found at the same time by its author); these tests
+check every row a consumer block reads is written by a block it waits for, on pairs 326e2a1's own test leaves out (a
+wait on a block that does not exist, a last-block combine of a proved program).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import verimirage as vm
+from verimirage.backend.codegen import box_blocks, generate, last_block_plan, tile_box
+from verimirage.ir import BlockBuilder
+from verimirage.ir.graph import node_list
+
+F16 = vm.float16
+
+
+def _rows(n: int, gp: int, gc: int) -> vm.MuGraph:
+    """exp over ``n`` rows in ``gp`` row blocks, then relu over them in ``gc`` row blocks (masked tails)."""
+    mg = vm.MuGraph()
+    x = mg.input("X", (n, 8), F16)
+    b = BlockBuilder((gp,), 1)
+    b.output(b.exp(b.input(0, x.type, (0,))), (0,))
+    (y,) = mg.custom(b.build(), [x], [(n, 8)])
+    c = BlockBuilder((gc,), 1)
+    c.output(c.relu(c.input(0, y.type, (0,))), (0,))
+    (o,) = mg.custom(c.build(), [y], [(n, 8)])
+    mg.output(o)
+    return mg
+
+
+@pytest.mark.parametrize(("n", "gp", "gc"), [(197, 2, 4), (5, 3, 2), (37, 2, 37), (197, 4, 2), (12, 2, 4)])
+def test_tile_waits_under_a_masked_tail_missed_a_producer_block(n: int, gp: int, gc: int) -> None:
+    """197 rows in 2 producer blocks (99 rows each) and 4 consumer blocks (50 each): ``tile_box`` took the slabs as
+    ``197 // 2 = 98`` and ``197 // 4 = 49`` rows, so consumer block 1 (rows 50..99) waited for producer block 0
+    only and read row 99 before block 1 wrote it (5 rows in 3 and 2 blocks: consumer block 1 waited for producer
+    blocks 2 and 3, of which 3 does not exist: its flag is never set). Now a tailed slab is waited for whole."""
+    mg = _rows(n, gp, gc)
+    nodes = node_list(mg)
+    (inp,) = [k for k in nodes[2].attr("block").nodes if k.op == "input"]
+    box = tile_box(nodes[1].attr("block"), 0, nodes[2].attr("block"), inp, (n, 8))
+    tp, tc = -(-n // gp), -(-n // gc)
+    src = generate(mg, persistent=True, tile_waits=True).source
+    if box is None:
+        assert "fb = ctr_ptr" not in src and 'sem="acquire"' in src
+        return
+    assert n % gp == 0 and n % gc == 0  # (only exact slabs get a box)
+    for c in range(gc):
+        need = {r // tp for r in range(c * tc, min(n, c * tc + tc))}
+        got = {blk[0] for blk in box_blocks(box, (c,))}
+        assert need <= got and max(got) < gp, (c, box)
+
+
+def test_last_block_combine_read_rows_of_another_group_under_a_masked_tail() -> None:
+    """A split kernel over 200 rows in 4 blocks (50 each) whose partials are cropped to 150 rows, combined in 4
+    blocks of ``ceil(150 / 4) = 38`` rows: ``last_block_plan`` matched combine block ``j`` with split group ``j``
+    (4 % 4 == 0), so combine block 1 (rows 38..75) ran in the last block of group 1 and read rows 38..49 that group
+    0 writes, with no wait for it (VERIMIRAGE_LASTBLOCK=1). The pair is proved; the plan must not pair slabs that
+    do not nest."""
+    n0, m, k, s, g = 200, 150, 16, 2, 4
+    src = vm.Graph()
+    x0 = src.input("X", (n0, k), vm.float32)
+    src.output(src.sum(src.slice(x0, 0, 0, m), 1))
+    mg = vm.MuGraph()
+    x = mg.input("X", (n0, k), vm.float32)
+    b = BlockBuilder((g, s), 1)
+    b.output(b.sum(b.input(0, x.type, (0, 1)), 1), (0, 1))
+    (p,) = mg.custom(b.build(), [x], [(m, s)])
+    c = BlockBuilder((g,), s)
+    c.output(c.loop_sum(c.input(0, p.type, (0,), 1)), (0,))
+    (o,) = mg.custom(c.build(), [p], [(m, 1)])
+    mg.output(o)
+    assert isinstance(vm.verify(src, mg), vm.Proved)
+    plan = last_block_plan(node_list(mg), 1, 2)
+    ts, tc = -(-n0 // g), -(-m // g)
+    for a, bb, r in plan.matched if plan is not None else ():
+        assert a == 0 and bb == 0
+        for j in range(g):  # combine block j runs in split group j // r: its rows must all be that group's
+            assert {row // ts for row in range(j * tc, min(m, j * tc + tc))} == {j // r}, (j, plan)
