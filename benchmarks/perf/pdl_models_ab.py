@@ -55,6 +55,12 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # a tuning rule since removed: benchmarks/results/pdl_models_ab_h100_2026-11-27_1008.json)
     "base": {"SHARER_ORDER": False},
     "again_base": {"SHARER_ORDER": False},
+    # a few-block kernel (layernorm_linear's LayerNorm, 16 blocks) lets the next launch start at its start; that one
+    # prefetches its first weight tiles into L2 before its wait (16 KB a block, none, 64 KB)
+    "again_now": {},
+    "own64": {"PDL_EARLY_OWN_MAX_BLOCKS": 64},
+    "own64_nopf": {"PDL_EARLY_OWN_MAX_BLOCKS": 64, "PDL_PREFETCH_BYTES": 0},
+    "own64_pf64k": {"PDL_EARLY_OWN_MAX_BLOCKS": 64, "PDL_PREFETCH_BYTES": 65536},
 }
 
 #: the models programs whose PDL text PDL_PREFETCH_FIRST_MAX_BLOCKS changes (fifteenth session's note)
