@@ -24,7 +24,6 @@ import importlib.util
 import json
 import logging
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -278,12 +277,9 @@ def main() -> int:
         except Exception as e:
             rec["error"] = f"{type(e).__name__}: {e}"[:300]
             log.exception("variant %s failed", name)
-    for _ in range(args.rounds):
-        for name, fn in fns.items():
-            recs[name].setdefault("us_rounds", []).append(bench.bench_sets(fn, sets))
-    for name in fns:
-        recs[name]["us"] = statistics.median(recs[name]["us_rounds"])
-        recs[name]["floor_fraction"] = floor / recs[name]["us"]
+    from pdl_prefetch import time_variants
+
+    time_variants(recs, fns, args.rounds, floor, lambda fn: bench.bench_sets(fn, sets))
     doc = {"device": torch.cuda.get_device_name(),
            "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"), "torch": torch.__version__,
            "ceilings": ceil, "floor_us": floor, "rep_ms": args.rep_ms, "rounds": args.rounds, "rotate": len(sets),
