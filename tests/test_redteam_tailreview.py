@@ -10,6 +10,7 @@ wait on a block that does not exist, a last-block combine of a proved program).
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import verimirage as vm
@@ -82,3 +83,24 @@ def test_last_block_combine_read_rows_of_another_group_under_a_masked_tail() -> 
         assert a == 0 and bb == 0
         for j in range(g):  # combine block j runs in split group j // r: its rows must all be that group's
             assert {row // ts for row in range(j * tc, min(m, j * tc + tc))} == {j // r}, (j, plan)
+
+
+def test_evaluation_bound_left_out_a_masked_tails_zero_padding() -> None:
+    """A block input of one row of 8 looped over 2**28 iterations is a masked tail: the tile is one row and the
+    evaluator pads the operand to 2**28 rows (2**31 elements, 16 GiB in float64) before it loops. ``check_evaluable``
+    and ``evaluation_elements`` counted the tiles only (8 elements a block), so ``vm.evaluate`` allocated it, and the
+    search cache re-checked such a tampered entry in the caller's process, uncapped (913503e's bound): an
+    out-of-memory kill instead of a GraphError. The padded operand is now counted."""
+    from verimirage.ir.reference import MAX_EVAL_ELEMENTS, check_evaluable, evaluation_elements
+
+    mg = vm.MuGraph()
+    x = mg.input("X", (1, 8), vm.float32)
+    b = BlockBuilder((1,), 2**28)
+    b.output(b.loop_sum(b.input(0, x.type, (None,), 0)), (0,))
+    (o,) = mg.custom(b.build(), [x])
+    mg.output(o)
+    assert evaluation_elements(mg) > MAX_EVAL_ELEMENTS
+    with pytest.raises(vm.GraphError, match="2\\*\\*30"):
+        check_evaluable(mg, "evaluate")
+    with pytest.raises(vm.GraphError, match="2\\*\\*30"):
+        vm.evaluate(mg, {"X": np.ones((1, 8))})

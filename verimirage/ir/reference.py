@@ -20,7 +20,7 @@ import numpy as np
 
 from .errors import GraphError
 from .graph import BlockGraph, Graph, ThreadGraph, node_list
-from .interpret import run
+from .interpret import run, whole_tiles
 from .ops import OPS, TensorType, implements, neg_axis
 
 _GELU_C = math.sqrt(2.0 / math.pi)
@@ -33,15 +33,22 @@ MAX_EVAL_ELEMENTS = 2**30
 def _arrays(program: Any) -> Iterator[tuple[int, str, int, TensorType, int]]:
     """``(elements, scope, node, type, blocks)`` of every array evaluating ``program`` holds: kernel-level values
     their own elements; a custom kernel's block-graph values every block's tile (the evaluator runs the blocks of a
-    grid as one batch), thread-graph values likewise."""
+    grid as one batch) and each block input's operand zero-padded to whole tiles (a masked tail's ``ceil(n / blocks)``
+    tiles, over a for-loop's iterations too, may hold far more than the operand), thread-graph values likewise."""
 
-    def walk(nodes: Any, blocks: int, prefix: str) -> Iterator[tuple[int, str, int, TensorType, int]]:
+    def walk(nodes: Any, blocks: int, prefix: str,
+             bg: BlockGraph | None = None) -> Iterator[tuple[int, str, int, TensorType, int]]:
         for i, node in enumerate(nodes):
             for t in node.outs:
                 yield blocks * math.prod(t.shape), prefix, i, t, blocks
+            if bg is not None and node.op == "input":  # (its operand zero-padded to whole tiles: ``interpret.fit``)
+                t = node.outs[0]
+                whole = whole_tiles(t.shape, (*node.attr("imap"), node.attr("fmap")), (*bg.grid, bg.frange))
+                if whole != tuple(node.attr("shape")):
+                    yield math.prod(whole), prefix, i, TensorType(whole, t.dtype), 1
             for _, v in node.attrs:
                 if isinstance(v, BlockGraph):
-                    yield from walk(v.nodes, blocks * math.prod(v.grid), f"{prefix}%{i}/")
+                    yield from walk(v.nodes, blocks * math.prod(v.grid), f"{prefix}%{i}/", v)
                 elif isinstance(v, ThreadGraph):
                     yield from walk(v.nodes, blocks, f"{prefix}%{i}/")
 
