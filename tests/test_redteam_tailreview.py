@@ -104,3 +104,16 @@ def test_evaluation_bound_left_out_a_masked_tails_zero_padding() -> None:
         check_evaluable(mg, "evaluate")
     with pytest.raises(vm.GraphError, match="2\\*\\*30"):
         vm.evaluate(mg, {"X": np.ones((1, 8))})
+
+
+@pytest.mark.parametrize("shapes", [[(197, 16), (3, 3)], [("a", 16)], "ab", [197, 16], [(-1, 16)]])
+def test_custom_shapes_of_the_wrong_form_raised_an_unclear_error(shapes: object) -> None:
+    """``MuGraph.custom``'s new ``shapes`` (a masked tail's cropped results): one shape too many or a string was
+    zip's ValueError, a shape of strings a TypeError from the crop comparison, a flat list a TypeError ('int' is not
+    iterable); a GraphError naming ``custom`` and what is expected now."""
+    mg = vm.MuGraph()
+    x, w = mg.input("X", (197, 32), vm.float32), mg.input("W", (32, 16), vm.float32)
+    b = BlockBuilder((4,), 1)
+    b.output(b.matmul(b.input(0, x.type, (0,)), b.input(1, w.type, (None,))), (0,))
+    with pytest.raises(vm.GraphError, match="custom: shapes"):
+        mg.custom(b.build(), [x, w], shapes)  # type: ignore[arg-type]

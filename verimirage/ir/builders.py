@@ -256,8 +256,11 @@ class MuGraphMethods:
         if shapes is not None:
             from .check import check_crops
 
+            if isinstance(shapes, (str, bytes)) or not isinstance(shapes, Sequence) or len(shapes) > len(outs):
+                raise GraphError(f"custom: shapes={shapes!r}; expected a list of at most {len(outs)} shape(s) or None, "
+                                 "one per block output")
             pad = [*shapes, *[None] * (len(outs) - len(shapes))]
-            whole, outs = outs, tuple(t if s is None else TensorType(tuple(s), t.dtype)
+            whole, outs = outs, tuple(t if s is None else TensorType(check_shape("custom: shapes", s), t.dtype)
                                       for t, s in zip(outs, pad, strict=True))
             check_crops(block, whole, outs)
         for t in outs:
