@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from pathlib import Path
 
@@ -444,7 +445,8 @@ BLOCK = ("verimirage.smt.ff", "verimirage.smt.ff.share", "verimirage.smt.ff.proj
          "verimirage.smt.verify", "verimirage.smt.prune", "verimirage.rewrite", "verimirage.backend", "torch",
          "verimirage.ir.builders", "verimirage.ir.reference", "verimirage.ir.opfacts", "verimirage.ir.serial",
          "verimirage.ir.dot", "verimirage.ir.svg", "verimirage.smt.certify", "verimirage.smt.axioms",
-         "verimirage.smt.budget", "verimirage.smt.reading", "verimirage.integrations", "verimirage.benchmarks")
+         "verimirage.smt.budget", "verimirage.smt.reading", "verimirage.integrations", "verimirage.benchmarks",
+         "verimirage.checkcall")
 
 class Refuse:
     def find_spec(self, name, path=None, target=None):
@@ -453,9 +455,8 @@ class Refuse:
         return None
 
 sys.meta_path.insert(0, Refuse())
-from verimirage.smt.certificate import check_certificate
-good = check_certificate(sys.argv[1], isolate=False, triton=False)
-bad = check_certificate(sys.argv[2], isolate=False, triton=False)
+from verimirage.smt.certificate import check_text
+good, bad = (check_text(open(f).read()) for f in sys.argv[1:3])
 files = sorted(m.__file__ for n, m in sys.modules.items()
                if n.startswith("verimirage") and getattr(m, "__file__", None))
 print(json.dumps({"good": good.proved, "why": good.reason, "bad": bad.proved, "bad_why": bad.reason,
@@ -487,11 +488,47 @@ def test_checker_runs_with_the_fast_modules_unimportable(tmp_path: Path) -> None
     assert out["loaded"] == []
 
 
-#: the trusted path (the files of verimirage the checker process loads while it checks a certificate, and the
-#: parent side of the check, verimirage/checkproc.py, which starts it), non-blank lines; the polynomial normaliser
-#: (smt/expr.py) is counted apart. README.md ("Trust") states these figures. Measured over the union of what a plain
-#: certificate (lora_bs1) and a certificate by regions (:data:`MEASURED_COMPOSED`) load.
-TRUSTED_BUDGET, NORMALISER, CHECKPROC = 3881, "verimirage/smt/expr.py", "verimirage/checkproc.py"
+def test_checker_answer_about_another_text_is_not_taken() -> None:
+    # the calling side (verimirage.checkcall: starting the process, sending the request) is not trusted: the checker
+    # process names the sha256 of the text it checked, and its Proved about any other text is a rejection
+    import subprocess
+    import sys
+
+    from verimirage.checkcall import isolated
+    from verimirage.smt.certificate import known_rules, verdict_of
+
+    text, other = ((PROOFS / f"{n}.json").read_text() for n in ("lora_bs1", "gqa_bs1"))
+    root = Path(__file__).resolve().parent.parent
+    from verimirage import checkproc as K
+
+    req = json.dumps({"certificate": text, "known_rules": sorted(known_rules()), "timeout_s": 60.0, "memory_mb": 0})
+    path = [str(root), *(p for p in sys.path if Path(p).is_absolute() and p != str(root))]
+    r = subprocess.run([sys.executable, "-I", "-S", "-c", K._CHILD.format(refused=K.REFUSED), *path], input=req,
+                       capture_output=True, text=True, cwd=root, timeout=600)
+    v = verdict_of(r.stdout, text)
+    assert v is not None and v.proved, r.stderr[-500:]
+    w = verdict_of(r.stdout, other)  # (the same answer, read as one about gqa_bs1's certificate)
+    assert w is not None and not w.proved and "another certificate text" in w.reason
+    assert verdict_of(r.stdout.replace('"proved": true', '"proved": 1'), text).proved is False  # (true only)
+    assert verdict_of("no verdict", text) is None and verdict_of("[1, 2]", text) is None
+    assert isolated(text, known_rules(), 60.0, 0, 600.0).proved
+
+
+def test_calling_side_makes_no_proved() -> None:
+    # the calling side narrows the checker's verdict (certificate.confirmed keeps a verdict that is not Proved as
+    # it is); it never builds a Proved itself, so it is not on the trusted path
+    root = Path(__file__).resolve().parent.parent
+    for f in ("verimirage/checkcall.py", "verimirage/pipeline/certificates.py"):
+        src = (root / f).read_text()
+        assert "Proved(" not in src and not re.search(r"import[^\n]*\bProved\b", src), f
+
+
+#: the trusted path (the files of verimirage the checker process loads while it checks a certificate, and what it
+#: runs first, verimirage/checkproc.py; the calling side, verimirage/checkcall.py, is not: it makes no Proved),
+#: non-blank lines; the polynomial normaliser (smt/expr.py) is counted apart. README.md ("Trust") states these
+#: figures. Measured over the union of what a plain certificate (lora_bs1) and a certificate by regions
+#: (:data:`MEASURED_COMPOSED`) load.
+TRUSTED_BUDGET, NORMALISER, CHECKPROC = 3721, "verimirage/smt/expr.py", "verimirage/checkproc.py"
 MEASURED_COMPOSED = "layer_decode_bs1_small"
 
 
@@ -527,7 +564,7 @@ def test_checker_process_runs_no_package_init() -> None:
 
 def test_trusted_path_line_count() -> None:
     root = Path(__file__).resolve().parent.parent
-    # (the parent side, checkproc.py: what starts the checker process)
+    # (checkproc.py: what the checker process runs first)
     files = sorted({*_child_files(), *_child_files(MEASURED_COMPOSED), CHECKPROC})
     must = {NORMALISER, "verimirage/smt/ffref.py", "verimirage/smt/z3enc.py", "verimirage/smt/glue.py"}
     assert must <= set(files), sorted(must - set(files))

@@ -64,18 +64,18 @@ def test_check_cert_starts_the_checker_before_numpy() -> None:
     # started before this process imports numpy and the checker's modules, so the two import side by side
     r = _py(
         "import sys\nimport verimirage\nprint('NUMPY_ON_IMPORT', 'numpy' in sys.modules)\n"
-        "from verimirage import checkproc\nseen = []\nstart = checkproc.prestart\n"
-        "checkproc.prestart = lambda: (seen.append('numpy' in sys.modules), start())[1]\n"
+        "from verimirage import checkcall\nseen = []\nstart = checkcall.prestart\n"
+        "checkcall.prestart = lambda: (seen.append('numpy' in sys.modules), start())[1]\n"
         "from verimirage.cli import main\n"
         f"assert main(['check-cert', {str(GQA_CERT)!r}]) == 0\n"
-        "print('NUMPY_AT_PRESTART', seen, 'SPARE', checkproc._spare)\n"
+        "print('NUMPY_AT_PRESTART', seen, 'SPARE', checkcall._spare)\n"
     )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "NUMPY_ON_IMPORT False" in r.stdout and "NUMPY_AT_PRESTART [False] SPARE []" in r.stdout, r.stdout
 
 
 def test_unused_prestarted_checker_ends_at_exit() -> None:
-    r = _py("from verimirage import checkproc\ncheckproc.prestart()\nprint('PID', checkproc._spare[0][0].pid)\n",
+    r = _py("from verimirage import checkcall\ncheckcall.prestart()\nprint('PID', checkcall._spare[0][0].pid)\n",
             timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     pid = int(r.stdout.split("PID")[1])
@@ -227,7 +227,7 @@ def test_verification_and_backend_packages_are_peers() -> None:
     import ast
     from importlib.util import resolve_name
 
-    leaves = {"verimirage.logs", "verimirage.checkproc", "verimirage.__version__"}
+    leaves = {"verimirage.logs", "verimirage.checkproc", "verimirage.checkcall", "verimirage.__version__"}
     bad = []
     for pkg in ("ir", "rewrite", "smt", "backend"):
         for f in sorted((ROOT / "verimirage" / pkg).rglob("*.py")):
@@ -249,9 +249,9 @@ def test_verification_and_backend_packages_are_peers() -> None:
 
 
 def test_checker_without_a_code_generator_does_not_confirm_a_triton_hash() -> None:
-    # smt/ does not import the backend: its check_certificate regenerates the Triton hash only with the generator
-    # it is given (vm.check_certificate gives the backend's); without one a recorded hash is not confirmed
-    from verimirage.smt.certificate import check_certificate as smt_check
+    # smt/ does not import the backend: the calling side's check_certificate regenerates the Triton hash only with
+    # the generator it is given (vm.check_certificate gives the backend's); without one a recorded hash is not confirmed
+    from verimirage.checkcall import check_certificate as smt_check
 
     lora = ROOT / "proofs" / "lora_bs1.json"
     v = smt_check(lora, isolate=False)

@@ -27,9 +27,9 @@ def test_mode_check_read_the_certificate_file_twice(monkeypatch: pytest.MonkeyPa
     regenerated and compared with ``S``. A file replaced between the two reads (here: right after the check) had
     ``S``, the module of a μGraph no certificate proved, reported "Proved ... regenerated and matched". Now the
     file is read once: the μGraph whose module is compared is the one the checker checked."""
+    from verimirage import checkcall
     from verimirage.backend.tuning import tuned_module
     from verimirage.pipeline import certificates as P
-    from verimirage.smt import certificate as C
     from verimirage.smt.certify import certify
 
     g, mg = _exp_program((16, 32))
@@ -43,14 +43,14 @@ def test_mode_check_read_the_certificate_file_twice(monkeypatch: pytest.MonkeyPa
     path.write_text(cert.to_json())
     swapped = json.loads(cert.to_json())
     swapped["mugraph_text"] = str(bad_mg)  # (no check would pass this file; nothing checks it)
-    real = C.check_certificate
+    real = checkcall.check_certificate
 
     def check_then_swap(*a: Any, **k: Any) -> vm.Verdict:
         v = real(*a, **k)
         path.write_text(json.dumps(swapped))  # (a writer replacing the file once the checker has read it)
         return v
 
-    monkeypatch.setattr(C, "check_certificate", check_then_swap)
+    monkeypatch.setattr(checkcall, "check_certificate", check_then_swap)
     module = tuned_module(bad_mg, "merge").source
     v = P.check_certificate(path, mode="merge", module_source=module, isolate=False)
     assert not v.proved and "the module that runs" in v.reason, v.reason

@@ -73,7 +73,8 @@ def test_check_certificate_read_and_parsed_a_certificate_file_of_any_size(tmp_pa
     whole file in the calling process before the capped checker saw it (a 17 MB file of one JSON string was read,
     parsed and sent to the child). Now a file over ``MAX_CERT_BYTES`` (16 MiB, ~290x the largest committed
     certificate) is not read past the cap: a CertificateError naming the limit, before any parsing."""
-    from verimirage.smt.certificate import MAX_CERT_BYTES, CertificateError
+    from verimirage.checkcall import MAX_CERT_BYTES
+    from verimirage.smt.certificate import CertificateError
 
     p = tmp_path / "big.json"
     p.write_bytes(b'{"schema": "' + b"x" * (MAX_CERT_BYTES + 1024) + b'"}')

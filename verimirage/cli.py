@@ -203,9 +203,9 @@ def cmd_check_cert(a: argparse.Namespace) -> int:
     if not Path(a.path).is_file():
         raise UsageError(f"no such certificate file: {a.path}")
     t0 = time.perf_counter()
-    from verimirage import checkproc
+    from verimirage import checkcall
 
-    checkproc.prestart()  # the checker process imports its modules while this one imports numpy and the rest
+    checkcall.prestart()  # the checker process imports its modules while this one imports numpy and the rest
     from verimirage.pipeline.certificates import check_certificate
 
     if a.module is not None and a.mode is None:

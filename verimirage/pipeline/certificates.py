@@ -20,10 +20,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .. import checkcall
 from ..ir.errors import GraphError
 from ..smt import certificate as C
 from ..smt.certificate import Certificate, ComposedCertificate
-from ..smt.verdict import Check, Outcome, Proved, Unknown, Verdict
+from ..smt.verdict import Check, Outcome, Unknown, Verdict
 
 #: the longest μGraph text whose Triton module a check regenerates (characters): 25 times the largest committed
 #: certificate's (layer_decode_bs1, about 10,000). The code generator's time grows faster than the text (0.75 MB of
@@ -97,13 +98,14 @@ def check_certificate(
     if mode is None and module_source is not None:
         raise ValueError("check_certificate: module_source= needs mode= (the launch mode it was generated for)")
     name = None if mode is None else _mode_name(mode)  # (an unknown option: ValueError before any check)
-    deadline = time.monotonic() + C._limit(wall_s, C.SECONDS_ENV, C.DEFAULT_SECONDS)  # (regenerating counts too)
+    # (regenerating counts too)
+    deadline = time.monotonic() + checkcall.limit(wall_s, checkcall.SECONDS_ENV, checkcall.DEFAULT_SECONDS)
     if name is not None and isinstance(cert, (str, Path)):
         # read the file once: the mode's module must come from the μGraph the checker checks (a second read, after
         # the check, took the μGraph of whatever the file held by then)
         from ..smt.certify import read_certificate
 
-        text = C._text_of(cert)
+        text = checkcall.text_of(cert)
         try:
             cert = read_certificate(text)
         except (ValueError, TypeError) as e:
@@ -115,7 +117,7 @@ def check_certificate(
             made[:] = _timed(mugraph_text, mode, deadline)
         return _triton_digest(mugraph_text, None, deadline)
 
-    v = C.check_certificate(cert, triton_source=triton_source, timeout_s=timeout_s, memory_mb=memory_mb,
+    v = checkcall.check_certificate(cert, triton_source=triton_source, timeout_s=timeout_s, memory_mb=memory_mb,
                             wall_s=wall_s, isolate=isolate, triton=triton, regenerate=regenerate)
     if mode is None or name is None or not v.proved:
         return v
@@ -131,9 +133,9 @@ def check_certificate(
         got = hashlib.sha256(module_source.encode()).hexdigest()
         return _reject(f"the module that runs (sha256 {got[:16]}...) is not the one generated from the certificate's "
                        f"μGraph in launch mode {name} (sha256 {d[:16]}...)", v)
-    return Proved(v.reason + f"; Triton module for launch mode {name} regenerated"
-                  + (" and matched" if module_source is not None else ""),
-                  (*v.evidence, Check("triton-module", Outcome.PROVED, (("mode", name), ("sha256", d)), seconds)))
+    return C.confirmed(v, f"; Triton module for launch mode {name} regenerated"
+                       + (" and matched" if module_source is not None else ""),
+                       Check("triton-module", Outcome.PROVED, (("mode", name), ("sha256", d)), seconds))
 
 
 def _mode_name(mode: Mapping[str, Any] | str) -> str:

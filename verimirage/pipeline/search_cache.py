@@ -167,9 +167,9 @@ def _recheck(cert: Any, programs: tuple[Graph, MuGraph]) -> Any:
     ``programs`` (the requested graph and the cached μGraph, which its texts name)."""
     import tempfile
 
+    from ..checkcall import DEFAULT_SECONDS, SECONDS_ENV, limit
     from ..ir.reference import evaluation_elements
     from ..smt import budget as B
-    from ..smt.certificate import DEFAULT_SECONDS, SECONDS_ENV, _limit
     from .certificates import check_certificate
 
     # in this process (a child process's start-up would cost more than a small search) only where the evaluations
@@ -184,7 +184,7 @@ def _recheck(cert: Any, programs: tuple[Graph, MuGraph]) -> Any:
         # its derivations get the checker process's time cap ($VERIMIRAGE_CHECK_SECONDS) as a budget (a tampered
         # entry's μGraph with a long loop of one-element tiles derives in time quadratic in the loop: 65,536 steps
         # were hours, uncapped)
-        token = B.set_budget(_limit(None, SECONDS_ENV, DEFAULT_SECONDS))
+        token = B.set_budget(limit(None, SECONDS_ENV, DEFAULT_SECONDS))
         try:
             return check_certificate(p, isolate=False)
         finally:

@@ -14,8 +14,9 @@ abstract-expression derivation with its Z3 encoding, and the reference finite-fi
 (:mod:`verimirage.smt.ffref`). It re-parses both programs, checks the hashes, re-derives the abstract
 expressions and the Z3 queries (their text must equal the stored text) and has Z3 prove each, recomputes
 the finite-field record from the two programs (the seeds are a hash of the content, so they cannot be
-chosen, repeated or reused) and runs those trials, comparing every output element. Then (in the calling
-process) it regenerates the Triton module from the μGraph and compares its hash. It rejects unknown
+chosen, repeated or reused) and runs those trials, comparing every output element. Then the calling side
+(:mod:`verimirage.checkcall`, which cannot make a Proved: :func:`verdict_of`, :func:`confirmed`) regenerates the
+Triton module from the μGraph and compares its hash. It rejects unknown
 schema versions, unknown rule names and any mismatch, and fails closed: anything it cannot confirm is
 ``Unknown("certificate rejected: ...")``. A missing file raises FileNotFoundError, one that cannot be read
 as a JSON object :class:`CertificateError`. By regions: :class:`ComposedCertificate`.
@@ -27,9 +28,7 @@ import concurrent.futures
 import hashlib
 import json
 import logging
-import os
 import re
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -53,12 +52,8 @@ COMPOSED_SCHEMA = "verimirage-composed-certificate/1"
 
 #: how the checker runs the finite-field trials (part of what the seeds are derived from)
 FF_METHOD = "verimirage.smt.ffref: every output element compared; seeds from sha256 of the content"
-#: the most finite-field trials a certificate may ask for; the largest certificate file read (16 MiB, ~290x the
-#: largest committed one: a larger file is rejected unread, its JSON would take the caller's memory and time)
-MAX_TRIALS, MAX_CERT_BYTES = 64, 1 << 24
-#: environment variables: the checker process's address-space cap (MiB) and wall-clock limit (s)
-MEMORY_ENV, SECONDS_ENV = "VERIMIRAGE_CHECK_MEMORY_MB", "VERIMIRAGE_CHECK_SECONDS"
-DEFAULT_MEMORY_MB, DEFAULT_SECONDS = 8192, 1800.0
+#: the most finite-field trials a certificate may ask for
+MAX_TRIALS = 64
 
 
 class CertificateError(GraphError):
@@ -431,30 +426,6 @@ def check_text(text: str, known: Iterable[str] | None = None, timeout_s: float =
         return _reject(f"the check failed: {type(e).__name__}: {str(e)[:300]}", checks)
 
 
-def _text_of(cert: Certificate | ComposedCertificate | str | Path) -> str:
-    if isinstance(cert, (Certificate, ComposedCertificate)):
-        return cert.to_json()
-    if not isinstance(cert, (str, Path)):
-        raise CertificateError(f"certificate: {type(cert).__name__}; expected a Certificate or a path")
-    if not os.path.isfile(cert):  # a typo (or JSON text, a name too long to stat) is not a rejected certificate
-        raise FileNotFoundError(f"check_certificate: no certificate file at {str(cert)[:200]!r}")
-    try:
-        with open(cert, "rb") as f:  # (a byte more than the cap at most: a larger file is not read further)
-            raw = f.read(MAX_CERT_BYTES + 1)
-        if len(raw) > MAX_CERT_BYTES:
-            raise OSError(f"larger than {MAX_CERT_BYTES:,} bytes, the most a certificate file may hold")
-        text = raw.decode()
-    except (OSError, UnicodeDecodeError) as e:
-        raise CertificateError(f"certificate {str(cert)!r}: cannot read it ({e})") from None
-    try:
-        d = json.loads(text)
-    except (ValueError, RecursionError) as e:  # (nesting too deep, an int too long: not JSON we read either)
-        raise CertificateError(f"certificate {str(cert)!r}: not JSON ({type(e).__name__}: {str(e)[:200]})") from None
-    if not isinstance(d, dict):
-        raise CertificateError(f"certificate {str(cert)!r}: expected a JSON object, got {type(d).__name__}")
-    return text
-
-
 def _child_main() -> None:
     """The checker process: read the request from stdin, cap memory, check, write the verdict as JSON."""
     import resource
@@ -466,107 +437,27 @@ def _child_main() -> None:
     v = check_text(req["certificate"], req["known_rules"], float(req["timeout_s"]))
     ev = [[c.name, c.outcome, [[k, list(x) if isinstance(x, tuple) else x] for k, x in c.params], c.seconds,
            c.detail] for c in v.evidence]
-    sys.stdout.write("\n" + json.dumps({"proved": v.proved, "reason": v.reason, "evidence": ev}) + "\n")
+    sys.stdout.write("\n" + json.dumps({"proved": v.proved, "reason": v.reason, "evidence": ev,
+                                        "sha256": sha256(req["certificate"])}) + "\n")
 
 
-def _limit(value: float | None, env: str, default: float) -> float:
-    if value is not None:
-        return float(value)
-    raw = os.environ.get(env, "")
-    try:
-        return float(raw) if raw else default
-    except ValueError:
-        raise GraphError(f"${env}={raw!r}; expected a number") from None
-
-
-def _isolated(text: str, known: frozenset[str], timeout_s: float, memory_mb: float, wall_s: float,
-              meanwhile: Callable[[], None] = lambda: None) -> Verdict:
-    """:func:`check_text` in a checker process (:mod:`verimirage.checkproc`) capped at ``memory_mb`` MiB and
-    ``wall_s`` seconds; ``meanwhile`` runs in this process while the child checks."""
-    from .. import checkproc
-
-    req = json.dumps({"certificate": text, "known_rules": sorted(known), "timeout_s": timeout_s,
-                      "memory_mb": int(memory_mb)})
-    t0 = time.monotonic()
-    proc, stdin = checkproc.take()
-    checkproc.send(stdin, req)
-    try:
-        meanwhile()
-        stdout, stderr = proc.communicate(timeout=max(0.0, wall_s - (time.monotonic() - t0)))
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
-        return _reject(f"the check ran past its time limit ({wall_s:g} s, ${SECONDS_ENV})")
-    except BaseException:
-        proc.kill()
-        proc.communicate()
-        raise
+def verdict_of(stdout: str, text: str) -> Verdict | None:
+    """The checker process's verdict (the last line of its ``stdout``) on the certificate ``text``; None when it wrote
+    none. The process names the sha256 of the text it checked: an answer about any other text is a rejection (what it
+    was sent, and how, is the calling side's, :mod:`verimirage.checkcall`, which cannot make a Proved)."""
     try:
         out = json.loads(stdout.rstrip().rsplit("\n", 1)[-1])
-    except (json.JSONDecodeError, IndexError):
-        why = (stderr.strip().splitlines() or ["no output"])[-1][:300]
-        return _reject(f"the checker process failed (exit {proc.returncode}, memory cap {memory_mb:g} MiB, "
-                       f"${MEMORY_ENV}): {why}")
-    ev = tuple(Check(n, o, tuple((k, tuple(x) if isinstance(x, list) else x) for k, x in ps), s, d)
-               for n, o, ps, s, d in out["evidence"])
-    return (Proved if out["proved"] else Unknown)(out["reason"], ev)
+        ev = tuple(Check(n, o, tuple((k, tuple(x) if isinstance(x, list) else x) for k, x in ps), s, d)
+                   for n, o, ps, s, d in out["evidence"])
+        proved, reason, about = out["proved"] is True, str(out["reason"]), out.get("sha256")
+    except (ValueError, IndexError, KeyError, TypeError):
+        return None
+    if about != sha256(text):
+        return _reject("the checker process answered about another certificate text", ev)
+    return (Proved if proved else Unknown)(reason, ev)
 
 
-def check_certificate(
-    cert: Certificate | ComposedCertificate | str | Path, *, triton_source: str | None = None, timeout_s: float = 10.0,
-    memory_mb: float | None = None, wall_s: float | None = None, isolate: bool = True, triton: bool = True,
-    regenerate: Callable[[str], str] | None = None) -> Verdict:
-    """Independently re-check a certificate (a :class:`Certificate` or the path of its JSON file); Proved,
-    or Unknown naming the first mismatch (see the module docstring).
-
-    ``isolate`` (the default): in a child process that cannot import the verifier's modules, capped at
-    ``memory_mb`` MiB of address space (default ``$VERIMIRAGE_CHECK_MEMORY_MB`` or 8192) and ``wall_s``
-    seconds (default ``$VERIMIRAGE_CHECK_SECONDS`` or 1800); a blow-up is a rejection. ``timeout_s``: per Z3
-    query. ``triton`` (the default): when the certificate records a Triton hash, regenerate the module from
-    the μGraph with ``regenerate`` (μGraph text -> sha256: the backend's
-    :func:`verimirage.backend.tuning.triton_digest`, which ``vm.check_certificate`` passes; this package does
-    not import the backend; without one the hash is not confirmed: a rejection) and compare;
-    ``triton_source``: a source that must match it too.
-    Raises FileNotFoundError for a path that names no file and :class:`CertificateError` for an unreadable
-    file or text that is not a JSON object.
-    """
-    text = _text_of(cert)
-    h = json.loads(text).get("triton_source_sha256")
-    made: list[Any] = []  # the Triton digest (or why it cannot be made) and its seconds, made while the child checks
-
-    def digest() -> None:
-        t0 = time.perf_counter()
-        d: str | Exception
-        try:
-            if regenerate is None:
-                raise GraphError("no code generator given (vm.check_certificate passes the backend's)")
-            d = regenerate(json.loads(text)["mugraph_text"])
-        except Exception as e:  # the generator cannot express it (or is absent): the hash is not confirmed
-            d = e
-        made[:] = [d, time.perf_counter() - t0]
-
-    want_digest = triton and h is not None
-    if isolate:
-        v = _isolated(text, known_rules(), timeout_s, _limit(memory_mb, MEMORY_ENV, DEFAULT_MEMORY_MB),
-                      _limit(wall_s, SECONDS_ENV, DEFAULT_SECONDS), digest if want_digest else lambda: None)
-    else:
-        v = check_text(text, known_rules(), timeout_s)
-    if not v.proved:
-        return v
-    if h is None:
-        return v if triton_source is None else _reject("a Triton source was given but the certificate records no "
-                                                       "hash", v.evidence)
-    if triton_source is not None and sha256(triton_source) != h:
-        return _reject("the Triton source does not match the certificate's hash", v.evidence)
-    if not want_digest:
-        return v
-    if not made:
-        digest()
-    d, seconds = made
-    if isinstance(d, Exception):
-        return _reject(f"the Triton module cannot be regenerated ({type(d).__name__}: {d})", v.evidence)
-    if d != h:
-        return _reject(f"the Triton module generated from the μGraph has sha256 {d[:16]}..., not the "
-                       f"certificate's {h[:16]}...", v.evidence)
-    return Proved(v.reason + "; Triton module hash regenerated",
-                  (*v.evidence, Check("triton-hash", Outcome.PROVED, (("sha256", h),), seconds)))
+def confirmed(v: Verdict, how: str, check: Check) -> Verdict:
+    """``v`` with one more confirmation of the calling side (a Triton module regenerated and matched, ``check``):
+    Proved only where ``v`` is (the calling side narrows a verdict, it never makes one)."""
+    return Proved(v.reason + how, (*v.evidence, check)) if v.proved else v
