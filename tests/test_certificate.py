@@ -172,7 +172,7 @@ def test_committed_proof_checks(path: Path) -> None:
 def test_known_rules_file_is_current() -> None:
     rules = pytest.importorskip("verimirage.rewrite.rules")
     partition = pytest.importorskip("verimirage.rewrite.partition")
-    from verimirage.smt.certificate import persisted_rules
+    from verimirage.smt.certify import persisted_rules
 
     want = {*partition.STEPS, *(r.name for r in rules.all_builtin_rules() if r.name not in rules.UNPROVED_BUILTINS)}
     assert persisted_rules() == want, (
@@ -181,8 +181,7 @@ def test_known_rules_file_is_current() -> None:
 
 
 def test_write_and_read_known_rules(tmp_path: Path) -> None:
-    from verimirage.smt.certificate import persisted_rules
-    from verimirage.smt.certify import write_known_rules
+    from verimirage.smt.certify import persisted_rules, write_known_rules
 
     p = write_known_rules(["b-rule", "a.rule", "b-rule"], tmp_path / "k.txt")
     assert persisted_rules(p) == {"a.rule", "b-rule"}
@@ -197,7 +196,7 @@ def test_persisted_rules_accepted_in_a_fresh_process(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from verimirage.smt.certificate import persisted_rules
+    from verimirage.smt.certify import persisted_rules
 
     name = sorted(persisted_rules())[0]
     p = tmp_path / "c.json"
@@ -456,7 +455,7 @@ class Refuse:
 
 sys.meta_path.insert(0, Refuse())
 from verimirage.smt.certificate import check_text
-good, bad = (check_text(open(f).read()) for f in sys.argv[1:3])
+good, bad = (check_text(open(f).read(), json.loads(sys.argv[3])) for f in sys.argv[1:3])  # (known rules: as sent)
 files = sorted(m.__file__ for n, m in sys.modules.items()
                if n.startswith("verimirage") and getattr(m, "__file__", None))
 print(json.dumps({"good": good.proved, "why": good.reason, "bad": bad.proved, "bad_why": bad.reason,
@@ -475,8 +474,10 @@ def _blocked_check(tmp_path: Path, proof: str = "lora_bs1") -> dict:
     bad = tmp_path / "tampered.json"
     bad.write_text(json.dumps(d))
     root = Path(__file__).resolve().parent.parent
-    r = subprocess.run([sys.executable, "-c", _BLOCKED_RUN, str(src), str(bad)], capture_output=True, text=True,
-                       cwd=root, timeout=600)
+    from verimirage.smt.certify import known_rules
+
+    r = subprocess.run([sys.executable, "-c", _BLOCKED_RUN, str(src), str(bad), json.dumps(sorted(known_rules()))],
+                       capture_output=True, text=True, cwd=root, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -495,7 +496,8 @@ def test_checker_answer_about_another_text_is_not_taken() -> None:
     import sys
 
     from verimirage.checkcall import isolated
-    from verimirage.smt.certificate import known_rules, verdict_of
+    from verimirage.smt.certificate import verdict_of
+    from verimirage.smt.certify import known_rules
 
     text, other = ((PROOFS / f"{n}.json").read_text() for n in ("lora_bs1", "gqa_bs1"))
     root = Path(__file__).resolve().parent.parent
@@ -528,7 +530,7 @@ def test_calling_side_makes_no_proved() -> None:
 #: non-blank lines; the polynomial normaliser (smt/expr.py) is counted apart. README.md ("Trust") states these
 #: figures. Measured over the union of what a plain certificate (lora_bs1) and a certificate by regions
 #: (:data:`MEASURED_COMPOSED`) load.
-TRUSTED_BUDGET, NORMALISER, CHECKPROC = 3721, "verimirage/smt/expr.py", "verimirage/checkproc.py"
+TRUSTED_BUDGET, NORMALISER, CHECKPROC = 3699, "verimirage/smt/expr.py", "verimirage/checkproc.py"
 MEASURED_COMPOSED = "layer_decode_bs1_small"
 
 
@@ -539,7 +541,7 @@ def _child_files(proof: str = "lora_bs1") -> list[str]:
     import sys
 
     from verimirage import checkproc as C
-    from verimirage.smt.certificate import known_rules
+    from verimirage.smt.certify import known_rules
 
     root = Path(__file__).resolve().parent.parent
     show = ("print(sorted(m.__file__ for n, m in sys.modules.items() if n.startswith('verimirage') and "

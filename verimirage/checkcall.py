@@ -195,7 +195,8 @@ def check_certificate(
     file or text that is not a JSON object.
     """
     from .ir.errors import GraphError
-    from .smt.certificate import _reject, check_text, confirmed, known_rules, sha256
+    from .smt.certificate import _reject, check_text, confirmed, sha256
+    from .smt.certify import known_rules
     from .smt.verdict import Check, Outcome
 
     text = text_of(cert)

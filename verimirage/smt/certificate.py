@@ -60,42 +60,6 @@ class CertificateError(GraphError):
     """A certificate that cannot be read at all: an unreadable file, text that is not a JSON object."""
 
 
-#: Rule names registered in this process with :func:`.certify.register_rules` (e.g. a user's rules that
-#: ``verify_rule`` proved in this session). The checker accepts these and :data:`KNOWN_RULES_FILE`'s.
-KNOWN_RULES: set[str] = set()
-
-#: The persisted list of rule names the checker accepts in any process (one per line, ``#`` comments):
-#: the search's lowering steps and its built-in rewrite rules that ``verify_rule`` proves in the test
-#: suite. Written by :func:`.certify.write_known_rules`; tests/test_certificate.py checks it is current.
-KNOWN_RULES_FILE = Path(__file__).with_name("known_rules.txt")
-
-_RULE_NAME = re.compile(r"^[A-Za-z0-9_.:\-]+$")
-
-
-def _check_names(names: Iterable[str]) -> list[str]:
-    out = list(names)
-    for n in out:
-        if not isinstance(n, str) or not _RULE_NAME.match(n):
-            raise ValueError(f"rule name {n!r}: expected letters, digits and _ . : -")
-    return out
-
-
-def persisted_rules(path: str | Path | None = None) -> frozenset[str]:
-    """The rule names in :data:`KNOWN_RULES_FILE` (or ``path``); empty if the file is missing."""
-    p = Path(path) if path is not None else KNOWN_RULES_FILE
-    try:
-        text = p.read_text()
-    except OSError:
-        return frozenset()
-    lines = (ln.split("#", 1)[0].strip() for ln in text.splitlines())
-    return frozenset(_check_names(ln for ln in lines if ln))
-
-
-def known_rules() -> frozenset[str]:
-    """Every rule name the checker accepts: registered in this process or persisted."""
-    return frozenset(KNOWN_RULES) | persisted_rules()
-
-
 def sha256(text: str) -> str:
     """Hex sha256 of UTF-8 ``text``."""
     return hashlib.sha256(text.encode()).hexdigest()
@@ -416,10 +380,15 @@ def _reject(why: str, checks: Sequence[Check] = ()) -> Unknown:
 
 def check_text(text: str, known: Iterable[str] | None = None, timeout_s: float = 10.0) -> Verdict:
     """Check a certificate's JSON text in this process (what the checker process runs); ``known``: the rule
-    names accepted (default :func:`known_rules`). Fails closed: any error is a rejection."""
+    names accepted (the checker process is sent them; default, outside it: :func:`.certify.known_rules`). Fails
+    closed: any error is a rejection."""
+    if known is None:
+        from .certify import known_rules  # (the rule names are provenance: the proof is re-derived without them)
+
+        known = known_rules()
     checks: list[Check] = []
     try:
-        return _check(text, frozenset(known_rules() if known is None else known), timeout_s, checks)
+        return _check(text, frozenset(known), timeout_s, checks)
     except _Reject as e:
         return _reject(str(e), checks)
     except Exception as e:  # anything unforeseen (a blow-up, a bug) rejects; never a crash, never Proved

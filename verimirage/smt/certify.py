@@ -14,18 +14,44 @@ from typing import Any
 
 from ..ir.errors import GraphError
 from ..ir.graph import Graph, MuGraph
-from .certificate import (
-    KNOWN_RULES,
-    KNOWN_RULES_FILE,
-    Certificate,
-    ComposedCertificate,
-    _check_names,
-    _Doc,
-    ff_record,
-    sha256,
-)
+from .certificate import Certificate, ComposedCertificate, _Doc, ff_record, sha256
 from .glue import Region, compose
 from .verdict import Outcome, Proved, Verdict
+
+#: Rule names registered in this process with :func:`register_rules` (e.g. a user's rules that
+#: ``verify_rule`` proved in this session). The checker accepts these and :data:`KNOWN_RULES_FILE`'s.
+KNOWN_RULES: set[str] = set()
+
+#: The persisted list of rule names the checker accepts in any process (one per line, ``#`` comments):
+#: the search's lowering steps and its built-in rewrite rules that ``verify_rule`` proves in the test
+#: suite. Written by :func:`write_known_rules`; tests/test_certificate.py checks it is current.
+KNOWN_RULES_FILE = Path(__file__).with_name("known_rules.txt")
+
+_RULE_NAME = re.compile(r"^[A-Za-z0-9_.:\-]+$")
+
+
+def _check_names(names: Iterable[str]) -> list[str]:
+    out = list(names)
+    for n in out:
+        if not isinstance(n, str) or not _RULE_NAME.match(n):
+            raise ValueError(f"rule name {n!r}: expected letters, digits and _ . : -")
+    return out
+
+
+def persisted_rules(path: str | Path | None = None) -> frozenset[str]:
+    """The rule names in :data:`KNOWN_RULES_FILE` (or ``path``); empty if the file is missing."""
+    p = Path(path) if path is not None else KNOWN_RULES_FILE
+    try:
+        text = p.read_text()
+    except OSError:
+        return frozenset()
+    lines = (ln.split("#", 1)[0].strip() for ln in text.splitlines())
+    return frozenset(_check_names(ln for ln in lines if ln))
+
+
+def known_rules() -> frozenset[str]:
+    """Every rule name the checker accepts: registered in this process or persisted."""
+    return frozenset(KNOWN_RULES) | persisted_rules()
 
 
 def _version(dist: str) -> str:
@@ -45,7 +71,7 @@ def tool_versions() -> dict[str, str]:
 
 def register_rules(names: Iterable[str]) -> None:
     """Declare rewrite-rule names as known (proved sound) to the certificate checker, in this process
-    (:data:`~.certificate.KNOWN_RULES`). For names every process (e.g. ``verimirage check-cert``) must accept,
+    (:data:`KNOWN_RULES`). For names every process (e.g. ``verimirage check-cert``) must accept,
     use :func:`write_known_rules`.
     """
     KNOWN_RULES.update(_check_names(names))
