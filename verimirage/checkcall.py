@@ -180,20 +180,10 @@ def check_certificate(
     memory_mb: float | None = None, wall_s: float | None = None, isolate: bool = True, triton: bool = True,
     regenerate: Callable[[str], str] | None = None,
 ) -> Verdict:
-    """Independently re-check a certificate (a :class:`Certificate` or the path of its JSON file); Proved,
-    or Unknown naming the first mismatch (see :mod:`verimirage.smt.certificate`).
-
-    ``isolate`` (the default): in a child process that cannot import the verifier's modules, capped at
-    ``memory_mb`` MiB of address space (default ``$VERIMIRAGE_CHECK_MEMORY_MB`` or 8192) and ``wall_s``
-    seconds (default ``$VERIMIRAGE_CHECK_SECONDS`` or 1800); a blow-up is a rejection. ``timeout_s``: per Z3
-    query. ``triton`` (the default): when the certificate records a Triton hash, regenerate the module from
-    the μGraph with ``regenerate`` (μGraph text -> sha256: the backend's
-    :func:`verimirage.backend.tuning.triton_digest`, which ``vm.check_certificate`` passes; ``smt/`` does
-    not import the backend; without one the hash is not confirmed: a rejection) and compare;
-    ``triton_source``: a source that must match it too.
-    Raises FileNotFoundError for a path that names no file and :class:`CertificateError` for an unreadable
-    file or text that is not a JSON object.
-    """
+    """Independently re-check a certificate: the check :func:`verimirage.pipeline.certificates.check_certificate`
+    runs (see there for the arguments), with ``regenerate`` (μGraph text -> the sha256 of its Triton module: the
+    backend's :func:`~verimirage.backend.tuning.triton_digest`, which that function passes; ``smt/`` does not import
+    the backend) to confirm a recorded Triton hash; without one the hash is not confirmed: a rejection."""
     from .ir.errors import GraphError
     from .smt.certificate import _reject, check_text, confirmed, sha256
     from .smt.certify import known_rules
