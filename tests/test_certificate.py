@@ -427,7 +427,7 @@ def test_checker_process_cannot_import_the_verifier() -> None:
     root = Path(__file__).resolve().parent.parent
     for mod in ("verimirage.smt.ff", "verimirage.smt.verify", "verimirage.smt.ff.share", "verimirage.pipeline.superopt",
                 "torch", "verimirage.ir.builders", "verimirage.ir.reference", "verimirage.ir.opfacts",
-                "verimirage.ir.serial", "verimirage.smt.certify", "verimirage.smt.reading"):
+                "verimirage.ir.serial", "verimirage.smt.certify", "verimirage.smt.reading", "verimirage.checkcall"):
         code = C._CHILD.format(refused=C.REFUSED).replace(
             "from verimirage.smt.certificate import _child_main\n_child_main()", f"import {mod}")
         r = subprocess.run([sys.executable, "-c", code, str(root)], capture_output=True, text=True, cwd=root,
