@@ -9,7 +9,10 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path.cwd()))  # (run as a file, the checkout's verimirage is not on the path: the venv's is)
 import verimirage as vm
+
+print("verimirage from", vm.__file__, flush=True)
 
 out = {}
 for f in sys.argv[2:]:
