@@ -7,7 +7,8 @@ the finite-field record (:func:`ff_record`: trial count, seeds derived from the 
 the fields they give, the per-trial and false-accept bounds), optionally the sha256 of the Triton module
 that ``vm.compile`` runs by default for the μGraph, and tool versions.
 
-:func:`check_certificate` is the independent second opinion. It runs in a child process under a memory
+:func:`check_text` is the independent second opinion (``vm.check_certificate``). It runs in a child process
+(:func:`verimirage.checkcall.check_certificate` starts it) under a memory
 and a time cap (any blow-up is a rejection, never a crash), in which the verifier's modules (the fast
 finite-field engine, ``verify``, the search, the backend) cannot be imported: it uses only the IR, the
 abstract-expression derivation with its Z3 encoding, and the reference finite-field evaluator
@@ -16,8 +17,7 @@ expressions and the Z3 queries (their text must equal the stored text) and has Z
 the finite-field record from the two programs (the seeds are a hash of the content, so they cannot be
 chosen, repeated or reused) and runs those trials, comparing every output element. Then the calling side
 (:mod:`verimirage.checkcall`, which cannot make a Proved: :func:`verdict_of`, :func:`confirmed`) regenerates the
-Triton module from the μGraph and compares its hash. It rejects unknown
-schema versions, unknown rule names and any mismatch, and fails closed: anything it cannot confirm is
+Triton module from the μGraph and compares its hash. It rejects unknown schema versions, unknown rule names and any mismatch, and fails closed: anything it cannot confirm is
 ``Unknown("certificate rejected: ...")``. A missing file raises FileNotFoundError, one that cannot be read
 as a JSON object :class:`CertificateError`. By regions: :class:`ComposedCertificate`.
 """
