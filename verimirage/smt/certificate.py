@@ -16,11 +16,10 @@ abstract-expression derivation with its Z3 encoding, and the reference finite-fi
 expressions and the Z3 queries (their text must equal the stored text) and has Z3 prove each, recomputes
 the finite-field record from the two programs (the seeds are a hash of the content, so they cannot be
 chosen, repeated or reused) and runs those trials, comparing every output element. Then the calling side
-(:mod:`verimirage.checkcall`, which cannot make a Proved: :func:`verdict_of`, :func:`confirmed`) regenerates
-the Triton module from the μGraph and compares its hash. It rejects unknown schema versions, unknown rule
-names and any mismatch, and fails closed: anything it cannot confirm is ``Unknown("certificate rejected: ...")``.
-A missing file raises FileNotFoundError, one that cannot be read as a JSON object :class:`CertificateError`. By
-regions: :class:`ComposedCertificate`.
+(:mod:`verimirage.checkcall`, which cannot make a Proved: :func:`verdict_of`, :func:`confirmed`) regenerates the
+Triton module from the μGraph and compares its hash. It rejects unknown schema versions, unknown rule names and
+any mismatch, and fails closed: anything it cannot confirm is ``Unknown("certificate rejected: ...")``. A missing
+file: FileNotFoundError; not a JSON object: :class:`CertificateError`. By regions: :class:`ComposedCertificate`.
 """
 
 from __future__ import annotations
