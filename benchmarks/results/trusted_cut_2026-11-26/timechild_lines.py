@@ -17,7 +17,7 @@ from pathlib import Path
 root = Path.cwd()
 sys.path.insert(0, str(root))
 from verimirage import checkproc as C  # noqa: E402
-from verimirage.smt.certificate import known_rules  # noqa: E402
+from verimirage.smt.certify import known_rules  # noqa: E402  (smt.certificate until session 17)
 
 TRACER = """
 import sys as _s, threading as _t
