@@ -20,4 +20,4 @@ for f in sys.argv[2:]:
     v = vm.check_certificate(f)
     out[f] = [v.proved, v.reason]
     print(f, v.proved, round(time.time() - t, 1), v.reason[:150], flush=True)
-Path(sys.argv[1]).write_text(json.dumps(out, indent=1))
+    Path(sys.argv[1]).write_text(json.dumps(out, indent=1))  # (after each one: a stopped run keeps what it did)
