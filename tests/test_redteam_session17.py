@@ -187,3 +187,133 @@ def test_lean_path_returned_the_callers_input_tensor_as_its_output(monkeypatch: 
     out = ns["run"](x)
     assert launched == [1] and out is not runtime._MISS
     assert out[0] is not x and torch.equal(out[0], x)
+
+
+def _masked_attention(n: int, d: int = 16) -> vm.Graph:
+    g = vm.Graph()
+    q, k = g.input("Q", (1, n, d), vm.float16), g.input("K", (1, d, n), vm.float16)
+    v, bias = g.input("V", (1, n, d), vm.float16), g.input("BIAS", (1, n, n), vm.float16)
+    s = g.add(g.matmul(q, k), bias)
+    s = g.sub(s, g.max(s, axis=2))
+    e = g.exp(s)
+    g.output(g.matmul(g.div(e, g.sum(e, axis=2)), v))
+    return g
+
+
+def test_online_softmax_gave_nan_on_every_row_whose_first_key_tiles_a_mask_sets_to_minus_inf() -> None:
+    """Finding (high; a wrong result with no error, on ordinary inputs): attention with an additive mask
+    ``softmax(Q K + BIAS) @ V`` (fp16, 512 keys), BIAS -inf on the first half of the keys (left padding; a sliding
+    window or any -inf mask whose first key tiles are all masked for a row does the same). The source, and ATen's
+    attention, are finite there; every flash (``partition.online_softmax``) and split-KV candidate the search
+    returned, the best included, gave NaN on every such row: the tile max of a masked tile is -inf, so the running
+    max is -inf, and ``exp(x - m)`` and ``exp(m_prev - m)`` are ``exp(-inf + inf) = NaN`` from then on. The
+    Triton kernels did the same (checked in the interpreter below). Neither the verifier (the reals) nor the
+    floating-point check (finite inputs only) could see it. Now a tile's max is floored at fp32's lowest finite
+    value before it enters the running max (``partition.RUNNING_MAX_FLOOR``)."""
+    import numpy as np
+    import torch
+
+    from verimirage.pipeline.fpsafe import evaluate_in_dtype
+
+    n = 512
+    g = _masked_attention(n)
+    rng = np.random.default_rng(0)
+    ins = {"Q": rng.uniform(-1, 1, (1, n, 16)), "K": rng.uniform(-1, 1, (1, 16, n)),
+           "V": rng.uniform(-1, 1, (1, n, 16)), "BIAS": np.zeros((1, n, n))}
+    ins["BIAS"][:, :, : n // 2] = -np.inf
+    src, _ = evaluate_in_dtype(g, ins)
+    assert np.isfinite(src[0]).all()
+    res = vm.superoptimize(g, cache=False, top_k=4, variants=2, time_budget_s=300)
+    online = [c for c in res.candidates if "partition.online_softmax" in c.rules]
+    assert online and "partition.online_softmax" in res.best.rules
+    for c in online:
+        out = evaluate_in_dtype(c.mugraph, ins, generated=True)[0][0]
+        assert np.isfinite(out).all(), c.rules
+        assert np.abs(out - src[0]).max() < 1e-2
+    names = [str(t.name) for t in res.best.mugraph.inputs]
+    ran = vm.compile(res.best.mugraph)(*(torch.tensor(ins[k], dtype=torch.float16) for k in names))
+    scores = torch.tensor(ins["Q"]) @ torch.tensor(ins["K"]) + torch.tensor(ins["BIAS"])
+    want = torch.softmax(scores, -1) @ torch.tensor(ins["V"])
+    assert torch.isfinite(ran).all() and (ran.double() - want).abs().max() < 1e-2
+
+
+def _fp_reason(source: vm.Graph, candidate: vm.Graph) -> str | None:
+    from verimirage.pipeline.fpsafe import SafetyChecker
+
+    return SafetyChecker(source, numeric=True).check(candidate)
+
+
+def test_fp_check_drew_only_finite_inputs_and_passed_a_flash_design_that_is_nan_on_masked_rows() -> None:
+    """Open item of red team 16 (the numeric check drew finite inputs only), with the finding above: the check
+    passed every flash design of masked attention although each is NaN on a row whose first key tiles are -inf.
+    Now it also draws special-values sets (``fpsafe.SPECIAL_SETS``: -inf on half of every row or on one row, one
+    +-inf, one NaN, zeros of both signs, the smallest normal values), each in one input at a time: the unfloored
+    running max (the old lowering, rebuilt here by turning the floor's ``clamp m`` into ``maximum m, m``) is
+    rejected, the floored one passes."""
+    res = vm.superoptimize(_masked_attention(256), cache=False, top_k=2, variants=1, time_budget_s=300)
+    best = next(c.mugraph for c in res.candidates if "partition.online_softmax" in c.rules)
+    text = str(best)
+    assert " clamp " in text
+    old = vm.MuGraph.parse("\n".join(
+        ln.split(" clamp ")[0] + " maximum " + (m := ln.split(" clamp ")[1].split(" {")[0]) + ", " + m + " : "
+        + ln.split(" : ")[1] if " clamp " in ln else ln for ln in text.splitlines()))
+    assert isinstance(vm.verify(_masked_attention(256), old), vm.Proved)
+    why = _fp_reason(_masked_attention(256), old)
+    assert why is not None and "BIAS with -inf on the first half" in why, why
+    assert _fp_reason(_masked_attention(256), best) is None
+
+
+def _logsumexp(shift: str) -> vm.Graph:
+    g = vm.Graph()
+    x = g.input("X", (8, 64), vm.float32)
+    if shift == "none":
+        g.output(g.log(g.sum(g.exp(x), axis=1)))
+        return g
+    m = g.max(x, axis=1)
+    if shift == "clamped":
+        m = g.clamp(m, -3.4028234663852886e38, 3.4028234663852886e38)
+    g.output(g.add(m, g.log(g.sum(g.exp(g.sub(x, m)), axis=1))))
+    return g
+
+
+def test_fp_check_passed_a_logsumexp_that_is_nan_on_a_row_of_minus_inf() -> None:
+    """The search's own logsumexp stabilisation (``stabilise_softmax``: ``max + log(sum(exp(x - max)))``) was NaN on
+    a row of -inf where the source ``log(sum(exp(x)))`` (and ATen's logsumexp) is -inf: redteam2's capture finding of
+    session 16, which the finite input sets could not see. The special sets reject that form (an infinity in a logit:
+    no NaN where the source has none); the stabiliser now clamps the max it adds back to fp32's finite range, which
+    passes, is Proved, and is what the search returns."""
+    from verimirage.rewrite.stabilise import stabilise_softmax
+
+    src = _logsumexp("none")
+    why = _fp_reason(src, _logsumexp("max"))
+    assert why is not None and "X with -inf on one row" in why, why
+    assert _fp_reason(src, _logsumexp("clamped")) is None
+    st = stabilise_softmax(src)
+    assert st is not None and " clamp " in str(st) and _fp_reason(src, st) is None
+    assert isinstance(vm.verify(src, st), vm.Proved)
+
+
+def test_special_values_reject_no_candidate_where_the_source_is_undefined_or_the_infinity_is_not_a_logit() -> None:
+    """What the special sets must not reject: a stabilised softmax where the source ``exp(x) / sum(exp(x))`` itself
+    makes a NaN (``inf / inf`` at a +inf logit: the source is undefined on that set), and the cross-entropy's hoisted
+    ``sum(t) * lse - sum(t * x)``, NaN where a target of -inf makes the source -inf (an infinity outside the logits:
+    both non-finite is agreement)."""
+    g = vm.Graph()
+    x = g.input("X", (8, 64), vm.float32)
+    e = g.exp(x)
+    g.output(g.div(e, g.sum(e, axis=1)))
+    c = vm.Graph()
+    xc = c.input("X", (8, 64), vm.float32)
+    ec = c.exp(c.sub(xc, c.max(xc, axis=1)))
+    c.output(c.div(ec, c.sum(ec, axis=1)))
+    assert _fp_reason(g, c) is None
+    src, hoisted = vm.Graph(), vm.Graph()
+    for h in (src, hoisted):
+        x, t = h.input("X", (8, 64), vm.float32), h.input("T", (8, 64), vm.float32)
+        lse = h.add(h.max(x, axis=1), h.log(h.sum(h.exp(h.sub(x, h.max(x, axis=1))), axis=1)))
+        if h is src:
+            h.output(h.sum(h.mul(t, h.sub(lse, x)), axis=1))
+        else:
+            h.output(h.sub(h.mul(h.sum(t, axis=1), lse), h.sum(h.mul(t, x), axis=1)))
+    assert isinstance(vm.verify(src, hoisted), vm.Proved)
+    assert _fp_reason(src, hoisted) is None

@@ -182,6 +182,9 @@ ALLOWED = {
                                         "each exp's inputs (the fp check's rules against matmul-add-factor's summed "
                                         "weights, matmul-assoc's product of weights and exp-sub's exps of parts of "
                                         "a difference; red teams 15, 16)",
+    ("rewrite/floor.py", "_floored_block"): "finds the block max a running max reads (directly or through maximum) "
+                                            "to floor a stored candidate's online softmax as the lowering now does "
+                                            "(red team 17)",
     ("rewrite/stabilise.py", "_fold_rescaled"): "recognises the product of prologue_norm_scales' rescaled value and "
                                                 "the norm's row factor (a mul, in a block or a fused thread graph) "
                                                 "to multiply by the two factors' product (red team 17)",

@@ -267,7 +267,8 @@ class _LeanPlan:
             g = (*grid, 1, 1)
             launches.append((kern, (g[0], g[1], g[2]), call))
         #: what this first call computed (returned to the caller that made the plan)
-        self.first_outputs = tuple(value(r).clone() if r[0] == "in" else value(r) for r in prog.returns)
+        copy = getattr(prog, "copy_returned_inputs", True)
+        self.first_outputs = tuple(value(r).clone() if r[0] == "in" and copy else value(r) for r in prog.returns)
         returned = {r[1] for r in prog.returns if r[0] == "buf"}
         ws_off: dict[int, int] = {}
         ws = 0
@@ -343,7 +344,8 @@ class _LeanPlan:
         env: dict[str, Any] = {}
         xs = [f"x{i}" for i in range(n)]
         single = len(prog.returns) == 1
-        rets = [f"x{r[1]}.clone()" if r[0] == "in" else f"b{r[1]}" for r in prog.returns]  # (as forward's)
+        copy = getattr(prog, "copy_returned_inputs", True)
+        rets = [(f"x{r[1]}.clone()" if copy else f"x{r[1]}") if r[0] == "in" else f"b{r[1]}" for r in prog.returns]
         ret_line = f"    return {rets[0]}" if single else f"    return ({', '.join(rets)},)"
 
         def head(name: str, lead: str) -> list[str]:
@@ -737,9 +739,9 @@ class CompiledProgram:
     **Fresh outputs.** Every call returns new tensors: an output that is one of the program's inputs (a μGraph
     ``return %0``, e.g. for ``scale(x, 1.0)``) is a copy, never the caller's tensor object, so that the caller
     mutating its input afterwards does not change the result (as with the source program's ops in eager mode), one
-    copy per output. A kernel's result listed twice (``return %1, %1``) is one tensor returned twice, as a Python
-    function returning ``(y, y)`` would. (Under ``cuda_graph=True`` the outputs are the graph's static buffers, see
-    below.)
+    copy per output (``copy_returned_inputs``; the torch.compile backend's partitions turn it off). A kernel's result
+    listed twice (``return %1, %1``) is one tensor returned twice, as a Python function returning ``(y, y)`` would.
+    (Under ``cuda_graph=True`` the outputs are the graph's static buffers, see below.)
 
     **Launch cost.** On a GPU, a call with positional inputs whose signature
     (shapes, dtypes, strides, 16-byte alignment, device) was seen before takes
@@ -816,6 +818,10 @@ class CompiledProgram:
         #: whether calls may take the lean path (off in the interpreter, or after a plan failed to build)
         self.lean = not interpreting() and bool(self.steps)
         self._plans: dict[tuple[Any, ...], _LeanPlan] = {}
+        #: whether an output that is one of the program's inputs is returned as a copy (the default: see "Fresh
+        #: outputs" above); the torch.compile backend's partitions return it as is, as the FX graph they replace did
+        #: (a constant passed through costs no copy kernel a call). Read when a call's plan is made.
+        self.copy_returned_inputs = True
         self._fast: Callable[..., Any] | None = None
         self._fast_out: Callable[..., Any] | None = None
         self._out_kw = "out" not in self.input_names  # whether out= names output tensors (not an input)
@@ -1004,7 +1010,10 @@ class CompiledProgram:
         self.module.LAUNCH.update({k: dict(v) for k, v in self.launch.items()})
         if self.grids:
             self.module.GRID.update(self.grids)
-        return tuple(self._forward(*xs))
+        outs = tuple(self._forward(*xs))
+        if self.copy_returned_inputs and any(r[0] == "in" for r in self.returns):
+            outs = tuple(o.clone() if r[0] == "in" else o for o, r in zip(outs, self.returns, strict=True))
+        return outs
 
     def _first_launch(self, xs: list[Any]) -> None:
         """Compile and load every kernel for a call on ``xs`` before its first launch (once per input signature).

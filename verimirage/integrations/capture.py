@@ -919,6 +919,7 @@ def compile_partition(gm: fx.GraphModule, lifted: Lifted, opts: CaptureOptions, 
             prog = vm.compile(cand, cuda_graph=True) if opts.cuda_graph else vm.compile(cand)
         except Exception as e:
             return f"{Reason.COMPILE_FAILED.value}: {type(e).__name__}: {e}"
+        prog.copy_returned_inputs = False  # (an input the FX graph returns, a constant passed through: as it did)
         return PartitionRunner(lifted, prog, eager, record)
 
     def chosen(cand: Any, runner: PartitionRunner) -> PartitionRunner:
@@ -1151,6 +1152,7 @@ def _dump_numeric(path: str, name: str, runner: PartitionRunner, xs: Sequence[to
                         LaunchConfig(8, 1, TileOptions(dot_min_m=16)), LaunchConfig(2, 1, TileOptions(dot_min_m=16))):
                 try:
                     progs.append((cfg.key(), vm_compile(mug, config=cfg)))
+                    progs[-1][1].copy_returned_inputs = runner.program.copy_returned_inputs
                 except Exception as e:
                     line.setdefault("config_errors", []).append(f"{cfg.key()}: {type(e).__name__}: {str(e)[:200]}")
         rows: dict[str, Any] = {}

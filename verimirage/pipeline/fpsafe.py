@@ -74,6 +74,9 @@ class RoundingDomain:
     def __init__(self, kernel_level: bool) -> None:
         self.kernel_level = kernel_level
         self.nonfinite = False
+        #: whether an op made a NaN from operands without one (``inf - inf``, ``0 * inf``, ``inf / inf``): the
+        #: program is undefined somewhere on these inputs (see :data:`SPECIAL_SETS`)
+        self.made_nan = False
 
     def apply(self, op: str, args: list[Any], attrs: dict[str, Any], in_types: Sequence[TensorType],
               out_type: TensorType) -> Any:
@@ -85,8 +88,10 @@ class RoundingDomain:
             acc = OPS[op].accumulates
             if acc is not None and not self.nonfinite and not _accumulator_finite(acc, args, attrs, in_types):
                 self.nonfinite = True
-        if not self.nonfinite and not np.isfinite(r).all():
+        if not (self.nonfinite and self.made_nan) and not np.isfinite(r).all():
             self.nonfinite = True
+            if not self.made_nan and np.isnan(r).any() and not any(np.isnan(a).any() for a in args):
+                self.made_nan = True
         return r
 
 
@@ -108,15 +113,22 @@ def _accumulator_finite(acc: Any, args: Sequence[Any], attrs: Mapping[str, Any],
     return not inner.nonfinite
 
 
+def made_nan(g: Graph, inputs: Mapping[str, np.ndarray]) -> bool:
+    """Whether an op of ``g``, evaluated as :func:`evaluate_in_dtype` does, makes a NaN from operands without one
+    (``inf - inf``, ``0 * inf``): ``g`` is undefined somewhere on ``inputs``."""
+    return evaluate_in_dtype(g, inputs, nan_made=True)[1]
+
+
 def evaluate_in_dtype(g: Graph, inputs: Mapping[str, np.ndarray], *,
-                      generated: bool = False) -> tuple[list[np.ndarray], bool]:
+                      generated: bool = False, nan_made: bool = False) -> tuple[list[np.ndarray], bool]:
     """``g`` evaluated as the generated kernels compute (:class:`RoundingDomain`): inputs and kernel results
     rounded to their dtypes, values inside a kernel to fp32. Returns the outputs (float64 arrays) and
     whether any intermediate value had a non-finite element.
 
     ``generated``: a kernel's result that the program does not return is kept as the code generator keeps it,
     in fp32 (``backend.codegen.storage_dtype``; a candidate's partial sums between kernels), else (the source,
-    every op of which stores its result as eager ATen ops do) in its dtype."""
+    every op of which stores its result as eager ATen ops do) in its dtype. ``nan_made``: the flag returned is instead
+    whether an op made a NaN from operands without one (:func:`made_nan`)."""
     kern, blk = RoundingDomain(True), RoundingDomain(False)
     nodes = node_list(g)
     final = set(output_refs(g)) if generated else None
@@ -145,7 +157,7 @@ def evaluate_in_dtype(g: Graph, inputs: Mapping[str, np.ndarray], *,
                     r = apply_op(blk, n.op, args, n.attr_dict, types, n.outs[0])
                     env[i] = [round_to(r, stored(i, 0, n.outs[0].dtype))]
         outs = [np.asarray(env[a][k], dtype=np.float64) for a, k in output_refs(g)]
-    return outs, kern.nonfinite or blk.nonfinite
+    return outs, (kern.made_nan or blk.made_nan) if nan_made else (kern.nonfinite or blk.nonfinite)
 
 
 #: (description, kind, scale): scale is a magnitude, or a fraction of the dtype's largest value ("near-max")
@@ -193,6 +205,85 @@ OUTLIER_SET: tuple[str, str, float] = ("one element near the dtype's max, the re
 #: the other inputs of an :data:`OUTLIER_SET` set: :data:`ALONE_BASE`'s values with index 0 of every axis set to 0
 #: (whatever axis meets the outlier, its partner there is 0: an idle channel, a pruned row)
 IDLE_BASE: tuple[str, str, float] = ("uniform +-3, 0 at index 0 of every axis", "idle", 3.0)
+
+#: (description, pattern) of the special-values sets: one set per floating-point input and entry, that input at
+#: :data:`ALONE_BASE`'s values with the pattern written in (a "row": index 0 of every leading axis, the whole last axis;
+#: "half of every row": the first half of the last axis everywhere), the others :data:`ALONE_BASE`'s. The finite ones
+#: (zeros of both signs, the dtype's smallest normal values) are checked as every other set; on the others (an
+#: infinity or a NaN in) the candidate must agree with the source where the source is defined: a finite value where
+#: the source's is finite, an infinity (of either sign) where it is infinite, and, for an infinity in a logit
+#: (:func:`logit_inputs`), no NaN where the source has none (:meth:`SafetyChecker.special_check`). A set constrains
+#: nothing where the source itself is undefined, some op of it making a NaN from operands without one (``inf - inf``;
+#: for a NaN set, the same inputs with the NaN read as 0 do) (:func:`made_nan`). The finite sets cannot show what a
+#: program does at an infinity: a flash-attention design whose running max is -inf on a row's masked first tiles is
+#: NaN on every such row where the source (and ATen's attention) is finite, and a logsumexp shifted by an unclamped
+#: max is NaN for a row of -inf where it is -inf (red team session 17).
+SPECIAL_SETS: tuple[tuple[str, str], ...] = (
+    ("-inf on the first half of every row (an additive mask: left padding)", "-inf-half"),
+    ("-inf on one row (a fully masked row, log 0)", "-inf-row"),
+    ("one -inf element", "-inf-one"),
+    ("one +inf element", "+inf-one"),
+    ("one NaN element", "nan-one"),
+    ("zeros of both signs on one row", "zero-row"),
+    ("the dtype's smallest normal values on one row", "tiny-row"),
+)
+
+#: the smallest normal value of each floating-point dtype (:data:`SPECIAL_SETS`' "tiny-row")
+_TINY = {DType.float16: 2.0 ** -14, DType.bfloat16: 2.0 ** -126, DType.float32: 2.0 ** -126}
+
+
+def _special(pattern: str, v: np.ndarray, dtype: DType) -> np.ndarray:
+    """``v`` with :data:`SPECIAL_SETS`' ``pattern`` written in (a copy)."""
+    v = v.copy()
+    row = (0,) * (v.ndim - 1) + (slice(None),)
+    if pattern == "-inf-half":
+        v[..., : max(1, v.shape[-1] // 2)] = -np.inf
+    elif pattern == "-inf-row":
+        v[row] = -np.inf
+    elif pattern in ("-inf-one", "+inf-one", "nan-one"):
+        v[(0,) * v.ndim] = {"-inf-one": -np.inf, "+inf-one": np.inf, "nan-one": np.nan}[pattern]
+    elif pattern == "zero-row":
+        v[row] = np.where(np.arange(v.shape[-1]) % 2 == 0, 0.0, -0.0)
+    else:  # tiny-row
+        v[row] = _TINY[dtype] * np.linspace(1.0, 4.0, v.shape[-1]) * np.where(np.arange(v.shape[-1]) % 2, -1.0, 1.0)
+    return v
+
+
+def logit_inputs(g: Graph) -> frozenset[str]:
+    """The names of ``g``'s inputs an ``exp`` of it reads (directly or not): its logits, where -inf is a meaningful
+    value (a mask, log 0), so that a candidate must give the source's result on an infinity there, NaN only where the
+    source is NaN (a logsumexp of a row of -inf is -inf, not NaN). An infinity in any other input (an overflowed or
+    uninitialised value) need only keep the source's finite values finite and its infinities infinite: the
+    cross-entropy's ``sum(t) * lse - sum(t * x)`` for ``sum(t * (lse - x))`` is NaN where a target of -inf makes the
+    source -inf."""
+    nodes = node_list(g)
+    reads: list[frozenset[str]] = []
+    out: set[str] = set()
+    for n in nodes:
+        r = frozenset({str(n.attr("name"))}) if n.op == "input" else frozenset().union(*(reads[a] for a, _ in n.args))
+        reads.append(r)
+        if OPS[n.op].has(Prop.EXPONENTIAL):
+            out |= r
+    return frozenset(out)
+
+
+def special_inputs(g: Graph, seed: int = 0) -> list[tuple[str, dict[str, np.ndarray], str, str]]:
+    """The :data:`SPECIAL_SETS` sets of ``g`` (description, inputs, pattern, the input it is written in), for each
+    floating-point input of more than one element in turn (by name)."""
+    ts = sorted(g.inputs, key=lambda t: str(t.name))
+    out: list[tuple[str, dict[str, np.ndarray], str, str]] = []
+    for t in ts:
+        if t.dtype not in DTYPE_MAX or math.prod(t.shape) < 2:
+            continue
+        for what, pattern in SPECIAL_SETS:
+            rng = np.random.default_rng([seed, 0x5E, len(out)])
+            ins = {str(u.name): (rng.integers(0, 2, tuple(u.shape)).astype(np.float64) if u.dtype is DType.bool
+                                 else _values(ALONE_BASE[1], ALONE_BASE[2], DTYPE_MAX[u.dtype], tuple(u.shape), rng))
+                   for u in ts}
+            ins[str(t.name)] = _special(pattern, ins[str(t.name)], t.dtype)
+            out.append((f"{t.name} with {what} (the others {ALONE_BASE[0]})", ins, pattern, str(t.name)))
+    return out
+
 
 #: (source, candidate): on an input set on which no value of the source overflows and the source's largest error
 #: against the float64 reference is at most ``source`` times the largest reference value of an output, the
@@ -339,6 +430,8 @@ def exp_shifts(mg: Graph) -> list[str]:
             return same(a, x) or is_max_of(a, x, depth + 1)
         if n.op == "maximum":
             return any(is_max_of((nodes, r, outer), x, depth + 1) for r, _ in n.args)
+        if n.op == "clamp" and n.attr("hi") >= DTYPE_MAX[DType.float32]:  # (a floored max: still >= every x)
+            return is_max_of((nodes, n.args[0][0], outer), x, depth + 1)
         return False
 
     def walk(nodes: Sequence[Any], outer: Any) -> None:
@@ -446,8 +539,21 @@ class SafetyChecker:
         self.source = source
         self.numeric = numeric_check_affordable(source) if numeric is None else numeric
         self.sets = adversarial_inputs(source, seed) if self.numeric else []
+        #: the index in ``sets`` of each special-values set with an infinity or a NaN in -> its pattern
+        #: (:data:`SPECIAL_SETS`; the finite ones are checked as the others)
+        self.special: dict[int, str] = {}
+        #: the special sets (by index) whose infinity is in a logit (:func:`logit_inputs`)
+        self.strict: set[int] = set()
+        logits = logit_inputs(source)
+        for what, ins, pattern, name in special_inputs(source, seed) if self.numeric else []:
+            if pattern not in ("zero-row", "tiny-row"):
+                self.special[len(self.sets)] = pattern
+                if "inf" in pattern and name in logits:
+                    self.strict.add(len(self.sets))
+            self.sets.append((what, ins))
         self._src: dict[int, tuple[list[np.ndarray], bool]] = {}
         self._ref: dict[int, list[np.ndarray]] = {}
+        self._defined: dict[int, bool] = {}
         self._src_shifted: bool | None = None
         self._src_sums: frozenset[Sum] = frozenset()
         self._src_exps: frozenset[frozenset[str]] = frozenset()
@@ -514,6 +620,11 @@ class SafetyChecker:
     def numeric_check(self, candidate: Graph) -> str | None:
         """The numeric part of :meth:`check` alone (every input set; None where ``numeric`` is False)."""
         for i, (what, ins) in enumerate(self.sets):
+            if i in self.special:
+                why = self.special_check(candidate, i)
+                if why is not None:
+                    return why
+                continue
             src, src_overflowed = self.source_outputs(i)
             if src_overflowed:
                 continue
@@ -537,6 +648,45 @@ class SafetyChecker:
         return None
 
 
+    def source_defined(self, i: int) -> bool:
+        """Whether special set ``i`` constrains candidates: no op of the source makes a NaN from operands without one
+        there (for a set with a NaN in: on the same inputs with the NaN read as 0) (cached)."""
+        if i not in self._defined:
+            ins = self.sets[i][1]
+            if self.special[i] == "nan-one":
+                ins = {k: np.nan_to_num(v, nan=0.0, posinf=np.inf, neginf=-np.inf) for k, v in ins.items()}
+            self._defined[i] = not made_nan(self.source, ins)
+        return self._defined[i]
+
+    def special_check(self, candidate: Graph, i: int) -> str | None:
+        """Why ``candidate`` disagrees with the source on special set ``i`` (an infinity or a NaN in, see
+        :data:`SPECIAL_SETS`), or None (also where the source is undefined there: :meth:`source_defined`)."""
+        if not self.source_defined(i):
+            return None
+        what, ins = self.sets[i]
+        src, _ = self.source_outputs(i)
+        try:
+            cand, _ = evaluate_in_dtype(candidate, ins, generated=True)
+        except Exception as e:  # (a program the float evaluator cannot run is not safe to call safe)
+            return f"floating point: the candidate cannot be evaluated in its dtype: {e}"
+        for k, (x, y) in enumerate(zip(src, cand, strict=True)):
+            if i in self.strict:  # (an infinity in a logit: the source's result, NaN only where it is NaN)
+                bad = ~np.isnan(x) & (np.isnan(y) | (np.isinf(x) != np.isinf(y)))
+            else:  # (elsewhere: finite where it is finite, infinite where it is infinite)
+                bad = (np.isfinite(x) & ~np.isfinite(y)) | (np.isinf(x) & np.isfinite(y))
+            if bad.any():
+                idx = tuple(int(v) for v in np.argwhere(bad)[0])
+                return (f"floating point: on {what} inputs, evaluated in {candidate.outputs[k].dtype.short}, the "
+                        f"candidate differs from the source where the source is defined at {int(bad.sum())}/{bad.size} "
+                        f"values (output {k}, e.g. index {idx}: source {x[idx]:.4g}, candidate {y[idx]})")
+        for k, (r, x, y) in enumerate(zip(self.reference(i), src, cand, strict=True)):
+            why = _gross_error(r, x, y)
+            if why is not None:
+                dt = candidate.outputs[k].dtype.short
+                return f"floating point: on {what} inputs, evaluated in {dt}, output {k}: {why}"
+        return None
+
+
 def _gross_error(ref: np.ndarray, src: np.ndarray, cand: np.ndarray) -> str | None:
     """Why ``cand`` is grossly wrong where ``src`` is accurate (:data:`GROSS_ERROR`, errors against the float64
     ``ref`` relative to its largest value, over the elements finite in all three), or None."""
@@ -546,8 +696,9 @@ def _gross_error(ref: np.ndarray, src: np.ndarray, cand: np.ndarray) -> str | No
     scale = float(np.abs(np.where(ok, ref, 0.0)).max())
     if not 0.0 < scale < math.inf:
         return None
-    src_err = float(np.abs(np.where(ok, src - ref, 0.0)).max())
-    err = np.abs(np.where(ok, cand - ref, 0.0))
+    with np.errstate(invalid="ignore"):  # (inf - inf where not ok: masked)
+        src_err = float(np.abs(np.where(ok, src - ref, 0.0)).max())
+        err = np.abs(np.where(ok, cand - ref, 0.0))
     worst = tuple(int(v) for v in np.unravel_index(int(np.argmax(err)), err.shape))
     if src_err > GROSS_ERROR[0] * scale or err[worst] <= GROSS_ERROR[1] * scale:
         return None
@@ -564,5 +715,7 @@ def fp_safety(source: Graph, candidate: Graph, seed: int = 0) -> str | None:
 
 
 __all__ = ["ALONE_BASE", "ALONE_SETS", "DTYPE_MAX", "GROSS_ERROR", "IDLE_BASE", "INPUT_SETS", "OUTLIER_SET",
-           "RoundingDomain", "SafetyChecker", "adversarial_inputs", "evaluate_in_dtype", "exps_of_sums", "exp_shifts",
-           "exp_reads", "fp_safety", "matmul_flops", "numeric_check_affordable", "operand_sums", "reads_of", "round_to"]
+           "RoundingDomain", "SPECIAL_SETS", "SafetyChecker", "adversarial_inputs", "evaluate_in_dtype",
+           "exps_of_sums", "exp_shifts", "exp_reads", "fp_safety", "made_nan", "matmul_flops",
+           "numeric_check_affordable", "operand_sums", "reads_of", "round_to", "logit_inputs",
+           "special_inputs"]

@@ -673,6 +673,15 @@ def _refinable(an: Analysis, grid: tuple[tuple[int, int], ...], r: int, min_tile
 # --------------------------------------------------------------------------- building block graphs
 
 
+#: ``(lo, hi)`` of the clamp of a tile's max before it enters a running max (``partition.online_softmax``): fp32's
+#: finite range, so that only an infinite max changes. A row whose first tiles are all -inf (an additive mask's: left
+#: padding, a sliding window, a -inf bias) had the running max -inf there, and ``exp(x - m)``, ``exp(m_prev - m)`` were
+#: ``exp(-inf + inf) = NaN`` from then on: every flash and split-KV design gave NaN on every such row where the source
+#: (and ATen's attention) is finite (red team session 17). Floored, ``exp(-inf - m) = 0`` and the row's sums stay 0
+#: until a finite score comes; equal over the reals (any per-row shift cancels, as the running max's does).
+RUNNING_MAX_FLOOR = (-3.4028234663852886e38, 3.4028234663852886e38)
+
+
 def _joins_running_max(nodes: Sequence[Any], n: Any, ks: Sequence[Place]) -> bool:
     """Whether ``n`` joins one running max (a max over the loop dim) with loop-invariant values by that max's own
     combine (``maximum``), keeping its shape: the joined value is again a running max."""
@@ -851,7 +860,10 @@ def build(an: Analysis, cfg: Config, *, fuse_epilogue: bool = True) -> Lowered:
                 if d.reduce is not None and d.reduce.loop == "loop_max":
                     if ks != [Place.BODY]:
                         raise Infeasible("max over the loop dim of a non-loop value")
-                    tile_max[i] = b.max(mat(val[arefs[0]]), axis=attrs["axis"])
+                    # (floored at fp32's lowest finite value: a tile of -inf scores, a mask's, has the max -inf,
+                    # and x - m, m_prev - m would be -inf + inf = NaN for every later tile of the row: see
+                    # RUNNING_MAX_FLOOR)
+                    tile_max[i] = b.clamp(b.max(mat(val[arefs[0]]), axis=attrs["axis"]), *RUNNING_MAX_FLOOR)
                     val[i] = b.running_max(tile_max[i])
                     kind[i] = Place.RMAX
                     continue

@@ -42,8 +42,9 @@ def _softmax_sites(g: Graph) -> dict[int, int]:
         if nodes[e].op != "exp" or nodes[e].outs[0].shape[n.attr("axis")] == 1:
             continue
         a = nodes[e].args[0][0]
-        if nodes[a].op == "sub" and nodes[nodes[a].args[1][0]].op == "max":
-            continue  # already stable
+        m = nodes[nodes[a].args[1][0]] if nodes[a].op == "sub" else None
+        if m is not None and (m.op == "max" or (m.op == "clamp" and nodes[m.args[0][0]].op == "max")):
+            continue  # already stable (a clamped max: a logsumexp's, below)
         sites.setdefault(e, n.attr("axis"))
     return sites
 
@@ -63,8 +64,14 @@ def stabilise_softmax(g: Graph) -> Graph | None:
     sites = _softmax_sites(g)
     if not sites:
         return None
+    from .partition import RUNNING_MAX_FLOOR
+
     nodes = node_list(g)
     exps = sites
+    # the exp sites a log reads the sum of (a logsumexp): their max is clamped to fp32's finite range, so that a row of
+    # -inf gives -inf (log 0 + the clamped max), as the source and ATen's logsumexp do, not -inf + log(sum(exp(NaN)))
+    logged = {nodes[n.args[0][0]].args[0][0] for n in nodes
+              if n.op == "log" and nodes[n.args[0][0]].op == "sum" and nodes[n.args[0][0]].args[0][0] in exps}
     out = Graph()
     val: dict[int, Tensor] = {}
     maxes: dict[int, Tensor] = {}  # exp site or sum of one -> the max subtracted in it
@@ -75,6 +82,8 @@ def stabilise_softmax(g: Graph) -> Graph | None:
         elif i in exps:
             a = args[0]
             maxes[i] = out.max(a, axis=exps[i])
+            if i in logged:
+                maxes[i] = out.clamp(maxes[i], *RUNNING_MAX_FLOOR)
             val[i] = out.exp(out.sub(a, maxes[i]))
         elif n.op == "sum" and n.args[0][0] in exps and exps[n.args[0][0]] == n.attr("axis"):
             val[i] = out.sum(args[0], axis=n.attr("axis"))
