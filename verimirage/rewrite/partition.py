@@ -776,7 +776,8 @@ def _reshape_tile(an: Analysis, axes: Sequence[int], sizes: Sequence[int], loop:
         if lab is not None and lab in axes:
             p = sizes[list(axes).index(lab)]
             if src2[og[0]] % p:
-                raise Infeasible("a masked tail on a reshaped group of dims")
+                # ("divide" in the reason: this count's, not the structure's, lower_all keeps trying other counts)
+                raise Infeasible("a masked tail: a block count that does not divide a reshaped group of dims")
             src2[og[0]] //= p
             new2[ng[0]] //= p
     return {**n.attr_dict, "shape": tuple(new2)}, [TensorType(tuple(src2), full[0].dtype)]
