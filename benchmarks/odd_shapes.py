@@ -109,10 +109,10 @@ def rotary(h: int, n: int, hd: int) -> vm.Graph:
     return g
 
 
-def rmsnorm_linear(m: int, k: int, n: int) -> vm.Graph:
+def rmsnorm_linear(m: int, k: int, n: int, dt: Any = F16) -> vm.Graph:
     """Gemma's ``(1 + w)`` RMSNorm then a projection (the held-out gemma_rmsnorm_linear)."""
     g = vm.Graph()
-    x, w, p = g.input("x", (m, k), F16), g.input("w", (1, k), F16), g.input("m", (k, n), F16)
+    x, w, p = g.input("x", (m, k), dt), g.input("w", (1, k), dt), g.input("m", (k, n), dt)
     g.output(g.matmul(g.mul(g.rms_norm(x), g.shift(w, 1.0)), p))
     return g
 
@@ -191,10 +191,10 @@ def vocab(kind: str) -> Callable[[int, int], vm.Graph]:
     return build
 
 
-def logit_softcap(m: int, k: int, v: int) -> vm.Graph:
+def logit_softcap(m: int, k: int, v: int, dt: Any = F16) -> vm.Graph:
     """The held-out logit_softcap (an LM head soft-capped)."""
     g = vm.Graph()
-    x, w = g.input("x", (m, k), F16), g.input("w", (k, v), F16)
+    x, w = g.input("x", (m, k), dt), g.input("w", (k, v), dt)
     g.output(g.scale(g.tanh(g.scale(g.matmul(x, w), 1 / 30)), 30.0))
     return g
 

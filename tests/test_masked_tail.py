@@ -10,6 +10,8 @@ contraction over it is exact. The generated kernels mask loads (``other=0``) and
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,6 +22,9 @@ import verimirage as vm
 from verimirage.backend.codegen import generate
 from verimirage.backend.runtime import compile as vcompile
 from verimirage.ir import BlockBuilder
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import odd_shapes  # (the sweep's program families)
 
 F32 = vm.float32
 #: per dtype: the largest difference from the float64 reference allowed (values of order 1)
@@ -284,27 +289,13 @@ def test_a_persistent_kernels_tile_waits_wait_whole_for_a_masked_tail(n: int, ta
     assert (box is None) == tailed, box
 
 
-def _softcap_head(m: int, k: int, v: int, dt: Any) -> vm.Graph:
-    g = vm.Graph()
-    x, w = g.input("x", (m, k), dt), g.input("w", (k, v), dt)
-    g.output(g.scale(g.tanh(g.scale(g.matmul(x, w), 1 / 30)), 30.0))
-    return g
-
-
-def _rmsnorm_linear(m: int, k: int, n: int, dt: Any) -> vm.Graph:
-    g = vm.Graph()
-    x, w, p = g.input("x", (m, k), dt), g.input("w", (1, k), dt), g.input("m", (k, n), dt)
-    g.output(g.matmul(g.mul(g.rms_norm(x), g.shift(w, 1.0)), p))
-    return g
-
-
 @pytest.mark.parametrize("dt", ["float32", "float16"])
-@pytest.mark.parametrize(("build", "dims"), [(_softcap_head, (8, 64, 1155)), (_softcap_head, (4, 64, 2374)),
-                                             (_rmsnorm_linear, (16, 128, 344)), (_rmsnorm_linear, (77, 64, 48))])
-def test_the_searchs_tailed_candidates_run_and_match_float64(build: Any, dims: tuple[int, ...], dt: str) -> None:
+@pytest.mark.parametrize(("build", "dims"), [("logit_softcap", (8, 64, 1155)), ("logit_softcap", (4, 64, 2374)),
+                                             ("rmsnorm_linear", (16, 128, 344)), ("rmsnorm_linear", (77, 64, 48))])
+def test_the_searchs_tailed_candidates_run_and_match_float64(build: str, dims: tuple[int, ...], dt: str) -> None:
     """The odd-shape sweep's rows that masked tails improved (an LM head over 1155 and 2374 = 2 x 1187 columns,
     a projection to 344 = 8 x 43 columns, 77 token rows): the best candidate has a tailed kernel, runs, matches."""
-    g = build(*dims, getattr(vm, dt))
+    g = getattr(odd_shapes, build)(*dims, getattr(vm, dt))
     best = _best(g)
     assert _proved(best.verdict)
     tailed = [n for n in best.mugraph.nodes if n.op == "custom" and any(
