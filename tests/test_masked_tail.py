@@ -326,3 +326,27 @@ def test_a_tail_refused_on_a_reshaped_group_leaves_the_structures_other_counts_i
     on, _ = lower_all(g, rank=pricing.cost, tail=True)
     off, _ = lower_all(g, rank=pricing.cost, tail=False)
     assert len(on) >= len(off)
+
+
+def test_padding_kept_in_an_intermediate_and_summed_by_the_next_kernel_is_refused_and_run_as_the_ir_says() -> None:
+    """Attack: kernel 1 computes ``exp(X)`` over 197 rows in 4 blocks of 50 but records 199 rows (two rows of the
+    padding's ``exp(0) = 1`` kept); kernel 2 sums the rows. The IR's meaning counts them (the sum is 2 too large):
+    refuted, and the generated kernels compute that same meaning (the crop is the recorded shape, not the source's)."""
+    g = vm.Graph()
+    x = g.input("X", (197, 8), F32)
+    g.output(g.sum(g.exp(x), 0))
+    mg = vm.MuGraph()
+    xm = mg.input("X", (197, 8), F32)
+    b = BlockBuilder((4,), 1)
+    b.output(b.exp(b.input(0, xm.type, (0,))), (0,))
+    (e,) = mg.custom(b.build(), [xm], [(199, 8)])
+    c = BlockBuilder((1,), 1)
+    c.output(c.sum(c.input(0, e.type, (None, )), 0), (1,))
+    (o,) = mg.custom(c.build(), [e])
+    mg.output(o)
+    ins = _inputs(g, 9)
+    (want,), (ir,) = vm.evaluate(g, ins), vm.evaluate(mg, ins)
+    np.testing.assert_allclose(ir - want, 2.0, rtol=0, atol=1e-9)
+    assert isinstance(vm.verify(g, mg), vm.Refuted)
+    (got,) = _run(mg, g, ins, "float32")
+    np.testing.assert_allclose(got, ir, rtol=1e-5, atol=1e-4)
