@@ -3,6 +3,7 @@
     python benchmarks/prepare_candidates.py [--cases ...] [--batches 1 8] [--top-k 6] [--variants 1]
                                             [--out benchmarks/candidates]
     python benchmarks/prepare_candidates.py --set models [--cases ...]   # the models set (issue 22)
+    python benchmarks/prepare_candidates.py --set models --floor [--cases ...]  # floor stored online softmaxes
 
 One JSON file per case: the graph's text, the search time and the verified candidates (μGraph text, cost
 estimate, rules): the ``top_k`` distinct kernel structures first, then up to ``variants`` verified
@@ -39,6 +40,9 @@ def main() -> int:
                     "and order them by it (what the default vm.superoptimize would return first among them)")
     ap.add_argument("--out", type=Path, default=None,
                     help="default benchmarks/candidates (suite) or benchmarks/candidates_models (models)")
+    ap.add_argument("--floor", action="store_true",
+                    help="no search: re-derive the stored candidates' online softmax in the current lowering's "
+                    "floored form (verimirage.rewrite.floor; red team 17), verify each again, re-estimate its cost")
     args = ap.parse_args()
     models = args.set == "models"
     if args.cases is None:
@@ -50,6 +54,8 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     if args.rerank:
         return rerank(args.out, [name if models else f"{name}_bs{b}" for b in batches for name in args.cases])
+    if args.floor:
+        return floor(args.out, [name if models else f"{name}_bs{b}" for b in batches for name in args.cases])
     rows = []
     for b in batches:
         for name in args.cases:
@@ -81,6 +87,43 @@ def main() -> int:
     for case, dt, ks in rows:
         print(f"{case:24s} {dt:6.1f} s  kernels {ks}")
     return 0 if all(ks for _, _, ks in rows) else 1
+
+
+def floor(directory: Path, cases: list[str]) -> int:
+    """Floor each case file's stored online softmaxes (:func:`verimirage.rewrite.floor.floor_running_maxes`: the
+    form today's lowering makes, no search), verify each changed candidate again (a candidate that does not verify is
+    dropped, logged) and re-estimate its cost; the order is kept. Files with nothing to floor are left as they are."""
+    from verimirage.pipeline.pricing import cost
+    from verimirage.rewrite.floor import floor_running_maxes
+
+    bad = 0
+    for case in cases:
+        path = directory / f"{case}.json"
+        doc = json.loads(path.read_text())
+        g = vm.Graph.parse(doc["graph"])
+        kept, changed = [], 0
+        for c in doc["candidates"]:
+            mg = vm.MuGraph.parse(c["mugraph"])
+            new = floor_running_maxes(mg)
+            if new is not mg:
+                t0 = time.perf_counter()
+                v = vm.verify(g, new)
+                if not isinstance(v, vm.Proved):
+                    logging.warning("%s: a floored candidate does not verify (%s); dropped", case, v.reason[:200])
+                    bad += 1
+                    continue
+                c.update(mugraph=str(new), cost_us=cost(new).time_s * 1e6, verdict=v.summary() if hasattr(
+                    v, "summary") else str(v))
+                changed += 1
+                logging.info("%s: floored and verified in %.1f s", case, time.perf_counter() - t0)
+            kept.append(c)
+        if changed:
+            doc["candidates"] = kept
+            doc["floored"] = ("online softmaxes floored (verimirage.rewrite.floor, red team 17) and verified again; "
+                              "cost_us re-estimated, order kept")
+            path.write_text(json.dumps(doc, indent=1))
+        print(f"{case:24s} floored {changed} of {len(doc['candidates'])}")
+    return 1 if bad else 0
 
 
 def rerank(directory: Path, cases: list[str]) -> int:
