@@ -783,6 +783,288 @@ class T5FFNDropout(nn.Module):
         return x + self.drop(self.wo(self.drop(F.relu(self.wi(h)))))
 
 
+# ---- the seventeenth session's held-out set: whole layers of open models, written as their code bases write them
+
+
+def _rms(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, one_plus: bool = False) -> torch.Tensor:
+    """RMSNorm in float32, back to ``x``'s dtype, times ``w`` (``1 + w``: Gemma)."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return h.type_as(x) * ((1.0 + w) if one_plus else w)
+
+
+def _rotate_half(t: torch.Tensor) -> torch.Tensor:
+    half = t.shape[-1] // 2
+    return torch.cat((-t[..., half:], t[..., :half]), dim=-1)
+
+
+def _rope_tables(pos: torch.Tensor, dim: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """HF's rotary tables from int64 positions, computed in every forward: ``(B, 1, T, dim)`` cos and sin."""
+    inv = 1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    f = (inv[None, :, None].expand(pos.shape[0], -1, 1) @ pos[:, None, :].float()).transpose(1, 2)
+    emb = torch.cat((f, f), dim=-1)
+    return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
+
+
+def _repeat_kv(t: torch.Tensor, n: int) -> torch.Tensor:
+    """HF's ``repeat_kv``: ``(B, kv, T, hd)`` expanded and reshaped to ``(B, kv * n, T, hd)``."""
+    b, kv, s, hd = t.shape
+    return t[:, :, None].expand(b, kv, n, s, hd).reshape(b, kv * n, s, hd)
+
+
+class Qwen2Attention(nn.Module):
+    """Qwen2: biased q/k/v projections, GQA by ``repeat_kv``, HF rotary from position ids, HF's eager attention
+    (an additive causal mask of ``finfo.min``, softmax in float32)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q_proj = nn.Linear(D, H * HD)
+        self.k_proj = nn.Linear(D, HD)
+        self.v_proj = nn.Linear(D, HD)
+        self.o_proj = nn.Linear(H * HD, D, bias=False)
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, H, HD).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, 1, HD).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, 1, HD).transpose(1, 2)
+        cos, sin = _rope_tables(pos, HD, x.dtype)
+        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        k, v = _repeat_kv(k, H), _repeat_kv(v, H)
+        mask = torch.full((t, t), torch.finfo(x.dtype).min, dtype=x.dtype).triu(1)
+        s = q @ k.transpose(2, 3) * HD ** -0.5 + mask
+        p = F.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype)
+        return self.o_proj((p @ v).transpose(1, 2).reshape(b, t, -1))
+
+
+class Qwen3QKNorm(nn.Module):
+    """Qwen3: RMSNorm over each head's dim of q and k (after the head split, before rotary), GQA through SDPA."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q_proj, self.k_proj = nn.Linear(D, H * HD, bias=False), nn.Linear(D, HD, bias=False)
+        self.v_proj, self.o_proj = nn.Linear(D, HD, bias=False), nn.Linear(H * HD, D, bias=False)
+        self.q_norm, self.k_norm = nn.Parameter(1 + torch.randn(HD) / 8), nn.Parameter(1 + torch.randn(HD) / 8)
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = _rms(self.q_proj(x).view(b, t, H, HD), self.q_norm).transpose(1, 2)
+        k = _rms(self.k_proj(x).view(b, t, 1, HD), self.k_norm).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, 1, HD).transpose(1, 2)
+        cos, sin = _rope_tables(pos, HD, x.dtype)
+        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        o = F.scaled_dot_product_attention(q, _repeat_kv(k, H), _repeat_kv(v, H), is_causal=True)
+        return self.o_proj(o.transpose(1, 2).reshape(b, t, -1))
+
+
+class MistralSlidingLayer(nn.Module):
+    """A Mistral decoder layer: RMSNorm, GQA attention with a sliding-window boolean mask built in the forward
+    (``tril`` and ``triu``), SDPA, residual, RMSNorm, SwiGLU, residual."""
+
+    def __init__(self, window: int = 2) -> None:
+        super().__init__()
+        self.window = window
+        self.ln1, self.ln2 = nn.Parameter(1 + torch.randn(D) / 8), nn.Parameter(1 + torch.randn(D) / 8)
+        self.attn = _Proj(kv=1)
+        self.gate, self.up = nn.Linear(D, FF, bias=False), nn.Linear(D, FF, bias=False)
+        self.down = nn.Linear(FF, D, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = x.shape[1]
+        keep = torch.ones(t, t, dtype=torch.bool).tril().triu(1 - self.window)
+        q, k, v = self.attn.qkv(_rms(x, self.ln1))
+        a = F.scaled_dot_product_attention(q, _repeat_kv(k, H), _repeat_kv(v, H), attn_mask=keep)
+        h = x + self.attn.o_proj(_merge(a))
+        m = _rms(h, self.ln2)
+        return h + self.down(F.silu(self.gate(m)) * self.up(m))
+
+
+class Gemma2Layer(nn.Module):
+    """A Gemma-2 decoder layer: sandwich norms (``(1 + w)`` RMSNorm before and after attention and MLP),
+    ``query_pre_attn_scalar`` scaling, attention soft-capping ``cap * tanh(s / cap)``, a ``finfo.min`` causal mask,
+    a tanh-GELU GeGLU."""
+
+    def __init__(self, cap: float = 50.0) -> None:
+        super().__init__()
+        self.cap = cap
+        self.norms = nn.ParameterList(nn.Parameter(torch.randn(D) / 8) for _ in range(4))
+        self.attn = _Proj()
+        self.gate, self.up = nn.Linear(D, FF, bias=False), nn.Linear(D, FF, bias=False)
+        self.down = nn.Linear(FF, D, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = x.shape[1]
+        q, k, v = self.attn.qkv(_rms(x, self.norms[0], one_plus=True))
+        s = (q * 16 ** -0.5) @ k.transpose(2, 3)
+        s = torch.tanh(s / self.cap) * self.cap
+        s = s + torch.full((t, t), torch.finfo(x.dtype).min, dtype=x.dtype).triu(1)
+        p = F.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype)
+        h = x + _rms(self.attn.o_proj(_merge(p @ v)), self.norms[1], one_plus=True)
+        m = _rms(h, self.norms[2], one_plus=True)
+        f = self.down(F.gelu(self.gate(m), approximate="tanh") * self.up(m))
+        return h + _rms(f, self.norms[3], one_plus=True)
+
+
+class Gemma2FinalSoftcapCE(nn.Module):
+    """Gemma-2's LM head: the final norm, logits soft-capped ``30 tanh(z / 30)`` in float32, cross entropy with
+    padding targets ignored (``ignore_index=-100``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.Parameter(torch.randn(D) / 8)
+        self.lm_head = nn.Linear(D, V, bias=False)
+
+    def forward(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        z = self.lm_head(_rms(x, self.norm, one_plus=True)).float()
+        z = torch.tanh(z / 30.0) * 30.0
+        return F.cross_entropy(z.view(-1, V), targets.view(-1), ignore_index=-100)
+
+
+class Phi3Layer(nn.Module):
+    """A Phi-3 decoder layer: fused ``qkv_proj`` sliced by position, rotary, causal SDPA, fused ``gate_up_proj``
+    chunked, RMSNorms and residuals."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln1, self.ln2 = nn.Parameter(1 + torch.randn(D) / 8), nn.Parameter(1 + torch.randn(D) / 8)
+        self.qkv_proj = nn.Linear(D, (H + 2) * HD, bias=False)
+        self.o_proj = nn.Linear(H * HD, D, bias=False)
+        self.gate_up_proj = nn.Linear(D, 2 * FF, bias=False)
+        self.down_proj = nn.Linear(FF, D, bias=False)
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        qkv = self.qkv_proj(_rms(x, self.ln1))
+        q = qkv[..., : H * HD].view(b, t, H, HD).transpose(1, 2)
+        k = qkv[..., H * HD: (H + 1) * HD].view(b, t, 1, HD).transpose(1, 2)
+        v = qkv[..., (H + 1) * HD:].view(b, t, 1, HD).transpose(1, 2)
+        cos, sin = _rope_tables(pos, HD, x.dtype)
+        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        o = F.scaled_dot_product_attention(q, _repeat_kv(k, H), _repeat_kv(v, H), is_causal=True)
+        h = x + self.o_proj(o.transpose(1, 2).reshape(b, t, -1))
+        gate, up = self.gate_up_proj(_rms(h, self.ln2)).chunk(2, dim=-1)
+        return h + self.down_proj(up * F.silu(gate))
+
+
+class NeoXLayer(nn.Module):
+    """A GPT-NeoX layer: parallel residual ``x + attn(ln1(x)) + mlp(ln2(x))``, the fused ``query_key_value``
+    laid out per head (``view(b, t, H, 3 * hd)``), rotary on the first quarter of each head, exact-GELU MLP."""
+
+    def __init__(self, rot: int = HD // 4) -> None:
+        super().__init__()
+        self.rot = rot
+        self.ln1, self.ln2 = nn.LayerNorm(D), nn.LayerNorm(D)
+        self.query_key_value, self.dense = nn.Linear(D, 3 * D), nn.Linear(D, D)
+        self.fc_in, self.fc_out = nn.Linear(D, FF), nn.Linear(FF, D)
+        inv = 1.0 / (10000 ** (torch.arange(0, rot, 2).float() / rot))
+        emb = torch.outer(torch.arange(T).float(), inv).repeat(1, 2)
+        self.register_buffer("cos", emb.cos(), persistent=False)
+        self.register_buffer("sin", emb.sin(), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        qkv = self.query_key_value(self.ln1(x)).view(b, t, H, 3 * HD).permute(0, 2, 1, 3)
+        q, k, v = qkv[..., :HD], qkv[..., HD: 2 * HD], qkv[..., 2 * HD:]
+
+        def rope(u: torch.Tensor) -> torch.Tensor:
+            r, p = u[..., : self.rot], u[..., self.rot:]
+            return torch.cat((r * self.cos + _rotate_half(r) * self.sin, p), dim=-1)
+
+        o = F.scaled_dot_product_attention(rope(q), rope(k), v, is_causal=True)
+        a = self.dense(o.permute(0, 2, 1, 3).reshape(b, t, D))
+        return x + a + self.fc_out(F.gelu(self.fc_in(self.ln2(x))))
+
+
+class OLMoLayer(nn.Module):
+    """An OLMo-1 block: non-parametric LayerNorm (``F.layer_norm`` without weight or bias), the fused ``att_proj``
+    with ``clip_qkv`` (q, k, v clamped to +-8), causal SDPA, SwiGLU written ``x, gate = chunk(2); silu(gate) * x``."""
+
+    def __init__(self, clip: float = 8.0) -> None:
+        super().__init__()
+        self.clip = clip
+        self.att_proj, self.attn_out = nn.Linear(D, 3 * D, bias=False), nn.Linear(D, D, bias=False)
+        self.ff_proj, self.ff_out = nn.Linear(D, 2 * FF, bias=False), nn.Linear(FF, D, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        qkv = self.att_proj(F.layer_norm(x, (D,), None, None, eps=1e-5)).clamp(min=-self.clip, max=self.clip)
+        q, k, v = (_heads(u, H) for u in qkv.split(D, dim=-1))
+        h = x + self.attn_out(_merge(F.scaled_dot_product_attention(q, k, v, is_causal=True)))
+        u, gate = self.ff_proj(F.layer_norm(h, (D,), None, None, eps=1e-5)).chunk(2, dim=-1)
+        return h + self.ff_out(F.silu(gate) * u)
+
+
+class FalconMQALayer(nn.Module):
+    """A Falcon-7B layer: one LayerNorm feeding attention and MLP in parallel, the fused multi-query
+    ``query_key_value`` (H query heads, one k, one v), k and v broadcast over the heads, rotary, GELU MLP."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(D)
+        self.query_key_value = nn.Linear(D, (H + 2) * HD, bias=False)
+        self.dense = nn.Linear(H * HD, D, bias=False)
+        self.up, self.down = nn.Linear(D, 4 * D, bias=False), nn.Linear(4 * D, D, bias=False)
+        inv = 1.0 / (10000 ** (torch.arange(0, HD, 2).float() / HD))
+        emb = torch.outer(torch.arange(T).float(), inv).repeat(1, 2)
+        self.register_buffer("cos", emb.cos(), persistent=False)
+        self.register_buffer("sin", emb.sin(), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        h = self.ln(x)
+        fused = self.query_key_value(h).view(b, t, H + 2, HD)
+        q, k, v = fused[:, :, :-2].transpose(1, 2), fused[:, :, [-2]].transpose(1, 2), fused[:, :, [-1]]
+        q, k = q * self.cos + _rotate_half(q) * self.sin, k * self.cos + _rotate_half(k) * self.sin
+        o = F.scaled_dot_product_attention(q, k.expand(b, H, t, HD), v.transpose(1, 2).expand(b, H, t, HD),
+                                           is_causal=True)
+        return x + self.dense(o.transpose(1, 2).reshape(b, t, -1)) + self.down(F.gelu(self.up(h)))
+
+
+class CLIPTextLayer(nn.Module):
+    """A CLIP text-encoder layer: LayerNorm, q scaled before the product, a causal mask of ``-inf`` made in the
+    forward (``torch.full(-inf).triu(1)``) added to the scores, softmax, out_proj, residual; LayerNorm and a
+    QuickGELU MLP, residual."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(D), nn.LayerNorm(D)
+        self.q_proj, self.k_proj, self.v_proj = nn.Linear(D, D), nn.Linear(D, D), nn.Linear(D, D)
+        self.out_proj, self.fc1, self.fc2 = nn.Linear(D, D), nn.Linear(D, FF), nn.Linear(FF, D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = x.shape[1]
+        h = self.ln1(x)
+        q, k, v = _heads(self.q_proj(h) * HD ** -0.5, H), _heads(self.k_proj(h), H), _heads(self.v_proj(h), H)
+        causal = torch.full((t, t), float("-inf"), dtype=x.dtype).triu(1)
+        p = torch.softmax(q @ k.transpose(-1, -2) + causal, dim=-1)
+        x = x + self.out_proj(_merge(p @ v))
+        u = self.fc1(self.ln2(x))
+        return x + self.fc2(u * torch.sigmoid(1.702 * u))
+
+
+class WhisperEncoderStem(nn.Module):
+    """Whisper's encoder: two Conv1d (the second of stride 2) with GELU over mel frames ``(B, mels, frames)``,
+    channels last, a sinusoidal position table added, then a pre-norm encoder layer (k_proj without bias, q
+    scaled, no mask), GELU MLP."""
+
+    def __init__(self, mels: int = 8) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv1d(mels, D, kernel_size=3, padding=1)
+        self.conv2 = nn.Conv1d(D, D, kernel_size=3, stride=2, padding=1)
+        t = torch.arange(T)[:, None].float() / (10000 ** (torch.arange(0, D, 2).float() / D))
+        self.register_buffer("pos", torch.cat([t.sin(), t.cos()], dim=1), persistent=False)
+        self.ln1, self.ln2 = nn.LayerNorm(D), nn.LayerNorm(D)
+        self.q_proj, self.k_proj = nn.Linear(D, D), nn.Linear(D, D, bias=False)
+        self.v_proj, self.out_proj = nn.Linear(D, D), nn.Linear(D, D)
+        self.fc1, self.fc2 = nn.Linear(D, FF), nn.Linear(FF, D)
+
+    def forward(self, mel: torch.Tensor) -> torch.Tensor:
+        x = F.gelu(self.conv2(F.gelu(self.conv1(mel)))).permute(0, 2, 1) + self.pos
+        h = self.ln1(x)
+        q, k, v = _heads(self.q_proj(h) * HD ** -0.5, H), _heads(self.k_proj(h), H), _heads(self.v_proj(h), H)
+        x = x + self.out_proj(_merge(torch.softmax(q @ k.transpose(-1, -2), dim=-1) @ v))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
 @dataclass(frozen=True)
 class ModuleCase:
     """One torch program: a builder and its inputs."""
@@ -792,7 +1074,7 @@ class ModuleCase:
     make: Callable[[], nn.Module]
     inputs: Callable[[torch.Generator], list[torch.Tensor]]
     train: bool = True
-    #: the session that added it (15: the first held-out set; 16: the second)
+    #: the session that added it (15: the first held-out set; 16: the second; 17: the third)
     since: int = 15
     #: whether Dynamo hands the backend a graph at all (False: a graph break it runs eagerly, e.g. in a loop)
     captured: bool = True
@@ -841,6 +1123,20 @@ def _channels_first(gen: torch.Generator) -> list[torch.Tensor]:
     return [torch.randn(B, D, T, generator=gen)]
 
 
+def _x_pos0(gen: torch.Generator) -> list[torch.Tensor]:
+    return [torch.randn(B, T, D, generator=gen), torch.arange(T).expand(B, T).contiguous()]
+
+
+def _x_padded_targets(gen: torch.Generator) -> list[torch.Tensor]:
+    t = torch.randint(0, V, (B, T), generator=gen)
+    t[0, -1] = -100
+    return [torch.randn(B, T, D, generator=gen), t]
+
+
+def _mel(gen: torch.Generator) -> list[torch.Tensor]:
+    return [torch.randn(B, 8, 2 * T, generator=gen)]
+
+
 MODULES: dict[str, ModuleCase] = {c.name: c for c in [
     ModuleCase("gemma_rmsnorm_linear", "Gemma", GemmaNormLinear, _x),
     ModuleCase("gemma_embed_scale", "Gemma", GemmaEmbed, _ids),
@@ -887,6 +1183,17 @@ MODULES: dict[str, ModuleCase] = {c.name: c for c in [
     ModuleCase("mixtral_sparse_moe", "Mixtral (HF)", MixtralSparseMoE, _x, since=16, captured=False),
     ModuleCase("phi2_newgelu", "Phi-2/GPT-2", Phi2NewGELU, _x, since=16),
     ModuleCase("t5_ffn_dropout", "T5 v1.0", T5FFNDropout, _x, since=16),
+    ModuleCase("qwen2_attention", "Qwen2", Qwen2Attention, _x_pos0, since=17),
+    ModuleCase("qwen3_qk_norm", "Qwen3", Qwen3QKNorm, _x_pos0, since=17),
+    ModuleCase("mistral_sliding_layer", "Mistral", MistralSlidingLayer, _x, since=17),
+    ModuleCase("gemma2_layer", "Gemma 2", Gemma2Layer, _x, since=17),
+    ModuleCase("gemma2_softcap_ce", "Gemma 2", Gemma2FinalSoftcapCE, _x_padded_targets, since=17),
+    ModuleCase("phi3_layer", "Phi-3", Phi3Layer, _x_pos0, since=17),
+    ModuleCase("neox_layer", "GPT-NeoX/Pythia", NeoXLayer, _x, since=17),
+    ModuleCase("olmo_layer", "OLMo-1", OLMoLayer, _x, since=17),
+    ModuleCase("falcon_mqa_layer", "Falcon-7B", FalconMQALayer, _x, since=17),
+    ModuleCase("clip_text_layer", "CLIP text encoder", CLIPTextLayer, _x, since=17),
+    ModuleCase("whisper_encoder_stem", "Whisper", WhisperEncoderStem, _mel, since=17),
 ]}
 
 

@@ -28,7 +28,7 @@ import dataclasses
 import enum
 import math
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +57,9 @@ class Reason(enum.Enum):
     #: so they run in the fallback, outside the verified kernels, which read their results as inputs
     INDEXED = "data-dependent indexing"
     NOT_TENSOR = "not a tensor op"
+    #: a constant the model makes in its forward (a mask, a position sequence) that only ops left to ATen read: ATen
+    #: makes it (one the kernels read is computed while lifting and enters them as a constant input)
+    CONSTANT = "a constant only ATen ops read"
     CAPTURE_FAILED = "the capture failed"
     UNPARTITIONED = "left out of every partition"
 
@@ -105,6 +108,14 @@ class LV:
     #: for a comparison with a constant (:attr:`mask`): ``(x, op, c)``, the compared tensor (in ``t``'s shape), the
     #: ATen comparison and the constant, from which ``where`` makes its boolean mask (``greater``)
     cmp: tuple[Tensor, str, float] | None = None
+    #: a boolean ``m1 & m2`` (``and``) or ``m1 | m2`` of two booleans (comparisons made here or boolean tensors), as
+    #: ``(m1, m2, and)``: with :attr:`mask`, ``t`` holds it as 0/1 floats; ``where`` reads it as nested selects
+    both: tuple[Any, Any, bool] | None = None
+    #: a constant computed while lifting (:func:`constant_value`): its torch value, for ops that read it at lift time
+    #: (constant indices)
+    value: Any = None
+    #: a constant that is 0 wherever it is finite (with :attr:`fill`: a 0 / -inf mask, which a sum need not add)
+    zero: bool = False
     #: integer-valued float32s standing for an ATen integer tensor (class labels compared with a constant, a count
     #: of true booleans): exact below 2**24; read by equality tests and arithmetic, never a result of a partition
     integral: bool = False
@@ -180,6 +191,7 @@ class Ctx:
         self.node: Any = None  # the fx node being lifted
         self.strict = False  # no registry layout ops (reshape, broadcast_to, permute, slice): views are boundaries
         self.out_dtype: DType | None = None  # the dtype of the node's (first) result, when it is a float
+        self.env: dict[Any, Any] = {}  # fx node -> its lifted value (the lifting's, for handlers that look back)
 
     def layout(self, name: str) -> bool:
         """Whether registry layout op ``name`` may be emitted."""
@@ -382,6 +394,19 @@ def _binary(op: str) -> Handler:
         if kwargs.get("rounding_mode") is not None:
             raise Unsupported(Reason.NOT_IN_REGISTRY, f"{op} with rounding_mode")
         g = ctx.g
+        filled = [v for v in (a, b) if isinstance(v, LV) and v.fill is not None]
+        if filled:  # scores + a constant mask holding -inf, which a softmax reads (constant_value)
+            if op != "add" or alpha != 1 or len(filled) > 1 or not all(isinstance(v, LV) for v in (a, b)):
+                raise Unsupported(Reason.NOT_IN_REGISTRY, f"{op} of a value holding -inf")
+            other = b if filled[0] is a else a
+            if filled[0].zero and tuple(_shape(out)) == other.shape:  # a 0 / -inf mask: x + 0 is x (up to -0)
+                r = other
+            else:
+                plain = [dataclasses.replace(v, fill=None) for v in (a, b)]
+                r = ctx.ew(_shape(out), plain, lambda ts: emit(g, "add", ts[0], ts[1]))
+            fill = filled[0].fill
+            assert fill is not None
+            return LV(_filled(ctx, fill, ctx.exact(r)), r.shape, fill=fill)
         if op == "mul" and isinstance(a, LV) and a.cplx:
             return _cmul(ctx, a, b, out)
         if op == "mul" and isinstance(b, LV) and b.cplx:
@@ -511,6 +536,8 @@ def _ident(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
 def _to_copy(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
     v = args[0]
     want = vm_dtype(out[1])
+    if isinstance(v, LV) and v.mask and want != DType.bool:  # a comparison's booleans as numbers: its 0/1 floats
+        v = dataclasses.replace(v, mask=False, cmp=None)
     if v.t.dtype == want:
         return v
     r = ctx.ew(_shape(out), [v], lambda ts: emit(ctx.g, "cast", ts[0], want))
@@ -1119,18 +1146,41 @@ def _where(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
     m, a, b = args[0], args[1], args[2]
     if isinstance(m, LV) and m.negated:  # where(~keep, a, b) = where(keep, b, a)
         m, a, b = dataclasses.replace(m, negated=False), b, a
+    if isinstance(m, LV) and m.both is not None:  # m1 & m2: where(m1, where(m2, a, b), b); m1 | m2: the dual
+        m1, m2, conj = m.both
+        inner = _where(ctx, [m2, a, b], {}, out)
+        return _where(ctx, [m1, inner, b] if conj else [m1, a, _where(ctx, [m2, a, b], {}, out)], {}, out)
     if isinstance(m, LV) and m.mask:
         if m.cmp is None or not m.exact:
             node = ctx.node.args[0] if ctx.node is not None and ctx.node.args else None
             raise Unsupported(Reason.DTYPE, "where of a comparison made in the partition in another shape (held as "
                                             "0/1 floats, the branch not taken would leak inf/NaN): the comparison "
                                             "stays in ATen", node)
-        # the registry's boolean comparison: x > c (gt, and le with the branches swapped) or -x > -c (lt, ge)
+        # the registry's boolean comparison: x > c (gt, le and their negations) or -x > -c (lt, ge, ...), the
+        # branches swapped where the comparison is false when that holds; at NaN, where both x > c and -x > -c are
+        # false, ATen's le and ge are false and their negations true: a second where on ``notnan(x)`` there
         x, cmp, c = m.cmp
-        pos = cmp in ("gt", "le")
+        if cmp in ("feq", "fne"):  # x == c: neither x > c nor -x > -c, and not NaN (x != c: the branches swapped)
+            dt = vm_dtype(out[1])
+            a_, b_ = ((_constant(ctx, (), out[1], float(v)) if _num(v) else v) for v in (a, b))
+            ta, tb = (v.t if v.shape == () and tuple(v.t.shape) == (1,) else ctx.exact(v) for v in (a_, b_))
+            ta, tb = (t if t.dtype == dt else emit(ctx.g, "cast", t, dt) for t in (ta, tb))
+            t_, f_ = (ta, tb) if cmp == "feq" else (tb, ta)
+            r = emit(ctx.g, "where", _notnan(ctx.g, x), t_, f_)
+            r = emit(ctx.g, "where", emit(ctx.g, "greater", emit(ctx.g, "neg", x), c=-c), f_, r)
+            return LV(emit(ctx.g, "where", emit(ctx.g, "greater", x, c=c), f_, r), _shape(out))
+        pos, direct, nan = CMP_FORMS[cmp]
         bm = emit(ctx.g, "greater", x if pos else emit(ctx.g, "neg", x), c=c if pos else -c)
+        if nan == direct:  # le, ge, ~le, ~ge: x > c false does not decide at NaN
+            dt = vm_dtype(out[1])
+            a_, b_ = ((_constant(ctx, (), out[1], float(v)) if _num(v) else v) for v in (a, b))
+            ta, tb = (v.t if v.shape == () and tuple(v.t.shape) == (1,) else ctx.exact(v) for v in (a_, b_))
+            ta, tb = (t if t.dtype == dt else emit(ctx.g, "cast", t, dt) for t in (ta, tb))
+            t_, f_ = (ta, tb) if direct else (tb, ta)  # the branch where the comparison holds, where it does not
+            rest = emit(ctx.g, "where", _notnan(ctx.g, x), f_, t_)
+            return LV(emit(ctx.g, "where", bm, t_, rest), _shape(out))
         m = LV(bm, m.shape)
-        if cmp in ("le", "ge"):
+        if not direct:
             a, b = b, a
     if not isinstance(m, LV) or not all(isinstance(v, LV) or _num(v) for v in (a, b)):
         raise Unsupported(Reason.NOT_IN_REGISTRY, "where with a scalar mask or a non-numeric branch")
@@ -1157,9 +1207,13 @@ def _masked_fill(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) ->
     src = ctx.node.args[0] if ctx.node is not None and ctx.node.args else None
     sargs = getattr(src, "args", None)
     partial = op_of_node(src) if isinstance(sargs, tuple) else ""
-    if partial in _PARTIAL_OPS and (partial != "div" or not (sargs and len(sargs) > 1 and _num(sargs[1]))):
+    made_here = isinstance(x, LV) and ctx.g.nodes[x.t.ref[0]].op != "input"  # (not a partition input)
+    if made_here and partial in _PARTIAL_OPS and (partial != "div" or not (sargs and len(sargs) > 1
+                                                                          and _num(sargs[1]))):
         # masked_fill(x / n, n == 0, 0) (a norm's gradient): the kernels compute x / n everywhere, undefined where
-        # the fill hides it, which the verifier cannot prove harmless: no candidate would verify the partition
+        # the fill hides it, which the verifier cannot prove harmless: no candidate would verify the partition.
+        # (Computing it as ``x / where(m, 1, n)`` verified F.normalize's gradient alone but left the composition of
+        # nGPT's larger backward partitions unproved: 14-19 of 46 ops taken against 42-44.)
         raise Unsupported(Reason.NOT_IN_REGISTRY, f"masked_fill of aten.{partial}'s result: the fill may hide where "
                                                   f"{partial} is undefined, which the kernels would compute")
     if not (_num(v) and math.isinf(float(v)) and float(v) < 0):
@@ -1183,21 +1237,68 @@ def _not(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
     import torch
 
     x, n = args[0], ctx.node
+    if isinstance(x, LV) and x.both is not None:
+        m1, m2, conj = x.both
+        if m1.mask and m2.mask:  # De Morgan: ~(m1 & m2) = ~m1 | ~m2
+            return _and_or_of(ctx, _not(ctx, [m1], {}, out), _not(ctx, [m2], {}, out), not conj, out)
+        raise Unsupported(Reason.NOT_IN_REGISTRY, "bitwise_not of a conjunction of boolean tensors")
     if isinstance(x, LV) and x.mask:  # a comparison made here: 1 - m, and its boolean form's test reversed
-        flip = {"gt": "le", "le": "gt", "lt": "ge", "ge": "lt"}
+        flip = {"gt": "ngt", "ngt": "gt", "le": "nle", "nle": "le", "lt": "nlt", "nlt": "lt", "ge": "nge", "nge": "ge",
+                "feq": "fne", "fne": "feq"}
         r = ctx.ew(x.shape, [x], lambda ts: emit(ctx.g, "shift", emit(ctx.g, "scale", ts[0], c=-1.0), c=1.0))
         cmp = None if x.cmp is None else (x.cmp[0], flip[x.cmp[1]], x.cmp[2])
         return dataclasses.replace(r, mask=True, cmp=cmp if r.t.shape == x.t.shape else None)
     if not isinstance(x, LV) or x.t.dtype != vm_dtype(torch.bool) or n is None:
         raise Unsupported(Reason.NOT_IN_REGISTRY, "bitwise_not of anything but a boolean tensor (the registry has "
                                                   "no boolean op)")
-    pos = {"where": 0, "masked_fill": 1}
-    if not n.users or any(op_of_node(u) not in pos or len(u.args) <= pos[op_of_node(u)]
-                          or u.args[pos[op_of_node(u)]] is not n or n in u.args[pos[op_of_node(u)] + 1:]
-                          for u in n.users):
-        raise Unsupported(Reason.NOT_IN_REGISTRY, "bitwise_not read by anything but the mask of a where or a "
-                                                  "masked_fill (the registry has no boolean op)")
+    # (its readers in the partition are where / masked_fill reading it as their mask, NEGATED_READERS; one outside
+    # it gets its 0/1 floats, converted to booleans on exit: negated_floats)
     return dataclasses.replace(x, negated=not x.negated)
+
+
+#: the ops that read a negated boolean (:attr:`LV.negated`) as such, as their mask: any other reader is refused
+NEGATED_READERS = {"where": 0, "masked_fill": 1, "bitwise_not": 0, "logical_not": 0}
+
+
+def reads_negated(name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> bool:
+    """Whether ATen op ``name`` reads its lifted operands ``args`` / ``kwargs`` so that a negated boolean among
+    them is read only as its mask operand."""
+    pos = NEGATED_READERS.get(name)
+    return all(not (isinstance(a, LV) and a.negated) or i == pos for i, a in enumerate(args)) and not any(
+        isinstance(a, LV) and a.negated for a in kwargs.values())
+
+
+@handles("logical_and", "bitwise_and", "logical_or", "bitwise_or", "__and__", "__or__")
+def _and_or(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    """``m1 & m2`` / ``m1 | m2`` of two booleans (clamp's gradient ``where(ge(x, lo) & le(x, hi), grad, 0)``): a
+    ``where`` reads it as nested selects; any other reader as the 0/1 floats ``f1 f2`` / ``f1 + f2 - f1 f2``."""
+    return _and_or_of(ctx, args[0], args[1], "and" in op_of(ctx), out)
+
+
+def _and_or_of(ctx: Ctx, m1: Any, m2: Any, conj: bool, out: Any) -> LV:
+    import torch
+
+    if not all(isinstance(m, LV) and (m.mask or m.t.dtype == DType.bool) and not m.negated and m.shape == _shape(out)
+               for m in (m1, m2)):
+        raise Unsupported(Reason.NOT_IN_REGISTRY, "and / or of anything but two booleans of the result's shape")
+    f1, f2 = (m if m.mask else _where(ctx, [m, 1.0, 0.0], {}, (_shape(out), torch.float32)) for m in (m1, m2))
+    g = ctx.g
+
+    def f(ts: list[Tensor]) -> Tensor:
+        p = emit(g, "mul", ts[0], ts[1])
+        return p if conj else emit(g, "sub", emit(g, "add", ts[0], ts[1]), p)
+
+    r = ctx.ew(_shape(out), [dataclasses.replace(f1, mask=False), dataclasses.replace(f2, mask=False)], f)
+    return dataclasses.replace(r, mask=True, both=(m1, m2, conj))
+
+
+def negated_floats(ctx: Ctx, v: LV) -> LV:
+    """A negated boolean (:attr:`LV.negated`) as the 0/1 floats of its value, a mask (:attr:`LV.mask`): what a
+    partition hands out (the runner converts it to ATen's booleans on exit; ``~causal`` saved for the backward)."""
+    import torch
+
+    r = _where(ctx, [dataclasses.replace(v, negated=False), 0.0, 1.0], {}, (v.shape, torch.float32))
+    return dataclasses.replace(r, mask=True)
 
 
 #: ATen ops undefined somewhere over the reals (a tensor denominator, a logarithm, a root)
@@ -1236,25 +1337,51 @@ def op_of_node(n: Any) -> str:
     return str(getattr(packet, "__name__", getattr(t, "__name__", t))).split(".")[0]
 
 
+#: a comparison with a constant (:attr:`LV.cmp`) by name: (tested as x > c rather than -x > -c, true where that
+#: test holds, its value at NaN). ``ngt`` is ``~(x > c)``, ``nle`` is ``~(x <= c)`` (true at NaN), ...
+CMP_FORMS = {"gt": (True, True, False), "le": (True, False, False), "ngt": (True, False, True),
+             "nle": (True, True, True), "lt": (False, True, False), "ge": (False, False, False),
+             "nlt": (False, False, True), "nge": (False, True, True)}
+
+
+def _notnan(g: Graph, x: Tensor) -> Tensor:
+    """``x == x`` as a ``vm.bool``: ``clamp(x, -1, 1) > -2`` (the clamp keeps NaN and maps every other value,
+    infinities too, into [-1, 1])."""
+    return emit(g, "greater", emit(g, "clamp", x, -1.0, 1.0), c=-2.0)
+
+
+def _in_dtype(c: float, dt: DType) -> float:
+    """The constant ``c`` as ATen compares it with a tensor of ``dt``: rounded to ``dt`` (``x > 0.3`` of a half
+    ``x`` compares with half(0.3) = 0.30005)."""
+    import torch
+
+    return float(torch.tensor(c, dtype=getattr(torch, dt.torch_name))) if dt != DType.bool else c
+
+
 @handles("le", "lt", "ge", "gt")
 def _compare(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
     """A comparison with a constant as a 0/1 mask (``step``: 1 where x > c): gt = step(x, c),
-    le = 1 - step(x, c), lt = step(-x, -c), ge = 1 - step(-x, -c). Only ``where`` and arithmetic read it."""
+    le = notnan(x) - step(x, c), lt = step(-x, -c), ge = notnan(x) - step(-x, -c) (ATen's le and ge are false at
+    NaN), the constant rounded to ``x``'s dtype as ATen does. Only ``where`` and arithmetic read it."""
     x, c = args[0], args[1]
     name = op_of(ctx)
     if not (isinstance(x, LV) and _num(c)):
         raise Unsupported(Reason.NOT_IN_REGISTRY, f"aten.{name} of two tensors (the registry's step compares with "
                                                   "a constant)")
-    if x.mask or not math.isfinite(float(c)):
-        raise Unsupported(Reason.NOT_IN_REGISTRY, f"aten.{name} of a mask or with a constant {c}")
+    cv = _in_dtype(float(c), x.t.dtype)
+    if x.mask or not math.isfinite(cv):
+        raise Unsupported(Reason.NOT_IN_REGISTRY, f"aten.{name} of a mask or with a constant {c} (not finite in "
+                                                  f"{x.t.dtype})")
     g = ctx.g
-    cv = float(c)
     seen: list[Tensor] = []
 
     def f(ts: list[Tensor]) -> Tensor:
         seen.append(ts[0])
         s = emit(g, "step", ts[0], c=cv) if name in ("gt", "le") else emit(g, "step", emit(g, "neg", ts[0]), c=-cv)
-        return s if name in ("gt", "lt") else emit(g, "shift", emit(g, "scale", s, c=-1.0), c=1.0)
+        if name in ("gt", "lt"):
+            return s
+        ok = emit(g, "step", emit(g, "clamp", ts[0], -1.0, 1.0), c=-2.0)  # 1, 0 at NaN (as _notnan)
+        return emit(g, "sub", ok, s)
 
     r = ctx.ew(_shape(out), [x], f)
     cmp = (seen[0], name, cv) if tuple(seen[0].shape) == tuple(r.t.shape) else None
@@ -1308,7 +1435,12 @@ def _sdpa_scores(ctx: Ctx, q: LV, k: LV, mask: Any, causal: bool,
             raise Unsupported(Reason.DTYPE, "attention with a boolean mask (needs where)")
         # a row the mask sets entirely to -inf (a padded query) is 0 in the fused op and its gradients: the callers
         # take the softmax and the statistics of masked scores in their safe forms (_safe_softmax_t, _row_lse)
-        s = emit(g, "add", s, ctx.exact(mask))
+        s = emit(g, "add", s, ctx.exact(dataclasses.replace(mask, fill=None)))
+        if mask.fill is not None:  # a constant mask holding -inf (constant_value): those scores are the lowest
+            # value and their weights exactly 0 (``keep``, read by the callers' softmax, as a causal mask's)
+            if causal or not mask.fill[1]:
+                raise Unsupported(Reason.NOT_IN_REGISTRY, "attention with a -inf mask and a causal flag")
+            s, keep = _filled(ctx, mask.fill, s), mask.fill[0]
     return s, c, keep
 
 
@@ -1365,14 +1497,14 @@ def _row_lse(ctx: Ctx, s: Tensor, axis: int, want: Any, *, safe: bool = False, k
     if s.dtype != want:
         s = emit(g, "cast", s, want)
     if safe:
-        m, _, t, d = _safe_parts(g, s, axis)
+        m, _, t, d = _safe_parts(g, s, axis, keep)
         return emit(g, "add", emit(g, "mul", emit(g, "step", t, c=0.5), m), emit(g, "log", d))
     m = emit(g, "max", s, axis)
     e = _kept(g, keep, emit(g, "exp", emit(g, "sub", s, m)), s)
     return emit(g, "add", m, emit(g, "log", emit(g, "sum", e, axis)))
 
 
-def _safe_parts(g: Graph, s: Tensor, axis: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _safe_parts(g: Graph, s: Tensor, axis: int, keep: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The safe softmax's pieces along ``axis``: the row max clamped to the dtype's finite range ``m``,
     ``e = exp(s - m)``, ``t = sum(e)`` and the denominator ``d = clamp(t, 1, max) + 0 * t`` (see
     :func:`_safe_softmax`): the ``0 * t`` term is 0 over the reals and for every finite ``t``, and NaN where a +inf
@@ -1382,15 +1514,16 @@ def _safe_parts(g: Graph, s: Tensor, axis: int) -> tuple[Tensor, Tensor, Tensor,
 
     fi = torch.finfo(getattr(torch, s.dtype.torch_name))
     m = emit(g, "clamp", emit(g, "max", s, axis), float(fi.min), float(fi.max))
-    e = emit(g, "exp", emit(g, "sub", s, m))
+    e = _kept(g, keep, emit(g, "exp", emit(g, "sub", s, m)), s)
     t = emit(g, "sum", e, axis)
     return m, e, t, emit(g, "add", emit(g, "clamp", t, 1.0, float(fi.max)), emit(g, "scale", t, c=0.0))
 
 
-def _safe_softmax_t(g: Graph, s: Tensor, axis: int) -> Tensor:
+def _safe_softmax_t(g: Graph, s: Tensor, axis: int, keep: Tensor | None = None) -> Tensor:
     """Softmax that is 0 on a row of ``s`` that is -inf throughout (ATen's fused attention with a mask, and
-    ``_safe_softmax``), equal to the softmax on every other row."""
-    _, e, _, d = _safe_parts(g, s, axis)
+    ``_safe_softmax``), equal to the softmax on every other row (``keep``: the entries a constant mask keeps, the
+    others' weights exactly 0, a row kept nowhere 0)."""
+    _, e, _, d = _safe_parts(g, s, axis, keep)
     return emit(g, "div", e, d)
 
 
@@ -1420,9 +1553,9 @@ def sdpa_handler(name: str) -> Handler:
         s, _, keep = _sdpa_scores(ctx, q, k, mask, causal, kwargs.get("scale"))
         ax = len(q.shape) - 1
         safe = isinstance(mask, LV)  # a row masked entirely to -inf is 0 (ATen), not NaN
-        keep = None if safe else keep
+        keep = keep if not safe or mask.fill is not None else None
         if safe:
-            p = _safe_softmax_t(g, s, ax)
+            p = _safe_softmax_t(g, s, ax, keep)
         else:  # (causal: the masked weights exactly 0)
             e = _kept(g, keep, emit(g, "exp", emit(g, "sub", s, emit(g, "max", s, ax))), s)
             p = emit(g, "div", e, emit(g, "sum", e, ax))
@@ -1639,6 +1772,84 @@ def _constant(ctx: Ctx, shape: Sequence[int], torch_dtype: Any, value: float) ->
     return LV(ctx.g.input(name, shape or (1,), dt), shape)
 
 
+#: the ops that read a value holding -inf as the lowest finite value (:attr:`LV.fill`) and know it: any other
+#: reader of such a value is left to ATen
+FILL_READERS = frozenset({"_softmax", "softmax", "_to_copy", "convert_element_type", "add", *_SDPA, *SDPA_BW_ARGS})
+
+
+def _const_input(ctx: Ctx, c: Any) -> LV:
+    """A torch tensor ``c`` (float or bool) as a constant input of the partition (rank 0: a (1,) input)."""
+    shape = tuple(int(s) for s in c.shape)
+    name = f"const{len(ctx.consts)}"
+    ctx.consts.append((name, c.reshape(shape or (1,))))
+    return LV(ctx.g.input(name, shape or (1,), vm_dtype(c.dtype)), shape)
+
+
+#: the ops that read a constant holding -inf (a mask made in the forward, ``torch.full((t, t), -inf).triu(1)``):
+#: attention's mask, or a sum only a softmax along the last dim reads (:func:`constant_value`)
+def _reads_fill(user: Any, c: Any) -> bool:
+    name = op_of_node(user)
+    if name in _SDPA or name in SDPA_BW_ARGS:
+        return user.kwargs.get("attn_mask") is c or c in user.args[3:]
+    return name == "add" and len(user.args) == 2 and user.args[0] is not user.args[1] \
+        and _softmax_reads_only(user, user.meta["val"].dim())
+
+
+def constant_value(ctx: Ctx, c: Any, node: Any, user: Any) -> LV:
+    """The value ``c`` (a torch tensor) the capture computed while lifting fx ``node`` (every operand a constant: a
+    mask or a rotary table made in the forward), as fx node ``user`` reads it: a float or boolean constant input;
+    integers as exact float32s (below 2**24); a float holding -inf (a mask) as its finite part (0 there) with
+    :attr:`LV.fill` its boolean "kept" mask, only for attention's mask or a sum a softmax reads (both make those
+    entries' weights exactly 0, as ATen's -inf)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        return _constant_value(ctx, c, node, user)
+
+
+def _constant_value(ctx: Ctx, c: Any, node: Any, user: Any) -> LV:
+    import torch
+
+    if c.dtype == torch.bool:
+        return _const_input(ctx, c)
+    if c.is_complex() or not (c.is_floating_point() or c.dtype in (torch.int64, torch.int32, torch.int16,
+                                                                   torch.int8, torch.uint8)):
+        raise Unsupported(Reason.DTYPE, f"a constant of dtype {c.dtype}")
+    if not c.is_floating_point():
+        if c.numel() and int(c.abs().max()) >= _EXACT_INT:
+            raise Unsupported(Reason.DTYPE, "an integer constant beyond 2**24 (not exact in float32)")
+        return dataclasses.replace(_const_input(ctx, c.to(torch.float32)), integral=True, value=c)
+    vm_dtype(c.dtype)
+    finite = torch.isfinite(c)
+    if bool(finite.all()):
+        return _const_input(ctx, c)
+    keep = c != float("-inf")
+    if bool((~finite & keep).any()):
+        raise Unsupported(Reason.NOT_IN_REGISTRY, "a constant holding NaN or +inf (the registry's constants are "
+                                                  "finite)", node)
+    if not _reads_fill(user, node):  # (ATen makes it, and the kernels read it as an input: blamed, not its reader)
+        raise Unsupported(Reason.NOT_IN_REGISTRY, "a constant holding -inf read by anything but attention's mask or "
+                                                  "a sum a softmax along the last dim reads (the registry's "
+                                                  "constants are finite)", node)
+    finite = torch.where(keep, c, torch.zeros((), dtype=c.dtype))
+    r = _const_input(ctx, finite)
+    return dataclasses.replace(r, fill=(_const_input(ctx, keep).t, True), zero=not bool(finite.any()))
+
+
+def _lowest(ctx: Ctx, dt: DType) -> Tensor:
+    import torch
+
+    tdt = getattr(torch, dt.torch_name)
+    return _constant(ctx, (), tdt, float(torch.finfo(tdt).min)).t
+
+
+def _filled(ctx: Ctx, fill: tuple[Tensor, bool], t: Tensor) -> Tensor:
+    """``t`` with the entries ``fill`` marks (:attr:`LV.fill`) set to the dtype's lowest finite value."""
+    fm, keep = fill
+    low = _lowest(ctx, t.dtype)
+    return emit(ctx.g, "where", fm, *((t, low) if keep else (low, t)))
+
+
 #: ops that make a constant tensor (their ``device`` keyword is where it lives, not a move)
 CREATION_OPS = frozenset({"new_zeros", "new_ones", "new_full", "full", "zeros", "ones", "scalar_tensor", "arange"})
 
@@ -1802,11 +2013,14 @@ def index_bounds(name: str, args: Sequence[Any]) -> tuple[int, int | None] | Non
 _EXACT_INT = 2**24
 
 
-def _one_hot(ctx: Ctx, index: LV, rows: int, classes: int, ignore: int | None = None) -> Tensor:
+def _one_hot(ctx: Ctx, index: LV, rows: int, classes: int, ignore: int | None = None, *,
+             boolean: bool = False) -> Tensor:
     """``(rows, classes)`` float32: 1 where ``index[i] == c`` (and ``c != ignore``), else 0; ``index`` holds
     ``rows`` integer-valued float32s. Built as ``step(-|index[i] - c|, -0.5)`` against a constant row of the class
-    numbers: integers closer than 1/2 are equal, and every value here is an integer below 2**24 (exact). An index
-    outside ``[0, classes)`` matches no class (ATen raises for it; the kernels do not check)."""
+    numbers (the ignored class's number replaced by a half-integer, which no integer matches): integers closer
+    than 1/2 are equal, and every value here is an integer below 2**24 (exact). An index outside
+    ``[0, classes)`` matches no class (ATen raises for it; the kernels do not check). ``boolean``: the same mask as
+    a ``vm.bool`` (``greater``), for a ``where`` that picks (a select: no ``inf * 0`` from the classes not picked)."""
     import torch
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
@@ -1818,30 +2032,25 @@ def _one_hot(ctx: Ctx, index: LV, rows: int, classes: int, ignore: int | None = 
     t = emit(g, "reshape", ctx.exact(index) if index.shape else index.t, (rows, 1))
     with unset_fake_temporarily():
         iota = torch.arange(classes, dtype=torch.float32).reshape(1, classes)
+        if ignore is not None and 0 <= ignore < classes:
+            iota[0, ignore] = ignore + 0.5
     name = f"const{len(ctx.consts)}"
     ctx.consts.append((name, iota))
     c = ctx.g.input(name, (1, classes), vm_dtype(torch.float32))
     d = emit(g, "sub", emit(g, "broadcast_to", t, (rows, classes)), emit(g, "broadcast_to", c, (rows, classes)))
-    oh = emit(g, "step", emit(g, "neg", emit(g, "abs", d)), c=-0.5)
-    if ignore is not None and 0 <= ignore < classes:
-        with unset_fake_temporarily():
-            keep = torch.ones(1, classes, dtype=torch.float32)
-            keep[0, ignore] = 0.0
-        name = f"const{len(ctx.consts)}"
-        ctx.consts.append((name, keep))
-        k = ctx.g.input(name, (1, classes), vm_dtype(torch.float32))
-        oh = emit(g, "mul", oh, emit(g, "broadcast_to", k, (rows, classes)))
-    return oh
+    return emit(g, "greater" if boolean else "step", emit(g, "neg", emit(g, "abs", d)), c=-0.5)
 
 
-def _finite(g: Graph, x: Tensor) -> Tensor:
-    """``x`` clamped to its dtype's finite range (the same value for every finite element), so that multiplying it
-    by a 0 of a class mask gives 0: a -inf log-probability of another class (a masked logit) made ``-inf * 0 = NaN``
-    and the row's loss NaN where ATen's is finite. A picked -inf reads as the dtype's lowest value (ATen: -inf)."""
+def _picked(ctx: Ctx, x: Tensor, index: LV, ignore: int | None = None) -> Tensor:
+    """``(rows, 1)``: ``x[i, index[i]]`` (0 where the index is ``ignore``), as ``sum_c where(index[i] == c, x[i, c],
+    0)``: the select passes the picked value as it is (a -inf log-probability gives an infinite loss, as ATen's)
+    and reads nothing else (an inf or NaN of a class not picked changes nothing, as in ATen)."""
     import torch
 
-    fi = torch.finfo(getattr(torch, x.dtype.torch_name))
-    return emit(g, "clamp", x, float(fi.min), float(fi.max))
+    n, k = (int(s) for s in x.shape)
+    zero = _constant(ctx, (), getattr(torch, x.dtype.torch_name), 0.0).t
+    sel = emit(ctx.g, "where", _one_hot(ctx, index, n, k, ignore, boolean=True), x, zero)
+    return emit(ctx.g, "sum", sel, 1)
 
 
 def _as(g: Graph, t: Tensor, dt: Any) -> Tensor:
@@ -1865,12 +2074,11 @@ def _nll_loss_forward(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: An
     x, target, weight, reduction, ignore = (list(args) + [None] * 5)[:5]
     xt, n, k, red = _nll_args(ctx, x, weight, reduction)
     g = ctx.g
-    oh = _one_hot(ctx, target, n, k, None if ignore is None else int(ignore))
-    picked = emit(g, "sum", emit(g, "mul", _finite(g, xt), _as(g, oh, xt.dtype)), 1)  # (n, 1): x[i, t_i], 0 if ignored
-    loss = emit(g, "neg", picked)
-    count = _as(g, emit(g, "sum", emit(g, "sum", oh, 1), 0), xt.dtype)  # (1, 1)
+    ig = None if ignore is None else int(ignore)
+    loss = emit(g, "neg", _picked(ctx, xt, target, ig))  # (n, 1): -x[i, t_i], 0 if ignored
     if red == 0:
         return LV(loss, (n,)), _constant(ctx, (), out[1][1], 0.0)
+    count = _as(g, emit(g, "sum", emit(g, "sum", _one_hot(ctx, target, n, k, ig), 1), 0), xt.dtype)  # (1, 1)
     total = emit(g, "sum", loss, 0)
     if red == 1:
         total = emit(g, "div", total, count)
@@ -1891,7 +2099,8 @@ def _nll_loss_backward(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: A
     if not isinstance(gr, LV) or (red == 1 and not isinstance(total, LV)):
         raise Unsupported(Reason.NOT_IN_REGISTRY, "nll_loss_backward without tensor gradients")
     g = ctx.g
-    oh = _as(g, _one_hot(ctx, target, n, k, None if ignore is None else int(ignore)), dt)
+    ig = None if ignore is None else int(ignore)
+    oh = _as(g, _one_hot(ctx, target, n, k, ig), dt)
     go = emit(g, "reshape", ctx.exact(gr) if gr.shape else gr.t, (n, 1) if red == 0 else (1, 1))
     scale = emit(g, "broadcast_to", _as(g, go, dt), (n, k))
     if red == 1:
@@ -1901,6 +2110,8 @@ def _nll_loss_backward(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: A
         none = emit(g, "step", emit(g, "neg", emit(g, "sum", emit(g, "sum", oh, 1), 0)), c=-0.5)  # (1, 1)
         tw = emit(g, "add", _as(g, emit(g, "reshape", total.t, (1, 1)), dt), none)
         scale = emit(g, "div", scale, emit(g, "broadcast_to", tw, (n, k)))
+    # (ATen writes 0 off the targets whatever the upstream gradient; ``scale * oh`` is NaN there at an infinite
+    # one. A select, ``where(t_i == c, -scale, 0)``, left the composed backward of cross entropy unproved.)
     return LV(emit(g, "neg", emit(g, "mul", scale, oh)), (n, k))
 
 
@@ -1915,29 +2126,81 @@ def _gather(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
             and index.shape == (x.shape[0], 1)):
         raise Unsupported(Reason.INDEXED, "gather of anything but one index per row along the last dim of a 2-d "
                                           "input: it runs in the fallback, outside the verified kernels")
-    g = ctx.g
-    xt = ctx.exact(x)
-    n, k = x.shape
-    oh = _as(g, _one_hot(ctx, index, n, k), xt.dtype)
-    return LV(emit(g, "sum", emit(g, "mul", _finite(g, xt), oh), 1), (n, 1))
+    return LV(_picked(ctx, ctx.exact(x), index), (x.shape[0], 1))
 
 
-for _n in ("nll_loss", "nll_loss_nd", "scatter", "scatter_add", "scatter_reduce", "index_select", "index",
+def _runs(idx: Any, n: int) -> list[tuple[int, int]] | None:
+    """Constant indices ``idx`` (a 1-d torch tensor) into a dim of size ``n`` as runs ``[s, e)`` of consecutive
+    positions (negative indices from the end); None if one is out of range."""
+    out: list[tuple[int, int]] = []
+    for i in (int(v) for v in idx.tolist()):
+        if not -n <= i < n:
+            return None
+        i %= n
+        if out and out[-1][1] == i:
+            out[-1] = (out[-1][0], i + 1)
+        else:
+            out.append((i, i + 1))
+    return out
+
+
+def _take_constant(ctx: Ctx, x: Any, dim: int, idx: Any, out: Any) -> LV:
+    """``x`` at constant positions ``idx`` along ``dim`` (Falcon's multi-query ``fused[..., [-2], :]``): slices of
+    its runs of consecutive positions, concatenated; the indices are known when lifting, so nothing is read at data
+    positions."""
+    if not isinstance(x, LV) or idx is None or getattr(idx, "dim", lambda: 2)() != 1 or idx.is_floating_point():
+        raise Unsupported(Reason.INDEXED, f"aten.{op_of(ctx)}: reads at indices that are data: it runs in the "
+                                          "fallback, outside the verified kernels")
+    d = dim % len(x.shape)
+    runs = _runs(idx, x.shape[d])
+    if not runs:
+        raise Unsupported(Reason.INDEXED, f"aten.{op_of(ctx)} with an index out of range or none")
+    dt = out[1]
+    parts = []
+    for s0, e0 in runs:
+        shape = (*x.shape[:d], e0 - s0, *x.shape[d + 1:])
+        parts.append(_slice(ctx, [x, d, s0, e0, 1], {}, (shape, dt)))
+    return parts[0] if len(parts) == 1 else _cat(ctx, [parts, d], {}, out)
+
+
+@handles("index")
+def _index(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    """``x[..., idx, ...]`` with one constant 1-d index tensor (made in the forward or held by the graph):
+    :func:`_take_constant`; data-dependent indices stay in ATen."""
+    x, ix = args[0], args[1]
+    given = [(i, v) for i, v in enumerate(ix or []) if v is not None]
+    if len(given) != 1 or not isinstance(given[0][1], LV):
+        raise Unsupported(Reason.INDEXED, "aten.index: reads or writes at indices that are data: it runs in the "
+                                          "fallback, outside the verified kernels")
+    return _take_constant(ctx, x, given[0][0], given[0][1].value, out)
+
+
+@handles("index_select")
+def _index_select(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    """``index_select(x, dim, idx)`` with constant ``idx``: :func:`_take_constant`."""
+    idx = args[2]
+    return _take_constant(ctx, args[0], int(args[1]), idx.value if isinstance(idx, LV) else None, out)
+
+
+for _n in ("nll_loss", "nll_loss_nd", "scatter", "scatter_add", "scatter_reduce",
            "_unsafe_index", "index_put", "_unsafe_index_put", "index_add", "index_copy", "embedding",
            "embedding_dense_backward", "topk", "sort", "argsort", "nonzero", "masked_select", "masked_scatter",
            "take_along_dim", "_embedding_bag", "one_hot", "bincount", "searchsorted", "bucketize"):
     HANDLERS[_n] = _not_expressible(Reason.INDEXED, "reads or writes at indices that are data (a gather or "
                                     "scatter): it runs in the fallback, outside the verified kernels")
 for _n in ("cumsum", "cumprod"):
-    HANDLERS[_n] = _not_expressible(Reason.NOT_IN_REGISTRY, "a running sum or product along a dim (the registry has "
-                                    "no scan)")
+    HANDLERS[_n] = _not_expressible(Reason.NOT_IN_REGISTRY, "a running sum or product along a dim: the registry has "
+                                    "no scan, and a triangular matmul (0/1 weights) would read the later elements "
+                                    "times 0, NaN where one is inf (ATen's scan is finite before it), at O(n^2)")
 @handles("eq", "ne")
 def _equal(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
     """``x == c`` (``!=``) of integer-valued floats (:attr:`LV.integral`: labels, counts) and an integer constant,
     as the mask ``|x - c| < 1/2`` (``step(-|x - c|, -1/2)``; exact, every value an integer below 2**24); a ``where``
-    reads it as the boolean ``greater(-|x - c|, -1/2)``. Floats are not compared for equality (no registry op)."""
+    reads it as the boolean ``greater(-|x - c|, -1/2)``. Floats (:func:`_float_equal`): neither above nor below."""
     x, c = args[0], args[1]
     name = op_of(ctx)
+    if isinstance(x, LV) and not x.integral and not x.mask and not x.cplx and _num(c) and x.t.dtype != DType.bool:
+        return _float_equal(ctx, x, float(c), name, out)
     if not (isinstance(x, LV) and x.integral and _num(c) and float(c).is_integer() and abs(float(c)) < 2**24):
         raise Unsupported(Reason.NOT_IN_REGISTRY, f"aten.{name} of anything but integers and an integer constant "
                                                   "(an equality of floats has no registry op)")
@@ -1951,7 +2214,30 @@ def _equal(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
         return s if name == "eq" else emit(g, "shift", emit(g, "scale", s, c=-1.0), c=1.0)
 
     r = ctx.ew(_shape(out), [x], f)
-    cmp = (seen[0], "gt" if name == "eq" else "le", -0.5) if tuple(seen[0].shape) == tuple(r.t.shape) else None
+    cmp = (seen[0], "gt" if name == "eq" else "ngt", -0.5) if tuple(seen[0].shape) == tuple(r.t.shape) else None
+    return dataclasses.replace(r, mask=True, cmp=cmp)
+
+
+def _float_equal(ctx: Ctx, x: LV, c: float, name: str, out: Any) -> LV:
+    """``x == c`` (``!=``) of floats with a constant (``F.normalize``'s gradient ``masked_fill(x / n, n == 0, 0)``):
+    neither ``x > c`` nor ``-x > -c`` and not NaN, as the mask ``notnan(x) - step(x, c) - step(-x, -c)`` (1 - that
+    for ``!=``, true at NaN as in ATen), ``c`` rounded to ``x``'s dtype as ATen compares; a ``where`` reads it as
+    booleans (``feq`` / ``fne``)."""
+    g = ctx.g
+    cv = _in_dtype(c, x.t.dtype)
+    if not math.isfinite(cv):
+        raise Unsupported(Reason.NOT_IN_REGISTRY, f"aten.{name} with a constant {c} (not finite in {x.t.dtype})")
+    seen: list[Tensor] = []
+
+    def f(ts: list[Tensor]) -> Tensor:
+        seen.append(ts[0])
+        ok = emit(g, "step", emit(g, "clamp", ts[0], -1.0, 1.0), c=-2.0)
+        both = emit(g, "add", emit(g, "step", ts[0], c=cv), emit(g, "step", emit(g, "neg", ts[0]), c=-cv))
+        eq = emit(g, "sub", ok, both)
+        return eq if name == "eq" else emit(g, "shift", emit(g, "scale", eq, c=-1.0), c=1.0)
+
+    r = ctx.ew(_shape(out), [x], f)
+    cmp = (seen[0], "feq" if name == "eq" else "fne", cv) if tuple(seen[0].shape) == tuple(r.t.shape) else None
     return dataclasses.replace(r, mask=True, cmp=cmp)
 
 

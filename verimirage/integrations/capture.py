@@ -39,14 +39,19 @@ from .aten import (
     COMPLEX_OPS,
     COMPLEX_VIEWS,
     CREATION_OPS,
+    FILL_READERS,
     HANDLERS,
     INDEX_OPERANDS,
     LV,
+    NEGATED_READERS,
     VIEW_OPS,
     Ctx,
     Reason,
     Unsupported,
+    constant_value,
     index_bounds,
+    negated_floats,
+    reads_negated,
     unread_args,
     vm_dtype,
 )
@@ -182,6 +187,83 @@ def _out_meta(n: fx.Node) -> Any:
     raise Unsupported(Reason.NOT_TENSOR, f"{n.name} has no tensor result")
 
 
+#: the largest constant (in elements) the capture computes while lifting (:func:`foldable`)
+FOLD_MAX = 1 << 20
+
+
+def foldable(n: fx.Node) -> bool:
+    """Whether the capture may compute fx node ``n`` while lifting once every tensor it reads is such a constant
+    (a causal or sliding-window mask, a rotary table made in the forward): an ATen op that makes a tensor (or reads
+    tensors), deterministic, writing no operand, with a static result of at most :data:`FOLD_MAX` elements. Its
+    readers in the partition get the value as a constant input."""
+    t = n.target
+    if n.op != "call_function" or not isinstance(t, torch._ops.OpOverload) or op_name(n) in ALLOC_OPS:
+        return False
+    if torch.Tag.nondeterministic_seeded in t.tags or t._schema.is_mutable:
+        return False
+    v = n.meta.get("val")
+    if not isinstance(v, torch.Tensor) or not all(isinstance(d, int) for d in v.shape) or v.numel() > FOLD_MAX:
+        return False
+    leaves = [*n.args, *n.kwargs.values()]
+    leaves += [x for a in leaves if isinstance(a, (list, tuple)) for x in a]
+    if any(isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)) for a in leaves):
+        return False
+    return bool(n.all_input_nodes) or op_name(n) in CREATION_OPS
+
+
+#: fx meta key of a ``get_attr`` node's tensor (a constant the traced graph holds: ``x[..., [-2]]``'s index list)
+HELD = "verimirage_constant"
+
+
+def _known(a: fx.Node, folded: Mapping[fx.Node, torch.Tensor] | set[fx.Node]) -> bool:
+    return a in folded or HELD in a.meta
+
+
+def constant_nodes(nodes: Sequence[fx.Node]) -> set[fx.Node]:
+    """The nodes of ``nodes`` (in graph order) that :func:`foldable` makes constants: each reads only such nodes
+    (or tensors the graph holds, :data:`HELD`)."""
+    out: set[fx.Node] = set()
+    for n in nodes:
+        if foldable(n) and all(_known(a, out) for a in n.all_input_nodes):
+            out.add(n)
+    return out
+
+
+def hold_constants(gm: fx.GraphModule) -> None:
+    """Note in each ``get_attr`` node's meta (:data:`HELD`) the small tensor it reads (a constant the traced graph
+    holds), so that the ops reading it can be computed while lifting."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    for n in gm.graph.nodes:
+        if n.op == "get_attr":
+            v: Any = gm
+            for part in str(n.target).split("."):
+                v = getattr(v, part, None)
+            if isinstance(v, torch.Tensor) and not isinstance(v, (torch.nn.Parameter, FakeTensor)) \
+                    and v.numel() <= FOLD_MAX:
+                n.meta[HELD] = v  # (read, never written: the ops computed from it make new tensors)
+
+
+def _fold(n: fx.Node, folded: Mapping[fx.Node, torch.Tensor]) -> torch.Tensor | None:
+    """fx node ``n``'s value computed by its ATen op on the CPU from the constants it reads (None if that fails)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    def real(a: Any) -> Any:
+        return (folded[a] if a in folded else a.meta[HELD]) if isinstance(a, fx.Node) else a
+
+    kwargs = {k: fx.node.map_aggregate(a, real) for k, a in n.kwargs.items() if k not in ("device", "pin_memory")}
+    v = n.meta["val"]
+    try:
+        with unset_fake_temporarily():
+            r = n.target(*fx.node.map_aggregate(n.args, real), **kwargs)  # type: ignore[operator]
+    except Exception:  # e.g. an op that wants its device: it is lifted (or left) as it is
+        log.debug("computing %s while lifting failed", n.format_node(), exc_info=True)
+        return None
+    if not isinstance(r, torch.Tensor) or tuple(r.shape) != tuple(v.shape) or r.dtype != v.dtype:
+        return None
+    return r
+
+
 # --------------------------------------------------------------------------- lifting
 
 
@@ -203,7 +285,8 @@ class Lifted:
     nodes: list[fx.Node]
     inputs: list[fx.Node]
     outputs: list[fx.Node]
-    #: per partition output: ("out", index into graph outputs) or ("in", index into inputs), ATen shape, bcast
+    #: per partition output: ("out", index into graph outputs), ("in", index into inputs) or ("const", index into
+    #: const_outs), ATen shape, bcast
     out_map: list[tuple[str, int, tuple[int, ...], bool]]
     out_meta: list[tuple[tuple[int, ...], torch.dtype, tuple[int, ...]]]
     consts: list[tuple[str, torch.Tensor]]
@@ -218,6 +301,8 @@ class Lifted:
     extra: tuple[fx.Node, ...] = ()
     #: complex64 inputs: the graph's input is their real view (``torch.view_as_real``), which the runner makes
     complex_inputs: frozenset[int] = frozenset()
+    #: the values of ("const", i) outputs: constants computed while lifting that are read outside the partition too
+    const_outs: list[torch.Tensor] = field(default_factory=list)
 
 
 def lift(nodes: Sequence[fx.Node], *, strict: bool = False) -> Lifted:
@@ -228,7 +313,7 @@ def lift(nodes: Sequence[fx.Node], *, strict: bool = False) -> Lifted:
     g = Graph()
     ctx = Ctx(g)
     ctx.strict = strict
-    env: dict[fx.Node, Any] = {}
+    env: dict[fx.Node, Any] = ctx.env
     inputs: list[fx.Node] = []
     inside = set(nodes)
     input_ref: dict[Any, int] = {}
@@ -238,8 +323,14 @@ def lift(nodes: Sequence[fx.Node], *, strict: bool = False) -> Lifted:
     extra: list[fx.Node] = []
     int_uses: dict[fx.Node, torch.dtype] = {}  # integer input -> the float dtype its readers take it as
     complex_inputs: set[int] = set()
+    folded: dict[fx.Node, torch.Tensor] = {}  # constants computed while lifting (foldable)
 
     def val(a: Any, user: fx.Node) -> Any:
+        if isinstance(a, fx.Node) and a in folded and a not in env:
+            r = constant_value(ctx, folded[a], a, user)
+            if r.fill is None:
+                env[a] = r
+            return r
         if isinstance(a, fx.Node):
             v = a.meta.get("val")
             pos = INDEX_OPERANDS.get(op_name(user))
@@ -287,6 +378,13 @@ def lift(nodes: Sequence[fx.Node], *, strict: bool = False) -> Lifted:
         return a
 
     for n in nodes:
+        if foldable(n) and all(_known(a, folded) for a in n.all_input_nodes):
+            c = _fold(n, folded)
+            if c is not None:
+                folded[n] = c
+                # (a tensor the graph holds is read by the partition's ATen ops, the check and the fallback)
+                extra.extend(a for a in n.all_input_nodes if a not in folded and a not in extra)
+                continue
         try:
             if n.target is operator.getitem:
                 srcn, idx = n.args[0], n.args[1]
@@ -312,6 +410,16 @@ def lift(nodes: Sequence[fx.Node], *, strict: bool = False) -> Lifted:
             extra.extend(a for i, a in enumerate(n.args) if i in skip and isinstance(a, fx.Node) and a not in inside
                          and isinstance(a.meta.get("val"), torch.Tensor) and a not in extra)
             kwargs = {k: val(a, n) for k, a in n.kwargs.items()}
+            if not reads_negated(name, args, kwargs):  # ~m read as numbers (or not as a mask): its 0/1 floats
+                pos = NEGATED_READERS.get(name)
+                args = [negated_floats(ctx, a) if isinstance(a, LV) and a.negated and i != pos else a
+                        for i, a in enumerate(args)]
+                kwargs = {k: negated_floats(ctx, a) if isinstance(a, LV) and a.negated else a
+                          for k, a in kwargs.items()}
+            if any(isinstance(a, LV) and a.fill is not None for a in (*args, *kwargs.values())) \
+                    and name not in FILL_READERS:
+                raise Unsupported(Reason.NOT_IN_REGISTRY, f"aten.{name} of a value holding -inf (held as the lowest "
+                                                          "finite value, which only a softmax reads as -inf)")
             if any(isinstance(a, LV) for a in kwargs.values()) and name not in ("where",) and not name.startswith(
                 "_scaled_dot"
             ) and name != "scaled_dot_product_attention":
@@ -353,8 +461,15 @@ def lift(nodes: Sequence[fx.Node], *, strict: bool = False) -> Lifted:
     out_map: list[tuple[str, int, tuple[int, ...], bool]] = []
     out_meta: list[tuple[tuple[int, ...], torch.dtype, tuple[int, ...]]] = []
     gouts: list[Any] = []
+    const_outs: list[torch.Tensor] = []
     seen: dict[Any, int] = {}
     for n in outputs:
+        if n in folded:  # a constant read outside too (a mask the backward reads): the runner returns its value
+            mv = n.meta["val"]
+            out_meta.append((tuple(int(s) for s in mv.shape), mv.dtype, tuple(int(s) for s in mv.stride())))
+            out_map.append(("const", len(const_outs), tuple(mv.shape), False))
+            const_outs.append(folded[n])
+            continue
         v = env[n]
         if not isinstance(v, LV):
             raise LiftError(n, Reason.LAYOUT, f"{n.name}: its results are used outside, but not all are lifted")
@@ -367,6 +482,8 @@ def lift(nodes: Sequence[fx.Node], *, strict: bool = False) -> Lifted:
         if v.mask and not held:
             raise LiftError(n, Reason.DTYPE, f"{n.name}: a comparison's booleans used outside the partition as "
                                              f"{n.meta['val'].dtype}", alone=True)
+        if v.negated and n.meta["val"].dtype == torch.bool:  # (~causal saved for the backward): its 0/1 floats
+            v = negated_floats(ctx, v)
         if v.negated:
             raise LiftError(n, Reason.NOT_IN_REGISTRY, f"{n.name}: a negated boolean used outside the partition (the "
                                                        "kernels read it by swapping a where's branches)", alone=True)
@@ -392,8 +509,25 @@ def lift(nodes: Sequence[fx.Node], *, strict: bool = False) -> Lifted:
             # an input only views leave the partition with: those views stay outside
             user = next(u for u in nodes if inputs[i] in u.all_input_nodes)
             raise LiftError(user, Reason.NO_COMPUTE, f"{user.name} only passes a view of an input through")
-    return Lifted(g, list(nodes), inputs, outputs, out_map, out_meta, ctx.consts, frozenset(int_inputs),
-                  tuple(bounds), tuple(a for a in extra if a not in inputs), frozenset(complex_inputs))
+    consts = ctx.consts
+    if len(live) < len(g.nodes):  # a result no output reads (nll_loss's total_weight of reduction none, a constant)
+        g = _live_part(g, live)
+        names = set(g.input_names())
+        consts = [(name, c) for name, c in consts if name in names]
+    return Lifted(g, list(nodes), inputs, outputs, out_map, out_meta, consts, frozenset(int_inputs),
+                  tuple(bounds), tuple(a for a in extra if a not in inputs), frozenset(complex_inputs),
+                  const_outs)
+
+
+def _live_part(g: Graph, live: set[int]) -> Graph:
+    """``g`` without the nodes no output depends on (an unused input is an error for the search)."""
+    at: dict[int, int] = {}
+    kept: list[Any] = []
+    for i, n in enumerate(g.nodes):
+        if i in live:
+            at[i] = len(kept)
+            kept.append(dataclasses.replace(n, args=tuple((at[a], k) for a, k in n.args)))
+    return Graph._from_parts(kept, [(at[a], k) for a, k in g.outputs_refs])
 
 
 #: ATen ops whose result is a view of their first operand (shares its memory)
@@ -577,6 +711,14 @@ class PartitionRunner:
             out.append(self.consts[key])
         return out
 
+    def _const_out(self, i: int, xs: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The constant output ``i`` on the inputs' device."""
+        dev = xs[0].device if xs else torch.device("cpu")
+        key = f"out{i}@{dev}"
+        if key not in self.consts:
+            self.consts[key] = self.lifted.const_outs[i].to(dev)
+        return self.consts[key]
+
     def _named(self, xs: Sequence[torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
         dev = xs[0].device if xs else torch.device("cpu")
         ints = self.lifted.int_inputs
@@ -610,14 +752,15 @@ class PartitionRunner:
         got = []
         used: set[int] = set()
         for (kind, i, shape, bcast), (_, dt, stride) in zip(self.lifted.out_map, self.lifted.out_meta, strict=True):
-            y = outs[i] if kind == "out" else xs[i].to(self._entry_dtypes[i]) if i in self._entry_dtypes else xs[i]
+            y = outs[i] if kind == "out" else self._const_out(i, xs) if kind == "const" else \
+                xs[i].to(self._entry_dtypes[i]) if i in self._entry_dtypes else xs[i]
             if y.dtype != dt and not dt.is_floating_point:  # booleans or a count the kernels hold as floats
                 y = y != 0 if dt == torch.bool else y.to(dt)
             if bcast:
                 y = y.reshape(tuple(y.shape)[len(y.shape) - len(_strip(y.shape)):]).expand(shape)
             y = y.reshape(shape)
             # custom op results may alias neither inputs nor each other (nor a CUDA graph's buffers)
-            if (kind == "in" or bcast or i in used or self.cuda_graph or y.data_ptr() in held
+            if (kind != "out" or bcast or i in used or self.cuda_graph or y.data_ptr() in held
                     or (y.numel() and _storage(y) in taken)):
                 # (a constant the partition passes through is the runner's own tensor: never handed out)
                 y = y.contiguous().clone()
@@ -721,7 +864,10 @@ def eager_module(gm: fx.GraphModule, lifted: Lifted, *, aten_casts: bool = True)
 
 def _example(n: fx.Node, gen: torch.Generator, device: torch.device, signed: float = 0.0,
              index: tuple[int, int | None] | None = None) -> torch.Tensor:
-    """A random tensor with the node's shape, dtype and strides (views in the partition rely on them)."""
+    """A random tensor with the node's shape, dtype and strides (views in the partition rely on them); a tensor the
+    graph holds (:data:`HELD`, computed with while lifting) is itself."""
+    if HELD in n.meta:
+        return n.meta[HELD].to(device)
     return example_like(n.meta["val"], gen, device, signed, index)
 
 
@@ -1038,7 +1184,7 @@ def _check_sets(lifted: Lifted, eager: Any, device: torch.device) -> list[tuple[
         gen = torch.Generator().manual_seed(2)
         ys, out, signed = list(xs), positive[1], False
         for i, n in enumerate(nodes):
-            if i in index or not xs[i].is_floating_point():
+            if i in index or not xs[i].is_floating_point() or HELD in n.meta:
                 continue
             trial = [*ys[:i], _example(n, gen, device, signed=1.0), *ys[i + 1:]]
             tout = eager(*trial)
@@ -1186,16 +1332,32 @@ class _Support(OperatorSupportBase):
         return node in self.ok
 
 
-def _isolated(n: fx.Node) -> tuple[Reason, str] | None:
-    """None if ``n`` lifts on its own, else why not."""
+_COMPARISONS = frozenset({"le", "lt", "ge", "gt", "eq", "ne"})
+
+
+def _isolated(n: fx.Node, consts: set[fx.Node] | None = None) -> tuple[Reason, str] | None:
+    """None if ``n`` lifts on its own (with the constants it reads, ``consts``), else why not."""
     if n.op != "call_function":
         return Reason.NOT_TENSOR, "not a call"
     if n.target is operator.getitem:
         return None
     getitems = [u for u in n.users if u.target is operator.getitem]
+    src = n.args[0] if n.args and isinstance(n.args[0], fx.Node) else None
+    if op_name(n) in ("bitwise_not", "logical_not") and src is not None and op_name(src) in _COMPARISONS:
+        return None  # ~(x <= c): a comparison made in the partition, negated (alone it would be a boolean input)
+    before: list[fx.Node] = []
+    todo = [a for a in n.all_input_nodes if consts and a in consts]
+    while todo:  # the constants it reads, computed while lifting with it (constant indices)
+        a = todo.pop()
+        if a not in before:
+            before.append(a)
+            todo += [b for b in a.all_input_nodes if b in (consts or ())]
+    order = {m: i for i, m in enumerate(n.graph.nodes)} if before else {}
     try:
-        _probe([n, *getitems])
+        _probe([*sorted(before, key=order.__getitem__), n, *getitems])
     except LiftError as e:
+        if e.node in before:  # a constant it cannot read as one (a -inf mask): ATen makes it, it is an input then
+            return _isolated(n)
         return e.reason, e.message
     return None
 
@@ -1222,11 +1384,13 @@ def transform(gm: fx.GraphModule, opts: CaptureOptions, report: Report, kind: st
 
     gidx = report.new_graph(kind)
     rewrote = _mask_threshold_backward(gm) + _unused_attention_state(gm)
+    hold_constants(gm)
     nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
     why: dict[fx.Node, tuple[Reason, str]] = {}
     ok: set[fx.Node] = set()
+    consts = constant_nodes(nodes)  # computed while lifting (a mask made in the forward), whatever their op
     for n in nodes:
-        r = _isolated(n)
+        r = None if n in consts else _isolated(n, consts)
         if r is None:
             ok.add(n)
         else:
@@ -1236,6 +1400,14 @@ def transform(gm: fx.GraphModule, opts: CaptureOptions, report: Report, kind: st
         if n.target is operator.getitem and isinstance(n.args[0], fx.Node) and n.args[0] not in ok:
             ok.discard(n)
             why[n] = why.get(n.args[0], (Reason.NOT_IN_REGISTRY, "its source is not lifted"))
+    # a constant none of whose readers (through other constants) lifts: ATen makes it, with that reason
+    useful: set[fx.Node] = set()
+    for n in reversed(nodes):
+        if n in consts and any(u in useful or (u in ok and u not in consts) for u in n.users):
+            useful.add(n)
+    for n in consts - useful:
+        ok.discard(n)
+        why[n] = (Reason.CONSTANT, "made in the forward and read only by ops left to ATen")
     device = _device(gm)
     op = None
     taken = 0
