@@ -619,34 +619,13 @@ class SafetyChecker:
 
     def numeric_check(self, candidate: Graph) -> str | None:
         """The numeric part of :meth:`check` alone (every input set; None where ``numeric`` is False)."""
-        for i, (what, ins) in enumerate(self.sets):
-            if i in self.special:
-                why = self.special_check(candidate, i)
-                if why is not None:
-                    return why
-                continue
-            src, src_overflowed = self.source_outputs(i)
-            if src_overflowed:
-                continue
-            try:
-                cand, _ = evaluate_in_dtype(candidate, ins, generated=True)
-            except Exception as e:  # (a program the float evaluator cannot run is not safe to call safe)
-                return f"floating point: the candidate cannot be evaluated in its dtype: {e}"
-            for k, (x, y) in enumerate(zip(src, cand, strict=True)):
-                bad = np.isfinite(x) & ~np.isfinite(y)
-                if bad.any():
-                    idx = tuple(int(v) for v in np.argwhere(bad)[0])
-                    dt = candidate.outputs[k].dtype.short
-                    return (f"floating point: on {what} inputs, evaluated in {dt}, the candidate has {int(bad.sum())}"
-                            f"/{bad.size} non-finite values where the source is finite (output {k}, e.g. index "
-                            f"{idx}: source {x[idx]:.4g}, candidate {y[idx]})")
-            for k, (r, x, y) in enumerate(zip(self.reference(i), src, cand, strict=True)):
-                why = _gross_error(r, x, y)
-                if why is not None:
-                    dt = candidate.outputs[k].dtype.short
-                    return f"floating point: on {what} inputs, evaluated in {dt}, output {k}: {why}"
+        for i in range(len(self.sets)):
+            if not self.source_defined(i) if i in self.special else self.source_outputs(i)[1]:
+                continue  # (the source is undefined there, or one of its values overflowed)
+            why = self._compare(candidate, i)
+            if why is not None:
+                return why
         return None
-
 
     def source_defined(self, i: int) -> bool:
         """Whether special set ``i`` constrains candidates: no op of the source makes a NaN from operands without one
@@ -658,11 +637,11 @@ class SafetyChecker:
             self._defined[i] = not made_nan(self.source, ins)
         return self._defined[i]
 
-    def special_check(self, candidate: Graph, i: int) -> str | None:
-        """Why ``candidate`` disagrees with the source on special set ``i`` (an infinity or a NaN in, see
-        :data:`SPECIAL_SETS`), or None (also where the source is undefined there: :meth:`source_defined`)."""
-        if not self.source_defined(i):
-            return None
+    def _compare(self, candidate: Graph, i: int) -> str | None:
+        """Why ``candidate`` fails input set ``i`` (the source evaluated there constrains it), or None. On a finite set:
+        non-finite where the source is finite, or grossly wrong (:func:`_gross_error`); on a special set with an
+        infinity or a NaN in (:data:`SPECIAL_SETS`): finite where the source is infinite too, and, for an infinity
+        in a logit, NaN where the source is not."""
         what, ins = self.sets[i]
         src, _ = self.source_outputs(i)
         try:
@@ -670,21 +649,31 @@ class SafetyChecker:
         except Exception as e:  # (a program the float evaluator cannot run is not safe to call safe)
             return f"floating point: the candidate cannot be evaluated in its dtype: {e}"
         for k, (x, y) in enumerate(zip(src, cand, strict=True)):
+            dt = candidate.outputs[k].dtype.short
             if i in self.strict:  # (an infinity in a logit: the source's result, NaN only where it is NaN)
                 bad = ~np.isnan(x) & (np.isnan(y) | (np.isinf(x) != np.isinf(y)))
-            else:  # (elsewhere: finite where it is finite, infinite where it is infinite)
+            elif i in self.special:  # (elsewhere: finite where it is finite, infinite where it is infinite)
                 bad = (np.isfinite(x) & ~np.isfinite(y)) | (np.isinf(x) & np.isfinite(y))
+            else:
+                bad = np.isfinite(x) & ~np.isfinite(y)
             if bad.any():
                 idx = tuple(int(v) for v in np.argwhere(bad)[0])
-                return (f"floating point: on {what} inputs, evaluated in {candidate.outputs[k].dtype.short}, the "
-                        f"candidate differs from the source where the source is defined at {int(bad.sum())}/{bad.size} "
-                        f"values (output {k}, e.g. index {idx}: source {x[idx]:.4g}, candidate {y[idx]})")
+                n = f"{int(bad.sum())}/{bad.size}"
+                how = (f"differs from the source where the source is defined at {n} values" if i in self.special
+                       else f"has {n} non-finite values where the source is finite")
+                return (f"floating point: on {what} inputs, evaluated in {dt}, the candidate {how} (output {k}, e.g. "
+                        f"index {idx}: source {x[idx]:.4g}, candidate {y[idx]})")
         for k, (r, x, y) in enumerate(zip(self.reference(i), src, cand, strict=True)):
             why = _gross_error(r, x, y)
             if why is not None:
                 dt = candidate.outputs[k].dtype.short
                 return f"floating point: on {what} inputs, evaluated in {dt}, output {k}: {why}"
         return None
+
+    def special_check(self, candidate: Graph, i: int) -> str | None:
+        """Why ``candidate`` disagrees with the source on special set ``i`` (an infinity or a NaN in, see
+        :data:`SPECIAL_SETS`), or None (also where the source is undefined there: :meth:`source_defined`)."""
+        return self._compare(candidate, i) if self.source_defined(i) else None
 
 
 def _gross_error(ref: np.ndarray, src: np.ndarray, cand: np.ndarray) -> str | None:
