@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # (run as a file: this checkout's verimirage, not whatever else is installed)
+    sys.path.insert(0, str(ROOT))
 
 
 def committed(per_file: int, root: Path = ROOT) -> list[tuple[str, int, str]]:
