@@ -510,8 +510,9 @@ def lift(nodes: Sequence[fx.Node], *, strict: bool = False) -> Lifted:
             user = next(u for u in nodes if inputs[i] in u.all_input_nodes)
             raise LiftError(user, Reason.NO_COMPUTE, f"{user.name} only passes a view of an input through")
     consts = ctx.consts
-    if len(live) < len(g.nodes):  # a result no output reads (nll_loss's total_weight of reduction none, a constant)
-        g = _live_part(g, live)
+    if any(n.op == "input" and i not in live for i, n in enumerate(g.nodes)):
+        # a constant no output reads (nll_loss's total_weight of reduction none): the search refuses an unused input
+        g = _without_dead_inputs(g, live)
         names = set(g.input_names())
         consts = [(name, c) for name, c in consts if name in names]
     return Lifted(g, list(nodes), inputs, outputs, out_map, out_meta, consts, frozenset(int_inputs),
@@ -519,14 +520,16 @@ def lift(nodes: Sequence[fx.Node], *, strict: bool = False) -> Lifted:
                   const_outs)
 
 
-def _live_part(g: Graph, live: set[int]) -> Graph:
-    """``g`` without the nodes no output depends on (an unused input is an error for the search)."""
+def _without_dead_inputs(g: Graph, live: set[int]) -> Graph:
+    """``g`` without its inputs no output depends on, nor the nodes that read them (other nodes no output reads
+    stay: the graph's text, a plan's key, is unchanged where every input is read)."""
     at: dict[int, int] = {}
     kept: list[Any] = []
     for i, n in enumerate(g.nodes):
-        if i in live:
-            at[i] = len(kept)
-            kept.append(dataclasses.replace(n, args=tuple((at[a], k) for a, k in n.args)))
+        if (n.op == "input" and i not in live) or any(a not in at for a, _ in n.args):
+            continue
+        at[i] = len(kept)
+        kept.append(dataclasses.replace(n, args=tuple((at[a], k) for a, k in n.args)))
     return Graph._from_parts(kept, [(at[a], k) for a, k in g.outputs_refs])
 
 
