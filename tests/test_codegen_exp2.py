@@ -130,3 +130,65 @@ def test_a_max_shifted_exp_times_another_value_keeps_tl_exp(dt: str) -> None:
     mg.output(o)
     src = generate(mg).source
     assert "tl.exp(" in src and "tl.exp2(" not in src, src
+
+
+def _floored_flash(n: int, frange: int, lo: float, hi: float) -> tuple[vm.Graph, vm.Graph]:
+    """``softmax(Q K + BIAS) @ V`` (fp16) and its online softmax over ``frange`` key tiles, each tile's max
+    clamped to ``[lo, hi]`` before the running max (``partition.RUNNING_MAX_FLOOR``'s form when the bounds are
+    fp32's finite range)."""
+    f16 = vm.float16
+    g = vm.Graph()
+    q, k = g.input("Q", (H, n, D), f16), g.input("K", (H, D, n), f16)
+    v, bias = g.input("V", (H, n, D), f16), g.input("BIAS", (H, n, n), f16)
+    s = g.add(g.matmul(q, k), bias)
+    e = g.exp(g.sub(s, g.max(s, axis=2)))
+    g.output(g.matmul(g.div(e, g.sum(e, axis=2)), v))
+    mg = vm.MuGraph()
+    ts = [mg.input("Q", (H, n, D), f16), mg.input("K", (H, D, n), f16), mg.input("V", (H, n, D), f16),
+          mg.input("BIAS", (H, n, n), f16)]
+    b = vm.BlockBuilder((H,), frange)
+    qt, kt = b.input(0, ts[0].type, (0,)), b.input(1, ts[1].type, (0,), 2)
+    vt, bt = b.input(2, ts[2].type, (0,), 1), b.input(3, ts[3].type, (0,), 2)
+    st = b.add(b.matmul(qt, kt), bt)
+    m = b.running_max(b.clamp(b.max(st, axis=2), lo, hi))
+    et = b.exp(b.sub(st, m))
+    b.output(b.div(b.rescaled_sum(b.matmul(et, vt), m), b.rescaled_sum(b.sum(et, axis=2), m)), (0,))
+    (o,) = mg.custom(b.build(), ts)
+    mg.output(o)
+    return g, mg
+
+
+def test_the_floored_online_softmax_lost_its_exp2() -> None:
+    """The seventeenth session's floor (``partition.RUNNING_MAX_FLOOR``: each tile's max clamped to fp32's finite
+    range before the running max) put a clamp between ``max`` and ``running_max``, and ``_max_shift`` no longer
+    recognised the softmax: every floored online softmax (causal, softcap, rotary, bias attention, the stored
+    candidates re-derived by ``rewrite/floor.py``) went back to ``tl.exp``, the non-ftz ex2 with ptxas's fix-up
+    (codegen 11's 5-10% on the H100 undone). Such a clamp changes only infinite maxes, so the exp2 form's flush
+    argument still holds (``codegen._finite_identity_clamp``); checked here against float64, with rows whose
+    first key tiles a -inf bias masks (the floor's case), logits ~1000 apart (most terms flushed) and a NaN."""
+    n = 64
+    lo, hi = -3.4028234663852886e38, 3.4028234663852886e38
+    g, mg = _floored_flash(n, 4, lo, hi)
+    src = generate(mg).source
+    assert "tl.exp(" not in src, src
+    assert src.count(f") * {_LOG2E})") == 2, src  # the terms and the rescale
+    rng = np.random.default_rng(7)
+    for scale in (1.0, 60.0):
+        ins = {"Q": rng.uniform(-1, 1, (H, n, D)) * scale, "K": rng.uniform(-1, 1, (H, D, n)),
+               "V": rng.uniform(-1, 1, (H, n, D)), "BIAS": np.zeros((H, n, n))}
+        ins["BIAS"][0, :, : n // 2] = -np.inf  # head 0: the first two key tiles of every row masked
+        ins["BIAS"][1, 3, 5] = np.nan
+        ins = {k: v.astype(np.float16).astype(np.float64) for k, v in ins.items()}
+        want = vm.evaluate(g, ins)[0]
+        got = _run(mg, ins, half=True)
+        assert np.array_equal(np.isnan(got), np.isnan(want)) and np.isnan(want[1, 3]).all()
+        np.testing.assert_allclose(got, want, rtol=4e-3, atol=2e-3, equal_nan=True)
+
+
+@pytest.mark.parametrize("bounds", [(0.0, 3.4028234663852886e38), (-3.4028234663852886e38, 1e4)])
+def test_a_clamp_of_the_max_that_changes_finite_values_keeps_tl_exp(bounds: tuple[float, float]) -> None:
+    """A clamp that can move a finite max (``lo = 0`` puts ``m`` above a row of negative logits, whose terms can
+    then all be below 2**-126) is not looked through: ``tl.exp``, as for any exp not shifted by its own max."""
+    _, mg = _floored_flash(64, 4, *bounds)
+    src = generate(mg).source
+    assert "tl.exp(" in src, src

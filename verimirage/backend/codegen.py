@@ -53,6 +53,7 @@ from typing import Any
 from ..ir.dtypes import DType
 from ..ir.errors import GraphError
 from ..ir.graph import BlockGraph, Graph, MuGraph, Node, ThreadGraph, live_nodes, make_attrs, node_list, output_refs
+from ..ir.limits import FLOAT32_MAX
 from ..ir.ops import OPS, Prop, TensorType, neg_axis
 from . import lowering as _lowering  # noqa: F401  (registers the triton domain)
 from .lowering import HELPERS, TRITON_MAX_NUMEL
@@ -1783,9 +1784,29 @@ def _max_shift(nodes: Sequence[Node], i: int) -> tuple[tuple[int, int], tuple[in
     if m.op == "running_max" and mk == 0:
         mi, mk = m.args[0]
         m = nodes[mi]
+    if mk == 0 and _finite_identity_clamp(m):
+        mi, mk = m.args[0]
+        m = nodes[mi]
     if m.op != "max" or mk != 0 or len(m.args) != 1 or m.args[0] != x:
         return None
     return x, s.args[1]
+
+
+def _finite_identity_clamp(n: Node) -> bool:
+    """Whether ``n`` is a clamp that leaves every finite value (of any dtype a kernel computes in: fp32 at most)
+    as it is: ``partition.RUNNING_MAX_FLOOR``'s floor of a tile's max (an infinite max becomes fp32's largest
+    finite value of its sign; NaN stays NaN).
+
+    :func:`_max_shift` looks through it: ``exp(x - m)`` with ``m`` the floored (running) max still holds exp(0) = 1
+    in every row where a term can flush. A term ``exp(x - m)`` is in exp2's flush range only for finite ``x`` and
+    ``m`` at most ~87 apart; a finite ``x`` makes its tile's max finite (so unchanged by the floor), and where the
+    floor did change a max (``m = +-3.4e38`` from an infinite one) every finite ``x - m`` is 0 or at least
+    2**104 in size (fp32's spacing there), never in the flush range. A clamp with other bounds (``lo = 0``) can
+    put ``m`` above every element of a row, whose terms could then all flush: not looked through."""
+    if n.op != "clamp" or len(n.args) != 1:
+        return False
+    lo, hi = n.attr("lo"), n.attr("hi")
+    return lo is not None and hi is not None and lo <= -FLOAT32_MAX and hi >= FLOAT32_MAX
 
 
 def _fp16_only(bg: BlockGraph) -> bool:
@@ -1815,6 +1836,8 @@ def _flush_harmless(bg: BlockGraph, i: int) -> bool:
     rank = nodes[i].outs[0].rank
     m = nodes[shift[1][0]]
     if m.op == "running_max":
+        m = nodes[m.args[0][0]]
+    if _finite_identity_clamp(m):
         m = nodes[m.args[0][0]]
     axis = neg_axis(m.attr("axis"), rank)
     uses = _uses(nodes)
