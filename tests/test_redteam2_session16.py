@@ -12,7 +12,6 @@ CUDA-graph replays on alternating input sets."""
 
 from __future__ import annotations
 
-import glob
 import json
 import math
 import os
@@ -176,22 +175,15 @@ def test_two_calls_on_one_stream_shared_the_kept_workspace_while_their_launches_
 
 
 def _committed_mugraphs(per_file: int = 2) -> list[tuple[str, str]]:
-    """(file, μGraph text) of the first ``per_file`` candidates of every committed candidate and proof file."""
-    files = sorted(glob.glob(str(ROOT / "benchmarks" / "candidates*" / "**" / "*.json"), recursive=True)
-                   + glob.glob(str(ROOT / "proofs" / "*.json")))
-    seen: set[str] = set()
-    out = []
-    for f in files:
-        doc = json.loads(Path(f).read_text())
-        cands = doc.get("candidates") if isinstance(doc, dict) else None
-        if cands is None:
-            cands = [doc] if isinstance(doc, dict) and doc.get("mugraph") else []
-        for c in cands[:per_file]:
-            t = c.get("mugraph") if isinstance(c, dict) else None
-            if isinstance(t, str) and t not in seen:
-                seen.add(t)
-                out.append((str(Path(f).relative_to(ROOT)), t))
-    return out
+    """(file, μGraph text) of the first ``per_file`` candidates of every committed candidate and proof file
+    (``benchmarks/perf/determinism.py`` lists them)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("determinism", ROOT / "benchmarks" / "perf" / "determinism.py")
+    assert spec is not None and spec.loader is not None
+    det = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(det)
+    return [(f, t) for f, _, t in det.committed(per_file, ROOT)]
 
 
 def test_no_launch_of_a_committed_candidate_reads_or_writes_out_of_order_in_any_mode_held(
