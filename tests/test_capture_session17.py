@@ -274,3 +274,32 @@ def test_a_negated_causal_mask_saved_for_the_backward_lifts() -> None:
     for g, w in zip(grads, wgrads, strict=True):
         assert up.rel_err(g, w) < 2e-4
     assert rep.coverage == 1.0, rep.summary()
+
+
+def test_the_composition_check_had_no_time_budget_and_held_torch_compile(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whisper's encoder forward through the backend did not finish in 25 minutes: the search's composition check
+    (``glue.undefined_fed``, a pure-Python abstract derivation) ran with no budget, so only its checkpoints could
+    stop it and none had a deadline. It now runs under the derivation budget and, past it, the composition is not
+    proved (fails closed). Here a derivation that never ends, with a budget of 0.3 s."""
+    import time
+
+    import verimirage as vm
+    from verimirage.ir.graph import MuGraph
+    from verimirage.pipeline.options import SearchOptions
+    from verimirage.pipeline.superopt import _composed_verdict
+    from verimirage.smt import budget, expr, glue
+
+    def endless(graph: Any, regions: Any) -> None:
+        while True:
+            expr.checkpoint()
+
+    monkeypatch.setattr(glue, "undefined_fed", endless)
+    monkeypatch.setattr(budget, "derive_budget_s", lambda timeout_s: 0.3)
+    g = vm.Graph()
+    x = g.input("x", (2,), vm.float32)
+    g.output(g.exp(x))
+    mg = MuGraph.from_graph(g)
+    t0 = time.monotonic()
+    v = _composed_verdict(g, mg, [vm.verify(g, mg)], SearchOptions(), [])
+    assert time.monotonic() - t0 < 30
+    assert not v.proved and "budget" in v.reason, v.reason

@@ -580,15 +580,20 @@ def _composed_verdict(graph: Graph, composed: MuGraph, verdicts: Sequence[Any], 
     inputs (:func:`verimirage.smt.glue.undefined_fed`, as the certificate checker requires), with the whole-program
     finite-field test where cheap; Refuted-free: a difference there is an Unknown naming it (the regions'
     proofs and the whole-program test disagree)."""
-    from ..smt import glue, limits
+    from ..smt import budget, glue, limits
     from ..smt.verdict import Check, Outcome, Proved
 
     evidence = [Check(f"region {k}", Outcome.PROVED, (("reason", getattr(v, "reason", "")),))
                 for k, v in enumerate(verdicts)]
+    # the derivation is pure Python, stopped only at its checkpoints: without a budget one (Whisper's encoder
+    # forward) held torch.compile for over 25 minutes
+    token = budget.set_budget(budget.derive_budget_s(opts.verify_timeout_s))
     try:
         why = limits.deep_call(glue.undefined_fed, graph, regions)
-    except Exception as e:  # (fails closed: not shown defined is not composed)
+    except Exception as e:  # (fails closed: not shown defined is not composed; past the budget too)
         why = f"{type(e).__name__}: {e}"
+    finally:
+        budget.reset_budget(token)
     if why is not None:
         return _unknown(f"a value one region makes and another reads may be undefined ({why}): the composition "
                         "may read values the program leaves undefined", evidence)
