@@ -119,13 +119,11 @@ def test_custom_shapes_of_the_wrong_form_raised_an_unclear_error(shapes: object)
         mg.custom(b.build(), [x, w], shapes)  # type: ignore[arg-type]
 
 
-@pytest.mark.xfail(strict=True, reason="ir.interpret.fit pads with scale(first slab, 0): NaN in float64 where that "
-                   "slab is infinite; the kernels, the finite field and the abstract domain pad with an exact 0 "
-                   "(no verdict rests on it: report_tailreview.md, finding 3)")
 def test_float64_padding_is_nan_where_the_first_slab_is_infinite() -> None:
     """A split-K over 13 = 2 x 7 (the second part's 14th column padding) of a row whose first element is inf: the
-    kernel computes inf (its padding is 0, 0 * w = 0) and so does the source; ``vm.evaluate`` of the μGraph pads
-    with ``0 * inf = NaN`` and gives NaN."""
+    kernel computes inf (its padding is 0, 0 * w = 0) and so does the source; ``vm.evaluate`` of the μGraph padded
+    with ``0 * inf = NaN`` and gave NaN. Fixed (tail17): ``fit`` pads with a constant 0 (a causal mask true nowhere,
+    cast), not ``0 * slab``."""
     import torch
 
     from verimirage.backend.runtime import compile as vcompile

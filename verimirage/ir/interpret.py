@@ -172,11 +172,12 @@ def fit(domain: Domain, x: Any, have: tuple[int, ...], want: tuple[int, ...], dt
         t, h, have = TensorType(have, dtype), have[d], (*have[:d], w, *have[d + 1:])
         if w < h:
             x = apply_op(domain, "slice", [x], {"axis": d, "start": 0, "stop": w}, [t], TensorType(have, dtype))
-        elif w > h:  # (the first slab times 0, broadcast to the padding's shape, concatenated)
-            one, pad = (TensorType((*t.shape[:d], k, *t.shape[d + 1:]), dtype) for k in (1, w - h))
-            z = _op1(domain, "scale", [apply_op(domain, "slice", [x], {"axis": d, "start": 0, "stop": 1}, [t], one)],
-                     one, c=0.0)
-            z = apply_op(domain, "broadcast_to", [z], {"shape": pad.shape}, [one], pad)
+        elif w > h:  # (zeros: a causal mask true nowhere, of rank >= 2, cast and reshaped; concatenated)
+            sh = (*t.shape[:d], w - h, *t.shape[d + 1:])
+            at, pad, mt = {"shape": (1, *sh), "offset": ~sum(sh)}, TensorType(sh, dtype), TensorType((1, *sh), dtype)
+            m = OPS["tril_mask"].infer([], at)
+            z = apply_op(domain, "cast", [apply_op(domain, "tril_mask", [], at, [], m)], {"dtype": dtype}, [m], mt)
+            z = apply_op(domain, "reshape", [z], {"shape": sh}, [mt], pad)
             x = apply_op(domain, "concat", [x, z], {"axis": d}, [t, pad], TensorType(have, dtype))
     return x
 
@@ -232,15 +233,14 @@ def run_thread(tg: ThreadGraph, args: list[Any], domain: Domain) -> list[Any]:
     return [env[a][k] for a, k in tg.outputs]
 
 
-def _op1(domain: Domain, op: str, args: list[Any], t: TensorType, t2: TensorType | None = None, **at: Any) -> Any:
+def _op1(domain: Domain, op: str, args: list[Any], t: TensorType, t2: TensorType | None = None) -> Any:
     types = [t] if t2 is None else [t, t2]
-    return apply_op(domain, op, args, at, types, t)
+    return apply_op(domain, op, args, {}, types, t)
 
 
 def run_block(bg: BlockGraph, args: Sequence[Any], arg_types: Sequence[TensorType], domain: Domain,
               out_types: Sequence[TensorType] | None = None) -> list[Any]:
-    """Evaluate a block graph literally on the kernel's operand values; returns its outputs (cropped to
-    ``out_types``, the kernel's recorded results, where a masked tail pads them)."""
+    """Evaluate a block graph literally on the kernel's operands; its outputs, cropped to ``out_types`` (a tail)."""
     nodes = bg.nodes
     post = bg.post_loop()
     tiles: dict[int, list[Any]] = {}
