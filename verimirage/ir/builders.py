@@ -36,7 +36,7 @@ from .graph import (
 )
 from .limits import check_constant, check_shape
 from .ops import OPS, Level, Prop, TensorType, check_axis, get_op
-from .text import block_body, block_head, thread_body
+from .text import block_body, block_head, print_node, thread_body
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -637,10 +637,27 @@ class BlockBuilder(_Builder):
         return bg
 
 
+class ErrorMethods:
+    """A GraphError's text with the node it names and that node's operands (installed on :class:`.GraphError`)."""
+
+    args: tuple[Any, ...]
+
+    def __str__(self) -> str:
+        if len(self.args) != 3:
+            return str(self.args[0]) if self.args else ""
+        msg, nodes, i = self.args
+        lines = [msg, f"  at      {print_node(nodes[i], i)}"]
+        for a, _ in nodes[i].args[:4]:
+            if isinstance(a, int) and 0 <= a < len(nodes) and a != i:
+                lines.append(f"  operand {print_node(nodes[a], a)}")
+        return "\n".join(lines)
+
+
 def install() -> None:
     """Put the methods on the builders' classes (done when this module is imported)."""
     for src, dst in ((OpMethods, _Builder), (GraphMethods, Graph), (MuGraphMethods, MuGraph), (NodeMethods, Node),
-                     (BlockGraphMethods, BlockGraph), (ThreadGraphMethods, ThreadGraph)):
+                     (BlockGraphMethods, BlockGraph), (ThreadGraphMethods, ThreadGraph),
+                     (ErrorMethods, GraphError)):
         for name, fn in vars(src).items():
             if not name.startswith("__") or name in ("__eq__", "__hash__", "__repr__", "__str__"):
                 setattr(dst, name, fn)
@@ -654,5 +671,5 @@ def installed() -> bool:
 install()
 
 
-__all__ = ["BlockBuilder", "BlockGraphMethods", "GraphMethods", "MuGraphMethods", "NodeMethods", "OpMethods", "Tensor",
-           "ThreadBuilder", "ThreadGraphMethods", "install", "installed"]
+__all__ = ["BlockBuilder", "BlockGraphMethods", "ErrorMethods", "GraphMethods", "MuGraphMethods", "NodeMethods",
+           "OpMethods", "Tensor", "ThreadBuilder", "ThreadGraphMethods", "install", "installed"]

@@ -2,7 +2,7 @@
 
 Builders check as they go; these checks re-derive everything from the nodes
 alone, so they also guard programs read from text, JSON or certificates.
-Errors show the offending node (and its operands) in the text form.
+Errors name the offending node, ``GraphError(message, nodes, i)`` (:mod:`.builders` shows it and its operands).
 """
 
 from __future__ import annotations
@@ -16,31 +16,21 @@ from .limits import check_shape
 from .ops import LOOP_OPS, OPS, Level, TensorType, get_op
 
 
-def _where(nodes: Sequence[Node], i: int, msg: str) -> GraphError:
-    from .text import print_node
-
-    lines = [msg, f"  at      {print_node(nodes[i], i)}"]
-    for a, _ in nodes[i].args[:4]:
-        if 0 <= a < len(nodes) and a != i:
-            lines.append(f"  operand {print_node(nodes[a], a)}")
-    return GraphError("\n".join(lines))
-
-
 def _at(nodes: Sequence[Node], i: int, fn: Callable[..., Any], *args: Any) -> Any:
-    """``fn(*args)``; a GraphError it raises is shown at node ``i`` (:func:`_where`)."""
+    """``fn(*args)``; a GraphError it raises is raised again at node ``i``."""
     try:
         return fn(*args)
     except GraphError as e:
-        raise _where(nodes, i, str(e)) from None
+        raise GraphError(str(e), nodes, i) from None
 
 
 def _check_refs(nodes: Sequence[Node], i: int) -> list[TensorType]:
     types = []
     for a, k in nodes[i].args:
         if not (isinstance(a, int) and 0 <= a < i):
-            raise _where(nodes, i, f"{nodes[i].op}: operand %{a} is not an earlier node (cycle or dangling reference)")
+            raise GraphError(f"{nodes[i].op}: operand %{a} is no earlier node (cycle or dangling reference)", nodes, i)
         if not (isinstance(k, int) and 0 <= k < len(nodes[a].outs)):
-            raise _where(nodes, i, f"{nodes[i].op}: operand %{a}.{k}: node %{a} has {len(nodes[a].outs)} result(s)")
+            raise GraphError(f"{nodes[i].op}: operand %{a}.{k}: node %{a} has {len(nodes[a].outs)} result(s)", nodes, i)
         types.append(nodes[a].outs[k])
     return types
 
@@ -48,22 +38,22 @@ def _check_refs(nodes: Sequence[Node], i: int) -> list[TensorType]:
 def _check_op(nodes: Sequence[Node], i: int, level: Level, in_types: list[TensorType]) -> None:
     n = nodes[i]
     if n.op not in OPS:
-        raise _where(nodes, i, f"unknown op {n.op!r}")
+        raise GraphError(f"unknown op {n.op!r}", nodes, i)
     d = get_op(n.op)
     if not d.levels & level:
-        raise _where(nodes, i, f"{n.op}: not allowed in a {str(level.name).lower()} graph")
+        raise GraphError(f"{n.op}: not allowed in a {str(level.name).lower()} graph", nodes, i)
     keys = {k for k, _ in n.attrs}
     optional = set(d.hooks.get("block_only", ())) if level != Level.KERNEL else set()
     if not set(d.egg_attrs()) <= keys <= set(d.egg_attrs()) | optional:
-        raise _where(nodes, i, f"{n.op}: attributes {sorted(keys)}; expected {sorted(d.attrs)}")
+        raise GraphError(f"{n.op}: attributes {sorted(keys)}; expected {sorted(d.attrs)}", nodes, i)
     out = _at(nodes, i, d.infer, in_types, n.attr_dict)
     _at(nodes, i, check_shape, f"{n.op}: result", out.shape)
     for key in ("axis", "a", "b"):
         v = n.attr(key)
         if v is not None and v < 0:
-            raise _where(nodes, i, f"{n.op}: {key}={v}; stored axes are non-negative")
+            raise GraphError(f"{n.op}: {key}={v}; stored axes are non-negative", nodes, i)
     if n.outs != (out,):
-        raise _where(nodes, i, f"{n.op}: recorded result {', '.join(map(str, n.outs))}; the shape rule gives {out}")
+        raise GraphError(f"{n.op}: recorded result {', '.join(map(str, n.outs))}; the shape rule gives {out}", nodes, i)
 
 
 def _check_outputs(nodes: Sequence[Node], outputs: Sequence[Ref], what: str) -> None:
@@ -88,25 +78,25 @@ def check_program(g: Graph, *, unused_inputs: bool = False) -> None:
         in_types = _check_refs(nodes, i)
         for t in n.outs:
             if not isinstance(t, TensorType):
-                raise _where(nodes, i, f"{n.op}: result type {t!r}; expected a TensorType")
+                raise GraphError(f"{n.op}: result type {t!r}; expected a TensorType", nodes, i)
             _at(nodes, i, check_shape, f"{n.op}: result", t.shape)
         if n.op == "input":
             name = n.attr("name")
             if n.args or [k for k, _ in n.attrs] != ["name"] or len(n.outs) != 1:
-                raise _where(nodes, i, "input: expected no operands, one attribute name and one result")
+                raise GraphError("input: expected no operands, one attribute name and one result", nodes, i)
             if not isinstance(name, str) or name in names:
-                raise _where(nodes, i, f"input: name {name!r} is not a fresh identifier")
+                raise GraphError(f"input: name {name!r} is not a fresh identifier", nodes, i)
             names.add(name)
         elif n.op == "custom":
             if not allow_custom:
-                raise _where(nodes, i, "custom kernels are allowed in a MuGraph only")
+                raise GraphError("custom kernels are allowed in a MuGraph only", nodes, i)
             bg = n.attr("block")
             if not isinstance(bg, BlockGraph):
-                raise _where(nodes, i, "custom: attribute block is not a BlockGraph")
+                raise GraphError("custom: attribute block is not a BlockGraph", nodes, i)
             try:
                 outs = bg.result_types(in_types)
             except GraphError as e:
-                raise _where(nodes, i, f"custom: {e}") from None
+                raise GraphError(f"custom: {e}", nodes, i) from None
             _at(nodes, i, check_crops, bg, outs, n.outs)
         else:
             _check_op(nodes, i, Level.KERNEL, in_types)
@@ -116,7 +106,7 @@ def check_program(g: Graph, *, unused_inputs: bool = False) -> None:
     live = live_nodes(nodes, outputs)
     for i, n in enumerate(nodes):
         if n.op == "input" and i not in live:
-            raise _where(nodes, i, f"input {n.attr('name')!r} is not used by any output")
+            raise GraphError(f"input {n.attr('name')!r} is not used by any output", nodes, i)
 
 
 def check_crops(bg: BlockGraph, whole: Sequence[TensorType], recorded: Sequence[TensorType]) -> None:
@@ -149,7 +139,7 @@ def check_thread(tg: ThreadGraph) -> None:
         in_types = _check_refs(nodes, i)
         if n.op == "arg":
             if n.attr("index") != nargs or n.args or len(n.outs) != 1:
-                raise _where(nodes, i, f"arg: expected index {nargs}, no operands and one result")
+                raise GraphError(f"arg: expected index {nargs}, no operands and one result", nodes, i)
             nargs += 1
         else:
             _check_op(nodes, i, Level.THREAD, in_types)
@@ -160,16 +150,16 @@ def _tile_for(bg: BlockGraph, nodes: Sequence[Node], i: int) -> TensorType:
     n = nodes[i]
     keys = sorted(k for k, _ in n.attrs)
     if keys != ["arg", "fmap", "imap", "shape"] or n.args or len(n.outs) != 1:
-        raise _where(nodes, i, "block input: expected attributes arg, fmap, imap, shape; no operands; one result")
+        raise GraphError("block input: expected attributes arg, fmap, imap, shape; no operands; one result", nodes, i)
     shape = n.attr("shape")
     if not isinstance(shape, tuple):
-        raise _where(nodes, i, f"block input: shape {shape!r}; expected a tuple of positive ints")
+        raise GraphError(f"block input: shape {shape!r}; expected a tuple of positive ints", nodes, i)
     _at(nodes, i, check_shape, "block input", shape)
     t = _at(nodes, i, tile_shape, f"block input {n.attr('arg')}", shape, bg.grid, n.attr("imap"), n.attr("fmap"),
             bg.frange)
     out = TensorType(t, n.outs[0].dtype)
     if out != n.outs[0]:
-        raise _where(nodes, i, f"block input: recorded tile {n.outs[0]}; the maps give {out}")
+        raise GraphError(f"block input: recorded tile {n.outs[0]}; the maps give {out}", nodes, i)
     return out
 
 
@@ -194,39 +184,39 @@ def check_block(bg: BlockGraph, in_types: Sequence[TensorType] | None) -> None:
             _tile_for(bg, nodes, i)
             arg = n.attr("arg")
             if not isinstance(arg, int) or arg < 0:
-                raise _where(nodes, i, f"block input: arg {arg!r}; expected an operand index >= 0")
+                raise GraphError(f"block input: arg {arg!r}; expected an operand index >= 0", nodes, i)
             if arg in seen_args:
-                raise _where(nodes, i, f"block input: operand {arg} is read twice; expected one input node each")
+                raise GraphError(f"block input: operand {arg} is read twice; expected one input node each", nodes, i)
             seen_args.add(arg)
             if in_types is not None:
                 if arg >= len(in_types):
-                    raise _where(nodes, i, f"block input: operand {arg}, but the kernel has {len(in_types)} operand(s)")
+                    raise GraphError(f"block input: operand {arg}; the kernel has {len(in_types)} operand(s)", nodes, i)
                 if in_types[arg].shape != n.attr("shape") or in_types[arg].dtype != n.outs[0].dtype:
-                    raise _where(nodes, i, f"block input: expects operand {arg} of shape {n.attr('shape')}, got "
-                                 f"{in_types[arg]}")
+                    raise GraphError(f"block input: expects operand {arg} of shape {n.attr('shape')}, got "
+                           f"{in_types[arg]}", nodes, i)
             post.append(False)
             invariant.append(n.attr("fmap") is None)
             continue
         if n.op == "fused":
             tg = n.attr("thread")
             if not isinstance(tg, ThreadGraph):
-                raise _where(nodes, i, "fused: attribute thread is not a ThreadGraph")
+                raise GraphError("fused: attribute thread is not a ThreadGraph", nodes, i)
             outs = _at(nodes, i, thread_result_types, tg, types)
             if outs != n.outs:
-                raise _where(nodes, i, f"fused: recorded results {n.outs}; the thread graph gives {outs}")
+                raise GraphError(f"fused: recorded results {n.outs}; the thread graph gives {outs}", nodes, i)
         else:
             _check_op(nodes, i, Level.BLOCK, types)
         if n.op in LOOP_OPS:
             if any(arg_post):
-                raise _where(nodes, i, f"{n.op}: its operand is computed after the loop; expected a loop-body value")
+                raise GraphError(f"{n.op}: its operand is computed after the loop; expected a loop value", nodes, i)
             if n.op == "rescaled_sum" and nodes[n.args[1][0]].op != "running_max":
-                raise _where(nodes, i, "rescaled_sum: the second operand must be a running_max")
+                raise GraphError("rescaled_sum: the second operand must be a running_max", nodes, i)
         is_post = n.op in ("loop_sum", "loop_max", "rescaled_sum") or any(arg_post)
         if is_post and bg.frange > 1:
             for (a, _), p, inv in zip(n.args, arg_post, arg_inv, strict=True):
                 if n.op not in LOOP_OPS and not p and not inv:
-                    raise _where(nodes, i, f"{n.op}: mixes a post-loop value with %{a}, which changes every "
-                                 "iteration; expected loop accumulators or loop-invariant values")
+                    raise GraphError(f"{n.op}: mixes a post-loop value with %{a}, which changes every "
+                           "iteration; expected loop accumulators or loop-invariant values", nodes, i)
         post.append(is_post)
         invariant.append(n.op not in LOOP_OPS and all(arg_inv))
     if in_types is not None and seen_args != set(range(len(in_types))):
@@ -239,8 +229,8 @@ def check_block(bg: BlockGraph, in_types: Sequence[TensorType] | None) -> None:
         t = nodes[a].outs[k]
         dims: Any = om.dims
         if len(dims) != len(bg.grid) or len(set(dims)) != len(dims):
-            raise _where(nodes, a, f"output omap {dims}: expected one distinct output dim per grid axis {bg.grid}")
+            raise GraphError(f"output omap {dims}: expected one distinct output dim per grid axis {bg.grid}", nodes, a)
         if not all(isinstance(d, int) and 0 <= d < t.rank for d in dims):
-            raise _where(nodes, a, f"output omap {dims}: dims must be within the tile's rank {t.rank}")
+            raise GraphError(f"output omap {dims}: dims must be within the tile's rank {t.rank}", nodes, a)
         if bg.frange > 1 and not post[a] and not invariant[a]:
-            raise _where(nodes, a, "output: a loop-body value is not an accumulated result; use loop_sum/loop_max")
+            raise GraphError("output: a loop-body value is not an accumulated result; use loop_sum/loop_max", nodes, a)
