@@ -806,6 +806,14 @@ def _rope_tables(pos: torch.Tensor, dim: int, dtype: torch.dtype) -> tuple[torch
     return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
 
 
+def _rope_buffers(m: nn.Module, dim: int) -> None:
+    """Rotary ``cos`` / ``sin`` tables over ``dim`` channels for ``T`` positions, as buffers of ``m``."""
+    inv = 1.0 / (10000 ** (torch.arange(0, dim, 2).float() / dim))
+    emb = torch.outer(torch.arange(T).float(), inv).repeat(1, 2)
+    m.register_buffer("cos", emb.cos(), persistent=False)
+    m.register_buffer("sin", emb.sin(), persistent=False)
+
+
 def _repeat_kv(t: torch.Tensor, n: int) -> torch.Tensor:
     """HF's ``repeat_kv``: ``(B, kv, T, hd)`` expanded and reshaped to ``(B, kv * n, T, hd)``."""
     b, kv, s, hd = t.shape
@@ -956,10 +964,7 @@ class NeoXLayer(nn.Module):
         self.ln1, self.ln2 = nn.LayerNorm(D), nn.LayerNorm(D)
         self.query_key_value, self.dense = nn.Linear(D, 3 * D), nn.Linear(D, D)
         self.fc_in, self.fc_out = nn.Linear(D, FF), nn.Linear(FF, D)
-        inv = 1.0 / (10000 ** (torch.arange(0, rot, 2).float() / rot))
-        emb = torch.outer(torch.arange(T).float(), inv).repeat(1, 2)
-        self.register_buffer("cos", emb.cos(), persistent=False)
-        self.register_buffer("sin", emb.sin(), persistent=False)
+        _rope_buffers(self, rot)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
@@ -1003,10 +1008,7 @@ class FalconMQALayer(nn.Module):
         self.query_key_value = nn.Linear(D, (H + 2) * HD, bias=False)
         self.dense = nn.Linear(H * HD, D, bias=False)
         self.up, self.down = nn.Linear(D, 4 * D, bias=False), nn.Linear(4 * D, D, bias=False)
-        inv = 1.0 / (10000 ** (torch.arange(0, HD, 2).float() / HD))
-        emb = torch.outer(torch.arange(T).float(), inv).repeat(1, 2)
-        self.register_buffer("cos", emb.cos(), persistent=False)
-        self.register_buffer("sin", emb.sin(), persistent=False)
+        _rope_buffers(self, HD)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
