@@ -637,6 +637,26 @@ class BlockBuilder(_Builder):
         return bg
 
 
+class DTypeMethods:
+    """A dtype's size, torch name and repr (installed on :class:`.DType`)."""
+
+    name: str
+    value: str
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element."""
+        return {"f32": 4, "b8": 1}.get(self.value, 2)
+
+    @property
+    def torch_name(self) -> str:
+        """Name of the matching ``torch`` dtype attribute."""
+        return self.name
+
+    def __repr__(self) -> str:
+        return f"vm.{self.name}"
+
+
 class ErrorMethods:
     """A GraphError's text with the node it names and that node's operands (installed on :class:`.GraphError`)."""
 
@@ -657,7 +677,7 @@ def install() -> None:
     """Put the methods on the builders' classes (done when this module is imported)."""
     for src, dst in ((OpMethods, _Builder), (GraphMethods, Graph), (MuGraphMethods, MuGraph), (NodeMethods, Node),
                      (BlockGraphMethods, BlockGraph), (ThreadGraphMethods, ThreadGraph),
-                     (ErrorMethods, GraphError)):
+                     (ErrorMethods, GraphError), (DTypeMethods, DType)):
         for name, fn in vars(src).items():
             if not name.startswith("__") or name in ("__eq__", "__hash__", "__repr__", "__str__"):
                 setattr(dst, name, fn)
@@ -671,5 +691,5 @@ def installed() -> bool:
 install()
 
 
-__all__ = ["BlockBuilder", "BlockGraphMethods", "ErrorMethods", "GraphMethods", "MuGraphMethods", "NodeMethods",
-           "OpMethods", "Tensor", "ThreadBuilder", "ThreadGraphMethods", "install", "installed"]
+__all__ = ["BlockBuilder", "BlockGraphMethods", "DTypeMethods", "ErrorMethods", "GraphMethods", "MuGraphMethods",
+           "NodeMethods", "OpMethods", "Tensor", "ThreadBuilder", "ThreadGraphMethods", "install", "installed"]

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import enum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .builders import DTypeMethods
+else:  # (the backend's conveniences and ``vm.float16`` as repr: :mod:`.builders` puts them on DType)
+    DTypeMethods = type("DTypeMethods", (), {})
 
 
-class DType(enum.Enum):
+class DType(DTypeMethods, enum.Enum):
     """A tensor element type. The float64 reference ignores it; codegen honours it."""
 
     float16 = "f16"
@@ -18,16 +24,6 @@ class DType(enum.Enum):
         """The short name used in the text form (``f16``)."""
         return self.value
 
-    @property
-    def itemsize(self) -> int:
-        """Bytes per element."""
-        return {"f32": 4, "b8": 1}.get(self.value, 2)
-
-    @property
-    def torch_name(self) -> str:
-        """Name of the matching ``torch`` dtype attribute."""
-        return self.name
-
     @classmethod
     def parse(cls, text: str) -> DType:
         """The dtype named ``text`` (``f16``, ``float16``, ...)."""
@@ -37,9 +33,6 @@ class DType(enum.Enum):
         from .errors import GraphError
 
         raise GraphError(f"unknown dtype {text!r}; expected one of {[d.value for d in cls]}")
-
-    def __repr__(self) -> str:
-        return f"vm.{self.name}"
 
 
 float16 = DType.float16

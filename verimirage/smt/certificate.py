@@ -32,9 +32,8 @@ import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from ..ir.errors import GraphError
 from ..ir.graph import Graph, MuGraph, input_types, output_types
@@ -43,6 +42,11 @@ from . import defined as D
 from . import expr as E
 from . import ffref, glue, limits
 from .verdict import Check, Outcome, Proved, Unknown, Verdict
+
+if TYPE_CHECKING:
+    from .reading import DocMethods
+else:  # (writing, loading a file: :mod:`.reading` puts them on _Doc; the checker's process reads text, never a file)
+    DocMethods = object
 
 log = logging.getLogger(__name__)
 
@@ -65,16 +69,8 @@ def sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-class _Doc:
-    """JSON reading and writing shared by the two kinds of certificate (a dataclass with a ``schema`` field)."""
-
-    def to_json(self) -> str:
-        """The JSON text."""
-        return json.dumps(asdict(self), indent=1, sort_keys=True)  # type: ignore[call-overload]
-
-    def save(self, path: str | Path) -> None:
-        """Write the certificate to ``path`` (JSON)."""
-        Path(path).write_text(self.to_json())
+class _Doc(DocMethods):
+    """JSON reading shared by the two kinds of certificate (a dataclass with a ``schema`` field)."""
 
     @classmethod
     def from_json(cls, text: str) -> Any:
@@ -100,11 +96,6 @@ class _Doc:
         if d.get("triton_source_sha256") is not None and not re.fullmatch(r"[0-9a-f]{64}", d["triton_source_sha256"]):
             raise ValueError("certificate: triton_source_sha256 is not a sha256 hex digest")
         return kind(**d)
-
-    @classmethod
-    def load(cls, path: str | Path) -> Any:
-        """Read a certificate file."""
-        return cls.from_json(Path(path).read_text())
 
 
 def _typed(v: Any, t: str) -> bool:

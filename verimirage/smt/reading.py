@@ -8,9 +8,30 @@ never imports them: a ``Proved`` depends on none of them (README, "Trusted path"
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
+from .certificate import _Doc
 from .verdict import Check, Outcome, Verdict
+
+
+class DocMethods:
+    """A certificate's writing and file reading (installed on both kinds of certificate)."""
+
+    def to_json(self) -> str:
+        """The JSON text."""
+        return json.dumps(asdict(self), indent=1, sort_keys=True)  # type: ignore[call-overload]
+
+    def save(self, path: str | Path) -> None:
+        """Write the certificate to ``path`` (JSON)."""
+        Path(path).write_text(self.to_json())
+
+    @classmethod
+    def load(cls, path: str | Path) -> Any:
+        """Read a certificate file."""
+        return cls.from_json(Path(path).read_text())  # type: ignore[attr-defined]
 
 
 class CheckMethods:
@@ -61,7 +82,7 @@ class VerdictMethods:
 
 def install() -> None:
     """Put the conveniences on :class:`~.verdict.Check` and :class:`~.verdict.Verdict` (done on import)."""
-    for src, dst in ((CheckMethods, Check), (VerdictMethods, Verdict)):
+    for src, dst in ((CheckMethods, Check), (VerdictMethods, Verdict), (DocMethods, _Doc)):
         for name, fn in vars(src).items():
             if not name.startswith("__"):
                 setattr(dst, name, fn)
@@ -69,4 +90,4 @@ def install() -> None:
 
 install()
 
-__all__ = ["CheckMethods", "VerdictMethods", "install"]
+__all__ = ["CheckMethods", "DocMethods", "VerdictMethods", "install"]
