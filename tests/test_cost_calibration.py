@@ -151,9 +151,14 @@ def test_stores_narrower_than_a_sector_are_charged() -> None:
     cands = json.loads((ROOT / "benchmarks" / "candidates_models" / "rotary_attention.json").read_text())["candidates"]
     one = min((e for e in _doc()["entries"] if e["case"] == "rotary_attention"), key=lambda e: e["measured_us"])
     assert one["kernels"] == 1
-    assert one["mugraph"] in [c["mugraph"] for c in cands[:6]]
+    # (the candidate file holds the online softmax floored since red team 17: the measured design in that form)
+    from verimirage.rewrite.floor import floor_running_maxes
+
+    floored = str(floor_running_maxes(MuGraph.parse(one["mugraph"])))
+    assert floored != one["mugraph"]
+    assert floored in [c["mugraph"] for c in cands[:6]]
     ranked = sorted(cands, key=lambda c: cost(MuGraph.parse(c["mugraph"])).time_s)
-    assert one["mugraph"] in [c["mugraph"] for c in ranked[:6]]
+    assert floored in [c["mugraph"] for c in ranked[:6]]
 
 
 def test_tiles_held_in_registers() -> None:
