@@ -80,20 +80,17 @@ def _skip_of(bg: BlockGraph, nodes: Any, args: Any) -> tuple[int, int, int, int]
     return None
 
 
-def with_skips(mg: Graph) -> MuGraph | None:
-    """``mg`` with every kernel that walks a causal mask's columns by its loop and partitions its rows by its
-    grid bounded to the tiles at or below the diagonal; None when no kernel is."""
+def map_blocks(mg: Graph, fn: Any) -> MuGraph | None:
+    """``mg`` with each kernel's block graph replaced by ``fn(block, nodes, args)`` where that is not None (the
+    μGraph's nodes and the kernel's operands, for a rewrite that reads what feeds the kernel); None when no kernel
+    changed."""
     nodes = list(node_list(mg))
     changed = False
     for i, n in enumerate(nodes):
-        if n.op != "custom":
-            continue
-        bg = n.attr("block")
-        fl = _skip_of(bg, nodes, n.args)
-        if fl is None:
+        if n.op != "custom" or (bg := fn(n.attr("block"), nodes, n.args)) is None:
             continue
         attrs = dict(n.attrs)
-        attrs["block"] = dataclasses.replace(bg, flimit=fl)
+        attrs["block"] = bg
         nodes[i] = Node(n.op, n.args, make_attrs(attrs), n.outs)
         changed = True
     if not changed:
@@ -101,3 +98,14 @@ def with_skips(mg: Graph) -> MuGraph | None:
     out = MuGraph._from_parts(nodes, output_refs(mg))
     out.check(unused_inputs=True)
     return out
+
+
+def with_skips(mg: Graph) -> MuGraph | None:
+    """``mg`` with every kernel that walks a causal mask's columns by its loop and partitions its rows by its
+    grid bounded to the tiles at or below the diagonal; None when no kernel is."""
+
+    def skip(bg: BlockGraph, nodes: list[Any], args: Any) -> BlockGraph | None:
+        fl = _skip_of(bg, nodes, args)
+        return None if fl is None else dataclasses.replace(bg, flimit=fl)
+
+    return map_blocks(mg, skip)

@@ -7,9 +7,8 @@ re-derives it for stored candidates (``benchmarks/prepare_candidates.py --floor`
 
 from __future__ import annotations
 
-from typing import Any
-
-from ..ir.graph import BlockGraph, Graph, MuGraph, Node, make_attrs, node_list, output_refs
+from ..ir.graph import BlockGraph, Graph, Node, make_attrs
+from .causal import map_blocks
 
 
 def _floored_block(bg: BlockGraph) -> BlockGraph | None:
@@ -45,18 +44,5 @@ def floor_running_maxes(mg: Graph) -> Graph:
     """``mg`` with every running max's tile max floored (see the module docstring); ``mg`` itself where none is
     unfloored (a fixed point on the current lowering's form: a clamp already there is a node the max feeds, so the
     max does not feed the running max directly)."""
-    nodes: list[Any] = list(node_list(mg))
-    changed = False
-    for i, n in enumerate(nodes):
-        if n.op == "custom":
-            bg = _floored_block(n.attr("block"))
-            if bg is not None:
-                attrs = dict(n.attrs)
-                attrs["block"] = bg
-                nodes[i] = Node(n.op, n.args, make_attrs(attrs), n.outs)
-                changed = True
-    if not changed:
-        return mg
-    out = MuGraph._from_parts(nodes, output_refs(mg))
-    out.check(unused_inputs=True)
-    return out
+    out = map_blocks(mg, lambda bg, nodes, args: _floored_block(bg))
+    return mg if out is None else out
