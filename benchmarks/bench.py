@@ -579,6 +579,10 @@ def run_case(name: str, batch: int, ceil: dict[str, float], args: argparse.Names
                 row["inductor_plain_us"] = bench(lambda: cf(*ins), cudagraph=False)
                 row["inductor_host_us"], row["inductor_loop_us"] = loop(lambda: cf(*ins))
             row["inductor_compile_s"] = time.perf_counter() - t_ind
+            if args.inductor_repeats > 1:
+                more = _recompiled_inductor_us(f, ins, ref, sets, args.inductor_repeats - 1)
+                row["inductor_us_runs"] = [row["inductor_us"], *more]
+                row["inductor_us"] = min(row["inductor_us_runs"])
         except Exception as e:
             row["inductor_error"] = f"{type(e).__name__}: {e}"[:300]
     phase["inductor"] = time.perf_counter() - tp - sum(phase.values())
@@ -605,6 +609,26 @@ def run_case(name: str, batch: int, ceil: dict[str, float], args: argparse.Names
         row["speedup_vs_best"] = row["best_baseline_us"] / row["verimirage_us"]
         row["floor_fraction"] = max(row["floor_us"], ceil["launch_us"]) / row["verimirage_us"]
     return row
+
+
+def _recompiled_inductor_us(f: Any, ins: Any, ref: Any, sets: Any, n: int) -> list[float]:
+    """Compile ``f`` with ``torch.compile`` ``n`` more times with Inductor's caches off and time each: max-autotune's
+    choices move between compiles (models runs 22 and 23: logsumexp 15.2 vs 6.4 µs with the same code), so
+    ``--inductor-repeats`` reports the best of several fresh compiles, the most demanding baseline. Each compile's
+    result is checked against the reference like the first one's; a wrong one is not timed."""
+    import torch._inductor.config
+
+    times = []
+    try:
+        for _ in range(n):
+            torch._dynamo.reset()
+            torch._inductor.config.force_disable_caches = True
+            cf = torch.compile(f, mode=INDUCTOR_MODE)
+            if rel_err(cf(*ins), ref) < 2e-2:
+                times.append(bench_sets(cf, sets))
+    finally:
+        torch._inductor.config.force_disable_caches = False
+    return times
 
 
 def _fmt(v: float | None) -> str:
@@ -690,6 +714,9 @@ def main() -> int:
     ap.add_argument("--batches", nargs="*", type=int, default=[1, 8])
     ap.add_argument("--out", default=os.environ.get("OUT") or str(Path(__file__).parent / "results"))
     ap.add_argument("--no-inductor", action="store_true")
+    ap.add_argument("--inductor-repeats", type=int, default=1,
+                    help="time torch.compile after this many compiles (the later ones with Inductor's caches off) "
+                         "and report the fastest (inductor_us_runs holds each)")
     ap.add_argument("--inductor-alone", action="store_true",
                     help="the prewarm pool leaves the torch.compile baselines alone: each is compiled and autotuned "
                          "in the timing loop with nothing else running (slower; H100 2026-11-27: baselines autotuned "
@@ -757,6 +784,7 @@ def main() -> int:
         "select_rotate": bool(args.rotate and args.select_rotate),
         "pdl": args.pdl,
         "inductor_alone": args.inductor_alone,
+        "inductor_repeats": args.inductor_repeats,
         "rep_ms": args.rep_ms,
         "select_rep_ms": args.select_rep_ms,
         "configs": args.configs,

@@ -205,3 +205,27 @@ def test_the_gpu_lock_holder_times_on_cpus_the_prewarm_compiles_never_use(monkey
     inside: list[set[int]] = []
     bench._gpu_lock(lambda: inside.append(os.sched_getaffinity(0)))()
     assert inside == [one] and os.sched_getaffinity(0) == mine
+
+
+def test_inductor_repeats_takes_fresh_compiles_and_skips_a_wrong_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    # --inductor-repeats: each later compile runs with Inductor's caches off (max-autotune's choice moves between
+    # compiles), a compile whose result is wrong is not timed, and the caches are switched back on afterwards
+    import bench
+    import torch._inductor.config as icfg
+
+    seen_caches_off: list[bool] = []
+    outs = iter([torch.ones(3) * 5.0, torch.ones(3)])  # the first recompile is wrong, the second right
+    times = iter([7.0])
+
+    def fake_compile(f: object, mode: str) -> object:
+        assert mode == bench.INDUCTOR_MODE
+        seen_caches_off.append(bool(icfg.force_disable_caches))
+        out = next(outs)
+        return lambda *a: out
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    monkeypatch.setattr(bench, "bench_sets", lambda cf, sets: next(times))
+    got = bench._recompiled_inductor_us(lambda x: x, (torch.ones(3),), torch.ones(3), [], 2)
+    assert got == [7.0]
+    assert seen_caches_off == [True, True]
+    assert not icfg.force_disable_caches
