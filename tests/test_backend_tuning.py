@@ -193,3 +193,62 @@ def test_a_product_after_the_loop_does_not_make_a_kernel_attention_like() -> Non
     assert recommend(*lora).num_stages == 4
     attn = kernel("causal_attention", 0)
     assert kernel_shape(*attn).chained and recommend(*attn).num_stages == 3
+
+
+_GROUP_NORM = """mugraph {
+  %0 = input {name='X'} : f16[16,512,1024]
+  %1 = custom %0 {frange=1, grid=(GRID, 32)} : f16[16,512,1024] {
+    %0 = input {arg=0, fmap=None, imap=(0, 1), shape=(16, 512, 1024)} : f16[ROWS,16,1024]
+    %1 = reshape %0 {shape=(16, 1, 16384), src=(16, 16, 1024)} : f16[ROWS,1,16384]
+    %2 = sum %1 {axis=2} : f16[ROWS,1,1]
+    %3 = scale %2 {c=6.103515625e-05} : f16[ROWS,1,1]
+    %4 = sub %1, %3 : f16[ROWS,1,16384]
+    %5 = reshape %4 {shape=(16, 16, 1024), src=(16, 1, 16384)} : f16[ROWS,16,1024]
+    output %5 {omap=(0, 1)}
+  }
+  return %1
+}"""
+
+
+def test_regrouped_tile_at_16_warps_gave_wrong_results() -> None:
+    # Triton 3.6 on an H100 raced on a [2, 16, 1024] tile regrouped to [2, 1, 16384], reduced and regrouped back at 16
+    # warps (group_norm's committed candidates 2 and 3: wrong in every models run since run 17, caught only by the
+    # profiler's float64 check); 8 warps and no regrouping were right. recommend() keeps such kernels at 8 warps
+    (c,) = _recs(vm.MuGraph.parse(_GROUP_NORM.replace("GRID", "8").replace("ROWS", "2")))
+    assert c.num_warps == 8
+    # the rule is narrow: the same 32768-element tile with no regrouping keeps its 16 warps
+    flat = """mugraph {
+  %0 = input {name='X'} : f16[16,32,16384]
+  %1 = custom %0 {frange=1, grid=(8, 32)} : f16[16,32,16384] {
+    %0 = input {arg=0, fmap=None, imap=(0, 1), shape=(16, 32, 16384)} : f16[2,1,16384]
+    %1 = sum %0 {axis=2} : f16[2,1,1]
+    %2 = sub %0, %1 : f16[2,1,16384]
+    output %2 {omap=(0, 1)}
+  }
+  return %1
+}"""
+    (c,) = _recs(vm.MuGraph.parse(flat))
+    assert c.num_warps == 16
+
+
+@pytest.mark.gpu
+def test_regrouped_tile_gave_wrong_results_on_the_gpu() -> None:
+    """The failing kernel itself at its recommended launch: 5 runs, each bit-equal to the first and within fp16's
+    tolerance of float64 (at 16 warps every run was wrong, relative error ~0.3-inf, and differed from the others)."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    prog = vm.compile(vm.MuGraph.parse(_GROUP_NORM.replace("GRID", "8").replace("ROWS", "2")))
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(16, 512, 1024, generator=g) * 0.5).half()
+    x64 = x.double().reshape(16, 32, 16384)
+    want = (x64 - x64.mean(2, keepdim=True)).reshape(16, 512, 1024)
+    xd = x.cuda()
+    first = None
+    for i in range(5):
+        got = prog(xd)
+        got = (got[0] if isinstance(got, (tuple, list)) else got).double().cpu()
+        err = float((got - want).abs().max() / want.abs().max())
+        assert err < 2e-3, f"run {i}: relative error {err:.2e}"
+        first = got if first is None else first
+        assert torch.equal(got, first), f"run {i} differs from run 0"
