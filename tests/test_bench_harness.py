@@ -229,3 +229,22 @@ def test_inductor_repeats_takes_fresh_compiles_and_skips_a_wrong_one(monkeypatch
     assert got == [7.0]
     assert seen_caches_off == [True, True]
     assert not icfg.force_disable_caches
+
+
+def test_a_verified_candidate_wrong_on_the_gpu_is_listed_in_the_table() -> None:
+    # group_norm's candidates 2/3 failed the profiler's float64 check in every models run since run 17 (a Triton
+    # miscompile at 16 warps) and the only trace was an "error" field deep in models.json
+    import bench
+
+    ceil = {"copy_bytes_per_s": 3e12, "bf16_flops_per_s": 7e14, "launch_us": 1.2}
+    bad = "ValueError: output differs from the float64 reference: rel. error inf > 0.002 (f16)"
+    doc = {"device": "d", "date": "x", "torch": "t", "triton": "t", "set": "models", "ceilings": ceil, "rows": [
+        {"case": "gn", "bound": "memory", "floor_us": 10.0, "verimirage_us": 12.0, "floor_fraction": 10 / 12,
+         "candidates": [{"rank": 0, "config": "c", "ms": 0.012, "error": None},
+                        {"rank": 2, "config": "w16", "ms": None, "error": bad},
+                        {"rank": 3, "config": "c", "ms": None, "error": "OutOfResources: shared memory"}]}]}
+    assert [(w["case"], w["rank"]) for w in bench.wrong_on_gpu(doc["rows"])] == [("gn", 2)]
+    text = bench.table(doc)
+    assert "failed the float64 check: 1" in text and "gn #2 (w16)" in text
+    doc["rows"][0]["candidates"].pop(1)
+    assert "failed the float64 check: 0" in bench.table(doc)
