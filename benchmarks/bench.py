@@ -704,16 +704,22 @@ def table(doc: dict[str, Any]) -> str:
     wrong = wrong_on_gpu(doc["rows"])
     lines.append("")
     lines.append(f"Verified candidates whose GPU output failed the float64 check: {len(wrong)}"
-                 + "".join(f"\n- {w['case']} #{w['rank']} ({w['config']}): {w['error']}" for w in wrong))
+                 + "".join(f"\n- {w['case']} #{w['rank']} ({w['config']}): {w['error']}"
+                         + (" (eager fp16 is off too: the program's own rounding)" if w["eager_wrong"] else "")
+                         for w in wrong))
     return "\n".join(lines) + "\n"
 
 
 def wrong_on_gpu(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Every (case, candidate, configuration) the profiler rejected because its output on the GPU differs from the
     float64 reference. Each was verified equivalent, so each is a compiler or launch bug below the verifier (a
-    Triton miscompile: BENCHMARKS.md "A wrong result under pipelining", `results/regroup16_h100_2026-11-27/`):
-    listed in every table, never left in the JSON for someone to notice."""
-    return [{"case": r["case"], **c} for r in rows for c in r.get("candidates") or []
+    Triton miscompile: BENCHMARKS.md "A wrong result under pipelining", `results/regroup16_h100_2026-11-27/`) or
+    rounding the verifier's fp check let through (run 11's rotary_attention: 2.25e-3 against 2e-3): listed in every
+    table, never left in the JSON for someone to notice
+    (``eager_wrong``: the program's own eager fp16 run is off too, e.g. the suite's qknorm_gqa, whose softmax has no
+    max subtraction and overflows fp16: then the candidate follows the program's rounding, no bug below.)"""
+    return [{"case": r["case"], **c, "eager_wrong": not r.get("eager_err", 0.0) < 2e-2}
+            for r in rows for c in r.get("candidates") or []
             if c.get("error") and "differs from the float64 reference" in c["error"]]
 
 
