@@ -203,7 +203,7 @@ def _measured(bg: BlockGraph, arg_types: Sequence[TensorType]) -> LaunchConfig:
         if warps == 16 and any(OPS[n.op].has(Prop.REGROUPS) for n in bg.nodes):
             # a WRONG result on Triton 3.6 / sm_90: a [2, 16, 1024] tile regrouped to [2, 1, 16384] (or [2, 16384]),
             # reduced and regrouped back (a group norm, two batch rows a block) raced at 16 warps: every run wrong
-            # and different, on an H100 (2026-11-27 13:2x UTC, benchmarks/results/regroup16_h100_2026-11-27/); the
+            # and different, on an H100 (2026-11-27 12:57 UTC, benchmarks/results/regroup16_h100_2026-11-27/); the
             # same kernel at 1, 4 and 8 warps, and without the regrouping at 16, matched float64. So 8 warps here
             warps = 8
         return LaunchConfig(warps, 1 if s.frange == 1 else 2, TileOptions(unroll_max=16))
