@@ -1598,11 +1598,15 @@ UNREAD_ARGS: dict[str, frozenset[int]] = {
 
 def unread_args(name: str, args: Sequence[Any]) -> frozenset[int]:
     """The argument positions of ATen op ``name`` (called with ``args``) its handler does not read: those of
-    :data:`UNREAD_ARGS`, and ``nll_loss_backward``'s input (only its shape matters) and its total_weight unless the
-    reduction is the mean."""
+    :data:`UNREAD_ARGS`, ``nll_loss_backward``'s input (only its shape matters) and its total_weight unless the
+    reduction is the mean, and ``convolution_backward``'s input or weight where no gradient reads it."""
     skip = UNREAD_ARGS.get(name, frozenset())
     if name == "nll_loss_backward":  # the input's values are not read (its shape is the result's)
         skip = skip | ({1} if (args[4] if len(args) > 4 else 1) == 1 else {1, 6})
+    if name == "convolution_backward" and len(args) > 10 and isinstance(args[10], (list, tuple)):
+        # the input is read only for the weight's gradient, the weight only for the input's (else their shapes)
+        want = [bool(m) for m in args[10]]
+        skip = skip | ({1} if not want[1] else set()) | ({2} if not want[0] else set())
     return skip
 
 
@@ -2272,3 +2276,6 @@ def _dropout_bw(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> 
         raise Unsupported(Reason.NOT_IN_REGISTRY, "native_dropout_backward of a mask that is not a boolean tensor")
     w = _where(ctx, [m, float(scale), 0.0], {}, out)
     return ctx.ew(_shape(out), [gr, w], lambda ts: emit(ctx.g, "mul", ts[0], ts[1]))
+
+
+from . import conv as _conv  # noqa: E402,F401  (registers the convolution handlers: it reads this module's helpers)
