@@ -418,3 +418,19 @@ def test_the_split_loop_kernel_matches_float64_in_the_interpreter(rows: int, fra
                                                                       for x in "QKV"])
             out = out[0] if isinstance(out, (tuple, list)) else out
             np.testing.assert_allclose(out.double().numpy(), want, rtol=1e-4, atol=1e-5, equal_nan=True)
+
+
+def test_causal_row_blocks_launch_the_longer_half_first_as_a_permutation() -> None:
+    """The causal kernel's row blocks launch in a balanced order (``codegen._KernelGen.causal_row_axis``): the
+    longer half first, then the rest from the shortest, so that the second wave's short blocks land beside the
+    first wave's long ones. It must be a permutation of the row blocks (every block computed once; the kernels
+    match float64 in ``test_the_split_loop_kernel_matches_float64_in_the_interpreter``, which runs this order)."""
+    from verimirage.backend.codegen import generate
+
+    g = _causal_src(2, 64, 16, offset=0)
+    src = generate(_flash(g, 16, 4)).source
+    line = "pid1 = tl.where(tl.program_id(1) < 2, 3 - tl.program_id(1), tl.program_id(1) - 2)"
+    assert line in src, src
+    for r in range(3, 34):
+        order = [(r - 1 - p) if p < r // 2 else p - r // 2 for p in range(r)]
+        assert sorted(order) == list(range(r)) and order[: r // 2] == list(range(r - 1, r - 1 - r // 2, -1))

@@ -28,6 +28,8 @@ WITH_FA = os.environ.get("ATTN_FA", "1") != "0"
 H, N, D = 16, 1024, 64
 #: (warps, stages) each variant is timed under; ``ATTN_CFGS="4,3 4,5 8,3"`` for others
 CFGS = [tuple(int(v) for v in c.split(",")) for c in os.environ.get("ATTN_CFGS", "4,2 4,3 8,2 8,3").split()]
+#: ``ATTN_TWICE=1``: every variant timed a second time after all were timed once (``us2``: the spread of an A/B)
+TWICE = os.environ.get("ATTN_TWICE", "0") != "0"
 
 
 def _mod(path: Path) -> Any:
@@ -252,6 +254,10 @@ def main() -> None:
             row["us"] = tm(f)
         except Exception as ex:
             row["error"] = f"{type(ex).__name__}: {ex}"[:300]
+    if TWICE:
+        for job, row in zip(js, rows[len(base):], strict=True):
+            if "us" in row and time.time() - t0 <= a.budget_s:
+                row["us2"] = tm(make(job, inputs(job[0], 3)))
     doc = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": rows}
     (a.out / "probe.json").write_text(json.dumps(doc, indent=1))
@@ -261,7 +267,8 @@ def main() -> None:
             best[(r["case"], r["name"])] = r
     print(doc["device"], doc["date"])
     for (c, n), r in sorted(best.items(), key=lambda kv: (kv[0][0], kv[1]["us"])):
-        print(f"{c:18s} {n:42s} {r['cfg']!s:8s} {r['us']:7.2f}  err {r.get('err', 0):.1e}")
+        print(f"{c:18s} {n:42s} {r['cfg']!s:8s} {r['us']:7.2f} {r.get('us2', float('nan')):7.2f}  "
+              f"err {r.get('err', 0):.1e}")
     bad = [r for r in rows if "error" in r]
     print(f"{len(bad)} failed/skipped:", [(r['name'], r['cfg'], r['error'][:60]) for r in bad][:12])
     print(f"total {time.time() - t0:.0f} s")
