@@ -154,6 +154,8 @@ ALLOWED = {
     ("backend/codegen.py", "_inline_masks"): "a tril_mask operand is computed from the tile's indices (tril_expr)",
     ("backend/codegen.py", "_max_shift"): "recognises a softmax's exp(x - max x) (emitted as exp2, codegen 11)",
     ("backend/codegen.py", "_KernelGen.emit_op"): "emits the exp _max_shift recognised as exp2 (codegen 11)",
+    ("backend/codegen.py", "_logit_tanh"): "follows a tanh through scales, shifts and selects into a softmax's "
+                                            "logits and max (emitted as _vm_tanh_logit, attn18)",
     ("backend/codegen.py", "_finite_identity_clamp"): "_max_shift looks through the online softmax's floor of a "
                                                         "tile's max (a clamp changing only infinities)",
     ("backend/codegen.py", "_KernelGen.sliced_concats"): "recognises concats of slices / negated slices of one "

@@ -998,6 +998,11 @@ class _KernelGen:
                 lines.append(f"{v} = tl.exp({x} - {m})")
             name[vid_of(i, 0)] = v
             return
+        if op == "tanh" and nodes is self.bg.nodes and _logit_tanh(nodes, i):
+            # a soft cap's tanh read only as a softmax's logits: absolute accuracy suffices (_logit_tanh)
+            lines.append(f"{v} = _vm_tanh_logit({args[0]})")
+            name[vid_of(i, 0)] = v
+            return
         fn = OPS[op].domains.get("triton")
         if fn is None:  # pragma: no cover
             raise GraphError(f"codegen: op {op!r} has no triton lowering")
@@ -1837,6 +1842,79 @@ def _finite_identity_clamp(n: Node) -> bool:
         return False
     lo, hi = n.attr("lo"), n.attr("hi")
     return lo is not None and hi is not None and lo <= -FLOAT32_MAX and hi >= FLOAT32_MAX
+
+
+#: The largest factor by which a tanh's value may be scaled into a softmax's logits and still be emitted as
+#: ``_vm_tanh_logit`` (:func:`_logit_tanh`): its absolute error, at most 2**-21, then moves a logit by at most
+#: 2**-13, i.e. each ``exp(x - m)`` term by under 2**-13 relative, below fp16's half-ulp (2**-12).
+LOGIT_TANH_MAX_SCALE = 256.0
+
+
+def _logit_tanh(nodes: Sequence[Node], i: int) -> bool:
+    """Whether tanh node ``i`` is read only as (part of) a softmax's logits: through scales by at most
+    :data:`LOGIT_TANH_MAX_SCALE` in all, shifts and selects' value operands, into the ``x`` of a softmax's
+    ``exp(x - m)`` (:func:`_max_shift`) and into the max ``m`` of that ``x`` (through the online softmax's floor and
+    running max; ``m`` read only by those exps' shifts and the rescaled sums). A soft cap ``c tanh(s / c)``
+    (soft-capped attention logits) is such a tanh.
+
+    It is then emitted as ``_vm_tanh_logit`` (``lowering.HELPERS``): ``sign(x) (1 - e) / (1 + e)`` everywhere, without
+    the helper's odd polynomial below |x| = 0.3125, which keeps tanh's *relative* accuracy near 0 (the polynomial,
+    evaluated in every lane, was 11% of softcap attention's time on the H100: 21.9 -> 19.3 µs, BENCHMARKS.md,
+    attn18). Its *absolute* error is below 2**-21 everywhere (about 6 * 2**-24 with ``ex2.approx`` and
+    ``div.full``'s errors; 1.9 * 2**-24 rounded exactly), which is what a logit needs: an error ``d`` in ``x``
+    changes ``exp(x - m)`` by a factor ``e**d``, and one in ``m`` changes every term and rescale of its row by the
+    same factor, which the softmax's division cancels. The two forms agree on +-inf (+-1) and NaN; at -0 the
+    short form gives +0 (a logit's sign of zero does not show). A value scaled by 0 is exactly +-0 (or NaN, for
+    both forms alike) and is not followed further."""
+    uses = _uses(nodes)
+    xs: dict[int, int] = {}  # a softmax's x - m (sub node) -> its x's node
+    maxes: dict[int, set[int]] = {}  # a softmax's x (node) -> the max nodes its m is taken of
+    for k in range(len(nodes)):
+        sh = _max_shift(nodes, k)
+        if sh is None or sh[0][1] != 0:
+            continue
+        xs[nodes[k].args[0][0]] = sh[0][0]
+        m = nodes[sh[1][0]]
+        mi = sh[1][0]
+        if m.op == "running_max":
+            mi = m.args[0][0]
+        if _finite_identity_clamp(nodes[mi]):
+            mi = nodes[mi].args[0][0]
+        maxes.setdefault(sh[0][0], set()).add(mi)
+
+    def shift_only(mi: int) -> bool:  # the max (floored, running) is read only as softmax shifts and rescales
+        for u in uses.get(mi, []):
+            n = nodes[u]
+            if n.args[0][0] == mi and (n.op == "running_max" or _finite_identity_clamp(n)):
+                if not shift_only(u):
+                    return False
+            elif not ((u in xs and n.args[1][0] == mi and n.args[0][0] != mi)
+                      or (n.op == "rescaled_sum" and n.args[1][0] == mi and n.args[0][0] != mi)):
+                return False
+        return True
+
+    todo, seen = [(i, 1.0)], set()
+    while todo:
+        j, f = todo.pop()
+        if f == 0.0 or (j, f) in seen:
+            continue
+        seen.add((j, f))
+        if f > LOGIT_TANH_MAX_SCALE or not uses.get(j):  # (no reader here: an output)
+            return False
+        for u in uses[j]:
+            n = nodes[u]
+            if n.op == "scale":
+                todo.append((u, f * abs(float(n.attr("c")))))
+            elif n.op == "shift" or (n.op == "where" and n.args[0][0] != j):
+                todo.append((u, f))
+            elif u in xs and xs[u] == j and n.args[1][0] != j:
+                continue  # the logits of exp(x - m)
+            elif u in maxes.get(j, ()) and n.args[0] == (j, 0):
+                if not shift_only(u):
+                    return False
+            else:
+                return False
+    return True
 
 
 def _fp16_only(bg: BlockGraph) -> bool:

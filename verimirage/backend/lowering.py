@@ -101,7 +101,9 @@ implements("triton", "minimum")(_binary("tl.minimum({a}, {b}, propagate_nan=tl.P
 #: attention's loop 1124 -> 996 sm_90 instructions an iteration). The flush only zeroes ``e < 2**-126``, where
 #: ``(1 - e) / (1 + e)`` rounds to 1 either way. softplus: ``log(1 + exp(-|x|))`` rounded
 #: ``1 + y`` to 1 for ``y < 6e-8`` (0 at x = -20, not 2.06e-9); now ``log1p(y) = 2 atanh(s)``, ``s = y / (2 + y)
-#: <= 1/3``, by its odd series to ``s**13`` (truncation < 2e-8 relative), with no log at all.
+#: <= 1/3``, by its odd series to ``s**13`` (truncation < 2e-8 relative), with no log at all. ``_vm_tanh_logit``:
+#: tanh's second branch alone, accurate to 2**-21 absolute (not relative near 0), for a soft cap's tanh read only
+#: as a softmax's logits (``codegen._logit_tanh``).
 HELPERS: dict[str, str] = {
     "_vm_tanh": """@triton.jit
 def _vm_tanh(x):
@@ -112,6 +114,12 @@ def _vm_tanh(x):
     e = tl.exp2(a * -2.8853900817779268)
     r = (1.0 - e) / (1.0 + e)
     return tl.where(a < 0.3125, p, tl.where(x < 0.0, -r, r))
+""",
+    "_vm_tanh_logit": """@triton.jit
+def _vm_tanh_logit(x):
+    e = tl.exp2(tl.abs(x) * -2.8853900817779268)
+    r = (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0.0, -r, r)
 """,
     "_vm_softplus": """@triton.jit
 def _vm_softplus(x):
