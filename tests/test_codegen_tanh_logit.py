@@ -17,10 +17,7 @@ from verimirage.backend.codegen import generate
 from verimirage.backend.lowering import HELPERS
 
 pytest.importorskip("egglog")  # the search (rewrite/) needs it; the GPU machine has none
-from verimirage.pipeline import pricing
-from verimirage.rewrite.partition import lower_all
-
-H, N, D = 2, 32, 16
+from test_codegen_exp2 import D, H, N, _fused
 
 
 def _softcap(cap: float, times_input: bool = False) -> vm.Graph:
@@ -35,11 +32,6 @@ def _softcap(cap: float, times_input: bool = False) -> vm.Graph:
     e = g.exp(s)
     g.output(g.matmul(g.div(e, g.sum(e, axis=2)), v))
     return g
-
-
-def _fused(g: vm.Graph, frange: int) -> vm.Graph:
-    lows, _ = lower_all(g, grids=(H,), franges=(frange,), rank=pricing.cost)
-    return next(low.mugraph for low in lows if low.mugraph.num_kernels == 1)
 
 
 @pytest.mark.parametrize("frange", [1, 2])  # one tile (max) and the online softmax (running_max)

@@ -87,6 +87,40 @@ def zigzag_rows(src: str) -> str:
     return out
 
 
+_ZIG = re.compile(r"pid1 = tl\.where\(tl\.program_id\(1\) < \d+, \d+ - tl\.program_id\(1\), "
+                  r"tl\.program_id\(1\) - \d+\)\n")
+
+
+def no_zig(src: str) -> str:
+    """The inverse of :func:`zigzag_rows`: the row-block program id as main generated it before codegen emitted the
+    balanced order itself (``_KernelGen.causal_row_axis``, landed by attn18)."""
+    out, n = _ZIG.subn("pid1 = tl.program_id(1)\n", src)
+    assert n == 1, "no balanced row-block order to undo"
+    return out
+
+
+def candidate0(case: str) -> str:
+    """The kernel module this checkout generates for ``case``'s committed candidate 0 (benchmarks/candidates_models)."""
+    import verimirage as vm
+    from verimirage.backend.codegen import generate
+
+    doc = json.loads((ROOT / "benchmarks" / "candidates_models" / f"{case}.json").read_text())
+    return generate(vm.MuGraph.parse(doc["candidates"][0]["mugraph"])).source
+
+
+def write_variants(out: Path, variants: dict[str, dict[str, str]]) -> None:
+    """Each ``variants[case][k]`` as ``out/{case}_c0_{k}.py``, and the ``index.json`` attn_probe.py reads."""
+    out.mkdir(exist_ok=True)
+    made = {}
+    for case, vs in variants.items():
+        for k, s in vs.items():
+            name = f"{case}_c0_{k}"
+            (out / f"{name}.py").write_text(s)
+            made[name] = {"case": case, "candidate": 0}
+    (out / "index.json").write_text(json.dumps(made, indent=1))
+    print("\n".join(made))
+
+
 def qk_ahead(src: str) -> str:
     """The loop over the tiles below the diagonal issues the next tile's ``Q K`` product before this tile's softmax
     (the scores carried into the next iteration, FlashAttention 3's intra-warpgroup overlap written as text): the
@@ -110,14 +144,11 @@ def qk_ahead(src: str) -> str:
 
 
 def main() -> None:
-    import verimirage as vm
-    from verimirage.backend.codegen import generate
-
-    OUT.mkdir(exist_ok=True)
-    made = {}
+    variants = {}
     for case in ("causal_attention", "softcap_attention", "rotary_attention"):
-        doc = json.loads((ROOT / "benchmarks" / "candidates_models" / f"{case}.json").read_text())
-        src = generate(vm.MuGraph.parse(doc["candidates"][0]["mugraph"])).source
+        src = candidate0(case)
+        if _ZIG.search(src):  # (main emits the balanced order since attn18: the variants start from the old one)
+            src = no_zig(src)
         vs = {"gen": src, "texp": tl_exp(src)}
         if case in ("causal_attention", "softcap_attention"):
             vs["zig"] = zigzag_rows(src)
@@ -126,12 +157,8 @@ def main() -> None:
             vs["qka"] = qk_ahead(src)
         if case == "rotary_attention":
             vs["v16"] = v_fp16(src)
-        for k, s in vs.items():
-            name = f"{case}_c0_{k}"
-            (OUT / f"{name}.py").write_text(s)
-            made[name] = {"case": case, "candidate": 0}
-    (OUT / "index.json").write_text(json.dumps(made, indent=1))
-    print("\n".join(made))
+        variants[case] = vs
+    write_variants(OUT, variants)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ variants that stand for codegen or design changes:
   order (codegen ``_KernelGen.causal_row_axis``: rows ``R-1 .. R/2`` first, then ``0 .. R/2-1``);
   ``nozig``: the same kernel with the row-block program id as main generated it before (``tl.program_id(1)``);
 * softcap ``zig_nopoly``: the tanh helper without its small-argument polynomial (``(1 - e) / (1 + e)`` for every
-  argument): what the helper's odd polynomial (evaluated in every lane) costs;
+  argument): what the helper's odd polynomial (evaluated in every lane) costs (codegen's ``_vm_tanh_logit`` since
+  attn18; ``zig`` then has the accurate helper put back, as main generated it at the call);
   ``zig_rcp``: the helper's division as ``rcp.approx.ftz`` (inline asm, GPU only) times the numerator: what
   ``div.full.f32``'s refinement costs;
 * rotary ``gen``; ``split``: Q and K rotated once by a small
@@ -30,7 +31,6 @@ python3 benchmarks/perf/attn_probe.py --out $OUT/attn18 --budget-s 110``.
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 from pathlib import Path
@@ -40,15 +40,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 OUT = Path(__file__).resolve().parent / "attn18_variants"
 
-_ZIG = re.compile(r"pid1 = tl\.where\(tl\.program_id\(1\) < \d+, \d+ - tl\.program_id\(1\), "
-                  r"tl\.program_id\(1\) - \d+\)\n")
-
-
-def no_zig(src: str) -> str:
-    """The row-block program id as main generated it before the balanced order."""
-    out, n = _ZIG.subn("pid1 = tl.program_id(1)\n", src)
-    assert n == 1, "no balanced row-block order to undo"
-    return out
+from attn17_variants import candidate0, no_zig, write_variants  # noqa: E402
 
 
 def tanh_nopoly(src: str) -> str:
@@ -56,6 +48,16 @@ def tanh_nopoly(src: str) -> str:
     old = "    return tl.where(a < 0.3125, p, tl.where(x < 0.0, -r, r))\n"
     assert old in src, "no tanh helper"
     return src.replace(old, "    return tl.where(x < 0.0, -r, r)\n")
+
+
+def tanh_accurate(src: str) -> str:
+    """A kernel module whose soft cap's tanh codegen emits as ``_vm_tanh_logit`` (since attn18) with the accurate
+    ``_vm_tanh`` instead: the helper as main generated it before."""
+    from verimirage.backend.lowering import HELPERS
+
+    short, full = HELPERS["_vm_tanh_logit"].rstrip("\n"), HELPERS["_vm_tanh"].rstrip("\n")
+    assert short in src, "no short tanh helper"
+    return src.replace(short, full).replace("_vm_tanh_logit(", "_vm_tanh(")
 
 
 def tanh_rcp(src: str) -> str:
@@ -151,14 +153,11 @@ def permute_cast(src: str) -> str:
 
 
 def main() -> None:
-    import verimirage as vm
-    from verimirage.backend.codegen import generate
-
-    OUT.mkdir(exist_ok=True)
-    made = {}
+    variants = {}
     for case in ("causal_attention", "softcap_attention", "rotary_attention"):
-        doc = json.loads((ROOT / "benchmarks" / "candidates_models" / f"{case}.json").read_text())
-        src = generate(vm.MuGraph.parse(doc["candidates"][0]["mugraph"])).source
+        src = candidate0(case)
+        if "_vm_tanh_logit(" in src:  # (the short form is codegen's since attn18: the variants start from before)
+            src = tanh_accurate(src)
         if case == "rotary_attention":
             vs = {"gen": src, "rcast": reshape_cast(src), "pcast": permute_cast(src), "split": split(src),
                   "split64": split(src, 64), "split_pcast": permute_cast(split(src))}
@@ -167,12 +166,8 @@ def main() -> None:
         if case == "softcap_attention":
             vs["zig_nopoly"] = tanh_nopoly(src)
             vs["zig_rcp"] = tanh_rcp(src)
-        for k, s in vs.items():
-            name = f"{case}_c0_{k}"
-            (OUT / f"{name}.py").write_text(s)
-            made[name] = {"case": case, "candidate": 0}
-    (OUT / "index.json").write_text(json.dumps(made, indent=1))
-    print("\n".join(made))
+        variants[case] = vs
+    write_variants(OUT, variants)
 
 
 if __name__ == "__main__":
