@@ -1,23 +1,26 @@
 """Regenerate proofs/: the certificate of the best verified candidate of every suite graph (batch 1 and 8).
 
     python scripts/regen_proofs.py [--names gqa lora ...] [--batches 1 8] [--out proofs]
-    python scripts/regen_proofs.py --recertify proofs/gated_mlp_bs1.json ... [--timeout-s 300]
+    python scripts/regen_proofs.py --recertify proofs/gated_mlp_bs1.json ... [--timeout-s 300] [--floor]
     python scripts/regen_proofs.py --restamp proofs/*.json
     python scripts/regen_proofs.py --relaw proofs/*.json
     python scripts/regen_proofs.py --reff proofs/*.json benchmarks/results/capture/plan_*.json
 
 Each file is re-checked with the independent checker before it is kept. ``--recertify`` re-makes the given
-certificates for the same program pair (their own graph and candidate texts and rules; the Triton hash of
-today's code generator) after a change of the verifier's meanings (an op's exact meaning changes the
-recorded queries), without a search. ``--restamp`` only records the Triton hash of today's code generator in the
-given certificates (after a code-generator change: the hash is neither part of the proof nor of the seeds, and
-the checker regenerates the module and compares; re-check the files afterwards, e.g. with the tests). ``--relaw``
-re-derives the normaliser law names each certificate (and each sub-certificate of a composed one) records, after a
-change that only renames them (e.g. an op becoming a composition: ``rms-def`` -> ``mean-def``, ``rsqrt-def``); the
-queries, seeds and bounds are left as they are, and the checker re-derives all of them: re-check afterwards.
-``--reff`` re-records the finite-field record (``ff_record``: trials, seeds, fields, bounds: a function of the two
-programs only) of each certificate, sub-certificate and capture-plan item's certificate, after a change of the
-degree analysis; the checker re-derives the record and re-runs the trials: re-check afterwards.
+certificates for the same program pair (their own graph and candidate texts and rules; the Triton hash of today's
+code generator) after a change of the verifier's meanings (an op's exact meaning changes the recorded queries),
+without a search; with ``--floor`` the candidate is first re-derived in the floored online softmax form
+(:func:`verimirage.rewrite.floor.floor_running_maxes`, red team 17: an unfloored one is NaN on a row whose first key
+tiles are all -inf), and a certificate with nothing to floor is left as it is. ``--restamp`` only records the Triton
+hash of today's code generator in the given certificates (after a code-generator change: the hash is neither part of
+the proof nor of the seeds, and the checker regenerates the module and compares; re-check the files afterwards, e.g.
+with the tests). ``--relaw`` re-derives the normaliser law names each certificate (and each sub-certificate of a
+composed one) records, after a change that only renames them (e.g. an op becoming a composition: ``rms-def`` ->
+``mean-def``, ``rsqrt-def``); the queries, seeds and bounds are left as they are, and the checker re-derives all of
+them: re-check afterwards. ``--reff`` re-records the finite-field record (``ff_record``: trials, seeds, fields,
+bounds: a function of the two programs only) of each certificate, sub-certificate and capture-plan item's
+certificate, after a change of the degree analysis; the checker re-derives the record and re-runs the trials:
+re-check afterwards.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ def main() -> int:
     ap.add_argument("--relaw", nargs="*", default=None, help="certificate files whose law names to re-derive")
     ap.add_argument("--reff", nargs="*", default=None, help="certificate or plan files whose ff records to redo")
     ap.add_argument("--timeout-s", type=float, default=300.0, help="--recertify: the verifier's Z3 time limit")
+    ap.add_argument("--floor", action="store_true", help="--recertify: floor the candidate's online softmaxes first")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     if args.restamp is not None:
@@ -50,7 +54,7 @@ def main() -> int:
     if args.reff is not None:
         return reff([Path(p) for p in args.reff])
     if args.recertify is not None:
-        return recertify([Path(p) for p in args.recertify], args.timeout_s)
+        return recertify([Path(p) for p in args.recertify], args.timeout_s, floor=args.floor)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     failed = 0
@@ -164,9 +168,11 @@ def reff(paths: list[Path]) -> int:
     return 0
 
 
-def recertify(paths: list[Path], timeout_s: float) -> int:
-    """Re-make each certificate in ``paths`` for its own pair; 1 if any is not Proved or fails its re-check."""
+def recertify(paths: list[Path], timeout_s: float, *, floor: bool = False) -> int:
+    """Re-make each certificate in ``paths`` for its own pair (``floor``: its candidate's online softmaxes floored
+    first; one with none is skipped); 1 if any is not Proved or fails its re-check."""
     from verimirage.backend.tuning import triton_digest
+    from verimirage.rewrite.floor import floor_running_maxes
     from verimirage.smt.certificate import Certificate
     from verimirage.smt.certify import make_certificate
 
@@ -175,6 +181,11 @@ def recertify(paths: list[Path], timeout_s: float) -> int:
         t0 = time.perf_counter()
         old = Certificate.load(path)
         g, mg = vm.Graph.parse(old.graph_text), vm.MuGraph.parse(old.mugraph_text)
+        if floor:
+            if (floored := floor_running_maxes(mg)) is mg:
+                logging.info("%s: nothing to floor", path)
+                continue
+            mg = floored
         v = vm.verify(g, mg, timeout_s=timeout_s)
         if not isinstance(v, vm.Proved):
             logging.error("%s: %s", path, v.reason)

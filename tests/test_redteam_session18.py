@@ -1,0 +1,60 @@
+"""Red team, eighteenth session: each test is named after what went wrong and fails on the code before its fix."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import verimirage as vm
+
+ROOT = Path(__file__).resolve().parents[1]
+#: the suite's attention cases (benchmarks/candidates, proofs/): Q K^T V with Q, K, V inputs, no mask input
+SUITE_ATTENTION = ("mha", "gqa", "mqa", "qknorm_gqa", "mha_stable", "gqa_stable")
+
+
+def _suite_attention_texts() -> list[tuple[str, str]]:
+    out = []
+    for name in SUITE_ATTENTION:
+        for b in (1, 8):
+            doc = json.loads((ROOT / "benchmarks" / "candidates" / f"{name}_bs{b}.json").read_text())
+            out += [(f"candidates/{name}_bs{b}.json#{r}", c["mugraph"]) for r, c in enumerate(doc["candidates"])]
+            cert = ROOT / "proofs" / f"{name}_bs{b}.json"
+            out.append((f"proofs/{name}_bs{b}.json", json.loads(cert.read_text())["mugraph_text"]))
+    return out
+
+
+def test_suite_attention_candidates_and_proofs_kept_the_unfloored_running_max() -> None:
+    """Red team 17 floored the models set's online softmaxes (partition.RUNNING_MAX_FLOOR); the suite's attention
+    candidates and certificates kept the old form, NaN on every row whose first key tiles score -inf (see the
+    next test). Every stored one is now a fixed point of the floor."""
+    from verimirage.rewrite.floor import floor_running_maxes
+
+    unfloored = [where for where, text in _suite_attention_texts()
+                 if floor_running_maxes(mg := vm.MuGraph.parse(text)) is not mg]
+    assert not unfloored, unfloored
+
+
+@pytest.mark.parametrize("case", ["gqa_stable_bs1", "mha_stable_bs1"])
+def test_suite_attention_proof_gave_nan_where_the_first_key_tiles_score_minus_inf(case: str) -> None:
+    """``softmax(Q K) V`` (the certified design and the best stored candidate: online softmax over key tiles, split-KV)
+    with the first 1024 of 4096 keys -inf in one feature and that feature of every query positive: each row scores
+    -inf on its first key tiles and finitely on the rest. The graph in float64 (and ATen) gives finite rows; the
+    unfloored running max took ``exp(-inf - (-inf)) = NaN`` into every output (the stored gqa_stable_bs1 candidate's
+    Triton kernels in the interpreter: 32768 NaN of 32768). The μGraphs evaluated in float64 (the kernels' meaning)."""
+    cert = json.loads((ROOT / "proofs" / f"{case}.json").read_text())
+    best = json.loads((ROOT / "benchmarks" / "candidates" / f"{case}.json").read_text())["candidates"][0]["mugraph"]
+    g = vm.Graph.parse(cert["graph_text"])
+    shapes = {str(t.name): t.shape for t in g.inputs}
+    rng = np.random.default_rng(0)
+    ins = {n: rng.uniform(-1, 1, s).astype(np.float16).astype(np.float64) for n, s in shapes.items()}
+    ins["Q"][..., 0] = np.abs(ins["Q"][..., 0]) + 0.125
+    ins["K"][:, 0, :1024] = -np.inf
+    want = vm.evaluate(g, ins)[0]
+    assert np.isfinite(want).all()
+    for what, text in (("certificate", cert["mugraph_text"]), ("best candidate", best)):
+        got = vm.evaluate(vm.MuGraph.parse(text), ins)[0]
+        assert not np.isnan(got).any(), f"{what}: {int(np.isnan(got).sum())} NaN of {got.size}"
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
