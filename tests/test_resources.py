@@ -178,6 +178,16 @@ _FP32_BUFFERS = """graph {
 }"""
 
 
+@pytest.fixture
+def fp32_buffers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Values passed between kernels in fp32 even where the reader only casts them for ``tl.dot`` (the code generator
+    before ``DOT_OPERAND_STORAGE``; what a split's partials still are): the programs of the fp32-buffer tests feed
+    another kernel's result straight to a product, which is now stored in fp16."""
+    from verimirage.backend import codegen
+
+    monkeypatch.setattr(codegen, "DOT_OPERAND_STORAGE", False)
+
+
 def _product_of_fp32_buffers() -> tuple[object, object, list[vm.TensorType], list[object]]:
     from verimirage.backend.codegen import arg_storage
 
@@ -188,7 +198,7 @@ def _product_of_fp32_buffers() -> tuple[object, object, list[vm.TensorType], lis
     return m, bg, at, store[i]
 
 
-def test_a_pipelined_product_of_fp32_buffers_is_estimated_in_fp32() -> None:
+def test_a_pipelined_product_of_fp32_buffers_is_estimated_in_fp32(fp32_buffers: None) -> None:
     """Finding (the H200 training run of 2026-11-26: ``OutOfResources: shared memory, Required: 245760, Hardware
     limit: 232448`` for backward partitions): a product of two kernels' results reads fp32 buffers (codegen keeps
     values passed between kernels in fp32), and Triton's pipeliner buffers the loads in fp32; the estimate counted
@@ -212,7 +222,7 @@ def test_a_pipelined_product_of_fp32_buffers_is_estimated_in_fp32() -> None:
 
 
 @pytest.mark.slow  # two sm_90 compiles in a subprocess
-def test_the_fp32_buffer_estimate_bounds_triton_sm90_allocation(tmp_path: Path) -> None:
+def test_the_fp32_buffer_estimate_bounds_triton_sm90_allocation(tmp_path: Path, fp32_buffers: None) -> None:
     from verimirage.backend.gpucompile import compile_modules
 
     m, bg, at, store = _product_of_fp32_buffers()
@@ -236,7 +246,7 @@ def _streamed_product(rows: int, *, fp32_rows: bool = False
                       ) -> tuple[vm.MuGraph, int, object, list[object], list[object]]:
     """X (rows x 4096) @ W (4096 x 4096), 64 columns a block, a K loop of 64-deep tiles; ``fp32_rows``: X is another
     kernel's result (kept in fp32 in memory). Returns (program, the product's node, its block graph, operand types,
-    operands' element types in memory)."""
+    operands' element types in memory; the fp32 buffer only under the ``fp32_buffers`` fixture)."""
     from verimirage.backend.codegen import arg_storage
     from verimirage.ir.builders import BlockBuilder
 
@@ -267,7 +277,7 @@ _SM90_SHARED = {
 }
 
 
-def test_a_wgmma_pipeline_was_estimated_one_buffer_short() -> None:
+def test_a_wgmma_pipeline_was_estimated_one_buffer_short(fp32_buffers: None) -> None:
     """Finding (the red team, 2026-11-27): a product whose K loop feeds wgmma (at least 64 padded rows) takes
     ``num_stages`` buffers of each tile wgmma reads from the pipeline (the asynchronous wgmma still reads one while
     the next load fills another); the estimate counted ``num_stages - 1`` (16,384 / 32,768 / 49,152 bytes at 2 / 3 / 4
@@ -295,7 +305,7 @@ def test_decode_gqa_split_kernel_gets_the_two_stages_that_fit() -> None:
 
 
 @pytest.mark.slow  # five sm_90 compiles in a subprocess
-def test_the_wgmma_estimate_is_triton_sm90_allocation(tmp_path: Path) -> None:
+def test_the_wgmma_estimate_is_triton_sm90_allocation(tmp_path: Path, fp32_buffers: None) -> None:
     from verimirage.backend.gpucompile import compile_modules
 
     paths = {}

@@ -2167,11 +2167,50 @@ def _as_mugraph(g: Any) -> MuGraph:
     return g if isinstance(g, MuGraph) else MuGraph.from_graph(g)
 
 
+#: A kernel's result that other kernels read only as an operand of ``tl.dot`` (:func:`_dot_operand_only`) is stored in
+#: its IR dtype, not fp32: each reader casts it to that dtype for the dot anyway (:meth:`_KernelGen.emit_matmul`), so
+#: rounding it once at the store gives the same operand bits (fp32 -> dtype, round to nearest even, either way) and
+#: halves the bytes every reader loads (layernorm_linear: each of the projection's 128 blocks reads the whole
+#: 16 x 4096 normalised activation; in fp32 that is as many bytes per loop iteration as its weight tile).
+DOT_OPERAND_STORAGE = True
+
+
+def _dot_operand_only(nodes: Sequence[Node], ref: tuple[int, int]) -> bool:
+    """Whether every kernel reading value ``ref`` uses it only as an operand of block products that code generation
+    lowers to ``tl.dot`` with operands cast to ``ref``'s IR dtype: every block input node loading it is read only by
+    ``matmul`` nodes whose tiles have more than one row, contracted element and column (no degenerate product, which
+    is summed in fp32, and no one-row product) and whose left operand has that dtype (``tl.dot``'s operand dtype)."""
+    dt = nodes[ref[0]].outs[ref[1]].dtype
+    readers = 0
+    for n in nodes:
+        pos = [p for p, a in enumerate(n.args) if tuple(a) == tuple(ref)]
+        if not pos:
+            continue
+        if n.op != "custom":
+            return False
+        bg = n.attr("block")
+        loads = {j for j, b in enumerate(bg.nodes) if b.op == "input" and b.attr("arg") in pos}
+        if not loads or any(r in loads for r, _ in bg.outputs):
+            return False
+        for b in bg.nodes:
+            read = [a for a, _ in b.args if a in loads]
+            if not read:
+                continue
+            if b.op not in OPS or not OPS[b.op].has(Prop.CONTRACTION):
+                return False
+            ta, tb = (bg.nodes[a].outs[k] for a, k in b.args)
+            if ta.dtype != dt or min(ta.shape[-2], ta.shape[-1], tb.shape[-1]) < 2:
+                return False
+        readers += 1
+    return readers > 0
+
+
 def storage_dtype(nodes: Sequence[Node], final: set[tuple[int, int]], ref: tuple[int, int]) -> DType:
     """The element type value ``ref`` of a μGraph (``nodes``, its outputs ``final``) has in device memory: fp32 for
-    a kernel's result that another kernel reads (partial sums...), else its IR dtype."""
+    a kernel's result that another kernel reads (partial sums...), except one read only as a ``tl.dot`` operand
+    (:data:`DOT_OPERAND_STORAGE`); else its IR dtype."""
     n0 = nodes[ref[0]]
-    if n0.op == "custom" and ref not in final:
+    if n0.op == "custom" and ref not in final and not (DOT_OPERAND_STORAGE and _dot_operand_only(nodes, ref)):
         return DType.float32
     return n0.outs[ref[1]].dtype
 
@@ -3161,7 +3200,8 @@ def generate(program: Any, tiles: TileOptions | None = None,
     dev = names[0]
     # Values passed from one kernel to another (partial sums, running maxima, ...) are kept in fp32
     # in device memory, whatever the IR's dtype: the float64 semantics are the same, and fp16 partials
-    # lose precision (or overflow) between a split reduction and its combine kernel.
+    # lose precision (or overflow) between a split reduction and its combine kernel. (Except a value every
+    # reader only casts to its dtype for tl.dot: stored in that dtype, the same operand bits; DOT_OPERAND_STORAGE.)
     final = set(output_refs(mg))
 
     def store_dtype(ref: tuple[int, int]) -> DType:

@@ -91,7 +91,8 @@ def smem_estimate(bg: BlockGraph, arg_types: Sequence[TensorType], config: Launc
     retry after OutOfResources then takes a stage off).
 
     ``arg_store``: the element types the operands have in device memory where they differ from the IR's
-    (:func:`arg_storage`: a kernel's result that another kernel reads is kept in fp32); None: the IR's.
+    (:func:`arg_storage`: a kernel's result that another kernel reads is kept in fp32, unless it reads it only as a
+    ``tl.dot`` operand); None: the IR's.
 
     An upper bound of Triton 3.6's allocation on sm_90, summed from:
 

@@ -126,7 +126,9 @@ def evaluate_in_dtype(g: Graph, inputs: Mapping[str, np.ndarray], *,
     whether any intermediate value had a non-finite element.
 
     ``generated``: a kernel's result that the program does not return is kept as the code generator keeps it,
-    in fp32 (``backend.codegen.storage_dtype``; a candidate's partial sums between kernels), else (the source,
+    in fp32 (``backend.codegen.storage_dtype``; a candidate's partial sums between kernels; one that every reader
+    only casts for ``tl.dot`` the generated code stores in its dtype, which is the rounding the product's operand
+    gets here), else (the source,
     every op of which stores its result as eager ATen ops do) in its dtype. ``nan_made``: the flag returned is instead
     whether an op made a NaN from operands without one (:func:`made_nan`)."""
     kern, blk = RoundingDomain(True), RoundingDomain(False)
