@@ -131,3 +131,22 @@ def test_dot_operand_storage_gives_the_same_bits(storage_flag) -> None:
     assert torch.equal(outs[0], outs[1])
     ref = vm.evaluate(g, arrs)[0]
     assert np.linalg.norm(outs[1].double().numpy() - ref) / np.linalg.norm(ref) < 2e-3
+
+
+def test_a_reshape_of_a_kernel_result_read_by_a_dot_stayed_a_view(storage_flag) -> None:
+    """Finding (this session, before landing): a kernel that only reshapes another kernel's fp32 result is a view
+    of its buffer (no launch); stored in fp16 for the dot that reads it, it became a copy launch: the decoder layer's
+    committed candidates took 1-2 launches more (layer_np decode_bs8 15 -> 16, prefill_512 25 -> 27)."""
+    import json
+    from pathlib import Path
+
+    from verimirage.backend import tuning
+
+    doc = json.loads((Path(__file__).resolve().parents[1] / "benchmarks" / "candidates" / "layer_np" /
+                      "decode_bs8.json").read_text())
+    mg = vm.MuGraph.parse(doc["candidates"][0]["mugraph"])
+    counts = []
+    for flag in (False, True):
+        codegen.DOT_OPERAND_STORAGE = flag
+        counts.append(len(tuning.tuned_module(mg).kernels))
+    assert counts[0] == counts[1] == 15

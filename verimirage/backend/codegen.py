@@ -2179,8 +2179,15 @@ def _dot_operand_only(nodes: Sequence[Node], ref: tuple[int, int]) -> bool:
     """Whether every kernel reading value ``ref`` uses it only as an operand of block products that code generation
     lowers to ``tl.dot`` with operands cast to ``ref``'s IR dtype: every block input node loading it is read only by
     ``matmul`` nodes whose tiles have more than one row, contracted element and column (no degenerate product, which
-    is summed in fp32, and no one-row product) and whose left operand has that dtype (``tl.dot``'s operand dtype)."""
+    is summed in fp32, and no one-row product) and whose left operand has that dtype (``tl.dot``'s operand dtype).
+    Not a kernel that only reshapes another kernel's result (:func:`_view_kernel`): in that result's fp32 it is a view
+    of its buffer (:func:`_view_nodes`), in another dtype a copy launch (the decoder layer's candidates: 1-2 launches
+    more)."""
     dt = nodes[ref[0]].outs[ref[1]].dtype
+    n0 = nodes[ref[0]]
+    if (len(n0.args) == 1 and len(n0.outs) == 1 and nodes[n0.args[0][0]].op == "custom"
+            and _view_kernel(n0.attr("block"), nodes[n0.args[0][0]].outs[n0.args[0][1]], n0.outs[0])):
+        return False  # (a reshape of another kernel's fp32 result: stored in fp32 it stays a view, no launch)
     readers = 0
     for n in nodes:
         pos = [p for p, a in enumerate(n.args) if tuple(a) == tuple(ref)]
