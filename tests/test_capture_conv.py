@@ -118,6 +118,7 @@ MODULES = {"whisper_stem": (_Stem, (2, 4, 8)), "vit_patch": (_Patch, (2, 3, 8, 8
            "convnext_depthwise": (_Depthwise, (2, 8, 4, 4))}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("train", [False, True], ids=["forward", "train"])
 @pytest.mark.parametrize("name", list(MODULES))
 def test_conv_modules_run_in_the_kernels_and_match_float64(name: str, train: bool) -> None:

@@ -119,6 +119,9 @@ class LV:
     #: integer-valued float32s standing for an ATen integer tensor (class labels compared with a constant, a count
     #: of true booleans): exact below 2**24; read by equality tests and arithmetic, never a result of a partition
     integral: bool = False
+    #: with :attr:`fill` made from a constant (a mask computed while lifting): the torch booleans of its "kept"
+    #: entries (``fill[0]``'s values), from which a softmax knows a column every row keeps (:func:`_softmax`)
+    kept: Any = None
 
     @property
     def exact(self) -> bool:
@@ -406,7 +409,7 @@ def _binary(op: str) -> Handler:
                 r = ctx.ew(_shape(out), plain, lambda ts: emit(g, "add", ts[0], ts[1]))
             fill = filled[0].fill
             assert fill is not None
-            return LV(_filled(ctx, fill, ctx.exact(r)), r.shape, fill=fill)
+            return LV(_filled(ctx, fill, ctx.exact(r)), r.shape, fill=fill, kept=filled[0].kept)
         if op == "mul" and isinstance(a, LV) and a.cplx:
             return _cmul(ctx, a, b, out)
         if op == "mul" and isinstance(b, LV) and b.cplx:
@@ -542,7 +545,7 @@ def _to_copy(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
         return v
     r = ctx.ew(_shape(out), [v], lambda ts: emit(ctx.g, "cast", ts[0], want))
     # a masked_fill(-inf) on its way to a softmax (the fill checked its readers: a widening cast, then softmax)
-    return r if v.fill is None else dataclasses.replace(r, fill=v.fill)
+    return r if v.fill is None else dataclasses.replace(r, fill=v.fill, kept=v.kept)
 
 
 @handles("view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "flatten", "unflatten", "view_as", "_reshape_alias")
@@ -877,7 +880,36 @@ def _softmax(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
     zero = emit(g, "scale", ex, c=0.0)  # (exp(s) is in [0, 1]: 0 times it is 0 even where s overflowed to -inf)
     fm, keep = v.fill
     e = emit(g, "where", fm, *((ex, zero) if keep else (zero, ex)))
-    return LV(emit(g, "div", e, emit(g, "sum", e, ax)), _shape(out))
+    return LV(emit(g, "div", e, _kept_sum(ctx, v, ex, zero, e, ax)), _shape(out))
+
+
+def _kept_sum(ctx: Ctx, v: LV, ex: Tensor, zero: Tensor, e: Tensor, ax: int) -> Tensor:
+    """The denominator of a softmax over ``e = where(kept, ex, 0)`` (``ex = exp(s - max s)``, ``v`` the filled
+    scores): ``sum(e)``, or, where ``v``'s fill is a constant (:attr:`LV.kept`) keeping some column ``j`` in every
+    row (a causal mask keeps the first key), ``ex[.., j] + sum(where(kept and not column j, ex, 0))``: the same
+    terms, and positive by the signs of its terms alone (an exp plus a sum of exps and zeros), so the division is
+    defined for all inputs and the verifier composes the regions that read the softmax (a sum of selected exps may
+    be 0 by signs: CLIP's layer with its -inf causal mask was left unproved). A row whose kept scores are all -inf
+    is still 0 / 0, NaN, as ATen's."""
+    import torch
+
+    g, kept = ctx.g, v.kept
+    if kept is None or v.fill is None or not v.fill[1] or ax != len(e.shape) - 1 or kept.dim() == 0 \
+            or not ctx.layout("slice") \
+            or int(kept.shape[-1]) != int(e.shape[-1]):
+        return emit(g, "sum", e, ax)
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():  # (the lifting runs under the tracer's fake mode; ``kept`` is a real tensor)
+        every = kept.reshape(-1, kept.shape[-1]).all(0)
+        if not bool(every.any()):
+            return emit(g, "sum", e, ax)
+        j = int(torch.nonzero(every)[0])
+        rest = kept.clone()
+        rest[..., j] = False
+        fm = _const_input(ctx, rest).t
+    others = emit(g, "sum", emit(g, "where", fm, ex, zero), ax)
+    return emit(g, "add", emit(g, "slice", ex, ax, j, j + 1), others)
 
 
 @handles("_log_softmax", "log_softmax")
@@ -1587,6 +1619,13 @@ SDPA_BW_ARGS: dict[str, tuple[int, int, int, int, int, int, int | None, int, int
 }
 
 
+#: ATen's fused attention ops, whose results at infinities and NaN are their kernels' own, not their definition's
+#: (the CPU flash kernel gives 0 for a query row holding NaN or -inf, where the math path and the lifted softmax give
+#: NaN; the CUDA kernels differ again): the compile-time check's special-value sets that feed one of them a
+#: non-finite operand constrain nothing (``capture.undefined_at``)
+SPECIAL_VALUES_OWN = frozenset({*_SDPA, *SDPA_BW_ARGS})
+
+
 #: positions of arguments a handler never reads, by op name (not lifted as partition inputs): the CUDA attention
 #: backwards' random-number state and nested-batch offsets (read only with a dropout, which is refused)
 UNREAD_ARGS: dict[str, frozenset[int]] = {
@@ -1837,7 +1876,7 @@ def _constant_value(ctx: Ctx, c: Any, node: Any, user: Any) -> LV:
                                                   "constants are finite)", node)
     finite = torch.where(keep, c, torch.zeros((), dtype=c.dtype))
     r = _const_input(ctx, finite)
-    return dataclasses.replace(r, fill=(_const_input(ctx, keep).t, True), zero=not bool(finite.any()))
+    return dataclasses.replace(r, fill=(_const_input(ctx, keep).t, True), zero=not bool(finite.any()), kept=keep)
 
 
 def _lowest(ctx: Ctx, dt: DType) -> Tensor:

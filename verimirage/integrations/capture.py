@@ -44,6 +44,7 @@ from .aten import (
     INDEX_OPERANDS,
     LV,
     NEGATED_READERS,
+    SPECIAL_VALUES_OWN,
     VIEW_OPS,
     Ctx,
     Reason,
@@ -1086,15 +1087,17 @@ def compile_partition(gm: fx.GraphModule, lifted: Lifted, opts: CaptureOptions, 
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     with unset_fake_temporarily(), torch.no_grad():
-        sets = _check_sets(lifted, eager, device)
+        sets = [(ys, want, "random inputs") for ys, want in _check_sets(lifted, eager, device)]
         xs = sets[0][0]
+        sets += _special_sets(lifted, eager, sets[-1][0])
         best: tuple[float, Any, PartitionRunner] | None = None
         first_failure: str | None = None
         for ci, cand in enumerate(pool):
             runner = build(cand)
             fail = runner if isinstance(runner, str) else next(
-                (f for ys, want in sets
-                 if (f := _check_runner(runner, ys, want, gm, lifted, opts, device, record.name)) is not None), None)
+                (f for ys, want, what in sets
+                 if (f := _check_runner(runner, ys, want, gm, lifted, opts, device, record.name, what)) is not None),
+                None)
             if fail is not None:
                 first_failure = first_failure or fail
                 log.info("verimirage: %s: candidate %d: %s", record.name, ci, fail)
@@ -1198,9 +1201,92 @@ def _check_sets(lifted: Lifted, eager: Any, device: torch.device) -> list[tuple[
     return sets or [positive]
 
 
+#: the special values the compile-time check writes into the partition's floating-point inputs, one input and one
+#: pattern a set (:data:`verimirage.pipeline.fpsafe.SPECIAL_SETS`' infinite and NaN patterns: a row of -inf, as a
+#: fully masked row or log 0, one +inf, one NaN): on each set where the ATen ops themselves make no NaN (no op of
+#: them gives a NaN from operands without one: ``inf - inf``, ``0 * inf``), the kernels must give their results,
+#: the same infinities and NaNs at the same places. The random sets alone let a kernel be finite where ATen is
+#: infinite, or NaN where it is finite (the seventeenth session's nll_loss at a picked -inf, ReLU's gradient at NaN)
+CHECK_SPECIALS: tuple[str, ...] = ("-inf-row", "+inf-one", "nan-one")
+
+#: at most this many special sets a partition (the inputs with the most elements first, every pattern of one input
+#: before the next): each is one more run of the kernels
+CHECK_SPECIALS_MAX = 6
+
+
+def _with_special(x: torch.Tensor, pattern: str) -> torch.Tensor:
+    """A copy of ``x`` (same strides, also a broadcast input's stride 0) with :data:`CHECK_SPECIALS`' ``pattern``
+    written in: ``-inf-row``: the last axis at index 0 of the others; ``+inf-one`` / ``nan-one``: the first element
+    (written into the memory, so where strides alias an element, every alias holds it, as in a broadcast input)."""
+    shape, stride = tuple(x.shape), tuple(x.stride())
+    size = 1 + sum((d - 1) * st for d, st in zip(shape, stride, strict=True) if d > 0)
+    buf = torch.as_strided(x, (size,), (1,), x.storage_offset()).clone()
+    if pattern == "-inf-row":
+        n, st = (shape[-1], stride[-1]) if shape else (1, 1)
+        buf[torch.arange(n) * st] = -math.inf
+    else:
+        buf[0] = math.inf if pattern == "+inf-one" else math.nan
+    return torch.as_strided(buf, shape, stride)
+
+
+def undefined_at(gm: fx.GraphModule, xs: Sequence[torch.Tensor]) -> str | None:
+    """Why the ATen ops of ``gm`` run on ``xs`` constrain nothing there, or None: some op gives a NaN from tensor
+    operands without one (``inf - inf``, ``0 * inf``: undefined), or a fused attention op reads a non-finite operand
+    (:data:`SPECIAL_VALUES_OWN`: its kernel's own result). An op that fails counts too."""
+    def tensors(v: Any) -> list[torch.Tensor]:
+        return [t for t in (v if isinstance(v, (list, tuple)) else [v])
+                if isinstance(t, torch.Tensor) and t.is_floating_point()]
+
+    class Watch(fx.Interpreter):
+        why: str | None = None
+
+        def run_node(self, n: fx.Node) -> Any:
+            if self.why is None and n.op == "call_function" and op_name(n) in SPECIAL_VALUES_OWN and any(
+                    not bool(torch.isfinite(t).all()) for a in n.all_input_nodes for t in tensors(self.env[a])):
+                self.why = f"aten.{op_name(n)} reads a non-finite operand"
+            out = super().run_node(n)
+            if self.why is None and n.op == "call_function" and any(bool(torch.isnan(t).any()) for t in tensors(out)) \
+                    and not any(bool(torch.isnan(t).any()) for a in n.all_input_nodes for t in tensors(self.env[a])):
+                self.why = f"aten.{op_name(n)} makes a NaN"
+            return out
+
+    w = Watch(gm)
+    try:
+        w.run(*xs)
+    except Exception as e:
+        return f"the ATen ops fail ({type(e).__name__})"
+    return w.why
+
+
+def _special_sets(lifted: Lifted, eager: fx.GraphModule, base: list[torch.Tensor]
+                  ) -> list[tuple[list[torch.Tensor], Any, str]]:
+    """The special-value sets of a partition (:data:`CHECK_SPECIALS`, at most :data:`CHECK_SPECIALS_MAX`): ``base``
+    (a random set) with one pattern written in one floating-point input of at least 2 elements (not a class index,
+    not a constant the graph holds), each kept where the ATen ops are defined (:func:`undefined_at`); with the ATen
+    ops' results and a description. A set that cannot be made is left out (logged): the check never fails the
+    capture."""
+    nodes = (*lifted.inputs, *lifted.extra)
+    index = set(lifted.int_inputs) | {pos for pos, _c, _i in lifted.index_bounds}
+    order = sorted((i for i, n in enumerate(nodes)
+                    if i not in index and HELD not in n.meta and base[i].is_floating_point() and base[i].numel() > 1),
+                   key=lambda i: (-base[i].numel(), i))
+    out: list[tuple[list[torch.Tensor], Any, str]] = []
+    for i in order:
+        for pattern in CHECK_SPECIALS:
+            if len(out) >= CHECK_SPECIALS_MAX:
+                return out
+            try:
+                ys = [*base[:i], _with_special(base[i], pattern), *base[i + 1:]]
+                if undefined_at(eager, ys) is None:
+                    out.append((ys, eager(*ys), f"input {i} with {pattern}"))
+            except Exception as e:  # (e.g. a dtype the pattern cannot be written in)
+                log.debug("special set %s of input %d not made: %s: %s", pattern, i, type(e).__name__, e)
+    return out
+
+
 def _check_runner(runner: PartitionRunner, xs: list[torch.Tensor], want: Sequence[torch.Tensor],
                   gm: fx.GraphModule, lifted: Lifted, opts: CaptureOptions, device: torch.device,
-                  name: str) -> str | None:
+                  name: str, what: str = "random inputs") -> str | None:
     """Compile (in parallel on a GPU) and run ``runner``'s kernels on ``xs``; None when every output matches the
     ATen ops' ``want`` (or is as close to float64 as they are), else why not."""
     if device.type == "cuda" and opts.compile_workers > 1:
@@ -1229,7 +1315,7 @@ def _check_runner(runner: PartitionRunner, xs: list[torch.Tensor], want: Sequenc
                 ref64 = reference64(gm, lifted, xs) or []
             ok = bool(ref64) and as_accurate(a, b, ref64[i])
         if not ok:
-            reason = f"{Reason.NUMERIC.value}: output {i} differs from the ATen ops on random inputs"
+            reason = f"{Reason.NUMERIC.value}: output {i} differs from the ATen ops on {what}"
             log.warning("verimirage: %s: %s; the partition stays with the fallback", name, reason)
             if os.environ.get(DUMP_ENV):
                 try:
