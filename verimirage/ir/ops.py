@@ -416,6 +416,16 @@ define_op("greater", 1, _U, lambda ts, at: TensorType(_attr_rule("greater", "c")
           "x > c as a vm.bool mask (a comparison where reads)", attrs=("c",))
 
 
+#: ops with no exact meaning in the checks: in the finite field and the abstract expressions alike, a function of the
+#: argument named by :func:`opaque_key` (a random one, an uninterpreted one), the same in both programs
+OPAQUE = ("gelu", "relu", "erf", "softplus", "abs", "clamp", "leaky_relu", "step", "sin", "cos", "greater", "pow")
+
+
+def opaque_key(op: str, attrs: dict[str, Any]) -> str:
+    """The name of the function standing for :data:`OPAQUE` op ``op`` with ``attrs``: ``op(k=v, ...)``."""
+    return f"{op}({', '.join(f'{k}={attrs[k]!r}' for k in sorted(attrs))})" if attrs else op
+
+
 def _where_rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType:
     dt = _same_dtype("where", ts[1:])
     return TensorType(broadcast_shapes("where", ts), dt)

@@ -25,7 +25,7 @@ import numpy as np
 from ..ir.errors import GraphError
 from ..ir.graph import Graph, input_types
 from ..ir.interpret import run
-from ..ir.ops import OPS, Prop, TensorType, implements, neg_axis, reshape_groups
+from ..ir.ops import OPAQUE, OPS, Prop, TensorType, implements, neg_axis, opaque_key, reshape_groups
 from . import defined as D
 from . import expr as E
 from .consts import const_fraction
@@ -179,28 +179,11 @@ def reduce_over(n: int, body: Callable[[str], E.Poly], combine: str, lo: int = 0
 # --------------------------------------------------------------------------- op meanings
 
 
-def _ew1(f: Callable[[E.Poly], E.Poly]) -> Callable[..., Sym]:
+def _ew(f: Callable[..., E.Poly]) -> Callable[..., Sym]:
+    """An elementwise op: ``f(x, ..., attrs)`` of its operands' elements at each index (operands broadcast)."""
     def fn(args: list[Sym], attrs: dict[str, Any], in_types: Any, out_types: Any) -> Sym:
-        a = args[0]
-        return Sym(a.shape, lambda idx: f(a.at(idx)))
-
-    return fn
-
-
-def _ewc(f: Callable[[E.Poly, Fraction], E.Poly]) -> Callable[..., Sym]:
-    """An elementwise op of its operand and its constant ``c`` (read as an exact rational)."""
-    def fn(args: list[Sym], attrs: dict[str, Any], in_types: Any, out_types: Any) -> Sym:
-        c = const_fraction(attrs["c"])
-        return _ew1(lambda x: f(x, c))(args, attrs, in_types, out_types)
-
-    return fn
-
-
-def _ew2(f: Callable[[E.Poly, E.Poly], E.Poly]) -> Callable[..., Sym]:
-    def fn(args: list[Sym], attrs: dict[str, Any], in_types: Any, out_types: Any) -> Sym:
-        a, b = args
-        shape = _bshape(a.shape, b.shape)
-        return Sym(shape, lambda idx: f(a.at(_project(idx, a.shape)), b.at(_project(idx, b.shape))))
+        return Sym(_bshape(*(a.shape for a in args)), lambda idx: f(*(a.at(_project(idx, a.shape)) for a in args),
+                                                                    attrs))
 
     return fn
 
@@ -210,38 +193,35 @@ def _law(name: str, v: E.Poly) -> E.Poly:
     return v
 
 
-implements("abstract", "add")(_ew2(E.p_add))
-implements("abstract", "sub")(_ew2(lambda x, y: E.p_add(x, y, -1)))
-implements("abstract", "mul")(_ew2(E.p_mul))
-implements("abstract", "div")(_ew2(E.p_div))
-implements("abstract", "maximum")(_ew2(E.p_maximum))
-implements("abstract", "exp")(_ew1(E.p_exp))
-implements("abstract", "square")(_ew1(lambda x: E.p_mul(x, x)))
-implements("abstract", "sqrt")(_ew1(E.p_sqrt))
-implements("abstract", "rsqrt")(_ew1(lambda x: _law("rsqrt-def", E.p_atom(("sqrt", x), -1))))
-implements("abstract", "scale")(_ewc(E.p_scale))
-implements("abstract", "shift")(_ewc(lambda x, c: E.p_add(x, E.p_const(c))))
+#: the elementwise ops' meanings on elements (``attrs`` last; the :data:`~verimirage.ir.ops.OPAQUE` ops, ``pow``'s
+#: exponents with no composition among them, are :func:`uninterpreted`)
+ELEMENTWISE: dict[str, Callable[..., E.Poly]] = {
+    "add": lambda x, y, at: E.p_add(x, y), "sub": lambda x, y, at: E.p_add(x, y, -1),
+    "mul": lambda x, y, at: E.p_mul(x, y), "div": lambda x, y, at: E.p_div(x, y),
+    "maximum": lambda x, y, at: E.p_maximum(x, y), "exp": lambda x, at: E.p_exp(x),
+    "square": lambda x, at: E.p_mul(x, x), "sqrt": lambda x, at: E.p_sqrt(x),
+    "rsqrt": lambda x, at: _law("rsqrt-def", E.p_atom(("sqrt", x), -1)),
+    "scale": lambda x, at: E.p_scale(x, const_fraction(at["c"])),
+    "shift": lambda x, at: E.p_add(x, E.p_const(const_fraction(at["c"]))),
+    "log": lambda x, at: E.p_log(x),  # (uninterpreted, after its argument's exp factors are taken out: law log-exp)
+    "reciprocal": lambda x, at: E.p_div(E.p_const(1), x),
+    "sigmoid": lambda x, at: E.p_div(E.p_const(1), E.p_add(E.p_const(1), E.p_exp(E.p_scale(x, -1)))),
+}
+for _op, _f in ELEMENTWISE.items():
+    implements("abstract", _op)(_ew(_f))
 
 
 def uninterpreted(op: str) -> Callable[..., Sym]:
-    """The ``"abstract"`` meaning of a unary op as an uninterpreted function (keyed by the op and its
-    attributes): equal arguments give equal results, nothing else is assumed."""
-
-    def fn(args: list[Sym], attrs: dict[str, Any], in_types: Any, out_types: Any) -> Sym:
-        key = op if not attrs else f"{op}({', '.join(f'{k}={attrs[k]!r}' for k in sorted(attrs))})"
-        return _ew1(lambda x: E.p_fn(key, x))(args, attrs, in_types, out_types)
-
-    return fn
+    """The ``"abstract"`` meaning of a unary op as an uninterpreted function named by :func:`opaque_key`: equal
+    arguments give equal results, nothing else is assumed."""
+    return _ew(lambda x, at: E.p_fn(opaque_key(op, at), x))
 
 
-for _n in ("gelu", "relu", "erf", "softplus", "abs", "clamp", "leaky_relu", "step", "sin", "cos", "greater"):
-    implements("abstract", _n)(uninterpreted(_n))
-# log: uninterpreted, after its argument's exp factors are taken out (law log-exp)
-implements("abstract", "log")(_ew1(E.p_log))
+for _op in OPAQUE:
+    implements("abstract", _op)(uninterpreted(_op))
+implements("abstract", "cast")(lambda args, attrs, it, ot: args[0])
 
 
-implements("abstract", "sigmoid")(_ew1(lambda x: E.p_div(E.p_const(1), E.p_add(E.p_const(1),
-                                                                            E.p_exp(E.p_scale(x, -1))))))
 @implements("abstract", "slice")
 def _abs_slice(args: list[Sym], attrs: dict[str, Any], in_types: Any, out_types: Any) -> Sym:
     """Element i along the axis is element start + i of the operand."""
@@ -253,9 +233,6 @@ def _abs_slice(args: list[Sym], attrs: dict[str, Any], in_types: Any, out_types:
         return a.at((*idx[:pos], E.a_add(E.a_const(start), idx[pos], 1), *idx[pos + 1:]))
 
     return Sym((*a.shape[:pos], stop - start, *a.shape[pos + 1:]), fn)
-
-
-implements("abstract", "cast")(lambda args, attrs, it, ot: args[0])
 
 
 @implements("abstract", "where")
@@ -298,12 +275,6 @@ def _abs_tril(args: list[Sym], attrs: dict[str, Any], in_types: Any, out_types: 
         return E.p_atom(("in", TRIL_ATOM.format(off), (idx[-2], idx[-1])))
 
     return Sym(attrs["shape"], elem)
-
-
-implements("abstract", "reciprocal")(_ew1(lambda x: E.p_div(E.p_const(1), x)))
-
-
-implements("abstract", "pow")(uninterpreted("pow"))  # (exponents with no composition: interpret.COMPOSITES)
 
 
 def _reduce(kind: str) -> Callable[..., Sym]:

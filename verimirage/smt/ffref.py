@@ -54,7 +54,7 @@ import numpy as np
 from ..ir.errors import GraphError
 from ..ir.graph import Graph, input_types, node_list, output_refs, output_types
 from ..ir.interpret import expand, run
-from ..ir.ops import LAYOUT_MEANINGS, TensorType, get_op, neg_axis, reshape_groups, tril
+from ..ir.ops import LAYOUT_MEANINGS, OPAQUE, TensorType, get_op, neg_axis, opaque_key, reshape_groups, tril
 from .consts import const_fraction
 from .verdict import Outcome
 
@@ -343,11 +343,6 @@ def _unkey(k: np.ndarray) -> np.ndarray:
 _SALT = {"silu": 1, "gelu": 2, "relu": 3, "sqrt": 4}
 
 
-def opaque_key(op: str, attrs: dict[str, Any]) -> str:
-    """The name of the random function standing for ``op`` with ``attrs`` (its salt: :data:`_SALT`, else
-    ``16 + crc32(name)``)."""
-    return f"{op}({', '.join(f'{k}={attrs[k]!r}' for k in sorted(attrs))})" if attrs else op
-
 Meaning = Callable[[RefFF, list[np.ndarray], dict[str, Any], Sequence[TensorType]], np.ndarray]
 
 
@@ -370,8 +365,6 @@ MEANINGS: dict[str, Meaning] = {
     "scale": lambda d, a, at, it: d.const("mul", a[0], const_fraction(at["c"])),
     "shift": lambda d, a, at, it: d.const("add", a[0], const_fraction(at["c"])),
     "exp": lambda d, a, at, it: d.exp(a[0]),
-    "gelu": lambda d, a, at, it: d.oracle("gelu", a[0]),
-    "relu": lambda d, a, at, it: d.oracle("relu", a[0]),
     "sqrt": lambda d, a, at, it: d.oracle("sqrt", a[0]),
     "rsqrt": lambda d, a, at, it: d.oracle("sqrt", a[0], inverse=True),
     "maximum": lambda d, a, at, it: _unkey(np.maximum(_key(a[0]), _key(a[1]))),
@@ -382,14 +375,13 @@ MEANINGS: dict[str, Meaning] = {
     "matmul": lambda d, a, at, it: d.matmul(a[0], a[1]),
     "concat": _concat,
     "reciprocal": lambda d, a, at, it: d.recip(a[0]),
-    "pow": lambda d, a, at, it: d.oracle(opaque_key("pow", at), a[0]),  # (exponents with no composition)
     # m * a + (1 - m) * b: exact on masks m in {0, 1}
     "where": lambda d, a, at, it: d.ring("add", d.ring("mul", a[0], a[1]), d.ring(
         "mul", d.const("add", d.const("mul", a[0], Fraction(-1)), Fraction(1)), a[2])),
     "cast": lambda d, a, at, it: a[0],
     "tril_mask": lambda d, a, at, it: np.stack([tril(at["shape"], at["offset"])] * 2),  # 0 and 1 in both parts
 }
-for _op in ("erf", "softplus", "abs", "clamp", "leaky_relu", "step", "sin", "cos", "greater"):  # no exact image
+for _op in OPAQUE:  # no exact image: a random function (its salt: _SALT, else 16 + crc32 of its name)
     MEANINGS[_op] = lambda d, a, at, it, _op=_op: d.oracle(opaque_key(_op, at), a[0])  # type: ignore[misc]
 # log: a random function in the p-part, the discrete log (exp's inverse) in the q-part
 MEANINGS["log"] = lambda d, a, at, it: _stack(d.oracle("log", a[0])[0], _log_table(d.field)[a[0][0]])
