@@ -182,25 +182,28 @@ def _parse_node_line(lines: _Lines, lineno: int, line: str, expect: int) -> Node
         grid, frange, flimit = (attrs.pop(k, None) for k in ("grid", "frange", "flimit"))  # (checked with the program)
         if attrs:
             raise _perr(lineno, line, f"custom: unexpected attributes {sorted(attrs)}")
-        bg = _parse_block_body(lines, grid, frange, flimit)
-        return Node(op, args, (("block", bg),), types)
+        nodes, outs, omaps = _parse_body(lines, block=True)  # (the block graph is checked with the program)
+        return Node(op, args, (("block", BlockGraph(grid, frange, tuple(nodes), tuple(outs), tuple(omaps), flimit)),),
+                    types)
     if op == "fused":
         if not opens:
             raise _perr(lineno, line, "fused: expected a thread region '{' at the end of the line")
-        nodes, outs = _parse_body(lines)
-        return Node(op, args, (("thread", ThreadGraph(tuple(nodes), outs)),), types)  # (checked with its block graph)
+        nodes, outs, _ = _parse_body(lines)
+        return Node(op, args, (("thread", ThreadGraph(tuple(nodes), tuple(outs))),), types)  # (checked with its block)
     return Node(op, args, make_attrs(attrs), types)
 
 
-def _parse_block_body(lines: _Lines, grid: tuple[int, ...], frange: int, flimit: Any = None) -> BlockGraph:
+def _parse_body(lines: _Lines, block: bool = False) -> tuple[list[Node], list[Ref], list[OutputMap]]:
+    """The nodes, the output refs and (a block's) omaps of a body up to its closing ``}``: a program's or a thread
+    graph's ends with ``return`` refs, a block graph's has ``output %N {omap=(...)}`` lines."""
     nodes: list[Node] = []
     outs: list[Ref] = []
     omaps: list[OutputMap] = []
     while True:
         lineno, line = lines.next()
         if line == "}":
-            break
-        if line.startswith("output "):
+            return nodes, outs, omaps
+        if block and line.startswith("output "):
             refs_s, attrs_s = _split_head(line[len("output ") :])
             (r,) = _parse_refs(refs_s, lineno, line) or (None,)
             attrs = _parse_attrs(attrs_s, lineno, line)
@@ -208,23 +211,10 @@ def _parse_block_body(lines: _Lines, grid: tuple[int, ...], frange: int, flimit:
                 raise _perr(lineno, line, "expected 'output %N {omap=(...)}'")
             outs.append(r)
             omaps.append(OutputMap(tuple(attrs["omap"])))
-            continue
-        nodes.append(_parse_node_line(lines, lineno, line, len(nodes)))
-    return BlockGraph(grid, frange, tuple(nodes), tuple(outs), tuple(omaps), flimit)  # (checked with the program)
-
-
-def _parse_body(lines: _Lines) -> tuple[list[Node], tuple[Ref, ...]]:
-    """The nodes and the ``return`` refs of a program's or a thread graph's body, up to its closing ``}``."""
-    nodes: list[Node] = []
-    outs: tuple[Ref, ...] = ()
-    while True:
-        lineno, line = lines.next()
-        if line == "}":
-            return nodes, outs
-        if line.startswith("return"):
-            outs = _parse_refs(line[len("return") :], lineno, line)
-            continue
-        nodes.append(_parse_node_line(lines, lineno, line, len(nodes)))
+        elif not block and line.startswith("return"):
+            outs = list(_parse_refs(line[len("return") :], lineno, line))
+        else:
+            nodes.append(_parse_node_line(lines, lineno, line, len(nodes)))
 
 
 def parse_program(text: str) -> Graph:
@@ -249,7 +239,7 @@ def _parse_program(text: str) -> Graph:
     kw = first.split()[0] if first.split() else ""
     if first not in ("graph {", "mugraph {"):
         raise _perr(lineno, first, "expected 'graph {' or 'mugraph {'")
-    nodes, outs = _parse_body(lines)
+    nodes, outs, _ = _parse_body(lines)
     if lines.pos != len(lines.lines):
         ln, extra = lines.lines[lines.pos]
         raise _perr(ln, extra, "text after the closing '}'")
