@@ -99,13 +99,10 @@ def restamp(paths: list[Path]) -> int:
 
 def _laws(g: vm.Graph, mg: vm.Graph, queries: list[dict]) -> list[str]:
     """The normaliser laws the checker's re-derivation of the pair uses (as ``certificate._check_abstract``)."""
-    from verimirage.ir.graph import output_types
     from verimirage.smt import abstract as A
     from verimirage.smt import expr as E
 
-    derived: A.Derived = {}
-    cases = [A.output_cases([g, mg], k, t.shape, derived) for k, t in enumerate(output_types(g))]
-    (ea, la), (eb, lb) = A.derive(g, cases, derived), A.derive(mg, cases, derived)
+    _, ((ea, la, _), (eb, lb, _)) = A.derive_all([g, mg])
     laws = set(la | lb)
     for (k, ci), q in zip([(k, ci) for k, xs in enumerate(ea) for ci in range(len(xs))], queries, strict=True):
         if q["name"].endswith(":fubini"):

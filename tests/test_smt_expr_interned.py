@@ -25,9 +25,7 @@ def _walk(t: Any, out: list[Any]) -> None:
 
 
 def _derived(g: vm.Graph) -> list[Any]:
-    derived: A.Derived = {}
-    cases = [A.output_cases([g], k, t.shape, derived) for k, t in enumerate(g.outputs)]
-    exprs, _ = A.derive(g, cases, derived)
+    _, ((exprs, _, _),) = A.derive_all([g])
     return [e for es in exprs for e in es]
 
 

@@ -48,16 +48,16 @@ def test_case(case) -> None:
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_expressions_found_while_splitting_cases_are_the_ones_derive_makes(case) -> None:
-    # abstract_check reuses what output_cases derived; it must be exactly what derive computes afresh
+    # derive_all keeps what it derived while splitting cases; it must be exactly what a fresh derivation on each
+    # final case computes
     from verimirage.smt import abstract as A
     from verimirage.smt.limits import deep_call
 
     def check() -> None:  # (in a deep-stack thread, as the verifier runs it: some cases are deep programs)
         a, b = case.a(), case.b()
-        derived: A.Derived = {}
-        cases = [A.output_cases([a, b], k, t.shape, derived) for k, t in enumerate(a.outputs)]
-        fresh = (A.derive(a, cases), A.derive(b, cases))
-        assert derived  # (every final case was derived on the way)
-        assert (A.derive(a, cases, derived), A.derive(b, cases, derived)) == fresh
+        cases, got = A.derive_all([a, b])
+        fresh = [[[A.derive_on(g, c, k) for c in cs] for k, cs in enumerate(cases)] for g in (a, b)]
+        assert [(e, ls, ds) for e, ls, ds in got] == [([[x[0] for x in cs] for cs in f], set().union(
+            *(x[1] for cs in f for x in cs)), [[x[2] for x in cs] for cs in f]) for f in fresh]
 
     deep_call(check)

@@ -16,14 +16,13 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
 import numpy as np
 
 from ..ir.errors import GraphError
-from ..ir.graph import Graph, input_types
+from ..ir.graph import Graph, input_types, output_types
 from ..ir.interpret import run
 from ..ir.ops import OPAQUE, OPS, Prop, TensorType, implements, neg_axis, opaque_key, reshape_groups
 from . import defined as D
@@ -400,11 +399,11 @@ def _instrument(op: str, r: D.Rule, res: Any, args: list[Any], attrs: dict[str, 
 # --------------------------------------------------------------------------- derivation of outputs
 
 
-@dataclass(frozen=True)
-class Case:
-    """A box of output indices (per free variable, ``[lo, hi)``) on which expressions were derived."""
-
-    ranges: tuple[tuple[int, int], ...]
+#: a case: a box of output indices (per free variable, ``[lo, hi)``) on which expressions are derived
+Case = tuple[tuple[int, int], ...]
+#: one program's derivation: per output and case its expression, the laws the normaliser used, per output and case
+#: what the derivation recorded for definedness (:mod:`verimirage.smt.defined`)
+Derived = tuple[list[list[E.Poly]], set[str], list[list[D.Defs]]]
 
 
 def out_var(k: int) -> str:
@@ -418,83 +417,44 @@ def _outputs_sym(g: Graph) -> list[Sym]:
     return run(g, inputs, AbstractDomain())
 
 
-def derive_on(g: Graph, case: Case, d: E.Derivation, k: int) -> E.Poly:
-    """Output ``k``'s expression at the symbolic index ``(_o0, _o1, ...)`` restricted to ``case`` (``d`` records the
-    laws used and the definedness); :class:`~verimirage.smt.expr.NeedSplit` where the case must be split."""
+def derive_on(g: Graph, case: Case, k: int) -> tuple[E.Poly, frozenset[str], D.Defs]:
+    """Output ``k``'s expression at the symbolic index ``(_o0, _o1, ...)`` restricted to ``case``, the laws used and
+    what was recorded for definedness; :class:`~verimirage.smt.expr.NeedSplit` where the case must be split."""
+    d = E.Derivation()
     tok = E.activate(d)
     try:
-        for j, (lo, hi) in enumerate(case.ranges):
-            d.ranges[out_var(j)] = (lo, hi)
+        d.ranges.update((out_var(j), r) for j, r in enumerate(case))
         o = _outputs_sym(g)[k]
-        return o.at(tuple(E.a_var(out_var(j)) for j in range(o.ndim)))
+        return o.at(tuple(E.a_var(out_var(j)) for j in range(o.ndim))), frozenset(d.laws), D.defs_of(d)
     finally:
         E.deactivate(tok)
 
 
-#: output ``k`` of a graph derived on a case: (graph id, k, case ranges) -> (expression, laws used, what the
-#: derivation recorded for definedness)
-Derived = dict[tuple[int, int, tuple[tuple[int, int], ...]], tuple[E.Poly, frozenset[str], D.Defs]]
-
-
-def refine_cases(g: Graph, case: Case, k: int, derived: Derived | None = None) -> list[Case] | None:
-    """None when output ``k`` of ``g`` derives on ``case`` (recorded in ``derived``, so that :func:`derive`
-    need not derive it again); else the case split in two or more on the first output index that needs it."""
-    d = E.Derivation()
-    try:
-        e = derive_on(g, case, d, k)
-    except E.NeedSplit as ns:
-        j = next((j for j in range(len(case.ranges)) if out_var(j) in E.a_vars(ns.idx)), None)
-        pts = None if j is None else E.split_points(ns, out_var(j), case.ranges[j])
-        if j is None or pts is None:
-            raise E.AbstractionError(f"piecewise value at {E.pretty(ns.idx)} cannot be resolved") from None
-        lo, hi = case.ranges[j]
-        cuts = [lo] + [p for p in pts if lo < p < hi] + [hi]
-        return [Case((*case.ranges[:j], c, *case.ranges[j + 1:])) for c in itertools.pairwise(cuts)]
-    if derived is not None:
-        derived[(id(g), k, case.ranges)] = (e, frozenset(d.laws), D.defs_of(d))
-    return None
-
-
-def output_cases(gs: Sequence[Graph], k: int, shape: tuple[int, ...], derived: Derived | None = None) -> list[Case]:
-    """The coarsest boxes of output ``k``'s indices on which every graph of ``gs`` derives (the expressions
-    found on the way are recorded in ``derived``, see :func:`derive`)."""
-    todo = [Case(tuple((0, n) for n in shape))]
-    done: list[Case] = []
-    while todo:
-        c = todo.pop()
-        for g in gs:
-            split = refine_cases(g, c, k, derived)
-            if split is not None:
-                todo.extend(split)
-                break
-        else:
-            done.append(c)
-        if len(done) + len(todo) > 64:
-            raise E.AbstractionError("too many piecewise cases")
-    return sorted(done, key=lambda c: c.ranges)
-
-
-def derive(g: Graph, cases_per_output: Sequence[Sequence[Case]], derived: Derived | None = None,
-           defs: list[list[D.Defs]] | None = None) -> tuple[list[list[E.Poly]], set[str]]:
-    """Expressions of every output of ``g`` on the given cases, and the laws the normaliser used. An
-    expression :func:`output_cases` already derived (same graph object, output and case, recorded in
-    ``derived``) is taken from there: the derivation is deterministic. ``defs``, when given, receives per
-    output and case what its derivation recorded for definedness (:mod:`verimirage.smt.defined`)."""
-    laws: set[str] = set()
-    res: list[list[E.Poly]] = [[] for _ in cases_per_output]
-    out_defs: list[list[D.Defs]] = [[] for _ in cases_per_output]
-    ncase = max(len(c) for c in cases_per_output)
-    for ci in range(ncase):
-        for k, cases in enumerate(cases_per_output):
-            if ci >= len(cases):
-                continue
-            hit = derived.get((id(g), k, cases[ci].ranges)) if derived is not None else None
-            if hit is None:
-                d = E.Derivation()
-                hit = (derive_on(g, cases[ci], d, k), frozenset(d.laws), D.defs_of(d))
-            res[k].append(hit[0])
-            laws |= hit[1]
-            out_defs[k].append(hit[2])
-    if defs is not None:
-        defs[:] = out_defs
-    return res, laws
+def derive_all(gs: Sequence[Graph]) -> tuple[list[list[Case]], list[Derived]]:
+    """Every output of the programs ``gs`` (of the same output types) on the coarsest cases (boxes of its indices) on
+    which each of them derives, a case split on the first output index that needs it: per output its cases, per
+    program its :data:`Derived`."""
+    cases: list[list[Case]] = []
+    out: list[Derived] = [([], set(), []) for _ in gs]
+    for k, t in enumerate(output_types(gs[0])):
+        todo: list[Case] = [tuple((0, n) for n in t.shape)]
+        done: dict[Case, list[tuple[E.Poly, frozenset[str], D.Defs]]] = {}
+        while todo:
+            c = todo.pop()
+            try:
+                done[c] = [derive_on(g, c, k) for g in gs]
+            except E.NeedSplit as ns:
+                j = next((j for j in range(len(c)) if out_var(j) in E.a_vars(ns.idx)), None)
+                pts = None if j is None else E.split_points(ns, out_var(j), c[j])
+                if j is None or pts is None:
+                    raise E.AbstractionError(f"piecewise value at {E.pretty(ns.idx)} cannot be resolved") from None
+                cuts = [c[j][0]] + [p for p in pts if c[j][0] < p < c[j][1]] + [c[j][1]]
+                todo += [(*c[:j], r, *c[j + 1:]) for r in itertools.pairwise(cuts)]
+            if len(done) + len(todo) > 64:
+                raise E.AbstractionError("too many piecewise cases")
+        cases.append(sorted(done))
+        for i, (exprs, laws, defs) in enumerate(out):
+            exprs.append([done[c][i][0] for c in cases[-1]])
+            laws.update(*(done[c][i][1] for c in cases[-1]))
+            defs.append([done[c][i][2] for c in cases[-1]])
+    return cases, out

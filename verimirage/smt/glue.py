@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..ir.graph import Graph, MuGraph, Node, Ref, live_nodes, node_list, output_refs, output_types
+from ..ir.graph import Graph, MuGraph, Node, Ref, live_nodes, node_list, output_refs
 
 
 @dataclass(frozen=True)
@@ -106,10 +106,7 @@ def undefined_fed(graph: Graph, regions: Sequence[Region]) -> str | None:
         return None  # (no value crosses, or no op has a condition)
     fed = Graph._from_parts(list(nodes), refs)
     try:
-        derived: A.Derived = {}
-        defs: list[list[D.Defs]] = []
-        cases = [A.output_cases([fed], k, t.shape, derived) for k, t in enumerate(output_types(fed))]
-        A.derive(fed, cases, derived, defs)
+        ((_, _, defs),) = A.derive_all([fed])[1]
     except (E.AbstractionError, E.NeedSplit, RecursionError) as e:
         return f"abstraction: {e}"
     return next((f"the value of node {refs[k][0]}: {w}" for k, ds in enumerate(defs) for d in ds

@@ -125,18 +125,13 @@ def _abstract_check_within(a: Graph, b: Graph, *, timeout_s: float,
                            cancel: threading.Event | None) -> AbstractResult:
     t0 = time.perf_counter()
     try:
-        derived: A.Derived = {}
-        cases = [A.output_cases([a, b], k, t.shape, derived) for k, t in enumerate(a.outputs)]
-        da: list[list[D.Defs]] = []
-        db: list[list[D.Defs]] = []
-        ea, la = A.derive(a, cases, derived, da)
-        eb, lb = A.derive(b, cases, derived, db)
+        cases, ((ea, la, da), (eb, lb, db)) = A.derive_all([a, b])
         undefined = D.refines_outputs(da, db)
     except (E.AbstractionError, E.NeedSplit, RecursionError, MemoryError) as e:
         return AbstractResult(Outcome.UNKNOWN, f"abstraction: {e}", (), (), (), time.perf_counter() - t0)
     if undefined is not None:
         return AbstractResult(Outcome.UNKNOWN, undefined, (), tuple(sorted(la | lb)),
-                              tuple(tuple(c.ranges for c in cs) for cs in cases), time.perf_counter() - t0)
+                              tuple(tuple(cs) for cs in cases), time.perf_counter() - t0)
     tq = time.perf_counter()  # the queries' time limit starts now
     queries: list[Query] = []
     outcome, reason = Outcome.PROVED, "every output equal"
@@ -147,12 +142,12 @@ def _abstract_check_within(a: Graph, b: Graph, *, timeout_s: float,
             if left <= 0 or stopped:
                 why = "cancelled" if stopped else "time limit reached"
                 return AbstractResult(Outcome.UNKNOWN, why, tuple(queries), tuple(sorted(la | lb)),
-                                      tuple(tuple(c.ranges for c in cs) for cs in cases), time.perf_counter() - t0)
+                                      tuple(tuple(cs) for cs in cases), time.perf_counter() - t0)
             try:
                 q = equivalence_query(f"eq:out{k}:case{ci}", x, y, timeout_s=max(0.1, left))
             except (E.AbstractionError, z3.Z3Exception, MemoryError) as e:
                 return AbstractResult(Outcome.UNKNOWN, f"output {k} case {ci}: {type(e).__name__}: {e}", tuple(queries),
-                                      tuple(sorted(la | lb)), tuple(tuple(c.ranges for c in cs) for cs in cases),
+                                      tuple(sorted(la | lb)), tuple(tuple(cs) for cs in cases),
                                       time.perf_counter() - t0)
             if q.result != "unsat":
                 # the construction normal forms differ: try again with nested sums in their canonical
@@ -176,7 +171,7 @@ def _abstract_check_within(a: Graph, b: Graph, *, timeout_s: float,
                 reason = (f"output {k} case {ci}: z3 says {q.result} (the normal forms differ: "
                           f"{E.pretty(x)[:200]} vs {E.pretty(y)[:200]})")
     return AbstractResult(outcome, reason, tuple(queries), tuple(sorted(la | lb)),
-                          tuple(tuple(c.ranges for c in cs) for cs in cases), time.perf_counter() - t0)
+                          tuple(tuple(cs) for cs in cases), time.perf_counter() - t0)
 
 
 #: float64 outputs differ beyond this (relative to the output's magnitude) for a float witness
