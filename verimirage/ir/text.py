@@ -76,21 +76,16 @@ def block_body(bg: BlockGraph, indent: str) -> str:
     return "\n".join(lines)
 
 
-def thread_body(tg: ThreadGraph, indent: str) -> str:
-    """A thread graph's nodes and ``return`` line as text (indented by ``indent``)."""
-    lines = _nodes_text(tg.nodes, indent)
-    lines.append(f"{indent}return " + ", ".join(_ref(r, tg.nodes) for r in tg.outputs))
-    return "\n".join(lines)
+def thread_body(tg: Any, indent: str) -> str:
+    """A thread graph's (or a program's) nodes and ``return`` line as text (indented by ``indent``)."""
+    nodes = node_list(tg)
+    return "\n".join([*_nodes_text(nodes, indent), f"{indent}return " + ", ".join(_ref(r, nodes) for r in
+                                                                               output_refs(tg))])
 
 
 def print_program(p: Any) -> str:
     """Text of a kernel graph or μGraph (``str`` of a block or thread graph: :mod:`.builders`)."""
-    nodes = node_list(p)
-    kw = "mugraph" if isinstance(p, MuGraph) else "graph"
-    lines = [f"{kw} {{", *_nodes_text(nodes, "  ")]
-    lines.append("  return " + ", ".join(_ref(r, nodes) for r in output_refs(p)))
-    lines.append("}")
-    return "\n".join(lines)
+    return f"{'mugraph' if isinstance(p, MuGraph) else 'graph'} {{\n{thread_body(p, '  ')}\n}}"
 
 
 # --------------------------------------------------------------------------- parser
