@@ -171,7 +171,7 @@ def reduce_over(n: int, body: Callable[[str], E.Poly], combine: str, lo: int = 0
         D.provenance(out, D.s_add if combine == "sum" else D.s_max, parts)
         return out
     out = E.p_sum(v, x) if combine == "sum" else E.p_max_over(v, x)
-    D.provenance(out, D.s_reduce, [x])
+    D.provenance(out, D.s_min, [x])
     return out
 
 

@@ -162,15 +162,10 @@ def s_max(ss: Sequence[int], attrs: dict[str, Any]) -> int:
 
 
 def s_min(ss: Sequence[int], attrs: dict[str, Any]) -> int:
-    """A min: ``> 0`` if every operand is; ``>= 0`` if every operand is."""
+    """A min (or a sum or max over a non-empty range of its one operand, a body): ``> 0`` if every operand is;
+    ``>= 0`` if every operand is."""
     a = _all(ss)
     return a if a & NONNEG else 0
-
-
-def s_reduce(ss: Sequence[int], attrs: dict[str, Any]) -> int:
-    """A sum or max over a non-empty range of a body of sign ``ss[0]``."""
-    s = ss[0]
-    return s if s & NONNEG else 0
 
 
 def s_same(ss: Sequence[int], attrs: dict[str, Any]) -> int:
@@ -264,9 +259,6 @@ rule("sum", "mean", "max", "min", "matmul", "concat", "permute", "reshape", "bro
 # --------------------------------------------------------------------------- signs of expressions
 
 
-_FN_SIGN = {"relu": NONNEG, "abs": NONNEG, "sigmoid": POS, "softplus": POS, "exp": POS}
-
-
 class Signs:
     """Signs of expressions from their structure, their recorded provenance and known facts."""
 
@@ -335,12 +327,9 @@ class Signs:
             return NONNEG if b & NONNEG else 0
         if tag == "max":
             return s_max([self.of(it[1] if it[0] == "pt" else it[4]) for it in a[1]], {})
-        if tag == "sqrt":
-            return s_sqrt([self.of(a[1])], {})
-        if tag == "inv":
-            return s_recip([self.of(a[1])], {})
-        if tag == "fn":
-            return _FN_SIGN.get(str(a[1]).split("(")[0], 0)
+        if tag in ("sqrt", "inv", "fn"):  # an op's atom (a fn's name: the op's, attributes included): its sign rule
+            r = RULES.get({"inv": "reciprocal", "fn": str(a[1])}.get(tag, tag))
+            return r.sign([self.of(a[-1])], {}) if r is not None and r.sign is not None else 0
         if tag == "cat":
             return _all([self.of(q) for _, _, q in a[2]]) if a[2] else 0
         return 0
