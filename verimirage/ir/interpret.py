@@ -280,10 +280,8 @@ def run_block(bg: BlockGraph, args: Sequence[Any], arg_types: Sequence[TensorTyp
             x = body_env[a][k]
             if it == 0:
                 acc[i] = x
-            elif n.op == "loop_sum":
-                acc[i] = _op1(domain, "add", [acc[i], x], t, t)
-            elif n.op == "loop_max":
-                acc[i] = _op1(domain, "maximum", [acc[i], x], t, t)
+            elif n.op != "rescaled_sum":  # loop_sum, loop_max: acc + x, maximum(acc, x)
+                acc[i] = _op1(domain, "add" if n.op == "loop_sum" else "maximum", [acc[i], x], t, t)
             else:  # rescaled_sum: acc * exp(m_prev - m) + x
                 mi = n.args[1][0]
                 mt = nodes[mi].outs[0]
