@@ -1209,9 +1209,12 @@ def _check_sets(lifted: Lifted, eager: Any, device: torch.device) -> list[tuple[
 #: infinite, or NaN where it is finite (the seventeenth session's nll_loss at a picked -inf, ReLU's gradient at NaN)
 CHECK_SPECIALS: tuple[str, ...] = ("-inf-row", "+inf-one", "nan-one")
 
-#: at most this many special sets a partition (the inputs with the most elements first, every pattern of one input
-#: before the next): each is one more run of the kernels
-CHECK_SPECIALS_MAX = 6
+#: at most this many special sets a partition: each is one more run of the kernels (in Triton's interpreter, the
+#: forwards of swiglu, sdpa_mask and llama_block together took 11-22 s with 4 sets against 8-12 s without, three
+#: interleaved pairs of runs on the loaded 2-core machine; 6 sets took about 2.3 times as long). The pairs (input,
+#: pattern) are taken diagonally, the inputs with the most elements first: the first sets put each pattern in
+#: another input
+CHECK_SPECIALS_MAX = 4
 
 
 def _with_special(x: torch.Tensor, pattern: str) -> torch.Tensor:
@@ -1260,7 +1263,8 @@ def undefined_at(gm: fx.GraphModule, xs: Sequence[torch.Tensor]) -> str | None:
 
 def _special_sets(lifted: Lifted, eager: fx.GraphModule, base: list[torch.Tensor]
                   ) -> list[tuple[list[torch.Tensor], Any, str]]:
-    """The special-value sets of a partition (:data:`CHECK_SPECIALS`, at most :data:`CHECK_SPECIALS_MAX`): ``base``
+    """The special-value sets of a partition (:data:`CHECK_SPECIALS`, at most :data:`CHECK_SPECIALS_MAX`, the
+    (input, pattern) pairs taken diagonally): ``base``
     (a random set) with one pattern written in one floating-point input of at least 2 elements (not a class index,
     not a constant the graph holds), each kept where the ATen ops are defined (:func:`undefined_at`); with the ATen
     ops' results and a description. A set that cannot be made is left out (logged): the check never fails the
@@ -1271,16 +1275,17 @@ def _special_sets(lifted: Lifted, eager: fx.GraphModule, base: list[torch.Tensor
                     if i not in index and HELD not in n.meta and base[i].is_floating_point() and base[i].numel() > 1),
                    key=lambda i: (-base[i].numel(), i))
     out: list[tuple[list[torch.Tensor], Any, str]] = []
-    for i in order:
-        for pattern in CHECK_SPECIALS:
-            if len(out) >= CHECK_SPECIALS_MAX:
-                return out
-            try:
-                ys = [*base[:i], _with_special(base[i], pattern), *base[i + 1:]]
-                if undefined_at(eager, ys) is None:
-                    out.append((ys, eager(*ys), f"input {i} with {pattern}"))
-            except Exception as e:  # (e.g. a dtype the pattern cannot be written in)
-                log.debug("special set %s of input %d not made: %s: %s", pattern, i, type(e).__name__, e)
+    pairs = [(order[(r + k) % len(order)], pattern) for r in range(len(order))
+             for k, pattern in enumerate(CHECK_SPECIALS)]
+    for i, pattern in pairs:
+        if len(out) >= CHECK_SPECIALS_MAX:
+            return out
+        try:
+            ys = [*base[:i], _with_special(base[i], pattern), *base[i + 1:]]
+            if undefined_at(eager, ys) is None:
+                out.append((ys, eager(*ys), f"input {i} with {pattern}"))
+        except Exception as e:  # (e.g. a dtype the pattern cannot be written in)
+            log.debug("special set %s of input %d not made: %s: %s", pattern, i, type(e).__name__, e)
     return out
 
 
