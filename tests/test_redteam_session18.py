@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -58,3 +59,25 @@ def test_suite_attention_proof_gave_nan_where_the_first_key_tiles_score_minus_in
         got = vm.evaluate(vm.MuGraph.parse(text), ins)[0]
         assert not np.isnan(got).any(), f"{what}: {int(np.isnan(got).sum())} NaN of {got.size}"
         np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("nd", [1, 2])
+def test_single_channel_convolution_weight_gradient_multiplied_across_the_batch(nd: int) -> None:
+    """A convolution of one input and one output channel is depthwise (``conv.Conv.depthwise``), but with one group the
+    lifting reshaped the output gradient to ``(N, O, positions)``, the non-depthwise form: the depthwise weight
+    gradient's product with the ``(N, C, offsets, positions)`` columns then broadcast the batch against the channels
+    (N x N terms) and the result had N times the weight's elements; the capture's shape check sent it back to ATen
+    ("lifted (1, 2, 3, 1) for (1, 1, 3)"). Now it lifts and equals ATen's in float64."""
+    torch = pytest.importorskip("torch")
+    from test_capture_ops import _lift_and_compare, _x
+
+    aten = torch.ops.aten
+    s = [1] * nd
+    x, w = _x(2, 1, *(7,) * nd), _x(1, 1, *(3,) * nd, seed=1)
+    gy = _x(*aten.convolution(x, w, None, s, s, s, False, [0] * nd, 1).shape, seed=3)
+
+    def fb(gy: Any, x: Any, w: Any) -> list[Any]:
+        r = aten.convolution_backward(gy, x, w, [1], s, s, s, False, [0] * nd, 1, [True, True, True])
+        return list(r)
+
+    _lift_and_compare(fb, gy, x, w)

@@ -334,8 +334,9 @@ def _convolution_backward(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out
     _check_dtypes(tx, tw, tgy)
     zeros = _Zeros(ctx, out[0][1] if out[0] is not None else (out[1] or out[2])[1])
     G, cg, og = cv.groups, cv.c // cv.groups, cv.o // cv.groups
-    # the output gradient as (N, G, O/G, prod Lo) ((N, O, prod Lo) for one group)
-    dy = emit(g, "reshape", tgy, (cv.n, cv.o, cv.lp) if G == 1 else (cv.n, G, og, cv.lp))
+    # the output gradient as (N, G, O/G, prod Lo) ((N, O, prod Lo) for one group that is not depthwise: a
+    # single-channel convolution's depthwise products need the 4-d form, or they multiply across the batch)
+    dy = emit(g, "reshape", tgy, (cv.n, cv.o, cv.lp) if G == 1 and not cv.depthwise else (cv.n, G, og, cv.lp))
     res: list[Any] = [None, None, None]
     if want[0]:
         if cv.depthwise:
