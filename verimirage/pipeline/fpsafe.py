@@ -1,24 +1,24 @@
 """Floating-point safety of a candidate: finite wherever the source is, and not grossly wrong where the source is
 accurate, evaluated in its own dtype.
 
-``vm.verify`` proves two programs equal over the reals; it says nothing about overflow. A rewrite
-that is exact over the reals can overflow where the source does not: ``exp(a - max a)`` rewritten to
-``exp(a) / exp(max a)`` is ``inf / inf`` on logits near 100 in fp32. :func:`fp_safety` evaluates the
-source and the candidate with every node's result rounded to its dtype (fp16 and fp32 by numpy's
-casts, bf16 by rounding the fp32 bits to nearest even), on adversarial inputs (all inputs together at
-wide uniform values of both signs at growing scales, up to values near the dtype's largest, large-norm
-normal values and all-positive ones; then each input alone at a large scale, the others moderate: a
-candidate that multiplies before the source normalises, ``(x * w) @ m`` for ``rms_norm(x, w) @ m``,
-overflows only where one input is large, and where all are the source overflows too; then each input with one
+``vm.verify`` proves two programs equal over the reals; it says nothing about overflow. A rewrite that is exact over
+the reals can overflow where the source does not: ``exp(a - max a)`` rewritten to ``exp(a) / exp(max a)`` is ``inf /
+inf`` on logits near 100 in fp32. :func:`fp_safety` evaluates the source and the candidate with every node's result
+rounded to its dtype (fp16 and fp32 by numpy's casts, bf16 by rounding the fp32 bits to nearest even), on
+adversarial inputs (all inputs together at wide uniform values of both signs at growing scales, up to values near
+the dtype's largest, large-norm normal values and all-positive ones; then each input alone at a large scale, the
+others moderate: a candidate that multiplies before the source normalises, ``(x * w) @ m`` for ``rms_norm(x, w) @
+m``, overflows only where one input is large, and where all are the source overflows too; then each input with one
 outlier element among tiny ones, the others idle on the outlier's index: a design that scales a tensor by its
-largest element flushes the small ones to 0), and reports the first input set on which the candidate has a
-non-finite element where the source's is finite, or an error against the float64 reference above a quarter of an
-output's largest value where the source's is below 2e-2 of it (:data:`GROSS_ERROR`: finite but wrong, e.g. every
-output 0). The search (:func:`verimirage.pipeline.superopt.superoptimize`) rejects such a candidate with that
-reason. Before it, at every size, a structural check (:meth:`SafetyChecker.structural`): every exp the source
-max-shifts stays max-shifted, where the source exps only sums or differences the candidate does too, each exp
-reading the inputs of one of the source's (:func:`exps_of_sums`, :func:`exp_reads`), and no operand of a product
-is a sum (or a product) the source never rounds to a dtype as narrow (:func:`operand_sums`).
+largest element flushes the small ones to 0; then rows of a large offset and a small spread, each input alone and
+all together: a one-pass variance cancels where the source's centred one does not), and reports the first input set
+on which the candidate has a non-finite element where the source's is finite, or an error against the float64
+reference above a quarter of an output's largest value where the source's is below 2e-2 of it (:data:`GROSS_ERROR`:
+finite but wrong, e.g. every output 0). The search (:func:`verimirage.pipeline.superopt.superoptimize`) rejects such
+a candidate with that reason. Before it, at every size, a structural check (:meth:`SafetyChecker.structural`): every
+exp the source max-shifts stays max-shifted, where the source exps only sums or differences the candidate does too,
+each exp reading the inputs of one of the source's (:func:`exps_of_sums`, :func:`exp_reads`), and no operand of a
+product is a sum (or a product) the source never rounds to a dtype as narrow (:func:`operand_sums`).
 
 Rounding follows the generated code (:mod:`verimirage.backend.codegen`): the candidate's results that it
 returns in their dtype, those only other kernels read in fp32 (``codegen.storage_dtype``), the source's every
@@ -208,6 +208,60 @@ OUTLIER_SET: tuple[str, str, float] = ("one element near the dtype's max, the re
 #: (whatever axis meets the outlier, its partner there is 0: an idle channel, a pruned row)
 IDLE_BASE: tuple[str, str, float] = ("uniform +-3, 0 at index 0 of every axis", "idle", 3.0)
 
+#: (description of) the near-constant sets: ONE input (each floating-point input of more than one element in turn, the
+#: others :data:`ALONE_BASE`'s), then every input together (all positive, where the program has more than one such
+#: input), rows of a large common offset and a small spread (:data:`NEAR_CONSTANT`). Every row's mean is exactly the
+#: offset along every axis, so a source that centres its rows first (a LayerNorm's ``x - mean(x)``, a two-pass
+#: variance) is accurate there in its dtype, and a candidate that subtracts two large nearly equal values instead (the
+#: one-pass variance ``mean(x^2) - mean(x)^2``: ``mean(x^2)`` rounded to fp32 loses ``offset^2 * 2^-24``, the whole
+#: variance once the spread is below about ``offset / 4096``) is grossly wrong where the source is not
+#: (:data:`GROSS_ERROR`). No other set draws such rows: every other one spreads each row over its whole scale. Real
+#: activations have them (a large DC offset, a residual stream). A source that itself cancels there (a program written
+#: as a one-pass variance) is inaccurate on them, and the set then constrains nothing, as every set does. Not caught:
+#: the eighteenth session's LayerNorm fold ``rstd * ((x g) W - mean(x) g^T W)``, whose fp16 operand ``x g`` loses
+#: ``offset * 2^-12`` (0.47 of the output on the GPU on fp16 rows of 64 and 64.0625, where fp16's own rounding of the
+#: row's mean makes the source as wrong): on these rows its error is at most 0.23 of the output's largest value, below
+#: the gross-error line; and a bf16 one-pass variance (a bf16 element that differs from the offset differs by 1/128 of
+#: it at least: the spread reaches the 1/4096 of the offset at which fp32's sums lose the variance only where fewer
+#: than one element in 1,000 deviates).
+NEAR_CONSTANT_SET = "near-constant rows (a large offset, a small spread; every row's mean exactly the offset)"
+
+#: per dtype, the near-constant sets' (offset, deviation): every element is the offset (a power of two) plus an
+#: integer multiple (within ``deviation``) of the offset's ulp in that dtype on about one element in
+#: :data:`NEAR_CONSTANT_DENSITY` (else the offset itself), the deviations in pairs of opposite sign next to each other
+#: along every axis (:func:`near_constant`), so that every row, and every run of even length starting at an even
+#: index (a row split by a reshape), sums to exactly its length times the offset. The ulp is 2^-4 in fp16 and bf16 and
+#: 2^-10 in fp32 (deviations up to 0.25), so that a row's variance stays above a norm's epsilon (1e-5); the spread is
+#: about 1/4096 of the offset in fp16 (64, the most a row of 1,000 summed in fp16 stays finite at), 1/512 in bf16
+#: and 1/200,000 in fp32.
+NEAR_CONSTANT: dict[DType, tuple[float, int]] = {DType.float16: (64.0, 1), DType.bfloat16: (8.0, 1),
+                                                  DType.float32: (8192.0, 256)}
+
+#: about one element in this many deviates from the offset in a near-constant set (:data:`NEAR_CONSTANT`): the fewer
+#: deviate, the smaller a row's spread against the offset. A LayerNorm program's fp16 one-pass variance (summed in
+#: fp32) is 1.4 to 3.2 times the output's largest value off with one element in 16, and 0.03 to 0.12 with one in 4
+#: (rows of 64 and 512, four seeds each; the source within 6e-4)
+NEAR_CONSTANT_DENSITY = 16
+
+_MANTISSA_BITS = {DType.float16: 10, DType.bfloat16: 7, DType.float32: 23}
+
+
+def near_constant(shape: tuple[int, ...], dtype: DType, rng: np.random.Generator) -> np.ndarray:
+    """Values of a near-constant set (:data:`NEAR_CONSTANT`) of ``shape`` in ``dtype``: the offset plus deviations of
+    whole ulps in pairs of opposite sign, next to each other along every axis (an odd axis's last index 0), each
+    exactly representable in ``dtype``."""
+    offset, q = NEAR_CONSTANT[dtype]
+    ulp = offset * 2.0 ** -_MANTISSA_BITS[dtype]
+    half = tuple(max(1, n // 2) for n in shape)
+    d = rng.integers(1, q + 1, half) * rng.choice([-1.0, 1.0], half) * (rng.random(half) * NEAR_CONSTANT_DENSITY < 1)
+    for ax, n in enumerate(shape):
+        if n > 1:  # (interleave d and -d along ``ax``: positions 2i and 2i + 1)
+            d = np.stack([d, -d], axis=ax + 1).reshape((*d.shape[:ax], 2 * d.shape[ax], *d.shape[ax + 1:]))
+            if n % 2:
+                d = np.concatenate([d, np.zeros_like(np.take(d, [0], axis=ax))], axis=ax)
+    return offset + ulp * d
+
+
 #: (description, pattern) of the special-values sets: one set per floating-point input and entry, that input at
 #: :data:`ALONE_BASE`'s values with the pattern written in (a "row": index 0 of every leading axis, the whole last axis;
 #: "half of every row": the first half of the last axis everywhere), the others :data:`ALONE_BASE`'s. The finite ones
@@ -323,8 +377,9 @@ def adversarial_inputs(g: Graph, seed: int = 0) -> list[tuple[str, dict[str, np.
     (by name) and each entry of :data:`ALONE_SETS` the set in which that input alone has that scale and the others
     :data:`ALONE_BASE`'s, then for each input of more than one element the :data:`OUTLIER_SET` set (that input one
     outlier among tiny values, the others :data:`IDLE_BASE`), then the pairs of a vector input and another input
-    with an outlier each (OUTLIER_PAIRS, beside :data:`OUTLIER_SET`) (each value clipped to its dtype's range; a
-    mask is random 0 / 1 in every set)."""
+    with an outlier each (OUTLIER_PAIRS, beside :data:`OUTLIER_SET`), then the near-constant sets
+    (:data:`NEAR_CONSTANT_SET`: each input alone, then every input together) (each value clipped to its dtype's range;
+    a mask is random 0 / 1 in every set)."""
     ts = sorted(g.inputs, key=lambda t: str(t.name))
     plans: list[tuple[str, dict[str, tuple[str, str, float]]]] = [
         (what, {str(t.name): (what, kind, s) for t in ts}) for what, kind, s in INPUT_SETS]
@@ -345,6 +400,12 @@ def adversarial_inputs(g: Graph, seed: int = 0) -> list[tuple[str, dict[str, np.
             if u is not t and u.dtype is not DType.bool and math.prod(u.shape) > 1:
                 plans.append((f"{t.name} and {u.name} {OUTLIER_SET[0]} (the others {IDLE_BASE[0]})",
                               {str(v.name): (OUTLIER_SET if v is t or v is u else IDLE_BASE) for v in ts}))
+    near = [t for t in ts if t.dtype in NEAR_CONSTANT and math.prod(t.shape) > 1]
+    groups = [[t] for t in near] + ([near] if len(near) > 1 else [])
+    for j, group in enumerate(groups):  # (the near-constant sets: one input alone, then every input together)
+        plans.append((f"{group[0].name} alone {NEAR_CONSTANT_SET} (the others {ALONE_BASE[0]})" if len(group) == 1
+                      else f"every input {NEAR_CONSTANT_SET}",
+                      {str(t.name): (("near", "near-constant", float(j)) if t in group else ALONE_BASE) for t in ts}))
     out = []
     for i, (what, per) in enumerate(plans):
         rng = np.random.default_rng([seed, 0xF9, i])
@@ -354,7 +415,8 @@ def adversarial_inputs(g: Graph, seed: int = 0) -> list[tuple[str, dict[str, np.
                 ins[str(t.name)] = rng.integers(0, 2, tuple(t.shape)).astype(np.float64)
                 continue
             _, kind, sc = per[str(t.name)]
-            ins[str(t.name)] = _values(kind, sc, DTYPE_MAX[t.dtype], tuple(t.shape), rng)
+            ins[str(t.name)] = (near_constant(tuple(t.shape), t.dtype, rng) if kind == "near-constant"
+                                else _values(kind, sc, DTYPE_MAX[t.dtype], tuple(t.shape), rng))
         out.append((what, ins))
     return out
 
@@ -705,8 +767,9 @@ def fp_safety(source: Graph, candidate: Graph, seed: int = 0) -> str | None:
     return SafetyChecker(source, seed).check(candidate)
 
 
-__all__ = ["ALONE_BASE", "ALONE_SETS", "DTYPE_MAX", "GROSS_ERROR", "IDLE_BASE", "INPUT_SETS", "OUTLIER_SET",
+__all__ = ["ALONE_BASE", "ALONE_SETS", "DTYPE_MAX", "GROSS_ERROR", "IDLE_BASE", "INPUT_SETS", "NEAR_CONSTANT",
+           "NEAR_CONSTANT_DENSITY", "NEAR_CONSTANT_SET", "OUTLIER_SET",
            "RoundingDomain", "SPECIAL_SETS", "SafetyChecker", "adversarial_inputs", "evaluate_in_dtype",
            "exps_of_sums", "exp_shifts", "exp_reads", "fp_safety", "made_nan", "matmul_flops",
-           "numeric_check_affordable", "operand_sums", "reads_of", "round_to", "logit_inputs",
+           "near_constant", "numeric_check_affordable", "operand_sums", "reads_of", "round_to", "logit_inputs",
            "special_inputs"]
