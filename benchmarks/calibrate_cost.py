@@ -66,7 +66,7 @@ SOURCES = [
 
 #: rows measured outside the harness (a probe's per-candidate timings: ``case``, ``graph``, ``mugraph``, ``kernels``,
 #: ``measured_us``, ``run_est_us``), newer than every file of :data:`SOURCES`
-PROBE_ROWS = ["run16_probe_calibration_rows.json"]
+PROBE_ROWS = ["run16_probe_calibration_rows.json", "rowsplit_h100_2026-11-27/calibration_rows.json"]
 
 
 def _git(*args: str) -> str:

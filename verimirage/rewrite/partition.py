@@ -11,7 +11,10 @@ re-verified, so it need not be trusted):
 2. A :class:`Config` chooses grid axes over data-parallel labels (``partition.grid``),
    an optional for-loop over a reduction label (``partition.loop``) with
    ``frange`` iterations, and optionally a split of that label across an extra
-   grid axis plus a combine kernel (``partition.split_kv``, FlashDecoding).
+   grid axis plus a combine kernel (``partition.split_kv``, FlashDecoding); where
+   the program then uses the complete statistic with the loop label's values again
+   (``x - logsumexp(x)``, softmax), the combine kernel's grid walks the split too,
+   each block writing its chunk (``partition.split_pass``: few, long rows).
 3. :func:`build` emits the block graph(s): loop-body ops on tiles, ``loop_sum``
    for sums and contractions over the loop label, ``running_max`` +
    ``rescaled_sum`` when a max over the loop label is subtracted before ``exp``
@@ -54,7 +57,7 @@ COMBINE_WHOLE_MAX = 64
 STEPS = (
     "partition.unfused", "partition.grid", "partition.loop", "partition.split_kv", "partition.online_softmax",
     "partition.split_recompute", "partition.combine_grid", "fuse.epilogue", "partition.cut",
-    "partition.causal_skip", "partition.components", "partition.prologue_norm_scales",
+    "partition.causal_skip", "partition.components", "partition.prologue_norm_scales", "partition.split_pass",
 )
 
 
@@ -67,6 +70,10 @@ class Place(enum.StrEnum):
     POST = "post"  # available after the loop (an accumulated result, or computed from those)
     SHIFT = "shift"  # a loop value minus its running max
     SCALED = "scaled"  # exp of a shifted value (or scaled with it): rescaled when the max grows
+    #: a value of a second pass over the loop dim after its statistics are complete (``x - logsumexp(x)``, softmax's
+    #: ``exp(x - m) / s``): only in a split (``partition.split_pass``), computed by the combine kernel, whose blocks
+    #: also split the loop dim, each over its chunk of it
+    PASS = "pass"
 
 
 class AccKind(enum.StrEnum):
@@ -905,6 +912,13 @@ def build(an: Analysis, cfg: Config, *, fuse_epilogue: bool = True) -> Lowered:
                 args = [post_of_max(a) if kind[a] == Place.RMAX else val[a] for a in arefs]
             else:
                 args = [val[a] for a in arefs]
+            if split and (Place.PASS in ks or (Place.POST in ks and any(
+                    k in (Place.BODY, Place.SHIFT, Place.SCALED) for k in ks))):
+                # a loop value combined with a complete statistic (x - logsumexp(x)): a second pass over the
+                # loop dim, which the combine kernel makes, each of its blocks over one split's chunk
+                kind[i] = Place.PASS
+                val[i] = None
+                continue
             if Place.SHIFT in ks:
                 if not d.has(Prop.EXPONENTIAL):
                     raise Infeasible(f"{n.op} of a max-shifted loop value (only exp is rescalable)")
@@ -951,7 +965,7 @@ def build(an: Analysis, cfg: Config, *, fuse_epilogue: bool = True) -> Lowered:
         if kind[o] == Place.RMAX:
             post_of_max(o)
             kind[o] = Place.POST
-        if kind[o] not in (Place.POST, Place.INV) or (
+        if kind[o] not in (Place.POST, Place.INV, Place.PASS) or (
                 kind[o] == Place.INV and L is not None and cfg.frange > 1 and split):
             raise Infeasible(f"output %{o} is a loop-varying value, not an accumulated result")
     if L is not None:
@@ -1014,6 +1028,31 @@ def _build_split(an: Analysis, cfg: Config, b: BlockBuilder, mg: MuGraph, ins: l
                     if post_of is None:
                         raise Infeasible("split-KV: max used without accumulation")
                     needed.append(a)
+    # a second pass (Place.PASS): the statistics its values read, through the loop values it recomputes
+    second = [o for o in outs if kind[o] == Place.PASS]
+    if second:
+        if len(second) < len(outs):
+            raise Infeasible("split pass: an output without the split dim next to one with it")
+        if cfg.combine_refine > 1:
+            raise Infeasible("split pass: the combine kernel's grid walks the split dim, not a finer grid")
+        seen: set[int] = set()
+        todo = [i for i, k in kind.items() if k == Place.PASS]
+        while todo:
+            for a, _ in nodes[todo.pop()].args:
+                if a in seen:
+                    continue
+                seen.add(a)
+                if kind[a] == Place.RMAX:  # (the row's max over every split: a partial of its own)
+                    if a not in postmax:
+                        postmax[a] = b.loop_max(val[a])
+                        acc[a] = Acc(AccKind.MAX, a)
+                    if a not in needed:
+                        needed.append(a)
+                elif kind[a] == Place.POST:
+                    if a in acc and a not in needed:
+                        needed.append(a)
+                elif kind[a] != Place.INV:
+                    todo.append(a)
     for o in outs:
         if (o in acc or kind[o] == Place.RMAX) and o not in needed:
             needed.append(o)
@@ -1025,6 +1064,8 @@ def _build_split(an: Analysis, cfg: Config, b: BlockBuilder, mg: MuGraph, ins: l
     recompute = [i for i in needed if acc[i].kind is AccKind.SUM and any(
         d is None for lab, d in zip(axes, _imap(an.labels[i], axes), strict=True) if lab != UNIT)]
     needed = [i for i in needed if i not in recompute]
+    if recompute and second:
+        raise Infeasible("split pass: a sum recomputed over the split dim in the combine kernel")
     rms = sorted({r for i in needed if acc[i].kind is AccKind.RESCALED and (r := acc[i].rm) is not None})
     part_nodes: list[tuple[str, int]] = [("acc", i) for i in needed] + [("max", r) for r in rms if r not in needed]
     placements: list[int] = []
@@ -1057,11 +1098,16 @@ def _build_split(an: Analysis, cfg: Config, b: BlockBuilder, mg: MuGraph, ins: l
     if cfg.combine_refine > 1:
         cgrid[_widest(an, cfg.grid)] *= cfg.combine_refine
         steps.add("partition.combine_grid")
+    # a second pass: one more grid axis over the split dim, each block its split's chunk of it (every block of a
+    # row reads all the row's partials)
+    caxes = [*axes, L] if second else axes
+    if second:
+        cgrid.append(cfg.splits)
     whole = cfg.combine_whole
     c = BlockBuilder(tuple(cgrid), 1 if whole else cfg.splits)
     cin: dict[tuple[str, int], Tensor] = {}
     for k, ((what, i), pl) in enumerate(zip(part_nodes, placements, strict=True)):
-        cin[(what, i)] = c.input(k, parts[k].type, _imap(an.labels[i], axes), None if whole else pl)
+        cin[(what, i)] = c.input(k, parts[k].type, _imap(an.labels[i], caxes), None if whole else pl)
     cval: dict[int, Any] = {}
     crm: dict[int, Tensor] = {}
 
@@ -1073,20 +1119,28 @@ def _build_split(an: Analysis, cfg: Config, b: BlockBuilder, mg: MuGraph, ins: l
     rval: dict[int, Tensor] = {}
 
     def replay(j: int) -> Tensor:
+        """Node ``j`` computed in the combine kernel from the inputs: walking the split dim with its loop (a
+        recomputed sum), or, in a second pass, its block's chunk of it, where a running max is the row's whole max
+        and a loop value shifted by it (or exp of that) is recomputed with it."""
         if j in rval:
             return rval[j]
         n = nodes[j]
+        place = kind.get(j)
         if n.op == "input":
             labs = an.labels[j]
-            fmap = labs.index(L) if L in labs else None
-            rval[j] = c.input(len(part_nodes) + len(extra_args), n.outs[0], _imap(labs, axes), fmap)
+            fmap = labs.index(L) if L in labs and not second else None
+            rval[j] = c.input(len(part_nodes) + len(extra_args), n.outs[0], _imap(labs, caxes), fmap)
             extra_args.append(ins[in_idx.index(j)])
-        elif kind.get(j) in (Place.BODY, Place.INV):
+        elif second and j in cval:  # (a statistic, or the row's max for a running max)
+            rval[j] = epi.materialise(cval[j])
+        elif place in (Place.BODY, Place.INV) or (second and place in (Place.SHIFT, Place.SCALED)):
             rval[j] = _apply(c, n.op, n.attr_dict, [replay(a) for a, _ in n.args],
                              [nodes[a].outs[k] for a, k in n.args])
         else:
             raise Infeasible("split: a recomputed sum depends on a rescaled or post-loop value")
         return rval[j]
+
+    epi = _Epilogue(c)
 
     if recompute:
         for i in recompute:
@@ -1126,8 +1180,11 @@ def _build_split(an: Analysis, cfg: Config, b: BlockBuilder, mg: MuGraph, ins: l
                 crm[r] = c.running_max(max_part(r))
             w = c.exp(c.sub(max_part(r), crm[r]))
             cval[i] = c.rescaled_sum(c.mul(p, w), crm[r])
-    epi = _Epilogue(c)
     for i, n in enumerate(nodes):
+        if kind.get(i) == Place.PASS:  # (on its chunk of the loop dim: not fused with the row's statistics)
+            cval[i] = _apply(c, n.op, n.attr_dict, [replay(a) for a, _ in n.args],
+                             [nodes[a].outs[k] for a, k in n.args])
+            continue
         if kind.get(i) != Place.POST or i in acc or i in cval:
             continue
         args = [cval[a] for a, _ in n.args]
@@ -1137,10 +1194,12 @@ def _build_split(an: Analysis, cfg: Config, b: BlockBuilder, mg: MuGraph, ins: l
             cval[i] = _apply(c, n.op, n.attr_dict, [epi.materialise(a) for a in args],
                              [nodes[a].outs[k] for a, k in n.args])
     for o in outs:
-        c.output(epi.materialise(cval[o]), omap_for(o, axes))
+        c.output(epi.materialise(cval[o]), omap_for(o, caxes))
     res = mg.custom(c.build(check=False), [*parts, *extra_args], [nodes[o].outs[0].shape for o in outs])
     mg.output(*[res[k] for k in range(len(outs))])
     steps.add("partition.split_kv")
+    if second:
+        steps.add("partition.split_pass")
     if epi.fused:
         steps.add("fuse.epilogue")
     return Lowered(mg, sorted(steps), cfg)
@@ -1518,7 +1577,8 @@ def lower_all(
     for k, a_n in enumerate(analyses):
         for cfg in configs(a_n, grids=grids, franges=franges, max_splits=max_splits, tail=tail):
             # (a structure infeasible for a whole-tile combine says nothing of the loop combine: each has its key)
-            skey = (k, tuple(lab for lab, _ in cfg.grid), cfg.loop, cfg.splits > 1, cfg.combine_whole)
+            skey = (k, tuple(lab for lab, _ in cfg.grid), cfg.loop, cfg.splits > 1, cfg.combine_whole,
+                    cfg.combine_refine > 1)
             if skey in bad_struct:
                 rejected[bad_struct[skey]] = rejected.get(bad_struct[skey], 0) + 1
                 continue
