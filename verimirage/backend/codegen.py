@@ -78,7 +78,7 @@ ROW_DOT_MAX_BATCH = 8
 INT32_INDEX = 2**31
 
 #: Version of the generator: part of every cache key (bump when generated code changes).
-CODEGEN_VERSION = "14"
+CODEGEN_VERSION = "15"
 
 
 @dataclass(frozen=True)
