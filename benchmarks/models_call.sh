@@ -8,9 +8,9 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 mkdir -p "$OUT/models"
 date -u +"start %FT%TZ"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
-timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_backend_tuning.py \
+timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu -rs tests/test_backend_tuning.py tests/test_split_pass.py \
   "tests/test_pipelined_reduction.py::test_norm_matmul_gave_wrong_rows_on_the_gpu_under_pipelining" 2>&1 \
-  | tail -4 | tee "$OUT/models/gpu_tests.txt"
+  | tail -6 | tee "$OUT/models/gpu_tests.txt"
 python3 benchmarks/bench.py --set models --candidates benchmarks/candidates_models --top-k 6 --configs 2 \
   --configs-no-matmul 1 --prewarm 14 --rep-ms 50 --select-rep-ms 10 --budget-s "${BUDGET_S:-470}" --inductor-alone \
   --out "$OUT/models" "$@" > "$OUT/models/log.txt" 2>&1
