@@ -3,8 +3,10 @@
 # first the GPU regression tests of the miscompiles code generation avoids (a failure is printed, and the run goes
 # on so the figures still come back), then the whole models set with the harness's settings of the recorded runs.
 #   bash benchmarks/models_call.sh [extra bench.py args]
+# Carry .whl (z3 + egglog: the GPU tests' files import the search) or the tests fail to collect; the bench needs neither.
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+[ -f .whl/site.tar.xz ] && source benchmarks/device_env.sh
 mkdir -p "$OUT/models"
 date -u +"start %FT%TZ"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
