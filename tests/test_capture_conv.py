@@ -26,7 +26,8 @@ aten = torch.ops.aten
 
 #: (input shape, weight shape, stride, padding, dilation, groups, bias): Whisper's two Conv1d stems, a ViT patch
 #: embedding (with and without a remainder the convolution drops), ConvNeXt's depthwise 7x7 (here 3x3), a grouped
-#: dilated convolution of mixed strides, a pointwise one, a strided dilated Conv1d whose padding exceeds a window
+#: dilated convolution of mixed strides, a pointwise one, a strided dilated Conv1d whose padding exceeds a window, a
+#: 3-d one, ResNet's strided 1x1 downsampling of an odd size, a strided dilated padded 3x3 whose sizes no stride divides
 CASES = [
     ((2, 3, 8), (4, 3, 3), (1,), (1,), (1,), 1, True),
     ((2, 4, 9), (4, 4, 3), (2,), (1,), (1,), 1, True),
@@ -37,6 +38,8 @@ CASES = [
     ((1, 2, 5, 5), (3, 2, 1, 1), (1, 1), (0, 0), (1, 1), 1, True),
     ((1, 2, 9), (3, 2, 3), (3,), (2,), (2,), 1, False),
     ((1, 2, 3, 4, 4), (2, 2, 2, 2, 2), (2, 2, 2), (0, 1, 0), (1, 1, 1), 1, True),
+    ((1, 2, 7, 6), (3, 2, 1, 1), (2, 2), (0, 0), (1, 1), 1, True),
+    ((2, 3, 9, 8), (4, 3, 3, 3), (3, 2), (2, 1), (2, 1), 1, False),
 ]
 
 
