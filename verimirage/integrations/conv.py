@@ -18,7 +18,8 @@ contracted), the bias's gradient as a sum, and the input's gradient as ``W^T @ d
 each offset's columns are spread out by the stride (zeros between), placed at ``k d - p`` and summed (the adjoint of
 the gather), which again needs only slices, reshapes, concatenations of zeros and adds.
 
-Transposed convolutions and ``output_padding`` stay in ATen (reason: not in the registry).
+A transposed convolution (``nn.ConvTranspose``: decoders, U-Nets) is the input gradient of the convolution it
+transposes, and its backward that convolution and its weight gradient with input and output swapped.
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ def describe(x: Any, w: Any, stride: Any, padding: Any, dilation: Any, transpose
     only are read), or Unsupported naming what cannot be lifted."""
     xs, ws = _shape_of(x), _shape_of(w)
     if transposed:
-        raise Unsupported(Reason.NOT_IN_REGISTRY, "a transposed convolution (its lifting is not written)")
+        raise Unsupported(Reason.NOT_IN_REGISTRY, "a transposed convolution here (describe_transposed)")
     nd = len(xs) - 2
     if nd < 1 or len(ws) != nd + 2:
         raise Unsupported(Reason.LAYOUT, f"convolution of an input of rank {len(xs)} (batched inputs "
@@ -246,71 +247,170 @@ def _check_dtypes(*ts: Tensor) -> DType:
     return dts.pop()
 
 
+def _conv_product(ctx: Ctx, cv: Conv, tx: Tensor, tw: Tensor, zeros: _Zeros) -> Tensor:
+    """The convolution of ``tx`` by ``tw``: ``(N, O, prod Lo)``, ``(N, G, O/G, prod Lo)`` or, depthwise,
+    ``(N, C, 1, prod Lo)`` (row-major the same as ``(N, O, *Lo)``)."""
+    g = ctx.g
+    cols = columns(ctx, cv, tx, zeros)
+    if cv.depthwise:  # (N, C, prod K, prod Lo) * (C, prod K, 1), summed over the offsets
+        return emit(g, "sum", emit(g, "mul", emit(g, "reshape", cols, (cv.n, cv.c, cv.kp, cv.lp)),
+                                   emit(g, "reshape", tw, (cv.c, cv.kp, 1))), 2)
+    return emit(g, "matmul", _weight(g, cv, tw), _grouped_cols(g, cv, cols))
+
+
+def _out_grouped(g: Any, cv: Conv, t: Tensor) -> Tensor:
+    """An output-side tensor ``(N, O, *Lo)`` as ``(N, O, prod Lo)`` or ``(N, G, O/G, prod Lo)``."""
+    return emit(g, "reshape", t, (cv.n, cv.o, cv.lp) if cv.groups == 1 else
+                (cv.n, cv.groups, cv.o // cv.groups, cv.lp))
+
+
+def _input_grad(ctx: Ctx, cv: Conv, tw: Tensor, tgy: Tensor, zeros: _Zeros) -> Tensor:
+    """``W^T @ dY`` scattered back (:func:`scatter_columns`): ``(N, C, *S)``."""
+    g = ctx.g
+    dy = _out_grouped(g, cv, tgy)
+    if cv.depthwise:
+        dcols = emit(g, "mul", emit(g, "reshape", tw, (cv.c, cv.kp, 1)), dy)  # (N, C, prod K, prod Lo)
+    else:
+        wr = _weight(g, cv, tw)
+        dcols = emit(g, "matmul", emit(g, "transpose", wr, len(wr.shape) - 2, len(wr.shape) - 1), dy)
+    dcols = emit(g, "reshape", dcols, (cv.n, cv.c, *cv.k, *cv.lo))
+    return scatter_columns(ctx, cv, dcols, zeros)
+
+
+def _weight_grad(ctx: Ctx, cv: Conv, tx: Tensor, tgy: Tensor, zeros: _Zeros) -> Tensor:
+    """``dY @ cols(X)^T``, the batch and positions contracted: ``(O, C/G prod K)`` or ``(G, O/G, C/G prod K)``
+    (depthwise ``(1, C, prod K, 1)``), row-major the weight's shape."""
+    g = ctx.g
+    G, cg, og = cv.groups, cv.c // cv.groups, cv.o // cv.groups
+    dy = _out_grouped(g, cv, tgy)
+    cols = columns(ctx, cv, tx, zeros)
+    if cv.depthwise:  # sum over the batch and positions of dy * cols
+        prod = emit(g, "mul", emit(g, "reshape", cols, (cv.n, cv.c, cv.kp, cv.lp)), dy)
+        return emit(g, "sum", emit(g, "sum", prod, 3), 0)
+    gc = _grouped_cols(g, cv, cols)
+    if G == 1:  # (O, N Lo) @ (N Lo, C prod K)
+        a = emit(g, "reshape", emit(g, "permute", dy, (1, 0, 2)), (cv.o, cv.n * cv.lp))
+        b = emit(g, "reshape", emit(g, "permute", gc, (0, 2, 1)), (cv.n * cv.lp, cv.c * cv.kp))
+    else:  # (G, O/G, N Lo) @ (G, N Lo, C/G prod K)
+        a = emit(g, "reshape", emit(g, "permute", dy, (1, 2, 0, 3)), (G, og, cv.n * cv.lp))
+        b = emit(g, "reshape", emit(g, "permute", gc, (1, 0, 3, 2)), (G, cv.n * cv.lp, cg * cv.kp))
+    return emit(g, "matmul", a, b)
+
+
+def describe_transposed(x: Any, w: Any, stride: Any, padding: Any, dilation: Any, output_padding: Any,
+                        groups: Any) -> Conv:
+    """The :class:`Conv` whose input gradient a transposed convolution is (``nn.ConvTranspose``): the convolution of
+    the transposed convolution's output ``(N, C_out, *S)`` by its weight ``(C_in, C_out/G, *K)`` back to its input
+    ``(N, C_in, *L)``, ``S = (L - 1) s - 2 p + d (K - 1) + output_padding + 1``."""
+    xs, ws = _shape_of(x), _shape_of(w)
+    nd = len(xs) - 2
+    if nd < 1 or len(ws) != nd + 2:
+        raise Unsupported(Reason.LAYOUT, f"transposed convolution of an input of rank {len(xs)}")
+    if isinstance(padding, str):
+        raise Unsupported(Reason.LAYOUT, f"transposed convolution with padding {padding!r}")
+    st, pd, dl = _ints(stride, nd, "stride"), _ints(padding, nd, "padding"), _ints(dilation, nd, "dilation")
+    op = _ints(output_padding or 0, nd, "output_padding")
+    gr = int(groups) if _num(groups) else 0
+    if not (len(st) == len(pd) == len(dl) == len(op) == nd) or min(st) < 1 or min(dl) < 1 or min(pd) < 0 \
+            or min(op) < 0 or any(o >= s for o, s in zip(op, st, strict=True)) or gr < 1 or xs[1] != ws[0] \
+            or ws[0] % gr:
+        raise Unsupported(Reason.LAYOUT, f"transposed convolution with stride {st}, padding {pd}, dilation {dl}, "
+                                         f"output_padding {op}, groups {groups!r}")
+    k, lo = tuple(ws[2:]), tuple(xs[2:])
+    size = tuple((lo[i] - 1) * st[i] - 2 * pd[i] + dl[i] * (k[i] - 1) + op[i] + 1 for i in range(nd))
+    if min(size) < 1:
+        raise Unsupported(Reason.LAYOUT, f"transposed convolution with an empty output {size}")
+    cv = Conv(xs[0], ws[1] * gr, ws[0], gr, size, k, st, pd, dl, lo)
+    assert all((size[i] + 2 * pd[i] - dl[i] * (k[i] - 1) - 1) // st[i] + 1 == lo[i] for i in range(nd))
+    return cv
+
+
+def _bias_added(ctx: Ctx, y: Tensor, bias: Any, tx: Tensor, shape: tuple[int, ...]) -> Tensor:
+    """``y`` plus the per-channel ``bias`` (dim 1 of ``shape``, which ``y`` holds as ``y.shape``)."""
+    if bias is None:
+        return y
+    if not isinstance(bias, LV):
+        raise Unsupported(Reason.NOT_IN_REGISTRY, "convolution with a bias that is not a tensor")
+    g = ctx.g
+    tb = ctx.exact(bias)
+    _check_dtypes(tx, tb)
+    if math.prod(y.shape) != math.prod(shape):
+        raise Unsupported(Reason.LAYOUT, "convolution: a result of another size")
+    # the result as (N, C, rest) against the bias as (C, 1): the same row-major data
+    flat = (shape[0], shape[1], math.prod(shape[2:]))
+    return emit(g, "add", y if tuple(y.shape) == flat else emit(g, "reshape", y, flat),
+                emit(g, "reshape", tb, (shape[1], 1)))
+
+
 @handles("convolution")
 def _convolution(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
     """``aten.convolution`` (``nn.Conv1d/2d/3d``): im2col (:func:`columns`) and a matmul (a product and a sum for a
-    depthwise convolution), the bias added per output channel."""
+    depthwise convolution), the bias added per output channel; a transposed one (``nn.ConvTranspose``) as the
+    input gradient of the convolution it transposes (:func:`describe_transposed`, :func:`scatter_columns`)."""
     x, w = args[0], args[1]
     bias = args[2] if len(args) > 2 else kwargs.get("bias")
     if not (_float(x) and _float(w)):
         raise Unsupported(Reason.NOT_IN_REGISTRY, "convolution of a tensor that is not a float tensor")
-    cv = describe(x, w, *_args(args, kwargs, _CONV_ARGS, 3))
-    g = ctx.g
+    stride, padding, dilation, transposed, output_padding, groups = _args(args, kwargs, _CONV_ARGS, 3)
     tx, tw = ctx.exact(x), ctx.exact(w)
     _check_dtypes(tx, tw)
-    cols = columns(ctx, cv, tx, _Zeros(ctx, out[1]))
-    if cv.depthwise:  # (N, C, prod K, prod Lo) * (C, prod K, 1), summed over the offsets
-        y = emit(g, "sum", emit(g, "mul", emit(g, "reshape", cols, (cv.n, cv.c, cv.kp, cv.lp)),
-                                emit(g, "reshape", tw, (cv.c, cv.kp, 1))), 2)
+    zeros = _Zeros(ctx, out[1])
+    if transposed:
+        cv = describe_transposed(x, w, stride, padding, dilation, output_padding, groups)
+        y = _input_grad(ctx, cv, tw, tx, zeros)
     else:
-        y = emit(g, "matmul", _weight(g, cv, tw), _grouped_cols(g, cv, cols))
-    if isinstance(bias, LV):
-        tb = ctx.exact(bias)
-        _check_dtypes(tx, tb)
-        # per output channel: y is (N, O, prod Lo), (N, G, O/G, prod Lo) or, depthwise, (N, C, 1, prod Lo)
-        bshape = (cv.o, 1) if cv.groups == 1 else (cv.o, 1, 1) if cv.depthwise else (cv.groups, cv.o // cv.groups, 1)
-        y = emit(g, "add", y, emit(g, "reshape", tb, bshape))
-    elif bias is not None:
-        raise Unsupported(Reason.NOT_IN_REGISTRY, "convolution with a bias that is not a tensor")
+        cv = describe(x, w, stride, padding, dilation, transposed, output_padding, groups)
+        y = _conv_product(ctx, cv, tx, tw, zeros)
+    y = _bias_added(ctx, y, bias, tx, _shape(out))
     return LV(y, _shape(out), src=ctx.node if tuple(y.shape) != _shape(out) else None)
+
+
+def _scatter_last(ctx: Ctx, cv: Conv, i: int, t: Tensor, zeros: _Zeros) -> Tensor:
+    """Spatial dim ``i``'s columns, the last two axes of ``t`` ``(..., K_i, Lo_i)``, added back where they were read:
+    ``(..., S_i)``. Kept last so that spreading by the stride is a merge of the two trailing axes (the verifier's
+    abstraction resolves ``j mod s`` of a trailing output index; not of an index merged with later axes)."""
+    g = ctx.g
+    k, s, d, lo, p, size = cv.k[i], cv.stride[i], cv.dil[i], cv.lo[i], cv.pad[i], cv.size[i]
+    shape = tuple(t.shape)
+    head = shape[:-2]
+    a = len(head)
+    if cv.patch(i):  # (K, Lo) -> (Lo, K) -> the window [0, K Lo) of the padded dim
+        if k > 1 and lo > 1:
+            t = emit(g, "transpose", t, a, a + 1)
+        return _fit(g, zeros, emit(g, "reshape", t, (*head, lo * k)), a, p, size)
+    total = None
+    for j in range(k):
+        piece = t if k == 1 else emit(g, "slice", t, a, j, j + 1)  # (.., 1, Lo)
+        if s > 1:  # spread by the stride: (Lo, 1) and s - 1 zero columns, read as (Lo s)
+            piece = emit(g, "reshape", piece, (*head, lo, 1))
+            piece = emit(g, "concat", [piece, zeros((*head, lo, s - 1))], a + 1)
+        piece = emit(g, "reshape", piece, (*head, lo * s))
+        # padded positions [j d, j d + s Lo) are input positions [j d - p, ...): the part inside [0, size)
+        start = j * d - p
+        if start + lo * s <= 0 or start >= size:
+            continue
+        piece = _fit(g, zeros, piece, a, -start, size)
+        total = piece if total is None else emit(g, "add", total, piece)
+    return total if total is not None else zeros((*head, size))
 
 
 def scatter_columns(ctx: Ctx, cv: Conv, dcols: Tensor, zeros: _Zeros) -> Tensor:
     """col2im, the adjoint of :func:`columns`: ``(N, C, K_1, ..., K_n, Lo_1, ..., Lo_n)`` back to ``(N, C, *S)``,
-    each column added where it was read (the padding dropped)."""
+    each column added where it was read (the padding dropped); one spatial dim at a time, its axes moved last
+    (:func:`_scatter_last`)."""
     g = ctx.g
     nd = len(cv.k)
     t = dcols
-    if nd > 1:  # (N, C, K_1, ..., Lo_1, ...) -> (N, C, K_1, Lo_1, ..., K_n, Lo_n)
-        order = [0, 1]
-        for i in range(nd):
-            order += [2 + i, 2 + nd + i]
-        t = emit(g, "permute", t, tuple(order))
+    axes = ["n", "c", *(f"k{i}" for i in range(nd)), *(f"l{i}" for i in range(nd))]
     for i in reversed(range(nd)):
-        a = 2 + 2 * i  # (N, C, [K_j, Lo_j for j < i], K_i, Lo_i, S_{i+1}, ...)
-        k, s, d, lo, p, size = cv.k[i], cv.stride[i], cv.dil[i], cv.lo[i], cv.pad[i], cv.size[i]
-        shape = tuple(t.shape)
-        head, tail = shape[:a], shape[a + 2:]
-        if cv.patch(i):  # (K, Lo) -> (Lo, K) -> the window [0, K Lo) of the padded dim
-            if k > 1 and lo > 1:
-                t = emit(g, "transpose", t, a, a + 1)
-            t = emit(g, "reshape", t, (*head, lo * k, *tail))
-            t = _fit(g, zeros, t, a, p, size)
-            continue
-        total = None
-        for j in range(k):
-            piece = t if k == 1 else emit(g, "slice", t, a, j, j + 1)  # (.., 1, Lo, ..)
-            if s > 1:  # spread by the stride: (Lo, 1) and s - 1 zero columns, read as (Lo s)
-                piece = emit(g, "reshape", piece, (*head, lo, 1, *tail))
-                piece = emit(g, "concat", [piece, zeros((*head, lo, s - 1, *tail))], a + 1)
-            piece = emit(g, "reshape", piece, (*head, lo * s, *tail))
-            # padded positions [j d, j d + s Lo) are input positions [j d - p, ...): the part inside [0, size)
-            start = j * d - p
-            if start + lo * s <= 0 or start >= size:
-                continue
-            piece = _fit(g, zeros, piece, a, -start, size)
-            total = piece if total is None else emit(g, "add", total, piece)
-        t = total if total is not None else zeros((*head, size, *tail))
+        want = [x for x in axes if x not in (f"k{i}", f"l{i}")] + [f"k{i}", f"l{i}"]
+        if want != axes:
+            t = emit(g, "permute", t, tuple(axes.index(x) for x in want))
+        t = _scatter_last(ctx, cv, i, t, zeros)
+        axes = [*want[:-2], f"s{i}"]
+    final = ["n", "c", *(f"s{i}" for i in range(nd))]
+    if final != axes:
+        t = emit(g, "permute", t, tuple(axes.index(x) for x in final))
     return t
 
 
@@ -318,7 +418,8 @@ def scatter_columns(ctx: Ctx, cv: Conv, dcols: Tensor, zeros: _Zeros) -> Tensor:
 def _convolution_backward(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> tuple[Any, Any, Any]:
     """``aten.convolution_backward``: the input's gradient (``W^T @ dY`` scattered back, :func:`scatter_columns`),
     the weight's (``dY @ cols^T``, the batch and positions contracted) and the bias's (a sum), as ``output_mask``
-    asks."""
+    asks. Of a transposed convolution (the input gradient of a convolution ``C``): the input's gradient is ``C``
+    of ``dY``, the weight's is ``C``'s weight gradient with the roles of input and output swapped."""
     gy, x, w = args[0], args[1], args[2]
     stride, padding, dilation, transposed, output_padding, groups, mask = _args(
         args, kwargs, (*_CONV_ARGS, "output_mask"), 4)
@@ -326,42 +427,27 @@ def _convolution_backward(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out
     # the operands each asked-for gradient reads (aten.unread_args leaves the others as fx nodes)
     if not (_float(gy) and (_float(x) or not want[1]) and (_float(w) or not want[0])):
         raise Unsupported(Reason.NOT_IN_REGISTRY, "convolution_backward of a tensor that is not a float tensor")
-    cv = describe(x, w, stride, padding, dilation, transposed, output_padding, groups)
     g = ctx.g
     tgy = ctx.exact(gy)
     tx = ctx.exact(x) if want[1] else tgy
     tw = ctx.exact(w) if want[0] else tgy
     _check_dtypes(tx, tw, tgy)
     zeros = _Zeros(ctx, out[0][1] if out[0] is not None else (out[1] or out[2])[1])
-    G, cg, og = cv.groups, cv.c // cv.groups, cv.o // cv.groups
-    # the output gradient as (N, G, O/G, prod Lo) ((N, O, prod Lo) for one group that is not depthwise: a
-    # single-channel convolution's depthwise products need the 4-d form, or they multiply across the batch)
-    dy = emit(g, "reshape", tgy, (cv.n, cv.o, cv.lp) if G == 1 and not cv.depthwise else (cv.n, G, og, cv.lp))
     res: list[Any] = [None, None, None]
-    if want[0]:
-        if cv.depthwise:
-            dcols = emit(g, "mul", emit(g, "reshape", tw, (cv.c, cv.kp, 1)), dy)  # (N, C, prod K, prod Lo)
-        else:
-            wr = _weight(g, cv, tw)
-            dcols = emit(g, "matmul", emit(g, "transpose", wr, len(wr.shape) - 2, len(wr.shape) - 1), dy)
-        dcols = emit(g, "reshape", dcols, (cv.n, cv.c, *cv.k, *cv.lo))
-        res[0] = LV(scatter_columns(ctx, cv, dcols, zeros), _shape(out[0]))
-    if want[1]:
-        cols = columns(ctx, cv, tx, zeros)
-        if cv.depthwise:  # sum over the batch and positions of dy * cols
-            prod = emit(g, "mul", emit(g, "reshape", cols, (cv.n, cv.c, cv.kp, cv.lp)), dy)
-            gw = emit(g, "sum", emit(g, "sum", prod, 3), 0)
-        else:
-            gc = _grouped_cols(g, cv, cols)
-            if G == 1:  # (O, N Lo) @ (N Lo, C prod K)
-                a = emit(g, "reshape", emit(g, "permute", dy, (1, 0, 2)), (cv.o, cv.n * cv.lp))
-                b = emit(g, "reshape", emit(g, "permute", gc, (0, 2, 1)), (cv.n * cv.lp, cv.c * cv.kp))
-            else:  # (G, O/G, N Lo) @ (G, N Lo, C/G prod K)
-                a = emit(g, "reshape", emit(g, "permute", dy, (1, 2, 0, 3)), (G, og, cv.n * cv.lp))
-                b = emit(g, "reshape", emit(g, "permute", gc, (1, 0, 3, 2)), (G, cv.n * cv.lp, cg * cv.kp))
-            gw = emit(g, "matmul", a, b)
-        res[1] = LV(gw, _shape(out[1]), src=ctx.node if tuple(gw.shape) != _shape(out[1]) else None)
+    if transposed:  # C maps the output (N, C_out, *S) back to the input (N, C_in, *L)
+        cv = describe_transposed(x, w, stride, padding, dilation, output_padding, groups)
+        if want[0]:
+            res[0] = LV(_conv_product(ctx, cv, tgy, tw, zeros), _shape(out[0]), src=ctx.node)
+        if want[1]:
+            res[1] = LV(_weight_grad(ctx, cv, tgy, tx, zeros), _shape(out[1]), src=ctx.node)
+    else:
+        cv = describe(x, w, stride, padding, dilation, transposed, output_padding, groups)
+        if want[0]:
+            res[0] = LV(_input_grad(ctx, cv, tw, tgy, zeros), _shape(out[0]))
+        if want[1]:
+            res[1] = LV(_weight_grad(ctx, cv, tx, tgy, zeros), _shape(out[1]), src=ctx.node)
     if want[2] and out[2] is not None:
-        gb = emit(g, "sum", emit(g, "sum", emit(g, "reshape", tgy, (cv.n, cv.o, cv.lp)), 2), 0)
+        shape = _shape_of(gy)
+        gb = emit(g, "sum", emit(g, "sum", emit(g, "reshape", tgy, (shape[0], shape[1], math.prod(shape[2:]))), 2), 0)
         res[2] = LV(gb, _shape(out[2]), src=ctx.node)
     return res[0], res[1], res[2]
