@@ -259,8 +259,10 @@ def _conv_product(ctx: Ctx, cv: Conv, tx: Tensor, tw: Tensor, zeros: _Zeros) -> 
 
 
 def _out_grouped(g: Any, cv: Conv, t: Tensor) -> Tensor:
-    """An output-side tensor ``(N, O, *Lo)`` as ``(N, O, prod Lo)`` or ``(N, G, O/G, prod Lo)``."""
-    return emit(g, "reshape", t, (cv.n, cv.o, cv.lp) if cv.groups == 1 else
+    """An output-side tensor ``(N, O, *Lo)`` as ``(N, O, prod Lo)`` (one group, not depthwise) or ``(N, G, O/G,
+    prod Lo)``: a single-channel convolution (one group and depthwise) needs the 4-d form, or its depthwise products
+    multiply across the batch (red team 18, 2c7257d)."""
+    return emit(g, "reshape", t, (cv.n, cv.o, cv.lp) if cv.groups == 1 and not cv.depthwise else
                 (cv.n, cv.groups, cv.o // cv.groups, cv.lp))
 
 
