@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from typing import Any
 
 import numpy as np
 import pytest
@@ -472,6 +473,32 @@ def test_verification_budget_is_deterministic_and_honoured() -> None:
     big, small = vm.benchmarks.get("mha", batch=8), vm.benchmarks.get("mha", batch=1)
     mb, ms = vm.benchmarks.expert("mha", big), vm.benchmarks.expert("mha", small)
     assert verify_estimate_s(big, mb) > 4 * verify_estimate_s(small, ms) > 0
+
+
+def test_verification_estimate_ran_short_on_huge_reductions_and_the_search_overran_its_budget(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # cross_entropy_prefill (2048 x 32000): verify_estimate_s put each candidate at a fraction of the ~30 s it took,
+    # so the default search verified 4 candidates in 118 s against its 60 s budget (2-core CPU, 2026-11-27). Later
+    # estimates are now scaled by measured / estimated seconds of the verifications so far
+    import time as time_mod
+
+    import verimirage.pipeline.superopt as so
+
+    monkeypatch.setattr(so, "verify_estimate_s", lambda graph, mugraph, c=None: 1e-4)
+
+    def slow_checker(a: vm.Graph, b: vm.Graph) -> Any:
+        time_mod.sleep(0.4)
+        return numeric_checker(a, b)
+
+    g = vm.benchmarks.get("gqa", batch=1, small=True)
+    res = superoptimize(g, verifier=slow_checker, top_k=4, verify_budget_s=0.5, progress=False, cache=False)
+    # the second candidate's scaled estimate (~0.4 s) fits the 0.5 s after the first, a third does not; unscaled
+    # (1e-4 s each) all four were verified
+    assert len(res.candidates) == 2 and "verification budget" in res.report.stop_reason
+    t0 = time_mod.perf_counter()
+    timed = superoptimize(g, verifier=slow_checker, top_k=4, time_budget_s=1.0, progress=False, cache=False)
+    assert len(timed.candidates) >= 1 and time_mod.perf_counter() - t0 < 1.0 + 0.4 + 1.0  # no candidate started late
+    assert len(timed.candidates) == 4 or "time budget" in timed.report.stop_reason
 
 
 # --------------------------------------------------------------------------- with the real verifier
