@@ -718,9 +718,11 @@ def wrong_on_gpu(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     table, never left in the JSON for someone to notice
     (``eager_wrong``: the program's own eager fp16 run is off too, e.g. the suite's qknorm_gqa, whose softmax has no
     max subtraction and overflows fp16: then the candidate follows the program's rounding, no bug below.)"""
+    from verimirage.backend.profile import WRONG_OUTPUT
+
     return [{"case": r["case"], **c, "eager_wrong": not r.get("eager_err", 0.0) < 2e-2}
             for r in rows for c in r.get("candidates") or []
-            if c.get("error") and "differs from the float64 reference" in c["error"]]
+            if c.get("error") and WRONG_OUTPUT in c["error"]]
 
 
 def main() -> int:

@@ -283,6 +283,11 @@ def cached_timings(records: Any, candidates: Sequence[Any], configs: Sequence[La
     return out
 
 
+#: How a (candidate, configuration) whose GPU output fails the float64 check is reported in its record's ``error``
+#: (``benchmarks/bench.py`` lists every such record under its tables: a verified program computing a wrong result)
+WRONG_OUTPUT = "output differs from the float64 reference"
+
+
 def _check_output(res: Any, ref: Sequence[Any], graph: Graph) -> None:
     """ValueError unless ``res`` matches the float64 reference ``ref`` within :data:`TOLERANCE`."""
     res_t = res if isinstance(res, tuple) else (res,)
@@ -290,7 +295,7 @@ def _check_output(res: Any, ref: Sequence[Any], graph: Graph) -> None:
         err = rel_error(o, r, t.dtype.short)
         tol = _tolerance(t.dtype.short)
         if not err <= tol:
-            raise ValueError(f"output differs from the float64 reference: rel. error {err:.3g} > {tol:g}"
+            raise ValueError(f"{WRONG_OUTPUT}: rel. error {err:.3g} > {tol:g}"
                              f" ({t.dtype.short})")
 
 

@@ -869,7 +869,7 @@ def _verify_phase(run: _Run) -> None:
         try:
             _attempt(entry)
         finally:
-            seen_s[0] += verify_estimate_s(graph, entry[1].mugraph, entry[2])
+            seen_s[0] += raw_estimate(entry)
             seen_s[1] += time.perf_counter() - t0
 
     def _attempt(entry: tuple[Any, ...]) -> None:
@@ -907,9 +907,15 @@ def _verify_phase(run: _Run) -> None:
     # candidates verified in 118 s against a 60 s budget, 2-core CPU, 2026-11-27); later estimates are scaled by it
     # (never down), and a candidate whose scaled estimate would end past the time budget is not started
     seen_s = [0.0, 0.0]
+    raw: dict[int, float] = {}  # id(entry) -> verify_estimate_s, computed once for the budget and the ratio
+
+    def raw_estimate(entry: tuple[Any, ...]) -> float:
+        if id(entry) not in raw:
+            raw[id(entry)] = verify_estimate_s(graph, entry[1].mugraph, entry[2])
+        return raw[id(entry)]
 
     def scaled_estimate(entry: tuple[Any, ...]) -> float:
-        est = verify_estimate_s(graph, entry[1].mugraph, entry[2])
+        est = raw_estimate(entry)
         return est * max(1.0, seen_s[1] / seen_s[0]) if seen_s[0] > 0 else est
 
     def within_budget(entry: tuple[Any, ...]) -> bool:
