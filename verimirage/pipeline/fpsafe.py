@@ -40,7 +40,7 @@ import numpy as np
 
 from ..ir.dtypes import DType
 from ..ir.finfo import DTYPE_MAX
-from ..ir.graph import Graph, node_list, output_refs
+from ..ir.graph import Graph, Ref, node_list, output_refs
 from ..ir.interpret import apply_op, run_block
 from ..ir.ops import OPS, Prop, TensorType
 from ..ir.reference import REF
@@ -472,30 +472,51 @@ def exp_shifts(mg: Graph) -> list[str]:
     max of that same ``x`` (:func:`max_shifted`; a ``rescaled_sum``), ``"sum"`` for another sum or difference,
     else ``"none"``."""
     found: list[str] = []
-    Val = tuple[Sequence[Any], int, Any]  # (the nodes of a scope, index, the scope's outer resolver)
+    Val = tuple[Sequence[Any], Ref, Any]  # (the nodes of a scope, a value's ref, the scope's outer resolver)
+
+    def scope(nodes: Sequence[Any], refs: Sequence[Ref], outer: Any) -> Any:
+        """The resolver of a thread graph's ``arg`` k: the value ``refs[k]`` of the scope ``nodes`` it is fused in."""
+        return lambda k: (nodes, refs[k], outer)
 
     def resolve(v: Val) -> Val:
-        """Through a thread graph's ``arg`` to the block value it stands for."""
-        nodes, i, outer = v
-        while nodes[i].op == "arg" and outer is not None:
-            nodes, i, outer = outer(nodes[i].attr("index"))
-        return nodes, i, outer
+        """Through a thread graph's ``arg`` to the block value it stands for, and through a ``fused`` node to the
+        thread graph value it returns."""
+        nodes, (i, k), outer = v
+        while True:
+            n = nodes[i]
+            if n.op == "arg" and outer is not None:
+                nodes, (i, k), outer = outer(n.attr("index"))
+            elif n.op == "fused":
+                tg = n.attr("thread")
+                nodes, (i, k), outer = tg.nodes, tg.outputs[k], scope(nodes, n.args, outer)
+            else:
+                return nodes, (i, k), outer
 
-    def same(u: Val, w: Val) -> bool:
-        return u[0] is w[0] and u[1] == w[1]
+    def same(u: Val, w: Val, depth: int = 0) -> bool:
+        """Whether ``u`` and ``w`` are one value: the same node, or the same op with the same attributes and result
+        type over the same values (a thread graph that recomputes the chain a block value was computed by: the max
+        of the block value is the max of the recomputed one, which rounds the same)."""
+        (un, (ui, uk), uo), (wn, (wi, wk), wo) = resolve(u), resolve(w)
+        if un is wn and (ui, uk) == (wi, wk):
+            return True
+        a, b = un[ui], wn[wi]
+        if (depth > 16 or a.op in ("input", "arg", "custom") or a.op != b.op or a.attrs != b.attrs or uk != wk
+                or a.outs[uk] != b.outs[wk] or len(a.args) != len(b.args)):
+            return False
+        return all(same((un, r, uo), (wn, q, wo), depth + 1) for r, q in zip(a.args, b.args, strict=True))
 
     def is_max_of(m: Val, x: Val, depth: int = 0) -> bool:
-        nodes, i, outer = resolve(m)
+        nodes, (i, _), outer = resolve(m)
         n = nodes[i]
         if depth > 8:
             return False
         if n.op in _MAX_LIKE:
-            a = resolve((nodes, n.args[0][0], outer))
+            a = (nodes, n.args[0], outer)
             return same(a, x) or is_max_of(a, x, depth + 1)
         if n.op == "maximum":
-            return any(is_max_of((nodes, r, outer), x, depth + 1) for r, _ in n.args)
+            return any(is_max_of((nodes, r, outer), x, depth + 1) for r in n.args)
         if n.op == "clamp" and n.attr("hi") >= DTYPE_MAX[DType.float32]:  # (a floored max: still >= every x)
-            return is_max_of((nodes, n.args[0][0], outer), x, depth + 1)
+            return is_max_of((nodes, n.args[0], outer), x, depth + 1)
         return False
 
     def walk(nodes: Sequence[Any], outer: Any) -> None:
@@ -503,15 +524,14 @@ def exp_shifts(mg: Graph) -> list[str]:
             if n.op == "custom":
                 walk(n.attr("block").nodes, None)
             elif n.op == "fused":
-                refs = [r for r, _ in n.args]
-                walk(n.attr("thread").nodes, lambda k, refs=refs, nodes=nodes, outer=outer: (nodes, refs[k], outer))
+                walk(n.attr("thread").nodes, scope(nodes, n.args, outer))
             elif n.op == "rescaled_sum":
                 found.append("max")
             elif n.op == "exp":
-                an, ai, ao = resolve((nodes, n.args[0][0], outer))
+                an, (ai, _), ao = resolve((nodes, n.args[0], outer))
                 a = an[ai]
                 found.append("none" if a.op not in ("add", "sub") else "max" if a.op == "sub" and is_max_of(
-                    (an, a.args[1][0], ao), resolve((an, a.args[0][0], ao))) else "sum")
+                    (an, a.args[1], ao), (an, a.args[0], ao)) else "sum")
 
     walk(node_list(mg), None)
     return found
