@@ -78,7 +78,7 @@ ROW_DOT_MAX_BATCH = 8
 INT32_INDEX = 2**31
 
 #: Version of the generator: part of every cache key (bump when generated code changes).
-CODEGEN_VERSION = "15"
+CODEGEN_VERSION = "16"
 
 
 @dataclass(frozen=True)
@@ -832,11 +832,15 @@ class _KernelGen:
         else:
             s_a, s_b, s_o = (nb, pm, pk), (nb, pk, pn), (nb, pm, pn)
 
-        def shaped(x: str, have: tuple[int, ...], full: tuple[int, ...], want: tuple[int, ...]) -> str:
+        def shaped(x: str, have: tuple[int, ...], full: tuple[int, ...], want: tuple[int, ...],
+                   cast: str = "") -> str:
+            """``x`` converted by ``cast`` (``.to(...)``, see :meth:`early_casts`), broadcast to ``full`` and
+            reshaped to ``want``."""
             if x in self.squeezed:
                 if self.squeezed[x] != want:  # pragma: no cover - guarded by dot_operand_inputs
                     raise GraphError(f"codegen: internal error (squeezed {x} is {self.squeezed[x]}, not {want})")
-                return x
+                return x + cast
+            x += cast
             if have != full:
                 x = f"tl.broadcast_to({x}, {_shape_text(full)})"
             if full != want:
@@ -845,8 +849,11 @@ class _KernelGen:
 
         a_op = self.fresh("x")
         b_op = self.fresh("y")
-        lines.append(f"{a_op} = {shaped(a, pa, (*batch, pm, pk), s_a)}.to({dt})")
-        lines.append(f"{b_op} = {shaped(b, pb, (*batch, pk, pn), s_b)}.to({dt})")
+        fa, fb = (*batch, pm, pk), (*batch, pk, pn)
+        early_a, early_b = self.early_casts(a, b, (pa, fa, s_a), (pb, fb, s_b))
+        cast = f".to({dt})"
+        lines.append(f"{a_op} = {shaped(a, pa, fa, s_a, cast) if early_a else shaped(a, pa, fa, s_a) + cast}")
+        lines.append(f"{b_op} = {shaped(b, pb, fb, s_b, cast) if early_b else shaped(b, pb, fb, s_b) + cast}")
         args = [a_op, b_op]
         if acc is not None:
             args.append(acc if carry else shaped(acc, po, po, s_o))
@@ -858,6 +865,35 @@ class _KernelGen:
             expr = f"tl.reshape({expr}, {_shape_text(po)})"
         lines.append(f"{out} = {expr}")
         return out
+
+    def early_casts(self, a: str, b: str, sa: tuple[tuple[int, ...], ...], sb: tuple[tuple[int, ...], ...]
+                    ) -> tuple[bool, bool]:
+        """Whether each operand of a ``tl.dot`` is converted to the dot's dtype *before* its broadcast and reshape
+        (``sa``, ``sb``: the operand's padded tile, its broadcast shape and the shape the dot takes).
+
+        The conversion commutes with both, and before them the compiler folds a loaded tile's ``.to(tl.float32)``
+        into it (after a reshape it did not: V went fp16 -> fp32 -> fp16 through shared memory each iteration;
+        rotary attention's candidate 0 29.2 -> 26.2 µs on the H100, BENCHMARKS.md, attn18). So an operand that is a
+        block input's loaded tile and is broadcast or reshaped is converted first, except beside the other operand
+        computed and reshaped (the online softmax's ``P @ V`` with P reshaped from rank 3) where the two tiles'
+        shapes are not in :data:`SQUEEZE_BESIDE_RESHAPE`: there Triton 3.6's TritonGPURemoveLayoutConversions fails
+        on V converted and reshaped beside P as it does on V loaded squeezed beside P (:meth:`dot_operand_inputs`;
+        the suite's gqa_stable_bs1, mha_stable_bs1 and mha_stable_bs8 candidate 0, ``(64, 128) @ (128, 64)``)."""
+        nodes = self.bg.nodes
+
+        def loaded(x: str) -> bool:
+            m = re.fullmatch(r"v(\d+)", x)
+            return m is not None and int(m.group(1)) < len(nodes) and nodes[int(m.group(1))].op == "input"
+
+        def shaped(x: str, s: tuple[tuple[int, ...], ...]) -> bool:
+            return x not in self.squeezed and (s[0] != s[1] or s[1] != s[2])
+
+        fits = (tuple(sa[0][-2:]), tuple(sb[0][-2:])) in SQUEEZE_BESIDE_RESHAPE
+
+        def early(x: str, s: tuple[tuple[int, ...], ...], y: str, t: tuple[tuple[int, ...], ...]) -> bool:
+            return loaded(x) and shaped(x, s) and (loaded(y) or not shaped(y, t) or fits)
+
+        return early(a, sa, b, sb), early(b, sb, a, sa)
 
     def _emit_row_dot(self, lines: list[str], n: Node, a: str, b: str, ta: TensorType, tb: TensorType,
                       pa: tuple[int, ...], pb: tuple[int, ...], po: tuple[int, ...], acc: str | None,
