@@ -216,6 +216,18 @@ class Hardware:
     #: (``TileOptions.flat``, see :func:`_flat_blocks`); False: as their block graphs tile them (what every run
     #: before codegen's flat form measured: ``benchmarks/calibrate_cost.py`` estimates its dataset so)
     flat_elementwise: bool = True
+    #: a one-step kernel without ``tl.dot`` (not emitted flat) pays this for each block its busiest SM runs (each
+    #: block's reductions and stores wait for all its loads). H100 2026-11-27 13:04 UTC, log_softmax 16 x 32,000 split
+    #: over the row with a second pass (benchmarks/results/rowsplit_h100_2026-11-27): two kernels of 512 blocks of
+    #: 1,000 columns 3.63 us, 256 of 2,000 3.00, 128 of 4,000 2.93 (the 512-block design ranked first before, at
+    #: 3.63; now the 256-block one: the 128-block ones stay behind for their 16 KB a block at ``block_bandwidth``);
+    #: logsumexp's and cross_entropy's splits likewise (16 x 16 blocks slower than 16 x 8: 3.59 / 3.44 us, 6.37 / 5.27,
+    #: run 8). Calibration (benchmarks/calibrate_cost.py): the dataset (174 candidates) first/best 1.037 -> 1.027,
+    #: within-program Spearman 0.771 -> 0.774, pooled 0.923; run 23 with this call's log_softmax rows (118, the newest
+    #: methodology) first/best 1.022 -> 1.012, within 0.746 -> 0.757; the suite held out: first choices unchanged
+    #: (1.047). A higher per-block rate for such kernels (45 GB/s: the one-block-a-row log_softmax streamed 128 KB a
+    #: block in 4.1 us with its launch) ranked logsumexp's one-kernel design first, 1.21x its best in run 23: not taken
+    stream_block_s: float = 5.0e-8
 
 
 H100 = Hardware()
@@ -338,7 +350,8 @@ def _pow2(n: int) -> int:
 def _roofline(nbytes: int, tc: int, other: int, blocks: int, smem: int, hw: Hardware, cal: Calibration,
               l2_bytes: int = 0, pad: float = 1.0, iterations: int = 0, hot: float = 0.0,
               serial: int = 0, in_flight: float = 0.0, reduce_its: int = 0, mem_pad: float | None = None,
-              reg_bytes: int = 0, chained: bool = False, stage: float = 0.0, prologue: int = 0) -> KernelCost:
+              reg_bytes: int = 0, chained: bool = False, stage: float = 0.0, prologue: int = 0,
+              stream: bool = False) -> KernelCost:
     # (``stage``: the bytes one iteration of a software-pipelined tl.dot loop loads, see Hardware.pipeline_fill)
     # compute: SMs left idle by the grid (or by a partial last wave) are lost, and so is the overlap of
     # loads and arithmetic when shared memory (or, for tiles held in registers, the register file: ``reg_bytes``
@@ -375,7 +388,8 @@ def _roofline(nbytes: int, tc: int, other: int, blocks: int, smem: int, hw: Hard
     alone = min(resident, math.ceil(blocks / hw.sms)) <= 1
     t = (hw.launch_s * cal.launch + max(mem, comp) + iterations * rounds * hw.iteration_s
          + serial * rounds * hw.serial_iteration_s + reduce_its * rounds * hw.reduce_iteration_s + exposed
-         + (prologue * rounds * hw.prologue_chunk_s if alone else 0.0))
+         + (prologue * rounds * hw.prologue_chunk_s if alone else 0.0)
+         + (hw.stream_block_s * math.ceil(blocks / hw.sms) if stream else 0.0))  # (see Hardware.stream_block_s)
     return KernelCost(nbytes, tc, other, blocks, smem, mem, comp, t)
 
 
@@ -496,7 +510,7 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
                    _in_flight(bg, smem_walk, hw, launch) if dots else 0.0,
                    math.ceil(its) if reducing and not dots and bg.frange > 1 else 0, mem_pad, regs, chained,
                    float(smem_walk) if dots and bg.frange > 1 else 0.0,
-                   sum(math.ceil(bg.nodes[j].outs[0].shape[-1] / chunk) for j in streamed_rows))
+                   sum(math.ceil(bg.nodes[j].outs[0].shape[-1] / chunk) for j in streamed_rows), stream and not flat)
     # (the block graph's own tiles still say whether the kernel fits at all: the tiled form is the fallback)
     return dataclasses.replace(kc, smem=smem) if flat else kc
 
@@ -754,6 +768,15 @@ def cost(g: Graph, hw: Hardware = H100, cal: Calibration = Calibration(), merge:
         merged = merged_launches(g, launch)
         if merged is not None and merged < launches:
             saved, launches = (launches - merged) * hw.launch_s * cal.launch, merged
+    # A program input returned as an output is returned as a copy (backend.runtime clones it: a copy kernel, one more
+    # launch). Uncounted, a captured graph's design returning its input ranked level with one kernel writing both
+    # outputs and, after Hardware.stream_block_s, above it (H100 2026-11-27 16:16 UTC, plan_decode_fp16 entry 85: a
+    # negation of 8 values and a constant passed through, 1.09 us as one kernel, 2.15 with the copy).
+    for a, k in output_refs(g):
+        if nodes[a].op == "input":
+            t = nodes[a].outs[k]
+            ks.append(_roofline(2 * _bytes(t), 0, 0, max(1, min(hw.sms, t.numel // 4096)), 0, hw, cal, hot=hot))
+            launches += 1
     return Cost(
         infeasible=bool(reason),
         time_s=sum(k.time_s for k in ks) - saved,
