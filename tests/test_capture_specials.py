@@ -81,3 +81,55 @@ def test_special_sets_keep_strides_and_write_broadcast_inputs_once() -> None:
     assert z.stride() == e.stride() and bool(torch.isnan(z[0, :, 0]).all()) and int(torch.isnan(z).sum()) == 3
     r = capture._with_special(e, "-inf-row")
     assert bool(torch.isinf(r[0, :, :]).all()) and not bool(torch.isinf(r[1]).any())
+
+
+def _left_padded(s: Any) -> Any:
+    """A softmax over scores whose first key every row masks (a left-padding mask made in the forward, -inf)."""
+    t = s.shape[-1]
+    m = torch.zeros(t, t)
+    m[:, 0] = float("-inf")
+    return torch.softmax(s + m, dim=-1) * 2.0
+
+
+def test_nan_at_a_masked_score_kept_a_padded_softmax_out_of_the_kernels() -> None:
+    """Contract: a score a constant -inf mask removes is not read (the lifted softmax holds the mask as its kept
+    booleans and gives those entries a weight of exactly 0, as ATen's fused attention kernels skip masked keys), so at a
+    NaN or +inf there the kernels give the softmax of the row's kept scores, where ATen's ``s + -inf`` is NaN on the
+    whole row. The check's NaN set (written into the first score, which this mask removes) demanded ATen's NaN there,
+    which no kernel of the lifted program gives: the partition stayed in ATen (coverage 0). Now that set constrains
+    nothing, as a +inf there already did (ATen's add makes the NaN); a NaN at a kept score still propagates."""
+    s = torch.randn(2, 8, 8, generator=torch.Generator().manual_seed(0))
+    torch._dynamo.reset()
+    rep = Report()
+    f = torch.compile(_left_padded, backend=backend(report=rep, **OPTS))
+    with torch.no_grad():
+        assert torch.allclose(f(s), _left_padded(s), atol=1e-6)
+        assert rep.coverage == 1.0, rep.summary()
+        masked, kept = s.clone(), s.clone()
+        masked[0, 3, 0] = float("nan")
+        kept[0, 3, 5] = float("nan")
+        got = f(masked)
+        assert bool(torch.isnan(_left_padded(masked)[0, 3]).all())  # (ATen's decomposed softmax: NaN on the row)
+        assert bool(torch.isfinite(got).all())
+        want = torch.softmax(s[..., 1:], dim=-1) * 2.0  # (the softmax of the kept scores)
+        assert torch.allclose(got[..., 1:], want, atol=1e-6) and not bool(got[..., 0].any())
+        got = f(kept)
+        assert bool(torch.isnan(got[0, 3]).all()) and torch.equal(torch.isnan(got), torch.isnan(_left_padded(kept)))
+
+
+def test_undefined_at_names_a_constant_minus_inf_mask_added_to_a_nan() -> None:
+    """The mask must be a constant the forward makes: a mask passed in as an input is added as it is (NaN + -inf is
+    NaN in the kernels too), and its set still constrains them."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    s = torch.randn(1, 4, 4, generator=torch.Generator().manual_seed(1))
+    gm = make_fx(_left_padded)(s)
+    at_masked, at_kept = s.clone(), s.clone()
+    at_masked[0, 2, 0] = float("nan")
+    at_kept[0, 2, 1] = float("nan")
+    assert "constant -inf mask" in str(capture.undefined_at(gm, [at_masked]))
+    assert capture.undefined_at(gm, [at_kept]) is None
+    m = torch.zeros(4, 4)
+    m[:, 0] = float("-inf")
+    given = make_fx(lambda s, m: torch.softmax(s + m, dim=-1))(s, m)
+    assert capture.undefined_at(given, [at_masked, m]) is None

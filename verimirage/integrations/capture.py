@@ -1234,19 +1234,28 @@ def _with_special(x: torch.Tensor, pattern: str) -> torch.Tensor:
 
 def undefined_at(gm: fx.GraphModule, xs: Sequence[torch.Tensor]) -> str | None:
     """Why the ATen ops of ``gm`` run on ``xs`` constrain nothing there, or None: some op gives a NaN from tensor
-    operands without one (``inf - inf``, ``0 * inf``: undefined), or a fused attention op reads a non-finite operand
-    (:data:`SPECIAL_VALUES_OWN`: its kernel's own result). An op that fails counts too."""
+    operands without one (``inf - inf``, ``0 * inf``: undefined), a fused attention op reads a non-finite operand
+    (:data:`SPECIAL_VALUES_OWN`: its kernel's own result), or a constant -inf mask is added to a NaN
+    (:func:`_masks_a_nan`: a masked entry, which the kernels do not read). An op that fails counts too."""
     def tensors(v: Any) -> list[torch.Tensor]:
         return [t for t in (v if isinstance(v, (list, tuple)) else [v])
                 if isinstance(t, torch.Tensor) and t.is_floating_point()]
+
+    live: set[fx.Node] = set()  # (the nodes whose values depend on an input; the others are constants: a mask)
 
     class Watch(fx.Interpreter):
         why: str | None = None
 
         def run_node(self, n: fx.Node) -> Any:
+            if (n.op == "placeholder" and HELD not in n.meta) or any(a in live for a in n.all_input_nodes):
+                live.add(n)  # (a placeholder the lifting holds, HELD, is a constant: the -inf a mask is filled with)
             if self.why is None and n.op == "call_function" and op_name(n) in SPECIAL_VALUES_OWN and any(
                     not bool(torch.isfinite(t).all()) for a in n.all_input_nodes for t in tensors(self.env[a])):
                 self.why = f"aten.{op_name(n)} reads a non-finite operand"
+            if self.why is None and n.op == "call_function" and op_name(n) == "add" and _masks_a_nan(
+                    [(self.env.get(a) if isinstance(a, fx.Node) else a, isinstance(a, fx.Node) and a not in live)
+                     for a in n.args[:2]]):
+                self.why = "aten.add adds a constant -inf mask to a NaN (a masked entry, which the kernels do not read)"
             out = super().run_node(n)
             if self.why is None and n.op == "call_function" and any(bool(torch.isnan(t).any()) for t in tensors(out)) \
                     and not any(bool(torch.isnan(t).any()) for a in n.all_input_nodes for t in tensors(self.env[a])):
@@ -1259,6 +1268,27 @@ def undefined_at(gm: fx.GraphModule, xs: Sequence[torch.Tensor]) -> str | None:
     except Exception as e:
         return f"the ATen ops fail ({type(e).__name__})"
     return w.why
+
+
+def _masks_a_nan(operands: Sequence[tuple[Any, bool]]) -> bool:
+    """Whether two ``add`` operands ``(value, constant)`` are a constant holding -inf (a mask the forward makes) and a
+    tensor that is NaN where the mask is -inf. ATen's sum is NaN there, and its softmax NaN on the whole row; the
+    lifted softmax never reads a masked entry (``aten.constant_value`` holds the mask's -inf as its kept booleans,
+    the scores there as the dtype's lowest finite value, their weights exactly 0), as ATen's fused attention kernels do
+    not: it is finite there, the softmax of the row's kept scores. A +inf there is ``inf - inf`` (ATen's add makes the
+    NaN) and constrains nothing either; -inf there is -inf in both."""
+    if len(operands) != 2:
+        return False
+    for (m, const), (x, _) in (operands, operands[::-1]):
+        if const and isinstance(m, torch.Tensor) and isinstance(x, torch.Tensor) and m.is_floating_point() \
+                and x.is_floating_point():
+            try:
+                m_b, x_b = torch.broadcast_tensors(m, x)
+            except RuntimeError:
+                return False
+            if bool((torch.isneginf(m_b) & torch.isnan(x_b)).any()):
+                return True
+    return False
 
 
 def _special_sets(lifted: Lifted, eager: fx.GraphModule, base: list[torch.Tensor]
