@@ -608,8 +608,8 @@ def _sums_values(op: str) -> bool:
     op's statistic): a value of a row's size, against which a difference of it and another value of the same row can
     cancel."""
     d = OPS[op]
-    return ((d.has(Prop.REDUCTION) and op not in ("max", "min")) or d.has(Prop.CONTRACTION)
-            or op in ("loop_sum", "rescaled_sum") or d.accumulates is not None)
+    return (((d.has(Prop.REDUCTION) or d.has(Prop.LOOP)) and d.family != "max") or d.has(Prop.CONTRACTION)
+            or d.accumulates is not None)
 
 
 def differences(g: Graph) -> frozenset[Difference]:
@@ -642,12 +642,14 @@ def differences(g: Graph) -> frozenset[Difference]:
                 vals.append([inner[j][k] for j, k in sub.outputs])
             else:
                 reads: frozenset[str] = frozenset().union(*(v[0] for v in a))
-                if n.op in ("add", "sub") and len(a) == 2 and a[0][0] & a[1][0] and (a[0][1] or a[1][1]) \
+                d = OPS[n.op]
+                if d.has(Prop.ELEMENTWISE) and d.has(Prop.BINARY) and d.has(Prop.LINEAR) and len(a) == 2 \
+                        and a[0][0] & a[1][0] and (a[0][1] or a[1][1]) \
                         and not any(u[2] and u[0] <= w[0] for u, w in ((a[0], a[1]), (a[1], a[0]))):
-                    found.add((reads, int(a[0][1]) + int(a[1][1])))
+                    found.add((reads, int(a[0][1]) + int(a[1][1])))  # (an add or a sub: linear in each operand)
                 summed = _sums_values(n.op) or any(v[1] for v in a)
-                selected = n.op in _MAX_LIKE or n.op in ("min", "running_min") or (
-                    n.op in ("maximum", "clamp") and any(v[2] for v in a))
+                # (a max, min, running or loop max, maximum: one of its operands' values; a clamp of one: a floor)
+                selected = d.family == "max" or (d.family == "clamp" and any(v[2] for v in a))
                 vals.append([(reads, summed, selected)] * max(1, len(n.outs)))
         return vals
 
