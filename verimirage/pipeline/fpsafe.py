@@ -627,13 +627,35 @@ def differences(g: Graph) -> frozenset[Difference]:
     # cancellation)
     V = tuple[frozenset[str], bool, bool]
 
-    def walk(nodes: Sequence[Any], args: Sequence[V]) -> list[list[V]]:
-        vals: list[list[V]] = []
+    def step(n: Any, nodes: Sequence[Any], a: list[V]) -> V:
+        reads: frozenset[str] = frozenset().union(*(v[0] for v in a))
+        d = OPS[n.op]
+        if d.has(Prop.ELEMENTWISE) and d.has(Prop.BINARY) and d.has(Prop.LINEAR) and len(a) == 2 \
+                and a[0][0] & a[1][0] and (a[0][1] or a[1][1]) \
+                and not any(u[2] and u[0] <= w[0] for u, w in ((a[0], a[1]), (a[1], a[0]))):
+            found.add((reads, int(a[0][1]) + int(a[1][1])))  # (an add or a sub: linear in each operand)
+        summed = _sums_values(n.op) or any(v[1] for v in a)
+        # (a max, min, running or loop max, maximum: one of its operands' values; a clamp of one: a floor)
+        selected = d.family == "max" or (d.family == "clamp" and any(v[2] for v in a))
+        return reads, summed, selected
+
+    _walk_values(g, lambda name: (frozenset({name}), False, False), step)
+    return frozenset(found)
+
+
+def _walk_values(g: Graph, leaf: Any, step: Any) -> None:
+    """Walks ``g`` at every level, a value per node result: ``leaf(name)`` for a program input, a kernel's (thread
+    graph's) input the value of the argument it reads, a kernel's (thread graph's) results the values of its block's
+    outputs, and ``step(node, nodes, operand values)`` for every other node (the value of each of its results;
+    ``nodes``: the node's scope)."""
+
+    def walk(nodes: Sequence[Any], args: Sequence[Any]) -> list[list[Any]]:
+        vals: list[list[Any]] = []
         for n in nodes:
             a = [vals[j][k] for j, k in n.args]
             if n.op == "input":
                 idx = n.attr("arg")
-                vals.append([args[idx] if idx is not None else (frozenset({str(n.attr("name"))}), False, False)])
+                vals.append([args[idx] if idx is not None else leaf(str(n.attr("name")))])
             elif n.op == "arg":
                 vals.append([args[n.attr("index")]])
             elif n.op in ("custom", "fused"):
@@ -641,20 +663,10 @@ def differences(g: Graph) -> frozenset[Difference]:
                 inner = walk(sub.nodes, a)
                 vals.append([inner[j][k] for j, k in sub.outputs])
             else:
-                reads: frozenset[str] = frozenset().union(*(v[0] for v in a))
-                d = OPS[n.op]
-                if d.has(Prop.ELEMENTWISE) and d.has(Prop.BINARY) and d.has(Prop.LINEAR) and len(a) == 2 \
-                        and a[0][0] & a[1][0] and (a[0][1] or a[1][1]) \
-                        and not any(u[2] and u[0] <= w[0] for u, w in ((a[0], a[1]), (a[1], a[0]))):
-                    found.add((reads, int(a[0][1]) + int(a[1][1])))  # (an add or a sub: linear in each operand)
-                summed = _sums_values(n.op) or any(v[1] for v in a)
-                # (a max, min, running or loop max, maximum: one of its operands' values; a clamp of one: a floor)
-                selected = d.family == "max" or (d.family == "clamp" and any(v[2] for v in a))
-                vals.append([(reads, summed, selected)] * max(1, len(n.outs)))
+                vals.append([step(n, nodes, a)] * max(1, len(n.outs)))
         return vals
 
     walk(node_list(g), [])
-    return frozenset(found)
 
 
 def exp_reads(g: Graph) -> frozenset[frozenset[str]]:
@@ -681,35 +693,21 @@ def reads_of(g: Graph) -> tuple[frozenset[Sum], frozenset[Sum], frozenset[frozen
     exps: set[frozenset[str]] = set()
     V = tuple[frozenset[str], "frozenset[str] | None"]  # (inputs it reads, those of the sum it carries, or None)
 
-    def walk(nodes: Sequence[Any], args: Sequence[V]) -> list[list[V]]:
-        vals: list[list[V]] = []
-        for n in nodes:
-            a = [vals[j][k] for j, k in n.args]
-            reads: frozenset[str] = frozenset().union(*(v[0] for v in a))
-            if n.op == "input":
-                idx = n.attr("arg")
-                vals.append([args[idx] if idx is not None else (frozenset({str(n.attr("name"))}), None)])
-            elif n.op == "arg":
-                vals.append([args[n.attr("index")]])
-            elif n.op in ("custom", "fused"):
-                sub = n.attr("block" if n.op == "custom" else "thread")
-                inner = walk(sub.nodes, a)
-                vals.append([inner[j][k] for j, k in sub.outputs])
-            else:
-                product = OPS[n.op].has(Prop.CONTRACTION)
-                if product:
-                    operands.update((v[1], DTYPE_MAX.get(nodes[j].outs[k].dtype, math.inf))
-                                    for (j, k), v in zip(n.args, a, strict=True) if v[1] is not None)
-                carried = next((v[1] for v in a if v[1] is not None), None) if n.op in _SUM_KEEPING else None
-                if n.op in _SUMS or product:
-                    carried = reads
-                    sums.add((reads, DTYPE_MAX.get(n.outs[0].dtype, math.inf)))
-                if n.op in ("exp", "rescaled_sum"):
-                    exps.add(reads if n.op == "exp" else a[1][0])
-                vals.append([(reads, carried)] * max(1, len(n.outs)))
-        return vals
+    def step(n: Any, nodes: Sequence[Any], a: list[V]) -> V:
+        reads: frozenset[str] = frozenset().union(*(v[0] for v in a))
+        product = OPS[n.op].has(Prop.CONTRACTION)
+        if product:
+            operands.update((v[1], DTYPE_MAX.get(nodes[j].outs[k].dtype, math.inf))
+                            for (j, k), v in zip(n.args, a, strict=True) if v[1] is not None)
+        carried = next((v[1] for v in a if v[1] is not None), None) if n.op in _SUM_KEEPING else None
+        if n.op in _SUMS or product:
+            carried = reads
+            sums.add((reads, DTYPE_MAX.get(n.outs[0].dtype, math.inf)))
+        if n.op in ("exp", "rescaled_sum"):
+            exps.add(reads if n.op == "exp" else a[1][0])
+        return reads, carried
 
-    walk(node_list(g), [])
+    _walk_values(g, lambda name: (frozenset({name}), None), step)
     return frozenset(operands), frozenset(sums), frozenset(exps)
 
 
