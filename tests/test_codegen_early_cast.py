@@ -82,7 +82,9 @@ def test_early_cast_rotary_matches_float64_in_the_interpreter() -> None:
 @pytest.mark.slow  # sm_90 compiles, minutes with a cold Triton cache
 def test_early_cast_kernels_compile_for_sm90(tmp_path: Path) -> None:
     """The designs that broke, rotary's, and the suite's candidates whose kernels the early cast changes, at 4 warps
-    and 8, 2 and 3 stages (benchmarks/compile_check.py checks every committed candidate)."""
+    with 2 and 3 stages, rotary's (a (128, 64) @ (64, 64) product) also at 8 warps, the fastest in attn18's probe.
+    (A (64, 64) @ (64, 64) one beside P may fail at 8 warps, as with the squeezed V: the runtime compiles it again at
+    4. benchmarks/compile_check.py checks every committed candidate.)"""
     pytest.importorskip("triton")
     from verimirage.backend.gpucompile import compile_modules
 
@@ -92,7 +94,7 @@ def test_early_cast_kernels_compile_for_sm90(tmp_path: Path) -> None:
     for folder, case, idx in picks:
         src = tuned_module(vm.MuGraph.parse(_stored(folder, case, idx))).source
         assert bool(EARLY.search(src)) == ((folder, case, idx) not in BROKE), case
-        for warps, stages in ((4, 2), (4, 3), (8, 2)):
+        for warps, stages in ((4, 2), (4, 3), (8, 2)) if case == "rotary_attention" else ((4, 2), (4, 3)):
             path = tmp_path / f"{case}_{idx}_w{warps}_s{stages}.py"
             path.write_text(re.sub(r"'num_warps': 4, 'num_stages': 2", f"'num_warps': {warps}, 'num_stages': {stages}",
                                    src))
