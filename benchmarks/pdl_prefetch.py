@@ -13,8 +13,17 @@ the code generator's options, all in one process on the same inputs:
 - ``lb``: last-block combines (``VERIMIRAGE_LASTBLOCK``),
 - ``early``: codegen.PDL_PREFETCH_EARLY_ONLY (prefetches only in a kernel the launch before it lets launch at its
   start),
-- ``wrap.GEMV_TILE_N`` / ``GEMV_TILE_K``: the default tiles of a bare one-row product (64 / 64: as before),
+- ``wrap.GEMV_TILE_N`` / ``GEMV_TILE_K`` / ``GEMV_MAX_ROWS``: the default tiles of a bare few-row product (64 / 64: as
+  before session 15; 32 / 256 and one row: before session 19),
+- ``chunk``: codegen.CHUNK_ROW_DOTS (a deep one-step one-row product as a loop of 16-row dots),
+- ``gemv``: (stages, warps) for every weight-streaming few-row product loop (a stand-in for the tuning rules),
+- ``edit``: experiment-only retilings of decode_bs1's candidate 0 (:data:`EDITS`, not verified; outputs still
+  checked against float64),
 - ``merge`` / ``pdl``: merged launches off, PDL off.
+
+``--kernels`` also times each kernel of those variants on its own (PDL off, launched apart, the profiler's medians).
+The variants of session 19 (``main18`` ... ``n64_apart``) ran before the defaults they name changed: their rows in
+benchmarks/results/layer19_h100_2026-11-27/ say what each measured.
 
 Every variant's outputs are compared with float64 and, bit for bit, with the first variant's (the options change
 where kernels wait and what they prefetch, never what they compute), and 20 repeated calls must give the same bits.
@@ -48,10 +57,25 @@ log = logging.getLogger("pdl_prefetch")
 #: combines), ``merge`` (merged launches) and ``pdl`` (the PDL mode); the variants of 04:32 and 04:38 ran before the
 #: defaults changed (their ``before`` and ``own_*`` are the code generator of then: GEMV tiles as every product's)
 def _v(own: int = 64, pf: int = 16384, early: bool = False, lb: bool = False, merge: bool = True, pdl: str = "auto",
-       **wrap: int) -> dict[str, Any]:
+       chunk: bool = True, gemv_stages: int = 0, gemv_warps: int = 0, **wrap: int) -> dict[str, Any]:
     return {"codegen.PDL_EARLY_OWN_MAX_BLOCKS": own, "codegen.PDL_PREFETCH_BYTES": pf,
-            "codegen.PDL_PREFETCH_EARLY_ONLY": early, "lb": lb, "merge": merge, "pdl": pdl,
-            **{f"wrap.{k}": x for k, x in wrap.items()}}
+            "codegen.PDL_PREFETCH_EARLY_ONLY": early, "codegen.CHUNK_ROW_DOTS": chunk, "lb": lb, "merge": merge,
+            "pdl": pdl, "gemv": (gemv_stages, gemv_warps), **{f"wrap.{k}": x for k, x in wrap.items()}}
+
+
+def _d(lb: bool = False, merge: bool = True, pdl: str = "auto", edit: tuple[str, ...] = (),
+       **settings: Any) -> dict[str, Any]:
+    """A variant of the code generator's defaults as they are, with only ``settings`` changed (``chunk``: codegen.
+    CHUNK_ROW_DOTS, ``own``: codegen.PDL_EARLY_OWN_MAX_BLOCKS; anything else a ``wrap`` attribute). :func:`_v` sets
+    every PDL option, to its defaults of session 15 (own 64, prefetches everywhere): not the defaults since run 20."""
+    names = {"chunk": "codegen.CHUNK_ROW_DOTS", "own": "codegen.PDL_EARLY_OWN_MAX_BLOCKS"}
+    return {"lb": lb, "merge": merge, "pdl": pdl, "edit": edit,
+            **{names.get(k, f"wrap.{k}"): x for k, x in settings.items()}}
+
+
+#: main's code generator before the nineteenth session's layer work: one-row products deeper than 256 in one step as a
+#: broadcast multiply and sum, the GEMV tiles for one-row bare products only
+MAIN18 = {"chunk": False, "GEMV_MAX_ROWS": 1, "GEMV_TILE_N": 32, "GEMV_TILE_K": 256}
 
 
 #: the one-row products' default tiles before wrap.GEMV_TILE_N / GEMV_TILE_K (those of every product)
@@ -73,21 +97,114 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "own_pf64k_early": _v(64, 65536, True, **OLD_GEMV),
     "own_pf1_early": _v(64, 1, True, **OLD_GEMV),
     "gemv_only": _v(0, 0),  # the one-row product's tiles alone
-    "now": _v(),  # every default of the code generator as it is
-    "now_apart": _v(merge=False),
-    "now_nopdl": _v(pdl="off"),
-    "now_apart_nopdl": _v(merge=False, pdl="off"),
+    "now": _d(),  # every default of the code generator as it is
+    "now_apart": _d(merge=False),
+    "now_nopdl": _d(pdl="off"),
+    "now_apart_nopdl": _d(merge=False, pdl="off"),
+    "main18": _d(**MAIN18),
+    "main18_apart": _d(merge=False, **MAIN18),
+    "now_lb": _d(lb=True),
+    "n32": _d(GEMV_TILE_N=32, GEMV_TILE_K=256),  # (the GEMV tiles of before this session; chunked row dots)
+    "n32_apart": _d(merge=False, GEMV_TILE_N=32, GEMV_TILE_K=256),
+    "k256": _d(GEMV_TILE_K=256),
+    "own64": _d(own=64),
+    "q64": _d(edit=("q64",)),
+    "q64_kv64": _d(edit=("q64", "kv64")),
+    "q64_kv64_lb": _d(lb=True, edit=("q64", "kv64")),
+    # session 19, calls 1-2 (15:58, 16:01 UTC) ran these through _v (own 64, prefetches everywhere), and "now" /
+    # "main18" / "now_lb" / "now_apart" / "main18_apart" then meant _v(...) of the same settings
+    "v_now": _v(),
+    "v_main18": _v(**MAIN18),  # type: ignore[arg-type]
+    "gemv_s6": _v(gemv_stages=6),
+    "gemv_s8": _v(gemv_stages=8),
+    "gemv_w8": _v(gemv_warps=8),
+    "gemv_k128": _v(GEMV_TILE_K=128),
+    "gemv_k512": _v(GEMV_TILE_K=512),
+    "gemv_n16": _v(GEMV_TILE_N=16),
+    "gemv_n64": _v(GEMV_TILE_N=64),
+    "gemv_n128": _v(GEMV_TILE_N=128),
+    "n64_k128": _v(GEMV_TILE_N=64, GEMV_TILE_K=128),
+    "n64_lb": _v(lb=True, GEMV_TILE_N=64),
+    "n64_q64": {**_v(GEMV_TILE_N=64), "edit": ("q64",)},
+    "n64_kv64": {**_v(GEMV_TILE_N=64), "edit": ("kv64",)},
+    "n64_kv8": {**_v(GEMV_TILE_N=64), "edit": ("kv8",)},
+    "n64_down64": {**_v(GEMV_TILE_N=64), "edit": ("down64",)},
+    "n64_all64": {**_v(GEMV_TILE_N=64), "edit": ("q64", "kv64", "down64")},
+    "n64_apart": _v(merge=False, GEMV_TILE_N=64),
 }
+
+
+def _retile(text: str, node: int, subs: tuple[tuple[str, str], ...]) -> str:
+    """``text`` (a μGraph) with ``subs`` replaced inside custom node ``%node``'s header and block graph."""
+    start = text.index(f"\n  %{node} = custom ")
+    end = text.index("\n  }\n", start)
+    seg = text[start:end]
+    for a, b in subs:
+        if a not in seg:
+            raise ValueError(f"retile: {a!r} not in node %{node}")
+        seg = seg.replace(a, b)
+    return text[:start] + seg + text[end:]
+
+
+_COL64 = (("f16[256,32]", "f16[256,64]"), ("f16[1,32]", "f16[1,64]"))
+#: experiment-only retilings of decode_bs1's candidate 0 (NOT verified: timed to decide what the search should be
+#: made to pick; every output is still compared with float64): name -> (node, substitutions) edits
+EDITS: dict[str, tuple[tuple[int, tuple[tuple[str, str], ...]], ...]] = {
+    "q64": ((15, (("grid=(128,)", "grid=(64,)"), *_COL64)),),
+    "down64": ((28, (("grid=(128,)", "grid=(64,)"), *_COL64)),),
+    "kv64": tuple((n, (("grid=(32, 4)", "grid=(16, 4)"), ("f16[1024,32]", "f16[1024,64]"), ("f16[1,32]", "f16[1,64]")))
+                  for n in (16, 19)) + tuple((n, (("grid=(32,)", "grid=(16,)"), ("f16[1,32]", "f16[1,64]")))
+                                             for n in (17, 20)),
+    "kv8": tuple((n, (("grid=(32, 4)", "grid=(32, 8)"), ("f16[1,1024]", "f16[1,512]"), ("f16[1024,32]", "f16[512,32]"),
+                      ("f16[4,1024]", "f16[8,1024]"))) for n in (16, 19))
+    + tuple((n, (("frange=4", "frange=8"), ("shape=(4, 1024)", "shape=(8, 1024)"))) for n in (17, 20)),
+}
+
+
+def edited(mg: Any, names: tuple[str, ...]) -> Any:
+    """``mg`` with the :data:`EDITS` ``names`` applied."""
+    from verimirage.ir.graph import MuGraph
+
+    text = str(mg)
+    for name in names:
+        for node, subs in EDITS[name]:
+            text = _retile(text, node, subs)
+    return MuGraph.parse(text) if names else mg
+
+
+def _gemv_patch(stages: int, warps: int) -> Any:
+    """A stand-in for ``tuning._measured`` that launches every weight-streaming few-row product loop (16-row dots,
+    eight or more K steps, no chained products) with ``stages`` / ``warps`` (0: as the rules give), to measure."""
+    from verimirage.backend import tuning
+
+    orig = tuning._measured
+
+    def patched(bg: Any, arg_types: Any) -> Any:
+        from dataclasses import replace
+
+        c = orig(bg, arg_types)
+        s = tuning.kernel_shape(bg, arg_types)
+        if s.matmuls and s.dot_rows <= 16 and s.frange >= 8 and not s.chained:
+            c = replace(c, num_stages=stages or c.num_stages, num_warps=warps or c.num_warps)
+        return c
+
+    return orig, patched
 
 
 def _apply(settings: dict[str, Any]) -> dict[str, Any]:
     """Set ``settings`` (but ``lb``) on the modules; returns the values they replaced."""
-    from verimirage.backend import wrap
+    from verimirage.backend import tuning, wrap
 
-    mods = {"codegen": codegen, "wrap": wrap}
+    mods = {"codegen": codegen, "wrap": wrap, "tuning": tuning}
     old = {}
     for key, val in settings.items():
-        if key in ("lb", "merge", "pdl"):
+        if key == "gemv":
+            if any(val):
+                orig, patched = _gemv_patch(*val)
+                old["tuning._measured"] = orig
+                tuning._measured = patched
+            continue
+        if key in ("lb", "merge", "pdl", "edit"):
             continue
         mod, attr = key.split(".")
         old[key] = getattr(mods[mod], attr)
@@ -95,7 +212,8 @@ def _apply(settings: dict[str, Any]) -> dict[str, Any]:
     return old
 
 
-def run_case(case: str, variants: list[str], rounds: int, copy_rate: float) -> dict[str, Any]:
+def run_case(case: str, variants: list[str], rounds: int, copy_rate: float,
+             kernel_variants: tuple[str, ...] = ()) -> dict[str, Any]:
     """Compile, check and time ``case``'s best candidate under each of ``variants``."""
     import torch
 
@@ -128,7 +246,7 @@ def run_case(case: str, variants: list[str], rounds: int, copy_rate: float) -> d
             lb = bool(settings.get("lb"))
             with L._pdl(settings.get("pdl", "auto")), L._merge(bool(settings.get("merge", True))):
                 t0 = time.perf_counter()
-                fn = vm.compile(mg, cuda_graph=True, last_block=lb)
+                fn = vm.compile(edited(mg, settings.get("edit", ())), cuda_graph=True, last_block=lb)
                 L._precompile(fn, ordered)
             outs = fn(*ordered)
             out0 = (outs if isinstance(outs, tuple) else (outs,))[0].clone()
@@ -142,7 +260,13 @@ def run_case(case: str, variants: list[str], rounds: int, copy_rate: float) -> d
                 (o if isinstance(o, tuple) else (o,))[0].view(torch.int16), out0.view(torch.int16)))
                 for o in (fn(*(fn.static_inputs or ordered)) for _ in range(20)))
             rec["prefetch_lines"] = max(0, fn.source.count("_vm_prefetch(") - 1)  # (less the helper's definition)
+            rec["launch"] = {k: {a: b for a, b in v.items() if a in ("num_warps", "num_stages")}
+                             for k, v in getattr(fn, "launch", {}).items()}
             fns[name] = fn
+            if name in kernel_variants:  # each kernel's own time: PDL off, launched apart, the profiler's medians
+                with L._pdl("off"), L._merge(False):
+                    plain = vm.compile(edited(mg, settings.get("edit", ())), last_block=lb)
+                rec["kernels_us"] = L._kernel_medians(lambda p=plain: p(*ordered))
         except Exception as e:
             rec["error"] = f"{type(e).__name__}: {e}"[:400]
             log.exception("variant %s of %s failed", name, case)
@@ -174,6 +298,7 @@ def main() -> int:
     ap.add_argument("--cases", nargs="*", default=["decode_bs1", "decode_bs8"])
     ap.add_argument("--variants", nargs="*", default=list(VARIANTS))
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--kernels", nargs="*", default=[], help="variants whose kernels are also timed one by one")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -192,7 +317,7 @@ def main() -> int:
                            "torch": torch.__version__, "copy_bytes_per_s": copy_rate, "rows": []}
     args.out.mkdir(parents=True, exist_ok=True)
     for case in args.cases:
-        doc["rows"].append(run_case(case, args.variants, args.rounds, copy_rate))
+        doc["rows"].append(run_case(case, args.variants, args.rounds, copy_rate, tuple(args.kernels)))
         (args.out / "pdl_prefetch.json").write_text(json.dumps(doc, indent=1))
     print(f"{doc['device']} {doc['date']} copy {copy_rate / 1e12:.2f} TB/s")
     print("| case | variant | launches | µs (rounds) | floor fraction | err | same bits | repeat same |")

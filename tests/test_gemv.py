@@ -345,11 +345,14 @@ def test_rows_of_a_batch_the_weights_lack_load_as_the_dots_rows_exactly() -> Non
     assert np.isfinite(np.delete(got[:, 0, :], [3, 7], axis=1)).all()
 
 
-@pytest.mark.parametrize("shape", [(1, 1024, 512), (1, 4096, 4096), (8, 1024, 512), (1, 64, 48)])
+@pytest.mark.parametrize("shape", [(1, 1024, 512), (1, 4096, 4096), (8, 1024, 512), (8, 4096, 4096), (16, 256, 96),
+                                   (1, 64, 48), (32, 1024, 512)])
 def test_a_bare_one_row_product_is_wrapped_in_deep_narrow_tiles(shape: tuple[int, int, int]) -> None:
-    # a kernel-level matmul of one row (the decoder layer's o projection: a bare matmul in its μGraph) is wrapped in
-    # 32-column, 256-deep tiles (wrap.GEMV_TILE_N / GEMV_TILE_K; H100: the layer at bs1 197.5 -> 195.1 us); products
-    # of several rows keep the 64 x 64 x 64 tiles; the wrapped kernel computes the product (interpreter vs float64)
+    # a kernel-level matmul of at most 16 rows (the decoder layer's o projection: a bare matmul in its μGraph, one row
+    # at batch 1, eight at batch 8) is wrapped in 32-column, 256-deep tiles (wrap.GEMV_TILE_N / GEMV_TILE_K,
+    # GEMV_MAX_ROWS; H100: the layer at bs1 197.5 -> 195.1 us; bs8 239.8 -> 238.6 with the 8-row o projection so
+    # wrapped, benchmarks/results/layer19_h100_2026-11-27/call3_bs8.json); products of more rows keep the 64 x 64 x 64
+    # tiles; the wrapped kernel computes the product (interpreter vs float64)
     from verimirage.backend import wrap
 
     m, k, n = shape
@@ -359,12 +362,12 @@ def test_a_bare_one_row_product_is_wrapped_in_deep_narrow_tiles(shape: tuple[int
     g.output(g.matmul(x, w))
     (node,) = [nd for nd in node_list(to_kernels(vm.MuGraph.from_graph(g))) if nd.op == "custom"]
     bg = node.attr("block")
-    if m == 1:
+    if m <= wrap.GEMV_MAX_ROWS:
         tn = wrap._divisor_at_most(n, wrap.GEMV_TILE_N)
         assert bg.grid == (n // tn,) and bg.frange == k // wrap._divisor_at_most(k, wrap.GEMV_TILE_K)
-        assert (tn, bg.frange) == {1024: (32, 4), 4096: (32, 16), 64: (16, 1)}[k]
+        assert (tn, bg.frange) == {1024: (32, 4), 4096: (32, 16), 64: (16, 1), 256: (32, 1)}[k]
     else:
-        assert bg.grid == (n // 64,) and bg.frange == k // 64
+        assert bg.grid == (n // 64,) and bg.frange == k // 64  # (32 rows: one 64-row tile)
     if k * n > 1 << 20:
         return  # (the interpreter run: the smaller shapes)
     rng = np.random.default_rng(5)
@@ -372,3 +375,38 @@ def test_a_bare_one_row_product_is_wrapped_in_deep_narrow_tiles(shape: tuple[int
     (ref,) = vm.evaluate(g, ins)
     got = _run(vm.MuGraph.from_graph(g), g, ins)
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
+
+
+@pytest.mark.parametrize("k", [512, 1024])
+def test_a_deep_one_step_one_row_product_is_a_loop_of_256_deep_row_dots(k: int) -> None:
+    # the decoder layer's k and v projections at batch 1: 128 blocks each of one (1, 1024) @ (1024, 32) step, split-K.
+    # They were a broadcast multiply and tl.sum over the whole (1024, 32) tile at 16 warps (5.6 / 5.4 us on an H100);
+    # as a loop of four 256-deep 16-row dots (codegen.CHUNK_ROW_DOTS) at 4 warps, 4 stages 5.25 / 5.15 us, and the q, k
+    # and v projections share one launch (the same warps): the layer 194.7 -> 194.0 us (2026-11-27 15:58 UTC,
+    # benchmarks/results/layer19_h100_2026-11-27/call1_bs1.json)
+    from verimirage.backend import codegen
+
+    g, mg = _one_step(rows=1, k=k)
+    src = generate(mg, tiles=TileOptions(dot_min_m=16)).source
+    assert "for kc" in src and src.count("tl.dot(") == 1 and "tl.broadcast_to(" in src
+    assert f"tl.arange(0, {codegen.ROW_DOT_MAX_K})" in src and f"tl.arange(0, {k})" not in src
+    (c,) = _recs(mg)
+    assert (c.num_warps, c.tiles.dot_min_m) == (4, 16) and c.num_stages == min(4, k // codegen.ROW_DOT_MAX_K)
+    rng = np.random.default_rng(11)
+    ins = {t.name: (rng.standard_normal(t.shape) * 0.3).astype(np.float16).astype(np.float64) for t in g.inputs}
+    (ref,) = vm.evaluate(g, ins)
+    got = _run(mg, g, ins)
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
+    # an infinite weight gives the infinity in its column (the broadcast rows are all the same row: no 0 * inf)
+    ins["W"][3, 5] = np.inf
+    (ref,) = vm.evaluate(g, ins)
+    got = _run(mg, g, ins)
+    assert np.isinf(got[0, 5]) and np.sign(got[0, 5]) == np.sign(ref[0, 5])
+    assert np.allclose(np.delete(got, 5, axis=1), np.delete(ref, 5, axis=1), rtol=2e-2, atol=2e-2)
+    # off: the broadcast multiply as before
+    old = codegen.CHUNK_ROW_DOTS
+    codegen.CHUNK_ROW_DOTS = False
+    try:
+        assert "tl.dot(" not in generate(mg, tiles=TileOptions(dot_min_m=16)).source
+    finally:
+        codegen.CHUNK_ROW_DOTS = old

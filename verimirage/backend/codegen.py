@@ -64,6 +64,11 @@ from .wrap import to_kernels
 #: layer's v projection, 128 blocks each one (1, 1024) @ (1024, 32) product with no loop, ran 55.0 us as a 16-row
 #: dot and 5.3 us as the broadcast multiply; the pipelined GEMVs that streamed at the copy rate had K tiles <= 256.
 ROW_DOT_MAX_K = 256
+#: Whether a one-step one-row product ``(1, K) @ (K, N)`` deeper than :data:`ROW_DOT_MAX_K` is emitted as
+#: :meth:`_KernelGen.chunked_dots`' loop of ``ROW_DOT_MAX_K``-deep 16-row dots (the row broadcast to 16 rows, row 0
+#: of the result kept), pipelined as a K loop, rather than one broadcast multiply and ``tl.sum`` over the whole
+#: ``(K, N)`` tile at 16 warps (the layer's k and v projections at batch 1: 256 blocks of (1, 1024) @ (1024, 32))
+CHUNK_ROW_DOTS = True
 #: Depth of a chunk of :meth:`_KernelGen.chunked_sums`' loop (a row statistic computed before a for-loop, its rows
 #: padded as the ``tl.dot`` operand they scale: 64 x 128 fp32 values, 64 registers a thread at 4 warps). H100,
 #: 2026-11-27 07:20 UTC (benchmarks/results/weight_scale_ab_h100_2026-11-27b.json): 128 deep with the dot's 64
@@ -78,7 +83,7 @@ ROW_DOT_MAX_BATCH = 8
 INT32_INDEX = 2**31
 
 #: Version of the generator: part of every cache key (bump when generated code changes).
-CODEGEN_VERSION = "16"
+CODEGEN_VERSION = "17"
 
 
 @dataclass(frozen=True)
@@ -1310,20 +1315,38 @@ class _KernelGen:
             if i not in live or not OPS[n.op].has(Prop.CONTRACTION) or i in self.split_mm:
                 continue
             (ra, ka), (rb, kb) = n.args
-            if ra == rb or ka or kb or ra not in squeeze or rb not in squeeze or ra in outs or rb in outs:
+            if ra == rb or ka or kb or ra in outs or rb in outs:
                 continue
-            if uses.get(ra) != [i] or uses.get(rb) != [i]:
+            if uses.get(ra) != [i] or uses.get(rb) != [i] or nodes[ra].op != "input" or nodes[rb].op != "input":
                 continue
             ta, tb = nodes[ra].outs[0], nodes[rb].outs[0]
             pa = self.padded((ra, 0), ta)
+            if ra not in squeeze or rb not in squeeze:  # (a one-row product is no squeezed operand's: rank 2 as it is)
+                if self.chunk_row(ta, tb) and len(pa) == len(self.padded((rb, 0), tb)) == 2 and self.padded(
+                        (i, 0), nodes[i].outs[0]) == (1, self.padded((rb, 0), tb)[1]) and pa[-1] > ROW_DOT_MAX_K \
+                        and pa[-1] == ta.shape[-1] and pa[-1] % ROW_DOT_MAX_K == 0:
+                    found[i] = ROW_DOT_MAX_K
+                continue
+            if self.chunk_row(ta, tb):
+                if pa[-1] > ROW_DOT_MAX_K and pa[-1] == ta.shape[-1] and pa[-1] % ROW_DOT_MAX_K == 0:
+                    found[i] = ROW_DOT_MAX_K
+                continue
             if not (ta.shape[-2] > 1 and ta.shape[-1] > 1 and tb.shape[-1] > 1):
                 continue  # a row, a column or an outer product: not a tl.dot
             if pa[-1] > ROW_DOT_MAX_K and pa[-1] == ta.shape[-1] and pa[-1] % ROW_DOT_MAX_K == 0:
                 found[i] = ROW_DOT_MAX_K
         return found
 
+    def chunk_row(self, ta: TensorType, tb: TensorType) -> bool:
+        """Whether a one-step product ``ta @ tb`` is a rank-2 one-row product that :meth:`chunked_dots` takes as a
+        loop of 16-row dots (:data:`CHUNK_ROW_DOTS`; fp16/bf16 operands, at least 16 columns)."""
+        return (CHUNK_ROW_DOTS and self.opts.row_dot > 0 and ta.rank == 2 and tb.rank == 2 and ta.shape[0] == 1
+                and ta.shape[1] > 1 and tb.shape[1] >= 16 and ta.dtype in (DType.float16, DType.bfloat16)
+                and tb.dtype == ta.dtype)
+
     def emit_chunked_dot(self, lines: list[str], i: int, chunk: int) -> str:
-        """Lines of :meth:`chunked_dots`'s loop for matmul node ``i``; returns the result's name."""
+        """Lines of :meth:`chunked_dots`'s loop for matmul node ``i``; returns the result's name. A one-row
+        product (:meth:`chunk_row`) broadcasts each chunk of its row to the dot's 16 rows and keeps row 0."""
         nodes = self.bg.nodes
         n = nodes[i]
         (ra, _), (rb, _) = n.args
@@ -1331,24 +1354,37 @@ class _KernelGen:
         pa, pb = self.padded((ra, 0), ta), self.padded((rb, 0), tb)
         po = self.padded((i, 0), n.outs[0])
         pm, pk, pn = pa[-2], pa[-1], pb[-1]
+        row = self.chunk_row(ta, tb)
+        if row:
+            pm = self.dot_rows(1)
         dt = _TL_DTYPE[ta.dtype]
         acc, kc = self.fresh("d"), self.fresh("kc")
         qa = tuple(x if d != ta.rank - 1 else chunk for d, x in enumerate(pa))
         qb = tuple(x if d != tb.rank - 2 else chunk for d, x in enumerate(pb))
-        pta, ma = self.load(ra, qa, squeeze=True, sub=(ta.rank - 1, f"{kc} * {chunk}"))
+        pta, ma = self.load(ra, qa, squeeze=not row, sub=(ta.rank - 1, f"{kc} * {chunk}"))
         ptb, mb = self.load(rb, qb, squeeze=True, sub=(tb.rank - 2, f"{kc} * {chunk}"))
         fa = f", mask={ma}, other=0.0" if ma else ""
         fb = f", mask={mb}, other=0.0" if mb else ""
         xa, xb = self.fresh("x"), self.fresh("y")
         attrs = {"_precision": self.opts.fp32_precision}
         self.uses_dot = True
-        self.full_dots += 1
+        if row:
+            self.row_dots += 1
+        else:
+            self.full_dots += 1
         lines.append(f"{acc} = tl.zeros(({pm}, {pn}), tl.float32)")
         lines.append(f"for {kc} in range(0, {pk // chunk}):")
-        lines.append(f"    {xa} = tl.load({pta}{fa}).to({dt})")
+        if row:  # (the row's chunk, the same in each of the dot's rows)
+            lines.append(f"    {xa} = tl.broadcast_to(tl.load({pta}{fa}).to({dt}), ({pm}, {chunk}))")
+        else:
+            lines.append(f"    {xa} = tl.load({pta}{fa}).to({dt})")
         lines.append(f"    {xb} = tl.load({ptb}{fb}).to({dt})")
         dot = OPS["matmul"].domains["triton"]([xa, xb, acc], attrs, [ta, tb], [n.outs[0]])
         lines.append(f"    {acc} = {dot}")
+        if row:
+            out = self.fresh("d")
+            lines.append(f"{out} = {self.row_of(acc, po, 1)}")
+            return out
         if po != (pm, pn):
             out = self.fresh("d")
             lines.append(f"{out} = tl.reshape({acc}, {_shape_text(po)})")

@@ -88,9 +88,19 @@ def kernel_shape(bg: BlockGraph, arg_types: Sequence[TensorType]) -> KernelShape
         kg._unify_node(lambda a, k: (a, k), bg.nodes, i)
     kg._finish_classes()
     # products lowered to tl.dot: every dim > 1, or one row broadcast to 16 (TileOptions.row_dot)
+    chunked: dict[int, int] = {}
+    if bg.frange == 1:  # one-step products emitted as a loop of K chunks (codegen's chunked_dots)
+        live = live_nodes(bg.nodes, bg.outputs)
+        uses_: dict[int, list[int]] = {}
+        for i, n in enumerate(bg.nodes):
+            if i in live:
+                for a, _ in n.args:
+                    uses_.setdefault(a, []).append(i)
+        chunked = kg.chunked_dots(live, uses_, kg.dot_operand_inputs(live, uses_))
+    # products lowered to tl.dot: every dim > 1, or one row broadcast to 16 (TileOptions.row_dot, chunked or not)
     mm = [i for i, n in enumerate(bg.nodes) if OPS[n.op].has(Prop.CONTRACTION) and (min(
         bg.nodes[n.args[0][0]].outs[n.args[0][1]].shape[-2:] + bg.nodes[n.args[1][0]].outs[n.args[1][1]].shape[-1:]
-    ) > 1 or kg.row_dot_node(bg.nodes, i))]
+    ) > 1 or kg.row_dot_node(bg.nodes, i) or i in chunked)]
     rows = max((bg.nodes[i].outs[0].shape[-2] for i in mm), default=0)
     mmset = set(mm)
 
@@ -133,17 +143,8 @@ def kernel_shape(bg: BlockGraph, arg_types: Sequence[TensorType]) -> KernelShape
         for i, n in enumerate(bg.nodes)
     )
     cols = min((bg.nodes[i].outs[0].shape[-1] for i in mm), default=0)
-    chunks = 0
-    if bg.frange == 1 and mm:  # one-step products emitted as a loop of K chunks (codegen's chunked_dots)
-        live = live_nodes(bg.nodes, bg.outputs)
-        uses_: dict[int, list[int]] = {}
-        for i, n in enumerate(bg.nodes):
-            if i in live:
-                for a, _ in n.args:
-                    uses_.setdefault(a, []).append(i)
-        chunked = kg.chunked_dots(live, uses_, kg.dot_operand_inputs(live, uses_))
-        chunks = max((kg.padded(bg.nodes[i].args[0], bg.nodes[bg.nodes[i].args[0][0]].outs[0])[-1] // c
-                      for i, c in chunked.items()), default=0)
+    chunks = max((kg.padded(bg.nodes[i].args[0], bg.nodes[bg.nodes[i].args[0][0]].outs[0])[-1] // c
+                  for i, c in chunked.items()), default=0)
     # (an operand the loop body computes: neither loaded as it is nor a loop-invariant value)
     invariant: list[bool] = []
     for n in bg.nodes:

@@ -10,7 +10,8 @@ plain, literal tilings (they evaluate equal to the op; the tests check it with
 * reductions: the grid walks the kept dims, the for-loop walks the reduced one
   (``loop_sum``/``loop_max`` of per-tile partials; ``mean`` scales the sum);
 * ``matmul``: grid (one batch dim, row tiles, column tiles), for-loop over K
-  tiles accumulating with ``loop_sum`` (a one-row product: narrower, deeper tiles, :data:`GEMV_TILE_N`);
+  tiles accumulating with ``loop_sum`` (a product of at most :data:`GEMV_MAX_ROWS` rows: narrower, deeper tiles,
+  :data:`GEMV_TILE_N`);
 * ``rms_norm``: the grid walks the other dims, the normalised dim stays whole;
 * ``reshape``: the grid walks the kept dims and splits each merged or split group of dims along its
   leading dim (a leading split of a row-major group is the same contiguous chunk on both sides), so no
@@ -38,9 +39,18 @@ MM_TILE_K = 64
 #: 256-deep K steps. Measured on an H100 (benchmarks/results/pdl_prefetch_h100_2026-11-27_0438): the decoder layer's
 #: o projection (1, 4096) @ (4096, 4096), a bare matmul in its μGraph, in 64 x 64 tiles of 64-deep steps (64 blocks,
 #: 64 steps of 8 KB) against 32-column 256-deep ones: the layer at bs1 195.1 against 197.5 us (64 columns 195.3), with
-#: the PDL prefetches 192.1 against 194.4
+#: the PDL prefetches 192.1 against 194.4. Again on 2026-11-27 16:18 UTC (benchmarks/results/layer19_h100_2026-11-27/
+#: call3_*.json, one process, interleaved), the layer at the code generator's defaults: 64 x 128 tiles 191.2 against
+#: 190.8 us at bs1 and 240.2 against 238.6 at bs8, so 32 x 256 stays; 64 x 128 won (-4.8 us at bs1, call2_bs1.json)
+#: only with ``codegen.PDL_EARLY_OWN_MAX_BLOCKS`` 64, which is off by default (the models set, run 20)
 GEMV_TILE_N = 32
 GEMV_TILE_K = 256
+#: The most rows a bare product (no batch) may have to take the GEMV tiles above: rows that one 16-row mma.sync tile
+#: holds (``tuning.recommend`` pads such products to 16 rows), so its block still streams a ``(K, N / GEMV_TILE_N)``
+#: weight slab. The decoder layer's o projection at batch 8, ``(8, 4096) @ (4096, 4096)``, in 64 x 64 tiles of 64-deep
+#: steps is 64 blocks (half the H100's SMs) of 64 steps: 15.5 us for 33.6 MB on an H100 (2.2 TB/s,
+#: benchmarks/results/layer_h100_2026-11-27_0608, kernel k29), the form the one-row case ran before its GEMV tiles
+GEMV_MAX_ROWS = 16
 
 
 def _divisor_at_most(n: int, cap: int) -> int:
@@ -155,7 +165,7 @@ def _matmul_block(node: Node, in_types: Sequence[TensorType]) -> BlockGraph:
     batch = [(dd, out.shape[dd]) for dd in range(r - 2) if out.shape[dd] > 1]
     if batch:
         axes.append(max(batch, key=lambda a: a[1]))
-    gemv = m == 1 and not batch
+    gemv = m <= GEMV_MAX_ROWS and not batch
     tm, tn = _divisor_at_most(m, MM_TILE_M), _divisor_at_most(n, GEMV_TILE_N if gemv else MM_TILE_N)
     if m // tm > 1:
         axes.append((r - 2, m // tm))
