@@ -202,3 +202,34 @@ def test_a_program_too_large_even_for_the_near_constant_sets_notes_the_unevaluat
     assert not checker.numeric and not checker.near_at_size
     assert checker.check(_one_pass(dt, r, h, n)) is None
     assert checker.unevaluated == ["{X} (two sums)"]
+
+
+def _committed() -> list[str]:
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    return sorted(str(p.relative_to(root)) for pat in ("benchmarks/candidates*/**/*.json", "proofs/*.json")
+                  for p in root.glob(pat))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", _committed())
+def test_every_committed_candidate_passes_the_fp_check(path: str) -> None:
+    """Every rank of every committed candidate file (and each certificate's μGraph, each layer plan's composed form)
+    passes the check as the search runs it (``SafetyChecker(source).check``): held to its source's own error where the
+    program is small enough to evaluate, and evaluated on the near-constant sets at full size where it takes a
+    difference its source does not (nineteenth session: 462 of 462; about a minute on the 2-core machine)."""
+    import json
+    from pathlib import Path
+
+    stored = json.loads((Path(__file__).resolve().parent.parent / path).read_text())
+    pairs = [(stored["graph"], c["mugraph"]) for c in stored.get("candidates", [])]
+    if isinstance(stored.get("composed"), str):
+        pairs.append((stored["graph"], stored["composed"]))
+    if "mugraph_text" in stored:
+        pairs.append((stored["graph_text"], stored["mugraph_text"]))
+    assert pairs, path
+    checkers: dict[str, SafetyChecker] = {}
+    for gt, mt in pairs:
+        checker = checkers.setdefault(gt, SafetyChecker(vm.Graph.parse(gt)))
+        assert checker.check(vm.MuGraph.parse(mt)) is None, path
