@@ -360,6 +360,7 @@ def run(name: str, small: bool = False) -> dict[str, Any]:
     rep = res.report
     row.update(candidates=len(res.candidates), verified=rep.verified, lowered=rep.lowered,
                stop=rep.stop_reason.split(" (")[0], phases={k: round(v, 2) for k, v in rep.phase_seconds.items()},
+               phases_cpu={k: round(v, 2) for k, v in rep.phase_cpu_seconds.items()},
                rejected=[r for _, r in rep.rejected][:5], split=rep.split)
     best = res.best
     base = unfused_estimate_s(g)
@@ -403,8 +404,12 @@ def main(argv: list[str] | None = None) -> int:
         rows = [ast.literal_eval(ln) for ln in Path(a.render).read_text().splitlines() if ln.startswith("{")]
         print(render(rows))
         return 0
+    import subprocess
+
+    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                         cwd=Path(vm.__file__).parent).stdout.strip()
     head = (f"# {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())} {platform.machine()} {os.cpu_count()} cores, "
-            f"load {' '.join(f'{x:.2f}' for x in os.getloadavg())}, verimirage {vm.__file__}")
+            f"load {' '.join(f'{x:.2f}' for x in os.getloadavg())}, verimirage {vm.__file__} at {rev}")
     print(head, flush=True)
     for n in a.names or list(PROGRAMS):
         r = run(n, a.small)
