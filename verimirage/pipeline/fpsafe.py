@@ -559,7 +559,11 @@ def exp_shifts(mg: Graph) -> list[str]:
             return same(a, x) or is_max_of(a, x, depth + 1)
         if n.op == "maximum":
             return any(is_max_of((nodes, r, outer), x, depth + 1) for r in n.args)
-        if n.op == "clamp" and n.attr("hi") >= DTYPE_MAX[DType.float32]:  # (a floored max: still >= every x)
+        top = DTYPE_MAX[DType.float32]
+        if n.op == "clamp" and n.attr("hi") >= top and n.attr("lo") <= -top:
+            # (a max floored at fp32's lowest finite value, RUNNING_MAX_FLOOR: still >= every x, and a row's own max
+            # wherever it has a finite score; a higher floor is above a row of scores below it, every exp of the row
+            # 0 and its softmax 0 / 0: exp(x - clamp(max x, 1e4)) is proved equal and NaN on every row of +-3)
             return is_max_of((nodes, n.args[0], outer), x, depth + 1)
         return False
 

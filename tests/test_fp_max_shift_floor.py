@@ -1,0 +1,59 @@
+"""The structural check's max shift (``fpsafe.exp_shifts``) and a floored max (red team 19b, nineteenth session).
+
+A running max is floored at fp32's lowest finite value (``partition.RUNNING_MAX_FLOOR``) so that a row of -inf scores
+does not make ``-inf - (-inf)``; the check took ``clamp(max x, lo, hi)`` for any ``lo`` as a max of ``x``. A floor above
+a row's scores makes every exp of the row 0 and its softmax 0 / 0: ``exp(x - clamp(max x, 1e4))`` over the row sum is
+proved equal to the softmax (any per-row shift cancels over the reals), is NaN on every row of +-3, and at a size the
+numeric check does not evaluate (structural only) it passed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import verimirage as vm
+from verimirage.ir.dtypes import DType
+from verimirage.ir.finfo import DTYPE_MAX
+from verimirage.pipeline.fpsafe import SafetyChecker, evaluate_in_dtype, max_shifted
+
+TOP = DTYPE_MAX[DType.float32]
+
+
+def _softmax(r: int, n: int) -> vm.Graph:
+    return vm.Graph.parse(f"""graph {{
+  %0 = input {{name='X'}} : f32[{r},{n}]
+  %1 = max %0 {{axis=1}} : f32[{r},1]
+  %2 = sub %0, %1 : f32[{r},{n}]
+  %3 = exp %2 : f32[{r},{n}]
+  %4 = sum %3 {{axis=1}} : f32[{r},1]
+  %5 = div %3, %4 : f32[{r},{n}]
+  return %5
+}}""")
+
+
+def _floored(r: int, n: int, lo: float) -> vm.MuGraph:
+    """The softmax with its max floored at ``lo`` (``clamp(max x, lo, fp32 max)``), one op a kernel."""
+    return vm.MuGraph.parse(f"""mugraph {{
+  %0 = input {{name='X'}} : f32[{r},{n}]
+  %1 = max %0 {{axis=1}} : f32[{r},1]
+  %2 = clamp %1 {{hi={TOP!r}, lo={lo!r}}} : f32[{r},1]
+  %3 = sub %0, %2 : f32[{r},{n}]
+  %4 = exp %3 : f32[{r},{n}]
+  %5 = sum %4 {{axis=1}} : f32[{r},1]
+  %6 = div %4, %5 : f32[{r},{n}]
+  return %6
+}}""")
+
+
+def test_fp_check_took_a_max_floored_above_the_scores_as_a_max_shift() -> None:
+    small = _floored(8, 64, 1e4)
+    assert isinstance(vm.verify(_softmax(8, 64), small), vm.Proved)
+    x = np.random.default_rng(0).uniform(-3.0, 3.0, (8, 64))
+    assert np.isnan(evaluate_in_dtype(small, {"X": x}, generated=True)[0][0]).all()
+    checker = SafetyChecker(_softmax(4096, 1024))  # (4M input elements: the structural check only)
+    assert not checker.numeric
+    why = checker.check(_floored(4096, 1024, 1e4))
+    assert why is not None and "subtracts the max before every exp" in why, why
+    assert not max_shifted(_floored(8, 64, 0.0))
+    # the search's floor (fp32's lowest finite value) is a max shift: every row with a finite score keeps its max
+    assert max_shifted(_floored(8, 64, -TOP)) and checker.check(_floored(4096, 1024, -TOP)) is None
