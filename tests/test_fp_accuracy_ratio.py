@@ -139,6 +139,28 @@ def test_the_criterion_holds_a_candidate_to_the_sources_own_error_or_the_dtypes_
                                              dtype) is not None
 
 
+def test_the_floor_is_the_gpu_checks_float64_tolerance() -> None:
+    """What the GPU check accepts of any kernel against float64 (``backend.profile.TOLERANCE``) is what the fp check
+    always accepts: one number per dtype, stated twice (fpsafe does not import the backend)."""
+    from verimirage.backend.profile import TOLERANCE
+
+    assert {d.short: v for d, v in fpsafe.ERROR_FLOOR.items()} == TOLERANCE
+
+
+def test_fp32_floor_of_16_roundings_rejected_a_cross_entropy_one_ppm_off() -> None:
+    """The first floor (16 roundings of the dtype: 9.5e-7 in fp32) rejected fp32 cross-entropy candidates whose
+    ``sum(t) lse - sum(t x)`` is 1.0-1.2e-6 of the largest value off on uniform +-1e4 inputs (18-22 times the
+    source's single rounding). The floor is now the GPU check's 1e-4: such an error passes; on near-constant fp32
+    logits the same form is 12-15 times the source's error above it (4.8-6.1e-4) and is rejected."""
+    ref = np.array([3.379e7, -1.0e7, 5.0])
+    src = ref + np.array([5.7e-8 * 3.379e7, 0.0, 0.0])
+    cand = ref + np.array([1.2e-6 * 3.379e7, 0.0, 0.0])
+    assert fpsafe._worse_than_source(ref, src, cand, vm.float32) is None
+    ref = np.array([-15.11, 3.0])
+    src = ref + np.array([4.2e-5 * 15.11, 0.0])
+    assert fpsafe._worse_than_source(ref, src, ref + np.array([4.8e-4 * 15.11, 0.0]), vm.float32) is not None
+
+
 def test_differences_name_the_cancellation_prone_subtractions() -> None:
     """The source's centring is a sum and a value of X; the one-pass variance subtracts two sums of X; the fold two
     sums of X, G and W; a max shift ``s - max(s)`` is no such difference."""
