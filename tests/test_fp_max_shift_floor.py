@@ -57,3 +57,32 @@ def test_fp_check_took_a_max_floored_above_the_scores_as_a_max_shift() -> None:
     assert not max_shifted(_floored(8, 64, 0.0))
     # the search's floor (fp32's lowest finite value) is a max shift: every row with a finite score keeps its max
     assert max_shifted(_floored(8, 64, -TOP)) and checker.check(_floored(4096, 1024, -TOP)) is None
+
+
+def _global(r: int, n: int) -> vm.MuGraph:
+    """The softmax shifted by the max of the row maxes (a scalar, the whole tensor's max), one op a kernel."""
+    return vm.MuGraph.parse(f"""mugraph {{
+  %0 = input {{name='X'}} : f32[{r},{n}]
+  %1 = max %0 {{axis=1}} : f32[{r},1]
+  %2 = max %1 {{axis=0}} : f32[1,1]
+  %3 = sub %0, %2 : f32[{r},{n}]
+  %4 = exp %3 : f32[{r},{n}]
+  %5 = sum %4 {{axis=1}} : f32[{r},1]
+  %6 = div %4, %5 : f32[{r},{n}]
+  return %6
+}}""")
+
+
+def test_fp_check_took_a_max_of_the_row_maxes_as_a_max_shift() -> None:
+    """``exp(x - max(max(x, 1), 0))`` over the row sum is proved equal to the softmax; a row 200 below another is
+    0 / 0 = NaN (fp32's exp underflows below -104), where the source is finite; at a size the numeric check does not
+    evaluate it passed the structural check."""
+    small = _global(8, 64)
+    assert isinstance(vm.verify(_softmax(8, 64), small), vm.Proved)
+    x = np.random.default_rng(1).uniform(-3.0, 3.0, (8, 64))
+    x[0] += 200.0
+    out = evaluate_in_dtype(small, {"X": x}, generated=True)[0][0]
+    assert np.isnan(out[1:]).all() and np.isfinite(evaluate_in_dtype(_softmax(8, 64), {"X": x})[0][0]).all()
+    assert not max_shifted(small)
+    why = SafetyChecker(_softmax(4096, 1024)).check(_global(4096, 1024))
+    assert why is not None and "subtracts the max before every exp" in why, why

@@ -517,7 +517,9 @@ def exps_of_sums(mg: Graph) -> bool:
 def exp_shifts(mg: Graph) -> list[str]:
     """One entry per ``exp`` of ``mg`` (at any level) and ``rescaled_sum``: ``"max"`` for ``x - m`` with ``m`` a
     max of that same ``x`` (:func:`max_shifted`; a ``rescaled_sum``), ``"sum"`` for another sum or difference,
-    else ``"none"``."""
+    else ``"none"``. A max of a max of ``x`` over another axis (the max of the row maxes) is a max over more than the
+    values the exp's row sums: a row far below another one has every exp 0 and a softmax of 0 / 0, so it is no max
+    shift (a running or loop max joins the tiles of one row: it is)."""
     found: list[str] = []
     Val = tuple[Sequence[Any], Ref, Any]  # (the nodes of a scope, a value's ref, the scope's outer resolver)
 
@@ -559,7 +561,13 @@ def exp_shifts(mg: Graph) -> list[str]:
             return False
         if n.op in _MAX_LIKE:
             a = (nodes, n.args[0], outer)
-            return same(a, x) or is_max_of(a, x, depth + 1)
+            if same(a, x):
+                return True
+            if n.op == "max":  # (a max of a max of x: over a range beyond x's own max unless over a size-1 axis)
+                an, (ai, ak), _ = resolve(a)
+                if an[ai].outs[ak].shape[int(n.attr("axis"))] != 1:
+                    return False
+            return is_max_of(a, x, depth + 1)
         if n.op == "maximum":
             return any(is_max_of((nodes, r, outer), x, depth + 1) for r in n.args)
         top = DTYPE_MAX[DType.float32]
