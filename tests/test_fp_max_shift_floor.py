@@ -86,3 +86,31 @@ def test_fp_check_took_a_max_of_the_row_maxes_as_a_max_shift() -> None:
     assert not max_shifted(small)
     why = SafetyChecker(_softmax(4096, 1024)).check(_global(4096, 1024))
     assert why is not None and "subtracts the max before every exp" in why, why
+
+
+def _distances(n: int, d: int, kind: str = "graph") -> str:
+    """Pairwise squared distances ``sum((x[:, None] - c[None]) ** 2, -1)`` of ``n`` points of ``d`` dims each."""
+    return f"""{kind} {{
+  %0 = input {{name='X'}} : f32[{n},1,{d}]
+  %1 = input {{name='C'}} : f32[1,{n},{d}]
+  %2 = sub %0, %1 : f32[{n},{n},{d}]
+  %3 = square %2 : f32[{n},{n},{d}]
+  %4 = sum %3 {{axis=2}} : f32[{n},{n},1]
+  return %4
+}}"""
+
+
+def test_fp_check_evaluated_a_broadcast_of_gibibytes_from_small_inputs() -> None:
+    """The size gates counted input elements and matmul flops only: 4096 x 64 points each (524k input elements, no
+    product) took the whole numeric check, whose every set holds the 2^30-element difference in float64 (8 GiB a
+    value; 256 points: 0.2 GiB and 5 s, growing as n^2). A value above ``LARGE_VALUE_ELEMENTS`` (the near-constant
+    sets: above their input bound) leaves the structural check only."""
+    from verimirage.pipeline import fpsafe
+
+    src = vm.Graph.parse(_distances(4096, 64))
+    assert sum(int(np.prod(t.shape)) for t in src.inputs) <= fpsafe.LARGE_INPUT_ELEMENTS
+    assert fpsafe.largest_value(src) == 4096 * 4096 * 64
+    checker = SafetyChecker(src)
+    assert not checker.numeric and not checker.near_at_size and not checker.sets
+    assert checker.check(vm.MuGraph.parse(_distances(4096, 64, "mugraph"))) is None and not checker.sets
+    assert SafetyChecker(vm.Graph.parse(_distances(64, 64))).numeric  # (256 Ki elements a value: evaluated)

@@ -465,10 +465,23 @@ def matmul_flops(g: Graph) -> float:
     return total
 
 
+#: programs with a value (an op's result at kernel level) of more elements than this get the structural check only:
+#: the input and flop bounds do not bound a broadcast's result (pairwise distances ``sum((x[:, None] - c[None])^2)``
+#: of 4096 x 64 points each are 524k input elements and no product, and their difference 2^30 elements, 8 GiB in
+#: float64 a value and a set: the evaluation ran out of memory; red team 19b). 2^22 elements: 32 MiB a value; every
+#: committed program the numeric check evaluates has at most 2^20
+LARGE_VALUE_ELEMENTS = 1 << 22
+
+
+def largest_value(g: Graph) -> int:
+    """The most elements of one value of ``g`` at kernel level (an input, an op's or a kernel's result)."""
+    return max((math.prod(t.shape) for n in node_list(g) for t in n.outs), default=0)
+
+
 def numeric_check_affordable(g: Graph) -> bool:
     """Whether :class:`SafetyChecker` evaluates ``g`` numerically (else: the structural check only)."""
     return (sum(math.prod(t.shape) for t in g.inputs) <= LARGE_INPUT_ELEMENTS
-            and matmul_flops(g) <= NUMERIC_FLOPS_LIMIT)
+            and matmul_flops(g) <= NUMERIC_FLOPS_LIMIT and largest_value(g) <= LARGE_VALUE_ELEMENTS)
 
 
 #: a program too large for the whole numeric check (:func:`numeric_check_affordable`) but of at most this many matmul
@@ -480,7 +493,8 @@ def numeric_check_affordable(g: Graph) -> bool:
 NEAR_CONSTANT_FLOPS_LIMIT = 2e9
 
 #: see :data:`NEAR_CONSTANT_FLOPS_LIMIT` (2**25 elements: 16 x 4096 activations beside a 4096 x 4096 weight, or a
-#: 2048 x 4096 residual stream and its input)
+#: 2048 x 4096 residual stream and its input); also the most elements of one of the program's values
+#: (:data:`LARGE_VALUE_ELEMENTS`: a LayerNorm of 2^25 elements peaks near 5.5 GiB on the near-constant sets)
 NEAR_CONSTANT_INPUT_ELEMENTS = 1 << 25
 
 
@@ -489,7 +503,7 @@ def near_constant_affordable(g: Graph) -> bool:
     take on the near-constant sets where the whole numeric check is not affordable
     (:data:`NEAR_CONSTANT_FLOPS_LIMIT`)."""
     return (sum(math.prod(t.shape) for t in g.inputs) <= NEAR_CONSTANT_INPUT_ELEMENTS
-            and matmul_flops(g) <= NEAR_CONSTANT_FLOPS_LIMIT)
+            and matmul_flops(g) <= NEAR_CONSTANT_FLOPS_LIMIT and largest_value(g) <= NEAR_CONSTANT_INPUT_ELEMENTS)
 
 
 _MAX_LIKE = ("max", "running_max", "loop_max")
@@ -942,8 +956,9 @@ def fp_safety(source: Graph, candidate: Graph, seed: int = 0) -> str | None:
 
 
 __all__ = ["ALONE_BASE", "ALONE_SETS", "DTYPE_MAX", "Difference", "ERROR_FLOOR", "ERROR_RATIO", "IDLE_BASE",
-           "INPUT_SETS", "NEAR_CONSTANT", "NEAR_CONSTANT_DENSITY", "NEAR_CONSTANT_FLOPS_LIMIT",
+           "INPUT_SETS", "LARGE_VALUE_ELEMENTS", "NEAR_CONSTANT", "NEAR_CONSTANT_DENSITY", "NEAR_CONSTANT_FLOPS_LIMIT",
            "NEAR_CONSTANT_INPUT_ELEMENTS", "NEAR_CONSTANT_SET", "OUTLIER_SET", "RoundingDomain", "SPECIAL_SETS",
            "SafetyChecker", "adversarial_inputs", "differences", "evaluate_in_dtype", "exps_of_sums", "exp_shifts",
-           "exp_reads", "fp_safety", "made_nan", "matmul_flops", "near_constant", "near_constant_affordable",
-           "numeric_check_affordable", "operand_sums", "reads_of", "round_to", "logit_inputs", "special_inputs"]
+           "exp_reads", "fp_safety", "largest_value", "made_nan", "matmul_flops", "near_constant",
+           "near_constant_affordable", "numeric_check_affordable", "operand_sums", "reads_of", "round_to",
+           "logit_inputs", "special_inputs"]
