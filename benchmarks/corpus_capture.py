@@ -25,6 +25,7 @@ import json
 import logging
 import math
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -1078,8 +1079,6 @@ WORKER_DONE = "@@vm-corpus-done "
 
 def _exit_reason(rc: int | None) -> str:
     """A process's exit status in words (``-11``: killed by SIGSEGV)."""
-    import signal
-
     if rc is None:
         return "still running"
     if rc < 0:
@@ -1087,6 +1086,15 @@ def _exit_reason(rc: int | None) -> str:
             return f"killed by {signal.Signals(-rc).name}"
         return f"killed by signal {-rc}"
     return f"exit status {rc}"
+
+
+#: the signal a :class:`Worker` process answers by writing every thread's stack (``faulthandler.register``), sent
+#: by the parent to a module it is about to kill for running past its time. Workers keep no periodic watchdog
+#: (``faulthandler.dump_traceback_later(30, repeat=True)``, as they did until the nineteenth session): on Python
+#: 3.12 walking the stacks of threads that are running (the kernels' parallel compile pool) crashed the process:
+#: llama_block and gpt2_block's forwards died by SIGSEGV at the 30 s dump, their dumps cut off mid-line (H100,
+#: 2026-11-27 16:49 UTC), modules that had run in under 30 s before the capture's special-value checks.
+HANG_SIGNAL = signal.SIGUSR1
 
 
 class Worker:
@@ -1147,6 +1155,7 @@ class Worker:
         try:
             msg = self.lines.get(timeout=max(1.0, timeout))
         except queue.Empty:
+            self.dump_stacks()
             self.kill()
             return None, [], f"timed out after {time.perf_counter() - t0:.0f} s (the worker was killed)"
         if msg is None:
@@ -1161,6 +1170,14 @@ class Worker:
             return dict(got["row"]), [str(x) for x in got.get("missed", [])], None
         except Exception as e:
             return None, [], f"unreadable answer from the worker ({type(e).__name__}: {str(e)[:100]})"
+
+    def dump_stacks(self, wait_s: float = 2.0) -> None:
+        """Have a hung worker write every thread's stack to its ``faulthandler_<kind>.txt`` (its SIGUSR1 handler,
+        :data:`HANG_SIGNAL`) and give it ``wait_s`` to do so, before it is killed."""
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(OSError):
+                self.proc.send_signal(HANG_SIGNAL)
+            time.sleep(wait_s)
 
     def kill(self) -> None:
         """End the worker now (it started no processes of its own that outlive it: its compile pool's workers
@@ -1186,8 +1203,9 @@ class Worker:
 def _worker_main(*, dims: Any, dtype: torch.dtype, budget: float, out: Path, plan: Path | None,
                  max_fallback: bool, candidates: int, kind: str) -> None:
     """A :class:`Worker` process: run the jobs read from stdin one at a time (:func:`gpu_one`), each answered on
-    stdout. A fatal signal (a segfault) writes every thread's stack to ``out/faulthandler_<kind>.txt``, and a module
-    running 30 s dumps them there every 30 s (the hang watchdog)."""
+    stdout. A fatal signal (a segfault) writes every thread's stack to ``out/faulthandler_<kind>.txt``, and so does
+    :data:`HANG_SIGNAL`, which :class:`Worker` sends a module it is about to kill for running past its time (no
+    periodic watchdog here: see :data:`HANG_SIGNAL`)."""
     import faulthandler
 
     stats: dict[str, Any] = {}
@@ -1199,21 +1217,19 @@ def _worker_main(*, dims: Any, dtype: torch.dtype, budget: float, out: Path, pla
         install_gpu_lock()
     with open(out / f"faulthandler_{kind}.txt", "a") as trace:
         faulthandler.enable(file=trace, all_threads=True)
+        faulthandler.register(HANG_SIGNAL, file=trace, all_threads=True)
         for line in sys.stdin:
             if not line.strip():
                 continue
             name, train = json.loads(line)
             trace.write(f"=== {name} {'train' if train else 'forward'} (worker {os.getpid()})\n")
             trace.flush()
-            faulthandler.dump_traceback_later(30, repeat=True, file=trace)
             try:
                 r = gpu_one(name, train=bool(train), dims=dims, dtype=dtype, budget=budget, plan_stats=stats,
                             max_fallback=max_fallback and not train, candidates=candidates)
             except Exception as e:
                 log.exception("%s failed", name)
                 r = {"name": name, "train": bool(train), "error": f"{type(e).__name__}: {e}"}
-            finally:
-                faulthandler.cancel_dump_traceback_later()
             sys.stdout.write(WORKER_DONE + json.dumps({"row": r, "missed": stats.get("missed", [])}) + "\n")
             sys.stdout.flush()
 
@@ -1230,9 +1246,10 @@ def gpu_run(names: list[str], train_names: list[str], *, dims: Any, dtype: torch
     and the run goes on); None runs them in this process. ``limit_s``: the stage's wall-clock limit (its
     ``timeout``), so a module still running 8 s before it is killed here and recorded, not lost.
 
-    A watchdog (``faulthandler.dump_traceback_later``, every 30 s of one module) writes every thread's stack
-    to ``out/faulthandler_<kind>.txt``, so a module that hangs shows where (and, in a worker, a fatal signal
-    too). Stops starting modules after ``deadline_s``.
+    A module that hangs shows where: a worker about to be killed for it writes every thread's stack to
+    ``out/faulthandler_<kind>.txt`` (:data:`HANG_SIGNAL`), as it does at a fatal signal; a module run in this
+    process dumps them there once, at ``module_timeout_s`` (one dump: see :data:`HANG_SIGNAL` for why not every
+    30 s). Stops starting modules after ``deadline_s``.
 
     With ``warmers`` > 0 that many warm-up processes compile every variant of the modules first (max-autotune's
     autotuning, the backend's partitions and kernels: 50-80 s of a training step's ~90 s in the tenth session),
@@ -1243,7 +1260,6 @@ def gpu_run(names: list[str], train_names: list[str], *, dims: Any, dtype: torch
     """
     import faulthandler
     import shutil
-    import signal
     import tempfile
 
     out.mkdir(parents=True, exist_ok=True)
@@ -1306,7 +1322,7 @@ def gpu_run(names: list[str], train_names: list[str], *, dims: Any, dtype: torch
         name, train = job
         trace.write(f"=== {name} {'train' if train else 'forward'} at {time.perf_counter() - t_start:.0f} s\n")
         trace.flush()
-        faulthandler.dump_traceback_later(30, repeat=True, file=trace)
+        faulthandler.dump_traceback_later(module_timeout_s, repeat=False, file=trace)
         try:
             r = gpu_one(name, train=train, dims=dims, dtype=dtype, budget=budget, plan_stats=stats,
                         max_fallback=max_fallback and not train, candidates=candidates)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import signal
 import sys
 import types
 from pathlib import Path
@@ -439,6 +440,36 @@ def test_a_crashed_or_hung_module_is_recorded_and_the_sweep_goes_on(tmp_path: An
     # the tables list the failure with its reason
     table = cc.gpu_table(out)
     assert "crash" in table and "SIGSEGV" in table
+
+
+_HUNG_WORKER = r"""
+import faulthandler, json, signal, sys, time
+trace = open(sys.argv[1], "a")
+faulthandler.register(signal.SIGUSR1, file=trace, all_threads=True)
+def hung_in_this_function():
+    time.sleep(60)
+for line in sys.stdin:
+    hung_in_this_function()
+"""
+
+
+def test_periodic_stack_dumps_crashed_workers_so_a_hung_one_dumps_its_stacks_when_it_is_killed(tmp_path: Any) -> None:
+    """Finding (H100, 2026-11-27 16:49 UTC): llama_block's and gpt2_block's forwards died by SIGSEGV exactly at the
+    workers' 30 s watchdog dump (``faulthandler.dump_traceback_later(30, repeat=True)``), their dumps cut off
+    mid-line while the parallel compile pool's threads ran (walking running threads' stacks is not safe on Python
+    3.12). Workers now dump only when the parent is about to kill them for a hang (:data:`HANG_SIGNAL`): the stack of
+    the hung function still reaches the trace file."""
+    import sys
+
+    trace = tmp_path / "faulthandler_forward.txt"
+    w = cc.Worker([sys.executable, "-c", _HUNG_WORKER, str(trace)])
+    try:
+        row, _missed, why = w.run(("m", False), 3.0)
+    finally:
+        w.kill()
+    assert row is None and why is not None and "timed out" in why
+    assert cc.HANG_SIGNAL == signal.SIGUSR1
+    assert "hung_in_this_function" in trace.read_text()
 
 
 def test_a_healthy_worker_runs_every_module(tmp_path: Any) -> None:
