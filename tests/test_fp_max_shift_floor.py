@@ -114,3 +114,46 @@ def test_fp_check_evaluated_a_broadcast_of_gibibytes_from_small_inputs() -> None
     assert not checker.numeric and not checker.near_at_size and not checker.sets
     assert checker.check(vm.MuGraph.parse(_distances(4096, 64, "mugraph"))) is None and not checker.sets
     assert SafetyChecker(vm.Graph.parse(_distances(64, 64))).numeric  # (256 Ki elements a value: evaluated)
+
+
+def _joined(r: int, n: int, other: str) -> vm.MuGraph:
+    """The softmax of X's rows shifted by ``maximum(max X, other)``: ``other`` names a (r, 1) value ``%3`` computed
+    from ``%0`` (X), ``%1`` (T, a (r, 1) input: the decode's new score beside the cache's scores) and ``%2`` (max X)
+    in lines numbered from ``%3`` (``{k}``: the node number ``3 + k``); the softmax follows."""
+    lines = other.format(**{f"k{k}": 3 + k for k in range(4)}).splitlines()
+    m = 3 + len(lines) - 1  # (other's value)
+    return vm.MuGraph.parse(f"""mugraph {{
+  %0 = input {{name='X'}} : f32[{r},{n}]
+  %1 = input {{name='T'}} : f32[{r},1]
+  %2 = max %0 {{axis=1}} : f32[{r},1]
+{chr(10).join(lines)}
+  %{m + 1} = maximum %2, %{m} : f32[{r},1]
+  %{m + 2} = sub %0, %{m + 1} : f32[{r},{n}]
+  %{m + 3} = exp %{m + 2} : f32[{r},{n}]
+  %{m + 4} = sum %{m + 3} {{axis=1}} : f32[{r},1]
+  %{m + 5} = div %{m + 3}, %{m + 4} : f32[{r},{n}]
+  return %{m + 5}
+}}""")
+
+
+def test_fp_check_took_a_maximum_with_a_value_computed_from_the_row_as_a_max_shift() -> None:
+    """``maximum(max x, max x + 1000)`` (or the row's sum of |x|) is above every score of the row: each exp 0 and the
+    softmax 0 / 0, proved equal to the softmax (a per-row shift) and taken as a max shift. An operand beside the max
+    must be a max of x too or a value not computed from x (the decode's new score ``T``)."""
+    from verimirage.pipeline.fpsafe import exp_shifts
+
+    plus = "  %{k0} = shift %2 {{c=1000.0}} : f32[R,1]\n  %{k1} = maximum %{k0}, %1 : f32[R,1]"
+    abs_sum = ("  %{k0} = abs %0 : f32[R,64]\n  %{k1} = sum %{k0} {{axis=1}} : f32[R,1]\n"
+               "  %{k2} = maximum %{k1}, %1 : f32[R,1]")
+    plus, abs_sum = plus.replace("R", "8"), abs_sum.replace("R", "8")
+    for other in (plus, abs_sum):
+        assert exp_shifts(_joined(8, 64, other)) == ["sum"], other
+    x = np.random.default_rng(2).uniform(-3.0, 3.0, (8, 64))
+    out = evaluate_in_dtype(_joined(8, 64, plus), {"X": x, "T": np.zeros((8, 1))}, generated=True)[0][0]
+    new_score = "  %{k0} = scale %1 {{c=1.0}} : f32[8,1]"
+    assert isinstance(vm.verify(_joined(8, 64, new_score), _joined(8, 64, plus)), vm.Proved)
+    assert np.isnan(out).all()
+    assert exp_shifts(_joined(8, 64, new_score)) == ["max"]  # (the new score T: not computed from X)
+    big = _joined(4096, 1024, plus.replace("[8,1]", "[4096,1]"))
+    why = SafetyChecker(_softmax(4096, 1024)).structural(big)
+    assert why is not None and "subtracts the max before every exp" in why, why

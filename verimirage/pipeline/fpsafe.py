@@ -568,6 +568,15 @@ def exp_shifts(mg: Graph) -> list[str]:
             return False
         return all(same((un, r, uo), (wn, q, wo), depth + 1) for r, q in zip(a.args, b.args, strict=True))
 
+    def reads(v: Val, x: Val, depth: int = 0) -> bool:
+        """Whether ``v`` is computed from ``x`` (a value :func:`same` as it, within ``v``'s kernel)."""
+        if same(v, x):
+            return True
+        nodes, (i, _), outer = resolve(v)
+        n = nodes[i]
+        return depth <= 16 and n.op not in ("input", "arg", "custom") and any(
+            reads((nodes, r, outer), x, depth + 1) for r in n.args)
+
     def is_max_of(m: Val, x: Val, depth: int = 0) -> bool:
         nodes, (i, _), outer = resolve(m)
         n = nodes[i]
@@ -583,9 +592,14 @@ def exp_shifts(mg: Graph) -> list[str]:
                     return False
             return is_max_of(a, x, depth + 1)
         if n.op == "maximum":
-            return any(is_max_of((nodes, r, outer), x, depth + 1) for r in n.args)
-        top = DTYPE_MAX[DType.float32]
-        if n.op == "clamp" and n.attr("hi") >= top and n.attr("lo") <= -top:
+            # (one operand a max of x; each other one a max of x too or a value not computed from x: another score of
+            # the row, the decode's new one beside the cache's. A value computed from x, a max of x plus 1000 or the
+            # sum of |x|, is above every exp'd value: each exp of the row 0 and its softmax 0 / 0)
+            vs = [(nodes, r, outer) for r in n.args]
+            hits = [is_max_of(v, x, depth + 1) for v in vs]
+            return any(hits) and all(h or not reads(v, x) for h, v in zip(hits, vs, strict=True))
+        big = DTYPE_MAX[DType.float32]
+        if n.op == "clamp" and n.attr("hi") >= big and n.attr("lo") <= -big:
             # (a max floored at fp32's lowest finite value, RUNNING_MAX_FLOOR: still >= every x, and a row's own max
             # wherever it has a finite score; a higher floor is above a row of scores below it, every exp of the row
             # 0 and its softmax 0 / 0: exp(x - clamp(max x, 1e4)) is proved equal and NaN on every row of +-3)
