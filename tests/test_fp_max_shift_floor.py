@@ -120,7 +120,7 @@ def _joined(r: int, n: int, other: str) -> vm.MuGraph:
     """The softmax of X's rows shifted by ``maximum(max X, other)``: ``other`` names a (r, 1) value ``%3`` computed
     from ``%0`` (X), ``%1`` (T, a (r, 1) input: the decode's new score beside the cache's scores) and ``%2`` (max X)
     in lines numbered from ``%3`` (``{k}``: the node number ``3 + k``); the softmax follows."""
-    lines = other.format(**{f"k{k}": 3 + k for k in range(4)}).splitlines()
+    lines = other.format(**{f"k{k}": 3 + k for k in range(64)}).splitlines()
     m = 3 + len(lines) - 1  # (other's value)
     return vm.MuGraph.parse(f"""mugraph {{
   %0 = input {{name='X'}} : f32[{r},{n}]
@@ -157,3 +157,20 @@ def test_fp_check_took_a_maximum_with_a_value_computed_from_the_row_as_a_max_shi
     big = _joined(4096, 1024, plus.replace("[8,1]", "[4096,1]"))
     why = SafetyChecker(_softmax(4096, 1024)).structural(big)
     assert why is not None and "subtracts the max before every exp" in why, why
+
+
+def test_fp_check_lost_a_maximums_dependence_on_the_row_past_16_ops() -> None:
+    """``reads`` (93a835d) stopped 16 operations up from the maximum's operand: ``max x + 1000`` scaled by 1.0 twenty
+    times was taken as a value not computed from x, a max shift again. It now walks every operand (each value
+    once: a chain of 30 diamonds ``v * v + v`` is 2^30 paths)."""
+    from verimirage.pipeline.fpsafe import exp_shifts
+
+    deep = "  %{k0} = shift %2 {{c=1000.0}} : f32[8,1]\n" + "".join(
+        f"  %{{k{i + 1}}} = scale %{{k{i}}} {{{{c=1.0}}}} : f32[8,1]\n" for i in range(20)) + \
+        "  %{k21} = maximum %{k20}, %1 : f32[8,1]"
+    assert exp_shifts(_joined(8, 64, deep)) == ["sum"]
+    diamonds = "  %{k0} = scale %1 {{c=1.0}} : f32[8,1]\n" + "".join(
+        f"  %{{k{2 * i + 1}}} = mul %{{k{2 * i}}}, %{{k{2 * i}}} : f32[8,1]\n"
+        f"  %{{k{2 * i + 2}}} = add %{{k{2 * i + 1}}}, %{{k{2 * i}}} : f32[8,1]\n" for i in range(30))
+    diamonds = diamonds.rstrip("\n")
+    assert exp_shifts(_joined(8, 64, diamonds)) == ["max"]  # (computed from T alone: the new score's kind)

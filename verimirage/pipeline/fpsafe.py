@@ -568,14 +568,21 @@ def exp_shifts(mg: Graph) -> list[str]:
             return False
         return all(same((un, r, uo), (wn, q, wo), depth + 1) for r, q in zip(a.args, b.args, strict=True))
 
-    def reads(v: Val, x: Val, depth: int = 0) -> bool:
-        """Whether ``v`` is computed from ``x`` (a value :func:`same` as it, within ``v``'s kernel)."""
-        if same(v, x):
-            return True
-        nodes, (i, _), outer = resolve(v)
-        n = nodes[i]
-        return depth <= 16 and n.op not in ("input", "arg", "custom") and any(
-            reads((nodes, r, outer), x, depth + 1) for r in n.args)
+    def reads(v: Val, x: Val) -> bool:
+        """Whether ``v`` is computed from ``x`` (a value :func:`same` as it, within ``v``'s kernel; each value visited
+        once: a program's values share operands)."""
+        todo, seen = [v], set()
+        while todo:
+            u = todo.pop()
+            nodes, (i, k), outer = resolve(u)
+            if (id(nodes), i, k) in seen:
+                continue
+            seen.add((id(nodes), i, k))
+            if same(u, x):
+                return True
+            if nodes[i].op not in ("input", "arg", "custom"):
+                todo += [(nodes, r, outer) for r in nodes[i].args]
+        return False
 
     def is_max_of(m: Val, x: Val, depth: int = 0) -> bool:
         nodes, (i, _), outer = resolve(m)
