@@ -31,18 +31,24 @@ def _softmax(r: int, n: int) -> vm.Graph:
 }}""")
 
 
-def _floored(r: int, n: int, lo: float) -> vm.MuGraph:
-    """The softmax with its max floored at ``lo`` (``clamp(max x, lo, fp32 max)``), one op a kernel."""
+def _shifted(r: int, n: int, shift: str, shape: str = "") -> vm.MuGraph:
+    """The softmax of X's rows shifted by ``%2 = shift`` (an op of ``%1 = max X`` with its attributes) of type
+    ``f32[shape]`` (default ``r, 1``), one op a kernel."""
     return vm.MuGraph.parse(f"""mugraph {{
   %0 = input {{name='X'}} : f32[{r},{n}]
   %1 = max %0 {{axis=1}} : f32[{r},1]
-  %2 = clamp %1 {{hi={TOP!r}, lo={lo!r}}} : f32[{r},1]
+  %2 = {shift} : f32[{shape or f"{r},1"}]
   %3 = sub %0, %2 : f32[{r},{n}]
   %4 = exp %3 : f32[{r},{n}]
   %5 = sum %4 {{axis=1}} : f32[{r},1]
   %6 = div %4, %5 : f32[{r},{n}]
   return %6
 }}""")
+
+
+def _floored(r: int, n: int, lo: float) -> vm.MuGraph:
+    """The softmax with its max floored at ``lo`` (``clamp(max x, lo, fp32 max)``), one op a kernel."""
+    return _shifted(r, n, f"clamp %1 {{hi={TOP!r}, lo={lo!r}}}")
 
 
 def test_fp_check_took_a_max_floored_above_the_scores_as_a_max_shift() -> None:
@@ -61,16 +67,7 @@ def test_fp_check_took_a_max_floored_above_the_scores_as_a_max_shift() -> None:
 
 def _global(r: int, n: int) -> vm.MuGraph:
     """The softmax shifted by the max of the row maxes (a scalar, the whole tensor's max), one op a kernel."""
-    return vm.MuGraph.parse(f"""mugraph {{
-  %0 = input {{name='X'}} : f32[{r},{n}]
-  %1 = max %0 {{axis=1}} : f32[{r},1]
-  %2 = max %1 {{axis=0}} : f32[1,1]
-  %3 = sub %0, %2 : f32[{r},{n}]
-  %4 = exp %3 : f32[{r},{n}]
-  %5 = sum %4 {{axis=1}} : f32[{r},1]
-  %6 = div %4, %5 : f32[{r},{n}]
-  return %6
-}}""")
+    return _shifted(r, n, "max %1 {axis=0}", "1,1")
 
 
 def test_fp_check_took_a_max_of_the_row_maxes_as_a_max_shift() -> None:
