@@ -136,9 +136,8 @@ class _Depthwise(nn.Module):
 
 
 class _Upsample(nn.Module):
-    """U-Net's up-convolution (a 2x2 stride-2 transposed convolution doubling the resolution), then SiLU. (A 4x4
-    stride-2 one with padding 1, DCGAN's, lifts and matches ATen in float64 but its scatter is not proved yet: the
-    verifier's abstraction cannot resolve a concatenation read at ``(o // 6) mod 2``; it stays in ATen.)"""
+    """U-Net's up-convolution (a 2x2 stride-2 transposed convolution doubling the resolution), then SiLU. (DCGAN's
+    4x4 stride-2 one with padding 1: ``tests/test_capture_session19.py``.)"""
 
     def __init__(self) -> None:
         super().__init__()

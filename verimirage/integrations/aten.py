@@ -1632,6 +1632,11 @@ UNREAD_ARGS: dict[str, frozenset[int]] = {
     "_scaled_dot_product_flash_attention_backward": frozenset({6, 7, 12, 13}),
     "_scaled_dot_product_efficient_attention_backward": frozenset({7, 8}),
     "_scaled_dot_product_cudnn_attention_backward": frozenset({6, 7, 9, 10}),
+    # (values not read: a copy's destination, the tensor an allocation or zeros_like takes its shape from, a pad's
+    # input in its gradient)
+    "copy": frozenset({0}),
+    **dict.fromkeys(("zeros_like", "empty_like", "new_empty", "new_empty_strided"), frozenset({0})),
+    **{f"{m}_pad{k}d_backward": frozenset({1}) for m in ("reflection", "replication") for k in (1, 2, 3)},
 }
 
 
@@ -2318,3 +2323,4 @@ def _dropout_bw(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> 
 
 
 from . import conv as _conv  # noqa: E402,F401  (registers the convolution handlers: it reads this module's helpers)
+from . import pad as _pad_modes  # noqa: E402,F401  (registers the padding modes and slice_scatter, copy, allocations)

@@ -162,7 +162,7 @@ def is_tensor_op(n: fx.Node) -> bool:
 
 
 #: ATen ops that allocate without computing anything (what coverage does not count)
-ALLOC_OPS = frozenset({"empty", "empty_strided", "empty_like"})
+ALLOC_OPS = frozenset({"empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided"})
 
 
 def is_compute(n: fx.Node) -> bool:

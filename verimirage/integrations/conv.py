@@ -338,6 +338,9 @@ def _bias_added(ctx: Ctx, y: Tensor, bias: Any, tx: Tensor, shape: tuple[int, ..
     _check_dtypes(tx, tb)
     if math.prod(y.shape) != math.prod(shape):
         raise Unsupported(Reason.LAYOUT, "convolution: a result of another size")
+    if tuple(y.shape) == tuple(shape):  # (a transposed convolution's (N, C, *S): its spatial dims kept apart, since
+        # a read at (o // S_1) mod s of them merged is one the verifier's abstraction cannot resolve, DCGAN's 4x4/2)
+        return emit(g, "add", y, emit(g, "reshape", tb, (shape[1], *(1,) * (len(shape) - 2))))
     # the result as (N, C, rest) against the bias as (C, 1): the same row-major data
     flat = (shape[0], shape[1], math.prod(shape[2:]))
     return emit(g, "add", y if tuple(y.shape) == flat else emit(g, "reshape", y, flat),

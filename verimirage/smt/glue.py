@@ -1,12 +1,11 @@
 """The glue of a program split into regions (trusted: the certificate checker re-derives it).
 
-:func:`region_of` takes a set of a program's nodes out as a kernel graph: inputs ``r0, r1, ...`` for the
-values it reads from outside (in order of first use), outputs its values read outside (in ref order).
-:func:`compose` splices one μGraph per region into one over the program's inputs. Composing the regions' own
-graphs gives the program back (each node the same op on the same values); so when the regions partition the
-live ops (:func:`live_ops`), each region's μGraph is proved equal to (and defined wherever) its region's
-graph and every value crossing regions is defined for all inputs (:func:`undefined_fed`), their splice computes
-the program's function (congruence).
+:func:`region_of` takes a set of a program's nodes out as a kernel graph: inputs ``r0, r1, ...`` for the values it
+reads from outside (in order of first use), outputs its values read outside (in ref order). :func:`compose` splices
+one μGraph per region into one over the program's inputs. Composing the regions' own graphs gives the program back
+(each node the same op on the same values); so when the regions partition the live ops (:func:`live_ops`), each
+region's μGraph is proved equal to (and defined wherever) its region's graph and every value crossing regions is
+defined wherever the program is (:func:`undefined_fed`), their splice computes the program's function (congruence).
 """
 
 from __future__ import annotations
@@ -37,12 +36,9 @@ def live_ops(graph: Graph) -> set[int]:
 def region_of(graph: Graph, members: Sequence[int]) -> Region:
     """The region of ``graph`` made of the nodes ``members`` (non-input), as a kernel graph."""
     nodes = node_list(graph)
-    mem = sorted(members)
-    inside = set(mem)
+    mem, inside = sorted(members), set(members)
     used_outside: set[Ref] = {r for r in output_refs(graph) if r[0] in inside}
-    for j, n in enumerate(nodes):
-        if j not in inside:
-            used_outside.update(a for a in n.args if a[0] in inside)
+    used_outside.update(a for j, n in enumerate(nodes) if j not in inside for a in n.args if a[0] in inside)
     new_nodes: list[Node] = []
     ins: list[Ref] = []
     where: dict[Ref, Ref] = {}  # program ref -> region ref
@@ -91,10 +87,11 @@ def compose(graph: Graph, regions: Sequence[Region], mugraphs: Sequence[MuGraph]
 
 
 def undefined_fed(graph: Graph, regions: Sequence[Region]) -> str | None:
-    """None when every value a region makes and another reads is defined for all inputs of ``graph`` (each
-    partial op in its domain by signs alone, :mod:`.defined`); else why not. Congruence needs it: a region's
-    μGraph may read input elements its graph does not (``r0[0] + 0 * r0[1]``) or read a value its graph reads
-    only in a ``where`` branch, which the program may leave undefined (``log(x)[1]``)."""
+    """None when every value a region makes and another reads is defined (each partial op in its domain by signs,
+    :mod:`.defined`) wherever any output of ``graph`` is, its unguarded conditions free of output indices taken as
+    facts (a program undefined everywhere the value is, ``g / n`` at ``n = 0``, needs nothing of it); else why not.
+    Congruence needs it: a region's μGraph may read input elements its graph does not (``r0[0] + 0 * r0[1]``) or a
+    value its graph reads only in a ``where`` branch, which the program may leave undefined (``log(x)[1]``)."""
     from . import abstract as A
     from . import defined as D
     from . import expr as E
@@ -104,13 +101,15 @@ def undefined_fed(graph: Graph, regions: Sequence[Region]) -> str | None:
     nodes = node_list(graph)
     if not refs or all(n.op == "input" or (n.op in D.RULES and D.RULES[n.op].conds is None) for n in nodes):
         return None  # (no value crosses, or no op has a condition)
-    fed = Graph._from_parts(list(nodes), refs)
+    fed = Graph._from_parts(list(nodes), [*refs, *output_refs(graph)])
     try:
         ((_, _, defs),) = A.derive_all([fed])[1]
     except (E.AbstractionError, E.NeedSplit, RecursionError) as e:
         return f"abstraction: {e}"
-    return next((f"the value of node {refs[k][0]}: {w}" for k, ds in enumerate(defs) for d in ds
-                 if (w := D.refines([], [d]))), None)
+    facts = [[D.Defs(tuple(c for c in d.conds if not any(map(D._is_out, E.free_vars(c.poly)))), d.prov,
+                     d.ranges) for d in ds] for ds in defs[len(refs):]]
+    return next((f"the value of node {refs[k][0]}: {w}" for k, ds in enumerate(defs[:len(refs)]) for d in ds
+                 for f in facts if (w := D.refines(f, [d]))), None)
 
 
 __all__ = ["Region", "compose", "live_ops", "region_of", "undefined_fed"]
