@@ -238,3 +238,19 @@ def test_dcgan_transposed_convolution_with_a_bias_was_not_proved() -> None:
     assert up.rel_err(got, want) < 1e-5
     for g, w in zip(grads, wgrads, strict=True):
         assert g is not None and up.rel_err(g, w) < 1e-5
+
+
+@pytest.mark.parametrize(("shifts", "dims"), [((-1, -1), (1, 2)), ((2,), (0,)), (3, None), ((5, -7), (2, 1))])
+def test_roll_lifts_forward_and_backward(shifts: Any, dims: Any) -> None:
+    """``torch.roll`` (Swin's shifted windows) was left to ATen ('op not in the registry'): two slices
+    concatenated per dim (over the flattened tensor without ``dims``); its gradient is the roll back."""
+    x = torch.randn(3, 4, 5, generator=torch.Generator().manual_seed(5))
+    _lift_fx(lambda x: torch.roll(x * 2.0, shifts, dims), x)
+    gy = torch.randn(3, 4, 5, generator=torch.Generator().manual_seed(6))
+
+    def grad(gy: Any, x: Any) -> Any:
+        from torch.func import vjp
+
+        return vjp(lambda t: torch.roll(t, shifts, dims), x)[1](gy)[0] * 1.0
+
+    _lift_fx(grad, gy, x)

@@ -20,6 +20,7 @@ like any other result, and refused where it differs).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ..ir.builders import Tensor
@@ -188,3 +189,32 @@ def _zeros_like(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> 
     if not dt.is_floating_point:
         raise Unsupported(Reason.DTYPE, f"an allocation of dtype {dt}")
     return _constant(ctx, shape, dt, 0.0)
+
+
+@handles("roll")
+def _roll(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    """``torch.roll(x, shifts, dims)`` (Swin's shifted windows; its gradient is the roll back): per dim, the last
+    ``shift`` rows then the others, a concatenation of two slices. Without ``dims``, over the flattened tensor."""
+    v = args[0]
+    shifts = args[1] if len(args) > 1 else kwargs.get("shifts")
+    dims = args[2] if len(args) > 2 else kwargs.get("dims", [])
+    shifts = [shifts] if isinstance(shifts, int) else list(shifts or [])
+    dims = [dims] if isinstance(dims, int) else list(dims or [])
+    if not isinstance(v, LV) or v.mask or v.cplx or v.negated or v.fill is not None:
+        raise Unsupported(Reason.NOT_IN_REGISTRY, "roll of anything but a float tensor")
+    if not all(isinstance(s, int) for s in (*shifts, *dims)) or len(shifts) != max(len(dims), 1):
+        raise Unsupported(Reason.LAYOUT, f"roll by {shifts!r} along {dims!r} (static shifts, one a dim)")
+    if not ctx.layout("slice"):
+        raise Unsupported(Reason.LAYOUT, "roll needs the registry's slice")
+    g, shape = ctx.g, _shape(out)
+    t = ctx.exact(v)
+    flat = not dims
+    if flat:
+        t, dims = emit(g, "reshape", t, (math.prod(shape),)), [0]
+    for s, d in zip(shifts, dims, strict=True):
+        d %= len(t.shape)
+        n = t.shape[d]
+        k = s % n if n else 0
+        if k:
+            t = emit(g, "concat", [emit(g, "slice", t, d, n - k, n), emit(g, "slice", t, d, 0, n - k)], d)
+    return LV(emit(g, "reshape", t, shape) if flat else t, shape)

@@ -1,48 +1,37 @@
 """Definedness: the candidate must be defined wherever the source is (refinement, as Alive2 reads it).
 
-The abstract-expression check proves "the same rational function of the atoms",
-which cancels ``t * t**-1``: ``Y + X/X`` and ``Y + 1`` normalise alike, though
-the first is undefined where ``X = 0``. Proved also needs that every partial op
-the candidate applies is inside its domain wherever the source's are: the
-candidate may be *more* defined than the source, never less. A program is read
-with partial ops outside their domain as undefined (like undefined behaviour),
+The abstract-expression check proves "the same rational function of the atoms", which cancels ``t * t**-1``: ``Y + X/X``
+and ``Y + 1`` normalise alike, though the first is undefined where ``X = 0``. Proved also needs that every partial op
+the candidate applies is inside its domain wherever the source's are: the candidate may be *more* defined than the
+source, never less. A program is read with partial ops outside their domain as undefined (like undefined behaviour),
 whether or not a float evaluation would happen to absorb the resulting inf.
 
 Registry
 --------
-Every op with an ``"abstract"`` meaning has a :class:`Rule` here
-(:func:`rule`): the conditions its elements need (``div``: divisor ``!= 0``;
-``sqrt``: argument ``>= 0``; ``rsqrt``, ``log``: argument ``> 0``;
-``reciprocal``, ``pow``: by exponent), and a sign rule (what the signs of the
-operands tell about the result's sign: ``exp`` is ``> 0``, ``square`` ``>= 0``,
-a sum of positives positive, ...). An op without a rule makes the abstract
-check ``Unknown`` (a new op is never silently taken as total). A composite op
-(:data:`verimirage.ir.interpret.COMPOSITES`: ``rms_norm``, ``silu``, ...) has the
-rules of the ops of its composition.
+Every op with an ``"abstract"`` meaning has a :class:`Rule` here (:func:`rule`): the conditions its elements need
+(``div``: divisor ``!= 0``; ``sqrt``: argument ``>= 0``; ``rsqrt``, ``log``: argument ``> 0``; ``reciprocal``, ``pow``:
+by exponent), and a sign rule (what the signs of the operands tell about the result's sign: ``exp`` is ``> 0``,
+``square`` ``>= 0``, a sum of positives positive, ...). An op without a rule makes the abstract check ``Unknown`` (a new
+op is never silently taken as total). A composite op (:data:`verimirage.ir.interpret.COMPOSITES`: ``rms_norm``,
+``silu``, ...) has the rules of the ops of its composition.
 
-While a program's expressions are derived (:mod:`verimirage.smt.abstract`),
-each element of an op with a rule records its conditions and its provenance
-(the op and its operands' expressions) in the active derivation.
+While a program's expressions are derived (:mod:`verimirage.smt.abstract`), each element of an op with a rule records
+its conditions and its provenance (the op and its operands' expressions) in the active derivation.
 
 The check (:func:`refines`)
 ---------------------------
-Each condition of the candidate is normalised into *claims* (``c * m * P != 0``
-becomes ``a != 0`` for each atom ``a`` of ``m`` and ``P != 0``; a positive
-constant factor is dropped from ``> 0``, ``>= 0``; an exp factor from any
-claim) and each claim must be
+Each condition of the candidate is normalised into *claims* (``c * m * P != 0`` becomes ``a != 0`` for each atom ``a``
+of ``m`` and ``P != 0``; a positive constant factor is dropped from ``> 0``, ``>= 0``; an exp factor from any claim) and
+each claim must be
 
-1. proved by signs: structurally (``exp(..) > 0``, even powers ``>= 0``,
-   sums and maxes of positives, ``sqrt``, positive constants) or through the
-   provenance of an expression (``mean(x**2) + eps`` with ``eps > 0`` is ``> 0``
-   even once ``x**2`` is expanded), with the source's own claims as facts; or
-2. a claim of the source (a condition of a source op the output reads, not one
-   inside a ``where`` branch) on the same expression, at least as strong
-   (``> 0`` gives ``>= 0`` and ``!= 0``), over a range of each bound index
-   containing the candidate's (bound indices are matched up to renaming and a
-   shift).
+1. proved by signs: structurally (``exp(..) > 0``, even powers ``>= 0``, sums and maxes of positives, ``sqrt``, positive
+   constants) or through the provenance of an expression (``mean(x**2) + eps`` with ``eps > 0`` is ``> 0`` even once
+   ``x**2`` is expanded), with the source's own claims as facts; or
+2. a claim of the source (a condition of a source op the output reads, not one inside a ``where`` branch) on the same
+   expression, at least as strong (``> 0`` gives ``>= 0`` and ``!= 0``), over a range of each bound index containing the
+   candidate's (bound indices are matched up to renaming and a shift).
 
-Otherwise the verdict is ``Unknown``, naming the op and its condition.
-"""
+Otherwise the verdict is ``Unknown``, naming the op and its condition."""
 
 from __future__ import annotations
 

@@ -101,15 +101,27 @@ def undefined_fed(graph: Graph, regions: Sequence[Region]) -> str | None:
     nodes = node_list(graph)
     if not refs or all(n.op == "input" or (n.op in D.RULES and D.RULES[n.op].conds is None) for n in nodes):
         return None  # (no value crosses, or no op has a condition)
-    fed = Graph._from_parts(list(nodes), [*refs, *output_refs(graph)])
+
+    def conds(outs: Sequence[Ref]) -> list[list[D.Defs]]:
+        return A.derive_all([Graph._from_parts(list(nodes), list(outs))])[1][0][2]
+
+    def first(facts: list[list[D.Defs]]) -> str | None:
+        return next((f"the value of node {refs[k][0]}: {w}" for k, ds in enumerate(defs) for d in ds for f in facts
+                     if (w := D.refines(f, [d]))), None)
+
+    bad = (E.AbstractionError, E.NeedSplit, RecursionError)
     try:
-        ((_, _, defs),) = A.derive_all([fed])[1]
-    except (E.AbstractionError, E.NeedSplit, RecursionError) as e:
+        defs = conds(refs)
+    except bad as e:
         return f"abstraction: {e}"
-    facts = [[D.Defs(tuple(c for c in d.conds if not any(map(D._is_out, E.free_vars(c.poly)))), d.prov,
-                     d.ranges) for d in ds] for ds in defs[len(refs):]]
-    return next((f"the value of node {refs[k][0]}: {w}" for k, ds in enumerate(defs[:len(refs)]) for d in ds
-                 for f in facts if (w := D.refines(f, [d]))), None)
+    if (why := first([[]])) is None:
+        return None
+    try:  # (the program's own conditions, derived only when needed; else the value must be defined for all inputs)
+        facts = [[D.Defs(tuple(c for c in d.conds if not any(map(D._is_out, E.free_vars(c.poly)))), d.prov,
+                         d.ranges) for d in ds] for ds in conds(output_refs(graph))]
+    except bad:
+        return why
+    return first(facts)
 
 
 __all__ = ["Region", "compose", "live_ops", "region_of", "undefined_fed"]
