@@ -584,6 +584,123 @@ def exp_shifts(mg: Graph) -> list[str]:
                 todo += [(nodes, r, outer) for r in nodes[i].args]
         return False
 
+    #: a block graph's nodes (by id) -> (the kernel-level nodes, the custom node holding it)
+    kernel_of: dict[int, tuple[Sequence[Any], Any]] = {}
+
+    def same_across(u: Val, w: Val, ga: Any, depth: int = 0) -> bool:
+        """:func:`same` for ``u`` in one kernel and ``w`` in another of the same grid and loop (``ga``): block inputs
+        are one value where they read one kernel-level value through the same maps (the loop's where there is one)."""
+        (un, (ui, uk), uo), (wn, (wi, wk), wo) = resolve(u), resolve(w)
+        a, b = un[ui], wn[wi]
+        if a.op == "input" and b.op == "input":
+            ka, kb = kernel_of.get(id(un)), kernel_of.get(id(wn))
+            return (ka is not None and kb is not None and ka[0] is kb[0]
+                    and ka[1].args[a.attr("arg")] == kb[1].args[b.attr("arg")]
+                    and a.attr("imap") == b.attr("imap") and a.attr("shape") == b.attr("shape") and a.outs == b.outs
+                    and (ga.frange == 1 or a.attr("fmap") == b.attr("fmap")))
+        if (depth > 16 or a.op in ("input", "arg", "custom") or a.op != b.op or a.attrs != b.attrs or uk != wk
+                or a.outs[uk] != b.outs[wk] or len(a.args) != len(b.args)):
+            return False
+        return all(same_across((un, r, uo), (wn, q, wo), ga, depth + 1) for r, q in zip(a.args, b.args, strict=True))
+
+    def moves(v: Val, axes: Sequence[Any], depth: int = 0) -> dict[Any, set[int]] | None:
+        """Per grid axis in ``axes`` (and ``"loop"``): the dims of ``v``'s tile along which the tiles its leaves read
+        move when the block moves on that axis (or the loop iterates); None where that is not followed (a reduction, a
+        reshape, a contracted dim, an op not listed)."""
+        nodes, (i, k), outer = resolve(v)
+        n = nodes[i]
+        rank = len(n.outs[k].shape)
+        if depth > 32:
+            return None
+        if n.op == "input":
+            imap, fmap = n.attr("imap"), n.attr("fmap")
+            got: dict[Any, set[int]] = {g: set() if imap[g] is None else {imap[g]} for g in axes if g != "loop"}
+            got["loop"] = set() if fmap is None else {fmap}
+            return got
+        if n.op == "matmul" and n.args[0] == n.args[1]:
+            return None
+        subs = [moves((nodes, r, outer), axes, depth + 1) for r in n.args]
+        if any(m is None for m in subs):
+            return None
+        out: dict[Any, set[int]] = {g: set() for g in [*axes, "loop"]}
+        for r, m in zip(n.args, subs, strict=True):
+            assert m is not None
+            ra = len(nodes[r[0]].outs[r[1]].shape)
+            for g, ds in m.items():
+                for d in ds:
+                    if n.op == "matmul":
+                        kdim = ra - 1 if r == n.args[0] else ra - 2
+                        if d == kdim:
+                            return None
+                        e = d + rank - ra
+                    elif n.op == "transpose":
+                        e = {n.attr("a"): n.attr("b"), n.attr("b"): n.attr("a")}.get(d, d)
+                    elif n.op == "loop_sum" or OPS[n.op].has(Prop.ELEMENTWISE):
+                        e = d + rank - ra
+                    else:
+                        return None
+                    out[g].add(e)
+        return out
+
+    def max_of_partials(p: Val, axis: int, x: Val) -> bool:
+        """Whether ``max(p, axis)``, ``p`` a block input of kernel B reading the per-block maxima (partials) another
+        kernel A wrote, is the max of the row of ``x`` it is broadcast against in B: a row split over blocks, its
+        second pass shifted by the max of the first pass's partial maxima. Shown where A and B have one grid and
+        loop, no causal skip; A's blocks tile its output exactly (each partial stored); B reads ``p`` unlooped, on
+        every grid axis either whole or the slab A's block wrote, its tile A's with ``axis`` grown (A writes one
+        partial along ``axis``); A's partial is a max over one axis ``r`` (over every iteration where it loops) of a
+        value computed as ``x`` is from the same operands' tiles read through the same maps; and every grid axis B
+        reads whole, and the loop, moves those tiles along ``r`` alone: the partials ``M`` maxes are of one row."""
+        bn, (pi, _), _ = resolve(p)
+        pn = bn[pi]
+        if pn.op != "input" or id(bn) not in kernel_of or pn.attr("fmap") is not None:
+            return False
+        kn, cb = kernel_of[id(bn)]
+        ai, ak = cb.args[pn.attr("arg")]
+        ca = kn[ai]
+        if ca.op != "custom":
+            return False
+        ga, gb = ca.attr("block"), cb.attr("block")
+        if ga.grid != gb.grid or ga.frange != gb.frange or ga.flimit is not None or gb.flimit is not None:
+            return False
+        odims, imap, vshape = ga.omaps[ak].dims, pn.attr("imap"), ca.outs[ak].shape
+        if any(n > 1 and d is not None and d != od for n, d, od in zip(ga.grid, imap, odims, strict=True)):
+            return False
+        if any(n > 1 and ga.type_of(ga.outputs[ak]).shape[od] * n != vshape[od]
+               for n, od in zip(ga.grid, odims, strict=True)):
+            return False
+        ta, tb = ga.type_of(ga.outputs[ak]).shape, pn.outs[0].shape
+        if len(ta) != len(tb) or ta[axis] != 1 or any(
+                t != u for d, (t, u) in enumerate(zip(ta, tb, strict=True)) if d != axis):
+            return False
+        xn, (xi, xk), _ = resolve(x)
+        xs = xn[xi].outs[xk].shape
+        whole = [g for g, (n, d) in enumerate(zip(ga.grid, imap, strict=True)) if n > 1 and d is None]
+
+        def partial(v: Val, acc: bool, depth: int = 0) -> bool:
+            """A's ``v`` is a max over one axis (over every iteration where A loops) of ``x``'s chain in A."""
+            nodes, (i, _), outer = resolve(v)
+            n = nodes[i]
+            if depth > 8:
+                return False
+            if n.op in ("running_max", "loop_max"):
+                return partial((nodes, n.args[0], outer), True, depth + 1)
+            big = DTYPE_MAX[DType.float32]
+            if n.op == "clamp" and n.attr("hi") >= big and n.attr("lo") <= -big:
+                return partial((nodes, n.args[0], outer), acc, depth + 1)
+            if n.op != "max" or not (acc or ga.frange == 1):
+                return False
+            a = (nodes, n.args[0], outer)
+            r = int(n.attr("axis"))
+            an, (aj, ak_), _ = resolve(a)
+            sh = an[aj].outs[ak_].shape
+            if sh != xs or tuple(1 if d == r else t for d, t in enumerate(sh)) != ta or not same_across(a, x, ga):
+                return False
+            m = moves(x, whole)
+            return m is not None and all(m[g] <= {r} for g in whole) and (ga.frange == 1 or m["loop"] <= {r})
+
+        return partial((ga.nodes, ga.outputs[ak], None), False)
+
     def is_max_of(m: Val, x: Val, depth: int = 0) -> bool:
         nodes, (i, _), outer = resolve(m)
         n = nodes[i]
@@ -592,6 +709,8 @@ def exp_shifts(mg: Graph) -> list[str]:
         if n.op in _MAX_LIKE:
             a = (nodes, n.args[0], outer)
             if same(a, x):
+                return True
+            if n.op == "max" and max_of_partials(a, int(n.attr("axis")), x):
                 return True
             if n.op == "max":  # (a max of a max of x: over a range beyond x's own max unless over a size-1 axis)
                 an, (ai, ak), _ = resolve(a)
@@ -614,6 +733,9 @@ def exp_shifts(mg: Graph) -> list[str]:
         return False
 
     def walk(nodes: Sequence[Any], outer: Any) -> None:
+        for n in nodes:
+            if n.op == "custom":
+                kernel_of[id(n.attr("block").nodes)] = (nodes, n)
         for n in nodes:
             if n.op == "custom":
                 walk(n.attr("block").nodes, None)
