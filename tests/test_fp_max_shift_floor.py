@@ -171,3 +171,43 @@ def test_fp_check_lost_a_maximums_dependence_on_the_row_past_16_ops() -> None:
         f"  %{{k{2 * i + 2}}} = add %{{k{2 * i + 1}}}, %{{k{2 * i}}} : f32[8,1]\n" for i in range(30))
     diamonds = diamonds.rstrip("\n")
     assert exp_shifts(_joined(8, 64, diamonds)) == ["max"]  # (computed from T alone: the new score's kind)
+
+
+def _twice(r: int, n: int, c: float) -> vm.MuGraph:
+    """One kernel taking x twice (two operands, one kernel-level value, one map): the softmax of the first read's
+    rows shifted by ``maximum(max x1, max x2 + c)``."""
+    return vm.MuGraph.parse(f"""mugraph {{
+  %0 = input {{name='X'}} : f32[{r},{n}]
+  %1 = custom %0, %0 {{frange=1, grid=({r},)}} : f32[{r},{n}] {{
+    %0 = input {{arg=0, fmap=None, imap=(0,), shape=({r}, {n})}} : f32[1,{n}]
+    %1 = input {{arg=1, fmap=None, imap=(0,), shape=({r}, {n})}} : f32[1,{n}]
+    %2 = max %0 {{axis=1}} : f32[1,1]
+    %3 = max %1 {{axis=1}} : f32[1,1]
+    %4 = shift %3 {{c={c!r}}} : f32[1,1]
+    %5 = maximum %2, %4 : f32[1,1]
+    %6 = sub %0, %5 : f32[1,{n}]
+    %7 = exp %6 : f32[1,{n}]
+    %8 = sum %7 {{axis=1}} : f32[1,1]
+    %9 = div %7, %8 : f32[1,{n}]
+    output %9 {{omap=(0,)}}
+  }}
+  return %1
+}}""")
+
+
+def test_fp_check_took_a_second_read_of_x_as_a_value_not_computed_from_x() -> None:
+    """Block inputs were one value only as one node: a kernel taking x twice, shifted by ``maximum(max x1, max x2 +
+    1000)``, passed the maximum rule (``max x2 + 1000`` "not computed from x1"): Proved, NaN on every row, and the
+    full-size structural check passed it. Two operands of a kernel that are one kernel-level value read through the
+    same maps are now one value: ``maximum(max x1, max x2)`` is the row's max."""
+    from verimirage.pipeline.fpsafe import exp_shifts
+
+    small = _twice(8, 64, 1000.0)
+    assert isinstance(vm.verify(_softmax(8, 64), small), vm.Proved)
+    x = np.random.default_rng(3).uniform(-3.0, 3.0, (8, 64))
+    assert np.isnan(evaluate_in_dtype(small, {"X": x}, generated=True)[0][0]).all()
+    assert exp_shifts(small) == ["sum"]
+    why = SafetyChecker(_softmax(4096, 1024)).check(_twice(4096, 1024, 1000.0))
+    assert why is not None and "subtracts the max before every exp" in why, why
+    joined = vm.MuGraph.parse(str(_twice(8, 64, 0.0)).replace("maximum %2, %4", "maximum %2, %3"))
+    assert exp_shifts(joined) == ["max"]  # (maximum(max x1, max x2) is the row's max: x2 is x1)

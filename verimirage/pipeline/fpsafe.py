@@ -563,6 +563,12 @@ def exp_shifts(mg: Graph) -> list[str]:
         if un is wn and (ui, uk) == (wi, wk):
             return True
         a, b = un[ui], wn[wi]
+        if a.op == "input" and b.op == "input" and un is wn and id(un) in kernel_of:
+            # (two operands of one kernel that are one kernel-level value read through the same maps: one tile; a
+            # kernel taking x twice shifted by maximum(max x1, max x2 + 1000) passed as "not computed from x1")
+            args = kernel_of[id(un)][1].args
+            return args[a.attr("arg")] == args[b.attr("arg")] and all(
+                a.attr(k) == b.attr(k) for k in ("imap", "fmap", "shape")) and a.outs == b.outs
         if (depth > 16 or a.op in ("input", "arg", "custom") or a.op != b.op or a.attrs != b.attrs or uk != wk
                 or a.outs[uk] != b.outs[wk] or len(a.args) != len(b.args)):
             return False
