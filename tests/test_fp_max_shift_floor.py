@@ -211,3 +211,28 @@ def test_fp_check_took_a_second_read_of_x_as_a_value_not_computed_from_x() -> No
     assert why is not None and "subtracts the max before every exp" in why, why
     joined = vm.MuGraph.parse(str(_twice(8, 64, 0.0)).replace("maximum %2, %4", "maximum %2, %3"))
     assert exp_shifts(joined) == ["max"]  # (maximum(max x1, max x2) is the row's max: x2 is x1)
+
+
+def test_fp_check_took_the_max_of_a_whole_second_read_of_x_as_another_score() -> None:
+    """A kernel taking x twice, the second read whole (every row), shifted its row by ``maximum(max x1, max of all
+    of x2)``, the whole tensor's max: ``x2`` is no read of ``x1``'s tile, so the maximum rule took it as another score
+    of the row. Proved, 0 / 0 on every row far below another, passed the full-size structural check. An operand beside
+    the max must now also read a value ``x`` does not (the decode's new key beside the cache)."""
+    from verimirage.pipeline.fpsafe import exp_shifts
+
+    def whole(r: int, n: int) -> vm.MuGraph:
+        text = str(_twice(r, n, 0.0)).replace(
+            f"%1 = input {{arg=1, fmap=None, imap=(0,), shape=({r}, {n})}} : f32[1,{n}]",
+            f"%1 = input {{arg=1, fmap=None, imap=(None,), shape=({r}, {n})}} : f32[{r},{n}]").replace(
+            "%3 = max %1 {axis=1} : f32[1,1]", f"%3 = max %1 {{axis=1}} : f32[{r},1]").replace(
+            "%4 = shift %3 {c=0.0} : f32[1,1]", "%4 = max %3 {axis=0} : f32[1,1]")
+        return vm.MuGraph.parse(text)
+
+    small = whole(8, 64)
+    assert isinstance(vm.verify(_softmax(8, 64), small), vm.Proved)
+    x = np.random.default_rng(4).uniform(-3.0, 3.0, (8, 64))
+    x[0] += 200.0
+    assert np.isnan(evaluate_in_dtype(small, {"X": x}, generated=True)[0][0][1:]).all()
+    assert exp_shifts(small) == ["sum"]
+    why = SafetyChecker(_softmax(2048, 1024)).check(whole(2048, 1024))
+    assert why is not None and "subtracts the max before every exp" in why, why

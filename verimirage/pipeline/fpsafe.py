@@ -590,6 +590,24 @@ def exp_shifts(mg: Graph) -> list[str]:
                 todo += [(nodes, r, outer) for r in nodes[i].args]
         return False
 
+    def sources(v: Val) -> set[Any]:
+        """The values outside ``v``'s kernel that ``v`` is computed from: program inputs (by name) and kernels'
+        operands (their kernel-level refs; each value visited once)."""
+        todo, seen, out = [v], set(), set()
+        while todo:
+            nodes, (i, k), outer = resolve(todo.pop())
+            if (id(nodes), i, k) in seen:
+                continue
+            seen.add((id(nodes), i, k))
+            n = nodes[i]
+            if n.op == "input" and id(nodes) in kernel_of:
+                out.add(kernel_of[id(nodes)][1].args[n.attr("arg")])
+            elif n.op in ("input", "arg", "custom"):
+                out.add(str(n.attr("name")) if n.op == "input" else (id(nodes), i, k))
+            else:
+                todo += [(nodes, r, outer) for r in n.args]
+        return out
+
     #: a block graph's nodes (by id) -> (the kernel-level nodes, the custom node holding it)
     kernel_of: dict[int, tuple[Sequence[Any], Any]] = {}
 
@@ -724,12 +742,14 @@ def exp_shifts(mg: Graph) -> list[str]:
                     return False
             return is_max_of(a, x, depth + 1)
         if n.op == "maximum":
-            # (one operand a max of x; each other one a max of x too or a value not computed from x: another score of
-            # the row, the decode's new one beside the cache's. A value computed from x, a max of x plus 1000 or the
-            # sum of |x|, is above every exp'd value: each exp of the row 0 and its softmax 0 / 0)
+            # (one operand a max of x; each other one a max of x too or a value not computed from x that reads a value
+            # x does not: another score of the row, the decode's new one (its key) beside the cache's. A value computed
+            # from x, a max of x plus 1000, the sum of |x|, or the max of x's operand read whole (every row's), is
+            # above the exp'd values of a row: each exp of the row 0 and its softmax 0 / 0)
             vs = [(nodes, r, outer) for r in n.args]
             hits = [is_max_of(v, x, depth + 1) for v in vs]
-            return any(hits) and all(h or not reads(v, x) for h, v in zip(hits, vs, strict=True))
+            return any(hits) and all(h or (not reads(v, x) and bool(sources(v) - sources(x)))
+                                     for h, v in zip(hits, vs, strict=True))
         big = DTYPE_MAX[DType.float32]
         if n.op == "clamp" and n.attr("hi") >= big and n.attr("lo") <= -big:
             # (a max floored at fp32's lowest finite value, RUNNING_MAX_FLOOR: still >= every x, and a row's own max
