@@ -236,3 +236,44 @@ def test_fp_check_took_the_max_of_a_whole_second_read_of_x_as_another_score() ->
     assert exp_shifts(small) == ["sum"]
     why = SafetyChecker(_softmax(2048, 1024)).check(whole(2048, 1024))
     assert why is not None and "subtracts the max before every exp" in why, why
+
+
+def _two_kernels(r: int, n: int) -> vm.MuGraph:
+    """Kernel 1 writes each row's ``max x + 1000``; kernel 2 shifts the row by ``maximum(max x, that)``."""
+    return vm.MuGraph.parse(f"""mugraph {{
+  %0 = input {{name='X'}} : f32[{r},{n}]
+  %1 = custom %0 {{frange=1, grid=({r},)}} : f32[{r},1] {{
+    %0 = input {{arg=0, fmap=None, imap=(0,), shape=({r}, {n})}} : f32[1,{n}]
+    %1 = max %0 {{axis=1}} : f32[1,1]
+    %2 = shift %1 {{c=1000.0}} : f32[1,1]
+    output %2 {{omap=(0,)}}
+  }}
+  %2 = custom %0, %1 {{frange=1, grid=({r},)}} : f32[{r},{n}] {{
+    %0 = input {{arg=0, fmap=None, imap=(0,), shape=({r}, {n})}} : f32[1,{n}]
+    %1 = input {{arg=1, fmap=None, imap=(0,), shape=({r}, 1)}} : f32[1,1]
+    %2 = max %0 {{axis=1}} : f32[1,1]
+    %3 = maximum %2, %1 : f32[1,1]
+    %4 = sub %0, %3 : f32[1,{n}]
+    %5 = exp %4 : f32[1,{n}]
+    %6 = sum %5 {{axis=1}} : f32[1,1]
+    %7 = div %5, %6 : f32[1,{n}]
+    output %7 {{omap=(0,)}}
+  }}
+  return %2
+}}""")
+
+
+def test_fp_check_took_another_kernels_max_plus_1000_as_another_score() -> None:
+    """The maximum rule's "reads a value x does not" stopped at a kernel's operands: ``max x + 1000`` written by a
+    first kernel was another kernel-level value than x, so ``maximum(max x, it)`` passed as the decode's new score:
+    Proved, NaN on every row, and the full-size structural check passed it. Sources are now followed through kernels
+    to the program's inputs (the decode's new key reads its own weight, which the cache's scores do not)."""
+    from verimirage.pipeline.fpsafe import exp_shifts
+
+    small = _two_kernels(8, 64)
+    assert isinstance(vm.verify(_softmax(8, 64), small), vm.Proved)
+    x = np.random.default_rng(5).uniform(-3.0, 3.0, (8, 64))
+    assert np.isnan(evaluate_in_dtype(small, {"X": x}, generated=True)[0][0]).all()
+    assert exp_shifts(small) == ["sum"]
+    why = SafetyChecker(_softmax(4096, 1024)).check(_two_kernels(4096, 1024))
+    assert why is not None and "subtracts the max before every exp" in why, why

@@ -591,8 +591,8 @@ def exp_shifts(mg: Graph) -> list[str]:
         return False
 
     def sources(v: Val) -> set[Any]:
-        """The values outside ``v``'s kernel that ``v`` is computed from: program inputs (by name) and kernels'
-        operands (their kernel-level refs; each value visited once)."""
+        """The program inputs (by name) ``v`` is computed from, followed through kernels: a block input to the
+        kernel-level value it reads, a kernel's result to its block's output (each value visited once)."""
         todo, seen, out = [v], set(), set()
         while todo:
             nodes, (i, k), outer = resolve(todo.pop())
@@ -601,8 +601,13 @@ def exp_shifts(mg: Graph) -> list[str]:
             seen.add((id(nodes), i, k))
             n = nodes[i]
             if n.op == "input" and id(nodes) in kernel_of:
-                out.add(kernel_of[id(nodes)][1].args[n.attr("arg")])
-            elif n.op in ("input", "arg", "custom"):
+                kn, cn = kernel_of[id(nodes)]
+                todo.append((kn, cn.args[n.attr("arg")], None))
+            elif n.op == "custom":
+                bg = n.attr("block")
+                kernel_of.setdefault(id(bg.nodes), (nodes, n))
+                todo.append((bg.nodes, bg.outputs[k], None))
+            elif n.op in ("input", "arg"):
                 out.add(str(n.attr("name")) if n.op == "input" else (id(nodes), i, k))
             else:
                 todo += [(nodes, r, outer) for r in n.args]
@@ -742,10 +747,11 @@ def exp_shifts(mg: Graph) -> list[str]:
                     return False
             return is_max_of(a, x, depth + 1)
         if n.op == "maximum":
-            # (one operand a max of x; each other one a max of x too or a value not computed from x that reads a value
-            # x does not: another score of the row, the decode's new one (its key) beside the cache's. A value computed
-            # from x, a max of x plus 1000, the sum of |x|, or the max of x's operand read whole (every row's), is
-            # above the exp'd values of a row: each exp of the row 0 and its softmax 0 / 0)
+            # (one operand a max of x; each other one a max of x too or a value not computed from x that reads a program
+            # input x does not: another score of the row, the decode's new one (its key's weight) beside the cache's.
+            # A value computed from x, a max of x plus 1000, the sum of |x|, the max of x's operand read whole (every
+            # row's) or computed so in another kernel, is above the exp'd values of a row: each exp of the row 0 and
+            # its softmax 0 / 0)
             vs = [(nodes, r, outer) for r in n.args]
             hits = [is_max_of(v, x, depth + 1) for v in vs]
             return any(hits) and all(h or (not reads(v, x) and bool(sources(v) - sources(x)))
