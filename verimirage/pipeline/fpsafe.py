@@ -616,6 +616,15 @@ def exp_shifts(mg: Graph) -> list[str]:
     #: a block graph's nodes (by id) -> (the kernel-level nodes, the custom node holding it)
     kernel_of: dict[int, tuple[Sequence[Any], Any]] = {}
 
+    def whole_tiles(n: Any, ga: Any) -> bool:
+        """Whether block input ``n`` (of a kernel of grid and loop ``ga``) reads its operand in whole tiles, no masked
+        tail: a tail's zero padding enters the first kernel's maxima (``max(row max, 0)``: an over-shift, every exp 0
+        on a row far below zero), which the partials' exact tiling of their own output does not show."""
+        imap, fmap = n.attr("imap"), n.attr("fmap")
+        return all(t * math.prod(p for p, d in zip(ga.grid, imap, strict=True) if d == k)
+                   * (ga.frange if fmap == k else 1) == size
+                   for k, (t, size) in enumerate(zip(n.outs[0].shape, n.attr("shape"), strict=True)))
+
     def same_across(u: Val, w: Val, ga: Any, depth: int = 0) -> bool:
         """:func:`same` for ``u`` in one kernel and ``w`` in another of the same grid and loop (``ga``): block inputs
         are one value where they read one kernel-level value through the same maps (the loop's where there is one)."""
@@ -626,7 +635,7 @@ def exp_shifts(mg: Graph) -> list[str]:
             return (ka is not None and kb is not None and ka[0] is kb[0]
                     and ka[1].args[a.attr("arg")] == kb[1].args[b.attr("arg")]
                     and a.attr("imap") == b.attr("imap") and a.attr("shape") == b.attr("shape") and a.outs == b.outs
-                    and (ga.frange == 1 or a.attr("fmap") == b.attr("fmap")))
+                    and (ga.frange == 1 or a.attr("fmap") == b.attr("fmap")) and whole_tiles(a, ga))
         if (depth > 16 or a.op in ("input", "arg", "custom") or a.op != b.op or a.attrs != b.attrs or uk != wk
                 or a.outs[uk] != b.outs[wk] or len(a.args) != len(b.args)):
             return False
