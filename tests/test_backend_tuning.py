@@ -210,14 +210,7 @@ _GROUP_NORM = """mugraph {
 }"""
 
 
-def test_regrouped_tile_at_16_warps_gave_wrong_results() -> None:
-    # Triton 3.6 on an H100 raced on a [2, 16, 1024] tile regrouped to [2, 1, 16384], reduced and regrouped back at 16
-    # warps (group_norm's committed candidates 2 and 3: wrong in every models run since run 17, caught only by the
-    # profiler's float64 check); 8 warps and no regrouping were right. recommend() keeps such kernels at 8 warps
-    (c,) = _recs(vm.MuGraph.parse(_GROUP_NORM.replace("GRID", "8").replace("ROWS", "2")))
-    assert c.num_warps == 8
-    # the rule is narrow: the same 32768-element tile with no regrouping keeps its 16 warps
-    flat = """mugraph {
+_FLAT_16 = """mugraph {
   %0 = input {name='X'} : f16[16,32,16384]
   %1 = custom %0 {frange=1, grid=(8, 32)} : f16[16,32,16384] {
     %0 = input {arg=0, fmap=None, imap=(0, 1), shape=(16, 32, 16384)} : f16[2,1,16384]
@@ -227,8 +220,37 @@ def test_regrouped_tile_at_16_warps_gave_wrong_results() -> None:
   }
   return %1
 }"""
-    (c,) = _recs(vm.MuGraph.parse(flat))
+
+
+def test_regrouped_tile_at_16_warps_gave_wrong_results() -> None:
+    # Triton 3.6 on an H100 raced on a [2, 16, 1024] tile regrouped to [2, 1, 16384], reduced and regrouped back at 16
+    # warps (group_norm's committed candidates 2 and 3: wrong in every models run since run 17, caught only by the
+    # profiler's float64 check); 8 warps and no regrouping were right. recommend() keeps such kernels at 8 warps
+    (c,) = _recs(vm.MuGraph.parse(_GROUP_NORM.replace("GRID", "8").replace("ROWS", "2")))
+    assert c.num_warps == 8
+    # the rule is narrow: the same 32768-element tile with no regrouping keeps its 16 warps
+    (c,) = _recs(vm.MuGraph.parse(_FLAT_16))
     assert c.num_warps == 16
+
+
+def test_a_shared_launch_raised_a_regrouped_tile_to_16_warps() -> None:
+    # red team 19: the 8-warp cap of a regrouping kernel was per kernel, and a launch of several kernels (persistent,
+    # merged, last-block pairs) takes the most warps of its members: six committed layer decode_bs1 μGraphs ran their
+    # regrouping kernels at 16 warps in one persistent launch. The launch now stays at 8 when such a member is in it
+    from verimirage.backend import runtime
+
+    norm = vm.MuGraph.parse(_GROUP_NORM.replace("GRID", "8").replace("ROWS", "2"))
+    flat = vm.MuGraph.parse(_FLAT_16)
+    ks = []
+    for mg in (norm, flat):
+        nodes = node_list(to_kernels(mg))
+        (n,) = [x for x in nodes if x.op == "custom"]
+        ks.append((n.attr("block"), [nodes[a].outs[j] for a, j in n.args], None))
+    cs = [tuning.recommend(bg, at) for bg, at, _ in ks]
+    assert [c.num_warps for c in cs] == [8, 16]
+    assert runtime.merged_config(cs, [8, 256], ks).num_warps == 8
+    # without the regrouping member the launch keeps its 16
+    assert runtime.merged_config(cs[1:], [256], ks[1:]).num_warps == 16
 
 
 @pytest.mark.gpu

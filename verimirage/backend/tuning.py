@@ -192,6 +192,12 @@ def recommend(bg: BlockGraph, arg_types: Sequence[TensorType]) -> LaunchConfig:
         return LaunchConfig(c.num_warps, 1, replace(c.tiles, dot_min_m=16))
 
 
+def regroups(bg: BlockGraph) -> bool:
+    """Whether ``bg`` regroups a tile (an op with ``Prop.REGROUPS``: a reshape); such a kernel runs at most 8 warps
+    (:func:`_measured`), in a launch of its own or one it shares (``runtime.merged_config``)."""
+    return any(OPS[n.op].has(Prop.REGROUPS) for n in bg.nodes)
+
+
 def _measured(bg: BlockGraph, arg_types: Sequence[TensorType]) -> LaunchConfig:
     """The measured rules of :func:`recommend`, before the shared-memory fit."""
     s = kernel_shape(bg, arg_types)
@@ -201,7 +207,7 @@ def _measured(bg: BlockGraph, arg_types: Sequence[TensorType]) -> LaunchConfig:
         # a tile of 32,768 elements or more (a whole 32k-vocabulary row in registers: cross_entropy's X and T) over
         # 8 warps is 128+ fp32 values a thread per tensor, which spills: 16 warps
         warps = 16 if s.max_tile >= 32768 else 8 if s.max_tile >= 4096 else 4
-        if warps == 16 and any(OPS[n.op].has(Prop.REGROUPS) for n in bg.nodes):
+        if warps == 16 and regroups(bg):
             # a WRONG result on Triton 3.6 / sm_90: a [2, 16, 1024] tile regrouped to [2, 1, 16384] (or [2, 16384]),
             # reduced and regrouped back (a group norm, two batch rows a block) raced at 16 warps: every run wrong
             # and different, on an H100 (2026-11-27 12:57 UTC, benchmarks/results/regroup16_h100_2026-11-27/); the
