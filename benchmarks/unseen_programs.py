@@ -1067,6 +1067,263 @@ class WhisperEncoderStem(nn.Module):
         return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
 
 
+# --------------------------------------------------------------------------- the fourth set (nineteenth session)
+
+
+class MambaGatedConv(nn.Module):
+    """Mamba's block around its scan: RMSNorm, ``in_proj`` to ``(x, z)``, a causal depthwise Conv1d over time
+    (``padding = k - 1``, the first ``T`` outputs kept), SiLU, the gate ``x * silu(z)``, ``out_proj`` and the
+    residual (the selective scan is a recurrence, as ``cumsum``: left out)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.Parameter(1 + torch.randn(D) / 8)
+        self.in_proj = nn.Linear(D, 2 * FF, bias=False)
+        self.conv1d = nn.Conv1d(FF, FF, kernel_size=4, groups=FF, padding=3)
+        self.out_proj = nn.Linear(FF, D, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h, z = self.in_proj(_rms(x, self.norm)).chunk(2, dim=-1)
+        h = F.silu(self.conv1d(h.transpose(1, 2))[..., :x.shape[1]]).transpose(1, 2)
+        return x + self.out_proj(h * F.silu(z))
+
+
+class SDResBlock(nn.Module):
+    """Stable Diffusion's UNet ResBlock (diffusers' ``ResnetBlock2D``): GroupNorm, SiLU, a 3x3 conv, the time
+    embedding (SiLU, Linear) added per channel, GroupNorm, SiLU, a 3x3 conv, and a 1x1 conv on the skip (the
+    channels change)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm1, self.norm2 = nn.GroupNorm(4, 8, eps=1e-5), nn.GroupNorm(4, 16, eps=1e-5)
+        self.conv1, self.conv2 = nn.Conv2d(8, 16, 3, padding=1), nn.Conv2d(16, 16, 3, padding=1)
+        self.time_emb_proj = nn.Linear(D, 16)
+        self.conv_shortcut = nn.Conv2d(8, 16, 1)
+
+    def forward(self, x: torch.Tensor, temb: torch.Tensor) -> torch.Tensor:
+        h = self.conv1(F.silu(self.norm1(x)))
+        h = h + self.time_emb_proj(F.silu(temb))[:, :, None, None]
+        h = self.conv2(F.silu(self.norm2(h)))
+        return self.conv_shortcut(x) + h
+
+
+SWIN_R, SWIN_W, SWIN_S = 4, 2, 1  # tokens per side, window, shift
+
+
+class SwinShiftedWindow(nn.Module):
+    """Swin's shifted-window attention block: LayerNorm, ``torch.roll`` by ``-shift``, window partition (view,
+    permute), attention in each window with the relative position bias its table gives through a fixed index and
+    the shifted windows' -100 mask, window reverse, roll back, residual."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        r, w, s = SWIN_R, SWIN_W, SWIN_S
+        self.norm = nn.LayerNorm(D)
+        self.qkv, self.proj = nn.Linear(D, 3 * D), nn.Linear(D, D)
+        self.table = nn.Parameter(torch.randn((2 * w - 1) ** 2, H) / 4)
+        c = torch.stack(torch.meshgrid(torch.arange(w), torch.arange(w), indexing="ij")).flatten(1)
+        rel = (c[:, :, None] - c[:, None, :]).permute(1, 2, 0) + (w - 1)
+        self.register_buffer("index", (rel[..., 0] * (2 * w - 1) + rel[..., 1]).reshape(-1), persistent=False)
+        img = torch.zeros(1, r, r, 1)
+        cnt = 0
+        for hs in (slice(0, -w), slice(-w, -s), slice(-s, None)):
+            for ws in (slice(0, -w), slice(-w, -s), slice(-s, None)):
+                img[:, hs, ws, :] = cnt
+                cnt += 1
+        mw = img.view(1, r // w, w, r // w, w, 1).permute(0, 1, 3, 2, 4, 5).reshape(-1, w * w)
+        diff = mw[:, None, :] - mw[:, :, None]
+        self.register_buffer("mask", diff.masked_fill(diff != 0, -100.0).masked_fill(diff == 0, 0.0),
+                             persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        r, w, s = SWIN_R, SWIN_W, SWIN_S
+        b, n, c = x.shape[0], w * w, D
+        h = torch.roll(self.norm(x).view(b, r, r, c), shifts=(-s, -s), dims=(1, 2))
+        win = h.view(b, r // w, w, r // w, w, c).permute(0, 1, 3, 2, 4, 5).reshape(-1, n, c)
+        q, k, v = self.qkv(win).reshape(-1, n, 3, H, HD).permute(2, 0, 3, 1, 4).unbind(0)
+        a = (q * HD ** -0.5) @ k.transpose(-2, -1)
+        a = a + self.table[self.index].view(n, n, H).permute(2, 0, 1)[None]
+        nw = (r // w) ** 2
+        a = (a.view(b, nw, H, n, n) + self.mask[None, :, None]).view(-1, H, n, n).softmax(-1)
+        o = self.proj((a @ v).transpose(1, 2).reshape(-1, n, c))
+        o = o.view(b, r // w, r // w, w, w, c).permute(0, 1, 3, 2, 4, 5).reshape(b, r, r, c)
+        return x + torch.roll(o, shifts=(s, s), dims=(1, 2)).reshape(b, r * r, c)
+
+
+class BertLayerGeluTanh(nn.Module):
+    """A BERT encoder layer from its embeddings: word + learned position + token-type embeddings, LayerNorm,
+    self-attention with the additive mask from the int64 ``attention_mask``, output projection + LayerNorm
+    residual, a GELU(tanh) intermediate and its LayerNorm residual (post-norm)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.word, self.pos, self.token_type = nn.Embedding(V, D), nn.Embedding(T, D), nn.Embedding(2, D)
+        self.ln_emb, self.ln_attn, self.ln_out = (nn.LayerNorm(D, eps=1e-12) for _ in range(3))
+        self.q, self.k, self.v, self.o = (nn.Linear(D, D) for _ in range(4))
+        self.inter, self.out = nn.Linear(D, FF), nn.Linear(FF, D)
+
+    def forward(self, ids: torch.Tensor, types: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(ids.shape[1])[None]
+        x = self.ln_emb(self.word(ids) + self.token_type(types) + self.pos(pos))
+        ext = (1.0 - mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min
+        q, k, v = _heads(self.q(x), H), _heads(self.k(x), H), _heads(self.v(x), H)
+        a = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(HD) + ext, dim=-1)
+        x = self.ln_attn(x + self.o(_merge(a @ v)))
+        return self.ln_out(x + self.out(F.gelu(self.inter(x), approximate="tanh")))
+
+
+class Qwen2MoEBlock(nn.Module):
+    """Qwen2-MoE's sparse block evaluated densely: a float32 softmax router, top-2 of 4 experts (weights not
+    renormalised), the weights scattered back into a dense ``(tokens, experts)`` gate, every SwiGLU expert run on
+    every token (stacked weights, ``einsum``), plus the shared expert gated by ``sigmoid(x @ w)``. ``topk`` and
+    ``scatter`` index by data: they run in ATen, the rest in the kernels."""
+
+    E = 4
+
+    def __init__(self) -> None:
+        super().__init__()
+        e, f = self.E, FF // 2
+        self.gate = nn.Linear(D, e, bias=False)
+        self.w_gate, self.w_up = nn.Parameter(torch.randn(e, D, f) / 4), nn.Parameter(torch.randn(e, D, f) / 4)
+        self.w_down = nn.Parameter(torch.randn(e, f, D) / 4)
+        self.shared_gate_up, self.shared_down = nn.Linear(D, 2 * FF, bias=False), nn.Linear(FF, D, bias=False)
+        self.shared_expert_gate = nn.Linear(D, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        h = x.reshape(-1, d)
+        probs = F.softmax(self.gate(h), dim=1, dtype=torch.float)
+        top_w, top_i = torch.topk(probs, 2, dim=-1)
+        dense = torch.zeros_like(probs).scatter(1, top_i, top_w).to(h.dtype)
+        up = F.silu(torch.einsum("td,edf->tef", h, self.w_gate)) * torch.einsum("td,edf->tef", h, self.w_up)
+        moe = torch.einsum("tef,efd,te->td", up, self.w_down, dense)
+        g, u = self.shared_gate_up(h).chunk(2, dim=-1)
+        shared = torch.sigmoid(self.shared_expert_gate(h)) * self.shared_down(F.silu(g) * u)
+        return (moe + shared).reshape(b, t, d)
+
+
+def _t5_buckets(t: int, num_buckets: int = 8, max_distance: int = 16) -> torch.Tensor:
+    """T5's bidirectional relative position buckets of a ``t x t`` attention (integer arithmetic, made in the
+    forward)."""
+    ctx = torch.arange(t, dtype=torch.long)[:, None]
+    mem = torch.arange(t, dtype=torch.long)[None, :]
+    rel = mem - ctx
+    nb = num_buckets // 2
+    buckets = (rel > 0).to(torch.long) * nb
+    rel = torch.abs(rel)
+    exact = nb // 2
+    large = exact + (torch.log(rel.float() / exact) / math.log(max_distance / exact) * (nb - exact)).to(torch.long)
+    large = torch.min(large, torch.full_like(large, nb - 1))
+    return buckets + torch.where(rel < exact, rel, large)
+
+
+class T5Block(nn.Module):
+    """A T5 v1.1 encoder block: T5's RMSNorm (no mean, no bias, variance in float32), attention without the
+    ``1/sqrt(d)`` scale plus the relative position bias (buckets made in the forward, looked up in a learned
+    table), a gated-GELU(tanh) feed-forward, pre-norm residuals."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln1, self.ln2 = nn.Parameter(1 + torch.randn(D) / 8), nn.Parameter(1 + torch.randn(D) / 8)
+        self.q, self.k, self.v, self.o = (nn.Linear(D, H * HD, bias=False) for _ in range(4))
+        self.rel_bias = nn.Embedding(8, H)
+        self.wi_0, self.wi_1 = nn.Linear(D, FF, bias=False), nn.Linear(D, FF, bias=False)
+        self.wo = nn.Linear(FF, D, bias=False)
+
+    @staticmethod
+    def _norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        var = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
+        return w * (x * torch.rsqrt(var + 1e-6)).to(w.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self._norm(x, self.ln1)
+        q, k, v = _heads(self.q(h), H), _heads(self.k(h), H), _heads(self.v(h), H)
+        bias = self.rel_bias(_t5_buckets(x.shape[1])).permute(2, 0, 1)[None]
+        a = torch.softmax((q @ k.transpose(-1, -2) + bias).float(), dim=-1).type_as(q)
+        x = x + self.o(_merge(a @ v))
+        h = self._norm(x, self.ln2)
+        return x + self.wo(F.gelu(self.wi_0(h), approximate="tanh") * self.wi_1(h))
+
+
+def _rotate_interleaved(t: torch.Tensor) -> torch.Tensor:
+    return torch.stack((-t[..., 1::2], t[..., ::2]), dim=-1).flatten(-2)
+
+
+class CohereLayer(nn.Module):
+    """A Cohere (Command-R) decoder layer: one LayerNorm without bias (mean-centred, weight only) feeding attention
+    and the MLP in parallel (``x + attn + mlp``), per-head QK LayerNorm (weights per head), interleaved rotary from
+    int64 positions (``repeat_interleave`` of the frequencies), causal SDPA, SwiGLU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln = nn.Parameter(1 + torch.randn(D) / 8)
+        self.q_norm, self.k_norm = nn.Parameter(1 + torch.randn(H, HD) / 8), nn.Parameter(1 + torch.randn(H, HD) / 8)
+        self.q, self.k, self.v, self.o = (nn.Linear(D, H * HD, bias=False) for _ in range(4))
+        self.gate, self.up, self.down = (nn.Linear(D, FF, bias=False), nn.Linear(D, FF, bias=False),
+                                         nn.Linear(FF, D, bias=False))
+
+    @staticmethod
+    def _ln(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        h = x.to(torch.float32)
+        h = (h - h.mean(-1, keepdim=True)) * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) - h.mean(-1, keepdim=True)
+                                                          ** 2 + 1e-5)
+        return (w.to(torch.float32) * h).to(x.dtype)
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        h = self._ln(x, self.ln)
+        q = self._ln(self.q(h).view(b, t, H, HD), self.q_norm).transpose(1, 2)
+        k = self._ln(self.k(h).view(b, t, H, HD), self.k_norm).transpose(1, 2)
+        v = _heads(self.v(h), H)
+        inv = 1.0 / (10000 ** (torch.arange(0, HD, 2, dtype=torch.int64).float() / HD))
+        f = pos[:, :, None].float() * inv[None, None, :]
+        emb = torch.repeat_interleave(f, 2, dim=-1)
+        cos, sin = emb.cos()[:, None], emb.sin()[:, None]
+        q, k = q * cos + _rotate_interleaved(q) * sin, k * cos + _rotate_interleaved(k) * sin
+        attn = self.o(_merge(F.scaled_dot_product_attention(q, k, v, is_causal=True)))
+        return x + attn + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+class MPTAlibiBlock(nn.Module):
+    """An MPT block: LayerNorm without bias, fused ``Wqkv`` split, ALiBi made in the forward (``arange(1 - T, 1)``
+    times the heads' slopes ``2^(-8 h / H)``), a causal mask from ``ones().tril()`` filled with ``finfo.min``,
+    softmax, out projection; GELU MLP; pre-norm residuals."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm_1, self.norm_2 = nn.LayerNorm(D, bias=False), nn.LayerNorm(D, bias=False)
+        self.Wqkv, self.out_proj = nn.Linear(D, 3 * D, bias=False), nn.Linear(D, D, bias=False)
+        self.up_proj, self.down_proj = nn.Linear(D, FF, bias=False), nn.Linear(FF, D, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = x.shape[1]
+        q, k, v = self.Wqkv(self.norm_1(x)).chunk(3, dim=2)
+        q, k, v = _heads(q, H), _heads(k, H), _heads(v, H)
+        slopes = 1.0 / torch.pow(2, torch.arange(1, H + 1, dtype=torch.float32) * (8 / H))
+        alibi = torch.arange(1 - t, 1, dtype=torch.float32).view(1, 1, 1, t) * slopes.view(1, H, 1, 1)
+        s = q @ k.transpose(-1, -2) * HD ** -0.5 + alibi
+        causal = torch.ones(t, t, dtype=torch.bool).tril()
+        s = s.masked_fill(~causal, torch.finfo(s.dtype).min)
+        x = x + self.out_proj(_merge(torch.softmax(s, dim=-1) @ v))
+        return x + self.down_proj(F.gelu(self.up_proj(self.norm_2(x))))
+
+
+class MelGANResBlock(nn.Module):
+    """MelGAN's residual block: LeakyReLU(0.2), ``ReflectionPad1d(dilation)``, a weight-normed dilated Conv1d,
+    LeakyReLU, a weight-normed 1x1 Conv1d, and a weight-normed 1x1 shortcut (``g v / |v|`` in the forward)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        wn = nn.utils.parametrizations.weight_norm
+        self.pad = nn.ReflectionPad1d(3)
+        self.c1, self.c2 = wn(nn.Conv1d(8, 8, 3, dilation=3)), wn(nn.Conv1d(8, 8, 1))
+        self.shortcut = wn(nn.Conv1d(8, 8, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.c2(F.leaky_relu(self.c1(self.pad(F.leaky_relu(x, 0.2))), 0.2))
+        return self.shortcut(x) + h
+
+
 @dataclass(frozen=True)
 class ModuleCase:
     """One torch program: a builder and its inputs."""
@@ -1076,7 +1333,7 @@ class ModuleCase:
     make: Callable[[], nn.Module]
     inputs: Callable[[torch.Generator], list[torch.Tensor]]
     train: bool = True
-    #: the session that added it (15: the first held-out set; 16: the second; 17: the third)
+    #: the session that added it (15: the first held-out set; 16: the second; 17: the third; 19: the fourth)
     since: int = 15
     #: whether Dynamo hands the backend a graph at all (False: a graph break it runs eagerly, e.g. in a loop)
     captured: bool = True
@@ -1139,6 +1396,14 @@ def _mel(gen: torch.Generator) -> list[torch.Tensor]:
     return [torch.randn(B, 8, 2 * T, generator=gen)]
 
 
+def _image_temb(gen: torch.Generator) -> list[torch.Tensor]:
+    return [torch.randn(B, 8, 4, 4, generator=gen), torch.randn(B, D, generator=gen)]
+
+
+def _tokens(gen: torch.Generator) -> list[torch.Tensor]:
+    return [torch.randn(B, SWIN_R * SWIN_R, D, generator=gen)]
+
+
 MODULES: dict[str, ModuleCase] = {c.name: c for c in [
     ModuleCase("gemma_rmsnorm_linear", "Gemma", GemmaNormLinear, _x),
     ModuleCase("gemma_embed_scale", "Gemma", GemmaEmbed, _ids),
@@ -1196,6 +1461,15 @@ MODULES: dict[str, ModuleCase] = {c.name: c for c in [
     ModuleCase("falcon_mqa_layer", "Falcon-7B", FalconMQALayer, _x, since=17),
     ModuleCase("clip_text_layer", "CLIP text encoder", CLIPTextLayer, _x, since=17),
     ModuleCase("whisper_encoder_stem", "Whisper", WhisperEncoderStem, _mel, since=17),
+    ModuleCase("mamba_gated_conv", "Mamba", MambaGatedConv, _x, since=19),
+    ModuleCase("sd_resblock", "Stable Diffusion UNet", SDResBlock, _image_temb, since=19),
+    ModuleCase("swin_shifted_window", "Swin", SwinShiftedWindow, _tokens, since=19),
+    ModuleCase("bert_layer_gelu_tanh", "BERT", BertLayerGeluTanh, _bert, since=19),
+    ModuleCase("qwen2_moe_block", "Qwen2-MoE", Qwen2MoEBlock, _x, since=19),
+    ModuleCase("t5_block", "T5 v1.1", T5Block, _x, since=19),
+    ModuleCase("cohere_layer", "Cohere Command-R", CohereLayer, _x_pos0, since=19),
+    ModuleCase("mpt_alibi_block", "MPT", MPTAlibiBlock, _x, since=19),
+    ModuleCase("melgan_resblock", "MelGAN", MelGANResBlock, _mel, since=19),
 ]}
 
 

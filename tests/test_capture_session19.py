@@ -181,6 +181,18 @@ def test_slice_scatter_and_copy_lift(dim: int, start: Any, end: Any) -> None:
 
 
 
+def _trains_whole(model: nn.Module, xs: list[Any]) -> None:
+    """A training step of ``model`` through the backend: every op in verified kernels, the output and every gradient
+    within float32 tolerance of the float64 copy's."""
+    want, wgrads = up.reference(model, xs, True)
+    rep = Report()
+    got, grads = up.compiled(model, xs, True, OPTS, rep)
+    assert rep.coverage == 1.0 and not rep.left, rep.summary()
+    assert up.rel_err(got, want) < 1e-5
+    for g, w in zip(grads, wgrads, strict=True):
+        assert g is not None and up.rel_err(g, w) < 1e-5
+
+
 class _PaddedConv(nn.Module):
     """A Conv1d with a ``padding_mode`` (reflect: HiFi-GAN / MelGAN vocoders; replicate; circular: periodic
     domains), then SiLU."""
@@ -193,21 +205,14 @@ class _PaddedConv(nn.Module):
         return F.silu(self.conv(x))
 
 
+@pytest.mark.slow  # (about 25 s each on a loaded 2-core machine)
 @pytest.mark.parametrize("mode", ["reflect", "replicate", "circular"])
 def test_a_conv_with_a_padding_mode_trains_in_the_kernels(mode: str) -> None:
     """Through ``torch.compile``: the pad, the convolution and their backward all in verified kernels (circular
     as torch writes it: ``new_empty``, ``copy``, ``slice_scatter``; its backward with ``zeros_like`` and
     ``slice_backward``), the output and every gradient within float32 tolerance of float64."""
     torch.manual_seed(0)
-    model = _PaddedConv(mode)
-    xs = [torch.randn(2, 3, 7, generator=torch.Generator().manual_seed(1))]
-    want, wgrads = up.reference(model, xs, True)
-    rep = Report()
-    got, grads = up.compiled(model, xs, True, OPTS, rep)
-    assert rep.coverage == 1.0 and not rep.left, rep.summary()
-    assert up.rel_err(got, want) < 1e-5
-    for g, w in zip(grads, wgrads, strict=True):
-        assert g is not None and up.rel_err(g, w) < 1e-5
+    _trains_whole(_PaddedConv(mode), [torch.randn(2, 3, 7, generator=torch.Generator().manual_seed(1))])
 
 
 class _DCGANUp(nn.Module):
@@ -229,15 +234,7 @@ def test_dcgan_transposed_convolution_with_a_bias_was_not_proved() -> None:
     ('piecewise value at ((_o2//6)%2)'), so DCGAN's up-convolution stayed in ATen; the bias is now added to
     ``(N, C, H, W)`` as ``(C, 1, 1)``. Forward and training, against float64."""
     torch.manual_seed(0)
-    model = _DCGANUp()
-    xs = [torch.randn(1, 4, 2, 3, generator=torch.Generator().manual_seed(1))]
-    want, wgrads = up.reference(model, xs, True)
-    rep = Report()
-    got, grads = up.compiled(model, xs, True, OPTS, rep)
-    assert rep.coverage == 1.0 and not rep.left, rep.summary()
-    assert up.rel_err(got, want) < 1e-5
-    for g, w in zip(grads, wgrads, strict=True):
-        assert g is not None and up.rel_err(g, w) < 1e-5
+    _trains_whole(_DCGANUp(), [torch.randn(1, 4, 2, 3, generator=torch.Generator().manual_seed(1))])
 
 
 @pytest.mark.parametrize(("shifts", "dims"), [((-1, -1), (1, 2)), ((2,), (0,)), (3, None), ((5, -7), (2, 1))])
@@ -254,3 +251,34 @@ def test_roll_lifts_forward_and_backward(shifts: Any, dims: Any) -> None:
         return vjp(lambda t: torch.roll(t, shifts, dims), x)[1](gy)[0] * 1.0
 
     _lift_fx(grad, gy, x)
+
+
+def _buckets_lookup(w: Any) -> Any:
+    """T5-style: a table looked up at indices made in the forward from positions alone (a constant)."""
+    c = torch.arange(4)
+    return F.embedding((c[:, None] - c[None, :]).abs().clamp(max=2), w) * 2.0
+
+
+def test_embedding_at_indices_made_in_the_forward_lifts_with_its_gradient() -> None:
+    """T5's relative position bias looks its table up at buckets computed from the positions alone; they are known
+    while lifting, so the lookup is slices of the table's rows (and its gradient the rows' sums): both were left to
+    ATen ('data-dependent indexing'), with the bucket arithmetic ('a constant only ATen ops read')."""
+    w = torch.randn(5, 3, generator=torch.Generator().manual_seed(7))
+    _lift_fx(_buckets_lookup, w)
+    gy = torch.randn(4, 4, 3, generator=torch.Generator().manual_seed(8))
+
+    def grad(gy: Any, w: Any) -> Any:
+        from torch.func import vjp
+
+        return vjp(_buckets_lookup, w)[1](gy)[0] * 1.0
+
+    _lift_fx(grad, gy, w)
+
+
+def test_weight_norm_lifts() -> None:
+    """``nn.utils.parametrizations.weight_norm`` computes ``g v / |v|`` in every forward
+    (``_weight_norm_interface``), which was left to ATen ('op not in the registry'): lifted, both its results equal
+    to ATen's in float64."""
+    v = torch.randn(4, 3, 5, generator=torch.Generator().manual_seed(9))
+    g = torch.rand(4, 1, 1, generator=torch.Generator().manual_seed(10)) + 0.5
+    _lift_fx(lambda v, g: [t * 1.0 for t in torch._weight_norm_interface(v, g, 0)], v, g)

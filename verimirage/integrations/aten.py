@@ -195,6 +195,7 @@ class Ctx:
         self.strict = False  # no registry layout ops (reshape, broadcast_to, permute, slice): views are boundaries
         self.out_dtype: DType | None = None  # the dtype of the node's (first) result, when it is a float
         self.env: dict[Any, Any] = {}  # fx node -> its lifted value (the lifting's, for handlers that look back)
+        self.folded: dict[Any, Any] = {}  # fx node -> its torch value, computed while lifting (capture.foldable)
 
     def layout(self, name: str) -> bool:
         """Whether registry layout op ``name`` may be emitted."""
@@ -1635,6 +1636,7 @@ UNREAD_ARGS: dict[str, frozenset[int]] = {
     # (values not read: a copy's destination, the tensor an allocation or zeros_like takes its shape from, a pad's
     # input in its gradient)
     "copy": frozenset({0}),
+    "embedding": frozenset({1}), "embedding_dense_backward": frozenset({1}),  # (constant indices: ctx.folded)
     **dict.fromkeys(("zeros_like", "empty_like", "new_empty", "new_empty_strided"), frozenset({0})),
     **{f"{m}_pad{k}d_backward": frozenset({1}) for m in ("reflection", "replication") for k in (1, 2, 3)},
 }
@@ -2230,12 +2232,75 @@ def _index_select(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -
     return _take_constant(ctx, args[0], int(args[1]), idx.value if isinstance(idx, LV) else None, out)
 
 
+#: the most runs of consecutive rows an embedding with constant indices is lifted as (one slice a run)
+EMBED_RUNS_MAX = 256
+
+
+def _embed_index(ctx: Ctx, w: Any, idx: Any, what: str) -> Any:
+    """The index tensor of an embedding (an fx node: :data:`UNREAD_ARGS`) when it is computed while lifting (made
+    in the forward: T5's relative position buckets), flattened; Unsupported (data-dependent indexing) when not."""
+    value = ctx.folded.get(idx)
+    if not (isinstance(w, LV) and len(w.shape) == 2 and value is not None and not value.is_floating_point()):
+        raise Unsupported(Reason.INDEXED, f"{what} at indices that are data: it runs in the fallback, outside the "
+                                          "verified kernels")
+    import torch
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        flat = torch.tensor([int(v) for v in value.reshape(-1).tolist()], dtype=torch.int64)
+    if len(_runs(flat, w.shape[0]) or ()) > EMBED_RUNS_MAX or int(flat.numel()) == 0:
+        raise Unsupported(Reason.INDEXED, f"{what} of {int(flat.numel())} constant indices in more than "
+                                          f"{EMBED_RUNS_MAX} runs")
+    return flat
+
+
+def _embedding(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    """``embedding(weight, idx)`` with indices known while lifting: the rows of their runs (:func:`_take_constant`),
+    viewed as ATen's shape; with indices that are data it stays in ATen."""
+    w = args[0]
+    flat = _embed_index(ctx, w, args[1], "embedding")
+    rows = _take_constant(ctx, w, 0, flat, ((int(flat.numel()), w.shape[1]), out[1]))
+    return LV(emit(ctx.g, "reshape", ctx.exact(rows), _shape(out)), _shape(out))
+
+
+def _embedding_backward(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
+    """``embedding_dense_backward(grad, idx, num_weights, padding_idx, scale_grad_by_freq)`` with constant indices:
+    row ``v`` of the weight's gradient is the sum of the gradient's rows whose index is ``v`` (zeros for ``v`` no
+    index names, and for ``padding_idx``)."""
+    gr, idx, nw, pad, scale = (list(args) + [None] * 5)[:5]
+    shape, dt = out
+    if scale:
+        raise Unsupported(Reason.INDEXED, "embedding_dense_backward scaled by the indices' frequencies")
+    if not isinstance(gr, LV):
+        raise Unsupported(Reason.NOT_IN_REGISTRY, "embedding_dense_backward of a non-tensor")
+    flat = _embed_index(ctx, LV(gr.t, tuple(shape)), idx, "embedding_dense_backward")
+    import torch
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    g, n, d = ctx.g, int(flat.numel()), shape[1]
+    if int(nw) > EMBED_RUNS_MAX:
+        raise Unsupported(Reason.INDEXED, f"embedding_dense_backward of {nw} rows")
+    rows = emit(g, "reshape", ctx.exact(gr), (n, d))
+    parts = []
+    for v in range(int(nw)):
+        at = [i for i in range(n) if int(flat[i]) == v and v != (pad if pad is not None else -1)]
+        if not at:
+            parts.append(ctx.exact(_constant(ctx, (1, d), dt, 0.0)))
+            continue
+        with unset_fake_temporarily():
+            ats = torch.tensor(at, dtype=torch.int64)
+        picked = _take_constant(ctx, LV(rows, (n, d)), 0, ats, ((len(at), d), dt))
+        parts.append(emit(g, "sum", ctx.exact(picked), 0) if len(at) > 1 else ctx.exact(picked))
+    return LV(parts[0] if len(parts) == 1 else emit(g, "concat", parts, 0), tuple(shape))
+
+
 for _n in ("nll_loss", "nll_loss_nd", "scatter", "scatter_add", "scatter_reduce",
            "_unsafe_index", "index_put", "_unsafe_index_put", "index_add", "index_copy", "embedding",
            "embedding_dense_backward", "topk", "sort", "argsort", "nonzero", "masked_select", "masked_scatter",
            "take_along_dim", "_embedding_bag", "one_hot", "bincount", "searchsorted", "bucketize"):
     HANDLERS[_n] = _not_expressible(Reason.INDEXED, "reads or writes at indices that are data (a gather or "
                                     "scatter): it runs in the fallback, outside the verified kernels")
+HANDLERS["embedding"], HANDLERS["embedding_dense_backward"] = _embedding, _embedding_backward
 for _n in ("cumsum", "cumprod"):
     HANDLERS[_n] = _not_expressible(Reason.NOT_IN_REGISTRY, "a running sum or product along a dim: the registry has "
                                     "no scan, and a triangular matmul (0/1 weights) would read the later elements "

@@ -324,7 +324,7 @@ def lift(nodes: Sequence[fx.Node], *, strict: bool = False) -> Lifted:
     extra: list[fx.Node] = []
     int_uses: dict[fx.Node, torch.dtype] = {}  # integer input -> the float dtype its readers take it as
     complex_inputs: set[int] = set()
-    folded: dict[fx.Node, torch.Tensor] = {}  # constants computed while lifting (foldable)
+    folded: dict[fx.Node, torch.Tensor] = ctx.folded  # constants computed while lifting (foldable)
 
     def val(a: Any, user: fx.Node) -> Any:
         if isinstance(a, fx.Node) and a in folded and a not in env:

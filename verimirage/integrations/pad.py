@@ -218,3 +218,25 @@ def _roll(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> LV:
         if k:
             t = emit(g, "concat", [emit(g, "slice", t, d, n - k, n), emit(g, "slice", t, d, 0, n - k)], d)
     return LV(emit(g, "reshape", t, shape) if flat else t, shape)
+
+
+@handles("_weight_norm_interface")
+def _weight_norm(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -> tuple[LV, LV]:
+    """``torch._weight_norm_interface(v, g, dim)`` (``nn.utils.parametrizations.weight_norm``: vocoders, WaveNet):
+    ``(v g / |v|, |v|)``, the norm over every dim of ``v`` but ``dim`` (kept as size 1, ``g``'s shape)."""
+    v, gain = args[0], args[1]
+    dim = args[2] if len(args) > 2 else kwargs.get("dim", 0)
+    if not all(isinstance(a, LV) and not (a.mask or a.cplx or a.negated or a.fill is not None) for a in (v, gain)):
+        raise Unsupported(Reason.NOT_IN_REGISTRY, "_weight_norm_interface of anything but float tensors")
+    g, t = ctx.g, ctx.exact(v)
+    r = len(v.shape)
+    d = int(dim) % r if int(dim) != -1 else r - 1
+    sq = emit(g, "square", t)
+    for a in range(r):
+        if a != d:
+            sq = emit(g, "sum", sq, a)
+    norm = emit(g, "sqrt", sq)  # (1, .., n_d, .., 1): g's shape
+    if tuple(norm.shape) != tuple(gain.shape) or tuple(norm.shape) != tuple(out[1][0]):
+        raise Unsupported(Reason.LAYOUT, f"_weight_norm_interface with g of shape {gain.shape}")
+    w = emit(g, "mul", t, emit(g, "div", ctx.exact(gain), norm))
+    return LV(w, _shape(out[0])), LV(norm, tuple(out[1][0]))
