@@ -1320,20 +1320,15 @@ class _KernelGen:
             if uses.get(ra) != [i] or uses.get(rb) != [i] or nodes[ra].op != "input" or nodes[rb].op != "input":
                 continue
             ta, tb = nodes[ra].outs[0], nodes[rb].outs[0]
-            pa = self.padded((ra, 0), ta)
+            pa, pb = self.padded((ra, 0), ta), self.padded((rb, 0), tb)
+            # (K unpadded, whole chunks of ROW_DOT_MAX_K, more than one)
+            deep = pa[-1] > ROW_DOT_MAX_K and pa[-1] == ta.shape[-1] and pa[-1] % ROW_DOT_MAX_K == 0
             if ra not in squeeze or rb not in squeeze:  # (a one-row product is no squeezed operand's: rank 2 as it is)
-                if self.chunk_row(ta, tb) and len(pa) == len(self.padded((rb, 0), tb)) == 2 and self.padded(
-                        (i, 0), nodes[i].outs[0]) == (1, self.padded((rb, 0), tb)[1]) and pa[-1] > ROW_DOT_MAX_K \
-                        and pa[-1] == ta.shape[-1] and pa[-1] % ROW_DOT_MAX_K == 0:
+                if deep and self.chunk_row(ta, tb) and len(pa) == len(pb) == 2 \
+                        and self.padded((i, 0), nodes[i].outs[0]) == (1, pb[1]):
                     found[i] = ROW_DOT_MAX_K
-                continue
-            if self.chunk_row(ta, tb):
-                if pa[-1] > ROW_DOT_MAX_K and pa[-1] == ta.shape[-1] and pa[-1] % ROW_DOT_MAX_K == 0:
-                    found[i] = ROW_DOT_MAX_K
-                continue
-            if not (ta.shape[-2] > 1 and ta.shape[-1] > 1 and tb.shape[-1] > 1):
-                continue  # a row, a column or an outer product: not a tl.dot
-            if pa[-1] > ROW_DOT_MAX_K and pa[-1] == ta.shape[-1] and pa[-1] % ROW_DOT_MAX_K == 0:
+            # (a row, a column or an outer product is not a tl.dot, unless a one-row product chunk_row takes)
+            elif deep and (self.chunk_row(ta, tb) or (ta.shape[-2] > 1 and ta.shape[-1] > 1 and tb.shape[-1] > 1)):
                 found[i] = ROW_DOT_MAX_K
         return found
 
