@@ -6,21 +6,21 @@
     python scripts/regen_proofs.py --relaw proofs/*.json
     python scripts/regen_proofs.py --reff proofs/*.json benchmarks/results/capture/plan_*.json
 
-Each file is re-checked with the independent checker before it is kept. ``--recertify`` re-makes the given
-certificates for the same program pair (their own graph and candidate texts and rules; the Triton hash of today's
-code generator) after a change of the verifier's meanings (an op's exact meaning changes the recorded queries),
-without a search; with ``--floor`` the candidate is first re-derived in the floored online softmax form
-(:func:`verimirage.rewrite.floor.floor_running_maxes`, red team 17: an unfloored one is NaN on a row whose first key
-tiles are all -inf), and a certificate with nothing to floor is left as it is. ``--restamp`` only records the Triton
-hash of today's code generator in the given certificates (after a code-generator change: the hash is neither part of
-the proof nor of the seeds, and the checker regenerates the module and compares; re-check the files afterwards, e.g.
-with the tests). ``--relaw`` re-derives the normaliser law names each certificate (and each sub-certificate of a
-composed one) records, after a change that only renames them (e.g. an op becoming a composition: ``rms-def`` ->
-``mean-def``, ``rsqrt-def``); the queries, seeds and bounds are left as they are, and the checker re-derives all of
-them: re-check afterwards. ``--reff`` re-records the finite-field record (``ff_record``: trials, seeds, fields,
-bounds: a function of the two programs only) of each certificate, sub-certificate and capture-plan item's
-certificate, after a change of the degree analysis; the checker re-derives the record and re-runs the trials:
-re-check afterwards.
+Each certificate is checked with the independent checker before it is written (a rejected one is not).
+``--recertify`` re-makes the given certificates for the same program pair (their own graph and candidate texts and
+rules; the Triton hash of today's code generator) after a change of the verifier's meanings (an op's exact meaning
+changes the recorded queries), without a search; with ``--floor`` the candidate is first re-derived in the floored
+online softmax form (:func:`verimirage.rewrite.floor.floor_running_maxes`, red team 17: an unfloored one is NaN on a
+row whose first key tiles are all -inf), and a certificate with nothing to floor is left as it is. ``--restamp``
+only records the Triton hash of today's code generator in the given certificates (after a code-generator change: the
+hash is neither part of the proof nor of the seeds, and the checker regenerates the module and compares; re-check
+the files afterwards, e.g. with the tests). ``--relaw`` re-derives the normaliser law names each certificate (and
+each sub-certificate of a composed one) records, after a change that only renames them (e.g. an op becoming a
+composition: ``rms-def`` -> ``mean-def``, ``rsqrt-def``); the queries, seeds and bounds are left as they are, and
+the checker re-derives all of them: re-check afterwards. ``--reff`` re-records the finite-field record
+(``ff_record``: trials, seeds, fields, bounds: a function of the two programs only) of each certificate,
+sub-certificate and capture-plan item's certificate, after a change of the degree analysis; the checker re-derives
+the record and re-runs the trials: re-check afterwards.
 """
 
 from __future__ import annotations
@@ -68,10 +68,11 @@ def main() -> int:
                 failed += 1
                 continue
             path = out / f"{name}_bs{b}.json"
-            res.best.certificate.save(str(path))
-            v = vm.check_certificate(str(path))
+            v = vm.check_certificate(res.best.certificate)
             ok = isinstance(v, vm.Proved)
             failed += not ok
+            if ok:  # a certificate the checker rejects is never written over a good one
+                res.best.certificate.save(str(path))
             logging.info("%s bs%d: %d kernel(s), %.1f s, re-check %s", name, b, res.best.mugraph.num_kernels,
                          time.perf_counter() - t0, type(v).__name__)
     return 1 if failed else 0
@@ -189,9 +190,10 @@ def recertify(paths: list[Path], timeout_s: float, *, floor: bool = False) -> in
             failed += 1
             continue
         cert = make_certificate(g, mg, v, old.rules, old.trusted_rules, triton_digest(mg), timeout_s=timeout_s)
-        cert.save(str(path))
-        ok = isinstance(vm.check_certificate(str(path)), vm.Proved)
+        ok = isinstance(vm.check_certificate(cert), vm.Proved)
         failed += not ok
+        if ok:  # checked before it replaces the file, which keeps the old certificate otherwise
+            cert.save(str(path))
         logging.info("%s: %.1f s, re-check %s", path, time.perf_counter() - t0, "Proved" if ok else "FAILED")
     return 1 if failed else 0
 

@@ -612,3 +612,22 @@ def test_check_certificate_raised_oserror_on_json_text() -> None:
     text = (PROOFS / "lora_bs1.json").read_text()
     with pytest.raises(FileNotFoundError, match="no certificate file at"):
         vm.check_certificate(text)
+
+
+def test_recertify_wrote_a_certificate_before_its_recheck(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # finding (session 19): scripts/regen_proofs.py saved a re-made certificate over the committed one and only then
+    # re-checked it, so a rejected certificate replaced a good one on disk; it is now checked first and not written
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("regen_proofs", ROOT / "scripts" / "regen_proofs.py")
+    assert spec is not None and spec.loader is not None
+    regen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(regen)
+    path = tmp_path / "lora_bs1.json"
+    path.write_text((PROOFS / "lora_bs1.json").read_text())
+    before = path.read_bytes()
+    seen: list[object] = []
+    monkeypatch.setattr(vm, "check_certificate", lambda c, **kw: seen.append(c) or vm.Unknown("rejected (simulated)"))
+    assert regen.recertify([path], 60.0) == 1
+    assert seen and not isinstance(seen[0], (str, Path)), "the checker must see the certificate before it is written"
+    assert path.read_bytes() == before
