@@ -161,6 +161,19 @@ def test_a_region_whose_candidate_fails_is_searched_again_verified(monkeypatch) 
     np.testing.assert_allclose(vm.evaluate(best.mugraph, ins)[0], vm.evaluate(g, ins)[0], rtol=1e-9, atol=1e-9)
 
 
+def test_stop_reason_blamed_the_composition_when_a_region_was_not_proved(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # finding (capture19, Swin): when a region's μGraph was not proved even unfused, the search's stop reason said
+    # "the composition was not proved", blaming the glue; it now names the region and its verdict
+    from verimirage.pipeline import superopt as S
+
+    monkeypatch.setattr(S, "_check_split", lambda *a, **kw: vm.Unknown("simulated: the region's queries timed out"))
+    res = vm.superoptimize(relu_chain(2, m=32), cache=False, split="always", region_ops=2)
+    assert res.best is None
+    reason = res.report.stop_reason
+    assert "composition was not proved" not in reason and "region 0 is not proved even" in reason, reason
+    assert "simulated: the region's queries timed out" in reason, reason
+
+
 def test_a_split_search_is_served_from_the_cache_with_its_composed_certificate_rechecked(
         tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("VERIMIRAGE_CACHE_DIR", str(tmp_path))

@@ -446,6 +446,7 @@ def _split_search(graph: Graph, opts: SearchOptions) -> SearchResult:
         prog.phase("verify")
         t0 = (time.perf_counter(), time.process_time())
         cands: list[Candidate] = []
+        why_not = ""  # why no composed candidate: named in the stop reason (a region not proved is not the glue)
         try:
             verdicts = prove_regions(out)
             composed = compose(graph, out.regions, out.mugraphs)
@@ -459,12 +460,15 @@ def _split_search(graph: Graph, opts: SearchOptions) -> SearchResult:
                     cands = [Candidate(composed, cost(composed, opts.hardware, cal), v, None, tuple(rules), graph,
                                        verified_by="vm.verify" if opts.verifier is None else "custom verifier")]
                 else:
+                    why_not = f"the composition is Proved but {unsafe}"
                     rep.rejected.append((f"{composed.num_kernels}-kernel composed μGraph", f"Proved but {unsafe}"))
             else:
+                why_not = f"the composition is {type(v).__name__}: {getattr(v, 'reason', v)}"
                 rep.rejected.append((f"{composed.num_kernels}-kernel composed μGraph",
                                      f"{type(v).__name__}: {getattr(v, 'reason', v)}"))
         except GraphError as e:
-            rep.rejected.append(("composed μGraph", str(e).splitlines()[0]))
+            why_not = str(e).splitlines()[0]
+            rep.rejected.append(("composed μGraph", why_not))
         timed("verify", t0)
         rep.regions = list(out.reports)
         rep.rules_fired = {}
@@ -486,8 +490,9 @@ def _split_search(graph: Graph, opts: SearchOptions) -> SearchResult:
             cands[0].verdict = _unknown("accepted by a custom verifier, not proved by vm.verify (no certificate): "
                                         f"{getattr(cands[0].verdict, 'reason', '')}")
         rep.verified = len(cands)
-        rep.stop(StopReason.REGIONS, f"{len(out.regions)} region(s); the composition "
-                 + ("proved region by region, its glue checked" if cands else "was not proved"))
+        rep.stop(StopReason.REGIONS, f"{len(out.regions)} region(s); "
+                 + ("the composition proved region by region, its glue checked" if cands
+                    else f"not composed: {why_not[:300]}"))
         run.cands = cands
 
         prog.phase("certify")
