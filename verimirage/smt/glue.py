@@ -87,9 +87,9 @@ def compose(graph: Graph, regions: Sequence[Region], mugraphs: Sequence[MuGraph]
 
 
 def undefined_fed(graph: Graph, regions: Sequence[Region]) -> str | None:
-    """None when every value a region makes and another reads is defined (each partial op in its domain by signs,
-    :mod:`.defined`) wherever any output of ``graph`` is, its unguarded conditions free of output indices taken as
-    facts (a program undefined everywhere the value is, ``g / n`` at ``n = 0``, needs nothing of it); else why not.
+    """None when every value a region makes and another reads is defined (partial ops in their domains by signs,
+    :mod:`.defined`) wherever any case of an output of ``graph`` is, its unguarded conditions free of output indices
+    as facts (a case undefined wherever the value is, ``g / n`` at ``n = 0``, needs nothing of it); else why not.
     Congruence needs it: a region's μGraph may read input elements its graph does not (``r0[0] + 0 * r0[1]``) or a
     value its graph reads only in a ``where`` branch, which the program may leave undefined (``log(x)[1]``)."""
     from . import abstract as A
@@ -118,7 +118,7 @@ def undefined_fed(graph: Graph, regions: Sequence[Region]) -> str | None:
         return None
     try:  # (the program's own conditions, derived only when needed; else the value must be defined for all inputs)
         facts = [[D.Defs(tuple(c for c in d.conds if not any(map(D._is_out, E.free_vars(c.poly)))), d.prov,
-                         d.ranges) for d in ds] for ds in conds(output_refs(graph))]
+                         d.ranges)] for ds in conds(output_refs(graph)) for d in ds]  # (per output and case)
     except bad:
         return why
     return first(facts)
