@@ -113,13 +113,16 @@ def test_fp_check_evaluated_a_broadcast_of_gibibytes_from_small_inputs() -> None
     assert SafetyChecker(vm.Graph.parse(_distances(64, 64))).numeric  # (256 Ki elements a value: evaluated)
 
 
-def _joined(r: int, n: int, other: str) -> vm.MuGraph:
+def _joined(r: int, n: int, other: str, score: str | None = None) -> vm.MuGraph:
     """The softmax of X's rows shifted by ``maximum(max X, other)``: ``other`` names a (r, 1) value ``%3`` computed
     from ``%0`` (X), ``%1`` (T, a (r, 1) input: the decode's new score beside the cache's scores) and ``%2`` (max X)
-    in lines numbered from ``%3`` (``{k}``: the node number ``3 + k``); the softmax follows."""
+    in lines numbered from ``%3`` (``{k}``: the node number ``3 + k``); the softmax follows. ``score``: the value
+    (``other`` where "other") whose exp, shifted by the same maximum, the row's sum adds (the decode's new score's
+    term, a softmax over the row and the new score)."""
     lines = other.format(**{f"k{k}": 3 + k for k in range(64)}).splitlines()
     m = 3 + len(lines) - 1  # (other's value)
-    return vm.MuGraph.parse(f"""mugraph {{
+    if score is None:
+        return vm.MuGraph.parse(f"""mugraph {{
   %0 = input {{name='X'}} : f32[{r},{n}]
   %1 = input {{name='T'}} : f32[{r},1]
   %2 = max %0 {{axis=1}} : f32[{r},1]
@@ -130,6 +133,22 @@ def _joined(r: int, n: int, other: str) -> vm.MuGraph:
   %{m + 4} = sum %{m + 3} {{axis=1}} : f32[{r},1]
   %{m + 5} = div %{m + 3}, %{m + 4} : f32[{r},{n}]
   return %{m + 5}
+}}""")
+    y = m if score == "other" else score
+    return vm.MuGraph.parse(f"""mugraph {{
+  %0 = input {{name='X'}} : f32[{r},{n}]
+  %1 = input {{name='T'}} : f32[{r},1]
+  %2 = max %0 {{axis=1}} : f32[{r},1]
+{chr(10).join(lines)}
+  %{m + 1} = maximum %2, %{m} : f32[{r},1]
+  %{m + 2} = sub %0, %{m + 1} : f32[{r},{n}]
+  %{m + 3} = exp %{m + 2} : f32[{r},{n}]
+  %{m + 4} = sum %{m + 3} {{axis=1}} : f32[{r},1]
+  %{m + 5} = sub %{y}, %{m + 1} : f32[{r},1]
+  %{m + 6} = exp %{m + 5} : f32[{r},1]
+  %{m + 7} = add %{m + 4}, %{m + 6} : f32[{r},1]
+  %{m + 8} = div %{m + 3}, %{m + 7} : f32[{r},{n}]
+  return %{m + 8}
 }}""")
 
 
@@ -150,7 +169,8 @@ def test_fp_check_took_a_maximum_with_a_value_computed_from_the_row_as_a_max_shi
     new_score = "  %{k0} = scale %1 {{c=1.0}} : f32[8,1]"
     assert isinstance(vm.verify(_joined(8, 64, new_score), _joined(8, 64, plus)), vm.Proved)
     assert np.isnan(out).all()
-    assert exp_shifts(_joined(8, 64, new_score)) == ["max"]  # (the new score T: not computed from X)
+    # (the new score T: not computed from X, and its exp, shifted by the same maximum, in the row's sum)
+    assert exp_shifts(_joined(8, 64, new_score, "other")) == ["max", "sum"]
     big = _joined(4096, 1024, plus.replace("[8,1]", "[4096,1]"))
     why = SafetyChecker(_softmax(4096, 1024)).structural(big)
     assert why is not None and "subtracts the max before every exp" in why, why
@@ -170,7 +190,7 @@ def test_fp_check_lost_a_maximums_dependence_on_the_row_past_16_ops() -> None:
         f"  %{{k{2 * i + 1}}} = mul %{{k{2 * i}}}, %{{k{2 * i}}} : f32[8,1]\n"
         f"  %{{k{2 * i + 2}}} = add %{{k{2 * i + 1}}}, %{{k{2 * i}}} : f32[8,1]\n" for i in range(30))
     diamonds = diamonds.rstrip("\n")
-    assert exp_shifts(_joined(8, 64, diamonds)) == ["max"]  # (computed from T alone: the new score's kind)
+    assert exp_shifts(_joined(8, 64, diamonds, "other")) == ["max", "sum"]  # (computed from T alone: a new score)
 
 
 def _twice(r: int, n: int, c: float) -> vm.MuGraph:
@@ -277,3 +297,49 @@ def test_fp_check_took_another_kernels_max_plus_1000_as_another_score() -> None:
     assert exp_shifts(small) == ["sum"]
     why = SafetyChecker(_softmax(4096, 1024)).check(_two_kernels(4096, 1024))
     assert why is not None and "subtracts the max before every exp" in why, why
+
+
+def _scaled_softmax(r: int, n: int, shift: str | None = None) -> vm.Graph | vm.MuGraph:
+    """``softmax(X) * T`` (T a (r, 1) input: a row weight, any input beside the scores); ``shift``: the candidate
+    shifting X's rows by ``maximum(max X, shift)`` (``shift``: an op of T, ``%1``) instead of ``max X``."""
+    kind, m = ("graph", "%2") if shift is None else ("mugraph", "%4")
+    extra = "" if shift is None else f"  %3 = {shift} : f32[{r},1]\n  %4 = maximum %2, %3 : f32[{r},1]\n"
+    k = 2 if shift is None else 4
+    text = f"""{kind} {{
+  %0 = input {{name='X'}} : f32[{r},{n}]
+  %1 = input {{name='T'}} : f32[{r},1]
+  %2 = max %0 {{axis=1}} : f32[{r},1]
+{extra}  %{k + 1} = sub %0, {m} : f32[{r},{n}]
+  %{k + 2} = exp %{k + 1} : f32[{r},{n}]
+  %{k + 3} = sum %{k + 2} {{axis=1}} : f32[{r},1]
+  %{k + 4} = div %{k + 2}, %{k + 3} : f32[{r},{n}]
+  %{k + 5} = mul %{k + 4}, %1 : f32[{r},{n}]
+  return %{k + 5}
+}}"""
+    return vm.Graph.parse(text) if shift is None else vm.MuGraph.parse(text)
+
+
+def test_fp_check_took_a_maximum_with_1000_times_another_input_as_a_max_shift() -> None:
+    """``maximum(max x, 1000 * t)``, ``t`` an input beside the scores (a row weight here; the decode's new score, the
+    values of an attention), passed the maximum rule as "another score of the row" (not computed from x, reads an
+    input x does not), a max shift: proved equal (a per-row shift), NaN on every row where ``1000 t`` is above the
+    row, and passed the full-size structural check. Another score now counts only where the program exps it, shifted
+    by the same maximum, into a normaliser with x's exps (the term exp(0) = 1 where it is the maximum)."""
+    from verimirage.pipeline.fpsafe import exp_shifts
+
+    over = "scale %1 {c=1000.0}"
+    small = _scaled_softmax(8, 64, over)
+    assert isinstance(vm.verify(_scaled_softmax(8, 64), small), vm.Proved)
+    rng = np.random.default_rng(6)
+    ins = {"X": rng.uniform(-3.0, 3.0, (8, 64)), "T": rng.uniform(0.5, 1.0, (8, 1))}
+    assert np.isnan(evaluate_in_dtype(small, ins, generated=True)[0][0]).all()
+    assert np.isfinite(evaluate_in_dtype(_scaled_softmax(8, 64), ins)[0][0]).all()
+    assert exp_shifts(small) == ["sum"] and exp_shifts(_scaled_softmax(8, 64)) == ["max"]
+    checker = SafetyChecker(_scaled_softmax(4096, 1024))
+    assert not checker.numeric
+    why = checker.check(_scaled_softmax(4096, 1024, over))
+    assert why is not None and "subtracts the max before every exp" in why, why
+    # the new score exp'd by the same maximum and summed into the row's normaliser is a score of the row: its max
+    # shift; 1000 times it, where only the score itself is exp'd so, is not (the row's sum is 0 where 1000 t is above)
+    assert exp_shifts(_joined(8, 64, "  %{k0} = scale %1 {{c=1.0}} : f32[8,1]", "other")) == ["max", "sum"]
+    assert exp_shifts(_joined(8, 64, "  %{k0} = scale %1 {{c=1000.0}} : f32[8,1]", "1")) == ["sum", "sum"]

@@ -534,7 +534,7 @@ def exp_shifts(mg: Graph) -> list[str]:
     else ``"none"``. A max of a max of ``x`` over another axis (the max of the row maxes) is a max over more than the
     values the exp's row sums: a row far below another one has every exp 0 and a softmax of 0 / 0, so it is no max
     shift (a running or loop max joins the tiles of one row: it is)."""
-    found: list[str] = []
+    found: list[str | int] = []  # (an exp of a difference: its index in shifted_exps, labelled once all are seen)
     Val = tuple[Sequence[Any], Ref, Any]  # (the nodes of a scope, a value's ref, the scope's outer resolver)
 
     def scope(nodes: Sequence[Any], refs: Sequence[Ref], outer: Any) -> Any:
@@ -739,7 +739,9 @@ def exp_shifts(mg: Graph) -> list[str]:
 
         return partial((ga.nodes, ga.outputs[ak], None), False)
 
-    def is_max_of(m: Val, x: Val, depth: int = 0) -> bool:
+    def is_max_of(m: Val, x: Val, e: Any = None, depth: int = 0) -> bool:
+        """Whether ``m`` is a max of ``x``: at or above every value of ``x``'s row, and one of them or another score
+        summed beside them (the ``maximum`` case); ``e``: the exp of ``x - m`` being labelled."""
         nodes, (i, _), outer = resolve(m)
         n = nodes[i]
         if depth > 8:
@@ -754,24 +756,51 @@ def exp_shifts(mg: Graph) -> list[str]:
                 an, (ai, ak), _ = resolve(a)
                 if an[ai].outs[ak].shape[int(n.attr("axis"))] != 1:
                     return False
-            return is_max_of(a, x, depth + 1)
+            return is_max_of(a, x, e, depth + 1)
         if n.op == "maximum":
-            # (one operand a max of x; each other one a max of x too or a value not computed from x that reads a program
-            # input x does not: another score of the row, the decode's new one (its key's weight) beside the cache's.
-            # A value computed from x, a max of x plus 1000, the sum of |x|, the max of x's operand read whole (every
-            # row's) or computed so in another kernel, is above the exp'd values of a row: each exp of the row 0 and
-            # its softmax 0 / 0)
+            # (one operand a max of x; each other one a max of x too, or another score of the row: a value not computed
+            # from x that reads a program input x does not (the decode's new score, its key's weight, beside the
+            # cache's), exp'd shifted by this same maximum and summed with x's exps into a normaliser (a divisor, a
+            # reciprocal's or a log's operand): that sum has the term exp(0) = 1 where the other score is the maximum.
+            # A value computed from x (a max of x plus 1000, the sum of |x|, the max of x's operand read whole or
+            # computed so in another kernel), or one the program does not exp so (1000 times the new score, whose own
+            # exp is of the score), is above the exp'd values of a row: each exp of the row 0 and its softmax 0 / 0)
             vs = [(nodes, r, outer) for r in n.args]
-            hits = [is_max_of(v, x, depth + 1) for v in vs]
-            return any(hits) and all(h or (not reads(v, x) and bool(sources(v) - sources(x)))
+            hits = [is_max_of(v, x, e, depth + 1) for v in vs]
+            return any(hits) and all(h or (not reads(v, x) and bool(sources(v) - sources(x))
+                                          and summed_beside(v, m, e, depth))
                                      for h, v in zip(hits, vs, strict=True))
         big = DTYPE_MAX[DType.float32]
         if n.op == "clamp" and n.attr("hi") >= big and n.attr("lo") <= -big:
             # (a max floored at fp32's lowest finite value, RUNNING_MAX_FLOOR: still >= every x, and a row's own max
             # wherever it has a finite score; a higher floor is above a row of scores below it, every exp of the row
             # 0 and its softmax 0 / 0: exp(x - clamp(max x, 1e4)) is proved equal and NaN on every row of +-3)
-            return is_max_of((nodes, n.args[0], outer), x, depth + 1)
+            return is_max_of((nodes, n.args[0], outer), x, e, depth + 1)
         return False
+
+    #: each exp of a difference (at any level): (the exp node, the difference's two operands)
+    shifted_exps: list[tuple[Any, Val, Val]] = []
+    #: per normaliser (a divisor, a reciprocal's or a log's operand), the exps (by node id) it sums with positive
+    #: weights through sums and data movement: the softmax denominators
+    normalisers: list[frozenset[int]] = []
+
+    def summed_beside(v: Val, m: Val, e: Any, depth: int) -> bool:
+        """Whether operand ``v`` of the maximum ``m`` that shifts the exp ``e`` is another score of ``e``'s row: the
+        program exps ``y - m'`` (``m'`` :func:`same` as ``m``) with ``v`` that ``y`` or a max of it, and one
+        normaliser sums that exp and ``e``."""
+        return any(e2 is not e and same(m2, m) and (same(v, y) or is_max_of(v, y, e2, depth + 1))
+                   and any(id(e) in s and id(e2) in s for s in normalisers) for e2, y, m2 in shifted_exps)
+
+    def positive(n: Any, nodes: Sequence[Any], a: list[frozenset[int]]) -> frozenset[int]:
+        """:func:`_walk_values`' step for :data:`normalisers`: the exps a value sums with positive weights."""
+        if n.op == "exp":
+            return frozenset({id(n)})
+        if n.op in ("div", "reciprocal", "log"):
+            normalisers.append(a[-1])
+        if n.op in ("add", "sum", "mean", "loop_sum", "reshape", "permute", "transpose", "broadcast_to", "cast",
+                    "concat") or (n.op == "scale" and float(n.attr("c")) > 0):
+            return frozenset().union(*a)
+        return frozenset()
 
     def walk(nodes: Sequence[Any], outer: Any) -> None:
         for n in nodes:
@@ -787,11 +816,17 @@ def exp_shifts(mg: Graph) -> list[str]:
             elif n.op == "exp":
                 an, (ai, _), ao = resolve((nodes, n.args[0], outer))
                 a = an[ai]
-                found.append("none" if a.op not in ("add", "sub") else "max" if a.op == "sub" and is_max_of(
-                    (an, a.args[1], ao), (an, a.args[0], ao)) else "sum")
+                if a.op == "sub":
+                    found.append(len(shifted_exps))
+                    shifted_exps.append((n, (an, a.args[0], ao), (an, a.args[1], ao)))
+                else:
+                    found.append("sum" if a.op == "add" else "none")
 
     walk(node_list(mg), None)
-    return found
+    if shifted_exps:
+        _walk_values(mg, lambda name: frozenset(), positive)
+    return [f if isinstance(f, str) else "max" if is_max_of(shifted_exps[f][2], shifted_exps[f][1], shifted_exps[f][0])
+            else "sum" for f in found]
 
 
 #: ops whose result is a sum of their operands' values (and products: a sum of products)
