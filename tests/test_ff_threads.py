@@ -119,12 +119,12 @@ def test_verify_runs_its_threads_with_automatic_collection_held_off(monkeypatch:
         seen.append(("abstract", gc.isenabled(), threading.current_thread().name))
         return real_abs(*a, **k)
 
-    def trials_spy(trial, n, workers):  # type: ignore[no-untyped-def]
+    def trials_spy(trial, n, workers, decided=None):  # type: ignore[no-untyped-def]
         def spied(ti: int):  # type: ignore[no-untyped-def]
             seen.append(("trial", gc.isenabled(), threading.current_thread().name))
             return trial(ti)
 
-        return real_trials(spied, n, max(2, workers))
+        return real_trials(spied, n, max(2, workers), decided)
 
     monkeypatch.setattr(verify_mod, "abstract_check", abs_spy)
     monkeypatch.setattr(FFtrials, "_run_trials", trials_spy)

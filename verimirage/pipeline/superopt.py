@@ -604,9 +604,10 @@ def _composed_verdict(graph: Graph, composed: MuGraph, verdicts: Sequence[Any], 
                         "may read values the program leaves undefined", evidence)
     extra = ""
     if opts.verifier is None and _macs(graph) <= WHOLE_FF_MAX_MACS:
-        from ..smt.verify import _ff_check, ff_test, ff_test_p_or_q
+        from ..smt.verify import _ff_check, applies_log, ff_test, ff_test_p_or_q
 
-        r = ff_test_p_or_q(graph, composed, ff_test(graph, composed, seed=opts.seed), seed=opts.seed)
+        r = ff_test_p_or_q(graph, composed, ff_test(graph, composed, seed=opts.seed,
+                                                    locate=not applies_log(graph, composed)), seed=opts.seed)
         if r.outcome != Outcome.PROVED:
             log.error("the composition of proved regions differs from the whole program: %s", r.reason)
             return _unknown(f"the regions are proved but the whole-program finite-field test says: {r.reason}",

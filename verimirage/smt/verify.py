@@ -39,7 +39,16 @@ from . import budget as B
 from . import defined as D
 from . import expr as E
 from . import limits
-from .ff import MAX_ACCEPTABLE_BOUND, FFReference, FFResult, collect_here, ff_test, ff_test_p_or_q
+from .ff import (
+    MAX_ACCEPTABLE_BOUND,
+    FFReference,
+    FFResult,
+    applies_log,
+    collect_here,
+    ff_test,
+    ff_test_p_or_q,
+    refutation_inputs,
+)
 from .verdict import Check, Outcome, Proved, Refuted, Unknown, Verdict
 from .z3enc import Query, equivalence_query
 
@@ -361,7 +370,9 @@ def _verify(a: Graph, b: Graph, ref: FFReference, *, trials: int | None, seed: i
             abs_future.add_done_callback(abstract_done)
         ffr: FFResult | None = None
         try:
-            ffr = ff_test(a, b, seed=seed, trials=trials, reference=ref, cancel=ff_cancel)
+            # (with log, a p-part refutation is located only if the q-world test does not replace it)
+            ffr = ff_test(a, b, seed=seed, trials=trials, reference=ref, cancel=ff_cancel,
+                          locate=not applies_log(a, b))
             ffr = ff_test_p_or_q(a, b, ffr, seed=seed)  # programs with log: their q-parts, where log is exact
         finally:
             if ffr is None or ffr.outcome == Outcome.REFUTED:
@@ -400,8 +411,9 @@ def _refuted_or_unknown(a: Graph, b: Graph, ffr: FFResult, ffc: Check, seed: int
     """A finite-field mismatch: ``Refuted`` with replayable float inputs on which the programs differ in
     float64 (:func:`float_witness`), else ``Unknown`` (the field's model of max / relu / sqrt can tell
     apart programs equal over the reals)."""
-    cex: dict[str, Any] = {"ff_inputs": ffr.inputs, "ff_field": {"p": ffr.p[-1], "q": ffr.q[-1], "g": ffr.g[-1],
-                           "seed": ffr.seeds[-1]}, "output": ffr.output, "index": ffr.index}
+    cex: dict[str, Any] = {"ff_inputs": refutation_inputs(a, ffr),
+                           "ff_field": {"p": ffr.p[-1], "q": ffr.q[-1], "g": ffr.g[-1], "seed": ffr.seeds[-1]},
+                           "output": ffr.output, "index": ffr.index}
     try:
         w = float_witness(a, b, seed)
     except Exception as e:  # (an evaluation error leaves the mismatch unconfirmed)

@@ -140,6 +140,7 @@ from .trials import (
     THREADS_ENV,
     FFReference,
     FFResult,
+    applies_log,
     collect_here,
     default_seeds,
     ff_domain_ops,
@@ -151,6 +152,7 @@ from .trials import (
     input_values,
     observe,
     projection_factors,
+    refutation_inputs,
     run_ff,
     trial_inputs,
 )
@@ -158,10 +160,10 @@ from .values import FV, Part, as_kind, fv_of, ints, stacked
 
 __all__ = [
     "FV", "INPUT_CACHE_BYTES", "MAX_ACCEPTABLE_BOUND", "ORDER_ORACLE_OPS", "PARALLEL_BYTES", "P_MAX", "THREADS_ENV",
-    "DegreeInfo", "FFDomain", "FFReference", "FFResult", "Field", "Part", "as_kind", "collect_here",
+    "DegreeInfo", "FFDomain", "FFReference", "FFResult", "Field", "Part", "applies_log", "as_kind", "collect_here",
     "current_field", "default_seeds", "degree_bound", "degree_info", "exp_epilogue", "ff_domain_ops", "ff_test",
     "ff_test_p_or_q", "ff_test_q", "ff_workers", "fv_of", "held_bytes", "input_values", "ints", "observe",
-    "opaque", "opaque_key",
-    "projection_bound", "projection_factors", "run_ff", "safe_primes", "stacked", "stated_bound", "trial_inputs",
+    "opaque", "opaque_key", "projection_bound", "projection_factors", "refutation_inputs", "run_ff", "safe_primes",
+    "stacked", "stated_bound", "trial_inputs",
     "trials_needed", "uses_exp",
 ]

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...ir.errors import GraphError
-from ...ir.graph import Graph
+from ...ir.graph import Graph, node_list
 from ...ir.interpret import run
 from ...ir.ops import OPS, Prop
 from ..verdict import Outcome
@@ -51,7 +51,9 @@ class FFResult:
     bound: float
     seconds: float
     output: int | None = None
+    #: where output ``output`` differs (None in a refutation not located yet: see ``locate`` of :func:`ff_test`)
     index: tuple[int, ...] | None = None
+    #: the refuting trial's inputs in the stacked form (None: not made; :func:`refutation_inputs` makes them)
     inputs: dict[str, np.ndarray] | None = None
     field_trial: int | None = None
     #: whether the outputs were compared through random bilinear projections (:mod:`verimirage.smt.ff.proj`)
@@ -70,18 +72,39 @@ class FFResult:
 _GEN_CHUNK = 1 << 20
 
 
-def _input_part(shape: tuple[int, ...], seed: int, index: int, part: int, m: int) -> Part:
-    def gen() -> np.ndarray:
-        # float64 (inputs mostly feed matmuls, which read float64 residues), filled in chunks of int32 draws
+class _Draws:
+    """One input part's residues, drawn once (uniform in [0, m), int32 draws in chunks of :data:`_GEN_CHUNK` from
+    the part's own stream) in whichever kind is asked first; the other kind is converted from that array (the
+    same values). Holds the arrays, never the parts (so no reference cycle keeps them alive)."""
+
+    __slots__ = ("args", "made")
+
+    def __init__(self, shape: tuple[int, ...], seed: int, index: int, part: int, m: int) -> None:
+        self.args = (shape, seed, index, part, m)
+        self.made: np.ndarray | None = None
+
+    def __call__(self, dtype: type) -> np.ndarray:
+        if self.made is not None:
+            return _frozen(self.made.astype(dtype))
+        shape, seed, index, part, m = self.args
         rng = np.random.default_rng([seed, 0x5EED, part, index])
-        out = np.empty(shape, dtype=np.float64)
+        out: np.ndarray = np.empty(shape, dtype=dtype)
         flat = out.reshape(-1)
         for s in range(0, flat.size, _GEN_CHUNK):
             n = min(_GEN_CHUNK, flat.size - s)
             flat[s : s + n] = rng.integers(0, m, size=n, dtype=np.int32)
+        self.made = out
         return _frozen(out)
 
-    return Part(gen, kind="f")
+
+def _input_part(shape: tuple[int, ...], seed: int, index: int, part: int, m: int) -> Part:
+    """An input's part: float64 (inputs mostly feed matmuls, which read float64 residues) with its int64 twin
+    made now, each drawn only if asked for: an input read by element-wise ops alone is never held as float64
+    as well (the twin is drawn, not converted, when it is asked for first)."""
+    draws = _Draws(shape, seed, index, part, m)
+    f = Part(lambda: draws(np.float64), kind="f")
+    f._twin = Part(lambda: draws(np.int64), kind="i")
+    return f
 
 
 def input_values(g: Graph, fld: Field, seed: int) -> dict[str, FV]:
@@ -136,19 +159,27 @@ def _nbytes(g: Graph) -> int:
     return sum(8 * 2 * math.prod(t.shape) for t in g.inputs)
 
 
+def _trial_bytes(g: Graph) -> int:
+    """About the bytes a trial of ``g`` holds at once: its inputs' two parts and two values the size of its
+    largest computed value (an op's operand and its result), 8 bytes a residue. (A cross entropy over a
+    vocabulary holds its two inputs and two values of their size: 4 GiB of 16 at 512 x 151,936.)"""
+    big = max((math.prod(o.shape) for n in node_list(g) if n.op != "input" for o in n.outs), default=0)
+    return _nbytes(g) + 8 * 2 * 2 * big
+
+
 def _run_lazy(g: Graph, inputs: Mapping[str, FV], fld: Field) -> list[FV]:
     return list(run(g, inputs, FFDomain(fld)))
 
 
 #: environment variable: the most threads the finite-field test runs trials on (default: usable cores, at most 4)
 THREADS_ENV = "VERIMIRAGE_FF_THREADS"
-#: the trials of one test in flight at once hold at most about this many bytes of input values
+#: the trials of one test in flight at once hold at most about this many bytes of values (:func:`_trial_bytes`)
 PARALLEL_BYTES = 6 << 30
 
 
 def ff_workers(trials: int, nbytes: int) -> int:
     """How many trials to evaluate at once: usable cores (or ``$VERIMIRAGE_FF_THREADS``), at most
-    ``trials``, and few enough that the trials' input values (``nbytes`` each) stay under
+    ``trials``, and few enough that the trials' values (``nbytes`` each: :func:`_trial_bytes`) stay under
     :data:`PARALLEL_BYTES` together."""
     n = ffshare.env_int(THREADS_ENV, 0, 1, GraphError)
     if not n:
@@ -177,10 +208,12 @@ def collect_here() -> Iterator[None]:
         gc.enable()
 
 
-def _run_trials(trial: Callable[[int], FFResult | None], n: int, workers: int) -> FFResult | None:
+def _run_trials(trial: Callable[[int], FFResult | None], n: int, workers: int,
+                decided: threading.Event | None = None) -> FFResult | None:
     """Run ``trial(0) .. trial(n - 1)`` (``workers`` at a time) and return the first (lowest-index)
-    non-None result, or None. No trial starts after an earlier one returned a result (those already
-    running finish); the answer does not depend on ``workers`` (trials are independent and deterministic)."""
+    non-None result, or None. No trial starts after an earlier one returned a result; ``decided`` is set
+    then, so that trials already running (all of a later index, whose results are not read) may stop
+    early; the answer does not depend on ``workers`` (trials are independent and deterministic)."""
     with _one_blas_thread(), collect_here():  # once for all threads: per-call set/restore would race
         if workers <= 1:
             for ti in range(n):
@@ -194,8 +227,15 @@ def _run_trials(trial: Callable[[int], FFResult | None], n: int, workers: int) -
             # only once trial ti is known to have passed
             futs = {ti: pool.submit(ctx.copy().run, trial, ti) for ti in range(min(workers, n))}
             for ti in range(n):
-                r = futs.pop(ti).result()
+                try:
+                    r = futs.pop(ti).result()
+                except BaseException:
+                    if decided is not None:
+                        decided.set()
+                    raise
                 if r is not None:
+                    if decided is not None:
+                        decided.set()  # (before the pool's exit waits for the trials still running)
                     for f in futs.values():
                         f.cancel()
                     return r
@@ -306,14 +346,28 @@ class FFReference:
         return [ints(o.p) for o in _run_lazy(self.target, inputs, fld)]
 
     def compare(self, cand: Graph, *, seeds: Sequence[int] | None = None, trials: int | None = None,
-                cancel: threading.Event | None = None) -> FFResult:
+                cancel: threading.Event | None = None, locate: bool = True) -> FFResult:
         """Evaluate ``cand`` on the target's trials and compare every output (see :func:`ff_test`). ``cancel``:
         once set, no further trial starts and the result is ``unknown`` ("cancelled") unless a trial already
-        refuted; a cancelled test never proves."""
-        return self._compare(cand, seeds, trials, cancel)
+        refuted; a cancelled test never proves. ``locate``: see :func:`ff_test`."""
+        return self._compare(cand, seeds, trials, cancel, locate)
+
+    def locate(self, cand: Graph, r: FFResult) -> FFResult:
+        """``r``, a refutation of ``cand`` whose projections differed, with the index where its output differs
+        (both programs evaluated again, every element, on the refuting trial); any other result unchanged."""
+        if r.outcome != Outcome.REFUTED or r.index is not None or r.output is None or r.field_trial is None:
+            return r
+        s, k, ti = r.seeds[-1], r.output, r.field_trial
+        fld = Field.from_seed(s)
+        ins = input_values(self.target, fld, s)
+        idx = _first_difference(self.full_outputs(s, ins)[k], ints(_run_lazy(cand, ins, fld)[k].p))
+        if idx is None:
+            raise RuntimeError(f"ff: the projections of output {k} differ in trial {ti} but the outputs are equal "
+                               "(a bug in verimirage.smt.ff.proj)")
+        return dataclasses.replace(r, index=idx, reason=f"output {k} differs at index {idx} in trial {ti} (p={fld.p})")
 
     def _compare(self, cand: Graph, seeds: Sequence[int] | None, trials: int | None,
-                 cancel: threading.Event | None = None) -> FFResult:
+                 cancel: threading.Event | None = None, locate: bool = True) -> FFResult:
         t0 = time.perf_counter()
         db, ob = degree_bound(cand)
         deg = max(self.degree, db)
@@ -336,17 +390,23 @@ class FFReference:
         qs = tuple(Field.from_seed(s).q for s in seeds)
         gs = tuple(Field.from_seed(s).g for s in seeds)
 
+        decided = threading.Event()  # an earlier trial's result is the answer: a trial still running is not read
+
         def trial(ti: int) -> FFResult | None:
             if cancel is not None and cancel.is_set():
                 return FFResult(Outcome.UNKNOWN, f"cancelled before trial {ti}", ps[:ti], qs[:ti], gs[:ti],
                                 seeds[:ti], ti, per, 1.0, time.perf_counter() - t0, projected=self.project,
                                 device=where)
+            if decided.is_set():
+                return None
             s = seeds[ti]
             fld = Field.from_seed(s)
             ins = self.inputs(s, fld)
             outs_a, viol_a = self.outputs(s, ins)
-            with ffshare.finding(self.shared.entries(s)):
-                r = candidate_trial(ti, s, fld, ins, outs_a, viol_a)
+            r = None
+            if not decided.is_set():
+                with ffshare.finding(self.shared.entries(s)):
+                    r = candidate_trial(ti, s, fld, ins, outs_a, viol_a)
             if not self.keep_shared:
                 self.shared.drop(s)  # (no later candidate will read them; later trials reuse the memory)
             elif not self.hold_inputs(s, ins, len(seeds)):
@@ -365,16 +425,20 @@ class FFReference:
             for k, (x, y) in enumerate(zip(outs_a, outs_b, strict=True)):
                 idx = _first_difference(x, observe(y, s, k, fld, self.project))
                 if idx is not None and self.project and y.shape:
-                    # the projections differ: the outputs differ somewhere; find where, every element computed
+                    # the projections differ: the outputs differ somewhere
+                    if not locate:
+                        return FFResult(Outcome.REFUTED, f"output {k}'s projections differ in trial {ti} "
+                                        f"(p={fld.p}; not located)", bound=1.0, seconds=time.perf_counter() - t0,
+                                        output=k, field_trial=ti, **common)  # type: ignore[arg-type]
+                    # find where, every element computed
                     idx = _first_difference(self.full_outputs(s, ins)[k], ints(y.p))
                     if idx is None:
                         raise RuntimeError(f"ff: the projections of output {k} differ in trial {ti} but the "
                                            "outputs are equal (a bug in verimirage.smt.ff.proj)")
-                if idx is not None:
-                    full = trial_inputs(self.target, fld, s)
+                if idx is not None:  # (the inputs are made when wanted: refutation_inputs)
                     return FFResult(Outcome.REFUTED, f"output {k} differs at index {idx} in trial {ti} (p={fld.p})",
                                     bound=1.0, seconds=time.perf_counter() - t0, output=k, index=idx,
-                                    inputs=full, field_trial=ti, **common)  # type: ignore[arg-type]
+                                    field_trial=ti, **common)  # type: ignore[arg-type]
             del outs_b
             viol = viol_a + fld.q_violations
             if viol:
@@ -383,7 +447,7 @@ class FFReference:
                                 bound=1.0, seconds=time.perf_counter() - t0, **common)  # type: ignore[arg-type]
             return None
 
-        stop = _run_trials(trial, len(seeds), ff_workers(len(seeds), _nbytes(self.target)))
+        stop = _run_trials(trial, len(seeds), ff_workers(len(seeds), _trial_bytes(self.target)), decided)
         if ffgpu.failures() > failed:
             where += " (some products on the CPU: the device failed)"
         if stop is not None:
@@ -402,7 +466,7 @@ class FFReference:
 def ff_test(
     a: Graph, b: Graph, *, seeds: Sequence[int] | None = None, seed: int = 0, trials: int | None = None,
     target_log2: float = 60.0, reference: FFReference | None = None, project: bool = True,
-    cancel: threading.Event | None = None,
+    cancel: threading.Event | None = None, locate: bool = True,
 ) -> FFResult:
     """Evaluate ``a`` and ``b`` in fresh random fields on fresh random inputs; compare every output.
 
@@ -412,11 +476,14 @@ def ff_test(
     (:func:`observe`), which adds ``2 / p`` per trial; otherwise element by element.
     ``reference``: an :class:`FFReference` of ``a`` (same seed) whose cached outputs are reused.
     ``cancel``: see :meth:`FFReference.compare` (a cancelled test is ``unknown``, never ``proved``).
+    ``locate`` (the default): a refutation whose projections differ is located (both programs evaluated again,
+    every element); False leaves ``index`` None (:func:`ff_test_p_or_q` locates one it keeps). A refutation's
+    ``inputs`` are not made here: :func:`refutation_inputs`.
     """
     if reference is None or reference.seed != seed or reference.target_log2 != target_log2 or (
             reference.project != project) or (reference.target is not a and str(reference.target) != str(a)):
         reference = FFReference(a, seed=seed, target_log2=target_log2, project=project, keep_shared=False)
-    return reference.compare(b, seeds=seeds, trials=trials, cancel=cancel)
+    return reference.compare(b, seeds=seeds, trials=trials, cancel=cancel, locate=locate)
 
 
 def ff_test_q(a: Graph, b: Graph, seeds: Sequence[int] | None = None, *, seed: int = 0,
@@ -468,7 +535,7 @@ def ff_test_q(a: Graph, b: Graph, seeds: Sequence[int] | None = None, *, seed: i
             if idx is not None:
                 return FFResult(Outcome.REFUTED, f"q-world: output {k} differs at index {idx} in trial {ti} "
                                 f"(q={fld.q})", bound=1.0, seconds=time.perf_counter() - t0, output=k, index=idx,
-                                inputs=trial_inputs(a, fld, s), field_trial=ti, **common)  # type: ignore[arg-type]
+                                field_trial=ti, **common)  # type: ignore[arg-type]
         if fld.q_violations:
             return FFResult(Outcome.UNKNOWN, f"q-world: exp of a meaningless q-part ({fld.q_violations} elements in "
                             f"trial {ti})", bound=1.0, seconds=time.perf_counter() - t0,
@@ -482,15 +549,33 @@ def ff_test_q(a: Graph, b: Graph, seeds: Sequence[int] | None = None, *, seed: i
                     "evidence there, not a bound)", **common)  # type: ignore[arg-type]
 
 
-def ff_test_p_or_q(a: Graph, b: Graph, r: FFResult, *, seed: int = 0) -> FFResult:
-    """``r`` (the p-part test of ``a`` and ``b``), or, when it found a difference and a program applies log,
-    the q-world test (:func:`ff_test_q`) on the same trials if that finds them equal."""
+def applies_log(a: Graph, b: Graph) -> bool:
+    """Whether ``a`` or ``b`` applies log (so that :func:`ff_test_p_or_q` may replace a p-part refutation)."""
     from ..ffref import ops_in
 
-    if r.outcome != Outcome.REFUTED or "log" not in ops_in(a) | ops_in(b):
+    return "log" in ops_in(a) | ops_in(b)
+
+
+def ff_test_p_or_q(a: Graph, b: Graph, r: FFResult, *, seed: int = 0) -> FFResult:
+    """``r`` (the p-part test of ``a`` and ``b``), or, when it found a difference and a program applies log,
+    the q-world test (:func:`ff_test_q`) on the same trials if that finds them equal. A refutation kept is
+    located (:meth:`FFReference.locate`) if ``r`` was not (:func:`ff_test` with ``locate=False``)."""
+    if r.outcome != Outcome.REFUTED:
         return r
-    rq = ff_test_q(a, b, seed=seed)
-    return rq if rq.outcome == Outcome.PROVED else r
+    if applies_log(a, b):
+        rq = ff_test_q(a, b, seed=seed)
+        if rq.outcome == Outcome.PROVED:
+            return rq
+    return FFReference(a, seed=seed, project=r.projected, keep_shared=False).locate(b, r)
+
+
+def refutation_inputs(a: Graph, r: FFResult) -> dict[str, np.ndarray]:
+    """The inputs of refutation ``r``'s trial (of :func:`ff_test` or :func:`ff_test_q` on target ``a``) in the
+    stacked form of :func:`trial_inputs`: ``r.inputs``, or made again from the trial's seed."""
+    if r.inputs is not None:
+        return r.inputs
+    s = r.seeds[-1]
+    return trial_inputs(a, Field.from_seed(s), s)
 
 
 def ff_domain_ops() -> list[str]:
