@@ -410,3 +410,42 @@ def test_a_deep_one_step_one_row_product_is_a_loop_of_256_deep_row_dots(k: int) 
         assert "tl.dot(" not in generate(mg, tiles=TileOptions(dot_min_m=16)).source
     finally:
         codegen.CHUNK_ROW_DOTS = old
+
+
+@pytest.mark.parametrize("m,k,n", [(4, 257, 37), (1, 61, 37), (20, 257, 61), (2, 4099, 64)])
+def test_a_prime_size_product_took_one_wide_tiles(m: int, k: int, n: int) -> None:
+    # finding (red team 19b): the default block graph of a product (the fallback lowering, one kernel per op) took
+    # the largest divisor of a dim as its tile, so a prime N gave 1-column tiles (N blocks) and a prime K one-deep
+    # steps (K iterations; 50-60 s in the interpreter for (4, 257) @ (257, 37)); such a dim now takes whole tiles
+    # with a masked tail, read zero-padded (exact for the contraction) and cropped
+    import torch
+
+    g = vm.Graph()
+    a, b = g.input("A", (m, k), vm.float32), g.input("B", (k, n), vm.float32)
+    g.output(g.matmul(a, b))
+    mg = vm.MuGraph.from_graph(g)
+    (node,) = [nd for nd in node_list(to_kernels(mg)) if nd.op == "custom"]
+    bg = node.attr("block")
+    assert bg.frange <= 17 and max(bg.grid) <= 4 and node.outs[0].shape == (m, n), (bg.grid, bg.frange)
+    rng = np.random.default_rng(1)
+    x, y = rng.standard_normal((m, k)), rng.standard_normal((k, n))
+    out = vm.compile(mg)(torch.tensor(x, dtype=torch.float32), torch.tensor(y, dtype=torch.float32))
+    np.testing.assert_allclose(out.double().numpy(), x @ y, rtol=1e-4, atol=1e-4)
+    assert isinstance(vm.verify(g, mg), vm.Proved)
+
+
+def test_a_prime_width_elementwise_op_took_one_wide_tiles() -> None:
+    # the same for an elementwise op's default block graph: a prime last dim of 4099 took 4099 one-element blocks
+    import torch
+
+    g = vm.Graph()
+    a, b = g.input("A", (3, 4099), vm.float32), g.input("B", (1, 4099), vm.float32)
+    g.output(g.mul(g.exp(a), b))
+    mg = vm.MuGraph.from_graph(g)
+    blocks = [nd.attr("block") for nd in node_list(to_kernels(mg)) if nd.op == "custom"]
+    assert blocks and all(bg.num_blocks <= 3 * 5 for bg in blocks), [bg.grid for bg in blocks]
+    rng = np.random.default_rng(2)
+    x, y = rng.standard_normal((3, 4099)), rng.standard_normal((1, 4099))
+    out = vm.compile(mg)(torch.tensor(x, dtype=torch.float32), torch.tensor(y, dtype=torch.float32))
+    np.testing.assert_allclose(out.double().numpy(), np.exp(x) * y, rtol=1e-5, atol=1e-6)
+    assert isinstance(vm.verify(g, mg), vm.Proved)

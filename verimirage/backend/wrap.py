@@ -53,6 +53,14 @@ GEMV_TILE_K = 256
 GEMV_MAX_ROWS = 16
 
 
+def _blocks_of(n: int, cap: int) -> int:
+    """Blocks splitting a dim of ``n`` into tiles of at most ``cap``: whole tiles of a divisor when one is at least a
+    quarter of ``cap``, else tiles of ``cap`` with a masked tail (a prime ``n`` took 1-wide tiles: ``n`` blocks, or
+    ``n`` one-deep steps of a contraction; the semantics reads the tail zero-padded and crops the result)."""
+    t = _divisor_at_most(n, cap)
+    return n // t if 4 * t >= min(n, cap) else -(-n // cap)
+
+
 def _divisor_at_most(n: int, cap: int) -> int:
     """The largest divisor of ``n`` that is at most ``cap``, preferring powers of two."""
     p = 1
@@ -63,17 +71,18 @@ def _divisor_at_most(n: int, cap: int) -> int:
     return p if p * 2 > best else best
 
 
-def _plan(shape: tuple[int, ...], whole: set[int], max_axes: int = 3) -> list[tuple[int, int]]:
-    """Grid axes as (dim, blocks): last dim in tiles <= MAX_TILE, other dims one block per index."""
+def _plan(shape: tuple[int, ...], whole: set[int], max_axes: int = 3, tails: bool = False) -> list[tuple[int, int]]:
+    """Grid axes as (dim, blocks): last dim in tiles <= MAX_TILE (``tails``: with a masked tail where no divisor
+    makes a tile of a quarter of that, as :func:`_blocks_of`), other dims one block per index."""
     r = len(shape)
     axes: list[tuple[int, int]] = []
     for d in reversed(range(r)):
         if d in whole or shape[d] == 1 or len(axes) == max_axes:
             continue
         if d == r - 1:
-            t = _divisor_at_most(shape[d], MAX_TILE)
-            if t < shape[d]:
-                axes.append((d, shape[d] // t))
+            blocks = _blocks_of(shape[d], MAX_TILE) if tails else shape[d] // _divisor_at_most(shape[d], MAX_TILE)
+            if blocks > 1:
+                axes.append((d, blocks))
         else:
             axes.append((d, shape[d]))
     axes.sort(key=lambda a: -a[1])
@@ -103,7 +112,7 @@ def default_block(node: Node, in_types: Sequence[TensorType]) -> BlockGraph:
     d = OPS[op]
     r = out.rank
     if d.has(Prop.ELEMENTWISE):
-        ew_axes = _plan(out.shape, set())
+        ew_axes = _plan(out.shape, set(), tails=True)
         b = BlockBuilder([n for _, n in ew_axes], 1)
         xs = [b.input(i, t, _operand_imap(t, r, ew_axes)) for i, t in enumerate(in_types)]
         y = b.apply(op, xs, attrs)
@@ -166,14 +175,14 @@ def _matmul_block(node: Node, in_types: Sequence[TensorType]) -> BlockGraph:
     if batch:
         axes.append(max(batch, key=lambda a: a[1]))
     gemv = m <= GEMV_MAX_ROWS and not batch
-    tm, tn = _divisor_at_most(m, MM_TILE_M), _divisor_at_most(n, GEMV_TILE_N if gemv else MM_TILE_N)
-    if m // tm > 1:
-        axes.append((r - 2, m // tm))
-    if n // tn > 1:
-        axes.append((r - 1, n // tn))
+    bm, bn = _blocks_of(m, MM_TILE_M), _blocks_of(n, GEMV_TILE_N if gemv else MM_TILE_N)
+    if bm > 1:
+        axes.append((r - 2, bm))
+    if bn > 1:
+        axes.append((r - 1, bn))
     if not axes:
         axes = [(r - 1, 1)]
-    frange = k // _divisor_at_most(k, GEMV_TILE_K if gemv else MM_TILE_K)
+    frange = _blocks_of(k, GEMV_TILE_K if gemv else MM_TILE_K)
 
     def a_dim(od: int) -> int | None:
         return None if od == r - 1 else od - (r - ta.rank)
@@ -305,7 +314,7 @@ def to_kernels(g: Graph) -> MuGraph:
             vals[i] = mg.custom(n.attr("block"), args, [t.shape for t in n.outs])  # (as recorded: maybe cropped)
         else:
             bg = default_block(n, [a.type for a in args])
-            vals[i] = mg.custom(bg, args)
+            vals[i] = mg.custom(bg, args, [t.shape for t in n.outs])  # (a masked tail crops the whole tiles)
             if vals[i][0].type != n.outs[0]:  # pragma: no cover - a bug in default_block
                 raise GraphError(f"backend: default block graph of {n.op} gives {vals[i][0].type}; want {n.outs[0]}")
     mg.output(*[vals[a][k] for a, k in output_refs(g)])
