@@ -138,7 +138,9 @@ def _reduction_block(node: Node, in_types: Sequence[TensorType]) -> BlockGraph:
     ax = attrs["axis"]
     axes = _plan(out.shape, {ax})
     n = t.shape[ax]
-    frange = n // _divisor_at_most(n, MAX_TILE) if rd.loop is not None else 1
+    # (a masked tail only where zero padding is the combine's identity: a sum's and a mean's partial sums)
+    whole = n // _divisor_at_most(n, MAX_TILE)
+    frange = 1 if rd.loop is None else _blocks_of(n, MAX_TILE) if rd.identity == 0 else whole
     b = BlockBuilder([k for _, k in axes], frange)
     x = b.input(0, t, _operand_imap(t, r, axes), ax if frange > 1 else None)
     if frange == 1:
