@@ -418,22 +418,53 @@ def _outputs_sym(g: Graph) -> list[Sym]:
 
 
 def derive_on(g: Graph, case: Case, k: int) -> tuple[E.Poly, frozenset[str], D.Defs]:
-    """Output ``k``'s expression at the symbolic index ``(_o0, _o1, ...)`` restricted to ``case``, the laws used and
-    what was recorded for definedness; :class:`~verimirage.smt.expr.NeedSplit` where the case must be split."""
+    """Output ``k``'s expression at the index ``(_o0, _o1, ...)`` restricted to ``case`` (one it holds at one value:
+    that constant), the laws used and what was recorded for definedness; :class:`~verimirage.smt.expr.NeedSplit` where
+    the case must be split."""
     d = E.Derivation()
     tok = E.activate(d)
     try:
         d.ranges.update((out_var(j), r) for j, r in enumerate(case))
         o = _outputs_sym(g)[k]
-        return o.at(tuple(E.a_var(out_var(j)) for j in range(o.ndim))), frozenset(d.laws), D.defs_of(d)
+        idx = (E.a_var(out_var(j)) if hi - lo > 1 else E.a_const(lo) for j, (lo, hi) in enumerate(case))
+        return o.at(tuple(idx)), frozenset(d.laws), D.defs_of(d)
     finally:
         E.deactivate(tok)
 
 
+def _split(ns: E.NeedSplit, c: Case) -> tuple[int, list[int]]:
+    """Where to cut case ``c`` for ``ns`` (a concat read at ``4*_o0 + _o1``): the first output index in the read that
+    :func:`~verimirage.smt.expr.split_points` cuts, else whose values one at a time lie in different pieces (an
+    undecided value alone), else the first halved (its range's interval too loose). Sound whatever the cuts: the cases
+    partition ``c`` and :func:`~verimirage.smt.expr.p_cat` selects only a piece provably held."""
+    d = E.Derivation(ranges={**ns.ranges, **{out_var(j): r for j, r in enumerate(c)}})
+    js = [j for j, (lo, hi) in enumerate(c) if out_var(j) in E.a_vars(ns.idx) and hi - lo > 1]
+    tok = E.activate(d)
+    try:
+        for j in js:
+            (lo, hi), v = c[j], out_var(j)
+            cuts = [p for p in E.split_points(ns, v, (lo, hi)) or () if lo < p < hi]
+            if not cuts:
+                at: list[int | None] = []
+                for x in range(lo, hi):
+                    d.ranges[v] = (x, x + 1)
+                    a, b = (sum(p <= i for p in ns.points) for i in E.interval(ns.idx))
+                    at.append(a if a == b else None)
+                d.ranges[v] = (lo, hi)
+                cuts = [lo + i for i in range(1, hi - lo) if at[i] is None or at[i] != at[i - 1]]
+            if cuts:
+                return j, [lo, *cuts, hi]
+    finally:
+        E.deactivate(tok)
+    if js:
+        return js[0], [c[js[0]][0], sum(c[js[0]]) // 2, c[js[0]][1]]
+    raise E.AbstractionError(f"piecewise value at {E.pretty(ns.idx)} cannot be resolved")
+
+
 def derive_all(gs: Sequence[Graph]) -> tuple[list[list[Case]], list[Derived]]:
     """Every output of the programs ``gs`` (of the same output types) on the coarsest cases (boxes of its indices) on
-    which each of them derives, a case split on the first output index that needs it: per output its cases, per
-    program its :data:`Derived`."""
+    which each of them derives, a case split where :func:`_split` cuts it: per output its cases, per program its
+    :data:`Derived`."""
     cases: list[list[Case]] = []
     out: list[Derived] = [([], set(), []) for _ in gs]
     for k, t in enumerate(output_types(gs[0])):
@@ -444,11 +475,7 @@ def derive_all(gs: Sequence[Graph]) -> tuple[list[list[Case]], list[Derived]]:
             try:
                 done[c] = [derive_on(g, c, k) for g in gs]
             except E.NeedSplit as ns:
-                j = next((j for j in range(len(c)) if out_var(j) in E.a_vars(ns.idx)), None)
-                pts = None if j is None else E.split_points(ns, out_var(j), c[j])
-                if j is None or pts is None:
-                    raise E.AbstractionError(f"piecewise value at {E.pretty(ns.idx)} cannot be resolved") from None
-                cuts = [c[j][0]] + [p for p in pts if c[j][0] < p < c[j][1]] + [c[j][1]]
+                j, cuts = _split(ns, c)
                 todo += [(*c[:j], r, *c[j + 1:]) for r in itertools.pairwise(cuts)]
             if len(done) + len(todo) > 64:
                 raise E.AbstractionError("too many piecewise cases")

@@ -903,6 +903,8 @@ class NeedSplit(Exception):
         super().__init__(f"split {idx} at {points}")
         self.idx = idx
         self.points = points
+        d = _DER.get()  # (the ranges of its variables where it was raised: where to split, abstract._split)
+        self.ranges = {v: d.ranges[v] for v in a_vars(idx) if v in d.ranges} if d is not None else {}
 
 
 #: at most this many split points for an index ``x % n + k`` (one range per period of ``x`` and piece)
