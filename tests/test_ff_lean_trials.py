@@ -19,6 +19,7 @@ import pytest
 import verimirage as vm
 from verimirage.benchmarks.models import cross_entropy
 from verimirage.smt.ff import FFReference, Field, ff_test, ff_test_p_or_q, ff_workers, refutation_inputs, trial_inputs
+from verimirage.smt.ff import heap as FFheap
 from verimirage.smt.ff import trials as FFtrials
 from verimirage.smt.ff.trials import _run_trials, _trial_bytes
 from verimirage.smt.verdict import Outcome
@@ -122,19 +123,35 @@ def test_a_trial_whose_values_would_not_fit_beside_another_runs_alone() -> None:
 
 
 def test_run_trials_tells_the_trials_still_running_that_the_answer_is_decided() -> None:
-    decided = threading.Event()
-    release = threading.Event()
+    decided, started = threading.Event(), threading.Event()
     seen: dict[int, bool] = {}
 
     def trial(ti: int) -> FFtrials.FFResult | None:
-        if ti == 1:
-            release.wait(5)  # still running when trial 0's refutation decides the answer
-            seen[ti] = decided.is_set()
+        if ti == 1:  # still running when trial 0's refutation decides the answer (the pool waits for it)
+            started.set()
+            seen[ti] = decided.wait(10)
             return None
-        r = FFtrials.FFResult(Outcome.REFUTED, "x", (), (), (), (), 1, 0.5, 1.0, 0.0, field_trial=0)
-        threading.Timer(0.05, release.set).start()
-        return r
+        assert started.wait(10)
+        return FFtrials.FFResult(Outcome.REFUTED, "x", (), (), (), (), 1, 0.5, 1.0, 0.0, field_trial=0)
 
     r = _run_trials(trial, 4, 2, decided)
     assert r is not None and r.field_trial == 0
     assert decided.is_set() and seen == {1: True}
+
+
+@pytest.mark.skipif(not FFheap.enabled(), reason="glibc only")
+def test_a_big_array_freed_during_the_trials_is_reused_without_fresh_pages() -> None:
+    import resource
+
+    def touch() -> int:
+        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        a = np.empty(96 << 17)  # 96 MiB: above glibc's largest mmap threshold
+        a.fill(1.0)
+        del a
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
+
+    with FFheap.heap_arrays(), FFheap.heap_arrays():  # (nested: one setting)
+        touch()
+        again = touch()
+    fresh = touch()  # after the block: mapped (and faulted in) again
+    assert again * 4 < fresh, (again, fresh)

@@ -46,8 +46,12 @@ def test_ff_workers_env_and_memory_cap(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ff.THREADS_ENV, "3")
     assert ff_workers(4, 1) == 3
     assert ff_workers(2, 1) == 2  # never more than the trials
-    assert ff_workers(4, ff.PARALLEL_BYTES // 2) == 2  # the trials' inputs must fit together
+    monkeypatch.setattr(ff.trials, "SERIAL_BYTES", ff.PARALLEL_BYTES)
+    assert ff_workers(4, ff.PARALLEL_BYTES // 2) == 2  # the trials' values must fit together
     assert ff_workers(4, ff.PARALLEL_BYTES * 2) == 1
+    monkeypatch.setattr(ff.trials, "SERIAL_BYTES", 1 << 30)
+    assert ff_workers(4, (1 << 30) - 1) == 3
+    assert ff_workers(4, 1 << 30) == 1  # a big trial runs alone (in the calling thread)
     for bad in ("0", "two", "-1"):
         monkeypatch.setenv(ff.THREADS_ENV, bad)
         with pytest.raises(GraphError, match=ff.THREADS_ENV):

@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -27,6 +28,7 @@ from . import gpu as ffgpu
 from . import share as ffshare
 from .degree import degree_bound, degree_info, projection_bound, stated_bound, trials_needed, uses_exp
 from .field import Field, safe_primes
+from .heap import heap_arrays
 from .meanings import FFDomain
 from .products import _one_blas_thread
 from .values import FV, Part, _frozen, fv_of, ints, stacked
@@ -175,18 +177,25 @@ def _run_lazy(g: Graph, inputs: Mapping[str, FV], fld: Field) -> list[FV]:
 THREADS_ENV = "VERIMIRAGE_FF_THREADS"
 #: the trials of one test in flight at once hold at most about this many bytes of values (:func:`_trial_bytes`)
 PARALLEL_BYTES = 6 << 30
+#: a trial whose values take at least this many bytes runs alone, in the calling thread: worker threads map and
+#: fault in fresh pages for every big array (their glibc arenas), and on the shared CPU box two such trials at once
+#: cost 1.6-1.9x the CPU time of the same trials one after the other (qk_layernorm_attention: 45-51 against 27.5
+#: CPU-s; the system time of page faults), where the calling thread reuses its heap (:mod:`.heap`)
+SERIAL_BYTES = 1 << 30
 
 
 def ff_workers(trials: int, nbytes: int) -> int:
     """How many trials to evaluate at once: usable cores (or ``$VERIMIRAGE_FF_THREADS``), at most
     ``trials``, and few enough that the trials' values (``nbytes`` each: :func:`_trial_bytes`) stay under
-    :data:`PARALLEL_BYTES` together."""
+    :data:`PARALLEL_BYTES` together; one when a trial's take :data:`SERIAL_BYTES` or more."""
     n = ffshare.env_int(THREADS_ENV, 0, 1, GraphError)
     if not n:
         try:
             n = min(4, len(os.sched_getaffinity(0)))
         except AttributeError:  # not Linux
             n = min(4, os.cpu_count() or 1)
+    if nbytes >= SERIAL_BYTES:
+        return 1
     return max(1, min(n, trials, PARALLEL_BYTES // max(1, nbytes)))
 
 
@@ -214,7 +223,7 @@ def _run_trials(trial: Callable[[int], FFResult | None], n: int, workers: int,
     non-None result, or None. No trial starts after an earlier one returned a result; ``decided`` is set
     then, so that trials already running (all of a later index, whose results are not read) may stop
     early; the answer does not depend on ``workers`` (trials are independent and deterministic)."""
-    with _one_blas_thread(), collect_here():  # once for all threads: per-call set/restore would race
+    with _one_blas_thread(), collect_here(), heap_arrays():  # once for all threads: per-call set/restore would race
         if workers <= 1:
             for ti in range(n):
                 r = trial(ti)
@@ -519,6 +528,22 @@ def ff_test_q(a: Graph, b: Graph, seeds: Sequence[int] | None = None, *, seed: i
         return FFResult(Outcome.UNKNOWN, "q-world: an exp reads a value computed by log (exp(log y) is +-y in the "
                         "field's model): not tested", bound=1.0, seconds=time.perf_counter() - t0,
                         **common)  # type: ignore[arg-type]
+    with heap_arrays():
+        stop = _q_trials(a, b, seeds, fields, common, t0)
+    if stop is not None:
+        return stop
+    bound = per ** len(seeds)
+    common["per_trial_bound"] = per
+    return FFResult(Outcome.PROVED if per < 1 else Outcome.UNKNOWN,
+                    f"{len(seeds)} trial(s) equal in the q-world (log as exp's inverse); per-node model bound "
+                    f"{bound:.3g}", bound=bound, seconds=time.perf_counter() - t0, stated_bound=None,
+                    bound_note="no probability stated: log is modelled by a discrete log (the field test is "
+                    "evidence there, not a bound)", **common)  # type: ignore[arg-type]
+
+
+def _q_trials(a: Graph, b: Graph, seeds: tuple[int, ...], fields: list[Field], common: dict[str, Any],
+              t0: float) -> FFResult | None:
+    """The trials of :func:`ff_test_q`: the first that is not equal (its result), or None."""
     for ti, (s, fld) in enumerate(zip(seeds, fields, strict=True)):
         ins = input_values(a, fld, s)
         outs_a = _run_lazy(a, ins, fld)
@@ -540,13 +565,7 @@ def ff_test_q(a: Graph, b: Graph, seeds: Sequence[int] | None = None, *, seed: i
             return FFResult(Outcome.UNKNOWN, f"q-world: exp of a meaningless q-part ({fld.q_violations} elements in "
                             f"trial {ti})", bound=1.0, seconds=time.perf_counter() - t0,
                             **common)  # type: ignore[arg-type]
-    bound = per ** len(seeds)
-    common["per_trial_bound"] = per
-    return FFResult(Outcome.PROVED if per < 1 else Outcome.UNKNOWN,
-                    f"{len(seeds)} trial(s) equal in the q-world (log as exp's inverse); per-node model bound "
-                    f"{bound:.3g}", bound=bound, seconds=time.perf_counter() - t0, stated_bound=None,
-                    bound_note="no probability stated: log is modelled by a discrete log (the field test is "
-                    "evidence there, not a bound)", **common)  # type: ignore[arg-type]
+    return None
 
 
 def applies_log(a: Graph, b: Graph) -> bool:
