@@ -198,14 +198,17 @@ def regroup(case: str, small: bool, directory: Path, cert_in: Path, members: lis
     """Re-search a composed candidate with some of its regions as one: the regions of ``cert_in`` (a composed
     certificate of ``case``) whose nodes lie in ``members`` (graph node indices) become one region, searched whole
     (``vm.superoptimize``, ``split="never"``: a fusion across the boundaries the region split drew, e.g. an
-    attention's two products and its softmax as one split-KV kernel pair), its best μGraph verified against it;
-    the others keep their μGraphs and certificates. The composition is re-certified (``cert_out``, with its
-    Triton digest) and re-checked (``vm.check_certificate``), checked for floating-point safety, and put first
-    in ``DIR/<case>.json`` (the other candidates after it)."""
+    attention's two products and its softmax as one split-KV kernel pair; a union of unrelated parts, such as the
+    q, k and v projections' rotary regions, as one region per connected part: the k projection's split-K combine
+    with its rotary), its best μGraph verified against it; the others keep their μGraphs and certificates. The
+    composition is re-certified (``cert_out``, with its Triton digest) and re-checked (``vm.check_certificate``),
+    checked for floating-point safety, and put first in ``DIR/<case>.json`` (the other candidates after it)."""
     from verimirage.backend.tuning import triton_digest
-    from verimirage.ir.graph import MuGraph
+    from verimirage.ir.graph import MuGraph, node_list
     from verimirage.pipeline.fpsafe import SafetyChecker
     from verimirage.pipeline.pricing import cost
+    from verimirage.rewrite.partition import connected_parts
+    from verimirage.rewrite.rules import UNPROVED_BUILTINS
     from verimirage.smt.certificate import Certificate, ComposedCertificate
     from verimirage.smt.certify import make_certificate, make_composed_certificate, read_certificate
     from verimirage.smt.glue import compose, region_of
@@ -233,29 +236,37 @@ def regroup(case: str, small: bool, directory: Path, cert_in: Path, members: lis
     nodes = sorted(i for ns in merged for i in ns)
     if len(merged) < 2 or set(nodes) != want:
         raise ValueError(f"{case}: nodes {sorted(want)} are not a union of two or more of the candidate's regions")
-    reg = region_of(g, nodes)
+    # each connected part of the union its own region, searched whole (the normal search by regions splits a region
+    # into its connected parts too: one kernel over unrelated parts has no grid axis they share)
+    parts = connected_parts(node_list(g), nodes)
     t0 = time.perf_counter()
-    res = vm.superoptimize(reg.graph, top_k=1, time_budget_s=time_budget_s, cache=False, split="never",
-                           verify_timeout_s=verify_timeout_s)
-    if res.best is None:
-        raise ValueError(f"{case}: no verified candidate for the merged region")
-    mg = res.best.mugraph
-    v = Verifier(reg.graph).check(mg, timeout_s=verify_timeout_s)
-    if not v.proved:
-        raise ValueError(f"{case}: the merged region's μGraph is not proved: {v.reason}")
-    from verimirage.rewrite.rules import UNPROVED_BUILTINS
-
-    rules = [x for x in res.best.rules if x not in UNPROVED_BUILTINS]
-    trusted = [x for x in res.best.rules if x in UNPROVED_BUILTINS]
+    made, found = [], []
+    for part in parts:
+        reg = region_of(g, part)
+        res = vm.superoptimize(reg.graph, top_k=1, time_budget_s=time_budget_s, cache=False, split="never",
+                               verify_timeout_s=verify_timeout_s)
+        if res.best is None:
+            raise ValueError(f"{case}: no verified candidate for the merged region's part {part[0]}..{part[-1]}")
+        mg = res.best.mugraph
+        v = Verifier(reg.graph).check(mg, timeout_s=verify_timeout_s)
+        if not v.proved:
+            raise ValueError(f"{case}: the merged region's μGraph is not proved: {v.reason}")
+        rules = [x for x in res.best.rules if x not in UNPROVED_BUILTINS]
+        trusted = [x for x in res.best.rules if x in UNPROVED_BUILTINS]
+        made.append((reg, mg, make_certificate(reg.graph, mg, v, rules, trusted, timeout_s=verify_timeout_s)))
+        found.append(f"{part[0]}..{part[-1]}: {mg.num_kernels} kernel(s), {cost(mg).time_s * 1e6:.1f} us est. "
+                     f"({', '.join(res.best.rules)})")
     at = regions.index(None)
-    regions[at], mgs[at], subs[at] = reg, mg, make_certificate(reg.graph, mg, v, rules, trusted,
-                                                               timeout_s=verify_timeout_s)
+    regions[at:at + 1] = [r for r, _, _ in made]
+    mgs[at:at + 1] = [m for _, m, _ in made]
+    subs[at:at + 1] = [c for _, _, c in made]
     composed = compose(g, regions, mgs)
     unsafe = SafetyChecker(g, 0).check(composed)
     if unsafe is not None:
         raise ValueError(f"{case}: the composition is not floating-point safe: {unsafe}")
     reason = (f"by regions: {len(regions)} region μGraph(s) each proved against its region, the composition by its "
-              f"glue (congruence); region {nodes[0]}..{nodes[-1]} re-searched whole (regroup)")
+              f"glue (congruence); region {nodes[0]}..{nodes[-1]} re-searched whole (regroup"
+              f"{f', as its {len(parts)} connected parts' if len(parts) > 1 else ''})")
     cert = make_composed_certificate(g, regions, subs, reason, triton_digest(composed))
     cert_out.parent.mkdir(parents=True, exist_ok=True)
     cert.save(cert_out)
@@ -270,8 +281,8 @@ def regroup(case: str, small: bool, directory: Path, cert_in: Path, members: lis
                                  "bytes": c.bytes, "rules": rules_all, "verdict": f"Proved: {reason}"})
     doc["report"] += (f"\nregroup: candidate 0 is the former candidate 0 ({cert_in.name}) with regions "
                       f"{merged} as one region {nodes[0]}..{nodes[-1]}, searched whole in "
-                      f"{time.perf_counter() - t0:.1f} s: {mg.num_kernels} kernel(s), "
-                      f"{cost(mg).time_s * 1e6:.1f} us est. ({', '.join(res.best.rules)}); certificate {cert_out}")
+                      f"{time.perf_counter() - t0:.1f} s ({len(parts)} connected part(s)): {'; '.join(found)}; "
+                      f"certificate {cert_out}")
     path.write_text(json.dumps(doc, indent=1))
     log.info("%s: regrouped %s -> %d kernels, %.1f us est.; %s", case, merged, composed.num_kernels,
              c.time_s * 1e6, verdict)

@@ -63,13 +63,15 @@ def _v(own: int = 64, pf: int = 16384, early: bool = False, lb: bool = False, me
             "pdl": pdl, "gemv": (gemv_stages, gemv_warps), **{f"wrap.{k}": x for k, x in wrap.items()}}
 
 
-def _d(lb: bool = False, merge: bool = True, pdl: str = "auto", edit: tuple[str, ...] = (),
+def _d(lb: bool = False, merge: bool = True, pdl: str = "auto", edit: tuple[str, ...] = (), cand: int = 0,
        **settings: Any) -> dict[str, Any]:
     """A variant of the code generator's defaults as they are, with only ``settings`` changed (``chunk``: codegen.
-    CHUNK_ROW_DOTS, ``own``: codegen.PDL_EARLY_OWN_MAX_BLOCKS; anything else a ``wrap`` attribute). :func:`_v` sets
-    every PDL option, to its defaults of session 15 (own 64, prefetches everywhere): not the defaults since run 20."""
-    names = {"chunk": "codegen.CHUNK_ROW_DOTS", "own": "codegen.PDL_EARLY_OWN_MAX_BLOCKS"}
-    return {"lb": lb, "merge": merge, "pdl": pdl, "edit": edit,
+    CHUNK_ROW_DOTS, ``own``: codegen.PDL_EARLY_OWN_MAX_BLOCKS; anything else a ``wrap`` attribute), of the case's
+    committed candidate ``cand`` (0: the best). :func:`_v` sets every PDL option, to its defaults of session 15 (own
+    64, prefetches everywhere): not the defaults since run 20."""
+    names = {"chunk": "codegen.CHUNK_ROW_DOTS", "own": "codegen.PDL_EARLY_OWN_MAX_BLOCKS",
+             "small": "codegen.MERGE_SMALL_MAX_BLOCKS", "chained": "chained"}
+    return {"lb": lb, "merge": merge, "pdl": pdl, "edit": edit, "cand": cand,
             **{names.get(k, f"wrap.{k}"): x for k, x in settings.items()}}
 
 
@@ -111,6 +113,20 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "q64": _d(edit=("q64",)),
     "q64_kv64": _d(edit=("q64", "kv64")),
     "q64_kv64_lb": _d(lb=True, edit=("q64", "kv64")),
+    # session 20: decode_bs1's candidates 1 and 2 (the former candidate 0: the q/k/v rotary regions of 2026-11-27
+    # 16:33; candidate 1 those regions searched as their connected parts, the k projection's split-K combine with its
+    # rotary; candidate 0 also the q projection searched with its rotary, split over K with the rotary in the combine)
+    "c1": _d(cand=1),
+    "c2": _d(cand=2),
+    "c1_q64": _d(cand=1, edit=("q64",)),
+    "c2_q64": _d(cand=2, edit=("q64",)),
+    "c1_own64": _d(cand=1, own=64),
+    "now_own64": _d(own=64),
+    "small32": _d(small=32),  # kernels of at most 32 blocks merged whatever their warps (call 3: tuning.merge_key's
+    # key 0 for them; now codegen.MERGE_SMALL_MAX_BLOCKS, which joins only launches all of whose kernels are small)
+    "small0": _d(small=0),
+    "attn_w8": _d(chained=(0, 8)),  # chained-product kernels (attention's) at 8 warps
+    "small32_attn_w8": _d(small=32, chained=(0, 8)),
     # session 19, calls 1-2 (15:58, 16:01 UTC) ran these through _v (own 64, prefetches everywhere), and "now" /
     # "main18" / "now_lb" / "now_apart" / "main18_apart" then meant _v(...) of the same settings
     "v_now": _v(),
@@ -172,6 +188,24 @@ def edited(mg: Any, names: tuple[str, ...]) -> Any:
     return MuGraph.parse(text) if names else mg
 
 
+def _chained_patch(stages: int, warps: int) -> Any:
+    """A stand-in for ``tuning._measured`` that launches every kernel whose product consumes another's (attention's P @
+    V after Q K^T) with ``stages`` / ``warps`` (0: as the rules give), to measure."""
+    from verimirage.backend import tuning
+
+    orig = tuning._measured
+
+    def patched(bg: Any, arg_types: Any) -> Any:
+        from dataclasses import replace
+
+        c = orig(bg, arg_types)
+        if tuning.kernel_shape(bg, arg_types).chained:
+            c = replace(c, num_stages=stages or c.num_stages, num_warps=warps or c.num_warps)
+        return c
+
+    return orig, patched
+
+
 def _gemv_patch(stages: int, warps: int) -> Any:
     """A stand-in for ``tuning._measured`` that launches every weight-streaming few-row product loop (16-row dots,
     eight or more K steps, no chained products) with ``stages`` / ``warps`` (0: as the rules give), to measure."""
@@ -198,13 +232,13 @@ def _apply(settings: dict[str, Any]) -> dict[str, Any]:
     mods = {"codegen": codegen, "wrap": wrap, "tuning": tuning}
     old = {}
     for key, val in settings.items():
-        if key == "gemv":
+        if key in ("gemv", "chained"):
             if any(val):
-                orig, patched = _gemv_patch(*val)
-                old["tuning._measured"] = orig
+                orig, patched = (_gemv_patch if key == "gemv" else _chained_patch)(*val)
+                old.setdefault("tuning._measured", orig)
                 tuning._measured = patched
             continue
-        if key in ("lb", "merge", "pdl", "edit"):
+        if key in ("lb", "merge", "pdl", "edit", "cand"):
             continue
         mod, attr = key.split(".")
         old[key] = getattr(mods[mod], attr)
@@ -230,7 +264,6 @@ def run_case(case: str, variants: list[str], rounds: int, copy_rate: float,
     torch.cuda.empty_cache()
     ordered = [gins[t.name] for t in g.inputs]
     _, cands, _ = L.load(L.DEFAULT_CANDIDATES, case, small=False)
-    mg = cands[0]
     d = L.dims(False)
     kv = sum(t.numel() * t.element_size() for n, t in gins.items() if n in ("KC", "VC"))
     floor = 1e6 * (2 * d.weight_elems() + kv) / copy_rate
@@ -239,6 +272,7 @@ def run_case(case: str, variants: list[str], rounds: int, copy_rate: float,
     first: Any = None
     for name in variants:
         settings = VARIANTS[name]
+        mg = cands[settings.get("cand", 0)]
         rec: dict[str, Any] = {"settings": settings}
         row["variants"][name] = rec
         saved = _apply(settings)

@@ -14,7 +14,7 @@ import pytest
 
 import verimirage as vm
 from verimirage.backend import runtime
-from verimirage.backend.codegen import _launch_units, generate
+from verimirage.backend.codegen import LaunchConfig, _launch_units, generate
 from verimirage.ir.graph import node_list
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,9 +88,12 @@ def test_independent_kernels_are_one_launch_and_compute_the_same() -> None:
     assert np.array_equal(got, got_plain)  # the same kernels: the same bits
 
 
-def test_merge_key_keeps_kernels_apart() -> None:
+def test_merge_key_keeps_kernels_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    from verimirage.backend import codegen
     from verimirage.backend.wrap import to_kernels
 
+    # (the three kernels have few blocks: MERGE_SMALL_MAX_BLOCKS would put them in one launch whatever their keys)
+    monkeypatch.setattr(codegen, "MERGE_SMALL_MAX_BLOCKS", 0)
     nodes = node_list(to_kernels(vm.MuGraph.from_graph(_three_projections())))
     units = _launch_units(nodes, set(), True, lambda bg, at: bg is nodes[6].attr("block"))
     assert [4, 5] in units and [6] in units
@@ -188,10 +191,10 @@ def test_a_merged_launch_takes_stages_under_which_every_member_fits() -> None:
         assert smem_estimate(bg, at, replace(own, num_stages=c.num_stages)) <= SM90.smem_per_block
 
 
-@pytest.mark.parametrize(("rank", "cert", "launches"), [(2, "qkv_rot", 11), (3, "qkv_merge", 12)])
+@pytest.mark.parametrize(("rank", "cert", "launches"), [(4, "qkv_rot", 11), (5, "qkv_merge", 12)])
 def test_layer_bs1_qkv_candidates_are_certified_and_merge_the_projections(rank: int, cert: str, launches: int) -> None:
-    # candidates 2 and 3 of the bs1 file: k and v lowered as the q projection's design so that the three run as one
-    # launch (candidate 1 also has the two rotary kernels as one)
+    # candidates 4 and 5 of the bs1 file: k and v lowered as the q projection's design so that the three run as one
+    # launch (candidate 4 also has the two rotary kernels as one)
     from verimirage.backend import tuning
     from verimirage.smt.certify import read_certificate
 
@@ -297,35 +300,107 @@ def test_a_given_config_fitted_the_members_of_a_merged_launch_apart(monkeypatch:
     assert [q.launch[n]["num_stages"] for n in q.launch] == [4, 4]
 
 
+def _layer_launches(case: str) -> list[tuple[tuple[int, ...], LaunchConfig, LaunchConfig]]:
+    """The merged launches of the layer ``case``'s committed candidate 0: (members, the launch's configuration from
+    ``runtime.merged_config``, the same without the shared-memory fit)."""
+    from verimirage.backend import tuning
+    from verimirage.backend.codegen import arg_storage
+
+    doc = json.loads((ROOT / "benchmarks" / "candidates" / "layer" / f"{case}.json").read_text())
+    ms = tuning.tuned_module(vm.MuGraph.parse(doc["candidates"][0]["mugraph"]), {"merge": True})
+    nodes, store = node_list(ms.mugraph), arg_storage(ms.mugraph)
+    out = []
+    for k in ms.kernels:
+        members = k.members or (k.node,)
+        ks = [(nodes[i].attr("block"), [nodes[a].outs[j] for a, j in nodes[i].args], store[i]) for i in members]
+        cs = [tuning.recommend(bg, at) for bg, at, _ in ks]
+        blocks = [bg.num_blocks for bg, _, _ in ks]
+        out.append((tuple(members), runtime.merged_config(cs, blocks, ks),
+                    runtime.merged_config(cs, blocks, ks, fit_smem=False)))
+    return out
+
+
 def test_merging_lowered_the_bs8_projections_pipeline() -> None:
     # H100 2026-11-27 04:49: the layer's bs8 q, k and v projections (recommend: 4 stages each) merged into one launch,
     # whose shared memory together fits only 2 stages, ran the layer at 252.1 us against 242.8 with every kernel apart.
     # A launch now takes a kernel only where their shared memory together fits the launch's stages
     # (tuning.merge_fits): the q projection apart, k and v one launch at 4 stages
     from verimirage.backend import tuning
-    from verimirage.backend.codegen import arg_storage
+
     def launches(case: str) -> list[tuple[tuple[int, ...], int]]:
-        doc = json.loads((ROOT / "benchmarks" / "candidates" / "layer" / f"{case}.json").read_text())
-        mg = vm.MuGraph.parse(doc["candidates"][0]["mugraph"])
-        ms = tuning.tuned_module(mg, {"merge": True})
-        nodes, store = node_list(ms.mugraph), arg_storage(ms.mugraph)
-        out = []
-        for k in ms.kernels:
-            members = k.members or (k.node,)
-            ks = [(nodes[i].attr("block"), [nodes[a].outs[j] for a, j in nodes[i].args], store[i]) for i in members]
-            cs = [tuning.recommend(bg, at) for bg, at, _ in ks]
-            c = runtime.merged_config(cs, [bg.num_blocks for bg, _, _ in ks], ks)
-            assert c.num_stages >= runtime.merged_config(cs, [bg.num_blocks for bg, _, _ in ks]).num_stages
-            out.append((tuple(members), c.num_stages))
-        return out
+        rows = _layer_launches(case)
+        assert all(c.num_stages >= free.num_stages for _, c, free in rows)  # (merge_fits: no launch lowered them)
+        return [(m, c.num_stages) for m, c, _ in rows]
 
     bs8 = launches("decode_bs8")
     assert ((15,), 4) in bs8 and ((17, 20), 4) in bs8
     assert not [m for m, _ in bs8 if {15, 17} <= set(m) or {15, 20} <= set(m)]
-    # bs1: the k and v projections' deep one-step row products are loops of 16-row dots at 4 warps (codegen
-    # CHUNK_ROW_DOTS), so the q, k and v projections, one level and 4 warps each, fit one launch at 4 stages
-    assert ((15, 16, 19), 4) in launches("decode_bs1")
+    # bs1: the q projection's loop (split over K, the rotary in its combine) and the k and v projections' one-step
+    # split kernels, one level and 4 warps each, fit one launch at the loop's 4 stages (merged_config: the stages of
+    # the looped kernel with the most blocks)
+    assert ((15, 17, 19), 4) in launches("decode_bs1")
     # without the rule (every kernel of one level and warps one launch) the three were one launch
     doc = json.loads((ROOT / "benchmarks" / "candidates" / "layer" / "decode_bs8.json").read_text())
     nodes = node_list(tuning.tuned_module(vm.MuGraph.parse(doc["candidates"][0]["mugraph"]), {"merge": True}).mugraph)
     assert [15, 17, 20] in _launch_units(nodes, set(), True, lambda bg, at: tuning.recommend(bg, at).num_warps)
+
+
+_LOOP_BESIDE_ONE_STEP = """mugraph {
+  %0 = input {name='X'} : f16[1,4096]
+  %1 = input {name='WQ'} : f16[4096,4096]
+  %2 = input {name='WK'} : f16[4096,1024]
+  %3 = custom %0, %1 {frange=16, grid=(128,)} : f16[1,4096] {
+    %0 = input {arg=0, fmap=1, imap=(None,), shape=(1, 4096)} : f16[1,256]
+    %1 = input {arg=1, fmap=0, imap=(1,), shape=(4096, 4096)} : f16[256,32]
+    %2 = matmul %0, %1 : f16[1,32]
+    %3 = loop_sum %2 : f16[1,32]
+    output %3 {omap=(1,)}
+  }
+  %4 = custom %0, %2 {frange=1, grid=(8, 32)} : f16[32,1024] {
+    %0 = input {arg=0, fmap=1, imap=(None, 1), shape=(1, 4096)} : f16[1,128]
+    %1 = input {arg=1, fmap=0, imap=(1, 0), shape=(4096, 1024)} : f16[128,128]
+    %2 = matmul %0, %1 : f16[1,128]
+    %3 = loop_sum %2 : f16[1,128]
+    output %3 {omap=(1, 0)}
+  }
+  return %3, %4
+}"""
+
+
+def test_a_merged_launch_took_the_stages_of_a_kernel_without_a_loop() -> None:
+    """The decoder layer's bs1 q projection (a 16-step loop, 128 blocks, 4 stages by the rules) merged with the k
+    projection's one-step split kernel (256 blocks, 2 stages) ran at that kernel's 2 stages, which mean nothing to a
+    kernel without a loop: the layer 199.5 us against 189.9 for a design one launch longer (H100 2026-11-27 19:06
+    UTC). The launch now takes the stages of the looped kernel with the most blocks."""
+    from verimirage.backend import tuning
+
+    mg = vm.MuGraph.parse(_LOOP_BESIDE_ONE_STEP)
+    nodes = node_list(mg)
+    ks = [(n.attr("block"), [nodes[a].outs[j] for a, j in n.args], None) for n in nodes if n.op == "custom"]
+    cs = [tuning.recommend(bg, at) for bg, at, _ in ks]
+    blocks = [bg.num_blocks for bg, _, _ in ks]
+    assert blocks == [128, 256] and cs[0].num_stages > cs[1].num_stages  # (the rules' own stages differ)
+    assert [tuning.kernel_shape(bg, at).frange > 1 or tuning.kernel_shape(bg, at).chunks for bg, at, _ in ks] == [
+        True, False]
+    assert runtime.merged_config(cs, blocks, ks).num_stages == cs[0].num_stages
+    assert tuning.merge_fits(ks)
+    ms = tuning.tuned_module(mg, {"merge": True})
+    assert [k.members for k in ms.kernels] == [(3, 4)]
+
+
+def test_few_block_kernels_of_one_level_share_a_launch_whatever_their_warps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """codegen.MERGE_SMALL_MAX_BLOCKS: the bs1 layer's q-projection combine with its rotary (8 blocks, 4 warps by the
+    rules) and the k and v combines (8 blocks each, 8 warps) are one launch at 8 warps (9 launches, H100 2026-11-27:
+    187.4 us against 188.3 as two); a few-block kernel beside many-block kernels of its own warps stays in their
+    launch (bs8's 8-block kernel 22 with 23 and 25)."""
+    from verimirage.backend import codegen
+
+    def units(case: str) -> list[tuple[tuple[int, ...], int]]:
+        return [(m, c.num_warps) for m, c, _ in _layer_launches(case)]
+
+    assert codegen.MERGE_SMALL_MAX_BLOCKS >= 8
+    bs1 = units("decode_bs1")
+    assert ((16, 18, 20), 8) in bs1 and len(bs1) == 9
+    assert ((22, 23, 25), 4) in units("decode_bs8")
+    monkeypatch.setattr(codegen, "MERGE_SMALL_MAX_BLOCKS", 0)
+    assert ((16,), 4) in units("decode_bs1") and ((18, 20), 8) in units("decode_bs1")

@@ -8,6 +8,7 @@ without the prefetches, and where the prefetches and launch triggers sit in the 
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -136,16 +137,22 @@ def test_pdl_defaults_prefetch_nowhere_a_launch_waits_for_work_outside_the_progr
     # a few-block kernel starting the next launch early made the models set slower (residual_rmsnorm 23.7 -> 31.5 us,
     # layernorm_linear 16.1 -> 22.3); by default a kernel prefetches only where the launch before it let it start
     # early, and "auto" starts the next launch early only where that one has few blocks
+    # (the first launch prefetches only as PDL_PREFETCH_FIRST_START allows: a one-step launch that lets the next one
+    # launch at its start, which the q projection of session 20's bs1 design, 64 blocks, gets apart, not merged)
     mg = _candidate("decode_bs1")
     for merge in (False, True):
         ms = tuning.tuned_module(mg, {"pdl": "auto", "merge": merge})
         fns = _functions(ms.source)
         first = ms.kernels[0]
         name = f"k{first.members[0]}_pf" if first.members else first.name
-        assert "_vm_prefetch(" not in fns.get(name, ""), name
+        f = fns.get(name, "")
+        starts = "gdc_launch_dependents()" in f and f.index("gdc_launch_dependents()") < f.index("tl.store(")
+        assert "_vm_prefetch(" not in f or (codegen.PDL_PREFETCH_FIRST_START and starts), name
         q = fns.get("k15", "")
-        if "gdc_launch_dependents()" in fns["k14"]:  # the one-block norm before the 128-block q projection
-            assert fns["k14"].index("gdc_launch_dependents()") > fns["k14"].index("tl.store("), merge
+        if "gdc_launch_dependents()" in fns["k14"]:  # the one-block norm before the q projection's launch
+            nxt = math.prod(ms.kernels[1].grid)
+            assert (fns["k14"].index("gdc_launch_dependents()") > fns["k14"].index("tl.store(")) == (
+                nxt > codegen.PDL_EARLY_MAX_BLOCKS), merge
         assert "_vm_prefetch(" not in q or q.index("_vm_prefetch(") < q.index("gdc_wait()")
 
 

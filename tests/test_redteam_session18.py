@@ -44,6 +44,8 @@ UNFLOORED_WHY = {
     "benchmarks/candidates/layer/decode_bs1.json": "each split's max is maximum(tile max, q . k_new): the new token's "
                                                    "score, finite for finite activations, so no split's max is -inf",
     "proofs/layer_decode_bs1.json": "the same design as benchmarks/candidates/layer/decode_bs1.json #0",
+    "benchmarks/candidates/layer/proofs/layer_decode_bs1_rot_parts.json": "the same attention as the bs1 file's #0",
+    "benchmarks/candidates/layer/proofs/layer_decode_bs1_s19.json": "the same attention as the bs1 file's #0",
     "benchmarks/candidates_models/cross_entropy_prefill.json": "dense targets: T * -(X - lse) is 0 * inf = NaN (or "
                                                                "inf) in the source wherever a logit is -inf",
     "benchmarks/candidates_causal_cmp/bias_attention.json": "timing comparison only (BENCHMARKS.md), not a pick",

@@ -2633,6 +2633,14 @@ def _view_kernel(bg: BlockGraph, in_type: TensorType, out_type: TensorType) -> b
     return got.shape == tuple(out_type.shape) and bool(np.array_equal(got.reshape(-1), flat))
 
 
+#: With ``merge_key`` (the runtime's merged launches: a key for each kernel's warps), the launches of one level whose
+#: kernels all have at most this many blocks are one launch whatever their keys (it takes their most warps:
+#: ``runtime.merged_config``); 0: off. H100 2026-11-27 19:21 UTC (benchmarks/results/layer20_h100_2026-11-27/call3):
+#: the decoder layer's bs1 q-projection combine with its rotary (8 blocks, 4 warps) and the k and v combines (8 blocks
+#: each, 8 warps) as one launch, 9 launches: 187.4 us against 188.3 (three rounds each, interleaved)
+MERGE_SMALL_MAX_BLOCKS = 32
+
+
 def _launch_units(nodes: Sequence[Node], view_nodes: set[int], merge: bool,
                   merge_key: Callable[[BlockGraph, Sequence[TensorType]], Any] | None = None,
                   merge_fits: Callable[[Sequence[int]], bool] | None = None) -> list[list[int]]:
@@ -2641,7 +2649,8 @@ def _launch_units(nodes: Sequence[Node], view_nodes: set[int], merge: bool,
     kernels by *level* (1 + the highest level of the kernels whose results they read, through views; 0 for the
     program's inputs), each level's kernels one launch, in node order (:func:`_merged_kernel`), and each view right
     after its level's launch; with ``merge_key`` (of a kernel's block graph and operand types), one launch per
-    level and key (kernels that want different launch parameters apart), split where ``merge_fits`` (of the kernels'
+    level and key (kernels that want different launch parameters apart; the keys' launches of few-block kernels
+    together, :data:`MERGE_SMALL_MAX_BLOCKS`), split where ``merge_fits`` (of the kernels'
     nodes) says a launch may not hold them all: each kernel joins the launch before it in node order if the launch
     may hold it too, else starts one. Kernels of one level read nothing
     another of them writes (a reader is at least one level above what it reads), and every kernel still runs after
@@ -2665,7 +2674,11 @@ def _launch_units(nodes: Sequence[Node], view_nodes: set[int], merge: bool,
         for i in members:
             n = nodes[i]
             by_key.setdefault(merge_key(n.attr("block"), [nodes[a].outs[k] for a, k in n.args]), []).append(i)
-        for grp_ in sorted(by_key.values()):
+        groups = sorted(by_key.values())
+        small = [g for g in groups if all(nodes[i].attr("block").num_blocks <= MERGE_SMALL_MAX_BLOCKS for i in g)]
+        if len(small) > 1:  # (few-block kernels of other keys share one launch: see MERGE_SMALL_MAX_BLOCKS)
+            groups = sorted([*(g for g in groups if g not in small), sorted(i for g in small for i in g)])
+        for grp_ in groups:
             cur: list[int] = []
             for i in grp_:
                 if cur and merge_fits is not None and not merge_fits([*cur, i]):

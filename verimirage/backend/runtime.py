@@ -1207,7 +1207,8 @@ def _merge_wanted() -> bool:
 
 
 def merged_config(configs: Sequence[LaunchConfig], blocks: Sequence[int] = (),
-                  kernels: Sequence[tuple[Any, Sequence[Any], Sequence[Any] | None]] = ()) -> LaunchConfig:
+                  kernels: Sequence[tuple[Any, Sequence[Any], Sequence[Any] | None]] = (), *,
+                  fit_smem: bool = True) -> LaunchConfig:
     """The launch parameters of one launch from its kernels' own (:func:`verimirage.backend.tuning.recommend`'s,
     with ``blocks`` their block counts): the most warps any of them takes, and the pipeline stages of the kernel with
     the most blocks (one launch has one of each), fewer where a kernel's shared memory does not fit under them.
@@ -1215,16 +1216,28 @@ def merged_config(configs: Sequence[LaunchConfig], blocks: Sequence[int] = (),
     block an SM: the layer's k and v projections of 32 blocks beside the q projection's 128.)
 
     ``kernels``: each kernel's ``(block graph, operand types, operands' element types in memory or None)``; the
-    stages are then the most under which the kernels' shared memory together fits, each with its own tiles
+    stages are then those of the kernel with the most blocks among the kernels that run a for-loop (a ``frange``
+    above 1, or a one-step product codegen emits as a loop of K chunks, :func:`verimirage.backend.tuning.
+    kernel_shape`'s ``chunks``): a kernel without one has no software pipeline, so its stages mean nothing to it
+    (H100 2026-11-27 19:06 UTC, benchmarks/results/layer20_h100_2026-11-27/: the decoder layer's bs1 q projection, a
+    16-step loop of 128 blocks, merged with the k and v projections' one-step split kernels of 256 blocks each took
+    their 2 stages, and the layer ran 199.5 us against 189.9 for a design one launch longer), and, with
+    ``fit_smem``, the most under which the kernels' shared memory together fits, each with its own tiles
     (:func:`verimirage.backend.resources.smem_estimate`, summed: Triton allocates every member's buffers in the one
     launch; one stage where none fits, the tiles kept, as ``resources.fit(keep_tiles=True)`` does for one kernel).
     Shared memory does not depend on the warps, so the most warps fit wherever the stages do."""
     from .resources import SM90, smem_estimate
+    from .tuning import kernel_shape
 
-    most = max(range(len(configs)), key=lambda k: (blocks[k] if blocks else 0, -k))
+    pick: Sequence[int] = range(len(configs))
+    if kernels:
+        shapes = [kernel_shape(bg, at) for bg, at, _ in kernels]
+        pick = [k for k, sh in enumerate(shapes) if sh.frange > 1 or sh.chunks] or pick
+    most = max(pick, key=lambda k: (blocks[k] if blocks else 0, -k))
     stages = configs[most].num_stages
-    if kernels:  # (one launch holds every member's shared memory side by side: Triton 3.6 gave two merged 64 x 4096
-        # x 4096 products 262,144 bytes at 8 stages, each alone 131,072, sm_90 compile 2026-11-27: the sum must fit)
+    if kernels and fit_smem:  # (one launch holds every member's shared memory side by side: Triton 3.6 gave two
+        # merged 64 x 4096 x 4096 products 262,144 bytes at 8 stages, each alone 131,072, sm_90 compile 2026-11-27:
+        # the sum must fit)
         def need(s: int) -> int:
             return sum(smem_estimate(bg, at, replace(c, num_stages=s), store)
                        for c, (bg, at, store) in zip(configs, kernels, strict=True))

@@ -317,7 +317,7 @@ def tuned_module(program: Any, mode: Mapping[str, Any] | str | None = None) -> M
 def merge_fits(kernels: Sequence[tuple[BlockGraph, Sequence[TensorType], Sequence[Any] | None]]) -> bool:
     """Whether one merged launch may hold ``kernels`` (each its block graph, operand types and operands' element types
     in memory): their shared memory together fits at the pipeline stages the launch takes
-    (:func:`verimirage.backend.runtime.merged_config`: those of the kernel with the most blocks), so merging them
+    (:func:`verimirage.backend.runtime.merged_config`: those of the looped kernel with the most blocks), so merging them
     lowers no kernel's pipelining. Measured on an H100 (BENCHMARKS.md "A decoder layer", 2026-11-27 04:49): the layer's
     bs8 q, k and v projections (4 stages each, recommend's) merged ran at 2 stages, the layer 252.1 us against 242.8
     with every kernel apart."""
@@ -325,7 +325,8 @@ def merge_fits(kernels: Sequence[tuple[BlockGraph, Sequence[TensorType], Sequenc
 
     cs = [recommend(bg, at) for bg, at, _ in kernels]
     blocks = [bg.num_blocks for bg, _, _ in kernels]
-    return merged_config(cs, blocks, list(kernels)).num_stages >= merged_config(cs, blocks).num_stages
+    return merged_config(cs, blocks, list(kernels)).num_stages >= merged_config(cs, blocks, list(kernels),
+                                                                                 fit_smem=False).num_stages
 
 
 def triton_digest(mugraph: Graph | str, mode: Mapping[str, Any] | str | None = None) -> str:

@@ -1118,6 +1118,16 @@ def _build_split(an: Analysis, cfg: Config, b: BlockBuilder, mg: MuGraph, ins: l
     in_idx = [j for j, n in enumerate(nodes) if n.op == "input"]
     rval: dict[int, Tensor] = {}
 
+    def on_tiles(n: Any, args: list[Tensor]) -> Tensor:
+        """Node ``n`` applied in the combine kernel to its block's tiles ``args``: a reshape whose merged or split
+        group of dims a grid axis walks (a k projection's 1024 columns as 8 heads, a head a block) on its block's
+        chunk of the group, as in the split kernel (:func:`_reshape_tile`; with the program's attributes its
+        block-level tile rule took that group whole, a tile of more elements than its operand's)."""
+        attrs, fin = n.attr_dict, [nodes[a].outs[k] for a, k in n.args]
+        if get_op(n.op).has(Prop.REGROUPS):
+            attrs, fin = _reshape_tile(an, caxes, cgrid, None if second else L, n, fin)
+        return _apply(c, n.op, attrs, args, fin)
+
     def replay(j: int) -> Tensor:
         """Node ``j`` computed in the combine kernel from the inputs: walking the split dim with its loop (a
         recomputed sum), or, in a second pass, its block's chunk of it, where a running max is the row's whole max
@@ -1134,8 +1144,7 @@ def _build_split(an: Analysis, cfg: Config, b: BlockBuilder, mg: MuGraph, ins: l
         elif second and j in cval:  # (a statistic, or the row's max for a running max)
             rval[j] = epi.materialise(cval[j])
         elif place in (Place.BODY, Place.INV) or (second and place in (Place.SHIFT, Place.SCALED)):
-            rval[j] = _apply(c, n.op, n.attr_dict, [replay(a) for a, _ in n.args],
-                             [nodes[a].outs[k] for a, k in n.args])
+            rval[j] = on_tiles(n, [replay(a) for a, _ in n.args])
         else:
             raise Infeasible("split: a recomputed sum depends on a rescaled or post-loop value")
         return rval[j]
@@ -1145,8 +1154,7 @@ def _build_split(an: Analysis, cfg: Config, b: BlockBuilder, mg: MuGraph, ins: l
     if recompute:
         for i in recompute:
             n = nodes[i]
-            cval[i] = c.loop_sum(_apply(c, n.op, n.attr_dict, [replay(a) for a, _ in n.args],
-                                        [nodes[a].outs[k] for a, k in n.args]))
+            cval[i] = c.loop_sum(on_tiles(n, [replay(a) for a, _ in n.args]))
         steps.add("partition.split_recompute")
     for a in invariant:  # (the attention's new-token term e * v_new, after the split sums over the cached keys)
         cval[a] = replay(a)
@@ -1182,8 +1190,7 @@ def _build_split(an: Analysis, cfg: Config, b: BlockBuilder, mg: MuGraph, ins: l
             cval[i] = c.rescaled_sum(c.mul(p, w), crm[r])
     for i, n in enumerate(nodes):
         if kind.get(i) == Place.PASS:  # (on its chunk of the loop dim: not fused with the row's statistics)
-            cval[i] = _apply(c, n.op, n.attr_dict, [replay(a) for a, _ in n.args],
-                             [nodes[a].outs[k] for a, k in n.args])
+            cval[i] = on_tiles(n, [replay(a) for a, _ in n.args])
             continue
         if kind.get(i) != Place.POST or i in acc or i in cval:
             continue
@@ -1191,8 +1198,7 @@ def _build_split(an: Analysis, cfg: Config, b: BlockBuilder, mg: MuGraph, ins: l
         if fuse_epilogue and get_op(n.op).has(Prop.ELEMENTWISE):
             cval[i] = (n.op, n.attr_dict, args)
         else:
-            cval[i] = _apply(c, n.op, n.attr_dict, [epi.materialise(a) for a in args],
-                             [nodes[a].outs[k] for a, k in n.args])
+            cval[i] = on_tiles(n, [epi.materialise(a) for a in args])
     for o in outs:
         c.output(epi.materialise(cval[o]), omap_for(o, caxes))
     res = mg.custom(c.build(check=False), [*parts, *extra_args], [nodes[o].outs[0].shape for o in outs])
