@@ -148,3 +148,78 @@ def test_t5_relative_bias_rows_viewed_per_head_lift() -> None:
     ``4*_o2 + _o3``: the whole-layer partition's composition was Unknown (57% of the forward); now 100%."""
     rep = _run("t5_block", False)
     assert rep.coverage == 1.0 and not rep.left, rep.summary()
+
+
+def _lift(fn: Any, *xs: Any) -> Any:
+    """``fn`` traced and lifted (:func:`verimirage.integrations.capture.lift`); the lifting and its outputs against
+    ATen in float64 on ``xs``."""
+    import numpy as np
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from verimirage.integrations import capture
+
+    gm = make_fx(fn, tracing_mode="fake")(*xs)
+    lifted = capture.lift([n for n in gm.graph.nodes if n.op == "call_function"])
+    places = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    named = {f"in{i}": xs[places.index(p.name)].double().numpy() for i, p in enumerate(lifted.inputs)}
+    named.update({name: c.double().numpy() for name, c in lifted.consts})
+    got = vm.evaluate(lifted.graph, named)
+    with torch.no_grad():
+        want = fn(*(x.double() if x.is_floating_point() else x for x in xs))
+    (_kind, i, shape, _b), = lifted.out_map
+    np.testing.assert_array_equal(got[i].reshape(shape), want.numpy())
+    return lifted
+
+
+def _mean_over_kept(g: Any, n: Any, m: Any) -> Any:
+    """Label smoothing's backward: the gradient over the count of kept tokens, broadcast to the tokens and filled
+    with 0 at the ignored ones (``masked_fill(expand(g / n), ignored, 0)``)."""
+    return torch.ops.aten.masked_fill.Scalar((g * 0.25 / n).expand(8), m, 0).neg()
+
+
+def test_a_fill_over_a_broadcast_division_was_never_proved() -> None:
+    """``masked_fill(expand(g / n), m, 0)`` was lifted as ``where(m, 0, g / n)``: the kernels compute ``g / n``
+    everywhere, the fill hides it, and no candidate (not even the lifted graph itself as a μGraph) was proved
+    defined wherever the source is ('the candidate's div needs in1[0] != 0'): label smoothing's backward stayed in
+    ATen (88%). It is lifted as ``where(m, 0, g) / where(m, 1, n)``, equal to ATen's result in float64 (all
+    tokens ignored and n = 0 included: 0 / 1)."""
+    m = torch.tensor([True, False, False, True, False, True, False, False])
+    for n, mask in ((torch.tensor([3.0]), m), (torch.tensor([0.0]), torch.ones(8, dtype=torch.bool))):
+        lifted = _lift(_mean_over_kept, torch.tensor([2.0]), n, mask)
+    v = vm.verify(lifted.graph, MuGraph.from_graph(lifted.graph))
+    assert v.proved, v.reason
+
+
+@pytest.mark.slow  # (about 20 s on a loaded 2-core machine)
+def test_label_smoothing_trains_in_the_kernels() -> None:
+    rep = _run("label_smoothed_ce", True)
+    assert rep.coverage == 1.0 and not rep.left, rep.summary()
+
+
+class _Buckets(torch.nn.Module):
+    """T5-style: a table looked up at buckets made in the forward from positions alone (AOTAutograd saves them for
+    the backward, where they are an input)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(5, 3, generator=torch.Generator().manual_seed(11)))
+
+    def forward(self, x: Any) -> Any:
+        c = torch.arange(4)
+        return torch.nn.functional.embedding((c[:, None] - c[None, :]).abs().clamp(max=2), self.w) * x
+
+
+def test_an_embedding_gradient_at_buckets_the_forward_saved_lifts() -> None:
+    """The backward graph gets the buckets as a saved tensor (an input), so ``embedding_dense_backward`` read
+    indices that were data and stayed in ATen (T5's training step 99%). The forward's constant outputs are now held
+    on the backward's placeholders of the same names (of the same shape and dtype): the gradient is lifted, and every
+    gradient matches float64."""
+    model = _Buckets()
+    x = torch.randn(4, 4, 3, generator=torch.Generator().manual_seed(12))
+    want, wgrads = up.reference(model, [x], True)
+    rep = Report()
+    got, grads = up.compiled(model, [x], True, OPTS, rep)
+    assert rep.coverage == 1.0 and not rep.left, rep.summary()
+    assert up.rel_err(got, want) < 1e-6
+    for g, w in zip(grads, wgrads, strict=True):
+        assert g is not None and up.rel_err(g, w) < 1e-6

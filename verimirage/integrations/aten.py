@@ -1249,6 +1249,16 @@ def _masked_fill(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) ->
         # nGPT's larger backward partitions unproved: 14-19 of 46 ops taken against 42-44.)
         raise Unsupported(Reason.NOT_IN_REGISTRY, f"masked_fill of aten.{partial}'s result: the fill may hide where "
                                                   f"{partial} is undefined, which the kernels would compute")
+    ab = _quotient(ctx, src)
+    if ab is not None and isinstance(m, LV) and _num(v) and math.isfinite(float(v)):
+        # masked_fill(a / b broadcast, m, v) = where(m, v, a) / where(m, 1, b) (exactly: v / 1 = v): the kernels
+        # divide only where the fill does not hide it (label smoothing's mean over the kept tokens); where(m, v, a / b)
+        # would leave the division undefined where the fill hides it, which no candidate could be proved to avoid
+        import torch
+
+        num, den = (_where(ctx, [m, c, t], {}, (tuple(torch.broadcast_shapes(m.shape, t.shape)), out[1]))
+                    for c, t in ((v, ab[0]), (1.0, ab[1])))
+        return ctx.ew(_shape(out), [num, den], lambda ts: emit(ctx.g, "div", ts[0], ts[1]))
     if not (_num(v) and math.isinf(float(v)) and float(v) < 0):
         return _where(ctx, [m, v, x], {}, out)
     import torch
@@ -1261,6 +1271,17 @@ def _masked_fill(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) ->
     tdt = getattr(torch, x.t.dtype.torch_name)
     r = _where(ctx, [m, float(torch.finfo(tdt).min), x], {}, out)
     return dataclasses.replace(r, fill=(ctx.exact(dataclasses.replace(m, negated=False)), m.negated))
+
+
+def _quotient(ctx: Ctx, n: Any) -> tuple[Any, Any] | None:
+    """The lifted dividend and divisor of fx node ``n`` when it is ATen's true division of two lifted tensors, read
+    through broadcasts (``expand``: their operands broadcast alike), else None."""
+    while op_of_node(n) == "expand" and n.args[0] in ctx.env:
+        n = n.args[0]
+    if op_of_node(n) != "div" or n.kwargs.get("rounding_mode") is not None or len(n.args) != 2:
+        return None
+    ab = [ctx.env.get(a) for a in n.args]
+    return (ab[0], ab[1]) if all(isinstance(a, LV) for a in ab) else None
 
 
 @handles("bitwise_not", "logical_not")
@@ -2232,14 +2253,20 @@ def _index_select(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) -
     return _take_constant(ctx, args[0], int(args[1]), idx.value if isinstance(idx, LV) else None, out)
 
 
+#: fx meta key of a node's constant tensor: a ``get_attr`` node's (a constant the traced graph holds: ``x[..., [-2]]``'s
+#: index list), a backward placeholder's that its forward made and saved (``capture.hold_saved``)
+HELD = "verimirage_constant"
+
+
 #: the most runs of consecutive rows an embedding with constant indices is lifted as (one slice a run)
 EMBED_RUNS_MAX = 256
 
 
 def _embed_index(ctx: Ctx, w: Any, idx: Any, what: str) -> Any:
     """The index tensor of an embedding (an fx node: :data:`UNREAD_ARGS`) when it is computed while lifting (made
-    in the forward: T5's relative position buckets), flattened; Unsupported (data-dependent indexing) when not."""
-    value = ctx.folded.get(idx)
+    in the forward: T5's relative position buckets) or held (:data:`HELD`: such buckets saved for the backward),
+    flattened; Unsupported (data-dependent indexing) when not."""
+    value = ctx.folded.get(idx, getattr(idx, "meta", {}).get(HELD))
     if not (isinstance(w, LV) and len(w.shape) == 2 and value is not None and not value.is_floating_point()):
         raise Unsupported(Reason.INDEXED, f"{what} at indices that are data: it runs in the fallback, outside the "
                                           "verified kernels")

@@ -41,6 +41,7 @@ from .aten import (
     CREATION_OPS,
     FILL_READERS,
     HANDLERS,
+    HELD,
     INDEX_OPERANDS,
     LV,
     NEGATED_READERS,
@@ -212,8 +213,6 @@ def foldable(n: fx.Node) -> bool:
     return bool(n.all_input_nodes) or op_name(n) in CREATION_OPS
 
 
-#: fx meta key of a ``get_attr`` node's tensor (a constant the traced graph holds: ``x[..., [-2]]``'s index list)
-HELD = "verimirage_constant"
 
 
 def _known(a: fx.Node, folded: Mapping[fx.Node, torch.Tensor] | set[fx.Node]) -> bool:
@@ -243,6 +242,32 @@ def hold_constants(gm: fx.GraphModule) -> None:
             if isinstance(v, torch.Tensor) and not isinstance(v, (torch.nn.Parameter, FakeTensor)) \
                     and v.numel() <= FOLD_MAX:
                 n.meta[HELD] = v  # (read, never written: the ops computed from it make new tensors)
+
+
+def saved_constants(gm: fx.GraphModule) -> dict[str, torch.Tensor]:
+    """The outputs of forward graph ``gm`` that are integer or boolean constants it makes (:func:`constant_nodes`:
+    T5's relative position buckets, computed from positions alone; exact on any device, unlike a float folded on the
+    CPU), by node name: AOTAutograd saves them for the backward, whose placeholders are named as the forward's outputs
+    they stand for (:func:`hold_saved`)."""
+    hold_constants(gm)
+    folded: dict[fx.Node, torch.Tensor] = {}
+    for n in gm.graph.nodes:
+        if foldable(n) and all(_known(a, folded) for a in n.all_input_nodes) and (c := _fold(n, folded)) is not None:
+            folded[n] = c
+    outs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    return {a.name: folded[a] for a in outs if isinstance(a, fx.Node) and a in folded
+            and not (folded[a].is_floating_point() or folded[a].is_complex())}
+
+
+def hold_saved(gm: fx.GraphModule, saved: Mapping[str, torch.Tensor]) -> None:
+    """Hold (:data:`HELD`) on each placeholder of backward graph ``gm`` the constant its forward saved under the
+    placeholder's name (:func:`saved_constants`; of the same shape and dtype), so that the ops reading it (an
+    embedding's gradient at saved buckets) are lifted as they are in the forward."""
+    for n in gm.graph.nodes:
+        v, c = n.meta.get("val"), saved.get(n.name)
+        if n.op == "placeholder" and c is not None and isinstance(v, torch.Tensor) and v.shape == c.shape \
+                and v.dtype == c.dtype:
+            n.meta[HELD] = c
 
 
 def _fold(n: fx.Node, folded: Mapping[fx.Node, torch.Tensor]) -> torch.Tensor | None:

@@ -27,7 +27,16 @@ import torch
 import torch.fx as fx
 
 from .aten import Reason
-from .capture import CaptureOptions, PartitionRunner, is_compute, is_tensor_op, op_name, transform
+from .capture import (
+    CaptureOptions,
+    PartitionRunner,
+    hold_saved,
+    is_compute,
+    is_tensor_op,
+    op_name,
+    saved_constants,
+    transform,
+)
 from .report import OpRecord, Report
 
 log = logging.getLogger(__name__)
@@ -46,14 +55,20 @@ def _decompositions() -> dict[Any, Any]:
     return get_decompositions([aten.native_layer_norm_backward, aten.native_group_norm_backward])
 
 
-def _capture(gm: fx.GraphModule, opts: CaptureOptions, rep: Report, kind: str,
-             fallback_for: Any = None) -> list[PartitionRunner]:
-    """:func:`transform`, and on any failure of the capture itself the graph as it was (never an error)."""
+def _capture(gm: fx.GraphModule, opts: CaptureOptions, rep: Report, kind: str, fallback_for: Any = None,
+             saved: dict[str, torch.Tensor] | None = None) -> list[PartitionRunner]:
+    """:func:`transform`, and on any failure of the capture itself the graph as it was (never an error). ``saved``:
+    one AOTAutograd compilation's constants its forward graph makes and saves (:func:`capture.saved_constants`, noted
+    from the forward, compiled first), held on its backward's placeholders (:func:`capture.hold_saved`)."""
     import copy
 
     orig = copy.deepcopy(gm.graph)
     gidx = len(rep.graphs)
     try:
+        if saved is not None and kind == "forward":
+            saved.update(saved_constants(gm))
+        elif saved is not None and kind == "backward":
+            hold_saved(gm, saved)
         return transform(gm, opts, rep, kind, fallback_for)
     except Exception as e:
         log.warning("verimirage: the capture of a %s graph failed (%s: %s); the whole graph goes to the fallback",
@@ -164,6 +179,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], *, options:
     if report is None:
         REPORTS.append(rep)
         del REPORTS[:-16]
+    saved: dict[str, torch.Tensor] = {}  # (this graph's forward's saved constants: _capture)
     if _fallback(opts, example_inputs) == "inductor":
         import torch._functorch.config as functorch_config
         import torch._inductor.config as inductor_config
@@ -187,7 +203,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], *, options:
             kind = "backward" if kw.get("is_backward") else ("inference" if kw.get("is_inference") else "forward")
             orig = copy.deepcopy(g)
             gidx = len(rep.graphs)
-            runners = _capture(g, opts, rep, kind, partition_fallback if opts.profile else None)
+            runners = _capture(g, opts, rep, kind, partition_fallback if opts.profile else None, saved)
 
             def plain() -> Any:
                 with inductor_config.patch(fx_graph_cache=False):
@@ -257,7 +273,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], *, options:
 
             orig = copy.deepcopy(g) if opts.profile else g
             gidx = len(rep.graphs)
-            runners = _capture(g, opts, rep, kind)
+            runners = _capture(g, opts, rep, kind, saved=saved)
             run = _boxed(g.forward)
             if runners and opts.profile:
                 run = _faster(run, lambda: _boxed(orig.forward), ex, rep, gidx)
