@@ -255,3 +255,29 @@ def test_every_committed_candidate_passes_the_fp_check(path: str) -> None:
     for gt, mt in pairs:
         checker = checkers.setdefault(gt, SafetyChecker(vm.Graph.parse(gt)))
         assert checker.check(vm.MuGraph.parse(mt)) is None, path
+
+
+def test_a_sources_two_sum_difference_of_x_hid_a_candidates_one_pass_variance_of_x() -> None:
+    """The full-size check evaluated a candidate only for a difference of a kind (its inputs, its sums) the source does
+    not take: a source with a two-sum difference of X of its own (here a second output, ``mean(x^2) - mean(x)`` of
+    each row) hid the candidate's one-pass variance of X, the same kind, which passed at 16 x 4096 unevaluated. The
+    kinds are now counted (a recomputed difference once): the candidate takes two where the source takes one, and is
+    evaluated and rejected; the two-pass kernel takes one of each, as the source, and is not evaluated."""
+    dt, r, h, n = vm.float16, 16, 4096, 256
+
+    def with_energy(text: str, out: str) -> str:
+        d, k = dt.short, int(out[1:])
+        extra = (f"  %{k + 1} = square %0 : {d}[{r},{h}]\n  %{k + 2} = mean %{k + 1} {{axis=1}} : {d}[{r},1]\n"
+                 f"  %{k + 3} = mean %0 {{axis=1}} : {d}[{r},1]\n  %{k + 4} = sub %{k + 2}, %{k + 3} : {d}[{r},1]\n")
+        return text.replace(f"  return {out}\n", f"{extra}  return {out}, %{k + 4}\n")
+
+    g = _source(dt, r, h, n)
+    src = vm.Graph.parse(with_energy(str(g), str(g).strip().splitlines()[-2].split()[-1]))
+    one = vm.MuGraph.parse(with_energy(str(_one_pass(dt, r, h, n)), "%15"))
+    two = vm.MuGraph.parse(with_energy(str(_one_pass(dt, r, h, n, two_pass=True)), "%15"))
+    assert fpsafe.differences(one) == fpsafe.differences(src)  # (the kinds alone: nothing new)
+    checker = SafetyChecker(src)
+    assert not checker.numeric and checker.near_at_size
+    assert checker.check(two) is None and not checker.sets
+    why = checker.check(one)
+    assert why is not None and "at the program's size" in why and "1 more than the source" in why, why

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -885,7 +886,15 @@ def _sums_values(op: str) -> bool:
 
 
 def differences(g: Graph) -> frozenset[Difference]:
-    """The cancellation-prone differences of ``g`` (:data:`Difference`): every ``add`` / ``sub`` (at any level, through
+    """The kinds of :func:`difference_counts` (each difference's inputs and sums)."""
+    return frozenset(difference_counts(g))
+
+
+def difference_counts(g: Graph) -> Counter[Difference]:
+    """The cancellation-prone differences of ``g`` (:data:`Difference`), each with how many times ``g`` takes one of
+    that kind (a candidate that takes more of a kind than the source, one being its own, is evaluated: a source's
+    two-sum difference of ``x`` hid a candidate's one-pass variance of ``x`` when only the kinds were compared):
+    every ``add`` / ``sub`` (at any level, through
     kernels' and thread graphs' arguments) whose two operands read a common program input and at least one of which
     carries a sum of many values (:func:`_sums_values`, through any later op). Where the operands are nearly equal,
     their difference keeps only the bits their rounding left: the source's centring ``x - mean(x)`` is ``({x}, 1)``;
@@ -893,26 +902,29 @@ def differences(g: Graph) -> frozenset[Difference]:
     is ``({x, g, W}, 2)``. A candidate with a difference the source does not take (:meth:`SafetyChecker.check`) is
     evaluated on the near-constant sets even where the program is too large for the whole numeric check
     (:data:`NEAR_CONSTANT_FLOPS_LIMIT`)."""
-    found: set[Difference] = set()
+    found: dict[Difference, set[int]] = {}
     # (the program inputs it reads, whether it carries a sum of many values, whether it is a max or min of values: a
     # value among them, so that ``s - max(s)`` subtracts two of the same values' roundings: the max shift, no
-    # cancellation)
-    V = tuple[frozenset[str], bool, bool]
+    # cancellation; and a hash of its computation, so that one difference computed twice, a kernel's recomputation of
+    # another's chain, counts once)
+    V = tuple[frozenset[str], bool, bool, int]
 
     def step(n: Any, nodes: Sequence[Any], a: list[V]) -> V:
         reads: frozenset[str] = frozenset().union(*(v[0] for v in a))
         d = OPS[n.op]
+        sig = hash((n.op, str(n.attrs), tuple(v[3] for v in a)))
         if d.has(Prop.ELEMENTWISE) and d.has(Prop.BINARY) and d.has(Prop.LINEAR) and len(a) == 2 \
                 and a[0][0] & a[1][0] and (a[0][1] or a[1][1]) \
                 and not any(u[2] and u[0] <= w[0] for u, w in ((a[0], a[1]), (a[1], a[0]))):
-            found.add((reads, int(a[0][1]) + int(a[1][1])))  # (an add or a sub: linear in each operand)
+            # (an add or a sub: linear in each operand)
+            found.setdefault((reads, int(a[0][1]) + int(a[1][1])), set()).add(sig)
         summed = _sums_values(n.op) or any(v[1] for v in a)
         # (a max, min, running or loop max, maximum: one of its operands' values; a clamp of one: a floor)
         selected = d.family == "max" or (d.family == "clamp" and any(v[2] for v in a))
-        return reads, summed, selected
+        return reads, summed, selected, sig
 
-    _walk_values(g, lambda name: (frozenset({name}), False, False), step)
-    return frozenset(found)
+    _walk_values(g, lambda name: (frozenset({name}), False, False, hash(("input", name))), step)
+    return Counter({k: len(v) for k, v in found.items()})
 
 
 def _walk_values(g: Graph, leaf: Any, step: Any) -> None:
@@ -1019,7 +1031,7 @@ class SafetyChecker:
         self._src_sums: frozenset[Sum] = frozenset()
         self._src_exps: frozenset[frozenset[str]] = frozenset()
         self._src_diffs = False
-        self._src_differences: frozenset[Difference] | None = None
+        self._src_differences: Counter[Difference] | None = None
         #: whether candidates of a program too large for the whole numeric check that take a difference the source
         #: does not are evaluated on the near-constant sets (:meth:`cancellation_check`)
         self.near_at_size = not self.numeric and near_constant_affordable(source)
@@ -1092,11 +1104,13 @@ class SafetyChecker:
         check would on those sets; None if it takes no such difference or passes them. A program too large even for
         those (:func:`near_constant_affordable`) passes with the candidate noted in :attr:`unevaluated`."""
         if self._src_differences is None:
-            self._src_differences = differences(self.source)
-        new = sorted((sorted(r), k) for r, k in differences(candidate) - self._src_differences)
+            self._src_differences = difference_counts(self.source)
+        new = sorted((sorted(r), k, m) for (r, k), m in (difference_counts(candidate) - self._src_differences).items())
         if not new:
             return None
-        what = ", ".join(f"{{{', '.join(r)}}} ({'two sums' if k == 2 else 'a sum and a value'})" for r, k in new)
+        what = ", ".join(f"{{{', '.join(r)}}} ({'two sums' if k == 2 else 'a sum and a value'}"
+                         f"{f'; {m} more than the source' if (frozenset(r), k) in self._src_differences else ''})"
+                         for r, k, m in new)
         if not self.near_at_size:
             self.unevaluated.append(what)
             log.warning("floating-point check: the candidate takes differences the source does not (of %s) and the "
@@ -1201,7 +1215,7 @@ def fp_safety(source: Graph, candidate: Graph, seed: int = 0) -> str | None:
 __all__ = ["ALONE_BASE", "ALONE_SETS", "DTYPE_MAX", "Difference", "ERROR_FLOOR", "ERROR_RATIO", "IDLE_BASE",
            "INPUT_SETS", "LARGE_VALUE_ELEMENTS", "NEAR_CONSTANT", "NEAR_CONSTANT_DENSITY", "NEAR_CONSTANT_FLOPS_LIMIT",
            "NEAR_CONSTANT_INPUT_ELEMENTS", "NEAR_CONSTANT_ONE_PAIR", "NEAR_CONSTANT_SET", "OUTLIER_SET",
-           "RoundingDomain", "SPECIAL_SETS", "SafetyChecker", "adversarial_inputs", "differences", "evaluate_in_dtype",
-           "exps_of_sums", "exp_shifts", "exp_reads", "fp_safety", "largest_value", "made_nan", "matmul_flops",
-           "near_constant", "near_constant_affordable", "numeric_check_affordable", "operand_sums", "reads_of",
-           "round_to", "logit_inputs", "special_inputs"]
+           "RoundingDomain", "SPECIAL_SETS", "SafetyChecker", "adversarial_inputs", "difference_counts", "differences",
+           "evaluate_in_dtype", "exps_of_sums", "exp_shifts", "exp_reads", "fp_safety", "largest_value", "made_nan",
+           "matmul_flops", "near_constant", "near_constant_affordable", "numeric_check_affordable", "operand_sums",
+           "reads_of", "round_to", "logit_inputs", "special_inputs"]
