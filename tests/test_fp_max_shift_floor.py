@@ -343,3 +343,48 @@ def test_fp_check_took_a_maximum_with_1000_times_another_input_as_a_max_shift() 
     # shift; 1000 times it, where only the score itself is exp'd so, is not (the row's sum is 0 where 1000 t is above)
     assert exp_shifts(_joined(8, 64, "  %{k0} = scale %1 {{c=1.0}} : f32[8,1]", "other")) == ["max", "sum"]
     assert exp_shifts(_joined(8, 64, "  %{k0} = scale %1 {{c=1000.0}} : f32[8,1]", "1")) == ["sum", "sum"]
+
+
+def _decode_softmax(r: int, n: int, floor: bool) -> vm.Graph | vm.MuGraph:
+    """The softmax over each row of X and its new score T (the decode's form: shifted by ``maximum(max X, T)``);
+    ``floor``: the candidate shifting by ``relu`` of it (the maximum floored at zero), one op a kernel."""
+    shift = f"  %4 = relu %3 : f16[{r},1]\n" if floor else f"  %4 = scale %3 {{c=1.0}} : f16[{r},1]\n"
+    text = f"""{"mugraph" if floor else "graph"} {{
+  %0 = input {{name='X'}} : f16[{r},{n}]
+  %1 = input {{name='T'}} : f16[{r},1]
+  %2 = max %0 {{axis=1}} : f16[{r},1]
+  %3 = maximum %2, %1 : f16[{r},1]
+{shift}  %5 = sub %0, %4 : f16[{r},{n}]
+  %6 = exp %5 : f16[{r},{n}]
+  %7 = sub %1, %4 : f16[{r},1]
+  %8 = exp %7 : f16[{r},1]
+  %9 = sum %6 {{axis=1}} : f16[{r},1]
+  %10 = add %9, %8 : f16[{r},1]
+  %11 = div %6, %10 : f16[{r},{n}]
+  return %11
+}}"""
+    return vm.MuGraph.parse(text) if floor else vm.Graph.parse(text)
+
+
+def test_fp_check_drew_no_rows_far_below_zero_and_passed_a_shift_floored_at_zero() -> None:
+    """The decode's softmax over a row and its new score, shifted by ``relu(maximum(max x, t))`` (floored at zero),
+    is proved equal (a per-row shift) and NaN (0 / 0) on every row far below zero, where the source is finite. The
+    structural check passes it (the source's new-score exp is no max shift, so nothing is demanded), and so did every
+    input set: each spreads a row over both signs or keeps it positive, so the row's max is above zero. The sets now
+    include every logit input far below zero (``BELOW_SETS``)."""
+    from verimirage.pipeline import fpsafe
+
+    src, cand = _decode_softmax(8, 64, False), _decode_softmax(8, 64, True)
+    assert isinstance(vm.verify(src, cand), vm.Proved)
+    checker = SafetyChecker(src)
+    assert checker.structural(cand) is None
+    why = checker.check(cand)
+    assert why is not None and "far below zero" in why and "non-finite" in why, why
+    first = min(i for i, (what, _) in enumerate(checker.sets) if "far below zero" in what)
+    assert all(checker._compare(cand, i) is None for i in range(first)
+               if i not in checker.special and not checker.source_outputs(i)[1])
+    ins = checker.sets[first][1]
+    assert (ins["X"] < -9990).all() and (ins["T"] < -9990).all()
+    assert np.isfinite(checker.source_outputs(first)[0][0]).all()
+    assert [w for w, _ in fpsafe.adversarial_inputs(src) if "far below zero" in w] == [
+        f"T, X {what} (the others uniform +-3)" for what, _, _ in fpsafe.BELOW_SETS]

@@ -867,14 +867,15 @@ def _verify_phase(run: _Run) -> None:
             if not safety[0].numeric:
                 rep.notes.append("floating-point check: structural only (the program is too large to evaluate "
                                  "on adversarial inputs here): a candidate must max-shift every exp the source "
-                                 "does" + ("; one that takes a cancellation-prone difference the source does not is "
-                                           "evaluated on the near-constant sets" if safety[0].near_at_size else ""))
+                                 "does; one that takes a cancellation-prone difference the source does not is "
+                                 "evaluated on the near-constant sets" + ("" if safety[0].near_at_size else
+                                                                          ", on a twin of fewer rows"))
         seen = len(safety[0].unevaluated)
         why: str | None = safety[0].check(mg)
         if len(safety[0].unevaluated) > seen:
             rep.notes.append(f"floating-point check: a candidate takes differences the source does not (of "
-                             f"{safety[0].unevaluated[-1]}), not evaluated: the program is too large even for the "
-                             "near-constant sets")
+                             f"{safety[0].unevaluated[-1]}), rejected: the program is too large for the near-constant "
+                             "sets and no twin of fewer rows was proved equal to it")
         return why
 
     def attempt(entry: tuple[Any, ...]) -> None:
