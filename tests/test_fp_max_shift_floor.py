@@ -121,20 +121,13 @@ def _joined(r: int, n: int, other: str, score: str | None = None) -> vm.MuGraph:
     term, a softmax over the row and the new score)."""
     lines = other.format(**{f"k{k}": 3 + k for k in range(64)}).splitlines()
     m = 3 + len(lines) - 1  # (other's value)
-    if score is None:
-        return vm.MuGraph.parse(f"""mugraph {{
-  %0 = input {{name='X'}} : f32[{r},{n}]
-  %1 = input {{name='T'}} : f32[{r},1]
-  %2 = max %0 {{axis=1}} : f32[{r},1]
-{chr(10).join(lines)}
-  %{m + 1} = maximum %2, %{m} : f32[{r},1]
-  %{m + 2} = sub %0, %{m + 1} : f32[{r},{n}]
-  %{m + 3} = exp %{m + 2} : f32[{r},{n}]
-  %{m + 4} = sum %{m + 3} {{axis=1}} : f32[{r},1]
-  %{m + 5} = div %{m + 3}, %{m + 4} : f32[{r},{n}]
-  return %{m + 5}
-}}""")
-    y = m if score == "other" else score
+    if score is None:  # (the row's sum alone)
+        tail, out = "", m + 4
+    else:  # (the row's sum plus the score's exp, shifted by the same maximum)
+        y = m if score == "other" else score
+        tail = (f"  %{m + 5} = sub %{y}, %{m + 1} : f32[{r},1]\n  %{m + 6} = exp %{m + 5} : f32[{r},1]\n"
+                f"  %{m + 7} = add %{m + 4}, %{m + 6} : f32[{r},1]\n")
+        out = m + 7
     return vm.MuGraph.parse(f"""mugraph {{
   %0 = input {{name='X'}} : f32[{r},{n}]
   %1 = input {{name='T'}} : f32[{r},1]
@@ -144,11 +137,8 @@ def _joined(r: int, n: int, other: str, score: str | None = None) -> vm.MuGraph:
   %{m + 2} = sub %0, %{m + 1} : f32[{r},{n}]
   %{m + 3} = exp %{m + 2} : f32[{r},{n}]
   %{m + 4} = sum %{m + 3} {{axis=1}} : f32[{r},1]
-  %{m + 5} = sub %{y}, %{m + 1} : f32[{r},1]
-  %{m + 6} = exp %{m + 5} : f32[{r},1]
-  %{m + 7} = add %{m + 4}, %{m + 6} : f32[{r},1]
-  %{m + 8} = div %{m + 3}, %{m + 7} : f32[{r},{n}]
-  return %{m + 8}
+{tail}  %{out + 1} = div %{m + 3}, %{out} : f32[{r},{n}]
+  return %{out + 1}
 }}""")
 
 
