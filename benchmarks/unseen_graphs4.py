@@ -347,7 +347,11 @@ def unfused_estimate_s(g: vm.Graph) -> float:
 
 def run(name: str, small: bool = False) -> dict[str, Any]:
     """One ``vm.superoptimize`` (default options, the search cache off): a row of the table."""
-    g = build(name, small)
+    return run_graph(name, build(name, small), small)
+
+
+def run_graph(name: str, g: vm.Graph, small: bool = False) -> dict[str, Any]:
+    """:func:`run` of program ``name`` built as ``g`` (also the later held-out sets' runner)."""
     row: dict[str, Any] = {"name": name, "small": small, "load_before": round(os.getloadavg()[0], 2)}
     c0, t0 = time.process_time(), time.perf_counter()
     try:
@@ -374,13 +378,14 @@ def run(name: str, small: bool = False) -> dict[str, Any]:
     return row
 
 
-def render(rows: list[dict[str, Any]]) -> str:
-    """The markdown table of :func:`run` rows."""
+def render(rows: list[dict[str, Any]], programs: dict[str, Program] | None = None) -> str:
+    """The markdown table of :func:`run` rows (``programs``: the set they are of; this one by default)."""
+    programs = PROGRAMS if programs is None else programs
     out = ["| program | from | Proved | search + verify s (CPU s) | load | candidates (verified) | kernels | "
            "est. µs | one kernel per op: kernels, est. µs | speedup est. |",
            "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        src = PROGRAMS[r["name"]].source if r["name"] in PROGRAMS else ""
+        src = programs[r["name"]].source if r["name"] in programs else ""
         if "error" in r:
             out.append(f"| {r['name']} | {src} | error | {r['search_s']:.1f} | {r['load_before']} | - | - | - | - | "
                        f"{r['error'][:100]} |")
@@ -392,9 +397,13 @@ def render(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Print one row per program (a dict per line), or with ``--render FILE`` the markdown table of such lines."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None, programs: dict[str, Program] | None = None,
+         builder: Callable[[str, bool], vm.Graph] | None = None, doc: str | None = None) -> int:
+    """Print one row per program (a dict per line), or with ``--render FILE`` the markdown table of such lines
+    (``programs``, ``builder``, ``doc``: another set's; this one's by default)."""
+    programs = PROGRAMS if programs is None else programs
+    builder = build if builder is None else builder
+    ap = argparse.ArgumentParser(description=doc or __doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("names", nargs="*")
     ap.add_argument("--small", action="store_true", help="the scaled-down twins")
     ap.add_argument("--out", help="also append the rows to this file")
@@ -402,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.render:
         rows = [ast.literal_eval(ln) for ln in Path(a.render).read_text().splitlines() if ln.startswith("{")]
-        print(render(rows))
+        print(render(rows, programs))
         return 0
     import subprocess
 
@@ -411,8 +420,8 @@ def main(argv: list[str] | None = None) -> int:
     head = (f"# {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())} {platform.machine()} {os.cpu_count()} cores, "
             f"load {' '.join(f'{x:.2f}' for x in os.getloadavg())}, verimirage {vm.__file__} at {rev}")
     print(head, flush=True)
-    for n in a.names or list(PROGRAMS):
-        r = run(n, a.small)
+    for n in a.names or list(programs):
+        r = run_graph(n, builder(n, a.small), a.small)
         print(r, flush=True)
         if a.out:
             with open(a.out, "a") as f:
