@@ -155,3 +155,22 @@ def test_a_big_array_freed_during_the_trials_is_reused_without_fresh_pages() -> 
         again = touch()
     fresh = touch()  # after the block: mapped (and faulted in) again
     assert again * 4 < fresh, (again, fresh)
+
+
+def test_where_on_a_0_1_mask_selects_the_same_residues_as_the_ring_form() -> None:
+    """A mask of 0s and 1s (tril) selects; any other m (a bool input's residues, a -1 mark) takes the ring form
+    ``m (a - b) + b``; both give the residues the reference evaluator gives."""
+    from verimirage.smt import ffref
+
+    for mask_input in (False, True):
+        g = vm.Graph()
+        s = g.input("S", (3, 8, 8), vm.float32)
+        m = g.input("M", (1, 8, 8), vm.bool) if mask_input else g.tril_mask((8, 8))
+        c = g.where(m, s, g.shift(g.scale(s, 0.0), -1e4))
+        g.output(g.where(m, g.exp(g.sub(c, g.max(c, axis=2))), g.scale(c, 0.0)))
+        fld = Field.from_seed(13)
+        ins = trial_inputs(g, fld, 13)
+        fast = FFtrials.run_ff(g, ins, fld)[0]
+        (ref,), _ = ffref.evaluate(g, ins, ffref.field_of(13))
+        assert (fld.p, fld.q) == (ffref.field_of(13).p, ffref.field_of(13).q)
+        assert np.array_equal(fast[0], ref[0]) and np.array_equal(fast[1], ref[1])

@@ -340,9 +340,14 @@ def _ff_where(args: list[FV], attrs: dict[str, Any], in_types: Any, out_types: A
     shape = np.broadcast_shapes(m.shape, a.shape, b.shape)
 
     # computed as ``m * (a - b) + b`` with one reduction mod the modulus at the end (the same residues: a ring
-    # identity; |m * (a - b) + b| < 2**43 is exact in int64), a q-residue -1 wherever an operand's is
+    # identity; |m * (a - b) + b| < 2**43 is exact in int64), a q-residue -1 wherever an operand's is; where every
+    # m is 0 or 1 (a causal mask's tril, a mask made of them) that is ``a`` where m is 1 and ``b`` where it is 0,
+    # residues of [0, mod) already: one selection (np.where) instead of five passes
     def fused(mod: int, marks: bool) -> Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]:
         def fn(mv: np.ndarray, av: np.ndarray, bv: np.ndarray) -> np.ndarray:
+            if mv.size and int(mv.min()) >= 0 and int(mv.max()) <= 1:
+                r = np.where(np.broadcast_to(mv, shape) != 0, av, bv)
+                return _mark(r, mv, av, bv) if marks else r
             r = np.multiply(np.subtract(av, bv), mv)
             if r.shape != shape:
                 r = np.broadcast_to(r, shape).copy()
