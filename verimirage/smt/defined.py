@@ -26,7 +26,8 @@ each claim must be
 
 1. proved by signs: structurally (``exp(..) > 0``, even powers ``>= 0``, sums and maxes of positives, ``sqrt``, positive
    constants) or through the provenance of an expression (``mean(x**2) + eps`` with ``eps > 0`` is ``> 0`` even once
-   ``x**2`` is expanded), with the source's own claims as facts; or
+   ``x**2`` is expanded), with the source's own claims as facts; a partial op's sign holds only where it is defined
+   (``1 / (1 / x)`` is ``x``, 0 at ``x = 0``): only the source's, outside ``where`` branches, of no bound index; or
 2. a claim of the source (a condition of a source op the output reads, not one inside a ``where`` branch) on the same
    expression, at least as strong (``> 0`` gives ``>= 0`` and ``!= 0``), over a range of each bound index containing the
    candidate's (bound indices are matched up to renaming and a shift).
@@ -35,6 +36,7 @@ Otherwise the verdict is ``Unknown``, naming the op and its condition."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -100,14 +102,13 @@ def note(op: str, r: Rule, attrs: dict[str, Any], xs: Sequence[E.Poly], res: E.P
     if r.conds is not None:
         for kind, p in r.conds(xs, attrs):
             d.conds.append(Cond(kind, p, op, d.guard > 0))
-    if r.sign is not None:
+    if r.sign is not None and (r.conds is None or not d.guard):  # (a partial op's sign holds where it is defined)
         provenance(res, r.sign, xs, attrs)
 
 
 def provenance(res: E.Poly, sign: SignRule, xs: Sequence[E.Poly], attrs: dict[str, Any] | None = None) -> None:
     """Record that ``res`` was computed from ``xs`` by an op whose sign rule is ``sign``."""
-    lst = E.der().prov.setdefault(res, [])
-    if len(lst) < 4:
+    if len(lst := E.der().prov.setdefault(res, [])) < 4:
         lst.append((sign, attrs or {}, tuple(xs)))
 
 
@@ -120,10 +121,7 @@ def defs_of(d: E.Derivation) -> Defs:
 
 
 def _all(ss: Sequence[int]) -> int:
-    out = POS
-    for s in ss:
-        out &= s
-    return out
+    return functools.reduce(int.__and__, ss, POS)
 
 
 def s_add(ss: Sequence[int], attrs: dict[str, Any]) -> int:
@@ -413,7 +411,9 @@ def _refines(src: Sequence[Defs], cand: Sequence[Defs]) -> str | None:
             a = q[1][0][0][0][0]
             if a[0] == "sqrt" and s & NONZERO:
                 facts[a[1]] = facts.get(a[1], 0) | NONZERO
-    signs = Signs([d.prov for d in src] + [d.prov for d in cand], facts)
+    part = {r.sign for r in RULES.values() if r.conds is not None}  # (partial ops' signs: the source's, as its facts)
+    signs = Signs([{p: [t for t in ts if t[0] not in part or (i < len(src) and all(map(_is_out, E.free_vars(p))))]
+                    for p, ts in d.prov.items()} for i, d in enumerate([*src, *cand])], facts)
     for d in cand:
         for c in d.conds:
             if signs.of(c.poly) & NEED[c.kind] == NEED[c.kind]:  # (the provenance of the poly before _claims scales it)
@@ -448,7 +448,6 @@ def refines_outputs(src: Sequence[Sequence[Defs]], cand: Sequence[Sequence[Defs]
     """:func:`refines` for every output and case (``src[k][ci]``, ``cand[k][ci]``): None, or the first reason."""
     for k, (xs, ys) in enumerate(zip(src, cand, strict=True)):
         for ci, (x, y) in enumerate(zip(xs, ys, strict=True)):
-            why = refines([x], [y])
-            if why is not None:
+            if (why := refines([x], [y])) is not None:
                 return f"output {k} case {ci}: {why}"
     return None

@@ -39,9 +39,7 @@ def region_of(graph: Graph, members: Sequence[int]) -> Region:
     mem, inside = sorted(members), set(members)
     used_outside: set[Ref] = {r for r in output_refs(graph) if r[0] in inside}
     used_outside.update(a for j, n in enumerate(nodes) if j not in inside for a in n.args if a[0] in inside)
-    new_nodes: list[Node] = []
-    ins: list[Ref] = []
-    where: dict[Ref, Ref] = {}  # program ref -> region ref
+    new_nodes, ins, where = list[Node](), list[Ref](), dict[Ref, Ref]()  # (where: program ref -> region ref)
     for i in mem:
         n = nodes[i]
         for a in n.args:
@@ -105,6 +103,9 @@ def undefined_fed(graph: Graph, regions: Sequence[Region]) -> str | None:
     def conds(outs: Sequence[Ref]) -> list[list[D.Defs]]:
         return A.derive_all([Graph._from_parts(list(nodes), list(outs))])[1][0][2]
 
+    def free(p: E.Poly) -> bool:  # (of no output index: an output's index is not the crossing value's)
+        return not any(map(D._is_out, E.free_vars(p)))
+
     def first(facts: list[list[D.Defs]]) -> str | None:
         return next((f"the value of node {refs[k][0]}: {w}" for k, ds in enumerate(defs) for d in ds for f in facts
                      if (w := D.refines(f, [d]))), None)
@@ -117,7 +118,7 @@ def undefined_fed(graph: Graph, regions: Sequence[Region]) -> str | None:
     if (why := first([[]])) is None:
         return None
     try:  # (the program's own conditions, derived only when needed; else the value must be defined for all inputs)
-        facts = [[D.Defs(tuple(c for c in d.conds if not any(map(D._is_out, E.free_vars(c.poly)))), d.prov,
+        facts = [[D.Defs(tuple(c for c in d.conds if free(c.poly)), {p: t for p, t in d.prov.items() if free(p)},
                          d.ranges)] for ds in conds(output_refs(graph)) for d in ds]  # (per output and case)
     except bad:
         return why
