@@ -24,6 +24,11 @@ defined, and the normaliser cancels: ``1 / (1 / x)`` is the polynomial ``x``, wh
 Now a partial op's sign counts only from the source, outside ``where`` branches, of no bound index, and the
 composition check takes no provenance at output indices.
 
+Merged launches (``runtime.merged_config``, 26e3fbb): the regrouped-tile warp cap zipped the members' configurations
+with their block graphs strictly, but ``tuning.merge_fits`` (and so the merged mode's codegen and the cost model's
+``merged_launches``) calls it without block graphs: two kernels of 16 warps in one dependency level (two whole rows
+of 32,768 reduced side by side) raised ValueError out of ``tuned_module(..., "merge")`` and ``vm.compile`` under
+``VERIMIRAGE_MERGE=1``.
 """
 
 from __future__ import annotations
@@ -141,3 +146,38 @@ def test_composition_took_an_outputs_provenance_at_its_index_as_a_crossing_value
     v = check_text(cc.to_json())
     assert not v.proved and "may be undefined" in v.reason, v.reason
 
+
+_TWO_WIDE_ROWS = """mugraph {
+  %0 = input {name='x'} : f32[2,32768]
+  %1 = input {name='y'} : f32[2,32768]
+  %2 = custom %0 {frange=1, grid=(1,)} : f32[2,1] {
+    %0 = input {arg=0, fmap=None, imap=(0,), shape=(2, 32768)} : f32[2,32768]
+    %1 = sum %0 {axis=1} : f32[2,1]
+    output %1 {omap=(0,)}
+  }
+  %3 = custom %1 {frange=1, grid=(1,)} : f32[2,1] {
+    %0 = input {arg=0, fmap=None, imap=(0,), shape=(2, 32768)} : f32[2,32768]
+    %1 = max %0 {axis=1} : f32[2,1]
+    output %1 {omap=(0,)}
+  }
+  return %2, %3
+}"""
+
+
+def test_merged_launch_of_two_16_warp_kernels_raised_out_of_the_warp_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from verimirage.backend import launch_model
+    from verimirage.backend.tuning import recommend, tuned_module
+    from verimirage.ir.graph import node_list
+
+    mg = MuGraph.parse(_TWO_WIDE_ROWS)
+    nodes = node_list(mg)
+    assert [recommend(n.attr("block"), [nodes[a].outs[k] for a, k in n.args]).num_warps
+            for n in nodes if n.op == "custom"] == [16, 16]  # (the condition: two 16-warp kernels, one level)
+    assert len(tuned_module(mg, "merge").kernels) == 1
+    assert launch_model.TritonLaunches().merged_launches(mg) == 1
+    monkeypatch.setenv("VERIMIRAGE_MERGE", "1")
+    x, y = torch.randn(2, 32768), torch.randn(2, 32768)
+    s, m = vm.compile(mg)(x=x, y=y)
+    assert torch.allclose(s[:, 0].double(), x.double().sum(1), atol=1e-3) and torch.equal(m[:, 0], y.amax(1))

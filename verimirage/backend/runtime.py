@@ -1246,7 +1246,8 @@ def merged_config(configs: Sequence[LaunchConfig], blocks: Sequence[int] = (),
     from .tuning import regroups
 
     warps = max(c.num_warps for c in configs)
-    if warps >= 16 and any(c.num_warps < 16 and regroups(bg) for c, (bg, _, _) in zip(configs, kernels, strict=True)):
+    if warps >= 16 and kernels and any(c.num_warps < 16 and regroups(bg)
+                                       for c, (bg, _, _) in zip(configs, kernels, strict=True)):
         # a member kept under 16 warps for its regrouped tile (tuning._measured: Triton 3.6 raced on it at 16, wrong
         # results on an H100) is not raised to 16 by the launch it shares (red team 19: persistent launches of the
         # layer's decode_bs1 μGraphs ran six such kernels at 16)
