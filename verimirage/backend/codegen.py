@@ -83,7 +83,7 @@ ROW_DOT_MAX_BATCH = 8
 INT32_INDEX = 2**31
 
 #: Version of the generator: part of every cache key (bump when generated code changes).
-CODEGEN_VERSION = "17"
+CODEGEN_VERSION = "18"
 
 
 @dataclass(frozen=True)
@@ -855,7 +855,7 @@ class _KernelGen:
         a_op = self.fresh("x")
         b_op = self.fresh("y")
         fa, fb = (*batch, pm, pk), (*batch, pk, pn)
-        early_a, early_b = self.early_casts(a, b, (pa, fa, s_a), (pb, fb, s_b))
+        early_a, early_b = self.early_casts(a, b, (pa, fa, s_a), (pb, fb, s_b), acc is not None and carry)
         cast = f".to({dt})"
         lines.append(f"{a_op} = {shaped(a, pa, fa, s_a, cast) if early_a else shaped(a, pa, fa, s_a) + cast}")
         lines.append(f"{b_op} = {shaped(b, pb, fb, s_b, cast) if early_b else shaped(b, pb, fb, s_b) + cast}")
@@ -871,19 +871,24 @@ class _KernelGen:
         lines.append(f"{out} = {expr}")
         return out
 
-    def early_casts(self, a: str, b: str, sa: tuple[tuple[int, ...], ...], sb: tuple[tuple[int, ...], ...]
-                    ) -> tuple[bool, bool]:
+    def early_casts(self, a: str, b: str, sa: tuple[tuple[int, ...], ...], sb: tuple[tuple[int, ...], ...],
+                    carried: bool = False) -> tuple[bool, bool]:
         """Whether each operand of a ``tl.dot`` is converted to the dot's dtype *before* its broadcast and reshape
-        (``sa``, ``sb``: the operand's padded tile, its broadcast shape and the shape the dot takes).
+        (``sa``, ``sb``: the operand's padded tile, its broadcast shape and the shape the dot takes;
+        ``carried``: the dot adds a loop accumulator carried in its own shape, not one reshaped to it and back as the
+        online softmax's rescaled running sum is).
 
         The conversion commutes with both, and before them the compiler folds a loaded tile's ``.to(tl.float32)``
         into it (after a reshape it did not: V went fp16 -> fp32 -> fp16 through shared memory each iteration;
         rotary attention's candidate 0 29.2 -> 26.2 µs on the H100, BENCHMARKS.md, attn18). So an operand that is a
         block input's loaded tile and is broadcast or reshaped is converted first, except beside the other operand
-        computed and reshaped (the online softmax's ``P @ V`` with P reshaped from rank 3) where the two tiles'
-        shapes are not in :data:`SQUEEZE_BESIDE_RESHAPE`: there Triton 3.6's TritonGPURemoveLayoutConversions fails
-        on V converted and reshaped beside P as it does on V loaded squeezed beside P (:meth:`dot_operand_inputs`;
-        the suite's gqa_stable_bs1, mha_stable_bs1 and mha_stable_bs8 candidate 0, ``(64, 128) @ (128, 64)``)."""
+        computed and reshaped (``P @ V`` with P reshaped from rank 3) unless the two tiles' shapes are in
+        :data:`SQUEEZE_BESIDE_RESHAPE` or the dot's loop accumulator is carried in its shape
+        (:data:`EARLY_CAST_BESIDE_CARRIED`: a split's plain ``exp`` partial sums, the non-stable decode attention):
+        with the accumulator reshaped around the dot too (the online softmax) Triton 3.6's
+        TritonGPURemoveLayoutConversions fails on V converted and reshaped beside P as it does on V loaded squeezed
+        beside P (:meth:`dot_operand_inputs`; the suite's gqa_stable_bs1, mha_stable_bs1 and mha_stable_bs8
+        candidate 0, ``(64, 128) @ (128, 64)``)."""
         nodes = self.bg.nodes
 
         def loaded(x: str) -> bool:
@@ -895,8 +900,10 @@ class _KernelGen:
 
         fits = (tuple(sa[0][-2:]), tuple(sb[0][-2:])) in SQUEEZE_BESIDE_RESHAPE
 
+        beside = fits or (EARLY_CAST_BESIDE_CARRIED and carried)
+
         def early(x: str, s: tuple[tuple[int, ...], ...], y: str, t: tuple[tuple[int, ...], ...]) -> bool:
-            return loaded(x) and shaped(x, s) and (loaded(y) or not shaped(y, t) or fits)
+            return loaded(x) and shaped(x, s) and (loaded(y) or not shaped(y, t) or beside)
 
         return early(a, sa, b, sb), early(b, sb, a, sa)
 
@@ -2529,6 +2536,17 @@ def _gdc_head(pdl: str) -> list[str]:
 #: compiles it again at 4: ``runtime._layout_pass_failed``); every other shape fails in the layout pass.
 SQUEEZE_BESIDE_RESHAPE: frozenset[tuple[tuple[int, ...], tuple[int, ...]]] = frozenset(
     {((128, 64), (64, 64)), ((64, 64), (64, 64))})
+#: :meth:`_KernelGen.early_casts`: a loaded dot operand is converted before its reshape beside the other operand
+#: computed and reshaped also where the dot's loop accumulator is carried in the dot's shape (not reshaped around it).
+#: Compiled for sm_90 (benchmarks/compile_check.py over every committed attention candidate, twentieth session): of
+#: the kernels where the rule differs from the shape list alone, those with a carried accumulator (83) or none (30)
+#: all compile at 4 and 8 warps, those whose accumulator is reshaped (the online softmax's rescaled sum) fail the
+#: layout pass in 105 of 172, whatever the P and V shapes. H100, one process, PDL off (benchmarks/results/
+#: models20_2026-11-27/ab): the suite's decode candidate 0s gqa_bs1 8.01 -> 7.77 us, mqa_bs1 8.51 -> 7.74 (the 8-byte
+#: spill gone), qknorm_gqa_bs1 10.28 -> 9.82, mha unchanged; one-step kernels without an accumulator were mixed
+#: (capture plan_large #4 188.1 -> 183.6, plan_medium #28 3.79 -> 3.91: there the conversion is done once, not per
+#: iteration), so they keep the shape list. False: the shape list alone (codegen 16-17).
+EARLY_CAST_BESIDE_CARRIED = True
 
 #: ``pdl="auto"``: a kernel lets the next one launch at its start when that one has at most this many blocks.
 PDL_EARLY_MAX_BLOCKS = 64
