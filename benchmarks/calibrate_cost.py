@@ -6,6 +6,8 @@
     python benchmarks/calibrate_cost.py --json      # the same report as JSON
     python benchmarks/calibrate_cost.py --test models_run17_h100_2315_onecard.json --suite   # held-out sets too
     python benchmarks/calibrate_cost.py --lopo pipeline_fill=0,0.5,0.75,1 --test models_run17_h100_2315_onecard.json
+    python benchmarks/calibrate_cost.py --export DIR --rows STALE.json    # stale rows' candidate files for bench.py
+    python benchmarks/calibrate_cost.py --refresh DIR RESULTS...           # their re-measurement into the dataset
 
 The GPU harness (``benchmarks/bench.py --set models --candidates DIR``) records, for every program, each
 candidate's cost estimate next to its fastest measured launch configuration (``cost_vs_measured``: rank into
@@ -20,6 +22,16 @@ pooled over all candidates and within each program, next to the figures of the e
 ``spearman_floor`` and ``within_floor`` in the dataset are the pooled and the mean within-program figures the
 current model reached when the file was last written (``--build`` or ``--set-floor``);
 ``tests/test_cost_calibration.py`` holds the model to them.
+
+Stale rows: a row measured on kernels the code generator no longer emits for its μGraph (``benchmarks/compile_check.py
+manifest --only results/cost_calibration_models.json`` with the row's own revision, then ``changed``) is re-measured
+as it was measured: ``--export DIR --rows REPORT`` writes, for the rows a ``changed`` report (or a list of entry
+indices) names, one candidate file per program into ``DIR/<conditions>/`` (the harness settings of the row's source:
+rotated inputs or warm, PDL mode; :func:`conditions`) and ``DIR/rows.json``; ``bench.py --set models --candidates
+DIR/<conditions>`` under those settings measures them; ``--refresh DIR RESULT...`` (bench.py's ``models.json`` of
+each) writes the measurements as probe rows (``DIR/calibration_rows.json``, to list in :data:`PROBE_ROWS`) and
+replaces the stored entries' times with them (the rest of the stored dataset unchanged: ``--build`` recollects from
+every source and may differ from the stored file where result files were rewritten since).
 
 Held-out figures: ``--test FILE`` re-estimates the candidates a result file measured (matched to the committed
 candidate files as ``--build`` does) without adding them to the dataset (run 17, measured with rotated inputs after
@@ -36,10 +48,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import statistics
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +79,111 @@ SOURCES = [
 
 #: rows measured outside the harness (a probe's per-candidate timings: ``case``, ``graph``, ``mugraph``, ``kernels``,
 #: ``measured_us``, ``run_est_us``), newer than every file of :data:`SOURCES`
-PROBE_ROWS = ["run16_probe_calibration_rows.json", "rowsplit_h100_2026-11-27/calibration_rows.json"]
+PROBE_ROWS = ["run16_probe_calibration_rows.json", "rowsplit_h100_2026-11-27/calibration_rows.json",
+              # the stale rows re-measured in the twentieth session (--export / --refresh; codegen 18)
+              "models20_2026-11-27/stale_cands/calibration_rows.json",
+              "models20_2026-11-27/stale_cands2/calibration_rows.json"]
+
+
+def _times(doc: dict[str, Any]) -> set[tuple[str, float]]:
+    """(program, measured µs) of every measured candidate of a result or probe-rows file."""
+    out = set()
+    for r in doc["rows"]:
+        for c in r.get("cost_vs_measured", [r] if "measured_us" in r else []):
+            if c.get("measured_us") is not None:
+                out.add((r["case"], round(c["measured_us"], 6)))
+    return out
+
+
+def conditions(entry: dict[str, Any]) -> tuple[bool, str]:
+    """The harness settings ``entry`` was measured under: rotated inputs (``rotate``) and the PDL mode (``pdl``) of its
+    source file's version holding its time (the working tree's, else the newest in git: ``models.json`` is rewritten
+    by later runs); files without them were measured warm, without PDL (the runs before both)."""
+    src = f"benchmarks/results/{entry['source']}"
+    key = (entry["case"], round(entry["measured_us"], 6))
+    def versions() -> Iterator[dict[str, Any]]:
+        if (ROOT / src).exists():
+            yield json.loads((ROOT / src).read_text())
+        for c in _git("log", "--format=%H", "--", src).split():
+            yield json.loads(_git("show", f"{c}:{src}"))
+
+    doc = next((d for d in versions() if key in _times(d)), None)
+    if doc is None:
+        raise SystemExit(f"{entry['case']}: no version of {src} holds its measured time {entry['measured_us']}")
+    return bool(doc.get("rotate", False)), str(doc.get("pdl") or "off")
+
+
+def export(rows: Sequence[int], out: Path) -> dict[str, Any]:
+    """Write the stored entries ``rows`` (indices into :data:`DATASET`) as candidate files for ``bench.py --set models
+    --candidates``, one directory per measurement conditions (``rotate`` / ``warm`` and the PDL mode, as each row's
+    source measured), each candidate's ``cost_us`` the current estimate; and ``out/rows.json`` ({directory: {case:
+    [entry index of each candidate]}}, the conditions). Entries of a program whose graph has changed since (the
+    candidate file's ``graph`` differs) cannot be measured with today's inputs: listed under ``skipped``."""
+    doc = json.loads(DATASET.read_text())
+    entries = doc["entries"]
+    est = estimate([entries[i] for i in rows])
+    index: dict[str, Any] = {"dirs": {}, "skipped": []}
+    files: dict[str, dict[str, dict[str, Any]]] = {}
+    for i, e_us in zip(rows, est, strict=True):
+        e = entries[i]
+        graph = json.loads((ROOT / CANDS / f"{e['case']}.json").read_text())["graph"]
+        if graph != e["graph"]:
+            index["skipped"].append(i)
+            continue
+        rotate, pdl = conditions(e)
+        sub = f"{'rotate' if rotate else 'warm'}_pdl_{pdl}"
+        index["dirs"].setdefault(sub, {"rotate": rotate, "pdl": pdl, "cases": {}})["cases"].setdefault(
+            e["case"], []).append(i)
+        f = files.setdefault(sub, {}).setdefault(e["case"], {"case": e["case"], "graph": graph, "search_s": 0.0,
+                                                             "candidates": []})
+        f["candidates"].append({"mugraph": e["mugraph"], "cost_us": e_us, "kernels": e.get("kernels")})
+    for sub, cases in files.items():
+        (out / sub).mkdir(parents=True, exist_ok=True)
+        for case, f in cases.items():
+            (out / sub / f"{case}.json").write_text(json.dumps(f, indent=1) + "\n")
+    (out / "rows.json").write_text(json.dumps(index, indent=1) + "\n")
+    return index
+
+
+def refresh(out: Path, results: Sequence[Path], only: Sequence[int] | None = None) -> list[dict[str, Any]]:
+    """The re-measurement of :func:`export`'s rows (``out``) by ``bench.py`` (its ``models.json`` files ``results``)
+    as probe rows (:data:`PROBE_ROWS`' form), written to ``out/calibration_rows.json``; each stored entry of the same
+    (program, μGraph) takes the new time (``source``: that file; the measurement it replaces listed under
+    ``replaced``). ``only``: just these entries (indices into
+    :data:`DATASET`; e.g. leaving out rows whose kernels changed again after the measurement). Returns the rows."""
+    rows: list[dict[str, Any]] = []
+    dirs = json.loads((out / "rows.json").read_text())["dirs"]
+    for res in results:
+        doc = json.loads(res.read_text())
+        sub = f"{'rotate' if doc.get('rotate') else 'warm'}_pdl_{doc.get('pdl') or 'off'}"
+        if sub not in dirs:
+            raise SystemExit(f"{res}: measured under {sub}, which {out} has no rows for ({sorted(dirs)})")
+        for r in doc["rows"]:
+            cdoc = json.loads((out / sub / f"{r['case']}.json").read_text())
+            for c in r.get("cost_vs_measured", []):
+                if c.get("measured_us") is not None:
+                    rows.append({"case": r["case"], "graph": cdoc["graph"],
+                                 "mugraph": cdoc["candidates"][c["rank"]]["mugraph"], "kernels": c["kernels"],
+                                 "measured_us": c["measured_us"], "run_est_us": c["cost_us"], "flat": True,
+                                 "label": f"{sub} rank {c['rank']}"})
+    dataset = json.loads(DATASET.read_text())
+    if only is not None:
+        keep = {(dataset["entries"][i]["case"], dataset["entries"][i]["mugraph"]) for i in only}
+        rows = [r for r in rows if (r["case"], r["mugraph"]) in keep]
+    src = str((out.resolve() / "calibration_rows.json").relative_to(RESULTS))
+    new = {(r["case"], r["mugraph"]): r for r in rows}
+    for e in dataset["entries"]:
+        r = new.get((e["case"], e["mugraph"]))
+        if r is not None:
+            if e["source"] != src:  # (the measurement replaced, kept: tests cite some runs' own figures)
+                e.setdefault("replaced", []).append({k: e.get(k) for k in ("source", "measured_us", "run_est_us",
+                                                                           "kernels", "flat", "rank")})
+            e.update(measured_us=r["measured_us"], run_est_us=r["run_est_us"], kernels=r["kernels"], flat=True,
+                     source=src, candidates="probe", rank=None)
+    if src not in dataset["sources"]:
+        dataset["sources"].append(src)
+    DATASET.write_text(json.dumps(dataset, indent=1) + "\n")
+    return rows
 
 
 def _git(*args: str) -> str:
@@ -277,6 +394,21 @@ def _print(rep: dict[str, Any], label: str, floors: str = "") -> None:
               f"(run {v['run_first_over_best']:.2f})")
 
 
+def _rows(spec: str) -> list[int]:
+    """Entry indices from ``--rows``: a compile_check.py ``changed`` report's calibration labels, or "I,J,..."."""
+    if not re.fullmatch(r"[\d,\s]*", spec):
+        changed = json.loads(Path(spec).read_text())["changed"]
+        pre = f"{DATASET.relative_to(ROOT / 'benchmarks')}#"
+        return sorted({int(k[len(pre):].split("/")[0]) for k in changed if k.startswith(pre)})
+    return sorted({int(x) for x in spec.split(",") if x.strip()})
+
+
+def _device(results: Sequence[Path]) -> str:
+    """The device and date of bench.py's result files."""
+    docs = [json.loads(p.read_text()) for p in results]
+    return "; ".join(sorted({f"{d.get('device')} {d.get('date')}" for d in docs}))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--build", action="store_true", help="recollect the dataset from the result files and git")
@@ -291,9 +423,35 @@ def main() -> int:
                     help=f"store the --test / --suite sets in {HELDOUT.name} (what the tests read)")
     ap.add_argument("--lopo", metavar="PARAM=V1,V2,...",
                     help="choose a Hardware parameter leave-one-program-out and report the held-out figures")
+    ap.add_argument("--export", type=Path, metavar="DIR",
+                    help="write the --rows entries as candidate files for bench.py (one directory per conditions)")
+    ap.add_argument("--rows", metavar="REPORT|I,J,...",
+                    help="with --export: a compile_check.py 'changed' report (its calibration rows) or entry indices; "
+                         "with --refresh: only these entries")
+    ap.add_argument("--refresh", nargs="+", type=Path, metavar="DIR RESULT",
+                    help="--export's DIR, then bench.py's models.json of each of its directories: the rows' new times")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--worst", type=int, default=0, help="list the N entries with the largest |log(est/measured)|")
     args = ap.parse_args()
+    if args.export:
+        if not args.rows:
+            ap.error("--export needs --rows (a compile_check.py 'changed' report or entry indices)")
+        idx = _rows(args.rows)
+        index = export(idx, args.export)
+        print(f"{len(idx)} rows: " + ", ".join(f"{s}: {sum(map(len, d['cases'].values()))} of {len(d['cases'])} "
+                                               f"programs" for s, d in index["dirs"].items())
+              + f"; skipped (program changed since): {index['skipped']}")
+        return 0
+    if args.refresh:
+        if len(args.refresh) < 2:
+            ap.error("--refresh DIR RESULT...: the exported directory, then bench.py's models.json of each run")
+        rows = refresh(args.refresh[0], args.refresh[1:], _rows(args.rows) if args.rows else None)
+        (args.refresh[0] / "calibration_rows.json").write_text(json.dumps(
+            {"device": _device(args.refresh[1:]), "source": [str(p) for p in args.refresh[1:]],
+             "note": "stale rows re-measured (calibrate_cost.py --export / --refresh): measured_us the fastest "
+                     "configuration (CUDA-graph median, bench.py, the row's source's conditions); run_est_us the "
+                     "estimate at export", "rows": rows}, indent=1) + "\n")
+        print(f"{len(rows)} rows refreshed")
     if args.build:
         doc = build(args.add)
     else:

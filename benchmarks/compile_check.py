@@ -6,16 +6,19 @@ Two steps, each on the CPU (no GPU needed)::
     PYTHONPATH=$PWD python benchmarks/compile_check.py changed BASE.json [--compile] [--out REPORT.json]
 
 ``manifest`` generates every committed candidate (the suite's ``benchmarks/candidates/*.json``, the layer's
-``candidates/layer*/``, the models set's ``candidates_models/``, ``candidates_causal_cmp/`` and the capture plans
-``results/capture/plan_*.json``) under the tile options the profiler tries (:data:`VARIANTS`: ``recommend``'s, rows
+``candidates/layer*/``, the models set's ``candidates_models/``, ``candidates_causal_cmp/``, the capture plans
+``results/capture/plan_*.json`` and the cost calibration's measured rows, ``results/cost_calibration_models.json``)
+under the tile options the profiler tries (:data:`VARIANTS`: ``recommend``'s, rows
 padded to 16, rows padded to 16 with batch-1 dots, the block graph's own) and writes the SHA-256 of each kernel's
 text. Run it with the old code (e.g. a worktree of the base revision on ``PYTHONPATH``), then ``changed`` with the new
-code: it lists the candidates (and so the benchmark cases) whose kernels differ, and with ``--compile`` compiles each
+code: it lists the candidates (and so the benchmark cases) whose kernels differ (a calibration row among them was
+measured on kernels the code no longer generates: re-measure it), and with ``--compile`` compiles each
 distinct changed kernel for sm_90 in a separate process (:func:`verimirage.backend.gpucompile.compile_modules`,
 unspecialised and as the JIT specialises contiguous tensors) at the warps and stages it launches with (``recommend``'s
 for its tile options, 4 warps and 3 stages for the fixed configurations), at 4 warps and at 8 (a failure above 4
 warps only costs the runtime a retry at half the warps: ``runtime._layout_pass_failed``). Exits 1 when a kernel fails
-at 4 warps or fewer.
+at 4 warps or fewer. ``--only PREFIX ...`` (both steps) keeps the labels starting with one of the prefixes (e.g.
+``results/cost_calibration_models.json``: the calibration rows alone, manifested with each row's own revision).
 """
 
 from __future__ import annotations
@@ -39,8 +42,19 @@ VARIANTS: dict[str, dict[str, Any] | None] = {
     "tuned": None, "m16": {"dot_min_m": 16}, "m16b1": {"dot_min_m": 16, "dot_batch1": True}, "plain": {}}
 
 
-def committed() -> Iterator[tuple[str, str]]:
-    """``(label, μGraph text)`` of every committed candidate."""
+#: the cost calibration's measured rows (``calibrate_cost.DATASET``): each row's μGraph, labelled by its place
+CALIBRATION = "results/cost_calibration_models.json"
+
+
+def committed(only: tuple[str, ...] = ()) -> Iterator[tuple[str, str]]:
+    """``(label, μGraph text)`` of every committed candidate (and calibration row); ``only``: the labels starting
+    with one of these prefixes."""
+    for label, text in _committed():
+        if not only or label.startswith(only):
+            yield label, text
+
+
+def _committed() -> Iterator[tuple[str, str]]:
     files = sorted(HERE.glob("candidates/*.json")) + sorted(HERE.glob("candidates/layer*/*.json")) \
         + sorted(HERE.glob("candidates_models/*.json")) + sorted(HERE.glob("candidates_causal_cmp/*.json"))
     for f in files:
@@ -55,6 +69,9 @@ def committed() -> Iterator[tuple[str, str]]:
             del graph
             for i, d in enumerate([designs] if isinstance(designs, (str, dict)) else designs):
                 yield f"{rel}#{g}.{i}", d if isinstance(d, str) else d["mugraph"]
+    if (HERE / CALIBRATION).exists():
+        for i, e in enumerate(json.loads((HERE / CALIBRATION).read_text())["entries"]):
+            yield f"{CALIBRATION}#{i}", e["mugraph"]
 
 
 def kernel_texts(source: str, names: list[str]) -> dict[str, str]:
@@ -100,10 +117,10 @@ def sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def manifest() -> dict[str, dict[str, str]]:
-    """``{"label/variant": {kernel: hash}}`` over every committed candidate."""
+def manifest(only: tuple[str, ...] = ()) -> dict[str, dict[str, str]]:
+    """``{"label/variant": {kernel: hash}}`` over every committed candidate (``only``: as :func:`committed`)."""
     out: dict[str, dict[str, str]] = {}
-    for label, text in committed():
+    for label, text in committed(only):
         try:
             for var, _, texts, _ in generated(text):
                 out[f"{label}/{var}"] = {k: sha(t) for k, t in texts.items()}
@@ -122,14 +139,14 @@ def module_for(source: str, kernel: str, text: str, signature: dict[str, str], w
             f"SIGNATURES = {{{kernel!r}: {signature!r}}}\n")
 
 
-def changed(base: dict[str, dict[str, str]], compile_: bool) -> dict[str, Any]:
+def changed(base: dict[str, dict[str, str]], compile_: bool, only: tuple[str, ...] = ()) -> dict[str, Any]:
     """The candidates whose kernels differ from ``base``'s and, with ``compile_``, each distinct changed kernel's
-    sm_90 compile at its launch warps and stages and at 8 warps."""
+    sm_90 compile at its launch warps and stages and at 8 warps (``only``: as :func:`committed`)."""
     diff: dict[str, list[str]] = {}
     todo: dict[tuple[str, int, int], tuple[str, str, str, dict[str, str]]] = {}
     where: dict[tuple[str, int, int], list[str]] = {}
     n = 0
-    for label, text in committed():
+    for label, text in committed(only):
         for var, ms, texts, launch in generated(text):
             n += 1
             old = base.get(f"{label}/{var}", {})
@@ -169,16 +186,18 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("manifest")
     m.add_argument("out")
+    m.add_argument("--only", nargs="*", default=[])
     c = sub.add_parser("changed")
     c.add_argument("base")
     c.add_argument("--compile", action="store_true")
     c.add_argument("--out")
+    c.add_argument("--only", nargs="*", default=[])
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if a.cmd == "manifest":
-        Path(a.out).write_text(json.dumps(manifest(), indent=0, sort_keys=True))
+        Path(a.out).write_text(json.dumps(manifest(tuple(a.only)), indent=0, sort_keys=True))
         return 0
-    rep = changed(json.loads(Path(a.base).read_text()), a.compile)
+    rep = changed(json.loads(Path(a.base).read_text()), a.compile, tuple(a.only))
     text = json.dumps(rep, indent=1)
     if a.out:
         Path(a.out).write_text(text)

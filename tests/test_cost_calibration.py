@@ -92,7 +92,16 @@ def _run8(case: str) -> list[dict]:
     """The designs run 8 measured (at most 2 kernels; the 3-kernel cut designs came later), as last measured: run 10
     re-measured some of them (the dataset keeps a μGraph's latest time)."""
     runs = ("models_run8_h100_1515.json", "models_run10_h100_1729.json")
-    return [e for e in _doc()["entries"] if e["case"] == case and e["source"] in runs and e["kernels"] <= 2]
+    out = []
+    for e in _doc()["entries"]:
+        # (a row re-measured since, its kernels changed by later code generators, keeps run 8's or 10's under
+        # "replaced": these tests cite those runs' figures)
+        was = [e, *reversed(e.get("replaced", []))]
+        m = next((w for w in was if w["source"] in runs), None)
+        if e["case"] == case and m is not None and m["kernels"] <= 2:
+            out.append({**e, "source": m["source"], "measured_us": m["measured_us"], "kernels": m["kernels"],
+                        "flat": m.get("flat", False)})
+    return out
 
 
 def test_looped_block_reductions_wait_each_iteration() -> None:
@@ -152,8 +161,10 @@ def test_stores_narrower_than_a_sector_are_charged() -> None:
     off = dataclasses.replace(H100, sector_write_exponent=0.0)
     assert cost(MuGraph.parse(two[4]["mugraph"]), off).time_s <= cost(MuGraph.parse(two[16]["mugraph"]), off).time_s
     cands = json.loads((ROOT / "benchmarks" / "candidates_models" / "rotary_attention.json").read_text())["candidates"]
-    one = min((e for e in _doc()["entries"] if e["case"] == "rotary_attention"), key=lambda e: e["measured_us"])
-    assert one["kernels"] == 1
+    # (the fastest one-kernel design; re-measured with codegen 18 warm, run 8's two-kernel designs ran faster:
+    # 19.4 us against 25.2, H100 2026-11-27 19:29 UTC, benchmarks/results/models20_2026-11-27)
+    one = min((e for e in _doc()["entries"] if e["case"] == "rotary_attention" and e["kernels"] == 1),
+              key=lambda e: e["measured_us"])
     # (the candidate file holds the online softmax floored since red team 17: the measured design in that form)
     from verimirage.rewrite.floor import floor_running_maxes
 
