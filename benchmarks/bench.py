@@ -120,6 +120,15 @@ def rotation(nbytes: float, rotate: bool) -> int:
     return max(1, min(8, math.ceil(2 * l2 / max(nbytes, 1.0))))
 
 
+def rotated_inputs(g: vm.Graph, name: str, seed: int = 1) -> tuple[list[torch.Tensor], Any, list[list[torch.Tensor]]]:
+    """Inputs of ``g`` (:func:`make_inputs` with ``seed``), the program's float64 reference on them, and the input
+    sets :func:`bench_sets` rotates through (those inputs first; :func:`rotation`'s count, rotated)."""
+    ins = make_inputs(g, name, seed=seed)
+    ref = torch_fn(g)(*[x.double() for x in ins])
+    sets = [ins] + [make_inputs(g, name, seed=seed + 1000 * i) for i in range(1, rotation(min_bytes(g), True))]
+    return ins, ref, sets
+
+
 def loop(fn: Any, n: int = 200) -> tuple[float, float]:
     """Host µs per call and wall µs per call (to the final synchronisation) of ``n`` back-to-back calls, best
     of 5: the plain path's cost in a Python loop (the larger of host and device time), warm caches."""

@@ -106,7 +106,7 @@ def run(items_path: Path, out: Path, rounds: int, rep_ms: int) -> None:
     """Compile, check and time every item's variants (see the module docstring); write ``out``/ab.json."""
     import bench
     import torch
-    from bench import bench_sets, case_graph, make_inputs, min_bytes, rel_err, rotation, torch_fn
+    from bench import bench_sets, case_graph, rel_err, rotated_inputs, torch_fn
 
     import verimirage as vm
     from verimirage.backend import codegen
@@ -129,10 +129,8 @@ def run(items_path: Path, out: Path, rounds: int, rep_ms: int) -> None:
                 name, batch = (it["case"], "1") if models else it["case"].rsplit("_bs", 1)
                 g, _ = case_graph(name, int(batch), models)
                 label = name
-            ins = make_inputs(g, label, seed=1)
+            ins, ref, sets = rotated_inputs(g, label)
             f = torch_fn(g)
-            ref = f(*[x.double() for x in ins])
-            sets = [ins] + [make_inputs(g, label, seed=1 + 1000 * i) for i in range(1, rotation(min_bytes(g), True))]
             os.environ["VERIMIRAGE_PDL"] = pdl
             fns: dict[str, Any] = {}
             first = None
