@@ -378,3 +378,40 @@ def test_fp_check_drew_no_rows_far_below_zero_and_passed_a_shift_floored_at_zero
     assert np.isfinite(checker.source_outputs(first)[0][0]).all()
     assert [w for w, _ in fpsafe.adversarial_inputs(src) if "far below zero" in w] == [
         f"T, X {what} (the others uniform +-3)" for what, _, _ in fpsafe.BELOW_SETS]
+
+
+def test_fp_check_took_a_normaliser_nothing_reads_as_the_rows_sum() -> None:
+    """The maximum rule (266e191) asked for a normaliser summing x's exp and the other score's, shifted by the same
+    maximum: one that nothing reads passed it, while the output divided by x's sum alone, 0 / 0 where ``1000 t`` is
+    the maximum. Only a normaliser an output is computed from counts now."""
+    from verimirage.pipeline.fpsafe import exp_shifts
+
+    def dead(r: int, n: int) -> vm.MuGraph:
+        return vm.MuGraph.parse(f"""mugraph {{
+  %0 = input {{name='X'}} : f32[{r},{n}]
+  %1 = input {{name='T'}} : f32[{r},1]
+  %2 = max %0 {{axis=1}} : f32[{r},1]
+  %3 = scale %1 {{c=1000.0}} : f32[{r},1]
+  %4 = maximum %2, %3 : f32[{r},1]
+  %5 = sub %0, %4 : f32[{r},{n}]
+  %6 = exp %5 : f32[{r},{n}]
+  %7 = sum %6 {{axis=1}} : f32[{r},1]
+  %8 = sub %3, %4 : f32[{r},1]
+  %9 = exp %8 : f32[{r},1]
+  %10 = add %7, %9 : f32[{r},1]
+  %11 = reciprocal %10 : f32[{r},1]
+  %12 = div %6, %7 : f32[{r},{n}]
+  %13 = mul %12, %1 : f32[{r},{n}]
+  return %13
+}}""")
+
+    small = dead(8, 64)
+    assert isinstance(vm.verify(_scaled_softmax(8, 64), small), vm.Proved)
+    rng = np.random.default_rng(7)
+    ins = {"X": rng.uniform(-3.0, 3.0, (8, 64)), "T": rng.uniform(0.5, 1.0, (8, 1))}
+    assert np.isnan(evaluate_in_dtype(small, ins, generated=True)[0][0]).all()
+    assert exp_shifts(small) == ["sum", "sum"]
+    why = SafetyChecker(_scaled_softmax(4096, 1024)).check(dead(4096, 1024))
+    assert why is not None and "subtracts the max before every exp" in why, why
+    live = vm.MuGraph.parse(str(small).replace("%12 = div %6, %7", "%12 = div %6, %10"))
+    assert exp_shifts(live)[0] == "max"  # (the same normaliser, read: the row's sum has the term exp(0))

@@ -833,26 +833,33 @@ def exp_shifts(mg: Graph) -> list[str]:
     #: each exp of a difference (at any level): (the exp node, the difference's two operands)
     shifted_exps: list[tuple[Any, Val, Val]] = []
     #: per normaliser (a divisor, a reciprocal's or a log's operand), the exps (by node id) it sums with positive
-    #: weights through sums and data movement: the softmax denominators
+    #: weights through sums and data movement: the softmax denominators; ``live``: those an output of the program is
+    #: computed from (a normaliser nothing reads shows nothing about the rows the program returns)
     normalisers: list[frozenset[int]] = []
+    live: set[int] = set()
 
     def summed_beside(v: Val, m: Val, e: Any, depth: int) -> bool:
         """Whether operand ``v`` of the maximum ``m`` that shifts the exp ``e`` is another score of ``e``'s row: the
         program exps ``y - m'`` (``m'`` :func:`same` as ``m``) with ``v`` that ``y`` or a max of it, and one
         normaliser sums that exp and ``e``."""
         return any(e2 is not e and same(m2, m) and (same(v, y) or is_max_of(v, y, e2, depth + 1))
-                   and any(id(e) in s and id(e2) in s for s in normalisers) for e2, y, m2 in shifted_exps)
+                   and any(id(e) in normalisers[j] and id(e2) in normalisers[j] for j in live)
+                   for e2, y, m2 in shifted_exps)
 
-    def positive(n: Any, nodes: Sequence[Any], a: list[frozenset[int]]) -> frozenset[int]:
-        """:func:`_walk_values`' step for :data:`normalisers`: the exps a value sums with positive weights."""
-        if n.op == "exp":
-            return frozenset({id(n)})
+    P = tuple[frozenset[int], frozenset[int]]  # (the exps a value sums with positive weights, the normalisers it reads)
+
+    def positive(n: Any, nodes: Sequence[Any], a: list[P]) -> P:
+        """:func:`_walk_values`' step for :data:`normalisers`."""
+        deps: frozenset[int] = frozenset().union(*(v[1] for v in a))
         if n.op in ("div", "reciprocal", "log"):
-            normalisers.append(a[-1])
+            deps |= {len(normalisers)}
+            normalisers.append(a[-1][0])
+        if n.op == "exp":
+            return frozenset({id(n)}), deps
         if n.op in ("add", "sum", "mean", "loop_sum", "reshape", "permute", "transpose", "broadcast_to", "cast",
                     "concat") or (n.op == "scale" and float(n.attr("c")) > 0):
-            return frozenset().union(*a)
-        return frozenset()
+            return frozenset().union(*(v[0] for v in a)), deps
+        return frozenset(), deps
 
     def walk(nodes: Sequence[Any], outer: Any) -> None:
         for n in nodes:
@@ -876,7 +883,7 @@ def exp_shifts(mg: Graph) -> list[str]:
 
     walk(node_list(mg), None)
     if shifted_exps:
-        _walk_values(mg, lambda name: frozenset(), positive)
+        live.update(*(v[1] for v in _walk_values(mg, lambda name: (frozenset(), frozenset()), positive)))
     return [f if isinstance(f, str) else "max" if is_max_of(shifted_exps[f][2], shifted_exps[f][1], shifted_exps[f][0])
             else "sum" for f in found]
 
@@ -954,11 +961,11 @@ def difference_counts(g: Graph) -> Counter[Difference]:
     return Counter({k: len(v) for k, v in found.items()})
 
 
-def _walk_values(g: Graph, leaf: Any, step: Any) -> None:
+def _walk_values(g: Graph, leaf: Any, step: Any) -> list[Any]:
     """Walks ``g`` at every level, a value per node result: ``leaf(name)`` for a program input, a kernel's (thread
     graph's) input the value of the argument it reads, a kernel's (thread graph's) results the values of its block's
     outputs, and ``step(node, nodes, operand values)`` for every other node (the value of each of its results;
-    ``nodes``: the node's scope)."""
+    ``nodes``: the node's scope). Returns the values of ``g``'s outputs."""
 
     def walk(nodes: Sequence[Any], args: Sequence[Any]) -> list[list[Any]]:
         vals: list[list[Any]] = []
@@ -977,7 +984,8 @@ def _walk_values(g: Graph, leaf: Any, step: Any) -> None:
                 vals.append([step(n, nodes, a)] * max(1, len(n.outs)))
         return vals
 
-    walk(node_list(g), [])
+    top = walk(node_list(g), [])
+    return [top[i][k] for i, k in output_refs(g)]
 
 
 def exp_reads(g: Graph) -> frozenset[frozenset[str]]:
