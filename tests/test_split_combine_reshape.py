@@ -49,3 +49,28 @@ def test_a_split_combine_took_every_head_in_its_reshape_tile() -> None:
                     a, j = b.args[0]
                     assert b.outs[0].numel == bg.nodes[a].outs[j].numel, (str(lo.mugraph), b)
         np.testing.assert_allclose(vm.evaluate(lo.mugraph, ins)[0], ref, rtol=1e-9, atol=1e-9)
+
+
+#: a block reshape given the program's attributes in a kernel that walks the heads: its tile rule made a (1, 4, 16)
+#: tile of a (1, 16) operand tile
+_BAD_RESHAPE_TILE = """mugraph {
+  %0 = input {name='X'} : f32[1,64]
+  %1 = input {name='W'} : f32[64,64]
+  %2 = custom %0, %1 {frange=1, grid=(4,)} : f32[1,4,16] {
+    %0 = input {arg=0, fmap=None, imap=(None,), shape=(1, 64)} : f32[1,64]
+    %1 = input {arg=1, fmap=None, imap=(1,), shape=(64, 64)} : f32[64,16]
+    %2 = matmul %0, %1 : f32[1,16]
+    %3 = reshape %2 {shape=(1, 4, 16), src=(1, 64)} : f32[1,4,16]
+    output %3 {omap=(1,)}
+  }
+  return %2
+}"""
+
+
+def test_ir_check_accepted_a_block_reshape_tile_of_more_elements_than_its_operand() -> None:
+    # layer20's note: the IR check passed the bad combine above (its result read as a cropped masked tail) and the
+    # interpreters then raised ValueError, which ends a search; the reshape's tile rule now refuses it
+    import pytest
+
+    with pytest.raises(vm.GraphError, match="operand tile's 16 elements"):
+        vm.MuGraph.parse(_BAD_RESHAPE_TILE).check()

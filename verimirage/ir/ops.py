@@ -504,8 +504,8 @@ def _reshape_rule(ts: Sequence[TensorType], attrs: dict[str, Any]) -> TensorType
     n = math.prod(_ints("reshape", "src", attrs["src"])) if "src" in attrs else t.numel
     if any(s <= 0 for s in shape) or math.prod(shape) != n:
         raise _err("reshape", ts, f"a shape of positive dims with {n} elements, got {shape}")
-    if "src" in attrs:
-        shape = _tile_shape("reshape", t, attrs, shape)
+    if "src" in attrs and math.prod(shape := _tile_shape("reshape", t, attrs, shape)) != t.numel:
+        raise _err("reshape", ts, f"a result tile of the operand tile's {t.numel} elements, got {shape}")
     return TensorType(shape, t.dtype)
 
 
