@@ -703,10 +703,12 @@ def _merge_sums(items: dict) -> dict:
         for (rest, c, var, body), rs in groups.items():
             if len(rs) < 2 or any(mono in used for _, _, mono in rs):
                 continue
-            # sort by lower bound (constant bounds only) and merge adjacent runs
-            if not all(a_is_const(lo) and a_is_const(hi) for lo, hi, _ in rs):
+            # sort by lower bound and merge adjacent runs: constant bounds, or affine ones (a split reduction's
+            # steps inside an outer block, [s v + a, s v + b)) where every range has a constant length >= 0, so
+            # that [a, b) and [b, c) (the same b) lie end to end whatever v is
+            if not all((a_is_const(lo) and a_is_const(hi)) or _length_at_least_0(lo, hi) for lo, hi, _ in rs):
                 continue
-            rs.sort(key=lambda r: r[0][1])
+            rs.sort(key=lambda r: (_key(a_add(r[0], a_const(r[0][1]), -1)), r[0][1]))
             merged: list[list] = []
             for lo, hi, mono in rs:
                 if merged and merged[-1][1] == lo:
@@ -728,6 +730,12 @@ def _merge_sums(items: dict) -> dict:
                 changed = True
         if not changed:
             return items
+
+
+def _length_at_least_0(lo: Aff, hi: Aff) -> bool:
+    """Whether ``hi - lo`` is a constant >= 0."""
+    d = a_add(hi, lo, -1)
+    return a_is_const(d) and d[1] >= 0
 
 
 def _offsets(t: Any, var: str, acc: set, bad: list) -> None:
