@@ -1274,14 +1274,16 @@ def _masked_fill(ctx: Ctx, args: list[Any], kwargs: dict[str, Any], out: Any) ->
 
 
 def _quotient(ctx: Ctx, n: Any) -> tuple[Any, Any] | None:
-    """The lifted dividend and divisor of fx node ``n`` when it is ATen's true division of two lifted tensors, read
-    through broadcasts (``expand``: their operands broadcast alike), else None."""
+    """The lifted dividend and divisor of fx node ``n`` when it is ATen's true division of two lifted real tensors
+    (not complex, not a negated mask or a -inf fill), read through broadcasts (``expand``: their operands broadcast
+    alike), else None."""
     while op_of_node(n) == "expand" and n.args[0] in ctx.env:
         n = n.args[0]
     if op_of_node(n) != "div" or n.kwargs.get("rounding_mode") is not None or len(n.args) != 2:
         return None
     ab = [ctx.env.get(a) for a in n.args]
-    return (ab[0], ab[1]) if all(isinstance(a, LV) for a in ab) else None
+    ok = all(isinstance(a, LV) and not (a.cplx or a.negated or a.fill is not None) for a in ab)
+    return (ab[0], ab[1]) if ok else None
 
 
 @handles("bitwise_not", "logical_not")
