@@ -311,9 +311,9 @@ PROGRAMS: dict[str, Program] = {
 }
 
 
-def build(name: str, small: bool = False) -> vm.Graph:
-    """Program ``name`` at its full size (or its scaled-down twin), checked."""
-    g = PROGRAMS[name].build(small)
+def build(name: str, small: bool = False, programs: dict[str, Program] | None = None) -> vm.Graph:
+    """Program ``name`` at its full size (or its scaled-down twin), checked (``programs``: another set's)."""
+    g = (PROGRAMS if programs is None else programs)[name].build(small)
     g.check()
     return g
 

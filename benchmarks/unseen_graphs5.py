@@ -148,9 +148,7 @@ PROGRAMS: dict[str, u4.Program] = {
 
 def build(name: str, small: bool = False) -> vm.Graph:
     """Program ``name`` at its full size (or its scaled-down twin), checked."""
-    g = PROGRAMS[name].build(small)
-    g.check()
-    return g
+    return u4.build(name, small, PROGRAMS)
 
 
 if __name__ == "__main__":
