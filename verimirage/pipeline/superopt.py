@@ -433,6 +433,29 @@ def _split_search(graph: Graph, opts: SearchOptions) -> SearchResult:
             got.append((v, rules))
         return got
 
+    def refit_unsafe(out: Any) -> bool:
+        """After the floating-point check refused the composition (at a layer's size, e.g. one decode row, its
+        check may be only structural, with no twin of fewer rows to evaluate): each region whose own μGraph the
+        check refuses at the region's size is searched again verified (its candidates checked), else left
+        unfused; True when any region changed."""
+        changed = False
+        for k, (reg, rr) in enumerate(zip(out.regions, out.reports, strict=True)):
+            if (why := _fp_unsafe(reg.graph, out.mugraphs[k], opts)) is None:
+                continue
+            rep.rejected.append((f"region {k}'s {out.mugraphs[k].num_kernels}-kernel μGraph", f"Proved but {why}"))
+            res = _search(reg.graph, region_opts(True), certify=False)
+            results.append(res)
+            pick = [c for c in res.candidates if getattr(c.verdict, "proved", False) and not _inexpressible(c.mugraph)
+                    and _fp_unsafe(reg.graph, c.mugraph, opts) is None]
+            mg, rules, how = ((pick[0].mugraph, pick[0].rules, "searched again, candidates checked") if pick
+                              else (MuGraph.from_graph(reg.graph), ("partition.unfused",), "unfused"))
+            out.mugraphs[k] = mg
+            out.reports[k] = RegionReport(rr.nodes, rr.ops, mg.num_kernels, cost(mg, opts.hardware, cal).time_s
+                                          * 1e6, f"{rr.how}; its candidate failed the floating-point check: {how}",
+                                          rules)
+            changed = True
+        return changed
+
     with Progress(opts.progress, "superoptimize", total=7) as prog:
         prog.phase("rules")
         t0 = (time.perf_counter(), time.process_time())
@@ -448,14 +471,19 @@ def _split_search(graph: Graph, opts: SearchOptions) -> SearchResult:
         cands: list[Candidate] = []
         why_not = ""  # why no composed candidate: named in the stop reason (a region not proved is not the glue)
         try:
-            verdicts = prove_regions(out)
-            composed = compose(graph, out.regions, out.mugraphs)
-            rules: list[str] = []
-            for _, rr in verdicts:
-                rules += [x for x in rr if x not in rules]
-            v = _composed_verdict(graph, composed, [vd for vd, _ in verdicts], opts, out.regions)
+            for again in (False, True):
+                verdicts = prove_regions(out)
+                composed = compose(graph, out.regions, out.mugraphs)
+                rules: list[str] = []
+                for _, rr in verdicts:
+                    rules += [x for x in rr if x not in rules]
+                v = _composed_verdict(graph, composed, [vd for vd, _ in verdicts], opts, out.regions)
+                unsafe = _fp_unsafe(graph, composed, opts) if getattr(v, "proved", False) else None
+                if unsafe is None or again or not refit_unsafe(out):
+                    break
+                rep.rejected.append((f"{composed.num_kernels}-kernel composed μGraph", f"Proved but {unsafe}; "
+                                     "the regions whose own μGraph the check refuses are searched again"))
             if getattr(v, "proved", False):
-                unsafe = _fp_unsafe(graph, composed, opts)
                 if unsafe is None:
                     cands = [Candidate(composed, cost(composed, opts.hardware, cal), v, None, tuple(rules), graph,
                                        verified_by="vm.verify" if opts.verifier is None else "custom verifier")]
