@@ -204,6 +204,38 @@ def test_a_composition_the_fp_check_refused_gave_no_candidate(monkeypatch) -> No
     np.testing.assert_allclose(vm.evaluate(best.mugraph, ins)[0], vm.evaluate(g, ins)[0], rtol=1e-9, atol=1e-9)
 
 
+def test_a_composition_refused_only_as_a_whole_gave_no_candidate(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # the GPT-J decode layer's case (heldout20): each region's μGraph passes the floating-point check against its
+    # region, the composition does not (a difference new only against the whole program, e.g. a LayerNorm folded
+    # into a later region's product); the first region whose unfused form makes the composition pass is unfused.
+    # Simulated: only the whole program (its input "x") refuses a kernel that applies relu to the first layer
+    from verimirage.pipeline import superopt as S
+
+    def whole_refuses_first_layer_fused(graph, mg, opts):  # type: ignore[no-untyped-def]
+        if "x" not in {str(t.name) for t in graph.inputs}:
+            return None
+        for n in node_list(mg):
+            bg = n.attr("block") if n.op == "custom" else None
+            if bg is not None and any(b.op == "relu" for b in bg.nodes) and \
+                    any(b.op == "input" and b.attr("shape") == (32, 16) for b in bg.nodes):
+                return "simulated: a fused first layer"
+        return None
+
+    monkeypatch.setattr(S, "_fp_unsafe", whole_refuses_first_layer_fused)
+    g = vm.Graph()
+    x, w0, w1 = g.input("x", (32, 16), vm.float16), g.input("w0", (16, 32), vm.float16), g.input("w1", (32, 32),
+                                                                                                 vm.float16)
+    g.output(g.relu(g.matmul(g.relu(g.matmul(x, w0)), w1)))
+    res = vm.superoptimize(g, cache=False, split="always", region_ops=2)
+    best = res.best
+    assert best is not None and isinstance(best.verdict, vm.Proved), res.report.stop_reason
+    assert whole_refuses_first_layer_fused(g, best.mugraph, None) is None
+    assert [("unfused: with its candidate" in r.how) for r in res.report.regions] == [True, False], res.report.regions
+    assert isinstance(vm.check_certificate(best.certificate, triton=False), vm.Proved)
+    ins = _inputs(g)
+    np.testing.assert_allclose(vm.evaluate(best.mugraph, ins)[0], vm.evaluate(g, ins)[0], rtol=1e-9, atol=1e-9)
+
+
 def test_a_split_search_is_served_from_the_cache_with_its_composed_certificate_rechecked(
         tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("VERIMIRAGE_CACHE_DIR", str(tmp_path))
