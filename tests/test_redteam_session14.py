@@ -300,3 +300,29 @@ def test_rescaled_sum_did_not_count_its_exp_argument_degree() -> None:
     true = max(sp.Poly(p, a1, a2, b1, b2).total_degree() for p in (num, den))
     assert true == 6
     assert R.degree_bound(vm.MuGraph.parse(_RESCALED_BY_A_QUOTIENT_MAX))[0] >= true
+
+
+def test_a_one_token_gated_product_was_taken_for_a_norm_weight() -> None:
+    # heldout20 (DeepSeek-V2-Lite's expert at one token, 0.79x): at one row a value is a vector too, so the guard
+    # against storing a norm-weight-scaled operand (above) took silu(x Wg) * (x Wu) for one and dropped the program's
+    # unfused lowering (and the lowerings built on it); a weight is now told by reading no input the other factor
+    # reads. The norm-weight cases keep the guard at one row and at many
+    import verimirage as vm
+    from verimirage.rewrite.partition import _materialises_scaled_operand
+
+    def gated(rows: int) -> vm.Graph:
+        g = vm.Graph()
+        x = g.input("x", (rows, 64), vm.float16)
+        wg, wu, wd = (g.input(n, s, vm.float16) for n, s in (("wg", (64, 96)), ("wu", (64, 96)), ("wd", (96, 64))))
+        g.output(g.matmul(g.mul(g.silu(g.matmul(x, wg)), g.matmul(x, wu)), wd))
+        return g
+
+    def norm_weight(rows: int) -> vm.Graph:
+        g = vm.Graph()
+        x, w = g.input("x", (rows, 64), vm.float16), g.input("w", (1, 64), vm.float16)
+        m = g.input("m", (64, 32), vm.float16)
+        g.output(g.matmul(g.mul(x, w), m))
+        return g
+
+    assert not _materialises_scaled_operand(gated(1)) and not _materialises_scaled_operand(gated(4))
+    assert _materialises_scaled_operand(norm_weight(1)) and _materialises_scaled_operand(norm_weight(4))

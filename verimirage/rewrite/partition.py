@@ -1283,11 +1283,31 @@ def _scaled_along_contraction(nodes: Sequence[Any], src: Any, pos: int) -> bool:
     dim = t.rank - 1 if pos == 0 else t.rank - 2
     if t.rank < 2 or t.shape[dim] < 2:
         return False
-    for a, k in src.args:
+    # one row (every other dim 1): the value is a vector too, so a weight is told from an activation by what it
+    # reads: a norm's weight reads no input the other factor reads (a gated MLP's silu(x Wg) * (x Wu) at one token,
+    # both of x, is no norm weight)
+    row = all(n == 1 for j, n in enumerate(t.shape) if j != dim)
+    for i, (a, k) in enumerate(src.args):
         s = (1,) * (t.rank - nodes[a].outs[k].rank) + tuple(nodes[a].outs[k].shape)
-        if all(n == 1 for j, n in enumerate(s) if j != dim) and s[dim] == t.shape[dim]:
+        others = set().union(*(_reads(nodes, b) for j, (b, _) in enumerate(src.args) if j != i)) if row else set()
+        if all(n == 1 for j, n in enumerate(s) if j != dim) and s[dim] == t.shape[dim] and \
+                not (_reads(nodes, a) & others):
             return True
     return False
+
+
+def _reads(nodes: Sequence[Any], i: int) -> set[int]:
+    """The input nodes node ``i`` reads, directly or through other nodes."""
+    seen, todo, out = set(), [i], set()
+    while todo:
+        j = todo.pop()
+        if j in seen:
+            continue
+        seen.add(j)
+        if nodes[j].op == "input":
+            out.add(j)
+        todo += [a for a, _ in nodes[j].args]
+    return out
 
 
 def _materialises_scaled_operand(g: Graph) -> bool:
