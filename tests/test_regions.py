@@ -174,22 +174,23 @@ def test_stop_reason_blamed_the_composition_when_a_region_was_not_proved(monkeyp
     assert "simulated: the region's queries timed out" in reason, reason
 
 
-def test_a_composition_the_fp_check_refused_gave_no_candidate(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    # finding (heldout20, the GPT-J decode layer): when the floating-point check refused the composed μGraph (one
-    # decode row: no twin of fewer rows to evaluate a flagged region on), the search returned nothing; the regions
-    # whose own μGraph the check refuses are now searched again with their candidates checked, else left unfused.
-    # Simulated: a kernel that applies relu and reads the (32, 16) operand of the first layer is "unsafe"
+def _first_layer_fused(mg: vm.Graph) -> str | None:
+    """The simulated floating-point refusal of the two tests below: a kernel that applies relu and reads the (32, 16)
+    operand of the first layer."""
+    for n in node_list(mg):
+        bg = n.attr("block") if n.op == "custom" else None
+        if bg is not None and any(b.op == "relu" for b in bg.nodes) and \
+                any(b.op == "input" and b.attr("shape") == (32, 16) for b in bg.nodes):
+            return "simulated: a fused first layer"
+    return None
+
+
+def _search_refused(monkeypatch, refuse) -> vm.SearchResult:  # type: ignore[no-untyped-def]
+    """Two relu layers searched by regions with ``refuse(graph, mg)`` as the floating-point check; the result, its
+    best candidate checked (Proved, not refused, certificate, float64)."""
     from verimirage.pipeline import superopt as S
 
-    def first_layer_fused(graph, mg, opts):  # type: ignore[no-untyped-def]
-        for n in node_list(mg):
-            bg = n.attr("block") if n.op == "custom" else None
-            if bg is not None and any(b.op == "relu" for b in bg.nodes) and \
-                    any(b.op == "input" and b.attr("shape") == (32, 16) for b in bg.nodes):
-                return "simulated: a fused first layer"
-        return None
-
-    monkeypatch.setattr(S, "_fp_unsafe", first_layer_fused)
+    monkeypatch.setattr(S, "_fp_unsafe", lambda graph, mg, opts: refuse(graph, mg))
     g = vm.Graph()
     x, w0, w1 = g.input("x", (32, 16), vm.float16), g.input("w0", (16, 32), vm.float16), g.input("w1", (32, 32),
                                                                                                  vm.float16)
@@ -197,43 +198,30 @@ def test_a_composition_the_fp_check_refused_gave_no_candidate(monkeypatch) -> No
     res = vm.superoptimize(g, cache=False, split="always", region_ops=2)
     best = res.best
     assert best is not None and isinstance(best.verdict, vm.Proved), res.report.stop_reason
-    assert first_layer_fused(g, best.mugraph, None) is None
-    assert [("floating-point check" in r.how) for r in res.report.regions] == [True, False], res.report.regions
+    assert refuse(g, best.mugraph) is None
     assert isinstance(vm.check_certificate(best.certificate, triton=False), vm.Proved)
     ins = _inputs(g)
     np.testing.assert_allclose(vm.evaluate(best.mugraph, ins)[0], vm.evaluate(g, ins)[0], rtol=1e-9, atol=1e-9)
+    return res
+
+
+def test_a_composition_the_fp_check_refused_gave_no_candidate(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # finding (heldout20, the GPT-J decode layer): when the floating-point check refused the composed μGraph (one
+    # decode row: no twin of fewer rows to evaluate a flagged region on), the search returned nothing; the regions
+    # whose own μGraph the check refuses are now searched again with their candidates checked, else left unfused.
+    # Simulated: every program refuses a fused first layer
+    res = _search_refused(monkeypatch, lambda graph, mg: _first_layer_fused(mg))
+    assert [("floating-point check" in r.how) for r in res.report.regions] == [True, False], res.report.regions
 
 
 def test_a_composition_refused_only_as_a_whole_gave_no_candidate(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     # the GPT-J decode layer's case (heldout20): each region's μGraph passes the floating-point check against its
     # region, the composition does not (a difference new only against the whole program, e.g. a LayerNorm folded
     # into a later region's product); the first region whose unfused form makes the composition pass is unfused.
-    # Simulated: only the whole program (its input "x") refuses a kernel that applies relu to the first layer
-    from verimirage.pipeline import superopt as S
-
-    def whole_refuses_first_layer_fused(graph, mg, opts):  # type: ignore[no-untyped-def]
-        if "x" not in {str(t.name) for t in graph.inputs}:
-            return None
-        for n in node_list(mg):
-            bg = n.attr("block") if n.op == "custom" else None
-            if bg is not None and any(b.op == "relu" for b in bg.nodes) and \
-                    any(b.op == "input" and b.attr("shape") == (32, 16) for b in bg.nodes):
-                return "simulated: a fused first layer"
-        return None
-
-    monkeypatch.setattr(S, "_fp_unsafe", whole_refuses_first_layer_fused)
-    g = vm.Graph()
-    x, w0, w1 = g.input("x", (32, 16), vm.float16), g.input("w0", (16, 32), vm.float16), g.input("w1", (32, 32),
-                                                                                                 vm.float16)
-    g.output(g.relu(g.matmul(g.relu(g.matmul(x, w0)), w1)))
-    res = vm.superoptimize(g, cache=False, split="always", region_ops=2)
-    best = res.best
-    assert best is not None and isinstance(best.verdict, vm.Proved), res.report.stop_reason
-    assert whole_refuses_first_layer_fused(g, best.mugraph, None) is None
+    # Simulated: only the whole program (its input "x") refuses a fused first layer
+    res = _search_refused(monkeypatch, lambda graph, mg: _first_layer_fused(mg) if "x" in {
+        str(t.name) for t in graph.inputs} else None)
     assert [("unfused: with its candidate" in r.how) for r in res.report.regions] == [True, False], res.report.regions
-    assert isinstance(vm.check_certificate(best.certificate, triton=False), vm.Proved)
-    ins = _inputs(g)
-    np.testing.assert_allclose(vm.evaluate(best.mugraph, ins)[0], vm.evaluate(g, ins)[0], rtol=1e-9, atol=1e-9)
 
 
 def test_a_split_search_is_served_from_the_cache_with_its_composed_certificate_rechecked(
