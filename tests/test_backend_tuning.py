@@ -253,6 +253,28 @@ def test_a_shared_launch_raised_a_regrouped_tile_to_16_warps() -> None:
     assert runtime.merged_config(cs[1:], [256], ks[1:]).num_warps == 16
 
 
+def test_a_given_config_ran_a_regrouped_tile_at_16_warps(tmp_path, caplog) -> None:
+    # session 20's open item: the 8-warp cap of a regrouping kernel held for recommend()'s configurations and shared
+    # launches, but a configuration the user gave (vm.compile(mg, config=LaunchConfig(num_warps=16)), a per_kernel
+    # entry) ran the kernel at 16 warps, which Triton 3.6 computes wrong on sm_90. compile now lowers it to 8 and
+    # says so; a kernel that does not regroup keeps the 16 it was given
+    import logging
+
+    norm = vm.MuGraph.parse(_GROUP_NORM.replace("GRID", "8").replace("ROWS", "2"))
+    flat = vm.MuGraph.parse(_FLAT_16)
+    with caplog.at_level(logging.WARNING, logger="verimirage"):
+        prog = vm.compile(norm, config=LaunchConfig(num_warps=16), directory=tmp_path)
+    assert {v["num_warps"] for v in prog.launch.values()} == {8}, prog.launch
+    assert "regroup a tile" in caplog.text
+    (name,) = prog.launch
+    prog = vm.compile(norm, per_kernel={name: LaunchConfig(num_warps=16, num_stages=3)}, directory=tmp_path)
+    assert prog.launch[name] == {"num_warps": 8, "num_stages": 3}, prog.launch
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="verimirage"):
+        prog = vm.compile(flat, config=LaunchConfig(num_warps=16), directory=tmp_path)
+    assert {v["num_warps"] for v in prog.launch.values()} == {16} and "regroup a tile" not in caplog.text
+
+
 @pytest.mark.gpu
 def test_regrouped_tile_gave_wrong_results_on_the_gpu() -> None:
     """The failing kernel itself at its recommended launch: 5 runs, each bit-equal to the first and within fp16's

@@ -1473,6 +1473,7 @@ def compile(
         return ms, cfg, per
 
     ms, config, per_kernel = make(mode)
+    per_kernel = _cap_regrouping_warps(ms, config, per_kernel)
     if mode["pdl"] and (hazards := pdl_hazards(ms.source)):
         # (the generated module's own launch order, read from its text: a launch that could read or write out of
         # order under programmatic dependent launch is never run so; launchcheck.pdl_hazards)
@@ -1480,6 +1481,7 @@ def compile(
                     "order (%s); generating it without PDL", "; ".join(hazards[:3]))
         mode["pdl"] = ""
         ms, config, per_kernel = make(mode)
+        per_kernel = _cap_regrouping_warps(ms, config, per_kernel)
     path = write_module(ms, Path(directory) if directory is not None else None)
     try:
         mod = load_module(path, ms.source)
@@ -1491,6 +1493,29 @@ def compile(
         raise ValueError("compile: cuda_graph=True needs a CUDA device; kernels run in Triton's interpreter here")
     return CompiledProgram(ms, path, mod, config, per_kernel, cuda_graph=cuda_graph, cooperative=persistent == "coop",
                            mode=mode, tuned=recommended)
+
+
+def _cap_regrouping_warps(ms: ModuleSource, config: LaunchConfig,
+                          per_kernel: Mapping[str, LaunchConfig]) -> dict[str, LaunchConfig]:
+    """``per_kernel`` with every launch that holds a kernel regrouping a tile (:func:`verimirage.backend.tuning.
+    regroups`) at most 8 warps, whatever asked for more: a ``LaunchConfig(num_warps=16)`` given to :func:`compile`,
+    a ``per_kernel`` entry, ``VERIMIRAGE_PERSISTENT_WARPS``. Triton 3.6 on sm_90 computes such kernels WRONG at 16
+    warps (every run different: ``tuning._measured``), so the request is lowered, with a warning naming the kernels,
+    rather than run."""
+    from .tuning import regroups
+
+    nodes = node_list(ms.mugraph)
+    out = dict(per_kernel)
+    lowered = []
+    for k in ms.kernels:
+        c = out.get(k.name, config)
+        if c.num_warps > 8 and any(regroups(nodes[i].attr("block")) for i in k.members or (k.node,)):
+            out[k.name] = replace(c, num_warps=8)
+            lowered.append(f"{k.name} ({c.num_warps})")
+    if lowered:
+        log.warning("compile: %s regroup a tile, which Triton 3.6 computes wrong above 8 warps on sm_90; they run at "
+                    "8 warps", ", ".join(lowered))
+    return out
 
 
 def _log_unvouched(ms: ModuleSource, path: Path, mode: Mapping[str, Any], tuned: bool) -> None:
