@@ -791,6 +791,96 @@ def exp_shifts(mg: Graph) -> list[str]:
 
         return partial((ga.nodes, ga.outputs[ak], None), False)
 
+    Corr = tuple[dict[int, int], frozenset[int]]  # (B's grid axis -> A's, A's split axes)
+
+    def combine_of(p: Val, axis: int) -> tuple[Any, int, Corr] | None:
+        """Where ``max(p, axis)`` in kernel B combines the partial maxima another kernel A wrote along ``axis`` (a split
+        decode's combine: B has a grid axis for each of A's but the split ones): ``(A's block graph, the output, the
+        grid axes' correspondence)``. B reads ``p`` unlooped and every partial along ``axis`` (A's axes that B lacks,
+        the splits, write along ``axis`` alone, one partial a block); each other grid axis of B reads the slab of one of
+        A's of the same size; A's blocks tile that output exactly, none skipped."""
+        bn, (pi, _), _ = resolve(p)
+        pn = bn[pi]
+        if pn.op != "input" or id(bn) not in kernel_of or pn.attr("fmap") is not None:
+            return None
+        kn, cb = kernel_of[id(bn)]
+        ai, ak = cb.args[pn.attr("arg")]
+        ca = kn[ai]
+        if ca.op != "custom":
+            return None
+        ga, gb = ca.attr("block"), cb.attr("block")
+        if ga.flimit is not None or gb.flimit is not None:
+            return None
+        odims, vshape = ga.omaps[ak].dims, ca.outs[ak].shape
+        ta, tb = ga.type_of(ga.outputs[ak]).shape, pn.outs[0].shape
+        if (len(ta) != len(tb) or ta[axis] != 1 or tb[axis] != vshape[axis]
+                or any(t != u for d, (t, u) in enumerate(zip(ta, tb, strict=True)) if d != axis)):
+            return None
+        moving = {od for n, od in zip(ga.grid, odims, strict=True) if n > 1}
+        if any(ta[d] * math.prod(n for n, od in zip(ga.grid, odims, strict=True) if od == d) != vshape[d]
+               for d in range(len(vshape))):
+            return None  # (A's tiles cover its output exactly)
+        corr: dict[int, int] = {}
+        for g, (n, d) in enumerate(zip(gb.grid, pn.attr("imap"), strict=True)):
+            if n == 1:
+                continue
+            hit = [a for a, (na, od) in enumerate(zip(ga.grid, odims, strict=True)) if od == d and na == n]
+            if d is None or d == axis or len(hit) != 1:
+                return None
+            corr[g] = hit[0]
+        splits = frozenset(a for a, n in enumerate(ga.grid) if n > 1 and a not in corr.values())
+        if any(odims[a] != axis for a in splits) or not moving <= {odims[a] for a in corr.values()} | {axis}:
+            return None
+        return ga, ak, (corr, splits)
+
+    def same_row(u: Val, w: Val, c: Corr, depth: int = 0) -> bool:
+        """:func:`same` for ``u`` in kernel A and ``w`` in kernel B of :func:`combine_of`'s correspondence ``c``: block
+        inputs are one value where they read one kernel-level value, unlooped, through corresponding maps, and A's
+        split axes do not move the read (each split block of A computes the value B's block does)."""
+        (un, (ui, uk), uo), (wn, (wi, wk), wo) = resolve(u), resolve(w)
+        a, b = un[ui], wn[wi]
+        corr, splits = c
+        if a.op == "input" and b.op == "input":
+            ka, kb = kernel_of.get(id(un)), kernel_of.get(id(wn))
+            ia, ib = a.attr("imap"), b.attr("imap")
+            return (ka is not None and kb is not None and ka[0] is kb[0]
+                    and ka[1].args[a.attr("arg")] == kb[1].args[b.attr("arg")] and a.attr("fmap") is None
+                    and b.attr("fmap") is None and a.attr("shape") == b.attr("shape") and a.outs == b.outs
+                    and all(ia[corr[g]] == ib[g] for g in corr) and all(ia[s] is None for s in splits)
+                    and all(ib[g] is None for g, n in enumerate(kb[1].attr("block").grid) if n > 1 and g not in corr))
+        if (depth > 16 or a.op in ("input", "arg", "custom") or a.op != b.op or a.attrs != b.attrs or uk != wk
+                or a.outs[uk] != b.outs[wk] or len(a.args) != len(b.args)):
+            return False
+        return all(same_row((un, r, uo), (wn, q, wo), c, depth + 1) for r, q in zip(a.args, b.args, strict=True))
+
+    def joins(m2: Val, m: Val) -> Corr | bool:
+        """Whether ``m2`` is ``m`` (:func:`same`; True), a running or loop max of it, or (a :data:`Corr`) the max of the
+        partial maxima another kernel wrote as such a max of ``m`` (:func:`combine_of`): a max of ``m`` over more of the
+        row, at or above it and equal to it on the tiles where ``m`` is the largest; else False."""
+        nodes, (i, _), outer = resolve(m2)
+        n = nodes[i]
+        if same(m2, m):
+            return True
+        if n.op in ("running_max", "loop_max"):
+            return joins((nodes, n.args[0], outer), m)
+        if n.op == "max":
+            c = combine_of((nodes, n.args[0], outer), int(n.attr("axis")))
+            if c is not None and joins((c[0].nodes, c[0].outputs[c[1]], None), m) is True:
+                return c[2]
+        return False
+
+    def combined_max(p: Val, axis: int, x: Val, e: Any, depth: int) -> bool:
+        """Whether ``max(p, axis)`` (kernel B) is a max of ``x``'s row: the max of the partial maxima kernel A wrote
+        (:func:`combine_of`), each a max of a value of A that is ``x`` (:func:`same_row`: the split decode's new score,
+        which every split block of A computes and B again)."""
+        c = combine_of(p, axis)
+        if c is None:
+            return False
+        ga, ak, corr = c
+        xa = [(ga.nodes, (j, k), None) for j, nd in enumerate(ga.nodes) for k in range(len(nd.outs))
+              if same_row((ga.nodes, (j, k), None), x, corr)]
+        return any(is_max_of((ga.nodes, ga.outputs[ak], None), v, e, depth + 1) for v in xa[:1])
+
     def is_max_of(m: Val, x: Val, e: Any = None, depth: int = 0) -> bool:
         """Whether ``m`` is a max of ``x``: at or above every value of ``x``'s row, and one of them or another score
         summed beside them (the ``maximum`` case); ``e``: the exp of ``x - m`` being labelled."""
@@ -798,11 +888,14 @@ def exp_shifts(mg: Graph) -> list[str]:
         n = nodes[i]
         if depth > 8:
             return False
+        if same(m, x):
+            return True
         if n.op in _MAX_LIKE:
             a = (nodes, n.args[0], outer)
             if same(a, x):
                 return True
-            if n.op == "max" and max_of_partials(a, int(n.attr("axis")), x):
+            if n.op == "max" and (max_of_partials(a, int(n.attr("axis")), x)
+                                  or combined_max(a, int(n.attr("axis")), x, e, depth)):
                 return True
             if n.op == "max":  # (a max of a max of x: over a range beyond x's own max unless over a size-1 axis)
                 an, (ai, ak), _ = resolve(a)
@@ -842,24 +935,42 @@ def exp_shifts(mg: Graph) -> list[str]:
         """Whether operand ``v`` of the maximum ``m`` that shifts the exp ``e`` is another score of ``e``'s row: the
         program exps ``y - m'`` (``m'`` :func:`same` as ``m``) with ``v`` that ``y`` or a max of it, and one
         normaliser sums that exp and ``e``."""
-        return any(e2 is not e and same(m2, m) and (same(v, y) or is_max_of(v, y, e2, depth + 1))
-                   and any(id(e) in normalisers[j] and id(e2) in normalisers[j] for j in live)
-                   for e2, y, m2 in shifted_exps)
+        for e2, y, m2 in shifted_exps:
+            j = joins(m2, m) if e2 is not e else False
+            if j is False or not any(summed(e, k) and summed(e2, k) for k in live):
+                continue
+            if (same(v, y) or is_max_of(v, y, e2, depth + 1)) if j is True else same_row(v, y, j):
+                return True
+        return False
 
-    P = tuple[frozenset[int], frozenset[int]]  # (the exps a value sums with positive weights, the normalisers it reads)
+    def summed(e: Any, k: int) -> bool:
+        """Whether normaliser ``k`` sums exp ``e`` or one computed as it is (a thread graph's recomputation)."""
+        return id(e) in normalisers[k] or any(id(f) in normalisers[k] and same(x, y) and same(m, m2)
+                                              for f, x, m in shifted_exps for g, y, m2 in shifted_exps if g is e)
+
+    #: (the exps a value sums with positive weights, the normalisers it reads, whether it is >= 0: a sum with a term
+    #: that may be negative, ``(sum e_x + e_v) + -e_v``, sums no exp in this sense, its value may be 0 where e_v is 1)
+    P = tuple[frozenset[int], frozenset[int], bool]
 
     def positive(n: Any, nodes: Sequence[Any], a: list[P]) -> P:
         """:func:`_walk_values`' step for :data:`normalisers`."""
         deps: frozenset[int] = frozenset().union(*(v[1] for v in a))
         if n.op in ("div", "reciprocal", "log"):
             deps |= {len(normalisers)}
-            normalisers.append(a[-1][0])
+            normalisers.append(a[-1][0] if a[-1][2] else frozenset())
         if n.op == "exp":
-            return frozenset({id(n)}), deps
+            return frozenset({id(n)}), deps, True
+        nonneg = all(v[2] for v in a)
         if n.op in ("add", "sum", "mean", "loop_sum", "reshape", "permute", "transpose", "broadcast_to", "cast",
                     "concat") or (n.op == "scale" and float(n.attr("c")) > 0):
-            return frozenset().union(*(v[0] for v in a)), deps
-        return frozenset(), deps
+            return (frozenset().union(*(v[0] for v in a)) if nonneg else frozenset()), deps, nonneg
+        if n.op == "rescaled_sum":  # (the running sum of its first operand, each step weighted by an exp)
+            return a[0][0], deps, a[0][2]
+        if n.op == "mul" and len(a) == 2 and nonneg:  # (a value weighted by an exp: a split's partial sum rescaled)
+            ex = [nodes[r[0]].op == "exp" for r in n.args]
+            kept: frozenset[int] = frozenset().union(*(v[0] for v, x in zip(a, ex, strict=True) if not x))
+            return (kept if any(ex) else frozenset()), deps, True
+        return frozenset(), deps, False
 
     def walk(nodes: Sequence[Any], outer: Any) -> None:
         for n in nodes:
@@ -883,7 +994,7 @@ def exp_shifts(mg: Graph) -> list[str]:
 
     walk(node_list(mg), None)
     if shifted_exps:
-        live.update(*(v[1] for v in _walk_values(mg, lambda name: (frozenset(), frozenset()), positive)))
+        live.update(*(v[1] for v in _walk_values(mg, lambda name: (frozenset(), frozenset(), False), positive)))
     return [f if isinstance(f, str) else "max" if is_max_of(shifted_exps[f][2], shifted_exps[f][1], shifted_exps[f][0])
             else "sum" for f in found]
 
