@@ -810,6 +810,7 @@ def p_sum(var: str, x: Poly) -> Poly:
         offs: set = set()
         bad: list = []
         _offsets(body, var, offs, bad)
+        offs = {o for o in offs if a_vars(o) <= free_vars(body)}  # (not by an index a sum inside binds: captured)
         if not bad and offs:
             off = sorted(offs, key=_key)[0]
             if off != a_const(0) or lo != 0:
@@ -878,6 +879,7 @@ def p_max_over(var: str, x: Poly) -> Poly:
     offs: set = set()
     bad: list = []
     _offsets(body, var, offs, bad)
+    offs = {o for o in offs if a_vars(o) <= free_vars(body)}
     var_b = var
     if not bad and offs:
         off = sorted(offs, key=_key)[0]
