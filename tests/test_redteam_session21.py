@@ -113,6 +113,19 @@ def _split(r: int, n: int, j: int, shift: str = "%1") -> vm.MuGraph:
 }}""")
 
 
+def _proved_and_nan(src: Any, cand: Any, below: bool = False) -> None:
+    """``cand`` is proved equal to ``src`` (8 rows of 64 scores X and a score T each) and NaN on some rows where
+    ``src`` is finite: scores of +-3, T in [0.5, 1] (``below``: four rows far below zero)."""
+    assert isinstance(vm.verify(src, cand), vm.Proved)
+    rng = np.random.default_rng(0)
+    ins = {"X": rng.uniform(-3.0, 3.0, (8, 64)), "T": rng.uniform(0.5, 1.0, (8, 1))}
+    if below:  # (the floored shift's 0 / 0)
+        ins["X"][:4] -= 1e4
+        ins["T"][:4] -= 1e4
+    assert np.isfinite(evaluate_in_dtype(src, ins)[0][0]).all()
+    assert np.isnan(evaluate_in_dtype(cand, ins, generated=True)[0][0]).any()
+
+
 _OVER = "scale %t {c=1000.0}"  # (1000 times the new score)
 
 
@@ -122,14 +135,8 @@ _OVER = "scale %t {c=1000.0}"  # (1000 times the new score)
     lambda r, n: _split(r, n, 4, "scale %1 {c=1000.0}"),
 ], ids=["maximum_with_1000_s", "relu_of_the_maximum", "split_blocks_shifted_by_1000_s"])
 def test_fp_check_demanded_no_max_shift_of_a_decode_softmax_over_its_new_score(make: Any) -> None:
-    src, small = _decode(8, 64), make(8, 64)
-    assert isinstance(vm.verify(src, small), vm.Proved)
-    rng = np.random.default_rng(0)
-    ins = {"X": rng.uniform(-3.0, 3.0, (8, 64)), "T": rng.uniform(0.5, 1.0, (8, 1))}
-    ins["X"][:4] -= 1e4  # (four rows far below zero: the floored shift's 0 / 0)
-    ins["T"][:4] -= 1e4
-    assert np.isfinite(evaluate_in_dtype(src, ins)[0][0]).all()
-    assert np.isnan(evaluate_in_dtype(small, ins, generated=True)[0][0]).any()
+    src = _decode(8, 64)
+    _proved_and_nan(src, make(8, 64), below=True)
     checker = SafetyChecker(_decode(4096, 1024))
     assert not checker.numeric  # (4M input elements: the structural check only)
     why = checker.check(make(4096, 1024))
@@ -186,10 +193,7 @@ def test_fp_check_took_a_normaliser_whose_term_a_negation_cancels_as_summing_it(
     from test_fp_max_shift_floor import _scaled_softmax
 
     small = _cancelled(8, 64)
-    assert isinstance(vm.verify(_scaled_softmax(8, 64), small), vm.Proved)
-    rng = np.random.default_rng(6)
-    ins = {"X": rng.uniform(-3.0, 3.0, (8, 64)), "T": rng.uniform(0.5, 1.0, (8, 1))}
-    assert np.isnan(evaluate_in_dtype(small, ins, generated=True)[0][0]).all()
+    _proved_and_nan(_scaled_softmax(8, 64), small)
     assert exp_shifts(small) == ["sum", "sum"]
     why = SafetyChecker(_scaled_softmax(4096, 1024)).structural(_cancelled(4096, 1024))
     assert why is not None, why

@@ -732,6 +732,18 @@ def exp_shifts(mg: Graph) -> list[str]:
                     out[g].add(e)
         return out
 
+    def producer(p: Val) -> tuple[Any, Any, int, Any, Any] | None:
+        """Where ``p`` is an unlooped block input of a kernel B reading an output of another kernel A: (the input node,
+        A's custom node, the output's index, A's block graph, B's)."""
+        bn, (pi, _), _ = resolve(p)
+        pn = bn[pi]
+        if pn.op != "input" or id(bn) not in kernel_of or pn.attr("fmap") is not None:
+            return None
+        kn, cb = kernel_of[id(bn)]
+        ai, ak = cb.args[pn.attr("arg")]
+        ca = kn[ai]
+        return None if ca.op != "custom" else (pn, ca, ak, ca.attr("block"), cb.attr("block"))
+
     def max_of_partials(p: Val, axis: int, x: Val) -> bool:
         """Whether ``max(p, axis)``, ``p`` a block input of kernel B reading the per-block maxima (partials) another
         kernel A wrote, is the max of the row of ``x`` it is broadcast against in B: a row split over blocks, its
@@ -741,16 +753,10 @@ def exp_shifts(mg: Graph) -> list[str]:
         partial along ``axis``); A's partial is a max over one axis ``r`` (over every iteration where it loops) of a
         value computed as ``x`` is from the same operands' tiles read through the same maps; and every grid axis B
         reads whole, and the loop, moves those tiles along ``r`` alone: the partials ``M`` maxes are of one row."""
-        bn, (pi, _), _ = resolve(p)
-        pn = bn[pi]
-        if pn.op != "input" or id(bn) not in kernel_of or pn.attr("fmap") is not None:
+        got = producer(p)
+        if got is None:
             return False
-        kn, cb = kernel_of[id(bn)]
-        ai, ak = cb.args[pn.attr("arg")]
-        ca = kn[ai]
-        if ca.op != "custom":
-            return False
-        ga, gb = ca.attr("block"), cb.attr("block")
+        pn, ca, ak, ga, gb = got
         if ga.grid != gb.grid or ga.frange != gb.frange or ga.flimit is not None or gb.flimit is not None:
             return False
         odims, imap, vshape = ga.omaps[ak].dims, pn.attr("imap"), ca.outs[ak].shape
@@ -799,16 +805,10 @@ def exp_shifts(mg: Graph) -> list[str]:
         grid axes' correspondence)``. B reads ``p`` unlooped and every partial along ``axis`` (A's axes that B lacks,
         the splits, write along ``axis`` alone, one partial a block); each other grid axis of B reads the slab of one of
         A's of the same size; A's blocks tile that output exactly, none skipped."""
-        bn, (pi, _), _ = resolve(p)
-        pn = bn[pi]
-        if pn.op != "input" or id(bn) not in kernel_of or pn.attr("fmap") is not None:
+        got = producer(p)
+        if got is None:
             return None
-        kn, cb = kernel_of[id(bn)]
-        ai, ak = cb.args[pn.attr("arg")]
-        ca = kn[ai]
-        if ca.op != "custom":
-            return None
-        ga, gb = ca.attr("block"), cb.attr("block")
+        pn, ca, ak, ga, gb = got
         if ga.flimit is not None or gb.flimit is not None:
             return None
         odims, vshape = ga.omaps[ak].dims, ca.outs[ak].shape
