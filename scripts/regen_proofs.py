@@ -116,14 +116,14 @@ def relaw(paths: list[Path]) -> int:
     """Re-derive the law names of each certificate in ``paths`` (sub-certificates too), edited in place."""
     import json
 
-    from verimirage.smt import limits
+    from verimirage.smt.deep import deep_call
 
     for p in paths:
         d = json.loads(p.read_text())
         changed = False
         for c in d.get("certificates", [d]):
             g, mg = vm.Graph.parse(c["graph_text"]), vm.MuGraph.parse(c["mugraph_text"])
-            laws = limits.deep_call(_laws, g, mg, c["queries"])
+            laws = deep_call(_laws, g, mg, c["queries"])
             if laws != sorted(c["laws"]):
                 old = set(c["laws"])
                 logging.info("%s: laws %s -> %s", p, sorted(old - set(laws)), sorted(set(laws) - old))

@@ -427,7 +427,8 @@ def test_checker_process_cannot_import_the_verifier() -> None:
     root = Path(__file__).resolve().parent.parent
     for mod in ("verimirage.smt.ff", "verimirage.smt.verify", "verimirage.smt.ff.share", "verimirage.pipeline.superopt",
                 "torch", "verimirage.ir.builders", "verimirage.ir.reference", "verimirage.ir.opfacts",
-                "verimirage.ir.serial", "verimirage.smt.certify", "verimirage.smt.reading", "verimirage.checkcall"):
+                "verimirage.ir.serial", "verimirage.smt.certify", "verimirage.smt.reading", "verimirage.checkcall",
+                "verimirage.smt.deep", "verimirage.ir.parse"):
         code = C._CHILD.format(refused=C.REFUSED).replace(
             "from verimirage.smt.certificate import _child_main\n_child_main()", f"import {mod}")
         r = subprocess.run([sys.executable, "-c", code, str(root)], capture_output=True, text=True, cwd=root,
@@ -445,7 +446,7 @@ BLOCK = ("verimirage.smt.ff", "verimirage.smt.ff.share", "verimirage.smt.ff.proj
          "verimirage.ir.builders", "verimirage.ir.reference", "verimirage.ir.opfacts", "verimirage.ir.serial",
          "verimirage.ir.dot", "verimirage.ir.svg", "verimirage.smt.certify", "verimirage.smt.axioms",
          "verimirage.smt.budget", "verimirage.smt.reading", "verimirage.integrations", "verimirage.benchmarks",
-         "verimirage.checkcall")
+         "verimirage.checkcall", "verimirage.ir.parse", "verimirage.smt.deep")
 
 class Refuse:
     def find_spec(self, name, path=None, target=None):
@@ -454,8 +455,8 @@ class Refuse:
         return None
 
 sys.meta_path.insert(0, Refuse())
-from verimirage.smt.certificate import check_text
-good, bad = (check_text(open(f).read(), json.loads(sys.argv[3])) for f in sys.argv[1:3])  # (known rules: as sent)
+from verimirage.smt.certificate import _verdict  # (what the checker process runs; check_text: in-process plumbing)
+good, bad = (_verdict(open(f).read(), frozenset(json.loads(sys.argv[3])), 10.0) for f in sys.argv[1:3])
 files = sorted(m.__file__ for n, m in sys.modules.items()
                if n.startswith("verimirage") and getattr(m, "__file__", None))
 print(json.dumps({"good": good.proved, "why": good.reason, "bad": bad.proved, "bad_why": bad.reason,
@@ -516,11 +517,39 @@ def test_checker_answer_about_another_text_is_not_taken() -> None:
     assert isolated(text, known_rules(), 60.0, 0, 600.0).proved
 
 
+def test_checker_process_checks_a_deep_program(tmp_path: Path) -> None:
+    # the checker process runs its whole check on one thread with a deep stack (twenty-first session: no longer
+    # through smt.deep.deep_call, which it cannot import): a chain of 1,200 ops derives there and in this process
+    g = vm.Graph()
+    x = g.input("X", (4,), vm.float32)
+    for i in range(600):
+        x = g.shift(g.scale(x, 2.0), float(i % 3))
+    g.output(x)
+    mg = vm.MuGraph.parse(str(g).replace("graph {", "mugraph {", 1))
+    path = tmp_path / "chain.json"
+    path.write_text(certify(g, mg).to_json())
+    from verimirage.smt.certificate import check_text
+
+    assert check_certificate(path).proved and check_text(path.read_text()).proved
+
+
+def test_calling_side_names_a_field_of_the_wrong_type(tmp_path: Path) -> None:
+    # the checker process compares each field with its re-derivation and does not check the fields' types (twenty-first
+    # session); every entry point reads the certificate with them checked first, so a rule list given as an object
+    # (red team 20: no wrong pair accepted, a certificate is one text) is still a rejection naming the field
+    d = json.loads((PROOFS / "lora_bs1.json").read_text())
+    d["rules"] = {}
+    path = tmp_path / "dict_rules.json"
+    path.write_text(json.dumps(d))
+    v = check_certificate(path)
+    assert not v.proved and "field 'rules': got {}; expected list[str]" in v.reason, v.reason
+
+
 def test_calling_side_makes_no_proved() -> None:
     # the calling side narrows the checker's verdict (certificate.confirmed keeps a verdict that is not Proved as
     # it is); it never builds a Proved itself, so it is not on the trusted path
     root = Path(__file__).resolve().parent.parent
-    for f in ("verimirage/checkcall.py", "verimirage/pipeline/certificates.py"):
+    for f in ("verimirage/checkcall.py", "verimirage/pipeline/certificates.py", "verimirage/smt/deep.py"):
         src = (root / f).read_text()
         assert "Proved(" not in src and not re.search(r"import[^\n]*\bProved\b", src), f
 
@@ -530,7 +559,7 @@ def test_calling_side_makes_no_proved() -> None:
 #: non-blank lines; the polynomial normaliser (smt/expr.py) is counted apart. README.md ("Trust") states these
 #: figures. Measured over the union of what a plain certificate (lora_bs1) and a certificate by regions
 #: (:data:`MEASURED_COMPOSED`) load.
-TRUSTED_BUDGET, NORMALISER, CHECKPROC = 3617, "verimirage/smt/expr.py", "verimirage/checkproc.py"
+TRUSTED_BUDGET, NORMALISER, CHECKPROC = 3464, "verimirage/smt/expr.py", "verimirage/checkproc.py"
 MEASURED_COMPOSED = "layer_decode_bs1_small"
 
 

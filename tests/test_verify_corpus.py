@@ -51,7 +51,7 @@ def test_expressions_found_while_splitting_cases_are_the_ones_derive_makes(case)
     # derive_all keeps what it derived while splitting cases; it must be exactly what a fresh derivation on each
     # final case computes
     from verimirage.smt import abstract as A
-    from verimirage.smt.limits import deep_call
+    from verimirage.smt.deep import deep_call
 
     def check() -> None:  # (in a deep-stack thread, as the verifier runs it: some cases are deep programs)
         a, b = case.a(), case.b()

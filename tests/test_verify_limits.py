@@ -14,7 +14,7 @@ from fractions import Fraction
 import pytest
 
 import verimirage as vm
-from verimirage.smt import budget, limits
+from verimirage.smt import budget, deep, limits
 from verimirage.smt import expr as E
 from verimirage.smt.consts import const_fraction
 from verimirage.smt.z3enc import equivalence_query
@@ -96,9 +96,9 @@ def test_deep_call_passes_results_and_errors_and_restores_the_limit() -> None:
     def depth(n: int) -> int:
         return 0 if n == 0 else 1 + depth(n - 1)
 
-    assert limits.deep_call(depth, 20_000) == 20_000
+    assert deep.deep_call(depth, 20_000) == 20_000
     with pytest.raises(ValueError, match="boom"):
-        limits.deep_call(lambda: (_ for _ in ()).throw(ValueError("boom")))
+        deep.deep_call(lambda: (_ for _ in ()).throw(ValueError("boom")))
     assert sys.getrecursionlimit() == before
 
 
@@ -129,7 +129,7 @@ def test_deep_call_runs_in_place_when_no_big_stack_is_available(monkeypatch: pyt
         return real(size)
 
     monkeypatch.setattr(threading, "stack_size", refuse)
-    assert limits.deep_call(lambda x: x + 1, 41) == 42
+    assert deep.deep_call(lambda x: x + 1, 41) == 42
 
 
 def _layer_like_pair() -> tuple[vm.Graph, vm.Graph]:

@@ -185,11 +185,15 @@ def check_certificate(
     backend's :func:`~verimirage.backend.tuning.triton_digest`, which that function passes; ``smt/`` does not import
     the backend) to confirm a recorded Triton hash; without one the hash is not confirmed: a rejection."""
     from .ir.errors import GraphError
-    from .smt.certificate import _reject, check_text, confirmed, sha256
+    from .smt.certificate import _Doc, _reject, check_text, confirmed, sha256
     from .smt.certify import known_rules
     from .smt.verdict import Check, Outcome
 
     text = text_of(cert)
+    try:
+        _Doc.from_json(text)  # (each field's type, named: the checker process only compares it with its re-derivation)
+    except (ValueError, TypeError) as e:
+        return _reject(str(e))
     h = json.loads(text).get("triton_source_sha256")
     made: list[Any] = []  # the Triton digest (or why it cannot be made) and its seconds, made while the child checks
 

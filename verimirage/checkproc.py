@@ -10,9 +10,9 @@ calling side's (:mod:`verimirage.checkcall`: not trusted, it cannot make a Prove
 REFUSED = ("verimirage.smt.ff", "verimirage.smt.verify", "verimirage.smt.prune",
            "verimirage.rewrite", "verimirage.backend", "verimirage.pipeline", "verimirage.testing", "torch", "triton",
            "egglog", "verimirage.ir.builders", "verimirage.ir.reference", "verimirage.ir.opfacts",
-           "verimirage.ir.serial", "verimirage.ir.dot", "verimirage.ir.svg", "verimirage.smt.certify",
-           "verimirage.smt.axioms", "verimirage.smt.budget", "verimirage.smt.reading", "verimirage.integrations",
-           "verimirage.benchmarks", "verimirage.checkcall")
+           "verimirage.ir.parse", "verimirage.ir.serial", "verimirage.ir.dot", "verimirage.ir.svg",
+           "verimirage.smt.certify", "verimirage.smt.axioms", "verimirage.smt.budget", "verimirage.smt.reading",
+           "verimirage.integrations", "verimirage.benchmarks", "verimirage.checkcall", "verimirage.smt.deep")
 
 #: the checker process's code (argv: this checkout's root, then the caller's path). The packages ``verimirage``,
 #: ``verimirage.ir`` and ``verimirage.smt`` are bare modules there: their ``__init__`` files (the public names'

@@ -221,6 +221,18 @@ class GraphMethods:
         return to_json(cast(Graph, self))
 
     @classmethod
+    def parse(cls, text: str) -> Any:
+        """Read a program from its text form (``parse(str(g)) == g``; as people write it too: :mod:`.parse`)."""
+        from .parse import parse_program
+
+        g = parse_program(text)
+        if cls is MuGraph and not isinstance(g, MuGraph):
+            return MuGraph._from_parts(g._nodes, g._outputs)
+        if cls is Graph and isinstance(g, MuGraph):
+            raise GraphError("Graph.parse: the text is a mugraph; use vm.MuGraph.parse")
+        return g
+
+    @classmethod
     def from_json(cls, s: str) -> Any:
         """Read a program from :meth:`to_json` text."""
         from .serial import from_json

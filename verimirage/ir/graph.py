@@ -133,19 +133,6 @@ class Graph(GraphMethods, _Builder):
 
         return print_program(self)
 
-    # -- text and JSON
-    @classmethod
-    def parse(cls, text: str) -> Any:
-        """Read a program from its text form (``parse(str(g)) == g``)."""
-        from .text import parse_program
-
-        g = parse_program(text)
-        if cls is MuGraph and not isinstance(g, MuGraph):
-            return MuGraph._from_parts(g._nodes, g._outputs)
-        if cls is Graph and isinstance(g, MuGraph):
-            raise GraphError("Graph.parse: the text is a mugraph; use vm.MuGraph.parse")
-        return g
-
 
 def output_refs(p: Graph | BlockGraph | ThreadGraph) -> tuple[Ref, ...]:
     """Output refs of a program at any level."""

@@ -1,11 +1,13 @@
-"""The text form of programs: printer and parser (``parse(print(g)) == g``).
+"""The text form of programs: the printer, which defines it, and the reader of its canonical form
+(``read_program(print(g)) == g``; hand-written text, with comments, blank lines and any spacing, and errors
+naming the line: :func:`verimirage.ir.parse.parse_program`).
 
 Example::
 
     mugraph {
       %0 = input {name='Q'} : f16[2,256,64]
       ...
-      %3 = custom %0, %1, %2 {grid=(2, 4), frange=4} : f16[2,256,64] {
+      %3 = custom %0, %1, %2 {frange=4, grid=(2, 4)} : f16[2,256,64] {
         %0 = input {arg=0, fmap=None, imap=(0, 1), shape=(2, 256, 64)} : f16[1,64,64]
         ...
         output %9 {omap=(0, 1)}
@@ -15,15 +17,16 @@ Example::
 
 Node lines are ``%i = op operands {attrs} : result types``; operands are
 ``%i`` (result 0) or ``%i.k``; attribute values are Python literals. Custom
-kernels and fused thread graphs open a nested region.
+kernels and fused thread graphs open a nested region. The printer shows every
+field of a program the reader makes (a node's op, operands, attributes and result
+types; a block graph's grid, loop, causal limit, nodes, outputs and their maps; a
+custom or fused node holds only its block or thread graph), so the program the
+reader makes of a text is the one program with that text that it can make.
 """
 
 from __future__ import annotations
 
 import ast
-import re
-import warnings
-from contextlib import suppress
 from typing import Any
 
 from .dtypes import DType
@@ -88,157 +91,55 @@ def print_program(p: Any) -> str:
     return f"{'mugraph' if isinstance(p, MuGraph) else 'graph'} {{\n{thread_body(p, '  ')}\n}}"
 
 
-# --------------------------------------------------------------------------- parser
-
-_NODE_RE = re.compile(r"^%(\d+)\s*=\s*([A-Za-z_]\w*)(.*)$")
-_TYPE_RE = re.compile(r"^(\w+)\[([\d,\s]*)\]$")
-_REF_RE = re.compile(r"^%(\d+)(?:\.(\d+))?$")
-_ATTRS = "<verimirage attributes>"  # (the file name ast.parse gives: its SyntaxWarnings, '1if', are SyntaxErrors)
-warnings.filterwarnings("error", category=SyntaxWarning, module=re.escape(_ATTRS))
+# --------------------------------------------------------------------------- the canonical form's reader
 
 
-class _Lines:
-    def __init__(self, text: str) -> None:
-        self.lines = [(i + 1, ln.strip()) for i, ln in enumerate(text.splitlines())]
-        self.lines = [(i, ln) for i, ln in self.lines if ln and not ln.startswith("#")]
-        self.pos = 0
+def read_program(text: str, mu: bool) -> Any:
+    """The program (a μGraph if ``mu``) whose canonical text is ``text``, checked, as the certificate checker reads
+    it; an error for any other text. Terse on purpose: the program read is printed back and must give ``text`` letter
+    for letter, so what this reads is the program the text shows (the printer shows every field of the programs read
+    here: the module docstring) or it is rejected."""
+    lines, pos = text.split("\n"), 1
 
-    def next(self) -> tuple[int, str]:
-        if self.pos >= len(self.lines):
-            raise GraphError("parse: unexpected end of text (a region is not closed with '}')")
-        self.pos += 1
-        return self.lines[self.pos - 1]
+    def body() -> tuple[list[Node], list[Ref], list[OutputMap]]:
+        nonlocal pos
+        nodes, outs, omaps = list[Node](), list[Ref](), list[OutputMap]()
+        while (ln := lines[pos].strip()) != "}":
+            pos += 1
+            if ln.startswith("return "):
+                outs = [_read_ref(r) for r in ln[7:].split(", ")]
+            elif ln.startswith("output "):
+                r, _, om = ln[7:].partition(" {omap=")
+                outs.append(_read_ref(r))
+                omaps.append(OutputMap(tuple(ast.literal_eval(om[:-1]))))
+            else:  # %i = op operands {attrs} : types, a region opening at " {"
+                head, _, types = ln.removesuffix(" {").rpartition(" : ")
+                op_args, _, attrs_s = head.partition(" = ")[2].partition(" {")
+                op, _, args_s = op_args.partition(" ")
+                call: Any = ast.parse(f"f({attrs_s[:-1]})", mode="eval").body
+                attrs = {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
+                if op in ("custom", "fused"):
+                    ns, rs, ms = body()
+                    attrs = {"block": BlockGraph(attrs["grid"], attrs["frange"], tuple(ns), tuple(rs), tuple(ms),
+                                                 attrs.get("flimit"))} if op == "custom" else {
+                        "thread": ThreadGraph(tuple(ns), tuple(rs))}
+                nodes.append(Node(op, tuple(_read_ref(a) for a in args_s.split(", ") if a), make_attrs(attrs),
+                                  tuple(_read_type(t) for t in types.split(", "))))
+        pos += 1
+        return nodes, outs, omaps
 
-
-def _perr(lineno: int, line: str, msg: str) -> GraphError:
-    return GraphError(f"parse: line {lineno}: {msg}\n  {line}")
-
-
-def _parse_type(s: str, lineno: int, line: str) -> TensorType:
-    m = _TYPE_RE.match(s.strip())
-    if not m:
-        raise _perr(lineno, line, f"bad type {s.strip()!r}; expected like f16[2,64]")
-    dims = tuple(int(x) for x in m.group(2).replace(" ", "").split(",") if x)
-    return TensorType(dims, DType.parse(m.group(1)))
-
-
-def _parse_refs(s: str, lineno: int, line: str) -> tuple[Ref, ...]:
-    s = s.strip()
-    if not s:
-        return ()
-    out = []
-    for part in s.split(","):
-        m = _REF_RE.match(part.strip())
-        if not m:
-            raise _perr(lineno, line, f"bad operand {part.strip()!r}; expected %N or %N.K")
-        out.append((int(m.group(1)), int(m.group(2) or 0)))
-    return tuple(out)
-
-
-def _parse_attrs(s: str, lineno: int, line: str) -> dict[str, Any]:
-    with suppress(SyntaxError, ValueError, RecursionError, MemoryError):  # (deep nesting: the parser's stack)
-        call = ast.parse(f"f({s})" if "\\" not in s else "", _ATTRS, mode="eval").body  # (no escapes: '\d' warns)
-        if isinstance(call, ast.Call) and not call.args:  # (one call of keywords only: not 'f(a=1), g(2)')
-            return {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords if kw.arg is not None}
-    raise _perr(lineno, line, f"bad attributes {{{s[:200]}}}; expected key=literal pairs")
-
-
-def _split_head(rest: str) -> tuple[str, str]:
-    """Split 'operands {attrs}' into its two parts."""
-    rest = rest.strip()
-    if "{" in rest:
-        i = rest.index("{")
-        if not rest.endswith("}"):
-            raise GraphError(f"parse: unbalanced braces in {rest!r}")
-        return rest[:i].strip(), rest[i + 1 : -1]
-    return rest, ""
-
-
-def _parse_node_line(lines: _Lines, lineno: int, line: str, expect: int) -> Node:
-    m = _NODE_RE.match(line)
-    if not m:
-        raise _perr(lineno, line, "expected '%N = op operands {attrs} : types'")
-    idx, op, rest = int(m.group(1)), m.group(2), m.group(3)
-    if idx != expect:
-        raise _perr(lineno, line, f"node numbered %{idx}; expected %{expect} (nodes are numbered in order)")
-    opens = rest.rstrip().endswith("{") and op in ("custom", "fused")
-    if opens:
-        rest = rest.rstrip()[:-1]
-    head, sep, types_s = rest.rpartition(" : ")
-    if not sep:
-        raise _perr(lineno, line, "missing ' : ' and the result types")
-    types = tuple(_parse_type(t, lineno, line) for t in re.split(r",(?![^\[]*\])", types_s) if t.strip())
-    args_s, attrs_s = _split_head(head)
-    args = _parse_refs(args_s, lineno, line)
-    attrs = _parse_attrs(attrs_s, lineno, line) if attrs_s else {}
-    if op == "custom":
-        if not opens:
-            raise _perr(lineno, line, "custom: expected a block region '{' at the end of the line")
-        grid, frange, flimit = (attrs.pop(k, None) for k in ("grid", "frange", "flimit"))  # (checked with the program)
-        if attrs:
-            raise _perr(lineno, line, f"custom: unexpected attributes {sorted(attrs)}")
-        nodes, outs, omaps = _parse_body(lines, block=True)  # (the block graph is checked with the program)
-        return Node(op, args, (("block", BlockGraph(grid, frange, tuple(nodes), tuple(outs), tuple(omaps), flimit)),),
-                    types)
-    if op == "fused":
-        if not opens:
-            raise _perr(lineno, line, "fused: expected a thread region '{' at the end of the line")
-        nodes, outs, _ = _parse_body(lines)
-        return Node(op, args, (("thread", ThreadGraph(tuple(nodes), tuple(outs))),), types)  # (checked with its block)
-    return Node(op, args, make_attrs(attrs), types)
-
-
-def _parse_body(lines: _Lines, block: bool = False) -> tuple[list[Node], list[Ref], list[OutputMap]]:
-    """The nodes, the output refs and (a block's) omaps of a body up to its closing ``}``: a program's or a thread
-    graph's ends with ``return`` refs, a block graph's has ``output %N {omap=(...)}`` lines."""
-    nodes: list[Node] = []
-    outs: list[Ref] = []
-    omaps: list[OutputMap] = []
-    while True:
-        lineno, line = lines.next()
-        if line == "}":
-            return nodes, outs, omaps
-        if block and line.startswith("output "):
-            refs_s, attrs_s = _split_head(line[len("output ") :])
-            (r,) = _parse_refs(refs_s, lineno, line) or (None,)
-            attrs = _parse_attrs(attrs_s, lineno, line)
-            if r is None or set(attrs) != {"omap"} or not isinstance(attrs["omap"], tuple):
-                raise _perr(lineno, line, "expected 'output %N {omap=(...)}'")
-            outs.append(r)
-            omaps.append(OutputMap(tuple(attrs["omap"])))
-        elif not block and line.startswith("return"):
-            outs = list(_parse_refs(line[len("return") :], lineno, line))
-        else:
-            nodes.append(_parse_node_line(lines, lineno, line, len(nodes)))
-
-
-def parse_program(text: str) -> Graph:
-    """Parse a ``graph { ... }`` or ``mugraph { ... }`` text; the result is checked.
-
-    Any malformed text is a :class:`GraphError`: those raised on purpose name the line; anything else
-    that goes wrong on malformed text (a wrong attribute type, say) is reported as a GraphError too.
-    """
-    if not isinstance(text, str):
-        raise GraphError(f"parse: expected program text, got {type(text).__name__}")
-    try:
-        return _parse_program(text)
-    except GraphError:
-        raise
-    except (TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError, RecursionError) as e:
-        raise GraphError(f"parse: malformed program ({type(e).__name__}: {str(e)[:200]})") from None
-
-
-def _parse_program(text: str) -> Graph:
-    lines = _Lines(text)
-    lineno, first = lines.next()
-    kw = first.split()[0] if first.split() else ""
-    if first not in ("graph {", "mugraph {"):
-        raise _perr(lineno, first, "expected 'graph {' or 'mugraph {'")
-    nodes, outs, _ = _parse_body(lines)
-    if lines.pos != len(lines.lines):
-        ln, extra = lines.lines[lines.pos]
-        raise _perr(ln, extra, "text after the closing '}'")
-    cls = MuGraph if kw == "mugraph" else Graph
-    g = cls._from_parts(nodes, outs)
+    g = (MuGraph if mu else Graph)._from_parts(*body()[:2])
     g.check()
+    if print_program(g) != text:
+        raise GraphError("program text is not canonical (print(parse(text)) != text)")
     return g
+
+
+def _read_ref(s: str) -> Ref:
+    a, _, k = s.removeprefix("%").partition(".")
+    return int(a), int(k or 0)
+
+
+def _read_type(s: str) -> TensorType:
+    dt, _, dims = s.removesuffix("]").partition("[")
+    return TensorType(tuple(int(d) for d in dims.split(",")), DType.parse(dt))

@@ -631,7 +631,7 @@ def _composed_verdict(graph: Graph, composed: MuGraph, verdicts: Sequence[Any], 
     inputs (:func:`verimirage.smt.glue.undefined_fed`, as the certificate checker requires), with the whole-program
     finite-field test where cheap; Refuted-free: a difference there is an Unknown naming it (the regions'
     proofs and the whole-program test disagree)."""
-    from ..smt import budget, glue, limits
+    from ..smt import budget, deep, glue
     from ..smt.verdict import Check, Outcome, Proved
 
     evidence = [Check(f"region {k}", Outcome.PROVED, (("reason", getattr(v, "reason", "")),))
@@ -640,7 +640,7 @@ def _composed_verdict(graph: Graph, composed: MuGraph, verdicts: Sequence[Any], 
     # forward) held torch.compile for over 25 minutes
     token = budget.set_budget(budget.derive_budget_s(opts.verify_timeout_s))
     try:
-        why = limits.deep_call(glue.undefined_fed, graph, regions)
+        why = deep.deep_call(glue.undefined_fed, graph, regions)
     except Exception as e:  # (fails closed: not shown defined is not composed; past the budget too)
         why = f"{type(e).__name__}: {e}"
     finally:

@@ -28,7 +28,6 @@ import concurrent.futures
 import hashlib
 import json
 import logging
-import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -36,7 +35,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..ir.errors import GraphError
-from ..ir.graph import Graph, MuGraph, input_types, output_types
+from ..ir.graph import Graph, input_types, output_types
+from ..ir.text import read_program
 from . import abstract as A
 from . import defined as D
 from . import expr as E
@@ -70,43 +70,19 @@ def sha256(text: str) -> str:
 
 
 class _Doc(DocMethods):
-    """JSON reading shared by the two kinds of certificate (a dataclass with a ``schema`` field)."""
-
-    @classmethod
-    def from_json(cls, text: str) -> Any:
-        """Read a certificate of this kind (called on ``_Doc``: of the kind its schema names) from JSON text;
-        ValueError naming what is wrong."""
-        try:
-            d = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"certificate: not JSON ({e})") from None
-        if not isinstance(d, dict):
-            raise ValueError("certificate: expected a JSON object")
-        kind = (ComposedCertificate if d.get("schema") == COMPOSED_SCHEMA else Certificate) if cls is _Doc else cls
-        fields = kind.__dataclass_fields__  # type: ignore[attr-defined]
-        if d.get("schema") != fields["schema"].default:
-            raise ValueError(f"certificate: unknown schema {d.get('schema')!r}; expected {fields['schema'].default!r}")
-        extra = sorted(set(d) - set(fields))
-        missing = sorted(n for n, f in fields.items() if n not in d and f.default is f.default_factory)  # (no default)
-        if extra or missing:
-            raise ValueError(f"certificate: unknown fields {extra}, missing fields {missing}")
-        bad = next((n for n, f in fields.items() if n in d and not _typed(d[n], f.type)), None)
-        if bad is not None:
-            raise ValueError(f"certificate: field {bad!r}: got {json.dumps(d[bad])[:60]}; expected {fields[bad].type}")
-        if d.get("triton_source_sha256") is not None and not re.fullmatch(r"[0-9a-f]{64}", d["triton_source_sha256"]):
-            raise ValueError("certificate: triton_source_sha256 is not a sha256 hex digest")
-        return kind(**d)
+    """The two kinds of certificate's base (a dataclass with a ``schema`` field). Reading with each field's type checked
+    and named, writing, files: :mod:`.reading` puts them on it; the checker reads with :func:`_read`."""
 
 
-def _typed(v: Any, t: str) -> bool:
-    """Whether JSON value ``v`` has the type annotation ``t`` (str, list[...], dict[str, ...], Any, ``| None``)."""
-    if (t.endswith(" | None") and v is None) or t == "Any":
-        return True
-    outer, _, inner = t.removesuffix(" | None").partition("[")
-    if not isinstance(v, {"list": list, "dict": dict}.get(outer, str)):
-        return False
-    items = v.values() if isinstance(v, dict) else v if isinstance(v, list) else ()  # (JSON's keys are strings)
-    return all(_typed(x, inner[:-1].removeprefix("str, ")) for x in items)
+def _read(text: str) -> Certificate | ComposedCertificate:
+    """The certificate, of the kind its schema names, in JSON ``text`` as the checker reads it: an error for a missing,
+    unknown or extra field. The fields' types are not checked here: each field is compared with what the checker
+    re-derives from the two programs, and any error is a rejection (:meth:`_Doc.from_json` names what is wrong)."""
+    d = json.loads(text)
+    kind = {SCHEMA: Certificate, COMPOSED_SCHEMA: ComposedCertificate}.get(d.get("schema"))
+    if kind is None:
+        raise ValueError(f"certificate: unknown schema {d.get('schema')!r}; expected {SCHEMA!r} or {COMPOSED_SCHEMA!r}")
+    return kind(**d)  # type: ignore[return-value]
 
 
 @dataclass
@@ -193,12 +169,10 @@ def _programs(cert: Certificate | ComposedCertificate) -> tuple[Graph, Graph]:
         raise _Reject("graph text does not match its sha256")
     if sha256(cert.mugraph_text) != cert.mugraph_sha256:
         raise _Reject("mugraph text does not match its sha256")
-    try:
-        g, mg = Graph.parse(cert.graph_text), MuGraph.parse(cert.mugraph_text)  # (parse checks each program)
-    except GraphError as e:
-        raise _Reject(f"programs: {e}") from None
-    if str(g) != cert.graph_text or str(mg) != cert.mugraph_text:
-        raise _Reject("program text is not canonical (print(parse(text)) != text)")
+    try:  # (each program read, checked, and printed back to its text)
+        g, mg = read_program(cert.graph_text, False), read_program(cert.mugraph_text, True)
+    except Exception as e:  # (a text read otherwise than as canonical text of a well-formed program)
+        raise _Reject(f"programs: {e if isinstance(e, GraphError) else type(e).__name__}") from None
     ins = [[(k, str(t)) for k, t in input_types(x).items()] for x in (g, mg)]  # (in order: called positionally)
     outs = [[str(t) for t in output_types(x)] for x in (g, mg)]
     if ins[0] != ins[1] or outs[0] != outs[1]:
@@ -294,7 +268,7 @@ def _check_composed(cc: ComposedCertificate, known: frozenset[str], timeout_s: f
                 v = _check(json.dumps(subs[ci]), known, timeout_s, sub_checks)
             except _Reject as e:
                 raise _Reject(f"sub-certificate {ci}: {e}") from None
-            done[ci] = (Certificate.from_json(json.dumps(subs[ci])), v)
+            done[ci] = (_read(json.dumps(subs[ci])), v)  # type: ignore[assignment]
             checks.append(Check(f"sub-certificate {ci}", Outcome.PROVED, (("reason", v.reason),),
                                 time.perf_counter() - t1))
         sub = done[ci][0]
@@ -303,8 +277,8 @@ def _check_composed(cc: ComposedCertificate, known: frozenset[str], timeout_s: f
         if sub.triton_source_sha256 is not None:
             raise _Reject(f"sub-certificate {ci}: records a Triton hash (a region's module is not what runs)")
         regions.append(reg)
-        mugraphs.append(MuGraph.parse(sub.mugraph_text))
-    why = limits.deep_call(glue.undefined_fed, g, regions)
+        mugraphs.append(read_program(sub.mugraph_text, True))  # (checked by _check: canonical)
+    why = glue.undefined_fed(g, regions)
     if why is not None:
         raise _Reject(f"a value one region makes and another reads may be undefined ({why}): the splice may read "
                       "values the program leaves undefined")
@@ -326,8 +300,8 @@ def _check_composed(cc: ComposedCertificate, known: frozenset[str], timeout_s: f
 def _check(text: str, known: frozenset[str], timeout_s: float, checks: list[Check]) -> Verdict:
     t0 = time.perf_counter()
     try:
-        cert = _Doc.from_json(text)  # (of the kind its schema names)
-    except (ValueError, TypeError) as e:
+        cert = _read(text)
+    except (ValueError, TypeError, AttributeError) as e:
         raise _Reject(str(e)) from None
     if isinstance(cert, ComposedCertificate):
         return _check_composed(cert, known, timeout_s, checks)
@@ -346,7 +320,7 @@ def _check(text: str, known: frozenset[str], timeout_s: float, checks: list[Chec
     # rejection is reported first, and the `with` waits for the trials whatever happens
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="vm-check-ff") as pool:
         ff = pool.submit(timed, _check_ff, g, mg, cert)
-        names, t_abs = timed(limits.deep_call, _check_abstract, g, mg, cert, timeout_s)
+        names, t_abs = timed(_check_abstract, g, mg, cert, timeout_s)
         r, t_ff = ff.result()
     checks.append(Check("abstract-z3", Outcome.PROVED, (("queries", names), ("laws", tuple(cert.laws))), t_abs))
     checks.append(Check("finite-field", Outcome.PROVED, (("seeds", r.seeds), ("trials", len(r.seeds)),
@@ -365,16 +339,27 @@ def _reject(why: str, checks: Sequence[Check] = ()) -> Unknown:
 
 
 def check_text(text: str, known: Iterable[str] | None = None, timeout_s: float = 10.0) -> Verdict:
-    """Check a certificate's JSON text in this process (what the checker process runs); ``known``: the rule
-    names accepted (the checker process is sent them; default, outside it: :func:`.certify.known_rules`). Fails
-    closed: any error is a rejection."""
+    """Check a certificate's JSON text in this process (what the checker process runs: :func:`_verdict`), on a thread
+    with a deep stack (:func:`.deep.deep_call`); ``known``: the rule names accepted (the checker process is sent them;
+    default, outside it: :func:`.certify.known_rules`). Fails closed: any error is a rejection."""
+    from .deep import deep_call  # (the checker process makes its own deep-stack thread: :func:`_child_main`)
+
     if known is None:
         from .certify import known_rules  # (the rule names are provenance: the proof is re-derived without them)
 
         known = known_rules()
+    try:
+        _Doc.from_json(text)  # (each field's type, named (:mod:`.reading`); the check only compares them)
+    except (ValueError, TypeError) as e:
+        return _reject(str(e))
+    return deep_call(_verdict, text, frozenset(known), timeout_s)
+
+
+def _verdict(text: str, known: frozenset[str], timeout_s: float) -> Verdict:
+    """The check of :func:`check_text` (on a thread with a deep stack), failing closed: any error is a rejection."""
     checks: list[Check] = []
     try:
-        return _check(text, frozenset(known), timeout_s, checks)
+        return _check(text, known, timeout_s, checks)
     except _Reject as e:
         return _reject(str(e), checks)
     except Exception as e:  # anything unforeseen (a blow-up, a bug) rejects; never a crash, never Proved
@@ -382,14 +367,24 @@ def check_text(text: str, known: Iterable[str] | None = None, timeout_s: float =
 
 
 def _child_main() -> None:
-    """The checker process: read the request from stdin, cap memory, check, write the verdict as JSON."""
+    """The checker process: read the request from stdin, cap memory, check on one thread with a deep stack
+    (:mod:`.limits`: the derivation recurses per op), write the verdict as JSON."""
     import resource
+    import threading
 
     req = json.loads(sys.stdin.read())
     mb = int(req["memory_mb"])
     if mb > 0:
         resource.setrlimit(resource.RLIMIT_AS, (mb << 20, mb << 20))
-    v = check_text(req["certificate"], req["known_rules"], float(req["timeout_s"]))
+    got: list[Verdict] = []  # (empty if the thread dies: no verdict is written, the calling side rejects)
+    sys.setrecursionlimit(limits.MAX_DEPTH)
+    threading.stack_size(limits.STACK_BYTES)  # (for this one thread: the trials' threads get the default)
+    t = threading.Thread(target=lambda: got.append(_verdict(req["certificate"], frozenset(req["known_rules"]),
+                                                            float(req["timeout_s"]))))
+    t.start()
+    threading.stack_size(0)
+    t.join()
+    v = got[0]
     ev = [[c.name, c.outcome, [[k, list(x) if isinstance(x, tuple) else x] for k, x in c.params], c.seconds,
            c.detail] for c in v.evidence]
     sys.stdout.write("\n" + json.dumps({"proved": v.proved, "reason": v.reason, "evidence": ev,

@@ -1,5 +1,6 @@
 """What a verdict's readers use and no check does: the bound a verdict states, the checks that caught a pair, a
-summary, a check's parameter by name.
+summary, a check's parameter by name; and a certificate's reading with its fields' types checked (naming what is
+wrong), its writing and its files.
 
 Importing :mod:`verimirage.smt` puts these on :class:`~.verdict.Verdict` and :class:`~.verdict.Check` (as
 :mod:`verimirage.ir.builders` puts the building methods on the graph classes). The certificate checker's process
@@ -9,16 +10,44 @@ never imports them: a ``Proved`` depends on none of them (README, "Trusted path"
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .certificate import _Doc
+from .certificate import COMPOSED_SCHEMA, Certificate, ComposedCertificate, _Doc
 from .verdict import Check, Outcome, Verdict
 
 
 class DocMethods:
-    """A certificate's writing and file reading (installed on both kinds of certificate)."""
+    """A certificate's reading with its fields' types checked, writing and file reading (installed on both kinds of
+    certificate)."""
+
+    @classmethod
+    def from_json(cls, text: str) -> Any:
+        """Read a certificate of this kind (called on ``_Doc``: of the kind its schema names) from JSON text;
+        ValueError naming what is wrong (each field's type checked: the checker's own reading, ``certificate._read``,
+        leaves that to its comparisons)."""
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"certificate: not JSON ({e})") from None
+        if not isinstance(d, dict):
+            raise ValueError("certificate: expected a JSON object")
+        kind = (ComposedCertificate if d.get("schema") == COMPOSED_SCHEMA else Certificate) if cls is _Doc else cls
+        fields = kind.__dataclass_fields__  # type: ignore[attr-defined]
+        if d.get("schema") != fields["schema"].default:
+            raise ValueError(f"certificate: unknown schema {d.get('schema')!r}; expected {fields['schema'].default!r}")
+        extra = sorted(set(d) - set(fields))
+        missing = sorted(n for n, f in fields.items() if n not in d and f.default is f.default_factory)  # (no default)
+        if extra or missing:
+            raise ValueError(f"certificate: unknown fields {extra}, missing fields {missing}")
+        bad = next((n for n, f in fields.items() if n in d and not _typed(d[n], f.type)), None)
+        if bad is not None:
+            raise ValueError(f"certificate: field {bad!r}: got {json.dumps(d[bad])[:60]}; expected {fields[bad].type}")
+        if d.get("triton_source_sha256") is not None and not re.fullmatch(r"[0-9a-f]{64}", d["triton_source_sha256"]):
+            raise ValueError("certificate: triton_source_sha256 is not a sha256 hex digest")
+        return kind(**d)
 
     def to_json(self) -> str:
         """The JSON text."""
@@ -31,7 +60,18 @@ class DocMethods:
     @classmethod
     def load(cls, path: str | Path) -> Any:
         """Read a certificate file."""
-        return cls.from_json(Path(path).read_text())  # type: ignore[attr-defined]
+        return cls.from_json(Path(path).read_text())
+
+
+def _typed(v: Any, t: str) -> bool:
+    """Whether JSON value ``v`` has the type annotation ``t`` (str, list[...], dict[str, ...], Any, ``| None``)."""
+    if (t.endswith(" | None") and v is None) or t == "Any":
+        return True
+    outer, _, inner = t.removesuffix(" | None").partition("[")
+    if not isinstance(v, {"list": list, "dict": dict}.get(outer, str)):
+        return False
+    items = v.values() if isinstance(v, dict) else v if isinstance(v, list) else ()  # (JSON's keys are strings)
+    return all(_typed(x, inner[:-1].removeprefix("str, ")) for x in items)
 
 
 class CheckMethods:

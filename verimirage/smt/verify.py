@@ -36,9 +36,9 @@ from ..ir.graph import Graph
 from ..ir.reference import check_evaluable, evaluate
 from . import abstract as A
 from . import budget as B
+from . import deep
 from . import defined as D
 from . import expr as E
-from . import limits
 from .ff import (
     MAX_ACCEPTABLE_BOUND,
     FFReference,
@@ -106,11 +106,11 @@ def abstract_check(a: Graph, b: Graph, *, timeout_s: float = 10.0,
     of ``b`` inside its domain where ``a``'s are: :func:`verimirage.smt.defined.refines_outputs`); if not,
     ``unknown`` naming the op and its condition.
 
-    It runs in a thread with a deep stack (:func:`verimirage.smt.limits.deep_call`), so programs of a
+    It runs in a thread with a deep stack (:func:`verimirage.smt.deep.deep_call`), so programs of a
     few thousand nodes derive; a term, constant or query past a cap of :mod:`verimirage.smt.limits`
     (or Z3 out of memory) is ``unknown`` with the reason.
     """
-    return limits.deep_call(_abstract_check, a, b, timeout_s=timeout_s, cancel=cancel)
+    return deep.deep_call(_abstract_check, a, b, timeout_s=timeout_s, cancel=cancel)
 
 
 def _abstract_check(a: Graph, b: Graph, *, timeout_s: float, cancel: threading.Event | None) -> AbstractResult:
