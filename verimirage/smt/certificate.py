@@ -350,7 +350,7 @@ def check_text(text: str, known: Iterable[str] | None = None, timeout_s: float =
         known = known_rules()
     try:
         _Doc.from_json(text)  # (each field's type, named (:mod:`.reading`); the check only compares them)
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError, RecursionError) as e:  # (JSON nested too deep: RecursionError)
         return _reject(str(e))
     return deep_call(_verdict, text, frozenset(known), timeout_s)
 

@@ -15,7 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .certificate import COMPOSED_SCHEMA, Certificate, ComposedCertificate, _Doc
+from .certificate import COMPOSED_SCHEMA, SCHEMA, Certificate, ComposedCertificate, _Doc
 from .verdict import Check, Outcome, Verdict
 
 
@@ -47,6 +47,12 @@ class DocMethods:
             raise ValueError(f"certificate: field {bad!r}: got {json.dumps(d[bad])[:60]}; expected {fields[bad].type}")
         if d.get("triton_source_sha256") is not None and not re.fullmatch(r"[0-9a-f]{64}", d["triton_source_sha256"]):
             raise ValueError("certificate: triton_source_sha256 is not a sha256 hex digest")
+        for i, sub in enumerate(d["certificates"] if kind is ComposedCertificate else ()):  # (read the same way)
+            try:
+                if sub.get("schema") == SCHEMA:  # (another schema: the checker says which it expects)
+                    Certificate.from_json(json.dumps(sub))  # type: ignore[attr-defined]
+            except ValueError as e:
+                raise ValueError(f"sub-certificate {i}: {e}") from None
         return kind(**d)
 
     def to_json(self) -> str:
