@@ -1295,14 +1295,9 @@ class SafetyChecker:
         fold), fails the near-constant sets (:data:`NEAR_CONSTANT_SET`) evaluated at the program's size, as the whole
         check would on those sets; None if it takes no such difference or passes them. A program too large even for
         those (:func:`near_constant_affordable`) passes with the candidate noted in :attr:`unevaluated`."""
-        if self._src_differences is None:
-            self._src_differences = difference_counts(self.source)
-        new = sorted((sorted(r), k, m) for (r, k), m in (difference_counts(candidate) - self._src_differences).items())
-        if not new:
+        what = self._new_differences(candidate)
+        if not what:
             return None
-        what = ", ".join(f"{{{', '.join(r)}}} ({'two sums' if k == 2 else 'a sum and a value'}"
-                         f"{f'; {m} more than the source' if (frozenset(r), k) in self._src_differences else ''})"
-                         for r, k, m in new)
         if not self.near_at_size:
             return self._rows_check(candidate, what)
         if not self.sets:
@@ -1310,6 +1305,30 @@ class SafetyChecker:
         why = self.numeric_check(candidate)
         return None if why is None else (f"{why} (evaluated at the program's size on the near-constant sets: the "
                                          f"candidate takes differences the source does not, of {what})")
+
+    def _new_differences(self, candidate: Graph) -> str:
+        """The cancellation-prone differences (:func:`differences`) ``candidate`` takes that the source does not, named
+        for a refusal ('' where none)."""
+        if self._src_differences is None:
+            self._src_differences = difference_counts(self.source)
+        new = sorted((sorted(r), k, m) for (r, k), m in (difference_counts(candidate) - self._src_differences).items())
+        return ", ".join(f"{{{', '.join(r)}}} ({'two sums' if k == 2 else 'a sum and a value'}"
+                         f"{f'; {m} more than the source' if (frozenset(r), k) in self._src_differences else ''})"
+                         for r, k, m in new)
+
+    def before_verification(self, candidate: Graph) -> str | None:
+        """The refusal :meth:`check` gives ``candidate`` whatever its verdict, found without evaluating or verifying
+        anything: the structural check, and past :func:`near_constant_affordable` a difference the source does not take
+        with no twin of fewer rows (:func:`row_twin`); else None (then :meth:`check` decides once it is proved). The
+        search refuses such a candidate before verifying it (twenty-first session: at full size each was verified
+        first, ~14 CPU-s, then refused)."""
+        why = self.structural(candidate)
+        if why is not None or self.numeric or self.near_at_size:
+            return why
+        what = self._new_differences(candidate)
+        if what and row_twin(self.source, candidate) is None:
+            return self._rows_check(candidate, what)
+        return None
 
     def _rows_check(self, candidate: Graph, what: str) -> str | None:
         """:meth:`cancellation_check` past :func:`near_constant_affordable`: the candidate and the source on

@@ -904,8 +904,9 @@ def _verify_phase(run: _Run) -> None:
     cand_source: list[int] = []  # per candidate, the index of its graph in ``graphs``
     safety: list[Any] = []
 
-    def fp_check(mg: MuGraph) -> str | None:
-        """Why ``mg`` is not finite where the graph is in its dtype (:mod:`.fpsafe`), or None."""
+    def fp_check(mg: MuGraph, before: bool = False) -> str | None:
+        """Why ``mg`` is not finite where the graph is in its dtype (:mod:`.fpsafe`), or None (``before``: only the
+        refusal that holds whatever its verdict, before verifying it: ``SafetyChecker.before_verification``)."""
         if not safety:
             from .fpsafe import SafetyChecker
 
@@ -917,14 +918,35 @@ def _verify_phase(run: _Run) -> None:
                                  "evaluated on the near-constant sets" + ("" if safety[0].near_at_size else
                                                                           ", on a twin of fewer rows"))
         seen = len(safety[0].unevaluated)
-        why: str | None = safety[0].check(mg)
+        why: str | None = safety[0].before_verification(mg) if before else safety[0].check(mg)
         if len(safety[0].unevaluated) > seen:
             rep.notes.append(f"floating-point check: a candidate takes differences the source does not (of "
                              f"{safety[0].unevaluated[-1]}), rejected: the program is too large for the near-constant "
                              "sets and no twin of fewer rows was proved equal to it")
         return why
 
+    refused: dict[int, str | None] = {}  # id(entry) -> its refusal before verification (computed once)
+
+    def refused_unverified(entry: tuple[Any, ...]) -> bool:
+        """Whether the floating-point check refuses ``entry`` whatever its verdict: then it is not verified (no
+        verification time or budget spent), only recorded as rejected."""
+        if id(entry) not in refused:
+            low = entry[1]
+            try:
+                low.mugraph.check()
+                refused[id(entry)] = why = fp_check(low.mugraph, before=True)
+            except GraphError:
+                refused[id(entry)] = None  # (verification reports it)
+                return False
+            if why is not None:
+                tried_keys.add(id(entry))
+                what = f"{low.mugraph.num_kernels}-kernel {low.config.describe() if low.config else 'unfused'}"
+                rep.rejected.append((what, f"not verified: {why}"))
+        return refused[id(entry)] is not None
+
     def attempt(entry: tuple[Any, ...]) -> None:
+        if refused_unverified(entry):
+            return
         t0 = time.perf_counter()
         try:
             _attempt(entry)
@@ -1010,6 +1032,9 @@ def _verify_phase(run: _Run) -> None:
         if tried >= max_verify:
             rep.stop(StopReason.ATTEMPT_LIMIT, str(max_verify))
             break
+        if refused_unverified(entry):  # (an attempt, as when it was verified first; no time charged)
+            tried += 1
+            continue
         if not within_budget(entry):
             break
         tried += 1
