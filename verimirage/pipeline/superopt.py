@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..clock import cpu_seconds
 from ..ir.errors import GraphError
 from ..ir.graph import Graph, MuGraph, input_types, node_list
 from ..ir.ops import Prop, get_op
@@ -198,7 +199,8 @@ def _unknown(reason: str, evidence: Any = ()) -> Any:
 def superoptimize(graph: Graph, *, options: SearchOptions | None = None, **overrides: Any) -> SearchResult:
     """Search for verified μGraphs equivalent to kernel graph ``graph``; best (by cost) first.
 
-    Options: ``time_budget_s`` for the whole search; ``node_limit`` / ``iter_limit`` for the e-graph;
+    Options: ``time_budget_s`` for the whole search, in CPU seconds of the process (:mod:`verimirage.clock`: the
+    same program gets the same search on a busy machine as on an idle one, only later); ``node_limit`` / ``iter_limit`` for the e-graph;
     ``rulesets`` (built-in theory names or :class:`Ruleset` objects; default: every default rule),
     ``disable_rules`` (rule or theory names), ``extra_rules`` (user rules, each admitted by
     ``verify_rule`` unless ``trusted=True``); ``grids`` (allowed per-axis block counts) and ``franges``
@@ -274,6 +276,7 @@ class _Run:
     rep: SearchReport
     check: Callable[[Graph, Graph], Any]
     cal: Calibration
+    #: :func:`cpu_seconds` at the start: the time budgets are CPU seconds (load-independent)
     t_start: float
     rules: list[Rule] = field(default_factory=list)
     builtin_names: set[str] = field(default_factory=set)
@@ -303,7 +306,7 @@ def _search(graph: Graph, opts: SearchOptions, *, certify: bool = True) -> Searc
     ``certify=False`` skips the certificates (a region's search: its program's composition is certified)."""
     rep = SearchReport(options=str(opts))
     run = _Run(graph, opts, rep, opts.verifier or _default_verifier(graph, opts.verify_timeout_s, opts.seed),
-               opts.calibration or Calibration(), time.perf_counter(), certify=certify)
+               opts.calibration or Calibration(), cpu_seconds(), certify=certify)
     run.search_graph, run.masks = mask_inputs(graph)
     if opts.profile:
         from ..smt.ff import gpu as ffgpu
@@ -386,7 +389,7 @@ def _split_search(graph: Graph, opts: SearchOptions) -> SearchResult:
     from .regions import RegionReport, compose, split_search
 
     rep = SearchReport(options=str(opts))
-    t_start = time.perf_counter()
+    t_start = cpu_seconds()
     run = _Run(graph, opts, rep, opts.verifier or _default_verifier(graph, opts.verify_timeout_s, opts.seed),
                opts.calibration or Calibration(), t_start)
     cal = run.cal
@@ -853,7 +856,7 @@ def _lower_phase(run: _Run) -> None:
             # equal estimates (memory-bound kernels moving the same bytes) go to fewer flops: a rewrite that
             # simplifies without moving fewer bytes (x*y + x*z -> x*(y+z)) is otherwise never tried
             pool.append(((c.time_s, low.mugraph.num_kernels, c.tc_flops + c.other_flops, gi, li), low, c, gi))
-        if time.perf_counter() - t_start > 0.8 * time_budget_s:
+        if cpu_seconds() - t_start > 0.8 * time_budget_s:
             rep.notes.append("lowering stopped early: time budget")
             break
     pool.sort(key=lambda p: p[0])
@@ -947,12 +950,12 @@ def _verify_phase(run: _Run) -> None:
     def attempt(entry: tuple[Any, ...]) -> None:
         if refused_unverified(entry):
             return
-        t0 = time.perf_counter()
+        t0 = cpu_seconds()
         try:
             _attempt(entry)
         finally:
             seen_s[0] += raw_estimate(entry)
-            seen_s[1] += time.perf_counter() - t0
+            seen_s[1] += cpu_seconds() - t0
 
     def _attempt(entry: tuple[Any, ...]) -> None:
         _, low, c, gi = entry
@@ -1003,7 +1006,7 @@ def _verify_phase(run: _Run) -> None:
     def within_budget(entry: tuple[Any, ...]) -> bool:
         """Whether the time and verification budgets allow verifying ``entry`` (sets the stop reason)."""
         nonlocal est_spent
-        elapsed = time.perf_counter() - t_start
+        elapsed = cpu_seconds() - t_start
         if elapsed > time_budget_s and cands:
             rep.stop(StopReason.TIME_BUDGET)
             return False
