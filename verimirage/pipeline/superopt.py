@@ -200,7 +200,8 @@ def superoptimize(graph: Graph, *, options: SearchOptions | None = None, **overr
     """Search for verified μGraphs equivalent to kernel graph ``graph``; best (by cost) first.
 
     Options: ``time_budget_s`` for the whole search, in CPU seconds of the process (:mod:`verimirage.clock`: the
-    same program gets the same search on a busy machine as on an idle one, only later); ``node_limit`` / ``iter_limit`` for the e-graph;
+    same program gets the same search on a busy machine as on an idle one, only later); ``node_limit`` /
+    ``iter_limit`` for the e-graph;
     ``rulesets`` (built-in theory names or :class:`Ruleset` objects; default: every default rule),
     ``disable_rules`` (rule or theory names), ``extra_rules`` (user rules, each admitted by
     ``verify_rule`` unless ``trusted=True``); ``grids`` (allowed per-axis block counts) and ``franges``
