@@ -61,9 +61,12 @@ def test_held_out_first_choices() -> None:
     assert rep["first_over_best_geomean"] <= 1.05, rep["first_over_best_geomean"]
     for case in ("gated_mlp_bs1", "gated_mlp_bs8", "rmsnorm_linear_bs1", "rmsnorm_linear_bs8"):
         assert rep["per_program"][case]["first_over_best"] == 1.0, case
-    run17 = sets["models_run17_h100_2315_onecard.json"]
+    # (run 17's rotary_attention rows are of kernels codegen 16 and 18 changed since: its two-kernel designs measured
+    # 33-40 us then, 19-25 in the sweep of 2026-11-27 22:10 UTC, now faster than the one-kernel design it measured
+    # fastest; held to that sweep instead, test_sweep_first_choices)
+    run17 = [e for e in sets["models_run17_h100_2315_onecard.json"] if e["case"] != "rotary_attention"]
     rep = calibrate_cost.report(run17, calibrate_cost.estimate(run17))
-    assert rep["first_over_best_geomean"] <= 1.021, rep["first_over_best_geomean"]
+    assert rep["first_over_best_geomean"] <= 1.022, rep["first_over_best_geomean"]
     assert rep["within_mean"] >= 0.64, rep["within_mean"]
     # run 18: measured after the re-rank, L2-cold ranking, flat kernels (its entries say so)
     run18 = sets["models_run18_h100_0210_subset.json"]
@@ -244,3 +247,53 @@ def test_pipeline_fill_is_chosen_leaving_each_program_out() -> None:
     held = calibrate_cost.lopo(doc["entries"], {}, "pipeline_fill", [0.0, H100.pipeline_fill])
     assert set(held["chosen"].values()) == {H100.pipeline_fill}
     assert held["dataset"]["within_mean"] >= 0.77, held["dataset"]
+
+
+def _sweep() -> dict:
+    return json.loads(calibrate_cost.SWEEP_DATASET.read_text())
+
+
+def test_sweep_dataset_is_todays_committed_candidates() -> None:
+    # rebuilt by calibrate_cost.py --regen from one device sweep (benchmarks/calibration_sweep.sh, H100 2026-11-27
+    # 22:10 UTC): every entry is a candidate of the committed candidate files, its estimate there the one recorded
+    import verimirage as vm
+
+    doc = _sweep()
+    assert {e["case"] for e in doc["entries"]} == set(vm.benchmarks.model_names())
+    assert len(doc["entries"]) >= 150 and set(doc["sets"]) == {"suite", "plans"}
+    for e in doc["entries"][:40]:
+        cands = json.loads((ROOT / calibrate_cost.CANDS / f"{e['case']}.json").read_text())["candidates"]
+        assert cands[e["rank"]]["mugraph"] == e["mugraph"]
+        assert abs(cands[e["rank"]]["cost_us"] - e["run_est_us"]) < 1e-6
+
+
+def test_sweep_figures_hold() -> None:
+    # the models set's pooled and within-program Spearman, and every set's first-ranked candidate's measured time over
+    # the best (models, the suite, 44 sampled capture-plan entries), at least what the model reached when the file
+    # was written (main's model before: 0.939 / 0.748, first/best models 1.036, suite 1.061, plans 1.072)
+    doc = _sweep()
+    rep = calibrate_cost.report(doc["entries"], calibrate_cost.estimate(doc["entries"]))
+    assert rep["pooled"] >= doc["spearman_floor"] >= 0.95, rep["pooled"]
+    assert rep["within_mean"] >= doc["within_floor"] >= 0.755, rep["within_mean"]
+    assert rep["first_over_best_geomean"] <= doc["first_over_best"]["models"] <= 1.025
+    for name, entries in doc["sets"].items():
+        r = calibrate_cost.report(entries, calibrate_cost.estimate(entries))
+        assert r["first_over_best_geomean"] <= doc["first_over_best"][name], (name, r["first_over_best_geomean"])
+    assert doc["first_over_best"]["suite"] <= 1.04 and doc["first_over_best"]["plans"] <= 1.066
+
+
+def test_sweep_first_choices() -> None:
+    # today's kernels (the sweep): rotary_attention's two-kernel design of 64-row attention tiles (19.3 us) first, not
+    # the one-kernel design of 128-row tiles (25.5, first on main: Hardware.chained_rows); the suite's mqa_bs1 keeps
+    # its fastest first (128 blocks of 64 rows, one an SM); lora_bs8's 64-row (wgmma) products first, not the 32-row
+    # mma.sync ones (5.3-5.7 us against 3.1-3.4, 1.69x on main: Hardware.mma_sync_slowdown)
+    doc = _sweep()
+    sets = {"models": doc["entries"], **doc["sets"]}
+
+    def first_over_best(name: str, case: str) -> float:
+        es = [e for e in sets[name] if e["case"] == case]
+        return float(calibrate_cost.report(es, calibrate_cost.estimate(es))["per_program"][case]["first_over_best"])
+
+    assert first_over_best("models", "rotary_attention") == 1.0
+    assert first_over_best("suite", "mqa_bs1") == 1.0
+    assert first_over_best("suite", "lora_bs8") <= 1.1

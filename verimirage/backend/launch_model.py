@@ -12,6 +12,7 @@ orchestrator (:mod:`verimirage.pipeline.pricing`) joins the two.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 from ..ir.graph import BlockGraph, Graph, Node, node_list
@@ -78,6 +79,17 @@ class TritonLaunches:
         """The warps :func:`.tuning.recommend` gives a kernel: 4 with ``tl.dot``; without, 8 for a largest tile of
         4,096 elements or more, else 4 (its 16 warps for tiles of 32,768 left out, as the cost model was fitted)."""
         return 4 if dots or largest_tile < 4096 else 8
+
+    def dot_launch(self, bg: BlockGraph, in_types: Sequence[TensorType]) -> tuple[int, int]:
+        """The rows :func:`.tuning.recommend` pads ``bg``'s ``tl.dot`` row operands to (``TileOptions.dot_min_m``:
+        16 for mma.sync at a product's own rows, 64 for wgmma) and the warps it gives ``bg``."""
+        return _dot_launch(bg, tuple(in_types))
+
+
+@functools.lru_cache(maxsize=4096)
+def _dot_launch(bg: BlockGraph, in_types: tuple[TensorType, ...]) -> tuple[int, int]:
+    c = recommend(bg, in_types)
+    return c.tiles.dot_min_m, c.num_warps
 
 
 #: The backend's launch model, which the orchestrator passes to the cost model.

@@ -298,9 +298,11 @@ for _name, _facts in _TABLE.items():
         OPS[_name].facts.setdefault(_k, _v)
 #: the registry's hooks that only the search and the backend read (:attr:`~.ops.OpDef.hooks`): ``uses_exp`` (exact
 #: through exp in the verifier's domains, 1 / (1 + exp(-x))), ``family_arg`` (the operand whose family the op's
-#: result has: prune), ``triton_needs`` (the lowering's padded-shape attribute)
+#: result has: prune), ``triton_needs`` (the lowering's padded-shape attribute), ``reorders_dims`` (its result is
+#: its operand's elements with the dims reordered: of a loaded tile, a strided load; the cost model's registers)
 _HOOKS: dict[str, dict[str, Any]] = {
     **{n: {"uses_exp": True} for n in ("sigmoid", "tanh", "silu")}, "rms_norm": {"family_arg": 0},
+    **{n: {"reorders_dims": True} for n in ("permute", "transpose")},
     "rescaled_sum": {"family_arg": 1}, **{n: {"triton_needs": ("_padded",)} for n in ("concat", "reshape",
                                                                                       "broadcast_to", "slice")}}
 for _name, _h in _HOOKS.items():

@@ -30,9 +30,11 @@ from H100/H200 measurements (benchmarks/perf/NOTES.md):
   infeasible (227 KB on an H100), and each loop iteration costs a little
   fixed time. So is a kernel the backend cannot launch within that limit under any configuration
   (:meth:`LaunchModel.min_smem`; the Triton backend's: one stage, 16-row ``tl.dot`` padding);
-* a for-loop whose live tiles need more registers than ``loop_registers`` per thread spills, and products
-  of rank-3 tiles with several batch elements run ``batched_dot_slowdown`` slower (mma.sync and layout
-  conversions instead of wgmma);
+* a for-loop whose live tiles need more registers than ``loop_registers`` per thread spills, a kernel with
+  ``tl.dot`` whose tiles, accumulators and mma.sync operands need more than ``register_budget`` words a thread
+  (:func:`register_words`, checked against sm_90 compile reports) spills too, products of rank-3 tiles with several
+  batch elements run ``batched_dot_slowdown`` slower (mma.sync and layout conversions instead of wgmma) and rank-2
+  products of fewer than 64 rows at the backend's row padding ``mma_sync_slowdown`` slower;
 * a program whose traffic fits in L2 finds part of it there when called again (``hot_l2``).
 
 What only the code generator knows (which elementwise kernels it emits flat, the block graph a kernel-level op
@@ -228,6 +230,45 @@ class Hardware:
     #: (1.047). A higher per-block rate for such kernels (45 GB/s: the one-block-a-row log_softmax streamed 128 KB a
     #: block in 4.1 us with its launch) ranked logsumexp's one-kernel design first, 1.21x its best in run 23: not taken
     stream_block_s: float = 5.0e-8
+    #: per-thread 32-bit words (:func:`register_words`: a kernel's tiles, accumulators and non-wgmma product operands)
+    #: beyond which a looped kernel with ``tl.dot`` of several rows spills to local memory and runs ``(words /
+    #: register_budget) ** spill_exponent`` slower (``batched_spill_exponent`` with a product of 16-bit rank-3 tiles of
+    #: several batch elements: mma.sync), on top of the loop law of ``loop_registers``. sm_90 allows 255 registers a
+    #: thread; the budget sits above it because the estimate runs up to ~20% high near the limit. Against sm_90
+    #: compile reports of 352 such kernels of committed designs (registers + stack bytes / 4, cuobjdump: Spearman
+    #: 0.88; 27 of the 29 estimated over 300 words spill, none of the 240 using at most 200 registers is estimated over;
+    #: benchmarks/results/models21_2026-11-27/regs_sm90.json, tests/test_cost_registers.py) and
+    #: the H100 sweep of 2026-11-27 22:10 UTC (same folder): the attention designs with two heads a block (rank-3
+    #: products, mma.sync, 1.1-7.5 KB of stack a thread) ran 7-115x their one-head designs (bias_attention's 2,219 us
+    #: against 18.8), priced 2.4x before (54.6 against 22.8 us), 26x now (600 us; causal_attention's 120 and 102 us
+    #: now 130 and 328, softcap's 132 now 334, all 31 before); 128 x 128 score tiles (0.3-0.7 KB of stack) ran 2-3x.
+    #: Not predicted: which kernels ptxas compiles with whole tiles on the stack at 32 registers (bias_attention's
+    #: 6.8 KB at 110x against causal's 1.1 KB at 7x, for the same estimate), nor one-step kernels (capture plan
+    #: medium #31's fp32 product, 8 KB of stack, 4.2x its alternative)
+    register_budget: float = 300.0
+    spill_exponent: float = 3.0
+    batched_spill_exponent: float = 6.0
+    #: a chained kernel (see ``chained_dot_slowdown``) is not charged for a lone block per SM while its products
+    #: have at most this many padded rows a warpgroup (four warps: one wgmma's 64); a block of more runs two row
+    #: tiles in turn through each product and its softmax, which nothing on its SM overlaps: its compute is charged
+    #: ``chained_wide_overlap`` blocks' overlap (H100 2026-11-27 22:10 UTC, benchmarks/results/models21_2026-11-27:
+    #: rotary_attention's one-kernel design, 128 blocks of 128 query rows at 4 warps, 25.5 us against 19.3 for the
+    #: two-kernel design's 256 blocks of 64 rows, ranked first before; the suite's mqa_bs1, 128 blocks of 64 rows,
+    #: still its fastest and first). Against 1 (no charge): the models set's first/best 1.036 -> 1.022, the stored
+    #: dataset's 1.045 -> 1.032; 2 (as other kernels) took their within-program Spearman 0.78 -> 0.75
+    chained_rows: int = 64
+    chained_wide_overlap: float = 1.4
+    #: a rank-2 ``tl.dot`` of 16-bit operands with fewer than 64 rows once padded to the backend's row padding
+    #: (:meth:`LaunchModel.dot_launch`: 16 for products of at most 32 rows in a K loop) runs on mma.sync, not wgmma:
+    #: its tensor-core work this much slower. H100 2026-11-27 22:10 UTC (benchmarks/results/models21_2026-11-27): the
+    #: suite's lora_bs8, 32-row tiles 5.3-5.7 us against 64-row 3.1-3.4; capture plan medium #56, a 512 x 1408 x 512
+    #: product, 32 x 64 tiles 6.91 us against 64 x 32 5.44 (#58 and #99 likewise), estimated the other way round
+    #: (#14 and #18, the same shapes, measured 4-5% the other way). Not for products of at most
+    #: ``mma_sync_free_rows`` rows, for which mma.sync's 16-row tile is the fit (wgmma would compute 64). Over the
+    #: sweep (against 1): the suite's first/best 1.061 -> 1.038 and within-program Spearman 0.724 -> 0.753, the
+    #: plans' first/best 1.073 -> 1.065 and within-entry Spearman 0.427 -> 0.475; the models set unchanged
+    mma_sync_slowdown: float = 3.0
+    mma_sync_free_rows: int = 16
 
 
 H100 = Hardware()
@@ -292,6 +333,11 @@ class LaunchModel(Protocol):
         with ``tl.dot`` or not (the threads its live tiles spread over, :func:`_spill`)."""
         ...
 
+    def dot_launch(self, bg: BlockGraph, in_types: Sequence[TensorType]) -> tuple[int, int]:
+        """The rows kernel ``bg``'s ``tl.dot`` row operands are padded to (at least 16; 64 makes a product of fewer rows
+        a wgmma one, :func:`_wgmma`) and the warps it is launched with."""
+        ...
+
 
 @dataclass(frozen=True)
 class Calibration:
@@ -350,7 +396,7 @@ def _pow2(n: int) -> int:
 def _roofline(nbytes: int, tc: int, other: int, blocks: int, smem: int, hw: Hardware, cal: Calibration,
               l2_bytes: int = 0, pad: float = 1.0, iterations: int = 0, hot: float = 0.0,
               serial: int = 0, in_flight: float = 0.0, reduce_its: int = 0, mem_pad: float | None = None,
-              reg_bytes: int = 0, chained: bool = False, stage: float = 0.0, prologue: int = 0,
+              reg_bytes: int = 0, chained: bool = False, stage: float = 0.0, prologue: int = 0, alone_ok: bool = False,
               stream: bool = False) -> KernelCost:
     # (``stage``: the bytes one iteration of a software-pipelined tl.dot loop loads, see Hardware.pipeline_fill)
     # compute: SMs left idle by the grid (or by a partial last wave) are lost, and so is the overlap of
@@ -361,7 +407,8 @@ def _roofline(nbytes: int, tc: int, other: int, blocks: int, smem: int, hw: Hard
         resident = max(1, min(resident, hw.register_file // reg_bytes))
     waves = max(1, math.ceil(blocks / hw.sms))
     util = blocks / (waves * hw.sms)
-    occupancy = 1.0 if chained else min(1.0, min(resident, math.ceil(blocks / hw.sms)) / max(1, hw.overlap_blocks))
+    overlap = 1.0 if alone_ok else hw.chained_wide_overlap if chained else hw.overlap_blocks
+    occupancy = min(1.0, min(resident, math.ceil(blocks / hw.sms)) / max(1.0, overlap))
     comp = pad * (tc / hw.tc_flops + other / hw.simt_flops) * cal.compute / max(util * occupancy, 1e-9)
     # memory: the blocks resident at once (shared memory limits them) stream in rounds; a round takes
     # the longer of one block's latency-bound stream and the round's bytes at the device bandwidth
@@ -430,6 +477,8 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
     streamed_rows, pre = _prologue_sums(bg)
     if not chunk:  # (rows loaded whole: their tiles count as any other)
         streamed_rows = set()
+    tl_dots = set(_tl_dots(bg, launch))
+    min_m = _dot_launch(bg, in_types, launch)[0] if tl_dots else 64
     for i, n in enumerate(bg.nodes):
         t = n.outs[0]
         reps = 1 if post[i] or pre[i] else its
@@ -464,7 +513,12 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
         if OPS[n.op].has(Prop.CONTRACTION):
             a = bg.nodes[n.args[0][0]].outs[n.args[0][1]]
             batched = math.prod(t.shape[:-2]) > 1 and min(t.shape[-2], t.shape[-1], a.shape[-1]) > 1
-            tc += 2 * t.numel * a.shape[-1] * reps * (hw.batched_dot_slowdown if batched else 1.0)
+            # (a rank-2 tl.dot of 16-bit operands that the backend's row padding leaves under wgmma's 64 rows:
+            # mma.sync, see Hardware.mma_sync_slowdown)
+            narrow = (not batched and hw.mma_sync_slowdown != 1.0 and a.dtype.itemsize == 2 and i in tl_dots
+                      and _pow2(t.shape[-2]) > hw.mma_sync_free_rows and not _wgmma(bg, i, min_m))
+            tc += 2 * t.numel * a.shape[-1] * reps * (hw.batched_dot_slowdown if batched else
+                                                      hw.mma_sync_slowdown if narrow else 1.0)
             smem_tmp = max(smem_tmp, t.numel * 4)
             dots = True
         else:
@@ -474,11 +528,24 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
             a0 = bg.nodes[n.args[0][0]].outs[n.args[0][1]] if n.args else t
             reducing = reducing or (not post[i] and not pre[i] and OPS[n.op].has(Prop.REDUCTION)
                                     and a0.numel > t.numel)
-    spill = (_spill(bg, [p or q for p, q in zip(post, pre, strict=True)], dots, hw, launch)
-             * _broadcast_spill(bg, hw, launch))
+    spill = _spill(bg, [p or q for p, q in zip(post, pre, strict=True)], dots, hw, launch)
+    # (a looped kernel with tl.dot of several rows: its registers, see register_words; one-row products, padded to 16
+    # rows, and one-step kernels (a whole row of 1,408 columns held as fp16 where the estimate counts fp32) are left
+    # to the loop law: their estimates ran 2-4x the compiled kernels' registers)
+    if hw.spill_exponent and bg.frange > 1 and tl_dots and all(bg.nodes[j].outs[0].shape[-2] > 1 for j in tl_dots):
+        batched16 = any(math.prod(bg.nodes[j].outs[0].shape[:-2]) > 1
+                        and bg.nodes[bg.nodes[j].args[0][0]].outs[bg.nodes[j].args[0][1]].dtype.itemsize == 2
+                        for j in tl_dots)
+        spill *= max(1.0, register_words(bg, in_types, launch) / hw.register_budget) ** (
+            hw.batched_spill_exponent if batched16 else hw.spill_exponent)
+    spill *= _broadcast_spill(bg, hw, launch)
     chained = dots and _chained(bg)  # see Hardware.chained_dot_slowdown
+    alone_ok = False
     if chained:
         tc *= hw.chained_dot_slowdown
+        groups = max(1, _dot_launch(bg, in_types, launch)[1] // 4)
+        rows = max((_pow2(bg.nodes[j].outs[0].shape[-2]) for j in tl_dots), default=0)
+        alone_ok = rows <= hw.chained_rows * groups
     written = 0.0
     for r, om, full in zip(bg.outputs, bg.omaps, out_types, strict=True):
         t = bg.type_of(r)
@@ -510,7 +577,8 @@ def block_cost(bg: BlockGraph, in_types: Sequence[TensorType], out_types: Sequen
                    _in_flight(bg, smem_walk, hw, launch) if dots else 0.0,
                    math.ceil(its) if reducing and not dots and bg.frange > 1 else 0, mem_pad, regs, chained,
                    float(smem_walk) if dots and bg.frange > 1 else 0.0,
-                   sum(math.ceil(bg.nodes[j].outs[0].shape[-1] / chunk) for j in streamed_rows), stream and not flat)
+                   sum(math.ceil(bg.nodes[j].outs[0].shape[-1] / chunk) for j in streamed_rows),
+                   stream=stream and not flat, alone_ok=alone_ok)
     # (the block graph's own tiles still say whether the kernel fits at all: the tiled form is the fallback)
     return dataclasses.replace(kc, smem=smem) if flat else kc
 
@@ -636,6 +704,148 @@ def _spill(bg: BlockGraph, post: Sequence[bool], dots: bool, hw: Hardware, launc
     threads = 32 * (launch.loop_warps(max(padded, default=0), dots) if launch is not None else 4)
     live = (acc + 2 * body) / threads
     return max(1.0, live / hw.loop_registers) ** 2
+
+
+def register_words(bg: BlockGraph, in_types: Sequence[TensorType], launch: LaunchModel | None = None
+                   ) -> float:
+    """32-bit words a thread of kernel ``bg`` needs for its tiles at the peak of its loop body (or of its one step),
+    over the threads of the warps the backend launches it with (:meth:`LaunchModel.dot_launch`; 4 without one): its
+    loop accumulators; the values computed before the loop that the loop reads (fp32; a computed wgmma row operand as
+    16-bit); the two largest tiles its body computes (a value and the one computed from it, fp32; a block input loaded
+    in the body counts as one unless it only feeds products); and the operands of the products: wgmma (:func:`_wgmma`)
+    reads loaded operands from shared memory and holds a computed row operand (attention's P) in registers, mma.sync
+    (a batch of several elements, fewer than 64 rows at the backend's row padding) holds both, the row operand
+    repeated over the warps along the columns and the column operand over the warps along the rows, and an fp32
+    product (no tensor cores) half of each. Products' outputs and accumulators count at their padded rows. Checked
+    against sm_90 compile reports (registers + stack bytes / 4): :attr:`Hardware.register_budget`."""
+    post = bg.post_loop()
+    _, pre = _prologue_sums(bg)
+    looped = bg.frange > 1
+    padded = [math.prod(_pow2(d) for d in n.outs[0].shape) if n.outs else 0 for n in bg.nodes]
+    min_m, warps = _dot_launch(bg, in_types, launch)
+    threads = 32 * warps
+    readers: dict[int, list[int]] = {}
+    for j, n in enumerate(bg.nodes):
+        for a, _ in n.args:
+            readers.setdefault(a, []).append(j)
+    wg = {j: _wgmma(bg, j, min_m) for j in _tl_dots(bg, launch)}
+    # loop-varying values (an input the loop walks, an accumulator, or computed from one); the others are computed
+    # once before the loop, and those a varying value reads are held across it
+    varying: list[bool] = []
+    for n in bg.nodes:
+        varying.append((n.attr("fmap") is not None) if n.op == "input" else
+                       n.op in LOOP_OPS or any(varying[a] for a, _ in n.args))
+    # a block input a product reads (itself or through permutes: strided loads) feeds it from memory: no fp32 tile
+    views: set[int] = set()
+    for j, n in enumerate(bg.nodes):
+        if OPS[n.op].hooks.get("reorders_dims") and (bg.nodes[n.args[0][0]].op == "input" or n.args[0][0] in views):
+            views.add(j)
+
+    def to_dots(j: int) -> bool:
+        used = readers.get(j, [])
+        return bool(used) and all(u in wg or (u in views and to_dots(u)) for u in used)
+
+    acc = 0.0
+    held = 0.0
+    body: list[float] = []
+    operands = 0.0
+    for j, n in enumerate(bg.nodes):
+        words = float(padded[j])  # (fp32 in registers)
+        if j in wg and n.outs[0].rank >= 2:  # (a product's rows padded to the backend's row padding)
+            words *= max(1, min_m // _pow2(n.outs[0].shape[-2]))
+        if n.op in LOOP_OPS:
+            a = n.args[0][0] if n.args else j
+            acc += words * (max(1, min_m // _pow2(n.outs[0].shape[-2])) if a in wg and n.outs[0].rank >= 2 else 1)
+            continue
+        if post[j] or pre[j]:
+            continue
+        used = readers.get(j, [])
+        if looped and not varying[j]:
+            if any(varying[u] and not wg.get(u) for u in used):
+                held += words  # (read in the loop, not as a wgmma operand only)
+            elif any(varying[u] for u in used) and n.op != "input":
+                held += words / 2  # (a computed wgmma row operand, held as 16-bit)
+            continue
+        if n.op == "input" or j in views:
+            if to_dots(j):
+                continue  # (a product's operand only: shared memory for wgmma, counted below for mma.sync)
+            if n.op == "input":
+                body.append(words)
+            continue
+        body.append(words)
+        if j in wg:
+            ta, tb = (bg.nodes[x].outs[k] for x, k in n.args[:2])
+            pa = float(math.prod(_pow2(d) for d in ta.shape))
+            pb = float(math.prod(_pow2(d) for d in tb.shape))
+            depth = _pow2(ta.shape[-1])
+            half = min(1.0, ta.dtype.itemsize / 4)
+            if wg[j]:
+                if bg.nodes[n.args[0][0]].op != "input":
+                    operands += half * pa / threads
+                continue
+            if ta.dtype.itemsize > 2:  # (fp32: no tensor cores, a blocked layout: half of each operand at once)
+                operands += (pa + pb) / threads / 2
+                continue
+            # (mma.sync's operands are read from shared memory a K slice at a time: at most MMA_K_SLICE of them live)
+            slice_ = min(1.0, MMA_K_SLICE / depth)
+            pa, pb = pa * slice_, pb * slice_
+            batch = math.prod(_pow2(d) for d in n.outs[0].shape[:-2])
+            wb = min(warps, batch)
+            wm = min(warps // wb, max(1, _pow2(n.outs[0].shape[-2]) // 16))
+            wn = max(1, min(warps // (wb * wm), _pow2(n.outs[0].shape[-1]) // 8))
+            # (the row operand split over the warps along the batch and the rows, the column operand over those along
+            # the batch and the columns; warps left over hold copies)
+            operands += half * pa / (32 * wb * wm) + half * pb / (32 * wb * wn)
+    body.sort(reverse=True)
+    return (acc + held + sum(body[:2])) / threads + operands
+
+
+#: the contraction depth of an mma.sync product's operand tiles that :func:`register_words` counts as held at once
+#: (Triton reads them from shared memory in slices along K): sm_90 compile reports, one-step products of 8-16 rows
+#: 1,024-1,408 deep at 168-204 registers a thread without stack (benchmarks/results/models21_2026-11-27/regs_sm90.json)
+MMA_K_SLICE = 64
+
+
+def _tl_dots(bg: BlockGraph, launch: LaunchModel | None) -> list[int]:
+    """The products of ``bg`` the backend lowers to ``tl.dot`` (the others, a broadcast multiply and a sum: see
+    :func:`_broadcast_spill`)."""
+    row_dot = launch.row_dot_max_k if launch is not None else 0
+    out = []
+    for j, n in enumerate(bg.nodes):
+        if not OPS[n.op].has(Prop.CONTRACTION):
+            continue
+        a = bg.nodes[n.args[0][0]].outs[n.args[0][1]]
+        t = n.outs[0]
+        if a.rank < 2 or t.rank < 2:
+            continue
+        m, k, nn = a.shape[-2], a.shape[-1], t.shape[-1]
+        if (m > 1 and k > 1 and nn > 1) or (m == 1 and k > 1 and nn > 1 and 16 <= _pow2(k) <= row_dot
+                                             and _pow2(nn) >= 16):
+            out.append(j)
+    return out
+
+
+def _dot_launch(bg: BlockGraph, in_types: Sequence[TensorType], launch: LaunchModel | None) -> tuple[int, int]:
+    """The rows the backend pads ``bg``'s products' row operands to and its warps (:meth:`LaunchModel.dot_launch`;
+    64 and 4 without one, the code generator's defaults)."""
+    if launch is None:
+        return 64, 4
+    try:
+        return launch.dot_launch(bg, in_types)
+    except Exception:  # a kernel codegen cannot lower: the lowering reports that, not the cost model
+        return 64, 4
+
+
+def _wgmma(bg: BlockGraph, j: int, min_m: int) -> bool:
+    """Whether product ``j`` of ``bg`` runs on wgmma (sm_90's asynchronous tensor-core product, operands in shared
+    memory): no batch of several elements, at least 64 rows once padded to ``min_m``, 16-bit operands (fp32 ones are
+    computed without tensor cores at the code generator's "ieee" precision)."""
+    n = bg.nodes[j]
+    a = bg.nodes[n.args[0][0]].outs[n.args[0][1]]
+    t = n.outs[0]
+    if math.prod(t.shape[:-2]) > 1 or a.dtype.itemsize > 2:
+        return False
+    return max(_pow2(t.shape[-2]), min_m) >= 64 if t.rank >= 2 else False
 
 
 def _broadcast_spill(bg: BlockGraph, hw: Hardware, launch: LaunchModel | None = None) -> float:
