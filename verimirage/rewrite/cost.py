@@ -772,7 +772,9 @@ def register_words(bg: BlockGraph, in_types: Sequence[TensorType], launch: Launc
             if n.op == "input":
                 body.append(words)
             continue
-        body.append(words)
+        if not (j in wg and used and all(OPS[bg.nodes[u].op].has(Prop.LOOP) and not OPS[bg.nodes[u].op].has(
+                Prop.BROADCAST) and len(bg.nodes[u].args) == 1 for u in used)):
+            body.append(words)  # (a product summed by the loop, a K loop's, computes into its accumulator's registers)
         if j in wg:
             ta, tb = (bg.nodes[x].outs[k] for x, k in n.args[:2])
             pa = float(math.prod(_pow2(d) for d in ta.shape))
