@@ -15,6 +15,10 @@ The maximum rule's normaliser (``exp_shifts.positive``) summed every exp an ``ad
 ``(sum e_x + e_v) + -e_v`` counted as summing ``e_v``, so an over-shift by ``max(1000 t)`` passed the labels (the
 structural check refused it by another rule). A sum now counts its exps only where each term is >= 0.
 
+A flagged candidate past the near-constant limit was evaluated on a twin of 16 of its rows (``row_twin``), a
+reduction over the rows shrunk with it: a one-pass variance over a batch's 16,384 rows passed at 16 (it is 1e4 times
+the source's error at 256). A twin whose shortened reduction feeds an ``add`` or a ``sub`` is no twin now.
+
 Normaliser (``smt.expr.p_sum``, sum-shift): a sum over ``b`` whose body reads ``x[b + 4 a]`` inside a sum over ``a``
 (an index the inner sum binds and did not shift, its coefficient not 1) was shifted by the offset ``4 a``: the outer
 sum's bounds named the inner sum's bound index, out of its scope (``sum(sum(reshape(x, (3, 4)), 0))`` normalised to
@@ -197,3 +201,38 @@ def test_fp_check_took_a_normaliser_whose_term_a_negation_cancels_as_summing_it(
     assert exp_shifts(small) == ["sum", "sum"]
     why = SafetyChecker(_scaled_softmax(4096, 1024)).structural(_cancelled(4096, 1024))
     assert why is not None, why
+
+
+def _batch_norm(n: int, one_pass: bool, project: bool) -> Any:
+    """Each column of ``x`` (n rows of 256, fp16) normalised over the rows (a batch's statistics) in two passes, or
+    in one (``one_pass``: mean(x^2) - mean(x)^2, a μGraph); ``project``: then times a 256 x 256 weight."""
+    g = vm.Graph()
+    x = g.input("x", (n, 256), vm.float16)
+    m = g.mean(x, axis=0)
+    c = g.sub(x, m)
+    var = g.sub(g.mean(g.mul(x, x), axis=0), g.mul(m, m)) if one_pass else g.mean(g.mul(c, c), axis=0)
+    y = g.mul(c, g.rsqrt(g.shift(var, 1e-5)))
+    if project:
+        y = g.matmul(y, g.input("w", (256, 256), vm.float16))
+    g.output(y)
+    return vm.MuGraph.from_graph(g) if one_pass else g
+
+
+def test_fp_check_evaluated_a_reduction_over_the_rows_on_a_16_row_twin() -> None:
+    """Past the near-constant limit a flagged candidate is evaluated on a twin of 16 of the program's rows
+    (``row_twin``: every dimension of the row count shrunk); a reduction over the rows shrinks with it. A one-pass
+    variance over a batch's rows (16,384 of them, then a projection: 2.1e9 flops) was evaluated at 16 rows, where it
+    passes, and accepted; at 256 rows the whole check already finds it 1e4 times the source's error. A twin whose
+    shortened reduction (an op's, a product's, a kernel loop's) feeds an ``add`` or a ``sub`` is now no twin (a loss's
+    mean over the rows, taken last, still shrinks: cross_entropy_prefill's candidates keep their twins)."""
+    from verimirage.pipeline.fpsafe import row_twin
+
+    why = SafetyChecker(_batch_norm(256, False, False)).check(_batch_norm(256, True, False))
+    assert why is not None and "times the source's" in why, why
+    assert SafetyChecker(_batch_norm(16, False, False)).check(_batch_norm(16, True, False)) is None  # (blind at 16)
+    src, cand = _batch_norm(16384, False, True), _batch_norm(16384, True, True)
+    checker = SafetyChecker(src)
+    assert not checker.numeric and not checker.near_at_size
+    assert row_twin(src, cand) is None
+    why = checker.check(cand)
+    assert why is not None and "no twin of fewer rows" in why, why
