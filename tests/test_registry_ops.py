@@ -186,6 +186,10 @@ ALLOWED = {
                                         "each exp's inputs (the fp check's rules against matmul-add-factor's summed "
                                         "weights, matmul-assoc's product of weights and exp-sub's exps of parts of "
                                         "a difference; red teams 15, 16)",
+    ("pipeline/fpsafe.py", "_reduced"): "a product's contraction and a kernel's loop are reductions too: the fp "
+                                        "check's row twin shortens none that a difference reads (red team 21)",
+    ("pipeline/fpsafe.py", "_shrunk_difference.step"): "an add or sub reading a reduction the row twin shortened "
+                                                       "(red team 21)",
     ("rewrite/floor.py", "_floored_block"): "finds the block max a running max reads (directly or through maximum) "
                                             "to floor a stored candidate's online softmax as the lowering now does "
                                             "(red team 17)",
