@@ -4,7 +4,7 @@
     python benchmarks/layer.py plan    [--cases ...] [--small] [--out DIR]   # the region search, unverified
     python benchmarks/layer.py prove   [--cases ...] [--candidates DIR] [--cert DIR]  # verify a plan (no egglog)
     python benchmarks/layer.py check   [--cases ...] [--candidates DIR]      # CPU: interpreter vs float64
-    python benchmarks/layer.py regroup --cases CASE --from-cert CERT --nodes A-B --cert OUT  # regions as one
+    python benchmarks/layer.py regroup --cases CASE --from-cert CERT --nodes A-B --cert OUT [--alternatives N]
     python benchmarks/layer.py gpu     [--cases ...] [--candidates DIR] [--out DIR] [--no-inductor]
 
 ``prepare`` (a CPU machine) superoptimizes each case's kernel graph
@@ -194,7 +194,9 @@ def prove(case: str, small: bool, directory: Path, cert_dir: Path | None, *,
 
 
 def regroup(case: str, small: bool, directory: Path, cert_in: Path, members: list[int], cert_out: Path, *,
-            time_budget_s: float = 120.0, verify_timeout_s: float = 300.0) -> dict[str, Any]:
+            time_budget_s: float = 120.0, verify_timeout_s: float = 300.0, alternatives: int = 0,
+            grids: list[int] | None = None, franges: list[int] | None = None,
+            max_splits: int | None = None) -> dict[str, Any]:
     """Re-search a composed candidate with some of its regions as one: the regions of ``cert_in`` (a composed
     certificate of ``case``) whose nodes lie in ``members`` (graph node indices) become one region, searched whole
     (``vm.superoptimize``, ``split="never"``: a fusion across the boundaries the region split drew, e.g. an
@@ -202,16 +204,20 @@ def regroup(case: str, small: bool, directory: Path, cert_in: Path, members: lis
     q, k and v projections' rotary regions, as one region per connected part: the k projection's split-K combine
     with its rotary), its best μGraph verified against it; the others keep their μGraphs and certificates. The
     composition is re-certified (``cert_out``, with its Triton digest) and re-checked (``vm.check_certificate``),
-    checked for floating-point safety, and put first in ``DIR/<case>.json`` (the other candidates after it)."""
-    from verimirage.backend.tuning import triton_digest
+    checked for floating-point safety, and put first in ``DIR/<case>.json`` (the other candidates after it).
+
+    ``alternatives`` > 0: ``members`` may be one region (a connected one): its ``alternatives`` best verified
+    candidates (the search's best structure and its ``variants``: the same grids, other loop ranges; best by cost
+    first, the region's own μGraph skipped) each make a composition, certified as ``cert_out`` with ``_alt<k>``
+    before its suffix and appended to the file's candidates (for the GPU to rank: the cost model ranks such
+    siblings least reliably). ``grids`` / ``franges`` / ``max_splits``: the search's allowed per-axis block counts,
+    loop ranges and most KV splits (``SearchOptions.grids`` / ``franges`` / ``max_splits``)."""
     from verimirage.ir.graph import MuGraph, node_list
-    from verimirage.pipeline.fpsafe import SafetyChecker
-    from verimirage.pipeline.pricing import cost
     from verimirage.rewrite.partition import connected_parts
     from verimirage.rewrite.rules import UNPROVED_BUILTINS
     from verimirage.smt.certificate import Certificate, ComposedCertificate
-    from verimirage.smt.certify import make_certificate, make_composed_certificate, read_certificate
-    from verimirage.smt.glue import compose, region_of
+    from verimirage.smt.certify import make_certificate, read_certificate
+    from verimirage.smt.glue import region_of
     from verimirage.smt.verify import Verifier
 
     g = get_layer(case, small)
@@ -219,11 +225,12 @@ def regroup(case: str, small: bool, directory: Path, cert_in: Path, members: lis
     if not isinstance(old, ComposedCertificate) or old.graph_text != str(g):
         raise ValueError(f"{cert_in}: not a composed certificate of {case}")
     want = set(members)
-    regions, mgs, subs, merged = [], [], [], []
+    regions, mgs, subs, merged, own = [], [], [], [], []
     for r in old.regions:
         sub = Certificate.from_json(json.dumps(old.certificates[r["certificate"]]))
         if set(r["nodes"]) <= want:
             merged.append(r["nodes"])
+            own.append(sub.mugraph_text)
             if len(merged) > 1:
                 continue
             regions.append(None)
@@ -234,39 +241,94 @@ def regroup(case: str, small: bool, directory: Path, cert_in: Path, members: lis
         mgs.append(MuGraph.parse(sub.mugraph_text))
         subs.append(sub)
     nodes = sorted(i for ns in merged for i in ns)
-    if len(merged) < 2 or set(nodes) != want:
-        raise ValueError(f"{case}: nodes {sorted(want)} are not a union of two or more of the candidate's regions")
+    if len(merged) < (1 if alternatives else 2) or set(nodes) != want:
+        raise ValueError(f"{case}: nodes {sorted(want)} are not a union of "
+                         f"{'one or more' if alternatives else 'two or more'} of the candidate's regions")
     # each connected part of the union its own region, searched whole (the normal search by regions splits a region
     # into its connected parts too: one kernel over unrelated parts has no grid axis they share)
     parts = connected_parts(node_list(g), nodes)
+    if alternatives and len(parts) > 1:
+        raise ValueError(f"{case}: alternatives of a union of {len(parts)} connected parts (one part only)")
     t0 = time.perf_counter()
-    made, found = [], []
+    made: list[list[Any]] = []  # per part: its verified (region, μGraph, certificate, found), best first
     for part in parts:
         reg = region_of(g, part)
-        res = vm.superoptimize(reg.graph, top_k=1, time_budget_s=time_budget_s, cache=False, split="never",
-                               verify_timeout_s=verify_timeout_s)
-        if res.best is None:
-            raise ValueError(f"{case}: no verified candidate for the merged region's part {part[0]}..{part[-1]}")
-        mg = res.best.mugraph
-        v = Verifier(reg.graph).check(mg, timeout_s=verify_timeout_s)
-        if not v.proved:
-            raise ValueError(f"{case}: the merged region's μGraph is not proved: {v.reason}")
-        rules = [x for x in res.best.rules if x not in UNPROVED_BUILTINS]
-        trusted = [x for x in res.best.rules if x in UNPROVED_BUILTINS]
-        made.append((reg, mg, make_certificate(reg.graph, mg, v, rules, trusted, timeout_s=verify_timeout_s)))
-        found.append(f"{part[0]}..{part[-1]}: {mg.num_kernels} kernel(s), {cost(mg).time_s * 1e6:.1f} us est. "
-                     f"({', '.join(res.best.rules)})")
+        res = vm.superoptimize(reg.graph, top_k=1, variants=max(0, alternatives - 1), time_budget_s=time_budget_s,
+                               grids=tuple(grids) if grids else None, franges=tuple(franges) if franges else None,
+                               **({"max_splits": max_splits} if max_splits else {}),
+                               cache=False, split="never", verify_timeout_s=verify_timeout_s)
+        got = []
+        for cand in res.candidates:
+            mg = cand.mugraph
+            if not getattr(cand.verdict, "proved", False) or (alternatives and str(mg) in own):
+                continue
+            v = Verifier(reg.graph).check(mg, timeout_s=verify_timeout_s)
+            if not v.proved:
+                raise ValueError(f"{case}: the merged region's μGraph is not proved: {v.reason}")
+            rules = [x for x in cand.rules if x not in UNPROVED_BUILTINS]
+            trusted = [x for x in cand.rules if x in UNPROVED_BUILTINS]
+            found = (f"{part[0]}..{part[-1]}: {mg.num_kernels} kernel(s), {cost_us(mg):.1f} us est. "
+                     f"({', '.join(cand.rules)})")
+            got.append((reg, mg, make_certificate(reg.graph, mg, v, rules, trusted, timeout_s=verify_timeout_s), found))
+            if len(got) >= max(1, alternatives):
+                break
+        if not got:
+            raise ValueError(f"{case}: no verified candidate for the merged region's part {part[0]}..{part[-1]}"
+                             + (" other than its own μGraph" if alternatives else ""))
+        made.append(got)
     at = regions.index(None)
-    regions[at:at + 1] = [r for r, _, _ in made]
-    mgs[at:at + 1] = [m for _, m, _ in made]
-    subs[at:at + 1] = [c for _, _, c in made]
+    path = _file(directory, case, small)
+    doc = json.loads(path.read_text())
+    picks = [[m[0] for m in made]] if not alternatives else [[m] for m in made[0]]
+    for k, pick in enumerate(picks):
+        regs, mgs_k, subs_k = list(regions), list(mgs), list(subs)
+        regs[at:at + 1] = [r for r, _, _, _ in pick]
+        mgs_k[at:at + 1] = [m for _, m, _, _ in pick]
+        subs_k[at:at + 1] = [c for _, _, c, _ in pick]
+        out = cert_out if not alternatives else cert_out.with_name(f"{cert_out.stem}_alt{k}{cert_out.suffix}")
+        how = (f"regroup{f', as its {len(parts)} connected parts' if len(parts) > 1 else ''}" if not alternatives
+               else f"regroup, its alternative {k}")
+        entry = _certified_composition(case, g, regs, mgs_k, subs_k, nodes, how, out)
+        found = "; ".join(f for _, _, _, f in pick)
+        if alternatives:
+            doc["candidates"].append(entry)
+            doc["report"] += (f"\nregroup: candidate {len(doc['candidates']) - 1} is {cert_in.name}'s composition "
+                              f"with region {nodes[0]}..{nodes[-1]} re-searched, its alternative {k} (searched in "
+                              f"{time.perf_counter() - t0:.1f} s): {found}; certificate {out}")
+        else:
+            doc["candidates"].insert(0, entry)
+            doc["report"] += (f"\nregroup: candidate 0 is the former candidate 0 ({cert_in.name}) with regions "
+                              f"{merged} as one region {nodes[0]}..{nodes[-1]}, searched whole in "
+                              f"{time.perf_counter() - t0:.1f} s ({len(parts)} connected part(s)): {found}; "
+                              f"certificate {out}")
+        log.info("%s: regrouped %s -> %d kernels, %.1f us est.", case, merged, entry["kernels"], entry["cost_us"])
+    path.write_text(json.dumps(doc, indent=1))
+    return doc
+
+
+def cost_us(mg: Any) -> float:
+    """The cost model's estimate of ``mg`` in µs."""
+    from verimirage.pipeline.pricing import cost
+
+    return float(cost(mg).time_s * 1e6)
+
+
+def _certified_composition(case: str, g: Any, regions: list[Any], mgs: list[Any], subs: list[Any], nodes: list[int],
+                           how: str, cert_out: Path) -> dict[str, Any]:
+    """The regions' μGraphs composed, checked for floating-point safety, certified (``cert_out``, with the Triton
+    digest) and re-checked; its candidate entry."""
+    from verimirage.backend.tuning import triton_digest
+    from verimirage.pipeline.fpsafe import SafetyChecker
+    from verimirage.pipeline.pricing import cost
+    from verimirage.smt.certify import make_composed_certificate
+    from verimirage.smt.glue import compose
+
     composed = compose(g, regions, mgs)
     unsafe = SafetyChecker(g, 0).check(composed)
     if unsafe is not None:
         raise ValueError(f"{case}: the composition is not floating-point safe: {unsafe}")
     reason = (f"by regions: {len(regions)} region μGraph(s) each proved against its region, the composition by its "
-              f"glue (congruence); region {nodes[0]}..{nodes[-1]} re-searched whole (regroup"
-              f"{f', as its {len(parts)} connected parts' if len(parts) > 1 else ''})")
+              f"glue (congruence); region {nodes[0]}..{nodes[-1]} re-searched whole ({how})")
     cert = make_composed_certificate(g, regions, subs, reason, triton_digest(composed))
     cert_out.parent.mkdir(parents=True, exist_ok=True)
     cert.save(cert_out)
@@ -274,19 +336,9 @@ def regroup(case: str, small: bool, directory: Path, cert_in: Path, members: lis
     if not isinstance(verdict, vm.Proved):
         raise ValueError(f"{case}: the regrouped certificate does not re-check: {verdict}")
     c = cost(composed)
-    path = _file(directory, case, small)
-    doc = json.loads(path.read_text())
     rules_all = sorted({x for s in subs for x in s.rules})
-    doc["candidates"].insert(0, {"mugraph": str(composed), "kernels": composed.num_kernels, "cost_us": c.time_s * 1e6,
-                                 "bytes": c.bytes, "rules": rules_all, "verdict": f"Proved: {reason}"})
-    doc["report"] += (f"\nregroup: candidate 0 is the former candidate 0 ({cert_in.name}) with regions "
-                      f"{merged} as one region {nodes[0]}..{nodes[-1]}, searched whole in "
-                      f"{time.perf_counter() - t0:.1f} s ({len(parts)} connected part(s)): {'; '.join(found)}; "
-                      f"certificate {cert_out}")
-    path.write_text(json.dumps(doc, indent=1))
-    log.info("%s: regrouped %s -> %d kernels, %.1f us est.; %s", case, merged, composed.num_kernels,
-             c.time_s * 1e6, verdict)
-    return doc
+    return {"mugraph": str(composed), "kernels": composed.num_kernels, "cost_us": c.time_s * 1e6, "bytes": c.bytes,
+            "rules": rules_all, "verdict": f"Proved: {reason}"}
 
 
 def load(directory: Path, case: str, small: bool) -> tuple[vm.Graph, list[Any], dict[str, Any]]:
@@ -825,6 +877,13 @@ def main() -> int:
     ap.add_argument("--window-ops", type=int, default=WINDOW_OPS,
                     help="prepare, plan: also search runs of three regions of at most this many ops as one (0: off)")
     ap.add_argument("--nodes", default=None, help="regroup: graph nodes (a-b ranges, commas) to search as one region")
+    ap.add_argument("--alternatives", type=int, default=0,
+                    help="regroup: append this many best verified designs of one region (its own skipped)")
+    ap.add_argument("--grids", type=int, nargs="*", default=None,
+                    help="regroup: the search's allowed per-axis block counts (default: all)")
+    ap.add_argument("--franges", type=int, nargs="*", default=None,
+                    help="regroup: the search's allowed loop ranges (default: all)")
+    ap.add_argument("--max-splits", type=int, default=None, help="regroup: the search's most KV splits")
     ap.add_argument("--no-inductor", action="store_true")
     ap.add_argument("--no-per-op", action="store_true", help="gpu: skip the one-kernel-per-op program")
     ap.add_argument("--sweep-configs", nargs="*", default=None,
@@ -870,7 +929,8 @@ def main() -> int:
             ap.error("regroup needs one case, --from-cert, --cert and --nodes")
         span = [range(int(a), int(b or a) + 1) for a, _, b in (x.partition("-") for x in args.nodes.split(","))]
         regroup(args.cases[0], small, args.candidates, args.from_cert, [i for r in span for i in r], args.cert,
-                time_budget_s=args.time_budget_s, verify_timeout_s=args.verify_timeout_s)
+                time_budget_s=args.time_budget_s, verify_timeout_s=args.verify_timeout_s,
+                alternatives=args.alternatives, grids=args.grids, franges=args.franges, max_splits=args.max_splits)
         return 0
     if args.mode == "check":
         rows = [r for c in args.cases for r in check(c, args.candidates)]

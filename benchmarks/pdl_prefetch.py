@@ -19,7 +19,8 @@ the code generator's options, all in one process on the same inputs:
 - ``gemv``: (stages, warps) for every weight-streaming few-row product loop (a stand-in for the tuning rules),
 - ``edit``: experiment-only retilings of decode_bs1's candidate 0 (:data:`EDITS`, not verified; outputs still
   checked against float64),
-- ``merge`` / ``pdl``: merged launches off, PDL off.
+- ``merge`` / ``pdl``: merged launches off, PDL off,
+- ``cN`` (any N): the case's committed candidate N at the code generator's defaults.
 
 ``--kernels`` also times each kernel of those variants on its own (PDL off, launched apart, the profiler's medians).
 The variants of session 19 (``main18`` ... ``n64_apart``) ran before the defaults they name changed: their rows in
@@ -37,6 +38,7 @@ import argparse
 import datetime
 import json
 import logging
+import re
 import statistics
 import sys
 import time
@@ -336,6 +338,9 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    for v in args.variants:  # ``cN``: the case's committed candidate N at the defaults (any N)
+        if re.fullmatch(r"c\d+", v) and v not in VARIANTS:
+            VARIANTS[v] = _d(cand=int(v[1:]))
     bad = [v for v in args.variants if v not in VARIANTS]
     if bad:
         ap.error(f"unknown variants {bad}; expected some of {list(VARIANTS)}")

@@ -211,6 +211,35 @@ def test_layer_regroup_searches_regions_as_one_and_recertifies(tmp_path: Path) -
         h.regroup("decode_bs1", True, tmp_path, cert, nodes[1:], tmp_path / "d.json")
 
 
+def test_layer_regroup_alternatives_append_other_verified_designs_of_one_region(tmp_path: Path) -> None:
+    # benchmarks/layer.py regroup --alternatives: one region of the small certificate (the last: the second norm, the
+    # gated FFN and the residual) re-searched on its own, its next verified designs (the region's own μGraph
+    # skipped) appended after the file's candidates, each composition certified and re-checked inside regroup, each
+    # certificate's μGraph its candidate's; none equal to an existing candidate
+    import shutil
+
+    from verimirage.ir.graph import node_list
+
+    h = _harness()
+    cert = ROOT / "proofs" / "layer_decode_bs1_small.json"
+    shutil.copy(CANDIDATES / "decode_bs1_small.json", tmp_path / "decode_bs1_small.json")
+    before = json.loads((tmp_path / "decode_bs1_small.json").read_text())["candidates"]
+    ops = node_list(vm.benchmarks.get_layer("decode_bs1", small=True))
+    nodes = json.loads(cert.read_text())["regions"][-1]["nodes"]
+    assert [ops[i].op for i in nodes].count("matmul") == 3
+    doc = h.regroup("decode_bs1", True, tmp_path, cert, nodes, tmp_path / "c.json", time_budget_s=60.0,
+                    alternatives=2)
+    new = doc["candidates"][len(before):]
+    assert doc["candidates"][:len(before)] == before and 1 <= len(new) <= 2
+    texts = [c["mugraph"] for c in before]
+    for k, c in enumerate(new):
+        assert c["mugraph"] not in texts and c["verdict"].startswith("Proved")
+        assert json.loads((tmp_path / f"c_alt{k}.json").read_text())["mugraph_text"] == c["mugraph"]
+        texts.append(c["mugraph"])
+    with pytest.raises(ValueError, match="not a union of one or more"):
+        h.regroup("decode_bs1", True, tmp_path, cert, [*nodes, max(nodes) + 100], tmp_path / "d.json", alternatives=1)
+
+
 @pytest.mark.parametrize("case", ["decode_bs1", "decode_bs8"])
 def test_layer_norm_prologue_candidates_are_for_this_graph_and_certified(case: str) -> None:
     # the session-12 full-size candidates (the FFN's norm in the gate/up prologue; not the defaults until timed):

@@ -4,6 +4,8 @@ composition verified against the whole program (the glue included), with the who
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -415,3 +417,105 @@ def test_window_ops_is_an_option_that_keys_the_cache_only_when_on() -> None:
     assert SearchOptions(window_ops=24).cache_fields(None)["window_ops"] == 24
     with pytest.raises(ValueError, match="window_ops"):
         SearchOptions(window_ops=-1)
+
+
+def _unrelated_pair_program() -> tuple[vm.Graph, dict[str, int]]:
+    """``a = X @ W``, ``d = Z @ V``, ``c = exp(Y)``, ``b = relu(a)`` in that order: regions [a], [d], [c], [b] to
+    start with, so the neighbour pass searches {c, b} (two unrelated ops) as one region and never {a, b}."""
+    g = vm.Graph()
+    x = g.input("X", (16, 16), vm.float16)
+    w = g.input("W", (16, 16), vm.float16)
+    y = g.input("Y", (16, 16), vm.float16)
+    z = g.input("Z", (16, 16), vm.float16)
+    v = g.input("V", (16, 16), vm.float16)
+    a = g.matmul(x, w)
+    d = g.matmul(z, v)
+    c = g.exp(y)
+    b = g.relu(a)
+    g.output(b, c, d)
+    at = {n.op: i for i, n in enumerate(node_list(g)) if n.op not in ("input", "matmul")}
+    return g, {**at, "a": a.ref[0], "d": d.ref[0]}
+
+
+#: the stand-in's prices (s) of one connected part, by its ops: a matmul a kernel, with its epilogue too
+_ALONE = {("matmul",): 1.0, ("exp",): 1.0, ("relu",): 1.0, ("matmul", "relu"): 1.0, ("exp", "matmul"): 1.0}
+
+
+def _priced_by_parts(alone: dict[tuple[str, ...], float], zipped: dict[tuple[tuple[str, ...], ...], float]) -> Any:
+    """A stand-in search pricing a region by its connected parts (ops linked by reading one another): each part at
+    ``alone[its sorted ops]``; several parts at ``zipped[their sorted op tuples]`` where listed (one kernel over
+    them), else at their sum plus 1 (searched whole, unrelated parts have no grid axis they share)."""
+    from verimirage.rewrite.partition import connected_parts
+
+    def search(rg: vm.Graph) -> tuple[MuGraph, float, str, tuple[str, ...]]:
+        nodes = node_list(rg)
+        ops = [i for i, n in enumerate(nodes) if n.op != "input"]
+        parts = tuple(sorted(tuple(sorted(nodes[i].op for i in p)) for p in connected_parts(nodes, ops)))
+        est = zipped.get(parts, sum(alone[p] for p in parts) + (1.0 if len(parts) > 1 else 0.0))
+        return MuGraph.from_graph(rg), est, "stand-in", ()
+    return search
+
+
+def _assert_regions(g: vm.Graph, out: Any, want: list[list[int]], cost_us: float, how: str, merged: int) -> None:
+    """``out`` (a split search's outcome) has the regions ``want`` (node lists, any order) at ``cost_us`` in all,
+    ``merged`` of their reports saying ``how``, and composes to the program (float64)."""
+    regions = sorted(sorted(r.nodes) for r in out.regions)
+    assert regions == sorted(sorted(w) for w in want), regions
+    assert sum(r.cost_us for r in out.reports) == pytest.approx(cost_us)
+    assert sum(how in r.how for r in out.reports) == merged
+    mg = compose(g, out.regions, out.mugraphs)
+    ins = _inputs(g)
+    for p, q in zip(vm.evaluate(mg, ins), vm.evaluate(g, ins), strict=True):
+        np.testing.assert_allclose(p, q, rtol=1e-12)
+
+
+def test_a_merged_union_was_searched_whole_when_its_connected_parts_were_cheaper() -> None:
+    """The reader pass merged a region with the regions reading it only as one region: a union of unrelated parts
+    (decode at batch 1: the key projection with the region of its rotary and the value's reshapes) searched whole
+    has no grid axis its parts share, so the key projection never got its rotary in its split-K combine (found only
+    by ``benchmarks/layer.py regroup``). Now each connected part of a union is also searched as its own region,
+    and kept when the parts together cost less."""
+    from verimirage.pipeline.regions import split_search
+
+    g, at = _unrelated_pair_program()
+    # {exp, relu} zips into one kernel (cheaper than two); the three ops searched whole are dear (no shared grid)
+    out = split_search(g, 12, _priced_by_parts(_ALONE, {(("exp",), ("relu",)): 1.5,
+                                                        (("exp",), ("matmul", "relu")): 3.0}))
+    _assert_regions(g, out, [[at["a"], at["relu"]], [at["exp"]], [at["d"]]], 3e6, "reading it", 2)
+
+
+def test_a_union_cheaper_whole_stays_one_region() -> None:
+    """The parts are an alternative, not a rule: where one kernel over the unrelated parts costs less (their tiles
+    zip), the union stays one region."""
+    from verimirage.pipeline.regions import split_search
+
+    g, at = _unrelated_pair_program()
+    out = split_search(g, 12, _priced_by_parts(_ALONE, {(("exp",), ("relu",)): 1.5,
+                                                        (("exp",), ("matmul", "relu")): 1.2}))
+    regions = sorted(sorted(r.nodes) for r in out.regions)
+    assert regions == sorted([sorted([at["a"], at["relu"], at["exp"]]), [at["d"]]]), regions
+
+
+def test_a_region_holding_pieces_of_two_computations_went_back_to_neither() -> None:
+    """Decode at batch 1: the rotaries of q and k and the value's reshapes ended in one region (merged with their
+    neighbours, one kernel cheaper than apart), each piece alone dear (a kernel of its own), so neither the key
+    projection nor the value projection took its piece: a merge of one region with its readers always brought the
+    other pieces along. The region is now also searched with all the regions it reads, as the connected parts of
+    that union: each piece goes back to the computation it continues (what ``benchmarks/layer.py regroup`` found by
+    hand for the layer's candidate 0)."""
+    from verimirage.pipeline.regions import split_search
+
+    g = vm.Graph()
+    x, z, y = (g.input(n, (16, 16), vm.float16) for n in ("X", "Z", "Y"))
+    w1, w2, w3 = (g.input(n, (16, 16), vm.float16) for n in ("W1", "W2", "W3"))
+    a = g.matmul(x, w1)
+    d = g.matmul(z, w2)
+    e = g.matmul(y, w3)
+    b = g.relu(a)
+    c = g.exp(d)
+    g.output(b, c, e)
+    at = {"a": a.ref[0], "b": b.ref[0], "c": c.ref[0], "d": d.ref[0], "e": e.ref[0]}
+    # each matmul a kernel, with its epilogue too; relu or exp alone dear; the two together one zipped kernel
+    search = _priced_by_parts({**_ALONE, ("relu",): 3.0, ("exp",): 3.0}, {(("exp",), ("relu",)): 1.5})
+    out = split_search(g, 12, search)
+    _assert_regions(g, out, [[at["a"], at["b"]], [at["d"], at["c"]], [at["e"]]], 3e6, "region(s) it reads", 2)

@@ -16,9 +16,13 @@ search returns one kernel per op. Here the program is cut into *regions* small e
    elementwise epilogue or a norm prologue lands in its neighbour's kernel this way, and so do whole
    layers when fusing them pays; then each region is searched with *all* the regions that read its values,
    wherever they lie in the order (a norm read by three projections fuses into their prologues only when
-   all three take it), where that union is convex, kept when cheaper (:func:`_merge_with_readers`); with
+   all three take it), where that union is convex, kept when cheaper (:func:`_merge_with_readers`); then each
+   region that reads two or more regions with all of them (:func:`_merge_with_producers`); with
    ``window_ops`` (:attr:`SearchOptions.window_ops`, off by default), runs of three consecutive regions too
-   (:func:`_merge_windows`: an attention's two products and its softmax as one split-KV kernel pair);
+   (:func:`_merge_windows`: an attention's two products and its softmax as one split-KV kernel pair). A union
+   that falls into several connected parts is also searched as its parts, one region each
+   (:func:`_searched_union`): a merge can so move ops between computations (the key's rotary from a region of
+   rotaries to the key projection's);
 4. **compose** — the regions' μGraphs spliced into one μGraph over the program's inputs (the glue: each
    region's inputs wired to the values they stand for; :mod:`verimirage.smt.glue`). Each region's μGraph is
    proved against its region on its own, and the composition is proved by congruence: the regions partition
@@ -173,26 +177,27 @@ def split_search(graph: Graph, region_ops: int, search: Callable[[Graph], tuple[
     chunks = initial_chunks(graph, region_ops)
     if not chunks:
         return out
-    cur = region_of(graph, chunks[0])
-    cur_res = searched(cur)
+    first = region_of(graph, chunks[0])
+    cur: list[_Searched] = [(first, searched(first))]  # (the parts of a kept merge: one region each)
     cur_merged = False
     done: list[tuple[Region, tuple[MuGraph, float, str, tuple[str, ...]], bool]] = []
     for ch in chunks[1:]:
         nxt = region_of(graph, ch)
         nxt_res = searched(nxt)
-        if len(cur.nodes) + len(nxt.nodes) <= region_ops and (deadline is None or time.perf_counter() < deadline):
-            both = region_of(graph, [*cur.nodes, *nxt.nodes])
+        cur_nodes = [i for reg, _ in cur for i in reg.nodes]
+        if len(cur_nodes) + len(nxt.nodes) <= region_ops and (deadline is None or time.perf_counter() < deadline):
             out.merges_tried += 1
-            both_res = searched(both)
-            if both_res[1] < cur_res[1] + nxt_res[1] - 1e-12:
+            both = _searched_union(graph, [*cur_nodes, *nxt.nodes], searched, region_ops)
+            if both is not None and _total(both) < _total(cur) + nxt_res[1] - 1e-12:
                 out.merges_kept += 1
-                cur, cur_res, cur_merged = both, both_res, True
+                cur, cur_merged = both, True
                 continue
-        done.append((cur, cur_res, cur_merged))
-        cur, cur_res, cur_merged = nxt, nxt_res, False
-    done.append((cur, cur_res, cur_merged))
+        done += [(reg, res, cur_merged) for reg, res in cur]
+        cur, cur_merged = [(nxt, nxt_res)], False
+    done += [(reg, res, cur_merged) for reg, res in cur]
     tagged = [(reg, res, "merged across a boundary" if merged else "") for reg, res, merged in done]
     tagged = _merge_with_readers(graph, tagged, region_ops, searched, out, deadline)
+    tagged = _merge_with_producers(graph, tagged, region_ops, searched, out, deadline)
     if window_ops:
         tagged = _merge_windows(graph, tagged, window_ops, searched, out, deadline)
     for reg, (mg, est, how, rules), note in tagged:
@@ -206,6 +211,35 @@ def split_search(graph: Graph, region_ops: int, search: Callable[[Graph], tuple[
 
 
 _Tagged = tuple[Region, tuple[MuGraph, float, str, tuple[str, ...]], str]
+_Searched = tuple[Region, tuple[MuGraph, float, str, tuple[str, ...]]]
+
+
+def _total(parts: list[_Searched]) -> float:
+    """The estimated seconds of searched regions together."""
+    return sum(res[1] for _, res in parts)
+
+
+def _searched_union(graph: Graph, nodes: list[int],
+                    searched: Callable[[Region], tuple[MuGraph, float, str, tuple[str, ...]]],
+                    region_ops: int | None = None) -> list[_Searched] | None:
+    """A union of regions (``nodes``) searched as one region (where it has at most ``region_ops`` ops; None: any
+    size) and, where it falls into several connected parts of at most ``region_ops`` ops each, each part as a
+    region of its own; the cheaper of the two (the parts on a tie), None where neither applies. One kernel over
+    unrelated parts has no grid axis they share (it is found only where the parts' tiles zip,
+    :func:`~verimirage.rewrite.partition.analyse`); a part may be none of the regions merged: the key projection
+    with its rotary, where the regions were the projection and the rotary with the value's reshapes (decode at
+    batch 1: the projection's split-K combine then carries the rotary, as ``benchmarks/layer.py regroup`` found it).
+    Each part of a convex union is convex: a path leaving a part and coming back would leave the union (no op of
+    another part reads it)."""
+    fits = (lambda ns: True) if region_ops is None else (lambda ns: len(ns) <= region_ops)
+    options: list[list[_Searched]] = []
+    parts = connected_parts(node_list(graph), sorted(nodes))
+    if len(parts) > 1 and all(fits(p) for p in parts):
+        options.append([(reg, searched(reg)) for reg in (region_of(graph, p) for p in parts)])
+    if fits(nodes):
+        whole = region_of(graph, nodes)
+        options.append([(whole, searched(whole))])
+    return min(options, key=_total) if options else None  # (the first on a tie: the parts)
 
 
 def _merge_with_readers(graph: Graph, regs: list[_Tagged], region_ops: int,
@@ -216,38 +250,70 @@ def _merge_with_readers(graph: Graph, regs: list[_Tagged], region_ops: int,
     it: with one, its output is still written for the others), wherever they lie in the order, when the union
     has at most ``region_ops`` ops and is convex (no path leaves it and comes back); kept when that one search's
     best costs less than the parts'. Repeated until nothing changes; returns the regions in a topological order."""
+    # (one reader right after it is tried too: the neighbour pass searched that pair only if the two were neighbours
+    # in the program's order, and a region placed between them there -- the value projection's reshape between the
+    # key's slices and its rotary at batch 8 -- moves away when the regions are put back in a topological order; a
+    # pair it did search is answered from the memo)
+    return _merge_related(graph, regs, region_ops, searched, out, deadline, readers=True)
+
+
+def _merge_with_producers(graph: Graph, regs: list[_Tagged], region_ops: int,
+                          searched: Callable[[Region], tuple[MuGraph, float, str, tuple[str, ...]]],
+                          out: SplitOutcome, deadline: float | None) -> list[_Tagged]:
+    """The reader pass's dual: each region that reads the values of two or more regions searched with all of them,
+    as the connected parts of their union (each part at most ``region_ops`` ops; the union whole too where it fits),
+    when the union is convex; kept when cheaper than the regions apart. Where a region holds pieces of several
+    computations (decode at batch 1: the q, k and v rotaries with the value's reshapes, after the rotary regions
+    merged), each piece goes back to the computation it continues: the union of the projections and that region
+    falls into one part a projection (q with its rotary, k with its rotary: the split-K combine carries it, v with
+    its reshapes), which no merge of one region with its readers forms (the key projection's one reader is the whole
+    rotary region). Repeated until nothing changes; returns the regions in a topological order."""
+    return _merge_related(graph, regs, region_ops, searched, out, deadline, readers=False)
+
+
+def _merge_related(graph: Graph, regs: list[_Tagged], region_ops: int,
+                   searched: Callable[[Region], tuple[MuGraph, float, str, tuple[str, ...]]], out: SplitOutcome,
+                   deadline: float | None, *, readers: bool) -> list[_Tagged]:
+    """The reader pass (``readers``: a region with every region reading its values, the union at most
+    ``region_ops`` ops) or the producer pass (a region with the two or more regions whose values it reads, its
+    connected parts at most ``region_ops`` ops each): each convex union searched (:func:`_searched_union`), kept when
+    cheaper than its regions apart; repeated until nothing changes."""
+    what = "reader(s)" if readers else "producer(s)"
     changed = True
     while changed and (deadline is None or time.perf_counter() < deadline):
         changed = False
         for k, (reg, _res, _) in enumerate(regs):
-            made = set(reg.outputs)
-            readers = [m for m, (r, _, _) in enumerate(regs) if m != k and made & set(r.inputs)]
-            members = [k, *readers]
+            mine = set(reg.outputs if readers else reg.inputs)
+            related = [m for m, (r, _, _) in enumerate(regs)
+                       if m != k and mine & set(r.inputs if readers else r.outputs)]
+            members = [k, *related]
             nodes = sorted(i for m in members for i in regs[m][0].nodes)
-            if not readers or len(nodes) > region_ops or not _convex(graph, set(nodes)):
+            if (len(related) < (1 if readers else 2) or (readers and len(nodes) > region_ops)
+                    or not _convex(graph, set(nodes))):
                 continue
-            # (one reader right after it is tried too: the neighbour pass searched that pair only if the two were
-            # neighbours in the program's order, and a region placed between them there -- the value projection's
-            # reshape between the key's slices and its rotary at batch 8 -- moves away when the regions are put back
-            # in a topological order; a pair it did search is answered from the memo)
-            both = region_of(graph, nodes)
+            both = _searched_union(graph, nodes, searched, region_ops)
+            if both is None:
+                continue
             out.merges_tried += 1
-            both_res = searched(both)
             parts = sum(regs[m][1][1] for m in members)
-            log.info("regions: %s with its %d reader(s): %d kernel(s), %.1f us est. (apart: %d, %.1f us)",
-                     [node_list(graph)[i].op for i in reg.nodes], len(readers), both_res[0].num_kernels,
-                     both_res[1] * 1e6, sum(regs[m][1][0].num_kernels for m in members), parts * 1e6)
-            if both_res[1] < parts - 1e-12:
+            log.info("regions: %s with its %d %s: %d kernel(s) in %d region(s), %.1f us est. (apart: %d, %.1f us)",
+                     [node_list(graph)[i].op for i in reg.nodes], len(related), what,
+                     sum(res[0].num_kernels for _, res in both), len(both), _total(both) * 1e6,
+                     sum(regs[m][1][0].num_kernels for m in members), parts * 1e6)
+            if _total(both) < parts - 1e-12:
                 out.merges_kept += 1
-                regs = _merged(regs, members, (both, both_res, f"merged with the {len(readers)} region(s) reading it"))
+                note = (f"merged with the {len(related)} region(s) reading it" if readers
+                        else f"merged with the {len(related)} region(s) it reads")
+                regs = _merged(regs, members, [(r, res, note) for r, res in both])
                 changed = True
                 break
     return regs
 
 
-def _merged(regs: list[_Tagged], members: list[int], union: _Tagged) -> list[_Tagged]:
-    """``regs`` with the regions at ``members`` replaced by ``union``, in a topological order."""
-    return _in_order([*(r for m, r in enumerate(regs) if m not in members), union])
+def _merged(regs: list[_Tagged], members: list[int], union: list[_Tagged]) -> list[_Tagged]:
+    """``regs`` with the regions at ``members`` replaced by ``union`` (their union's region, or its connected parts'
+    regions), in a topological order."""
+    return _in_order([*(r for m, r in enumerate(regs) if m not in members), *union])
 
 
 #: regions a window of :func:`_merge_windows` spans
@@ -270,12 +336,12 @@ def _merge_windows(graph: Graph, regs: list[_Tagged], window_ops: int,
             nodes = sorted(i for m in members for i in regs[m][0].nodes)
             if len(nodes) > window_ops or not _convex(graph, set(nodes)):
                 continue
-            both = region_of(graph, nodes)
             out.merges_tried += 1
-            both_res = searched(both)
-            if both_res[1] < sum(regs[m][1][1] for m in members) - 1e-12:
+            both = _searched_union(graph, nodes, searched, window_ops)
+            if both is not None and _total(both) < sum(regs[m][1][1] for m in members) - 1e-12:
                 out.merges_kept += 1
-                regs = _merged(regs, members, (both, both_res, f"merged with the next {WINDOW - 1} region(s)"))
+                note = f"merged with the next {WINDOW - 1} region(s)"
+                regs = _merged(regs, members, [(r, res, note) for r, res in both])
                 changed = True
                 break
     return regs
