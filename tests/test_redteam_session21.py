@@ -19,6 +19,10 @@ A flagged candidate past the near-constant limit was evaluated on a twin of 16 o
 reduction over the rows shrunk with it: a one-pass variance over a batch's 16,384 rows passed at 16 (it is 1e4 times
 the source's error at 256). A twin whose shortened reduction feeds an ``add`` or a ``sub`` is no twin now.
 
+A small program's numeric sets skipped every set on which the source overflows: a candidate NaN between +-3 (where
+it is finite) and +-10 (where the source overflows) passed (random programs, mut_rand seed 21). The checker now adds the
+widest of +-4..+-8 on which the source stays finite.
+
 Normaliser (``smt.expr.p_sum``, sum-shift): a sum over ``b`` whose body reads ``x[b + 4 a]`` inside a sum over ``a``
 (an index the inner sum binds and did not shift, its coefficient not 1) was shifted by the offset ``4 a``: the outer
 sum's bounds named the inner sum's bound index, out of its scope (``sum(sum(reshape(x, (3, 4)), 0))`` normalised to
@@ -236,3 +240,31 @@ def test_fp_check_evaluated_a_reduction_over_the_rows_on_a_16_row_twin() -> None
     assert row_twin(src, cand) is None
     why = checker.check(cand)
     assert why is not None and "no twin of fewer rows" in why, why
+
+
+def _rsqrt_softmax(shift: str) -> Any:
+    """``softmax(rsqrt(softmax(x)))`` of 16 fp16 values (the inner one unshifted, as the source has it), the outer one
+    shifted by ``sub`` (``max``: the source's lowering) or ``add`` (``max`` added: equal over the reals)."""
+    kind = "graph" if shift == "sub" else "mugraph"
+    return _numbered(kind, [
+        "x = input {name='x0'} : f16[16]", "e = exp %x : f16[16]", "s = sum %e {axis=0} : f16[1]",
+        "p = div %e, %s : f16[16]", "y = rsqrt %p : f16[16]", "m = max %y {axis=0} : f16[1]",
+        f"d = {shift} %y, %m : f16[16]", "f = exp %d : f16[16]", "z = sum %f {axis=0} : f16[1]",
+        "out = div %f, %z : f16[16]"])
+
+
+def test_fp_check_read_no_inputs_between_where_the_source_is_finite_and_where_it_overflows() -> None:
+    """Random programs (the mut_rand campaign, seed 21): ``exp(y + max y)`` for the source's ``exp(y - max y)`` is
+    proved equal (any shift of a softmax cancels) and overflows once ``y = rsqrt(softmax(x))`` passes ~45, from inputs
+    of +-5; the source overflows its fp16 exp sum from +-10. Neither is max-shifted (the inner exp is not), so only the
+    numeric sets judge it: finite at +-3, and every larger set skipped since the source overflows there. The checker
+    now adds the widest of +-4..+-8 on which the source stays finite (``edge_inputs``)."""
+    src, cand = _rsqrt_softmax("sub"), _rsqrt_softmax("add")
+    assert isinstance(vm.verify(src, cand), vm.Proved)
+    x = np.random.default_rng(0).uniform(-6.0, 6.0, (16,))
+    assert np.isfinite(evaluate_in_dtype(src, {"x0": x})[0][0]).all()
+    assert np.isnan(evaluate_in_dtype(cand, {"x0": x}, generated=True)[0][0]).all()
+    checker = SafetyChecker(src)
+    assert checker.check(vm.MuGraph.from_graph(src)) is None
+    why = checker.check(cand)
+    assert why is not None and "on which the source stays finite" in why and "non-finite" in why, why

@@ -499,6 +499,32 @@ def adversarial_inputs(g: Graph, seed: int = 0, *,
     return out
 
 
+#: the uniform scales between :data:`INPUT_SETS`' +-3 and +-10 tried for :func:`edge_inputs`
+EDGE_SCALES = (4.0, 5.0, 6.0, 7.0, 8.0)
+
+
+def edge_inputs(g: Graph, seed: int = 0) -> list[tuple[str, dict[str, np.ndarray]]]:
+    """Where ``g`` overflows on every input uniform +-10 but not +-3: every input uniform +-s for the largest ``s`` of
+    :data:`EDGE_SCALES` on which ``g`` stays finite (evaluated in its dtype), the edge of its finite range, where a
+    candidate's larger intermediate values overflow first (red team 21: ``exp(y + max y)`` for the source's
+    ``exp(y - max y)``, ``y = rsqrt(softmax(x))``, NaN from +-5 where the source is finite to +-7 and its sets at +-3
+    pass and at +-10 are not read); none otherwise."""
+    ts = sorted(g.inputs, key=lambda t: str(t.name))
+    if any(t.dtype is DType.bool or t.dtype not in DTYPE_MAX for t in ts):
+        return []
+
+    def at(s: float) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng([seed, 0xED, int(s)])
+        return {str(t.name): _values("uniform", s, DTYPE_MAX[t.dtype], tuple(t.shape), rng) for t in ts}
+
+    with np.errstate(all="ignore"):
+        if not evaluate_in_dtype(g, at(10.0))[1]:
+            return []  # (finite at +-10: INPUT_SETS reads that range)
+        edge = [s for s in EDGE_SCALES if not evaluate_in_dtype(g, at(s))[1]]
+    return [(f"uniform +-{edge[-1]:g} (the widest of +-{EDGE_SCALES[0]:g}..+-{EDGE_SCALES[-1]:g} on which the source "
+             "stays finite)", at(edge[-1]))] if edge else []
+
+
 #: programs whose float evaluation costs more than this many matmul flops (or whose inputs have more than
 #: :data:`LARGE_INPUT_ELEMENTS` elements) get the structural check only: a full-size attention evaluation
 #: takes 2-15 s of CPU per input set on a 2-core machine, several times its verification; the suite's small
@@ -1254,6 +1280,8 @@ class SafetyChecker:
         self.seed = seed
         self.numeric = numeric_check_affordable(source) if numeric is None else numeric
         self.sets = adversarial_inputs(source, seed) if self.numeric else []
+        if self.numeric:
+            self.sets += edge_inputs(source, seed)
         #: the index in ``sets`` of each special-values set with an infinity or a NaN in -> its pattern
         #: (:data:`SPECIAL_SETS`; the finite ones are checked as the others)
         self.special: dict[int, str] = {}
