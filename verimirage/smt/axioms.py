@@ -39,6 +39,12 @@ def _mod_div(r: np.random.Generator) -> bool:
     return bool(np.all((e % k) // n == (e // n) % q) and np.all((e % k) % n == e % n))
 
 
+def _mod_nest(r: np.random.Generator) -> bool:
+    n, m = int(r.integers(1, 9)), int(r.integers(1, 9))
+    e, k = r.integers(-1000, 1000, size=50), r.integers(-50, 50, size=50)
+    return bool(np.all(n * ((e // n + k) % m) + e % n == (e + n * k) % (n * m)))
+
+
 def _sum_shift(r: np.random.Generator) -> bool:
     f = r.standard_normal(40)
     c, n = 7, 20
@@ -94,6 +100,7 @@ AXIOMS: dict[str, tuple[str, Checker]] = {
     "index-nested-div": ("(f*a + b) // (f*m) = a // m and (f*a + b) % (f*m) = f*(a % m) + b for b in [0, f)",
                          _nested_div),
     "index-mod-div": ("(e % (n*q)) // n = (e // n) % q and (e % (n*q)) % n = e % n", _mod_div),
+    "index-mod-nest": ("n*((e // n + r) % m) + e % n = (e + n*r) % (n*m) for integers e, r", _mod_nest),
     "distribute": ("(a + b) * c = a*c + b*c", lambda r: _close(*(lambda a, b, c: ((a + b) * c, a * c + b * c))(
         *r.standard_normal(3)))),
     "div-monomial": ("a / (c * m) = a * c**-1 * m**-1", lambda r: _close(*(lambda a, c, m: (a / (c * m), a / c / m))(

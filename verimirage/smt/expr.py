@@ -238,11 +238,32 @@ def a_scale(x: Aff, k: int) -> Aff:
     return aff(x[1] * k, {a: c * k for a, c in x[2]})
 
 
+def _nests(a: tuple) -> list[tuple[Aff, int, Aff]]:
+    """Each ``(e, n, r)`` with atom ``a`` being ``(e // n + r) % m``."""
+    if a[0] != "md":
+        return []
+    b = a[1]
+    return [(at[1], at[2], aff(b[1], {x: k for x, k in b[2] if x != at})) for at, k in b[2] if at[0] == "fd" and k == 1]
+
+
 def _recombine(const: int, terms: dict) -> Aff:
     changed = True
     while changed:
         changed = False
         for a, c in list(terms.items()):
+            nest = next((t for t in _nests(a) if terms.get(("md", t[0], t[1]), 0) * t[1] == c), None) if c else None
+            if nest is not None:
+                # C*n*((e // n + r) % m) + C*(e % n) = C*((e + n*r) % (n*m)) for all integers (law index-mod-nest)
+                e, n, r = nest
+                terms[a] = terms[("md", e, n)] = 0
+                whole = a_mod(a_add(e, r, n), n * a[2])
+                for b, cb in whole[2]:
+                    terms[b] = terms.get(b, 0) + c // n * cb
+                const += c // n * whole[1]
+                changed = True
+                if _DER.get() is not None:
+                    der().use("index-mod-nest")
+                break
             if a[0] == "md" and c != 0:
                 e, n = a[1], a[2]
                 fd = ("fd", e, n)
