@@ -180,3 +180,39 @@ def test_derivation_budget_honours_cancel_and_is_reset() -> None:
     from verimirage.smt import expr
 
     assert expr.checkpoint is budget.checkpoint  # installed once the verifier is imported
+
+
+def test_a_loaded_machine_stopped_the_abstract_derivation() -> None:
+    """The derivation's budget was wall-clock: deepseek_v3_q_lowrank's whole-program candidate (niced, load 12, 2-core
+    box) had ~30 CPU-s of its 120 s and was Unknown ("ran past its time budget"). It is now this thread's CPU time:
+    waiting (a sleep: wall time without CPU) spends none of it, working does; a thread the context was copied to
+    keeps the wall clock."""
+    import contextvars
+    import threading
+
+    token = budget.set_budget(0.3)
+    try:
+        time.sleep(0.5)
+        for _ in range(2048):
+            budget.checkpoint()  # 0.5 s waited, ~0 CPU-s spent: not past the budget
+        t = time.thread_time()
+        with pytest.raises(budget.DerivationStopped, match="time budget"):
+            while time.thread_time() - t < 5.0:
+                budget.checkpoint()
+        assert time.thread_time() - t < 1.0
+        raised: list[bool] = []
+
+        def elsewhere() -> None:
+            try:
+                for _ in range(2048):
+                    budget.checkpoint()
+                raised.append(False)
+            except budget.DerivationStopped:
+                raised.append(True)
+
+        th = threading.Thread(target=contextvars.copy_context().run, args=(elsewhere,))
+        th.start()
+        th.join()
+        assert raised == [True]  # (its wall deadline passed during the sleep)
+    finally:
+        budget.reset_budget(token)

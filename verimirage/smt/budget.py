@@ -4,9 +4,9 @@ The abstract check's derivation (:mod:`verimirage.smt.abstract`, :mod:`verimirag
 Python in one thread; only Z3's queries had a time limit, so a program whose terms grow slowly (a composed
 full-size decoder layer) held its caller for many minutes. Importing this module installs
 :func:`checkpoint` as :data:`verimirage.smt.expr.checkpoint`; :func:`set_budget` gives the derivation
-running in the current context a deadline (and a cancel event). Past the deadline, or once the event is
-set, :func:`checkpoint` raises :class:`DerivationStopped`, which the abstract check turns into ``Unknown``
-with the reason. The certificate checker never imports it: its derivations have no budget but its
+running in the current context a deadline in CPU seconds of its thread (and a cancel event). Past the deadline,
+or once the event is set, :func:`checkpoint` raises :class:`DerivationStopped`, which the abstract check turns
+into ``Unknown`` with the reason. The certificate checker never imports it: its derivations have no budget but its
 process's own time cap.
 """
 
@@ -24,8 +24,11 @@ DERIVE_TIME_FACTOR = 2.0
 #: ... but never before this many seconds (derivations of seconds must not depend on machine load)
 DERIVE_MIN_S = 120.0
 
-#: (monotonic deadline, cancel event) of the derivation running in this context, if it has a budget
-_BUDGET: contextvars.ContextVar[tuple[float, threading.Event | None] | None] = contextvars.ContextVar(
+#: (deadline, the thread it is of, cancel event) of the derivation running in this context, if it has a budget: the
+#: deadline is on the CPU clock of the thread that set it (``time.thread_time``; twenty-first session: on the wall
+#: clock a niced full-size check at load 12 had ~30 CPU-s of its 120 s and was Unknown), in another thread that the
+#: context was copied to on the wall clock (``time.monotonic``, the seconds left when it was set)
+_BUDGET: contextvars.ContextVar[tuple[float, int, float, threading.Event | None] | None] = contextvars.ContextVar(
     "vm_derive_budget", default=None)
 _ticks = 0
 
@@ -40,9 +43,9 @@ def derive_budget_s(timeout_s: float) -> float:
 
 
 def set_budget(seconds: float, cancel: threading.Event | None = None) -> contextvars.Token[Any]:
-    """Give the derivation in this context ``seconds`` from now (and stop it once ``cancel`` is set);
-    undo with :func:`reset_budget`."""
-    return _BUDGET.set((time.monotonic() + seconds, cancel))
+    """Give the derivation in this context ``seconds`` of this thread's CPU from now (and stop it once ``cancel`` is
+    set); undo with :func:`reset_budget`."""
+    return _BUDGET.set((time.thread_time() + seconds, threading.get_ident(), time.monotonic() + seconds, cancel))
 
 
 def reset_budget(token: contextvars.Token[Any]) -> None:
@@ -60,10 +63,10 @@ def checkpoint() -> None:
     b = _BUDGET.get()
     if b is None:
         return
-    deadline, cancel = b
+    deadline, owner, wall_deadline, cancel = b
     if cancel is not None and cancel.is_set():
         raise DerivationStopped("cancelled")
-    if time.monotonic() > deadline:
+    if (time.thread_time() > deadline if threading.get_ident() == owner else time.monotonic() > wall_deadline):
         raise DerivationStopped("the abstract derivation ran past its time budget")
 
 
