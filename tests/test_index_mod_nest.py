@@ -10,17 +10,11 @@ from __future__ import annotations
 
 import random
 
+from test_index_mod_div import _ev  # (the tests folder is on the path)
+
 import verimirage as vm
 from verimirage.smt import expr as E
 from verimirage.smt.axioms import check_law
-
-
-def _ev(a: object, env: dict[str, int]) -> int:
-    v = a[1]  # type: ignore[index]
-    for at, c in a[2]:  # type: ignore[index]
-        x = env[at[1]] if at[0] == "v" else _ev(at[1], env)
-        v += c * (x if at[0] == "v" else x // at[2] if at[0] == "fd" else x % at[2])
-    return int(v)
 
 
 def test_mod_nest_normal_forms_meet_and_evaluate_like_python() -> None:

@@ -12,41 +12,22 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
-import unseen_graphs4 as u4  # noqa: E402
-import unseen_graphs5 as u5  # noqa: E402
-import unseen_graphs6 as u6  # noqa: E402
-
-import verimirage as vm  # noqa: E402
-
-#: relative tolerance of an output against float64 over max(1, its largest magnitude): the narrowest float dtype the
-#: program reads or writes (every program here reads half-precision values)
-TOL = {"float16": 2e-2, "float32": 1e-4}
-_TORCH = {vm.float16: torch.float16, vm.float32: torch.float32, vm.bool: torch.bool}
+import unseen_graphs4 as u4
+import unseen_graphs5 as u5
+import unseen_graphs6 as u6
+from test_unseen_programs5 import twin_is_proved_and_matches_float64
 
 
 @pytest.mark.parametrize("name", list(u6.PROGRAMS))
 def test_sixth_set_twin_is_proved_and_matches_float64(name: str) -> None:
     g = u6.build(name, small=True)
-    res = vm.superoptimize(g, cache=False, progress=False, time_budget_s=30.0)
-    assert res.candidates and all(isinstance(c.verdict, vm.Proved) for c in res.candidates), str(res.report)
-    assert res.best is not None and res.best.mugraph.num_kernels < vm.MuGraph.from_graph(g).num_kernels
-    ins = u6.program_inputs(g)
-    ref = vm.evaluate(g, ins)
-    out = vm.compile(res.best.mugraph)(*[torch.from_numpy(np.asarray(ins[t.name])).to(_TORCH[t.dtype])
-                                         for t in g.inputs])
-    outs = out if isinstance(out, (list, tuple)) else [out]
-    tol = max(TOL.get(t.dtype.name, 0.0) for t in [*g.inputs, *g.outputs])
-    for o, r in zip(outs, ref, strict=True):
-        assert np.isfinite(r).all(), f"{name}: the reference is not finite on the program's inputs"
-        e = float(np.abs(o.double().numpy() - r).max()) / max(1.0, float(np.abs(r).max()))
-        assert e < tol, f"{name}: error {e:.2e} against float64 (tolerance {tol})"
+    twin_is_proved_and_matches_float64(name, g, u6.program_inputs(g))
 
 
 def test_sixth_set_full_sizes_build_and_are_priced() -> None:
