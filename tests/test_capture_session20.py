@@ -56,13 +56,6 @@ def _row_by_row(n: int, s: int, split: tuple[int, ...]) -> vm.Graph:
 SPLITS = [(8, 3, (2, 4)), (8, 3, (4, 2)), (12, 5, (3, 4)), (12, 5, (2, 2, 3)), (16, 1, (4, 4))]
 
 
-#: the cuts at each value of an output index (and halving) that these need are off since the end of the twentieth
-#: session: on the Whisper stem's composition check they drove the abstract derivation past 13 GB (the CI worker was
-#: killed for memory); they come back with a memory bound, and these tests then pass again (strict)
-_CUTS_OFF = pytest.mark.xfail(strict=True, reason="per-value concat cuts disabled (memory blow-up on the Whisper stem)")
-
-
-@_CUTS_OFF
 @pytest.mark.parametrize(("n", "s", "split"), SPLITS, ids=[f"{n}-{s}-{'x'.join(map(str, p))}" for n, s, p in SPLITS])
 def test_a_concat_read_through_a_reshape_over_two_output_indices_was_unknown(n: int, s: int,
                                                                              split: tuple[int, ...]) -> None:
@@ -101,7 +94,6 @@ def _window_sums(rolled: bool, order: tuple[int, int] = (0, 1)) -> vm.Graph:
     return g
 
 
-@_CUTS_OFF
 def test_a_concat_read_at_a_reduction_and_an_output_index_was_unknown() -> None:
     """The read's index holds the sum's variable and an output index: the sum cannot split its range while the
     output index varies; the case is cut on the output index first (its values one at a time, the sum's range
@@ -141,7 +133,6 @@ def _run(name: str, train: bool) -> Report:
     return rep
 
 
-@_CUTS_OFF
 @pytest.mark.slow  # (about 40 s on a loaded 2-core machine)
 def test_swin_shifted_windows_train_in_the_kernels() -> None:
     """Swin's shifted-window block: the forward's LayerNorm, roll, window partition and qkv projection and the whole
@@ -151,7 +142,6 @@ def test_swin_shifted_windows_train_in_the_kernels() -> None:
     assert {r.op for r in rep.left} <= {"index", "index_put"}, rep.summary()
 
 
-@_CUTS_OFF
 @pytest.mark.slow  # (about 40 s on a loaded 2-core machine)
 def test_t5_relative_bias_rows_viewed_per_head_lift() -> None:
     """T5's block: the bias rows looked up at the buckets, concatenated and viewed ``(T, T, H)``, are read at
@@ -219,7 +209,6 @@ class _Buckets(torch.nn.Module):
         return torch.nn.functional.embedding((c[:, None] - c[None, :]).abs().clamp(max=2), self.w) * x
 
 
-@_CUTS_OFF
 def test_an_embedding_gradient_at_buckets_the_forward_saved_lifts() -> None:
     """The backward graph gets the buckets as a saved tensor (an input), so ``embedding_dense_backward`` read
     indices that were data and stayed in ATen (T5's training step 99%). The forward's constant outputs are now held

@@ -114,22 +114,13 @@ class Sym:
 
 
 def _take(a: Sym, i: Any, axis: int) -> Sym:
-    ax = axis % a.ndim
-    c = E.a_const(int(i))
-
-    def fn(idx: Idx) -> E.Poly:
-        return a.at((*idx[:ax], c, *idx[ax:]))
-
-    return Sym(a.shape[:ax] + a.shape[ax + 1 :], fn)
+    ax, c = axis % a.ndim, E.a_const(int(i))
+    return Sym(a.shape[:ax] + a.shape[ax + 1 :], lambda idx: a.at((*idx[:ax], c, *idx[ax:])))
 
 
 def _expand_dims(a: Sym, axis: int) -> Sym:
     ax = axis % (a.ndim + 1)
-
-    def fn(idx: Idx) -> E.Poly:
-        return a.at(idx[:ax] + idx[ax + 1 :])
-
-    return Sym((*a.shape[:ax], 1, *a.shape[ax:]), fn)
+    return Sym((*a.shape[:ax], 1, *a.shape[ax:]), lambda idx: a.at(idx[:ax] + idx[ax + 1 :]))
 
 
 def _project(idx: Idx, shape: tuple[int, ...]) -> Idx:
@@ -139,9 +130,7 @@ def _project(idx: Idx, shape: tuple[int, ...]) -> Idx:
 
 def _broadcast_to(a: Sym, shape: Sequence[int], subok: bool = False) -> Sym:
     shape = tuple(shape)
-    if shape == a.shape:
-        return a
-    return Sym(shape, lambda idx: a.at(_project(idx, a.shape)))
+    return a if shape == a.shape else Sym(shape, lambda idx: a.at(_project(idx, a.shape)))
 
 
 def _bshape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
@@ -165,9 +154,7 @@ def reduce_over(n: int, body: Callable[[str], E.Poly], combine: str, lo: int = 0
         cuts = [lo] + [p for p in pts if lo < p < lo + n] + [lo + n]
         d.use("concat-split")
         parts = [reduce_over(b - a, body, combine, a) for a, b in itertools.pairwise(cuts) if b > a]
-        out = parts[0]
-        for p in parts[1:]:
-            out = E.p_add(out, p) if combine == "sum" else E.p_maximum(out, p)
+        *_, out = itertools.accumulate(parts, E.p_add if combine == "sum" else E.p_maximum)
         D.provenance(out, D.s_add if combine == "sum" else D.s_max, parts)
         return out
     out = E.p_sum(v, x) if combine == "sum" else E.p_max_over(v, x)
@@ -417,11 +404,11 @@ def _outputs_sym(g: Graph) -> list[Sym]:
     return run(g, inputs, AbstractDomain())
 
 
-def derive_on(g: Graph, case: Case, k: int) -> tuple[E.Poly, frozenset[str], D.Defs]:
+def derive_on(g: Graph, case: Case, k: int, room: list[int] | None = None) -> tuple[E.Poly, frozenset[str], D.Defs]:
     """Output ``k``'s expression at the index ``(_o0, _o1, ...)`` restricted to ``case`` (one it holds at one value:
     that constant), the laws used and what was recorded for definedness; :class:`~verimirage.smt.expr.NeedSplit` where
-    the case must be split."""
-    d = E.Derivation()
+    the case must be split. ``room``: the nodes its terms may have, shared with other cases (``Derivation.room``)."""
+    d = E.Derivation() if room is None else E.Derivation(room=room)
     tok = E.activate(d)
     try:
         d.ranges.update((out_var(j), r) for j, r in enumerate(case))
@@ -433,10 +420,9 @@ def derive_on(g: Graph, case: Case, k: int) -> tuple[E.Poly, frozenset[str], D.D
 
 
 def _split(ns: E.NeedSplit, c: Case) -> tuple[int, list[int]]:
-    """Where to cut case ``c`` for ``ns`` (a concat read at ``4*_o0 + _o1``): the first output index in the read that
-    :func:`~verimirage.smt.expr.split_points` cuts, else whose values one at a time lie in different pieces (an
-    undecided value alone), else the first halved (its range's interval too loose). Sound whatever the cuts: the cases
-    partition ``c`` and :func:`~verimirage.smt.expr.p_cat` selects only a piece provably held."""
+    """Where to cut case ``c`` for ``ns`` (a concat read at ``4*_o0 + _o1``): the first output index of the read that
+    :func:`~verimirage.smt.expr.split_points` cuts, else whose values lie in different pieces, else the first halved.
+    Sound whatever the cuts: they partition ``c``, :func:`~verimirage.smt.expr.p_cat` takes only a provable piece."""
     d = E.Derivation(ranges={**ns.ranges, **{out_var(j): r for j, r in enumerate(c)}})
     js = [j for j, (lo, hi) in enumerate(c) if out_var(j) in E.a_vars(ns.idx) and hi - lo > 1]
     tok = E.activate(d)
@@ -444,12 +430,16 @@ def _split(ns: E.NeedSplit, c: Case) -> tuple[int, list[int]]:
         for j in js:
             (lo, hi), v = c[j], out_var(j)
             cuts = [p for p in E.split_points(ns, v, (lo, hi)) or () if lo < p < hi]
+            if not cuts:  # (the pieces its values lie in one at a time: {a}, or {a, b} undecided)
+                at = [{sum(p <= i for p in ns.points) for i in E.interval(E.subst(ns.idx, v, E.a_const(x)))}
+                      for x in range(lo, hi)]
+                cuts = [lo + i for i in range(1, hi - lo) if len(at[i]) > 1 or at[i] != at[i - 1]]
             if cuts:
                 return j, [lo, *cuts, hi]
     finally:
         E.deactivate(tok)
-    # (cuts at each value of an index, and halving, are off: on the Whisper stem's composition check they drove the
-    # derivation past 13 GB, twentieth session; they need a memory bound first)
+    if js:
+        return js[0], [c[js[0]][0], sum(c[js[0]]) // 2, c[js[0]][1]]
     raise E.AbstractionError(f"piecewise value at {E.pretty(ns.idx)} cannot be resolved")
 
 
@@ -459,13 +449,14 @@ def derive_all(gs: Sequence[Graph]) -> tuple[list[list[Case]], list[Derived]]:
     :data:`Derived`."""
     cases: list[list[Case]] = []
     out: list[Derived] = [([], set(), []) for _ in gs]
+    room = E.Derivation().room  # (the nodes all cases' terms may have: each case's cut is paid for, no cut is free)
     for k, t in enumerate(output_types(gs[0])):
         todo: list[Case] = [tuple((0, n) for n in t.shape)]
         done: dict[Case, list[tuple[E.Poly, frozenset[str], D.Defs]]] = {}
         while todo:
             c = todo.pop()
             try:
-                done[c] = [derive_on(g, c, k) for g in gs]
+                done[c] = [derive_on(g, c, k, room) for g in gs]
             except E.NeedSplit as ns:
                 j, cuts = _split(ns, c)
                 todo += [(*c[:j], r, *c[j + 1:]) for r in itertools.pairwise(cuts)]

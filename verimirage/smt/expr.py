@@ -68,6 +68,8 @@ class Derivation:
     ranges: dict[str, tuple[int, int]] = field(default_factory=dict)
     laws: set[str] = field(default_factory=set)
     budget: int = 2_000_000
+    #: nodes (:func:`size`) its polynomials may still have in all: shared by the derivations of one check's cases
+    room: list[int] = field(default_factory=lambda: [limits.MAX_DERIVED_NODES])
     counter: itertools.count = field(default_factory=itertools.count)
     #: definedness conditions recorded (:mod:`verimirage.smt.defined`), provenance of expressions, and
     #: how many ``where`` branches are being derived (conditions inside them are guarded)
@@ -116,9 +118,11 @@ def deactivate(tok: contextvars.Token) -> None:
 
 #: ``repr`` of recently keyed values by identity (the value kept alive beside it, so an id is never reused
 #: while its entry stands): the canonical sorts key the same monomials and atoms over and over, and ``repr``
-#: of a nested term is linear in its size. Past :data:`_KEYS_MAX` entries the older half is dropped.
+#: of a nested term is linear in its size. Past :data:`_KEYS_MAX` entries or :data:`_KEYS_CHARS` characters
+#: (a key is as long as its term's tree: a large derivation's keys must not outlive it) the older half is dropped.
 _KEYS: dict[int, tuple[Any, str]] = {}
-_KEYS_MAX = 400_000
+_KEYS_MAX, _KEYS_CHARS = 400_000, 1 << 26
+_keys_chars = 0
 
 
 def _key(x: Any) -> str:
@@ -134,10 +138,12 @@ def _key(x: Any) -> str:
         k = f"({parts[0]},)" if len(parts) == 1 else "(" + ", ".join(parts) + ")"
     else:
         k = repr(x)
-    if len(_KEYS) >= _KEYS_MAX:
-        for i in list(itertools.islice(_KEYS, _KEYS_MAX // 2)):
-            _KEYS.pop(i, None)
+    global _keys_chars
+    if len(_KEYS) >= _KEYS_MAX or _keys_chars > _KEYS_CHARS:
+        for i in list(itertools.islice(_KEYS, len(_KEYS) // 2)):
+            _keys_chars -= len(_KEYS.pop(i, (None, ""))[1])
     _KEYS[id(x)] = (x, k)
+    _keys_chars += len(k)
     return k
 
 
@@ -406,6 +412,7 @@ def a_vars(x: Aff) -> frozenset[str]:
 #: subterm. Past :data:`_MEMO_MAX` entries the older half is dropped.
 _FV: dict[int, tuple[Any, frozenset[str]]] = {}
 _HEIGHT: dict[int, tuple[Any, int]] = {}
+_SIZE: dict[int, tuple[Any, int]] = {}
 _MEMO_MAX = 400_000
 _NO_VARS: frozenset[str] = frozenset()
 
@@ -473,6 +480,19 @@ def subst(t: Any, var: str, rep: Aff) -> Any:
     return tuple(sorted(((subst(a, var, rep), e) for a, e in t), key=lambda x: _key(x[0])))
 
 
+def size(t: Any) -> int:
+    """The nodes of term ``t`` as a tree, a shared subterm counted at each use: what hashing, comparing and printing
+    ``t`` walk (a term is a graph of shared tuples: its tree may be exponentially larger than the graph)."""
+    if type(t) is not tuple:
+        return 0
+    e = _SIZE.get(id(t))
+    if e is not None and e[0] is t:
+        return e[1]  # type: ignore[no-any-return]
+    n = 1 + sum(size(x) for x in t)
+    _remember(_SIZE, t, n)
+    return n
+
+
 def height(t: Any) -> int:
     """1 + the largest canonical bound-variable level in ``t`` (0 if none)."""
     if not isinstance(t, tuple) or not t:
@@ -538,6 +558,10 @@ def poly(terms: dict[Mono, Fraction]) -> Poly:
             raise ResourceLimit(f"a coefficient grew past {limits.MAX_CONST_BITS} bits")
     if sum(1 for m in items if _sum_factors(m)) >= 2:
         items = {m: as_q(c) for m, c in _merge_sums(items).items()}
+    if (d := _DER.get()) is not None:  # (before the sort: it prints the monomials, as long as their trees)
+        d.room[0] -= 2 + sum(1 + size(m) for m in items)
+        if d.room[0] < 0:
+            raise ResourceLimit(f"the derivation built terms of more than {limits.MAX_DERIVED_NODES} nodes")
     return ("P", tuple(sorted(items.items(), key=lambda x: _key(x[0]))))
 
 

@@ -11,7 +11,7 @@ iterations) derive instead of failing with ``RecursionError``; past
 caller turns into ``Unknown``.
 
 The other caps (:data:`MAX_PRODUCT_TERMS`, :data:`MAX_CONST_BITS`,
-:data:`MAX_QUERY_TERMS`, :data:`MAX_POWER`, :data:`Z3_MEMORY_MB`) turn a
+:data:`MAX_DERIVED_NODES`, :data:`MAX_QUERY_TERMS`, :data:`MAX_POWER`, :data:`Z3_MEMORY_MB`) turn a
 blow-up while terms are built into :class:`verimirage.smt.expr.ResourceLimit`
 (an :class:`~verimirage.smt.expr.AbstractionError`, so the verdict is
 ``Unknown`` with the reason) instead of an exhausted memory.
@@ -25,6 +25,8 @@ MAX_DEPTH = 60_000
 STACK_BYTES = 1 << 29
 #: a product of polynomials with more term pairs than this is not expanded
 MAX_PRODUCT_TERMS = 200_000
+#: one abstract check's terms, all cases together, have at most this many tree nodes (:func:`.expr.size`)
+MAX_DERIVED_NODES = 1 << 24
 #: a coefficient (numerator or denominator) longer than this many bits is not kept
 MAX_CONST_BITS = 4096
 #: a Z3 query over more monomial factors than this is not built
