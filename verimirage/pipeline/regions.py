@@ -262,7 +262,9 @@ def _merge_with_producers(graph: Graph, regs: list[_Tagged], region_ops: int,
                           out: SplitOutcome, deadline: float | None) -> list[_Tagged]:
     """The reader pass's dual: each region that reads the values of two or more regions searched with all of them,
     as the connected parts of their union (each part at most ``region_ops`` ops; the union whole too where it fits),
-    when the union is convex; kept when cheaper than the regions apart. Where a region holds pieces of several
+    when the union is convex and falls into two or more parts (a connected one is a plain fusion, the neighbour and
+    reader passes' to weigh; skipping it keeps this pass to a few searches); kept when cheaper than the regions
+    apart. Where a region holds pieces of several
     computations (decode at batch 1: the q, k and v rotaries with the value's reshapes, after the rotary regions
     merged), each piece goes back to the computation it continues: the union of the projections and that region
     falls into one part a projection (q with its rotary, k with its rotary: the split-K combine carries it, v with
@@ -275,9 +277,9 @@ def _merge_related(graph: Graph, regs: list[_Tagged], region_ops: int,
                    searched: Callable[[Region], tuple[MuGraph, float, str, tuple[str, ...]]], out: SplitOutcome,
                    deadline: float | None, *, readers: bool) -> list[_Tagged]:
     """The reader pass (``readers``: a region with every region reading its values, the union at most
-    ``region_ops`` ops) or the producer pass (a region with the two or more regions whose values it reads, its
-    connected parts at most ``region_ops`` ops each): each convex union searched (:func:`_searched_union`), kept when
-    cheaper than its regions apart; repeated until nothing changes."""
+    ``region_ops`` ops) or the producer pass (a region with the two or more regions whose values it reads, where that
+    union falls into two or more connected parts of at most ``region_ops`` ops each): each convex union searched
+    (:func:`_searched_union`), kept when cheaper than its regions apart; repeated until nothing changes."""
     what = "reader(s)" if readers else "producer(s)"
     changed = True
     while changed and (deadline is None or time.perf_counter() < deadline):
@@ -291,6 +293,8 @@ def _merge_related(graph: Graph, regs: list[_Tagged], region_ops: int,
             if (len(related) < (1 if readers else 2) or (readers and len(nodes) > region_ops)
                     or not _convex(graph, set(nodes))):
                 continue
+            if not readers and len(connected_parts(node_list(graph), nodes)) < 2:
+                continue  # (a connected union is a fusion the neighbour and reader passes weigh; this pass re-parts)
             both = _searched_union(graph, nodes, searched, region_ops)
             if both is None:
                 continue
