@@ -545,6 +545,24 @@ def test_calling_side_names_a_field_of_the_wrong_type(tmp_path: Path) -> None:
     assert not v.proved and "field 'rules': got {}; expected list[str]" in v.reason, v.reason
 
 
+def test_checker_process_accepted_a_field_of_the_wrong_kind() -> None:
+    # trusted21 moved the typed reading to the calling side, and the process itself then checked a certificate whose
+    # rule list was an object (``{}``) as Proved; the process fails closed on what it does not know, so a field of
+    # another kind than its annotation's (list, dict, str) is its own rejection too, whoever calls it
+    from verimirage.smt.certificate import _read, check_text
+
+    good = (PROOFS / "lora_bs1.json").read_text()
+    assert _read(good).rules == json.loads(good)["rules"]
+    for name, bad in (("rules", {}), ("trusted_rules", "x"), ("ff", []), ("graph_text", 3), ("queries", None)):
+        d = json.loads(good)
+        d[name] = bad
+        with pytest.raises(ValueError, match=f"field '{name}' is a"):
+            _read(json.dumps(d))
+    d = json.loads(good)
+    d["rules"] = {}
+    assert not check_text(json.dumps(d)).proved
+
+
 def test_calling_side_makes_no_proved() -> None:
     # the calling side narrows the checker's verdict (certificate.confirmed keeps a verdict that is not Proved as
     # it is); it never builds a Proved itself, so it is not on the trusted path
@@ -559,7 +577,7 @@ def test_calling_side_makes_no_proved() -> None:
 #: non-blank lines; the polynomial normaliser (smt/expr.py) is counted apart. README.md ("Trust") states these
 #: figures. Measured over the union of what a plain certificate (lora_bs1) and a certificate by regions
 #: (:data:`MEASURED_COMPOSED`) load.
-TRUSTED_BUDGET, NORMALISER, CHECKPROC = 3461, "verimirage/smt/expr.py", "verimirage/checkproc.py"
+TRUSTED_BUDGET, NORMALISER, CHECKPROC = 3465, "verimirage/smt/expr.py", "verimirage/checkproc.py"
 MEASURED_COMPOSED = "layer_decode_bs1_small"
 
 

@@ -31,7 +31,7 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from ..ir.errors import GraphError
@@ -76,12 +76,16 @@ class _Doc(DocMethods):
 
 def _read(text: str) -> Certificate | ComposedCertificate:
     """The certificate, of the kind its schema names, in JSON ``text`` as the checker reads it: an error for a missing,
-    unknown or extra field. The fields' types are not checked here: each field is compared with what the checker
-    re-derives from the two programs, and any error is a rejection (:meth:`_Doc.from_json` names what is wrong)."""
+    unknown or extra field, or one of another kind than its annotation's. Elements are not checked here: each field is
+    compared with what the checker re-derives, and any error is a rejection (:meth:`_Doc.from_json` names it)."""
     d = json.loads(text)
     kind = {SCHEMA: Certificate, COMPOSED_SCHEMA: ComposedCertificate}.get(d.get("schema"))
     if kind is None:
         raise ValueError(f"certificate: unknown schema {d.get('schema')!r}; expected {SCHEMA!r} or {COMPOSED_SCHEMA!r}")
+    for f in fields(kind):  # (a field of another kind than its annotation's is a rejection: fail closed)
+        t = type(d.get(f.name)).__name__.replace("NoneType", "None")
+        if f.name in d and t not in f.type.split("[")[0].split(" | "):
+            raise ValueError(f"certificate: field {f.name!r} is a {t}; expected {f.type}")
     return kind(**d)  # type: ignore[return-value]
 
 
