@@ -222,12 +222,13 @@ def test_verification_and_backend_packages_are_peers() -> None:
     # issue 26 finding: smt/certificate imported backend.tuning and benchmarks; issue 22 item 3: rewrite/cost imported
     # the backend (its tuning, resources, wrap, codegen and runtime), rewrite/ the orchestrator (pipeline.fpsafe's
     # DTYPE_MAX, superopt's ablate) and smt/perf the whole package. rewrite/, smt/ and backend/ are peers that import
-    # only ir/ of verimirage (and the top level's leaf modules: logs, checkproc, the version), ir/ only itself; the
-    # orchestrator (pipeline/) above them joins them (pipeline/certificates.py, pipeline/pricing.py)
+    # only ir/ of verimirage (and the top level's leaf modules: logs, checkproc, clock, the version), ir/ only itself;
+    # the orchestrator (pipeline/) above them joins them (pipeline/certificates.py, pipeline/pricing.py)
     import ast
     from importlib.util import resolve_name
 
-    leaves = {"verimirage.logs", "verimirage.checkproc", "verimirage.checkcall", "verimirage.__version__"}
+    leaves = {"verimirage.logs", "verimirage.checkproc", "verimirage.checkcall", "verimirage.__version__",
+              "verimirage.clock"}
     bad = []
     for pkg in ("ir", "rewrite", "smt", "backend"):
         for f in sorted((ROOT / "verimirage" / pkg).rglob("*.py")):
@@ -246,6 +247,10 @@ def test_verification_and_backend_packages_are_peers() -> None:
                     if top[0] == "verimirage" and name not in leaves and (len(top) < 2 or top[1] not in ("ir", pkg)):
                         bad.append(f"{'/'.join(parts)}.py:{node.lineno} imports {name}")
     assert not bad, bad
+    # (a leaf imports nothing of verimirage: the CPU clock of the search budgets, which rewrite/saturate reads)
+    clock = ast.parse((ROOT / "verimirage" / "clock.py").read_text())
+    assert not [n for n in ast.walk(clock) if isinstance(n, ast.ImportFrom) and (n.level or "verimirage" in
+                                                                                     (n.module or ""))]
 
 
 def test_checker_without_a_code_generator_does_not_confirm_a_triton_hash() -> None:
