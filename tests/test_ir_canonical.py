@@ -87,3 +87,30 @@ def test_a_certificate_with_a_hand_written_program_text_is_rejected() -> None:
     assert vm.MuGraph.parse(d["mugraph_text"]) is not None  # (a text the parser of hand-written text reads)
     v = check_text(json.dumps(d))
     assert not v.proved and "programs:" in v.reason, v.reason
+
+
+@pytest.mark.parametrize("level", ["custom", "fused"])
+def test_a_kernel_node_carried_an_attribute_the_printer_does_not_show(level: str) -> None:
+    # trusted21's note: check() accepted a custom (or fused) node with an attribute besides its block (thread) graph,
+    # and the printer, which shows a custom node's block graph only, printed the committed text letter for letter: a
+    # μGraph in memory (what vm.compile runs) could differ from its certificate's text. Such a node is now an error
+    from dataclasses import replace
+
+    from verimirage.ir.errors import GraphError
+
+    mg = vm.MuGraph.parse(json.loads((ROOT / "proofs" / "gated_mlp_bs1.json").read_text())["mugraph_text"])
+    mg.check()
+    text = str(mg)
+    nodes = mg._nodes
+    k = next(i for i, n in enumerate(nodes) if n.op == "custom")
+    if level == "custom":
+        nodes[k] = replace(nodes[k], attrs=(*nodes[k].attrs, ("zz_hidden", 1)))
+    else:
+        bg = nodes[k].attr("block")
+        j = next(i for i, n in enumerate(bg.nodes) if n.op == "fused")
+        bnodes = list(bg.nodes)
+        bnodes[j] = replace(bnodes[j], attrs=(*bnodes[j].attrs, ("zz_hidden", 1)))
+        nodes[k] = replace(nodes[k], attrs=(("block", replace(bg, nodes=tuple(bnodes))),))
+    assert str(mg) == text  # (the printer does not show it: so the check must refuse it)
+    with pytest.raises(GraphError, match=f"{level}: expected one attribute"):
+        mg.check()

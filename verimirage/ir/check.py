@@ -91,8 +91,8 @@ def check_program(g: Graph, *, unused_inputs: bool = False) -> None:
             if not allow_custom:
                 raise GraphError("custom kernels are allowed in a MuGraph only", nodes, i)
             bg = n.attr("block")
-            if not isinstance(bg, BlockGraph):
-                raise GraphError("custom: attribute block is not a BlockGraph", nodes, i)
+            if not isinstance(bg, BlockGraph) or len(n.attrs) != 1:  # (an attribute the printer does not show: none)
+                raise GraphError("custom: expected one attribute, block, a BlockGraph", nodes, i)
             try:
                 outs = bg.result_types(in_types)
             except GraphError as e:
@@ -199,8 +199,8 @@ def check_block(bg: BlockGraph, in_types: Sequence[TensorType] | None) -> None:
             continue
         if n.op == "fused":
             tg = n.attr("thread")
-            if not isinstance(tg, ThreadGraph):
-                raise GraphError("fused: attribute thread is not a ThreadGraph", nodes, i)
+            if not isinstance(tg, ThreadGraph) or len(n.attrs) != 1:  # (an attribute the printer does not show: none)
+                raise GraphError("fused: expected one attribute, thread, a ThreadGraph", nodes, i)
             outs = _at(nodes, i, thread_result_types, tg, types)
             if outs != n.outs:
                 raise GraphError(f"fused: recorded results {n.outs}; the thread graph gives {outs}", nodes, i)
