@@ -9,10 +9,23 @@ was left Unknown (its definedness claims, stated on the same sums, did not match
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import verimirage as vm
 from verimirage.smt import expr as E
 from verimirage.smt.axioms import check_law
+
+
+@contextmanager
+def _derivation() -> Iterator[E.Derivation]:
+    """A fresh derivation, active for the block (the normaliser's laws and index ranges are recorded in it)."""
+    d = E.Derivation()
+    tok = E.activate(d)
+    try:
+        yield d
+    finally:
+        E.deactivate(tok)
 
 
 def _ev(a: object, env: dict[str, int]) -> int:
@@ -27,9 +40,7 @@ def test_mod_div_normal_forms_meet_and_evaluate_like_python() -> None:
     assert check_law("index-mod-div")
     r = random.Random(0)
     for _ in range(200):
-        d = E.Derivation()
-        tok = E.activate(d)
-        try:
+        with _derivation() as d:
             lo = r.choice([0, -7, 3])
             d.ranges["x"] = (lo, lo + r.choice([64, 100, 4096]))
             n, q = r.choice([1, 2, 4, 128]), r.choice([1, 2, 3, 4])
@@ -43,22 +54,16 @@ def test_mod_div_normal_forms_meet_and_evaluate_like_python() -> None:
                 env = {"x": v}
                 assert _ev(got_div, env) == ((v + c) % (n * q)) // n
                 assert _ev(got_mod, env) == ((v + c) % (n * q)) % n
-        finally:
-            E.deactivate(tok)
 
 
 def test_mod_div_not_applied_when_n_does_not_divide() -> None:
-    d = E.Derivation()
-    tok = E.activate(d)
-    try:
+    with _derivation() as d:
         d.ranges["x"] = (0, 100)
         x = E.a_var("x")
         got = E.a_floordiv(E.a_mod(x, 12), 8)  # (x % 12) // 8 is not (x // 8) % (12/8)
         for v in range(100):
             assert _ev(got, {"x": v}) == (v % 12) // 8
         assert "index-mod-div" not in d.laws
-    finally:
-        E.deactivate(tok)
 
 
 def test_blocked_flatten_before_a_norm_epilogue_is_proved() -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 
-from test_index_mod_div import _ev  # (the tests folder is on the path)
+from test_index_mod_div import _derivation, _ev  # (the tests folder is on the path)
 
 import verimirage as vm
 from verimirage.smt import expr as E
@@ -21,9 +21,7 @@ def test_mod_nest_normal_forms_meet_and_evaluate_like_python() -> None:
     assert check_law("index-mod-nest")
     r = random.Random(0)
     for _ in range(200):
-        d = E.Derivation()
-        tok = E.activate(d)
-        try:
+        with _derivation() as d:
             lo = r.choice([0, -7, 3])
             d.ranges["x"] = (lo, lo + r.choice([64, 100, 1024]))
             d.ranges["y"] = (0, r.choice([1, 3, 8]))
@@ -35,16 +33,12 @@ def test_mod_nest_normal_forms_meet_and_evaluate_like_python() -> None:
                 for w in range(*d.ranges["y"]):
                     env = {"x": v, "y": w}
                     assert _ev(nested, env) == k * (_ev(x, env) % (n * m))
-        finally:
-            E.deactivate(tok)
 
 
 def test_mod_nest_not_applied_unless_the_coefficients_match() -> None:
     """``n*((e // n) % m) + 2*(e % n)`` is not ``e % (n*m)`` plus anything the law gives: left as it is, its value
     kept."""
-    d = E.Derivation()
-    tok = E.activate(d)
-    try:
+    with _derivation() as d:
         d.ranges["x"] = (0, 200)
         x = E.a_var("x")
         for cm, cn in ((16, 2), (8, 1), (16, -1)):
@@ -52,8 +46,6 @@ def test_mod_nest_not_applied_unless_the_coefficients_match() -> None:
             for v in range(200):
                 assert _ev(got, {"x": v}) == cm * ((v // 16) % 4) + cn * (v % 16)
         assert "index-mod-nest" not in d.laws
-    finally:
-        E.deactivate(tok)
 
 
 #: Whisper's cross-attention block scaled down (4 tokens, 4 heads of 64, 30 encoder states) as the search lowered
